@@ -1,0 +1,354 @@
+//! The control protocol between applications (or tools) and `rinad`.
+//!
+//! Transport: a `SOCK_SEQPACKET` Unix socket. Every packet holds one JSON
+//! message: a [`Request`] from the client, a [`Message`] from the daemon.
+//! When a reply announces a flow ([`Reply::Flow`]), the flow's own
+//! `SOCK_SEQPACKET` descriptor rides on the same packet as `SCM_RIGHTS`.
+//! JSON keeps the protocol readable from any language and in `strace`;
+//! nothing on the data path uses it.
+//!
+//! Requests carry an `id` that the daemon echoes in its reply. Incoming
+//! flow requests arrive unsolicited as [`Message::FlowRequest`] on the
+//! connection that registered the destination name; the client answers with
+//! [`Op::Accept`] or [`Op::Refuse`].
+
+use crate::name::AppName;
+use crate::qos::QosSpec;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// Path of the daemon's socket when neither a flag nor [`SOCKET_ENV`] names one:
+/// `$XDG_RUNTIME_DIR/rinad.sock`, else `/run/rinad.sock` for root, else
+/// `/tmp/rinad-<uid>.sock`.
+pub fn default_socket_path() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os(SOCKET_ENV) {
+        return p.into();
+    }
+    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR") {
+        return std::path::Path::new(&d).join("rinad.sock");
+    }
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    if uid == 0 {
+        "/run/rinad.sock".into()
+    } else {
+        format!("/tmp/rinad-{uid}.sock").into()
+    }
+}
+
+/// Largest control message, in bytes.
+pub const MAX_CTL_MSG: usize = 1 << 20;
+
+/// Environment variable that overrides the daemon's socket path.
+pub const SOCKET_ENV: &str = "RINA_SOCKET";
+
+/// A client's request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Request {
+    /// Chosen by the client; echoed in the reply.
+    pub id: u64,
+    /// What is asked.
+    #[serde(flatten)]
+    pub op: Op,
+}
+
+/// The operations a client can ask for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Op {
+    /// Register `name` in `dif`, or, without a DIF, in every DIF of the daemon.
+    Register { name: AppName, dif: Option<String> },
+    /// Withdraw a registration (from `dif`, or from every DIF).
+    Unregister { name: AppName, dif: Option<String> },
+    /// Allocate a flow from `local` to `remote`.
+    Allocate {
+        local: AppName,
+        remote: AppName,
+        dif: Option<String>,
+        qos: QosSpec,
+    },
+    /// Accept the incoming flow request `handle`; the reply carries the flow.
+    Accept { handle: u64 },
+    /// Refuse the incoming flow request `handle`.
+    Refuse { handle: u64, reason: String },
+    /// Deallocate a flow (closing its descriptor does the same).
+    Deallocate { port: u32 },
+    /// List the IPC processes.
+    ListIpcps,
+    /// List the DIFs.
+    ListDifs,
+    /// List registered application names.
+    ListNames,
+    /// List flows with their counters.
+    ListFlows,
+}
+
+/// A message from the daemon.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Message {
+    /// The answer to the request with the same `id`.
+    Reply {
+        id: u64,
+        result: Result<Reply, CtlError>,
+    },
+    /// A peer asks for a flow to a name this connection registered.
+    FlowRequest(IncomingFlow),
+}
+
+/// A successful answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Reply {
+    /// Done, nothing to report.
+    Done,
+    /// The name was registered in these DIFs.
+    Registered { difs: Vec<String> },
+    /// A flow; its descriptor is attached to this packet.
+    Flow(FlowInfo),
+    /// Answer to [`Op::ListIpcps`].
+    Ipcps { ipcps: Vec<IpcpInfo> },
+    /// Answer to [`Op::ListDifs`].
+    Difs { difs: Vec<DifInfo> },
+    /// Answer to [`Op::ListNames`].
+    Names { names: Vec<NameInfo> },
+    /// Answer to [`Op::ListFlows`].
+    Flows { flows: Vec<FlowStats> },
+}
+
+/// A flow request waiting for the application's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IncomingFlow {
+    /// Names this request in [`Op::Accept`] / [`Op::Refuse`].
+    pub handle: u64,
+    /// DIF the request came through.
+    pub dif: String,
+    /// The registered name that is asked for.
+    pub local: AppName,
+    /// Who asks.
+    pub remote: AppName,
+    /// What the requester asks for.
+    pub qos: QosSpec,
+}
+
+/// What both ends know about an allocated flow.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FlowInfo {
+    /// Port-id, unique within the daemon.
+    pub port: u32,
+    /// DIF the flow runs in.
+    pub dif: String,
+    /// This end's application name.
+    pub local: AppName,
+    /// The other end's application name.
+    pub remote: AppName,
+    /// The QoS the flow was allocated with.
+    pub qos: QosSpec,
+    /// Largest SDU the flow carries, in bytes.
+    pub max_sdu: u32,
+}
+
+/// Counters of one flow, as seen by the daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct FlowCounters {
+    /// SDUs delivered to the application.
+    pub sdus_in: u64,
+    /// Bytes delivered to the application.
+    pub bytes_in: u64,
+    /// SDUs written by the application and sent.
+    pub sdus_out: u64,
+    /// Bytes written by the application and sent.
+    pub bytes_out: u64,
+    /// SDUs that arrived but could not be delivered (application too slow).
+    pub drops_in: u64,
+    /// SDUs the application wrote that could not be sent (oversize, send error).
+    pub drops_out: u64,
+}
+
+/// A flow and its counters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FlowStats {
+    /// The flow.
+    #[serde(flatten)]
+    pub info: FlowInfo,
+    /// IPCP that serves it.
+    pub ipcp: String,
+    /// Counters since allocation.
+    pub counters: FlowCounters,
+}
+
+/// One IPC process of the daemon.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IpcpInfo {
+    /// IPCP name.
+    pub name: String,
+    /// Kind (`shim-udp`, `normal`, ...).
+    pub kind: String,
+    /// DIF it belongs to.
+    pub dif: String,
+    /// Its address in that DIF (for shim-udp, the bound UDP address).
+    pub address: String,
+    /// Allocated flows.
+    pub flows: usize,
+    /// Registered application names.
+    pub names: Vec<AppName>,
+    /// IPCP-wide counters (datagrams, malformed input, ...).
+    pub counters: BTreeMap<String, u64>,
+}
+
+/// A DIF known to the daemon.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DifInfo {
+    /// DIF name.
+    pub name: String,
+    /// DIF type.
+    pub kind: String,
+    /// Local IPCPs in it.
+    pub ipcps: Vec<String>,
+}
+
+/// A registered application name.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NameInfo {
+    /// The name.
+    pub name: AppName,
+    /// DIF it is registered in.
+    pub dif: String,
+    /// IPCP that holds the registration.
+    pub ipcp: String,
+}
+
+/// Why a request failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// No daemon listens on the socket (reported by the client library).
+    DaemonNotRunning,
+    /// The connection to the daemon was lost (reported by the client library).
+    DaemonGone,
+    /// No DIF has the given name.
+    UnknownDif,
+    /// The daemon has no DIF to serve the request in.
+    NoDif,
+    /// The destination name is not known in the DIF.
+    NameNotFound,
+    /// The destination name is known but no application registered it there.
+    NotRegistered,
+    /// The name is already registered in that DIF.
+    NameInUse,
+    /// The peer application refused the flow.
+    Refused,
+    /// No QoS cube of the DIF satisfies the spec.
+    QosNotSatisfiable,
+    /// An SDU is larger than the flow's maximum.
+    SduTooLarge,
+    /// The peer did not answer in time.
+    Timeout,
+    /// The request is malformed or names something that does not exist.
+    InvalidRequest,
+    /// No port-id or flow with this number.
+    UnknownFlow,
+    /// The daemon or the peer ran out of resources.
+    NoResources,
+    /// Anything else; the message says what.
+    Internal,
+}
+
+/// An error with its kind and a sentence for people.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CtlError {
+    /// Machine-readable kind.
+    pub kind: ErrorKind,
+    /// What went wrong, for people.
+    pub message: String,
+}
+
+impl CtlError {
+    /// Builds an error.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        CtlError {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for CtlError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for CtlError {}
+
+/// Encodes a control message as one packet.
+pub fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
+    // Serialising these types cannot fail: all map keys are strings.
+    serde_json::to_vec(msg).unwrap_or_default()
+}
+
+/// Decodes one packet; the error names what was wrong.
+pub fn decode<'a, T: Deserialize<'a>>(buf: &'a [u8]) -> Result<T, serde_json::Error> {
+    serde_json::from_slice(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_json_is_readable_and_round_trips() {
+        let r = Request {
+            id: 3,
+            op: Op::Allocate {
+                local: "perf".parse().unwrap(),
+                remote: "echo/1".parse().unwrap(),
+                dif: Some("udp".into()),
+                qos: QosSpec::default(),
+            },
+        };
+        let v = encode(&r);
+        let s = std::str::from_utf8(&v).unwrap();
+        assert!(s.contains(r#""op":"allocate""#), "{s}");
+        assert!(s.contains(r#""remote":"echo/1""#), "{s}");
+        assert_eq!(decode::<Request>(&v).unwrap(), r);
+    }
+
+    #[test]
+    fn messages_round_trip() {
+        let msgs = [
+            Message::Reply {
+                id: 1,
+                result: Err(CtlError::new(ErrorKind::Refused, "no")),
+            },
+            Message::Reply {
+                id: 2,
+                result: Ok(Reply::Flow(FlowInfo {
+                    port: 4,
+                    dif: "d".into(),
+                    local: "a".parse().unwrap(),
+                    remote: "b".parse().unwrap(),
+                    qos: QosSpec::default(),
+                    max_sdu: 1400,
+                })),
+            },
+            Message::FlowRequest(IncomingFlow {
+                handle: 9,
+                dif: "d".into(),
+                local: "a".parse().unwrap(),
+                remote: "b".parse().unwrap(),
+                qos: QosSpec::default(),
+            }),
+        ];
+        for m in msgs {
+            assert_eq!(decode::<Message>(&encode(&m)).unwrap(), m);
+        }
+    }
+
+    #[test]
+    fn garbage_is_an_error() {
+        assert!(decode::<Request>(b"{\"id\":1,\"op\":\"fly\"}").is_err());
+        assert!(decode::<Request>(b"\xff\xfe").is_err());
+    }
+}

@@ -1,0 +1,21 @@
+//! Wire formats of the RINA stack.
+//!
+//! This crate holds *formats only*: how names, QoS specs and PDUs look as
+//! bytes, and typed views that parse them. It has no state and does no IO,
+//! so every other layer (core, daemon, client, tools) may depend on it.
+//!
+//! * [`name`] — RINA four-part application names.
+//! * [`qos`] — the QoS spec an application asks for.
+//! * [`shim_udp`] — datagrams of the shim DIF over UDP.
+//! * [`ctl`] — messages between applications/tools and `rinad` on its Unix socket.
+//! * [`codec`] — the bounds-checked byte reader/writer every decoder is built on.
+
+pub mod codec;
+pub mod ctl;
+pub mod name;
+pub mod qos;
+pub mod shim_udp;
+
+pub use codec::WireError;
+pub use name::{AppName, NameError};
+pub use qos::QosSpec;

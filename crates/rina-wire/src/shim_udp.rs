@@ -1,0 +1,246 @@
+//! Datagrams of the shim DIF over UDP.
+//!
+//! One UDP datagram carries one message. The first byte is the type:
+//!
+//! | type | name | body (big-endian) |
+//! | --- | --- | --- |
+//! | `0x01` | DATA | dst port-id u32, then exactly one SDU |
+//! | `0x02` | ALLOC_REQ | src port-id u32, QoS spec (29 B), src name, dst name (each u16 length + UTF-8) |
+//! | `0x03` | ALLOC_RESP | dst port-id u32, src port-id u32, result u8, max SDU u32, reason (u16 length + UTF-8) |
+//! | `0x04` | DEALLOC | dst port-id u32, src port-id u32 |
+//!
+//! Port-ids are local to each end; each side learns the other's from the
+//! allocation handshake, so a DATA header is only 5 bytes.
+
+use crate::codec::{Reader, WireError, Writer};
+use crate::name::AppName;
+use crate::qos::QosSpec;
+
+/// Bytes in front of every SDU in a DATA datagram.
+pub const DATA_HEADER_LEN: usize = 5;
+
+const T_DATA: u8 = 0x01;
+const T_ALLOC_REQ: u8 = 0x02;
+const T_ALLOC_RESP: u8 = 0x03;
+const T_DEALLOC: u8 = 0x04;
+
+/// Outcome of an allocation request, as carried in ALLOC_RESP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllocResult {
+    /// The flow exists on both ends.
+    Accepted = 0,
+    /// No application with the destination name is registered at the responder.
+    NotRegistered = 1,
+    /// The destination application refused the flow.
+    Refused = 2,
+    /// The responder cannot provide the requested QoS.
+    QosNotSatisfiable = 3,
+    /// The responder has no resources (too many flows or pending requests).
+    NoResources = 4,
+}
+
+impl AllocResult {
+    fn from_u8(v: u8) -> Result<Self, WireError> {
+        Ok(match v {
+            0 => AllocResult::Accepted,
+            1 => AllocResult::NotRegistered,
+            2 => AllocResult::Refused,
+            3 => AllocResult::QosNotSatisfiable,
+            4 => AllocResult::NoResources,
+            _ => {
+                return Err(WireError::BadValue {
+                    field: "alloc_resp.result",
+                    value: v as u64,
+                })
+            }
+        })
+    }
+}
+
+/// A parsed shim-udp datagram, borrowing from the receive buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Datagram<'a> {
+    /// One SDU of an allocated flow.
+    Data { dst_port: u32, sdu: &'a [u8] },
+    /// Asks the receiver to allocate a flow to `dst` on behalf of `src`.
+    AllocReq {
+        src_port: u32,
+        qos: QosSpec,
+        src: AppName,
+        dst: AppName,
+    },
+    /// Answers an ALLOC_REQ; `src_port` is the responder's port-id.
+    AllocResp {
+        dst_port: u32,
+        src_port: u32,
+        result: AllocResult,
+        max_sdu: u32,
+        reason: &'a str,
+    },
+    /// Tears a flow down.
+    Dealloc { dst_port: u32, src_port: u32 },
+}
+
+impl<'a> Datagram<'a> {
+    /// Parses a whole datagram. Never panics; malformed input is an error.
+    pub fn parse(buf: &'a [u8]) -> Result<Self, WireError> {
+        let mut r = Reader::new(buf);
+        let d = match r.u8()? {
+            T_DATA => Datagram::Data {
+                dst_port: r.u32()?,
+                sdu: r.rest(),
+            },
+            T_ALLOC_REQ => Datagram::AllocReq {
+                src_port: r.u32()?,
+                qos: QosSpec::decode(&mut r)?,
+                src: r.str16("alloc_req.src")?.parse()?,
+                dst: r.str16("alloc_req.dst")?.parse()?,
+            },
+            T_ALLOC_RESP => Datagram::AllocResp {
+                dst_port: r.u32()?,
+                src_port: r.u32()?,
+                result: AllocResult::from_u8(r.u8()?)?,
+                max_sdu: r.u32()?,
+                reason: r.str16("alloc_resp.reason")?,
+            },
+            T_DEALLOC => Datagram::Dealloc {
+                dst_port: r.u32()?,
+                src_port: r.u32()?,
+            },
+            t => return Err(WireError::UnknownType(t)),
+        };
+        r.finish()?;
+        Ok(d)
+    }
+
+    /// Appends the encoded datagram to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            Datagram::Data { dst_port, sdu } => {
+                out.extend_from_slice(&data_header(*dst_port));
+                out.extend_from_slice(sdu);
+            }
+            Datagram::AllocReq {
+                src_port,
+                qos,
+                src,
+                dst,
+            } => {
+                out.push(T_ALLOC_REQ);
+                out.put_u32_be(*src_port);
+                qos.encode(out);
+                out.put_str16(&src.to_string());
+                out.put_str16(&dst.to_string());
+            }
+            Datagram::AllocResp {
+                dst_port,
+                src_port,
+                result,
+                max_sdu,
+                reason,
+            } => {
+                out.push(T_ALLOC_RESP);
+                out.put_u32_be(*dst_port);
+                out.put_u32_be(*src_port);
+                out.push(*result as u8);
+                out.put_u32_be(*max_sdu);
+                out.put_str16(reason);
+            }
+            Datagram::Dealloc { dst_port, src_port } => {
+                out.push(T_DEALLOC);
+                out.put_u32_be(*dst_port);
+                out.put_u32_be(*src_port);
+            }
+        }
+    }
+
+    /// The encoded datagram as a new buffer.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        self.encode(&mut v);
+        v
+    }
+}
+
+/// The 5-byte header that precedes an SDU in a DATA datagram.
+pub fn data_header(dst_port: u32) -> [u8; DATA_HEADER_LEN] {
+    let p = dst_port.to_be_bytes();
+    [T_DATA, p[0], p[1], p[2], p[3]]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn name(s: &str) -> AppName {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn round_trips_every_type() {
+        let qos = QosSpec {
+            reliable: true,
+            max_sdu_size: Some(1400),
+            ..Default::default()
+        };
+        let msgs = [
+            Datagram::Data {
+                dst_port: 7,
+                sdu: b"hello",
+            },
+            Datagram::AllocReq {
+                src_port: 1,
+                qos,
+                src: name("perf/1"),
+                dst: name("echo//srv"),
+            },
+            Datagram::AllocResp {
+                dst_port: 1,
+                src_port: 9,
+                result: AllocResult::Refused,
+                max_sdu: 1400,
+                reason: "busy",
+            },
+            Datagram::Dealloc {
+                dst_port: 9,
+                src_port: 1,
+            },
+        ];
+        for m in msgs {
+            let v = m.to_vec();
+            assert_eq!(Datagram::parse(&v).unwrap(), m);
+        }
+    }
+
+    #[test]
+    fn malformed_is_an_error() {
+        assert_eq!(
+            Datagram::parse(&[]).unwrap_err().to_string(),
+            "truncated: needed 1 bytes at offset 0, only 0 left"
+        );
+        assert_eq!(Datagram::parse(&[0x77]), Err(WireError::UnknownType(0x77)));
+        assert!(matches!(
+            Datagram::parse(&[T_DEALLOC, 0, 0, 0, 1, 0, 0, 0, 2, 9]),
+            Err(WireError::Trailing(1))
+        ));
+        assert!(matches!(
+            Datagram::parse(&[T_ALLOC_RESP, 0, 0, 0, 1, 0, 0, 0, 2, 42, 0, 0, 0, 0, 0, 0]),
+            Err(WireError::BadValue { .. })
+        ));
+    }
+
+    proptest! {
+        #[test]
+        fn parse_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = Datagram::parse(&bytes);
+        }
+
+        #[test]
+        fn data_round_trip(port in any::<u32>(), sdu in proptest::collection::vec(any::<u8>(), 0..2000)) {
+            let v = Datagram::Data { dst_port: port, sdu: &sdu }.to_vec();
+            prop_assert_eq!(v.len(), DATA_HEADER_LEN + sdu.len());
+            prop_assert_eq!(Datagram::parse(&v).unwrap(), Datagram::Data { dst_port: port, sdu: &sdu });
+        }
+    }
+}
