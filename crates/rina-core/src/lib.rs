@@ -1,1 +1,16 @@
-//! placeholder
+//! Sans-IO RINA protocol machines.
+//!
+//! Every machine here is a plain state machine: it is fed events (a datagram
+//! arrived, an application asked for something, a timer fired) together with
+//! the current [`time::Instant`], and it answers with actions (send these bytes
+//! there, tell the application this). There are no sockets, threads, clocks or
+//! random sources in this crate, so the same code runs in `rinad` with real IO
+//! and in `rina-sim` with a virtual clock.
+//!
+//! * [`time`] — the instant type all machines use.
+//! * [`shim_udp`] — the shim IPC process over UDP.
+
+pub mod shim_udp;
+pub mod time;
+
+pub use time::Instant;

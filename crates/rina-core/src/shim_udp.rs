@@ -1,0 +1,759 @@
+//! The shim IPC process over UDP, as a sans-IO state machine.
+//!
+//! A shim DIF over UDP wraps an IP network in the IPC API and nothing more:
+//! one SDU per datagram, no reliability, no ordering. Application names are
+//! resolved with a static directory (name -> UDP address of the peer shim).
+//! Flows are set up with a small handshake ([`Datagram::AllocReq`] /
+//! [`Datagram::AllocResp`], retransmitted until answered or timed out) so that
+//! both ends agree the flow exists and a request for a name nobody registered
+//! is refused rather than silently dropped.
+//!
+//! The driver (the daemon or the simulator) owns the socket. It feeds every
+//! received datagram to [`ShimUdp::on_datagram`], calls the API methods for
+//! what applications ask, calls [`ShimUdp::handle_timeout`] when
+//! [`ShimUdp::poll_timeout`] says so, and carries out what
+//! [`ShimUdp::poll_action`] returns. On the data path nothing is allocated:
+//! [`ShimUdp::on_datagram`] returns the SDU as a slice of the receive buffer,
+//! and [`ShimUdp::send_header`] returns the 5-byte header and destination so
+//! the driver can send header and SDU with one vectored write.
+
+use crate::time::Instant;
+use rina_wire::ctl::FlowCounters;
+use rina_wire::shim_udp::{data_header, AllocResult, Datagram, DATA_HEADER_LEN};
+use rina_wire::{AppName, QosSpec, WireError};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::time::Duration;
+use thiserror::Error;
+
+/// A port-id: names a flow at its local end. Chosen by the driver.
+pub type PortId = u32;
+
+/// Largest UDP payload over IPv4.
+pub const MAX_UDP_PAYLOAD: u32 = 65_507;
+
+/// Default largest SDU: the largest UDP payload less the DATA header.
+pub const DEFAULT_MAX_SDU: u32 = MAX_UDP_PAYLOAD - DATA_HEADER_LEN as u32;
+
+/// Configuration of one shim-udp IPCP.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Name of the shim DIF.
+    pub dif: String,
+    /// Largest SDU accepted from applications, in bytes.
+    pub max_sdu: u32,
+    /// Where each application name lives: the UDP address of the peer shim.
+    pub directory: HashMap<AppName, SocketAddr>,
+    /// Interval between retransmissions of an allocation request.
+    pub alloc_retry: Duration,
+    /// Time after which an unanswered allocation request fails.
+    pub alloc_timeout: Duration,
+    /// Time an application has to accept or refuse an incoming flow.
+    pub accept_timeout: Duration,
+    /// Most flows at once.
+    pub max_flows: usize,
+    /// Most incoming requests waiting for an application's answer.
+    pub max_pending: usize,
+}
+
+impl Config {
+    /// A configuration with defaults for everything but the DIF name.
+    pub fn new(dif: impl Into<String>) -> Self {
+        Config {
+            dif: dif.into(),
+            max_sdu: DEFAULT_MAX_SDU,
+            directory: HashMap::new(),
+            alloc_retry: Duration::from_millis(200),
+            alloc_timeout: Duration::from_secs(2),
+            accept_timeout: Duration::from_secs(5),
+            max_flows: 4096,
+            max_pending: 256,
+        }
+    }
+}
+
+/// Why an operation of the shim failed.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ShimError {
+    /// The destination name is not in this shim DIF's directory.
+    #[error("{0} is not in the directory of this shim DIF")]
+    NameNotFound(AppName),
+    /// The name is already registered in this IPCP.
+    #[error("{0} is already registered in this shim DIF")]
+    NameInUse(AppName),
+    /// The peer shim has no application registered under the name.
+    #[error("{name} is not registered at {peer}")]
+    NotRegistered { name: AppName, peer: SocketAddr },
+    /// The destination application (or its daemon) refused the flow.
+    #[error("flow refused by the peer: {0}")]
+    Refused(String),
+    /// The shim cannot provide what the QoS spec asks for.
+    #[error("QoS not satisfiable: {0}")]
+    QosNotSatisfiable(String),
+    /// An SDU is larger than the flow's maximum.
+    #[error("SDU of {size} bytes is larger than the flow's maximum of {max}")]
+    SduTooLarge { size: usize, max: u32 },
+    /// The peer shim did not answer the allocation request in time.
+    #[error("no answer from {peer} within {after:?}")]
+    Timeout { peer: SocketAddr, after: Duration },
+    /// No flow with this port-id, or it is not allocated yet.
+    #[error("no allocated flow with port-id {0}")]
+    UnknownFlow(PortId),
+    /// No pending flow request with this handle (answered or withdrawn).
+    #[error("no pending flow request {0}")]
+    UnknownRequest(u64),
+    /// The port-id is already used by another flow.
+    #[error("port-id {0} is already in use")]
+    PortInUse(PortId),
+    /// Too many flows or pending requests.
+    #[error("out of resources: {0}")]
+    NoResources(String),
+}
+
+/// Something the driver must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Send `payload` as one datagram to `to`.
+    Transmit { to: SocketAddr, payload: Vec<u8> },
+    /// Ask the application that registered `local` whether it accepts a flow
+    /// from `remote`; answer with [`ShimUdp::accept`] or [`ShimUdp::refuse`].
+    FlowRequest {
+        handle: u64,
+        local: AppName,
+        remote: AppName,
+        qos: QosSpec,
+    },
+    /// The application did not answer request `handle` in time; it was
+    /// refused on its behalf.
+    RequestWithdrawn { handle: u64 },
+    /// A flow asked for with [`ShimUdp::allocate`] now exists on both ends.
+    Allocated { port: PortId, max_sdu: u32 },
+    /// A flow asked for with [`ShimUdp::allocate`] could not be set up.
+    AllocateFailed { port: PortId, error: ShimError },
+    /// The peer deallocated the flow.
+    Deallocated { port: PortId },
+}
+
+/// Why a received datagram was dropped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DropReason {
+    /// It could not be parsed.
+    Malformed(WireError),
+    /// It names a flow that does not exist (or is not allocated yet).
+    UnknownFlow(PortId),
+    /// It names a flow that belongs to another peer address.
+    WrongPeer { port: PortId, from: SocketAddr },
+}
+
+/// What became of a received datagram.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Received<'a> {
+    /// Hand this SDU to the application of flow `port`.
+    Deliver { port: PortId, sdu: &'a [u8] },
+    /// A control message; any resulting actions are queued.
+    Control,
+    /// Dropped and counted.
+    Dropped(DropReason),
+}
+
+/// IPCP-wide counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Datagrams received.
+    pub rx_datagrams: u64,
+    /// Datagrams sent (data and control).
+    pub tx_datagrams: u64,
+    /// Datagrams that could not be parsed.
+    pub rx_malformed: u64,
+    /// Data for a flow that does not exist.
+    pub rx_unknown_flow: u64,
+    /// Data for a flow from an address that is not its peer.
+    pub rx_wrong_peer: u64,
+    /// Allocation requests received.
+    pub alloc_requests_in: u64,
+    /// Allocation requests this IPCP refused (unregistered name, QoS, app said no).
+    pub alloc_refused: u64,
+    /// Allocations this IPCP asked for that timed out.
+    pub alloc_timeouts: u64,
+}
+
+impl Counters {
+    /// The counters by name, for listings.
+    pub fn to_map(&self) -> BTreeMap<String, u64> {
+        [
+            ("rx_datagrams", self.rx_datagrams),
+            ("tx_datagrams", self.tx_datagrams),
+            ("rx_malformed", self.rx_malformed),
+            ("rx_unknown_flow", self.rx_unknown_flow),
+            ("rx_wrong_peer", self.rx_wrong_peer),
+            ("alloc_requests_in", self.alloc_requests_in),
+            ("alloc_refused", self.alloc_refused),
+            ("alloc_timeouts", self.alloc_timeouts),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+}
+
+/// A flow of this IPCP.
+#[derive(Debug, Clone)]
+pub struct Flow {
+    /// This end's application name.
+    pub local: AppName,
+    /// The other end's application name.
+    pub remote: AppName,
+    /// QoS asked for.
+    pub qos: QosSpec,
+    /// UDP address of the peer shim.
+    pub peer: SocketAddr,
+    /// The peer's port-id; `None` while the allocation is in progress.
+    pub peer_port: Option<PortId>,
+    /// Largest SDU, agreed by both ends.
+    pub max_sdu: u32,
+    /// Traffic counters.
+    pub counters: FlowCounters,
+}
+
+/// Retransmission state of an allocation in progress.
+#[derive(Debug)]
+struct Allocating {
+    request: Vec<u8>,
+    next_retry: Instant,
+    deadline: Instant,
+}
+
+/// An incoming request waiting for the application's answer.
+#[derive(Debug)]
+struct Pending {
+    from: SocketAddr,
+    src_port: PortId,
+    local: AppName,
+    remote: AppName,
+    qos: QosSpec,
+    deadline: Instant,
+}
+
+/// One shim-udp IPC process.
+#[derive(Debug)]
+pub struct ShimUdp {
+    cfg: Config,
+    names: BTreeSet<AppName>,
+    flows: HashMap<PortId, Flow>,
+    allocating: HashMap<PortId, Allocating>,
+    pending: HashMap<u64, Pending>,
+    /// Flows accepted here, by the requester's address and port-id, so that a
+    /// retransmitted request is answered again instead of creating a twin.
+    accepted: HashMap<(SocketAddr, PortId), PortId>,
+    next_handle: u64,
+    actions: VecDeque<Action>,
+    counters: Counters,
+}
+
+impl ShimUdp {
+    /// A shim IPCP with no names and no flows.
+    pub fn new(cfg: Config) -> Self {
+        ShimUdp {
+            cfg,
+            names: BTreeSet::new(),
+            flows: HashMap::new(),
+            allocating: HashMap::new(),
+            pending: HashMap::new(),
+            accepted: HashMap::new(),
+            next_handle: 1,
+            actions: VecDeque::new(),
+            counters: Counters::default(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// IPCP-wide counters.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Registered names.
+    pub fn names(&self) -> impl Iterator<Item = &AppName> {
+        self.names.iter()
+    }
+
+    /// Flows, allocated or in progress.
+    pub fn flows(&self) -> impl Iterator<Item = (PortId, &Flow)> {
+        self.flows.iter().map(|(p, f)| (*p, f))
+    }
+
+    /// One flow.
+    pub fn flow(&self, port: PortId) -> Option<&Flow> {
+        self.flows.get(&port)
+    }
+
+    /// Counters of a flow, for the driver to add what only it sees.
+    pub fn flow_counters_mut(&mut self, port: PortId) -> Option<&mut FlowCounters> {
+        self.flows.get_mut(&port).map(|f| &mut f.counters)
+    }
+
+    /// Registers an application name so that peers can allocate flows to it.
+    pub fn register(&mut self, name: AppName) -> Result<(), ShimError> {
+        if self.names.contains(&name) {
+            return Err(ShimError::NameInUse(name));
+        }
+        self.names.insert(name);
+        Ok(())
+    }
+
+    /// Withdraws a name; pending requests for it are refused. Returns whether
+    /// it was registered.
+    pub fn unregister(&mut self, name: &AppName) -> bool {
+        if !self.names.remove(name) {
+            return false;
+        }
+        let gone: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| &p.local == name)
+            .map(|(h, _)| *h)
+            .collect();
+        for handle in gone {
+            let _ = self.refuse(handle, "the application unregistered");
+            self.actions.push_back(Action::RequestWithdrawn { handle });
+        }
+        true
+    }
+
+    /// Why this shim cannot serve `qos`, if it cannot.
+    fn check_qos(&self, qos: &QosSpec) -> Result<(), ShimError> {
+        let no = |s: String| Err(ShimError::QosNotSatisfiable(s));
+        if qos.reliable || qos.max_loss_ppm == Some(0) || qos.max_sdu_gap == Some(0) {
+            return no("the shim DIF over UDP does not retransmit; ask for a normal DIF".into());
+        }
+        if qos.in_order {
+            return no("the shim DIF over UDP does not guarantee in-order delivery".into());
+        }
+        match qos.max_sdu_size {
+            Some(s) if s > self.cfg.max_sdu => no(format!(
+                "SDUs of {s} bytes exceed the DIF's maximum of {}",
+                self.cfg.max_sdu
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Starts allocating a flow from `local` to `remote` on port `port`. The
+    /// outcome is reported later as [`Action::Allocated`] or
+    /// [`Action::AllocateFailed`]; errors found at once are returned.
+    pub fn allocate(
+        &mut self,
+        now: Instant,
+        port: PortId,
+        local: AppName,
+        remote: AppName,
+        qos: QosSpec,
+    ) -> Result<(), ShimError> {
+        if self.flows.contains_key(&port) {
+            return Err(ShimError::PortInUse(port));
+        }
+        let peer = *self
+            .cfg
+            .directory
+            .get(&remote)
+            .ok_or_else(|| ShimError::NameNotFound(remote.clone()))?;
+        self.check_qos(&qos)?;
+        if self.flows.len() >= self.cfg.max_flows {
+            return Err(ShimError::NoResources(format!(
+                "{} flows already",
+                self.cfg.max_flows
+            )));
+        }
+        let request = Datagram::AllocReq {
+            src_port: port,
+            qos,
+            src: local.clone(),
+            dst: remote.clone(),
+        }
+        .to_vec();
+        self.transmit(peer, request.clone());
+        self.allocating.insert(
+            port,
+            Allocating {
+                request,
+                next_retry: now + self.cfg.alloc_retry,
+                deadline: now + self.cfg.alloc_timeout,
+            },
+        );
+        self.flows.insert(
+            port,
+            Flow {
+                local,
+                remote,
+                qos,
+                peer,
+                peer_port: None,
+                max_sdu: self.cfg.max_sdu,
+                counters: FlowCounters::default(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Accepts incoming request `handle` as flow `port`. Returns the flow's
+    /// maximum SDU.
+    pub fn accept(&mut self, handle: u64, port: PortId) -> Result<u32, ShimError> {
+        if self.flows.contains_key(&port) {
+            return Err(ShimError::PortInUse(port));
+        }
+        let p = self
+            .pending
+            .remove(&handle)
+            .ok_or(ShimError::UnknownRequest(handle))?;
+        let max_sdu = self.cfg.max_sdu;
+        self.accepted.insert((p.from, p.src_port), port);
+        self.flows.insert(
+            port,
+            Flow {
+                local: p.local,
+                remote: p.remote,
+                qos: p.qos,
+                peer: p.from,
+                peer_port: Some(p.src_port),
+                max_sdu,
+                counters: FlowCounters::default(),
+            },
+        );
+        self.respond(p.from, p.src_port, port, AllocResult::Accepted, "");
+        Ok(max_sdu)
+    }
+
+    /// Refuses incoming request `handle`, telling the requester why.
+    pub fn refuse(&mut self, handle: u64, reason: &str) -> Result<(), ShimError> {
+        let p = self
+            .pending
+            .remove(&handle)
+            .ok_or(ShimError::UnknownRequest(handle))?;
+        self.counters.alloc_refused += 1;
+        self.respond(p.from, p.src_port, 0, AllocResult::Refused, reason);
+        Ok(())
+    }
+
+    /// Deallocates a flow and tells the peer.
+    pub fn deallocate(&mut self, port: PortId) -> Result<(), ShimError> {
+        let flow = self
+            .flows
+            .remove(&port)
+            .ok_or(ShimError::UnknownFlow(port))?;
+        self.allocating.remove(&port);
+        if let Some(peer_port) = flow.peer_port {
+            self.accepted.remove(&(flow.peer, peer_port));
+            let msg = Datagram::Dealloc {
+                dst_port: peer_port,
+                src_port: port,
+            };
+            self.transmit(flow.peer, msg.to_vec());
+        }
+        Ok(())
+    }
+
+    /// Accounts an SDU of `len` bytes written on flow `port` and returns where
+    /// to send it and the header to put in front of it.
+    pub fn send_header(
+        &mut self,
+        port: PortId,
+        len: usize,
+    ) -> Result<(SocketAddr, [u8; DATA_HEADER_LEN]), ShimError> {
+        let flow = self
+            .flows
+            .get_mut(&port)
+            .ok_or(ShimError::UnknownFlow(port))?;
+        let peer_port = flow.peer_port.ok_or(ShimError::UnknownFlow(port))?;
+        if len > flow.max_sdu as usize {
+            flow.counters.drops_out += 1;
+            return Err(ShimError::SduTooLarge {
+                size: len,
+                max: flow.max_sdu,
+            });
+        }
+        flow.counters.sdus_out += 1;
+        flow.counters.bytes_out += len as u64;
+        self.counters.tx_datagrams += 1;
+        Ok((flow.peer, data_header(peer_port)))
+    }
+
+    /// Processes one received datagram.
+    pub fn on_datagram<'a>(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        buf: &'a [u8],
+    ) -> Received<'a> {
+        self.counters.rx_datagrams += 1;
+        let msg = match Datagram::parse(buf) {
+            Ok(m) => m,
+            Err(e) => {
+                self.counters.rx_malformed += 1;
+                return Received::Dropped(DropReason::Malformed(e));
+            }
+        };
+        match msg {
+            Datagram::Data { dst_port, sdu } => self.on_data(from, dst_port, sdu),
+            Datagram::AllocReq {
+                src_port,
+                qos,
+                src,
+                dst,
+            } => {
+                self.on_alloc_req(now, from, src_port, qos, src, dst);
+                Received::Control
+            }
+            Datagram::AllocResp {
+                dst_port,
+                src_port,
+                result,
+                max_sdu,
+                reason,
+            } => {
+                self.on_alloc_resp(from, dst_port, src_port, result, max_sdu, reason);
+                Received::Control
+            }
+            Datagram::Dealloc { dst_port, src_port } => {
+                let ours = self
+                    .flows
+                    .get(&dst_port)
+                    .is_some_and(|f| f.peer == from && f.peer_port == Some(src_port));
+                if ours {
+                    self.flows.remove(&dst_port);
+                    self.accepted.remove(&(from, src_port));
+                    self.actions
+                        .push_back(Action::Deallocated { port: dst_port });
+                }
+                Received::Control
+            }
+        }
+    }
+
+    fn on_data<'a>(&mut self, from: SocketAddr, port: PortId, sdu: &'a [u8]) -> Received<'a> {
+        match self.flows.get_mut(&port) {
+            Some(f) if f.peer_port.is_some() && f.peer == from => {
+                f.counters.sdus_in += 1;
+                f.counters.bytes_in += sdu.len() as u64;
+                Received::Deliver { port, sdu }
+            }
+            Some(f) if f.peer_port.is_some() => {
+                self.counters.rx_wrong_peer += 1;
+                Received::Dropped(DropReason::WrongPeer { port, from })
+            }
+            _ => {
+                self.counters.rx_unknown_flow += 1;
+                Received::Dropped(DropReason::UnknownFlow(port))
+            }
+        }
+    }
+
+    fn on_alloc_req(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        src_port: PortId,
+        qos: QosSpec,
+        src: AppName,
+        dst: AppName,
+    ) {
+        self.counters.alloc_requests_in += 1;
+        // A retransmission: answer again if we accepted, ignore if still pending.
+        if let Some(&port) = self.accepted.get(&(from, src_port)) {
+            self.respond(from, src_port, port, AllocResult::Accepted, "");
+            return;
+        }
+        if self
+            .pending
+            .values()
+            .any(|p| p.from == from && p.src_port == src_port)
+        {
+            return;
+        }
+        let refusal = if !self.names.contains(&dst) {
+            Some((
+                AllocResult::NotRegistered,
+                format!("{dst} is not registered"),
+            ))
+        } else if self.pending.len() >= self.cfg.max_pending
+            || self.flows.len() >= self.cfg.max_flows
+        {
+            Some((AllocResult::NoResources, "too many flows".to_string()))
+        } else if let Err(e) = self.check_qos(&qos) {
+            Some((AllocResult::QosNotSatisfiable, e.to_string()))
+        } else {
+            None
+        };
+        if let Some((result, reason)) = refusal {
+            self.counters.alloc_refused += 1;
+            self.respond(from, src_port, 0, result, &reason);
+            return;
+        }
+        let handle = self.next_handle;
+        self.next_handle += 1;
+        self.pending.insert(
+            handle,
+            Pending {
+                from,
+                src_port,
+                local: dst.clone(),
+                remote: src.clone(),
+                qos,
+                deadline: now + self.cfg.accept_timeout,
+            },
+        );
+        self.actions.push_back(Action::FlowRequest {
+            handle,
+            local: dst,
+            remote: src,
+            qos,
+        });
+    }
+
+    fn on_alloc_resp(
+        &mut self,
+        from: SocketAddr,
+        dst_port: PortId,
+        src_port: PortId,
+        result: AllocResult,
+        max_sdu: u32,
+        reason: &str,
+    ) {
+        let waiting = self
+            .flows
+            .get(&dst_port)
+            .is_some_and(|f| f.peer == from && f.peer_port.is_none());
+        if !waiting {
+            // A late acceptance for a flow we gave up on: tell the peer to drop it.
+            let known = self
+                .flows
+                .get(&dst_port)
+                .is_some_and(|f| f.peer_port == Some(src_port));
+            if result == AllocResult::Accepted && !known {
+                let msg = Datagram::Dealloc {
+                    dst_port: src_port,
+                    src_port: dst_port,
+                };
+                self.transmit(from, msg.to_vec());
+            }
+            return;
+        }
+        self.allocating.remove(&dst_port);
+        if result == AllocResult::Accepted {
+            if let Some(f) = self.flows.get_mut(&dst_port) {
+                f.peer_port = Some(src_port);
+                f.max_sdu = f.max_sdu.min(max_sdu);
+                let max_sdu = f.max_sdu;
+                self.actions.push_back(Action::Allocated {
+                    port: dst_port,
+                    max_sdu,
+                });
+            }
+            return;
+        }
+        let Some(flow) = self.flows.remove(&dst_port) else {
+            return;
+        };
+        let reason = reason.to_string();
+        let error = match result {
+            AllocResult::NotRegistered => ShimError::NotRegistered {
+                name: flow.remote,
+                peer: from,
+            },
+            AllocResult::QosNotSatisfiable => ShimError::QosNotSatisfiable(reason),
+            AllocResult::NoResources => ShimError::NoResources(reason),
+            AllocResult::Refused | AllocResult::Accepted => ShimError::Refused(reason),
+        };
+        self.actions.push_back(Action::AllocateFailed {
+            port: dst_port,
+            error,
+        });
+    }
+
+    /// When [`ShimUdp::handle_timeout`] next needs to run, if ever.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let a = self
+            .allocating
+            .values()
+            .map(|a| a.next_retry.min(a.deadline));
+        let p = self.pending.values().map(|p| p.deadline);
+        a.chain(p).min()
+    }
+
+    /// Retransmits allocation requests and expires what waited too long.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let mut expired = Vec::new();
+        let mut resend = Vec::new();
+        for (port, a) in self.allocating.iter_mut() {
+            if now >= a.deadline {
+                expired.push(*port);
+            } else if now >= a.next_retry {
+                a.next_retry = now + self.cfg.alloc_retry;
+                resend.push(*port);
+            }
+        }
+        for port in resend {
+            if let (Some(a), Some(f)) = (self.allocating.get(&port), self.flows.get(&port)) {
+                let (to, payload) = (f.peer, a.request.clone());
+                self.transmit(to, payload);
+            }
+        }
+        for port in expired {
+            self.allocating.remove(&port);
+            if let Some(f) = self.flows.remove(&port) {
+                self.counters.alloc_timeouts += 1;
+                self.actions.push_back(Action::AllocateFailed {
+                    port,
+                    error: ShimError::Timeout {
+                        peer: f.peer,
+                        after: self.cfg.alloc_timeout,
+                    },
+                });
+            }
+        }
+        let late: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| now >= p.deadline)
+            .map(|(h, _)| *h)
+            .collect();
+        for handle in late {
+            let _ = self.refuse(handle, "the application did not answer in time");
+            self.actions.push_back(Action::RequestWithdrawn { handle });
+        }
+    }
+
+    /// The next thing the driver must do, if any.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    fn respond(
+        &mut self,
+        to: SocketAddr,
+        dst_port: PortId,
+        src_port: PortId,
+        result: AllocResult,
+        reason: &str,
+    ) {
+        let msg = Datagram::AllocResp {
+            dst_port,
+            src_port,
+            result,
+            max_sdu: self.cfg.max_sdu,
+            reason,
+        };
+        self.transmit(to, msg.to_vec());
+    }
+
+    fn transmit(&mut self, to: SocketAddr, payload: Vec<u8>) {
+        self.counters.tx_datagrams += 1;
+        self.actions.push_back(Action::Transmit { to, payload });
+    }
+}
+
+#[cfg(test)]
+mod tests;

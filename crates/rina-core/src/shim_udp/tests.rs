@@ -1,0 +1,429 @@
+//! Unit tests of the shim-udp machine, with explicit time and a hand-carried wire.
+
+use super::*;
+
+const A: &str = "127.0.0.1:5001";
+const B: &str = "127.0.0.1:5002";
+
+fn addr(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+fn name(s: &str) -> AppName {
+    s.parse().unwrap()
+}
+fn ms(n: u64) -> Instant {
+    Instant::from_nanos(n * 1_000_000)
+}
+
+/// Two shims, `a` knowing `echo` at `b`.
+fn pair() -> (ShimUdp, ShimUdp) {
+    let mut ca = Config::new("udp");
+    ca.directory.insert(name("echo"), addr(B));
+    ca.directory.insert(name("ghost"), addr(B));
+    let a = ShimUdp::new(ca);
+    let mut b = ShimUdp::new(Config::new("udp"));
+    b.register(name("echo")).unwrap();
+    (a, b)
+}
+
+/// Moves every Transmit from `from` (at address `src`) into `to`; returns the
+/// other actions of `from`.
+fn carry(now: Instant, from: &mut ShimUdp, src: &str, to: &mut ShimUdp) -> Vec<Action> {
+    let mut other = Vec::new();
+    while let Some(a) = from.poll_action() {
+        match a {
+            Action::Transmit { payload, .. } => {
+                let _ = to.on_datagram(now, addr(src), &payload);
+            }
+            a => other.push(a),
+        }
+    }
+    other
+}
+
+fn drop_transmits(s: &mut ShimUdp) -> Vec<Action> {
+    let mut other = Vec::new();
+    while let Some(a) = s.poll_action() {
+        if !matches!(a, Action::Transmit { .. }) {
+            other.push(a);
+        }
+    }
+    other
+}
+
+/// Allocates port 1 on `a` to `echo` on `b` as port 7; returns nothing but
+/// leaves both ends allocated.
+fn allocate(a: &mut ShimUdp, b: &mut ShimUdp) {
+    a.allocate(ms(0), 1, name("perf"), name("echo"), QosSpec::default())
+        .unwrap();
+    assert!(carry(ms(0), a, A, b).is_empty());
+    let req = carry(ms(1), b, B, a);
+    let [Action::FlowRequest {
+        handle,
+        local,
+        remote,
+        ..
+    }] = req.as_slice()
+    else {
+        panic!("expected a flow request, got {req:?}");
+    };
+    assert_eq!((local, remote), (&name("echo"), &name("perf")));
+    assert_eq!(b.accept(*handle, 7).unwrap(), DEFAULT_MAX_SDU);
+    assert!(carry(ms(1), b, B, a).is_empty());
+    assert_eq!(
+        drop_transmits(a),
+        vec![Action::Allocated {
+            port: 1,
+            max_sdu: DEFAULT_MAX_SDU
+        }]
+    );
+}
+
+#[test]
+fn allocate_accept_and_data_both_ways() {
+    let (mut a, mut b) = pair();
+    allocate(&mut a, &mut b);
+
+    let (to, hdr) = a.send_header(1, 5).unwrap();
+    assert_eq!(to, addr(B));
+    let mut dgram = hdr.to_vec();
+    dgram.extend_from_slice(b"hello");
+    assert_eq!(
+        b.on_datagram(ms(2), addr(A), &dgram),
+        Received::Deliver {
+            port: 7,
+            sdu: b"hello"
+        }
+    );
+    let (to, hdr) = b.send_header(7, 3).unwrap();
+    assert_eq!(to, addr(A));
+    let mut back = hdr.to_vec();
+    back.extend_from_slice(b"hey");
+    assert_eq!(
+        a.on_datagram(ms(3), addr(B), &back),
+        Received::Deliver {
+            port: 1,
+            sdu: b"hey"
+        }
+    );
+    assert_eq!(a.flow(1).unwrap().counters.sdus_out, 1);
+    assert_eq!(a.flow(1).unwrap().counters.bytes_in, 3);
+    assert_eq!(b.flow(7).unwrap().counters.bytes_in, 5);
+    assert_eq!(a.poll_timeout(), None, "nothing left to time");
+}
+
+#[test]
+fn refusal_by_the_application_reaches_the_requester() {
+    let (mut a, mut b) = pair();
+    a.allocate(ms(0), 1, name("perf"), name("echo"), QosSpec::default())
+        .unwrap();
+    carry(ms(0), &mut a, A, &mut b);
+    let req = carry(ms(0), &mut b, B, &mut a);
+    let Action::FlowRequest { handle, .. } = req[0] else {
+        panic!()
+    };
+    b.refuse(handle, "busy").unwrap();
+    carry(ms(0), &mut b, B, &mut a);
+    assert_eq!(
+        drop_transmits(&mut a),
+        vec![Action::AllocateFailed {
+            port: 1,
+            error: ShimError::Refused("busy".into())
+        }]
+    );
+    assert!(a.flow(1).is_none());
+    assert_eq!(b.counters().alloc_refused, 1);
+}
+
+#[test]
+fn unregistered_name_is_refused_not_dropped() {
+    let (mut a, mut b) = pair();
+    a.allocate(ms(0), 1, name("perf"), name("ghost"), QosSpec::default())
+        .unwrap();
+    carry(ms(0), &mut a, A, &mut b);
+    assert!(carry(ms(0), &mut b, B, &mut a).is_empty());
+    assert_eq!(
+        drop_transmits(&mut a),
+        vec![Action::AllocateFailed {
+            port: 1,
+            error: ShimError::NotRegistered {
+                name: name("ghost"),
+                peer: addr(B)
+            }
+        }]
+    );
+}
+
+#[test]
+fn name_outside_the_directory_fails_at_once() {
+    let (mut a, _) = pair();
+    assert_eq!(
+        a.allocate(ms(0), 1, name("perf"), name("nowhere"), QosSpec::default()),
+        Err(ShimError::NameNotFound(name("nowhere")))
+    );
+    assert!(a.poll_action().is_none());
+}
+
+#[test]
+fn unsatisfiable_qos_is_refused_with_the_reason() {
+    let (mut a, _) = pair();
+    let reliable = QosSpec {
+        reliable: true,
+        ..Default::default()
+    };
+    let err = a
+        .allocate(ms(0), 1, name("perf"), name("echo"), reliable)
+        .unwrap_err();
+    assert!(matches!(err, ShimError::QosNotSatisfiable(ref s) if s.contains("retransmit")));
+    let big = QosSpec {
+        max_sdu_size: Some(DEFAULT_MAX_SDU + 1),
+        ..Default::default()
+    };
+    assert!(matches!(
+        a.allocate(ms(0), 2, name("perf"), name("echo"), big),
+        Err(ShimError::QosNotSatisfiable(_))
+    ));
+}
+
+#[test]
+fn lost_requests_are_retransmitted_then_time_out() {
+    let (mut a, _) = pair();
+    a.allocate(ms(0), 1, name("perf"), name("echo"), QosSpec::default())
+        .unwrap();
+    assert_eq!(drop_transmits(&mut a), vec![]);
+    assert_eq!(a.poll_timeout(), Some(ms(200)));
+    a.handle_timeout(ms(199));
+    assert!(
+        a.poll_action().is_none(),
+        "nothing before the retry interval"
+    );
+    a.handle_timeout(ms(200));
+    assert!(matches!(a.poll_action(), Some(Action::Transmit { .. })));
+    for t in (400..2000).step_by(200) {
+        a.handle_timeout(ms(t));
+        assert!(drop_transmits(&mut a).is_empty());
+    }
+    a.handle_timeout(ms(2000));
+    assert_eq!(
+        a.poll_action(),
+        Some(Action::AllocateFailed {
+            port: 1,
+            error: ShimError::Timeout {
+                peer: addr(B),
+                after: Duration::from_secs(2)
+            }
+        })
+    );
+    assert!(a.flow(1).is_none());
+    assert_eq!(a.poll_timeout(), None);
+    assert_eq!(a.counters().alloc_timeouts, 1);
+}
+
+#[test]
+fn lost_response_is_answered_again_without_a_second_flow() {
+    let (mut a, mut b) = pair();
+    a.allocate(ms(0), 1, name("perf"), name("echo"), QosSpec::default())
+        .unwrap();
+    carry(ms(0), &mut a, A, &mut b);
+    let req = carry(ms(0), &mut b, B, &mut a);
+    let Action::FlowRequest { handle, .. } = req[0] else {
+        panic!()
+    };
+    b.accept(handle, 7).unwrap();
+    drop_transmits(&mut b); // the response is lost
+    a.handle_timeout(ms(200)); // a retransmits
+    carry(ms(200), &mut a, A, &mut b);
+    assert!(
+        carry(ms(200), &mut b, B, &mut a).is_empty(),
+        "no second request"
+    );
+    assert_eq!(b.flows().count(), 1);
+    assert!(matches!(
+        drop_transmits(&mut a).as_slice(),
+        [Action::Allocated { port: 1, .. }]
+    ));
+}
+
+#[test]
+fn malformed_and_stray_datagrams_are_counted_and_dropped() {
+    let (mut a, mut b) = pair();
+    allocate(&mut a, &mut b);
+    assert!(matches!(
+        b.on_datagram(ms(5), addr(A), &[0xee, 1, 2]),
+        Received::Dropped(DropReason::Malformed(WireError::UnknownType(0xee)))
+    ));
+    assert!(matches!(
+        b.on_datagram(ms(5), addr(A), &[]),
+        Received::Dropped(DropReason::Malformed(_))
+    ));
+    let stray = Datagram::Data {
+        dst_port: 99,
+        sdu: b"x",
+    }
+    .to_vec();
+    assert_eq!(
+        b.on_datagram(ms(5), addr(A), &stray),
+        Received::Dropped(DropReason::UnknownFlow(99))
+    );
+    let spoof = Datagram::Data {
+        dst_port: 7,
+        sdu: b"x",
+    }
+    .to_vec();
+    assert!(matches!(
+        b.on_datagram(ms(5), addr("127.0.0.1:6666"), &spoof),
+        Received::Dropped(DropReason::WrongPeer { port: 7, .. })
+    ));
+    let c = b.counters();
+    assert_eq!(
+        (c.rx_malformed, c.rx_unknown_flow, c.rx_wrong_peer),
+        (2, 1, 1)
+    );
+    // The flow is undisturbed.
+    let (_, hdr) = a.send_header(1, 2).unwrap();
+    let mut ok = hdr.to_vec();
+    ok.extend_from_slice(b"ok");
+    assert_eq!(
+        b.on_datagram(ms(6), addr(A), &ok),
+        Received::Deliver {
+            port: 7,
+            sdu: b"ok"
+        }
+    );
+}
+
+#[test]
+fn oversize_sdu_is_refused_with_both_sizes() {
+    let mut ca = Config::new("udp");
+    ca.max_sdu = 100;
+    ca.directory.insert(name("echo"), addr(B));
+    let mut a = ShimUdp::new(ca);
+    let (_, mut b) = pair();
+    allocate_small(&mut a, &mut b);
+    assert_eq!(
+        a.send_header(1, 101),
+        Err(ShimError::SduTooLarge {
+            size: 101,
+            max: 100
+        })
+    );
+    assert!(a.send_header(1, 100).is_ok());
+    assert_eq!(a.flow(1).unwrap().counters.drops_out, 1);
+}
+
+/// Like [`allocate`] but for a requester with a smaller maximum SDU: the flow
+/// takes the smaller of the two ends' maxima.
+fn allocate_small(a: &mut ShimUdp, b: &mut ShimUdp) {
+    a.allocate(ms(0), 1, name("perf"), name("echo"), QosSpec::default())
+        .unwrap();
+    carry(ms(0), a, A, b);
+    let req = carry(ms(0), b, B, a);
+    let Action::FlowRequest { handle, .. } = req[0] else {
+        panic!()
+    };
+    b.accept(handle, 7).unwrap();
+    carry(ms(0), b, B, a);
+    assert_eq!(
+        drop_transmits(a),
+        vec![Action::Allocated {
+            port: 1,
+            max_sdu: 100
+        }]
+    );
+}
+
+#[test]
+fn deallocation_reaches_the_peer() {
+    let (mut a, mut b) = pair();
+    allocate(&mut a, &mut b);
+    a.deallocate(1).unwrap();
+    assert!(carry(ms(9), &mut a, A, &mut b).is_empty());
+    assert_eq!(
+        drop_transmits(&mut b),
+        vec![Action::Deallocated { port: 7 }]
+    );
+    assert!(b.flow(7).is_none());
+    assert_eq!(a.deallocate(1), Err(ShimError::UnknownFlow(1)));
+}
+
+#[test]
+fn an_application_that_never_answers_is_refused_for() {
+    let (mut a, mut b) = pair();
+    a.allocate(ms(0), 1, name("perf"), name("echo"), QosSpec::default())
+        .unwrap();
+    carry(ms(0), &mut a, A, &mut b);
+    let req = carry(ms(0), &mut b, B, &mut a);
+    let Action::FlowRequest { handle, .. } = req[0] else {
+        panic!()
+    };
+    assert_eq!(b.poll_timeout(), Some(ms(5000)));
+    b.handle_timeout(ms(5000));
+    let rest = carry(ms(5000), &mut b, B, &mut a);
+    assert_eq!(rest, vec![Action::RequestWithdrawn { handle }]);
+    assert!(matches!(
+        drop_transmits(&mut a).as_slice(),
+        [Action::AllocateFailed {
+            error: ShimError::Refused(_),
+            ..
+        }]
+    ));
+    assert_eq!(b.accept(handle, 7), Err(ShimError::UnknownRequest(handle)));
+}
+
+#[test]
+fn unregistering_refuses_pending_requests() {
+    let (mut a, mut b) = pair();
+    a.allocate(ms(0), 1, name("perf"), name("echo"), QosSpec::default())
+        .unwrap();
+    carry(ms(0), &mut a, A, &mut b);
+    let req = carry(ms(0), &mut b, B, &mut a);
+    let Action::FlowRequest { handle, .. } = req[0] else {
+        panic!()
+    };
+    assert!(b.unregister(&name("echo")));
+    assert!(!b.unregister(&name("echo")));
+    assert_eq!(
+        carry(ms(1), &mut b, B, &mut a),
+        vec![Action::RequestWithdrawn { handle }]
+    );
+    assert!(matches!(
+        drop_transmits(&mut a).as_slice(),
+        [Action::AllocateFailed { .. }]
+    ));
+    assert_eq!(b.register(name("echo")), Ok(()));
+    assert_eq!(
+        b.register(name("echo")),
+        Err(ShimError::NameInUse(name("echo")))
+    );
+}
+
+#[test]
+fn late_acceptance_of_an_abandoned_flow_is_torn_down() {
+    let (mut a, mut b) = pair();
+    a.allocate(ms(0), 1, name("perf"), name("echo"), QosSpec::default())
+        .unwrap();
+    carry(ms(0), &mut a, A, &mut b);
+    let req = carry(ms(0), &mut b, B, &mut a);
+    let Action::FlowRequest { handle, .. } = req[0] else {
+        panic!()
+    };
+    a.deallocate(1).unwrap(); // the requester gives up
+    b.accept(handle, 7).unwrap();
+    carry(ms(1), &mut b, B, &mut a);
+    assert!(carry(ms(1), &mut a, A, &mut b).is_empty());
+    assert_eq!(
+        drop_transmits(&mut b),
+        vec![Action::Deallocated { port: 7 }]
+    );
+}
+
+proptest::proptest! {
+    #[test]
+    fn arbitrary_datagrams_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)) {
+        let (mut a, mut b) = pair();
+        allocate(&mut a, &mut b);
+        let _ = b.on_datagram(ms(1), addr(A), &bytes);
+        b.handle_timeout(ms(10_000));
+        while b.poll_action().is_some() {}
+    }
+}
