@@ -58,6 +58,9 @@ impl AllocResult {
 }
 
 /// A parsed shim-udp datagram, borrowing from the receive buffer.
+// The large variants are control messages; the hot `Data` variant lives on
+// the stack and is never stored, so boxing would only add allocations.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Datagram<'a> {
     /// One SDU of an allocated flow.
