@@ -77,13 +77,16 @@ impl Config {
 pub enum ShimError {
     /// The destination name is not in this shim DIF's directory.
     #[error("{0} is not in the directory of this shim DIF")]
-    NameNotFound(AppName),
+    NameNotFound(Box<AppName>),
     /// The name is already registered in this IPCP.
     #[error("{0} is already registered in this shim DIF")]
-    NameInUse(AppName),
+    NameInUse(Box<AppName>),
     /// The peer shim has no application registered under the name.
     #[error("{name} is not registered at {peer}")]
-    NotRegistered { name: AppName, peer: SocketAddr },
+    NotRegistered {
+        name: Box<AppName>,
+        peer: SocketAddr,
+    },
     /// The destination application (or its daemon) refused the flow.
     #[error("flow refused by the peer: {0}")]
     Refused(String),
@@ -299,7 +302,7 @@ impl ShimUdp {
     /// Registers an application name so that peers can allocate flows to it.
     pub fn register(&mut self, name: AppName) -> Result<(), ShimError> {
         if self.names.contains(&name) {
-            return Err(ShimError::NameInUse(name));
+            return Err(ShimError::NameInUse(Box::new(name)));
         }
         self.names.insert(name);
         Ok(())
@@ -360,7 +363,7 @@ impl ShimUdp {
             .cfg
             .directory
             .get(&remote)
-            .ok_or_else(|| ShimError::NameNotFound(remote.clone()))?;
+            .ok_or_else(|| ShimError::NameNotFound(Box::new(remote.clone())))?;
         self.check_qos(&qos)?;
         if self.flows.len() >= self.cfg.max_flows {
             return Err(ShimError::NoResources(format!(
@@ -660,7 +663,7 @@ impl ShimUdp {
         let reason = reason.to_string();
         let error = match result {
             AllocResult::NotRegistered => ShimError::NotRegistered {
-                name: flow.remote,
+                name: Box::new(flow.remote),
                 peer: from,
             },
             AllocResult::QosNotSatisfiable => ShimError::QosNotSatisfiable(reason),

@@ -147,7 +147,7 @@ fn unregistered_name_is_refused_not_dropped() {
         vec![Action::AllocateFailed {
             port: 1,
             error: ShimError::NotRegistered {
-                name: name("ghost"),
+                name: Box::new(name("ghost")),
                 peer: addr(B)
             }
         }]
@@ -159,7 +159,7 @@ fn name_outside_the_directory_fails_at_once() {
     let (mut a, _) = pair();
     assert_eq!(
         a.allocate(ms(0), 1, name("perf"), name("nowhere"), QosSpec::default()),
-        Err(ShimError::NameNotFound(name("nowhere")))
+        Err(ShimError::NameNotFound(Box::new(name("nowhere"))))
     );
     assert!(a.poll_action().is_none());
 }
@@ -393,7 +393,7 @@ fn unregistering_refuses_pending_requests() {
     assert_eq!(b.register(name("echo")), Ok(()));
     assert_eq!(
         b.register(name("echo")),
-        Err(ShimError::NameInUse(name("echo")))
+        Err(ShimError::NameInUse(Box::new(name("echo"))))
     );
 }
 
