@@ -1,1 +1,71 @@
-fn main() {}
+//! `rinad`: the RINA daemon of one system.
+//!
+//! It hosts the IPC Manager and every IPC process of the machine, reads one
+//! TOML file that declares them, and serves applications and management
+//! tools on a Unix socket. See `config` for the file and `daemon` for the
+//! event loop.
+
+mod config;
+mod daemon;
+mod sys;
+
+use clap::Parser;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// The RINA daemon: IPC Manager and IPC processes of one system.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Cli {
+    /// Configuration file.
+    #[arg(short, long, default_value = config::DEFAULT_CONFIG)]
+    config: PathBuf,
+    /// Control socket path (overrides the file and $RINA_SOCKET).
+    #[arg(short, long)]
+    socket: Option<PathBuf>,
+    /// Log filter: error, warn, info, debug, trace, or a tracing directive
+    /// such as `rinad=debug`.
+    #[arg(long, default_value = "info")]
+    log_level: String,
+    /// Check the configuration file and exit.
+    #[arg(long)]
+    check: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = match tracing_subscriber::EnvFilter::try_new(&cli.log_level) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("rinad: bad --log-level {:?}: {e}", cli.log_level);
+            return ExitCode::from(2);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let cfg = match config::Config::load(&cli.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("rinad: configuration refused: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if cli.check {
+        println!("{}: ok ({} IPCPs)", cli.config.display(), cfg.ipcps.len());
+        return ExitCode::SUCCESS;
+    }
+    let socket = cli
+        .socket
+        .or_else(|| cfg.system.socket.clone())
+        .unwrap_or_else(rina_wire::ctl::default_socket_path);
+    let result = daemon::Daemon::new(&cfg, socket).and_then(|d| d.run());
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rinad: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,253 @@
+//! The daemon's configuration file.
+//!
+//! One TOML file per system names the system and declares its IPC processes.
+//! Unknown keys and bad values are refused with a message that names the key
+//! and the line (the `toml` crate reports both for everything serde checks;
+//! checks made after parsing report the line of the offending IPCP).
+//!
+//! ```toml
+//! [system]
+//! name = "alpha"
+//! # socket = "/tmp/alpha.sock"     # default: see rina_wire::ctl::default_socket_path
+//!
+//! [[ipcp]]
+//! name = "alpha.udp"
+//! type = "shim-udp"
+//! dif = "udp.net"
+//! bind = "127.0.0.1:7001"
+//! # max_sdu = 1400
+//!
+//! [ipcp.directory]               # application name -> UDP address of its shim
+//! "echo" = "127.0.0.1:7002"
+//! ```
+
+use rina_wire::AppName;
+use serde::Deserialize;
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+use toml::Spanned;
+
+/// Default path of the configuration file.
+pub const DEFAULT_CONFIG: &str = "/etc/rina/rinad.toml";
+
+/// Why a configuration could not be loaded.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The TOML is malformed, or a key is unknown, missing or has a bad value.
+    #[error("{path}: {message}")]
+    Syntax { path: PathBuf, message: String },
+    /// The file parses but describes something that cannot be built.
+    #[error("{path}: line {line}: key `{key}`: {message}")]
+    Invalid {
+        path: PathBuf,
+        line: usize,
+        key: String,
+        message: String,
+    },
+}
+
+/// The whole file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// This system.
+    pub system: System,
+    /// Its IPC processes.
+    #[serde(default, rename = "ipcp")]
+    pub ipcps: Vec<IpcpConfig>,
+}
+
+/// The `[system]` table.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct System {
+    /// Name of the system (used in logs and listings).
+    pub name: String,
+    /// Path of the control socket.
+    pub socket: Option<PathBuf>,
+}
+
+/// Kinds of IPC process this daemon can host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum IpcpKind {
+    /// The shim DIF over UDP.
+    #[serde(rename = "shim-udp")]
+    ShimUdp,
+}
+
+impl IpcpKind {
+    /// Name as written in the file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IpcpKind::ShimUdp => "shim-udp",
+        }
+    }
+}
+
+/// One `[[ipcp]]` table.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IpcpConfig {
+    /// Name of the IPC process, unique in the system.
+    pub name: Spanned<String>,
+    /// Its kind.
+    #[serde(rename = "type")]
+    pub kind: IpcpKind,
+    /// The DIF it belongs to.
+    pub dif: String,
+    /// shim-udp: local UDP address to bind.
+    pub bind: Option<SocketAddr>,
+    /// Largest SDU, in bytes.
+    pub max_sdu: Option<Spanned<u32>>,
+    /// shim-udp: where each application name lives.
+    #[serde(default)]
+    pub directory: BTreeMap<AppName, SocketAddr>,
+}
+
+impl Config {
+    /// Reads and checks a configuration file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(path, &text)
+    }
+
+    /// Parses and checks configuration text; `path` is only used in messages.
+    pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Syntax {
+            path: path.to_owned(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        let invalid =
+            |span: std::ops::Range<usize>, key: String, message: String| ConfigError::Invalid {
+                path: path.to_owned(),
+                line: line_of(text, span.start),
+                key,
+                message,
+            };
+        let mut names = HashSet::new();
+        for (i, ip) in cfg.ipcps.iter().enumerate() {
+            if ip.name.get_ref().is_empty() {
+                return Err(invalid(
+                    ip.name.span(),
+                    format!("ipcp[{i}].name"),
+                    "must not be empty".into(),
+                ));
+            }
+            if !names.insert(ip.name.get_ref().clone()) {
+                return Err(invalid(
+                    ip.name.span(),
+                    format!("ipcp[{i}].name"),
+                    format!("a second IPCP is named {:?}", ip.name.get_ref()),
+                ));
+            }
+            if ip.kind == IpcpKind::ShimUdp && ip.bind.is_none() {
+                return Err(invalid(
+                    ip.name.span(),
+                    format!("ipcp[{i}].bind"),
+                    "a shim-udp IPCP needs `bind = \"host:port\"`".into(),
+                ));
+            }
+            if let Some(m) = &ip.max_sdu {
+                let max = rina_core::shim_udp::DEFAULT_MAX_SDU;
+                if *m.get_ref() == 0 || *m.get_ref() > max {
+                    return Err(invalid(
+                        m.span(),
+                        format!("ipcp[{i}].max_sdu"),
+                        format!("must be between 1 and {max}, not {}", m.get_ref()),
+                    ));
+                }
+            }
+        }
+        Ok(cfg)
+    }
+}
+
+/// The 1-based line of byte offset `pos` in `text`.
+fn line_of(text: &str, pos: usize) -> usize {
+    text.as_bytes()[..pos.min(text.len())]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("t.toml"), s)
+    }
+
+    const GOOD: &str = r#"
+[system]
+name = "alpha"
+
+[[ipcp]]
+name = "a.udp"
+type = "shim-udp"
+dif = "udp"
+bind = "127.0.0.1:7001"
+
+[ipcp.directory]
+"echo" = "127.0.0.1:7002"
+"perf//x" = "[::1]:7003"
+"#;
+
+    #[test]
+    fn good_file_parses() {
+        let c = parse(GOOD).unwrap();
+        assert_eq!(c.system.name, "alpha");
+        assert_eq!(c.ipcps.len(), 1);
+        assert_eq!(c.ipcps[0].directory.len(), 2);
+        assert!(c.ipcps[0].directory[&"perf//x".parse().unwrap()].is_ipv6());
+    }
+
+    #[test]
+    fn unknown_key_names_key_and_line() {
+        let bad = GOOD.replace("bind =", "bnd =");
+        let e = parse(&bad).unwrap_err().to_string();
+        assert!(e.contains("line 9"), "{e}");
+        assert!(e.contains("bnd"), "{e}");
+    }
+
+    #[test]
+    fn bad_value_names_line() {
+        let bad = GOOD.replace("127.0.0.1:7002", "nowhere");
+        let e = parse(&bad).unwrap_err().to_string();
+        assert!(e.contains("line 12"), "{e}");
+        let bad = GOOD.replace("\"shim-udp\"", "\"shim-usb\"");
+        let e = parse(&bad).unwrap_err().to_string();
+        assert!(e.contains("line 7") && e.contains("shim-usb"), "{e}");
+    }
+
+    #[test]
+    fn semantic_errors_name_key_and_line() {
+        let bad = GOOD.replace("bind = \"127.0.0.1:7001\"\n", "");
+        let e = parse(&bad).unwrap_err().to_string();
+        assert!(e.contains("line 6") && e.contains("ipcp[0].bind"), "{e}");
+        let bad = format!("{GOOD}\n[[ipcp]]\nname = \"a.udp\"\ntype = \"shim-udp\"\ndif = \"x\"\nbind = \"127.0.0.1:1\"\n");
+        let e = parse(&bad).unwrap_err().to_string();
+        assert!(e.contains("line 16") && e.contains("second IPCP"), "{e}");
+        let bad = GOOD.replace("bind =", "max_sdu = 0\nbind =");
+        let e = parse(&bad).unwrap_err().to_string();
+        assert!(e.contains("line 9") && e.contains("max_sdu"), "{e}");
+    }
+
+    #[test]
+    fn missing_system_is_refused() {
+        let e = parse("[[ipcp]]\nname='x'\n").unwrap_err().to_string();
+        assert!(e.contains("system") || e.contains("type"), "{e}");
+    }
+}

@@ -1,0 +1,132 @@
+//! Thin wrappers over the Unix socket calls the daemon needs and std lacks:
+//! `SOCK_SEQPACKET` listeners and socket pairs, and descriptor passing.
+//! Every socket made here is non-blocking and close-on-exec.
+
+use nix::sys::socket::{
+    self, AddressFamily, Backlog, ControlMessage, MsgFlags, SockFlag, SockType, UnixAddr,
+};
+use std::io::{self, IoSlice};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+
+fn io_err(e: nix::Error) -> io::Error {
+    io::Error::from_raw_os_error(e as i32)
+}
+
+const FLAGS: SockFlag = SockFlag::SOCK_NONBLOCK.union(SockFlag::SOCK_CLOEXEC);
+
+/// A listening `SOCK_SEQPACKET` socket bound at `path`.
+pub fn seqpacket_listener(path: &Path) -> io::Result<OwnedFd> {
+    let fd =
+        socket::socket(AddressFamily::Unix, SockType::SeqPacket, FLAGS, None).map_err(io_err)?;
+    let addr = UnixAddr::new(path).map_err(io_err)?;
+    socket::bind(fd.as_raw_fd(), &addr).map_err(io_err)?;
+    socket::listen(&fd, Backlog::new(128).map_err(io_err)?).map_err(io_err)?;
+    Ok(fd)
+}
+
+/// Whether something answers on the `SOCK_SEQPACKET` socket at `path`.
+pub fn seqpacket_alive(path: &Path) -> bool {
+    let Ok(fd) = socket::socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    ) else {
+        return false;
+    };
+    let Ok(addr) = UnixAddr::new(path) else {
+        return false;
+    };
+    socket::connect(fd.as_raw_fd(), &addr).is_ok()
+}
+
+/// Accepts one connection, or `None` when there is none waiting.
+pub fn accept(listener: &OwnedFd) -> io::Result<Option<OwnedFd>> {
+    match socket::accept4(listener.as_raw_fd(), FLAGS) {
+        // SAFETY: accept4 returned a fresh descriptor that nobody else owns.
+        Ok(fd) => Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) })),
+        Err(nix::Error::EAGAIN) => Ok(None),
+        Err(e) => Err(io_err(e)),
+    }
+}
+
+/// A connected pair of `SOCK_SEQPACKET` sockets: one for the daemon, one for
+/// the application. Both ends get send buffers of `sndbuf` bytes where the
+/// system allows.
+pub fn flow_pair(sndbuf: usize) -> io::Result<(OwnedFd, OwnedFd)> {
+    let (a, b) = socket::socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(io_err)?;
+    for fd in [&a, &b] {
+        let _ = socket::setsockopt(fd, socket::sockopt::SndBuf, &sndbuf);
+    }
+    set_nonblocking(a.as_raw_fd())?;
+    Ok((a, b))
+}
+
+/// Puts a descriptor in non-blocking mode.
+pub fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let flags = fcntl(fd, FcntlArg::F_GETFL).map_err(io_err)?;
+    let flags = OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK;
+    fcntl(fd, FcntlArg::F_SETFL(flags)).map_err(io_err)?;
+    Ok(())
+}
+
+/// Outcome of a non-blocking receive.
+pub enum Recv {
+    /// A packet of this many bytes (it may have been truncated if the
+    /// returned length exceeds the buffer).
+    Packet(usize),
+    /// Nothing to read now.
+    WouldBlock,
+    /// The peer closed.
+    Closed,
+}
+
+/// Receives one packet without blocking. The returned length is the real
+/// length of the packet, even when it did not fit (`MSG_TRUNC`).
+pub fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<Recv> {
+    match socket::recv(fd, buf, MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_TRUNC) {
+        Ok(0) => Ok(Recv::Closed),
+        Ok(n) => Ok(Recv::Packet(n)),
+        Err(nix::Error::EAGAIN) => Ok(Recv::WouldBlock),
+        Err(nix::Error::ECONNRESET) => Ok(Recv::Closed),
+        Err(e) => Err(io_err(e)),
+    }
+}
+
+/// Outcome of a non-blocking send.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Sent {
+    /// The whole packet was queued.
+    Done,
+    /// The peer's buffer is full.
+    WouldBlock,
+    /// The peer is gone.
+    Closed,
+}
+
+/// Sends one packet without blocking, with an optional descriptor attached.
+pub fn send(fd: RawFd, buf: &[u8], pass: Option<RawFd>) -> io::Result<Sent> {
+    let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL;
+    let fds;
+    let cmsgs: &[ControlMessage] = match pass {
+        Some(f) => {
+            fds = [f];
+            &[ControlMessage::ScmRights(&fds)]
+        }
+        None => &[],
+    };
+    match socket::sendmsg::<()>(fd, &[IoSlice::new(buf)], cmsgs, flags, None) {
+        Ok(_) => Ok(Sent::Done),
+        Err(nix::Error::EAGAIN) => Ok(Sent::WouldBlock),
+        Err(nix::Error::EPIPE) | Err(nix::Error::ECONNRESET) => Ok(Sent::Closed),
+        Err(e) => Err(io_err(e)),
+    }
+}
