@@ -244,10 +244,12 @@ struct Pending {
 #[derive(Debug)]
 pub struct ShimUdp {
     cfg: Config,
+    // Ordered maps where iteration order reaches the wire (retransmissions,
+    // expiries), so that a seeded simulation replays exactly.
     names: BTreeSet<AppName>,
     flows: HashMap<PortId, Flow>,
-    allocating: HashMap<PortId, Allocating>,
-    pending: HashMap<u64, Pending>,
+    allocating: BTreeMap<PortId, Allocating>,
+    pending: BTreeMap<u64, Pending>,
     /// Flows accepted here, by the requester's address and port-id, so that a
     /// retransmitted request is answered again instead of creating a twin.
     accepted: HashMap<(SocketAddr, PortId), PortId>,
@@ -263,8 +265,8 @@ impl ShimUdp {
             cfg,
             names: BTreeSet::new(),
             flows: HashMap::new(),
-            allocating: HashMap::new(),
-            pending: HashMap::new(),
+            allocating: BTreeMap::new(),
+            pending: BTreeMap::new(),
             accepted: HashMap::new(),
             next_handle: 1,
             actions: VecDeque::new(),
