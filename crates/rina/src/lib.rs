@@ -1,1 +1,52 @@
-//! placeholder
+//! The RINA application API: talk to the local `rinad`, register names,
+//! allocate and accept flows.
+//!
+//! A [`Client`] is a connection to the daemon's control socket (a
+//! `SOCK_SEQPACKET` Unix socket; see [`rina_wire::ctl`] for the protocol). A
+//! [`Flow`] is a connected `SOCK_SEQPACKET` descriptor handed over by the
+//! daemon: one packet is one SDU, so a flow can also be used with `poll`,
+//! `epoll` or any event loop through [`std::os::fd::AsFd`].
+//!
+//! ```no_run
+//! use rina::{AppName, Client, QosSpec};
+//! # fn main() -> rina::Result<()> {
+//! let mut client = Client::connect()?;
+//! let me: AppName = "demo-client".parse().expect("valid name");
+//! let echo: AppName = "echo".parse().expect("valid name");
+//! let flow = client.allocate(&me, &echo, None, &QosSpec::default())?;
+//! flow.write(b"hello")?;
+//! let mut buf = vec![0; flow.max_sdu()];
+//! let n = flow.read(&mut buf)?;
+//! println!("{:?}", &buf[..n]);
+//! # Ok(()) }
+//! ```
+//!
+//! Control operations are blocking. Async programs run them in
+//! `tokio::task::spawn_blocking` and turn the flows they get into
+//! [`AsyncFlow`]s with [`Flow::into_async`] (feature `tokio`, on by default).
+//!
+//! * [`client`] — the control connection.
+//! * [`flow`] — blocking flows.
+//! * [`error`] — the error type.
+
+#[cfg(feature = "tokio")]
+mod async_flow;
+pub mod client;
+pub mod error;
+pub mod flow;
+mod sock;
+
+#[cfg(feature = "tokio")]
+pub use async_flow::AsyncFlow;
+pub use client::Client;
+pub use error::{Error, ErrorKind, Result};
+pub use flow::Flow;
+
+pub use rina_wire::ctl::{
+    default_socket_path, DifInfo, FlowCounters, FlowInfo, FlowStats, IncomingFlow, IpcpInfo,
+    NameInfo, SOCKET_ENV,
+};
+pub use rina_wire::{AppName, NameError, QosSpec};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,181 @@
+//! A flow: a connected `SOCK_SEQPACKET` descriptor carrying one SDU per packet.
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::sock;
+use nix::sys::socket::MsgFlags;
+use rina_wire::ctl::FlowInfo;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, IntoRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+/// An allocated flow.
+///
+/// Each [`Flow::write`] sends one SDU, each [`Flow::read`] returns one SDU.
+/// The methods take `&self`, so one thread may read while another writes
+/// (share the flow through an `Arc`). Dropping the flow (or
+/// [`Flow::deallocate`]) closes the descriptor; the daemon sees end-of-file
+/// and frees the flow.
+#[derive(Debug)]
+pub struct Flow {
+    fd: OwnedFd,
+    info: FlowInfo,
+}
+
+impl Flow {
+    /// Wraps a flow descriptor received from the daemon and its description.
+    pub fn from_parts(fd: OwnedFd, info: FlowInfo) -> Flow {
+        Flow { fd, info }
+    }
+
+    /// What the daemon said about the flow: port, DIF, names, QoS, largest SDU.
+    pub fn info(&self) -> &FlowInfo {
+        &self.info
+    }
+
+    /// Largest SDU the flow carries, in bytes.
+    pub fn max_sdu(&self) -> usize {
+        self.info.max_sdu as usize
+    }
+
+    /// Sends one SDU. Blocks while the flow's socket buffer is full
+    /// (backpressure).
+    ///
+    /// Fails with [`ErrorKind::SduTooLarge`] if `sdu` is longer than the flow's
+    /// maximum, [`ErrorKind::InvalidRequest`] if it is empty (an empty packet
+    /// would read as "flow closed") and [`ErrorKind::DaemonGone`] if the flow
+    /// was closed.
+    pub fn write(&self, sdu: &[u8]) -> Result<()> {
+        check_sdu(&self.info, sdu)?;
+        sock::send_sdu(self.fd.as_fd(), sdu, MsgFlags::empty())
+            .map_err(|e| write_error(&self.info, sdu.len(), e))
+    }
+
+    /// Receives one SDU into `buf`; returns its length.
+    ///
+    /// Fails with [`ErrorKind::DaemonGone`] once the flow is closed (by the
+    /// daemon, or by the peer through it), and with [`ErrorKind::SduTooLarge`]
+    /// if the SDU did not fit in `buf` (its first `buf.len()` bytes are in
+    /// `buf`, the rest is lost). A buffer of [`Flow::max_sdu`] bytes always fits.
+    pub fn read(&self, buf: &mut [u8]) -> Result<usize> {
+        let n = sock::recv_sdu(self.fd.as_fd(), buf, MsgFlags::empty())
+            .map_err(|e| Error::sys(&format!("cannot read from flow {}", self.info.port), e))?;
+        read_result(&self.info, buf.len(), n)
+    }
+
+    /// Like [`Flow::read`], but waits at most `timeout`; `None` if no SDU came.
+    pub fn read_timeout(&self, buf: &mut [u8], timeout: Duration) -> Result<Option<usize>> {
+        let ready = sock::wait_readable(self.fd.as_fd(), Some(timeout))
+            .map_err(|e| Error::sys(&format!("cannot poll flow {}", self.info.port), e))?;
+        if !ready {
+            return Ok(None);
+        }
+        self.read(buf).map(Some)
+    }
+
+    /// Closes the flow. The same as dropping it; spelled out for readability.
+    pub fn deallocate(self) {
+        drop(self)
+    }
+
+    /// Splits the flow into its descriptor and description.
+    pub fn into_parts(self) -> (OwnedFd, FlowInfo) {
+        (self.fd, self.info)
+    }
+
+    /// Turns the flow into an [`AsyncFlow`](crate::AsyncFlow) served by the
+    /// current tokio runtime (sets `O_NONBLOCK`). Must be called from within
+    /// a runtime.
+    #[cfg(feature = "tokio")]
+    pub fn into_async(self) -> Result<crate::AsyncFlow> {
+        crate::AsyncFlow::new(self)
+    }
+}
+
+/// Checks an SDU before it is written: not empty, not larger than the flow allows.
+pub(crate) fn check_sdu(info: &FlowInfo, sdu: &[u8]) -> Result<()> {
+    if sdu.is_empty() {
+        return Err(Error::new(
+            ErrorKind::InvalidRequest,
+            format!(
+                "empty SDU on flow {}: an empty packet would read as end of flow",
+                info.port
+            ),
+        ));
+    }
+    if sdu.len() > info.max_sdu as usize {
+        return Err(Error::new(
+            ErrorKind::SduTooLarge,
+            format!(
+                "SDU of {} bytes is larger than the {} bytes flow {} carries",
+                sdu.len(),
+                info.max_sdu,
+                info.port
+            ),
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn write_error(info: &FlowInfo, len: usize, e: nix::errno::Errno) -> Error {
+    match e {
+        nix::errno::Errno::EMSGSIZE => Error::new(
+            ErrorKind::SduTooLarge,
+            format!(
+                "SDU of {len} bytes is larger than the socket of flow {} accepts",
+                info.port
+            ),
+        ),
+        e => {
+            let err = Error::sys(&format!("cannot write to flow {}", info.port), e);
+            if err.kind == ErrorKind::DaemonGone {
+                closed(info)
+            } else {
+                err
+            }
+        }
+    }
+}
+
+/// Interprets the result of a `recv` with `MSG_TRUNC` (`n` is the real length).
+pub(crate) fn read_result(info: &FlowInfo, cap: usize, n: usize) -> Result<usize> {
+    if n == 0 {
+        return Err(closed(info));
+    }
+    if n > cap {
+        return Err(Error::new(
+            ErrorKind::SduTooLarge,
+            format!(
+                "SDU of {n} bytes on flow {} did not fit the {cap}-byte buffer; its tail was lost",
+                info.port
+            ),
+        ));
+    }
+    Ok(n)
+}
+
+pub(crate) fn closed(info: &FlowInfo) -> Error {
+    Error::new(
+        ErrorKind::DaemonGone,
+        format!(
+            "flow {} to {} is closed (the daemon or the peer ended it)",
+            info.port, info.remote
+        ),
+    )
+}
+
+impl AsFd for Flow {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl AsRawFd for Flow {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+impl IntoRawFd for Flow {
+    fn into_raw_fd(self) -> RawFd {
+        self.fd.into_raw_fd()
+    }
+}

@@ -1,0 +1,362 @@
+//! Tests against a fake daemon on a `socketpair`; no `rinad` needed.
+
+use crate::sock;
+use crate::{AppName, Client, ErrorKind, FlowInfo, IncomingFlow, QosSpec};
+use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+use rina_wire::ctl::{self, CtlError, IpcpInfo, Message, Op, Reply, Request, MAX_CTL_MSG};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+fn pair() -> (OwnedFd, OwnedFd) {
+    socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .expect("socketpair")
+}
+
+/// Starts a fake daemon running `f` on its end of a fresh control connection.
+fn fake_daemon<F: FnOnce(OwnedFd) + Send + 'static>(f: F) -> (Client, JoinHandle<()>) {
+    let (a, b) = pair();
+    (Client::from_fd(a), thread::spawn(move || f(b)))
+}
+
+fn recv_req(fd: &OwnedFd) -> Option<Request> {
+    let mut buf = vec![0; MAX_CTL_MSG];
+    let p = sock::recv(fd.as_fd(), &mut buf).expect("daemon recv");
+    if p.len == 0 {
+        return None;
+    }
+    Some(ctl::decode(&buf[..p.len]).expect("valid request"))
+}
+
+fn send_msg(fd: &OwnedFd, m: &Message, attach: Option<&OwnedFd>) {
+    let fds: Vec<_> = attach.iter().map(|f| f.as_raw_fd()).collect();
+    sock::send(fd.as_fd(), &ctl::encode(m), &fds).expect("daemon send");
+}
+
+fn name(s: &str) -> AppName {
+    s.parse().expect("valid name")
+}
+
+fn info(max_sdu: u32) -> FlowInfo {
+    FlowInfo {
+        port: 5,
+        dif: "udp.net".into(),
+        local: name("client"),
+        remote: name("echo"),
+        qos: QosSpec::default(),
+        max_sdu,
+    }
+}
+
+fn incoming(handle: u64) -> IncomingFlow {
+    IncomingFlow {
+        handle,
+        dif: "udp.net".into(),
+        local: name("echo"),
+        remote: name("peer"),
+        qos: QosSpec::default(),
+    }
+}
+
+/// Echoes every packet on `fd` until end of file.
+fn echo(fd: OwnedFd) {
+    let mut buf = vec![0; 65536];
+    loop {
+        match sock::recv(fd.as_fd(), &mut buf) {
+            Ok(p) if p.len > 0 => {
+                sock::send(fd.as_fd(), &buf[..p.len], &[]).expect("echo send");
+            }
+            _ => return,
+        }
+    }
+}
+
+#[test]
+fn allocate_gets_a_working_flow_and_queues_requests() {
+    let (mut client, daemon) = fake_daemon(|ctl| {
+        let req = recv_req(&ctl).expect("a request");
+        let Op::Allocate { remote, .. } = &req.op else {
+            panic!("expected allocate, got {:?}", req.op)
+        };
+        assert_eq!(remote.to_string(), "echo");
+        // A flow request arrives before the reply: the client must queue it.
+        send_msg(&ctl, &Message::FlowRequest(incoming(7)), None);
+        // A stale reply for another id is ignored.
+        send_msg(
+            &ctl,
+            &Message::Reply {
+                id: req.id + 100,
+                result: Ok(Reply::Done),
+            },
+            None,
+        );
+        let (mine, theirs) = pair();
+        send_msg(
+            &ctl,
+            &Message::Reply {
+                id: req.id,
+                result: Ok(Reply::Flow(info(100))),
+            },
+            Some(&theirs),
+        );
+        drop(theirs);
+        echo(mine);
+    });
+    let flow = client
+        .allocate(&name("client"), &name("echo"), None, &QosSpec::default())
+        .expect("allocate");
+    assert_eq!(flow.info().port, 5);
+    assert_eq!(flow.max_sdu(), 100);
+
+    flow.write(b"hello").expect("write");
+    let mut buf = [0u8; 100];
+    let n = flow.read(&mut buf).expect("read");
+    assert_eq!(&buf[..n], b"hello");
+
+    let full = [7u8; 100];
+    flow.write(&full).expect("a max-size SDU");
+    let n = flow
+        .read_timeout(&mut buf, Duration::from_secs(10))
+        .expect("read")
+        .expect("an SDU");
+    assert_eq!(n, 100);
+
+    let e = flow.write(&[0u8; 101]).expect_err("too large");
+    assert_eq!(e.kind, ErrorKind::SduTooLarge);
+    assert!(
+        e.message.contains("101") && e.message.contains("100"),
+        "{e}"
+    );
+    let e = flow.write(&[]).expect_err("empty");
+    assert_eq!(e.kind, ErrorKind::InvalidRequest);
+
+    // A buffer smaller than the SDU: the error says so.
+    flow.write(&[1u8; 50]).expect("write");
+    let e = flow.read(&mut buf[..10]).expect_err("truncated");
+    assert_eq!(e.kind, ErrorKind::SduTooLarge, "{e}");
+
+    assert_eq!(client.pending_requests(), 1);
+    let r = client
+        .next_request_timeout(Duration::ZERO)
+        .expect("no error")
+        .expect("the queued request");
+    assert_eq!(r.handle, 7);
+
+    flow.deallocate();
+    drop(client);
+    daemon.join().expect("fake daemon");
+}
+
+#[test]
+fn accept_refuse_and_lists() {
+    let (mut client, daemon) = fake_daemon(|ctl| {
+        let req = recv_req(&ctl).expect("register");
+        assert!(matches!(req.op, Op::Register { .. }));
+        send_msg(
+            &ctl,
+            &Message::Reply {
+                id: req.id,
+                result: Ok(Reply::Registered {
+                    difs: vec!["udp.net".into()],
+                }),
+            },
+            None,
+        );
+        send_msg(&ctl, &Message::FlowRequest(incoming(1)), None);
+        send_msg(&ctl, &Message::FlowRequest(incoming(2)), None);
+        let req = recv_req(&ctl).expect("accept");
+        assert_eq!(req.op, Op::Accept { handle: 1 });
+        let (mine, theirs) = pair();
+        send_msg(
+            &ctl,
+            &Message::Reply {
+                id: req.id,
+                result: Ok(Reply::Flow(info(1000))),
+            },
+            Some(&theirs),
+        );
+        drop(theirs);
+        let req = recv_req(&ctl).expect("refuse");
+        assert!(matches!(req.op, Op::Refuse { handle: 2, .. }));
+        send_msg(
+            &ctl,
+            &Message::Reply {
+                id: req.id,
+                result: Ok(Reply::Done),
+            },
+            None,
+        );
+        let req = recv_req(&ctl).expect("list");
+        assert_eq!(req.op, Op::ListIpcps);
+        send_msg(
+            &ctl,
+            &Message::Reply {
+                id: req.id,
+                result: Ok(Reply::Ipcps {
+                    ipcps: vec![IpcpInfo {
+                        name: "a.udp".into(),
+                        kind: "shim-udp".into(),
+                        dif: "udp.net".into(),
+                        address: "127.0.0.1:1".into(),
+                        flows: 1,
+                        names: vec![],
+                        counters: Default::default(),
+                    }],
+                }),
+            },
+            None,
+        );
+        let req = recv_req(&ctl).expect("allocate");
+        send_msg(
+            &ctl,
+            &Message::Reply {
+                id: req.id,
+                result: Err(CtlError::new(ErrorKind::Refused, "echo said no")),
+            },
+            None,
+        );
+        echo(mine);
+    });
+    let difs = client.register(&name("echo"), None).expect("register");
+    assert_eq!(difs, vec!["udp.net".to_string()]);
+    let r1 = client.next_request().expect("first request");
+    let flow = client.accept(&r1).expect("accept");
+    assert_eq!(flow.max_sdu(), 1000);
+    let r2 = client.next_request().expect("second request");
+    client.refuse(&r2, "busy").expect("refuse");
+    let ipcps = client.list_ipcps().expect("list");
+    assert_eq!(ipcps[0].kind, "shim-udp");
+    let e = client
+        .allocate(&name("a"), &name("echo"), None, &QosSpec::default())
+        .expect_err("refused");
+    assert_eq!(e.kind, ErrorKind::Refused);
+    assert_eq!(e.message, "echo said no");
+    drop(flow);
+    daemon.join().expect("fake daemon");
+}
+
+#[test]
+fn daemon_gone_is_reported_not_hung() {
+    let (mut client, daemon) = fake_daemon(|ctl| {
+        let _ = recv_req(&ctl);
+        drop(ctl);
+    });
+    let e = client.list_flows().expect_err("daemon closed");
+    assert_eq!(e.kind, ErrorKind::DaemonGone, "{e}");
+    daemon.join().expect("fake daemon");
+    // Later calls fail the same way.
+    let e = client.list_difs().expect_err("still gone");
+    assert_eq!(e.kind, ErrorKind::DaemonGone, "{e}");
+    let e = client
+        .next_request_timeout(Duration::from_secs(5))
+        .expect_err("gone");
+    assert_eq!(e.kind, ErrorKind::DaemonGone, "{e}");
+}
+
+#[test]
+fn flow_read_after_close_is_daemon_gone() {
+    let (a, b) = pair();
+    let flow = crate::Flow::from_parts(a, info(100));
+    let mut buf = [0u8; 100];
+    assert_eq!(
+        flow.read_timeout(&mut buf, Duration::from_millis(1))
+            .expect("no error"),
+        None
+    );
+    drop(b);
+    let e = flow.read(&mut buf).expect_err("closed");
+    assert_eq!(e.kind, ErrorKind::DaemonGone);
+    assert!(e.message.contains("closed"), "{e}");
+    let e = flow.write(b"x").expect_err("closed");
+    assert_eq!(e.kind, ErrorKind::DaemonGone, "{e}");
+}
+
+#[test]
+fn bad_daemon_answers_are_errors() {
+    let (mut client, daemon) = fake_daemon(|ctl| {
+        // A flow without its descriptor.
+        let req = recv_req(&ctl).expect("allocate");
+        send_msg(
+            &ctl,
+            &Message::Reply {
+                id: req.id,
+                result: Ok(Reply::Flow(info(10))),
+            },
+            None,
+        );
+        // The wrong reply type.
+        let req = recv_req(&ctl).expect("list");
+        send_msg(
+            &ctl,
+            &Message::Reply {
+                id: req.id,
+                result: Ok(Reply::Done),
+            },
+            None,
+        );
+        // Garbage.
+        let _ = recv_req(&ctl).expect("list");
+        sock::send(ctl.as_fd(), b"{not json", &[]).expect("send");
+    });
+    let e = client
+        .allocate(&name("a"), &name("b"), None, &QosSpec::default())
+        .expect_err("no fd");
+    assert_eq!(e.kind, ErrorKind::Internal, "{e}");
+    let e = client.list_names().expect_err("wrong reply");
+    assert_eq!(e.kind, ErrorKind::Internal, "{e}");
+    let e = client.list_names().expect_err("garbage");
+    assert_eq!(e.kind, ErrorKind::Internal, "{e}");
+    assert!(e.message.contains("malformed"), "{e}");
+    daemon.join().expect("fake daemon");
+}
+
+#[test]
+fn missing_socket_is_daemon_not_running() {
+    let path = std::env::temp_dir().join(format!("rina-test-nosuch-{}.sock", std::process::id()));
+    let e = Client::connect_to(&path).expect_err("no daemon");
+    assert_eq!(e.kind, ErrorKind::DaemonNotRunning);
+    assert!(e.message.contains(&path.display().to_string()), "{e}");
+}
+
+#[test]
+fn io_error_conversion() {
+    let e: crate::Error = std::io::Error::from_raw_os_error(libc::EPIPE).into();
+    assert_eq!(e.kind, ErrorKind::DaemonGone);
+    let e: crate::Error = std::io::Error::from_raw_os_error(libc::EACCES).into();
+    assert_eq!(e.kind, ErrorKind::Internal);
+}
+
+#[cfg(feature = "tokio")]
+#[tokio::test]
+async fn async_flow_round_trip() {
+    let (a, b) = pair();
+    let daemon = thread::spawn(move || echo(b));
+    let flow = crate::Flow::from_parts(a, info(2000))
+        .into_async()
+        .expect("async");
+    let mut buf = vec![0u8; 2000];
+    for i in 1..=50usize {
+        let sdu = vec![i as u8; i * 30];
+        flow.write(&sdu).await.expect("write");
+        let n = flow.read(&mut buf).await.expect("read");
+        assert_eq!(&buf[..n], &sdu[..]);
+    }
+    let e = flow.write(&[0u8; 2001]).await.expect_err("too large");
+    assert_eq!(e.kind, ErrorKind::SduTooLarge);
+    drop(flow);
+    daemon.join().expect("echo");
+}
+
+#[test]
+fn into_async_outside_runtime_is_an_error() {
+    let (a, _b) = pair();
+    let e = crate::Flow::from_parts(a, info(10))
+        .into_async()
+        .expect_err("no runtime");
+    assert_eq!(e.kind, ErrorKind::InvalidRequest);
+}
