@@ -1,0 +1,821 @@
+//! `rina-demo`: two RINA systems on this machine, talking over a shim DIF on
+//! UDP, measured with `rina-echo` and `rina-perf`.
+//!
+//! It needs no root and no configuration: it writes two `rinad` configs in a
+//! temporary directory, starts the daemons and the servers, runs the clients,
+//! prints what they measured and stops everything it started — on success,
+//! on error and on Ctrl-C. The binaries are taken from the directory of
+//! `rina-demo` itself (the same cargo target directory) unless `--bin-dir`
+//! says otherwise.
+//!
+//! Exit codes: 0 if every step worked; 1 otherwise, with what failed and the
+//! end of the relevant log; 130 on Ctrl-C.
+
+use clap::Parser;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use rina::{FlowStats, IpcpInfo};
+use rina_tools::echo::EchoReport;
+use rina_tools::perf::{PerfReport, TestResult};
+use rina_tools::table::{self, Table};
+use serde::Serialize;
+use std::fs::{self, File};
+use std::net::UdpSocket;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Runs two RINA systems (alpha, beta) over a shim DIF on UDP/loopback and
+/// measures latency and goodput between them.
+#[derive(Debug, Parser)]
+#[command(name = "rina-demo", version)]
+struct Cli {
+    /// Keep the temporary directory (configs, sockets, logs) and print its path.
+    #[arg(long)]
+    keep: bool,
+    /// Print a machine-readable JSON summary instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Directory holding rinad, rinactl, rina-echo and rina-perf
+    /// (default: the directory of this program).
+    #[arg(long, value_name = "DIR")]
+    bin_dir: Option<PathBuf>,
+    /// Number of echo probes.
+    #[arg(long, default_value_t = 20)]
+    echo_count: u32,
+    /// Length of the 1400-byte goodput test, in seconds.
+    #[arg(long, default_value_t = 3.0)]
+    perf_duration_s: f64,
+    /// Length of each test of the size sweep, in seconds.
+    #[arg(long, default_value_t = 1.0)]
+    sweep_duration_s: f64,
+}
+
+const DIF: &str = "udp.net";
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+const TOOL_TIMEOUT: Duration = Duration::from_secs(90);
+const SWEEP: &str = "64,512,1400";
+
+/// A step that failed: what, and the logs that may say why.
+#[derive(Debug)]
+struct Failure {
+    what: String,
+    logs: Vec<PathBuf>,
+}
+
+fn fail<T>(what: impl Into<String>, logs: &[&Path]) -> Result<T, Failure> {
+    Err(Failure {
+        what: what.into(),
+        logs: logs.iter().map(|p| p.to_path_buf()).collect(),
+    })
+}
+
+/// A process the demo started.
+#[derive(Debug)]
+struct Proc {
+    name: String,
+    child: Child,
+}
+
+/// Everything to undo on exit: processes to stop, the directory to remove.
+#[derive(Debug, Default)]
+struct Cleanup {
+    procs: Vec<Proc>,
+    remove_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Undo(Arc<Mutex<Cleanup>>);
+
+impl Undo {
+    fn lock(&self) -> MutexGuard<'_, Cleanup> {
+        // A panic while holding the lock leaves usable data: take it anyway.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts `exe` with output to `log` (or stdout to `out` and stderr to `log`).
+    fn spawn(
+        &self,
+        name: &str,
+        exe: &Path,
+        args: &[&str],
+        out: Option<&Path>,
+        log: &Path,
+    ) -> Result<(), Failure> {
+        let open = |p: &Path| {
+            File::create(p).or_else(|e| fail(format!("cannot create {}: {e}", p.display()), &[]))
+        };
+        let err = open(log)?;
+        let stdout = match out {
+            Some(p) => open(p)?,
+            None => err
+                .try_clone()
+                .or_else(|e| fail(format!("cannot dup a log file: {e}"), &[]))?,
+        };
+        let child = Command::new(exe)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(err)
+            .spawn()
+            .or_else(|e| fail(format!("cannot start {}: {e}", exe.display()), &[]))?;
+        self.lock().procs.push(Proc {
+            name: name.to_owned(),
+            child,
+        });
+        Ok(())
+    }
+
+    /// The exit status of `name` if it has exited (it is then forgotten).
+    fn exited(&self, name: &str) -> Option<ExitStatus> {
+        let mut c = self.lock();
+        let i = c.procs.iter().position(|p| p.name == name)?;
+        match c.procs[i].child.try_wait() {
+            Ok(Some(st)) => {
+                c.procs.remove(i);
+                Some(st)
+            }
+            Ok(None) => None,
+            Err(_) => {
+                c.procs.remove(i);
+                Some(ExitStatus::default())
+            }
+        }
+    }
+
+    /// Stops every process (SIGTERM, then SIGKILL after 2 s), waits for
+    /// them, and removes the directory unless it is kept.
+    fn run(&self) {
+        let mut c = self.lock();
+        for p in &mut c.procs {
+            if let (Ok(None), Ok(pid)) = (p.child.try_wait(), i32::try_from(p.child.id())) {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        for p in &mut c.procs {
+            loop {
+                match p.child.try_wait() {
+                    Ok(None) if Instant::now() < deadline => {
+                        thread::sleep(Duration::from_millis(10))
+                    }
+                    Ok(None) => {
+                        let _ = p.child.kill();
+                        let _ = p.child.wait();
+                        break;
+                    }
+                    _ => break,
+                }
+            }
+        }
+        c.procs.clear();
+        if let Some(d) = c.remove_dir.take() {
+            let _ = fs::remove_dir_all(d);
+        }
+    }
+}
+
+/// Runs the cleanup when the demo ends, however it ends.
+struct Guard(Undo);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.0.run();
+    }
+}
+
+/// What `--json` prints.
+#[derive(Debug, Serialize)]
+struct Summary {
+    ok: bool,
+    dir: Option<PathBuf>,
+    dif: String,
+    alpha: String,
+    beta: String,
+    echo: EchoReport,
+    perf: PerfReport,
+    sweep: PerfReport,
+    flows_during_perf_alpha: Vec<FlowStats>,
+    flows_during_perf_beta: Vec<FlowStats>,
+    flows_alpha: Vec<FlowStats>,
+    flows_beta: Vec<FlowStats>,
+    ipcps_alpha: Vec<IpcpInfo>,
+    ipcps_beta: Vec<IpcpInfo>,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let undo = Undo::default();
+    let handler = undo.clone();
+    if let Err(e) = ctrlc::set_handler(move || {
+        eprintln!("rina-demo: interrupted, stopping everything");
+        handler.run();
+        std::process::exit(130);
+    }) {
+        eprintln!("rina-demo: cannot catch Ctrl-C: {e}");
+    }
+    let guard = Guard(undo.clone());
+    let code = match run(&cli, &undo) {
+        Ok(()) => 0,
+        Err(f) => {
+            eprintln!("rina-demo: FAILED: {}", f.what);
+            for log in &f.logs {
+                eprintln!("--- last lines of {} ---", log.display());
+                eprint!("{}", tail(log, 20));
+            }
+            1
+        }
+    };
+    drop(guard);
+    std::process::exit(code);
+}
+
+fn run(cli: &Cli, undo: &Undo) -> Result<(), Failure> {
+    let bins = find_bins(cli.bin_dir.as_deref())?;
+    let dir = make_temp_dir()?;
+    if !cli.keep {
+        undo.lock().remove_dir = Some(dir.clone());
+    } else if !cli.json {
+        println!("working directory (kept): {}", dir.display());
+    }
+
+    // Two free UDP ports, held together so they differ.
+    let (pa, pb) = {
+        let bind = || {
+            UdpSocket::bind("127.0.0.1:0")
+                .and_then(|s| s.local_addr().map(|a| (s, a.port())))
+                .or_else(|e| fail(format!("cannot find a free UDP port: {e}"), &[]))
+        };
+        let (_a, pa) = bind()?;
+        let (_b, pb) = bind()?;
+        (pa, pb)
+    };
+    let alpha_addr = format!("127.0.0.1:{pa}");
+    let beta_addr = format!("127.0.0.1:{pb}");
+    let p = |f: &str| dir.join(f);
+    let (alpha_sock, beta_sock) = (p("alpha.sock"), p("beta.sock"));
+    let (alpha_log, beta_log) = (p("alpha.log"), p("beta.log"));
+    write(
+        &p("alpha.toml"),
+        &config(
+            "alpha",
+            &alpha_addr,
+            &[("echo", &beta_addr), ("perf", &beta_addr)],
+        ),
+    )?;
+    write(
+        &p("beta.toml"),
+        &config(
+            "beta",
+            &beta_addr,
+            &[("echo-client", &alpha_addr), ("perf-client", &alpha_addr)],
+        ),
+    )?;
+
+    say(
+        cli,
+        &format!(
+            "starting rinad alpha ({alpha_addr}) and beta ({beta_addr}) in {}",
+            dir.display()
+        ),
+    );
+    for (name, sock, log) in [
+        ("alpha", &alpha_sock, &alpha_log),
+        ("beta", &beta_sock, &beta_log),
+    ] {
+        let cfg = p(&format!("{name}.toml"));
+        undo.spawn(
+            name,
+            &bins.rinad,
+            &["--config", s(&cfg), "--socket", s(sock)],
+            None,
+            log,
+        )?;
+    }
+    wait_ready(undo, "alpha", &alpha_sock, &alpha_log)?;
+    wait_ready(undo, "beta", &beta_sock, &beta_log)?;
+
+    say(
+        cli,
+        "starting rina-echo server and rina-perf server on beta",
+    );
+    let (echo_log, perf_log) = (p("echo-server.log"), p("perf-server.log"));
+    let beta_s = s(&beta_sock);
+    undo.spawn(
+        "echo-server",
+        &bins.echo,
+        &["server", "--socket", beta_s, "--name", "echo"],
+        None,
+        &echo_log,
+    )?;
+    undo.spawn(
+        "perf-server",
+        &bins.perf,
+        &["server", "--socket", beta_s, "--name", "perf"],
+        None,
+        &perf_log,
+    )?;
+    wait_registered(
+        undo,
+        &beta_sock,
+        &[("echo-server", &echo_log), ("perf-server", &perf_log)],
+        &beta_log,
+    )?;
+
+    let alpha_s = s(&alpha_sock);
+    let count = cli.echo_count.to_string();
+    say(
+        cli,
+        &format!("alpha: rina-echo client, {count} probes 50 ms apart"),
+    );
+    let out = run_tool(
+        undo,
+        &dir,
+        "echo-client",
+        &bins.echo,
+        &[
+            "client",
+            "--socket",
+            alpha_s,
+            "--dst",
+            "echo",
+            "--count",
+            &count,
+            "--interval-ms",
+            "50",
+            "--json",
+        ],
+        &[&alpha_log, &beta_log, &echo_log],
+        &mut || {},
+    )?;
+    let echo: EchoReport = parse(&out, "rina-echo client")?;
+    if echo.received == 0 {
+        return fail(
+            "rina-echo client got no reply from beta",
+            &[&alpha_log, &beta_log, &echo_log],
+        );
+    }
+
+    let secs = format!("{}", cli.perf_duration_s);
+    say(
+        cli,
+        &format!("alpha: rina-perf client, 1400-byte SDUs for {secs} s"),
+    );
+    let perf_args = [
+        "client",
+        "--socket",
+        alpha_s,
+        "--dst",
+        "perf",
+        "--size",
+        "1400",
+        "--duration-s",
+        &secs,
+        "--json",
+    ];
+    // The flows are gone once the clients exit: show their counters as the
+    // daemons saw them during the goodput test.
+    let mut during_alpha: Vec<FlowStats> = Vec::new();
+    let mut during_beta: Vec<FlowStats> = Vec::new();
+    let out = run_tool(
+        undo,
+        &dir,
+        "perf-client",
+        &bins.perf,
+        &perf_args,
+        &[&alpha_log, &beta_log, &perf_log],
+        &mut || {
+            for (sock, keep) in [
+                (&alpha_sock, &mut during_alpha),
+                (&beta_sock, &mut during_beta),
+            ] {
+                if let Ok(f) = rina::Client::connect_to(sock).and_then(|mut c| c.list_flows()) {
+                    if !f.is_empty() {
+                        *keep = f;
+                    }
+                }
+            }
+        },
+    )?;
+    let perf: PerfReport = parse(&out, "rina-perf client")?;
+
+    let secs = format!("{}", cli.sweep_duration_s);
+    say(
+        cli,
+        &format!("alpha: rina-perf client --sweep {SWEEP}, {secs} s each"),
+    );
+    let sweep_args = [
+        "client",
+        "--socket",
+        alpha_s,
+        "--dst",
+        "perf",
+        "--sweep",
+        SWEEP,
+        "--duration-s",
+        &secs,
+        "--json",
+    ];
+    let out = run_tool(
+        undo,
+        &dir,
+        "perf-sweep",
+        &bins.perf,
+        &sweep_args,
+        &[&alpha_log, &beta_log, &perf_log],
+        &mut || {},
+    )?;
+    let sweep: PerfReport = parse(&out, "rina-perf client --sweep")?;
+
+    let ctl = |name: &str, sock: &Path, what: &str, log: &Path| -> Result<String, Failure> {
+        run_tool(
+            undo,
+            &dir,
+            &format!("rinactl-{name}-{what}"),
+            &bins.ctl,
+            &["--socket", s(sock), "--json", what],
+            &[log],
+            &mut || {},
+        )
+    };
+    let flows_alpha: Vec<FlowStats> = parse(
+        &ctl("alpha", &alpha_sock, "flows", &alpha_log)?,
+        "rinactl flows",
+    )?;
+    let flows_beta: Vec<FlowStats> = parse(
+        &ctl("beta", &beta_sock, "flows", &beta_log)?,
+        "rinactl flows",
+    )?;
+    let ipcps_alpha: Vec<IpcpInfo> = parse(
+        &ctl("alpha", &alpha_sock, "ipcps", &alpha_log)?,
+        "rinactl ipcps",
+    )?;
+    let ipcps_beta: Vec<IpcpInfo> = parse(
+        &ctl("beta", &beta_sock, "ipcps", &beta_log)?,
+        "rinactl ipcps",
+    )?;
+
+    for (name, log) in [
+        ("alpha", &alpha_log),
+        ("beta", &beta_log),
+        ("echo-server", &echo_log),
+        ("perf-server", &perf_log),
+    ] {
+        if let Some(st) = undo.exited(name) {
+            return fail(format!("{name} exited during the demo ({st})"), &[log]);
+        }
+    }
+
+    let summary = Summary {
+        ok: true,
+        dir: cli.keep.then(|| dir.clone()),
+        dif: DIF.into(),
+        alpha: alpha_addr,
+        beta: beta_addr,
+        echo,
+        perf,
+        sweep,
+        flows_during_perf_alpha: during_alpha,
+        flows_during_perf_beta: during_beta,
+        flows_alpha,
+        flows_beta,
+        ipcps_alpha,
+        ipcps_beta,
+    };
+    if cli.json {
+        match serde_json::to_string_pretty(&summary) {
+            Ok(s) => println!("{s}"),
+            Err(e) => return fail(format!("cannot encode the summary: {e}"), &[]),
+        }
+    } else {
+        print_summary(cli, &summary);
+    }
+    Ok(())
+}
+
+fn print_summary(cli: &Cli, s: &Summary) {
+    println!();
+    println!(
+        "=== RINA demo: alpha ({}) <-> beta ({}) over shim-udp DIF {} ===",
+        s.alpha, s.beta, s.dif
+    );
+    let e = &s.echo;
+    println!();
+    println!("echo: {} probes of {} bytes, 50 ms apart", e.sent, e.size);
+    println!(
+        "  received {}/{}, loss {:.1}%",
+        e.received, e.sent, e.loss_pct
+    );
+    if let Some(r) = e.rtt_ms {
+        println!(
+            "  rtt min/avg/p99/max = {:.3}/{:.3}/{:.3}/{:.3} ms (p50 {:.3}, mdev {:.3})",
+            r.min, r.avg, r.p99, r.max, r.p50, r.mdev
+        );
+    }
+    println!();
+    println!("goodput: 1400-byte SDUs for {} s", cli.perf_duration_s);
+    for t in &s.perf.tests {
+        println!(
+            "  sender   {:>9.2} Mb/s  {:>9.0} SDU/s  ({} SDUs)",
+            t.tx_mbps, t.tx_sdus_per_s, t.sent_sdus
+        );
+        println!(
+            "  receiver {:>9.2} Mb/s  {:>9.0} SDU/s  ({} SDUs, loss {:.2}%)",
+            t.rx_mbps, t.rx_sdus_per_s, t.report.recv_sdus, t.loss_pct
+        );
+    }
+    println!();
+    println!("size sweep ({} s per size):", cli.sweep_duration_s);
+    print!("{}", indent(&sweep_table(&s.sweep.tests).render()));
+    for (name, flows) in [
+        ("alpha", &s.flows_during_perf_alpha),
+        ("beta", &s.flows_during_perf_beta),
+    ] {
+        println!();
+        println!("flows on {name} during the goodput test (last `rinactl flows` snapshot):");
+        if flows.is_empty() {
+            println!("  (no snapshot taken)");
+        } else {
+            print!("{}", indent(&table::flows(flows).render()));
+        }
+    }
+    for (name, flows) in [("alpha", &s.flows_alpha), ("beta", &s.flows_beta)] {
+        println!();
+        println!("flows on {name} at the end (rinactl flows):");
+        if flows.is_empty() {
+            println!("  (none: the clients closed theirs)");
+        } else {
+            print!("{}", indent(&table::flows(flows).render()));
+        }
+    }
+    for (name, ipcps) in [("alpha", &s.ipcps_alpha), ("beta", &s.ipcps_beta)] {
+        println!();
+        println!("IPC processes on {name} (rinactl ipcps):");
+        print!("{}", indent(&table::ipcps(ipcps).render()));
+    }
+    println!();
+    match &s.dir {
+        Some(d) => println!("configs, sockets and logs kept in {}", d.display()),
+        None => println!("all processes stopped; run with --keep to keep configs and logs"),
+    }
+}
+
+fn sweep_table(tests: &[TestResult]) -> Table {
+    let mut t = Table::new(&[
+        "SIZE", "SENT", "RECV", "LOSS%", "TX_Mb/s", "RX_Mb/s", "RX_SDU/s",
+    ])
+    .numeric(&[0, 1, 2, 3, 4, 5, 6]);
+    for r in tests {
+        t.row(vec![
+            r.size.to_string(),
+            r.sent_sdus.to_string(),
+            r.report.recv_sdus.to_string(),
+            format!("{:.2}", r.loss_pct),
+            format!("{:.2}", r.tx_mbps),
+            format!("{:.2}", r.rx_mbps),
+            format!("{:.0}", r.rx_sdus_per_s),
+        ]);
+    }
+    t
+}
+
+fn indent(s: &str) -> String {
+    s.lines().map(|l| format!("  {l}\n")).collect()
+}
+
+fn say(cli: &Cli, msg: &str) {
+    if !cli.json {
+        println!("* {msg}");
+    }
+}
+
+/// The programs the demo runs.
+struct Bins {
+    rinad: PathBuf,
+    ctl: PathBuf,
+    echo: PathBuf,
+    perf: PathBuf,
+}
+
+fn find_bins(dir: Option<&Path>) -> Result<Bins, Failure> {
+    let dir = match dir {
+        Some(d) => d.to_path_buf(),
+        None => {
+            let exe = std::env::current_exe()
+                .or_else(|e| fail(format!("cannot find where rina-demo is: {e}"), &[]))?;
+            match exe.parent() {
+                Some(d) => d.to_path_buf(),
+                None => return fail("cannot find where rina-demo is", &[]),
+            }
+        }
+    };
+    let find = |name: &str| {
+        let p = dir.join(name);
+        if p.is_file() {
+            Ok(p)
+        } else {
+            fail(
+                format!(
+                    "{} not found; build the whole workspace first: cargo build --release",
+                    p.display()
+                ),
+                &[],
+            )
+        }
+    };
+    Ok(Bins {
+        rinad: find("rinad")?,
+        ctl: find("rinactl")?,
+        echo: find("rina-echo")?,
+        perf: find("rina-perf")?,
+    })
+}
+
+fn make_temp_dir() -> Result<PathBuf, Failure> {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let base = std::env::temp_dir();
+    for i in 0..100u32 {
+        let d = base.join(format!(
+            "rina-demo-{}-{:08x}",
+            std::process::id(),
+            nanos.wrapping_add(i)
+        ));
+        if d.to_str().is_none() {
+            return fail(
+                format!(
+                    "the temporary directory {} is not UTF-8; set TMPDIR",
+                    d.display()
+                ),
+                &[],
+            );
+        }
+        match fs::create_dir(&d) {
+            Ok(()) => return Ok(d),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return fail(format!("cannot create {}: {e}", d.display()), &[]),
+        }
+    }
+    fail(
+        format!("cannot create a directory in {}", base.display()),
+        &[],
+    )
+}
+
+/// A `rinad` config: one shim-udp IPCP bound to `bind`, with a directory.
+fn config(system: &str, bind: &str, directory: &[(&str, &str)]) -> String {
+    let mut s = format!(
+        "[system]\nname = \"{system}\"\n\n[[ipcp]]\nname = \"{system}.udp\"\ntype = \"shim-udp\"\ndif = \"{DIF}\"\nbind = \"{bind}\"\n\n[ipcp.directory]\n"
+    );
+    for (name, addr) in directory {
+        s.push_str(&format!("\"{name}\" = \"{addr}\"\n"));
+    }
+    s
+}
+
+fn write(path: &Path, text: &str) -> Result<(), Failure> {
+    fs::write(path, text).or_else(|e| fail(format!("cannot write {}: {e}", path.display()), &[]))
+}
+
+fn s(p: &Path) -> &str {
+    // Paths under the temporary directory, checked to be UTF-8 when made.
+    p.to_str().unwrap_or("")
+}
+
+/// Waits until the daemon `name` answers `list_ipcps` on `sock`.
+fn wait_ready(undo: &Undo, name: &str, sock: &Path, log: &Path) -> Result<(), Failure> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let mut last = String::from("no answer");
+    while Instant::now() < deadline {
+        if let Some(st) = undo.exited(name) {
+            return fail(format!("rinad {name} exited at start ({st})"), &[log]);
+        }
+        match rina::Client::connect_to(sock).and_then(|mut c| c.list_ipcps()) {
+            Ok(_) => return Ok(()),
+            Err(e) => last = e.to_string(),
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    fail(
+        format!(
+            "rinad {name} did not answer on {} within {} s: {last}",
+            sock.display(),
+            READY_TIMEOUT.as_secs()
+        ),
+        &[log],
+    )
+}
+
+/// Waits until `echo` and `perf` are registered on beta.
+fn wait_registered(
+    undo: &Undo,
+    sock: &Path,
+    servers: &[(&str, &Path)],
+    daemon_log: &Path,
+) -> Result<(), Failure> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    while Instant::now() < deadline {
+        for (name, log) in servers {
+            if let Some(st) = undo.exited(name) {
+                return fail(format!("{name} exited at start ({st})"), &[log, daemon_log]);
+            }
+        }
+        if let Ok(names) = rina::Client::connect_to(sock).and_then(|mut c| c.list_names()) {
+            let has = |n: &str| names.iter().any(|i| i.name.process_name == n);
+            if has("echo") && has("perf") {
+                return Ok(());
+            }
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    let mut logs: Vec<&Path> = servers.iter().map(|(_, l)| *l).collect();
+    logs.push(daemon_log);
+    fail(
+        "the echo and perf servers did not register on beta within 10 s",
+        &logs,
+    )
+}
+
+/// Runs a tool to completion; returns its standard output.
+fn run_tool(
+    undo: &Undo,
+    dir: &Path,
+    name: &str,
+    exe: &Path,
+    args: &[&str],
+    logs: &[&Path],
+    during: &mut dyn FnMut(),
+) -> Result<String, Failure> {
+    let out = dir.join(format!("{name}.out"));
+    let err = dir.join(format!("{name}.log"));
+    undo.spawn(name, exe, args, Some(&out), &err)?;
+    let deadline = Instant::now() + TOOL_TIMEOUT;
+    let mut all_logs: Vec<&Path> = vec![&err];
+    all_logs.extend_from_slice(logs);
+    let mut next_call = Instant::now() + Duration::from_millis(250);
+    let status = loop {
+        if let Some(st) = undo.exited(name) {
+            break st;
+        }
+        if Instant::now() >= next_call {
+            during();
+            next_call = Instant::now() + Duration::from_millis(250);
+        }
+        if Instant::now() > deadline {
+            return fail(
+                format!("{name} did not finish within {} s", TOOL_TIMEOUT.as_secs()),
+                &all_logs,
+            );
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    let text = fs::read_to_string(&out).unwrap_or_default();
+    if !status.success() {
+        return fail(
+            format!(
+                "{name} failed ({status}): {} {}",
+                exe.display(),
+                args.join(" ")
+            ),
+            &all_logs,
+        );
+    }
+    Ok(text)
+}
+
+fn parse<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> Result<T, Failure> {
+    serde_json::from_str(text).or_else(|e| {
+        fail(
+            format!(
+                "cannot read the JSON output of {what}: {e}; it was: {}",
+                text.trim()
+            ),
+            &[],
+        )
+    })
+}
+
+/// The last `n` lines of a file (or why it cannot be read).
+fn tail(path: &Path, n: usize) -> String {
+    match fs::read(path) {
+        Ok(b) => {
+            let text = String::from_utf8_lossy(&b);
+            let lines: Vec<&str> = text.lines().collect();
+            let from = lines.len().saturating_sub(n);
+            let mut s = lines[from..].join("\n");
+            if !s.is_empty() {
+                s.push('\n');
+            }
+            if s.is_empty() {
+                "(empty)\n".into()
+            } else {
+                s
+            }
+        }
+        Err(e) => format!("(cannot read: {e})\n"),
+    }
+}

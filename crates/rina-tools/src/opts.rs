@@ -1,0 +1,143 @@
+//! Command-line options shared by the tools.
+
+use clap::Args;
+use rina::{AppName, Client, QosSpec};
+use std::path::PathBuf;
+
+/// Where the daemon is and which DIF to use.
+#[derive(Debug, Clone, Default, Args)]
+pub struct CommonArgs {
+    /// Daemon socket (default: $RINA_SOCKET, else $XDG_RUNTIME_DIR/rinad.sock,
+    /// /run/rinad.sock for root, /tmp/rinad-<uid>.sock).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// DIF to register in / allocate through (default: the daemon chooses).
+    #[arg(long, value_name = "NAME")]
+    pub dif: Option<String>,
+}
+
+impl CommonArgs {
+    /// Connects to the daemon named by `--socket` or the default path.
+    pub fn connect(&self) -> rina::Result<Client> {
+        connect(self.socket.as_deref())
+    }
+
+    /// The DIF as the client API takes it.
+    pub fn dif(&self) -> Option<&str> {
+        self.dif.as_deref()
+    }
+}
+
+/// Connects to the daemon at `socket`, or at the default path.
+pub fn connect(socket: Option<&std::path::Path>) -> rina::Result<Client> {
+    match socket {
+        Some(p) => Client::connect_to(p),
+        None => Client::connect(),
+    }
+}
+
+/// QoS requirements of a flow, as command-line options.
+#[derive(Debug, Clone, Default, Args)]
+pub struct QosArgs {
+    /// Largest acceptable one-way delay, in milliseconds.
+    #[arg(long, value_name = "MS")]
+    pub max_delay_ms: Option<f64>,
+    /// Largest acceptable loss, in parts per million of SDUs.
+    #[arg(long, value_name = "PPM")]
+    pub max_loss_ppm: Option<u32>,
+    /// Average bandwidth the flow will use, in bits per second.
+    #[arg(long, value_name = "BPS")]
+    pub bandwidth_bps: Option<u64>,
+    /// Ask for in-order delivery.
+    #[arg(long)]
+    pub in_order: bool,
+    /// Ask for reliable delivery (retransmission).
+    #[arg(long)]
+    pub reliable: bool,
+    /// Largest number of consecutive SDUs that may be lost.
+    #[arg(long, value_name = "N")]
+    pub max_sdu_gap: Option<u32>,
+    /// Largest SDU the application will write, in bytes.
+    #[arg(long, value_name = "BYTES")]
+    pub max_sdu: Option<u32>,
+}
+
+impl QosArgs {
+    /// The QoS spec these options ask for.
+    pub fn spec(&self) -> QosSpec {
+        QosSpec {
+            max_delay_us: self
+                .max_delay_ms
+                .map(|ms| (ms.max(0.0) * 1000.0).round() as u64),
+            max_loss_ppm: self.max_loss_ppm,
+            avg_bandwidth_bps: self.bandwidth_bps,
+            in_order: self.in_order,
+            reliable: self.reliable,
+            max_sdu_gap: self.max_sdu_gap,
+            max_sdu_size: self.max_sdu,
+        }
+    }
+}
+
+/// Parses an application name for clap.
+pub fn parse_name(s: &str) -> Result<AppName, String> {
+    s.parse().map_err(|e: rina::NameError| e.to_string())
+}
+
+/// Prints `tool: context: error (kind)` to stderr and exits with `code`.
+pub fn die(tool: &str, context: &str, err: &dyn std::fmt::Display, code: i32) -> ! {
+    eprintln!("{tool}: {context}: {err}");
+    std::process::exit(code)
+}
+
+/// The snake_case name of an error kind, as in the control protocol.
+pub fn kind_name(kind: rina::ErrorKind) -> String {
+    serde_json::to_value(kind)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_else(|| format!("{kind:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        q: QosArgs,
+    }
+
+    #[test]
+    fn qos_options_become_a_spec() {
+        let t = T::parse_from([
+            "t",
+            "--max-delay-ms",
+            "2.5",
+            "--max-loss-ppm",
+            "100",
+            "--bandwidth-bps",
+            "1000000",
+            "--in-order",
+            "--max-sdu",
+            "1400",
+        ]);
+        let q = t.q.spec();
+        assert_eq!(q.max_delay_us, Some(2500));
+        assert_eq!(q.max_loss_ppm, Some(100));
+        assert_eq!(q.avg_bandwidth_bps, Some(1_000_000));
+        assert!(q.in_order && !q.reliable);
+        assert_eq!(q.max_sdu_gap, None);
+        assert_eq!(q.max_sdu_size, Some(1400));
+        assert_eq!(T::parse_from(["t"]).q.spec(), QosSpec::default());
+    }
+
+    #[test]
+    fn kind_names_are_snake_case() {
+        assert_eq!(
+            kind_name(rina::ErrorKind::DaemonNotRunning),
+            "daemon_not_running"
+        );
+    }
+}

@@ -1,0 +1,203 @@
+//! Aligned text tables, and the tables `rinactl` and `rina-demo` print.
+
+use rina::{DifInfo, FlowStats, IpcpInfo, NameInfo};
+use std::fmt::Write;
+
+/// A table of text cells printed with aligned columns.
+#[derive(Debug, Clone, Default)]
+pub struct Table {
+    header: Vec<String>,
+    rows: Vec<Vec<String>>,
+    right: Vec<bool>,
+}
+
+impl Table {
+    /// A table with these column titles, all left-aligned (see [`Table::numeric`]).
+    pub fn new(header: &[&str]) -> Table {
+        Table {
+            header: header.iter().map(|s| s.to_string()).collect(),
+            rows: Vec::new(),
+            right: vec![false; header.len()],
+        }
+    }
+
+    /// Right-aligns the columns at these indices (numbers).
+    pub fn numeric(mut self, cols: &[usize]) -> Table {
+        for &c in cols {
+            if let Some(r) = self.right.get_mut(c) {
+                *r = true;
+            }
+        }
+        self
+    }
+
+    /// Appends a row; missing cells are empty, extra ones are dropped.
+    pub fn row(&mut self, cells: Vec<String>) {
+        let mut cells = cells;
+        cells.resize(self.header.len(), String::new());
+        self.rows.push(cells);
+    }
+
+    /// Number of rows.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// True if there are no rows.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Renders the table; every line ends with a newline.
+    pub fn render(&self) -> String {
+        let mut w: Vec<usize> = self.header.iter().map(|h| h.chars().count()).collect();
+        for r in &self.rows {
+            for (i, c) in r.iter().enumerate() {
+                w[i] = w[i].max(c.chars().count());
+            }
+        }
+        let mut out = String::new();
+        for line in std::iter::once(&self.header).chain(&self.rows) {
+            let mut s = String::new();
+            for (i, c) in line.iter().enumerate() {
+                if i > 0 {
+                    s.push_str("  ");
+                }
+                let pad = w[i] - c.chars().count();
+                if self.right[i] {
+                    s.push_str(&" ".repeat(pad));
+                    s.push_str(c);
+                } else {
+                    s.push_str(c);
+                    if i + 1 < line.len() {
+                        s.push_str(&" ".repeat(pad));
+                    }
+                }
+            }
+            let _ = writeln!(out, "{}", s.trim_end());
+        }
+        out
+    }
+}
+
+/// The IPCP table: name, kind, DIF, address, flows, names, counters.
+pub fn ipcps(list: &[IpcpInfo]) -> Table {
+    let mut t = Table::new(&[
+        "NAME", "KIND", "DIF", "ADDRESS", "FLOWS", "NAMES", "COUNTERS",
+    ])
+    .numeric(&[4]);
+    for i in list {
+        let names: Vec<String> = i.names.iter().map(|n| n.to_string()).collect();
+        let counters: Vec<String> = i.counters.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        t.row(vec![
+            i.name.clone(),
+            i.kind.clone(),
+            i.dif.clone(),
+            i.address.clone(),
+            i.flows.to_string(),
+            dash(names.join(",")),
+            dash(counters.join(" ")),
+        ]);
+    }
+    t
+}
+
+/// The DIF table: name, kind, IPCPs.
+pub fn difs(list: &[DifInfo]) -> Table {
+    let mut t = Table::new(&["NAME", "KIND", "IPCPS"]);
+    for d in list {
+        t.row(vec![
+            d.name.clone(),
+            d.kind.clone(),
+            dash(d.ipcps.join(",")),
+        ]);
+    }
+    t
+}
+
+/// The registered-name table: name, DIF, IPCP.
+pub fn names(list: &[NameInfo]) -> Table {
+    let mut t = Table::new(&["NAME", "DIF", "IPCP"]);
+    for n in list {
+        t.row(vec![n.name.to_string(), n.dif.clone(), n.ipcp.clone()]);
+    }
+    t
+}
+
+/// The flow table: port, DIF, IPCP, names, max SDU and counters.
+pub fn flows(list: &[FlowStats]) -> Table {
+    let mut t = Table::new(&[
+        "PORT",
+        "DIF",
+        "IPCP",
+        "LOCAL",
+        "REMOTE",
+        "MAX_SDU",
+        "SDUS_IN",
+        "BYTES_IN",
+        "SDUS_OUT",
+        "BYTES_OUT",
+        "DROPS_IN",
+        "DROPS_OUT",
+    ])
+    .numeric(&[0, 5, 6, 7, 8, 9, 10, 11]);
+    for f in list {
+        let c = &f.counters;
+        t.row(vec![
+            f.info.port.to_string(),
+            f.info.dif.clone(),
+            f.ipcp.clone(),
+            f.info.local.to_string(),
+            f.info.remote.to_string(),
+            f.info.max_sdu.to_string(),
+            c.sdus_in.to_string(),
+            c.bytes_in.to_string(),
+            c.sdus_out.to_string(),
+            c.bytes_out.to_string(),
+            c.drops_in.to_string(),
+            c.drops_out.to_string(),
+        ]);
+    }
+    t
+}
+
+fn dash(s: String) -> String {
+    if s.is_empty() {
+        "-".into()
+    } else {
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_align() {
+        let mut t = Table::new(&["A", "NUM", "C"]).numeric(&[1]);
+        t.row(vec!["long-name".into(), "5".into(), "x".into()]);
+        t.row(vec!["b".into(), "12345".into()]);
+        assert_eq!(
+            t.render(),
+            "A            NUM  C\nlong-name      5  x\nb          12345\n"
+        );
+        assert_eq!(t.len(), 2);
+    }
+
+    #[test]
+    fn ipcp_table_lists_counters() {
+        let i = IpcpInfo {
+            name: "a.udp".into(),
+            kind: "shim-udp".into(),
+            dif: "udp.net".into(),
+            address: "127.0.0.1:7001".into(),
+            flows: 2,
+            names: vec!["echo".parse().expect("name")],
+            counters: [("rx".to_string(), 3u64), ("tx".to_string(), 4)].into(),
+        };
+        let s = ipcps(&[i]).render();
+        assert!(s.contains("rx=3 tx=4"), "{s}");
+        assert!(s.contains("echo"), "{s}");
+    }
+}

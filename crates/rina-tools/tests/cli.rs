@@ -1,0 +1,143 @@
+//! Command-line behaviour that needs no daemon: help, argument errors, and
+//! clear failures when the daemon is not running.
+
+use std::process::{Command, Output};
+
+fn run(exe: &str, args: &[&str]) -> Output {
+    Command::new(exe)
+        .args(args)
+        .env_remove("RINA_SOCKET")
+        .output()
+        .expect("run the tool")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+const CTL: &str = env!("CARGO_BIN_EXE_rinactl");
+const ECHO: &str = env!("CARGO_BIN_EXE_rina-echo");
+const PERF: &str = env!("CARGO_BIN_EXE_rina-perf");
+const DEMO: &str = env!("CARGO_BIN_EXE_rina-demo");
+
+#[test]
+fn help_lists_the_options() {
+    let cases: &[(&str, &[&str], &[&str])] = &[
+        (
+            CTL,
+            &["--help"],
+            &["ipcps", "difs", "names", "flows", "--json", "--socket"],
+        ),
+        (
+            ECHO,
+            &["server", "--help"],
+            &["--name", "--dif", "--max-flows", "--socket"],
+        ),
+        (
+            ECHO,
+            &["client", "--help"],
+            &[
+                "--dst",
+                "--count",
+                "--interval-ms",
+                "--size",
+                "--timeout-ms",
+                "--json",
+                "--max-delay-ms",
+                "--reliable",
+            ],
+        ),
+        (PERF, &["server", "--help"], &["--name", "--max-flows"]),
+        (
+            PERF,
+            &["client", "--help"],
+            &[
+                "--size",
+                "--duration-s",
+                "--count",
+                "--rate-mbps",
+                "--sweep",
+                "--json",
+                "--csv",
+                "--in-order",
+                "--max-sdu",
+            ],
+        ),
+        (DEMO, &["--help"], &["--keep", "--json"]),
+    ];
+    for (exe, args, want) in cases {
+        let out = run(exe, args);
+        assert!(
+            out.status.success(),
+            "{exe} {args:?}: {}",
+            text(&out.stderr)
+        );
+        let help = text(&out.stdout);
+        for w in *want {
+            assert!(
+                help.contains(w),
+                "{exe} {args:?} does not mention {w}:\n{help}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bad_arguments_are_usage_errors() {
+    let out = run(PERF, &["client", "--json", "--csv"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let out = run(ECHO, &["client", "--dst", "a b"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("not allowed"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(CTL, &["nothing"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+fn missing_socket() -> String {
+    std::env::temp_dir()
+        .join(format!("rina-tools-test-{}-none.sock", std::process::id()))
+        .display()
+        .to_string()
+}
+
+#[test]
+fn no_daemon_is_a_clear_error() {
+    let sock = missing_socket();
+    let out = run(CTL, &["--socket", &sock, "flows"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("daemon_not_running") && err.contains(&sock),
+        "{err}"
+    );
+
+    let out = run(ECHO, &["client", "--socket", &sock, "--count", "1"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains(&sock), "{}", text(&out.stderr));
+
+    let out = run(PERF, &["server", "--socket", &sock]);
+    assert_eq!(out.status.code(), Some(2));
+
+    // RINA_SOCKET is honoured.
+    let out = Command::new(CTL)
+        .arg("ipcps")
+        .env("RINA_SOCKET", &sock)
+        .output()
+        .expect("run rinactl");
+    assert!(text(&out.stderr).contains(&sock), "{}", text(&out.stderr));
+}
+
+#[test]
+fn demo_without_rinad_says_what_to_build() {
+    let dir = std::env::temp_dir().join(format!("rina-tools-test-{}-empty", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let out = run(DEMO, &["--bin-dir", dir.to_str().expect("utf-8")]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("cargo build --release"), "{err}");
+}
