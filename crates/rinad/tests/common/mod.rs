@@ -1,0 +1,148 @@
+//! Test harness: real `rinad` processes on loopback, each with its own
+//! socket in a temporary directory, killed when the test ends.
+
+#![allow(dead_code)]
+
+use rina::{AppName, Client};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running `rinad`.
+pub struct Daemon {
+    pub child: Child,
+    pub socket: PathBuf,
+    pub dir: PathBuf,
+    pub name: String,
+}
+
+/// A fresh directory under the system temp dir, removed by the test at exit
+/// of the daemon guard.
+pub fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "rinad-test-{tag}-{}-{}",
+        std::process::id(),
+        Instant::now().elapsed().as_nanos() ^ rand_suffix()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn rand_suffix() -> u128 {
+    use std::collections::hash_map::RandomState;
+    use std::hash::{BuildHasher, Hasher};
+    RandomState::new().build_hasher().finish() as u128
+}
+
+pub fn name(s: &str) -> AppName {
+    s.parse().unwrap()
+}
+
+/// Waits for `cond` with a deadline; panics with `what` if it never holds.
+pub fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let end = Instant::now() + timeout;
+    while Instant::now() < end {
+        if cond() {
+            return;
+        }
+        std::thread::yield_now();
+        std::thread::park_timeout(Duration::from_millis(10));
+    }
+    panic!("timed out after {timeout:?} waiting for {what}");
+}
+
+impl Daemon {
+    /// Starts a daemon named `name` with one shim-udp IPCP in DIF `udp`
+    /// bound to an ephemeral loopback port and the given directory entries.
+    pub fn start(name: &str, directory: &[(&str, String)]) -> Daemon {
+        let mut cfg = format!(
+            "[system]\nname = \"{name}\"\n\n[[ipcp]]\nname = \"{name}.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:0\"\nmax_sdu = 1400\n\n[ipcp.directory]\n"
+        );
+        for (n, a) in directory {
+            cfg.push_str(&format!("\"{n}\" = \"{a}\"\n"));
+        }
+        Self::start_with(name, &cfg)
+    }
+
+    /// Starts a daemon with the given configuration text.
+    pub fn start_with(name: &str, cfg: &str) -> Daemon {
+        let dir = temp_dir(name);
+        let conf = dir.join("rinad.toml");
+        std::fs::write(&conf, cfg).unwrap();
+        let socket = dir.join("rinad.sock");
+        let log = std::fs::File::create(dir.join("rinad.log")).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_rinad"))
+            .arg("--config")
+            .arg(&conf)
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--log-level")
+            .arg("debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn rinad");
+        let d = Daemon {
+            child,
+            socket,
+            dir,
+            name: name.into(),
+        };
+        wait_for("rinad to answer", Duration::from_secs(10), || {
+            Client::connect_to(&d.socket).is_ok()
+        });
+        d
+    }
+
+    pub fn client(&self) -> Client {
+        Client::connect_to(&self.socket).expect("connect to rinad")
+    }
+
+    /// The UDP address the daemon's shim IPCP is bound to.
+    pub fn udp_addr(&self) -> String {
+        self.client().list_ipcps().unwrap()[0].address.clone()
+    }
+
+    /// An IPCP counter.
+    pub fn counter(&self, key: &str) -> u64 {
+        self.client().list_ipcps().unwrap()[0].counters[key]
+    }
+
+    pub fn log(&self) -> String {
+        let mut s = String::new();
+        if let Ok(mut f) = std::fs::File::open(self.dir.join("rinad.log")) {
+            let _ = f.read_to_string(&mut s);
+        }
+        s
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.socket
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!("--- log of {} ---\n{}", self.name, self.log());
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Two daemons: `beta` serves, `alpha` knows `beta`'s names.
+pub fn pair(names_at_beta: &[&str]) -> (Daemon, Daemon) {
+    let beta = Daemon::start("beta", &[]);
+    let addr = beta.udp_addr();
+    let dir: Vec<(&str, String)> = names_at_beta.iter().map(|n| (*n, addr.clone())).collect();
+    let alpha = Daemon::start("alpha", &dir);
+    (alpha, beta)
+}

@@ -1,0 +1,339 @@
+//! Integration tests: real `rinad` processes on loopback, applications
+//! talking through a shim DIF over UDP with the `rina` client library.
+
+mod common;
+
+use common::{name, pair, wait_for, Daemon};
+use rina::{Client, ErrorKind, Flow, QosSpec};
+use std::process::{Command, Stdio};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(10);
+
+/// Registers `n` at `d` and echoes every SDU of every accepted flow, until
+/// no request comes for `idle`.
+fn echo_server(d: &Daemon, n: &str) -> JoinHandle<()> {
+    let mut c = d.client();
+    let difs = c.register(&name(n), None).unwrap();
+    assert_eq!(difs, vec!["udp".to_string()]);
+    std::thread::spawn(move || {
+        while let Ok(Some(req)) = c.next_request_timeout(Duration::from_secs(30)) {
+            let Ok(flow) = c.accept(&req) else { continue };
+            std::thread::spawn(move || echo(flow));
+        }
+    })
+}
+
+fn echo(flow: Flow) {
+    let mut buf = vec![0u8; 65536];
+    while let Ok(n) = flow.read(&mut buf) {
+        if flow.write(&buf[..n]).is_err() {
+            return;
+        }
+    }
+}
+
+fn roundtrip(flow: &Flow, sdu: &[u8]) -> Vec<u8> {
+    flow.write(sdu).unwrap();
+    let mut buf = vec![0u8; 65536];
+    let n = flow
+        .read_timeout(&mut buf, T)
+        .unwrap()
+        .expect("echo reply within the deadline");
+    buf.truncate(n);
+    buf
+}
+
+#[test]
+fn register_allocate_accept_read_write_deallocate() {
+    let (alpha, beta) = pair(&["echo"]);
+    let _srv = echo_server(&beta, "echo");
+    let mut c = alpha.client();
+    let flow = c
+        .allocate(&name("tester/1"), &name("echo"), None, &QosSpec::default())
+        .unwrap();
+    assert_eq!(flow.info().remote, name("echo"));
+    assert_eq!(flow.info().dif, "udp");
+    assert_eq!(flow.info().max_sdu, 1400);
+    for i in 0..20u8 {
+        let sdu = vec![i; 100 + i as usize];
+        assert_eq!(roundtrip(&flow, &sdu), sdu, "SDU {i} echoed intact");
+    }
+    let max = vec![7u8; 1400];
+    assert_eq!(roundtrip(&flow, &max), max, "a max-size SDU passes");
+
+    // Both daemons list the flow with its counters.
+    let fa = c.list_flows().unwrap();
+    assert_eq!(fa.len(), 1);
+    assert_eq!(fa[0].counters.sdus_out, 21);
+    assert_eq!(fa[0].counters.sdus_in, 21);
+    let names = beta.client().list_names().unwrap();
+    assert_eq!(names.len(), 1);
+    assert_eq!(names[0].name, name("echo"));
+    wait_for("beta to list the flow", T, || {
+        beta.client().list_flows().unwrap().len() == 1
+    });
+
+    // Deallocation at one end frees the flow at both.
+    flow.deallocate();
+    wait_for("alpha to free the flow", T, || {
+        alpha.client().list_flows().unwrap().is_empty()
+    });
+    wait_for("beta to free the flow", T, || {
+        beta.client().list_flows().unwrap().is_empty()
+    });
+}
+
+#[test]
+fn refusal_carries_the_reason() {
+    let (alpha, beta) = pair(&["picky"]);
+    let mut srv = beta.client();
+    srv.register(&name("picky"), Some("udp")).unwrap();
+    let t = std::thread::spawn(move || {
+        let req = srv.next_request().unwrap();
+        assert_eq!(req.remote, name("asker"));
+        assert_eq!(req.local, name("picky"));
+        srv.refuse(&req, "not today").unwrap();
+        srv
+    });
+    let err = alpha
+        .client()
+        .allocate(&name("asker"), &name("picky"), None, &QosSpec::default())
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Refused, "{err}");
+    assert!(err.to_string().contains("not today"), "{err}");
+    drop(t.join().unwrap());
+}
+
+#[test]
+fn unknown_and_unregistered_names_and_dif() {
+    let (alpha, _beta) = pair(&["ghost"]);
+    let mut c = alpha.client();
+    let e = c
+        .allocate(&name("me"), &name("nobody"), None, &QosSpec::default())
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NameNotFound, "{e}");
+    let e = c
+        .allocate(&name("me"), &name("ghost"), None, &QosSpec::default())
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotRegistered, "{e}");
+    assert!(e.to_string().contains("ghost"), "{e}");
+    let e = c.register(&name("me"), Some("nope")).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::UnknownDif, "{e}");
+    let e = c
+        .allocate(
+            &name("me"),
+            &name("ghost"),
+            Some("nope"),
+            &QosSpec::default(),
+        )
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::UnknownDif, "{e}");
+}
+
+#[test]
+fn unsatisfiable_qos_and_oversize_sdus() {
+    let (alpha, beta) = pair(&["echo"]);
+    let _srv = echo_server(&beta, "echo");
+    let mut c = alpha.client();
+    let reliable = QosSpec {
+        reliable: true,
+        ..Default::default()
+    };
+    let e = c
+        .allocate(&name("me"), &name("echo"), None, &reliable)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::QosNotSatisfiable, "{e}");
+
+    let flow = c
+        .allocate(&name("me"), &name("echo"), None, &QosSpec::default())
+        .unwrap();
+    let e = flow.write(&vec![0u8; 1401]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::SduTooLarge);
+    assert!(
+        e.to_string().contains("1401") && e.to_string().contains("1400"),
+        "{e}"
+    );
+    assert_eq!(roundtrip(&flow, b"still fine"), b"still fine");
+}
+
+/// Environment variable that turns [`child_application`] into the body of
+/// the application process started by [`an_application_that_dies`].
+const CHILD_ENV: &str = "RINAD_TEST_CHILD_SOCKET";
+
+/// Not a test by itself: when [`CHILD_ENV`] is set, this is a separate
+/// application process that registers a name, allocates a flow and waits
+/// to be killed. Without the variable it does nothing.
+#[test]
+fn child_application() {
+    let Ok(sock) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let ready_file = std::path::PathBuf::from(format!("{sock}.child-ready"));
+    let mut c = Client::connect_to(&sock).unwrap();
+    c.register(&name("doomed"), None).unwrap();
+    let flow = c
+        .allocate(&name("doomed"), &name("echo"), None, &QosSpec::default())
+        .unwrap();
+    std::fs::write(&ready_file, flow.info().port.to_string()).unwrap();
+    loop {
+        std::thread::park();
+    }
+}
+
+#[test]
+fn an_application_that_dies() {
+    let (alpha, beta) = pair(&["echo"]);
+    let _srv = echo_server(&beta, "echo");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_application",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, &alpha.socket)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let ready_file = format!("{}.child-ready", alpha.socket.display());
+    wait_for("the child application to get its flow", T, || {
+        std::path::Path::new(&ready_file).exists()
+    });
+    let mut c = alpha.client();
+    assert_eq!(c.list_names().unwrap().len(), 1);
+    assert_eq!(c.list_flows().unwrap().len(), 1);
+    wait_for("beta to list the flow", T, || {
+        beta.client().list_flows().unwrap().len() == 1
+    });
+
+    child.kill().unwrap();
+    child.wait().unwrap();
+    wait_for(
+        "alpha to free the dead application's name and flow",
+        T,
+        || c.list_names().unwrap().is_empty() && c.list_flows().unwrap().is_empty(),
+    );
+    wait_for("beta to learn the flow is gone", T, || {
+        beta.client().list_flows().unwrap().is_empty()
+    });
+    // The name is free again.
+    c.register(&name("doomed"), None).unwrap();
+}
+
+#[test]
+fn a_daemon_that_dies_does_not_hang_its_applications() {
+    let (mut alpha, beta) = pair(&["echo"]);
+    let _srv = echo_server(&beta, "echo");
+    let mut c = alpha.client();
+    let flow = c
+        .allocate(&name("me"), &name("echo"), None, &QosSpec::default())
+        .unwrap();
+    assert_eq!(roundtrip(&flow, b"x"), b"x");
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0u8; 100];
+        flow.read_timeout(&mut buf, Duration::from_secs(20))
+    });
+    let socket = alpha.socket.clone();
+    alpha.kill();
+    let r = reader.join().unwrap();
+    let e = r.expect_err("a read on a flow of a dead daemon fails, it does not time out");
+    assert_eq!(e.kind(), ErrorKind::DaemonGone, "{e}");
+    let e = c.list_flows().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::DaemonGone, "{e}");
+    let e = Client::connect_to(&socket).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::DaemonNotRunning, "{e}");
+}
+
+#[test]
+fn malformed_datagrams_are_counted_and_dropped() {
+    let (alpha, beta) = pair(&["echo"]);
+    let _srv = echo_server(&beta, "echo");
+    let flow = alpha
+        .client()
+        .allocate(&name("me"), &name("echo"), None, &QosSpec::default())
+        .unwrap();
+    assert_eq!(roundtrip(&flow, b"before"), b"before");
+    let junk = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let target = beta.udp_addr();
+    for d in [&b""[..], &[0xff, 1, 2, 3], &[0x02, 0, 0], &[0x03; 40]] {
+        junk.send_to(d, &target).unwrap();
+    }
+    // Data for a flow that does not exist, from a stranger.
+    junk.send_to(&[0x01, 0, 0, 0, 99, b'x'], &target).unwrap();
+    wait_for("beta to count the bad datagrams", T, || {
+        beta.counter("rx_malformed") == 4 && beta.counter("rx_unknown_flow") == 1
+    });
+    assert_eq!(
+        roundtrip(&flow, b"after"),
+        b"after",
+        "the flow is undisturbed"
+    );
+    assert_eq!(beta.client().list_names().unwrap().len(), 1);
+}
+
+#[test]
+fn bad_configuration_is_refused_naming_key_and_line() {
+    let dir = common::temp_dir("badcfg");
+    let conf = dir.join("bad.toml");
+    std::fs::write(
+        &conf,
+        "[system]\nname = \"x\"\n\n[[ipcp]]\nname = \"x.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbnd = \"127.0.0.1:0\"\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_rinad"))
+        .arg("--config")
+        .arg(&conf)
+        .arg("--socket")
+        .arg(dir.join("s"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 8") && err.contains("bnd"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_second_daemon_on_the_same_socket_is_refused() {
+    let a = Daemon::start("solo", &[]);
+    let conf = a.dir.join("rinad.toml");
+    let out = Command::new(env!("CARGO_BIN_EXE_rinad"))
+        .arg("--config")
+        .arg(&conf)
+        .arg("--socket")
+        .arg(&a.socket)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("already listening"), "{err}");
+    // The first one still answers.
+    assert_eq!(a.client().list_ipcps().unwrap().len(), 1);
+}
+
+#[test]
+fn many_flows_between_two_systems() {
+    let (alpha, beta) = pair(&["echo"]);
+    let _srv = echo_server(&beta, "echo");
+    let mut c = alpha.client();
+    let flows: Vec<Flow> = (0..16)
+        .map(|i| {
+            c.allocate(
+                &name(&format!("me/{i}")),
+                &name("echo"),
+                None,
+                &QosSpec::default(),
+            )
+            .unwrap()
+        })
+        .collect();
+    for (i, f) in flows.iter().enumerate() {
+        let sdu = format!("flow {i}");
+        assert_eq!(roundtrip(f, sdu.as_bytes()), sdu.as_bytes());
+    }
+    let ports: std::collections::HashSet<u32> = flows.iter().map(|f| f.info().port).collect();
+    assert_eq!(ports.len(), 16, "port-ids are unique");
+}
