@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Foundation benchmark (not a timed test): in one run on this machine,
+#   * rina-perf over a shim-udp DIF, 1400-byte SDUs   vs  iperf3 -u -l 1400 -b 0
+#   * rina-echo round-trip time, 64-byte SDUs          vs  sockperf ping-pong (UDP)
+# all on loopback, and prints the ratios. Needs iperf3, sockperf and python3;
+# as root it installs iperf3 and sockperf with apt when they are missing.
+#
+#   bash bench/foundation.sh            # 5 s per measurement
+#   DUR=10 bash bench/foundation.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DUR=${DUR:-5}
+PROBES=${PROBES:-2000}       # echo probes, 1 ms apart (sockperf runs at 1000 msg/s too)
+
+for tool in iperf3 sockperf; do
+    if ! command -v "$tool" >/dev/null 2>&1; then
+        if [ "$(id -u)" = 0 ]; then
+            apt-get install -y "$tool" >/dev/null 2>&1 || { apt-get update >/dev/null && apt-get install -y "$tool" >/dev/null; }
+        else
+            echo "bench: $tool is missing; install it (apt-get install $tool) or run as root" >&2
+            exit 1
+        fi
+    fi
+done
+command -v python3 >/dev/null || { echo "bench: python3 is needed to read the JSON results" >&2; exit 1; }
+
+cargo build --release -q
+BIN=target/release
+T=$(mktemp -d /tmp/rina-bench.XXXXXX)
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$T"
+}
+trap cleanup EXIT INT TERM
+
+wait_sock() { # path
+    for _ in $(seq 100); do
+        "$BIN/rinactl" --socket "$1" ipcps >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    echo "bench: rinad on $1 did not come up" >&2; exit 1
+}
+
+cat > "$T/beta.toml" <<CONF
+[system]
+name = "beta"
+[[ipcp]]
+name = "beta.udp"
+type = "shim-udp"
+dif = "udp"
+bind = "127.0.0.1:0"
+CONF
+"$BIN/rinad" --config "$T/beta.toml" --socket "$T/beta.sock" --log-level warn 2>"$T/beta.log" & PIDS+=($!)
+wait_sock "$T/beta.sock"
+BETA=$("$BIN/rinactl" --socket "$T/beta.sock" --json ipcps | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["address"])')
+cat > "$T/alpha.toml" <<CONF
+[system]
+name = "alpha"
+[[ipcp]]
+name = "alpha.udp"
+type = "shim-udp"
+dif = "udp"
+bind = "127.0.0.1:0"
+[ipcp.directory]
+"perf" = "$BETA"
+"echo" = "$BETA"
+CONF
+"$BIN/rinad" --config "$T/alpha.toml" --socket "$T/alpha.sock" --log-level warn 2>"$T/alpha.log" & PIDS+=($!)
+wait_sock "$T/alpha.sock"
+"$BIN/rina-perf" server --socket "$T/beta.sock" --name perf >/dev/null 2>&1 & PIDS+=($!)
+"$BIN/rina-echo" server --socket "$T/beta.sock" --name echo >/dev/null 2>&1 & PIDS+=($!)
+sleep 0.3
+
+echo "== rina-perf over shim-udp, 1400 B, ${DUR} s"
+"$BIN/rina-perf" client --socket "$T/alpha.sock" --dst perf --size 1400 --duration-s "$DUR" --json > "$T/perf.json"
+echo "== iperf3 -u -l 1400 -b 0, ${DUR} s"
+iperf3 -s -1 -p 5299 >/dev/null 2>&1 & PIDS+=($!)
+sleep 0.3
+iperf3 -c 127.0.0.1 -p 5299 -u -l 1400 -b 0 -t "$DUR" -J > "$T/iperf.json"
+echo "== rina-echo, 64 B, $PROBES probes 1 ms apart"
+"$BIN/rina-echo" client --socket "$T/alpha.sock" --dst echo --size 64 --count "$PROBES" --interval-ms 1 --json > "$T/echo.json"
+echo "== sockperf ping-pong UDP, 64 B, 1000 msg/s, ${DUR} s"
+sockperf server -i 127.0.0.1 -p 11199 >/dev/null 2>&1 & PIDS+=($!)
+sleep 0.3
+sockperf ping-pong -i 127.0.0.1 -p 11199 -m 64 -t "$DUR" --mps=1000 --full-rtt > "$T/sockperf.txt" 2>&1
+
+python3 - "$T" <<'PY'
+import json, re, sys
+t = sys.argv[1]
+perf = json.load(open(f"{t}/perf.json"))["tests"][0]
+ip = json.load(open(f"{t}/iperf.json"))["end"]["sum"]
+echo = json.load(open(f"{t}/echo.json"))
+sp = open(f"{t}/sockperf.txt").read()
+pct = {float(m.group(1)): float(m.group(2)) for m in re.finditer(r"percentile\s+([\d.]+)\s*=\s*([\d.]+)", sp)}
+rina_rx, ip_rx = perf["rx_mbps"], ip["bits_per_second"] / 1e6
+rina_p50, sp_p50 = echo["rtt_ms"]["p50"] * 1000, pct[50.0]
+rina_p99, sp_p99 = echo["rtt_ms"]["p99"] * 1000, pct[99.0]
+print()
+print(f"{'':28}{'RINA':>12}{'baseline':>12}{'ratio':>9}")
+print(f"{'goodput rx, Mb/s':28}{rina_rx:12.1f}{ip_rx:12.1f}{rina_rx/ip_rx:9.2f}   (target >= 0.50)")
+print(f"{'loss, %':28}{perf['loss_pct']:12.2f}{ip.get('lost_percent', 0):12.2f}")
+print(f"{'RTT p50, us':28}{rina_p50:12.1f}{sp_p50:12.1f}{rina_p50/sp_p50:9.2f}   (target <= 3.00)")
+print(f"{'RTT p99, us':28}{rina_p99:12.1f}{sp_p99:12.1f}{rina_p99/sp_p99:9.2f}")
+PY
