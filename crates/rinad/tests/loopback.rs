@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{name, pair, wait_for, Daemon};
+use common::{name, pair, pair_bound, wait_for, Daemon};
 use rina::{Client, ErrorKind, Flow, QosSpec};
 use std::process::{Command, Stdio};
 use std::thread::JoinHandle;
@@ -336,4 +336,43 @@ fn many_flows_between_two_systems() {
     }
     let ports: std::collections::HashSet<u32> = flows.iter().map(|f| f.info().port).collect();
     assert_eq!(ports.len(), 16, "port-ids are unique");
+}
+
+#[test]
+fn shim_udp_over_ipv6() {
+    let (alpha, beta) = pair_bound("[::1]:0", &["echo"]);
+    assert!(beta.udp_addr().starts_with("[::1]:"), "{}", beta.udp_addr());
+    let _srv = echo_server(&beta, "echo");
+    let flow = alpha
+        .client()
+        .allocate(&name("v6"), &name("echo"), None, &QosSpec::default())
+        .unwrap();
+    assert_eq!(roundtrip(&flow, b"over IPv6"), b"over IPv6");
+}
+
+#[test]
+fn a_flow_works_with_tokio() {
+    let (alpha, beta) = pair(&["echo"]);
+    let _srv = echo_server(&beta, "echo");
+    let flow = alpha
+        .client()
+        .allocate(&name("async"), &name("echo"), None, &QosSpec::default())
+        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let flow = flow.into_async().unwrap();
+        let mut buf = vec![0u8; 2048];
+        for i in 0..50u32 {
+            let sdu = i.to_be_bytes().repeat(1 + i as usize);
+            flow.write(&sdu).await.unwrap();
+            let n = tokio::time::timeout(T, flow.read(&mut buf))
+                .await
+                .expect("reply within the deadline")
+                .unwrap();
+            assert_eq!(&buf[..n], &sdu[..]);
+        }
+    });
 }

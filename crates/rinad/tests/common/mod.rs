@@ -56,8 +56,13 @@ impl Daemon {
     /// Starts a daemon named `name` with one shim-udp IPCP in DIF `udp`
     /// bound to an ephemeral loopback port and the given directory entries.
     pub fn start(name: &str, directory: &[(&str, String)]) -> Daemon {
+        Self::start_bound(name, "127.0.0.1:0", directory)
+    }
+
+    /// Like [`Daemon::start`], with the shim bound to `bind`.
+    pub fn start_bound(name: &str, bind: &str, directory: &[(&str, String)]) -> Daemon {
         let mut cfg = format!(
-            "[system]\nname = \"{name}\"\n\n[[ipcp]]\nname = \"{name}.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:0\"\nmax_sdu = 1400\n\n[ipcp.directory]\n"
+            "[system]\nname = \"{name}\"\n\n[[ipcp]]\nname = \"{name}.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"{bind}\"\nmax_sdu = 1400\n\n[ipcp.directory]\n"
         );
         for (n, a) in directory {
             cfg.push_str(&format!("\"{n}\" = \"{a}\"\n"));
@@ -140,9 +145,14 @@ impl Drop for Daemon {
 
 /// Two daemons: `beta` serves, `alpha` knows `beta`'s names.
 pub fn pair(names_at_beta: &[&str]) -> (Daemon, Daemon) {
-    let beta = Daemon::start("beta", &[]);
+    pair_bound("127.0.0.1:0", names_at_beta)
+}
+
+/// Like [`pair`], with both shims bound to `bind` (e.g. `[::1]:0`).
+pub fn pair_bound(bind: &str, names_at_beta: &[&str]) -> (Daemon, Daemon) {
+    let beta = Daemon::start_bound("beta", bind, &[]);
     let addr = beta.udp_addr();
     let dir: Vec<(&str, String)> = names_at_beta.iter().map(|n| (*n, addr.clone())).collect();
-    let alpha = Daemon::start("alpha", &dir);
+    let alpha = Daemon::start_bound("alpha", bind, &dir);
     (alpha, beta)
 }
