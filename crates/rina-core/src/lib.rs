@@ -9,7 +9,9 @@
 //!
 //! * [`time`] — the instant type all machines use.
 //! * [`shim_udp`] — the shim IPC process over UDP.
+//! * [`rmt`] — relaying and multiplexing: forwarding table, output queues, scheduling policies.
 
+pub mod rmt;
 pub mod shim_udp;
 pub mod time;
 

@@ -1,0 +1,253 @@
+//! The Relaying and Multiplexing Task (RMT).
+//!
+//! The RMT sits between the EFCP connections of an IPC process and its N-1
+//! flows (ports). Outgoing PDUs are looked up in the [`ForwardingTable`] by
+//! destination address and QoS-id, which names one or more N-1 ports, and
+//! queued on that port; PDUs that arrive for another address are relayed the
+//! same way. Each port's output is ordered by a [`Scheduler`], the policy
+//! hooks of seed 004 (queue create/destroy, enqueue — which may drop — and
+//! next-to-send — which may decline for now). [`Fifo`] is the default.
+//!
+//! Like every machine in this crate it does no IO: the driver asks
+//! [`Rmt::poll_output`] for the next PDU of a port whenever that N-1 flow
+//! can take one.
+
+mod fifo;
+mod forwarding;
+
+pub use fifo::Fifo;
+pub use forwarding::ForwardingTable;
+
+use crate::time::Instant;
+use std::collections::BTreeMap;
+use thiserror::Error;
+
+/// An N-1 port: a flow of the DIF below, as the RMT knows it.
+pub type PortId = u32;
+/// An address in the DIF.
+pub type Address = u64;
+/// A QoS-id (names a QoS cube of the DIF).
+pub type QosId = u64;
+
+/// A PDU waiting in an output queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueuedPdu {
+    /// QoS-id from its PCI: schedulers may keep one queue per QoS-id.
+    pub qos_id: QosId,
+    /// Layer-management PDU (schedulers serve these first if they can).
+    pub mgmt: bool,
+    /// The protected PDU, ready for the N-1 flow.
+    pub bytes: Vec<u8>,
+}
+
+/// Counters of one queue of a port.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// Name of the queue within its port (e.g. `fifo`, `qos-3`).
+    pub queue: String,
+    /// PDUs in the queue now.
+    pub queued: usize,
+    /// PDUs handed to the N-1 flow.
+    pub sent: u64,
+    /// PDUs dropped on enqueue.
+    pub dropped: u64,
+    /// Largest occupancy seen, in PDUs.
+    pub max_occupancy: usize,
+}
+
+/// An RMT scheduling policy: how PDUs wait for an N-1 port.
+///
+/// The hooks are those IRATI exposes to RMT policies (seed 004): queues are
+/// created and destroyed with ports, `enqueue` may drop, `next_to_send` may
+/// decline to send although PDUs are queued (a shaper waiting for tokens),
+/// in which case `next_wakeup` says when to ask again.
+pub trait Scheduler: std::fmt::Debug + Send {
+    /// Policy name, as chosen in the DIF configuration.
+    fn name(&self) -> &'static str;
+    /// Sets up the queues of a new port.
+    fn create_queues(&mut self, port: PortId);
+    /// Tears down the queues of a port; returns how many PDUs were discarded.
+    fn destroy_queues(&mut self, port: PortId) -> usize;
+    /// Queues a PDU, or gives it back when the policy drops it.
+    fn enqueue(&mut self, now: Instant, port: PortId, pdu: QueuedPdu) -> Result<(), QueuedPdu>;
+    /// The next PDU to send on `port`, if the policy wants one sent now.
+    fn next_to_send(&mut self, now: Instant, port: PortId) -> Option<QueuedPdu>;
+    /// When a port that declined with PDUs queued should be asked again.
+    fn next_wakeup(&self, port: PortId) -> Option<Instant>;
+    /// Whether anything is queued on `port`.
+    fn has_queued(&self, port: PortId) -> bool;
+    /// Counters of the queues of `port`.
+    fn stats(&self, port: PortId) -> Vec<QueueStats>;
+}
+
+/// Why the RMT could not take a PDU.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum RmtError {
+    /// No forwarding entry for the destination and QoS-id.
+    #[error("no route to address {dst} (QoS-id {qos_id})")]
+    NoRoute { dst: Address, qos_id: QosId },
+    /// The port is not known to the RMT.
+    #[error("no N-1 port {0}")]
+    UnknownPort(PortId),
+    /// The scheduling policy dropped the PDU (queue full).
+    #[error("output queue of port {0} is full; PDU dropped")]
+    QueueFull(PortId),
+}
+
+/// RMT-wide counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RmtCounters {
+    /// PDUs queued for output (own and relayed).
+    pub queued: u64,
+    /// PDUs relayed for other addresses.
+    pub relayed: u64,
+    /// PDUs dropped for lack of a route.
+    pub no_route: u64,
+    /// PDUs dropped by the scheduling policy.
+    pub queue_drops: u64,
+}
+
+/// The RMT of one IPC process.
+#[derive(Debug)]
+pub struct Rmt {
+    table: ForwardingTable,
+    sched: Box<dyn Scheduler>,
+    ports: BTreeMap<PortId, ()>,
+    counters: RmtCounters,
+}
+
+impl Rmt {
+    /// An RMT with no ports and no routes, using `sched` for its queues.
+    pub fn new(sched: Box<dyn Scheduler>) -> Self {
+        Rmt {
+            table: ForwardingTable::default(),
+            sched,
+            ports: BTreeMap::new(),
+            counters: RmtCounters::default(),
+        }
+    }
+
+    /// The forwarding table.
+    pub fn table(&self) -> &ForwardingTable {
+        &self.table
+    }
+
+    /// The forwarding table, to change routes.
+    pub fn table_mut(&mut self) -> &mut ForwardingTable {
+        &mut self.table
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> &RmtCounters {
+        &self.counters
+    }
+
+    /// Name of the scheduling policy.
+    pub fn scheduler_name(&self) -> &'static str {
+        self.sched.name()
+    }
+
+    /// Replaces the scheduling policy; PDUs queued in the old one are
+    /// discarded (and counted as queue drops).
+    pub fn set_scheduler(&mut self, mut sched: Box<dyn Scheduler>) {
+        for &p in self.ports.keys() {
+            self.counters.queue_drops += self.sched.destroy_queues(p) as u64;
+            sched.create_queues(p);
+        }
+        self.sched = sched;
+    }
+
+    /// Adds an N-1 port.
+    pub fn add_port(&mut self, port: PortId) {
+        if self.ports.insert(port, ()).is_none() {
+            self.sched.create_queues(port);
+        }
+    }
+
+    /// Removes an N-1 port, its queues and its routes.
+    pub fn remove_port(&mut self, port: PortId) {
+        if self.ports.remove(&port).is_some() {
+            self.counters.queue_drops += self.sched.destroy_queues(port) as u64;
+            self.table.remove_port(port);
+        }
+    }
+
+    /// The N-1 ports.
+    pub fn ports(&self) -> impl Iterator<Item = PortId> + '_ {
+        self.ports.keys().copied()
+    }
+
+    /// Queues a PDU for `dst`; returns the port chosen. `flow_hash` spreads
+    /// flows over equal-cost ports (PDUs of one flow always take one port).
+    pub fn send(
+        &mut self,
+        now: Instant,
+        dst: Address,
+        flow_hash: u64,
+        pdu: QueuedPdu,
+    ) -> Result<PortId, RmtError> {
+        let qos_id = pdu.qos_id;
+        let Some(port) = self.table.lookup(dst, qos_id, flow_hash) else {
+            self.counters.no_route += 1;
+            return Err(RmtError::NoRoute { dst, qos_id });
+        };
+        self.send_on(now, port, pdu)?;
+        Ok(port)
+    }
+
+    /// Relays a PDU that arrived for another address.
+    pub fn relay(
+        &mut self,
+        now: Instant,
+        dst: Address,
+        flow_hash: u64,
+        pdu: QueuedPdu,
+    ) -> Result<PortId, RmtError> {
+        let port = self.send(now, dst, flow_hash, pdu)?;
+        self.counters.relayed += 1;
+        Ok(port)
+    }
+
+    /// Queues a PDU on a given port (management PDUs to a neighbour).
+    pub fn send_on(&mut self, now: Instant, port: PortId, pdu: QueuedPdu) -> Result<(), RmtError> {
+        if !self.ports.contains_key(&port) {
+            return Err(RmtError::UnknownPort(port));
+        }
+        match self.sched.enqueue(now, port, pdu) {
+            Ok(()) => {
+                self.counters.queued += 1;
+                Ok(())
+            }
+            Err(_) => {
+                self.counters.queue_drops += 1;
+                Err(RmtError::QueueFull(port))
+            }
+        }
+    }
+
+    /// The next PDU to write on `port`, if the policy wants one sent now.
+    pub fn poll_output(&mut self, now: Instant, port: PortId) -> Option<Vec<u8>> {
+        self.sched.next_to_send(now, port).map(|p| p.bytes)
+    }
+
+    /// Whether `port` has PDUs waiting.
+    pub fn has_output(&self, port: PortId) -> bool {
+        self.sched.has_queued(port)
+    }
+
+    /// When a port whose policy declined should be polled again.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.ports
+            .keys()
+            .filter_map(|&p| self.sched.next_wakeup(p))
+            .min()
+    }
+
+    /// Queue counters of a port.
+    pub fn queue_stats(&self, port: PortId) -> Vec<QueueStats> {
+        self.sched.stats(port)
+    }
+}
+
+#[cfg(test)]
+mod tests;

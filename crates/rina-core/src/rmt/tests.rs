@@ -1,0 +1,106 @@
+//! Unit tests of the RMT: forwarding, relaying, FIFO bounds and counters.
+
+use super::*;
+
+fn pdu(qos_id: u64, tag: u8) -> QueuedPdu {
+    QueuedPdu {
+        qos_id,
+        mgmt: false,
+        bytes: vec![tag],
+    }
+}
+
+fn rmt(cap: usize) -> Rmt {
+    let mut r = Rmt::new(Box::new(Fifo::new(cap)));
+    r.add_port(1);
+    r.add_port(2);
+    r
+}
+
+const T0: Instant = Instant::ZERO;
+
+#[test]
+fn routes_by_destination_and_qos() {
+    let mut r = rmt(10);
+    r.table_mut().set(7, None, vec![1]);
+    r.table_mut().set(7, Some(3), vec![2]);
+    assert_eq!(r.send(T0, 7, 0, pdu(1, 0xa)), Ok(1), "any-QoS entry");
+    assert_eq!(
+        r.send(T0, 7, 0, pdu(3, 0xb)),
+        Ok(2),
+        "the QoS-specific entry wins"
+    );
+    assert_eq!(
+        r.send(T0, 9, 0, pdu(1, 0xc)),
+        Err(RmtError::NoRoute { dst: 9, qos_id: 1 })
+    );
+    assert_eq!(r.poll_output(T0, 1), Some(vec![0xa]));
+    assert_eq!(r.poll_output(T0, 2), Some(vec![0xb]));
+    assert_eq!(r.poll_output(T0, 1), None);
+    assert_eq!(r.counters().no_route, 1);
+}
+
+#[test]
+fn equal_cost_ports_keep_a_flow_on_one_path() {
+    let mut r = rmt(100);
+    r.table_mut().set(5, None, vec![1, 2]);
+    let a: Vec<_> = (0..10)
+        .map(|_| r.send(T0, 5, 41, pdu(0, 0)).unwrap())
+        .collect();
+    assert!(a.windows(2).all(|w| w[0] == w[1]), "one flow, one port");
+    let b = r.send(T0, 5, 42, pdu(0, 0)).unwrap();
+    assert_ne!(a[0], b, "another flow may take the other port");
+}
+
+#[test]
+fn fifo_is_bounded_and_counts() {
+    let mut r = rmt(3);
+    r.table_mut().set(7, None, vec![1]);
+    for i in 0..5 {
+        let res = r.send(T0, 7, 0, pdu(0, i));
+        assert_eq!(res.is_ok(), i < 3, "PDU {i}");
+    }
+    let mut mgmt = pdu(0, 0xee);
+    mgmt.mgmt = true;
+    assert_eq!(r.send_on(T0, 1, mgmt), Err(RmtError::QueueFull(1)));
+    assert_eq!(r.counters().queue_drops, 3);
+    let s = &r.queue_stats(1)[0];
+    assert_eq!((s.queued, s.dropped, s.max_occupancy), (3, 3, 3));
+    let out: Vec<_> = std::iter::from_fn(|| r.poll_output(T0, 1)).collect();
+    assert_eq!(out, vec![vec![0], vec![1], vec![2]], "first in, first out");
+    assert_eq!(r.queue_stats(1)[0].sent, 3);
+}
+
+#[test]
+fn management_goes_first() {
+    let mut r = rmt(10);
+    r.table_mut().set(7, None, vec![1]);
+    r.send(T0, 7, 0, pdu(0, 1)).unwrap();
+    let mut m = pdu(0, 2);
+    m.mgmt = true;
+    r.send_on(T0, 1, m).unwrap();
+    assert_eq!(r.poll_output(T0, 1), Some(vec![2]));
+    assert_eq!(r.poll_output(T0, 1), Some(vec![1]));
+}
+
+#[test]
+fn removing_a_port_drops_its_queue_and_routes() {
+    let mut r = rmt(10);
+    r.table_mut().set(7, None, vec![1, 2]);
+    r.table_mut().set(8, None, vec![1]);
+    r.send_on(T0, 1, pdu(0, 1)).unwrap();
+    r.remove_port(1);
+    assert_eq!(r.counters().queue_drops, 1);
+    assert_eq!(r.table().len(), 1, "the entry only through port 1 is gone");
+    assert_eq!(r.send(T0, 7, 0, pdu(0, 0)), Ok(2));
+    assert_eq!(r.send_on(T0, 1, pdu(0, 0)), Err(RmtError::UnknownPort(1)));
+}
+
+#[test]
+fn relaying_is_counted() {
+    let mut r = rmt(10);
+    r.table_mut().set(3, None, vec![2]);
+    assert_eq!(r.relay(T0, 3, 0, pdu(0, 9)), Ok(2));
+    assert_eq!(r.counters().relayed, 1);
+    assert_eq!(r.counters().queued, 1);
+}
