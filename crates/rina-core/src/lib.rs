@@ -8,10 +8,14 @@
 //! and in `rina-sim` with a virtual clock.
 //!
 //! * [`time`] — the instant type all machines use.
+//! * [`delimiting`] — fragmentation of SDUs into PDUs and their reassembly.
+//! * [`sdup`] — SDU protection: TTL, CRC-32 and the encryption hook.
 //! * [`shim_udp`] — the shim IPC process over UDP.
 //! * [`rmt`] — relaying and multiplexing: forwarding table, output queues, scheduling policies.
 
+pub mod delimiting;
 pub mod rmt;
+pub mod sdup;
 pub mod shim_udp;
 pub mod time;
 

@@ -1,0 +1,429 @@
+//! Delimiting: fragmentation of SDUs larger than a PDU, and their reassembly.
+//!
+//! An application may write SDUs up to the DIF's maximum SDU size (64 KiB or
+//! more) over a DIF whose largest PDU is much smaller (1400 bytes, say). The
+//! sender cuts each SDU into pieces that fit the user-data field of a DT PDU;
+//! the receiver glues them back together. The format is IRATI's default
+//! delimiting policy (`kernel/delim-ps-default.c`): the user data of every DT
+//! PDU starts with one delimiter byte,
+//!
+//! | byte | meaning |
+//! | --- | --- |
+//! | `0x07` | a complete SDU |
+//! | `0x05` | the first fragment of an SDU |
+//! | `0x04` | a middle fragment |
+//! | `0x06` | the last fragment |
+//!
+//! (bit `0x01` = "holds the start of the SDU", `0x02` = "holds the end",
+//! `0x04` = "no length field"). Any other value — IRATI's "SDU sequence number
+//! present" bit `0x08` included — is malformed. A payload that is only the
+//! delimiter byte, with no data, is malformed too: [`fragment`] never makes one.
+//!
+//! Sending is a pure function: [`fragments`] yields `(delimiter, piece)` pairs
+//! so the caller can put the delimiter byte and the piece straight into the
+//! PDU buffer it is building, and [`fragment`] collects ready-made payloads
+//! for when copying does not matter.
+//!
+//! Receiving is the [`Reassembler`], one per flow, fed by DTP in sequence
+//! order. On a loss-tolerant flow DTP may skip sequence numbers; the
+//! reassembler then throws away whatever SDU it had partly assembled (it can
+//! never be completed), ignores middle and last fragments whose first it never
+//! saw, and discards an incomplete SDU that has waited longer than its timeout
+//! (the driver calls [`Reassembler::handle_timeout`] when
+//! [`Reassembler::poll_timeout`] says so). It never delivers an SDU that is
+//! not exactly one the peer sent, and never holds more than `max_sdu` bytes.
+
+use crate::time::Instant;
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::time::Duration;
+use thiserror::Error;
+
+/// Delimiter byte of a complete (unfragmented) SDU.
+pub const COMPLETE: u8 = 0x07;
+/// Delimiter byte of the first fragment of an SDU.
+pub const FIRST: u8 = 0x05;
+/// Delimiter byte of a middle fragment of an SDU.
+pub const MIDDLE: u8 = 0x04;
+/// Delimiter byte of the last fragment of an SDU.
+pub const LAST: u8 = 0x06;
+
+/// Bytes the delimiter adds to every PDU's user data.
+pub const DELIMITER_LEN: usize = 1;
+
+/// Which part of an SDU a PDU's user data holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Delimiter {
+    /// The whole SDU.
+    Complete,
+    /// The first fragment.
+    First,
+    /// A fragment that is neither first nor last.
+    Middle,
+    /// The last fragment.
+    Last,
+}
+
+impl Delimiter {
+    /// The byte on the wire.
+    pub const fn to_byte(self) -> u8 {
+        match self {
+            Delimiter::Complete => COMPLETE,
+            Delimiter::First => FIRST,
+            Delimiter::Middle => MIDDLE,
+            Delimiter::Last => LAST,
+        }
+    }
+
+    /// The delimiter a wire byte stands for, if any.
+    pub const fn from_byte(b: u8) -> Option<Delimiter> {
+        match b {
+            COMPLETE => Some(Delimiter::Complete),
+            FIRST => Some(Delimiter::First),
+            MIDDLE => Some(Delimiter::Middle),
+            LAST => Some(Delimiter::Last),
+            _ => None,
+        }
+    }
+}
+
+/// Splits a PDU's user data into its delimiter and its piece of SDU.
+pub fn parse(payload: &[u8]) -> Result<(Delimiter, &[u8]), DelimitError> {
+    match payload {
+        [] => Err(DelimitError::Malformed { byte: None }),
+        [b, rest @ ..] => match Delimiter::from_byte(*b) {
+            None => Err(DelimitError::Malformed { byte: Some(*b) }),
+            Some(_) if rest.is_empty() => Err(DelimitError::Malformed { byte: None }),
+            Some(d) => Ok((d, rest)),
+        },
+    }
+}
+
+/// Why fragmenting or reassembling failed.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum DelimitError {
+    /// An SDU must hold at least one byte.
+    #[error("empty SDU")]
+    EmptySdu,
+    /// The SDU is larger than the flow's maximum SDU size.
+    #[error("SDU of {size} bytes is larger than the maximum of {max}")]
+    SduTooLarge { size: usize, max: usize },
+    /// The PDU user-data budget cannot hold a delimiter and one byte of data.
+    #[error("a PDU payload of {max_payload} bytes cannot carry a fragment (need at least 2)")]
+    PayloadTooSmall { max_payload: usize },
+    /// The payload is empty, has no data after the delimiter, or the
+    /// delimiter byte (`byte`, if there was one) is not a known value.
+    #[error("malformed delimiter {byte:02x?}")]
+    Malformed { byte: Option<u8> },
+    /// Reassembling would exceed the maximum SDU size; the partial SDU was
+    /// discarded. `size` is what the SDU would have grown to.
+    #[error("reassembled SDU would be {size} bytes, more than the maximum of {max}; discarded")]
+    Oversize { size: usize, max: usize },
+}
+
+/// How many PDUs an SDU of `len` bytes takes with `max_payload` bytes of
+/// user data per PDU (`max_payload` >= 2).
+pub fn fragment_count(len: usize, max_payload: usize) -> usize {
+    let piece = max_payload.saturating_sub(DELIMITER_LEN).max(1);
+    len.div_ceil(piece)
+}
+
+/// The fragments of an SDU: `(delimiter, piece)` pairs in order. Each PDU's
+/// user data is the delimiter byte followed by the piece, at most
+/// `max_payload` bytes in all.
+#[derive(Debug, Clone)]
+pub struct Fragments<'a> {
+    rest: &'a [u8],
+    piece: usize,
+    started: bool,
+}
+
+impl<'a> Iterator for Fragments<'a> {
+    type Item = (Delimiter, &'a [u8]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.rest.is_empty() {
+            return None;
+        }
+        let n = self.piece.min(self.rest.len());
+        let (piece, rest) = self.rest.split_at(n);
+        let last = rest.is_empty();
+        let d = match (self.started, last) {
+            (false, true) => Delimiter::Complete,
+            (false, false) => Delimiter::First,
+            (true, false) => Delimiter::Middle,
+            (true, true) => Delimiter::Last,
+        };
+        self.rest = rest;
+        self.started = true;
+        Some((d, piece))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.rest.len().div_ceil(self.piece);
+        (n, Some(n))
+    }
+}
+
+impl ExactSizeIterator for Fragments<'_> {}
+
+/// Cuts `sdu` into fragments whose user data (delimiter included) is at most
+/// `max_payload` bytes. `max_sdu` is the flow's largest SDU.
+pub fn fragments(
+    sdu: &[u8],
+    max_sdu: usize,
+    max_payload: usize,
+) -> Result<Fragments<'_>, DelimitError> {
+    if sdu.is_empty() {
+        return Err(DelimitError::EmptySdu);
+    }
+    if sdu.len() > max_sdu {
+        return Err(DelimitError::SduTooLarge {
+            size: sdu.len(),
+            max: max_sdu,
+        });
+    }
+    if max_payload < DELIMITER_LEN + 1 {
+        return Err(DelimitError::PayloadTooSmall { max_payload });
+    }
+    Ok(Fragments {
+        rest: sdu,
+        piece: max_payload - DELIMITER_LEN,
+        started: false,
+    })
+}
+
+/// Cuts `sdu` into PDU payloads (delimiter byte + piece, at most
+/// `max_payload` bytes each) and appends them to `out`. Returns how many were
+/// appended. On error nothing is appended.
+pub fn fragment(
+    sdu: &[u8],
+    max_sdu: usize,
+    max_payload: usize,
+    out: &mut Vec<Vec<u8>>,
+) -> Result<usize, DelimitError> {
+    let frags = fragments(sdu, max_sdu, max_payload)?;
+    let n = frags.len();
+    out.reserve(n);
+    for (d, piece) in frags {
+        let mut p = Vec::with_capacity(DELIMITER_LEN + piece.len());
+        p.push(d.to_byte());
+        p.extend_from_slice(piece);
+        out.push(p);
+    }
+    Ok(n)
+}
+
+/// Reassembly counters of one flow.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// SDUs delivered (complete ones and reassembled ones).
+    pub sdus_complete: u64,
+    /// PDU payloads pushed in.
+    pub fragments_in: u64,
+    /// Partial SDUs discarded because a sequence number was skipped.
+    pub discarded_gap: u64,
+    /// Partial SDUs discarded because they waited longer than the timeout.
+    pub discarded_timeout: u64,
+    /// Partial or complete SDUs discarded for exceeding the maximum SDU size.
+    pub discarded_oversize: u64,
+    /// Partial SDUs discarded because a new SDU began before they ended
+    /// (with no sequence gap: a confused sender), or a malformed payload
+    /// broke them.
+    pub discarded_interrupted: u64,
+    /// Middle or last fragments dropped because their first was never seen
+    /// (lost, timed out or discarded).
+    pub discarded_orphan: u64,
+    /// Payloads that were empty or had an unknown delimiter.
+    pub malformed: u64,
+}
+
+impl Counters {
+    /// The counters by name, for listings.
+    pub fn to_map(&self) -> BTreeMap<String, u64> {
+        [
+            ("sdus_complete", self.sdus_complete),
+            ("fragments_in", self.fragments_in),
+            ("discarded_gap", self.discarded_gap),
+            ("discarded_timeout", self.discarded_timeout),
+            ("discarded_oversize", self.discarded_oversize),
+            ("discarded_interrupted", self.discarded_interrupted),
+            ("discarded_orphan", self.discarded_orphan),
+            ("malformed", self.malformed),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+}
+
+/// An SDU being put together.
+#[derive(Debug)]
+struct Partial {
+    buf: Vec<u8>,
+    started: Instant,
+}
+
+/// Reassembles the SDUs of one flow from its PDUs' user data.
+#[derive(Debug)]
+pub struct Reassembler {
+    max_sdu: usize,
+    timeout: Duration,
+    last_seq: Option<u64>,
+    partial: Option<Partial>,
+    counters: Counters,
+}
+
+impl Reassembler {
+    /// A reassembler for SDUs of at most `max_sdu` bytes that discards an
+    /// incomplete SDU `timeout` after its first fragment arrived.
+    pub fn new(max_sdu: usize, timeout: Duration) -> Self {
+        Reassembler {
+            max_sdu,
+            timeout,
+            last_seq: None,
+            partial: None,
+            counters: Counters::default(),
+        }
+    }
+
+    /// The largest SDU this reassembler builds.
+    pub fn max_sdu(&self) -> usize {
+        self.max_sdu
+    }
+
+    /// How long an incomplete SDU may wait for its remaining fragments.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The counters.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Bytes of the SDU being assembled (0 if none).
+    pub fn partial_len(&self) -> usize {
+        self.partial.as_ref().map_or(0, |p| p.buf.len())
+    }
+
+    /// Forgets the partial SDU and the last sequence number (flow reset),
+    /// without counting anything.
+    pub fn clear(&mut self) {
+        self.partial = None;
+        self.last_seq = None;
+    }
+
+    /// When [`Reassembler::handle_timeout`] should next be called, if ever.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.partial.as_ref().map(|p| p.started + self.timeout)
+    }
+
+    /// Discards the partial SDU if its first fragment arrived `timeout` or
+    /// more before `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if let Some(deadline) = self.poll_timeout() {
+            if now >= deadline {
+                self.partial = None;
+                self.counters.discarded_timeout += 1;
+            }
+        }
+    }
+
+    /// Takes the user data of the DT PDU with sequence number `seq`, handed
+    /// over by DTP in sequence order, and returns the SDU it completes, if
+    /// any. Losses (skipped sequence numbers) are not errors: they are
+    /// counted and what they spoil is dropped. Errors are for payloads that
+    /// are malformed and for SDUs that grow beyond the maximum; either way the
+    /// partial SDU, if any, is gone.
+    pub fn push(
+        &mut self,
+        now: Instant,
+        seq: u64,
+        payload: &[u8],
+    ) -> Result<Option<Vec<u8>>, DelimitError> {
+        self.push_ref(now, seq, payload)
+            .map(|o| o.map(Cow::into_owned))
+    }
+
+    /// Like [`Reassembler::push`], but a complete (unfragmented) SDU is
+    /// returned as a slice of `payload` instead of a copy.
+    pub fn push_ref<'a>(
+        &mut self,
+        now: Instant,
+        seq: u64,
+        payload: &'a [u8],
+    ) -> Result<Option<Cow<'a, [u8]>>, DelimitError> {
+        self.counters.fragments_in += 1;
+        self.handle_timeout(now);
+        let gap = self.last_seq.is_some_and(|l| l.wrapping_add(1) != seq);
+        self.last_seq = Some(seq);
+        if gap && self.partial.take().is_some() {
+            self.counters.discarded_gap += 1;
+        }
+        let (delim, data) = match parse(payload) {
+            Ok(x) => x,
+            Err(e) => {
+                self.counters.malformed += 1;
+                // The malformed PDU held a piece we will never have.
+                if self.partial.take().is_some() {
+                    self.counters.discarded_interrupted += 1;
+                }
+                return Err(e);
+            }
+        };
+        match delim {
+            Delimiter::Complete | Delimiter::First => {
+                if self.partial.take().is_some() {
+                    self.counters.discarded_interrupted += 1;
+                }
+                if data.len() > self.max_sdu {
+                    return Err(self.oversize(data.len()));
+                }
+                if delim == Delimiter::Complete {
+                    self.counters.sdus_complete += 1;
+                    return Ok(Some(Cow::Borrowed(data)));
+                }
+                self.partial = Some(Partial {
+                    buf: data.to_vec(),
+                    started: now,
+                });
+                Ok(None)
+            }
+            Delimiter::Middle | Delimiter::Last => {
+                let Some(p) = self.partial.as_mut() else {
+                    self.counters.discarded_orphan += 1;
+                    return Ok(None);
+                };
+                let size = p.buf.len() + data.len();
+                if size > self.max_sdu {
+                    self.partial = None;
+                    return Err(self.oversize(size));
+                }
+                if p.buf.capacity() < size {
+                    // Grow geometrically, but never past max_sdu.
+                    let want = (size * 2).min(self.max_sdu);
+                    p.buf.reserve_exact(want - p.buf.len());
+                }
+                p.buf.extend_from_slice(data);
+                if delim == Delimiter::Middle {
+                    return Ok(None);
+                }
+                let sdu = self.partial.take().map(|p| p.buf).unwrap_or_default();
+                self.counters.sdus_complete += 1;
+                Ok(Some(Cow::Owned(sdu)))
+            }
+        }
+    }
+
+    fn oversize(&mut self, size: usize) -> DelimitError {
+        self.counters.discarded_oversize += 1;
+        DelimitError::Oversize {
+            size,
+            max: self.max_sdu,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
