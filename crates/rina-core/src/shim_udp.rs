@@ -35,6 +35,22 @@ pub const MAX_UDP_PAYLOAD: u32 = 65_507;
 /// Default largest SDU: the largest UDP payload less the DATA header.
 pub const DEFAULT_MAX_SDU: u32 = MAX_UDP_PAYLOAD - DATA_HEADER_LEN as u32;
 
+/// Longest refusal reason sent to a peer, in bytes; longer ones are cut at a
+/// character boundary so the response always fits one datagram.
+pub const MAX_REASON_LEN: usize = 512;
+
+/// `s` cut to at most `max` bytes, on a character boundary.
+fn truncate_utf8(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 /// Configuration of one shim-udp IPCP.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -96,6 +112,9 @@ pub enum ShimError {
     /// An SDU is larger than the flow's maximum.
     #[error("SDU of {size} bytes is larger than the flow's maximum of {max}")]
     SduTooLarge { size: usize, max: u32 },
+    /// An SDU of zero bytes (SDUs are at least one byte).
+    #[error("empty SDU: an SDU is at least one byte")]
+    EmptySdu,
     /// The peer shim did not answer the allocation request in time.
     #[error("no answer from {peer} within {after:?}")]
     Timeout { peer: SocketAddr, after: Duration },
@@ -149,6 +168,8 @@ pub enum DropReason {
     UnknownFlow(PortId),
     /// It names a flow that belongs to another peer address.
     WrongPeer { port: PortId, from: SocketAddr },
+    /// A DATA datagram without an SDU (SDUs are at least one byte).
+    EmptySdu(PortId),
 }
 
 /// What became of a received datagram.
@@ -277,6 +298,11 @@ impl ShimUdp {
     /// The configuration.
     pub fn config(&self) -> &Config {
         &self.cfg
+    }
+
+    /// Whether the directory of this shim DIF knows `name`.
+    pub fn knows(&self, name: &AppName) -> bool {
+        self.cfg.directory.contains_key(name)
     }
 
     /// IPCP-wide counters.
@@ -476,6 +502,10 @@ impl ShimUdp {
             .get_mut(&port)
             .ok_or(ShimError::UnknownFlow(port))?;
         let peer_port = flow.peer_port.ok_or(ShimError::UnknownFlow(port))?;
+        if len == 0 {
+            flow.counters.drops_out += 1;
+            return Err(ShimError::EmptySdu);
+        }
         if len > flow.max_sdu as usize {
             flow.counters.drops_out += 1;
             return Err(ShimError::SduTooLarge {
@@ -543,6 +573,10 @@ impl ShimUdp {
 
     fn on_data<'a>(&mut self, from: SocketAddr, port: PortId, sdu: &'a [u8]) -> Received<'a> {
         match self.flows.get_mut(&port) {
+            Some(f) if f.peer_port.is_some() && f.peer == from && sdu.is_empty() => {
+                self.counters.rx_malformed += 1;
+                Received::Dropped(DropReason::EmptySdu(port))
+            }
             Some(f) if f.peer_port.is_some() && f.peer == from => {
                 f.counters.sdus_in += 1;
                 f.counters.bytes_in += sdu.len() as u64;
@@ -650,6 +684,21 @@ impl ShimUdp {
             return;
         }
         self.allocating.remove(&dst_port);
+        if result == AllocResult::Accepted && max_sdu == 0 {
+            // A flow that can carry nothing: refuse it at both ends.
+            self.counters.rx_malformed += 1;
+            self.flows.remove(&dst_port);
+            let msg = Datagram::Dealloc {
+                dst_port: src_port,
+                src_port: dst_port,
+            };
+            self.transmit(from, msg.to_vec());
+            self.actions.push_back(Action::AllocateFailed {
+                port: dst_port,
+                error: ShimError::Refused("the peer offered a maximum SDU of 0 bytes".into()),
+            });
+            return;
+        }
         if result == AllocResult::Accepted {
             if let Some(f) = self.flows.get_mut(&dst_port) {
                 f.peer_port = Some(src_port);
@@ -747,6 +796,7 @@ impl ShimUdp {
         result: AllocResult,
         reason: &str,
     ) {
+        let reason = truncate_utf8(reason, MAX_REASON_LEN);
         let msg = Datagram::AllocResp {
             dst_port,
             src_port,

@@ -45,6 +45,14 @@ use tracing::{debug, info, warn};
 pub const BUDGET: usize = 64;
 /// Messages queued for a control client before it is disconnected.
 pub const CONN_QUEUE_MAX: usize = 1024;
+/// Bytes queued for a control client before it is disconnected.
+pub const CONN_QUEUE_BYTES: usize = 16 << 20;
+/// Control connections served at once; more are closed on arrival.
+pub const MAX_CONNS: usize = 1024;
+/// Names one control connection may hold registered.
+pub const MAX_NAMES_PER_CONN: usize = 256;
+/// Wait before accepting again after the daemon ran out of descriptors.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 /// Bytes kept free in front of every SDU so lower layers can prepend headers.
 const HEADROOM: usize = 64;
 /// Send buffer asked for on each flow socket.
@@ -81,12 +89,16 @@ struct Ipcp {
     stalled: Option<(SocketAddr, Vec<u8>)>,
     /// Flows whose reading waits for the stall to end.
     parked: Vec<PortId>,
+    /// Already in the ready queue.
+    rx_queued: bool,
 }
 
 /// The daemon's end of an allocated flow.
 struct FlowSlot {
     ipcp: usize,
     fd: OwnedFd,
+    /// The control connection that allocated or accepted it.
+    owner: usize,
     /// Already in the ready queue.
     queued: bool,
 }
@@ -95,6 +107,7 @@ struct FlowSlot {
 struct Conn {
     fd: OwnedFd,
     out: VecDeque<(Vec<u8>, Option<OwnedFd>)>,
+    out_bytes: usize,
     names: Vec<(usize, AppName)>,
 }
 
@@ -147,6 +160,7 @@ pub struct Daemon {
     ready_flows: VecDeque<PortId>,
     ready_udp: VecDeque<usize>,
     closing: Vec<usize>,
+    accept_retry: Option<Instant>,
     buf: Vec<u8>,
     ctl_buf: Vec<u8>,
 }
@@ -226,11 +240,13 @@ impl Daemon {
                         send_errors: 0,
                         stalled: None,
                         parked: Vec::new(),
+                        rx_queued: false,
                     });
                 }
             }
         }
-        info!(system = %cfg.system.name, socket = %socket_path.display(), ipcps = ipcps.len(), "rinad ready");
+        let fds = sys::raise_fd_limit();
+        info!(system = %cfg.system.name, socket = %socket_path.display(), ipcps = ipcps.len(), fd_limit = fds, "rinad ready");
         Ok(Daemon {
             system: cfg.system.name.clone(),
             poll,
@@ -250,6 +266,7 @@ impl Daemon {
             ready_flows: VecDeque::new(),
             ready_udp: VecDeque::new(),
             closing: Vec::new(),
+            accept_retry: None,
             buf: vec![0; HEADROOM + 65_536 + 1],
             ctl_buf: vec![0; ctl::MAX_CTL_MSG],
         })
@@ -270,6 +287,7 @@ impl Daemon {
                 self.ipcps
                     .iter()
                     .filter_map(|ip| ip.shim.poll_timeout())
+                    .chain(self.accept_retry)
                     .min()
                     .map(|t| t.saturating_since(now))
             };
@@ -293,7 +311,7 @@ impl Daemon {
                                 self.unstall(i);
                             }
                             if ev.is_readable() {
-                                self.ready_udp.push_back(i);
+                                self.mark_udp_ready(i);
                             }
                         }
                         (T_CONN, id) => {
@@ -314,6 +332,10 @@ impl Daemon {
             }
             self.service_ready();
             let now = self.now();
+            if self.accept_retry.is_some_and(|t| t <= now) {
+                self.accept_retry = None;
+                self.accept_conns();
+            }
             for ip in &mut self.ipcps {
                 if ip.shim.poll_timeout().is_some_and(|t| t <= now) {
                     ip.shim.handle_timeout(now);
@@ -351,13 +373,21 @@ impl Daemon {
         }
     }
 
+    fn mark_udp_ready(&mut self, i: usize) {
+        if !self.ipcps[i].rx_queued {
+            self.ipcps[i].rx_queued = true;
+            self.ready_udp.push_back(i);
+        }
+    }
+
     fn service_ready(&mut self) {
         for _ in 0..self.ready_udp.len() {
             let Some(i) = self.ready_udp.pop_front() else {
                 break;
             };
+            self.ipcps[i].rx_queued = false;
             if self.service_udp(i) {
-                self.ready_udp.push_back(i);
+                self.mark_udp_ready(i);
             }
         }
         for _ in 0..self.ready_flows.len() {
@@ -427,6 +457,8 @@ impl Daemon {
         for _ in 0..BUDGET {
             let n = match sys::recv(fd, &mut self.buf[HEADROOM..]) {
                 Ok(Recv::Packet(n)) => n,
+                // Refused (and counted) by the machine below, like any bad SDU.
+                Ok(Recv::Empty) => 0,
                 Ok(Recv::WouldBlock) => return FlowService::Drained,
                 Ok(Recv::Closed) => return FlowService::Closed,
                 Err(e) => {
@@ -533,7 +565,7 @@ impl Daemon {
                         conn,
                     },
                 );
-                info!(ipcp = %self.ipcps[i].name, %local, %remote, handle, "incoming flow request");
+                debug!(ipcp = %self.ipcps[i].name, %local, %remote, handle, "incoming flow request");
                 let msg = Message::FlowRequest(IncomingFlow {
                     handle,
                     dif: self.ipcps[i].dif.clone(),
@@ -556,7 +588,7 @@ impl Daemon {
                     let _ = self.ipcps[i].shim.deallocate(port);
                     return;
                 }
-                match self.open_flow(i, port) {
+                match self.open_flow(i, port, pa.conn) {
                     Ok((info, app_end)) => {
                         info!(port, local = %info.local, remote = %info.remote, dif = %info.dif, "flow allocated");
                         self.reply(pa.conn, pa.id, Ok(Reply::Flow(info)), Some(app_end));
@@ -582,7 +614,12 @@ impl Daemon {
 
     /// Makes the socket pair of an allocated flow and starts reading its
     /// daemon end.
-    fn open_flow(&mut self, i: usize, port: PortId) -> Result<(FlowInfo, OwnedFd), CtlError> {
+    fn open_flow(
+        &mut self,
+        i: usize,
+        port: PortId,
+        owner: usize,
+    ) -> Result<(FlowInfo, OwnedFd), CtlError> {
         let info = self
             .flow_info(i, port)
             .ok_or_else(|| CtlError::new(ErrorKind::Internal, "flow vanished"))?;
@@ -605,6 +642,7 @@ impl Daemon {
             FlowSlot {
                 ipcp: i,
                 fd: ours,
+                owner,
                 queued: false,
             },
         );
@@ -657,6 +695,13 @@ impl Daemon {
         loop {
             match sys::accept(&self.listener) {
                 Ok(Some(fd)) => {
+                    if self.conns.len() >= MAX_CONNS {
+                        warn!(
+                            max = MAX_CONNS,
+                            "too many control connections; closing the new one"
+                        );
+                        continue;
+                    }
                     let id = self.next_conn;
                     self.next_conn += 1;
                     if self
@@ -677,13 +722,17 @@ impl Daemon {
                         Conn {
                             fd,
                             out: VecDeque::new(),
+                            out_bytes: 0,
                             names: Vec::new(),
                         },
                     );
                 }
                 Ok(None) => return,
                 Err(e) => {
-                    warn!(error = %e, "accept failed");
+                    // Typically out of descriptors: the pending connections
+                    // stay queued; try again shortly (readiness is edge-triggered).
+                    warn!(error = %e, "accept failed; retrying shortly");
+                    self.accept_retry = Some(self.now() + ACCEPT_RETRY);
                     return;
                 }
             }
@@ -723,6 +772,10 @@ impl Daemon {
                     }
                     None => {}
                 },
+                Ok(Recv::Empty) => {
+                    let e = CtlError::new(ErrorKind::InvalidRequest, "empty control message");
+                    self.reply(id, 0, Err(e), None);
+                }
                 Ok(Recv::WouldBlock) => return,
                 Ok(Recv::Closed) | Err(_) => {
                     self.closing.push(id);
@@ -787,23 +840,30 @@ impl Daemon {
         let Some(conn) = self.conns.get_mut(&id) else {
             return;
         };
-        let bytes = ctl::encode(msg);
+        let mut bytes = ctl::encode(msg);
         if conn.out.is_empty() {
             let raw = fd.as_ref().map(|f| f.as_raw_fd());
             match sys::send(conn.fd.as_raw_fd(), &bytes, raw) {
                 Ok(Sent::Done) => return,
                 Ok(Sent::WouldBlock) => {}
+                Ok(Sent::TooBig) => {
+                    bytes = too_big(msg, bytes.len());
+                    if matches!(sys::send(conn.fd.as_raw_fd(), &bytes, None), Ok(Sent::Done)) {
+                        return;
+                    }
+                }
                 Ok(Sent::Closed) | Err(_) => {
                     self.closing.push(id);
                     return;
                 }
             }
         }
-        if conn.out.len() >= CONN_QUEUE_MAX {
+        if conn.out.len() >= CONN_QUEUE_MAX || conn.out_bytes + bytes.len() > CONN_QUEUE_BYTES {
             warn!(conn = id, "client does not read its replies; disconnecting");
             self.closing.push(id);
             return;
         }
+        conn.out_bytes += bytes.len();
         conn.out.push_back((bytes, fd));
         let _ = self.poll.registry().reregister(
             &mut SourceFd(&conn.fd.as_raw_fd()),
@@ -820,7 +880,20 @@ impl Daemon {
             let raw = fd.as_ref().map(|f| f.as_raw_fd());
             match sys::send(conn.fd.as_raw_fd(), bytes, raw) {
                 Ok(Sent::Done) => {
+                    conn.out_bytes -= bytes.len();
                     conn.out.pop_front();
+                }
+                Ok(Sent::TooBig) => {
+                    let n = bytes.len();
+                    // The queued bytes are our own encoding: decoding gives the id back.
+                    let err = match ctl::decode::<Message>(bytes) {
+                        Ok(msg) => too_big(&msg, n),
+                        Err(_) => Vec::new(),
+                    };
+                    conn.out_bytes = conn.out_bytes - n + err.len();
+                    if let Some(front) = conn.out.front_mut() {
+                        *front = (err, None);
+                    }
                 }
                 Ok(Sent::WouldBlock) => return,
                 Ok(Sent::Closed) | Err(_) => {
@@ -860,17 +933,17 @@ impl Daemon {
                 return;
             }
             Op::Refuse { handle, reason } => self.refuse_incoming(conn, handle, &reason),
-            Op::Deallocate { port } => {
-                if self.flows.contains_key(&port) {
+            Op::Deallocate { port } => match self.flows.get(&port) {
+                Some(slot) if slot.owner == conn => {
                     self.close_flow(port, true);
                     Ok(Reply::Done)
-                } else {
-                    Err(CtlError::new(
-                        ErrorKind::UnknownFlow,
-                        format!("no flow with port-id {port}"),
-                    ))
                 }
-            }
+                // Another client's flow looks the same as no flow at all.
+                _ => Err(CtlError::new(
+                    ErrorKind::UnknownFlow,
+                    format!("this client has no flow with port-id {port}"),
+                )),
+            },
             Op::ListIpcps => Ok(Reply::Ipcps {
                 ipcps: self.list_ipcps(),
             }),
@@ -920,6 +993,13 @@ impl Daemon {
         dif: Option<String>,
     ) -> Result<Reply, CtlError> {
         let targets = self.ipcps_in(dif.as_deref())?;
+        let held = self.conns.get(&conn).map_or(0, |c| c.names.len());
+        if held + targets.len() > MAX_NAMES_PER_CONN {
+            return Err(CtlError::new(
+                ErrorKind::NoResources,
+                format!("a client may hold at most {MAX_NAMES_PER_CONN} registrations"),
+            ));
+        }
         if let Some(&i) = targets
             .iter()
             .find(|&&i| self.owners.contains_key(&(i, name.clone())))
@@ -986,7 +1066,7 @@ impl Daemon {
         let i = candidates
             .iter()
             .copied()
-            .find(|&i| self.ipcps[i].shim.config().directory.contains_key(&remote))
+            .find(|&i| self.ipcps[i].shim.knows(&remote))
             .ok_or_else(|| {
                 CtlError::new(
                     ErrorKind::NameNotFound,
@@ -1018,7 +1098,7 @@ impl Daemon {
             .shim
             .accept(inc.shim_handle, port)
             .map_err(shim_error)?;
-        match self.open_flow(inc.ipcp, port) {
+        match self.open_flow(inc.ipcp, port, conn) {
             Ok((info, fd)) => {
                 info!(port, local = %info.local, remote = %info.remote, "flow accepted");
                 Ok((info, fd))
@@ -1127,6 +1207,19 @@ enum FlowService {
     Closed,
 }
 
+/// The error reply that replaces a reply too large for the control socket.
+fn too_big(msg: &Message, len: usize) -> Vec<u8> {
+    let id = match msg {
+        Message::Reply { id, .. } => *id,
+        Message::FlowRequest(_) => 0,
+    };
+    let e = CtlError::new(
+        ErrorKind::NoResources,
+        format!("the reply of {len} bytes is larger than the control socket can carry (raise net.core.wmem_max)"),
+    );
+    ctl::encode(&Message::Reply { id, result: Err(e) })
+}
+
 /// The control-protocol error for a shim error.
 fn shim_error(e: ShimError) -> CtlError {
     let kind = match &e {
@@ -1136,6 +1229,7 @@ fn shim_error(e: ShimError) -> CtlError {
         ShimError::Refused(_) => ErrorKind::Refused,
         ShimError::QosNotSatisfiable(_) => ErrorKind::QosNotSatisfiable,
         ShimError::SduTooLarge { .. } => ErrorKind::SduTooLarge,
+        ShimError::EmptySdu => ErrorKind::InvalidRequest,
         ShimError::Timeout { .. } => ErrorKind::Timeout,
         ShimError::UnknownFlow(_) => ErrorKind::UnknownFlow,
         ShimError::UnknownRequest(_) => ErrorKind::InvalidRequest,

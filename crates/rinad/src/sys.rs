@@ -41,14 +41,50 @@ pub fn seqpacket_alive(path: &Path) -> bool {
     socket::connect(fd.as_raw_fd(), &addr).is_ok()
 }
 
-/// Accepts one connection, or `None` when there is none waiting.
+/// Accepts one connection, or `None` when there is none waiting. A
+/// connection that was aborted before it was accepted is skipped.
 pub fn accept(listener: &OwnedFd) -> io::Result<Option<OwnedFd>> {
-    match socket::accept4(listener.as_raw_fd(), FLAGS) {
-        // SAFETY: accept4 returned a fresh descriptor that nobody else owns.
-        Ok(fd) => Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) })),
-        Err(nix::Error::EAGAIN) => Ok(None),
-        Err(e) => Err(io_err(e)),
+    loop {
+        match socket::accept4(listener.as_raw_fd(), FLAGS) {
+            Ok(fd) => {
+                // SAFETY: accept4 returned a fresh descriptor that nobody else owns.
+                let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+                let _ = socket::setsockopt(&fd, socket::sockopt::SndBuf, &CTL_SNDBUF);
+                return Ok(Some(fd));
+            }
+            Err(nix::Error::EAGAIN) => return Ok(None),
+            Err(nix::Error::ECONNABORTED) | Err(nix::Error::EINTR) => continue,
+            Err(e) => return Err(io_err(e)),
+        }
     }
+}
+
+/// Send buffer asked for on control connections, so large listings fit one
+/// packet (the kernel caps it at `net.core.wmem_max`).
+const CTL_SNDBUF: usize = rina_wire::ctl::MAX_CTL_MSG;
+
+/// Raises the soft limit of open descriptors to the hard limit: every flow
+/// costs the daemon one descriptor. Returns the limit now in force.
+pub fn raise_fd_limit() -> u64 {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: valid pointer to an rlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return 0;
+    }
+    if r.rlim_cur < r.rlim_max {
+        let want = libc::rlimit {
+            rlim_cur: r.rlim_max,
+            rlim_max: r.rlim_max,
+        };
+        // SAFETY: valid pointer to an rlimit.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &want) } == 0 {
+            return want.rlim_cur;
+        }
+    }
+    r.rlim_cur
 }
 
 /// A connected pair of `SOCK_SEQPACKET` sockets: one for the daemon, one for
@@ -83,17 +119,35 @@ pub enum Recv {
     /// A packet of this many bytes (it may have been truncated if the
     /// returned length exceeds the buffer).
     Packet(usize),
+    /// A packet of zero bytes (not the end of the stream).
+    Empty,
     /// Nothing to read now.
     WouldBlock,
     /// The peer closed.
     Closed,
 }
 
+/// Whether the peer of a connected socket has hung up.
+fn peer_hung_up(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, zero timeout.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+}
+
 /// Receives one packet without blocking. The returned length is the real
-/// length of the packet, even when it did not fit (`MSG_TRUNC`).
+/// length of the packet, even when it did not fit (`MSG_TRUNC`). On a
+/// `SOCK_SEQPACKET` socket a read of zero bytes is either an empty packet
+/// or the end of the stream; the two are told apart by asking whether the
+/// peer hung up.
 pub fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<Recv> {
     match socket::recv(fd, buf, MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_TRUNC) {
-        Ok(0) => Ok(Recv::Closed),
+        Ok(0) if peer_hung_up(fd) => Ok(Recv::Closed),
+        Ok(0) => Ok(Recv::Empty),
         Ok(n) => Ok(Recv::Packet(n)),
         Err(nix::Error::EAGAIN) => Ok(Recv::WouldBlock),
         Err(nix::Error::ECONNRESET) => Ok(Recv::Closed),
@@ -108,6 +162,8 @@ pub enum Sent {
     Done,
     /// The peer's buffer is full.
     WouldBlock,
+    /// The packet is larger than the socket can ever take.
+    TooBig,
     /// The peer is gone.
     Closed,
 }
@@ -126,6 +182,7 @@ pub fn send(fd: RawFd, buf: &[u8], pass: Option<RawFd>) -> io::Result<Sent> {
     match socket::sendmsg::<()>(fd, &[IoSlice::new(buf)], cmsgs, flags, None) {
         Ok(_) => Ok(Sent::Done),
         Err(nix::Error::EAGAIN) => Ok(Sent::WouldBlock),
+        Err(nix::Error::EMSGSIZE) => Ok(Sent::TooBig),
         Err(nix::Error::EPIPE) | Err(nix::Error::ECONNRESET) => Ok(Sent::Closed),
         Err(e) => Err(io_err(e)),
     }

@@ -376,3 +376,26 @@ fn a_flow_works_with_tokio() {
         }
     });
 }
+
+#[test]
+fn an_empty_packet_does_not_close_the_flow() {
+    use std::os::fd::AsRawFd;
+    let (alpha, beta) = pair(&["echo"]);
+    let _srv = echo_server(&beta, "echo");
+    let mut c = alpha.client();
+    let flow = c
+        .allocate(&name("raw"), &name("echo"), None, &QosSpec::default())
+        .unwrap();
+    // A client in another language may write a zero-length packet; the
+    // Rust API refuses to, so write it on the descriptor directly.
+    // SAFETY: a valid descriptor and an empty buffer.
+    let n = unsafe { libc::send(flow.as_raw_fd(), [].as_ptr(), 0, libc::MSG_NOSIGNAL) };
+    assert_eq!(n, 0);
+    assert_eq!(roundtrip(&flow, b"still open"), b"still open");
+    let f = &c.list_flows().unwrap()[0];
+    assert_eq!(
+        f.counters.drops_out, 1,
+        "the empty SDU was counted and dropped"
+    );
+    assert_eq!(f.counters.sdus_out, 1);
+}

@@ -427,3 +427,77 @@ proptest::proptest! {
         while b.poll_action().is_some() {}
     }
 }
+
+#[test]
+fn empty_sdus_are_refused_and_dropped() {
+    let (mut a, mut b) = pair();
+    allocate(&mut a, &mut b);
+    assert_eq!(a.send_header(1, 0), Err(ShimError::EmptySdu));
+    let empty = Datagram::Data {
+        dst_port: 7,
+        sdu: b"",
+    }
+    .to_vec();
+    assert_eq!(
+        b.on_datagram(ms(5), addr(A), &empty),
+        Received::Dropped(DropReason::EmptySdu(7))
+    );
+    assert_eq!(b.counters().rx_malformed, 1);
+    assert_eq!(b.flow(7).unwrap().counters.sdus_in, 0);
+}
+
+#[test]
+fn a_peer_offering_no_room_is_refused() {
+    let (mut a, mut b) = pair();
+    a.allocate(ms(0), 1, name("perf"), name("echo"), QosSpec::default())
+        .unwrap();
+    carry(ms(0), &mut a, A, &mut b);
+    let bogus = Datagram::AllocResp {
+        dst_port: 1,
+        src_port: 7,
+        result: AllocResult::Accepted,
+        max_sdu: 0,
+        reason: "",
+    }
+    .to_vec();
+    assert_eq!(a.on_datagram(ms(1), addr(B), &bogus), Received::Control);
+    let acts: Vec<Action> = std::iter::from_fn(|| a.poll_action()).collect();
+    assert!(
+        matches!(acts[0], Action::Transmit { .. }),
+        "the peer is told to drop it"
+    );
+    assert!(matches!(
+        acts[1],
+        Action::AllocateFailed {
+            port: 1,
+            error: ShimError::Refused(_)
+        }
+    ));
+    assert!(a.flow(1).is_none());
+}
+
+#[test]
+fn long_refusal_reasons_are_cut_to_fit_a_datagram() {
+    let (mut a, mut b) = pair();
+    a.allocate(ms(0), 1, name("perf"), name("echo"), QosSpec::default())
+        .unwrap();
+    carry(ms(0), &mut a, A, &mut b);
+    let req = carry(ms(0), &mut b, B, &mut a);
+    let Action::FlowRequest { handle, .. } = req[0] else {
+        panic!()
+    };
+    let reason = "é".repeat(100_000);
+    b.refuse(handle, &reason).unwrap();
+    let Some(Action::Transmit { payload, .. }) = b.poll_action() else {
+        panic!("a response")
+    };
+    assert!(payload.len() < 600, "{} bytes", payload.len());
+    let _ = a.on_datagram(ms(1), addr(B), &payload);
+    match a.poll_action() {
+        Some(Action::AllocateFailed {
+            error: ShimError::Refused(r),
+            ..
+        }) => assert_eq!(r, "é".repeat(MAX_REASON_LEN / 2)),
+        other => panic!("{other:?}"),
+    }
+}
