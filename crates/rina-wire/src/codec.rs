@@ -29,6 +29,27 @@ pub enum WireError {
     /// Bytes were left over after a message that must fill the whole input.
     #[error("{0} trailing bytes after the message")]
     Trailing(usize),
+    /// A value to encode does not fit the width its field has on the wire.
+    #[error("field {field}: value {value} does not fit in {width} bytes")]
+    FieldOverflow {
+        field: &'static str,
+        value: u64,
+        width: u8,
+    },
+    /// A PDU is longer than the largest PDU its DIF allows.
+    #[error("PDU of {length} bytes is longer than the maximum of {max} bytes")]
+    PduTooLong { length: u64, max: u64 },
+    /// The PDU type says one kind of body, the message holds another.
+    #[error("PDU type 0x{0:02x} does not match the body it is given")]
+    BodyMismatch(u8),
+    /// A configuration constant of a wire format is outside its allowed range.
+    #[error("constant {field} = {value} is outside the allowed range {min}..={max}")]
+    BadConstant {
+        field: &'static str,
+        value: u64,
+        min: u64,
+        max: u64,
+    },
 }
 
 /// A cursor over a byte slice that never reads out of bounds.

@@ -6,6 +6,7 @@
 //!
 //! * [`name`] — RINA four-part application names.
 //! * [`qos`] — the QoS spec an application asks for.
+//! * [`pci`] — EFCP PCI: headers and control PDUs of a normal DIF.
 //! * [`shim_udp`] — datagrams of the shim DIF over UDP.
 //! * [`ctl`] — messages between applications/tools and `rinad` on its Unix socket.
 //! * [`codec`] — the bounds-checked byte reader/writer every decoder is built on.
@@ -13,6 +14,7 @@
 pub mod codec;
 pub mod ctl;
 pub mod name;
+pub mod pci;
 pub mod qos;
 pub mod shim_udp;
 
