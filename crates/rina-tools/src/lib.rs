@@ -12,3 +12,50 @@ pub mod opts;
 pub mod perf;
 pub mod stats;
 pub mod table;
+
+/// How serving one flow ended (see [`echo::serve_flow`], [`perf::serve_flow`]).
+#[derive(Debug)]
+pub struct Served {
+    /// SDUs handled.
+    pub sdus: u64,
+    /// Bytes of those SDUs.
+    pub bytes: u64,
+    /// `None` if the flow was closed; otherwise the error that ended it.
+    pub error: Option<rina::Error>,
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+    use rina::{Flow, FlowInfo, QosSpec};
+    use std::os::fd::OwnedFd;
+
+    /// A flow over a socketpair; the other end plays the peer.
+    pub fn flow_pair(max_sdu: u32) -> (Flow, OwnedFd) {
+        let (a, b) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .expect("socketpair");
+        (Flow::from_parts(a, info(max_sdu)), b)
+    }
+
+    /// A "flow" whose reads fail for good (a pipe is not a socket).
+    pub fn broken_flow() -> (Flow, OwnedFd) {
+        let (r, w) = nix::unistd::pipe().expect("pipe");
+        (Flow::from_parts(r, info(100)), w)
+    }
+
+    fn info(max_sdu: u32) -> FlowInfo {
+        FlowInfo {
+            port: 1,
+            dif: "test".into(),
+            local: "server".parse().expect("name"),
+            remote: "client".parse().expect("name"),
+            qos: QosSpec::default(),
+            max_sdu,
+        }
+    }
+}

@@ -90,6 +90,14 @@ pub fn die(tool: &str, context: &str, err: &dyn std::fmt::Display, code: i32) ->
     std::process::exit(code)
 }
 
+/// True for a flow error after which the flow still works: only an SDU too
+/// large for the buffer or the flow (that one SDU is lost). Anything else
+/// (the flow closed, a failing descriptor) ends the flow's service: retrying
+/// would fail the same way forever.
+pub fn is_transient(e: &rina::Error) -> bool {
+    e.kind() == rina::ErrorKind::SduTooLarge
+}
+
 /// The snake_case name of an error kind, as in the control protocol.
 pub fn kind_name(kind: rina::ErrorKind) -> String {
     serde_json::to_value(kind)

@@ -8,15 +8,26 @@
 //! | 1    | START  | `u32 test`, `u32 size` (the DATA size)                                         |
 //! | 2    | DATA   | `u32 test`, `u64 seq`, zero padding to the test's size                         |
 //! | 3    | STOP   | `u32 test`, `u64 sent_sdus`, `u64 sent_bytes`                                  |
-//! | 4    | REPORT | `u32 test`, `u64 recv_sdus`, `u64 recv_bytes`, `u64 duration_ns`, `u64 duplicates`, `u64 out_of_order` |
+//! | 4    | REPORT | `u32 test`, `u64 recv_sdus`, `u64 recv_bytes`, `u64 duration_ns`, `u64 duplicates`, `u64 out_of_order`, `u64 timed_sdus`, `u64 timed_bytes` |
 //!
 //! The client sends START, then DATA with `seq` 0, 1, 2..., then STOP every
 //! 100 ms (at most 20 times) until the server answers with the REPORT of that
 //! test. The flow may lose SDUs (UDP underneath), so the server never waits
 //! for anything: DATA of a test it has not seen starts that test (START may be
 //! lost), and a STOP is answered with what was received so far, every time.
-//! `duration_ns` runs from the first to the last DATA received. Byte counts
-//! are whole SDU lengths (header included).
+//! Byte counts are whole SDU lengths (header included); SDU and byte counts
+//! are of distinct DATA SDUs (a duplicate counts only in `duplicates`).
+//!
+//! # Receive rate
+//!
+//! `duration_ns` runs from the test's time origin to the last DATA received,
+//! and `timed_sdus`/`timed_bytes` are what arrived after the origin; the
+//! receive rate is `timed_bytes / duration_ns`. The origin is the arrival of
+//! START when it came before any DATA (then every DATA SDU is timed: one SDU
+//! already gives a rate). When START was lost or overtaken, the origin is the
+//! arrival of the first DATA, which therefore is not timed: N SDUs spread
+//! over N − 1 gaps, and dividing all N by that time would overstate the rate
+//! by N/(N − 1).
 
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
@@ -36,16 +47,23 @@ const T_REPORT: u8 = 4;
 pub struct Report {
     /// Test id.
     pub test: u32,
-    /// DATA SDUs received (duplicates included).
+    /// Distinct DATA SDUs received (duplicates not included).
     pub recv_sdus: u64,
     /// Bytes of those SDUs.
     pub recv_bytes: u64,
-    /// From the first to the last DATA received, in nanoseconds.
+    /// From the time origin (START, or the first DATA if START did not come
+    /// first) to the last DATA received, in nanoseconds.
     pub duration_ns: u64,
     /// DATA SDUs whose sequence number had been seen before.
     pub duplicates: u64,
     /// DATA SDUs that arrived after one with a higher sequence number.
     pub out_of_order: u64,
+    /// Distinct DATA SDUs received after the time origin (the rate's SDUs).
+    #[serde(default)]
+    pub timed_sdus: u64,
+    /// Bytes of those SDUs (the rate's bytes).
+    #[serde(default)]
+    pub timed_bytes: u64,
 }
 
 /// One perf SDU.
@@ -112,6 +130,8 @@ impl Msg {
                     r.duration_ns,
                     r.duplicates,
                     r.out_of_order,
+                    r.timed_sdus,
+                    r.timed_bytes,
                 ] {
                     v.extend_from_slice(&x.to_be_bytes());
                 }
@@ -148,6 +168,8 @@ impl Msg {
                 duration_ns: u64_at(b, 25)?,
                 duplicates: u64_at(b, 33)?,
                 out_of_order: u64_at(b, 41)?,
+                timed_sdus: u64_at(b, 49)?,
+                timed_bytes: u64_at(b, 57)?,
             })),
             _ => None,
         }
@@ -188,7 +210,8 @@ pub struct Receiver {
 #[derive(Debug)]
 struct TestState {
     report: Report,
-    first: Option<Instant>,
+    /// The time origin: START's arrival, or the first DATA's.
+    origin: Option<Instant>,
     seen: Vec<u64>,
     max_seq: Option<u64>,
 }
@@ -200,7 +223,7 @@ impl TestState {
                 test,
                 ..Report::default()
             },
-            first: None,
+            origin: None,
             seen: Vec::new(),
             max_seq: None,
         }
@@ -219,7 +242,8 @@ impl Receiver {
         match Msg::decode(sdu)? {
             Msg::Start { test, .. } => {
                 if !self.is_finished(test) {
-                    self.switch_to(test);
+                    // START is the origin only if no DATA overtook it.
+                    self.switch_to(test).origin.get_or_insert(now);
                 }
                 None
             }
@@ -230,11 +254,6 @@ impl Receiver {
                 }
                 let st = self.switch_to(test);
                 let r = &mut st.report;
-                r.recv_sdus += 1;
-                r.recv_bytes += sdu.len() as u64;
-                let first = *st.first.get_or_insert(now);
-                r.duration_ns = u64::try_from(now.saturating_duration_since(first).as_nanos())
-                    .unwrap_or(u64::MAX);
                 if seq < MAX_TRACKED_SEQ {
                     let (w, bit) = ((seq / 64) as usize, 1u64 << (seq % 64));
                     if st.seen.len() <= w {
@@ -245,6 +264,21 @@ impl Receiver {
                         return None;
                     }
                     st.seen[w] |= bit;
+                }
+                let len = sdu.len() as u64;
+                r.recv_sdus += 1;
+                r.recv_bytes += len;
+                match st.origin {
+                    // The first DATA is the origin: it starts the clock and
+                    // is not timed itself.
+                    None => st.origin = Some(now),
+                    Some(origin) => {
+                        r.timed_sdus += 1;
+                        r.timed_bytes += len;
+                        r.duration_ns =
+                            u64::try_from(now.saturating_duration_since(origin).as_nanos())
+                                .unwrap_or(u64::MAX);
+                    }
                 }
                 match st.max_seq {
                     Some(m) if seq < m => r.out_of_order += 1,
@@ -290,45 +324,137 @@ impl Receiver {
     }
 }
 
-/// Paces a sender to a bit rate: each SDU may leave once its deadline has
-/// come; a sender that falls behind may catch up by at most `MAX_BURST`.
-#[derive(Debug)]
-pub struct Pacer {
-    ns_per_byte: f64,
-    next: Instant,
+/// Answers the perf tests on `flow` until it is closed or fails for good;
+/// `on_report` sees every REPORT before it is sent, `warn` the errors it
+/// survives ([`crate::opts::is_transient`]).
+pub fn serve_flow(
+    flow: &rina::Flow,
+    mut on_report: impl FnMut(&Report),
+    mut warn: impl FnMut(&rina::Error),
+) -> crate::Served {
+    let mut rx = Receiver::new();
+    let mut buf = vec![0u8; flow.max_sdu().max(1)];
+    let mut served = crate::Served {
+        sdus: 0,
+        bytes: 0,
+        error: None,
+    };
+    loop {
+        let r = flow.read(&mut buf).and_then(|n| {
+            served.sdus += 1;
+            served.bytes += n as u64;
+            match rx.on_sdu(&buf[..n], Instant::now()) {
+                Some(reply) => {
+                    if let Some(Msg::Report(r)) = Msg::decode(&reply) {
+                        on_report(&r);
+                    }
+                    flow.write(&reply)
+                }
+                None => Ok(()),
+            }
+        });
+        match r {
+            Ok(()) => {}
+            Err(e) if e.is_closed() => return served,
+            Err(e) if crate::opts::is_transient(&e) => warn(&e),
+            Err(e) => {
+                served.error = Some(e);
+                return served;
+            }
+        }
+    }
 }
 
-/// Largest catch-up burst of a [`Pacer`].
-const MAX_BURST: Duration = Duration::from_millis(10);
+/// The time source of a [`Pacer`]: the real clock ([`SystemClock`]) or, in
+/// tests, a virtual one.
+pub trait Clock {
+    /// The current time.
+    fn now(&self) -> Instant;
+    /// Returns once [`Clock::now`] has reached `deadline`.
+    fn sleep_until(&self, deadline: Instant);
+}
 
-impl Pacer {
-    /// A pacer for `mbps` megabits per second (10⁶ bit/s); `None` if not positive.
-    pub fn new(mbps: f64) -> Option<Pacer> {
-        if mbps.is_nan() || mbps <= 0.0 {
-            return None;
-        }
-        Some(Pacer {
-            ns_per_byte: 8.0 * 1e3 / mbps,
-            next: Instant::now(),
-        })
+/// The real clock: sleeps most of a wait and spins the last millisecond,
+/// since `thread::sleep` may overshoot by that much.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Instant {
+        Instant::now()
     }
 
-    /// Waits until an SDU of `bytes` may be sent.
-    pub fn wait(&mut self, bytes: usize) {
-        let mut now = Instant::now();
-        if now > self.next + MAX_BURST {
-            self.next = now - MAX_BURST;
-        }
-        while now < self.next {
-            let left = self.next - now;
+    fn sleep_until(&self, deadline: Instant) {
+        loop {
+            let now = Instant::now();
+            let Some(left) = deadline
+                .checked_duration_since(now)
+                .filter(|l| !l.is_zero())
+            else {
+                return;
+            };
             if left > Duration::from_micros(1500) {
                 std::thread::sleep(left - Duration::from_millis(1));
             } else {
                 std::hint::spin_loop();
             }
-            now = Instant::now();
         }
-        self.next += Duration::from_nanos((bytes as f64 * self.ns_per_byte) as u64);
+    }
+}
+
+/// Paces a sender to a bit rate: each SDU may leave once its deadline has
+/// come; a sender that falls behind may catch up by at most `MAX_BURST`.
+#[derive(Debug)]
+pub struct Pacer<C: Clock = SystemClock> {
+    clock: C,
+    ns_per_byte: f64,
+    next: Instant,
+    /// Fraction of a nanosecond owed by the SDUs so far (kept so rates that
+    /// are not a whole number of ns per SDU do not drift).
+    frac_ns: f64,
+}
+
+/// Largest catch-up burst of a [`Pacer`].
+pub const MAX_BURST: Duration = Duration::from_millis(10);
+
+impl Pacer {
+    /// A pacer for `mbps` megabits per second (10⁶ bit/s) on the real clock;
+    /// `None` if not positive.
+    pub fn new(mbps: f64) -> Option<Pacer> {
+        Pacer::with_clock(mbps, SystemClock)
+    }
+}
+
+impl<C: Clock> Pacer<C> {
+    /// A pacer for `mbps` megabits per second on `clock`; `None` if the rate
+    /// is not positive.
+    pub fn with_clock(mbps: f64, clock: C) -> Option<Pacer<C>> {
+        if mbps.is_nan() || mbps <= 0.0 {
+            return None;
+        }
+        let next = clock.now();
+        Some(Pacer {
+            clock,
+            ns_per_byte: 8.0 * 1e3 / mbps,
+            next,
+            frac_ns: 0.0,
+        })
+    }
+
+    /// Waits until an SDU of `bytes` may be sent.
+    pub fn wait(&mut self, bytes: usize) {
+        let now = self.clock.now();
+        if now > self.next + MAX_BURST {
+            self.next = now - MAX_BURST;
+        }
+        if now < self.next {
+            self.clock.sleep_until(self.next);
+        }
+        let cost = bytes as f64 * self.ns_per_byte + self.frac_ns;
+        let whole = cost.floor();
+        self.frac_ns = cost - whole;
+        // A cost beyond u64 ns (584 years) saturates.
+        self.next += Duration::from_nanos(whole as u64);
     }
 }
 
@@ -353,7 +479,8 @@ pub struct TestResult {
     pub tx_mbps: f64,
     /// Sender rate, in SDUs per second.
     pub tx_sdus_per_s: f64,
-    /// Receiver goodput, in Mb/s, over first-to-last receive time.
+    /// Receiver goodput, in Mb/s: distinct SDUs only, over the receive time
+    /// (see the module's "Receive rate").
     pub rx_mbps: f64,
     /// Receiver rate, in SDUs per second.
     pub rx_sdus_per_s: f64,
@@ -365,7 +492,6 @@ impl TestResult {
         let rate = |n: f64, secs: f64| if secs > 0.0 { n / secs } else { 0.0 };
         let tx_s = send.as_secs_f64();
         let rx_s = r.duration_ns as f64 / 1e9;
-        let unique = r.recv_sdus.saturating_sub(r.duplicates);
         TestResult {
             test: r.test,
             size,
@@ -373,11 +499,11 @@ impl TestResult {
             sent_bytes,
             send_duration_s: tx_s,
             report: r,
-            loss_pct: crate::echo::loss_pct(sent_sdus, unique.min(sent_sdus)),
+            loss_pct: crate::echo::loss_pct(sent_sdus, r.recv_sdus.min(sent_sdus)),
             tx_mbps: rate(sent_bytes as f64 * 8.0 / 1e6, tx_s),
             tx_sdus_per_s: rate(sent_sdus as f64, tx_s),
-            rx_mbps: rate(r.recv_bytes as f64 * 8.0 / 1e6, rx_s),
-            rx_sdus_per_s: rate(r.recv_sdus as f64, rx_s),
+            rx_mbps: rate(r.timed_bytes as f64 * 8.0 / 1e6, rx_s),
+            rx_sdus_per_s: rate(r.timed_sdus as f64, rx_s),
         }
     }
 
@@ -434,6 +560,8 @@ mod tests {
                 duration_ns: 7,
                 duplicates: 1,
                 out_of_order: 2,
+                timed_sdus: 3,
+                timed_bytes: 192,
             }),
         ];
         for m in msgs {
@@ -476,19 +604,21 @@ mod tests {
     fn receiver_counts_loss_duplicates_and_reordering() {
         let mut rx = Receiver::new();
         let t0 = Instant::now();
-        // START lost; DATA 0, 2, 1 (late), 2 (dup), 5.
+        let ms = |i: u64| t0 + Duration::from_millis(i);
+        // START lost; DATA 0, 2, 1 (late), 2 (dup), 5, one per millisecond.
         for (i, seq) in [0u64, 2, 1, 2, 5].into_iter().enumerate() {
-            assert!(rx
-                .on_sdu(&data(7, seq), t0 + Duration::from_millis(i as u64))
-                .is_none());
+            assert!(rx.on_sdu(&data(7, seq), ms(i as u64)).is_none());
         }
         let r = stop(&mut rx, 7);
         assert_eq!(r.test, 7);
-        assert_eq!(r.recv_sdus, 5);
-        assert_eq!(r.recv_bytes, 500);
+        // The duplicate is not received data.
+        assert_eq!(r.recv_sdus, 4);
+        assert_eq!(r.recv_bytes, 400);
         assert_eq!(r.duplicates, 1);
         assert_eq!(r.out_of_order, 1);
+        // Without START the first DATA is the origin and is not timed.
         assert_eq!(r.duration_ns, 4_000_000);
+        assert_eq!((r.timed_sdus, r.timed_bytes), (3, 300));
         // STOP repeated: same answer.
         assert_eq!(stop(&mut rx, 7), r);
         // A new test; a late STOP of the old one still gets the old report.
@@ -506,37 +636,195 @@ mod tests {
         assert!(rx.on_sdu(b"hello", t0).is_none());
     }
 
+    /// Exact goodput on explicit time: the receive rate is neither inflated
+    /// by duplicates nor by counting N SDUs over N − 1 gaps.
+    #[test]
+    fn receive_rate_counts_distinct_sdus_over_the_right_time() {
+        let t0 = Instant::now();
+        let ms = |i: u64| t0 + Duration::from_millis(i);
+        // 1000-byte SDUs, one per ms = exactly 8 Mb/s.
+        let rate = |r: Report| TestResult::new(100, 11, 1100, Duration::from_millis(10), r);
+
+        // START at 0, DATA 0..=9 at 1..=10 ms, each also duplicated.
+        let mut rx = Receiver::new();
+        rx.on_sdu(&Msg::Start { test: 1, size: 100 }.encode(), ms(0));
+        for seq in 0..10u64 {
+            rx.on_sdu(&data(1, seq), ms(seq + 1));
+            rx.on_sdu(&data(1, seq), ms(seq + 1));
+        }
+        let r = stop(&mut rx, 1);
+        assert_eq!((r.recv_sdus, r.recv_bytes, r.duplicates), (10, 1000, 10));
+        assert_eq!(
+            (r.timed_sdus, r.timed_bytes, r.duration_ns),
+            (10, 1000, 10_000_000)
+        );
+        let t = rate(r);
+        assert!((t.rx_mbps - 0.8).abs() < 1e-9, "{}", t.rx_mbps);
+        assert!(
+            (t.rx_sdus_per_s - 1000.0).abs() < 1e-9,
+            "{}",
+            t.rx_sdus_per_s
+        );
+        assert!((t.loss_pct - 100.0 / 11.0).abs() < 1e-9, "{}", t.loss_pct);
+
+        // START lost: the same stream measured from DATA 0 gives the same rate.
+        let mut rx = Receiver::new();
+        for seq in 0..10u64 {
+            rx.on_sdu(&data(2, seq), ms(seq + 1));
+        }
+        let t = rate(stop(&mut rx, 2));
+        assert_eq!(t.report.recv_sdus, 10);
+        assert_eq!((t.report.timed_sdus, t.report.duration_ns), (9, 9_000_000));
+        assert!((t.rx_mbps - 0.8).abs() < 1e-9, "{}", t.rx_mbps);
+        assert!((t.rx_sdus_per_s - 1000.0).abs() < 1e-9);
+
+        // One SDU after START still has a rate.
+        let mut rx = Receiver::new();
+        rx.on_sdu(&Msg::Start { test: 3, size: 100 }.encode(), ms(0));
+        rx.on_sdu(&data(3, 0), ms(1));
+        let t = rate(stop(&mut rx, 3));
+        assert!((t.rx_mbps - 0.8).abs() < 1e-9, "{}", t.rx_mbps);
+
+        // START overtaken by DATA is not the origin.
+        let mut rx = Receiver::new();
+        rx.on_sdu(&data(4, 0), ms(5));
+        rx.on_sdu(&Msg::Start { test: 4, size: 100 }.encode(), ms(6));
+        rx.on_sdu(&data(4, 1), ms(6));
+        let r = stop(&mut rx, 4);
+        assert_eq!((r.timed_sdus, r.duration_ns), (1, 1_000_000));
+    }
+
     #[test]
     fn results_compute_rates() {
         let r = Report {
             test: 1,
-            recv_sdus: 900,
-            recv_bytes: 900_000,
+            recv_sdus: 901,
+            recv_bytes: 901_000,
             duration_ns: 1_000_000_000,
             duplicates: 0,
             out_of_order: 0,
+            timed_sdus: 900,
+            timed_bytes: 900_000,
         };
         let t = TestResult::new(1000, 1000, 1_000_000, Duration::from_secs(1), r);
-        assert!((t.loss_pct - 10.0).abs() < 1e-9);
+        assert!((t.loss_pct - 9.9).abs() < 1e-9);
         assert!((t.tx_mbps - 8.0).abs() < 1e-9);
         assert!((t.rx_mbps - 7.2).abs() < 1e-9);
         assert!((t.rx_sdus_per_s - 900.0).abs() < 1e-9);
-        assert_eq!(t.csv_row(), "1000,1000,900,10.000,8.000,7.200,900.0");
+        assert_eq!(t.csv_row(), "1000,1000,901,9.900,8.000,7.200,900.0");
         let z = TestResult::new(64, 0, 0, Duration::ZERO, Report::default());
         assert_eq!((z.tx_mbps, z.rx_mbps, z.loss_pct), (0.0, 0.0, 0.0));
     }
 
     #[test]
-    fn pacer_rejects_bad_rates_and_paces() {
+    fn server_answers_stop_and_gives_up_on_a_failing_flow() {
+        use nix::sys::socket::{recv, send, MsgFlags};
+        use std::os::fd::AsRawFd;
+        let (flow, peer) = crate::testing::flow_pair(200);
+        let p = peer.as_raw_fd();
+        send(p, &data(5, 0), MsgFlags::empty()).expect("data");
+        send(p, &[0u8; 201], MsgFlags::empty()).expect("oversize");
+        let stop = Msg::Stop {
+            test: 5,
+            sent_sdus: 1,
+            sent_bytes: 100,
+        };
+        send(p, &stop.encode(), MsgFlags::empty()).expect("stop");
+        let peer_side = std::thread::spawn(move || {
+            let mut buf = [0u8; 200];
+            let n = recv(peer.as_raw_fd(), &mut buf, MsgFlags::empty()).expect("report");
+            drop(peer);
+            Msg::decode(&buf[..n])
+        });
+        let mut reports = Vec::new();
+        let mut warnings = 0;
+        let served = serve_flow(&flow, |r| reports.push(*r), |_| warnings += 1);
+        let Some(Msg::Report(r)) = peer_side.join().expect("peer") else {
+            panic!("no report");
+        };
+        assert_eq!((r.test, r.recv_sdus), (5, 1));
+        assert_eq!(reports, vec![r]);
+        assert_eq!(warnings, 1);
+        assert!(served.error.is_none());
+
+        let (flow, _w) = crate::testing::broken_flow();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(serve_flow(&flow, |_| {}, |_| {}));
+        });
+        let served = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("serve_flow returned instead of looping");
+        assert!(served.error.is_some());
+    }
+
+    /// A virtual clock: `sleep_until` jumps to the deadline and records it.
+    struct FakeClock {
+        now: std::cell::Cell<Instant>,
+        sleeps: std::cell::RefCell<Vec<Instant>>,
+    }
+
+    impl Clock for &FakeClock {
+        fn now(&self) -> Instant {
+            self.now.get()
+        }
+        fn sleep_until(&self, deadline: Instant) {
+            assert!(deadline > self.now.get(), "sleeps only when early");
+            self.sleeps.borrow_mut().push(deadline);
+            self.now.set(deadline);
+        }
+    }
+
+    #[test]
+    fn pacer_rejects_bad_rates_and_paces_exactly() {
         assert!(Pacer::new(0.0).is_none());
+        assert!(Pacer::new(-1.0).is_none());
         assert!(Pacer::new(f64::NAN).is_none());
-        // 80 Mb/s = 10 bytes/µs: 20 SDUs of 10 000 bytes need ≥ 19 ms
-        // (the first one leaves at once).
-        let mut p = Pacer::new(80.0).expect("pacer");
-        let t = Instant::now();
+        let t0 = Instant::now();
+        let clock = FakeClock {
+            now: std::cell::Cell::new(t0),
+            sleeps: std::cell::RefCell::new(Vec::new()),
+        };
+        let at = |us: u64| t0 + Duration::from_micros(us);
+        // 80 Mb/s = 10 bytes/µs: an SDU of 10 000 bytes every 1000 µs, the
+        // first at once.
+        let mut p = Pacer::with_clock(80.0, &clock).expect("pacer");
+        let mut departures = Vec::new();
         for _ in 0..20 {
             p.wait(10_000);
+            departures.push(clock.now.get());
         }
-        assert!(t.elapsed() >= Duration::from_millis(19));
+        let want: Vec<Instant> = (0..20).map(|i| at(i * 1000)).collect();
+        assert_eq!(departures, want);
+        assert_eq!(clock.sleeps.borrow().len(), 19);
+
+        // A sender 50 ms late may catch up by MAX_BURST (10 SDUs) only.
+        clock.sleeps.borrow_mut().clear();
+        clock.now.set(at(70_000));
+        let mut departures = Vec::new();
+        for _ in 0..12 {
+            p.wait(10_000);
+            departures.push(clock.now.get());
+        }
+        // The one due now and 10 ms of credit leave at once, then 1 per ms.
+        let mut want = vec![at(70_000); 11];
+        want.push(at(71_000));
+        assert_eq!(departures, want);
+
+        // Rates that are not a whole number of ns per SDU do not drift:
+        // 3 Mb/s, 1-byte SDUs = 2666.67 ns each; 3000 SDUs take exactly 8 ms.
+        let clock = FakeClock {
+            now: std::cell::Cell::new(t0),
+            sleeps: std::cell::RefCell::new(Vec::new()),
+        };
+        let mut p = Pacer::with_clock(3.0, &clock).expect("pacer");
+        for _ in 0..=3000 {
+            p.wait(1);
+        }
+        let took = clock.now.get() - t0;
+        assert!(
+            took.abs_diff(Duration::from_millis(8)) <= Duration::from_nanos(1),
+            "{took:?}"
+        );
     }
 }

@@ -1,8 +1,17 @@
 //! The main job end to end: `rina-demo` with real `rinad` processes, and the
-//! promise that it stops everything it started, also on Ctrl-C.
+//! promise that it stops everything it started, also on Ctrl-C, SIGTERM and
+//! SIGHUP, and that even SIGKILL of the demo takes its children down.
 
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use std::io::{BufRead, BufReader};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::thread;
 use std::time::{Duration, Instant};
 
 const DEMO: &str = env!("CARGO_BIN_EXE_rina-demo");
@@ -23,29 +32,104 @@ fn bin_dir() -> PathBuf {
     dir
 }
 
-/// Command lines of live processes that belong to the demo with this pid
-/// (its temporary directory is named after it).
-fn leftovers(pid: u32) -> Vec<String> {
+/// Live processes (pid, command line) that belong to the demo with this
+/// pid (its temporary directory is named after it).
+fn leftovers(pid: u32) -> Vec<(i32, String)> {
     let tag = format!("rina-demo-{pid}-");
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     dir.flatten()
-        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
-        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
-        .filter(|c| c.contains(&tag))
+        .filter_map(|e| {
+            let p: i32 = e.file_name().to_str()?.parse().ok()?;
+            let b = std::fs::read(e.path().join("cmdline")).ok()?;
+            Some((p, String::from_utf8_lossy(&b).replace('\0', " ")))
+        })
+        .filter(|(_, c)| c.contains(&tag))
         .collect()
 }
 
-fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let end = Instant::now() + timeout;
-    while Instant::now() < end {
-        if cond() {
-            return;
-        }
-        std::thread::park_timeout(Duration::from_millis(20));
+fn temp_dirs(pid: u32) -> Vec<PathBuf> {
+    let tag = format!("rina-demo-{pid}-");
+    std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&tag))
+        .map(|e| e.path())
+        .collect()
+}
+
+/// A running demo, its progress lines ("* ...") as they are printed.
+struct Demo {
+    pid: u32,
+    lines: mpsc::Receiver<String>,
+    exit: mpsc::Receiver<ExitStatus>,
+}
+
+impl Demo {
+    /// Starts the demo with a long goodput test, so it can be stopped in it.
+    fn start() -> Demo {
+        let mut child = Command::new(DEMO)
+            .arg("--bin-dir")
+            .arg(bin_dir())
+            .args(["--perf-duration-s", "30"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start rina-demo");
+        let pid = child.id();
+        let stdout = child.stdout.take().expect("stdout");
+        let (line_tx, lines) = mpsc::channel();
+        thread::spawn(move || {
+            for l in BufReader::new(stdout).lines() {
+                let Ok(l) = l else { return };
+                if line_tx.send(l).is_err() {
+                    return;
+                }
+            }
+        });
+        let (exit_tx, exit) = mpsc::channel();
+        thread::spawn(move || {
+            let _ = exit_tx.send(child.wait().expect("wait for rina-demo"));
+        });
+        Demo { pid, lines, exit }
     }
-    panic!("timed out after {timeout:?} waiting for {what}");
+
+    /// Waits (at most `timeout`) for the demo to print a line containing `what`.
+    fn wait_for_line(&self, what: &str, timeout: Duration) {
+        let end = Instant::now() + timeout;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) if l.contains(what) => return,
+                Ok(_) => {}
+                Err(e) => {
+                    self.kill();
+                    panic!("no line with {what:?} from rina-demo within {timeout:?}: {e}")
+                }
+            }
+        }
+    }
+
+    /// Waits (at most `timeout`) for the demo to exit.
+    fn wait_exit(&self, timeout: Duration) -> ExitStatus {
+        match self.exit.recv_timeout(timeout) {
+            Ok(st) => st,
+            Err(e) => {
+                self.kill();
+                panic!("rina-demo did not exit within {timeout:?}: {e}")
+            }
+        }
+    }
+
+    fn signal(&self, sig: Signal) {
+        kill(Pid::from_raw(self.pid as i32), sig).expect("signal rina-demo");
+    }
+
+    fn kill(&self) {
+        let _ = kill(Pid::from_raw(self.pid as i32), Signal::SIGKILL);
+    }
 }
 
 #[test]
@@ -92,60 +176,94 @@ fn the_demo_measures_and_cleans_up() {
         "beta holds echo and perf: {names}"
     );
     // Without --keep nothing is left: no process, no directory.
-    assert_eq!(leftovers(pid), Vec::<String>::new());
-    let tag = format!("rina-demo-{pid}-");
-    let dirs: Vec<_> = std::fs::read_dir(std::env::temp_dir())
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with(&tag))
-        .collect();
-    assert!(dirs.is_empty(), "temporary directory left: {dirs:?}");
+    assert_eq!(leftovers(pid), Vec::new());
+    assert_eq!(temp_dirs(pid), Vec::<PathBuf>::new());
+}
+
+/// Starts the demo, stops it with `sig` during the goodput test, and checks
+/// the exit code and that no process and no directory is left.
+fn stops_everything_on(sig: Signal, code: i32) {
+    let demo = Demo::start();
+    // Printed once both daemons answer and both servers are registered,
+    // right before the perf client starts.
+    demo.wait_for_line("alpha: rina-perf client", Duration::from_secs(30));
+    let started = leftovers(demo.pid);
+    let count = |what: &str| started.iter().filter(|(_, c)| c.contains(what)).count();
+    assert_eq!(count("rinad"), 2, "{started:?}");
+    assert_eq!(count("rina-echo server"), 1, "{started:?}");
+    assert_eq!(count("rina-perf server"), 1, "{started:?}");
+    demo.signal(sig);
+    let status = demo.wait_exit(Duration::from_secs(15));
+    assert_eq!(status.code(), Some(code), "{status}");
+    // The demo waited for every child before exiting.
+    assert_eq!(leftovers(demo.pid), Vec::new());
+    assert_eq!(temp_dirs(demo.pid), Vec::<PathBuf>::new());
 }
 
 #[test]
 fn ctrl_c_stops_every_process_the_demo_started() {
-    let mut child = Command::new(DEMO)
-        .arg("--bin-dir")
-        .arg(bin_dir())
-        .args(["--json", "--perf-duration-s", "30"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start rina-demo");
-    let pid = child.id();
-    wait_until(
-        "the demo to start its daemons and servers",
-        Duration::from_secs(30),
-        || {
-            leftovers(pid)
-                .iter()
-                .filter(|c| c.contains("rina-perf client"))
-                .count()
-                == 1
-        },
-    );
-    let started = leftovers(pid);
-    assert!(
-        started.iter().filter(|c| c.contains("rinad")).count() == 2,
-        "{started:?}"
-    );
-    let status = Command::new("kill")
-        .args(["-INT", &pid.to_string()])
-        .status()
-        .expect("kill -INT");
-    assert!(status.success());
-    let mut code = None;
-    wait_until(
-        "the demo to exit after Ctrl-C",
-        Duration::from_secs(15),
-        || {
-            code = child.try_wait().ok().flatten().map(|s| s.code());
-            code.is_some()
-        },
-    );
-    assert_eq!(code, Some(Some(130)));
-    wait_until("every child to be gone", Duration::from_secs(5), || {
-        leftovers(pid).is_empty()
-    });
+    stops_everything_on(Signal::SIGINT, 130);
+}
+
+#[test]
+fn sigterm_stops_every_process_the_demo_started() {
+    stops_everything_on(Signal::SIGTERM, 143);
+}
+
+#[test]
+fn sighup_stops_every_process_the_demo_started() {
+    stops_everything_on(Signal::SIGHUP, 129);
+}
+
+/// SIGKILL leaves the demo no chance to clean up: the kernel stops its
+/// children (PR_SET_PDEATHSIG). Only the temporary directory stays.
+#[test]
+fn sigkill_of_the_demo_still_takes_its_children_down() {
+    let demo = Demo::start();
+    demo.wait_for_line("alpha: rina-perf client", Duration::from_secs(30));
+    let started = leftovers(demo.pid);
+    assert!(started.len() >= 4, "{started:?}");
+    // Descriptors that become readable when each child exits.
+    let pidfds: Vec<OwnedFd> = started
+        .iter()
+        .filter_map(|&(p, _)| {
+            // SAFETY: pidfd_open takes a pid and flags, returns a new fd or -1.
+            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, p, 0) };
+            // A child that already exited (ESRCH) needs no waiting.
+            (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+        })
+        .collect();
+    demo.signal(Signal::SIGKILL);
+    let status = demo.wait_exit(Duration::from_secs(15));
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status}");
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut alive: Vec<&OwnedFd> = pidfds.iter().collect();
+    while !alive.is_empty() {
+        let left = end.saturating_duration_since(Instant::now());
+        assert!(
+            !left.is_zero(),
+            "children still alive: {:?}",
+            leftovers(demo.pid)
+        );
+        let mut fds: Vec<PollFd> = alive
+            .iter()
+            .map(|f| PollFd::new(f.as_fd(), PollFlags::POLLIN))
+            .collect();
+        let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+        poll(&mut fds, PollTimeout::from(ms)).expect("poll");
+        let done: Vec<bool> = fds
+            .iter()
+            .map(|f| f.revents().is_some_and(|r| !r.is_empty()))
+            .collect();
+        alive = alive
+            .into_iter()
+            .zip(done)
+            .filter(|(_, d)| !d)
+            .map(|(f, _)| f)
+            .collect();
+    }
+    assert_eq!(leftovers(demo.pid), Vec::new());
+    for d in temp_dirs(demo.pid) {
+        std::fs::remove_dir_all(d).expect("remove the demo's directory");
+    }
 }

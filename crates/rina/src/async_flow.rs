@@ -1,12 +1,13 @@
 //! A flow served by the tokio runtime (feature `tokio`).
 
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::flow::{self, Flow};
 use crate::sock;
 use nix::errno::Errno;
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::sys::socket::MsgFlags;
 use rina_wire::ctl::FlowInfo;
+use std::fmt;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use tokio::io::unix::AsyncFd;
@@ -21,24 +22,88 @@ pub struct AsyncFlow {
     info: FlowInfo,
 }
 
+/// Why [`Flow::into_async`] failed, with the flow, unchanged and still
+/// usable as a blocking flow.
+///
+/// Converts into [`Error`], so `?` works in functions returning
+/// [`crate::Result`] (the flow is then closed).
+#[derive(Debug)]
+pub struct IntoAsyncError(Box<(Error, Flow)>);
+
+impl IntoAsyncError {
+    /// What went wrong.
+    pub fn error(&self) -> &Error {
+        &self.0 .0
+    }
+
+    /// The flow, back in blocking mode.
+    pub fn into_flow(self) -> Flow {
+        self.0 .1
+    }
+
+    /// The error and the flow.
+    pub fn into_parts(self) -> (Error, Flow) {
+        *self.0
+    }
+}
+
+impl fmt::Display for IntoAsyncError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error().fmt(f)
+    }
+}
+
+impl std::error::Error for IntoAsyncError {}
+
+impl From<IntoAsyncError> for Error {
+    fn from(e: IntoAsyncError) -> Error {
+        e.0 .0
+    }
+}
+
 impl AsyncFlow {
-    pub(crate) fn new(flow: Flow) -> Result<AsyncFlow> {
-        let (fd, info) = flow.into_parts();
-        let flags = fcntl(fd.as_raw_fd(), FcntlArg::F_GETFL)
-            .map_err(|e| Error::sys("cannot read the flow's descriptor flags", e))?;
-        let flags = OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK;
-        fcntl(fd.as_raw_fd(), FcntlArg::F_SETFL(flags))
-            .map_err(|e| Error::sys("cannot make the flow non-blocking", e))?;
+    /// Everything that can fail is checked or undone before the flow is
+    /// given up, so an error hands it back as it was.
+    pub(crate) fn new(flow: Flow) -> std::result::Result<AsyncFlow, IntoAsyncError> {
+        let fail = |error, flow| Err(IntoAsyncError(Box::new((error, flow))));
         if tokio::runtime::Handle::try_current().is_err() {
-            return Err(Error::new(
-                crate::ErrorKind::InvalidRequest,
-                "Flow::into_async must be called from within a tokio runtime",
-            ));
+            return fail(
+                Error::new(
+                    ErrorKind::InvalidRequest,
+                    "Flow::into_async must be called from within a tokio runtime",
+                ),
+                flow,
+            );
         }
+        let old = match fcntl(flow.as_raw_fd(), FcntlArg::F_GETFL) {
+            Ok(f) => OFlag::from_bits_truncate(f),
+            Err(e) => {
+                return fail(
+                    Error::sys("cannot read the flow's descriptor flags", e),
+                    flow,
+                )
+            }
+        };
+        if let Err(e) = fcntl(flow.as_raw_fd(), FcntlArg::F_SETFL(old | OFlag::O_NONBLOCK)) {
+            return fail(Error::sys("cannot make the flow non-blocking", e), flow);
+        }
+        let (fd, info) = flow.into_parts();
         // SAFETY: `fd` is an open descriptor that the AsyncFd owns from now on;
         // OwnedFd::as_raw_fd always returns that same descriptor.
-        let fd = unsafe { AsyncFd::register(fd) }.map_err(io::Error::from)?;
-        Ok(AsyncFlow { fd, info })
+        match unsafe { AsyncFd::register(fd) } {
+            Ok(fd) => Ok(AsyncFlow { fd, info }),
+            Err(e) => {
+                let (fd, cause) = e.into_parts();
+                // Back to the flags it had; if even that fails, the flow is
+                // still correct, only non-blocking.
+                let _ = fcntl(fd.as_raw_fd(), FcntlArg::F_SETFL(old));
+                let errno = Errno::from_raw(cause.raw_os_error().unwrap_or(0));
+                fail(
+                    Error::sys("cannot register the flow with the tokio runtime", errno),
+                    Flow::from_parts(fd, info),
+                )
+            }
+        }
     }
 
     /// What the daemon said about the flow.

@@ -25,6 +25,20 @@ use std::time::{Duration, Instant};
 /// Flow requests for names this connection registered arrive at any time;
 /// while a method waits for its own reply they are queued and later handed
 /// out by [`Client::next_request`].
+///
+/// # Timeouts
+///
+/// Every control call (connecting, registering, allocating, accepting,
+/// listing...) gives up after the client's timeout, [`DEFAULT_TIMEOUT`] unless
+/// changed with [`Client::set_timeout`], and fails with
+/// [`ErrorKind::Timeout`]: a daemon that is alive but stuck cannot hang the
+/// application. The default is well above the daemon's own limits (it
+/// answers an allocation the peer ignores with a timeout after 2 s), so it
+/// only fires when the daemon itself does not answer. A reply that comes
+/// after its call gave up is discarded, with any flow it carried (the daemon
+/// then sees the flow closed). [`Client::next_request`] is the exception: it
+/// waits for a peer to ask for a flow, which may take forever by design; use
+/// [`Client::next_request_timeout`] to bound it.
 #[derive(Debug)]
 pub struct Client {
     sock: OwnedFd,
@@ -32,7 +46,12 @@ pub struct Client {
     next_id: u64,
     pending: VecDeque<IncomingFlow>,
     buf: Vec<u8>,
+    timeout: Option<Duration>,
 }
+
+/// How long a control call waits for the daemon unless
+/// [`Client::set_timeout`] says otherwise.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Client {
     /// Connects to the daemon at [`ctl::default_socket_path`] (which honours
@@ -41,11 +60,24 @@ impl Client {
         Client::connect_to(ctl::default_socket_path())
     }
 
-    /// Connects to the daemon listening on `path`.
+    /// Connects to the daemon listening on `path`, waiting at most
+    /// [`DEFAULT_TIMEOUT`].
     ///
     /// Fails with [`ErrorKind::DaemonNotRunning`] if nothing listens there.
     pub fn connect_to(path: impl AsRef<Path>) -> Result<Client> {
+        Client::connect_to_timeout(path, Some(DEFAULT_TIMEOUT))
+    }
+
+    /// Connects to the daemon listening on `path`, waiting at most `timeout`
+    /// (`None`: no limit) for the daemon to take the connection; the client's
+    /// timeout for later calls is set to `timeout` as well.
+    ///
+    /// Connecting only waits when the daemon's backlog of connections it has
+    /// not taken yet is full, which happens when it is stuck; past the
+    /// deadline the error is [`ErrorKind::Timeout`].
+    pub fn connect_to_timeout(path: impl AsRef<Path>, timeout: Option<Duration>) -> Result<Client> {
         let path = path.as_ref();
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let not_running = || {
             Error::new(
                 ErrorKind::DaemonNotRunning,
@@ -70,9 +102,25 @@ impl Client {
         )
         .map_err(|e| Error::sys("cannot create a control socket", e))?;
         loop {
+            // A blocking connect to a Unix socket waits only while the
+            // listener's backlog is full; the kernel bounds that wait by the
+            // socket's send timeout (a non-blocking connect would fail with
+            // EAGAIN at once, and cannot be polled for).
+            let left = match deadline {
+                None => Duration::ZERO,
+                Some(d) => match d.checked_duration_since(Instant::now()) {
+                    Some(l) if !l.is_zero() => l,
+                    _ => return Err(connect_timeout(path, timeout)),
+                },
+            };
+            sock::set_send_timeout(fd.as_fd(), left)
+                .map_err(|e| Error::sys("cannot set the control socket's send timeout", e))?;
             match socket::connect(fd.as_raw_fd(), &addr) {
                 Ok(()) => break,
                 Err(Errno::EINTR) => continue,
+                Err(Errno::EAGAIN) if deadline.is_some() => {
+                    return Err(connect_timeout(path, timeout))
+                }
                 Err(Errno::ENOENT | Errno::ECONNREFUSED | Errno::ENOTDIR) => {
                     return Err(not_running())
                 }
@@ -84,12 +132,17 @@ impl Client {
                 }
             }
         }
+        // Later sends are bounded by poll, not by the socket option.
+        sock::set_send_timeout(fd.as_fd(), Duration::ZERO)
+            .map_err(|e| Error::sys("cannot reset the control socket's send timeout", e))?;
         let mut c = Client::from_fd(fd);
         c.path = path.to_owned();
+        c.timeout = timeout;
         Ok(c)
     }
 
     /// Wraps an already connected control socket (socket activation, tests).
+    /// Its timeout is [`DEFAULT_TIMEOUT`].
     pub fn from_fd(fd: OwnedFd) -> Client {
         Client {
             sock: fd,
@@ -97,7 +150,20 @@ impl Client {
             next_id: 1,
             pending: VecDeque::new(),
             buf: Vec::new(),
+            timeout: Some(DEFAULT_TIMEOUT),
         }
+    }
+
+    /// Sets how long each control call may wait for the daemon (sending the
+    /// request and receiving its reply); `None` waits forever. It does not
+    /// apply to [`Client::next_request`].
+    pub fn set_timeout(&mut self, timeout: Option<Duration>) {
+        self.timeout = timeout;
+    }
+
+    /// The timeout of control calls (see [`Client::set_timeout`]).
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout
     }
 
     /// The socket path this client connected to (empty for [`Client::from_fd`]).
@@ -113,7 +179,7 @@ impl Client {
             name: name.clone(),
             dif: dif.map(str::to_owned),
         };
-        match self.call(op)? {
+        match self.call("register", op)? {
             (Reply::Registered { difs }, _) => Ok(difs),
             (Reply::Done, _) => Ok(dif.map(|d| vec![d.to_owned()]).unwrap_or_default()),
             (other, _) => Err(unexpected("register", &other)),
@@ -126,7 +192,7 @@ impl Client {
             name: name.clone(),
             dif: dif.map(str::to_owned),
         };
-        self.call(op).map(|_| ())
+        self.call("unregister", op).map(|_| ())
     }
 
     /// Allocates a flow from `local` to `remote` in `dif` (or a DIF the daemon
@@ -145,27 +211,39 @@ impl Client {
             dif: dif.map(str::to_owned),
             qos: *qos,
         };
-        let r = self.call(op)?;
+        let r = self.call("allocate", op)?;
         flow_from("allocate", r)
     }
 
     /// Waits for the next flow request to a name this connection registered.
+    ///
+    /// This waits for a peer, not for the daemon, so it has no timeout: it
+    /// returns when a request comes or the daemon closes the connection. Use
+    /// [`Client::next_request_timeout`] to give up after a while.
     pub fn next_request(&mut self) -> Result<IncomingFlow> {
         loop {
-            if let Some(r) = self.next_request_timeout(Duration::from_secs(3600))? {
+            if let Some(r) = self.pending.pop_front() {
                 return Ok(r);
+            }
+            match self.recv(None)? {
+                None => {}
+                Some((Message::FlowRequest(r), _)) => return Ok(r),
+                // A reply nobody waits for (its caller gave up): dropped,
+                // with any descriptor it carried.
+                Some((Message::Reply { .. }, _)) => {}
             }
         }
     }
 
     /// Like [`Client::next_request`], but gives up after `timeout` with `None`.
     pub fn next_request_timeout(&mut self, timeout: Duration) -> Result<Option<IncomingFlow>> {
-        let deadline = Instant::now() + timeout;
+        // A timeout too large to add is no timeout.
+        let deadline = Instant::now().checked_add(timeout);
         loop {
             if let Some(r) = self.pending.pop_front() {
                 return Ok(Some(r));
             }
-            match self.recv(Some(deadline))? {
+            match self.recv(deadline)? {
                 None => return Ok(None),
                 Some((Message::FlowRequest(r), _)) => return Ok(Some(r)),
                 // A reply nobody waits for (its caller gave up): dropped,
@@ -182,22 +260,25 @@ impl Client {
 
     /// Accepts a flow request; returns the flow.
     pub fn accept(&mut self, req: &IncomingFlow) -> Result<Flow> {
-        let r = self.call(Op::Accept { handle: req.handle })?;
+        let r = self.call("accept", Op::Accept { handle: req.handle })?;
         flow_from("accept", r)
     }
 
     /// Refuses a flow request; `reason` is passed to the requester.
     pub fn refuse(&mut self, req: &IncomingFlow, reason: &str) -> Result<()> {
-        self.call(Op::Refuse {
-            handle: req.handle,
-            reason: reason.to_owned(),
-        })
+        self.call(
+            "refuse",
+            Op::Refuse {
+                handle: req.handle,
+                reason: reason.to_owned(),
+            },
+        )
         .map(|_| ())
     }
 
     /// Lists the daemon's IPC processes.
     pub fn list_ipcps(&mut self) -> Result<Vec<IpcpInfo>> {
-        match self.call(Op::ListIpcps)? {
+        match self.call("list_ipcps", Op::ListIpcps)? {
             (Reply::Ipcps { ipcps }, _) => Ok(ipcps),
             (other, _) => Err(unexpected("list_ipcps", &other)),
         }
@@ -205,7 +286,7 @@ impl Client {
 
     /// Lists the daemon's DIFs.
     pub fn list_difs(&mut self) -> Result<Vec<DifInfo>> {
-        match self.call(Op::ListDifs)? {
+        match self.call("list_difs", Op::ListDifs)? {
             (Reply::Difs { difs }, _) => Ok(difs),
             (other, _) => Err(unexpected("list_difs", &other)),
         }
@@ -213,7 +294,7 @@ impl Client {
 
     /// Lists the registered application names.
     pub fn list_names(&mut self) -> Result<Vec<NameInfo>> {
-        match self.call(Op::ListNames)? {
+        match self.call("list_names", Op::ListNames)? {
             (Reply::Names { names }, _) => Ok(names),
             (other, _) => Err(unexpected("list_names", &other)),
         }
@@ -221,15 +302,17 @@ impl Client {
 
     /// Lists the flows and their counters.
     pub fn list_flows(&mut self) -> Result<Vec<FlowStats>> {
-        match self.call(Op::ListFlows)? {
+        match self.call("list_flows", Op::ListFlows)? {
             (Reply::Flows { flows }, _) => Ok(flows),
             (other, _) => Err(unexpected("list_flows", &other)),
         }
     }
 
-    /// Sends `op` and waits for its reply, queueing flow requests meanwhile.
-    /// Returns the reply and the descriptor attached to it, if any.
-    fn call(&mut self, op: Op) -> Result<(Reply, Option<OwnedFd>)> {
+    /// Sends `op` and waits for its reply, queueing flow requests meanwhile,
+    /// for at most the client's timeout. Returns the reply and the descriptor
+    /// attached to it, if any.
+    fn call(&mut self, what: &str, op: Op) -> Result<(Reply, Option<OwnedFd>)> {
+        let deadline = self.timeout.and_then(|t| Instant::now().checked_add(t));
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1);
         let pkt = ctl::encode(&Request { id, op });
@@ -242,10 +325,14 @@ impl Client {
                 ),
             ));
         }
-        sock::send(self.sock.as_fd(), &pkt, &[]).map_err(|e| self.lost("send a request", e))?;
+        let sent = sock::send_until(self.sock.as_fd(), &pkt, deadline)
+            .map_err(|e| self.lost("send a request", e))?;
+        if !sent {
+            return Err(self.timed_out(what, "read"));
+        }
         loop {
-            match self.recv(None)? {
-                None => continue,
+            match self.recv(deadline)? {
+                None => return Err(self.timed_out(what, "answer")),
                 Some((Message::FlowRequest(r), _)) => self.pending.push_back(r),
                 Some((Message::Reply { id: rid, result }, fd)) if rid == id => {
                     return Ok((result?, fd))
@@ -290,6 +377,18 @@ impl Client {
         Ok(Some((msg, fd)))
     }
 
+    fn timed_out(&self, what: &str, step: &str) -> Error {
+        let t = self.timeout.unwrap_or_default();
+        Error::new(
+            ErrorKind::Timeout,
+            format!(
+                "the daemon{} did not {step} the {what} request within {} (it is alive but not responding; Client::set_timeout changes this limit)",
+                self.at(),
+                fmt_duration(t)
+            ),
+        )
+    }
+
     fn gone(&self) -> Error {
         Error::new(
             ErrorKind::DaemonGone,
@@ -324,6 +423,25 @@ impl AsFd for Client {
 impl AsRawFd for Client {
     fn as_raw_fd(&self) -> RawFd {
         self.sock.as_raw_fd()
+    }
+}
+
+fn connect_timeout(path: &Path, timeout: Option<Duration>) -> Error {
+    Error::new(
+        ErrorKind::Timeout,
+        format!(
+            "the daemon at {} did not take the connection within {} (its backlog is full: it is alive but not responding)",
+            path.display(),
+            fmt_duration(timeout.unwrap_or_default())
+        ),
+    )
+}
+
+fn fmt_duration(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format!("{} s", d.as_secs())
+    } else {
+        format!("{} ms", d.as_millis())
     }
 }
 

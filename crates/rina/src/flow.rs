@@ -83,9 +83,10 @@ impl Flow {
 
     /// Turns the flow into an [`AsyncFlow`](crate::AsyncFlow) served by the
     /// current tokio runtime (sets `O_NONBLOCK`). Must be called from within
-    /// a runtime.
+    /// a runtime; on error (no runtime, for one) the flow is handed back,
+    /// unchanged, in the [`IntoAsyncError`](crate::IntoAsyncError).
     #[cfg(feature = "tokio")]
-    pub fn into_async(self) -> Result<crate::AsyncFlow> {
+    pub fn into_async(self) -> std::result::Result<crate::AsyncFlow, crate::IntoAsyncError> {
         crate::AsyncFlow::new(self)
     }
 }

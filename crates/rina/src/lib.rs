@@ -21,7 +21,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Control operations are blocking. Async programs run them in
+//! Control operations are blocking, each bounded by the client's timeout
+//! ([`DEFAULT_TIMEOUT`], see [`Client::set_timeout`]). Async programs run them in
 //! `tokio::task::spawn_blocking` and turn the flows they get into
 //! [`AsyncFlow`]s with [`Flow::into_async`] (feature `tokio`, on by default).
 //!
@@ -37,8 +38,8 @@ pub mod flow;
 mod sock;
 
 #[cfg(feature = "tokio")]
-pub use async_flow::AsyncFlow;
-pub use client::Client;
+pub use async_flow::{AsyncFlow, IntoAsyncError};
+pub use client::{Client, DEFAULT_TIMEOUT};
 pub use error::{Error, ErrorKind, Result};
 pub use flow::Flow;
 

@@ -38,6 +38,47 @@ pub(crate) fn send(fd: BorrowedFd<'_>, buf: &[u8], fds: &[RawFd]) -> Result<(), 
     }
 }
 
+/// Sends one packet without descriptors, waiting at most until `deadline`
+/// (forever without one) for room in the socket buffer. Returns false if the
+/// deadline passed first (nothing was sent).
+pub(crate) fn send_until(
+    fd: BorrowedFd<'_>,
+    buf: &[u8],
+    deadline: Option<Instant>,
+) -> Result<bool, Errno> {
+    let Some(deadline) = deadline else {
+        send(fd, buf, &[])?;
+        return Ok(true);
+    };
+    loop {
+        match socket::send(
+            fd.as_raw_fd(),
+            buf,
+            MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+        ) {
+            Err(Errno::EINTR) => continue,
+            Err(Errno::EAGAIN) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() || !wait(fd, PollFlags::POLLOUT, Some(left))? {
+                    return Ok(false);
+                }
+            }
+            Err(e) => return Err(e),
+            Ok(_) => return Ok(true),
+        }
+    }
+}
+
+/// Sets `SO_SNDTIMEO` (zero: no timeout), which also bounds a blocking
+/// `connect` to a Unix socket whose listener's backlog is full.
+pub(crate) fn set_send_timeout(fd: BorrowedFd<'_>, t: Duration) -> Result<(), Errno> {
+    // Round up to whole microseconds so a tiny rest is not "no timeout".
+    let us = t.as_nanos().div_ceil(1000);
+    let secs = libc::time_t::try_from(us / 1_000_000).unwrap_or(libc::time_t::MAX);
+    let tv = nix::sys::time::TimeVal::new(secs, (us % 1_000_000) as libc::suseconds_t);
+    socket::setsockopt(&fd, socket::sockopt::SendTimeout, &tv)
+}
+
 /// Sends one packet without descriptors (the data path).
 pub(crate) fn send_sdu(fd: BorrowedFd<'_>, buf: &[u8], flags: MsgFlags) -> Result<(), Errno> {
     loop {
@@ -106,7 +147,8 @@ pub(crate) fn wait_readable(fd: BorrowedFd<'_>, timeout: Option<Duration>) -> Re
 }
 
 fn wait(fd: BorrowedFd<'_>, events: PollFlags, timeout: Option<Duration>) -> Result<bool, Errno> {
-    let deadline = timeout.map(|t| Instant::now() + t);
+    // A timeout too far away to represent is no timeout.
+    let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
     loop {
         let t = match deadline {
             None => PollTimeout::NONE,

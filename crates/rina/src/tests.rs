@@ -353,10 +353,125 @@ async fn async_flow_round_trip() {
 }
 
 #[test]
-fn into_async_outside_runtime_is_an_error() {
-    let (a, _b) = pair();
+fn into_async_outside_runtime_is_an_error_and_keeps_the_flow() {
+    let (a, b) = pair();
     let e = crate::Flow::from_parts(a, info(10))
         .into_async()
         .expect_err("no runtime");
-    assert_eq!(e.kind, ErrorKind::InvalidRequest);
+    assert_eq!(e.error().kind, ErrorKind::InvalidRequest, "{e}");
+    let flow = e.into_flow();
+    // Still blocking (O_NONBLOCK untouched) and still connected.
+    let flags = nix::fcntl::fcntl(flow.as_raw_fd(), nix::fcntl::FcntlArg::F_GETFL).expect("flags");
+    assert_eq!(flags & libc::O_NONBLOCK, 0);
+    let peer = thread::spawn(move || echo(b));
+    flow.write(b"still here").expect("write");
+    let mut buf = [0u8; 10];
+    assert_eq!(flow.read(&mut buf).expect("blocking read"), 10);
+    assert_eq!(&buf, b"still here");
+    drop(flow);
+    peer.join().expect("echo");
+    // `?` still works where a crate::Result is returned.
+    let (a, _b) = pair();
+    let f = || -> crate::Result<crate::AsyncFlow> {
+        Ok(crate::Flow::from_parts(a, info(10)).into_async()?)
+    };
+    assert_eq!(f().expect_err("no runtime").kind, ErrorKind::InvalidRequest);
+}
+
+#[test]
+fn a_silent_daemon_times_out_and_a_late_reply_is_dropped() {
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let (mut client, daemon) = fake_daemon(move |ctl| {
+        // Takes the request, answers nothing until the client gave up.
+        let late = recv_req(&ctl).expect("list_flows");
+        release_rx.recv().expect("released");
+        send_msg(
+            &ctl,
+            &Message::Reply {
+                id: late.id,
+                result: Ok(Reply::Flows { flows: vec![] }),
+            },
+            None,
+        );
+        let req = recv_req(&ctl).expect("list_ipcps");
+        send_msg(
+            &ctl,
+            &Message::Reply {
+                id: req.id,
+                result: Ok(Reply::Ipcps { ipcps: vec![] }),
+            },
+            None,
+        );
+    });
+    assert_eq!(client.timeout(), Some(crate::DEFAULT_TIMEOUT));
+    client.set_timeout(Some(Duration::from_millis(100)));
+    let t = std::time::Instant::now();
+    let e = client.list_flows().expect_err("no answer");
+    assert!(t.elapsed() >= Duration::from_millis(100));
+    assert_eq!(e.kind, ErrorKind::Timeout, "{e}");
+    assert!(
+        e.message
+            .contains("did not answer the list_flows request within 100 ms"),
+        "{e}"
+    );
+    release_tx.send(()).expect("release");
+    // The late reply to list_flows is skipped; the next call gets its own.
+    client.set_timeout(None);
+    assert_eq!(client.list_ipcps().expect("answered"), vec![]);
+    daemon.join().expect("fake daemon");
+}
+
+#[test]
+fn a_daemon_that_reads_nothing_times_out_the_send() {
+    let (a, b) = pair();
+    // The smallest send buffer: a few requests fill it.
+    nix::sys::socket::setsockopt(&a, nix::sys::socket::sockopt::SndBuf, &1).expect("sndbuf");
+    let mut client = Client::from_fd(a);
+    client.set_timeout(Some(Duration::from_millis(20)));
+    let mut sends_timed_out = false;
+    for _ in 0..200 {
+        let e = client.list_names().expect_err("no answer");
+        assert_eq!(e.kind, ErrorKind::Timeout, "{e}");
+        if e.message.contains("did not read the list_names request") {
+            sends_timed_out = true;
+            break;
+        }
+        assert!(e.message.contains("did not answer"), "{e}");
+    }
+    assert!(sends_timed_out, "the send buffer never filled");
+    drop(b);
+}
+
+#[test]
+fn connecting_to_a_stuck_daemon_times_out() {
+    use nix::sys::socket::{bind, listen, socket, Backlog, UnixAddr};
+    let path = std::env::temp_dir().join(format!("rina-test-stuck-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let l = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .expect("socket");
+    bind(l.as_raw_fd(), &UnixAddr::new(&path).expect("addr")).expect("bind");
+    // A backlog of 0 takes one connection that is never accepted; the next
+    // one waits in connect.
+    listen(&l, Backlog::new(0).expect("backlog")).expect("listen");
+    let t = std::time::Instant::now();
+    let mut held = Vec::new();
+    let e = loop {
+        match Client::connect_to_timeout(&path, Some(Duration::from_millis(100))) {
+            Ok(c) => {
+                assert_eq!(c.timeout(), Some(Duration::from_millis(100)));
+                held.push(c);
+                assert!(held.len() < 10, "the backlog never filled");
+            }
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(e.kind, ErrorKind::Timeout, "{e}");
+    assert!(e.message.contains("did not take the connection"), "{e}");
+    assert!(t.elapsed() >= Duration::from_millis(100));
+    let _ = std::fs::remove_file(&path);
 }

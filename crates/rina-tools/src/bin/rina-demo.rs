@@ -4,12 +4,16 @@
 //! It needs no root and no configuration: it writes two `rinad` configs in a
 //! temporary directory, starts the daemons and the servers, runs the clients,
 //! prints what they measured and stops everything it started — on success,
-//! on error and on Ctrl-C. The binaries are taken from the directory of
+//! on error, on Ctrl-C (SIGINT), SIGTERM and SIGHUP. Every child also gets
+//! SIGTERM from the kernel if the demo dies without cleaning up (even by
+//! SIGKILL), through `PR_SET_PDEATHSIG`; only the temporary directory is
+//! then left behind. The binaries are taken from the directory of
 //! `rina-demo` itself (the same cargo target directory) unless `--bin-dir`
 //! says otherwise.
 //!
 //! Exit codes: 0 if every step worked; 1 otherwise, with what failed and the
-//! end of the relevant log; 130 on Ctrl-C.
+//! end of the relevant log; 128 + the signal's number when stopped by a
+//! signal: 130 on Ctrl-C (SIGINT), 143 on SIGTERM, 129 on SIGHUP.
 
 use clap::Parser;
 use nix::sys::signal::{kill, Signal};
@@ -21,6 +25,7 @@ use rina_tools::table::{self, Table};
 use serde::Serialize;
 use std::fs::{self, File};
 use std::net::UdpSocket;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -84,6 +89,9 @@ struct Proc {
 struct Cleanup {
     procs: Vec<Proc>,
     remove_dir: Option<PathBuf>,
+    /// Set by [`Undo::run`]: a process started afterwards (by a spawn that
+    /// raced with a signal) is stopped at once instead of being recorded.
+    stopping: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -114,14 +122,30 @@ impl Undo {
                 .try_clone()
                 .or_else(|e| fail(format!("cannot dup a log file: {e}"), &[]))?,
         };
-        let child = Command::new(exe)
-            .args(args)
+        let mut cmd = Command::new(exe);
+        cmd.args(args)
             .stdin(Stdio::null())
             .stdout(stdout)
-            .stderr(err)
+            .stderr(err);
+        let parent = std::process::id();
+        // SAFETY: the closure runs in the forked child before exec and only
+        // makes async-signal-safe system calls (prctl, getppid).
+        unsafe {
+            cmd.pre_exec(move || die_with_parent(parent));
+        }
+        let mut child = cmd
             .spawn()
             .or_else(|e| fail(format!("cannot start {}: {e}", exe.display()), &[]))?;
-        self.lock().procs.push(Proc {
+        let mut c = self.lock();
+        if c.stopping {
+            // The cleanup already ran (a signal came while this child was
+            // being started): it must not outlive the demo either.
+            drop(c);
+            let _ = child.kill();
+            let _ = child.wait();
+            return fail(format!("stopping: {name} not started"), &[]);
+        }
+        c.procs.push(Proc {
             name: name.to_owned(),
             child,
         });
@@ -148,7 +172,23 @@ impl Undo {
     /// Stops every process (SIGTERM, then SIGKILL after 2 s), waits for
     /// them, and removes the directory unless it is kept.
     fn run(&self) {
+        self.lock().stop();
+    }
+
+    /// Cleans up and exits with `code`. The exit happens with the lock held,
+    /// so the main thread and the signal thread never exit at the same time
+    /// (the first one decides the exit code; the other one waits forever).
+    fn exit(&self, code: i32) -> ! {
         let mut c = self.lock();
+        c.stop();
+        std::process::exit(code)
+    }
+}
+
+impl Cleanup {
+    fn stop(&mut self) {
+        let c = self;
+        c.stopping = true;
         for p in &mut c.procs {
             if let (Ok(None), Ok(pid)) = (p.child.try_wait(), i32::try_from(p.child.id())) {
                 let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
@@ -175,6 +215,23 @@ impl Undo {
             let _ = fs::remove_dir_all(d);
         }
     }
+}
+
+/// In a child before exec: ask the kernel for SIGTERM when the parent dies.
+///
+/// The signal follows the *thread* that forked; the demo starts every child
+/// from its main thread, which lives as long as the process.
+fn die_with_parent(parent: u32) -> std::io::Result<()> {
+    // SAFETY: prctl(PR_SET_PDEATHSIG) takes an integer argument and touches
+    // no memory of ours.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // The parent may have died before the prctl: then nobody would stop us.
+    if u32::try_from(nix::unistd::getppid().as_raw()).ok() != Some(parent) {
+        return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+    }
+    Ok(())
 }
 
 /// Runs the cleanup when the demo ends, however it ends.
@@ -209,12 +266,21 @@ fn main() {
     let cli = Cli::parse();
     let undo = Undo::default();
     let handler = undo.clone();
-    if let Err(e) = ctrlc::set_handler(move || {
-        eprintln!("rina-demo: interrupted, stopping everything");
-        handler.run();
-        std::process::exit(130);
-    }) {
-        eprintln!("rina-demo: cannot catch Ctrl-C: {e}");
+    match signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ]) {
+        Ok(mut signals) => {
+            thread::spawn(move || {
+                if let Some(sig) = signals.forever().next() {
+                    let name = Signal::try_from(sig).map_or("a signal", |s| s.as_str());
+                    eprintln!("rina-demo: {name}, stopping everything");
+                    handler.exit(128 + sig);
+                }
+            });
+        }
+        Err(e) => eprintln!("rina-demo: cannot catch SIGINT/SIGTERM/SIGHUP: {e}"),
     }
     let guard = Guard(undo.clone());
     let code = match run(&cli, &undo) {
@@ -228,8 +294,9 @@ fn main() {
             1
         }
     };
-    drop(guard);
-    std::process::exit(code);
+    // Exits without running the guard (`undo.exit` does its work).
+    std::mem::forget(guard);
+    undo.exit(code);
 }
 
 fn run(cli: &Cli, undo: &Undo) -> Result<(), Failure> {
@@ -391,7 +458,7 @@ fn run(cli: &Cli, undo: &Undo) -> Result<(), Failure> {
                 (&alpha_sock, &mut during_alpha),
                 (&beta_sock, &mut during_beta),
             ] {
-                if let Ok(f) = rina::Client::connect_to(sock).and_then(|mut c| c.list_flows()) {
+                if let Ok(f) = ctl_client(sock).and_then(|mut c| c.list_flows()) {
                     if !f.is_empty() {
                         *keep = f;
                     }
@@ -686,6 +753,12 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap_or("")
 }
 
+/// A control connection for the demo's own queries: a stuck daemon makes
+/// them fail in 2 s, well within the demo's step timeouts.
+fn ctl_client(sock: &Path) -> rina::Result<rina::Client> {
+    rina::Client::connect_to_timeout(sock, Some(Duration::from_secs(2)))
+}
+
 /// Waits until the daemon `name` answers `list_ipcps` on `sock`.
 fn wait_ready(undo: &Undo, name: &str, sock: &Path, log: &Path) -> Result<(), Failure> {
     let deadline = Instant::now() + READY_TIMEOUT;
@@ -694,7 +767,7 @@ fn wait_ready(undo: &Undo, name: &str, sock: &Path, log: &Path) -> Result<(), Fa
         if let Some(st) = undo.exited(name) {
             return fail(format!("rinad {name} exited at start ({st})"), &[log]);
         }
-        match rina::Client::connect_to(sock).and_then(|mut c| c.list_ipcps()) {
+        match ctl_client(sock).and_then(|mut c| c.list_ipcps()) {
             Ok(_) => return Ok(()),
             Err(e) => last = e.to_string(),
         }
@@ -724,7 +797,7 @@ fn wait_registered(
                 return fail(format!("{name} exited at start ({st})"), &[log, daemon_log]);
             }
         }
-        if let Ok(names) = rina::Client::connect_to(sock).and_then(|mut c| c.list_names()) {
+        if let Ok(names) = ctl_client(sock).and_then(|mut c| c.list_names()) {
             let has = |n: &str| names.iter().any(|i| i.name.process_name == n);
             if has("echo") && has("perf") {
                 return Ok(());

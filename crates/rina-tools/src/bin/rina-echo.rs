@@ -11,7 +11,7 @@ use rina_tools::stats::Summary;
 use std::io::Write;
 use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const TOOL: &str = "rina-echo";
 
@@ -66,7 +66,9 @@ struct ClientArgs {
     /// Probe size in bytes (at least 16).
     #[arg(long, default_value_t = 64)]
     size: usize,
-    /// How long to wait for each reply, in milliseconds.
+    /// How long a reply may take, in milliseconds; a reply after that is
+    /// late and the probe counts as lost. Probes keep leaving every
+    /// --interval-ms meanwhile.
     #[arg(long, default_value_t = 1000)]
     timeout_ms: u64,
     /// Print one JSON object (summary and every RTT in µs) instead of text.
@@ -132,29 +134,21 @@ fn server(a: ServerArgs) {
 }
 
 fn echo_flow(flow: Flow) {
-    let mut buf = vec![0u8; flow.max_sdu().max(1)];
-    let (mut sdus, mut bytes) = (0u64, 0u64);
-    loop {
-        match flow.read(&mut buf) {
-            Ok(n) => {
-                if let Err(e) = flow.write(&buf[..n]) {
-                    if e.is_closed() {
-                        break;
-                    }
-                    eprintln!("{TOOL}: flow {}: cannot echo: {e}", flow.info().port);
-                    continue;
-                }
-                sdus += 1;
-                bytes += n as u64;
-            }
-            Err(e) if e.is_closed() => break,
-            Err(e) => eprintln!("{TOOL}: flow {}: {e}", flow.info().port),
-        }
+    let port = flow.info().port;
+    let served = echo::serve_flow(&flow, |e| eprintln!("{TOOL}: flow {port}: {e}"));
+    if let Some(e) = &served.error {
+        eprintln!("{TOOL}: flow {port}: {e}; giving up on this flow");
     }
     println!(
-        "flow {} from {} closed after {sdus} SDUs, {bytes} bytes",
-        flow.info().port,
-        flow.info().remote
+        "flow {port} from {} {} after {} SDUs, {} bytes",
+        flow.info().remote,
+        if served.error.is_some() {
+            "failed"
+        } else {
+            "closed"
+        },
+        served.sdus,
+        served.bytes
     );
     flush();
 }
@@ -191,60 +185,87 @@ fn client(a: ClientArgs) -> i32 {
     let interval = Duration::from_millis(a.interval_ms);
     let timeout = Duration::from_millis(a.timeout_ms);
     let mut buf = vec![0u8; flow.max_sdu().max(size)];
-    let mut rtts_us = Vec::new();
-    let start = Instant::now();
+    // Probes leave on schedule whatever the replies do; replies are matched
+    // to their probe by number as they come.
+    let mut probes = echo::Probes::new(timeout);
+    let mut rtts_us: Vec<(u64, f64)> = Vec::new();
+    let mut late = 0u64;
+    let start = echo::mono_ns();
     let mut sent = 0u64;
-    for seq in 0..a.count {
-        let due = start + interval * u32::try_from(seq).unwrap_or(u32::MAX);
-        if let Some(d) = due.checked_duration_since(Instant::now()) {
-            thread::sleep(d);
-        }
-        let probe = echo::encode_probe(seq, echo::mono_ns(), size);
-        if let Err(e) = flow.write(&probe) {
-            opts::die(TOOL, "cannot send a probe", &e, 2);
-        }
-        sent += 1;
-        let deadline = Instant::now() + timeout;
-        let mut got = false;
-        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-            let n = match flow.read_timeout(&mut buf, left) {
-                Ok(Some(n)) => n,
-                Ok(None) => break,
-                Err(e) if e.is_closed() => opts::die(TOOL, "flow closed", &e, 2),
-                Err(e) => {
-                    eprintln!("{TOOL}: {e}");
-                    continue;
-                }
-            };
-            let now = echo::mono_ns();
-            match echo::decode_probe(&buf[..n]) {
-                Some((s, t)) if s == seq => {
-                    let rtt_us = now.saturating_sub(t) as f64 / 1e3;
-                    rtts_us.push(rtt_us);
-                    if !a.json {
-                        println!(
-                            "{n} bytes from {}: seq={seq} rtt={:.3} ms",
-                            a.dst,
-                            rtt_us / 1e3
-                        );
-                    }
-                    got = true;
-                    break;
-                }
-                Some((s, _)) if !a.json => {
-                    println!("late reply from {}: seq={s} (ignored)", a.dst)
-                }
-                _ => {}
+    loop {
+        let now = echo::mono_ns();
+        for seq in probes.expire(now) {
+            if !a.json {
+                println!(
+                    "no reply from {}: seq={seq} within {} ms",
+                    a.dst, a.timeout_ms
+                );
             }
         }
-        if !got && !a.json {
-            println!(
-                "no reply from {}: seq={seq} within {} ms",
-                a.dst, a.timeout_ms
-            );
+        let next_send = (sent < a.count).then(|| echo::due_ns(start, interval, sent));
+        if next_send.is_some_and(|due| due <= now) {
+            let probe = echo::encode_probe(sent, now, size);
+            if let Err(e) = flow.write(&probe) {
+                opts::die(TOOL, "cannot send a probe", &e, 2);
+            }
+            probes.sent(sent, now);
+            sent += 1;
+            continue;
+        }
+        // Wait for a reply until the next probe is due or one expires.
+        let wake = match (next_send, probes.next_expiry()) {
+            (None, None) => break,
+            (Some(a), Some(b)) => a.min(b.saturating_add(1)),
+            (Some(a), None) => a,
+            (None, Some(b)) => b.saturating_add(1),
+        };
+        let left = Duration::from_nanos(wake.saturating_sub(now));
+        let n = match flow.read_timeout(&mut buf, left) {
+            Ok(Some(n)) => n,
+            Ok(None) => continue,
+            Err(e) if e.is_closed() => opts::die(TOOL, "flow closed", &e, 2),
+            Err(e) if opts::is_transient(&e) => {
+                eprintln!("{TOOL}: {e}");
+                continue;
+            }
+            Err(e) => opts::die(TOOL, "cannot receive a reply", &e, 2),
+        };
+        let now = echo::mono_ns();
+        let Some((seq, _)) = echo::decode_probe(&buf[..n]) else {
+            continue;
+        };
+        match probes.on_reply(seq, now) {
+            echo::ReplyOutcome::InTime(rtt_ns) => {
+                let rtt_us = rtt_ns as f64 / 1e3;
+                rtts_us.push((seq, rtt_us));
+                if !a.json {
+                    println!(
+                        "{n} bytes from {}: seq={seq} rtt={:.3} ms",
+                        a.dst,
+                        rtt_us / 1e3
+                    );
+                }
+            }
+            echo::ReplyOutcome::Late(rtt_ns) => {
+                late += 1;
+                if !a.json {
+                    println!(
+                        "late reply from {}: seq={seq} after {:.3} ms (counted as lost)",
+                        a.dst,
+                        rtt_ns as f64 / 1e6
+                    );
+                }
+            }
+            echo::ReplyOutcome::Unexpected => {
+                if !a.json {
+                    println!("unexpected reply from {}: seq={seq} (ignored)", a.dst);
+                }
+            }
         }
         flush();
     }
+    rtts_us.sort_by_key(|&(seq, _)| seq);
+    let rtts_us: Vec<f64> = rtts_us.into_iter().map(|(_, r)| r).collect();
     let received = rtts_us.len() as u64;
     let report = EchoReport {
         dst: a.dst.to_string(),
@@ -254,6 +275,7 @@ fn client(a: ClientArgs) -> i32 {
         sent,
         received,
         lost: sent - received,
+        late,
         loss_pct: echo::loss_pct(sent, received),
         rtt_ms: Summary::of(&rtts_us).map(|s| s.scaled(1e-3)),
         rtt_us: rtts_us,
@@ -266,8 +288,8 @@ fn client(a: ClientArgs) -> i32 {
     } else {
         println!("--- rina-echo {} statistics ---", a.dst);
         println!(
-            "{} probes sent, {} received, {:.1}% loss",
-            report.sent, report.received, report.loss_pct
+            "{} probes sent, {} received, {:.1}% loss ({} late replies)",
+            report.sent, report.received, report.loss_pct, report.late
         );
         if let Some(s) = report.rtt_ms {
             println!(

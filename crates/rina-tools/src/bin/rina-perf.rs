@@ -9,7 +9,7 @@
 use clap::{Args, Parser, Subcommand};
 use rina::{AppName, Flow};
 use rina_tools::opts::{self, CommonArgs, QosArgs};
-use rina_tools::perf::{self, Msg, Pacer, PerfReport, Receiver, Report, TestResult};
+use rina_tools::perf::{self, Msg, Pacer, PerfReport, Report, TestResult};
 use rina_tools::table::Table;
 use std::io::Write;
 use std::thread;
@@ -127,35 +127,25 @@ fn server(a: ServerArgs) {
 }
 
 fn serve_flow(flow: Flow) {
-    let mut rx = Receiver::new();
-    let mut buf = vec![0u8; flow.max_sdu().max(1)];
-    loop {
-        match flow.read(&mut buf) {
-            Ok(n) => {
-                if let Some(reply) = rx.on_sdu(&buf[..n], Instant::now()) {
-                    if let Some(Msg::Report(r)) = Msg::decode(&reply) {
-                        println!(
-                            "flow {}: test {:08x}: {} SDUs, {} bytes in {:.3} s",
-                            flow.info().port,
-                            r.test,
-                            r.recv_sdus,
-                            r.recv_bytes,
-                            r.duration_ns as f64 / 1e9
-                        );
-                        flush();
-                    }
-                    match flow.write(&reply) {
-                        Err(e) if e.is_closed() => break,
-                        Err(e) => eprintln!("{TOOL}: cannot send REPORT: {e}"),
-                        Ok(()) => {}
-                    }
-                }
-            }
-            Err(e) if e.is_closed() => break,
-            Err(e) => eprintln!("{TOOL}: flow {}: {e}", flow.info().port),
-        }
+    let port = flow.info().port;
+    let served = perf::serve_flow(
+        &flow,
+        |r| {
+            println!(
+                "flow {port}: test {:08x}: {} SDUs, {} bytes in {:.3} s",
+                r.test,
+                r.recv_sdus,
+                r.recv_bytes,
+                r.duration_ns as f64 / 1e9
+            );
+            flush();
+        },
+        |e| eprintln!("{TOOL}: flow {port}: {e}"),
+    );
+    match served.error {
+        Some(e) => eprintln!("{TOOL}: flow {port}: {e}; giving up on this flow"),
+        None => println!("flow {port} closed"),
     }
-    println!("flow {} closed", flow.info().port);
     flush();
 }
 
