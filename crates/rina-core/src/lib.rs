@@ -10,10 +10,14 @@
 //! * [`time`] — the instant type all machines use.
 //! * [`delimiting`] — fragmentation of SDUs into PDUs and their reassembly.
 //! * [`sdup`] — SDU protection: TTL, CRC-32 and the encryption hook.
+//! * [`efcp`] — the Error and Flow Control Protocol (DTP + DTCP) of one connection.
+//! * [`normal`] — the data path of the normal IPC process: delimiting, EFCP, PCI, SDU protection and RMT composed.
 //! * [`shim_udp`] — the shim IPC process over UDP.
 //! * [`rmt`] — relaying and multiplexing: forwarding table, output queues, scheduling policies.
 
 pub mod delimiting;
+pub mod efcp;
+pub mod normal;
 pub mod rmt;
 pub mod sdup;
 pub mod shim_udp;

@@ -1,0 +1,261 @@
+//! Configuration of an EFCP connection: the policies of one QoS cube.
+//!
+//! Every combination is valid as long as [`EfcpConfig::validate`] accepts it:
+//! plain unreliable (no DTCP), flow control without retransmission (window,
+//! rate or both), retransmission without flow control, and everything at once.
+
+use std::time::Duration;
+use thiserror::Error;
+
+/// The policies of one EFCP connection (both ends use the same).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EfcpConfig {
+    /// Deliver SDUs in sequence order. When false, every new PDU is delivered
+    /// the moment it arrives.
+    pub in_order: bool,
+    /// Largest run of consecutive lost PDUs the flow tolerates.
+    ///
+    /// The receiver keeps a left window edge (LWE): every sequence number up
+    /// to it was received or given up. A *hole* is a run of missing sequence
+    /// numbers right after the LWE, followed by something known to exist (a
+    /// later PDU, or the sender's next sequence number from a rendezvous).
+    /// A hole is never given up before the receiver has waited
+    /// [`EfcpConfig::a_timer`] since the PDU behind it arrived, so plain
+    /// reordering is not turned into loss. After that wait:
+    ///
+    /// * `None` — any hole is given up.
+    /// * `Some(0)` — no hole is ever given up: delivery waits for the
+    ///   retransmission (so this needs [`DtcpConfig::rtx`]).
+    /// * `Some(n)` — a hole of at most `n` PDUs is given up. With
+    ///   retransmission, a larger hole waits for it (partial reliability:
+    ///   only long bursts are repaired). Without retransmission a larger
+    ///   hole can never be filled, so it is given up too — delivery never
+    ///   blocks — and counted in [`super::Stats::gap_exceeded`]: the QoS
+    ///   promise was broken and the IPCP can report it.
+    ///
+    /// `in_order == false` only changes *when* PDUs are delivered (at once);
+    /// the hole rules still decide when the LWE (and so the cumulative ack
+    /// and the window) moves past missing PDUs.
+    pub max_sdu_gap: Option<u64>,
+    /// MPL: the longest a PDU can live in the DIF below.
+    pub max_pdu_lifetime: Duration,
+    /// Most PDUs the receiver holds out of order: a PDU more than
+    /// `max_reorder + 1` past the LWE is dropped (with retransmission) or
+    /// forces the oldest holes to be given up (without). Without window flow
+    /// control, a retransmitting sender keeps at most `max_reorder + 1` PDUs
+    /// unacknowledged, so it never sends what the receiver would drop.
+    pub max_reorder: usize,
+    /// A: the longest the receiver waits before acting — sending a delayed
+    /// ack or a flow-control update, or giving up a hole. (IRATI keeps this
+    /// `initialATimer` in the DTP configuration; it is needed without
+    /// retransmission too, so it lives here rather than in [`RtxConfig`].)
+    pub a_timer: Duration,
+    /// Most SDUs written but not yet sent when there is no window flow
+    /// control (with it, [`WindowFc::max_closed_queue`] applies).
+    pub max_send_queue: usize,
+    /// Data transfer control; `None` for a plain unreliable flow.
+    pub dtcp: Option<DtcpConfig>,
+}
+
+/// Data transfer control: flow control and retransmission control.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DtcpConfig {
+    /// Window (credit) flow control.
+    pub window: Option<WindowFc>,
+    /// Rate-based flow control.
+    pub rate: Option<RateFc>,
+    /// Retransmission control.
+    pub rtx: Option<RtxConfig>,
+}
+
+/// Window flow control: the receiver advertises a right window edge (RWE),
+/// the highest sequence number the sender may send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowFc {
+    /// PDUs the sender may send before the first window update.
+    pub initial_credit: u64,
+    /// SDUs a writer may queue beyond the open window before `write`
+    /// answers [`super::EfcpError::WouldBlock`].
+    pub max_closed_queue: usize,
+    /// Receiver buffer in PDUs: out-of-order PDUs, PDUs ready for
+    /// delivery, and PDUs delivered but not yet [consumed]. The RWE granted
+    /// is such that this never overflows.
+    ///
+    /// [consumed]: super::Connection::consumed
+    pub receiver_buffer: usize,
+}
+
+/// Rate-based flow control: at most `pdus_per_frame` data PDUs (new and
+/// retransmitted) per `frame`, frames aligned on the connection's creation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateFc {
+    /// PDUs per frame.
+    pub pdus_per_frame: u64,
+    /// Length of a frame.
+    pub frame: Duration,
+}
+
+/// Retransmission control with cumulative acks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RtxConfig {
+    /// RTO before any RTT sample.
+    pub initial_rto: Duration,
+    /// Lower bound of the RTO.
+    pub min_rto: Duration,
+    /// Upper bound of the RTO, including exponential back-off.
+    pub max_rto: Duration,
+    /// Retransmissions of one PDU before the connection fails.
+    pub max_retries: u32,
+    /// Ack at once after this many new in-order PDUs (0: only the A-timer
+    /// triggers delayed acks).
+    pub ack_every: u32,
+}
+
+/// Why a configuration is unusable.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ConfigError {
+    /// `max_sdu_gap == Some(0)` without retransmission would block forever.
+    #[error("max_sdu_gap = 0 (no loss) needs retransmission control")]
+    NoLossWithoutRtx,
+    /// The receiver buffer of window flow control is zero.
+    #[error("window flow control needs a receiver buffer of at least one PDU")]
+    ZeroReceiverBuffer,
+    /// The initial credit is zero or larger than the receiver buffer.
+    #[error("initial credit {credit} must be between 1 and the receiver buffer ({buffer})")]
+    BadInitialCredit {
+        /// The configured credit.
+        credit: u64,
+        /// The configured receiver buffer.
+        buffer: usize,
+    },
+    /// Rate flow control with no PDUs per frame or a zero frame.
+    #[error("rate flow control needs pdus_per_frame >= 1 and a non-zero frame")]
+    BadRate,
+    /// The RTO bounds are inconsistent.
+    #[error("RTO bounds must satisfy 0 < min_rto <= initial_rto <= max_rto")]
+    BadRto,
+    /// Without window flow control, the send queue must hold something.
+    #[error("max_send_queue must be at least 1")]
+    ZeroSendQueue,
+}
+
+/// Default MPL (IRATI's and rlite's kernel default).
+pub const DEFAULT_MPL: Duration = Duration::from_millis(1000);
+/// Default A-timer.
+pub const DEFAULT_A_TIMER: Duration = Duration::from_millis(20);
+
+impl EfcpConfig {
+    /// A plain unreliable flow: no DTCP, delivery on arrival, any gap.
+    pub fn unreliable() -> Self {
+        EfcpConfig {
+            in_order: false,
+            max_sdu_gap: None,
+            max_pdu_lifetime: DEFAULT_MPL,
+            max_reorder: 64,
+            a_timer: DEFAULT_A_TIMER,
+            max_send_queue: 256,
+            dtcp: None,
+        }
+    }
+
+    /// A reliable in-order flow with window flow control and retransmission.
+    pub fn reliable() -> Self {
+        EfcpConfig {
+            in_order: true,
+            max_sdu_gap: Some(0),
+            max_pdu_lifetime: DEFAULT_MPL,
+            max_reorder: 256,
+            a_timer: DEFAULT_A_TIMER,
+            max_send_queue: 256,
+            dtcp: Some(DtcpConfig {
+                window: Some(WindowFc {
+                    initial_credit: 64,
+                    max_closed_queue: 64,
+                    receiver_buffer: 256,
+                }),
+                rate: None,
+                rtx: Some(RtxConfig::default()),
+            }),
+        }
+    }
+
+    /// Retransmission control, if configured.
+    pub fn rtx(&self) -> Option<&RtxConfig> {
+        self.dtcp.as_ref().and_then(|d| d.rtx.as_ref())
+    }
+
+    /// Window flow control, if configured.
+    pub fn window(&self) -> Option<&WindowFc> {
+        self.dtcp.as_ref().and_then(|d| d.window.as_ref())
+    }
+
+    /// Rate flow control, if configured.
+    pub fn rate(&self) -> Option<&RateFc> {
+        self.dtcp.as_ref().and_then(|d| d.rate.as_ref())
+    }
+
+    /// R: the longest the sender keeps retransmitting one PDU, bounded by
+    /// `(max_retries + 1) * max_rto` (zero without retransmission).
+    pub fn max_rtx_time(&self) -> Duration {
+        self.rtx()
+            .map(|r| r.max_rto.saturating_mul(r.max_retries.saturating_add(1)))
+            .unwrap_or(Duration::ZERO)
+    }
+
+    /// Δ = MPL + R + A, the unit of the delta-t inactivity timers.
+    pub fn delta_t(&self) -> Duration {
+        self.max_pdu_lifetime
+            .saturating_add(self.max_rtx_time())
+            .saturating_add(self.a_timer)
+    }
+
+    /// Checks that the policies can work together.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_sdu_gap == Some(0) && self.rtx().is_none() {
+            return Err(ConfigError::NoLossWithoutRtx);
+        }
+        if let Some(w) = self.window() {
+            if w.receiver_buffer == 0 {
+                return Err(ConfigError::ZeroReceiverBuffer);
+            }
+            if w.initial_credit == 0 || w.initial_credit > w.receiver_buffer as u64 {
+                return Err(ConfigError::BadInitialCredit {
+                    credit: w.initial_credit,
+                    buffer: w.receiver_buffer,
+                });
+            }
+        } else if self.max_send_queue == 0 {
+            return Err(ConfigError::ZeroSendQueue);
+        }
+        if let Some(r) = self.rate() {
+            if r.pdus_per_frame == 0 || r.frame.is_zero() {
+                return Err(ConfigError::BadRate);
+            }
+        }
+        if let Some(r) = self.rtx() {
+            if r.min_rto.is_zero() || r.min_rto > r.initial_rto || r.initial_rto > r.max_rto {
+                return Err(ConfigError::BadRto);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for EfcpConfig {
+    fn default() -> Self {
+        EfcpConfig::unreliable()
+    }
+}
+
+impl Default for RtxConfig {
+    /// RFC 6298's initial RTO of 1 s, 10 ms .. 60 s, 10 retries, ack every 2.
+    fn default() -> Self {
+        RtxConfig {
+            initial_rto: Duration::from_secs(1),
+            min_rto: Duration::from_millis(10),
+            max_rto: Duration::from_secs(60),
+            max_retries: 10,
+            ack_every: 2,
+        }
+    }
+}

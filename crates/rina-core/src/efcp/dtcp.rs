@@ -1,0 +1,465 @@
+//! DTP sending side and DTCP sender policies: sequencing, data runs, the
+//! closed-window queue, window and rate flow control, rendezvous, and
+//! retransmission control with cumulative acks.
+//!
+//! Retransmission (NewReno-like, without congestion control): one timer for
+//! the oldest unacknowledged PDU; when it fires, the oldest PDU is resent,
+//! the RTO backs off and the sender enters recovery until everything sent so
+//! far is acknowledged. In recovery every ack that advances but stops short
+//! (a partial ack) resends the next oldest PDU at once, so a window with
+//! several losses recovers one hole per round trip instead of one per RTO.
+//! Three duplicate acks (same ack, no window change) trigger the same
+//! recovery without waiting for the timer.
+
+use super::config::{EfcpConfig, RateFc, RtxConfig, WindowFc};
+use super::rtt::RttEstimator;
+use super::{EfcpError, Pdu, Stats};
+use crate::time::Instant;
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// Duplicate acks that trigger a fast retransmission.
+const DUP_ACK_THRESHOLD: u32 = 3;
+/// Most doublings of the rendezvous interval.
+const MAX_RENDEZVOUS_BACKOFF: u32 = 6;
+
+/// A sent PDU kept for retransmission.
+#[derive(Debug)]
+struct Sent {
+    drf: bool,
+    payload: Vec<u8>,
+    sent_at: Instant,
+    retransmitted: bool,
+    retries: u32,
+}
+
+/// The sending half of an EFCP connection.
+#[derive(Debug)]
+pub(super) struct Sender {
+    rtx_cfg: Option<RtxConfig>,
+    window: Option<WindowFc>,
+    rate: Option<RateFc>,
+    max_send_queue: usize,
+    inflight_limit: usize,
+    delta: Duration,
+    a_timer: Duration,
+    next_seq: u64,
+    /// SDUs written, not yet sent (the closed-window queue).
+    queue: VecDeque<Vec<u8>>,
+    /// Sent and not acknowledged, seqs `snd_una..next_seq` (with rtx).
+    unacked: VecDeque<Sent>,
+    snd_una: u64,
+    /// Highest seq the receiver allows (window flow control).
+    snd_rwe: u64,
+    frame_start: Instant,
+    frame_sent: u64,
+    rtt: RttEstimator,
+    rtx_deadline: Option<Instant>,
+    /// Seqs to resend at the next opportunity.
+    rtx_pending: VecDeque<u64>,
+    recovery: Option<u64>,
+    dup_acks: u32,
+    rdv_deadline: Option<Instant>,
+    rdv_backoff: u32,
+    rdv_due: bool,
+    last_data_tx: Option<Instant>,
+    failure: Option<EfcpError>,
+}
+
+impl Sender {
+    pub(super) fn new(cfg: &EfcpConfig, now: Instant, initial_seq: u64) -> Self {
+        let rtx_cfg = cfg.rtx().copied();
+        let rtt = match &rtx_cfg {
+            Some(r) => RttEstimator::new(r.initial_rto, r.min_rto, r.max_rto),
+            None => RttEstimator::new(Duration::ZERO, Duration::ZERO, Duration::ZERO),
+        };
+        let window = cfg.window().copied();
+        Sender {
+            rtx_cfg,
+            window,
+            rate: cfg.rate().copied(),
+            max_send_queue: cfg.max_send_queue,
+            inflight_limit: cfg.max_reorder.saturating_add(1),
+            delta: cfg.delta_t(),
+            a_timer: cfg.a_timer,
+            next_seq: initial_seq,
+            queue: VecDeque::new(),
+            unacked: VecDeque::new(),
+            snd_una: initial_seq,
+            snd_rwe: (initial_seq - 1).saturating_add(window.map_or(0, |w| w.initial_credit)),
+            frame_start: now,
+            frame_sent: 0,
+            rtt,
+            rtx_deadline: None,
+            rtx_pending: VecDeque::new(),
+            recovery: None,
+            dup_acks: 0,
+            rdv_deadline: None,
+            rdv_backoff: 0,
+            rdv_due: false,
+            last_data_tx: None,
+            failure: None,
+        }
+    }
+
+    pub(super) fn failure(&self) -> Option<&EfcpError> {
+        self.failure.as_ref()
+    }
+
+    pub(super) fn rtt(&self) -> &RttEstimator {
+        &self.rtt
+    }
+
+    pub(super) fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    pub(super) fn snd_rwe(&self) -> Option<u64> {
+        self.window.map(|_| self.snd_rwe)
+    }
+
+    pub(super) fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub(super) fn in_flight(&self) -> usize {
+        self.unacked.len()
+    }
+
+    fn capacity(&self) -> usize {
+        match &self.window {
+            Some(w) => {
+                let open = self
+                    .snd_rwe
+                    .saturating_add(1)
+                    .saturating_sub(self.next_seq)
+                    .min(usize::MAX as u64) as usize;
+                w.max_closed_queue.saturating_add(open)
+            }
+            None => self.max_send_queue,
+        }
+    }
+
+    pub(super) fn can_write(&self) -> bool {
+        self.failure.is_none() && self.queue.len() < self.capacity()
+    }
+
+    /// Fragments [`Sender::write`] would take now without refusing.
+    pub(super) fn write_capacity(&self) -> usize {
+        if self.failure.is_some() {
+            return 0;
+        }
+        self.capacity().saturating_sub(self.queue.len())
+    }
+
+    pub(super) fn write(&mut self, payload: Vec<u8>, stats: &mut Stats) -> Result<(), EfcpError> {
+        if self.failure.is_some() {
+            return Err(EfcpError::Closed);
+        }
+        if self.queue.len() >= self.capacity() {
+            stats.would_block += 1;
+            return Err(EfcpError::WouldBlock);
+        }
+        self.queue.push_back(payload);
+        Ok(())
+    }
+
+    fn window_open(&self) -> bool {
+        match &self.window {
+            Some(_) => self.next_seq <= self.snd_rwe,
+            None => self.rtx_cfg.is_none() || self.unacked.len() < self.inflight_limit,
+        }
+    }
+
+    fn roll_frame(&mut self, now: Instant) {
+        if let Some(r) = &self.rate {
+            let frame = r.frame.as_nanos().max(1);
+            let elapsed = (now - self.frame_start).as_nanos();
+            if elapsed >= frame {
+                let k = elapsed / frame;
+                let step = u64::try_from(k * frame).unwrap_or(u64::MAX);
+                self.frame_start =
+                    Instant::from_nanos(self.frame_start.as_nanos().saturating_add(step));
+                self.frame_sent = 0;
+            }
+        }
+    }
+
+    fn rate_ok(&mut self, now: Instant) -> bool {
+        self.roll_frame(now);
+        self.rate.is_none_or(|r| self.frame_sent < r.pdus_per_frame)
+    }
+
+    fn rate_blocked(&self) -> bool {
+        self.rate
+            .is_some_and(|r| self.frame_sent >= r.pdus_per_frame)
+    }
+
+    fn rdv_interval(&self) -> Duration {
+        let base = if self.rtx_cfg.is_some() {
+            self.rtt.rto()
+        } else {
+            (self.a_timer * 2).max(Duration::from_millis(1))
+        };
+        base.saturating_mul(1 << self.rdv_backoff)
+    }
+
+    fn arm_rtx(&mut self, now: Instant) {
+        if self.rtx_deadline.is_none() {
+            self.rtx_deadline = Some(now + self.rtt.rto());
+        }
+    }
+
+    /// The next data PDU to send (retransmission first), if flow control
+    /// allows one now.
+    pub(super) fn poll_data(&mut self, now: Instant, stats: &mut Stats) -> Option<Pdu> {
+        if self.failure.is_some() {
+            return None;
+        }
+        while let Some(&seq) = self.rtx_pending.front() {
+            if seq < self.snd_una {
+                self.rtx_pending.pop_front();
+                continue;
+            }
+            if !self.rate_ok(now) {
+                return None;
+            }
+            self.rtx_pending.pop_front();
+            let Some(e) = self.unacked.get_mut((seq - self.snd_una) as usize) else {
+                continue;
+            };
+            e.retries += 1;
+            e.retransmitted = true;
+            e.sent_at = now;
+            let pdu = Pdu::Data {
+                seq,
+                drf: e.drf,
+                payload: e.payload.clone(),
+            };
+            self.frame_sent += 1;
+            stats.pdus_retransmitted += 1;
+            self.last_data_tx = Some(now);
+            self.arm_rtx(now);
+            return Some(pdu);
+        }
+        if self.queue.is_empty() {
+            return None;
+        }
+        if !self.window_open() {
+            if self.window.is_some() && self.rdv_deadline.is_none() {
+                self.rdv_deadline = Some(now + self.rdv_interval());
+            }
+            return None;
+        }
+        if !self.rate_ok(now) {
+            return None;
+        }
+        let payload = self.queue.pop_front()?;
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        // Sender inactivity: after Δ with nothing sent and nothing
+        // outstanding, start a new data run (see the module docs).
+        let drf = match self.last_data_tx {
+            None => true,
+            Some(t) => self.unacked.is_empty() && now - t >= self.delta,
+        };
+        if drf {
+            stats.runs_sent += 1;
+        }
+        self.frame_sent += 1;
+        self.last_data_tx = Some(now);
+        stats.pdus_sent += 1;
+        if self.rtx_cfg.is_some() {
+            self.unacked.push_back(Sent {
+                drf,
+                payload: payload.clone(),
+                sent_at: now,
+                retransmitted: false,
+                retries: 0,
+            });
+            self.arm_rtx(now);
+        } else {
+            self.snd_una = self.next_seq;
+        }
+        Some(Pdu::Data { seq, drf, payload })
+    }
+
+    /// A rendezvous to send, if the window has been closed too long.
+    pub(super) fn take_rendezvous(&mut self) -> Option<u64> {
+        if std::mem::take(&mut self.rdv_due) && self.failure.is_none() {
+            Some(self.next_seq)
+        } else {
+            None
+        }
+    }
+
+    /// A window / rate update from the peer. Returns whether the window grew.
+    pub(super) fn on_fc(&mut self, new_rwe: u64, rate: u64, frame_ms: u64) -> bool {
+        if rate > 0 && frame_ms > 0 {
+            let frame = Duration::from_millis(frame_ms);
+            let tighter = match &self.rate {
+                None => true,
+                // rate/frame < ours/our_frame
+                Some(r) => {
+                    (rate as u128) * r.frame.as_nanos()
+                        < (r.pdus_per_frame as u128) * frame.as_nanos()
+                }
+            };
+            if tighter {
+                self.rate = Some(RateFc {
+                    pdus_per_frame: rate,
+                    frame,
+                });
+            }
+        }
+        if self.window.is_some() && new_rwe > self.snd_rwe {
+            self.snd_rwe = new_rwe;
+            self.rdv_deadline = None;
+            self.rdv_backoff = 0;
+            return true;
+        }
+        false
+    }
+
+    /// A cumulative ack: every seq up to `ack_sn` arrived (or was given up).
+    pub(super) fn on_ack(
+        &mut self,
+        now: Instant,
+        ack_sn: u64,
+        window_grew: bool,
+        stats: &mut Stats,
+    ) {
+        let Some(rtx) = self.rtx_cfg else {
+            return;
+        };
+        if ack_sn >= self.next_seq {
+            stats.ctrl_invalid += 1;
+            return;
+        }
+        if ack_sn >= self.snd_una {
+            let mut any_rtx = false;
+            let mut newest = None;
+            while self.snd_una <= ack_sn {
+                if let Some(e) = self.unacked.pop_front() {
+                    any_rtx |= e.retransmitted;
+                    newest = Some(e.sent_at);
+                }
+                self.snd_una += 1;
+            }
+            // Karn's rule, over the whole acked range: an ack that covers
+            // a retransmitted PDU says nothing certain about the RTT.
+            if let (false, Some(t)) = (any_rtx, newest) {
+                self.rtt.sample(now - t);
+            }
+            self.rtt.reset_backoff();
+            self.dup_acks = 0;
+            self.rtx_deadline = if self.unacked.is_empty() {
+                None
+            } else {
+                Some(now + self.rtt.rto())
+            };
+            match self.recovery {
+                Some(rec) if ack_sn >= rec => self.recovery = None,
+                Some(_) => {
+                    // Partial ack: the next hole is at snd_una.
+                    self.schedule_rtx(self.snd_una, rtx.max_retries, stats);
+                }
+                None => {}
+            }
+        } else if ack_sn + 1 == self.snd_una && !self.unacked.is_empty() && !window_grew {
+            self.dup_acks += 1;
+            if self.dup_acks == DUP_ACK_THRESHOLD && self.recovery.is_none() {
+                stats.fast_retransmits += 1;
+                self.recovery = Some(self.next_seq - 1);
+                self.schedule_rtx(self.snd_una, rtx.max_retries, stats);
+            }
+        }
+    }
+
+    fn schedule_rtx(&mut self, seq: u64, max_retries: u32, stats: &mut Stats) {
+        let Some(e) = self.unacked.get((seq.wrapping_sub(self.snd_una)) as usize) else {
+            return;
+        };
+        if e.retries >= max_retries {
+            self.fail(seq, e.retries, stats);
+            return;
+        }
+        if !self.rtx_pending.contains(&seq) {
+            self.rtx_pending.push_back(seq);
+        }
+    }
+
+    fn fail(&mut self, seq: u64, retries: u32, stats: &mut Stats) {
+        stats.failures += 1;
+        self.failure = Some(EfcpError::RetriesExhausted { seq, retries });
+        self.queue.clear();
+        self.unacked.clear();
+        self.rtx_pending.clear();
+        self.rtx_deadline = None;
+        self.rdv_deadline = None;
+        self.rdv_due = false;
+    }
+
+    pub(super) fn poll_timeout(&self) -> Option<Instant> {
+        if self.failure.is_some() {
+            return None;
+        }
+        let rate = match &self.rate {
+            Some(r)
+                if self.rate_blocked()
+                    && (!self.queue.is_empty() || !self.rtx_pending.is_empty()) =>
+            {
+                Some(self.frame_start + r.frame)
+            }
+            _ => None,
+        };
+        [self.rtx_deadline, self.rdv_deadline, rate]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    pub(super) fn handle_timeout(&mut self, now: Instant, stats: &mut Stats) {
+        if self.failure.is_some() {
+            return;
+        }
+        if self.rtx_deadline.is_some_and(|d| now >= d) {
+            self.on_rto(now, stats);
+        }
+        if self.rdv_deadline.is_some_and(|d| now >= d) {
+            if !self.queue.is_empty() && !self.window_open() {
+                self.rdv_due = true;
+                stats.rendezvous_sent += 1;
+                self.rdv_backoff = (self.rdv_backoff + 1).min(MAX_RENDEZVOUS_BACKOFF);
+                self.rdv_deadline = Some(now + self.rdv_interval());
+            } else {
+                self.rdv_deadline = None;
+                self.rdv_backoff = 0;
+            }
+        }
+    }
+
+    fn on_rto(&mut self, now: Instant, stats: &mut Stats) {
+        let Some(rtx) = self.rtx_cfg else {
+            self.rtx_deadline = None;
+            return;
+        };
+        let Some(front) = self.unacked.front() else {
+            self.rtx_deadline = None;
+            return;
+        };
+        stats.rto_expirations += 1;
+        if front.retries >= rtx.max_retries {
+            let retries = front.retries;
+            self.fail(self.snd_una, retries, stats);
+            return;
+        }
+        self.rtt.backoff();
+        self.dup_acks = 0;
+        self.recovery = Some(self.next_seq - 1);
+        if !self.rtx_pending.contains(&self.snd_una) {
+            self.rtx_pending.push_back(self.snd_una);
+        }
+        self.rtx_deadline = Some(now + self.rtt.rto());
+    }
+}

@@ -1,0 +1,1178 @@
+//! Tests with explicit time: two endpoints joined by a seeded lossy channel.
+
+use super::*;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::BTreeMap;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn t(ms_: u64) -> Instant {
+    Instant::ZERO + ms(ms_)
+}
+
+fn sdu(i: u64) -> Vec<u8> {
+    i.to_be_bytes().to_vec()
+}
+
+fn sdu_index(p: &[u8]) -> u64 {
+    u64::from_be_bytes(p.try_into().expect("8-byte test SDU"))
+}
+
+/// Scripted loss: drop every PDU this says yes to.
+type Filter = Box<dyn FnMut(&Pdu) -> bool>;
+
+/// One direction of a link: serialization time per PDU, fixed delay plus
+/// uniform jitter (which reorders), seeded loss and duplication.
+struct Channel {
+    /// Time to put one PDU on the link (back-to-back PDUs are spaced).
+    spacing: Duration,
+    last_departure: Instant,
+    delay: Duration,
+    jitter: Duration,
+    loss: f64,
+    dup: f64,
+    rng: ChaCha8Rng,
+    queue: BTreeMap<(Instant, u64), Pdu>,
+    next_id: u64,
+    sent: u64,
+    lost: u64,
+    /// Drop every PDU this says yes to (scripted loss).
+    filter: Option<Filter>,
+}
+
+impl Channel {
+    fn new(seed: u64, delay: Duration) -> Self {
+        Channel {
+            spacing: Duration::from_micros(50),
+            last_departure: Instant::ZERO,
+            delay,
+            jitter: Duration::ZERO,
+            loss: 0.0,
+            dup: 0.0,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            queue: BTreeMap::new(),
+            next_id: 0,
+            sent: 0,
+            lost: 0,
+            filter: None,
+        }
+    }
+
+    fn lossy(mut self, loss: f64) -> Self {
+        self.loss = loss;
+        self
+    }
+
+    fn send(&mut self, now: Instant, pdu: Pdu) {
+        self.sent += 1;
+        if let Some(f) = self.filter.as_mut() {
+            if f(&pdu) {
+                self.lost += 1;
+                return;
+            }
+        }
+        if self.rng.gen_bool(self.loss) {
+            self.lost += 1;
+            return;
+        }
+        let departure = now.max(self.last_departure + self.spacing);
+        self.last_departure = departure;
+        let copies = if self.rng.gen_bool(self.dup) { 2 } else { 1 };
+        for _ in 0..copies {
+            let jitter = if self.jitter.is_zero() {
+                Duration::ZERO
+            } else {
+                Duration::from_nanos(self.rng.gen_range(0..self.jitter.as_nanos() as u64))
+            };
+            self.queue
+                .insert((departure + self.delay + jitter, self.next_id), pdu.clone());
+            self.next_id += 1;
+        }
+    }
+
+    fn next(&self) -> Option<Instant> {
+        self.queue.keys().next().map(|k| k.0)
+    }
+
+    fn pop_due(&mut self, now: Instant) -> Option<Pdu> {
+        let (&(at, _), _) = self.queue.iter().next()?;
+        if at <= now {
+            self.queue.pop_first().map(|(_, p)| p)
+        } else {
+            None
+        }
+    }
+}
+
+/// Endpoint `a` sends to `b`; both directions carry control PDUs.
+struct Sim {
+    now: Instant,
+    a: Connection,
+    b: Connection,
+    ab: Channel,
+    ba: Channel,
+    /// Times and PDUs `a` transmitted.
+    a_log: Vec<(Instant, Pdu)>,
+    log_a: bool,
+    /// Times and PDUs `b` transmitted.
+    b_log: Vec<(Instant, Pdu)>,
+    log_b: bool,
+}
+
+impl Sim {
+    fn new(cfg: EfcpConfig, ab: Channel, ba: Channel) -> Self {
+        Sim {
+            now: Instant::ZERO,
+            a: Connection::new(cfg.clone(), Instant::ZERO).unwrap(),
+            b: Connection::new(cfg, Instant::ZERO).unwrap(),
+            ab,
+            ba,
+            a_log: Vec::new(),
+            log_a: false,
+            b_log: Vec::new(),
+            log_b: false,
+        }
+    }
+
+    fn pump(&mut self) {
+        while let Some(p) = self.a.poll_transmit(self.now) {
+            if self.log_a {
+                self.a_log.push((self.now, p.clone()));
+            }
+            self.ab.send(self.now, p);
+        }
+        while let Some(p) = self.b.poll_transmit(self.now) {
+            if self.log_b {
+                self.b_log.push((self.now, p.clone()));
+            }
+            self.ba.send(self.now, p);
+        }
+    }
+
+    /// Runs until `app` says done (true) or `until`; `app` is called at
+    /// every event and returns (done, its next wake-up).
+    fn run(
+        &mut self,
+        until: Instant,
+        mut app: impl FnMut(&mut Sim) -> (bool, Option<Instant>),
+    ) -> bool {
+        for _ in 0..50_000_000u64 {
+            let (done, wake) = app(self);
+            if done {
+                return true;
+            }
+            self.pump();
+            let next = [
+                self.a.poll_timeout(),
+                self.b.poll_timeout(),
+                self.ab.next(),
+                self.ba.next(),
+                wake,
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+            let Some(next) = next else {
+                return false;
+            };
+            if next > until {
+                return false;
+            }
+            self.now = self.now.max(next);
+            while let Some(p) = self.ab.pop_due(self.now) {
+                self.b.on_pdu(self.now, p);
+            }
+            while let Some(p) = self.ba.pop_due(self.now) {
+                self.a.on_pdu(self.now, p);
+            }
+            if self.a.poll_timeout().is_some_and(|d| d <= self.now) {
+                self.a.handle_timeout(self.now);
+            }
+            if self.b.poll_timeout().is_some_and(|d| d <= self.now) {
+                self.b.handle_timeout(self.now);
+            }
+        }
+        panic!("simulation did not settle");
+    }
+}
+
+fn reliable_cfg() -> EfcpConfig {
+    EfcpConfig {
+        in_order: true,
+        max_sdu_gap: Some(0),
+        max_pdu_lifetime: ms(1000),
+        max_reorder: 64,
+        a_timer: ms(5),
+        max_send_queue: 64,
+        dtcp: Some(DtcpConfig {
+            window: Some(WindowFc {
+                initial_credit: 32,
+                max_closed_queue: 16,
+                receiver_buffer: 64,
+            }),
+            rate: None,
+            rtx: Some(RtxConfig {
+                initial_rto: ms(200),
+                min_rto: ms(20),
+                max_rto: ms(2000),
+                max_retries: 30,
+                ack_every: 4,
+            }),
+        }),
+    }
+}
+
+/// Writes `n` SDUs from `a` as fast as allowed; `b` delivers and consumes
+/// at once. Returns the indices `b` delivered.
+fn transfer(sim: &mut Sim, n: u64, until: Instant) -> Vec<u64> {
+    let mut written = 0u64;
+    let mut got = Vec::with_capacity(n as usize);
+    let ok = sim.run(until, |s| {
+        while written < n && s.a.can_write() {
+            s.a.write(s.now, sdu(written)).unwrap();
+            written += 1;
+        }
+        let mut k = 0;
+        while let Some(d) = s.b.poll_deliver() {
+            got.push(sdu_index(&d.payload));
+            k += 1;
+        }
+        s.b.consumed(s.now, k);
+        (got.len() as u64 == n && s.a.in_flight() == 0, None)
+    });
+    assert!(
+        ok,
+        "transfer stalled at {} of {n} ({:?})",
+        got.len(),
+        sim.a.stats()
+    );
+    got
+}
+
+// 1. Reliable + window over loss: exactly once, in order.
+fn reliable_over_loss(loss: f64, seed: u64) -> (Stats, Stats, u64, Instant) {
+    let ab = Channel::new(seed, ms(10)).lossy(loss);
+    let ba = Channel::new(seed + 1, ms(10)).lossy(loss);
+    let mut sim = Sim::new(reliable_cfg(), ab, ba);
+    let n = 10_000;
+    let got = transfer(&mut sim, n, t(3_600_000));
+    assert_eq!(got, (0..n).collect::<Vec<_>>());
+    assert!(!sim.a.is_failed());
+    (
+        *sim.a.stats(),
+        *sim.b.stats(),
+        sim.ab.lost + sim.ba.lost,
+        sim.now,
+    )
+}
+
+#[test]
+fn reliable_window_over_5_percent_loss() {
+    let (a, b, lost, end) = reliable_over_loss(0.05, 1);
+    eprintln!(
+        "5% loss: 10000 SDUs in {:?} virtual; sent {} new + {} rtx ({:.1}%), rto expirations {}, \
+         fast rtx {}, PDUs lost {lost}, dups at receiver {}, acks sent {}, srtt {:?}, rto {:?}",
+        end - Instant::ZERO,
+        a.pdus_sent,
+        a.pdus_retransmitted,
+        100.0 * a.pdus_retransmitted as f64 / a.pdus_sent as f64,
+        a.rto_expirations,
+        a.fast_retransmits,
+        b.duplicates,
+        b.acks_sent,
+        a.srtt,
+        a.rto
+    );
+    assert_eq!(a.pdus_sent, 10_000);
+    assert_eq!(b.delivered, 10_000);
+    assert!(a.pdus_retransmitted >= 400 && a.pdus_retransmitted < 2_000);
+}
+
+#[test]
+fn reliable_window_over_20_percent_loss() {
+    let (a, b, lost, end) = reliable_over_loss(0.20, 7);
+    eprintln!(
+        "20% loss: 10000 SDUs in {:?} virtual; sent {} new + {} rtx ({:.1}%), rto expirations {}, \
+         fast rtx {}, PDUs lost {lost}, dups at receiver {}, acks sent {}",
+        end - Instant::ZERO,
+        a.pdus_sent,
+        a.pdus_retransmitted,
+        100.0 * a.pdus_retransmitted as f64 / a.pdus_sent as f64,
+        a.rto_expirations,
+        a.fast_retransmits,
+        b.duplicates,
+        b.acks_sent
+    );
+    assert_eq!(b.delivered, 10_000);
+    assert!(a.pdus_retransmitted >= 2_000);
+}
+
+#[test]
+fn reliable_with_reordering_and_duplication() {
+    let mut ab = Channel::new(11, ms(5)).lossy(0.05);
+    ab.jitter = ms(8);
+    ab.dup = 0.05;
+    let mut ba = Channel::new(12, ms(5)).lossy(0.05);
+    ba.jitter = ms(8);
+    let mut sim = Sim::new(reliable_cfg(), ab, ba);
+    let got = transfer(&mut sim, 3000, t(3_600_000));
+    assert_eq!(got, (0..3000).collect::<Vec<_>>());
+    assert!(sim.b.stats().duplicates > 0);
+}
+
+// 2. Flow control without retransmission, slow receiver.
+#[test]
+fn window_without_rtx_never_overruns_a_slow_receiver() {
+    let buffer = 16;
+    let cfg = EfcpConfig {
+        in_order: true,
+        max_sdu_gap: None,
+        max_pdu_lifetime: ms(1000),
+        max_reorder: 16,
+        a_timer: ms(2),
+        max_send_queue: 1,
+        dtcp: Some(DtcpConfig {
+            window: Some(WindowFc {
+                initial_credit: 16,
+                max_closed_queue: 4,
+                receiver_buffer: buffer,
+            }),
+            rate: None,
+            rtx: None,
+        }),
+    };
+    let mut sim = Sim::new(cfg, Channel::new(3, ms(1)), Channel::new(4, ms(1)));
+    let n = 2000u64;
+    let (mut written, mut would_block, mut max_buffered) = (0u64, 0u64, 0usize);
+    let mut got = Vec::new();
+    let mut next_read = t(1);
+    let ok = sim.run(t(60_000), |s| {
+        while written < n {
+            match s.a.write(s.now, sdu(written)) {
+                Ok(()) => written += 1,
+                Err(EfcpError::WouldBlock) => {
+                    would_block += 1;
+                    break;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        max_buffered = max_buffered.max(s.b.receiver_buffered());
+        assert!(s.b.receiver_buffered() <= buffer, "overrun");
+        if s.now >= next_read {
+            if let Some(d) = s.b.poll_deliver() {
+                got.push(sdu_index(&d.payload));
+                s.b.consumed(s.now, 1);
+            }
+            next_read = s.now + ms(1);
+        }
+        (got.len() as u64 == n, Some(next_read))
+    });
+    assert!(ok);
+    let (a, b) = (sim.a.stats(), sim.b.stats());
+    eprintln!(
+        "slow receiver: {n} SDUs in {:?}; max buffered {max_buffered}/{buffer}; WouldBlock {would_block}; \
+         FC PDUs {}; rendezvous {}",
+        sim.now - Instant::ZERO,
+        b.fc_sent,
+        a.rendezvous_sent
+    );
+    assert_eq!(got, (0..n).collect::<Vec<_>>());
+    assert!(would_block > 0);
+    assert_eq!(max_buffered, buffer, "the window is used fully");
+    assert_eq!(b.skipped + b.dropped_queue + b.duplicates, 0);
+    // The reader sets the pace: about one SDU per millisecond.
+    assert!(sim.now >= t(2000) && sim.now < t(2100), "{:?}", sim.now);
+}
+
+#[test]
+fn lost_window_updates_are_recovered_by_rendezvous() {
+    let cfg = EfcpConfig {
+        in_order: true,
+        max_sdu_gap: None,
+        max_pdu_lifetime: ms(100),
+        max_reorder: 8,
+        a_timer: ms(1),
+        max_send_queue: 1,
+        dtcp: Some(DtcpConfig {
+            window: Some(WindowFc {
+                initial_credit: 4,
+                max_closed_queue: 2,
+                receiver_buffer: 4,
+            }),
+            rate: None,
+            rtx: None,
+        }),
+    };
+    let mut ba = Channel::new(1, ms(1));
+    // Lose the first five window updates.
+    let mut dropped = 0;
+    ba.filter = Some(Box::new(move |p| {
+        if matches!(p, Pdu::Fc { .. }) && dropped < 5 {
+            dropped += 1;
+            true
+        } else {
+            false
+        }
+    }));
+    let mut sim = Sim::new(cfg, Channel::new(2, ms(1)), ba);
+    let got = transfer(&mut sim, 100, t(10_000));
+    assert_eq!(got, (0..100).collect::<Vec<_>>());
+    assert!(sim.a.stats().rendezvous_sent > 0);
+    assert!(sim.b.stats().rendezvous_received > 0);
+}
+
+#[test]
+fn window_without_rtx_over_loss_never_blocks() {
+    // Lost data and lost window updates: holes are given up, rendezvous
+    // tells the receiver about the tail, and the transfer completes.
+    let mut cfg = reliable_cfg();
+    cfg.max_sdu_gap = None;
+    cfg.dtcp.as_mut().unwrap().rtx = None;
+    let mut sim = Sim::new(
+        cfg,
+        Channel::new(5, ms(3)).lossy(0.1),
+        Channel::new(6, ms(3)).lossy(0.1),
+    );
+    let n = 3000u64;
+    let mut written = 0;
+    let mut got = Vec::new();
+    let ok = sim.run(t(600_000), |s| {
+        while written < n && s.a.can_write() {
+            s.a.write(s.now, sdu(written)).unwrap();
+            written += 1;
+        }
+        let mut k = 0;
+        while let Some(d) = s.b.poll_deliver() {
+            got.push(sdu_index(&d.payload));
+            k += 1;
+        }
+        s.b.consumed(s.now, k);
+        let b = s.b.stats();
+        (
+            written == n && s.a.send_queue_len() == 0 && b.delivered + b.skipped >= n,
+            None,
+        )
+    });
+    assert!(ok, "blocked: {:?} {:?}", sim.a.stats(), sim.b.stats());
+    assert!(got.windows(2).all(|w| w[0] < w[1]));
+    let b = sim.b.stats();
+    eprintln!(
+        "window, no rtx, 10% loss: delivered {} skipped {} rendezvous {} (channel lost {} of {})",
+        b.delivered,
+        b.skipped,
+        sim.a.stats().rendezvous_sent,
+        sim.ab.lost,
+        sim.ab.sent
+    );
+    assert!(b.delivered > 2500);
+}
+
+// 3. Unreliable with max_sdu_gap over loss.
+fn gap_flow(in_order: bool, gap: Option<u64>, rtx: bool, seed: u64) -> (Vec<u64>, Stats, u64) {
+    let cfg = EfcpConfig {
+        in_order,
+        max_sdu_gap: gap,
+        max_pdu_lifetime: ms(200),
+        max_reorder: 32,
+        a_timer: ms(4),
+        max_send_queue: 64,
+        dtcp: rtx.then(|| DtcpConfig {
+            window: None,
+            rate: None,
+            rtx: Some(RtxConfig {
+                initial_rto: ms(50),
+                min_rto: ms(10),
+                max_rto: ms(500),
+                max_retries: 40,
+                ack_every: 2,
+            }),
+        }),
+    };
+    let mut ab = Channel::new(seed, ms(5)).lossy(0.1);
+    ab.jitter = ms(3);
+    ab.dup = 0.05;
+    let mut sim = Sim::new(cfg, ab, Channel::new(seed + 1, ms(5)).lossy(0.1));
+    let n = 5000u64;
+    let mut written = 0;
+    let mut got = Vec::new();
+    let mut next_write = Instant::ZERO;
+    let ok = sim.run(t(600_000), |s| {
+        // One SDU every 200 µs.
+        if written < n && s.now >= next_write && s.a.can_write() {
+            s.a.write(s.now, sdu(written)).unwrap();
+            written += 1;
+            next_write = s.now + Duration::from_micros(200);
+        }
+        while let Some(d) = s.b.poll_deliver() {
+            assert_eq!(sdu_index(&d.payload) + 1, d.seq);
+            got.push(d.seq);
+        }
+        let idle = written == n && s.a.send_queue_len() == 0 && s.a.in_flight() == 0;
+        let settle = next_write + ms(100);
+        let wake = if written == n {
+            settle
+        } else if s.now >= next_write {
+            s.now + Duration::from_micros(200) // blocked: try again later
+        } else {
+            next_write
+        };
+        (
+            idle && s.ab.next().is_none() && s.b.deliverable() == 0 && s.now >= settle,
+            Some(wake),
+        )
+    });
+    assert!(ok);
+    (got, *sim.b.stats(), sim.b.receive_lwe().unwrap_or(0))
+}
+
+fn gaps(seqs: &[u64]) -> Vec<u64> {
+    let mut v: Vec<u64> = seqs
+        .windows(2)
+        .map(|w| w[1] - w[0] - 1)
+        .filter(|g| *g > 0)
+        .collect();
+    if let Some(&first) = seqs.first() {
+        if first > 1 {
+            v.insert(0, first - 1);
+        }
+    }
+    v
+}
+
+#[test]
+fn unreliable_in_order_with_gap_skips_holes_and_reports_large_ones() {
+    let n = 2;
+    let (got, b, lwe) = gap_flow(true, Some(n), false, 21);
+    // In order, no duplicates.
+    assert!(got.windows(2).all(|w| w[0] < w[1]));
+    let holes = gaps(&got);
+    let too_big = holes.iter().filter(|g| **g > n).count() as u64;
+    eprintln!(
+        "unreliable in-order gap<={n}, 10% loss: delivered {} of 5000, holes {} (largest {}), \
+         over the limit {too_big} = gap_exceeded {}, duplicates dropped {}",
+        got.len(),
+        holes.len(),
+        holes.iter().max().unwrap_or(&0),
+        b.gap_exceeded,
+        b.duplicates
+    );
+    // Documented semantics: without rtx every hole is given up after A;
+    // holes larger than the gap are counted, none goes unreported.
+    assert_eq!(too_big, b.gap_exceeded);
+    assert_eq!(holes.len() as u64, b.holes);
+    // Nothing is stuck: everything up to the LWE was delivered or given up
+    // (a lost tail has nothing behind it to reveal the hole).
+    assert_eq!(got.len() as u64 + b.skipped, lwe);
+    assert!(lwe > 4990);
+    assert!(b.duplicates > 0, "the channel duplicated PDUs");
+}
+
+#[test]
+fn unreliable_out_of_order_delivers_on_arrival_without_duplicates() {
+    let (got, b, lwe) = gap_flow(false, None, false, 31);
+    let mut sorted = got.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), got.len(), "no duplicates");
+    assert!(
+        got.windows(2).any(|w| w[0] > w[1]),
+        "jitter reordered something"
+    );
+    // Up to the LWE everything was delivered or given up, except that this
+    // seed reorders PDU 2 before the DRF PDU 1: the run starts at 2 and 1
+    // then arrives as stale (documented: a run may start without DRF).
+    assert_eq!(got.len() as u64 + b.skipped + 1, lwe);
+    assert_eq!(got.iter().min(), Some(&2));
+    assert!(lwe > 4990);
+    assert_eq!(b.gap_exceeded, 0);
+}
+
+#[test]
+fn partial_reliability_keeps_holes_within_the_gap() {
+    let n = 2;
+    let (got, b, _) = gap_flow(true, Some(n), true, 41);
+    let holes = gaps(&got);
+    eprintln!(
+        "rtx + gap<={n}, 10% loss: delivered {} of 5000, holes {}, largest {}",
+        got.len(),
+        holes.len(),
+        holes.iter().max().unwrap_or(&0)
+    );
+    assert!(got.windows(2).all(|w| w[0] < w[1]));
+    assert!(holes.iter().all(|g| *g <= n), "{holes:?}");
+    assert_eq!(b.gap_exceeded, 0);
+    assert!(!holes.is_empty());
+}
+
+// 4. RTO per RFC 6298.
+#[test]
+fn rto_follows_rfc6298() {
+    let mut e = RttEstimator::new(ms(1000), ms(10), ms(3000));
+    assert_eq!(e.rto(), ms(1000));
+    assert_eq!(e.srtt(), None);
+    e.sample(ms(100));
+    assert_eq!(e.srtt(), Some(ms(100)));
+    assert_eq!(e.rttvar(), ms(50));
+    assert_eq!(e.rto(), ms(300)); // 100 + 4·50
+    e.sample(ms(200));
+    // RTTVAR = 3/4·50 + 1/4·|100 − 200| = 62.5; SRTT = 7/8·100 + 1/8·200 = 112.5
+    assert_eq!(e.rttvar(), Duration::from_micros(62_500));
+    assert_eq!(e.srtt(), Some(Duration::from_micros(112_500)));
+    assert_eq!(e.rto(), Duration::from_micros(362_500));
+    e.backoff();
+    assert_eq!(e.rto(), ms(725));
+    e.backoff();
+    assert_eq!(e.rto(), ms(1450));
+    e.backoff();
+    assert_eq!(e.rto(), ms(2900));
+    e.backoff();
+    assert_eq!(e.rto(), ms(3000), "capped at max_rto");
+    e.backoff();
+    assert_eq!(e.rto(), ms(3000));
+    e.reset_backoff();
+    assert_eq!(e.rto(), Duration::from_micros(362_500));
+    // Steady samples shrink RTTVAR until G dominates; then min_rto clamps.
+    for _ in 0..200 {
+        e.sample(ms(4));
+    }
+    assert_eq!(e.srtt(), Some(ms(4)));
+    assert_eq!(e.rto(), ms(10), "4 ms + G = 5 ms, clamped to min_rto");
+    let mut g = RttEstimator::new(ms(1000), ms(1), ms(3000));
+    for _ in 0..200 {
+        g.sample(ms(40));
+    }
+    assert_eq!(g.rto(), ms(41), "SRTT + G when RTTVAR is ~0");
+}
+
+fn rtx_only(max_retries: u32) -> EfcpConfig {
+    EfcpConfig {
+        in_order: true,
+        max_sdu_gap: Some(0),
+        max_pdu_lifetime: ms(1000),
+        max_reorder: 16,
+        a_timer: ms(10),
+        max_send_queue: 16,
+        dtcp: Some(DtcpConfig {
+            window: None,
+            rate: None,
+            rtx: Some(RtxConfig {
+                initial_rto: ms(100),
+                min_rto: ms(10),
+                max_rto: ms(400),
+                max_retries,
+                ack_every: 0,
+            }),
+        }),
+    }
+}
+
+#[test]
+fn connection_backs_off_and_applies_karns_rule() {
+    let mut a = Connection::new(rtx_only(10), t(0)).unwrap();
+    a.write(t(0), sdu(0)).unwrap();
+    assert!(matches!(
+        a.poll_transmit(t(0)),
+        Some(Pdu::Data {
+            seq: 1,
+            drf: true,
+            ..
+        })
+    ));
+    // No ack: the timer fires after 100, then 200, 400, 400 (capped).
+    let mut expiries = Vec::new();
+    for _ in 0..4 {
+        let d = a.poll_timeout().unwrap();
+        expiries.push(d);
+        a.handle_timeout(d);
+        assert!(matches!(
+            a.poll_transmit(d),
+            Some(Pdu::Data {
+                seq: 1,
+                drf: true,
+                ..
+            })
+        ));
+    }
+    assert_eq!(expiries, vec![t(100), t(300), t(700), t(1100)]);
+    assert_eq!(a.stats().rto, ms(400));
+    // The ack for the retransmitted PDU gives no sample (Karn) but resets
+    // the back-off.
+    a.on_pdu(
+        t(1150),
+        Pdu::Ack {
+            ctrl_seq: 1,
+            ack_sn: 1,
+        },
+    );
+    assert_eq!(a.stats().srtt, None);
+    assert_eq!(a.stats().rto, ms(100));
+    assert_eq!(a.poll_timeout(), None);
+    // A clean exchange gives a sample.
+    a.write(t(1200), sdu(1)).unwrap();
+    assert!(matches!(
+        a.poll_transmit(t(1200)),
+        Some(Pdu::Data {
+            seq: 2,
+            drf: false,
+            ..
+        })
+    ));
+    a.on_pdu(
+        t(1260),
+        Pdu::Ack {
+            ctrl_seq: 2,
+            ack_sn: 2,
+        },
+    );
+    assert_eq!(a.stats().srtt, Some(ms(60)));
+    assert_eq!(a.stats().rttvar, ms(30));
+    assert_eq!(a.stats().rto, ms(180));
+    // A stale ack (old control sequence number) is ignored.
+    a.on_pdu(
+        t(1270),
+        Pdu::Ack {
+            ctrl_seq: 2,
+            ack_sn: 2,
+        },
+    );
+    assert_eq!(a.stats().ctrl_stale, 1);
+    assert_eq!(a.stats().rto_expirations, 4);
+    assert_eq!(a.stats().pdus_retransmitted, 4);
+}
+
+#[test]
+fn three_duplicate_acks_trigger_fast_retransmit() {
+    let mut a = Connection::new(rtx_only(10), t(0)).unwrap();
+    for i in 0..5 {
+        a.write(t(0), sdu(i)).unwrap();
+    }
+    while a.poll_transmit(t(0)).is_some() {}
+    for c in 1..=4 {
+        a.on_pdu(
+            t(10),
+            Pdu::Ack {
+                ctrl_seq: c,
+                ack_sn: 1,
+            },
+        );
+    }
+    assert_eq!(a.stats().fast_retransmits, 1);
+    assert!(matches!(
+        a.poll_transmit(t(10)),
+        Some(Pdu::Data { seq: 2, .. })
+    ));
+    // Partial ack: the next hole goes at once.
+    a.on_pdu(
+        t(20),
+        Pdu::Ack {
+            ctrl_seq: 5,
+            ack_sn: 3,
+        },
+    );
+    assert!(matches!(
+        a.poll_transmit(t(20)),
+        Some(Pdu::Data { seq: 4, .. })
+    ));
+    a.on_pdu(
+        t(30),
+        Pdu::Ack {
+            ctrl_seq: 6,
+            ack_sn: 5,
+        },
+    );
+    assert_eq!(a.in_flight(), 0);
+    assert_eq!(a.poll_timeout(), None);
+}
+
+// 5. A-timer.
+#[test]
+fn delayed_ack_within_a_timer_covers_several_pdus() {
+    let mut b = Connection::new(rtx_only(5), t(0)).unwrap();
+    for (i, at) in [0u64, 1, 2].into_iter().enumerate() {
+        b.on_pdu(
+            t(at),
+            Pdu::Data {
+                seq: i as u64 + 1,
+                drf: i == 0,
+                payload: sdu(i as u64),
+            },
+        );
+        assert_eq!(b.poll_transmit(t(at)), None, "no ack before A");
+    }
+    assert_eq!(
+        b.poll_timeout(),
+        Some(t(10)),
+        "A after the first unacked PDU"
+    );
+    b.handle_timeout(t(10));
+    assert_eq!(
+        b.poll_transmit(t(10)),
+        Some(Pdu::Ack {
+            ctrl_seq: 1,
+            ack_sn: 3
+        })
+    );
+    assert_eq!(b.poll_transmit(t(10)), None);
+    assert_eq!(b.stats().acks_sent, 1);
+    // Out of order: ack at once (duplicate ack for the sender).
+    b.on_pdu(
+        t(11),
+        Pdu::Data {
+            seq: 5,
+            drf: false,
+            payload: sdu(4),
+        },
+    );
+    assert_eq!(
+        b.poll_transmit(t(11)),
+        Some(Pdu::Ack {
+            ctrl_seq: 2,
+            ack_sn: 3
+        })
+    );
+    // Hole filled: at once, cumulative over both.
+    b.on_pdu(
+        t(12),
+        Pdu::Data {
+            seq: 4,
+            drf: false,
+            payload: sdu(3),
+        },
+    );
+    assert_eq!(
+        b.poll_transmit(t(12)),
+        Some(Pdu::Ack {
+            ctrl_seq: 3,
+            ack_sn: 5
+        })
+    );
+    let seqs: Vec<u64> = std::iter::from_fn(|| b.poll_deliver())
+        .map(|d| d.seq)
+        .collect();
+    assert_eq!(seqs, vec![1, 2, 3, 4, 5]);
+}
+
+#[test]
+fn ack_every_n_acks_at_once() {
+    let mut cfg = rtx_only(5);
+    cfg.dtcp.as_mut().unwrap().rtx.as_mut().unwrap().ack_every = 2;
+    let mut b = Connection::new(cfg, t(0)).unwrap();
+    b.on_pdu(
+        t(0),
+        Pdu::Data {
+            seq: 1,
+            drf: true,
+            payload: vec![],
+        },
+    );
+    assert_eq!(b.poll_transmit(t(0)), None);
+    b.on_pdu(
+        t(1),
+        Pdu::Data {
+            seq: 2,
+            drf: false,
+            payload: vec![],
+        },
+    );
+    assert_eq!(
+        b.poll_transmit(t(1)),
+        Some(Pdu::Ack {
+            ctrl_seq: 1,
+            ack_sn: 2
+        })
+    );
+}
+
+#[test]
+fn a_timer_bounds_ack_delay_over_a_transfer() {
+    // Every data PDU that arrives in order is covered by an ack sent within
+    // A (no ack_every), and acks are cumulative over several PDUs.
+    let mut cfg = reliable_cfg();
+    cfg.dtcp.as_mut().unwrap().rtx.as_mut().unwrap().ack_every = 0;
+    let a_timer = cfg.a_timer;
+    let mut sim = Sim::new(cfg, Channel::new(9, ms(2)), Channel::new(10, ms(2)));
+    sim.log_a = true;
+    sim.log_b = true;
+    assert_eq!(
+        transfer(&mut sim, 500, t(100_000)),
+        (0..500).collect::<Vec<_>>()
+    );
+    let acks: Vec<(Instant, u64)> = sim
+        .b_log
+        .iter()
+        .filter_map(|(at, p)| match p {
+            Pdu::AckFc { ack_sn, .. } => Some((*at, *ack_sn)),
+            _ => None,
+        })
+        .collect();
+    let mut worst = Duration::ZERO;
+    for (at, p) in &sim.a_log {
+        if let Pdu::Data { seq, .. } = p {
+            let arrival = *at + ms(2);
+            let (acked_at, _) = acks.iter().find(|(_, a)| a >= seq).expect("acked");
+            worst = worst.max(*acked_at - arrival);
+        }
+    }
+    eprintln!(
+        "A-timer {a_timer:?}: 500 PDUs, {} acks, worst ack delay {worst:?}",
+        acks.len()
+    );
+    assert!(worst <= a_timer, "ack delayed {worst:?} > A {a_timer:?}");
+    assert!((acks.len() as u64) < 500 / 2, "acks are cumulative");
+}
+
+// 6. Rate-based flow control.
+#[test]
+fn rate_limit_holds_per_frame() {
+    let cfg = EfcpConfig {
+        in_order: false,
+        max_sdu_gap: None,
+        max_pdu_lifetime: ms(1000),
+        max_reorder: 16,
+        a_timer: ms(5),
+        max_send_queue: 1000,
+        dtcp: Some(DtcpConfig {
+            window: None,
+            rate: Some(RateFc {
+                pdus_per_frame: 5,
+                frame: ms(10),
+            }),
+            rtx: None,
+        }),
+    };
+    let mut sim = Sim::new(cfg, Channel::new(1, ms(1)), Channel::new(2, ms(1)));
+    sim.log_a = true;
+    let mut written = 0u64;
+    sim.run(t(1000), |s| {
+        while s.a.can_write() {
+            s.a.write(s.now, sdu(written)).unwrap();
+            written += 1;
+        }
+        while s.b.poll_deliver().is_some() {}
+        (false, None)
+    });
+    let mut per_frame: BTreeMap<u64, u64> = BTreeMap::new();
+    for (at, p) in &sim.a_log {
+        if matches!(p, Pdu::Data { .. }) && *at < t(1000) {
+            *per_frame.entry(at.as_nanos() / 10_000_000).or_default() += 1;
+        }
+    }
+    let total: u64 = per_frame.values().sum();
+    eprintln!(
+        "rate 5 per 10 ms over 1 s: {total} PDUs in {} frames, max per frame {}",
+        per_frame.len(),
+        per_frame.values().max().unwrap()
+    );
+    assert!(per_frame.values().all(|c| *c <= 5));
+    assert_eq!(total, 500, "the full rate is used");
+}
+
+// 7. Retries exhausted.
+#[test]
+fn max_retries_exhausted_fails_the_connection() {
+    let mut sim = Sim::new(
+        rtx_only(3),
+        Channel::new(1, ms(5)).lossy(1.0),
+        Channel::new(2, ms(5)),
+    );
+    sim.a.write(Instant::ZERO, sdu(0)).unwrap();
+    sim.a.write(Instant::ZERO, sdu(1)).unwrap();
+    let ok = sim.run(t(60_000), |s| (s.a.is_failed(), None));
+    assert!(ok);
+    assert_eq!(
+        sim.a.failure(),
+        Some(&EfcpError::RetriesExhausted { seq: 1, retries: 3 })
+    );
+    // 100 + 200 + 400 + 400 ms of back-off.
+    assert_eq!(sim.now, t(1100));
+    assert_eq!(sim.a.stats().rto_expirations, 4);
+    assert_eq!(sim.a.stats().pdus_retransmitted, 3);
+    assert_eq!(sim.a.write(sim.now, sdu(9)), Err(EfcpError::Closed));
+    assert!(!sim.a.can_write());
+    assert_eq!(sim.a.poll_timeout(), None);
+    assert_eq!(sim.a.poll_transmit(sim.now), None);
+}
+
+// Data runs and inactivity.
+#[test]
+fn idle_sender_starts_a_new_run_and_receiver_resets() {
+    let cfg = reliable_cfg();
+    let delta = cfg.delta_t();
+    let mut sim = Sim::new(cfg, Channel::new(1, ms(3)), Channel::new(2, ms(3)));
+    assert_eq!(
+        transfer(&mut sim, 10, t(10_000)),
+        (0..10).collect::<Vec<_>>()
+    );
+    assert_eq!(sim.b.stats().runs_started, 1);
+    // Idle for 3Δ: the receiver forgets its run after 2Δ, the sender marks
+    // its next PDU with DRF.
+    let later = sim.now + delta * 3;
+    sim.run(later, |_| (false, None));
+    assert_eq!(sim.b.stats().inactivity_resets, 1);
+    assert_eq!(sim.b.receive_lwe(), None);
+    sim.now = later;
+    let got = transfer(&mut sim, 10, later + ms(10_000));
+    assert_eq!(got, (0..10).collect::<Vec<_>>());
+    assert_eq!(sim.a.stats().runs_sent, 2);
+    assert_eq!(sim.b.stats().runs_started, 2);
+    assert_eq!(sim.b.receive_lwe(), Some(20));
+}
+
+#[test]
+fn lost_drf_does_not_block_an_unreliable_flow() {
+    let mut b = Connection::new(EfcpConfig::unreliable(), t(0)).unwrap();
+    b.on_pdu(
+        t(1),
+        Pdu::Data {
+            seq: 2,
+            drf: false,
+            payload: sdu(2),
+        },
+    );
+    b.on_pdu(
+        t(2),
+        Pdu::Data {
+            seq: 3,
+            drf: false,
+            payload: sdu(3),
+        },
+    );
+    assert_eq!(b.poll_deliver().map(|d| d.seq), Some(2));
+    assert_eq!(b.poll_deliver().map(|d| d.seq), Some(3));
+    // Reliable flows wait for the (retransmitted) DRF PDU instead.
+    let mut r = Connection::new(rtx_only(3), t(0)).unwrap();
+    r.on_pdu(
+        t(1),
+        Pdu::Data {
+            seq: 2,
+            drf: false,
+            payload: sdu(2),
+        },
+    );
+    assert_eq!(r.poll_deliver(), None);
+    assert_eq!(r.stats().dropped_no_run, 1);
+    r.on_pdu(
+        t(2),
+        Pdu::Data {
+            seq: 1,
+            drf: true,
+            payload: sdu(1),
+        },
+    );
+    assert_eq!(r.poll_deliver().map(|d| d.seq), Some(1));
+}
+
+#[test]
+fn reorder_queue_is_bounded() {
+    let mut cfg = rtx_only(3);
+    cfg.max_reorder = 4;
+    let mut b = Connection::new(cfg, t(0)).unwrap();
+    b.on_pdu(
+        t(0),
+        Pdu::Data {
+            seq: 1,
+            drf: true,
+            payload: vec![],
+        },
+    );
+    for s in 3..=6 {
+        b.on_pdu(
+            t(0),
+            Pdu::Data {
+                seq: s,
+                drf: false,
+                payload: vec![],
+            },
+        );
+    }
+    assert_eq!(b.stats().dropped_queue, 0);
+    b.on_pdu(
+        t(0),
+        Pdu::Data {
+            seq: 7,
+            drf: false,
+            payload: vec![],
+        },
+    );
+    assert_eq!(b.stats().dropped_queue, 1);
+    assert_eq!(b.receiver_buffered(), 5, "1 ready + 4 held");
+}
+
+#[test]
+fn config_validation() {
+    let mut c = EfcpConfig::unreliable();
+    c.max_sdu_gap = Some(0);
+    assert_eq!(c.validate(), Err(ConfigError::NoLossWithoutRtx));
+    let mut c = EfcpConfig::reliable();
+    c.dtcp
+        .as_mut()
+        .unwrap()
+        .window
+        .as_mut()
+        .unwrap()
+        .initial_credit = 1000;
+    assert!(matches!(
+        c.validate(),
+        Err(ConfigError::BadInitialCredit { .. })
+    ));
+    let mut c = EfcpConfig::reliable();
+    c.dtcp.as_mut().unwrap().rtx.as_mut().unwrap().min_rto = Duration::ZERO;
+    assert_eq!(c.validate(), Err(ConfigError::BadRto));
+    assert!(EfcpConfig::reliable().validate().is_ok());
+    assert!(matches!(
+        Connection::new(
+            EfcpConfig {
+                max_send_queue: 0,
+                ..EfcpConfig::unreliable()
+            },
+            t(0)
+        ),
+        Err(EfcpError::Config(ConfigError::ZeroSendQueue))
+    ));
+}
+
+#[test]
+fn widen_seq_picks_the_nearest() {
+    assert_eq!(widen_seq(0x1_0000_0005, 0x0000_0007, 32), 0x1_0000_0007);
+    assert_eq!(widen_seq(0x1_FFFF_FFF0, 0x0000_0003, 32), 0x2_0000_0003);
+    assert_eq!(widen_seq(0x2_0000_0003, 0xFFFF_FFF0, 32), 0x1_FFFF_FFF0);
+    assert_eq!(widen_seq(5, 0xFFFF_FFF0, 32), 0xFFFF_FFF0);
+    assert_eq!(widen_seq(77, 12345, 64), 12345);
+}
+
+// 8. Random loss, duplication and reordering never break a reliable flow.
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+    #[test]
+    fn reliable_flow_delivers_exactly_what_was_written(
+        seed in proptest::prelude::any::<u64>(),
+        loss in 0.0f64..0.3,
+        dup in 0.0f64..0.2,
+        jitter_ms in 0u64..20,
+        n in 1u64..300,
+        credit in 1u64..16,
+        window in proptest::prelude::any::<bool>(),
+    ) {
+        let mut cfg = reliable_cfg();
+        let d = cfg.dtcp.as_mut().unwrap();
+        if window {
+            d.window = Some(WindowFc { initial_credit: credit, max_closed_queue: 4, receiver_buffer: 16 });
+        } else {
+            d.window = None;
+            cfg.max_reorder = credit as usize;
+        }
+        let mut ab = Channel::new(seed, ms(3)).lossy(loss);
+        ab.dup = dup;
+        ab.jitter = ms(jitter_ms);
+        let mut ba = Channel::new(seed ^ 0x5555, ms(3)).lossy(loss);
+        ba.dup = dup;
+        ba.jitter = ms(jitter_ms);
+        let mut sim = Sim::new(cfg, ab, ba);
+        let got = transfer(&mut sim, n, t(3_600_000));
+        proptest::prop_assert_eq!(got, (0..n).collect::<Vec<_>>());
+    }
+}
