@@ -21,6 +21,9 @@
 //! * [`shim_node`] — [`ShimNode`]: one [`rina_core::shim_udp::ShimUdp`] plus an
 //!   in-sim application layer (registered names with an accept / refuse /
 //!   ignore policy, optional echo, a log of every flow and delivered SDU).
+//! * [`normal_node`] — [`NormalNode`]: one [`rina_core::normal::NormalIpcp`]
+//!   whose N-1 ports are link ends, with scripted streams, echo, slow readers.
+//! * [`chain`] — a chain of normal IPCPs with static routes.
 //! * [`scenario`] — helpers: fake addresses, names, times, a two-node set-up,
 //!   scripted allocations and SDU streams.
 //!
@@ -71,12 +74,15 @@
 //! println!("{} of 100 SDUs delivered", flow_b.delivered.len());
 //! ```
 
+pub mod chain;
 pub mod events;
 pub mod link;
+pub mod normal_node;
 pub mod scenario;
 pub mod shim_node;
 pub mod world;
 
 pub use link::{LinkConfig, LinkCounters, LinkId};
+pub use normal_node::{NormalCommand, NormalEvent, NormalNode};
 pub use shim_node::{App, Command, Delivery, FlowLog, Policy, ShimEvent, ShimNode};
 pub use world::{NetEvent, Node, NodeId, SimError, TraceEntry, Traced, World};

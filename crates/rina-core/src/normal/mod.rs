@@ -1,0 +1,806 @@
+//! The normal IPC process: the data-transfer half, as a sans-IO machine.
+//!
+//! It composes the other machines of this crate in the order of seed 000
+//! §16.1: an application SDU is cut by [`delimiting`](crate::delimiting)
+//! into fragments that fit a PDU, each fragment is sent by the flow's
+//! [`efcp::Connection`] (sequencing, flow control, retransmission), the
+//! resulting PDUs get their PCI ([`rina_wire::pci`]), are protected
+//! ([`sdup`](crate::sdup): TTL, CRC) and handed to the [`Rmt`], which picks
+//! an N-1 port by destination address and QoS-id and queues the frame
+//! there. Frames that arrive from N-1 ports go the other way; those for
+//! another address are relayed with their TTL decremented.
+//!
+//! Layer management (enrollment, flow allocation, routing) lives elsewhere;
+//! here flows are opened with explicit connection endpoints
+//! ([`NormalIpcp::open_flow`]) and routes are set in the RMT's forwarding
+//! table, which is what those components will do.
+//!
+//! The driver feeds frames ([`NormalIpcp::on_frame`]), application writes
+//! ([`NormalIpcp::write`]) and timeouts, and carries out the
+//! [`Action`]s: write a frame on an N-1 port, deliver an SDU.
+
+use crate::delimiting::{self, Reassembler};
+use crate::efcp::{self, Connection, EfcpConfig, EfcpError};
+use crate::rmt::{self, Address, QueuedPdu, Rmt, Scheduler};
+use crate::sdup::{Sdup, SdupConfig, SdupError};
+use crate::time::Instant;
+use rina_wire::ctl::FlowCounters;
+use rina_wire::pci::{self, Body, ControlBody, DtConstants, Pci, PduType};
+use rina_wire::WireError;
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::time::Duration;
+use thiserror::Error;
+
+/// An N-1 port (a flow of the DIF below).
+pub type N1Port = rmt::PortId;
+/// A flow of this DIF, as the application side knows it (its port-id).
+pub type FlowId = u32;
+/// A connection-endpoint id.
+pub type CepId = u64;
+
+/// Configuration of the data-transfer part of a normal IPCP.
+#[derive(Debug, Clone)]
+pub struct NormalConfig {
+    /// DIF name.
+    pub dif: String,
+    /// This IPCP's address in the DIF.
+    pub address: Address,
+    /// The DIF's data-transfer constants (PCI field widths, max PDU size).
+    pub dt: DtConstants,
+    /// SDU protection of the DIF.
+    pub sdup: SdupConfig,
+    /// Largest SDU an application may write (SDUs are fragmented to fit PDUs).
+    pub max_sdu: usize,
+    /// Incomplete SDUs are discarded this long after their first fragment.
+    pub reassembly_timeout: Duration,
+}
+
+impl NormalConfig {
+    /// A configuration with defaults for everything but name and address.
+    pub fn new(dif: impl Into<String>, address: Address) -> Self {
+        NormalConfig {
+            dif: dif.into(),
+            address,
+            dt: DtConstants::default(),
+            sdup: SdupConfig::default(),
+            max_sdu: 65_536,
+            reassembly_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Why an operation of the normal IPCP failed.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum NormalError {
+    /// No flow with this id.
+    #[error("no flow {0}")]
+    UnknownFlow(FlowId),
+    /// The flow id or connection endpoint is already in use.
+    #[error("flow {flow} or CEP-id {cep} already in use")]
+    InUse { flow: FlowId, cep: CepId },
+    /// The SDU is empty or larger than the DIF's maximum.
+    #[error("SDU of {size} bytes: SDUs are 1 to {max} bytes")]
+    BadSduSize { size: usize, max: usize },
+    /// Flow control: the flow cannot take this SDU now.
+    #[error("flow {0} is blocked by flow control; retry when it is writable")]
+    WouldBlock(FlowId),
+    /// The flow's EFCP connection failed (retransmissions exhausted).
+    #[error("flow {0} has failed: {1}")]
+    Failed(FlowId, EfcpError),
+    /// The EFCP policy of the flow is unusable.
+    #[error("bad EFCP policy: {0}")]
+    Policy(EfcpError),
+    /// The data-transfer constants are unusable.
+    #[error("bad data-transfer constants: {0}")]
+    Constants(WireError),
+}
+
+/// Something the driver must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Write this frame on N-1 port `port`.
+    Transmit { port: N1Port, frame: Vec<u8> },
+    /// Hand this SDU to the application of `flow`.
+    Deliver { flow: FlowId, sdu: Vec<u8> },
+    /// A management PDU for this IPCP arrived on `port` from `src`.
+    Management {
+        port: N1Port,
+        src: Address,
+        payload: Vec<u8>,
+    },
+    /// A flow's connection failed; the flow should be deallocated.
+    FlowFailed { flow: FlowId, error: EfcpError },
+}
+
+/// IPCP-wide counters of the data path.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Frames received from N-1 ports.
+    pub rx_frames: u64,
+    /// Frames that failed SDU protection (CRC, truncation).
+    pub rx_bad_protection: u64,
+    /// Frames whose PDU could not be parsed.
+    pub rx_malformed: u64,
+    /// Frames dropped because their TTL ran out.
+    pub rx_ttl_expired: u64,
+    /// PDUs for this address but no known connection endpoint.
+    pub rx_unknown_cep: u64,
+    /// PDUs relayed to another address.
+    pub relayed: u64,
+    /// PDUs that could not be routed or queued (see the RMT counters).
+    pub tx_dropped: u64,
+    /// Frames handed to N-1 ports.
+    pub tx_frames: u64,
+    /// Fragments the reassembler rejected (malformed delimiter, oversize).
+    pub rx_bad_fragments: u64,
+}
+
+impl Counters {
+    /// The counters by name, for listings.
+    pub fn to_map(&self) -> BTreeMap<String, u64> {
+        [
+            ("rx_frames", self.rx_frames),
+            ("rx_bad_protection", self.rx_bad_protection),
+            ("rx_malformed", self.rx_malformed),
+            ("rx_ttl_expired", self.rx_ttl_expired),
+            ("rx_unknown_cep", self.rx_unknown_cep),
+            ("relayed", self.relayed),
+            ("tx_dropped", self.tx_dropped),
+            ("tx_frames", self.tx_frames),
+            ("rx_bad_fragments", self.rx_bad_fragments),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+}
+
+/// Where a flow's connection goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Endpoint {
+    /// This end's CEP-id.
+    pub local_cep: CepId,
+    /// The peer IPCP's address.
+    pub remote_addr: Address,
+    /// The peer's CEP-id.
+    pub remote_cep: CepId,
+    /// QoS-id of the connection (names the QoS cube).
+    pub qos_id: u64,
+}
+
+/// One flow: its connection and reassembly state.
+#[derive(Debug)]
+struct Flow {
+    ep: Endpoint,
+    efcp: Connection,
+    reasm: Reassembler,
+    counters: FlowCounters,
+    /// PDUs per SDU delivered but not yet consumed (manual consumption only).
+    unconsumed: VecDeque<usize>,
+    /// Fragments delivered by EFCP since the last complete SDU.
+    fragments: usize,
+    auto_consume: bool,
+    failure_reported: bool,
+    hash: u64,
+}
+
+/// The data-transfer machine of a normal IPCP.
+#[derive(Debug)]
+pub struct NormalIpcp {
+    cfg: NormalConfig,
+    sdup: Sdup,
+    rmt: Rmt,
+    flows: HashMap<FlowId, Flow>,
+    by_cep: HashMap<CepId, FlowId>,
+    /// Flows whose EFCP may have PDUs to send.
+    dirty: BTreeSet<FlowId>,
+    actions: VecDeque<Action>,
+    counters: Counters,
+    /// Largest fragment payload (delimiter included) that fits a DT PDU.
+    frag_budget: usize,
+}
+
+impl NormalIpcp {
+    /// A normal IPCP with no N-1 ports and no flows.
+    pub fn new(cfg: NormalConfig, sched: Box<dyn Scheduler>) -> Result<Self, NormalError> {
+        cfg.dt.validate().map_err(NormalError::Constants)?;
+        let frag_budget = cfg.dt.max_pdu_size as usize - pci::header_len(&cfg.dt, PduType::Dt);
+        Ok(NormalIpcp {
+            sdup: Sdup::without_cipher(cfg.sdup),
+            rmt: Rmt::new(sched),
+            flows: HashMap::new(),
+            by_cep: HashMap::new(),
+            dirty: BTreeSet::new(),
+            actions: VecDeque::new(),
+            counters: Counters::default(),
+            frag_budget,
+            cfg,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &NormalConfig {
+        &self.cfg
+    }
+
+    /// Data-path counters.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// The RMT (forwarding table, queues, scheduler).
+    pub fn rmt(&self) -> &Rmt {
+        &self.rmt
+    }
+
+    /// The RMT, to change routes or the scheduling policy.
+    pub fn rmt_mut(&mut self) -> &mut Rmt {
+        &mut self.rmt
+    }
+
+    /// Largest frame this IPCP writes on an N-1 port: the N-1 flows must
+    /// carry SDUs at least this large.
+    pub fn max_frame(&self) -> usize {
+        self.cfg.dt.max_pdu_size as usize + self.sdup.overhead()
+    }
+
+    /// Adds an N-1 port.
+    pub fn add_port(&mut self, port: N1Port) {
+        self.rmt.add_port(port);
+    }
+
+    /// Removes an N-1 port with its queue and routes.
+    pub fn remove_port(&mut self, port: N1Port) {
+        self.rmt.remove_port(port);
+    }
+
+    /// Opens flow `flow` as EFCP connection `ep` with `policy`.
+    pub fn open_flow(
+        &mut self,
+        now: Instant,
+        flow: FlowId,
+        ep: Endpoint,
+        policy: EfcpConfig,
+    ) -> Result<(), NormalError> {
+        if self.flows.contains_key(&flow) || self.by_cep.contains_key(&ep.local_cep) {
+            return Err(NormalError::InUse {
+                flow,
+                cep: ep.local_cep,
+            });
+        }
+        let efcp = Connection::new(policy, now).map_err(NormalError::Policy)?;
+        let hash = mix(&[
+            self.cfg.address,
+            ep.local_cep,
+            ep.remote_addr,
+            ep.remote_cep,
+        ]);
+        self.by_cep.insert(ep.local_cep, flow);
+        self.flows.insert(
+            flow,
+            Flow {
+                ep,
+                efcp,
+                reasm: Reassembler::new(self.cfg.max_sdu, self.cfg.reassembly_timeout),
+                counters: FlowCounters::default(),
+                unconsumed: VecDeque::new(),
+                fragments: 0,
+                auto_consume: true,
+                failure_reported: false,
+                hash,
+            },
+        );
+        Ok(())
+    }
+
+    /// Closes a flow; anything it still had to send is discarded.
+    pub fn close_flow(&mut self, flow: FlowId) -> Result<(), NormalError> {
+        let f = self
+            .flows
+            .remove(&flow)
+            .ok_or(NormalError::UnknownFlow(flow))?;
+        self.by_cep.remove(&f.ep.local_cep);
+        self.dirty.remove(&flow);
+        Ok(())
+    }
+
+    /// Chooses whether delivered SDUs count as consumed at once (the
+    /// default) or only when [`NormalIpcp::consume`] says so — for a driver
+    /// whose application reads at its own pace under window flow control.
+    pub fn set_auto_consume(&mut self, flow: FlowId, auto: bool) -> Result<(), NormalError> {
+        let f = self
+            .flows
+            .get_mut(&flow)
+            .ok_or(NormalError::UnknownFlow(flow))?;
+        f.auto_consume = auto;
+        Ok(())
+    }
+
+    /// The application consumed `sdus` delivered SDUs of `flow`.
+    pub fn consume(&mut self, now: Instant, flow: FlowId, sdus: usize) -> Result<(), NormalError> {
+        let f = self
+            .flows
+            .get_mut(&flow)
+            .ok_or(NormalError::UnknownFlow(flow))?;
+        let mut pdus = 0;
+        for _ in 0..sdus {
+            match f.unconsumed.pop_front() {
+                Some(n) => pdus += n,
+                None => break,
+            }
+        }
+        f.efcp.consumed(now, pdus);
+        self.dirty.insert(flow);
+        self.flush(now);
+        Ok(())
+    }
+
+    /// The flows, with their endpoints.
+    pub fn flows(&self) -> impl Iterator<Item = (FlowId, Endpoint)> + '_ {
+        self.flows.iter().map(|(id, f)| (*id, f.ep))
+    }
+
+    /// SDU counters of a flow.
+    pub fn flow_counters(&self, flow: FlowId) -> Option<&FlowCounters> {
+        self.flows.get(&flow).map(|f| &f.counters)
+    }
+
+    /// EFCP statistics of a flow.
+    pub fn flow_stats(&self, flow: FlowId) -> Option<&efcp::Stats> {
+        self.flows.get(&flow).map(|f| f.efcp.stats())
+    }
+
+    /// Reassembly counters of a flow.
+    pub fn reassembly_counters(&self, flow: FlowId) -> Option<&delimiting::Counters> {
+        self.flows.get(&flow).map(|f| f.reasm.counters())
+    }
+
+    /// Whether `flow` can take an SDU of `len` bytes now.
+    pub fn can_write(&self, flow: FlowId, len: usize) -> bool {
+        self.flows.get(&flow).is_some_and(|f| {
+            let n = delimiting::fragment_count(len, self.frag_budget);
+            f.efcp.can_write() && f.efcp.write_capacity() >= n
+        })
+    }
+
+    /// Sends an application SDU on `flow`. The SDU is taken whole or not at
+    /// all: [`NormalError::WouldBlock`] leaves nothing half-sent.
+    pub fn write(&mut self, now: Instant, flow: FlowId, sdu: &[u8]) -> Result<(), NormalError> {
+        let max = self.cfg.max_sdu;
+        if sdu.is_empty() || sdu.len() > max {
+            return Err(NormalError::BadSduSize {
+                size: sdu.len(),
+                max,
+            });
+        }
+        let budget = self.frag_budget;
+        let f = self
+            .flows
+            .get_mut(&flow)
+            .ok_or(NormalError::UnknownFlow(flow))?;
+        if let Some(e) = f.efcp.failure() {
+            return Err(NormalError::Failed(flow, e.clone()));
+        }
+        let n = delimiting::fragment_count(sdu.len(), budget);
+        if !f.efcp.can_write() || f.efcp.write_capacity() < n {
+            return Err(NormalError::WouldBlock(flow));
+        }
+        let frags =
+            delimiting::fragments(sdu, max, budget).map_err(|_| NormalError::BadSduSize {
+                size: sdu.len(),
+                max,
+            })?;
+        for (delim, piece) in frags {
+            let mut payload = Vec::with_capacity(piece.len() + delimiting::DELIMITER_LEN);
+            payload.push(delim.to_byte());
+            payload.extend_from_slice(piece);
+            if let Err(e) = f.efcp.write(now, payload) {
+                // write_capacity said there was room; this is a bug guard.
+                return Err(NormalError::Failed(flow, e));
+            }
+        }
+        f.counters.sdus_out += 1;
+        f.counters.bytes_out += sdu.len() as u64;
+        self.dirty.insert(flow);
+        self.flush(now);
+        Ok(())
+    }
+
+    /// Queues a management PDU for the neighbour on `port`.
+    pub fn send_management(&mut self, now: Instant, port: N1Port, dst: Address, payload: &[u8]) {
+        let mut pci = Pci::new(PduType::Mgmt);
+        pci.src_addr = self.cfg.address;
+        pci.dst_addr = dst;
+        pci.qos_id = 1;
+        let mut frame = vec![0u8; self.sdup.header_len()];
+        let start = frame.len();
+        if pci::encode_data(&self.cfg.dt, &pci, payload, &mut frame).is_err() {
+            self.counters.tx_dropped += 1;
+            return;
+        }
+        let ttl = self.sdup.initial_ttl().unwrap_or(0);
+        let at = self.sdup.protect_in_headroom(&mut frame, start, ttl);
+        frame.drain(..at);
+        let q = QueuedPdu {
+            qos_id: 1,
+            mgmt: true,
+            bytes: frame,
+        };
+        if self.rmt.send_on(now, port, q).is_err() {
+            self.counters.tx_dropped += 1;
+        }
+        self.drain_rmt(now);
+    }
+
+    /// Processes a frame that arrived on N-1 port `port`.
+    pub fn on_frame(&mut self, now: Instant, port: N1Port, frame: &[u8]) {
+        self.counters.rx_frames += 1;
+        let un = match self.sdup.unprotect(frame) {
+            Ok(u) => u,
+            Err(SdupError::TtlExpired) => {
+                self.counters.rx_ttl_expired += 1;
+                return;
+            }
+            Err(_) => {
+                self.counters.rx_bad_protection += 1;
+                return;
+            }
+        };
+        let pdu = match pci::Pdu::parse(&self.cfg.dt, &un.pdu) {
+            Ok(p) => p,
+            Err(_) => {
+                self.counters.rx_malformed += 1;
+                return;
+            }
+        };
+        if pdu.pci.dst_addr != self.cfg.address && pdu.pci.pdu_type != PduType::Mgmt {
+            self.relay(now, un.ttl, &un.pdu, &pdu.pci);
+            return;
+        }
+        match pdu.body {
+            Body::Data(payload) if pdu.pci.pdu_type == PduType::Mgmt => {
+                self.actions.push_back(Action::Management {
+                    port,
+                    src: pdu.pci.src_addr,
+                    payload: payload.to_vec(),
+                });
+            }
+            Body::Data(payload) => self.on_data(now, &pdu.pci, payload),
+            Body::Control(body) => self.on_control(now, &pdu.pci, body),
+        }
+        self.flush(now);
+    }
+
+    fn relay(&mut self, now: Instant, ttl: Option<u8>, pdu: &[u8], pci: &Pci) {
+        let ttl = match ttl {
+            Some(t) => match Sdup::next_ttl(t) {
+                Some(t) => t,
+                None => {
+                    self.counters.rx_ttl_expired += 1;
+                    return;
+                }
+            },
+            None => 0,
+        };
+        let mut frame = Vec::with_capacity(pdu.len() + self.sdup.overhead());
+        self.sdup.protect(pdu, ttl, &mut frame);
+        let hash = mix(&[pci.src_addr, pci.src_cep, pci.dst_addr, pci.dst_cep]);
+        let q = QueuedPdu {
+            qos_id: pci.qos_id,
+            mgmt: false,
+            bytes: frame,
+        };
+        match self.rmt.relay(now, pci.dst_addr, hash, q) {
+            Ok(_) => self.counters.relayed += 1,
+            Err(_) => self.counters.tx_dropped += 1,
+        }
+        self.drain_rmt(now);
+    }
+
+    fn flow_by_cep(&mut self, pci: &Pci) -> Option<FlowId> {
+        let id = self.by_cep.get(&pci.dst_cep).copied();
+        if id.is_none() {
+            self.counters.rx_unknown_cep += 1;
+        }
+        id
+    }
+
+    fn on_data(&mut self, now: Instant, pci: &Pci, payload: &[u8]) {
+        let Some(id) = self.flow_by_cep(pci) else {
+            return;
+        };
+        let bits = (self.cfg.dt.seq.bytes() * 8) as u32;
+        let Some(f) = self.flows.get_mut(&id) else {
+            return;
+        };
+        let reference = f.efcp.receive_lwe().unwrap_or(0);
+        let seq = efcp::widen_seq(reference, pci.seq, bits);
+        f.efcp.on_pdu(
+            now,
+            efcp::Pdu::Data {
+                seq,
+                drf: pci.flags & pci::flags::DRF != 0,
+                payload: payload.to_vec(),
+            },
+        );
+        self.dirty.insert(id);
+    }
+
+    fn on_control(&mut self, now: Instant, pci: &Pci, body: ControlBody) {
+        let Some(id) = self.flow_by_cep(pci) else {
+            return;
+        };
+        let bits = (self.cfg.dt.seq.bytes() * 8) as u32;
+        let Some(f) = self.flows.get_mut(&id) else {
+            return;
+        };
+        let reference = f.efcp.next_seq();
+        let w = |v: u64| efcp::widen_seq(reference, v, bits);
+        let ctrl_seq = pci.seq;
+        let pdu = match body {
+            ControlBody::Ack { ack_sn } => efcp::Pdu::Ack {
+                ctrl_seq,
+                ack_sn: w(ack_sn),
+            },
+            ControlBody::Fc {
+                new_rwe,
+                rate,
+                frame,
+                ..
+            } => efcp::Pdu::Fc {
+                ctrl_seq,
+                new_rwe: w(new_rwe),
+                rate,
+                frame_ms: frame,
+            },
+            ControlBody::AckFc {
+                ack_sn,
+                new_rwe,
+                rate,
+                frame,
+                ..
+            } => efcp::Pdu::AckFc {
+                ctrl_seq,
+                ack_sn: w(ack_sn),
+                new_rwe: w(new_rwe),
+                rate,
+                frame_ms: frame,
+            },
+            ControlBody::Rendezvous { my_lwe, .. } => efcp::Pdu::Rendezvous {
+                ctrl_seq,
+                next_seq: efcp::widen_seq(f.efcp.receive_lwe().unwrap_or(0), my_lwe, bits),
+            },
+            // Not produced by this EFCP; counted as malformed.
+            ControlBody::Nack { .. } | ControlBody::NackFc { .. } | ControlBody::Cack { .. } => {
+                self.counters.rx_malformed += 1;
+                return;
+            }
+        };
+        f.efcp.on_pdu(now, pdu);
+        self.dirty.insert(id);
+    }
+
+    /// Moves what dirty flows have to send into the RMT, hands out what they
+    /// delivered, and drains the RMT onto the N-1 ports.
+    fn flush(&mut self, now: Instant) {
+        while let Some(id) = self.dirty.pop_first() {
+            self.flush_flow(now, id);
+        }
+        self.drain_rmt(now);
+    }
+
+    fn flush_flow(&mut self, now: Instant, id: FlowId) {
+        let Some(f) = self.flows.get_mut(&id) else {
+            return;
+        };
+        // Deliveries first: consuming them may open the peer's window.
+        while let Some(d) = f.efcp.poll_deliver() {
+            f.fragments += 1;
+            let before = discards(f.reasm.counters());
+            let res = f.reasm.push(now, d.seq, &d.payload);
+            if discards(f.reasm.counters()) > before || res.is_err() {
+                // Fragments the reassembler threw away hold no buffer any
+                // more: give their credit back. The newest fragment is kept
+                // if it started a new SDU.
+                let kept = usize::from(res.is_ok() && f.reasm.partial_len() > 0);
+                f.efcp.consumed(now, f.fragments - kept);
+                f.fragments = kept;
+                if res.is_err() {
+                    self.counters.rx_bad_fragments += 1;
+                }
+            }
+            if let Ok(Some(sdu)) = res {
+                f.counters.sdus_in += 1;
+                f.counters.bytes_in += sdu.len() as u64;
+                let n = std::mem::take(&mut f.fragments);
+                if f.auto_consume {
+                    f.efcp.consumed(now, n);
+                } else {
+                    f.unconsumed.push_back(n);
+                }
+                self.actions.push_back(Action::Deliver { flow: id, sdu });
+            }
+        }
+        let dt = &self.cfg.dt;
+        let seq_mask = dt.seq.max_value();
+        while let Some(p) = f.efcp.poll_transmit(now) {
+            let mut pci = Pci::new(PduType::Dt);
+            pci.src_addr = self.cfg.address;
+            pci.dst_addr = f.ep.remote_addr;
+            pci.qos_id = f.ep.qos_id;
+            pci.src_cep = f.ep.local_cep;
+            pci.dst_cep = f.ep.remote_cep;
+            let mut frame = vec![0u8; self.sdup.header_len()];
+            let start = frame.len();
+            let enc = match &p {
+                efcp::Pdu::Data { seq, drf, payload } => {
+                    pci.seq = seq & seq_mask;
+                    if *drf {
+                        pci.flags |= pci::flags::DRF;
+                    }
+                    pci::encode_data(dt, &pci, payload, &mut frame)
+                }
+                control => {
+                    let (ctrl_seq, body) = control_body(control, seq_mask);
+                    pci.pdu_type = body.pdu_type();
+                    pci.seq = ctrl_seq & dt.ctrl_seq.max_value();
+                    pci::encode_control(dt, &pci, &body, &mut frame)
+                }
+            };
+            if enc.is_err() {
+                self.counters.tx_dropped += 1;
+                continue;
+            }
+            let ttl = self.sdup.initial_ttl().unwrap_or(0);
+            let at = self.sdup.protect_in_headroom(&mut frame, start, ttl);
+            if at > 0 {
+                frame.drain(..at);
+            }
+            let q = QueuedPdu {
+                qos_id: f.ep.qos_id,
+                mgmt: false,
+                bytes: frame,
+            };
+            // A PDU without a route or queue room is lost like on a link;
+            // retransmission (where the policy has it) recovers.
+            if self.rmt.send(now, f.ep.remote_addr, f.hash, q).is_err() {
+                self.counters.tx_dropped += 1;
+            }
+        }
+        if let Some(e) = f.efcp.failure() {
+            if !f.failure_reported {
+                f.failure_reported = true;
+                self.actions.push_back(Action::FlowFailed {
+                    flow: id,
+                    error: e.clone(),
+                });
+            }
+        }
+    }
+
+    fn drain_rmt(&mut self, now: Instant) {
+        let ports: Vec<N1Port> = self.rmt.ports().collect();
+        for port in ports {
+            while let Some(frame) = self.rmt.poll_output(now, port) {
+                self.counters.tx_frames += 1;
+                self.actions.push_back(Action::Transmit { port, frame });
+            }
+        }
+    }
+
+    /// The next thing the driver must do, if any.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// When [`NormalIpcp::handle_timeout`] next needs to run, if ever.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.flows
+            .values()
+            .flat_map(|f| [f.efcp.poll_timeout(), f.reasm.poll_timeout()])
+            .flatten()
+            .chain(self.rmt.poll_timeout())
+            .min()
+    }
+
+    /// Runs the timers that are due.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        for (id, f) in self.flows.iter_mut() {
+            if f.efcp.poll_timeout().is_some_and(|t| t <= now) {
+                f.efcp.handle_timeout(now);
+                self.dirty.insert(*id);
+            }
+            if f.reasm.poll_timeout().is_some_and(|t| t <= now) {
+                f.reasm.handle_timeout(now);
+                // The partial SDU is gone: release the credit its fragments held.
+                let n = std::mem::take(&mut f.fragments);
+                f.efcp.consumed(now, n);
+                self.dirty.insert(*id);
+            }
+        }
+        self.flush(now);
+    }
+}
+
+/// Fragments the reassembler has discarded so far, for any reason.
+fn discards(c: &delimiting::Counters) -> u64 {
+    c.discarded_gap
+        + c.discarded_timeout
+        + c.discarded_oversize
+        + c.discarded_interrupted
+        + c.discarded_orphan
+        + c.malformed
+}
+
+/// The wire body of an EFCP control PDU, with its control sequence number.
+fn control_body(p: &efcp::Pdu, seq_mask: u64) -> (u64, ControlBody) {
+    match *p {
+        efcp::Pdu::Ack { ctrl_seq, ack_sn } => (
+            ctrl_seq,
+            ControlBody::Ack {
+                ack_sn: ack_sn & seq_mask,
+            },
+        ),
+        efcp::Pdu::Fc {
+            ctrl_seq,
+            new_rwe,
+            rate,
+            frame_ms,
+        } => (
+            ctrl_seq,
+            ControlBody::Fc {
+                new_rwe: new_rwe & seq_mask,
+                my_lwe: 0,
+                my_rwe: 0,
+                rate,
+                frame: frame_ms,
+            },
+        ),
+        efcp::Pdu::AckFc {
+            ctrl_seq,
+            ack_sn,
+            new_rwe,
+            rate,
+            frame_ms,
+        } => (
+            ctrl_seq,
+            ControlBody::AckFc {
+                ack_sn: ack_sn & seq_mask,
+                last_ctrl_seq_rcvd: 0,
+                new_lwe: ack_sn.wrapping_add(1) & seq_mask,
+                new_rwe: new_rwe & seq_mask,
+                my_lwe: 0,
+                my_rwe: 0,
+                rate,
+                frame: frame_ms,
+            },
+        ),
+        efcp::Pdu::Rendezvous { ctrl_seq, next_seq } => (
+            ctrl_seq,
+            ControlBody::Rendezvous {
+                last_ctrl_seq_rcvd: 0,
+                new_lwe: 0,
+                new_rwe: 0,
+                my_lwe: next_seq & seq_mask,
+                my_rwe: 0,
+                rate: 0,
+                frame: 0,
+            },
+        ),
+        // Data PDUs never reach here.
+        efcp::Pdu::Data { seq, .. } => (seq, ControlBody::Ack { ack_sn: 0 }),
+    }
+}
+
+/// A cheap, deterministic mix of a few numbers (FNV-1a over their bytes),
+/// used to keep a flow on one of several equal-cost ports.
+fn mix(vals: &[u64]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for v in vals {
+        for b in v.to_le_bytes() {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
