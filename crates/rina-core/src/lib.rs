@@ -12,9 +12,11 @@
 //! * [`sdup`] — SDU protection: TTL, CRC-32 and the encryption hook.
 //! * [`efcp`] — the Error and Flow Control Protocol (DTP + DTCP) of one connection.
 //! * [`normal`] — the data path of the normal IPC process: delimiting, EFCP, PCI, SDU protection and RMT composed.
+//! * [`cdap_session`] — a CDAP session over one management flow: connection, invoke ids, responses, timeouts.
 //! * [`shim_udp`] — the shim IPC process over UDP.
 //! * [`rmt`] — relaying and multiplexing: forwarding table, output queues, scheduling policies.
 
+pub mod cdap_session;
 pub mod delimiting;
 pub mod efcp;
 pub mod normal;

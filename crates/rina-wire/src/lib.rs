@@ -8,11 +8,15 @@
 //! * [`qos`] — the QoS spec an application asks for.
 //! * [`pci`] — EFCP PCI: headers and control PDUs of a normal DIF.
 //! * [`shim_udp`] — datagrams of the shim DIF over UDP.
+//! * [`cdap`] — CDAP messages (IRATI's CDAP.proto as prost structs) and object-value payloads.
+//! * [`fa`] — flow-allocator messages of a normal DIF (carried in MGMT PDUs).
 //! * [`ctl`] — messages between applications/tools and `rinad` on its Unix socket.
 //! * [`codec`] — the bounds-checked byte reader/writer every decoder is built on.
 
+pub mod cdap;
 pub mod codec;
 pub mod ctl;
+pub mod fa;
 pub mod name;
 pub mod pci;
 pub mod qos;
