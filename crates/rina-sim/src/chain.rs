@@ -1,14 +1,18 @@
 //! A chain of normal IPCPs: node 0 — node 1 — … — node n-1, each joined to
-//! the next by an emulated link, with static routes, as the data-transfer
-//! tests need before layer management exists.
+//! the next by an emulated link, with static routes and a static directory,
+//! as the tests need before layer management exists. Flows are opened
+//! either directly ([`Chain::open_flow`]) or by name through the flow
+//! allocator ([`Chain::register`], [`Chain::allocate`]).
 
 use crate::link::{LinkConfig, LinkId};
 use crate::normal_node::{NormalCommand, NormalNode};
+use crate::shim_node::App;
 use crate::world::{NodeId, World};
 use rina_core::efcp::EfcpConfig;
 use rina_core::normal::{Endpoint, FlowId, NormalConfig, NormalIpcp};
 use rina_core::rmt::Fifo;
 use rina_core::Instant;
+use rina_wire::{AppName, QosSpec};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
@@ -113,6 +117,67 @@ impl Chain {
                 interval,
             },
         );
+    }
+
+    /// Registers `name` at node `node` with the application `app` (accept,
+    /// refuse or ignore; echo or not), and enters it in the directory of
+    /// every node. Takes effect at once.
+    pub fn register(&mut self, node: usize, name: &str, app: App) {
+        let name: AppName = name.parse().expect("valid application name");
+        let addr = node as u64 + 1;
+        for &id in &self.nodes {
+            self.world
+                .node_mut(id)
+                .ipcp_mut()
+                .set_directory(name.clone(), addr);
+        }
+        self.world
+            .node_mut(self.nodes[node])
+            .register(name, app)
+            .expect("name not registered yet");
+    }
+
+    /// Enters `name` in the directory of every node as living at node
+    /// `node`, without registering it there.
+    pub fn set_directory(&mut self, name: &str, node: usize) {
+        let name: AppName = name.parse().expect("valid application name");
+        for &id in &self.nodes {
+            self.world
+                .node_mut(id)
+                .ipcp_mut()
+                .set_directory(name.clone(), node as u64 + 1);
+        }
+    }
+
+    /// Schedules node `node` to allocate flow `flow` from `local` to
+    /// `remote` at `at`.
+    pub fn allocate(
+        &mut self,
+        at: Instant,
+        node: usize,
+        flow: FlowId,
+        local: &str,
+        remote: &str,
+        qos: QosSpec,
+    ) {
+        let id = self.nodes[node];
+        self.world.schedule(
+            at,
+            id,
+            NormalCommand::Allocate {
+                flow,
+                local: local.parse().expect("valid application name"),
+                remote: remote.parse().expect("valid application name"),
+                qos,
+            },
+        );
+    }
+
+    /// Schedules node `node` to deallocate flow `flow` at `at`.
+    pub fn deallocate(&mut self, at: Instant, node: usize, flow: FlowId) {
+        let id = self.nodes[node];
+        self.world
+            .schedule(at, id, NormalCommand::Deallocate { flow });
     }
 
     /// The node at chain position `i`.

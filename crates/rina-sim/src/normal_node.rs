@@ -1,12 +1,15 @@
 //! A simulated system running one unchanged normal IPCP
 //! ([`rina_core::normal::NormalIpcp`]) directly over emulated links (each
-//! link end is one N-1 port), with a small in-sim application per flow:
-//! scripted SDU streams, optional echo, optional slow reading, and a log of
-//! every SDU delivered.
+//! link end is one N-1 port), with a small in-sim application layer:
+//! registered names that accept, refuse or ignore flow requests (as
+//! [`crate::ShimNode`] has), and per flow scripted SDU streams, optional
+//! echo, optional slow reading, and a log of every SDU delivered.
 
+use crate::shim_node::{App, Policy};
 use crate::world::{Ctx, Node};
 use rina_core::normal::{Action, FlowId, N1Port, NormalError, NormalIpcp};
 use rina_core::Instant;
+use rina_wire::{AppName, QosSpec};
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -28,6 +31,19 @@ pub enum NormalCommand {
     Consume { flow: FlowId },
     /// Flip one bit in each of the next `n` frames this node receives.
     CorruptNextRx(usize),
+    /// Allocate flow `flow` from `local` to `remote` by name.
+    Allocate {
+        flow: FlowId,
+        local: AppName,
+        remote: AppName,
+        qos: QosSpec,
+    },
+    /// Deallocate flow `flow`.
+    Deallocate { flow: FlowId },
+    /// Register `name`, answering flow requests as `app` says.
+    Register { name: AppName, app: App },
+    /// Unregister `name`.
+    Unregister { name: AppName },
 }
 
 /// What a node reports for the trace.
@@ -37,6 +53,26 @@ pub enum NormalEvent {
     Delivered { flow: FlowId, tag: u64, len: usize },
     /// A flow's connection failed.
     Failed { flow: FlowId },
+    /// A flow request arrived for a registered name.
+    FlowRequest {
+        handle: u64,
+        local: AppName,
+        remote: AppName,
+    },
+    /// The application accepted request `handle` as flow `flow`.
+    Accepted { handle: u64, flow: FlowId },
+    /// The application refused request `handle`.
+    Refused { handle: u64 },
+    /// The IPCP withdrew request `handle` (no answer in time, or unregistered).
+    Withdrawn { handle: u64 },
+    /// A flow this node asked for exists.
+    Allocated { flow: FlowId, max_sdu: u32 },
+    /// A flow this node asked for could not be set up.
+    AllocateFailed { flow: FlowId, error: NormalError },
+    /// The peer deallocated the flow.
+    Deallocated { flow: FlowId },
+    /// A register command failed.
+    RegisterFailed(NormalError),
 }
 
 /// One SDU handed to an in-sim application.
@@ -69,6 +105,15 @@ pub struct FlowApp {
     pub stream_done_at: Option<Instant>,
     /// The connection failed.
     pub failed: bool,
+    /// When the flow was allocated (asked for here) or accepted (asked for
+    /// by the peer, whose application name is in `accepted_from`).
+    pub allocated_at: Option<Instant>,
+    /// The application that asked for the flow, if this end accepted it.
+    pub accepted_from: Option<AppName>,
+    /// When and why its allocation failed.
+    pub alloc_failed: Option<(Instant, NormalError)>,
+    /// When it was deallocated, by either end.
+    pub deallocated_at: Option<Instant>,
     stream: Option<Stream>,
 }
 
@@ -91,7 +136,13 @@ pub struct NormalNode {
     by_addr: HashMap<SocketAddr, N1Port>,
     apps: BTreeMap<FlowId, FlowApp>,
     corrupt: usize,
+    names: BTreeMap<AppName, App>,
+    next_flow: FlowId,
 }
+
+/// Flow ids this node gives to flows it accepts start here (scripts choose
+/// their own, smaller ids for the flows they allocate).
+pub const FIRST_ACCEPTED_FLOW: FlowId = 1_000_000;
 
 impl NormalNode {
     /// A node around `ipcp`, with no ports yet.
@@ -102,6 +153,8 @@ impl NormalNode {
             by_addr: HashMap::new(),
             apps: BTreeMap::new(),
             corrupt: 0,
+            names: BTreeMap::new(),
+            next_flow: FIRST_ACCEPTED_FLOW,
         }
     }
 
@@ -130,6 +183,66 @@ impl NormalNode {
     /// The application of `flow`.
     pub fn app(&self, flow: FlowId) -> Option<&FlowApp> {
         self.apps.get(&flow)
+    }
+
+    /// Every flow's application, by flow id.
+    pub fn apps(&self) -> &BTreeMap<FlowId, FlowApp> {
+        &self.apps
+    }
+
+    /// Flows this node accepted, in the order it accepted them.
+    pub fn accepted_flows(&self) -> Vec<FlowId> {
+        self.apps
+            .iter()
+            .filter(|(_, a)| a.accepted_from.is_some())
+            .map(|(f, _)| *f)
+            .collect()
+    }
+
+    /// Registers `name` at once (between runs), answering requests as `app`
+    /// says. Registering never makes the IPCP act.
+    pub fn register(&mut self, name: AppName, app: App) -> Result<(), NormalError> {
+        self.ipcp.register(name.clone())?;
+        self.names.insert(name, app);
+        Ok(())
+    }
+
+    fn on_flow_request(
+        &mut self,
+        ctx: &mut Ctx<'_, NormalEvent>,
+        handle: u64,
+        local: AppName,
+        remote: AppName,
+    ) {
+        let now = ctx.now();
+        ctx.record(NormalEvent::FlowRequest {
+            handle,
+            local: local.clone(),
+            remote: remote.clone(),
+        });
+        let app = self.names.get(&local).cloned().unwrap_or_else(App::ignore);
+        match app.policy {
+            Policy::Accept => {
+                let flow = self.next_flow;
+                self.next_flow += 1;
+                match self.ipcp.accept(now, handle, flow) {
+                    Ok(_) => {
+                        ctx.record(NormalEvent::Accepted { handle, flow });
+                        let a = self.apps.entry(flow).or_default();
+                        a.allocated_at = Some(now);
+                        a.accepted_from = Some(remote);
+                        a.echo = app.echo;
+                    }
+                    Err(error) => ctx.record(NormalEvent::AllocateFailed { flow, error }),
+                }
+            }
+            Policy::Refuse(reason) => {
+                if self.ipcp.refuse(handle, &reason).is_ok() {
+                    ctx.record(NormalEvent::Refused { handle });
+                }
+            }
+            Policy::Ignore => {}
+        }
     }
 
     fn pump(&mut self, ctx: &mut Ctx<'_, NormalEvent>) {
@@ -225,6 +338,32 @@ impl NormalNode {
                 self.apps.entry(flow).or_default().failed = true;
                 ctx.record(NormalEvent::Failed { flow });
             }
+            Action::FlowRequest {
+                handle,
+                local,
+                remote,
+                ..
+            } => self.on_flow_request(ctx, handle, local, remote),
+            Action::RequestWithdrawn { handle } => {
+                ctx.record(NormalEvent::Withdrawn { handle });
+            }
+            Action::Allocated { flow, max_sdu } => {
+                ctx.record(NormalEvent::Allocated { flow, max_sdu });
+                self.apps.entry(flow).or_default().allocated_at = Some(now);
+            }
+            Action::AllocateFailed { flow, error } => {
+                ctx.record(NormalEvent::AllocateFailed {
+                    flow,
+                    error: error.clone(),
+                });
+                self.apps.entry(flow).or_default().alloc_failed = Some((now, error));
+            }
+            Action::Deallocated { flow } => {
+                ctx.record(NormalEvent::Deallocated { flow });
+                let a = self.apps.entry(flow).or_default();
+                a.deallocated_at = Some(now);
+                a.stream = None;
+            }
         }
     }
 }
@@ -290,6 +429,38 @@ impl Node for NormalNode {
                 }
             }
             NormalCommand::CorruptNextRx(n) => self.corrupt += n,
+            NormalCommand::Allocate {
+                flow,
+                local,
+                remote,
+                qos,
+            } => {
+                self.apps.entry(flow).or_default();
+                if let Err(error) = self.ipcp.allocate(now, flow, local, remote, qos) {
+                    // Found at once: reported like a failure found later.
+                    ctx.record(NormalEvent::AllocateFailed {
+                        flow,
+                        error: error.clone(),
+                    });
+                    self.apps.entry(flow).or_default().alloc_failed = Some((now, error));
+                }
+            }
+            NormalCommand::Deallocate { flow } => {
+                if self.ipcp.deallocate(now, flow).is_ok() {
+                    let a = self.apps.entry(flow).or_default();
+                    a.deallocated_at = Some(now);
+                    a.stream = None;
+                }
+            }
+            NormalCommand::Register { name, app } => {
+                if let Err(e) = self.register(name, app) {
+                    ctx.record(NormalEvent::RegisterFailed(e));
+                }
+            }
+            NormalCommand::Unregister { name } => {
+                self.names.remove(&name);
+                self.ipcp.unregister(&name);
+            }
         }
         self.pump(ctx);
     }

@@ -1,7 +1,7 @@
 //! The normal IPC process: the data-transfer half, as a sans-IO machine.
 //!
 //! It composes the other machines of this crate in the order of seed 000
-//! §16.1: an application SDU is cut by [`delimiting`](crate::delimiting)
+//! §16.1: an application SDU is cut by [`crate::delimiting`]
 //! into fragments that fit a PDU, each fragment is sent by the flow's
 //! [`efcp::Connection`] (sequencing, flow control, retransmission), the
 //! resulting PDUs get their PCI ([`rina_wire::pci`]), are protected
@@ -10,14 +10,29 @@
 //! there. Frames that arrive from N-1 ports go the other way; those for
 //! another address are relayed with their TTL decremented.
 //!
-//! Layer management (enrollment, flow allocation, routing) lives elsewhere;
-//! here flows are opened with explicit connection endpoints
-//! ([`NormalIpcp::open_flow`]) and routes are set in the RMT's forwarding
-//! table, which is what those components will do.
+//! Flows are set up by name with the interim flow allocator of [`fa`]
+//! (static directory, QoS cubes from [`cubes`], its messages in management
+//! PDUs), which has the API of the shim IPCPs: [`NormalIpcp::register`],
+//! [`NormalIpcp::allocate`], [`NormalIpcp::accept`], [`NormalIpcp::refuse`],
+//! [`NormalIpcp::deallocate`]. Flows can also be opened with explicit
+//! connection endpoints ([`NormalIpcp::open_flow`]). Routes are set in the
+//! RMT's forwarding table. Enrollment, routing and a disseminated directory
+//! (full layer management over CDAP) come next.
 //!
-//! The driver feeds frames ([`NormalIpcp::on_frame`]), application writes
-//! ([`NormalIpcp::write`]) and timeouts, and carries out the
-//! [`Action`]s: write a frame on an N-1 port, deliver an SDU.
+//! Management PDUs addressed to this IPCP (or to address 0, a neighbour
+//! that does not know it yet) are handled here; others are relayed like
+//! data. PDUs this IPCP addresses to itself (flows between two applications
+//! registered here) go through an internal loopback.
+//!
+//! The driver feeds frames ([`NormalIpcp::on_frame`]), application
+//! requests and writes ([`NormalIpcp::write`]) and timeouts, and carries out
+//! the [`Action`]s: write a frame on an N-1 port, deliver an SDU, ask an
+//! application about a flow, report an allocation.
+
+pub mod cubes;
+pub mod fa;
+
+pub use cubes::QosCube;
 
 use crate::delimiting::{self, Reassembler};
 use crate::efcp::{self, Connection, EfcpConfig, EfcpError};
@@ -25,8 +40,9 @@ use crate::rmt::{self, Address, QueuedPdu, Rmt, Scheduler};
 use crate::sdup::{Sdup, SdupConfig, SdupError};
 use crate::time::Instant;
 use rina_wire::ctl::FlowCounters;
+use rina_wire::fa::FaMessage;
 use rina_wire::pci::{self, Body, ControlBody, DtConstants, Pci, PduType};
-use rina_wire::WireError;
+use rina_wire::{AppName, QosSpec, WireError};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 use thiserror::Error;
@@ -53,6 +69,22 @@ pub struct NormalConfig {
     pub max_sdu: usize,
     /// Incomplete SDUs are discarded this long after their first fragment.
     pub reassembly_timeout: Duration,
+    /// The QoS cubes of the DIF (ids unique). A flow gets the cube
+    /// [`NormalIpcp::choose_cube`] picks for its QoS spec.
+    pub cubes: Vec<QosCube>,
+    /// Static directory: where each application name is registered (the
+    /// address of its IPCP). Names registered at this IPCP need no entry.
+    pub directory: BTreeMap<AppName, Address>,
+    /// Interval between repetitions of an unanswered flow request.
+    pub alloc_retry: Duration,
+    /// Time after which an unanswered flow request fails.
+    pub alloc_timeout: Duration,
+    /// Time an application has to accept or refuse an incoming flow.
+    pub accept_timeout: Duration,
+    /// Most flows at once (allocated, opened or being allocated).
+    pub max_flows: usize,
+    /// Most incoming requests waiting for an application's answer.
+    pub max_pending: usize,
 }
 
 impl NormalConfig {
@@ -65,6 +97,13 @@ impl NormalConfig {
             sdup: SdupConfig::default(),
             max_sdu: 65_536,
             reassembly_timeout: Duration::from_secs(2),
+            cubes: QosCube::defaults(),
+            directory: BTreeMap::new(),
+            alloc_retry: Duration::from_millis(250),
+            alloc_timeout: Duration::from_secs(3),
+            accept_timeout: Duration::from_secs(5),
+            max_flows: 4096,
+            max_pending: 256,
         }
     }
 }
@@ -93,16 +132,47 @@ pub enum NormalError {
     /// The data-transfer constants are unusable.
     #[error("bad data-transfer constants: {0}")]
     Constants(WireError),
+    /// The QoS cubes are unusable (duplicate id, bad EFCP policy).
+    #[error("bad QoS cube {id}: {reason}")]
+    BadCube { id: u64, reason: String },
+    /// The destination application (or its IPCP) refused the flow.
+    #[error("flow refused by the peer: {0}")]
+    Refused(String),
+    /// The destination IPCP has no application registered under the name.
+    #[error("{0} is not registered at its IPCP")]
+    NotRegistered(Box<AppName>),
+    /// The destination IPCP did not answer the flow request in time.
+    #[error("no answer from address {dst} within {after:?}")]
+    Timeout { dst: Address, after: Duration },
+    /// The name is neither registered here nor in the DIF's directory.
+    #[error("{0} is not in the directory of this DIF")]
+    NameNotFound(Box<AppName>),
+    /// The name is already registered at this IPCP.
+    #[error("{0} is already registered at this IPCP")]
+    NameInUse(Box<AppName>),
+    /// No QoS cube of the DIF serves what the QoS spec asks for.
+    #[error("QoS not satisfiable: {0}")]
+    QosNotSatisfiable(String),
+    /// No pending flow request with this handle (answered or withdrawn).
+    #[error("no pending flow request {0}")]
+    UnknownRequest(u64),
+    /// Too many flows or pending requests, or a request too large.
+    #[error("out of resources: {0}")]
+    NoResources(String),
 }
 
 /// Something the driver must do.
+// Actions other than Transmit and Deliver are rare control events, so the
+// size of the FlowRequest variant costs nothing that matters.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
     /// Write this frame on N-1 port `port`.
     Transmit { port: N1Port, frame: Vec<u8> },
     /// Hand this SDU to the application of `flow`.
     Deliver { flow: FlowId, sdu: Vec<u8> },
-    /// A management PDU for this IPCP arrived on `port` from `src`.
+    /// A management PDU for this IPCP that is not for the flow allocator
+    /// arrived on `port` from `src`.
     Management {
         port: N1Port,
         src: Address,
@@ -110,6 +180,24 @@ pub enum Action {
     },
     /// A flow's connection failed; the flow should be deallocated.
     FlowFailed { flow: FlowId, error: EfcpError },
+    /// Ask the application that registered `local` whether it accepts a flow
+    /// from `remote`; answer with [`NormalIpcp::accept`] or
+    /// [`NormalIpcp::refuse`].
+    FlowRequest {
+        handle: u64,
+        local: AppName,
+        remote: AppName,
+        qos: QosSpec,
+    },
+    /// The application did not answer request `handle` in time (or
+    /// unregistered); it was refused on its behalf.
+    RequestWithdrawn { handle: u64 },
+    /// A flow asked for with [`NormalIpcp::allocate`] now exists on both ends.
+    Allocated { flow: FlowId, max_sdu: u32 },
+    /// A flow asked for with [`NormalIpcp::allocate`] could not be set up.
+    AllocateFailed { flow: FlowId, error: NormalError },
+    /// The peer deallocated the flow; it is closed here too.
+    Deallocated { flow: FlowId },
 }
 
 /// IPCP-wide counters of the data path.
@@ -133,6 +221,21 @@ pub struct Counters {
     pub tx_frames: u64,
     /// Fragments the reassembler rejected (malformed delimiter, oversize).
     pub rx_bad_fragments: u64,
+    /// Flow-allocator messages that could not be parsed or made no sense.
+    pub rx_fa_malformed: u64,
+    /// Flow-allocator answers and deallocations for nothing known here.
+    pub rx_fa_stale: u64,
+    /// Flow requests received.
+    pub alloc_requests_in: u64,
+    /// Flow requests this IPCP refused (unregistered name, QoS, no room,
+    /// application said no or did not answer).
+    pub alloc_refused: u64,
+    /// Flow requests repeated for lack of an answer.
+    pub alloc_retries: u64,
+    /// Allocations this IPCP asked for that timed out.
+    pub alloc_timeouts: u64,
+    /// PDUs this IPCP addressed to itself (local flows).
+    pub loopback: u64,
 }
 
 impl Counters {
@@ -148,6 +251,13 @@ impl Counters {
             ("tx_dropped", self.tx_dropped),
             ("tx_frames", self.tx_frames),
             ("rx_bad_fragments", self.rx_bad_fragments),
+            ("rx_fa_malformed", self.rx_fa_malformed),
+            ("rx_fa_stale", self.rx_fa_stale),
+            ("alloc_requests_in", self.alloc_requests_in),
+            ("alloc_refused", self.alloc_refused),
+            ("alloc_retries", self.alloc_retries),
+            ("alloc_timeouts", self.alloc_timeouts),
+            ("loopback", self.loopback),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -184,6 +294,10 @@ struct Flow {
     hash: u64,
 }
 
+/// QoS-id of management PDUs (forwarding entries for it, or for any QoS-id,
+/// must exist for them to be routed).
+pub const MGMT_QOS_ID: u64 = 1;
+
 /// The data-transfer machine of a normal IPCP.
 #[derive(Debug)]
 pub struct NormalIpcp {
@@ -198,12 +312,32 @@ pub struct NormalIpcp {
     counters: Counters,
     /// Largest fragment payload (delimiter included) that fits a DT PDU.
     frag_budget: usize,
+    /// The flow allocator.
+    fa: fa::FaState,
+    /// PDUs (PCI and payload, unprotected) this IPCP sent to itself.
+    loopback: VecDeque<Vec<u8>>,
+    /// The latest time any call was given (for calls that take none).
+    now: Instant,
 }
 
 impl NormalIpcp {
     /// A normal IPCP with no N-1 ports and no flows.
     pub fn new(cfg: NormalConfig, sched: Box<dyn Scheduler>) -> Result<Self, NormalError> {
         cfg.dt.validate().map_err(NormalError::Constants)?;
+        let mut ids = BTreeSet::new();
+        for c in &cfg.cubes {
+            let bad = |reason: String| NormalError::BadCube { id: c.id, reason };
+            if !ids.insert(c.id) {
+                return Err(bad("the id is used twice".into()));
+            }
+            if c.id > cfg.dt.qos.max_value() {
+                return Err(bad(format!(
+                    "the id does not fit the {}-byte QoS-id field",
+                    cfg.dt.qos.bytes()
+                )));
+            }
+            c.efcp.validate().map_err(|e| bad(e.to_string()))?;
+        }
         let frag_budget = cfg.dt.max_pdu_size as usize - pci::header_len(&cfg.dt, PduType::Dt);
         Ok(NormalIpcp {
             sdup: Sdup::without_cipher(cfg.sdup),
@@ -214,6 +348,9 @@ impl NormalIpcp {
             actions: VecDeque::new(),
             counters: Counters::default(),
             frag_budget,
+            fa: fa::FaState::new(),
+            loopback: VecDeque::new(),
+            now: Instant::ZERO,
             cfg,
         })
     }
@@ -221,6 +358,12 @@ impl NormalIpcp {
     /// The configuration.
     pub fn config(&self) -> &NormalConfig {
         &self.cfg
+    }
+
+    /// The configuration, to change it in unit tests.
+    #[cfg(test)]
+    pub(crate) fn config_mut_for_tests(&mut self) -> &mut NormalConfig {
+        &mut self.cfg
     }
 
     /// Data-path counters.
@@ -262,7 +405,11 @@ impl NormalIpcp {
         ep: Endpoint,
         policy: EfcpConfig,
     ) -> Result<(), NormalError> {
-        if self.flows.contains_key(&flow) || self.by_cep.contains_key(&ep.local_cep) {
+        self.tick(now);
+        if self.flows.contains_key(&flow)
+            || self.by_cep.contains_key(&ep.local_cep)
+            || self.fa.is_reserved(flow, ep.local_cep)
+        {
             return Err(NormalError::InUse {
                 flow,
                 cep: ep.local_cep,
@@ -301,6 +448,8 @@ impl NormalIpcp {
             .ok_or(NormalError::UnknownFlow(flow))?;
         self.by_cep.remove(&f.ep.local_cep);
         self.dirty.remove(&flow);
+        self.fa
+            .forget_accepted(f.ep.remote_addr, f.ep.remote_cep, flow);
         Ok(())
     }
 
@@ -366,6 +515,7 @@ impl NormalIpcp {
     /// Sends an application SDU on `flow`. The SDU is taken whole or not at
     /// all: [`NormalError::WouldBlock`] leaves nothing half-sent.
     pub fn write(&mut self, now: Instant, flow: FlowId, sdu: &[u8]) -> Result<(), NormalError> {
+        self.tick(now);
         let max = self.cfg.max_sdu;
         if sdu.is_empty() || sdu.len() > max {
             return Err(NormalError::BadSduSize {
@@ -406,12 +556,55 @@ impl NormalIpcp {
         Ok(())
     }
 
-    /// Queues a management PDU for the neighbour on `port`.
-    pub fn send_management(&mut self, now: Instant, port: N1Port, dst: Address, payload: &[u8]) {
+    /// Remembers the latest time seen, for the calls that take none.
+    fn tick(&mut self, now: Instant) {
+        self.now = self.now.max(now);
+    }
+
+    /// Queues a management PDU for the IPCP at address `dst`, routed by the
+    /// RMT like data (and relayed by the IPCPs on the way). A PDU for this
+    /// IPCP's own address goes through the loopback. A PDU that has no
+    /// route, does not fit or finds its queue full is dropped and counted in
+    /// `tx_dropped`: management PDUs are unreliable.
+    pub fn send_management_to(&mut self, now: Instant, dst: Address, payload: &[u8]) {
+        self.tick(now);
         let mut pci = Pci::new(PduType::Mgmt);
         pci.src_addr = self.cfg.address;
         pci.dst_addr = dst;
-        pci.qos_id = 1;
+        pci.qos_id = MGMT_QOS_ID;
+        let mut frame = vec![0u8; self.sdup.header_len()];
+        let start = frame.len();
+        if pci::encode_data(&self.cfg.dt, &pci, payload, &mut frame).is_err() {
+            self.counters.tx_dropped += 1;
+            return;
+        }
+        if dst == self.cfg.address {
+            frame.drain(..start);
+            self.loopback.push_back(frame);
+            return;
+        }
+        let ttl = self.sdup.initial_ttl().unwrap_or(0);
+        let at = self.sdup.protect_in_headroom(&mut frame, start, ttl);
+        frame.drain(..at);
+        let q = QueuedPdu {
+            qos_id: MGMT_QOS_ID,
+            mgmt: true,
+            bytes: frame,
+        };
+        let hash = mix(&[self.cfg.address, dst]);
+        if self.rmt.send(now, dst, hash, q).is_err() {
+            self.counters.tx_dropped += 1;
+        }
+        self.drain_rmt(now);
+    }
+
+    /// Queues a management PDU for the neighbour on `port`.
+    pub fn send_management(&mut self, now: Instant, port: N1Port, dst: Address, payload: &[u8]) {
+        self.tick(now);
+        let mut pci = Pci::new(PduType::Mgmt);
+        pci.src_addr = self.cfg.address;
+        pci.dst_addr = dst;
+        pci.qos_id = MGMT_QOS_ID;
         let mut frame = vec![0u8; self.sdup.header_len()];
         let start = frame.len();
         if pci::encode_data(&self.cfg.dt, &pci, payload, &mut frame).is_err() {
@@ -422,7 +615,7 @@ impl NormalIpcp {
         let at = self.sdup.protect_in_headroom(&mut frame, start, ttl);
         frame.drain(..at);
         let q = QueuedPdu {
-            qos_id: 1,
+            qos_id: MGMT_QOS_ID,
             mgmt: true,
             bytes: frame,
         };
@@ -434,6 +627,7 @@ impl NormalIpcp {
 
     /// Processes a frame that arrived on N-1 port `port`.
     pub fn on_frame(&mut self, now: Instant, port: N1Port, frame: &[u8]) {
+        self.tick(now);
         self.counters.rx_frames += 1;
         let un = match self.sdup.unprotect(frame) {
             Ok(u) => u,
@@ -453,22 +647,33 @@ impl NormalIpcp {
                 return;
             }
         };
-        if pdu.pci.dst_addr != self.cfg.address && pdu.pci.pdu_type != PduType::Mgmt {
+        let mgmt = pdu.pci.pdu_type == PduType::Mgmt;
+        let local = pdu.pci.dst_addr == self.cfg.address || (mgmt && pdu.pci.dst_addr == 0);
+        if !local {
             self.relay(now, un.ttl, &un.pdu, &pdu.pci);
             return;
         }
+        self.dispatch(now, Some(port), pdu);
+        self.flush(now);
+    }
+
+    /// Hands a PDU for this IPCP to its consumer.
+    fn dispatch(&mut self, now: Instant, port: Option<N1Port>, pdu: pci::Pdu<'_>) {
         match pdu.body {
             Body::Data(payload) if pdu.pci.pdu_type == PduType::Mgmt => {
-                self.actions.push_back(Action::Management {
-                    port,
-                    src: pdu.pci.src_addr,
-                    payload: payload.to_vec(),
-                });
+                if FaMessage::is_fa(payload) {
+                    self.on_fa(now, pdu.pci.src_addr, payload);
+                } else if let Some(port) = port {
+                    self.actions.push_back(Action::Management {
+                        port,
+                        src: pdu.pci.src_addr,
+                        payload: payload.to_vec(),
+                    });
+                }
             }
             Body::Data(payload) => self.on_data(now, &pdu.pci, payload),
             Body::Control(body) => self.on_control(now, &pdu.pci, body),
         }
-        self.flush(now);
     }
 
     fn relay(&mut self, now: Instant, ttl: Option<u8>, pdu: &[u8], pci: &Pci) {
@@ -487,7 +692,7 @@ impl NormalIpcp {
         let hash = mix(&[pci.src_addr, pci.src_cep, pci.dst_addr, pci.dst_cep]);
         let q = QueuedPdu {
             qos_id: pci.qos_id,
-            mgmt: false,
+            mgmt: pci.pdu_type == PduType::Mgmt,
             bytes: frame,
         };
         match self.rmt.relay(now, pci.dst_addr, hash, q) {
@@ -583,8 +788,18 @@ impl NormalIpcp {
     /// Moves what dirty flows have to send into the RMT, hands out what they
     /// delivered, and drains the RMT onto the N-1 ports.
     fn flush(&mut self, now: Instant) {
-        while let Some(id) = self.dirty.pop_first() {
-            self.flush_flow(now, id);
+        loop {
+            while let Some(id) = self.dirty.pop_first() {
+                self.flush_flow(now, id);
+            }
+            let Some(bytes) = self.loopback.pop_front() else {
+                break;
+            };
+            self.counters.loopback += 1;
+            match pci::Pdu::parse(&self.cfg.dt, &bytes) {
+                Ok(pdu) => self.dispatch(now, None, pdu),
+                Err(_) => self.counters.rx_malformed += 1,
+            }
         }
         self.drain_rmt(now);
     }
@@ -651,6 +866,11 @@ impl NormalIpcp {
                 self.counters.tx_dropped += 1;
                 continue;
             }
+            if f.ep.remote_addr == self.cfg.address {
+                frame.drain(..start);
+                self.loopback.push_back(frame);
+                continue;
+            }
             let ttl = self.sdup.initial_ttl().unwrap_or(0);
             let at = self.sdup.protect_in_headroom(&mut frame, start, ttl);
             if at > 0 {
@@ -700,11 +920,14 @@ impl NormalIpcp {
             .flat_map(|f| [f.efcp.poll_timeout(), f.reasm.poll_timeout()])
             .flatten()
             .chain(self.rmt.poll_timeout())
+            .chain(self.fa.poll_timeout())
             .min()
     }
 
     /// Runs the timers that are due.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.tick(now);
+        self.fa_timeout(now);
         for (id, f) in self.flows.iter_mut() {
             if f.efcp.poll_timeout().is_some_and(|t| t <= now) {
                 f.efcp.handle_timeout(now);
@@ -804,3 +1027,6 @@ fn mix(vals: &[u64]) -> u64 {
     }
     h
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,763 @@
+//! Unit tests of the normal IPCP's flow allocator, QoS cubes and directory,
+//! with explicit time and a hand-carried wire: a chain of IPCPs, node `i`
+//! (address `i + 1`) joined to node `i + 1` by its port RIGHT and their port
+//! LEFT.
+
+use super::*;
+use crate::rmt::Fifo;
+use rina_wire::fa::{FaResult, FA_DISCRIMINATOR};
+
+const LEFT: N1Port = 1;
+const RIGHT: N1Port = 2;
+
+fn name(s: &str) -> AppName {
+    s.parse().unwrap()
+}
+fn ms(n: u64) -> Instant {
+    Instant::from_nanos(n * 1_000_000)
+}
+
+fn ipcp(addr: u64, n: usize) -> NormalIpcp {
+    let mut c = NormalConfig::new("net", addr);
+    c.dt.max_pdu_size = 1400;
+    c.sdup = SdupConfig {
+        ttl: Some(16),
+        crc: true,
+    };
+    let mut p = NormalIpcp::new(c, Box::new(Fifo::new(1000))).unwrap();
+    let i = addr as usize - 1;
+    if i > 0 {
+        p.add_port(LEFT);
+    }
+    if i + 1 < n {
+        p.add_port(RIGHT);
+    }
+    for j in 0..n {
+        if j != i {
+            let port = if j > i { RIGHT } else { LEFT };
+            p.rmt_mut().table_mut().set(j as u64 + 1, None, vec![port]);
+        }
+    }
+    p
+}
+
+/// `n` IPCPs in a chain; every node's directory knows `echo` and `ghost`
+/// at the last node, where `echo` is registered.
+fn chain(n: usize) -> Vec<NormalIpcp> {
+    let mut v: Vec<NormalIpcp> = (0..n).map(|i| ipcp(i as u64 + 1, n)).collect();
+    for p in v.iter_mut() {
+        p.set_directory(name("echo"), n as u64);
+        p.set_directory(name("ghost"), n as u64);
+    }
+    v[n - 1].register(name("echo")).unwrap();
+    v
+}
+
+/// Carries frames along the chain until nothing moves; frames for which
+/// `drop(k)` is true (k counts frames carried) are lost. Returns the other
+/// actions, with the node that produced them.
+fn carry_lossy(
+    now: Instant,
+    net: &mut [NormalIpcp],
+    mut drop: impl FnMut(u64) -> bool,
+) -> Vec<(usize, Action)> {
+    let mut out = Vec::new();
+    let mut k = 0;
+    loop {
+        let mut moved = false;
+        for i in 0..net.len() {
+            while let Some(a) = net[i].poll_action() {
+                match a {
+                    Action::Transmit { port, frame } => {
+                        moved = true;
+                        k += 1;
+                        if drop(k) {
+                            continue;
+                        }
+                        let (j, in_port) = if port == RIGHT {
+                            (i + 1, LEFT)
+                        } else {
+                            (i - 1, RIGHT)
+                        };
+                        net[j].on_frame(now, in_port, &frame);
+                    }
+                    a => out.push((i, a)),
+                }
+            }
+        }
+        if !moved {
+            return out;
+        }
+    }
+}
+
+fn carry(now: Instant, net: &mut [NormalIpcp]) -> Vec<(usize, Action)> {
+    carry_lossy(now, net, |_| false)
+}
+
+/// Allocates flow 1 from the first node to `echo` at the last as flow 7.
+fn allocate(net: &mut [NormalIpcp], qos: QosSpec) {
+    let last = net.len() - 1;
+    net[0]
+        .allocate(ms(0), 1, name("perf"), name("echo"), qos)
+        .unwrap();
+    let req = carry(ms(0), net);
+    let [(
+        node,
+        Action::FlowRequest {
+            handle,
+            local,
+            remote,
+            qos: q,
+        },
+    )] = req.as_slice()
+    else {
+        panic!("expected one flow request, got {req:?}");
+    };
+    assert_eq!(*node, last);
+    assert_eq!((local, remote, q), (&name("echo"), &name("perf"), &qos));
+    assert_eq!(net[last].accept(ms(1), *handle, 7).unwrap(), 65_536);
+    assert_eq!(
+        carry(ms(1), net),
+        vec![(
+            0,
+            Action::Allocated {
+                flow: 1,
+                max_sdu: 65_536
+            }
+        )]
+    );
+}
+
+fn deliveries(actions: &[(usize, Action)]) -> Vec<(usize, FlowId, Vec<u8>)> {
+    actions
+        .iter()
+        .filter_map(|(i, a)| match a {
+            Action::Deliver { flow, sdu } => Some((*i, *flow, sdu.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn allocate_by_name_over_three_nodes_and_data_both_ways() {
+    let mut net = chain(3);
+    allocate(&mut net, QosSpec::default());
+    assert!(net[1].counters().relayed >= 2, "the middle relays FA PDUs");
+    assert_eq!(net[1].flows().count(), 0, "the middle keeps no state");
+    let (_, a) = net[0].flows().next().unwrap();
+    let (_, b) = net[2].flows().next().unwrap();
+    assert_eq!((a.remote_addr, a.remote_cep), (3, b.local_cep));
+    assert_eq!((b.remote_addr, b.remote_cep), (1, a.local_cep));
+    assert_eq!(a.qos_id, 1, "best effort gets the unreliable cube");
+    assert!(a.local_cep != 0 && b.local_cep != 0);
+
+    net[0].write(ms(2), 1, b"hello").unwrap();
+    net[2].write(ms(2), 7, b"hey").unwrap();
+    let got = deliveries(&carry(ms(2), &mut net));
+    assert_eq!(
+        got,
+        vec![(2, 7, b"hello".to_vec()), (0, 1, b"hey".to_vec())]
+    );
+    assert!(!net[0].is_allocating(1));
+    assert_eq!(net[0].pending_requests() + net[2].pending_requests(), 0);
+}
+
+#[test]
+fn refusal_carries_the_reason() {
+    let mut net = chain(2);
+    net[0]
+        .allocate(ms(0), 1, name("perf"), name("echo"), QosSpec::default())
+        .unwrap();
+    let req = carry(ms(0), &mut net);
+    let [(1, Action::FlowRequest { handle, .. })] = req.as_slice() else {
+        panic!("{req:?}");
+    };
+    net[1].refuse(*handle, "go away").unwrap();
+    assert_eq!(
+        carry(ms(1), &mut net),
+        vec![(
+            0,
+            Action::AllocateFailed {
+                flow: 1,
+                error: NormalError::Refused("go away".into())
+            }
+        )]
+    );
+    assert_eq!(net[1].counters().alloc_refused, 1);
+    assert_eq!(
+        net[1].refuse(*handle, "again"),
+        Err(NormalError::UnknownRequest(*handle))
+    );
+    assert_eq!(net[0].flows().count() + net[1].flows().count(), 0);
+    assert!(!net[0].is_allocating(1));
+    assert_eq!(net[0].poll_timeout(), None);
+}
+
+#[test]
+fn unregistered_name_vs_name_not_in_directory() {
+    let mut net = chain(2);
+    assert_eq!(
+        net[0].allocate(ms(0), 1, name("perf"), name("nobody"), QosSpec::default()),
+        Err(NormalError::NameNotFound(Box::new(name("nobody"))))
+    );
+    assert!(!net[0].knows(&name("nobody")));
+    assert!(net[0].knows(&name("ghost")));
+    assert!(net[1].knows(&name("echo")));
+    net[0]
+        .allocate(ms(0), 1, name("perf"), name("ghost"), QosSpec::default())
+        .unwrap();
+    assert_eq!(
+        carry(ms(0), &mut net),
+        vec![(
+            0,
+            Action::AllocateFailed {
+                flow: 1,
+                error: NormalError::NotRegistered(Box::new(name("ghost")))
+            }
+        )]
+    );
+}
+
+#[test]
+fn qos_cubes_are_chosen_by_spec() {
+    let p = ipcp(1, 1);
+    let id = |q: QosSpec| p.choose_cube(&q).map(|c| c.id);
+    assert_eq!(id(QosSpec::default()), Ok(1));
+    assert_eq!(
+        id(QosSpec {
+            max_sdu_gap: Some(3),
+            ..Default::default()
+        }),
+        Ok(1)
+    );
+    for q in [
+        QosSpec {
+            reliable: true,
+            ..Default::default()
+        },
+        QosSpec {
+            max_loss_ppm: Some(0),
+            ..Default::default()
+        },
+        QosSpec {
+            max_sdu_gap: Some(0),
+            ..Default::default()
+        },
+        QosSpec {
+            in_order: true,
+            ..Default::default()
+        },
+    ] {
+        assert_eq!(id(q), Ok(2), "{q:?}");
+        assert_eq!(p.choose_cube(&q).unwrap().name, "reliable");
+    }
+    let big = QosSpec {
+        max_sdu_size: Some(100_000),
+        ..Default::default()
+    };
+    let Err(NormalError::QosNotSatisfiable(why)) = id(big) else {
+        panic!()
+    };
+    assert!(why.contains("100000") && why.contains("65536"), "{why}");
+
+    // A DIF with only an unreliable cube cannot serve a reliable flow, and
+    // says which cubes it has.
+    let mut c = NormalConfig::new("thin", 1);
+    c.cubes = vec![QosCube::new(5, "be", EfcpConfig::unreliable())];
+    let thin = NormalIpcp::new(c, Box::new(Fifo::new(10))).unwrap();
+    let Err(NormalError::QosNotSatisfiable(why)) = thin.choose_cube(&QosSpec {
+        reliable: true,
+        ..Default::default()
+    }) else {
+        panic!()
+    };
+    assert!(why.contains("5 (be)"), "{why}");
+    // Duplicate ids are refused.
+    let mut c = NormalConfig::new("dup", 1);
+    c.cubes
+        .push(QosCube::new(1, "again", EfcpConfig::unreliable()));
+    assert!(matches!(
+        NormalIpcp::new(c, Box::new(Fifo::new(10))),
+        Err(NormalError::BadCube { id: 1, .. })
+    ));
+}
+
+#[test]
+fn reliable_flow_uses_the_reliable_cube_at_both_ends() {
+    let mut net = chain(2);
+    let qos = QosSpec {
+        reliable: true,
+        ..Default::default()
+    };
+    allocate(&mut net, qos);
+    let (_, a) = net[0].flows().next().unwrap();
+    let (_, b) = net[1].flows().next().unwrap();
+    assert_eq!((a.qos_id, b.qos_id), (2, 2));
+    // Lose the first data PDU: the reliable cube retransmits it.
+    net[0].write(ms(10), 1, b"one").unwrap();
+    assert!(carry_lossy(ms(10), &mut net, |k| k == 1).is_empty());
+    let t = net[0].poll_timeout().unwrap();
+    net[0].handle_timeout(t);
+    let got = deliveries(&carry(t, &mut net));
+    assert_eq!(got, vec![(1, 7, b"one".to_vec())]);
+    assert!(net[0].flow_stats(1).unwrap().pdus_retransmitted >= 1);
+}
+
+#[test]
+fn lost_acceptance_is_sent_again_for_the_repeated_request() {
+    let mut net = chain(2);
+    net[0]
+        .allocate(ms(0), 1, name("perf"), name("echo"), QosSpec::default())
+        .unwrap();
+    let req = carry(ms(0), &mut net);
+    let [(1, Action::FlowRequest { handle, .. })] = req.as_slice() else {
+        panic!("{req:?}");
+    };
+    // A repetition while the application thinks is ignored.
+    assert_eq!(net[0].poll_timeout(), Some(ms(250)));
+    net[0].handle_timeout(ms(250));
+    assert!(carry(ms(250), &mut net).is_empty(), "no second FlowRequest");
+    // The acceptance is lost.
+    net[1].accept(ms(300), *handle, 7).unwrap();
+    assert!(carry_lossy(ms(300), &mut net, |_| true).is_empty());
+    // The next repetition gets it again.
+    net[0].handle_timeout(ms(500));
+    assert_eq!(
+        carry(ms(500), &mut net),
+        vec![(
+            0,
+            Action::Allocated {
+                flow: 1,
+                max_sdu: 65_536
+            }
+        )]
+    );
+    assert_eq!(net[1].flows().count(), 1, "no twin flow");
+    assert_eq!(net[1].counters().alloc_requests_in, 3);
+    assert_eq!(net[0].counters().alloc_retries, 2);
+    assert_eq!(net[0].poll_timeout(), None);
+}
+
+#[test]
+fn a_dead_peer_times_out_after_exactly_3_s() {
+    let mut net = chain(2);
+    net[0]
+        .allocate(ms(0), 1, name("perf"), name("echo"), QosSpec::default())
+        .unwrap();
+    let mut sent = 0;
+    let mut t;
+    let failed = loop {
+        while let Some(a) = net[0].poll_action() {
+            match a {
+                Action::Transmit { .. } => sent += 1,
+                a => panic!("unexpected {a:?}"),
+            }
+        }
+        t = net[0].poll_timeout().expect("a timer runs");
+        net[0].handle_timeout(t);
+        let acts: Vec<Action> = std::iter::from_fn(|| net[0].poll_action()).collect();
+        sent += acts
+            .iter()
+            .filter(|a| matches!(a, Action::Transmit { .. }))
+            .count();
+        if let Some(f) = acts
+            .into_iter()
+            .find(|a| matches!(a, Action::AllocateFailed { .. }))
+        {
+            break f;
+        }
+    };
+    assert_eq!(t, ms(3000));
+    assert_eq!(
+        failed,
+        Action::AllocateFailed {
+            flow: 1,
+            error: NormalError::Timeout {
+                dst: 2,
+                after: Duration::from_secs(3)
+            }
+        }
+    );
+    assert_eq!(sent, 12, "the request and 11 repetitions, 250 ms apart");
+    assert_eq!(net[0].counters().alloc_timeouts, 1);
+    assert_eq!(net[0].poll_timeout(), None);
+}
+
+#[test]
+fn a_late_acceptance_is_answered_with_a_deallocation() {
+    let mut net = chain(2);
+    net[0]
+        .allocate(ms(0), 1, name("perf"), name("echo"), QosSpec::default())
+        .unwrap();
+    let req = carry(ms(0), &mut net);
+    let [(1, Action::FlowRequest { handle, .. })] = req.as_slice() else {
+        panic!("{req:?}");
+    };
+    // The requester gives up (its repetitions are lost on the way).
+    for k in 1..=12 {
+        net[0].handle_timeout(ms(250 * k));
+    }
+    let acts = carry_lossy(ms(3000), &mut net, |_| true);
+    assert!(matches!(
+        acts.as_slice(),
+        [(
+            0,
+            Action::AllocateFailed {
+                flow: 1,
+                error: NormalError::Timeout { .. }
+            }
+        )]
+    ));
+    // The application accepts late: the acceptance is undone.
+    net[1].accept(ms(4000), *handle, 7).unwrap();
+    assert_eq!(
+        carry(ms(4000), &mut net),
+        vec![(1, Action::Deallocated { flow: 7 })]
+    );
+    assert_eq!(net[1].flows().count(), 0);
+    assert_eq!(net[0].counters().rx_fa_stale, 1);
+}
+
+#[test]
+fn deallocation_reaches_the_peer() {
+    let mut net = chain(3);
+    allocate(&mut net, QosSpec::default());
+    net[0].deallocate(ms(5), 1).unwrap();
+    assert_eq!(
+        carry(ms(5), &mut net),
+        vec![(2, Action::Deallocated { flow: 7 })]
+    );
+    assert_eq!(net[0].flows().count() + net[2].flows().count(), 0);
+    assert_eq!(
+        net[0].deallocate(ms(6), 1),
+        Err(NormalError::UnknownFlow(1))
+    );
+    // And from the accepting side, the other way.
+    allocate(&mut net, QosSpec::default());
+    net[2].deallocate(ms(7), 7).unwrap();
+    assert_eq!(
+        carry(ms(7), &mut net),
+        vec![(0, Action::Deallocated { flow: 1 })]
+    );
+}
+
+#[test]
+fn an_unanswered_request_is_withdrawn_after_the_accept_timeout() {
+    let mut net = chain(2);
+    // Let the requester wait longer than the accept timeout.
+    net[0].config_mut_for_tests().alloc_timeout = Duration::from_secs(10);
+    net[0]
+        .allocate(ms(0), 1, name("perf"), name("echo"), QosSpec::default())
+        .unwrap();
+    let req = carry(ms(0), &mut net);
+    let [(1, Action::FlowRequest { handle, .. })] = req.as_slice() else {
+        panic!("{req:?}");
+    };
+    net[1].handle_timeout(ms(4999));
+    assert!(carry(ms(4999), &mut net).is_empty());
+    assert_eq!(net[1].poll_timeout(), Some(ms(5000)));
+    net[1].handle_timeout(ms(5000));
+    let acts = carry(ms(5000), &mut net);
+    assert_eq!(
+        acts,
+        vec![
+            (1, Action::RequestWithdrawn { handle: *handle }),
+            (
+                0,
+                Action::AllocateFailed {
+                    flow: 1,
+                    error: NormalError::Refused("the application did not answer in time".into())
+                }
+            )
+        ]
+    );
+    assert_eq!(
+        net[1].accept(ms(5001), *handle, 7),
+        Err(NormalError::UnknownRequest(*handle))
+    );
+}
+
+#[test]
+fn unregistering_withdraws_pending_requests() {
+    let mut net = chain(2);
+    net[0]
+        .allocate(ms(0), 1, name("perf"), name("echo"), QosSpec::default())
+        .unwrap();
+    let req = carry(ms(0), &mut net);
+    let [(1, Action::FlowRequest { handle, .. })] = req.as_slice() else {
+        panic!("{req:?}");
+    };
+    assert_eq!(
+        net[1].register(name("echo")),
+        Err(NormalError::NameInUse(Box::new(name("echo"))))
+    );
+    assert!(net[1].unregister(&name("echo")));
+    assert!(!net[1].unregister(&name("echo")));
+    let acts = carry(ms(1), &mut net);
+    assert_eq!(acts.len(), 2, "{acts:?}");
+    assert_eq!(acts[0], (1, Action::RequestWithdrawn { handle: *handle }));
+    assert!(matches!(
+        &acts[1],
+        (0, Action::AllocateFailed { error: NormalError::Refused(r), .. }) if r.contains("unregistered")
+    ));
+}
+
+#[test]
+fn a_flow_between_two_names_of_one_ipcp_goes_through_the_loopback() {
+    let mut p = ipcp(1, 1);
+    p.register(name("srv")).unwrap();
+    assert!(p.knows(&name("srv")));
+    p.allocate(
+        ms(0),
+        1,
+        name("cli"),
+        name("srv"),
+        QosSpec {
+            reliable: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let Some(Action::FlowRequest { handle, .. }) = p.poll_action() else {
+        panic!()
+    };
+    assert_eq!(p.accept(ms(0), handle, 2).unwrap(), 65_536);
+    assert_eq!(
+        p.poll_action(),
+        Some(Action::Allocated {
+            flow: 1,
+            max_sdu: 65_536
+        })
+    );
+    p.write(ms(1), 1, b"ping").unwrap();
+    assert_eq!(
+        p.poll_action(),
+        Some(Action::Deliver {
+            flow: 2,
+            sdu: b"ping".to_vec()
+        })
+    );
+    p.write(ms(1), 2, b"pong").unwrap();
+    assert_eq!(
+        p.poll_action(),
+        Some(Action::Deliver {
+            flow: 1,
+            sdu: b"pong".to_vec()
+        })
+    );
+    // Acks flow through the loopback too; nothing reaches an N-1 port.
+    let t = p.poll_timeout().unwrap();
+    p.handle_timeout(t);
+    while let Some(a) = p.poll_action() {
+        assert!(!matches!(a, Action::Transmit { .. }), "{a:?}");
+    }
+    p.deallocate(ms(100), 1).unwrap();
+    assert_eq!(p.poll_action(), Some(Action::Deallocated { flow: 2 }));
+    assert_eq!(p.flows().count(), 0);
+    assert!(p.counters().loopback > 4);
+}
+
+#[test]
+fn flow_ids_and_cep_ids() {
+    let mut net = chain(2);
+    allocate(&mut net, QosSpec::default());
+    assert!(matches!(
+        net[0].allocate(ms(1), 1, name("perf"), name("echo"), QosSpec::default()),
+        Err(NormalError::InUse { flow: 1, .. })
+    ));
+    net[0]
+        .allocate(ms(1), 2, name("perf"), name("echo"), QosSpec::default())
+        .unwrap();
+    assert!(matches!(
+        net[0].allocate(ms(1), 2, name("perf"), name("echo"), QosSpec::default()),
+        Err(NormalError::InUse { flow: 2, .. })
+    ));
+    let req = carry(ms(1), &mut net);
+    let [(1, Action::FlowRequest { handle, .. })] = req.as_slice() else {
+        panic!("{req:?}");
+    };
+    assert!(matches!(
+        net[1].accept(ms(1), *handle, 7),
+        Err(NormalError::InUse { flow: 7, .. })
+    ));
+    net[1].accept(ms(1), *handle, 8).unwrap();
+    carry(ms(1), &mut net);
+    let ceps: BTreeSet<CepId> = net[0].flows().map(|(_, e)| e.local_cep).collect();
+    assert_eq!(ceps.len(), 2);
+    assert!(!ceps.contains(&0));
+
+    // With 1-byte CEP-ids the counter wraps, skipping 0 and those in use.
+    let mut c = NormalConfig::new("small", 1);
+    c.dt.cep = rina_wire::pci::FieldWidth::W1;
+    let mut p = NormalIpcp::new(c, Box::new(Fifo::new(10))).unwrap();
+    p.register(name("srv")).unwrap();
+    let mut seen = BTreeSet::new();
+    for flow in 0..127u32 {
+        p.allocate(ms(0), 2 * flow, name("c"), name("srv"), QosSpec::default())
+            .unwrap();
+        let Some(Action::FlowRequest { handle, .. }) = p.poll_action() else {
+            panic!()
+        };
+        p.accept(ms(0), handle, 2 * flow + 1).unwrap();
+        while p.poll_action().is_some() {}
+    }
+    for (_, e) in p.flows() {
+        assert!(e.local_cep != 0 && seen.insert(e.local_cep));
+    }
+    assert_eq!(seen.len(), 254);
+    p.allocate(ms(0), 1000, name("c"), name("srv"), QosSpec::default())
+        .unwrap();
+    assert!(matches!(
+        p.allocate(ms(0), 1001, name("c"), name("srv"), QosSpec::default()),
+        Err(NormalError::NoResources(_))
+    ));
+}
+
+#[test]
+fn pending_requests_are_bounded() {
+    let mut net = chain(2);
+    net[1].config_mut_for_tests().max_pending = 2;
+    for flow in 1..=3 {
+        net[0]
+            .allocate(ms(0), flow, name("perf"), name("echo"), QosSpec::default())
+            .unwrap();
+    }
+    let acts = carry(ms(0), &mut net);
+    let asked = acts
+        .iter()
+        .filter(|(_, a)| matches!(a, Action::FlowRequest { .. }))
+        .count();
+    assert_eq!(asked, 2);
+    assert!(acts.iter().any(|(i, a)| *i == 0
+        && matches!(
+            a,
+            Action::AllocateFailed {
+                flow: 3,
+                error: NormalError::NoResources(_)
+            }
+        )));
+    assert_eq!(net[1].pending_requests(), 2);
+}
+
+/// A MGMT PDU from address `src` to `dst` carrying `payload`, as a frame.
+fn mgmt_frame(p: &NormalIpcp, src: u64, dst: u64, payload: &[u8]) -> Vec<u8> {
+    let mut pci = Pci::new(PduType::Mgmt);
+    pci.src_addr = src;
+    pci.dst_addr = dst;
+    pci.qos_id = 1;
+    let mut pdu = Vec::new();
+    pci::encode_data(&p.config().dt, &pci, payload, &mut pdu).unwrap();
+    let sdup = Sdup::without_cipher(p.config().sdup);
+    let mut frame = Vec::new();
+    sdup.protect(&pdu, 16, &mut frame);
+    frame
+}
+
+#[test]
+fn management_pdus_are_routed_by_address() {
+    let mut net = chain(3);
+    // Not for the flow allocator, for this IPCP: handed to layer management.
+    let f = mgmt_frame(&net[1], 1, 2, b"\x01hello");
+    net[1].on_frame(ms(0), LEFT, &f);
+    assert_eq!(
+        net[1].poll_action(),
+        Some(Action::Management {
+            port: LEFT,
+            src: 1,
+            payload: b"\x01hello".to_vec()
+        })
+    );
+    // Address 0 is "whoever is at the other end".
+    let f = mgmt_frame(&net[1], 1, 0, b"\x02");
+    net[1].on_frame(ms(0), LEFT, &f);
+    assert!(matches!(
+        net[1].poll_action(),
+        Some(Action::Management { .. })
+    ));
+    // For another address: relayed, TTL decremented, as management.
+    let f = mgmt_frame(&net[1], 1, 3, b"\x03");
+    net[1].on_frame(ms(0), LEFT, &f);
+    let Some(Action::Transmit { port: RIGHT, frame }) = net[1].poll_action() else {
+        panic!()
+    };
+    assert_eq!(frame[0], 15, "TTL 16 - 1");
+    assert_eq!(net[1].counters().relayed, 1);
+    net[2].on_frame(ms(0), LEFT, &frame);
+    assert!(matches!(
+        net[2].poll_action(),
+        Some(Action::Management { src: 1, .. })
+    ));
+    // send_management_to routes too.
+    net[0].send_management_to(ms(0), 3, b"\x04x");
+    let acts = carry(ms(0), &mut net);
+    assert_eq!(
+        acts,
+        vec![(
+            2,
+            Action::Management {
+                port: LEFT,
+                src: 1,
+                payload: b"\x04x".to_vec()
+            }
+        )]
+    );
+}
+
+#[test]
+fn malformed_fa_payloads_are_counted_and_dropped() {
+    let mut net = chain(2);
+    for bad in [
+        vec![FA_DISCRIMINATOR],
+        vec![FA_DISCRIMINATOR, 0x09],
+        vec![FA_DISCRIMINATOR, 0x03, 1, 2],
+    ] {
+        let f = mgmt_frame(&net[1], 1, 2, &bad);
+        net[1].on_frame(ms(0), LEFT, &f);
+    }
+    // A request whose claimed source is not the PDU's source.
+    let req = FaMessage::Request {
+        src_addr: 9,
+        src_cep: 1,
+        qos_id: 1,
+        qos: QosSpec::default(),
+        src: name("x"),
+        dst: name("echo"),
+    };
+    let f = mgmt_frame(&net[1], 1, 2, &req.to_vec());
+    net[1].on_frame(ms(0), LEFT, &f);
+    // A response for nothing.
+    let resp = FaMessage::Response {
+        dst_cep: 77,
+        src_cep: 0,
+        result: FaResult::Refused,
+        max_sdu: 1,
+        reason: String::new(),
+    };
+    let f = mgmt_frame(&net[1], 1, 2, &resp.to_vec());
+    net[1].on_frame(ms(0), LEFT, &f);
+    assert_eq!(net[1].poll_action(), None);
+    assert_eq!(net[1].counters().rx_fa_malformed, 4);
+    assert_eq!(net[1].counters().rx_fa_stale, 1);
+}
+
+mod prop {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn arbitrary_fa_payloads_never_panic(
+            t in 0u8..5,
+            body in proptest::collection::vec(any::<u8>(), 0..300),
+        ) {
+            let mut net = chain(2);
+            let mut payload = vec![FA_DISCRIMINATOR, t];
+            payload.extend_from_slice(&body);
+            let f = mgmt_frame(&net[1], 1, 2, &payload);
+            net[1].on_frame(ms(0), LEFT, &f);
+            net[1].handle_timeout(ms(10_000));
+            let _ = carry(ms(10_000), &mut net);
+        }
+    }
+}
