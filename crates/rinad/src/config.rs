@@ -19,7 +19,32 @@
 //!
 //! [ipcp.directory]               # application name -> UDP address of its shim
 //! "echo" = "127.0.0.1:7002"
+//! "beta.net" = "127.0.0.1:7002"   # the neighbour normal IPCP, reached over this shim
+//!
+//! [[ipcp]]
+//! name = "alpha.net"              # also its application name in the N-1 DIFs
+//! type = "normal"
+//! dif = "net"
+//! address = 1
+//! # max_pdu = 9000                # largest PDU (default 9000); larger SDUs are fragmented
+//! # max_sdu = 65536
+//! # crc = false                   # CRC-32 on every PDU
+//! # ttl = 64                      # hop limit
+//!
+//! [[ipcp.neighbor]]               # an N-1 flow to set up and keep up
+//! name = "beta.net"               # the neighbour IPCP's name
+//! over = "udp.net"                # the N-1 DIF that reaches it
+//! address = 2                     # its address in this DIF
+//!
+//! [ipcp.routes]                   # destination address -> next-hop address (a neighbour)
+//! "3" = 2
+//!
+//! [ipcp.names]                    # application name -> address (static directory)
+//! "echo" = 2
 //! ```
+//!
+//! Layer management (enrollment, routing, the directory) will fill the last
+//! three tables by itself; until then they are written by hand.
 
 use rina_wire::AppName;
 use serde::Deserialize;
@@ -81,15 +106,22 @@ pub enum IpcpKind {
     /// The shim DIF over UDP.
     #[serde(rename = "shim-udp")]
     ShimUdp,
+    /// A normal IPC process.
+    #[serde(rename = "normal")]
+    Normal,
 }
 
-impl IpcpKind {
-    /// Name as written in the file.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            IpcpKind::ShimUdp => "shim-udp",
-        }
-    }
+/// A neighbour of a normal IPCP: an N-1 flow the daemon sets up and keeps up.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NeighborConfig {
+    /// The neighbour IPCP's application name in the N-1 DIF.
+    pub name: AppName,
+    /// The N-1 DIF that reaches it: a shim DIF or another normal DIF of
+    /// this system (stacking).
+    pub over: Spanned<String>,
+    /// Its address in this DIF.
+    pub address: u64,
 }
 
 /// One `[[ipcp]]` table.
@@ -110,6 +142,23 @@ pub struct IpcpConfig {
     /// shim-udp: where each application name lives.
     #[serde(default)]
     pub directory: BTreeMap<AppName, SocketAddr>,
+    /// normal: this IPCP's address in its DIF.
+    pub address: Option<u64>,
+    /// normal: largest PDU, in bytes.
+    pub max_pdu: Option<Spanned<u32>>,
+    /// normal: CRC-32 on every PDU.
+    pub crc: Option<bool>,
+    /// normal: initial hop limit (0 turns TTL off).
+    pub ttl: Option<u8>,
+    /// normal: the N-1 flows to set up.
+    #[serde(default, rename = "neighbor")]
+    pub neighbors: Vec<NeighborConfig>,
+    /// normal: destination address -> next-hop address.
+    #[serde(default)]
+    pub routes: BTreeMap<String, u64>,
+    /// normal: application name -> address of the IPCP where it is registered.
+    #[serde(default)]
+    pub names: BTreeMap<AppName, u64>,
 }
 
 impl Config {
@@ -151,11 +200,63 @@ impl Config {
                     format!("a second IPCP is named {:?}", ip.name.get_ref()),
                 ));
             }
+            let key = |k: &str| format!("ipcp[{i}].{k}");
             if ip.kind == IpcpKind::ShimUdp && ip.bind.is_none() {
                 return Err(invalid(
                     ip.name.span(),
-                    format!("ipcp[{i}].bind"),
+                    key("bind"),
                     "a shim-udp IPCP needs `bind = \"host:port\"`".into(),
+                ));
+            }
+            if ip.kind == IpcpKind::Normal {
+                if ip.address.is_none_or(|a| a == 0) {
+                    return Err(invalid(
+                        ip.name.span(),
+                        key("address"),
+                        "a normal IPCP needs `address = N` (N > 0)".into(),
+                    ));
+                }
+                if ip.bind.is_some() || !ip.directory.is_empty() {
+                    return Err(invalid(
+                        ip.name.span(),
+                        key("bind/directory"),
+                        "`bind` and `directory` are for shim-udp IPCPs; a normal IPCP has `names` and `neighbor`".into(),
+                    ));
+                }
+                if let Some(m) = &ip.max_pdu {
+                    if !(64..=65_000).contains(m.get_ref()) {
+                        return Err(invalid(
+                            m.span(),
+                            key("max_pdu"),
+                            format!("must be between 64 and 65000, not {}", m.get_ref()),
+                        ));
+                    }
+                }
+                for (k, n) in ip.neighbors.iter().enumerate() {
+                    let over = n.over.get_ref();
+                    let found = cfg.ipcps.iter().any(|o| &o.dif == over && o.dif != ip.dif);
+                    if !found {
+                        return Err(invalid(
+                            n.over.span(),
+                            format!("ipcp[{i}].neighbor[{k}].over"),
+                            format!("no other IPCP of this system is in DIF {over:?}"),
+                        ));
+                    }
+                }
+                for dst in ip.routes.keys() {
+                    if dst.parse::<u64>().is_err() {
+                        return Err(invalid(
+                            ip.name.span(),
+                            key("routes"),
+                            format!("route destinations are addresses (numbers), not {dst:?}"),
+                        ));
+                    }
+                }
+            } else if ip.address.is_some() || !ip.neighbors.is_empty() || !ip.names.is_empty() {
+                return Err(invalid(
+                    ip.name.span(),
+                    key("address/neighbor/names"),
+                    "`address`, `neighbor` and `names` are for normal IPCPs".into(),
                 ));
             }
             if let Some(m) = &ip.max_sdu {
@@ -249,5 +350,80 @@ bind = "127.0.0.1:7001"
     fn missing_system_is_refused() {
         let e = parse("[[ipcp]]\nname='x'\n").unwrap_err().to_string();
         assert!(e.contains("system") || e.contains("type"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod normal_tests {
+    use super::*;
+
+    const TWO: &str = r#"
+[system]
+name = "alpha"
+
+[[ipcp]]
+name = "a.udp"
+type = "shim-udp"
+dif = "udp"
+bind = "127.0.0.1:7001"
+
+[ipcp.directory]
+"b.net" = "127.0.0.1:7002"
+
+[[ipcp]]
+name = "a.net"
+type = "normal"
+dif = "net"
+address = 1
+crc = true
+
+[[ipcp.neighbor]]
+name = "b.net"
+over = "udp"
+address = 2
+
+[ipcp.routes]
+"3" = 2
+
+[ipcp.names]
+"echo" = 3
+"#;
+
+    fn parse(s: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("t.toml"), s)
+    }
+
+    #[test]
+    fn a_normal_ipcp_over_a_shim_parses() {
+        let c = parse(TWO).unwrap();
+        let n = &c.ipcps[1];
+        assert_eq!(n.kind, IpcpKind::Normal);
+        assert_eq!(n.address, Some(1));
+        assert_eq!(n.neighbors[0].address, 2);
+        assert_eq!(n.routes["3"], 2);
+        assert_eq!(n.names[&"echo".parse().unwrap()], 3);
+    }
+
+    #[test]
+    fn normal_mistakes_name_key_and_line() {
+        let e = parse(&TWO.replace("over = \"udp\"", "over = \"nope\""))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("line 23") && e.contains("neighbor[0].over"),
+            "{e}"
+        );
+        let e = parse(&TWO.replace("address = 1\n", ""))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("ipcp[1].address"), "{e}");
+        let e = parse(&TWO.replace("\"3\" = 2", "\"three\" = 2"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("routes"), "{e}");
+        let e = parse(&TWO.replace("crc = true", "crc = true\nbind = \"127.0.0.1:1\""))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("shim-udp"), "{e}");
     }
 }

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Normal-DIF benchmark (not a timed test): in one run on this machine,
+# rina-perf with 1400-byte SDUs
+#   * over the shim DIF over UDP alone,
+#   * over one normal DIF over that shim DIF,
+#   * over two normal DIFs stacked in the same daemons,
+# against iperf3 -u -l 1400 -b 0 on loopback, and prints the ratios and the
+# cost of the extra DIF. Needs iperf3 and python3 (iperf3 installed with apt
+# when run as root).
+#
+#   bash bench/normal_dif.sh          # DUR=5 seconds per measurement
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DUR=${DUR:-5}
+SIZE=${SIZE:-1400}
+if ! command -v iperf3 >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ]; then
+        apt-get install -y iperf3 >/dev/null 2>&1 || { apt-get update >/dev/null && apt-get install -y iperf3 >/dev/null; }
+    else
+        echo "bench: iperf3 is missing; install it (apt-get install iperf3) or run as root" >&2
+        exit 1
+    fi
+fi
+cargo build --release -q
+BIN=target/release
+T=$(mktemp -d /tmp/rina-bench-normal.XXXXXX)
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$T"
+}
+trap cleanup EXIT INT TERM
+
+free_port() { python3 -c 'import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+PA=$(free_port); PB=$(free_port)
+
+# system NAME ADDR PORT PEER PEER_ADDR PEER_PORT
+system() {
+    cat <<CONF
+[system]
+name = "$1"
+
+[[ipcp]]
+name = "$1.udp"
+type = "shim-udp"
+dif = "udp"
+bind = "127.0.0.1:$3"
+
+[ipcp.directory]
+"$4.net" = "127.0.0.1:$6"
+"perf" = "127.0.0.1:$6"
+
+[[ipcp]]
+name = "$1.net"
+type = "normal"
+dif = "net"
+address = $2
+
+[[ipcp.neighbor]]
+name = "$4.net"
+over = "udp"
+address = $5
+
+[ipcp.names]
+"$4.top" = $5
+"perf" = 2
+
+[[ipcp]]
+name = "$1.top"
+type = "normal"
+dif = "top"
+address = $2
+
+[[ipcp.neighbor]]
+name = "$4.top"
+over = "net"
+address = $5
+
+[ipcp.names]
+"perf" = 2
+CONF
+}
+system alpha 1 "$PA" beta 2 "$PB" > "$T/alpha.toml"
+system beta 2 "$PB" alpha 1 "$PA" > "$T/beta.toml"
+"$BIN/rinad" --config "$T/beta.toml" --socket "$T/beta.sock" --log-level warn 2>"$T/beta.log" & PIDS+=($!)
+"$BIN/rinad" --config "$T/alpha.toml" --socket "$T/alpha.sock" --log-level warn 2>"$T/alpha.log" & PIDS+=($!)
+up() { "$BIN/rinactl" --socket "$T/alpha.sock" --json ipcps 2>/dev/null | python3 -c '
+import json,sys
+ipcps = {i["name"]: i for i in json.load(sys.stdin)}
+sys.exit(0 if ipcps["alpha.top"]["counters"].get("neighbors_up") == 1 else 1)'; }
+for _ in $(seq 100); do up && break; sleep 0.1; done
+up || { echo "bench: the DIFs did not come up" >&2; tail "$T"/*.log >&2; exit 1; }
+for dif in udp net top; do
+    "$BIN/rina-perf" server --socket "$T/beta.sock" --name perf --dif "$dif" >/dev/null 2>&1 & PIDS+=($!)
+done
+sleep 0.3
+for dif in udp net top; do
+    echo "== rina-perf over DIF $dif, $SIZE B, $DUR s"
+    "$BIN/rina-perf" client --socket "$T/alpha.sock" --dst perf --dif "$dif" --size "$SIZE" \
+        --duration-s "$DUR" --json > "$T/perf-$dif.json"
+done
+echo "== iperf3 -u -l $SIZE -b 0, $DUR s"
+iperf3 -s -1 -p 5298 >/dev/null 2>&1 & PIDS+=($!)
+sleep 0.3
+iperf3 -c 127.0.0.1 -p 5298 -u -l "$SIZE" -b 0 -t "$DUR" -J > "$T/iperf.json"
+
+python3 - "$T" <<'PY'
+import json, sys
+t = sys.argv[1]
+ip = json.load(open(f"{t}/iperf.json"))["end"]["sum"]["bits_per_second"] / 1e6
+rx = {d: json.load(open(f"{t}/perf-{d}.json"))["tests"][0] for d in ("udp", "net", "top")}
+print()
+print(f"{'path':34}{'rx Mb/s':>10}{'loss %':>9}{'vs iperf3':>11}")
+print(f"{'iperf3 UDP':34}{ip:10.1f}{'':>9}{1.0:11.2f}")
+labels = {"udp": "shim-udp only", "net": "normal DIF / shim-udp", "top": "normal / normal / shim-udp"}
+for d in ("udp", "net", "top"):
+    r = rx[d]
+    print(f"{labels[d]:34}{r['rx_mbps']:10.1f}{r['loss_pct']:9.2f}{r['rx_mbps']/ip:11.2f}")
+cost = 1 - rx["top"]["rx_mbps"] / rx["net"]["rx_mbps"]
+print(f"\none normal DIF: {rx['net']['rx_mbps']/ip:.2f} of iperf3 (target >= 0.40)")
+print(f"extra stacked DIF costs {cost*100:.1f}% of goodput (target < 15%)")
+PY

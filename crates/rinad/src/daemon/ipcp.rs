@@ -1,0 +1,366 @@
+//! One IPC process of the daemon, whatever its kind, behind one facade.
+//!
+//! The daemon's bookkeeping (names, flows, control requests) does not care
+//! whether an IPCP is a shim or a normal one: it calls the flow-allocation
+//! API here and receives [`Event`]s. Each kind keeps its own IO in its own
+//! module ([`super::shim`]).
+
+use super::normal::NormalIo;
+use super::shim::ShimIo;
+use rina_core::normal::{self, NormalError};
+use rina_core::shim_udp::{self, PortId, ShimError};
+use rina_core::Instant;
+use rina_wire::ctl::{CtlError, ErrorKind, FlowCounters};
+use rina_wire::{AppName, QosSpec};
+use std::collections::BTreeMap;
+use tracing::debug;
+
+/// What an IPCP tells the daemon.
+// Events are drained one at a time and never stored, so the size of the
+// FlowRequest variant costs nothing that boxing would save.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub(super) enum Event {
+    /// A peer asks for a flow to `local`, registered here.
+    FlowRequest {
+        handle: u64,
+        local: AppName,
+        remote: AppName,
+        qos: QosSpec,
+    },
+    /// The request `handle` was withdrawn (the application took too long).
+    RequestWithdrawn { handle: u64 },
+    /// An allocation asked for with [`Ipcp::allocate`] succeeded.
+    Allocated { port: PortId, max_sdu: u32 },
+    /// An allocation asked for with [`Ipcp::allocate`] failed.
+    AllocateFailed { port: PortId, error: CtlError },
+    /// The peer deallocated a flow.
+    Deallocated { port: PortId },
+    /// Normal IPCP: write this frame on N-1 flow `port`.
+    N1Transmit { port: PortId, frame: Vec<u8> },
+    /// Normal IPCP: hand this SDU to the application of flow `port`.
+    Deliver { port: PortId, sdu: Vec<u8> },
+    /// Normal IPCP: the connection of flow `port` failed.
+    FlowFailed { port: PortId },
+}
+
+/// The kinds of IPCP.
+pub(super) enum Imp {
+    /// A shim IPCP over UDP with its socket.
+    Shim(Box<ShimIo>),
+    /// A normal IPCP.
+    Normal(Box<NormalIo>),
+}
+
+/// An IPC process hosted by the daemon.
+pub(super) struct Ipcp {
+    pub name: String,
+    pub dif: String,
+    pub imp: Imp,
+}
+
+impl Ipcp {
+    /// Kind, as written in the configuration.
+    pub fn kind(&self) -> &'static str {
+        match &self.imp {
+            Imp::Shim(_) => "shim-udp",
+            Imp::Normal(_) => "normal",
+        }
+    }
+
+    /// Its address in its DIF, for listings.
+    pub fn address(&self) -> String {
+        match &self.imp {
+            Imp::Shim(s) => s.bind.to_string(),
+            Imp::Normal(n) => n.machine.config().address.to_string(),
+        }
+    }
+
+    /// Largest SDU its flows carry.
+    pub fn max_sdu(&self) -> usize {
+        match &self.imp {
+            Imp::Shim(s) => s.machine.config().max_sdu as usize,
+            Imp::Normal(n) => n.machine.config().max_sdu,
+        }
+    }
+
+    /// Registers an application name.
+    pub fn register(&mut self, name: AppName) -> Result<(), CtlError> {
+        match &mut self.imp {
+            Imp::Shim(s) => s.machine.register(name).map_err(shim_error),
+            Imp::Normal(n) => {
+                n.machine.register(name.clone()).map_err(normal_error)?;
+                n.names.insert(name);
+                Ok(())
+            }
+        }
+    }
+
+    /// Withdraws a registration.
+    pub fn unregister(&mut self, name: &AppName) -> bool {
+        match &mut self.imp {
+            Imp::Shim(s) => s.machine.unregister(name),
+            Imp::Normal(n) => {
+                n.names.remove(name);
+                n.machine.unregister(name)
+            }
+        }
+    }
+
+    /// Whether this IPCP can reach `name`.
+    pub fn knows(&self, name: &AppName) -> bool {
+        match &self.imp {
+            Imp::Shim(s) => s.machine.knows(name),
+            Imp::Normal(n) => n.machine.knows(name),
+        }
+    }
+
+    /// Registered names.
+    pub fn names(&self) -> Vec<AppName> {
+        match &self.imp {
+            Imp::Shim(s) => s.machine.names().cloned().collect(),
+            Imp::Normal(n) => n.names.iter().cloned().collect(),
+        }
+    }
+
+    /// Starts allocating flow `port`.
+    pub fn allocate(
+        &mut self,
+        now: Instant,
+        port: PortId,
+        local: AppName,
+        remote: AppName,
+        qos: QosSpec,
+    ) -> Result<(), CtlError> {
+        match &mut self.imp {
+            Imp::Shim(s) => s
+                .machine
+                .allocate(now, port, local, remote, qos)
+                .map_err(shim_error),
+            Imp::Normal(n) => n
+                .machine
+                .allocate(now, port, local, remote, qos)
+                .map_err(normal_error),
+        }
+    }
+
+    /// Accepts incoming request `handle` as flow `port`; returns its max SDU.
+    pub fn accept(&mut self, now: Instant, handle: u64, port: PortId) -> Result<u32, CtlError> {
+        match &mut self.imp {
+            Imp::Shim(s) => s.machine.accept(handle, port).map_err(shim_error),
+            Imp::Normal(n) => n.machine.accept(now, handle, port).map_err(normal_error),
+        }
+    }
+
+    /// Refuses incoming request `handle`.
+    pub fn refuse(&mut self, handle: u64, reason: &str) -> Result<(), CtlError> {
+        match &mut self.imp {
+            Imp::Shim(s) => s.machine.refuse(handle, reason).map_err(shim_error),
+            Imp::Normal(n) => n.machine.refuse(handle, reason).map_err(normal_error),
+        }
+    }
+
+    /// Deallocates flow `port` and tells the peer.
+    pub fn deallocate(&mut self, now: Instant, port: PortId) {
+        match &mut self.imp {
+            Imp::Shim(s) => {
+                let _ = s.machine.deallocate(port);
+            }
+            Imp::Normal(n) => {
+                let _ = n.machine.deallocate(now, port);
+                n.rx_pending.remove(&port);
+                n.tx_stash.remove(&port);
+                n.drops_in.remove(&port);
+                n.drops_out.remove(&port);
+            }
+        }
+    }
+
+    /// Whether flow `port` belongs to this IPCP.
+    pub fn has_flow(&self, port: PortId) -> bool {
+        match &self.imp {
+            Imp::Shim(s) => s.machine.flow(port).is_some(),
+            Imp::Normal(n) => n.machine.flow_counters(port).is_some(),
+        }
+    }
+
+    /// Counters of flow `port`.
+    pub fn flow_counters(&self, port: PortId) -> Option<FlowCounters> {
+        match &self.imp {
+            Imp::Shim(s) => s.machine.flow(port).map(|f| f.counters),
+            Imp::Normal(n) => n.machine.flow_counters(port).map(|c| {
+                let mut c = *c;
+                c.drops_in += n.drops_in.get(&port).copied().unwrap_or(0);
+                c.drops_out += n.drops_out.get(&port).copied().unwrap_or(0);
+                c
+            }),
+        }
+    }
+
+    /// Number of flows.
+    pub fn flow_count(&self) -> usize {
+        match &self.imp {
+            Imp::Shim(s) => s.machine.flows().count(),
+            Imp::Normal(n) => n.machine.flows().count(),
+        }
+    }
+
+    /// IPCP-wide counters.
+    pub fn counters(&self) -> BTreeMap<String, u64> {
+        match &self.imp {
+            Imp::Shim(s) => {
+                let mut c = s.machine.counters().to_map();
+                c.insert("tx_errors".into(), s.send_errors);
+                c
+            }
+            Imp::Normal(n) => {
+                let mut c = n.machine.counters().to_map();
+                let r = n.machine.rmt().counters();
+                c.insert("rmt_queued".into(), r.queued);
+                c.insert("rmt_queue_drops".into(), r.queue_drops);
+                c.insert("rmt_no_route".into(), r.no_route);
+                c.insert("rx_mgmt_unhandled".into(), n.mgmt_unhandled);
+                c.insert(
+                    "neighbors_up".into(),
+                    n.neighbors.iter().filter(|nb| nb.port.is_some()).count() as u64,
+                );
+                c
+            }
+        }
+    }
+
+    /// When [`Ipcp::handle_timeout`] next needs to run.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match &self.imp {
+            Imp::Shim(s) => s.machine.poll_timeout(),
+            Imp::Normal(n) => n.machine.poll_timeout(),
+        }
+    }
+
+    /// Runs due timers.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        match &mut self.imp {
+            Imp::Shim(s) => s.machine.handle_timeout(now),
+            Imp::Normal(n) => n.machine.handle_timeout(now),
+        }
+    }
+
+    /// The next event for the daemon; IO the IPCP can do alone (sending a
+    /// control datagram) is done here.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        match &mut self.imp {
+            Imp::Shim(s) => loop {
+                let a = s.machine.poll_action()?;
+                match a {
+                    shim_udp::Action::Transmit { to, payload } => {
+                        if let Err(e) = s.sock.send_to(&payload, to) {
+                            s.send_errors += 1;
+                            debug!(ipcp = %self.name, %to, error = %e, "control datagram not sent");
+                        }
+                    }
+                    shim_udp::Action::FlowRequest {
+                        handle,
+                        local,
+                        remote,
+                        qos,
+                    } => {
+                        return Some(Event::FlowRequest {
+                            handle,
+                            local,
+                            remote,
+                            qos,
+                        })
+                    }
+                    shim_udp::Action::RequestWithdrawn { handle } => {
+                        return Some(Event::RequestWithdrawn { handle })
+                    }
+                    shim_udp::Action::Allocated { port, max_sdu } => {
+                        return Some(Event::Allocated { port, max_sdu })
+                    }
+                    shim_udp::Action::AllocateFailed { port, error } => {
+                        return Some(Event::AllocateFailed {
+                            port,
+                            error: shim_error(error),
+                        })
+                    }
+                    shim_udp::Action::Deallocated { port } => {
+                        return Some(Event::Deallocated { port })
+                    }
+                }
+            },
+            Imp::Normal(n) => loop {
+                let a = n.machine.poll_action()?;
+                return Some(match a {
+                    normal::Action::Transmit { port, frame } => Event::N1Transmit { port, frame },
+                    normal::Action::Deliver { flow, sdu } => Event::Deliver { port: flow, sdu },
+                    normal::Action::FlowFailed { flow, .. } => Event::FlowFailed { port: flow },
+                    normal::Action::FlowRequest {
+                        handle,
+                        local,
+                        remote,
+                        qos,
+                    } => Event::FlowRequest {
+                        handle,
+                        local,
+                        remote,
+                        qos,
+                    },
+                    normal::Action::RequestWithdrawn { handle } => {
+                        Event::RequestWithdrawn { handle }
+                    }
+                    normal::Action::Allocated { flow, max_sdu } => Event::Allocated {
+                        port: flow,
+                        max_sdu,
+                    },
+                    normal::Action::AllocateFailed { flow, error } => Event::AllocateFailed {
+                        port: flow,
+                        error: normal_error(error),
+                    },
+                    normal::Action::Deallocated { flow } => Event::Deallocated { port: flow },
+                    // Layer management is not hosted yet: count and drop.
+                    normal::Action::Management { .. } => {
+                        n.mgmt_unhandled += 1;
+                        continue;
+                    }
+                });
+            },
+        }
+    }
+}
+
+/// The control-protocol error for a shim error.
+pub(super) fn shim_error(e: ShimError) -> CtlError {
+    let kind = match &e {
+        ShimError::NameNotFound(_) => ErrorKind::NameNotFound,
+        ShimError::NameInUse(_) => ErrorKind::NameInUse,
+        ShimError::NotRegistered { .. } => ErrorKind::NotRegistered,
+        ShimError::Refused(_) => ErrorKind::Refused,
+        ShimError::QosNotSatisfiable(_) => ErrorKind::QosNotSatisfiable,
+        ShimError::SduTooLarge { .. } => ErrorKind::SduTooLarge,
+        ShimError::EmptySdu => ErrorKind::InvalidRequest,
+        ShimError::Timeout { .. } => ErrorKind::Timeout,
+        ShimError::UnknownFlow(_) => ErrorKind::UnknownFlow,
+        ShimError::UnknownRequest(_) => ErrorKind::InvalidRequest,
+        ShimError::PortInUse(_) => ErrorKind::Internal,
+        ShimError::NoResources(_) => ErrorKind::NoResources,
+    };
+    CtlError::new(kind, e.to_string())
+}
+
+/// The control-protocol error for a normal-IPCP error.
+pub(super) fn normal_error(e: NormalError) -> CtlError {
+    let text = e.to_string();
+    let kind = match e {
+        NormalError::NameNotFound(..) => ErrorKind::NameNotFound,
+        NormalError::NameInUse(..) => ErrorKind::NameInUse,
+        NormalError::NotRegistered(..) => ErrorKind::NotRegistered,
+        NormalError::Refused(..) => ErrorKind::Refused,
+        NormalError::QosNotSatisfiable(..) => ErrorKind::QosNotSatisfiable,
+        NormalError::Timeout { .. } => ErrorKind::Timeout,
+        NormalError::BadSduSize { .. } => ErrorKind::SduTooLarge,
+        NormalError::UnknownFlow(..) => ErrorKind::UnknownFlow,
+        NormalError::UnknownRequest(..) => ErrorKind::InvalidRequest,
+        _ => ErrorKind::Internal,
+    };
+    CtlError::new(kind, text)
+}

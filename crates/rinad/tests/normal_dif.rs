@@ -1,0 +1,320 @@
+//! A normal DIF over a shim DIF over UDP, in real `rinad` processes on
+//! loopback: N-1 flows set up by the daemons, applications allocating by
+//! name, reliable and unreliable cubes, large SDUs, and a fake neighbour
+//! feeding the daemon malformed PDUs.
+
+mod common;
+
+use common::{name, wait_for, Daemon};
+use rina::QosSpec;
+use rina_wire::pci::{self, ControlBody, DtConstants, Pci, PduType};
+use rina_wire::shim_udp::{AllocResult, Datagram};
+use std::net::UdpSocket;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(15);
+
+/// A free UDP port on loopback (bound, read, released).
+fn free_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn system(
+    me: &str,
+    addr: u64,
+    port: u16,
+    peer: &str,
+    peer_addr: u64,
+    peer_port: u16,
+    names: &str,
+) -> String {
+    format!(
+        r#"[system]
+name = "{me}"
+
+[[ipcp]]
+name = "{me}.udp"
+type = "shim-udp"
+dif = "udp"
+bind = "127.0.0.1:{port}"
+
+[ipcp.directory]
+"{peer}.net" = "127.0.0.1:{peer_port}"
+
+[[ipcp]]
+name = "{me}.net"
+type = "normal"
+dif = "net"
+address = {addr}
+crc = true
+
+[[ipcp.neighbor]]
+name = "{peer}.net"
+over = "udp"
+address = {peer_addr}
+
+[ipcp.names]
+{names}
+"#
+    )
+}
+
+fn counter(d: &Daemon, ipcp: &str, key: &str) -> u64 {
+    d.client()
+        .list_ipcps()
+        .unwrap()
+        .into_iter()
+        .find(|i| i.name == ipcp)
+        .map(|i| i.counters.get(key).copied().unwrap_or(0))
+        .unwrap_or(0)
+}
+
+/// Two systems whose normal IPCPs are neighbours over the shim DIF.
+fn pair() -> (Daemon, Daemon) {
+    let (pa, pb) = (free_port(), free_port());
+    let alpha = Daemon::start_with(
+        "alpha",
+        &system("alpha", 1, pa, "beta", 2, pb, "\"echo\" = 2"),
+    );
+    let beta = Daemon::start_with("beta", &system("beta", 2, pb, "alpha", 1, pa, ""));
+    wait_for("the N-1 flow between the normal IPCPs", T, || {
+        counter(&alpha, "alpha.net", "neighbors_up") == 1
+            && counter(&beta, "beta.net", "neighbors_up") == 1
+    });
+    (alpha, beta)
+}
+
+fn echo_server(d: &Daemon) -> std::thread::JoinHandle<()> {
+    let mut c = d.client();
+    assert_eq!(c.register(&name("echo"), Some("net")).unwrap(), vec!["net"]);
+    std::thread::spawn(move || {
+        while let Ok(Some(req)) = c.next_request_timeout(Duration::from_secs(30)) {
+            let Ok(flow) = c.accept(&req) else { continue };
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 70_000];
+                while let Ok(n) = flow.read(&mut buf) {
+                    if flow.write(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    })
+}
+
+#[test]
+fn a_normal_dif_over_shim_udp_carries_flows_by_name() {
+    let (alpha, beta) = pair();
+    let _srv = echo_server(&beta);
+    let mut c = alpha.client();
+
+    // Unreliable cube.
+    let flow = c
+        .allocate(
+            &name("probe"),
+            &name("echo"),
+            Some("net"),
+            &QosSpec::default(),
+        )
+        .unwrap();
+    assert_eq!(flow.info().dif, "net");
+    let mut buf = vec![0u8; 70_000];
+    flow.write(b"over two DIFs").unwrap();
+    let n = flow.read_timeout(&mut buf, T).unwrap().expect("echo");
+    assert_eq!(&buf[..n], b"over two DIFs");
+
+    // Reliable cube: 64 KiB SDUs (fragmented into 9000-byte PDUs) and a
+    // burst that must come back complete and in order.
+    let reliable = QosSpec {
+        reliable: true,
+        in_order: true,
+        ..Default::default()
+    };
+    let flow = c
+        .allocate(&name("bulk"), &name("echo"), Some("net"), &reliable)
+        .unwrap();
+    assert!(flow.info().max_sdu >= 65_536);
+    let big: Vec<u8> = (0..65_536u32).map(|i| (i % 251) as u8).collect();
+    flow.write(&big).unwrap();
+    let n = flow
+        .read_timeout(&mut buf, T)
+        .unwrap()
+        .expect("echo of 64 KiB");
+    assert_eq!(&buf[..n], &big[..]);
+    let echoed = {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for i in 0..2000u32 {
+                    flow.write(&i.to_be_bytes().repeat(100)).unwrap();
+                }
+            });
+            let mut got = Vec::new();
+            while got.len() < 2000 {
+                let n = flow
+                    .read_timeout(&mut buf, T)
+                    .unwrap()
+                    .expect("every SDU of the burst comes back");
+                got.push(u32::from_be_bytes(buf[..4].try_into().unwrap()));
+                assert_eq!(n, 400);
+            }
+            got
+        })
+    };
+    assert_eq!(echoed, (0..2000).collect::<Vec<_>>());
+    let flows = c.list_flows().unwrap();
+    assert_eq!(flows.len(), 2);
+    assert!(flows.iter().all(|f| f.info.dif == "net"));
+}
+
+#[test]
+fn names_unknown_to_the_normal_dif_are_refused() {
+    let (alpha, _beta) = pair();
+    let mut c = alpha.client();
+    let e = c
+        .allocate(
+            &name("x"),
+            &name("nobody"),
+            Some("net"),
+            &QosSpec::default(),
+        )
+        .unwrap_err();
+    assert_eq!(e.kind(), rina::ErrorKind::NameNotFound, "{e}");
+    // In the directory, but nobody registered it at beta.
+    let e = c
+        .allocate(&name("x"), &name("echo"), Some("net"), &QosSpec::default())
+        .unwrap_err();
+    assert_eq!(e.kind(), rina::ErrorKind::NotRegistered, "{e}");
+}
+
+/// Plays the neighbour `fake.net` over raw UDP: answers alpha's N-1 flow
+/// request, then sends it a corpus of malformed frames.
+#[test]
+fn malformed_pdus_from_a_neighbour_crash_nothing() {
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(T)).unwrap();
+    let fake = sock.local_addr().unwrap().port();
+    let pa = free_port();
+    let alpha = Daemon::start_with("alpha", &system("alpha", 1, pa, "fake", 2, fake, ""));
+    // alpha (address 1 < 2) asks for the N-1 flow.
+    let mut buf = [0u8; 2048];
+    let (n, from) = sock.recv_from(&mut buf).unwrap();
+    let Datagram::AllocReq { src_port, dst, .. } = Datagram::parse(&buf[..n]).unwrap() else {
+        panic!("expected an allocation request")
+    };
+    assert_eq!(dst, name("fake.net"));
+    let resp = Datagram::AllocResp {
+        dst_port: src_port,
+        src_port: 77,
+        result: AllocResult::Accepted,
+        max_sdu: 65_000,
+        reason: "",
+    };
+    sock.send_to(&resp.to_vec(), from).unwrap();
+    wait_for("the N-1 flow to the fake neighbour", T, || {
+        counter(&alpha, "alpha.net", "neighbors_up") == 1
+    });
+
+    // Frames as alpha's DIF protects them: TTL byte, PDU, CRC-32.
+    let c = DtConstants {
+        max_pdu_size: 1400,
+        ..DtConstants::default()
+    };
+    let protect = |pdu: &[u8], ttl: u8| {
+        let mut f = vec![ttl];
+        f.extend_from_slice(pdu);
+        let crc = crc32(&f);
+        f.extend_from_slice(&crc.to_be_bytes());
+        f
+    };
+    let mut dt = Pci::new(PduType::Dt);
+    dt.dst_addr = 1;
+    dt.src_addr = 2;
+    dt.dst_cep = 12345;
+    dt.seq = 1;
+    let mut good_dt = Vec::new();
+    pci::encode_data(&c, &dt, &[0x07, 1, 2, 3], &mut good_dt).unwrap();
+    let mut ack = Pci::new(PduType::Ack);
+    ack.dst_addr = 1;
+    ack.dst_cep = 999;
+    let mut good_ack = Vec::new();
+    pci::encode_control(&c, &ack, &ControlBody::Ack { ack_sn: 5 }, &mut good_ack).unwrap();
+    let mut mgmt = Pci::new(PduType::Mgmt);
+    mgmt.dst_addr = 1;
+    let mut bad_mgmt = Vec::new();
+    pci::encode_data(&c, &mgmt, &[0xff; 40], &mut bad_mgmt).unwrap();
+    let mut wrong_version = good_dt.clone();
+    wrong_version[0] = 9;
+    let mut bad_crc = protect(&good_dt, 64);
+    let last = bad_crc.len() - 1;
+    bad_crc[last] ^= 1;
+    let corpus: Vec<Vec<u8>> = vec![
+        vec![],
+        vec![64],
+        vec![0xff; 3],
+        protect(&[], 64),
+        protect(&good_dt[..10], 64),
+        protect(&wrong_version, 64),
+        bad_crc,
+        protect(&good_dt, 0),
+        protect(&good_dt, 64),
+        protect(&good_ack, 64),
+        protect(&bad_mgmt, 64),
+        protect(&[0xAA; 1500], 64),
+        protect(&(0..=255u8).collect::<Vec<_>>(), 64),
+    ];
+    for frame in &corpus {
+        let d = Datagram::Data {
+            dst_port: src_port,
+            sdu: frame,
+        };
+        sock.send_to(&d.to_vec(), from).unwrap();
+    }
+    let bad = |a: &Daemon| {
+        [
+            "rx_malformed",
+            "rx_bad_protection",
+            "rx_unknown_cep",
+            "rx_ttl_expired",
+            "rx_fa_malformed",
+            "rx_mgmt_unhandled",
+        ]
+        .iter()
+        .map(|k| counter(a, "alpha.net", k))
+        .sum::<u64>()
+            + counter(a, "alpha.udp", "rx_malformed")
+    };
+    wait_for("every bad frame to be counted", T, || {
+        let n = bad(&alpha);
+        if n < corpus.len() as u64 {
+            eprintln!(
+                "{n} of {} counted: {:?}",
+                corpus.len(),
+                alpha.client().list_ipcps().unwrap()
+            );
+        }
+        n >= corpus.len() as u64
+    });
+    // Still alive and serving.
+    assert_eq!(alpha.client().list_ipcps().unwrap().len(), 2);
+    assert_eq!(counter(&alpha, "alpha.net", "neighbors_up"), 1);
+}
+
+/// CRC-32 (IEEE), as the SDU-protection policy computes it.
+fn crc32(data: &[u8]) -> u32 {
+    let mut crc = 0xffff_ffffu32;
+    for &b in data {
+        crc ^= b as u32;
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xedb8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
