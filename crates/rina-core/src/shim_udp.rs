@@ -18,6 +18,7 @@
 //! the driver can send header and SDU with one vectored write.
 
 use crate::time::Instant;
+use rina_wire::codec::truncate_utf8;
 use rina_wire::ctl::FlowCounters;
 use rina_wire::shim_udp::{data_header, AllocResult, Datagram, DATA_HEADER_LEN};
 use rina_wire::{AppName, QosSpec, WireError};
@@ -38,18 +39,6 @@ pub const DEFAULT_MAX_SDU: u32 = MAX_UDP_PAYLOAD - DATA_HEADER_LEN as u32;
 /// Longest refusal reason sent to a peer, in bytes; longer ones are cut at a
 /// character boundary so the response always fits one datagram.
 pub const MAX_REASON_LEN: usize = 512;
-
-/// `s` cut to at most `max` bytes, on a character boundary.
-fn truncate_utf8(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
 
 /// Configuration of one shim-udp IPCP.
 #[derive(Debug, Clone)]

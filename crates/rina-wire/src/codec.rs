@@ -129,6 +129,19 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// `s` cut to at most `max` bytes, on a character boundary, so that a text
+/// field always fits the room a message has for it.
+pub fn truncate_utf8(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 /// Appends big-endian fields to a buffer.
 pub trait Writer {
     /// Appends a u16 in network byte order.
@@ -175,6 +188,13 @@ mod tests {
                 have: 1
             })
         );
+    }
+
+    #[test]
+    fn truncation_keeps_whole_characters() {
+        assert_eq!(truncate_utf8("héllo", 2), "h");
+        assert_eq!(truncate_utf8("héllo", 3), "hé");
+        assert_eq!(truncate_utf8("abc", 10), "abc");
     }
 
     #[test]

@@ -45,24 +45,13 @@
 use super::{cubes, Action, CepId, FlowId, NormalError, NormalIpcp, QosCube};
 use crate::rmt::Address;
 use crate::time::Instant;
+use rina_wire::codec::truncate_utf8;
 use rina_wire::fa::{FaMessage, FaResult, RESPONSE_BASE_LEN};
 use rina_wire::{AppName, QosSpec};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Longest refusal reason sent to a peer, in bytes (also cut to fit a PDU).
 pub const MAX_REASON_LEN: usize = 512;
-
-/// `s` cut to at most `max` bytes, on a character boundary.
-fn truncate_utf8(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
 
 /// An allocation this IPCP asked for, waiting for the answer.
 #[derive(Debug)]
