@@ -8,29 +8,17 @@ use nix::unistd::Pid;
 use std::io::{BufRead, BufReader};
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-const DEMO: &str = env!("CARGO_BIN_EXE_rina-demo");
+mod common;
 
-/// The directory with `rinad` and the tools, building `rinad` if this test
-/// runs alone (`cargo test -p rina-tools` does not build other packages' binaries).
-fn bin_dir() -> PathBuf {
-    let dir = Path::new(DEMO).parent().expect("bin dir").to_path_buf();
-    if !dir.join("rinad").exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-p", "rinad"]);
-        if dir.ends_with("release") {
-            cmd.arg("--release");
-        }
-        assert!(cmd.status().expect("run cargo").success(), "building rinad");
-    }
-    dir
-}
+use common::bin_dir;
+
+const DEMO: &str = env!("CARGO_BIN_EXE_rina-demo");
 
 /// Live processes (pid, command line) that belong to the demo with this
 /// pid (its temporary directory is named after it).
