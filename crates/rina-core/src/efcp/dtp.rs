@@ -47,8 +47,12 @@ pub(super) enum RxOutcome {
     Duplicate,
     /// Dropped: too far ahead for the reordering queue.
     DroppedQueue,
-    /// Dropped: no data run and no DRF (with retransmission).
+    /// Dropped: no data run and no DRF (with retransmission), and no room
+    /// to hold it until the run starts.
     DroppedNoRun,
+    /// Held: no data run yet (its DRF PDU was lost); delivered once the
+    /// retransmitted DRF PDU starts the run.
+    HeldNoRun,
 }
 
 /// The receiving half of an EFCP connection.
@@ -79,6 +83,9 @@ pub(super) struct Receiver {
     unconsumed: usize,
     hole_deadline: Option<Instant>,
     last_rx: Instant,
+    /// PDUs that arrived before their run's DRF PDU (retransmitting flows
+    /// only), at most `max_reorder` of them.
+    prerun: std::collections::BTreeMap<u64, Vec<u8>>,
 }
 
 impl Receiver {
@@ -102,6 +109,7 @@ impl Receiver {
             unconsumed: 0,
             hole_deadline: None,
             last_rx: now,
+            prerun: std::collections::BTreeMap::new(),
         }
     }
 
@@ -313,9 +321,20 @@ impl Receiver {
             stats.duplicates += 1;
             return RxOutcome::Duplicate;
         }
+        let mut started = false;
         match self.lwe {
-            None if drf || !self.rtx => self.start_run(now, seq, stats),
+            None if drf || !self.rtx => {
+                self.start_run(now, seq, stats);
+                started = true;
+            }
             None => {
+                // The DRF PDU was lost: hold what follows it (bounded) so the
+                // retransmitted DRF PDU brings the whole run in at once.
+                if self.prerun.len() < self.max_reorder && !self.prerun.contains_key(&seq) {
+                    self.prerun.insert(seq, payload);
+                    stats.held_no_run += 1;
+                    return RxOutcome::HeldNoRun;
+                }
                 stats.dropped_no_run += 1;
                 return RxOutcome::DroppedNoRun;
             }
@@ -326,6 +345,33 @@ impl Receiver {
             }
             Some(_) => {}
         }
+        let outcome = self.accept_in_run(now, seq, payload, stats);
+        if started {
+            self.replay_prerun(now, stats);
+        }
+        outcome
+    }
+
+    /// Feeds the PDUs held before the run started into the run.
+    fn replay_prerun(&mut self, now: Instant, stats: &mut Stats) {
+        for (seq, payload) in std::mem::take(&mut self.prerun) {
+            match self.lwe {
+                Some(lwe) if seq > lwe => {
+                    self.accept_in_run(now, seq, payload, stats);
+                }
+                _ => stats.duplicates += 1,
+            }
+        }
+    }
+
+    /// A data PDU of the live run.
+    fn accept_in_run(
+        &mut self,
+        now: Instant,
+        seq: u64,
+        payload: Vec<u8>,
+        stats: &mut Stats,
+    ) -> RxOutcome {
         let mut lwe = self.lwe.unwrap_or(seq - 1);
         if seq <= lwe {
             stats.duplicates += 1;

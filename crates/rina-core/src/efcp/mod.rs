@@ -203,6 +203,8 @@ pub struct Stats {
     pub dropped_queue: u64,
     /// Data PDUs dropped for lack of a data run (with retransmission).
     pub dropped_no_run: u64,
+    /// Data PDUs held until their run's (retransmitted) DRF PDU arrived.
+    pub held_no_run: u64,
     /// Held PDUs dropped when a lossless run ended with a hole.
     pub dropped_reset: u64,
     /// Sequence numbers given up (never delivered).
@@ -260,6 +262,7 @@ impl Stats {
             ("delivered", self.delivered),
             ("dropped_queue", self.dropped_queue),
             ("dropped_no_run", self.dropped_no_run),
+            ("held_no_run", self.held_no_run),
             ("dropped_reset", self.dropped_reset),
             ("skipped", self.skipped),
             ("holes", self.holes),
@@ -524,7 +527,7 @@ impl Connection {
             | RxOutcome::OutOfOrder
             | RxOutcome::Duplicate
             | RxOutcome::DroppedQueue => self.ack_now = true,
-            RxOutcome::DroppedNoRun => {}
+            RxOutcome::DroppedNoRun | RxOutcome::HeldNoRun => {}
         }
     }
 

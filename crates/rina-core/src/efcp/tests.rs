@@ -1043,18 +1043,22 @@ fn lost_drf_does_not_block_an_unreliable_flow() {
     );
     assert_eq!(b.poll_deliver().map(|d| d.seq), Some(2));
     assert_eq!(b.poll_deliver().map(|d| d.seq), Some(3));
-    // Reliable flows wait for the (retransmitted) DRF PDU instead.
+    // Reliable flows hold what follows until the (retransmitted) DRF PDU
+    // arrives, then deliver the whole run at once.
     let mut r = Connection::new(rtx_only(3), t(0)).unwrap();
-    r.on_pdu(
-        t(1),
-        Pdu::Data {
-            seq: 2,
-            drf: false,
-            payload: sdu(2),
-        },
-    );
+    for seq in [3, 2] {
+        r.on_pdu(
+            t(1),
+            Pdu::Data {
+                seq,
+                drf: false,
+                payload: sdu(seq),
+            },
+        );
+    }
     assert_eq!(r.poll_deliver(), None);
-    assert_eq!(r.stats().dropped_no_run, 1);
+    assert_eq!(r.stats().held_no_run, 2);
+    assert_eq!(r.stats().dropped_no_run, 0);
     r.on_pdu(
         t(2),
         Pdu::Data {
@@ -1063,7 +1067,8 @@ fn lost_drf_does_not_block_an_unreliable_flow() {
             payload: sdu(1),
         },
     );
-    assert_eq!(r.poll_deliver().map(|d| d.seq), Some(1));
+    let got: Vec<u64> = std::iter::from_fn(|| r.poll_deliver().map(|d| d.seq)).collect();
+    assert_eq!(got, vec![1, 2, 3]);
 }
 
 #[test]
