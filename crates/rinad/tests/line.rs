@@ -1,0 +1,129 @@
+//! Three systems in a line, A - B - C, each with a shim DIF over UDP to its
+//! neighbours and one normal DIF across all three: A reaches C through B's
+//! relaying, and a flow from A to C fails cleanly when B's daemon dies.
+
+mod common;
+
+use common::{name, wait_for, Daemon};
+use rina::{ErrorKind, QosSpec};
+use std::net::UdpSocket;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(20);
+
+fn free_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One system: `me` at `addr` with UDP port `port`; `peers` are its
+/// neighbours (name, address, UDP port); `routes` are (destination, next hop).
+fn system(
+    me: &str,
+    addr: u64,
+    port: u16,
+    peers: &[(&str, u64, u16)],
+    routes: &[(u64, u64)],
+    names: &[(&str, u64)],
+) -> String {
+    let mut s = format!(
+        "[system]\nname = \"{me}\"\n\n[[ipcp]]\nname = \"{me}.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:{port}\"\n\n[ipcp.directory]\n"
+    );
+    for (p, _, pp) in peers {
+        s += &format!("\"{p}.net\" = \"127.0.0.1:{pp}\"\n");
+    }
+    s += &format!(
+        "\n[[ipcp]]\nname = \"{me}.net\"\ntype = \"normal\"\ndif = \"net\"\naddress = {addr}\n"
+    );
+    for (p, pa, _) in peers {
+        s += &format!("\n[[ipcp.neighbor]]\nname = \"{p}.net\"\nover = \"udp\"\naddress = {pa}\n");
+    }
+    s += "\n[ipcp.routes]\n";
+    for (d, h) in routes {
+        s += &format!("\"{d}\" = {h}\n");
+    }
+    s += "\n[ipcp.names]\n";
+    for (n, a) in names {
+        s += &format!("\"{n}\" = {a}\n");
+    }
+    s
+}
+
+fn counter(d: &Daemon, ipcp: &str, key: &str) -> u64 {
+    d.client()
+        .list_ipcps()
+        .map(|v| {
+            v.into_iter()
+                .find(|i| i.name == ipcp)
+                .and_then(|i| i.counters.get(key).copied())
+                .unwrap_or(0)
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_reaches_c_through_b_and_fails_cleanly_when_b_dies() {
+    let (pa, pb, pc) = (free_port(), free_port(), free_port());
+    let c = Daemon::start_with("c", &system("c", 3, pc, &[("b", 2, pb)], &[(1, 2)], &[]));
+    let mut b = Daemon::start_with(
+        "b",
+        &system("b", 2, pb, &[("a", 1, pa), ("c", 3, pc)], &[], &[]),
+    );
+    let a = Daemon::start_with(
+        "a",
+        &system("a", 1, pa, &[("b", 2, pb)], &[(3, 2)], &[("echo", 3)]),
+    );
+    wait_for("both N-1 flows of B", T, || {
+        counter(&b, "b.net", "neighbors_up") == 2
+    });
+
+    let mut srv = c.client();
+    srv.register(&name("echo"), Some("net")).unwrap();
+    let server = std::thread::spawn(move || {
+        let req = srv.next_request().unwrap();
+        let flow = srv.accept(&req).unwrap();
+        let mut buf = vec![0u8; 70_000];
+        while let Ok(n) = flow.read(&mut buf) {
+            if flow.write(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        drop(srv);
+    });
+    let reliable = QosSpec {
+        reliable: true,
+        ..Default::default()
+    };
+    let flow = a
+        .client()
+        .allocate(&name("pinger"), &name("echo"), Some("net"), &reliable)
+        .unwrap();
+    let mut buf = vec![0u8; 70_000];
+    for i in 0..50u32 {
+        let sdu = i.to_be_bytes().repeat(50);
+        flow.write(&sdu).unwrap();
+        let n = flow
+            .read_timeout(&mut buf, T)
+            .unwrap()
+            .expect("echo through B");
+        assert_eq!(&buf[..n], &sdu[..]);
+    }
+    assert!(
+        counter(&b, "b.net", "relayed") >= 100,
+        "B relayed both directions"
+    );
+
+    // B dies: A's retransmissions go unanswered until the connection gives
+    // up, and the application's read fails instead of hanging.
+    b.kill();
+    flow.write(b"anyone there?").unwrap();
+    let started = std::time::Instant::now();
+    let r = flow.read_timeout(&mut buf, Duration::from_secs(90));
+    let e = r.expect_err("the flow fails, it does not time out");
+    assert_eq!(e.kind(), ErrorKind::DaemonGone, "{e}");
+    eprintln!("flow failed {:?} after B died", started.elapsed());
+    drop(server);
+}
