@@ -13,6 +13,7 @@
 //! * [`efcp`] — the Error and Flow Control Protocol (DTP + DTCP) of one connection.
 //! * [`normal`] — the data path of the normal IPC process: delimiting, EFCP, PCI, SDU protection and RMT composed.
 //! * [`cdap_session`] — a CDAP session over one management flow: connection, invoke ids, responses, timeouts.
+//! * [`rib`] — the RIB (a tree of named objects) and the RIB daemon that dispatches CDAP requests to the components owning them.
 //! * [`shim_udp`] — the shim IPC process over UDP.
 //! * [`rmt`] — relaying and multiplexing: forwarding table, output queues, scheduling policies.
 
@@ -20,6 +21,7 @@ pub mod cdap_session;
 pub mod delimiting;
 pub mod efcp;
 pub mod normal;
+pub mod rib;
 pub mod rmt;
 pub mod sdup;
 pub mod shim_udp;
