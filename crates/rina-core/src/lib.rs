@@ -16,6 +16,7 @@
 //! * [`rib`] — the RIB (a tree of named objects) and the RIB daemon that dispatches CDAP requests to the components owning them.
 //! * [`shim_udp`] — the shim IPC process over UDP.
 //! * [`rmt`] — relaying and multiplexing: forwarding table, output queues, scheduling policies.
+//! * [`routing`] — link-state routing: flow-state objects, flooding, ageing, Dijkstra/ECMP, the forwarding table.
 
 pub mod cdap_session;
 pub mod delimiting;
@@ -23,6 +24,7 @@ pub mod efcp;
 pub mod normal;
 pub mod rib;
 pub mod rmt;
+pub mod routing;
 pub mod sdup;
 pub mod shim_udp;
 pub mod time;

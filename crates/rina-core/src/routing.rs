@@ -1,0 +1,786 @@
+//! Link-state routing: the PDU forwarding table generator of a normal IPCP.
+//!
+//! Each IPC process describes its own N-1 flows as *flow-state objects*
+//! ([`Fso`]: origin address, neighbour address, cost, sequence number, up or
+//! down, age) and floods them through the DIF; every member keeps a database
+//! of the newest FSO per (origin, neighbour), builds a graph from the links
+//! that **both** ends report up, runs Dijkstra from itself (optionally keeping
+//! every equal-cost next hop) and turns the result into the forwarding table
+//! of its RMT. This is IRATI's default routing policy (`routing-ps`, seed 000
+//! §16.4.1.3), with two changes: FSOs are refreshed by their origin, and
+//! ageing is exact (an expiry instant per object instead of a 1-second tick).
+//!
+//! [`LinkState`] is sans-IO like every machine in this crate. The caller —
+//! the layer management of the IPCP — tells it when an N-1 flow to a
+//! neighbour comes up or goes down ([`LinkState::neighbor_up`],
+//! [`LinkState::neighbor_down`]; noticing the loss of a flow is the job of
+//! the resource allocator and its keepalives, as the seed says), hands it the
+//! FSOs that arrive from neighbours ([`LinkState::on_fsos`]), calls
+//! [`LinkState::handle_timeout`] when [`LinkState::poll_timeout`] says so,
+//! and carries out [`LinkState::poll_action`]: sending FSOs on management
+//! flows (CDAP `M_WRITE` of a `flowStateObjectGroup_t` on [`FSOS_OBJ_NAME`],
+//! see [`encode_fsos`] / [`decode_fsos`]) and, on [`RoutingAction::TableChanged`],
+//! refilling the forwarding table with [`LinkState::fill`].
+//!
+//! # Protocol
+//!
+//! * **Own FSOs.** One per neighbour address that has (or had) a live N-1
+//!   flow: up with the lowest cost over its ports, or down once the last port
+//!   is gone. Every change takes the next sequence number; up FSOs are
+//!   re-originated every [`Config::refresh_interval`] so they never age out
+//!   while true. The last sequence number per neighbour is kept after the FSO
+//!   expires, so a link that comes back is always announced as newer. If a
+//!   copy of one of our own FSOs arrives with a higher sequence number (we
+//!   restarted and the DIF remembers us), we jump past it and re-originate
+//!   the truth — up if the neighbour is live, down otherwise.
+//! * **Flooding.** A received FSO with a higher sequence number than the
+//!   database's copy (or with no copy) is stored and re-flooded to every
+//!   neighbour except the one it came from; equal (duplicate) and lower
+//!   (stale) ones are dropped and counted, as are ones already at
+//!   [`Config::max_age`]. What is to be flooded is collected and sent at most
+//!   every [`Config::propagation_delay`], in messages of at most
+//!   [`Config::max_fsos_per_message`] objects, one port per neighbour.
+//! * **Database sync.** When a new N-1 flow comes up, the whole database is
+//!   sent on it ([`RoutingAction::Send`]).
+//! * **Ageing.** An FSO carries its age in seconds; the database removes it
+//!   when the age reaches [`Config::max_age`]. Ages are truncated to whole
+//!   seconds on the wire, so each hop may add up to one second of life.
+//! * **Computation.** A change of the graph (or of the local ports) sets a
+//!   dirty flag; the table is recomputed at most every
+//!   [`Config::pduft_interval`], and [`RoutingAction::TableChanged`] is queued
+//!   only when the next hops actually differ.
+//!
+//! Everything that reaches an output is iterated in address / port order, so
+//! two machines fed the same events produce the same actions.
+
+mod graph;
+mod wire;
+
+pub use graph::{shortest_paths, Graph, Route};
+pub use wire::{
+    decode_fsos, encode_fsos, fso_from_wire, fso_to_wire, fsos_from_wire, fsos_to_wire,
+    FSOS_OBJ_CLASS, FSOS_OBJ_NAME, FSO_OBJ_CLASS,
+};
+
+use crate::rmt::{Address, ForwardingTable, PortId};
+use crate::time::Instant;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Duration;
+use thiserror::Error;
+
+/// A flow-state object: what `origin` says about its N-1 flow(s) to
+/// `neighbor`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Fso {
+    /// Address of the IPC process that originated the object.
+    pub origin: Address,
+    /// Address of the neighbour at the other end of the N-1 flow.
+    pub neighbor: Address,
+    /// Cost of the link from `origin` to `neighbor` (0 is counted as 1; a
+    /// down link keeps its last cost, or 0 if it never had one).
+    pub cost: u32,
+    /// Sequence number: a higher one replaces a lower one.
+    pub seq: u32,
+    /// Whether the N-1 flow is up.
+    pub up: bool,
+    /// Age in seconds when the object was sent.
+    pub age: u32,
+}
+
+impl Fso {
+    /// The database key: (origin, neighbour).
+    pub fn key(&self) -> (Address, Address) {
+        (self.origin, self.neighbor)
+    }
+}
+
+/// Parameters of the link-state policy. IRATI's names are given where a
+/// parameter has a counterpart there.
+///
+/// IRATI parameters without a counterpart: `waitUntilAgeIncrement` (997 ms;
+/// ageing here is exact, each object has an expiry instant),
+/// `waitUntilRemoveObject` (2300 ms; expired objects go at once — sequence
+/// numbers, not a grace period, keep them from coming back), and
+/// `waitUntilReadCDAP` / `waitUntilError` (5001 ms; CDAP timeouts belong to the
+/// caller's CDAP session, see [`crate::cdap_session`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Age at which an FSO is removed from the database (`objectMaximumAge`;
+    /// IRATI's example configuration uses 10000 one-second ticks). Default
+    /// 60 s: how long the FSOs of a node that vanished without anyone
+    /// reporting its links down linger.
+    pub max_age: Duration,
+    /// How often a node re-originates its up FSOs (no IRATI counterpart:
+    /// IRATI never refreshes). Default 20 s; must be below `max_age`.
+    pub refresh_interval: Duration,
+    /// Least time between two floods (`waitUntilFSODBPropagation`, 101 ms in
+    /// IRATI). Default 100 ms. Changes wait at most this long before they
+    /// leave; a flood after a quiet period leaves at once.
+    pub propagation_delay: Duration,
+    /// Least time between two computations of the table
+    /// (`waitUntilPDUFTComputation`, 103 ms in IRATI). Default 100 ms.
+    pub pduft_interval: Duration,
+    /// Keep every equal-cost next hop (IRATI's `ECMPDijkstra`) instead of
+    /// one (`Dijkstra`, the lowest neighbour address). Default off.
+    pub ecmp: bool,
+    /// Most FSOs in one message (`maxObjectsPerUpdate`, 15 in IRATI), which
+    /// keeps each CDAP message well under any N-1 MTU. Default 15.
+    pub max_fsos_per_message: usize,
+    /// Most FSOs in the database; further new keys are dropped and counted.
+    /// (Own FSOs about live neighbours are always kept.) Default 65 536.
+    pub max_fsos: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            max_age: Duration::from_secs(60),
+            refresh_interval: Duration::from_secs(20),
+            propagation_delay: Duration::from_millis(100),
+            pduft_interval: Duration::from_millis(100),
+            ecmp: false,
+            max_fsos_per_message: 15,
+            max_fsos: 65_536,
+        }
+    }
+}
+
+impl Config {
+    /// Checks that the parameters make sense together.
+    pub fn validate(&self) -> Result<(), RoutingError> {
+        if self.max_age < Duration::from_secs(2) {
+            return Err(RoutingError::InvalidConfig(
+                "max_age must be at least 2 s (ages travel in whole seconds)",
+            ));
+        }
+        if self.refresh_interval.is_zero() || self.refresh_interval >= self.max_age {
+            return Err(RoutingError::InvalidConfig(
+                "refresh_interval must be above zero and below max_age",
+            ));
+        }
+        if self.max_fsos_per_message == 0 {
+            return Err(RoutingError::InvalidConfig(
+                "max_fsos_per_message must be at least 1",
+            ));
+        }
+        if self.max_fsos == 0 {
+            return Err(RoutingError::InvalidConfig("max_fsos must be at least 1"));
+        }
+        Ok(())
+    }
+}
+
+/// Why an operation of the routing machine failed.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum RoutingError {
+    /// The configuration is inconsistent; the text says which parameter.
+    #[error("invalid routing configuration: {0}")]
+    InvalidConfig(&'static str),
+    /// A neighbour was announced with this IPCP's own address.
+    #[error("address {0} is this IPC process's own address")]
+    SelfNeighbor(Address),
+    /// The port already belongs to a neighbour with another address.
+    #[error("port {port} already belongs to neighbour {address}")]
+    PortInUse {
+        /// The port.
+        port: PortId,
+        /// The neighbour it belongs to.
+        address: Address,
+    },
+    /// No live neighbour on this port.
+    #[error("no neighbour on port {0}")]
+    UnknownPort(PortId),
+    /// A wire FSO without an origin address.
+    #[error("flow state object without an origin address")]
+    NoOriginAddress,
+    /// A wire FSO without a neighbour address.
+    #[error("flow state object without a neighbour address")]
+    NoNeighborAddress,
+    /// The bytes are not a `flowStateObjectGroup_t`.
+    #[error("malformed flow state object group: {0}")]
+    Malformed(String),
+}
+
+/// Something the caller must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RoutingAction {
+    /// Send `fsos` (one CDAP message) on each of `to_ports`.
+    Flood {
+        /// The management flows to send on, in port order.
+        to_ports: Vec<PortId>,
+        /// The objects, with their current ages.
+        fsos: Vec<Fso>,
+    },
+    /// Send `fsos` (one CDAP message) on `port` only (database sync).
+    Send {
+        /// The management flow.
+        port: PortId,
+        /// The objects, with their current ages.
+        fsos: Vec<Fso>,
+    },
+    /// The next hops changed: refill the forwarding table with
+    /// [`LinkState::fill`].
+    TableChanged,
+}
+
+/// Counters of the routing machine.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// FSOs received.
+    pub rx_fsos: u64,
+    /// Received FSOs that were newer and were stored.
+    pub rx_accepted: u64,
+    /// Received FSOs with the same sequence number as the stored copy.
+    pub rx_duplicate: u64,
+    /// Received FSOs older than the stored copy.
+    pub rx_stale: u64,
+    /// Received FSOs already at the maximum age.
+    pub rx_too_old: u64,
+    /// Received FSOs whose origin and neighbour are the same address.
+    pub rx_invalid: u64,
+    /// New FSOs dropped because the database was full.
+    pub rx_db_full: u64,
+    /// Copies of our own FSOs newer than ours (we re-originated past them).
+    pub rx_own_newer: u64,
+    /// Own FSOs originated (changes and refreshes).
+    pub originated: u64,
+    /// Own FSOs re-originated only to refresh them.
+    pub refreshed: u64,
+    /// FSOs removed from the database at maximum age.
+    pub expired: u64,
+    /// FSO copies sent (one per object per port).
+    pub tx_fsos: u64,
+    /// Messages sent (one per port per batch).
+    pub tx_messages: u64,
+    /// Database syncs to a new neighbour.
+    pub db_syncs: u64,
+    /// Shortest-path computations.
+    pub computations: u64,
+    /// Computations that changed the next hops.
+    pub table_changes: u64,
+}
+
+impl Counters {
+    /// The counters by name, for listings.
+    pub fn to_map(&self) -> BTreeMap<String, u64> {
+        [
+            ("rx_fsos", self.rx_fsos),
+            ("rx_accepted", self.rx_accepted),
+            ("rx_duplicate", self.rx_duplicate),
+            ("rx_stale", self.rx_stale),
+            ("rx_too_old", self.rx_too_old),
+            ("rx_invalid", self.rx_invalid),
+            ("rx_db_full", self.rx_db_full),
+            ("rx_own_newer", self.rx_own_newer),
+            ("originated", self.originated),
+            ("refreshed", self.refreshed),
+            ("expired", self.expired),
+            ("tx_fsos", self.tx_fsos),
+            ("tx_messages", self.tx_messages),
+            ("db_syncs", self.db_syncs),
+            ("computations", self.computations),
+            ("table_changes", self.table_changes),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+}
+
+/// A stored FSO: the object as received (`fso.age` is its age then), when,
+/// and when it expires.
+#[derive(Debug, Clone)]
+struct Entry {
+    fso: Fso,
+    rx_at: Instant,
+    expires_at: Instant,
+}
+
+impl Entry {
+    fn at(&self, now: Instant) -> Fso {
+        let aged = (now - self.rx_at).as_secs();
+        Fso {
+            age: u32::try_from(u64::from(self.fso.age).saturating_add(aged)).unwrap_or(u32::MAX),
+            ..self.fso
+        }
+    }
+}
+
+/// A live N-1 flow to a neighbour.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Neighbor {
+    address: Address,
+    cost: u32,
+}
+
+/// The link-state routing machine of one IPC process.
+#[derive(Debug, Clone)]
+pub struct LinkState {
+    address: Address,
+    cfg: Config,
+    neighbors: BTreeMap<PortId, Neighbor>,
+    db: BTreeMap<(Address, Address), Entry>,
+    /// Last sequence number used per neighbour, kept after expiry.
+    own_seq: BTreeMap<Address, u32>,
+    /// Keys to flood, with the neighbour not to send them to.
+    pending: BTreeMap<(Address, Address), Option<Address>>,
+    flush_due: Option<Instant>,
+    last_flush: Option<Instant>,
+    compute_due: Option<Instant>,
+    last_compute: Option<Instant>,
+    next_expiry: Option<Instant>,
+    routes: BTreeMap<Address, Route>,
+    next_hops: BTreeMap<Address, Vec<PortId>>,
+    actions: VecDeque<RoutingAction>,
+    counters: Counters,
+}
+
+impl LinkState {
+    /// A machine for the IPC process at `address`, with no neighbours yet.
+    pub fn new(address: Address, cfg: Config) -> Result<Self, RoutingError> {
+        cfg.validate()?;
+        Ok(LinkState {
+            address,
+            cfg,
+            neighbors: BTreeMap::new(),
+            db: BTreeMap::new(),
+            own_seq: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            flush_due: None,
+            last_flush: None,
+            compute_due: None,
+            last_compute: None,
+            next_expiry: None,
+            routes: BTreeMap::new(),
+            next_hops: BTreeMap::new(),
+            actions: VecDeque::new(),
+            counters: Counters::default(),
+        })
+    }
+
+    /// This IPC process's address.
+    pub fn address(&self) -> Address {
+        self.address
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The counters.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Live neighbours: (port, address, cost), in port order.
+    pub fn neighbors(&self) -> impl Iterator<Item = (PortId, Address, u32)> + '_ {
+        self.neighbors.iter().map(|(p, n)| (*p, n.address, n.cost))
+    }
+
+    /// The database, in key order, with ages as of `now`.
+    pub fn fsos(&self, now: Instant) -> impl Iterator<Item = Fso> + '_ {
+        self.db.values().map(move |e| e.at(now))
+    }
+
+    /// The stored FSO for (origin, neighbour), with its age as of `now`.
+    pub fn fso(&self, now: Instant, origin: Address, neighbor: Address) -> Option<Fso> {
+        self.db.get(&(origin, neighbor)).map(|e| e.at(now))
+    }
+
+    /// Number of FSOs in the database.
+    pub fn db_len(&self) -> usize {
+        self.db.len()
+    }
+
+    /// Routes of the last computation: cost and first-hop neighbours per
+    /// reachable destination.
+    pub fn routes(&self) -> &BTreeMap<Address, Route> {
+        &self.routes
+    }
+
+    /// Next-hop ports per reachable destination, as of the last computation.
+    pub fn next_hops(&self) -> &BTreeMap<Address, Vec<PortId>> {
+        &self.next_hops
+    }
+
+    /// Whether a change waits for the next computation.
+    pub fn is_dirty(&self) -> bool {
+        self.compute_due.is_some()
+    }
+
+    /// Replaces the contents of `table` with the next hops (for any QoS-id).
+    pub fn fill(&self, table: &mut ForwardingTable) {
+        table.clear();
+        for (dst, ports) in &self.next_hops {
+            table.set(*dst, None, ports.clone());
+        }
+    }
+
+    /// An N-1 flow to the neighbour at `address` is up on `port` with `cost`
+    /// (IRATI uses 1, a hop count). Calling it again for the same port
+    /// changes the cost. A new port gets the whole database (DB sync).
+    pub fn neighbor_up(
+        &mut self,
+        now: Instant,
+        port: PortId,
+        address: Address,
+        cost: u32,
+    ) -> Result<(), RoutingError> {
+        if address == self.address {
+            return Err(RoutingError::SelfNeighbor(address));
+        }
+        let fresh = match self.neighbors.get(&port) {
+            Some(n) if n.address != address => {
+                return Err(RoutingError::PortInUse {
+                    port,
+                    address: n.address,
+                })
+            }
+            Some(_) => false,
+            None => true,
+        };
+        self.neighbors.insert(port, Neighbor { address, cost });
+        self.originate(now, address, false);
+        self.mark_dirty(now);
+        if fresh {
+            self.db_sync(now, port, address);
+        }
+        Ok(())
+    }
+
+    /// The N-1 flow on `port` is gone. If it was the last one to its
+    /// neighbour, the link is announced down.
+    pub fn neighbor_down(&mut self, now: Instant, port: PortId) -> Result<(), RoutingError> {
+        let n = self
+            .neighbors
+            .remove(&port)
+            .ok_or(RoutingError::UnknownPort(port))?;
+        self.originate(now, n.address, false);
+        self.mark_dirty(now);
+        Ok(())
+    }
+
+    /// FSOs arrived from the neighbour on `from_port`.
+    pub fn on_fsos(
+        &mut self,
+        now: Instant,
+        from_port: PortId,
+        fsos: impl IntoIterator<Item = Fso>,
+    ) {
+        let avoid = self.neighbors.get(&from_port).map(|n| n.address);
+        for fso in fsos {
+            self.counters.rx_fsos += 1;
+            if fso.origin == fso.neighbor {
+                self.counters.rx_invalid += 1;
+                continue;
+            }
+            if Duration::from_secs(u64::from(fso.age)) >= self.cfg.max_age {
+                self.counters.rx_too_old += 1;
+                continue;
+            }
+            if fso.origin == self.address {
+                let ours = self.own_seq.get(&fso.neighbor).copied().unwrap_or(0);
+                if fso.seq > ours {
+                    self.counters.rx_own_newer += 1;
+                    self.own_seq.insert(fso.neighbor, fso.seq);
+                    let known = self.db.contains_key(&fso.key())
+                        || self.neighbors.values().any(|n| n.address == fso.neighbor);
+                    if !known && self.db.len() >= self.cfg.max_fsos {
+                        self.counters.rx_db_full += 1;
+                        continue;
+                    }
+                    self.originate(now, fso.neighbor, true);
+                } else if fso.seq == ours {
+                    self.counters.rx_duplicate += 1;
+                } else {
+                    self.counters.rx_stale += 1;
+                }
+                continue;
+            }
+            match self.db.get(&fso.key()) {
+                Some(e) if fso.seq == e.fso.seq => {
+                    self.counters.rx_duplicate += 1;
+                    continue;
+                }
+                Some(e) if fso.seq < e.fso.seq => {
+                    self.counters.rx_stale += 1;
+                    continue;
+                }
+                None if self.db.len() >= self.cfg.max_fsos => {
+                    self.counters.rx_db_full += 1;
+                    continue;
+                }
+                _ => {}
+            }
+            self.counters.rx_accepted += 1;
+            self.store(now, fso, avoid);
+        }
+    }
+
+    /// When [`LinkState::handle_timeout`] next needs to run, if ever. May be
+    /// in the past: then run it at once.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let refresh = self
+            .own_entries()
+            .filter(|e| e.fso.up)
+            .map(|e| e.rx_at + self.cfg.refresh_interval)
+            .min();
+        [self.flush_due, self.compute_due, self.next_expiry, refresh]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Refreshes own FSOs, expires old ones, floods what is pending and
+    /// recomputes the table, each if it is due.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        // Refresh before expiring, so a late call never lets a true FSO die.
+        let refresh: Vec<Address> = self
+            .own_entries()
+            .filter(|e| e.fso.up && now >= e.rx_at + self.cfg.refresh_interval)
+            .map(|e| e.fso.neighbor)
+            .collect();
+        for n in refresh {
+            self.counters.refreshed += 1;
+            self.originate(now, n, true);
+        }
+
+        if self.next_expiry.is_some_and(|t| now >= t) {
+            let old: Vec<(Address, Address)> = self
+                .db
+                .iter()
+                .filter(|(_, e)| now >= e.expires_at)
+                .map(|(k, _)| *k)
+                .collect();
+            for k in old {
+                if let Some(e) = self.db.remove(&k) {
+                    self.counters.expired += 1;
+                    self.pending.remove(&k);
+                    if e.fso.up {
+                        self.mark_dirty(now);
+                    }
+                }
+            }
+            self.next_expiry = self.db.values().map(|e| e.expires_at).min();
+        }
+
+        if self.flush_due.is_some_and(|t| now >= t) {
+            self.flush(now);
+        }
+        if self.compute_due.is_some_and(|t| now >= t) {
+            self.compute(now);
+        }
+    }
+
+    /// The next thing the caller must do, if any.
+    pub fn poll_action(&mut self) -> Option<RoutingAction> {
+        self.actions.pop_front()
+    }
+
+    fn own_entries(&self) -> impl Iterator<Item = &Entry> + '_ {
+        self.db
+            .range((self.address, Address::MIN)..=(self.address, Address::MAX))
+            .map(|(_, e)| e)
+    }
+
+    /// Announces the current state of the link to `neighbor` if it changed
+    /// (or always, with `force`), with the next sequence number.
+    fn originate(&mut self, now: Instant, neighbor: Address, force: bool) {
+        let cost = self
+            .neighbors
+            .values()
+            .filter(|n| n.address == neighbor)
+            .map(|n| n.cost)
+            .min();
+        let key = (self.address, neighbor);
+        let old = self.db.get(&key).map(|e| (e.fso.up, e.fso.cost));
+        // A down link keeps the cost it had.
+        let new = (cost.is_some(), cost.or(old.map(|o| o.1)).unwrap_or(0));
+        let changed = match old {
+            None => new.0, // never announce a link that was never up
+            Some((up, c)) => up != new.0 || (up && c != new.1),
+        };
+        if !changed && !(force && (old.is_some() || new.0 || self.own_seq.contains_key(&neighbor)))
+        {
+            return;
+        }
+        let seq = self.own_seq.entry(neighbor).or_insert(0);
+        *seq = seq.saturating_add(1);
+        let fso = Fso {
+            origin: self.address,
+            neighbor,
+            cost: new.1,
+            seq: *seq,
+            up: new.0,
+            age: 0,
+        };
+        self.counters.originated += 1;
+        self.store(now, fso, None);
+    }
+
+    /// Stores a newer FSO, schedules its flooding and, if the graph changed,
+    /// a computation.
+    fn store(&mut self, now: Instant, fso: Fso, avoid: Option<Address>) {
+        let key = fso.key();
+        let expires_at = now
+            + self
+                .cfg
+                .max_age
+                .saturating_sub(Duration::from_secs(u64::from(fso.age)));
+        let graph_changed = match self.db.get(&key) {
+            None => fso.up,
+            Some(e) => e.fso.up != fso.up || (fso.up && e.fso.cost != fso.cost),
+        };
+        self.db.insert(
+            key,
+            Entry {
+                fso,
+                rx_at: now,
+                expires_at,
+            },
+        );
+        self.next_expiry = Some(self.next_expiry.map_or(expires_at, |t| t.min(expires_at)));
+        self.pending.insert(key, avoid);
+        if self.flush_due.is_none() {
+            let earliest = self
+                .last_flush
+                .map_or(now, |t| t + self.cfg.propagation_delay);
+            self.flush_due = Some(earliest.max(now));
+        }
+        if graph_changed {
+            self.mark_dirty(now);
+        }
+    }
+
+    fn mark_dirty(&mut self, now: Instant) {
+        if self.compute_due.is_none() {
+            let earliest = self
+                .last_compute
+                .map_or(now, |t| t + self.cfg.pduft_interval);
+            self.compute_due = Some(earliest.max(now));
+        }
+    }
+
+    /// One port per neighbour address (the lowest), in address order.
+    fn flood_ports(&self) -> BTreeMap<Address, PortId> {
+        let mut out = BTreeMap::new();
+        for (p, n) in &self.neighbors {
+            out.entry(n.address).or_insert(*p);
+        }
+        out
+    }
+
+    /// Sends the whole database to a new neighbour, except what the next
+    /// flood will bring it anyway.
+    fn db_sync(&mut self, now: Instant, port: PortId, address: Address) {
+        let fsos: Vec<Fso> = self
+            .db
+            .iter()
+            .filter(|(k, _)| match self.pending.get(k) {
+                Some(avoid) => *avoid == Some(address),
+                None => true,
+            })
+            .map(|(_, e)| e.at(now))
+            .collect();
+        self.counters.db_syncs += 1;
+        for chunk in fsos.chunks(self.cfg.max_fsos_per_message) {
+            self.counters.tx_messages += 1;
+            self.counters.tx_fsos += chunk.len() as u64;
+            self.actions.push_back(RoutingAction::Send {
+                port,
+                fsos: chunk.to_vec(),
+            });
+        }
+    }
+
+    fn flush(&mut self, now: Instant) {
+        self.flush_due = None;
+        self.last_flush = Some(now);
+        let ports = self.flood_ports();
+        let mut groups: BTreeMap<Option<Address>, Vec<Fso>> = BTreeMap::new();
+        for (k, avoid) in std::mem::take(&mut self.pending) {
+            if let Some(e) = self.db.get(&k) {
+                groups.entry(avoid).or_default().push(e.at(now));
+            }
+        }
+        for (avoid, fsos) in groups {
+            let to_ports: Vec<PortId> = ports
+                .iter()
+                .filter(|(a, _)| Some(**a) != avoid)
+                .map(|(_, p)| *p)
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            if to_ports.is_empty() {
+                continue;
+            }
+            for chunk in fsos.chunks(self.cfg.max_fsos_per_message) {
+                self.counters.tx_messages += to_ports.len() as u64;
+                self.counters.tx_fsos += (chunk.len() * to_ports.len()) as u64;
+                self.actions.push_back(RoutingAction::Flood {
+                    to_ports: to_ports.clone(),
+                    fsos: chunk.to_vec(),
+                });
+            }
+        }
+    }
+
+    /// The graph of links reported up by both ends.
+    fn graph(&self) -> Graph {
+        let mut g = Graph::new();
+        for ((a, b), e) in &self.db {
+            if !e.fso.up {
+                continue;
+            }
+            if self.db.get(&(*b, *a)).is_some_and(|r| r.fso.up) {
+                g.entry(*a).or_default().insert(*b, e.fso.cost);
+            }
+        }
+        g
+    }
+
+    fn compute(&mut self, now: Instant) {
+        self.compute_due = None;
+        self.last_compute = Some(now);
+        self.counters.computations += 1;
+        let routes = shortest_paths(self.address, &self.graph(), self.cfg.ecmp);
+        // Ports to each neighbour with its lowest cost, in port order.
+        let mut best: BTreeMap<Address, (u32, Vec<PortId>)> = BTreeMap::new();
+        for (p, n) in &self.neighbors {
+            let e = best.entry(n.address).or_insert((n.cost, Vec::new()));
+            if n.cost < e.0 {
+                *e = (n.cost, Vec::new());
+            }
+            if n.cost == e.0 {
+                e.1.push(*p);
+            }
+        }
+        let mut next_hops = BTreeMap::new();
+        for (dst, r) in &routes {
+            let mut ports: Vec<PortId> = r
+                .first_hops
+                .iter()
+                .filter_map(|h| best.get(h))
+                .flat_map(|(_, ps)| ps.iter().copied())
+                .collect();
+            ports.sort_unstable();
+            ports.dedup();
+            if !self.cfg.ecmp {
+                ports.truncate(1);
+            }
+            if !ports.is_empty() {
+                next_hops.insert(*dst, ports);
+            }
+        }
+        self.routes = routes;
+        if next_hops != self.next_hops {
+            self.next_hops = next_hops;
+            self.counters.table_changes += 1;
+            self.actions.push_back(RoutingAction::TableChanged);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
