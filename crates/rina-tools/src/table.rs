@@ -169,6 +169,21 @@ fn dash(s: String) -> String {
     }
 }
 
+/// The RIB table: name, class, instance, value, owner.
+pub fn rib(list: &[rina::RibObjectInfo]) -> Table {
+    let mut t = Table::new(&["NAME", "CLASS", "INSTANCE", "VALUE", "OWNER"]).numeric(&[2]);
+    for o in list {
+        t.row(vec![
+            o.name.clone(),
+            o.class.clone(),
+            o.instance.to_string(),
+            dash(o.value.clone()),
+            o.owner.clone(),
+        ]);
+    }
+    t
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -82,6 +82,13 @@ pub enum Op {
     ListNames,
     /// List flows with their counters.
     ListFlows,
+    /// Read the RIB of IPCP `ipcp` under `path` (default `/`), `depth`
+    /// levels deep (default: all).
+    ReadRib {
+        ipcp: String,
+        path: Option<String>,
+        depth: Option<u32>,
+    },
 }
 
 /// A message from the daemon.
@@ -118,6 +125,23 @@ pub enum Reply {
     Names { names: Vec<NameInfo> },
     /// Answer to [`Op::ListFlows`].
     Flows { flows: Vec<FlowStats> },
+    /// Answer to [`Op::ReadRib`].
+    Rib { objects: Vec<RibObjectInfo> },
+}
+
+/// One RIB object, as management tools see it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RibObjectInfo {
+    /// Full object name (its path).
+    pub name: String,
+    /// Object class.
+    pub class: String,
+    /// Object instance.
+    pub instance: u64,
+    /// The value, rendered for people.
+    pub value: String,
+    /// The component that owns it.
+    pub owner: String,
 }
 
 /// A flow request waiting for the application's answer.

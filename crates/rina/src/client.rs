@@ -7,7 +7,7 @@ use nix::errno::Errno;
 use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, UnixAddr};
 use rina_wire::ctl::{
     self, DifInfo, FlowStats, IncomingFlow, IpcpInfo, Message, NameInfo, Op, Reply, Request,
-    MAX_CTL_MSG,
+    RibObjectInfo, MAX_CTL_MSG,
 };
 use rina_wire::{AppName, QosSpec};
 use std::collections::VecDeque;
@@ -308,6 +308,25 @@ impl Client {
         }
     }
 
+    /// Reads the RIB of IPC process `ipcp` under `path` (all of it with
+    /// `None`), `depth` levels deep (all with `None`).
+    pub fn read_rib(
+        &mut self,
+        ipcp: &str,
+        path: Option<&str>,
+        depth: Option<u32>,
+    ) -> Result<Vec<RibObjectInfo>> {
+        let op = Op::ReadRib {
+            ipcp: ipcp.to_string(),
+            path: path.map(str::to_string),
+            depth,
+        };
+        match self.call("read_rib", op)? {
+            (Reply::Rib { objects }, _) => Ok(objects),
+            (other, _) => Err(unexpected("read_rib", &other)),
+        }
+    }
+
     /// Sends `op` and waits for its reply, queueing flow requests meanwhile,
     /// for at most the client's timeout. Returns the reply and the descriptor
     /// attached to it, if any.
@@ -470,6 +489,7 @@ fn unexpected(what: &str, reply: &Reply) -> Error {
         Reply::Difs { .. } => "difs",
         Reply::Names { .. } => "names",
         Reply::Flows { .. } => "flows",
+        Reply::Rib { .. } => "rib",
     };
     Error::new(
         ErrorKind::Internal,

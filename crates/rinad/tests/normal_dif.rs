@@ -168,6 +168,26 @@ fn a_normal_dif_over_shim_udp_carries_flows_by_name() {
     let flows = c.list_flows().unwrap();
     assert_eq!(flows.len(), 2);
     assert!(flows.iter().all(|f| f.info.dif == "net"));
+
+    // The RIB shows the DIF as management sees it.
+    let rib = c.read_rib("alpha.net", None, None).unwrap();
+    let get = |n: &str| {
+        rib.iter()
+            .find(|o| o.name == n)
+            .unwrap_or_else(|| panic!("{n} not in the RIB: {rib:#?}"))
+    };
+    assert_eq!(get("/difm/nam/addr").value, "1");
+    assert_eq!(get("/difm/nsm/dft/key=echo").value, "2");
+    assert!(get("/difm/enr/neighs/pn=beta.net")
+        .value
+        .contains("up on N-1 port"));
+    assert!(get("/ra/pduft/key=2").value.starts_with("N-1 ports"));
+    assert_eq!(get("/ra/qoscubes/id=2").class, "QoSCube");
+    assert_eq!(rib.iter().filter(|o| o.class == "Flow").count(), 2);
+    let sub = c.read_rib("alpha.net", Some("/ra/pduft"), Some(1)).unwrap();
+    assert!(sub.iter().all(|o| o.name.starts_with("/ra/pduft")));
+    let e = c.read_rib("nope", None, None).unwrap_err();
+    assert!(e.to_string().contains("alpha.net"), "{e}");
 }
 
 #[test]
@@ -317,4 +337,33 @@ fn crc32(data: &[u8]) -> u32 {
         }
     }
     !crc
+}
+
+#[test]
+fn n1_flows_come_up_without_anyone_talking_to_the_initiator() {
+    // Only beta (the higher address, which waits to be called) is asked;
+    // alpha must set up the N-1 flow on its own timer.
+    let (pa, pb) = (free_port(), free_port());
+    let beta = Daemon::start_with("beta", &system("beta", 2, pb, "alpha", 1, pa, ""));
+    let dir = common::temp_dir("alpha-untouched");
+    let conf = dir.join("alpha.toml");
+    std::fs::write(&conf, system("alpha", 1, pa, "beta", 2, pb, "")).unwrap();
+    // Started without ever connecting to its socket: nothing wakes it.
+    let mut alpha = std::process::Command::new(env!("CARGO_BIN_EXE_rinad"))
+        .arg("--config")
+        .arg(&conf)
+        .arg("--socket")
+        .arg(dir.join("alpha.sock"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let up = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for("alpha to call beta by itself", T, || {
+            counter(&beta, "beta.net", "neighbors_up") == 1
+        })
+    }));
+    let _ = alpha.kill();
+    let _ = alpha.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(up.is_ok(), "alpha never set up its N-1 flow");
 }

@@ -31,6 +31,7 @@
 
 pub mod cubes;
 pub mod fa;
+mod rib_view;
 
 pub use cubes::QosCube;
 

@@ -8,7 +8,7 @@ use rina_tools::{opts, table};
 use serde::Serialize;
 use std::path::PathBuf;
 
-/// Show the IPC processes, DIFs, registered names and flows of the local RINA daemon.
+/// Show the IPC processes, DIFs, registered names, flows and RIBs of the local RINA daemon.
 #[derive(Debug, Parser)]
 #[command(name = "rinactl", version)]
 struct Cli {
@@ -22,7 +22,7 @@ struct Cli {
     what: What,
 }
 
-#[derive(Debug, Clone, Copy, Subcommand)]
+#[derive(Debug, Clone, Subcommand)]
 enum What {
     /// IPC processes: name, kind, DIF, address, flows, names, counters.
     Ipcps,
@@ -32,6 +32,16 @@ enum What {
     Names,
     /// Flows and their counters.
     Flows,
+    /// The RIB of an IPC process: its objects (name, class, instance, value, owner).
+    Rib {
+        /// The IPC process (see `rinactl ipcps`).
+        ipcp: String,
+        /// Subtree to show, e.g. /ra/pduft (default: the whole RIB).
+        path: Option<String>,
+        /// Levels below the path to show (default: all).
+        #[arg(long)]
+        depth: Option<u32>,
+    },
 }
 
 fn main() {
@@ -43,11 +53,16 @@ fn main() {
 
 fn run(cli: &Cli) -> rina::Result<()> {
     let mut c = opts::connect(cli.socket.as_deref())?;
-    match cli.what {
+    match &cli.what {
         What::Ipcps => show(cli.json, &c.list_ipcps()?, table::ipcps),
         What::Difs => show(cli.json, &c.list_difs()?, table::difs),
         What::Names => show(cli.json, &c.list_names()?, table::names),
         What::Flows => show(cli.json, &c.list_flows()?, table::flows),
+        What::Rib { ipcp, path, depth } => show(
+            cli.json,
+            &c.read_rib(ipcp, path.as_deref(), *depth)?,
+            table::rib,
+        ),
     }
     Ok(())
 }

@@ -269,6 +269,7 @@ impl Daemon {
             Op::ListFlows => Ok(Reply::Flows {
                 flows: self.list_flows(),
             }),
+            Op::ReadRib { ipcp, path, depth } => self.read_rib(&ipcp, path.as_deref(), depth),
         };
         self.reply(conn, id, result, None);
     }
@@ -454,6 +455,41 @@ impl Daemon {
     }
 
     // ---- listings ----------------------------------------------------------
+
+    pub(super) fn read_rib(
+        &self,
+        ipcp: &str,
+        path: Option<&str>,
+        depth: Option<u32>,
+    ) -> Result<Reply, CtlError> {
+        let Some(ip) = self.ipcps.iter().find(|ip| ip.name == ipcp) else {
+            let known: Vec<&str> = self.ipcps.iter().map(|ip| ip.name.as_str()).collect();
+            return Err(CtlError::new(
+                ErrorKind::InvalidRequest,
+                format!(
+                    "no IPCP named {ipcp:?}; this system has {}",
+                    known.join(", ")
+                ),
+            ));
+        };
+        let rib = self.ipcp_rib(ip);
+        let depth = depth.map_or(rina_core::rib::ALL_LEVELS, |d| d as usize);
+        let entries = rib
+            .snapshot(path.unwrap_or("/"), depth)
+            .map_err(|e| CtlError::new(ErrorKind::InvalidRequest, e.to_string()))?;
+        Ok(Reply::Rib {
+            objects: entries
+                .into_iter()
+                .map(|e| RibObjectInfo {
+                    name: e.name,
+                    class: e.class,
+                    instance: e.instance,
+                    value: e.value_summary,
+                    owner: e.owner,
+                })
+                .collect(),
+        })
+    }
 
     pub(super) fn list_ipcps(&self) -> Vec<IpcpInfo> {
         self.ipcps

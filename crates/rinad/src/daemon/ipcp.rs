@@ -7,6 +7,7 @@
 
 use super::normal::NormalIo;
 use super::shim::ShimIo;
+use super::Daemon;
 use rina_core::normal::{self, NormalError};
 use rina_core::shim_udp::{self, PortId, ShimError};
 use rina_core::Instant;
@@ -363,4 +364,63 @@ pub(super) fn normal_error(e: NormalError) -> CtlError {
         _ => ErrorKind::Internal,
     };
     CtlError::new(kind, text)
+}
+
+impl Daemon {
+    /// The RIB of an IPCP: the machine's own view, plus what only the
+    /// daemon knows (the neighbours and the state of their N-1 flows).
+    pub(super) fn ipcp_rib(&self, ip: &Ipcp) -> rina_core::rib::Rib {
+        use rina_core::rib::{self, ObjValue, Rib};
+        match &ip.imp {
+            Imp::Normal(n) => {
+                let mut r = n.machine.rib();
+                for nb in &n.neighbors {
+                    let state = match nb.port {
+                        Some(p) => format!("up on N-1 port {p}"),
+                        None if nb.pending.is_some() => "allocating".to_string(),
+                        None => "down".to_string(),
+                    };
+                    let _ = r.create_with_parents(
+                        &format!("/difm/enr/neighs/pn={}", nb.name),
+                        "Neighbor",
+                        ObjValue::Str(format!(
+                            "address {}, over DIF {}, {state}",
+                            nb.address, self.ipcps[nb.shim].dif
+                        )),
+                        rib::OwnerId::ENROLLMENT,
+                    );
+                }
+                r
+            }
+            Imp::Shim(s) => {
+                let mut r = Rib::new(rib::Config::default());
+                let _ = r.create_with_parents(
+                    "/shim/addr",
+                    "address",
+                    ObjValue::Str(s.bind.to_string()),
+                    rib::OwnerId::NAMESPACE_MANAGER,
+                );
+                for (name, addr) in &s.machine.config().directory {
+                    let _ = r.create_with_parents(
+                        &format!("/shim/dir/key={name}"),
+                        "DirectoryEntry",
+                        ObjValue::Str(addr.to_string()),
+                        rib::OwnerId::NAMESPACE_MANAGER,
+                    );
+                }
+                for (port, f) in s.machine.flows() {
+                    let _ = r.create_with_parents(
+                        &format!("/shim/flows/pid={port}"),
+                        "Flow",
+                        ObjValue::Str(format!(
+                            "{} -> {} at {}; SDUs in {} out {}",
+                            f.local, f.remote, f.peer, f.counters.sdus_in, f.counters.sdus_out
+                        )),
+                        rib::OwnerId::FLOW_ALLOCATOR,
+                    );
+                }
+                r
+            }
+        }
+    }
 }

@@ -35,7 +35,7 @@ use rina_core::shim_udp::{self, PortId, Received, ShimUdp};
 use rina_core::Instant;
 use rina_wire::ctl::{
     self, CtlError, DifInfo, ErrorKind, FlowInfo, FlowStats, IncomingFlow, IpcpInfo, Message,
-    NameInfo, Op, Reply, Request,
+    NameInfo, Op, Reply, Request, RibObjectInfo,
 };
 use rina_wire::shim_udp::DATA_HEADER_LEN;
 use rina_wire::AppName;

@@ -125,17 +125,22 @@ impl Daemon {
         }
     }
 
-    /// Earliest neighbour retry.
+    /// When [`Daemon::keep_neighbors`] next has something to do: the
+    /// earliest retry of an N-1 flow this side must set up (never tried:
+    /// now). Neighbours with a higher address set up the flow themselves.
     pub(super) fn neighbor_timeout(&self) -> Option<Instant> {
+        let now = self.now();
         self.ipcps
             .iter()
             .filter_map(|ip| match &ip.imp {
-                Imp::Normal(n) => n
-                    .neighbors
-                    .iter()
-                    .filter(|nb| nb.port.is_none() && nb.pending.is_none())
-                    .filter_map(|nb| nb.retry_at)
-                    .min(),
+                Imp::Normal(n) => {
+                    let me = n.machine.config().address;
+                    n.neighbors
+                        .iter()
+                        .filter(|nb| nb.port.is_none() && nb.pending.is_none() && me < nb.address)
+                        .map(|nb| nb.retry_at.unwrap_or(now))
+                        .min()
+                }
                 _ => None,
             })
             .min()

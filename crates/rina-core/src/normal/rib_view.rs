@@ -1,0 +1,129 @@
+//! The normal IPCP's state as RIB objects, under IRATI's object names, so
+//! that management tools see a running DIF the way CDAP peers will.
+
+use super::NormalIpcp;
+use crate::rib::{self, ObjValue, Rib};
+
+impl NormalIpcp {
+    /// A RIB holding this IPCP's address, data-transfer constants, QoS
+    /// cubes, directory, registered names, forwarding table, N-1 ports and
+    /// flows. Built on demand: the live state stays in the machines.
+    pub fn rib(&self) -> Rib {
+        let mut r = Rib::new(rib::Config::default());
+        let cfg = self.config();
+        let mut put = |name: String, class: &str, value: ObjValue, owner| {
+            // Every name here is well formed and the RIB is far from full.
+            let _ = r.create_with_parents(&name, class, value, owner);
+        };
+        put(
+            "/difm/nam/addr".into(),
+            "address",
+            ObjValue::Int(cfg.address as i64),
+            rib::OwnerId::NAMESPACE_MANAGER,
+        );
+        let dt = &cfg.dt;
+        put(
+            "/dt".into(),
+            "DataTransfer",
+            ObjValue::Str(format!(
+                "addr {} B, cep {} B, qos {} B, length {} B, seq {} B, ctrl seq {} B, max PDU {} B, MPL {} ms",
+                dt.addr.bytes(),
+                dt.cep.bytes(),
+                dt.qos.bytes(),
+                dt.length.bytes(),
+                dt.seq.bytes(),
+                dt.ctrl_seq.bytes(),
+                dt.max_pdu_size,
+                dt.max_pdu_lifetime_ms
+            )),
+            rib::OwnerId::RESOURCE_ALLOCATOR,
+        );
+        for c in &cfg.cubes {
+            let e = &c.efcp;
+            let mut traits = vec![if e.in_order { "in-order" } else { "any order" }.to_string()];
+            if e.rtx().is_some() {
+                traits.push("retransmission".into());
+            }
+            if let Some(w) = e.window() {
+                traits.push(format!("window {}", w.receiver_buffer));
+            }
+            if let Some(rt) = e.rate() {
+                traits.push(format!("rate {}/{:?}", rt.pdus_per_frame, rt.frame));
+            }
+            if let Some(g) = e.max_sdu_gap {
+                traits.push(format!("max gap {g}"));
+            }
+            put(
+                format!("/ra/qoscubes/id={}", c.id),
+                "QoSCube",
+                ObjValue::Str(format!("{}: {}", c.name, traits.join(", "))),
+                rib::OwnerId::RESOURCE_ALLOCATOR,
+            );
+        }
+        for (name, addr) in &cfg.directory {
+            put(
+                format!("/difm/nsm/dft/key={name}"),
+                "DirectoryForwardingTableEntry",
+                ObjValue::Int(*addr as i64),
+                rib::OwnerId::NAMESPACE_MANAGER,
+            );
+        }
+        for name in self.names() {
+            put(
+                format!("/difm/nsm/dft/key={name}"),
+                "DirectoryForwardingTableEntry",
+                ObjValue::Int(cfg.address as i64),
+                rib::OwnerId::NAMESPACE_MANAGER,
+            );
+        }
+        for (dst, qos, ports) in self.rmt().table().entries() {
+            let key = match qos {
+                Some(q) => format!("{dst}-{q}"),
+                None => dst.to_string(),
+            };
+            let ports: Vec<String> = ports.iter().map(|p| p.to_string()).collect();
+            put(
+                format!("/ra/pduft/key={key}"),
+                "PDUForwardingTableEntry",
+                ObjValue::Str(format!("N-1 ports {}", ports.join(","))),
+                rib::OwnerId::RESOURCE_ALLOCATOR,
+            );
+        }
+        for port in self.rmt().ports() {
+            let q: Vec<String> = self
+                .rmt()
+                .queue_stats(port)
+                .iter()
+                .map(|s| {
+                    format!(
+                        "{}: queued {} sent {} dropped {} max {}",
+                        s.queue, s.queued, s.sent, s.dropped, s.max_occupancy
+                    )
+                })
+                .collect();
+            put(
+                format!("/rmt/n1flows/pid={port}"),
+                "RMTN1Flow",
+                ObjValue::Str(format!(
+                    "{} ({})",
+                    self.rmt().scheduler_name(),
+                    q.join("; ")
+                )),
+                rib::OwnerId::RESOURCE_ALLOCATOR,
+            );
+        }
+        for (flow, ep) in self.flows() {
+            let c = self.flow_counters(flow).copied().unwrap_or_default();
+            put(
+                format!("/fa/flows/key={flow}"),
+                "Flow",
+                ObjValue::Str(format!(
+                    "cep {} -> address {} cep {}, qos-id {}; SDUs in {} out {}",
+                    ep.local_cep, ep.remote_addr, ep.remote_cep, ep.qos_id, c.sdus_in, c.sdus_out
+                )),
+                rib::OwnerId::FLOW_ALLOCATOR,
+            );
+        }
+        r
+    }
+}
