@@ -1,16 +1,21 @@
 //! A chain of normal IPCPs: node 0 — node 1 — … — node n-1, each joined to
-//! the next by an emulated link, with static routes and a static directory,
-//! as the tests need before layer management exists. Flows are opened
-//! either directly ([`Chain::open_flow`]) or by name through the flow
-//! allocator ([`Chain::register`], [`Chain::allocate`]).
+//! the next by an emulated link, with static routes (or dynamic routing, if
+//! the IPCPs' configuration asks for it) and a static directory, as the
+//! tests need before layer management exists. Flows are opened either
+//! directly ([`Chain::open_flow`]) or by name through the flow allocator
+//! ([`Chain::register`], [`Chain::allocate`]).
+//!
+//! [`Mesh`] builds arbitrary topologies from edge lists, with every IPCP
+//! running link-state routing; links can be cut while the simulation runs.
 
 use crate::link::{LinkConfig, LinkId};
 use crate::normal_node::{NormalCommand, NormalNode};
 use crate::shim_node::App;
 use crate::world::{NodeId, World};
 use rina_core::efcp::EfcpConfig;
-use rina_core::normal::{Endpoint, FlowId, NormalConfig, NormalIpcp};
-use rina_core::rmt::Fifo;
+use rina_core::normal::{Endpoint, FlowId, N1Port, NormalConfig, NormalIpcp};
+use rina_core::rmt::{Address, Fifo};
+use rina_core::routing;
 use rina_core::Instant;
 use rina_wire::{AppName, QosSpec};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -40,19 +45,31 @@ pub struct Chain {
 impl Chain {
     /// `n` nodes joined by links like `link`, each IPCP configured by
     /// `cfg(address)`, FIFO queues of 1000 PDUs, and routes along the chain.
+    ///
+    /// If the configuration sets `routing`, no static route is set: every
+    /// node is told its neighbours (cost 1) at time zero and routing fills
+    /// the tables.
     pub fn new(seed: u64, n: usize, link: LinkConfig, cfg: impl Fn(u64) -> NormalConfig) -> Chain {
         let mut world = World::new(seed);
         let mut nodes = Vec::new();
+        let mut ups = Vec::new();
         for i in 0..n {
             let addr = i as u64 + 1;
             let ipcp = NormalIpcp::new(cfg(addr), Box::new(Fifo::new(1000)))
                 .expect("valid normal IPCP configuration");
+            let dynamic = ipcp.config().routing.is_some();
             let mut node = NormalNode::new(ipcp);
             if i > 0 {
                 node.attach(LEFT, end_addr(i, LEFT), end_addr(i - 1, RIGHT));
+                ups.push((i, LEFT, addr - 1));
             }
             if i + 1 < n {
                 node.attach(RIGHT, end_addr(i, RIGHT), end_addr(i + 1, LEFT));
+                ups.push((i, RIGHT, addr + 1));
+            }
+            if dynamic {
+                nodes.push(world.add_node(node));
+                continue;
             }
             for j in 0..n {
                 if j != i {
@@ -68,6 +85,19 @@ impl Chain {
         let links = (0..n.saturating_sub(1))
             .map(|i| world.connect(end_addr(i, RIGHT), end_addr(i + 1, LEFT), link.clone()))
             .collect();
+        for (i, port, neighbor) in ups {
+            if world.node(nodes[i]).ipcp().config().routing.is_some() {
+                world.schedule(
+                    Instant::ZERO,
+                    nodes[i],
+                    NormalCommand::NeighborUp {
+                        port,
+                        neighbor,
+                        cost: 1,
+                    },
+                );
+            }
+        }
         Chain {
             world,
             nodes,
@@ -180,12 +210,254 @@ impl Chain {
             .schedule(at, id, NormalCommand::Deallocate { flow });
     }
 
+    /// Schedules node `node`'s N-1 port `port` (LEFT or RIGHT) to go down
+    /// at `at` ([`NormalCommand::PortDown`]); the peer's end stays up.
+    pub fn port_down(&mut self, at: Instant, node: usize, port: N1Port) {
+        let id = self.nodes[node];
+        self.world.schedule(at, id, NormalCommand::PortDown(port));
+    }
+
     /// The node at chain position `i`.
     pub fn node(&self, i: usize) -> &NormalNode {
         self.world.node(self.nodes[i])
     }
 
     /// The node at chain position `i`, mutably.
+    pub fn node_mut(&mut self, i: usize) -> &mut NormalNode {
+        self.world.node_mut(self.nodes[i])
+    }
+}
+
+/// The link end of node `a` towards node `b` in a [`Mesh`].
+pub fn mesh_end(a: usize, b: usize) -> SocketAddr {
+    let a = u8::try_from(a).unwrap_or(u8::MAX);
+    let b = u8::try_from(b).unwrap_or(u8::MAX);
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 2, a, b)), 7000)
+}
+
+/// Normal IPCPs joined by emulated links in any topology, every one running
+/// link-state routing (no static route at all) and knowing a static
+/// directory. Node `i` has address `i + 1`; its N-1 port towards node `j`
+/// is [`Mesh::port`]`(j)` = `j + 1`, the neighbour's address (so at most
+/// one link joins two nodes).
+pub struct Mesh {
+    /// The simulation.
+    pub world: World<NormalNode>,
+    /// Node ids; node `i` has address `i + 1`.
+    pub nodes: Vec<NodeId>,
+    /// The edges, as given.
+    pub edges: Vec<(usize, usize)>,
+    /// `links[k]` carries `edges[k]`.
+    pub links: Vec<LinkId>,
+}
+
+impl Mesh {
+    /// `n` nodes joined along `edges` by links like `link`, each IPCP
+    /// configured by `cfg(address)` (its `routing` set to the default
+    /// [`routing::Config`] if left `None`), with FIFO queues of 1000 PDUs.
+    /// Every node is told its neighbours (cost 1) at time zero.
+    ///
+    /// # Panics
+    /// On a self-loop, a repeated edge or a node index out of range.
+    pub fn new(
+        seed: u64,
+        n: usize,
+        edges: &[(usize, usize)],
+        link: LinkConfig,
+        cfg: impl Fn(u64) -> NormalConfig,
+    ) -> Mesh {
+        let mut world = World::new(seed);
+        let mut adj: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for &(a, b) in edges {
+            assert!(a < n && b < n && a != b, "bad edge ({a}, {b})");
+            assert!(!adj[a].contains(&b), "edge ({a}, {b}) given twice");
+            adj[a].push(b);
+            adj[b].push(a);
+        }
+        let mut nodes = Vec::new();
+        for (i, peers) in adj.iter().enumerate() {
+            let mut c = cfg(i as u64 + 1);
+            if c.routing.is_none() {
+                c.routing = Some(routing::Config::default());
+            }
+            let ipcp = NormalIpcp::new(c, Box::new(Fifo::new(1000)))
+                .expect("valid normal IPCP configuration");
+            let mut node = NormalNode::new(ipcp);
+            for &j in peers {
+                node.attach(Self::port(j), mesh_end(i, j), mesh_end(j, i));
+            }
+            nodes.push(world.add_node(node));
+        }
+        let links = edges
+            .iter()
+            .map(|&(a, b)| world.connect(mesh_end(a, b), mesh_end(b, a), link.clone()))
+            .collect();
+        for (i, peers) in adj.iter().enumerate() {
+            for &j in peers {
+                world.schedule(
+                    Instant::ZERO,
+                    nodes[i],
+                    NormalCommand::NeighborUp {
+                        port: Self::port(j),
+                        neighbor: j as Address + 1,
+                        cost: 1,
+                    },
+                );
+            }
+        }
+        Mesh {
+            world,
+            nodes,
+            edges: edges.to_vec(),
+            links,
+        }
+    }
+
+    /// The N-1 port towards node `peer`, at any of its neighbours.
+    pub fn port(peer: usize) -> N1Port {
+        peer as N1Port + 1
+    }
+
+    /// Schedules the link between nodes `a` and `b` to be cut at `at`: both
+    /// ends go down at once ([`NormalCommand::PortDown`]).
+    pub fn cut(&mut self, at: Instant, a: usize, b: usize) {
+        self.port_down(at, a, b);
+        self.port_down(at, b, a);
+    }
+
+    /// Schedules node `node`'s port towards node `peer` to go down at `at`;
+    /// the peer's end stays up (it keeps sending into the void, and routing
+    /// drops the link because only one end reports it).
+    pub fn port_down(&mut self, at: Instant, node: usize, peer: usize) {
+        let id = self.nodes[node];
+        self.world
+            .schedule(at, id, NormalCommand::PortDown(Self::port(peer)));
+    }
+
+    /// Whether every node has a next hop to every node its live links
+    /// reach (a breadth-first search over the ports still up at both ends).
+    pub fn converged(&self) -> bool {
+        let n = self.nodes.len();
+        let up = |a: usize, b: usize| {
+            let has = |x: usize, y: usize| {
+                self.node(x)
+                    .ipcp()
+                    .neighbors()
+                    .any(|(p, _, _)| p == Self::port(y))
+            };
+            has(a, b) && has(b, a)
+        };
+        (0..n).all(|s| {
+            let mut seen = vec![false; n];
+            seen[s] = true;
+            let mut q = std::collections::VecDeque::from([s]);
+            while let Some(x) = q.pop_front() {
+                for &(a, b) in &self.edges {
+                    for (u, v) in [(a, b), (b, a)] {
+                        if u == x && !seen[v] && up(u, v) {
+                            seen[v] = true;
+                            q.push_back(v);
+                        }
+                    }
+                }
+            }
+            let Some(ls) = self.node(s).ipcp().routing() else {
+                return false;
+            };
+            let hops = ls.next_hops();
+            (0..n).all(|d| d == s || seen[d] == hops.contains_key(&(d as Address + 1)))
+                && !ls.is_dirty()
+        })
+    }
+
+    /// Runs the simulation in steps of `step` until [`Mesh::converged`] or
+    /// `limit`; returns the time it converged, if it did. Events due now
+    /// (such as the neighbour announcements at time zero) run first.
+    pub fn run_until_converged(&mut self, step: Duration, limit: Instant) -> Option<Instant> {
+        let now = self.world.now();
+        self.world.run_until(now).expect("within the step limit");
+        loop {
+            if self.converged() {
+                return Some(self.world.now());
+            }
+            if self.world.now() >= limit {
+                return None;
+            }
+            let next = (self.world.now() + step).min(limit);
+            self.world.run_until(next).expect("within the step limit");
+        }
+    }
+
+    /// Registers `name` at node `node` with the application `app`, and
+    /// enters it in the directory of every node. Takes effect at once.
+    pub fn register(&mut self, node: usize, name: &str, app: App) {
+        let name: AppName = name.parse().expect("valid application name");
+        for &id in &self.nodes {
+            self.world
+                .node_mut(id)
+                .ipcp_mut()
+                .set_directory(name.clone(), node as u64 + 1);
+        }
+        self.world
+            .node_mut(self.nodes[node])
+            .register(name, app)
+            .expect("name not registered yet");
+    }
+
+    /// Schedules node `node` to allocate flow `flow` from `local` to
+    /// `remote` at `at`.
+    pub fn allocate(
+        &mut self,
+        at: Instant,
+        node: usize,
+        flow: FlowId,
+        local: &str,
+        remote: &str,
+        qos: QosSpec,
+    ) {
+        let id = self.nodes[node];
+        self.world.schedule(
+            at,
+            id,
+            NormalCommand::Allocate {
+                flow,
+                local: local.parse().expect("valid application name"),
+                remote: remote.parse().expect("valid application name"),
+                qos,
+            },
+        );
+    }
+
+    /// Schedules a stream of `count` SDUs of `len` bytes from node `from` on
+    /// `flow`, starting at `at`, one every `interval`.
+    pub fn stream(
+        &mut self,
+        at: Instant,
+        from: usize,
+        flow: FlowId,
+        count: u64,
+        len: usize,
+        interval: Duration,
+    ) {
+        let node = self.nodes[from];
+        self.world.schedule(
+            at,
+            node,
+            NormalCommand::Stream {
+                flow,
+                count,
+                len,
+                interval,
+            },
+        );
+    }
+
+    /// The node at index `i`.
+    pub fn node(&self, i: usize) -> &NormalNode {
+        self.world.node(self.nodes[i])
+    }
+
+    /// The node at index `i`, mutably.
     pub fn node_mut(&mut self, i: usize) -> &mut NormalNode {
         self.world.node_mut(self.nodes[i])
     }

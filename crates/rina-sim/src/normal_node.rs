@@ -8,6 +8,7 @@
 use crate::shim_node::{App, Policy};
 use crate::world::{Ctx, Node};
 use rina_core::normal::{Action, FlowId, N1Port, NormalError, NormalIpcp};
+use rina_core::rmt::Address;
 use rina_core::Instant;
 use rina_wire::{AppName, QosSpec};
 use std::collections::{BTreeMap, HashMap};
@@ -44,6 +45,17 @@ pub enum NormalCommand {
     Register { name: AppName, app: App },
     /// Unregister `name`.
     Unregister { name: AppName },
+    /// The N-1 flow on `port` leads to the IPCP at `neighbor` with link
+    /// cost `cost`: tell the IPCP ([`NormalIpcp::neighbor_up`]).
+    NeighborUp {
+        port: N1Port,
+        neighbor: Address,
+        cost: u32,
+    },
+    /// The N-1 flow on `port` is gone: the IPCP is told
+    /// ([`NormalIpcp::neighbor_down`], [`NormalIpcp::remove_port`]) and the
+    /// node neither sends nor receives on that link end any more.
+    PortDown(N1Port),
 }
 
 /// What a node reports for the trace.
@@ -460,6 +472,18 @@ impl Node for NormalNode {
             NormalCommand::Unregister { name } => {
                 self.names.remove(&name);
                 self.ipcp.unregister(&name);
+            }
+            NormalCommand::NeighborUp {
+                port,
+                neighbor,
+                cost,
+            } => self.ipcp.neighbor_up(now, port, neighbor, cost),
+            NormalCommand::PortDown(port) => {
+                self.ipcp.neighbor_down(now, port);
+                self.ipcp.remove_port(port);
+                if let Some((local, _)) = self.ports.remove(&port) {
+                    self.by_addr.remove(&local);
+                }
             }
         }
         self.pump(ctx);

@@ -16,13 +16,25 @@
 //! [`NormalIpcp::allocate`], [`NormalIpcp::accept`], [`NormalIpcp::refuse`],
 //! [`NormalIpcp::deallocate`]. Flows can also be opened with explicit
 //! connection endpoints ([`NormalIpcp::open_flow`]). Routes are set in the
-//! RMT's forwarding table. Enrollment, routing and a disseminated directory
-//! (full layer management over CDAP) come next.
+//! RMT's forwarding table: set by hand (static routes), or computed by
+//! link-state routing ([`crate::routing::LinkState`]) when
+//! [`NormalConfig::routing`] is set — see [`routing_glue`]. Enrollment and a
+//! disseminated directory (full layer management over CDAP) come next.
 //!
 //! Management PDUs addressed to this IPCP (or to address 0, a neighbour
 //! that does not know it yet) are handled here; others are relayed like
 //! data. PDUs this IPCP addresses to itself (flows between two applications
 //! registered here) go through an internal loopback.
+//!
+//! # Management payloads
+//!
+//! The first byte of a management PDU's payload says who it is for:
+//!
+//! | byte | meaning | handled by |
+//! |------|---------|------------|
+//! | `0xFA` ([`rina_wire::fa::FA_DISCRIMINATOR`]) | flow-allocator message | [`fa`] |
+//! | `0xC0` ([`CDAP_DISCRIMINATOR`]) | one encoded CDAP message | [`routing_glue`] when routing is on (`M_WRITE`/`M_CREATE` of [`crate::routing::FSOS_OBJ_NAME`]); anything else is passed on as [`Action::Management`] |
+//! | anything else | not this machine's | [`Action::Management`] |
 //!
 //! The driver feeds frames ([`NormalIpcp::on_frame`]), application
 //! requests and writes ([`NormalIpcp::write`]) and timeouts, and carries out
@@ -32,12 +44,15 @@
 pub mod cubes;
 pub mod fa;
 mod rib_view;
+pub mod routing_glue;
 
 pub use cubes::QosCube;
+pub use routing_glue::CDAP_DISCRIMINATOR;
 
 use crate::delimiting::{self, Reassembler};
 use crate::efcp::{self, Connection, EfcpConfig, EfcpError};
 use crate::rmt::{self, Address, QueuedPdu, Rmt, Scheduler};
+use crate::routing::{self as ls, LinkState, RoutingError};
 use crate::sdup::{Sdup, SdupConfig, SdupError};
 use crate::time::Instant;
 use rina_wire::ctl::FlowCounters;
@@ -86,6 +101,11 @@ pub struct NormalConfig {
     pub max_flows: usize,
     /// Most incoming requests waiting for an application's answer.
     pub max_pending: usize,
+    /// Dynamic routing: `None` (the default) leaves the forwarding table to
+    /// the driver (static routes through [`NormalIpcp::rmt_mut`]); `Some`
+    /// runs a link-state machine that owns the whole forwarding table
+    /// (see [`routing_glue`]).
+    pub routing: Option<ls::Config>,
 }
 
 impl NormalConfig {
@@ -105,6 +125,7 @@ impl NormalConfig {
             accept_timeout: Duration::from_secs(5),
             max_flows: 4096,
             max_pending: 256,
+            routing: None,
         }
     }
 }
@@ -160,6 +181,9 @@ pub enum NormalError {
     /// Too many flows or pending requests, or a request too large.
     #[error("out of resources: {0}")]
     NoResources(String),
+    /// The routing configuration is unusable.
+    #[error("routing: {0}")]
+    Routing(RoutingError),
 }
 
 /// Something the driver must do.
@@ -237,6 +261,9 @@ pub struct Counters {
     pub alloc_timeouts: u64,
     /// PDUs this IPCP addressed to itself (local flows).
     pub loopback: u64,
+    /// Management PDUs for this IPCP's own machines (CDAP, routing) that
+    /// could not be parsed or made no sense; dropped.
+    pub rx_mgmt_malformed: u64,
 }
 
 impl Counters {
@@ -259,6 +286,7 @@ impl Counters {
             ("alloc_retries", self.alloc_retries),
             ("alloc_timeouts", self.alloc_timeouts),
             ("loopback", self.loopback),
+            ("rx_mgmt_malformed", self.rx_mgmt_malformed),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -319,6 +347,10 @@ pub struct NormalIpcp {
     loopback: VecDeque<Vec<u8>>,
     /// The latest time any call was given (for calls that take none).
     now: Instant,
+    /// Neighbours by N-1 port (address, cost), as the driver announced them.
+    neighbors: BTreeMap<N1Port, (Address, u32)>,
+    /// The link-state routing machine, when routing is configured.
+    routing: Option<LinkState>,
 }
 
 impl NormalIpcp {
@@ -340,7 +372,15 @@ impl NormalIpcp {
             c.efcp.validate().map_err(|e| bad(e.to_string()))?;
         }
         let frag_budget = cfg.dt.max_pdu_size as usize - pci::header_len(&cfg.dt, PduType::Dt);
+        let routing = match &cfg.routing {
+            Some(rc) => {
+                Some(LinkState::new(cfg.address, rc.clone()).map_err(NormalError::Routing)?)
+            }
+            None => None,
+        };
         Ok(NormalIpcp {
+            neighbors: BTreeMap::new(),
+            routing,
             sdup: Sdup::without_cipher(cfg.sdup),
             rmt: Rmt::new(sched),
             flows: HashMap::new(),
@@ -393,8 +433,14 @@ impl NormalIpcp {
         self.rmt.add_port(port);
     }
 
-    /// Removes an N-1 port with its queue and routes.
+    /// Removes an N-1 port with its queue and routes. A neighbour still
+    /// announced on it is taken down first (as by
+    /// [`NormalIpcp::neighbor_down`] at the latest time seen).
     pub fn remove_port(&mut self, port: N1Port) {
+        if self.neighbors.contains_key(&port) {
+            let now = self.now;
+            self.neighbor_down(now, port);
+        }
         self.rmt.remove_port(port);
     }
 
@@ -664,6 +710,8 @@ impl NormalIpcp {
             Body::Data(payload) if pdu.pci.pdu_type == PduType::Mgmt => {
                 if FaMessage::is_fa(payload) {
                     self.on_fa(now, pdu.pci.src_addr, payload);
+                } else if self.on_routing_mgmt(now, port, payload) {
+                    // Taken by the routing machine (or counted as malformed).
                 } else if let Some(port) = port {
                     self.actions.push_back(Action::Management {
                         port,
@@ -922,6 +970,7 @@ impl NormalIpcp {
             .flatten()
             .chain(self.rmt.poll_timeout())
             .chain(self.fa.poll_timeout())
+            .chain(self.routing.as_ref().and_then(|r| r.poll_timeout()))
             .min()
     }
 
@@ -929,6 +978,7 @@ impl NormalIpcp {
     pub fn handle_timeout(&mut self, now: Instant) {
         self.tick(now);
         self.fa_timeout(now);
+        self.routing_timeout(now);
         for (id, f) in self.flows.iter_mut() {
             if f.efcp.poll_timeout().is_some_and(|t| t <= now) {
                 f.efcp.handle_timeout(now);

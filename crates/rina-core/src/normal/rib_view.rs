@@ -3,11 +3,15 @@
 
 use super::NormalIpcp;
 use crate::rib::{self, ObjValue, Rib};
+use crate::routing;
 
 impl NormalIpcp {
     /// A RIB holding this IPCP's address, data-transfer constants, QoS
-    /// cubes, directory, registered names, forwarding table, N-1 ports and
-    /// flows. Built on demand: the live state stays in the machines.
+    /// cubes, directory, registered names, forwarding table, N-1 ports,
+    /// neighbours (`/ra/neighbors/pid=<port>`), with routing on its FSO
+    /// database (`/ra/fsos/key=<origin>-<neighbour>`: cost, sequence
+    /// number, up/down, age as of the latest time seen) and next hops
+    /// (`/ra/nexthops/key=<destination>`), and flows. Built on demand: the live state stays in the machines.
     pub fn rib(&self) -> Rib {
         let mut r = Rib::new(rib::Config::default());
         let cfg = self.config();
@@ -111,6 +115,44 @@ impl NormalIpcp {
                 )),
                 rib::OwnerId::RESOURCE_ALLOCATOR,
             );
+        }
+        for (port, addr, cost) in self.neighbors() {
+            put(
+                format!("/ra/neighbors/pid={port}"),
+                "Neighbor",
+                ObjValue::Str(format!("address {addr}, cost {cost}")),
+                rib::OwnerId::RESOURCE_ALLOCATOR,
+            );
+        }
+        if let Some(ls) = self.routing() {
+            for f in ls.fsos(self.now) {
+                put(
+                    format!("{}/key={}-{}", routing::FSOS_OBJ_NAME, f.origin, f.neighbor),
+                    routing::FSO_OBJ_CLASS,
+                    ObjValue::Str(format!(
+                        "cost {} seq {} {} age {} s",
+                        f.cost,
+                        f.seq,
+                        if f.up { "up" } else { "down" },
+                        f.age
+                    )),
+                    rib::OwnerId::RESOURCE_ALLOCATOR,
+                );
+            }
+            for (dst, ports) in ls.next_hops() {
+                let cost = ls.routes().get(dst).map(|r| r.cost);
+                let ports: Vec<String> = ports.iter().map(|p| p.to_string()).collect();
+                put(
+                    format!("/ra/nexthops/key={dst}"),
+                    "NextHop",
+                    ObjValue::Str(format!(
+                        "cost {} via N-1 ports {}",
+                        cost.unwrap_or(0),
+                        ports.join(",")
+                    )),
+                    rib::OwnerId::RESOURCE_ALLOCATOR,
+                );
+            }
         }
         for (flow, ep) in self.flows() {
             let c = self.flow_counters(flow).copied().unwrap_or_default();

@@ -1,0 +1,446 @@
+//! Dynamic routing in the normal IPCP: the glue between the data path and
+//! the link-state machine of [`crate::routing`].
+//!
+//! # Neighbours
+//!
+//! The driver announces each N-1 flow to a neighbour with
+//! [`NormalIpcp::neighbor_up`] (port, the neighbour's address, a cost) once
+//! the port exists ([`NormalIpcp::add_port`]), and its loss with
+//! [`NormalIpcp::neighbor_down`] (or just [`NormalIpcp::remove_port`], which
+//! takes the neighbour down first). Without routing these calls only record
+//! the neighbour ([`NormalIpcp::neighbors`]); with
+//! [`NormalConfig::routing`](super::NormalConfig::routing) set they feed the
+//! [`LinkState`] machine.
+//!
+//! # FSO exchange
+//!
+//! The machine's [`RoutingAction::Flood`] and [`RoutingAction::Send`] become
+//! management PDUs sent on the given N-1 ports (not routed: they go to the
+//! neighbour on that port, addressed to its address, or to address 0 if it
+//! is not known). Their payload is [`CDAP_DISCRIMINATOR`] followed by one
+//! encoded [`CdapMessage`]: an unconfirmed `M_WRITE` (no invoke id) of
+//! [`FSOS_OBJ_CLASS`] on [`FSOS_OBJ_NAME`] whose value (`byteval`) is
+//! [`encode_fsos`]. A management PDU starting with the discriminator that
+//! arrives on port `p` is decoded and, if it is an `M_WRITE` or `M_CREATE`
+//! of [`FSOS_OBJ_NAME`], its FSOs go to [`LinkState::on_fsos`] as coming
+//! from `p`. Undecodable CDAP, or a FSO write with a bad value, is counted
+//! in `rx_mgmt_malformed` and dropped; any other well-formed CDAP message
+//! (and everything when routing is off) is handed to the driver as
+//! [`Action::Management`](super::Action::Management), so layer management can grow beside routing.
+//!
+//! # Forwarding table
+//!
+//! With routing on, **routing owns the whole forwarding table**: on every
+//! [`RoutingAction::TableChanged`] the RMT's table is cleared and refilled
+//! with the computed next hops (one entry per reachable destination, for
+//! any QoS-id) by [`LinkState::fill`]. Static routes set through
+//! [`NormalIpcp::rmt_mut`] are therefore overwritten at the first
+//! computation and should not be used together with routing.
+
+use super::{N1Port, NormalIpcp};
+use crate::rmt::Address;
+use crate::routing::{
+    decode_fsos, encode_fsos, Counters as RoutingCounters, LinkState, RoutingAction,
+    FSOS_OBJ_CLASS, FSOS_OBJ_NAME,
+};
+use crate::time::Instant;
+use rina_wire::cdap::{CdapMessage, OpCode, Value};
+use std::collections::BTreeMap;
+
+/// First byte of a management payload that carries one encoded CDAP message
+/// (distinct from the flow allocator's `0xFA`).
+pub const CDAP_DISCRIMINATOR: u8 = 0xC0;
+
+/// The management payload that carries `fsos` to a neighbour: the
+/// discriminator and an unconfirmed CDAP `M_WRITE` on [`FSOS_OBJ_NAME`].
+pub fn fsos_payload(fsos: &[crate::routing::Fso]) -> Vec<u8> {
+    let msg = CdapMessage::write(FSOS_OBJ_CLASS, FSOS_OBJ_NAME, encode_fsos(fsos));
+    let mut out = vec![CDAP_DISCRIMINATOR];
+    out.extend_from_slice(&msg.encode());
+    out
+}
+
+impl NormalIpcp {
+    /// The N-1 flow on `port` leads to the neighbour at address `neighbor`,
+    /// with link cost `cost` (1 for a hop count). Call it after
+    /// [`NormalIpcp::add_port`] (a port the RMT does not know is added);
+    /// calling it again for the same port changes the cost, or the
+    /// neighbour (the old one is taken down first). Without routing it only
+    /// records the neighbour. A neighbour with this IPCP's own address is
+    /// ignored by routing.
+    pub fn neighbor_up(&mut self, now: Instant, port: N1Port, neighbor: Address, cost: u32) {
+        self.tick(now);
+        if !self.rmt.ports().any(|p| p == port) {
+            self.rmt.add_port(port);
+        }
+        if let Some(&(old, _)) = self.neighbors.get(&port) {
+            if old != neighbor {
+                self.neighbor_down(now, port);
+            }
+        }
+        self.neighbors.insert(port, (neighbor, cost));
+        if let Some(r) = self.routing.as_mut() {
+            // The only errors are a self-neighbour (ignored) and a port in
+            // use by another address (taken down above).
+            let _ = r.neighbor_up(now, port, neighbor, cost);
+        }
+        self.run_routing(now);
+    }
+
+    /// The N-1 flow on `port` is gone (the port itself stays until
+    /// [`NormalIpcp::remove_port`]). Unknown ports are ignored.
+    pub fn neighbor_down(&mut self, now: Instant, port: N1Port) {
+        self.tick(now);
+        if self.neighbors.remove(&port).is_none() {
+            return;
+        }
+        if let Some(r) = self.routing.as_mut() {
+            let _ = r.neighbor_down(now, port);
+        }
+        self.run_routing(now);
+    }
+
+    /// The neighbours announced with [`NormalIpcp::neighbor_up`]:
+    /// (port, address, cost), in port order.
+    pub fn neighbors(&self) -> impl Iterator<Item = (N1Port, Address, u32)> + '_ {
+        self.neighbors.iter().map(|(p, (a, c))| (*p, *a, *c))
+    }
+
+    /// The link-state machine, when routing is configured (FSO database,
+    /// routes, next hops).
+    pub fn routing(&self) -> Option<&LinkState> {
+        self.routing.as_ref()
+    }
+
+    /// The routing counters, when routing is configured.
+    pub fn routing_counters(&self) -> Option<&RoutingCounters> {
+        self.routing.as_ref().map(|r| r.counters())
+    }
+
+    /// Every counter by name: the data-path counters
+    /// ([`super::Counters::to_map`]), the routing counters prefixed with
+    /// `routing_` when routing is on, and `routing_fsos` (database size) and
+    /// `routing_destinations` (reachable destinations).
+    pub fn counters_map(&self) -> BTreeMap<String, u64> {
+        let mut m = self.counters.to_map();
+        if let Some(r) = &self.routing {
+            for (k, v) in r.counters().to_map() {
+                m.insert(format!("routing_{k}"), v);
+            }
+            m.insert("routing_fsos".into(), r.db_len() as u64);
+            m.insert("routing_destinations".into(), r.next_hops().len() as u64);
+        }
+        m
+    }
+
+    /// Takes a management payload for the routing machine. Returns whether
+    /// it was taken (handled, or malformed and counted); `false` leaves it
+    /// to the caller ([`Action::Management`](super::Action::Management)).
+    pub(super) fn on_routing_mgmt(
+        &mut self,
+        now: Instant,
+        port: Option<N1Port>,
+        payload: &[u8],
+    ) -> bool {
+        if self.routing.is_none() || payload.first() != Some(&CDAP_DISCRIMINATOR) {
+            return false;
+        }
+        let msg = match CdapMessage::decode(&payload[1..]) {
+            Ok(m) => m,
+            Err(_) => {
+                self.counters.rx_mgmt_malformed += 1;
+                return true;
+            }
+        };
+        let is_fsos = matches!(msg.op_code(), OpCode::Write | OpCode::Create)
+            && msg.obj_name.as_deref() == Some(FSOS_OBJ_NAME);
+        if !is_fsos {
+            return false;
+        }
+        let fsos = match msg.value() {
+            Some(Value::Bytes(b)) => decode_fsos(&b),
+            _ => {
+                self.counters.rx_mgmt_malformed += 1;
+                return true;
+            }
+        };
+        let (Ok(fsos), Some(port)) = (fsos, port) else {
+            // Undecodable, or sent to ourselves through the loopback.
+            self.counters.rx_mgmt_malformed += 1;
+            return true;
+        };
+        if let Some(r) = self.routing.as_mut() {
+            r.on_fsos(now, port, fsos);
+        }
+        self.run_routing(now);
+        true
+    }
+
+    /// Runs the routing timers that are due.
+    pub(super) fn routing_timeout(&mut self, now: Instant) {
+        let Some(r) = self.routing.as_mut() else {
+            return;
+        };
+        if r.poll_timeout().is_some_and(|t| t <= now) {
+            r.handle_timeout(now);
+        }
+        self.run_routing(now);
+    }
+
+    /// Carries out what the routing machine asks: FSO messages to
+    /// neighbours, table refills.
+    fn run_routing(&mut self, now: Instant) {
+        let mut out = Vec::new();
+        let Some(r) = self.routing.as_mut() else {
+            return;
+        };
+        while let Some(a) = r.poll_action() {
+            match a {
+                RoutingAction::Flood { to_ports, fsos } => {
+                    out.push((to_ports, fsos_payload(&fsos)));
+                }
+                RoutingAction::Send { port, fsos } => out.push((vec![port], fsos_payload(&fsos))),
+                RoutingAction::TableChanged => r.fill(self.rmt.table_mut()),
+            }
+        }
+        for (ports, payload) in out {
+            for port in ports {
+                let dst = self.neighbors.get(&port).map_or(0, |n| n.0);
+                self.send_management(now, port, dst, &payload);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::normal::{Action, NormalConfig, MGMT_QOS_ID};
+    use crate::rmt::Fifo;
+    use crate::routing::{self, Fso};
+    use rina_wire::pci::{self, Pci, PduType};
+
+    fn ms(n: u64) -> Instant {
+        Instant::from_nanos(n * 1_000_000)
+    }
+
+    fn ipcp(addr: Address, routing: bool) -> NormalIpcp {
+        let mut c = NormalConfig::new("net", addr);
+        c.routing = routing.then(routing::Config::default);
+        NormalIpcp::new(c, Box::new(Fifo::new(100))).unwrap()
+    }
+
+    /// A line 1 - 2 - 3: port `b` at node `a` leads to node `b`.
+    fn line() -> Vec<NormalIpcp> {
+        let mut v: Vec<NormalIpcp> = (1..=3).map(|a| ipcp(a, true)).collect();
+        for (a, b) in [(1u64, 2u64), (2, 3)] {
+            v[a as usize - 1].add_port(b as N1Port);
+            v[b as usize - 1].add_port(a as N1Port);
+        }
+        v
+    }
+
+    /// Carries frames (port `b` of node `a` is port `a` of node `b`) until
+    /// nothing moves; returns the other actions.
+    fn carry(now: Instant, net: &mut [NormalIpcp]) -> Vec<(usize, Action)> {
+        let mut out = Vec::new();
+        loop {
+            let mut moved = false;
+            for i in 0..net.len() {
+                while let Some(a) = net[i].poll_action() {
+                    match a {
+                        Action::Transmit { port, frame } => {
+                            moved = true;
+                            let j = port as usize - 1;
+                            net[j].on_frame(now, i as N1Port + 1, &frame);
+                        }
+                        a => out.push((i, a)),
+                    }
+                }
+            }
+            if !moved {
+                return out;
+            }
+        }
+    }
+
+    /// Runs timers and carries frames until `until`.
+    fn run(net: &mut [NormalIpcp], until: Instant) -> Vec<(usize, Action)> {
+        let mut out = Vec::new();
+        loop {
+            let Some(t) = net.iter().filter_map(|p| p.poll_timeout()).min() else {
+                return out;
+            };
+            if t > until {
+                return out;
+            }
+            for p in net.iter_mut() {
+                if p.poll_timeout().is_some_and(|x| x <= t) {
+                    p.handle_timeout(t);
+                }
+            }
+            out.extend(carry(t, net));
+        }
+    }
+
+    fn mgmt_frame(p: &NormalIpcp, src: Address, payload: &[u8]) -> Vec<u8> {
+        let mut pci = Pci::new(PduType::Mgmt);
+        pci.src_addr = src;
+        pci.dst_addr = p.config().address;
+        pci.qos_id = MGMT_QOS_ID;
+        let mut pdu = Vec::new();
+        pci::encode_data(&p.config().dt, &pci, payload, &mut pdu).unwrap();
+        let mut frame = Vec::new();
+        p.sdup
+            .protect(&pdu, p.sdup.initial_ttl().unwrap_or(0), &mut frame);
+        frame
+    }
+
+    #[test]
+    fn a_line_of_three_converges_and_carries_a_flow_without_static_routes() {
+        let mut net = line();
+        net[0].neighbor_up(ms(0), 2, 2, 1);
+        net[1].neighbor_up(ms(0), 1, 1, 1);
+        net[1].neighbor_up(ms(0), 3, 3, 1);
+        net[2].neighbor_up(ms(0), 2, 2, 1);
+        carry(ms(0), &mut net);
+        run(&mut net, ms(1000));
+        let t: Vec<_> = net[0]
+            .rmt()
+            .table()
+            .entries()
+            .map(|(d, q, p)| (d, q, p.to_vec()))
+            .collect();
+        assert_eq!(t, vec![(2, None, vec![2]), (3, None, vec![2])]);
+        assert_eq!(
+            net[2].routing().unwrap().next_hops().get(&1),
+            Some(&vec![2])
+        );
+        assert_eq!(net[1].routing().unwrap().db_len(), 4);
+        assert_eq!(net[1].counters().rx_mgmt_malformed, 0);
+
+        // A flow allocated by name from 1 to 3 over the computed routes.
+        let echo: rina_wire::AppName = "echo".parse().unwrap();
+        net[2].register(echo.clone()).unwrap();
+        net[0].set_directory(echo.clone(), 3);
+        net[0]
+            .allocate(ms(1000), 1, "me".parse().unwrap(), echo, Default::default())
+            .unwrap();
+        let acts = carry(ms(1000), &mut net);
+        let Some((2, Action::FlowRequest { handle, .. })) = acts.first().cloned() else {
+            panic!("no flow request: {acts:?}");
+        };
+        net[2].accept(ms(1000), handle, 9).unwrap();
+        let acts = carry(ms(1000), &mut net);
+        assert!(matches!(
+            acts.as_slice(),
+            [(0, Action::Allocated { flow: 1, .. })]
+        ));
+        net[0].write(ms(1000), 1, b"hello").unwrap();
+        let acts = carry(ms(1000), &mut net);
+        assert_eq!(
+            acts,
+            vec![(
+                2,
+                Action::Deliver {
+                    flow: 9,
+                    sdu: b"hello".to_vec()
+                }
+            )]
+        );
+
+        // The RIB shows the FSO database and next hops.
+        let rib = net[0].rib();
+        for n in [
+            "/ra/fsos/key=1-2",
+            "/ra/fsos/key=3-2",
+            "/ra/nexthops/key=3",
+            "/ra/neighbors/pid=2",
+        ] {
+            assert!(rib.contains(n), "{n} missing");
+        }
+        let fso = rib.get("/ra/fsos/key=2-3").unwrap();
+        assert_eq!(fso.class, routing::FSO_OBJ_CLASS);
+        let m = net[1].counters_map();
+        assert!(m["routing_rx_accepted"] > 0);
+        assert_eq!(m["routing_destinations"], 2);
+    }
+
+    #[test]
+    fn a_lost_neighbour_is_routed_around_no_more() {
+        let mut net = line();
+        net[0].neighbor_up(ms(0), 2, 2, 1);
+        net[1].neighbor_up(ms(0), 1, 1, 1);
+        net[1].neighbor_up(ms(0), 3, 3, 1);
+        net[2].neighbor_up(ms(0), 2, 2, 1);
+        run(&mut net, ms(1000));
+        assert_eq!(net[0].rmt().table().len(), 2);
+        net[1].remove_port(3);
+        net[2].neighbor_down(ms(1000), 2);
+        carry(ms(1000), &mut net);
+        run(&mut net, ms(2000));
+        let t: Vec<_> = net[0].rmt().table().entries().map(|(d, _, _)| d).collect();
+        assert_eq!(t, vec![2]);
+        assert!(net[1].neighbors().all(|(p, _, _)| p == 1));
+        assert_eq!(net[2].rmt().table().len(), 0);
+    }
+
+    #[test]
+    fn cdap_payloads_malformed_foreign_and_without_routing() {
+        let mut p = ipcp(1, true);
+        p.add_port(2);
+        p.neighbor_up(ms(0), 2, 2, 1);
+        while p.poll_action().is_some() {}
+        // Not CDAP at all.
+        p.on_frame(
+            ms(1),
+            2,
+            &mgmt_frame(&p, 2, &[CDAP_DISCRIMINATOR, 0xff, 0xff]),
+        );
+        // An FSO write whose value is not an FSO group.
+        let bad = CdapMessage::write(FSOS_OBJ_CLASS, FSOS_OBJ_NAME, 7i32);
+        let mut payload = vec![CDAP_DISCRIMINATOR];
+        payload.extend(bad.encode());
+        p.on_frame(ms(1), 2, &mgmt_frame(&p, 2, &payload));
+        assert_eq!(p.counters().rx_mgmt_malformed, 2);
+        assert!(p.poll_action().is_none());
+        // Another object: left to the driver.
+        let other = CdapMessage::write("Foo", "/foo", 1i32);
+        let mut payload = vec![CDAP_DISCRIMINATOR];
+        payload.extend(other.encode());
+        p.on_frame(ms(1), 2, &mgmt_frame(&p, 2, &payload));
+        assert!(matches!(
+            p.poll_action(),
+            Some(Action::Management {
+                port: 2,
+                src: 2,
+                ..
+            })
+        ));
+        // A good FSO write is taken.
+        let fso = Fso {
+            origin: 2,
+            neighbor: 1,
+            cost: 1,
+            seq: 1,
+            up: true,
+            age: 0,
+        };
+        p.on_frame(ms(1), 2, &mgmt_frame(&p, 2, &fsos_payload(&[fso])));
+        assert_eq!(p.routing_counters().unwrap().rx_accepted, 1);
+        assert_eq!(p.counters().rx_mgmt_malformed, 2);
+        p.handle_timeout(ms(200));
+        assert_eq!(p.rmt().table().len(), 1);
+
+        // Without routing the same payload is the driver's.
+        let mut q = ipcp(1, false);
+        q.add_port(2);
+        q.neighbor_up(ms(0), 2, 2, 1);
+        assert!(q.poll_action().is_none());
+        assert!(q.routing().is_none() && q.routing_counters().is_none());
+        assert_eq!(q.neighbors().collect::<Vec<_>>(), vec![(2, 2, 1)]);
+        q.on_frame(ms(1), 2, &mgmt_frame(&q, 2, &fsos_payload(&[fso])));
+        assert!(matches!(q.poll_action(), Some(Action::Management { .. })));
+        assert_eq!(q.poll_timeout(), None);
+    }
+}
