@@ -36,6 +36,8 @@
 //! over = "udp.net"                # the N-1 DIF that reaches it
 //! address = 2                     # its address in this DIF
 //!
+//! # routing = "link-state"        # or "static" (default): use the table below
+//!
 //! [ipcp.routes]                   # destination address -> next-hop address (a neighbour)
 //! "3" = 2
 //!
@@ -111,6 +113,18 @@ pub enum IpcpKind {
     Normal,
 }
 
+/// How a normal IPCP fills its forwarding table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+pub enum RoutingKind {
+    /// From the `routes` table of the file (and direct neighbours).
+    #[default]
+    #[serde(rename = "static")]
+    Static,
+    /// Link-state routing with the neighbours (the `routes` table is ignored).
+    #[serde(rename = "link-state")]
+    LinkState,
+}
+
 /// A neighbour of a normal IPCP: an N-1 flow the daemon sets up and keeps up.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -159,6 +173,8 @@ pub struct IpcpConfig {
     /// normal: application name -> address of the IPCP where it is registered.
     #[serde(default)]
     pub names: BTreeMap<AppName, u64>,
+    /// normal: how the forwarding table is filled.
+    pub routing: Option<RoutingKind>,
 }
 
 impl Config {
@@ -252,11 +268,15 @@ impl Config {
                         ));
                     }
                 }
-            } else if ip.address.is_some() || !ip.neighbors.is_empty() || !ip.names.is_empty() {
+            } else if ip.address.is_some()
+                || !ip.neighbors.is_empty()
+                || !ip.names.is_empty()
+                || ip.routing.is_some()
+            {
                 return Err(invalid(
                     ip.name.span(),
-                    key("address/neighbor/names"),
-                    "`address`, `neighbor` and `names` are for normal IPCPs".into(),
+                    key("address/neighbor/names/routing"),
+                    "`address`, `neighbor`, `names` and `routing` are for normal IPCPs".into(),
                 ));
             }
             if let Some(m) = &ip.max_sdu {

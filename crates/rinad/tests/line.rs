@@ -29,6 +29,19 @@ fn system(
     routes: &[(u64, u64)],
     names: &[(&str, u64)],
 ) -> String {
+    system_with(me, addr, port, peers, routes, names, "")
+}
+
+/// Like [`system`], with extra keys for the normal IPCP (e.g. `routing`).
+fn system_with(
+    me: &str,
+    addr: u64,
+    port: u16,
+    peers: &[(&str, u64, u16)],
+    routes: &[(u64, u64)],
+    names: &[(&str, u64)],
+    extra: &str,
+) -> String {
     let mut s = format!(
         "[system]\nname = \"{me}\"\n\n[[ipcp]]\nname = \"{me}.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:{port}\"\n\n[ipcp.directory]\n"
     );
@@ -36,7 +49,7 @@ fn system(
         s += &format!("\"{p}.net\" = \"127.0.0.1:{pp}\"\n");
     }
     s += &format!(
-        "\n[[ipcp]]\nname = \"{me}.net\"\ntype = \"normal\"\ndif = \"net\"\naddress = {addr}\n"
+        "\n[[ipcp]]\nname = \"{me}.net\"\ntype = \"normal\"\ndif = \"net\"\naddress = {addr}\n{extra}"
     );
     for (p, pa, _) in peers {
         s += &format!("\n[[ipcp.neighbor]]\nname = \"{p}.net\"\nover = \"udp\"\naddress = {pa}\n");
@@ -125,5 +138,60 @@ fn a_reaches_c_through_b_and_fails_cleanly_when_b_dies() {
     let e = r.expect_err("the flow fails, it does not time out");
     assert_eq!(e.kind(), ErrorKind::DaemonGone, "{e}");
     eprintln!("flow failed {:?} after B died", started.elapsed());
+    drop(server);
+}
+
+#[test]
+fn link_state_routing_finds_c_without_static_routes() {
+    let (pa, pb, pc) = (free_port(), free_port(), free_port());
+    let ls = "routing = \"link-state\"\n";
+    let c = Daemon::start_with("c", &system_with("c", 3, pc, &[("b", 2, pb)], &[], &[], ls));
+    let b = Daemon::start_with(
+        "b",
+        &system_with("b", 2, pb, &[("a", 1, pa), ("c", 3, pc)], &[], &[], ls),
+    );
+    let a = Daemon::start_with(
+        "a",
+        &system_with("a", 1, pa, &[("b", 2, pb)], &[], &[("echo", 3)], ls),
+    );
+    wait_for("A to learn a route to C", T, || {
+        counter(&a, "a.net", "routing_destinations") == 2
+    });
+    let mut srv = c.client();
+    srv.register(&name("echo"), Some("net")).unwrap();
+    let server = std::thread::spawn(move || {
+        let req = srv.next_request().unwrap();
+        let flow = srv.accept(&req).unwrap();
+        let mut buf = vec![0u8; 2048];
+        while let Ok(n) = flow.read(&mut buf) {
+            if flow.write(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        drop(srv);
+    });
+    let flow = a
+        .client()
+        .allocate(
+            &name("pinger"),
+            &name("echo"),
+            Some("net"),
+            &QosSpec::default(),
+        )
+        .unwrap();
+    let mut buf = vec![0u8; 2048];
+    flow.write(b"routed").unwrap();
+    let n = flow.read_timeout(&mut buf, T).unwrap().expect("echo via B");
+    assert_eq!(&buf[..n], b"routed");
+    assert!(counter(&b, "b.net", "relayed") >= 2);
+    let rib = a
+        .client()
+        .read_rib("a.net", Some("/ra/nexthops"), None)
+        .unwrap();
+    assert!(
+        rib.iter().any(|o| o.name == "/ra/nexthops/key=3"),
+        "{rib:#?}"
+    );
+    drop(flow);
     drop(server);
 }

@@ -215,7 +215,7 @@ impl Ipcp {
                 c
             }
             Imp::Normal(n) => {
-                let mut c = n.machine.counters().to_map();
+                let mut c = n.machine.counters_map();
                 let r = n.machine.rmt().counters();
                 c.insert("rmt_queued".into(), r.queued);
                 c.insert("rmt_queue_drops".into(), r.queue_drops);

@@ -165,6 +165,8 @@ pub struct Daemon {
     n1_pending: HashMap<PortId, (usize, usize)>,
     /// Names registered in shims on behalf of normal IPCPs: (shim, name) -> normal IPCP.
     ipcp_owned: HashMap<(usize, AppName), usize>,
+    /// Frames that arrived on N-1 flows not bound yet (bounded by [`BUDGET`]).
+    early_n1: Vec<(PortId, Vec<u8>)>,
     buf: Vec<u8>,
     ctl_buf: Vec<u8>,
 }
@@ -277,6 +279,7 @@ impl Daemon {
             n1_owner: HashMap::new(),
             n1_pending: HashMap::new(),
             ipcp_owned,
+            early_n1: Vec::new(),
             buf: vec![0; HEADROOM + 65_536 + 1],
             ctl_buf: vec![0; ctl::MAX_CTL_MSG],
         })
@@ -360,6 +363,7 @@ impl Daemon {
                 }
             }
             self.drain_events();
+            self.deliver_early_n1();
             self.retry_stashes();
             self.keep_neighbors();
             self.drain_events();
@@ -459,6 +463,11 @@ impl Daemon {
                         if let Imp::Normal(nm) = &mut self.ipcps[j].imp {
                             nm.machine.on_frame(now, port, sdu);
                         }
+                    } else if self.n1_pending.contains_key(&port) && self.early_n1.len() < BUDGET {
+                        // The peer's first frames can overtake the binding of a
+                        // new N-1 flow (its acceptance is still an undrained
+                        // event): keep them for a moment instead of losing them.
+                        self.early_n1.push((port, sdu.to_vec()));
                     }
                 }
                 Received::Control => {}
@@ -779,6 +788,9 @@ fn new_normal(ic: &crate::config::IpcpConfig) -> Result<Ipcp, DaemonError> {
         nc.max_sdu = *m.get_ref() as usize;
     }
     nc.sdup.crc = ic.crc.unwrap_or(false);
+    if ic.routing == Some(crate::config::RoutingKind::LinkState) {
+        nc.routing = Some(rina_core::routing::Config::default());
+    }
     nc.sdup.ttl = match ic.ttl {
         Some(0) => None,
         Some(t) => Some(t),

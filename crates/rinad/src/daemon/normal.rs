@@ -149,12 +149,17 @@ impl Daemon {
     /// Binds shim flow `port` as the N-1 flow of normal IPCP `j` to neighbour `k`.
     pub(super) fn bind_n1(&mut self, j: usize, k: usize, shim: usize, port: PortId) {
         self.n1_owner.insert(port, (j, shim));
+        let now = self.now();
         if let Some(n) = self.normal_mut(j) {
             n.neighbors[k].port = Some(port);
             n.neighbors[k].pending = None;
-            n.machine.add_port(port);
             let via = n.neighbors[k].address;
-            n.set_routes_via(via, Some(port));
+            // With link-state routing this also announces the link; with
+            // static routing it only records the neighbour.
+            n.machine.neighbor_up(now, port, via, 1);
+            if n.machine.config().routing.is_none() {
+                n.set_routes_via(via, Some(port));
+            }
             info!(ipcp = %n.app_name, neighbor = %n.neighbors[k].name, port, "N-1 flow up");
         }
     }
@@ -172,7 +177,9 @@ impl Daemon {
                 nb.retry_at = Some(now + NEIGHBOR_RETRY);
                 let via = nb.address;
                 warn!(neighbor = %nb.name, port, "N-1 flow down");
-                n.set_routes_via(via, None);
+                if n.machine.config().routing.is_none() {
+                    n.set_routes_via(via, None);
+                }
             }
         }
     }
@@ -203,6 +210,22 @@ impl Daemon {
             Ok(_) => self.bind_n1(j, k, shim, port),
             Err(e) => debug!(error = %e, "N-1 flow not accepted"),
         }
+    }
+
+    /// Hands over frames that arrived before their N-1 flow was bound.
+    pub(super) fn deliver_early_n1(&mut self) {
+        if self.early_n1.is_empty() {
+            return;
+        }
+        let now = self.now();
+        for (port, frame) in std::mem::take(&mut self.early_n1) {
+            if let Some(&(j, _)) = self.n1_owner.get(&port) {
+                if let Imp::Normal(n) = &mut self.ipcps[j].imp {
+                    n.machine.on_frame(now, port, &frame);
+                }
+            }
+        }
+        self.drain_events();
     }
 
     /// Writes a frame of a normal IPCP on its N-1 flow `port`.
