@@ -33,11 +33,11 @@ pub fn end_addr(i: usize, side: u32) -> SocketAddr {
 }
 
 /// A chain of normal IPCPs.
+/// Dereferences to [`Net`] for the world, the nodes and the scripted
+/// application actions.
 pub struct Chain {
-    /// The simulation.
-    pub world: World<NormalNode>,
-    /// Node ids, in chain order; node `i` has address `i + 1`.
-    pub nodes: Vec<NodeId>,
+    /// The world and the nodes, in chain order.
+    pub net: Net,
     /// Link `i` joins node `i` and node `i + 1`.
     pub links: Vec<LinkId>,
 }
@@ -99,8 +99,7 @@ impl Chain {
             }
         }
         Chain {
-            world,
-            nodes,
+            net: Net { world, nodes },
             links,
         }
     }
@@ -125,6 +124,184 @@ impl Chain {
         }
     }
 
+    /// Schedules node `node`'s N-1 port `port` (LEFT or RIGHT) to go down
+    /// at `at` ([`NormalCommand::PortDown`]); the peer's end stays up.
+    pub fn port_down(&mut self, at: Instant, node: usize, port: N1Port) {
+        let id = self.nodes[node];
+        self.world.schedule(at, id, NormalCommand::PortDown(port));
+    }
+}
+
+/// The link end of node `a` towards node `b` in a [`Mesh`].
+pub fn mesh_end(a: usize, b: usize) -> SocketAddr {
+    let a = u8::try_from(a).unwrap_or(u8::MAX);
+    let b = u8::try_from(b).unwrap_or(u8::MAX);
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 2, a, b)), 7000)
+}
+
+/// Normal IPCPs joined by emulated links in any topology, every one running
+/// link-state routing (no static route at all) and knowing a static
+/// directory. Node `i` has address `i + 1`; its N-1 port towards node `j`
+/// is [`Mesh::port`]`(j)` = `j + 1`, the neighbour's address (so at most
+/// one link joins two nodes).
+/// Dereferences to [`Net`] for the world, the nodes and the scripted
+/// application actions.
+pub struct Mesh {
+    /// The world and the nodes.
+    pub net: Net,
+    /// The edges, as given.
+    pub edges: Vec<(usize, usize)>,
+    /// `links[k]` carries `edges[k]`.
+    pub links: Vec<LinkId>,
+}
+
+impl Mesh {
+    /// `n` nodes joined along `edges` by links like `link`, each IPCP
+    /// configured by `cfg(address)` (its `routing` set to the default
+    /// [`routing::Config`] if left `None`), with FIFO queues of 1000 PDUs.
+    /// Every node is told its neighbours (cost 1) at time zero.
+    ///
+    /// # Panics
+    /// On a self-loop, a repeated edge or a node index out of range.
+    pub fn new(
+        seed: u64,
+        n: usize,
+        edges: &[(usize, usize)],
+        link: LinkConfig,
+        cfg: impl Fn(u64) -> NormalConfig,
+    ) -> Mesh {
+        let mut world = World::new(seed);
+        let mut adj: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for &(a, b) in edges {
+            assert!(a < n && b < n && a != b, "bad edge ({a}, {b})");
+            assert!(!adj[a].contains(&b), "edge ({a}, {b}) given twice");
+            adj[a].push(b);
+            adj[b].push(a);
+        }
+        let mut nodes = Vec::new();
+        for (i, peers) in adj.iter().enumerate() {
+            let mut c = cfg(i as u64 + 1);
+            if c.routing.is_none() {
+                c.routing = Some(routing::Config::default());
+            }
+            let ipcp = NormalIpcp::new(c, Box::new(Fifo::new(1000)))
+                .expect("valid normal IPCP configuration");
+            let mut node = NormalNode::new(ipcp);
+            for &j in peers {
+                node.attach(Self::port(j), mesh_end(i, j), mesh_end(j, i));
+            }
+            nodes.push(world.add_node(node));
+        }
+        let links = edges
+            .iter()
+            .map(|&(a, b)| world.connect(mesh_end(a, b), mesh_end(b, a), link.clone()))
+            .collect();
+        for (i, peers) in adj.iter().enumerate() {
+            for &j in peers {
+                world.schedule(
+                    Instant::ZERO,
+                    nodes[i],
+                    NormalCommand::NeighborUp {
+                        port: Self::port(j),
+                        neighbor: j as Address + 1,
+                        cost: 1,
+                    },
+                );
+            }
+        }
+        Mesh {
+            net: Net { world, nodes },
+            edges: edges.to_vec(),
+            links,
+        }
+    }
+
+    /// The N-1 port towards node `peer`, at any of its neighbours.
+    pub fn port(peer: usize) -> N1Port {
+        peer as N1Port + 1
+    }
+
+    /// Schedules the link between nodes `a` and `b` to be cut at `at`: both
+    /// ends go down at once ([`NormalCommand::PortDown`]).
+    pub fn cut(&mut self, at: Instant, a: usize, b: usize) {
+        self.port_down(at, a, b);
+        self.port_down(at, b, a);
+    }
+
+    /// Schedules node `node`'s port towards node `peer` to go down at `at`;
+    /// the peer's end stays up (it keeps sending into the void, and routing
+    /// drops the link because only one end reports it).
+    pub fn port_down(&mut self, at: Instant, node: usize, peer: usize) {
+        let id = self.nodes[node];
+        self.world
+            .schedule(at, id, NormalCommand::PortDown(Self::port(peer)));
+    }
+
+    /// Whether every node has a next hop to every node its live links
+    /// reach (a breadth-first search over the ports still up at both ends).
+    pub fn converged(&self) -> bool {
+        let n = self.nodes.len();
+        let up = |a: usize, b: usize| {
+            let has = |x: usize, y: usize| {
+                self.node(x)
+                    .ipcp()
+                    .neighbors()
+                    .any(|(p, _, _)| p == Self::port(y))
+            };
+            has(a, b) && has(b, a)
+        };
+        (0..n).all(|s| {
+            let mut seen = vec![false; n];
+            seen[s] = true;
+            let mut q = std::collections::VecDeque::from([s]);
+            while let Some(x) = q.pop_front() {
+                for &(a, b) in &self.edges {
+                    for (u, v) in [(a, b), (b, a)] {
+                        if u == x && !seen[v] && up(u, v) {
+                            seen[v] = true;
+                            q.push_back(v);
+                        }
+                    }
+                }
+            }
+            let Some(ls) = self.node(s).ipcp().routing() else {
+                return false;
+            };
+            let hops = ls.next_hops();
+            (0..n).all(|d| d == s || seen[d] == hops.contains_key(&(d as Address + 1)))
+                && !ls.is_dirty()
+        })
+    }
+
+    /// Runs the simulation in steps of `step` until [`Mesh::converged`] or
+    /// `limit`; returns the time it converged, if it did. Events due now
+    /// (such as the neighbour announcements at time zero) run first.
+    pub fn run_until_converged(&mut self, step: Duration, limit: Instant) -> Option<Instant> {
+        let now = self.world.now();
+        self.world.run_until(now).expect("within the step limit");
+        loop {
+            if self.converged() {
+                return Some(self.world.now());
+            }
+            if self.world.now() >= limit {
+                return None;
+            }
+            let next = (self.world.now() + step).min(limit);
+            self.world.run_until(next).expect("within the step limit");
+        }
+    }
+}
+
+/// Nodes running normal IPCPs in a simulated world, with the scripted
+/// application actions every topology builder ([`Chain`], [`Mesh`]) offers.
+pub struct Net {
+    /// The simulation.
+    pub world: World<NormalNode>,
+    /// Node ids; node `i` has address `i + 1`.
+    pub nodes: Vec<NodeId>,
+}
+
+impl Net {
     /// Schedules a stream of `count` SDUs of `len` bytes from node `from` on
     /// `flow`, starting at `at`, one every `interval`.
     pub fn stream(
@@ -210,255 +387,32 @@ impl Chain {
             .schedule(at, id, NormalCommand::Deallocate { flow });
     }
 
-    /// Schedules node `node`'s N-1 port `port` (LEFT or RIGHT) to go down
-    /// at `at` ([`NormalCommand::PortDown`]); the peer's end stays up.
-    pub fn port_down(&mut self, at: Instant, node: usize, port: N1Port) {
-        let id = self.nodes[node];
-        self.world.schedule(at, id, NormalCommand::PortDown(port));
-    }
-
-    /// The node at chain position `i`.
+    /// The node at position `i`.
     pub fn node(&self, i: usize) -> &NormalNode {
         self.world.node(self.nodes[i])
     }
 
-    /// The node at chain position `i`, mutably.
+    /// The node at position `i`, mutably.
     pub fn node_mut(&mut self, i: usize) -> &mut NormalNode {
         self.world.node_mut(self.nodes[i])
     }
 }
 
-/// The link end of node `a` towards node `b` in a [`Mesh`].
-pub fn mesh_end(a: usize, b: usize) -> SocketAddr {
-    let a = u8::try_from(a).unwrap_or(u8::MAX);
-    let b = u8::try_from(b).unwrap_or(u8::MAX);
-    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 2, a, b)), 7000)
+macro_rules! deref_to_net {
+    ($t:ty) => {
+        impl std::ops::Deref for $t {
+            type Target = Net;
+            fn deref(&self) -> &Net {
+                &self.net
+            }
+        }
+        impl std::ops::DerefMut for $t {
+            fn deref_mut(&mut self) -> &mut Net {
+                &mut self.net
+            }
+        }
+    };
 }
 
-/// Normal IPCPs joined by emulated links in any topology, every one running
-/// link-state routing (no static route at all) and knowing a static
-/// directory. Node `i` has address `i + 1`; its N-1 port towards node `j`
-/// is [`Mesh::port`]`(j)` = `j + 1`, the neighbour's address (so at most
-/// one link joins two nodes).
-pub struct Mesh {
-    /// The simulation.
-    pub world: World<NormalNode>,
-    /// Node ids; node `i` has address `i + 1`.
-    pub nodes: Vec<NodeId>,
-    /// The edges, as given.
-    pub edges: Vec<(usize, usize)>,
-    /// `links[k]` carries `edges[k]`.
-    pub links: Vec<LinkId>,
-}
-
-impl Mesh {
-    /// `n` nodes joined along `edges` by links like `link`, each IPCP
-    /// configured by `cfg(address)` (its `routing` set to the default
-    /// [`routing::Config`] if left `None`), with FIFO queues of 1000 PDUs.
-    /// Every node is told its neighbours (cost 1) at time zero.
-    ///
-    /// # Panics
-    /// On a self-loop, a repeated edge or a node index out of range.
-    pub fn new(
-        seed: u64,
-        n: usize,
-        edges: &[(usize, usize)],
-        link: LinkConfig,
-        cfg: impl Fn(u64) -> NormalConfig,
-    ) -> Mesh {
-        let mut world = World::new(seed);
-        let mut adj: Vec<Vec<usize>> = vec![Vec::new(); n];
-        for &(a, b) in edges {
-            assert!(a < n && b < n && a != b, "bad edge ({a}, {b})");
-            assert!(!adj[a].contains(&b), "edge ({a}, {b}) given twice");
-            adj[a].push(b);
-            adj[b].push(a);
-        }
-        let mut nodes = Vec::new();
-        for (i, peers) in adj.iter().enumerate() {
-            let mut c = cfg(i as u64 + 1);
-            if c.routing.is_none() {
-                c.routing = Some(routing::Config::default());
-            }
-            let ipcp = NormalIpcp::new(c, Box::new(Fifo::new(1000)))
-                .expect("valid normal IPCP configuration");
-            let mut node = NormalNode::new(ipcp);
-            for &j in peers {
-                node.attach(Self::port(j), mesh_end(i, j), mesh_end(j, i));
-            }
-            nodes.push(world.add_node(node));
-        }
-        let links = edges
-            .iter()
-            .map(|&(a, b)| world.connect(mesh_end(a, b), mesh_end(b, a), link.clone()))
-            .collect();
-        for (i, peers) in adj.iter().enumerate() {
-            for &j in peers {
-                world.schedule(
-                    Instant::ZERO,
-                    nodes[i],
-                    NormalCommand::NeighborUp {
-                        port: Self::port(j),
-                        neighbor: j as Address + 1,
-                        cost: 1,
-                    },
-                );
-            }
-        }
-        Mesh {
-            world,
-            nodes,
-            edges: edges.to_vec(),
-            links,
-        }
-    }
-
-    /// The N-1 port towards node `peer`, at any of its neighbours.
-    pub fn port(peer: usize) -> N1Port {
-        peer as N1Port + 1
-    }
-
-    /// Schedules the link between nodes `a` and `b` to be cut at `at`: both
-    /// ends go down at once ([`NormalCommand::PortDown`]).
-    pub fn cut(&mut self, at: Instant, a: usize, b: usize) {
-        self.port_down(at, a, b);
-        self.port_down(at, b, a);
-    }
-
-    /// Schedules node `node`'s port towards node `peer` to go down at `at`;
-    /// the peer's end stays up (it keeps sending into the void, and routing
-    /// drops the link because only one end reports it).
-    pub fn port_down(&mut self, at: Instant, node: usize, peer: usize) {
-        let id = self.nodes[node];
-        self.world
-            .schedule(at, id, NormalCommand::PortDown(Self::port(peer)));
-    }
-
-    /// Whether every node has a next hop to every node its live links
-    /// reach (a breadth-first search over the ports still up at both ends).
-    pub fn converged(&self) -> bool {
-        let n = self.nodes.len();
-        let up = |a: usize, b: usize| {
-            let has = |x: usize, y: usize| {
-                self.node(x)
-                    .ipcp()
-                    .neighbors()
-                    .any(|(p, _, _)| p == Self::port(y))
-            };
-            has(a, b) && has(b, a)
-        };
-        (0..n).all(|s| {
-            let mut seen = vec![false; n];
-            seen[s] = true;
-            let mut q = std::collections::VecDeque::from([s]);
-            while let Some(x) = q.pop_front() {
-                for &(a, b) in &self.edges {
-                    for (u, v) in [(a, b), (b, a)] {
-                        if u == x && !seen[v] && up(u, v) {
-                            seen[v] = true;
-                            q.push_back(v);
-                        }
-                    }
-                }
-            }
-            let Some(ls) = self.node(s).ipcp().routing() else {
-                return false;
-            };
-            let hops = ls.next_hops();
-            (0..n).all(|d| d == s || seen[d] == hops.contains_key(&(d as Address + 1)))
-                && !ls.is_dirty()
-        })
-    }
-
-    /// Runs the simulation in steps of `step` until [`Mesh::converged`] or
-    /// `limit`; returns the time it converged, if it did. Events due now
-    /// (such as the neighbour announcements at time zero) run first.
-    pub fn run_until_converged(&mut self, step: Duration, limit: Instant) -> Option<Instant> {
-        let now = self.world.now();
-        self.world.run_until(now).expect("within the step limit");
-        loop {
-            if self.converged() {
-                return Some(self.world.now());
-            }
-            if self.world.now() >= limit {
-                return None;
-            }
-            let next = (self.world.now() + step).min(limit);
-            self.world.run_until(next).expect("within the step limit");
-        }
-    }
-
-    /// Registers `name` at node `node` with the application `app`, and
-    /// enters it in the directory of every node. Takes effect at once.
-    pub fn register(&mut self, node: usize, name: &str, app: App) {
-        let name: AppName = name.parse().expect("valid application name");
-        for &id in &self.nodes {
-            self.world
-                .node_mut(id)
-                .ipcp_mut()
-                .set_directory(name.clone(), node as u64 + 1);
-        }
-        self.world
-            .node_mut(self.nodes[node])
-            .register(name, app)
-            .expect("name not registered yet");
-    }
-
-    /// Schedules node `node` to allocate flow `flow` from `local` to
-    /// `remote` at `at`.
-    pub fn allocate(
-        &mut self,
-        at: Instant,
-        node: usize,
-        flow: FlowId,
-        local: &str,
-        remote: &str,
-        qos: QosSpec,
-    ) {
-        let id = self.nodes[node];
-        self.world.schedule(
-            at,
-            id,
-            NormalCommand::Allocate {
-                flow,
-                local: local.parse().expect("valid application name"),
-                remote: remote.parse().expect("valid application name"),
-                qos,
-            },
-        );
-    }
-
-    /// Schedules a stream of `count` SDUs of `len` bytes from node `from` on
-    /// `flow`, starting at `at`, one every `interval`.
-    pub fn stream(
-        &mut self,
-        at: Instant,
-        from: usize,
-        flow: FlowId,
-        count: u64,
-        len: usize,
-        interval: Duration,
-    ) {
-        let node = self.nodes[from];
-        self.world.schedule(
-            at,
-            node,
-            NormalCommand::Stream {
-                flow,
-                count,
-                len,
-                interval,
-            },
-        );
-    }
-
-    /// The node at index `i`.
-    pub fn node(&self, i: usize) -> &NormalNode {
-        self.world.node(self.nodes[i])
-    }
-
-    /// The node at index `i`, mutably.
-    pub fn node_mut(&mut self, i: usize) -> &mut NormalNode {
-        self.world.node_mut(self.nodes[i])
-    }
-}
+deref_to_net!(Chain);
+deref_to_net!(Mesh);
