@@ -158,10 +158,24 @@ fn the_demo_measures_and_cleans_up() {
         .map(|t| t["size"].as_u64().unwrap())
         .collect();
     assert_eq!(sweep, vec![64, 512, 1400]);
-    let names = &v["ipcps_beta"][0]["names"];
     assert!(
-        names.as_array().unwrap().len() == 2,
-        "beta holds echo and perf: {names}"
+        v["echo_net"]["received"].as_u64().unwrap() >= 4,
+        "{}",
+        v["echo_net"]
+    );
+    let net = &v["perf_net"]["tests"][0];
+    assert!(net["report"]["recv_sdus"].as_u64().unwrap() > 100, "{net}");
+    assert_eq!(net["loss_pct"], 0.0, "a reliable flow loses nothing: {net}");
+    let names = &v["ipcps_beta"][0]["names"];
+    let names: Vec<&str> = names
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n.as_str())
+        .collect();
+    assert!(
+        names.contains(&"echo") && names.contains(&"perf") && names.contains(&"beta.net"),
+        "beta's shim holds echo, perf and its normal IPCP's name: {names:?}"
     );
     // Without --keep nothing is left: no process, no directory.
     assert_eq!(leftovers(pid), Vec::new());

@@ -59,6 +59,8 @@ struct Cli {
 }
 
 const DIF: &str = "udp.net";
+/// The normal DIF the demo stacks on the shim DIF.
+const NET: &str = "net";
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 const TOOL_TIMEOUT: Duration = Duration::from_secs(90);
 const SWEEP: &str = "64,512,1400";
@@ -254,6 +256,10 @@ struct Summary {
     echo: EchoReport,
     perf: PerfReport,
     sweep: PerfReport,
+    /// Echo over the normal DIF.
+    echo_net: EchoReport,
+    /// Reliable goodput over the normal DIF.
+    perf_net: PerfReport,
     flows_during_perf_alpha: Vec<FlowStats>,
     flows_during_perf_beta: Vec<FlowStats>,
     flows_alpha: Vec<FlowStats>,
@@ -328,16 +334,20 @@ fn run(cli: &Cli, undo: &Undo) -> Result<(), Failure> {
         &p("alpha.toml"),
         &config(
             "alpha",
+            1,
             &alpha_addr,
             &[("echo", &beta_addr), ("perf", &beta_addr)],
+            ("beta", 2, &beta_addr),
         ),
     )?;
     write(
         &p("beta.toml"),
         &config(
             "beta",
+            2,
             &beta_addr,
             &[("echo-client", &alpha_addr), ("perf-client", &alpha_addr)],
+            ("alpha", 1, &alpha_addr),
         ),
     )?;
 
@@ -468,6 +478,64 @@ fn run(cli: &Cli, undo: &Undo) -> Result<(), Failure> {
     )?;
     let perf: PerfReport = parse(&out, "rina-perf client")?;
 
+    wait_net(undo, "alpha", &alpha_sock, &alpha_log)?;
+    say(
+        cli,
+        &format!("alpha: rina-echo client over the normal DIF {NET} (stacked on {DIF})"),
+    );
+    let out = run_tool(
+        undo,
+        &dir,
+        "echo-client-net",
+        &bins.echo,
+        &[
+            "client",
+            "--socket",
+            alpha_s,
+            "--dif",
+            NET,
+            "--dst",
+            "echo",
+            "--count",
+            &count,
+            "--interval-ms",
+            "50",
+            "--json",
+        ],
+        &[&alpha_log, &beta_log, &echo_log],
+        &mut || {},
+    )?;
+    let echo_net: EchoReport = parse(&out, "rina-echo client --dif net")?;
+    let secs_net = format!("{}", cli.perf_duration_s);
+    say(
+        cli,
+        &format!("alpha: rina-perf client --reliable over {NET}, 1400-byte SDUs for {secs_net} s"),
+    );
+    let out = run_tool(
+        undo,
+        &dir,
+        "perf-client-net",
+        &bins.perf,
+        &[
+            "client",
+            "--socket",
+            alpha_s,
+            "--dif",
+            NET,
+            "--dst",
+            "perf",
+            "--size",
+            "1400",
+            "--duration-s",
+            &secs_net,
+            "--reliable",
+            "--json",
+        ],
+        &[&alpha_log, &beta_log, &perf_log],
+        &mut || {},
+    )?;
+    let perf_net: PerfReport = parse(&out, "rina-perf client --dif net")?;
+
     let secs = format!("{}", cli.sweep_duration_s);
     say(
         cli,
@@ -544,6 +612,8 @@ fn run(cli: &Cli, undo: &Undo) -> Result<(), Failure> {
         echo,
         perf,
         sweep,
+        echo_net,
+        perf_net,
         flows_during_perf_alpha: during_alpha,
         flows_during_perf_beta: during_beta,
         flows_alpha,
@@ -565,7 +635,7 @@ fn run(cli: &Cli, undo: &Undo) -> Result<(), Failure> {
 fn print_summary(cli: &Cli, s: &Summary) {
     println!();
     println!(
-        "=== RINA demo: alpha ({}) <-> beta ({}) over shim-udp DIF {} ===",
+        "=== RINA demo: alpha ({}) <-> beta ({}): shim-udp DIF {} and a normal DIF on top ===",
         s.alpha, s.beta, s.dif
     );
     let e = &s.echo;
@@ -593,8 +663,33 @@ fn print_summary(cli: &Cli, s: &Summary) {
             t.rx_mbps, t.rx_sdus_per_s, t.report.recv_sdus, t.loss_pct
         );
     }
+    let e = &s.echo_net;
     println!();
-    println!("size sweep ({} s per size):", cli.sweep_duration_s);
+    println!(
+        "over the normal DIF {NET} (EFCP, RMT, stacked on {}): echo {} probes",
+        s.dif, e.sent
+    );
+    println!(
+        "  received {}/{}, loss {:.1}%",
+        e.received, e.sent, e.loss_pct
+    );
+    if let Some(r) = e.rtt_ms {
+        println!(
+            "  rtt min/avg/p99/max = {:.3}/{:.3}/{:.3}/{:.3} ms (p50 {:.3}, mdev {:.3})",
+            r.min, r.avg, r.p99, r.max, r.p50, r.mdev
+        );
+    }
+    for t in &s.perf_net.tests {
+        println!(
+            "  reliable goodput {:>9.2} Mb/s, {} of {} SDUs delivered in order",
+            t.rx_mbps, t.report.recv_sdus, t.sent_sdus
+        );
+    }
+    println!();
+    println!(
+        "size sweep over {} ({} s per size):",
+        s.dif, cli.sweep_duration_s
+    );
     print!("{}", indent(&sweep_table(&s.sweep.tests).render()));
     for (name, flows) in [
         ("alpha", &s.flows_during_perf_alpha),
@@ -734,14 +829,52 @@ fn make_temp_dir() -> Result<PathBuf, Failure> {
 }
 
 /// A `rinad` config: one shim-udp IPCP bound to `bind`, with a directory.
-fn config(system: &str, bind: &str, directory: &[(&str, &str)]) -> String {
+/// A system with a shim DIF over UDP and a normal DIF over it, whose only
+/// neighbour is `peer` (name, address, UDP address); the servers live at
+/// address 2 (beta).
+fn config(
+    system: &str,
+    address: u64,
+    bind: &str,
+    directory: &[(&str, &str)],
+    peer: (&str, u64, &str),
+) -> String {
+    let (peer, peer_address, peer_bind) = peer;
     let mut s = format!(
         "[system]\nname = \"{system}\"\n\n[[ipcp]]\nname = \"{system}.udp\"\ntype = \"shim-udp\"\ndif = \"{DIF}\"\nbind = \"{bind}\"\n\n[ipcp.directory]\n"
     );
     for (name, addr) in directory {
         s.push_str(&format!("\"{name}\" = \"{addr}\"\n"));
     }
+    s.push_str(&format!("\"{peer}.{NET}\" = \"{peer_bind}\"\n"));
+    s.push_str(&format!(
+        "\n[[ipcp]]\nname = \"{system}.{NET}\"\ntype = \"normal\"\ndif = \"{NET}\"\naddress = {address}\nrouting = \"link-state\"\n\n[[ipcp.neighbor]]\nname = \"{peer}.{NET}\"\nover = \"{DIF}\"\naddress = {peer_address}\n\n[ipcp.names]\n\"echo\" = 2\n\"perf\" = 2\n"
+    ));
     s
+}
+
+/// Waits until `system`'s normal IPCP has a route to its neighbour.
+fn wait_net(undo: &Undo, system: &str, sock: &Path, log: &Path) -> Result<(), Failure> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let ipcp = format!("{system}.{NET}");
+    while Instant::now() < deadline {
+        if let Some(st) = undo.exited(system) {
+            return fail(format!("rinad {system} exited ({st})"), &[log]);
+        }
+        if let Ok(list) = ctl_client(sock).and_then(|mut c| c.list_ipcps()) {
+            let routed = list.iter().any(|i| {
+                i.name == ipcp && i.counters.get("routing_destinations").copied().unwrap_or(0) >= 1
+            });
+            if routed {
+                return Ok(());
+            }
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    fail(
+        format!("the normal DIF {NET} did not come up on {system} within 10 s"),
+        &[log],
+    )
 }
 
 fn write(path: &Path, text: &str) -> Result<(), Failure> {
