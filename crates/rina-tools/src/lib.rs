@@ -6,12 +6,14 @@
 //! * [`echo`] — `rina-echo`'s probe format and JSON report.
 //! * [`perf`] — `rina-perf`'s in-band protocol, receiver and JSON report.
 //! * [`table`] — aligned text tables.
+//! * [`tgen`] — `rina-tgen`'s generators, per-flow metrics, traffic matrix and files.
 
 pub mod echo;
 pub mod opts;
 pub mod perf;
 pub mod stats;
 pub mod table;
+pub mod tgen;
 
 /// How serving one flow ended (see [`echo::serve_flow`], [`perf::serve_flow`]).
 #[derive(Debug)]

@@ -1,0 +1,872 @@
+//! `rina-tgen`: traffic generator and meter for RINA flows.
+//!
+//! The server registers a name and accepts flows; on each it measures what
+//! the client sends (`fwd`), sends traffic back when asked (`rev`), and
+//! echoes RTT probes. The client runs one flow from the command line or many
+//! from a traffic matrix (`--matrix`), measures `rev` and `rtt`, and gets the
+//! server's `fwd` report at the end. Wire format, profiles, metrics and files
+//! are described in [`rina_tools::tgen`] and `docs/rina-tgen.md`.
+//!
+//! Exit codes: 0 on success; 1 if a flow could not be allocated, got no
+//! REPORT, or received nothing it should have; 2 on any other error.
+
+use clap::{Args, Parser, Subcommand};
+use rina::{AppName, Flow};
+use rina_tools::opts::{self, CommonArgs, QosArgs};
+use rina_tools::perf::{Clock, SystemClock};
+use rina_tools::table::Table;
+use rina_tools::tgen::gen::{Generator, SourceSpec, PROFILE_NAMES};
+use rina_tools::tgen::header::{Header, Kind, HEADER_LEN};
+use rina_tools::tgen::matrix::{FlowPlan, Matrix};
+use rina_tools::tgen::metrics::{FlowMetrics, FlowReport};
+use rina_tools::tgen::output::{FlowEntry, RunReport, SCHEMA_VERSION};
+use rina_tools::tgen::{realtime_ns, Direction, Hello};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+const TOOL: &str = "rina-tgen";
+
+/// Traffic generator and meter for RINA flows.
+#[derive(Debug, Parser)]
+#[command(name = "rina-tgen", version)]
+struct Cli {
+    #[command(subcommand)]
+    mode: Mode,
+}
+
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Subcommand)]
+enum Mode {
+    /// Register a name, accept flows, measure them and send traffic back.
+    Server(ServerArgs),
+    /// Run one flow, or the flows of a traffic matrix, against servers.
+    Client(ClientArgs),
+    /// List the traffic profiles.
+    Profiles,
+}
+
+#[derive(Debug, Args)]
+struct OutArgs {
+    /// Write PREFIX.json, PREFIX.csv (and PREFIX.delays.csv with --samples).
+    #[arg(long, value_name = "PREFIX")]
+    out: Option<PathBuf>,
+    /// Keep up to N raw delay samples per flow and direction (0: histogram only).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    samples: usize,
+    /// Seconds between interval reports on stderr (0: none).
+    #[arg(long, value_name = "S", default_value_t = 1.0)]
+    interval_s: f64,
+    /// Print the final report as one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct ServerArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Application name to register.
+    #[arg(long, default_value = "tgen", value_parser = opts::parse_name)]
+    name: AppName,
+    /// Accept this many flows, then exit once they are all closed.
+    #[arg(long, value_name = "N")]
+    max_flows: Option<u64>,
+    #[command(flatten)]
+    out: OutArgs,
+}
+
+#[derive(Debug, Args)]
+struct ClientArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    #[command(flatten)]
+    qos: QosArgs,
+    /// Name of the tgen server.
+    #[arg(long, default_value = "tgen", value_parser = opts::parse_name)]
+    dst: AppName,
+    /// This client's application name.
+    #[arg(long, default_value = "tgen-client", value_parser = opts::parse_name)]
+    name: AppName,
+    /// Traffic profile (see `rina-tgen profiles`).
+    #[arg(long, default_value = "cbr")]
+    profile: String,
+    /// Rate, bit/s (CBR, Poisson, ON-OFF during ON, max of varying sources).
+    #[arg(long, value_name = "BPS")]
+    rate_bps: Option<f64>,
+    /// SDU size in bytes, header included (at least 28).
+    #[arg(long, value_name = "BYTES")]
+    size: Option<usize>,
+    /// Mean ON (talk) period, s.
+    #[arg(long, value_name = "S")]
+    on_s: Option<f64>,
+    /// Mean OFF (silence) period, s.
+    #[arg(long, value_name = "S")]
+    off_s: Option<f64>,
+    /// Length of the flow, s.
+    #[arg(long, default_value_t = 10.0)]
+    duration_s: f64,
+    /// forward, reverse or bidirectional.
+    #[arg(long, value_enum, default_value = "bidirectional")]
+    direction: DirArg,
+    /// Seed of the generators: the same seed repeats the same schedules.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Run the flows of this TOML traffic matrix instead of one flow.
+    #[arg(long, value_name = "FILE")]
+    matrix: Option<PathBuf>,
+    /// Also send RTT probes on every flow (delay = RTT / 2, no clock offset).
+    #[arg(long)]
+    rtt: bool,
+    /// Interval between RTT probes, ms.
+    #[arg(long, default_value_t = 100.0)]
+    probe_interval_ms: f64,
+    #[command(flatten)]
+    out: OutArgs,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum DirArg {
+    Forward,
+    Reverse,
+    Bidirectional,
+}
+
+impl From<DirArg> for Direction {
+    fn from(d: DirArg) -> Direction {
+        match d {
+            DirArg::Forward => Direction::Forward,
+            DirArg::Reverse => Direction::Reverse,
+            DirArg::Bidirectional => Direction::Bidirectional,
+        }
+    }
+}
+
+fn main() {
+    match Cli::parse().mode {
+        Mode::Server(a) => server(a),
+        Mode::Client(a) => std::process::exit(client(a)),
+        Mode::Profiles => {
+            let mut t = Table::new(&["PROFILE", "WHAT"]);
+            for (n, d) in PROFILE_NAMES {
+                t.row(vec![n.to_string(), d.to_string()]);
+            }
+            print!("{}", t.render());
+        }
+    }
+}
+
+fn flush() {
+    let _ = std::io::stdout().flush();
+}
+
+/// Counters shared with the interval reporter.
+#[derive(Default)]
+struct Live {
+    tx_sdus: AtomicU64,
+    tx_bytes: AtomicU64,
+    rx_sdus: AtomicU64,
+    rx_bytes: AtomicU64,
+    active: AtomicU64,
+}
+
+/// Prints one line per interval on stderr until `stop`.
+fn reporter(live: Arc<Live>, interval_s: f64, stop: Arc<AtomicBool>) {
+    if !(interval_s.is_finite() && interval_s > 0.0) {
+        return;
+    }
+    thread::spawn(move || {
+        let start = Instant::now();
+        let every = Duration::from_secs_f64(interval_s);
+        let (mut tx0, mut rx0, mut txs0, mut rxs0) = (0, 0, 0, 0);
+        let mut next = start + every;
+        while !stop.load(Ordering::Relaxed) {
+            SystemClock.sleep_until(next);
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            let (tx, rx) = (
+                live.tx_bytes.load(Ordering::Relaxed),
+                live.rx_bytes.load(Ordering::Relaxed),
+            );
+            let (txs, rxs) = (
+                live.tx_sdus.load(Ordering::Relaxed),
+                live.rx_sdus.load(Ordering::Relaxed),
+            );
+            eprintln!(
+                "[{:7.1} s] flows {:3}  tx {:9.3} Mb/s {:7} SDUs  rx {:9.3} Mb/s {:7} SDUs",
+                start.elapsed().as_secs_f64(),
+                live.active.load(Ordering::Relaxed),
+                (tx - tx0) as f64 * 8.0 / interval_s / 1e6,
+                txs - txs0,
+                (rx - rx0) as f64 * 8.0 / interval_s / 1e6,
+                rxs - rxs0,
+            );
+            (tx0, rx0, txs0, rxs0) = (tx, rx, txs, rxs);
+            next += every;
+        }
+    });
+}
+
+/// Sends the schedule of `source` drawn from `seed` on `flow` for
+/// `duration`, with RTT probes every `probe` if set. Returns (SDUs, bytes)
+/// of DATA written, or the error that ended it.
+#[allow(clippy::too_many_arguments)]
+fn send_schedule(
+    flow: &Flow,
+    flow_id: u32,
+    source: Option<&SourceSpec>,
+    seed: u64,
+    duration: Duration,
+    probe: Option<Duration>,
+    live: &Live,
+    stop: &AtomicBool,
+) -> Result<(u64, u64), rina::Error> {
+    let clock = SystemClock;
+    let start = clock.now();
+    let end = start + duration;
+    let mut gen = source
+        .and_then(|s| s.profile().ok())
+        .map(|p| Generator::new(p, seed))
+        .map(|g| g.peekable());
+    let mut buf = vec![
+        0u8;
+        source
+            .and_then(|s| s.profile().ok())
+            .map_or(HEADER_LEN, |p| p.max_size())
+    ];
+    let (mut sent, mut bytes, mut probes) = (0u64, 0u64, 0u64);
+    let mut next_probe = probe.map(|_| start);
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let next_data = gen
+            .as_mut()
+            .and_then(|g| g.peek().copied())
+            .map(|p| (start + Duration::from_nanos(p.at_ns), p.size));
+        let data_due = next_data.map(|(t, _)| t).filter(|&t| t < end);
+        let probe_due = next_probe.filter(|&t| t < end);
+        let (due, is_probe) = match (data_due, probe_due) {
+            (Some(d), Some(p)) if p < d => (p, true),
+            (Some(d), _) => (d, false),
+            (None, Some(p)) => (p, true),
+            (None, None) => break,
+        };
+        clock.sleep_until(due);
+        if is_probe {
+            let h = Header {
+                kind: Kind::Probe,
+                flow: flow_id,
+                seq: probes,
+                send_ns: realtime_ns(),
+            };
+            flow.write(&h.encode_with(&[]))?;
+            probes += 1;
+            next_probe = next_probe.zip(probe).map(|(t, p)| t + p);
+        } else if let Some((_, size)) = next_data {
+            if let Some(g) = gen.as_mut() {
+                g.next();
+            }
+            Header::data(flow_id, sent, realtime_ns()).write(&mut buf);
+            match flow.write(&buf[..size]) {
+                Ok(()) => {}
+                Err(e) if opts::is_transient(&e) => continue,
+                Err(e) => return Err(e),
+            }
+            sent += 1;
+            bytes += size as u64;
+            live.tx_sdus.fetch_add(1, Ordering::Relaxed);
+            live.tx_bytes.fetch_add(size as u64, Ordering::Relaxed);
+        }
+    }
+    Ok((sent, bytes))
+}
+
+fn fin(flow_id: u32, sent: u64, bytes: u64) -> Vec<u8> {
+    Header {
+        kind: Kind::Fin,
+        flow: flow_id,
+        seq: sent,
+        send_ns: bytes,
+    }
+    .encode_with(&[])
+}
+
+// ---------------------------------------------------------------- server
+
+struct ServerFlow {
+    peer: String,
+    dif: String,
+    qos: rina::QosSpec,
+    hello: Mutex<Option<Hello>>,
+    fwd: Mutex<Option<FlowMetrics>>,
+    sent: Mutex<Option<(u64, u64)>>,
+    error: Mutex<Option<String>>,
+}
+
+fn server(a: ServerArgs) {
+    let mut c = a
+        .common
+        .connect()
+        .unwrap_or_else(|e| opts::die(TOOL, "cannot connect", &e, 2));
+    let difs = c
+        .register(&a.name, a.common.dif())
+        .unwrap_or_else(|e| opts::die(TOOL, &format!("cannot register {}", a.name), &e, 2));
+    println!("registered {} in {}", a.name, difs.join(", "));
+    flush();
+    let started_ns = realtime_ns();
+    let live = Arc::new(Live::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    reporter(live.clone(), a.out.interval_s, stop.clone());
+    let flows: Arc<Mutex<Vec<Arc<ServerFlow>>>> = Arc::default();
+    let write_lock = Arc::new(Mutex::new(()));
+    let samples = a.out.samples;
+    let mut workers = Vec::new();
+    let mut accepted = 0u64;
+    while !matches!(a.max_flows, Some(m) if accepted >= m) {
+        let req = c
+            .next_request()
+            .unwrap_or_else(|e| opts::die(TOOL, "lost the daemon", &e, 2));
+        match c.accept(&req) {
+            Ok(flow) => {
+                accepted += 1;
+                let sf = Arc::new(ServerFlow {
+                    peer: req.remote.to_string(),
+                    dif: flow.info().dif.clone(),
+                    qos: flow.info().qos,
+                    hello: Mutex::new(None),
+                    fwd: Mutex::new(None),
+                    sent: Mutex::new(None),
+                    error: Mutex::new(None),
+                });
+                flows.lock().unwrap().push(sf.clone());
+                let (live, flows, out, wl) = (
+                    live.clone(),
+                    flows.clone(),
+                    a.out.out.clone(),
+                    write_lock.clone(),
+                );
+                workers.push(thread::spawn(move || {
+                    serve_flow(Arc::new(flow), &sf, &live, samples);
+                    if let Some(prefix) = out {
+                        let _g = wl.lock().unwrap();
+                        let r = server_report(started_ns, &flows.lock().unwrap(), samples > 0);
+                        if let Err(e) = r.write_files(&prefix) {
+                            eprintln!("{TOOL}: cannot write {}: {e}", prefix.display());
+                        }
+                    }
+                }));
+            }
+            Err(e) if e.is_closed() => opts::die(TOOL, "lost the daemon", &e, 2),
+            Err(e) => eprintln!("{TOOL}: cannot accept flow from {}: {e}", req.remote),
+        }
+    }
+    for w in workers {
+        let _ = w.join();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let r = server_report(started_ns, &flows.lock().unwrap(), samples > 0);
+    print_final(&r, a.out.json);
+}
+
+fn server_report(started_ns: u64, flows: &[Arc<ServerFlow>], with_samples: bool) -> RunReport {
+    let entries = flows
+        .iter()
+        .map(|sf| {
+            let hello = sf.hello.lock().unwrap().clone();
+            let fwd = sf.fwd.lock().unwrap();
+            FlowEntry {
+                flow: hello
+                    .as_ref()
+                    .map(|h| h.flow)
+                    .or(fwd.as_ref().map(|m| m.flow()))
+                    .unwrap_or(0),
+                peer: sf.peer.clone(),
+                dif: sf.dif.clone(),
+                profile: hello
+                    .as_ref()
+                    .map_or_else(String::new, |h| h.source.profile.clone()),
+                direction: hello.as_ref().map_or(Direction::Forward, |h| h.direction),
+                seed: hello.as_ref().map_or(0, |h| h.seed),
+                qos: sf.qos,
+                error: sf.error.lock().unwrap().clone(),
+                reports: fwd
+                    .iter()
+                    .map(|m| m.report("fwd", true, with_samples))
+                    .collect(),
+            }
+        })
+        .collect();
+    RunReport {
+        tool: TOOL.into(),
+        schema: SCHEMA_VERSION,
+        role: "server".into(),
+        started_ns,
+        ended_ns: realtime_ns(),
+        flows: entries,
+    }
+}
+
+fn serve_flow(flow: Arc<Flow>, sf: &Arc<ServerFlow>, live: &Arc<Live>, samples: usize) {
+    live.active.fetch_add(1, Ordering::Relaxed);
+    let mut buf = vec![0u8; flow.max_sdu().max(HEADER_LEN)];
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut rev: Option<thread::JoinHandle<()>> = None;
+    loop {
+        let n = match flow.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if opts::is_transient(&e) => continue,
+            Err(e) => {
+                if !e.is_closed() {
+                    *sf.error.lock().unwrap() = Some(e.to_string());
+                }
+                break;
+            }
+        };
+        let now = realtime_ns();
+        let Some(h) = Header::decode(&buf[..n]) else {
+            continue;
+        };
+        match h.kind {
+            Kind::Data => {
+                let mut fwd = sf.fwd.lock().unwrap();
+                let m = fwd.get_or_insert_with(|| FlowMetrics::new(h.flow, samples));
+                if m.on_sdu(now, &h, n) {
+                    live.rx_sdus.fetch_add(1, Ordering::Relaxed);
+                    live.rx_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                }
+            }
+            Kind::Probe => {
+                let mut reply = buf[..n].to_vec();
+                reply[4] = Kind::ProbeReply as u8;
+                let _ = flow.write(&reply);
+            }
+            Kind::Hello => {
+                let Ok(hello) = serde_json::from_slice::<Hello>(&buf[HEADER_LEN..n]) else {
+                    continue;
+                };
+                let mut slot = sf.hello.lock().unwrap();
+                if slot.is_some() {
+                    continue;
+                }
+                *slot = Some(hello.clone());
+                sf.fwd
+                    .lock()
+                    .unwrap()
+                    .get_or_insert_with(|| FlowMetrics::new(hello.flow, samples));
+                if hello.direction.server_sends() {
+                    let (flow, live, stop, sf) =
+                        (flow.clone(), live.clone(), stop.clone(), sf.clone());
+                    rev = Some(thread::spawn(move || {
+                        let d = Duration::from_secs_f64(hello.duration_s.clamp(0.0, 1e9));
+                        let r = send_schedule(
+                            &flow,
+                            hello.flow,
+                            Some(&hello.source),
+                            hello.seed,
+                            d,
+                            None,
+                            &live,
+                            &stop,
+                        );
+                        match r {
+                            Ok((s, b)) => {
+                                *sf.sent.lock().unwrap() = Some((s, b));
+                                for _ in 0..3 {
+                                    if flow.write(&fin(hello.flow, s, b)).is_err() {
+                                        break;
+                                    }
+                                    thread::sleep(Duration::from_millis(20));
+                                }
+                            }
+                            Err(e) => *sf.error.lock().unwrap() = Some(e.to_string()),
+                        }
+                    }));
+                }
+            }
+            Kind::Fin => {
+                let body = {
+                    let mut fwd = sf.fwd.lock().unwrap();
+                    let m = fwd.get_or_insert_with(|| FlowMetrics::new(h.flow, samples));
+                    m.on_fin(h.seq, h.send_ns);
+                    let with_hist = m.report("fwd", true, false);
+                    let plain = m.report("fwd", false, false);
+                    let hdr = Header {
+                        kind: Kind::Report,
+                        flow: h.flow,
+                        seq: 0,
+                        send_ns: 0,
+                    };
+                    let a = hdr.encode_with(&serde_json::to_vec(&with_hist).unwrap_or_default());
+                    if a.len() <= flow.max_sdu() {
+                        a
+                    } else {
+                        hdr.encode_with(&serde_json::to_vec(&plain).unwrap_or_default())
+                    }
+                };
+                let _ = flow.write(&body);
+            }
+            Kind::ProbeReply | Kind::Report => {}
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    if let Some(r) = rev {
+        let _ = r.join();
+    }
+    live.active.fetch_sub(1, Ordering::Relaxed);
+}
+
+// ---------------------------------------------------------------- client
+
+struct ClientFlow {
+    rev: Mutex<FlowMetrics>,
+    rtt: Mutex<FlowMetrics>,
+    fwd: Mutex<Option<FlowReport>>,
+    rev_fin: AtomicBool,
+}
+
+fn client(a: ClientArgs) -> i32 {
+    let plans = match &a.matrix {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).unwrap_or_else(|e| {
+                opts::die(TOOL, &format!("cannot read {}", path.display()), &e, 2)
+            });
+            Matrix::parse(&text)
+                .and_then(|m| m.plans(a.seed, a.common.dif()))
+                .unwrap_or_else(|e| {
+                    opts::die(TOOL, &format!("bad matrix {}", path.display()), &e, 2)
+                })
+        }
+        None => {
+            let source = SourceSpec {
+                profile: a.profile.clone(),
+                rate_bps: a.rate_bps,
+                size: a.size,
+                on_s: a.on_s,
+                off_s: a.off_s,
+            };
+            if let Err(e) = source.profile() {
+                opts::die(TOOL, "bad profile", &e, 2);
+            }
+            if !(a.duration_s.is_finite() && a.duration_s > 0.0) {
+                opts::die(
+                    TOOL,
+                    "bad --duration-s",
+                    &"must be a positive number of seconds",
+                    2,
+                );
+            }
+            vec![FlowPlan {
+                flow: 1,
+                peer: a.dst.to_string(),
+                dif: a.common.dif.clone(),
+                source,
+                qos: a.qos.clone(),
+                start_s: 0.0,
+                duration_s: a.duration_s,
+                direction: a.direction.into(),
+                seed: a.seed,
+            }]
+        }
+    };
+    if plans.is_empty() {
+        opts::die(TOOL, "bad matrix", &"no flows", 2);
+    }
+    let probe = a
+        .rtt
+        .then(|| Duration::from_secs_f64((a.probe_interval_ms / 1e3).clamp(1e-4, 3600.0)));
+    let mut c = a
+        .common
+        .connect()
+        .unwrap_or_else(|e| opts::die(TOOL, "cannot connect", &e, 2));
+    let started_ns = realtime_ns();
+    let start = Instant::now();
+    let live = Arc::new(Live::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    reporter(live.clone(), a.out.interval_s, stop.clone());
+    let mut order: Vec<&FlowPlan> = plans.iter().collect();
+    order.sort_by(|x, y| x.start_s.total_cmp(&y.start_s));
+    let human = !a.out.json;
+    let mut workers = Vec::new();
+    let mut failed: Vec<FlowEntry> = Vec::new();
+    for p in order {
+        SystemClock.sleep_until(start + Duration::from_secs_f64(p.start_s));
+        let dst: AppName = match p.peer.parse() {
+            Ok(n) => n,
+            Err(e) => opts::die(TOOL, &format!("bad peer name {:?}", p.peer), &e, 2),
+        };
+        let entry = |error: String, dif: String| FlowEntry {
+            flow: p.flow,
+            peer: p.peer.clone(),
+            dif,
+            profile: p.source.profile.clone(),
+            direction: p.direction,
+            seed: p.seed,
+            qos: p.qos.spec(),
+            error: Some(error),
+            reports: Vec::new(),
+        };
+        let flow = match c.allocate(&a.name, &dst, p.dif.as_deref(), &p.qos.spec()) {
+            Ok(f) => f,
+            Err(e) if e.is_closed() => opts::die(TOOL, "lost the daemon", &e, 2),
+            Err(e) => {
+                eprintln!(
+                    "{TOOL}: flow {}: cannot allocate a flow to {dst}: {e}",
+                    p.flow
+                );
+                failed.push(entry(e.to_string(), p.dif.clone().unwrap_or_default()));
+                continue;
+            }
+        };
+        let max = p
+            .source
+            .profile()
+            .map(|x| x.max_size())
+            .unwrap_or(HEADER_LEN);
+        if max > flow.max_sdu() {
+            let e = format!(
+                "SDUs of {max} bytes exceed the flow's maximum SDU of {} bytes",
+                flow.max_sdu()
+            );
+            eprintln!("{TOOL}: flow {}: {e}", p.flow);
+            failed.push(entry(e, flow.info().dif.clone()));
+            continue;
+        }
+        if human {
+            println!(
+                "flow {}: {} to {} via {} (port {}), {} s, {:?}",
+                p.flow,
+                p.source.profile,
+                dst,
+                flow.info().dif,
+                flow.info().port,
+                p.duration_s,
+                p.direction
+            );
+            flush();
+        }
+        let (p, live, samples) = (p.clone(), live.clone(), a.out.samples);
+        workers.push(thread::spawn(move || {
+            run_client_flow(flow, &p, probe, &live, samples)
+        }));
+    }
+    let mut entries: Vec<FlowEntry> = workers.into_iter().filter_map(|w| w.join().ok()).collect();
+    stop.store(true, Ordering::Relaxed);
+    entries.extend(failed);
+    entries.sort_by_key(|e| e.flow);
+    let mut code = 0;
+    for e in &entries {
+        let has = |d: &str| e.reports.iter().any(|r| r.direction == d);
+        let got = |d: &str| {
+            e.reports
+                .iter()
+                .any(|r| r.direction == d && r.recv_sdus > 0)
+        };
+        if e.error.is_some()
+            || (e.direction.client_sends() && !got("fwd"))
+            || (e.direction.server_sends() && !has("rev"))
+        {
+            code = 1;
+        }
+    }
+    let r = RunReport {
+        tool: TOOL.into(),
+        schema: SCHEMA_VERSION,
+        role: "client".into(),
+        started_ns,
+        ended_ns: realtime_ns(),
+        flows: entries,
+    };
+    if let Some(prefix) = &a.out.out {
+        if let Err(e) = r.write_files(prefix) {
+            opts::die(TOOL, &format!("cannot write {}", prefix.display()), &e, 2);
+        }
+    }
+    print_final(&r, a.out.json);
+    code
+}
+
+fn run_client_flow(
+    flow: Flow,
+    p: &FlowPlan,
+    probe: Option<Duration>,
+    live: &Arc<Live>,
+    samples: usize,
+) -> FlowEntry {
+    live.active.fetch_add(1, Ordering::Relaxed);
+    let flow = Arc::new(flow);
+    let cf = Arc::new(ClientFlow {
+        rev: Mutex::new(FlowMetrics::new(p.flow, samples)),
+        rtt: Mutex::new(FlowMetrics::new(p.flow, samples)),
+        fwd: Mutex::new(None),
+        rev_fin: AtomicBool::new(false),
+    });
+    let stop_rx = Arc::new(AtomicBool::new(false));
+    let rx = {
+        let (flow, cf, stop, live) = (flow.clone(), cf.clone(), stop_rx.clone(), live.clone());
+        thread::spawn(move || client_receiver(&flow, &cf, &stop, &live))
+    };
+    let hello = Hello {
+        flow: p.flow,
+        source: p.source.clone(),
+        seed: !p.seed,
+        duration_s: p.duration_s,
+        direction: p.direction,
+    };
+    let hello = Header {
+        kind: Kind::Hello,
+        flow: p.flow,
+        seq: 0,
+        send_ns: realtime_ns(),
+    }
+    .encode_with(&serde_json::to_vec(&hello).unwrap_or_default());
+    let mut error = None;
+    for _ in 0..3 {
+        if let Err(e) = flow.write(&hello) {
+            error = Some(e.to_string());
+        }
+    }
+    let never = AtomicBool::new(false);
+    let duration = Duration::from_secs_f64(p.duration_s.clamp(0.0, 1e9));
+    let source = p.direction.client_sends().then_some(&p.source);
+    let (sent, bytes) =
+        match send_schedule(&flow, p.flow, source, p.seed, duration, probe, live, &never) {
+            Ok(x) => x,
+            Err(e) => {
+                error = Some(e.to_string());
+                (0, 0)
+            }
+        };
+    // FIN every 100 ms until the REPORT (and the reverse FIN) came, at most 2 s.
+    let msg = fin(p.flow, sent, bytes);
+    for _ in 0..20 {
+        if flow.write(&msg).is_err() {
+            break;
+        }
+        thread::sleep(Duration::from_millis(100));
+        let rev_done = !p.direction.server_sends() || cf.rev_fin.load(Ordering::Relaxed);
+        if cf.fwd.lock().unwrap().is_some() && rev_done {
+            break;
+        }
+    }
+    stop_rx.store(true, Ordering::Relaxed);
+    let _ = rx.join();
+    live.active.fetch_sub(1, Ordering::Relaxed);
+    let with_samples = samples > 0;
+    let mut reports = Vec::new();
+    if p.direction.client_sends() {
+        match cf.fwd.lock().unwrap().clone() {
+            Some(mut r) => {
+                r.direction = "fwd".into();
+                reports.push(r);
+            }
+            None => {
+                error.get_or_insert_with(|| "no REPORT from the server".into());
+            }
+        }
+    }
+    if p.direction.server_sends() {
+        reports.push(cf.rev.lock().unwrap().report("rev", true, with_samples));
+    }
+    if probe.is_some() {
+        reports.push(cf.rtt.lock().unwrap().report("rtt", true, with_samples));
+    }
+    FlowEntry {
+        flow: p.flow,
+        peer: p.peer.clone(),
+        dif: flow.info().dif.clone(),
+        profile: p.source.profile.clone(),
+        direction: p.direction,
+        seed: p.seed,
+        qos: p.qos.spec(),
+        error,
+        reports,
+    }
+}
+
+fn client_receiver(flow: &Flow, cf: &ClientFlow, stop: &AtomicBool, live: &Live) {
+    let mut buf = vec![0u8; flow.max_sdu().max(HEADER_LEN)];
+    while !stop.load(Ordering::Relaxed) {
+        let n = match flow.read_timeout(&mut buf, Duration::from_millis(50)) {
+            Ok(Some(n)) => n,
+            Ok(None) => continue,
+            Err(e) if opts::is_transient(&e) => continue,
+            Err(_) => break,
+        };
+        let now = realtime_ns();
+        let Some(h) = Header::decode(&buf[..n]) else {
+            continue;
+        };
+        match h.kind {
+            Kind::Data => {
+                if cf.rev.lock().unwrap().on_sdu(now, &h, n) {
+                    live.rx_sdus.fetch_add(1, Ordering::Relaxed);
+                    live.rx_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                }
+            }
+            Kind::ProbeReply => {
+                // One-way delay = RTT / 2: "received" half an RTT after sending.
+                let half = now.saturating_sub(h.send_ns) / 2;
+                cf.rtt.lock().unwrap().on_sdu(h.send_ns + half, &h, n);
+            }
+            Kind::Fin => {
+                cf.rev.lock().unwrap().on_fin(h.seq, h.send_ns);
+                cf.rev_fin.store(true, Ordering::Relaxed);
+            }
+            Kind::Report => {
+                if let Ok(r) = serde_json::from_slice::<FlowReport>(&buf[HEADER_LEN..n]) {
+                    *cf.fwd.lock().unwrap() = Some(r);
+                }
+            }
+            Kind::Probe | Kind::Hello => {}
+        }
+    }
+}
+
+// ---------------------------------------------------------------- output
+
+fn print_final(r: &RunReport, json: bool) {
+    if json {
+        match serde_json::to_string(r) {
+            Ok(s) => println!("{s}"),
+            Err(e) => opts::die(TOOL, "cannot encode JSON", &e, 2),
+        }
+        return;
+    }
+    let mut t = Table::new(&[
+        "FLOW", "DIR", "PROFILE", "SENT", "RECV", "LOSS%", "DUP", "REORD", "Mb/s", "DMIN_ms",
+        "DAVG_ms", "DP99_ms", "DMAX_ms", "JIT_ms",
+    ])
+    .numeric(&[0, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]);
+    let ms = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{:.3}", v / 1e3));
+    for f in &r.flows {
+        for rep in &f.reports {
+            let d = rep.delay;
+            t.row(vec![
+                f.flow.to_string(),
+                rep.direction.clone(),
+                f.profile.clone(),
+                rep.sent_sdus.to_string(),
+                rep.recv_sdus.to_string(),
+                format!("{:.2}", rep.loss_pct),
+                rep.duplicates.to_string(),
+                rep.reordered.to_string(),
+                format!("{:.3}", rep.goodput_bps / 1e6),
+                ms(d.map(|d| d.min_us)),
+                ms(d.map(|d| d.avg_us)),
+                ms(d.map(|d| d.p99_us)),
+                ms(d.map(|d| d.max_us)),
+                ms(d.map(|d| d.jitter_us)),
+            ]);
+        }
+        if let Some(e) = &f.error {
+            eprintln!("{TOOL}: flow {}: {e}", f.flow);
+        }
+    }
+    print!("{}", t.render());
+    flush();
+}

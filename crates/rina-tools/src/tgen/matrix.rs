@@ -1,0 +1,242 @@
+//! The traffic matrix: a TOML file listing the flows one client process
+//! runs, so that many flows need few processes.
+//!
+//! ```toml
+//! seed = 42                 # optional: base seed of every flow's generators
+//! dif = "net"               # optional: default DIF of the flows
+//!
+//! [[flow]]
+//! peer = "tgen"             # application name of the rina-tgen server
+//! profile = "voip"          # a profile name (rina-tgen profiles)
+//! count = 5                 # optional: this many identical flows (default 1)
+//! start_s = 0.0             # optional: start, s after the process starts
+//! duration_s = 600          # optional (default 10)
+//! direction = "bidirectional"   # or "forward", "reverse"
+//! # optional overrides: rate_bps, size, on_s, off_s
+//! # optional QoS cube: max_delay_ms, max_loss_ppm, bandwidth_bps,
+//! #   in_order, reliable, max_sdu_gap, max_sdu; dif = "..."
+//! ```
+
+use super::gen::SourceSpec;
+use super::Direction;
+use crate::opts::QosArgs;
+use serde::Deserialize;
+
+/// A parsed matrix file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Matrix {
+    /// Base seed; flow `i` draws from `seed + i`.
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// Default DIF.
+    #[serde(default)]
+    pub dif: Option<String>,
+    /// The flows.
+    #[serde(default, rename = "flow")]
+    pub flows: Vec<MatrixFlow>,
+}
+
+/// One `[[flow]]` entry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MatrixFlow {
+    /// Server's application name.
+    pub peer: String,
+    /// Profile name.
+    pub profile: String,
+    /// Rate override, bit/s.
+    #[serde(default)]
+    pub rate_bps: Option<f64>,
+    /// Size override, bytes.
+    #[serde(default)]
+    pub size: Option<usize>,
+    /// ON mean override, s.
+    #[serde(default)]
+    pub on_s: Option<f64>,
+    /// OFF mean override, s.
+    #[serde(default)]
+    pub off_s: Option<f64>,
+    /// Copies of this flow.
+    #[serde(default = "one")]
+    pub count: u32,
+    /// Start, s from the process start.
+    #[serde(default)]
+    pub start_s: f64,
+    /// Length, s.
+    #[serde(default = "ten")]
+    pub duration_s: f64,
+    /// Direction.
+    #[serde(default)]
+    pub direction: Direction,
+    /// DIF of this flow.
+    #[serde(default)]
+    pub dif: Option<String>,
+    /// QoS cube: max one-way delay, ms.
+    #[serde(default)]
+    pub max_delay_ms: Option<f64>,
+    /// QoS cube: max loss, ppm.
+    #[serde(default)]
+    pub max_loss_ppm: Option<u32>,
+    /// QoS cube: average bandwidth, bit/s.
+    #[serde(default)]
+    pub bandwidth_bps: Option<u64>,
+    /// QoS cube: in-order delivery.
+    #[serde(default)]
+    pub in_order: bool,
+    /// QoS cube: reliable delivery.
+    #[serde(default)]
+    pub reliable: bool,
+    /// QoS cube: max consecutive losses.
+    #[serde(default)]
+    pub max_sdu_gap: Option<u32>,
+    /// QoS cube: largest SDU.
+    #[serde(default)]
+    pub max_sdu: Option<u32>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn ten() -> f64 {
+    10.0
+}
+
+/// One flow to run, after expanding `count`.
+#[derive(Debug, Clone)]
+pub struct FlowPlan {
+    /// Flow id (1, 2, ... in file order).
+    pub flow: u32,
+    /// Server name.
+    pub peer: String,
+    /// DIF, if any.
+    pub dif: Option<String>,
+    /// Source.
+    pub source: SourceSpec,
+    /// QoS.
+    pub qos: QosArgs,
+    /// Start, s.
+    pub start_s: f64,
+    /// Length, s.
+    pub duration_s: f64,
+    /// Direction.
+    pub direction: Direction,
+    /// Seed of the forward generator (the reverse one uses `!seed`).
+    pub seed: u64,
+}
+
+impl Matrix {
+    /// Parses a matrix.
+    pub fn parse(text: &str) -> Result<Matrix, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    /// The flows, `count` expanded, checked; `default_seed` unless the file has one.
+    pub fn plans(
+        &self,
+        default_seed: u64,
+        default_dif: Option<&str>,
+    ) -> Result<Vec<FlowPlan>, String> {
+        let base = self.seed.unwrap_or(default_seed);
+        let mut out = Vec::new();
+        for (i, f) in self.flows.iter().enumerate() {
+            let source = SourceSpec {
+                profile: f.profile.clone(),
+                rate_bps: f.rate_bps,
+                size: f.size,
+                on_s: f.on_s,
+                off_s: f.off_s,
+            };
+            source
+                .profile()
+                .map_err(|e| format!("flow entry {}: {e}", i + 1))?;
+            if !(f.duration_s.is_finite() && f.duration_s > 0.0 && f.start_s >= 0.0) {
+                return Err(format!("flow entry {}: bad start_s or duration_s", i + 1));
+            }
+            for _ in 0..f.count {
+                let flow = out.len() as u32 + 1;
+                out.push(FlowPlan {
+                    flow,
+                    peer: f.peer.clone(),
+                    dif: f
+                        .dif
+                        .clone()
+                        .or_else(|| self.dif.clone())
+                        .or_else(|| default_dif.map(str::to_owned)),
+                    source: source.clone(),
+                    qos: QosArgs {
+                        max_delay_ms: f.max_delay_ms,
+                        max_loss_ppm: f.max_loss_ppm,
+                        bandwidth_bps: f.bandwidth_bps,
+                        in_order: f.in_order,
+                        reliable: f.reliable,
+                        max_sdu_gap: f.max_sdu_gap,
+                        max_sdu: f.max_sdu,
+                    },
+                    start_s: f.start_s,
+                    duration_s: f.duration_s,
+                    direction: f.direction,
+                    seed: base.wrapping_add(flow as u64),
+                });
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seed_003_table_i_in_one_file() {
+        let text = r#"
+seed = 7
+dif = "spn"
+[[flow]]
+peer = "tgen"
+profile = "hd-video-call"
+count = 15
+duration_s = 600
+reliable = true
+[[flow]]
+peer = "tgen"
+profile = "online-gaming"
+count = 15
+[[flow]]
+peer = "tgen"
+profile = "voip"
+count = 15
+direction = "forward"
+[[flow]]
+peer = "tgen"
+profile = "file-sharing"
+count = 15
+dif = "other"
+[[flow]]
+peer = "tgen"
+profile = "interactive"
+count = 15
+start_s = 1.5
+size = 500
+"#;
+        let p = Matrix::parse(text).unwrap().plans(0, None).unwrap();
+        assert_eq!(p.len(), 75);
+        assert_eq!(p[0].flow, 1);
+        assert_eq!(p[74].flow, 75);
+        assert!(p[0].qos.reliable && p[0].qos.spec().reliable);
+        assert_eq!(p[0].duration_s, 600.0);
+        assert_eq!(p[0].dif.as_deref(), Some("spn"));
+        assert_eq!(p[45].dif.as_deref(), Some("other"));
+        assert_eq!(p[30].direction, Direction::Forward);
+        assert_eq!(p[15].direction, Direction::Bidirectional);
+        assert_eq!(p[74].source.size, Some(500));
+        assert_eq!(p[3].seed, 11);
+        assert!(Matrix::parse("[[flow]]\npeer = \"x\"\nprofile = \"nope\"")
+            .unwrap()
+            .plans(0, None)
+            .is_err());
+        assert!(Matrix::parse("bogus = 1").is_err());
+    }
+}

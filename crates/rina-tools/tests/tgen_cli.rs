@@ -1,0 +1,271 @@
+//! `rina-tgen` between two real `rinad` on loopback (shim DIF over UDP): a
+//! bidirectional run of a two-flow traffic matrix with RTT probes writes the
+//! CSV and JSON files of docs/rina-tgen.md on both sides, and they parse.
+
+mod common;
+
+use common::bin_dir;
+use rina_tools::tgen::metrics::FlowReport;
+use rina_tools::tgen::output::RunReport;
+use std::net::UdpSocket;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Kills the processes it holds when dropped, and removes the directory.
+struct Procs(Vec<Child>, PathBuf);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.1);
+    }
+}
+
+fn free_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn config(me: &str, port: u16, peer_port: u16) -> String {
+    format!(
+        r#"[system]
+name = "{me}"
+[[ipcp]]
+name = "{me}.udp"
+type = "shim-udp"
+dif = "udp"
+bind = "127.0.0.1:{port}"
+[ipcp.directory]
+"tgen" = "127.0.0.1:{peer_port}"
+"#
+    )
+}
+
+const MATRIX: &str = r#"
+seed = 11
+[[flow]]
+peer = "tgen"
+profile = "hd-video-call"
+duration_s = 2.0
+direction = "bidirectional"
+
+[[flow]]
+peer = "tgen"
+profile = "interactive"
+rate_bps = 500000
+size = 400
+duration_s = 2.0
+direction = "bidirectional"
+start_s = 0.2
+"#;
+
+/// Every CSV has the documented header and rows of as many columns.
+fn check_csv(path: &PathBuf, header: &str, rows: usize) -> Vec<Vec<String>> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some(header), "{}", path.display());
+    let cols = header.split(',').count();
+    let body: Vec<Vec<String>> = lines
+        .map(|l| l.split(',').map(str::to_owned).collect())
+        .collect();
+    assert!(body.iter().all(|r| r.len() == cols), "{}", path.display());
+    if rows > 0 {
+        assert_eq!(body.len(), rows, "{}", path.display());
+    }
+    body
+}
+
+#[test]
+fn bidirectional_run_between_two_daemons_writes_csv_and_json() {
+    let bins = bin_dir();
+    let dir = std::env::temp_dir().join(format!("rina-tgen-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut procs = Procs(Vec::new(), dir.clone());
+    let (pa, pb) = (free_port(), free_port());
+    for (me, port, pport) in [("alpha", pa, pb), ("beta", pb, pa)] {
+        let conf = dir.join(format!("{me}.toml"));
+        std::fs::write(&conf, config(me, port, pport)).unwrap();
+        let child = Command::new(bins.join("rinad"))
+            .arg("--config")
+            .arg(&conf)
+            .arg("--socket")
+            .arg(dir.join(format!("{me}.sock")))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        procs.0.push(child);
+    }
+    let (a, b) = (dir.join("alpha.sock"), dir.join("beta.sock"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !(a.exists() && b.exists()) {
+        assert!(Instant::now() < deadline, "daemons did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let tgen = bins.join("rina-tgen");
+    let server = Command::new(&tgen)
+        .arg("server")
+        .arg("--socket")
+        .arg(&b)
+        .args([
+            "--name",
+            "tgen",
+            "--max-flows",
+            "2",
+            "--samples",
+            "100000",
+            "--interval-s",
+            "0",
+            "--json",
+            "--out",
+        ])
+        .arg(dir.join("srv"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    procs.0.push(server);
+    std::fs::write(dir.join("matrix.toml"), MATRIX).unwrap();
+    // The server registers asynchronously: retry the client briefly.
+    let client = || {
+        Command::new(&tgen)
+            .arg("client")
+            .arg("--socket")
+            .arg(&a)
+            .arg("--matrix")
+            .arg(dir.join("matrix.toml"))
+            .args([
+                "--rtt",
+                "--probe-interval-ms",
+                "20",
+                "--samples",
+                "100000",
+                "--interval-s",
+                "0.5",
+                "--json",
+                "--out",
+            ])
+            .arg(dir.join("cli"))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let mut out = client();
+    while !out.status.success() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        out = client();
+    }
+    assert!(
+        out.status.success(),
+        "client failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // stdout is the same JSON as the file.
+    let stdout: RunReport = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    let cli: RunReport =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("cli.json")).unwrap())
+            .expect("cli.json parses");
+    assert_eq!(stdout, cli);
+    assert_eq!(
+        (cli.tool.as_str(), cli.schema, cli.role.as_str()),
+        ("rina-tgen", 1, "client")
+    );
+    assert_eq!(cli.flows.len(), 2);
+    for f in &cli.flows {
+        assert_eq!(f.error, None, "{f:?}");
+        assert_eq!(f.dif, "udp");
+        let dirs: Vec<&str> = f.reports.iter().map(|r| r.direction.as_str()).collect();
+        assert_eq!(dirs, ["fwd", "rev", "rtt"]);
+        for r in &f.reports {
+            println!(
+                "flow {} {}: sent {} recv {} loss {:.2}% goodput {:.3} Mb/s delay {:?}",
+                f.flow,
+                r.direction,
+                r.sent_sdus,
+                r.recv_sdus,
+                r.loss_pct,
+                r.goodput_bps / 1e6,
+                r.delay
+            );
+            assert!(r.recv_sdus > 0, "{r:?}");
+            assert_eq!(r.duplicates, 0);
+            let d = r.delay.unwrap();
+            assert!(
+                d.min_us >= 0.0 && d.min_us <= d.p50_us && d.p50_us <= d.max_us,
+                "{d:?}"
+            );
+        }
+        let rev = &f.reports[1];
+        assert!(rev.fin_received, "{rev:?}");
+        assert_eq!(rev.samples_us.as_ref().unwrap().len() as u64, rev.recv_sdus);
+        let hist: u64 = rev.histogram.as_ref().unwrap().iter().map(|b| b[2]).sum();
+        assert_eq!(hist, rev.recv_sdus);
+        // ~1.5 Mb/s (flow 1) or ~0.5 Mb/s (flow 2) over 2 s, on loopback.
+        let target = if f.profile == "hd-video-call" {
+            1.5e6
+        } else {
+            0.5e6
+        };
+        let fwd = &f.reports[0];
+        assert!(fwd.fin_received);
+        let sent_bps = fwd.sent_bytes.unwrap() as f64 * 8.0 / 2.0;
+        assert!(
+            (sent_bps - target).abs() / target < 0.35,
+            "{sent_bps} vs {target}"
+        );
+    }
+    let rows = check_csv(&dir.join("cli.csv"), FlowReport::CSV_HEADER, 6);
+    assert_eq!(rows[0][0], "1");
+    assert_eq!(rows[0][1], "fwd");
+    assert_eq!(rows[0][3], "hd-video-call");
+    for r in &rows {
+        let loss: f64 = r[9].parse().unwrap();
+        assert!((0.0..=100.0).contains(&loss));
+    }
+    let delays = check_csv(
+        &dir.join("cli.delays.csv"),
+        "flow,direction,index,delay_us",
+        0,
+    );
+    assert!(delays.len() > 100);
+    assert!(delays.iter().all(|r| r[3].parse::<f64>().is_ok()));
+
+    // The server exits after its two flows closed; its files hold `fwd`.
+    let mut server = procs.0.pop().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "server did not exit");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let so = server.wait_with_output().unwrap();
+    assert!(so.status.success());
+    let srv: RunReport =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("srv.json")).unwrap())
+            .expect("srv.json parses");
+    assert_eq!(srv.role, "server");
+    assert_eq!(srv.flows.len(), 2);
+    let from_stdout: RunReport =
+        serde_json::from_slice(&so.stdout[so.stdout.iter().position(|&c| c == b'{').unwrap()..])
+            .unwrap();
+    assert_eq!(from_stdout.flows.len(), 2);
+    for f in &srv.flows {
+        let c = cli.flows.iter().find(|c| c.flow == f.flow).unwrap();
+        assert_eq!(f.reports.len(), 1);
+        let (s, cf) = (&f.reports[0], &c.reports[0]);
+        assert_eq!(s.direction, "fwd");
+        assert_eq!(f.profile, c.profile);
+        // What the client got in the REPORT is what the server measured.
+        assert_eq!(s.recv_sdus, cf.recv_sdus);
+        assert_eq!(s.sent_sdus, cf.sent_sdus);
+    }
+    check_csv(&dir.join("srv.csv"), FlowReport::CSV_HEADER, 2);
+}
