@@ -13,6 +13,7 @@
 //! * [`efcp`] — the Error and Flow Control Protocol (DTP + DTCP) of one connection.
 //! * [`normal`] — the data path of the normal IPC process: delimiting, EFCP, PCI, SDU protection and RMT composed.
 //! * [`cdap_session`] — a CDAP session over one management flow: connection, invoke ids, responses, timeouts.
+//! * [`enrollment`] — joining a DIF: authentication, address assignment, configuration transfer, retries (enrollee and member sides).
 //! * [`rib`] — the RIB (a tree of named objects) and the RIB daemon that dispatches CDAP requests to the components owning them.
 //! * [`shim_udp`] — the shim IPC process over UDP.
 //! * [`rmt`] — relaying and multiplexing: forwarding table, output queues, scheduling policies.
@@ -21,6 +22,7 @@
 pub mod cdap_session;
 pub mod delimiting;
 pub mod efcp;
+pub mod enrollment;
 pub mod normal;
 pub mod rib;
 pub mod rmt;
