@@ -18,9 +18,11 @@
 //! * [`shim_udp`] — the shim IPC process over UDP.
 //! * [`rmt`] — relaying and multiplexing: forwarding table, output queues, scheduling policies.
 //! * [`routing`] — link-state routing: flow-state objects, flooding, ageing, Dijkstra/ECMP, the forwarding table.
+//! * [`directory`] — the namespace manager's directory: application name → member address, replicated by flooding.
 
 pub mod cdap_session;
 pub mod delimiting;
+pub mod directory;
 pub mod efcp;
 pub mod enrollment;
 pub mod normal;
