@@ -19,12 +19,14 @@
 //! * [`rmt`] — relaying and multiplexing: forwarding table, output queues, scheduling policies.
 //! * [`routing`] — link-state routing: flow-state objects, flooding, ageing, Dijkstra/ECMP, the forwarding table.
 //! * [`directory`] — the namespace manager's directory: application name → member address, replicated by flooding.
+//! * [`mgmt_frag`] — fragmentation and reassembly of management messages larger than an N-1 flow's max SDU.
 
 pub mod cdap_session;
 pub mod delimiting;
 pub mod directory;
 pub mod efcp;
 pub mod enrollment;
+pub mod mgmt_frag;
 pub mod normal;
 pub mod rib;
 pub mod rmt;
