@@ -141,7 +141,9 @@ pub fn mesh_end(a: usize, b: usize) -> SocketAddr {
 
 /// Normal IPCPs joined by emulated links in any topology, every one running
 /// link-state routing (no static route at all) and knowing a static
-/// directory. Node `i` has address `i + 1`; its N-1 port towards node `j`
+/// directory ([`Net::register`]) or, if `cfg` sets
+/// [`NormalConfig::dynamic_directory`], finding names through the
+/// disseminated directory ([`Net::register_dynamic`]). Node `i` has address `i + 1`; its N-1 port towards node `j`
 /// is [`Mesh::port`]`(j)` = `j + 1`, the neighbour's address (so at most
 /// one link joins two nodes).
 /// Dereferences to [`Net`] for the world, the nodes and the scripted
@@ -342,6 +344,38 @@ impl Net {
             .node_mut(self.nodes[node])
             .register(name, app)
             .expect("name not registered yet");
+    }
+
+    /// Registers `name` at node `node` with the application `app`, without
+    /// touching any static directory: the other nodes find it only through
+    /// the disseminated directory
+    /// ([`NormalConfig::dynamic_directory`]), once it has flooded. Takes
+    /// effect at once.
+    pub fn register_dynamic(&mut self, node: usize, name: &str, app: App) {
+        let name: AppName = name.parse().expect("valid application name");
+        self.world
+            .node_mut(self.nodes[node])
+            .register(name, app)
+            .expect("name not registered yet");
+    }
+
+    /// Schedules node `node` to unregister `name` at `at`
+    /// ([`NormalCommand::Unregister`]); static directories are left alone.
+    pub fn unregister_at(&mut self, at: Instant, node: usize, name: &str) {
+        let id = self.nodes[node];
+        let name: AppName = name.parse().expect("valid application name");
+        self.world
+            .schedule(at, id, NormalCommand::Unregister { name });
+    }
+
+    /// Schedules node `node` to register `name` at `at` with the
+    /// application `app` ([`NormalCommand::Register`]), without touching any
+    /// static directory.
+    pub fn register_at(&mut self, at: Instant, node: usize, name: &str, app: App) {
+        let id = self.nodes[node];
+        let name: AppName = name.parse().expect("valid application name");
+        self.world
+            .schedule(at, id, NormalCommand::Register { name, app });
     }
 
     /// Enters `name` in the directory of every node as living at node

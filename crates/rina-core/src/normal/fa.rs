@@ -170,19 +170,26 @@ impl NormalIpcp {
         self.cfg.directory.remove(name).is_some()
     }
 
-    /// Whether flows to `name` can be asked for: it is registered here or
-    /// in the directory.
+    /// Whether flows to `name` can be asked for: it is registered here, in
+    /// the static directory or (when on) in the disseminated one.
     pub fn knows(&self, name: &AppName) -> bool {
-        self.fa.names.contains(name) || self.cfg.directory.contains_key(name)
+        self.fa.names.contains(name)
+            || self.cfg.directory.contains_key(name)
+            || self.dft_lookup(name).is_some()
     }
 
     /// Where flows to `name` go, if anywhere: this IPCP if it is registered
-    /// here, else its directory entry.
+    /// here, else its static directory entry, else (when on) the
+    /// disseminated directory's answer.
     pub fn resolve(&self, name: &AppName) -> Option<Address> {
         if self.fa.names.contains(name) {
             Some(self.cfg.address)
         } else {
-            self.cfg.directory.get(name).copied()
+            self.cfg
+                .directory
+                .get(name)
+                .copied()
+                .or_else(|| self.dft_lookup(name))
         }
     }
 
@@ -191,6 +198,7 @@ impl NormalIpcp {
         if self.fa.names.contains(&name) {
             return Err(NormalError::NameInUse(Box::new(name)));
         }
+        self.dft_register(&name);
         self.fa.names.insert(name);
         Ok(())
     }
@@ -202,6 +210,7 @@ impl NormalIpcp {
         if !self.fa.names.remove(name) {
             return false;
         }
+        self.dft_unregister(name);
         let gone: Vec<u64> = self
             .fa
             .pending

@@ -18,8 +18,11 @@
 //! connection endpoints ([`NormalIpcp::open_flow`]). Routes are set in the
 //! RMT's forwarding table: set by hand (static routes), or computed by
 //! link-state routing ([`crate::routing::LinkState`]) when
-//! [`NormalConfig::routing`] is set — see [`routing_glue`]. Enrollment and a
-//! disseminated directory (full layer management over CDAP) come next.
+//! [`NormalConfig::routing`] is set — see [`routing_glue`]. Names are
+//! found in the static directory, or also in a disseminated directory
+//! ([`crate::directory::Directory`]) when
+//! [`NormalConfig::dynamic_directory`] is set — see [`directory_glue`].
+//! Enrollment (full layer management over CDAP) comes next.
 //!
 //! Management PDUs addressed to this IPCP (or to address 0, a neighbour
 //! that does not know it yet) are handled here; others are relayed like
@@ -33,7 +36,7 @@
 //! | byte | meaning | handled by |
 //! |------|---------|------------|
 //! | `0xFA` ([`rina_wire::fa::FA_DISCRIMINATOR`]) | flow-allocator message | [`fa`] |
-//! | `0xC0` ([`CDAP_DISCRIMINATOR`]) | one encoded CDAP message | [`routing_glue`] when routing is on (`M_WRITE`/`M_CREATE` of [`crate::routing::FSOS_OBJ_NAME`]); anything else is passed on as [`Action::Management`] |
+//! | `0xC0` ([`CDAP_DISCRIMINATOR`]) | one encoded CDAP message | [`routing_glue`] when routing is on (`M_WRITE`/`M_CREATE` of [`crate::routing::FSOS_OBJ_NAME`]); [`directory_glue`] when the disseminated directory is on (the same on [`crate::directory::DFT_OBJ_NAME`]); anything else is passed on as [`Action::Management`] |
 //! | anything else | not this machine's | [`Action::Management`] |
 //!
 //! The driver feeds frames ([`NormalIpcp::on_frame`]), application
@@ -42,6 +45,7 @@
 //! application about a flow, report an allocation.
 
 pub mod cubes;
+pub mod directory_glue;
 pub mod fa;
 mod rib_view;
 pub mod routing_glue;
@@ -106,6 +110,12 @@ pub struct NormalConfig {
     /// runs a link-state machine that owns the whole forwarding table
     /// (see [`routing_glue`]).
     pub routing: Option<ls::Config>,
+    /// Disseminated directory: `None` (the default) resolves names from
+    /// local registrations and the static [`NormalConfig::directory`] only;
+    /// `Some` also runs a [`crate::directory::Directory`] that floods this
+    /// IPCP's registrations to its neighbours and learns theirs (see
+    /// [`directory_glue`]).
+    pub dynamic_directory: Option<crate::directory::Config>,
 }
 
 impl NormalConfig {
@@ -126,6 +136,7 @@ impl NormalConfig {
             max_flows: 4096,
             max_pending: 256,
             routing: None,
+            dynamic_directory: None,
         }
     }
 }
@@ -184,6 +195,9 @@ pub enum NormalError {
     /// The routing configuration is unusable.
     #[error("routing: {0}")]
     Routing(RoutingError),
+    /// The disseminated directory's configuration is unusable.
+    #[error("directory: {0}")]
+    Directory(crate::directory::DirectoryError),
 }
 
 /// Something the driver must do.
@@ -351,6 +365,8 @@ pub struct NormalIpcp {
     neighbors: BTreeMap<N1Port, (Address, u32)>,
     /// The link-state routing machine, when routing is configured.
     routing: Option<LinkState>,
+    /// The disseminated directory, when configured.
+    dft: Option<crate::directory::Directory>,
 }
 
 impl NormalIpcp {
@@ -378,9 +394,17 @@ impl NormalIpcp {
             }
             None => None,
         };
+        let dft = match &cfg.dynamic_directory {
+            Some(dc) => Some(
+                crate::directory::Directory::new(cfg.address, dc.clone())
+                    .map_err(NormalError::Directory)?,
+            ),
+            None => None,
+        };
         Ok(NormalIpcp {
             neighbors: BTreeMap::new(),
             routing,
+            dft,
             sdup: Sdup::without_cipher(cfg.sdup),
             rmt: Rmt::new(sched),
             flows: HashMap::new(),
@@ -971,6 +995,7 @@ impl NormalIpcp {
             .chain(self.rmt.poll_timeout())
             .chain(self.fa.poll_timeout())
             .chain(self.routing.as_ref().and_then(|r| r.poll_timeout()))
+            .chain(self.dft.as_ref().and_then(|d| d.poll_timeout()))
             .min()
     }
 
@@ -979,6 +1004,7 @@ impl NormalIpcp {
         self.tick(now);
         self.fa_timeout(now);
         self.routing_timeout(now);
+        self.directory_timeout(now);
         for (id, f) in self.flows.iter_mut() {
             if f.efcp.poll_timeout().is_some_and(|t| t <= now) {
                 f.efcp.handle_timeout(now);

@@ -7,7 +7,8 @@ use crate::routing;
 
 impl NormalIpcp {
     /// A RIB holding this IPCP's address, data-transfer constants, QoS
-    /// cubes, directory, registered names, forwarding table, N-1 ports,
+    /// cubes, directory (static entries, registered names, then the
+    /// disseminated directory's answers when it is on), forwarding table, N-1 ports,
     /// neighbours (`/ra/neighbors/pid=<port>`), with routing on its FSO
     /// database (`/ra/fsos/key=<origin>-<neighbour>`: cost, sequence
     /// number, up/down, age as of the latest time seen) and next hops
@@ -79,6 +80,24 @@ impl NormalIpcp {
                 ObjValue::Int(cfg.address as i64),
                 rib::OwnerId::NAMESPACE_MANAGER,
             );
+        }
+        if let Some(d) = self.dynamic_directory() {
+            // Names already shown (static or local) keep their entry.
+            let names: std::collections::BTreeSet<_> = d
+                .entries(self.now)
+                .filter(|e| e.alive)
+                .map(|e| e.name)
+                .collect();
+            for name in names {
+                if let Some(addr) = d.lookup(&name) {
+                    put(
+                        format!("/difm/nsm/dft/key={name}"),
+                        "DirectoryForwardingTableEntry",
+                        ObjValue::Int(addr as i64),
+                        rib::OwnerId::NAMESPACE_MANAGER,
+                    );
+                }
+            }
         }
         for (dst, qos, ports) in self.rmt().table().entries() {
             let key = match qos {

@@ -85,6 +85,7 @@ impl NormalIpcp {
             let _ = r.neighbor_up(now, port, neighbor, cost);
         }
         self.run_routing(now);
+        self.dft_neighbor_up(now, port);
     }
 
     /// The N-1 flow on `port` is gone (the port itself stays until
@@ -98,6 +99,7 @@ impl NormalIpcp {
             let _ = r.neighbor_down(now, port);
         }
         self.run_routing(now);
+        self.dft_neighbor_down(now, port);
     }
 
     /// The neighbours announced with [`NormalIpcp::neighbor_up`]:
@@ -120,7 +122,9 @@ impl NormalIpcp {
     /// Every counter by name: the data-path counters
     /// ([`super::Counters::to_map`]), the routing counters prefixed with
     /// `routing_` when routing is on, and `routing_fsos` (database size) and
-    /// `routing_destinations` (reachable destinations).
+    /// `routing_destinations` (reachable destinations), and the directory
+    /// counters prefixed with `directory_` plus `directory_entries`
+    /// (database size) when the disseminated directory is on.
     pub fn counters_map(&self) -> BTreeMap<String, u64> {
         let mut m = self.counters.to_map();
         if let Some(r) = &self.routing {
@@ -130,10 +134,17 @@ impl NormalIpcp {
             m.insert("routing_fsos".into(), r.db_len() as u64);
             m.insert("routing_destinations".into(), r.next_hops().len() as u64);
         }
+        if let Some(d) = &self.dft {
+            for (k, v) in d.counters().to_map() {
+                m.insert(format!("directory_{k}"), v);
+            }
+            m.insert("directory_entries".into(), d.db_len() as u64);
+        }
         m
     }
 
-    /// Takes a management payload for the routing machine. Returns whether
+    /// Takes a management payload for the routing machine or the
+    /// disseminated directory ([`super::directory_glue`]). Returns whether
     /// it was taken (handled, or malformed and counted); `false` leaves it
     /// to the caller ([`Action::Management`](super::Action::Management)).
     pub(super) fn on_routing_mgmt(
@@ -142,7 +153,9 @@ impl NormalIpcp {
         port: Option<N1Port>,
         payload: &[u8],
     ) -> bool {
-        if self.routing.is_none() || payload.first() != Some(&CDAP_DISCRIMINATOR) {
+        if (self.routing.is_none() && self.dft.is_none())
+            || payload.first() != Some(&CDAP_DISCRIMINATOR)
+        {
             return false;
         }
         let msg = match CdapMessage::decode(&payload[1..]) {
@@ -152,10 +165,12 @@ impl NormalIpcp {
                 return true;
             }
         };
-        let is_fsos = matches!(msg.op_code(), OpCode::Write | OpCode::Create)
+        let is_fsos = self.routing.is_some()
+            && matches!(msg.op_code(), OpCode::Write | OpCode::Create)
             && msg.obj_name.as_deref() == Some(FSOS_OBJ_NAME);
         if !is_fsos {
-            return false;
+            // The disseminated directory's entries, or the driver's.
+            return self.on_directory_cdap(now, port, &msg);
         }
         let fsos = match msg.value() {
             Some(Value::Bytes(b)) => decode_fsos(&b),
