@@ -37,6 +37,7 @@
 //! address = 2                     # its address in this DIF
 //!
 //! # routing = "link-state"        # or "static" (default): use the table below
+//! # directory_mode = "distributed" # or "static" (default): only the names table
 //!
 //! [ipcp.routes]                   # destination address -> next-hop address (a neighbour)
 //! "3" = 2
@@ -125,6 +126,18 @@ pub enum RoutingKind {
     LinkState,
 }
 
+/// Where a normal IPCP learns which member holds an application name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+pub enum DirectoryMode {
+    /// Only from the `names` table of the file (and local registrations).
+    #[default]
+    #[serde(rename = "static")]
+    Static,
+    /// Also from registrations disseminated through the DIF.
+    #[serde(rename = "distributed")]
+    Distributed,
+}
+
 /// A neighbour of a normal IPCP: an N-1 flow the daemon sets up and keeps up.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -175,6 +188,8 @@ pub struct IpcpConfig {
     pub names: BTreeMap<AppName, u64>,
     /// normal: how the forwarding table is filled.
     pub routing: Option<RoutingKind>,
+    /// normal: whether registrations are disseminated through the DIF.
+    pub directory_mode: Option<DirectoryMode>,
 }
 
 impl Config {
@@ -272,11 +287,12 @@ impl Config {
                 || !ip.neighbors.is_empty()
                 || !ip.names.is_empty()
                 || ip.routing.is_some()
+                || ip.directory_mode.is_some()
             {
                 return Err(invalid(
                     ip.name.span(),
-                    key("address/neighbor/names/routing"),
-                    "`address`, `neighbor`, `names` and `routing` are for normal IPCPs".into(),
+                    key("address/neighbor/names/routing/directory_mode"),
+                    "`address`, `neighbor`, `names`, `routing` and `directory_mode` are for normal IPCPs".into(),
                 ));
             }
             if let Some(m) = &ip.max_sdu {

@@ -195,3 +195,84 @@ fn link_state_routing_finds_c_without_static_routes() {
     drop(flow);
     drop(server);
 }
+
+/// A server that answers every SDU with `tag`, registered as `echo` in DIF
+/// `net` at `d`, until its control connection is dropped (the returned
+/// sender ends it).
+fn tagged_server(d: &Daemon, tag: &'static [u8]) -> std::sync::mpsc::Sender<()> {
+    let mut srv = d.client();
+    srv.register(&name("echo"), Some("net")).unwrap();
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || loop {
+        if stopped.try_recv().is_ok() {
+            return; // dropping `srv` withdraws the registration
+        }
+        let Ok(Some(req)) = srv.next_request_timeout(Duration::from_millis(100)) else {
+            continue;
+        };
+        let Ok(flow) = srv.accept(&req) else { continue };
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 256];
+            while flow.read(&mut buf).is_ok() {
+                if flow.write(tag).is_err() {
+                    return;
+                }
+            }
+        });
+    });
+    stop
+}
+
+/// Allocates a flow to `echo` in `net` from `a` and returns who answered,
+/// retrying while the DIF is still learning where `echo` is.
+fn who_answers(a: &Daemon, expect: &[u8]) -> Vec<u8> {
+    let deadline = std::time::Instant::now() + T;
+    let mut last = Vec::new();
+    while std::time::Instant::now() < deadline {
+        if let Ok(flow) = a.client().allocate(
+            &name("asker"),
+            &name("echo"),
+            Some("net"),
+            &QosSpec::default(),
+        ) {
+            let mut buf = [0u8; 256];
+            if flow.write(b"who?").is_ok() {
+                if let Ok(Some(n)) = flow.read_timeout(&mut buf, Duration::from_secs(2)) {
+                    last = buf[..n].to_vec();
+                    if last == expect {
+                        return last;
+                    }
+                }
+            }
+        }
+        std::thread::park_timeout(Duration::from_millis(100));
+    }
+    last
+}
+
+#[test]
+fn an_application_that_moves_is_found_at_its_new_place() {
+    let (pa, pb, pc) = (free_port(), free_port(), free_port());
+    let dynamic = "routing = \"link-state\"\ndirectory_mode = \"distributed\"\n";
+    let c = Daemon::start_with(
+        "c",
+        &system_with("c", 3, pc, &[("b", 2, pb)], &[], &[], dynamic),
+    );
+    let b = Daemon::start_with(
+        "b",
+        &system_with("b", 2, pb, &[("a", 1, pa), ("c", 3, pc)], &[], &[], dynamic),
+    );
+    // No static directory anywhere: A learns where `echo` is from the DIF.
+    let a = Daemon::start_with(
+        "a",
+        &system_with("a", 1, pa, &[("b", 2, pb)], &[], &[], dynamic),
+    );
+
+    let stop_c = tagged_server(&c, b"C");
+    assert_eq!(who_answers(&a, b"C"), b"C", "found at C");
+
+    // The application moves from C to B; the client does not change.
+    stop_c.send(()).unwrap();
+    let _stop_b = tagged_server(&b, b"B");
+    assert_eq!(who_answers(&a, b"B"), b"B", "found at its new place, B");
+}

@@ -791,6 +791,9 @@ fn new_normal(ic: &crate::config::IpcpConfig) -> Result<Ipcp, DaemonError> {
     if ic.routing == Some(crate::config::RoutingKind::LinkState) {
         nc.routing = Some(rina_core::routing::Config::default());
     }
+    if ic.directory_mode == Some(crate::config::DirectoryMode::Distributed) {
+        nc.dynamic_directory = Some(rina_core::directory::Config::default());
+    }
     nc.sdup.ttl = match ic.ttl {
         Some(0) => None,
         Some(t) => Some(t),
