@@ -3,32 +3,10 @@
 
 mod common;
 
-use common::bin_dir;
-use std::net::UdpSocket;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use common::{bin_dir, free_port, Procs};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-/// Kills the processes it holds when dropped, and removes the directory.
-struct Procs(Vec<Child>, PathBuf);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        let _ = std::fs::remove_dir_all(&self.1);
-    }
-}
-
-fn free_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn config(me: &str, addr: u64, port: u16, peer: &str, peer_addr: u64, peer_port: u16) -> String {
     format!(

@@ -4,34 +4,12 @@
 
 mod common;
 
-use common::bin_dir;
+use common::{bin_dir, free_port, wait_until, Procs};
 use rina_tools::tgen::metrics::FlowReport;
 use rina_tools::tgen::output::RunReport;
-use std::net::UdpSocket;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// Kills the processes it holds when dropped, and removes the directory.
-struct Procs(Vec<Child>, PathBuf);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        let _ = std::fs::remove_dir_all(&self.1);
-    }
-}
-
-fn free_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn config(me: &str, port: u16, peer_port: u16) -> String {
     format!(
@@ -105,11 +83,10 @@ fn bidirectional_run_between_two_daemons_writes_csv_and_json() {
         procs.0.push(child);
     }
     let (a, b) = (dir.join("alpha.sock"), dir.join("beta.sock"));
+    wait_until("the daemons' sockets", Duration::from_secs(20), || {
+        a.exists() && b.exists()
+    });
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !(a.exists() && b.exists()) {
-        assert!(Instant::now() < deadline, "daemons did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
     let tgen = bins.join("rina-tgen");
     let server = Command::new(&tgen)
         .arg("server")
@@ -159,9 +136,10 @@ fn bidirectional_run_between_two_daemons_writes_csv_and_json() {
             .output()
             .unwrap()
     };
+    // The server registers asynchronously: retry the client until it gets in.
     let mut out = client();
     while !out.status.success() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::park_timeout(Duration::from_millis(200));
         out = client();
     }
     assert!(
@@ -241,11 +219,9 @@ fn bidirectional_run_between_two_daemons_writes_csv_and_json() {
 
     // The server exits after its two flows closed; its files hold `fwd`.
     let mut server = procs.0.pop().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while server.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "server did not exit");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until("the server to exit", Duration::from_secs(10), || {
+        server.try_wait().unwrap().is_some()
+    });
     let so = server.wait_with_output().unwrap();
     assert!(so.status.success());
     let srv: RunReport =

@@ -2,8 +2,46 @@
 
 #![allow(dead_code)]
 
+use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+/// Kills the processes it holds when dropped, and removes the directory.
+pub struct Procs(pub Vec<Child>, pub PathBuf);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.1);
+    }
+}
+
+/// A free UDP port on loopback (bound, read, released).
+pub fn free_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Re-checks `cond` until it holds; panics naming `what` after `timeout`.
+/// For conditions with no event to wait on (a file appearing, a process
+/// exiting, a daemon answering).
+pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let end = Instant::now() + timeout;
+    while !cond() {
+        assert!(
+            Instant::now() < end,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::park_timeout(Duration::from_millis(20));
+    }
+}
 
 /// The directory holding `rinad` and the tools, building `rinad` first if
 /// this test binary runs alone (`cargo test -p rina-tools` does not build
