@@ -11,7 +11,7 @@
 //!   down, so a new neighbour gets the whole database;
 //! * the directory's [`DirectoryAction::Flood`] and [`DirectoryAction::Send`]
 //!   become management PDUs on those ports to the neighbour, like routing's
-//!   FSOs: [`CDAP_DISCRIMINATOR`] followed by an unconfirmed CDAP `M_WRITE`
+//!   FSOs: [`CDAP_DISCRIMINATOR`](super::CDAP_DISCRIMINATOR) followed by an unconfirmed CDAP `M_WRITE`
 //!   of [`DFT_OBJ_CLASS`] on [`DFT_OBJ_NAME`] whose value is
 //!   [`encode_entries`] ([`dft_payload`]). Such a PDU arriving on a port is
 //!   handed to [`Directory::on_entries`]; a bad value is counted in
@@ -26,23 +26,21 @@
 //! `directory_entries`, the database size), and its alive entries in the RIB
 //! under `/difm/nsm/dft/key=<name>`.
 
-use super::{N1Port, NormalIpcp, CDAP_DISCRIMINATOR};
+use super::mgmt_cdap::{write_payload, writes};
+use super::{N1Port, NormalIpcp};
 use crate::directory::{
     decode_entries, encode_entries, Counters as DirectoryCounters, DirEntry, Directory,
     DirectoryAction, DFT_OBJ_CLASS, DFT_OBJ_NAME,
 };
 use crate::rmt::Address;
 use crate::time::Instant;
-use rina_wire::cdap::{CdapMessage, OpCode, Value};
+use rina_wire::cdap::CdapMessage;
 use rina_wire::AppName;
 
 /// The management payload that carries directory `entries` to a neighbour:
 /// the discriminator and an unconfirmed CDAP `M_WRITE` on [`DFT_OBJ_NAME`].
 pub fn dft_payload(entries: &[DirEntry]) -> Vec<u8> {
-    let msg = CdapMessage::write(DFT_OBJ_CLASS, DFT_OBJ_NAME, encode_entries(entries));
-    let mut out = vec![CDAP_DISCRIMINATOR];
-    out.extend_from_slice(&msg.encode());
-    out
+    write_payload(DFT_OBJ_CLASS, DFT_OBJ_NAME, encode_entries(entries))
 }
 
 impl NormalIpcp {
@@ -107,21 +105,10 @@ impl NormalIpcp {
         port: Option<N1Port>,
         msg: &CdapMessage,
     ) -> bool {
-        if self.dft.is_none()
-            || !matches!(msg.op_code(), OpCode::Write | OpCode::Create)
-            || msg.obj_name.as_deref() != Some(DFT_OBJ_NAME)
-        {
+        if self.dft.is_none() || !writes(msg, DFT_OBJ_NAME) {
             return false;
         }
-        let entries = match msg.value() {
-            Some(Value::Bytes(b)) => decode_entries(&b),
-            _ => {
-                self.counters.rx_mgmt_malformed += 1;
-                return true;
-            }
-        };
-        let (Ok(entries), Some(port)) = (entries, port) else {
-            self.counters.rx_mgmt_malformed += 1;
+        let Some((entries, port)) = self.written_object(port, msg, decode_entries) else {
             return true;
         };
         if let Some(d) = self.dft.as_mut() {
@@ -158,12 +145,7 @@ impl NormalIpcp {
                 }
             }
         }
-        for (ports, payload) in out {
-            for port in ports {
-                let dst = self.neighbors.get(&port).map_or(0, |n| n.0);
-                self.send_management(now, port, dst, &payload);
-            }
-        }
+        self.send_to_neighbors(now, out);
     }
 }
 
@@ -171,6 +153,7 @@ impl NormalIpcp {
 mod tests {
     use super::*;
     use crate::directory;
+    use crate::normal::CDAP_DISCRIMINATOR;
     use crate::normal::{Action, NormalConfig, MGMT_QOS_ID};
     use crate::rmt::Fifo;
     use rina_wire::pci::{self, Pci, PduType};

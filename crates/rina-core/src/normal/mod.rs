@@ -47,11 +47,12 @@
 pub mod cubes;
 pub mod directory_glue;
 pub mod fa;
+pub mod mgmt_cdap;
 mod rib_view;
 pub mod routing_glue;
 
 pub use cubes::QosCube;
-pub use routing_glue::CDAP_DISCRIMINATOR;
+pub use mgmt_cdap::CDAP_DISCRIMINATOR;
 
 use crate::delimiting::{self, Reassembler};
 use crate::efcp::{self, Connection, EfcpConfig, EfcpError};

@@ -37,6 +37,7 @@
 //! [`NormalIpcp::rmt_mut`] are therefore overwritten at the first
 //! computation and should not be used together with routing.
 
+use super::mgmt_cdap::{write_payload, writes, CDAP_DISCRIMINATOR};
 use super::{N1Port, NormalIpcp};
 use crate::rmt::Address;
 use crate::routing::{
@@ -44,20 +45,13 @@ use crate::routing::{
     FSOS_OBJ_CLASS, FSOS_OBJ_NAME,
 };
 use crate::time::Instant;
-use rina_wire::cdap::{CdapMessage, OpCode, Value};
+use rina_wire::cdap::CdapMessage;
 use std::collections::BTreeMap;
-
-/// First byte of a management payload that carries one encoded CDAP message
-/// (distinct from the flow allocator's `0xFA`).
-pub const CDAP_DISCRIMINATOR: u8 = 0xC0;
 
 /// The management payload that carries `fsos` to a neighbour: the
 /// discriminator and an unconfirmed CDAP `M_WRITE` on [`FSOS_OBJ_NAME`].
 pub fn fsos_payload(fsos: &[crate::routing::Fso]) -> Vec<u8> {
-    let msg = CdapMessage::write(FSOS_OBJ_CLASS, FSOS_OBJ_NAME, encode_fsos(fsos));
-    let mut out = vec![CDAP_DISCRIMINATOR];
-    out.extend_from_slice(&msg.encode());
-    out
+    write_payload(FSOS_OBJ_CLASS, FSOS_OBJ_NAME, encode_fsos(fsos))
 }
 
 impl NormalIpcp {
@@ -165,23 +159,11 @@ impl NormalIpcp {
                 return true;
             }
         };
-        let is_fsos = self.routing.is_some()
-            && matches!(msg.op_code(), OpCode::Write | OpCode::Create)
-            && msg.obj_name.as_deref() == Some(FSOS_OBJ_NAME);
-        if !is_fsos {
+        if self.routing.is_none() || !writes(&msg, FSOS_OBJ_NAME) {
             // The disseminated directory's entries, or the driver's.
             return self.on_directory_cdap(now, port, &msg);
         }
-        let fsos = match msg.value() {
-            Some(Value::Bytes(b)) => decode_fsos(&b),
-            _ => {
-                self.counters.rx_mgmt_malformed += 1;
-                return true;
-            }
-        };
-        let (Ok(fsos), Some(port)) = (fsos, port) else {
-            // Undecodable, or sent to ourselves through the loopback.
-            self.counters.rx_mgmt_malformed += 1;
+        let Some((fsos, port)) = self.written_object(port, &msg, decode_fsos) else {
             return true;
         };
         if let Some(r) = self.routing.as_mut() {
@@ -218,12 +200,7 @@ impl NormalIpcp {
                 RoutingAction::TableChanged => r.fill(self.rmt.table_mut()),
             }
         }
-        for (ports, payload) in out {
-            for port in ports {
-                let dst = self.neighbors.get(&port).map_or(0, |n| n.0);
-                self.send_management(now, port, dst, &payload);
-            }
-        }
+        self.send_to_neighbors(now, out);
     }
 }
 
