@@ -407,15 +407,13 @@ fn run(cli: &Cli, undo: &Undo) -> Result<(), Failure> {
         cli,
         &format!("alpha: rina-echo client, {count} probes 50 ms apart"),
     );
-    let out = run_tool(
-        undo,
-        &dir,
-        "echo-client",
-        &bins.echo,
-        &[
-            "client",
-            "--socket",
-            alpha_s,
+    // rina-echo from alpha, through the DIF the daemon chooses or `dif`.
+    let echo_over = |dif: Option<&str>| -> Result<EchoReport, Failure> {
+        let mut args = vec!["client", "--socket", alpha_s];
+        if let Some(d) = dif {
+            args.extend(["--dif", d]);
+        }
+        args.extend([
             "--dst",
             "echo",
             "--count",
@@ -423,11 +421,20 @@ fn run(cli: &Cli, undo: &Undo) -> Result<(), Failure> {
             "--interval-ms",
             "50",
             "--json",
-        ],
-        &[&alpha_log, &beta_log, &echo_log],
-        &mut || {},
-    )?;
-    let echo: EchoReport = parse(&out, "rina-echo client")?;
+        ]);
+        let name = dif.map_or("echo-client".to_string(), |d| format!("echo-client-{d}"));
+        let out = run_tool(
+            undo,
+            &dir,
+            &name,
+            &bins.echo,
+            &args,
+            &[&alpha_log, &beta_log, &echo_log],
+            &mut || {},
+        )?;
+        parse(&out, "rina-echo client")
+    };
+    let echo = echo_over(None)?;
     if echo.received == 0 {
         return fail(
             "rina-echo client got no reply from beta",
@@ -483,29 +490,7 @@ fn run(cli: &Cli, undo: &Undo) -> Result<(), Failure> {
         cli,
         &format!("alpha: rina-echo client over the normal DIF {NET} (stacked on {DIF})"),
     );
-    let out = run_tool(
-        undo,
-        &dir,
-        "echo-client-net",
-        &bins.echo,
-        &[
-            "client",
-            "--socket",
-            alpha_s,
-            "--dif",
-            NET,
-            "--dst",
-            "echo",
-            "--count",
-            &count,
-            "--interval-ms",
-            "50",
-            "--json",
-        ],
-        &[&alpha_log, &beta_log, &echo_log],
-        &mut || {},
-    )?;
-    let echo_net: EchoReport = parse(&out, "rina-echo client --dif net")?;
+    let echo_net = echo_over(Some(NET))?;
     let secs_net = format!("{}", cli.perf_duration_s);
     say(
         cli,
