@@ -868,6 +868,80 @@ pub struct EnrollmentInformation {
     pub token: String,
 }
 
+/// The configuration a member gives an enrollee as the `/dt` object
+/// (ours, in the spirit of IRATI's `dif_configuration_t`): the DIF's name,
+/// its data-transfer constants and SDU protection (the *wire profile*,
+/// which both sides must already share to talk at all), the largest SDU,
+/// which layer-management policies run, and the QoS cubes.
+#[derive(Clone, PartialEq, Eq, Hash, prost::Message)]
+pub struct DifConfiguration {
+    /// 1: the DIF's name.
+    #[prost(string, tag = "1")]
+    pub dif_name: String,
+    /// 2: bytes of an address.
+    #[prost(uint32, tag = "2")]
+    pub address_length: u32,
+    /// 3: bytes of a CEP-id.
+    #[prost(uint32, tag = "3")]
+    pub cep_id_length: u32,
+    /// 4: bytes of a QoS-id.
+    #[prost(uint32, tag = "4")]
+    pub qos_id_length: u32,
+    /// 5: bytes of the length field.
+    #[prost(uint32, tag = "5")]
+    pub length_length: u32,
+    /// 6: bytes of a sequence number.
+    #[prost(uint32, tag = "6")]
+    pub seq_num_length: u32,
+    /// 7: bytes of a control sequence number.
+    #[prost(uint32, tag = "7")]
+    pub ctrl_seq_num_length: u32,
+    /// 8: bytes of a rate.
+    #[prost(uint32, tag = "8")]
+    pub rate_length: u32,
+    /// 9: bytes of a time frame.
+    #[prost(uint32, tag = "9")]
+    pub frame_length: u32,
+    /// 10: largest PDU.
+    #[prost(uint32, tag = "10")]
+    pub max_pdu_size: u32,
+    /// 11: longest PDU lifetime, ms.
+    #[prost(uint32, tag = "11")]
+    pub max_pdu_lifetime_ms: u32,
+    /// 12: initial TTL of SDU protection (0: no TTL field).
+    #[prost(uint32, tag = "12")]
+    pub ttl: u32,
+    /// 13: SDU protection appends a CRC-32.
+    #[prost(bool, tag = "13")]
+    pub crc: bool,
+    /// 14: largest SDU of the DIF's flows.
+    #[prost(uint64, tag = "14")]
+    pub max_sdu: u64,
+    /// 15: link-state routing runs.
+    #[prost(bool, tag = "15")]
+    pub link_state_routing: bool,
+    /// 16: the directory is disseminated.
+    #[prost(bool, tag = "16")]
+    pub distributed_directory: bool,
+    /// 17: the QoS cubes.
+    #[prost(message, repeated, tag = "17")]
+    pub qos_cubes: Vec<QosCubeInfo>,
+}
+
+/// A QoS cube as carried in [`DifConfiguration`].
+#[derive(Clone, PartialEq, Eq, Hash, prost::Message)]
+pub struct QosCubeInfo {
+    /// 1: QoS-id.
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    /// 2: name.
+    #[prost(string, tag = "2")]
+    pub name: String,
+    /// 3: EFCP retransmits and delivers in order.
+    #[prost(bool, tag = "3")]
+    pub reliable: bool,
+}
+
 /// A directory entry: where an application is registered
 /// (`directoryForwardingTableEntry_t`, IRATI's field numbers).
 #[derive(Clone, PartialEq, Eq, Hash, prost::Message)]

@@ -89,6 +89,14 @@ pub enum Op {
         path: Option<String>,
         depth: Option<u32>,
     },
+    /// Read the RMT scheduling policy of normal IPCP `ipcp` and its queue
+    /// counters; with `set`, first replace the policy by the one `set`
+    /// describes (`{"policy": "qta-mux", ...}`, the fields of the
+    /// daemon's `[ipcp.scheduler]` table). Queued PDUs are discarded.
+    Scheduler {
+        ipcp: String,
+        set: Option<serde_json::Value>,
+    },
 }
 
 /// A message from the daemon.
@@ -127,6 +135,47 @@ pub enum Reply {
     Flows { flows: Vec<FlowStats> },
     /// Answer to [`Op::ReadRib`].
     Rib { objects: Vec<RibObjectInfo> },
+    /// Answer to [`Op::Scheduler`].
+    Scheduler(SchedulerInfo),
+}
+
+/// The RMT scheduling policy of a normal IPCP and the counters of its queues.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SchedulerInfo {
+    /// The IPCP.
+    pub ipcp: String,
+    /// Name of the policy (`fifo`, `qta-mux`, ...).
+    pub policy: String,
+    /// The policy's parameters, as given (`policy` plus its fields).
+    pub config: serde_json::Value,
+    /// The N-1 ports and their queues.
+    pub ports: Vec<PortQueues>,
+}
+
+/// The output queues of one N-1 port of a normal IPCP.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortQueues {
+    /// The N-1 port (port-id of the flow in the DIF below).
+    pub port: u32,
+    /// The neighbour IPCP the port reaches, if known.
+    pub neighbor: Option<String>,
+    /// Its queues, as the policy names them (`fifo`, `mgmt`, `urgency-A`, ...).
+    pub queues: Vec<QueueCounters>,
+}
+
+/// Counters of one output queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueCounters {
+    /// Name of the queue within its port.
+    pub queue: String,
+    /// PDUs in the queue now.
+    pub queued: u64,
+    /// PDUs handed to the N-1 flow.
+    pub sent: u64,
+    /// PDUs dropped.
+    pub dropped: u64,
+    /// Largest occupancy seen, in PDUs.
+    pub max_occupancy: u64,
 }
 
 /// One RIB object, as management tools see it.
@@ -371,6 +420,41 @@ mod tests {
         for m in msgs {
             assert_eq!(decode::<Message>(&encode(&m)).unwrap(), m);
         }
+    }
+
+    #[test]
+    fn scheduler_op_and_reply_round_trip() {
+        let r = Request {
+            id: 7,
+            op: Op::Scheduler {
+                ipcp: "a.net".into(),
+                set: Some(serde_json::json!({"policy": "fifo", "queue_len": 10})),
+            },
+        };
+        let v = encode(&r);
+        let s = std::str::from_utf8(&v).unwrap();
+        assert!(s.contains(r#""op":"scheduler""#), "{s}");
+        assert_eq!(decode::<Request>(&v).unwrap(), r);
+        let m = Message::Reply {
+            id: 7,
+            result: Ok(Reply::Scheduler(SchedulerInfo {
+                ipcp: "a.net".into(),
+                policy: "fifo".into(),
+                config: serde_json::json!({"policy": "fifo"}),
+                ports: vec![PortQueues {
+                    port: 3,
+                    neighbor: Some("b.net".into()),
+                    queues: vec![QueueCounters {
+                        queue: "fifo".into(),
+                        queued: 1,
+                        sent: 2,
+                        dropped: 3,
+                        max_occupancy: 4,
+                    }],
+                }],
+            })),
+        };
+        assert_eq!(decode::<Message>(&encode(&m)).unwrap(), m);
     }
 
     #[test]

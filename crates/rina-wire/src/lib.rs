@@ -8,6 +8,7 @@
 //! * [`qos`] — the QoS spec an application asks for.
 //! * [`pci`] — EFCP PCI: headers and control PDUs of a normal DIF.
 //! * [`shim_udp`] — datagrams of the shim DIF over UDP.
+//! * [`shim_eth`] — 802.1Q frames and ARP packets of the shim DIF over Ethernet.
 //! * [`cdap`] — CDAP messages (IRATI's CDAP.proto as prost structs) and object-value payloads.
 //! * [`fa`] — flow-allocator messages of a normal DIF (carried in MGMT PDUs).
 //! * [`ctl`] — messages between applications/tools and `rinad` on its Unix socket.
@@ -20,6 +21,7 @@ pub mod fa;
 pub mod name;
 pub mod pci;
 pub mod qos;
+pub mod shim_eth;
 pub mod shim_udp;
 
 pub use codec::WireError;

@@ -24,6 +24,13 @@ pub struct QosSpec {
     pub max_sdu_gap: Option<u32>,
     /// Largest SDU the application will write, in bytes.
     pub max_sdu_size: Option<u32>,
+    /// A QoS cube of the DIF asked for by its QoS-id (`rinactl rib <ipcp>
+    /// /ra/qoscubes` lists them), instead of letting the DIF choose one that
+    /// serves the rest of the spec. Only the control protocol carries it:
+    /// the DIF's own messages carry the QoS-id it chose, and the shim DIFs,
+    /// which have no cubes, refuse it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cube: Option<u64>,
 }
 
 /// Encoded size of a [`QosSpec`]: flags byte, then four fixed fields.
@@ -89,6 +96,7 @@ impl QosSpec {
             avg_bandwidth_bps: opt(F_BW).then_some(bw),
             max_sdu_gap: opt(F_GAP).then_some(gap),
             max_sdu_size: opt(F_SDU).then_some(sdu),
+            cube: None,
         })
     }
 }
@@ -106,7 +114,7 @@ mod tests {
             g in proptest::option::of(any::<u32>()), s in proptest::option::of(any::<u32>()),
         ) {
             let q = QosSpec { max_delay_us: d, max_loss_ppm: l, avg_bandwidth_bps: b,
-                in_order: io, reliable: rel, max_sdu_gap: g, max_sdu_size: s };
+                in_order: io, reliable: rel, max_sdu_gap: g, max_sdu_size: s, cube: None };
             let mut v = Vec::new();
             q.encode(&mut v);
             prop_assert_eq!(v.len(), QOS_WIRE_LEN);
