@@ -16,6 +16,8 @@
 //! * [`enrollment`] — joining a DIF: authentication, address assignment, configuration transfer, retries (enrollee and member sides).
 //! * [`rib`] — the RIB (a tree of named objects) and the RIB daemon that dispatches CDAP requests to the components owning them.
 //! * [`shim_udp`] — the shim IPC process over UDP.
+//! * [`shim_eth`] — the shim IPC process over Ethernet 802.1Q: one flow per peer MAC, names resolved with ARP.
+//! * [`shim_hv`] — the shim IPC process for hypervisors: VMPI channels over shared-memory rings.
 //! * [`rmt`] — relaying and multiplexing: forwarding table, output queues, scheduling policies.
 //! * [`routing`] — link-state routing: flow-state objects, flooding, ageing, Dijkstra/ECMP, the forwarding table.
 //! * [`directory`] — the namespace manager's directory: application name → member address, replicated by flooding.
@@ -32,6 +34,9 @@ pub mod rib;
 pub mod rmt;
 pub mod routing;
 pub mod sdup;
+pub mod shim_eth;
+pub mod shim_hv;
+mod shim_qos;
 pub mod shim_udp;
 pub mod time;
 

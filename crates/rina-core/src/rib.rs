@@ -54,6 +54,10 @@ pub const ALL_LEVELS: usize = usize::MAX;
 /// "… (N bytes)" tail).
 pub const SUMMARY_LEN: usize = 64;
 
+/// Characters of a string value shown by [`ObjValue::summary`]: a line of
+/// state (an enrollment's step and last error) stays whole.
+pub const STR_SUMMARY_LEN: usize = 240;
+
 /// Names the component responsible for an object or a subtree: the
 /// enrollment task, the flow allocator, ... A short static name, shown by
 /// `rinactl rib`.
@@ -175,7 +179,7 @@ impl ObjValue {
 
     /// One line for humans: bytes as hex (the first [`SUMMARY_LEN`] / 2
     /// bytes, then "… (N bytes)"), strings as they are (cut after
-    /// [`SUMMARY_LEN`] characters), encoded payloads as `<class, N bytes>`,
+    /// [`STR_SUMMARY_LEN`] characters), encoded payloads as `<class, N bytes>`,
     /// no value as the empty string.
     pub fn summary(&self) -> String {
         match self {
@@ -189,7 +193,7 @@ impl ObjValue {
                 s
             }
             ObjValue::Str(s) => {
-                let mut out: String = s.chars().take(SUMMARY_LEN).collect();
+                let mut out: String = s.chars().take(STR_SUMMARY_LEN).collect();
                 if out.len() < s.len() {
                     out.push_str(&format!("… ({} bytes)", s.len()));
                 }
@@ -1026,9 +1030,10 @@ mod tests {
         assert_eq!(s[4].value_summary, "true");
         assert_eq!(r.snapshot(ROOT, 0).unwrap()[0].owner, "rib-daemon");
         assert_eq!(r.snapshot(ROOT, ALL_LEVELS).unwrap().len(), 6);
-        let long = ObjValue::Str("é".repeat(100)).summary();
-        assert!(long.starts_with(&"é".repeat(64)));
-        assert!(long.ends_with("… (200 bytes)"));
+        let long = ObjValue::Str("é".repeat(300)).summary();
+        assert!(long.starts_with(&"é".repeat(STR_SUMMARY_LEN)));
+        assert!(!long.starts_with(&"é".repeat(STR_SUMMARY_LEN + 1)));
+        assert!(long.ends_with("… (600 bytes)"));
     }
 
     #[test]

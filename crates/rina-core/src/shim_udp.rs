@@ -349,19 +349,16 @@ impl ShimUdp {
 
     /// Why this shim cannot serve `qos`, if it cannot.
     fn check_qos(&self, qos: &QosSpec) -> Result<(), ShimError> {
-        let no = |s: String| Err(ShimError::QosNotSatisfiable(s));
-        if qos.reliable || qos.max_loss_ppm == Some(0) || qos.max_sdu_gap == Some(0) {
-            return no("the shim DIF over UDP does not retransmit; ask for a normal DIF".into());
-        }
-        if qos.in_order {
-            return no("the shim DIF over UDP does not guarantee in-order delivery".into());
-        }
-        match qos.max_sdu_size {
-            Some(s) if s > self.cfg.max_sdu => no(format!(
-                "SDUs of {s} bytes exceed the DIF's maximum of {}",
-                self.cfg.max_sdu
-            )),
-            _ => Ok(()),
+        let offer = crate::shim_qos::ShimQos {
+            what: "over UDP",
+            max_sdu: self.cfg.max_sdu,
+            max_sdu_note: "",
+            in_order: false,
+            loss_note: "",
+        };
+        match offer.refusal(qos) {
+            Some(why) => Err(ShimError::QosNotSatisfiable(why)),
+            None => Ok(()),
         }
     }
 

@@ -172,6 +172,33 @@ impl Mesh {
         link: LinkConfig,
         cfg: impl Fn(u64) -> NormalConfig,
     ) -> Mesh {
+        Self::build(seed, n, edges, link, |i| cfg(i as u64 + 1), true)
+    }
+
+    /// Like [`Mesh::new`], but nobody is told its neighbours: each IPCP is
+    /// configured by `cfg(node index)`, normally with
+    /// [`NormalConfig::membership`] set and address 0 everywhere but at the
+    /// bootstrap member, so that the DIF assembles itself by hellos and
+    /// enrollment. Routing is left as configured (a member adopts the DIF's
+    /// policies when it enrolls).
+    pub fn enrolling(
+        seed: u64,
+        n: usize,
+        edges: &[(usize, usize)],
+        link: LinkConfig,
+        cfg: impl Fn(usize) -> NormalConfig,
+    ) -> Mesh {
+        Self::build(seed, n, edges, link, cfg, false)
+    }
+
+    fn build(
+        seed: u64,
+        n: usize,
+        edges: &[(usize, usize)],
+        link: LinkConfig,
+        cfg: impl Fn(usize) -> NormalConfig,
+        announce: bool,
+    ) -> Mesh {
         let mut world = World::new(seed);
         let mut adj: Vec<Vec<usize>> = vec![Vec::new(); n];
         for &(a, b) in edges {
@@ -182,8 +209,8 @@ impl Mesh {
         }
         let mut nodes = Vec::new();
         for (i, peers) in adj.iter().enumerate() {
-            let mut c = cfg(i as u64 + 1);
-            if c.routing.is_none() {
+            let mut c = cfg(i);
+            if announce && c.routing.is_none() {
                 c.routing = Some(routing::Config::default());
             }
             let ipcp = NormalIpcp::new(c, Box::new(Fifo::new(1000)))
@@ -198,17 +225,19 @@ impl Mesh {
             .iter()
             .map(|&(a, b)| world.connect(mesh_end(a, b), mesh_end(b, a), link.clone()))
             .collect();
-        for (i, peers) in adj.iter().enumerate() {
-            for &j in peers {
-                world.schedule(
-                    Instant::ZERO,
-                    nodes[i],
-                    NormalCommand::NeighborUp {
-                        port: Self::port(j),
-                        neighbor: j as Address + 1,
-                        cost: 1,
-                    },
-                );
+        if announce {
+            for (i, peers) in adj.iter().enumerate() {
+                for &j in peers {
+                    world.schedule(
+                        Instant::ZERO,
+                        nodes[i],
+                        NormalCommand::NeighborUp {
+                            port: Self::port(j),
+                            neighbor: j as Address + 1,
+                            cost: 1,
+                        },
+                    );
+                }
             }
         }
         Mesh {
@@ -237,6 +266,27 @@ impl Mesh {
         let id = self.nodes[node];
         self.world
             .schedule(at, id, NormalCommand::PortDown(Self::port(peer)));
+    }
+
+    /// Schedules the link between nodes `a` and `b` to go silent at `at`:
+    /// neither end is told ([`NormalCommand::Silence`]); only hellos and
+    /// liveness checks can notice.
+    pub fn cut_silently(&mut self, at: Instant, a: usize, b: usize) {
+        for (x, y) in [(a, b), (b, a)] {
+            let id = self.nodes[x];
+            self.world
+                .schedule(at, id, NormalCommand::Silence(Self::port(y)));
+        }
+    }
+
+    /// Schedules a link silenced with [`Mesh::cut_silently`] to carry
+    /// frames again at `at`.
+    pub fn resume(&mut self, at: Instant, a: usize, b: usize) {
+        for (x, y) in [(a, b), (b, a)] {
+            let id = self.nodes[x];
+            self.world
+                .schedule(at, id, NormalCommand::Resume(Self::port(y)));
+        }
     }
 
     /// Whether every node has a next hop to every node its live links
@@ -270,8 +320,8 @@ impl Mesh {
                 return false;
             };
             let hops = ls.next_hops();
-            (0..n).all(|d| d == s || seen[d] == hops.contains_key(&(d as Address + 1)))
-                && !ls.is_dirty()
+            let addr = |d: usize| self.node(d).ipcp().config().address;
+            (0..n).all(|d| d == s || seen[d] == hops.contains_key(&addr(d))) && !ls.is_dirty()
         })
     }
 

@@ -78,6 +78,7 @@ pub mod chain;
 pub mod events;
 pub mod link;
 pub mod normal_node;
+pub mod qos_port;
 pub mod scenario;
 pub mod shim_node;
 pub mod world;

@@ -7,7 +7,7 @@
 
 use crate::shim_node::{App, Policy};
 use crate::world::{Ctx, Node};
-use rina_core::normal::{Action, FlowId, N1Port, NormalError, NormalIpcp};
+use rina_core::normal::{Action, FlowId, MembershipEvent, N1Port, NormalError, NormalIpcp};
 use rina_core::rmt::Address;
 use rina_core::Instant;
 use rina_wire::{AppName, QosSpec};
@@ -56,6 +56,13 @@ pub enum NormalCommand {
     /// ([`NormalIpcp::neighbor_down`], [`NormalIpcp::remove_port`]) and the
     /// node neither sends nor receives on that link end any more.
     PortDown(N1Port),
+    /// The link end of `port` goes silent: nothing is sent or received on
+    /// it any more, and the IPCP is not told (a crashed peer, a cable cut
+    /// without carrier loss). Only the IPCP's own liveness checks notice.
+    Silence(N1Port),
+    /// A link end silenced by [`NormalCommand::Silence`] carries frames
+    /// again.
+    Resume(N1Port),
 }
 
 /// What a node reports for the trace.
@@ -85,6 +92,8 @@ pub enum NormalEvent {
     Deallocated { flow: FlowId },
     /// A register command failed.
     RegisterFailed(NormalError),
+    /// Membership news of the IPCP (neighbours, enrollment).
+    Membership(MembershipEvent),
 }
 
 /// One SDU handed to an in-sim application.
@@ -145,6 +154,8 @@ struct Stream {
 pub struct NormalNode {
     ipcp: NormalIpcp,
     ports: BTreeMap<N1Port, (SocketAddr, SocketAddr)>,
+    /// Link ends silenced by a command (their IPCP port still exists).
+    silenced: BTreeMap<N1Port, (SocketAddr, SocketAddr)>,
     by_addr: HashMap<SocketAddr, N1Port>,
     apps: BTreeMap<FlowId, FlowApp>,
     corrupt: usize,
@@ -162,6 +173,7 @@ impl NormalNode {
         NormalNode {
             ipcp,
             ports: BTreeMap::new(),
+            silenced: BTreeMap::new(),
             by_addr: HashMap::new(),
             apps: BTreeMap::new(),
             corrupt: 0,
@@ -346,6 +358,7 @@ impl NormalNode {
                 }
             }
             Action::Management { .. } => {}
+            Action::Membership(ev) => ctx.record(NormalEvent::Membership(ev)),
             Action::FlowFailed { flow, .. } => {
                 self.apps.entry(flow).or_default().failed = true;
                 ctx.record(NormalEvent::Failed { flow });
@@ -478,6 +491,17 @@ impl Node for NormalNode {
                 neighbor,
                 cost,
             } => self.ipcp.neighbor_up(now, port, neighbor, cost),
+            NormalCommand::Silence(port) => {
+                if let Some((local, peer)) = self.ports.remove(&port) {
+                    self.by_addr.remove(&local);
+                    self.silenced.insert(port, (local, peer));
+                }
+            }
+            NormalCommand::Resume(port) => {
+                if let Some((local, peer)) = self.silenced.remove(&port) {
+                    self.attach(port, local, peer);
+                }
+            }
             NormalCommand::PortDown(port) => {
                 self.ipcp.neighbor_down(now, port);
                 self.ipcp.remove_port(port);

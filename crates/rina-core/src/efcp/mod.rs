@@ -181,6 +181,13 @@ pub enum EfcpError {
         /// Its retransmissions.
         retries: u32,
     },
+    /// The destination has had no route for `secs` seconds (the DIF lost
+    /// every path to it).
+    #[error("no route to the peer for {secs} s")]
+    NoRoute {
+        /// How long it was unreachable.
+        secs: u64,
+    },
     /// The configuration is unusable.
     #[error("bad EFCP configuration: {0}")]
     Config(#[from] ConfigError),

@@ -288,6 +288,9 @@ impl NormalIpcp {
         qos: QosSpec,
     ) -> Result<(), NormalError> {
         self.tick(now);
+        if self.cfg.address == 0 {
+            return Err(NormalError::NotEnrolled);
+        }
         if let Some(e) = self.flow_in_use(flow) {
             return Err(e);
         }

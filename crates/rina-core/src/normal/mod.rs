@@ -47,11 +47,13 @@
 pub mod cubes;
 pub mod directory_glue;
 pub mod fa;
+pub mod membership;
 pub mod mgmt_cdap;
 mod rib_view;
 pub mod routing_glue;
 
 pub use cubes::QosCube;
+pub use membership::{MembershipConfig, MembershipEvent};
 pub use mgmt_cdap::CDAP_DISCRIMINATOR;
 
 use crate::delimiting::{self, Reassembler};
@@ -117,6 +119,11 @@ pub struct NormalConfig {
     /// IPCP's registrations to its neighbours and learns theirs (see
     /// [`directory_glue`]).
     pub dynamic_directory: Option<crate::directory::Config>,
+    /// Membership: hellos, neighbour liveness and enrollment (see
+    /// [`membership`]). `None` (the default) leaves neighbours to the driver
+    /// ([`NormalIpcp::neighbor_up`]) and needs a configured address; `Some`
+    /// with address 0 enrolls through the first member heard.
+    pub membership: Option<MembershipConfig>,
 }
 
 impl NormalConfig {
@@ -138,6 +145,7 @@ impl NormalConfig {
             max_pending: 256,
             routing: None,
             dynamic_directory: None,
+            membership: None,
         }
     }
 }
@@ -145,6 +153,10 @@ impl NormalConfig {
 /// Why an operation of the normal IPCP failed.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum NormalError {
+    /// The IPCP has no address yet: it is not a member of its DIF (it
+    /// enrolls when it hears a member, if membership is configured).
+    #[error("not enrolled in the DIF yet (no address)")]
+    NotEnrolled,
     /// No flow with this id.
     #[error("no flow {0}")]
     UnknownFlow(FlowId),
@@ -218,6 +230,8 @@ pub enum Action {
         src: Address,
         payload: Vec<u8>,
     },
+    /// Membership news: neighbours, enrollment, admissions.
+    Membership(MembershipEvent),
     /// A flow's connection failed; the flow should be deallocated.
     FlowFailed { flow: FlowId, error: EfcpError },
     /// Ask the application that registered `local` whether it accepts a flow
@@ -342,6 +356,14 @@ struct Flow {
 /// must exist for them to be routed).
 pub const MGMT_QOS_ID: u64 = 1;
 
+/// First byte of a management payload that is one fragment of a larger
+/// management message ([`crate::mgmt_frag`] header and data follow).
+pub const FRAGMENT_DISCRIMINATOR: u8 = 0xF6;
+
+/// Largest management message reassembled (a flow-state database or a
+/// directory of a large DIF fits).
+pub const MAX_MGMT_MESSAGE: usize = 4 << 20;
+
 /// The data-transfer machine of a normal IPCP.
 #[derive(Debug)]
 pub struct NormalIpcp {
@@ -360,6 +382,12 @@ pub struct NormalIpcp {
     fa: fa::FaState,
     /// PDUs (PCI and payload, unprotected) this IPCP sent to itself.
     loopback: VecDeque<Vec<u8>>,
+    /// Membership (hellos, liveness, enrollment), when configured.
+    mship: Option<Box<membership::MembershipState>>,
+    /// Splits management messages too large for one PDU.
+    mgmt_frag: crate::mgmt_frag::Fragmenter,
+    /// Puts them back together.
+    mgmt_reasm: crate::mgmt_frag::Reassembler,
     /// The latest time any call was given (for calls that take none).
     now: Instant,
     /// Neighbours by N-1 port (address, cost), as the driver announced them.
@@ -389,13 +417,20 @@ impl NormalIpcp {
             c.efcp.validate().map_err(|e| bad(e.to_string()))?;
         }
         let frag_budget = cfg.dt.max_pdu_size as usize - pci::header_len(&cfg.dt, PduType::Dt);
+        if cfg.address == 0 && cfg.membership.is_none() {
+            return Err(NormalError::NotEnrolled);
+        }
+        // Without an address yet, routing and the directory start at
+        // enrollment.
         let routing = match &cfg.routing {
+            Some(_) if cfg.address == 0 => None,
             Some(rc) => {
                 Some(LinkState::new(cfg.address, rc.clone()).map_err(NormalError::Routing)?)
             }
             None => None,
         };
         let dft = match &cfg.dynamic_directory {
+            Some(_) if cfg.address == 0 => None,
             Some(dc) => Some(
                 crate::directory::Directory::new(cfg.address, dc.clone())
                     .map_err(NormalError::Directory)?,
@@ -403,6 +438,16 @@ impl NormalIpcp {
             None => None,
         };
         Ok(NormalIpcp {
+            mship: cfg
+                .membership
+                .clone()
+                .map(|m| Box::new(membership::MembershipState::new(m, cfg.address != 0))),
+            mgmt_frag: crate::mgmt_frag::Fragmenter::new(),
+            mgmt_reasm: crate::mgmt_frag::Reassembler::new(
+                MAX_MGMT_MESSAGE,
+                Duration::from_secs(5),
+                64,
+            ),
             neighbors: BTreeMap::new(),
             routing,
             dft,
@@ -455,7 +500,12 @@ impl NormalIpcp {
 
     /// Adds an N-1 port.
     pub fn add_port(&mut self, port: N1Port) {
+        let new = !self.rmt.ports().any(|p| p == port);
         self.rmt.add_port(port);
+        if new {
+            let now = self.now;
+            self.membership_port_added(now, port);
+        }
     }
 
     /// Removes an N-1 port with its queue and routes. A neighbour still
@@ -466,6 +516,8 @@ impl NormalIpcp {
             let now = self.now;
             self.neighbor_down(now, port);
         }
+        self.membership_port_removed(port);
+        self.mgmt_reasm.drop_port(port);
         self.rmt.remove_port(port);
     }
 
@@ -670,9 +722,30 @@ impl NormalIpcp {
         self.drain_rmt(now);
     }
 
-    /// Queues a management PDU for the neighbour on `port`.
+    /// Queues a management PDU for the neighbour on `port`. A payload too
+    /// large for one PDU is cut into fragments ([`crate::mgmt_frag`]), each
+    /// sent as a management PDU whose payload starts with
+    /// [`FRAGMENT_DISCRIMINATOR`], and put back together by the neighbour.
     pub fn send_management(&mut self, now: Instant, port: N1Port, dst: Address, payload: &[u8]) {
         self.tick(now);
+        if payload.len() > self.frag_budget {
+            match self.mgmt_frag.fragment(payload, self.frag_budget - 1) {
+                Ok(frags) => {
+                    for f in frags {
+                        let mut p = Vec::with_capacity(f.len() + 1);
+                        p.push(FRAGMENT_DISCRIMINATOR);
+                        p.extend_from_slice(&f);
+                        self.send_management_pdu(now, port, dst, &p);
+                    }
+                }
+                Err(_) => self.counters.tx_dropped += 1,
+            }
+            return;
+        }
+        self.send_management_pdu(now, port, dst, payload);
+    }
+
+    fn send_management_pdu(&mut self, now: Instant, port: N1Port, dst: Address, payload: &[u8]) {
         let mut pci = Pci::new(PduType::Mgmt);
         pci.src_addr = self.cfg.address;
         pci.dst_addr = dst;
@@ -719,6 +792,7 @@ impl NormalIpcp {
                 return;
             }
         };
+        self.membership_heard(now, port);
         let mgmt = pdu.pci.pdu_type == PduType::Mgmt;
         let local = pdu.pci.dst_addr == self.cfg.address || (mgmt && pdu.pci.dst_addr == 0);
         if !local {
@@ -733,20 +807,40 @@ impl NormalIpcp {
     fn dispatch(&mut self, now: Instant, port: Option<N1Port>, pdu: pci::Pdu<'_>) {
         match pdu.body {
             Body::Data(payload) if pdu.pci.pdu_type == PduType::Mgmt => {
-                if FaMessage::is_fa(payload) {
-                    self.on_fa(now, pdu.pci.src_addr, payload);
-                } else if self.on_routing_mgmt(now, port, payload) {
-                    // Taken by the routing machine (or counted as malformed).
-                } else if let Some(port) = port {
-                    self.actions.push_back(Action::Management {
-                        port,
-                        src: pdu.pci.src_addr,
-                        payload: payload.to_vec(),
-                    });
+                if payload.first() == Some(&FRAGMENT_DISCRIMINATOR) {
+                    let Some(port) = port else {
+                        return;
+                    };
+                    match self.mgmt_reasm.push(now, port, &payload[1..]) {
+                        Ok(Some(whole)) if whole.first() != Some(&FRAGMENT_DISCRIMINATOR) => {
+                            self.on_management(now, Some(port), pdu.pci.src_addr, &whole);
+                        }
+                        Ok(Some(_)) | Err(_) => self.counters.rx_mgmt_malformed += 1,
+                        Ok(None) => {}
+                    }
+                } else {
+                    self.on_management(now, port, pdu.pci.src_addr, payload);
                 }
             }
             Body::Data(payload) => self.on_data(now, &pdu.pci, payload),
             Body::Control(body) => self.on_control(now, &pdu.pci, body),
+        }
+    }
+
+    /// Hands a whole management payload to its consumer.
+    fn on_management(&mut self, now: Instant, port: Option<N1Port>, src: Address, payload: &[u8]) {
+        if self.on_membership_mgmt(now, port, payload) {
+            // Hello or enrollment.
+        } else if FaMessage::is_fa(payload) {
+            self.on_fa(now, src, payload);
+        } else if self.on_routing_mgmt(now, port, payload) {
+            // Taken by the routing machine (or counted as malformed).
+        } else if let Some(port) = port {
+            self.actions.push_back(Action::Management {
+                port,
+                src,
+                payload: payload.to_vec(),
+            });
         }
     }
 
@@ -997,6 +1091,8 @@ impl NormalIpcp {
             .chain(self.fa.poll_timeout())
             .chain(self.routing.as_ref().and_then(|r| r.poll_timeout()))
             .chain(self.dft.as_ref().and_then(|d| d.poll_timeout()))
+            .chain(self.membership_poll_timeout())
+            .chain(self.mgmt_reasm.poll_timeout())
             .min()
     }
 
@@ -1006,6 +1102,10 @@ impl NormalIpcp {
         self.fa_timeout(now);
         self.routing_timeout(now);
         self.directory_timeout(now);
+        self.membership_timeout(now);
+        if self.mgmt_reasm.poll_timeout().is_some_and(|t| t <= now) {
+            self.mgmt_reasm.handle_timeout(now);
+        }
         for (id, f) in self.flows.iter_mut() {
             if f.efcp.poll_timeout().is_some_and(|t| t <= now) {
                 f.efcp.handle_timeout(now);

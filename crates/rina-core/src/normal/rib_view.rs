@@ -173,6 +173,67 @@ impl NormalIpcp {
                 );
             }
         }
+        // Membership: this IPCP's own enrollment, the members that said
+        // hello, and every member the flow-state database knows of.
+        if let Some(rep) = self.enrollment_report() {
+            let st = &rep.status;
+            put(
+                crate::enrollment::OBJ_ENROLLMENT.into(),
+                crate::enrollment::CLASS_ENROLLMENT,
+                ObjValue::Str(format!(
+                    "via {}: {:?} at step {}, {} attempt(s){}",
+                    rep.via,
+                    st.phase,
+                    st.step.name(),
+                    st.attempts,
+                    st.last_error
+                        .as_ref()
+                        .map_or_else(String::new, |e| format!("; last error: {e}"))
+                )),
+                rib::OwnerId::ENROLLMENT,
+            );
+        } else if self.mship.is_some() {
+            put(
+                crate::enrollment::OBJ_ENROLLMENT.into(),
+                crate::enrollment::CLASS_ENROLLMENT,
+                ObjValue::Str(if self.is_enrolled() {
+                    "member by configuration (bootstrap)".into()
+                } else {
+                    "not enrolled: no member heard yet".into()
+                }),
+                rib::OwnerId::ENROLLMENT,
+            );
+        }
+        for (port, name, addr) in self.hello_neighbors() {
+            put(
+                format!("/difm/enr/hello/pn={name}"),
+                "Neighbor",
+                ObjValue::Str(format!("address {addr}, N-1 port {port}")),
+                rib::OwnerId::ENROLLMENT,
+            );
+        }
+        if let Some(ls) = self.routing() {
+            let mut members: std::collections::BTreeSet<u64> = ls
+                .fsos(self.now)
+                .flat_map(|f| [f.origin, f.neighbor])
+                .collect();
+            members.insert(cfg.address);
+            for m in members {
+                let state = if m == cfg.address {
+                    "this IPCP"
+                } else if ls.next_hops().contains_key(&m) {
+                    "reachable"
+                } else {
+                    "unreachable"
+                };
+                put(
+                    format!("/difm/members/addr={m}"),
+                    "Member",
+                    ObjValue::Str(state.into()),
+                    rib::OwnerId::ENROLLMENT,
+                );
+            }
+        }
         for (flow, ep) in self.flows() {
             let c = self.flow_counters(flow).copied().unwrap_or_default();
             put(

@@ -134,6 +134,14 @@ impl NormalIpcp {
             }
             m.insert("directory_entries".into(), d.db_len() as u64);
         }
+        if let Some(c) = self.membership_counters() {
+            for (k, v) in c.to_map() {
+                m.insert(format!("membership_{k}"), v);
+            }
+        }
+        for (k, v) in self.mgmt_reasm.counters().to_map() {
+            m.insert(format!("mgmt_frag_{k}"), v);
+        }
         m
     }
 

@@ -6,17 +6,36 @@
 //! queued on that port; PDUs that arrive for another address are relayed the
 //! same way. Each port's output is ordered by a [`Scheduler`], the policy
 //! hooks of seed 004 (queue create/destroy, enqueue — which may drop — and
-//! next-to-send — which may decline for now). [`Fifo`] is the default.
+//! next-to-send — which may decline for now). [`Fifo`] is the default; the
+//! QoS policies of seeds 003 and 004 are [`QtaMux`], [`RateLimit2d`] and
+//! [`DiffServ`], plus a plain [`TokenBucketPolicy`]. A policy and its
+//! parameters are written as a [`SchedulerConfig`] and built with the
+//! QoS cubes' places in the cherish/urgency matrix ([`CuMap`]).
 //!
 //! Like every machine in this crate it does no IO: the driver asks
 //! [`Rmt::poll_output`] for the next PDU of a port whenever that N-1 flow
 //! can take one.
 
+mod config;
+mod diffserv;
 mod fifo;
 mod forwarding;
+mod qta_mux;
+mod rate_limit;
+mod tally;
+mod token_bucket;
 
+pub use config::{
+    BucketParams, CuCell, CuMap, DiffServConfig, DsClass, Excess, FifoConfig, LevelLimit,
+    Occupancy, QtaCubeConfig, QtaMuxConfig, RateLimitConfig, SchedConfigError, SchedulerConfig,
+    TokenBucketConfig, DEFAULT_QUEUE_LEN,
+};
+pub use diffserv::DiffServ;
 pub use fifo::Fifo;
 pub use forwarding::ForwardingTable;
+pub use qta_mux::QtaMux;
+pub use rate_limit::{Credits, RateLimit2d, UNITS_PER_BIT};
+pub use token_bucket::{TokenBucket, TokenBucketPolicy};
 
 use crate::time::Instant;
 use std::collections::BTreeMap;
@@ -249,5 +268,7 @@ impl Rmt {
     }
 }
 
+#[cfg(test)]
+mod qos_tests;
 #[cfg(test)]
 mod tests;

@@ -183,6 +183,14 @@ fn unsatisfiable_qos_is_refused_with_the_reason() {
         a.allocate(ms(0), 2, name("perf"), name("echo"), big),
         Err(ShimError::QosNotSatisfiable(_))
     ));
+    let cube = QosSpec {
+        cube: Some(2),
+        ..Default::default()
+    };
+    assert!(matches!(
+        a.allocate(ms(0), 3, name("perf"), name("echo"), cube),
+        Err(ShimError::QosNotSatisfiable(ref s)) if s.contains("no QoS cubes")
+    ));
 }
 
 #[test]

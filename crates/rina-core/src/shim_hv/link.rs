@@ -1,0 +1,334 @@
+//! The VMPI device: one shared region holding a header and two rings (host
+//! to guest, guest to host), with liveness by heartbeats.
+//!
+//! Layout (little-endian; the region is typically a file in `/dev/shm`
+//! mapped by both `rinad`s, or the BAR 2 of a QEMU `ivshmem-plain` device
+//! seen from the guest):
+//!
+//! ```text
+//! 0      magic "RINA-HV1"
+//! 8      version u32 (1)
+//! 12     slot_size u32
+//! 16     slots u32 (per ring)
+//! 64     host session u32   (nonzero, new at every start of the host side)
+//! 72     host heartbeat u64 (bumped at every tick of the host side)
+//! 128    guest session u32
+//! 136    guest heartbeat u64
+//! 4096   ring host -> guest  (see [`super::ring`])
+//! 4096 + ring_bytes  ring guest -> host
+//! ```
+//!
+//! The host side creates (or re-creates) the layout; the guest side attaches
+//! to what it finds and validates every field. Liveness is sans-IO: the
+//! driver calls [`Link::tick`] with the time; a peer whose heartbeat has not
+//! moved for [`LinkConfig::dead_after`] is down, a peer whose session number
+//! changed has restarted.
+
+use super::ring::{Consumer, Geometry, Producer, Region, RingError};
+use crate::time::Instant;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// First bytes of a VMPI region.
+pub const MAGIC: [u8; 8] = *b"RINA-HV1";
+/// Layout version.
+pub const VERSION: u32 = 1;
+/// Bytes of the region header.
+pub const HEADER: usize = 4096;
+
+const OFF_VERSION: usize = 8;
+const OFF_SLOT_SIZE: usize = 12;
+const OFF_SLOTS: usize = 16;
+const OFF_SESSION: [usize; 2] = [64, 128];
+const OFF_BEAT: [usize; 2] = [72, 136];
+
+/// Which end of the device this is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The hypervisor side: creates the region.
+    Host,
+    /// The virtual machine side: attaches to it.
+    Guest,
+}
+
+impl Side {
+    fn index(self) -> usize {
+        match self {
+            Side::Host => 0,
+            Side::Guest => 1,
+        }
+    }
+
+    fn peer(self) -> Side {
+        match self {
+            Side::Host => Side::Guest,
+            Side::Guest => Side::Host,
+        }
+    }
+}
+
+/// Bytes a region with rings of geometry `geo` needs, rounded up to a power
+/// of two (as an `ivshmem` device requires).
+pub fn region_size(geo: Geometry) -> usize {
+    (HEADER + 2 * geo.ring_bytes().next_multiple_of(4096)).next_power_of_two()
+}
+
+fn ring_region(region: Region, geo: Geometry, k: usize) -> Result<Region, RingError> {
+    let rb = geo.ring_bytes().next_multiple_of(4096);
+    region
+        .sub(HEADER + k * rb, geo.ring_bytes())
+        .ok_or(RingError::Region {
+            len: region.len(),
+            what: format!("two rings of {} bytes after the header", geo.ring_bytes()),
+        })
+}
+
+/// Liveness settings.
+#[derive(Debug, Clone, Copy)]
+pub struct LinkConfig {
+    /// A peer whose heartbeat did not move for this long is down.
+    pub dead_after: Duration,
+}
+
+impl Default for LinkConfig {
+    fn default() -> Self {
+        LinkConfig {
+            dead_after: Duration::from_secs(1),
+        }
+    }
+}
+
+/// What [`Link::tick`] found out about the peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkEvent {
+    /// The peer is alive (first heartbeat seen).
+    Up,
+    /// The peer stopped beating, or restarted (a new session follows as `Up`).
+    Down,
+}
+
+/// One end of a VMPI device.
+#[derive(Debug)]
+pub struct Link {
+    region: Region,
+    side: Side,
+    cfg: LinkConfig,
+    tx: Producer,
+    rx: Consumer,
+    beat: u64,
+    peer_session: u32,
+    peer_beat: u64,
+    peer_beat_at: Option<Instant>,
+    up: bool,
+}
+
+impl Link {
+    /// Lays out a fresh region (host side): zeroes the header and both ring
+    /// headers, writes the geometry, then the magic.
+    pub fn create(
+        region: Region,
+        geo: Geometry,
+        session: u32,
+        cfg: LinkConfig,
+    ) -> Result<Link, RingError> {
+        let geo = geo.validate()?;
+        if region.len() < HEADER + 2 * geo.ring_bytes().next_multiple_of(4096) {
+            return Err(RingError::Region {
+                len: region.len(),
+                what: format!("rings of {} slots of {} bytes", geo.slots, geo.slot_size),
+            });
+        }
+        region.fill(0, HEADER, 0);
+        for k in 0..2 {
+            let r = ring_region(region, geo, k)?;
+            r.fill(0, super::ring::RING_HEADER, 0);
+        }
+        region.write(OFF_VERSION, &VERSION.to_le_bytes());
+        region.write(OFF_SLOT_SIZE, &geo.slot_size.to_le_bytes());
+        region.write(OFF_SLOTS, &geo.slots.to_le_bytes());
+        region.write(0, &MAGIC);
+        Self::open(region, Side::Host, geo, session.max(1), cfg)
+    }
+
+    /// Attaches to a region laid out by the host (guest side), validating
+    /// its header.
+    pub fn attach(region: Region, session: u32, cfg: LinkConfig) -> Result<Link, RingError> {
+        let geo = read_geometry(region)?;
+        Self::open(region, Side::Guest, geo, session.max(1), cfg)
+    }
+
+    fn open(
+        region: Region,
+        side: Side,
+        geo: Geometry,
+        session: u32,
+        cfg: LinkConfig,
+    ) -> Result<Link, RingError> {
+        let (tx_k, rx_k) = match side {
+            Side::Host => (0, 1),
+            Side::Guest => (1, 0),
+        };
+        let tx = Producer::new(ring_region(region, geo, tx_k)?, geo)?;
+        let rx = Consumer::new(ring_region(region, geo, rx_k)?, geo)?;
+        let me = side.index();
+        let beat = region
+            .u64_at(OFF_BEAT[me])
+            .map_or(0, |b| b.load(Ordering::Relaxed));
+        if let Some(s) = region.u32_at(OFF_SESSION[me]) {
+            s.store(session, Ordering::Release);
+        }
+        let peer = side.peer().index();
+        let peer_session = region
+            .u32_at(OFF_SESSION[peer])
+            .map_or(0, |s| s.load(Ordering::Acquire));
+        // A beat left by a dead peer does not count: only a moving one does.
+        let peer_beat = region
+            .u64_at(OFF_BEAT[peer])
+            .map_or(0, |b| b.load(Ordering::Acquire));
+        let mut link = Link {
+            region,
+            side,
+            cfg,
+            tx,
+            rx,
+            beat,
+            peer_session,
+            peer_beat,
+            peer_beat_at: None,
+            up: false,
+        };
+        // Whatever an earlier instance of the peer left unread or unsent is
+        // not ours: start from the published positions, checked.
+        if link.rx.available().is_err() {
+            link.rx.resync();
+        }
+        Ok(link)
+    }
+
+    /// Which end this is.
+    pub fn side(&self) -> Side {
+        self.side
+    }
+
+    /// Ring geometry.
+    pub fn geometry(&self) -> Geometry {
+        self.tx.geometry()
+    }
+
+    /// Whether the peer is alive.
+    pub fn is_up(&self) -> bool {
+        self.up
+    }
+
+    /// Bumps our heartbeat and checks the peer's; reports a change.
+    pub fn tick(&mut self, now: Instant) -> Option<LinkEvent> {
+        self.beat = self.beat.wrapping_add(1);
+        if let Some(b) = self.region.u64_at(OFF_BEAT[self.side.index()]) {
+            b.store(self.beat, Ordering::Release);
+        }
+        let peer = self.side.peer().index();
+        let session = self
+            .region
+            .u32_at(OFF_SESSION[peer])
+            .map_or(0, |s| s.load(Ordering::Acquire));
+        let beat = self
+            .region
+            .u64_at(OFF_BEAT[peer])
+            .map_or(0, |b| b.load(Ordering::Acquire));
+        if session != self.peer_session {
+            self.peer_session = session;
+            self.peer_beat = beat;
+            self.peer_beat_at = Some(now);
+            if self.side == Side::Guest {
+                // The host laid the region out again: its rings restart.
+                self.tx.adopt();
+                self.rx.adopt();
+            }
+            if self.up {
+                self.up = false;
+                return Some(LinkEvent::Down);
+            }
+            return None;
+        }
+        if beat != self.peer_beat {
+            self.peer_beat = beat;
+            self.peer_beat_at = Some(now);
+            if !self.up && session != 0 {
+                self.up = true;
+                return Some(LinkEvent::Up);
+            }
+        } else if self.up
+            && self
+                .peer_beat_at
+                .is_none_or(|t| now.saturating_since(t) >= self.cfg.dead_after)
+        {
+            self.up = false;
+            return Some(LinkEvent::Down);
+        }
+        None
+    }
+
+    /// Says we are leaving (session 0), so the peer sees it at its next tick
+    /// rather than after [`LinkConfig::dead_after`].
+    pub fn detach(&self) {
+        if let Some(s) = self.region.u32_at(OFF_SESSION[self.side.index()]) {
+            s.store(0, Ordering::Release);
+        }
+    }
+
+    /// Publishes one VMPI buffer made of `parts`.
+    pub fn send(&mut self, parts: &[&[u8]]) -> Result<(), RingError> {
+        self.tx.push(parts)
+    }
+
+    /// Takes the next VMPI buffer into `buf`. On garbage, the receive ring is
+    /// resynchronised (what the peer published is dropped) and the error is
+    /// returned for counting.
+    pub fn recv(&mut self, buf: &mut [u8]) -> Result<Option<usize>, RingError> {
+        match self.rx.pop(buf) {
+            Ok(r) => Ok(r),
+            Err(e) => {
+                self.rx.resync();
+                Err(e)
+            }
+        }
+    }
+
+    /// Largest buffer the rings carry.
+    pub fn max_buffer(&self) -> usize {
+        self.geometry().max_record()
+    }
+}
+
+/// The geometry written in a region's header, validated.
+pub fn read_geometry(region: Region) -> Result<Geometry, RingError> {
+    let bad = |what: String| RingError::Region {
+        len: region.len(),
+        what,
+    };
+    let mut hdr = [0u8; 20];
+    if !region.read(0, &mut hdr) {
+        return Err(bad("a VMPI header".into()));
+    }
+    if hdr[..8] != MAGIC {
+        return Err(bad(
+            "a VMPI layout: no magic (the host side has not created it yet?)".into(),
+        ));
+    }
+    let word = |o: usize| u32::from_le_bytes([hdr[o], hdr[o + 1], hdr[o + 2], hdr[o + 3]]);
+    if word(OFF_VERSION) != VERSION {
+        return Err(bad(format!("layout version {}", word(OFF_VERSION))));
+    }
+    let geo = Geometry {
+        slot_size: word(OFF_SLOT_SIZE),
+        slots: word(OFF_SLOTS),
+    }
+    .validate()?;
+    if region.len() < HEADER + 2 * geo.ring_bytes().next_multiple_of(4096) {
+        return Err(bad(format!(
+            "rings of {} slots of {} bytes",
+            geo.slots, geo.slot_size
+        )));
+    }
+    Ok(geo)
+}

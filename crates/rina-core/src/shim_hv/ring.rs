@@ -1,0 +1,621 @@
+//! A bounded single-producer/single-consumer ring of fixed-size slots in a
+//! byte region shared with a peer that may write anything into it.
+//!
+//! Layout of one ring (all integers little-endian, offsets in bytes):
+//!
+//! ```text
+//! 0    head: u32   records published by the producer (free-running count of slots)
+//! 64   tail: u32   slots released by the consumer (free-running)
+//! 128  slots × slot_size bytes of data
+//! ```
+//!
+//! A *record* (one VMPI buffer) starts at a slot boundary with an 8-byte
+//! header `[len: u32][seq: u32]` (`seq` = the head count of its first slot)
+//! followed by `len` bytes; it spans as many consecutive slots as it needs,
+//! wrapping at the end of the data area. So a slot of 4 KiB (the page size,
+//! as in IRATI's `VMPI_BUF_SIZE`) carries small SDUs one per slot and a
+//! 64 KiB SDU takes 17 consecutive slots without any fragmentation header.
+//!
+//! Each side keeps its own index privately ([`Producer`] the head,
+//! [`Consumer`] the tail) and only *publishes* it in the region, so a peer
+//! overwriting our index cannot move us. Every value read from the region
+//! (the peer's index, a record's length and sequence number) is validated
+//! before use: a bad value is a [`RingError`], never a panic or an access
+//! outside the region. A consumer that finds garbage resynchronises by
+//! dropping everything published so far ([`Consumer::resync`]); the peer
+//! only broke its own traffic.
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use thiserror::Error;
+
+/// Bytes of a ring's header (head and tail on separate cache lines).
+pub const RING_HEADER: usize = 128;
+/// Bytes of a record's header.
+pub const RECORD_HEADER: usize = 8;
+/// Largest record a ring carries, whatever its size.
+pub const MAX_RECORD: usize = 1 << 20;
+
+/// Why a ring operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum RingError {
+    /// The ring has no room for the record now (try again later).
+    #[error("the ring is full")]
+    Full,
+    /// The record is empty or larger than the ring can ever hold.
+    #[error("a record of {0} bytes cannot be carried by this ring")]
+    BadSize(usize),
+    /// The peer's index is further from ours than the ring is long.
+    #[error(
+        "the peer's index {peer} is inconsistent with ours ({ours}) in a ring of {slots} slots"
+    )]
+    BadIndex { peer: u32, ours: u32, slots: u32 },
+    /// A record header does not belong at this place (wrong sequence number).
+    #[error("record at slot count {at} carries sequence {seq}")]
+    BadSequence { at: u32, seq: u32 },
+    /// A record header announces a length the published slots cannot hold.
+    #[error("record of {len} bytes does not fit the {avail} published slots (or the limit)")]
+    BadLength { len: u32, avail: u32 },
+    /// The record does not fit the caller's buffer.
+    #[error("record of {len} bytes does not fit a buffer of {cap}")]
+    BufferTooSmall { len: usize, cap: usize },
+    /// The region is too small or misaligned for the layout asked for.
+    #[error("region of {len} bytes cannot hold {what}")]
+    Region { len: usize, what: String },
+}
+
+/// A byte region shared with a peer (an `mmap`ed file, a device BAR, or
+/// memory of this process in tests). Copies are cheap handles to the same
+/// memory; every access is bounds-checked.
+#[derive(Debug, Clone, Copy)]
+pub struct Region {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the region is only accessed through atomics and bounds-checked
+// raw copies (see `Region::new`); handles may move between threads.
+unsafe impl Send for Region {}
+// SAFETY: as above; no access through `&Region` creates a Rust reference to
+// non-atomic shared data.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// A region of `len` bytes at `ptr`.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for reads and writes of `len` bytes, aligned to 8
+    /// bytes, for as long as this handle or any copy of it is used. Other
+    /// parties (another process) may write to the memory at any time; this
+    /// module never creates Rust references to it other than to atomics.
+    pub unsafe fn new(ptr: NonNull<u8>, len: usize) -> Result<Region, RingError> {
+        if !(ptr.as_ptr() as usize).is_multiple_of(8) {
+            return Err(RingError::Region {
+                len,
+                what: "anything: it is not 8-byte aligned".into(),
+            });
+        }
+        Ok(Region { ptr, len })
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The part `[off, off + len)`, if inside.
+    pub fn sub(&self, off: usize, len: usize) -> Option<Region> {
+        let end = off.checked_add(len)?;
+        if end > self.len || !off.is_multiple_of(8) {
+            return None;
+        }
+        // SAFETY: off < = self.len, so the pointer stays inside (or one past) the allocation.
+        let p = unsafe { self.ptr.as_ptr().add(off) };
+        Some(Region {
+            ptr: NonNull::new(p)?,
+            len,
+        })
+    }
+
+    fn check(&self, off: usize, n: usize, align: usize) -> bool {
+        off.is_multiple_of(align) && off.checked_add(n).is_some_and(|e| e <= self.len)
+    }
+
+    /// The atomic u32 at `off` (4-aligned, inside), or `None`.
+    pub fn u32_at(&self, off: usize) -> Option<&AtomicU32> {
+        if !self.check(off, 4, 4) {
+            return None;
+        }
+        // SAFETY: inside the region and 4-aligned (the base is 8-aligned);
+        // AtomicU32 has the size and alignment of u32 and any bit pattern is
+        // valid; the memory lives as long as `self` (contract of `new`).
+        Some(unsafe { &*(self.ptr.as_ptr().add(off) as *const AtomicU32) })
+    }
+
+    /// The atomic u64 at `off` (8-aligned, inside), or `None`.
+    pub fn u64_at(&self, off: usize) -> Option<&AtomicU64> {
+        if !self.check(off, 8, 8) {
+            return None;
+        }
+        // SAFETY: as for `u32_at`, with 8-byte alignment.
+        Some(unsafe { &*(self.ptr.as_ptr().add(off) as *const AtomicU64) })
+    }
+
+    /// Copies `dst.len()` bytes from `off`; false if outside.
+    pub fn read(&self, off: usize, dst: &mut [u8]) -> bool {
+        if !self.check(off, dst.len(), 1) {
+            return false;
+        }
+        // SAFETY: the source range is inside the region (checked) and cannot
+        // overlap `dst`, which is memory of this process borrowed mutably.
+        // The peer may write the source concurrently; bytes have no invalid
+        // values, so the worst outcome is garbage that the caller validates
+        // (the ring's acquire/release indices order every honest write
+        // before our read).
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), dst.as_mut_ptr(), dst.len())
+        };
+        true
+    }
+
+    /// Copies `src` to `off`; false if outside.
+    pub fn write(&self, off: usize, src: &[u8]) -> bool {
+        if !self.check(off, src.len(), 1) {
+            return false;
+        }
+        // SAFETY: the destination range is inside the region (checked) and
+        // `src` is a distinct borrow; see `read` about concurrent peers.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(off), src.len())
+        };
+        true
+    }
+
+    /// Fills `[off, off + n)` with `byte`; false if outside.
+    pub fn fill(&self, off: usize, n: usize, byte: u8) -> bool {
+        if !self.check(off, n, 1) {
+            return false;
+        }
+        // SAFETY: inside the region (checked).
+        unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(off), byte, n) };
+        true
+    }
+}
+
+/// Memory of this process usable as a [`Region`] (tests, simulation).
+#[derive(Debug)]
+pub struct HeapRegion {
+    mem: Box<[AtomicU64]>,
+}
+
+impl HeapRegion {
+    /// `len` zeroed bytes (rounded up to a multiple of 8).
+    pub fn new(len: usize) -> HeapRegion {
+        let words = len.div_ceil(8);
+        HeapRegion {
+            mem: (0..words).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// A handle to it; valid while `self` lives.
+    pub fn region(&self) -> Region {
+        let ptr = NonNull::new(self.mem.as_ptr() as *mut u8).unwrap_or(NonNull::dangling());
+        // SAFETY: the boxed atomics are 8-aligned, live as long as `self`,
+        // and are interior-mutable, so writing through this pointer is allowed.
+        unsafe { Region::new(ptr, self.mem.len() * 8) }.expect("a boxed u64 slice is 8-aligned")
+    }
+}
+
+/// Geometry of a ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Geometry {
+    /// Bytes per slot (a power of two, 64..=65536).
+    pub slot_size: u32,
+    /// Number of slots (a power of two, 2..=65536).
+    pub slots: u32,
+}
+
+impl Geometry {
+    /// Checks the values (they may come from the peer).
+    pub fn validate(self) -> Result<Geometry, RingError> {
+        let ok = self.slot_size.is_power_of_two()
+            && (64..=65_536).contains(&self.slot_size)
+            && self.slots.is_power_of_two()
+            && (2..=65_536).contains(&self.slots);
+        if ok {
+            Ok(self)
+        } else {
+            Err(RingError::Region {
+                len: 0,
+                what: format!(
+                    "a ring of {} slots of {} bytes (both must be powers of two: slots 2..65536, size 64..65536)",
+                    self.slots, self.slot_size
+                ),
+            })
+        }
+    }
+
+    /// Bytes of the data area.
+    pub fn data_bytes(self) -> usize {
+        self.slots as usize * self.slot_size as usize
+    }
+
+    /// Bytes of the whole ring (header and data).
+    pub fn ring_bytes(self) -> usize {
+        RING_HEADER + self.data_bytes()
+    }
+
+    /// Largest record payload.
+    pub fn max_record(self) -> usize {
+        (self.data_bytes() - RECORD_HEADER).min(MAX_RECORD)
+    }
+
+    /// Slots a record of `len` payload bytes takes.
+    fn slots_for(self, len: usize) -> u32 {
+        (RECORD_HEADER + len).div_ceil(self.slot_size as usize) as u32
+    }
+}
+
+/// The state shared by both ends of a ring.
+#[derive(Debug, Clone, Copy)]
+struct RingMem {
+    region: Region,
+    geo: Geometry,
+}
+
+impl RingMem {
+    fn new(region: Region, geo: Geometry) -> Result<RingMem, RingError> {
+        let geo = geo.validate()?;
+        if region.len() < geo.ring_bytes() {
+            return Err(RingError::Region {
+                len: region.len(),
+                what: format!("a ring of {} bytes", geo.ring_bytes()),
+            });
+        }
+        Ok(RingMem { region, geo })
+    }
+
+    fn head(&self) -> &AtomicU32 {
+        self.region.u32_at(0).expect("checked in new")
+    }
+
+    fn tail(&self) -> &AtomicU32 {
+        self.region.u32_at(64).expect("checked in new")
+    }
+
+    /// Byte offset in the region of the data at slot count `idx` plus `skip`.
+    fn data_off(&self, idx: u32, skip: usize) -> usize {
+        let start = (idx & (self.geo.slots - 1)) as usize * self.geo.slot_size as usize;
+        (start + skip) % self.geo.data_bytes()
+    }
+
+    /// Copies `dst` from the data area starting at `off` (wrapping).
+    fn read_wrapped(&self, off: usize, dst: &mut [u8]) -> bool {
+        let total = self.geo.data_bytes();
+        let first = dst.len().min(total - off);
+        let (a, b) = dst.split_at_mut(first);
+        self.region.read(RING_HEADER + off, a) && self.region.read(RING_HEADER, b)
+    }
+
+    /// Copies `src` to the data area starting at `off` (wrapping); returns the next offset.
+    fn write_wrapped(&self, off: usize, src: &[u8]) -> usize {
+        let total = self.geo.data_bytes();
+        let first = src.len().min(total - off);
+        self.region.write(RING_HEADER + off, &src[..first]);
+        self.region.write(RING_HEADER, &src[first..]);
+        (off + src.len()) % total
+    }
+}
+
+/// The writing end of a ring.
+#[derive(Debug)]
+pub struct Producer {
+    mem: RingMem,
+    head: u32,
+}
+
+impl Producer {
+    /// The producer of the ring laid out in `region`, resuming from the head
+    /// published there (a fresh ring has zeroes).
+    pub fn new(region: Region, geo: Geometry) -> Result<Producer, RingError> {
+        let mem = RingMem::new(region, geo)?;
+        let head = mem.head().load(Ordering::Acquire);
+        Ok(Producer { mem, head })
+    }
+
+    /// Geometry of the ring.
+    pub fn geometry(&self) -> Geometry {
+        self.mem.geo
+    }
+
+    /// Its private head (slots published so far).
+    pub fn head(&self) -> u32 {
+        self.head
+    }
+
+    /// Starts again from the head published in the region (after the peer
+    /// reset the ring).
+    pub fn adopt(&mut self) {
+        self.head = self.mem.head().load(Ordering::Acquire);
+    }
+
+    /// Free slots, as far as the peer's tail can be trusted.
+    pub fn free_slots(&self) -> Result<u32, RingError> {
+        let tail = self.mem.tail().load(Ordering::Acquire);
+        let used = self.head.wrapping_sub(tail);
+        if used > self.mem.geo.slots {
+            return Err(RingError::BadIndex {
+                peer: tail,
+                ours: self.head,
+                slots: self.mem.geo.slots,
+            });
+        }
+        Ok(self.mem.geo.slots - used)
+    }
+
+    /// Publishes one record made of `parts` laid end to end.
+    pub fn push(&mut self, parts: &[&[u8]]) -> Result<(), RingError> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if len == 0 || len > self.mem.geo.max_record() {
+            return Err(RingError::BadSize(len));
+        }
+        let need = self.mem.geo.slots_for(len);
+        let tail = self.mem.tail().load(Ordering::Acquire);
+        let ahead = tail.wrapping_sub(self.head);
+        if ahead != 0 && ahead <= self.mem.geo.slots {
+            // The consumer skipped past our head (it resynchronised on
+            // garbage published in our name): continue from its tail.
+            self.head = tail;
+        }
+        if need > self.free_slots()? {
+            return Err(RingError::Full);
+        }
+        let mut hdr = [0u8; RECORD_HEADER];
+        hdr[..4].copy_from_slice(&(len as u32).to_le_bytes());
+        hdr[4..].copy_from_slice(&self.head.to_le_bytes());
+        let mut off = self
+            .mem
+            .write_wrapped(self.mem.data_off(self.head, 0), &hdr);
+        for p in parts {
+            off = self.mem.write_wrapped(off, p);
+        }
+        self.head = self.head.wrapping_add(need);
+        self.mem.head().store(self.head, Ordering::Release);
+        Ok(())
+    }
+}
+
+/// The reading end of a ring.
+#[derive(Debug)]
+pub struct Consumer {
+    mem: RingMem,
+    tail: u32,
+}
+
+impl Consumer {
+    /// The consumer of the ring laid out in `region`, resuming from the tail
+    /// published there.
+    pub fn new(region: Region, geo: Geometry) -> Result<Consumer, RingError> {
+        let mem = RingMem::new(region, geo)?;
+        let tail = mem.tail().load(Ordering::Acquire);
+        Ok(Consumer { mem, tail })
+    }
+
+    /// Geometry of the ring.
+    pub fn geometry(&self) -> Geometry {
+        self.mem.geo
+    }
+
+    /// Its private tail.
+    pub fn tail(&self) -> u32 {
+        self.tail
+    }
+
+    /// Starts again from the tail published in the region.
+    pub fn adopt(&mut self) {
+        self.tail = self.mem.tail().load(Ordering::Acquire);
+    }
+
+    /// Drops everything published so far (after garbage was found). A head
+    /// that is itself implausible is not adopted (publishing it as our tail
+    /// would wedge an honest producer): we wait for the producer to publish
+    /// a sane one, which its next record does.
+    pub fn resync(&mut self) {
+        let head = self.mem.head().load(Ordering::Acquire);
+        if head.wrapping_sub(self.tail) <= self.mem.geo.slots {
+            self.tail = head;
+        }
+        self.mem.tail().store(self.tail, Ordering::Release);
+    }
+
+    /// Slots published and not yet consumed.
+    pub fn available(&self) -> Result<u32, RingError> {
+        let head = self.mem.head().load(Ordering::Acquire);
+        let avail = head.wrapping_sub(self.tail);
+        if avail > self.mem.geo.slots {
+            return Err(RingError::BadIndex {
+                peer: head,
+                ours: self.tail,
+                slots: self.mem.geo.slots,
+            });
+        }
+        Ok(avail)
+    }
+
+    /// Takes the next record into `buf`; its length, or `None` if the ring
+    /// is empty. On error nothing is consumed; call [`Consumer::resync`] to
+    /// go on past garbage.
+    pub fn pop(&mut self, buf: &mut [u8]) -> Result<Option<usize>, RingError> {
+        let avail = self.available()?;
+        if avail == 0 {
+            // Keep our published tail right even if the peer overwrote it,
+            // so an honest producer is never left looking at garbage.
+            if self.mem.tail().load(Ordering::Relaxed) != self.tail {
+                self.mem.tail().store(self.tail, Ordering::Release);
+            }
+            return Ok(None);
+        }
+        let mut hdr = [0u8; RECORD_HEADER];
+        let off = self.mem.data_off(self.tail, 0);
+        if !self.mem.read_wrapped(off, &mut hdr) {
+            return Err(RingError::BadLength { len: 0, avail });
+        }
+        let len = u32::from_le_bytes([hdr[0], hdr[1], hdr[2], hdr[3]]);
+        let seq = u32::from_le_bytes([hdr[4], hdr[5], hdr[6], hdr[7]]);
+        if seq != self.tail {
+            return Err(RingError::BadSequence { at: self.tail, seq });
+        }
+        let n = len as usize;
+        if n == 0 || n > self.mem.geo.max_record() || self.mem.geo.slots_for(n) > avail {
+            return Err(RingError::BadLength { len, avail });
+        }
+        if n > buf.len() {
+            return Err(RingError::BufferTooSmall {
+                len: n,
+                cap: buf.len(),
+            });
+        }
+        let off = self.mem.data_off(self.tail, RECORD_HEADER);
+        if !self.mem.read_wrapped(off, &mut buf[..n]) {
+            return Err(RingError::BadLength { len, avail });
+        }
+        self.tail = self.tail.wrapping_add(self.mem.geo.slots_for(n));
+        self.mem.tail().store(self.tail, Ordering::Release);
+        Ok(Some(n))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const GEO: Geometry = Geometry {
+        slot_size: 64,
+        slots: 8,
+    };
+
+    fn pair(mem: &HeapRegion) -> (Producer, Consumer) {
+        let r = mem.region();
+        (
+            Producer::new(r, GEO).unwrap(),
+            Consumer::new(r, GEO).unwrap(),
+        )
+    }
+
+    #[test]
+    fn records_pass_in_order_and_span_slots_with_wrap() {
+        let mem = HeapRegion::new(GEO.ring_bytes());
+        let (mut p, mut c) = pair(&mem);
+        let mut buf = vec![0u8; 1024];
+        assert_eq!(c.pop(&mut buf).unwrap(), None);
+        for round in 0..50u32 {
+            // Sizes that take 1, 2 and 3 slots, crossing the end of the ring.
+            let sizes = [10usize, 100, 150];
+            for (k, &s) in sizes.iter().enumerate() {
+                let data: Vec<u8> = (0..s)
+                    .map(|i| (i as u32 + round + k as u32) as u8)
+                    .collect();
+                p.push(&[&data[..3], &data[3..]]).unwrap();
+                let n = c.pop(&mut buf).unwrap().unwrap();
+                assert_eq!(&buf[..n], &data[..], "round {round} size {s}");
+            }
+        }
+    }
+
+    #[test]
+    fn full_ring_refuses_then_accepts_after_consumption() {
+        let mem = HeapRegion::new(GEO.ring_bytes());
+        let (mut p, mut c) = pair(&mem);
+        let rec = [7u8; 100]; // 2 slots each
+        for _ in 0..4 {
+            p.push(&[&rec]).unwrap();
+        }
+        assert_eq!(p.push(&[&rec]), Err(RingError::Full));
+        let mut buf = [0u8; 200];
+        assert_eq!(c.pop(&mut buf).unwrap(), Some(100));
+        p.push(&[&rec]).unwrap();
+        assert_eq!(p.push(&[&[]]), Err(RingError::BadSize(0)));
+        let too_big = vec![0u8; GEO.max_record() + 1];
+        assert_eq!(
+            p.push(&[&too_big]),
+            Err(RingError::BadSize(GEO.max_record() + 1))
+        );
+        // The largest record fills the whole ring once it is empty.
+        while c.pop(&mut buf).unwrap().is_some() {}
+        let max = vec![9u8; GEO.max_record()];
+        p.push(&[&max]).unwrap();
+        let mut big = vec![0u8; GEO.max_record()];
+        assert_eq!(c.pop(&mut big).unwrap(), Some(max.len()));
+        assert_eq!(big, max);
+    }
+
+    #[test]
+    fn garbage_head_and_headers_are_errors_and_resync_recovers() {
+        let mem = HeapRegion::new(GEO.ring_bytes());
+        let (mut p, mut c) = pair(&mem);
+        let r = mem.region();
+        let mut buf = [0u8; 600];
+        // A head far ahead of our tail.
+        r.u32_at(0).unwrap().store(1000, Ordering::Release);
+        assert!(matches!(c.pop(&mut buf), Err(RingError::BadIndex { .. })));
+        c.resync();
+        assert!(c.pop(&mut buf).is_err(), "still garbage");
+        // The honest producer's next record publishes a sane head again.
+        p.push(&[b"kept"]).unwrap();
+        assert_eq!(c.pop(&mut buf).unwrap(), Some(4));
+        assert_eq!(&buf[..4], b"kept");
+        // A record header with a wrong sequence number or length.
+        p.push(&[b"abcd"]).unwrap();
+        let at = RING_HEADER + c.mem.data_off(c.tail(), 0);
+        r.write(at + 4, &77u32.to_le_bytes());
+        assert!(matches!(
+            c.pop(&mut buf),
+            Err(RingError::BadSequence { .. })
+        ));
+        r.write(at + 4, &c.tail().to_le_bytes());
+        r.write(at, &5000u32.to_le_bytes());
+        assert!(matches!(c.pop(&mut buf), Err(RingError::BadLength { .. })));
+        // The peer overwriting the published tail does not move the producer
+        // beyond what it can check.
+        r.u32_at(64).unwrap().store(u32::MAX / 2, Ordering::Release);
+        assert!(matches!(p.push(&[b"x"]), Err(RingError::BadIndex { .. })));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+        /// Whatever the peer writes anywhere in the ring, the consumer
+        /// returns records or errors, never panics, and only hands out
+        /// lengths within its buffer.
+        #[test]
+        fn garbage_never_panics(
+            writes in proptest::collection::vec((0usize..GEO.ring_bytes(), proptest::collection::vec(any::<u8>(), 1..16)), 0..24),
+            honest in proptest::collection::vec(1usize..300, 0..6),
+        ) {
+            let mem = HeapRegion::new(GEO.ring_bytes());
+            let (mut p, mut c) = pair(&mem);
+            let r = mem.region();
+            for len in honest {
+                let _ = p.push(&[&vec![1u8; len]]);
+            }
+            for (off, bytes) in &writes {
+                let n = bytes.len().min(GEO.ring_bytes() - off);
+                r.write(*off, &bytes[..n]);
+            }
+            let mut buf = vec![0u8; 512];
+            for _ in 0..32 {
+                match c.pop(&mut buf) {
+                    Ok(Some(n)) => prop_assert!(n <= buf.len()),
+                    Ok(None) => break,
+                    Err(_) => c.resync(),
+                }
+                let _ = p.push(&[b"after"]);
+            }
+        }
+    }
+}
