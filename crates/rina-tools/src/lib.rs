@@ -4,11 +4,13 @@
 //! * [`opts`] — options every tool takes (`--socket`, `--dif`, QoS).
 //! * [`stats`] — min/avg/max/mdev and percentiles.
 //! * [`echo`] — `rina-echo`'s probe format and JSON report.
+//! * [`ip`] — `rina-ip`: IP over RINA flows through a TUN interface.
 //! * [`perf`] — `rina-perf`'s in-band protocol, receiver and JSON report.
 //! * [`table`] — aligned text tables.
 //! * [`tgen`] — `rina-tgen`'s generators, per-flow metrics, traffic matrix and files.
 
 pub mod echo;
+pub mod ip;
 pub mod opts;
 pub mod perf;
 pub mod stats;

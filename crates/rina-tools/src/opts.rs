@@ -60,6 +60,10 @@ pub struct QosArgs {
     /// Largest SDU the application will write, in bytes.
     #[arg(long, value_name = "BYTES")]
     pub max_sdu: Option<u32>,
+    /// Ask for this QoS cube of the DIF by its QoS-id (normal DIFs only;
+    /// `rinactl rib <ipcp> /ra/qoscubes` lists them).
+    #[arg(long, value_name = "ID")]
+    pub qos_cube: Option<u64>,
 }
 
 impl QosArgs {
@@ -75,6 +79,7 @@ impl QosArgs {
             reliable: self.reliable,
             max_sdu_gap: self.max_sdu_gap,
             max_sdu_size: self.max_sdu,
+            cube: self.qos_cube,
         }
     }
 }

@@ -161,6 +161,36 @@ pub fn flows(list: &[FlowStats]) -> Table {
     t
 }
 
+/// The scheduler table of `rinactl sched`: one row per queue of every N-1
+/// port (IPCP, policy, port, neighbour, queue and its counters).
+pub fn sched(list: &[rina::SchedulerInfo]) -> Table {
+    let mut t = Table::new(&[
+        "IPCP", "POLICY", "PORT", "NEIGHBOR", "QUEUE", "QUEUED", "SENT", "DROPPED", "MAX_OCC",
+    ])
+    .numeric(&[2, 5, 6, 7, 8]);
+    for s in list {
+        if s.ports.is_empty() {
+            t.row(vec![s.ipcp.clone(), s.policy.clone(), "-".into()]);
+        }
+        for p in &s.ports {
+            for q in &p.queues {
+                t.row(vec![
+                    s.ipcp.clone(),
+                    s.policy.clone(),
+                    p.port.to_string(),
+                    dash(p.neighbor.clone().unwrap_or_default()),
+                    q.queue.clone(),
+                    q.queued.to_string(),
+                    q.sent.to_string(),
+                    q.dropped.to_string(),
+                    q.max_occupancy.to_string(),
+                ]);
+            }
+        }
+    }
+    t
+}
+
 fn dash(s: String) -> String {
     if s.is_empty() {
         "-".into()

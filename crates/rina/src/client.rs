@@ -7,7 +7,7 @@ use nix::errno::Errno;
 use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, UnixAddr};
 use rina_wire::ctl::{
     self, DifInfo, FlowStats, IncomingFlow, IpcpInfo, Message, NameInfo, Op, Reply, Request,
-    RibObjectInfo, MAX_CTL_MSG,
+    RibObjectInfo, SchedulerInfo, MAX_CTL_MSG,
 };
 use rina_wire::{AppName, QosSpec};
 use std::collections::VecDeque;
@@ -327,6 +327,42 @@ impl Client {
         }
     }
 
+    /// The RMT scheduling policy of normal IPC process `ipcp` and the
+    /// counters (queued, sent, dropped, maximum occupancy) of every queue
+    /// of every N-1 port.
+    pub fn scheduler(&mut self, ipcp: &str) -> Result<SchedulerInfo> {
+        self.scheduler_op(ipcp, None)
+    }
+
+    /// Replaces the RMT scheduling policy of normal IPC process `ipcp` and
+    /// returns the new policy's (fresh) counters. `policy` is the policy and
+    /// its parameters, as in the daemon's `[ipcp.scheduler]` table, e.g.
+    /// `{"policy": "qta-mux", "cherish_thresholds": [100, 50]}`. PDUs queued
+    /// under the old policy are discarded. A bad policy is refused with
+    /// [`ErrorKind::InvalidRequest`] and a message naming the parameter.
+    pub fn set_scheduler(
+        &mut self,
+        ipcp: &str,
+        policy: serde_json::Value,
+    ) -> Result<SchedulerInfo> {
+        self.scheduler_op(ipcp, Some(policy))
+    }
+
+    fn scheduler_op(
+        &mut self,
+        ipcp: &str,
+        set: Option<serde_json::Value>,
+    ) -> Result<SchedulerInfo> {
+        let op = Op::Scheduler {
+            ipcp: ipcp.to_string(),
+            set,
+        };
+        match self.call("scheduler", op)? {
+            (Reply::Scheduler(info), _) => Ok(info),
+            (other, _) => Err(unexpected("scheduler", &other)),
+        }
+    }
+
     /// Sends `op` and waits for its reply, queueing flow requests meanwhile,
     /// for at most the client's timeout. Returns the reply and the descriptor
     /// attached to it, if any.
@@ -490,6 +526,7 @@ fn unexpected(what: &str, reply: &Reply) -> Error {
         Reply::Names { .. } => "names",
         Reply::Flows { .. } => "flows",
         Reply::Rib { .. } => "rib",
+        Reply::Scheduler(_) => "scheduler",
     };
     Error::new(
         ErrorKind::Internal,

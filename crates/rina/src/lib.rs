@@ -45,7 +45,7 @@ pub use flow::Flow;
 
 pub use rina_wire::ctl::{
     default_socket_path, DifInfo, FlowCounters, FlowInfo, FlowStats, IncomingFlow, IpcpInfo,
-    NameInfo, RibObjectInfo, SOCKET_ENV,
+    NameInfo, PortQueues, QueueCounters, RibObjectInfo, SchedulerInfo, SOCKET_ENV,
 };
 pub use rina_wire::{AppName, NameError, QosSpec};
 

@@ -22,10 +22,29 @@
 //! "beta.net" = "127.0.0.1:7002"   # the neighbour normal IPCP, reached over this shim
 //!
 //! [[ipcp]]
+//! name = "alpha.eth"
+//! type = "shim-eth"               # one flow per peer MAC, names resolved with ARP
+//! dif = "10"                      # the VLAN id is the DIF name
+//! interface = "eth1"
+//! # vlan = 10                     # default: the DIF name when it is a number (1..4094)
+//! # untagged = true               # a plain segment: no 802.1Q tag
+//!
+//! [[ipcp]]
+//! name = "alpha.hv"
+//! type = "shim-hv"                # VMPI over shared memory, host <-> VM
+//! dif = "hv0"
+//! path = "/dev/shm/rina-hv0"      # created and sized by the host side; the guest
+//! side = "host"                   # maps it (or an ivshmem BAR: .../resource2)
+//! # vmpi_id = 0                   # the device's id in this OS: its address
+//! # busy_poll = false             # true: spin on the rings (lowest latency, one core)
+//!
+//! [[ipcp]]
 //! name = "alpha.net"              # also its application name in the N-1 DIFs
 //! type = "normal"
 //! dif = "net"
-//! address = 1
+//! address = 1                     # a bootstrap member; leave it out to enroll
+//!                                 # through the first neighbour that is a member
+//! # password = "s3cret"           # the DIF's pre-shared enrollment password
 //! # max_pdu = 9000                # largest PDU (default 9000); larger SDUs are fragmented
 //! # max_sdu = 65536
 //! # crc = false                   # CRC-32 on every PDU
@@ -34,7 +53,7 @@
 //! [[ipcp.neighbor]]               # an N-1 flow to set up and keep up
 //! name = "beta.net"               # the neighbour IPCP's name
 //! over = "udp.net"                # the N-1 DIF that reaches it
-//! address = 2                     # its address in this DIF
+//! # address = 2                   # its address, if known (else learnt by hello)
 //!
 //! # routing = "link-state"        # or "static" (default): use the table below
 //! # directory_mode = "distributed" # or "static" (default): only the names table
@@ -44,11 +63,28 @@
 //!
 //! [ipcp.names]                    # application name -> address (static directory)
 //! "echo" = 2
+//!
+//! [ipcp.scheduler]                # RMT scheduling policy (default: fifo); see
+//! policy = "qta-mux"              # rina_core::rmt::SchedulerConfig for every policy
+//! cherish_thresholds = [1250, 50] # and parameter; `rinactl sched` changes it live
+//! skip_probability = 0.05
+//!
+//! [[ipcp.qos_cube]]               # QoS cubes of the DIF (default: 1 "unreliable",
+//! id = 1                          # 2 "reliable", both in cell A1)
+//! name = "voice"
+//! reliable = false                # EFCP with retransmission and in-order delivery
+//! urgency = 0                     # cell of the cherish/urgency matrix, 0 = most
+//! cherish = 1                     # urgent / most cherished
+//! # avg_bandwidth_bps = 64000     # declared figures, matched against QoS specs:
+//! # burst_bytes = 1500            # delay_us, jitter_us, loss_ppm likewise
 //! ```
 //!
-//! Layer management (enrollment, routing, the directory) will fill the last
-//! three tables by itself; until then they are written by hand.
+//! With `routing = "link-state"` and `directory_mode = "distributed"` the
+//! last two tables are not needed; a member without `address` takes both
+//! policies (and the address) from the DIF when it enrolls.
 
+use rina_core::normal::QosCube;
+use rina_core::rmt::{SchedConfigError, SchedulerConfig};
 use rina_wire::AppName;
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashSet};
@@ -112,6 +148,23 @@ pub enum IpcpKind {
     /// A normal IPC process.
     #[serde(rename = "normal")]
     Normal,
+    /// The shim DIF over Ethernet 802.1Q.
+    #[serde(rename = "shim-eth")]
+    ShimEth,
+    /// The shim DIF for hypervisors (VMPI over shared memory).
+    #[serde(rename = "shim-hv")]
+    ShimHv,
+}
+
+/// Which end of a shim-hv VMPI device an IPCP is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum HvSide {
+    /// The hypervisor: creates and sizes the shared-memory file.
+    #[serde(rename = "host")]
+    Host,
+    /// The virtual machine: maps what the host created.
+    #[serde(rename = "guest")]
+    Guest,
 }
 
 /// How a normal IPCP fills its forwarding table.
@@ -147,8 +200,9 @@ pub struct NeighborConfig {
     /// The N-1 DIF that reaches it: a shim DIF or another normal DIF of
     /// this system (stacking).
     pub over: Spanned<String>,
-    /// Its address in this DIF.
-    pub address: u64,
+    /// Its address in this DIF, if known (otherwise learnt from its hellos).
+    #[serde(default)]
+    pub address: Option<u64>,
 }
 
 /// One `[[ipcp]]` table.
@@ -171,6 +225,23 @@ pub struct IpcpConfig {
     pub directory: BTreeMap<AppName, SocketAddr>,
     /// normal: this IPCP's address in its DIF.
     pub address: Option<u64>,
+    /// shim-eth: the Ethernet interface.
+    pub interface: Option<String>,
+    /// shim-eth: the VLAN id (1..=4094); default: the DIF name if it is a number.
+    pub vlan: Option<Spanned<u16>>,
+    /// shim-eth: no 802.1Q tag (a plain segment).
+    pub untagged: Option<bool>,
+    /// shim-hv: the shared-memory file (e.g. under /dev/shm, or an ivshmem BAR).
+    pub path: Option<PathBuf>,
+    /// shim-hv: which end of the VMPI device this is.
+    pub side: Option<HvSide>,
+    /// shim-hv: the VMPI-id of the device in this OS (its address; default 0).
+    pub vmpi_id: Option<u32>,
+    /// shim-hv: poll the rings continuously (one core busy) instead of every millisecond.
+    pub busy_poll: Option<bool>,
+    /// normal: the DIF's pre-shared enrollment password (asked of
+    /// enrollees, given when enrolling).
+    pub password: Option<String>,
     /// normal: largest PDU, in bytes.
     pub max_pdu: Option<Spanned<u32>>,
     /// normal: CRC-32 on every PDU.
@@ -190,6 +261,60 @@ pub struct IpcpConfig {
     pub routing: Option<RoutingKind>,
     /// normal: whether registrations are disseminated through the DIF.
     pub directory_mode: Option<DirectoryMode>,
+    /// normal: the RMT scheduling policy (default: fifo).
+    pub scheduler: Option<Spanned<SchedulerConfig>>,
+    /// normal: the DIF's QoS cubes (default: [`QosCube::defaults`]).
+    #[serde(default, rename = "qos_cube")]
+    pub qos_cubes: Vec<Spanned<QosCubeConfig>>,
+}
+
+/// One `[[ipcp.qos_cube]]` table of a normal IPCP.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QosCubeConfig {
+    /// QoS-id, unique in the DIF (carried in every PDU of the cube).
+    pub id: u64,
+    /// Name, for listings and `--qos-cube`.
+    pub name: String,
+    /// Retransmission and in-order delivery (the built-in reliable EFCP
+    /// policies) rather than none.
+    #[serde(default)]
+    pub reliable: bool,
+    /// Urgency level in the C/U matrix, 0 = most urgent.
+    #[serde(default)]
+    pub urgency: u8,
+    /// Cherish level in the C/U matrix, 0 = most cherished.
+    #[serde(default)]
+    pub cherish: u8,
+    /// Declared average bandwidth, bit/s.
+    pub avg_bandwidth_bps: Option<u64>,
+    /// Declared burst, bytes (needs `avg_bandwidth_bps`).
+    pub burst_bytes: Option<u64>,
+    /// Declared one-way delay bound, microseconds.
+    pub delay_us: Option<u64>,
+    /// Declared jitter bound, microseconds (needs `delay_us`).
+    pub jitter_us: Option<u64>,
+    /// Declared loss bound, parts per million.
+    pub loss_ppm: Option<u32>,
+}
+
+impl QosCubeConfig {
+    /// The cube this table describes.
+    pub fn cube(&self) -> QosCube {
+        let efcp = if self.reliable {
+            rina_core::efcp::EfcpConfig::reliable()
+        } else {
+            rina_core::efcp::EfcpConfig::unreliable()
+        };
+        let mut c =
+            QosCube::new(self.id, self.name.clone(), efcp).with_cell(self.urgency, self.cherish);
+        c.avg_bandwidth_bps = self.avg_bandwidth_bps;
+        c.burst_bytes = self.burst_bytes;
+        c.delay_us = self.delay_us;
+        c.jitter_us = self.jitter_us;
+        c.loss_ppm = self.loss_ppm;
+        c
+    }
 }
 
 impl Config {
@@ -239,12 +364,55 @@ impl Config {
                     "a shim-udp IPCP needs `bind = \"host:port\"`".into(),
                 ));
             }
+            let hv_keys = ip.path.is_some()
+                || ip.side.is_some()
+                || ip.vmpi_id.is_some()
+                || ip.busy_poll.is_some();
+            if ip.kind == IpcpKind::ShimHv {
+                if ip.path.is_none() || ip.side.is_none() {
+                    return Err(invalid(
+                        ip.name.span(),
+                        key("path/side"),
+                        "a shim-hv IPCP needs `path = \"/dev/shm/...\"` and `side = \"host\"` or `\"guest\"`".into(),
+                    ));
+                }
+                if ip.bind.is_some() || !ip.directory.is_empty() {
+                    return Err(invalid(
+                        ip.name.span(),
+                        key("bind/directory"),
+                        "`bind` and `directory` are for shim-udp IPCPs".into(),
+                    ));
+                }
+            } else if hv_keys {
+                return Err(invalid(
+                    ip.name.span(),
+                    key("path/side/vmpi_id/busy_poll"),
+                    "`path`, `side`, `vmpi_id` and `busy_poll` are for shim-hv IPCPs".into(),
+                ));
+            }
+            let eth_keys = ip.interface.is_some() || ip.vlan.is_some() || ip.untagged.is_some();
+            if ip.kind == IpcpKind::ShimEth {
+                check_shim_eth(ip).map_err(|(span, k, m)| invalid(span, key(k), m))?;
+            } else if eth_keys {
+                return Err(invalid(
+                    ip.name.span(),
+                    key("interface/vlan/untagged"),
+                    "`interface`, `vlan` and `untagged` are for shim-eth IPCPs".into(),
+                ));
+            }
             if ip.kind == IpcpKind::Normal {
-                if ip.address.is_none_or(|a| a == 0) {
+                if ip.address == Some(0) {
                     return Err(invalid(
                         ip.name.span(),
                         key("address"),
-                        "a normal IPCP needs `address = N` (N > 0)".into(),
+                        "addresses start at 1; leave `address` out to enroll".into(),
+                    ));
+                }
+                if ip.address.is_none() && ip.neighbors.is_empty() {
+                    return Err(invalid(
+                        ip.name.span(),
+                        key("address"),
+                        "a normal IPCP needs `address = N` (a bootstrap member) or a `[[ipcp.neighbor]]` to enroll through".into(),
                     ));
                 }
                 if ip.bind.is_some() || !ip.directory.is_empty() {
@@ -274,6 +442,7 @@ impl Config {
                         ));
                     }
                 }
+                check_qos(ip).map_err(|(span, k, m)| invalid(span, key(&k), m))?;
                 for dst in ip.routes.keys() {
                     if dst.parse::<u64>().is_err() {
                         return Err(invalid(
@@ -284,6 +453,7 @@ impl Config {
                     }
                 }
             } else if ip.address.is_some()
+                || ip.password.is_some()
                 || !ip.neighbors.is_empty()
                 || !ip.names.is_empty()
                 || ip.routing.is_some()
@@ -291,8 +461,15 @@ impl Config {
             {
                 return Err(invalid(
                     ip.name.span(),
-                    key("address/neighbor/names/routing/directory_mode"),
-                    "`address`, `neighbor`, `names`, `routing` and `directory_mode` are for normal IPCPs".into(),
+                    key("address/password/neighbor/names/routing/directory_mode"),
+                    "`address`, `password`, `neighbor`, `names`, `routing` and `directory_mode` are for normal IPCPs".into(),
+                ));
+            }
+            if ip.kind != IpcpKind::Normal && (ip.scheduler.is_some() || !ip.qos_cubes.is_empty()) {
+                return Err(invalid(
+                    ip.name.span(),
+                    key("scheduler/qos_cube"),
+                    "`scheduler` and `qos_cube` are for normal IPCPs".into(),
                 ));
             }
             if let Some(m) = &ip.max_sdu {
@@ -307,6 +484,112 @@ impl Config {
             }
         }
         Ok(cfg)
+    }
+}
+
+/// Checks the keys of a shim-eth IPCP; on error, where, which key and why.
+fn check_shim_eth(ip: &IpcpConfig) -> Result<(), (std::ops::Range<usize>, &'static str, String)> {
+    let name = ip.name.span();
+    if ip.interface.as_deref().is_none_or(str::is_empty) {
+        return Err((
+            name,
+            "interface",
+            "a shim-eth IPCP needs `interface = \"eth0\"`".into(),
+        ));
+    }
+    if ip.bind.is_some() || !ip.directory.is_empty() || ip.max_sdu.is_some() {
+        return Err((
+            name,
+            "bind/directory/max_sdu",
+            "a shim-eth IPCP resolves names with ARP and takes its max SDU from the interface MTU; `bind`, `directory` and `max_sdu` are for shim-udp".into(),
+        ));
+    }
+    match (&ip.vlan, ip.untagged.unwrap_or(false)) {
+        (Some(v), true) => Err((
+            v.span(),
+            "vlan",
+            "`vlan` and `untagged = true` exclude each other".into(),
+        )),
+        (Some(v), false) if !(1..=4094).contains(v.get_ref()) => Err((
+            v.span(),
+            "vlan",
+            format!("must be between 1 and 4094, not {}", v.get_ref()),
+        )),
+        (None, false) if ip.shim_eth_vlan().is_none() => Err((
+            name,
+            "vlan",
+            format!(
+                "a shim-eth IPCP needs `vlan = N` (1..4094), a DIF name that is a VLAN id (not {:?}), or `untagged = true`",
+                ip.dif
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Checks the QoS cubes and the scheduling policy of a normal IPCP (the
+/// policy against the cubes' places in the C/U matrix); on error, where,
+/// which key and why.
+fn check_qos(ip: &IpcpConfig) -> Result<(), (std::ops::Range<usize>, String, String)> {
+    let mut ids = HashSet::new();
+    for (k, c) in ip.qos_cubes.iter().enumerate() {
+        let key = |f: &str| format!("qos_cube[{k}].{f}");
+        let (span, c) = (c.span(), c.get_ref());
+        if !ids.insert(c.id) {
+            return Err((span, key("id"), format!("QoS-id {} is used twice", c.id)));
+        }
+        if c.name.is_empty() {
+            return Err((span, key("name"), "must not be empty".into()));
+        }
+        if c.burst_bytes.is_some() && c.avg_bandwidth_bps.is_none() {
+            return Err((span, key("burst_bytes"), "needs `avg_bandwidth_bps`".into()));
+        }
+        if c.jitter_us.is_some() && c.delay_us.is_none() {
+            return Err((span, key("jitter_us"), "needs `delay_us`".into()));
+        }
+    }
+    if let Some(s) = &ip.scheduler {
+        let cu = rina_core::normal::cubes::cu_map(&ip.cubes());
+        if let Err(e) = s.get_ref().build(&cu) {
+            let SchedConfigError::BadParam { param, .. } = &e;
+            return Err((s.span(), format!("scheduler.{param}"), e.to_string()));
+        }
+    }
+    Ok(())
+}
+
+impl IpcpConfig {
+    /// normal: the QoS cubes of the DIF (the configured ones, else the defaults).
+    pub fn cubes(&self) -> Vec<QosCube> {
+        if self.qos_cubes.is_empty() {
+            QosCube::defaults()
+        } else {
+            self.qos_cubes.iter().map(|c| c.get_ref().cube()).collect()
+        }
+    }
+
+    /// normal: the RMT scheduling policy (fifo unless configured).
+    pub fn scheduler_config(&self) -> SchedulerConfig {
+        self.scheduler
+            .as_ref()
+            .map(|s| s.get_ref().clone())
+            .unwrap_or_default()
+    }
+
+    /// shim-eth: the VLAN id, from `vlan` or else from a numeric DIF name;
+    /// `None` when untagged (or not a shim-eth IPCP).
+    pub fn shim_eth_vlan(&self) -> Option<u16> {
+        if self.untagged == Some(true) {
+            return None;
+        }
+        match &self.vlan {
+            Some(v) => Some(*v.get_ref()),
+            None => self
+                .dif
+                .parse::<u16>()
+                .ok()
+                .filter(|v| (1..=4094).contains(v)),
+        }
     }
 }
 
@@ -435,7 +718,7 @@ address = 2
         let n = &c.ipcps[1];
         assert_eq!(n.kind, IpcpKind::Normal);
         assert_eq!(n.address, Some(1));
-        assert_eq!(n.neighbors[0].address, 2);
+        assert_eq!(n.neighbors[0].address, Some(2));
         assert_eq!(n.routes["3"], 2);
         assert_eq!(n.names[&"echo".parse().unwrap()], 3);
     }
@@ -449,10 +732,14 @@ address = 2
             e.contains("line 23") && e.contains("neighbor[0].over"),
             "{e}"
         );
-        let e = parse(&TWO.replace("address = 1\n", ""))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("ipcp[1].address"), "{e}");
+        // Without an address it enrolls through its neighbour...
+        let c = parse(&TWO.replace("address = 1\n", "")).unwrap();
+        assert_eq!(c.ipcps[1].address, None);
+        // ...so it needs one.
+        let lone = TWO.replace("address = 1\n", "");
+        let lone = &lone[..lone.find("[[ipcp.neighbor]]").unwrap()];
+        let e = parse(lone).unwrap_err().to_string();
+        assert!(e.contains("ipcp[1].address") && e.contains("enroll"), "{e}");
         let e = parse(&TWO.replace("\"3\" = 2", "\"three\" = 2"))
             .unwrap_err()
             .to_string();
@@ -461,5 +748,183 @@ address = 2
             .unwrap_err()
             .to_string();
         assert!(e.contains("shim-udp"), "{e}");
+    }
+
+    #[test]
+    fn scheduler_and_qos_cubes_parse() {
+        let with = format!(
+            "{TWO}\n[ipcp.scheduler]\npolicy = \"qta-mux\"\ncherish_thresholds = [100, 10]\n\
+             [[ipcp.qos_cube]]\nid = 1\nname = \"voice\"\nurgency = 0\ncherish = 1\ndelay_us = 5000\n\
+             [[ipcp.qos_cube]]\nid = 2\nname = \"bulk\"\nreliable = true\nurgency = 1\n"
+        );
+        let c = parse(&with).unwrap();
+        let n = &c.ipcps[1];
+        assert_eq!(n.scheduler_config().name(), "qta-mux");
+        let cubes = n.cubes();
+        assert_eq!(cubes.len(), 2);
+        assert_eq!((cubes[0].urgency, cubes[0].cherish), (0, 1));
+        assert_eq!(cubes[0].delay_us, Some(5000));
+        assert!(cubes[1].is_reliable() && !cubes[0].is_reliable());
+        // Without the tables: fifo and the default cubes.
+        let c = parse(TWO).unwrap();
+        assert_eq!(c.ipcps[1].scheduler_config().name(), "fifo");
+        assert_eq!(c.ipcps[1].cubes().len(), 2);
+    }
+
+    #[test]
+    fn scheduler_mistakes_name_key_and_line() {
+        // Line 32 is the `[ipcp.scheduler]` header.
+        let sched = |body: &str| format!("{TWO}\n[ipcp.scheduler]\n{body}");
+        let e = parse(&sched("policy = \"qta-mux\"\ncherish_thresholds = [0]\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("line 32") && e.contains("ipcp[1].scheduler.cherish_thresholds[0]"),
+            "{e}"
+        );
+        let e = parse(&sched("policy = \"fifo\"\nqueue_size = 3\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 3") && e.contains("queue_size"), "{e}");
+        let e = parse(&sched("policy = \"wfq\"\n")).unwrap_err().to_string();
+        assert!(e.contains("wfq"), "{e}");
+        // A cube at cherish level 2 needs three thresholds.
+        let e = parse(&format!(
+            "{}[[ipcp.qos_cube]]\nid = 1\nname = \"x\"\ncherish = 2\n",
+            sched("policy = \"qta-mux\"\ncherish_thresholds = [5, 5]\n")
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("scheduler.cherish_thresholds") && e.contains("level 2"),
+            "{e}"
+        );
+        let cube = "[[ipcp.qos_cube]]\nid = 1\nname = \"x\"\n";
+        let e = parse(&format!("{TWO}\n{cube}{cube}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 35") && e.contains("qos_cube[1].id"), "{e}");
+        let e = parse(&GOOD_SHIM_WITH_SCHED.replace("X", "[ipcp.scheduler]\npolicy = \"fifo\""))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("for normal IPCPs"), "{e}");
+    }
+
+    const GOOD_SHIM_WITH_SCHED: &str = "[system]\nname = \"a\"\n[[ipcp]]\nname = \"u\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:1\"\nX\n";
+}
+
+#[cfg(test)]
+mod shim_eth_tests {
+    use super::*;
+
+    const ETH: &str = r#"
+[system]
+name = "alpha"
+
+[[ipcp]]
+name = "a.10"
+type = "shim-eth"
+dif = "10"
+interface = "eth1"
+
+[[ipcp]]
+name = "a.lan"
+type = "shim-eth"
+dif = "lan"
+interface = "eth1"
+vlan = 20
+"#;
+
+    fn parse(s: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("t.toml"), s)
+    }
+
+    #[test]
+    fn vlan_from_key_or_dif_name_or_untagged() {
+        let c = parse(ETH).unwrap();
+        assert_eq!(c.ipcps[0].kind, IpcpKind::ShimEth);
+        assert_eq!(c.ipcps[0].shim_eth_vlan(), Some(10));
+        assert_eq!(c.ipcps[1].shim_eth_vlan(), Some(20));
+        let u = parse(&ETH.replace("vlan = 20", "untagged = true")).unwrap();
+        assert_eq!(u.ipcps[1].shim_eth_vlan(), None);
+    }
+
+    #[test]
+    fn shim_eth_mistakes_name_key_and_line() {
+        let e = parse(&ETH.replace("vlan = 20", "vlan = 4095"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 16") && e.contains("ipcp[1].vlan"), "{e}");
+        let e = parse(&ETH.replace("vlan = 20", ""))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 12") && e.contains("VLAN id"), "{e}");
+        let e = parse(&ETH.replace("vlan = 20", "vlan = 20\nuntagged = true"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("exclude each other"), "{e}");
+        let e = parse(&ETH.replacen("interface = \"eth1\"\n", "", 1))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("line 6") && e.contains("ipcp[0].interface"),
+            "{e}"
+        );
+        let e = parse(&ETH.replacen("dif = \"10\"", "dif = \"10\"\nmax_sdu = 100", 1))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("MTU"), "{e}");
+        let e = parse(&ETH.replace("vlan = 20", "vlan = 20\nbogus = 1"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 17") && e.contains("bogus"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod shim_hv_tests {
+    use super::*;
+
+    const HV: &str = r#"[system]
+name = "h"
+
+[[ipcp]]
+name = "h.hv"
+type = "shim-hv"
+dif = "hv0"
+path = "/dev/shm/x"
+side = "guest"
+vmpi_id = 4
+"#;
+
+    fn parse(s: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("t.toml"), s)
+    }
+
+    #[test]
+    fn shim_hv_keys_parse_and_mistakes_name_key_and_line() {
+        let c = parse(HV).unwrap();
+        assert_eq!(c.ipcps[0].kind, IpcpKind::ShimHv);
+        assert_eq!(c.ipcps[0].side, Some(HvSide::Guest));
+        assert_eq!(c.ipcps[0].vmpi_id, Some(4));
+        let e = parse(&HV.replacen("side = \"guest\"\n", "", 1))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("line 5") && e.contains("ipcp[0].path/side"),
+            "{e}"
+        );
+        let e = parse(&HV.replacen("\"guest\"", "\"vm\"", 1))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("side"), "{e}");
+        let e = parse(&HV.replacen("shim-hv", "shim-udp", 1).replacen(
+            "path = \"/dev/shm/x\"\n",
+            "bind = \"127.0.0.1:1\"\npath = \"/dev/shm/x\"\n",
+            1,
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("are for shim-hv IPCPs"), "{e}");
     }
 }

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{name, wait_for, Daemon};
+use common::{echo_server, name, wait_for, Daemon};
 use rina::{ErrorKind, QosSpec};
 use std::net::UdpSocket;
 use std::time::Duration;
@@ -93,19 +93,7 @@ fn a_reaches_c_through_b_and_fails_cleanly_when_b_dies() {
         counter(&b, "b.net", "neighbors_up") == 2
     });
 
-    let mut srv = c.client();
-    srv.register(&name("echo"), Some("net")).unwrap();
-    let server = std::thread::spawn(move || {
-        let req = srv.next_request().unwrap();
-        let flow = srv.accept(&req).unwrap();
-        let mut buf = vec![0u8; 70_000];
-        while let Ok(n) = flow.read(&mut buf) {
-            if flow.write(&buf[..n]).is_err() {
-                break;
-            }
-        }
-        drop(srv);
-    });
+    let server = echo_server(&c, "net");
     let reliable = QosSpec {
         reliable: true,
         ..Default::default()
@@ -157,19 +145,7 @@ fn link_state_routing_finds_c_without_static_routes() {
     wait_for("A to learn a route to C", T, || {
         counter(&a, "a.net", "routing_destinations") == 2
     });
-    let mut srv = c.client();
-    srv.register(&name("echo"), Some("net")).unwrap();
-    let server = std::thread::spawn(move || {
-        let req = srv.next_request().unwrap();
-        let flow = srv.accept(&req).unwrap();
-        let mut buf = vec![0u8; 2048];
-        while let Ok(n) = flow.read(&mut buf) {
-            if flow.write(&buf[..n]).is_err() {
-                break;
-            }
-        }
-        drop(srv);
-    });
+    let server = echo_server(&c, "net");
     let flow = a
         .client()
         .allocate(

@@ -14,7 +14,7 @@
 //! direction = "bidirectional"   # or "forward", "reverse"
 //! # optional overrides: rate_bps, size, on_s, off_s
 //! # optional QoS cube: max_delay_ms, max_loss_ppm, bandwidth_bps,
-//! #   in_order, reliable, max_sdu_gap, max_sdu; dif = "..."
+//! #   in_order, reliable, max_sdu_gap, max_sdu, qos_cube; dif = "..."
 //! ```
 
 use super::gen::SourceSpec;
@@ -93,6 +93,9 @@ pub struct MatrixFlow {
     /// QoS cube: largest SDU.
     #[serde(default)]
     pub max_sdu: Option<u32>,
+    /// QoS cube asked for by its QoS-id.
+    #[serde(default)]
+    pub qos_cube: Option<u64>,
 }
 
 fn one() -> u32 {
@@ -173,6 +176,7 @@ impl Matrix {
                         reliable: f.reliable,
                         max_sdu_gap: f.max_sdu_gap,
                         max_sdu: f.max_sdu,
+                        qos_cube: f.qos_cube,
                     },
                     start_s: f.start_s,
                     duration_s: f.duration_s,

@@ -270,6 +270,7 @@ impl Daemon {
                 flows: self.list_flows(),
             }),
             Op::ReadRib { ipcp, path, depth } => self.read_rib(&ipcp, path.as_deref(), depth),
+            Op::Scheduler { ipcp, set } => self.scheduler(&ipcp, set),
         };
         self.reply(conn, id, result, None);
     }
@@ -452,6 +453,75 @@ impl Daemon {
                 format!("no pending flow request {handle} for this client (answered, withdrawn or timed out)"),
             )),
         }
+    }
+
+    /// Reads, and with `set` first replaces, the RMT scheduling policy of
+    /// normal IPCP `ipcp`.
+    pub(super) fn scheduler(
+        &mut self,
+        ipcp: &str,
+        set: Option<serde_json::Value>,
+    ) -> Result<Reply, CtlError> {
+        use rina_core::rmt::SchedulerConfig;
+        use rina_wire::ctl::{PortQueues, QueueCounters, SchedulerInfo};
+        let known: Vec<String> = self.ipcps.iter().map(|ip| ip.name.clone()).collect();
+        let Some(ip) = self.ipcps.iter_mut().find(|ip| ip.name == ipcp) else {
+            return Err(CtlError::new(
+                ErrorKind::InvalidRequest,
+                format!(
+                    "no IPCP named {ipcp:?}; this system has {}",
+                    known.join(", ")
+                ),
+            ));
+        };
+        let kind = ip.kind();
+        let Imp::Normal(n) = &mut ip.imp else {
+            return Err(CtlError::new(
+                ErrorKind::InvalidRequest,
+                format!(
+                    "IPCP {ipcp} is a {kind} IPCP; only normal IPCPs have an RMT scheduling policy"
+                ),
+            ));
+        };
+        if let Some(v) = set {
+            let bad = |m: String| CtlError::new(ErrorKind::InvalidRequest, m);
+            let cfg: SchedulerConfig = serde_json::from_value(v)
+                .map_err(|e| bad(format!("bad scheduling policy: {e}")))?;
+            let cu = rina_core::normal::cubes::cu_map(&n.machine.config().cubes);
+            let sched = cfg.build(&cu).map_err(|e| bad(e.to_string()))?;
+            n.machine.rmt_mut().set_scheduler(sched);
+            info!(ipcp, policy = cfg.name(), "RMT scheduling policy changed");
+            n.sched = cfg;
+        }
+        let rmt = n.machine.rmt();
+        let ports = rmt
+            .ports()
+            .map(|port| PortQueues {
+                port,
+                neighbor: n
+                    .neighbors
+                    .iter()
+                    .find(|nb| nb.port == Some(port))
+                    .map(|nb| nb.name.to_string()),
+                queues: rmt
+                    .queue_stats(port)
+                    .into_iter()
+                    .map(|q| QueueCounters {
+                        queue: q.queue,
+                        queued: q.queued as u64,
+                        sent: q.sent,
+                        dropped: q.dropped,
+                        max_occupancy: q.max_occupancy as u64,
+                    })
+                    .collect(),
+            })
+            .collect();
+        Ok(Reply::Scheduler(SchedulerInfo {
+            ipcp: ipcp.to_string(),
+            policy: rmt.scheduler_name().to_string(),
+            config: serde_json::to_value(&n.sched).unwrap_or_default(),
+            ports,
+        }))
     }
 
     // ---- listings ----------------------------------------------------------

@@ -7,14 +7,18 @@
 
 use super::normal::NormalIo;
 use super::shim::ShimIo;
+use super::shim_eth::EthIo;
+use super::shim_hv::HvIo;
 use super::Daemon;
 use rina_core::normal::{self, NormalError};
+use rina_core::shim_eth::{self as shim_eth_core, ShimEthError};
+use rina_core::shim_hv::{self as shim_hv_core, ShimHvError};
 use rina_core::shim_udp::{self, PortId, ShimError};
 use rina_core::Instant;
 use rina_wire::ctl::{CtlError, ErrorKind, FlowCounters};
 use rina_wire::{AppName, QosSpec};
 use std::collections::BTreeMap;
-use tracing::debug;
+use tracing::{debug, error, info, warn};
 
 /// What an IPCP tells the daemon.
 // Events are drained one at a time and never stored, so the size of the
@@ -43,6 +47,10 @@ pub(super) enum Event {
     Deliver { port: PortId, sdu: Vec<u8> },
     /// Normal IPCP: the connection of flow `port` failed.
     FlowFailed { port: PortId },
+    /// Normal IPCP: the neighbour on N-1 flow `port` went silent; the flow
+    /// is stale (a restarted peer does not know it) and must be set up
+    /// again.
+    N1Silent { port: PortId },
 }
 
 /// The kinds of IPCP.
@@ -51,6 +59,10 @@ pub(super) enum Imp {
     Shim(Box<ShimIo>),
     /// A normal IPCP.
     Normal(Box<NormalIo>),
+    /// A shim IPCP over Ethernet 802.1Q with its raw socket.
+    ShimEth(Box<EthIo>),
+    /// A shim IPCP for hypervisors with its shared-memory rings.
+    ShimHv(Box<HvIo>),
 }
 
 /// An IPC process hosted by the daemon.
@@ -66,6 +78,8 @@ impl Ipcp {
         match &self.imp {
             Imp::Shim(_) => "shim-udp",
             Imp::Normal(_) => "normal",
+            Imp::ShimEth(_) => "shim-eth",
+            Imp::ShimHv(_) => "shim-hv",
         }
     }
 
@@ -74,6 +88,8 @@ impl Ipcp {
         match &self.imp {
             Imp::Shim(s) => s.bind.to_string(),
             Imp::Normal(n) => n.machine.config().address.to_string(),
+            Imp::ShimEth(e) => e.address(),
+            Imp::ShimHv(h) => h.address(),
         }
     }
 
@@ -82,6 +98,8 @@ impl Ipcp {
         match &self.imp {
             Imp::Shim(s) => s.machine.config().max_sdu as usize,
             Imp::Normal(n) => n.machine.config().max_sdu,
+            Imp::ShimEth(e) => e.machine.config().max_sdu() as usize,
+            Imp::ShimHv(h) => h.machine.config().max_sdu as usize,
         }
     }
 
@@ -94,6 +112,8 @@ impl Ipcp {
                 n.names.insert(name);
                 Ok(())
             }
+            Imp::ShimEth(e) => e.machine.register(name).map_err(shim_eth_error),
+            Imp::ShimHv(h) => h.machine.register(name).map_err(shim_hv_error),
         }
     }
 
@@ -105,6 +125,8 @@ impl Ipcp {
                 n.names.remove(name);
                 n.machine.unregister(name)
             }
+            Imp::ShimEth(e) => e.machine.unregister(name),
+            Imp::ShimHv(h) => h.machine.unregister(name),
         }
     }
 
@@ -113,6 +135,10 @@ impl Ipcp {
         match &self.imp {
             Imp::Shim(s) => s.machine.knows(name),
             Imp::Normal(n) => n.machine.knows(name),
+            // Any name may resolve by ARP; it is asked at allocation.
+            Imp::ShimEth(_) => true,
+            // Point to point: whether the other end has it is asked at allocation.
+            Imp::ShimHv(_) => true,
         }
     }
 
@@ -120,6 +146,8 @@ impl Ipcp {
     pub fn names(&self) -> Vec<AppName> {
         match &self.imp {
             Imp::Shim(s) => s.machine.names().cloned().collect(),
+            Imp::ShimEth(e) => e.machine.registered().cloned().into_iter().collect(),
+            Imp::ShimHv(h) => h.machine.names().cloned().collect(),
             Imp::Normal(n) => n.names.iter().cloned().collect(),
         }
     }
@@ -142,6 +170,14 @@ impl Ipcp {
                 .machine
                 .allocate(now, port, local, remote, qos)
                 .map_err(normal_error),
+            Imp::ShimEth(e) => e
+                .machine
+                .allocate(now, port, local, remote, qos)
+                .map_err(shim_eth_error),
+            Imp::ShimHv(h) => h
+                .machine
+                .allocate(now, port, local, remote, qos)
+                .map_err(shim_hv_error),
         }
     }
 
@@ -150,6 +186,8 @@ impl Ipcp {
         match &mut self.imp {
             Imp::Shim(s) => s.machine.accept(handle, port).map_err(shim_error),
             Imp::Normal(n) => n.machine.accept(now, handle, port).map_err(normal_error),
+            Imp::ShimEth(e) => e.machine.accept(handle, port).map_err(shim_eth_error),
+            Imp::ShimHv(h) => h.machine.accept(handle, port).map_err(shim_hv_error),
         }
     }
 
@@ -158,6 +196,8 @@ impl Ipcp {
         match &mut self.imp {
             Imp::Shim(s) => s.machine.refuse(handle, reason).map_err(shim_error),
             Imp::Normal(n) => n.machine.refuse(handle, reason).map_err(normal_error),
+            Imp::ShimEth(e) => e.machine.refuse(handle, reason).map_err(shim_eth_error),
+            Imp::ShimHv(h) => h.machine.refuse(handle, reason).map_err(shim_hv_error),
         }
     }
 
@@ -174,6 +214,12 @@ impl Ipcp {
                 n.drops_in.remove(&port);
                 n.drops_out.remove(&port);
             }
+            Imp::ShimEth(e) => {
+                let _ = e.machine.deallocate(port);
+            }
+            Imp::ShimHv(h) => {
+                let _ = h.machine.deallocate(port);
+            }
         }
     }
 
@@ -182,6 +228,8 @@ impl Ipcp {
         match &self.imp {
             Imp::Shim(s) => s.machine.flow(port).is_some(),
             Imp::Normal(n) => n.machine.flow_counters(port).is_some(),
+            Imp::ShimEth(e) => e.machine.flow(port).is_some(),
+            Imp::ShimHv(h) => h.machine.flow(port).is_some(),
         }
     }
 
@@ -195,6 +243,8 @@ impl Ipcp {
                 c.drops_out += n.drops_out.get(&port).copied().unwrap_or(0);
                 c
             }),
+            Imp::ShimEth(e) => e.machine.flow(port).map(|f| f.counters),
+            Imp::ShimHv(h) => h.machine.flow(port).map(|f| f.counters),
         }
     }
 
@@ -203,6 +253,8 @@ impl Ipcp {
         match &self.imp {
             Imp::Shim(s) => s.machine.flows().count(),
             Imp::Normal(n) => n.machine.flows().count(),
+            Imp::ShimEth(e) => e.machine.flows().count(),
+            Imp::ShimHv(h) => h.machine.flows().count(),
         }
     }
 
@@ -227,6 +279,17 @@ impl Ipcp {
                 );
                 c
             }
+            Imp::ShimEth(e) => {
+                let mut c = e.machine.counters().to_map();
+                c.insert("tx_errors".into(), e.send_errors);
+                c.insert("tx_buffer_full".into(), e.send_full);
+                c.insert(
+                    "arp_cache_entries".into(),
+                    e.machine.arp_cache().count() as u64,
+                );
+                c
+            }
+            Imp::ShimHv(h) => h.counters(),
         }
     }
 
@@ -235,6 +298,8 @@ impl Ipcp {
         match &self.imp {
             Imp::Shim(s) => s.machine.poll_timeout(),
             Imp::Normal(n) => n.machine.poll_timeout(),
+            Imp::ShimEth(e) => e.machine.poll_timeout(),
+            Imp::ShimHv(h) => h.machine.poll_timeout(),
         }
     }
 
@@ -243,6 +308,8 @@ impl Ipcp {
         match &mut self.imp {
             Imp::Shim(s) => s.machine.handle_timeout(now),
             Imp::Normal(n) => n.machine.handle_timeout(now),
+            Imp::ShimEth(e) => e.machine.handle_timeout(now),
+            Imp::ShimHv(h) => h.machine.handle_timeout(now),
         }
     }
 
@@ -289,6 +356,70 @@ impl Ipcp {
                     }
                 }
             },
+            Imp::ShimEth(e) => loop {
+                let a = e.machine.poll_action()?;
+                return Some(match a {
+                    shim_eth_core::Action::Transmit { frame } => {
+                        e.send_control(&frame);
+                        continue;
+                    }
+                    shim_eth_core::Action::FlowRequest {
+                        handle,
+                        local,
+                        remote,
+                        qos,
+                    } => Event::FlowRequest {
+                        handle,
+                        local,
+                        remote,
+                        qos,
+                    },
+                    shim_eth_core::Action::RequestWithdrawn { handle } => {
+                        Event::RequestWithdrawn { handle }
+                    }
+                    shim_eth_core::Action::Allocated { port, max_sdu } => {
+                        Event::Allocated { port, max_sdu }
+                    }
+                    shim_eth_core::Action::AllocateFailed { port, error } => {
+                        Event::AllocateFailed {
+                            port,
+                            error: shim_eth_error(error),
+                        }
+                    }
+                    shim_eth_core::Action::Deliver { port, sdu } => Event::Deliver { port, sdu },
+                });
+            },
+            Imp::ShimHv(h) => loop {
+                let a = h.machine.poll_action()?;
+                return Some(match a {
+                    shim_hv_core::Action::Transmit { buf } => {
+                        h.send_control(buf);
+                        continue;
+                    }
+                    shim_hv_core::Action::FlowRequest {
+                        handle,
+                        local,
+                        remote,
+                        qos,
+                    } => Event::FlowRequest {
+                        handle,
+                        local,
+                        remote,
+                        qos,
+                    },
+                    shim_hv_core::Action::RequestWithdrawn { handle } => {
+                        Event::RequestWithdrawn { handle }
+                    }
+                    shim_hv_core::Action::Allocated { port, max_sdu } => {
+                        Event::Allocated { port, max_sdu }
+                    }
+                    shim_hv_core::Action::AllocateFailed { port, error } => Event::AllocateFailed {
+                        port,
+                        error: shim_hv_error(error),
+                    },
+                    shim_hv_core::Action::Deallocated { port } => Event::Deallocated { port },
+                });
+            },
             Imp::Normal(n) => loop {
                 let a = n.machine.poll_action()?;
                 return Some(match a {
@@ -318,7 +449,13 @@ impl Ipcp {
                         error: normal_error(error),
                     },
                     normal::Action::Deallocated { flow } => Event::Deallocated { port: flow },
-                    // Layer management is not hosted yet: count and drop.
+                    normal::Action::Membership(ev) => {
+                        log_membership(&self.name, &ev);
+                        if let normal::MembershipEvent::NeighborDown { port, .. } = ev {
+                            return Some(Event::N1Silent { port });
+                        }
+                        continue;
+                    }
                     normal::Action::Management { .. } => {
                         n.mgmt_unhandled += 1;
                         continue;
@@ -326,6 +463,33 @@ impl Ipcp {
                 });
             },
         }
+    }
+}
+
+/// Logs what membership reports: enrollment steps and failures name the
+/// step and the reason (the first thing to look at when a DIF does not
+/// assemble).
+fn log_membership(ipcp: &str, ev: &normal::MembershipEvent) {
+    use normal::MembershipEvent as M;
+    match ev {
+        M::NeighborUp {
+            port,
+            name,
+            address,
+        } => info!(ipcp, neighbor = %name, address, port, "neighbour up"),
+        M::NeighborDown { port, address } => {
+            warn!(ipcp, address, port, "neighbour silent: taken down")
+        }
+        M::EnrollStep { via, step } => debug!(ipcp, via = %via, step = step.name(), "enrolling"),
+        M::Enrolled { via, address } => info!(ipcp, via = %via, address, "enrolled"),
+        M::EnrollRetrying {
+            via,
+            error,
+            attempt,
+        } => warn!(ipcp, via = %via, attempt, %error, "enrollment attempt failed; retrying"),
+        M::EnrollFailed { via, error } => error!(ipcp, via = %via, %error, "enrollment failed"),
+        M::Admitted { peer, address } => info!(ipcp, peer = %peer, address, "admitted a member"),
+        M::Rejected { peer, reason } => warn!(ipcp, peer = %peer, %reason, "refused a member"),
     }
 }
 
@@ -344,6 +508,43 @@ pub(super) fn shim_error(e: ShimError) -> CtlError {
         ShimError::UnknownRequest(_) => ErrorKind::InvalidRequest,
         ShimError::PortInUse(_) => ErrorKind::Internal,
         ShimError::NoResources(_) => ErrorKind::NoResources,
+    };
+    CtlError::new(kind, e.to_string())
+}
+
+/// The control-protocol error for a shim-eth error.
+pub(super) fn shim_eth_error(e: ShimEthError) -> CtlError {
+    let kind = match &e {
+        ShimEthError::NameDoesNotResolve { .. } => ErrorKind::NameNotFound,
+        ShimEthError::OneApplicationOnly(_) => ErrorKind::NameInUse,
+        ShimEthError::FlowExists { .. } => ErrorKind::NoResources,
+        ShimEthError::SelfFlow(_) => ErrorKind::InvalidRequest,
+        ShimEthError::QosNotSatisfiable(_) => ErrorKind::QosNotSatisfiable,
+        ShimEthError::SduTooLarge { .. } => ErrorKind::SduTooLarge,
+        ShimEthError::EmptySdu => ErrorKind::InvalidRequest,
+        ShimEthError::UnknownFlow(_) => ErrorKind::UnknownFlow,
+        ShimEthError::UnknownRequest(_) => ErrorKind::InvalidRequest,
+        ShimEthError::PortInUse(_) => ErrorKind::Internal,
+        ShimEthError::NoResources(_) => ErrorKind::NoResources,
+    };
+    CtlError::new(kind, e.to_string())
+}
+
+/// The control-protocol error for a shim-hv error.
+pub(super) fn shim_hv_error(e: ShimHvError) -> CtlError {
+    let kind = match &e {
+        ShimHvError::PeerDown | ShimHvError::PeerLost => ErrorKind::NoResources,
+        ShimHvError::NameInUse(_) => ErrorKind::NameInUse,
+        ShimHvError::Refused(r) if r.contains("is not registered") => ErrorKind::NotRegistered,
+        ShimHvError::Refused(_) => ErrorKind::Refused,
+        ShimHvError::QosNotSatisfiable(_) => ErrorKind::QosNotSatisfiable,
+        ShimHvError::SduTooLarge { .. } => ErrorKind::SduTooLarge,
+        ShimHvError::EmptySdu => ErrorKind::InvalidRequest,
+        ShimHvError::Timeout(_) => ErrorKind::Timeout,
+        ShimHvError::UnknownFlow(_) => ErrorKind::UnknownFlow,
+        ShimHvError::UnknownRequest(_) => ErrorKind::InvalidRequest,
+        ShimHvError::PortInUse(_) => ErrorKind::Internal,
+        ShimHvError::NoChannel => ErrorKind::NoResources,
     };
     CtlError::new(kind, e.to_string())
 }
@@ -385,13 +586,17 @@ impl Daemon {
                         "Neighbor",
                         ObjValue::Str(format!(
                             "address {}, over DIF {}, {state}",
-                            nb.address, self.ipcps[nb.shim].dif
+                            nb.address
+                                .map_or_else(|| "from hellos".to_string(), |a| a.to_string()),
+                            self.ipcps[nb.shim].dif
                         )),
                         rib::OwnerId::ENROLLMENT,
                     );
                 }
                 r
             }
+            Imp::ShimEth(e) => e.rib(self.now()),
+            Imp::ShimHv(h) => h.rib(),
             Imp::Shim(s) => {
                 let mut r = Rib::new(rib::Config::default());
                 let _ = r.create_with_parents(

@@ -8,6 +8,9 @@
 //! * the control listener and control connections (`SOCK_SEQPACKET`, JSON
 //!   messages of `rina_wire::ctl`);
 //! * one UDP socket per shim-udp IPCP;
+//! * one `AF_PACKET` raw socket per shim-eth IPCP ([`shim_eth`]);
+//! * shim-hv IPCPs have no descriptor: their shared-memory rings are polled
+//!   on a timer ([`shim_hv`]);
 //! * the daemon's end of every flow (`SOCK_SEQPACKET`; one read = one SDU);
 //! * a self-pipe written by the SIGINT/SIGTERM handler.
 //!
@@ -23,6 +26,8 @@ mod control;
 mod ipcp;
 mod normal;
 mod shim;
+mod shim_eth;
+mod shim_hv;
 
 use crate::config::{Config, IpcpKind};
 use crate::sys::{self, Recv, Sent};
@@ -73,6 +78,7 @@ const SHIFT: u32 = 40;
 const T_UDP: usize = 1;
 const T_CONN: usize = 2;
 const T_FLOW: usize = 3;
+const T_ETH: usize = 4;
 
 fn token(kind: usize, id: usize) -> Token {
     Token((kind << SHIFT) | id)
@@ -215,6 +221,8 @@ impl Daemon {
         for (i, ic) in cfg.ipcps.iter().enumerate() {
             match ic.kind {
                 IpcpKind::Normal => ipcps.push(new_normal(ic)?),
+                IpcpKind::ShimEth => ipcps.push(shim_eth::new_ipcp(cfg, &poll, i)?),
+                IpcpKind::ShimHv => ipcps.push(shim_hv::new_ipcp(cfg, i)?),
                 IpcpKind::ShimUdp => {
                     let bind = ic.bind.unwrap_or_else(|| ([127, 0, 0, 1], 0).into());
                     let mut sock = UdpSocket::bind(bind).map_err(io_ctx(format!(
@@ -302,6 +310,7 @@ impl Daemon {
                     .filter_map(|ip| ip.poll_timeout())
                     .chain(self.accept_retry)
                     .chain(self.neighbor_timeout())
+                    .chain(self.hv_timeout())
                     .min()
                     .map(|t| t.saturating_since(now))
             };
@@ -323,6 +332,14 @@ impl Daemon {
                         (T_UDP, i) => {
                             if ev.is_writable() {
                                 self.unstall(i);
+                            }
+                            if ev.is_readable() {
+                                self.mark_udp_ready(i);
+                            }
+                        }
+                        (T_ETH, i) => {
+                            if ev.is_writable() {
+                                self.eth_unstall(i);
                             }
                             if ev.is_readable() {
                                 self.mark_udp_ready(i);
@@ -362,6 +379,7 @@ impl Daemon {
                     ip.handle_timeout(now);
                 }
             }
+            self.hv_ticks(now);
             self.drain_events();
             self.deliver_early_n1();
             self.retry_stashes();
@@ -399,11 +417,15 @@ impl Daemon {
     }
 
     fn mark_udp_ready(&mut self, i: usize) {
-        if let Imp::Shim(sh) = &mut self.ipcps[i].imp {
-            if !sh.rx_queued {
-                sh.rx_queued = true;
-                self.ready_udp.push_back(i);
-            }
+        let queued = match &mut self.ipcps[i].imp {
+            Imp::Shim(sh) => &mut sh.rx_queued,
+            Imp::ShimEth(e) => &mut e.rx_queued,
+            Imp::ShimHv(h) => &mut h.rx_queued,
+            Imp::Normal(_) => return,
+        };
+        if !*queued {
+            *queued = true;
+            self.ready_udp.push_back(i);
         }
     }
 
@@ -415,7 +437,16 @@ impl Daemon {
             if let Imp::Shim(sh) = &mut self.ipcps[i].imp {
                 sh.rx_queued = false;
             }
-            if self.service_udp(i) {
+            let more = if let Imp::ShimEth(e) = &mut self.ipcps[i].imp {
+                e.rx_queued = false;
+                self.service_eth(i)
+            } else if let Imp::ShimHv(h) = &mut self.ipcps[i].imp {
+                h.rx_queued = false;
+                self.service_hv(i)
+            } else {
+                self.service_udp(i)
+            };
+            if more {
                 self.mark_udp_ready(i);
             }
         }
@@ -487,6 +518,12 @@ impl Daemon {
         };
         if matches!(self.ipcps[slot.ipcp].imp, Imp::Normal(_)) {
             return self.service_normal_flow(port);
+        }
+        if matches!(self.ipcps[slot.ipcp].imp, Imp::ShimEth(_)) {
+            return self.service_eth_flow(port);
+        }
+        if matches!(self.ipcps[slot.ipcp].imp, Imp::ShimHv(_)) {
+            return self.service_hv_flow(port);
         }
         let ipcp = &mut self.ipcps[slot.ipcp];
         let name = &ipcp.name;
@@ -678,6 +715,15 @@ impl Daemon {
                 info!(port, "flow deallocated by the peer");
                 self.close_flow(port, false);
             }
+            Event::N1Silent { port } => {
+                // Tear the stale N-1 flow down; the side that sets it up
+                // allocates a fresh one (a restarted peer accepts it).
+                if let Some(&(_, lower)) = self.n1_owner.get(&port) {
+                    warn!(port, "N-1 flow silent; setting it up again");
+                    self.ipcps[lower].deallocate(now, port);
+                    self.unbind_n1(port);
+                }
+            }
             Event::N1Transmit { port, frame } => self.n1_transmit(port, &frame),
             Event::Deliver { port, sdu } => {
                 if let Some(&(j, _)) = self.n1_owner.get(&port) {
@@ -685,6 +731,8 @@ impl Daemon {
                     if let Imp::Normal(upper) = &mut self.ipcps[j].imp {
                         upper.machine.on_frame(now, port, &sdu);
                     }
+                } else if matches!(self.ipcps[i].imp, Imp::ShimEth(_)) {
+                    self.eth_deliver(i, port, &sdu);
                 } else {
                     self.normal_deliver(i, port, sdu);
                 }
@@ -779,7 +827,10 @@ fn new_normal(ic: &crate::config::IpcpConfig) -> Result<Ipcp, DaemonError> {
         what: format!("IPCP {name}: its name is not a valid application name"),
         source: io::Error::other(format!("{e}")),
     })?;
-    let mut nc = NormalConfig::new(ic.dif.clone(), ic.address.unwrap_or(1));
+    let mut nc = NormalConfig::new(ic.dif.clone(), ic.address.unwrap_or(0));
+    let mut membership = rina_core::normal::MembershipConfig::new(app_name.clone());
+    membership.password = ic.password.clone();
+    nc.membership = Some(membership);
     nc.dt.max_pdu_size = ic
         .max_pdu
         .as_ref()
@@ -799,13 +850,18 @@ fn new_normal(ic: &crate::config::IpcpConfig) -> Result<Ipcp, DaemonError> {
         Some(t) => Some(t),
         None => nc.sdup.ttl,
     };
-    let mut machine =
-        NormalIpcp::new(nc, Box::new(rina_core::rmt::Fifo::default())).map_err(|e| {
-            DaemonError::Io {
-                what: format!("IPCP {name}"),
-                source: io::Error::other(e.to_string()),
-            }
+    nc.cubes = ic.cubes();
+    let sched_cfg = ic.scheduler_config();
+    let sched = sched_cfg
+        .build(&rina_core::normal::cubes::cu_map(&nc.cubes))
+        .map_err(|e| DaemonError::Io {
+            what: format!("IPCP {name}: scheduler"),
+            source: io::Error::other(e.to_string()),
         })?;
+    let mut machine = NormalIpcp::new(nc, sched).map_err(|e| DaemonError::Io {
+        what: format!("IPCP {name}"),
+        source: io::Error::other(e.to_string()),
+    })?;
     for (app, &addr) in &ic.names {
         machine.set_directory(app.clone(), addr);
     }
@@ -829,6 +885,7 @@ fn new_normal(ic: &crate::config::IpcpConfig) -> Result<Ipcp, DaemonError> {
             drops_in: HashMap::new(),
             drops_out: HashMap::new(),
             mgmt_unhandled: 0,
+            sched: sched_cfg,
         })),
     })
 }

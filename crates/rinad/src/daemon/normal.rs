@@ -4,9 +4,17 @@
 //! N-1 flows are ordinary flows of a lower IPCP (a shim, or another normal
 //! IPCP when DIFs are stacked) whose owner is the normal IPCP instead of an
 //! application: the IPCP registers its own name in every N-1 DIF its
-//! neighbours are reached through, the end with the lower address allocates
-//! the flow to each neighbour (and retries while it is down), the other end
-//! accepts it. Frames cross between the two IPCPs in memory.
+//! neighbours are reached through, the end with the smaller IPCP name
+//! allocates the flow to each neighbour (and retries while it is down), the
+//! other end accepts it. Frames cross between the two IPCPs in memory.
+//!
+//! Once a flow is up, the IPCP's membership machine
+//! ([`rina_core::normal::membership`]) takes over: hellos tell each side the
+//! other's address (so the file need not), silence takes a neighbour down in
+//! bounded time (a dead peer over UDP closes nothing), and an IPCP without an
+//! address enrolls through the first member it hears. Together this is the
+//! resource allocator: N-1 flows set up and kept up here, their up/down
+//! feeding routing there.
 //!
 //! Application flows keep end-to-end flow control: an SDU is consumed (and
 //! credit returned to the sender) only once the application's socket took
@@ -25,7 +33,8 @@ pub(super) const MAX_RX_PENDING: usize = 1024;
 /// A configured neighbour and the state of the N-1 flow to it.
 pub(super) struct Neighbor {
     pub name: AppName,
-    pub address: u64,
+    /// Its address, when the file gives it (otherwise hellos tell).
+    pub address: Option<u64>,
     /// The shim IPCP that reaches it.
     pub shim: usize,
     /// The live N-1 flow.
@@ -55,6 +64,8 @@ pub(super) struct NormalIo {
     pub drops_out: HashMap<PortId, u64>,
     /// Management PDUs nobody here handles yet (layer management comes later).
     pub mgmt_unhandled: u64,
+    /// The RMT scheduling policy in use, as configured (`rinactl sched`).
+    pub sched: rina_core::rmt::SchedulerConfig,
 }
 
 impl NormalIo {
@@ -87,8 +98,8 @@ impl Daemon {
             let Some(n) = self.normal_mut(j) else {
                 continue;
             };
-            let my_addr = n.machine.config().address;
             let me = n.app_name.clone();
+            let my_key = me.to_string();
             let due: Vec<usize> = n
                 .neighbors
                 .iter()
@@ -96,7 +107,7 @@ impl Daemon {
                 .filter(|(_, nb)| {
                     nb.port.is_none()
                         && nb.pending.is_none()
-                        && my_addr < nb.address
+                        && my_key < nb.name.to_string()
                         && nb.retry_at.is_none_or(|t| t <= now)
                 })
                 .map(|(k, _)| k)
@@ -127,17 +138,19 @@ impl Daemon {
 
     /// When [`Daemon::keep_neighbors`] next has something to do: the
     /// earliest retry of an N-1 flow this side must set up (never tried:
-    /// now). Neighbours with a higher address set up the flow themselves.
+    /// now). Neighbours with a smaller name set up the flow themselves.
     pub(super) fn neighbor_timeout(&self) -> Option<Instant> {
         let now = self.now();
         self.ipcps
             .iter()
             .filter_map(|ip| match &ip.imp {
                 Imp::Normal(n) => {
-                    let me = n.machine.config().address;
+                    let me = n.app_name.to_string();
                     n.neighbors
                         .iter()
-                        .filter(|nb| nb.port.is_none() && nb.pending.is_none() && me < nb.address)
+                        .filter(|nb| {
+                            nb.port.is_none() && nb.pending.is_none() && me < nb.name.to_string()
+                        })
                         .map(|nb| nb.retry_at.unwrap_or(now))
                         .min()
                 }
@@ -153,12 +166,17 @@ impl Daemon {
         if let Some(n) = self.normal_mut(j) {
             n.neighbors[k].port = Some(port);
             n.neighbors[k].pending = None;
-            let via = n.neighbors[k].address;
-            // With link-state routing this also announces the link; with
-            // static routing it only records the neighbour.
-            n.machine.neighbor_up(now, port, via, 1);
-            if n.machine.config().routing.is_none() {
-                n.set_routes_via(via, Some(port));
+            match n.neighbors[k].address {
+                // With link-state routing this also announces the link;
+                // with static routing it only records the neighbour.
+                Some(via) => {
+                    n.machine.neighbor_up(now, port, via, 1);
+                    if n.machine.config().routing.is_none() {
+                        n.set_routes_via(via, Some(port));
+                    }
+                }
+                // Its hellos will say who it is.
+                None => n.machine.add_port(port),
             }
             info!(ipcp = %n.app_name, neighbor = %n.neighbors[k].name, port, "N-1 flow up");
         }
@@ -175,9 +193,8 @@ impl Daemon {
             if let Some(nb) = n.neighbors.iter_mut().find(|nb| nb.port == Some(port)) {
                 nb.port = None;
                 nb.retry_at = Some(now + NEIGHBOR_RETRY);
-                let via = nb.address;
                 warn!(neighbor = %nb.name, port, "N-1 flow down");
-                if n.machine.config().routing.is_none() {
+                if let (Some(via), None) = (nb.address, n.machine.config().routing.as_ref()) {
                     n.set_routes_via(via, None);
                 }
             }
@@ -236,6 +253,8 @@ impl Daemon {
         let now = self.now();
         let sh = match &mut self.ipcps[lower].imp {
             Imp::Shim(sh) => sh,
+            Imp::ShimEth(_) => return self.eth_n1_transmit(lower, port, frame),
+            Imp::ShimHv(_) => return self.hv_n1_transmit(lower, port, frame),
             Imp::Normal(n) => {
                 // Stacked: the frame is an SDU of the lower DIF's flow. A
                 // lower flow that cannot take it loses it, as a link would.
@@ -301,6 +320,9 @@ impl Daemon {
         let Some(slot) = self.flows.get(&port) else {
             return;
         };
+        if matches!(self.ipcps[slot.ipcp].imp, Imp::ShimHv(_)) {
+            return self.hv_flush_rx(port);
+        }
         let (fd, j) = (slot.fd.as_raw_fd(), slot.ipcp);
         let Imp::Normal(n) = &mut self.ipcps[j].imp else {
             return;

@@ -156,3 +156,21 @@ pub fn pair_bound(bind: &str, names_at_beta: &[&str]) -> (Daemon, Daemon) {
     let alpha = Daemon::start_bound("alpha", bind, &dir);
     (alpha, beta)
 }
+
+/// Registers `echo` in DIF `dif` at `d` and echoes every SDU of the first
+/// flow it accepts, until that flow or the daemon goes away.
+pub fn echo_server(d: &Daemon, dif: &str) -> std::thread::JoinHandle<()> {
+    let mut srv = d.client();
+    srv.register(&name("echo"), Some(dif)).unwrap();
+    std::thread::spawn(move || {
+        let Ok(req) = srv.next_request() else { return };
+        let Ok(flow) = srv.accept(&req) else { return };
+        let mut buf = vec![0u8; 70_000];
+        while let Ok(n) = flow.read(&mut buf) {
+            if flow.write(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        drop(srv);
+    })
+}

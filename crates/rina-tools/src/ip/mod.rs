@@ -1,0 +1,47 @@
+//! `rina-ip`: IP over RINA flows (what IRATI's `iporinad` does).
+//!
+//! A TUN interface on one side, one RINA flow per peer (and per QoS profile
+//! the peer's DSCP mapping asks for) on the other. IP packets read from the
+//! TUN go to the peer whose prefix is the longest match for their
+//! destination; SDUs from the flows go to the TUN. Flows that fail are
+//! re-allocated with back-off; the state and counters are served on a
+//! small Unix socket for `rina-ip --status`. See `docs/rina-ip.md`.
+//!
+//! * [`config`] — TOML file and flags, checked.
+//! * [`route`] — prefixes and the longest-prefix-match table.
+//! * [`packet`] — checked IP packet views and the keepalive frame.
+//! * [`tun`] — the TUN interface.
+//! * [`backoff`] — bounded exponential back-off.
+//! * [`status`] — state and counters, their socket and their text form.
+//! * [`tunnel`] — the threads that run it all.
+
+pub mod backoff;
+pub mod config;
+pub mod packet;
+pub mod route;
+pub mod status;
+pub mod tun;
+pub mod tunnel;
+
+pub use config::{Config, ConfigError, Overrides};
+pub use status::Status;
+pub use tunnel::Tunnel;
+
+use thiserror::Error;
+
+/// Why the tunnel could not start.
+#[derive(Debug, Error)]
+pub enum IpError {
+    /// The configuration is wrong.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The TUN interface could not be set up.
+    #[error(transparent)]
+    Tun(#[from] tun::TunError),
+    /// The status socket could not be set up.
+    #[error(transparent)]
+    Status(#[from] status::StatusError),
+    /// A thread could not be started.
+    #[error("cannot start a thread: {0}")]
+    Thread(std::io::Error),
+}

@@ -1,0 +1,361 @@
+//! The tunnel's state and counters as `rina-ip --status` shows them, and
+//! the small Unix stream socket that serves them: each connection gets one
+//! JSON document and is closed.
+
+use crate::table::Table;
+use serde::{Deserialize, Serialize};
+use std::io::{Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use thiserror::Error;
+
+/// Largest status document read back, in bytes.
+const MAX_STATUS: u64 = 4 << 20;
+
+/// Why the status could not be served or fetched.
+#[derive(Debug, Error)]
+pub enum StatusError {
+    /// Another process answers on the status socket.
+    #[error(
+        "another rina-ip already answers on {0} (a second tunnel needs its own --status-socket)"
+    )]
+    InUse(PathBuf),
+    /// The socket could not be created.
+    #[error("cannot listen on {path}: {source}")]
+    Listen {
+        /// The socket path.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Nothing answers on the socket.
+    #[error("no rina-ip answers on {path} (is it running? the path is set with --status-socket or status_socket): {source}")]
+    Connect {
+        /// The socket path.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The answer could not be read or understood.
+    #[error("bad status answer from {path}: {detail}")]
+    Bad {
+        /// The socket path.
+        path: PathBuf,
+        /// What was wrong.
+        detail: String,
+    },
+}
+
+/// Counters of one peer, since the tunnel started.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerCounters {
+    /// IP packets received from the peer and written to the TUN.
+    pub packets_in: u64,
+    /// Their bytes.
+    pub bytes_in: u64,
+    /// IP packets read from the TUN and sent to the peer.
+    pub packets_out: u64,
+    /// Their bytes.
+    pub bytes_out: u64,
+    /// Packets for the peer dropped because no flow to it was up.
+    pub drops_no_flow: u64,
+    /// Packets for the peer dropped because they exceed the flow's max SDU.
+    pub drops_too_big: u64,
+    /// Packets for the peer dropped because its flow stayed full.
+    pub drops_full: u64,
+    /// SDUs from the peer that were neither IP nor a control frame.
+    pub drops_invalid: u64,
+    /// Packets from the peer the TUN did not take.
+    pub drops_tun: u64,
+    /// Keepalives received.
+    pub keepalives_in: u64,
+    /// Flows that came up (allocated or accepted).
+    pub flows_up: u64,
+    /// Flows that came up to replace one that had failed.
+    pub reallocations: u64,
+    /// Allocation attempts that failed.
+    pub alloc_failures: u64,
+    /// Flows closed because nothing came on them for `dead_after`.
+    pub dead_flows: u64,
+}
+
+/// One flow (QoS profile) of a peer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChannelStatus {
+    /// QoS profile.
+    pub qos: String,
+    /// `up`, `allocating`, `waiting` (for the peer to allocate) or `backoff`.
+    pub state: String,
+    /// Port-id of the flow, when up.
+    pub port: Option<u32>,
+    /// Largest SDU of the flow, when up.
+    pub max_sdu: Option<u32>,
+    /// Seconds since the flow came up.
+    pub up_s: Option<f64>,
+    /// Milliseconds until the next allocation attempt, in back-off.
+    pub retry_in_ms: Option<u64>,
+    /// The last error seen on this channel.
+    pub last_error: Option<String>,
+    /// Packets sent on this channel's flows.
+    pub packets_out: u64,
+}
+
+/// One peer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PeerStatus {
+    /// Application name.
+    pub name: String,
+    /// Prefixes behind it.
+    pub prefixes: Vec<String>,
+    /// Whether this side allocates its flows (otherwise it waits for them).
+    pub allocates: bool,
+    /// `up` (every flow), `partial`, or `down`.
+    pub state: String,
+    /// Its flows.
+    pub channels: Vec<ChannelStatus>,
+    /// Its counters.
+    pub counters: PeerCounters,
+}
+
+/// The whole tunnel.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    /// Application name of the tunnel.
+    pub name: String,
+    /// TUN interface.
+    pub tun: String,
+    /// Its current MTU.
+    pub mtu: u32,
+    /// Seconds since start.
+    pub uptime_s: f64,
+    /// Whether the name is registered (the daemon is reachable).
+    pub registered: bool,
+    /// The last error talking to the daemon, if any.
+    pub daemon_error: Option<String>,
+    /// Packets from the TUN that no prefix matched.
+    pub drops_no_route: u64,
+    /// Packets from the TUN that were not valid IP.
+    pub drops_tun_invalid: u64,
+    /// Flow requests refused (unknown peer or QoS).
+    pub refused: u64,
+    /// Peers.
+    pub peers: Vec<PeerStatus>,
+}
+
+impl Status {
+    /// The text `rina-ip --status` prints.
+    pub fn render(&self) -> String {
+        let mut out = format!(
+            "rina-ip {} on {} (mtu {}), {}, up {:.1} s\n",
+            self.name,
+            self.tun,
+            self.mtu,
+            if self.registered {
+                "registered".to_string()
+            } else {
+                format!(
+                    "NOT registered ({})",
+                    self.daemon_error.as_deref().unwrap_or("connecting")
+                )
+            },
+            self.uptime_s
+        );
+        out.push_str(&format!(
+            "no-route drops {}, invalid TUN packets {}, refused flow requests {}\n\n",
+            self.drops_no_route, self.drops_tun_invalid, self.refused
+        ));
+        let mut t = Table::new(&[
+            "peer",
+            "state",
+            "role",
+            "pkts in",
+            "bytes in",
+            "pkts out",
+            "bytes out",
+            "drops",
+            "reallocs",
+            "failures",
+        ])
+        .numeric(&[3, 4, 5, 6, 7, 8, 9]);
+        for p in &self.peers {
+            let c = &p.counters;
+            let drops =
+                c.drops_no_flow + c.drops_too_big + c.drops_full + c.drops_invalid + c.drops_tun;
+            t.row(vec![
+                p.name.clone(),
+                p.state.clone(),
+                if p.allocates { "allocates" } else { "accepts" }.into(),
+                c.packets_in.to_string(),
+                c.bytes_in.to_string(),
+                c.packets_out.to_string(),
+                c.bytes_out.to_string(),
+                drops.to_string(),
+                c.reallocations.to_string(),
+                c.alloc_failures.to_string(),
+            ]);
+        }
+        out.push_str(&t.render());
+        out.push('\n');
+        let mut f = Table::new(&[
+            "peer",
+            "qos",
+            "flow",
+            "port",
+            "max sdu",
+            "up for",
+            "pkts out",
+            "last error",
+        ])
+        .numeric(&[3, 4, 6]);
+        for p in &self.peers {
+            for ch in &p.channels {
+                let state = match ch.retry_in_ms {
+                    Some(ms) => format!("{} ({ms} ms)", ch.state),
+                    None => ch.state.clone(),
+                };
+                f.row(vec![
+                    p.name.clone(),
+                    ch.qos.clone(),
+                    state,
+                    ch.port.map(|p| p.to_string()).unwrap_or_default(),
+                    ch.max_sdu.map(|p| p.to_string()).unwrap_or_default(),
+                    ch.up_s.map(|s| format!("{s:.1} s")).unwrap_or_default(),
+                    ch.packets_out.to_string(),
+                    ch.last_error.clone().unwrap_or_default(),
+                ]);
+            }
+        }
+        out.push_str(&f.render());
+        out
+    }
+}
+
+/// Binds the status socket at `path`, replacing a stale socket file but
+/// refusing one another process still answers on.
+pub fn bind(path: &Path) -> Result<UnixListener, StatusError> {
+    if UnixStream::connect(path).is_ok() {
+        return Err(StatusError::InUse(path.to_owned()));
+    }
+    let _ = std::fs::remove_file(path);
+    UnixListener::bind(path).map_err(|source| StatusError::Listen {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Answers every connection on `listener` with the JSON of `status()`, until
+/// the listener fails. A client that does not read within a second is
+/// dropped.
+pub fn serve(listener: UnixListener, mut status: impl FnMut() -> Status) {
+    for conn in listener.incoming() {
+        let Ok(mut conn) = conn else {
+            continue;
+        };
+        let _ = conn.set_write_timeout(Some(Duration::from_secs(1)));
+        if let Ok(mut doc) = serde_json::to_vec(&status()) {
+            doc.push(b'\n');
+            let _ = conn.write_all(&doc);
+        }
+    }
+}
+
+/// Asks the tunnel answering on `path` for its status.
+pub fn query(path: &Path) -> Result<Status, StatusError> {
+    let s = UnixStream::connect(path).map_err(|source| StatusError::Connect {
+        path: path.to_owned(),
+        source,
+    })?;
+    let bad = |detail: String| StatusError::Bad {
+        path: path.to_owned(),
+        detail,
+    };
+    s.set_read_timeout(Some(Duration::from_secs(3)))
+        .map_err(|e| bad(e.to_string()))?;
+    let mut doc = Vec::new();
+    s.take(MAX_STATUS)
+        .read_to_end(&mut doc)
+        .map_err(|e| bad(e.to_string()))?;
+    serde_json::from_slice(&doc).map_err(|e| bad(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Status {
+        Status {
+            name: "ip-a".into(),
+            tun: "rtest0".into(),
+            mtu: 1400,
+            uptime_s: 3.0,
+            registered: true,
+            daemon_error: None,
+            drops_no_route: 2,
+            drops_tun_invalid: 0,
+            refused: 1,
+            peers: vec![PeerStatus {
+                name: "ip-b".into(),
+                prefixes: vec!["10.0.0.2/32".into()],
+                allocates: true,
+                state: "up".into(),
+                channels: vec![ChannelStatus {
+                    qos: "unreliable".into(),
+                    state: "up".into(),
+                    port: Some(7),
+                    max_sdu: Some(1400),
+                    up_s: Some(2.5),
+                    retry_in_ms: None,
+                    last_error: None,
+                    packets_out: 4,
+                }],
+                counters: PeerCounters {
+                    packets_in: 5,
+                    drops_full: 1,
+                    drops_invalid: 2,
+                    ..PeerCounters::default()
+                },
+            }],
+        }
+    }
+
+    #[test]
+    fn status_is_served_and_read_back() {
+        let dir = std::env::temp_dir().join(format!("rina-ip-status-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("s.sock");
+        let l = bind(&path).unwrap();
+        std::thread::spawn(move || serve(l, sample));
+        assert!(matches!(bind(&path), Err(StatusError::InUse(_))));
+        let got = query(&path).unwrap();
+        assert_eq!(got, sample());
+        let text = got.render();
+        assert!(
+            text.contains("ip-b") && text.contains("allocates"),
+            "{text}"
+        );
+        // drops add up: 1 full + 2 invalid.
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("ip-b") && l.contains(" 3 ")),
+            "{text}"
+        );
+        // The flow row: port 7, max SDU 1400, 4 packets out, one cell each.
+        let row: Vec<&str> = text
+            .lines()
+            .find(|l| l.starts_with("ip-b") && l.contains("unreliable"))
+            .unwrap()
+            .split_whitespace()
+            .collect();
+        assert_eq!(
+            row,
+            ["ip-b", "unreliable", "up", "7", "1400", "2.5", "s", "4"],
+            "{text}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(matches!(
+            query(&dir.join("none.sock")),
+            Err(StatusError::Connect { .. })
+        ));
+    }
+}

@@ -1,0 +1,783 @@
+//! The running tunnel: the shared state of every peer and flow, and the
+//! threads that move packets and keep the flows up.
+//!
+//! * one thread reads the TUN, picks the peer by longest-prefix match on the
+//!   destination and the flow by DSCP, and writes the packet to that flow
+//!   (waiting at most [`TX_WAIT`] for room, then dropping);
+//! * one thread per live flow reads SDUs and writes the IP packets among
+//!   them to the TUN (keepalives refresh the flow, anything else is counted
+//!   and dropped);
+//! * one thread keeps the daemon connection and the registration of the
+//!   tunnel's name, and accepts flows from configured peers (a new flow from
+//!   a peer replaces its old one: the peer restarted);
+//! * one thread per flow this side allocates re-allocates it with
+//!   exponential back-off whenever it is down;
+//! * one thread sends keepalives and closes flows on which nothing arrived
+//!   for `dead_after` (a daemon that restarted at the far end does not
+//!   close our end of the flow).
+
+use super::backoff::Backoff;
+use super::config::{Config, PeerConfig};
+use super::packet::{Frame, IpPacket, KEEPALIVE};
+use super::route::RouteTable;
+use super::status::{ChannelStatus, PeerCounters, PeerStatus, Status};
+use super::tun::Tun;
+use super::IpError;
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::socket::{self, MsgFlags, Shutdown};
+use rina::{Client, Flow, IncomingFlow};
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Longest wait for room in a full flow before the packet is dropped.
+pub const TX_WAIT: Duration = Duration::from_millis(20);
+
+/// How often blocking loops look at the stop flag.
+const TICK: Duration = Duration::from_millis(250);
+
+/// Largest IP packet (and TUN MTU).
+const MAX_PACKET: usize = 65535;
+
+/// Smallest MTU set on the TUN (IPv4's minimum).
+const MIN_MTU: u32 = 68;
+
+/// Control calls (allocate, accept, register) give up after this long.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
+
+macro_rules! log {
+    ($($t:tt)*) => { eprintln!("rina-ip: {}", format_args!($($t)*)) };
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    packets_in: AtomicU64,
+    bytes_in: AtomicU64,
+    packets_out: AtomicU64,
+    bytes_out: AtomicU64,
+    drops_no_flow: AtomicU64,
+    drops_too_big: AtomicU64,
+    drops_full: AtomicU64,
+    drops_invalid: AtomicU64,
+    drops_tun: AtomicU64,
+    keepalives_in: AtomicU64,
+    flows_up: AtomicU64,
+    reallocations: AtomicU64,
+    alloc_failures: AtomicU64,
+    dead_flows: AtomicU64,
+}
+
+impl Counters {
+    fn snapshot(&self) -> PeerCounters {
+        let g = |a: &AtomicU64| a.load(Relaxed);
+        PeerCounters {
+            packets_in: g(&self.packets_in),
+            bytes_in: g(&self.bytes_in),
+            packets_out: g(&self.packets_out),
+            bytes_out: g(&self.bytes_out),
+            drops_no_flow: g(&self.drops_no_flow),
+            drops_too_big: g(&self.drops_too_big),
+            drops_full: g(&self.drops_full),
+            drops_invalid: g(&self.drops_invalid),
+            drops_tun: g(&self.drops_tun),
+            keepalives_in: g(&self.keepalives_in),
+            flows_up: g(&self.flows_up),
+            reallocations: g(&self.reallocations),
+            alloc_failures: g(&self.alloc_failures),
+            dead_flows: g(&self.dead_flows),
+        }
+    }
+}
+
+fn bump(a: &AtomicU64) {
+    a.fetch_add(1, Relaxed);
+}
+
+/// A flow in service.
+#[derive(Debug)]
+struct Live {
+    flow: Flow,
+    /// Tells this flow from the one that replaces it.
+    gen: u64,
+    since: Instant,
+    /// Milliseconds after the tunnel's start when the last SDU arrived.
+    last_rx_ms: AtomicU64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Up,
+    Allocating,
+    Waiting,
+    Backoff,
+}
+
+#[derive(Debug)]
+struct SlotState {
+    live: Option<Arc<Live>>,
+    phase: Phase,
+    last_error: Option<String>,
+    retry_at: Option<Instant>,
+    ever_up: bool,
+}
+
+/// One flow of a peer (one QoS profile).
+#[derive(Debug)]
+struct Slot {
+    state: Mutex<SlotState>,
+    /// Packets sent on this slot's flows.
+    packets_out: AtomicU64,
+    /// Signalled when the flow goes down (or the tunnel stops).
+    cv: Condvar,
+}
+
+#[derive(Debug)]
+struct Peer {
+    cfg: PeerConfig,
+    slots: Vec<Slot>,
+    counters: Counters,
+}
+
+#[derive(Debug)]
+struct Shared {
+    cfg: Config,
+    tun: Tun,
+    routes: RouteTable,
+    peers: Vec<Peer>,
+    start: Instant,
+    mtu: AtomicU32,
+    stop: AtomicBool,
+    registered: AtomicBool,
+    daemon_error: Mutex<Option<String>>,
+    drops_no_route: AtomicU64,
+    drops_tun_invalid: AtomicU64,
+    refused: AtomicU64,
+    next_gen: AtomicU64,
+}
+
+/// Locks `m`, carrying on with the data if a thread panicked holding it.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A running tunnel; [`Tunnel::stop`] ends its threads.
+#[derive(Debug, Clone)]
+pub struct Tunnel {
+    shared: Arc<Shared>,
+}
+
+impl Tunnel {
+    /// Sets up the TUN interface (addresses, routes, initial MTU) and starts
+    /// every thread.
+    pub fn start(cfg: Config) -> Result<Tunnel, IpError> {
+        let tun = Tun::create(&cfg.tun.name)?;
+        let mtu = cfg.tun.mtu_cap.unwrap_or(1500);
+        tun.set_mtu(mtu)?;
+        tun.up()?;
+        for a in &cfg.tun.addresses {
+            tun.add_address(a)?;
+        }
+        if cfg.tun.routes {
+            let on_link: Vec<_> = cfg.tun.addresses.iter().map(|a| a.network()).collect();
+            for p in cfg.peers.iter().flat_map(|p| &p.prefixes) {
+                if !on_link.iter().any(|l| l.covers(p)) {
+                    tun.add_route(p)?;
+                }
+            }
+        }
+        let routes = RouteTable::new(
+            cfg.peers
+                .iter()
+                .enumerate()
+                .flat_map(|(i, p)| p.prefixes.iter().map(move |&x| (x, i))),
+        );
+        let peers = cfg
+            .peers
+            .iter()
+            .map(|p| Peer {
+                cfg: p.clone(),
+                slots: p
+                    .channels
+                    .iter()
+                    .map(|_| Slot {
+                        state: Mutex::new(SlotState {
+                            live: None,
+                            phase: if p.allocates {
+                                Phase::Allocating
+                            } else {
+                                Phase::Waiting
+                            },
+                            last_error: None,
+                            retry_at: None,
+                            ever_up: false,
+                        }),
+                        cv: Condvar::new(),
+                        packets_out: AtomicU64::new(0),
+                    })
+                    .collect(),
+                counters: Counters::default(),
+            })
+            .collect();
+        let listener = super::status::bind(&cfg.status_socket)?;
+        let shared = Arc::new(Shared {
+            cfg,
+            tun,
+            routes,
+            peers,
+            start: Instant::now(),
+            mtu: AtomicU32::new(mtu),
+            stop: AtomicBool::new(false),
+            registered: AtomicBool::new(false),
+            daemon_error: Mutex::new(None),
+            drops_no_route: AtomicU64::new(0),
+            drops_tun_invalid: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            next_gen: AtomicU64::new(1),
+        });
+        let s = shared.clone();
+        spawn("rina-ip-status", move || {
+            super::status::serve(listener, || s.status())
+        })?;
+        let s = shared.clone();
+        spawn("rina-ip-tun", move || s.tun_loop())?;
+        let s = shared.clone();
+        spawn("rina-ip-accept", move || s.accept_loop())?;
+        let s = shared.clone();
+        spawn("rina-ip-keepalive", move || s.keepalive_loop())?;
+        for (pi, p) in shared.peers.iter().enumerate() {
+            if !p.cfg.allocates {
+                continue;
+            }
+            for ci in 0..p.slots.len() {
+                let s = shared.clone();
+                spawn("rina-ip-alloc", move || s.alloc_loop(pi, ci))?;
+            }
+        }
+        Ok(Tunnel { shared })
+    }
+
+    /// The current state and counters.
+    pub fn status(&self) -> Status {
+        self.shared.status()
+    }
+
+    /// Stops the threads (they notice within a quarter of a second) and
+    /// removes the status socket. The TUN interface goes with the process.
+    pub fn stop(&self) {
+        self.shared.stop.store(true, Relaxed);
+        for p in &self.shared.peers {
+            for s in &p.slots {
+                s.cv.notify_all();
+            }
+        }
+        let _ = std::fs::remove_file(&self.shared.cfg.status_socket);
+    }
+}
+
+fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<(), IpError> {
+    thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .map(|_| ())
+        .map_err(IpError::Thread)
+}
+
+/// Sends one SDU without blocking more than [`TX_WAIT`].
+fn send_bounded(flow: &Flow, sdu: &[u8]) -> Result<(), Errno> {
+    let fd = flow.as_raw_fd();
+    let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL;
+    let mut waited = false;
+    loop {
+        match socket::send(fd, sdu, flags) {
+            Ok(_) => return Ok(()),
+            Err(Errno::EINTR) => continue,
+            Err(Errno::EAGAIN) if !waited => {
+                waited = true;
+                let ms = TX_WAIT.as_millis() as u16;
+                let mut fds = [PollFd::new(flow.as_fd(), PollFlags::POLLOUT)];
+                match nix::poll::poll(&mut fds, PollTimeout::from(ms)) {
+                    Ok(_) | Err(Errno::EINTR) => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+impl Shared {
+    fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Relaxed)
+    }
+
+    /// Puts `flow` in service as flow `ci` of peer `pi`, replacing (and
+    /// closing) the one there.
+    fn install(self: &Arc<Self>, pi: usize, ci: usize, flow: Flow, how: &str) {
+        let peer = &self.peers[pi];
+        let gen = self.next_gen.fetch_add(1, Relaxed);
+        let port = flow.info().port;
+        let max_sdu = flow.max_sdu();
+        let live = Arc::new(Live {
+            flow,
+            gen,
+            since: Instant::now(),
+            last_rx_ms: AtomicU64::new(self.now_ms()),
+        });
+        let old = {
+            let mut st = lock(&peer.slots[ci].state);
+            let old = st.live.replace(live.clone());
+            st.phase = Phase::Up;
+            st.retry_at = None;
+            if st.ever_up {
+                bump(&peer.counters.reallocations);
+            }
+            st.ever_up = true;
+            old
+        };
+        bump(&peer.counters.flows_up);
+        if let Some(old) = old {
+            let _ = socket::shutdown(old.flow.as_raw_fd(), Shutdown::Both);
+        }
+        log!(
+            "flow {} to {} ({}) up, {how}, max SDU {max_sdu} bytes",
+            port,
+            peer.cfg.name,
+            peer.cfg.channels[ci].qos_name
+        );
+        self.update_mtu();
+        let s = self.clone();
+        if let Err(e) = spawn("rina-ip-flow", move || s.flow_loop(pi, ci, live)) {
+            self.fail(pi, ci, gen, &e.to_string());
+        }
+    }
+
+    /// Takes flow `gen` of slot (`pi`, `ci`) out of service, if it is still
+    /// the one there, and wakes the slot's allocator.
+    fn fail(&self, pi: usize, ci: usize, gen: u64, why: &str) {
+        let peer = &self.peers[pi];
+        let slot = &peer.slots[ci];
+        let taken = {
+            let mut st = lock(&slot.state);
+            if st.live.as_ref().is_some_and(|l| l.gen == gen) {
+                st.last_error = Some(why.to_owned());
+                st.phase = if peer.cfg.allocates {
+                    Phase::Allocating
+                } else {
+                    Phase::Waiting
+                };
+                st.live.take()
+            } else {
+                None
+            }
+        };
+        if let Some(l) = taken {
+            let _ = socket::shutdown(l.flow.as_raw_fd(), Shutdown::Both);
+            log!(
+                "flow {} to {} ({}) down: {why}",
+                l.flow.info().port,
+                peer.cfg.name,
+                peer.cfg.channels[ci].qos_name
+            );
+            slot.cv.notify_all();
+        }
+    }
+
+    /// The flow to send a packet with DSCP `dscp` to peer `pi` on: the one
+    /// the DSCP maps to, or the peer's default flow if that one is down.
+    fn pick(&self, pi: usize, dscp: u8) -> Option<(usize, Arc<Live>)> {
+        let peer = &self.peers[pi];
+        let ci = usize::from(peer.cfg.dscp[usize::from(dscp & 63)]);
+        if let Some(l) = peer.slots.get(ci).and_then(|s| lock(&s.state).live.clone()) {
+            return Some((ci, l));
+        }
+        lock(&peer.slots[0].state).live.clone().map(|l| (0, l))
+    }
+
+    /// Sets the TUN MTU to the smallest max SDU of the live flows (and the
+    /// configured cap).
+    fn update_mtu(&self) {
+        let smallest = self
+            .peers
+            .iter()
+            .flat_map(|p| &p.slots)
+            .filter_map(|s| lock(&s.state).live.as_ref().map(|l| l.flow.max_sdu()))
+            .min();
+        let Some(sdu) = smallest else {
+            return;
+        };
+        let mut mtu = (sdu.min(MAX_PACKET) as u32).max(MIN_MTU);
+        if let Some(cap) = self.cfg.tun.mtu_cap {
+            mtu = mtu.min(cap);
+        }
+        if self.mtu.swap(mtu, Relaxed) != mtu {
+            match self.tun.set_mtu(mtu) {
+                Ok(()) => log!("{} MTU set to {mtu}", self.tun.name()),
+                Err(e) => log!("{e}"),
+            }
+            if mtu < 1280 && self.cfg.tun.addresses.iter().any(|a| a.addr.is_ipv6()) {
+                log!("MTU {mtu} is below IPv6's minimum of 1280: IPv6 will not work on the tunnel");
+            }
+        }
+    }
+
+    /// TUN -> flows.
+    fn tun_loop(self: Arc<Self>) {
+        let mut buf = vec![0u8; MAX_PACKET];
+        while !self.stopped() {
+            let n = match self.tun.read_timeout(&mut buf, TICK) {
+                Ok(Some(n)) => n,
+                Ok(None) => continue,
+                Err(e) => {
+                    log!("cannot read the TUN: {e}; stopping");
+                    self.stop.store(true, Relaxed);
+                    return;
+                }
+            };
+            let pkt = match IpPacket::parse(&buf[..n]) {
+                Ok(p) => p,
+                Err(_) => {
+                    bump(&self.drops_tun_invalid);
+                    continue;
+                }
+            };
+            let Some(pi) = self.routes.lookup(pkt.dst()) else {
+                bump(&self.drops_no_route);
+                continue;
+            };
+            let peer = &self.peers[pi];
+            let c = &peer.counters;
+            let Some((ci, live)) = self.pick(pi, pkt.dscp()) else {
+                bump(&c.drops_no_flow);
+                continue;
+            };
+            let sdu = pkt.bytes();
+            if sdu.len() > live.flow.max_sdu() {
+                bump(&c.drops_too_big);
+                continue;
+            }
+            match send_bounded(&live.flow, sdu) {
+                Ok(()) => {
+                    bump(&c.packets_out);
+                    bump(&peer.slots[ci].packets_out);
+                    c.bytes_out.fetch_add(sdu.len() as u64, Relaxed);
+                }
+                Err(Errno::EAGAIN) => bump(&c.drops_full),
+                Err(Errno::EMSGSIZE) => bump(&c.drops_too_big),
+                Err(e) => {
+                    bump(&c.drops_no_flow);
+                    self.fail(pi, ci, live.gen, &format!("write failed: {}", e.desc()));
+                }
+            }
+        }
+    }
+
+    /// Flow -> TUN, until the flow closes or is replaced.
+    fn flow_loop(self: Arc<Self>, pi: usize, ci: usize, live: Arc<Live>) {
+        let c = &self.peers[pi].counters;
+        let mut buf = vec![0u8; live.flow.max_sdu().max(MAX_PACKET)];
+        loop {
+            if self.stopped() {
+                return;
+            }
+            let n = match live.flow.read_timeout(&mut buf, TICK) {
+                Ok(Some(n)) => n,
+                Ok(None) => continue,
+                Err(e) if crate::opts::is_transient(&e) => {
+                    bump(&c.drops_invalid);
+                    continue;
+                }
+                Err(e) => {
+                    self.fail(pi, ci, live.gen, &e.to_string());
+                    return;
+                }
+            };
+            live.last_rx_ms.store(self.now_ms(), Relaxed);
+            match Frame::parse(&buf[..n]) {
+                Ok(Frame::Ip(p)) => match self.tun.write(p.bytes()) {
+                    Ok(()) => {
+                        bump(&c.packets_in);
+                        c.bytes_in.fetch_add(p.bytes().len() as u64, Relaxed);
+                    }
+                    Err(_) => bump(&c.drops_tun),
+                },
+                Ok(Frame::Keepalive) => bump(&c.keepalives_in),
+                Err(_) => bump(&c.drops_invalid),
+            }
+        }
+    }
+
+    /// Keepalives out; flows silent for too long closed.
+    fn keepalive_loop(self: Arc<Self>) {
+        let t = self.cfg.timers;
+        let dead_ms = t.dead_after.as_millis() as u64;
+        while !self.stopped() {
+            let now = self.now_ms();
+            for (pi, p) in self.peers.iter().enumerate() {
+                for (ci, s) in p.slots.iter().enumerate() {
+                    let Some(live) = lock(&s.state).live.clone() else {
+                        continue;
+                    };
+                    let silent = now.saturating_sub(live.last_rx_ms.load(Relaxed));
+                    if silent > dead_ms {
+                        bump(&p.counters.dead_flows);
+                        self.fail(
+                            pi,
+                            ci,
+                            live.gen,
+                            &format!("nothing received for {silent} ms"),
+                        );
+                        continue;
+                    }
+                    // A full flow carries traffic anyway: no need to wait.
+                    let _ = socket::send(
+                        live.flow.as_raw_fd(),
+                        &KEEPALIVE,
+                        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+                    );
+                }
+            }
+            self.sleep(t.keepalive);
+        }
+    }
+
+    /// Sleeps `d`, waking early if the tunnel stops.
+    fn sleep(&self, d: Duration) {
+        let end = Instant::now() + d;
+        while !self.stopped() {
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            thread::park_timeout(left.min(TICK));
+        }
+    }
+
+    fn connect(&self) -> rina::Result<Client> {
+        let mut c = crate::opts::connect(self.cfg.socket.as_deref())?;
+        c.set_timeout(Some(CONTROL_TIMEOUT));
+        Ok(c)
+    }
+
+    fn set_daemon_error(&self, e: Option<String>) {
+        *lock(&self.daemon_error) = e;
+    }
+
+    /// Keeps the registration, accepts the peers' flows.
+    fn accept_loop(self: Arc<Self>) {
+        let t = self.cfg.timers;
+        let mut backoff = Backoff::new(t.backoff_initial, t.backoff_max);
+        let mut rng = rand::thread_rng();
+        while !self.stopped() {
+            let mut client = match self.connect().and_then(|mut c| {
+                c.register(&self.cfg.name, self.cfg.dif.as_deref())
+                    .map(|difs| (c, difs))
+            }) {
+                Ok((c, difs)) => {
+                    log!("registered {} in {}", self.cfg.name, difs.join(", "));
+                    self.registered.store(true, Relaxed);
+                    self.set_daemon_error(None);
+                    backoff.reset();
+                    c
+                }
+                Err(e) => {
+                    self.set_daemon_error(Some(e.to_string()));
+                    let d = backoff.next_delay(&mut rng);
+                    log!("cannot register {}: {e}; retrying in {d:?}", self.cfg.name);
+                    self.sleep(d);
+                    continue;
+                }
+            };
+            while !self.stopped() {
+                match client.next_request_timeout(TICK) {
+                    Ok(Some(req)) => self.on_request(&mut client, &req),
+                    Ok(None) => {}
+                    Err(e) => {
+                        log!("lost the daemon: {e}");
+                        self.set_daemon_error(Some(e.to_string()));
+                        break;
+                    }
+                }
+            }
+            self.registered.store(false, Relaxed);
+        }
+    }
+
+    fn on_request(self: &Arc<Self>, client: &mut Client, req: &IncomingFlow) {
+        let Some(pi) = self.peers.iter().position(|p| p.cfg.name == req.remote) else {
+            bump(&self.refused);
+            log!("refusing a flow from {}: not a configured peer", req.remote);
+            let _ = client.refuse(req, "not a configured peer of this rina-ip");
+            return;
+        };
+        let chans = &self.peers[pi].cfg.channels;
+        // Strict: were two different QoS requests put on one slot, each
+        // would replace the other's flow forever.
+        let ci = match chans.iter().position(|c| c.spec == req.qos) {
+            Some(ci) => ci,
+            None => {
+                bump(&self.refused);
+                log!(
+                    "refusing a flow from {}: its QoS {:?} matches none of its profiles",
+                    req.remote,
+                    req.qos
+                );
+                let _ = client.refuse(req, "QoS matches no profile configured for this peer");
+                return;
+            }
+        };
+        match client.accept(req) {
+            Ok(flow) => self.install(pi, ci, flow, "accepted"),
+            Err(e) => log!("cannot accept the flow from {}: {e}", req.remote),
+        }
+    }
+
+    /// Allocates flow `ci` of peer `pi` whenever it is down.
+    fn alloc_loop(self: Arc<Self>, pi: usize, ci: usize) {
+        let t = self.cfg.timers;
+        let peer = &self.peers[pi];
+        let slot = &peer.slots[ci];
+        let spec = peer.cfg.channels[ci].spec;
+        let mut backoff = Backoff::new(t.backoff_initial, t.backoff_max);
+        let mut rng = rand::thread_rng();
+        let mut client: Option<Client> = None;
+        loop {
+            {
+                let mut st = lock(&slot.state);
+                while st.live.is_some() && !self.stopped() {
+                    st = slot
+                        .cv
+                        .wait_timeout(st, TICK * 4)
+                        .map(|(g, _)| g)
+                        .unwrap_or_else(|p| p.into_inner().0);
+                }
+                st.phase = Phase::Allocating;
+                st.retry_at = None;
+            }
+            if self.stopped() {
+                return;
+            }
+            let result = match client.take() {
+                Some(c) => Ok(c),
+                None => self.connect(),
+            }
+            .and_then(|mut c| {
+                let r = c.allocate(
+                    &self.cfg.name,
+                    &peer.cfg.name,
+                    self.cfg.dif.as_deref(),
+                    &spec,
+                );
+                match r {
+                    Ok(f) => {
+                        client = Some(c);
+                        Ok(f)
+                    }
+                    Err(e) => {
+                        if !e.is_closed() {
+                            client = Some(c);
+                        }
+                        Err(e)
+                    }
+                }
+            });
+            match result {
+                Ok(flow) => {
+                    backoff.reset();
+                    self.install(pi, ci, flow, "allocated");
+                }
+                Err(e) => {
+                    bump(&peer.counters.alloc_failures);
+                    let d = backoff.next_delay(&mut rng);
+                    {
+                        let mut st = lock(&slot.state);
+                        st.phase = Phase::Backoff;
+                        st.retry_at = Some(Instant::now() + d);
+                        st.last_error = Some(e.to_string());
+                    }
+                    log!(
+                        "cannot allocate a flow to {} ({}): {e}; retrying in {d:?}",
+                        peer.cfg.name,
+                        peer.cfg.channels[ci].qos_name
+                    );
+                    self.sleep(d);
+                }
+            }
+        }
+    }
+
+    fn status(&self) -> Status {
+        let now = Instant::now();
+        let peers = self
+            .peers
+            .iter()
+            .map(|p| {
+                let channels: Vec<ChannelStatus> = p
+                    .slots
+                    .iter()
+                    .zip(&p.cfg.channels)
+                    .map(|(s, ch)| {
+                        let st = lock(&s.state);
+                        let (phase, retry_in_ms) = match (st.phase, st.retry_at) {
+                            (Phase::Backoff, Some(t)) => (
+                                "backoff",
+                                Some(t.saturating_duration_since(now).as_millis() as u64),
+                            ),
+                            (Phase::Up, _) => ("up", None),
+                            (Phase::Allocating, _) => ("allocating", None),
+                            (Phase::Waiting, _) => ("waiting", None),
+                            (Phase::Backoff, None) => ("backoff", None),
+                        };
+                        ChannelStatus {
+                            qos: ch.qos_name.clone(),
+                            state: phase.into(),
+                            port: st.live.as_ref().map(|l| l.flow.info().port),
+                            max_sdu: st.live.as_ref().map(|l| l.flow.info().max_sdu),
+                            up_s: st
+                                .live
+                                .as_ref()
+                                .map(|l| now.duration_since(l.since).as_secs_f64()),
+                            retry_in_ms,
+                            last_error: st.last_error.clone(),
+                            packets_out: s.packets_out.load(Relaxed),
+                        }
+                    })
+                    .collect();
+                let up = channels.iter().filter(|c| c.port.is_some()).count();
+                let state = if up == channels.len() {
+                    "up"
+                } else if up > 0 {
+                    "partial"
+                } else {
+                    "down"
+                };
+                PeerStatus {
+                    name: p.cfg.name.to_string(),
+                    prefixes: p.cfg.prefixes.iter().map(|x| x.to_string()).collect(),
+                    allocates: p.cfg.allocates,
+                    state: state.into(),
+                    channels,
+                    counters: p.counters.snapshot(),
+                }
+            })
+            .collect();
+        Status {
+            name: self.cfg.name.to_string(),
+            tun: self.tun.name().to_owned(),
+            mtu: self.mtu.load(Relaxed),
+            uptime_s: self.start.elapsed().as_secs_f64(),
+            registered: self.registered.load(Relaxed),
+            daemon_error: lock(&self.daemon_error).clone(),
+            drops_no_route: self.drops_no_route.load(Relaxed),
+            drops_tun_invalid: self.drops_tun_invalid.load(Relaxed),
+            refused: self.refused.load(Relaxed),
+            peers,
+        }
+    }
+}

@@ -1,0 +1,657 @@
+//! The Ethernet side of a shim-eth IPCP: its `AF_PACKET` raw socket, the
+//! receive and send paths, and its RIB view.
+//!
+//! The socket is bound to one interface for every EtherType (`ETH_P_ALL`),
+//! so that frames of other VLANs and EtherTypes are seen, ignored and
+//! counted by the machine. The 802.1Q tag is written in user space; on
+//! receive it is read in band, or from `PACKET_AUXDATA` when the kernel
+//! stripped it (it always does on receive, there being no VLAN device).
+//! Our own transmissions are not looped back (`PACKET_IGNORE_OUTGOING`,
+//! and `PACKET_OUTGOING` frames are skipped on older kernels). Frames of
+//! the VLANs of the *other* shim-eth IPCPs on the same interface are
+//! dropped in the kernel by a socket filter (they are that IPCP's traffic,
+//! not foreign frames), so each frame is read once by the daemon; frames of
+//! VLANs nobody here serves still reach every IPCP, which counts them.
+//!
+//! Back-pressure: when the socket's send buffer is full (the qdisc holds
+//! what it took), application flows of the IPCP stop being read until the
+//! socket is writable again, as for shim-udp. Frames of a normal IPCP
+//! stacked on top are lost instead, as on a congested link.
+
+use super::*;
+use rina_core::shim_eth::{self as core_eth, ShimEth};
+use rina_wire::shim_eth::MacAddr;
+use std::ffi::CString;
+use std::mem::{size_of, zeroed};
+use std::os::fd::{FromRawFd, RawFd};
+
+/// Receive buffer asked for on each packet socket.
+const ETH_RCVBUF: usize = 4 << 20;
+
+/// A shim-eth IPCP's machine and socket.
+pub(super) struct EthIo {
+    pub machine: ShimEth,
+    pub sock: OwnedFd,
+    pub interface: String,
+    /// Frames the kernel refused for reasons other than a full buffer.
+    pub send_errors: u64,
+    /// Frames lost because the send buffer was full (stacked IPCPs' frames).
+    pub send_full: u64,
+    /// A frame waiting for the socket to become writable.
+    pub stalled: Option<Vec<u8>>,
+    /// Flows whose reading waits for the stall to end.
+    pub parked: Vec<PortId>,
+    /// Already in the ready queue.
+    pub rx_queued: bool,
+}
+
+fn last_err() -> io::Error {
+    io::Error::last_os_error()
+}
+
+/// Index, MAC and MTU of interface `name`.
+fn interface_info(fd: RawFd, name: &str) -> io::Result<(i32, MacAddr, u32)> {
+    let c = CString::new(name).map_err(|_| io::Error::other("interface name holds a NUL"))?;
+    if name.len() >= libc::IFNAMSIZ {
+        return Err(io::Error::other("interface name is too long"));
+    }
+    // SAFETY: a valid NUL-terminated string.
+    let index = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if index == 0 {
+        return Err(last_err());
+    }
+    // SAFETY: ifreq is plain data; all zeroes is a valid value.
+    let mut req: libc::ifreq = unsafe { zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(name.bytes()) {
+        *d = s as libc::c_char;
+    }
+    // SAFETY: fd is a socket, req a valid ifreq naming the interface.
+    if unsafe { libc::ioctl(fd, libc::SIOCGIFHWADDR as _, &mut req) } != 0 {
+        return Err(last_err());
+    }
+    let mut mac = [0u8; 6];
+    // SAFETY: SIOCGIFHWADDR filled ifru_hwaddr.
+    let data = unsafe { req.ifr_ifru.ifru_hwaddr.sa_data };
+    for (d, s) in mac.iter_mut().zip(data.iter()) {
+        *d = *s as u8;
+    }
+    // SAFETY: as above.
+    if unsafe { libc::ioctl(fd, libc::SIOCGIFMTU as _, &mut req) } != 0 {
+        return Err(last_err());
+    }
+    // SAFETY: SIOCGIFMTU filled ifru_mtu.
+    let mtu = unsafe { req.ifr_ifru.ifru_mtu };
+    Ok((index as i32, MacAddr(mac), mtu.max(0) as u32))
+}
+
+fn set_int(fd: RawFd, level: i32, opt: i32, v: i32) -> io::Result<()> {
+    // SAFETY: a valid pointer to an int of the given size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            opt,
+            (&v as *const i32).cast(),
+            size_of::<i32>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(last_err())
+    }
+}
+
+/// A classic BPF program that drops frames tagged (out of band, as the
+/// kernel leaves them on receive) with one of `vlans`, and keeps the rest.
+fn sibling_filter(vlans: &[u16]) -> Vec<libc::sock_filter> {
+    const LD_ABS_W: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
+    const JEQ_K: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
+    const AND_K: u16 = 0x54; // BPF_ALU | BPF_AND | BPF_K
+    const RET_K: u16 = 0x06; // BPF_RET | BPF_K
+    const SKF_AD_OFF: i32 = -0x1000;
+    const SKF_AD_VLAN_TAG: i32 = 44;
+    const SKF_AD_VLAN_TAG_PRESENT: i32 = 48;
+    let ins = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
+    let n = vlans.len().min(200);
+    let mut p = vec![
+        ins(
+            LD_ABS_W,
+            0,
+            0,
+            (SKF_AD_OFF + SKF_AD_VLAN_TAG_PRESENT) as u32,
+        ),
+        // No tag: keep (jump to the accept at 4 + n).
+        ins(JEQ_K, (n + 2) as u8, 0, 0),
+        ins(LD_ABS_W, 0, 0, (SKF_AD_OFF + SKF_AD_VLAN_TAG) as u32),
+        ins(AND_K, 0, 0, 0x0fff),
+    ];
+    for (k, &v) in vlans[..n].iter().enumerate() {
+        // A sibling's VLAN: jump to the drop at 5 + n.
+        p.push(ins(JEQ_K, (n - k) as u8, 0, v as u32));
+    }
+    p.push(ins(RET_K, 0, 0, u32::MAX));
+    p.push(ins(RET_K, 0, 0, 0));
+    p
+}
+
+/// A non-blocking `AF_PACKET` raw socket bound to `interface` for every
+/// EtherType, with auxiliary data on, that does not receive frames of the
+/// VLANs in `siblings`; its MAC and MTU.
+pub(super) fn open_socket(
+    interface: &str,
+    siblings: &[u16],
+) -> io::Result<(OwnedFd, MacAddr, u32)> {
+    let proto = (libc::ETH_P_ALL as u16).to_be();
+    // SAFETY: plain socket call.
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_PACKET,
+            libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            proto as i32,
+        )
+    };
+    if raw < 0 {
+        return Err(last_err());
+    }
+    // SAFETY: a fresh descriptor nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let (index, mac, mtu) = interface_info(raw, interface)?;
+    if !siblings.is_empty() {
+        let prog = sibling_filter(siblings);
+        let fprog = libc::sock_fprog {
+            len: prog.len() as u16,
+            filter: prog.as_ptr() as *mut libc::sock_filter,
+        };
+        // SAFETY: fprog points at `prog`, alive for the call; the kernel copies it.
+        let r = unsafe {
+            libc::setsockopt(
+                raw,
+                libc::SOL_SOCKET,
+                libc::SO_ATTACH_FILTER,
+                (&fprog as *const libc::sock_fprog).cast(),
+                size_of::<libc::sock_fprog>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            return Err(last_err());
+        }
+    }
+    // SAFETY: sockaddr_ll is plain data.
+    let mut sll: libc::sockaddr_ll = unsafe { zeroed() };
+    sll.sll_family = libc::AF_PACKET as u16;
+    sll.sll_protocol = proto;
+    sll.sll_ifindex = index;
+    // SAFETY: a valid sockaddr_ll and its size.
+    let r = unsafe {
+        libc::bind(
+            raw,
+            (&sll as *const libc::sockaddr_ll).cast(),
+            size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(last_err());
+    }
+    set_int(raw, libc::SOL_PACKET, libc::PACKET_AUXDATA, 1)?;
+    // Older kernels lack it; outgoing frames are then skipped by type.
+    let _ = set_int(raw, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, 1);
+    // Past net.core.rmem_max when allowed (root), else up to it.
+    if set_int(
+        raw,
+        libc::SOL_SOCKET,
+        libc::SO_RCVBUFFORCE,
+        ETH_RCVBUF as i32,
+    )
+    .is_err()
+    {
+        let _ = set_int(raw, libc::SOL_SOCKET, libc::SO_RCVBUF, ETH_RCVBUF as i32);
+    }
+    Ok((fd, mac, mtu))
+}
+
+/// Most frames taken from the socket by one `recvmmsg`.
+const RX_BATCH: usize = 32;
+
+/// The VLAN id in the `PACKET_AUXDATA` control message of `msg`, if any.
+///
+/// # Safety
+/// `msg` must be a header the kernel just filled by a receive into live
+/// buffers (its control pointer and length describe what it wrote).
+unsafe fn aux_vlan(msg: &libc::msghdr) -> Option<u16> {
+    let mut vlan = None;
+    let mut c = libc::CMSG_FIRSTHDR(msg);
+    while !c.is_null() {
+        if (*c).cmsg_level == libc::SOL_PACKET
+            && (*c).cmsg_type == libc::PACKET_AUXDATA
+            && (*c).cmsg_len as usize
+                >= libc::CMSG_LEN(size_of::<libc::tpacket_auxdata>() as u32) as usize
+        {
+            let aux: libc::tpacket_auxdata = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+            if aux.tp_status & libc::TP_STATUS_VLAN_VALID != 0 || aux.tp_vlan_tci != 0 {
+                vlan = Some(aux.tp_vlan_tci & 0x0fff);
+            }
+        }
+        c = libc::CMSG_NXTHDR(msg, c);
+    }
+    vlan
+}
+
+/// Receives up to [`RX_BATCH`] frames without blocking, into `buf` cut in
+/// slots of `slot` bytes. For each received message, in order: its length
+/// and out-of-band VLAN, or `None` for one to skip (our own transmission,
+/// or larger than a slot). An empty result means nothing was waiting.
+fn recv_batch(
+    fd: RawFd,
+    buf: &mut [u8],
+    slot: usize,
+    out: &mut Vec<Option<(usize, Option<u16>)>>,
+) -> io::Result<()> {
+    out.clear();
+    let n = (buf.len() / slot.max(1)).clamp(1, RX_BATCH);
+    let slot = slot.min(buf.len());
+    // SAFETY: plain data, all zeroes is valid.
+    let mut from: [libc::sockaddr_ll; RX_BATCH] = unsafe { zeroed() };
+    // u64 words keep each control buffer aligned for cmsghdr.
+    let mut ctrl = [[0u64; 8]; RX_BATCH];
+    // SAFETY: plain data.
+    let mut iov: [libc::iovec; RX_BATCH] = unsafe { zeroed() };
+    // SAFETY: plain data.
+    let mut msgs: [libc::mmsghdr; RX_BATCH] = unsafe { zeroed() };
+    let base = buf.as_mut_ptr();
+    for k in 0..n {
+        iov[k] = libc::iovec {
+            // SAFETY: k * slot + slot <= n * slot <= buf.len().
+            iov_base: unsafe { base.add(k * slot) }.cast(),
+            iov_len: slot,
+        };
+        let h = &mut msgs[k].msg_hdr;
+        h.msg_name = (&mut from[k] as *mut libc::sockaddr_ll).cast();
+        h.msg_namelen = size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+        h.msg_iov = &mut iov[k];
+        h.msg_iovlen = 1;
+        h.msg_control = ctrl[k].as_mut_ptr().cast();
+        h.msg_controllen = size_of::<[u64; 8]>() as _;
+    }
+    // SAFETY: every header points at live buffers of the stated sizes.
+    let got = unsafe {
+        libc::recvmmsg(
+            fd,
+            msgs.as_mut_ptr(),
+            n as u32,
+            libc::MSG_DONTWAIT,
+            std::ptr::null_mut(),
+        )
+    };
+    if got < 0 {
+        let e = last_err();
+        return match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(()),
+            _ => Err(e),
+        };
+    }
+    for (k, m) in msgs.iter().enumerate().take(got as usize) {
+        let len = m.msg_len as usize;
+        if from[k].sll_pkttype == libc::PACKET_OUTGOING
+            || m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0
+        {
+            out.push(None);
+            continue;
+        }
+        // SAFETY: the kernel just filled this header.
+        out.push(Some((len, unsafe { aux_vlan(&m.msg_hdr) })));
+    }
+    Ok(())
+}
+
+/// Outcome of a send.
+enum TxResult {
+    Sent,
+    /// The send buffer is full.
+    Full,
+    /// Refused for another reason.
+    Failed(io::Error),
+}
+
+/// Sends `parts` as one frame.
+fn send_frame(fd: RawFd, parts: &[&[u8]]) -> TxResult {
+    let iov: Vec<libc::iovec> = parts
+        .iter()
+        .map(|p| libc::iovec {
+            iov_base: p.as_ptr() as *mut _,
+            iov_len: p.len(),
+        })
+        .collect();
+    // SAFETY: plain data.
+    let mut msg: libc::msghdr = unsafe { zeroed() };
+    msg.msg_iov = iov.as_ptr() as *mut _;
+    msg.msg_iovlen = iov.len() as _;
+    // SAFETY: the iovecs point at live slices; the kernel only reads them.
+    let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT) };
+    if r >= 0 {
+        return TxResult::Sent;
+    }
+    let e = last_err();
+    match e.kind() {
+        io::ErrorKind::WouldBlock => TxResult::Full,
+        _ => TxResult::Failed(e),
+    }
+}
+
+/// The shim-eth IPCP `i` of configuration `cfg`, registered with the poller.
+pub(super) fn new_ipcp(cfg: &Config, poll: &Poll, i: usize) -> Result<Ipcp, DaemonError> {
+    let ic = &cfg.ipcps[i];
+    let name = ic.name.get_ref().clone();
+    let interface = ic.interface.clone().unwrap_or_default();
+    let vlan = ic.shim_eth_vlan();
+    let siblings: Vec<u16> = cfg
+        .ipcps
+        .iter()
+        .filter(|o| o.kind == IpcpKind::ShimEth && o.interface == ic.interface)
+        .filter_map(|o| o.shim_eth_vlan())
+        .filter(|&v| Some(v) != vlan)
+        .collect();
+    let (sock, mac, mtu) = open_socket(&interface, &siblings).map_err(io_ctx(format!(
+        "IPCP {name}: cannot open a raw socket on interface {interface:?} (root or CAP_NET_RAW is needed)"
+    )))?;
+    poll.registry()
+        .register(
+            &mut SourceFd(&sock.as_raw_fd()),
+            token(T_ETH, i),
+            Interest::READABLE,
+        )
+        .map_err(io_ctx("poll register"))?;
+    let cfg = core_eth::Config::new(ic.dif.clone(), vlan, mac, mtu);
+    info!(ipcp = %name, dif = %ic.dif, %interface, %mac, vlan = vlan.unwrap_or(0), mtu,
+        max_sdu = cfg.max_sdu(), "shim-eth IPCP up");
+    Ok(Ipcp {
+        name,
+        dif: ic.dif.clone(),
+        imp: Imp::ShimEth(Box::new(EthIo {
+            machine: ShimEth::new(cfg),
+            sock,
+            interface,
+            send_errors: 0,
+            send_full: 0,
+            stalled: None,
+            parked: Vec::new(),
+            rx_queued: false,
+        })),
+    })
+}
+
+impl EthIo {
+    /// Sends a frame the machine asked for (ARP), counting failures.
+    pub fn send_control(&mut self, frame: &[u8]) {
+        match send_frame(self.sock.as_raw_fd(), &[frame]) {
+            TxResult::Sent => {}
+            TxResult::Full => self.send_full += 1,
+            TxResult::Failed(e) => {
+                self.send_errors += 1;
+                debug!(interface = %self.interface, error = %e, "control frame not sent");
+            }
+        }
+    }
+
+    /// Its address, for listings.
+    pub fn address(&self) -> String {
+        let c = self.machine.config();
+        match c.vlan {
+            Some(v) => format!("{} {} vlan {v}", self.interface, c.mac),
+            None => format!("{} {} untagged", self.interface, c.mac),
+        }
+    }
+
+    /// Its RIB: address, ARP cache and flows with their counters.
+    pub fn rib(&self, now: Instant) -> rina_core::rib::Rib {
+        use rina_core::rib::{self, ObjValue, Rib};
+        let mut r = Rib::new(rib::Config::default());
+        let put = |r: &mut Rib, name: String, class: &str, v: ObjValue, owner| {
+            let _ = r.create_with_parents(&name, class, v, owner);
+        };
+        put(
+            &mut r,
+            "/shim/addr".into(),
+            "address",
+            ObjValue::Str(self.address()),
+            rib::OwnerId::NAMESPACE_MANAGER,
+        );
+        if let Some(app) = self.machine.registered() {
+            put(
+                &mut r,
+                "/shim/app".into(),
+                "RegisteredApplication",
+                ObjValue::Str(app.to_string()),
+                rib::OwnerId::NAMESPACE_MANAGER,
+            );
+        }
+        for (name, e) in self.machine.arp_cache() {
+            let left = e.expires.saturating_since(now).as_secs();
+            put(
+                &mut r,
+                format!("/shim/arp/key={name}"),
+                "ArpEntry",
+                ObjValue::Str(format!("{} (expires in {left}s)", e.mac)),
+                rib::OwnerId::NAMESPACE_MANAGER,
+            );
+        }
+        for (port, f) in self.machine.flows() {
+            let base = format!("/shim/flows/pid={port}");
+            let peer = f.peer.map_or("resolving".to_string(), |m| m.to_string());
+            put(
+                &mut r,
+                base.clone(),
+                "Flow",
+                ObjValue::Str(format!("{} -> {} at {peer}", f.local, f.remote)),
+                rib::OwnerId::FLOW_ALLOCATOR,
+            );
+            let c = f.counters;
+            for (k, v) in [
+                ("sdus_in", c.sdus_in),
+                ("bytes_in", c.bytes_in),
+                ("sdus_out", c.sdus_out),
+                ("bytes_out", c.bytes_out),
+                ("drops_in", c.drops_in),
+                ("drops_out", c.drops_out),
+            ] {
+                put(
+                    &mut r,
+                    format!("{base}/{k}"),
+                    "counter",
+                    ObjValue::Int(v as i64),
+                    rib::OwnerId::FLOW_ALLOCATOR,
+                );
+            }
+        }
+        r
+    }
+}
+
+impl Daemon {
+    /// Receives up to [`BUDGET`] frames of shim-eth IPCP `i`, a batch at a
+    /// time; true if there may be more.
+    pub(super) fn service_eth(&mut self, i: usize) -> bool {
+        let now = self.now();
+        let mut batch = Vec::with_capacity(RX_BATCH);
+        let mut taken = 0;
+        while taken < BUDGET {
+            let Imp::ShimEth(ip) = &mut self.ipcps[i].imp else {
+                return false;
+            };
+            // Room for the largest frame: MTU, headers, a stray second tag.
+            let slot = (ip.machine.config().mtu as usize + 64).next_multiple_of(64);
+            if let Err(e) = recv_batch(ip.sock.as_raw_fd(), &mut self.buf, slot, &mut batch) {
+                debug!(ipcp = %self.ipcps[i].name, error = %e, "packet receive error");
+                return true;
+            }
+            if batch.is_empty() {
+                return false;
+            }
+            taken += batch.len();
+            for (k, m) in batch.iter().enumerate() {
+                let Some((len, vlan)) = *m else {
+                    continue;
+                };
+                let Imp::ShimEth(ip) = &mut self.ipcps[i].imp else {
+                    return false;
+                };
+                let frame = &self.buf[k * slot..k * slot + len];
+                match ip.machine.on_frame(now, frame, vlan) {
+                    core_eth::Received::Deliver { port, sdu } => {
+                        if let Some(fs) = self.flows.get(&port) {
+                            let sent = sys::send(fs.fd.as_raw_fd(), sdu, None);
+                            if !matches!(sent, Ok(Sent::Done)) {
+                                if let Some(c) = ip.machine.flow_counters_mut(port) {
+                                    c.drops_in += 1;
+                                }
+                            }
+                        } else if let Some(&(j, _)) = self.n1_owner.get(&port) {
+                            if let Imp::Normal(nm) = &mut self.ipcps[j].imp {
+                                nm.machine.on_frame(now, port, sdu);
+                            }
+                        } else if self.n1_pending.contains_key(&port)
+                            && self.early_n1.len() < BUDGET
+                        {
+                            self.early_n1.push((port, sdu.to_vec()));
+                        }
+                    }
+                    core_eth::Received::Consumed => {}
+                    core_eth::Received::Dropped(reason) => {
+                        debug!(ipcp = %self.ipcps[i].name, ?reason, "frame dropped");
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    /// An SDU the machine held for a flow it just accepted.
+    pub(super) fn eth_deliver(&mut self, i: usize, port: PortId, sdu: &[u8]) {
+        let Some(slot) = self.flows.get(&port) else {
+            return;
+        };
+        let sent = sys::send(slot.fd.as_raw_fd(), sdu, None);
+        if !matches!(sent, Ok(Sent::Done)) {
+            if let Imp::ShimEth(ip) = &mut self.ipcps[i].imp {
+                if let Some(c) = ip.machine.flow_counters_mut(port) {
+                    c.drops_in += 1;
+                }
+            }
+        }
+    }
+
+    /// Reads up to [`BUDGET`] SDUs written by the application on shim-eth
+    /// flow `port` and sends them, one frame each.
+    pub(super) fn service_eth_flow(&mut self, port: PortId) -> FlowService {
+        let Some(slot) = self.flows.get(&port) else {
+            return FlowService::Drained;
+        };
+        let i = slot.ipcp;
+        let fd = slot.fd.as_raw_fd();
+        let Imp::ShimEth(ip) = &mut self.ipcps[i].imp else {
+            return FlowService::Drained;
+        };
+        if ip.stalled.is_some() {
+            ip.parked.push(port);
+            return FlowService::Drained;
+        }
+        let cap = self.buf.len() - HEADROOM;
+        for _ in 0..BUDGET {
+            let n = match sys::recv(fd, &mut self.buf[HEADROOM..]) {
+                Ok(Recv::Packet(n)) => n,
+                Ok(Recv::Empty) => 0,
+                Ok(Recv::WouldBlock) => return FlowService::Drained,
+                Ok(Recv::Closed) => return FlowService::Closed,
+                Err(e) => {
+                    debug!(port, error = %e, "flow read error");
+                    return FlowService::Closed;
+                }
+            };
+            if n > cap {
+                if let Some(c) = ip.machine.flow_counters_mut(port) {
+                    c.drops_out += 1;
+                }
+                continue;
+            }
+            let hdr = match ip.machine.send_header(port, n) {
+                Ok(h) => h,
+                Err(e) => {
+                    debug!(port, error = %e, "SDU not sent");
+                    continue;
+                }
+            };
+            let start = HEADROOM - hdr.len();
+            let _ = hdr.write(&mut self.buf[start..HEADROOM]);
+            let frame = &self.buf[start..HEADROOM + n];
+            match send_frame(ip.sock.as_raw_fd(), &[frame]) {
+                TxResult::Sent => {}
+                TxResult::Full => {
+                    ip.stalled = Some(frame.to_vec());
+                    ip.parked.push(port);
+                    let _ = self.poll.registry().reregister(
+                        &mut SourceFd(&ip.sock.as_raw_fd()),
+                        token(T_ETH, i),
+                        Interest::READABLE | Interest::WRITABLE,
+                    );
+                    return FlowService::Drained;
+                }
+                TxResult::Failed(e) => {
+                    ip.send_errors += 1;
+                    debug!(port, error = %e, "frame not sent");
+                }
+            }
+        }
+        FlowService::More
+    }
+
+    /// The socket of shim-eth IPCP `i` is writable again: send the stalled
+    /// frame and read the parked flows.
+    pub(super) fn eth_unstall(&mut self, i: usize) {
+        let Imp::ShimEth(ip) = &mut self.ipcps[i].imp else {
+            return;
+        };
+        if let Some(frame) = ip.stalled.take() {
+            match send_frame(ip.sock.as_raw_fd(), &[&frame]) {
+                TxResult::Full => {
+                    ip.stalled = Some(frame);
+                    return;
+                }
+                TxResult::Failed(_) => ip.send_errors += 1,
+                TxResult::Sent => {}
+            }
+        }
+        let _ = self.poll.registry().reregister(
+            &mut SourceFd(&ip.sock.as_raw_fd()),
+            token(T_ETH, i),
+            Interest::READABLE,
+        );
+        for port in std::mem::take(&mut ip.parked) {
+            self.mark_flow_ready(port);
+        }
+    }
+
+    /// Writes a frame of a normal IPCP on its N-1 flow `port` of shim-eth
+    /// IPCP `lower`. A full send buffer loses it, as a link would.
+    pub(super) fn eth_n1_transmit(&mut self, lower: usize, port: PortId, sdu: &[u8]) {
+        let Imp::ShimEth(ip) = &mut self.ipcps[lower].imp else {
+            return;
+        };
+        let Ok(hdr) = ip.machine.send_header(port, sdu.len()) else {
+            return;
+        };
+        let mut h = [0u8; 32];
+        let Some(n) = hdr.write(&mut h) else {
+            return;
+        };
+        match send_frame(ip.sock.as_raw_fd(), &[&h[..n], sdu]) {
+            TxResult::Sent => {}
+            TxResult::Full => {
+                ip.send_full += 1;
+                if let Some(c) = ip.machine.flow_counters_mut(port) {
+                    c.drops_out += 1;
+                }
+            }
+            TxResult::Failed(_) => ip.send_errors += 1,
+        }
+    }
+}

@@ -1,0 +1,439 @@
+//! The shim DIF for hypervisors between two real `rinad` processes, a
+//! "host" and a "guest", sharing a file in a temporary directory (no VM is
+//! booted: a second process stands in for the guest, which maps the same
+//! layout it would map from an ivshmem BAR). No root needed.
+//!
+//! * allocation, data both ways, 64 KiB SDUs, refusal, deallocation and
+//!   channel reuse;
+//! * a guest that dies: the host's flows close, and a new guest attaches;
+//! * garbage written into the shared ring: the host survives, counts it,
+//!   and the link works again once the honest guest writes;
+//! * a normal DIF over shim-hv carrying SDUs between applications.
+
+mod common;
+
+use common::{name, temp_dir, wait_for, Daemon};
+use rina::{Client, ErrorKind, Flow, QosSpec};
+use rina_core::shim_hv::link::HEADER;
+use rina_core::shim_hv::ring::{Geometry, RING_HEADER};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(10);
+
+/// The geometry the daemon's host side lays out (`daemon::shim_hv::GEOMETRY`).
+const GEO: Geometry = Geometry {
+    slot_size: 4096,
+    slots: 1024,
+};
+
+fn hv_config(system: &str, path: &Path, side: &str) -> String {
+    format!(
+        "[system]\nname = \"{system}\"\n\n[[ipcp]]\nname = \"{system}.hv\"\ntype = \"shim-hv\"\ndif = \"hv\"\npath = \"{}\"\nside = \"{side}\"\nvmpi_id = 3\n",
+        path.display()
+    )
+}
+
+/// A host and a guest daemon over one shared file, both seeing the peer up.
+struct Pair {
+    host: Daemon,
+    guest: Daemon,
+    shm: PathBuf,
+    _dir: Dir,
+}
+
+/// A directory removed on drop.
+struct Dir(PathBuf);
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn pair() -> Pair {
+    let dir = temp_dir("hvshm");
+    let shm = dir.join("vmpi0");
+    let host = Daemon::start_with("host", &hv_config("host", &shm, "host"));
+    let guest = Daemon::start_with("guest", &hv_config("guest", &shm, "guest"));
+    wait_until_up(&host);
+    wait_until_up(&guest);
+    Pair {
+        host,
+        guest,
+        shm,
+        _dir: Dir(dir),
+    }
+}
+
+fn wait_until_up(d: &Daemon) {
+    wait_for(&format!("{} to see its peer", d.name), T, || {
+        d.counter("peer_up") == 1
+    });
+}
+
+/// Registers `n` at `d` and echoes every SDU of every accepted flow.
+fn echo_server(d: &Daemon, n: &str) -> JoinHandle<()> {
+    let mut c = d.client();
+    assert_eq!(c.register(&name(n), None).unwrap(), vec!["hv".to_string()]);
+    std::thread::spawn(move || {
+        while let Ok(Some(req)) = c.next_request_timeout(Duration::from_secs(30)) {
+            let Ok(flow) = c.accept(&req) else { continue };
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 65_536];
+                while let Ok(n) = flow.read(&mut buf) {
+                    if flow.write(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    })
+}
+
+fn roundtrip(flow: &Flow, sdu: &[u8]) -> Vec<u8> {
+    flow.write(sdu).unwrap();
+    let mut buf = vec![0u8; 65_536];
+    let n = flow
+        .read_timeout(&mut buf, T)
+        .unwrap()
+        .expect("echo reply within the deadline");
+    buf.truncate(n);
+    buf
+}
+
+fn allocate(c: &mut Client, from: &str, to: &str) -> rina::Result<Flow> {
+    c.allocate(&name(from), &name(to), Some("hv"), &QosSpec::default())
+}
+
+#[test]
+fn allocation_data_both_ways_64k_refusal_deallocation_and_reuse() {
+    let p = pair();
+    assert!(
+        p.host.udp_addr().starts_with("vmpi 3 (host"),
+        "{}",
+        p.host.udp_addr()
+    );
+    let _srv = echo_server(&p.host, "echo");
+    let mut c = p.guest.client();
+    let flow = allocate(&mut c, "vm-app", "echo").unwrap();
+    assert_eq!(flow.info().dif, "hv");
+    assert_eq!(flow.info().max_sdu, 65_536);
+    for i in 0..20u8 {
+        let sdu = vec![i; 1 + 300 * i as usize];
+        assert_eq!(roundtrip(&flow, &sdu), sdu, "SDU {i} echoed intact");
+    }
+    let big: Vec<u8> = (0..65_536u32).map(|i| (i % 251) as u8).collect();
+    for _ in 0..5 {
+        assert_eq!(roundtrip(&flow, &big), big, "a 64 KiB SDU passes");
+    }
+    // A burst larger than the ring (4 MiB) flows with back-pressure, in order.
+    let mut buf = vec![0u8; 65_536];
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            for k in 0..200u32 {
+                let mut s = big.clone();
+                s[..4].copy_from_slice(&k.to_le_bytes());
+                flow.write(&s).unwrap();
+            }
+        });
+        // Nothing is lost: a full application socket at the receiver holds
+        // the ring, a full ring holds the sender's writes.
+        let mut last = None;
+        let mut got = 0u64;
+        while let Some(n) = flow.read_timeout(&mut buf, Duration::from_secs(2)).unwrap() {
+            assert_eq!(n, 65_536);
+            let k = u32::from_le_bytes(buf[..4].try_into().unwrap());
+            assert!(last.is_none_or(|l| k > l), "in order: {k} after {last:?}");
+            last = Some(k);
+            got += 1;
+        }
+        let drops: u64 = [&p.host, &p.guest]
+            .iter()
+            .flat_map(|d| d.client().list_flows().unwrap())
+            .map(|f| f.counters.drops_in)
+            .sum();
+        assert_eq!(
+            got + drops,
+            200,
+            "every SDU is delivered or counted as dropped"
+        );
+    });
+    let stats = c.list_flows().unwrap();
+    assert_eq!(stats[0].counters.sdus_out, 225);
+
+    // Refusal with the reason, and a name nobody registered.
+    let mut srv = p.host.client();
+    srv.register(&name("picky"), Some("hv")).unwrap();
+    let t = std::thread::spawn(move || {
+        let req = srv.next_request().unwrap();
+        assert_eq!(req.remote, name("asker"));
+        srv.refuse(&req, "not today").unwrap();
+        srv
+    });
+    let e = allocate(&mut p.guest.client(), "asker", "picky").unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Refused, "{e}");
+    assert!(e.to_string().contains("not today"), "{e}");
+    drop(t.join().unwrap());
+    let e = allocate(&mut p.guest.client(), "asker", "nobody").unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotRegistered, "{e}");
+
+    // Deallocation at one end frees the flow at both.
+    flow.deallocate();
+    wait_for("the host to free the flow", T, || {
+        p.host.client().list_flows().unwrap().is_empty()
+    });
+
+    // Channels are reused: more allocations than there are channels, and
+    // 63 at once but not 64.
+    for k in 0..70 {
+        let f = allocate(&mut c, "vm-app", "echo").unwrap();
+        assert_eq!(roundtrip(&f, &[k as u8; 10]), vec![k as u8; 10]);
+        drop(f);
+    }
+    wait_for("the host to free the flows", T, || {
+        p.host.client().list_flows().unwrap().is_empty()
+    });
+    let held: Vec<Flow> = (0..63)
+        .map(|_| allocate(&mut c, "vm-app", "echo").unwrap())
+        .collect();
+    let e = allocate(&mut c, "vm-app", "echo").unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NoResources, "{e}");
+    assert_eq!(roundtrip(&held[62], b"last"), b"last");
+}
+
+#[test]
+fn a_dead_guest_closes_the_host_flows_and_a_new_guest_attaches() {
+    let mut p = pair();
+    let mut gc = p.guest.client();
+    gc.register(&name("vm-echo"), None).unwrap();
+    let t = std::thread::spawn(move || {
+        let req = gc.next_request().unwrap();
+        let f = gc.accept(&req).unwrap();
+        (gc, f)
+    });
+    let host_flow = allocate(&mut p.host.client(), "host-app", "vm-echo").unwrap();
+    let (_gc, guest_flow) = t.join().unwrap();
+    host_flow.write(b"hello vm").unwrap();
+    let mut buf = [0u8; 64];
+    let n = guest_flow.read_timeout(&mut buf, T).unwrap().unwrap();
+    assert_eq!(&buf[..n], b"hello vm");
+
+    p.guest.kill();
+    let e = host_flow
+        .read_timeout(&mut buf, T)
+        .expect_err("the host's flow closes when the guest dies");
+    assert_eq!(e.kind(), ErrorKind::DaemonGone, "{e}");
+    wait_for("the host to see the peer gone", T, || {
+        p.host.counter("peer_up") == 0
+    });
+    assert!(p.host.client().list_flows().unwrap().is_empty());
+    assert_eq!(p.host.counter("peer_losses"), 1);
+    let e = allocate(&mut p.host.client(), "host-app", "vm-echo").unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NoResources, "{e}");
+
+    // A new guest maps the same file and the DIF works again.
+    let guest2 = Daemon::start_with("guest2", &hv_config("guest2", &p.shm, "guest"));
+    wait_until_up(&guest2);
+    wait_until_up(&p.host);
+    let _srv = echo_server(&p.host, "echo");
+    let f = allocate(&mut guest2.client(), "vm-app", "echo").unwrap();
+    assert_eq!(roundtrip(&f, b"again"), b"again");
+}
+
+#[test]
+fn garbage_in_the_ring_is_counted_and_the_host_survives() {
+    let p = pair();
+    let _srv = echo_server(&p.host, "echo");
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p.shm)
+        .unwrap();
+    // The guest -> host ring: its head, then every slot header.
+    let ring = (HEADER + GEO.ring_bytes().next_multiple_of(4096)) as u64;
+    let mut garbage = vec![0u8; GEO.data_bytes()];
+    let mut x: u32 = 0x1234_5678;
+    for b in garbage.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        *b = x as u8;
+    }
+    file.write_all_at(&garbage, ring + RING_HEADER as u64)
+        .unwrap();
+    file.write_all_at(&7u32.to_le_bytes(), ring).unwrap();
+    wait_for("the host to count the garbage", T, || {
+        p.host.counter("rx_ring_errors") >= 1
+    });
+    // A head beyond the ring is refused as well.
+    file.write_all_at(&0xdead_beefu32.to_le_bytes(), ring)
+        .unwrap();
+    let before = p.host.counter("rx_ring_errors");
+    wait_for("the host to count the bad head", T, || {
+        p.host.counter("rx_ring_errors") > before
+    });
+    // The honest guest's next buffers put the ring right again.
+    let mut c = p.guest.client();
+    let mut ok = None;
+    for _ in 0..5 {
+        if let Ok(f) = allocate(&mut c, "vm-app", "echo") {
+            ok = Some(f);
+            break;
+        }
+    }
+    let f = ok.expect("an allocation succeeds after the garbage");
+    assert_eq!(roundtrip(&f, b"still here"), b"still here");
+    assert!(p.host.client().list_ipcps().is_ok());
+}
+
+#[test]
+fn a_normal_dif_over_shim_hv_carries_sdus() {
+    let dir = temp_dir("hvnormal");
+    let shm = dir.join("vmpi0");
+    let _d = Dir(dir);
+    let normal = |me: &str, addr: u64, peer: &str, peer_addr: u64| {
+        format!(
+            "\n[[ipcp]]\nname = \"{me}.net\"\ntype = \"normal\"\ndif = \"net\"\naddress = {addr}\n\n[[ipcp.neighbor]]\nname = \"{peer}.net\"\nover = \"hv\"\naddress = {peer_addr}\n\n[ipcp.names]\n\"echo\" = 1\n"
+        )
+    };
+    let host = Daemon::start_with(
+        "host",
+        &(hv_config("host", &shm, "host") + &normal("host", 1, "guest", 2)),
+    );
+    let guest = Daemon::start_with(
+        "guest",
+        &(hv_config("guest", &shm, "guest") + &normal("guest", 2, "host", 1)),
+    );
+    let mut c = host.client();
+    c.register(&name("echo"), Some("net")).unwrap();
+    let _srv = std::thread::spawn(move || {
+        while let Ok(Some(req)) = c.next_request_timeout(Duration::from_secs(30)) {
+            let Ok(flow) = c.accept(&req) else { continue };
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 65_536];
+                while let Ok(n) = flow.read(&mut buf) {
+                    if flow.write(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let mut flow = None;
+    wait_for(
+        "a flow over the normal DIF",
+        Duration::from_secs(20),
+        || {
+            flow = guest
+                .client()
+                .allocate(
+                    &name("vm-app"),
+                    &name("echo"),
+                    Some("net"),
+                    &QosSpec::default(),
+                )
+                .ok();
+            flow.is_some()
+        },
+    );
+    let flow = flow.unwrap();
+    assert_eq!(flow.info().dif, "net");
+    for i in 0..20u8 {
+        let sdu = vec![i; 100 + 50 * i as usize];
+        assert_eq!(roundtrip(&flow, &sdu), sdu);
+    }
+}
+
+/// Seed 001 Fig. 4(b): two "VMs", each a guest of its own shim-hv DIF to
+/// one "host", and a normal DIF over both with the host relaying.
+#[test]
+fn vm_to_vm_through_the_host_over_a_normal_dif() {
+    let dir = temp_dir("hvvm2vm");
+    let (shm1, shm2) = (dir.join("vmpi1"), dir.join("vmpi2"));
+    let _d = Dir(dir);
+    let hv = |system: &str, ipcp: &str, dif: &str, path: &Path, side: &str| {
+        format!(
+            "\n[[ipcp]]\nname = \"{system}.{ipcp}\"\ntype = \"shim-hv\"\ndif = \"{dif}\"\npath = \"{}\"\nside = \"{side}\"\n",
+            path.display()
+        )
+    };
+    let net = |me: &str, addr: u64, nbs: &[(&str, u64, &str)], routes: &[(u64, u64)]| {
+        let mut s = format!(
+            "\n[[ipcp]]\nname = \"{me}.net\"\ntype = \"normal\"\ndif = \"net\"\naddress = {addr}\n"
+        );
+        for (n, a, over) in nbs {
+            s += &format!(
+                "\n[[ipcp.neighbor]]\nname = \"{n}.net\"\nover = \"{over}\"\naddress = {a}\n"
+            );
+        }
+        s += "\n[ipcp.routes]\n";
+        for (d, h) in routes {
+            s += &format!("\"{d}\" = {h}\n");
+        }
+        s + "\n[ipcp.names]\n\"echo\" = 3\n"
+    };
+    let host = Daemon::start_with(
+        "host",
+        &("[system]\nname = \"host\"\n".to_string()
+            + &hv("host", "hv1", "hv1", &shm1, "host")
+            + &hv("host", "hv2", "hv2", &shm2, "host")
+            + &net("host", 1, &[("vm1", 2, "hv1"), ("vm2", 3, "hv2")], &[])),
+    );
+    let vm1 = Daemon::start_with(
+        "vm1",
+        &("[system]\nname = \"vm1\"\n".to_string()
+            + &hv("vm1", "hv", "hv1", &shm1, "guest")
+            + &net("vm1", 2, &[("host", 1, "hv1")], &[(3, 1)])),
+    );
+    let vm2 = Daemon::start_with(
+        "vm2",
+        &("[system]\nname = \"vm2\"\n".to_string()
+            + &hv("vm2", "hv", "hv2", &shm2, "guest")
+            + &net("vm2", 3, &[("host", 1, "hv2")], &[(2, 1)])),
+    );
+    let mut c = vm2.client();
+    c.register(&name("echo"), Some("net")).unwrap();
+    let _srv = std::thread::spawn(move || {
+        while let Ok(Some(req)) = c.next_request_timeout(Duration::from_secs(30)) {
+            let Ok(flow) = c.accept(&req) else { continue };
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 65_536];
+                while let Ok(n) = flow.read(&mut buf) {
+                    if flow.write(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let mut flow = None;
+    wait_for("a flow from vm1 to vm2", Duration::from_secs(20), || {
+        flow = vm1
+            .client()
+            .allocate(
+                &name("vm1-app"),
+                &name("echo"),
+                Some("net"),
+                &QosSpec::default(),
+            )
+            .ok();
+        flow.is_some()
+    });
+    let flow = flow.unwrap();
+    for i in 0..20u8 {
+        let sdu = vec![i; 200 + 100 * i as usize];
+        assert_eq!(roundtrip(&flow, &sdu), sdu);
+    }
+    // The host relayed: both of its shim-hv IPCPs carried buffers.
+    let ipcps = host.client().list_ipcps().unwrap();
+    for ip in ipcps.iter().filter(|i| i.name.contains(".hv")) {
+        assert!(
+            ip.counters["rx_buffers"] > 20,
+            "{}: {:?}",
+            ip.name,
+            ip.counters
+        );
+    }
+}
