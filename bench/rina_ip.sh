@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# rina-ip benchmark (not a timed test): in one run on this machine, two
+# network namespaces joined by a veth pair;
+#   * iperf3 TCP over the veth itself (no RINA),
+#   * iperf3 TCP through rina-ip: TUN -> flow of a normal DIF over a shim
+#     DIF over UDP over the same veth -> TUN,
+# and prints both goodputs and their ratio. Needs root, iproute2, iperf3.
+#
+#   sudo bash bench/rina_ip.sh          # DUR=5 seconds per measurement
+#   QOS=reliable MTU=1400 bash bench/rina_ip.sh
+#   KEEP=1 bash bench/rina_ip.sh        # leave the namespaces for a look
+#   NO_BUILD=1 bash bench/rina_ip.sh    # use the binaries already built
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DUR=${DUR:-5}
+QOS=${QOS:-unreliable}
+MTU=${MTU:-}
+if [ "$(id -u)" != 0 ]; then
+    echo "bench: needs root (network namespaces, TUN)" >&2
+    exit 1
+fi
+for c in ip iperf3; do
+    command -v $c >/dev/null 2>&1 || { echo "bench: $c is missing" >&2; exit 1; }
+done
+[ -n "${NO_BUILD:-}" ] || cargo build --release -q -p rinad -p rina-tools
+BIN=${CARGO_TARGET_DIR:-target}/release
+BIN=$(cd "$BIN" && pwd)
+T=$(mktemp -d /tmp/rina-bench-ip.XXXXXX)
+ID=$$
+NA=ripbA$ID NB=ripbB$ID VA=rbva$ID VB=rbvb$ID
+PIDS=()
+cleanup() {
+    [ -n "${KEEP:-}" ] && { echo "kept: netns $NA $NB, files in $T"; return; }
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    ip netns del "$NA" 2>/dev/null || true
+    ip netns del "$NB" 2>/dev/null || true
+    rm -rf "$T"
+}
+trap cleanup EXIT INT TERM
+
+ip netns add "$NA"
+ip netns add "$NB"
+ip link add "$VA" type veth peer name "$VB"
+ip link set "$VA" netns "$NA"
+ip link set "$VB" netns "$NB"
+ip -n "$NA" addr add 172.30.9.1/24 dev "$VA"
+ip -n "$NB" addr add 172.30.9.2/24 dev "$VB"
+for n in "$NA" "$NB"; do ip -n "$n" link set lo up; done
+ip -n "$NA" link set "$VA" up
+ip -n "$NB" link set "$VB" up
+
+# rinad config: ME ADDR MY_IP PEER PEER_ADDR PEER_IP PEER_APP
+system() {
+    cat <<CONF
+[system]
+name = "$1"
+[[ipcp]]
+name = "$1.udp"
+type = "shim-udp"
+dif = "udp"
+bind = "$3:7101"
+[ipcp.directory]
+"$4.net" = "$6:7101"
+[[ipcp]]
+name = "$1.net"
+type = "normal"
+dif = "net"
+address = $2
+[[ipcp.neighbor]]
+name = "$4.net"
+over = "udp"
+address = $5
+[ipcp.names]
+"$7" = $5
+CONF
+}
+# rina-ip config: ME TUN_V4 TUN_V6 PEER PEER_V4 PEER_V6
+tunnel() {
+    cat <<CONF
+name = "$1"
+dif = "net"
+socket = "$T/$1.rinad.sock"
+status_socket = "$T/$1.status.sock"
+[tun]
+name = "rbench0"
+addresses = ["$2/24", "$3/64"]
+${MTU:+mtu = $MTU}
+[[peer]]
+name = "$4"
+prefixes = ["$5/32", "$6/128"]
+qos = "$QOS"
+CONF
+}
+system a 1 172.30.9.1 b 2 172.30.9.2 ip-b >"$T/a.toml"
+system b 2 172.30.9.2 a 1 172.30.9.1 ip-a >"$T/b.toml"
+tunnel ip-a 10.201.0.1 fd21::1 ip-b 10.201.0.2 fd21::2 >"$T/ip-a.toml"
+tunnel ip-b 10.201.0.2 fd21::2 ip-a 10.201.0.1 fd21::1 >"$T/ip-b.toml"
+
+for s in a b; do
+    ns=$NA; [ $s = b ] && ns=$NB
+    ip netns exec "$ns" "$BIN/rinad" --config "$T/$s.toml" --socket "$T/ip-$s.rinad.sock" \
+        --log-level warn >"$T/rinad-$s.log" 2>&1 &
+    PIDS+=($!)
+done
+for s in a b; do
+    ns=$NA; [ $s = b ] && ns=$NB
+    for _ in $(seq 100); do [ -S "$T/ip-$s.rinad.sock" ] && break; sleep 0.1; done
+    ip netns exec "$ns" "$BIN/rina-ip" --config "$T/ip-$s.toml" >"$T/rina-ip-$s.log" 2>&1 &
+    PIDS+=($!)
+done
+# Wait (up to 30 s) for the tunnel: a ping through it answers.
+up=""
+for _ in $(seq 60); do
+    if ip netns exec "$NA" ping -c 1 -W 1 10.201.0.2 >/dev/null 2>&1; then up=1; break; fi
+    sleep 0.5
+done
+[ -n "$up" ] || { echo "bench: the tunnel did not come up"; cat "$T"/rina-ip-*.log; exit 1; }
+
+ip netns exec "$NB" iperf3 -s >/dev/null 2>&1 &
+PIDS+=($!)
+for _ in $(seq 50); do ip netns exec "$NB" ss -ltn | grep -q ':5201 ' && break; sleep 0.1; done
+
+goodput() { # DEST -> Mb/s received
+    ip netns exec "$NA" iperf3 -c "$1" -t "$DUR" -J \
+        | python3 -c 'import json,sys; print("%.1f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e6))'
+}
+BASE=$(goodput 172.30.9.2)
+TUN=$(goodput 10.201.0.2)
+MTU_NOW=$(ip netns exec "$NA" cat /sys/class/net/rbench0/mtu)
+RTT=$(ip netns exec "$NA" ping -c 10 -i 0.1 -q 10.201.0.2 | sed -n 's/.*= \([0-9.]*\)\/\([0-9.]*\)\/.*/\2/p')
+RTT0=$(ip netns exec "$NA" ping -c 10 -i 0.1 -q 172.30.9.2 | sed -n 's/.*= \([0-9.]*\)\/\([0-9.]*\)\/.*/\2/p')
+echo "rina-ip benchmark: iperf3 TCP, ${DUR} s each, QoS $QOS, TUN MTU $MTU_NOW"
+printf "  veth, no RINA        %10s Mb/s   ping avg %s ms\n" "$BASE" "$RTT0"
+printf "  through rina-ip      %10s Mb/s   ping avg %s ms\n" "$TUN" "$RTT"
+python3 -c "print('  ratio rina-ip / veth  %.3f' % ($TUN / $BASE))"
+echo
+ip netns exec "$NA" "$BIN/rina-ip" --status --status-socket "$T/ip-a.status.sock"

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Shim-hv benchmark (seed 001 Fig. 4; not a timed test), on one machine with
+# processes standing in for the host and the VMs, in one run:
+#   (a) rina-perf directly over a shim-hv DIF (guest -> host), SDU sizes
+#       250..4000 step 250, then 8 KiB, 16 KiB, 32 KiB, 64 KiB;
+#       against iperf3 UDP (-l SIZE -b 0) and TCP (-l SIZE) over loopback;
+#   (b) rina-perf over a normal DIF over two shim-hv DIFs (VM1 -> host -> VM2).
+# Prints one table (goodput in Mb/s, receiver side) and the ratio of (a) to
+# iperf3 UDP per size (aim: >= 1.5 from 1400 B up). Needs iperf3 and
+# python3; as root it installs iperf3 with apt when missing. No root needed
+# otherwise.
+#
+#   bash bench/shim_hv.sh                 # DUR=3 seconds per size
+#   DUR=1 BUSY=true bash bench/shim_hv.sh # busy-polling shims
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DUR=${DUR:-3}
+BUSY=${BUSY:-false}
+if ! command -v iperf3 >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    apt-get install -y iperf3 >/dev/null 2>&1 || { apt-get update >/dev/null && apt-get install -y iperf3 >/dev/null; }
+fi
+command -v iperf3 >/dev/null || { echo "bench: iperf3 is needed" >&2; exit 1; }
+command -v python3 >/dev/null || { echo "bench: python3 is needed" >&2; exit 1; }
+
+cargo build --release -q -p rinad -p rina-tools
+BIN=${CARGO_TARGET_DIR:-target}/release
+T=$(mktemp -d /tmp/rina-bench-hv.XXXXXX)
+SHM=/dev/shm/rina-bench-hv-$$
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$T" "$SHM"-*
+}
+trap cleanup EXIT INT TERM
+
+SIZES=$(python3 -c 'print(",".join(str(s) for s in list(range(250, 4001, 250)) + [8192, 16384, 32768, 65536]))')
+
+wait_up() { # socket ipcp-index
+    for _ in $(seq 200); do
+        if "$BIN/rinactl" --socket "$1" --json ipcps 2>/dev/null |
+            python3 -c 'import json,sys; sys.exit(0 if all(i["counters"].get("peer_up",1)==1 for i in json.load(sys.stdin)) else 1)'; then
+            return 0
+        fi
+        sleep 0.05
+    done
+    echo "bench: $1 did not come up" >&2; exit 1
+}
+
+hv() { # system ipcp dif path side
+    printf '\n[[ipcp]]\nname = "%s.%s"\ntype = "shim-hv"\ndif = "%s"\npath = "%s"\nside = "%s"\nbusy_poll = %s\n' "$1" "$2" "$3" "$4" "$5" "$BUSY"
+}
+net() { # system address neighbour neighbour-address over [route-dst route-hop]
+    printf '\n[[ipcp]]\nname = "%s.net"\ntype = "normal"\ndif = "net"\naddress = %s\n' "$1" "$2"
+    shift 2
+    while [ $# -ge 3 ] && [ "$1" != "--" ]; do
+        printf '\n[[ipcp.neighbor]]\nname = "%s.net"\nover = "%s"\naddress = %s\n' "$1" "$3" "$2"
+        shift 3
+    done
+    printf '\n[ipcp.routes]\n'
+    [ "${1:-}" = "--" ] && printf '"%s" = %s\n' "$2" "$3"
+    printf '\n[ipcp.names]\n"perfb" = 3\n'
+}
+start() { # name config
+    printf '[system]\nname = "%s"\n%s\n' "$1" "$2" > "$T/$1.toml"
+    "$BIN/rinad" --config "$T/$1.toml" --socket "$T/$1.sock" --log-level warn 2>"$T/$1.log" & PIDS+=($!)
+}
+
+# (a) host <-> guest over one shim-hv DIF.
+start host "$(hv host hv hv "$SHM-a" host)"
+sleep 0.2
+start guest "$(hv guest hv hv "$SHM-a" guest)"
+wait_up "$T/host.sock"; wait_up "$T/guest.sock"
+"$BIN/rina-perf" server --socket "$T/host.sock" --name perf >/dev/null 2>&1 & PIDS+=($!)
+sleep 0.3
+echo "== (a) rina-perf over shim-hv, ${DUR} s per size"
+"$BIN/rina-perf" client --socket "$T/guest.sock" --dif hv --dst perf --sweep "$SIZES" --duration-s "$DUR" --csv > "$T/a.csv"
+
+# (b) VM1 -> host -> VM2 over a normal DIF over two shim-hv DIFs.
+start h2 "$(hv h2 hv1 hv1 "$SHM-b1" host)$(hv h2 hv2 hv2 "$SHM-b2" host)$(net h2 1 vm1 2 hv1 vm2 3 hv2)"
+sleep 0.2
+start vm1 "$(hv vm1 hv hv1 "$SHM-b1" guest)$(net vm1 2 h2 1 hv1 -- 3 1)"
+start vm2 "$(hv vm2 hv hv2 "$SHM-b2" guest)$(net vm2 3 h2 1 hv2 -- 2 1)"
+wait_up "$T/h2.sock"; wait_up "$T/vm1.sock"; wait_up "$T/vm2.sock"
+"$BIN/rina-perf" server --socket "$T/vm2.sock" --dif net --name perfb >/dev/null 2>&1 & PIDS+=($!)
+ok=
+for _ in $(seq 100); do
+    if "$BIN/rina-perf" client --socket "$T/vm1.sock" --dif net --dst perfb --size 1000 --count 10 >/dev/null 2>&1; then ok=1; break; fi
+    sleep 0.2
+done
+[ -n "$ok" ] || { echo "bench: the normal DIF over shim-hv did not come up" >&2; exit 1; }
+echo "== (b) rina-perf over a normal DIF over two shim-hv DIFs, ${DUR} s per size"
+"$BIN/rina-perf" client --socket "$T/vm1.sock" --dif net --dst perfb --sweep "$SIZES" --duration-s "$DUR" --csv > "$T/b.csv"
+
+echo "== iperf3 UDP and TCP over loopback, ${DUR} s per size"
+iperf3 -s -p 5399 >/dev/null 2>&1 & PIDS+=($!)
+sleep 0.3
+for s in ${SIZES//,/ }; do
+    u=$(( s > 65507 ? 65507 : s ))
+    iperf3 -c 127.0.0.1 -p 5399 -u -l "$u" -b 0 -t "$DUR" -J > "$T/udp-$s.json" || true
+    iperf3 -c 127.0.0.1 -p 5399 -l "$s" -t "$DUR" -J > "$T/tcp-$s.json" || true
+done
+
+python3 - "$T" "$SIZES" <<'PY'
+import csv, json, sys
+t, sizes = sys.argv[1], [int(s) for s in sys.argv[2].split(",")]
+def perf(f):
+    rows = {}
+    for r in csv.reader(open(f)):
+        if r and r[0].isdigit():
+            rows[int(r[0])] = (float(r[5]), float(r[3]))
+    return rows
+def ip(kind, s):
+    try:
+        j = json.load(open(f"{t}/{kind}-{s}.json"))["end"]
+        return (j["sum"] if kind == "udp" else j["sum_received"])["bits_per_second"] / 1e6
+    except Exception:
+        return float("nan")
+a, b = perf(f"{t}/a.csv"), perf(f"{t}/b.csv")
+print()
+nan = (float("nan"), float("nan"))
+print(f"{'SDU':>6} {'shim-hv':>10} {'loss%':>6} {'normal/hv':>10} {'loss%':>6} {'iperf3 UDP':>11} {'iperf3 TCP':>11} {'hv/UDP':>7} {'hv/TCP':>7}")
+for s in sizes:
+    u, tc = ip("udp", s), ip("tcp", s)
+    (ha, la), (hb, lb) = a.get(s, nan), b.get(s, nan)
+    print(f"{s:>6} {ha:>10.1f} {la:>6.1f} {hb:>10.1f} {lb:>6.1f} {u:>11.1f} {tc:>11.1f} {ha/u:>7.2f} {ha/tc:>7.2f}")
+print("\n(goodput in Mb/s at the receiver; aim: hv/UDP >= 1.5 from 1400 B up)")
+PY
