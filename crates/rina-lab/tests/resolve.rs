@@ -1,0 +1,163 @@
+//! The experiment file: what it derives, and errors that name the line.
+
+use rina_lab::resolve::{load, Dest, Lower, Over};
+
+fn example(name: &str) -> String {
+    let p = format!("{}/../../examples/lab/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p}: {e}"))
+}
+
+#[test]
+fn line_3_resolves_with_derived_bootstrap_and_order() {
+    let e = load(&example("line-3.toml"), None).unwrap();
+    assert_eq!(e.nodes, ["a", "b", "c"]);
+    assert_eq!(e.links.len(), 2);
+    assert_eq!(e.links[0].name, "a--b");
+    let d = &e.difs[0];
+    assert_eq!(d.over, vec![Lower::Links]);
+    assert_eq!(d.adjacencies.len(), 2);
+    assert!(d
+        .adjacencies
+        .iter()
+        .all(|a| matches!(a.over, Over::Link(_))));
+    // b has two neighbours: it bootstraps, a and c enroll through it.
+    assert_eq!(e.nodes[d.bootstrap], "b");
+    assert_eq!(d.enrollment_order.len(), 3);
+    assert_eq!(d.enrolls_via[&0], 1);
+    // echo from a and b to the app at c; tgen a->c; perf a->c.
+    assert_eq!(e.flows.len(), 4);
+    assert!(matches!(e.flows[0].to, Dest::App(0)));
+}
+
+fn err_of(text: &str) -> String {
+    load(text, None).unwrap_err().to_string()
+}
+
+const HEAD: &str = "nodes = [\"a\", \"b\"]\n[experiment]\nname = \"x\"\nduration = \"1s\"\n";
+
+#[test]
+fn nodes_written_inside_experiment_is_explained() {
+    let e = err_of("[experiment]\nname = \"x\"\nduration = \"1s\"\nnodes = [\"a\"]\n");
+    assert!(
+        e.starts_with("line 4,") && e.contains("before any [table]"),
+        "{e}"
+    );
+}
+
+#[test]
+fn unknown_node_in_a_link_names_its_line() {
+    let t = format!("{HEAD}[[link]]\nbetween = [\"a\", \"zz\"]\n");
+    let e = err_of(&t);
+    assert!(e.starts_with("line 6,"), "{e}");
+    assert!(e.contains("unknown node `zz`"), "{e}");
+}
+
+#[test]
+fn syntax_and_type_errors_name_the_line() {
+    let e = err_of(&format!(
+        "{HEAD}[[link]]\nbetween = [\"a\", \"b\"]\nrate = \"fast\"\n"
+    ));
+    assert!(e.starts_with("line 7,"), "{e}");
+    assert!(e.contains("`fast` is not a rate"), "{e}");
+    let e = err_of(&format!("{HEAD}[[link]\n"));
+    assert!(e.starts_with("line 5,"), "{e}");
+    let e = err_of(&format!(
+        "{HEAD}[[link]]\nbetween = [\"a\", \"b\"]\ncolour = 3\n"
+    ));
+    assert!(e.starts_with("line 7,") && e.contains("colour"), "{e}");
+}
+
+#[test]
+fn disconnected_dif_and_bad_cube_mapping_are_reported() {
+    let t = format!("{HEAD}[[dif]]\nname = \"n\"\nmembers = [\"a\", \"b\"]\nover = [\"links\"]\n");
+    let e = err_of(&t);
+    assert!(
+        e.starts_with("line 6,") && e.contains("cannot reach"),
+        "{e}"
+    );
+    let t = format!(
+        "{HEAD}[[link]]\nbetween = [\"a\", \"b\"]\n[[dif]]\nname = \"low\"\nmembers = [\"*\"]\nover = [\"links\"]\n\
+         [[dif.cube]]\nname = \"A1\"\n[[dif]]\nname = \"up\"\nmembers = [\"*\"]\nover = [\"low\"]\n\
+         [[dif.cube]]\nname = \"Gold\"\nmaps_to = {{ low = \"B9\" }}\n"
+    );
+    let e = err_of(&t);
+    assert!(
+        e.starts_with("line 19,") && e.contains("`B9`") && e.contains("`A1`"),
+        "{e}"
+    );
+}
+
+#[test]
+fn stacked_dif_maps_cubes_and_derives_adjacency_over_the_lower_dif() {
+    let t = format!(
+        "{HEAD}[[link]]\nbetween = [\"a\", \"b\"]\n[[dif]]\nname = \"up\"\nmembers = [\"*\"]\nover = [\"low\"]\n\
+         [[dif.cube]]\nname = \"Gold\"\nmaps_to = {{ low = \"A2\" }}\n[[dif.cube]]\nname = \"A1\"\n\
+         [[dif]]\nname = \"low\"\nmembers = [\"*\"]\nover = [\"links\"]\n\
+         [[dif.cube]]\nname = \"A1\"\n[[dif.cube]]\nname = \"A2\"\n"
+    );
+    let e = load(&t, None).unwrap();
+    // Declared upper first, resolved lower first.
+    assert_eq!(e.difs[0].name, "low");
+    let up = &e.difs[1];
+    assert_eq!(up.adjacencies.len(), 1);
+    assert_eq!(up.adjacencies[0].over, Over::Dif(0));
+    assert_eq!(up.cubes[0].maps_to[&0], 2, "Gold rides on A2");
+    assert_eq!(
+        up.cubes[1].maps_to[&0], 1,
+        "A1 rides on the lower A1 by name"
+    );
+}
+
+#[test]
+fn every_shipped_scenario_resolves_in_every_variant() {
+    let dir = format!("{}/../../examples/lab", env!("CARGO_MANIFEST_DIR"));
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let p = entry.unwrap().path();
+        if p.extension().and_then(|e| e.to_str()) != Some("toml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&p).unwrap();
+        let file =
+            rina_lab::resolve::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        let mut variants: Vec<Option<String>> = rina_lab::resolve::variant_names(&file)
+            .into_iter()
+            .map(Some)
+            .collect();
+        if variants.is_empty() {
+            variants.push(None);
+        }
+        for v in variants {
+            let e = load(&text, v.as_deref())
+                .unwrap_or_else(|e| panic!("{} [{v:?}]: {e}", p.display()));
+            assert!(!e.flows.is_empty(), "{}: no traffic", p.display());
+        }
+        n += 1;
+    }
+    assert!(n >= 1);
+}
+
+#[test]
+fn metro_37_is_the_seed_003_network() {
+    let e = load(&example("metro-37.toml"), Some("spn-only-90")).unwrap();
+    assert_eq!(e.nodes.len(), 37);
+    let spn = &e.difs[e.dif("spn").unwrap()];
+    let mr = e.dif("mr").unwrap();
+    // Gold and Silver over A1, Sensitive BE over A2, Bronze over B1, BE over B2.
+    let on_mr: Vec<u64> = spn.cubes.iter().map(|c| c.maps_to[&mr]).collect();
+    assert_eq!(on_mr, [1, 1, 2, 3, 4]);
+    // 75 bidirectional Table I flows plus three video streams.
+    assert_eq!(e.flows.len(), 150 + 3);
+    assert!(matches!(
+        e.difs[mr].scheduler,
+        rina_core::rmt::SchedulerConfig::Fifo(_)
+    ));
+    let base = load(&example("metro-37.toml"), Some("spn-mr-90")).unwrap();
+    assert!(matches!(
+        base.difs[mr].scheduler,
+        rina_core::rmt::SchedulerConfig::QtaMux(_)
+    ));
+    assert_eq!(base.load.as_ref().unwrap().links.len(), 12);
+    // The stack is five levels deep at the clients: link, home, video.
+    assert!(e.difs.iter().position(|d| d.name == "video").unwrap() > e.dif("spn").unwrap());
+}
