@@ -28,6 +28,8 @@
 //! interface = "eth1"
 //! # vlan = 10                     # default: the DIF name when it is a number (1..4094)
 //! # untagged = true               # a plain segment: no 802.1Q tag
+//! # tx_delay_us = 1000            # link emulation (no netem needed): delay every frame
+//! # tx_loss = 0.01                # sent by 1 ms, drop 1% of them (seeded by tx_seed)
 //!
 //! [[ipcp]]
 //! name = "alpha.hv"
@@ -77,6 +79,10 @@
 //! cherish = 1                     # urgent / most cherished
 //! # avg_bandwidth_bps = 64000     # declared figures, matched against QoS specs:
 //! # burst_bytes = 1500            # delay_us, jitter_us, loss_ppm likewise
+//! # lower = { net0 = "A1" }       # stacked: the cube of each N-1 normal DIF that
+//!                                 # carries this one (by name or id; default: that
+//!                                 # DIF's default cube); one N-1 flow per neighbour
+//!                                 # and distinct lower cube
 //! ```
 //!
 //! With `routing = "link-state"` and `directory_mode = "distributed"` the
@@ -231,6 +237,13 @@ pub struct IpcpConfig {
     pub vlan: Option<Spanned<u16>>,
     /// shim-eth: no 802.1Q tag (a plain segment).
     pub untagged: Option<bool>,
+    /// shim-eth: link emulation, one-way delay added to every frame sent,
+    /// microseconds (frames wait in a sender thread; order is kept).
+    pub tx_delay_us: Option<u64>,
+    /// shim-eth: link emulation, probability of dropping a frame sent (0..1).
+    pub tx_loss: Option<f64>,
+    /// shim-eth: seed of the `tx_loss` draws (default 1).
+    pub tx_seed: Option<u64>,
     /// shim-hv: the shared-memory file (e.g. under /dev/shm, or an ivshmem BAR).
     pub path: Option<PathBuf>,
     /// shim-hv: which end of the VMPI device this is.
@@ -296,6 +309,45 @@ pub struct QosCubeConfig {
     pub jitter_us: Option<u64>,
     /// Declared loss bound, parts per million.
     pub loss_ppm: Option<u32>,
+    /// The cube of each N-1 DIF that carries this cube's PDUs to the
+    /// neighbours over that DIF (`lower = { mr = "A1" }`, by name or id).
+    /// A DIF not listed carries it on its default cube.
+    #[serde(default)]
+    pub lower: BTreeMap<String, LowerCubeRef>,
+}
+
+/// A QoS cube of an N-1 DIF, by name or by QoS-id.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum LowerCubeRef {
+    /// By QoS-id.
+    Id(u64),
+    /// By name (or a QoS-id written as a string).
+    Name(String),
+}
+
+impl LowerCubeRef {
+    /// As [`QosCube::lower`] holds it: the name, or the id in decimal.
+    pub fn key(&self) -> String {
+        match self {
+            LowerCubeRef::Id(id) => id.to_string(),
+            LowerCubeRef::Name(n) => n.clone(),
+        }
+    }
+
+    /// The cube of `cubes` it names, if any.
+    pub fn find<'a>(&self, cubes: &'a [QosCube]) -> Option<&'a QosCube> {
+        rina_core::normal::cubes::find_cube(cubes, &self.key())
+    }
+}
+
+impl std::fmt::Display for LowerCubeRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LowerCubeRef::Id(id) => write!(f, "{id}"),
+            LowerCubeRef::Name(n) => write!(f, "{n:?}"),
+        }
+    }
 }
 
 impl QosCubeConfig {
@@ -313,6 +365,11 @@ impl QosCubeConfig {
         c.delay_us = self.delay_us;
         c.jitter_us = self.jitter_us;
         c.loss_ppm = self.loss_ppm;
+        c.lower = self
+            .lower
+            .iter()
+            .map(|(d, r)| (d.clone(), r.key()))
+            .collect();
         c
     }
 }
@@ -390,14 +447,19 @@ impl Config {
                     "`path`, `side`, `vmpi_id` and `busy_poll` are for shim-hv IPCPs".into(),
                 ));
             }
-            let eth_keys = ip.interface.is_some() || ip.vlan.is_some() || ip.untagged.is_some();
+            let eth_keys = ip.interface.is_some()
+                || ip.vlan.is_some()
+                || ip.untagged.is_some()
+                || ip.tx_delay_us.is_some()
+                || ip.tx_loss.is_some()
+                || ip.tx_seed.is_some();
             if ip.kind == IpcpKind::ShimEth {
                 check_shim_eth(ip).map_err(|(span, k, m)| invalid(span, key(k), m))?;
             } else if eth_keys {
                 return Err(invalid(
                     ip.name.span(),
-                    key("interface/vlan/untagged"),
-                    "`interface`, `vlan` and `untagged` are for shim-eth IPCPs".into(),
+                    key("interface/vlan/untagged/tx_*"),
+                    "`interface`, `vlan`, `untagged` and `tx_delay_us`/`tx_loss`/`tx_seed` are for shim-eth IPCPs".into(),
                 ));
             }
             if ip.kind == IpcpKind::Normal {
@@ -443,6 +505,8 @@ impl Config {
                     }
                 }
                 check_qos(ip).map_err(|(span, k, m)| invalid(span, key(&k), m))?;
+                check_lower_cubes(ip, &cfg.ipcps)
+                    .map_err(|(span, k, m)| invalid(span, key(&k), m))?;
                 for dst in ip.routes.keys() {
                     if dst.parse::<u64>().is_err() {
                         return Err(invalid(
@@ -496,6 +560,9 @@ fn check_shim_eth(ip: &IpcpConfig) -> Result<(), (std::ops::Range<usize>, &'stat
             "interface",
             "a shim-eth IPCP needs `interface = \"eth0\"`".into(),
         ));
+    }
+    if ip.tx_loss.is_some_and(|l| !(0.0..1.0).contains(&l)) {
+        return Err((name, "tx_loss", "must be in [0, 1)".into()));
     }
     if ip.bind.is_some() || !ip.directory.is_empty() || ip.max_sdu.is_some() {
         return Err((
@@ -556,6 +623,153 @@ fn check_qos(ip: &IpcpConfig) -> Result<(), (std::ops::Range<usize>, String, Str
         }
     }
     Ok(())
+}
+
+/// Checks the `lower` mapping of each QoS cube of normal IPCP `ip`: each DIF
+/// named must be a normal DIF this IPCP has a neighbour over, and the cube
+/// named must exist there when that DIF's cubes are known from this file
+/// (its IPCP here is a bootstrap member or lists its cubes); otherwise the
+/// daemon checks when it sets up the N-1 flows.
+fn check_lower_cubes(
+    ip: &IpcpConfig,
+    all: &[IpcpConfig],
+) -> Result<(), (std::ops::Range<usize>, String, String)> {
+    for (k, c) in ip.qos_cubes.iter().enumerate() {
+        let (span, c) = (c.span(), c.get_ref());
+        for (dif, r) in &c.lower {
+            let key = format!("qos_cube[{k}].lower.{dif}");
+            if !ip.neighbors.iter().any(|n| n.over.get_ref() == dif) {
+                return Err((
+                    span,
+                    key,
+                    format!(
+                        "QoS cube {} maps to DIF {dif:?}, but no `[[ipcp.neighbor]]` of this IPCP is over it",
+                        c.name
+                    ),
+                ));
+            }
+            let Some(lower) = all.iter().find(|o| &o.dif == dif && o.dif != ip.dif) else {
+                continue;
+            };
+            if lower.kind != IpcpKind::Normal {
+                return Err((
+                    span,
+                    key,
+                    format!(
+                        "QoS cube {} maps to a cube of DIF {dif:?}, a shim DIF without QoS cubes",
+                        c.name
+                    ),
+                ));
+            }
+            if lower.address.is_none() && lower.qos_cubes.is_empty() {
+                continue;
+            }
+            let cubes = lower.cubes();
+            if r.find(&cubes).is_none() {
+                return Err((
+                    span,
+                    key,
+                    format!(
+                        "QoS cube {} maps to cube {r} of DIF {dif:?}, which offers {}",
+                        c.name,
+                        rina_core::normal::cubes::cube_list(&cubes)
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod cube_mapping_tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("t.toml"), s)
+    }
+
+    /// Seed 003: MR DIF with A1..B2 over a shim, SPN DIF above it with
+    /// Gold and Silver over A1, Sensitive BE over A2, Bronze over B1, BE
+    /// over B2; `extra` is appended to the last cube.
+    fn seed003(a1: &str, extra: &str) -> String {
+        let mut s = String::from(
+            "[system]\nname = \"a\"\n\
+             [[ipcp]]\nname = \"a.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:1\"\n\
+             [[ipcp]]\nname = \"a.mr\"\ntype = \"normal\"\ndif = \"mr\"\naddress = 1\n\
+             [[ipcp.neighbor]]\nname = \"b.mr\"\nover = \"udp\"\n",
+        );
+        for (id, n, u, c) in [
+            (1, "A1", 0, 0),
+            (2, "A2", 0, 1),
+            (3, "B1", 1, 0),
+            (4, "B2", 1, 1),
+        ] {
+            s += &format!(
+                "[[ipcp.qos_cube]]\nid = {id}\nname = \"{n}\"\nurgency = {u}\ncherish = {c}\n"
+            );
+        }
+        s += "[[ipcp]]\nname = \"a.spn\"\ntype = \"normal\"\ndif = \"spn\"\naddress = 1\n\
+              [[ipcp.neighbor]]\nname = \"b.spn\"\nover = \"mr\"\n";
+        for (id, n, lower) in [
+            (1, "gold", a1),
+            (2, "silver", "\"A1\""),
+            (3, "sensitive-be", "\"A2\""),
+            (4, "bronze", "3"),
+            (5, "be", "\"B2\""),
+        ] {
+            s += &format!(
+                "[[ipcp.qos_cube]]\nid = {id}\nname = \"{n}\"\nlower = {{ mr = {lower} }}\n"
+            );
+        }
+        s + extra
+    }
+
+    #[test]
+    fn the_mapping_of_seed_003_is_expressible() {
+        let cfg = parse(&seed003("\"A1\"", "")).unwrap();
+        let spn = &cfg.ipcps[2];
+        let mr = cfg.ipcps[1].cubes();
+        let map: Vec<(String, String)> = spn
+            .qos_cubes
+            .iter()
+            .map(|c| {
+                let c = c.get_ref();
+                (
+                    c.name.clone(),
+                    c.lower["mr"].find(&mr).unwrap().name.clone(),
+                )
+            })
+            .collect();
+        let want = [
+            ("gold", "A1"),
+            ("silver", "A1"),
+            ("sensitive-be", "A2"),
+            ("bronze", "B1"),
+            ("be", "B2"),
+        ];
+        assert_eq!(map, want.map(|(a, b)| (a.to_string(), b.to_string())));
+    }
+
+    #[test]
+    fn a_bad_mapping_names_the_cube_and_what_the_dif_below_offers() {
+        let e = parse(&seed003("\"C1\"", "")).unwrap_err().to_string();
+        assert!(
+            e.contains("qos_cube[0].lower.mr")
+                && e.contains("QoS cube gold maps to cube \"C1\" of DIF \"mr\"")
+                && e.contains("which offers A1 (1), A2 (2), B1 (3), B2 (4)"),
+            "{e}"
+        );
+        let e = parse(&seed003("9", "")).unwrap_err().to_string();
+        assert!(e.contains("cube 9 of DIF"), "{e}");
+        let e = parse(&seed003("\"A1\"", "lower = { udp = \"x\" }\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("no `[[ipcp.neighbor]]`") || e.contains("duplicate"),
+            "{e}"
+        );
+    }
 }
 
 impl IpcpConfig {

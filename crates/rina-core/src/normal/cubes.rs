@@ -11,6 +11,7 @@ use super::{NormalConfig, NormalError};
 use crate::efcp::EfcpConfig;
 use crate::rmt::{CuCell, CuMap};
 use rina_wire::QosSpec;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// A class of service of the DIF: a QoS-id, a name, and the EFCP policies
 /// every flow of the class uses (both ends use the same).
@@ -37,6 +38,12 @@ pub struct QosCube {
     pub urgency: u8,
     /// Cherish level in the DIF's C/U matrix, 0 = most cherished.
     pub cherish: u8,
+    /// The cube of each N-1 DIF (by DIF name) that carries this cube's
+    /// PDUs to neighbours over that DIF, by name or QoS-id in decimal (the
+    /// cube mapping across DIFs of seed 003). A DIF not listed carries it
+    /// on its default cube. Local configuration: not part of the DIF's
+    /// profile given at enrollment.
+    pub lower: BTreeMap<String, String>,
 }
 
 impl QosCube {
@@ -53,7 +60,14 @@ impl QosCube {
             loss_ppm: None,
             urgency: 0,
             cherish: 0,
+            lower: BTreeMap::new(),
         }
+    }
+
+    /// The cube carried on cube `lower_cube` (name or id) of N-1 DIF `dif`.
+    pub fn over(mut self, dif: impl Into<String>, lower_cube: impl Into<String>) -> Self {
+        self.lower.insert(dif.into(), lower_cube.into());
+        self
     }
 
     /// The cube placed at (`urgency`, `cherish`) of the C/U matrix.
@@ -124,6 +138,81 @@ pub fn cu_map(cubes: &[QosCube]) -> CuMap {
         m.insert(c.id, c.cell());
     }
     m
+}
+
+/// How the cubes of a DIF ride on the cubes of one N-1 DIF: which lower
+/// cubes the resource allocator needs an N-1 flow of, per neighbour, and
+/// which of this DIF's QoS-ids each carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LowerPlan {
+    /// The lower cube whose N-1 flow is the primary (it carries the
+    /// management PDUs): the most urgent, then most cherished, of those
+    /// used.
+    pub primary: u64,
+    /// Lower QoS-id -> (its name, the QoS-ids of this DIF it carries).
+    pub lanes: BTreeMap<u64, (String, BTreeSet<u64>)>,
+}
+
+/// The cube of `lower` that `name` (a name, or a QoS-id in decimal) names.
+pub fn find_cube<'a>(lower: &'a [QosCube], name: &str) -> Option<&'a QosCube> {
+    lower
+        .iter()
+        .find(|c| c.name == name)
+        .or_else(|| lower.iter().find(|c| c.id.to_string() == name))
+}
+
+/// The cubes of a DIF as a listing: `A1 (1), A2 (2)`.
+pub fn cube_list(cubes: &[QosCube]) -> String {
+    cubes
+        .iter()
+        .map(|c| format!("{} ({})", c.name, c.id))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// How `upper` (the cubes of a DIF) ride on `lower` (the cubes of N-1 DIF
+/// `lower_dif`, whose default cube is `default`): each upper cube on the
+/// lower cube its [`QosCube::lower`] names for `lower_dif`, else on the
+/// default. A cube that names a lower cube `lower` does not have is an
+/// error naming both and listing what `lower_dif` offers.
+pub fn lower_plan(
+    upper: &[QosCube],
+    lower_dif: &str,
+    lower: &[QosCube],
+    default: u64,
+) -> Result<LowerPlan, String> {
+    let mut lanes: BTreeMap<u64, (String, BTreeSet<u64>)> = BTreeMap::new();
+    let default = lower
+        .iter()
+        .find(|c| c.id == default)
+        .ok_or_else(|| format!("DIF {lower_dif} has no default QoS cube {default}"))?;
+    for u in upper {
+        let l = match u.lower.get(lower_dif) {
+            Some(name) => find_cube(lower, name).ok_or_else(|| {
+                format!(
+                    "QoS cube {} ({}) maps to cube {name:?} of DIF {lower_dif}, which offers {}",
+                    u.name,
+                    u.id,
+                    cube_list(lower)
+                )
+            })?,
+            None => default,
+        };
+        lanes
+            .entry(l.id)
+            .or_insert_with(|| (l.name.clone(), BTreeSet::new()))
+            .1
+            .insert(u.id);
+    }
+    if lanes.is_empty() {
+        lanes.insert(default.id, (default.name.clone(), BTreeSet::new()));
+    }
+    let primary = lower
+        .iter()
+        .filter(|c| lanes.contains_key(&c.id))
+        .min_by_key(|c| (c.urgency, c.cherish, c.id))
+        .map_or(default.id, |c| c.id);
+    Ok(LowerPlan { primary, lanes })
 }
 
 /// Which figures some cube of the DIF declares: a figure no cube declares
@@ -440,6 +529,54 @@ mod figure_tests {
         };
         let e = choose(&cfg, &cubes, &q).unwrap_err().to_string();
         assert!(e.contains("no QoS cube 99"), "{e}");
+    }
+
+    /// Seed 003: Gold and Silver over A1, Sensitive BE over A2, Bronze
+    /// over B1, BE over B2 of the MR DIF.
+    #[test]
+    fn the_mapping_of_seed_003_plans_four_lanes_with_management_on_a1() {
+        let u = EfcpConfig::unreliable;
+        let mr = vec![
+            QosCube::new(4, "B2", u()).with_cell(1, 1),
+            QosCube::new(1, "A1", u()).with_cell(0, 0),
+            QosCube::new(2, "A2", u()).with_cell(0, 1),
+            QosCube::new(3, "B1", u()).with_cell(1, 0),
+        ];
+        let spn = vec![
+            QosCube::new(1, "gold", u()).over("mr", "A1"),
+            QosCube::new(2, "silver", u()).over("mr", "1"),
+            QosCube::new(3, "sensitive-be", u()).over("mr", "A2"),
+            QosCube::new(4, "bronze", u()).over("mr", "B1"),
+            QosCube::new(5, "be", u()).over("mr", "B2"),
+        ];
+        let p = lower_plan(&spn, "mr", &mr, 4).unwrap();
+        assert_eq!(p.primary, 1, "A1 is the most urgent and cherished");
+        let lanes: Vec<(u64, &str, Vec<u64>)> = p
+            .lanes
+            .iter()
+            .map(|(id, (n, c))| (*id, n.as_str(), c.iter().copied().collect()))
+            .collect();
+        assert_eq!(
+            lanes,
+            [
+                (1, "A1", vec![1, 2]),
+                (2, "A2", vec![3]),
+                (3, "B1", vec![4]),
+                (4, "B2", vec![5])
+            ]
+        );
+        // Another N-1 DIF is not mapped: everything on its default cube.
+        let p = lower_plan(&spn, "other", &mr, 3).unwrap();
+        assert_eq!(p.primary, 3);
+        assert_eq!(p.lanes.len(), 1);
+        assert_eq!(p.lanes[&3].1.len(), 5);
+        // A cube the DIF below does not have.
+        let bad = vec![QosCube::new(1, "gold", u()).over("mr", "C1")];
+        let e = lower_plan(&bad, "mr", &mr, 1).unwrap_err();
+        assert_eq!(
+            e,
+            "QoS cube gold (1) maps to cube \"C1\" of DIF mr, which offers B2 (4), A1 (1), A2 (2), B1 (3)"
+        );
     }
 
     #[test]

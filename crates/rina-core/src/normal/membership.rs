@@ -862,7 +862,14 @@ impl NormalIpcp {
         if address == 0 || address > self.cfg.dt.addr.max_value() {
             return Err(format!("address {address} does not fit the DIF"));
         }
-        let cubes = cubes_of(&theirs);
+        let mut cubes = cubes_of(&theirs);
+        // The mapping onto the DIFs below is local: keep what this IPCP's
+        // own configuration says for a cube of the same name.
+        for c in &mut cubes {
+            if let Some(mine) = self.cfg.cubes.iter().find(|m| m.name == c.name) {
+                c.lower = mine.lower.clone();
+            }
+        }
         if cubes.iter().any(|c| c.id > self.cfg.dt.qos.max_value()) {
             return Err("a QoS-id does not fit the DIF".into());
         }
@@ -914,7 +921,7 @@ impl NormalIpcp {
         }
         self.routing_timeout(now);
         self.directory_timeout(now);
-        let ports: Vec<N1Port> = self.rmt.ports().collect();
+        let ports: Vec<N1Port> = self.rmt.primary_ports().collect();
         for p in ports {
             self.send_hello(now, p);
         }
@@ -992,7 +999,7 @@ impl NormalIpcp {
         };
         if self.cfg.address != 0 && !matches!(m.next_hello, Some(t) if t > now) {
             m.next_hello = Some(now + m.cfg.hello_interval);
-            let ports: Vec<N1Port> = self.rmt.ports().collect();
+            let ports: Vec<N1Port> = self.rmt.primary_ports().collect();
             for p in ports {
                 self.send_hello(now, p);
             }

@@ -205,6 +205,9 @@ pub enum NormalError {
     /// Too many flows or pending requests, or a request too large.
     #[error("out of resources: {0}")]
     NoResources(String),
+    /// No such N-1 port (or it cannot take lanes).
+    #[error("no N-1 port {0} that can take lanes")]
+    UnknownPort(N1Port),
     /// The routing configuration is unusable.
     #[error("routing: {0}")]
     Routing(RoutingError),
@@ -521,6 +524,31 @@ impl NormalIpcp {
         self.rmt.remove_port(port);
     }
 
+    /// Adds N-1 port `lane` as a lane of `primary` (see [`rmt::Lane`]): a
+    /// second N-1 flow to the same neighbour, over another QoS cube of the
+    /// DIF below, that carries the data PDUs of the QoS-ids `carries` (own
+    /// and relayed). Membership, routing and management only use the
+    /// primary; frames that arrive on the lane count as arriving on it.
+    /// When the lane goes ([`NormalIpcp::remove_port`]) its QoS-ids go on
+    /// the primary again; when the primary goes, its lanes become plain
+    /// ports the driver should remove too.
+    pub fn add_lane(
+        &mut self,
+        primary: N1Port,
+        lane: N1Port,
+        carries: BTreeSet<u64>,
+    ) -> Result<(), NormalError> {
+        self.rmt
+            .add_lane(primary, lane, carries)
+            .map_err(|_| NormalError::UnknownPort(primary))
+    }
+
+    /// Records the cube of the DIF below that N-1 port `port` was allocated
+    /// with (for listings: `/rmt/n1flows`).
+    pub fn set_lower_cube(&mut self, port: N1Port, cube: Option<rmt::LowerCube>) {
+        self.rmt.set_lower_cube(port, cube);
+    }
+
     /// Opens flow `flow` as EFCP connection `ep` with `policy`.
     pub fn open_flow(
         &mut self,
@@ -773,6 +801,7 @@ impl NormalIpcp {
     /// Processes a frame that arrived on N-1 port `port`.
     pub fn on_frame(&mut self, now: Instant, port: N1Port, frame: &[u8]) {
         self.tick(now);
+        let port = self.rmt.primary_of(port);
         self.counters.rx_frames += 1;
         let un = match self.sdup.unprotect(frame) {
             Ok(u) => u,
@@ -1206,5 +1235,7 @@ fn mix(vals: &[u64]) -> u64 {
     h
 }
 
+#[cfg(test)]
+mod lane_tests;
 #[cfg(test)]
 mod tests;

@@ -5,6 +5,22 @@ use super::NormalIpcp;
 use crate::rib::{self, ObjValue, Rib};
 use crate::routing;
 
+/// What the RMT knows of an N-1 port beyond its queues: the cube below it
+/// was allocated with, and, for a lane, its primary and the QoS-ids it
+/// carries (`lower cube A1 (id 1), lane of 5 for QoS-ids 1,2; `).
+fn lane_note(rmt: &crate::rmt::Rmt, port: crate::rmt::PortId) -> String {
+    let mut s = String::new();
+    if let Some(c) = rmt.lower_cube(port) {
+        s += &format!("lower cube {} (id {}), ", c.name, c.id);
+    }
+    if let Some((_, l)) = rmt.lanes().find(|(p, _)| *p == port) {
+        let q: Vec<String> = l.carries.iter().map(u64::to_string).collect();
+        s += &format!("lane of {} for QoS-ids {}, ", l.primary, q.join(","));
+    }
+    s += &format!("sent {}, ", rmt.port_sent(port));
+    s
+}
+
 impl NormalIpcp {
     /// A RIB holding this IPCP's address, data-transfer constants, QoS
     /// cubes, directory (static entries, registered names, then the
@@ -128,7 +144,8 @@ impl NormalIpcp {
                 format!("/rmt/n1flows/pid={port}"),
                 "RMTN1Flow",
                 ObjValue::Str(format!(
-                    "{} ({})",
+                    "{}{} ({})",
+                    lane_note(self.rmt(), port),
                     self.rmt().scheduler_name(),
                     q.join("; ")
                 )),

@@ -38,7 +38,7 @@ pub use rate_limit::{Credits, RateLimit2d, UNITS_PER_BIT};
 pub use token_bucket::{TokenBucket, TokenBucketPolicy};
 
 use crate::time::Instant;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use thiserror::Error;
 
 /// An N-1 port: a flow of the DIF below, as the RMT knows it.
@@ -126,6 +126,30 @@ pub struct RmtCounters {
     pub queue_drops: u64,
 }
 
+/// The QoS cube of the DIF below that an N-1 flow was allocated with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LowerCube {
+    /// Its QoS-id in the DIF below.
+    pub id: QosId,
+    /// Its name in the DIF below.
+    pub name: String,
+}
+
+/// An N-1 flow that is a *lane* of another port: it leads to the same
+/// neighbour, over another QoS cube of the DIF below, and carries the PDUs
+/// of some QoS-ids of this DIF (the cube mapping across DIFs, seed 003).
+///
+/// Forwarding, routing and membership only know the lane's *primary* port;
+/// the RMT moves a data PDU queued on the primary to the lane that carries
+/// its QoS-id. Management PDUs stay on the primary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lane {
+    /// The port forwarding names for the neighbour.
+    pub primary: PortId,
+    /// The QoS-ids of this DIF the lane carries.
+    pub carries: BTreeSet<QosId>,
+}
+
 /// The RMT of one IPC process.
 #[derive(Debug)]
 pub struct Rmt {
@@ -133,6 +157,12 @@ pub struct Rmt {
     sched: Box<dyn Scheduler>,
     ports: BTreeMap<PortId, ()>,
     counters: RmtCounters,
+    /// Lanes by their port.
+    lanes: BTreeMap<PortId, Lane>,
+    /// (primary, QoS-id) -> the lane that carries it.
+    steer: BTreeMap<(PortId, QosId), PortId>,
+    /// The cube below of ports that have one, for listings.
+    lower: BTreeMap<PortId, LowerCube>,
 }
 
 impl Rmt {
@@ -143,6 +173,9 @@ impl Rmt {
             sched,
             ports: BTreeMap::new(),
             counters: RmtCounters::default(),
+            lanes: BTreeMap::new(),
+            steer: BTreeMap::new(),
+            lower: BTreeMap::new(),
         }
     }
 
@@ -183,17 +216,102 @@ impl Rmt {
         }
     }
 
-    /// Removes an N-1 port, its queues and its routes.
+    /// Removes an N-1 port, its queues and its routes. A lane stops
+    /// carrying its QoS-ids (they go on its primary again); the lanes of a
+    /// primary become plain ports.
     pub fn remove_port(&mut self, port: PortId) {
         if self.ports.remove(&port).is_some() {
             self.counters.queue_drops += self.sched.destroy_queues(port) as u64;
             self.table.remove_port(port);
         }
+        self.lower.remove(&port);
+        self.lanes.remove(&port);
+        self.lanes.retain(|_, l| l.primary != port);
+        self.rebuild_steering();
     }
 
-    /// The N-1 ports.
+    /// The N-1 ports (lanes included).
     pub fn ports(&self) -> impl Iterator<Item = PortId> + '_ {
         self.ports.keys().copied()
+    }
+
+    /// The N-1 ports that forwarding, routing and membership use: every
+    /// port but the lanes.
+    pub fn primary_ports(&self) -> impl Iterator<Item = PortId> + '_ {
+        self.ports
+            .keys()
+            .copied()
+            .filter(|p| !self.lanes.contains_key(p))
+    }
+
+    /// Makes `lane` (a new port, or a plain port without lanes of its own)
+    /// a lane of `primary` that carries the data PDUs of `carries`; calling
+    /// it again for the same lane changes what it carries. A QoS-id carried
+    /// by two lanes of one primary goes on the lane with the smaller port.
+    pub fn add_lane(
+        &mut self,
+        primary: PortId,
+        lane: PortId,
+        carries: BTreeSet<QosId>,
+    ) -> Result<(), RmtError> {
+        if !self.ports.contains_key(&primary)
+            || self.lanes.contains_key(&primary)
+            || primary == lane
+            || self.lanes.values().any(|l| l.primary == lane)
+        {
+            return Err(RmtError::UnknownPort(primary));
+        }
+        self.add_port(lane);
+        self.table.remove_port(lane);
+        self.lanes.insert(lane, Lane { primary, carries });
+        self.rebuild_steering();
+        Ok(())
+    }
+
+    /// The lanes: (port, lane), in port order.
+    pub fn lanes(&self) -> impl Iterator<Item = (PortId, &Lane)> + '_ {
+        self.lanes.iter().map(|(p, l)| (*p, l))
+    }
+
+    /// The primary of `port`: its own number unless it is a lane.
+    pub fn primary_of(&self, port: PortId) -> PortId {
+        self.lanes.get(&port).map_or(port, |l| l.primary)
+    }
+
+    /// Records the cube of the DIF below that `port` was allocated with.
+    pub fn set_lower_cube(&mut self, port: PortId, cube: Option<LowerCube>) {
+        match cube {
+            Some(c) => self.lower.insert(port, c),
+            None => self.lower.remove(&port),
+        };
+    }
+
+    /// The cube of the DIF below of `port`, if recorded.
+    pub fn lower_cube(&self, port: PortId) -> Option<&LowerCube> {
+        self.lower.get(&port)
+    }
+
+    /// PDUs handed to `port` so far (the `sent` counters of its queues).
+    pub fn port_sent(&self, port: PortId) -> u64 {
+        self.sched.stats(port).iter().map(|s| s.sent).sum()
+    }
+
+    fn rebuild_steering(&mut self) {
+        self.steer.clear();
+        for (&lane, l) in &self.lanes {
+            for &q in &l.carries {
+                self.steer.entry((l.primary, q)).or_insert(lane);
+            }
+        }
+    }
+
+    /// The port a PDU queued for `port` really goes on: the lane of `port`
+    /// that carries its QoS-id, if any (never for management PDUs).
+    fn steered(&self, port: PortId, pdu: &QueuedPdu) -> PortId {
+        if pdu.mgmt || self.steer.is_empty() {
+            return port;
+        }
+        self.steer.get(&(port, pdu.qos_id)).copied().unwrap_or(port)
     }
 
     /// Queues a PDU for `dst`; returns the port chosen. `flow_hash` spreads
@@ -227,11 +345,13 @@ impl Rmt {
         Ok(port)
     }
 
-    /// Queues a PDU on a given port (management PDUs to a neighbour).
+    /// Queues a PDU on a given port (management PDUs to a neighbour), or
+    /// on the lane of that port that carries its QoS-id.
     pub fn send_on(&mut self, now: Instant, port: PortId, pdu: QueuedPdu) -> Result<(), RmtError> {
         if !self.ports.contains_key(&port) {
             return Err(RmtError::UnknownPort(port));
         }
+        let port = self.steered(port, &pdu);
         match self.sched.enqueue(now, port, pdu) {
             Ok(()) => {
                 self.counters.queued += 1;

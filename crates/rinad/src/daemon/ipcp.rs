@@ -576,8 +576,24 @@ impl Daemon {
             Imp::Normal(n) => {
                 let mut r = n.machine.rib();
                 for nb in &n.neighbors {
+                    let rmt = n.machine.rmt();
+                    let on = |p: PortId| match rmt.lower_cube(p) {
+                        Some(c) => format!("{p} (cube {})", c.name),
+                        None => p.to_string(),
+                    };
                     let state = match nb.port {
-                        Some(p) => format!("up on N-1 port {p}"),
+                        Some(p) => {
+                            let lanes: Vec<String> = rmt
+                                .lanes()
+                                .filter(|(_, l)| l.primary == p)
+                                .map(|(l, _)| on(l))
+                                .collect();
+                            if lanes.is_empty() {
+                                format!("up on N-1 port {}", on(p))
+                            } else {
+                                format!("up on N-1 port {}, lanes {}", on(p), lanes.join(", "))
+                            }
+                        }
                         None if nb.pending.is_some() => "allocating".to_string(),
                         None => "down".to_string(),
                     };

@@ -16,14 +16,35 @@
 //! resource allocator: N-1 flows set up and kept up here, their up/down
 //! feeding routing there.
 //!
+//! # Cube mapping across DIFs
+//!
+//! Over a normal N-1 DIF, each QoS cube of this DIF rides on the cube of
+//! the DIF below its configuration maps it to (`lower = { mr = "A1" }`,
+//! else that DIF's default cube: [`rina_core::normal::cubes::lower_plan`]).
+//! The side that sets up N-1 flows first allocates the *primary* flow, on
+//! the most urgent and cherished lower cube used (it carries management),
+//! then one *lane* per other lower cube used, each allocated with that
+//! cube's QoS-id; the RMT puts a data PDU on the lane that carries its
+//! QoS-id ([`rina_core::rmt::Lane`]), or on the primary while that lane is
+//! down. The accepting side learns each flow's lower cube from the DIF
+//! below: the first flow of a neighbour is its primary, a flow over
+//! another cube a lane, carrying what this side's own mapping puts there.
+//! A lane that goes is set up again; when the primary goes, its lanes go
+//! with it and everything is set up anew. A mapping that names a cube the
+//! DIF below lacks stops the N-1 flows of that neighbour, with an error in
+//! the log naming the cube and what the DIF below offers.
+//!
 //! Application flows keep end-to-end flow control: an SDU is consumed (and
 //! credit returned to the sender) only once the application's socket took
 //! it, and an SDU the IPCP cannot take yet stays with the daemon while the
 //! application's writes block.
 
 use super::*;
+use rina_core::normal::cubes::{lower_plan, LowerPlan};
 use rina_core::normal::{self, NormalIpcp};
+use rina_core::rmt::LowerCube;
 use std::collections::BTreeSet;
+use tracing::error;
 
 /// Wait between attempts to set up an N-1 flow to a neighbour.
 pub(super) const NEIGHBOR_RETRY: Duration = Duration::from_secs(1);
@@ -91,7 +112,85 @@ impl Daemon {
         }
     }
 
-    /// Starts N-1 flows to neighbours that need one and are due.
+    /// The cubes of N-1 IPCP `lower` and its default cube, if it has cubes
+    /// (a normal IPCP that is a member of its DIF).
+    fn lower_cubes(&self, lower: usize) -> Option<(Vec<normal::QosCube>, u64)> {
+        match &self.ipcps[lower].imp {
+            Imp::Normal(l) if l.machine.is_enrolled() => {
+                let d = l.machine.choose_cube(&rina_wire::QosSpec::default()).ok()?;
+                Some((l.machine.config().cubes.clone(), d.id))
+            }
+            _ => None,
+        }
+    }
+
+    /// How the cubes of normal IPCP `j` ride on the cubes of the DIF below
+    /// its neighbour `k`: `None` when that DIF has none (a shim).
+    pub(super) fn lane_plan(&self, j: usize, k: usize) -> Result<Option<LowerPlan>, String> {
+        let Imp::Normal(n) = &self.ipcps[j].imp else {
+            return Ok(None);
+        };
+        let lower = n.neighbors[k].shim;
+        let Some((cubes, default)) = self.lower_cubes(lower) else {
+            return Ok(None);
+        };
+        lower_plan(
+            &n.machine.config().cubes,
+            &self.ipcps[lower].dif,
+            &cubes,
+            default,
+        )
+        .map(Some)
+    }
+
+    /// The cube of the DIF below that N-1 flow `port` of IPCP `lower` has.
+    fn n1_cube(&self, lower: usize, port: PortId) -> Option<LowerCube> {
+        let Imp::Normal(l) = &self.ipcps[lower].imp else {
+            return None;
+        };
+        let (_, ep) = l.machine.flows().find(|(f, _)| *f == port)?;
+        let c = l.machine.cube(ep.qos_id)?;
+        Some(LowerCube {
+            id: c.id,
+            name: c.name.clone(),
+        })
+    }
+
+    /// The lanes of N-1 port `primary` of normal IPCP `j`.
+    fn lanes_of(&self, j: usize, primary: PortId) -> Vec<PortId> {
+        match &self.ipcps[j].imp {
+            Imp::Normal(n) => n
+                .machine
+                .rmt()
+                .lanes()
+                .filter(|(_, l)| l.primary == primary)
+                .map(|(p, _)| p)
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The lower cube neighbour `k` of normal IPCP `j` should have a lane
+    /// of and has not, if its primary is up and no lane is being set up.
+    fn missing_lane(&self, j: usize, k: usize) -> Option<u64> {
+        let Imp::Normal(n) = &self.ipcps[j].imp else {
+            return None;
+        };
+        let primary = n.neighbors[k].port?;
+        if self.n1_pending.values().any(|&v| v == (j, k)) {
+            return None;
+        }
+        let plan = self.lane_plan(j, k).ok()??;
+        let rmt = n.machine.rmt();
+        let have: BTreeSet<u64> = std::iter::once(primary)
+            .chain(self.lanes_of(j, primary))
+            .filter_map(|p| rmt.lower_cube(p).map(|c| c.id))
+            .collect();
+        plan.lanes.keys().find(|id| !have.contains(id)).copied()
+    }
+
+    /// Starts N-1 flows to neighbours that need one and are due: the
+    /// primary, then the lanes of the cube mapping one after the other.
     pub(super) fn keep_neighbors(&mut self) {
         let now = self.now();
         for j in 0..self.ipcps.len() {
@@ -105,29 +204,47 @@ impl Daemon {
                 .iter()
                 .enumerate()
                 .filter(|(_, nb)| {
-                    nb.port.is_none()
-                        && nb.pending.is_none()
+                    nb.pending.is_none()
                         && my_key < nb.name.to_string()
                         && nb.retry_at.is_none_or(|t| t <= now)
                 })
                 .map(|(k, _)| k)
                 .collect();
             for k in due {
+                let up = self.normal_mut(j).and_then(|n| n.neighbors[k].port);
+                let cube = match up {
+                    Some(_) => match self.missing_lane(j, k) {
+                        Some(id) => Some(id),
+                        None => continue,
+                    },
+                    None => match self.lane_plan(j, k) {
+                        Ok(plan) => plan.map(|p| p.primary),
+                        Err(e) => {
+                            if let Some(n) = self.normal_mut(j) {
+                                let nb = &mut n.neighbors[k];
+                                nb.retry_at = Some(now + NEIGHBOR_RETRY);
+                                error!(ipcp = %n.app_name, neighbor = %nb.name, error = %e,
+                                    "N-1 flows not set up: bad QoS cube mapping");
+                            }
+                            continue;
+                        }
+                    },
+                };
                 let port = self.free_port();
                 let Some(n) = self.normal_mut(j) else { break };
                 let (shim, remote) = (n.neighbors[k].shim, n.neighbors[k].name.clone());
                 n.neighbors[k].retry_at = Some(now + NEIGHBOR_RETRY);
-                match self.ipcps[shim].allocate(
-                    now,
-                    port,
-                    me.clone(),
-                    remote.clone(),
-                    rina_wire::QosSpec::default(),
-                ) {
+                let qos = rina_wire::QosSpec {
+                    cube,
+                    ..Default::default()
+                };
+                match self.ipcps[shim].allocate(now, port, me.clone(), remote.clone(), qos) {
                     Ok(()) => {
                         self.n1_pending.insert(port, (j, k));
                         if let Some(n) = self.normal_mut(j) {
-                            n.neighbors[k].pending = Some(port);
+                            if up.is_none() {
+                                n.neighbors[k].pending = Some(port);
+                            }
                         }
                     }
                     Err(e) => debug!(neighbor = %remote, error = %e, "N-1 flow not started"),
@@ -137,21 +254,26 @@ impl Daemon {
     }
 
     /// When [`Daemon::keep_neighbors`] next has something to do: the
-    /// earliest retry of an N-1 flow this side must set up (never tried:
-    /// now). Neighbours with a smaller name set up the flow themselves.
+    /// earliest retry of an N-1 flow (primary or lane) this side must set
+    /// up (never tried: now). Neighbours with a smaller name set up the
+    /// flows themselves.
     pub(super) fn neighbor_timeout(&self) -> Option<Instant> {
         let now = self.now();
         self.ipcps
             .iter()
-            .filter_map(|ip| match &ip.imp {
+            .enumerate()
+            .filter_map(|(j, ip)| match &ip.imp {
                 Imp::Normal(n) => {
                     let me = n.app_name.to_string();
                     n.neighbors
                         .iter()
-                        .filter(|nb| {
-                            nb.port.is_none() && nb.pending.is_none() && me < nb.name.to_string()
+                        .enumerate()
+                        .filter(|(k, nb)| {
+                            nb.pending.is_none()
+                                && me < nb.name.to_string()
+                                && (nb.port.is_none() || self.missing_lane(j, *k).is_some())
                         })
-                        .map(|nb| nb.retry_at.unwrap_or(now))
+                        .map(|(_, nb)| nb.retry_at.unwrap_or(now))
                         .min()
                 }
                 _ => None,
@@ -159,35 +281,81 @@ impl Daemon {
             .min()
     }
 
-    /// Binds shim flow `port` as the N-1 flow of normal IPCP `j` to neighbour `k`.
+    /// Binds flow `port` of lower IPCP `shim` as an N-1 flow of normal IPCP
+    /// `j` to neighbour `k`: its primary if it has none, else a lane.
     pub(super) fn bind_n1(&mut self, j: usize, k: usize, shim: usize, port: PortId) {
         self.n1_owner.insert(port, (j, shim));
         let now = self.now();
-        if let Some(n) = self.normal_mut(j) {
-            n.neighbors[k].port = Some(port);
-            n.neighbors[k].pending = None;
-            match n.neighbors[k].address {
-                // With link-state routing this also announces the link;
-                // with static routing it only records the neighbour.
-                Some(via) => {
-                    n.machine.neighbor_up(now, port, via, 1);
-                    if n.machine.config().routing.is_none() {
-                        n.set_routes_via(via, Some(port));
-                    }
-                }
-                // Its hellos will say who it is.
-                None => n.machine.add_port(port),
-            }
-            info!(ipcp = %n.app_name, neighbor = %n.neighbors[k].name, port, "N-1 flow up");
+        let cube = self.n1_cube(shim, port);
+        let carries: BTreeSet<u64> = match (&cube, self.lane_plan(j, k)) {
+            (Some(c), Ok(Some(plan))) => plan.lanes.get(&c.id).map(|l| l.1.clone()),
+            _ => None,
         }
+        .unwrap_or_default();
+        let Some(n) = self.normal_mut(j) else {
+            return;
+        };
+        let label = cube
+            .as_ref()
+            .map_or_else(String::new, |c| format!(" (cube {})", c.name));
+        if let Some(primary) = n.neighbors[k].port {
+            if let Err(e) = n.machine.add_lane(primary, port, carries) {
+                warn!(ipcp = %n.app_name, port, error = %e, "N-1 lane not usable");
+                return;
+            }
+            n.machine.set_lower_cube(port, cube);
+            n.neighbors[k].retry_at = None;
+            info!(ipcp = %n.app_name, neighbor = %n.neighbors[k].name, port, primary, "N-1 lane up{label}");
+            return;
+        }
+        n.neighbors[k].port = Some(port);
+        n.neighbors[k].pending = None;
+        n.neighbors[k].retry_at = None;
+        match n.neighbors[k].address {
+            // With link-state routing this also announces the link;
+            // with static routing it only records the neighbour.
+            Some(via) => {
+                n.machine.neighbor_up(now, port, via, 1);
+                if n.machine.config().routing.is_none() {
+                    n.set_routes_via(via, Some(port));
+                }
+            }
+            // Its hellos will say who it is.
+            None => n.machine.add_port(port),
+        }
+        n.machine.set_lower_cube(port, cube);
+        info!(ipcp = %n.app_name, neighbor = %n.neighbors[k].name, port, "N-1 flow up{label}");
     }
 
-    /// An N-1 flow went away.
+    /// An N-1 flow went away. A lane's QoS-ids go on its primary until it
+    /// is back; a primary takes its lanes with it.
     pub(super) fn unbind_n1(&mut self, port: PortId) {
         let Some((j, _)) = self.n1_owner.remove(&port) else {
             return;
         };
         let now = self.now();
+        let primary = match &self.ipcps[j].imp {
+            Imp::Normal(n) => n.machine.rmt().primary_of(port),
+            _ => return,
+        };
+        if primary != port {
+            if let Some(n) = self.normal_mut(j) {
+                n.machine.remove_port(port);
+                if let Some(nb) = n.neighbors.iter_mut().find(|nb| nb.port == Some(primary)) {
+                    nb.retry_at = Some(now + NEIGHBOR_RETRY);
+                    warn!(neighbor = %nb.name, port, primary, "N-1 lane down; its cubes go on the primary");
+                }
+            }
+            return;
+        }
+        for lane in self.lanes_of(j, port) {
+            if let Some((_, lower)) = self.n1_owner.remove(&lane) {
+                self.ipcps[lower].deallocate(now, lane);
+            }
+            if let Some(n) = self.normal_mut(j) {
+                n.machine.remove_port(lane);
+            }
+        }
         if let Some(n) = self.normal_mut(j) {
             n.machine.remove_port(port);
             if let Some(nb) = n.neighbors.iter_mut().find(|nb| nb.port == Some(port)) {
@@ -201,8 +369,11 @@ impl Daemon {
         }
     }
 
-    /// A peer asks a shim for a flow to a normal IPCP's own name: accept it
-    /// if it comes from a configured neighbour.
+    /// A peer asks a lower IPCP for a flow to a normal IPCP's own name:
+    /// accept it if it comes from a configured neighbour. A flow over the
+    /// cube of the neighbour's primary (or the first) is its primary, and
+    /// replaces an old one with its lanes; a flow over another cube is a
+    /// lane, and replaces an old lane of that cube.
     pub(super) fn accept_n1(&mut self, shim: usize, j: usize, handle: u64, remote: &AppName) {
         let k = match self.normal_mut(j) {
             Some(n) => n
@@ -215,18 +386,35 @@ impl Daemon {
             let _ = self.ipcps[shim].refuse(handle, "not a configured neighbour of this IPCP");
             return;
         };
-        // A neighbour that comes back replaces its old flow.
-        if let Some(old) = self.normal_mut(j).and_then(|n| n.neighbors[k].port) {
-            let now = self.now();
-            self.ipcps[shim].deallocate(now, old);
-            self.unbind_n1(old);
-        }
         let port = self.free_port();
         let now = self.now();
-        match self.ipcps[shim].accept(now, handle, port) {
-            Ok(_) => self.bind_n1(j, k, shim, port),
-            Err(e) => debug!(error = %e, "N-1 flow not accepted"),
+        if let Err(e) = self.ipcps[shim].accept(now, handle, port) {
+            debug!(error = %e, "N-1 flow not accepted");
+            return;
         }
+        let cube = self.n1_cube(shim, port).map(|c| c.id);
+        let Some(n) = self.normal_mut(j) else {
+            return;
+        };
+        let old = n.neighbors[k].port;
+        let same_cube = |p: PortId| n.machine.rmt().lower_cube(p).map(|c| c.id) == cube;
+        let replaced = match old {
+            Some(p) if cube.is_some() && !same_cube(p) => n
+                .machine
+                .rmt()
+                .lanes()
+                .find(|(l, lane)| lane.primary == p && same_cube(*l))
+                .map(|(l, _)| l),
+            other => other,
+        };
+        // A neighbour that comes back replaces its old flow.
+        if let Some(old) = replaced {
+            if let Some(&(_, lower)) = self.n1_owner.get(&old) {
+                self.ipcps[lower].deallocate(now, old);
+            }
+            self.unbind_n1(old);
+        }
+        self.bind_n1(j, k, shim, port);
     }
 
     /// Hands over frames that arrived before their N-1 flow was bound.
