@@ -598,30 +598,48 @@ impl ShimHv {
     }
 
     fn on_data<'a>(&mut self, ch: u32, sdu: &'a [u8]) -> Received<'a> {
+        match self.data_port(ch, sdu.len()) {
+            Ok(port) => Received::Deliver { port, sdu },
+            Err(r) => Received::Dropped(r),
+        }
+    }
+
+    /// Processes the header of a data buffer of channel `ch` whose SDU of
+    /// `len` bytes the driver hands over itself without copying it (from
+    /// the ring straight to the application's socket): the flow it goes
+    /// to, or why it is dropped. Counts as [`ShimHv::on_buffer`] does.
+    pub fn on_data_header(&mut self, ch: u32, len: usize) -> Result<PortId, DropReason> {
+        self.counters.rx_buffers += 1;
+        if ch == CONTROL_CHANNEL {
+            // Control messages are parsed from a copy, with on_buffer.
+            self.counters.rx_unexpected += 1;
+            return Err(DropReason::Unexpected(ch));
+        }
+        self.data_port(ch, len)
+    }
+
+    fn data_port(&mut self, ch: u32, len: usize) -> Result<PortId, DropReason> {
         let Some(Chan::Open { port }) = self.chans.get(&ch) else {
             self.counters.rx_unknown_channel += 1;
-            return Received::Dropped(DropReason::UnknownChannel(ch));
+            return Err(DropReason::UnknownChannel(ch));
         };
         let port = *port;
         let max = self.cfg.max_sdu as usize;
         let Some(f) = self.flows.get_mut(&port) else {
             self.counters.rx_unknown_channel += 1;
-            return Received::Dropped(DropReason::UnknownChannel(ch));
+            return Err(DropReason::UnknownChannel(ch));
         };
-        if sdu.is_empty() {
+        if len == 0 {
             f.counters.drops_in += 1;
-            return Received::Dropped(DropReason::EmptySdu(ch));
+            return Err(DropReason::EmptySdu(ch));
         }
-        if sdu.len() > max {
+        if len > max {
             f.counters.drops_in += 1;
-            return Received::Dropped(DropReason::TooLarge {
-                channel: ch,
-                len: sdu.len(),
-            });
+            return Err(DropReason::TooLarge { channel: ch, len });
         }
         f.counters.sdus_in += 1;
-        f.counters.bytes_in += sdu.len() as u64;
-        Received::Deliver { port, sdu }
+        f.counters.bytes_in += len as u64;
+        Ok(port)
     }
 
     fn on_alloc_req(

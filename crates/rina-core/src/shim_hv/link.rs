@@ -24,8 +24,9 @@
 //! moved for [`LinkConfig::dead_after`] is down, a peer whose session number
 //! changed has restarted.
 
-use super::ring::{Consumer, Geometry, Producer, Region, RingError};
+use super::ring::{Consumer, Geometry, Producer, Region, RingError, Segments};
 use crate::time::Instant;
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -297,6 +298,186 @@ impl Link {
     /// Largest buffer the rings carry.
     pub fn max_buffer(&self) -> usize {
         self.geometry().max_record()
+    }
+
+    /// Reserves room in the send ring for a buffer of at most `max` bytes,
+    /// to be filled in place and published with [`Link::commit`].
+    pub fn reserve(&mut self, max: usize) -> Result<Segments, RingError> {
+        self.tx.reserve(max)
+    }
+
+    /// Publishes the first `len` bytes of the buffer reserved for `max`.
+    pub fn commit(&mut self, max: usize, len: usize) -> Result<(), RingError> {
+        self.tx.commit(max, len)
+    }
+
+    /// The next received buffer, left in the ring (see [`Consumer::peek`]);
+    /// on garbage the ring is resynchronised as by [`Link::recv`].
+    pub fn peek(&mut self) -> Result<Option<Segments>, RingError> {
+        match self.rx.peek() {
+            Ok(r) => Ok(r),
+            Err(e) => {
+                self.rx.resync();
+                Err(e)
+            }
+        }
+    }
+
+    /// Copies the start of the peeked buffer of `len` bytes into `dst`.
+    pub fn read_peeked(&self, len: usize, dst: &mut [u8]) -> bool {
+        self.rx.read(len, dst)
+    }
+
+    /// Releases the peeked buffer of `len` bytes.
+    pub fn consume(&mut self, len: usize) {
+        self.rx.consume(len)
+    }
+
+    /// After sending: whether the peer sleeps on an empty ring and must be
+    /// rung (see [`super::ring`] about notification).
+    pub fn peer_wants_data(&self) -> bool {
+        self.tx.take_wakeup()
+    }
+
+    /// After receiving: whether the peer sleeps on a full ring and must be
+    /// rung.
+    pub fn peer_wants_room(&self) -> bool {
+        self.rx.take_wakeup()
+    }
+
+    /// Asks to be rung when the receive ring gets data; true if it is
+    /// still empty (sleep), false if data came meanwhile.
+    pub fn arm_rx(&self) -> bool {
+        self.rx.arm()
+    }
+
+    /// Asks to be rung when the send ring has room for `len` bytes; true if
+    /// it still has none (sleep), false if room appeared meanwhile.
+    pub fn arm_tx(&mut self, len: usize) -> bool {
+        self.tx.arm(len)
+    }
+}
+
+/// What became of a buffer given to [`Backlog::send`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BacklogOutcome {
+    /// It is in the send ring.
+    Sent,
+    /// The ring was full (or others wait before it): it waits in the backlog.
+    Queued,
+    /// The backlog is full as well: it is lost (and counted).
+    Overflow,
+    /// The ring cannot carry it (empty, too large, or a bad peer index).
+    Failed(RingError),
+}
+
+/// A bounded queue of buffers waiting for room in a send ring, so that a
+/// full ring delays buffers instead of losing them; sent in order before
+/// any newer buffer. Drain it with [`Backlog::flush`] whenever the peer
+/// frees slots (its doorbell, or the next tick).
+#[derive(Debug)]
+pub struct Backlog {
+    queue: VecDeque<Vec<u8>>,
+    bytes: usize,
+    max_bytes: usize,
+    max_buffers: usize,
+    overflow: u64,
+    queued: u64,
+}
+
+impl Backlog {
+    /// An empty backlog holding at most `max_buffers` buffers and
+    /// `max_bytes` bytes.
+    pub fn new(max_buffers: usize, max_bytes: usize) -> Backlog {
+        Backlog {
+            queue: VecDeque::new(),
+            bytes: 0,
+            max_bytes,
+            max_buffers,
+            overflow: 0,
+            queued: 0,
+        }
+    }
+
+    /// Sends the buffer made of `parts` now if nothing waits and the ring
+    /// has room, else queues it, else counts it lost.
+    pub fn send(&mut self, link: &mut Link, parts: &[&[u8]]) -> BacklogOutcome {
+        if self.queue.is_empty() {
+            match link.send(parts) {
+                Ok(()) => return BacklogOutcome::Sent,
+                Err(RingError::Full) => {}
+                Err(e) => return BacklogOutcome::Failed(e),
+            }
+        }
+        self.queue_only(parts)
+    }
+
+    /// Queues the buffer made of `parts` behind what waits, without trying
+    /// the ring (something else must go first), or counts it lost.
+    pub fn queue_only(&mut self, parts: &[&[u8]]) -> BacklogOutcome {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if self.queue.len() >= self.max_buffers || self.bytes + len > self.max_bytes {
+            self.overflow += 1;
+            return BacklogOutcome::Overflow;
+        }
+        self.queued += 1;
+        self.bytes += len;
+        self.queue.push_back(parts.concat());
+        BacklogOutcome::Queued
+    }
+
+    /// Sends what waits, in order, while the ring has room; true if
+    /// nothing waits any more. A buffer the ring can never carry is
+    /// dropped; a bad peer index stops the flush (it is returned).
+    pub fn flush(&mut self, link: &mut Link) -> Result<bool, RingError> {
+        while let Some(b) = self.queue.front() {
+            match link.send(&[b]) {
+                Ok(()) | Err(RingError::BadSize(_)) => {
+                    self.bytes -= b.len();
+                    self.queue.pop_front();
+                }
+                Err(RingError::Full) => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Size of the first waiting buffer (what the ring must have room for).
+    pub fn front_len(&self) -> Option<usize> {
+        self.queue.front().map(Vec::len)
+    }
+
+    /// Whether nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// Buffers waiting.
+    pub fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Whether it is at least half full (in buffers or bytes): time for
+    /// whoever feeds it to slow down.
+    pub fn is_congested(&self) -> bool {
+        self.queue.len() * 2 >= self.max_buffers || self.bytes * 2 >= self.max_bytes
+    }
+
+    /// Drops everything waiting (the peer went away).
+    pub fn clear(&mut self) {
+        self.queue.clear();
+        self.bytes = 0;
+    }
+
+    /// Buffers lost because the backlog was full.
+    pub fn overflow(&self) -> u64 {
+        self.overflow
+    }
+
+    /// Buffers that had to wait.
+    pub fn queued(&self) -> u64 {
+        self.queued
     }
 }
 

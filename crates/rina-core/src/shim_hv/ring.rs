@@ -5,9 +5,26 @@
 //!
 //! ```text
 //! 0    head: u32   records published by the producer (free-running count of slots)
+//! 8    producer_waiting: u32  nonzero: the producer found the ring full and
+//!                             waits for a doorbell when slots are freed
 //! 64   tail: u32   slots released by the consumer (free-running)
+//! 72   consumer_waiting: u32  nonzero: the consumer found the ring empty and
+//!                             waits for a doorbell when a record is published
 //! 128  slots × slot_size bytes of data
 //! ```
+//!
+//! Notification (event suppression, as virtio's): the two *waiting* words
+//! say whether a side sleeping on a doorbell (an eventfd, see the daemon)
+//! wants to be rung. A consumer about to sleep sets its word and looks at
+//! the head once more ([`Consumer::arm`]); a producer, after publishing,
+//! rings only if the word is set, clearing it ([`Producer::take_wakeup`]).
+//! The same holds the other way for a full ring ([`Producer::arm`],
+//! [`Consumer::take_wakeup`]). Both sides put a sequentially consistent
+//! fence between their store and their load, so one of them always sees
+//! the other (no lost wakeup) and a busy ring costs no doorbell at all. A
+//! peer writing garbage into these words only causes spurious or missing
+//! doorbells on its own traffic; the daemon's slow heartbeat tick still
+//! drains the rings.
 //!
 //! A *record* (one VMPI buffer) starts at a slot boundary with an 8-byte
 //! header `[len: u32][seq: u32]` (`seq` = the head count of its first slot)
@@ -26,7 +43,7 @@
 //! only broke its own traffic.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use thiserror::Error;
 
 /// Bytes of a ring's header (head and tail on separate cache lines).
@@ -288,6 +305,101 @@ impl RingMem {
         self.region.u32_at(64).expect("checked in new")
     }
 
+    fn producer_waiting(&self) -> &AtomicU32 {
+        self.region.u32_at(8).expect("checked in new")
+    }
+
+    fn consumer_waiting(&self) -> &AtomicU32 {
+        self.region.u32_at(72).expect("checked in new")
+    }
+
+    /// Clears `flag` if set; whether it was (after a full fence, so that a
+    /// store made before by this side is ordered before the load).
+    fn take_flag(flag: &AtomicU32) -> bool {
+        fence(Ordering::SeqCst);
+        flag.load(Ordering::Relaxed) != 0 && flag.swap(0, Ordering::AcqRel) != 0
+    }
+
+    /// The data area `[off, off + len)` (wrapping) as at most two raw
+    /// segments of the region.
+    fn segments(&self, off: usize, len: usize) -> Segments {
+        let total = self.geo.data_bytes();
+        let first = len.min(total - off);
+        let base = self.region.ptr.as_ptr();
+        // SAFETY: RingMem::new checked the region holds the header and the
+        // whole data area; off < total and first + (len - first) = len <=
+        // total, so both segments lie inside the data area.
+        unsafe {
+            Segments {
+                parts: [
+                    (base.add(RING_HEADER + off), first),
+                    (base.add(RING_HEADER), len - first),
+                ],
+            }
+        }
+    }
+}
+
+/// A byte range of a ring's data area as at most two raw segments (the
+/// second one empty unless the range wraps), for a system call to read
+/// into or write from without an intermediate copy. The memory is shared
+/// with the peer, which may write it at any time: it must only be handed to
+/// the kernel or copied, never borrowed as a Rust slice.
+#[derive(Debug, Clone, Copy)]
+pub struct Segments {
+    parts: [(*mut u8, usize); 2],
+}
+
+impl Segments {
+    /// The non-empty segments, as (pointer, length).
+    pub fn parts(&self) -> impl Iterator<Item = (*mut u8, usize)> + '_ {
+        self.parts.iter().copied().filter(|&(_, n)| n > 0)
+    }
+
+    /// Total bytes.
+    pub fn len(&self) -> usize {
+        self.parts[0].1 + self.parts[1].1
+    }
+
+    /// Whether there are no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The same bytes less the first `n` (all of them if fewer).
+    pub fn skip(&self, n: usize) -> Segments {
+        let a = n.min(self.parts[0].1);
+        let b = (n - a).min(self.parts[1].1);
+        let (p0, l0) = self.parts[0];
+        let (p1, l1) = self.parts[1];
+        // SAFETY: a <= l0 and b <= l1, so the pointers stay inside (or one
+        // past the end of) their segments.
+        unsafe {
+            Segments {
+                parts: [(p0.add(a), l0 - a), (p1.add(b), l1 - b)],
+            }
+        }
+    }
+
+    /// Copies `src` to offset `off`; false (and nothing written) if it
+    /// does not fit.
+    pub fn write_at(&self, off: usize, src: &[u8]) -> bool {
+        if off.checked_add(src.len()).is_none_or(|e| e > self.len()) {
+            return false;
+        }
+        let mut rest = src;
+        for (ptr, n) in self.skip(off).parts() {
+            let k = n.min(rest.len());
+            // SAFETY: the segment has n >= k bytes inside the ring; `rest`
+            // is memory of this process, not in the ring.
+            unsafe { std::ptr::copy_nonoverlapping(rest.as_ptr(), ptr, k) };
+            rest = &rest[k..];
+        }
+        true
+    }
+}
+
+impl RingMem {
     /// Byte offset in the region of the data at slot count `idx` plus `skip`.
     fn data_off(&self, idx: u32, skip: usize) -> usize {
         let start = (idx & (self.geo.slots - 1)) as usize * self.geo.slot_size as usize;
@@ -358,9 +470,8 @@ impl Producer {
         Ok(self.mem.geo.slots - used)
     }
 
-    /// Publishes one record made of `parts` laid end to end.
-    pub fn push(&mut self, parts: &[&[u8]]) -> Result<(), RingError> {
-        let len: usize = parts.iter().map(|p| p.len()).sum();
+    /// Checks there is room for a record of `len` payload bytes.
+    fn make_room(&mut self, len: usize) -> Result<(), RingError> {
         if len == 0 || len > self.mem.geo.max_record() {
             return Err(RingError::BadSize(len));
         }
@@ -375,6 +486,69 @@ impl Producer {
         if need > self.free_slots()? {
             return Err(RingError::Full);
         }
+        Ok(())
+    }
+
+    /// Reserves room for a record of at most `max` payload bytes and
+    /// returns where its payload goes, for the caller to fill (for example
+    /// with one `recvmsg` straight from a socket); [`Producer::commit`]
+    /// then publishes the bytes actually written. Nothing is published
+    /// until then; a second reservation replaces the first.
+    pub fn reserve(&mut self, max: usize) -> Result<Segments, RingError> {
+        self.make_room(max)?;
+        Ok(self
+            .mem
+            .segments(self.mem.data_off(self.head, RECORD_HEADER), max))
+    }
+
+    /// Publishes the record reserved by the last [`Producer::reserve`]
+    /// (of `max` bytes) with its first `len` bytes.
+    pub fn commit(&mut self, max: usize, len: usize) -> Result<(), RingError> {
+        if len == 0 || len > max {
+            return Err(RingError::BadSize(len));
+        }
+        // The room checked at reservation can only have grown since (the
+        // consumer frees slots, never takes them), unless the peer wrote
+        // garbage over its tail: check again.
+        self.make_room(len)?;
+        self.write_header(len);
+        self.publish(len);
+        Ok(())
+    }
+
+    fn write_header(&self, len: usize) {
+        let mut hdr = [0u8; RECORD_HEADER];
+        hdr[..4].copy_from_slice(&(len as u32).to_le_bytes());
+        hdr[4..].copy_from_slice(&self.head.to_le_bytes());
+        self.mem
+            .write_wrapped(self.mem.data_off(self.head, 0), &hdr);
+    }
+
+    fn publish(&mut self, len: usize) {
+        self.head = self.head.wrapping_add(self.mem.geo.slots_for(len));
+        self.mem.head().store(self.head, Ordering::Release);
+    }
+
+    /// After publishing: whether the consumer asked for a doorbell (it
+    /// found the ring empty and sleeps); its request is cleared.
+    pub fn take_wakeup(&self) -> bool {
+        RingMem::take_flag(self.mem.consumer_waiting())
+    }
+
+    /// The ring is full and this producer is about to sleep until the
+    /// consumer rings: asks for that doorbell, then looks once more.
+    /// Returns true if the ring still has no room for `len` bytes (sleep),
+    /// false if room appeared meanwhile (try again now).
+    pub fn arm(&mut self, len: usize) -> bool {
+        self.mem.producer_waiting().store(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        matches!(self.make_room(len), Err(RingError::Full))
+    }
+
+    /// Publishes one record made of `parts` laid end to end.
+    pub fn push(&mut self, parts: &[&[u8]]) -> Result<(), RingError> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        self.make_room(len)?;
         let mut hdr = [0u8; RECORD_HEADER];
         hdr[..4].copy_from_slice(&(len as u32).to_le_bytes());
         hdr[4..].copy_from_slice(&self.head.to_le_bytes());
@@ -384,8 +558,7 @@ impl Producer {
         for p in parts {
             off = self.mem.write_wrapped(off, p);
         }
-        self.head = self.head.wrapping_add(need);
-        self.mem.head().store(self.head, Ordering::Release);
+        self.publish(len);
         Ok(())
     }
 }
@@ -447,10 +620,9 @@ impl Consumer {
         Ok(avail)
     }
 
-    /// Takes the next record into `buf`; its length, or `None` if the ring
-    /// is empty. On error nothing is consumed; call [`Consumer::resync`] to
-    /// go on past garbage.
-    pub fn pop(&mut self, buf: &mut [u8]) -> Result<Option<usize>, RingError> {
+    /// Validates the next record; its length, or `None` if the ring is
+    /// empty. Nothing is consumed.
+    fn next_len(&mut self) -> Result<Option<usize>, RingError> {
         let avail = self.available()?;
         if avail == 0 {
             // Keep our published tail right even if the peer overwrote it,
@@ -474,6 +646,16 @@ impl Consumer {
         if n == 0 || n > self.mem.geo.max_record() || self.mem.geo.slots_for(n) > avail {
             return Err(RingError::BadLength { len, avail });
         }
+        Ok(Some(n))
+    }
+
+    /// Takes the next record into `buf`; its length, or `None` if the ring
+    /// is empty. On error nothing is consumed; call [`Consumer::resync`] to
+    /// go on past garbage.
+    pub fn pop(&mut self, buf: &mut [u8]) -> Result<Option<usize>, RingError> {
+        let Some(n) = self.next_len()? else {
+            return Ok(None);
+        };
         if n > buf.len() {
             return Err(RingError::BufferTooSmall {
                 len: n,
@@ -482,11 +664,64 @@ impl Consumer {
         }
         let off = self.mem.data_off(self.tail, RECORD_HEADER);
         if !self.mem.read_wrapped(off, &mut buf[..n]) {
-            return Err(RingError::BadLength { len, avail });
+            return Err(RingError::BadLength {
+                len: n as u32,
+                avail: 0,
+            });
         }
+        self.advance(n);
+        Ok(Some(n))
+    }
+
+    /// The next record without taking it: where its payload lies, to copy
+    /// a prefix with [`Consumer::read`] or hand it to a system call. The
+    /// caller then calls [`Consumer::consume`]. The peer can rewrite the
+    /// payload meanwhile (it only spoils its own record); the length was
+    /// checked and stays valid.
+    pub fn peek(&mut self) -> Result<Option<Segments>, RingError> {
+        let Some(n) = self.next_len()? else {
+            return Ok(None);
+        };
+        Ok(Some(
+            self.mem
+                .segments(self.mem.data_off(self.tail, RECORD_HEADER), n),
+        ))
+    }
+
+    /// Copies the first `dst.len()` bytes of the record seen by
+    /// [`Consumer::peek`] (of `len` bytes) into `dst`; false if longer.
+    pub fn read(&self, len: usize, dst: &mut [u8]) -> bool {
+        dst.len() <= len
+            && self
+                .mem
+                .read_wrapped(self.mem.data_off(self.tail, RECORD_HEADER), dst)
+    }
+
+    /// Releases the record seen by [`Consumer::peek`] (of `len` bytes).
+    pub fn consume(&mut self, len: usize) {
+        self.advance(len);
+    }
+
+    fn advance(&mut self, n: usize) {
         self.tail = self.tail.wrapping_add(self.mem.geo.slots_for(n));
         self.mem.tail().store(self.tail, Ordering::Release);
-        Ok(Some(n))
+    }
+
+    /// The ring looked empty and this consumer is about to sleep until the
+    /// producer rings: asks for that doorbell, then looks once more.
+    /// Returns true if the ring is still empty (sleep), false if a record
+    /// came meanwhile (read on). Garbage counts as not empty, so that the
+    /// caller reads it and resynchronises.
+    pub fn arm(&self) -> bool {
+        self.mem.consumer_waiting().store(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        matches!(self.available(), Ok(0))
+    }
+
+    /// After consuming: whether the producer asked for a doorbell (it found
+    /// the ring full and sleeps); its request is cleared.
+    pub fn take_wakeup(&self) -> bool {
+        RingMem::take_flag(self.mem.producer_waiting())
     }
 }
 
@@ -585,6 +820,78 @@ mod tests {
         // beyond what it can check.
         r.u32_at(64).unwrap().store(u32::MAX / 2, Ordering::Release);
         assert!(matches!(p.push(&[b"x"]), Err(RingError::BadIndex { .. })));
+    }
+
+    #[test]
+    fn doorbell_requests_are_made_only_by_a_waiting_side_and_taken_once() {
+        let mem = HeapRegion::new(GEO.ring_bytes());
+        let (mut p, mut c) = pair(&mem);
+        let mut buf = [0u8; 600];
+        // Nobody waits: publishing asks for no doorbell.
+        p.push(&[b"a"]).unwrap();
+        assert!(!p.take_wakeup());
+        // A consumer with data to read does not go to sleep.
+        assert!(!c.arm(), "a record is there: read on");
+        assert_eq!(c.pop(&mut buf).unwrap(), Some(1));
+        // An empty ring: the consumer sleeps, the next record rings once.
+        assert!(c.arm());
+        p.push(&[b"b"]).unwrap();
+        assert!(p.take_wakeup(), "the sleeping consumer is rung");
+        p.push(&[b"c"]).unwrap();
+        assert!(!p.take_wakeup(), "one doorbell per sleep");
+        // A full ring: the producer sleeps until the consumer frees slots.
+        let big = [1u8; 400]; // 7 slots
+        while c.pop(&mut buf).unwrap().is_some() {}
+        assert!(!c.take_wakeup(), "the producer did not ask");
+        p.push(&[&big]).unwrap();
+        assert_eq!(p.push(&[&big]), Err(RingError::Full));
+        assert!(p.arm(big.len()), "still full: sleep");
+        assert_eq!(c.pop(&mut buf).unwrap(), Some(400));
+        assert!(c.take_wakeup(), "the sleeping producer is rung");
+        assert!(!c.take_wakeup());
+        assert!(!p.arm(big.len()), "room now: no sleep");
+        p.push(&[&big]).unwrap();
+    }
+
+    #[test]
+    fn reserved_records_are_filled_in_place_and_peeked_records_read_in_place() {
+        let mem = HeapRegion::new(GEO.ring_bytes());
+        let (mut p, mut c) = pair(&mem);
+        let mut buf = [0u8; 600];
+        for round in 0..20u8 {
+            // Reserve room for 300 bytes, write 130 through the raw
+            // segments (wrapping every few rounds), publish those.
+            let seg = p.reserve(300).unwrap();
+            assert_eq!(seg.len(), 300);
+            let data: Vec<u8> = (0..130u8).map(|i| i ^ round).collect();
+            let mut k = 0;
+            for (ptr, n) in seg.parts() {
+                let m = n.min(data.len() - k);
+                // SAFETY: the segment is inside the ring (reserve), m <= n.
+                unsafe { std::ptr::copy_nonoverlapping(data[k..].as_ptr(), ptr, m) };
+                k += m;
+            }
+            p.commit(300, 130).unwrap();
+            let seg = c.peek().unwrap().unwrap();
+            assert_eq!(seg.len(), 130);
+            let mut first = [0u8; 4];
+            assert!(c.read(130, &mut first));
+            assert_eq!(first, data[..4]);
+            let mut got = Vec::new();
+            for (ptr, n) in seg.parts() {
+                // SAFETY: the segment is inside the ring (peek).
+                got.extend_from_slice(unsafe { std::slice::from_raw_parts(ptr, n) });
+            }
+            assert_eq!(got, data, "round {round}");
+            c.consume(130);
+            assert_eq!(c.pop(&mut buf).unwrap(), None);
+        }
+        assert_eq!(p.commit(300, 301), Err(RingError::BadSize(301)));
+        // No room for the reservation: full, nothing published.
+        p.push(&[&[0u8; 400]]).unwrap();
+        assert!(matches!(p.reserve(100), Err(RingError::Full)));
+        assert_eq!(c.pop(&mut buf).unwrap(), Some(400));
+        assert_eq!(c.pop(&mut buf).unwrap(), None);
     }
 
     proptest! {

@@ -7,28 +7,48 @@
 //! BAR 2 `resource2` file of an ivshmem PCI device in a VM) and attaches,
 //! retrying every tick until the host has laid it out.
 //!
-//! Notification is by polling, chosen over eventfds for simplicity and
-//! because it works unchanged across a VM boundary (an ivshmem-plain device
-//! has no doorbell): every [`TICK`] the daemon bumps its heartbeat, checks
-//! the peer's, and drains the receive ring; while a ring has data it is
-//! drained without sleeping. With `busy_poll = true` the daemon never sleeps
-//! (lowest latency, one core busy).
+//! Notification: eventfd doorbells when both daemons run on one machine.
+//! The host side listens on a Unix socket next to the file (`PATH.bell`);
+//! the guest side connects and sends its eventfd, the host answers with
+//! its own (`SCM_RIGHTS`). Each daemon's eventfd is in its `mio` loop. A
+//! side that finds its receive ring empty (or its send ring full) says so
+//! in the ring header and sleeps; the other side rings its eventfd after
+//! publishing a record (or freeing slots) only if it asked, so a busy ring
+//! costs no system call (see `rina_core::shim_hv::ring`). With doorbells
+//! the daemon only ticks every [`BELL_TICK`] for heartbeats. Without them
+//! (an `ivshmem-plain` device in a VM has no interrupts; no `.bell`
+//! socket) it falls back to polling: every [`TICK`] it bumps its
+//! heartbeat, checks the peer's and drains the receive ring, draining
+//! without sleeping while data comes. With `busy_poll = true` the daemon
+//! never sleeps (lowest latency, one core busy); it still rings a peer
+//! that sleeps.
+//!
+//! Copies: an application's SDU is received from its socket straight into
+//! the send ring (one `recvmsg` into a reserved record), and handed from
+//! the receive ring straight to the peer application's socket (one
+//! `sendmsg` from the ring); only SDUs held back, control messages and
+//! frames of stacked normal IPCPs are copied in the daemon.
 //!
 //! Back-pressure, end to end and lossless for applications: when the send
-//! ring is full, the SDU waits and the IPCP's flows stop being read until a
-//! later tick finds room. At the receiving end, SDUs for an application
-//! whose socket is full are held (up to [`RX_QUEUE_MAX`] per flow); when a
-//! flow holds that many, the receive ring is not read until the application
-//! catches up, so the sender's ring fills and its application's writes
-//! block. (The price: one stalled application pauses the other flows of the
-//! same device; a normal IPCP's frames are never held.) Frames of a normal
-//! IPCP stacked on top are lost instead, as on a congested link. Control
-//! messages wait in a bounded backlog.
+//! ring is full, the SDU waits and the IPCP's flows stop being read until
+//! the peer frees slots (its doorbell) or a later tick finds room. At the
+//! receiving end, SDUs for an application whose socket is full are held
+//! (up to [`RX_QUEUE_MAX`] per flow); when a flow holds that many, the
+//! receive ring is not read until the application catches up, so the
+//! sender's ring fills and its application's writes block. (The price: one
+//! stalled application pauses the other flows of the same device; a normal
+//! IPCP's frames are never held.) Frames of a normal IPCP stacked on top
+//! wait in a bounded backlog ([`N1_BACKLOG_BUFFERS`], [`N1_BACKLOG_BYTES`])
+//! while the ring is full and are sent, in order, when the peer frees
+//! slots; only what overflows the backlog is lost (counted as
+//! `tx_ring_full`). Control messages wait in a backlog of their own.
 
 use super::*;
-use rina_core::shim_hv::link::{region_size, Link, LinkConfig, LinkEvent};
-use rina_core::shim_hv::ring::{Geometry, Region, RingError};
+use rina_core::shim_hv::link::{region_size, Backlog, BacklogOutcome, Link, LinkConfig, LinkEvent};
+use rina_core::shim_hv::ring::{Geometry, Region, RingError, Segments};
+use rina_core::shim_hv::vmpi::{CHANNEL_HEADER, CONTROL_CHANNEL};
 use rina_core::shim_hv::{self as core_hv, ShimHv, Side};
+use std::os::fd::{FromRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::ptr::NonNull;
@@ -39,10 +59,25 @@ pub const GEOMETRY: Geometry = Geometry {
     slot_size: 4096,
     slots: 1024,
 };
-/// Interval between two polls of the rings when not busy-polling.
+/// Interval between two polls of the rings when not busy-polling and
+/// without doorbells.
 pub const TICK: Duration = Duration::from_millis(1);
+/// Interval between two heartbeats when doorbells wake the daemon.
+pub const BELL_TICK: Duration = Duration::from_millis(50);
+/// Interval between two attempts of the guest side to reach the host's
+/// doorbell socket.
+const BELL_RETRY: Duration = Duration::from_millis(200);
+/// What the doorbell exchange messages start with.
+const BELL_HELLO: &[u8; 8] = b"RINAHVB1";
 /// Control buffers held while the send ring is full.
 const BACKLOG_MAX: usize = 256;
+/// Longest a relay leaves a receive ring unread for a congested backlog.
+const RELAY_PAUSE_MAX: Duration = Duration::from_millis(20);
+/// Frames of stacked normal IPCPs held while the send ring is full (as
+/// many as a second ring of small frames)...
+pub const N1_BACKLOG_BUFFERS: usize = 4096;
+/// ... and at most this many bytes of them (a second ring's worth).
+pub const N1_BACKLOG_BYTES: usize = 4 << 20;
 /// SDUs held for one application whose socket is full; when a flow holds
 /// this many, the receive ring is not read until the application catches up.
 const RX_QUEUE_MAX: usize = 64;
@@ -104,7 +139,18 @@ pub(super) struct HvIo {
     session: u32,
     pub next_tick: Instant,
     /// Control buffers waiting for room in the send ring.
-    backlog: VecDeque<Vec<u8>>,
+    backlog: Backlog,
+    /// Frames of stacked normal IPCPs waiting for room in the send ring.
+    n1_backlog: Backlog,
+    /// Doorbells, when set up.
+    bell: Bell,
+    /// The send ring was full and this side asked to be rung when it has room.
+    tx_armed: bool,
+    /// Since when the receive ring is not read because frames relayed
+    /// from it would find another shim-hv backlog congested.
+    relay_paused: Option<Instant>,
+    /// Times that happened.
+    relay_pauses: u64,
     /// An application SDU (with its channel header) waiting for room.
     stalled: Option<(PortId, Vec<u8>)>,
     /// Flows whose reading waits for the stall to end.
@@ -118,12 +164,37 @@ pub(super) struct HvIo {
     rx_ring_errors: u64,
     /// Inconsistent indices found in the send ring.
     tx_ring_errors: u64,
-    /// Frames of stacked IPCPs lost to a full send ring.
-    tx_ring_full: u64,
-    /// Control buffers dropped because the backlog was full.
-    control_dropped: u64,
     /// Failed attempts to map or attach.
     attach_errors: u64,
+    /// Ticks run (heartbeats; ring polls without doorbells).
+    ticks: u64,
+}
+
+/// The doorbells of one device: our eventfd, the peer's, and the Unix
+/// socket they were exchanged over.
+struct Bell {
+    /// Where the host side listens (`PATH.bell`).
+    sock_path: PathBuf,
+    /// Our eventfd: the peer writes it to wake us. In the poller once
+    /// `registered`.
+    mine: Option<OwnedFd>,
+    registered: bool,
+    /// The host's listening socket.
+    listener: Option<OwnedFd>,
+    /// The connection of the exchange; kept open, its hang-up says the peer left.
+    conn: Option<OwnedFd>,
+    /// Whether our eventfd went out on `conn`.
+    sent: bool,
+    /// The peer's eventfd, once received: doorbells are on.
+    peer: Option<OwnedFd>,
+    /// When the guest side next tries to connect.
+    retry_at: Instant,
+    /// Times we rang the peer.
+    rung: u64,
+    /// Times our eventfd woke us.
+    wakeups: u64,
+    /// Exchanges that failed (bad message, no descriptor).
+    errors: u64,
 }
 
 /// Opens and maps the region: the host creates and lays it out, the guest
@@ -192,13 +263,15 @@ pub(super) fn new_ipcp(cfg: &Config, i: usize) -> Result<Ipcp, DaemonError> {
             None
         }
     };
+    let bell = Bell::new(&path, side, &name);
     let mut hc = core_hv::Config::new(ic.dif.clone(), side);
     hc.vmpi_id = ic.vmpi_id.unwrap_or(0);
     if let Some(m) = &ic.max_sdu {
         hc.max_sdu = *m.get_ref();
     }
     info!(ipcp = %name, dif = %ic.dif, path = %path.display(), ?side, vmpi_id = hc.vmpi_id,
-        max_sdu = hc.max_sdu, busy_poll = ic.busy_poll.unwrap_or(false), "shim-hv IPCP up");
+        max_sdu = hc.max_sdu, busy_poll = ic.busy_poll.unwrap_or(false),
+        doorbell = %bell.sock_path.display(), "shim-hv IPCP up");
     Ok(Ipcp {
         name,
         dif: ic.dif.clone(),
@@ -209,7 +282,12 @@ pub(super) fn new_ipcp(cfg: &Config, i: usize) -> Result<Ipcp, DaemonError> {
             att,
             session,
             next_tick: Instant::from_nanos(0),
-            backlog: VecDeque::new(),
+            backlog: Backlog::new(BACKLOG_MAX, BACKLOG_MAX * 2048),
+            n1_backlog: Backlog::new(N1_BACKLOG_BUFFERS, N1_BACKLOG_BYTES),
+            bell,
+            tx_armed: false,
+            relay_paused: None,
+            relay_pauses: 0,
             stalled: None,
             parked: Vec::new(),
             rx_queued: false,
@@ -217,9 +295,8 @@ pub(super) fn new_ipcp(cfg: &Config, i: usize) -> Result<Ipcp, DaemonError> {
             rx_paused_on: None,
             rx_ring_errors: 0,
             tx_ring_errors: 0,
-            tx_ring_full: 0,
-            control_dropped: 0,
             attach_errors: 0,
+            ticks: 0,
         })),
     })
 }
@@ -229,29 +306,350 @@ impl Drop for HvIo {
         if let Some(a) = &self.att {
             a.link.detach();
         }
+        if self.bell.listener.is_some() {
+            let _ = std::fs::remove_file(&self.bell.sock_path);
+        }
     }
 }
 
-impl HvIo {
-    /// Sends a control buffer the machine asked for, or holds it.
-    pub fn send_control(&mut self, buf: Vec<u8>) {
-        if self.backlog.is_empty() {
-            if let Some(a) = &mut self.att {
-                match a.link.send(&[&buf]) {
-                    Ok(()) => return,
-                    Err(RingError::Full) => {}
-                    Err(RingError::BadIndex { .. }) => self.tx_ring_errors += 1,
-                    Err(e) => {
-                        debug!(error = %e, "control buffer not sent");
-                        return;
+/// A fresh non-blocking eventfd.
+fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: no pointers; a negative return is an error.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adds one to an eventfd (wakes whoever waits on it); false if it failed
+/// (a counter at its maximum is already readable, so nothing is lost).
+fn ring_eventfd(fd: &OwnedFd) -> bool {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a live u64.
+    let n = unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    n == 8
+}
+
+/// Reads (and so resets) an eventfd's counter; 0 if it was zero.
+fn drain_eventfd(fd: &OwnedFd) -> u64 {
+    let mut v: u64 = 0;
+    // SAFETY: reads at most 8 bytes into a live u64.
+    let n = unsafe { libc::read(fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+    if n == 8 {
+        v
+    } else {
+        0
+    }
+}
+
+/// Whether the peer of a connected socket has hung up.
+fn hung_up(fd: &OwnedFd) -> bool {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, zero timeout.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+}
+
+/// Receives a doorbell message and the descriptor it carries, without
+/// blocking: `Ok(None)` if nothing came yet; an error for a message that
+/// is not one (or carries no descriptor), or a closed connection.
+fn recv_bell(conn: &OwnedFd) -> io::Result<Option<OwnedFd>> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let mut buf = [0u8; 16];
+    let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+    let mut space = nix::cmsg_space!([RawFd; 2]);
+    let msg = match recvmsg::<()>(
+        conn.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC,
+    ) {
+        Ok(m) => m,
+        Err(nix::Error::EAGAIN) => return Ok(None),
+        Err(e) => return Err(io::Error::from_raw_os_error(e as i32)),
+    };
+    let mut fds = Vec::new();
+    for c in msg
+        .cmsgs()
+        .map_err(|e| io::Error::from_raw_os_error(e as i32))?
+    {
+        if let ControlMessageOwned::ScmRights(v) = c {
+            // SAFETY: the kernel installed these descriptors for us.
+            fds.extend(v.into_iter().map(|f| unsafe { OwnedFd::from_raw_fd(f) }));
+        }
+    }
+    let n = msg.bytes;
+    if n == 0 {
+        return Err(io::Error::other("the doorbell connection closed"));
+    }
+    if n != BELL_HELLO.len() || buf[..n] != BELL_HELLO[..] || fds.len() != 1 {
+        return Err(io::Error::other("not a doorbell message"));
+    }
+    let fd = fds.pop().ok_or_else(|| io::Error::other("no descriptor"))?;
+    // Our writes to it must never block, whatever the peer sent.
+    sys::set_nonblocking(fd.as_raw_fd())?;
+    Ok(Some(fd))
+}
+
+impl Bell {
+    fn new(path: &Path, side: Side, ipcp: &str) -> Bell {
+        let mut sock_path = path.as_os_str().to_owned();
+        sock_path.push(".bell");
+        let sock_path = PathBuf::from(sock_path);
+        let mine = match eventfd() {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                warn!(ipcp, error = %e, "no eventfd: shim-hv polls its rings");
+                None
+            }
+        };
+        let listener = if side == Side::Host && mine.is_some() {
+            let _ = std::fs::remove_file(&sock_path);
+            match sys::seqpacket_listener(&sock_path) {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    info!(ipcp, path = %sock_path.display(), error = %e, "no doorbell socket: shim-hv polls its rings");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        Bell {
+            sock_path,
+            mine,
+            registered: false,
+            listener,
+            conn: None,
+            sent: false,
+            peer: None,
+            retry_at: Instant::from_nanos(0),
+            rung: 0,
+            wakeups: 0,
+            errors: 0,
+        }
+    }
+
+    /// Whether both ends have each other's eventfd.
+    fn on(&self) -> bool {
+        self.peer.is_some()
+    }
+
+    /// Rings the peer (if doorbells are on).
+    fn ring(&mut self) {
+        if let Some(p) = &self.peer {
+            if ring_eventfd(p) {
+                self.rung += 1;
+            }
+        }
+    }
+
+    fn drop_conn(&mut self) {
+        self.conn = None;
+        self.peer = None;
+        self.sent = false;
+    }
+
+    /// Moves the exchange on: accepts or connects, sends our eventfd,
+    /// takes the peer's, notices a peer that left. Runs at every tick.
+    fn step(&mut self, side: Side, attached: bool, now: Instant) {
+        let Some(mine) = self.mine.as_ref().map(|f| f.as_raw_fd()) else {
+            return;
+        };
+        if let Some(c) = &self.conn {
+            if hung_up(c) {
+                debug!(path = %self.sock_path.display(), "doorbell peer left");
+                self.drop_conn();
+            }
+        }
+        match side {
+            Side::Host => {
+                // A newer connection (a restarted guest) replaces the old one.
+                while let Some(Ok(Some(c))) = self.listener.as_ref().map(sys::accept) {
+                    self.drop_conn();
+                    self.conn = Some(c);
+                }
+            }
+            Side::Guest => {
+                if self.conn.is_none() && attached && now >= self.retry_at {
+                    self.retry_at = now + BELL_RETRY;
+                    if let Ok(c) = connect_seqpacket(&self.sock_path) {
+                        self.conn = Some(c);
                     }
                 }
             }
         }
-        if self.backlog.len() < BACKLOG_MAX {
-            self.backlog.push_back(buf);
+        let Some(c) = &self.conn else {
+            return;
+        };
+        // The guest speaks first; the host answers once it has the guest's.
+        if side == Side::Guest && !self.sent {
+            match sys::send(c.as_raw_fd(), BELL_HELLO, Some(mine)) {
+                Ok(Sent::Done) => self.sent = true,
+                Ok(Sent::WouldBlock) => return,
+                _ => {
+                    self.errors += 1;
+                    self.drop_conn();
+                    return;
+                }
+            }
+        }
+        if self.peer.is_none() {
+            match recv_bell(c) {
+                Ok(Some(fd)) => {
+                    if side == Side::Host {
+                        match sys::send(c.as_raw_fd(), BELL_HELLO, Some(mine)) {
+                            Ok(Sent::Done) => self.sent = true,
+                            _ => {
+                                self.errors += 1;
+                                self.drop_conn();
+                                return;
+                            }
+                        }
+                    }
+                    self.peer = Some(fd);
+                    info!(path = %self.sock_path.display(), "shim-hv doorbells on");
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    debug!(path = %self.sock_path.display(), error = %e, "doorbell exchange failed");
+                    self.errors += 1;
+                    self.drop_conn();
+                }
+            }
+        }
+    }
+}
+
+/// A non-blocking `SOCK_SEQPACKET` connection to `path`.
+fn connect_seqpacket(path: &Path) -> io::Result<OwnedFd> {
+    use nix::sys::socket::{self as s, AddressFamily, SockFlag, SockType, UnixAddr};
+    let e = |e: nix::Error| io::Error::from_raw_os_error(e as i32);
+    let fd = s::socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(e)?;
+    let addr = UnixAddr::new(path).map_err(e)?;
+    s::connect(fd.as_raw_fd(), &addr).map_err(e)?;
+    Ok(fd)
+}
+
+/// The iovecs of `seg` (at most two).
+fn iovecs(seg: &Segments) -> ([libc::iovec; 2], usize) {
+    let mut v = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; 2];
+    let mut k = 0;
+    for (ptr, n) in seg.parts() {
+        v[k] = libc::iovec {
+            iov_base: ptr.cast(),
+            iov_len: n,
+        };
+        k += 1;
+    }
+    (v, k)
+}
+
+/// Receives one packet from `fd` into ring memory `seg` without blocking.
+/// As [`sys::recv`]: the real length of the packet (`MSG_TRUNC`).
+fn recv_into(fd: RawFd, seg: &Segments) -> io::Result<Recv> {
+    let (mut iov, k) = iovecs(seg);
+    // SAFETY: an all-zero msghdr is valid; the iovecs point into the ring's
+    // data area (inside the mapping, see `Segments`), which the kernel
+    // writes; no Rust reference to that memory exists.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = k as _;
+    // SAFETY: a valid msghdr whose buffers outlive the call.
+    let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT | libc::MSG_TRUNC) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EAGAIN) => Ok(Recv::WouldBlock),
+            Some(libc::ECONNRESET) => Ok(Recv::Closed),
+            _ => Err(e),
+        };
+    }
+    if n == 0 {
+        return Ok(if hung_up_raw(fd) {
+            Recv::Closed
         } else {
-            self.control_dropped += 1;
+            Recv::Empty
+        });
+    }
+    Ok(Recv::Packet(n as usize))
+}
+
+fn hung_up_raw(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, zero timeout.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+}
+
+/// Sends ring memory `seg` as one packet on `fd` without blocking.
+fn send_from(fd: RawFd, seg: &Segments) -> io::Result<Sent> {
+    let (mut iov, k) = iovecs(seg);
+    // SAFETY: as in `recv_into`; the kernel only reads the ring memory.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = k as _;
+    // SAFETY: a valid msghdr whose buffers outlive the call.
+    let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EAGAIN) => Ok(Sent::WouldBlock),
+            Some(libc::EMSGSIZE) => Ok(Sent::TooBig),
+            Some(libc::EPIPE) | Some(libc::ECONNRESET) => Ok(Sent::Closed),
+            _ => Err(e),
+        };
+    }
+    Ok(Sent::Done)
+}
+
+impl HvIo {
+    /// Whether this side sleeps on its doorbell between ticks.
+    fn sleeps_on_bell(&self) -> bool {
+        self.bell.on() && !self.busy_poll
+    }
+
+    /// Rings the peer if it sleeps on an empty receive ring (call after
+    /// publishing).
+    fn wake_peer_for_data(&mut self) {
+        if let Some(a) = &self.att {
+            if self.bell.on() && a.link.peer_wants_data() {
+                self.bell.ring();
+            }
+        }
+    }
+
+    /// Sends a control buffer the machine asked for, or holds it.
+    pub fn send_control(&mut self, buf: Vec<u8>) {
+        let Some(a) = &mut self.att else {
+            // Not attached: it waits (the peer cannot be up anyway).
+            let _ = self.backlog.queue_only(&[&buf]);
+            return;
+        };
+        match self.backlog.send(&mut a.link, &[&buf]) {
+            BacklogOutcome::Sent => self.wake_peer_for_data(),
+            BacklogOutcome::Queued | BacklogOutcome::Overflow => {}
+            BacklogOutcome::Failed(RingError::BadIndex { .. }) => self.tx_ring_errors += 1,
+            BacklogOutcome::Failed(e) => debug!(error = %e, "control buffer not sent"),
         }
     }
 
@@ -260,37 +658,74 @@ impl HvIo {
         let Some(a) = &mut self.att else {
             return false;
         };
-        while let Some(b) = self.backlog.front() {
-            match a.link.send(&[b]) {
-                Ok(()) => {
-                    self.backlog.pop_front();
-                }
-                Err(RingError::Full) => return false,
-                Err(RingError::BadIndex { .. }) => {
-                    self.tx_ring_errors += 1;
-                    return false;
-                }
+        let mut sent = false;
+        let mut done = true;
+        for bl in [&mut self.backlog, &mut self.n1_backlog] {
+            let before = bl.len();
+            match bl.flush(&mut a.link) {
+                Ok(true) => {}
+                Ok(false) => done = false,
                 Err(_) => {
-                    self.backlog.pop_front();
+                    self.tx_ring_errors += 1;
+                    done = false;
+                }
+            }
+            sent |= bl.len() < before;
+            if !done {
+                break;
+            }
+        }
+        if done {
+            if let Some((port, b)) = &self.stalled {
+                match a.link.send(&[b]) {
+                    Ok(()) => {
+                        sent = true;
+                        self.stalled = None;
+                    }
+                    Err(RingError::Full) => done = false,
+                    Err(RingError::BadIndex { .. }) => {
+                        self.tx_ring_errors += 1;
+                        done = false;
+                    }
+                    Err(_) => {
+                        let (port, len) = (*port, b.len());
+                        self.machine.unsend(port, len);
+                        self.stalled = None;
+                    }
                 }
             }
         }
-        if let Some((port, b)) = &self.stalled {
-            match a.link.send(&[b]) {
-                Ok(()) => {}
-                Err(RingError::Full) => return false,
-                Err(RingError::BadIndex { .. }) => {
-                    self.tx_ring_errors += 1;
-                    return false;
-                }
-                Err(_) => {
-                    let (port, len) = (*port, b.len());
-                    self.machine.unsend(port, len);
-                }
-            }
-            self.stalled = None;
+        if sent {
+            self.wake_peer_for_data();
         }
-        true
+        if done {
+            self.tx_armed = false;
+        }
+        done
+    }
+
+    /// Bytes the first waiting buffer needs.
+    fn waiting_len(&self) -> Option<usize> {
+        self.backlog
+            .front_len()
+            .or(self.n1_backlog.front_len())
+            .or(self.stalled.as_ref().map(|(_, b)| b.len()))
+    }
+
+    /// The send ring is full: with doorbells, asks the peer to ring when
+    /// it has room. True if room appeared meanwhile (flush again now).
+    fn arm_tx(&mut self) -> bool {
+        if !self.sleeps_on_bell() {
+            return false;
+        }
+        let Some(len) = self.waiting_len() else {
+            return false;
+        };
+        let Some(a) = &mut self.att else {
+            return false;
+        };
+        self.tx_armed = true;
+        !a.link.arm_tx(len)
     }
 
     /// Its address, for listings: the VMPI-id, side and file.
@@ -307,8 +742,9 @@ impl HvIo {
         } else {
             "not attached"
         };
+        let bell = if self.bell.on() { ", doorbells" } else { "" };
         format!(
-            "vmpi {} ({side}, {}, {state})",
+            "vmpi {} ({side}, {}, {state}{bell})",
             c.vmpi_id,
             self.path.display()
         )
@@ -319,10 +755,18 @@ impl HvIo {
         let mut c = self.machine.counters().to_map();
         c.insert("rx_ring_errors".into(), self.rx_ring_errors);
         c.insert("tx_ring_errors".into(), self.tx_ring_errors);
-        c.insert("tx_ring_full".into(), self.tx_ring_full);
-        c.insert("control_dropped".into(), self.control_dropped);
+        c.insert("tx_ring_full".into(), self.n1_backlog.overflow());
+        c.insert("tx_backlog_queued".into(), self.n1_backlog.queued());
+        c.insert("tx_backlog_len".into(), self.n1_backlog.len() as u64);
+        c.insert("relay_pauses".into(), self.relay_pauses);
+        c.insert("control_dropped".into(), self.backlog.overflow());
         c.insert("attach_errors".into(), self.attach_errors);
         c.insert("peer_up".into(), u64::from(self.machine.is_peer_up()));
+        c.insert("doorbell".into(), u64::from(self.bell.on()));
+        c.insert("bell_rung".into(), self.bell.rung);
+        c.insert("bell_wakeups".into(), self.bell.wakeups);
+        c.insert("bell_errors".into(), self.bell.errors);
+        c.insert("ticks".into(), self.ticks);
         c
     }
 
@@ -364,8 +808,8 @@ impl Daemon {
             .min()
     }
 
-    /// Runs the due ticks of shim-hv IPCPs: attach, heartbeats, sends held
-    /// back, and a poll of the receive ring.
+    /// Runs the due ticks of shim-hv IPCPs: attach, doorbell exchange,
+    /// heartbeats, sends held back, and a poll of the receive ring.
     pub(super) fn hv_ticks(&mut self, now: Instant) {
         for i in 0..self.ipcps.len() {
             let ipcp = &mut self.ipcps[i];
@@ -376,7 +820,7 @@ impl Daemon {
             if !h.busy_poll && h.next_tick > now {
                 continue;
             }
-            h.next_tick = now + TICK;
+            h.ticks += 1;
             if h.att.is_none() && h.machine.config().side == Side::Guest {
                 match open_region(&h.path, Side::Guest, h.session) {
                     Ok(a) => {
@@ -386,6 +830,23 @@ impl Daemon {
                     Err(_) => h.attach_errors += 1,
                 }
             }
+            if !h.bell.registered {
+                if let Some(fd) = &h.bell.mine {
+                    // Its readiness is served as the IPCP's (see service_hv).
+                    h.bell.registered = self
+                        .poll
+                        .registry()
+                        .register(
+                            &mut SourceFd(&fd.as_raw_fd()),
+                            token(T_UDP, i),
+                            Interest::READABLE,
+                        )
+                        .is_ok();
+                }
+            }
+            let side = h.machine.config().side;
+            h.bell.step(side, h.att.is_some(), now);
+            h.next_tick = now + if h.sleeps_on_bell() { BELL_TICK } else { TICK };
             let Some(a) = &mut h.att else {
                 continue;
             };
@@ -398,23 +859,97 @@ impl Daemon {
                     warn!(ipcp = %name, "shim-hv peer gone; its flows are closed");
                     h.machine.peer_lost();
                     h.backlog.clear();
+                    h.n1_backlog.clear();
                     h.stalled = None;
                 }
                 None => {}
-            }
-            if h.flush() {
-                for port in std::mem::take(&mut h.parked) {
-                    self.mark_flow_ready(port);
-                }
             }
             self.mark_udp_ready(i);
         }
     }
 
-    /// Takes up to [`BUDGET`] buffers from the receive ring of shim-hv IPCP
-    /// `i`; true if there may be more.
+    /// Sends what waits for room in the send ring of shim-hv IPCP `i` and
+    /// reads the flows parked on it once it all went.
+    fn hv_flush_tx(&mut self, i: usize) {
+        let Imp::ShimHv(h) = &mut self.ipcps[i].imp else {
+            return;
+        };
+        let was_congested = h.n1_backlog.is_congested();
+        if h.flush() {
+            for port in std::mem::take(&mut h.parked) {
+                self.mark_flow_ready(port);
+            }
+        } else if h.arm_tx() {
+            self.mark_udp_ready(i);
+        }
+        if was_congested && !self.hv_congested_besides(usize::MAX) {
+            // Rings whose reading paused for this backlog are read again.
+            for k in 0..self.ipcps.len() {
+                if let Imp::ShimHv(h) = &mut self.ipcps[k].imp {
+                    if h.relay_paused.take().is_some() {
+                        self.mark_udp_ready(k);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether the backlog of stacked IPCPs' frames of a shim-hv IPCP
+    /// other than `i` is at least half full.
+    fn hv_congested_besides(&self, i: usize) -> bool {
+        self.ipcps.iter().enumerate().any(|(k, ip)| match &ip.imp {
+            Imp::ShimHv(h) => k != i && h.n1_backlog.is_congested(),
+            _ => false,
+        })
+    }
+
+    /// Hop-by-hop back-pressure for relays: the receive ring of shim-hv
+    /// IPCP `i` is not read while it carries N-1 flows of a normal IPCP
+    /// and the backlog of another shim-hv IPCP is congested, so that a
+    /// relaying host holds frames in the incoming ring (and the previous
+    /// hop's backlog) instead of losing them in the outgoing one. A pause
+    /// lasts at most [`RELAY_PAUSE_MAX`] before a batch is read anyway, so
+    /// that relays waiting on each other in a loop cannot stop for good.
+    fn hv_relay_blocked(&mut self, i: usize, now: Instant) -> bool {
+        if !self.n1_owner.values().any(|&(_, lower)| lower == i) || !self.hv_congested_besides(i) {
+            if let Imp::ShimHv(h) = &mut self.ipcps[i].imp {
+                h.relay_paused = None;
+            }
+            return false;
+        }
+        let Imp::ShimHv(h) = &mut self.ipcps[i].imp else {
+            return false;
+        };
+        match h.relay_paused {
+            None => {
+                h.relay_paused = Some(now);
+                h.relay_pauses += 1;
+                true
+            }
+            Some(since) if now.saturating_since(since) >= RELAY_PAUSE_MAX => {
+                h.relay_paused = Some(now);
+                false
+            }
+            Some(_) => true,
+        }
+    }
+
+    /// Serves shim-hv IPCP `i` (its tick, its doorbell, or more to read):
+    /// sends what waited, then takes up to [`BUDGET`] buffers from the
+    /// receive ring; true if there may be more.
     pub(super) fn service_hv(&mut self, i: usize) -> bool {
         let now = self.now();
+        if let Imp::ShimHv(h) = &mut self.ipcps[i].imp {
+            if let Some(fd) = &h.bell.mine {
+                if drain_eventfd(fd) > 0 {
+                    h.bell.wakeups += 1;
+                }
+            }
+        }
+        self.hv_flush_tx(i);
+        if self.hv_relay_blocked(i, now) {
+            return false;
+        }
         if let Imp::ShimHv(h) = &mut self.ipcps[i].imp {
             // Queues of flows closed meanwhile are dropped, and do not pause.
             h.rx_pending.retain(|p, _| self.flows.contains_key(p));
@@ -427,69 +962,142 @@ impl Daemon {
                 return false;
             }
         }
+        let mut more = true;
         for _ in 0..BUDGET {
-            let Imp::ShimHv(h) = &mut self.ipcps[i].imp else {
-                return false;
-            };
-            let Some(a) = &mut h.att else {
-                return false;
-            };
-            let n = match a.link.recv(&mut self.buf) {
-                Ok(Some(n)) => n,
-                Ok(None) => return false,
-                Err(e) => {
-                    h.rx_ring_errors += 1;
-                    debug!(ipcp = %self.ipcps[i].name, error = %e, "garbage in the receive ring; dropped what was published");
-                    return false;
+            match self.hv_take_one(i, now) {
+                Some(true) => {}
+                Some(false) => {
+                    more = false;
+                    break;
                 }
-            };
-            match h.machine.on_buffer(now, &self.buf[..n]) {
-                core_hv::Received::Deliver { port, sdu } => {
-                    if let Some(fs) = self.flows.get(&port) {
-                        let fd = fs.fd.as_raw_fd();
-                        let q = h.rx_pending.get(&port);
-                        let sent = if q.is_some_and(|q| !q.is_empty()) {
-                            Ok(Sent::WouldBlock)
-                        } else {
-                            sys::send(fd, sdu, None)
-                        };
-                        match sent {
-                            Ok(Sent::Done) => {}
-                            Ok(Sent::WouldBlock) => {
-                                let q = h.rx_pending.entry(port).or_default();
-                                q.push_back(sdu.to_vec());
-                                let full = q.len() >= RX_QUEUE_MAX;
-                                let _ = self.poll.registry().reregister(
-                                    &mut SourceFd(&fd),
-                                    token(T_FLOW, port as usize),
-                                    Interest::READABLE | Interest::WRITABLE,
-                                );
-                                if full {
-                                    h.rx_paused_on = Some(port);
-                                    return false;
-                                }
-                            }
-                            _ => {
-                                if let Some(c) = h.machine.flow_counters_mut(port) {
-                                    c.drops_in += 1;
-                                }
+                None => {
+                    // Empty: sleep on the doorbell if the peer will ring it.
+                    more = false;
+                    if let Imp::ShimHv(h) = &self.ipcps[i].imp {
+                        if let Some(a) = &h.att {
+                            if h.sleeps_on_bell() && !a.link.arm_rx() {
+                                more = true;
                             }
                         }
-                    } else if let Some(&(j, _)) = self.n1_owner.get(&port) {
-                        if let Imp::Normal(nm) = &mut self.ipcps[j].imp {
-                            nm.machine.on_frame(now, port, sdu);
-                        }
-                    } else if self.n1_pending.contains_key(&port) && self.early_n1.len() < BUDGET {
-                        self.early_n1.push((port, sdu.to_vec()));
                     }
-                }
-                core_hv::Received::Control => {}
-                core_hv::Received::Dropped(reason) => {
-                    debug!(ipcp = %self.ipcps[i].name, ?reason, "VMPI buffer dropped");
+                    break;
                 }
             }
         }
-        true
+        // After any slot was freed (also by a read that then stopped):
+        // ring a producer that sleeps on a full ring.
+        if let Imp::ShimHv(h) = &mut self.ipcps[i].imp {
+            if let Some(a) = &h.att {
+                if h.bell.on() && a.link.peer_wants_room() {
+                    h.bell.ring();
+                }
+            }
+        }
+        more
+    }
+
+    /// Takes one buffer from the receive ring of shim-hv IPCP `i`: `None`
+    /// if the ring is empty, `Some(false)` if reading must stop (garbage,
+    /// or an application's queue is full), `Some(true)` otherwise.
+    fn hv_take_one(&mut self, i: usize, now: Instant) -> Option<bool> {
+        let Imp::ShimHv(h) = &mut self.ipcps[i].imp else {
+            return Some(false);
+        };
+        let Some(a) = &mut h.att else {
+            return Some(false);
+        };
+        let seg = match a.link.peek() {
+            Ok(Some(s)) => s,
+            Ok(None) => return None,
+            Err(e) => {
+                h.rx_ring_errors += 1;
+                debug!(ipcp = %self.ipcps[i].name, error = %e, "garbage in the receive ring; dropped what was published");
+                return Some(false);
+            }
+        };
+        let n = seg.len();
+        let mut ch = [0u8; CHANNEL_HEADER];
+        let data = n > CHANNEL_HEADER
+            && a.link.read_peeked(n, &mut ch)
+            && u32::from_le_bytes(ch) != CONTROL_CHANNEL;
+        if !data {
+            // Control (or malformed): parsed from a copy.
+            let copied = n <= self.buf.len() && a.link.read_peeked(n, &mut self.buf[..n]);
+            a.link.consume(n);
+            if copied {
+                if let core_hv::Received::Dropped(reason) = h.machine.on_buffer(now, &self.buf[..n])
+                {
+                    debug!(ipcp = %self.ipcps[i].name, ?reason, "VMPI buffer dropped");
+                }
+            }
+            return Some(true);
+        }
+        let sdu_len = n - CHANNEL_HEADER;
+        let port = match h.machine.on_data_header(u32::from_le_bytes(ch), sdu_len) {
+            Ok(p) => p,
+            Err(reason) => {
+                a.link.consume(n);
+                debug!(ipcp = %self.ipcps[i].name, ?reason, "VMPI buffer dropped");
+                return Some(true);
+            }
+        };
+        let sdu = seg.skip(CHANNEL_HEADER);
+        if let Some(fs) = self.flows.get(&port) {
+            let fd = fs.fd.as_raw_fd();
+            let held = h.rx_pending.get(&port).is_some_and(|q| !q.is_empty());
+            // Straight from the ring to the application's socket.
+            let sent = if held {
+                Ok(Sent::WouldBlock)
+            } else {
+                send_from(fd, &sdu)
+            };
+            match sent {
+                Ok(Sent::Done) => a.link.consume(n),
+                Ok(Sent::WouldBlock) => {
+                    let mut v = vec![0u8; n];
+                    let ok = a.link.read_peeked(n, &mut v);
+                    a.link.consume(n);
+                    if !ok {
+                        return Some(true);
+                    }
+                    v.drain(..CHANNEL_HEADER);
+                    let q = h.rx_pending.entry(port).or_default();
+                    q.push_back(v);
+                    let full = q.len() >= RX_QUEUE_MAX;
+                    let _ = self.poll.registry().reregister(
+                        &mut SourceFd(&fd),
+                        token(T_FLOW, port as usize),
+                        Interest::READABLE | Interest::WRITABLE,
+                    );
+                    if full {
+                        h.rx_paused_on = Some(port);
+                        return Some(false);
+                    }
+                }
+                _ => {
+                    a.link.consume(n);
+                    if let Some(c) = h.machine.flow_counters_mut(port) {
+                        c.drops_in += 1;
+                    }
+                }
+            }
+            return Some(true);
+        }
+        // A frame of a stacked normal IPCP: handed over from a copy.
+        let copied = n <= self.buf.len() && a.link.read_peeked(n, &mut self.buf[..n]);
+        a.link.consume(n);
+        if !copied {
+            return Some(true);
+        }
+        let frame = &self.buf[CHANNEL_HEADER..n];
+        if let Some(&(j, _)) = self.n1_owner.get(&port) {
+            if let Imp::Normal(nm) = &mut self.ipcps[j].imp {
+                nm.machine.on_frame(now, port, frame);
+            }
+        } else if self.n1_pending.contains_key(&port) && self.early_n1.len() < BUDGET {
+            self.early_n1.push((port, frame.to_vec()));
+        }
+        Some(true)
     }
 
     /// The application's socket of shim-hv flow `port` can take more: hand
@@ -532,7 +1140,9 @@ impl Daemon {
     }
 
     /// Reads up to [`BUDGET`] SDUs written by the application on shim-hv
-    /// flow `port` and puts them in the send ring.
+    /// flow `port` and puts them in the send ring: straight from the
+    /// socket into a reserved record when the ring has room for the
+    /// largest SDU, else through the daemon's buffer.
     pub(super) fn service_hv_flow(&mut self, port: PortId) -> FlowService {
         let Some(slot) = self.flows.get(&port) else {
             return FlowService::Drained;
@@ -547,15 +1157,70 @@ impl Daemon {
             return FlowService::Drained;
         }
         let cap = self.buf.len() - HEADROOM;
+        let max_sdu = h.machine.config().max_sdu as usize;
+        // Room for the channel header, the largest SDU and one byte more
+        // (to tell a too-large SDU from a fitting one).
+        let reserve = CHANNEL_HEADER + max_sdu + 1;
+        let mut result = FlowService::More;
+        let mut sent = 0;
         for _ in 0..BUDGET {
+            let Some(a) = &mut h.att else {
+                break;
+            };
+            if let Ok(seg) = a.link.reserve(reserve) {
+                let n = match recv_into(fd, &seg.skip(CHANNEL_HEADER)) {
+                    Ok(Recv::Packet(n)) => n,
+                    Ok(Recv::Empty) => 0,
+                    Ok(Recv::WouldBlock) => {
+                        result = FlowService::Drained;
+                        break;
+                    }
+                    Ok(Recv::Closed) => {
+                        result = FlowService::Closed;
+                        break;
+                    }
+                    Err(e) => {
+                        debug!(port, error = %e, "flow read error");
+                        result = FlowService::Closed;
+                        break;
+                    }
+                };
+                let hdr = match h.machine.send_header(port, n) {
+                    Ok(hdr) => hdr,
+                    Err(e) => {
+                        debug!(port, error = %e, "SDU not sent");
+                        continue;
+                    }
+                };
+                seg.write_at(0, &hdr);
+                match a.link.commit(reserve, CHANNEL_HEADER + n) {
+                    Ok(()) => sent += 1,
+                    Err(e) => {
+                        if matches!(e, RingError::BadIndex { .. }) {
+                            h.tx_ring_errors += 1;
+                        }
+                        h.machine.unsend(port, n);
+                        debug!(port, error = %e, "SDU not sent");
+                    }
+                }
+                continue;
+            }
+            // Less room than the largest SDU needs: through our buffer.
             let n = match sys::recv(fd, &mut self.buf[HEADROOM..]) {
                 Ok(Recv::Packet(n)) => n,
                 Ok(Recv::Empty) => 0,
-                Ok(Recv::WouldBlock) => return FlowService::Drained,
-                Ok(Recv::Closed) => return FlowService::Closed,
+                Ok(Recv::WouldBlock) => {
+                    result = FlowService::Drained;
+                    break;
+                }
+                Ok(Recv::Closed) => {
+                    result = FlowService::Closed;
+                    break;
+                }
                 Err(e) => {
                     debug!(port, error = %e, "flow read error");
-                    return FlowService::Closed;
+                    result = FlowService::Closed;
+                    break;
                 }
             };
             if n > cap {
@@ -571,13 +1236,9 @@ impl Daemon {
                     continue;
                 }
             };
-            let Some(a) = &mut h.att else {
-                h.machine.unsend(port, n);
-                continue;
-            };
             let sdu = &self.buf[HEADROOM..HEADROOM + n];
             match a.link.send(&[&hdr, sdu]) {
-                Ok(()) => {}
+                Ok(()) => sent += 1,
                 Err(e @ (RingError::Full | RingError::BadIndex { .. })) => {
                     if matches!(e, RingError::BadIndex { .. }) {
                         h.tx_ring_errors += 1;
@@ -586,7 +1247,8 @@ impl Daemon {
                     b.extend_from_slice(sdu);
                     h.stalled = Some((port, b));
                     h.parked.push(port);
-                    return FlowService::Drained;
+                    result = FlowService::Drained;
+                    break;
                 }
                 Err(e) => {
                     h.machine.unsend(port, n);
@@ -594,11 +1256,19 @@ impl Daemon {
                 }
             }
         }
-        FlowService::More
+        if sent > 0 {
+            h.wake_peer_for_data();
+        }
+        if h.stalled.is_some() && h.arm_tx() {
+            self.mark_udp_ready(i);
+        }
+        result
     }
 
     /// Writes a frame of a normal IPCP on its N-1 flow `port` of shim-hv
-    /// IPCP `lower`. A full ring loses it, as a link would.
+    /// IPCP `lower`. A full ring holds it in a bounded backlog, sent when
+    /// the peer frees slots; only what overflows that is lost, as on a
+    /// congested link (and counted).
     pub(super) fn hv_n1_transmit(&mut self, lower: usize, port: PortId, frame: &[u8]) {
         let Imp::ShimHv(h) = &mut self.ipcps[lower].imp else {
             return;
@@ -610,13 +1280,27 @@ impl Daemon {
             h.machine.unsend(port, frame.len());
             return;
         };
-        if let Err(e) = a.link.send(&[&hdr, frame]) {
-            match e {
-                RingError::Full => h.tx_ring_full += 1,
-                RingError::BadIndex { .. } => h.tx_ring_errors += 1,
-                _ => {}
+        let was_waiting = !h.n1_backlog.is_empty();
+        // Control messages waiting go first: they may open the channel.
+        let out = if h.backlog.is_empty() {
+            h.n1_backlog.send(&mut a.link, &[&hdr, frame])
+        } else {
+            h.n1_backlog.queue_only(&[&hdr, frame])
+        };
+        match out {
+            BacklogOutcome::Sent => h.wake_peer_for_data(),
+            BacklogOutcome::Queued => {
+                if !was_waiting && h.arm_tx() {
+                    self.mark_udp_ready(lower);
+                }
             }
-            h.machine.unsend(port, frame.len());
+            BacklogOutcome::Overflow => h.machine.unsend(port, frame.len()),
+            BacklogOutcome::Failed(e) => {
+                if matches!(e, RingError::BadIndex { .. }) {
+                    h.tx_ring_errors += 1;
+                }
+                h.machine.unsend(port, frame.len());
+            }
         }
     }
 }
