@@ -8,12 +8,14 @@
 //!   space; root.
 //! - [`sim`]: the simulator, deterministic, for large or long scenarios.
 //!
-//! [`run`] adds what is common: the load calibration of seed 003 (a first
+//! [`real`] is what `local` and `netns` share (configuration, processes,
+//! tools, results); they differ in how links are made. [`run`] adds what is common: the load calibration of seed 003 (a first
 //! run with the declared rates, then rates set so the measured average is
 //! the target load).
 
 pub mod local;
 pub mod netns;
+pub mod real;
 pub mod sim;
 
 use crate::results::RunOutput;

@@ -43,6 +43,89 @@ pub(super) struct EthIo {
     pub parked: Vec<PortId>,
     /// Already in the ready queue.
     pub rx_queued: bool,
+    /// Link emulation on transmit (`tx_delay_us`, `tx_loss`), if configured.
+    pub impair: Option<Impair>,
+}
+
+/// Link emulation in the transmit path: every frame sent is dropped with
+/// probability `loss` (a xorshift64* stream from the configured seed), and
+/// the others leave `delay` later from a sender thread (order kept: the
+/// delay is the same for every frame). Frames the kernel refuses then are
+/// lost as on a congested link.
+pub(super) struct Impair {
+    loss: f64,
+    rng: u64,
+    /// Frames dropped by the emulated loss.
+    pub dropped: u64,
+    delay: std::time::Duration,
+    line: Option<std::sync::mpsc::Sender<(std::time::Instant, Vec<u8>)>>,
+}
+
+impl Impair {
+    fn new(fd: RawFd, delay_us: u64, loss: f64, seed: u64) -> io::Result<Impair> {
+        let delay = std::time::Duration::from_micros(delay_us);
+        let line = if delay.is_zero() {
+            None
+        } else {
+            // SAFETY: dup of a valid descriptor; the copy is owned by the thread.
+            let dup = unsafe { libc::dup(fd) };
+            if dup < 0 {
+                return Err(last_err());
+            }
+            // SAFETY: `dup` is a fresh descriptor nobody else owns.
+            let own = unsafe { OwnedFd::from_raw_fd(dup) };
+            let (tx, rx) = std::sync::mpsc::channel::<(std::time::Instant, Vec<u8>)>();
+            std::thread::Builder::new()
+                .name("shim-eth-delay".into())
+                .spawn(move || {
+                    while let Ok((due, frame)) = rx.recv() {
+                        let now = std::time::Instant::now();
+                        if due > now {
+                            std::thread::sleep(due - now);
+                        }
+                        let _ = send_frame(own.as_raw_fd(), &[&frame]);
+                    }
+                })?;
+            Some(tx)
+        };
+        Ok(Impair {
+            loss,
+            rng: seed.max(1),
+            dropped: 0,
+            delay,
+            line,
+        })
+    }
+
+    /// Sends (or drops, or delays) one frame made of `parts`.
+    fn send(&mut self, fd: RawFd, parts: &[&[u8]]) -> TxResult {
+        if self.loss > 0.0 {
+            // xorshift64*
+            self.rng ^= self.rng >> 12;
+            self.rng ^= self.rng << 25;
+            self.rng ^= self.rng >> 27;
+            let x = self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d);
+            if ((x >> 11) as f64 / (1u64 << 53) as f64) < self.loss {
+                self.dropped += 1;
+                return TxResult::Sent;
+            }
+        }
+        match &self.line {
+            None => send_frame(fd, parts),
+            Some(tx) => {
+                let _ = tx.send((std::time::Instant::now() + self.delay, parts.concat()));
+                TxResult::Sent
+            }
+        }
+    }
+}
+
+/// Sends a frame through `impair` if there is one, else directly.
+fn transmit(fd: RawFd, impair: &mut Option<Impair>, parts: &[&[u8]]) -> TxResult {
+    match impair {
+        Some(i) => i.send(fd, parts),
+        None => send_frame(fd, parts),
+    }
 }
 
 fn last_err() -> io::Error {
@@ -361,6 +444,13 @@ pub(super) fn new_ipcp(cfg: &Config, poll: &Poll, i: usize) -> Result<Ipcp, Daem
             Interest::READABLE,
         )
         .map_err(io_ctx("poll register"))?;
+    let impair = match (ic.tx_delay_us.unwrap_or(0), ic.tx_loss.unwrap_or(0.0)) {
+        (0, l) if l <= 0.0 => None,
+        (d, l) => Some(
+            Impair::new(sock.as_raw_fd(), d, l, ic.tx_seed.unwrap_or(1))
+                .map_err(io_ctx(format!("IPCP {name}: link emulation thread")))?,
+        ),
+    };
     let cfg = core_eth::Config::new(ic.dif.clone(), vlan, mac, mtu);
     info!(ipcp = %name, dif = %ic.dif, %interface, %mac, vlan = vlan.unwrap_or(0), mtu,
         max_sdu = cfg.max_sdu(), "shim-eth IPCP up");
@@ -376,6 +466,7 @@ pub(super) fn new_ipcp(cfg: &Config, poll: &Poll, i: usize) -> Result<Ipcp, Daem
             stalled: None,
             parked: Vec::new(),
             rx_queued: false,
+            impair,
         })),
     })
 }
@@ -383,7 +474,7 @@ pub(super) fn new_ipcp(cfg: &Config, poll: &Poll, i: usize) -> Result<Ipcp, Daem
 impl EthIo {
     /// Sends a frame the machine asked for (ARP), counting failures.
     pub fn send_control(&mut self, frame: &[u8]) {
-        match send_frame(self.sock.as_raw_fd(), &[frame]) {
+        match transmit(self.sock.as_raw_fd(), &mut self.impair, &[frame]) {
             TxResult::Sent => {}
             TxResult::Full => self.send_full += 1,
             TxResult::Failed(e) => {
@@ -583,7 +674,7 @@ impl Daemon {
             let start = HEADROOM - hdr.len();
             let _ = hdr.write(&mut self.buf[start..HEADROOM]);
             let frame = &self.buf[start..HEADROOM + n];
-            match send_frame(ip.sock.as_raw_fd(), &[frame]) {
+            match transmit(ip.sock.as_raw_fd(), &mut ip.impair, &[frame]) {
                 TxResult::Sent => {}
                 TxResult::Full => {
                     ip.stalled = Some(frame.to_vec());
@@ -611,7 +702,7 @@ impl Daemon {
             return;
         };
         if let Some(frame) = ip.stalled.take() {
-            match send_frame(ip.sock.as_raw_fd(), &[&frame]) {
+            match transmit(ip.sock.as_raw_fd(), &mut ip.impair, &[&frame]) {
                 TxResult::Full => {
                     ip.stalled = Some(frame);
                     return;
@@ -643,7 +734,7 @@ impl Daemon {
         let Some(n) = hdr.write(&mut h) else {
             return;
         };
-        match send_frame(ip.sock.as_raw_fd(), &[&h[..n], sdu]) {
+        match transmit(ip.sock.as_raw_fd(), &mut ip.impair, &[&h[..n], sdu]) {
             TxResult::Sent => {}
             TxResult::Full => {
                 ip.send_full += 1;

@@ -1,0 +1,257 @@
+//! `rinad` configurations for the nodes of an experiment.
+//!
+//! Per node: one shim IPCP per link end (what kind is the backend's choice:
+//! [`ShimKind`]), then one normal IPCP per DIF it is a member of, lower DIFs
+//! first. A DIF's bootstrap member gets address 1, link-state routing and
+//! the distributed directory; the others get no address and enroll, their
+//! first neighbour being the one the experiment says they enroll through.
+//! Every member gets the DIF's scheduler and QoS cubes. IPCPs are named
+//! `<node>.<dif>`; a link's shim DIF is named after the link.
+
+use crate::resolve::{Dest, Over};
+use crate::Experiment;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use toml::{Table, Value};
+
+/// The shim of one link end.
+#[derive(Debug, Clone)]
+pub enum ShimKind {
+    /// shim-udp bound at `bind`; every name on the other end is reached at
+    /// `peer` (the link emulator's socket facing this end).
+    Udp {
+        /// Local address of the shim.
+        bind: SocketAddr,
+        /// Where the other end's names live.
+        peer: SocketAddr,
+    },
+    /// shim-eth on `interface`, VLAN `vlan`, with user-space delay and
+    /// loss in rinad's transmit path.
+    Eth {
+        /// Interface in the node's namespace.
+        interface: String,
+        /// VLAN id.
+        vlan: u16,
+        /// One-way delay, µs.
+        delay_us: u64,
+        /// Loss probability.
+        loss: f64,
+        /// Seed of the loss draws.
+        seed: u64,
+    },
+}
+
+/// Largest PDU of a normal DIF over shim-eth links (1500-byte MTU).
+pub const ETH_MAX_PDU: u32 = 1495;
+
+/// Name of the normal IPCP of `node` in DIF `dif`.
+pub fn ipcp_name(exp: &Experiment, node: usize, dif: usize) -> String {
+    format!("{}.{}", exp.nodes[node], exp.difs[dif].name)
+}
+
+/// Application names the server processes register at `node` on link
+/// shims (flows directly over a link), by link.
+pub type ShimApps = BTreeMap<usize, Vec<String>>;
+
+/// The configuration of `node`. `shim(l)` gives the shim of link `l` at
+/// this node; `shim_apps` the application names reached over each link
+/// (registered at the other end).
+pub fn node_config(
+    exp: &Experiment,
+    node: usize,
+    socket: &Path,
+    shim: &dyn Fn(usize) -> ShimKind,
+    shim_apps: &ShimApps,
+) -> String {
+    let mut ipcps: Vec<Value> = Vec::new();
+    for (l, link) in exp.links.iter().enumerate() {
+        if link.a != node && link.b != node {
+            continue;
+        }
+        let peer = if link.a == node { link.b } else { link.a };
+        let mut t = Table::new();
+        t.insert(
+            "name".into(),
+            format!("{}.{}", exp.nodes[node], link.name).into(),
+        );
+        t.insert("dif".into(), link.name.clone().into());
+        match shim(l) {
+            ShimKind::Udp { bind, peer: at } => {
+                t.insert("type".into(), "shim-udp".into());
+                t.insert("bind".into(), bind.to_string().into());
+                let mut dir = Table::new();
+                for (d, dif) in exp.difs.iter().enumerate() {
+                    if dif
+                        .adjacencies
+                        .iter()
+                        .any(|a| a.over == Over::Link(l) && (a.a == node || a.b == node))
+                    {
+                        dir.insert(ipcp_name(exp, peer, d), at.to_string().into());
+                    }
+                }
+                for name in shim_apps.get(&l).into_iter().flatten() {
+                    dir.insert(name.clone(), at.to_string().into());
+                }
+                t.insert("directory".into(), Value::Table(dir));
+            }
+            ShimKind::Eth {
+                interface,
+                vlan,
+                delay_us,
+                loss,
+                seed,
+            } => {
+                t.insert("type".into(), "shim-eth".into());
+                t.insert("interface".into(), interface.into());
+                t.insert("vlan".into(), i64::from(vlan).into());
+                if delay_us > 0 {
+                    t.insert("tx_delay_us".into(), (delay_us as i64).into());
+                }
+                if loss > 0.0 {
+                    t.insert("tx_loss".into(), loss.into());
+                    t.insert("tx_seed".into(), ((seed >> 1) as i64).into());
+                }
+            }
+        }
+        ipcps.push(Value::Table(t));
+    }
+    for (d, dif) in exp.difs.iter().enumerate() {
+        if !dif.has_member(node) {
+            continue;
+        }
+        let mut t = Table::new();
+        t.insert("name".into(), ipcp_name(exp, node, d).into());
+        t.insert("type".into(), "normal".into());
+        t.insert("dif".into(), dif.name.clone().into());
+        if dif.bootstrap == node {
+            t.insert("address".into(), 1.into());
+            t.insert("routing".into(), "link-state".into());
+            t.insert("directory_mode".into(), "distributed".into());
+        }
+        if let Some(p) = &dif.password {
+            t.insert("password".into(), p.clone().into());
+        }
+        // Over shim-eth links the frames must fit the interface's MTU:
+        // 1496-byte SDUs, a PDU costing one byte more.
+        let over_eth = exp.links.iter().enumerate().any(|(l, link)| {
+            (link.a == node || link.b == node)
+                && dif.adjacencies.iter().any(|a| a.over == Over::Link(l))
+                && matches!(shim(l), ShimKind::Eth { .. })
+        });
+        let max_pdu = match (dif.max_pdu, over_eth) {
+            (Some(m), true) => Some(m.min(ETH_MAX_PDU)),
+            (None, true) => Some(ETH_MAX_PDU),
+            (m, false) => m,
+        };
+        if let Some(m) = max_pdu {
+            t.insert("max_pdu".into(), i64::from(m).into());
+        }
+        if let Ok(v) = Value::try_from(&dif.scheduler) {
+            t.insert("scheduler".into(), v);
+        }
+        let cubes: Vec<Value> = dif
+            .cubes
+            .iter()
+            .map(|c| {
+                let mut q = Table::new();
+                q.insert("id".into(), (c.id as i64).into());
+                q.insert("name".into(), c.name.clone().into());
+                q.insert("reliable".into(), c.reliable.into());
+                q.insert("urgency".into(), i64::from(c.urgency).into());
+                q.insert("cherish".into(), i64::from(c.cherish).into());
+                if let Some(b) = c.bandwidth_bps {
+                    q.insert("avg_bandwidth_bps".into(), (b as i64).into());
+                }
+                if let Some(dl) = c.delay {
+                    q.insert("delay_us".into(), (dl.as_micros() as i64).into());
+                }
+                if let Some(ls) = c.loss {
+                    q.insert("loss_ppm".into(), ((ls * 1e6) as i64).into());
+                }
+                Value::Table(q)
+            })
+            .collect();
+        if !cubes.is_empty() {
+            t.insert("qos_cube".into(), Value::Array(cubes));
+        }
+        // Neighbours, the one this member enrolls through first.
+        let via = dif.enrolls_via.get(&node).copied();
+        let mut nbs: Vec<(usize, Over)> = dif
+            .adjacencies
+            .iter()
+            .filter_map(|a| {
+                if a.a == node {
+                    Some((a.b, a.over))
+                } else if a.b == node {
+                    Some((a.a, a.over))
+                } else {
+                    None
+                }
+            })
+            .collect();
+        nbs.sort_by_key(|(p, _)| Some(*p) != via);
+        let nbs: Vec<Value> = nbs
+            .into_iter()
+            .map(|(p, over)| {
+                let mut n = Table::new();
+                n.insert("name".into(), ipcp_name(exp, p, d).into());
+                let over = match over {
+                    Over::Link(l) => exp.links[l].name.clone(),
+                    Over::Dif(x) => exp.difs[x].name.clone(),
+                };
+                n.insert("over".into(), over.into());
+                Value::Table(n)
+            })
+            .collect();
+        if !nbs.is_empty() {
+            t.insert("neighbor".into(), Value::Array(nbs));
+        }
+        ipcps.push(Value::Table(t));
+    }
+    let mut sys = Table::new();
+    sys.insert("name".into(), exp.nodes[node].clone().into());
+    sys.insert("socket".into(), socket.display().to_string().into());
+    let mut root = Table::new();
+    root.insert("system".into(), Value::Table(sys));
+    root.insert("ipcp".into(), Value::Array(ipcps));
+    format!(
+        "# Generated by rina-lab for node `{}` of experiment `{}`.\n{}",
+        exp.nodes[node],
+        exp.name,
+        toml::to_string(&root).unwrap_or_default()
+    )
+}
+
+/// Hops between `a` and `b` in DIF `dif`'s adjacency graph (BFS).
+pub fn hops(exp: &Experiment, dif: usize, a: usize, b: usize) -> Option<u32> {
+    let d = &exp.difs[dif];
+    let mut dist: BTreeMap<usize, u32> = BTreeMap::new();
+    dist.insert(a, 0);
+    let mut q = std::collections::VecDeque::from([a]);
+    while let Some(x) = q.pop_front() {
+        if x == b {
+            return dist.get(&x).copied();
+        }
+        let dx = dist[&x];
+        for adj in &d.adjacencies {
+            let y = if adj.a == x {
+                adj.b
+            } else if adj.b == x {
+                adj.a
+            } else {
+                continue;
+            };
+            if let std::collections::btree_map::Entry::Vacant(e) = dist.entry(y) {
+                e.insert(dx + 1);
+                q.push_back(y);
+            }
+        }
+    }
+    None
+}
+
+/// The node a destination is at (at the start).
+pub fn dest_node(exp: &Experiment, d: Dest) -> usize {
+    exp.dest_node(d)
+}

@@ -1,0 +1,1021 @@
+//! What the `local` and `netns` backends share: `rinad` configurations
+//! ([`config`]), process supervision ([`Procs`]), the UDP link emulator
+//! ([`relay`]) and the run itself ([`run`]): start one `rinad` per node,
+//! wait until every normal IPCP has enrolled, start the servers, run the
+//! real tools (`rina-echo`, `rina-tgen`, `rina-perf`) at their times,
+//! apply the events, and turn the tools' JSON into [`RunOutput`].
+//!
+//! The backends differ only in how links are made ([`Fabric`]).
+//!
+//! # Binaries
+//!
+//! `rinad` and the tools are looked up in `$RINA_LAB_BIN` (a folder), else
+//! next to the running executable (and one folder up, for test binaries in
+//! `target/<profile>/deps`); `$RINAD` overrides `rinad` alone. Build them
+//! with `cargo build -p rinad -p rina-tools`.
+//!
+//! # Flows
+//!
+//! A flow to an application that moves during it is run as one client per
+//! place the application is at (`<flow>`, `<flow>#2`, ...; `served_by` the
+//! node it was at). Each client's JSON report (stdout) and stderr are kept
+//! in `out/` of the run's folder; `logs/<node>.log` holds each `rinad`'s log.
+
+pub mod config;
+pub mod relay;
+
+use crate::backend::RunCtx;
+use crate::model::TrafficKind;
+use crate::resolve::{Dest, EventKind, Flow};
+use crate::results::{
+    stats_ms, FlowRecord, GoodputPoint, LinkRecord, Reservoir, RunOutput, TimelineEntry,
+};
+use crate::{Experiment, LabError};
+use rina_tools::tgen::gen::Profile;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub use config::ShimKind;
+
+/// How a backend makes links and runs programs in a node.
+pub trait Fabric {
+    /// `local` or `netns`.
+    fn name(&self) -> &'static str;
+    /// Makes the links (before any `rinad` starts).
+    fn setup(&mut self, exp: &Experiment, dir: &Path) -> Result<(), LabError>;
+    /// The shim of link `link` at `node`.
+    fn shim(&self, node: usize, link: usize) -> ShimKind;
+    /// A command running `program` inside `node`.
+    fn command(&self, node: usize, program: &Path) -> Command;
+    /// Traffic starts: turn the links' random loss on (links are lossless
+    /// while the DIFs enroll).
+    fn traffic_starts(&self);
+    /// Takes link `link` down or up.
+    fn set_link(&self, link: usize, up: bool) -> Result<(), LabError>;
+    /// Bytes sent A to B, B to A, and frames dropped on `link` so far.
+    fn link_counters(&self, link: usize) -> (u64, u64, u64);
+    /// Removes what [`Fabric::setup`] made (also done on drop).
+    fn teardown(&mut self);
+}
+
+/// Where the binaries are.
+#[derive(Debug, Clone)]
+pub struct Bins {
+    /// `rinad`.
+    pub rinad: PathBuf,
+    /// Folder of `rina-echo`, `rina-tgen`, `rina-perf`, `rinactl`.
+    pub tools: PathBuf,
+}
+
+impl Bins {
+    /// Finds the binaries (see the module documentation).
+    pub fn find(backend: &'static str) -> Result<Bins, LabError> {
+        let mut dirs: Vec<PathBuf> = Vec::new();
+        if let Some(d) = std::env::var_os("RINA_LAB_BIN") {
+            dirs.push(d.into());
+        }
+        if let Ok(exe) = std::env::current_exe() {
+            if let Some(p) = exe.parent() {
+                dirs.push(p.to_path_buf());
+                if let Some(pp) = p.parent() {
+                    dirs.push(pp.to_path_buf());
+                }
+            }
+        }
+        let tools = dirs
+            .iter()
+            .find(|d| d.join("rina-echo").is_file() && d.join("rina-tgen").is_file())
+            .cloned();
+        let rinad = std::env::var_os("RINAD")
+            .map(PathBuf::from)
+            .or_else(|| dirs.iter().map(|d| d.join("rinad")).find(|p| p.is_file()));
+        match (rinad, tools) {
+            (Some(rinad), Some(tools)) => Ok(Bins { rinad, tools }),
+            _ => Err(LabError::Unsupported {
+                backend,
+                reason: format!(
+                    "rinad and the tools (rina-echo, rina-tgen, rina-perf, rinactl) not found in {} \
+                     (build them with `cargo build -p rinad -p rina-tools`, or set RINA_LAB_BIN)",
+                    dirs.iter()
+                        .map(|d| d.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            }),
+        }
+    }
+
+    fn tool(&self, name: &str) -> PathBuf {
+        self.tools.join(name)
+    }
+}
+
+/// Started processes; every one still running is killed on drop.
+#[derive(Default)]
+pub struct Procs {
+    list: Vec<(String, Child)>,
+}
+
+impl Procs {
+    /// Keeps `child` under `name`.
+    pub fn add(&mut self, name: String, child: Child) {
+        self.list.push((name, child));
+    }
+
+    /// Kills the processes called `name`.
+    pub fn kill(&mut self, name: &str) {
+        for (n, c) in self.list.iter_mut() {
+            if n == name {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        self.list.retain(|(n, _)| n != name);
+    }
+
+    /// Whether the process called `name` still runs (and its exit status).
+    pub fn status(&mut self, name: &str) -> Option<Option<std::process::ExitStatus>> {
+        self.list
+            .iter_mut()
+            .find(|(n, _)| n == name)
+            .map(|(_, c)| c.try_wait().ok().flatten())
+    }
+
+    /// Kills everything.
+    pub fn kill_all(&mut self) {
+        for (_, c) in self.list.iter_mut() {
+            let _ = c.kill();
+        }
+        for (_, c) in self.list.iter_mut() {
+            let _ = c.wait();
+        }
+        self.list.clear();
+    }
+}
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
+/// A folder removed on drop (sockets: their paths must stay short).
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A client to run: one flow, or one part of it around application moves.
+#[derive(Debug, Clone)]
+struct Job {
+    /// Index into the experiment's flows.
+    flow: usize,
+    /// Record id.
+    id: String,
+    start: Duration,
+    stop: Duration,
+    /// The node serving it.
+    served_by: usize,
+    /// Server name to allocate to.
+    dst: String,
+    /// DIF to allocate in.
+    dif: String,
+    /// Process name.
+    proc: String,
+    started: bool,
+    /// When to start (again): a client whose allocation fails (the
+    /// directory has not yet learnt where a moved application went) is
+    /// retried every 200 ms until its stop time.
+    attempt_at: Duration,
+    /// Allocation attempts that failed.
+    failed: u32,
+}
+
+/// A server: tool, name, DIF, node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Server {
+    kind: TrafficKind,
+    name: String,
+    dif: String,
+    node: usize,
+    /// The application (index) it stands for, if any.
+    app: Option<usize>,
+}
+
+fn err(backend: &'static str, what: impl Into<String>) -> LabError {
+    LabError::Backend {
+        backend,
+        what: what.into(),
+    }
+}
+
+fn kind_tool(k: TrafficKind) -> &'static str {
+    match k {
+        TrafficKind::Echo => "rina-echo",
+        TrafficKind::Tgen => "rina-tgen",
+        TrafficKind::Perf => "rina-perf",
+    }
+}
+
+fn kind_name(k: TrafficKind) -> &'static str {
+    match k {
+        TrafficKind::Echo => "echo",
+        TrafficKind::Tgen => "tgen",
+        TrafficKind::Perf => "perf",
+    }
+}
+
+/// The DIF a flow allocates in (a link's shim DIF or a normal DIF).
+fn flow_dif(exp: &Experiment, f: &Flow) -> String {
+    match f.shim {
+        Some(l) => exp.links[l].name.clone(),
+        None => exp.difs[f.dif].name.clone(),
+    }
+}
+
+/// Server name for flows of `kind` to `dest` in `dif`.
+fn server_name(exp: &Experiment, kind: TrafficKind, dest: Dest) -> String {
+    match dest {
+        Dest::App(a) => exp.apps[a].name.clone(),
+        Dest::Node(n) => format!("{}.{}", kind_name(kind), exp.nodes[n]),
+    }
+}
+
+/// Runs `exp` on `fabric`.
+pub fn run(
+    exp: &Experiment,
+    ctx: &RunCtx<'_>,
+    fabric: &mut dyn Fabric,
+) -> Result<RunOutput, LabError> {
+    let be = fabric.name();
+    let wall = Instant::now();
+    let bins = Bins::find(be)?;
+    let logs = ctx.dir.join("logs");
+    let outs = ctx.dir.join("out");
+    let confs = ctx.dir.join("conf");
+    for d in [&logs, &outs, &confs] {
+        std::fs::create_dir_all(d).map_err(|e| LabError::io(d, e))?;
+    }
+    let sock_dir = TempDir(std::env::temp_dir().join(format!(
+        "rina-lab-{}-{}",
+        std::process::id(),
+        wall.elapsed().as_nanos() ^ (std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos() as u128)
+            .unwrap_or(0))
+    )));
+    std::fs::create_dir_all(&sock_dir.0).map_err(|e| LabError::io(&sock_dir.0, e))?;
+    let sock = |n: usize| sock_dir.0.join(format!("{n}.sock"));
+    let mut timeline: Vec<TimelineEntry> = Vec::new();
+    let mut procs = Procs::default();
+
+    // Servers and client jobs.
+    let mut servers: Vec<Server> = Vec::new();
+    let mut jobs: Vec<Job> = Vec::new();
+    for (fi, f) in exp.flows.iter().enumerate() {
+        let dif = flow_dif(exp, f);
+        let name = server_name(exp, f.kind, f.to);
+        // Where the destination is over time.
+        let mut places: Vec<(Duration, usize)> = vec![(Duration::ZERO, exp.dest_node(f.to))];
+        if let Dest::App(a) = f.to {
+            for e in &exp.events {
+                if let EventKind::AppMove { app, to } = e.what {
+                    if app == a {
+                        places.push((e.at, to));
+                    }
+                }
+            }
+        }
+        for &(_, node) in &places {
+            let s = Server {
+                kind: f.kind,
+                name: name.clone(),
+                dif: dif.clone(),
+                node,
+                app: match f.to {
+                    Dest::App(a) => Some(a),
+                    Dest::Node(_) => None,
+                },
+            };
+            if let Some(o) = servers
+                .iter()
+                .find(|o| o.name == s.name && o.dif == s.dif && o.kind != s.kind)
+            {
+                return Err(err(
+                    be,
+                    format!(
+                        "application `{}` receives both {} and {} traffic; this backend runs one tool per application",
+                        s.name,
+                        kind_name(o.kind),
+                        kind_name(s.kind)
+                    ),
+                ));
+            }
+            if !servers.contains(&s) {
+                servers.push(s);
+            }
+        }
+        // Split the flow at the moves that happen during it.
+        let end = match f.kind {
+            TrafficKind::Perf => f.start + f.per_size * f.sdu_sizes.len() as u32,
+            _ => f.stop,
+        };
+        let mut part = 0;
+        for (i, &(at, node)) in places.iter().enumerate() {
+            let from = at.max(f.start);
+            let to = places.get(i + 1).map(|p| p.0).unwrap_or(end).min(end);
+            if to <= from && !(i == places.len() - 1 && part == 0) {
+                continue;
+            }
+            part += 1;
+            let id = if part == 1 {
+                f.id.clone()
+            } else {
+                format!("{}#{part}", f.id)
+            };
+            jobs.push(Job {
+                flow: fi,
+                proc: format!("client {id}"),
+                id,
+                start: from,
+                stop: to.max(from),
+                served_by: node,
+                dst: name.clone(),
+                dif: dif.clone(),
+                started: false,
+                attempt_at: from,
+                failed: 0,
+            });
+        }
+    }
+    // Names reached over each link shim, per node: for shim-udp directories.
+    let mut shim_apps: Vec<config::ShimApps> = vec![BTreeMap::new(); exp.nodes.len()];
+    for f in &exp.flows {
+        if let Some(l) = f.shim {
+            shim_apps[f.from]
+                .entry(l)
+                .or_default()
+                .push(server_name(exp, f.kind, f.to));
+        }
+    }
+
+    (ctx.progress)(0.0, "setting up links");
+    fabric.setup(exp, ctx.dir)?;
+    struct Teardown<'a>(&'a mut dyn Fabric);
+    impl Drop for Teardown<'_> {
+        fn drop(&mut self) {
+            self.0.teardown();
+        }
+    }
+    let fab = Teardown(fabric);
+
+    // Configurations and daemons.
+    let mut order: Vec<usize> = exp
+        .difs
+        .first()
+        .map(|d| d.enrollment_order.clone())
+        .unwrap_or_default();
+    for n in 0..exp.nodes.len() {
+        if !order.contains(&n) {
+            order.push(n);
+        }
+    }
+    for (n, apps) in shim_apps.iter().enumerate() {
+        let text = config::node_config(exp, n, &sock(n), &|l| fab.0.shim(n, l), apps);
+        let p = confs.join(format!("{}.toml", exp.nodes[n]));
+        std::fs::write(&p, text).map_err(|e| LabError::io(&p, e))?;
+    }
+    let start_rinad = |procs: &mut Procs, n: usize| -> Result<(), LabError> {
+        let log = logs.join(format!("{}.log", exp.nodes[n]));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .map_err(|e| LabError::io(&log, e))?;
+        let file2 = file.try_clone().map_err(|e| LabError::io(&log, e))?;
+        let _ = std::fs::remove_file(sock(n));
+        let child = fab
+            .0
+            .command(n, &bins.rinad)
+            .arg("--config")
+            .arg(confs.join(format!("{}.toml", exp.nodes[n])))
+            .arg("--socket")
+            .arg(sock(n))
+            .arg("--log-level")
+            .arg("info")
+            .stdin(Stdio::null())
+            .stdout(file)
+            .stderr(file2)
+            .spawn()
+            .map_err(|e| err(be, format!("starting rinad for {}: {e}", exp.nodes[n])))?;
+        procs.add(format!("rinad {n}"), child);
+        Ok(())
+    };
+    (ctx.progress)(0.02, "starting rinad");
+    for &n in &order {
+        start_rinad(&mut procs, n)?;
+    }
+
+    // Wait for every normal IPCP to have an address.
+    let setup_t0 = Instant::now();
+    let deadline = setup_t0 + Duration::from_secs(20 + 2 * exp.nodes.len() as u64);
+    let rinactl = bins.tool("rinactl");
+    let enrolled = |n: usize| -> usize {
+        let Ok(o) = Command::new(&rinactl)
+            .arg("--socket")
+            .arg(sock(n))
+            .arg("--json")
+            .arg("ipcps")
+            .stderr(Stdio::null())
+            .output()
+        else {
+            return 0;
+        };
+        let Ok(v) = serde_json::from_slice::<Vec<rina_wire::ctl::IpcpInfo>>(&o.stdout) else {
+            return 0;
+        };
+        v.iter()
+            .filter(|i| i.kind == "normal" && i.address != "0" && !i.address.is_empty())
+            .count()
+    };
+    let want: Vec<usize> = (0..exp.nodes.len())
+        .map(|n| exp.difs.iter().filter(|d| d.has_member(n)).count())
+        .collect();
+    let mut ready = vec![false; exp.nodes.len()];
+    loop {
+        if ctx.stopped() {
+            return Err(LabError::Interrupted);
+        }
+        for n in 0..exp.nodes.len() {
+            if !ready[n] {
+                if let Some(Some(st)) = procs.status(&format!("rinad {n}")) {
+                    return Err(err(
+                        be,
+                        format!(
+                            "rinad of {} exited ({st}); see {}",
+                            exp.nodes[n],
+                            logs.join(format!("{}.log", exp.nodes[n])).display()
+                        ),
+                    ));
+                }
+                ready[n] = enrolled(n) >= want[n];
+            }
+        }
+        let done = ready.iter().filter(|r| **r).count();
+        (ctx.progress)(
+            0.02 + 0.08 * done as f64 / exp.nodes.len() as f64,
+            &format!("enrolling: {done}/{} nodes", exp.nodes.len()),
+        );
+        if done == exp.nodes.len() {
+            break;
+        }
+        if Instant::now() > deadline {
+            let missing: Vec<&str> = (0..exp.nodes.len())
+                .filter(|&n| !ready[n])
+                .map(|n| exp.nodes[n].as_str())
+                .collect();
+            return Err(err(
+                be,
+                format!(
+                    "not enrolled after {:?}: {} (logs in {})",
+                    deadline - setup_t0,
+                    missing.join(", "),
+                    logs.display()
+                ),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let enrolled_after = setup_t0.elapsed();
+
+    // Servers.
+    let start_server = |procs: &mut Procs, s: &Server| -> Result<(), LabError> {
+        let log = logs.join(format!(
+            "server-{}-{}-{}.log",
+            s.name, s.dif, exp.nodes[s.node]
+        ));
+        let file = std::fs::File::create(&log).map_err(|e| LabError::io(&log, e))?;
+        let file2 = file.try_clone().map_err(|e| LabError::io(&log, e))?;
+        let mut c = Command::new(bins.tool(kind_tool(s.kind)));
+        c.arg("server")
+            .arg("--socket")
+            .arg(sock(s.node))
+            .arg("--dif")
+            .arg(&s.dif)
+            .arg("--name")
+            .arg(&s.name);
+        if s.kind == TrafficKind::Tgen {
+            c.arg("--interval-s").arg("0");
+        }
+        let child = c
+            .stdin(Stdio::null())
+            .stdout(file)
+            .stderr(file2)
+            .spawn()
+            .map_err(|e| err(be, format!("starting {}: {e}", kind_tool(s.kind))))?;
+        procs.add(format!("server {} {} {}", s.name, s.dif, s.node), child);
+        Ok(())
+    };
+    // At the start, each name at the place it starts at.
+    let initial: Vec<Server> = servers
+        .iter()
+        .filter(|s| match s.app {
+            Some(a) => exp.apps[a].node == s.node,
+            None => true,
+        })
+        .cloned()
+        .collect();
+    for s in &initial {
+        start_server(&mut procs, s)?;
+    }
+    // Give registrations and routes time to spread.
+    let settle = exp.warmup.unwrap_or(Duration::from_millis(1500));
+    let settle_end = Instant::now() + settle;
+    while Instant::now() < settle_end {
+        if ctx.stopped() {
+            return Err(LabError::Interrupted);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    timeline.push(TimelineEntry {
+        t_s: -(setup_t0.elapsed().as_secs_f64()),
+        what: format!(
+            "{} rinad started; all enrolled after {:.2} s",
+            exp.nodes.len(),
+            enrolled_after.as_secs_f64()
+        ),
+    });
+
+    // Traffic.
+    fab.0.traffic_starts();
+    let t0 = Instant::now();
+    let mut events = exp.events.clone();
+    events.sort_by_key(|e| e.at);
+    let mut next_event = 0;
+    let last_end = jobs
+        .iter()
+        .map(|j| j.stop)
+        .max()
+        .unwrap_or_default()
+        .max(exp.duration);
+    let hard_end = last_end + Duration::from_secs(10);
+    let mut app_at: Vec<usize> = exp.apps.iter().map(|a| a.node).collect();
+    let mut link_base: Vec<(u64, u64, u64)> = (0..exp.links.len())
+        .map(|l| fab.0.link_counters(l))
+        .collect();
+    let mut link_end: Option<Vec<(u64, u64, u64)>> = None;
+    loop {
+        if ctx.stopped() {
+            return Err(LabError::Interrupted);
+        }
+        let t = t0.elapsed();
+        while next_event < events.len() && events[next_event].at <= t {
+            let e = &events[next_event];
+            next_event += 1;
+            let what = match e.what {
+                EventKind::LinkDown(l) => {
+                    fab.0.set_link(l, false)?;
+                    format!("link {} down", exp.links[l].name)
+                }
+                EventKind::LinkUp(l) => {
+                    fab.0.set_link(l, true)?;
+                    format!("link {} up", exp.links[l].name)
+                }
+                EventKind::NodeStop(n) => {
+                    procs.kill(&format!("rinad {n}"));
+                    format!("node {} stopped", exp.nodes[n])
+                }
+                EventKind::NodeStart(n) => {
+                    start_rinad(&mut procs, n)?;
+                    // Its servers come back once its socket is there.
+                    let until = Instant::now() + Duration::from_secs(3);
+                    while !sock(n).exists() && Instant::now() < until {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    for s in servers
+                        .iter()
+                        .filter(|s| s.node == n && s.app.is_none_or(|a| app_at[a] == n))
+                    {
+                        procs.kill(&format!("server {} {} {}", s.name, s.dif, s.node));
+                        start_server(&mut procs, s)?;
+                    }
+                    format!("node {} started", exp.nodes[n])
+                }
+                EventKind::AppMove { app, to } => {
+                    let from = app_at[app];
+                    for s in servers
+                        .iter()
+                        .filter(|s| s.app == Some(app) && s.node == from)
+                    {
+                        procs.kill(&format!("server {} {} {}", s.name, s.dif, s.node));
+                    }
+                    for s in servers
+                        .iter()
+                        .filter(|s| s.app == Some(app) && s.node == to)
+                    {
+                        start_server(&mut procs, s)?;
+                    }
+                    app_at[app] = to;
+                    format!(
+                        "application {} moved from {} to {}",
+                        exp.apps[app].name, exp.nodes[from], exp.nodes[to]
+                    )
+                }
+            };
+            timeline.push(TimelineEntry {
+                t_s: e.at.as_secs_f64(),
+                what,
+            });
+        }
+        for j in jobs.iter_mut() {
+            if j.started && j.failed < 100 && t + Duration::from_millis(300) < j.stop {
+                if let Some(Some(st)) = procs.status(&j.proc) {
+                    let errs = std::fs::read_to_string(outs.join(format!("{}.err", safe(&j.id))))
+                        .unwrap_or_default();
+                    if !st.success() && errs.contains("cannot allocate") {
+                        procs.kill(&j.proc);
+                        j.started = false;
+                        j.failed += 1;
+                        j.attempt_at = t + Duration::from_millis(200);
+                    }
+                }
+            }
+            if !j.started && j.attempt_at <= t {
+                j.started = true;
+                let f = &exp.flows[j.flow];
+                let child = client_command(&bins, &sock(f.from), f, j, t, exp.seed)
+                    .stdin(Stdio::null())
+                    .stdout(out_file(&outs, &j.id, "json")?)
+                    .stderr(out_file(&outs, &j.id, "err")?)
+                    .spawn()
+                    .map_err(|e| err(be, format!("starting the client of {}: {e}", j.id)))?;
+                procs.add(j.proc.clone(), child);
+                timeline.push(TimelineEntry {
+                    t_s: t.as_secs_f64(),
+                    what: match j.failed {
+                        0 => format!("{} started ({} -> {})", j.id, exp.nodes[f.from], j.dst),
+                        n => format!("{} started again (allocation failed {n} time(s))", j.id),
+                    },
+                });
+            }
+        }
+        if link_end.is_none() && t >= exp.duration {
+            link_end = Some(
+                (0..exp.links.len())
+                    .map(|l| fab.0.link_counters(l))
+                    .collect(),
+            );
+        }
+        let running = jobs
+            .iter()
+            .filter(|j| !j.started || matches!(procs.status(&j.proc), Some(None)))
+            .count();
+        (ctx.progress)(
+            0.1 + 0.9 * (t.as_secs_f64() / last_end.as_secs_f64().max(1e-3)).min(1.0),
+            &format!("traffic: {:.1} s, {running} clients to go", t.as_secs_f64()),
+        );
+        if (running == 0 && t >= exp.duration) || t >= hard_end {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let traffic_time = t0.elapsed();
+    let link_end = link_end.unwrap_or_else(|| {
+        (0..exp.links.len())
+            .map(|l| fab.0.link_counters(l))
+            .collect()
+    });
+    for j in &jobs {
+        if matches!(procs.status(&j.proc), Some(None)) {
+            timeline.push(TimelineEntry {
+                t_s: traffic_time.as_secs_f64(),
+                what: format!("{} still running: stopped", j.id),
+            });
+        }
+    }
+    procs.kill_all();
+    drop(fab);
+
+    // Results.
+    let mut out = RunOutput {
+        backend: be.into(),
+        experiment: exp.name.clone(),
+        variant: exp.variant.clone(),
+        duration_s: exp.duration.as_secs_f64(),
+        ..Default::default()
+    };
+    let mut res = Reservoir::new(20_000, exp.seed);
+    for j in &jobs {
+        let f = &exp.flows[j.flow];
+        let text =
+            std::fs::read_to_string(outs.join(format!("{}.json", safe(&j.id)))).unwrap_or_default();
+        let errtext =
+            std::fs::read_to_string(outs.join(format!("{}.err", safe(&j.id)))).unwrap_or_default();
+        let mut rec = FlowRecord {
+            flow: j.id.clone(),
+            kind: kind_name(f.kind).into(),
+            class: f.class.clone(),
+            dif: j.dif.clone(),
+            cube: cube_name(exp, f),
+            src: exp.nodes[f.from].clone(),
+            dst: match f.to {
+                Dest::Node(n) => exp.nodes[n].clone(),
+                Dest::App(a) => exp.apps[a].name.clone(),
+            },
+            served_by: Some(exp.nodes[j.served_by].clone()),
+            hops: match f.shim {
+                Some(_) => Some(1),
+                None => config::hops(exp, f.dif, f.from, j.served_by),
+            },
+            ..Default::default()
+        };
+        let active = (j.stop.saturating_sub(j.start)).as_secs_f64().max(1e-3);
+        let parsed = match f.kind {
+            TrafficKind::Echo => parse_echo(&text, &mut rec, &mut res, active),
+            TrafficKind::Tgen => parse_tgen(&text, &mut rec, &mut res),
+            TrafficKind::Perf => parse_perf(&text, &mut rec, &mut out.goodput),
+        };
+        if let Err(e) = parsed {
+            let last = errtext
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("")
+                .trim();
+            rec.error = Some(if last.is_empty() {
+                e
+            } else {
+                format!("{e}: {last}")
+            });
+        }
+        out.flows.push(rec);
+    }
+    out.samples = res.into_samples();
+    let span = exp.duration.as_secs_f64().max(1e-3);
+    for (l, link) in exp.links.iter().enumerate() {
+        let (a0, b0, d0) = link_base[l];
+        let (a1, b1, d1) = link_end[l];
+        out.links.push(LinkRecord {
+            link: link.name.clone(),
+            rate_bps: link.rate_bps,
+            avg_bps_ab: a1.saturating_sub(a0) as f64 * 8.0 / span,
+            avg_bps_ba: b1.saturating_sub(b0) as f64 * 8.0 / span,
+            dropped: d1.saturating_sub(d0),
+        });
+    }
+    link_base.clear();
+    timeline.sort_by(|a, b| a.t_s.total_cmp(&b.t_s));
+    out.timeline = timeline;
+    out.wall_time_s = wall.elapsed().as_secs_f64();
+    (ctx.progress)(1.0, "done");
+    drop(sock_dir);
+    Ok(out)
+}
+
+fn safe(id: &str) -> String {
+    id.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.#".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+fn out_file(dir: &Path, id: &str, ext: &str) -> Result<std::fs::File, LabError> {
+    let p = dir.join(format!("{}.{ext}", safe(id)));
+    std::fs::File::create(&p).map_err(|e| LabError::io(&p, e))
+}
+
+fn cube_name(exp: &Experiment, f: &Flow) -> String {
+    if f.shim.is_some() {
+        return String::new();
+    }
+    exp.difs[f.dif]
+        .cube(f.cube)
+        .map(|c| c.name.clone())
+        .unwrap_or_default()
+}
+
+/// The command line of a job's client.
+fn client_command(
+    bins: &Bins,
+    sock: &Path,
+    f: &Flow,
+    j: &Job,
+    now: Duration,
+    seed: u64,
+) -> Command {
+    let mut c = Command::new(bins.tool(kind_tool(f.kind)));
+    c.arg("client")
+        .arg("--socket")
+        .arg(sock)
+        .arg("--dif")
+        .arg(&j.dif)
+        .arg("--dst")
+        .arg(&j.dst)
+        .arg("--name")
+        .arg(format!("{}-c{}", kind_name(f.kind), j.flow))
+        .arg("--json");
+    if f.shim.is_none() && f.cube != 0 {
+        c.arg("--qos-cube").arg(f.cube.to_string());
+    }
+    let len = j.stop.saturating_sub(j.start.max(now));
+    match f.kind {
+        TrafficKind::Echo => {
+            let iv = f.interval.as_millis().max(1);
+            let count = ((len.as_millis() / iv) as u64).max(1);
+            c.arg("--count")
+                .arg(count.to_string())
+                .arg("--interval-ms")
+                .arg(iv.to_string())
+                .arg("--size")
+                .arg(f.size.max(16).to_string())
+                .arg("--timeout-ms")
+                .arg("1000");
+        }
+        TrafficKind::Tgen => {
+            if let Some(p) = &f.profile {
+                profile_args(&mut c, p);
+            }
+            c.arg("--duration-s")
+                .arg(format!("{:.3}", len.as_secs_f64().max(0.05)))
+                .arg("--direction")
+                .arg("forward")
+                .arg("--seed")
+                .arg(crate::backend::sim::mix(seed, j.flow as u64).to_string())
+                .arg("--interval-s")
+                .arg("0");
+        }
+        TrafficKind::Perf => {
+            let sizes: Vec<String> = f.sdu_sizes.iter().map(|s| s.max(&17).to_string()).collect();
+            c.arg("--sweep")
+                .arg(sizes.join(","))
+                .arg("--duration-s")
+                .arg(format!("{:.3}", f.per_size.as_secs_f64().max(0.05)));
+        }
+    }
+    c
+}
+
+/// `rina-tgen client` arguments for a resolved profile.
+fn profile_args(c: &mut Command, p: &Profile) {
+    let mut set = |name: &str, v: String| {
+        c.arg(format!("--{name}")).arg(v);
+    };
+    match *p {
+        Profile::Cbr { rate_bps, size } => {
+            set("profile", "cbr".into());
+            set("rate-bps", rate_bps.to_string());
+            set("size", size.to_string());
+        }
+        Profile::Poisson { rate_bps, size } => {
+            set("profile", "poisson".into());
+            set("rate-bps", rate_bps.to_string());
+            set("size", size.to_string());
+        }
+        Profile::OnOff {
+            on_s,
+            off_s,
+            rate_bps,
+            size,
+        } => {
+            set("profile", "on-off".into());
+            set("on-s", on_s.to_string());
+            set("off-s", off_s.to_string());
+            set("rate-bps", rate_bps.to_string());
+            set("size", size.to_string());
+        }
+        Profile::Voice {
+            talk_size,
+            talk_s,
+            silence_s,
+            ..
+        } => {
+            set("profile", "voice".into());
+            set("size", talk_size.to_string());
+            set("on-s", talk_s.to_string());
+            set("off-s", silence_s.to_string());
+        }
+        Profile::Varying {
+            min_bps,
+            max_bps,
+            segment_s,
+            size,
+        } => {
+            // The named varying source closest in shape, scaled to max_bps.
+            let name = if min_bps <= 0.0 || segment_s < 1.5 {
+                "p2p"
+            } else {
+                "video-hd"
+            };
+            set("profile", name.into());
+            set("rate-bps", max_bps.to_string());
+            set("size", size.to_string());
+        }
+    }
+}
+
+fn parse_echo(
+    text: &str,
+    rec: &mut FlowRecord,
+    res: &mut Reservoir,
+    active_s: f64,
+) -> Result<(), String> {
+    let r: rina_tools::echo::EchoReport =
+        serde_json::from_str(text.trim()).map_err(|_| "no report from rina-echo".to_string())?;
+    rec.sdu_bytes = r.size as f64;
+    rec.sent = r.sent;
+    rec.received = r.received;
+    rec.loss_pct = r.loss_pct;
+    let mut d: Vec<f64> = r.rtt_us.iter().map(|us| us / 2000.0).collect();
+    for &x in &d {
+        res.offer(&rec.class, x);
+    }
+    if let Some((mn, mean, p99, mx)) = stats_ms(&mut d) {
+        rec.delay_min_ms = Some(mn);
+        rec.delay_avg_ms = Some(mean);
+        rec.delay_p99_ms = Some(p99);
+        rec.delay_max_ms = Some(mx);
+        rec.rtt_avg_ms = Some(mean * 2.0);
+    }
+    rec.goodput_bps = r.received as f64 * r.size as f64 * 8.0 / active_s;
+    Ok(())
+}
+
+fn parse_tgen(text: &str, rec: &mut FlowRecord, res: &mut Reservoir) -> Result<(), String> {
+    let r: rina_tools::tgen::output::RunReport =
+        serde_json::from_str(text.trim()).map_err(|_| "no report from rina-tgen".to_string())?;
+    let f = r.flows.first().ok_or("rina-tgen reported no flow")?;
+    let fwd = f.reports.iter().find(|x| x.direction == "fwd");
+    if let Some(fwd) = fwd {
+        rec.sent = fwd.sent_sdus;
+        rec.received = fwd.recv_sdus;
+        rec.loss_pct = fwd.loss_pct;
+        rec.goodput_bps = fwd.goodput_bps;
+        if fwd.recv_sdus > 0 {
+            rec.sdu_bytes = fwd.recv_bytes as f64 / fwd.recv_sdus as f64;
+        }
+        if let Some(d) = fwd.delay {
+            rec.delay_min_ms = Some(d.min_us / 1e3);
+            rec.delay_avg_ms = Some(d.avg_us / 1e3);
+            rec.delay_p99_ms = Some(d.p99_us / 1e3);
+            rec.delay_max_ms = Some(d.max_us / 1e3);
+        }
+        // Samples from the histogram (bin middles), if the report has one.
+        if let Some(h) = &fwd.histogram {
+            for &[lo, w, n] in h {
+                let mid = (lo as f64 + w as f64 / 2.0) / 1e3;
+                for _ in 0..n.min(100_000) {
+                    res.offer(&rec.class, mid);
+                }
+            }
+        }
+    }
+    match (&f.error, fwd) {
+        (Some(e), _) => Err(e.clone()),
+        (None, None) => Err("no forward report from the tgen server".into()),
+        _ => Ok(()),
+    }
+}
+
+fn parse_perf(
+    text: &str,
+    rec: &mut FlowRecord,
+    goodput: &mut Vec<GoodputPoint>,
+) -> Result<(), String> {
+    let r: rina_tools::perf::PerfReport =
+        serde_json::from_str(text.trim()).map_err(|_| "no report from rina-perf".to_string())?;
+    if r.tests.is_empty() {
+        return Err("rina-perf ran no test".into());
+    }
+    let mut gsum = 0.0;
+    let mut ssum = 0.0;
+    for t in &r.tests {
+        rec.sent += t.sent_sdus;
+        rec.received += t.report.recv_sdus.min(t.sent_sdus);
+        gsum += t.rx_mbps * 1e6;
+        ssum += t.size as f64;
+        goodput.push(GoodputPoint {
+            series: rec.class.clone(),
+            sdu_bytes: t.size,
+            goodput_bps: t.rx_mbps * 1e6,
+        });
+    }
+    let n = r.tests.len() as f64;
+    rec.goodput_bps = gsum / n;
+    rec.sdu_bytes = ssum / n;
+    rec.loss_pct = if rec.sent == 0 {
+        0.0
+    } else {
+        100.0 * rec.sent.saturating_sub(rec.received) as f64 / rec.sent as f64
+    };
+    Ok(())
+}

@@ -1,0 +1,261 @@
+//! The `rina-lab` command line: `check` prints what it derived and names
+//! the line of a broken file, `run` refuses a bogus backend before starting
+//! anything, `plot` and `show` work from a run folder's `run.json`.
+
+use rina_lab::results::{FlowRecord, RunOutput, Sample};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_rina-lab"))
+}
+
+fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/lab")
+        .join(name)
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("cli-{name}"));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn check_prints_the_derived_bootstrap_and_enrollment_order() {
+    let o = bin()
+        .arg("check")
+        .arg(example("line-3.toml"))
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    // b has two neighbours: it bootstraps `net`, a and c enroll through it.
+    assert!(out.contains("bootstrap: b"), "{out}");
+    assert!(out.contains("enrollment: b, a (via b), c (via b)"), "{out}");
+    assert!(out.contains("adjacencies: 2"), "{out}");
+    // Flows per class: two echo probes, one tgen, one perf.
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert!(rows.contains(&vec!["echo", "echo", "2"]), "{out}");
+    assert!(rows.contains(&vec!["cbr-2M", "tgen", "1"]), "{out}");
+    assert!(out.contains("over 1 normal DIF"), "{out}");
+}
+
+#[test]
+fn check_checks_every_variant() {
+    let o = bin()
+        .arg("check")
+        .arg(example("home-isp.toml"))
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    for v in ["rlim: ok", "qta: ok", "ds: ok"] {
+        assert!(out.contains(v), "{v}: {out}");
+    }
+}
+
+#[test]
+fn broken_file_exits_2_naming_the_line() {
+    let d = tmp("broken");
+    let f = d.join("broken.toml");
+    std::fs::write(
+        &f,
+        "nodes = [\"a\", \"b\"]\n[experiment]\nname = \"x\"\nduration = \"1s\"\n\
+         [[link]]\nbetween = [\"a\", \"zz\"]\n",
+    )
+    .unwrap();
+    for cmd in ["check", "run"] {
+        let o = bin().arg(cmd).arg(&f).arg("--help").output().unwrap();
+        assert!(o.status.success(), "{cmd} --help");
+        let o = bin().arg(cmd).arg(&f).current_dir(&d).output().unwrap();
+        let (_, err) = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{cmd}: {err}");
+        assert!(
+            err.contains("line 6") && err.contains("unknown node `zz`"),
+            "{err}"
+        );
+    }
+    // Nothing was started, so nothing was written.
+    assert!(!d.join("results").exists());
+}
+
+#[test]
+fn unknown_backend_and_variant_fail_before_anything_starts() {
+    let d = tmp("bogus");
+    let out = d.join("run");
+    let o = bin()
+        .args(["run", "--backend", "bogus", "--out"])
+        .arg(&out)
+        .arg(example("line-3.toml"))
+        .output()
+        .unwrap();
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("no backend `bogus`") && err.contains("local"),
+        "{err}"
+    );
+    assert!(!out.exists());
+
+    let o = bin()
+        .args(["run", "--backend", "sim", "--variant", "nope", "--out"])
+        .arg(&out)
+        .arg(example("home-isp.toml"))
+        .output()
+        .unwrap();
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("no variant `nope`") && err.contains("rlim"),
+        "{err}"
+    );
+    assert!(!out.exists());
+
+    let o = bin()
+        .args(["run", "--duration", "soon"])
+        .arg(example("line-3.toml"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+}
+
+fn synthetic(variant: &str, scale: f64) -> RunOutput {
+    let flow = |class: &str, avg: f64| FlowRecord {
+        flow: format!("t0.{class}.a>b"),
+        kind: "tgen".into(),
+        class: class.into(),
+        sent: 1000,
+        received: 990,
+        delay_min_ms: Some(avg / 2.0),
+        delay_avg_ms: Some(avg),
+        delay_max_ms: Some(avg * 4.0),
+        ..Default::default()
+    };
+    RunOutput {
+        backend: "sim".into(),
+        experiment: "synthetic".into(),
+        variant: Some(variant.into()),
+        duration_s: 5.0,
+        wall_time_s: 1.0,
+        flows: vec![flow("Gold", scale), flow("BE", 10.0 * scale)],
+        samples: (1..200)
+            .flat_map(|i| {
+                let x = i as f64 / 100.0;
+                [
+                    Sample {
+                        class: "Gold".into(),
+                        delay_ms: x * scale,
+                    },
+                    Sample {
+                        class: "BE".into(),
+                        delay_ms: 10.0 * x * scale,
+                    },
+                ]
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn plot_and_show_work_from_run_json() {
+    let d = tmp("replot");
+    synthetic("spn", 5.0).write(&d.join("spn")).unwrap();
+    synthetic("spn+mr", 1.0).write(&d.join("spn+mr")).unwrap();
+
+    // The folder of a run with variants stands for its variants.
+    let o = bin().arg("plot").arg(&d).output().unwrap();
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    for v in ["spn", "spn+mr"] {
+        let png = std::fs::read(d.join(v).join("plots/delay_cdf.png")).unwrap();
+        assert_eq!(&png[1..4], b"PNG");
+        assert!(d.join(v).join("plots/delay_cdf.svg").is_file());
+    }
+    let cmp = std::fs::read_to_string(d.join("plots/compare_delay.svg")).unwrap();
+    assert!(cmp.contains("spn+mr") && cmp.contains("Gold"));
+    assert!(d.join("plots/compare_delay_cdf.png").is_file());
+
+    let o = bin().arg("show").arg(d.join("spn")).output().unwrap();
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("synthetic [spn] on sim"), "{out}");
+    let gold = out.lines().find(|l| l.starts_with("Gold")).unwrap();
+    assert!(gold.contains("5.000"), "{gold}");
+
+    let o = bin().args(["show", "--json"]).arg(&d).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 2);
+    assert_eq!(v[1]["variant"], "spn+mr");
+    assert_eq!(v[1]["summary"][1]["class"], "BE");
+
+    let o = bin().arg("show").arg(d.join("nothing")).output().unwrap();
+    assert_eq!(o.status.code(), Some(1));
+}
+
+/// Needs the `sim` backend.
+#[test]
+fn run_on_sim_writes_the_run_folder() {
+    let d = tmp("run-sim");
+    let out = d.join("run");
+    let o = bin()
+        .args([
+            "run",
+            "--backend",
+            "sim",
+            "--duration",
+            "1s",
+            "--json",
+            "--out",
+        ])
+        .arg(&out)
+        .arg(example("line-3.toml"))
+        .output()
+        .unwrap();
+    let (stdout, err) = text(&o);
+    assert!(o.status.success(), "{stdout}\n{err}");
+    for f in [
+        "line-3.toml",
+        "experiment.json",
+        "run.json",
+        "flows.csv",
+        "summary.txt",
+        "plots/delay_cdf.png",
+        "plots/delay_cdf.svg",
+        "plots/rtt_hops.svg",
+        "plots/goodput_sdu.svg",
+    ] {
+        assert!(out.join(f).is_file(), "{f} missing");
+    }
+    assert!(out.join("logs").is_dir());
+    let exp: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("experiment.json")).unwrap()).unwrap();
+    assert_eq!(exp["name"], "line-3");
+    assert_eq!(exp["nodes"].as_array().unwrap().len(), 3);
+    // --json: the outcome on stdout, one run, its classes.
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["runs"].as_array().unwrap().len(), 1);
+    let classes: Vec<&str> = v["runs"][0]["summary"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["class"].as_str().unwrap())
+        .collect();
+    assert_eq!(classes, ["echo", "cbr-2M", "over 1 normal DIF"]);
+    let back = RunOutput::read(&out).unwrap();
+    assert_eq!(back.backend, "sim");
+    assert!(back.duration_s <= 1.0 + 1e-9, "{}", back.duration_s);
+}

@@ -1,0 +1,372 @@
+//! The `sim` backend's queueing engine on small inline experiments: QoS
+//! differentiation at a congested link, the same through a stack of DIFs,
+//! rerouting around a link that goes down, an application that moves,
+//! determinism and interruption.
+
+use rina_lab::backend::{sim::Sim, Backend, RunCtx};
+use rina_lab::results::{ClassSummary, RunOutput};
+use rina_lab::{load, LabError};
+use std::sync::atomic::AtomicBool;
+
+fn run_with(text: &str, variant: Option<&str>, stop: bool) -> Result<RunOutput, LabError> {
+    let exp = load(text, variant).expect("experiment resolves");
+    let stop = AtomicBool::new(stop);
+    let progress = |_: f64, _: &str| {};
+    let dir = std::env::temp_dir();
+    let ctx = RunCtx {
+        dir: &dir,
+        progress: &progress,
+        stop: &stop,
+    };
+    Sim::default().run_once(&exp, &ctx)
+}
+
+fn run(text: &str, variant: Option<&str>) -> RunOutput {
+    let out = run_with(text, variant, false).expect("run succeeds");
+    print!("{}", out.summary_table());
+    out
+}
+
+fn class(out: &RunOutput, c: &str) -> ClassSummary {
+    out.summary()
+        .into_iter()
+        .find(|x| x.class == c)
+        .unwrap_or_else(|| panic!("no class {c}"))
+}
+
+/// Two systems, a 10 Mb/s link, 12 Mb/s offered: 3 Mb/s urgent CBR and
+/// 9 Mb/s of bulk Poisson traffic, bulk also less cherished (dropped
+/// first).
+const CONGESTED: &str = r#"
+nodes = ["a", "b"]
+
+[experiment]
+name = "congested"
+duration = "4s"
+seed = 7
+
+[[link]]
+between = ["a", "b"]
+rate = "10Mbps"
+delay = "1ms"
+
+[[dif]]
+name = "net"
+members = ["a", "b"]
+over = ["links"]
+scheduler = { policy = "qta-mux", cherish_thresholds = [300, 250] }
+[[dif.cube]]
+name = "urgent"
+urgency = 0
+cherish = 0
+[[dif.cube]]
+name = "bulk"
+urgency = 1
+cherish = 1
+
+[[profile]]
+name = "urgent"
+profile = "cbr"
+rate = "3Mbps"
+size = 1000
+cube = "urgent"
+
+[[profile]]
+name = "bulk"
+profile = "poisson"
+rate = "9Mbps"
+size = 1000
+cube = "bulk"
+
+[[traffic]]
+kind = "tgen"
+dif = "net"
+profiles = ["urgent", "bulk"]
+pairs = [["a", "b"]]
+
+[[variant]]
+name = "qta"
+
+[[variant]]
+name = "fifo"
+scheduler.net = { policy = "fifo", queue_len = 300 }
+"#;
+
+#[test]
+fn qta_mux_gives_urgent_traffic_low_delay_at_a_congested_link_and_fifo_does_not() {
+    let qta = run(CONGESTED, Some("qta"));
+    let (u, b) = (class(&qta, "urgent"), class(&qta, "bulk"));
+    let (ud, bd) = (u.avg_ms.unwrap(), b.avg_ms.unwrap());
+    assert!(ud < 5.0, "urgent waits little: {ud} ms");
+    assert!(bd > 10.0 * ud, "bulk waits: {bd} ms vs {ud} ms");
+    assert_eq!(u.loss_pct, 0.0, "urgent loses nothing");
+    assert!(b.loss_pct > 5.0, "the excess is bulk's: {}", b.loss_pct);
+
+    let fifo = run(CONGESTED, Some("fifo"));
+    let (u, b) = (class(&fifo, "urgent"), class(&fifo, "bulk"));
+    let (ud, bd) = (u.avg_ms.unwrap(), b.avg_ms.unwrap());
+    assert!(ud > 50.0, "urgent queues behind bulk: {ud} ms");
+    assert!((ud - bd).abs() < 0.2 * bd, "same delay: {ud} vs {bd}");
+    assert!(u.loss_pct > 1.0, "urgent loses too: {}", u.loss_pct);
+    // The link was full in both runs.
+    for out in [&qta, &fifo] {
+        let l = &out.links[0];
+        assert!(
+            l.avg_bps_ab > 9.5e6 && l.avg_bps_ab <= 10e6,
+            "{}",
+            l.avg_bps_ab
+        );
+        assert!(l.dropped > 0);
+    }
+}
+
+/// An upper DIF `up` between a and c over a lower DIF `low` of a, b, c;
+/// the b--c link is the bottleneck. The upper DIF always differentiates;
+/// the lower DIF does (cubes mapped one to one) or is a FIFO.
+const STACK: &str = r#"
+nodes = ["a", "b", "c"]
+
+[experiment]
+name = "stack"
+duration = "4s"
+seed = 9
+
+[[link]]
+between = ["a", "b"]
+rate = "100Mbps"
+delay = "1ms"
+
+[[link]]
+between = ["b", "c"]
+rate = "10Mbps"
+delay = "1ms"
+
+[[dif]]
+name = "low"
+members = ["a", "b", "c"]
+over = ["links"]
+scheduler = { policy = "qta-mux", cherish_thresholds = [300, 250] }
+[[dif.cube]]
+name = "hi"
+urgency = 0
+cherish = 0
+[[dif.cube]]
+name = "lo"
+urgency = 1
+cherish = 1
+
+[[dif]]
+name = "up"
+members = ["a", "c"]
+over = ["low"]
+scheduler = { policy = "qta-mux", cherish_thresholds = [300, 250] }
+[[dif.cube]]
+name = "hi"
+urgency = 0
+cherish = 0
+maps_to = { low = "hi" }
+[[dif.cube]]
+name = "lo"
+urgency = 1
+cherish = 1
+maps_to = { low = "lo" }
+
+[[profile]]
+name = "hi"
+profile = "cbr"
+rate = "3Mbps"
+size = 1000
+cube = "hi"
+
+[[profile]]
+name = "lo"
+profile = "poisson"
+rate = "9Mbps"
+size = 1000
+cube = "lo"
+
+[[traffic]]
+kind = "tgen"
+dif = "up"
+profiles = ["hi", "lo"]
+pairs = [["a", "c"]]
+
+[[variant]]
+name = "both"
+
+[[variant]]
+name = "upper-only"
+scheduler.low = { policy = "fifo", queue_len = 300 }
+"#;
+
+#[test]
+fn differentiation_in_the_upper_dif_alone_is_lost_when_the_lower_congests() {
+    let both = run(STACK, Some("both"));
+    let (h, l) = (class(&both, "hi"), class(&both, "lo"));
+    assert!(
+        l.avg_ms.unwrap() > 10.0 * h.avg_ms.unwrap(),
+        "both differentiate: hi {:?} lo {:?}",
+        h.avg_ms,
+        l.avg_ms
+    );
+    assert_eq!(h.loss_pct, 0.0);
+    let upper = run(STACK, Some("upper-only"));
+    let (h, l) = (class(&upper, "hi"), class(&upper, "lo"));
+    let (hd, ld) = (h.avg_ms.unwrap(), l.avg_ms.unwrap());
+    assert!(hd > 50.0, "hi waits in the lower FIFO: {hd} ms");
+    assert!((hd - ld).abs() < 0.2 * ld, "no difference: {hd} vs {ld}");
+    // Two hops in the lower DIF, one in the upper; both DIFs' headers.
+    let f = &both.flows[0];
+    assert_eq!(f.hops, Some(1));
+    assert_eq!(f.dif, "up");
+}
+
+/// A triangle: the direct a--b link and a two-hop detour through c. The
+/// direct link goes down halfway.
+const TRIANGLE: &str = r#"
+nodes = ["a", "b", "c"]
+
+[experiment]
+name = "triangle"
+duration = "4s"
+seed = 3
+
+[[link]]
+between = ["a", "b"]
+delay = "1ms"
+
+[[link]]
+between = ["a", "c"]
+delay = "1ms"
+
+[[link]]
+between = ["c", "b"]
+delay = "1ms"
+
+[[dif]]
+name = "net"
+members = ["*"]
+over = ["links"]
+
+[[app]]
+name = "server"
+node = "b"
+dif = "net"
+
+[[traffic]]
+kind = "echo"
+dif = "net"
+from = ["a"]
+app = "server"
+interval = "10ms"
+
+[[event]]
+at = "2s"
+action = "link-down"
+link = "a--b"
+
+[[event]]
+at = "3s"
+action = "app-move"
+app = "server"
+to = "c"
+"#;
+
+#[test]
+fn a_link_down_is_routed_around_and_a_moved_application_is_reached_at_its_new_place() {
+    let out = run(TRIANGLE, None);
+    assert_eq!(out.flows.len(), 2, "{:?}", out.flows);
+    let (f1, f2) = (&out.flows[0], &out.flows[1]);
+    // Before the cut: one hop, RTT 2 ms; after: the detour, RTT 4 ms.
+    assert_eq!(f1.served_by.as_deref(), Some("b"));
+    assert_eq!(f1.hops, Some(1));
+    assert!((f1.delay_min_ms.unwrap() - 1.0).abs() < 0.01);
+    assert!((f1.delay_max_ms.unwrap() - 2.0).abs() < 0.01);
+    assert!(f1.sent - f1.received <= 1, "{} of {}", f1.received, f1.sent);
+    // After the move, the same client reaches the server at c, one hop away.
+    assert_eq!(f2.flow, format!("{}#2", f1.flow));
+    assert_eq!(f2.served_by.as_deref(), Some("c"));
+    assert!(f2.received + 1 >= f2.sent && f2.received > 50);
+    assert!((f2.delay_avg_ms.unwrap() - 1.0).abs() < 0.01);
+    assert!(out.timeline.iter().any(|t| t.what.contains("a--b down")));
+}
+
+fn engine(out: &RunOutput) -> &str {
+    let e = out
+        .timeline
+        .iter()
+        .find(|t| t.what.starts_with("engine: "))
+        .expect("the timeline names the engine");
+    e.what["engine: ".len()..].split(' ').next().unwrap_or("")
+}
+
+#[test]
+fn the_engine_is_chosen_by_what_the_experiment_needs() {
+    // One DIF over links, FIFO, echo: the real protocol machines, with
+    // enrollment before the traffic (negative times) and allocations.
+    let out = run(TRIANGLE, None);
+    assert_eq!(engine(&out), "protocol");
+    assert!(out.timeline[0].t_s < 0.0 && out.timeline[0].what.contains("enrolled"));
+    assert!(out.flows.iter().all(|f| f.allocation_ms.is_some()));
+    // A QoS policy or a stack of DIFs: the queueing engine.
+    assert_eq!(engine(&run(CONGESTED, Some("qta"))), "queueing");
+    assert_eq!(engine(&run(CONGESTED, Some("fifo"))), "protocol");
+    assert_eq!(engine(&run(STACK, Some("both"))), "queueing");
+}
+
+#[test]
+fn the_protocol_engine_is_deterministic_too() {
+    let mut a = run_with(TRIANGLE, None, false).unwrap();
+    let mut b = run_with(TRIANGLE, None, false).unwrap();
+    a.wall_time_s = 0.0;
+    b.wall_time_s = 0.0;
+    assert_eq!(a, b);
+}
+
+#[test]
+fn same_seed_gives_the_same_output_and_another_seed_does_not() {
+    let mut a = run_with(CONGESTED, Some("qta"), false).unwrap();
+    let mut b = run_with(CONGESTED, Some("qta"), false).unwrap();
+    a.wall_time_s = 0.0;
+    b.wall_time_s = 0.0;
+    assert_eq!(a, b);
+    let mut c = run_with(
+        &CONGESTED.replace("seed = 7", "seed = 8"),
+        Some("qta"),
+        false,
+    )
+    .unwrap();
+    c.wall_time_s = 0.0;
+    assert_ne!(a.flows, c.flows);
+}
+
+#[test]
+fn a_run_stops_when_asked() {
+    let long = CONGESTED.replace("duration = \"4s\"", "duration = \"600s\"");
+    assert!(matches!(
+        run_with(&long, Some("qta"), true),
+        Err(LabError::Interrupted)
+    ));
+}
+
+#[test]
+fn progress_is_reported_as_a_growing_fraction_of_virtual_time() {
+    for (text, variant) in [(CONGESTED, Some("qta")), (TRIANGLE, None)] {
+        let exp = load(text, variant).unwrap();
+        let seen = std::sync::Mutex::new(Vec::<f64>::new());
+        let progress = |f: f64, _: &str| seen.lock().unwrap().push(f);
+        let stop = AtomicBool::new(false);
+        let dir = std::env::temp_dir();
+        let ctx = RunCtx {
+            dir: &dir,
+            progress: &progress,
+            stop: &stop,
+        };
+        Sim::default().run_once(&exp, &ctx).unwrap();
+        let v = seen.into_inner().unwrap();
+        assert!(v.len() > 2, "{v:?}");
+        assert!(v.windows(2).all(|w| w[0] <= w[1]), "{v:?}");
+        assert!(v.iter().all(|f| (0.0..=1.0).contains(f)));
+        assert_eq!(v.last(), Some(&1.0));
+    }
+}

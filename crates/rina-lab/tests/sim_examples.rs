@@ -1,0 +1,218 @@
+//! Every scenario of `examples/lab/` on the `sim` backend, shortened, and
+//! the effect each exists to show.
+
+use rina_lab::backend::{self, sim::Sim, RunCtx};
+use rina_lab::results::{ClassSummary, RunOutput};
+use rina_lab::{load, Experiment};
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+fn example(name: &str) -> String {
+    let p = format!("{}/../../examples/lab/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p}: {e}"))
+}
+
+fn run(exp: &Experiment) -> RunOutput {
+    let dir = std::env::temp_dir().join(format!(
+        "rina-lab-sim-test-{}-{}",
+        exp.name,
+        exp.variant.as_deref().unwrap_or("")
+    ));
+    let stop = AtomicBool::new(false);
+    let progress = |_: f64, _: &str| {};
+    let ctx = RunCtx {
+        dir: &dir,
+        progress: &progress,
+        stop: &stop,
+    };
+    let mut sim = Sim::default();
+    let t = std::time::Instant::now();
+    let (out, _) = backend::run(&mut sim, exp, &ctx).unwrap();
+    println!(
+        "{} [{:?}]: {} events (last run) in {:.2} s wall (all runs)",
+        exp.name,
+        exp.variant,
+        sim.last_events,
+        t.elapsed().as_secs_f64()
+    );
+    print!("{}", out.summary_table());
+    out
+}
+
+fn class(out: &RunOutput, c: &str) -> ClassSummary {
+    out.summary()
+        .into_iter()
+        .find(|x| x.class == c)
+        .unwrap_or_else(|| panic!("no class {c}"))
+}
+
+fn flow<'a>(out: &'a RunOutput, id: &str) -> &'a rina_lab::results::FlowRecord {
+    out.flows
+        .iter()
+        .find(|f| f.flow == id)
+        .unwrap_or_else(|| panic!("no flow {id}"))
+}
+
+#[test]
+fn metro_37_spn_mr_keeps_gold_far_below_be_and_spn_only_does_not() {
+    let text = example("metro-37.toml");
+    let short = |v: &str| {
+        load(&text, Some(v))
+            .unwrap()
+            .shortened(Duration::from_secs(3))
+    };
+    let out = run(&short("spn-mr-90"));
+    let (gold, be) = (class(&out, "HD Video Call"), class(&out, "Interactive"));
+    let (g, b) = (gold.avg_ms.unwrap(), be.avg_ms.unwrap());
+    assert!(g * 4.0 < b, "SPN+MR: Gold {g} ms, BE {b} ms");
+    // The calibration loaded the core links to about 90 %.
+    let core: Vec<_> = out
+        .links
+        .iter()
+        .filter(|l| l.link.starts_with("ir-") && l.link.contains("--ir-"))
+        .filter(|l| l.avg_bps_ab.max(l.avg_bps_ba) > 0.0)
+        .collect();
+    assert!(!core.is_empty());
+    for l in core {
+        let load = l.avg_bps_ab.max(l.avg_bps_ba) / l.rate_bps;
+        assert!(load > 0.8 && load < 0.95, "{}: load {load}", l.link);
+    }
+    let out = run(&short("spn-only-90"));
+    let (gold, be) = (class(&out, "HD Video Call"), class(&out, "Interactive"));
+    let (g, b) = (gold.avg_ms.unwrap(), be.avg_ms.unwrap());
+    assert!(g * 2.0 > b, "SPN only: Gold {g} ms, BE {b} ms");
+}
+
+#[test]
+fn line_3_rtt_rises_with_hops_and_every_tgen_sdu_arrives() {
+    let out = run(&load(&example("line-3.toml"), None).unwrap());
+    let a = flow(&out, "t0.echo.a>echo.c");
+    let b = flow(&out, "t0.echo.b>echo.c");
+    assert_eq!((a.hops, b.hops), (Some(2), Some(1)));
+    assert!(a.rtt_avg_ms.unwrap() > b.rtt_avg_ms.unwrap());
+    let cbr = class(&out, "cbr-2M");
+    assert!(cbr.sent >= 950, "{}", cbr.sent); // 2 Mb/s of 1000-byte SDUs for 4 s
+    assert_eq!(cbr.received, cbr.sent);
+    let gp: Vec<f64> = out.goodput.iter().map(|g| g.goodput_bps).collect();
+    assert_eq!(gp.len(), 4);
+    assert!(gp[0] < gp[3] && gp[3] < 100e6, "{gp:?}");
+}
+
+#[test]
+fn routing_rtt_grows_with_hop_count() {
+    let exp = load(&example("routing-rtt.toml"), None)
+        .unwrap()
+        .shortened(Duration::from_secs(6));
+    let out = run(&exp);
+    let mut by_hops: std::collections::BTreeMap<u32, Vec<f64>> = Default::default();
+    for f in &out.flows {
+        assert_eq!(f.received, f.sent, "{}", f.flow);
+        by_hops
+            .entry(f.hops.unwrap())
+            .or_default()
+            .push(f.rtt_avg_ms.unwrap());
+    }
+    let means: Vec<f64> = by_hops
+        .values()
+        .map(|v| v.iter().sum::<f64>() / v.len() as f64)
+        .collect();
+    assert!(means.len() >= 3);
+    assert!(means.windows(2).all(|w| w[0] < w[1]), "{means:?}");
+}
+
+#[test]
+fn location_the_unchanged_client_reaches_the_server_at_its_new_place() {
+    let exp = load(&example("location.toml"), None)
+        .unwrap()
+        .shortened(Duration::from_secs(4));
+    let out = run(&exp);
+    let before = flow(&out, "t0.echo.a>server");
+    let after = flow(&out, "t0.echo.a>server#2");
+    assert_eq!(before.served_by.as_deref(), Some("d"));
+    assert_eq!(after.served_by.as_deref(), Some("f"));
+    assert!(before.received > 10 && after.received > 10);
+}
+
+#[test]
+fn goodput_grows_with_sdu_size_and_each_layer_costs() {
+    let exp = load(&example("goodput-sdu.toml"), None)
+        .unwrap()
+        .shortened(Duration::from_secs_f64(3.6));
+    let out = run(&exp);
+    let at = |series: &str, size: usize| {
+        out.goodput
+            .iter()
+            .find(|g| g.series == series && g.sdu_bytes == size)
+            .unwrap_or_else(|| panic!("no point {series} {size}"))
+            .goodput_bps
+    };
+    let series = ["over the shim", "over 1 normal DIF", "over 2 normal DIFs"];
+    for s in series {
+        assert!(at(s, 100) < at(s, 1400), "{s}");
+        assert!(at(s, 1400) < 1e9, "{s}");
+    }
+    for size in [100, 500, 1400] {
+        assert!(at(series[0], size) > at(series[1], size), "{size}");
+        assert!(at(series[1], size) > at(series[2], size), "{size}");
+    }
+}
+
+#[test]
+fn home_isp_every_variant_runs_and_voice_gets_through() {
+    let text = example("home-isp.toml");
+    for v in ["rlim", "qta", "ds"] {
+        let exp = load(&text, Some(v))
+            .unwrap()
+            .shortened(Duration::from_secs(3));
+        let out = run(&exp);
+        let voice = class(&out, "voice A2");
+        assert!(voice.loss_pct < 1.0, "{v}: voice loss {}", voice.loss_pct);
+        let video = class(&out, "video-hd B1");
+        assert!(
+            voice.avg_ms.unwrap() < video.avg_ms.unwrap(),
+            "{v}: voice {:?} video {:?}",
+            voice.avg_ms,
+            video.avg_ms
+        );
+        // Video is over its cherish level's limit in every variant.
+        assert!(video.loss_pct > 20.0, "{v}: video loss {}", video.loss_pct);
+    }
+}
+
+/// The performance figure: seed 003's network, 10 s of traffic, one run
+/// (no calibration). `cargo test -p rina-lab --test sim_examples -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn metro_37_ten_seconds_wall_time() {
+    let mut exp = load(&example("metro-37.toml"), Some("spn-mr-90"))
+        .unwrap()
+        .shortened(Duration::from_secs(10));
+    exp.load = None;
+    let stop = AtomicBool::new(false);
+    let progress = |_: f64, _: &str| {};
+    let dir = std::env::temp_dir();
+    let ctx = RunCtx {
+        dir: &dir,
+        progress: &progress,
+        stop: &stop,
+    };
+    let mut sim = Sim::default();
+    let t = std::time::Instant::now();
+    let out = rina_lab::backend::Backend::run_once(&mut sim, &exp, &ctx).unwrap();
+    let wall = t.elapsed().as_secs_f64();
+    let offered: f64 = out
+        .flows
+        .iter()
+        .map(|f| f.sdu_bytes * f.sent as f64 * 8.0)
+        .sum::<f64>()
+        / 10.0;
+    println!(
+        "metro-37 10 s: {} events in {wall:.2} s wall ({:.2} M events/s), {} SDUs, offered {:.0} Mb/s",
+        sim.last_events,
+        sim.last_events as f64 / wall / 1e6,
+        out.flows.iter().map(|f| f.sent).sum::<u64>(),
+        offered / 1e6
+    );
+    print!("{}", out.summary_table());
+    assert!(wall < 60.0);
+}
