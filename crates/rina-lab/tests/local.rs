@@ -116,10 +116,10 @@ fn ctrl_c_stops_everything_started() {
     let exp = rina_lab::load(&text, None).unwrap();
     let dir = common::run_dir("local-ctrl-c");
     let stop = AtomicBool::new(false);
-    let traffic = AtomicBool::new(false);
+    let (traffic_tx, traffic) = std::sync::mpsc::channel::<()>();
     let progress = |_: f64, what: &str| {
         if what.starts_with("traffic") {
-            traffic.store(true, Ordering::Relaxed);
+            let _ = traffic_tx.send(());
         }
     };
     let ctx = RunCtx {
@@ -131,10 +131,9 @@ fn ctrl_c_stops_everything_started() {
     let r = std::thread::scope(|s| {
         let h = s.spawn(|| Local::default().run_once(&exp, &ctx));
         // Ctrl-C once traffic runs (and rinad, servers and clients with it).
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        while !traffic.load(Ordering::Relaxed) && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        traffic
+            .recv_timeout(Duration::from_secs(60))
+            .expect("traffic started within 60 s");
         assert!(processes_mentioning(&needle) >= 3, "rinad not running");
         stop.store(true, Ordering::Relaxed);
         h.join().unwrap()
