@@ -4,7 +4,8 @@
 #   (a) rina-perf directly over a shim-hv DIF (guest -> host), SDU sizes
 #       250..4000 step 250, then 8 KiB, 16 KiB, 32 KiB, 64 KiB;
 #       against iperf3 UDP (-l SIZE -b 0) and TCP (-l SIZE) over loopback;
-#   (b) rina-perf over a normal DIF over two shim-hv DIFs (VM1 -> host -> VM2);
+#   (b) rina-perf over a normal DIF over two shim-hv DIFs (VM1 -> host -> VM2),
+#       on a cube with window flow control and no retransmission;
 #   (c) latency: rina-echo round trips of 64-byte SDUs guest -> host -> guest
 #       (one every 2 ms), and the CPU time both idle daemons of (a) burn in
 #       IDLE seconds (with doorbells they sleep; polling wakes them 1000/s).
@@ -67,6 +68,8 @@ net() { # system address neighbour neighbour-address over [route-dst route-hop]
         printf '\n[[ipcp.neighbor]]\nname = "%s.net"\nover = "%s"\naddress = %s\n' "$1" "$3" "$2"
         shift 3
     done
+    # VM-to-VM: window flow control, no retransmission (the cube).
+    printf '\n[[ipcp.qos_cube]]\nid = 1\nname = "vm"\nflow_control = true\n'
     printf '\n[ipcp.routes]\n'
     [ "${1:-}" = "--" ] && printf '"%s" = %s\n' "$2" "$3"
     printf '\n[ipcp.names]\n"perfb" = 3\n'

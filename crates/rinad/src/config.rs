@@ -75,6 +75,8 @@
 //! id = 1                          # 2 "reliable", both in cell A1)
 //! name = "voice"
 //! reliable = false                # EFCP with retransmission and in-order delivery
+//! # flow_control = false          # window flow control without retransmission
+//!                                 # (the receiver paces the writer; VM-to-VM)
 //! urgency = 0                     # cell of the cherish/urgency matrix, 0 = most
 //! cherish = 1                     # urgent / most cherished
 //! # avg_bandwidth_bps = 64000     # declared figures, matched against QoS specs:
@@ -293,6 +295,11 @@ pub struct QosCubeConfig {
     /// policies) rather than none.
     #[serde(default)]
     pub reliable: bool,
+    /// Window flow control without retransmission: the receiving
+    /// application's pace holds the writer back, nothing is resent (ignored
+    /// with `reliable`, which has both).
+    #[serde(default)]
+    pub flow_control: bool,
     /// Urgency level in the C/U matrix, 0 = most urgent.
     #[serde(default)]
     pub urgency: u8,
@@ -355,6 +362,8 @@ impl QosCubeConfig {
     pub fn cube(&self) -> QosCube {
         let efcp = if self.reliable {
             rina_core::efcp::EfcpConfig::reliable()
+        } else if self.flow_control {
+            rina_core::efcp::EfcpConfig::flow_controlled()
         } else {
             rina_core::efcp::EfcpConfig::unreliable()
         };
@@ -969,14 +978,18 @@ address = 2
         let with = format!(
             "{TWO}\n[ipcp.scheduler]\npolicy = \"qta-mux\"\ncherish_thresholds = [100, 10]\n\
              [[ipcp.qos_cube]]\nid = 1\nname = \"voice\"\nurgency = 0\ncherish = 1\ndelay_us = 5000\n\
-             [[ipcp.qos_cube]]\nid = 2\nname = \"bulk\"\nreliable = true\nurgency = 1\n"
+             [[ipcp.qos_cube]]\nid = 2\nname = \"bulk\"\nreliable = true\nurgency = 1\n\
+             [[ipcp.qos_cube]]\nid = 3\nname = \"vm\"\nflow_control = true\n"
         );
         let c = parse(&with).unwrap();
         let n = &c.ipcps[1];
         assert_eq!(n.scheduler_config().name(), "qta-mux");
         let cubes = n.cubes();
-        assert_eq!(cubes.len(), 2);
+        assert_eq!(cubes.len(), 3);
         assert_eq!((cubes[0].urgency, cubes[0].cherish), (0, 1));
+        // flow_control: a window, nothing resent.
+        assert!(cubes[2].efcp.window().is_some() && cubes[2].efcp.rtx().is_none());
+        assert!(cubes[0].efcp.window().is_none());
         assert_eq!(cubes[0].delay_us, Some(5000));
         assert!(cubes[1].is_reliable() && !cubes[0].is_reliable());
         // Without the tables: fifo and the default cubes.

@@ -347,12 +347,19 @@ fn a_normal_dif_over_shim_hv_carries_sdus() {
 }
 
 /// Seed 001 Fig. 4(b): two "VMs", each a guest of its own shim-hv DIF to
-/// one "host", and a normal DIF over both with the host relaying.
-#[test]
-fn vm_to_vm_through_the_host_over_a_normal_dif() {
-    let dir = temp_dir("hvvm2vm");
+/// one "host", and a normal DIF "net" over both with the host relaying;
+/// `cubes` (TOML) replaces the DIF's default QoS cubes when not empty.
+/// `sink` is registered at vm2 by the caller.
+struct VmToVm {
+    host: Daemon,
+    vm1: Daemon,
+    vm2: Daemon,
+    _dir: Dir,
+}
+
+fn vm_to_vm(tag: &str, cubes: &str) -> VmToVm {
+    let dir = temp_dir(tag);
     let (shm1, shm2) = (dir.join("vmpi1"), dir.join("vmpi2"));
-    let _d = Dir(dir);
     let hv = |system: &str, ipcp: &str, dif: &str, path: &Path, side: &str| {
         format!(
             "\n[[ipcp]]\nname = \"{system}.{ipcp}\"\ntype = \"shim-hv\"\ndif = \"{dif}\"\npath = \"{}\"\nside = \"{side}\"\n",
@@ -368,11 +375,12 @@ fn vm_to_vm_through_the_host_over_a_normal_dif() {
                 "\n[[ipcp.neighbor]]\nname = \"{n}.net\"\nover = \"{over}\"\naddress = {a}\n"
             );
         }
+        s += cubes;
         s += "\n[ipcp.routes]\n";
         for (d, h) in routes {
             s += &format!("\"{d}\" = {h}\n");
         }
-        s + "\n[ipcp.names]\n\"echo\" = 3\n"
+        s + "\n[ipcp.names]\n\"echo\" = 3\n\"sink\" = 3\n"
     };
     let host = Daemon::start_with(
         "host",
@@ -393,7 +401,45 @@ fn vm_to_vm_through_the_host_over_a_normal_dif() {
             + &hv("vm2", "hv", "hv2", &shm2, "guest")
             + &net("vm2", 3, &[("host", 1, "hv2")], &[(2, 1)])),
     );
-    let mut c = vm2.client();
+    VmToVm {
+        host,
+        vm1,
+        vm2,
+        _dir: Dir(dir),
+    }
+}
+
+/// Allocates a flow from vm1 to `dst` over "net", retrying while the DIF
+/// comes up.
+fn allocate_vm1(vms: &VmToVm, dst: &str) -> Flow {
+    let mut flow = None;
+    wait_for("a flow from vm1 to vm2", Duration::from_secs(20), || {
+        flow = vms
+            .vm1
+            .client()
+            .allocate(
+                &name("vm1-app"),
+                &name(dst),
+                Some("net"),
+                &QosSpec::default(),
+            )
+            .ok();
+        flow.is_some()
+    });
+    flow.unwrap()
+}
+
+/// An IPCP counter of `d`'s IPCP named `ipcp`.
+fn ipcp_counter(d: &Daemon, ipcp: &str, key: &str) -> u64 {
+    let ipcps = d.client().list_ipcps().unwrap();
+    let ip = ipcps.iter().find(|i| i.name == ipcp).expect("the IPCP");
+    ip.counters.get(key).copied().unwrap_or(0)
+}
+
+#[test]
+fn vm_to_vm_through_the_host_over_a_normal_dif() {
+    let vms = vm_to_vm("hvvm2vm", "");
+    let mut c = vms.vm2.client();
     c.register(&name("echo"), Some("net")).unwrap();
     let _srv = std::thread::spawn(move || {
         while let Ok(Some(req)) = c.next_request_timeout(Duration::from_secs(30)) {
@@ -408,26 +454,14 @@ fn vm_to_vm_through_the_host_over_a_normal_dif() {
             });
         }
     });
-    let mut flow = None;
-    wait_for("a flow from vm1 to vm2", Duration::from_secs(20), || {
-        flow = vm1
-            .client()
-            .allocate(
-                &name("vm1-app"),
-                &name("echo"),
-                Some("net"),
-                &QosSpec::default(),
-            )
-            .ok();
-        flow.is_some()
-    });
-    let flow = flow.unwrap();
+    let flow = allocate_vm1(&vms, "echo");
+    assert_eq!(flow.info().dif, "net");
     for i in 0..20u8 {
         let sdu = vec![i; 200 + 100 * i as usize];
         assert_eq!(roundtrip(&flow, &sdu), sdu);
     }
     // The host relayed: both of its shim-hv IPCPs carried buffers.
-    let ipcps = host.client().list_ipcps().unwrap();
+    let ipcps = vms.host.client().list_ipcps().unwrap();
     for ip in ipcps.iter().filter(|i| i.name.contains(".hv")) {
         assert!(
             ip.counters["rx_buffers"] > 20,
@@ -436,6 +470,74 @@ fn vm_to_vm_through_the_host_over_a_normal_dif() {
             ip.counters
         );
     }
+}
+
+/// Seed 001 Fig. 4(b) with flow control and no retransmission: vm1 writes
+/// as fast as it can, vm2's application reads slower; the cube's window
+/// holds vm1's writer back, so nothing is lost on the way (no hop drops,
+/// no SDU dropped for a full application socket) and nothing is resent.
+#[test]
+fn vm_to_vm_flow_control_holds_a_fast_writer_back_without_loss() {
+    let cube = "\n[[ipcp.qos_cube]]\nid = 1\nname = \"vm\"\nflow_control = true\n";
+    let vms = vm_to_vm("hvvmfc", cube);
+    let mut c = vms.vm2.client();
+    c.register(&name("sink"), Some("net")).unwrap();
+    const N: u32 = 6000;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let _srv = std::thread::spawn(move || {
+        let req = c.next_request().unwrap();
+        let flow = c.accept(&req).unwrap();
+        let mut buf = vec![0u8; 65_536];
+        let mut got = Vec::new();
+        while let Ok(Some(n)) = flow.read_timeout(&mut buf, Duration::from_secs(5)) {
+            assert_eq!(n, 4000);
+            got.push(u32::from_le_bytes(buf[..4].try_into().unwrap()));
+            if got.len() % 100 == 0 {
+                // A slow reader: ~100 SDUs per millisecond at most.
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if got.len() as u32 == N {
+                break;
+            }
+        }
+        // The flow stays open (its counters listed) until the test ends.
+        let _ = tx.send((got, flow));
+    });
+    let flow = allocate_vm1(&vms, "sink");
+    let mut sdu = vec![7u8; 4000];
+    let t0 = std::time::Instant::now();
+    for k in 0..N {
+        sdu[..4].copy_from_slice(&k.to_le_bytes());
+        flow.write(&sdu).unwrap();
+    }
+    let (got, _sink) = rx.recv_timeout(Duration::from_secs(60)).unwrap();
+    eprintln!(
+        "vm1 -> vm2 with window flow control: {} of {N} SDUs of 4000 B in {:?}",
+        got.len(),
+        t0.elapsed()
+    );
+    assert_eq!(got.len() as u32, N, "every SDU arrived");
+    assert!(got.windows(2).all(|w| w[0] < w[1]), "in order");
+    for (d, ipcp) in [
+        (&vms.vm1, "vm1.hv"),
+        (&vms.host, "host.hv1"),
+        (&vms.host, "host.hv2"),
+    ] {
+        assert_eq!(
+            ipcp_counter(d, ipcp, "tx_ring_full"),
+            0,
+            "{ipcp} lost frames"
+        );
+    }
+    let drops: u64 = vms
+        .vm2
+        .client()
+        .list_flows()
+        .unwrap()
+        .iter()
+        .map(|f| f.counters.drops_in)
+        .sum();
+    assert_eq!(drops, 0, "vm2 dropped SDUs for a full application socket");
 }
 
 /// Both daemons exchange eventfds over `PATH.bell`; a side whose receive
@@ -489,9 +591,11 @@ fn doorbells_wake_the_waiting_side_without_polling() {
 }
 
 /// A normal DIF over shim-hv with the receiving daemon stopped: the
-/// sender's ring fills, the frames that follow wait in the shim's backlog
-/// instead of being lost, and once the receiver runs again every SDU
-/// arrives, in order.
+/// sender's ring fills, the frames that follow wait in the shim's backlog,
+/// and while that is half full the normal IPCP stops reading the
+/// application, whose writes block: far more than ring and backlog hold
+/// is written, nothing overflows, and once the receiver runs again every
+/// SDU arrives, in order.
 #[test]
 fn a_full_ring_loses_no_frame_of_a_normal_dif() {
     let dir = temp_dir("hvfull");
@@ -545,28 +649,33 @@ fn a_full_ring_loses_no_frame_of_a_normal_dif() {
         },
     );
     let flow = flow.unwrap();
-    // 1800 frames of ~4 KiB: one ring slot each; the ring takes 1024, the
-    // backlog the rest.
-    const N: u32 = 1800;
+    // 5000 frames of ~4 KiB (20 MB): one ring slot each; the ring takes
+    // 1024, the backlog up to 1024 (4 MiB) and parks the flow at half that;
+    // without parking the rest would overflow.
+    const N: u32 = 5000;
     let pid = host.child.id() as libc::pid_t;
     // SAFETY: signals our own child process.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
-    let mut sdu = vec![7u8; 4000];
-    for k in 0..N {
-        sdu[..4].copy_from_slice(&k.to_le_bytes());
-        flow.write(&sdu).unwrap();
-    }
-    let queued = |d: &Daemon| d.counter("tx_backlog_queued");
+    let writer = std::thread::spawn(move || {
+        let mut sdu = vec![7u8; 4000];
+        for k in 0..N {
+            sdu[..4].copy_from_slice(&k.to_le_bytes());
+            flow.write(&sdu).unwrap();
+        }
+        flow
+    });
+    let parks = |d: &Daemon| d.counter("upper_parks");
     // Well within the peer's 1 s liveness timeout.
     let deadline = std::time::Instant::now() + Duration::from_millis(600);
-    while queued(&guest) == 0 && std::time::Instant::now() < deadline {
-        std::thread::yield_now();
+    while parks(&guest) == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
     }
     // SAFETY: as above.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
     let got = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+    let _flow = writer.join().unwrap();
     assert!(
-        queued(&guest) > 0,
+        guest.counter("tx_backlog_queued") > 0 && parks(&guest) > 0,
         "the ring never filled: the test proves nothing"
     );
     assert_eq!(guest.counter("tx_ring_full"), 0, "nothing overflowed");

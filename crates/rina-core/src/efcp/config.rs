@@ -179,6 +179,32 @@ impl EfcpConfig {
         }
     }
 
+    /// Window flow control without retransmission: the receiver's pace
+    /// holds the writer back (its `write` answers `WouldBlock` while the
+    /// window is closed), nothing is resent, in-order delivery, and a hole
+    /// (a PDU the DIF below lost) is given up after the A-timer. For DIFs
+    /// over lower layers that do not lose on their own (shim-hv between
+    /// VMs, seed 001 Fig. 4(b)), where the only loss would be overrun.
+    pub fn flow_controlled() -> Self {
+        EfcpConfig {
+            in_order: true,
+            max_sdu_gap: None,
+            max_pdu_lifetime: DEFAULT_MPL,
+            max_reorder: 256,
+            a_timer: DEFAULT_A_TIMER,
+            max_send_queue: 256,
+            dtcp: Some(DtcpConfig {
+                window: Some(WindowFc {
+                    initial_credit: 64,
+                    max_closed_queue: 64,
+                    receiver_buffer: 256,
+                }),
+                rate: None,
+                rtx: None,
+            }),
+        }
+    }
+
     /// Retransmission control, if configured.
     pub fn rtx(&self) -> Option<&RtxConfig> {
         self.dtcp.as_ref().and_then(|d| d.rtx.as_ref())

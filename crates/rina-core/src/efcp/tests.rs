@@ -1128,6 +1128,9 @@ fn config_validation() {
     c.dtcp.as_mut().unwrap().rtx.as_mut().unwrap().min_rto = Duration::ZERO;
     assert_eq!(c.validate(), Err(ConfigError::BadRto));
     assert!(EfcpConfig::reliable().validate().is_ok());
+    let fc = EfcpConfig::flow_controlled();
+    assert!(fc.validate().is_ok());
+    assert!(fc.window().is_some() && fc.rtx().is_none());
     assert!(matches!(
         Connection::new(
             EfcpConfig {

@@ -546,7 +546,17 @@ impl Daemon {
         };
         let (fd, j) = (slot.fd.as_raw_fd(), slot.ipcp);
         let now = self.now();
+        // Over shim-hv, the frames of each SDU go to the ring (or its
+        // backlog) at once, and reading stops while a backlog is congested:
+        // the application's writes block instead of frames being lost.
+        let over_hv = self.over_hv(j);
         for _ in 0..BUDGET {
+            if over_hv {
+                if let Some(lower) = self.hv_congested_under(j) {
+                    self.hv_park_upper(lower, port);
+                    return FlowService::Drained;
+                }
+            }
             let Imp::Normal(n) = &mut self.ipcps[j].imp else {
                 return FlowService::Drained;
             };
@@ -563,6 +573,11 @@ impl Daemon {
                 Ok(Recv::Closed) | Err(_) => return FlowService::Closed,
             };
             match n.machine.write(now, port, &self.buf[..len]) {
+                Ok(()) if over_hv => {
+                    while let Some(ev) = self.ipcps[j].poll_event() {
+                        self.on_event(j, ev);
+                    }
+                }
                 Ok(()) => {}
                 Err(normal::NormalError::WouldBlock(_)) => {
                     n.tx_stash.insert(port, self.buf[..len].to_vec());

@@ -155,6 +155,11 @@ pub(super) struct HvIo {
     stalled: Option<(PortId, Vec<u8>)>,
     /// Flows whose reading waits for the stall to end.
     parked: Vec<PortId>,
+    /// Application flows of normal IPCPs stacked on this one whose reading
+    /// waits for `n1_backlog` to be no longer congested.
+    parked_upper: Vec<PortId>,
+    /// Times such a flow was parked.
+    upper_parks: u64,
     pub rx_queued: bool,
     /// SDUs waiting for applications' sockets, by flow.
     rx_pending: HashMap<PortId, VecDeque<Vec<u8>>>,
@@ -290,6 +295,8 @@ pub(super) fn new_ipcp(cfg: &Config, i: usize) -> Result<Ipcp, DaemonError> {
             relay_pauses: 0,
             stalled: None,
             parked: Vec::new(),
+            parked_upper: Vec::new(),
+            upper_parks: 0,
             rx_queued: false,
             rx_pending: HashMap::new(),
             rx_paused_on: None,
@@ -759,6 +766,7 @@ impl HvIo {
         c.insert("tx_backlog_queued".into(), self.n1_backlog.queued());
         c.insert("tx_backlog_len".into(), self.n1_backlog.len() as u64);
         c.insert("relay_pauses".into(), self.relay_pauses);
+        c.insert("upper_parks".into(), self.upper_parks);
         c.insert("control_dropped".into(), self.backlog.overflow());
         c.insert("attach_errors".into(), self.attach_errors);
         c.insert("peer_up".into(), u64::from(self.machine.is_peer_up()));
@@ -882,6 +890,13 @@ impl Daemon {
         } else if h.arm_tx() {
             self.mark_udp_ready(i);
         }
+        if let Imp::ShimHv(h) = &mut self.ipcps[i].imp {
+            if !h.n1_backlog.is_congested() && !h.parked_upper.is_empty() {
+                for port in std::mem::take(&mut h.parked_upper) {
+                    self.mark_flow_ready(port);
+                }
+            }
+        }
         if was_congested && !self.hv_congested_besides(usize::MAX) {
             // Rings whose reading paused for this backlog are read again.
             for k in 0..self.ipcps.len() {
@@ -891,6 +906,38 @@ impl Daemon {
                     }
                 }
             }
+        }
+    }
+
+    /// Whether normal IPCP `j` has an N-1 flow over a shim-hv IPCP.
+    pub(super) fn over_hv(&self, j: usize) -> bool {
+        self.n1_owner
+            .values()
+            .any(|&(o, lower)| o == j && matches!(self.ipcps[lower].imp, Imp::ShimHv(_)))
+    }
+
+    /// A shim-hv IPCP under normal IPCP `j` whose backlog of stacked
+    /// frames is at least half full, if any. (All of `j`'s application
+    /// flows wait for it, even those routed over another N-1 flow: in the
+    /// VM case there is only one.)
+    pub(super) fn hv_congested_under(&self, j: usize) -> Option<usize> {
+        self.n1_owner
+            .values()
+            .filter(|&&(o, _)| o == j)
+            .map(|&(_, lower)| lower)
+            .find(|&lower| {
+                matches!(&self.ipcps[lower].imp, Imp::ShimHv(h) if h.n1_backlog.is_congested())
+            })
+    }
+
+    /// Stops reading application flow `port` of a stacked normal IPCP
+    /// until the backlog of shim-hv IPCP `lower` is no longer congested.
+    pub(super) fn hv_park_upper(&mut self, lower: usize, port: PortId) {
+        if let Imp::ShimHv(h) = &mut self.ipcps[lower].imp {
+            if !h.parked_upper.contains(&port) {
+                h.parked_upper.push(port);
+            }
+            h.upper_parks += 1;
         }
     }
 
