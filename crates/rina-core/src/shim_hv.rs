@@ -28,6 +28,7 @@
 //! ring, and tells the machine when the peer comes and goes
 //! ([`ShimHv::peer_up`], [`ShimHv::peer_lost`]).
 
+pub mod flow_rings;
 pub mod link;
 pub mod ring;
 pub mod vmpi;

@@ -67,9 +67,19 @@ pub enum Op {
         remote: AppName,
         dif: Option<String>,
         qos: QosSpec,
+        /// Ask for shared-memory rings as the flow's data path, where the
+        /// IPCP offers them: the flow socket's first packet then says
+        /// (`rina_core::shim_hv::flow_rings::Setup`).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        rings: bool,
     },
-    /// Accept the incoming flow request `handle`; the reply carries the flow.
-    Accept { handle: u64 },
+    /// Accept the incoming flow request `handle`; the reply carries the
+    /// flow (`rings` as for `Allocate`).
+    Accept {
+        handle: u64,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        rings: bool,
+    },
     /// Refuse the incoming flow request `handle`.
     Refuse { handle: u64, reason: String },
     /// Deallocate a flow (closing its descriptor does the same).
@@ -382,6 +392,7 @@ mod tests {
                 remote: "echo/1".parse().unwrap(),
                 dif: Some("udp".into()),
                 qos: QosSpec::default(),
+                rings: false,
             },
         };
         let v = encode(&r);
@@ -389,6 +400,16 @@ mod tests {
         assert!(s.contains(r#""op":"allocate""#), "{s}");
         assert!(s.contains(r#""remote":"echo/1""#), "{s}");
         assert_eq!(decode::<Request>(&v).unwrap(), r);
+        assert!(!s.contains("rings"), "{s}");
+        // Older clients say nothing about rings.
+        let old: Request = decode(br#"{"id":1,"op":"accept","handle":4}"#).unwrap();
+        assert_eq!(
+            old.op,
+            Op::Accept {
+                handle: 4,
+                rings: false
+            }
+        );
     }
 
     #[test]

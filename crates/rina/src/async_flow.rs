@@ -75,6 +75,15 @@ impl AsyncFlow {
                 flow,
             );
         }
+        if flow.has_rings() {
+            return fail(
+                Error::new(
+                    ErrorKind::InvalidRequest,
+                    "a flow with shared-memory rings cannot be made async (allocate it without Client::set_rings)",
+                ),
+                flow,
+            );
+        }
         let old = match fcntl(flow.as_raw_fd(), FcntlArg::F_GETFL) {
             Ok(f) => OFlag::from_bits_truncate(f),
             Err(e) => {

@@ -47,6 +47,8 @@ pub struct Client {
     pending: VecDeque<IncomingFlow>,
     buf: Vec<u8>,
     timeout: Option<Duration>,
+    /// Ask for shared-memory rings on flows allocated or accepted from now on.
+    rings: bool,
 }
 
 /// How long a control call waits for the daemon unless
@@ -151,6 +153,7 @@ impl Client {
             pending: VecDeque::new(),
             buf: Vec::new(),
             timeout: Some(DEFAULT_TIMEOUT),
+            rings: false,
         }
     }
 
@@ -159,6 +162,20 @@ impl Client {
     /// apply to [`Client::next_request`].
     pub fn set_timeout(&mut self, timeout: Option<Duration>) {
         self.timeout = timeout;
+    }
+
+    /// Asks for shared-memory rings as the data path of the flows this
+    /// client allocates or accepts from now on, where the IPCP serving a
+    /// flow offers them (shim-hv does): SDUs then go through two rings in
+    /// memory shared with the daemon instead of one system call each on
+    /// the flow's socket. Such a flow is read and written only through
+    /// [`Flow::read`], [`Flow::read_timeout`] and [`Flow::write`] (one
+    /// reader and one writer thread at most): its descriptor does not
+    /// become readable when SDUs arrive, and it cannot be turned into an
+    /// [`AsyncFlow`](crate::AsyncFlow). [`Flow::has_rings`] tells which
+    /// flows got them. Off by default.
+    pub fn set_rings(&mut self, on: bool) {
+        self.rings = on;
     }
 
     /// The timeout of control calls (see [`Client::set_timeout`]).
@@ -210,9 +227,10 @@ impl Client {
             remote: remote.clone(),
             dif: dif.map(str::to_owned),
             qos: *qos,
+            rings: self.rings,
         };
         let r = self.call("allocate", op)?;
-        flow_from("allocate", r)
+        flow_from("allocate", r, self.rings)
     }
 
     /// Waits for the next flow request to a name this connection registered.
@@ -260,8 +278,12 @@ impl Client {
 
     /// Accepts a flow request; returns the flow.
     pub fn accept(&mut self, req: &IncomingFlow) -> Result<Flow> {
-        let r = self.call("accept", Op::Accept { handle: req.handle })?;
-        flow_from("accept", r)
+        let op = Op::Accept {
+            handle: req.handle,
+            rings: self.rings,
+        };
+        let r = self.call("accept", op)?;
+        flow_from("accept", r, self.rings)
     }
 
     /// Refuses a flow request; `reason` is passed to the requester.
@@ -500,9 +522,19 @@ fn fmt_duration(d: Duration) -> String {
     }
 }
 
-fn flow_from(what: &str, (reply, fd): (Reply, Option<OwnedFd>)) -> Result<Flow> {
+/// How long the setup message of a flow's rings may take after the reply
+/// (the daemon sends it before the reply, so it is there at once).
+const RINGS_SETUP_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn flow_from(what: &str, (reply, fd): (Reply, Option<OwnedFd>), rings: bool) -> Result<Flow> {
     match reply {
         Reply::Flow(info) => match fd {
+            Some(fd) if rings => {
+                match crate::rings::Rings::setup(fd.as_fd(), RINGS_SETUP_TIMEOUT) {
+                    Ok(r) => Ok(Flow::with_rings(fd, info, r)),
+                    Err(e) => Err(crate::flow::rings_error(&info, e)),
+                }
+            }
             Some(fd) => Ok(Flow::from_parts(fd, info)),
             None => Err(Error::new(
                 ErrorKind::Internal,

@@ -1,6 +1,7 @@
 //! A flow: a connected `SOCK_SEQPACKET` descriptor carrying one SDU per packet.
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::rings::{Rings, RingsError};
 use crate::sock;
 use nix::sys::socket::MsgFlags;
 use rina_wire::ctl::FlowInfo;
@@ -16,6 +17,8 @@ use std::time::Duration;
 /// and frees the flow.
 #[derive(Debug)]
 pub struct Flow {
+    // Dropped first: the rings unmap before the socket closes.
+    rings: Option<Rings>,
     fd: OwnedFd,
     info: FlowInfo,
 }
@@ -23,7 +26,21 @@ pub struct Flow {
 impl Flow {
     /// Wraps a flow descriptor received from the daemon and its description.
     pub fn from_parts(fd: OwnedFd, info: FlowInfo) -> Flow {
-        Flow { fd, info }
+        Flow {
+            rings: None,
+            fd,
+            info,
+        }
+    }
+
+    pub(crate) fn with_rings(fd: OwnedFd, info: FlowInfo, rings: Option<Rings>) -> Flow {
+        Flow { rings, fd, info }
+    }
+
+    /// Whether SDUs go through shared-memory rings rather than the socket
+    /// (see [`Client::set_rings`](crate::Client::set_rings)).
+    pub fn has_rings(&self) -> bool {
+        self.rings.is_some()
     }
 
     /// What the daemon said about the flow: port, DIF, names, QoS, largest SDU.
@@ -45,6 +62,11 @@ impl Flow {
     /// was closed.
     pub fn write(&self, sdu: &[u8]) -> Result<()> {
         check_sdu(&self.info, sdu)?;
+        if let Some(r) = &self.rings {
+            return r
+                .write(self.fd.as_fd(), sdu)
+                .map_err(|e| rings_error(&self.info, e));
+        }
         sock::send_sdu(self.fd.as_fd(), sdu, MsgFlags::empty())
             .map_err(|e| write_error(&self.info, sdu.len(), e))
     }
@@ -56,6 +78,16 @@ impl Flow {
     /// if the SDU did not fit in `buf` (its first `buf.len()` bytes are in
     /// `buf`, the rest is lost). A buffer of [`Flow::max_sdu`] bytes always fits.
     pub fn read(&self, buf: &mut [u8]) -> Result<usize> {
+        if let Some(r) = &self.rings {
+            return match r.read(self.fd.as_fd(), buf, None) {
+                Ok(Some(n)) => Ok(n),
+                Ok(None) => Err(Error::new(
+                    ErrorKind::Internal,
+                    "a read without deadline timed out",
+                )),
+                Err(e) => Err(rings_error(&self.info, e)),
+            };
+        }
         let n = sock::recv_sdu(self.fd.as_fd(), buf, MsgFlags::empty())
             .map_err(|e| Error::sys(&format!("cannot read from flow {}", self.info.port), e))?;
         read_result(&self.info, buf.len(), n)
@@ -63,6 +95,12 @@ impl Flow {
 
     /// Like [`Flow::read`], but waits at most `timeout`; `None` if no SDU came.
     pub fn read_timeout(&self, buf: &mut [u8], timeout: Duration) -> Result<Option<usize>> {
+        if let Some(r) = &self.rings {
+            let deadline = std::time::Instant::now().checked_add(timeout);
+            return r
+                .read(self.fd.as_fd(), buf, deadline)
+                .map_err(|e| rings_error(&self.info, e));
+        }
         let ready = sock::wait_readable(self.fd.as_fd(), Some(timeout))
             .map_err(|e| Error::sys(&format!("cannot poll flow {}", self.info.port), e))?;
         if !ready {
@@ -76,7 +114,9 @@ impl Flow {
         drop(self)
     }
 
-    /// Splits the flow into its descriptor and description.
+    /// Splits the flow into its descriptor and description. A flow with
+    /// rings loses them (SDUs in them are lost, and the descriptor alone
+    /// carries nothing): split only flows without.
     pub fn into_parts(self) -> (OwnedFd, FlowInfo) {
         (self.fd, self.info)
     }
@@ -88,6 +128,29 @@ impl Flow {
     #[cfg(feature = "tokio")]
     pub fn into_async(self) -> std::result::Result<crate::AsyncFlow, crate::IntoAsyncError> {
         crate::AsyncFlow::new(self)
+    }
+}
+
+/// The error of a ring operation on flow `info`.
+pub(crate) fn rings_error(info: &FlowInfo, e: RingsError) -> Error {
+    match e {
+        RingsError::Closed => closed(info),
+        RingsError::Sys(e) => Error::sys(&format!("flow {} rings", info.port), e),
+        RingsError::TooLarge(n) => Error::new(
+            ErrorKind::SduTooLarge,
+            format!(
+                "SDU of {n} bytes on flow {} did not fit the buffer; its tail was lost",
+                info.port
+            ),
+        ),
+        RingsError::Ring(e) => Error::new(
+            ErrorKind::Internal,
+            format!("flow {}: the daemon's ring is broken ({e})", info.port),
+        ),
+        RingsError::BadSetup(why) => Error::new(
+            ErrorKind::Internal,
+            format!("flow {}: the rings could not be set up: {why}", info.port),
+        ),
     }
 }
 

@@ -170,7 +170,13 @@ fn accept_refuse_and_lists() {
         send_msg(&ctl, &Message::FlowRequest(incoming(1)), None);
         send_msg(&ctl, &Message::FlowRequest(incoming(2)), None);
         let req = recv_req(&ctl).expect("accept");
-        assert_eq!(req.op, Op::Accept { handle: 1 });
+        assert_eq!(
+            req.op,
+            Op::Accept {
+                handle: 1,
+                rings: false
+            }
+        );
         let (mine, theirs) = pair();
         send_msg(
             &ctl,

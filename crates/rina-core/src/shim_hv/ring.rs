@@ -399,6 +399,35 @@ impl Segments {
     }
 }
 
+impl Segments {
+    /// Copies all of `self` to the start of `dst` (ring memory to ring
+    /// memory, for example an application's ring to a VMPI ring); false
+    /// (and nothing copied) if `dst` is shorter.
+    pub fn copy_to(&self, dst: &Segments) -> bool {
+        if dst.len() < self.len() {
+            return false;
+        }
+        let mut off = 0;
+        for (src, n) in self.parts() {
+            let mut done = 0;
+            for (d, m) in dst.skip(off + done).parts() {
+                if done == n {
+                    break;
+                }
+                let k = m.min(n - done);
+                // SAFETY: `src` has n bytes and `d` m >= k bytes, both inside
+                // ring data areas (see `Segments`); the two rings are
+                // distinct memory, so the ranges do not overlap. A peer may
+                // write either concurrently: bytes have no invalid values.
+                unsafe { std::ptr::copy_nonoverlapping(src.add(done), d, k) };
+                done += k;
+            }
+            off += n;
+        }
+        true
+    }
+}
+
 impl RingMem {
     /// Byte offset in the region of the data at slot count `idx` plus `skip`.
     fn data_off(&self, idx: u32, skip: usize) -> usize {
@@ -741,6 +770,37 @@ mod tests {
             Producer::new(r, GEO).unwrap(),
             Consumer::new(r, GEO).unwrap(),
         )
+    }
+
+    #[test]
+    fn segments_copy_between_rings_across_both_wraps() {
+        let (ma, mb) = (
+            HeapRegion::new(GEO.ring_bytes()),
+            HeapRegion::new(GEO.ring_bytes()),
+        );
+        let (mut pa, mut ca) = pair(&ma);
+        let (mut pb, mut cb) = pair(&mb);
+        let mut buf = [0u8; 512];
+        // Offset the two rings differently so that source and destination
+        // wrap at different points.
+        for k in 0..11u8 {
+            let len = 100 + 37 * usize::from(k);
+            let rec: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(k + 1)).collect();
+            pa.push(&[&rec]).unwrap();
+            if k % 3 == 0 {
+                pb.push(&[&[9u8; 70]]).unwrap();
+                assert_eq!(cb.pop(&mut buf).unwrap(), Some(70));
+            }
+            let src = ca.peek().unwrap().unwrap();
+            assert_eq!(src.len(), len);
+            let dst = pb.reserve(len).unwrap();
+            assert!(!src.copy_to(&dst.skip(dst.len() - len + 1)), "too short");
+            assert!(src.copy_to(&dst));
+            pb.commit(len, len).unwrap();
+            ca.consume(len);
+            assert_eq!(cb.pop(&mut buf).unwrap(), Some(len));
+            assert_eq!(&buf[..len], &rec[..]);
+        }
     }
 
     #[test]

@@ -45,6 +45,9 @@ struct ServerArgs {
     /// Accept this many flows, then exit once they are all closed.
     #[arg(long, value_name = "N")]
     max_flows: Option<u64>,
+    /// Do not ask for shared-memory rings (the socket carries every SDU).
+    #[arg(long)]
+    no_rings: bool,
 }
 
 #[derive(Debug, Args)]
@@ -80,6 +83,10 @@ struct ClientArgs {
     /// Print CSV rows: size,sent_sdus,recv_sdus,loss_pct,tx_mbps,rx_mbps,rx_sdus_per_s.
     #[arg(long)]
     csv: bool,
+    /// Do not ask for shared-memory rings where the DIF offers them
+    /// (shim-hv): the flow's socket then carries every SDU.
+    #[arg(long)]
+    no_rings: bool,
 }
 
 fn main() {
@@ -94,6 +101,7 @@ fn server(a: ServerArgs) {
         .common
         .connect()
         .unwrap_or_else(|e| opts::die(TOOL, "cannot connect", &e, 2));
+    c.set_rings(!a.no_rings);
     let difs = c
         .register(&a.name, a.common.dif())
         .unwrap_or_else(|e| opts::die(TOOL, &format!("cannot register {}", a.name), &e, 2));
@@ -177,6 +185,7 @@ fn client(a: ClientArgs) -> i32 {
         .common
         .connect()
         .unwrap_or_else(|e| opts::die(TOOL, "cannot connect", &e, 2));
+    c.set_rings(!a.no_rings);
     let flow = c
         .allocate(&a.name, &a.dst, a.common.dif(), &a.qos.spec())
         .unwrap_or_else(|e| {

@@ -234,12 +234,23 @@ impl Daemon {
                 remote,
                 dif,
                 qos,
-            } => match self.allocate(conn, id, local, remote, dif, qos) {
-                Ok(()) => return,
-                Err(e) => Err(e),
-            },
-            Op::Accept { handle } => {
-                match self.accept_incoming(conn, handle) {
+                rings,
+            } => {
+                let pa = PendingAlloc {
+                    conn,
+                    id,
+                    local,
+                    remote,
+                    qos,
+                    rings,
+                };
+                match self.allocate(pa, dif) {
+                    Ok(()) => return,
+                    Err(e) => Err(e),
+                }
+            }
+            Op::Accept { handle, rings } => {
+                match self.accept_incoming(conn, handle, rings) {
                     Ok((info, fd)) => self.reply(conn, id, Ok(Reply::Flow(info)), Some(fd)),
                     Err(e) => self.reply(conn, id, Err(e), None),
                 }
@@ -365,15 +376,14 @@ impl Daemon {
         }
     }
 
+    /// Starts allocation `pa` in `dif` (or the first DIF that knows the
+    /// remote name); the reply follows when the IPCP answers.
     pub(super) fn allocate(
         &mut self,
-        conn: usize,
-        id: u64,
-        local: AppName,
-        remote: AppName,
+        pa: PendingAlloc,
         dif: Option<String>,
-        qos: rina_wire::QosSpec,
     ) -> Result<(), CtlError> {
+        let remote = pa.remote.clone();
         let candidates = self.ipcps_in(dif.as_deref())?;
         let i = candidates
             .iter()
@@ -390,18 +400,9 @@ impl Daemon {
             })?;
         let port = self.free_port();
         let now = self.now();
-        self.ipcps[i].allocate(now, port, local.clone(), remote.clone(), qos)?;
-        info!(port, %local, %remote, ipcp = %self.ipcps[i].name, "allocating");
-        self.allocs.insert(
-            port,
-            PendingAlloc {
-                conn,
-                id,
-                local,
-                remote,
-                qos,
-            },
-        );
+        self.ipcps[i].allocate(now, port, pa.local.clone(), remote.clone(), pa.qos)?;
+        info!(port, local = %pa.local, %remote, ipcp = %self.ipcps[i].name, "allocating");
+        self.allocs.insert(port, pa);
         Ok(())
     }
 
@@ -409,6 +410,7 @@ impl Daemon {
         &mut self,
         conn: usize,
         handle: u64,
+        rings: bool,
     ) -> Result<(FlowInfo, OwnedFd), CtlError> {
         let inc = self.take_incoming(conn, handle)?;
         let port = self.free_port();
@@ -422,7 +424,7 @@ impl Daemon {
             qos: inc.qos,
             max_sdu,
         };
-        match self.open_flow(inc.ipcp, conn, info) {
+        match self.open_flow(inc.ipcp, conn, info, rings) {
             Ok((info, fd)) => {
                 info!(port, local = %info.local, remote = %info.remote, "flow accepted");
                 Ok((info, fd))

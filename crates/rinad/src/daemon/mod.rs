@@ -98,6 +98,8 @@ struct FlowSlot {
     owner: usize,
     /// Already in the ready queue.
     queued: bool,
+    /// Shared-memory rings with the application (shim-hv flows that asked).
+    rings: Option<shim_hv::AppRings>,
 }
 
 /// A control connection.
@@ -115,6 +117,8 @@ struct PendingAlloc {
     local: AppName,
     remote: AppName,
     qos: rina_wire::QosSpec,
+    /// The application asked for shared-memory rings.
+    rings: bool,
 }
 
 /// An incoming flow request waiting for an application's answer.
@@ -683,7 +687,7 @@ impl Daemon {
                     qos: pa.qos,
                     max_sdu,
                 };
-                match self.open_flow(i, pa.conn, info) {
+                match self.open_flow(i, pa.conn, info, pa.rings) {
                     Ok((info, app_end)) => {
                         info!(port, local = %info.local, remote = %info.remote, dif = %info.dif, "flow allocated");
                         self.reply(pa.conn, pa.id, Ok(Reply::Flow(info)), Some(app_end));
@@ -751,6 +755,7 @@ impl Daemon {
         i: usize,
         owner: usize,
         info: FlowInfo,
+        rings: bool,
     ) -> Result<(FlowInfo, OwnedFd), CtlError> {
         let port = info.port;
         let (ours, theirs) = sys::flow_pair(FLOW_SNDBUF).map_err(|e| {
@@ -770,6 +775,21 @@ impl Daemon {
         if let Imp::Normal(n) = &mut self.ipcps[i].imp {
             let _ = n.machine.set_auto_consume(port, false);
         }
+        let rings = if rings {
+            let offered = matches!(self.ipcps[i].imp, Imp::ShimHv(_));
+            shim_hv::AppRings::offer(ours.as_raw_fd(), offered).map_err(|e| {
+                let _ = self
+                    .poll
+                    .registry()
+                    .deregister(&mut SourceFd(&ours.as_raw_fd()));
+                CtlError::new(
+                    ErrorKind::NoResources,
+                    format!("cannot set up the flow's rings: {e}"),
+                )
+            })?
+        } else {
+            None
+        };
         self.flows.insert(
             port,
             FlowSlot {
@@ -778,6 +798,7 @@ impl Daemon {
                 info: info.clone(),
                 owner,
                 queued: false,
+                rings,
             },
         );
         Ok((info, theirs))

@@ -44,8 +44,9 @@
 //! `tx_ring_full`). Control messages wait in a backlog of their own.
 
 use super::*;
+use rina_core::shim_hv::flow_rings::{self, Setup};
 use rina_core::shim_hv::link::{region_size, Backlog, BacklogOutcome, Link, LinkConfig, LinkEvent};
-use rina_core::shim_hv::ring::{Geometry, Region, RingError, Segments};
+use rina_core::shim_hv::ring::{Consumer, Geometry, Producer, Region, RingError, Segments};
 use rina_core::shim_hv::vmpi::{CHANNEL_HEADER, CONTROL_CHANNEL};
 use rina_core::shim_hv::{self as core_hv, ShimHv, Side};
 use std::os::fd::{FromRawFd, RawFd};
@@ -128,6 +129,83 @@ impl Drop for Mapping {
 struct Attached {
     link: Link,
     _map: Mapping,
+}
+
+/// Shared-memory rings with the application of one flow (it asked for
+/// them; see `rina_core::shim_hv::flow_rings`): SDUs go from its ring
+/// straight into the VMPI ring and back, with no system call while both
+/// sides are busy.
+pub(super) struct AppRings {
+    to_app: Producer,
+    from_app: Consumer,
+    /// Rung when SDUs wait for the application (it sleeps on them).
+    data: OwnedFd,
+    /// Rung when room appeared for the application (it sleeps on a full ring).
+    room: OwnedFd,
+    _map: Mapping,
+}
+
+impl AppRings {
+    /// Sends the setup message as the first packet on flow socket `fd`:
+    /// new rings if `offered`, else "no rings".
+    pub(super) fn offer(fd: RawFd, offered: bool) -> io::Result<Option<AppRings>> {
+        if !offered {
+            send_with_fds(fd, &Setup::None.encode(), &[])?;
+            return Ok(None);
+        }
+        let geo = flow_rings::GEOMETRY;
+        let (to_off, from_off, len) = flow_rings::layout(geo);
+        // SAFETY: a NUL-terminated name; a negative return is an error.
+        let raw = unsafe { libc::memfd_create(c"rina-flow".as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor nobody else owns.
+        let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(raw) });
+        file.set_len(len as u64)?;
+        let map = Mapping::new(&file, len)?;
+        let region = map.region();
+        let ring = |off| {
+            region
+                .sub(off, geo.ring_bytes())
+                .ok_or_else(|| io::Error::other("ring outside the file"))
+        };
+        let to_io = |e: RingError| io::Error::other(e.to_string());
+        let to_app = Producer::new(ring(to_off)?, geo).map_err(to_io)?;
+        let from_app = Consumer::new(ring(from_off)?, geo).map_err(to_io)?;
+        // Nothing to read yet: the application's first SDU must kick us.
+        from_app.arm();
+        let (data, room) = (eventfd()?, eventfd()?);
+        send_with_fds(
+            fd,
+            &Setup::Rings(geo).encode(),
+            &[file.as_raw_fd(), data.as_raw_fd(), room.as_raw_fd()],
+        )?;
+        Ok(Some(AppRings {
+            to_app,
+            from_app,
+            data,
+            room,
+            _map: map,
+        }))
+    }
+}
+
+/// Sends one packet with descriptors on a fresh flow socket.
+fn send_with_fds(fd: RawFd, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    let iov = [std::io::IoSlice::new(bytes)];
+    let cmsgs = [ControlMessage::ScmRights(fds)];
+    let cmsgs: &[ControlMessage<'_>] = if fds.is_empty() { &[] } else { &cmsgs };
+    sendmsg::<()>(
+        fd,
+        &iov,
+        cmsgs,
+        MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT,
+        None,
+    )
+    .map(|_| ())
+    .map_err(|e| io::Error::from_raw_os_error(e as i32))
 }
 
 /// A shim-hv IPCP's machine and shared memory.
@@ -735,6 +813,20 @@ impl HvIo {
         !a.link.arm_tx(len)
     }
 
+    /// The send ring has no room for `len` bytes of a flow's rings: with
+    /// doorbells, asks the peer to ring when it has. True if room appeared
+    /// meanwhile (try again now).
+    fn arm_tx_for(&mut self, len: usize) -> bool {
+        if !self.sleeps_on_bell() {
+            return false;
+        }
+        let Some(a) = &mut self.att else {
+            return false;
+        };
+        self.tx_armed = true;
+        !a.link.arm_tx(len)
+    }
+
     /// Its address, for listings: the VMPI-id, side and file.
     pub fn address(&self) -> String {
         let c = self.machine.config();
@@ -1089,6 +1181,40 @@ impl Daemon {
             }
         };
         let sdu = seg.skip(CHANNEL_HEADER);
+        if let Some(r) = self.flows.get_mut(&port).and_then(|fs| fs.rings.as_mut()) {
+            // Ring to ring, unless SDUs are held before it.
+            let held = h.rx_pending.get(&port).is_some_and(|q| !q.is_empty());
+            if !held {
+                if let Ok(dst) = r.to_app.reserve(sdu_len) {
+                    sdu.copy_to(&dst);
+                    let ok = r.to_app.commit(sdu_len, sdu_len).is_ok();
+                    a.link.consume(n);
+                    if ok && r.to_app.take_wakeup() {
+                        ring_eventfd(&r.data);
+                    }
+                    return Some(true);
+                }
+            }
+            let mut v = vec![0u8; n];
+            let ok = a.link.read_peeked(n, &mut v);
+            a.link.consume(n);
+            if !ok {
+                return Some(true);
+            }
+            v.drain(..CHANNEL_HEADER);
+            let q = h.rx_pending.entry(port).or_default();
+            q.push_back(v);
+            let full = q.len() >= RX_QUEUE_MAX;
+            // The application kicks once it made room (or room is there now).
+            let room_now = q.front().is_some_and(|f| !r.to_app.arm(f.len()));
+            if full {
+                h.rx_paused_on = Some(port);
+            }
+            if room_now {
+                self.mark_flow_ready(port);
+            }
+            return Some(!full);
+        }
         if let Some(fs) = self.flows.get(&port) {
             let fd = fs.fd.as_raw_fd();
             let held = h.rx_pending.get(&port).is_some_and(|q| !q.is_empty());
@@ -1153,6 +1279,10 @@ impl Daemon {
         let Some(slot) = self.flows.get(&port) else {
             return;
         };
+        if slot.rings.is_some() {
+            // Held SDUs go to the ring when the application kicks.
+            return;
+        }
         let (fd, i) = (slot.fd.as_raw_fd(), slot.ipcp);
         let Imp::ShimHv(h) = &mut self.ipcps[i].imp else {
             return;
@@ -1194,6 +1324,9 @@ impl Daemon {
         let Some(slot) = self.flows.get(&port) else {
             return FlowService::Drained;
         };
+        if slot.rings.is_some() {
+            return self.service_hv_rings(port);
+        }
         let i = slot.ipcp;
         let fd = slot.fd.as_raw_fd();
         let Imp::ShimHv(h) = &mut self.ipcps[i].imp else {
@@ -1308,6 +1441,160 @@ impl Daemon {
         }
         if h.stalled.is_some() && h.arm_tx() {
             self.mark_udp_ready(i);
+        }
+        result
+    }
+
+    /// Serves shim-hv flow `port` whose application uses rings (it kicked
+    /// the socket, or the flow was parked): drains the kicks, hands SDUs
+    /// held for the application to its ring, and moves up to
+    /// `4 * BUDGET` SDUs from its ring into the VMPI send ring, copying
+    /// ring to ring.
+    fn service_hv_rings(&mut self, port: PortId) -> FlowService {
+        let Some(slot) = self.flows.get_mut(&port) else {
+            return FlowService::Drained;
+        };
+        let (i, fd) = (slot.ipcp, slot.fd.as_raw_fd());
+        let mut kick = [0u8; 16];
+        loop {
+            match sys::recv(fd, &mut kick) {
+                Ok(Recv::Packet(_)) | Ok(Recv::Empty) => {}
+                Ok(Recv::WouldBlock) => break,
+                Ok(Recv::Closed) | Err(_) => return FlowService::Closed,
+            }
+        }
+        let Some(r) = &mut slot.rings else {
+            return FlowService::Drained;
+        };
+        let Imp::ShimHv(h) = &mut self.ipcps[i].imp else {
+            return FlowService::Drained;
+        };
+        // Held SDUs first, in order.
+        let (mut resume_rx, mut again) = (false, false);
+        if let Some(q) = h.rx_pending.get_mut(&port) {
+            let mut handed = false;
+            while let Some(sdu) = q.front() {
+                if r.to_app.push(&[sdu]).is_err() {
+                    break;
+                }
+                q.pop_front();
+                handed = true;
+            }
+            if handed && r.to_app.take_wakeup() {
+                ring_eventfd(&r.data);
+            }
+            match q.front() {
+                None => {
+                    h.rx_pending.remove(&port);
+                }
+                // Still full: ask the application to kick when it read.
+                Some(front) => {
+                    if !r.to_app.arm(front.len()) {
+                        again = true;
+                    }
+                }
+            }
+            let len = h.rx_pending.get(&port).map_or(0, VecDeque::len);
+            if h.rx_paused_on == Some(port) && len < RX_QUEUE_MAX / 2 {
+                h.rx_paused_on = None;
+                resume_rx = true;
+            }
+        }
+        if h.stalled.is_some() || !h.backlog.is_empty() {
+            h.parked.push(port);
+            if resume_rx {
+                self.mark_udp_ready(i);
+            }
+            return if again {
+                FlowService::More
+            } else {
+                FlowService::Drained
+            };
+        }
+        let max_sdu = h.machine.config().max_sdu as usize;
+        let (mut sent, mut result, mut full) = (0, FlowService::More, None);
+        for _ in 0..4 * BUDGET {
+            let Some(a) = &mut h.att else {
+                result = FlowService::Drained;
+                break;
+            };
+            let seg = match r.from_app.peek() {
+                Ok(Some(seg)) => seg,
+                Ok(None) => {
+                    if r.from_app.arm() {
+                        result = FlowService::Drained;
+                        break;
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    // The application wrote garbage: its own flow suffers.
+                    debug!(port, error = %e, "garbage in a flow's ring; dropped what was published");
+                    r.from_app.resync();
+                    if let Some(c) = h.machine.flow_counters_mut(port) {
+                        c.drops_out += 1;
+                    }
+                    result = FlowService::Drained;
+                    break;
+                }
+            };
+            let n = seg.len();
+            if n > max_sdu {
+                r.from_app.consume(n);
+                if let Some(c) = h.machine.flow_counters_mut(port) {
+                    c.drops_out += 1;
+                }
+                continue;
+            }
+            let need = CHANNEL_HEADER + n;
+            let dst = match a.link.reserve(need) {
+                Ok(d) => d,
+                Err(e) => {
+                    if matches!(e, RingError::BadIndex { .. }) {
+                        h.tx_ring_errors += 1;
+                    }
+                    full = Some(need);
+                    result = FlowService::Drained;
+                    break;
+                }
+            };
+            let hdr = match h.machine.send_header(port, n) {
+                Ok(hdr) => hdr,
+                Err(e) => {
+                    debug!(port, error = %e, "SDU not sent");
+                    r.from_app.consume(n);
+                    continue;
+                }
+            };
+            dst.write_at(0, &hdr);
+            seg.copy_to(&dst.skip(CHANNEL_HEADER));
+            r.from_app.consume(n);
+            match a.link.commit(need, need) {
+                Ok(()) => sent += 1,
+                Err(e) => {
+                    h.machine.unsend(port, n);
+                    debug!(port, error = %e, "SDU not sent");
+                }
+            }
+        }
+        if r.from_app.take_wakeup() {
+            ring_eventfd(&r.room);
+        }
+        if sent > 0 {
+            h.wake_peer_for_data();
+        }
+        if let Some(need) = full {
+            // The VMPI ring is full: read on when the peer frees slots.
+            h.parked.push(port);
+            if h.arm_tx_for(need) {
+                result = FlowService::More;
+            }
+        }
+        if resume_rx {
+            self.mark_udp_ready(i);
+        }
+        if again {
+            result = FlowService::More;
         }
         result
     }

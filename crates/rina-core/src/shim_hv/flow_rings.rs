@@ -1,0 +1,103 @@
+//! Shared-memory rings between an application and the daemon for one flow
+//! (the zero-system-call data path of flows over shim-hv).
+//!
+//! An application asks for them when it allocates or accepts a flow; if
+//! the IPCP serving the flow offers them, the daemon creates a memory file
+//! and two eventfds and sends them, with a [`Setup`] message, as the first
+//! packet of the flow's socket. The file holds two rings of
+//! [`super::ring`] one after the other: first the daemon-to-application
+//! ring, then the application-to-daemon ring, both of the geometry the
+//! setup message gives. The same validation as between VMs applies: an
+//! application writing garbage into the file only breaks its own flow.
+//!
+//! Notification: the daemon rings the first eventfd when it published SDUs
+//! the application waits for, the second when it freed room the
+//! application waits for; the application tells the daemon by writing a
+//! one-byte packet on the flow socket (which the daemon then only drains).
+//! Both sides ring only when the ring header says the other sleeps.
+
+use super::ring::Geometry;
+
+/// What a setup message starts with when rings follow (with three
+/// descriptors: the memory file, the data eventfd, the room eventfd).
+pub const MAGIC_RINGS: &[u8; 8] = b"RINARNG1";
+/// What a setup message is when the IPCP offers no rings: the flow is a
+/// plain socket.
+pub const MAGIC_NONE: &[u8; 8] = b"RINARNG0";
+/// Length of a setup message with rings.
+pub const SETUP_LEN: usize = 16;
+
+/// The geometry of the rings the daemon makes: 512 slots of 4 KiB per
+/// direction (2 MiB; a 64 KiB SDU takes 17 slots).
+pub const GEOMETRY: Geometry = Geometry {
+    slot_size: 4096,
+    slots: 512,
+};
+
+/// The first packet of a flow's socket when the application asked for rings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Setup {
+    /// Rings of this geometry follow in the memory file.
+    Rings(Geometry),
+    /// No rings: read and write the socket.
+    None,
+}
+
+impl Setup {
+    /// Its bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            Setup::Rings(g) => {
+                let mut v = MAGIC_RINGS.to_vec();
+                v.extend_from_slice(&g.slot_size.to_le_bytes());
+                v.extend_from_slice(&g.slots.to_le_bytes());
+                v
+            }
+            Setup::None => MAGIC_NONE.to_vec(),
+        }
+    }
+
+    /// Parses a setup message; `None` if it is not one (or its geometry is
+    /// unusable).
+    pub fn decode(b: &[u8]) -> Option<Setup> {
+        if b == MAGIC_NONE {
+            return Some(Setup::None);
+        }
+        if b.len() != SETUP_LEN || &b[..8] != MAGIC_RINGS {
+            return None;
+        }
+        let u = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        let g = Geometry {
+            slot_size: u(8),
+            slots: u(12),
+        };
+        g.validate().ok().map(Setup::Rings)
+    }
+}
+
+/// Offset of the daemon-to-application ring, offset of the
+/// application-to-daemon ring, and the size of the file.
+pub fn layout(geo: Geometry) -> (usize, usize, usize) {
+    let r = geo.ring_bytes();
+    (0, r, 2 * r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn setup_round_trips_and_refuses_garbage() {
+        for s in [Setup::Rings(GEOMETRY), Setup::None] {
+            assert_eq!(Setup::decode(&s.encode()), Some(s));
+        }
+        let mut bad = Setup::Rings(GEOMETRY).encode();
+        bad[12] = 3; // 3 slots: not a power of two
+        assert_eq!(Setup::decode(&bad), None);
+        assert_eq!(Setup::decode(b"hello"), None);
+        assert_eq!(Setup::decode(&[]), None);
+        let (a, b, total) = layout(GEOMETRY);
+        assert_eq!((a, b), (0, GEOMETRY.ring_bytes()));
+        assert_eq!(total, 2 * GEOMETRY.ring_bytes());
+    }
+}

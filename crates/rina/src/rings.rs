@@ -1,0 +1,286 @@
+//! The shared-memory data path of a flow: two rings in a memory file the
+//! daemon handed over (see `rina_core::shim_hv::flow_rings`), instead of one
+//! system call per SDU on the flow's socket.
+//!
+//! An SDU is copied into the send ring and the daemon is told only if it
+//! sleeps (one-byte packet on the flow socket); a read takes the next SDU
+//! from the receive ring and waits on the daemon's data eventfd only when
+//! the ring is empty. One thread may read while another writes: each ring
+//! has its own lock and its own eventfd. The socket stays the flow's
+//! lifetime: its hang-up says the daemon closed the flow.
+
+use crate::sock;
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::socket::MsgFlags;
+use rina_core::shim_hv::flow_rings::{self, Setup};
+use rina_core::shim_hv::ring::{Consumer, Producer, Region, RingError};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Longest a waiting side sleeps before it looks at its ring again, in case
+/// a doorbell was lost (a daemon restarting, say).
+const RECHECK: Duration = Duration::from_millis(50);
+
+/// Why the rings could not be set up or used.
+#[derive(Debug)]
+pub(crate) enum RingsError {
+    /// The daemon sent no setup message, or a malformed one.
+    BadSetup(String),
+    /// A system call failed.
+    Sys(Errno),
+    /// The daemon wrote garbage into the ring, or the SDU can never fit.
+    Ring(RingError),
+    /// The daemon closed the flow.
+    Closed,
+    /// The next SDU is longer than the buffer: its first bytes were copied.
+    TooLarge(usize),
+}
+
+/// A shared mapping, unmapped on drop.
+struct Map {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory, only accessed through
+// `Region` (atomics and bounds-checked copies).
+unsafe impl Send for Map {}
+// SAFETY: as above.
+unsafe impl Sync for Map {}
+
+impl Drop for Map {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly what `Rings::setup` mapped, once; the rings
+        // using it are dropped before (field order of `Rings`).
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// The two rings of a flow and their doorbells.
+pub(crate) struct Rings {
+    tx: Mutex<Producer>,
+    rx: Mutex<Consumer>,
+    /// The daemon rings it when it published SDUs we wait for.
+    data: OwnedFd,
+    /// The daemon rings it when it freed room we wait for.
+    room: OwnedFd,
+    _map: Map,
+    /// The memory file (kept open: a debugger or a test can find it in
+    /// /proc/self/fd).
+    _file: OwnedFd,
+}
+
+impl std::fmt::Debug for Rings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rings").finish_non_exhaustive()
+    }
+}
+
+impl Rings {
+    /// Reads the setup message the daemon sent first on flow socket
+    /// `sock` (waiting at most `timeout`): the rings, or `None` if the
+    /// flow is a plain socket.
+    pub(crate) fn setup(
+        sock: BorrowedFd<'_>,
+        timeout: Duration,
+    ) -> Result<Option<Rings>, RingsError> {
+        if !sock::wait_readable(sock, Some(timeout)).map_err(RingsError::Sys)? {
+            return Err(RingsError::BadSetup(
+                "no setup message within the deadline".into(),
+            ));
+        }
+        let mut b = [0u8; 64];
+        let p = sock::recv(sock, &mut b).map_err(RingsError::Sys)?;
+        let setup = Setup::decode(&b[..p.len.min(b.len())]).ok_or_else(|| {
+            RingsError::BadSetup(format!("{} bytes that are not a setup message", p.len))
+        })?;
+        let geo = match setup {
+            Setup::None => return Ok(None),
+            Setup::Rings(g) => g,
+        };
+        let mut fds = p.fds.into_iter();
+        let (Some(file), Some(data), Some(room)) = (fds.next(), fds.next(), fds.next()) else {
+            return Err(RingsError::BadSetup(
+                "rings announced without their three descriptors".into(),
+            ));
+        };
+        let (to_app, from_app, len) = flow_rings::layout(geo);
+        // SAFETY: fstat on a descriptor we own.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid descriptor and a stat buffer of the right type.
+        if unsafe { libc::fstat(file.as_raw_fd(), &mut st) } != 0
+            || (st.st_size as u64) < len as u64
+        {
+            return Err(RingsError::BadSetup(format!(
+                "the ring file is smaller than the {len} bytes its rings need"
+            )));
+        }
+        // SAFETY: a fresh shared mapping of `len` bytes of a file at least
+        // that long; the kernel picks the address.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(RingsError::Sys(Errno::last()));
+        }
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or(RingsError::Sys(Errno::ENOMEM))?;
+        let map = Map { ptr, len };
+        // SAFETY: the mapping is page-aligned, readable and writable for
+        // `len` bytes and lives in `Rings` as long as the rings using it.
+        let region = unsafe { Region::new(ptr, len) }.map_err(RingsError::Ring)?;
+        let sub = |off, n| {
+            region
+                .sub(off, n)
+                .ok_or_else(|| RingsError::BadSetup("ring outside the file".into()))
+        };
+        let rx = Consumer::new(sub(to_app, geo.ring_bytes())?, geo).map_err(RingsError::Ring)?;
+        let tx = Producer::new(sub(from_app, geo.ring_bytes())?, geo).map_err(RingsError::Ring)?;
+        Ok(Some(Rings {
+            tx: Mutex::new(tx),
+            rx: Mutex::new(rx),
+            data,
+            room,
+            _map: map,
+            _file: file,
+        }))
+    }
+
+    /// Puts one SDU in the send ring, waiting while it is full.
+    pub(crate) fn write(&self, sock: BorrowedFd<'_>, sdu: &[u8]) -> Result<(), RingsError> {
+        loop {
+            let mut tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+            match tx.push(&[sdu]) {
+                Ok(()) => {
+                    let wake = tx.take_wakeup();
+                    drop(tx);
+                    if wake {
+                        kick(sock)?;
+                    }
+                    return Ok(());
+                }
+                Err(RingError::Full) => {
+                    if tx.arm(sdu.len()) {
+                        drop(tx);
+                        wait(sock, self.room.as_fd(), None)?;
+                    }
+                }
+                Err(e) => return Err(RingsError::Ring(e)),
+            }
+        }
+    }
+
+    /// Takes the next SDU into `buf`, waiting until `deadline` (forever
+    /// without one) while the receive ring is empty; `None` on timeout.
+    pub(crate) fn read(
+        &self,
+        sock: BorrowedFd<'_>,
+        buf: &mut [u8],
+        deadline: Option<Instant>,
+    ) -> Result<Option<usize>, RingsError> {
+        loop {
+            let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+            let seg = match rx.peek() {
+                Ok(s) => s,
+                Err(e) => {
+                    // The daemon wrote garbage: skip what it published.
+                    rx.resync();
+                    return Err(RingsError::Ring(e));
+                }
+            };
+            if let Some(seg) = seg {
+                let n = seg.len();
+                let k = n.min(buf.len());
+                let ok = rx.read(n, &mut buf[..k]);
+                rx.consume(n);
+                let wake = rx.take_wakeup();
+                drop(rx);
+                if wake {
+                    kick(sock)?;
+                }
+                if !ok {
+                    return Err(RingsError::Ring(RingError::BadLength {
+                        len: n as u32,
+                        avail: 0,
+                    }));
+                }
+                return if n > buf.len() {
+                    Err(RingsError::TooLarge(n))
+                } else {
+                    Ok(Some(n))
+                };
+            }
+            if rx.arm() {
+                drop(rx);
+                if !wait(sock, self.data.as_fd(), deadline)? {
+                    return Ok(None);
+                }
+            }
+        }
+    }
+}
+
+/// Tells the daemon to look at the rings (it sleeps).
+fn kick(sock: BorrowedFd<'_>) -> Result<(), RingsError> {
+    match sock::send_sdu(sock, &[1], MsgFlags::MSG_DONTWAIT) {
+        // A full socket already holds kicks the daemon has yet to drain.
+        Ok(()) | Err(Errno::EAGAIN) => Ok(()),
+        Err(Errno::EPIPE) | Err(Errno::ECONNRESET) => Err(RingsError::Closed),
+        Err(e) => Err(RingsError::Sys(e)),
+    }
+}
+
+/// Sleeps until eventfd `efd` is rung (and resets it), the socket hangs up
+/// (the flow is closed), [`RECHECK`] passes, or `deadline`; false only at
+/// the deadline.
+fn wait(
+    sock: BorrowedFd<'_>,
+    efd: BorrowedFd<'_>,
+    deadline: Option<Instant>,
+) -> Result<bool, RingsError> {
+    let mut t = RECHECK;
+    if let Some(d) = deadline {
+        let left = d.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(false);
+        }
+        t = t.min(left);
+    }
+    let ms = t.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+    let mut fds = [
+        PollFd::new(efd, PollFlags::POLLIN),
+        // The daemon writes nothing on the socket after the setup message:
+        // readable means end of file.
+        PollFd::new(sock, PollFlags::POLLIN),
+    ];
+    match nix::poll::poll(
+        &mut fds,
+        PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+    ) {
+        Err(Errno::EINTR) | Ok(0) => return Ok(true),
+        Err(e) => return Err(RingsError::Sys(e)),
+        Ok(_) => {}
+    }
+    let hup = PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR;
+    if fds[1].revents().is_some_and(|r| r.intersects(hup)) {
+        return Err(RingsError::Closed);
+    }
+    if fds[0]
+        .revents()
+        .is_some_and(|r| r.contains(PollFlags::POLLIN))
+    {
+        let mut v = [0u8; 8];
+        // SAFETY: reads 8 bytes into a local buffer from our eventfd.
+        let _ = unsafe { libc::read(efd.as_raw_fd(), v.as_mut_ptr().cast(), 8) };
+    }
+    Ok(true)
+}
