@@ -9,11 +9,13 @@
 #   (c) latency: rina-echo round trips of 64-byte SDUs guest -> host -> guest
 #       (one every 2 ms), and the CPU time both idle daemons of (a) burn in
 #       IDLE seconds (with doorbells they sleep; polling wakes them 1000/s).
+# The application uses shared-memory rings with rinad (rina-perf's default;
+# NORINGS=1 passes --no-rings, one system call per SDU on the flow socket).
 # Prints one table (goodput in Mb/s, receiver side: iperf3 UDP is what its
 # server received) and the ratio of (a) to iperf3 UDP per size (aim: >= 1.5
 # from 1400 B up), and writes it as CSV (sdu_bytes, shim_hv_bps,
 # iperf3_udp_bps, iperf3_tcp_bps, normal_over_hv_bps, iperf3_udp_sent_bps)
-# to $CSV. Needs iperf3
+# to $CSV, and as a rina-lab run with its plot next to it. Needs iperf3
 # and python3; as root it installs iperf3 with apt when missing. No root
 # needed otherwise.
 #
@@ -24,6 +26,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${DUR:-3}
+RINGS=${NORINGS:+--no-rings}
 BUSY=${BUSY:-false}
 IDLE=${IDLE:-5}
 if ! command -v iperf3 >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
@@ -32,7 +35,7 @@ fi
 command -v iperf3 >/dev/null || { echo "bench: iperf3 is needed" >&2; exit 1; }
 command -v python3 >/dev/null || { echo "bench: python3 is needed" >&2; exit 1; }
 
-[ -n "${NOBUILD:-}" ] || cargo build --release -q -p rinad -p rina-tools
+[ -n "${NOBUILD:-}" ] || cargo build --release -q -p rinad -p rina-tools -p rina-lab
 BIN=${BIN:-${CARGO_TARGET_DIR:-target}/release}
 CSV=${CSV:-${CARGO_TARGET_DIR:-target}/shim_hv.csv}
 T=$(mktemp -d /tmp/rina-bench-hv.XXXXXX)
@@ -88,10 +91,10 @@ start host "$(hv host hv hv "$SHM-a" host)"
 sleep 0.2
 start guest "$(hv guest hv hv "$SHM-a" guest)"
 wait_up "$T/host.sock"; wait_up "$T/guest.sock"
-"$BIN/rina-perf" server --socket "$T/host.sock" --name perf >/dev/null 2>&1 & PIDS+=($!)
+"$BIN/rina-perf" server --socket "$T/host.sock" --name perf $RINGS >/dev/null 2>&1 & PIDS+=($!)
 sleep 0.3
 echo "== (a) rina-perf over shim-hv, ${DUR} s per size"
-"$BIN/rina-perf" client --socket "$T/guest.sock" --dif hv --dst perf --sweep "$SIZES" --duration-s "$DUR" --csv > "$T/a.csv"
+"$BIN/rina-perf" client --socket "$T/guest.sock" --dif hv --dst perf --sweep "$SIZES" --duration-s "$DUR" --csv $RINGS > "$T/a.csv"
 
 # (c) latency and idle CPU over the same pair.
 "$BIN/rina-echo" server --socket "$T/host.sock" --name echo >/dev/null 2>&1 & PIDS+=($!)
@@ -176,4 +179,21 @@ with open(out, "w", newline="") as f:
     for r in rows:
         w.writerow([r[0]] + [f"{v:.0f}" if v == v else "" for v in r[1:]])
 print(f"CSV: {out}")
+# The same points as a rina-lab run, for `rina-lab plot` (goodput against SDU size).
+import os
+series = (("app over shim-hv (Fig. 4a)", 1), ("normal DIF over shim-hv (Fig. 4b)", 4),
+          ("iperf3 UDP loopback", 2), ("iperf3 TCP loopback", 3))
+points = [{"series": name, "sdu_bytes": r[0], "goodput_bps": r[k]}
+          for r in rows for name, k in series if r[k] == r[k]]
+run = {"backend": "bench", "experiment": "shim-hv seed 001 Fig. 4", "variant": None,
+       "wall_time_s": 0.0, "duration_s": 0.0, "flows": [], "samples": [], "goodput": points,
+       "links": [], "timeline": []}
+d = os.path.join(os.path.dirname(out) or ".", "shim_hv_run")
+os.makedirs(d, exist_ok=True)
+json.dump({"schema": 1, "run": run}, open(os.path.join(d, "run.json"), "w"))
+print(f"run: {d}")
 PY
+RUN_DIR="$(dirname "$CSV")/shim_hv_run"
+if [ -x "$BIN/rina-lab" ] && "$BIN/rina-lab" plot "$RUN_DIR" >/dev/null 2>&1; then
+    echo "plots: $RUN_DIR/plots/goodput_sdu.{png,svg}"
+fi

@@ -27,11 +27,12 @@ pub const MAGIC_NONE: &[u8; 8] = b"RINARNG0";
 /// Length of a setup message with rings.
 pub const SETUP_LEN: usize = 16;
 
-/// The geometry of the rings the daemon makes: 512 slots of 4 KiB per
-/// direction (2 MiB; a 64 KiB SDU takes 17 slots).
+/// The geometry of the rings the daemon makes: 1024 slots of 4 KiB per
+/// direction (4 MiB, as the VMPI rings; a 64 KiB SDU takes 17 slots). The
+/// file is sparse: pages are only used once SDUs went through them.
 pub const GEOMETRY: Geometry = Geometry {
     slot_size: 4096,
-    slots: 512,
+    slots: 1024,
 };
 
 /// The first packet of a flow's socket when the application asked for rings.
