@@ -570,12 +570,12 @@ fn vm_to_vm(tag: &str, cubes: &str) -> VmToVm {
 
 /// Allocates a flow from vm1 to `dst` over "net", retrying while the DIF
 /// comes up.
-fn allocate_vm1(vms: &VmToVm, dst: &str) -> Flow {
+fn allocate_vm1(vms: &VmToVm, dst: &str, rings: bool) -> Flow {
     let mut flow = None;
     wait_for("a flow from vm1 to vm2", Duration::from_secs(20), || {
-        flow = vms
-            .vm1
-            .client()
+        let mut c = vms.vm1.client();
+        c.set_rings(rings);
+        flow = c
             .allocate(
                 &name("vm1-app"),
                 &name(dst),
@@ -613,13 +613,12 @@ fn vm_to_vm_through_the_host_over_a_normal_dif() {
             });
         }
     });
-    let flow = allocate_vm1(&vms, "echo");
+    let flow = allocate_vm1(&vms, "echo", false);
     assert_eq!(flow.info().dif, "net");
-    // Rings are a shim-hv offer: asked for over the normal DIF, the flow
-    // is a plain socket, and works.
+    // Over the normal DIF too, an application may ask for rings.
     let mut rc = vms.vm1.client();
     rc.set_rings(true);
-    let plain = rc
+    let ringed = rc
         .allocate(
             &name("vm1-r"),
             &name("echo"),
@@ -627,8 +626,11 @@ fn vm_to_vm_through_the_host_over_a_normal_dif() {
             &QosSpec::default(),
         )
         .unwrap();
-    assert!(!plain.has_rings());
-    assert_eq!(roundtrip(&plain, b"socket"), b"socket");
+    assert!(ringed.has_rings());
+    for i in 0..20u8 {
+        let sdu = vec![i; 1 + 3000 * i as usize];
+        assert_eq!(roundtrip(&ringed, &sdu), sdu);
+    }
     for i in 0..20u8 {
         let sdu = vec![i; 200 + 100 * i as usize];
         assert_eq!(roundtrip(&flow, &sdu), sdu);
@@ -651,9 +653,20 @@ fn vm_to_vm_through_the_host_over_a_normal_dif() {
 /// no SDU dropped for a full application socket) and nothing is resent.
 #[test]
 fn vm_to_vm_flow_control_holds_a_fast_writer_back_without_loss() {
+    flow_control_vm_to_vm(false);
+}
+
+/// The same with shared-memory rings at both applications.
+#[test]
+fn vm_to_vm_flow_control_with_rings_at_both_ends() {
+    flow_control_vm_to_vm(true);
+}
+
+fn flow_control_vm_to_vm(rings: bool) {
     let cube = "\n[[ipcp.qos_cube]]\nid = 1\nname = \"vm\"\nflow_control = true\n";
-    let vms = vm_to_vm("hvvmfc", cube);
+    let vms = vm_to_vm(if rings { "hvvmfcr" } else { "hvvmfc" }, cube);
     let mut c = vms.vm2.client();
+    c.set_rings(rings);
     c.register(&name("sink"), Some("net")).unwrap();
     const N: u32 = 6000;
     let (tx, rx) = std::sync::mpsc::channel();
@@ -676,7 +689,8 @@ fn vm_to_vm_flow_control_holds_a_fast_writer_back_without_loss() {
         // The flow stays open (its counters listed) until the test ends.
         let _ = tx.send((got, flow));
     });
-    let flow = allocate_vm1(&vms, "sink");
+    let flow = allocate_vm1(&vms, "sink", rings);
+    assert_eq!(flow.has_rings(), rings);
     let mut sdu = vec![7u8; 4000];
     let t0 = std::time::Instant::now();
     for k in 0..N {
@@ -685,7 +699,7 @@ fn vm_to_vm_flow_control_holds_a_fast_writer_back_without_loss() {
     }
     let (got, _sink) = rx.recv_timeout(Duration::from_secs(60)).unwrap();
     eprintln!(
-        "vm1 -> vm2 with window flow control: {} of {N} SDUs of 4000 B in {:?}",
+        "vm1 -> vm2 with window flow control (rings: {rings}): {} of {N} SDUs of 4000 B in {:?}",
         got.len(),
         t0.elapsed()
     );

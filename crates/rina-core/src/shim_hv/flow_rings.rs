@@ -1,5 +1,5 @@
 //! Shared-memory rings between an application and the daemon for one flow
-//! (the zero-system-call data path of flows over shim-hv).
+//! (the zero-system-call data path of flows over shim-hv and normal DIFs).
 //!
 //! An application asks for them when it allocates or accepts a flow; if
 //! the IPCP serving the flow offers them, the daemon creates a memory file

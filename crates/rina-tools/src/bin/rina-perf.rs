@@ -84,7 +84,7 @@ struct ClientArgs {
     #[arg(long)]
     csv: bool,
     /// Do not ask for shared-memory rings where the DIF offers them
-    /// (shim-hv): the flow's socket then carries every SDU.
+    /// (shim-hv, normal DIFs): the flow's socket then carries every SDU.
     #[arg(long)]
     no_rings: bool,
 }

@@ -22,6 +22,7 @@
 //! control client that does not read its replies is disconnected once
 //! [`CONN_QUEUE_MAX`] messages are queued for it.
 
+mod app_rings;
 mod control;
 mod ipcp;
 mod normal;
@@ -99,7 +100,7 @@ struct FlowSlot {
     /// Already in the ready queue.
     queued: bool,
     /// Shared-memory rings with the application (shim-hv flows that asked).
-    rings: Option<shim_hv::AppRings>,
+    rings: Option<app_rings::AppRings>,
 }
 
 /// A control connection.
@@ -776,8 +777,8 @@ impl Daemon {
             let _ = n.machine.set_auto_consume(port, false);
         }
         let rings = if rings {
-            let offered = matches!(self.ipcps[i].imp, Imp::ShimHv(_));
-            shim_hv::AppRings::offer(ours.as_raw_fd(), offered).map_err(|e| {
+            let offered = matches!(self.ipcps[i].imp, Imp::ShimHv(_) | Imp::Normal(_));
+            app_rings::AppRings::offer(ours.as_raw_fd(), offered).map_err(|e| {
                 let _ = self
                     .poll
                     .registry()

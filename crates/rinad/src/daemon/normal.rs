@@ -474,6 +474,9 @@ impl Daemon {
         let Some(slot) = self.flows.get(&port) else {
             return;
         };
+        if slot.rings.is_some() {
+            return self.normal_deliver_rings(j, port, sdu);
+        }
         let fd = slot.fd.as_raw_fd();
         let Imp::Normal(n) = &mut self.ipcps[j].imp else {
             return;
@@ -500,6 +503,142 @@ impl Daemon {
             token(T_FLOW, port as usize),
             Interest::READABLE | Interest::WRITABLE,
         );
+    }
+
+    /// [`Daemon::normal_deliver`] for a flow with shared-memory rings:
+    /// into the application's ring, or held (bounded as for sockets) until
+    /// it kicks.
+    fn normal_deliver_rings(&mut self, j: usize, port: PortId, sdu: Vec<u8>) {
+        let now = self.now();
+        let Some(r) = self.flows.get_mut(&port).and_then(|s| s.rings.as_mut()) else {
+            return;
+        };
+        let Imp::Normal(n) = &mut self.ipcps[j].imp else {
+            return;
+        };
+        let q = n.rx_pending.entry(port).or_default();
+        if q.is_empty() && r.deliver(&sdu) {
+            let _ = n.machine.consume(now, port, 1);
+            return;
+        }
+        if q.len() >= MAX_RX_PENDING {
+            let _ = n.machine.consume(now, port, 1);
+            *n.drops_in.entry(port).or_default() += 1;
+            return;
+        }
+        q.push_back(sdu);
+        let room_now = q.front().is_some_and(|f| r.want_room(f.len()));
+        if room_now {
+            self.mark_flow_ready(port);
+        }
+    }
+
+    /// Hands SDUs held for the application of ring flow `port` (of normal
+    /// IPCP `j`) to its ring; true if room appeared for more meanwhile.
+    fn normal_rings_flush_rx(&mut self, j: usize, port: PortId) -> bool {
+        let now = self.now();
+        let Some(r) = self.flows.get_mut(&port).and_then(|s| s.rings.as_mut()) else {
+            return false;
+        };
+        let Imp::Normal(n) = &mut self.ipcps[j].imp else {
+            return false;
+        };
+        let Some(q) = n.rx_pending.get_mut(&port) else {
+            return false;
+        };
+        let mut sent = 0;
+        while let Some(sdu) = q.front() {
+            if !r.deliver(sdu) {
+                break;
+            }
+            q.pop_front();
+            sent += 1;
+        }
+        let again = q.front().is_some_and(|f| r.want_room(f.len()));
+        if q.is_empty() {
+            n.rx_pending.remove(&port);
+        }
+        let _ = n.machine.consume(now, port, sent);
+        again
+    }
+
+    /// Serves normal flow `port` whose application uses shared-memory
+    /// rings: drains its kicks, hands it held SDUs, and writes up to
+    /// [`BUDGET`] SDUs from its ring (copied once, into the daemon's
+    /// buffer) into the IPCP.
+    fn service_normal_rings(&mut self, port: PortId) -> FlowService {
+        let Some(slot) = self.flows.get(&port) else {
+            return FlowService::Drained;
+        };
+        let (fd, j) = (slot.fd.as_raw_fd(), slot.ipcp);
+        if !super::app_rings::drain_kicks(fd) {
+            return FlowService::Closed;
+        }
+        let now = self.now();
+        let again = self.normal_rings_flush_rx(j, port);
+        let more = if again {
+            FlowService::More
+        } else {
+            FlowService::Drained
+        };
+        let over_hv = self.over_hv(j);
+        for _ in 0..BUDGET {
+            if over_hv {
+                if let Some(lower) = self.hv_congested_under(j) {
+                    self.hv_park_upper(lower, port);
+                    return more;
+                }
+            }
+            let Some(r) = self.flows.get_mut(&port).and_then(|s| s.rings.as_mut()) else {
+                return FlowService::Drained;
+            };
+            let Imp::Normal(n) = &mut self.ipcps[j].imp else {
+                return FlowService::Drained;
+            };
+            if n.tx_stash.contains_key(&port) {
+                return more;
+            }
+            let seg = match r.from_app.peek() {
+                Ok(Some(seg)) => seg,
+                Ok(None) => {
+                    if r.from_app.arm() {
+                        return more;
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    debug!(port, error = %e, "garbage in a flow's ring; dropped what was published");
+                    r.from_app.resync();
+                    *n.drops_out.entry(port).or_default() += 1;
+                    return more;
+                }
+            };
+            let len = seg.len();
+            let ok = len <= self.buf.len() && r.from_app.read(len, &mut self.buf[..len]);
+            r.from_app.consume(len);
+            r.took();
+            if !ok {
+                *n.drops_out.entry(port).or_default() += 1;
+                continue;
+            }
+            match n.machine.write(now, port, &self.buf[..len]) {
+                Ok(()) if over_hv => {
+                    while let Some(ev) = self.ipcps[j].poll_event() {
+                        self.on_event(j, ev);
+                    }
+                }
+                Ok(()) => {}
+                Err(normal::NormalError::WouldBlock(_)) => {
+                    n.tx_stash.insert(port, self.buf[..len].to_vec());
+                    return more;
+                }
+                Err(e) => {
+                    *n.drops_out.entry(port).or_default() += 1;
+                    debug!(port, error = %e, "SDU not sent");
+                }
+            }
+        }
+        FlowService::More
     }
 
     /// The application's socket of normal flow `port` can take more.
@@ -544,6 +683,9 @@ impl Daemon {
         let Some(slot) = self.flows.get(&port) else {
             return FlowService::Drained;
         };
+        if slot.rings.is_some() {
+            return self.service_normal_rings(port);
+        }
         let (fd, j) = (slot.fd.as_raw_fd(), slot.ipcp);
         let now = self.now();
         // Over shim-hv, the frames of each SDU go to the ring (or its

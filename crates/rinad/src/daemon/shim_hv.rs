@@ -44,9 +44,8 @@
 //! `tx_ring_full`). Control messages wait in a backlog of their own.
 
 use super::*;
-use rina_core::shim_hv::flow_rings::{self, Setup};
 use rina_core::shim_hv::link::{region_size, Backlog, BacklogOutcome, Link, LinkConfig, LinkEvent};
-use rina_core::shim_hv::ring::{Consumer, Geometry, Producer, Region, RingError, Segments};
+use rina_core::shim_hv::ring::{Geometry, Region, RingError, Segments};
 use rina_core::shim_hv::vmpi::{CHANNEL_HEADER, CONTROL_CHANNEL};
 use rina_core::shim_hv::{self as core_hv, ShimHv, Side};
 use std::os::fd::{FromRawFd, RawFd};
@@ -84,13 +83,13 @@ pub const N1_BACKLOG_BYTES: usize = 4 << 20;
 const RX_QUEUE_MAX: usize = 64;
 
 /// A shared mapping of a file, unmapped on drop.
-struct Mapping {
+pub(super) struct Mapping {
     ptr: NonNull<u8>,
     len: usize,
 }
 
 impl Mapping {
-    fn new(file: &std::fs::File, len: usize) -> io::Result<Mapping> {
+    pub(super) fn new(file: &std::fs::File, len: usize) -> io::Result<Mapping> {
         // SAFETY: a fresh shared mapping of `len` bytes of an open file; the
         // kernel picks the address.
         let p = unsafe {
@@ -110,7 +109,7 @@ impl Mapping {
         Ok(Mapping { ptr, len })
     }
 
-    fn region(&self) -> Region {
+    pub(super) fn region(&self) -> Region {
         // SAFETY: the mapping is page-aligned, readable and writable for
         // `len` bytes, and outlives the link using it (both live in
         // `Attached`, the link dropped first).
@@ -129,83 +128,6 @@ impl Drop for Mapping {
 struct Attached {
     link: Link,
     _map: Mapping,
-}
-
-/// Shared-memory rings with the application of one flow (it asked for
-/// them; see `rina_core::shim_hv::flow_rings`): SDUs go from its ring
-/// straight into the VMPI ring and back, with no system call while both
-/// sides are busy.
-pub(super) struct AppRings {
-    to_app: Producer,
-    from_app: Consumer,
-    /// Rung when SDUs wait for the application (it sleeps on them).
-    data: OwnedFd,
-    /// Rung when room appeared for the application (it sleeps on a full ring).
-    room: OwnedFd,
-    _map: Mapping,
-}
-
-impl AppRings {
-    /// Sends the setup message as the first packet on flow socket `fd`:
-    /// new rings if `offered`, else "no rings".
-    pub(super) fn offer(fd: RawFd, offered: bool) -> io::Result<Option<AppRings>> {
-        if !offered {
-            send_with_fds(fd, &Setup::None.encode(), &[])?;
-            return Ok(None);
-        }
-        let geo = flow_rings::GEOMETRY;
-        let (to_off, from_off, len) = flow_rings::layout(geo);
-        // SAFETY: a NUL-terminated name; a negative return is an error.
-        let raw = unsafe { libc::memfd_create(c"rina-flow".as_ptr(), libc::MFD_CLOEXEC) };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a fresh descriptor nobody else owns.
-        let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(raw) });
-        file.set_len(len as u64)?;
-        let map = Mapping::new(&file, len)?;
-        let region = map.region();
-        let ring = |off| {
-            region
-                .sub(off, geo.ring_bytes())
-                .ok_or_else(|| io::Error::other("ring outside the file"))
-        };
-        let to_io = |e: RingError| io::Error::other(e.to_string());
-        let to_app = Producer::new(ring(to_off)?, geo).map_err(to_io)?;
-        let from_app = Consumer::new(ring(from_off)?, geo).map_err(to_io)?;
-        // Nothing to read yet: the application's first SDU must kick us.
-        from_app.arm();
-        let (data, room) = (eventfd()?, eventfd()?);
-        send_with_fds(
-            fd,
-            &Setup::Rings(geo).encode(),
-            &[file.as_raw_fd(), data.as_raw_fd(), room.as_raw_fd()],
-        )?;
-        Ok(Some(AppRings {
-            to_app,
-            from_app,
-            data,
-            room,
-            _map: map,
-        }))
-    }
-}
-
-/// Sends one packet with descriptors on a fresh flow socket.
-fn send_with_fds(fd: RawFd, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
-    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
-    let iov = [std::io::IoSlice::new(bytes)];
-    let cmsgs = [ControlMessage::ScmRights(fds)];
-    let cmsgs: &[ControlMessage<'_>] = if fds.is_empty() { &[] } else { &cmsgs };
-    sendmsg::<()>(
-        fd,
-        &iov,
-        cmsgs,
-        MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT,
-        None,
-    )
-    .map(|_| ())
-    .map_err(|e| io::Error::from_raw_os_error(e as i32))
 }
 
 /// A shim-hv IPCP's machine and shared memory.
@@ -398,7 +320,7 @@ impl Drop for HvIo {
 }
 
 /// A fresh non-blocking eventfd.
-fn eventfd() -> io::Result<OwnedFd> {
+pub(super) fn eventfd() -> io::Result<OwnedFd> {
     // SAFETY: no pointers; a negative return is an error.
     let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
     if fd < 0 {
@@ -410,7 +332,7 @@ fn eventfd() -> io::Result<OwnedFd> {
 
 /// Adds one to an eventfd (wakes whoever waits on it); false if it failed
 /// (a counter at its maximum is already readable, so nothing is lost).
-fn ring_eventfd(fd: &OwnedFd) -> bool {
+pub(super) fn ring_eventfd(fd: &OwnedFd) -> bool {
     let one: u64 = 1;
     // SAFETY: writes 8 bytes from a live u64.
     let n = unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
@@ -1455,13 +1377,8 @@ impl Daemon {
             return FlowService::Drained;
         };
         let (i, fd) = (slot.ipcp, slot.fd.as_raw_fd());
-        let mut kick = [0u8; 16];
-        loop {
-            match sys::recv(fd, &mut kick) {
-                Ok(Recv::Packet(_)) | Ok(Recv::Empty) => {}
-                Ok(Recv::WouldBlock) => break,
-                Ok(Recv::Closed) | Err(_) => return FlowService::Closed,
-            }
+        if !super::app_rings::drain_kicks(fd) {
+            return FlowService::Closed;
         }
         let Some(r) = &mut slot.rings else {
             return FlowService::Drained;
@@ -1577,9 +1494,7 @@ impl Daemon {
                 }
             }
         }
-        if r.from_app.take_wakeup() {
-            ring_eventfd(&r.room);
-        }
+        r.took();
         if sent > 0 {
             h.wake_peer_for_data();
         }

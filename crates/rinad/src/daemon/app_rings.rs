@@ -1,0 +1,129 @@
+//! Shared-memory rings between `rinad` and the application of one flow
+//! (`Client::set_rings`; layout and setup message in
+//! `rina_core::shim_hv::flow_rings`): the daemon makes the memory file and
+//! two eventfds and sends them as the first packet of the flow socket;
+//! afterwards SDUs go through the rings, and the socket only carries the
+//! application's one-byte kicks (and its end of file).
+
+use super::shim_hv::{eventfd, ring_eventfd, Mapping};
+use rina_core::shim_hv::flow_rings::{self, Setup};
+use rina_core::shim_hv::ring::{Consumer, Producer, RingError};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// Shared-memory rings with the application of one flow: SDUs go from
+/// its ring straight into the IPCP (for shim-hv, into the VMPI ring) and
+/// back, with no system call while both sides are busy.
+pub(super) struct AppRings {
+    pub to_app: Producer,
+    pub from_app: Consumer,
+    /// Rung when SDUs wait for the application (it sleeps on them).
+    pub data: OwnedFd,
+    /// Rung when room appeared for the application (it sleeps on a full ring).
+    pub room: OwnedFd,
+    _map: Mapping,
+}
+
+impl AppRings {
+    /// Sends the setup message as the first packet on flow socket `fd`:
+    /// new rings if `offered`, else "no rings".
+    pub(super) fn offer(fd: RawFd, offered: bool) -> io::Result<Option<AppRings>> {
+        if !offered {
+            send_with_fds(fd, &Setup::None.encode(), &[])?;
+            return Ok(None);
+        }
+        let geo = flow_rings::GEOMETRY;
+        let (to_off, from_off, len) = flow_rings::layout(geo);
+        // SAFETY: a NUL-terminated name; a negative return is an error.
+        let raw = unsafe { libc::memfd_create(c"rina-flow".as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor nobody else owns.
+        let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(raw) });
+        file.set_len(len as u64)?;
+        let map = Mapping::new(&file, len)?;
+        let region = map.region();
+        let ring = |off| {
+            region
+                .sub(off, geo.ring_bytes())
+                .ok_or_else(|| io::Error::other("ring outside the file"))
+        };
+        let to_io = |e: RingError| io::Error::other(e.to_string());
+        let to_app = Producer::new(ring(to_off)?, geo).map_err(to_io)?;
+        let from_app = Consumer::new(ring(from_off)?, geo).map_err(to_io)?;
+        // Nothing to read yet: the application's first SDU must kick us.
+        from_app.arm();
+        let (data, room) = (eventfd()?, eventfd()?);
+        send_with_fds(
+            fd,
+            &Setup::Rings(geo).encode(),
+            &[file.as_raw_fd(), data.as_raw_fd(), room.as_raw_fd()],
+        )?;
+        Ok(Some(AppRings {
+            to_app,
+            from_app,
+            data,
+            room,
+            _map: map,
+        }))
+    }
+}
+
+/// Sends one packet with descriptors on a fresh flow socket.
+fn send_with_fds(fd: RawFd, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    let iov = [std::io::IoSlice::new(bytes)];
+    let cmsgs = [ControlMessage::ScmRights(fds)];
+    let cmsgs: &[ControlMessage<'_>] = if fds.is_empty() { &[] } else { &cmsgs };
+    sendmsg::<()>(
+        fd,
+        &iov,
+        cmsgs,
+        MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT,
+        None,
+    )
+    .map(|_| ())
+    .map_err(|e| io::Error::from_raw_os_error(e as i32))
+}
+
+impl AppRings {
+    /// Puts one SDU in the application's receive ring; false if it has no
+    /// room (the application is then asked to kick once it read).
+    pub(super) fn deliver(&mut self, sdu: &[u8]) -> bool {
+        if self.to_app.push(&[sdu]).is_ok() {
+            if self.to_app.take_wakeup() {
+                ring_eventfd(&self.data);
+            }
+            return true;
+        }
+        false
+    }
+
+    /// After SDUs were held for want of room: asks the application to
+    /// kick when it read; true if room appeared meanwhile (try now).
+    pub(super) fn want_room(&mut self, len: usize) -> bool {
+        !self.to_app.arm(len)
+    }
+
+    /// After taking SDUs from the application's ring: wakes it if it
+    /// waits for room.
+    pub(super) fn took(&self) {
+        if self.from_app.take_wakeup() {
+            ring_eventfd(&self.room);
+        }
+    }
+}
+
+/// Reads and drops the application's kicks on flow socket `fd`; false if
+/// it closed the flow.
+pub(super) fn drain_kicks(fd: RawFd) -> bool {
+    let mut kick = [0u8; 16];
+    loop {
+        match crate::sys::recv(fd, &mut kick) {
+            Ok(crate::sys::Recv::Packet(_)) | Ok(crate::sys::Recv::Empty) => {}
+            Ok(crate::sys::Recv::WouldBlock) => return true,
+            Ok(crate::sys::Recv::Closed) | Err(_) => return false,
+        }
+    }
+}
