@@ -91,6 +91,91 @@ done
 echo "GUEST-UP uptime=$(up) shim-hv peer up"
 rinactl --socket "$S" ipcps
 
+# The interface bound to the driver $1 (waits up to 5 s for it).
+nic_of() {
+    i=0
+    while [ "$i" -lt 50 ]; do
+        for n in /sys/class/net/*; do
+            d=$(readlink "$n/device/driver" 2>/dev/null)
+            [ "${d##*/}" = "$1" ] && { echo "${n##*/}"; return; }
+        done
+        i=$((i + 1))
+        sleep 0.1
+    done
+}
+bench() {
+    sizes=$(arg bench_sizes 1400,4000,8192,16384,65536)
+    secs=$(arg bench_s 3)
+    port=$(arg iperf_port 5201)
+    if [ -s /lib/modules/order ]; then
+        while read -r m; do
+            insmod "/lib/modules/$m" || echo "GUEST-BENCH-FAIL insmod $m"
+        done </lib/modules/order
+    fi
+    ip link set lo up
+    nics=""
+    for kind in virtio e1000; do
+        addr=$(arg "${kind}_ip" "")
+        peer=$(arg "${kind}_peer" "")
+        [ -n "$addr" ] && [ -n "$peer" ] || continue
+        drv=virtio_net
+        [ "$kind" = e1000 ] && drv=e1000
+        ifc=$(nic_of "$drv")
+        if [ -z "$ifc" ]; then
+            echo "GUEST-BENCH-FAIL no $drv interface"
+            continue
+        fi
+        ip addr add "$addr" dev "$ifc"
+        ip link set "$ifc" up
+        i=0
+        until ping -c 1 -W 1 "$peer" >/dev/null 2>&1; do
+            i=$((i + 1))
+            [ "$i" -gt 10 ] && break
+        done
+        echo "GUEST-NIC $kind $ifc $addr peer $peer mtu $(cat "/sys/class/net/$ifc/mtu") ping_tries=$i"
+        nics="$nics $kind:$peer"
+    done
+    for mode in rings norings; do
+        dst=perf
+        flag=""
+        if [ "$mode" = norings ]; then
+            dst=perf-nr
+            flag=--no-rings
+        fi
+        # shellcheck disable=SC2086 # $flag is empty or one word
+        out=$(rina-perf client --socket "$S" --dif "$DIF" --dst "$dst" --name "vm-perf-$mode" $flag \
+            --duration-s "$secs" --sweep "$sizes" --csv 2>&1)
+        echo "$out" | sed "s/^/GUEST-BENCH-PERF $mode /"
+        echo "GUEST-BENCH-STEP $mode done uptime=$(up)"
+    done
+    for kp in $nics; do
+        kind=${kp%%:*}
+        peer=${kp#*:}
+        for s in $(echo "$sizes" | tr , ' '); do
+            u=$s
+            [ "$u" -gt 65507 ] && u=65507
+            for proto in udp tcp; do
+                if [ "$proto" = udp ]; then
+                    set -- -u -l "$u" -b 0
+                else
+                    set -- -l "$s"
+                fi
+                # One retry: the server may still be closing the last test.
+                for try in 1 2; do
+                    out=$(iperf3 -c "$peer" -p "$port" "$@" -t "$secs" -i 0 -J 2>&1 | tr -d '\n')
+                    case "$out" in *'"error"'*) sleep 1 ;; *) break ;; esac
+                done
+                echo "GUEST-BENCH-IPERF $kind $proto $s $out"
+            done
+        done
+        echo "GUEST-BENCH-STEP $kind done uptime=$(up)"
+    done
+}
+if [ "$(arg mode test)" = bench ]; then
+    bench
+    finish
+fi
+
 # 1. guest -> host
 n=$(arg echo_count 20)
 out=$(rina-echo client --socket "$S" --dif "$DIF" --dst echo --name vm-echo-client \
