@@ -521,6 +521,17 @@ impl ShimHv {
         }
     }
 
+    /// Takes back what [`ShimHv::on_data_header`] counted for a data
+    /// buffer of `len` bytes on `port` that the driver left in the ring,
+    /// to take it again later (the application had no room yet).
+    pub fn unreceive(&mut self, port: PortId, len: usize) {
+        self.counters.rx_buffers = self.counters.rx_buffers.saturating_sub(1);
+        if let Some(f) = self.flows.get_mut(&port) {
+            f.counters.sdus_in = f.counters.sdus_in.saturating_sub(1);
+            f.counters.bytes_in = f.counters.bytes_in.saturating_sub(len as u64);
+        }
+    }
+
     /// The other end is attached (its heartbeat moves).
     pub fn peer_up(&mut self) {
         self.peer_up = true;

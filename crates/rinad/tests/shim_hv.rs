@@ -269,6 +269,42 @@ fn rings_carry_sdus_both_ways_without_loss_and_close() {
         .map(|f| f.counters.drops_in + f.counters.drops_out)
         .sum();
     assert_eq!(drops, 0);
+    // A reader that starts late: 200 SDUs of 64 KiB (13 MB) against 4 MiB
+    // rings. The host's application ring fills, the SDUs wait in the VMPI
+    // ring (the host stops reading it), then the guest's rings fill and
+    // its writer blocks; once the reader runs, everything arrives in order.
+    let mut sink = p.host.client();
+    sink.set_rings(true);
+    sink.register(&name("late"), Some("hv")).unwrap();
+    let late = std::thread::spawn(move || {
+        let req = sink.next_request().unwrap();
+        let f = sink.accept(&req).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let mut buf = vec![0u8; 65_536];
+        let mut got = Vec::new();
+        while got.len() < 200 {
+            match f.read_timeout(&mut buf, T).unwrap() {
+                Some(n) => {
+                    assert_eq!(n, 65_536);
+                    got.push(u32::from_le_bytes(buf[..4].try_into().unwrap()));
+                }
+                None => break,
+            }
+        }
+        got
+    });
+    let lf = allocate(&mut c, "vm-app", "late").unwrap();
+    for k in 0..200u32 {
+        let mut s = big.clone();
+        s[..4].copy_from_slice(&k.to_le_bytes());
+        lf.write(&s).unwrap();
+    }
+    assert_eq!(late.join().unwrap(), (0..200).collect::<Vec<u32>>());
+    assert!(
+        p.host.counter("rx_ring_waits") > 0,
+        "the host's ring never waited for the late reader: the test proves nothing"
+    );
+    drop(lf);
     // A short buffer: the SDU's head is kept and the error says so.
     flow.write(&big).unwrap();
     let mut small = [0u8; 100];
@@ -280,9 +316,9 @@ fn rings_carry_sdus_both_ways_without_loss_and_close() {
     };
     assert_eq!(e.kind(), ErrorKind::SduTooLarge, "{e}");
     assert_eq!(&small[..], &big[..100]);
-    // Closing at the guest frees the flow at both ends.
+    // Closing at the guest frees the flows at both ends.
     flow.deallocate();
-    wait_for("the host to free the flow", T, || {
+    wait_for("the host to free the flows", T, || {
         p.host.client().list_flows().unwrap().is_empty()
     });
     // A plain client of the same daemons still gets socket flows.

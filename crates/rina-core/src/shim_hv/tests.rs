@@ -492,4 +492,12 @@ fn data_headers_are_checked_and_counted_like_whole_buffers() {
     let c = host.flow(7).unwrap().counters;
     assert_eq!((c.sdus_in, c.bytes_in, c.drops_in), (1, 1000, 2));
     assert_eq!(host.counters().rx_buffers, rx0 + 5);
+    // A buffer left in the ring (its application had no room) and taken
+    // again later is counted once.
+    assert_eq!(host.on_data_header(ch, 500), Ok(7));
+    host.unreceive(7, 500);
+    assert_eq!(host.on_data_header(ch, 500), Ok(7));
+    let c = host.flow(7).unwrap().counters;
+    assert_eq!((c.sdus_in, c.bytes_in), (2, 1500));
+    assert_eq!(host.counters().rx_buffers, rx0 + 6);
 }

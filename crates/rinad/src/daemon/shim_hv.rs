@@ -160,6 +160,8 @@ pub(super) struct HvIo {
     parked_upper: Vec<PortId>,
     /// Times such a flow was parked.
     upper_parks: u64,
+    /// Times the receive ring waited for an application's full ring.
+    rx_ring_waits: u64,
     pub rx_queued: bool,
     /// SDUs waiting for applications' sockets, by flow.
     rx_pending: HashMap<PortId, VecDeque<Vec<u8>>>,
@@ -297,6 +299,7 @@ pub(super) fn new_ipcp(cfg: &Config, i: usize) -> Result<Ipcp, DaemonError> {
             parked: Vec::new(),
             parked_upper: Vec::new(),
             upper_parks: 0,
+            rx_ring_waits: 0,
             rx_queued: false,
             rx_pending: HashMap::new(),
             rx_paused_on: None,
@@ -781,6 +784,7 @@ impl HvIo {
         c.insert("tx_backlog_len".into(), self.n1_backlog.len() as u64);
         c.insert("relay_pauses".into(), self.relay_pauses);
         c.insert("upper_parks".into(), self.upper_parks);
+        c.insert("rx_ring_waits".into(), self.rx_ring_waits);
         c.insert("control_dropped".into(), self.backlog.overflow());
         c.insert("attach_errors".into(), self.attach_errors);
         c.insert("peer_up".into(), u64::from(self.machine.is_peer_up()));
@@ -1014,10 +1018,13 @@ impl Daemon {
         if let Imp::ShimHv(h) = &mut self.ipcps[i].imp {
             // Queues of flows closed meanwhile are dropped, and do not pause.
             h.rx_pending.retain(|p, _| self.flows.contains_key(p));
-            if h.rx_paused_on
-                .is_some_and(|p| !h.rx_pending.contains_key(&p))
-            {
-                h.rx_paused_on = None;
+            if let Some(p) = h.rx_paused_on {
+                // A flow with rings pauses the ring with nothing held (its
+                // SDU waits in the ring itself) until its application kicks.
+                let waits_in_ring = self.flows.get(&p).is_some_and(|f| f.rings.is_some());
+                if !waits_in_ring && !h.rx_pending.contains_key(&p) {
+                    h.rx_paused_on = None;
+                }
             }
             if h.rx_paused_on.is_some() {
                 return false;
@@ -1116,6 +1123,17 @@ impl Daemon {
                     }
                     return Some(true);
                 }
+                // The application's ring is full: the SDU stays in the VMPI
+                // ring (no copy) and the ring is not read until the
+                // application kicks, which fills the peer's ring and holds
+                // its writers back.
+                h.machine.unreceive(port, sdu_len);
+                if r.want_room(sdu_len) {
+                    return Some(true);
+                }
+                h.rx_paused_on = Some(port);
+                h.rx_ring_waits += 1;
+                return Some(false);
             }
             let mut v = vec![0u8; n];
             let ok = a.link.read_peeked(n, &mut v);
@@ -1388,6 +1406,11 @@ impl Daemon {
         };
         // Held SDUs first, in order.
         let (mut resume_rx, mut again) = (false, false);
+        if h.rx_paused_on == Some(port) && !h.rx_pending.contains_key(&port) {
+            // Paused with the SDU left in the VMPI ring: the application read.
+            h.rx_paused_on = None;
+            resume_rx = true;
+        }
         if let Some(q) = h.rx_pending.get_mut(&port) {
             let mut handed = false;
             while let Some(sdu) = q.front() {
