@@ -516,24 +516,7 @@ fn a_normal_dif_over_shim_hv_carries_sdus() {
             });
         }
     });
-    let mut flow = None;
-    wait_for(
-        "a flow over the normal DIF",
-        Duration::from_secs(20),
-        || {
-            flow = guest
-                .client()
-                .allocate(
-                    &name("vm-app"),
-                    &name("echo"),
-                    Some("net"),
-                    &QosSpec::default(),
-                )
-                .ok();
-            flow.is_some()
-        },
-    );
-    let flow = flow.unwrap();
+    let flow = allocate_retrying(&guest, "vm-app", "echo", "net", false);
     assert_eq!(flow.info().dif, "net");
     for i in 0..20u8 {
         let sdu = vec![i; 100 + 50 * i as usize];
@@ -604,23 +587,22 @@ fn vm_to_vm(tag: &str, cubes: &str) -> VmToVm {
     }
 }
 
-/// Allocates a flow from vm1 to `dst` over "net", retrying while the DIF
-/// comes up.
-fn allocate_vm1(vms: &VmToVm, dst: &str, rings: bool) -> Flow {
+/// Allocates a flow from `d`'s application `from` to `dst` over DIF `dif`,
+/// retrying while the DIF comes up.
+fn allocate_retrying(d: &Daemon, from: &str, dst: &str, dif: &str, rings: bool) -> Flow {
     let mut flow = None;
-    wait_for("a flow from vm1 to vm2", Duration::from_secs(20), || {
-        let mut c = vms.vm1.client();
-        c.set_rings(rings);
-        flow = c
-            .allocate(
-                &name("vm1-app"),
-                &name(dst),
-                Some("net"),
-                &QosSpec::default(),
-            )
-            .ok();
-        flow.is_some()
-    });
+    wait_for(
+        &format!("a flow to {dst} over {dif}"),
+        Duration::from_secs(20),
+        || {
+            let mut c = d.client();
+            c.set_rings(rings);
+            flow = c
+                .allocate(&name(from), &name(dst), Some(dif), &QosSpec::default())
+                .ok();
+            flow.is_some()
+        },
+    );
     flow.unwrap()
 }
 
@@ -649,7 +631,7 @@ fn vm_to_vm_through_the_host_over_a_normal_dif() {
             });
         }
     });
-    let flow = allocate_vm1(&vms, "echo", false);
+    let flow = allocate_retrying(&vms.vm1, "vm1-app", "echo", "net", false);
     assert_eq!(flow.info().dif, "net");
     // Over the normal DIF too, an application may ask for rings.
     let mut rc = vms.vm1.client();
@@ -725,7 +707,7 @@ fn flow_control_vm_to_vm(rings: bool) {
         // The flow stays open (its counters listed) until the test ends.
         let _ = tx.send((got, flow));
     });
-    let flow = allocate_vm1(&vms, "sink", rings);
+    let flow = allocate_retrying(&vms.vm1, "vm1-app", "sink", "net", rings);
     assert_eq!(flow.has_rings(), rings);
     let mut sdu = vec![7u8; 4000];
     let t0 = std::time::Instant::now();
@@ -855,24 +837,7 @@ fn a_full_ring_loses_no_frame_of_a_normal_dif() {
         // The flow stays open (its counters listed) until the test ends.
         let _ = tx.send((got, flow));
     });
-    let mut flow = None;
-    wait_for(
-        "a flow over the normal DIF",
-        Duration::from_secs(20),
-        || {
-            flow = guest
-                .client()
-                .allocate(
-                    &name("vm-app"),
-                    &name("sink"),
-                    Some("net"),
-                    &QosSpec::default(),
-                )
-                .ok();
-            flow.is_some()
-        },
-    );
-    let flow = flow.unwrap();
+    let flow = allocate_retrying(&guest, "vm-app", "sink", "net", false);
     // 5000 frames of ~4 KiB (20 MB): one ring slot each; the ring takes
     // 1024, the backlog up to 1024 (4 MiB) and parks the flow at half that;
     // without parking the rest would overflow.
