@@ -483,14 +483,14 @@ fn garbage_in_the_ring_is_counted_and_the_host_survives() {
     assert!(p.host.client().list_ipcps().is_ok());
 }
 
-#[test]
-fn a_normal_dif_over_shim_hv_carries_sdus() {
-    let dir = temp_dir("hvnormal");
+/// A host and a guest daemon over one shim-hv DIF and a normal DIF "net"
+/// over it, with `app` in its directory at the host.
+fn normal_over_hv(tag: &str, app: &str) -> (Dir, Daemon, Daemon) {
+    let dir = temp_dir(tag);
     let shm = dir.join("vmpi0");
-    let _d = Dir(dir);
     let normal = |me: &str, addr: u64, peer: &str, peer_addr: u64| {
         format!(
-            "\n[[ipcp]]\nname = \"{me}.net\"\ntype = \"normal\"\ndif = \"net\"\naddress = {addr}\n\n[[ipcp.neighbor]]\nname = \"{peer}.net\"\nover = \"hv\"\naddress = {peer_addr}\n\n[ipcp.names]\n\"echo\" = 1\n"
+            "\n[[ipcp]]\nname = \"{me}.net\"\ntype = \"normal\"\ndif = \"net\"\naddress = {addr}\n\n[[ipcp.neighbor]]\nname = \"{peer}.net\"\nover = \"hv\"\naddress = {peer_addr}\n\n[ipcp.names]\n\"{app}\" = 1\n"
         )
     };
     let host = Daemon::start_with(
@@ -501,6 +501,12 @@ fn a_normal_dif_over_shim_hv_carries_sdus() {
         "guest",
         &(hv_config("guest", &shm, "guest") + &normal("guest", 2, "host", 1)),
     );
+    (Dir(dir), host, guest)
+}
+
+#[test]
+fn a_normal_dif_over_shim_hv_carries_sdus() {
+    let (_d, host, guest) = normal_over_hv("hvnormal", "echo");
     let mut c = host.client();
     c.register(&name("echo"), Some("net")).unwrap();
     let _srv = std::thread::spawn(move || {
@@ -803,22 +809,7 @@ fn doorbells_wake_the_waiting_side_without_polling() {
 /// SDU arrives, in order.
 #[test]
 fn a_full_ring_loses_no_frame_of_a_normal_dif() {
-    let dir = temp_dir("hvfull");
-    let shm = dir.join("vmpi0");
-    let _d = Dir(dir);
-    let normal = |me: &str, addr: u64, peer: &str, peer_addr: u64| {
-        format!(
-            "\n[[ipcp]]\nname = \"{me}.net\"\ntype = \"normal\"\ndif = \"net\"\naddress = {addr}\n\n[[ipcp.neighbor]]\nname = \"{peer}.net\"\nover = \"hv\"\naddress = {peer_addr}\n\n[ipcp.names]\n\"sink\" = 1\n"
-        )
-    };
-    let host = Daemon::start_with(
-        "host",
-        &(hv_config("host", &shm, "host") + &normal("host", 1, "guest", 2)),
-    );
-    let guest = Daemon::start_with(
-        "guest",
-        &(hv_config("guest", &shm, "guest") + &normal("guest", 2, "host", 1)),
-    );
+    let (_d, host, guest) = normal_over_hv("hvfull", "sink");
     wait_for("doorbells on both sides", T, || {
         host.counter("doorbell") == 1 && guest.counter("doorbell") == 1
     });

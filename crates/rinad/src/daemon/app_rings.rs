@@ -7,7 +7,8 @@
 
 use super::shim_hv::{eventfd, ring_eventfd, Mapping};
 use rina_core::shim_hv::flow_rings::{self, Setup};
-use rina_core::shim_hv::ring::{Consumer, Producer, RingError};
+use rina_core::shim_hv::ring::{Consumer, Producer, RingError, Segments};
+use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
@@ -104,6 +105,41 @@ impl AppRings {
     /// kick when it read; true if room appeared meanwhile (try now).
     pub(super) fn want_room(&mut self, len: usize) -> bool {
         !self.to_app.arm(len)
+    }
+
+    /// The next SDU the application wrote, left in its ring (consume it
+    /// with `from_app.consume`): `Ok(None)` if there is none, in which case
+    /// the application is asked to kick when it writes. Garbage is dropped
+    /// with everything published so far and returned.
+    pub(super) fn next_from_app(&mut self) -> Result<Option<Segments>, RingError> {
+        loop {
+            match self.from_app.peek() {
+                Ok(Some(seg)) => return Ok(Some(seg)),
+                // Armed and still empty: sleep; else a record just came.
+                Ok(None) if self.from_app.arm() => return Ok(None),
+                Ok(None) => {}
+                Err(e) => {
+                    self.from_app.resync();
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Hands SDUs held for the application to its ring, in order; how many
+    /// went, and whether room for the next appeared meanwhile (else the
+    /// application is asked to kick once it read).
+    pub(super) fn deliver_held(&mut self, q: &mut VecDeque<Vec<u8>>) -> (usize, bool) {
+        let mut sent = 0;
+        while let Some(sdu) = q.front() {
+            if !self.deliver(sdu) {
+                break;
+            }
+            q.pop_front();
+            sent += 1;
+        }
+        let again = q.front().is_some_and(|f| self.want_room(f.len()));
+        (sent, again)
     }
 
     /// After taking SDUs from the application's ring: wakes it if it

@@ -546,15 +546,7 @@ impl Daemon {
         let Some(q) = n.rx_pending.get_mut(&port) else {
             return false;
         };
-        let mut sent = 0;
-        while let Some(sdu) = q.front() {
-            if !r.deliver(sdu) {
-                break;
-            }
-            q.pop_front();
-            sent += 1;
-        }
-        let again = q.front().is_some_and(|f| r.want_room(f.len()));
+        let (sent, again) = r.deliver_held(q);
         if q.is_empty() {
             n.rx_pending.remove(&port);
         }
@@ -598,17 +590,11 @@ impl Daemon {
             if n.tx_stash.contains_key(&port) {
                 return more;
             }
-            let seg = match r.from_app.peek() {
+            let seg = match r.next_from_app() {
                 Ok(Some(seg)) => seg,
-                Ok(None) => {
-                    if r.from_app.arm() {
-                        return more;
-                    }
-                    continue;
-                }
+                Ok(None) => return more,
                 Err(e) => {
                     debug!(port, error = %e, "garbage in a flow's ring; dropped what was published");
-                    r.from_app.resync();
                     *n.drops_out.entry(port).or_default() += 1;
                     return more;
                 }

@@ -600,6 +600,22 @@ fn recv_into(fd: RawFd, seg: &Segments) -> io::Result<Recv> {
     Ok(Recv::Packet(n as usize))
 }
 
+/// The length of the SDU a non-blocking read of flow `port` got (an empty
+/// packet is 0, refused later like any bad SDU), or how serving the flow
+/// ends: nothing more to read, or the flow is closed.
+fn sdu_len(r: io::Result<Recv>, port: PortId) -> Result<usize, FlowService> {
+    match r {
+        Ok(Recv::Packet(n)) => Ok(n),
+        Ok(Recv::Empty) => Ok(0),
+        Ok(Recv::WouldBlock) => Err(FlowService::Drained),
+        Ok(Recv::Closed) => Err(FlowService::Closed),
+        Err(e) => {
+            debug!(port, error = %e, "flow read error");
+            Err(FlowService::Closed)
+        }
+    }
+}
+
 fn hung_up_raw(fd: RawFd) -> bool {
     let mut p = libc::pollfd {
         fd,
@@ -1288,20 +1304,10 @@ impl Daemon {
                 break;
             };
             if let Ok(seg) = a.link.reserve(reserve) {
-                let n = match recv_into(fd, &seg.skip(CHANNEL_HEADER)) {
-                    Ok(Recv::Packet(n)) => n,
-                    Ok(Recv::Empty) => 0,
-                    Ok(Recv::WouldBlock) => {
-                        result = FlowService::Drained;
-                        break;
-                    }
-                    Ok(Recv::Closed) => {
-                        result = FlowService::Closed;
-                        break;
-                    }
-                    Err(e) => {
-                        debug!(port, error = %e, "flow read error");
-                        result = FlowService::Closed;
+                let n = match sdu_len(recv_into(fd, &seg.skip(CHANNEL_HEADER)), port) {
+                    Ok(n) => n,
+                    Err(end) => {
+                        result = end;
                         break;
                     }
                 };
@@ -1326,20 +1332,10 @@ impl Daemon {
                 continue;
             }
             // Less room than the largest SDU needs: through our buffer.
-            let n = match sys::recv(fd, &mut self.buf[HEADROOM..]) {
-                Ok(Recv::Packet(n)) => n,
-                Ok(Recv::Empty) => 0,
-                Ok(Recv::WouldBlock) => {
-                    result = FlowService::Drained;
-                    break;
-                }
-                Ok(Recv::Closed) => {
-                    result = FlowService::Closed;
-                    break;
-                }
-                Err(e) => {
-                    debug!(port, error = %e, "flow read error");
-                    result = FlowService::Closed;
+            let n = match sdu_len(sys::recv(fd, &mut self.buf[HEADROOM..]), port) {
+                Ok(n) => n,
+                Err(end) => {
+                    result = end;
                     break;
                 }
             };
@@ -1412,27 +1408,9 @@ impl Daemon {
             resume_rx = true;
         }
         if let Some(q) = h.rx_pending.get_mut(&port) {
-            let mut handed = false;
-            while let Some(sdu) = q.front() {
-                if r.to_app.push(&[sdu]).is_err() {
-                    break;
-                }
-                q.pop_front();
-                handed = true;
-            }
-            if handed && r.to_app.take_wakeup() {
-                ring_eventfd(&r.data);
-            }
-            match q.front() {
-                None => {
-                    h.rx_pending.remove(&port);
-                }
-                // Still full: ask the application to kick when it read.
-                Some(front) => {
-                    if !r.to_app.arm(front.len()) {
-                        again = true;
-                    }
-                }
+            again = r.deliver_held(q).1;
+            if q.is_empty() {
+                h.rx_pending.remove(&port);
             }
             let len = h.rx_pending.get(&port).map_or(0, VecDeque::len);
             if h.rx_paused_on == Some(port) && len < RX_QUEUE_MAX / 2 {
@@ -1458,19 +1436,15 @@ impl Daemon {
                 result = FlowService::Drained;
                 break;
             };
-            let seg = match r.from_app.peek() {
+            let seg = match r.next_from_app() {
                 Ok(Some(seg)) => seg,
                 Ok(None) => {
-                    if r.from_app.arm() {
-                        result = FlowService::Drained;
-                        break;
-                    }
-                    continue;
+                    result = FlowService::Drained;
+                    break;
                 }
                 Err(e) => {
                     // The application wrote garbage: its own flow suffers.
                     debug!(port, error = %e, "garbage in a flow's ring; dropped what was published");
-                    r.from_app.resync();
                     if let Some(c) = h.machine.flow_counters_mut(port) {
                         c.drops_out += 1;
                     }
