@@ -12,6 +12,7 @@
 //! * [`cdap`] — CDAP messages (IRATI's CDAP.proto as prost structs) and object-value payloads.
 //! * [`fa`] — flow-allocator messages of a normal DIF (carried in MGMT PDUs).
 //! * [`ctl`] — messages between applications/tools and `rinad` on its Unix socket.
+//! * [`units`] — quantities as people write them (bit rates with units).
 //! * [`codec`] — the bounds-checked byte reader/writer every decoder is built on.
 
 pub mod cdap;
@@ -23,6 +24,7 @@ pub mod pci;
 pub mod qos;
 pub mod shim_eth;
 pub mod shim_udp;
+pub mod units;
 
 pub use codec::WireError;
 pub use name::{AppName, NameError};

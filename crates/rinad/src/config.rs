@@ -30,6 +30,9 @@
 //! # untagged = true               # a plain segment: no 802.1Q tag
 //! # tx_delay_us = 1000            # link emulation (no netem needed): delay every frame
 //! # tx_loss = 0.01                # sent by 1 ms, drop 1% of them (seeded by tx_seed)
+//! # rate = "100Mbps"              # any shim: the link's capacity; normal IPCPs above
+//!                                 # pace their N-1 flows at it, so queues form in their RMT
+//! # rate_overhead = 24            # bytes per frame the link adds (counted by the pacer)
 //!
 //! [[ipcp]]
 //! name = "alpha.hv"
@@ -246,6 +249,15 @@ pub struct IpcpConfig {
     pub tx_loss: Option<f64>,
     /// shim-eth: seed of the `tx_loss` draws (default 1).
     pub tx_seed: Option<u64>,
+    /// shims: the capacity of the link under this IPCP (`"10Mbps"`, or
+    /// bit/s). Normal IPCPs above pace their N-1 flows over it at this
+    /// rate, so their PDUs queue in their RMT, where the scheduling policy
+    /// decides, instead of in the kernel or the network.
+    pub rate: Option<Spanned<rina_wire::units::Rate>>,
+    /// shims: bytes the link adds to every frame beyond this shim's own
+    /// datagram or frame (headers below it, preamble, gap), counted by the
+    /// pacer of `rate` (default 0).
+    pub rate_overhead: Option<u32>,
     /// shim-hv: the shared-memory file (e.g. under /dev/shm, or an ivshmem BAR).
     pub path: Option<PathBuf>,
     /// shim-hv: which end of the VMPI device this is.
@@ -538,6 +550,23 @@ impl Config {
                     "`address`, `password`, `neighbor`, `names`, `routing` and `directory_mode` are for normal IPCPs".into(),
                 ));
             }
+            if ip.kind == IpcpKind::Normal && (ip.rate.is_some() || ip.rate_overhead.is_some()) {
+                return Err(invalid(
+                    ip.name.span(),
+                    key("rate"),
+                    "`rate` and `rate_overhead` are the capacity of a shim's link; a normal IPCP paces its N-1 flows at the rate of the shim below".into(),
+                ));
+            }
+            if let Some(r) = &ip.rate {
+                let bps = r.get_ref().bps();
+                if !(1e3..=1e12).contains(&bps) {
+                    return Err(invalid(
+                        r.span(),
+                        key("rate"),
+                        format!("must be between 1kbps and 1000Gbps, not {}", r.get_ref()),
+                    ));
+                }
+            }
             if ip.kind != IpcpKind::Normal && (ip.scheduler.is_some() || !ip.qos_cubes.is_empty()) {
                 return Err(invalid(
                     ip.name.span(),
@@ -789,6 +818,29 @@ impl IpcpConfig {
         } else {
             self.qos_cubes.iter().map(|c| c.get_ref().cube()).collect()
         }
+    }
+
+    /// shims: the pacing of normal IPCPs' N-1 flows over this shim, from
+    /// `rate` and `rate_overhead`, counting this shim's own header too.
+    pub fn port_rate(&self) -> Option<rina_core::rmt::PortRate> {
+        let r = self.rate.as_ref()?.get_ref().bps();
+        let own = match self.kind {
+            IpcpKind::ShimUdp => rina_wire::shim_udp::DATA_HEADER_LEN,
+            IpcpKind::ShimEth => {
+                rina_wire::shim_eth::ETH_HEADER_LEN
+                    + if self.shim_eth_vlan().is_some() {
+                        rina_wire::shim_eth::VLAN_TAG_LEN
+                    } else {
+                        0
+                    }
+            }
+            IpcpKind::ShimHv => 4,
+            IpcpKind::Normal => return None,
+        };
+        Some(
+            rina_core::rmt::PortRate::new(r as u64)
+                .overhead(self.rate_overhead.unwrap_or(0).saturating_add(own as u32)),
+        )
     }
 
     /// normal: the RMT scheduling policy (fifo unless configured).

@@ -543,6 +543,23 @@ impl NormalIpcp {
             .map_err(|_| NormalError::UnknownPort(primary))
     }
 
+    /// Paces N-1 port `port` at the capacity of the medium under it (or
+    /// stops pacing it): PDUs then wait in the RMT's queues, where the
+    /// scheduling policy orders and drops them, instead of below.
+    pub fn set_port_rate(&mut self, port: N1Port, rate: Option<rmt::PortRate>) {
+        self.rmt.set_port_rate(port, rate);
+    }
+
+    /// Blocks N-1 port `port` while the layer below cannot take more, or
+    /// unblocks it and sends what waited.
+    pub fn set_port_blocked(&mut self, now: Instant, port: N1Port, blocked: bool) {
+        self.tick(now);
+        self.rmt.set_port_blocked(port, blocked);
+        if !blocked {
+            self.drain_rmt(now);
+        }
+    }
+
     /// Records the cube of the DIF below that N-1 port `port` was allocated
     /// with (for listings: `/rmt/n1flows`).
     pub fn set_lower_cube(&mut self, port: N1Port, cube: Option<rmt::LowerCube>) {
@@ -1116,7 +1133,7 @@ impl NormalIpcp {
             .values()
             .flat_map(|f| [f.efcp.poll_timeout(), f.reasm.poll_timeout()])
             .flatten()
-            .chain(self.rmt.poll_timeout())
+            .chain(self.rmt.poll_timeout(self.now))
             .chain(self.fa.poll_timeout())
             .chain(self.routing.as_ref().and_then(|r| r.poll_timeout()))
             .chain(self.dft.as_ref().and_then(|d| d.poll_timeout()))

@@ -14,12 +14,16 @@
 //!
 //! Like every machine in this crate it does no IO: the driver asks
 //! [`Rmt::poll_output`] for the next PDU of a port whenever that N-1 flow
-//! can take one.
+//! can take one. Each port has a transmit gate ([`PortGate`]): blocked
+//! while the layer below cannot take more, or paced at the capacity of
+//! the medium under it, so that PDUs wait *here*, where the scheduling
+//! policy decides who goes first and who is dropped.
 
 mod config;
 mod diffserv;
 mod fifo;
 mod forwarding;
+mod pacer;
 mod qta_mux;
 mod rate_limit;
 mod tally;
@@ -33,6 +37,7 @@ pub use config::{
 pub use diffserv::DiffServ;
 pub use fifo::Fifo;
 pub use forwarding::ForwardingTable;
+pub use pacer::{Pacer, PortGate, PortRate};
 pub use qta_mux::QtaMux;
 pub use rate_limit::{Credits, RateLimit2d, UNITS_PER_BIT};
 pub use token_bucket::{TokenBucket, TokenBucketPolicy};
@@ -155,7 +160,7 @@ pub struct Lane {
 pub struct Rmt {
     table: ForwardingTable,
     sched: Box<dyn Scheduler>,
-    ports: BTreeMap<PortId, ()>,
+    ports: BTreeMap<PortId, PortGate>,
     counters: RmtCounters,
     /// Lanes by their port.
     lanes: BTreeMap<PortId, Lane>,
@@ -211,7 +216,8 @@ impl Rmt {
 
     /// Adds an N-1 port.
     pub fn add_port(&mut self, port: PortId) {
-        if self.ports.insert(port, ()).is_none() {
+        if let std::collections::btree_map::Entry::Vacant(e) = self.ports.entry(port) {
+            e.insert(PortGate::default());
             self.sched.create_queues(port);
         }
     }
@@ -364,9 +370,37 @@ impl Rmt {
         }
     }
 
-    /// The next PDU to write on `port`, if the policy wants one sent now.
+    /// The next PDU to write on `port`, if its gate is open and the policy
+    /// wants one sent now.
     pub fn poll_output(&mut self, now: Instant, port: PortId) -> Option<Vec<u8>> {
-        self.sched.next_to_send(now, port).map(|p| p.bytes)
+        let gate = self.ports.get_mut(&port)?;
+        if !gate.open(now) {
+            return None;
+        }
+        let pdu = self.sched.next_to_send(now, port)?;
+        gate.sent(now, pdu.bytes.len());
+        Some(pdu.bytes)
+    }
+
+    /// Paces `port` at the capacity of the medium under it, or stops pacing
+    /// it (`None`). Unknown ports are ignored.
+    pub fn set_port_rate(&mut self, port: PortId, rate: Option<PortRate>) {
+        if let Some(g) = self.ports.get_mut(&port) {
+            g.set_rate(rate);
+        }
+    }
+
+    /// Blocks `port` while the layer below cannot take more PDUs, or
+    /// unblocks it. Unknown ports are ignored.
+    pub fn set_port_blocked(&mut self, port: PortId, blocked: bool) {
+        if let Some(g) = self.ports.get_mut(&port) {
+            g.set_blocked(blocked);
+        }
+    }
+
+    /// The transmit gate of `port`.
+    pub fn port_gate(&self, port: PortId) -> Option<&PortGate> {
+        self.ports.get(&port)
     }
 
     /// Whether `port` has PDUs waiting.
@@ -374,11 +408,25 @@ impl Rmt {
         self.sched.has_queued(port)
     }
 
-    /// When a port whose policy declined should be polled again.
-    pub fn poll_timeout(&self) -> Option<Instant> {
+    /// When a port whose policy declined, or whose pacer held PDUs back,
+    /// should be polled again (`now` tells a pacer that is ready from one
+    /// that is not).
+    pub fn poll_timeout(&self, now: Instant) -> Option<Instant> {
         self.ports
-            .keys()
-            .filter_map(|&p| self.sched.next_wakeup(p))
+            .iter()
+            .filter_map(|(&p, gate)| {
+                let paced = if self.sched.has_queued(p) {
+                    gate.opens_at(now)
+                } else {
+                    None
+                };
+                let policy = if gate.open(now) {
+                    self.sched.next_wakeup(p)
+                } else {
+                    None
+                };
+                paced.into_iter().chain(policy).min()
+            })
             .min()
     }
 

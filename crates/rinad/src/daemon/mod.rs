@@ -176,6 +176,9 @@ pub struct Daemon {
     n1_pending: HashMap<PortId, (usize, usize)>,
     /// Names registered in shims on behalf of normal IPCPs: (shim, name) -> normal IPCP.
     ipcp_owned: HashMap<(usize, AppName), usize>,
+    /// Per IPCP (same index): the capacity of a shim's link, at which
+    /// normal IPCPs above pace their N-1 flows over it.
+    link_rates: Vec<Option<rina_core::rmt::PortRate>>,
     /// Frames that arrived on N-1 flows not bound yet (bounded by [`BUDGET`]).
     early_n1: Vec<(PortId, Vec<u8>)>,
     buf: Vec<u8>,
@@ -292,6 +295,7 @@ impl Daemon {
             n1_owner: HashMap::new(),
             n1_pending: HashMap::new(),
             ipcp_owned,
+            link_rates: cfg.ipcps.iter().map(|ic| ic.port_rate()).collect(),
             early_n1: Vec::new(),
             buf: vec![0; HEADROOM + 65_536 + 1],
             ctl_buf: vec![0; ctl::MAX_CTL_MSG],

@@ -292,6 +292,7 @@ impl Daemon {
             _ => None,
         }
         .unwrap_or_default();
+        let rate = self.link_rates.get(shim).copied().flatten();
         let Some(n) = self.normal_mut(j) else {
             return;
         };
@@ -323,6 +324,9 @@ impl Daemon {
             // Its hellos will say who it is.
             None => n.machine.add_port(port),
         }
+        // Over a shim with a known link capacity, PDUs leave at that rate
+        // and the rest wait in the RMT's queues, where the policy decides.
+        n.machine.set_port_rate(port, rate);
         n.machine.set_lower_cube(port, cube);
         info!(ipcp = %n.app_name, neighbor = %n.neighbors[k].name, port, "N-1 flow up{label}");
     }

@@ -8,6 +8,7 @@
 //! Every member gets the DIF's scheduler and QoS cubes. IPCPs are named
 //! `<node>.<dif>`; a link's shim DIF is named after the link.
 
+use crate::backend::sim::LINK_OVERHEAD;
 use crate::resolve::{Dest, Over};
 use crate::Experiment;
 use std::collections::BTreeMap;
@@ -76,7 +77,18 @@ pub fn node_config(
             format!("{}.{}", exp.nodes[node], link.name).into(),
         );
         t.insert("dif".into(), link.name.clone().into());
-        match shim(l) {
+        let kind = shim(l);
+        // The link's capacity: normal IPCPs above pace their N-1 flows at
+        // it, so queues form in their RMT where the scheduling policy is.
+        // The relay of `local` charges LINK_OVERHEAD per UDP payload; tbf
+        // of `netns` counts the Ethernet frame, which rinad adds itself.
+        if link.rate_bps < crate::resolve::UNLIMITED_BPS {
+            t.insert("rate".into(), (link.rate_bps as i64).into());
+            if matches!(kind, ShimKind::Udp { .. }) {
+                t.insert("rate_overhead".into(), (LINK_OVERHEAD as i64).into());
+            }
+        }
+        match kind {
             ShimKind::Udp { bind, peer: at } => {
                 t.insert("type".into(), "shim-udp".into());
                 t.insert("bind".into(), bind.to_string().into());
@@ -168,6 +180,20 @@ pub fn node_config(
                 }
                 if let Some(ls) = c.loss {
                     q.insert("loss_ppm".into(), ((ls * 1e6) as i64).into());
+                }
+                // The cube of each lower DIF this cube rides on (seed 003's
+                // mapping): one N-1 flow per lower cube in use.
+                let lower: Table = c
+                    .maps_to
+                    .iter()
+                    .filter_map(|(&l, &id)| {
+                        let ld = &exp.difs[l];
+                        let lc = ld.cubes.iter().find(|lc| lc.id == id)?;
+                        Some((ld.name.clone(), Value::from(lc.name.clone())))
+                    })
+                    .collect();
+                if !lower.is_empty() {
+                    q.insert("lower".into(), Value::Table(lower));
                 }
                 Value::Table(q)
             })
