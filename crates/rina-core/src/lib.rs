@@ -38,6 +38,7 @@ pub mod shim_eth;
 pub mod shim_hv;
 mod shim_qos;
 pub mod shim_udp;
+pub mod system;
 pub mod time;
 
 pub use time::Instant;

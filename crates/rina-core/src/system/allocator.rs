@@ -1,0 +1,456 @@
+//! The resource allocator of a system: which N-1 flows exist.
+//!
+//! A normal IPCP's neighbours are configured by name and by the N-1 DIF
+//! that reaches them. The IPCP's own name is registered in every such DIF;
+//! the end with the smaller name allocates an N-1 flow to each neighbour
+//! (and retries every [`NEIGHBOR_RETRY`] while it is down), the other end
+//! accepts it. Over a normal N-1 DIF, each QoS cube of the upper DIF rides
+//! on the lower cube its mapping names ([`lower_plan`]): the *primary* N-1
+//! flow goes over the most urgent and cherished lower cube in use (it
+//! carries management), then one *lane* per other lower cube in use. A lane
+//! that goes is set up again; a primary takes its lanes with it. A
+//! neighbour that goes silent (membership's liveness) has its N-1 flow torn
+//! down, so that a fresh one is set up (a restarted peer accepts it).
+//!
+//! Over a shim with a known link rate, the N-1 port is paced at it, and
+//! over a medium the driver says is full it is blocked: PDUs wait in the
+//! RMT of the IPCP, where the scheduling policy is.
+
+use super::member::{Machine, PortId};
+use super::System;
+use crate::normal::cubes::{lower_plan, LowerPlan};
+use crate::normal::NormalIpcp;
+use crate::rmt::LowerCube;
+use crate::time::Instant;
+use rina_wire::{AppName, QosSpec};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+/// Wait between attempts to set up an N-1 flow to a neighbour.
+pub const NEIGHBOR_RETRY: Duration = Duration::from_secs(1);
+
+/// A neighbour of a normal IPCP, as configured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NeighborSpec {
+    /// The neighbour IPCP's name in the N-1 DIF.
+    pub name: AppName,
+    /// The N-1 DIF that reaches it.
+    pub over: String,
+    /// Its address in this DIF, if known (else hellos tell).
+    pub address: Option<u64>,
+}
+
+/// A configured neighbour and the state of the N-1 flows to it.
+#[derive(Debug, Clone)]
+pub struct Neighbor {
+    /// What the configuration says.
+    pub spec: NeighborSpec,
+    /// The member of the system that reaches it.
+    pub lower: usize,
+    /// The live primary N-1 flow.
+    pub port: Option<PortId>,
+    /// A primary being allocated.
+    pub pending: Option<PortId>,
+    /// When to try again.
+    pub retry_at: Option<Instant>,
+}
+
+/// The resource-allocator state of one normal IPCP.
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    /// Its name in the N-1 DIFs.
+    pub app_name: Option<AppName>,
+    /// Its neighbours.
+    pub neighbors: Vec<Neighbor>,
+    /// Static routes: destination address -> next-hop address.
+    pub routes: BTreeMap<u64, u64>,
+}
+
+impl Plan {
+    fn me(&self) -> String {
+        self.app_name
+            .as_ref()
+            .map(|n| n.to_string())
+            .unwrap_or_default()
+    }
+}
+
+fn set_routes_via(n: &mut NormalIpcp, routes: &BTreeMap<u64, u64>, via: u64, port: Option<u32>) {
+    let ports = port.map(|p| vec![p]).unwrap_or_default();
+    let table = n.rmt_mut().table_mut();
+    table.set(via, None, ports.clone());
+    for (&dst, &hop) in routes {
+        if hop == via {
+            table.set(dst, None, ports.clone());
+        }
+    }
+}
+
+impl System {
+    fn normal_of(&self, j: usize) -> Option<&NormalIpcp> {
+        self.members.get(j).and_then(|m| m.normal())
+    }
+
+    fn normal_of_mut(&mut self, j: usize) -> Option<&mut NormalIpcp> {
+        self.members.get_mut(j).and_then(|m| m.normal_mut())
+    }
+
+    /// How the cubes of normal IPCP `j` ride on the cubes of the DIF below
+    /// its neighbour `k`: `None` when that DIF has none (a shim) or its
+    /// IPCP is not a member yet.
+    pub(super) fn lane_plan(&self, j: usize, k: usize) -> Result<Option<LowerPlan>, String> {
+        let Some(n) = self.normal_of(j) else {
+            return Ok(None);
+        };
+        let lower = self.plans[j].neighbors[k].lower;
+        let Some(l) = self.normal_of(lower).filter(|l| l.is_enrolled()) else {
+            return Ok(None);
+        };
+        let Ok(default) = l.choose_cube(&QosSpec::default()) else {
+            return Ok(None);
+        };
+        lower_plan(
+            &n.config().cubes,
+            &self.members[lower].dif,
+            &l.config().cubes,
+            default.id,
+        )
+        .map(Some)
+    }
+
+    /// The cube of the DIF below that flow `port` of member `lower` has.
+    fn n1_cube(&self, lower: usize, port: PortId) -> Option<LowerCube> {
+        let l = self.normal_of(lower)?;
+        let (_, ep) = l.flows().find(|(f, _)| *f == port)?;
+        let c = l.cube(ep.qos_id)?;
+        Some(LowerCube {
+            id: c.id,
+            name: c.name.clone(),
+        })
+    }
+
+    fn lanes_of(&self, j: usize, primary: PortId) -> Vec<PortId> {
+        self.normal_of(j)
+            .map(|n| {
+                n.rmt()
+                    .lanes()
+                    .filter(|(_, l)| l.primary == primary)
+                    .map(|(p, _)| p)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The lower cube neighbour `k` of `j` should have a lane of and has
+    /// not, if its primary is up and nothing is being set up for it.
+    fn missing_lane(&self, j: usize, k: usize) -> Option<u64> {
+        let n = self.normal_of(j)?;
+        let primary = self.plans[j].neighbors[k].port?;
+        if self.n1_pending.values().any(|&v| v == (j, k)) {
+            return None;
+        }
+        let plan = self.lane_plan(j, k).ok()??;
+        let rmt = n.rmt();
+        let have: BTreeSet<u64> = std::iter::once(primary)
+            .chain(self.lanes_of(j, primary))
+            .filter_map(|p| rmt.lower_cube(p).map(|c| c.id))
+            .collect();
+        plan.lanes.keys().find(|id| !have.contains(id)).copied()
+    }
+
+    /// Whether this side of neighbour `k` of `j` sets the N-1 flows up.
+    fn sets_up(&self, j: usize, k: usize) -> bool {
+        self.plans[j].me() < self.plans[j].neighbors[k].spec.name.to_string()
+    }
+
+    /// Starts the N-1 flows that are due: primaries, then the lanes of the
+    /// cube mapping one after the other.
+    pub(super) fn keep_neighbors(&mut self, now: Instant) {
+        for j in 0..self.members.len() {
+            let due: Vec<usize> = (0..self.plans[j].neighbors.len())
+                .filter(|&k| {
+                    let nb = &self.plans[j].neighbors[k];
+                    nb.pending.is_none()
+                        && self.sets_up(j, k)
+                        && nb.retry_at.is_none_or(|t| t <= now)
+                })
+                .collect();
+            for k in due {
+                self.start_n1(now, j, k);
+            }
+        }
+    }
+
+    fn start_n1(&mut self, now: Instant, j: usize, k: usize) {
+        let up = self.plans[j].neighbors[k].port;
+        let cube = match up {
+            Some(_) => match self.missing_lane(j, k) {
+                Some(id) => Some(id),
+                None => return,
+            },
+            None => match self.lane_plan(j, k) {
+                Ok(plan) => plan.map(|p| p.primary),
+                Err(e) => {
+                    self.plans[j].neighbors[k].retry_at = Some(now + NEIGHBOR_RETRY);
+                    self.counters.bad_cube_mapping += 1;
+                    self.last_error = Some(e);
+                    return;
+                }
+            },
+        };
+        let Some(me) = self.plans[j].app_name.clone() else {
+            return;
+        };
+        let port = self.free_port();
+        let nb = &mut self.plans[j].neighbors[k];
+        nb.retry_at = Some(now + NEIGHBOR_RETRY);
+        let (lower, remote) = (nb.lower, nb.spec.name.clone());
+        let qos = QosSpec {
+            cube,
+            ..Default::default()
+        };
+        match self.members[lower].allocate(now, port, me, remote, qos) {
+            Ok(()) => {
+                self.n1_pending.insert(port, (j, k));
+                if up.is_none() {
+                    self.plans[j].neighbors[k].pending = Some(port);
+                }
+            }
+            Err(_) => self.counters.n1_not_started += 1,
+        }
+    }
+
+    /// When [`System::keep_neighbors`] next has something to do.
+    pub(super) fn neighbor_timeout(&self, now: Instant) -> Option<Instant> {
+        (0..self.members.len())
+            .flat_map(|j| (0..self.plans[j].neighbors.len()).map(move |k| (j, k)))
+            .filter(|&(j, k)| {
+                let nb = &self.plans[j].neighbors[k];
+                nb.pending.is_none()
+                    && self.sets_up(j, k)
+                    && (nb.port.is_none() || self.missing_lane(j, k).is_some())
+            })
+            .map(|(j, k)| self.plans[j].neighbors[k].retry_at.unwrap_or(now))
+            .min()
+    }
+
+    /// Binds flow `port` of member `lower` as an N-1 flow of `j` to its
+    /// neighbour `k`: its primary if it has none, else a lane.
+    pub(super) fn bind_n1(&mut self, now: Instant, j: usize, k: usize, lower: usize, port: PortId) {
+        self.n1.insert(port, (j, lower));
+        let cube = self.n1_cube(lower, port);
+        let carries: BTreeSet<u64> = match (&cube, self.lane_plan(j, k)) {
+            (Some(c), Ok(Some(plan))) => plan.lanes.get(&c.id).map(|l| l.1.clone()),
+            _ => None,
+        }
+        .unwrap_or_default();
+        let rate = self.members[lower].rate;
+        let blocked = self.blocked_media.contains(&lower);
+        let routes = self.plans[j].routes.clone();
+        let nb = self.plans[j].neighbors[k].clone();
+        let Some(n) = self.normal_of_mut(j) else {
+            return;
+        };
+        if let Some(primary) = nb.port {
+            if n.add_lane(primary, port, carries).is_err() {
+                return;
+            }
+            n.set_lower_cube(port, cube);
+            self.plans[j].neighbors[k].retry_at = None;
+            return;
+        }
+        match nb.spec.address {
+            Some(via) => {
+                n.neighbor_up(now, port, via, 1);
+                if n.config().routing.is_none() {
+                    set_routes_via(n, &routes, via, Some(port));
+                }
+            }
+            None => n.add_port(port),
+        }
+        n.set_port_rate(port, rate);
+        n.set_port_blocked(now, port, blocked);
+        n.set_lower_cube(port, cube);
+        let nb = &mut self.plans[j].neighbors[k];
+        nb.port = Some(port);
+        nb.pending = None;
+        nb.retry_at = None;
+    }
+
+    /// An N-1 flow went away. A lane's QoS-ids go on its primary until it
+    /// is back; a primary takes its lanes with it.
+    pub(super) fn unbind_n1(&mut self, now: Instant, port: PortId) {
+        let Some((j, _)) = self.n1.remove(&port) else {
+            return;
+        };
+        self.gated.remove(&port);
+        let Some(primary) = self.normal_of(j).map(|n| n.rmt().primary_of(port)) else {
+            return;
+        };
+        if primary != port {
+            if let Some(n) = self.normal_of_mut(j) {
+                n.remove_port(port);
+            }
+            if let Some(nb) = self.plans[j]
+                .neighbors
+                .iter_mut()
+                .find(|nb| nb.port == Some(primary))
+            {
+                nb.retry_at = Some(now + NEIGHBOR_RETRY);
+            }
+            return;
+        }
+        for lane in self.lanes_of(j, port) {
+            if let Some((_, lower)) = self.n1.remove(&lane) {
+                self.members[lower].deallocate(now, lane);
+            }
+            self.gated.remove(&lane);
+            if let Some(n) = self.normal_of_mut(j) {
+                n.remove_port(lane);
+            }
+        }
+        let routes = self.plans[j].routes.clone();
+        let Some(k) = self.plans[j]
+            .neighbors
+            .iter()
+            .position(|nb| nb.port == Some(port))
+        else {
+            if let Some(n) = self.normal_of_mut(j) {
+                n.remove_port(port);
+            }
+            return;
+        };
+        let nb = &mut self.plans[j].neighbors[k];
+        nb.port = None;
+        nb.retry_at = Some(now + NEIGHBOR_RETRY);
+        let via = nb.spec.address;
+        if let Some(n) = self.normal_of_mut(j) {
+            n.remove_port(port);
+            if let (Some(via), None) = (via, n.config().routing.as_ref()) {
+                set_routes_via(n, &routes, via, None);
+            }
+        }
+    }
+
+    /// A peer asks member `lower` for a flow to the name of normal IPCP
+    /// `j`: accepted if it comes from a configured neighbour. A flow over
+    /// the cube of the neighbour's primary (or the first) is its primary
+    /// and replaces an old one; a flow over another cube is a lane and
+    /// replaces an old lane of that cube.
+    pub(super) fn accept_n1(
+        &mut self,
+        now: Instant,
+        lower: usize,
+        j: usize,
+        handle: u64,
+        remote: &AppName,
+    ) {
+        let Some(k) = self.plans[j]
+            .neighbors
+            .iter()
+            .position(|nb| &nb.spec.name == remote && nb.lower == lower)
+        else {
+            let _ = self.members[lower].refuse(handle, "not a configured neighbour of this IPCP");
+            return;
+        };
+        let port = self.free_port();
+        if self.members[lower].accept(now, handle, port).is_err() {
+            return;
+        }
+        let cube = self.n1_cube(lower, port).map(|c| c.id);
+        let old = self.plans[j].neighbors[k].port;
+        let replaced = self.normal_of(j).and_then(|n| {
+            let same_cube = |p: PortId| n.rmt().lower_cube(p).map(|c| c.id) == cube;
+            match old {
+                Some(p) if cube.is_some() && !same_cube(p) => n
+                    .rmt()
+                    .lanes()
+                    .find(|(l, lane)| lane.primary == p && same_cube(*l))
+                    .map(|(l, _)| l),
+                other => other,
+            }
+        });
+        if let Some(old) = replaced {
+            if let Some(&(_, l)) = self.n1.get(&old) {
+                self.members[l].deallocate(now, old);
+            }
+            self.unbind_n1(now, old);
+        }
+        self.bind_n1(now, j, k, lower, port);
+    }
+
+    /// The neighbour on N-1 flow `port` went silent: its flow is torn
+    /// down, and set up again by the side that sets it up.
+    pub(super) fn neighbor_silent(&mut self, now: Instant, port: PortId) {
+        if let Some(&(_, lower)) = self.n1.get(&port) {
+            self.counters.n1_silent += 1;
+            self.members[lower].deallocate(now, port);
+            self.unbind_n1(now, port);
+        }
+    }
+
+    /// Writes a frame of normal IPCP `upper` on its N-1 flow `port`.
+    pub(super) fn n1_transmit(&mut self, now: Instant, port: PortId, frame: Vec<u8>) {
+        let Some(&(_, lower)) = self.n1.get(&port) else {
+            return;
+        };
+        match &mut self.members[lower].machine {
+            Machine::ShimUdp(s) => match s.send_header(port, frame.len()) {
+                Ok((peer, hdr)) => {
+                    let mut dgram = Vec::with_capacity(hdr.len() + frame.len());
+                    dgram.extend_from_slice(&hdr);
+                    dgram.extend_from_slice(&frame);
+                    self.out.push_back(super::Output::ToMedium {
+                        medium: lower,
+                        peer,
+                        frame: dgram,
+                    });
+                }
+                Err(_) => self.counters.n1_tx_dropped += 1,
+            },
+            // Stacked: the frame is an SDU of the lower DIF's flow. The
+            // port's gate follows the lower flow's room, so this is taken
+            // unless the lower flow failed.
+            Machine::Normal(n) => {
+                if n.write(now, port, &frame).is_err() {
+                    self.counters.n1_tx_dropped += 1;
+                }
+            }
+        }
+    }
+
+    /// Opens or closes the gates of N-1 ports over lower normal flows as
+    /// those flows gain or lose room (window flow control below pushes back
+    /// to the RMT above). True if a gate opened.
+    pub(super) fn update_stacked_gates(&mut self, now: Instant) -> bool {
+        let mut opened = false;
+        let stacked: Vec<(PortId, usize, usize)> = self
+            .n1
+            .iter()
+            .filter(|(_, &(_, l))| matches!(self.members[l].machine, Machine::Normal(_)))
+            .map(|(&p, &(u, l))| (p, u, l))
+            .collect();
+        for (port, upper, lower) in stacked {
+            let Some(frame) = self.normal_of(upper).map(|n| n.max_frame()) else {
+                continue;
+            };
+            let room = self
+                .normal_of(lower)
+                .is_some_and(|l| l.can_write(port, frame));
+            let was = self.gated.contains(&port);
+            if room != was {
+                continue;
+            }
+            if room {
+                self.gated.remove(&port);
+                opened = true;
+            } else {
+                self.gated.insert(port);
+            }
+            if let Some(n) = self.normal_of_mut(upper) {
+                n.set_port_blocked(now, port, !room);
+            }
+        }
+        opened
+    }
+}

@@ -1,0 +1,356 @@
+//! One IPC process of a [`super::System`], whatever its kind, behind one
+//! contract: the same calls (register, allocate, accept, refuse,
+//! deallocate, write), one event vocabulary ([`IpcpEvent`]) and one flow
+//! error type ([`FlowError`]), so that the system's bookkeeping and the
+//! resource allocator never ask which kind of IPCP they hold.
+
+use crate::normal::{self, NormalError, NormalIpcp};
+use crate::rmt::PortRate;
+use crate::shim_udp::{self, ShimError, ShimUdp};
+use crate::time::Instant;
+use rina_wire::{AppName, QosSpec};
+use std::net::SocketAddr;
+use thiserror::Error;
+
+/// A flow's port-id, unique in its system (application flows and N-1 flows
+/// alike).
+pub type PortId = u32;
+
+/// Why a flow operation failed, for any kind of IPCP.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum FlowError {
+    /// The flow cannot take this SDU now (flow control, or the medium
+    /// below is full); the system says when it is writable again.
+    #[error("the flow cannot take an SDU now; wait until it is writable")]
+    WouldBlock,
+    /// No flow (or pending request) with this id.
+    #[error("no flow or request {0}")]
+    Unknown(u64),
+    /// The name cannot be found in the DIF (directory, shim table).
+    #[error("{0}")]
+    NameNotFound(String),
+    /// The name is registered already.
+    #[error("{0}")]
+    NameInUse(String),
+    /// The peer (its IPCP or its application) refused, or the name is not
+    /// registered there.
+    #[error("refused: {0}")]
+    Refused(String),
+    /// No answer in time.
+    #[error("timed out: {0}")]
+    Timeout(String),
+    /// Too many flows or requests, or no port-id left.
+    #[error("out of resources: {0}")]
+    NoResources(String),
+    /// The SDU is empty or too large.
+    #[error("bad SDU: {0}")]
+    BadSdu(String),
+    /// No QoS cube of the DIF serves the QoS spec.
+    #[error("QoS not satisfiable: {0}")]
+    Qos(String),
+    /// The IPCP is not a member of its DIF yet.
+    #[error("not enrolled in the DIF yet")]
+    NotEnrolled,
+    /// The flow's connection failed.
+    #[error("flow failed: {0}")]
+    Failed(String),
+    /// No IPCP of the system is in the named DIF (or can reach the name).
+    #[error("no IPCP of this system for {0}")]
+    NoIpcp(String),
+    /// Anything else (a configuration the machine refused).
+    #[error("{0}")]
+    Other(String),
+}
+
+impl From<NormalError> for FlowError {
+    fn from(e: NormalError) -> Self {
+        let m = e.to_string();
+        match e {
+            NormalError::WouldBlock(_) => FlowError::WouldBlock,
+            NormalError::UnknownFlow(f) => FlowError::Unknown(f.into()),
+            NormalError::UnknownRequest(h) => FlowError::Unknown(h),
+            NormalError::NameNotFound(_) => FlowError::NameNotFound(m),
+            NormalError::NameInUse(_) | NormalError::InUse { .. } => FlowError::NameInUse(m),
+            NormalError::Refused(_) | NormalError::NotRegistered(_) => FlowError::Refused(m),
+            NormalError::Timeout { .. } => FlowError::Timeout(m),
+            NormalError::NoResources(_) => FlowError::NoResources(m),
+            NormalError::BadSduSize { .. } => FlowError::BadSdu(m),
+            NormalError::QosNotSatisfiable(_) => FlowError::Qos(m),
+            NormalError::NotEnrolled => FlowError::NotEnrolled,
+            NormalError::Failed(..) => FlowError::Failed(m),
+            _ => FlowError::Other(m),
+        }
+    }
+}
+
+impl From<ShimError> for FlowError {
+    fn from(e: ShimError) -> Self {
+        let m = e.to_string();
+        match e {
+            ShimError::UnknownFlow(p) | ShimError::PortInUse(p) => FlowError::Unknown(p.into()),
+            ShimError::UnknownRequest(h) => FlowError::Unknown(h),
+            ShimError::NameNotFound(_) => FlowError::NameNotFound(m),
+            ShimError::NameInUse(_) => FlowError::NameInUse(m),
+            ShimError::NotRegistered { .. } | ShimError::Refused(_) => FlowError::Refused(m),
+            ShimError::QosNotSatisfiable(_) => FlowError::Qos(m),
+            ShimError::SduTooLarge { .. } | ShimError::EmptySdu => FlowError::BadSdu(m),
+            ShimError::Timeout { .. } => FlowError::Timeout(m),
+            ShimError::NoResources(_) => FlowError::NoResources(m),
+        }
+    }
+}
+
+/// What an IPCP tells its system.
+// Events are taken one at a time and never stored.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum IpcpEvent {
+    /// A peer asks for a flow to `local`, registered here.
+    FlowRequest {
+        handle: u64,
+        local: AppName,
+        remote: AppName,
+        qos: QosSpec,
+    },
+    /// Request `handle` was withdrawn (not answered in time).
+    RequestWithdrawn { handle: u64 },
+    /// An allocation succeeded.
+    Allocated { port: PortId, max_sdu: u32 },
+    /// An allocation failed.
+    AllocateFailed { port: PortId, error: FlowError },
+    /// The peer deallocated a flow.
+    Deallocated { port: PortId },
+    /// An SDU for the user of flow `port`.
+    Deliver { port: PortId, sdu: Vec<u8> },
+    /// The connection of flow `port` failed.
+    FlowFailed { port: PortId },
+    /// Normal IPCP: write this frame on N-1 flow `port`.
+    Transmit { port: PortId, frame: Vec<u8> },
+    /// Shim: send this datagram to `peer` on the medium.
+    ToMedium { peer: SocketAddr, frame: Vec<u8> },
+    /// Normal IPCP: the neighbour on N-1 flow `port` went silent.
+    NeighborSilent { port: PortId },
+}
+
+/// The machine of a member, by kind.
+#[derive(Debug)]
+pub enum Machine {
+    /// A shim IPCP over UDP.
+    ShimUdp(Box<ShimUdp>),
+    /// A normal IPCP.
+    Normal(Box<NormalIpcp>),
+}
+
+/// One IPC process of a system.
+#[derive(Debug)]
+pub struct Member {
+    /// Its name in the system.
+    pub name: String,
+    /// The DIF it is a member of.
+    pub dif: String,
+    /// Its machine.
+    pub machine: Machine,
+    /// Shims: the capacity of the link below (normal IPCPs above pace
+    /// their N-1 flows at it).
+    pub rate: Option<PortRate>,
+}
+
+impl Member {
+    /// The kind, as written in configurations.
+    pub fn kind(&self) -> &'static str {
+        match &self.machine {
+            Machine::ShimUdp(_) => "shim-udp",
+            Machine::Normal(_) => "normal",
+        }
+    }
+
+    /// The normal IPCP, if it is one.
+    pub fn normal(&self) -> Option<&NormalIpcp> {
+        match &self.machine {
+            Machine::Normal(n) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// The normal IPCP, if it is one.
+    pub fn normal_mut(&mut self) -> Option<&mut NormalIpcp> {
+        match &mut self.machine {
+            Machine::Normal(n) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// Largest SDU its flows carry.
+    pub fn max_sdu(&self) -> usize {
+        match &self.machine {
+            Machine::ShimUdp(s) => s.config().max_sdu as usize,
+            Machine::Normal(n) => n.config().max_sdu,
+        }
+    }
+
+    /// Registers an application name.
+    pub fn register(&mut self, name: AppName) -> Result<(), FlowError> {
+        match &mut self.machine {
+            Machine::ShimUdp(s) => Ok(s.register(name)?),
+            Machine::Normal(n) => Ok(n.register(name)?),
+        }
+    }
+
+    /// Withdraws a registration.
+    pub fn unregister(&mut self, name: &AppName) -> bool {
+        match &mut self.machine {
+            Machine::ShimUdp(s) => s.unregister(name),
+            Machine::Normal(n) => n.unregister(name),
+        }
+    }
+
+    /// Whether this IPCP can reach `name`.
+    pub fn knows(&self, name: &AppName) -> bool {
+        match &self.machine {
+            Machine::ShimUdp(s) => s.knows(name),
+            Machine::Normal(n) => n.knows(name),
+        }
+    }
+
+    /// Whether flow `port` is one of its flows.
+    pub fn has_flow(&self, port: PortId) -> bool {
+        match &self.machine {
+            Machine::ShimUdp(s) => s.flow(port).is_some(),
+            Machine::Normal(n) => n.flow_counters(port).is_some() || n.is_allocating(port),
+        }
+    }
+
+    /// Starts allocating flow `port`.
+    pub fn allocate(
+        &mut self,
+        now: Instant,
+        port: PortId,
+        local: AppName,
+        remote: AppName,
+        qos: QosSpec,
+    ) -> Result<(), FlowError> {
+        match &mut self.machine {
+            Machine::ShimUdp(s) => Ok(s.allocate(now, port, local, remote, qos)?),
+            Machine::Normal(n) => Ok(n.allocate(now, port, local, remote, qos)?),
+        }
+    }
+
+    /// Accepts request `handle` as flow `port`; returns its largest SDU.
+    pub fn accept(&mut self, now: Instant, handle: u64, port: PortId) -> Result<u32, FlowError> {
+        match &mut self.machine {
+            Machine::ShimUdp(s) => Ok(s.accept(handle, port)?),
+            Machine::Normal(n) => Ok(n.accept(now, handle, port)?),
+        }
+    }
+
+    /// Refuses request `handle`.
+    pub fn refuse(&mut self, handle: u64, reason: &str) -> Result<(), FlowError> {
+        match &mut self.machine {
+            Machine::ShimUdp(s) => Ok(s.refuse(handle, reason)?),
+            Machine::Normal(n) => Ok(n.refuse(handle, reason)?),
+        }
+    }
+
+    /// Deallocates flow `port` and tells the peer.
+    pub fn deallocate(&mut self, now: Instant, port: PortId) {
+        match &mut self.machine {
+            Machine::ShimUdp(s) => {
+                let _ = s.deallocate(port);
+            }
+            Machine::Normal(n) => {
+                let _ = n.deallocate(now, port);
+            }
+        }
+    }
+
+    /// When [`Member::handle_timeout`] next needs to run.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match &self.machine {
+            Machine::ShimUdp(s) => s.poll_timeout(),
+            Machine::Normal(n) => n.poll_timeout(),
+        }
+    }
+
+    /// Runs due timers.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        match &mut self.machine {
+            Machine::ShimUdp(s) => s.handle_timeout(now),
+            Machine::Normal(n) => n.handle_timeout(now),
+        }
+    }
+
+    /// The next event, in the common vocabulary.
+    pub fn poll_event(&mut self) -> Option<IpcpEvent> {
+        match &mut self.machine {
+            Machine::ShimUdp(s) => s.poll_action().map(shim_udp_event),
+            Machine::Normal(n) => loop {
+                if let Some(ev) = normal_event(n.poll_action()?) {
+                    return Some(ev);
+                }
+            },
+        }
+    }
+}
+
+fn shim_udp_event(a: shim_udp::Action) -> IpcpEvent {
+    match a {
+        shim_udp::Action::Transmit { to, payload } => IpcpEvent::ToMedium {
+            peer: to,
+            frame: payload,
+        },
+        shim_udp::Action::FlowRequest {
+            handle,
+            local,
+            remote,
+            qos,
+        } => IpcpEvent::FlowRequest {
+            handle,
+            local,
+            remote,
+            qos,
+        },
+        shim_udp::Action::RequestWithdrawn { handle } => IpcpEvent::RequestWithdrawn { handle },
+        shim_udp::Action::Allocated { port, max_sdu } => IpcpEvent::Allocated { port, max_sdu },
+        shim_udp::Action::AllocateFailed { port, error } => IpcpEvent::AllocateFailed {
+            port,
+            error: error.into(),
+        },
+        shim_udp::Action::Deallocated { port } => IpcpEvent::Deallocated { port },
+    }
+}
+
+/// The event of a normal IPCP's action; `None` for what the system does
+/// not act on (membership news other than a silent neighbour, management
+/// PDUs nobody handles).
+fn normal_event(a: normal::Action) -> Option<IpcpEvent> {
+    Some(match a {
+        normal::Action::Transmit { port, frame } => IpcpEvent::Transmit { port, frame },
+        normal::Action::Deliver { flow, sdu } => IpcpEvent::Deliver { port: flow, sdu },
+        normal::Action::FlowFailed { flow, .. } => IpcpEvent::FlowFailed { port: flow },
+        normal::Action::FlowRequest {
+            handle,
+            local,
+            remote,
+            qos,
+        } => IpcpEvent::FlowRequest {
+            handle,
+            local,
+            remote,
+            qos,
+        },
+        normal::Action::RequestWithdrawn { handle } => IpcpEvent::RequestWithdrawn { handle },
+        normal::Action::Allocated { flow, max_sdu } => IpcpEvent::Allocated {
+            port: flow,
+            max_sdu,
+        },
+        normal::Action::AllocateFailed { flow, error } => IpcpEvent::AllocateFailed {
+            port: flow,
+            error: error.into(),
+        },
+        normal::Action::Deallocated { flow } => IpcpEvent::Deallocated { port: flow },
+        normal::Action::Membership(normal::MembershipEvent::NeighborDown { port, .. }) => {
+            IpcpEvent::NeighborSilent { port }
+        }
+        normal::Action::Membership(_) | normal::Action::Management { .. } => return None,
+    })
+}

@@ -1,0 +1,613 @@
+//! A whole system as one sans-IO machine: every IPC process of a host,
+//! stacked on each other, with the resource allocator and the applications'
+//! flows.
+//!
+//! A [`System`] owns its members ([`member::Member`]: shim-udp and normal
+//! IPCPs behind one contract), wires the N-1 ports of each normal IPCP onto
+//! flows of the members below it in memory, decides which N-1 flows exist
+//! ([`allocator`]: one per neighbour and lower cube in use, retries, lanes,
+//! teardown of silent neighbours), and keeps the applications' flows and
+//! registrations as abstract ports. It is fed what happens outside — an
+//! application wrote ([`System::write`]), a medium delivered a frame
+//! ([`System::handle_frame`]), a medium is full or can take more again
+//! ([`System::medium_blocked`], [`System::medium_writable`]), time
+//! ([`System::handle_timeout`]) — and answers with [`Output`]s: frames for
+//! a medium, SDUs and events for applications. It reads no clock and does
+//! no IO; `rina-sim` runs many of them over emulated links, and a test can
+//! drive two by hand.
+//!
+//! # Back-pressure
+//!
+//! A port hands a PDU down only when the layer under it can take one, so
+//! queues build in the RMT where the scheduling policy decides:
+//!
+//! * over a shim with a `rate` (its link's capacity), the N-1 port is paced
+//!   at that rate ([`crate::rmt::PortRate`]);
+//! * over a medium the driver reports full, every N-1 port over it is
+//!   blocked until it reports it writable;
+//! * over a lower normal IPCP, the port is open while the lower flow can
+//!   take a frame (its window), so a flow-controlled lower flow pushes back.
+//!
+//! An application writing on a flow that cannot take its SDU gets
+//! [`FlowError::WouldBlock`] and later [`AppEvent::Writable`]: writers of
+//! flow-controlled flows wait instead of losing SDUs; unreliable flows
+//! lose where the policy says.
+
+pub mod allocator;
+mod events;
+pub mod member;
+
+pub use allocator::{Neighbor, NeighborSpec, Plan, NEIGHBOR_RETRY};
+pub use member::{FlowError, IpcpEvent, Machine, Member, PortId};
+
+use crate::normal::{NormalConfig, NormalIpcp};
+use crate::rmt::{PortRate, SchedulerConfig};
+use crate::shim_udp::{self, Received, ShimUdp};
+use crate::time::Instant;
+use rina_wire::{AppName, QosSpec};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::net::SocketAddr;
+use thiserror::Error;
+
+/// A medium: the member (a shim) whose datagrams the driver carries.
+pub type MediumId = usize;
+
+/// What the system asks of its driver.
+// App events other than Writable are rare control news; their size costs
+// nothing that boxing would save on the data path.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// Send `frame` to `peer` on medium `medium`.
+    ToMedium {
+        medium: MediumId,
+        peer: SocketAddr,
+        frame: Vec<u8>,
+    },
+    /// An SDU for the application of flow `port`.
+    ToApp { port: PortId, sdu: Vec<u8> },
+    /// Something for an application.
+    App(AppEvent),
+}
+
+/// News for applications.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AppEvent {
+    /// A peer asks for a flow to `local` (registered by an application in
+    /// DIF `dif`); answer with [`System::accept`] or [`System::refuse`].
+    FlowRequest {
+        handle: u64,
+        dif: String,
+        local: AppName,
+        remote: AppName,
+        qos: QosSpec,
+    },
+    /// Request `handle` was withdrawn (not answered in time).
+    RequestWithdrawn { handle: u64 },
+    /// Flow `port` asked for with [`System::allocate`] exists.
+    Allocated { port: PortId, max_sdu: u32 },
+    /// Flow `port` could not be set up.
+    AllocateFailed { port: PortId, error: FlowError },
+    /// The peer deallocated flow `port`, or its connection failed.
+    Deallocated { port: PortId },
+    /// Flow `port` can take the SDU that was refused with
+    /// [`FlowError::WouldBlock`].
+    Writable { port: PortId },
+}
+
+/// Why a system could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum SystemError {
+    /// Two members have one name.
+    #[error("two IPCPs are named {0}")]
+    DuplicateName(String),
+    /// A neighbour is over a DIF no other member of the system is in.
+    #[error("IPCP {ipcp}: no other IPCP of this system is in DIF {dif}")]
+    NoLowerIpcp { ipcp: String, dif: String },
+    /// A normal IPCP's frames do not fit the SDUs of the DIF below.
+    #[error("IPCP {ipcp}: its frames of up to {frame} bytes do not fit the SDUs of DIF {dif} (at most {max})")]
+    FrameTooLarge {
+        ipcp: String,
+        frame: usize,
+        dif: String,
+        max: usize,
+    },
+    /// A machine refused its configuration.
+    #[error("IPCP {ipcp}: {reason}")]
+    Machine { ipcp: String, reason: String },
+}
+
+/// Counters of the system's own work.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Datagrams a shim dropped (malformed, unknown flow, wrong peer).
+    pub rx_dropped: u64,
+    /// Frames of normal IPCPs an N-1 flow could not take.
+    pub n1_tx_dropped: u64,
+    /// N-1 allocations that could not be started.
+    pub n1_not_started: u64,
+    /// N-1 flows torn down because the neighbour went silent.
+    pub n1_silent: u64,
+    /// Cube mappings that name a lower cube the DIF below lacks.
+    pub bad_cube_mapping: u64,
+    /// SDUs for application flows that no longer exist.
+    pub app_rx_orphan: u64,
+}
+
+/// The machines of one system.
+#[derive(Debug)]
+pub struct System {
+    name: String,
+    members: Vec<Member>,
+    /// Per member: the resource allocator's state (normal IPCPs).
+    plans: Vec<Plan>,
+    out: VecDeque<Output>,
+    /// N-1 flows: port -> (upper member, lower member).
+    n1: BTreeMap<PortId, (usize, usize)>,
+    /// N-1 flows being allocated: port -> (upper member, neighbour index).
+    n1_pending: BTreeMap<PortId, (usize, usize)>,
+    /// N-1 ports blocked because their lower flow has no room.
+    gated: BTreeSet<PortId>,
+    /// Names registered in lower members for normal IPCPs: -> upper member.
+    ipcp_names: BTreeMap<(usize, AppName), usize>,
+    /// Names registered by applications, per member.
+    app_names: BTreeSet<(usize, AppName)>,
+    /// Application flows: port -> member.
+    app_flows: BTreeMap<PortId, usize>,
+    /// Application allocations waiting for the peer: port -> member.
+    app_pending: BTreeMap<PortId, usize>,
+    /// Incoming requests for applications: handle -> (member, its handle).
+    incoming: BTreeMap<u64, (usize, u64)>,
+    /// Flows whose writer waits for room: port -> SDU length.
+    want_writable: BTreeMap<PortId, usize>,
+    /// Media the driver reported full.
+    blocked_media: BTreeSet<MediumId>,
+    next_handle: u64,
+    next_port: PortId,
+    now: Instant,
+    counters: Counters,
+    last_error: Option<String>,
+}
+
+impl System {
+    /// An empty system.
+    pub fn new(name: impl Into<String>) -> Self {
+        System {
+            name: name.into(),
+            members: Vec::new(),
+            plans: Vec::new(),
+            out: VecDeque::new(),
+            n1: BTreeMap::new(),
+            n1_pending: BTreeMap::new(),
+            gated: BTreeSet::new(),
+            ipcp_names: BTreeMap::new(),
+            app_names: BTreeSet::new(),
+            app_flows: BTreeMap::new(),
+            app_pending: BTreeMap::new(),
+            incoming: BTreeMap::new(),
+            want_writable: BTreeMap::new(),
+            blocked_media: BTreeSet::new(),
+            next_handle: 1,
+            next_port: 1,
+            now: Instant::ZERO,
+            counters: Counters::default(),
+            last_error: None,
+        }
+    }
+
+    /// The system's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn check_name(&self, name: &str) -> Result<(), SystemError> {
+        if self.members.iter().any(|m| m.name == name) {
+            return Err(SystemError::DuplicateName(name.into()));
+        }
+        Ok(())
+    }
+
+    /// Adds a shim IPCP over UDP; `rate` is the capacity of its link, if
+    /// known. Returns its index, which is also its [`MediumId`].
+    pub fn add_shim_udp(
+        &mut self,
+        name: impl Into<String>,
+        cfg: shim_udp::Config,
+        rate: Option<PortRate>,
+    ) -> Result<usize, SystemError> {
+        let name = name.into();
+        self.check_name(&name)?;
+        self.members.push(Member {
+            name,
+            dif: cfg.dif.clone(),
+            machine: Machine::ShimUdp(Box::new(ShimUdp::new(cfg))),
+            rate,
+        });
+        self.plans.push(Plan::default());
+        Ok(self.members.len() - 1)
+    }
+
+    /// Adds a normal IPCP named `name` (also its application name in the
+    /// N-1 DIFs) with its scheduling policy, neighbours and static routes.
+    /// Its neighbours' N-1 DIFs must have members already.
+    pub fn add_normal(
+        &mut self,
+        name: AppName,
+        cfg: NormalConfig,
+        sched: &SchedulerConfig,
+        neighbors: Vec<NeighborSpec>,
+        routes: BTreeMap<u64, u64>,
+    ) -> Result<usize, SystemError> {
+        let key = name.to_string();
+        self.check_name(&key)?;
+        let bad = |reason: String| SystemError::Machine {
+            ipcp: key.clone(),
+            reason,
+        };
+        let built = sched
+            .build(&crate::normal::cubes::cu_map(&cfg.cubes))
+            .map_err(|e| bad(e.to_string()))?;
+        let dif = cfg.dif.clone();
+        let machine = NormalIpcp::new(cfg, built).map_err(|e| bad(e.to_string()))?;
+        let j = self.members.len();
+        let mut nbs = Vec::new();
+        for spec in neighbors {
+            let Some(lower) = self
+                .members
+                .iter()
+                .position(|m| m.dif == spec.over && m.dif != dif)
+            else {
+                return Err(SystemError::NoLowerIpcp {
+                    ipcp: key,
+                    dif: spec.over,
+                });
+            };
+            let (frame, max) = (machine.max_frame(), self.members[lower].max_sdu());
+            if frame > max {
+                return Err(SystemError::FrameTooLarge {
+                    ipcp: key,
+                    frame,
+                    dif: spec.over,
+                    max,
+                });
+            }
+            nbs.push(Neighbor {
+                spec,
+                lower,
+                port: None,
+                pending: None,
+                retry_at: None,
+            });
+        }
+        let lowers: BTreeSet<usize> = nbs.iter().map(|n| n.lower).collect();
+        for lower in lowers {
+            self.members[lower]
+                .register(name.clone())
+                .map_err(|e| bad(format!("cannot register in the DIF below: {e}")))?;
+            self.ipcp_names.insert((lower, name.clone()), j);
+        }
+        self.members.push(Member {
+            name: key,
+            dif,
+            machine: Machine::Normal(Box::new(machine)),
+            rate: None,
+        });
+        self.plans.push(Plan {
+            app_name: Some(name),
+            neighbors: nbs,
+            routes,
+        });
+        Ok(j)
+    }
+
+    /// The members, in the order they were added.
+    pub fn members(&self) -> &[Member] {
+        &self.members
+    }
+
+    /// Member `i`.
+    pub fn member(&self, i: usize) -> Option<&Member> {
+        self.members.get(i)
+    }
+
+    /// Member `i`, to change it (routes, scheduling policy).
+    pub fn member_mut(&mut self, i: usize) -> Option<&mut Member> {
+        self.members.get_mut(i)
+    }
+
+    /// The member in DIF `dif`.
+    pub fn member_in(&self, dif: &str) -> Option<usize> {
+        self.members.iter().position(|m| m.dif == dif)
+    }
+
+    /// The resource allocator's view of member `i` (neighbours, N-1 flows).
+    pub fn plan(&self, i: usize) -> Option<&Plan> {
+        self.plans.get(i)
+    }
+
+    /// The N-1 flows: (port, upper member, lower member).
+    pub fn n1_flows(&self) -> impl Iterator<Item = (PortId, usize, usize)> + '_ {
+        self.n1.iter().map(|(&p, &(u, l))| (p, u, l))
+    }
+
+    /// The system's own counters.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// The last configuration error the allocator met (a bad cube mapping).
+    pub fn last_error(&self) -> Option<&str> {
+        self.last_error.as_deref()
+    }
+
+    fn free_port(&mut self) -> PortId {
+        loop {
+            let p = self.next_port;
+            self.next_port = self.next_port.checked_add(1).unwrap_or(1);
+            if !self.app_flows.contains_key(&p)
+                && !self.app_pending.contains_key(&p)
+                && !self.n1.contains_key(&p)
+                && !self.n1_pending.contains_key(&p)
+                && self.members.iter().all(|m| !m.has_flow(p))
+            {
+                return p;
+            }
+        }
+    }
+
+    fn tick(&mut self, now: Instant) {
+        self.now = self.now.max(now);
+    }
+
+    // ---- applications ----------------------------------------------------
+
+    /// Registers application name `name` in DIF `dif`.
+    pub fn register(&mut self, dif: &str, name: AppName) -> Result<(), FlowError> {
+        let i = self
+            .member_in(dif)
+            .ok_or_else(|| FlowError::NoIpcp(format!("DIF {dif}")))?;
+        self.members[i].register(name.clone())?;
+        self.app_names.insert((i, name));
+        Ok(())
+    }
+
+    /// Withdraws a registration; false if it was not there.
+    pub fn unregister(&mut self, dif: &str, name: &AppName) -> bool {
+        let Some(i) = self.member_in(dif) else {
+            return false;
+        };
+        self.app_names.remove(&(i, name.clone())) && self.members[i].unregister(name)
+    }
+
+    /// Asks for a flow from `local` to `remote`, in DIF `dif` or else in the
+    /// first member that can reach `remote` (normal DIFs before shims). The
+    /// answer comes as [`AppEvent::Allocated`] or
+    /// [`AppEvent::AllocateFailed`] for the port returned.
+    pub fn allocate(
+        &mut self,
+        now: Instant,
+        dif: Option<&str>,
+        local: AppName,
+        remote: AppName,
+        qos: QosSpec,
+    ) -> Result<PortId, FlowError> {
+        self.tick(now);
+        let i = match dif {
+            Some(d) => self.member_in(d),
+            None => {
+                let by_kind = |normal: bool| {
+                    self.members
+                        .iter()
+                        .position(|m| m.normal().is_some() == normal && m.knows(&remote))
+                };
+                by_kind(true).or_else(|| by_kind(false))
+            }
+        }
+        .ok_or_else(|| FlowError::NoIpcp(dif.map_or_else(|| remote.to_string(), String::from)))?;
+        let port = self.free_port();
+        self.members[i].allocate(now, port, local, remote, qos)?;
+        self.app_pending.insert(port, i);
+        self.pump(now);
+        Ok(port)
+    }
+
+    /// Accepts incoming request `handle`; returns the flow's port and
+    /// largest SDU.
+    pub fn accept(&mut self, now: Instant, handle: u64) -> Result<(PortId, u32), FlowError> {
+        self.tick(now);
+        let (i, h) = self
+            .incoming
+            .remove(&handle)
+            .ok_or(FlowError::Unknown(handle))?;
+        let port = self.free_port();
+        let max = self.members[i].accept(now, h, port)?;
+        self.app_flows.insert(port, i);
+        self.pump(now);
+        Ok((port, max))
+    }
+
+    /// Refuses incoming request `handle`.
+    pub fn refuse(&mut self, now: Instant, handle: u64, reason: &str) -> Result<(), FlowError> {
+        let (i, h) = self
+            .incoming
+            .remove(&handle)
+            .ok_or(FlowError::Unknown(handle))?;
+        self.members[i].refuse(h, reason)?;
+        self.pump(now);
+        Ok(())
+    }
+
+    /// Writes an SDU on application flow `port`. [`FlowError::WouldBlock`]
+    /// takes nothing; [`AppEvent::Writable`] follows when it would.
+    pub fn write(&mut self, now: Instant, port: PortId, sdu: &[u8]) -> Result<(), FlowError> {
+        self.tick(now);
+        let &i = self
+            .app_flows
+            .get(&port)
+            .ok_or(FlowError::Unknown(port.into()))?;
+        let res = match &mut self.members[i].machine {
+            Machine::Normal(n) => n.write(now, port, sdu).map_err(FlowError::from),
+            Machine::ShimUdp(_) if self.blocked_media.contains(&i) => Err(FlowError::WouldBlock),
+            Machine::ShimUdp(s) => s
+                .send_header(port, sdu.len())
+                .map(|(peer, hdr)| {
+                    let mut frame = Vec::with_capacity(hdr.len() + sdu.len());
+                    frame.extend_from_slice(&hdr);
+                    frame.extend_from_slice(sdu);
+                    self.out.push_back(Output::ToMedium {
+                        medium: i,
+                        peer,
+                        frame,
+                    });
+                })
+                .map_err(FlowError::from),
+        };
+        if res == Err(FlowError::WouldBlock) {
+            self.want_writable.insert(port, sdu.len());
+        }
+        self.pump(now);
+        res
+    }
+
+    /// Closes application flow `port` (and tells the peer).
+    pub fn close(&mut self, now: Instant, port: PortId) {
+        self.tick(now);
+        self.want_writable.remove(&port);
+        let i = self
+            .app_flows
+            .remove(&port)
+            .or(self.app_pending.remove(&port));
+        if let Some(i) = i {
+            self.members[i].deallocate(now, port);
+        }
+        self.pump(now);
+    }
+
+    /// Whether application flow `port` can take an SDU of `len` bytes now.
+    pub fn can_write(&self, port: PortId, len: usize) -> bool {
+        match self
+            .app_flows
+            .get(&port)
+            .map(|&i| (i, &self.members[i].machine))
+        {
+            Some((_, Machine::Normal(n))) => n.can_write(port, len),
+            Some((i, Machine::ShimUdp(_))) => !self.blocked_media.contains(&i),
+            None => false,
+        }
+    }
+
+    /// The member that carries application flow `port`.
+    pub fn flow_member(&self, port: PortId) -> Option<usize> {
+        self.app_flows.get(&port).copied()
+    }
+
+    // ---- media -----------------------------------------------------------
+
+    /// A frame from `from` arrived on medium `medium`.
+    pub fn handle_frame(&mut self, now: Instant, medium: MediumId, from: SocketAddr, frame: &[u8]) {
+        self.tick(now);
+        let Some(Machine::ShimUdp(s)) = self.members.get_mut(medium).map(|m| &mut m.machine) else {
+            return;
+        };
+        match s.on_datagram(now, from, frame) {
+            Received::Deliver { port, sdu } => self.deliver(now, port, sdu.to_vec()),
+            Received::Control => {}
+            Received::Dropped(_) => self.counters.rx_dropped += 1,
+        }
+        self.pump(now);
+    }
+
+    /// The driver of medium `medium` cannot take more frames: the N-1
+    /// ports over it hold their PDUs in their RMT until it says
+    /// [`System::medium_writable`].
+    pub fn medium_blocked(&mut self, now: Instant, medium: MediumId) {
+        self.tick(now);
+        if self.blocked_media.insert(medium) {
+            self.set_medium_gates(now, medium, true);
+        }
+    }
+
+    /// The driver of medium `medium` can take frames again.
+    pub fn medium_writable(&mut self, now: Instant, medium: MediumId) {
+        self.tick(now);
+        if self.blocked_media.remove(&medium) {
+            self.set_medium_gates(now, medium, false);
+            self.pump(now);
+        }
+    }
+
+    fn set_medium_gates(&mut self, now: Instant, medium: MediumId, blocked: bool) {
+        let ports: Vec<(PortId, usize)> = self
+            .n1
+            .iter()
+            .filter(|(_, &(_, l))| l == medium)
+            .map(|(&p, &(u, _))| (p, u))
+            .collect();
+        for (port, upper) in ports {
+            if let Some(n) = self.members[upper].normal_mut() {
+                n.set_port_blocked(now, port, blocked);
+            }
+        }
+    }
+
+    // ---- time ------------------------------------------------------------
+
+    /// When [`System::handle_timeout`] next needs to run.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.members
+            .iter()
+            .filter_map(|m| m.poll_timeout())
+            .chain(self.neighbor_timeout(self.now))
+            .min()
+    }
+
+    /// Runs the timers that are due.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.tick(now);
+        for m in &mut self.members {
+            if m.poll_timeout().is_some_and(|t| t <= now) {
+                m.handle_timeout(now);
+            }
+        }
+        self.pump(now);
+    }
+
+    /// The next thing for the driver to do.
+    pub fn poll_output(&mut self) -> Option<Output> {
+        self.out.pop_front()
+    }
+
+    // ---- the loop between members ----------------------------------------
+
+    /// Carries out what the members asked of each other until they are
+    /// quiet, starts the N-1 flows that are due and opens the gates of N-1
+    /// ports whose lower flows have room again.
+    fn pump(&mut self, now: Instant) {
+        loop {
+            let mut busy = self.drain_events(now);
+            self.keep_neighbors(now);
+            busy |= self.update_stacked_gates(now);
+            busy |= self.drain_events(now);
+            if !busy {
+                break;
+            }
+        }
+        self.report_writable();
+    }
+
+    /// Handles every event the members have; true if there was any.
+    fn drain_events(&mut self, now: Instant) -> bool {
+        let mut any = false;
+        for i in 0..self.members.len() {
+            while let Some(ev) = self.members[i].poll_event() {
+                any = true;
+                self.on_event(now, i, ev);
+            }
+        }
+        any
+    }
+}
+
+#[cfg(test)]
+mod tests;

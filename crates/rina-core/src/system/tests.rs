@@ -1,0 +1,370 @@
+//! Systems driven by hand with explicit time, joined by an in-test wire
+//! (the way quinn's tests drive a `Pair`).
+
+use super::*;
+use crate::efcp::EfcpConfig;
+use crate::normal::cubes::QosCube;
+use crate::normal::MembershipConfig;
+use crate::rmt::{FifoConfig, QtaMuxConfig};
+use std::time::Duration;
+
+fn ms(v: u64) -> Instant {
+    Instant::from_nanos(v * 1_000_000)
+}
+
+fn name(s: &str) -> AppName {
+    s.parse().unwrap()
+}
+
+fn udp(i: usize) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 7000 + i as u16))
+}
+
+/// What an application of a system saw.
+#[derive(Debug, Default)]
+struct AppLog {
+    events: Vec<AppEvent>,
+    sdus: Vec<(Instant, PortId, Vec<u8>)>,
+}
+
+/// Systems whose medium 0 is a shim-udp at `udp(i)`, joined by a wire with
+/// a fixed delay that can be cut.
+struct Net {
+    sys: Vec<System>,
+    logs: Vec<AppLog>,
+    wire: Vec<(Instant, usize, SocketAddr, Vec<u8>)>,
+    delay: Duration,
+    /// Systems whose frames are lost.
+    mute: BTreeSet<usize>,
+    /// Datagrams each system sent.
+    sent: Vec<u64>,
+    now: Instant,
+}
+
+impl Net {
+    fn new(sys: Vec<System>) -> Self {
+        let n = sys.len();
+        Net {
+            sys,
+            logs: (0..n).map(|_| AppLog::default()).collect(),
+            wire: Vec::new(),
+            delay: Duration::from_millis(1),
+            mute: BTreeSet::new(),
+            sent: vec![0; n],
+            now: Instant::ZERO,
+        }
+    }
+
+    fn collect(&mut self) {
+        for i in 0..self.sys.len() {
+            while let Some(o) = self.sys[i].poll_output() {
+                match o {
+                    Output::ToMedium { peer, frame, .. } => {
+                        self.sent[i] += 1;
+                        let Some(dst) = (0..self.sys.len()).find(|&d| udp(d) == peer) else {
+                            continue;
+                        };
+                        if !self.mute.contains(&i) {
+                            self.wire.push((self.now + self.delay, dst, udp(i), frame));
+                        }
+                    }
+                    Output::ToApp { port, sdu } => self.logs[i].sdus.push((self.now, port, sdu)),
+                    Output::App(ev) => self.logs[i].events.push(ev),
+                }
+            }
+        }
+    }
+
+    fn run_until(&mut self, until: Instant) {
+        self.collect();
+        loop {
+            let next_wire = self.wire.iter().map(|w| w.0).min();
+            let next_timer = self.sys.iter().filter_map(|s| s.poll_timeout()).min();
+            let Some(t) = next_wire.into_iter().chain(next_timer).min() else {
+                break;
+            };
+            if t > until {
+                break;
+            }
+            self.now = t.max(self.now);
+            let due: Vec<_> = {
+                let (due, rest) = std::mem::take(&mut self.wire)
+                    .into_iter()
+                    .partition(|w| w.0 <= self.now);
+                self.wire = rest;
+                due
+            };
+            for (_, dst, from, frame) in due {
+                self.sys[dst].handle_frame(self.now, 0, from, &frame);
+            }
+            for s in &mut self.sys {
+                if s.poll_timeout().is_some_and(|t| t <= self.now) {
+                    s.handle_timeout(self.now);
+                }
+            }
+            self.collect();
+        }
+        self.now = until;
+    }
+}
+
+fn cubes() -> Vec<QosCube> {
+    vec![
+        QosCube::new(1, "urgent", EfcpConfig::unreliable()).with_cell(0, 0),
+        QosCube::new(2, "best-effort", EfcpConfig::unreliable()).with_cell(1, 1),
+    ]
+}
+
+/// System `i` of a line of `n`: a shim-udp whose directory reaches the
+/// neighbours' normal IPCPs, and a normal IPCP `s<i>.net` (address i+1)
+/// with those neighbours.
+fn line_system(i: usize, n: usize, sched: &SchedulerConfig, rate: Option<PortRate>) -> System {
+    let mut s = System::new(format!("s{i}"));
+    let mut sc = shim_udp::Config::new("udp");
+    let peers: Vec<usize> = [i.checked_sub(1), Some(i + 1).filter(|&p| p < n)]
+        .into_iter()
+        .flatten()
+        .collect();
+    for &p in &peers {
+        sc.directory.insert(name(&format!("s{p}.net")), udp(p));
+        sc.directory.insert(name(&format!("app{p}")), udp(p));
+    }
+    s.add_shim_udp("udp", sc, rate).unwrap();
+    let mut nc = NormalConfig::new("net", i as u64 + 1);
+    nc.membership = Some(MembershipConfig::new(name(&format!("s{i}.net"))));
+    nc.routing = Some(crate::routing::Config::default());
+    nc.cubes = cubes();
+    for p in 0..n {
+        nc.directory.insert(name(&format!("app{p}")), p as u64 + 1);
+    }
+    let nbs = peers
+        .iter()
+        .map(|&p| NeighborSpec {
+            name: name(&format!("s{p}.net")),
+            over: "udp".into(),
+            address: None,
+        })
+        .collect();
+    s.add_normal(name(&format!("s{i}.net")), nc, sched, nbs, BTreeMap::new())
+        .unwrap();
+    s
+}
+
+fn fifo() -> SchedulerConfig {
+    SchedulerConfig::Fifo(FifoConfig { queue_len: 100 })
+}
+
+fn allocated(log: &AppLog) -> Option<PortId> {
+    log.events.iter().find_map(|e| match e {
+        AppEvent::Allocated { port, .. } => Some(*port),
+        _ => None,
+    })
+}
+
+#[test]
+fn two_systems_set_up_their_n1_flow_and_carry_an_application_flow() {
+    let mut net = Net::new((0..2).map(|i| line_system(i, 2, &fifo(), None)).collect());
+    net.sys[1].register("net", name("app1")).unwrap();
+    net.run_until(ms(500));
+    // The smaller name (s0.net) set the N-1 flow up; both ends have it.
+    assert_eq!(net.sys[0].n1_flows().count(), 1);
+    assert_eq!(net.sys[1].n1_flows().count(), 1);
+    let port = net.sys[0]
+        .allocate(
+            net.now,
+            Some("net"),
+            name("app0"),
+            name("app1"),
+            QosSpec::default(),
+        )
+        .unwrap();
+    net.run_until(ms(600));
+    let handle = net.logs[1]
+        .events
+        .iter()
+        .find_map(|e| match e {
+            AppEvent::FlowRequest { handle, .. } => Some(*handle),
+            _ => None,
+        })
+        .expect("the request reached the application at s1");
+    let (theirs, _) = net.sys[1].accept(net.now, handle).unwrap();
+    net.run_until(ms(700));
+    assert_eq!(allocated(&net.logs[0]), Some(port));
+    for k in 0..10u8 {
+        net.sys[0].write(net.now, port, &[k; 100]).unwrap();
+    }
+    net.run_until(ms(800));
+    let got: Vec<u8> = net.logs[1]
+        .sdus
+        .iter()
+        .filter(|(_, p, _)| *p == theirs)
+        .map(|(_, _, s)| s[0])
+        .collect();
+    assert_eq!(got, (0..10).collect::<Vec<u8>>());
+}
+
+#[test]
+fn the_allocator_retries_every_second_until_the_neighbour_answers() {
+    let mut net = Net::new((0..2).map(|i| line_system(i, 2, &fifo(), None)).collect());
+    // s1 is deaf for 3.5 s: s0 asks, times out and asks again.
+    net.mute.insert(1);
+    net.run_until(ms(3500));
+    assert_eq!(net.sys[0].n1_flows().count(), 0);
+    assert_eq!(
+        net.sys[1].n1_flows().count(),
+        1,
+        "s1 accepted every request"
+    );
+    let asked = net.sent[0];
+    assert!(asked >= 4, "s0 sent only {asked} datagrams in 3.5 s");
+    // s1 never sets the flow up itself: its name is the larger.
+    assert!(net.sys[1].n1_pending.is_empty());
+    net.mute.clear();
+    net.run_until(ms(6000));
+    assert_eq!(net.sys[0].n1_flows().count(), 1);
+    assert_eq!(
+        net.sys[1].n1_flows().count(),
+        1,
+        "the old flow was replaced"
+    );
+}
+
+#[test]
+fn a_silent_neighbour_has_its_n1_flow_torn_down_and_set_up_again() {
+    let mut net = Net::new((0..2).map(|i| line_system(i, 2, &fifo(), None)).collect());
+    net.run_until(ms(1000));
+    let first = net.sys[0].n1_flows().next().unwrap().0;
+    net.mute.insert(1);
+    net.run_until(ms(10_000));
+    assert!(
+        net.sys[0].counters().n1_silent >= 1,
+        "{:?}",
+        net.sys[0].counters()
+    );
+    net.mute.clear();
+    net.run_until(ms(15_000));
+    let again = net.sys[0].n1_flows().next().unwrap().0;
+    assert_ne!(first, again, "a fresh N-1 flow");
+}
+
+#[test]
+fn a_blocked_medium_holds_pdus_in_the_rmt_until_it_is_writable() {
+    let mut net = Net::new((0..2).map(|i| line_system(i, 2, &fifo(), None)).collect());
+    net.sys[1].register("net", name("app1")).unwrap();
+    net.run_until(ms(500));
+    let port = net.sys[0]
+        .allocate(
+            net.now,
+            Some("net"),
+            name("app0"),
+            name("app1"),
+            QosSpec::default(),
+        )
+        .unwrap();
+    net.run_until(ms(510));
+    let handle = match net.logs[1].events.last() {
+        Some(AppEvent::FlowRequest { handle, .. }) => *handle,
+        e => panic!("{e:?}"),
+    };
+    net.sys[1].accept(net.now, handle).unwrap();
+    net.run_until(ms(600));
+    net.sys[0].medium_blocked(net.now, 0);
+    let before = net.sent[0];
+    for _ in 0..20 {
+        net.sys[0].write(net.now, port, &[7; 500]).unwrap();
+    }
+    net.collect();
+    assert_eq!(net.sent[0], before, "nothing reached the blocked medium");
+    let n = net.sys[0].member(1).unwrap().normal().unwrap();
+    let queued: usize = n
+        .rmt()
+        .ports()
+        .flat_map(|p| n.rmt().queue_stats(p))
+        .map(|q| q.queued)
+        .sum();
+    assert_eq!(queued, 20, "the PDUs wait in the RMT");
+    net.sys[0].medium_writable(net.now, 0);
+    net.collect();
+    assert_eq!(net.sent[0], before + 20);
+}
+
+#[test]
+fn behind_a_paced_shim_qta_mux_keeps_the_urgent_cube_fast() {
+    // 10 Mb/s, urgent 1 Mb/s + best effort 12 Mb/s offered.
+    let rate = PortRate::new(10_000_000);
+    let run = |sched: SchedulerConfig| -> (f64, f64, usize, usize) {
+        let mut net = Net::new(
+            (0..2)
+                .map(|i| line_system(i, 2, &sched, Some(rate)))
+                .collect(),
+        );
+        net.sys[1].register("net", name("app1")).unwrap();
+        net.run_until(ms(500));
+        let mut ports = Vec::new();
+        for cube in [1u64, 2] {
+            let qos = QosSpec {
+                cube: Some(cube),
+                ..Default::default()
+            };
+            ports.push(
+                net.sys[0]
+                    .allocate(net.now, Some("net"), name("app0"), name("app1"), qos)
+                    .unwrap(),
+            );
+            net.run_until(net.now + Duration::from_millis(20));
+            let handle = match net.logs[1].events.last() {
+                Some(AppEvent::FlowRequest { handle, .. }) => *handle,
+                e => panic!("{e:?}"),
+            };
+            net.sys[1].accept(net.now, handle).unwrap();
+            net.run_until(net.now + Duration::from_millis(20));
+        }
+        let (start, mut t) = (net.now, net.now);
+        let mut sent = [0usize; 2];
+        let mut k = 0u64;
+        while t < start + Duration::from_secs(2) {
+            // Every 0.5 ms: a best-effort SDU from 6 in 8 slots, an urgent
+            // one every 16 slots (1000 bytes each).
+            let urgent = k.is_multiple_of(16);
+            let be = k % 8 < 6;
+            for (c, on) in [(0usize, urgent), (1, be)] {
+                if on {
+                    let mut sdu = vec![c as u8; 1000];
+                    sdu[1..9].copy_from_slice(&t.as_nanos().to_be_bytes());
+                    net.sys[0].write(t, ports[c], &sdu).unwrap();
+                    sent[c] += 1;
+                }
+            }
+            k += 1;
+            t = t + Duration::from_micros(500);
+            net.run_until(t);
+        }
+        net.run_until(t + Duration::from_secs(1));
+        let mut delay = [0f64; 2];
+        let mut got = [0usize; 2];
+        for (at, _, sdu) in &net.logs[1].sdus {
+            let c = sdu[0] as usize;
+            let sent_at = u64::from_be_bytes(sdu[1..9].try_into().unwrap());
+            delay[c] += (at.as_nanos() - sent_at) as f64 / 1e6;
+            got[c] += 1;
+        }
+        (
+            delay[0] / got[0] as f64,
+            delay[1] / got[1] as f64,
+            sent[0] - got[0],
+            sent[1] - got[1],
+        )
+    };
+    let (u, b, ulost, blost) = run(SchedulerConfig::QtaMux(QtaMuxConfig::new(vec![100, 60])));
+    assert!(
+        u < 3.0 * 1.9,
+        "urgent {u} ms (unloaded: 1 ms wire + 0.8 ms on the link)"
+    );
+    assert_eq!(ulost, 0);
+    assert!(b > 20.0 && blost > 100, "best effort {b} ms, {blost} lost");
+    let (u, b, ..) = run(fifo());
+    assert!(
+        u > 20.0 && (u / b - 1.0).abs() < 0.2,
+        "FIFO: urgent {u} ms, best effort {b} ms"
+    );
+}
