@@ -1,14 +1,25 @@
-//! The `sim` backend's queueing engine on small inline experiments: QoS
-//! differentiation at a congested link, the same through a stack of DIFs,
-//! rerouting around a link that goes down, an application that moves,
-//! determinism and interruption.
+//! The `sim` backend's engines on small inline experiments: QoS
+//! differentiation at a congested link (the protocol engine, and the
+//! queueing approximation compared with it), the same through a stack of
+//! DIFs, rerouting around a link that goes down, an application that
+//! moves, determinism and interruption.
 
-use rina_lab::backend::{sim::Sim, Backend, RunCtx};
+use rina_lab::backend::sim::{Engine, Sim};
+use rina_lab::backend::{Backend, RunCtx};
 use rina_lab::results::{ClassSummary, RunOutput};
 use rina_lab::{load, LabError};
 use std::sync::atomic::AtomicBool;
 
 fn run_with(text: &str, variant: Option<&str>, stop: bool) -> Result<RunOutput, LabError> {
+    run_on(text, variant, stop, None)
+}
+
+fn run_on(
+    text: &str,
+    variant: Option<&str>,
+    stop: bool,
+    engine: Option<Engine>,
+) -> Result<RunOutput, LabError> {
     let exp = load(text, variant).expect("experiment resolves");
     let stop = AtomicBool::new(stop);
     let progress = |_: f64, _: &str| {};
@@ -18,7 +29,11 @@ fn run_with(text: &str, variant: Option<&str>, stop: bool) -> Result<RunOutput, 
         progress: &progress,
         stop: &stop,
     };
-    Sim::default().run_once(&exp, &ctx)
+    Sim {
+        engine,
+        ..Default::default()
+    }
+    .run_once(&exp, &ctx)
 }
 
 fn run(text: &str, variant: Option<&str>) -> RunOutput {
@@ -94,30 +109,64 @@ scheduler.net = { policy = "fifo", queue_len = 300 }
 
 #[test]
 fn qta_mux_gives_urgent_traffic_low_delay_at_a_congested_link_and_fifo_does_not() {
-    let qta = run(CONGESTED, Some("qta"));
-    let (u, b) = (class(&qta, "urgent"), class(&qta, "bulk"));
-    let (ud, bd) = (u.avg_ms.unwrap(), b.avg_ms.unwrap());
-    assert!(ud < 5.0, "urgent waits little: {ud} ms");
-    assert!(bd > 10.0 * ud, "bulk waits: {bd} ms vs {ud} ms");
-    assert_eq!(u.loss_pct, 0.0, "urgent loses nothing");
-    assert!(b.loss_pct > 5.0, "the excess is bulk's: {}", b.loss_pct);
-
-    let fifo = run(CONGESTED, Some("fifo"));
-    let (u, b) = (class(&fifo, "urgent"), class(&fifo, "bulk"));
-    let (ud, bd) = (u.avg_ms.unwrap(), b.avg_ms.unwrap());
-    assert!(ud > 50.0, "urgent queues behind bulk: {ud} ms");
-    assert!((ud - bd).abs() < 0.2 * bd, "same delay: {ud} vs {bd}");
-    assert!(u.loss_pct > 1.0, "urgent loses too: {}", u.loss_pct);
-    // The link was full in both runs.
-    for out in [&qta, &fifo] {
-        let l = &out.links[0];
+    // The protocol engine (the real systems), then the queueing
+    // approximation on the same file: the same pattern, and figures close
+    // to the protocol engine's.
+    let mut bulk_loss = Vec::new();
+    for engine in [Engine::Protocol, Engine::Queueing] {
+        let go = |v| {
+            let out = run_on(CONGESTED, Some(v), false, Some(engine)).unwrap();
+            print!("{engine:?} {v}\n{}", out.summary_table());
+            out
+        };
+        let qta = go("qta");
+        let (u, b) = (class(&qta, "urgent"), class(&qta, "bulk"));
+        let (ud, bd) = (u.avg_ms.unwrap(), b.avg_ms.unwrap());
+        assert!(ud < 5.0, "{engine:?}: urgent waits little: {ud} ms");
+        assert!(bd > 10.0 * ud, "{engine:?}: bulk waits: {bd} ms vs {ud} ms");
+        assert_eq!(u.loss_pct, 0.0, "{engine:?}: urgent loses nothing");
         assert!(
-            l.avg_bps_ab > 9.5e6 && l.avg_bps_ab <= 10e6,
-            "{}",
-            l.avg_bps_ab
+            b.loss_pct > 5.0,
+            "{engine:?}: the excess is bulk's: {}",
+            b.loss_pct
         );
-        assert!(l.dropped > 0);
+        bulk_loss.push(b.loss_pct);
+
+        let fifo = go("fifo");
+        let (u, b) = (class(&fifo, "urgent"), class(&fifo, "bulk"));
+        let (ud, bd) = (u.avg_ms.unwrap(), b.avg_ms.unwrap());
+        assert!(ud > 50.0, "{engine:?}: urgent queues behind bulk: {ud} ms");
+        assert!(
+            (ud - bd).abs() < 0.2 * bd,
+            "{engine:?}: same delay: {ud} vs {bd}"
+        );
+        assert!(
+            u.loss_pct > 1.0,
+            "{engine:?}: urgent loses too: {}",
+            u.loss_pct
+        );
+        // The link was full in both runs.
+        for out in [&qta, &fifo] {
+            let l = &out.links[0];
+            assert!(
+                l.avg_bps_ab > 9.5e6 && l.avg_bps_ab <= 10e6,
+                "{engine:?}: {}",
+                l.avg_bps_ab
+            );
+            if engine == Engine::Protocol {
+                // The shim paces the N-1 flow at the link's rate: the
+                // excess waits and is dropped in the RMT, by the policy,
+                // not at the link.
+                assert_eq!(l.dropped, 0, "the link dropped frames");
+            }
+        }
     }
+    assert!(
+        (bulk_loss[0] - bulk_loss[1]).abs() < 5.0,
+        "bulk loss: protocol {} %, queueing {} %",
+        bulk_loss[0],
+        bulk_loss[1]
+    );
 }
 
 /// An upper DIF `up` between a and c over a lower DIF `low` of a, b, c;
@@ -308,10 +357,23 @@ fn the_engine_is_chosen_by_what_the_experiment_needs() {
     assert_eq!(engine(&out), "protocol");
     assert!(out.timeline[0].t_s < 0.0 && out.timeline[0].what.contains("enrolled"));
     assert!(out.flows.iter().all(|f| f.allocation_ms.is_some()));
-    // A QoS policy or a stack of DIFs: the queueing engine.
-    assert_eq!(engine(&run(CONGESTED, Some("qta"))), "queueing");
-    assert_eq!(engine(&run(CONGESTED, Some("fifo"))), "protocol");
-    assert_eq!(engine(&run(STACK, Some("both"))), "queueing");
+    // A QoS policy or a stack of DIFs: the protocol engine too.
+    assert_eq!(engine(&run(CONGESTED, Some("qta"))), "protocol");
+    assert_eq!(engine(&run(STACK, Some("both"))), "protocol");
+    // Perf traffic: the queueing approximation, which says why.
+    let perf = TRIANGLE.replace(
+        "[[event]]",
+        "[[traffic]]\nkind = \"perf\"\ndif = \"net\"\nfrom = [\"a\"]\nto = \"b\"\nsdu_sizes = [1000]\nper_size = \"1s\"\n\n[[event]]",
+    );
+    let out = run(&perf, None);
+    assert_eq!(engine(&out), "queueing");
+    assert!(out
+        .timeline
+        .iter()
+        .any(|t| t.what.contains("because of perf traffic")));
+    // Asked for by name, the protocol engine refuses what it cannot run.
+    let err = run_on(&perf, None, false, Some(Engine::Protocol)).unwrap_err();
+    assert!(err.to_string().contains("perf traffic"), "{err}");
 }
 
 #[test]

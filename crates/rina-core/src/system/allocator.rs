@@ -172,6 +172,7 @@ impl System {
                     let nb = &self.plans[j].neighbors[k];
                     nb.pending.is_none()
                         && self.sets_up(j, k)
+                        && !self.down_media.contains(&nb.lower)
                         && nb.retry_at.is_none_or(|t| t <= now)
                 })
                 .collect();
@@ -228,6 +229,7 @@ impl System {
                 let nb = &self.plans[j].neighbors[k];
                 nb.pending.is_none()
                     && self.sets_up(j, k)
+                    && !self.down_media.contains(&nb.lower)
                     && (nb.port.is_none() || self.missing_lane(j, k).is_some())
             })
             .map(|(j, k)| self.plans[j].neighbors[k].retry_at.unwrap_or(now))

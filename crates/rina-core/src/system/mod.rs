@@ -163,6 +163,8 @@ pub struct System {
     want_writable: BTreeMap<PortId, usize>,
     /// Media the driver reported full.
     blocked_media: BTreeSet<MediumId>,
+    /// Media whose link is down.
+    down_media: BTreeSet<MediumId>,
     next_handle: u64,
     next_port: PortId,
     now: Instant,
@@ -188,6 +190,7 @@ impl System {
             incoming: BTreeMap::new(),
             want_writable: BTreeMap::new(),
             blocked_media: BTreeSet::new(),
+            down_media: BTreeSet::new(),
             next_handle: 1,
             next_port: 1,
             now: Instant::ZERO,
@@ -533,6 +536,49 @@ impl System {
         self.tick(now);
         if self.blocked_media.remove(&medium) {
             self.set_medium_gates(now, medium, false);
+            self.pump(now);
+        }
+    }
+
+    /// The link under medium `medium` went down (carrier lost): the N-1
+    /// flows over it are torn down at once, so routing goes around it, and
+    /// none is set up over it until [`System::medium_up`].
+    pub fn medium_down(&mut self, now: Instant, medium: MediumId) {
+        self.tick(now);
+        if !self.down_media.insert(medium) {
+            return;
+        }
+        let over: Vec<PortId> = self
+            .n1
+            .iter()
+            .filter(|(_, &(_, l))| l == medium)
+            .map(|(&p, _)| p)
+            .collect();
+        for port in over {
+            self.members[medium].deallocate(now, port);
+            self.unbind_n1(now, port);
+        }
+        self.n1_pending.retain(|&p, &mut (j, k)| {
+            let gone = self.plans[j].neighbors[k].lower == medium;
+            if gone {
+                self.plans[j].neighbors[k].pending = None;
+                self.members[medium].deallocate(now, p);
+            }
+            !gone
+        });
+        self.pump(now);
+    }
+
+    /// The link under medium `medium` is back: N-1 flows over it are set up
+    /// again.
+    pub fn medium_up(&mut self, now: Instant, medium: MediumId) {
+        self.tick(now);
+        if self.down_media.remove(&medium) {
+            for plan in &mut self.plans {
+                for nb in plan.neighbors.iter_mut().filter(|nb| nb.lower == medium) {
+                    nb.retry_at = None;
+                }
+            }
             self.pump(now);
         }
     }

@@ -7,14 +7,20 @@
 //! [`Sim`] picks an engine ([`Engine::choose`]) and says which, and why,
 //! in the run's timeline (`engine: protocol ...` / `engine: queueing ...`).
 //!
-//! - **Protocol engine** (`protocol`), for an experiment with one normal
-//!   DIF over links, the FIFO policy, echo and tgen traffic (at most
-//!   50 Mb/s offered) and link or application events: one unchanged
-//!   `rina-core` normal IPCP per member on `rina-sim`'s world, over
-//!   emulated links with the experiment's rate, delay, loss, queue and
-//!   [`LINK_OVERHEAD`]. Nothing is configured but names: the DIF's
-//!   bootstrap member (derived by the resolver) has address 1, routing and
-//!   the disseminated directory; the others enroll through it (password,
+//! - **Protocol engine** (`protocol`), the default for everything it can
+//!   run: one `rina-core` [`rina_core::system::System`] per node — the
+//!   IPCP machines `rinad` runs, composed into one system — on `rina-sim`'s world:
+//!   a shim-udp IPCP per link end, over an emulated link with the
+//!   experiment's rate, delay, loss, queue and [`LINK_OVERHEAD`], and a
+//!   normal IPCP per DIF the node is a member of, stacked as the file
+//!   says, each with its DIF's QoS cubes (mapped onto the lower DIF's
+//!   cubes by `maps_to`) and scheduling policy. The shims pace the N-1
+//!   flows at the link's rate, so PDUs wait in the RMT of each DIF, where
+//!   its policy orders and drops them, and the systems' resource
+//!   allocators set up one N-1 flow per neighbour and lower cube in use
+//!   (lanes). Nothing is configured but names: each DIF's bootstrap
+//!   member (derived by the resolver) has address 1, routing and the
+//!   disseminated directory; the others enroll through it (password,
 //!   address grant), link-state routing and the directory converge, then
 //!   the traffic starts on the next whole second (the timeline shows
 //!   enrollment and convergence at negative times). Applications are
@@ -22,19 +28,22 @@
 //!   destination); clients allocate flows by name with the flow's cube
 //!   (`QosSpec::cube`) and write SDUs carrying their send time, echo
 //!   servers write every SDU back (RTT), sinks time-stamp what arrives
-//!   (one-way delay). A link down/up takes both ends' N-1 ports down/up
-//!   (routing reroutes); an application move unregisters it at the old
-//!   node (its flows are deallocated) and registers it at the new one; the
-//!   unchanged client allocates again by the same name every 250 ms until
-//!   it works, each allocation a record (`<flow>#2`, `served_by` the node
-//!   that answered). Link figures are `rina-sim`'s link counters over the
-//!   traffic period.
+//!   (one-way delay). A link down/up takes both ends' shims down/up (the
+//!   N-1 flows over them are torn down at once, routing reroutes, the
+//!   allocators set them up again); an application move unregisters it at
+//!   the old node (its flows are deallocated) and registers it at the new
+//!   one; the unchanged client allocates again by the same name every
+//!   250 ms until it works, each allocation a record (`<flow>#2`,
+//!   `served_by` the node that answered). Link figures are `rina-sim`'s
+//!   link counters over the traffic period. Picked by itself up to
+//!   [`PROTOCOL_AUTO_CAP_BPS`] of tgen traffic (every PDU of every layer is
+//!   simulated); `--engine protocol` asks for it beyond.
 //!
-//! - **Queueing (PDU-level) engine** (`queueing`), for everything else:
-//!   stacked DIFs, QoS policies (a `rina-sim` link takes every frame the
-//!   RMT hands it, so in the protocol engine a QoS policy would never hold
-//!   anything back), flows directly over link shims, perf, node events,
-//!   heavy traffic. Each flow's SDUs are cut into PDUs of its DIF
+//! - **Queueing (PDU-level) engine** (`queueing`), a fast approximation
+//!   for what the protocol engine cannot run yet (flows directly over link
+//!   shims, perf, node stop/start) and for heavy traffic, or when asked
+//!   with `--engine queueing`; a test compares it with the protocol engine
+//!   on the same congested-link scenario. Each flow's SDUs are cut into PDUs of its DIF
 //!   (largest PDU `max_pdu`, default 1470 bytes, minus a [`PCI_BYTES`]
 //!   header), routed on a shortest path (fewest hops; ties to the adjacency
 //!   written first) of its DIF's adjacency graph; an adjacency over a lower
@@ -117,34 +126,63 @@ pub const LINK_MTU: usize = 1500;
 pub struct Sim {
     /// Events the last run processed.
     pub last_events: u64,
+    /// The engine asked for (`--engine`); `None` picks one by what the
+    /// experiment needs.
+    pub engine: Option<Engine>,
 }
 
 /// Which engine runs an experiment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Engine {
-    /// The real protocol machines (one normal DIF over links).
+    /// The real protocol machines: a `rina-core` `System` per node.
     Protocol,
-    /// PDU-level queueing over the real schedulers.
+    /// PDU-level queueing over the real schedulers: a fast approximation.
     Queueing,
 }
 
+/// Tgen traffic (bit/s) above which the protocol engine is only used when
+/// asked for: it simulates every PDU of every layer.
+pub const PROTOCOL_AUTO_CAP_BPS: f64 = 50e6;
+
 impl Engine {
-    /// The engine for `exp`, and why.
-    pub fn choose(exp: &Experiment) -> (Engine, String) {
-        match protocol::eligible(exp) {
-            Ok(()) => (
-                Engine::Protocol,
-                "engine: protocol (rina-core normal IPCPs on rina-sim: enrollment, \
-                 link-state routing, directory, EFCP)"
-                    .into(),
-            ),
-            Err(why) => (
+    /// The engine called `name` (`protocol` or `queueing`).
+    pub fn by_name(name: &str) -> Result<Engine, String> {
+        match name {
+            "protocol" => Ok(Engine::Protocol),
+            "queueing" => Ok(Engine::Queueing),
+            other => Err(format!("no engine `{other}` (protocol or queueing)")),
+        }
+    }
+
+    /// The engine for `exp`, and why; `asked` is the engine asked for.
+    pub fn choose(exp: &Experiment, asked: Option<Engine>) -> Result<(Engine, String), LabError> {
+        const PROTOCOL: &str = "engine: protocol (a rina-core System per node on rina-sim: \
+                                shims paced at the link rate, every DIF's RMT and scheduler, \
+                                enrollment, link-state routing, directory, EFCP)";
+        match asked {
+            Some(Engine::Queueing) => Ok((
                 Engine::Queueing,
-                format!(
-                    "engine: queueing (PDU-level, rina-core schedulers, instant routing); \
-                     not the protocol engine because of {why}"
+                "engine: queueing (PDU-level approximation, rina-core schedulers, instant \
+                 routing), as asked"
+                    .into(),
+            )),
+            Some(Engine::Protocol) => match protocol::eligible(exp, None) {
+                Ok(()) => Ok((Engine::Protocol, PROTOCOL.into())),
+                Err(why) => Err(LabError::Unsupported {
+                    backend: "sim",
+                    reason: format!("the protocol engine cannot run {why}"),
+                }),
+            },
+            None => Ok(match protocol::eligible(exp, Some(PROTOCOL_AUTO_CAP_BPS)) {
+                Ok(()) => (Engine::Protocol, PROTOCOL.into()),
+                Err(why) => (
+                    Engine::Queueing,
+                    format!(
+                        "engine: queueing (PDU-level approximation, rina-core schedulers, \
+                         instant routing); not the protocol engine because of {why}"
+                    ),
                 ),
-            ),
+            }),
         }
     }
 }
@@ -169,7 +207,7 @@ impl Backend for Sim {
 
     fn run_once(&mut self, exp: &Experiment, ctx: &RunCtx<'_>) -> Result<RunOutput, LabError> {
         let wall = std::time::Instant::now();
-        let (engine, why) = Engine::choose(exp);
+        let (engine, why) = Engine::choose(exp, self.engine)?;
         let mut out = RunOutput {
             backend: "sim".into(),
             experiment: exp.name.clone(),

@@ -128,6 +128,11 @@ struct RunArgs {
     /// Print the outcome as JSON on stdout instead of tables.
     #[arg(long)]
     json: bool,
+    /// `sim` only: the engine, `protocol` (a rina-core System per node:
+    /// every layer, every queue) or `queueing` (a PDU-level approximation);
+    /// default: the protocol engine when it can run the experiment.
+    #[arg(long, value_name = "NAME")]
+    engine: Option<String>,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -523,10 +528,24 @@ fn cmd_run(a: RunArgs) -> Result<u8, Fail> {
     if let Some(d) = a.duration {
         exps = exps.into_iter().map(|e| e.shortened(d)).collect();
     }
-    let mut be = backend::by_name(&a.backend).map_err(|e| match e {
-        LabError::Unsupported { reason, .. } => Fail::usage(format!("--backend: {reason}")),
-        e => Fail::usage(e.to_string()),
-    })?;
+    let mut be = match (&a.engine, a.backend.as_str()) {
+        (None, _) => backend::by_name(&a.backend).map_err(|e| match e {
+            LabError::Unsupported { reason, .. } => Fail::usage(format!("--backend: {reason}")),
+            e => Fail::usage(e.to_string()),
+        })?,
+        (Some(e), "sim") => Box::new(backend::sim::Sim {
+            engine: Some(
+                backend::sim::Engine::by_name(e)
+                    .map_err(|r| Fail::usage(format!("--engine: {r}")))?,
+            ),
+            ..Default::default()
+        }),
+        (Some(_), other) => {
+            return Err(Fail::usage(format!(
+                "--engine is for the sim backend, not {other}"
+            )))
+        }
+    };
     be.check()?;
 
     let root = a.out.clone().unwrap_or_else(|| {

@@ -1,7 +1,11 @@
-//! The protocol engine: one unchanged `rina-core` normal IPCP per member of
-//! the experiment's one normal DIF, on `rina-sim`'s world and emulated
-//! links. Members enroll through the bootstrap member (hellos, password,
-//! address grant), run link-state routing and the disseminated directory,
+//! The protocol engine: one `rina-core` [`System`] per node — a shim-udp
+//! IPCP per link end and a normal IPCP per DIF the node is a member of,
+//! stacked as the experiment says — on `rina-sim`'s world and emulated
+//! links. Every DIF's members enroll through its bootstrap member (hellos,
+//! password, address grant) and run link-state routing and the
+//! disseminated directory; the systems' resource allocators set up the
+//! N-1 flows (one lane per lower cube in use), the shims pace them at the
+//! link's rate so PDUs queue in each DIF's RMT under its scheduling policy,
 //! and the flows are allocated by name and carried by EFCP. Applications
 //! are in-sim: echo servers write every SDU back, sinks time-stamp what
 //! arrives; clients follow tgen schedules or send echo probes. See the
@@ -16,11 +20,11 @@ use crate::LabError;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rina_core::efcp::EfcpConfig;
-use rina_core::normal::{
-    cubes::QosCube, Action, FlowId, MembershipConfig, N1Port, NormalConfig, NormalIpcp,
-};
-use rina_core::rmt::{Address, CuMap, SchedulerConfig};
+use rina_core::normal::{cubes::QosCube, MembershipConfig, NormalConfig};
+use rina_core::rmt::{Address, PortRate};
 use rina_core::sdup::SdupConfig;
+use rina_core::shim_udp;
+use rina_core::system::{AppEvent, MediumId, NeighborSpec, Output, PortId, System};
 use rina_core::{directory, routing, Instant};
 use rina_sim::world::Ctx;
 use rina_sim::{LinkConfig, Node, World};
@@ -42,23 +46,10 @@ const DRAIN: Duration = Duration::from_secs(2);
 /// Step of the driving loop (progress, stop flag).
 const STEP: Duration = Duration::from_millis(50);
 
-/// Whether the protocol engine can run `exp`, or why not.
-pub(super) fn eligible(exp: &Experiment) -> Result<(), String> {
-    if exp.difs.len() != 1 {
-        return Err(format!("{} normal DIFs", exp.difs.len()));
-    }
-    let d = &exp.difs[0];
-    if d.adjacencies
-        .iter()
-        .any(|a| !matches!(a.over, Over::Link(_)))
-    {
-        return Err("a DIF over another DIF".into());
-    }
-    if !matches!(d.scheduler, SchedulerConfig::Fifo(_)) {
-        // rina-sim's links take every frame the RMT hands them, so a QoS
-        // policy would never hold anything: QoS is the queueing engine's.
-        return Err(format!("the {} scheduling policy", d.scheduler.name()));
-    }
+/// Whether the protocol engine can run `exp`, or why not. `offered_cap`
+/// bounds the tgen traffic offered (bit/s) when the engine was not asked
+/// for by name.
+pub(super) fn eligible(exp: &Experiment, offered_cap: Option<f64>) -> Result<(), String> {
     if exp.flows.iter().any(|f| f.shim.is_some()) {
         return Err("flows directly over link shims".into());
     }
@@ -75,15 +66,18 @@ pub(super) fn eligible(exp: &Experiment) -> Result<(), String> {
     if exp.links.len() > 60_000 || exp.flows.len() > 60_000 {
         return Err("more than 60 000 links or flows".into());
     }
-    // tgen at high rates through the full stack is the queueing engine's job.
     let offered: f64 = exp
         .flows
         .iter()
         .filter_map(|f| f.profile.as_ref())
         .map(|p| p.mean_rate_bps())
         .sum();
-    if offered > 50e6 {
-        return Err(format!("{:.0} Mb/s of tgen traffic", offered / 1e6));
+    if let Some(cap) = offered_cap.filter(|&c| offered > c) {
+        return Err(format!(
+            "{:.0} Mb/s of tgen traffic (more than {:.0} Mb/s: ask for it with --engine protocol)",
+            offered / 1e6,
+            cap / 1e6
+        ));
     }
     Ok(())
 }
@@ -142,28 +136,40 @@ struct Rx {
 /// Commands the engine gives a node.
 #[derive(Debug)]
 enum Cmd {
-    Allocate { flow: usize },
-    Register { name: AppName, echo: bool },
-    Unregister { name: AppName },
-    PortDown(N1Port),
-    PortUp(N1Port),
+    Allocate {
+        flow: usize,
+    },
+    Register {
+        dif: String,
+        name: AppName,
+        echo: bool,
+    },
+    Unregister {
+        dif: String,
+        name: AppName,
+    },
+    LinkDown(usize),
+    LinkUp(usize),
 }
 
-/// A simulated system: one normal IPCP and the in-sim applications.
+/// A simulated system: its [`System`] and the in-sim applications.
 #[derive(Debug)]
 struct LabNode {
-    ipcp: NormalIpcp,
-    ports: BTreeMap<N1Port, (SocketAddr, SocketAddr)>,
-    down: BTreeMap<N1Port, (SocketAddr, SocketAddr)>,
-    by_addr: HashMap<SocketAddr, N1Port>,
+    sys: System,
+    /// Per medium (a shim member): this end's address and the link.
+    media: BTreeMap<MediumId, (SocketAddr, usize)>,
+    by_addr: HashMap<SocketAddr, MediumId>,
+    /// Media whose link is down.
+    down: std::collections::BTreeSet<MediumId>,
     names: BTreeMap<AppName, bool>,
-    next_accept: FlowId,
     /// Accepted flows: name they were accepted for, echo.
-    accepted: BTreeMap<FlowId, (AppName, bool)>,
-    clients: BTreeMap<FlowId, Client>,
-    /// Client of each experiment flow here: latest flow id and the
-    /// retry time if it must allocate again.
-    latest: BTreeMap<usize, (FlowId, Option<u64>)>,
+    accepted: BTreeMap<PortId, (AppName, bool)>,
+    clients: BTreeMap<PortId, Client>,
+    /// Client of each experiment flow here: latest port and the retry time
+    /// if it must allocate again.
+    latest: BTreeMap<usize, (PortId, Option<u64>)>,
+    /// Attempts so far per experiment flow.
+    attempts: BTreeMap<usize, u16>,
     rx: BTreeMap<(usize, u16), Rx>,
     /// Set up by the engine: flows this node is the client of.
     specs: BTreeMap<usize, ClientSpec>,
@@ -172,6 +178,7 @@ struct LabNode {
 #[derive(Debug, Clone)]
 struct ClientSpec {
     kind: TrafficKind,
+    dif: String,
     remote: AppName,
     qos: QosSpec,
     profile: Option<rina_tools::tgen::gen::Profile>,
@@ -183,26 +190,20 @@ struct ClientSpec {
 }
 
 impl LabNode {
-    fn new(ipcp: NormalIpcp) -> Self {
+    fn new(sys: System) -> Self {
         LabNode {
-            ipcp,
-            ports: BTreeMap::new(),
-            down: BTreeMap::new(),
+            sys,
+            media: BTreeMap::new(),
             by_addr: HashMap::new(),
+            down: Default::default(),
             names: BTreeMap::new(),
-            next_accept: 1_000_000,
             accepted: BTreeMap::new(),
             clients: BTreeMap::new(),
             latest: BTreeMap::new(),
+            attempts: BTreeMap::new(),
             rx: BTreeMap::new(),
             specs: BTreeMap::new(),
         }
-    }
-
-    fn attach(&mut self, port: N1Port, local: SocketAddr, peer: SocketAddr) {
-        self.ports.insert(port, (local, peer));
-        self.by_addr.insert(local, port);
-        self.ipcp.add_port(port);
     }
 
     fn allocate(&mut self, now: u64, flow: usize) {
@@ -210,15 +211,14 @@ impl LabNode {
             return;
         };
         if now >= spec.stop {
-            self.latest.entry(flow).or_insert((0, None)).1 = None;
+            if let Some(l) = self.latest.get_mut(&flow) {
+                l.1 = None;
+            }
             return;
         }
-        let attempt = self
-            .latest
-            .get(&flow)
-            .and_then(|(fid, _)| self.clients.get(fid))
-            .map_or(1, |c| c.attempt + 1);
-        let fid = (flow as FlowId + 1) * 1000 + FlowId::from(attempt);
+        let attempt = self.attempts.entry(flow).or_insert(0);
+        *attempt += 1;
+        let attempt = *attempt;
         let local: AppName = format!("client-{flow}")
             .parse()
             .unwrap_or_else(|_| spec.remote.clone());
@@ -250,31 +250,43 @@ impl LabNode {
             c.gen = Some(g);
         }
         let t = Instant::from_nanos(now);
-        let res = self
-            .ipcp
-            .allocate(t, fid, local, spec.remote.clone(), spec.qos);
-        self.latest.insert(flow, (fid, None));
-        if let Err(e) = res {
-            c.state = ClientState::Done;
-            c.failed_at = Some(now);
-            c.error = Some(e.to_string());
-            self.latest.insert(flow, (fid, Some(now + ns(RETRY))));
+        match self
+            .sys
+            .allocate(t, Some(&spec.dif), local, spec.remote.clone(), spec.qos)
+        {
+            Ok(port) => {
+                self.latest.insert(flow, (port, None));
+                self.clients.insert(port, c);
+            }
+            Err(e) => {
+                // Kept under a port no flow uses, for the record.
+                let port = PortId::MAX - (flow as PortId * 64 + PortId::from(attempt % 64));
+                c.state = ClientState::Done;
+                c.failed_at = Some(now);
+                c.error = Some(e.to_string());
+                self.latest.insert(flow, (port, Some(now + ns(RETRY))));
+                self.clients.insert(port, c);
+            }
         }
-        self.clients.insert(fid, c);
     }
 
-    fn open(&mut self, now: u64, fid: FlowId) {
+    fn open(&mut self, now: u64, port: PortId) {
         let remote = self
-            .ipcp
-            .flows()
-            .find(|(f, _)| *f == fid)
-            .map(|(_, ep)| ep.remote_addr);
+            .sys
+            .flow_member(port)
+            .and_then(|i| self.sys.member(i))
+            .and_then(|m| m.normal())
+            .and_then(|n| {
+                n.flows()
+                    .find(|(f, _)| *f == port)
+                    .map(|(_, ep)| ep.remote_addr)
+            });
         let phase = self
             .clients
-            .get(&fid)
+            .get(&port)
             .and_then(|c| self.specs.get(&c.flow))
             .map_or(0, |s| s.phase);
-        let Some(c) = self.clients.get_mut(&fid) else {
+        let Some(c) = self.clients.get_mut(&port) else {
             return;
         };
         c.state = ClientState::Open;
@@ -287,8 +299,8 @@ impl LabNode {
         };
     }
 
-    fn failed(&mut self, now: u64, fid: FlowId, why: String) {
-        let Some(c) = self.clients.get_mut(&fid) else {
+    fn failed(&mut self, now: u64, port: PortId, why: String) {
+        let Some(c) = self.clients.get_mut(&port) else {
             return;
         };
         if c.state == ClientState::Done {
@@ -301,22 +313,22 @@ impl LabNode {
             c.error = Some(why);
         }
         let flow = c.flow;
-        if self.latest.get(&flow).map(|x| x.0) == Some(fid) {
-            self.latest.insert(flow, (fid, Some(now + ns(RETRY))));
+        if self.latest.get(&flow).map(|x| x.0) == Some(port) {
+            self.latest.insert(flow, (port, Some(now + ns(RETRY))));
         }
     }
 
     /// Writes what the clients have due.
     fn run_clients(&mut self, now: u64) {
         let t = Instant::from_nanos(now);
-        let due: Vec<FlowId> = self
+        let due: Vec<PortId> = self
             .clients
             .iter()
             .filter(|(_, c)| c.state == ClientState::Open && c.next_at.is_some_and(|x| x <= now))
             .map(|(f, _)| *f)
             .collect();
-        for fid in due {
-            while let Some(c) = self.clients.get_mut(&fid) {
+        for port in due {
+            while let Some(c) = self.clients.get_mut(&port) {
                 let Some(at) = c.next_at else { break };
                 if at > now || c.state != ClientState::Open {
                     break;
@@ -345,7 +357,9 @@ impl LabNode {
                 c.seq += 1;
                 c.sent += 1;
                 c.sent_bytes += size as u64;
-                let _ = self.ipcp.write(t, fid, &sdu);
+                // An SDU a flow cannot take is lost to the application, as
+                // an unreliable socket write would be.
+                let _ = self.sys.write(t, port, &sdu);
             }
         }
     }
@@ -353,73 +367,118 @@ impl LabNode {
     fn pump(&mut self, ctx: &mut Ctx<'_, ()>) {
         let now = ctx.now().as_nanos();
         self.run_clients(now);
-        while let Some(a) = self.ipcp.poll_action() {
-            self.on_action(ctx, a);
+        while let Some(o) = self.sys.poll_output() {
+            self.on_output(ctx, o);
         }
     }
 
-    fn on_action(&mut self, ctx: &mut Ctx<'_, ()>, a: Action) {
+    fn on_output(&mut self, ctx: &mut Ctx<'_, ()>, o: Output) {
         let now = ctx.now();
         let t = now.as_nanos();
-        match a {
-            Action::Transmit { port, frame } => {
-                if let Some(&(local, peer)) = self.ports.get(&port) {
-                    ctx.transmit(local, peer, frame);
-                }
-            }
-            Action::Deliver { flow, sdu } => {
-                if sdu.len() < HDR {
-                    return;
-                }
-                let mut b8 = [0u8; 8];
-                b8.copy_from_slice(&sdu[8..16]);
-                let sent = u64::from_be_bytes(b8);
-                let f = u16::from_be_bytes([sdu[16], sdu[17]]) as usize;
-                let att = u16::from_be_bytes([sdu[18], sdu[19]]);
-                let delay_ms = t.saturating_sub(sent) as f64 / 1e6;
-                if let Some(c) = self.clients.get_mut(&flow) {
-                    // An echo reply.
-                    c.rtts.push(delay_ms);
-                } else if let Some((_, echo)) = self.accepted.get(&flow) {
-                    // Counted as data (tgen) whatever the server does with
-                    // it; an echo server also writes it back (echo probes
-                    // are measured by the client).
-                    if *echo {
-                        let _ = self.ipcp.write(now, flow, &sdu);
-                    }
-                    let r = self.rx.entry((f, att)).or_default();
-                    r.received += 1;
-                    r.bytes += sdu.len() as u64;
-                    r.delays.push(delay_ms);
-                }
-            }
-            Action::Management { .. } | Action::Membership(_) => {}
-            Action::FlowFailed { flow, error } => {
-                self.failed(t, flow, format!("{error:?}"));
-            }
-            Action::FlowRequest {
-                handle,
-                local,
-                remote: _,
-                ..
-            } => match self.names.get(&local).copied() {
-                Some(echo) => {
-                    let fid = self.next_accept;
-                    self.next_accept += 1;
-                    if self.ipcp.accept(now, handle, fid).is_ok() {
-                        self.accepted.insert(fid, (local, echo));
+        match o {
+            Output::ToMedium {
+                medium,
+                peer,
+                frame,
+            } => {
+                if let Some(&(local, _)) = self.media.get(&medium) {
+                    if !self.down.contains(&medium) {
+                        ctx.transmit(local, peer, frame);
                     }
                 }
-                None => {
-                    let _ = self.ipcp.refuse(handle, "not registered here");
+            }
+            Output::ToApp { port, sdu } => self.on_sdu(now, port, &sdu),
+            Output::App(AppEvent::FlowRequest { handle, local, .. }) => {
+                match self.names.get(&local).copied() {
+                    Some(echo) => {
+                        if let Ok((port, _)) = self.sys.accept(now, handle) {
+                            self.accepted.insert(port, (local, echo));
+                        }
+                    }
+                    None => {
+                        let _ = self.sys.refuse(now, handle, "not registered here");
+                    }
                 }
-            },
-            Action::RequestWithdrawn { .. } => {}
-            Action::Allocated { flow, .. } => self.open(t, flow),
-            Action::AllocateFailed { flow, error } => self.failed(t, flow, error.to_string()),
-            Action::Deallocated { flow } => {
-                self.accepted.remove(&flow);
-                self.failed(t, flow, "deallocated by the peer".into());
+            }
+            Output::App(AppEvent::Allocated { port, .. }) => self.open(t, port),
+            Output::App(AppEvent::AllocateFailed { port, error }) => {
+                self.failed(t, port, error.to_string())
+            }
+            Output::App(AppEvent::Deallocated { port }) => {
+                self.accepted.remove(&port);
+                self.failed(t, port, "deallocated by the peer".into());
+            }
+            Output::App(AppEvent::RequestWithdrawn { .. } | AppEvent::Writable { .. }) => {}
+        }
+    }
+
+    fn on_sdu(&mut self, now: Instant, port: PortId, sdu: &[u8]) {
+        if sdu.len() < HDR {
+            return;
+        }
+        let mut b8 = [0u8; 8];
+        b8.copy_from_slice(&sdu[8..16]);
+        let sent = u64::from_be_bytes(b8);
+        let f = u16::from_be_bytes([sdu[16], sdu[17]]) as usize;
+        let att = u16::from_be_bytes([sdu[18], sdu[19]]);
+        let delay_ms = now.as_nanos().saturating_sub(sent) as f64 / 1e6;
+        if let Some(c) = self.clients.get_mut(&port) {
+            // An echo reply.
+            c.rtts.push(delay_ms);
+        } else if let Some((_, echo)) = self.accepted.get(&port) {
+            // Counted as data (tgen) whatever the server does with it; an
+            // echo server also writes it back (echo probes are measured by
+            // the client).
+            if *echo {
+                let _ = self.sys.write(now, port, sdu);
+            }
+            let r = self.rx.entry((f, att)).or_default();
+            r.received += 1;
+            r.bytes += sdu.len() as u64;
+            r.delays.push(delay_ms);
+        }
+    }
+
+    fn on_command(&mut self, now: Instant, cmd: Cmd) {
+        match cmd {
+            Cmd::Allocate { flow } => self.allocate(now.as_nanos(), flow),
+            Cmd::Register { dif, name, echo } => {
+                if self.sys.register(&dif, name.clone()).is_ok() {
+                    self.names.insert(name, echo);
+                }
+            }
+            Cmd::Unregister { dif, name } => {
+                self.names.remove(&name);
+                self.sys.unregister(&dif, &name);
+                // The server process goes: its flows are deallocated.
+                let gone: Vec<PortId> = self
+                    .accepted
+                    .iter()
+                    .filter(|(_, (n, _))| *n == name)
+                    .map(|(f, _)| *f)
+                    .collect();
+                for f in gone {
+                    self.sys.close(now, f);
+                    self.accepted.remove(&f);
+                }
+            }
+            Cmd::LinkDown(l) | Cmd::LinkUp(l) => {
+                let up = matches!(cmd, Cmd::LinkUp(_));
+                let media: Vec<MediumId> = self
+                    .media
+                    .iter()
+                    .filter(|(_, (_, link))| *link == l)
+                    .map(|(m, _)| *m)
+                    .collect();
+                for m in media {
+                    if up {
+                        self.down.remove(&m);
+                        self.sys.medium_up(now, m);
+                    } else {
+                        self.down.insert(m);
+                        self.sys.medium_down(now, m);
+                    }
+                }
             }
         }
     }
@@ -430,27 +489,29 @@ impl Node for LabNode {
     type Event = ();
 
     fn addrs(&self) -> Vec<SocketAddr> {
-        let mut v: Vec<SocketAddr> = self.by_addr.keys().copied().collect();
-        v.extend(self.down.values().map(|x| x.0));
-        v
+        self.by_addr.keys().copied().collect()
     }
 
     fn on_datagram(
         &mut self,
         ctx: &mut Ctx<'_, ()>,
         to: SocketAddr,
-        _from: SocketAddr,
+        from: SocketAddr,
         payload: &[u8],
     ) {
-        if let Some(&port) = self.by_addr.get(&to) {
-            self.ipcp.on_frame(ctx.now(), port, payload);
+        if let Some(&m) = self.by_addr.get(&to) {
+            if !self.down.contains(&m) {
+                self.sys.handle_frame(ctx.now(), m, from, payload);
+            }
         }
         self.pump(ctx);
     }
 
     fn on_timeout(&mut self, ctx: &mut Ctx<'_, ()>) {
         let now = ctx.now();
-        self.ipcp.handle_timeout(now);
+        if self.sys.poll_timeout().is_some_and(|t| t <= now) {
+            self.sys.handle_timeout(now);
+        }
         let due: Vec<usize> = self
             .latest
             .iter()
@@ -464,43 +525,7 @@ impl Node for LabNode {
     }
 
     fn on_command(&mut self, ctx: &mut Ctx<'_, ()>, cmd: Cmd) {
-        let now = ctx.now();
-        match cmd {
-            Cmd::Allocate { flow } => self.allocate(now.as_nanos(), flow),
-            Cmd::Register { name, echo } => {
-                if self.ipcp.register(name.clone()).is_ok() {
-                    self.names.insert(name, echo);
-                }
-            }
-            Cmd::Unregister { name } => {
-                self.names.remove(&name);
-                self.ipcp.unregister(&name);
-                // The server process goes: its flows are deallocated.
-                let gone: Vec<FlowId> = self
-                    .accepted
-                    .iter()
-                    .filter(|(_, (n, _))| *n == name)
-                    .map(|(f, _)| *f)
-                    .collect();
-                for f in gone {
-                    let _ = self.ipcp.deallocate(now, f);
-                    self.accepted.remove(&f);
-                }
-            }
-            Cmd::PortDown(port) => {
-                self.ipcp.neighbor_down(now, port);
-                self.ipcp.remove_port(port);
-                if let Some((local, peer)) = self.ports.remove(&port) {
-                    self.by_addr.remove(&local);
-                    self.down.insert(port, (local, peer));
-                }
-            }
-            Cmd::PortUp(port) => {
-                if let Some((local, peer)) = self.down.remove(&port) {
-                    self.attach(port, local, peer);
-                }
-            }
-        }
+        LabNode::on_command(self, ctx.now(), cmd);
         self.pump(ctx);
     }
 
@@ -511,7 +536,7 @@ impl Node for LabNode {
             .filter(|c| c.state == ClientState::Open)
             .filter_map(|c| c.next_at);
         let retries = self.latest.values().filter_map(|(_, r)| *r);
-        self.ipcp
+        self.sys
             .poll_timeout()
             .into_iter()
             .chain(clients.chain(retries).map(Instant::from_nanos))
@@ -519,8 +544,9 @@ impl Node for LabNode {
     }
 }
 
-fn cubes(exp: &Experiment) -> Vec<QosCube> {
-    exp.difs[0]
+/// The QoS cubes of DIF `d`, each on the lower cubes its mapping names.
+fn cubes(exp: &Experiment, d: usize) -> Vec<QosCube> {
+    exp.difs[d]
         .cubes
         .iter()
         .map(|c| {
@@ -529,209 +555,323 @@ fn cubes(exp: &Experiment) -> Vec<QosCube> {
             } else {
                 EfcpConfig::unreliable()
             };
-            QosCube::new(c.id, c.name.clone(), efcp).with_cell(c.urgency, c.cherish)
+            let mut q = QosCube::new(c.id, c.name.clone(), efcp).with_cell(c.urgency, c.cherish);
+            for (&l, &id) in &c.maps_to {
+                let ld = &exp.difs[l];
+                if let Some(lc) = ld.cubes.iter().find(|lc| lc.id == id) {
+                    q = q.over(ld.name.clone(), lc.name.clone());
+                }
+            }
+            q
         })
         .collect()
 }
 
-/// Runs `exp` on the protocol machines.
-pub(super) fn run(
-    exp: &Experiment,
-    ctx: &RunCtx<'_>,
-    out: &mut RunOutput,
-) -> Result<u64, LabError> {
-    let d = &exp.difs[0];
+/// The name of node `m`'s IPCP in DIF `d` (also its name in the N-1 DIFs).
+fn ipcp_name(exp: &Experiment, m: usize, d: usize) -> Result<AppName, LabError> {
+    format!("{}.{}", exp.nodes[m], exp.difs[d].name)
+        .parse()
+        .map_err(|e| LabError::Backend {
+            backend: "sim",
+            what: format!("IPCP name of node {}: {e:?}", exp.nodes[m]),
+        })
+}
+
+/// The system of node `m`: a shim-udp per link end, paced at the link's
+/// rate, then a normal IPCP per DIF it is a member of, lower DIFs first.
+fn node_system(exp: &Experiment, m: usize) -> Result<LabNode, LabError> {
     let err = |what: String| LabError::Backend {
         backend: "sim",
         what,
     };
-    let mut world: World<LabNode> = World::new(exp.seed);
-    world.set_tracing(false);
-    world.set_step_limit(u64::MAX);
-    let mut cu = CuMap::new();
-    for c in &d.cubes {
-        cu = cu.with(c.id, c.urgency, c.cherish);
+    let mut sys = System::new(exp.nodes[m].clone());
+    let mut media = BTreeMap::new();
+    for (l, link) in exp.links.iter().enumerate() {
+        let side = match (link.a == m, link.b == m) {
+            (true, _) => 0,
+            (_, true) => 1,
+            _ => continue,
+        };
+        let peer = if side == 0 { link.b } else { link.a };
+        let mut sc = shim_udp::Config::new(link.name.clone());
+        for (d, dif) in exp.difs.iter().enumerate() {
+            let adjacent = dif
+                .adjacencies
+                .iter()
+                .any(|a| a.over == Over::Link(l) && (a.a == m || a.b == m));
+            if adjacent {
+                sc.directory
+                    .insert(ipcp_name(exp, peer, d)?, end_addr(l, 1 - side));
+            }
+        }
+        let rate = (link.rate_bps < crate::resolve::UNLIMITED_BPS).then(|| {
+            PortRate::new(link.rate_bps as u64)
+                .overhead((LINK_OVERHEAD + rina_wire::shim_udp::DATA_HEADER_LEN) as u32)
+        });
+        let i = sys
+            .add_shim_udp(format!("{}.{}", exp.nodes[m], link.name), sc, rate)
+            .map_err(|e| err(e.to_string()))?;
+        media.insert(i, (end_addr(l, side), l));
     }
-    // One IPCP per member; node index -> world id.
-    let mut id_of: BTreeMap<usize, usize> = BTreeMap::new();
-    for &m in &d.members {
-        let boot = m == d.bootstrap;
-        let mut c = NormalConfig::new(d.name.clone(), if boot { 1 } else { 0 });
-        c.dt.max_pdu_size = d.max_pdu.unwrap_or(1470);
+    for (d, dif) in exp.difs.iter().enumerate() {
+        if !dif.has_member(m) {
+            continue;
+        }
+        let boot = m == dif.bootstrap;
+        let name = ipcp_name(exp, m, d)?;
+        let mut c = NormalConfig::new(dif.name.clone(), if boot { 1 } else { 0 });
+        c.dt.max_pdu_size = dif.max_pdu.unwrap_or(1470);
         c.sdup = SdupConfig {
             ttl: Some(64),
             crc: true,
         };
-        c.cubes = cubes(exp);
+        c.cubes = cubes(exp, d);
         if boot {
             c.routing = Some(routing::Config::default());
             c.dynamic_directory = Some(directory::Config::default());
         }
-        let mut mc = MembershipConfig::new(
-            format!("ipcp-{}", exp.nodes[m])
-                .parse()
-                .map_err(|e| err(format!("node name: {e:?}")))?,
-        );
-        mc.password = d.password.clone();
+        let mut mc = MembershipConfig::new(name.clone());
+        mc.password = dif.password.clone();
         c.membership = Some(mc);
-        let sched = d.scheduler.build(&cu).map_err(|e| err(e.to_string()))?;
-        let ipcp = NormalIpcp::new(c, sched).map_err(|e| err(format!("{e}")))?;
-        let mut node = LabNode::new(ipcp);
-        for a in &d.adjacencies {
-            if let Over::Link(l) = a.over {
-                let link = &exp.links[l];
-                let port = l as N1Port + 1;
-                if link.a == m {
-                    node.attach(port, end_addr(l, 0), end_addr(l, 1));
-                } else if link.b == m {
-                    node.attach(port, end_addr(l, 1), end_addr(l, 0));
-                }
-            }
-        }
-        id_of.insert(m, world.add_node(node));
+        // Neighbours, the one this member enrolls through first.
+        let via = dif.enrolls_via.get(&m).copied();
+        let mut nbs: Vec<(usize, Over)> = dif
+            .adjacencies
+            .iter()
+            .filter_map(|a| match (a.a == m, a.b == m) {
+                (true, _) => Some((a.b, a.over)),
+                (_, true) => Some((a.a, a.over)),
+                _ => None,
+            })
+            .collect();
+        nbs.sort_by_key(|(p, _)| Some(*p) != via);
+        let nbs = nbs
+            .into_iter()
+            .map(|(p, over)| {
+                Ok(NeighborSpec {
+                    name: ipcp_name(exp, p, d)?,
+                    over: match over {
+                        Over::Link(l) => exp.links[l].name.clone(),
+                        Over::Dif(x) => exp.difs[x].name.clone(),
+                    },
+                    address: None,
+                })
+            })
+            .collect::<Result<Vec<_>, LabError>>()?;
+        sys.add_normal(name, c, &dif.scheduler, nbs, BTreeMap::new())
+            .map_err(|e| err(e.to_string()))?;
     }
-    let mut wlinks: BTreeMap<usize, usize> = BTreeMap::new();
-    for a in &d.adjacencies {
-        if let Over::Link(l) = a.over {
-            let link = &exp.links[l];
-            let cfg = LinkConfig {
-                rate_bps: Some(link.rate_bps as u64),
-                delay: link.delay,
-                jitter: Duration::ZERO,
-                loss: link.loss,
-                queue_packets: link.queue,
-                overhead_bytes: LINK_OVERHEAD as u32,
-            };
-            wlinks.insert(l, world.connect(end_addr(l, 0), end_addr(l, 1), cfg));
-        }
-    }
-    fn node<'w>(w: &'w World<LabNode>, ids: &BTreeMap<usize, usize>, n: usize) -> &'w LabNode {
-        w.node(ids[&n])
-    }
+    let mut node = LabNode::new(sys);
+    node.by_addr = media.iter().map(|(&i, &(a, _))| (a, i)).collect();
+    node.media = media;
+    Ok(node)
+}
 
-    // Warm-up 1: every member enrolls.
-    let limit = ns(WARMUP_LIMIT);
-    let step = |w: &mut World<LabNode>| -> Result<(), LabError> {
-        if ctx.stopped() {
-            return Err(LabError::Interrupted);
-        }
-        let t = w.now() + Duration::from_millis(100);
-        w.run_until(t).map(|_| ()).map_err(|e| err(e.to_string()))
-    };
-    while !d
+/// The address of every member of DIF `d`, by node, once enrolled.
+fn addresses(
+    w: &World<LabNode>,
+    ids: &BTreeMap<usize, usize>,
+    exp: &Experiment,
+    d: usize,
+) -> BTreeMap<usize, Address> {
+    exp.difs[d]
         .members
         .iter()
-        .all(|&m| node(&world, &id_of, m).ipcp.is_enrolled())
-    {
-        if world.now().as_nanos() > limit {
-            return Err(err("members did not all enroll in 120 s".into()));
+        .filter_map(|&m| {
+            let n = w.node(ids[&m]).sys.member_in(&exp.difs[d].name)?;
+            let ip = w.node(ids[&m]).sys.member(n)?.normal()?;
+            ip.is_enrolled().then(|| (m, ip.config().address))
+        })
+        .collect()
+}
+
+/// The normal IPCP of node `m` in DIF `d`.
+fn ipcp_of<'w>(
+    w: &'w World<LabNode>,
+    ids: &BTreeMap<usize, usize>,
+    exp: &Experiment,
+    m: usize,
+    d: usize,
+) -> Option<&'w rina_core::normal::NormalIpcp> {
+    let sys = &w.node(ids[&m]).sys;
+    sys.member(sys.member_in(&exp.difs[d].name)?)?.normal()
+}
+
+/// Node index -> world node id.
+type Ids = BTreeMap<usize, usize>;
+/// Link index -> world link id.
+type LinkIds = BTreeMap<usize, usize>;
+
+fn lab_err(what: String) -> LabError {
+    LabError::Backend {
+        backend: "sim",
+        what,
+    }
+}
+
+/// One world node per experiment node, and the emulated links.
+fn build_world(exp: &Experiment) -> Result<(World<LabNode>, Ids, LinkIds), LabError> {
+    let mut world: World<LabNode> = World::new(exp.seed);
+    world.set_tracing(false);
+    world.set_step_limit(u64::MAX);
+    let mut id_of = Ids::new();
+    for m in 0..exp.nodes.len() {
+        id_of.insert(m, world.add_node(node_system(exp, m)?));
+    }
+    let mut wlinks = LinkIds::new();
+    for (l, link) in exp.links.iter().enumerate() {
+        let cfg = LinkConfig {
+            rate_bps: (link.rate_bps < crate::resolve::UNLIMITED_BPS)
+                .then_some(link.rate_bps as u64),
+            delay: link.delay,
+            jitter: Duration::ZERO,
+            loss: link.loss,
+            queue_packets: link.queue,
+            overhead_bytes: LINK_OVERHEAD as u32,
+        };
+        wlinks.insert(l, world.connect(end_addr(l, 0), end_addr(l, 1), cfg));
+    }
+    Ok((world, id_of, wlinks))
+}
+
+fn app_name(exp: &Experiment, a: usize) -> Result<AppName, LabError> {
+    exp.apps[a]
+        .name
+        .parse()
+        .map_err(|e| lab_err(format!("application name: {e:?}")))
+}
+
+fn sink_name(exp: &Experiment, n: usize) -> Result<AppName, LabError> {
+    format!("sink-{}", exp.nodes[n])
+        .parse()
+        .map_err(|e| lab_err(format!("node name: {e:?}")))
+}
+
+fn remote_of(exp: &Experiment, f: &crate::resolve::Flow) -> Result<AppName, LabError> {
+    match f.to {
+        Dest::Node(n) => sink_name(exp, n),
+        Dest::App(a) => app_name(exp, a),
+    }
+}
+
+/// Runs the world 100 ms further (or stops if asked).
+fn step(w: &mut World<LabNode>, ctx: &RunCtx<'_>) -> Result<(), LabError> {
+    if ctx.stopped() {
+        return Err(LabError::Interrupted);
+    }
+    let t = w.now() + Duration::from_millis(100);
+    w.run_until(t)
+        .map(|_| ())
+        .map_err(|e| lab_err(e.to_string()))
+}
+
+/// Runs until every member of every DIF is enrolled; returns when.
+fn warm_up_enrollment(
+    world: &mut World<LabNode>,
+    ids: &Ids,
+    exp: &Experiment,
+    ctx: &RunCtx<'_>,
+) -> Result<u64, LabError> {
+    let enrolled = |w: &World<LabNode>| {
+        (0..exp.difs.len()).all(|d| addresses(w, ids, exp, d).len() == exp.difs[d].members.len())
+    };
+    while !enrolled(world) {
+        if world.now().as_nanos() > ns(WARMUP_LIMIT) {
+            return Err(lab_err(
+                "members did not all enroll in 120 s of virtual time".into(),
+            ));
         }
-        step(&mut world)?;
+        step(world, ctx)?;
         (ctx.progress)(0.0, "enrolling");
     }
-    let enrolled = world.now().as_nanos();
-    // Applications: the registered ones, and a sink per destination node.
-    let app_name = |a: usize| -> Result<AppName, LabError> {
-        exp.apps[a]
-            .name
-            .parse()
-            .map_err(|e| err(format!("application name: {e:?}")))
-    };
-    let sink_name = |n: usize| -> Result<AppName, LabError> {
-        format!("sink-{}", exp.nodes[n])
-            .parse()
-            .map_err(|e| err(format!("node name: {e:?}")))
-    };
+    Ok(world.now().as_nanos())
+}
+
+/// Registers the applications and a sink per destination node.
+fn register_apps(world: &mut World<LabNode>, ids: &Ids, exp: &Experiment) -> Result<(), LabError> {
     let now = world.now();
     for (i, a) in exp.apps.iter().enumerate() {
-        let echo = a.role == AppRole::Echo;
-        world.schedule(
-            now,
-            id_of[&a.node],
-            Cmd::Register {
-                name: app_name(i)?,
-                echo,
-            },
-        );
+        let cmd = Cmd::Register {
+            dif: exp.difs[a.dif].name.clone(),
+            name: app_name(exp, i)?,
+            echo: a.role == AppRole::Echo,
+        };
+        world.schedule(now, ids[&a.node], cmd);
     }
-    let mut sinks: Vec<usize> = exp
+    let mut sinks: Vec<(usize, usize)> = exp
         .flows
         .iter()
         .filter_map(|f| match f.to {
-            Dest::Node(n) => Some(n),
+            Dest::Node(n) => Some((n, f.dif)),
             Dest::App(_) => None,
         })
         .collect();
     sinks.sort_unstable();
     sinks.dedup();
-    for &n in &sinks {
+    for &(n, d) in &sinks {
         let echo = exp
             .flows
             .iter()
-            .any(|f| f.to == Dest::Node(n) && f.kind == TrafficKind::Echo);
-        world.schedule(
-            now,
-            id_of[&n],
-            Cmd::Register {
-                name: sink_name(n)?,
-                echo,
-            },
-        );
+            .any(|f| f.to == Dest::Node(n) && f.dif == d && f.kind == TrafficKind::Echo);
+        let cmd = Cmd::Register {
+            dif: exp.difs[d].name.clone(),
+            name: sink_name(exp, n)?,
+            echo,
+        };
+        world.schedule(now, ids[&n], cmd);
     }
-    // Warm-up 2: routing converged and every source resolves its names.
-    let remote_of = |f: &crate::resolve::Flow| -> Result<AppName, LabError> {
-        match f.to {
-            Dest::Node(n) => sink_name(n),
-            Dest::App(a) => app_name(a),
-        }
-    };
+    Ok(())
+}
+
+/// Runs until routing converged in every DIF and every source resolves
+/// its destination's name.
+fn warm_up_routing(
+    world: &mut World<LabNode>,
+    ids: &Ids,
+    exp: &Experiment,
+    ctx: &RunCtx<'_>,
+) -> Result<(), LabError> {
     loop {
-        step(&mut world)?;
-        let addrs: Vec<Address> = d
-            .members
-            .iter()
-            .map(|&m| node(&world, &id_of, m).ipcp.config().address)
-            .collect();
-        let routed = d.members.iter().all(|&m| {
-            let ip = &node(&world, &id_of, m).ipcp;
-            ip.routing().is_some_and(|r| {
-                let h = r.next_hops();
-                addrs
-                    .iter()
-                    .all(|a| *a == ip.config().address || h.contains_key(a))
+        step(world, ctx)?;
+        let routed = (0..exp.difs.len()).all(|d| {
+            let addrs = addresses(world, ids, exp, d);
+            exp.difs[d].members.iter().all(|&m| {
+                ipcp_of(world, ids, exp, m, d)
+                    .and_then(|ip| ip.routing().map(|r| (ip.config().address, r)))
+                    .is_some_and(|(me, r)| {
+                        let h = r.next_hops();
+                        addrs.values().all(|a| *a == me || h.contains_key(a))
+                    })
             })
         });
         let mut resolved = true;
         for f in &exp.flows {
-            if node(&world, &id_of, f.from)
-                .ipcp
-                .resolve(&remote_of(f)?)
+            let remote = remote_of(exp, f)?;
+            if ipcp_of(world, ids, exp, f.from, f.dif)
+                .and_then(|ip| ip.resolve(&remote))
                 .is_none()
             {
                 resolved = false;
             }
         }
         if routed && resolved {
-            break;
+            return Ok(());
         }
-        if world.now().as_nanos() > limit {
-            return Err(err(
-                "routing or the directory did not converge in 120 s".into()
+        if world.now().as_nanos() > ns(WARMUP_LIMIT) {
+            return Err(lab_err(
+                "routing or the directory did not converge in 120 s of virtual time".into(),
             ));
         }
     }
-    // Traffic starts on the next whole second, half a second on.
-    let t0 = (world.now().as_nanos() + 500_000_000).div_ceil(1_000_000_000) * 1_000_000_000;
-    let rel = |t: u64| (t as f64 - t0 as f64) / 1e9;
-    out.timeline.push(TimelineEntry {
-        t_s: rel(enrolled),
-        what: format!("{} members enrolled in DIF {}", d.members.len(), d.name),
-    });
-    out.timeline.push(TimelineEntry {
-        t_s: rel(world.now().as_nanos()),
-        what: "routing converged, names resolved".into(),
-    });
-    // Clients.
+}
+
+/// Gives each source node its clients, starting at `t0`.
+fn schedule_clients(
+    world: &mut World<LabNode>,
+    ids: &Ids,
+    exp: &Experiment,
+    t0: u64,
+) -> Result<(), LabError> {
     for (i, f) in exp.flows.iter().enumerate() {
         let mut rng = ChaCha8Rng::seed_from_u64(mix(exp.seed, 0x2000 + i as u64));
         let phase = match &f.profile {
@@ -743,7 +883,8 @@ pub(super) fn run(
         };
         let spec = ClientSpec {
             kind: f.kind,
-            remote: remote_of(f)?,
+            dif: exp.difs[f.dif].name.clone(),
+            remote: remote_of(exp, f)?,
             qos: QosSpec {
                 cube: Some(f.cube),
                 ..QosSpec::default()
@@ -755,7 +896,7 @@ pub(super) fn run(
             size: f.size,
             stop: t0 + ns(f.stop),
         };
-        let id = id_of[&f.from];
+        let id = ids[&f.from];
         world.node_mut(id).specs.insert(i, spec);
         world.schedule(
             Instant::from_nanos(t0 + ns(f.start)),
@@ -763,81 +904,105 @@ pub(super) fn run(
             Cmd::Allocate { flow: i },
         );
     }
-    // Events.
+    Ok(())
+}
+
+/// Schedules the experiment's events and notes them in the timeline.
+fn schedule_events(
+    world: &mut World<LabNode>,
+    ids: &Ids,
+    exp: &Experiment,
+    t0: u64,
+    out: &mut RunOutput,
+) -> Result<(), LabError> {
     let mut app_at: Vec<usize> = exp.apps.iter().map(|a| a.node).collect();
     for e in &exp.events {
         let at = Instant::from_nanos(t0 + ns(e.at));
-        match e.what {
+        let what = match e.what {
             EventKind::LinkDown(l) | EventKind::LinkUp(l) => {
                 let link = &exp.links[l];
-                let port = l as N1Port + 1;
+                let down = matches!(e.what, EventKind::LinkDown(_));
                 for n in [link.a, link.b] {
-                    if let Some(&id) = id_of.get(&n) {
-                        let cmd = if matches!(e.what, EventKind::LinkDown(_)) {
-                            Cmd::PortDown(port)
-                        } else {
-                            Cmd::PortUp(port)
-                        };
-                        world.schedule(at, id, cmd);
-                    }
+                    let cmd = if down {
+                        Cmd::LinkDown(l)
+                    } else {
+                        Cmd::LinkUp(l)
+                    };
+                    world.schedule(at, ids[&n], cmd);
                 }
+                format!("link {} {}", link.name, if down { "down" } else { "up" })
             }
             EventKind::AppMove { app, to } => {
-                let from = app_at[app];
-                app_at[app] = to;
-                world.schedule(
-                    at,
-                    id_of[&from],
-                    Cmd::Unregister {
-                        name: app_name(app)?,
-                    },
-                );
-                world.schedule(
-                    at,
-                    id_of[&to],
-                    Cmd::Register {
-                        name: app_name(app)?,
-                        echo: exp.apps[app].role == AppRole::Echo,
-                    },
-                );
-            }
-            EventKind::NodeStop(_) | EventKind::NodeStart(_) => {}
-        }
-        let what = match e.what {
-            EventKind::LinkDown(l) => format!("link {} down", exp.links[l].name),
-            EventKind::LinkUp(l) => format!("link {} up", exp.links[l].name),
-            EventKind::AppMove { app, to } => {
+                let from = std::mem::replace(&mut app_at[app], to);
+                let dif = exp.difs[exp.apps[app].dif].name.clone();
+                let name = app_name(exp, app)?;
+                let unreg = Cmd::Unregister {
+                    dif: dif.clone(),
+                    name: name.clone(),
+                };
+                world.schedule(at, ids[&from], unreg);
+                let echo = exp.apps[app].role == AppRole::Echo;
+                world.schedule(at, ids[&to], Cmd::Register { dif, name, echo });
                 format!(
                     "application {} moves to {}",
                     exp.apps[app].name, exp.nodes[to]
                 )
             }
-            _ => "node event (ignored)".into(),
+            EventKind::NodeStop(_) | EventKind::NodeStart(_) => "node event (ignored)".into(),
         };
         out.timeline.push(TimelineEntry {
             t_s: ns(e.at) as f64 / 1e9,
             what,
         });
     }
-    // Link counters at the start of traffic.
-    let counters = |w: &World<LabNode>| -> Vec<(usize, [rina_sim::LinkCounters; 2])> {
-        wlinks
-            .iter()
-            .map(|(&l, &wl)| {
-                (
-                    l,
-                    [
-                        w.link_counters(wl, end_addr(l, 0)),
-                        w.link_counters(wl, end_addr(l, 1)),
-                    ],
-                )
-            })
-            .collect()
-    };
+    Ok(())
+}
+
+type LinkSnapshot = BTreeMap<usize, [rina_sim::LinkCounters; 2]>;
+
+fn link_counters(w: &World<LabNode>, wlinks: &LinkIds) -> LinkSnapshot {
+    wlinks
+        .iter()
+        .map(|(&l, &wl)| {
+            (
+                l,
+                [
+                    w.link_counters(wl, end_addr(l, 0)),
+                    w.link_counters(wl, end_addr(l, 1)),
+                ],
+            )
+        })
+        .collect()
+}
+
+/// Runs `exp` on the protocol machines.
+pub(super) fn run(
+    exp: &Experiment,
+    ctx: &RunCtx<'_>,
+    out: &mut RunOutput,
+) -> Result<u64, LabError> {
+    let (mut world, ids, wlinks) = build_world(exp)?;
+    let enrolled = warm_up_enrollment(&mut world, &ids, exp, ctx)?;
+    register_apps(&mut world, &ids, exp)?;
+    warm_up_routing(&mut world, &ids, exp, ctx)?;
+    // Traffic starts on the next whole second, half a second on.
+    let t0 = (world.now().as_nanos() + 500_000_000).div_ceil(1_000_000_000) * 1_000_000_000;
+    let rel = |t: u64| (t as f64 - t0 as f64) / 1e9;
+    let members: usize = exp.difs.iter().map(|d| d.members.len()).sum();
+    out.timeline.push(TimelineEntry {
+        t_s: rel(enrolled),
+        what: format!("{members} members enrolled in {} DIF(s)", exp.difs.len()),
+    });
+    out.timeline.push(TimelineEntry {
+        t_s: rel(world.now().as_nanos()),
+        what: "routing converged, names resolved".into(),
+    });
+    schedule_clients(&mut world, &ids, exp, t0)?;
+    schedule_events(&mut world, &ids, exp, t0, out)?;
     world
         .run_until(Instant::from_nanos(t0))
-        .map_err(|e| err(e.to_string()))?;
-    let c0 = counters(&world);
+        .map_err(|e| lab_err(e.to_string()))?;
+    let c0 = link_counters(&world, &wlinks);
     let t_end = t0 + ns(exp.duration);
     let mut c1 = None;
     let last = t_end + ns(DRAIN);
@@ -849,33 +1014,44 @@ pub(super) fn run(
         if world.now().as_nanos() < t_end && next >= t_end {
             world
                 .run_until(Instant::from_nanos(t_end))
-                .map_err(|e| err(e.to_string()))?;
-            c1 = Some(counters(&world));
+                .map_err(|e| lab_err(e.to_string()))?;
+            c1 = Some(link_counters(&world, &wlinks));
         }
         world
             .run_until(Instant::from_nanos(next))
-            .map_err(|e| err(e.to_string()))?;
+            .map_err(|e| lab_err(e.to_string()))?;
         let frac =
             (world.now().as_nanos().saturating_sub(t0)) as f64 / ns(exp.duration).max(1) as f64;
         (ctx.progress)(frac.min(1.0), "simulating (protocol engine)");
     }
-    let c1 = c1.unwrap_or_else(|| counters(&world));
+    let c1 = c1.unwrap_or_else(|| link_counters(&world, &wlinks));
+    flow_records(&world, &ids, exp, t0, out);
+    link_records(exp, &c0, &c1, out);
+    out.timeline.sort_by(|a, b| a.t_s.total_cmp(&b.t_s));
+    Ok(world.steps())
+}
 
-    // Results.
-    let addr_node: BTreeMap<Address, usize> = d
-        .members
-        .iter()
-        .map(|&m| (node(&world, &id_of, m).ipcp.config().address, m))
+/// One record per allocation of every flow, with its delays.
+fn flow_records(world: &World<LabNode>, ids: &Ids, exp: &Experiment, t0: u64, out: &mut RunOutput) {
+    let rel = |t: u64| (t as f64 - t0 as f64) / 1e9;
+    let addr_node: Vec<BTreeMap<Address, usize>> = (0..exp.difs.len())
+        .map(|d| {
+            addresses(world, ids, exp, d)
+                .into_iter()
+                .map(|(m, a)| (a, m))
+                .collect()
+        })
         .collect();
     let mut rx: BTreeMap<(usize, u16), &Rx> = BTreeMap::new();
-    for &m in &d.members {
-        for (k, r) in &node(&world, &id_of, m).rx {
+    for &id in ids.values() {
+        for (k, r) in &world.node(id).rx {
             rx.insert(*k, r);
         }
     }
     let mut res = Reservoir::new(20_000, exp.seed);
     for (i, f) in exp.flows.iter().enumerate() {
-        let n = node(&world, &id_of, f.from);
+        let d = &exp.difs[f.dif];
+        let n = world.node(ids[&f.from]);
         let mut mine: Vec<&Client> = n.clients.values().filter(|c| c.flow == i).collect();
         mine.sort_by_key(|c| c.attempt);
         // Attempts that never allocated are folded into the next record.
@@ -888,7 +1064,9 @@ pub(super) fn run(
                 continue;
             }
             k += 1;
-            let served = c.remote_addr.and_then(|a| addr_node.get(&a).copied());
+            let served = c
+                .remote_addr
+                .and_then(|a| addr_node[f.dif].get(&a).copied());
             let name = if k == 1 {
                 f.id.clone()
             } else {
@@ -920,7 +1098,7 @@ pub(super) fn run(
                 res.offer(&f.class, x);
             }
             let stats = stats_ms(&mut delays);
-            let hops = served.and_then(|s| dif_hops(exp, f.from, s));
+            let hops = served.and_then(|s| dif_hops(exp, f.dif, f.from, s));
             let active = f.stop.saturating_sub(f.start).as_secs_f64().max(1e-9);
             out.flows.push(FlowRecord {
                 flow: name,
@@ -971,9 +1149,16 @@ pub(super) fn run(
         }
     }
     out.samples = res.into_samples();
+}
+
+/// Per link and direction, the average rate over the traffic period.
+fn link_records(
+    exp: &Experiment,
+    before: &LinkSnapshot,
+    after: &LinkSnapshot,
+    out: &mut RunOutput,
+) {
     let dur = exp.duration.as_secs_f64().max(1e-9);
-    let before: BTreeMap<usize, [rina_sim::LinkCounters; 2]> = c0.into_iter().collect();
-    let after: BTreeMap<usize, [rina_sim::LinkCounters; 2]> = c1.into_iter().collect();
     for (l, link) in exp.links.iter().enumerate() {
         let (mut ab, mut ba, mut dropped) = (0.0, 0.0, 0);
         if let (Some(b), Some(a)) = (before.get(&l), after.get(&l)) {
@@ -998,13 +1183,11 @@ pub(super) fn run(
             dropped,
         });
     }
-    out.timeline.sort_by(|a, b| a.t_s.total_cmp(&b.t_s));
-    Ok(world.steps())
 }
 
-/// Hops between two members on the DIF's full adjacency graph.
-fn dif_hops(exp: &Experiment, from: usize, to: usize) -> Option<u32> {
-    let d = &exp.difs[0];
+/// Hops between two members on DIF `dif`'s full adjacency graph.
+fn dif_hops(exp: &Experiment, dif: usize, from: usize, to: usize) -> Option<u32> {
+    let d = &exp.difs[dif];
     let mut dist = vec![u32::MAX; exp.nodes.len()];
     dist[from] = 0;
     let mut q = VecDeque::from([from]);
