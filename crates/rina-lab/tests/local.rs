@@ -141,3 +141,17 @@ fn ctrl_c_stops_everything_started() {
     assert!(matches!(r, Err(rina_lab::LabError::Interrupted)), "{r:?}");
     assert_eq!(processes_mentioning(&needle), 0, "processes left running");
 }
+
+#[test]
+fn real_daemons_schedule_urgent_first_at_a_congested_link_one_dif_and_a_stack() {
+    common::ensure_binaries();
+    for file in ["qos-2.toml", "qos-2-stack.toml"] {
+        let mut outs = Vec::new();
+        for v in ["qta", "fifo"] {
+            let exp = common::qos_2(file, v);
+            let dir = common::run_dir(&format!("local-{file}-{v}"));
+            outs.push(common::run(&mut Local::default(), &exp, &dir));
+        }
+        common::check_qos_2(&format!("local {file}"), &outs[0], &outs[1]);
+    }
+}

@@ -69,3 +69,21 @@ fn netns_link_delay_adds_to_the_rtt() {
         "added {added} ms, not about 20"
     );
 }
+
+#[test]
+fn real_daemons_schedule_urgent_first_at_a_tbf_link_one_dif_and_a_stack() {
+    if Netns::default().check().is_err() {
+        println!("skipped: needs root");
+        return;
+    }
+    common::ensure_binaries();
+    for file in ["qos-2.toml", "qos-2-stack.toml"] {
+        let mut outs = Vec::new();
+        for v in ["qta", "fifo"] {
+            let exp = common::qos_2(file, v);
+            let dir = common::run_dir(&format!("netns-{file}-{v}"));
+            outs.push(common::run(&mut Netns::default(), &exp, &dir));
+        }
+        common::check_qos_2(&format!("netns {file}"), &outs[0], &outs[1]);
+    }
+}

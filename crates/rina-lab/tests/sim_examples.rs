@@ -1,6 +1,9 @@
 //! Every scenario of `examples/lab/` on the `sim` backend, shortened, and
 //! the effect each exists to show.
 
+#[path = "real_common/mod.rs"]
+mod common;
+
 use rina_lab::backend::{self, sim::Sim, RunCtx};
 use rina_lab::results::{ClassSummary, RunOutput};
 use rina_lab::{load, Experiment};
@@ -176,5 +179,18 @@ fn home_isp_every_variant_runs_and_voice_gets_through() {
         );
         // Video is over its cherish level's limit in every variant.
         assert!(video.loss_pct > 20.0, "{v}: video loss {}", video.loss_pct);
+    }
+}
+
+#[test]
+fn qos_2_urgent_first_with_qta_mux_and_not_with_fifo_one_dif_and_a_stack() {
+    for file in ["qos-2.toml", "qos-2-stack.toml"] {
+        let qta = run(&common::qos_2(file, "qta"));
+        let fifo = run(&common::qos_2(file, "fifo"));
+        assert!(qta
+            .timeline
+            .iter()
+            .any(|t| t.what.starts_with("engine: protocol")));
+        common::check_qos_2(&format!("sim {file}"), &qta, &fifo);
     }
 }

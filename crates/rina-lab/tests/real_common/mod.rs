@@ -173,3 +173,53 @@ interval = "20ms"
 "#
     )
 }
+
+/// `examples/lab/<file>` in variant `v`, shortened to 3 s of traffic.
+pub fn qos_2(file: &str, v: &str) -> Experiment {
+    let text = std::fs::read_to_string(example(file)).unwrap();
+    rina_lab::load(&text, Some(v))
+        .unwrap()
+        .shortened(std::time::Duration::from_secs(3))
+}
+
+/// The pattern `examples/lab/qos-2*.toml` exists to show, on any backend:
+/// with QTA-Mux the urgent class's mean delay stays within 3x its unloaded
+/// delay (its minimum: a PDU that found the queues empty) and it loses
+/// nothing, while best effort queues and loses; with FIFO both classes see
+/// the same delay.
+pub fn check_qos_2(what: &str, qta: &RunOutput, fifo: &RunOutput) {
+    let class = |out: &RunOutput, c: &str| {
+        out.summary()
+            .into_iter()
+            .find(|x| x.class == c)
+            .unwrap_or_else(|| panic!("{what}: no class {c}"))
+    };
+    let (u, b) = (class(qta, "urgent"), class(qta, "best-effort"));
+    let (umin, uavg, bavg) = (u.min_ms.unwrap(), u.avg_ms.unwrap(), b.avg_ms.unwrap());
+    println!("{what} qta: urgent min {umin:.2} avg {uavg:.2} ms loss {:.1} %; best effort avg {bavg:.2} ms loss {:.1} %", u.loss_pct, b.loss_pct);
+    assert!(
+        uavg < 3.0 * umin,
+        "{what} qta: urgent avg {uavg} ms, unloaded {umin} ms"
+    );
+    assert_eq!(u.loss_pct, 0.0, "{what} qta: urgent lost SDUs");
+    assert!(
+        bavg > 5.0 * uavg,
+        "{what} qta: best effort {bavg} ms vs urgent {uavg} ms"
+    );
+    assert!(
+        b.loss_pct > 5.0,
+        "{what} qta: best effort loss {}",
+        b.loss_pct
+    );
+    let (u, b) = (class(fifo, "urgent"), class(fifo, "best-effort"));
+    let (uavg, bavg) = (u.avg_ms.unwrap(), b.avg_ms.unwrap());
+    println!("{what} fifo: urgent avg {uavg:.2} ms loss {:.1} %; best effort avg {bavg:.2} ms loss {:.1} %", u.loss_pct, b.loss_pct);
+    assert!(
+        uavg > 3.0 * umin,
+        "{what} fifo: urgent did not queue ({uavg} ms)"
+    );
+    assert!(
+        (uavg / bavg - 1.0).abs() < 0.2,
+        "{what} fifo: urgent {uavg} ms vs best effort {bavg} ms"
+    );
+}
