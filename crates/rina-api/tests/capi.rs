@@ -1,0 +1,194 @@
+//! The C API against real daemons: C programs (tests/c) compiled with `cc`
+//! against the static and the shared library, talking through two `rinad`
+//! over a shim DIF on UDP loopback.
+
+mod common;
+
+use common::{compile, pair, temp_dir, Killer, Lines, Link};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(20);
+
+#[test]
+fn c_programs_register_allocate_accept_and_echo() {
+    let out = temp_dir("capi");
+    let server = compile("server", &out, Link::Shared);
+    let client = compile("client", &out, Link::Static);
+    let (alpha, beta) = pair(&["capi-echo/1", "capi-refuse"]);
+
+    let mut srv = Command::new(&server)
+        .env("RINA_SOCKET", &beta.socket)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the C server");
+    let lines = Lines::new(srv.stdout.take().expect("stdout"));
+    let mut srv = Killer(srv);
+    assert_eq!(
+        lines.next(T).as_deref(),
+        Some("ready"),
+        "server did not register"
+    );
+
+    let c = Command::new(&client)
+        .env("RINA_SOCKET", &alpha.socket)
+        .output()
+        .expect("run the C client");
+    let mut got = Vec::new();
+    while got.len() < 6 {
+        match lines.next(T) {
+            Some(l) => got.push(l),
+            None => break,
+        }
+    }
+    let srv_out = srv.0.wait_with_output_checked();
+    assert!(
+        c.status.success(),
+        "client failed:\n{}{}\nserver said {got:?}\n{srv_out}",
+        String::from_utf8_lossy(&c.stdout),
+        String::from_utf8_lossy(&c.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&c.stdout).trim(), "client ok");
+    // The server saw the names in rlite's syntax and the QoS asked for.
+    assert_eq!(
+        got[0], "accepted capi-client|1 mss 1400 gap -1 bw 0 loss 10000 in_order 0",
+        "{got:?}"
+    );
+    assert_eq!(
+        got[1], "accepted capi-client|2 mss 1400 gap 3 bw 1000000 loss 500 in_order 0",
+        "{got:?}"
+    );
+    assert_eq!(got[2], "refused refuse-me", "{got:?}");
+    let mut pair_names: Vec<&str> = got[3..5]
+        .iter()
+        .map(|l| l.split(' ').nth(1).unwrap_or(""))
+        .collect();
+    pair_names.sort();
+    assert_eq!(pair_names, ["capi-client|3", "capi-client|4"], "{got:?}");
+    assert_eq!(got[5], "done", "{got:?}\n{srv_out}");
+    let _ = std::fs::remove_dir_all(out);
+}
+
+#[test]
+fn c_program_without_a_daemon_gets_errno() {
+    let out = temp_dir("nodaemon");
+    let client = compile("client", &out, Link::Static);
+    let c = Command::new(&client)
+        .arg("nodaemon")
+        .env("RINA_SOCKET", out.join("nobody.sock"))
+        .output()
+        .expect("run the C client");
+    assert!(
+        c.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&c.stdout),
+        String::from_utf8_lossy(&c.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&c.stdout).trim(), "nodaemon ok");
+    let _ = std::fs::remove_dir_all(out);
+}
+
+trait WaitChecked {
+    /// Waits for the child (bounded) and returns its exit status and stderr.
+    fn wait_with_output_checked(&mut self) -> String;
+}
+
+impl WaitChecked for std::process::Child {
+    fn wait_with_output_checked(&mut self) -> String {
+        let end = std::time::Instant::now() + T;
+        let status = loop {
+            match self.try_wait() {
+                Ok(Some(s)) => break Some(s),
+                Ok(None) if std::time::Instant::now() < end => {
+                    std::thread::park_timeout(Duration::from_millis(10))
+                }
+                _ => break None,
+            }
+        };
+        let mut err = String::new();
+        if let Some(e) = self.stderr.as_mut() {
+            use std::io::Read;
+            let _ = e.read_to_string(&mut err);
+        }
+        format!("server exit: {status:?}\nserver stderr: {err}")
+    }
+}
+
+/// `scripts/install-capi.sh` installs the library, the header and a
+/// pkg-config file with which an unchanged program builds and runs.
+#[test]
+fn installed_library_builds_programs_with_pkg_config() {
+    if Command::new("pkg-config")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        println!("skipped: pkg-config is not installed");
+        return;
+    }
+    let out = temp_dir("install");
+    let prefix = out.join("prefix");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let st = Command::new(root.join("scripts/install-capi.sh"))
+        .arg("--prebuilt")
+        .arg(common::target_dir())
+        .arg(&prefix)
+        .status()
+        .expect("run install-capi.sh");
+    assert!(st.success());
+    for f in [
+        "lib/librina_api.so",
+        "lib/librina_api.a",
+        "include/rina/api.h",
+        "lib/pkgconfig/rina-api.pc",
+    ] {
+        assert!(prefix.join(f).exists(), "{f} not installed");
+    }
+    let flags = Command::new("pkg-config")
+        .args(["--cflags", "--libs", "rina-api"])
+        .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig"))
+        .output()
+        .expect("run pkg-config");
+    assert!(
+        flags.status.success(),
+        "{}",
+        String::from_utf8_lossy(&flags.stderr)
+    );
+    let flags = String::from_utf8_lossy(&flags.stdout).into_owned();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/client.c");
+    let exe = out.join("client");
+    let cc = Command::new("sh")
+        .arg("-c")
+        .arg(format!("cc \"$0\" -o \"$1\" {flags}"))
+        .arg(&src)
+        .arg(&exe)
+        .output()
+        .expect("run cc");
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    // It runs against the installed shared library (rpath from the .pc;
+    // cargo's LD_LIBRARY_PATH, which names target/, is left out).
+    let ldd = Command::new("ldd")
+        .arg(&exe)
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .expect("run ldd");
+    let ldd = String::from_utf8_lossy(&ldd.stdout).into_owned();
+    assert!(
+        ldd.contains(&*prefix.join("lib/librina_api.so").to_string_lossy()),
+        "{ldd}"
+    );
+    let run = Command::new(&exe)
+        .arg("nodaemon")
+        .env_remove("LD_LIBRARY_PATH")
+        .env("RINA_SOCKET", out.join("nobody.sock"))
+        .output()
+        .expect("run the program");
+    assert_eq!(String::from_utf8_lossy(&run.stdout).trim(), "nodaemon ok");
+    let _ = std::fs::remove_dir_all(out);
+}
