@@ -29,6 +29,10 @@ use std::time::{Duration, Instant};
 /// How long a call waits for the daemon's answer.
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Largest answer or flow request a call reads: the ones this library asks
+/// for (registration, flows) are a few hundred bytes.
+const MAX_ANSWER: usize = 64 * 1024;
+
 /// Flow requests the relay holds for a program that does not read them;
 /// beyond this they are dropped (the daemon times them out).
 const MAX_HELD_REQUESTS: usize = 1024;
@@ -156,7 +160,7 @@ pub fn wait_reply(w: &OwnedFd, cloexec: bool) -> Result<(Reply, Option<OwnedFd>)
             REPLY_TIMEOUT.as_secs()
         )));
     }
-    let mut buf = vec![0u8; MAX_CTL_MSG];
+    let mut buf = vec![0u8; MAX_ANSWER];
     let p = sys::recv(w.as_fd(), &mut buf, cloexec)
         .map_err(|e| ApiError::sys(e, "cannot receive the daemon's answer"))?;
     if p.len == 0 {
@@ -184,7 +188,7 @@ pub fn wait_reply(w: &OwnedFd, cloexec: bool) -> Result<(Reply, Option<OwnedFd>)
 /// Reads the next flow request from the program's control descriptor `fd`
 /// (blocking unless the program made it non-blocking).
 pub fn next_request(fd: RawFd) -> Result<IncomingFlow> {
-    let mut buf = vec![0u8; MAX_CTL_MSG];
+    let mut buf = vec![0u8; MAX_ANSWER];
     // SAFETY: the caller checked that fd is an open control descriptor; it
     // is only borrowed for this call.
     let bfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };

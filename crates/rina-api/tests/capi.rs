@@ -192,3 +192,31 @@ fn installed_library_builds_programs_with_pkg_config() {
     assert_eq!(String::from_utf8_lossy(&run.stdout).trim(), "nodaemon ok");
     let _ = std::fs::remove_dir_all(out);
 }
+
+/// Closing a control descriptor ends its relay, which closes the daemon
+/// connection: the daemon withdraws the registrations made on it.
+#[test]
+fn closing_the_control_descriptor_withdraws_its_names() {
+    let d = common::Daemon::start("solo", &[]);
+    std::env::set_var("RINA_SOCKET", &d.socket);
+    let names = || {
+        let mut c = rina::Client::connect_to(&d.socket).expect("connect");
+        c.list_names().expect("names").len()
+    };
+    let fd = rina_api::rina_open();
+    assert!(fd >= 0);
+    // SAFETY: NUL-terminated literals.
+    let r = unsafe { rina_api::rina_register(fd, std::ptr::null(), c"solo-app|1".as_ptr(), 0) };
+    assert_eq!(r, 0);
+    assert_eq!(names(), 1);
+    // SAFETY: fd is ours.
+    assert_eq!(unsafe { libc::close(fd) }, 0);
+    common::wait_for("the name to be withdrawn", T, || names() == 0);
+    // The descriptor is no longer a control descriptor.
+    let r = unsafe { rina_api::rina_register(fd, std::ptr::null(), c"x".as_ptr(), 0) };
+    assert_eq!(r, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EBADF)
+    );
+}

@@ -14,6 +14,11 @@
  *
  * The daemon's socket is $RINA_SOCKET, else $XDG_RUNTIME_DIR/rinad.sock,
  * else /run/rinad.sock for root, else /tmp/rinad-<uid>.sock.
+ *
+ * Each descriptor from rina_open() has a thread of the library behind it,
+ * which passes the daemon's flow requests to it. A child made with fork()
+ * cannot use its parent's control descriptors (flow descriptors are fine).
+ * The functions may be called from several threads at once.
  */
 
 #ifndef __RINA_API_H__
