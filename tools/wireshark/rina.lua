@@ -54,6 +54,14 @@ local fu = {
     dst_port = ProtoField.uint32("rina.shim_udp.dst_port", "Destination port-id"),
     src_port = ProtoField.uint32("rina.shim_udp.src_port", "Source port-id"),
     qos = ProtoField.bytes("rina.shim_udp.qos", "QoS spec"),
+    qos_flags = ProtoField.uint8("rina.qos.flags", "Flags", base.HEX),
+    qos_in_order = ProtoField.bool("rina.qos.in_order", "In order", 8, nil, 0x01),
+    qos_reliable = ProtoField.bool("rina.qos.reliable", "Reliable", 8, nil, 0x02),
+    qos_delay = ProtoField.uint64("rina.qos.max_delay_us", "Max delay (us)"),
+    qos_loss = ProtoField.uint32("rina.qos.max_loss_ppm", "Max loss (ppm)"),
+    qos_bw = ProtoField.uint64("rina.qos.avg_bandwidth_bps", "Average bandwidth (b/s)"),
+    qos_gap = ProtoField.uint32("rina.qos.max_sdu_gap", "Max SDU gap"),
+    qos_sdu = ProtoField.uint32("rina.qos.max_sdu_size", "Max SDU size"),
     src_name = ProtoField.string("rina.shim_udp.src_name", "Source application"),
     dst_name = ProtoField.string("rina.shim_udp.dst_name", "Destination application"),
     result = ProtoField.uint8("rina.shim_udp.result", "Result", base.DEC, ALLOC_RESULTS),
@@ -165,6 +173,11 @@ local fc = {
     result_reason = ProtoField.string("rina.cdap.result_reason", "Result reason"),
     version = ProtoField.int64("rina.cdap.version", "Version"),
     unknown = ProtoField.bytes("rina.cdap.unknown", "Unknown field"),
+    intval = ProtoField.int64("rina.cdap.value.int", "Integer value"),
+    strval = ProtoField.string("rina.cdap.value.string", "String value"),
+    byteval = ProtoField.bytes("rina.cdap.value.bytes", "Bytes value"),
+    boolval = ProtoField.bool("rina.cdap.value.bool", "Boolean value"),
+    fixedval = ProtoField.bytes("rina.cdap.value.fixed", "Float or double value"),
 }
 p_cdap.fields = fc
 local e_cdap = ProtoExpert.new("rina.cdap.malformed", "Malformed CDAP message",
@@ -233,6 +246,28 @@ local function add_str16(tree, field, tvb, off)
     return s, off + 2 + n
 end
 
+-- A QoS spec (crates/rina-wire/src/qos.rs): flags, then delay u64, loss
+-- u32, bandwidth u64, gap u32, SDU size u32; a value counts only if its
+-- flag bit (0x04 delay, 0x08 loss, 0x10 bandwidth, 0x20 gap, 0x40 size) is set.
+local function add_qos(tree, tvb, off)
+    if off + 29 > tvb:len() then
+        return
+    end
+    local t = tree:add(fu.qos, tvb(off, 29))
+    local f = t:add(fu.qos_flags, tvb(off, 1))
+    f:add(fu.qos_in_order, tvb(off, 1))
+    f:add(fu.qos_reliable, tvb(off, 1))
+    local flags = tvb(off, 1):uint()
+    local function bit(b)
+        return math.floor(flags / b) % 2 == 1
+    end
+    if bit(0x04) then t:add(fu.qos_delay, tvb(off + 1, 8)) end
+    if bit(0x08) then t:add(fu.qos_loss, tvb(off + 9, 4)) end
+    if bit(0x10) then t:add(fu.qos_bw, tvb(off + 13, 8)) end
+    if bit(0x20) then t:add(fu.qos_gap, tvb(off + 21, 4)) end
+    if bit(0x40) then t:add(fu.qos_sdu, tvb(off + 25, 4)) end
+end
+
 -- Control body fields, in wire order, per PDU type.
 local BODIES = {
     [0xC1] = { { "ack_sn", "seq" } },
@@ -272,6 +307,54 @@ local function signed(v)
         return v - 2 ^ 64
     end
     return v
+end
+
+-- The object value (ObjVal, crates/rina-wire/src/cdap.rs): one of int32
+-- (1), sint32 (2), int64 (3), sint64 (4), string (5), bytes (6), float (7),
+-- double (8), bool (9). Anything else is left as raw bytes.
+local function add_objval(t, tvb)
+    local off = 0
+    while off < tvb:len() do
+        local key, after = varint(tvb, off)
+        if not key then
+            return
+        end
+        local num, wt = math.floor(key / 8), key % 8
+        if wt == 0 then
+            local v, nxt = varint(tvb, after)
+            if not v then
+                return
+            end
+            local r = tvb(off, nxt - off)
+            if num == 9 then
+                t:add(fc.boolval, r, v ~= 0)
+            elseif num == 2 or num == 4 then
+                -- zigzag
+                local z = (v % 2 == 0) and v / 2 or -(v + 1) / 2
+                t:add(fc.intval, r, Int64(z))
+            else
+                t:add(fc.intval, r, Int64(signed(v)))
+            end
+            off = nxt
+        elseif wt == 2 then
+            local n, start = varint(tvb, after)
+            if not n or start + n > tvb:len() then
+                return
+            end
+            if num == 5 then
+                t:add(fc.strval, tvb(off, start + n - off), n > 0 and tvb(start, n):string(ENC_UTF_8) or "")
+            elseif n > 0 then
+                t:add(fc.byteval, tvb(start, n))
+            end
+            off = start + n
+        elseif (wt == 5 or wt == 1) and after + (wt == 5 and 4 or 8) <= tvb:len() then
+            local w = wt == 5 and 4 or 8
+            t:add(fc.fixedval, tvb(after, w))
+            off = after + w
+        else
+            return
+        end
+    end
 end
 
 local CDAP_FIELDS = {
@@ -332,6 +415,8 @@ local function dissect_cdap(tvb, pinfo, tree)
                 if num == 6 then
                     name = s
                 end
+            elseif num == 8 and n > 0 then
+                add_objval(t:add(spec[1], tvb(start, n)), tvb(start, n):tvb())
             elseif spec and spec[2] == "bytes" and n > 0 then
                 t:add(spec[1], tvb(start, n))
             else
@@ -369,6 +454,7 @@ local function dissect_fa(tvb, t)
         _, off = add_uint(t, fm.fa_src_addr, tvb, off, 8)
         _, off = add_uint(t, fm.fa_src_cep, tvb, off, 8)
         _, off = add_uint(t, fm.fa_qos_id, tvb, off, 8)
+        add_qos(t, tvb, off)
         off = off + 29
         local s, d
         s, off = add_str16(t, fm.fa_src_name, tvb, off)
@@ -576,7 +662,7 @@ function p_udp.dissector(tvb, pinfo, tree)
         return tvb:len()
     elseif ty == 2 and tvb:len() >= 34 then
         t:add(fu.src_port, tvb(1, 4))
-        t:add(fu.qos, tvb(5, 29))
+        add_qos(t, tvb, 5)
         local s, d, off
         s, off = add_str16(t, fu.src_name, tvb, 34)
         d, off = add_str16(t, fu.dst_name, tvb, off)
