@@ -133,7 +133,7 @@ fn installed_library_builds_programs_with_pkg_config() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let st = Command::new(root.join("scripts/install-capi.sh"))
         .arg("--prebuilt")
-        .arg(common::target_dir())
+        .arg(common::lib_dir())
         .arg(&prefix)
         .status()
         .expect("run install-capi.sh");

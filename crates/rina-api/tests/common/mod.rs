@@ -36,6 +36,19 @@ pub fn rinad() -> PathBuf {
     bin
 }
 
+/// Where this build's `librina_api.a` and `.so` are: `cargo test` leaves
+/// them in `deps/` beside the test executable (only `cargo build` copies them
+/// up to `target/debug`, where they may be stale).
+pub fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    let deps = exe.parent().expect("deps dir").to_path_buf();
+    if deps.join("librina_api.a").exists() && deps.join("librina_api.so").exists() {
+        deps
+    } else {
+        target_dir()
+    }
+}
+
 /// The crate's `include` directory.
 pub fn include_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("include")
@@ -52,7 +65,7 @@ pub enum Link {
 
 /// Compiles `tests/c/<name>.c` into `out`; panics with the compiler's output.
 pub fn compile(name: &str, out: &Path, link: Link) -> PathBuf {
-    let lib = target_dir();
+    let lib = lib_dir();
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/c")
         .join(format!("{name}.c"));
