@@ -366,6 +366,11 @@ class Control:
             os.close(self._fd)
             self._fd = -1
 
+    def __del__(self):
+        # A Control dropped without close() still withdraws its names.
+        if getattr(self, "_fd", -1) >= 0:
+            self.close()
+
     def __enter__(self):
         return self
 

@@ -107,6 +107,11 @@ impl Conn {
     /// Sends `op`; returns the descriptor its reply will arrive on (readable
     /// once it has).
     pub fn request(&self, op: Op) -> Result<OwnedFd> {
+        self.send_request(op).map(|(_, w)| w)
+    }
+
+    /// Sends `op`; returns its id and the descriptor of its reply.
+    fn send_request(&self, op: Op) -> Result<(u64, OwnedFd)> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (mine, theirs) = sys::seqpacket_pair()?;
         lock(&self.routes).insert(id, theirs);
@@ -115,13 +120,18 @@ impl Conn {
             lock(&self.routes).remove(&id);
             return Err(ApiError::sys(e, "cannot send a request to the daemon"));
         }
-        Ok(mine)
+        Ok((id, mine))
     }
 
     /// Sends `op` and waits for its reply.
     pub fn call(&self, op: Op) -> Result<(Reply, Option<OwnedFd>)> {
-        let w = self.request(op)?;
-        wait_reply(&w, true)
+        let (id, w) = self.send_request(op)?;
+        let r = wait_reply(&w, true);
+        if matches!(r, Err(ApiError::Timeout(_))) {
+            // Nobody will read a late reply: forget where it would go.
+            lock(&self.routes).remove(&id);
+        }
+        r
     }
 
     /// A handle for the program standing for the daemon's handle `h`.
