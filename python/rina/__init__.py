@@ -160,6 +160,10 @@ class Flow:
     def fileno(self):
         return self._sock.fileno()
 
+    def _bufsize(self):
+        # One byte more than the largest SDU (64 KiB if unknown).
+        return (self.mss or 65535) + 1
+
     def _check_sdu(self, sdu):
         if not sdu:
             raise RinaError(errno.EINVAL, "an SDU may not be empty")
@@ -182,7 +186,7 @@ class Flow:
             if not r:
                 raise TimeoutError(f"no SDU within {timeout} s")
         try:
-            return self._sock.recv(max(self.mss, 1) + 1)
+            return self._sock.recv(self._bufsize())
         except OSError as e:
             raise RinaError(e.errno, f"read from the flow: {e.strerror}") from None
 
@@ -222,7 +226,7 @@ class AsyncFlow(Flow):
 
     async def read(self):
         try:
-            return await asyncio.get_running_loop().sock_recv(self._sock, max(self.mss, 1) + 1)
+            return await asyncio.get_running_loop().sock_recv(self._sock, self._bufsize())
         except OSError as e:
             raise RinaError(e.errno, f"read from the flow: {e.strerror}") from None
 
