@@ -211,6 +211,8 @@ fn tshark_decodes_shim_udp_efcp_and_cdap_of_a_live_capture() {
         "nobody-here",
         "--count",
         "1",
+        "--max-delay-ms",
+        "50",
     ];
     assert!(!run(&bins.join("rina-echo"), &direct).status.success());
     // Wait until the capture holds the refusal of that allocation (and so
@@ -250,6 +252,7 @@ fn tshark_decodes_shim_udp_efcp_and_cdap_of_a_live_capture() {
             "rina.cdap.opcode",
             "rina.cdap.obj_name",
             "rina.mgmt.fa.dst_name",
+            "rina.qos.max_delay_us",
         ],
     );
     let has = |want: &[(usize, &str)]| {
@@ -282,8 +285,12 @@ fn tshark_decodes_shim_udp_efcp_and_cdap_of_a_live_capture() {
     }
     // The flow allocator's request names the destination application.
     assert!(has(&[(3, "0x40"), (8, "echo")]), "{dump}");
-    // The direct allocation: ALLOC_REQ for nobody-here, answered "not registered" (1).
-    assert!(has(&[(0, "0x02"), (1, "nobody-here")]), "{dump}");
+    // The direct allocation: ALLOC_REQ for nobody-here with its QoS (50 ms),
+    // answered "not registered" (1).
+    assert!(
+        has(&[(0, "0x02"), (1, "nobody-here"), (9, "50000")]),
+        "{dump}"
+    );
     assert!(has(&[(0, "0x03"), (2, "1")]), "{dump}");
 }
 
