@@ -19,10 +19,11 @@ use crate::error::{ApiError, Result};
 use crate::sys::{self, Key};
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::socket;
 use rina_wire::ctl::{self, IncomingFlow, Message, Op, Reply, Request, MAX_CTL_MSG};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -45,6 +46,8 @@ pub struct Conn {
     routes: Mutex<HashMap<u64, OwnedFd>>,
     /// Handles given to the program (`RINA_F_NORESP`) -> the daemon's.
     handles: Mutex<Handles>,
+    /// The daemon closed the connection.
+    gone: AtomicBool,
 }
 
 #[derive(Default)]
@@ -71,6 +74,7 @@ pub fn open() -> Result<RawFd> {
         next_id: AtomicU64::new(1),
         routes: Mutex::new(HashMap::new()),
         handles: Mutex::new(Handles::default()),
+        gone: AtomicBool::new(false),
     });
     lock(&CONNS).insert(key, conn.clone());
     let spawned = std::thread::Builder::new()
@@ -112,13 +116,19 @@ impl Conn {
 
     /// Sends `op`; returns its id and the descriptor of its reply.
     fn send_request(&self, op: Op) -> Result<(u64, OwnedFd)> {
+        if self.gone.load(Ordering::SeqCst) {
+            return Err(daemon_gone());
+        }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (mine, theirs) = sys::seqpacket_pair()?;
         lock(&self.routes).insert(id, theirs);
         let pkt = ctl::encode(&Request { id, op });
         if let Err(e) = sys::send(self.daemon.as_fd(), &pkt, &[], false) {
             lock(&self.routes).remove(&id);
-            return Err(ApiError::sys(e, "cannot send a request to the daemon"));
+            return Err(match e {
+                Errno::EPIPE | Errno::ECONNRESET => daemon_gone(),
+                e => ApiError::sys(e, "cannot send a request to the daemon"),
+            });
         }
         Ok((id, mine))
     }
@@ -157,6 +167,14 @@ impl Conn {
     }
 }
 
+/// The error of a call on a connection the daemon closed.
+fn daemon_gone() -> ApiError {
+    ApiError::sys(
+        Errno::ECONNRESET,
+        "the daemon closed the control connection",
+    )
+}
+
 /// Receives the reply waiting (or coming) on `w`, bounded by
 /// [`REPLY_TIMEOUT`]; the daemon's error becomes [`ApiError::Daemon`].
 /// Descriptors arrive close-on-exec only with `cloexec`.
@@ -174,10 +192,7 @@ pub fn wait_reply(w: &OwnedFd, cloexec: bool) -> Result<(Reply, Option<OwnedFd>)
     let p = sys::recv(w.as_fd(), &mut buf, cloexec)
         .map_err(|e| ApiError::sys(e, "cannot receive the daemon's answer"))?;
     if p.len == 0 {
-        return Err(ApiError::sys(
-            Errno::ECONNRESET,
-            "the daemon closed the control connection",
-        ));
+        return Err(daemon_gone());
     }
     if p.truncated {
         return Err(ApiError::Protocol(
@@ -205,10 +220,7 @@ pub fn next_request(fd: RawFd) -> Result<IncomingFlow> {
     let p = sys::recv(bfd, &mut buf, true)
         .map_err(|e| ApiError::sys(e, "cannot read a flow request"))?;
     if p.len == 0 {
-        return Err(ApiError::sys(
-            Errno::ECONNRESET,
-            "the daemon closed the control connection",
-        ));
+        return Err(daemon_gone());
     }
     if p.truncated {
         return Err(ApiError::Protocol("a flow request is too large".into()));
@@ -217,10 +229,36 @@ pub fn next_request(fd: RawFd) -> Result<IncomingFlow> {
         .map_err(|e| ApiError::Protocol(format!("malformed flow request: {e}")))
 }
 
+/// Why a relay stopped relaying.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// The program closed its control descriptor.
+    ProgramClosed,
+    /// The daemon closed the connection (or it failed).
+    DaemonGone,
+}
+
 /// The relay thread of one control descriptor (see the module's text).
 fn relay(conn: Arc<Conn>, app: OwnedFd, key: Key) {
-    let mut held: VecDeque<Vec<u8>> = VecDeque::new();
     let mut buf = vec![0u8; MAX_CTL_MSG];
+    if relay_loop(&conn, &app, &mut buf) == Ended::DaemonGone {
+        conn.gone.store(true, Ordering::SeqCst);
+        // Calls still waiting see their socket pair close.
+        lock(&conn.routes).clear();
+        // The program reads end-of-file on its descriptor (and polls it
+        // readable); later calls on it fail with ECONNRESET. The entry stays
+        // until the program closes the descriptor, so the number is not
+        // mistaken for another descriptor meanwhile.
+        let _ = socket::shutdown(app.as_raw_fd(), socket::Shutdown::Write);
+        wait_program_close(&app, &mut buf);
+    }
+    lock(&CONNS).remove(&key);
+    lock(&conn.routes).clear();
+}
+
+/// Relays until the program or the daemon closes its end.
+fn relay_loop(conn: &Conn, app: &OwnedFd, buf: &mut [u8]) -> Ended {
+    let mut held: VecDeque<Vec<u8>> = VecDeque::new();
     loop {
         let app_events = if held.is_empty() {
             PollFlags::POLLIN
@@ -233,15 +271,15 @@ fn relay(conn: Arc<Conn>, app: OwnedFd, key: Key) {
         ];
         match nix::poll::poll(&mut fds, PollTimeout::NONE) {
             Err(Errno::EINTR) => continue,
-            Err(_) => break,
+            Err(_) => return Ended::DaemonGone,
             Ok(_) => {}
         }
         let daemon_ev = fds[0].revents().unwrap_or(PollFlags::empty());
         let app_ev = fds[1].revents().unwrap_or(PollFlags::empty());
         if app_ev.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR)
-            && program_closed(&app, &mut buf)
+            && program_closed(app, buf)
         {
-            break;
+            return Ended::ProgramClosed;
         }
         while let Some(front) = held.front() {
             match sys::send(app.as_fd(), front, &[], true) {
@@ -252,14 +290,26 @@ fn relay(conn: Arc<Conn>, app: OwnedFd, key: Key) {
             }
         }
         if daemon_ev.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR)
-            && !from_daemon(&conn, &app, &mut held, &mut buf)
+            && !from_daemon(conn, app, &mut held, buf)
         {
-            break;
+            return Ended::DaemonGone;
         }
     }
-    lock(&CONNS).remove(&key);
-    // Calls still waiting see their socket pair close.
-    lock(&conn.routes).clear();
+}
+
+/// Waits until the program closes its end.
+fn wait_program_close(app: &OwnedFd, buf: &mut [u8]) {
+    loop {
+        let mut fds = [PollFd::new(app.as_fd(), PollFlags::POLLIN)];
+        match nix::poll::poll(&mut fds, PollTimeout::NONE) {
+            Err(Errno::EINTR) => continue,
+            Err(_) => return,
+            Ok(_) => {}
+        }
+        if program_closed(app, buf) {
+            return;
+        }
+    }
 }
 
 /// Reads what the program wrote on its end (nothing is expected): true if

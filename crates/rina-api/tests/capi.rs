@@ -11,6 +11,10 @@ use std::time::Duration;
 
 const T: Duration = Duration::from_secs(20);
 
+/// Held by the tests that call the library in this process: they point
+/// `RINA_SOCKET` at their own daemon.
+static ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn c_programs_register_allocate_accept_and_echo() {
     let out = temp_dir("capi");
@@ -197,6 +201,7 @@ fn installed_library_builds_programs_with_pkg_config() {
 /// connection: the daemon withdraws the registrations made on it.
 #[test]
 fn closing_the_control_descriptor_withdraws_its_names() {
+    let _env = ENV.lock().unwrap_or_else(|p| p.into_inner());
     let d = common::Daemon::start("solo", &[]);
     std::env::set_var("RINA_SOCKET", &d.socket);
     let names = || {
@@ -219,4 +224,38 @@ fn closing_the_control_descriptor_withdraws_its_names() {
         std::io::Error::last_os_error().raw_os_error(),
         Some(libc::EBADF)
     );
+}
+
+/// A daemon that goes away under a control descriptor: the descriptor
+/// polls readable, reads end-of-file (`rina_flow_accept` fails with
+/// ECONNRESET), and later calls on it fail with ECONNRESET too.
+#[test]
+fn a_dead_daemon_is_econnreset_on_the_control_descriptor() {
+    let _env = ENV.lock().unwrap_or_else(|p| p.into_inner());
+    let mut d = common::Daemon::start("mortal", &[]);
+    std::env::set_var("RINA_SOCKET", &d.socket);
+    let fd = rina_api::rina_open();
+    assert!(fd >= 0);
+    // SAFETY: NUL-terminated literal.
+    let r = unsafe { rina_api::rina_register(fd, std::ptr::null(), c"mortal-app".as_ptr(), 0) };
+    assert_eq!(r, 0);
+    let _ = d.child.kill();
+    let _ = d.child.wait();
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    assert_eq!(unsafe { libc::poll(&mut p, 1, 10_000) }, 1, "no readiness");
+    let errno = || std::io::Error::last_os_error().raw_os_error();
+    // SAFETY: NULL out-pointers are allowed.
+    let r =
+        unsafe { rina_api::rina_flow_accept(fd, std::ptr::null_mut(), std::ptr::null_mut(), 0) };
+    assert_eq!((r, errno()), (-1, Some(libc::ECONNRESET)));
+    // SAFETY: NUL-terminated literal.
+    let r = unsafe { rina_api::rina_register(fd, std::ptr::null(), c"again".as_ptr(), 0) };
+    assert_eq!((r, errno()), (-1, Some(libc::ECONNRESET)));
+    // SAFETY: fd is ours.
+    assert_eq!(unsafe { libc::close(fd) }, 0);
 }
