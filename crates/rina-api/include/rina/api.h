@@ -56,7 +56,8 @@ struct rina_flow_spec {
 /*
  * A control descriptor for registering names and receiving flow requests.
  * It turns readable when a flow request for one of its names waits.
- * close() it to withdraw its registrations.
+ * close() it to withdraw its registrations. If rinad goes away, it reads
+ * end-of-file and the calls on it fail with ECONNRESET.
  */
 int rina_open(void);
 
