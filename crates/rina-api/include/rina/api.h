@@ -1,0 +1,128 @@
+/*
+ * rina/api.h: the POSIX-like RINA API (as defined by rlite and adopted by
+ * IRATI), implemented by librina_api over rinad's control socket.
+ *
+ * Link with: cc prog.c $(pkg-config --cflags --libs rina-api)
+ *
+ * Every function returns 0 or a positive value on success and -1 with errno
+ * set on failure (rina_flow_mss_get returns 0 on failure);
+ * rina_api_last_error() has a sentence saying what went wrong.
+ *
+ * Application names are written "name|instance|entity|instance"; trailing
+ * separators may be left out ("aa|bb", "aa"). A name without '|' is read in
+ * rinad's own syntax, "name/instance/entity/instance".
+ *
+ * The daemon's socket is $RINA_SOCKET, else $XDG_RUNTIME_DIR/rinad.sock,
+ * else /run/rinad.sock for root, else /tmp/rinad-<uid>.sock.
+ *
+ * Each descriptor from rina_open() has a thread of the library behind it,
+ * which passes the daemon's flow requests to it. A child made with fork()
+ * cannot use its parent's control descriptors (flow descriptors are fine).
+ * The functions may be called from several threads at once.
+ */
+
+#ifndef __RINA_API_H__
+#define __RINA_API_H__
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * QoS asked of a flow. Fill it with rina_flow_spec_unreliable() first, then
+ * change fields. max_sdu_gap == 0 asks for a reliable (and in-order) flow;
+ * (uint64_t)-1 and the other fields' zero values mean "no bound".
+ */
+struct rina_flow_spec {
+    uint32_t version; /* RINA_FLOW_SPEC_VERSION */
+#define RINA_FLOW_SPEC_VERSION 2
+    uint32_t max_delay;     /* in microseconds */
+    uint64_t max_sdu_gap;   /* in SDUs */
+    uint64_t avg_bandwidth; /* in bits per second */
+#define RINA_FLOW_SPEC_LOSS_MAX 10000
+    uint16_t max_loss;         /* from 0 (0%) to 10000 (100%) */
+    uint8_t in_order_delivery; /* boolean */
+    uint8_t msg_boundaries;    /* boolean; flows always keep boundaries */
+    uint32_t max_jitter;       /* in microseconds; not used by rinad's DIFs */
+};
+
+/* Start the operation and return a descriptor to wait on (poll for POLLIN). */
+#define RINA_F_NOWAIT (1 << 0)
+/* rina_flow_accept(): take the request, answer later with rina_flow_respond(). */
+#define RINA_F_NORESP (1 << 1)
+
+/*
+ * A control descriptor for registering names and receiving flow requests.
+ * It turns readable when a flow request for one of its names waits.
+ * close() it to withdraw its registrations. If rinad goes away, it reads
+ * end-of-file and the calls on it fail with ECONNRESET.
+ */
+int rina_open(void);
+
+/*
+ * Register @local_appl in @dif_name (NULL: every DIF of the system). Blocks
+ * and returns 0, or with RINA_F_NOWAIT returns a descriptor that turns
+ * readable when the registration is done; finish with rina_register_wait().
+ */
+int rina_register(int fd, const char *dif_name, const char *local_appl,
+                  int flags);
+
+/* Withdraw a registration made on @fd; flags as for rina_register(). */
+int rina_unregister(int fd, const char *dif_name, const char *local_appl,
+                    int flags);
+
+/* Finish a RINA_F_NOWAIT (un)registration; closes @wfd; returns 0. */
+int rina_register_wait(int fd, int wfd);
+
+/*
+ * Take the next flow request that arrived on @fd (blocks unless @fd is
+ * O_NONBLOCK, then fails with EAGAIN). *@remote_appl (if not NULL) gets the
+ * requester's name, to be freed with free(); *@spec (if not NULL) the QoS it
+ * asked for. Without RINA_F_NORESP the flow is accepted and its descriptor
+ * returned; with it, a handle for rina_flow_respond() is returned.
+ */
+int rina_flow_accept(int fd, char **remote_appl, struct rina_flow_spec *spec,
+                     unsigned int flags);
+
+/*
+ * Answer a request taken with RINA_F_NORESP: @response 0 accepts it and
+ * returns the flow's descriptor; any other value refuses it and returns 0.
+ */
+int rina_flow_respond(int fd, int handle, int response);
+
+/*
+ * Allocate a flow from @local_appl to @remote_appl, in @dif_name if not
+ * NULL, with @flowspec (NULL: best effort). Returns the flow's descriptor
+ * (one write() is one SDU, one read() one SDU, close() deallocates), or with
+ * RINA_F_NOWAIT a descriptor that turns readable when the daemon answers;
+ * finish with rina_flow_alloc_wait().
+ */
+int rina_flow_alloc(const char *dif_name, const char *local_appl,
+                    const char *remote_appl,
+                    const struct rina_flow_spec *flowspec, unsigned int flags);
+
+/* Finish a RINA_F_NOWAIT allocation; closes @wfd; returns the flow. */
+int rina_flow_alloc_wait(int wfd);
+
+/* Fill @spec with the best-effort QoS (unreliable, no bounds). */
+void rina_flow_spec_unreliable(struct rina_flow_spec *spec);
+
+/* The older name of rina_flow_spec_unreliable(). */
+void rina_flow_spec_default(struct rina_flow_spec *spec);
+
+/* Largest SDU one write() may carry on flow @fd; 0 on error. */
+unsigned int rina_flow_mss_get(int fd);
+
+/*
+ * Extension of this implementation: the calling thread's last error as a
+ * sentence (never NULL; valid until its next failing call).
+ */
+const char *rina_api_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* __RINA_API_H__ */

@@ -1,0 +1,355 @@
+//! Control descriptors (`rina_open`) and the replies to requests made on them.
+//!
+//! The daemon sends two kinds of messages on a control connection: replies
+//! to requests, and flow requests for the names the connection registered,
+//! at any time. A C program polls the descriptor `rina_open` gave it and
+//! expects it to turn readable exactly when a flow request waits, whatever
+//! other calls it makes meanwhile. So that descriptor is not the daemon
+//! connection itself but one end of a socket pair; a relay thread per
+//! control descriptor reads the daemon connection, passes flow requests to
+//! the program's end and routes each reply (with any descriptor it carries)
+//! to the private socket pair of the call waiting for it. Requests are
+//! written to the daemon connection directly by the calling thread.
+//!
+//! The relay ends when the program closes its descriptor (the daemon then
+//! withdraws the registrations) or when the daemon goes away (the program's
+//! descriptor then reads end-of-file).
+
+use crate::error::{ApiError, Result};
+use crate::sys::{self, Key};
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::socket;
+use rina_wire::ctl::{self, IncomingFlow, Message, Op, Reply, Request, MAX_CTL_MSG};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// How long a call waits for the daemon's answer.
+pub const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Largest answer or flow request a call reads: the ones this library asks
+/// for (registration, flows) are a few hundred bytes.
+const MAX_ANSWER: usize = 64 * 1024;
+
+/// Flow requests the relay holds for a program that does not read them;
+/// beyond this they are dropped (the daemon times them out).
+const MAX_HELD_REQUESTS: usize = 1024;
+
+/// One control descriptor's state.
+pub struct Conn {
+    daemon: OwnedFd,
+    next_id: AtomicU64,
+    /// Request id -> the waiting call's end of its socket pair.
+    routes: Mutex<HashMap<u64, OwnedFd>>,
+    /// Handles given to the program (`RINA_F_NORESP`) -> the daemon's.
+    handles: Mutex<Handles>,
+    /// The daemon closed the connection.
+    gone: AtomicBool,
+}
+
+#[derive(Default)]
+struct Handles {
+    next: i32,
+    map: HashMap<i32, u64>,
+}
+
+static CONNS: Mutex<BTreeMap<Key, Arc<Conn>>> = Mutex::new(BTreeMap::new());
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding one of these locks leaves consistent data.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// `rina_open`: connects to the daemon and starts the relay; returns the
+/// program's descriptor.
+pub fn open() -> Result<RawFd> {
+    let daemon = sys::connect_daemon()?;
+    let (app, relay_end) = sys::seqpacket_pair()?;
+    let key = sys::key(app.as_raw_fd())?;
+    let conn = Arc::new(Conn {
+        daemon,
+        next_id: AtomicU64::new(1),
+        routes: Mutex::new(HashMap::new()),
+        handles: Mutex::new(Handles::default()),
+        gone: AtomicBool::new(false),
+    });
+    lock(&CONNS).insert(key, conn.clone());
+    let spawned = std::thread::Builder::new()
+        .name("rina-api relay".into())
+        .spawn(move || relay(conn, relay_end, key));
+    if let Err(e) = spawned {
+        lock(&CONNS).remove(&key);
+        let errno = e.raw_os_error().map_or(Errno::EAGAIN, Errno::from_raw);
+        return Err(ApiError::sys(
+            errno,
+            "cannot start the control relay thread",
+        ));
+    }
+    // The program's end is a plain blocking socket without close-on-exec,
+    // like a descriptor from open(2).
+    let fd = app.into_raw_fd();
+    // SAFETY: fd is ours and open.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
+    Ok(fd)
+}
+
+/// The state of control descriptor `fd`.
+pub fn lookup(fd: RawFd) -> Result<Arc<Conn>> {
+    let key =
+        sys::key(fd).map_err(|_| ApiError::BadFd(format!("{fd} is not an open descriptor")))?;
+    lock(&CONNS).get(&key).cloned().ok_or_else(|| {
+        ApiError::BadFd(format!(
+            "descriptor {fd} is not a RINA control descriptor from rina_open()"
+        ))
+    })
+}
+
+impl Conn {
+    /// Sends `op`; returns the descriptor its reply will arrive on (readable
+    /// once it has).
+    pub fn request(&self, op: Op) -> Result<OwnedFd> {
+        self.send_request(op).map(|(_, w)| w)
+    }
+
+    /// Sends `op`; returns its id and the descriptor of its reply.
+    fn send_request(&self, op: Op) -> Result<(u64, OwnedFd)> {
+        if self.gone.load(Ordering::SeqCst) {
+            return Err(daemon_gone());
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (mine, theirs) = sys::seqpacket_pair()?;
+        lock(&self.routes).insert(id, theirs);
+        let pkt = ctl::encode(&Request { id, op });
+        if let Err(e) = sys::send(self.daemon.as_fd(), &pkt, &[], false) {
+            lock(&self.routes).remove(&id);
+            return Err(match e {
+                Errno::EPIPE | Errno::ECONNRESET => daemon_gone(),
+                e => ApiError::sys(e, "cannot send a request to the daemon"),
+            });
+        }
+        Ok((id, mine))
+    }
+
+    /// Sends `op` and waits for its reply.
+    pub fn call(&self, op: Op) -> Result<(Reply, Option<OwnedFd>)> {
+        let (id, w) = self.send_request(op)?;
+        let r = wait_reply(&w, true);
+        if matches!(r, Err(ApiError::Timeout(_))) {
+            // Nobody will read a late reply: forget where it would go.
+            lock(&self.routes).remove(&id);
+        }
+        r
+    }
+
+    /// A handle for the program standing for the daemon's handle `h`.
+    pub fn new_handle(&self, h: u64) -> i32 {
+        let mut hs = lock(&self.handles);
+        loop {
+            hs.next = hs.next.checked_add(1).unwrap_or(1);
+            let n = hs.next;
+            if let std::collections::hash_map::Entry::Vacant(v) = hs.map.entry(n) {
+                v.insert(h);
+                return n;
+            }
+        }
+    }
+
+    /// The daemon's handle for the program's `h`, forgotten from now on.
+    pub fn take_handle(&self, h: i32) -> Result<u64> {
+        lock(&self.handles).map.remove(&h).ok_or_else(|| {
+            ApiError::Invalid(format!(
+                "no flow request with handle {h} waits for a response on this descriptor"
+            ))
+        })
+    }
+}
+
+/// The error of a call on a connection the daemon closed.
+fn daemon_gone() -> ApiError {
+    ApiError::sys(
+        Errno::ECONNRESET,
+        "the daemon closed the control connection",
+    )
+}
+
+/// Receives the reply waiting (or coming) on `w`, bounded by
+/// [`REPLY_TIMEOUT`]; the daemon's error becomes [`ApiError::Daemon`].
+/// Descriptors arrive close-on-exec only with `cloexec`.
+pub fn wait_reply(w: &OwnedFd, cloexec: bool) -> Result<(Reply, Option<OwnedFd>)> {
+    let deadline = Instant::now() + REPLY_TIMEOUT;
+    let ready = sys::wait_readable(w.as_fd(), deadline)
+        .map_err(|e| ApiError::sys(e, "poll while waiting for the daemon"))?;
+    if !ready {
+        return Err(ApiError::Timeout(format!(
+            "the daemon did not answer within {} s",
+            REPLY_TIMEOUT.as_secs()
+        )));
+    }
+    let mut buf = vec![0u8; MAX_ANSWER];
+    let p = sys::recv(w.as_fd(), &mut buf, cloexec)
+        .map_err(|e| ApiError::sys(e, "cannot receive the daemon's answer"))?;
+    if p.len == 0 {
+        return Err(daemon_gone());
+    }
+    if p.truncated {
+        return Err(ApiError::Protocol(
+            "the daemon's answer is too large".into(),
+        ));
+    }
+    match ctl::decode::<Message>(&buf[..p.len]) {
+        Ok(Message::Reply { result, .. }) => Ok((result?, p.fds.into_iter().next())),
+        Ok(Message::FlowRequest(_)) => Err(ApiError::Protocol(
+            "a flow request arrived where an answer was expected".into(),
+        )),
+        Err(e) => Err(ApiError::Protocol(format!(
+            "the daemon sent a malformed message: {e}"
+        ))),
+    }
+}
+
+/// Reads the next flow request from the program's control descriptor `fd`
+/// (blocking unless the program made it non-blocking).
+pub fn next_request(fd: RawFd) -> Result<IncomingFlow> {
+    let mut buf = vec![0u8; MAX_ANSWER];
+    // SAFETY: the caller checked that fd is an open control descriptor; it
+    // is only borrowed for this call.
+    let bfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let p = sys::recv(bfd, &mut buf, true)
+        .map_err(|e| ApiError::sys(e, "cannot read a flow request"))?;
+    if p.len == 0 {
+        return Err(daemon_gone());
+    }
+    if p.truncated {
+        return Err(ApiError::Protocol("a flow request is too large".into()));
+    }
+    ctl::decode::<IncomingFlow>(&buf[..p.len])
+        .map_err(|e| ApiError::Protocol(format!("malformed flow request: {e}")))
+}
+
+/// Why a relay stopped relaying.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// The program closed its control descriptor.
+    ProgramClosed,
+    /// The daemon closed the connection (or it failed).
+    DaemonGone,
+}
+
+/// The relay thread of one control descriptor (see the module's text).
+fn relay(conn: Arc<Conn>, app: OwnedFd, key: Key) {
+    let mut buf = vec![0u8; MAX_CTL_MSG];
+    if relay_loop(&conn, &app, &mut buf) == Ended::DaemonGone {
+        conn.gone.store(true, Ordering::SeqCst);
+        // Calls still waiting see their socket pair close.
+        lock(&conn.routes).clear();
+        // The program reads end-of-file on its descriptor (and polls it
+        // readable); later calls on it fail with ECONNRESET. The entry stays
+        // until the program closes the descriptor, so the number is not
+        // mistaken for another descriptor meanwhile.
+        let _ = socket::shutdown(app.as_raw_fd(), socket::Shutdown::Write);
+        wait_program_close(&app, &mut buf);
+    }
+    lock(&CONNS).remove(&key);
+    lock(&conn.routes).clear();
+}
+
+/// Relays until the program or the daemon closes its end.
+fn relay_loop(conn: &Conn, app: &OwnedFd, buf: &mut [u8]) -> Ended {
+    let mut held: VecDeque<Vec<u8>> = VecDeque::new();
+    loop {
+        let app_events = if held.is_empty() {
+            PollFlags::POLLIN
+        } else {
+            PollFlags::POLLIN | PollFlags::POLLOUT
+        };
+        let mut fds = [
+            PollFd::new(conn.daemon.as_fd(), PollFlags::POLLIN),
+            PollFd::new(app.as_fd(), app_events),
+        ];
+        match nix::poll::poll(&mut fds, PollTimeout::NONE) {
+            Err(Errno::EINTR) => continue,
+            Err(_) => return Ended::DaemonGone,
+            Ok(_) => {}
+        }
+        let daemon_ev = fds[0].revents().unwrap_or(PollFlags::empty());
+        let app_ev = fds[1].revents().unwrap_or(PollFlags::empty());
+        if app_ev.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR)
+            && program_closed(app, buf)
+        {
+            return Ended::ProgramClosed;
+        }
+        while let Some(front) = held.front() {
+            match sys::send(app.as_fd(), front, &[], true) {
+                Ok(()) => {
+                    held.pop_front();
+                }
+                Err(_) => break,
+            }
+        }
+        if daemon_ev.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR)
+            && !from_daemon(conn, app, &mut held, buf)
+        {
+            return Ended::DaemonGone;
+        }
+    }
+}
+
+/// Waits until the program closes its end.
+fn wait_program_close(app: &OwnedFd, buf: &mut [u8]) {
+    loop {
+        let mut fds = [PollFd::new(app.as_fd(), PollFlags::POLLIN)];
+        match nix::poll::poll(&mut fds, PollTimeout::NONE) {
+            Err(Errno::EINTR) => continue,
+            Err(_) => return,
+            Ok(_) => {}
+        }
+        if program_closed(app, buf) {
+            return;
+        }
+    }
+}
+
+/// Reads what the program wrote on its end (nothing is expected): true if
+/// it closed the descriptor.
+fn program_closed(app: &OwnedFd, buf: &mut [u8]) -> bool {
+    match sys::recv(app.as_fd(), buf, true) {
+        Ok(p) => p.len == 0,
+        Err(Errno::EAGAIN) => false,
+        Err(_) => true,
+    }
+}
+
+/// Handles one message from the daemon; false once the daemon is gone.
+fn from_daemon(conn: &Conn, app: &OwnedFd, held: &mut VecDeque<Vec<u8>>, buf: &mut [u8]) -> bool {
+    let p = match sys::recv(conn.daemon.as_fd(), buf, true) {
+        Ok(p) if p.len > 0 && !p.truncated => p,
+        Err(Errno::EAGAIN) => return true,
+        _ => return false,
+    };
+    match ctl::decode::<Message>(&buf[..p.len]) {
+        Ok(Message::FlowRequest(req)) => {
+            let bytes = ctl::encode(&req);
+            let queued = !held.is_empty();
+            if (queued || sys::send(app.as_fd(), &bytes, &[], true).is_err())
+                && held.len() < MAX_HELD_REQUESTS
+            {
+                held.push_back(bytes);
+            }
+        }
+        Ok(Message::Reply { id, .. }) => {
+            let route = lock(&conn.routes).remove(&id);
+            if let Some(w) = route {
+                let fds: Vec<RawFd> = p.fds.iter().map(|f| f.as_raw_fd()).collect();
+                // The waiter may have given up (its end is closed): then the
+                // reply and its descriptor are dropped here.
+                let _ = sys::send(w.as_fd(), &buf[..p.len], &fds, true);
+            }
+        }
+        // Not ours to understand: ignored, like the Rust client does.
+        Err(_) => {}
+    }
+    true
+}

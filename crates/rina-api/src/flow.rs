@@ -1,0 +1,83 @@
+//! Flow allocation on a connection of its own, and what is known about the
+//! flow descriptors handed out.
+
+use crate::control::wait_reply;
+use crate::error::{ApiError, Result};
+use crate::sys::{self, Key};
+use rina_wire::ctl::{self, Op, Reply, Request};
+use rina_wire::{AppName, QosSpec};
+use std::collections::BTreeMap;
+use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::sync::Mutex;
+
+/// Flows remembered for `rina_flow_mss_get`; the oldest are forgotten
+/// beyond this (socket inodes only grow, so the smallest key is the oldest).
+const MAX_REMEMBERED: usize = 65536;
+
+/// Flow socket identity -> largest SDU.
+static FLOWS: Mutex<BTreeMap<Key, u32>> = Mutex::new(BTreeMap::new());
+
+/// Starts an allocation on a new daemon connection; returns it: it turns
+/// readable when the daemon answers.
+pub fn start_alloc(
+    dif: Option<String>,
+    local: AppName,
+    remote: AppName,
+    qos: QosSpec,
+) -> Result<OwnedFd> {
+    let c = sys::connect_daemon()?;
+    let req = Request {
+        id: 1,
+        op: Op::Allocate {
+            local,
+            remote,
+            dif,
+            qos,
+            rings: false,
+        },
+    };
+    sys::send(c.as_fd(), &ctl::encode(&req), &[], false)
+        .map_err(|e| ApiError::sys(e, "cannot send the allocation request"))?;
+    Ok(c)
+}
+
+/// Takes the flow out of a reply, remembers its largest SDU and hands its
+/// descriptor over.
+pub fn take_flow((reply, fd): (Reply, Option<OwnedFd>)) -> Result<RawFd> {
+    let Reply::Flow(info) = reply else {
+        return Err(ApiError::Protocol(
+            "the daemon answered without a flow".into(),
+        ));
+    };
+    let Some(fd) = fd else {
+        return Err(ApiError::Protocol(format!(
+            "the daemon announced flow {} without its descriptor",
+            info.port
+        )));
+    };
+    if let Ok(k) = sys::key(fd.as_raw_fd()) {
+        let mut flows = FLOWS.lock().unwrap_or_else(|p| p.into_inner());
+        flows.insert(k, info.max_sdu);
+        while flows.len() > MAX_REMEMBERED {
+            flows.pop_first();
+        }
+    }
+    Ok(fd.into_raw_fd())
+}
+
+/// Completes an allocation started by [`start_alloc`]; the connection is
+/// closed in any case.
+pub fn finish_alloc(w: OwnedFd) -> Result<RawFd> {
+    take_flow(wait_reply(&w, false)?)
+}
+
+/// The largest SDU of flow descriptor `fd`.
+pub fn mss(fd: RawFd) -> Result<u32> {
+    let k = sys::key(fd)?;
+    FLOWS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&k)
+        .copied()
+        .ok_or_else(|| ApiError::BadFd(format!("descriptor {fd} is not a RINA flow")))
+}

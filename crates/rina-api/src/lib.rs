@@ -1,0 +1,350 @@
+//! The C API of RINA programs, `rina/api.h` as rlite defined it (and IRATI
+//! adopted it), over `rinad`'s control socket.
+//!
+//! Built as `librina_api.so` and `librina_api.a`, with the header in
+//! `include/rina/api.h` and `rina-api.pc` for pkg-config
+//! (`scripts/install-capi.sh PREFIX` installs all three). Every function
+//! returns -1 (0 for [`rina_flow_mss_get`]) with `errno` set on failure;
+//! [`rina_api_last_error`] has the sentence.
+//!
+//! * A control descriptor ([`rina_open`]) is one end of a socket pair; a
+//!   relay thread per descriptor passes it the flow requests of the names
+//!   it registered, so it polls readable exactly when one waits
+//!   (see [`control`]).
+//! * [`rina_flow_alloc`] uses a daemon connection of its own; with
+//!   `RINA_F_NOWAIT` that connection is the descriptor returned.
+//! * Flow descriptors are the daemon's `SOCK_SEQPACKET` flow sockets: one
+//!   `write` is one SDU, one `read` one SDU, `close` deallocates.
+//! * Names are `name|instance|entity|instance` (rlite) or this project's
+//!   `name/instance/entity/instance` ([`name`]).
+
+pub mod control;
+pub mod error;
+pub mod flow;
+pub mod name;
+pub mod spec;
+pub mod sys;
+
+use error::{ApiError, Result};
+use libc::{c_char, c_int, c_uint};
+use rina_wire::ctl::{Op, Reply};
+use rina_wire::{AppName, QosSpec};
+use spec::RinaFlowSpec;
+use std::ffi::CStr;
+use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
+
+/// `RINA_F_NOWAIT`: start the operation, return a descriptor to wait on.
+pub const RINA_F_NOWAIT: c_uint = 1 << 0;
+/// `RINA_F_NORESP`: accept a request without answering it yet.
+pub const RINA_F_NORESP: c_uint = 1 << 1;
+
+/// Runs `f`, turning its error (or a panic) into -1 and `errno`.
+fn ffi(f: impl FnOnce() -> Result<c_int>) -> c_int {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => {
+            error::set_last(&e);
+            -1
+        }
+        Err(_) => {
+            error::set_last(&ApiError::Protocol("internal error in librina_api".into()));
+            -1
+        }
+    }
+}
+
+/// A C string argument; `None` for NULL.
+///
+/// # Safety
+/// `p` is NULL or points to a NUL-terminated string.
+unsafe fn opt_str(p: *const c_char, what: &str) -> Result<Option<String>> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: the caller promises a NUL-terminated string.
+    let s = unsafe { CStr::from_ptr(p) };
+    s.to_str()
+        .map(|s| Some(s.to_owned()))
+        .map_err(|_| ApiError::Invalid(format!("{what} is not valid UTF-8")))
+}
+
+/// An application name argument, which may not be NULL.
+///
+/// # Safety
+/// As for [`opt_str`].
+unsafe fn app_name(p: *const c_char, what: &str) -> Result<AppName> {
+    // SAFETY: forwarded.
+    let s =
+        unsafe { opt_str(p, what)? }.ok_or_else(|| ApiError::Invalid(format!("{what} is NULL")))?;
+    name::parse(&s).map_err(ApiError::Invalid)
+}
+
+/// A DIF name argument: NULL or empty means "any DIF".
+///
+/// # Safety
+/// As for [`opt_str`].
+unsafe fn dif_name(p: *const c_char) -> Result<Option<String>> {
+    // SAFETY: forwarded.
+    Ok(unsafe { opt_str(p, "dif_name")? }.filter(|d| !d.is_empty()))
+}
+
+/// Takes ownership of a descriptor the library handed out as a wait handle.
+fn own(fd: c_int, what: &str) -> Result<OwnedFd> {
+    if fd < 0 {
+        return Err(ApiError::BadFd(format!("{what} {fd} is not a descriptor")));
+    }
+    // The descriptor must be open; fstat tells without touching it.
+    sys::key(fd).map_err(|_| ApiError::BadFd(format!("{what} {fd} is not open")))?;
+    // SAFETY: the caller hands the descriptor over, as the API says.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Opens a control descriptor for registering names and receiving flow
+/// requests.
+#[no_mangle]
+pub extern "C" fn rina_open() -> c_int {
+    ffi(control::open)
+}
+
+fn registration(
+    fd: c_int,
+    dif: Option<String>,
+    name: AppName,
+    flags: c_uint,
+    register: bool,
+) -> Result<c_int> {
+    let conn = control::lookup(fd)?;
+    let op = if register {
+        Op::Register { name, dif }
+    } else {
+        Op::Unregister { name, dif }
+    };
+    let w = conn.request(op)?;
+    if flags & RINA_F_NOWAIT != 0 {
+        return Ok(w.into_raw_fd());
+    }
+    control::wait_reply(&w, true).map(|_| 0)
+}
+
+/// Registers `local_appl` (in `dif_name`, or in every DIF if NULL); flow
+/// requests for it then arrive on `fd`. With `RINA_F_NOWAIT`, returns a
+/// descriptor that turns readable when done: finish with
+/// [`rina_register_wait`].
+///
+/// # Safety
+/// The strings are NULL or NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn rina_register(
+    fd: c_int,
+    dif_name: *const c_char,
+    local_appl: *const c_char,
+    flags: c_int,
+) -> c_int {
+    ffi(|| {
+        // SAFETY: the caller's promise, forwarded.
+        let (dif, name) = unsafe {
+            (
+                self::dif_name(dif_name)?,
+                app_name(local_appl, "local_appl")?,
+            )
+        };
+        registration(fd, dif, name, flags as c_uint, true)
+    })
+}
+
+/// Withdraws a registration made on `fd`; `RINA_F_NOWAIT` as for
+/// [`rina_register`].
+///
+/// # Safety
+/// The strings are NULL or NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn rina_unregister(
+    fd: c_int,
+    dif_name: *const c_char,
+    local_appl: *const c_char,
+    flags: c_int,
+) -> c_int {
+    ffi(|| {
+        // SAFETY: the caller's promise, forwarded.
+        let (dif, name) = unsafe {
+            (
+                self::dif_name(dif_name)?,
+                app_name(local_appl, "local_appl")?,
+            )
+        };
+        registration(fd, dif, name, flags as c_uint, false)
+    })
+}
+
+/// Completes a `RINA_F_NOWAIT` (un)registration: waits for its answer on
+/// `wfd`, closes `wfd`, returns 0.
+#[no_mangle]
+pub extern "C" fn rina_register_wait(fd: c_int, wfd: c_int) -> c_int {
+    ffi(|| {
+        control::lookup(fd)?;
+        let w = own(wfd, "wfd")?;
+        match control::wait_reply(&w, true)? {
+            (Reply::Registered { .. } | Reply::Done, _) => Ok(0),
+            _ => Err(ApiError::BadFd(format!(
+                "wfd {wfd} did not come from rina_register() or rina_unregister()"
+            ))),
+        }
+    })
+}
+
+/// Takes the next flow request that arrived on `fd` (blocking unless `fd`
+/// is non-blocking); fills `*remote_appl` (malloc'd, for the caller to free)
+/// and `*spec` if not NULL. Accepts it and returns the flow's descriptor,
+/// or with `RINA_F_NORESP` returns a handle for [`rina_flow_respond`].
+///
+/// # Safety
+/// `remote_appl` and `spec` are NULL or valid for writing.
+#[no_mangle]
+pub unsafe extern "C" fn rina_flow_accept(
+    fd: c_int,
+    remote_appl: *mut *mut c_char,
+    spec: *mut RinaFlowSpec,
+    flags: c_uint,
+) -> c_int {
+    ffi(|| {
+        let conn = control::lookup(fd)?;
+        let req = control::next_request(fd)?;
+        let handle = conn.new_handle(req.handle);
+        let remote = if remote_appl.is_null() {
+            std::ptr::null_mut()
+        } else {
+            let s = std::ffi::CString::new(name::format(&req.remote))
+                .map_err(|_| ApiError::Protocol("the remote name holds a NUL".into()))?;
+            // SAFETY: strdup copies a valid C string into malloc'd memory.
+            let p = unsafe { libc::strdup(s.as_ptr()) };
+            if p.is_null() {
+                return Err(ApiError::sys(nix::errno::Errno::ENOMEM, "remote_appl"));
+            }
+            p
+        };
+        let h = if flags & RINA_F_NORESP != 0 {
+            handle
+        } else {
+            match respond(fd, handle, 0) {
+                Ok(flow) => flow,
+                Err(e) => {
+                    // SAFETY: p came from strdup above and is not handed out.
+                    unsafe { libc::free(remote.cast()) };
+                    return Err(e);
+                }
+            }
+        };
+        // SAFETY: the caller gives pointers valid for writing, or NULL.
+        unsafe {
+            if !remote_appl.is_null() {
+                *remote_appl = remote;
+            }
+            if !spec.is_null() {
+                *spec = RinaFlowSpec::from_qos(&req.qos);
+            }
+        }
+        Ok(h)
+    })
+}
+
+fn respond(fd: c_int, handle: c_int, response: c_int) -> Result<c_int> {
+    let conn = control::lookup(fd)?;
+    let h = conn.take_handle(handle)?;
+    if response == 0 {
+        flow::take_flow(conn.call(Op::Accept {
+            handle: h,
+            rings: false,
+        })?)
+    } else {
+        let reason = format!("the application refused the flow (response {response})");
+        conn.call(Op::Refuse { handle: h, reason }).map(|_| 0)
+    }
+}
+
+/// Answers a flow request taken with `RINA_F_NORESP`: 0 accepts (returns
+/// the flow's descriptor), anything else refuses (returns 0).
+#[no_mangle]
+pub extern "C" fn rina_flow_respond(fd: c_int, handle: c_int, response: c_int) -> c_int {
+    ffi(|| respond(fd, handle, response))
+}
+
+/// Allocates a flow from `local_appl` to `remote_appl` (in `dif_name` if
+/// not NULL) with `flowspec` (best effort if NULL). Returns the flow's
+/// descriptor, or with `RINA_F_NOWAIT` a descriptor that turns readable
+/// when the daemon answers: finish with [`rina_flow_alloc_wait`].
+///
+/// # Safety
+/// The strings are NULL or NUL-terminated; `flowspec` is NULL or valid.
+#[no_mangle]
+pub unsafe extern "C" fn rina_flow_alloc(
+    dif_name: *const c_char,
+    local_appl: *const c_char,
+    remote_appl: *const c_char,
+    flowspec: *const RinaFlowSpec,
+    flags: c_uint,
+) -> c_int {
+    ffi(|| {
+        // SAFETY: the caller's promises, forwarded.
+        let (dif, local, remote, spec) = unsafe {
+            (
+                self::dif_name(dif_name)?,
+                app_name(local_appl, "local_appl")?,
+                app_name(remote_appl, "remote_appl")?,
+                flowspec.as_ref().copied(),
+            )
+        };
+        let qos = match spec {
+            None => QosSpec::default(),
+            Some(s) => s.to_qos().map_err(ApiError::Invalid)?,
+        };
+        let w = flow::start_alloc(dif, local, remote, qos)?;
+        if flags & RINA_F_NOWAIT != 0 {
+            return Ok(w.into_raw_fd());
+        }
+        flow::finish_alloc(w)
+    })
+}
+
+/// Completes a `RINA_F_NOWAIT` allocation: waits for the answer on `wfd`,
+/// closes `wfd`, returns the flow's descriptor.
+#[no_mangle]
+pub extern "C" fn rina_flow_alloc_wait(wfd: c_int) -> c_int {
+    ffi(|| flow::finish_alloc(own(wfd, "wfd")?))
+}
+
+/// Fills `spec` with the best-effort spec (unreliable, no bounds).
+///
+/// # Safety
+/// `spec` is NULL (nothing happens) or valid for writing.
+#[no_mangle]
+pub unsafe extern "C" fn rina_flow_spec_unreliable(spec: *mut RinaFlowSpec) {
+    if !spec.is_null() {
+        // SAFETY: the caller gives a pointer valid for writing.
+        unsafe { *spec = RinaFlowSpec::unreliable() };
+    }
+}
+
+/// The older name of [`rina_flow_spec_unreliable`].
+///
+/// # Safety
+/// As for [`rina_flow_spec_unreliable`].
+#[no_mangle]
+pub unsafe extern "C" fn rina_flow_spec_default(spec: *mut RinaFlowSpec) {
+    // SAFETY: forwarded.
+    unsafe { rina_flow_spec_unreliable(spec) }
+}
+
+/// The largest SDU one `write` may carry on flow descriptor `fd`; 0 with
+/// `errno` set if `fd` is not a flow from this library.
+#[no_mangle]
+pub extern "C" fn rina_flow_mss_get(fd: c_int) -> c_uint {
+    let r = ffi(|| flow::mss(fd).map(|m| c_int::try_from(m).unwrap_or(c_int::MAX)));
+    c_uint::try_from(r).unwrap_or(0)
+}
+
+/// This thread's last error, as a sentence (an extension of this library;
+/// not in rlite). Never NULL; valid until this thread's next failing call.
+#[no_mangle]
+pub extern "C" fn rina_api_last_error() -> *const c_char {
+    error::last_ptr()
+}

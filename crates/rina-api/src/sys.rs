@@ -1,0 +1,158 @@
+//! The few socket calls the library makes, retried on `EINTR`.
+
+use crate::error::{ApiError, Result};
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::socket::{
+    self, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType,
+    UnixAddr,
+};
+use rina_wire::ctl::{self, CtlError, ErrorKind};
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Instant;
+
+/// Most descriptors taken from one packet; the protocol sends at most one.
+const MAX_FDS: usize = 4;
+
+/// Identity of an open socket: its device and inode. Unlike the descriptor
+/// number it survives `dup` and is not reused while the socket is open.
+pub type Key = (u64, u64);
+
+/// The identity of the socket behind `fd`.
+pub fn key(fd: RawFd) -> Result<Key> {
+    // SAFETY: fstat writes only into the buffer we pass.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: any integer is a valid argument; a bad one fails with EBADF.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(ApiError::sys(Errno::last(), format!("descriptor {fd}")));
+    }
+    Ok((st.st_dev, st.st_ino))
+}
+
+/// Connects to the daemon's control socket (`$RINA_SOCKET` or the default).
+pub fn connect_daemon() -> Result<OwnedFd> {
+    let path = ctl::default_socket_path();
+    let addr = UnixAddr::new(&path).map_err(|e| {
+        ApiError::Invalid(format!("bad socket path {}: {}", path.display(), e.desc()))
+    })?;
+    let fd = socket::socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(|e| ApiError::sys(e, "cannot create a control socket"))?;
+    loop {
+        match socket::connect(fd.as_raw_fd(), &addr) {
+            Ok(()) => return Ok(fd),
+            Err(Errno::EINTR) => continue,
+            Err(Errno::ENOENT | Errno::ECONNREFUSED | Errno::ENOTDIR) => {
+                return Err(ApiError::Daemon(CtlError::new(
+                    ErrorKind::DaemonNotRunning,
+                    format!(
+                        "no RINA daemon listens on {} (is rinad running? {} names another socket)",
+                        path.display(),
+                        ctl::SOCKET_ENV
+                    ),
+                )))
+            }
+            Err(e) => {
+                return Err(ApiError::sys(
+                    e,
+                    format!("cannot connect to the daemon at {}", path.display()),
+                ))
+            }
+        }
+    }
+}
+
+/// A connected pair of `SOCK_SEQPACKET` sockets, close-on-exec.
+pub fn seqpacket_pair() -> Result<(OwnedFd, OwnedFd)> {
+    socket::socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| ApiError::sys(e, "cannot create a socket pair"))
+}
+
+/// Sends one packet with `fds` attached; `MSG_DONTWAIT` with `nonblock`.
+pub fn send(fd: BorrowedFd<'_>, buf: &[u8], fds: &[RawFd], nonblock: bool) -> nix::Result<()> {
+    let iov = [IoSlice::new(buf)];
+    let cm = [ControlMessage::ScmRights(fds)];
+    let cmsgs: &[ControlMessage<'_>] = if fds.is_empty() { &[] } else { &cm };
+    let mut flags = MsgFlags::MSG_NOSIGNAL;
+    if nonblock {
+        flags |= MsgFlags::MSG_DONTWAIT;
+    }
+    loop {
+        match socket::sendmsg::<()>(fd.as_raw_fd(), &iov, cmsgs, flags, None) {
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e),
+            Ok(_) => return Ok(()),
+        }
+    }
+}
+
+/// One received packet.
+pub struct Packet {
+    /// Its length (0: the peer closed).
+    pub len: usize,
+    /// It was longer than the buffer.
+    pub truncated: bool,
+    /// The descriptors that came with it.
+    pub fds: Vec<OwnedFd>,
+}
+
+/// Receives one packet and its descriptors (close-on-exec with `cloexec`).
+pub fn recv(fd: BorrowedFd<'_>, buf: &mut [u8], cloexec: bool) -> nix::Result<Packet> {
+    let mut cmsg = nix::cmsg_space!([RawFd; MAX_FDS]);
+    let flags = if cloexec {
+        MsgFlags::MSG_CMSG_CLOEXEC
+    } else {
+        MsgFlags::empty()
+    };
+    loop {
+        let mut iov = [IoSliceMut::new(buf)];
+        let msg = match socket::recvmsg::<()>(fd.as_raw_fd(), &mut iov, Some(&mut cmsg), flags) {
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e),
+            Ok(m) => m,
+        };
+        let mut fds = Vec::new();
+        if let Ok(cmsgs) = msg.cmsgs() {
+            for c in cmsgs {
+                if let ControlMessageOwned::ScmRights(raw) = c {
+                    // SAFETY: the kernel just installed these descriptors for
+                    // us; nothing else owns them.
+                    fds.extend(raw.into_iter().map(|r| unsafe { OwnedFd::from_raw_fd(r) }));
+                }
+            }
+        }
+        return Ok(Packet {
+            len: msg.bytes,
+            truncated: msg.flags.contains(MsgFlags::MSG_TRUNC),
+            fds,
+        });
+    }
+}
+
+/// Waits until `fd` is readable or hung up, at most until `deadline`;
+/// false if the deadline came first.
+pub fn wait_readable(fd: BorrowedFd<'_>, deadline: Instant) -> nix::Result<bool> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+        let t = PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX);
+        let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+        match nix::poll::poll(&mut fds, t) {
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e),
+            Ok(0) if Instant::now() < deadline => continue,
+            Ok(0) => return Ok(false),
+            Ok(_) => return Ok(true),
+        }
+    }
+}

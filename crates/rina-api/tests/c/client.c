@@ -1,0 +1,121 @@
+/*
+ * Test client for the C API: allocates flows to the test server (server.c)
+ * blocking and with RINA_F_NOWAIT, with and without a flow spec, checks the
+ * echoes, and checks the errors of every client-side call.
+ *
+ * usage: client            the full run against server.c
+ *        client nodaemon   only checks that rina_open() and rina_flow_alloc()
+ *                          fail cleanly when no daemon listens
+ */
+#include <poll.h>
+#include <unistd.h>
+
+#include "check.h"
+
+/* Sends @n SDUs of growing size and checks each echo. */
+static void exchange(int fd, int n)
+{
+    char out[1400], in[1400];
+    unsigned mss = rina_flow_mss_get(fd);
+    CHECK(mss >= sizeof(out));
+    for (int i = 0; i < n; i++) {
+        size_t len = 1 + (size_t)i * 97 % sizeof(out);
+        memset(out, 'a' + i % 26, len);
+        CHECK(write(fd, out, len) == (ssize_t)len);
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        CHECK(poll(&p, 1, 10000) == 1);
+        CHECK(read(fd, in, sizeof(in)) == (ssize_t)len);
+        CHECK(memcmp(in, out, len) == 0);
+    }
+    /* The largest SDU passes in one write. */
+    memset(out, 'z', sizeof(out));
+    CHECK(write(fd, out, sizeof(out)) == (ssize_t)sizeof(out));
+    CHECK(read(fd, in, sizeof(in)) == (ssize_t)sizeof(in));
+}
+
+static int wait_alloc(int wfd)
+{
+    struct pollfd p = {.fd = wfd, .events = POLLIN};
+    CHECK(poll(&p, 1, 10000) == 1);
+    return rina_flow_alloc_wait(wfd);
+}
+
+static void errors(void)
+{
+    struct rina_flow_spec spec;
+    rina_flow_spec_default(&spec);
+
+    CHECK_FAILS(rina_flow_alloc("udp", "me", "nobody", NULL, 0), EHOSTUNREACH);
+    CHECK_FAILS(rina_flow_alloc("no-such-dif", "me", "capi-echo|1", NULL, 0), ENXIO);
+    CHECK_FAILS(rina_flow_alloc(NULL, "a|b|c|d|e", "capi-echo|1", NULL, 0), EINVAL);
+    CHECK_FAILS(rina_flow_alloc(NULL, "me", NULL, NULL, 0), EINVAL);
+    CHECK_FAILS(rina_flow_alloc(NULL, NULL, "capi-echo|1", NULL, 0), EINVAL);
+    spec.version = 1;
+    CHECK_FAILS(rina_flow_alloc(NULL, "me", "capi-echo|1", &spec, 0), EINVAL);
+    rina_flow_spec_unreliable(&spec);
+    spec.max_loss = RINA_FLOW_SPEC_LOSS_MAX + 1;
+    CHECK_FAILS(rina_flow_alloc(NULL, "me", "capi-echo|1", &spec, 0), EINVAL);
+    CHECK_FAILS(rina_flow_alloc_wait(-1), EBADF);
+    CHECK(rina_flow_mss_get(0) == 0 && errno == EBADF);
+    CHECK(rina_flow_mss_get(-1) == 0 && errno == EBADF);
+}
+
+static int nodaemon(void)
+{
+    CHECK_FAILS(rina_open(), ECONNREFUSED);
+    CHECK(strlen(rina_api_last_error()) > 0);
+    CHECK_FAILS(rina_flow_alloc(NULL, "me", "you", NULL, 0), ECONNREFUSED);
+    CHECK_FAILS(rina_flow_alloc(NULL, "me", "you", NULL, RINA_F_NOWAIT), ECONNREFUSED);
+    printf("nodaemon ok\n");
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    struct rina_flow_spec spec;
+    int fd, wfd, a, b;
+
+    if (argc > 1 && strcmp(argv[1], "nodaemon") == 0) {
+        return nodaemon();
+    }
+    errors();
+
+    /* 1. Blocking, best effort (NULL spec), in a named DIF. */
+    fd = rina_flow_alloc("udp", "capi-client|1", "capi-echo|1", NULL, 0);
+    CHECK(fd >= 0);
+    exchange(fd, 10);
+    CHECK(close(fd) == 0);
+
+    /* 2. Two steps, with a spec, in any DIF. */
+    rina_flow_spec_unreliable(&spec);
+    CHECK(spec.version == RINA_FLOW_SPEC_VERSION && spec.msg_boundaries == 1);
+    spec.avg_bandwidth = 1000000;
+    spec.max_loss = 500; /* 5 % */
+    spec.max_sdu_gap = 3;
+    wfd = rina_flow_alloc(NULL, "capi-client|2", "capi-echo|1", &spec, RINA_F_NOWAIT);
+    CHECK(wfd >= 0);
+    fd = wait_alloc(wfd);
+    CHECK(fd >= 0);
+    exchange(fd, 5);
+    CHECK(close(fd) == 0);
+
+    /* 3. Refused by the server. */
+    CHECK_FAILS(rina_flow_alloc(NULL, "refuse-me", "capi-refuse", NULL, 0), ECONNREFUSED);
+
+    /* 4. Two allocations in flight at once. */
+    a = rina_flow_alloc("udp", "capi-client|3", "capi-echo|1", NULL, RINA_F_NOWAIT);
+    b = rina_flow_alloc("udp", "capi-client|4", "capi-echo|1", NULL, RINA_F_NOWAIT);
+    CHECK(a >= 0 && b >= 0);
+    a = wait_alloc(a);
+    b = wait_alloc(b);
+    CHECK(a >= 0 && b >= 0);
+    {
+        char buf[8];
+        CHECK(write(a, "A", 1) == 1 && write(b, "B", 1) == 1);
+        CHECK(read(a, buf, sizeof(buf)) == 1 && buf[0] == 'A');
+        CHECK(read(b, buf, sizeof(buf)) == 1 && buf[0] == 'B');
+    }
+    CHECK(close(a) == 0 && close(b) == 0);
+    printf("client ok\n");
+    return 0;
+}

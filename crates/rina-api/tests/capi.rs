@@ -1,0 +1,261 @@
+//! The C API against real daemons: C programs (tests/c) compiled with `cc`
+//! against the static and the shared library, talking through two `rinad`
+//! over a shim DIF on UDP loopback.
+
+mod common;
+
+use common::{compile, pair, temp_dir, Killer, Lines, Link};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(20);
+
+/// Held by the tests that call the library in this process: they point
+/// `RINA_SOCKET` at their own daemon.
+static ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[test]
+fn c_programs_register_allocate_accept_and_echo() {
+    let out = temp_dir("capi");
+    let server = compile("server", &out, Link::Shared);
+    let client = compile("client", &out, Link::Static);
+    let (alpha, beta) = pair(&["capi-echo/1", "capi-refuse"]);
+
+    let mut srv = Command::new(&server)
+        .env("RINA_SOCKET", &beta.socket)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the C server");
+    let lines = Lines::new(srv.stdout.take().expect("stdout"));
+    let mut srv = Killer(srv);
+    assert_eq!(
+        lines.next(T).as_deref(),
+        Some("ready"),
+        "server did not register"
+    );
+
+    let c = Command::new(&client)
+        .env("RINA_SOCKET", &alpha.socket)
+        .output()
+        .expect("run the C client");
+    let mut got = Vec::new();
+    while got.len() < 6 {
+        match lines.next(T) {
+            Some(l) => got.push(l),
+            None => break,
+        }
+    }
+    let srv_out = srv.0.wait_with_output_checked();
+    assert!(
+        c.status.success(),
+        "client failed:\n{}{}\nserver said {got:?}\n{srv_out}",
+        String::from_utf8_lossy(&c.stdout),
+        String::from_utf8_lossy(&c.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&c.stdout).trim(), "client ok");
+    // The server saw the names in rlite's syntax and the QoS asked for.
+    assert_eq!(
+        got[0], "accepted capi-client|1 mss 1400 gap -1 bw 0 loss 10000 in_order 0",
+        "{got:?}"
+    );
+    assert_eq!(
+        got[1], "accepted capi-client|2 mss 1400 gap 3 bw 1000000 loss 500 in_order 0",
+        "{got:?}"
+    );
+    assert_eq!(got[2], "refused refuse-me", "{got:?}");
+    let mut pair_names: Vec<&str> = got[3..5]
+        .iter()
+        .map(|l| l.split(' ').nth(1).unwrap_or(""))
+        .collect();
+    pair_names.sort();
+    assert_eq!(pair_names, ["capi-client|3", "capi-client|4"], "{got:?}");
+    assert_eq!(got[5], "done", "{got:?}\n{srv_out}");
+    let _ = std::fs::remove_dir_all(out);
+}
+
+#[test]
+fn c_program_without_a_daemon_gets_errno() {
+    let out = temp_dir("nodaemon");
+    let client = compile("client", &out, Link::Static);
+    let c = Command::new(&client)
+        .arg("nodaemon")
+        .env("RINA_SOCKET", out.join("nobody.sock"))
+        .output()
+        .expect("run the C client");
+    assert!(
+        c.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&c.stdout),
+        String::from_utf8_lossy(&c.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&c.stdout).trim(), "nodaemon ok");
+    let _ = std::fs::remove_dir_all(out);
+}
+
+trait WaitChecked {
+    /// Waits for the child (bounded) and returns its exit status and stderr.
+    fn wait_with_output_checked(&mut self) -> String;
+}
+
+impl WaitChecked for std::process::Child {
+    fn wait_with_output_checked(&mut self) -> String {
+        let end = std::time::Instant::now() + T;
+        let status = loop {
+            match self.try_wait() {
+                Ok(Some(s)) => break Some(s),
+                Ok(None) if std::time::Instant::now() < end => {
+                    std::thread::park_timeout(Duration::from_millis(10))
+                }
+                _ => break None,
+            }
+        };
+        let mut err = String::new();
+        if let Some(e) = self.stderr.as_mut() {
+            use std::io::Read;
+            let _ = e.read_to_string(&mut err);
+        }
+        format!("server exit: {status:?}\nserver stderr: {err}")
+    }
+}
+
+/// `scripts/install-capi.sh` installs the library, the header and a
+/// pkg-config file with which an unchanged program builds and runs.
+#[test]
+fn installed_library_builds_programs_with_pkg_config() {
+    if Command::new("pkg-config")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        println!("skipped: pkg-config is not installed");
+        return;
+    }
+    let out = temp_dir("install");
+    let prefix = out.join("prefix");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let st = Command::new(root.join("scripts/install-capi.sh"))
+        .arg("--prebuilt")
+        .arg(common::lib_dir())
+        .arg(&prefix)
+        .status()
+        .expect("run install-capi.sh");
+    assert!(st.success());
+    for f in [
+        "lib/librina_api.so",
+        "lib/librina_api.a",
+        "include/rina/api.h",
+        "lib/pkgconfig/rina-api.pc",
+    ] {
+        assert!(prefix.join(f).exists(), "{f} not installed");
+    }
+    let flags = Command::new("pkg-config")
+        .args(["--cflags", "--libs", "rina-api"])
+        .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig"))
+        .output()
+        .expect("run pkg-config");
+    assert!(
+        flags.status.success(),
+        "{}",
+        String::from_utf8_lossy(&flags.stderr)
+    );
+    let flags = String::from_utf8_lossy(&flags.stdout).into_owned();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/client.c");
+    let exe = out.join("client");
+    let cc = Command::new("sh")
+        .arg("-c")
+        .arg(format!("cc \"$0\" -o \"$1\" {flags}"))
+        .arg(&src)
+        .arg(&exe)
+        .output()
+        .expect("run cc");
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    // It runs against the installed shared library (rpath from the .pc;
+    // cargo's LD_LIBRARY_PATH, which names target/, is left out).
+    let ldd = Command::new("ldd")
+        .arg(&exe)
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .expect("run ldd");
+    let ldd = String::from_utf8_lossy(&ldd.stdout).into_owned();
+    assert!(
+        ldd.contains(&*prefix.join("lib/librina_api.so").to_string_lossy()),
+        "{ldd}"
+    );
+    let run = Command::new(&exe)
+        .arg("nodaemon")
+        .env_remove("LD_LIBRARY_PATH")
+        .env("RINA_SOCKET", out.join("nobody.sock"))
+        .output()
+        .expect("run the program");
+    assert_eq!(String::from_utf8_lossy(&run.stdout).trim(), "nodaemon ok");
+    let _ = std::fs::remove_dir_all(out);
+}
+
+/// Closing a control descriptor ends its relay, which closes the daemon
+/// connection: the daemon withdraws the registrations made on it.
+#[test]
+fn closing_the_control_descriptor_withdraws_its_names() {
+    let _env = ENV.lock().unwrap_or_else(|p| p.into_inner());
+    let d = common::Daemon::start("solo", &[]);
+    std::env::set_var("RINA_SOCKET", &d.socket);
+    let names = || {
+        let mut c = rina::Client::connect_to(&d.socket).expect("connect");
+        c.list_names().expect("names").len()
+    };
+    let fd = rina_api::rina_open();
+    assert!(fd >= 0);
+    // SAFETY: NUL-terminated literals.
+    let r = unsafe { rina_api::rina_register(fd, std::ptr::null(), c"solo-app|1".as_ptr(), 0) };
+    assert_eq!(r, 0);
+    assert_eq!(names(), 1);
+    // SAFETY: fd is ours.
+    assert_eq!(unsafe { libc::close(fd) }, 0);
+    common::wait_for("the name to be withdrawn", T, || names() == 0);
+    // The descriptor is no longer a control descriptor.
+    let r = unsafe { rina_api::rina_register(fd, std::ptr::null(), c"x".as_ptr(), 0) };
+    assert_eq!(r, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EBADF)
+    );
+}
+
+/// A daemon that goes away under a control descriptor: the descriptor
+/// polls readable, reads end-of-file (`rina_flow_accept` fails with
+/// ECONNRESET), and later calls on it fail with ECONNRESET too.
+#[test]
+fn a_dead_daemon_is_econnreset_on_the_control_descriptor() {
+    let _env = ENV.lock().unwrap_or_else(|p| p.into_inner());
+    let mut d = common::Daemon::start("mortal", &[]);
+    std::env::set_var("RINA_SOCKET", &d.socket);
+    let fd = rina_api::rina_open();
+    assert!(fd >= 0);
+    // SAFETY: NUL-terminated literal.
+    let r = unsafe { rina_api::rina_register(fd, std::ptr::null(), c"mortal-app".as_ptr(), 0) };
+    assert_eq!(r, 0);
+    let _ = d.child.kill();
+    let _ = d.child.wait();
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    assert_eq!(unsafe { libc::poll(&mut p, 1, 10_000) }, 1, "no readiness");
+    let errno = || std::io::Error::last_os_error().raw_os_error();
+    // SAFETY: NULL out-pointers are allowed.
+    let r =
+        unsafe { rina_api::rina_flow_accept(fd, std::ptr::null_mut(), std::ptr::null_mut(), 0) };
+    assert_eq!((r, errno()), (-1, Some(libc::ECONNRESET)));
+    // SAFETY: NUL-terminated literal.
+    let r = unsafe { rina_api::rina_register(fd, std::ptr::null(), c"again".as_ptr(), 0) };
+    assert_eq!((r, errno()), (-1, Some(libc::ECONNRESET)));
+    // SAFETY: fd is ours.
+    assert_eq!(unsafe { libc::close(fd) }, 0);
+}

@@ -1,0 +1,382 @@
+"""RINA flows from Python, through the local rinad.
+
+A ctypes binding of the C API (librina_api, rlite's rina/api.h). The
+daemon's socket is $RINA_SOCKET, else rinad's default.
+
+Client::
+
+    import rina
+    with rina.allocate("echo", local="me", spec=rina.FlowSpec(avg_bandwidth=10**6)) as f:
+        f.write(b"hello")
+        print(f.read())
+
+Server::
+
+    with rina.Control() as ctl:
+        ctl.register("echo")
+        while True:
+            with ctl.accept() as f:
+                f.write(f.read())
+
+Asyncio: :func:`allocate_async`, :meth:`Control.accept_async`,
+:meth:`Control.register_async` and :class:`AsyncFlow`.
+
+Names are ``name|instance|entity|instance`` (or ``name/instance/...``).
+Every failure raises :class:`RinaError` (an ``OSError`` with the errno the C
+API set and its message).
+"""
+
+import asyncio
+import ctypes
+import errno
+import os
+import select
+import socket
+from dataclasses import dataclass
+from typing import Optional
+
+from ._lib import (
+    RINA_F_NORESP,
+    RINA_F_NOWAIT,
+    RINA_FLOW_SPEC_LOSS_MAX,
+    FlowSpecC,
+    lib,
+    libc,
+)
+
+__all__ = [
+    "RinaError",
+    "FlowSpec",
+    "Flow",
+    "AsyncFlow",
+    "FlowRequest",
+    "Control",
+    "allocate",
+    "allocate_async",
+]
+
+_NO_BOUND = 2**64 - 1
+
+
+class RinaError(OSError):
+    """A RINA call failed; ``errno`` says how, the message says what."""
+
+
+def _fail(what):
+    e = ctypes.get_errno()
+    msg = (lib.rina_api_last_error() or b"").decode("utf-8", "replace")
+    raise RinaError(e, f"{what}: {msg or os.strerror(e)}")
+
+
+def _check(ret, what):
+    if ret < 0:
+        _fail(what)
+    return ret
+
+
+def _name(s, what):
+    if not isinstance(s, str):
+        raise TypeError(f"{what} must be a str, not {type(s).__name__}")
+    if "\0" in s:
+        raise ValueError(f"{what} contains a NUL character")
+    return s.encode()
+
+
+def _dif(d):
+    return None if d is None else _name(d, "dif")
+
+
+@dataclass
+class FlowSpec:
+    """QoS asked of a flow; the defaults ask for nothing (best effort).
+
+    ``max_sdu_gap=0`` asks for a reliable, in-order flow
+    (:meth:`FlowSpec.reliable`); ``max_loss`` is a percentage.
+    """
+
+    max_delay_us: int = 0
+    max_sdu_gap: Optional[int] = None
+    avg_bandwidth: int = 0
+    max_loss: Optional[float] = None
+    in_order: bool = False
+    max_jitter_us: int = 0
+
+    @classmethod
+    def reliable(cls):
+        """No SDU may be lost, SDUs arrive in order."""
+        return cls(max_sdu_gap=0, in_order=True)
+
+    def _to_c(self):
+        c = FlowSpecC()
+        lib.rina_flow_spec_unreliable(ctypes.byref(c))
+        if not 0 <= self.max_delay_us < 2**32:
+            raise ValueError(f"max_delay_us {self.max_delay_us} is out of range")
+        if not 0 <= self.max_jitter_us < 2**32:
+            raise ValueError(f"max_jitter_us {self.max_jitter_us} is out of range")
+        if not 0 <= self.avg_bandwidth < 2**64:
+            raise ValueError(f"avg_bandwidth {self.avg_bandwidth} is out of range")
+        c.max_delay = self.max_delay_us
+        c.max_jitter = self.max_jitter_us
+        c.avg_bandwidth = self.avg_bandwidth
+        if self.max_sdu_gap is not None:
+            if not 0 <= self.max_sdu_gap < _NO_BOUND:
+                raise ValueError(f"max_sdu_gap {self.max_sdu_gap} is out of range")
+            c.max_sdu_gap = self.max_sdu_gap
+        if self.max_loss is not None:
+            if not 0 <= self.max_loss <= 100:
+                raise ValueError(f"max_loss {self.max_loss} is not a percentage")
+            c.max_loss = round(self.max_loss * RINA_FLOW_SPEC_LOSS_MAX / 100)
+        c.in_order_delivery = 1 if self.in_order else 0
+        return c
+
+    @classmethod
+    def _from_c(cls, c):
+        return cls(
+            max_delay_us=c.max_delay,
+            max_sdu_gap=None if c.max_sdu_gap == _NO_BOUND else c.max_sdu_gap,
+            avg_bandwidth=c.avg_bandwidth,
+            max_loss=None
+            if c.max_loss >= RINA_FLOW_SPEC_LOSS_MAX
+            else c.max_loss * 100 / RINA_FLOW_SPEC_LOSS_MAX,
+            in_order=bool(c.in_order_delivery),
+            max_jitter_us=c.max_jitter,
+        )
+
+
+class Flow:
+    """An allocated flow: one :meth:`write` is one SDU, one :meth:`read` one SDU.
+
+    Closing it (or leaving its ``with`` block) deallocates it.
+    """
+
+    def __init__(self, fd, remote=None, spec=None):
+        self._sock = socket.socket(fileno=fd)
+        self.mss = lib.rina_flow_mss_get(fd)
+        #: The peer's name (accepted flows).
+        self.remote = remote
+        #: The QoS the peer asked for (accepted flows).
+        self.spec = spec
+
+    def fileno(self):
+        return self._sock.fileno()
+
+    def _bufsize(self):
+        # One byte more than the largest SDU (64 KiB if unknown).
+        return (self.mss or 65535) + 1
+
+    def _check_sdu(self, sdu):
+        if not sdu:
+            raise RinaError(errno.EINVAL, "an SDU may not be empty")
+        if self.mss and len(sdu) > self.mss:
+            raise RinaError(errno.EMSGSIZE, f"SDU of {len(sdu)} bytes, the flow carries {self.mss}")
+
+    def write(self, sdu):
+        """Sends one SDU (blocks while the flow is full)."""
+        self._check_sdu(sdu)
+        try:
+            self._sock.send(sdu)
+        except OSError as e:
+            raise RinaError(e.errno, f"write to the flow: {e.strerror}") from None
+
+    def read(self, timeout=None):
+        """Receives one SDU; ``b""`` once the flow is closed. Raises
+        :class:`TimeoutError` if nothing came within ``timeout`` seconds."""
+        if timeout is not None:
+            r, _, _ = select.select([self._sock], [], [], timeout)
+            if not r:
+                raise TimeoutError(f"no SDU within {timeout} s")
+        try:
+            return self._sock.recv(self._bufsize())
+        except OSError as e:
+            raise RinaError(e.errno, f"read from the flow: {e.strerror}") from None
+
+    def into_async(self):
+        """This flow as an :class:`AsyncFlow` (this object is then unusable)."""
+        f = AsyncFlow.__new__(AsyncFlow)
+        f._sock, f.mss, f.remote, f.spec = self._sock, self.mss, self.remote, self.spec
+        f._sock.setblocking(False)
+        self._sock = None
+        return f
+
+    def close(self):
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class AsyncFlow(Flow):
+    """A flow for asyncio: ``await flow.read()``, ``await flow.write(sdu)``."""
+
+    def __init__(self, fd, remote=None, spec=None):
+        super().__init__(fd, remote, spec)
+        self._sock.setblocking(False)
+
+    async def write(self, sdu):
+        self._check_sdu(sdu)
+        try:
+            await asyncio.get_running_loop().sock_sendall(self._sock, sdu)
+        except OSError as e:
+            raise RinaError(e.errno, f"write to the flow: {e.strerror}") from None
+
+    async def read(self):
+        try:
+            return await asyncio.get_running_loop().sock_recv(self._sock, self._bufsize())
+        except OSError as e:
+            raise RinaError(e.errno, f"read from the flow: {e.strerror}") from None
+
+
+async def _readable(fd):
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+    loop.add_reader(fd, lambda: fut.done() or fut.set_result(None))
+    try:
+        await fut
+    finally:
+        loop.remove_reader(fd)
+
+
+def allocate(remote, local="python", dif=None, spec=None):
+    """Allocates a flow from ``local`` to ``remote`` (in ``dif`` if given)
+    with ``spec`` (a :class:`FlowSpec`; best effort if None)."""
+    c = spec._to_c() if spec is not None else None
+    fd = lib.rina_flow_alloc(
+        _dif(dif),
+        _name(local, "local"),
+        _name(remote, "remote"),
+        ctypes.byref(c) if c is not None else None,
+        0,
+    )
+    return Flow(_check(fd, f"allocate a flow to {remote}"))
+
+
+async def allocate_async(remote, local="python", dif=None, spec=None):
+    """Like :func:`allocate`, without blocking the event loop; returns an
+    :class:`AsyncFlow`."""
+    c = spec._to_c() if spec is not None else None
+    wfd = lib.rina_flow_alloc(
+        _dif(dif),
+        _name(local, "local"),
+        _name(remote, "remote"),
+        ctypes.byref(c) if c is not None else None,
+        RINA_F_NOWAIT,
+    )
+    _check(wfd, f"allocate a flow to {remote}")
+    try:
+        await _readable(wfd)
+    except BaseException:
+        os.close(wfd)
+        raise
+    fd = lib.rina_flow_alloc_wait(wfd)
+    return AsyncFlow(_check(fd, f"allocate a flow to {remote}"))
+
+
+class FlowRequest:
+    """A flow request taken from a :class:`Control`, not answered yet."""
+
+    def __init__(self, ctl, handle, remote, spec):
+        self._ctl = ctl
+        self._handle = handle
+        #: The requester's name.
+        self.remote = remote
+        #: The QoS it asked for.
+        self.spec = spec
+
+    def accept(self):
+        """Accepts the request; returns the flow."""
+        fd = lib.rina_flow_respond(self._ctl.fileno(), self._handle, 0)
+        return Flow(_check(fd, f"accept the flow from {self.remote}"), self.remote, self.spec)
+
+    def refuse(self):
+        """Refuses the request; the requester's allocation fails."""
+        _check(lib.rina_flow_respond(self._ctl.fileno(), self._handle, 1), "refuse the flow")
+
+
+class Control:
+    """A control descriptor (rina_open): registers names and receives the
+    flow requests for them. Closing it withdraws the registrations."""
+
+    def __init__(self):
+        self._fd = _check(lib.rina_open(), "connect to rinad")
+
+    def fileno(self):
+        return self._fd
+
+    def register(self, name, dif=None):
+        """Registers ``name`` in ``dif`` (every DIF if None)."""
+        _check(lib.rina_register(self._fd, _dif(dif), _name(name, "name"), 0), f"register {name}")
+
+    def unregister(self, name, dif=None):
+        """Withdraws a registration made here."""
+        _check(lib.rina_unregister(self._fd, _dif(dif), _name(name, "name"), 0), f"unregister {name}")
+
+    async def register_async(self, name, dif=None):
+        """Like :meth:`register`, without blocking the event loop."""
+        wfd = _check(
+            lib.rina_register(self._fd, _dif(dif), _name(name, "name"), RINA_F_NOWAIT),
+            f"register {name}",
+        )
+        try:
+            await _readable(wfd)
+        except BaseException:
+            os.close(wfd)
+            raise
+        _check(lib.rina_register_wait(self._fd, wfd), f"register {name}")
+
+    def next_request(self, timeout=None):
+        """Waits for the next flow request (at most ``timeout`` seconds:
+        then returns None); answer it with its accept() or refuse()."""
+        if timeout is not None:
+            r, _, _ = select.select([self._fd], [], [], timeout)
+            if not r:
+                return None
+        return self._take()
+
+    def _take(self):
+        remote = ctypes.c_void_p()
+        spec = FlowSpecC()
+        h = lib.rina_flow_accept(self._fd, ctypes.byref(remote), ctypes.byref(spec), RINA_F_NORESP)
+        _check(h, "take a flow request")
+        try:
+            name = ctypes.string_at(remote.value).decode("utf-8", "replace")
+        finally:
+            libc.free(remote.value)
+        return FlowRequest(self, h, name, FlowSpec._from_c(spec))
+
+    def accept(self, timeout=None):
+        """Accepts the next flow request; returns the flow (None on timeout)."""
+        req = self.next_request(timeout)
+        return None if req is None else req.accept()
+
+    async def next_request_async(self):
+        """Waits for the next flow request without blocking the event loop."""
+        await _readable(self._fd)
+        return self._take()
+
+    async def accept_async(self):
+        """Accepts the next flow request; returns an :class:`AsyncFlow`."""
+        req = await self.next_request_async()
+        # The answer is a round trip to the local daemon: done off the loop.
+        flow = await asyncio.get_running_loop().run_in_executor(None, req.accept)
+        return flow.into_async()
+
+    def close(self):
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __del__(self):
+        # A Control dropped without close() still withdraws its names.
+        if getattr(self, "_fd", -1) >= 0:
+            self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

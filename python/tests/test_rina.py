@@ -1,0 +1,126 @@
+"""The Python package against real daemons (see conftest.py)."""
+
+import asyncio
+import errno
+import os
+import subprocess
+import sys
+
+import pytest
+
+import rina
+from conftest import EXAMPLES
+
+
+def test_blocking_flow_echoes_and_carries_the_qos_spec(server):
+    srv = server("echo_server.py", "py-echo")
+    spec = rina.FlowSpec(avg_bandwidth=1_000_000, max_loss=5.0)
+    with rina.allocate("py-echo", local="pytest|1", dif="udp", spec=spec) as flow:
+        assert flow.mss == 1400
+        for n in (1, 100, 1400):
+            sdu = bytes([n % 256]) * n
+            flow.write(sdu)
+            assert flow.read(timeout=5) == sdu
+    assert srv.line() == "accepted pytest|1 bw=1000000 loss=5.0 gap=None in_order=False"
+
+
+def test_asyncio_flows_in_parallel(server):
+    srv = server("echo_server_async.py", "py-echo-async")
+
+    async def one(n):
+        flow = await rina.allocate_async("py-echo-async", local=f"pytest-async|{n}")
+        assert isinstance(flow, rina.AsyncFlow)
+        with flow:
+            for i in range(5):
+                sdu = f"{n}:{i}".encode()
+                await flow.write(sdu)
+                assert await asyncio.wait_for(flow.read(), 5) == sdu
+        return n
+
+    async def main():
+        return await asyncio.gather(*(one(n) for n in range(3)))
+
+    assert asyncio.run(main()) == [0, 1, 2]
+    accepted = sorted(srv.line() for _ in range(3))
+    assert accepted == [f"accepted pytest-async|{n}" for n in range(3)]
+
+
+def test_refusal_and_unknown_names_raise(server):
+    server("echo_server.py", "py-echo")
+    with pytest.raises(rina.RinaError) as e:
+        rina.allocate("py-echo", local="refuse-me")
+    assert e.value.errno == errno.ECONNREFUSED
+    assert "refused" in str(e.value)
+    with pytest.raises(rina.RinaError) as e:
+        rina.allocate("nobody-at-all", dif="udp")
+    assert e.value.errno == errno.EHOSTUNREACH
+    assert "nobody-at-all" in str(e.value)
+    # Known in the directory, registered by nobody.
+    with pytest.raises(rina.RinaError) as e:
+        rina.allocate("py-nobody")
+    assert e.value.errno == errno.EHOSTUNREACH
+
+
+def test_bad_arguments_raise(daemons):
+    with pytest.raises(rina.RinaError) as e:
+        rina.allocate("a|b|c|d|e")
+    assert e.value.errno == errno.EINVAL
+    with pytest.raises(rina.RinaError) as e:
+        rina.allocate("py-echo", dif="no-such-dif")
+    assert e.value.errno == errno.ENXIO
+    with pytest.raises(TypeError):
+        rina.allocate(b"py-echo")
+    with pytest.raises(ValueError):
+        rina.allocate("py\0echo")
+    with pytest.raises(ValueError):
+        rina.allocate("py-echo", spec=rina.FlowSpec(max_loss=150))
+
+
+def test_registration_blocking_and_async(daemons):
+    with rina.Control() as ctl, rina.Control() as other:
+        ctl.register("py-temp")
+        with pytest.raises(rina.RinaError) as e:
+            other.register("py-temp")
+        assert e.value.errno == errno.EBUSY
+        ctl.unregister("py-temp")
+        asyncio.run(other.register_async("py-temp", "udp"))
+        with pytest.raises(rina.RinaError) as e:
+            ctl.unregister("py-temp")
+        assert e.value.errno == errno.EINVAL
+        # Nothing asked for a flow: no request within the timeout.
+        assert other.next_request(timeout=0.05) is None
+
+
+def test_flow_limits(server):
+    server("echo_server.py", "py-echo")
+    with rina.allocate("py-echo") as flow:
+        with pytest.raises(rina.RinaError) as e:
+            flow.write(b"x" * 1401)
+        assert e.value.errno == errno.EMSGSIZE
+        with pytest.raises(TimeoutError):
+            flow.read(timeout=0.05)
+
+
+def test_no_daemon_raises(daemons, tmp_path):
+    os.environ["RINA_SOCKET"] = str(tmp_path / "nobody.sock")
+    try:
+        with pytest.raises(rina.RinaError) as e:
+            rina.Control()
+        assert e.value.errno == errno.ECONNREFUSED
+        assert "rinad" in str(e.value)
+    finally:
+        os.environ["RINA_SOCKET"] = daemons.alpha
+
+
+@pytest.mark.parametrize("mode", [[], ["--async"]])
+def test_example_client(server, daemons, mode):
+    server("echo_server.py", "py-echo")
+    out = subprocess.run(
+        [sys.executable, os.path.join(EXAMPLES, "echo_client.py"), *mode, "py-echo", "2"],
+        env=dict(os.environ, RINA_SOCKET=daemons.alpha),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("\n") == (3 if mode else 2), out.stdout

@@ -1,0 +1,752 @@
+-- Wireshark dissector for this project's RINA wire formats.
+--
+--   tshark -X lua_script:tools/wireshark/rina.lua -r capture.pcap
+--   (or copy it to ~/.local/lib/wireshark/plugins/)
+--
+-- Protocols (filter names):
+--   rina.shim_udp  shim DIF over UDP: 1-byte type, then (crates/rina-wire/src/shim_udp.rs)
+--                  DATA dst_port u32 + SDU; ALLOC_REQ src_port u32, QoS (29 B),
+--                  src and dst names (u16 length + UTF-8); ALLOC_RESP dst_port,
+--                  src_port, result u8, max_sdu u32, reason; DEALLOC dst_port, src_port.
+--                  Found by a heuristic on any UDP port, or by "Decode As".
+--   rina.efcp      a normal DIF's PDU inside a shim SDU: the SDU-protection TTL
+--                  byte, the PCI (crates/rina-wire/src/pci.rs; field widths are
+--                  preferences, defaulting to the DIF defaults 2/2/2/2/4/4/4/4),
+--                  the control body or the payload, and the CRC-32 if enabled.
+--                  Every field is in network byte order.
+--   rina.mgmt      the payload of a management PDU: a one-byte discriminator
+--                  (0xC0 CDAP, 0xE0 enrollment, 0xE1 hello, 0xFA flow allocator,
+--                  0xF6 fragment) and what follows.
+--   rina.cdap      CDAP messages (protobuf; crates/rina-wire/src/cdap.rs field numbers).
+--   rina.shim_eth  shim DIF over Ethernet: EtherType 0xD1F0 frames, and ARP
+--                  (EtherType 0x0806) whose protocol type is 0xD1F0, with the
+--                  application names as protocol addresses
+--                  (crates/rina-wire/src/shim_eth.rs).
+
+local NAME_TYPES = { [1] = "DATA", [2] = "ALLOC_REQ", [3] = "ALLOC_RESP", [4] = "DEALLOC" }
+local ALLOC_RESULTS = {
+    [0] = "accepted", [1] = "not registered", [2] = "refused",
+    [3] = "QoS not satisfiable", [4] = "no resources",
+}
+local PDU_TYPES = {
+    [0x80] = "DT", [0x40] = "MGMT", [0xC0] = "CACK", [0xC1] = "ACK", [0xC2] = "NACK",
+    [0xC4] = "FC", [0xC5] = "ACK_FC", [0xC6] = "NACK_FC", [0xCF] = "RENDEZVOUS",
+}
+local DELIMITERS = { [0x07] = "complete SDU", [0x05] = "first fragment",
+    [0x04] = "middle fragment", [0x06] = "last fragment" }
+local MGMT_KINDS = { [0xC0] = "CDAP", [0xE0] = "enrollment (CDAP)", [0xE1] = "hello (CDAP)",
+    [0xFA] = "flow allocator", [0xF6] = "fragment" }
+local FA_TYPES = { [1] = "REQUEST", [2] = "RESPONSE", [3] = "DEALLOC" }
+local OPCODES = {
+    [0] = "M_CONNECT", [1] = "M_CONNECT_R", [2] = "M_RELEASE", [3] = "M_RELEASE_R",
+    [4] = "M_CREATE", [5] = "M_CREATE_R", [6] = "M_DELETE", [7] = "M_DELETE_R",
+    [8] = "M_READ", [9] = "M_READ_R", [10] = "M_CANCELREAD", [11] = "M_CANCELREAD_R",
+    [12] = "M_WRITE", [13] = "M_WRITE_R", [14] = "M_START", [15] = "M_START_R",
+    [16] = "M_STOP", [17] = "M_STOP_R",
+}
+local CDAP_FLAGS = { [0] = "none", [1] = "sync", [2] = "read incomplete" }
+local ARP_OPS = { [1] = "request", [2] = "reply" }
+
+-- ---------------------------------------------------------------- shim-udp
+local p_udp = Proto("rina_shim_udp", "RINA shim DIF over UDP")
+local fu = {
+    type = ProtoField.uint8("rina.shim_udp.type", "Type", base.HEX, NAME_TYPES),
+    dst_port = ProtoField.uint32("rina.shim_udp.dst_port", "Destination port-id"),
+    src_port = ProtoField.uint32("rina.shim_udp.src_port", "Source port-id"),
+    qos = ProtoField.bytes("rina.shim_udp.qos", "QoS spec"),
+    qos_flags = ProtoField.uint8("rina.qos.flags", "Flags", base.HEX),
+    qos_in_order = ProtoField.bool("rina.qos.in_order", "In order", 8, nil, 0x01),
+    qos_reliable = ProtoField.bool("rina.qos.reliable", "Reliable", 8, nil, 0x02),
+    qos_delay = ProtoField.uint64("rina.qos.max_delay_us", "Max delay (us)"),
+    qos_loss = ProtoField.uint32("rina.qos.max_loss_ppm", "Max loss (ppm)"),
+    qos_bw = ProtoField.uint64("rina.qos.avg_bandwidth_bps", "Average bandwidth (b/s)"),
+    qos_gap = ProtoField.uint32("rina.qos.max_sdu_gap", "Max SDU gap"),
+    qos_sdu = ProtoField.uint32("rina.qos.max_sdu_size", "Max SDU size"),
+    src_name = ProtoField.string("rina.shim_udp.src_name", "Source application"),
+    dst_name = ProtoField.string("rina.shim_udp.dst_name", "Destination application"),
+    result = ProtoField.uint8("rina.shim_udp.result", "Result", base.DEC, ALLOC_RESULTS),
+    max_sdu = ProtoField.uint32("rina.shim_udp.max_sdu", "Max SDU"),
+    reason = ProtoField.string("rina.shim_udp.reason", "Reason"),
+    sdu = ProtoField.bytes("rina.shim_udp.sdu", "SDU"),
+}
+p_udp.fields = fu
+p_udp.prefs.heuristic = Pref.bool("Find shim-udp on any UDP port", true,
+    "Recognise shim-udp datagrams by their structure, whatever the port")
+p_udp.prefs.efcp = Pref.enum("SDUs hold normal-DIF PDUs", 1,
+    "Decode shim SDUs as EFCP PDUs: auto (when the PCI's version and length fields fit), always, never", {
+    { 1, "auto", 1 },
+    { 2, "always", 2 },
+    { 3, "never", 3 },
+}, false)
+
+-- ------------------------------------------------------------------- EFCP
+local p_efcp = Proto("rina_efcp", "RINA EFCP (normal DIF PDU)")
+-- Field widths in bytes (1, 2, 4 or 8), as the DIF's data-transfer
+-- constants say; the defaults are rinad's (DtConstants::default).
+p_efcp.prefs.addr = Pref.uint("Address width", 2, "Bytes of dst_addr and src_addr (1, 2, 4 or 8)")
+p_efcp.prefs.cep = Pref.uint("CEP-id width", 2, "Bytes of dst_cep and src_cep")
+p_efcp.prefs.qos = Pref.uint("QoS-id width", 2, "Bytes of qos_id")
+p_efcp.prefs.length = Pref.uint("Length width", 2, "Bytes of the length field")
+p_efcp.prefs.seq = Pref.uint("Sequence number width", 4, "Bytes of DT/MGMT sequence numbers, window edges, ack/nack numbers")
+p_efcp.prefs.ctrl_seq = Pref.uint("Control sequence number width", 4, "Bytes of control sequence numbers")
+p_efcp.prefs.rate = Pref.uint("Rate width", 4, "Bytes of the rate in flow-control PDUs")
+p_efcp.prefs.frame = Pref.uint("Time frame width", 4, "Bytes of the rate's time frame")
+p_efcp.prefs.ttl = Pref.bool("TTL byte before the PCI", true, "SDU protection hop limit (ttl = 0 in rinad turns it off)")
+p_efcp.prefs.crc = Pref.bool("CRC-32 after the PDU", false, "SDU protection error check (crc = true in rinad)")
+
+local fe = {
+    ttl = ProtoField.uint8("rina.efcp.ttl", "TTL"),
+    version = ProtoField.uint8("rina.efcp.version", "Version"),
+    dst_addr = ProtoField.uint64("rina.efcp.dst_addr", "Destination address"),
+    src_addr = ProtoField.uint64("rina.efcp.src_addr", "Source address"),
+    qos_id = ProtoField.uint64("rina.efcp.qos_id", "QoS-id"),
+    dst_cep = ProtoField.uint64("rina.efcp.dst_cep", "Destination CEP-id"),
+    src_cep = ProtoField.uint64("rina.efcp.src_cep", "Source CEP-id"),
+    pdu_type = ProtoField.uint8("rina.efcp.pdu_type", "PDU type", base.HEX, PDU_TYPES),
+    flags = ProtoField.uint8("rina.efcp.flags", "Flags", base.HEX),
+    drf = ProtoField.bool("rina.efcp.flags.drf", "Data run flag", 8, nil, 0x80),
+    ecn = ProtoField.bool("rina.efcp.flags.ecn", "ECN", 8, nil, 0x01),
+    length = ProtoField.uint64("rina.efcp.length", "Length"),
+    seq = ProtoField.uint64("rina.efcp.seq", "Sequence number"),
+    ctrl_seq = ProtoField.uint64("rina.efcp.ctrl_seq", "Control sequence number"),
+    ack_sn = ProtoField.uint64("rina.efcp.ack_sn", "Ack sequence number"),
+    nack_sn = ProtoField.uint64("rina.efcp.nack_sn", "Nack sequence number"),
+    last_ctrl_seq_rcvd = ProtoField.uint64("rina.efcp.last_ctrl_seq_rcvd", "Last control sequence number received"),
+    new_lwe = ProtoField.uint64("rina.efcp.new_lwe", "New left window edge"),
+    new_rwe = ProtoField.uint64("rina.efcp.new_rwe", "New right window edge"),
+    my_lwe = ProtoField.uint64("rina.efcp.my_lwe", "My left window edge"),
+    my_rwe = ProtoField.uint64("rina.efcp.my_rwe", "My right window edge"),
+    rate = ProtoField.uint64("rina.efcp.rate", "Rate"),
+    frame = ProtoField.uint64("rina.efcp.frame", "Time frame"),
+    delimiter = ProtoField.uint8("rina.efcp.delimiter", "Delimiter", base.HEX, DELIMITERS),
+    user_data = ProtoField.bytes("rina.efcp.user_data", "User data"),
+    padding = ProtoField.bytes("rina.efcp.padding", "Padding"),
+    crc = ProtoField.uint32("rina.efcp.crc", "CRC-32", base.HEX),
+}
+p_efcp.fields = fe
+
+-- ------------------------------------------------------------- management
+local p_mgmt = Proto("rina_mgmt", "RINA layer management")
+local fm = {
+    kind = ProtoField.uint8("rina.mgmt.kind", "Kind", base.HEX, MGMT_KINDS),
+    fa_type = ProtoField.uint8("rina.mgmt.fa.type", "Flow allocator message", base.HEX, FA_TYPES),
+    fa_src_addr = ProtoField.uint64("rina.mgmt.fa.src_addr", "Source address"),
+    fa_dst_cep = ProtoField.uint64("rina.mgmt.fa.dst_cep", "Destination CEP-id"),
+    fa_src_cep = ProtoField.uint64("rina.mgmt.fa.src_cep", "Source CEP-id"),
+    fa_qos_id = ProtoField.uint64("rina.mgmt.fa.qos_id", "QoS-id"),
+    fa_src_name = ProtoField.string("rina.mgmt.fa.src_name", "Source application"),
+    fa_dst_name = ProtoField.string("rina.mgmt.fa.dst_name", "Destination application"),
+    fa_result = ProtoField.uint8("rina.mgmt.fa.result", "Result", base.DEC, ALLOC_RESULTS),
+    fa_max_sdu = ProtoField.uint32("rina.mgmt.fa.max_sdu", "Max SDU"),
+    fa_reason = ProtoField.string("rina.mgmt.fa.reason", "Reason"),
+    frag_msg_id = ProtoField.uint32("rina.mgmt.frag.msg_id", "Message id"),
+    frag_index = ProtoField.uint16("rina.mgmt.frag.index", "Fragment index"),
+    frag_count = ProtoField.uint16("rina.mgmt.frag.count", "Fragment count"),
+    frag_total = ProtoField.uint32("rina.mgmt.frag.total_len", "Message length"),
+    frag_data = ProtoField.bytes("rina.mgmt.frag.data", "Fragment data"),
+}
+p_mgmt.fields = fm
+
+-- ------------------------------------------------------------------- CDAP
+local p_cdap = Proto("rina_cdap", "RINA CDAP")
+local fc = {
+    abs_syntax = ProtoField.int32("rina.cdap.abs_syntax", "Abstract syntax"),
+    opcode = ProtoField.uint32("rina.cdap.opcode", "Opcode", base.DEC, OPCODES),
+    invoke_id = ProtoField.int32("rina.cdap.invoke_id", "Invoke id"),
+    flags = ProtoField.uint32("rina.cdap.flags", "Flags", base.DEC, CDAP_FLAGS),
+    obj_class = ProtoField.string("rina.cdap.obj_class", "Object class"),
+    obj_name = ProtoField.string("rina.cdap.obj_name", "Object name"),
+    obj_inst = ProtoField.int64("rina.cdap.obj_inst", "Object instance"),
+    obj_value = ProtoField.bytes("rina.cdap.obj_value", "Object value"),
+    result = ProtoField.int32("rina.cdap.result", "Result"),
+    scope = ProtoField.int32("rina.cdap.scope", "Scope"),
+    filter = ProtoField.bytes("rina.cdap.filter", "Filter"),
+    auth_policy = ProtoField.bytes("rina.cdap.auth_policy", "Authentication policy"),
+    dest_ae_inst = ProtoField.string("rina.cdap.dest_ae_inst", "Destination AE instance"),
+    dest_ae_name = ProtoField.string("rina.cdap.dest_ae_name", "Destination AE name"),
+    dest_ap_inst = ProtoField.string("rina.cdap.dest_ap_inst", "Destination AP instance"),
+    dest_ap_name = ProtoField.string("rina.cdap.dest_ap_name", "Destination AP name"),
+    src_ae_inst = ProtoField.string("rina.cdap.src_ae_inst", "Source AE instance"),
+    src_ae_name = ProtoField.string("rina.cdap.src_ae_name", "Source AE name"),
+    src_ap_inst = ProtoField.string("rina.cdap.src_ap_inst", "Source AP instance"),
+    src_ap_name = ProtoField.string("rina.cdap.src_ap_name", "Source AP name"),
+    result_reason = ProtoField.string("rina.cdap.result_reason", "Result reason"),
+    version = ProtoField.int64("rina.cdap.version", "Version"),
+    unknown = ProtoField.bytes("rina.cdap.unknown", "Unknown field"),
+    intval = ProtoField.int64("rina.cdap.value.int", "Integer value"),
+    strval = ProtoField.string("rina.cdap.value.string", "String value"),
+    byteval = ProtoField.bytes("rina.cdap.value.bytes", "Bytes value"),
+    boolval = ProtoField.bool("rina.cdap.value.bool", "Boolean value"),
+    fixedval = ProtoField.bytes("rina.cdap.value.fixed", "Float or double value"),
+}
+p_cdap.fields = fc
+local e_cdap = ProtoExpert.new("rina.cdap.malformed", "Malformed CDAP message",
+    expert.group.MALFORMED, expert.severity.ERROR)
+p_cdap.experts = { e_cdap }
+
+-- ---------------------------------------------------------------- shim-eth
+local p_eth = Proto("rina_shim_eth", "RINA shim DIF over Ethernet")
+local fa = {
+    htype = ProtoField.uint16("rina.shim_eth.arp.htype", "Hardware type"),
+    ptype = ProtoField.uint16("rina.shim_eth.arp.ptype", "Protocol type", base.HEX),
+    hlen = ProtoField.uint8("rina.shim_eth.arp.hlen", "Hardware address length"),
+    plen = ProtoField.uint8("rina.shim_eth.arp.plen", "Protocol address length"),
+    op = ProtoField.uint16("rina.shim_eth.arp.op", "Operation", base.DEC, ARP_OPS),
+    sha = ProtoField.ether("rina.shim_eth.arp.sha", "Sender MAC"),
+    spa = ProtoField.string("rina.shim_eth.arp.spa", "Sender application"),
+    tha = ProtoField.ether("rina.shim_eth.arp.tha", "Target MAC"),
+    tpa = ProtoField.string("rina.shim_eth.arp.tpa", "Target application"),
+    sdu = ProtoField.bytes("rina.shim_eth.sdu", "SDU"),
+}
+p_eth.fields = fa
+
+-- ---------------------------------------------------------------- helpers
+
+-- A width preference; anything but 1, 2, 4 or 8 falls back to `default`.
+local function width(pref, default)
+    if pref == 1 or pref == 2 or pref == 4 or pref == 8 then
+        return pref
+    end
+    return default
+end
+
+-- The PCI field widths the preferences say.
+local function widths()
+    local P = p_efcp.prefs
+    return {
+        addr = width(P.addr, 2), cep = width(P.cep, 2), qos = width(P.qos, 2),
+        length = width(P.length, 2), seq = width(P.seq, 4), ctrl_seq = width(P.ctrl_seq, 4),
+        rate = width(P.rate, 4), frame = width(P.frame, 4),
+    }
+end
+
+-- Adds a network-order integer field of `w` bytes at `off`; returns its
+-- value (a UInt64) and the next offset, or nil if the bytes are not there.
+local function add_uint(tree, field, tvb, off, w)
+    if off + w > tvb:len() then
+        return nil, off
+    end
+    local r = tvb(off, w)
+    local v = r:uint64()
+    tree:add(field, r, v)
+    return v, off + w
+end
+
+-- A u16-length-prefixed UTF-8 string; returns it and the next offset.
+local function add_str16(tree, field, tvb, off)
+    if off + 2 > tvb:len() then
+        return nil, off
+    end
+    local n = tvb(off, 2):uint()
+    if off + 2 + n > tvb:len() then
+        return nil, off
+    end
+    local s = n > 0 and tvb(off + 2, n):string(ENC_UTF_8) or ""
+    tree:add(field, tvb(off, 2 + n), s)
+    return s, off + 2 + n
+end
+
+-- A QoS spec (crates/rina-wire/src/qos.rs): flags, then delay u64, loss
+-- u32, bandwidth u64, gap u32, SDU size u32; a value counts only if its
+-- flag bit (0x04 delay, 0x08 loss, 0x10 bandwidth, 0x20 gap, 0x40 size) is set.
+local function add_qos(tree, tvb, off)
+    if off + 29 > tvb:len() then
+        return
+    end
+    local t = tree:add(fu.qos, tvb(off, 29))
+    local f = t:add(fu.qos_flags, tvb(off, 1))
+    f:add(fu.qos_in_order, tvb(off, 1))
+    f:add(fu.qos_reliable, tvb(off, 1))
+    local flags = tvb(off, 1):uint()
+    local function bit(b)
+        return math.floor(flags / b) % 2 == 1
+    end
+    if bit(0x04) then t:add(fu.qos_delay, tvb(off + 1, 8)) end
+    if bit(0x08) then t:add(fu.qos_loss, tvb(off + 9, 4)) end
+    if bit(0x10) then t:add(fu.qos_bw, tvb(off + 13, 8)) end
+    if bit(0x20) then t:add(fu.qos_gap, tvb(off + 21, 4)) end
+    if bit(0x40) then t:add(fu.qos_sdu, tvb(off + 25, 4)) end
+end
+
+-- Control body fields, in wire order, per PDU type.
+local BODIES = {
+    [0xC1] = { { "ack_sn", "seq" } },
+    [0xC2] = { { "nack_sn", "seq" } },
+    [0xC4] = { { "new_rwe", "seq" }, { "my_lwe", "seq" }, { "my_rwe", "seq" }, { "rate", "rate" }, { "frame", "frame" } },
+}
+local WINDOW = { { "last_ctrl_seq_rcvd", "ctrl_seq" }, { "new_lwe", "seq" }, { "new_rwe", "seq" },
+    { "my_lwe", "seq" }, { "my_rwe", "seq" }, { "rate", "rate" }, { "frame", "frame" } }
+BODIES[0xC0] = WINDOW
+BODIES[0xCF] = WINDOW
+BODIES[0xC5] = { { "ack_sn", "seq" }, table.unpack(WINDOW) }
+BODIES[0xC6] = { { "nack_sn", "seq" }, table.unpack(WINDOW) }
+
+-- ------------------------------------------------------------------- CDAP
+
+-- Reads a protobuf varint at `off`; returns its value (a Lua number, exact
+-- up to 2^53) and the next offset, or nil.
+local function varint(tvb, off)
+    local v, mul = 0, 1
+    for i = 0, 9 do
+        if off + i >= tvb:len() then
+            return nil
+        end
+        local b = tvb(off + i, 1):uint()
+        v = v + (b % 128) * mul
+        mul = mul * 128
+        if b < 128 then
+            return v, off + i + 1
+        end
+    end
+    return nil
+end
+
+-- Protobuf int32/int64 are two's complement in 64 bits.
+local function signed(v)
+    if v >= 2 ^ 63 then
+        return v - 2 ^ 64
+    end
+    return v
+end
+
+-- The object value (ObjVal, crates/rina-wire/src/cdap.rs): one of int32
+-- (1), sint32 (2), int64 (3), sint64 (4), string (5), bytes (6), float (7),
+-- double (8), bool (9). Anything else is left as raw bytes.
+local function add_objval(t, tvb)
+    local off = 0
+    while off < tvb:len() do
+        local key, after = varint(tvb, off)
+        if not key then
+            return
+        end
+        local num, wt = math.floor(key / 8), key % 8
+        if wt == 0 then
+            local v, nxt = varint(tvb, after)
+            if not v then
+                return
+            end
+            local r = tvb(off, nxt - off)
+            if num == 9 then
+                t:add(fc.boolval, r, v ~= 0)
+            elseif num == 2 or num == 4 then
+                -- zigzag
+                local z = (v % 2 == 0) and v / 2 or -(v + 1) / 2
+                t:add(fc.intval, r, Int64(z))
+            else
+                t:add(fc.intval, r, Int64(signed(v)))
+            end
+            off = nxt
+        elseif wt == 2 then
+            local n, start = varint(tvb, after)
+            if not n or start + n > tvb:len() then
+                return
+            end
+            if num == 5 then
+                t:add(fc.strval, tvb(off, start + n - off), n > 0 and tvb(start, n):string(ENC_UTF_8) or "")
+            elseif n > 0 then
+                t:add(fc.byteval, tvb(start, n))
+            end
+            off = start + n
+        elseif (wt == 5 or wt == 1) and after + (wt == 5 and 4 or 8) <= tvb:len() then
+            local w = wt == 5 and 4 or 8
+            t:add(fc.fixedval, tvb(after, w))
+            off = after + w
+        else
+            return
+        end
+    end
+end
+
+local CDAP_FIELDS = {
+    [1] = { fc.abs_syntax, "int" }, [2] = { fc.opcode, "uint" }, [3] = { fc.invoke_id, "int" },
+    [4] = { fc.flags, "uint" }, [5] = { fc.obj_class, "string" }, [6] = { fc.obj_name, "string" },
+    [7] = { fc.obj_inst, "int64" }, [8] = { fc.obj_value, "bytes" }, [9] = { fc.result, "int" },
+    [10] = { fc.scope, "int" }, [11] = { fc.filter, "bytes" }, [18] = { fc.auth_policy, "bytes" },
+    [19] = { fc.dest_ae_inst, "string" }, [20] = { fc.dest_ae_name, "string" },
+    [21] = { fc.dest_ap_inst, "string" }, [22] = { fc.dest_ap_name, "string" },
+    [23] = { fc.src_ae_inst, "string" }, [24] = { fc.src_ae_name, "string" },
+    [25] = { fc.src_ap_inst, "string" }, [26] = { fc.src_ap_name, "string" },
+    [27] = { fc.result_reason, "string" }, [28] = { fc.version, "int64" },
+}
+
+-- Dissects one CDAP message filling `tvb`; returns its opcode name and
+-- object name (for the Info column), or nil if it is not valid protobuf.
+local function dissect_cdap(tvb, pinfo, tree)
+    local t = tree:add(p_cdap, tvb())
+    local off, op, name = 0, nil, nil
+    while off < tvb:len() do
+        local key, after = varint(tvb, off)
+        if not key then
+            t:add_proto_expert_info(e_cdap, "bad field key")
+            return nil
+        end
+        local num, wt = math.floor(key / 8), key % 8
+        local spec = CDAP_FIELDS[num]
+        if wt == 0 then
+            local v, nxt = varint(tvb, after)
+            if not v then
+                t:add_proto_expert_info(e_cdap, "bad varint")
+                return nil
+            end
+            local r = tvb(off, nxt - off)
+            if spec and spec[2] == "int64" then
+                t:add(spec[1], r, Int64(signed(v)))
+            elseif spec and spec[2] == "int" then
+                t:add(spec[1], r, signed(v))
+            elseif spec and spec[2] == "uint" then
+                t:add(spec[1], r, v)
+            else
+                t:add(fc.unknown, r)
+            end
+            if num == 2 then
+                op = v
+            end
+            off = nxt
+        elseif wt == 2 then
+            local n, start = varint(tvb, after)
+            if not n or start + n > tvb:len() then
+                t:add_proto_expert_info(e_cdap, "bad length")
+                return nil
+            end
+            local r = tvb(off, start + n - off)
+            if spec and spec[2] == "string" then
+                local s = n > 0 and tvb(start, n):string(ENC_UTF_8) or ""
+                t:add(spec[1], r, s)
+                if num == 6 then
+                    name = s
+                end
+            elseif num == 8 and n > 0 then
+                add_objval(t:add(spec[1], tvb(start, n)), tvb(start, n):tvb())
+            elseif spec and spec[2] == "bytes" and n > 0 then
+                t:add(spec[1], tvb(start, n))
+            else
+                t:add(fc.unknown, r)
+            end
+            off = start + n
+        elseif wt == 5 and off + 4 <= tvb:len() then
+            t:add(fc.unknown, tvb(off, after - off + 4))
+            off = after + 4
+        elseif wt == 1 and off + 8 <= tvb:len() then
+            t:add(fc.unknown, tvb(off, after - off + 8))
+            off = after + 8
+        else
+            t:add_proto_expert_info(e_cdap, "bad wire type " .. wt)
+            return nil
+        end
+    end
+    if op == nil then
+        t:add_proto_expert_info(e_cdap, "no opcode")
+        return nil
+    end
+    local summary = (OPCODES[op] or ("opcode " .. op)) .. (name and (" " .. name) or "")
+    t:append_text(", " .. summary)
+    return summary
+end
+
+-- ------------------------------------------------------------- management
+
+local function dissect_fa(tvb, t)
+    local ft = tvb(1, 1):uint()
+    t:add(fm.fa_type, tvb(1, 1))
+    local off = 2
+    local summary = "FA " .. (FA_TYPES[ft] or "?")
+    if ft == 1 then
+        _, off = add_uint(t, fm.fa_src_addr, tvb, off, 8)
+        _, off = add_uint(t, fm.fa_src_cep, tvb, off, 8)
+        _, off = add_uint(t, fm.fa_qos_id, tvb, off, 8)
+        add_qos(t, tvb, off)
+        off = off + 29
+        local s, d
+        s, off = add_str16(t, fm.fa_src_name, tvb, off)
+        d, off = add_str16(t, fm.fa_dst_name, tvb, off)
+        summary = summary .. " " .. (s or "?") .. " -> " .. (d or "?")
+    elseif ft == 2 then
+        _, off = add_uint(t, fm.fa_dst_cep, tvb, off, 8)
+        _, off = add_uint(t, fm.fa_src_cep, tvb, off, 8)
+        if off + 5 <= tvb:len() then
+            t:add(fm.fa_result, tvb(off, 1))
+            summary = summary .. " " .. (ALLOC_RESULTS[tvb(off, 1):uint()] or "?")
+            t:add(fm.fa_max_sdu, tvb(off + 1, 4))
+            add_str16(t, fm.fa_reason, tvb, off + 5)
+        end
+    elseif ft == 3 then
+        _, off = add_uint(t, fm.fa_dst_cep, tvb, off, 8)
+        add_uint(t, fm.fa_src_cep, tvb, off, 8)
+    end
+    return summary
+end
+
+-- A management payload: discriminator and contents; returns a summary.
+local function dissect_mgmt(tvb, pinfo, tree)
+    if tvb:len() == 0 then
+        return "empty"
+    end
+    local t = tree:add(p_mgmt, tvb())
+    local kind = tvb(0, 1):uint()
+    if MGMT_KINDS[kind] then
+        t:add(fm.kind, tvb(0, 1))
+    end
+    if kind == 0xFA and tvb:len() >= 2 then
+        return dissect_fa(tvb, t)
+    elseif kind == 0xF6 and tvb:len() >= 13 then
+        t:add(fm.frag_msg_id, tvb(1, 4))
+        t:add(fm.frag_index, tvb(5, 2))
+        t:add(fm.frag_count, tvb(7, 2))
+        t:add(fm.frag_total, tvb(9, 4))
+        if tvb:len() > 13 then
+            t:add(fm.frag_data, tvb(13))
+        end
+        return "fragment " .. tvb(5, 2):uint() .. "/" .. tvb(7, 2):uint()
+    elseif (kind == 0xC0 or kind == 0xE0 or kind == 0xE1) and tvb:len() > 1 then
+        return dissect_cdap(tvb(1):tvb(), pinfo, t)
+    end
+    -- No discriminator: a CDAP message handed to the daemon.
+    return dissect_cdap(tvb, pinfo, t)
+end
+
+-- ------------------------------------------------------------------- EFCP
+
+-- Where the PCI starts and ends in `tvb`, if it holds a plausible PDU:
+-- returns (pci offset, pdu end) or nil.
+local function efcp_bounds(tvb)
+    local w = widths()
+    local off = p_efcp.prefs.ttl and 1 or 0
+    local tail = p_efcp.prefs.crc and 4 or 0
+    local base = 1 + 2 * w.addr + w.qos + 2 * w.cep + 2 + w.length
+    if tvb:len() < off + base + tail then
+        return nil
+    end
+    if tvb(off, 1):uint() ~= 1 then
+        return nil
+    end
+    local tpos = off + 1 + 2 * w.addr + w.qos + 2 * w.cep
+    if not PDU_TYPES[tvb(tpos, 1):uint()] then
+        return nil
+    end
+    local len = tvb(tpos + 2, w.length):uint64():tonumber()
+    if len < base or off + len + tail > tvb:len() then
+        return nil
+    end
+    return off, off + len
+end
+
+-- Dissects a normal-DIF PDU (as carried in an N-1 SDU).
+function p_efcp.dissector(tvb, pinfo, tree)
+    local w = widths()
+    local t = tree:add(p_efcp, tvb())
+    local off = 0
+    if p_efcp.prefs.ttl then
+        t:add(fe.ttl, tvb(0, 1))
+        off = 1
+    end
+    local pci_start = off
+    if off + 1 > tvb:len() then
+        return
+    end
+    t:add(fe.version, tvb(off, 1))
+    off = off + 1
+    local dst, src
+    dst, off = add_uint(t, fe.dst_addr, tvb, off, w.addr)
+    src, off = add_uint(t, fe.src_addr, tvb, off, w.addr)
+    _, off = add_uint(t, fe.qos_id, tvb, off, w.qos)
+    _, off = add_uint(t, fe.dst_cep, tvb, off, w.cep)
+    _, off = add_uint(t, fe.src_cep, tvb, off, w.cep)
+    if off + 2 > tvb:len() then
+        return
+    end
+    local ptype = tvb(off, 1):uint()
+    t:add(fe.pdu_type, tvb(off, 1))
+    local ft = t:add(fe.flags, tvb(off + 1, 1))
+    ft:add(fe.drf, tvb(off + 1, 1))
+    ft:add(fe.ecn, tvb(off + 1, 1))
+    off = off + 2
+    local len
+    len, off = add_uint(t, fe.length, tvb, off, w.length)
+    if not len then
+        return
+    end
+    local control = ptype ~= 0x80 and ptype ~= 0x40
+    _, off = add_uint(t, control and fe.ctrl_seq or fe.seq, tvb, off, control and w.ctrl_seq or w.seq)
+    local pdu_end = math.min(pci_start + len:tonumber(), tvb:len())
+    local name = PDU_TYPES[ptype] or string.format("0x%02x", ptype)
+    local info = string.format("EFCP %s %s -> %s", name, tostring(src), tostring(dst))
+    if control then
+        for _, f in ipairs(BODIES[ptype] or {}) do
+            _, off = add_uint(t, fe[f[1]], tvb, off, w[f[2]])
+        end
+    elseif off < pdu_end then
+        local payload = tvb(off, pdu_end - off):tvb()
+        if ptype == 0x80 then
+            t:add(fe.delimiter, payload(0, 1))
+            if payload:len() > 1 then
+                t:add(fe.user_data, payload(1))
+            end
+        else
+            local s = dissect_mgmt(payload, pinfo, t)
+            if s then
+                info = info .. " " .. s
+            end
+        end
+    end
+    local tail = p_efcp.prefs.crc and 4 or 0
+    if pdu_end + tail < tvb:len() then
+        t:add(fe.padding, tvb(pdu_end, tvb:len() - pdu_end - tail))
+    end
+    if tail > 0 and tvb:len() >= 4 then
+        t:add(fe.crc, tvb(tvb:len() - 4, 4))
+    end
+    t:append_text(", " .. info)
+    pinfo.cols.protocol = "RINA"
+    pinfo.cols.info = info
+end
+
+-- An N-1 SDU: an EFCP PDU if the preference (and for "auto", the
+-- length field) says so, else opaque bytes.
+local function dissect_sdu(tvb, pinfo, tree, field)
+    local mode = p_udp.prefs.efcp
+    if mode == 2 or (mode == 1 and efcp_bounds(tvb)) then
+        p_efcp.dissector(tvb, pinfo, tree)
+        return true
+    end
+    if tvb:len() > 0 then
+        tree:add(field, tvb())
+    end
+    return false
+end
+
+-- --------------------------------------------------------------- shim-udp
+
+-- True if `tvb` is shaped like a shim-udp datagram.
+local function looks_like_shim_udp(tvb)
+    local n = tvb:len()
+    if n < 5 then
+        return false
+    end
+    local t = tvb(0, 1):uint()
+    if t == 1 then
+        -- Port-ids are small: the top two bytes are zero.
+        return tvb(1, 2):uint() == 0
+    elseif t == 2 then
+        local off = 1 + 4 + 29
+        if n < off + 2 then return false end
+        off = off + 2 + tvb(off, 2):uint()
+        if n < off + 2 then return false end
+        return off + 2 + tvb(off, 2):uint() == n
+    elseif t == 3 then
+        if n < 16 then return false end
+        return tvb(9, 1):uint() <= 4 and 16 + tvb(14, 2):uint() == n
+    elseif t == 4 then
+        return n == 9
+    end
+    return false
+end
+
+function p_udp.dissector(tvb, pinfo, tree)
+    if tvb:len() < 1 then
+        return 0
+    end
+    pinfo.cols.protocol = "RINA shim-udp"
+    local t = tree:add(p_udp, tvb())
+    local ty = tvb(0, 1):uint()
+    t:add(fu.type, tvb(0, 1))
+    local kind = NAME_TYPES[ty] or "unknown"
+    t:append_text(", " .. kind)
+    local info = "shim-udp " .. kind
+    if ty == 1 and tvb:len() >= 5 then
+        t:add(fu.dst_port, tvb(1, 4))
+        info = info .. " port " .. tvb(1, 4):uint()
+        pinfo.cols.info = info
+        if tvb:len() > 5 then
+            dissect_sdu(tvb(5):tvb(), pinfo, tree, fu.sdu)
+        end
+        return tvb:len()
+    elseif ty == 2 and tvb:len() >= 34 then
+        t:add(fu.src_port, tvb(1, 4))
+        add_qos(t, tvb, 5)
+        local s, d, off
+        s, off = add_str16(t, fu.src_name, tvb, 34)
+        d, off = add_str16(t, fu.dst_name, tvb, off)
+        info = info .. " " .. (s or "?") .. " -> " .. (d or "?")
+    elseif ty == 3 and tvb:len() >= 16 then
+        t:add(fu.dst_port, tvb(1, 4))
+        t:add(fu.src_port, tvb(5, 4))
+        t:add(fu.result, tvb(9, 1))
+        t:add(fu.max_sdu, tvb(10, 4))
+        add_str16(t, fu.reason, tvb, 14)
+        info = info .. " " .. (ALLOC_RESULTS[tvb(9, 1):uint()] or "?")
+    elseif ty == 4 and tvb:len() >= 9 then
+        t:add(fu.dst_port, tvb(1, 4))
+        t:add(fu.src_port, tvb(5, 4))
+    end
+    pinfo.cols.info = info
+    return tvb:len()
+end
+
+local function heur_udp(tvb, pinfo, tree)
+    if not p_udp.prefs.heuristic or not looks_like_shim_udp(tvb) then
+        return false
+    end
+    p_udp.dissector(tvb, pinfo, tree)
+    return true
+end
+
+p_udp:register_heuristic("udp", heur_udp)
+DissectorTable.get("udp.port"):add_for_decode_as(p_udp)
+
+-- --------------------------------------------------------------- shim-eth
+
+function p_eth.dissector(tvb, pinfo, tree)
+    pinfo.cols.protocol = "RINA shim-eth"
+    local t = tree:add(p_eth, tvb())
+    t:append_text(", SDU")
+    pinfo.cols.info = "shim-eth SDU"
+    dissect_sdu(tvb, pinfo, tree, fa.sdu)
+end
+
+-- Names are padded with NULs up to the protocol address length.
+local function unpad(r)
+    return (r:string():gsub("%z+$", ""))
+end
+
+local arp_original = DissectorTable.get("ethertype"):get_dissector(0x0806)
+
+-- ARP of the shim DIF (protocol type 0xD1F0); any other ARP goes to
+-- Wireshark's own dissector.
+local p_arp = Proto("rina_shim_eth_arp", "RINA shim-eth ARP")
+function p_arp.dissector(tvb, pinfo, tree)
+    if tvb:len() < 8 or tvb(2, 2):uint() ~= 0xD1F0 then
+        if arp_original then
+            return arp_original:call(tvb, pinfo, tree)
+        end
+        return 0
+    end
+    local plen = tvb(5, 1):uint()
+    local need = 8 + 2 * (6 + plen)
+    pinfo.cols.protocol = "RINA ARP"
+    local t = tree:add(p_eth, tvb(0, math.min(need, tvb:len())))
+    t:append_text(", ARP")
+    t:add(fa.htype, tvb(0, 2))
+    t:add(fa.ptype, tvb(2, 2))
+    t:add(fa.hlen, tvb(4, 1))
+    t:add(fa.plen, tvb(5, 1))
+    t:add(fa.op, tvb(6, 2))
+    if tvb:len() < need or tvb(4, 1):uint() ~= 6 then
+        return tvb:len()
+    end
+    local op = tvb(6, 2):uint()
+    t:add(fa.sha, tvb(8, 6))
+    local spa = unpad(tvb(14, plen))
+    t:add(fa.spa, tvb(14, plen), spa)
+    t:add(fa.tha, tvb(14 + plen, 6))
+    local tpa = unpad(tvb(20 + plen, plen))
+    t:add(fa.tpa, tvb(20 + plen, plen), tpa)
+    if op == 1 then
+        pinfo.cols.info = "Who has " .. tpa .. "? Tell " .. spa
+    else
+        pinfo.cols.info = spa .. " is at " .. tostring(tvb(8, 6):ether())
+    end
+    return tvb:len()
+end
+
+DissectorTable.get("ethertype"):add(0x0806, p_arp)
+DissectorTable.get("ethertype"):add(0xD1F0, p_eth)
