@@ -6,6 +6,8 @@
 
 use crate::normal::{self, NormalError, NormalIpcp};
 use crate::rmt::PortRate;
+use crate::shim_eth::ShimEthError;
+use crate::shim_hv::ShimHvError;
 use crate::shim_udp::{self, ShimError, ShimUdp};
 use crate::time::Instant;
 use rina_wire::{AppName, QosSpec};
@@ -16,50 +18,59 @@ use thiserror::Error;
 /// alike).
 pub type PortId = u32;
 
-/// Why a flow operation failed, for any kind of IPCP.
+/// Why a flow operation failed, for any kind of IPCP: the one error type
+/// of the IPCP contract (each machine's own error converts into it).
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum FlowError {
     /// The flow cannot take this SDU now (flow control, or the medium
     /// below is full); the system says when it is writable again.
     #[error("the flow cannot take an SDU now; wait until it is writable")]
     WouldBlock,
-    /// No flow (or pending request) with this id.
-    #[error("no flow or request {0}")]
-    Unknown(u64),
-    /// The name cannot be found in the DIF (directory, shim table).
+    /// No flow with this port-id.
+    #[error("no flow {0}")]
+    UnknownFlow(u64),
+    /// No pending request with this handle (answered or withdrawn).
+    #[error("no pending request {0}")]
+    UnknownRequest(u64),
+    /// The name cannot be found in the DIF (directory, shim table, ARP).
     #[error("{0}")]
     NameNotFound(String),
-    /// The name is registered already.
+    /// The name is registered already (or the shim takes only one).
     #[error("{0}")]
     NameInUse(String),
-    /// The peer (its IPCP or its application) refused, or the name is not
-    /// registered there.
-    #[error("refused: {0}")]
+    /// The destination IPCP has no application registered under the name.
+    #[error("{0}")]
+    NotRegistered(String),
+    /// The peer (its IPCP or its application) refused.
+    #[error("{0}")]
     Refused(String),
     /// No answer in time.
-    #[error("timed out: {0}")]
+    #[error("{0}")]
     Timeout(String),
-    /// Too many flows or requests, or no port-id left.
-    #[error("out of resources: {0}")]
+    /// Too many flows or requests, no channel, or the peer is down.
+    #[error("{0}")]
     NoResources(String),
-    /// The SDU is empty or too large.
-    #[error("bad SDU: {0}")]
-    BadSdu(String),
+    /// The SDU is larger than the flow's maximum.
+    #[error("{0}")]
+    SduTooLarge(String),
+    /// The request makes no sense (an empty SDU, a flow to oneself).
+    #[error("{0}")]
+    Invalid(String),
     /// No QoS cube of the DIF serves the QoS spec.
-    #[error("QoS not satisfiable: {0}")]
+    #[error("{0}")]
     Qos(String),
     /// The IPCP is not a member of its DIF yet.
     #[error("not enrolled in the DIF yet")]
     NotEnrolled,
     /// The flow's connection failed.
-    #[error("flow failed: {0}")]
+    #[error("{0}")]
     Failed(String),
     /// No IPCP of the system is in the named DIF (or can reach the name).
     #[error("no IPCP of this system for {0}")]
     NoIpcp(String),
-    /// Anything else (a configuration the machine refused).
+    /// A fault of the IPCP itself (a port-id used twice, a bad policy).
     #[error("{0}")]
-    Other(String),
+    Internal(String),
 }
 
 impl From<NormalError> for FlowError {
@@ -67,18 +78,19 @@ impl From<NormalError> for FlowError {
         let m = e.to_string();
         match e {
             NormalError::WouldBlock(_) => FlowError::WouldBlock,
-            NormalError::UnknownFlow(f) => FlowError::Unknown(f.into()),
-            NormalError::UnknownRequest(h) => FlowError::Unknown(h),
+            NormalError::UnknownFlow(f) => FlowError::UnknownFlow(f.into()),
+            NormalError::UnknownRequest(h) => FlowError::UnknownRequest(h),
             NormalError::NameNotFound(_) => FlowError::NameNotFound(m),
-            NormalError::NameInUse(_) | NormalError::InUse { .. } => FlowError::NameInUse(m),
-            NormalError::Refused(_) | NormalError::NotRegistered(_) => FlowError::Refused(m),
+            NormalError::NameInUse(_) => FlowError::NameInUse(m),
+            NormalError::NotRegistered(_) => FlowError::NotRegistered(m),
+            NormalError::Refused(_) => FlowError::Refused(m),
             NormalError::Timeout { .. } => FlowError::Timeout(m),
             NormalError::NoResources(_) => FlowError::NoResources(m),
-            NormalError::BadSduSize { .. } => FlowError::BadSdu(m),
+            NormalError::BadSduSize { .. } => FlowError::SduTooLarge(m),
             NormalError::QosNotSatisfiable(_) => FlowError::Qos(m),
             NormalError::NotEnrolled => FlowError::NotEnrolled,
             NormalError::Failed(..) => FlowError::Failed(m),
-            _ => FlowError::Other(m),
+            _ => FlowError::Internal(m),
         }
     }
 }
@@ -87,15 +99,60 @@ impl From<ShimError> for FlowError {
     fn from(e: ShimError) -> Self {
         let m = e.to_string();
         match e {
-            ShimError::UnknownFlow(p) | ShimError::PortInUse(p) => FlowError::Unknown(p.into()),
-            ShimError::UnknownRequest(h) => FlowError::Unknown(h),
+            ShimError::UnknownFlow(p) => FlowError::UnknownFlow(p.into()),
+            ShimError::UnknownRequest(h) => FlowError::UnknownRequest(h),
             ShimError::NameNotFound(_) => FlowError::NameNotFound(m),
             ShimError::NameInUse(_) => FlowError::NameInUse(m),
-            ShimError::NotRegistered { .. } | ShimError::Refused(_) => FlowError::Refused(m),
+            ShimError::NotRegistered { .. } => FlowError::NotRegistered(m),
+            ShimError::Refused(_) => FlowError::Refused(m),
             ShimError::QosNotSatisfiable(_) => FlowError::Qos(m),
-            ShimError::SduTooLarge { .. } | ShimError::EmptySdu => FlowError::BadSdu(m),
+            ShimError::SduTooLarge { .. } => FlowError::SduTooLarge(m),
+            ShimError::EmptySdu => FlowError::Invalid(m),
             ShimError::Timeout { .. } => FlowError::Timeout(m),
             ShimError::NoResources(_) => FlowError::NoResources(m),
+            ShimError::PortInUse(_) => FlowError::Internal(m),
+        }
+    }
+}
+
+impl From<ShimEthError> for FlowError {
+    fn from(e: ShimEthError) -> Self {
+        let m = e.to_string();
+        match e {
+            ShimEthError::NameDoesNotResolve { .. } => FlowError::NameNotFound(m),
+            ShimEthError::OneApplicationOnly(_) => FlowError::NameInUse(m),
+            ShimEthError::FlowExists { .. } | ShimEthError::NoResources(_) => {
+                FlowError::NoResources(m)
+            }
+            ShimEthError::SelfFlow(_) | ShimEthError::EmptySdu => FlowError::Invalid(m),
+            ShimEthError::QosNotSatisfiable(_) => FlowError::Qos(m),
+            ShimEthError::SduTooLarge { .. } => FlowError::SduTooLarge(m),
+            ShimEthError::UnknownFlow(p) => FlowError::UnknownFlow(p.into()),
+            ShimEthError::UnknownRequest(h) => FlowError::UnknownRequest(h),
+            ShimEthError::PortInUse(_) => FlowError::Internal(m),
+        }
+    }
+}
+
+impl From<ShimHvError> for FlowError {
+    fn from(e: ShimHvError) -> Self {
+        let m = e.to_string();
+        match e {
+            ShimHvError::PeerDown | ShimHvError::PeerLost | ShimHvError::NoChannel => {
+                FlowError::NoResources(m)
+            }
+            ShimHvError::NameInUse(_) => FlowError::NameInUse(m),
+            ShimHvError::Refused(r) if r.contains("is not registered") => {
+                FlowError::NotRegistered(m)
+            }
+            ShimHvError::Refused(_) => FlowError::Refused(m),
+            ShimHvError::QosNotSatisfiable(_) => FlowError::Qos(m),
+            ShimHvError::SduTooLarge { .. } => FlowError::SduTooLarge(m),
+            ShimHvError::EmptySdu => FlowError::Invalid(m),
+            ShimHvError::Timeout(_) => FlowError::Timeout(m),
+            ShimHvError::UnknownFlow(p) => FlowError::UnknownFlow(p.into()),
+            ShimHvError::UnknownRequest(h) => FlowError::UnknownRequest(h),
+            ShimHvError::PortInUse(_) => FlowError::Internal(m),
         }
     }
 }

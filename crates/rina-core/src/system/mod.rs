@@ -422,7 +422,7 @@ impl System {
         let (i, h) = self
             .incoming
             .remove(&handle)
-            .ok_or(FlowError::Unknown(handle))?;
+            .ok_or(FlowError::UnknownRequest(handle))?;
         let port = self.free_port();
         let max = self.members[i].accept(now, h, port)?;
         self.app_flows.insert(port, i);
@@ -435,7 +435,7 @@ impl System {
         let (i, h) = self
             .incoming
             .remove(&handle)
-            .ok_or(FlowError::Unknown(handle))?;
+            .ok_or(FlowError::UnknownRequest(handle))?;
         self.members[i].refuse(h, reason)?;
         self.pump(now);
         Ok(())
@@ -448,7 +448,7 @@ impl System {
         let &i = self
             .app_flows
             .get(&port)
-            .ok_or(FlowError::Unknown(port.into()))?;
+            .ok_or(FlowError::UnknownFlow(port.into()))?;
         let res = match &mut self.members[i].machine {
             Machine::Normal(n) => n.write(now, port, sdu).map_err(FlowError::from),
             Machine::ShimUdp(_) if self.blocked_media.contains(&i) => Err(FlowError::WouldBlock),
