@@ -615,6 +615,7 @@ impl Daemon {
         for port in std::mem::take(&mut ip.parked) {
             self.mark_flow_ready(port);
         }
+        self.set_medium_blocked(i, false);
     }
 
     // ---- events of the IPCPs ---------------------------------------------

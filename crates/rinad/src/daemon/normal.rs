@@ -293,6 +293,7 @@ impl Daemon {
         }
         .unwrap_or_default();
         let rate = self.link_rates.get(shim).copied().flatten();
+        let stalled = matches!(&self.ipcps[shim].imp, Imp::Shim(sh) if sh.stalled.is_some());
         let Some(n) = self.normal_mut(j) else {
             return;
         };
@@ -327,6 +328,9 @@ impl Daemon {
         // Over a shim with a known link capacity, PDUs leave at that rate
         // and the rest wait in the RMT's queues, where the policy decides.
         n.machine.set_port_rate(port, rate);
+        if stalled {
+            n.machine.set_port_blocked(now, port, true);
+        }
         n.machine.set_lower_cube(port, cube);
         info!(ipcp = %n.app_name, neighbor = %n.neighbors[k].name, port, "N-1 flow up{label}");
     }
@@ -465,10 +469,38 @@ impl Daemon {
         }
         self.buf[..hdr.len()].copy_from_slice(&hdr);
         self.buf[hdr.len()..n].copy_from_slice(frame);
-        // A full socket buffer loses the frame, as a link would; the normal
-        // IPCP's retransmission (where its policy has it) recovers.
-        if sh.sock.send_to(&self.buf[..n], to).is_err() {
-            sh.send_errors += 1;
+        match sh.sock.send_to(&self.buf[..n], to) {
+            Ok(_) => {}
+            // The medium is full: keep the frame for when it is writable
+            // and hold the normal IPCPs' PDUs in their RMT meanwhile, where
+            // their scheduling policy decides (none is lost here).
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && sh.stalled.is_none() => {
+                sh.stalled = Some((to, self.buf[..n].to_vec()));
+                let _ = self.poll.registry().reregister(
+                    &mut sh.sock,
+                    token(T_UDP, lower),
+                    Interest::READABLE | Interest::WRITABLE,
+                );
+                self.set_medium_blocked(lower, true);
+            }
+            Err(_) => sh.send_errors += 1,
+        }
+    }
+
+    /// Blocks (or unblocks, sending what waited) the N-1 ports of the
+    /// normal IPCPs over shim `lower`.
+    pub(super) fn set_medium_blocked(&mut self, lower: usize, blocked: bool) {
+        let now = self.now();
+        let ports: Vec<(PortId, usize)> = self
+            .n1_owner
+            .iter()
+            .filter(|(_, &(_, l))| l == lower)
+            .map(|(&p, &(j, _))| (p, j))
+            .collect();
+        for (port, j) in ports {
+            if let Some(n) = self.normal_mut(j) {
+                n.machine.set_port_blocked(now, port, blocked);
+            }
         }
     }
 
