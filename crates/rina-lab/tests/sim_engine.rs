@@ -432,3 +432,23 @@ fn progress_is_reported_as_a_growing_fraction_of_virtual_time() {
         assert_eq!(v.last(), Some(&1.0));
     }
 }
+
+#[test]
+fn a_link_with_a_tiny_queue_pushes_back_into_the_rmt_instead_of_dropping() {
+    // One frame of queue: the shim's 2 ms pacing burst does not fit, so
+    // the link pushes frames back (like a full socket buffer) and the
+    // system holds the N-1 port; the policy still decides, nothing is lost
+    // at the link.
+    let tiny = CONGESTED.replace("delay = \"1ms\"", "delay = \"1ms\"\nqueue = 1");
+    let out = run_on(&tiny, Some("qta"), false, Some(Engine::Protocol)).unwrap();
+    print!("{}", out.summary_table());
+    let (u, b) = (class(&out, "urgent"), class(&out, "bulk"));
+    assert_eq!(out.links[0].dropped, 0, "the link dropped frames");
+    assert_eq!(u.loss_pct, 0.0);
+    assert!(b.avg_ms.unwrap() > 10.0 * u.avg_ms.unwrap());
+    assert!(
+        out.links[0].avg_bps_ab > 9.0e6,
+        "{}",
+        out.links[0].avg_bps_ab
+    );
+}

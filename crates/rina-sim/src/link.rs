@@ -6,8 +6,10 @@
 //! goes through, in order:
 //!
 //! 1. **the queue**: the pipe holds at most `queue_packets` datagrams, the one
-//!    being serialized included; a datagram that finds it full is dropped
-//!    (tail drop, counted in `dropped_queue`);
+//!    being serialized included; a datagram that finds it full is offered
+//!    back to its sender ([`crate::Node::on_link_full`]: a node that pushes
+//!    back keeps it and sends it again when [`Link::full_until`] says), or
+//!    else dropped (tail drop, counted in `dropped_queue`);
 //! 2. **serialization**: `(len + overhead_bytes) * 8 / rate_bps` seconds,
 //!    rounded up to the nanosecond, starting when the previous datagram has
 //!    left, so datagrams queue behind each other;
@@ -219,6 +221,15 @@ impl Link {
         self.pipes
             .iter()
             .fold(LinkCounters::default(), |acc, p| acc + p.counters)
+    }
+
+    /// When the queue of `from`'s direction has room again, if it is full
+    /// at `now`: the moment the oldest datagram it holds finishes
+    /// serializing. `None` when there is room (or `from` is no end).
+    pub fn full_until(&self, now: Instant, from: SocketAddr) -> Option<Instant> {
+        let pipe = &self.pipes[self.pipe_of(from)?];
+        let held: Vec<Instant> = pipe.held.iter().copied().filter(|&d| d > now).collect();
+        (held.len() >= self.cfg.queue_packets.max(1)).then(|| held[0])
     }
 
     /// Offers a datagram of `len` bytes sent by `from` at `now`. Returns

@@ -46,6 +46,24 @@ pub trait Node {
     fn on_command(&mut self, ctx: &mut Ctx<'_, Self::Event>, cmd: Self::Command);
     /// When the node next wants [`Node::on_timeout`], if ever.
     fn poll_timeout(&self) -> Option<Instant>;
+
+    /// A datagram the node sent from `from` found its link's queue full at
+    /// `now`; the queue has room again at `room_at`. A node that pushes
+    /// back (like a sender whose socket buffer is full) keeps it, returns
+    /// `None` and sends it again when there is room (its
+    /// [`Node::poll_timeout`] should say `room_at`); by default it is given
+    /// back and dropped at the tail, as a router would.
+    fn on_link_full(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        to: SocketAddr,
+        payload: Vec<u8>,
+        room_at: Instant,
+    ) -> Option<Vec<u8>> {
+        let _ = (now, from, to, room_at);
+        Some(payload)
+    }
 }
 
 /// What a node may do while handling an event.
@@ -89,6 +107,8 @@ pub enum NetEvent {
     Lost,
     /// Dropped at a full queue.
     QueueFull,
+    /// Found its queue full and was taken back by the sender (push-back).
+    PushedBack,
     /// No link joins the two addresses.
     NoRoute,
     /// Reached an address no node owns.
@@ -474,6 +494,18 @@ impl<N: Node> World<N> {
             let Some(&link) = self.routes.get(&(from, to)) else {
                 self.net(NetEvent::NoRoute, from, to, len);
                 continue;
+            };
+            let payload = match self.links[link].full_until(self.now, from) {
+                Some(room_at) => {
+                    match self.nodes[node].on_link_full(self.now, from, to, payload, room_at) {
+                        Some(p) => p,
+                        None => {
+                            self.net(NetEvent::PushedBack, from, to, len);
+                            continue;
+                        }
+                    }
+                }
+                None => payload,
             };
             self.net(NetEvent::Sent, from, to, len);
             match self.links[link].transmit(self.now, from, len) {

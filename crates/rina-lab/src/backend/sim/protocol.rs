@@ -152,6 +152,9 @@ enum Cmd {
     LinkUp(usize),
 }
 
+/// Frames pushed back by a full link: (peer, frame), oldest first.
+type Backlog = VecDeque<(SocketAddr, Vec<u8>)>;
+
 /// A simulated system: its [`System`] and the in-sim applications.
 #[derive(Debug)]
 struct LabNode {
@@ -161,6 +164,10 @@ struct LabNode {
     by_addr: HashMap<SocketAddr, MediumId>,
     /// Media whose link is down.
     down: std::collections::BTreeSet<MediumId>,
+    /// Frames a full link pushed back, per medium, in order, and when to
+    /// try again (the link has room, or a look whether the backlog
+    /// cleared).
+    backlog: BTreeMap<MediumId, (Backlog, Instant)>,
     names: BTreeMap<AppName, bool>,
     /// Accepted flows: name they were accepted for, echo.
     accepted: BTreeMap<PortId, (AppName, bool)>,
@@ -196,6 +203,7 @@ impl LabNode {
             media: BTreeMap::new(),
             by_addr: HashMap::new(),
             down: Default::default(),
+            backlog: BTreeMap::new(),
             names: BTreeMap::new(),
             accepted: BTreeMap::new(),
             clients: BTreeMap::new(),
@@ -381,7 +389,10 @@ impl LabNode {
                 peer,
                 frame,
             } => {
-                if let Some(&(local, _)) = self.media.get(&medium) {
+                if let Some((q, _)) = self.backlog.get_mut(&medium) {
+                    // Behind frames the link pushed back: in order.
+                    q.push_back((peer, frame));
+                } else if let Some(&(local, _)) = self.media.get(&medium) {
                     if !self.down.contains(&medium) {
                         ctx.transmit(local, peer, frame);
                     }
@@ -509,6 +520,7 @@ impl Node for LabNode {
 
     fn on_timeout(&mut self, ctx: &mut Ctx<'_, ()>) {
         let now = ctx.now();
+        self.retry_backlogs(ctx);
         if self.sys.poll_timeout().is_some_and(|t| t <= now) {
             self.sys.handle_timeout(now);
         }
@@ -536,11 +548,74 @@ impl Node for LabNode {
             .filter(|c| c.state == ClientState::Open)
             .filter_map(|c| c.next_at);
         let retries = self.latest.values().filter_map(|(_, r)| *r);
+        let backlogs = self.backlog.values().map(|(_, t)| *t);
         self.sys
             .poll_timeout()
             .into_iter()
             .chain(clients.chain(retries).map(Instant::from_nanos))
+            .chain(backlogs)
             .min()
+    }
+
+    fn on_link_full(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        to: SocketAddr,
+        payload: Vec<u8>,
+        room_at: Instant,
+    ) -> Option<Vec<u8>> {
+        // Like a full socket buffer: the frame is kept, and the system
+        // holds the N-1 ports over this medium until it has room.
+        let Some(&m) = self.by_addr.get(&from) else {
+            return Some(payload);
+        };
+        let fresh = !self.backlog.contains_key(&m);
+        let e = self
+            .backlog
+            .entry(m)
+            .or_insert_with(|| (VecDeque::new(), room_at));
+        e.0.push_back((to, payload));
+        e.1 = room_at;
+        if fresh {
+            self.sys.medium_blocked(now, m);
+        }
+        None
+    }
+}
+
+impl LabNode {
+    /// Sends again what full links pushed back, once they have room; a
+    /// medium whose backlog went out is writable again.
+    fn retry_backlogs(&mut self, ctx: &mut Ctx<'_, ()>) {
+        let now = ctx.now();
+        let due: Vec<MediumId> = self
+            .backlog
+            .iter()
+            .filter(|(_, (_, t))| *t <= now)
+            .map(|(m, _)| *m)
+            .collect();
+        for m in due {
+            let Some((q, _)) = self.backlog.remove(&m) else {
+                continue;
+            };
+            if q.is_empty() {
+                // Nothing came back since the last try: the link takes
+                // frames again.
+                self.sys.medium_writable(now, m);
+                continue;
+            }
+            let Some(&(local, _)) = self.media.get(&m) else {
+                continue;
+            };
+            // Whatever the link refuses comes back through on_link_full,
+            // in order; look again right after.
+            self.backlog
+                .insert(m, (VecDeque::new(), now + Duration::from_nanos(1)));
+            for (peer, frame) in q {
+                ctx.transmit(local, peer, frame);
+            }
+        }
     }
 }
 
