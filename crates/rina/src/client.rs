@@ -58,8 +58,21 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 impl Client {
     /// Connects to the daemon at [`ctl::default_socket_path`] (which honours
     /// the `RINA_SOCKET` environment variable).
+    ///
+    /// When that is the per-user directory `/tmp/rinad-<uid>`, it must be
+    /// this user's own and private (another user could have created it to
+    /// pose as the daemon); otherwise this fails with
+    /// [`ErrorKind::PermissionDenied`].
     pub fn connect() -> Result<Client> {
-        Client::connect_to(ctl::default_socket_path())
+        let path = ctl::default_socket_path();
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::geteuid() };
+        let private = ctl::private_socket_dir(uid);
+        if path.parent() == Some(private.as_path()) && private.exists() {
+            ctl::check_socket_dir(&private, uid, true)
+                .map_err(|m| Error::new(ErrorKind::PermissionDenied, m))?;
+        }
+        Client::connect_to(path)
     }
 
     /// Connects to the daemon listening on `path`, waiting at most
@@ -314,20 +327,51 @@ impl Client {
         }
     }
 
-    /// Lists the registered application names.
+    /// Lists the registered application names (the daemon shows a user
+    /// who is not one of its administrators only that user's names). Asks
+    /// for as many pages as the daemon has.
     pub fn list_names(&mut self) -> Result<Vec<NameInfo>> {
-        match self.call("list_names", Op::ListNames)? {
-            (Reply::Names { names }, _) => Ok(names),
-            (other, _) => Err(unexpected("list_names", &other)),
+        let mut all = Vec::new();
+        let mut skip = None;
+        loop {
+            match self.call("list_names", Op::ListNames { skip })? {
+                (Reply::Names { names, next }, _) => {
+                    all.extend(names);
+                    match next {
+                        Some(n) if Some(n) > skip => skip = Some(n),
+                        _ => return Ok(all),
+                    }
+                }
+                (other, _) => return Err(unexpected("list_names", &other)),
+            }
         }
     }
 
-    /// Lists the flows and their counters.
+    /// Lists the flows and their counters (the daemon shows a user who is
+    /// not one of its administrators only that user's flows). Asks for as
+    /// many pages as the daemon has.
     pub fn list_flows(&mut self) -> Result<Vec<FlowStats>> {
-        match self.call("list_flows", Op::ListFlows)? {
-            (Reply::Flows { flows }, _) => Ok(flows),
-            (other, _) => Err(unexpected("list_flows", &other)),
+        let mut all = Vec::new();
+        let mut after = None;
+        loop {
+            match self.call("list_flows", Op::ListFlows { after })? {
+                (Reply::Flows { flows, next }, _) => {
+                    all.extend(flows);
+                    match next {
+                        Some(n) if Some(n) > after => after = Some(n),
+                        _ => return Ok(all),
+                    }
+                }
+                (other, _) => return Err(unexpected("list_flows", &other)),
+            }
         }
+    }
+
+    /// Deallocates the flow with port-id `port`, which this client need
+    /// not hold: a flow of this user's (or any, for an administrator of
+    /// the daemon). Refused with [`ErrorKind::PermissionDenied`] otherwise.
+    pub fn deallocate_port(&mut self, port: u32) -> Result<()> {
+        self.call("deallocate", Op::Deallocate { port }).map(|_| ())
     }
 
     /// Reads the RIB of IPC process `ipcp` under `path` (all of it with
@@ -414,6 +458,15 @@ impl Client {
                 Some((Message::Reply { id: rid, result }, fd)) if rid == id => {
                     return Ok((result?, fd))
                 }
+                // About the connection itself (refused, malformed traffic):
+                // the daemon closes it next, so this is the answer.
+                Some((
+                    Message::Reply {
+                        id: 0,
+                        result: Err(e),
+                    },
+                    _,
+                )) => return Err(e.into()),
                 Some((Message::Reply { .. }, _)) => {}
             }
         }
@@ -451,6 +504,24 @@ impl Client {
         })?;
         // The protocol attaches at most one descriptor; extra ones are closed.
         let fd = p.fds.into_iter().next();
+        let msg = match msg {
+            // The flow's descriptor was dropped by the kernel on the way in:
+            // the daemon sees the flow closed; say why here.
+            Message::Reply {
+                id,
+                result: Ok(Reply::Flow(info)),
+            } if fd.is_none() && p.fds_lost => Message::Reply {
+                id,
+                result: Err(ctl::CtlError::new(
+                    ErrorKind::NoResources,
+                    format!(
+                        "the descriptor of flow {} could not be received: this process is at its limit of open descriptors (RLIMIT_NOFILE); close some or raise the limit",
+                        info.port
+                    ),
+                )),
+            },
+            m => m,
+        };
         Ok(Some((msg, fd)))
     }
 
