@@ -129,6 +129,15 @@ impl<'de> Deserialize<'de> for Request {
             }
             None => return Err(D::Error::missing_field("op")),
         }
+        // Operations without parameters (serde ignores extra fields of
+        // unit variants).
+        let unit =
+            matches!(v.get("op"), Some(Value::String(o)) if o == "list_ipcps" || o == "list_difs");
+        if let Some(k) = v.keys().find(|k| unit && *k != "op") {
+            return Err(D::Error::custom(format!(
+                "unknown field `{k}`: this operation takes no parameters"
+            )));
+        }
         let op = Op::deserialize(Value::Object(v)).map_err(D::Error::custom)?;
         Ok(Request { id, op })
     }
@@ -596,6 +605,7 @@ mod tests {
             r#"{"id":1,"op":"deallocate","port":18446744073709551615}"#,
             r#"{"id":1,"op":"deallocate","port":3,"force":true}"#,
             r#"{"id":1,"op":"list_flows","after":"x"}"#,
+            r#"{"id":1,"op":"list_difs","all":true}"#,
         ] {
             let e = decode::<Request>(bad.as_bytes());
             assert!(e.is_err(), "{bad} was accepted as {e:?}");

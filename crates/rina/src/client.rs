@@ -446,13 +446,26 @@ impl Client {
                 ),
             ));
         }
+        // A connection the daemon refused (or closed for being idle) holds
+        // its reason; a send would discard it (the kernel purges the queue
+        // of a socket whose peer is gone).
+        if let Some(e) = self.parting_words() {
+            return Err(e);
+        }
         let sent = sock::send_until(self.sock.as_fd(), &pkt, deadline)
             .map_err(|e| self.lost("send a request", e))?;
         if !sent {
             return Err(self.timed_out(what, "read"));
         }
         loop {
-            match self.recv(deadline)? {
+            let got = match self.recv(deadline) {
+                // A reset leaves what the daemon sent last readable.
+                Err(e) if e.kind == ErrorKind::DaemonGone => {
+                    return Err(self.parting_words().unwrap_or(e))
+                }
+                r => r?,
+            };
+            match got {
                 None => return Err(self.timed_out(what, "answer")),
                 Some((Message::FlowRequest(r), _)) => self.pending.push_back(r),
                 Some((Message::Reply { id: rid, result }, fd)) if rid == id => {
@@ -523,6 +536,26 @@ impl Client {
             m => m,
         };
         Ok(Some((msg, fd)))
+    }
+
+    /// The error the daemon sent about this connection before closing it
+    /// (a refused connection), if it is waiting to be read; flow requests
+    /// read meanwhile are queued, late replies dropped.
+    fn parting_words(&mut self) -> Option<Error> {
+        loop {
+            match self.recv(Some(Instant::now())) {
+                Ok(Some((Message::FlowRequest(r), _))) => self.pending.push_back(r),
+                Ok(Some((
+                    Message::Reply {
+                        id: 0,
+                        result: Err(e),
+                    },
+                    _,
+                ))) => return Some(e.into()),
+                Ok(Some(_)) => {}
+                _ => return None,
+            }
+        }
     }
 
     fn timed_out(&self, what: &str, step: &str) -> Error {

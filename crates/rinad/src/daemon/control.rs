@@ -39,6 +39,17 @@ impl Daemon {
                     if let Err(r) = refused {
                         let e = r.error();
                         warn!(uid = cred.uid, pid = cred.pid, reason = %e, "control connection refused");
+                        // Read what it sent already: closing a socket with
+                        // unread data resets the peer, which loses the reason.
+                        let mut scratch = [0u8; 16];
+                        for _ in 0..BUDGET {
+                            if !matches!(
+                                sys::recv(fd.as_raw_fd(), &mut scratch),
+                                Ok(Recv::Packet(_) | Recv::Empty)
+                            ) {
+                                break;
+                            }
+                        }
                         let msg = Message::Reply {
                             id: 0,
                             result: Err(e),
@@ -452,6 +463,7 @@ impl Daemon {
         pa: PendingAlloc,
         dif: Option<String>,
     ) -> Result<(), CtlError> {
+        check_qos(&pa.qos)?;
         let remote = pa.remote.clone();
         let candidates = self.ipcps_in(dif.as_deref())?;
         let i = candidates
@@ -754,6 +766,20 @@ impl Daemon {
         }
         Reply::Flows { flows, next }
     }
+}
+
+/// Refuses a QoS spec whose figures are out of their range.
+fn check_qos(q: &rina_wire::QosSpec) -> Result<(), CtlError> {
+    let bad = |m: String| Err(CtlError::new(ErrorKind::InvalidRequest, m));
+    if let Some(p) = q.max_loss_ppm.filter(|&p| p > 1_000_000) {
+        return bad(format!(
+            "qos.max_loss_ppm = {p} is out of range: a loss is 0 to 1000000 parts per million"
+        ));
+    }
+    if q.max_sdu_size == Some(0) {
+        return bad("qos.max_sdu_size = 0 is out of range: SDUs have at least 1 byte".into());
+    }
+    Ok(())
 }
 
 /// The error reply that replaces a reply too large for the control socket.
