@@ -1180,6 +1180,43 @@ address = 2
         assert!(e.contains("for normal IPCPs"), "{e}");
     }
 
+    #[test]
+    fn queue_bounds_and_system_keys_are_range_checked() {
+        let sched = |body: &str| format!("{TWO}\n[ipcp.scheduler]\n{body}");
+        let e = parse(&sched(
+            "policy = \"fifo\"\nqueue_len = 9223372036854775807\n",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("queue_len") && e.contains("out of range"), "{e}");
+        let with_system =
+            |line: &str| TWO.replacen("[system]\n", &format!("[system]\n{line}\n"), 1);
+        let c = parse(&with_system(
+            "socket_mode = \"0660\"\nsocket_group = \"rina\"",
+        ))
+        .unwrap();
+        assert_eq!(c.system.socket_mode(), 0o660);
+        assert_eq!(
+            parse(&with_system("socket_mode = 0o600"))
+                .unwrap()
+                .system
+                .socket_mode(),
+            0o600
+        );
+        for (bad, key) in [
+            ("socket_mode = \"rw\"", "system.socket_mode"),
+            ("socket_mode = 0o7777", "system.socket_mode"),
+            ("max_conns_per_user = 0", "system.max_conns_per_user"),
+            ("idle_timeout_ms = 0", "system.idle_timeout_ms"),
+        ] {
+            let e = parse(&with_system(bad)).unwrap_err().to_string();
+            assert!(e.contains(key), "{bad}: {e}");
+        }
+        let c = parse(TWO).unwrap();
+        assert_eq!(c.system.socket_mode(), DEFAULT_SOCKET_MODE);
+        assert_eq!(c.system.conns_per_user(), DEFAULT_CONNS_PER_USER);
+    }
+
     const GOOD_SHIM_WITH_SCHED: &str = "[system]\nname = \"a\"\n[[ipcp]]\nname = \"u\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:1\"\nX\n";
 }
 
