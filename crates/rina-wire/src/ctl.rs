@@ -209,6 +209,26 @@ pub enum Op {
         ipcp: String,
         set: Option<serde_json::Value>,
     },
+    /// Management (administrators only): make normal IPCP `ipcp` a
+    /// neighbour of IPCP `name` reached over DIF `over` (a shim DIF or a
+    /// lower normal DIF of this system), at `address` if known. The daemon
+    /// registers `ipcp` in `over` and keeps an N-1 flow up, as for an
+    /// `[[ipcp.neighbor]]` of the configuration.
+    AddNeighbor {
+        ipcp: String,
+        name: AppName,
+        over: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        address: Option<u64>,
+    },
+    /// Management (administrators only): forget neighbour `name` of normal
+    /// IPCP `ipcp` and deallocate its N-1 flows.
+    RemoveNeighbor { ipcp: String, name: AppName },
+    /// Management (administrators only): register normal IPCP `ipcp` in
+    /// the lower DIF `dif` (so peers there may allocate N-1 flows to it).
+    RegisterIpcp { ipcp: String, dif: String },
+    /// Management (administrators only): withdraw that registration.
+    UnregisterIpcp { ipcp: String, dif: String },
 }
 
 /// A message from the daemon.

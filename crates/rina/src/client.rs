@@ -414,6 +414,47 @@ impl Client {
         self.scheduler_op(ipcp, Some(policy))
     }
 
+    /// Makes normal IPC process `ipcp` a neighbour of IPC process `name`
+    /// reached over DIF `over`, at `address` if known: the daemon registers
+    /// `ipcp` in `over` and keeps an N-1 flow up. Administrators only.
+    pub fn add_neighbor(
+        &mut self,
+        ipcp: &str,
+        name: &AppName,
+        over: &str,
+        address: Option<u64>,
+    ) -> Result<()> {
+        let op = Op::AddNeighbor {
+            ipcp: ipcp.into(),
+            name: name.clone(),
+            over: over.into(),
+            address,
+        };
+        self.call("add_neighbor", op).map(|_| ())
+    }
+
+    /// Forgets neighbour `name` of normal IPC process `ipcp` and
+    /// deallocates its N-1 flows. Administrators only.
+    pub fn remove_neighbor(&mut self, ipcp: &str, name: &AppName) -> Result<()> {
+        let op = Op::RemoveNeighbor {
+            ipcp: ipcp.into(),
+            name: name.clone(),
+        };
+        self.call("remove_neighbor", op).map(|_| ())
+    }
+
+    /// Registers normal IPC process `ipcp` in lower DIF `dif`, or with
+    /// `register = false` withdraws that registration. Administrators only.
+    pub fn register_ipcp(&mut self, ipcp: &str, dif: &str, register: bool) -> Result<()> {
+        let (ipcp, dif) = (ipcp.to_string(), dif.to_string());
+        let op = if register {
+            Op::RegisterIpcp { ipcp, dif }
+        } else {
+            Op::UnregisterIpcp { ipcp, dif }
+        };
+        self.call("register_ipcp", op).map(|_| ())
+    }
+
     fn scheduler_op(
         &mut self,
         ipcp: &str,

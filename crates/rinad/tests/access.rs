@@ -99,6 +99,14 @@ fn a_user_cannot_touch_another_users_names_and_flows() {
         "b sets a scheduler",
         cb.set_scheduler("alpha.udp", serde_json::json!({"policy": "fifo"})),
     );
+    denied(
+        "b adds a neighbour",
+        cb.add_neighbor("alpha.udp", &name("x"), "udp", None),
+    );
+    denied(
+        "b registers an IPCP",
+        cb.register_ipcp("alpha.udp", "udp", true),
+    );
     // a's flow still works.
     echoes(&fa);
 

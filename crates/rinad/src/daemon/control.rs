@@ -326,6 +326,10 @@ impl Daemon {
                 None => Ok(()),
             }
             .and_then(|()| self.scheduler(&ipcp, set)),
+            op @ (Op::AddNeighbor { .. }
+            | Op::RemoveNeighbor { .. }
+            | Op::RegisterIpcp { .. }
+            | Op::UnregisterIpcp { .. }) => self.manage(conn, op),
         };
         self.reply(conn, id, result, None);
     }

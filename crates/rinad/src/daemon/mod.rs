@@ -26,6 +26,7 @@ mod access;
 mod app_rings;
 mod control;
 mod ipcp;
+mod manage;
 mod normal;
 mod shim;
 mod shim_eth;
