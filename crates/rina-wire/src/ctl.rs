@@ -11,6 +11,14 @@
 //! flow requests arrive unsolicited as [`Message::FlowRequest`] on the
 //! connection that registered the destination name; the client answers with
 //! [`Op::Accept`] or [`Op::Refuse`].
+//!
+//! The daemon knows which user each connection belongs to (`SO_PEERCRED`):
+//! a user's names and flows are listed, unregistered and deallocated only
+//! by that user or an administrator, management operations need an
+//! administrator, and refusals are [`ErrorKind::PermissionDenied`] with the
+//! reason. Listings of flows and names come in pages ([`Reply::Flows`]'s
+//! `next`). A connection the daemon refuses (too many of its user's) gets a
+//! reply with id 0 and the reason before it is closed.
 
 use crate::name::AppName;
 use crate::qos::QosSpec;

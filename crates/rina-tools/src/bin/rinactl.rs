@@ -40,7 +40,8 @@ enum What {
     Names,
     /// Flows and their counters.
     Flows,
-    /// The RIB of an IPC process: its objects (name, class, instance, value, owner).
+    /// The RIB of an IPC process: its objects (name, class, instance, value,
+    /// owner). Administrators only: it shows every user's names and flows.
     Rib {
         /// The IPC process (see `rinactl ipcps`).
         ipcp: String,
@@ -52,7 +53,8 @@ enum What {
     },
     /// The RMT scheduling policy of a normal IPC process and the counters of
     /// its queues (per N-1 port); with --set or --set-file, first switch the
-    /// policy (queued PDUs are discarded). With --json, one JSON object.
+    /// policy (queued PDUs are discarded; administrators only). With --json,
+    /// one JSON object.
     Sched {
         /// The normal IPC process (see `rinactl ipcps`).
         ipcp: String,

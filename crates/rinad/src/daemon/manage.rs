@@ -82,6 +82,13 @@ impl Daemon {
                     difs.join(", ")
                 ))
             })?;
+        if let Imp::Normal(l) = &self.ipcps[lower].imp {
+            if l.neighbors.iter().any(|nb| nb.shim == j) {
+                return Err(invalid(format!(
+                    "DIF {dif} runs over {ipcp}'s own DIF: stacking it the other way too would make a loop"
+                )));
+            }
+        }
         let frame = match &self.ipcps[j].imp {
             Imp::Normal(n) => n.machine.max_frame(),
             _ => 0,
