@@ -135,6 +135,29 @@ fn one_users_idle_connections_leave_others_working() {
 }
 
 #[test]
+fn administrators_keep_a_share_when_users_fill_the_daemon() {
+    let Some(b) = test_user("rinatest-b") else {
+        return;
+    };
+    raise_nofile(8192);
+    let d = Daemon::start_with(
+        "full",
+        "[system]\nname = \"full\"\nmax_conns_per_user = 5000\n",
+    );
+    let path = d.socket.clone();
+    let mut held: Vec<Client> = as_user(b, move || {
+        (0..1100)
+            .map(|_| Client::connect_to_timeout(&path, Some(T)).unwrap())
+            .collect()
+    });
+    let e = held.last_mut().unwrap().list_difs().unwrap_err();
+    assert_eq!(e.kind, ErrorKind::NoResources, "{e}");
+    assert!(e.message.contains("not administrators"), "{e}");
+    // Root, an administrator, still gets in.
+    assert!(d.client().list_difs().is_ok());
+}
+
+#[test]
 fn idle_connections_that_hold_nothing_are_closed() {
     let d = Daemon::start_with(
         "idle",
