@@ -55,8 +55,8 @@ pub fn private_socket_dir(uid: u32) -> std::path::PathBuf {
 
 /// Checks that directory `dir` may hold the control socket of user `uid`:
 /// a real directory (not a symbolic link) owned by `uid` or root, that
-/// neither its group nor others may write to, unless it is root's sticky
-/// shared directory (like `/tmp`, where only an explicit path can point).
+/// other users may not write to unless it is sticky (like `/tmp`, where
+/// only an explicit path can point).
 /// With `private`, it must be owned by `uid` with mode 0700 or stricter.
 /// The error says what is wrong.
 pub fn check_socket_dir(dir: &std::path::Path, uid: u32, private: bool) -> Result<(), String> {
@@ -90,10 +90,13 @@ pub fn check_socket_dir(dir: &std::path::Path, uid: u32, private: bool) -> Resul
             md.uid()
         ));
     }
-    let shared_sticky = md.uid() == 0 && mode & 0o1000 != 0;
-    if mode & 0o022 != 0 && !shared_sticky {
+    // A group the owner chose may write there (umask 002 makes such
+    // directories); anybody at all may not, unless the sticky bit keeps
+    // them from replacing what they do not own.
+    let sticky = mode & 0o1000 != 0;
+    if mode & 0o002 != 0 && !sticky {
         return Err(format!(
-            "socket directory {show} has mode {mode:04o}: others may replace the socket in it; refusing it"
+            "socket directory {show} has mode {mode:04o}: any user may replace the socket in it; refusing it"
         ));
     }
     Ok(())
@@ -644,6 +647,36 @@ mod tests {
         assert_eq!(ok.op, Op::ListFlows { after: None });
         let ok: Request = decode(br#"{"id":2,"op":"list_flows","after":9}"#).unwrap();
         assert_eq!(ok.op, Op::ListFlows { after: Some(9) });
+    }
+
+    #[test]
+    fn socket_directories_are_judged() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = std::env::temp_dir().join(format!("rina-wire-sockdir-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(&base).unwrap();
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        let dir = |name: &str, mode: u32| {
+            let d = base.join(name);
+            std::fs::create_dir(&d).unwrap();
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(mode)).unwrap();
+            d
+        };
+        assert!(check_socket_dir(&dir("private", 0o700), me, true).is_ok());
+        let e = check_socket_dir(&dir("shared", 0o750), me, true).unwrap_err();
+        assert!(e.contains("0750") && e.contains("private"), "{e}");
+        assert!(check_socket_dir(&dir("group", 0o775), me, false).is_ok());
+        let e = check_socket_dir(&dir("open", 0o777), me, false).unwrap_err();
+        assert!(e.contains("any user"), "{e}");
+        assert!(check_socket_dir(&dir("sticky", 0o1777), me, false).is_ok());
+        let e = check_socket_dir(&base.join("private"), me.wrapping_add(1), true).unwrap_err();
+        assert!(e.contains("squat"), "{e}");
+        let link = base.join("link");
+        std::os::unix::fs::symlink(base.join("private"), &link).unwrap();
+        let e = check_socket_dir(&link, me, true).unwrap_err();
+        assert!(e.contains("symbolic link"), "{e}");
+        let _ = std::fs::remove_dir_all(&base);
     }
 
     #[test]

@@ -10,7 +10,7 @@ const PAGE_BYTES: usize = 64 << 10;
 /// Makes sure the directory of the control socket at `path` is safe to
 /// hold it: the default per-user directory (`/tmp/rinad-<uid>`) is created
 /// private and must be this user's own; any other must be owned by this
-/// user or root and not writable by others (unless sticky and root's).
+/// user or root and not writable by every user (unless sticky, like `/tmp`).
 pub(super) fn prepare_socket(path: &std::path::Path) -> Result<(), DaemonError> {
     let private = path.parent() == Some(ctl::private_socket_dir(sys::euid()).as_path());
     sys::prepare_socket_dir(path, private).map_err(|m| DaemonError::Io {
