@@ -107,6 +107,13 @@ fn a_user_cannot_touch_another_users_names_and_flows() {
         "b registers an IPCP",
         cb.register_ipcp("alpha.udp", "udp", true),
     );
+    // ...nor pose as a's registered application.
+    ca.register(&name("app-a"), None).unwrap();
+    let m = denied(
+        "b allocates from a's name",
+        cb.allocate(&name("app-a"), &name("echo-a"), None, &QosSpec::default()),
+    );
+    assert!(m.contains("app-a"), "{m}");
     // a's flow still works.
     echoes(&fa);
 

@@ -418,6 +418,25 @@ impl Daemon {
         Ok(Reply::Done)
     }
 
+    /// Refuses to let `conn` allocate flows from a name another user has
+    /// registered on this system (it would pose as that application);
+    /// administrators may.
+    fn check_local_name(&self, conn: usize, local: &AppName) -> Result<(), CtlError> {
+        for i in 0..self.ipcps.len() {
+            let Some(&holder) = self.owners.get(&(i, local.clone())) else {
+                continue;
+            };
+            let uid = self.conn_uid(holder);
+            if holder != conn && !self.may_touch(conn, uid) {
+                return Err(CtlError::new(
+                    ErrorKind::PermissionDenied,
+                    format!("{local} is registered by another user (uid {uid}): only that user or an administrator may allocate flows from it"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Withdraws `name` (from `dif`, or every DIF) for `conn`: a
     /// registration of its own user's, or any for an administrator.
     pub(super) fn unregister(
@@ -468,6 +487,7 @@ impl Daemon {
         dif: Option<String>,
     ) -> Result<(), CtlError> {
         check_qos(&pa.qos)?;
+        self.check_local_name(pa.conn, &pa.local)?;
         let remote = pa.remote.clone();
         let candidates = self.ipcps_in(dif.as_deref())?;
         let i = candidates
