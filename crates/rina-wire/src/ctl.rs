@@ -11,6 +11,14 @@
 //! flow requests arrive unsolicited as [`Message::FlowRequest`] on the
 //! connection that registered the destination name; the client answers with
 //! [`Op::Accept`] or [`Op::Refuse`].
+//!
+//! The daemon knows which user each connection belongs to (`SO_PEERCRED`):
+//! a user's names and flows are listed, unregistered and deallocated only
+//! by that user or an administrator, management operations need an
+//! administrator, and refusals are [`ErrorKind::PermissionDenied`] with the
+//! reason. Listings of flows and names come in pages ([`Reply::Flows`]'s
+//! `next`). A connection the daemon refuses (too many of its user's) gets a
+//! reply with id 0 and the reason before it is closed.
 
 use crate::name::AppName;
 use crate::qos::QosSpec;
@@ -20,7 +28,9 @@ use std::fmt;
 
 /// Path of the daemon's socket when neither a flag nor [`SOCKET_ENV`] names one:
 /// `$XDG_RUNTIME_DIR/rinad.sock`, else `/run/rinad.sock` for root, else
-/// `/tmp/rinad-<uid>.sock`.
+/// `/tmp/rinad-<uid>/rinad.sock`: a directory that only its owner may use
+/// (the daemon creates it with mode 0700 and refuses one that another user
+/// owns or can write to, so nobody can squat another user's socket).
 pub fn default_socket_path() -> std::path::PathBuf {
     if let Some(p) = std::env::var_os(SOCKET_ENV) {
         return p.into();
@@ -28,13 +38,68 @@ pub fn default_socket_path() -> std::path::PathBuf {
     if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR") {
         return std::path::Path::new(&d).join("rinad.sock");
     }
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::geteuid() };
     if uid == 0 {
         "/run/rinad.sock".into()
     } else {
-        format!("/tmp/rinad-{uid}.sock").into()
+        private_socket_dir(uid).join("rinad.sock")
     }
+}
+
+/// The private directory of user `uid`'s default socket when it has no
+/// `$XDG_RUNTIME_DIR`: `/tmp/rinad-<uid>`.
+pub fn private_socket_dir(uid: u32) -> std::path::PathBuf {
+    format!("/tmp/rinad-{uid}").into()
+}
+
+/// Checks that directory `dir` may hold the control socket of user `uid`:
+/// a real directory (not a symbolic link) owned by `uid` or root, that
+/// other users may not write to unless it is sticky (like `/tmp`, where
+/// only an explicit path can point).
+/// With `private`, it must be owned by `uid` with mode 0700 or stricter.
+/// The error says what is wrong.
+pub fn check_socket_dir(dir: &std::path::Path, uid: u32, private: bool) -> Result<(), String> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let md = std::fs::symlink_metadata(dir)
+        .map_err(|e| format!("cannot inspect socket directory {}: {e}", dir.display()))?;
+    let show = dir.display();
+    if !md.file_type().is_dir() {
+        return Err(format!(
+            "socket directory {show} is not a directory (a symbolic link or a file); refusing it"
+        ));
+    }
+    let mode = md.permissions().mode() & 0o7777;
+    if private {
+        if md.uid() != uid {
+            return Err(format!(
+                "socket directory {show} belongs to uid {}, not to uid {uid}: another user may have created it to squat the socket; remove it (or set {SOCKET_ENV}/--socket)",
+                md.uid()
+            ));
+        }
+        if mode & 0o077 != 0 {
+            return Err(format!(
+                "socket directory {show} has mode {mode:04o}: it must be private to its owner (0700)"
+            ));
+        }
+        return Ok(());
+    }
+    if md.uid() != uid && md.uid() != 0 {
+        return Err(format!(
+            "socket directory {show} belongs to uid {}, neither to uid {uid} nor to root; refusing it",
+            md.uid()
+        ));
+    }
+    // A group the owner chose may write there (umask 002 makes such
+    // directories); anybody at all may not, unless the sticky bit keeps
+    // them from replacing what they do not own.
+    let sticky = mode & 0o1000 != 0;
+    if mode & 0o002 != 0 && !sticky {
+        return Err(format!(
+            "socket directory {show} has mode {mode:04o}: any user may replace the socket in it; refusing it"
+        ));
+    }
+    Ok(())
 }
 
 /// Largest control message, in bytes.
@@ -44,7 +109,11 @@ pub const MAX_CTL_MSG: usize = 1 << 20;
 pub const SOCKET_ENV: &str = "RINA_SOCKET";
 
 /// A client's request.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+///
+/// Decoding is strict: `op` must be one of the operations' names (a number
+/// is refused, although serde would take it as the variant's index), and
+/// fields an operation does not have are refused.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Request {
     /// Chosen by the client; echoed in the reply.
     pub id: u64,
@@ -53,9 +122,41 @@ pub struct Request {
     pub op: Op,
 }
 
+impl<'de> Deserialize<'de> for Request {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        use serde_json::Value;
+        let mut v = serde_json::Map::<String, Value>::deserialize(d)?;
+        let id = match v.remove("id") {
+            Some(id) => u64::deserialize(id).map_err(|e| D::Error::custom(format!("`id`: {e}")))?,
+            None => return Err(D::Error::missing_field("id")),
+        };
+        match v.get("op") {
+            Some(Value::String(_)) => {}
+            Some(other) => {
+                return Err(D::Error::custom(format!(
+                    "`op` must be the name of an operation (a string), not {other}"
+                )))
+            }
+            None => return Err(D::Error::missing_field("op")),
+        }
+        // Operations without parameters (serde ignores extra fields of
+        // unit variants).
+        let unit =
+            matches!(v.get("op"), Some(Value::String(o)) if o == "list_ipcps" || o == "list_difs");
+        if let Some(k) = v.keys().find(|k| unit && *k != "op") {
+            return Err(D::Error::custom(format!(
+                "unknown field `{k}`: this operation takes no parameters"
+            )));
+        }
+        let op = Op::deserialize(Value::Object(v)).map_err(D::Error::custom)?;
+        Ok(Request { id, op })
+    }
+}
+
 /// The operations a client can ask for.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case")]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Op {
     /// Register `name` in `dif`, or, without a DIF, in every DIF of the daemon.
     Register { name: AppName, dif: Option<String> },
@@ -88,10 +189,22 @@ pub enum Op {
     ListIpcps,
     /// List the DIFs.
     ListDifs,
-    /// List registered application names.
-    ListNames,
-    /// List flows with their counters.
-    ListFlows,
+    /// List registered application names, one page at a time: from the
+    /// entry after the first `skip` ones (default 0); the reply says where
+    /// the next page starts. A client that is not an administrator sees
+    /// only its own user's names.
+    ListNames {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        skip: Option<u64>,
+    },
+    /// List flows with their counters, one page at a time: the flows with
+    /// port-ids above `after` (default: from the first); the reply says
+    /// where the next page starts. A client that is not an administrator
+    /// sees only its own user's flows.
+    ListFlows {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        after: Option<u32>,
+    },
     /// Read the RIB of IPCP `ipcp` under `path` (default `/`), `depth`
     /// levels deep (default: all).
     ReadRib {
@@ -107,6 +220,26 @@ pub enum Op {
         ipcp: String,
         set: Option<serde_json::Value>,
     },
+    /// Management (administrators only): make normal IPCP `ipcp` a
+    /// neighbour of IPCP `name` reached over DIF `over` (a shim DIF or a
+    /// lower normal DIF of this system), at `address` if known. The daemon
+    /// registers `ipcp` in `over` and keeps an N-1 flow up, as for an
+    /// `[[ipcp.neighbor]]` of the configuration.
+    AddNeighbor {
+        ipcp: String,
+        name: AppName,
+        over: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        address: Option<u64>,
+    },
+    /// Management (administrators only): forget neighbour `name` of normal
+    /// IPCP `ipcp` and deallocate its N-1 flows.
+    RemoveNeighbor { ipcp: String, name: AppName },
+    /// Management (administrators only): register normal IPCP `ipcp` in
+    /// the lower DIF `dif` (so peers there may allocate N-1 flows to it).
+    RegisterIpcp { ipcp: String, dif: String },
+    /// Management (administrators only): withdraw that registration.
+    UnregisterIpcp { ipcp: String, dif: String },
 }
 
 /// A message from the daemon.
@@ -139,10 +272,20 @@ pub enum Reply {
     Ipcps { ipcps: Vec<IpcpInfo> },
     /// Answer to [`Op::ListDifs`].
     Difs { difs: Vec<DifInfo> },
-    /// Answer to [`Op::ListNames`].
-    Names { names: Vec<NameInfo> },
-    /// Answer to [`Op::ListFlows`].
-    Flows { flows: Vec<FlowStats> },
+    /// Answer to [`Op::ListNames`]: one page; `next` is the `skip` of the
+    /// next page, absent on the last one.
+    Names {
+        names: Vec<NameInfo>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        next: Option<u64>,
+    },
+    /// Answer to [`Op::ListFlows`]: one page; `next` is the `after` of the
+    /// next page, absent on the last one.
+    Flows {
+        flows: Vec<FlowStats>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        next: Option<u32>,
+    },
     /// Answer to [`Op::ReadRib`].
     Rib { objects: Vec<RibObjectInfo> },
     /// Answer to [`Op::Scheduler`].
@@ -337,6 +480,9 @@ pub enum ErrorKind {
     UnknownFlow,
     /// The daemon or the peer ran out of resources.
     NoResources,
+    /// The client's user may not do this (another user's name or flow, or
+    /// a management command of administrators); the message says why.
+    PermissionDenied,
     /// Anything else; the message says what.
     Internal,
 }
@@ -476,6 +622,61 @@ mod tests {
             })),
         };
         assert_eq!(decode::<Message>(&encode(&m)).unwrap(), m);
+    }
+
+    #[test]
+    fn ops_are_names_and_fields_are_checked() {
+        for bad in [
+            r#"{"id":1,"op":7}"#,
+            r#"{"id":1,"op":"7"}"#,
+            r#"{"id":1,"op":null}"#,
+            r#"{"id":1}"#,
+            r#"{"op":"list_difs"}"#,
+            r#"{"id":-1,"op":"list_difs"}"#,
+            r#"{"id":1,"op":"deallocate","port":18446744073709551615}"#,
+            r#"{"id":1,"op":"deallocate","port":3,"force":true}"#,
+            r#"{"id":1,"op":"list_flows","after":"x"}"#,
+            r#"{"id":1,"op":"list_difs","all":true}"#,
+        ] {
+            let e = decode::<Request>(bad.as_bytes());
+            assert!(e.is_err(), "{bad} was accepted as {e:?}");
+        }
+        let e = decode::<Request>(br#"{"id":1,"op":7}"#).unwrap_err();
+        assert!(e.to_string().contains("name of an operation"), "{e}");
+        let ok: Request = decode(br#"{"id":2,"op":"list_flows"}"#).unwrap();
+        assert_eq!(ok.op, Op::ListFlows { after: None });
+        let ok: Request = decode(br#"{"id":2,"op":"list_flows","after":9}"#).unwrap();
+        assert_eq!(ok.op, Op::ListFlows { after: Some(9) });
+    }
+
+    #[test]
+    fn socket_directories_are_judged() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = std::env::temp_dir().join(format!("rina-wire-sockdir-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(&base).unwrap();
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        let dir = |name: &str, mode: u32| {
+            let d = base.join(name);
+            std::fs::create_dir(&d).unwrap();
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(mode)).unwrap();
+            d
+        };
+        assert!(check_socket_dir(&dir("private", 0o700), me, true).is_ok());
+        let e = check_socket_dir(&dir("shared", 0o750), me, true).unwrap_err();
+        assert!(e.contains("0750") && e.contains("private"), "{e}");
+        assert!(check_socket_dir(&dir("group", 0o775), me, false).is_ok());
+        let e = check_socket_dir(&dir("open", 0o777), me, false).unwrap_err();
+        assert!(e.contains("any user"), "{e}");
+        assert!(check_socket_dir(&dir("sticky", 0o1777), me, false).is_ok());
+        let e = check_socket_dir(&base.join("private"), me.wrapping_add(1), true).unwrap_err();
+        assert!(e.contains("squat"), "{e}");
+        let link = base.join("link");
+        std::os::unix::fs::symlink(base.join("private"), &link).unwrap();
+        let e = check_socket_dir(&link, me, true).unwrap_err();
+        assert!(e.contains("symbolic link"), "{e}");
+        let _ = std::fs::remove_dir_all(&base);
     }
 
     #[test]

@@ -58,8 +58,21 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 impl Client {
     /// Connects to the daemon at [`ctl::default_socket_path`] (which honours
     /// the `RINA_SOCKET` environment variable).
+    ///
+    /// When that is the per-user directory `/tmp/rinad-<uid>`, it must be
+    /// this user's own and private (another user could have created it to
+    /// pose as the daemon); otherwise this fails with
+    /// [`ErrorKind::PermissionDenied`].
     pub fn connect() -> Result<Client> {
-        Client::connect_to(ctl::default_socket_path())
+        let path = ctl::default_socket_path();
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::geteuid() };
+        let private = ctl::private_socket_dir(uid);
+        if path.parent() == Some(private.as_path()) && private.exists() {
+            ctl::check_socket_dir(&private, uid, true)
+                .map_err(|m| Error::new(ErrorKind::PermissionDenied, m))?;
+        }
+        Client::connect_to(path)
     }
 
     /// Connects to the daemon listening on `path`, waiting at most
@@ -314,20 +327,51 @@ impl Client {
         }
     }
 
-    /// Lists the registered application names.
+    /// Lists the registered application names (the daemon shows a user
+    /// who is not one of its administrators only that user's names). Asks
+    /// for as many pages as the daemon has.
     pub fn list_names(&mut self) -> Result<Vec<NameInfo>> {
-        match self.call("list_names", Op::ListNames)? {
-            (Reply::Names { names }, _) => Ok(names),
-            (other, _) => Err(unexpected("list_names", &other)),
+        let mut all = Vec::new();
+        let mut skip = None;
+        loop {
+            match self.call("list_names", Op::ListNames { skip })? {
+                (Reply::Names { names, next }, _) => {
+                    all.extend(names);
+                    match next {
+                        Some(n) if Some(n) > skip => skip = Some(n),
+                        _ => return Ok(all),
+                    }
+                }
+                (other, _) => return Err(unexpected("list_names", &other)),
+            }
         }
     }
 
-    /// Lists the flows and their counters.
+    /// Lists the flows and their counters (the daemon shows a user who is
+    /// not one of its administrators only that user's flows). Asks for as
+    /// many pages as the daemon has.
     pub fn list_flows(&mut self) -> Result<Vec<FlowStats>> {
-        match self.call("list_flows", Op::ListFlows)? {
-            (Reply::Flows { flows }, _) => Ok(flows),
-            (other, _) => Err(unexpected("list_flows", &other)),
+        let mut all = Vec::new();
+        let mut after = None;
+        loop {
+            match self.call("list_flows", Op::ListFlows { after })? {
+                (Reply::Flows { flows, next }, _) => {
+                    all.extend(flows);
+                    match next {
+                        Some(n) if Some(n) > after => after = Some(n),
+                        _ => return Ok(all),
+                    }
+                }
+                (other, _) => return Err(unexpected("list_flows", &other)),
+            }
         }
+    }
+
+    /// Deallocates the flow with port-id `port`, which this client need
+    /// not hold: a flow of this user's (or any, for an administrator of
+    /// the daemon). Refused with [`ErrorKind::PermissionDenied`] otherwise.
+    pub fn deallocate_port(&mut self, port: u32) -> Result<()> {
+        self.call("deallocate", Op::Deallocate { port }).map(|_| ())
     }
 
     /// Reads the RIB of IPC process `ipcp` under `path` (all of it with
@@ -370,6 +414,47 @@ impl Client {
         self.scheduler_op(ipcp, Some(policy))
     }
 
+    /// Makes normal IPC process `ipcp` a neighbour of IPC process `name`
+    /// reached over DIF `over`, at `address` if known: the daemon registers
+    /// `ipcp` in `over` and keeps an N-1 flow up. Administrators only.
+    pub fn add_neighbor(
+        &mut self,
+        ipcp: &str,
+        name: &AppName,
+        over: &str,
+        address: Option<u64>,
+    ) -> Result<()> {
+        let op = Op::AddNeighbor {
+            ipcp: ipcp.into(),
+            name: name.clone(),
+            over: over.into(),
+            address,
+        };
+        self.call("add_neighbor", op).map(|_| ())
+    }
+
+    /// Forgets neighbour `name` of normal IPC process `ipcp` and
+    /// deallocates its N-1 flows. Administrators only.
+    pub fn remove_neighbor(&mut self, ipcp: &str, name: &AppName) -> Result<()> {
+        let op = Op::RemoveNeighbor {
+            ipcp: ipcp.into(),
+            name: name.clone(),
+        };
+        self.call("remove_neighbor", op).map(|_| ())
+    }
+
+    /// Registers normal IPC process `ipcp` in lower DIF `dif`, or with
+    /// `register = false` withdraws that registration. Administrators only.
+    pub fn register_ipcp(&mut self, ipcp: &str, dif: &str, register: bool) -> Result<()> {
+        let (ipcp, dif) = (ipcp.to_string(), dif.to_string());
+        let op = if register {
+            Op::RegisterIpcp { ipcp, dif }
+        } else {
+            Op::UnregisterIpcp { ipcp, dif }
+        };
+        self.call("register_ipcp", op).map(|_| ())
+    }
+
     fn scheduler_op(
         &mut self,
         ipcp: &str,
@@ -402,18 +487,40 @@ impl Client {
                 ),
             ));
         }
+        // A connection the daemon refused (or closed for being idle) holds
+        // its reason; a send would discard it (the kernel purges the queue
+        // of a socket whose peer is gone).
+        if let Some(e) = self.parting_words() {
+            return Err(e);
+        }
         let sent = sock::send_until(self.sock.as_fd(), &pkt, deadline)
             .map_err(|e| self.lost("send a request", e))?;
         if !sent {
             return Err(self.timed_out(what, "read"));
         }
         loop {
-            match self.recv(deadline)? {
+            let got = match self.recv(deadline) {
+                // A reset leaves what the daemon sent last readable.
+                Err(e) if e.kind == ErrorKind::DaemonGone => {
+                    return Err(self.parting_words().unwrap_or(e))
+                }
+                r => r?,
+            };
+            match got {
                 None => return Err(self.timed_out(what, "answer")),
                 Some((Message::FlowRequest(r), _)) => self.pending.push_back(r),
                 Some((Message::Reply { id: rid, result }, fd)) if rid == id => {
                     return Ok((result?, fd))
                 }
+                // About the connection itself (refused, malformed traffic):
+                // the daemon closes it next, so this is the answer.
+                Some((
+                    Message::Reply {
+                        id: 0,
+                        result: Err(e),
+                    },
+                    _,
+                )) => return Err(e.into()),
                 Some((Message::Reply { .. }, _)) => {}
             }
         }
@@ -451,7 +558,45 @@ impl Client {
         })?;
         // The protocol attaches at most one descriptor; extra ones are closed.
         let fd = p.fds.into_iter().next();
+        let msg = match msg {
+            // The flow's descriptor was dropped by the kernel on the way in:
+            // the daemon sees the flow closed; say why here.
+            Message::Reply {
+                id,
+                result: Ok(Reply::Flow(info)),
+            } if fd.is_none() && p.fds_lost => Message::Reply {
+                id,
+                result: Err(ctl::CtlError::new(
+                    ErrorKind::NoResources,
+                    format!(
+                        "the descriptor of flow {} could not be received: this process is at its limit of open descriptors (RLIMIT_NOFILE); close some or raise the limit",
+                        info.port
+                    ),
+                )),
+            },
+            m => m,
+        };
         Ok(Some((msg, fd)))
+    }
+
+    /// The error the daemon sent about this connection before closing it
+    /// (a refused connection), if it is waiting to be read; flow requests
+    /// read meanwhile are queued, late replies dropped.
+    fn parting_words(&mut self) -> Option<Error> {
+        loop {
+            match self.recv(Some(Instant::now())) {
+                Ok(Some((Message::FlowRequest(r), _))) => self.pending.push_back(r),
+                Ok(Some((
+                    Message::Reply {
+                        id: 0,
+                        result: Err(e),
+                    },
+                    _,
+                ))) => return Some(e.into()),
+                Ok(Some(_)) => {}
+                _ => return None,
+            }
+        }
     }
 
     fn timed_out(&self, what: &str, step: &str) -> Error {

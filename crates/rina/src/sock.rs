@@ -22,6 +22,9 @@ pub(crate) struct Packet {
     pub truncated: bool,
     /// Descriptors attached to it (already close-on-exec).
     pub fds: Vec<OwnedFd>,
+    /// Descriptors were attached but could not all be received
+    /// (`MSG_CTRUNC`: typically this process is at its descriptor limit).
+    pub fds_lost: bool,
 }
 
 /// Sends one packet, with `fds` attached as `SCM_RIGHTS` if any.
@@ -136,6 +139,7 @@ pub(crate) fn recv(fd: BorrowedFd<'_>, buf: &mut [u8]) -> Result<Packet, Errno> 
             len: msg.bytes,
             truncated: msg.flags.contains(MsgFlags::MSG_TRUNC),
             fds,
+            fds_lost: msg.flags.contains(MsgFlags::MSG_CTRUNC),
         });
     }
 }

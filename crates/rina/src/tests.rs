@@ -395,7 +395,10 @@ fn a_silent_daemon_times_out_and_a_late_reply_is_dropped() {
             &ctl,
             &Message::Reply {
                 id: late.id,
-                result: Ok(Reply::Flows { flows: vec![] }),
+                result: Ok(Reply::Flows {
+                    flows: vec![],
+                    next: None,
+                }),
             },
             None,
         );

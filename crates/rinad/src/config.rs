@@ -9,6 +9,11 @@
 //! [system]
 //! name = "alpha"
 //! # socket = "/tmp/alpha.sock"     # default: see rina_wire::ctl::default_socket_path
+//! # admin_group = "rina"          # administrators besides root and the daemon's user
+//! # socket_mode = 0o660           # default 0o666 (requests are checked per user)
+//! # socket_group = "rina"         # group of the socket
+//! # max_conns_per_user = 128      # control connections of one non-administrator
+//! # idle_timeout_ms = 60000       # close connections that hold nothing and say nothing
 //!
 //! [[ipcp]]
 //! name = "alpha.udp"
@@ -148,6 +153,121 @@ pub struct System {
     pub name: String,
     /// Path of the control socket.
     pub socket: Option<PathBuf>,
+    /// Members of this group are administrators of the daemon, as are root
+    /// and the user the daemon runs as.
+    pub admin_group: Option<String>,
+    /// Permissions of the control socket: `0o660` or `"0660"` (default
+    /// 0666: every local user may connect; requests are checked per user).
+    pub socket_mode: Option<Spanned<SocketMode>>,
+    /// Group of the control socket (with `socket_mode = 0o660`, only its
+    /// members and the owner may connect).
+    pub socket_group: Option<String>,
+    /// Control connections one user who is not an administrator may hold
+    /// open at once (default [`DEFAULT_CONNS_PER_USER`]).
+    pub max_conns_per_user: Option<Spanned<usize>>,
+    /// A control connection that holds nothing (no registered name, no
+    /// flow, no request in progress) and sends nothing for this long is
+    /// closed, in milliseconds (default [`DEFAULT_IDLE_TIMEOUT_MS`]).
+    pub idle_timeout_ms: Option<Spanned<u64>>,
+}
+
+/// Default of `max_conns_per_user`.
+pub const DEFAULT_CONNS_PER_USER: usize = 128;
+/// Default of `idle_timeout_ms`.
+pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 60_000;
+/// Default mode of the control socket.
+pub const DEFAULT_SOCKET_MODE: u32 = 0o666;
+/// Largest queue bound or drop threshold a scheduling policy may ask for,
+/// in PDUs: larger ones would let queues grow without a useful bound.
+pub const MAX_QUEUE_PDUS: u64 = 1 << 20;
+
+/// A file mode, written as a TOML integer (`0o660`) or an octal string (`"0660"`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum SocketMode {
+    /// An integer (TOML's `0o660`).
+    Int(u32),
+    /// Octal digits.
+    Text(String),
+}
+
+impl SocketMode {
+    /// The permission bits, or why they are not valid.
+    pub fn bits(&self) -> Result<u32, String> {
+        let m = match self {
+            SocketMode::Int(m) => *m,
+            SocketMode::Text(t) => u32::from_str_radix(t.trim_start_matches("0o"), 8)
+                .map_err(|_| format!("{t:?} is not an octal mode like \"0660\""))?,
+        };
+        if m > 0o777 {
+            return Err(format!(
+                "{m:o} is not a mode of read/write bits (0 to 0777)"
+            ));
+        }
+        Ok(m)
+    }
+}
+
+impl System {
+    /// Mode of the control socket.
+    pub fn socket_mode(&self) -> u32 {
+        self.socket_mode
+            .as_ref()
+            .and_then(|m| m.get_ref().bits().ok())
+            .unwrap_or(DEFAULT_SOCKET_MODE)
+    }
+
+    /// Connections per non-administrator user.
+    pub fn conns_per_user(&self) -> usize {
+        self.max_conns_per_user
+            .as_ref()
+            .map_or(DEFAULT_CONNS_PER_USER, |m| *m.get_ref())
+    }
+
+    /// Idle timeout of control connections.
+    pub fn idle_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(
+            self.idle_timeout_ms
+                .as_ref()
+                .map_or(DEFAULT_IDLE_TIMEOUT_MS, |m| *m.get_ref()),
+        )
+    }
+}
+
+/// Checks the bounds of a scheduling policy's parameters that the policy
+/// itself does not: queue bounds and drop thresholds (`*queue_len`,
+/// `*threshold*`, in PDUs) must be at most [`MAX_QUEUE_PDUS`]. The error
+/// names the parameter.
+pub fn check_sched_bounds(v: &serde_json::Value) -> Result<(), String> {
+    fn walk(path: &str, v: &serde_json::Value) -> Result<(), String> {
+        use serde_json::Value;
+        match v {
+            Value::Object(m) => m.iter().try_for_each(|(k, v)| {
+                let p = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                walk(&p, v)
+            }),
+            Value::Array(a) => a
+                .iter()
+                .enumerate()
+                .try_for_each(|(i, v)| walk(&format!("{path}[{i}]"), v)),
+            Value::Number(n) => {
+                let key = path.rsplit('.').next().unwrap_or(path);
+                let queue = key.contains("queue_len") || key.contains("threshold");
+                match n.as_u64() {
+                    Some(x) if queue && x > MAX_QUEUE_PDUS => Err(format!(
+                        "{path} = {x} is out of range: queue bounds and thresholds are at most {MAX_QUEUE_PDUS} PDUs"
+                    )),
+                    _ => Ok(()),
+                }
+            }
+            _ => Ok(()),
+        }
+    }
+    walk("", v)
 }
 
 /// Kinds of IPC process this daemon can host.
@@ -290,6 +410,9 @@ pub struct IpcpConfig {
     pub directory_mode: Option<DirectoryMode>,
     /// normal: the RMT scheduling policy (default: fifo).
     pub scheduler: Option<Spanned<SchedulerConfig>>,
+    /// normal and shim-udp: most flows (allocated and being allocated) at
+    /// once; beyond it allocations are answered `no_resources` (default 4096).
+    pub max_flows: Option<usize>,
     /// normal: the DIF's QoS cubes (default: [`QosCube::defaults`]).
     #[serde(default, rename = "qos_cube")]
     pub qos_cubes: Vec<Spanned<QosCubeConfig>>,
@@ -418,6 +541,23 @@ impl Config {
                 key,
                 message,
             };
+        if let Some(m) = &cfg.system.socket_mode {
+            m.get_ref()
+                .bits()
+                .map_err(|e| invalid(m.span(), "system.socket_mode".into(), e))?;
+        }
+        if let Some(m) = &cfg.system.max_conns_per_user {
+            if *m.get_ref() == 0 {
+                let e = "must be at least 1".to_string();
+                return Err(invalid(m.span(), "system.max_conns_per_user".into(), e));
+            }
+        }
+        if let Some(m) = &cfg.system.idle_timeout_ms {
+            if *m.get_ref() == 0 || *m.get_ref() > 86_400_000 {
+                let e = format!("must be 1 to 86400000 (a day), not {}", m.get_ref());
+                return Err(invalid(m.span(), "system.idle_timeout_ms".into(), e));
+            }
+        }
         let mut names = HashSet::new();
         for (i, ip) in cfg.ipcps.iter().enumerate() {
             if ip.name.get_ref().is_empty() {
@@ -654,6 +794,9 @@ fn check_qos(ip: &IpcpConfig) -> Result<(), (std::ops::Range<usize>, String, Str
         }
     }
     if let Some(s) = &ip.scheduler {
+        if let Ok(v) = serde_json::to_value(s.get_ref()) {
+            check_sched_bounds(&v).map_err(|m| (s.span(), "scheduler".to_string(), m))?;
+        }
         let cu = rina_core::normal::cubes::cu_map(&ip.cubes());
         if let Err(e) = s.get_ref().build(&cu) {
             let SchedConfigError::BadParam { param, .. } = &e;
@@ -1087,6 +1230,43 @@ address = 2
             .unwrap_err()
             .to_string();
         assert!(e.contains("for normal IPCPs"), "{e}");
+    }
+
+    #[test]
+    fn queue_bounds_and_system_keys_are_range_checked() {
+        let sched = |body: &str| format!("{TWO}\n[ipcp.scheduler]\n{body}");
+        let e = parse(&sched(
+            "policy = \"fifo\"\nqueue_len = 9223372036854775807\n",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("queue_len") && e.contains("out of range"), "{e}");
+        let with_system =
+            |line: &str| TWO.replacen("[system]\n", &format!("[system]\n{line}\n"), 1);
+        let c = parse(&with_system(
+            "socket_mode = \"0660\"\nsocket_group = \"rina\"",
+        ))
+        .unwrap();
+        assert_eq!(c.system.socket_mode(), 0o660);
+        assert_eq!(
+            parse(&with_system("socket_mode = 0o600"))
+                .unwrap()
+                .system
+                .socket_mode(),
+            0o600
+        );
+        for (bad, key) in [
+            ("socket_mode = \"rw\"", "system.socket_mode"),
+            ("socket_mode = 0o7777", "system.socket_mode"),
+            ("max_conns_per_user = 0", "system.max_conns_per_user"),
+            ("idle_timeout_ms = 0", "system.idle_timeout_ms"),
+        ] {
+            let e = parse(&with_system(bad)).unwrap_err().to_string();
+            assert!(e.contains(key), "{bad}: {e}");
+        }
+        let c = parse(TWO).unwrap();
+        assert_eq!(c.system.socket_mode(), DEFAULT_SOCKET_MODE);
+        assert_eq!(c.system.conns_per_user(), DEFAULT_CONNS_PER_USER);
     }
 
     const GOOD_SHIM_WITH_SCHED: &str = "[system]\nname = \"a\"\n[[ipcp]]\nname = \"u\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:1\"\nX\n";

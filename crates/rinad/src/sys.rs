@@ -187,3 +187,108 @@ pub fn send(fd: RawFd, buf: &[u8], pass: Option<RawFd>) -> io::Result<Sent> {
         Err(e) => Err(io_err(e)),
     }
 }
+
+/// Who is at the other end of a control connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerCred {
+    /// Its process (at connect time).
+    pub pid: i32,
+    /// Its effective user.
+    pub uid: u32,
+    /// Its effective group.
+    pub gid: u32,
+    /// Its supplementary groups (empty where the kernel cannot say).
+    pub groups: Vec<u32>,
+}
+
+/// The credentials of the peer of a connected Unix socket (`SO_PEERCRED`,
+/// and `SO_PEERGROUPS` for the supplementary groups).
+pub fn peer_cred(fd: &OwnedFd) -> io::Result<PeerCred> {
+    let c = socket::getsockopt(fd, socket::sockopt::PeerCredentials).map_err(io_err)?;
+    Ok(PeerCred {
+        pid: c.pid(),
+        uid: c.uid(),
+        gid: c.gid(),
+        groups: peer_groups(fd.as_raw_fd()),
+    })
+}
+
+fn peer_groups(fd: RawFd) -> Vec<u32> {
+    let mut groups = vec![0 as libc::gid_t; 256];
+    let mut len = (groups.len() * std::mem::size_of::<libc::gid_t>()) as libc::socklen_t;
+    // SAFETY: the buffer holds `len` bytes; the kernel writes at most that.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERGROUPS,
+            groups.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Vec::new();
+    }
+    groups.truncate(len as usize / std::mem::size_of::<libc::gid_t>());
+    groups
+}
+
+/// The effective user of this process.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// The id of group `name` and the users listed as its members (by uid),
+/// from the system's group and user databases.
+pub fn group_members(name: &str) -> io::Result<(u32, Vec<u32>)> {
+    let g = nix::unistd::Group::from_name(name)
+        .map_err(io_err)?
+        .ok_or_else(|| io::Error::other(format!("no group named {name:?}")))?;
+    let uids = g
+        .mem
+        .iter()
+        .filter_map(|m| nix::unistd::User::from_name(m).ok().flatten())
+        .map(|u| u.uid.as_raw())
+        .collect();
+    Ok((g.gid.as_raw(), uids))
+}
+
+/// Makes sure the directory of socket `path` may hold it (see
+/// `rina_wire::ctl::check_socket_dir`). With `private`, the directory is
+/// created with mode 0700 when it does not exist, and must be this user's
+/// own with no access for others; otherwise it must exist.
+pub fn prepare_socket_dir(path: &Path, private: bool) -> Result<(), String> {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if private && std::fs::symlink_metadata(dir).is_err() {
+        match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+            Ok(()) => {}
+            // Someone made it meanwhile: the check below judges it.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                return Err(format!(
+                    "cannot create socket directory {}: {e}",
+                    dir.display()
+                ))
+            }
+        }
+    }
+    rina_wire::ctl::check_socket_dir(dir, euid(), private)
+}
+
+/// Gives the socket at `path` mode `mode` and, with `group`, that group.
+pub fn set_socket_access(path: &Path, mode: u32, group: Option<&str>) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(g) = group {
+        let gid = nix::unistd::Group::from_name(g)
+            .map_err(io_err)?
+            .ok_or_else(|| io::Error::other(format!("no group named {g:?}")))?
+            .gid;
+        nix::unistd::chown(path, None, Some(gid)).map_err(io_err)?;
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}

@@ -1,7 +1,9 @@
-//! `rinactl`: show what the local RINA daemon holds.
+//! `rinactl`: show what the local RINA daemon holds, and change it.
 //!
 //! Exit codes: 0 on success, 1 if the daemon could not be reached or
-//! answered with an error, 2 if a `--set` policy is not JSON or TOML.
+//! answered with an error (refused: the message says what and why; with
+//! `--json` it is also printed as `{"error": {"kind": .., "message": ..}}`),
+//! 2 if a `--set` policy is not JSON or TOML.
 
 use clap::{Parser, Subcommand};
 use rina_tools::{opts, table};
@@ -9,9 +11,14 @@ use serde::Serialize;
 use std::path::PathBuf;
 
 /// Show the IPC processes, DIFs, registered names, flows, RIBs and RMT
-/// schedulers of the local RINA daemon; change a normal IPCP's scheduler.
+/// schedulers of the local RINA daemon; change a normal IPCP's scheduler,
+/// neighbours and registrations, stop flows, withdraw names.
+///
+/// Users who are not administrators of the daemon (root, its own user,
+/// members of its admin_group) see only their own names and flows, and may
+/// not run the commands that change the system.
 #[derive(Debug, Parser)]
-#[command(name = "rinactl", version)]
+#[command(name = "rinactl", version, after_help = QUICK_REFERENCE)]
 struct Cli {
     /// Daemon socket (default: $RINA_SOCKET, else the per-user default path).
     #[arg(long, value_name = "PATH", global = true)]
@@ -33,7 +40,8 @@ enum What {
     Names,
     /// Flows and their counters.
     Flows,
-    /// The RIB of an IPC process: its objects (name, class, instance, value, owner).
+    /// The RIB of an IPC process: its objects (name, class, instance, value,
+    /// owner). Administrators only: it shows every user's names and flows.
     Rib {
         /// The IPC process (see `rinactl ipcps`).
         ipcp: String,
@@ -45,7 +53,8 @@ enum What {
     },
     /// The RMT scheduling policy of a normal IPC process and the counters of
     /// its queues (per N-1 port); with --set or --set-file, first switch the
-    /// policy (queued PDUs are discarded). With --json, one JSON object.
+    /// policy (queued PDUs are discarded; administrators only). With --json,
+    /// one JSON object.
     Sched {
         /// The normal IPC process (see `rinactl ipcps`).
         ipcp: String,
@@ -58,13 +67,175 @@ enum What {
         #[arg(long, value_name = "FILE")]
         set_file: Option<PathBuf>,
     },
+    /// Deallocate a flow by port-id (see `rinactl flows`): one of your own,
+    /// or any for an administrator.
+    Dealloc {
+        /// The flow's port-id.
+        port: u32,
+    },
+    /// Withdraw an application's registration (yours, or any for an
+    /// administrator), from DIF --dif or from every DIF.
+    Unregister {
+        /// The application name.
+        name: String,
+        /// Only from this DIF.
+        #[arg(long)]
+        dif: Option<String>,
+    },
+    /// Neighbours of a normal IPC process: keep an N-1 flow up to one, or
+    /// forget one (administrators only).
+    Neighbor {
+        #[command(subcommand)]
+        what: NeighborCmd,
+    },
+    /// Register a normal IPC process in a lower DIF, so peers there can
+    /// allocate N-1 flows to it (administrators only).
+    #[command(alias = "ipcp-register", alias = "register-at-dif")]
+    RegisterIpcp {
+        /// The normal IPC process.
+        ipcp: String,
+        /// The lower DIF.
+        dif: String,
+    },
+    /// Withdraw a normal IPC process's registration from a lower DIF
+    /// (administrators only).
+    #[command(alias = "ipcp-unregister", alias = "unregister-from-dif")]
+    UnregisterIpcp {
+        /// The normal IPC process.
+        ipcp: String,
+        /// The lower DIF.
+        dif: String,
+    },
 }
+
+#[derive(Debug, Clone, Subcommand)]
+enum NeighborCmd {
+    /// Add a neighbour and keep an N-1 flow up to it.
+    Add {
+        /// The normal IPC process.
+        ipcp: String,
+        /// The neighbour IPC process's name.
+        name: String,
+        /// The N-1 DIF that reaches it (a shim DIF or a lower normal DIF).
+        #[arg(long)]
+        over: String,
+        /// Its address, if known (else its hellos tell).
+        #[arg(long)]
+        address: Option<u64>,
+    },
+    /// Forget a neighbour and deallocate its N-1 flows.
+    Remove {
+        /// The normal IPC process.
+        ipcp: String,
+        /// The neighbour IPC process's name.
+        name: String,
+    },
+}
+
+/// IRATI's console and rlite-ctl commands, and what does the same here.
+const QUICK_REFERENCE: &str = "\
+Quick reference (IRATI IPCM console | rlite-ctl -> rinactl):
+  list-ipcps                | ipcps-show             rinactl ipcps, rinactl difs
+  -                         | regs-show              rinactl names
+  -                         | flows-show             rinactl flows
+  query-rib                 | ipcp-rib-show          rinactl rib IPCP [PATH]
+  -                         | dif-rib-show           rinactl rib IPCP /difm
+  select-policy-set,        | dif-policy-mod         rinactl sched IPCP --set POLICY
+    set-policy-set-param    |                          (RMT scheduling policies)
+  register-at-dif           | ipcp-register          rinactl register-ipcp IPCP DIF
+  unregister-from-dif       | ipcp-unregister        rinactl unregister-ipcp IPCP DIF
+  enroll-to-dif             | ipcp-enroll,           rinactl neighbor add IPCP NEIGHBOR --over DIF
+                            |   ipcp-lower-flow-alloc  (enrolls and keeps the N-1 flow up)
+  disc-neigh                | ipcp-neigh-disconnect  rinactl neighbor remove IPCP NEIGHBOR
+  -                         | -                      rinactl dealloc PORT, rinactl unregister NAME
+  create-ipcp, destroy-ipcp,| ipcp-create,           the configuration file ([[ipcp]] tables;
+    assign-to-dif           |   ipcp-destroy           restart rinad)";
 
 fn main() {
     let cli = Cli::parse();
     if let Err(e) = run(&cli) {
+        if cli.json {
+            show_json(&serde_json::json!({
+                "error": {"kind": opts::kind_name(e.kind), "message": e.message}
+            }));
+        }
         opts::die("rinactl", &opts::kind_name(e.kind), &e, 1);
     }
+}
+
+/// Prints what a command that changes the system did.
+fn done(json: bool, what: &str, detail: serde_json::Value) {
+    if json {
+        show_json(&serde_json::json!({"done": what, "detail": detail}));
+    } else {
+        println!("{what}");
+    }
+}
+
+fn app_name(s: &str) -> rina::AppName {
+    opts::parse_name(s).unwrap_or_else(|e| opts::die("rinactl", "bad name", &e, 2))
+}
+
+fn change(cli: &Cli, c: &mut rina::Client) -> rina::Result<()> {
+    let j = cli.json;
+    match &cli.what {
+        What::Dealloc { port } => {
+            c.deallocate_port(*port)?;
+            done(
+                j,
+                &format!("flow {port} deallocated"),
+                serde_json::json!({"port": port}),
+            );
+        }
+        What::Unregister { name, dif } => {
+            c.unregister(&app_name(name), dif.as_deref())?;
+            done(
+                j,
+                &format!("{name} unregistered"),
+                serde_json::json!({"name": name, "dif": dif}),
+            );
+        }
+        What::Neighbor {
+            what:
+                NeighborCmd::Add {
+                    ipcp,
+                    name,
+                    over,
+                    address,
+                },
+        } => {
+            c.add_neighbor(ipcp, &app_name(name), over, *address)?;
+            let d = serde_json::json!({"ipcp": ipcp, "neighbor": name, "over": over, "address": address});
+            done(
+                j,
+                &format!("{name} is a neighbour of {ipcp} over {over}"),
+                d,
+            );
+        }
+        What::Neighbor {
+            what: NeighborCmd::Remove { ipcp, name },
+        } => {
+            c.remove_neighbor(ipcp, &app_name(name))?;
+            let d = serde_json::json!({"ipcp": ipcp, "neighbor": name});
+            done(j, &format!("{name} is no longer a neighbour of {ipcp}"), d);
+        }
+        What::RegisterIpcp { ipcp, dif } | What::UnregisterIpcp { ipcp, dif } => {
+            let on = matches!(cli.what, What::RegisterIpcp { .. });
+            c.register_ipcp(ipcp, dif, on)?;
+            let verb = if on {
+                "registered in"
+            } else {
+                "unregistered from"
+            };
+            done(
+                j,
+                &format!("{ipcp} {verb} DIF {dif}"),
+                serde_json::json!({"ipcp": ipcp, "dif": dif}),
+            );
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 fn run(cli: &Cli) -> rina::Result<()> {
@@ -105,6 +276,7 @@ fn run(cli: &Cli) -> rina::Result<()> {
                 print!("{}", table::sched(std::slice::from_ref(&info)).render());
             }
         }
+        _ => change(cli, &mut c)?,
     }
     Ok(())
 }

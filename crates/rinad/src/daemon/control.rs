@@ -3,6 +3,22 @@
 
 use super::*;
 
+/// Encoded bytes of one page of a listing: far below the 1 MiB message
+/// limit, and below the default socket send buffer (`net.core.wmem_max`).
+const PAGE_BYTES: usize = 64 << 10;
+
+/// Makes sure the directory of the control socket at `path` is safe to
+/// hold it: the default per-user directory (`/tmp/rinad-<uid>`) is created
+/// private and must be this user's own; any other must be owned by this
+/// user or root and not writable by every user (unless sticky, like `/tmp`).
+pub(super) fn prepare_socket(path: &std::path::Path) -> Result<(), DaemonError> {
+    let private = path.parent() == Some(ctl::private_socket_dir(sys::euid()).as_path());
+    sys::prepare_socket_dir(path, private).map_err(|m| DaemonError::Io {
+        what: format!("control socket {}", path.display()),
+        source: io::Error::new(io::ErrorKind::PermissionDenied, m),
+    })
+}
+
 impl Daemon {
     // ---- control connections ---------------------------------------------
 
@@ -10,11 +26,35 @@ impl Daemon {
         loop {
             match sys::accept(&self.listener) {
                 Ok(Some(fd)) => {
-                    if self.conns.len() >= MAX_CONNS {
-                        warn!(
-                            max = MAX_CONNS,
-                            "too many control connections; closing the new one"
-                        );
+                    let Ok(cred) = sys::peer_cred(&fd) else {
+                        warn!("cannot tell who connected; closing the connection");
+                        continue;
+                    };
+                    let admin = self.access.is_admin(&cred);
+                    let refused = if self.conns.len() >= MAX_CONNS {
+                        Err(access::Refusal::Full { limit: MAX_CONNS })
+                    } else {
+                        self.admit(&cred, admin)
+                    };
+                    if let Err(r) = refused {
+                        let e = r.error();
+                        warn!(uid = cred.uid, pid = cred.pid, reason = %e, "control connection refused");
+                        // Read what it sent already: closing a socket with
+                        // unread data resets the peer, which loses the reason.
+                        let mut scratch = [0u8; 16];
+                        for _ in 0..BUDGET {
+                            if !matches!(
+                                sys::recv(fd.as_raw_fd(), &mut scratch),
+                                Ok(Recv::Packet(_) | Recv::Empty)
+                            ) {
+                                break;
+                            }
+                        }
+                        let msg = Message::Reply {
+                            id: 0,
+                            result: Err(e),
+                        };
+                        let _ = sys::send(fd.as_raw_fd(), &ctl::encode(&msg), None);
                         continue;
                     }
                     let id = self.next_conn;
@@ -31,7 +71,14 @@ impl Daemon {
                     {
                         continue;
                     }
-                    debug!(conn = id, "client connected");
+                    debug!(
+                        conn = id,
+                        uid = cred.uid,
+                        pid = cred.pid,
+                        admin,
+                        "client connected"
+                    );
+                    let last_seen = self.now();
                     self.conns.insert(
                         id,
                         Conn {
@@ -39,6 +86,9 @@ impl Daemon {
                             out: VecDeque::new(),
                             out_bytes: 0,
                             names: Vec::new(),
+                            cred,
+                            admin,
+                            last_seen,
                         },
                     );
                 }
@@ -56,9 +106,11 @@ impl Daemon {
 
     pub(super) fn read_conn(&mut self, id: usize) {
         for _ in 0..BUDGET {
-            let Some(conn) = self.conns.get(&id) else {
+            let now = self.now();
+            let Some(conn) = self.conns.get_mut(&id) else {
                 return;
             };
+            conn.last_seen = now;
             let fd = conn.fd.as_raw_fd();
             let mut buf = std::mem::take(&mut self.ctl_buf);
             let got = sys::recv(fd, &mut buf);
@@ -257,31 +309,27 @@ impl Daemon {
                 return;
             }
             Op::Refuse { handle, reason } => self.refuse_incoming(conn, handle, &reason),
-            Op::Deallocate { port } => match self.flows.get(&port) {
-                Some(slot) if slot.owner == conn => {
-                    self.close_flow(port, true);
-                    Ok(Reply::Done)
-                }
-                // Another client's flow looks the same as no flow at all.
-                _ => Err(CtlError::new(
-                    ErrorKind::UnknownFlow,
-                    format!("this client has no flow with port-id {port}"),
-                )),
-            },
+            Op::Deallocate { port } => self.deallocate(conn, port),
             Op::ListIpcps => Ok(Reply::Ipcps {
-                ipcps: self.list_ipcps(),
+                ipcps: self.list_ipcps(conn),
             }),
             Op::ListDifs => Ok(Reply::Difs {
                 difs: self.list_difs(),
             }),
-            Op::ListNames => Ok(Reply::Names {
-                names: self.list_names(),
-            }),
-            Op::ListFlows => Ok(Reply::Flows {
-                flows: self.list_flows(),
-            }),
-            Op::ReadRib { ipcp, path, depth } => self.read_rib(&ipcp, path.as_deref(), depth),
-            Op::Scheduler { ipcp, set } => self.scheduler(&ipcp, set),
+            Op::ListNames { skip } => Ok(self.list_names(conn, skip.unwrap_or(0))),
+            Op::ListFlows { after } => Ok(self.list_flows(conn, after.unwrap_or(0))),
+            Op::ReadRib { ipcp, path, depth } => self
+                .require_admin(conn, "reading a RIB")
+                .and_then(|()| self.read_rib(&ipcp, path.as_deref(), depth)),
+            Op::Scheduler { ipcp, set } => match set {
+                Some(_) => self.require_admin(conn, "changing a scheduling policy"),
+                None => Ok(()),
+            }
+            .and_then(|()| self.scheduler(&ipcp, set)),
+            op @ (Op::AddNeighbor { .. }
+            | Op::RemoveNeighbor { .. }
+            | Op::RegisterIpcp { .. }
+            | Op::UnregisterIpcp { .. }) => self.manage(conn, op),
         };
         self.reply(conn, id, result, None);
     }
@@ -348,6 +396,49 @@ impl Daemon {
         Ok(Reply::Registered { difs })
     }
 
+    /// Deallocates flow `port` for `conn`: its own flow, one of its user's,
+    /// or any flow for an administrator.
+    pub(super) fn deallocate(&mut self, conn: usize, port: u32) -> Result<Reply, CtlError> {
+        let Some(slot) = self.flows.get(&port) else {
+            return Err(CtlError::new(
+                ErrorKind::UnknownFlow,
+                format!("no flow with port-id {port}"),
+            ));
+        };
+        if slot.owner != conn && !self.may_touch(conn, slot.uid) {
+            return Err(CtlError::new(
+                ErrorKind::PermissionDenied,
+                format!(
+                    "flow {port} belongs to another user (uid {}): only that user or an administrator may deallocate it",
+                    slot.uid
+                ),
+            ));
+        }
+        self.close_flow(port, true);
+        Ok(Reply::Done)
+    }
+
+    /// Refuses to let `conn` allocate flows from a name another user has
+    /// registered on this system (it would pose as that application);
+    /// administrators may.
+    fn check_local_name(&self, conn: usize, local: &AppName) -> Result<(), CtlError> {
+        for i in 0..self.ipcps.len() {
+            let Some(&holder) = self.owners.get(&(i, local.clone())) else {
+                continue;
+            };
+            let uid = self.conn_uid(holder);
+            if holder != conn && !self.may_touch(conn, uid) {
+                return Err(CtlError::new(
+                    ErrorKind::PermissionDenied,
+                    format!("{local} is registered by another user (uid {uid}): only that user or an administrator may allocate flows from it"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Withdraws `name` (from `dif`, or every DIF) for `conn`: a
+    /// registration of its own user's, or any for an administrator.
     pub(super) fn unregister(
         &mut self,
         conn: usize,
@@ -356,23 +447,35 @@ impl Daemon {
     ) -> Result<Reply, CtlError> {
         let targets = self.ipcps_in(dif.as_deref())?;
         let mut found = false;
+        let mut denied = None;
         for i in targets {
-            if self.owners.get(&(i, name.clone())) == Some(&conn) {
-                self.owners.remove(&(i, name.clone()));
-                self.ipcps[i].unregister(name);
-                if let Some(c) = self.conns.get_mut(&conn) {
-                    c.names.retain(|(j, n)| !(*j == i && n == name));
-                }
-                found = true;
+            let key = (i, name.clone());
+            let Some(&holder) = self.owners.get(&key) else {
+                continue;
+            };
+            let holder_uid = self.conn_uid(holder);
+            if holder != conn && !self.may_touch(conn, holder_uid) {
+                denied = Some(holder_uid);
+                continue;
             }
+            self.owners.remove(&key);
+            self.ipcps[i].unregister(name);
+            if let Some(c) = self.conns.get_mut(&holder) {
+                c.names.retain(|(j, n)| !(*j == i && n == name));
+            }
+            info!(%name, ipcp = %self.ipcps[i].name, "unregistered");
+            found = true;
         }
-        if found {
-            Ok(Reply::Done)
-        } else {
-            Err(CtlError::new(
+        match (found, denied) {
+            (true, _) => Ok(Reply::Done),
+            (false, Some(uid)) => Err(CtlError::new(
+                ErrorKind::PermissionDenied,
+                format!("{name} is registered by another user (uid {uid}): only that user or an administrator may unregister it"),
+            )),
+            (false, None) => Err(CtlError::new(
                 ErrorKind::InvalidRequest,
-                format!("{name} is not registered by this client"),
-            ))
+                format!("{name} is not registered by an application"),
+            )),
         }
     }
 
@@ -383,6 +486,8 @@ impl Daemon {
         pa: PendingAlloc,
         dif: Option<String>,
     ) -> Result<(), CtlError> {
+        check_qos(&pa.qos)?;
+        self.check_local_name(pa.conn, &pa.local)?;
         let remote = pa.remote.clone();
         let candidates = self.ipcps_in(dif.as_deref())?;
         let i = candidates
@@ -413,6 +518,16 @@ impl Daemon {
         rings: bool,
     ) -> Result<(FlowInfo, OwnedFd), CtlError> {
         let inc = self.take_incoming(conn, handle)?;
+        // The descriptors first: without them the flow is refused, with the
+        // reason, instead of accepted and then closed at once.
+        let pair = match new_flow_pair(&self.system) {
+            Ok(p) => p,
+            Err(e) => {
+                warn!(remote = %inc.remote, error = %e, "refusing a flow: no descriptor");
+                let _ = self.ipcps[inc.ipcp].refuse(inc.ipcp_handle, &e.message);
+                return Err(e);
+            }
+        };
         let port = self.free_port();
         let now = self.now();
         let max_sdu = self.ipcps[inc.ipcp].accept(now, inc.ipcp_handle, port)?;
@@ -424,7 +539,7 @@ impl Daemon {
             qos: inc.qos,
             max_sdu,
         };
-        match self.open_flow(inc.ipcp, conn, info, rings) {
+        match self.open_flow_with(inc.ipcp, conn, info, rings, pair) {
             Ok((info, fd)) => {
                 info!(port, local = %info.local, remote = %info.remote, "flow accepted");
                 Ok((info, fd))
@@ -487,6 +602,8 @@ impl Daemon {
         };
         if let Some(v) = set {
             let bad = |m: String| CtlError::new(ErrorKind::InvalidRequest, m);
+            crate::config::check_sched_bounds(&v)
+                .map_err(|e| bad(format!("bad scheduling policy: {e}")))?;
             let cfg: SchedulerConfig = serde_json::from_value(v)
                 .map_err(|e| bad(format!("bad scheduling policy: {e}")))?;
             let cu = rina_core::normal::cubes::cu_map(&n.machine.config().cubes);
@@ -563,19 +680,38 @@ impl Daemon {
         })
     }
 
-    pub(super) fn list_ipcps(&self) -> Vec<IpcpInfo> {
+    /// The IPCPs; a client that is not an administrator sees only its
+    /// own user's names in them.
+    pub(super) fn list_ipcps(&self, conn: usize) -> Vec<IpcpInfo> {
         self.ipcps
             .iter()
-            .map(|ip| IpcpInfo {
+            .enumerate()
+            .map(|(i, ip)| IpcpInfo {
                 name: ip.name.clone(),
                 kind: ip.kind().into(),
                 dif: ip.dif.clone(),
                 address: ip.address(),
                 flows: ip.flow_count(),
-                names: ip.names(),
+                names: ip
+                    .names()
+                    .into_iter()
+                    .filter(|n| self.may_see_name(conn, i, n))
+                    .collect(),
                 counters: ip.counters(),
             })
             .collect()
+    }
+
+    /// Whether `conn` may see name `n` registered in IPCP `i`: an
+    /// administrator sees every name, anyone else the names of their user.
+    fn may_see_name(&self, conn: usize, i: usize, n: &AppName) -> bool {
+        if self.conn_admin(conn) {
+            return true;
+        }
+        match self.owners.get(&(i, n.clone())) {
+            Some(&holder) => self.conn_uid(holder) == self.conn_uid(conn),
+            None => false,
+        }
     }
 
     pub(super) fn list_difs(&self) -> Vec<DifInfo> {
@@ -593,35 +729,81 @@ impl Daemon {
             .collect()
     }
 
-    pub(super) fn list_names(&self) -> Vec<NameInfo> {
-        self.ipcps
-            .iter()
-            .flat_map(|ip| {
-                ip.names().into_iter().map(|name| NameInfo {
+    /// One page of the names `conn` may see, after the first `skip` of them.
+    pub(super) fn list_names(&self, conn: usize, skip: u64) -> Reply {
+        let all = self.ipcps.iter().enumerate().flat_map(|(i, ip)| {
+            ip.names()
+                .into_iter()
+                .filter(move |n| self.may_see_name(conn, i, n))
+                .map(|name| NameInfo {
                     name,
                     dif: ip.dif.clone(),
                     ipcp: ip.name.clone(),
                 })
-            })
-            .collect()
+        });
+        let mut names = Vec::new();
+        let mut bytes = 0;
+        let mut next = None;
+        for (k, n) in all.enumerate().skip(skip.try_into().unwrap_or(usize::MAX)) {
+            bytes += ctl::encode(&n).len() + 1;
+            if bytes > PAGE_BYTES && !names.is_empty() {
+                next = Some(k as u64);
+                break;
+            }
+            names.push(n);
+        }
+        Reply::Names { names, next }
     }
 
-    pub(super) fn list_flows(&self) -> Vec<FlowStats> {
-        let mut v: Vec<FlowStats> = self
+    /// One page of the flows `conn` may see (its user's; all for an
+    /// administrator), those with port-ids above `after`, in port order.
+    pub(super) fn list_flows(&self, conn: usize, after: u32) -> Reply {
+        let admin = self.conn_admin(conn);
+        let uid = self.conn_uid(conn);
+        let mut ports: Vec<PortId> = self
             .flows
             .iter()
-            .filter_map(|(&port, slot)| {
-                let ip = &self.ipcps[slot.ipcp];
-                Some(FlowStats {
-                    info: slot.info.clone(),
-                    ipcp: ip.name.clone(),
-                    counters: ip.flow_counters(port)?,
-                })
-            })
+            .filter(|(&p, slot)| p > after && (admin || slot.uid == uid))
+            .map(|(&p, _)| p)
             .collect();
-        v.sort_by_key(|f| f.info.port);
-        v
+        ports.sort_unstable();
+        let mut flows = Vec::new();
+        let mut bytes = 0;
+        let mut next = None;
+        for port in ports {
+            let slot = &self.flows[&port];
+            let ip = &self.ipcps[slot.ipcp];
+            let Some(counters) = ip.flow_counters(port) else {
+                continue;
+            };
+            let f = FlowStats {
+                info: slot.info.clone(),
+                ipcp: ip.name.clone(),
+                counters,
+            };
+            bytes += ctl::encode(&f).len() + 1;
+            if bytes > PAGE_BYTES && !flows.is_empty() {
+                next = flows.last().map(|f: &FlowStats| f.info.port);
+                break;
+            }
+            flows.push(f);
+        }
+        Reply::Flows { flows, next }
     }
+}
+
+/// Refuses a QoS spec whose figures are out of their range.
+fn check_qos(q: &rina_wire::QosSpec) -> Result<(), CtlError> {
+    let bad = |m: String| Err(CtlError::new(ErrorKind::InvalidRequest, m));
+    if let Some(p) = q.max_loss_ppm.filter(|&p| p > 1_000_000) {
+        return bad(format!(
+            "qos.max_loss_ppm = {p} is out of range: a loss is 0 to 1000000 parts per million"
+        ));
+    }
+    if q.max_sdu_size == Some(0) {
+        return bad("qos.max_sdu_size = 0 is out of range: SDUs have at least 1 byte".into());
+    }
+    Ok(())
 }
 
 /// The error reply that replaces a reply too large for the control socket.

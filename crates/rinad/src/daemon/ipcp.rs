@@ -562,6 +562,7 @@ pub(super) fn normal_error(e: NormalError) -> CtlError {
         NormalError::BadSduSize { .. } => ErrorKind::SduTooLarge,
         NormalError::UnknownFlow(..) => ErrorKind::UnknownFlow,
         NormalError::UnknownRequest(..) => ErrorKind::InvalidRequest,
+        NormalError::NoResources(..) => ErrorKind::NoResources,
         _ => ErrorKind::Internal,
     };
     CtlError::new(kind, text)

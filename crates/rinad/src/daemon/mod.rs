@@ -22,9 +22,11 @@
 //! control client that does not read its replies is disconnected once
 //! [`CONN_QUEUE_MAX`] messages are queued for it.
 
+mod access;
 mod app_rings;
 mod control;
 mod ipcp;
+mod manage;
 mod normal;
 mod shim;
 mod shim_eth;
@@ -97,6 +99,8 @@ struct FlowSlot {
     info: FlowInfo,
     /// The control connection that allocated or accepted it.
     owner: usize,
+    /// The user of that connection: who may list and deallocate the flow.
+    uid: u32,
     /// Already in the ready queue.
     queued: bool,
     /// Shared-memory rings with the application (shim-hv flows that asked).
@@ -109,6 +113,12 @@ struct Conn {
     out: VecDeque<(Vec<u8>, Option<OwnedFd>)>,
     out_bytes: usize,
     names: Vec<(usize, AppName)>,
+    /// Who connected.
+    cred: sys::PeerCred,
+    /// Whether that is an administrator ([`access`]).
+    admin: bool,
+    /// When it last sent a request (or connected).
+    last_seen: Instant,
 }
 
 /// An allocation waiting for the peer's answer.
@@ -170,6 +180,10 @@ pub struct Daemon {
     ready_udp: VecDeque<usize>,
     closing: Vec<usize>,
     accept_retry: Option<Instant>,
+    /// Who may do what on the control socket.
+    access: access::Access,
+    /// When to look for idle control connections next.
+    idle_sweep: Instant,
     /// N-1 flows of normal IPCPs: port -> (normal IPCP, shim IPCP).
     n1_owner: HashMap<PortId, (usize, usize)>,
     /// N-1 flows being allocated: port -> (normal IPCP, neighbour index).
@@ -190,6 +204,8 @@ impl Daemon {
     /// already serves `socket_path`.
     pub fn new(cfg: &Config, socket_path: PathBuf) -> Result<Daemon, DaemonError> {
         let poll = Poll::new().map_err(io_ctx("cannot create the poller"))?;
+        let access = access::Access::new(&cfg.system)?;
+        control::prepare_socket(&socket_path)?;
         if socket_path.exists() {
             if sys::seqpacket_alive(&socket_path) {
                 return Err(DaemonError::AlreadyRunning(socket_path));
@@ -198,6 +214,15 @@ impl Daemon {
         }
         let listener = sys::seqpacket_listener(&socket_path).map_err(io_ctx(format!(
             "cannot listen on {}",
+            socket_path.display()
+        )))?;
+        sys::set_socket_access(
+            &socket_path,
+            cfg.system.socket_mode(),
+            cfg.system.socket_group.as_deref(),
+        )
+        .map_err(io_ctx(format!(
+            "cannot set the mode or group of {}",
             socket_path.display()
         )))?;
         poll.registry()
@@ -251,6 +276,9 @@ impl Daemon {
                         sc.max_sdu = *m.get_ref();
                     }
                     sc.directory = ic.directory.clone().into_iter().collect();
+                    if let Some(m) = ic.max_flows {
+                        sc.max_flows = m;
+                    }
                     info!(ipcp = %ic.name.get_ref(), dif = %ic.dif, %bound, max_sdu = sc.max_sdu,
                         directory = sc.directory.len(), "shim-udp IPCP up");
                     ipcps.push(Ipcp {
@@ -292,6 +320,8 @@ impl Daemon {
             ready_udp: VecDeque::new(),
             closing: Vec::new(),
             accept_retry: None,
+            access,
+            idle_sweep: Instant::from_nanos(0),
             n1_owner: HashMap::new(),
             n1_pending: HashMap::new(),
             ipcp_owned,
@@ -318,6 +348,7 @@ impl Daemon {
                     .iter()
                     .filter_map(|ip| ip.poll_timeout())
                     .chain(self.accept_retry)
+                    .chain(Some(self.idle_sweep))
                     .chain(self.neighbor_timeout())
                     .chain(self.hv_timeout())
                     .min()
@@ -382,6 +413,9 @@ impl Daemon {
             if self.accept_retry.is_some_and(|t| t <= now) {
                 self.accept_retry = None;
                 self.accept_conns();
+            }
+            if self.idle_sweep <= now {
+                self.idle_sweep = self.sweep_idle(now);
             }
             for ip in &mut self.ipcps {
                 if ip.poll_timeout().is_some_and(|t| t <= now) {
@@ -763,13 +797,20 @@ impl Daemon {
         info: FlowInfo,
         rings: bool,
     ) -> Result<(FlowInfo, OwnedFd), CtlError> {
+        let pair = new_flow_pair(&self.system)?;
+        self.open_flow_with(i, owner, info, rings, pair)
+    }
+
+    /// [`Daemon::open_flow`] with the flow's socket pair already made.
+    fn open_flow_with(
+        &mut self,
+        i: usize,
+        owner: usize,
+        info: FlowInfo,
+        rings: bool,
+        (ours, theirs): (OwnedFd, OwnedFd),
+    ) -> Result<(FlowInfo, OwnedFd), CtlError> {
         let port = info.port;
-        let (ours, theirs) = sys::flow_pair(FLOW_SNDBUF).map_err(|e| {
-            CtlError::new(
-                ErrorKind::NoResources,
-                format!("cannot create flow socket: {e}"),
-            )
-        })?;
         self.poll
             .registry()
             .register(
@@ -803,6 +844,7 @@ impl Daemon {
                 fd: ours,
                 info: info.clone(),
                 owner,
+                uid: self.conn_uid(owner),
                 queued: false,
                 rings,
             },
@@ -838,6 +880,22 @@ impl Daemon {
             }
         }
     }
+}
+
+/// The socket pair of a new flow; out of descriptors, an error that says so.
+fn new_flow_pair(system: &str) -> Result<(OwnedFd, OwnedFd), CtlError> {
+    sys::flow_pair(FLOW_SNDBUF).map_err(|e| {
+        let why =
+            if e.raw_os_error() == Some(libc::EMFILE) || e.raw_os_error() == Some(libc::ENFILE) {
+                " (the daemon is at its limit of open descriptors)"
+            } else {
+                ""
+            };
+        CtlError::new(
+            ErrorKind::NoResources,
+            format!("system {system} cannot open a descriptor for the flow: {e}{why}"),
+        )
+    })
 }
 
 /// Largest PDU of a normal IPCP when the configuration does not say: room
@@ -878,6 +936,9 @@ fn new_normal(ic: &crate::config::IpcpConfig) -> Result<Ipcp, DaemonError> {
         None => nc.sdup.ttl,
     };
     nc.cubes = ic.cubes();
+    if let Some(m) = ic.max_flows {
+        nc.max_flows = m;
+    }
     let sched_cfg = ic.scheduler_config();
     let sched = sched_cfg
         .build(&rina_core::normal::cubes::cu_map(&nc.cubes))

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod users;
+
 use rina::{AppName, Client};
 use std::io::Read;
 use std::path::{Path, PathBuf};

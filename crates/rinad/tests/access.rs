@@ -1,0 +1,261 @@
+//! Access rights on the control socket: what one user may do to another
+//! user's names and flows, management commands, and the socket's private
+//! directory. They run as root (CI does), create two test users and
+//! impersonate them per thread; as anyone else they print `skipped: …`.
+
+mod common;
+
+use common::users::{as_user, test_user, User};
+use common::{name, pair, wait_for, Daemon};
+use rina::{Client, ErrorKind, Flow, QosSpec};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(10);
+
+fn users() -> Option<(User, User)> {
+    Some((test_user("rinatest-a")?, test_user("rinatest-b")?))
+}
+
+/// A client of `d` connected as `u`.
+fn client_as(u: User, d: &Daemon) -> Client {
+    let path = d.socket.clone();
+    as_user(u, move || {
+        Client::connect_to(path).expect("connect as a test user")
+    })
+}
+
+/// Registers `n` at `d` as `u` and echoes every flow it accepts.
+fn echo_as(u: User, d: &Daemon, n: &str) {
+    let mut c = client_as(u, d);
+    c.register(&name(n), None).unwrap();
+    std::thread::spawn(move || {
+        while let Ok(Some(req)) = c.next_request_timeout(Duration::from_secs(30)) {
+            let Ok(flow) = c.accept(&req) else { continue };
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 2048];
+                while let Ok(n) = flow.read(&mut buf) {
+                    if flow.write(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+}
+
+fn echoes(flow: &Flow) {
+    flow.write(b"ping").unwrap();
+    let mut buf = [0u8; 16];
+    let n = flow.read_timeout(&mut buf, T).unwrap().expect("echo");
+    assert_eq!(&buf[..n], b"ping");
+}
+
+fn denied<T: std::fmt::Debug>(what: &str, r: rina::Result<T>) -> String {
+    let e = r.expect_err(what);
+    assert_eq!(e.kind, ErrorKind::PermissionDenied, "{what}: {e}");
+    e.message
+}
+
+#[test]
+fn a_user_cannot_touch_another_users_names_and_flows() {
+    let Some((a, b)) = users() else { return };
+    let (alpha, beta) = pair(&["echo-a", "echo-b"]);
+    echo_as(a, &beta, "echo-a");
+
+    // User a's flow at alpha.
+    let mut ca = client_as(a, &alpha);
+    let fa = ca
+        .allocate(&name("app-a"), &name("echo-a"), None, &QosSpec::default())
+        .unwrap();
+    echoes(&fa);
+    let port_a = fa.info().port;
+
+    // User b sees none of a's names or flows...
+    let mut cb_beta = client_as(b, &beta);
+    assert!(cb_beta.list_names().unwrap().is_empty());
+    assert!(cb_beta.list_ipcps().unwrap()[0].names.is_empty());
+    let mut cb = client_as(b, &alpha);
+    assert!(cb.list_flows().unwrap().is_empty());
+    // ...cannot deallocate a's flow, unregister or take a's name...
+    let m = denied("b deallocates a's flow", cb.deallocate_port(port_a));
+    assert!(
+        m.contains("another user") && m.contains(&a.uid.to_string()),
+        "{m}"
+    );
+    let m = denied(
+        "b unregisters a's name",
+        cb_beta.unregister(&name("echo-a"), None),
+    );
+    assert!(m.contains("echo-a") && m.contains("another user"), "{m}");
+    let e = cb_beta.register(&name("echo-a"), None).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::NameInUse, "{e}");
+    // ...nor read RIBs or change the system.
+    let m = denied("b reads a RIB", cb.read_rib("alpha.udp", None, None));
+    assert!(m.contains("management command"), "{m}");
+    denied(
+        "b sets a scheduler",
+        cb.set_scheduler("alpha.udp", serde_json::json!({"policy": "fifo"})),
+    );
+    denied(
+        "b adds a neighbour",
+        cb.add_neighbor("alpha.udp", &name("x"), "udp", None),
+    );
+    denied(
+        "b registers an IPCP",
+        cb.register_ipcp("alpha.udp", "udp", true),
+    );
+    // ...nor pose as a's registered application.
+    ca.register(&name("app-a"), None).unwrap();
+    let m = denied(
+        "b allocates from a's name",
+        cb.allocate(&name("app-a"), &name("echo-a"), None, &QosSpec::default()),
+    );
+    assert!(m.contains("app-a"), "{m}");
+    // a's flow still works.
+    echoes(&fa);
+
+    // b registers and uses its own name and flow, and sees only those.
+    echo_as(b, &beta, "echo-b");
+    let fb = cb
+        .allocate(&name("app-b"), &name("echo-b"), None, &QosSpec::default())
+        .unwrap();
+    echoes(&fb);
+    let mine = cb.list_flows().unwrap();
+    assert_eq!(mine.len(), 1);
+    assert_eq!(mine[0].info.port, fb.info().port);
+    let names: Vec<String> = cb_beta
+        .list_names()
+        .unwrap()
+        .iter()
+        .map(|n| n.name.to_string())
+        .collect();
+    assert_eq!(names, ["echo-b"]);
+    // a sees only its own flow; root, an administrator, sees both.
+    let theirs = ca.list_flows().unwrap();
+    assert_eq!(theirs.len(), 1);
+    assert_eq!(theirs[0].info.port, port_a);
+    assert_eq!(alpha.client().list_flows().unwrap().len(), 2);
+    assert_eq!(beta.client().list_names().unwrap().len(), 2);
+
+    // b deallocates its own flow through the control socket (another
+    // connection of the same user); the administrator deallocates a's.
+    cb.deallocate_port(fb.info().port).unwrap();
+    alpha.client().deallocate_port(port_a).unwrap();
+    wait_for("both flows to go", T, || {
+        alpha.client().list_flows().unwrap().is_empty()
+    });
+    // An administrator may also unregister a user's name.
+    beta.client().unregister(&name("echo-a"), None).unwrap();
+    let left: Vec<String> = beta
+        .client()
+        .list_names()
+        .unwrap()
+        .iter()
+        .map(|n| n.name.to_string())
+        .collect();
+    assert_eq!(left, ["echo-b"]);
+}
+
+#[test]
+fn admin_group_members_may_manage() {
+    let Some((a, _)) = users() else { return };
+    // rinatest-a's own group is the admin group here.
+    let cfg = "[system]\nname = \"adm\"\nadmin_group = \"rinatest-a\"\n\n[[ipcp]]\nname = \"adm.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:0\"\n";
+    let d = Daemon::start_with("adm", cfg);
+    let mut c = client_as(a, &d);
+    assert!(!c.read_rib("adm.udp", None, None).unwrap().is_empty());
+}
+
+/// Starts `rinad` as `u` with no socket path given, so it uses the
+/// per-user default; returns the child and its stderr file.
+fn rinad_as(u: User, dir: &std::path::Path) -> (std::process::Child, PathBuf) {
+    let conf = dir.join("rinad.toml");
+    std::fs::write(&conf, "[system]\nname = \"squat\"\n").unwrap();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let err = dir.join(format!("rinad-{}.err", u.uid));
+    use std::os::unix::process::CommandExt;
+    let child = Command::new(env!("CARGO_BIN_EXE_rinad"))
+        .arg("--config")
+        .arg(&conf)
+        .env_remove("RINA_SOCKET")
+        .env_remove("XDG_RUNTIME_DIR")
+        .uid(u.uid)
+        .gid(u.gid)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .expect("spawn rinad as a test user");
+    (child, err)
+}
+
+#[test]
+fn another_user_cannot_squat_the_default_socket() {
+    let Some((a, b)) = users() else { return };
+    let dir = common::temp_dir("squat");
+    let private = PathBuf::from(format!("/tmp/rinad-{}", a.uid));
+    let _ = std::fs::remove_dir_all(&private);
+
+    // b made a's directory first: a's daemon refuses it and says why.
+    std::fs::create_dir(&private).unwrap();
+    std::os::unix::fs::chown(&private, Some(b.uid), Some(b.gid)).unwrap();
+    let (mut child, err) = rinad_as(a, &dir);
+    let mut status = None;
+    wait_for("rinad to refuse the squatted directory", T, || {
+        status = child.try_wait().unwrap();
+        status.is_some()
+    });
+    assert!(!status.unwrap().success());
+    let msg = std::fs::read_to_string(&err).unwrap();
+    assert!(
+        msg.contains(&format!("belongs to uid {}", b.uid)) && msg.contains("squat"),
+        "{msg}"
+    );
+    // Group- or world-writable is refused as well, even when a's own.
+    std::os::unix::fs::chown(&private, Some(a.uid), Some(a.gid)).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let (mut child, err) = rinad_as(a, &dir);
+    wait_for("rinad to refuse the open directory", T, || {
+        child.try_wait().unwrap().is_some()
+    });
+    let msg = std::fs::read_to_string(&err).unwrap();
+    assert!(msg.contains("private"), "{msg}");
+
+    // Without it, a's daemon makes it private and serves a, not b.
+    std::fs::remove_dir_all(&private).unwrap();
+    let (mut child, _) = rinad_as(a, &dir);
+    let sock = private.join("rinad.sock");
+    let s = sock.clone();
+    wait_for("a's rinad to answer", T, || {
+        let s = s.clone();
+        as_user(a, move || Client::connect_to(s).is_ok())
+    });
+    let md = std::fs::symlink_metadata(&private).unwrap();
+    assert_eq!((md.uid(), md.mode() & 0o777), (a.uid, 0o700));
+    let s = sock.clone();
+    let e = as_user(b, move || Client::connect_to(s).unwrap_err());
+    assert_ne!(e.kind, ErrorKind::DaemonNotRunning, "{e}");
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&private);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn socket_mode_and_group_follow_the_config() {
+    let Some((a, b)) = users() else { return };
+    let cfg = "[system]\nname = \"mode\"\nsocket_mode = \"0660\"\nsocket_group = \"rinatest-a\"\n";
+    let d = Daemon::start_with("mode", cfg);
+    let md = std::fs::metadata(&d.socket).unwrap();
+    assert_eq!(md.mode() & 0o777, 0o660);
+    assert_eq!(md.gid(), a.gid);
+    // A member of the group connects, anybody else is turned away by the kernel.
+    let s = d.socket.clone();
+    as_user(a, move || Client::connect_to(s).map(drop)).expect("a connects");
+    let s = d.socket.clone();
+    let e = as_user(b, move || Client::connect_to(s).map(drop)).unwrap_err();
+    assert!(e.message.contains("ermission denied"), "{e}");
+}

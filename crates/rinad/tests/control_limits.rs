@@ -1,0 +1,243 @@
+//! A control plane that holds: connection caps per user, idle timeouts,
+//! strict request decoding and range checks, `no_resources` from a full
+//! normal DIF.
+
+mod common;
+
+use common::users::{as_user, raise_nofile, test_user};
+use common::{name, wait_for, Daemon};
+use rina::{Client, ErrorKind, QosSpec};
+use rina_wire::ctl::{self, Message};
+use std::net::UdpSocket;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(10);
+
+/// A raw control connection: requests written by hand.
+fn raw_conn(d: &Daemon) -> OwnedFd {
+    use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .unwrap();
+    connect(fd.as_raw_fd(), &UnixAddr::new(&d.socket).unwrap()).unwrap();
+    fd
+}
+
+/// Sends `req` as one packet and returns the daemon's answer (or `None`
+/// if it closed the connection).
+fn ask(fd: &OwnedFd, req: &str) -> Option<Message> {
+    use nix::sys::socket::{recv, send, MsgFlags};
+    send(fd.as_raw_fd(), req.as_bytes(), MsgFlags::empty()).unwrap();
+    let mut buf = vec![0u8; ctl::MAX_CTL_MSG];
+    assert!(readable(fd, T), "no answer");
+    let n = recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty()).unwrap();
+    (n > 0).then(|| ctl::decode(&buf[..n]).unwrap())
+}
+
+/// Waits until `fd` is readable (or hung up), at most `t`.
+fn readable(fd: &OwnedFd, t: Duration) -> bool {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    unsafe { libc::poll(&mut p, 1, t.as_millis() as i32) == 1 }
+}
+
+fn refused(m: Option<Message>) -> (ErrorKind, String) {
+    match m {
+        Some(Message::Reply { result: Err(e), .. }) => (e.kind, e.message),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+const WITH_NORMAL: &str = "[system]\nname = \"v\"\n\n[[ipcp]]\nname = \"v.net\"\ntype = \"normal\"\ndif = \"net\"\naddress = 1\n";
+
+#[test]
+fn numeric_ops_and_out_of_range_parameters_are_refused() {
+    let d = Daemon::start_with("v", WITH_NORMAL);
+    let c = raw_conn(&d);
+    let (k, m) = refused(ask(&c, r#"{"id":1,"op":7}"#));
+    assert_eq!(k, ErrorKind::InvalidRequest);
+    assert!(m.contains("name of an operation"), "{m}");
+    let (k, m) = refused(ask(
+        &c,
+        r#"{"id":2,"op":"deallocate","port":18446744073709551615}"#,
+    ));
+    assert_eq!(k, ErrorKind::InvalidRequest);
+    assert!(m.contains("18446744073709551615"), "{m}");
+    let (k, m) = refused(ask(&c, r#"{"id":3,"op":"list_ipcps","verbose":true}"#));
+    assert_eq!(k, ErrorKind::InvalidRequest);
+    assert!(m.contains("verbose"), "{m}");
+    let (k, m) = refused(ask(
+        &c,
+        r#"{"id":4,"op":"scheduler","ipcp":"v.net","set":{"policy":"fifo","queue_len":18446744073709551615}}"#,
+    ));
+    assert_eq!(k, ErrorKind::InvalidRequest);
+    assert!(m.contains("queue_len") && m.contains("out of range"), "{m}");
+    let (k, m) = refused(ask(
+        &c,
+        r#"{"id":5,"op":"allocate","local":"a","remote":"b","dif":null,"qos":{"max_loss_ppm":2000000}}"#,
+    ));
+    assert_eq!(k, ErrorKind::InvalidRequest);
+    assert!(m.contains("max_loss_ppm"), "{m}");
+    // The policy in force is unchanged, and the connection still serves.
+    let info = d.client().scheduler("v.net").unwrap();
+    assert_eq!(info.config["queue_len"], serde_json::json!(1000));
+    assert!(matches!(
+        ask(&c, r#"{"id":6,"op":"list_difs"}"#),
+        Some(Message::Reply {
+            id: 6,
+            result: Ok(_)
+        })
+    ));
+}
+
+#[test]
+fn one_users_idle_connections_leave_others_working() {
+    let (Some(a), Some(b)) = (test_user("rinatest-a"), test_user("rinatest-b")) else {
+        return;
+    };
+    raise_nofile(8192);
+    let d = Daemon::start("flood", &[]);
+    let path = d.socket.clone();
+    // b opens 2,000 connections and says nothing on them.
+    let held: Vec<rina::Result<Client>> = as_user(b, move || {
+        (0..2000)
+            .map(|_| Client::connect_to_timeout(&path, Some(T)))
+            .collect()
+    });
+    assert!(
+        held.iter().all(|c| c.is_ok()),
+        "connecting is never blocked"
+    );
+    let mut held: Vec<Client> = held.into_iter().map(Result::unwrap).collect();
+    // The daemon keeps only b's share, and says why to the others.
+    let e = held.last_mut().unwrap().list_difs().unwrap_err();
+    assert_eq!(e.kind, ErrorKind::NoResources, "{e}");
+    assert!(e.message.contains("max_conns_per_user"), "{e}");
+    assert!(held[0].list_difs().is_ok());
+    // a and root are served.
+    let path = d.socket.clone();
+    let difs = as_user(a, move || {
+        Client::connect_to_timeout(&path, Some(T))
+            .and_then(|mut c| c.list_difs())
+            .map(|v| v.len())
+    });
+    assert_eq!(difs, Ok(1));
+    assert_eq!(d.client().list_difs().unwrap().len(), 1);
+}
+
+#[test]
+fn administrators_keep_a_share_when_users_fill_the_daemon() {
+    let Some(b) = test_user("rinatest-b") else {
+        return;
+    };
+    raise_nofile(8192);
+    let d = Daemon::start_with(
+        "full",
+        "[system]\nname = \"full\"\nmax_conns_per_user = 5000\n",
+    );
+    let path = d.socket.clone();
+    let mut held: Vec<Client> = as_user(b, move || {
+        (0..1100)
+            .map(|_| Client::connect_to_timeout(&path, Some(T)).unwrap())
+            .collect()
+    });
+    let e = held.last_mut().unwrap().list_difs().unwrap_err();
+    assert_eq!(e.kind, ErrorKind::NoResources, "{e}");
+    assert!(e.message.contains("not administrators"), "{e}");
+    // Root, an administrator, still gets in.
+    assert!(d.client().list_difs().is_ok());
+}
+
+#[test]
+fn idle_connections_that_hold_nothing_are_closed() {
+    let d = Daemon::start_with(
+        "idle",
+        "[system]\nname = \"idle\"\nidle_timeout_ms = 300\n\n[[ipcp]]\nname = \"idle.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:0\"\n",
+    );
+    let mut holder = d.client();
+    holder.register(&name("kept"), None).unwrap();
+    let silent = raw_conn(&d);
+    // The silent one is closed: it reads the end of the stream.
+    assert!(readable(&silent, T), "the idle connection is never closed");
+    let mut b = [0u8; 64];
+    let n = nix::sys::socket::recv(
+        silent.as_raw_fd(),
+        &mut b,
+        nix::sys::socket::MsgFlags::empty(),
+    )
+    .unwrap();
+    assert_eq!(n, 0, "the idle connection was closed");
+    // The one holding a name, idle for longer, is still served.
+    assert_eq!(holder.list_names().unwrap().len(), 1);
+}
+
+fn free_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A normal IPCP `me.net` at `addr` over a shim-udp DIF, with one
+/// neighbour and at most `max_flows` flows.
+fn normal_system(
+    me: &str,
+    addr: u64,
+    port: u16,
+    peer: &str,
+    peer_port: u16,
+    max_flows: usize,
+) -> String {
+    let peer_addr = 3 - addr;
+    format!(
+        "[system]\nname = \"{me}\"\n\n[[ipcp]]\nname = \"{me}.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:{port}\"\n\n[ipcp.directory]\n\"{peer}.net\" = \"127.0.0.1:{peer_port}\"\n\n[[ipcp]]\nname = \"{me}.net\"\ntype = \"normal\"\ndif = \"net\"\naddress = {addr}\nmax_flows = {max_flows}\n\n[[ipcp.neighbor]]\nname = \"{peer}.net\"\nover = \"udp\"\naddress = {peer_addr}\n\n[ipcp.names]\n\"echo\" = 2\n"
+    )
+}
+
+#[test]
+fn a_full_normal_dif_answers_no_resources() {
+    let (pa, pb) = (free_port(), free_port());
+    let alpha = Daemon::start_with("alpha", &normal_system("alpha", 1, pa, "beta", pb, 8));
+    let beta = Daemon::start_with("beta", &normal_system("beta", 2, pb, "alpha", pa, 1));
+    let mut srv = beta.client();
+    srv.register(&name("echo"), Some("net")).unwrap();
+    let accepter = std::thread::spawn(move || {
+        let mut flows = Vec::new();
+        while let Ok(Some(req)) = srv.next_request_timeout(T) {
+            if let Ok(f) = srv.accept(&req) {
+                flows.push(f);
+            }
+        }
+        flows.len()
+    });
+    let mut c = alpha.client();
+    let mut first = None;
+    wait_for("the first flow over the normal DIF", T, || {
+        match c.allocate(&name("a"), &name("echo"), Some("net"), &QosSpec::default()) {
+            Ok(f) => {
+                first = Some(f);
+                true
+            }
+            Err(_) => false,
+        }
+    });
+    // beta holds one flow, its most: the next is refused for resources.
+    let e = c
+        .allocate(&name("a"), &name("echo"), Some("net"), &QosSpec::default())
+        .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::NoResources, "{e}");
+    drop(first);
+    drop(alpha);
+    drop(beta);
+    let _ = accepter.join();
+}
