@@ -59,6 +59,7 @@ pub fn kind_errno(kind: ErrorKind) -> i32 {
         ErrorKind::UnknownFlow => libc::EBADF,
         ErrorKind::NoResources => libc::ENOBUFS,
         ErrorKind::Internal => libc::EPROTO,
+        ErrorKind::PermissionDenied => libc::EACCES,
     }
 }
 
