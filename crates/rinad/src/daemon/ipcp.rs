@@ -10,10 +10,11 @@ use super::shim::ShimIo;
 use super::shim_eth::EthIo;
 use super::shim_hv::HvIo;
 use super::Daemon;
-use rina_core::normal::{self, NormalError};
-use rina_core::shim_eth::{self as shim_eth_core, ShimEthError};
-use rina_core::shim_hv::{self as shim_hv_core, ShimHvError};
-use rina_core::shim_udp::{self, PortId, ShimError};
+use rina_core::normal;
+use rina_core::shim_eth as shim_eth_core;
+use rina_core::shim_hv as shim_hv_core;
+use rina_core::shim_udp::{self, PortId};
+use rina_core::system::FlowError;
 use rina_core::Instant;
 use rina_wire::ctl::{CtlError, ErrorKind, FlowCounters};
 use rina_wire::{AppName, QosSpec};
@@ -106,14 +107,14 @@ impl Ipcp {
     /// Registers an application name.
     pub fn register(&mut self, name: AppName) -> Result<(), CtlError> {
         match &mut self.imp {
-            Imp::Shim(s) => s.machine.register(name).map_err(shim_error),
+            Imp::Shim(s) => s.machine.register(name).map_err(flow_error),
             Imp::Normal(n) => {
-                n.machine.register(name.clone()).map_err(normal_error)?;
+                n.machine.register(name.clone()).map_err(flow_error)?;
                 n.names.insert(name);
                 Ok(())
             }
-            Imp::ShimEth(e) => e.machine.register(name).map_err(shim_eth_error),
-            Imp::ShimHv(h) => h.machine.register(name).map_err(shim_hv_error),
+            Imp::ShimEth(e) => e.machine.register(name).map_err(flow_error),
+            Imp::ShimHv(h) => h.machine.register(name).map_err(flow_error),
         }
     }
 
@@ -165,39 +166,39 @@ impl Ipcp {
             Imp::Shim(s) => s
                 .machine
                 .allocate(now, port, local, remote, qos)
-                .map_err(shim_error),
+                .map_err(flow_error),
             Imp::Normal(n) => n
                 .machine
                 .allocate(now, port, local, remote, qos)
-                .map_err(normal_error),
+                .map_err(flow_error),
             Imp::ShimEth(e) => e
                 .machine
                 .allocate(now, port, local, remote, qos)
-                .map_err(shim_eth_error),
+                .map_err(flow_error),
             Imp::ShimHv(h) => h
                 .machine
                 .allocate(now, port, local, remote, qos)
-                .map_err(shim_hv_error),
+                .map_err(flow_error),
         }
     }
 
     /// Accepts incoming request `handle` as flow `port`; returns its max SDU.
     pub fn accept(&mut self, now: Instant, handle: u64, port: PortId) -> Result<u32, CtlError> {
         match &mut self.imp {
-            Imp::Shim(s) => s.machine.accept(handle, port).map_err(shim_error),
-            Imp::Normal(n) => n.machine.accept(now, handle, port).map_err(normal_error),
-            Imp::ShimEth(e) => e.machine.accept(handle, port).map_err(shim_eth_error),
-            Imp::ShimHv(h) => h.machine.accept(handle, port).map_err(shim_hv_error),
+            Imp::Shim(s) => s.machine.accept(handle, port).map_err(flow_error),
+            Imp::Normal(n) => n.machine.accept(now, handle, port).map_err(flow_error),
+            Imp::ShimEth(e) => e.machine.accept(handle, port).map_err(flow_error),
+            Imp::ShimHv(h) => h.machine.accept(handle, port).map_err(flow_error),
         }
     }
 
     /// Refuses incoming request `handle`.
     pub fn refuse(&mut self, handle: u64, reason: &str) -> Result<(), CtlError> {
         match &mut self.imp {
-            Imp::Shim(s) => s.machine.refuse(handle, reason).map_err(shim_error),
-            Imp::Normal(n) => n.machine.refuse(handle, reason).map_err(normal_error),
-            Imp::ShimEth(e) => e.machine.refuse(handle, reason).map_err(shim_eth_error),
-            Imp::ShimHv(h) => h.machine.refuse(handle, reason).map_err(shim_hv_error),
+            Imp::Shim(s) => s.machine.refuse(handle, reason).map_err(flow_error),
+            Imp::Normal(n) => n.machine.refuse(handle, reason).map_err(flow_error),
+            Imp::ShimEth(e) => e.machine.refuse(handle, reason).map_err(flow_error),
+            Imp::ShimHv(h) => h.machine.refuse(handle, reason).map_err(flow_error),
         }
     }
 
@@ -348,7 +349,7 @@ impl Ipcp {
                     shim_udp::Action::AllocateFailed { port, error } => {
                         return Some(Event::AllocateFailed {
                             port,
-                            error: shim_error(error),
+                            error: flow_error(error),
                         })
                     }
                     shim_udp::Action::Deallocated { port } => {
@@ -383,7 +384,7 @@ impl Ipcp {
                     shim_eth_core::Action::AllocateFailed { port, error } => {
                         Event::AllocateFailed {
                             port,
-                            error: shim_eth_error(error),
+                            error: flow_error(error),
                         }
                     }
                     shim_eth_core::Action::Deliver { port, sdu } => Event::Deliver { port, sdu },
@@ -415,7 +416,7 @@ impl Ipcp {
                     }
                     shim_hv_core::Action::AllocateFailed { port, error } => Event::AllocateFailed {
                         port,
-                        error: shim_hv_error(error),
+                        error: flow_error(error),
                     },
                     shim_hv_core::Action::Deallocated { port } => Event::Deallocated { port },
                 });
@@ -446,7 +447,7 @@ impl Ipcp {
                     },
                     normal::Action::AllocateFailed { flow, error } => Event::AllocateFailed {
                         port: flow,
-                        error: normal_error(error),
+                        error: flow_error(error),
                     },
                     normal::Action::Deallocated { flow } => Event::Deallocated { port: flow },
                     normal::Action::Membership(ev) => {
@@ -493,79 +494,27 @@ fn log_membership(ipcp: &str, ev: &normal::MembershipEvent) {
     }
 }
 
-/// The control-protocol error for a shim error.
-pub(super) fn shim_error(e: ShimError) -> CtlError {
+/// The control-protocol error for the error of any kind of IPCP (the
+/// core's one flow error type, [`FlowError`]).
+pub(super) fn flow_error(e: impl Into<FlowError>) -> CtlError {
+    let e = e.into();
     let kind = match &e {
-        ShimError::NameNotFound(_) => ErrorKind::NameNotFound,
-        ShimError::NameInUse(_) => ErrorKind::NameInUse,
-        ShimError::NotRegistered { .. } => ErrorKind::NotRegistered,
-        ShimError::Refused(_) => ErrorKind::Refused,
-        ShimError::QosNotSatisfiable(_) => ErrorKind::QosNotSatisfiable,
-        ShimError::SduTooLarge { .. } => ErrorKind::SduTooLarge,
-        ShimError::EmptySdu => ErrorKind::InvalidRequest,
-        ShimError::Timeout { .. } => ErrorKind::Timeout,
-        ShimError::UnknownFlow(_) => ErrorKind::UnknownFlow,
-        ShimError::UnknownRequest(_) => ErrorKind::InvalidRequest,
-        ShimError::PortInUse(_) => ErrorKind::Internal,
-        ShimError::NoResources(_) => ErrorKind::NoResources,
+        FlowError::UnknownFlow(_) => ErrorKind::UnknownFlow,
+        FlowError::UnknownRequest(_) | FlowError::Invalid(_) => ErrorKind::InvalidRequest,
+        FlowError::NameNotFound(_) => ErrorKind::NameNotFound,
+        FlowError::NameInUse(_) => ErrorKind::NameInUse,
+        FlowError::NotRegistered(_) => ErrorKind::NotRegistered,
+        FlowError::Refused(_) => ErrorKind::Refused,
+        FlowError::Timeout(_) => ErrorKind::Timeout,
+        FlowError::NoResources(_) | FlowError::WouldBlock => ErrorKind::NoResources,
+        FlowError::SduTooLarge(_) => ErrorKind::SduTooLarge,
+        FlowError::Qos(_) => ErrorKind::QosNotSatisfiable,
+        FlowError::NoIpcp(_) => ErrorKind::NoDif,
+        FlowError::NotEnrolled | FlowError::Failed(_) | FlowError::Internal(_) => {
+            ErrorKind::Internal
+        }
     };
     CtlError::new(kind, e.to_string())
-}
-
-/// The control-protocol error for a shim-eth error.
-pub(super) fn shim_eth_error(e: ShimEthError) -> CtlError {
-    let kind = match &e {
-        ShimEthError::NameDoesNotResolve { .. } => ErrorKind::NameNotFound,
-        ShimEthError::OneApplicationOnly(_) => ErrorKind::NameInUse,
-        ShimEthError::FlowExists { .. } => ErrorKind::NoResources,
-        ShimEthError::SelfFlow(_) => ErrorKind::InvalidRequest,
-        ShimEthError::QosNotSatisfiable(_) => ErrorKind::QosNotSatisfiable,
-        ShimEthError::SduTooLarge { .. } => ErrorKind::SduTooLarge,
-        ShimEthError::EmptySdu => ErrorKind::InvalidRequest,
-        ShimEthError::UnknownFlow(_) => ErrorKind::UnknownFlow,
-        ShimEthError::UnknownRequest(_) => ErrorKind::InvalidRequest,
-        ShimEthError::PortInUse(_) => ErrorKind::Internal,
-        ShimEthError::NoResources(_) => ErrorKind::NoResources,
-    };
-    CtlError::new(kind, e.to_string())
-}
-
-/// The control-protocol error for a shim-hv error.
-pub(super) fn shim_hv_error(e: ShimHvError) -> CtlError {
-    let kind = match &e {
-        ShimHvError::PeerDown | ShimHvError::PeerLost => ErrorKind::NoResources,
-        ShimHvError::NameInUse(_) => ErrorKind::NameInUse,
-        ShimHvError::Refused(r) if r.contains("is not registered") => ErrorKind::NotRegistered,
-        ShimHvError::Refused(_) => ErrorKind::Refused,
-        ShimHvError::QosNotSatisfiable(_) => ErrorKind::QosNotSatisfiable,
-        ShimHvError::SduTooLarge { .. } => ErrorKind::SduTooLarge,
-        ShimHvError::EmptySdu => ErrorKind::InvalidRequest,
-        ShimHvError::Timeout(_) => ErrorKind::Timeout,
-        ShimHvError::UnknownFlow(_) => ErrorKind::UnknownFlow,
-        ShimHvError::UnknownRequest(_) => ErrorKind::InvalidRequest,
-        ShimHvError::PortInUse(_) => ErrorKind::Internal,
-        ShimHvError::NoChannel => ErrorKind::NoResources,
-    };
-    CtlError::new(kind, e.to_string())
-}
-
-/// The control-protocol error for a normal-IPCP error.
-pub(super) fn normal_error(e: NormalError) -> CtlError {
-    let text = e.to_string();
-    let kind = match e {
-        NormalError::NameNotFound(..) => ErrorKind::NameNotFound,
-        NormalError::NameInUse(..) => ErrorKind::NameInUse,
-        NormalError::NotRegistered(..) => ErrorKind::NotRegistered,
-        NormalError::Refused(..) => ErrorKind::Refused,
-        NormalError::QosNotSatisfiable(..) => ErrorKind::QosNotSatisfiable,
-        NormalError::Timeout { .. } => ErrorKind::Timeout,
-        NormalError::BadSduSize { .. } => ErrorKind::SduTooLarge,
-        NormalError::UnknownFlow(..) => ErrorKind::UnknownFlow,
-        NormalError::UnknownRequest(..) => ErrorKind::InvalidRequest,
-        NormalError::NoResources(..) => ErrorKind::NoResources,
-        _ => ErrorKind::Internal,
-    };
-    CtlError::new(kind, text)
 }
 
 impl Daemon {
