@@ -915,7 +915,7 @@ impl NormalIpcp {
         let Some(f) = self.flows.get_mut(&id) else {
             return;
         };
-        let reference = f.efcp.receive_lwe().unwrap_or(0);
+        let reference = f.efcp.receive_reference();
         let seq = efcp::widen_seq(reference, pci.seq, bits);
         f.efcp.on_pdu(
             now,
@@ -970,7 +970,7 @@ impl NormalIpcp {
             },
             ControlBody::Rendezvous { my_lwe, .. } => efcp::Pdu::Rendezvous {
                 ctrl_seq,
-                next_seq: efcp::widen_seq(f.efcp.receive_lwe().unwrap_or(0), my_lwe, bits),
+                next_seq: efcp::widen_seq(f.efcp.receive_reference(), my_lwe, bits),
             },
             // Not produced by this EFCP; counted as malformed.
             ControlBody::Nack { .. } | ControlBody::NackFc { .. } | ControlBody::Cack { .. } => {
