@@ -56,9 +56,9 @@
 use super::{Action, N1Port, NormalIpcp, QosCube};
 use crate::efcp::{EfcpConfig, EfcpError};
 use crate::enrollment::{
-    AuthNone, AuthPassword, AuthPolicy, DifConfigBlob, DifContent, Enrollee, EnrolleeConfig,
-    Enroller, EnrollerConfig, EnrollerEvent, EnrollmentError, EnrollmentEvent, EnrollmentStatus,
-    Membership, NextFree, Step,
+    AuthKeys, AuthNone, AuthPassword, AuthPolicy, DifConfigBlob, DifContent, Enrollee,
+    EnrolleeConfig, Enroller, EnrollerConfig, EnrollerEvent, EnrollmentError, EnrollmentEvent,
+    EnrollmentStatus, Membership, NextFree, NonceGen, Step,
 };
 use crate::rmt::Address;
 use crate::routing::{decode_fsos, encode_fsos, LinkState};
@@ -84,9 +84,17 @@ pub const HELLO_OBJ_CLASS: &str = "Neighbor";
 pub struct MembershipConfig {
     /// This IPCP's name (hellos, enrollment).
     pub name: AppName,
-    /// Pre-shared password: asked of enrollees, and given when enrolling.
-    /// `None`: no authentication.
+    /// Pre-shared password, proven by HMAC-SHA256 challenge–response in
+    /// both directions (never sent). `None` (and no `keys`): no
+    /// authentication.
     pub password: Option<String>,
+    /// This member's ed25519 key pair and the DIF's trusted public keys;
+    /// takes precedence over `password`.
+    pub keys: Option<AuthKeys>,
+    /// Seed of the enrollment nonces, which must be unpredictable: the
+    /// driver fills it from a random source (`rinad`: the OS); the default
+    /// (zeros) is for tests and the simulator.
+    pub entropy: [u8; 32],
     /// Time between hellos on each port.
     pub hello_interval: Duration,
     /// Silence after which a neighbour is taken down.
@@ -111,6 +119,8 @@ impl MembershipConfig {
         MembershipConfig {
             name,
             password: None,
+            keys: None,
+            entropy: [0; 32],
             hello_interval: Duration::from_secs(1),
             dead_interval: Duration::from_millis(3500),
             addresses: (1, 65_535),
@@ -122,10 +132,16 @@ impl MembershipConfig {
     }
 
     fn auth(&self) -> Box<dyn AuthPolicy> {
-        match &self.password {
-            Some(p) => Box::new(AuthPassword(p.clone())),
-            None => Box::new(AuthNone),
+        match (&self.keys, &self.password) {
+            (Some(k), _) => Box::new(k.clone()),
+            (None, Some(p)) => Box::new(AuthPassword(p.clone())),
+            (None, None) => Box::new(AuthNone),
         }
+    }
+
+    /// Whether the DIF authenticates its members.
+    pub fn authenticates(&self) -> bool {
+        self.keys.is_some() || self.password.is_some()
     }
 }
 
@@ -265,6 +281,8 @@ pub(super) struct MembershipState {
     /// Flows without a route, since when.
     unreachable_since: BTreeMap<super::FlowId, Instant>,
     counters: MembershipCounters,
+    /// Where every enrollment machine's nonces come from.
+    nonces: NonceGen,
 }
 
 impl MembershipState {
@@ -272,7 +290,6 @@ impl MembershipState {
     /// from the start) or not.
     pub(super) fn new(cfg: MembershipConfig, enrolled: bool) -> Self {
         MembershipState {
-            cfg,
             members: None,
             enrollers: BTreeMap::new(),
             enrollee: None,
@@ -283,6 +300,8 @@ impl MembershipState {
             next_hello: enrolled.then_some(Instant::ZERO),
             unreachable_since: BTreeMap::new(),
             counters: MembershipCounters::default(),
+            nonces: NonceGen::new(cfg.entropy),
+            cfg,
         }
     }
 
@@ -587,7 +606,7 @@ impl NormalIpcp {
         ec.initial_backoff = m.cfg.initial_backoff;
         ec.max_backoff = m.cfg.initial_backoff * 8;
         ec.max_attempts = m.cfg.max_attempts.max(1);
-        let mut e = Enrollee::new(ec, m.cfg.auth());
+        let mut e = Enrollee::new(ec, m.cfg.auth()).with_nonces(m.nonces.child());
         e.start(now);
         m.enrollee = Some((port, via, e));
         self.run_enrollee(now);
@@ -627,10 +646,11 @@ impl NormalIpcp {
             step_timeout: m.cfg.step_timeout,
             ..EnrollerConfig::default()
         };
+        let nonces = &mut m.nonces;
         let e = m
             .enrollers
             .entry(port)
-            .or_insert_with(|| Enroller::new(cfg));
+            .or_insert_with(|| Enroller::new(cfg).with_nonces(nonces.child()));
         e.on_message(now, bytes, members);
         self.run_enroller(now, port);
     }
