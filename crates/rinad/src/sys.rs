@@ -187,3 +187,12 @@ pub fn send(fd: RawFd, buf: &[u8], pass: Option<RawFd>) -> io::Result<Sent> {
         Err(e) => Err(io_err(e)),
     }
 }
+
+/// 32 bytes from the operating system's random source (seeds the
+/// protocol machines' nonces; the machines read no randomness themselves).
+pub fn random_seed() -> io::Result<[u8; 32]> {
+    use std::io::Read;
+    let mut seed = [0u8; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut seed)?;
+    Ok(seed)
+}

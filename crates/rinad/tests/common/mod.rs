@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod relay;
+
 use rina::{AppName, Client};
 use std::io::Read;
 use std::path::{Path, PathBuf};
