@@ -1,7 +1,9 @@
 //! Enrollment authentication between real daemons: the password never
 //! crosses the wire (checked on a capture of everything the two systems
-//! exchanged), and a DIF of ed25519 key pairs admits members whose keys it
-//! trusts and refuses the others, saying why on both sides.
+//! exchanged), a DIF of ed25519 key pairs admits members whose keys it
+//! trusts and refuses the others, saying why on both sides, and a member
+//! that skips enrollment is admitted only if it authenticates on its N-1
+//! port (a configured address without the password gets no frame in).
 
 mod common;
 
@@ -150,4 +152,79 @@ fn key_pairs_admit_trusted_members_and_refuse_an_untrusted_key() {
     assert!(e.log().matches(AUTH_KEYS).count() <= 1, "{}", e.log());
     let tries = a.log().matches("not trusted").count();
     assert!(tries <= 2, "{tries} refusals: {}", a.log());
+}
+
+fn counter(d: &Daemon, ipcp: &str, key: &str) -> u64 {
+    d.client()
+        .list_ipcps()
+        .unwrap()
+        .into_iter()
+        .find(|i| i.name == ipcp)
+        .and_then(|i| i.counters.get(key).copied())
+        .unwrap_or(0)
+}
+
+/// A member with a configured address that skips enrollment, neighbour of
+/// `a.net` (address 1), knowing `echo` is at 1.
+fn static_member(me: &str, port: u16, addr: u64, a_port: u16, extra: &str) -> String {
+    format!(
+        "[system]\nname = \"{me}\"\n\n[[ipcp]]\nname = \"{me}.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:{port}\"\n\n[ipcp.directory]\n\"a.net\" = \"127.0.0.1:{a_port}\"\n\n[[ipcp]]\nname = \"{me}.net\"\ntype = \"normal\"\ndif = \"net\"\naddress = {addr}\n{extra}\n[[ipcp.neighbor]]\nname = \"a.net\"\nover = \"udp\"\naddress = 1\n\n[ipcp.names]\n\"echo\" = 1\n"
+    )
+}
+
+#[test]
+fn a_member_that_skips_enrollment_without_credentials_is_refused() {
+    let (pa, pb, px) = (free_port(), free_port(), free_port());
+    let pw = "password = \"s3cret\"\n";
+    let a_cfg = system(
+        "a",
+        pa,
+        &[("b", pb), ("x", px)],
+        &format!("address = 1\n{pw}"),
+    )
+    .replace(
+        "name = \"b.net\"\nover = \"udp\"\n",
+        "name = \"b.net\"\nover = \"udp\"\naddress = 3\n",
+    )
+    .replace(
+        "name = \"x.net\"\nover = \"udp\"\n",
+        "name = \"x.net\"\nover = \"udp\"\naddress = 2\n",
+    );
+    let a = Daemon::start_with("a", &a_cfg);
+    // B skips enrollment too, but holds the password: it authenticates on
+    // the port and is admitted.
+    let b = Daemon::start_with("b", &static_member("b", pb, 3, pa, pw));
+    // X has an address and no password.
+    let x = Daemon::start_with("x", &static_member("x", px, 2, pa, ""));
+    let _srv = common::echo_server(&a, "net");
+    wait_for("A to admit B by port authentication", T, || {
+        counter(&a, "a.net", "membership_ports_authenticated") >= 1
+            && counter(&b, "b.net", "neighbors_up") == 1
+    });
+    let flow = b
+        .client()
+        .allocate(
+            &common::name("b-app"),
+            &common::name("echo"),
+            Some("net"),
+            &rina::QosSpec::default(),
+        )
+        .expect("B reaches echo at A");
+    flow.write(b"admitted").unwrap();
+    let mut buf = [0u8; 64];
+    let n = flow.read_timeout(&mut buf, T).unwrap().expect("echo to B");
+    assert_eq!(&buf[..n], b"admitted");
+
+    // X's frames are dropped and counted; its flow allocation fails.
+    wait_for("A to drop X's frames", T, || {
+        counter(&a, "a.net", "membership_unadmitted_dropped") >= 1
+    });
+    let r = x.client().allocate(
+        &common::name("x-app"),
+        &common::name("echo"),
+        Some("net"),
+        &rina::QosSpec::default(),
+    );
+    assert!(r.is_err(), "X reached echo without enrolling");
+    assert_eq!(counter(&a, "a.net", "membership_port_auth_failed"), 0);
 }

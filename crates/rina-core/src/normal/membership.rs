@@ -70,6 +70,9 @@ use rina_wire::AppName;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+mod admission;
+pub use admission::PORT_AUTH_DISCRIMINATOR;
+
 /// First byte of a management payload carrying one enrollment CDAP message.
 pub const ENROLL_DISCRIMINATOR: u8 = 0xE0;
 /// First byte of a management payload carrying a hello.
@@ -231,6 +234,13 @@ pub struct MembershipCounters {
     pub rejected: u64,
     /// Flows failed for lack of a route.
     pub flows_unreachable: u64,
+    /// Frames dropped because their N-1 port is not admitted (the peer
+    /// neither enrolled nor authenticated).
+    pub unadmitted_dropped: u64,
+    /// N-1 ports admitted by port authentication.
+    pub ports_authenticated: u64,
+    /// Port authentications that failed (wrong password, untrusted key).
+    pub port_auth_failed: u64,
 }
 
 impl MembershipCounters {
@@ -245,6 +255,9 @@ impl MembershipCounters {
             ("admitted", self.admitted),
             ("rejected", self.rejected),
             ("flows_unreachable", self.flows_unreachable),
+            ("unadmitted_dropped", self.unadmitted_dropped),
+            ("ports_authenticated", self.ports_authenticated),
+            ("port_auth_failed", self.port_auth_failed),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -283,6 +296,10 @@ pub(super) struct MembershipState {
     counters: MembershipCounters,
     /// Where every enrollment machine's nonces come from.
     nonces: NonceGen,
+    /// N-1 ports whose peer is authenticated (see [`admission`]).
+    admitted: std::collections::BTreeSet<N1Port>,
+    /// Port authentication in progress.
+    port_auth: BTreeMap<N1Port, admission::PortAuth>,
 }
 
 impl MembershipState {
@@ -301,6 +318,8 @@ impl MembershipState {
             unreachable_since: BTreeMap::new(),
             counters: MembershipCounters::default(),
             nonces: NonceGen::new(cfg.entropy),
+            admitted: std::collections::BTreeSet::new(),
+            port_auth: BTreeMap::new(),
             cfg,
         }
     }
@@ -480,6 +499,7 @@ impl NormalIpcp {
         m.last_heard.insert(port, now);
         if self.cfg.address != 0 {
             self.send_hello(now, port);
+            self.start_port_auth(now, port);
         }
     }
 
@@ -491,6 +511,10 @@ impl NormalIpcp {
         m.last_heard.remove(&port);
         m.hello_from.remove(&port);
         m.enrollers.remove(&port);
+        self.forget_port_admission(port);
+        let Some(m) = self.mship.as_mut() else {
+            return;
+        };
         if m.enrollee.as_ref().is_some_and(|(p, _, _)| *p == port) {
             if let Some((_, _, e)) = m.enrollee.as_mut() {
                 e.unreachable(self.now, "the N-1 flow went away");
@@ -539,9 +563,13 @@ impl NormalIpcp {
         if self.mship.is_none() {
             return false;
         }
+        if !self.admit_management(port, payload) {
+            return true;
+        }
         match first {
             HELLO_DISCRIMINATOR => self.on_hello(now, port, &payload[1..]),
             ENROLL_DISCRIMINATOR => self.on_enroll_message(now, port, &payload[1..]),
+            PORT_AUTH_DISCRIMINATOR => self.on_port_auth(now, port, &payload[1..]),
             _ => return false,
         }
         true
@@ -730,6 +758,7 @@ impl NormalIpcp {
                         m.counters.admitted += 1;
                         m.hello_from.insert(port, (peer.clone(), address));
                     }
+                    self.admit_port(now, port);
                     if self.neighbors.get(&port).map(|n| n.0) != Some(address) {
                         self.neighbor_up(now, port, address, 1);
                     }
@@ -805,6 +834,13 @@ impl NormalIpcp {
                 } => match self.adopt(now, port, address, &config, &directory, &fsos) {
                     Ok(()) => {
                         self.end_enrollee(now, Some(address));
+                        // The member we enrolled through proved itself; the
+                        // other neighbours authenticate on their ports.
+                        self.admit_port(now, port);
+                        let ports: Vec<N1Port> = self.rmt.primary_ports().collect();
+                        for p in ports {
+                            self.start_port_auth(now, p);
+                        }
                         MembershipEvent::Enrolled {
                             via: via.clone(),
                             address,
@@ -1022,6 +1058,7 @@ impl NormalIpcp {
             let ports: Vec<N1Port> = self.rmt.primary_ports().collect();
             for p in ports {
                 self.send_hello(now, p);
+                self.start_port_auth(now, p);
             }
             self.check_unreachable(now);
         }

@@ -824,6 +824,9 @@ impl NormalIpcp {
         self.membership_heard(now, port);
         let mgmt = pdu.pci.pdu_type == PduType::Mgmt;
         let local = pdu.pci.dst_addr == self.cfg.address || (mgmt && pdu.pci.dst_addr == 0);
+        if !self.admit_frame(port, &pdu.pci, local) {
+            return;
+        }
         if !local {
             self.relay(now, un.ttl, &un.pdu, &pdu.pci);
             return;
