@@ -202,3 +202,122 @@ impl NormalIpcp {
             }));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::normal::{MembershipConfig, NormalConfig};
+    use crate::rmt::Fifo;
+    use crate::sdup::{NullCipher, Sdup};
+    use rina_wire::pci::{self, DtConstants};
+    use std::time::Duration;
+
+    const PORT: N1Port = 1;
+
+    fn member(addr: u64, password: Option<&str>) -> NormalIpcp {
+        let mut c = NormalConfig::new("net", addr);
+        let mut m = MembershipConfig::new(format!("m{addr}.net").parse().unwrap());
+        m.password = password.map(str::to_string);
+        m.entropy = [addr as u8; 32];
+        c.membership = Some(m);
+        let mut p = NormalIpcp::new(c, Box::new(Fifo::new(100))).unwrap();
+        p.add_port(PORT);
+        p
+    }
+
+    /// Carries frames between the two until both are quiet, running
+    /// timers up to `until` in steps of 100 ms; returns the membership
+    /// events of each.
+    fn run(net: &mut [NormalIpcp; 2], until: Instant) -> [Vec<MembershipEvent>; 2] {
+        let mut events: [Vec<MembershipEvent>; 2] = [Vec::new(), Vec::new()];
+        let mut now = Instant::ZERO;
+        while now <= until {
+            loop {
+                let mut moved = false;
+                for i in 0..2 {
+                    while let Some(a) = net[i].poll_action() {
+                        match a {
+                            Action::Transmit { frame, .. } => {
+                                moved = true;
+                                net[1 - i].on_frame(now, PORT, &frame);
+                            }
+                            Action::Membership(e) => events[i].push(e),
+                            _ => {}
+                        }
+                    }
+                }
+                if !moved {
+                    break;
+                }
+            }
+            now = now + Duration::from_millis(100);
+            for p in net.iter_mut() {
+                if p.poll_timeout().is_some_and(|t| t <= now) {
+                    p.handle_timeout(now);
+                }
+            }
+        }
+        events
+    }
+
+    fn counters(p: &NormalIpcp) -> crate::normal::membership::MembershipCounters {
+        *p.membership_counters().unwrap()
+    }
+
+    #[test]
+    fn two_members_with_the_password_admit_each_other_on_the_port() {
+        let mut net = [member(1, Some("pw")), member(2, Some("pw"))];
+        run(&mut net, Instant::ZERO + Duration::from_secs(3));
+        for p in &net {
+            let c = counters(p);
+            assert!(c.ports_authenticated >= 1, "{c:?}");
+            assert_eq!(c.port_auth_failed, 0);
+            assert!(c.hellos_received >= 1, "hellos flow once admitted: {c:?}");
+        }
+        assert_eq!(net[0].neighbors.get(&PORT).map(|n| n.0), Some(2));
+    }
+
+    #[test]
+    fn a_member_without_the_password_gets_no_frame_in() {
+        let mut net = [member(1, Some("pw")), member(2, None)];
+        run(&mut net, Instant::ZERO + Duration::from_secs(3));
+        let c = counters(&net[0]);
+        assert_eq!(c.hellos_received, 0, "{c:?}");
+        assert!(c.unadmitted_dropped >= 3, "every hello dropped: {c:?}");
+        assert_eq!(c.ports_authenticated, 0);
+        assert!(net[0].neighbors.get(&PORT).is_none());
+        // A data PDU for member 1 from that port is dropped and counted.
+        let mut dt = pci::Pci::new(PduType::Dt);
+        dt.dst_addr = 1;
+        dt.src_addr = 2;
+        dt.seq = 1;
+        let mut pdu = Vec::new();
+        pci::encode_data(&DtConstants::default(), &dt, &[1, 2, 3], &mut pdu).unwrap();
+        let sdup = Sdup::new(net[0].cfg.sdup.clone(), Box::new(NullCipher));
+        let mut frame = Vec::new();
+        sdup.protect(&pdu, 64, &mut frame);
+        let before = counters(&net[0]).unadmitted_dropped;
+        net[0].on_frame(Instant::ZERO + Duration::from_secs(4), PORT, &frame);
+        assert_eq!(counters(&net[0]).unadmitted_dropped, before + 1);
+        assert_eq!(net[0].counters().rx_unknown_cep, 0, "never reached EFCP");
+    }
+
+    #[test]
+    fn a_wrong_password_fails_port_authentication_with_the_reason_on_both_sides() {
+        let mut net = [member(1, Some("pw")), member(2, Some("guess"))];
+        let events = run(&mut net, Instant::ZERO + Duration::from_millis(500));
+        for (p, ev) in net.iter().zip(&events) {
+            let c = counters(p);
+            assert!(c.port_auth_failed >= 1, "{c:?}");
+            assert_eq!(c.ports_authenticated, 0);
+            assert!(
+                ev.iter().any(|e| matches!(
+                    e,
+                    MembershipEvent::Rejected { reason, .. }
+                        if reason.contains("port authentication") && reason.contains("wrong password")
+                )),
+                "{ev:?}"
+            );
+        }
+    }
+}
