@@ -292,7 +292,7 @@ pub fn hex(b: &[u8]) -> String {
 
 /// Parses lower- or upper-case hex; `None` if it is not hex.
 pub fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len())

@@ -285,7 +285,7 @@ mod tests {
         assert_eq!(c.hellos_received, 0, "{c:?}");
         assert!(c.unadmitted_dropped >= 3, "every hello dropped: {c:?}");
         assert_eq!(c.ports_authenticated, 0);
-        assert!(net[0].neighbors.get(&PORT).is_none());
+        assert!(!net[0].neighbors.contains_key(&PORT));
         // A data PDU for member 1 from that port is dropped and counted.
         let mut dt = pci::Pci::new(PduType::Dt);
         dt.dst_addr = 1;
@@ -293,7 +293,7 @@ mod tests {
         dt.seq = 1;
         let mut pdu = Vec::new();
         pci::encode_data(&DtConstants::default(), &dt, &[1, 2, 3], &mut pdu).unwrap();
-        let sdup = Sdup::new(net[0].cfg.sdup.clone(), Box::new(NullCipher));
+        let sdup = Sdup::new(net[0].cfg.sdup, Box::new(NullCipher));
         let mut frame = Vec::new();
         sdup.protect(&pdu, 64, &mut frame);
         let before = counters(&net[0]).unadmitted_dropped;
