@@ -882,6 +882,14 @@ fn new_normal(ic: &crate::config::IpcpConfig) -> Result<Ipcp, DaemonError> {
     let mut membership = rina_core::normal::MembershipConfig::new(app_name.clone());
     membership.password = ic.password.clone();
     membership.keys = auth_keys(ic)?;
+    if let Some(k) = &membership.keys {
+        // What the other members list in `trusted_keys`.
+        tracing::info!(
+            ipcp = %name,
+            public_key = %rina_core::enrollment::auth::hex(&k.public_key()),
+            "enrollment key pair"
+        );
+    }
     membership.entropy = crate::sys::random_seed().map_err(|source| DaemonError::Io {
         what: format!("IPCP {name}: no randomness for enrollment nonces"),
         source,

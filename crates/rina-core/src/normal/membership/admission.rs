@@ -17,7 +17,10 @@
 //! hello round; the peer answers `ANSWER` (its nonce and proof); the first
 //! checks it, admits the port, and sends `PROOF`, with which the peer
 //! admits it too. Both sides run this, so each admits the port as soon as
-//! the other has proven itself over its own nonce.
+//! the other has proven itself over its own nonce. After a failure (wrong
+//! password, untrusted key) the next hello on that port waits 2 s, doubling
+//! up to [`MAX_PORT_AUTH_HOLD`], so a misconfigured neighbour is not
+//! answered in a tight loop.
 
 use super::{N1Port, NormalIpcp};
 use crate::enrollment::{AuthFailure, Nonce};
@@ -30,6 +33,8 @@ pub const PORT_AUTH_DISCRIMINATOR: u8 = 0xE2;
 const KIND_HELLO: u8 = 1;
 const KIND_ANSWER: u8 = 2;
 const KIND_PROOF: u8 = 3;
+/// Longest wait between port authentications after failures.
+pub const MAX_PORT_AUTH_HOLD: std::time::Duration = std::time::Duration::from_secs(64);
 
 /// Port authentication in progress on one port.
 #[derive(Debug, Default)]
@@ -38,6 +43,9 @@ pub(super) struct PortAuth {
     nonce: Option<Nonce>,
     /// What checking the peer's proof needs, after we answered its hello.
     ctx: Option<Vec<u8>>,
+    /// Failures so far, and no new hello of ours before this time.
+    failures: u32,
+    hold_until: Option<Instant>,
 }
 
 impl NormalIpcp {
@@ -115,6 +123,9 @@ impl NormalIpcp {
             return;
         };
         let st = m.port_auth.entry(port).or_default();
+        if st.hold_until.is_some_and(|t| now < t) {
+            return;
+        }
         let nonce = *st.nonce.get_or_insert_with(|| m.nonces.next_nonce());
         let hello = m.cfg.auth().hello(&nonce);
         self.send_port_auth(now, port, KIND_HELLO, &hello);
@@ -135,7 +146,7 @@ impl NormalIpcp {
             return;
         }
         let Some((&kind, body)) = bytes.split_first() else {
-            return self.port_auth_failed(port, AuthFailure::Malformed("empty"));
+            return self.port_auth_failed(now, port, AuthFailure::Malformed("empty"));
         };
         let Some(m) = self.mship.as_mut() else {
             return;
@@ -149,7 +160,7 @@ impl NormalIpcp {
                         m.port_auth.entry(port).or_default().ctx = Some(ctx);
                         self.send_port_auth(now, port, KIND_ANSWER, &answer);
                     }
-                    Err(f) => self.port_auth_failed(port, f),
+                    Err(f) => self.port_auth_failed(now, port, f),
                 }
             }
             KIND_ANSWER => {
@@ -162,7 +173,7 @@ impl NormalIpcp {
                         self.send_port_auth(now, port, KIND_PROOF, &proof);
                         self.port_auth_ok(now, port);
                     }
-                    Err(f) => self.port_auth_failed(port, f),
+                    Err(f) => self.port_auth_failed(now, port, f),
                 }
             }
             KIND_PROOF => {
@@ -171,10 +182,10 @@ impl NormalIpcp {
                 };
                 match auth.verify(&ctx, body) {
                     Ok(()) => self.port_auth_ok(now, port),
-                    Err(f) => self.port_auth_failed(port, f),
+                    Err(f) => self.port_auth_failed(now, port, f),
                 }
             }
-            _ => self.port_auth_failed(port, AuthFailure::Malformed("unknown kind")),
+            _ => self.port_auth_failed(now, port, AuthFailure::Malformed("unknown kind")),
         }
     }
 
@@ -185,11 +196,17 @@ impl NormalIpcp {
         self.admit_port(now, port);
     }
 
-    fn port_auth_failed(&mut self, port: N1Port, f: AuthFailure) {
+    fn port_auth_failed(&mut self, now: Instant, port: N1Port, f: AuthFailure) {
         let Some(m) = self.mship.as_mut() else {
             return;
         };
         m.counters.port_auth_failed += 1;
+        let st = m.port_auth.entry(port).or_default();
+        st.failures = st.failures.saturating_add(1);
+        let hold = std::time::Duration::from_secs(1 << st.failures.min(6)).min(MAX_PORT_AUTH_HOLD);
+        st.hold_until = Some(now + hold);
+        // A fresh nonce for the next try.
+        st.nonce = None;
         let peer = m
             .hello_from
             .get(&port)
@@ -305,10 +322,11 @@ mod tests {
     #[test]
     fn a_wrong_password_fails_port_authentication_with_the_reason_on_both_sides() {
         let mut net = [member(1, Some("pw")), member(2, Some("guess"))];
-        let events = run(&mut net, Instant::ZERO + Duration::from_millis(500));
+        let events = run(&mut net, Instant::ZERO + Duration::from_secs(30));
         for (p, ev) in net.iter().zip(&events) {
             let c = counters(p);
-            assert!(c.port_auth_failed >= 1, "{c:?}");
+            // 30 s of hello rounds, but tries at 0, 2, 6, 14 and 30 s.
+            assert!((1..=5).contains(&c.port_auth_failed), "backoff: {c:?}");
             assert_eq!(c.ports_authenticated, 0);
             assert!(
                 ev.iter().any(|e| matches!(
