@@ -55,10 +55,32 @@
 //! run after 2Δ without hearing from the sender (IRATI: 2Δ), handing over
 //! what it held. (IRATI's sender waits 3Δ; we use Δ because a sender that
 //! keeps an old run past the receiver's reset would be refused, while an
-//! early DRF costs nothing.) A DRF PDU beyond the LWE ends the current run
-//! and starts a new one at its seq. Without a run, a PDU without DRF starts
-//! one if the flow does not retransmit (a lost DRF must not block delivery)
-//! and is dropped if it does (the DRF PDU will be retransmitted).
+//! early DRF costs nothing.) Without retransmission, a DRF PDU beyond the
+//! LWE ends the current run and starts a new one at its seq; with it, a
+//! sender starts a run only with everything acknowledged, so its DRF PDU is
+//! always LWE+1 and one further ahead is taken as an ordinary PDU. Without
+//! a run, a PDU without DRF starts one if the flow does not retransmit (a
+//! lost DRF must not block delivery) and is held (bounded) if it does (the
+//! DRF PDU will be retransmitted).
+//!
+//! # Forged and replayed PDUs
+//!
+//! Nothing from the peer is trusted (see [`Connection::on_pdu`]). The
+//! receiver keeps the highest LWE any run reached: sequence numbers never
+//! restart within a connection, so a PDU at or below it is a duplicate even
+//! with no run live (a replay cannot start a run), and a PDU beyond what
+//! the sender may have sent — the advertised RWE with window flow control,
+//! `max_reorder + 1` past the LWE with retransmission only,
+//! [`MAX_UNRELIABLE_JUMP`] otherwise — is dropped and counted
+//! ([`Stats::out_of_window`]) without an answer. A plain unreliable flow
+//! that really lost more resynchronises after 2Δ without a PDU taken.
+//! Control PDUs acknowledging what was never sent, granting credit beyond
+//! what a receiver of the same cube could, carrying a rendezvous outside
+//! the window, or jumping the control sequence number by more than
+//! [`MAX_CTRL_SEQ_JUMP`] are ignored and counted ([`Stats::ctrl_invalid`]);
+//! a stale control PDU still counts for its cumulative fields (ack, RWE),
+//! so a poisoned control sequence number cannot stall the flow. What this
+//! cannot stop without cryptography: a forged ack within what was sent.
 //!
 //! # Policies chosen here
 //!
