@@ -1224,6 +1224,7 @@ impl Enroller {
             members.release(self.address);
         }
         self.fresh_address = false;
+        self.auth_ctx = None;
         self.counters.rejected += 1;
         self.last_error = Some(reason.clone());
         self.phase = Phase::Failed;
@@ -1386,7 +1387,9 @@ impl Enroller {
             }
         };
         // Message 3: the enrollee's proof, checked before anything is given.
-        let ctx = self.auth_ctx.take().unwrap_or_default();
+        // Kept (not taken): a repeated M_START of this attempt checks the
+        // same way; the next M_CONNECT or a failure replaces it.
+        let ctx = self.auth_ctx.clone().unwrap_or_default();
         let checked = match auth::unhex(&info.token) {
             Some(proof) => members.auth.verify(&ctx, &proof),
             None => Err(AuthFailure::Malformed("token is not hex")),
