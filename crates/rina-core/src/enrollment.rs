@@ -14,10 +14,10 @@
 //!
 //! | # | direction | message | object | value |
 //! |---|---|---|---|---|
-//! | 1 | enrollee → member | M_CONNECT | – | auth policy: name + credentials |
-//! | 2 | member → enrollee | M_CONNECT_R | – | 0, or [`RESULT_BAD_CREDENTIALS`] / −1 with a reason |
-//! | 3 | enrollee → member | M_START | `Enrollment` `/difm/enr` | `EnrollmentInformation{address}` (0: has none) |
-//! | 4 | member → enrollee | M_START_R | `/difm/enr` | `EnrollmentInformation{address}` assigned by the [`AddressPolicy`], or [`RESULT_NO_ADDRESS`] |
+//! | 1 | enrollee → member | M_CONNECT | – | auth policy: name + [`AuthPolicy::hello`] (the enrollee's nonce) |
+//! | 2 | member → enrollee | M_CONNECT_R | – | 0 with [`AuthPolicy::challenge`] (the member's nonce and proof), or [`RESULT_BAD_CREDENTIALS`] / −1 with a reason |
+//! | 3 | enrollee → member | M_START | `Enrollment` `/difm/enr` | `EnrollmentInformation{address, token}` (address 0: has none; token: the enrollee's proof, [`AuthPolicy::respond`]) |
+//! | 4 | member → enrollee | M_START_R | `/difm/enr` | `EnrollmentInformation{address}` assigned by the [`AddressPolicy`], or [`RESULT_NO_ADDRESS`], or [`RESULT_BAD_CREDENTIALS`] |
 //! | 5 | member → enrollee | M_CREATE (each answered by M_CREATE_R) | `DataTransfer` `/dt` | the DIF configuration ([`DifConfigBlob`]) |
 //! | | | | `Neighbor` `/difm/enr/neighs/pn=<name>` | one `Neighbor` per member |
 //! | | | | `DirectoryForwardingTableEntry` `/difm/nsm/dft/key=<i>` | opaque directory entry *i* |
@@ -57,18 +57,20 @@
 //!
 //! # Authentication
 //!
-//! [`AuthPolicy`] is the trait; [`AuthNone`] and [`AuthPassword`] are the
-//! policies so far. The pre-shared password travels in the M_CONNECT as
-//! IRATI's `PSOC_authentication-password` does in its simplest form: it is
-//! only as confidential as the N-1 flow it crosses (a challenge–response
-//! policy fits the same trait). It is never logged or printed: the `Debug`
-//! of [`AuthPassword`] hides it and refusals say only "authentication failed".
+//! [`AuthPolicy`] is the trait; [`AuthNone`], [`AuthPassword`] (HMAC-SHA256
+//! challenge–response over a pre-shared password) and [`AuthKeys`] (ed25519
+//! key pairs and a list of trusted public keys) are the policies. Both
+//! sides prove themselves over the other's nonce in messages 1–3 (the
+//! "connect" step, see [`auth`]); no secret crosses the wire. The enrollee
+//! checks the member's proof before it sends its own, the member checks the
+//! enrollee's before it gives an address. Nonces come from a [`NonceGen`]
+//! the driver seeds ([`Enrollee::with_nonces`], [`Enroller::with_nonces`]).
 
 use crate::cdap_session::{Config as SessionConfig, Session, SessionEvent, State as SessionState};
 use crate::time::Instant;
 use rina_wire::cdap::{
     AuthPolicy as WireAuth, CdapMessage, EnrollmentInformation, InvokeId, Neighbor, ObjVal, OpCode,
-    Value, AUTH_NONE,
+    Value,
 };
 use rina_wire::AppName;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -86,8 +88,11 @@ pub const RESULT_NO_ADDRESS: i32 = -3;
 /// Result code of any other refusal.
 pub const RESULT_REFUSED: i32 = -1;
 
-/// IRATI's name of the pre-shared password policy.
-pub const AUTH_PASSWORD: &str = "PSOC_authentication-password";
+pub mod auth;
+pub use auth::{
+    AuthFailure, AuthKeys, AuthNone, AuthPassword, AuthPolicy, Nonce, NonceGen, AUTH_KEYS,
+    AUTH_PASSWORD,
+};
 
 /// RIB object: the enrollment (`Enrollment`).
 pub const OBJ_ENROLLMENT: &str = "/difm/enr";
@@ -169,9 +174,18 @@ pub enum EnrollmentError {
     /// The peer answered with a refusal (not retried).
     #[error("step {step}: refused by the peer: {reason}")]
     Refused { step: Step, reason: String },
-    /// The member did not accept the credentials (step connect; not retried).
-    #[error("step connect: authentication failed (bad password)")]
-    BadPassword,
+    /// The credentials were not accepted: the member refused the enrollee's
+    /// (enrollee side), or the enrollee's proof failed (member side). Not
+    /// retried.
+    #[error("step connect: authentication failed (bad password or key): {reason}")]
+    BadCredentials { reason: String },
+    /// The member failed to prove itself to the enrollee (wrong password,
+    /// untrusted or wrong key): it may be an impostor. Not retried.
+    #[error(
+        "step connect: authentication failed (bad password or key): \
+         the member did not prove itself: {reason}"
+    )]
+    PeerNotAuthenticated { reason: String },
     /// The peer did not answer within the step timeout. Retried.
     #[error("step {step}: no answer from the peer in time")]
     Timeout { step: Step },
@@ -191,7 +205,8 @@ impl EnrollmentError {
             | EnrollmentError::Refused { step, .. }
             | EnrollmentError::Timeout { step }
             | EnrollmentError::Protocol { step, .. } => *step,
-            EnrollmentError::BadPassword => Step::Connect,
+            EnrollmentError::BadCredentials { .. }
+            | EnrollmentError::PeerNotAuthenticated { .. } => Step::Connect,
             EnrollmentError::NoAddress => Step::StartEnrollment,
         }
     }
@@ -243,59 +258,6 @@ pub enum Phase {
 // ---------------------------------------------------------------------------
 // Policies
 // ---------------------------------------------------------------------------
-
-/// Authentication policy of enrollment (a per-DIF choice).
-pub trait AuthPolicy: Send {
-    /// Policy name carried in M_CONNECT; both sides must use the same one.
-    fn name(&self) -> &str;
-    /// Enrollee side: the credentials to put in M_CONNECT.
-    fn credentials(&self) -> Vec<u8>;
-    /// Enroller side: checks the credentials of an M_CONNECT. The error text
-    /// is for the local log only and must not contain secrets.
-    fn verify(&self, credentials: &[u8]) -> Result<(), String>;
-}
-
-/// No authentication: any credentials are accepted.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct AuthNone;
-
-impl AuthPolicy for AuthNone {
-    fn name(&self) -> &str {
-        AUTH_NONE
-    }
-    fn credentials(&self) -> Vec<u8> {
-        Vec::new()
-    }
-    fn verify(&self, _credentials: &[u8]) -> Result<(), String> {
-        Ok(())
-    }
-}
-
-/// A pre-shared password, compared in constant time. Its `Debug` hides it.
-#[derive(Clone)]
-pub struct AuthPassword(pub String);
-
-impl fmt::Debug for AuthPassword {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("AuthPassword(<hidden>)")
-    }
-}
-
-impl AuthPolicy for AuthPassword {
-    fn name(&self) -> &str {
-        AUTH_PASSWORD
-    }
-    fn credentials(&self) -> Vec<u8> {
-        self.0.as_bytes().to_vec()
-    }
-    fn verify(&self, credentials: &[u8]) -> Result<(), String> {
-        if constant_time_eq(self.0.as_bytes(), credentials) {
-            Ok(())
-        } else {
-            Err("password does not match".to_string())
-        }
-    }
-}
 
 /// Compares `a` and `b` in time that depends only on the longer length: a
 /// xor-fold over every byte, the length difference folded in.
@@ -574,6 +536,9 @@ pub struct Enrollee {
     last_error: Option<EnrollmentError>,
     events: VecDeque<EnrollmentEvent>,
     counters: EnrolleeCounters,
+    nonces: NonceGen,
+    /// This attempt's nonce.
+    nonce: Nonce,
 }
 
 impl fmt::Debug for Enrollee {
@@ -612,7 +577,16 @@ impl Enrollee {
             last_error: None,
             events: VecDeque::new(),
             counters: EnrolleeCounters::default(),
+            nonces: NonceGen::new([0; 32]),
+            nonce: [0; 32],
         }
+    }
+
+    /// Takes its nonces from `nonces` (seeded by the driver). Without it
+    /// the nonces are predictable: fine for tests, not for a real DIF.
+    pub fn with_nonces(mut self, nonces: NonceGen) -> Self {
+        self.nonces = nonces;
+        self
     }
 
     /// Starts enrolling (sends M_CONNECT). Does nothing while an enrollment
@@ -740,7 +714,8 @@ impl Enrollee {
         self.retry_at = None;
         self.phase = Phase::Running;
         self.enter(now, Step::Connect);
-        let auth = WireAuth::new(self.auth.name(), self.auth.credentials());
+        self.nonce = self.nonces.next_nonce();
+        let auth = WireAuth::new(self.auth.name(), self.auth.hello(&self.nonce));
         if let Err(e) = self
             .session
             .connect(now, auth, &self.cfg.name, &self.cfg.enroller)
@@ -826,13 +801,26 @@ impl Enrollee {
 
     fn on_event(&mut self, now: Instant, ev: SessionEvent) {
         match ev {
-            SessionEvent::Connected(_) if self.step == Step::Connect => {
+            SessionEvent::Connected(msg) if self.step == Step::Connect => {
+                let answer = msg.auth_policy.and_then(|a| a.options).unwrap_or_default();
+                let proof = match self.auth.respond(&self.nonce, &answer) {
+                    Ok(p) => p,
+                    Err(f) => {
+                        // An empty proof tells the member why we stop.
+                        let info = EnrollmentInformation::default();
+                        let msg =
+                            CdapMessage::start(CLASS_ENROLLMENT, OBJ_ENROLLMENT).with_object(&info);
+                        let _ = self.session.request(now, msg);
+                        let reason = f.to_string();
+                        return self.fail(now, EnrollmentError::PeerNotAuthenticated { reason });
+                    }
+                };
                 self.enter(now, Step::StartEnrollment);
                 let info = EnrollmentInformation {
                     address: self.address,
                     supporting_difs: self.cfg.supporting_difs.clone(),
                     start_early: false,
-                    token: String::new(),
+                    token: auth::hex(&proof),
                 };
                 let msg = CdapMessage::start(CLASS_ENROLLMENT, OBJ_ENROLLMENT).with_object(&info);
                 match self.session.request(now, msg) {
@@ -842,7 +830,9 @@ impl Enrollee {
             }
             SessionEvent::ConnectRefused(r) => {
                 let err = if r.result() == RESULT_BAD_CREDENTIALS {
-                    EnrollmentError::BadPassword
+                    EnrollmentError::BadCredentials {
+                        reason: reason_of(&r),
+                    }
                 } else {
                     EnrollmentError::Refused {
                         step: Step::Connect,
@@ -871,6 +861,10 @@ impl Enrollee {
             Step::StartEnrollment => {
                 if msg.result() == RESULT_NO_ADDRESS {
                     return self.fail(now, EnrollmentError::NoAddress);
+                }
+                if msg.result() == RESULT_BAD_CREDENTIALS {
+                    let reason = reason_of(&msg);
+                    return self.fail(now, EnrollmentError::BadCredentials { reason });
                 }
                 if msg.result() != 0 {
                     return self.fail(
@@ -1092,6 +1086,9 @@ pub struct Enroller {
     last_error: Option<EnrollmentError>,
     events: VecDeque<EnrollerEvent>,
     counters: EnrollerCounters,
+    nonces: NonceGen,
+    /// What the auth policy needs to check the enrollee's proof.
+    auth_ctx: Option<Vec<u8>>,
 }
 
 impl fmt::Debug for Enroller {
@@ -1129,7 +1126,17 @@ impl Enroller {
             last_error: None,
             events: VecDeque::new(),
             counters: EnrollerCounters::default(),
+            nonces: NonceGen::new([0; 32]),
+            auth_ctx: None,
         }
+    }
+
+    /// Takes its nonces from `nonces` (seeded by the driver). Without it
+    /// the nonces are predictable, and a recorded enrollee proof could be
+    /// replayed: fine for tests, not for a real DIF.
+    pub fn with_nonces(mut self, nonces: NonceGen) -> Self {
+        self.nonces = nonces;
+        self
     }
 
     /// Feeds one message received on the management flow.
@@ -1217,6 +1224,7 @@ impl Enroller {
             members.release(self.address);
         }
         self.fresh_address = false;
+        self.auth_ctx = None;
         self.counters.rejected += 1;
         self.last_error = Some(reason.clone());
         self.phase = Phase::Failed;
@@ -1293,17 +1301,34 @@ impl Enroller {
                 },
             );
         }
-        let creds = wire.options.unwrap_or_default();
-        if members.auth.verify(&creds).is_err() {
-            self.counters.bad_credentials += 1;
-            self.respond(&req, RESULT_BAD_CREDENTIALS, "authentication failed");
-            return self.fail(members, EnrollmentError::BadPassword);
-        }
-        if self.respond(&req, 0, "") {
+        let hello = wire.options.unwrap_or_default();
+        let nonce = self.nonces.next_nonce();
+        let (answer, ctx) = match members.auth.challenge(&hello, &nonce) {
+            Ok(a) => a,
+            Err(f) => return self.refuse_credentials(&req, members, f),
+        };
+        self.auth_ctx = Some(ctx);
+        let sent = CdapMessage::response_to(&req, 0, "").is_ok_and(|mut r| {
+            r.auth_policy = Some(WireAuth::new(members.auth.name(), answer));
+            self.session.respond(r).is_ok()
+        });
+        if sent {
             self.enter(now, Step::StartEnrollment);
         } else {
             self.protocol(members, "could not answer M_CONNECT".into());
         }
+    }
+
+    /// Refuses the enrollee's credentials with the reason, on both sides.
+    fn refuse_credentials(&mut self, req: &CdapMessage, members: &mut Membership, f: AuthFailure) {
+        self.counters.bad_credentials += 1;
+        let reason = f.to_string();
+        self.respond(
+            req,
+            RESULT_BAD_CREDENTIALS,
+            &format!("authentication failed: {reason}"),
+        );
+        self.fail(members, EnrollmentError::BadCredentials { reason });
     }
 
     fn on_request(&mut self, now: Instant, req: CdapMessage, members: &mut Membership) {
@@ -1361,6 +1386,24 @@ impl Enroller {
                 return self.protocol(members, detail);
             }
         };
+        // Message 3: the enrollee's proof, checked before anything is given.
+        // Kept (not taken): a repeated M_START of this attempt checks the
+        // same way; the next M_CONNECT or a failure replaces it.
+        let ctx = self.auth_ctx.clone().unwrap_or_default();
+        let checked = match auth::unhex(&info.token) {
+            Some(proof) => members.auth.verify(&ctx, &proof),
+            None => Err(AuthFailure::Malformed("token is not hex")),
+        }
+        .map_err(|f| {
+            if info.token.is_empty() {
+                AuthFailure::RejectedByPeer
+            } else {
+                f
+            }
+        });
+        if let Err(f) = checked {
+            return self.refuse_credentials(&req, members, f);
+        }
         let peer = self.peer.to_string();
         let requested = info.address;
         let (address, fresh) = if requested != 0 && members.holder(requested) == Some(peer.as_str())

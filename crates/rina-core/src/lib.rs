@@ -28,6 +28,7 @@ pub mod delimiting;
 pub mod directory;
 pub mod efcp;
 pub mod enrollment;
+pub mod fuzzing;
 pub mod mgmt_frag;
 pub mod normal;
 pub mod rib;

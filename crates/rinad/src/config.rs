@@ -54,7 +54,10 @@
 //! dif = "net"
 //! address = 1                     # a bootstrap member; leave it out to enroll
 //!                                 # through the first neighbour that is a member
-//! # password = "s3cret"           # the DIF's pre-shared enrollment password
+//! # password = "s3cret"           # the DIF's pre-shared enrollment password, proven
+//!                                 # by HMAC-SHA256 challenge-response (never sent)
+//! # key = "<64 hex digits>"       # or: this member's ed25519 secret key...
+//! # trusted_keys = ["<64 hex>"]   # ...and the public keys the DIF trusts
 //! # max_pdu = 9000                # largest PDU (default 9000); larger SDUs are fragmented
 //! # max_sdu = 65536
 //! # crc = false                   # CRC-32 on every PDU
@@ -386,9 +389,15 @@ pub struct IpcpConfig {
     pub vmpi_id: Option<u32>,
     /// shim-hv: poll the rings continuously (one core busy) instead of every millisecond.
     pub busy_poll: Option<bool>,
-    /// normal: the DIF's pre-shared enrollment password (asked of
-    /// enrollees, given when enrolling).
+    /// normal: the DIF's pre-shared enrollment password (proven by
+    /// challenge-response in both directions, never sent).
     pub password: Option<String>,
+    /// normal: this member's ed25519 secret key (32 bytes in hex); with
+    /// `trusted_keys`, enrollment authenticates by key pairs.
+    pub key: Option<String>,
+    /// normal: the ed25519 public keys (hex) of the DIF's members.
+    #[serde(default)]
+    pub trusted_keys: Vec<String>,
     /// normal: largest PDU, in bytes.
     pub max_pdu: Option<Spanned<u32>>,
     /// normal: CRC-32 on every PDU.
@@ -679,6 +688,8 @@ impl Config {
                 }
             } else if ip.address.is_some()
                 || ip.password.is_some()
+                || ip.key.is_some()
+                || !ip.trusted_keys.is_empty()
                 || !ip.neighbors.is_empty()
                 || !ip.names.is_empty()
                 || ip.routing.is_some()

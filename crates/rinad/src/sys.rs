@@ -292,3 +292,12 @@ pub fn set_socket_access(path: &Path, mode: u32, group: Option<&str>) -> io::Res
     }
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
 }
+
+/// 32 bytes from the operating system's random source (seeds the
+/// protocol machines' nonces; the machines read no randomness themselves).
+pub fn random_seed() -> io::Result<[u8; 32]> {
+    use std::io::Read;
+    let mut seed = [0u8; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut seed)?;
+    Ok(seed)
+}

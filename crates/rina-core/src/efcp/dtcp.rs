@@ -293,12 +293,36 @@ impl Sender {
         }
     }
 
-    /// A window / rate update from the peer. Returns whether the window grew.
-    pub(super) fn on_fc(&mut self, new_rwe: u64, rate: u64, frame_ms: u64) -> bool {
-        if rate > 0 && frame_ms > 0 {
+    /// Whether an ack could come from the peer: only a retransmitting
+    /// sender takes acks, and nothing at or past the next seq was sent.
+    pub(super) fn valid_ack(&self, ack_sn: u64) -> bool {
+        self.rtx_cfg.is_some() && ack_sn < self.next_seq
+    }
+
+    /// Whether a right window edge could have been granted: a receiver
+    /// grants at most its buffer plus its reordering queue past its LWE,
+    /// which is below our next seq. The peer runs the same QoS cube, so our
+    /// own figures bound it (doubled, for slack).
+    pub(super) fn valid_rwe(&self, new_rwe: u64) -> bool {
+        let Some(w) = &self.window else {
+            return true;
+        };
+        let most = (w.receiver_buffer as u64)
+            .max(w.initial_credit)
+            .saturating_add(self.inflight_limit as u64)
+            .saturating_mul(2);
+        new_rwe <= (self.next_seq - 1).saturating_add(most)
+    }
+
+    /// A window / rate update from the peer. Returns whether the window
+    /// grew. A rate is taken only from a `fresh` PDU and only by a
+    /// rate-controlled sender (the peer runs the same cube; a connection
+    /// without rate control is not slowed by a PDU claiming one).
+    pub(super) fn on_fc(&mut self, new_rwe: u64, rate: u64, frame_ms: u64, fresh: bool) -> bool {
+        if fresh && rate > 0 && frame_ms > 0 {
             let frame = Duration::from_millis(frame_ms);
             let tighter = match &self.rate {
-                None => true,
+                None => false,
                 // rate/frame < ours/our_frame
                 Some(r) => {
                     (rate as u128) * r.frame.as_nanos()
@@ -322,11 +346,13 @@ impl Sender {
     }
 
     /// A cumulative ack: every seq up to `ack_sn` arrived (or was given up).
+    /// A stale one (not `fresh`) only counts if it advances.
     pub(super) fn on_ack(
         &mut self,
         now: Instant,
         ack_sn: u64,
         window_grew: bool,
+        fresh: bool,
         stats: &mut Stats,
     ) {
         let Some(rtx) = self.rtx_cfg else {
@@ -366,7 +392,7 @@ impl Sender {
                 }
                 None => {}
             }
-        } else if ack_sn + 1 == self.snd_una && !self.unacked.is_empty() && !window_grew {
+        } else if fresh && ack_sn + 1 == self.snd_una && !self.unacked.is_empty() && !window_grew {
             self.dup_acks += 1;
             if self.dup_acks == DUP_ACK_THRESHOLD && self.recovery.is_none() {
                 stats.fast_retransmits += 1;

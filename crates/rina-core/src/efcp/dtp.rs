@@ -53,6 +53,9 @@ pub(super) enum RxOutcome {
     /// Held: no data run yet (its DRF PDU was lost); delivered once the
     /// retransmitted DRF PDU starts the run.
     HeldNoRun,
+    /// Dropped: beyond anything the sender may have sent (forged, or
+    /// replayed from another connection).
+    OutOfWindow,
 }
 
 /// The receiving half of an EFCP connection.
@@ -86,6 +89,14 @@ pub(super) struct Receiver {
     /// PDUs that arrived before their run's DRF PDU (retransmitting flows
     /// only), at most `max_reorder` of them.
     prerun: std::collections::BTreeMap<u64, Vec<u8>>,
+    /// The highest LWE any ended run reached: sequence numbers never
+    /// restart within a connection, so nothing at or below it is new, with
+    /// or without a live run. `None` while the peer's first sequence number
+    /// is unknown (and no run has ended).
+    floor: Option<u64>,
+    /// When a data PDU was last taken (neither duplicate nor out of
+    /// window): an unreliable flow resynchronises after 2Δ without one.
+    last_accept: Instant,
 }
 
 impl Receiver {
@@ -110,7 +121,29 @@ impl Receiver {
             hole_deadline: None,
             last_rx: now,
             prerun: std::collections::BTreeMap::new(),
+            floor: None,
+            last_accept: now,
         }
+    }
+
+    /// Declares that the peer's first sequence number is `first` (so
+    /// nothing below it is ever new, and the window rules apply from the
+    /// first PDU).
+    pub(super) fn expect_first(&mut self, first: u64) {
+        self.floor = Some(first.saturating_sub(1));
+    }
+
+    /// The highest sequence number known not to be new: the LWE of the live
+    /// run, else the floor left by the runs before it.
+    pub(super) fn base(&self) -> Option<u64> {
+        self.lwe.or(self.floor)
+    }
+
+    /// Whether an out-of-window PDU may resynchronise the receiver: only
+    /// on a flow without retransmission or window (whose sender is bound by
+    /// nothing the receiver knows), after 2Δ with no PDU taken.
+    fn may_resync(&self, now: Instant) -> bool {
+        !self.rtx && !self.track_consumption && now >= self.last_accept + self.inactivity
     }
 
     /// The LWE, while a data run is live.
@@ -292,6 +325,7 @@ impl Receiver {
         self.ring_held = 0;
         self.open_gap = 0;
         self.hole_deadline = None;
+        self.floor = Some(self.floor.map_or(seq, |f| f.max(seq)));
         self.lwe = None;
     }
 
@@ -305,22 +339,41 @@ impl Receiver {
         false
     }
 
+    /// A data PDU. `ceiling` is the highest sequence number the sender may
+    /// have sent by the window rules (see [`super::Connection`]): a PDU at
+    /// or below [`Receiver::base`] is a duplicate (or a replay), one above
+    /// `ceiling` is dropped as out of window, and neither starts a run nor
+    /// keeps one alive.
     pub(super) fn on_data(
         &mut self,
         now: Instant,
         seq: u64,
         drf: bool,
         payload: Vec<u8>,
+        ceiling: u64,
         stats: &mut Stats,
     ) -> RxOutcome {
         self.check_inactivity(now, stats);
-        self.last_rx = now;
         stats.pdus_received += 1;
         if seq == 0 {
             // Sequence numbers start at 1; 0 can only be garbage.
             stats.duplicates += 1;
             return RxOutcome::Duplicate;
         }
+        if let Some(base) = self.base() {
+            if seq <= base {
+                // A retransmission shows the sender alive; a replay is
+                // harmless here.
+                self.last_rx = now;
+                stats.duplicates += 1;
+                return RxOutcome::Duplicate;
+            }
+            if seq > ceiling && !self.may_resync(now) {
+                stats.out_of_window += 1;
+                return RxOutcome::OutOfWindow;
+            }
+        }
+        self.last_rx = now;
         let mut started = false;
         match self.lwe {
             None if drf || !self.rtx => {
@@ -338,8 +391,11 @@ impl Receiver {
                 stats.dropped_no_run += 1;
                 return RxOutcome::DroppedNoRun;
             }
-            Some(lwe) if drf && seq > lwe + 1 => {
+            Some(lwe) if drf && !self.rtx && seq > lwe + 1 => {
                 // A new run: the sender will never send anything below `seq`.
+                // (With retransmission a sender starts a run only with
+                // everything acknowledged, so its DRF PDU is always LWE+1:
+                // a DRF beyond it is taken as an ordinary PDU of the run.)
                 self.end_run(stats);
                 self.start_run(now, seq, stats);
             }
@@ -348,6 +404,12 @@ impl Receiver {
         let outcome = self.accept_in_run(now, seq, payload, stats);
         if started {
             self.replay_prerun(now, stats);
+        }
+        if matches!(
+            outcome,
+            RxOutcome::InOrder | RxOutcome::FilledHole | RxOutcome::OutOfOrder
+        ) {
+            self.last_accept = now;
         }
         outcome
     }
@@ -433,14 +495,28 @@ impl Receiver {
     }
 
     /// A rendezvous: the sender's next sequence number is `next_seq`, so
-    /// everything below it was sent. Returns whether a run is live (so the
-    /// receiver can answer).
-    pub(super) fn on_rendezvous(&mut self, now: Instant, next_seq: u64, stats: &mut Stats) -> bool {
+    /// everything below it was sent. One claiming more than `ceiling + 1`
+    /// (beyond the window) or, without a run, less than the floor (a
+    /// replay) is counted as invalid and ignored. Returns whether a run is
+    /// live (so the receiver can answer).
+    pub(super) fn on_rendezvous(
+        &mut self,
+        now: Instant,
+        next_seq: u64,
+        ceiling: u64,
+        stats: &mut Stats,
+    ) -> bool {
         self.check_inactivity(now, stats);
-        self.last_rx = now;
         if next_seq == 0 {
             return self.lwe.is_some();
         }
+        let sent = next_seq - 1;
+        let stale = self.lwe.is_none() && self.floor.is_some_and(|f| sent < f);
+        if (self.base().is_some() && sent > ceiling) || stale {
+            stats.ctrl_invalid += 1;
+            return false;
+        }
+        self.last_rx = now;
         if self.lwe.is_none() {
             if self.rtx {
                 return false;
@@ -449,8 +525,8 @@ impl Receiver {
             self.start_run(now, next_seq, stats);
             return true;
         }
-        if next_seq - 1 > self.edge {
-            self.raise_edge(now, next_seq - 1);
+        if sent > self.edge {
+            self.raise_edge(now, sent);
             if self.hole_deadline.is_none() {
                 self.hole_deadline = self.compute_hole_deadline();
             }

@@ -55,10 +55,32 @@
 //! run after 2Δ without hearing from the sender (IRATI: 2Δ), handing over
 //! what it held. (IRATI's sender waits 3Δ; we use Δ because a sender that
 //! keeps an old run past the receiver's reset would be refused, while an
-//! early DRF costs nothing.) A DRF PDU beyond the LWE ends the current run
-//! and starts a new one at its seq. Without a run, a PDU without DRF starts
-//! one if the flow does not retransmit (a lost DRF must not block delivery)
-//! and is dropped if it does (the DRF PDU will be retransmitted).
+//! early DRF costs nothing.) Without retransmission, a DRF PDU beyond the
+//! LWE ends the current run and starts a new one at its seq; with it, a
+//! sender starts a run only with everything acknowledged, so its DRF PDU is
+//! always LWE+1 and one further ahead is taken as an ordinary PDU. Without
+//! a run, a PDU without DRF starts one if the flow does not retransmit (a
+//! lost DRF must not block delivery) and is held (bounded) if it does (the
+//! DRF PDU will be retransmitted).
+//!
+//! # Forged and replayed PDUs
+//!
+//! Nothing from the peer is trusted (see [`Connection::on_pdu`]). The
+//! receiver keeps the highest LWE any run reached: sequence numbers never
+//! restart within a connection, so a PDU at or below it is a duplicate even
+//! with no run live (a replay cannot start a run), and a PDU beyond what
+//! the sender may have sent — the advertised RWE with window flow control,
+//! `max_reorder + 1` past the LWE with retransmission only,
+//! [`MAX_UNRELIABLE_JUMP`] otherwise — is dropped and counted
+//! ([`Stats::out_of_window`]) without an answer. A plain unreliable flow
+//! that really lost more resynchronises after 2Δ without a PDU taken.
+//! Control PDUs acknowledging what was never sent, granting credit beyond
+//! what a receiver of the same cube could, carrying a rendezvous outside
+//! the window, or jumping the control sequence number by more than
+//! [`MAX_CTRL_SEQ_JUMP`] are ignored and counted ([`Stats::ctrl_invalid`]);
+//! a stale control PDU still counts for its cumulative fields (ack, RWE),
+//! so a poisoned control sequence number cannot stall the flow. What this
+//! cannot stop without cryptography: a forged ack within what was sent.
 //!
 //! # Policies chosen here
 //!
@@ -99,6 +121,17 @@ use dtp::{Receiver, RxOutcome};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use thiserror::Error;
+
+/// How far past the LWE a flow without retransmission or window control
+/// accepts a sequence number (its sender is bound by nothing else): a loss
+/// burst longer than this stalls delivery for 2Δ, after which the receiver
+/// resynchronises on whatever arrives.
+pub const MAX_UNRELIABLE_JUMP: u64 = 1 << 16;
+
+/// How far a control sequence number may jump ahead of the last one taken
+/// (the peer increments it by one per control PDU; more than this many
+/// lost in a row is not plausible).
+pub const MAX_CTRL_SEQ_JUMP: u64 = 1 << 16;
 
 /// A PDU of one EFCP connection, as the protocol sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -210,6 +243,9 @@ pub struct Stats {
     pub dropped_queue: u64,
     /// Data PDUs dropped for lack of a data run (with retransmission).
     pub dropped_no_run: u64,
+    /// Data PDUs dropped as beyond anything the sender may have sent (the
+    /// window rules; forged or from another connection).
+    pub out_of_window: u64,
     /// Data PDUs held until their run's (retransmitted) DRF PDU arrived.
     pub held_no_run: u64,
     /// Held PDUs dropped when a lossless run ended with a hole.
@@ -242,7 +278,10 @@ pub struct Stats {
     pub rendezvous_received: u64,
     /// Control PDUs ignored as stale (old control sequence number).
     pub ctrl_stale: u64,
-    /// Control PDUs ignored as impossible (acking what was never sent).
+    /// Control PDUs ignored as impossible: acking what was never sent,
+    /// granting credit no receiver could, a rendezvous outside the window,
+    /// a control sequence number jumping too far, a control PDU of a policy
+    /// the connection does not run.
     pub ctrl_invalid: u64,
     /// Retransmission timer expirations.
     pub rto_expirations: u64,
@@ -269,6 +308,7 @@ impl Stats {
             ("delivered", self.delivered),
             ("dropped_queue", self.dropped_queue),
             ("dropped_no_run", self.dropped_no_run),
+            ("out_of_window", self.out_of_window),
             ("held_no_run", self.held_no_run),
             ("dropped_reset", self.dropped_reset),
             ("skipped", self.skipped),
@@ -340,8 +380,19 @@ pub struct Connection {
 
 impl Connection {
     /// A connection whose first data PDU will carry sequence number 1.
+    ///
+    /// The peer is taken to start at 1 as well (this stack's convention), so
+    /// the receive window rules hold from the first PDU.
     pub fn new(cfg: EfcpConfig, now: Instant) -> Result<Self, EfcpError> {
-        Self::with_initial_seq(cfg, now, 1)
+        let mut c = Self::with_initial_seq(cfg, now, 1)?;
+        c.expect_peer_initial_seq(1);
+        Ok(c)
+    }
+
+    /// Declares the peer's first sequence number: until it is known (or a
+    /// first data run ends), the first DRF PDU may start a run anywhere.
+    pub fn expect_peer_initial_seq(&mut self, first: u64) {
+        self.rcv.expect_first(first.max(1));
     }
 
     /// A connection whose first data PDU will carry `initial_seq` (≥ 1; 0 is
@@ -449,27 +500,49 @@ impl Connection {
         self.snd.write(payload, &mut self.stats)
     }
 
+    /// The reference to widen received sequence numbers against: the LWE
+    /// of the live run, else the last one reached.
+    pub fn receive_reference(&self) -> u64 {
+        self.rcv.base().unwrap_or(0)
+    }
+
+    /// The highest sequence number the peer may have sent by the window
+    /// rules, above [`Connection::receive_reference`]:
+    ///
+    /// * window flow control: the highest right window edge this end
+    ///   advertised (or the initial credit above the base);
+    /// * retransmission without window: `max_reorder + 1` past the LWE
+    ///   (such a sender keeps no more unacknowledged);
+    /// * neither: [`MAX_UNRELIABLE_JUMP`] past it (the sender is bound by
+    ///   nothing; a flow that lost more resynchronises after 2Δ).
+    fn rx_ceiling(&self) -> u64 {
+        let base = self.rcv.base().unwrap_or(0);
+        if let Some(w) = self.cfg.window() {
+            self.last_adv_rwe.max(base.saturating_add(w.initial_credit))
+        } else if self.cfg.rtx().is_some() {
+            base.saturating_add(self.cfg.max_reorder as u64 + 1)
+        } else {
+            base.saturating_add(MAX_UNRELIABLE_JUMP)
+        }
+    }
+
     /// Processes a PDU of this connection received from the peer.
+    ///
+    /// Nothing here trusts the peer: data outside the receive window,
+    /// replays of earlier runs, and control PDUs acknowledging what was
+    /// never sent or granting credit no receiver could are counted
+    /// ([`Stats::out_of_window`], [`Stats::duplicates`],
+    /// [`Stats::ctrl_invalid`]) and change nothing.
     pub fn on_pdu(&mut self, now: Instant, pdu: Pdu) {
         match pdu {
-            Pdu::Data { seq, drf, payload } => {
-                let had_run = self.rcv.lwe().is_some();
-                let outcome = self.rcv.on_data(now, seq, drf, payload, &mut self.stats);
-                if !had_run && self.rcv.lwe().is_some() && self.last_adv_rwe == 0 {
-                    // The sender starts with the initial credit.
-                    if let (Some(w), Some(lwe)) = (self.cfg.window(), self.rcv.lwe()) {
-                        self.last_adv_rwe = lwe.min(seq - 1) + w.initial_credit;
-                    }
-                }
-                if self.cfg.rtx().is_some() {
-                    self.ack_policy(now, outcome);
-                }
-                self.window_policy(now);
-            }
+            Pdu::Data { seq, drf, payload } => self.on_data(now, seq, drf, payload),
             Pdu::Ack { ctrl_seq, ack_sn } => {
-                if self.fresh(ctrl_seq) {
-                    self.stats.acks_received += 1;
-                    self.snd.on_ack(now, ack_sn, false, &mut self.stats);
+                if !self.snd.valid_ack(ack_sn) {
+                    self.stats.ctrl_invalid += 1;
+                } else {
+                    let fresh = self.fresh(ctrl_seq);
+                    self.stats.acks_received += u64::from(fresh);
+                    self.snd.on_ack(now, ack_sn, false, fresh, &mut self.stats);
                 }
             }
             Pdu::Fc {
@@ -478,9 +551,12 @@ impl Connection {
                 rate,
                 frame_ms,
             } => {
-                if self.fresh(ctrl_seq) {
-                    self.stats.fc_received += 1;
-                    self.snd.on_fc(new_rwe, rate, frame_ms);
+                if !self.snd.valid_rwe(new_rwe) {
+                    self.stats.ctrl_invalid += 1;
+                } else {
+                    let fresh = self.fresh(ctrl_seq);
+                    self.stats.fc_received += u64::from(fresh);
+                    self.snd.on_fc(new_rwe, rate, frame_ms, fresh);
                 }
             }
             Pdu::AckFc {
@@ -490,29 +566,66 @@ impl Connection {
                 rate,
                 frame_ms,
             } => {
-                if self.fresh(ctrl_seq) {
-                    self.stats.acks_received += 1;
-                    self.stats.fc_received += 1;
-                    let grew = self.snd.on_fc(new_rwe, rate, frame_ms);
-                    self.snd.on_ack(now, ack_sn, grew, &mut self.stats);
+                if !self.snd.valid_ack(ack_sn) || !self.snd.valid_rwe(new_rwe) {
+                    self.stats.ctrl_invalid += 1;
+                } else {
+                    let fresh = self.fresh(ctrl_seq);
+                    self.stats.acks_received += u64::from(fresh);
+                    self.stats.fc_received += u64::from(fresh);
+                    let grew = self.snd.on_fc(new_rwe, rate, frame_ms, fresh);
+                    self.snd.on_ack(now, ack_sn, grew, fresh, &mut self.stats);
                 }
             }
             Pdu::Rendezvous { ctrl_seq, next_seq } => {
-                if self.fresh(ctrl_seq) {
-                    self.stats.rendezvous_received += 1;
-                    if self.rcv.on_rendezvous(now, next_seq, &mut self.stats) {
-                        self.fc_now = self.cfg.window().is_some();
-                        self.ack_now = self.cfg.rtx().is_some();
-                    }
+                let ceiling = self.rx_ceiling();
+                // Answered whether fresh or not (the answer is idempotent
+                // and at most one is pending), so a poisoned control
+                // sequence number cannot silence the receiver.
+                let fresh = self.fresh(ctrl_seq);
+                self.stats.rendezvous_received += u64::from(fresh);
+                if self
+                    .rcv
+                    .on_rendezvous(now, next_seq, ceiling, &mut self.stats)
+                {
+                    self.fc_now = self.cfg.window().is_some();
+                    self.ack_now = self.cfg.rtx().is_some();
                 }
             }
         }
         self.refresh_rtt_stats();
     }
 
+    fn on_data(&mut self, now: Instant, seq: u64, drf: bool, payload: Vec<u8>) {
+        let had_run = self.rcv.lwe().is_some();
+        let ceiling = self.rx_ceiling();
+        let outcome = self
+            .rcv
+            .on_data(now, seq, drf, payload, ceiling, &mut self.stats);
+        if !had_run && self.rcv.lwe().is_some() && self.last_adv_rwe == 0 {
+            // The sender starts with the initial credit.
+            if let (Some(w), Some(lwe)) = (self.cfg.window(), self.rcv.lwe()) {
+                self.last_adv_rwe = lwe.min(seq - 1) + w.initial_credit;
+            }
+        }
+        if self.cfg.rtx().is_some() {
+            self.ack_policy(now, outcome);
+        }
+        self.window_policy(now);
+    }
+
+    /// Whether a control PDU is newer than the last one taken. A stale one
+    /// still counts for its cumulative fields (an ack that advances, a
+    /// window that grows), not for duplicate acks or rates. A control
+    /// sequence number more than [`MAX_CTRL_SEQ_JUMP`] ahead is treated as
+    /// stale and counted as invalid, so one forged PDU cannot make every
+    /// later genuine one stale.
     fn fresh(&mut self, ctrl_seq: u64) -> bool {
         if ctrl_seq <= self.last_ctrl_in {
             self.stats.ctrl_stale += 1;
+            return false;
+        }
+        if ctrl_seq - self.last_ctrl_in > MAX_CTRL_SEQ_JUMP {
+            self.stats.ctrl_invalid += 1;
             return false;
         }
         self.last_ctrl_in = ctrl_seq;
@@ -534,7 +647,8 @@ impl Connection {
             | RxOutcome::OutOfOrder
             | RxOutcome::Duplicate
             | RxOutcome::DroppedQueue => self.ack_now = true,
-            RxOutcome::DroppedNoRun | RxOutcome::HeldNoRun => {}
+            // Nothing to tell a sender that did not send it.
+            RxOutcome::DroppedNoRun | RxOutcome::HeldNoRun | RxOutcome::OutOfWindow => {}
         }
     }
 

@@ -1103,7 +1103,10 @@ fn reorder_queue_is_bounded() {
             payload: vec![],
         },
     );
-    assert_eq!(b.stats().dropped_queue, 1);
+    // Past the queue is past what such a sender keeps unacknowledged:
+    // out of window.
+    assert_eq!(b.stats().out_of_window, 1);
+    assert_eq!(b.stats().dropped_queue, 0);
     assert_eq!(b.receiver_buffered(), 5, "1 ready + 4 held");
 }
 
@@ -1183,4 +1186,308 @@ proptest::proptest! {
         let got = transfer(&mut sim, n, t(3_600_000));
         proptest::prop_assert_eq!(got, (0..n).collect::<Vec<_>>());
     }
+}
+
+// Forged and replayed PDUs: what arrives is checked against what the peer
+// may have sent, without any cryptography.
+
+fn data(seq: u64, drf: bool) -> Pdu {
+    Pdu::Data {
+        seq,
+        drf,
+        payload: sdu(999_999),
+    }
+}
+
+/// The data PDUs in a log, in order.
+fn logged_data(log: &[(Instant, Pdu)]) -> Vec<Pdu> {
+    log.iter()
+        .filter(|(_, p)| matches!(p, Pdu::Data { .. }))
+        .map(|(_, p)| p.clone())
+        .collect()
+}
+
+#[test]
+fn a_forged_drf_far_ahead_neither_restarts_the_run_nor_stalls_the_flow() {
+    let mut sim = Sim::new(
+        reliable_cfg(),
+        Channel::new(1, ms(3)),
+        Channel::new(2, ms(3)),
+    );
+    assert_eq!(
+        transfer(&mut sim, 10, t(10_000)),
+        (0..10).collect::<Vec<_>>()
+    );
+    let now = sim.now;
+    // The 36-byte attack: DRF set, sequence number 1,000,000.
+    sim.b.on_pdu(now, data(1_000_000, true));
+    assert_eq!(sim.b.stats().out_of_window, 1);
+    assert_eq!(sim.b.stats().runs_started, 1);
+    assert_eq!(sim.b.receive_lwe(), Some(10));
+    assert_eq!(sim.b.poll_transmit(now), None, "no answer to a forged PDU");
+    assert_eq!(sim.b.poll_deliver(), None);
+    // Just past the advertised window is out of window too; within it is
+    // taken (it could be genuine).
+    let rwe = sim.a.send_rwe().unwrap();
+    sim.b.on_pdu(now, data(rwe + 1, true));
+    assert_eq!(sim.b.stats().out_of_window, 2);
+    let until = now + ms(10_000);
+    assert_eq!(transfer(&mut sim, 10, until), (0..10).collect::<Vec<_>>());
+    assert_eq!(sim.a.stats().failures, 0);
+    assert_eq!(sim.b.receive_lwe(), Some(20));
+}
+
+#[test]
+fn a_forged_drf_before_the_first_pdu_is_out_of_window() {
+    let mut b = Connection::new(reliable_cfg(), t(0)).unwrap();
+    b.on_pdu(t(0), data(1_000_000, true));
+    assert_eq!(b.stats().out_of_window, 1);
+    assert_eq!(b.receive_lwe(), None);
+    b.on_pdu(t(1), data(1, true));
+    assert_eq!(b.receive_lwe(), Some(1));
+    // A peer whose first sequence number is unknown may start anywhere.
+    let mut c = Connection::with_initial_seq(reliable_cfg(), t(0), 1).unwrap();
+    c.on_pdu(t(0), data(5_000, true));
+    assert_eq!(c.receive_lwe(), Some(5_000));
+}
+
+fn replay_after_idle(cfg: EfcpConfig) {
+    let delta = cfg.delta_t();
+    let mut sim = Sim::new(cfg, Channel::new(1, ms(3)), Channel::new(2, ms(3)));
+    sim.log_a = true;
+    assert_eq!(
+        transfer(&mut sim, 10, t(10_000)),
+        (0..10).collect::<Vec<_>>()
+    );
+    let captured = logged_data(&sim.a_log);
+    assert_eq!(captured.len(), 10);
+    // Idle past the receiver's inactivity timer: the run is gone.
+    let later = sim.now + delta * 3;
+    sim.run(later, |_| (false, None));
+    assert_eq!(sim.b.stats().inactivity_resets, 1);
+    assert_eq!(sim.b.receive_lwe(), None);
+    sim.now = later;
+    let dups = sim.b.stats().duplicates;
+    for p in &captured {
+        sim.b.on_pdu(later, p.clone());
+    }
+    assert_eq!(sim.b.poll_deliver(), None, "a replay is never delivered");
+    assert_eq!(sim.b.stats().duplicates, dups + 10);
+    assert_eq!(sim.b.stats().runs_started, 1);
+    assert_eq!(sim.b.receive_lwe(), None);
+    // The genuine sender's next run is taken.
+    let got = transfer(&mut sim, 10, later + ms(10_000));
+    assert_eq!(got, (0..10).collect::<Vec<_>>());
+    assert_eq!(sim.b.stats().runs_started, 2);
+    assert_eq!(sim.b.receive_lwe(), Some(20));
+}
+
+#[test]
+fn a_replayed_run_after_inactivity_is_not_delivered_again_reliable() {
+    replay_after_idle(reliable_cfg());
+}
+
+#[test]
+fn a_replayed_run_after_inactivity_is_not_delivered_again_unreliable() {
+    replay_after_idle(EfcpConfig::unreliable());
+}
+
+#[test]
+fn forged_control_pdus_are_counted_and_change_nothing() {
+    let mut sim = Sim::new(
+        reliable_cfg(),
+        Channel::new(1, ms(3)),
+        Channel::new(2, ms(3)),
+    );
+    assert_eq!(
+        transfer(&mut sim, 10, t(10_000)),
+        (0..10).collect::<Vec<_>>()
+    );
+    // Something in flight, so an ack could do harm.
+    let now = sim.now;
+    for i in 0..5 {
+        sim.a.write(now, sdu(100 + i)).unwrap();
+    }
+    while let Some(p) = sim.a.poll_transmit(now) {
+        drop(p); // lost
+    }
+    assert_eq!(sim.a.in_flight(), 5);
+    let next = sim.a.next_seq();
+    let rwe = sim.a.send_rwe().unwrap();
+    let invalid = sim.a.stats().ctrl_invalid;
+    let forged = [
+        // Acks for what was never sent.
+        Pdu::Ack {
+            ctrl_seq: 1_000,
+            ack_sn: next,
+        },
+        Pdu::AckFc {
+            ctrl_seq: 1_001,
+            ack_sn: next + 1_000_000,
+            new_rwe: rwe + 1,
+            rate: 0,
+            frame_ms: 0,
+        },
+        // Credit no receiver could grant.
+        Pdu::Fc {
+            ctrl_seq: 1_002,
+            new_rwe: next + 1_000_000,
+            rate: 0,
+            frame_ms: 0,
+        },
+        // A plausible duplicate ack whose control sequence number would make
+        // every genuine control PDU stale.
+        Pdu::Ack {
+            ctrl_seq: u64::MAX - 1,
+            ack_sn: next - 6,
+        },
+    ];
+    for p in forged {
+        sim.a.on_pdu(now, p);
+    }
+    assert_eq!(sim.a.stats().ctrl_invalid, invalid + 4);
+    assert_eq!(sim.a.in_flight(), 5);
+    assert_eq!(sim.a.send_rwe(), Some(rwe));
+    // A rate from a PDU: this connection runs no rate control.
+    sim.a.on_pdu(
+        now,
+        Pdu::Fc {
+            ctrl_seq: 2_000,
+            new_rwe: rwe,
+            rate: 1,
+            frame_ms: 60_000,
+        },
+    );
+    // A rendezvous claiming data beyond the window.
+    let b_invalid = sim.b.stats().ctrl_invalid;
+    sim.b.on_pdu(
+        now,
+        Pdu::Rendezvous {
+            ctrl_seq: 5,
+            next_seq: 1_000_000,
+        },
+    );
+    assert_eq!(sim.b.stats().ctrl_invalid, b_invalid + 1);
+    assert_eq!(sim.b.receive_lwe(), Some(10));
+    // The lost PDUs are retransmitted and the flow goes on at full speed.
+    let stale = sim.a.stats().ctrl_stale;
+    let until = now + ms(10_000);
+    let mut got = Vec::new();
+    let ok = sim.run(until, |s| {
+        while let Some(d) = s.b.poll_deliver() {
+            got.push(sdu_index(&d.payload));
+            s.b.consumed(s.now, 1);
+        }
+        (got.len() == 5 && s.a.in_flight() == 0, None)
+    });
+    assert!(ok, "{:?}", sim.a.stats());
+    assert_eq!(got, (100..105).collect::<Vec<_>>());
+    assert!(sim.now < now + ms(1_000), "no rate of 1 PDU a minute");
+    // The forged FC's ctrl_seq 2_000 was within the jump bound and taken,
+    // so b's genuine control PDUs arrived stale: they still counted for
+    // their cumulative fields (the acks above).
+    assert!(sim.a.stats().ctrl_stale > stale);
+    assert_eq!(sim.a.stats().failures, 0);
+}
+
+#[test]
+fn a_flood_of_forged_and_replayed_pdus_does_not_stop_a_lossy_reliable_transfer() {
+    let ab = Channel::new(11, ms(5)).lossy(0.05);
+    let ba = Channel::new(12, ms(5)).lossy(0.05);
+    let mut sim = Sim::new(reliable_cfg(), ab, ba);
+    sim.log_a = true;
+    sim.log_b = true;
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let n = 2_000u64;
+    let mut written = 0u64;
+    let mut got = Vec::new();
+    let mut forged = 0u64;
+    let ok = sim.run(t(120_000), |s| {
+        while written < n && s.a.can_write() {
+            s.a.write(s.now, sdu(written)).unwrap();
+            written += 1;
+        }
+        while let Some(d) = s.b.poll_deliver() {
+            got.push(sdu_index(&d.payload));
+            s.b.consumed(s.now, 1);
+        }
+        // Ten forged or replayed PDUs at every event, at both ends.
+        for _ in 0..10 {
+            forged += 1;
+            let far = s.a.next_seq() + rng.gen_range(100_000..u64::MAX / 4);
+            let to_b = match rng.gen_range(0..4) {
+                0 => data(far, rng.gen_bool(0.5)),
+                1 => Pdu::Rendezvous {
+                    ctrl_seq: rng.gen(),
+                    next_seq: far,
+                },
+                _ => match logged_data(&s.a_log).get(rng.gen_range(0..s.a_log.len().max(1))) {
+                    Some(p) => p.clone(),
+                    None => data(far, true),
+                },
+            };
+            s.b.on_pdu(s.now, to_b);
+            let to_a = match rng.gen_range(0..4) {
+                0 => Pdu::Ack {
+                    ctrl_seq: rng.gen(),
+                    ack_sn: far,
+                },
+                1 => Pdu::AckFc {
+                    ctrl_seq: rng.gen(),
+                    ack_sn: far,
+                    new_rwe: far,
+                    rate: 1,
+                    frame_ms: 60_000,
+                },
+                2 => Pdu::Fc {
+                    ctrl_seq: rng.gen(),
+                    new_rwe: far,
+                    rate: 1,
+                    frame_ms: 60_000,
+                },
+                _ => match s.b_log.get(rng.gen_range(0..s.b_log.len().max(1))) {
+                    Some((_, p)) => p.clone(),
+                    None => data(far, true),
+                },
+            };
+            s.a.on_pdu(s.now, to_a);
+        }
+        (got.len() as u64 == n && s.a.in_flight() == 0, None)
+    });
+    assert!(
+        ok,
+        "stalled at {} of {n}: a {:?} b {:?}",
+        got.len(),
+        sim.a.stats(),
+        sim.b.stats()
+    );
+    assert_eq!(got, (0..n).collect::<Vec<_>>(), "exactly once, in order");
+    assert!(forged > 10_000);
+    assert!(sim.b.stats().out_of_window > 1_000);
+    assert!(sim.a.stats().ctrl_invalid > 1_000);
+    assert_eq!(sim.b.stats().runs_started, 1);
+}
+
+#[test]
+fn an_unreliable_flow_drops_a_far_jump_but_resynchronises_after_two_delta() {
+    let cfg = EfcpConfig::unreliable();
+    let inactivity = cfg.delta_t() * 2;
+    let mut b = Connection::new(cfg, t(0)).unwrap();
+    for s in 1..=5 {
+        b.on_pdu(t(s), data(s, s == 1));
+    }
+    b.on_pdu(t(6), data(1_000_000, true));
+    assert_eq!(b.stats().out_of_window, 1);
+    b.on_pdu(t(7), data(6, false));
+    assert_eq!(b.receive_lwe(), Some(6));
+    // A sender that really lost more than the bound: after 2Δ with nothing
+    // taken, the receiver follows it.
+    let far = 6 + MAX_UNRELIABLE_JUMP + 10;
+    b.on_pdu(t(8), data(far, false));
+    assert_eq!(b.stats().out_of_window, 2);
+    let later = t(7) + inactivity;
+    b.on_pdu(later, data(far + 1, false));
+    assert_eq!(b.receive_lwe(), Some(far + 1));
+    let got: Vec<u64> = std::iter::from_fn(|| b.poll_deliver().map(|d| d.seq)).collect();
+    assert_eq!(got, vec![1, 2, 3, 4, 5, 6, far + 1]);
 }

@@ -32,6 +32,8 @@ struct Link {
     drop: DropFn,
     /// Every message put on the channel: time, direction, "OPCODE name".
     log: Vec<(Instant, Dir, String)>,
+    /// Every message's bytes, as a capture of the flow would show them.
+    wire: Vec<Vec<u8>>,
     ee_events: Vec<EnrollmentEvent>,
     er_events: Vec<EnrollerEvent>,
 }
@@ -60,6 +62,7 @@ impl Link {
             er: Enroller::new(EnrollerConfig::default()),
             drop: Box::new(|_, _| false),
             log: Vec::new(),
+            wire: Vec::new(),
             ee_events: Vec::new(),
             er_events: Vec::new(),
         }
@@ -78,6 +81,7 @@ impl Link {
                 moved = true;
                 let d = describe(&b);
                 self.log.push((now, Dir::Up, d.clone()));
+                self.wire.push(b.clone());
                 if !(self.drop)(Dir::Up, &d) {
                     self.er.on_message(now, &b, m);
                 }
@@ -86,6 +90,7 @@ impl Link {
                 moved = true;
                 let d = describe(&b);
                 self.log.push((now, Dir::Down, d.clone()));
+                self.wire.push(b.clone());
                 if !(self.drop)(Dir::Down, &d) {
                     self.ee.on_message(now, &b);
                 }
@@ -314,9 +319,17 @@ fn wrong_password_fails_at_once_without_retries() {
     l.ee.start(Instant::ZERO);
     run(&mut [&mut l], &mut m, Instant::ZERO, secs(1000));
 
-    assert_eq!(l.failed(), Some(&EnrollmentError::BadPassword));
+    // The enrollee checks the member's proof first: it fails, and it tells
+    // the member with an empty proof.
+    match l.failed() {
+        Some(EnrollmentError::PeerNotAuthenticated { reason }) => {
+            assert_eq!(*reason, AuthFailure::BadProof.to_string());
+        }
+        other => panic!("{other:?}"),
+    }
     assert_eq!(l.sent(Dir::Up, "M_CONNECT").len(), 1, "no retry storm");
-    assert_eq!(l.sent(Dir::Down, "M_CONNECT_R (-2)").len(), 1);
+    assert_eq!(l.sent(Dir::Down, "M_CONNECT_R").len(), 1);
+    assert_eq!(l.sent(Dir::Down, "M_START_R /difm/enr (-2)").len(), 1);
     assert!(!l
         .ee_events
         .iter()
@@ -325,7 +338,9 @@ fn wrong_password_fails_at_once_without_retries() {
         l.er_events,
         vec![EnrollerEvent::Rejected {
             peer: name("joiner"),
-            reason: EnrollmentError::BadPassword
+            reason: EnrollmentError::BadCredentials {
+                reason: AuthFailure::RejectedByPeer.to_string()
+            }
         }]
     );
     assert_eq!(l.er.counters().bad_credentials, 1);
@@ -364,7 +379,7 @@ fn auth_policy_mismatch_is_refused_not_retried() {
         Some(EnrollmentError::Refused { step, reason }) => {
             assert_eq!(*step, Step::Connect);
             assert!(
-                reason.contains(AUTH_PASSWORD) && reason.contains(AUTH_NONE),
+                reason.contains(AUTH_PASSWORD) && reason.contains(rina_wire::cdap::AUTH_NONE),
                 "{reason}"
             );
         }
@@ -680,17 +695,29 @@ fn password_comparison() {
     assert!(!constant_time_eq(b"", b"\0"));
     assert!(constant_time_eq(b"", b""));
     let p = AuthPassword("pw".into());
-    assert_eq!(p.verify(b"pw"), Ok(()));
-    assert!(p.verify(b"pW").is_err());
+    let (ne, nm) = ([1u8; 32], [2u8; 32]);
+    let (answer, ctx) = p.challenge(&p.hello(&ne), &nm).unwrap();
+    let proof = p.respond(&ne, &answer).unwrap();
+    assert_eq!(p.verify(&ctx, &proof), Ok(()));
+    let q = AuthPassword("pW".into());
+    assert_eq!(q.respond(&ne, &answer), Err(AuthFailure::BadProof));
+    assert_eq!(q.verify(&ctx, &proof), Err(AuthFailure::BadProof));
+    // The member's proof never stands for the enrollee's.
+    assert_eq!(p.verify(&ctx, &answer[32..]), Err(AuthFailure::BadProof));
     assert_eq!(format!("{p:?}"), "AuthPassword(<hidden>)");
-    assert_eq!(AuthNone.verify(b"anything"), Ok(()));
+    assert_eq!(AuthNone.verify(b"", b"anything"), Ok(()));
 }
 
 #[test]
 fn errors_name_their_step_and_retryability() {
     use EnrollmentError::*;
     let cases = [
-        (BadPassword, Step::Connect, false),
+        (BadCredentials { reason: "x".into() }, Step::Connect, false),
+        (
+            PeerNotAuthenticated { reason: "x".into() },
+            Step::Connect,
+            false,
+        ),
         (NoAddress, Step::StartEnrollment, false),
         (
             Refused {
@@ -729,11 +756,16 @@ proptest! {
     /// Whatever is lost, the enrollee ends enrolled or failed in bounded
     /// time, and if enrolled the member agrees on its address.
     #[test]
-    fn random_loss_ends_consistently(seed in any::<u64>(), loss in 0.0f64..0.3) {
-        let mut m = membership(Box::new(AuthNone), 1, 100);
+    fn random_loss_ends_consistently(seed in any::<u64>(), loss in 0.0f64..0.3, pw in any::<bool>()) {
+        // With the password too: a loss never turns into an authentication
+        // failure (which would not be retried).
+        let policy = move || -> Box<dyn AuthPolicy> {
+            if pw { Box::new(AuthPassword("pw".into())) } else { Box::new(AuthNone) }
+        };
+        let mut m = membership(policy(), 1, 100);
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let mut l = Link::new(enrollee("joiner", Box::new(AuthNone)))
-            .with_drop(move |_, _| rng.gen_bool(loss));
+        let ee = enrollee("joiner", policy()).with_nonces(NonceGen::new([seed as u8; 32]));
+        let mut l = Link::new(ee).with_drop(move |_, _| rng.gen_bool(loss));
         l.ee.start(Instant::ZERO);
         run(&mut [&mut l], &mut m, Instant::ZERO, secs(10_000));
         let st = l.ee.status();
@@ -876,4 +908,144 @@ fn too_many_objects_is_a_protocol_error() {
         }]
     ));
     assert_eq!(m.in_use().len(), 1, "the member freed the address");
+}
+
+// Challenge-response and key authentication (issue 18).
+
+#[test]
+fn no_secret_crosses_the_wire_and_every_proof_is_fresh() {
+    let pw = "correct horse battery staple";
+    let mut m = membership(Box::new(AuthPassword(pw.into())), 1, 100);
+    let mut proofs = Vec::new();
+    for (i, seed) in [[7u8; 32], [8u8; 32]].into_iter().enumerate() {
+        let ee =
+            enrollee("joiner", Box::new(AuthPassword(pw.into()))).with_nonces(NonceGen::new(seed));
+        let mut l = Link::new(ee);
+        l.er = Enroller::new(EnrollerConfig::default()).with_nonces(NonceGen::new([i as u8; 32]));
+        l.ee.start(Instant::ZERO);
+        run(&mut [&mut l], &mut m, Instant::ZERO, secs(1000));
+        assert!(l.enrolled().is_some(), "{:?}", l.ee_events);
+        let capture = l.wire.concat();
+        assert!(!capture.is_empty());
+        let needle = pw.as_bytes();
+        assert!(
+            !capture.windows(needle.len()).any(|w| w == needle),
+            "the password is in the capture"
+        );
+        // Nor a prefix long enough to matter.
+        assert!(!capture.windows(8).any(|w| w == &needle[..8]));
+        for b in &l.wire {
+            let msg = CdapMessage::decode(b).unwrap();
+            if msg.op_code() == OpCode::Start && msg.obj_name.as_deref() == Some(OBJ_ENROLLMENT) {
+                let info: EnrollmentInformation = msg.object().unwrap();
+                proofs.push(info.token);
+            }
+        }
+    }
+    assert_eq!(proofs.len(), 2);
+    assert_eq!(proofs[0].len(), 64, "an HMAC-SHA256, in hex");
+    assert_ne!(proofs[0], proofs[1], "fresh nonces, fresh proofs");
+}
+
+#[test]
+fn a_replayed_proof_is_refused() {
+    // An eavesdropper replays an enrollee's whole side of a recorded
+    // enrollment: the member's new nonce makes the old proof worthless.
+    let pw = "s3cret";
+    let mut m = membership(Box::new(AuthPassword(pw.into())), 1, 100);
+    let mut l = Link::new(enrollee("joiner", Box::new(AuthPassword(pw.into()))));
+    l.er = Enroller::new(EnrollerConfig::default()).with_nonces(NonceGen::new([1; 32]));
+    l.ee.start(Instant::ZERO);
+    run(&mut [&mut l], &mut m, Instant::ZERO, secs(1000));
+    assert!(l.enrolled().is_some());
+    let up: Vec<Vec<u8>> = l
+        .log
+        .iter()
+        .zip(&l.wire)
+        .filter(|((_, d, _), _)| *d == Dir::Up)
+        .map(|(_, b)| b.clone())
+        .collect();
+    let mut er = Enroller::new(EnrollerConfig::default()).with_nonces(NonceGen::new([2; 32]));
+    for b in &up[..2] {
+        er.on_message(secs(5), b, &mut m);
+    }
+    let ev: Vec<_> = std::iter::from_fn(|| er.poll_event()).collect();
+    assert_eq!(
+        ev,
+        vec![EnrollerEvent::Rejected {
+            peer: name("joiner"),
+            reason: EnrollmentError::BadCredentials {
+                reason: AuthFailure::BadProof.to_string()
+            }
+        }]
+    );
+    assert_eq!(er.counters().bad_credentials, 1);
+}
+
+fn keys(secret: u8, trusted: &[u8]) -> AuthKeys {
+    let pk = |s: u8| AuthKeys::new([s; 32], vec![]).public_key();
+    AuthKeys::new([secret; 32], trusted.iter().map(|s| pk(*s)).collect())
+}
+
+#[test]
+fn key_pairs_enroll_mutually() {
+    let mut m = membership(Box::new(keys(1, &[1, 2, 3])), 1, 100);
+    let mut l = Link::new(enrollee("joiner", Box::new(keys(2, &[1, 2, 3]))));
+    l.ee.start(Instant::ZERO);
+    run(&mut [&mut l], &mut m, Instant::ZERO, secs(1000));
+    assert!(l.enrolled().is_some(), "{:?}", l.ee_events);
+    // No private key on the wire.
+    let capture = l.wire.concat();
+    assert!(!capture.windows(32).any(|w| w == [2u8; 32]));
+    assert!(!format!("{:?}", keys(2, &[])).contains(&auth::hex(&[2u8; 32])));
+}
+
+#[test]
+fn an_untrusted_enrollee_key_is_refused_with_the_reason_on_both_sides() {
+    let mut m = membership(Box::new(keys(1, &[1, 2])), 1, 100);
+    let mut l = Link::new(enrollee("joiner", Box::new(keys(9, &[1, 2]))));
+    l.ee.start(Instant::ZERO);
+    run(&mut [&mut l], &mut m, Instant::ZERO, secs(1000));
+    let pk9 = auth::hex(&keys(9, &[]).public_key());
+    match l.failed() {
+        Some(EnrollmentError::BadCredentials { reason }) => {
+            assert!(
+                reason.contains(&pk9) && reason.contains("not trusted"),
+                "{reason}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(l.sent(Dir::Down, "M_CONNECT_R (-2)").len(), 1);
+    assert_eq!(l.sent(Dir::Up, "M_CONNECT").len(), 1, "not retried");
+    match &l.er_events[..] {
+        [EnrollerEvent::Rejected {
+            reason: EnrollmentError::BadCredentials { reason },
+            ..
+        }] => assert!(reason.contains("not trusted"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(l.ee.status().last_error.unwrap().contains("step connect"));
+}
+
+#[test]
+fn an_enrollee_refuses_a_member_whose_key_it_does_not_trust() {
+    // The member trusts the enrollee, the enrollee does not trust the member.
+    let mut m = membership(Box::new(keys(5, &[2])), 1, 100);
+    let mut l = Link::new(enrollee("joiner", Box::new(keys(2, &[1]))));
+    l.ee.start(Instant::ZERO);
+    run(&mut [&mut l], &mut m, Instant::ZERO, secs(1000));
+    match l.failed() {
+        Some(EnrollmentError::PeerNotAuthenticated { reason }) => {
+            assert!(reason.contains("not trusted"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        &l.er_events[..],
+        [EnrollerEvent::Rejected {
+            reason: EnrollmentError::BadCredentials { .. },
+            ..
+        }]
+    ));
 }

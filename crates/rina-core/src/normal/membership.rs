@@ -56,9 +56,9 @@
 use super::{Action, N1Port, NormalIpcp, QosCube};
 use crate::efcp::{EfcpConfig, EfcpError};
 use crate::enrollment::{
-    AuthNone, AuthPassword, AuthPolicy, DifConfigBlob, DifContent, Enrollee, EnrolleeConfig,
-    Enroller, EnrollerConfig, EnrollerEvent, EnrollmentError, EnrollmentEvent, EnrollmentStatus,
-    Membership, NextFree, Step,
+    AuthKeys, AuthNone, AuthPassword, AuthPolicy, DifConfigBlob, DifContent, Enrollee,
+    EnrolleeConfig, Enroller, EnrollerConfig, EnrollerEvent, EnrollmentError, EnrollmentEvent,
+    EnrollmentStatus, Membership, NextFree, NonceGen, Step,
 };
 use crate::rmt::Address;
 use crate::routing::{decode_fsos, encode_fsos, LinkState};
@@ -69,6 +69,9 @@ use rina_wire::pci::FieldWidth;
 use rina_wire::AppName;
 use std::collections::BTreeMap;
 use std::time::Duration;
+
+mod admission;
+pub use admission::PORT_AUTH_DISCRIMINATOR;
 
 /// First byte of a management payload carrying one enrollment CDAP message.
 pub const ENROLL_DISCRIMINATOR: u8 = 0xE0;
@@ -84,9 +87,17 @@ pub const HELLO_OBJ_CLASS: &str = "Neighbor";
 pub struct MembershipConfig {
     /// This IPCP's name (hellos, enrollment).
     pub name: AppName,
-    /// Pre-shared password: asked of enrollees, and given when enrolling.
-    /// `None`: no authentication.
+    /// Pre-shared password, proven by HMAC-SHA256 challenge–response in
+    /// both directions (never sent). `None` (and no `keys`): no
+    /// authentication.
     pub password: Option<String>,
+    /// This member's ed25519 key pair and the DIF's trusted public keys;
+    /// takes precedence over `password`.
+    pub keys: Option<AuthKeys>,
+    /// Seed of the enrollment nonces, which must be unpredictable: the
+    /// driver fills it from a random source (`rinad`: the OS); the default
+    /// (zeros) is for tests and the simulator.
+    pub entropy: [u8; 32],
     /// Time between hellos on each port.
     pub hello_interval: Duration,
     /// Silence after which a neighbour is taken down.
@@ -111,6 +122,8 @@ impl MembershipConfig {
         MembershipConfig {
             name,
             password: None,
+            keys: None,
+            entropy: [0; 32],
             hello_interval: Duration::from_secs(1),
             dead_interval: Duration::from_millis(3500),
             addresses: (1, 65_535),
@@ -122,10 +135,16 @@ impl MembershipConfig {
     }
 
     fn auth(&self) -> Box<dyn AuthPolicy> {
-        match &self.password {
-            Some(p) => Box::new(AuthPassword(p.clone())),
-            None => Box::new(AuthNone),
+        match (&self.keys, &self.password) {
+            (Some(k), _) => Box::new(k.clone()),
+            (None, Some(p)) => Box::new(AuthPassword(p.clone())),
+            (None, None) => Box::new(AuthNone),
         }
+    }
+
+    /// Whether the DIF authenticates its members.
+    pub fn authenticates(&self) -> bool {
+        self.keys.is_some() || self.password.is_some()
     }
 }
 
@@ -215,6 +234,13 @@ pub struct MembershipCounters {
     pub rejected: u64,
     /// Flows failed for lack of a route.
     pub flows_unreachable: u64,
+    /// Frames dropped because their N-1 port is not admitted (the peer
+    /// neither enrolled nor authenticated).
+    pub unadmitted_dropped: u64,
+    /// N-1 ports admitted by port authentication.
+    pub ports_authenticated: u64,
+    /// Port authentications that failed (wrong password, untrusted key).
+    pub port_auth_failed: u64,
 }
 
 impl MembershipCounters {
@@ -229,6 +255,9 @@ impl MembershipCounters {
             ("admitted", self.admitted),
             ("rejected", self.rejected),
             ("flows_unreachable", self.flows_unreachable),
+            ("unadmitted_dropped", self.unadmitted_dropped),
+            ("ports_authenticated", self.ports_authenticated),
+            ("port_auth_failed", self.port_auth_failed),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -265,6 +294,12 @@ pub(super) struct MembershipState {
     /// Flows without a route, since when.
     unreachable_since: BTreeMap<super::FlowId, Instant>,
     counters: MembershipCounters,
+    /// Where every enrollment machine's nonces come from.
+    nonces: NonceGen,
+    /// N-1 ports whose peer is authenticated (see [`admission`]).
+    admitted: std::collections::BTreeSet<N1Port>,
+    /// Port authentication in progress.
+    port_auth: BTreeMap<N1Port, admission::PortAuth>,
 }
 
 impl MembershipState {
@@ -272,7 +307,6 @@ impl MembershipState {
     /// from the start) or not.
     pub(super) fn new(cfg: MembershipConfig, enrolled: bool) -> Self {
         MembershipState {
-            cfg,
             members: None,
             enrollers: BTreeMap::new(),
             enrollee: None,
@@ -283,6 +317,10 @@ impl MembershipState {
             next_hello: enrolled.then_some(Instant::ZERO),
             unreachable_since: BTreeMap::new(),
             counters: MembershipCounters::default(),
+            nonces: NonceGen::new(cfg.entropy),
+            admitted: std::collections::BTreeSet::new(),
+            port_auth: BTreeMap::new(),
+            cfg,
         }
     }
 
@@ -461,6 +499,7 @@ impl NormalIpcp {
         m.last_heard.insert(port, now);
         if self.cfg.address != 0 {
             self.send_hello(now, port);
+            self.start_port_auth(now, port);
         }
     }
 
@@ -472,6 +511,10 @@ impl NormalIpcp {
         m.last_heard.remove(&port);
         m.hello_from.remove(&port);
         m.enrollers.remove(&port);
+        self.forget_port_admission(port);
+        let Some(m) = self.mship.as_mut() else {
+            return;
+        };
         if m.enrollee.as_ref().is_some_and(|(p, _, _)| *p == port) {
             if let Some((_, _, e)) = m.enrollee.as_mut() {
                 e.unreachable(self.now, "the N-1 flow went away");
@@ -520,9 +563,13 @@ impl NormalIpcp {
         if self.mship.is_none() {
             return false;
         }
+        if !self.admit_management(port, payload) {
+            return true;
+        }
         match first {
             HELLO_DISCRIMINATOR => self.on_hello(now, port, &payload[1..]),
             ENROLL_DISCRIMINATOR => self.on_enroll_message(now, port, &payload[1..]),
+            PORT_AUTH_DISCRIMINATOR => self.on_port_auth(now, port, &payload[1..]),
             _ => return false,
         }
         true
@@ -587,7 +634,7 @@ impl NormalIpcp {
         ec.initial_backoff = m.cfg.initial_backoff;
         ec.max_backoff = m.cfg.initial_backoff * 8;
         ec.max_attempts = m.cfg.max_attempts.max(1);
-        let mut e = Enrollee::new(ec, m.cfg.auth());
+        let mut e = Enrollee::new(ec, m.cfg.auth()).with_nonces(m.nonces.child());
         e.start(now);
         m.enrollee = Some((port, via, e));
         self.run_enrollee(now);
@@ -627,10 +674,11 @@ impl NormalIpcp {
             step_timeout: m.cfg.step_timeout,
             ..EnrollerConfig::default()
         };
+        let nonces = &mut m.nonces;
         let e = m
             .enrollers
             .entry(port)
-            .or_insert_with(|| Enroller::new(cfg));
+            .or_insert_with(|| Enroller::new(cfg).with_nonces(nonces.child()));
         e.on_message(now, bytes, members);
         self.run_enroller(now, port);
     }
@@ -710,6 +758,7 @@ impl NormalIpcp {
                         m.counters.admitted += 1;
                         m.hello_from.insert(port, (peer.clone(), address));
                     }
+                    self.admit_port(now, port);
                     if self.neighbors.get(&port).map(|n| n.0) != Some(address) {
                         self.neighbor_up(now, port, address, 1);
                     }
@@ -785,6 +834,13 @@ impl NormalIpcp {
                 } => match self.adopt(now, port, address, &config, &directory, &fsos) {
                     Ok(()) => {
                         self.end_enrollee(now, Some(address));
+                        // The member we enrolled through proved itself; the
+                        // other neighbours authenticate on their ports.
+                        self.admit_port(now, port);
+                        let ports: Vec<N1Port> = self.rmt.primary_ports().collect();
+                        for p in ports {
+                            self.start_port_auth(now, p);
+                        }
                         MembershipEvent::Enrolled {
                             via: via.clone(),
                             address,
@@ -1002,6 +1058,7 @@ impl NormalIpcp {
             let ports: Vec<N1Port> = self.rmt.primary_ports().collect();
             for p in ports {
                 self.send_hello(now, p);
+                self.start_port_auth(now, p);
             }
             self.check_unreachable(now);
         }

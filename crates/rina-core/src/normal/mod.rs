@@ -841,6 +841,9 @@ impl NormalIpcp {
         self.membership_heard(now, port);
         let mgmt = pdu.pci.pdu_type == PduType::Mgmt;
         let local = pdu.pci.dst_addr == self.cfg.address || (mgmt && pdu.pci.dst_addr == 0);
+        if !self.admit_frame(port, &pdu.pci, local) {
+            return;
+        }
         if !local {
             self.relay(now, un.ttl, &un.pdu, &pdu.pci);
             return;
@@ -932,7 +935,7 @@ impl NormalIpcp {
         let Some(f) = self.flows.get_mut(&id) else {
             return;
         };
-        let reference = f.efcp.receive_lwe().unwrap_or(0);
+        let reference = f.efcp.receive_reference();
         let seq = efcp::widen_seq(reference, pci.seq, bits);
         f.efcp.on_pdu(
             now,
@@ -987,7 +990,7 @@ impl NormalIpcp {
             },
             ControlBody::Rendezvous { my_lwe, .. } => efcp::Pdu::Rendezvous {
                 ctrl_seq,
-                next_seq: efcp::widen_seq(f.efcp.receive_lwe().unwrap_or(0), my_lwe, bits),
+                next_seq: efcp::widen_seq(f.efcp.receive_reference(), my_lwe, bits),
             },
             // Not produced by this EFCP; counted as malformed.
             ControlBody::Nack { .. } | ControlBody::NackFc { .. } | ControlBody::Cack { .. } => {

@@ -253,12 +253,23 @@ impl NormalIpcp {
         }
         for (flow, ep) in self.flows() {
             let c = self.flow_counters(flow).copied().unwrap_or_default();
+            let e = self.flow_stats(flow).copied().unwrap_or_default();
             put(
                 format!("/fa/flows/key={flow}"),
                 "Flow",
                 ObjValue::Str(format!(
-                    "cep {} -> address {} cep {}, qos-id {}; SDUs in {} out {}",
-                    ep.local_cep, ep.remote_addr, ep.remote_cep, ep.qos_id, c.sdus_in, c.sdus_out
+                    "cep {} -> address {} cep {}, qos-id {}; SDUs in {} out {}; \
+                     EFCP duplicates {} out_of_window {} ctrl_invalid {} inactivity_resets {}",
+                    ep.local_cep,
+                    ep.remote_addr,
+                    ep.remote_cep,
+                    ep.qos_id,
+                    c.sdus_in,
+                    c.sdus_out,
+                    e.duplicates,
+                    e.out_of_window,
+                    e.ctrl_invalid,
+                    e.inactivity_resets
                 )),
                 rib::OwnerId::FLOW_ALLOCATOR,
             );

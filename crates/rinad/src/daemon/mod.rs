@@ -903,6 +903,35 @@ fn new_flow_pair(system: &str) -> Result<(OwnedFd, OwnedFd), CtlError> {
 /// one PDU of a normal DIF below with the same default.
 const DEFAULT_MAX_PDU: u32 = 9000;
 
+/// The key-pair authentication policy of a normal IPCP, if configured.
+fn auth_keys(
+    ic: &crate::config::IpcpConfig,
+) -> Result<Option<rina_core::enrollment::AuthKeys>, DaemonError> {
+    let name = ic.name.get_ref();
+    let bad = |what: &str| DaemonError::Io {
+        what: format!("IPCP {name}: {what}"),
+        source: io::Error::other("expected 32 bytes as 64 hex digits"),
+    };
+    let parse = |s: &str, what: &str| -> Result<[u8; 32], DaemonError> {
+        rina_core::enrollment::auth::unhex(s.trim())
+            .and_then(|v| <[u8; 32]>::try_from(v).ok())
+            .ok_or_else(|| bad(what))
+    };
+    let Some(key) = &ic.key else {
+        if !ic.trusted_keys.is_empty() {
+            return Err(bad("`trusted_keys` needs `key`"));
+        }
+        return Ok(None);
+    };
+    let secret = parse(key, "bad `key`")?;
+    let trusted = ic
+        .trusted_keys
+        .iter()
+        .map(|k| parse(k, "bad entry in `trusted_keys`"))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some(rina_core::enrollment::AuthKeys::new(secret, trusted)))
+}
+
 /// A normal IPCP from its configuration (its neighbours are wired later,
 /// once every shim exists).
 fn new_normal(ic: &crate::config::IpcpConfig) -> Result<Ipcp, DaemonError> {
@@ -915,6 +944,19 @@ fn new_normal(ic: &crate::config::IpcpConfig) -> Result<Ipcp, DaemonError> {
     let mut nc = NormalConfig::new(ic.dif.clone(), ic.address.unwrap_or(0));
     let mut membership = rina_core::normal::MembershipConfig::new(app_name.clone());
     membership.password = ic.password.clone();
+    membership.keys = auth_keys(ic)?;
+    if let Some(k) = &membership.keys {
+        // What the other members list in `trusted_keys`.
+        tracing::info!(
+            ipcp = %name,
+            public_key = %rina_core::enrollment::auth::hex(&k.public_key()),
+            "enrollment key pair"
+        );
+    }
+    membership.entropy = crate::sys::random_seed().map_err(|source| DaemonError::Io {
+        what: format!("IPCP {name}: no randomness for enrollment nonces"),
+        source,
+    })?;
     nc.membership = Some(membership);
     nc.dt.max_pdu_size = ic
         .max_pdu

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod relay;
 pub mod users;
 
 use rina::{AppName, Client};

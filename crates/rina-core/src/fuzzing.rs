@@ -1,0 +1,237 @@
+//! Bodies of the fuzz targets that drive whole machines (`fuzz/`, cargo-fuzz,
+//! nightly): each takes arbitrary bytes, feeds them to a machine with
+//! explicit time taken from the bytes themselves, and checks that nothing
+//! panics and the machine's invariants hold. They live here, on stable, so
+//! the crate's own tests run them (proptest) and they never rot.
+//!
+//! Input layout, for every target: a sequence of records `[dt: u8][len:
+//! u8][len bytes]`; `dt` advances the clock by that many milliseconds
+//! before the record is delivered (so timers fire in between).
+
+use crate::efcp::{Connection, EfcpConfig, Pdu};
+use crate::enrollment::{
+    AuthKeys, AuthPassword, AuthPolicy, DifContent, Enrollee, EnrolleeConfig, Enroller,
+    EnrollerConfig, Membership, NextFree,
+};
+use crate::mgmt_frag::Reassembler;
+use crate::normal::{MembershipConfig, NormalConfig, NormalIpcp};
+use crate::rmt::Fifo;
+use crate::time::Instant;
+use std::time::Duration;
+
+/// Splits `data` into `(time step, record)` pairs (see the module docs).
+fn records(data: &[u8]) -> impl Iterator<Item = (Duration, &[u8])> {
+    let mut rest = data;
+    std::iter::from_fn(move || {
+        let [dt, len, tail @ ..] = rest else {
+            return None;
+        };
+        let n = (*len as usize).min(tail.len());
+        let (rec, after) = tail.split_at(n);
+        rest = after;
+        Some((Duration::from_millis(u64::from(*dt)), rec))
+    })
+}
+
+/// Management-message fragments from three ports, into one reassembler.
+/// Invariant: what it holds stays within its bounds.
+pub fn mgmt_fragments(data: &[u8]) {
+    let max_msg = 4096;
+    let mut r = Reassembler::new(max_msg, Duration::from_millis(500), 8);
+    let mut now = Instant::ZERO;
+    for (i, (dt, rec)) in records(data).enumerate() {
+        now = now + dt;
+        if r.poll_timeout().is_some_and(|t| t <= now) {
+            r.handle_timeout(now);
+        }
+        if let Ok(Some(msg)) = r.push(now, (i % 3) as _, rec) {
+            assert!(msg.len() <= max_msg, "a message over the bound");
+        }
+        assert!(r.pending_len() <= 8 * 3 + 8, "pending grows without bound");
+    }
+}
+
+fn content() -> DifContent {
+    DifContent {
+        config: crate::enrollment::DifConfigBlob(vec![1, 2, 3]),
+        neighbors: Vec::new(),
+        directory: vec![b"x".to_vec()],
+        fsos: Vec::new(),
+    }
+}
+
+/// Arbitrary enrollment payloads, to a member (enroller) and to an enrollee
+/// that has started, under the password and the key policy; the machines
+/// also answer each other in between so deeper steps are reached.
+pub fn enrollment_payloads(data: &[u8]) {
+    let policies: [fn() -> Box<dyn AuthPolicy>; 2] = [
+        || Box::new(AuthPassword("pw".into())),
+        || {
+            Box::new(AuthKeys::new(
+                [1; 32],
+                vec![AuthKeys::new([2; 32], vec![]).public_key()],
+            ))
+        },
+    ];
+    for policy in policies {
+        let mut m = Membership::new(policy(), Box::new(NextFree::new(1, 10)), content());
+        let mut er = Enroller::new(EnrollerConfig::default());
+        let name = |s: &str| s.parse().expect("a valid name");
+        let mut ee = Enrollee::new(EnrolleeConfig::new(name("e"), name("m")), policy());
+        let mut now = Instant::ZERO;
+        ee.start(now);
+        for (i, (dt, rec)) in records(data).enumerate() {
+            now = now + dt;
+            if i % 2 == 0 {
+                er.on_message(now, rec, &mut m);
+            } else {
+                ee.on_message(now, rec);
+            }
+            // Let them talk too.
+            while let Some(b) = ee.poll_transmit() {
+                er.on_message(now, &b, &mut m);
+            }
+            while let Some(b) = er.poll_transmit() {
+                ee.on_message(now, &b);
+            }
+            if er.poll_timeout().is_some_and(|t| t <= now) {
+                er.handle_timeout(now, &mut m);
+            }
+            if ee.poll_timeout().is_some_and(|t| t <= now) {
+                ee.handle_timeout(now);
+            }
+            while ee.poll_event().is_some() {}
+            while er.poll_event().is_some() {}
+            assert!(m.in_use().iter().all(|a| (1..=10).contains(a)));
+        }
+    }
+}
+
+/// Arbitrary PDUs to a reliable EFCP connection that is also sending.
+/// Invariants: deliveries are in order and never repeat; the receive LWE
+/// never moves back.
+pub fn efcp_pdus(data: &[u8]) {
+    let mut c = Connection::new(EfcpConfig::reliable(), Instant::ZERO).expect("valid config");
+    let mut now = Instant::ZERO;
+    let mut last = 0u64;
+    let mut lwe = 0u64;
+    for (dt, rec) in records(data) {
+        now = now + dt;
+        let num = |i: usize| {
+            let mut b = [0u8; 8];
+            for (k, x) in rec.iter().skip(1 + i * 3).take(3).enumerate() {
+                b[5 + k] = *x;
+            }
+            u64::from_be_bytes(b)
+        };
+        let pdu = match rec.first().map(|k| k % 5) {
+            Some(0) => Pdu::Data {
+                seq: num(0),
+                drf: num(1) & 1 == 1,
+                payload: rec.to_vec(),
+            },
+            Some(1) => Pdu::Ack {
+                ctrl_seq: num(0),
+                ack_sn: num(1),
+            },
+            Some(2) => Pdu::Fc {
+                ctrl_seq: num(0),
+                new_rwe: num(1),
+                rate: num(2),
+                frame_ms: num(3),
+            },
+            Some(3) => Pdu::AckFc {
+                ctrl_seq: num(0),
+                ack_sn: num(1),
+                new_rwe: num(2),
+                rate: num(3),
+                frame_ms: num(4),
+            },
+            Some(_) => Pdu::Rendezvous {
+                ctrl_seq: num(0),
+                next_seq: num(1),
+            },
+            None => continue,
+        };
+        let _ = c.write(now, rec.to_vec());
+        c.on_pdu(now, pdu);
+        if c.poll_timeout().is_some_and(|t| t <= now) {
+            c.handle_timeout(now);
+        }
+        while c.poll_transmit(now).is_some() {}
+        while let Some(d) = c.poll_deliver() {
+            assert!(d.seq > last, "delivered {} after {last}", d.seq);
+            last = d.seq;
+            c.consumed(now, 1);
+        }
+        let now_lwe = c.receive_reference();
+        assert!(now_lwe >= lwe, "the LWE moved back");
+        lwe = now_lwe;
+    }
+}
+
+/// A whole normal IPCP (a member with a password, two ports) fed arbitrary
+/// frames with explicit time; its actions are drained and its timers run.
+pub fn normal_ipcp_frames(data: &[u8]) {
+    let mut c = NormalConfig::new("net", 1);
+    c.dt.max_pdu_size = 1400;
+    let mut mc = MembershipConfig::new("m.net".parse().expect("a valid name"));
+    mc.password = Some("pw".into());
+    c.membership = Some(mc);
+    let Ok(mut p) = NormalIpcp::new(c, Box::new(Fifo::new(64))) else {
+        return;
+    };
+    p.add_port(1);
+    p.add_port(2);
+    let mut now = Instant::ZERO;
+    for (i, (dt, rec)) in records(data).enumerate() {
+        now = now + dt;
+        p.on_frame(now, 1 + (i % 2) as crate::normal::N1Port, rec);
+        if p.poll_timeout().is_some_and(|t| t <= now) {
+            p.handle_timeout(now);
+        }
+        while p.poll_action().is_some() {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        #[test]
+        fn mgmt_fragments_never_panic(data in proptest::collection::vec(any::<u8>(), 0..600)) {
+            mgmt_fragments(&data);
+        }
+
+        #[test]
+        fn enrollment_payloads_never_panic(data in proptest::collection::vec(any::<u8>(), 0..600)) {
+            enrollment_payloads(&data);
+        }
+
+        #[test]
+        fn efcp_pdus_keep_their_invariants(data in proptest::collection::vec(any::<u8>(), 0..600)) {
+            efcp_pdus(&data);
+        }
+
+        #[test]
+        fn normal_ipcp_frames_never_panic(data in proptest::collection::vec(any::<u8>(), 0..600)) {
+            normal_ipcp_frames(&data);
+        }
+    }
+
+    #[test]
+    fn records_cover_the_input() {
+        let r: Vec<_> = records(&[5, 2, 9, 9, 0, 10, 1]).collect();
+        assert_eq!(
+            r,
+            vec![
+                (Duration::from_millis(5), &[9u8, 9][..]),
+                (Duration::ZERO, &[1u8][..])
+            ]
+        );
+    }
+}

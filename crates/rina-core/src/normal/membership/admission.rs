@@ -1,0 +1,341 @@
+//! Admission of N-1 ports in a DIF that authenticates its members.
+//!
+//! A member of such a DIF takes frames from a neighbour only once the N-1
+//! port to it is *admitted*: the neighbour enrolled through this member,
+//! this member enrolled through it, or the two members authenticated each
+//! other on the port with the DIF's policy (the three messages of
+//! [`crate::enrollment::auth`], without the rest of enrollment). Until then
+//! only enrollment and port-authentication management messages pass; every
+//! other frame (data, hellos, routing, directory, flow allocation, transit)
+//! is dropped and counted (`membership_unadmitted_dropped`). A node that
+//! skips enrollment with a configured address and no credentials therefore
+//! never gets a frame in.
+//!
+//! Port authentication, on management payloads starting with
+//! [`PORT_AUTH_DISCRIMINATOR`] and a kind byte: every member sends `HELLO`
+//! (its nonce) on each port not yet admitted, at once and then with every
+//! hello round; the peer answers `ANSWER` (its nonce and proof); the first
+//! checks it, admits the port, and sends `PROOF`, with which the peer
+//! admits it too. Both sides run this, so each admits the port as soon as
+//! the other has proven itself over its own nonce. After a failure (wrong
+//! password, untrusted key) the next hello on that port waits 2 s, doubling
+//! up to [`MAX_PORT_AUTH_HOLD`], so a misconfigured neighbour is not
+//! answered in a tight loop.
+
+use super::{N1Port, NormalIpcp};
+use crate::enrollment::{AuthFailure, Nonce};
+use crate::normal::{Action, MembershipEvent};
+use crate::time::Instant;
+use rina_wire::pci::{Pci, PduType};
+
+/// First byte of a management payload of port authentication.
+pub const PORT_AUTH_DISCRIMINATOR: u8 = 0xE2;
+const KIND_HELLO: u8 = 1;
+const KIND_ANSWER: u8 = 2;
+const KIND_PROOF: u8 = 3;
+/// Longest wait between port authentications after failures.
+pub const MAX_PORT_AUTH_HOLD: std::time::Duration = std::time::Duration::from_secs(64);
+
+/// Port authentication in progress on one port.
+#[derive(Debug, Default)]
+pub(super) struct PortAuth {
+    /// Our nonce, while we wait for the peer's answer.
+    nonce: Option<Nonce>,
+    /// What checking the peer's proof needs, after we answered its hello.
+    ctx: Option<Vec<u8>>,
+    /// Failures so far, and no new hello of ours before this time.
+    failures: u32,
+    hold_until: Option<Instant>,
+}
+
+impl NormalIpcp {
+    /// Whether this IPCP admits ports: a member of a DIF that authenticates.
+    fn admission_required(&self) -> bool {
+        self.cfg.address != 0 && self.mship.as_ref().is_some_and(|m| m.cfg.authenticates())
+    }
+
+    fn port_admitted(&self, port: N1Port) -> bool {
+        !self.admission_required()
+            || self
+                .mship
+                .as_ref()
+                .is_some_and(|m| m.admitted.contains(&port))
+    }
+
+    fn count_unadmitted(&mut self) {
+        if let Some(m) = self.mship.as_mut() {
+            m.counters.unadmitted_dropped += 1;
+        }
+    }
+
+    /// Whether a frame with this PCI, from `port`, may go further: from a
+    /// port not admitted, only management PDUs for this IPCP (they are
+    /// checked again whole, [`NormalIpcp::admit_management`]).
+    pub(in crate::normal) fn admit_frame(&mut self, port: N1Port, pci: &Pci, local: bool) -> bool {
+        if self.port_admitted(port) || (pci.pdu_type == PduType::Mgmt && local) {
+            return true;
+        }
+        self.count_unadmitted();
+        false
+    }
+
+    /// Whether a whole management payload from `port` may be taken: from a
+    /// port not admitted, only enrollment and port authentication.
+    pub(super) fn admit_management(&mut self, port: N1Port, payload: &[u8]) -> bool {
+        if self.port_admitted(port) {
+            return true;
+        }
+        match payload.first() {
+            Some(&super::ENROLL_DISCRIMINATOR | &PORT_AUTH_DISCRIMINATOR) => true,
+            _ => {
+                self.count_unadmitted();
+                false
+            }
+        }
+    }
+
+    /// The peer on `port` is authenticated.
+    pub(super) fn admit_port(&mut self, now: Instant, port: N1Port) {
+        let Some(m) = self.mship.as_mut() else {
+            return;
+        };
+        m.port_auth.remove(&port);
+        if m.admitted.insert(port) && self.cfg.address != 0 {
+            self.send_hello(now, port);
+        }
+    }
+
+    /// Forgets `port`.
+    pub(super) fn forget_port_admission(&mut self, port: N1Port) {
+        if let Some(m) = self.mship.as_mut() {
+            m.admitted.remove(&port);
+            m.port_auth.remove(&port);
+        }
+    }
+
+    /// Sends (again) our port-authentication hello on `port` if it is not
+    /// admitted yet.
+    pub(super) fn start_port_auth(&mut self, now: Instant, port: N1Port) {
+        if self.port_admitted(port) {
+            return;
+        }
+        let Some(m) = self.mship.as_mut() else {
+            return;
+        };
+        let st = m.port_auth.entry(port).or_default();
+        if st.hold_until.is_some_and(|t| now < t) {
+            return;
+        }
+        let nonce = *st.nonce.get_or_insert_with(|| m.nonces.next_nonce());
+        let hello = m.cfg.auth().hello(&nonce);
+        self.send_port_auth(now, port, KIND_HELLO, &hello);
+    }
+
+    fn send_port_auth(&mut self, now: Instant, port: N1Port, kind: u8, body: &[u8]) {
+        let mut payload = vec![PORT_AUTH_DISCRIMINATOR, kind];
+        payload.extend_from_slice(body);
+        self.send_management(now, port, 0, &payload);
+    }
+
+    /// A port-authentication message from `port`.
+    pub(super) fn on_port_auth(&mut self, now: Instant, port: N1Port, bytes: &[u8]) {
+        if self.cfg.address == 0 || !self.admission_required() {
+            if let Some(m) = self.mship.as_mut() {
+                m.counters.enroll_stray += 1;
+            }
+            return;
+        }
+        let Some((&kind, body)) = bytes.split_first() else {
+            return self.port_auth_failed(now, port, AuthFailure::Malformed("empty"));
+        };
+        let Some(m) = self.mship.as_mut() else {
+            return;
+        };
+        let auth = m.cfg.auth();
+        match kind {
+            KIND_HELLO => {
+                let nonce = m.nonces.next_nonce();
+                match auth.challenge(body, &nonce) {
+                    Ok((answer, ctx)) => {
+                        m.port_auth.entry(port).or_default().ctx = Some(ctx);
+                        self.send_port_auth(now, port, KIND_ANSWER, &answer);
+                    }
+                    Err(f) => self.port_auth_failed(now, port, f),
+                }
+            }
+            KIND_ANSWER => {
+                let Some(nonce) = m.port_auth.get(&port).and_then(|s| s.nonce) else {
+                    // Late, or already admitted.
+                    return;
+                };
+                match auth.respond(&nonce, body) {
+                    Ok(proof) => {
+                        self.send_port_auth(now, port, KIND_PROOF, &proof);
+                        self.port_auth_ok(now, port);
+                    }
+                    Err(f) => self.port_auth_failed(now, port, f),
+                }
+            }
+            KIND_PROOF => {
+                let Some(ctx) = m.port_auth.get_mut(&port).and_then(|s| s.ctx.take()) else {
+                    return;
+                };
+                match auth.verify(&ctx, body) {
+                    Ok(()) => self.port_auth_ok(now, port),
+                    Err(f) => self.port_auth_failed(now, port, f),
+                }
+            }
+            _ => self.port_auth_failed(now, port, AuthFailure::Malformed("unknown kind")),
+        }
+    }
+
+    fn port_auth_ok(&mut self, now: Instant, port: N1Port) {
+        if let Some(m) = self.mship.as_mut() {
+            m.counters.ports_authenticated += 1;
+        }
+        self.admit_port(now, port);
+    }
+
+    fn port_auth_failed(&mut self, now: Instant, port: N1Port, f: AuthFailure) {
+        let Some(m) = self.mship.as_mut() else {
+            return;
+        };
+        m.counters.port_auth_failed += 1;
+        let st = m.port_auth.entry(port).or_default();
+        st.failures = st.failures.saturating_add(1);
+        let hold = std::time::Duration::from_secs(1 << st.failures.min(6)).min(MAX_PORT_AUTH_HOLD);
+        st.hold_until = Some(now + hold);
+        // A fresh nonce for the next try.
+        st.nonce = None;
+        let peer = m
+            .hello_from
+            .get(&port)
+            .map(|h| h.0.clone())
+            .unwrap_or_default();
+        self.actions
+            .push_back(Action::Membership(MembershipEvent::Rejected {
+                peer,
+                reason: format!("port authentication on N-1 port {port} failed: {f}"),
+            }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::normal::{MembershipConfig, NormalConfig};
+    use crate::rmt::Fifo;
+    use crate::sdup::{NullCipher, Sdup};
+    use rina_wire::pci::{self, DtConstants};
+    use std::time::Duration;
+
+    const PORT: N1Port = 1;
+
+    fn member(addr: u64, password: Option<&str>) -> NormalIpcp {
+        let mut c = NormalConfig::new("net", addr);
+        let mut m = MembershipConfig::new(format!("m{addr}.net").parse().unwrap());
+        m.password = password.map(str::to_string);
+        m.entropy = [addr as u8; 32];
+        c.membership = Some(m);
+        let mut p = NormalIpcp::new(c, Box::new(Fifo::new(100))).unwrap();
+        p.add_port(PORT);
+        p
+    }
+
+    /// Carries frames between the two until both are quiet, running
+    /// timers up to `until` in steps of 100 ms; returns the membership
+    /// events of each.
+    fn run(net: &mut [NormalIpcp; 2], until: Instant) -> [Vec<MembershipEvent>; 2] {
+        let mut events: [Vec<MembershipEvent>; 2] = [Vec::new(), Vec::new()];
+        let mut now = Instant::ZERO;
+        while now <= until {
+            loop {
+                let mut moved = false;
+                for i in 0..2 {
+                    while let Some(a) = net[i].poll_action() {
+                        match a {
+                            Action::Transmit { frame, .. } => {
+                                moved = true;
+                                net[1 - i].on_frame(now, PORT, &frame);
+                            }
+                            Action::Membership(e) => events[i].push(e),
+                            _ => {}
+                        }
+                    }
+                }
+                if !moved {
+                    break;
+                }
+            }
+            now = now + Duration::from_millis(100);
+            for p in net.iter_mut() {
+                if p.poll_timeout().is_some_and(|t| t <= now) {
+                    p.handle_timeout(now);
+                }
+            }
+        }
+        events
+    }
+
+    fn counters(p: &NormalIpcp) -> crate::normal::membership::MembershipCounters {
+        *p.membership_counters().unwrap()
+    }
+
+    #[test]
+    fn two_members_with_the_password_admit_each_other_on_the_port() {
+        let mut net = [member(1, Some("pw")), member(2, Some("pw"))];
+        run(&mut net, Instant::ZERO + Duration::from_secs(3));
+        for p in &net {
+            let c = counters(p);
+            assert!(c.ports_authenticated >= 1, "{c:?}");
+            assert_eq!(c.port_auth_failed, 0);
+            assert!(c.hellos_received >= 1, "hellos flow once admitted: {c:?}");
+        }
+        assert_eq!(net[0].neighbors.get(&PORT).map(|n| n.0), Some(2));
+    }
+
+    #[test]
+    fn a_member_without_the_password_gets_no_frame_in() {
+        let mut net = [member(1, Some("pw")), member(2, None)];
+        run(&mut net, Instant::ZERO + Duration::from_secs(3));
+        let c = counters(&net[0]);
+        assert_eq!(c.hellos_received, 0, "{c:?}");
+        assert!(c.unadmitted_dropped >= 3, "every hello dropped: {c:?}");
+        assert_eq!(c.ports_authenticated, 0);
+        assert!(!net[0].neighbors.contains_key(&PORT));
+        // A data PDU for member 1 from that port is dropped and counted.
+        let mut dt = pci::Pci::new(PduType::Dt);
+        dt.dst_addr = 1;
+        dt.src_addr = 2;
+        dt.seq = 1;
+        let mut pdu = Vec::new();
+        pci::encode_data(&DtConstants::default(), &dt, &[1, 2, 3], &mut pdu).unwrap();
+        let sdup = Sdup::new(net[0].cfg.sdup, Box::new(NullCipher));
+        let mut frame = Vec::new();
+        sdup.protect(&pdu, 64, &mut frame);
+        let before = counters(&net[0]).unadmitted_dropped;
+        net[0].on_frame(Instant::ZERO + Duration::from_secs(4), PORT, &frame);
+        assert_eq!(counters(&net[0]).unadmitted_dropped, before + 1);
+        assert_eq!(net[0].counters().rx_unknown_cep, 0, "never reached EFCP");
+    }
+
+    #[test]
+    fn a_wrong_password_fails_port_authentication_with_the_reason_on_both_sides() {
+        let mut net = [member(1, Some("pw")), member(2, Some("guess"))];
+        let events = run(&mut net, Instant::ZERO + Duration::from_secs(30));
+        for (p, ev) in net.iter().zip(&events) {
+            let c = counters(p);
+            // 30 s of hello rounds, but tries at 0, 2, 6, 14 and 30 s.
+            assert!((1..=5).contains(&c.port_auth_failed), "backoff: {c:?}");
+            assert_eq!(c.ports_authenticated, 0);
+            assert!(
+                ev.iter().any(|e| matches!(
+                    e,
+                    MembershipEvent::Rejected { reason, .. }
+                        if reason.contains("port authentication") && reason.contains("wrong password")
+                )),
+                "{ev:?}"
+            );
+        }
+    }
+}
