@@ -61,6 +61,10 @@ fn help_lists_the_options() {
                 "--csv",
                 "--in-order",
                 "--max-sdu",
+                "--test",
+                "--parallel",
+                "--outstanding",
+                "--response-size",
             ],
         ),
         (DEMO, &["--help"], &["--keep", "--json"]),
@@ -86,6 +90,19 @@ fn help_lists_the_options() {
 fn bad_arguments_are_usage_errors() {
     let out = run(PERF, &["client", "--json", "--csv"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    for args in [
+        &["client", "--test", "rr", "--size", "20"][..],
+        &["client", "--parallel", "0"],
+        &["client", "--test", "nope"],
+    ] {
+        let out = run(PERF, args);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
     let out = run(ECHO, &["client", "--dst", "a b"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
