@@ -61,6 +61,7 @@ enum What {
 }
 
 fn main() {
+    rina_docgen::handle::<Cli>();
     let cli = Cli::parse();
     if let Err(e) = run(&cli) {
         opts::die("rinactl", &opts::kind_name(e.kind), &e, 1);
