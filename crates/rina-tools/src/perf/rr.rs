@@ -147,6 +147,10 @@ impl RrResult {
     }
 }
 
+/// Longest timeout and test duration taken (longer ones are cut to it, so
+/// that deadlines never overflow the clock).
+pub const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// The requests in flight, oldest first, and what became of the others.
 #[derive(Debug)]
 pub struct Inflight {
@@ -158,11 +162,12 @@ pub struct Inflight {
 }
 
 impl Inflight {
-    /// No request in flight yet; one unanswered for `timeout` is lost.
+    /// No request in flight yet; one unanswered for `timeout` (at most
+    /// [`MAX_WAIT`]) is lost.
     pub fn new(timeout: Duration) -> Inflight {
         Inflight {
             queue: VecDeque::new(),
-            timeout,
+            timeout: timeout.min(MAX_WAIT),
             lost: 0,
             late: 0,
             samples_us: Vec::new(),
@@ -234,13 +239,14 @@ pub fn run(flow: &rina::Flow, cfg: &RrConfig) -> Result<RrResult, RrError> {
     let mut req = vec![0u8; cfg.request_size];
     let mut buf = vec![0u8; flow.max_sdu().max(REQUEST_HEADER)];
     let mut inflight = Inflight::new(cfg.timeout);
+    let duration = cfg.duration.min(MAX_WAIT);
     let start = Instant::now();
     let mut last_answer = start;
     let mut sent = 0u64;
     loop {
         let sending = match cfg.count {
             Some(n) => sent < n,
-            None => start.elapsed() < cfg.duration,
+            None => start.elapsed() < duration,
         };
         if sending && inflight.len() < cfg.outstanding {
             write_request_header(&mut req, cfg.test, sent, cfg.response_size);
@@ -254,7 +260,7 @@ pub fn run(flow: &rina::Flow, cfg: &RrConfig) -> Result<RrResult, RrError> {
         };
         // While sending, wake up at the end of the duration too.
         let wake = match (sending, cfg.count) {
-            (true, None) => deadline.min(start + cfg.duration),
+            (true, None) => deadline.min(start + duration),
             _ => deadline,
         };
         let left = wake.saturating_duration_since(Instant::now());
@@ -324,6 +330,10 @@ mod tests {
         assert!(f.is_empty() && f.next_deadline().is_none());
         assert_eq!(f.counts(), (2, 1, 2));
         assert_eq!(f.samples_us, vec![10_000.0, 40_000.0]);
+        // An absurd timeout is cut, not an overflow.
+        let mut f = Inflight::new(Duration::MAX);
+        f.sent(0, t0);
+        assert_eq!(f.next_deadline(), Some(t0 + MAX_WAIT));
     }
 
     fn result(tx: u64, lost: u64, tps: f64, samples: &[f64]) -> RrResult {
