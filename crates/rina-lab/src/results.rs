@@ -151,6 +151,10 @@ pub struct ClassSummary {
     pub max_ms: Option<f64>,
     /// Loss, percent.
     pub loss_pct: f64,
+    /// Goodput of the class: the sum of its flows' received payload bit/s
+    /// (a perf flow's is the mean over its SDU sizes).
+    #[serde(default)]
+    pub goodput_bps: f64,
 }
 
 impl RunOutput {
@@ -170,6 +174,7 @@ impl RunOutput {
             c.flows += 1;
             c.sent += f.sent;
             c.received += f.received;
+            c.goodput_bps += f.goodput_bps;
             if let Some(m) = f.delay_min_ms {
                 c.min_ms = Some(c.min_ms.map_or(m, |x| x.min(m)));
             }
@@ -216,14 +221,14 @@ impl RunOutput {
         );
         let _ = writeln!(
             s,
-            "{:<22} {:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8}",
-            "class", "flows", "sent", "received", "min ms", "avg ms", "max ms", "loss %"
+            "{:<22} {:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8}",
+            "class", "flows", "sent", "received", "min ms", "avg ms", "max ms", "loss %", "Mb/s"
         );
         let opt = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
         for r in rows {
             let _ = writeln!(
                 s,
-                "{:<22} {:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8.3}",
+                "{:<22} {:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8.3} {:>8.3}",
                 truncate(&r.class, 22),
                 r.flows,
                 r.sent,
@@ -231,7 +236,8 @@ impl RunOutput {
                 opt(r.min_ms),
                 opt(r.avg_ms),
                 opt(r.max_ms),
-                r.loss_pct
+                r.loss_pct,
+                r.goodput_bps / 1e6
             );
         }
         let failed = self.flows.iter().filter(|f| f.error.is_some()).count();
@@ -424,6 +430,7 @@ mod tests {
             delay_min_ms: Some(avg / 2.0),
             delay_avg_ms: Some(avg),
             delay_max_ms: Some(avg * 3.0),
+            goodput_bps: sent as f64 * 1e4,
             ..Default::default()
         }
     }
@@ -445,6 +452,13 @@ mod tests {
         assert!((s[0].loss_pct - 50.0).abs() < 1e-9);
         assert_eq!(s[0].max_ms, Some(33.0));
         assert_eq!(s[1].loss_pct, 0.0);
+        // Goodput adds up over the class's flows, and the table shows it in Mb/s.
+        assert!((s[0].goodput_bps - 2e6).abs() < 1e-6);
+        let table = out.summary_table();
+        let head = table.lines().nth(1).expect("header");
+        assert!(head.trim_end().ends_with("Mb/s"), "{table}");
+        let row_a = table.lines().nth(2).expect("row a");
+        assert!(row_a.trim_end().ends_with(" 2.000"), "{table}");
     }
 
     #[test]

@@ -259,3 +259,23 @@ fn run_on_sim_writes_the_run_folder() {
     assert_eq!(back.backend, "sim");
     assert!(back.duration_s <= 1.0 + 1e-9, "{}", back.duration_s);
 }
+
+#[test]
+fn generate_docs_writes_a_page_per_subcommand_and_completions() {
+    let d = tmp("docs");
+    let o = bin().arg("--generate-docs").arg(&d).output().unwrap();
+    let (_, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    for f in [
+        "man/man1/rina-lab.1",
+        "man/man1/rina-lab-run.1",
+        "man/man1/rina-lab-check.1",
+        "completions/rina-lab.bash",
+        "completions/_rina-lab",
+        "completions/rina-lab.fish",
+    ] {
+        assert!(d.join(f).is_file(), "no {f}");
+    }
+    let page = std::fs::read_to_string(d.join("man/man1/rina-lab-run.1")).unwrap();
+    assert!(page.contains("backend"), "{page}");
+}

@@ -46,6 +46,12 @@ pub(crate) mod testing {
         (Flow::from_parts(a, info(max_sdu)), b)
     }
 
+    /// Two flows joined by a socketpair, with these max SDUs.
+    pub fn flows(max_a: u32, max_b: u32) -> (Flow, Flow) {
+        let (a, b) = flow_pair(max_a);
+        (a, Flow::from_parts(b, info(max_b)))
+    }
+
     /// A "flow" whose reads fail for good (a pipe is not a socket).
     pub fn broken_flow() -> (Flow, OwnedFd) {
         let (r, w) = nix::unistd::pipe().expect("pipe");

@@ -9,6 +9,8 @@
 //! | 2    | DATA   | `u32 test`, `u64 seq`, zero padding to the test's size                         |
 //! | 3    | STOP   | `u32 test`, `u64 sent_sdus`, `u64 sent_bytes`                                  |
 //! | 4    | REPORT | `u32 test`, `u64 recv_sdus`, `u64 recv_bytes`, `u64 duration_ns`, `u64 duplicates`, `u64 out_of_order`, `u64 timed_sdus`, `u64 timed_bytes` |
+//! | 5    | REQUEST  | `u32 test`, `u64 seq`, `u32 response_size`, zero padding to the request size |
+//! | 6    | RESPONSE | `u32 test`, `u64 seq`, zero padding to the response size                     |
 //!
 //! The client sends START, then DATA with `seq` 0, 1, 2..., then STOP every
 //! 100 ms (at most 20 times) until the server answers with the REPORT of that
@@ -28,6 +30,17 @@
 //! arrival of the first DATA, which therefore is not timed: N SDUs spread
 //! over N − 1 gaps, and dividing all N by that time would overstate the rate
 //! by N/(N − 1).
+//!
+//! # Request/response
+//!
+//! A request/response test (`rina-perf client --test rr`, rlite's `rinaperf
+//! -t rr`) needs no START or STOP: the server answers every REQUEST at once
+//! with a RESPONSE of the same test and sequence number, `response_size`
+//! bytes long (at least [`RESPONSE_HEADER`], at most the flow's max SDU), and
+//! keeps no state. The client keeps up to a configured number of requests
+//! outstanding and measures each transaction's round trip ([`rr`]).
+
+pub mod rr;
 
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
@@ -36,11 +49,17 @@ use std::time::{Duration, Instant};
 pub const MAGIC: [u8; 4] = *b"RPRF";
 /// Bytes of a DATA header; the smallest DATA size.
 pub const DATA_HEADER: usize = 4 + 1 + 4 + 8;
+/// Bytes of a REQUEST header; the smallest request size.
+pub const REQUEST_HEADER: usize = DATA_HEADER + 4;
+/// Bytes of a RESPONSE header; the smallest response size.
+pub const RESPONSE_HEADER: usize = DATA_HEADER;
 
 const T_START: u8 = 1;
 const T_DATA: u8 = 2;
 const T_STOP: u8 = 3;
 const T_REPORT: u8 = 4;
+const T_REQUEST: u8 = 5;
+const T_RESPONSE: u8 = 6;
 
 /// What the receiver saw of one test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -94,6 +113,22 @@ pub enum Msg {
     },
     /// The receiver's answer to STOP.
     Report(Report),
+    /// A request of a request/response test.
+    Request {
+        /// Test id.
+        test: u32,
+        /// Sequence number of the transaction.
+        seq: u64,
+        /// Bytes the response is to have.
+        response_size: u32,
+    },
+    /// The answer to a REQUEST.
+    Response {
+        /// Test id.
+        test: u32,
+        /// The request's sequence number.
+        seq: u64,
+    },
 }
 
 impl Msg {
@@ -108,6 +143,21 @@ impl Msg {
             }
             Msg::Data { test, seq } => {
                 v.push(T_DATA);
+                v.extend_from_slice(&test.to_be_bytes());
+                v.extend_from_slice(&seq.to_be_bytes());
+            }
+            Msg::Request {
+                test,
+                seq,
+                response_size,
+            } => {
+                v.push(T_REQUEST);
+                v.extend_from_slice(&test.to_be_bytes());
+                v.extend_from_slice(&seq.to_be_bytes());
+                v.extend_from_slice(&response_size.to_be_bytes());
+            }
+            Msg::Response { test, seq } => {
+                v.push(T_RESPONSE);
                 v.extend_from_slice(&test.to_be_bytes());
                 v.extend_from_slice(&seq.to_be_bytes());
             }
@@ -171,6 +221,15 @@ impl Msg {
                 timed_sdus: u64_at(b, 49)?,
                 timed_bytes: u64_at(b, 57)?,
             })),
+            T_REQUEST => Some(Msg::Request {
+                test,
+                seq: u64_at(b, 9)?,
+                response_size: u32_at(b, 17)?,
+            }),
+            T_RESPONSE => Some(Msg::Response {
+                test,
+                seq: u64_at(b, 9)?,
+            }),
             _ => None,
         }
     }
@@ -197,14 +256,48 @@ pub fn write_data_header(buf: &mut [u8], test: u32, seq: u64) -> bool {
     true
 }
 
+/// Writes a REQUEST header at the start of `buf` (at least
+/// [`REQUEST_HEADER`] bytes; the rest is left as padding). Returns false if
+/// `buf` is too short.
+pub fn write_request_header(buf: &mut [u8], test: u32, seq: u64, response_size: u32) -> bool {
+    if !write_data_header(buf, test, seq) || buf.len() < REQUEST_HEADER {
+        return false;
+    }
+    buf[4] = T_REQUEST;
+    buf[17..21].copy_from_slice(&response_size.to_be_bytes());
+    true
+}
+
+/// The RESPONSE to a REQUEST: `response_size` bytes, clamped to
+/// [`RESPONSE_HEADER`]..=`max` (the flow's max SDU).
+pub fn response(test: u32, seq: u64, response_size: u32, max: usize) -> Vec<u8> {
+    let len = (response_size as usize).min(max).max(RESPONSE_HEADER);
+    let mut v = vec![0u8; len];
+    write_data_header(&mut v, test, seq);
+    v[4] = T_RESPONSE;
+    v
+}
+
 /// Sequence numbers tracked for duplicate detection (2 MiB of bitmap).
 const MAX_TRACKED_SEQ: u64 = 1 << 24;
 
 /// The receiving side of perf tests on one flow.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Receiver {
     cur: Option<TestState>,
     history: Vec<Report>,
+    /// Largest RESPONSE it writes (the flow's max SDU).
+    max_response: usize,
+}
+
+impl Default for Receiver {
+    fn default() -> Self {
+        Receiver {
+            cur: None,
+            history: Vec::new(),
+            max_response: usize::from(u16::MAX),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -234,6 +327,15 @@ impl Receiver {
     /// A receiver with no test yet.
     pub fn new() -> Receiver {
         Receiver::default()
+    }
+
+    /// A receiver whose RESPONSEs are at most `max` bytes (the flow's max
+    /// SDU); larger requested sizes are cut to it.
+    pub fn with_max_response(max: usize) -> Receiver {
+        Receiver {
+            max_response: max,
+            ..Receiver::default()
+        }
     }
 
     /// Handles one SDU received at `now`; returns the SDU to send back, if any.
@@ -302,7 +404,12 @@ impl Receiver {
                 };
                 Some(Msg::Report(report).encode())
             }
-            Msg::Report(_) => None,
+            Msg::Request {
+                test,
+                seq,
+                response_size,
+            } => Some(response(test, seq, response_size, self.max_response)),
+            Msg::Report(_) | Msg::Response { .. } => None,
         }
     }
 
@@ -332,7 +439,7 @@ pub fn serve_flow(
     mut on_report: impl FnMut(&Report),
     mut warn: impl FnMut(&rina::Error),
 ) -> crate::Served {
-    let mut rx = Receiver::new();
+    let mut rx = Receiver::with_max_response(flow.max_sdu());
     let mut buf = vec![0u8; flow.max_sdu().max(1)];
     let mut served = crate::Served {
         sdus: 0,
@@ -507,6 +614,51 @@ impl TestResult {
         }
     }
 
+    /// The sum of the same test run on several flows at once: counts and
+    /// rates add up, the durations are the longest, loss is of the sums.
+    /// `None` if `parts` is empty.
+    pub fn total(parts: &[&TestResult]) -> Option<TestResult> {
+        let first = parts.first()?;
+        let mut t = TestResult {
+            loss_pct: 0.0,
+            tx_mbps: 0.0,
+            tx_sdus_per_s: 0.0,
+            rx_mbps: 0.0,
+            rx_sdus_per_s: 0.0,
+            sent_sdus: 0,
+            sent_bytes: 0,
+            send_duration_s: 0.0,
+            report: Report {
+                test: first.report.test,
+                ..Report::default()
+            },
+            ..(*first).clone()
+        };
+        for p in parts {
+            t.sent_sdus += p.sent_sdus;
+            t.sent_bytes += p.sent_bytes;
+            t.send_duration_s = t.send_duration_s.max(p.send_duration_s);
+            t.tx_mbps += p.tx_mbps;
+            t.tx_sdus_per_s += p.tx_sdus_per_s;
+            t.rx_mbps += p.rx_mbps;
+            t.rx_sdus_per_s += p.rx_sdus_per_s;
+            let (r, q) = (&mut t.report, &p.report);
+            r.recv_sdus += q.recv_sdus;
+            r.recv_bytes += q.recv_bytes;
+            r.duration_ns = r.duration_ns.max(q.duration_ns);
+            r.duplicates += q.duplicates;
+            r.out_of_order += q.out_of_order;
+            r.timed_sdus += q.timed_sdus;
+            r.timed_bytes += q.timed_bytes;
+        }
+        let received: u64 = parts
+            .iter()
+            .map(|p| p.report.recv_sdus.min(p.sent_sdus))
+            .sum();
+        t.loss_pct = crate::echo::loss_pct(t.sent_sdus, received);
+        Some(t)
+    }
+
     /// The CSV header matching [`TestResult::csv_row`].
     pub const CSV_HEADER: &'static str =
         "size,sent_sdus,recv_sdus,loss_pct,tx_mbps,rx_mbps,rx_sdus_per_s";
@@ -535,8 +687,29 @@ pub struct PerfReport {
     pub dif: String,
     /// Port-id of the flow.
     pub port: u32,
-    /// One entry per test (per size with `--sweep`).
+    /// One entry per throughput test (per size with `--sweep`); with
+    /// several flows (`--parallel`), the total of the flows ([`TestResult::total`]).
     pub tests: Vec<TestResult>,
+    /// One entry per request/response test (`--test rr`); with several
+    /// flows, the total of the flows ([`rr::RrResult::total`]).
+    #[serde(default)]
+    pub rr: Vec<rr::RrResult>,
+    /// Every flow's own results, in the order they were allocated.
+    #[serde(default)]
+    pub flows: Vec<FlowReport>,
+}
+
+/// The results of one flow of a `rina-perf client` run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FlowReport {
+    /// Port-id of the flow.
+    pub port: u32,
+    /// Throughput tests on this flow.
+    pub tests: Vec<TestResult>,
+    /// Request/response tests on this flow.
+    pub rr: Vec<rr::RrResult>,
+    /// Why a test on this flow failed, if one did.
+    pub error: Option<String>,
 }
 
 #[cfg(test)]
@@ -574,6 +747,32 @@ mod tests {
         assert!(write_data_header(&mut buf, 3, 4));
         assert_eq!(Msg::decode(&buf), Some(Msg::Data { test: 3, seq: 4 }));
         assert!(!write_data_header(&mut buf[..10], 3, 4));
+        let req = Msg::Request {
+            test: 3,
+            seq: 4,
+            response_size: 500,
+        };
+        assert_eq!(Msg::decode(&req.encode()), Some(req));
+        assert!(write_request_header(&mut buf, 3, 4, 500));
+        assert_eq!(Msg::decode(&buf), Some(req));
+        assert!(!write_request_header(&mut buf[..20], 3, 4, 500));
+        let resp = Msg::Response { test: 3, seq: 4 };
+        assert_eq!(Msg::decode(&resp.encode()), Some(resp));
+    }
+
+    #[test]
+    fn the_receiver_answers_requests_with_the_size_asked_within_bounds() {
+        let mut rx = Receiver::with_max_response(300);
+        let t0 = Instant::now();
+        let mut req = [0u8; 40];
+        for (asked, got) in [(100u32, 100usize), (5, RESPONSE_HEADER), (10_000, 300)] {
+            assert!(write_request_header(&mut req, 2, 7, asked));
+            let out = rx.on_sdu(&req, t0).expect("a response");
+            assert_eq!(out.len(), got);
+            assert_eq!(Msg::decode(&out), Some(Msg::Response { test: 2, seq: 7 }));
+        }
+        // Requests leave no trace in the throughput tests' reports.
+        assert_eq!(stop(&mut rx, 2).recv_sdus, 0);
     }
 
     fn data(test: u32, seq: u64) -> Vec<u8> {

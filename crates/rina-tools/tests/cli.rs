@@ -61,6 +61,10 @@ fn help_lists_the_options() {
                 "--csv",
                 "--in-order",
                 "--max-sdu",
+                "--test",
+                "--parallel",
+                "--outstanding",
+                "--response-size",
             ],
         ),
         (DEMO, &["--help"], &["--keep", "--json"]),
@@ -86,6 +90,19 @@ fn help_lists_the_options() {
 fn bad_arguments_are_usage_errors() {
     let out = run(PERF, &["client", "--json", "--csv"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    for args in [
+        &["client", "--test", "rr", "--size", "20"][..],
+        &["client", "--parallel", "0"],
+        &["client", "--test", "nope"],
+    ] {
+        let out = run(PERF, args);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
     let out = run(ECHO, &["client", "--dst", "a b"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
@@ -140,4 +157,39 @@ fn demo_without_rinad_says_what_to_build() {
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
     assert!(err.contains("cargo build --release"), "{err}");
+}
+
+#[test]
+fn every_tool_generates_its_man_pages_and_completions() {
+    let dir = std::env::temp_dir().join(format!("rina-tools-test-{}-docs", std::process::id()));
+    let tools = [
+        (CTL, "rinactl"),
+        (ECHO, "rina-echo"),
+        (PERF, "rina-perf"),
+        (DEMO, "rina-demo"),
+        (env!("CARGO_BIN_EXE_rina-tgen"), "rina-tgen"),
+        (env!("CARGO_BIN_EXE_rina-ip"), "rina-ip"),
+    ];
+    for (exe, name) in tools {
+        let out = run(exe, &["--generate-docs", dir.to_str().expect("utf-8")]);
+        assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+        for f in [
+            format!("man/man1/{name}.1"),
+            format!("completions/{name}.bash"),
+            format!("completions/_{name}"),
+            format!("completions/{name}.fish"),
+        ] {
+            assert!(dir.join(&f).is_file(), "{name}: no {f}");
+        }
+    }
+    // Subcommands get their own page, with their options.
+    let page = std::fs::read_to_string(dir.join("man/man1/rina-perf-client.1")).expect("page");
+    assert!(
+        page.contains("outstanding") && page.contains("parallel"),
+        "{page}"
+    );
+    // The option is hidden from --help.
+    let help = text(&run(PERF, &["--help"]).stdout);
+    assert!(!help.contains("generate-docs"), "{help}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

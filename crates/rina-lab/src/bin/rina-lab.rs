@@ -181,6 +181,7 @@ impl From<LabError> for Fail {
 }
 
 fn main() -> ExitCode {
+    rina_docgen::handle::<Cli>();
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Check { file, variants } => cmd_check(&file, &variants),

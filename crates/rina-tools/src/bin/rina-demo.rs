@@ -269,6 +269,7 @@ struct Summary {
 }
 
 fn main() {
+    rina_docgen::handle::<Cli>();
     let cli = Cli::parse();
     let undo = Undo::default();
     let handler = undo.clone();

@@ -77,6 +77,7 @@ struct ClientArgs {
 }
 
 fn main() {
+    rina_docgen::handle::<Cli>();
     match Cli::parse().mode {
         Mode::Server(a) => server(a),
         Mode::Client(a) => {

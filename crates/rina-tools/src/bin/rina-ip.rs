@@ -57,6 +57,7 @@ struct Cli {
 }
 
 fn main() {
+    rina_docgen::handle::<Cli>();
     let cli = Cli::parse();
     let over = Overrides {
         name: cli.name.clone(),

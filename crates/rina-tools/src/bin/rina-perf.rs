@@ -1,15 +1,17 @@
-//! `rina-perf`: goodput and loss of RINA flows.
+//! `rina-perf`: goodput and loss, or transactions and latency, of RINA flows.
 //!
-//! The in-band protocol is described in [`rina_tools::perf`]. With `--sweep`,
-//! every size is tested in turn on the same flow.
+//! The in-band protocol is described in [`rina_tools::perf`]. `--test perf`
+//! (the default) measures one-way throughput; `--test rr` request/response
+//! transactions ([`rina_tools::perf::rr`]). With `--sweep`, every size is
+//! tested in turn on the same flow; with `--parallel N`, on N flows at once.
 //!
-//! Exit codes: 0 on success; 1 if a test got no REPORT or nothing arrived;
+//! Exit codes: 0 on success; 1 if a test failed or nothing arrived;
 //! 2 on any other error (daemon not running, allocation refused, bad options).
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use rina::{AppName, Flow};
 use rina_tools::opts::{self, CommonArgs, QosArgs};
-use rina_tools::perf::{self, Msg, Pacer, PerfReport, Report, TestResult};
+use rina_tools::perf::{self, FlowReport, Msg, Pacer, PerfReport, Report, TestResult};
 use rina_tools::table::Table;
 use std::io::Write;
 use std::thread;
@@ -17,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const TOOL: &str = "rina-perf";
 
-/// Goodput and loss of RINA flows.
+/// Goodput and loss, or transactions and latency, of RINA flows.
 #[derive(Debug, Parser)]
 #[command(name = "rina-perf", version)]
 struct Cli {
@@ -50,6 +52,16 @@ struct ServerArgs {
     no_rings: bool,
 }
 
+/// What a client test measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum TestKind {
+    /// One-way throughput and loss: DATA as fast as allowed, then the
+    /// receiver's report.
+    Perf,
+    /// Request/response: transactions per second and their latency.
+    Rr,
+}
+
 #[derive(Debug, Args)]
 struct ClientArgs {
     #[command(flatten)]
@@ -62,25 +74,47 @@ struct ClientArgs {
     /// This client's application name.
     #[arg(long, default_value = "perf-client", value_parser = opts::parse_name)]
     name: AppName,
-    /// DATA SDU size in bytes (at least 17).
-    #[arg(long, default_value_t = 1400)]
-    size: usize,
+    /// The test: `perf` (throughput and loss) or `rr` (request/response:
+    /// transactions per second and latency percentiles).
+    #[arg(short = 't', long = "test", value_enum, default_value = "perf")]
+    kind: TestKind,
+    /// DATA SDU size (perf, at least 17) or request size (rr, at least 21),
+    /// in bytes [default: 1400 for perf, 64 for rr].
+    #[arg(long)]
+    size: Option<usize>,
+    /// rr: size of each response, in bytes [default: the request size].
+    #[arg(long, value_name = "BYTES")]
+    response_size: Option<u32>,
+    /// rr: requests kept unanswered at once (1: one transaction at a time).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    outstanding: usize,
+    /// rr: a request unanswered this long is counted lost, in milliseconds.
+    #[arg(long, default_value_t = 1000, value_name = "MS")]
+    timeout_ms: u64,
+    /// Run the tests on N flows at once (rinaperf's -p): per-flow results
+    /// and their total.
+    #[arg(short = 'p', long, default_value_t = 1, value_name = "N")]
+    parallel: usize,
     /// Length of each test, in seconds.
     #[arg(long, default_value_t = 5.0, conflicts_with = "count")]
     duration_s: f64,
-    /// Send this many DATA SDUs per test instead of running for a duration.
+    /// Send this many DATA SDUs (perf) or requests (rr) per test instead of
+    /// running for a duration.
     #[arg(long, value_name = "N")]
     count: Option<u64>,
-    /// Pace the sender to this rate, in Mb/s (10^6 bit/s).
+    /// perf: pace the sender to this rate, in Mb/s (10^6 bit/s).
     #[arg(long, value_name = "R")]
     rate_mbps: Option<f64>,
     /// Run one test per size, on the same flow (e.g. 64,256,1024,1400).
     #[arg(long, value_delimiter = ',', value_name = "SIZES")]
     sweep: Option<Vec<usize>>,
-    /// Print one JSON object.
+    /// Print one JSON object (per-flow results and totals).
     #[arg(long, conflicts_with = "csv")]
     json: bool,
-    /// Print CSV rows: size,sent_sdus,recv_sdus,loss_pct,tx_mbps,rx_mbps,rx_sdus_per_s.
+    /// Print CSV rows of the totals: for perf
+    /// size,sent_sdus,recv_sdus,loss_pct,tx_mbps,rx_mbps,rx_sdus_per_s; for rr
+    /// request_size,response_size,outstanding,requests,transactions,lost,tps
+    /// and the latency (µs: min, avg, p50, p90, p99, max).
     #[arg(long)]
     csv: bool,
     /// Do not ask for shared-memory rings where the DIF offers them
@@ -90,6 +124,7 @@ struct ClientArgs {
 }
 
 fn main() {
+    rina_docgen::handle::<Cli>();
     match Cli::parse().mode {
         Mode::Server(a) => server(a),
         Mode::Client(a) => std::process::exit(client(a)),
@@ -157,19 +192,24 @@ fn serve_flow(flow: Flow) {
     flush();
 }
 
-fn client(a: ClientArgs) -> i32 {
-    let sizes = a.sweep.clone().unwrap_or_else(|| vec![a.size]);
+/// The sizes to test, checked against the test's header; exits on bad ones.
+fn sizes(a: &ClientArgs) -> Vec<usize> {
+    let (default, min) = match a.kind {
+        TestKind::Perf => (1400, perf::DATA_HEADER),
+        TestKind::Rr => (64, perf::REQUEST_HEADER),
+    };
+    let sizes = a
+        .sweep
+        .clone()
+        .unwrap_or_else(|| vec![a.size.unwrap_or(default)]);
     if sizes.is_empty() {
         opts::die(TOOL, "bad --sweep", &"no size given", 2);
     }
-    if let Some(s) = sizes.iter().find(|&&s| s < perf::DATA_HEADER) {
+    if let Some(s) = sizes.iter().find(|&&s| s < min) {
         opts::die(
             TOOL,
             "bad size",
-            &format!(
-                "{s} bytes is less than the {}-byte DATA header",
-                perf::DATA_HEADER
-            ),
+            &format!("{s} bytes is less than the {min}-byte header"),
             2,
         );
     }
@@ -181,83 +221,272 @@ fn client(a: ClientArgs) -> i32 {
             2,
         );
     }
+    if a.parallel == 0 || a.outstanding == 0 {
+        opts::die(
+            TOOL,
+            "bad --parallel or --outstanding",
+            &"must be at least 1",
+            2,
+        );
+    }
+    sizes
+}
+
+/// The results of one flow's tests, one entry per size (`None`: it failed).
+struct FlowRun {
+    port: u32,
+    tests: Vec<Option<TestResult>>,
+    rr: Vec<Option<perf::rr::RrResult>>,
+    error: Option<String>,
+}
+
+fn client(a: ClientArgs) -> i32 {
+    let sizes = sizes(&a);
     let mut c = a
         .common
         .connect()
         .unwrap_or_else(|e| opts::die(TOOL, "cannot connect", &e, 2));
     c.set_rings(!a.no_rings);
-    let flow = c
-        .allocate(&a.name, &a.dst, a.common.dif(), &a.qos.spec())
-        .unwrap_or_else(|e| {
-            opts::die(TOOL, &format!("cannot allocate a flow to {}", a.dst), &e, 2)
-        });
-    if let Some(s) = sizes.iter().find(|&&s| s > flow.max_sdu()) {
-        opts::die(
-            TOOL,
-            "bad size",
-            &format!(
-                "{s} bytes exceeds the flow's maximum SDU of {} bytes",
-                flow.max_sdu()
-            ),
-            2,
-        );
+    let mut flows = Vec::new();
+    for _ in 0..a.parallel {
+        let flow = c
+            .allocate(&a.name, &a.dst, a.common.dif(), &a.qos.spec())
+            .unwrap_or_else(|e| {
+                opts::die(TOOL, &format!("cannot allocate a flow to {}", a.dst), &e, 2)
+            });
+        if let Some(s) = sizes.iter().find(|&&s| s > flow.max_sdu()) {
+            opts::die(
+                TOOL,
+                "bad size",
+                &format!(
+                    "{s} bytes exceeds the flow's maximum SDU of {} bytes",
+                    flow.max_sdu()
+                ),
+                2,
+            );
+        }
+        flows.push(flow);
     }
     let human = !a.json && !a.csv;
     if human {
+        let info = flows[0].info();
+        let ports: Vec<String> = flows.iter().map(|f| f.info().port.to_string()).collect();
         println!(
-            "PERF {} via {} (flow {}, max SDU {} bytes)",
+            "PERF {} via {} ({} {}, max SDU {} bytes)",
             a.dst,
-            flow.info().dif,
-            flow.info().port,
-            flow.info().max_sdu
+            info.dif,
+            if flows.len() == 1 { "flow" } else { "flows" },
+            ports.join(", "),
+            info.max_sdu
         );
         flush();
     }
     let base = test_id_base();
-    let mut results = Vec::new();
-    let mut code = 0;
+    let runs: Vec<FlowRun> = thread::scope(|s| {
+        let workers: Vec<_> = flows
+            .iter()
+            .map(|flow| {
+                let (a, sizes) = (&a, &sizes);
+                s.spawn(move || run_flow(flow, a, sizes, base, human))
+            })
+            .collect();
+        workers
+            .into_iter()
+            .zip(&flows)
+            .map(|(w, flow)| {
+                w.join().unwrap_or_else(|_| FlowRun {
+                    port: flow.info().port,
+                    tests: Vec::new(),
+                    rr: Vec::new(),
+                    error: Some("the flow's thread panicked".into()),
+                })
+            })
+            .collect()
+    });
+    let report = report(&a, &flows[0], &sizes, runs);
+    print_report(&a, &report)
+}
+
+/// Runs every size's test on one flow; prints a line per test if `human`.
+fn run_flow(flow: &Flow, a: &ClientArgs, sizes: &[usize], base: u32, human: bool) -> FlowRun {
+    let port = flow.info().port;
+    let mut run = FlowRun {
+        port,
+        tests: Vec::new(),
+        rr: Vec::new(),
+        error: None,
+    };
+    let who = if a.parallel > 1 {
+        format!("flow {port}: ")
+    } else {
+        String::new()
+    };
     for (i, &size) in sizes.iter().enumerate() {
         let test = base.wrapping_add(i as u32);
-        match run_test(&flow, &a, test, size) {
-            Ok(r) => {
-                if r.report.recv_sdus == 0 {
-                    code = 1;
+        match a.kind {
+            TestKind::Perf => match run_test(flow, a, test, size) {
+                Ok(r) => {
+                    if human {
+                        println!(
+                            "{who}size {size}: sent {} SDUs ({:.2} Mb/s), received {} ({:.2} Mb/s, {:.0} SDU/s), loss {:.2}%",
+                            r.sent_sdus, r.tx_mbps, r.report.recv_sdus, r.rx_mbps, r.rx_sdus_per_s, r.loss_pct
+                        );
+                        flush();
+                    }
+                    run.tests.push(Some(r));
                 }
-                if human {
-                    println!(
-                        "size {size}: sent {} SDUs ({:.2} Mb/s), received {} ({:.2} Mb/s, {:.0} SDU/s), loss {:.2}%",
-                        r.sent_sdus, r.tx_mbps, r.report.recv_sdus, r.rx_mbps, r.rx_sdus_per_s, r.loss_pct
-                    );
-                    flush();
+                Err(e) => {
+                    eprintln!("{TOOL}: {who}size {size}: {e}");
+                    run.tests.push(None);
+                    run.error.get_or_insert(e);
                 }
-                results.push(r);
-            }
-            Err(e) => {
-                eprintln!("{TOOL}: size {size}: {e}");
-                code = 1;
+            },
+            TestKind::Rr => {
+                let cfg = perf::rr::RrConfig {
+                    test,
+                    request_size: size,
+                    response_size: a
+                        .response_size
+                        .unwrap_or(u32::try_from(size).unwrap_or(u32::MAX)),
+                    outstanding: a.outstanding,
+                    count: a.count,
+                    duration: duration(a),
+                    timeout: Duration::from_millis(a.timeout_ms.max(1)),
+                };
+                match perf::rr::run(flow, &cfg) {
+                    Ok(r) => {
+                        if human {
+                            let lat = r.latency_us.map_or("-".into(), |l| {
+                                format!("{:.1}/{:.1}/{:.1} µs", l.p50, l.p99, l.max)
+                            });
+                            println!(
+                                "{who}request {size}, response {}, {} outstanding: {} transactions ({:.0}/s), {} lost, latency p50/p99/max {lat}",
+                                r.response_size, r.outstanding, r.transactions, r.tps, r.lost
+                            );
+                            flush();
+                        }
+                        run.rr.push(Some(r));
+                    }
+                    Err(e) => {
+                        eprintln!("{TOOL}: {who}size {size}: {e}");
+                        run.rr.push(None);
+                        run.error.get_or_insert(e.to_string());
+                    }
+                }
             }
         }
     }
-    let report = PerfReport {
+    run
+}
+
+/// The JSON report: per flow, and the totals per size over the flows.
+fn report(a: &ClientArgs, first: &Flow, sizes: &[usize], runs: Vec<FlowRun>) -> PerfReport {
+    let mut tests = Vec::new();
+    let mut rr = Vec::new();
+    for i in 0..sizes.len() {
+        let t: Vec<&TestResult> = runs
+            .iter()
+            .filter_map(|r| r.tests.get(i)?.as_ref())
+            .collect();
+        tests.extend(TestResult::total(&t));
+        let q: Vec<&perf::rr::RrResult> =
+            runs.iter().filter_map(|r| r.rr.get(i)?.as_ref()).collect();
+        rr.extend(perf::rr::RrResult::total(&q));
+    }
+    PerfReport {
         dst: a.dst.to_string(),
-        dif: flow.info().dif.clone(),
-        port: flow.info().port,
-        tests: results,
+        dif: first.info().dif.clone(),
+        port: first.info().port,
+        tests,
+        rr,
+        flows: runs
+            .into_iter()
+            .map(|r| FlowReport {
+                port: r.port,
+                tests: r.tests.into_iter().flatten().collect(),
+                rr: r.rr.into_iter().flatten().collect(),
+                error: r.error,
+            })
+            .collect(),
+    }
+}
+
+/// Prints the report as asked; returns the exit code (1 if a test failed
+/// or nothing arrived).
+fn print_report(a: &ClientArgs, report: &PerfReport) -> i32 {
+    let failed = report.flows.iter().any(|f| f.error.is_some());
+    let empty = match a.kind {
+        TestKind::Perf => report.tests.iter().any(|t| t.report.recv_sdus == 0),
+        TestKind::Rr => report.rr.iter().any(|t| t.transactions == 0),
     };
     if a.json {
-        match serde_json::to_string(&report) {
+        match serde_json::to_string(report) {
             Ok(s) => println!("{s}"),
             Err(e) => opts::die(TOOL, "cannot encode JSON", &e, 2),
         }
     } else if a.csv {
-        println!("{}", TestResult::CSV_HEADER);
-        for r in &report.tests {
-            println!("{}", r.csv_row());
+        match a.kind {
+            TestKind::Perf => {
+                println!("{}", TestResult::CSV_HEADER);
+                for r in &report.tests {
+                    println!("{}", r.csv_row());
+                }
+            }
+            TestKind::Rr => {
+                println!("{}", perf::rr::RrResult::CSV_HEADER);
+                for r in &report.rr {
+                    println!("{}", r.csv_row());
+                }
+            }
         }
     } else {
-        print!("{}", results_table(&report.tests).render());
+        if report.flows.len() > 1 {
+            println!("total of {} flows:", report.flows.len());
+        }
+        match a.kind {
+            TestKind::Perf => print!("{}", results_table(&report.tests).render()),
+            TestKind::Rr => print!("{}", rr_table(&report.rr).render()),
+        }
     }
-    code
+    i32::from(failed || empty)
+}
+
+/// The human-readable table of request/response results.
+fn rr_table(tests: &[perf::rr::RrResult]) -> Table {
+    let mut t = Table::new(&[
+        "REQ", "RESP", "OUTST", "TRANS", "LOST", "TRANS/s", "MIN_us", "P50_us", "P90_us", "P99_us",
+        "MAX_us",
+    ])
+    .numeric(&[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+    for r in tests {
+        let l = |f: fn(&rina_tools::stats::Summary) -> f64| {
+            r.latency_us
+                .as_ref()
+                .map_or("-".into(), |s| format!("{:.1}", f(s)))
+        };
+        t.row(vec![
+            r.request_size.to_string(),
+            r.response_size.to_string(),
+            r.outstanding.to_string(),
+            r.transactions.to_string(),
+            r.lost.to_string(),
+            format!("{:.0}", r.tps),
+            l(|s| s.min),
+            l(|s| s.p50),
+            l(|s| s.p90),
+            l(|s| s.p99),
+            l(|s| s.max),
+        ]);
+    }
+    t
+}
+
+fn duration(a: &ClientArgs) -> Duration {
+    Duration::from_secs_f64(if a.duration_s.is_finite() {
+        a.duration_s.clamp(0.0, 1e9)
+    } else {
+        0.0
+    })
 }
 
 /// The human-readable table of test results.
@@ -305,11 +534,7 @@ fn run_test(flow: &Flow, a: &ClientArgs, test: u32, size: usize) -> Result<TestR
     .map_err(err)?;
     let mut buf = vec![0u8; size];
     let mut pacer = a.rate_mbps.and_then(Pacer::new);
-    let duration = Duration::from_secs_f64(if a.duration_s.is_finite() {
-        a.duration_s.clamp(0.0, 1e9)
-    } else {
-        0.0
-    });
+    let duration = duration(a);
     let start = Instant::now();
     let (mut sent, mut bytes) = (0u64, 0u64);
     loop {

@@ -146,6 +146,7 @@ impl From<DirArg> for Direction {
 }
 
 fn main() {
+    rina_docgen::handle::<Cli>();
     match Cli::parse().mode {
         Mode::Server(a) => server(a),
         Mode::Client(a) => std::process::exit(client(a)),

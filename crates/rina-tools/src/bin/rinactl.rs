@@ -152,6 +152,7 @@ Quick reference (IRATI IPCM console | rlite-ctl -> rinactl):
     assign-to-dif           |   ipcp-destroy           restart rinad)";
 
 fn main() {
+    rina_docgen::handle::<Cli>();
     let cli = Cli::parse();
     if let Err(e) = run(&cli) {
         if cli.json {

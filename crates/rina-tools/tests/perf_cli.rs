@@ -1,0 +1,168 @@
+//! `rina-perf` between two real `rinad` on loopback (shim DIF over UDP):
+//! request/response tests (transactions and latency percentiles, several
+//! requests outstanding) and parallel flows (`-p N`: per-flow results and
+//! their total), as `--json` reports them.
+
+mod common;
+
+use common::{bin_dir, free_port, wait_until, Procs};
+use rina_tools::perf::PerfReport;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn config(me: &str, port: u16, peer_port: u16) -> String {
+    format!(
+        r#"[system]
+name = "{me}"
+[[ipcp]]
+name = "{me}.udp"
+type = "shim-udp"
+dif = "udp"
+bind = "127.0.0.1:{port}"
+[ipcp.directory]
+"perf" = "127.0.0.1:{peer_port}"
+"#
+    )
+}
+
+fn perf(bin: &Path, sock: &Path, args: &[&str]) -> Output {
+    Command::new(bin)
+        .arg("client")
+        .arg("--socket")
+        .arg(sock)
+        .args(["--dst", "perf", "--json"])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run rina-perf")
+}
+
+fn report(out: &Output) -> PerfReport {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("a JSON report")
+}
+
+#[test]
+fn request_response_and_parallel_flows_between_two_daemons() {
+    let bins = bin_dir();
+    let dir = std::env::temp_dir().join(format!("rina-perf-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut procs = Procs(Vec::new(), dir.clone());
+    let (pa, pb) = (free_port(), free_port());
+    for (me, port, pport) in [("alpha", pa, pb), ("beta", pb, pa)] {
+        let conf = dir.join(format!("{me}.toml"));
+        std::fs::write(&conf, config(me, port, pport)).unwrap();
+        let child = Command::new(bins.join("rinad"))
+            .arg("--config")
+            .arg(&conf)
+            .arg("--socket")
+            .arg(dir.join(format!("{me}.sock")))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        procs.0.push(child);
+    }
+    let (a, b) = (dir.join("alpha.sock"), dir.join("beta.sock"));
+    wait_until("the daemons' sockets", Duration::from_secs(20), || {
+        a.exists() && b.exists()
+    });
+    let bin = bins.join("rina-perf");
+    let server = Command::new(&bin)
+        .arg("server")
+        .arg("--socket")
+        .arg(&b)
+        .args(["--name", "perf"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    procs.0.push(server);
+
+    // Request/response, 4 outstanding, small requests and large responses.
+    // The server registers asynchronously: retry until it answers.
+    let rr = [
+        "--test",
+        "rr",
+        "--size",
+        "64",
+        "--response-size",
+        "1000",
+        "--outstanding",
+        "4",
+        "--count",
+        "300",
+    ];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut out = perf(&bin, &a, &rr);
+    while !out.status.success() && Instant::now() < deadline {
+        std::thread::park_timeout(Duration::from_millis(100));
+        out = perf(&bin, &a, &rr);
+    }
+    let r = report(&out);
+    assert!(r.tests.is_empty(), "{r:?}");
+    let t = &r.rr[0];
+    assert_eq!(
+        (t.request_size, t.response_size, t.outstanding),
+        (64, 1000, 4)
+    );
+    assert_eq!((t.requests, t.transactions, t.lost), (300, 300, 0), "{t:?}");
+    assert!(t.tps > 0.0, "{t:?}");
+    let l = t.latency_us.expect("latency percentiles");
+    assert_eq!(l.count, 300);
+    assert!(l.min > 0.0 && l.min <= l.p50 && l.p50 <= l.p99 && l.p99 <= l.max);
+    assert_eq!(r.flows.len(), 1);
+    assert_eq!(r.flows[0].rr, r.rr);
+
+    // Three parallel flows of request/response: the total is the sum.
+    let mut args = rr.to_vec();
+    args.extend(["-p", "3"]);
+    let r = report(&perf(&bin, &a, &args));
+    assert_eq!(r.flows.len(), 3);
+    let mut ports: Vec<u32> = r.flows.iter().map(|f| f.port).collect();
+    ports.dedup();
+    assert_eq!(ports.len(), 3, "three distinct flows: {ports:?}");
+    for f in &r.flows {
+        assert_eq!(f.error, None);
+        assert_eq!(f.rr[0].transactions, 300, "{f:?}");
+    }
+    assert_eq!(r.rr[0].transactions, 900);
+    assert_eq!(r.rr[0].latency_us.map(|l| l.count), Some(900));
+    let tps: f64 = r.flows.iter().map(|f| f.rr[0].tps).sum();
+    assert!((r.rr[0].tps - tps).abs() < 1e-6);
+
+    // Two parallel throughput flows over a sweep of two sizes, paced.
+    let r = report(&perf(
+        &bin,
+        &a,
+        &[
+            "-p",
+            "2",
+            "--sweep",
+            "200,1000",
+            "--count",
+            "500",
+            "--rate-mbps",
+            "20",
+        ],
+    ));
+    assert_eq!(r.flows.len(), 2);
+    assert_eq!(r.tests.len(), 2);
+    for (i, size) in [200usize, 1000].into_iter().enumerate() {
+        let total = &r.tests[i];
+        assert_eq!(total.size, size);
+        assert_eq!(total.sent_sdus, 1000);
+        let recv: u64 = r.flows.iter().map(|f| f.tests[i].report.recv_sdus).sum();
+        assert_eq!(total.report.recv_sdus, recv);
+        assert!(recv > 0, "{r:?}");
+        let rx: f64 = r.flows.iter().map(|f| f.tests[i].rx_mbps).sum();
+        assert!((total.rx_mbps - rx).abs() < 1e-6);
+    }
+}
