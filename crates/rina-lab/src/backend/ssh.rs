@@ -604,7 +604,7 @@ impl Hosts {
             .arg("while read -r x; do date +%s.%N; done")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| fail(format!("ssh: {e}")))?;
         let name = &self.plan.host_names[host];
@@ -640,9 +640,16 @@ impl Hosts {
         })();
         let _ = child.kill();
         let _ = child.wait();
+        let mut errs = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut e, &mut errs);
+        }
         match (result, best) {
             (Ok(()), Some(c)) => Ok(c),
-            (Err(e), _) => Err(fail(format!("measuring the clock of {name}: {e}"))),
+            (Err(e), _) => Err(fail(format!(
+                "measuring the clock of {name}: {e} {}",
+                errs.trim()
+            ))),
             (Ok(()), None) => Err(fail(format!("measuring the clock of {name}"))),
         }
     }
