@@ -2,7 +2,8 @@
 //! on a bridge stand in for hosts, each running Debian's `sshd` with a key
 //! generated here; line-3 (shortened) runs through the backend over
 //! shim-udp between the namespaces' addresses, then a second run is
-//! interrupted during its traffic. Needs root, `sshd`, `ssh`, `scp` and
+//! interrupted during its traffic, then a remote program's ssh client is
+//! killed (as if rina-lab died): nothing may be left running. Needs root, `sshd`, `ssh`, `scp` and
 //! `ssh-keygen` (`.ci/run` installs openssh-server and openssh-client);
 //! otherwise it prints "skipped: ..." and passes.
 
@@ -330,7 +331,7 @@ fn line_3_runs_over_ssh_between_namespaces_and_cleans_up() {
         progress: &progress,
         stop: &stop,
     };
-    let r = Ssh::new(inv).run_once(&exp, &ctx);
+    let r = Ssh::new(inv.clone()).run_once(&exp, &ctx);
     assert!(matches!(r, Err(LabError::Interrupted)), "{:?}", r.err());
     assert_eq!(run_dirs_left(&lab.remote), Vec::<String>::new());
     // The wrappers stop their programs within a poll (0.2 s) of their
@@ -342,6 +343,53 @@ fn line_3_runs_over_ssh_between_namespaces_and_cleans_up() {
             break;
         }
         assert!(Instant::now() < deadline, "left running: {left:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // A remote program whose ssh client dies (rina-lab killed outright)
+    // is stopped by its wrapper.
+    wrapper_stops_the_program_when_its_session_dies(&lab);
+}
+
+fn wrapper_stops_the_program_when_its_session_dies(lab: &Lab) {
+    let bin = std::fs::read_dir(&lab.remote)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("bin-"))
+        .expect("the binaries' folder stays for later runs");
+    let marker = format!("{}/run-watchdog", lab.remote);
+    std::fs::create_dir_all(&marker).unwrap();
+    let mut ssh = Command::new("ssh")
+        .args(["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no"])
+        .args(["-o", "UserKnownHostsFile=/dev/null", "-i"])
+        .arg(lab.dir.join("id"))
+        .arg(format!("root@{}", lab.addr(0)))
+        .arg(format!(
+            "exec sh {}/ssh-wrap.sh {marker} sleep 3117",
+            bin.display()
+        ))
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let running = || {
+        processes_with("sleep 3117")
+            .iter()
+            .any(|c| !c.contains("ssh"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !running() {
+        assert!(Instant::now() < deadline, "remote sleep never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    ssh.kill().unwrap();
+    ssh.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while running() {
+        assert!(
+            Instant::now() < deadline,
+            "remote program still running 5 s after its ssh client died"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
