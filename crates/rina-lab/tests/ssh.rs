@@ -152,10 +152,38 @@ impl Lab {
                 .unwrap();
             lab.sshd.push(child);
         }
+        // Direct veth pairs for shim-eth: a--b between the first two
+        // namespaces, b--c between the last two.
+        for l in 0..HOSTS - 1 {
+            let [a, b] = lab.eth(l);
+            sh(&["ip", "link", "add", &a, "type", "veth", "peer", "name", &b]);
+            for (dev, ns) in [(&a, lab.ns(l)), (&b, lab.ns(l + 1))] {
+                sh(&["ip", "link", "set", dev, "netns", &ns]);
+                sh(&["ip", "-n", &ns, "link", "set", dev, "up"]);
+            }
+        }
         // The root namespace reaches the namespaces over the bridge.
         let cidr = format!("10.231.{}.254/24", pid % 250);
         sh(&["ip", "addr", "add", &cidr, "dev", &br]);
         lab
+    }
+
+    /// The veth ends of line-3's link `l` (in namespaces `l` and `l + 1`).
+    fn eth(&self, l: usize) -> [String; 2] {
+        [
+            format!("rle{}a{l}", self.pid),
+            format!("rle{}b{l}", self.pid),
+        ]
+    }
+
+    /// The inventory with line-3's links as shim-eth on the veth pairs.
+    fn inventory_eth(&self) -> String {
+        let mut t = self.inventory();
+        for (l, (x, y)) in [("a", "b"), ("b", "c")].into_iter().enumerate() {
+            let [ea, eb] = self.eth(l);
+            t += &format!("[link.\"{x}--{y}\"]\neth = {{ {x} = \"{ea}\", {y} = \"{eb}\" }}\n");
+        }
+        t
     }
 
     fn inventory(&self) -> String {
@@ -345,6 +373,17 @@ fn line_3_runs_over_ssh_between_namespaces_and_cleans_up() {
         assert!(Instant::now() < deadline, "left running: {left:?}");
         std::thread::sleep(Duration::from_millis(50));
     }
+
+    // The same over shim-eth on veth pairs between the namespaces: link
+    // delays are added in rinad and the interfaces count the load, so all
+    // of line-3's checks apply.
+    let run3 = dir.join("eth");
+    std::fs::create_dir_all(&run3).unwrap();
+    let inv_eth = Inventory::parse(&lab.inventory_eth()).unwrap();
+    let out = common::run(&mut Ssh::new(inv_eth), &exp, &run3);
+    common::check_line_3_links(&out, &run3, true);
+    let conf = std::fs::read_to_string(run3.join("conf/b.toml")).unwrap();
+    assert!(conf.contains("shim-eth"), "{conf}");
 
     // A remote program whose ssh client dies (rina-lab killed outright)
     // is stopped by its wrapper.

@@ -43,6 +43,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 use thiserror::Error;
 
@@ -516,6 +517,9 @@ struct Hosts {
     /// The local run folder.
     local_dir: PathBuf,
     clocks: Vec<Clock>,
+    /// Per link: the last counters read (bytes sent A to B, B to A), and
+    /// whether they are still to be used (see [`Fabric::link_counters`]).
+    counters: Mutex<(Vec<(u64, u64)>, bool)>,
     /// Hosts on which the run folder was made (to clean up).
     made: Vec<bool>,
 }
@@ -545,6 +549,7 @@ impl Hosts {
             node_names: Vec::new(),
             local_dir: PathBuf::new(),
             clocks: Vec::new(),
+            counters: Mutex::new((Vec::new(), false)),
             made,
         }
     }
@@ -698,15 +703,56 @@ impl Hosts {
         let _ = self.on(host, &script);
     }
 
-    /// Reads an interface's transmitted bytes on `host`.
-    fn tx_bytes(&self, host: usize, dev: &str) -> u64 {
-        self.on(
-            host,
-            &format!("cat /sys/class/net/{dev}/statistics/tx_bytes"),
-        )
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0)
+    /// Reads the transmitted bytes of every shim-eth link end, one `ssh`
+    /// per host, all hosts at once (an SSH login takes a good part of a
+    /// second: one after the other they would delay the traffic).
+    fn refresh_counters(&self) -> Vec<(u64, u64)> {
+        // Per host: the (link, side, interface) it reads.
+        let mut reads: Vec<Vec<(usize, usize, String)>> = vec![Vec::new(); self.plan.ssh.len()];
+        for (l, p) in self.plan.links.iter().enumerate() {
+            if let LinkPlan::Eth(ifs, _) = p {
+                let (a, b) = self.link_nodes[l];
+                reads[self.host(a)].push((l, 0, ifs[0].clone()));
+                reads[self.host(b)].push((l, 1, ifs[1].clone()));
+            }
+        }
+        let children: Vec<_> = reads
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| !r.is_empty())
+            .map(|(h, r)| {
+                let script: Vec<String> = r
+                    .iter()
+                    .map(|(_, _, d)| {
+                        format!("cat /sys/class/net/{d}/statistics/tx_bytes 2>/dev/null || echo 0")
+                    })
+                    .collect();
+                let child = self
+                    .ssh(h)
+                    .arg(script.join("; "))
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::null())
+                    .spawn();
+                (h, child)
+            })
+            .collect();
+        let mut out = vec![(0, 0); self.plan.links.len()];
+        for (h, child) in children {
+            let Ok(o) = child.and_then(|c| c.wait_with_output()) else {
+                continue;
+            };
+            let text = String::from_utf8_lossy(&o.stdout);
+            for ((l, side, _), line) in reads[h].iter().zip(text.lines()) {
+                let v = line.trim().parse().unwrap_or(0);
+                if *side == 0 {
+                    out[*l].0 = v;
+                } else {
+                    out[*l].1 = v;
+                }
+            }
+        }
+        out
     }
 }
 
@@ -840,7 +886,10 @@ impl Fabric for Hosts {
         v
     }
 
-    fn traffic_starts(&self) {}
+    fn traffic_starts(&self) {
+        let fresh = self.refresh_counters();
+        *self.counters.lock().unwrap_or_else(|p| p.into_inner()) = (fresh, true);
+    }
 
     fn set_link(&self, link: usize, up: bool) -> Result<(), LabError> {
         let LinkPlan::Eth(ifs, _) = &self.plan.links[link] else {
@@ -856,18 +905,18 @@ impl Fabric for Hosts {
         Ok(())
     }
 
+    /// The run asks for every link in order, once as the traffic starts
+    /// (read then, in [`Fabric::traffic_starts`]) and once as it ends: all
+    /// links are read at once when link 0 is asked for and the last read
+    /// was used up.
     fn link_counters(&self, link: usize) -> (u64, u64, u64) {
-        match &self.plan.links[link] {
-            LinkPlan::Udp(_) => (0, 0, 0),
-            LinkPlan::Eth(ifs, _) => {
-                let (a, b) = self.link_nodes[link];
-                (
-                    self.tx_bytes(self.host(a), &ifs[0]),
-                    self.tx_bytes(self.host(b), &ifs[1]),
-                    0,
-                )
-            }
+        let mut c = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+        if link == 0 && !c.1 {
+            c.0 = self.refresh_counters();
         }
+        c.1 = link + 1 < self.plan.links.len();
+        let (ab, ba) = c.0.get(link).copied().unwrap_or((0, 0));
+        (ab, ba, 0)
     }
 
     fn traffic_ended(&mut self) {
