@@ -1,7 +1,8 @@
 //! The `ssh` backend end to end on this machine: three network namespaces
 //! on a bridge stand in for hosts, each running Debian's `sshd` with a key
 //! generated here; line-3 (shortened) runs through the backend over
-//! shim-udp between the namespaces' addresses, then a second run is
+//! shim-udp between the namespaces' addresses and over shim-eth on veth
+//! pairs between them, then a second run is
 //! interrupted during its traffic, then a remote program's ssh client is
 //! killed (as if rina-lab died): nothing may be left running. Needs root, `sshd`, `ssh`, `scp` and
 //! `ssh-keygen` (`.ci/run` installs openssh-server and openssh-client);
