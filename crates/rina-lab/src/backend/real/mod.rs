@@ -1,11 +1,12 @@
-//! What the `local` and `netns` backends share: `rinad` configurations
+//! What the `local`, `netns` and `ssh` backends share: `rinad` configurations
 //! ([`config`]), process supervision ([`Procs`]), the UDP link emulator
 //! ([`relay`]) and the run itself ([`run`]): start one `rinad` per node,
 //! wait until every normal IPCP has enrolled, start the servers, run the
 //! real tools (`rina-echo`, `rina-tgen`, `rina-perf`) at their times,
 //! apply the events, and turn the tools' JSON into [`RunOutput`].
 //!
-//! The backends differ only in how links are made ([`Fabric`]).
+//! The backends differ only in how links are made and where programs run
+//! ([`Fabric`]).
 //!
 //! # Binaries
 //!
@@ -41,7 +42,7 @@ pub use config::ShimKind;
 
 /// How a backend makes links and runs programs in a node.
 pub trait Fabric {
-    /// `local` or `netns`.
+    /// `local`, `netns` or `ssh`.
     fn name(&self) -> &'static str;
     /// Makes the links (before any `rinad` starts).
     fn setup(&mut self, exp: &Experiment, dir: &Path) -> Result<(), LabError>;
