@@ -1,10 +1,11 @@
-//! `rina-lab`: one experiment file, one command, three backends.
+//! `rina-lab`: one experiment file, one command, four backends.
 //!
 //! - [`model`]: the experiment file as written (TOML), [`resolve`]: checked
 //!   and derived ([`Experiment`]), every error naming its line;
 //! - [`backend`]: `local` (one `rinad` per node on loopback, no root),
-//!   `netns` (a namespace per node, shim-eth over veth, root) and `sim`
-//!   (the deterministic simulator over the same protocol machines);
+//!   `netns` (a namespace per node, shim-eth over veth, root), `sim`
+//!   (the deterministic simulator over the same protocol machines) and
+//!   `ssh` (hosts of a testbed, placed by an inventory file);
 //! - [`results`]: per-flow metrics (CSV and JSON), the summary table,
 //!   [`plot`]: delay CDFs, goodput against SDU size, RTT against hops.
 //!

@@ -279,3 +279,49 @@ fn generate_docs_writes_a_page_per_subcommand_and_completions() {
     let page = std::fs::read_to_string(d.join("man/man1/rina-lab-run.1")).unwrap();
     assert!(page.contains("backend"), "{page}");
 }
+
+#[test]
+fn run_on_ssh_needs_an_inventory_that_places_every_node() {
+    let run = |args: &[&str]| {
+        let o = bin()
+            .arg("run")
+            .arg(example("line-3.toml"))
+            .args(args)
+            .output()
+            .unwrap();
+        let (_, err) = text(&o);
+        (o.status.code(), err)
+    };
+    let (code, err) = run(&["--backend", "ssh"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("needs --inventory FILE"), "{err}");
+    let dir = tmp("ssh-inventory");
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "[[host]]\nname = 1\n").unwrap();
+    let (code, err) = run(&["--inventory", bad.to_str().unwrap()]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("for the ssh backend, not local"), "{err}");
+    let (code, err) = run(&["--backend", "ssh", "--inventory", bad.to_str().unwrap()]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--inventory:"), "{err}");
+    // A node on no host: refused before any host is contacted (the
+    // address is one nobody answers at).
+    let partial = dir.join("partial.toml");
+    std::fs::write(
+        &partial,
+        "[[host]]\nname = \"h\"\naddress = \"192.0.2.1\"\nnodes = [\"a\", \"b\"]\n",
+    )
+    .unwrap();
+    let out = dir.join("out");
+    let (code, err) = run(&[
+        "--backend",
+        "ssh",
+        "--inventory",
+        partial.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--no-plots",
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("node `c` is on no host"), "{err}");
+}

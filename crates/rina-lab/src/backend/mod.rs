@@ -7,8 +7,10 @@
 //!   shim-eth on a VLAN per link, rate by `tc tbf`, delay and loss in user
 //!   space; root.
 //! - [`sim`]: the simulator, deterministic, for large or long scenarios.
+//! - [`ssh`]: one `rinad` per node on hosts reached over SSH (a testbed),
+//!   placed by an inventory file.
 //!
-//! [`real`] is what `local` and `netns` share (configuration, processes,
+//! [`real`] is what `local`, `netns` and `ssh` share (configuration, processes,
 //! tools, results); they differ in how links are made. [`run`] adds what is common: the load calibration of seed 003 (a first
 //! run with the declared rates, then rates set so the measured average is
 //! the target load).
@@ -17,6 +19,7 @@ pub mod local;
 pub mod netns;
 pub mod real;
 pub mod sim;
+pub mod ssh;
 
 use crate::results::RunOutput;
 use crate::{Experiment, LabError};
@@ -60,9 +63,10 @@ pub fn by_name(name: &str) -> Result<Box<dyn Backend>, LabError> {
         "local" => Ok(Box::new(local::Local::default())),
         "netns" => Ok(Box::new(netns::Netns::default())),
         "sim" => Ok(Box::new(sim::Sim::default())),
+        "ssh" => Ok(Box::new(ssh::Ssh::default())),
         other => Err(LabError::Unsupported {
             backend: "?",
-            reason: format!("no backend `{other}` (local, netns or sim)"),
+            reason: format!("no backend `{other}` (local, netns, sim or ssh)"),
         }),
     }
 }

@@ -2,8 +2,8 @@
 //!
 //! ```text
 //! rina-lab check FILE [--variant NAME]...
-//! rina-lab run FILE [--backend local|netns|sim] [--variant NAME]... [--duration D]
-//!                   [--out DIR] [--no-plots] [--json]
+//! rina-lab run FILE [--backend local|netns|sim|ssh] [--inventory FILE]
+//!                   [--variant NAME]... [--duration D] [--out DIR] [--no-plots] [--json]
 //! rina-lab plot RUN_DIR... [--out DIR]
 //! rina-lab show RUN_DIR... [--json]
 //! ```
@@ -108,9 +108,14 @@ struct RunArgs {
     /// The experiment file (TOML).
     file: PathBuf,
     /// Where to run: `local` (processes on loopback, no root), `netns`
-    /// (namespaces and veth pairs, root) or `sim` (the simulator).
+    /// (namespaces and veth pairs, root), `sim` (the simulator) or `ssh`
+    /// (hosts of a testbed, with --inventory).
     #[arg(long, default_value = "local", value_name = "NAME")]
     backend: String,
+    /// `ssh` only: the inventory file (hosts, which nodes each runs, how
+    /// links are made; see docs/rina-lab.md).
+    #[arg(long, value_name = "FILE")]
+    inventory: Option<PathBuf>,
     /// Run this variant (repeatable; default: every variant of the file, or
     /// the base experiment if it has none).
     #[arg(long = "variant", value_name = "NAME")]
@@ -529,7 +534,22 @@ fn cmd_run(a: RunArgs) -> Result<u8, Fail> {
     if let Some(d) = a.duration {
         exps = exps.into_iter().map(|e| e.shortened(d)).collect();
     }
+    if a.inventory.is_some() && a.backend != "ssh" {
+        return Err(Fail::usage(format!(
+            "--inventory is for the ssh backend, not {}",
+            a.backend
+        )));
+    }
     let mut be = match (&a.engine, a.backend.as_str()) {
+        (None, "ssh") => {
+            let path = a
+                .inventory
+                .as_ref()
+                .ok_or_else(|| Fail::usage("--backend ssh needs --inventory FILE"))?;
+            let inv = backend::ssh::Inventory::load(path)
+                .map_err(|e| Fail::usage(format!("--inventory: {e}")))?;
+            Box::new(backend::ssh::Ssh::new(inv))
+        }
         (None, _) => backend::by_name(&a.backend).map_err(|e| match e {
             LabError::Unsupported { reason, .. } => Fail::usage(format!("--backend: {reason}")),
             e => Fail::usage(e.to_string()),

@@ -1,11 +1,12 @@
-//! What the `local` and `netns` backends share: `rinad` configurations
+//! What the `local`, `netns` and `ssh` backends share: `rinad` configurations
 //! ([`config`]), process supervision ([`Procs`]), the UDP link emulator
 //! ([`relay`]) and the run itself ([`run`]): start one `rinad` per node,
 //! wait until every normal IPCP has enrolled, start the servers, run the
 //! real tools (`rina-echo`, `rina-tgen`, `rina-perf`) at their times,
 //! apply the events, and turn the tools' JSON into [`RunOutput`].
 //!
-//! The backends differ only in how links are made ([`Fabric`]).
+//! The backends differ only in how links are made and where programs run
+//! ([`Fabric`]).
 //!
 //! # Binaries
 //!
@@ -41,7 +42,7 @@ pub use config::ShimKind;
 
 /// How a backend makes links and runs programs in a node.
 pub trait Fabric {
-    /// `local` or `netns`.
+    /// `local`, `netns` or `ssh`.
     fn name(&self) -> &'static str;
     /// Makes the links (before any `rinad` starts).
     fn setup(&mut self, exp: &Experiment, dir: &Path) -> Result<(), LabError>;
@@ -58,6 +59,30 @@ pub trait Fabric {
     fn link_counters(&self, link: usize) -> (u64, u64, u64);
     /// Removes what [`Fabric::setup`] made (also done on drop).
     fn teardown(&mut self);
+    /// A command running the tool `program` (`rinactl`, a traffic tool)
+    /// for `node`: by default here, reaching the node's `rinad` by the
+    /// path of its socket.
+    fn tool_command(&self, _node: usize, program: &Path) -> Command {
+        Command::new(program)
+    }
+    /// Where `node`'s control socket is, if not in a local temporary
+    /// folder (the default, `None`).
+    fn socket(&self, _node: usize) -> Option<PathBuf> {
+        None
+    }
+    /// Puts `node`'s configuration, written at `local`, where its `rinad`
+    /// reads it; returns that path (by default `local` itself).
+    fn place_config(&mut self, _node: usize, local: &Path) -> Result<PathBuf, LabError> {
+        Ok(local.to_path_buf())
+    }
+    /// Lines for the run's timeline about how the links were made (clock
+    /// offsets of remote hosts, ...); none by default.
+    fn notes(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// Traffic has ended and the daemons still run: collect what is to be
+    /// collected from them (nothing by default).
+    fn traffic_ended(&mut self) {}
 }
 
 /// Where the binaries are.
@@ -270,7 +295,7 @@ pub fn run(
             .unwrap_or(0))
     )));
     std::fs::create_dir_all(&sock_dir.0).map_err(|e| LabError::io(&sock_dir.0, e))?;
-    let sock = |n: usize| sock_dir.0.join(format!("{n}.sock"));
+    let local_sock = |n: usize| sock_dir.0.join(format!("{n}.sock"));
     let mut timeline: Vec<TimelineEntry> = Vec::new();
     let mut procs = Procs::default();
 
@@ -373,6 +398,9 @@ pub fn run(
         }
     }
     let fab = Teardown(fabric);
+    for what in fab.0.notes() {
+        timeline.push(TimelineEntry { t_s: 0.0, what });
+    }
 
     // Configurations and daemons.
     let mut order: Vec<usize> = exp
@@ -385,10 +413,16 @@ pub fn run(
             order.push(n);
         }
     }
+    let socks: Vec<PathBuf> = (0..exp.nodes.len())
+        .map(|n| fab.0.socket(n).unwrap_or_else(|| local_sock(n)))
+        .collect();
+    let sock = |n: usize| socks[n].clone();
+    let mut conf_at: Vec<PathBuf> = Vec::new();
     for (n, apps) in shim_apps.iter().enumerate() {
         let text = config::node_config(exp, n, &sock(n), &|l| fab.0.shim(n, l), apps);
         let p = confs.join(format!("{}.toml", exp.nodes[n]));
         std::fs::write(&p, text).map_err(|e| LabError::io(&p, e))?;
+        conf_at.push(fab.0.place_config(n, &p)?);
     }
     let start_rinad = |procs: &mut Procs, n: usize| -> Result<(), LabError> {
         let log = logs.join(format!("{}.log", exp.nodes[n]));
@@ -403,7 +437,7 @@ pub fn run(
             .0
             .command(n, &bins.rinad)
             .arg("--config")
-            .arg(confs.join(format!("{}.toml", exp.nodes[n])))
+            .arg(&conf_at[n])
             .arg("--socket")
             .arg(sock(n))
             .arg("--log-level")
@@ -426,7 +460,9 @@ pub fn run(
     let deadline = setup_t0 + Duration::from_secs(20 + 2 * exp.nodes.len() as u64);
     let rinactl = bins.tool("rinactl");
     let enrolled = |n: usize| -> usize {
-        let Ok(o) = Command::new(&rinactl)
+        let Ok(o) = fab
+            .0
+            .tool_command(n, &rinactl)
             .arg("--socket")
             .arg(sock(n))
             .arg("--json")
@@ -492,6 +528,19 @@ pub fn run(
         std::thread::sleep(Duration::from_millis(100));
     }
     let enrolled_after = setup_t0.elapsed();
+    // Whether a node's rinad answers on its control socket.
+    let answers = |n: usize| -> bool {
+        fab.0
+            .tool_command(n, &rinactl)
+            .arg("--socket")
+            .arg(sock(n))
+            .arg("ipcps")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
 
     // Servers.
     let start_server = |procs: &mut Procs, s: &Server| -> Result<(), LabError> {
@@ -501,7 +550,7 @@ pub fn run(
         ));
         let file = std::fs::File::create(&log).map_err(|e| LabError::io(&log, e))?;
         let file2 = file.try_clone().map_err(|e| LabError::io(&log, e))?;
-        let mut c = Command::new(bins.tool(kind_tool(s.kind)));
+        let mut c = fab.0.tool_command(s.node, &bins.tool(kind_tool(s.kind)));
         c.arg("server")
             .arg("--socket")
             .arg(sock(s.node))
@@ -594,7 +643,7 @@ pub fn run(
                     start_rinad(&mut procs, n)?;
                     // Its servers come back once its socket is there.
                     let until = Instant::now() + Duration::from_secs(3);
-                    while !sock(n).exists() && Instant::now() < until {
+                    while !answers(n) && Instant::now() < until {
                         std::thread::sleep(Duration::from_millis(10));
                     }
                     for s in servers
@@ -648,7 +697,8 @@ pub fn run(
             if !j.started && j.attempt_at <= t {
                 j.started = true;
                 let f = &exp.flows[j.flow];
-                let child = client_command(&bins, &sock(f.from), f, j, t, exp.seed)
+                let tool = fab.0.tool_command(f.from, &bins.tool(kind_tool(f.kind)));
+                let child = client_command(tool, &sock(f.from), f, j, t, exp.seed)
                     .stdin(Stdio::null())
                     .stdout(out_file(&outs, &j.id, "json")?)
                     .stderr(out_file(&outs, &j.id, "err")?)
@@ -698,6 +748,7 @@ pub fn run(
             });
         }
     }
+    fab.0.traffic_ended();
     procs.kill_all();
     drop(fab);
 
@@ -806,14 +857,13 @@ fn cube_name(exp: &Experiment, f: &Flow) -> String {
 
 /// The command line of a job's client.
 fn client_command(
-    bins: &Bins,
+    mut c: Command,
     sock: &Path,
     f: &Flow,
     j: &Job,
     now: Duration,
     seed: u64,
 ) -> Command {
-    let mut c = Command::new(bins.tool(kind_tool(f.kind)));
     c.arg("client")
         .arg("--socket")
         .arg(sock)
