@@ -21,38 +21,10 @@ use rina_wire::{AppName, QosSpec};
 use std::collections::BTreeMap;
 use tracing::{debug, error, info, warn};
 
-/// What an IPCP tells the daemon.
-// Events are drained one at a time and never stored, so the size of the
-// FlowRequest variant costs nothing that boxing would save.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug)]
-pub(super) enum Event {
-    /// A peer asks for a flow to `local`, registered here.
-    FlowRequest {
-        handle: u64,
-        local: AppName,
-        remote: AppName,
-        qos: QosSpec,
-    },
-    /// The request `handle` was withdrawn (the application took too long).
-    RequestWithdrawn { handle: u64 },
-    /// An allocation asked for with [`Ipcp::allocate`] succeeded.
-    Allocated { port: PortId, max_sdu: u32 },
-    /// An allocation asked for with [`Ipcp::allocate`] failed.
-    AllocateFailed { port: PortId, error: CtlError },
-    /// The peer deallocated a flow.
-    Deallocated { port: PortId },
-    /// Normal IPCP: write this frame on N-1 flow `port`.
-    N1Transmit { port: PortId, frame: Vec<u8> },
-    /// Normal IPCP: hand this SDU to the application of flow `port`.
-    Deliver { port: PortId, sdu: Vec<u8> },
-    /// Normal IPCP: the connection of flow `port` failed.
-    FlowFailed { port: PortId },
-    /// Normal IPCP: the neighbour on N-1 flow `port` went silent; the flow
-    /// is stale (a restarted peer does not know it) and must be set up
-    /// again.
-    N1Silent { port: PortId },
-}
+/// What an IPCP tells the daemon: the core's one event vocabulary of the
+/// IPCP contract (a shim's own datagrams, `ToMedium`, are sent here and
+/// never reach the daemon's loop).
+pub(super) use rina_core::system::IpcpEvent as Event;
 
 /// The kinds of IPCP.
 pub(super) enum Imp {
@@ -349,7 +321,7 @@ impl Ipcp {
                     shim_udp::Action::AllocateFailed { port, error } => {
                         return Some(Event::AllocateFailed {
                             port,
-                            error: flow_error(error),
+                            error: error.into(),
                         })
                     }
                     shim_udp::Action::Deallocated { port } => {
@@ -384,7 +356,7 @@ impl Ipcp {
                     shim_eth_core::Action::AllocateFailed { port, error } => {
                         Event::AllocateFailed {
                             port,
-                            error: flow_error(error),
+                            error: error.into(),
                         }
                     }
                     shim_eth_core::Action::Deliver { port, sdu } => Event::Deliver { port, sdu },
@@ -416,7 +388,7 @@ impl Ipcp {
                     }
                     shim_hv_core::Action::AllocateFailed { port, error } => Event::AllocateFailed {
                         port,
-                        error: flow_error(error),
+                        error: error.into(),
                     },
                     shim_hv_core::Action::Deallocated { port } => Event::Deallocated { port },
                 });
@@ -424,7 +396,7 @@ impl Ipcp {
             Imp::Normal(n) => loop {
                 let a = n.machine.poll_action()?;
                 return Some(match a {
-                    normal::Action::Transmit { port, frame } => Event::N1Transmit { port, frame },
+                    normal::Action::Transmit { port, frame } => Event::Transmit { port, frame },
                     normal::Action::Deliver { flow, sdu } => Event::Deliver { port: flow, sdu },
                     normal::Action::FlowFailed { flow, .. } => Event::FlowFailed { port: flow },
                     normal::Action::FlowRequest {
@@ -447,13 +419,13 @@ impl Ipcp {
                     },
                     normal::Action::AllocateFailed { flow, error } => Event::AllocateFailed {
                         port: flow,
-                        error: flow_error(error),
+                        error: error.into(),
                     },
                     normal::Action::Deallocated { flow } => Event::Deallocated { port: flow },
                     normal::Action::Membership(ev) => {
                         log_membership(&self.name, &ev);
                         if let normal::MembershipEvent::NeighborDown { port, .. } = ev {
-                            return Some(Event::N1Silent { port });
+                            return Some(Event::NeighborSilent { port });
                         }
                         continue;
                     }

@@ -748,7 +748,7 @@ impl Daemon {
                 }
                 if let Some(pa) = self.allocs.remove(&port) {
                     info!(port, %error, "allocation failed");
-                    self.reply(pa.conn, pa.id, Err(error), None);
+                    self.reply(pa.conn, pa.id, Err(ipcp::flow_error(error)), None);
                 }
             }
             Event::Deallocated { port } => {
@@ -759,7 +759,7 @@ impl Daemon {
                 info!(port, "flow deallocated by the peer");
                 self.close_flow(port, false);
             }
-            Event::N1Silent { port } => {
+            Event::NeighborSilent { port } => {
                 // Tear the stale N-1 flow down; the side that sets it up
                 // allocates a fresh one (a restarted peer accepts it).
                 if let Some(&(_, lower)) = self.n1_owner.get(&port) {
@@ -768,7 +768,9 @@ impl Daemon {
                     self.unbind_n1(port);
                 }
             }
-            Event::N1Transmit { port, frame } => self.n1_transmit(port, &frame),
+            Event::Transmit { port, frame } => self.n1_transmit(port, &frame),
+            // Shims send their own datagrams in `Ipcp::poll_event`.
+            Event::ToMedium { .. } => {}
             Event::Deliver { port, sdu } => {
                 if let Some(&(j, _)) = self.n1_owner.get(&port) {
                     // An N-1 flow of a normal IPCP stacked on this one.

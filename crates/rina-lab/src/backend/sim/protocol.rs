@@ -644,7 +644,7 @@ fn cubes(exp: &Experiment, d: usize) -> Vec<QosCube> {
 
 /// The name of node `m`'s IPCP in DIF `d` (also its name in the N-1 DIFs).
 fn ipcp_name(exp: &Experiment, m: usize, d: usize) -> Result<AppName, LabError> {
-    format!("{}.{}", exp.nodes[m], exp.difs[d].name)
+    crate::backend::real::config::ipcp_name(exp, m, d)
         .parse()
         .map_err(|e| LabError::Backend {
             backend: "sim",
