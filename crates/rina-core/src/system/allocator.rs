@@ -18,6 +18,7 @@
 
 use super::member::{Machine, PortId};
 use super::System;
+use super::{FlowError, SystemError};
 use crate::normal::cubes::{lower_plan, LowerPlan};
 use crate::normal::NormalIpcp;
 use crate::rmt::LowerCube;
@@ -396,28 +397,22 @@ impl System {
         let Some(&(_, lower)) = self.n1.get(&port) else {
             return;
         };
-        match &mut self.members[lower].machine {
-            Machine::ShimUdp(s) => match s.send_header(port, frame.len()) {
-                Ok((peer, hdr)) => {
-                    let mut dgram = Vec::with_capacity(hdr.len() + frame.len());
-                    dgram.extend_from_slice(&hdr);
-                    dgram.extend_from_slice(&frame);
-                    self.out.push_back(super::Output::ToMedium {
-                        medium: lower,
-                        peer,
-                        frame: dgram,
-                    });
-                }
-                Err(_) => self.counters.n1_tx_dropped += 1,
-            },
+        if let Some(n) = self.members[lower].normal_mut() {
             // Stacked: the frame is an SDU of the lower DIF's flow. The
             // port's gate follows the lower flow's room, so this is taken
             // unless the lower flow failed.
-            Machine::Normal(n) => {
-                if n.write(now, port, &frame).is_err() {
-                    self.counters.n1_tx_dropped += 1;
-                }
+            if n.write(now, port, &frame).is_err() {
+                self.counters.n1_tx_dropped += 1;
             }
+            return;
+        }
+        match self.members[lower].send_header(port, frame.len()) {
+            Ok(send) => self.out.push_back(super::Output::ToMedium {
+                medium: lower,
+                peer: send.peer,
+                frame: send.frame(&frame),
+            }),
+            Err(_) => self.counters.n1_tx_dropped += 1,
         }
     }
 
@@ -454,5 +449,159 @@ impl System {
             }
         }
         opened
+    }
+}
+
+/// Changes to the resource allocator's plan at run time.
+impl System {
+    /// The lower member of another DIF that normal IPCP `j` would reach
+    /// DIF `over` through, checked: it exists, is not stacked on `j`
+    /// itself, and carries `j`'s frames.
+    pub fn lower_for(&self, j: usize, over: &str) -> Result<usize, SystemError> {
+        let key = || self.members[j].name.clone();
+        let Some(n) = self.normal_of(j) else {
+            return Err(SystemError::Machine {
+                ipcp: key(),
+                reason: format!(
+                    "a {} IPCP has no neighbours or lower DIFs",
+                    self.members[j].kind()
+                ),
+            });
+        };
+        let own = &self.members[j].dif;
+        let lower = self
+            .members
+            .iter()
+            .position(|m| m.dif == over && &m.dif != own)
+            .ok_or_else(|| SystemError::NoLowerIpcp {
+                ipcp: key(),
+                dif: over.to_string(),
+            })?;
+        if self.plans[lower].neighbors.iter().any(|nb| nb.lower == j) {
+            return Err(SystemError::Machine {
+                ipcp: key(),
+                reason: format!(
+                    "DIF {over} runs over this IPCP's own DIF: stacking it the other way too would make a loop"
+                ),
+            });
+        }
+        let (frame, max) = (n.max_frame(), self.members[lower].max_sdu());
+        if frame > max {
+            return Err(SystemError::FrameTooLarge {
+                ipcp: key(),
+                frame,
+                dif: over.to_string(),
+                max,
+            });
+        }
+        Ok(lower)
+    }
+
+    /// Registers normal IPCP `j`'s name in member `lower` (nothing if it
+    /// is already), so that neighbours there can reach it.
+    pub fn register_ipcp(&mut self, j: usize, lower: usize) -> Result<(), FlowError> {
+        let Some(me) = self.plans.get(j).and_then(|p| p.app_name.clone()) else {
+            return Err(FlowError::Invalid("not a normal IPCP".into()));
+        };
+        if self.ipcp_names.contains_key(&(lower, me.clone())) {
+            return Ok(());
+        }
+        if self.app_names.contains(&(lower, me.clone())) {
+            return Err(FlowError::NameInUse(format!(
+                "an application holds {me} in DIF {}",
+                self.members[lower].dif
+            )));
+        }
+        self.members[lower].register(me.clone())?;
+        self.ipcp_names.insert((lower, me), j);
+        Ok(())
+    }
+
+    /// Withdraws normal IPCP `j`'s name from member `lower`; false if it
+    /// was not registered there.
+    pub fn unregister_ipcp(&mut self, j: usize, lower: usize) -> bool {
+        let Some(me) = self.plans.get(j).and_then(|p| p.app_name.clone()) else {
+            return false;
+        };
+        if self.ipcp_names.remove(&(lower, me.clone())).is_none() {
+            return false;
+        }
+        self.members[lower].unregister(&me)
+    }
+
+    /// Whether a registration of `name` in member `i` is a normal IPCP's.
+    pub fn is_ipcp_name(&self, i: usize, name: &AppName) -> bool {
+        self.ipcp_names.contains_key(&(i, name.clone()))
+    }
+
+    /// Adds a neighbour to normal IPCP `j` and registers `j` in the DIF
+    /// that reaches it; its N-1 flows are set up as for configured ones.
+    pub fn add_neighbor(
+        &mut self,
+        now: Instant,
+        j: usize,
+        spec: NeighborSpec,
+    ) -> Result<(), SystemError> {
+        let lower = self.lower_for(j, &spec.over)?;
+        if self.plans[j]
+            .neighbors
+            .iter()
+            .any(|nb| nb.spec.name == spec.name)
+        {
+            return Err(SystemError::Machine {
+                ipcp: self.members[j].name.clone(),
+                reason: format!("{} is already a neighbour; remove it first", spec.name),
+            });
+        }
+        self.register_ipcp(j, lower)
+            .map_err(|e| SystemError::Machine {
+                ipcp: self.members[j].name.clone(),
+                reason: format!("cannot register in DIF {}: {e}", spec.over),
+            })?;
+        self.plans[j].neighbors.push(Neighbor {
+            spec,
+            lower,
+            port: None,
+            pending: None,
+            retry_at: None,
+        });
+        self.pump(now);
+        Ok(())
+    }
+
+    /// Removes neighbour `name` of normal IPCP `j`, tearing its N-1 flows
+    /// down; false if it was not a neighbour.
+    pub fn remove_neighbor(&mut self, now: Instant, j: usize, name: &AppName) -> bool {
+        let Some(k) = self
+            .plans
+            .get(j)
+            .and_then(|p| p.neighbors.iter().position(|nb| &nb.spec.name == name))
+        else {
+            return false;
+        };
+        if let Some(p) = self.plans[j].neighbors[k].port {
+            if let Some(&(_, lower)) = self.n1.get(&p) {
+                self.members[lower].deallocate(now, p);
+            }
+            self.unbind_n1(now, p);
+        }
+        // Allocations in progress for it are dropped; the indices of the
+        // neighbours after it move down by one.
+        let lower = self.plans[j].neighbors[k].lower;
+        let mut stale = Vec::new();
+        for (&p, (jj, kk)) in self.n1_pending.iter_mut() {
+            if *jj == j && *kk == k {
+                stale.push(p);
+            } else if *jj == j && *kk > k {
+                *kk -= 1;
+            }
+        }
+        for p in stale {
+            self.n1_pending.remove(&p);
+            self.members[lower].deallocate(now, p);
+        }
+        self.plans[j].neighbors.remove(k);
+        self.pump(now);
+        true
     }
 }

@@ -33,6 +33,7 @@ impl System {
                     self.bind_n1(now, j, k, i, port);
                 } else if self.app_pending.remove(&port).is_some() {
                     self.app_flows.insert(port, i);
+                    self.app_flow_opened(port, i);
                     self.out
                         .push_back(Output::App(AppEvent::Allocated { port, max_sdu }));
                 } else {
@@ -67,7 +68,13 @@ impl System {
                 peer,
                 frame,
             }),
-            IpcpEvent::NeighborSilent { port } => self.neighbor_silent(now, port),
+            IpcpEvent::Membership(event) => {
+                if let crate::normal::MembershipEvent::NeighborDown { port, .. } = event {
+                    self.neighbor_silent(now, port);
+                }
+                self.out.push_back(Output::Membership { member: i, event });
+            }
+            IpcpEvent::ManagementUnhandled => self.counters.mgmt_unhandled += 1,
         }
     }
 
@@ -111,6 +118,17 @@ impl System {
             self.out.push_back(Output::ToApp { port, sdu });
         } else {
             self.counters.app_rx_orphan += 1;
+        }
+    }
+
+    /// A flow of member `i` became an application's: with credit on read,
+    /// a normal IPCP keeps its SDUs' credit until the driver says they
+    /// were taken.
+    pub(super) fn app_flow_opened(&mut self, port: PortId, i: usize) {
+        if self.credit_on_read {
+            if let Some(n) = self.members[i].normal_mut() {
+                let _ = n.set_auto_consume(port, false);
+            }
         }
     }
 

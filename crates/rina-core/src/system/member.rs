@@ -6,8 +6,8 @@
 
 use crate::normal::{self, NormalError, NormalIpcp};
 use crate::rmt::PortRate;
-use crate::shim_eth::ShimEthError;
-use crate::shim_hv::ShimHvError;
+use crate::shim_eth::{self, ShimEth, ShimEthError};
+use crate::shim_hv::{self, ShimHv, ShimHvError};
 use crate::shim_udp::{self, ShimError, ShimUdp};
 use crate::time::Instant;
 use rina_wire::{AppName, QosSpec};
@@ -183,10 +183,16 @@ pub enum IpcpEvent {
     FlowFailed { port: PortId },
     /// Normal IPCP: write this frame on N-1 flow `port`.
     Transmit { port: PortId, frame: Vec<u8> },
-    /// Shim: send this datagram to `peer` on the medium.
-    ToMedium { peer: SocketAddr, frame: Vec<u8> },
-    /// Normal IPCP: the neighbour on N-1 flow `port` went silent.
-    NeighborSilent { port: PortId },
+    /// Shim: send this frame on the medium (to `peer` over UDP; Ethernet
+    /// frames carry their own addresses, shim-hv is point to point).
+    ToMedium {
+        peer: Option<SocketAddr>,
+        frame: Vec<u8>,
+    },
+    /// Normal IPCP: news of enrollment and neighbours, for the log.
+    Membership(normal::MembershipEvent),
+    /// Normal IPCP: a management PDU no machine of the system handles.
+    ManagementUnhandled,
 }
 
 /// The machine of a member, by kind.
@@ -194,8 +200,61 @@ pub enum IpcpEvent {
 pub enum Machine {
     /// A shim IPCP over UDP.
     ShimUdp(Box<ShimUdp>),
+    /// A shim IPCP over Ethernet (802.1Q).
+    ShimEth(Box<ShimEth>),
+    /// A shim IPCP for hypervisors (shared-memory rings).
+    ShimHv(Box<ShimHv>),
     /// A normal IPCP.
     Normal(Box<NormalIpcp>),
+}
+
+impl Machine {
+    /// The DIF the machine is a member of.
+    pub fn dif(&self) -> &str {
+        match self {
+            Machine::ShimUdp(s) => &s.config().dif,
+            Machine::ShimEth(e) => &e.config().dif,
+            Machine::ShimHv(h) => &h.config().dif,
+            Machine::Normal(n) => &n.config().dif,
+        }
+    }
+}
+
+/// Where a shim sends an SDU and the header it puts in front of it: the
+/// driver writes header and SDU on the medium itself, without a copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShimSend {
+    /// The UDP peer (shim-udp); `None` where the header holds the address
+    /// (Ethernet) or the medium is point to point (shim-hv).
+    pub peer: Option<SocketAddr>,
+    header: [u8; 24],
+    len: u8,
+}
+
+impl ShimSend {
+    fn new(peer: Option<SocketAddr>, header: &[u8]) -> Self {
+        let mut h = [0u8; 24];
+        let len = header.len().min(h.len());
+        h[..len].copy_from_slice(&header[..len]);
+        ShimSend {
+            peer,
+            header: h,
+            len: len as u8,
+        }
+    }
+
+    /// The header's bytes.
+    pub fn header(&self) -> &[u8] {
+        &self.header[..self.len as usize]
+    }
+
+    /// Header and SDU as one frame.
+    pub fn frame(&self, sdu: &[u8]) -> Vec<u8> {
+        let mut f = Vec::with_capacity(self.len as usize + sdu.len());
+        f.extend_from_slice(self.header());
+        f.extend_from_slice(sdu);
+        f
+    }
 }
 
 /// One IPC process of a system.
@@ -217,6 +276,8 @@ impl Member {
     pub fn kind(&self) -> &'static str {
         match &self.machine {
             Machine::ShimUdp(_) => "shim-udp",
+            Machine::ShimEth(_) => "shim-eth",
+            Machine::ShimHv(_) => "shim-hv",
             Machine::Normal(_) => "normal",
         }
     }
@@ -241,6 +302,8 @@ impl Member {
     pub fn max_sdu(&self) -> usize {
         match &self.machine {
             Machine::ShimUdp(s) => s.config().max_sdu as usize,
+            Machine::ShimEth(e) => e.config().max_sdu() as usize,
+            Machine::ShimHv(h) => h.config().max_sdu as usize,
             Machine::Normal(n) => n.config().max_sdu,
         }
     }
@@ -249,6 +312,8 @@ impl Member {
     pub fn register(&mut self, name: AppName) -> Result<(), FlowError> {
         match &mut self.machine {
             Machine::ShimUdp(s) => Ok(s.register(name)?),
+            Machine::ShimEth(e) => Ok(e.register(name)?),
+            Machine::ShimHv(h) => Ok(h.register(name)?),
             Machine::Normal(n) => Ok(n.register(name)?),
         }
     }
@@ -257,6 +322,8 @@ impl Member {
     pub fn unregister(&mut self, name: &AppName) -> bool {
         match &mut self.machine {
             Machine::ShimUdp(s) => s.unregister(name),
+            Machine::ShimEth(e) => e.unregister(name),
+            Machine::ShimHv(h) => h.unregister(name),
             Machine::Normal(n) => n.unregister(name),
         }
     }
@@ -265,6 +332,10 @@ impl Member {
     pub fn knows(&self, name: &AppName) -> bool {
         match &self.machine {
             Machine::ShimUdp(s) => s.knows(name),
+            // Any name may resolve by ARP; it is asked at allocation.
+            Machine::ShimEth(_) => true,
+            // Point to point: the other end is asked at allocation.
+            Machine::ShimHv(_) => true,
             Machine::Normal(n) => n.knows(name),
         }
     }
@@ -273,6 +344,8 @@ impl Member {
     pub fn has_flow(&self, port: PortId) -> bool {
         match &self.machine {
             Machine::ShimUdp(s) => s.flow(port).is_some(),
+            Machine::ShimEth(e) => e.flow(port).is_some(),
+            Machine::ShimHv(h) => h.flow(port).is_some(),
             Machine::Normal(n) => n.flow_counters(port).is_some() || n.is_allocating(port),
         }
     }
@@ -288,6 +361,8 @@ impl Member {
     ) -> Result<(), FlowError> {
         match &mut self.machine {
             Machine::ShimUdp(s) => Ok(s.allocate(now, port, local, remote, qos)?),
+            Machine::ShimEth(e) => Ok(e.allocate(now, port, local, remote, qos)?),
+            Machine::ShimHv(h) => Ok(h.allocate(now, port, local, remote, qos)?),
             Machine::Normal(n) => Ok(n.allocate(now, port, local, remote, qos)?),
         }
     }
@@ -296,6 +371,8 @@ impl Member {
     pub fn accept(&mut self, now: Instant, handle: u64, port: PortId) -> Result<u32, FlowError> {
         match &mut self.machine {
             Machine::ShimUdp(s) => Ok(s.accept(handle, port)?),
+            Machine::ShimEth(e) => Ok(e.accept(handle, port)?),
+            Machine::ShimHv(h) => Ok(h.accept(handle, port)?),
             Machine::Normal(n) => Ok(n.accept(now, handle, port)?),
         }
     }
@@ -304,6 +381,8 @@ impl Member {
     pub fn refuse(&mut self, handle: u64, reason: &str) -> Result<(), FlowError> {
         match &mut self.machine {
             Machine::ShimUdp(s) => Ok(s.refuse(handle, reason)?),
+            Machine::ShimEth(e) => Ok(e.refuse(handle, reason)?),
+            Machine::ShimHv(h) => Ok(h.refuse(handle, reason)?),
             Machine::Normal(n) => Ok(n.refuse(handle, reason)?),
         }
     }
@@ -313,6 +392,12 @@ impl Member {
         match &mut self.machine {
             Machine::ShimUdp(s) => {
                 let _ = s.deallocate(port);
+            }
+            Machine::ShimEth(e) => {
+                let _ = e.deallocate(port);
+            }
+            Machine::ShimHv(h) => {
+                let _ = h.deallocate(port);
             }
             Machine::Normal(n) => {
                 let _ = n.deallocate(now, port);
@@ -324,6 +409,8 @@ impl Member {
     pub fn poll_timeout(&self) -> Option<Instant> {
         match &self.machine {
             Machine::ShimUdp(s) => s.poll_timeout(),
+            Machine::ShimEth(e) => e.poll_timeout(),
+            Machine::ShimHv(h) => h.poll_timeout(),
             Machine::Normal(n) => n.poll_timeout(),
         }
     }
@@ -332,7 +419,31 @@ impl Member {
     pub fn handle_timeout(&mut self, now: Instant) {
         match &mut self.machine {
             Machine::ShimUdp(s) => s.handle_timeout(now),
+            Machine::ShimEth(e) => e.handle_timeout(now),
+            Machine::ShimHv(h) => h.handle_timeout(now),
             Machine::Normal(n) => n.handle_timeout(now),
+        }
+    }
+
+    /// Accounts an SDU of `len` bytes written on shim flow `port` and says
+    /// where it goes with which header; a normal IPCP has no such header.
+    pub fn send_header(&mut self, port: PortId, len: usize) -> Result<ShimSend, FlowError> {
+        match &mut self.machine {
+            Machine::ShimUdp(s) => {
+                let (peer, hdr) = s.send_header(port, len)?;
+                Ok(ShimSend::new(Some(peer), &hdr))
+            }
+            Machine::ShimEth(e) => {
+                let hdr = e.send_header(port, len)?;
+                let mut b = [0u8; 24];
+                let n = hdr.write(&mut b).unwrap_or(0);
+                Ok(ShimSend::new(None, &b[..n]))
+            }
+            Machine::ShimHv(h) => Ok(ShimSend::new(None, &h.send_header(port, len)?)),
+            Machine::Normal(_) => Err(FlowError::Invalid(format!(
+                "IPCP {} is not a shim: its flows take whole SDUs",
+                self.name
+            ))),
         }
     }
 
@@ -340,11 +451,9 @@ impl Member {
     pub fn poll_event(&mut self) -> Option<IpcpEvent> {
         match &mut self.machine {
             Machine::ShimUdp(s) => s.poll_action().map(shim_udp_event),
-            Machine::Normal(n) => loop {
-                if let Some(ev) = normal_event(n.poll_action()?) {
-                    return Some(ev);
-                }
-            },
+            Machine::ShimEth(e) => e.poll_action().map(shim_eth_event),
+            Machine::ShimHv(h) => h.poll_action().map(shim_hv_event),
+            Machine::Normal(n) => n.poll_action().map(normal_event),
         }
     }
 }
@@ -352,7 +461,7 @@ impl Member {
 fn shim_udp_event(a: shim_udp::Action) -> IpcpEvent {
     match a {
         shim_udp::Action::Transmit { to, payload } => IpcpEvent::ToMedium {
-            peer: to,
+            peer: Some(to),
             frame: payload,
         },
         shim_udp::Action::FlowRequest {
@@ -376,11 +485,60 @@ fn shim_udp_event(a: shim_udp::Action) -> IpcpEvent {
     }
 }
 
-/// The event of a normal IPCP's action; `None` for what the system does
-/// not act on (membership news other than a silent neighbour, management
-/// PDUs nobody handles).
-fn normal_event(a: normal::Action) -> Option<IpcpEvent> {
-    Some(match a {
+fn shim_eth_event(a: shim_eth::Action) -> IpcpEvent {
+    match a {
+        shim_eth::Action::Transmit { frame } => IpcpEvent::ToMedium { peer: None, frame },
+        shim_eth::Action::FlowRequest {
+            handle,
+            local,
+            remote,
+            qos,
+        } => IpcpEvent::FlowRequest {
+            handle,
+            local,
+            remote,
+            qos,
+        },
+        shim_eth::Action::RequestWithdrawn { handle } => IpcpEvent::RequestWithdrawn { handle },
+        shim_eth::Action::Allocated { port, max_sdu } => IpcpEvent::Allocated { port, max_sdu },
+        shim_eth::Action::AllocateFailed { port, error } => IpcpEvent::AllocateFailed {
+            port,
+            error: error.into(),
+        },
+        shim_eth::Action::Deliver { port, sdu } => IpcpEvent::Deliver { port, sdu },
+    }
+}
+
+fn shim_hv_event(a: shim_hv::Action) -> IpcpEvent {
+    match a {
+        shim_hv::Action::Transmit { buf } => IpcpEvent::ToMedium {
+            peer: None,
+            frame: buf,
+        },
+        shim_hv::Action::FlowRequest {
+            handle,
+            local,
+            remote,
+            qos,
+        } => IpcpEvent::FlowRequest {
+            handle,
+            local,
+            remote,
+            qos,
+        },
+        shim_hv::Action::RequestWithdrawn { handle } => IpcpEvent::RequestWithdrawn { handle },
+        shim_hv::Action::Allocated { port, max_sdu } => IpcpEvent::Allocated { port, max_sdu },
+        shim_hv::Action::AllocateFailed { port, error } => IpcpEvent::AllocateFailed {
+            port,
+            error: error.into(),
+        },
+        shim_hv::Action::Deallocated { port } => IpcpEvent::Deallocated { port },
+    }
+}
+
+/// The event of a normal IPCP's action.
+fn normal_event(a: normal::Action) -> IpcpEvent {
+    match a {
         normal::Action::Transmit { port, frame } => IpcpEvent::Transmit { port, frame },
         normal::Action::Deliver { flow, sdu } => IpcpEvent::Deliver { port: flow, sdu },
         normal::Action::FlowFailed { flow, .. } => IpcpEvent::FlowFailed { port: flow },
@@ -405,9 +563,7 @@ fn normal_event(a: normal::Action) -> Option<IpcpEvent> {
             error: error.into(),
         },
         normal::Action::Deallocated { flow } => IpcpEvent::Deallocated { port: flow },
-        normal::Action::Membership(normal::MembershipEvent::NeighborDown { port, .. }) => {
-            IpcpEvent::NeighborSilent { port }
-        }
-        normal::Action::Membership(_) | normal::Action::Management { .. } => return None,
-    })
+        normal::Action::Membership(ev) => IpcpEvent::Membership(ev),
+        normal::Action::Management { .. } => IpcpEvent::ManagementUnhandled,
+    }
 }

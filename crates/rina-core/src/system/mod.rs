@@ -38,12 +38,13 @@ mod events;
 pub mod member;
 
 pub use allocator::{Neighbor, NeighborSpec, Plan, NEIGHBOR_RETRY};
-pub use member::{FlowError, IpcpEvent, Machine, Member, PortId};
+pub use member::{FlowError, IpcpEvent, Machine, Member, PortId, ShimSend};
 
-use crate::normal::{NormalConfig, NormalIpcp};
+use crate::normal::{MembershipEvent, NormalConfig, NormalIpcp};
 use crate::rmt::{PortRate, SchedulerConfig};
-use crate::shim_udp::{self, Received, ShimUdp};
+use crate::shim_udp::{self, ShimUdp};
 use crate::time::Instant;
+use crate::{shim_eth, shim_hv};
 use rina_wire::{AppName, QosSpec};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::SocketAddr;
@@ -58,11 +59,16 @@ pub type MediumId = usize;
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Output {
-    /// Send `frame` to `peer` on medium `medium`.
+    /// Send `frame` on medium `medium` (to `peer` over UDP).
     ToMedium {
         medium: MediumId,
-        peer: SocketAddr,
+        peer: Option<SocketAddr>,
         frame: Vec<u8>,
+    },
+    /// News of enrollment and neighbours from normal IPCP `member`.
+    Membership {
+        member: usize,
+        event: MembershipEvent,
     },
     /// An SDU for the application of flow `port`.
     ToApp { port: PortId, sdu: Vec<u8> },
@@ -133,6 +139,26 @@ pub struct Counters {
     pub bad_cube_mapping: u64,
     /// SDUs for application flows that no longer exist.
     pub app_rx_orphan: u64,
+    /// Management PDUs no machine of the system handles.
+    pub mgmt_unhandled: u64,
+}
+
+/// A frame as a medium's driver received it.
+#[derive(Debug, Clone, Copy)]
+pub enum Rx<'a> {
+    /// A UDP datagram from `from` (shim-udp).
+    Udp {
+        from: SocketAddr,
+        datagram: &'a [u8],
+    },
+    /// An Ethernet frame, with the VLAN tag the kernel stripped, if any
+    /// (shim-eth).
+    Eth {
+        frame: &'a [u8],
+        aux_vlan: Option<u16>,
+    },
+    /// A buffer from the receive ring, channel header included (shim-hv).
+    Hv { buf: &'a [u8] },
 }
 
 /// The machines of one system.
@@ -170,6 +196,9 @@ pub struct System {
     now: Instant,
     counters: Counters,
     last_error: Option<String>,
+    /// Credit for SDUs of normal flows is returned when the driver says the
+    /// application took them ([`System::consumed`]), not on delivery.
+    credit_on_read: bool,
 }
 
 impl System {
@@ -196,7 +225,17 @@ impl System {
             now: Instant::ZERO,
             counters: Counters::default(),
             last_error: None,
+            credit_on_read: false,
         }
+    }
+
+    /// From now on, the flow control of application flows of normal IPCPs
+    /// returns credit only for SDUs the driver reports taken by the
+    /// application ([`System::consumed`]): a reader that does not read
+    /// stops its sender instead of losing SDUs. By default credit is
+    /// returned on delivery.
+    pub fn set_credit_on_read(&mut self, on: bool) {
+        self.credit_on_read = on;
     }
 
     /// The system's name.
@@ -219,12 +258,45 @@ impl System {
         cfg: shim_udp::Config,
         rate: Option<PortRate>,
     ) -> Result<usize, SystemError> {
-        let name = name.into();
+        let machine = Machine::ShimUdp(Box::new(ShimUdp::new(cfg)));
+        self.add_shim(name.into(), machine, rate)
+    }
+
+    /// Adds a shim IPCP over Ethernet; `rate` is the capacity of its link,
+    /// if known. Returns its index, which is also its [`MediumId`].
+    pub fn add_shim_eth(
+        &mut self,
+        name: impl Into<String>,
+        cfg: shim_eth::Config,
+        rate: Option<PortRate>,
+    ) -> Result<usize, SystemError> {
+        let machine = Machine::ShimEth(Box::new(shim_eth::ShimEth::new(cfg)));
+        self.add_shim(name.into(), machine, rate)
+    }
+
+    /// Adds a shim IPCP for hypervisors; `rate` as for the others. Its
+    /// peer is down until the driver says [`System::hv_peer`].
+    pub fn add_shim_hv(
+        &mut self,
+        name: impl Into<String>,
+        cfg: shim_hv::Config,
+        rate: Option<PortRate>,
+    ) -> Result<usize, SystemError> {
+        let machine = Machine::ShimHv(Box::new(shim_hv::ShimHv::new(cfg)));
+        self.add_shim(name.into(), machine, rate)
+    }
+
+    fn add_shim(
+        &mut self,
+        name: String,
+        machine: Machine,
+        rate: Option<PortRate>,
+    ) -> Result<usize, SystemError> {
         self.check_name(&name)?;
         self.members.push(Member {
             name,
-            dif: cfg.dif.clone(),
-            machine: Machine::ShimUdp(Box::new(ShimUdp::new(cfg))),
+            dif: machine.dif().to_string(),
+            machine,
             rate,
         });
         self.plans.push(Plan::default());
@@ -426,6 +498,7 @@ impl System {
         let port = self.free_port();
         let max = self.members[i].accept(now, h, port)?;
         self.app_flows.insert(port, i);
+        self.app_flow_opened(port, i);
         self.pump(now);
         Ok((port, max))
     }
@@ -451,26 +524,57 @@ impl System {
             .ok_or(FlowError::UnknownFlow(port.into()))?;
         let res = match &mut self.members[i].machine {
             Machine::Normal(n) => n.write(now, port, sdu).map_err(FlowError::from),
-            Machine::ShimUdp(_) if self.blocked_media.contains(&i) => Err(FlowError::WouldBlock),
-            Machine::ShimUdp(s) => s
-                .send_header(port, sdu.len())
-                .map(|(peer, hdr)| {
-                    let mut frame = Vec::with_capacity(hdr.len() + sdu.len());
-                    frame.extend_from_slice(&hdr);
-                    frame.extend_from_slice(sdu);
-                    self.out.push_back(Output::ToMedium {
-                        medium: i,
-                        peer,
-                        frame,
-                    });
-                })
-                .map_err(FlowError::from),
+            _ => self.shim_send(now, port, sdu.len()).map(|(medium, send)| {
+                self.out.push_back(Output::ToMedium {
+                    medium,
+                    peer: send.peer,
+                    frame: send.frame(sdu),
+                });
+            }),
         };
         if res == Err(FlowError::WouldBlock) {
             self.want_writable.insert(port, sdu.len());
         }
         self.pump(now);
         res
+    }
+
+    /// For an application flow straight on a shim: accounts an SDU of
+    /// `len` bytes and says on which medium it goes, with which header, so
+    /// that the driver writes header and SDU without a copy.
+    /// [`FlowError::WouldBlock`] while the medium is full, as for
+    /// [`System::write`]; [`FlowError::Invalid`] for a flow of a normal IPCP.
+    pub fn shim_send(
+        &mut self,
+        now: Instant,
+        port: PortId,
+        len: usize,
+    ) -> Result<(MediumId, ShimSend), FlowError> {
+        self.tick(now);
+        let &i = self
+            .app_flows
+            .get(&port)
+            .ok_or(FlowError::UnknownFlow(port.into()))?;
+        if self.blocked_media.contains(&i) {
+            self.want_writable.insert(port, len);
+            return Err(FlowError::WouldBlock);
+        }
+        Ok((i, self.members[i].send_header(port, len)?))
+    }
+
+    /// The application of flow `port` took `n` SDUs delivered to it (see
+    /// [`System::set_credit_on_read`]).
+    pub fn consumed(&mut self, now: Instant, port: PortId, n: usize) {
+        self.tick(now);
+        if n == 0 {
+            return;
+        }
+        if let Some(&i) = self.app_flows.get(&port) {
+            if let Some(nm) = self.members[i].normal_mut() {
+                let _ = nm.consume(now, port, n);
+            }
+            self.pump(now);
+        }
     }
 
     /// Closes application flow `port` (and tells the peer).
@@ -495,7 +599,7 @@ impl System {
             .map(|&i| (i, &self.members[i].machine))
         {
             Some((_, Machine::Normal(n))) => n.can_write(port, len),
-            Some((i, Machine::ShimUdp(_))) => !self.blocked_media.contains(&i),
+            Some((i, _)) => !self.blocked_media.contains(&i),
             None => false,
         }
     }
@@ -507,18 +611,104 @@ impl System {
 
     // ---- media -----------------------------------------------------------
 
-    /// A frame from `from` arrived on medium `medium`.
+    /// A datagram from `from` arrived on UDP medium `medium`; an SDU for an
+    /// application comes out as [`Output::ToApp`].
     pub fn handle_frame(&mut self, now: Instant, medium: MediumId, from: SocketAddr, frame: &[u8]) {
-        self.tick(now);
-        let Some(Machine::ShimUdp(s)) = self.members.get_mut(medium).map(|m| &mut m.machine) else {
-            return;
+        let rx = Rx::Udp {
+            from,
+            datagram: frame,
         };
-        match s.on_datagram(now, from, frame) {
-            Received::Deliver { port, sdu } => self.deliver(now, port, sdu.to_vec()),
-            Received::Control => {}
-            Received::Dropped(_) => self.counters.rx_dropped += 1,
+        if let Some((port, sdu)) = self.receive(now, medium, rx) {
+            self.out.push_back(Output::ToApp {
+                port,
+                sdu: sdu.to_vec(),
+            });
+        }
+    }
+
+    /// A frame arrived on medium `medium`. Frames for N-1 flows go up to
+    /// their normal IPCP here; an SDU for an application flow is returned
+    /// (a slice of `rx`), for the driver to hand over without a copy.
+    pub fn receive<'a>(
+        &mut self,
+        now: Instant,
+        medium: MediumId,
+        rx: Rx<'a>,
+    ) -> Option<(PortId, &'a [u8])> {
+        self.tick(now);
+        let machine = &mut self.members.get_mut(medium)?.machine;
+        let got = match (machine, rx) {
+            (Machine::ShimUdp(s), Rx::Udp { from, datagram }) => {
+                match s.on_datagram(now, from, datagram) {
+                    shim_udp::Received::Deliver { port, sdu } => Ok(Some((port, sdu))),
+                    shim_udp::Received::Control => Ok(None),
+                    shim_udp::Received::Dropped(_) => Err(()),
+                }
+            }
+            (Machine::ShimEth(e), Rx::Eth { frame, aux_vlan }) => {
+                match e.on_frame(now, frame, aux_vlan) {
+                    shim_eth::Received::Deliver { port, sdu } => Ok(Some((port, sdu))),
+                    shim_eth::Received::Consumed => Ok(None),
+                    shim_eth::Received::Dropped(_) => Err(()),
+                }
+            }
+            (Machine::ShimHv(h), Rx::Hv { buf }) => match h.on_buffer(now, buf) {
+                shim_hv::Received::Deliver { port, sdu } => Ok(Some((port, sdu))),
+                shim_hv::Received::Control => Ok(None),
+                shim_hv::Received::Dropped(_) => Err(()),
+            },
+            _ => Err(()),
+        };
+        let mut app = None;
+        match got {
+            Ok(Some((port, sdu))) if self.app_flows.contains_key(&port) => app = Some((port, sdu)),
+            Ok(Some((port, sdu))) => match self.n1.get(&port) {
+                Some(&(upper, _)) => {
+                    if let Some(n) = self.members[upper].normal_mut() {
+                        n.on_frame(now, port, sdu);
+                    }
+                }
+                None => self.counters.app_rx_orphan += 1,
+            },
+            Ok(None) => {}
+            Err(()) => self.counters.rx_dropped += 1,
         }
         self.pump(now);
+        app
+    }
+
+    /// Whether `port` is an application flow (not an N-1 flow).
+    pub fn is_app_flow(&self, port: PortId) -> bool {
+        self.app_flows.contains_key(&port)
+    }
+
+    /// Runs `f` on the machine of member `i` (what only its driver knows
+    /// how to ask: a shim-hv ring's zero-copy accounting, a counter) and
+    /// then carries out what followed.
+    pub fn with_machine<R>(
+        &mut self,
+        now: Instant,
+        i: usize,
+        f: impl FnOnce(&mut Machine) -> R,
+    ) -> Option<R> {
+        self.tick(now);
+        let r = f(&mut self.members.get_mut(i)?.machine);
+        self.pump(now);
+        Some(r)
+    }
+
+    /// The other end of shim-hv medium `medium` attached (`up`) or went
+    /// away: flows over it fail and are set up again when it is back.
+    pub fn hv_peer(&mut self, now: Instant, medium: MediumId, up: bool) {
+        self.with_machine(now, medium, |m| {
+            if let Machine::ShimHv(h) = m {
+                if up {
+                    h.peer_up();
+                } else {
+                    h.peer_lost();
+                }
+            }
+        });
     }
 
     /// The driver of medium `medium` cannot take more frames: the N-1
@@ -657,3 +847,6 @@ impl System {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod media_tests;

@@ -61,7 +61,7 @@ impl Net {
                 match o {
                     Output::ToMedium { peer, frame, .. } => {
                         self.sent[i] += 1;
-                        let Some(dst) = (0..self.sys.len()).find(|&d| udp(d) == peer) else {
+                        let Some(dst) = (0..self.sys.len()).find(|&d| Some(udp(d)) == peer) else {
                             continue;
                         };
                         if !self.mute.contains(&i) {
@@ -70,6 +70,7 @@ impl Net {
                     }
                     Output::ToApp { port, sdu } => self.logs[i].sdus.push((self.now, port, sdu)),
                     Output::App(ev) => self.logs[i].events.push(ev),
+                    Output::Membership { .. } => {}
                 }
             }
         }

@@ -424,8 +424,8 @@ impl Ipcp {
                     normal::Action::Deallocated { flow } => Event::Deallocated { port: flow },
                     normal::Action::Membership(ev) => {
                         log_membership(&self.name, &ev);
-                        if let normal::MembershipEvent::NeighborDown { port, .. } = ev {
-                            return Some(Event::NeighborSilent { port });
+                        if let normal::MembershipEvent::NeighborDown { .. } = ev {
+                            return Some(Event::Membership(ev));
                         }
                         continue;
                     }

@@ -759,7 +759,9 @@ impl Daemon {
                 info!(port, "flow deallocated by the peer");
                 self.close_flow(port, false);
             }
-            Event::NeighborSilent { port } => {
+            Event::Membership(rina_core::normal::MembershipEvent::NeighborDown {
+                port, ..
+            }) => {
                 // Tear the stale N-1 flow down; the side that sets it up
                 // allocates a fresh one (a restarted peer accepts it).
                 if let Some(&(_, lower)) = self.n1_owner.get(&port) {
@@ -769,8 +771,9 @@ impl Daemon {
                 }
             }
             Event::Transmit { port, frame } => self.n1_transmit(port, &frame),
-            // Shims send their own datagrams in `Ipcp::poll_event`.
-            Event::ToMedium { .. } => {}
+            // Shims send their own datagrams in `Ipcp::poll_event`; other
+            // membership news is logged there, and management PDUs counted.
+            Event::ToMedium { .. } | Event::Membership(_) | Event::ManagementUnhandled => {}
             Event::Deliver { port, sdu } => {
                 if let Some(&(j, _)) = self.n1_owner.get(&port) {
                     // An N-1 flow of a normal IPCP stacked on this one.

@@ -384,9 +384,11 @@ impl LabNode {
         let now = ctx.now();
         let t = now.as_nanos();
         match o {
+            // The simulator's media are UDP links: every frame has a peer.
+            Output::ToMedium { peer: None, .. } | Output::Membership { .. } => {}
             Output::ToMedium {
                 medium,
-                peer,
+                peer: Some(peer),
                 frame,
             } => {
                 if let Some((q, _)) = self.backlog.get_mut(&medium) {
