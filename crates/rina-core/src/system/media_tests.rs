@@ -294,9 +294,7 @@ fn with_credit_on_read_a_reader_that_does_not_read_stops_its_writer() {
         "nothing lost while stopped"
     );
     assert!(
-        p.events[0]
-            .iter()
-            .any(|e| *e == AppEvent::Writable { port: mine }),
+        p.events[0].contains(&AppEvent::Writable { port: mine }),
         "{:?}",
         p.events[0]
     );
