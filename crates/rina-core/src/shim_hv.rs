@@ -630,6 +630,15 @@ impl ShimHv {
         self.data_port(ch, len)
     }
 
+    /// The flow data channel `ch` belongs to, if it is open (nothing is
+    /// counted: a driver asks this to pick its path before taking a buffer).
+    pub fn channel_port(&self, ch: u32) -> Option<PortId> {
+        match self.chans.get(&ch) {
+            Some(Chan::Open { port }) => Some(*port),
+            _ => None,
+        }
+    }
+
     fn data_port(&mut self, ch: u32, len: usize) -> Result<PortId, DropReason> {
         let Some(Chan::Open { port }) = self.chans.get(&ch) else {
             self.counters.rx_unknown_channel += 1;

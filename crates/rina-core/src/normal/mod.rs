@@ -367,12 +367,21 @@ pub const FRAGMENT_DISCRIMINATOR: u8 = 0xF6;
 /// directory of a large DIF fits).
 pub const MAX_MGMT_MESSAGE: usize = 4 << 20;
 
+/// PDUs one port hands down per drain of the RMT.
+pub const TX_BURST: usize = 256;
+
 /// The data-transfer machine of a normal IPCP.
 #[derive(Debug)]
 pub struct NormalIpcp {
     cfg: NormalConfig,
     sdup: Sdup,
     rmt: Rmt,
+    /// PDUs each port handed down since the driver last ran the timers
+    /// (its turn): at most [`TX_BURST`].
+    tx_used: BTreeMap<N1Port, usize>,
+    /// Some port reached [`TX_BURST`] with more to send: more is due at
+    /// once, after the driver had its turn.
+    rmt_more: bool,
     flows: HashMap<FlowId, Flow>,
     by_cep: HashMap<CepId, FlowId>,
     /// Flows whose EFCP may have PDUs to send.
@@ -446,6 +455,8 @@ impl NormalIpcp {
                 .clone()
                 .map(|m| Box::new(membership::MembershipState::new(m, cfg.address != 0))),
             mgmt_frag: crate::mgmt_frag::Fragmenter::new(),
+            tx_used: BTreeMap::new(),
+            rmt_more: false,
             mgmt_reasm: crate::mgmt_frag::Reassembler::new(
                 MAX_MGMT_MESSAGE,
                 Duration::from_secs(5),
@@ -1115,13 +1126,24 @@ impl NormalIpcp {
         }
     }
 
+    /// Takes what the ports' gates let through, at most [`TX_BURST`] PDUs
+    /// per port between two runs of the timers (the driver's turns): a
+    /// driver whose medium fills up says so before the next burst, so PDUs
+    /// wait in the RMT (under its policy) rather than in a driver's buffer.
     fn drain_rmt(&mut self, now: Instant) {
         let ports: Vec<N1Port> = self.rmt.ports().collect();
+        self.rmt_more = false;
         for port in ports {
-            while let Some(frame) = self.rmt.poll_output(now, port) {
+            let used = self.tx_used.entry(port).or_default();
+            while *used < TX_BURST {
+                let Some(frame) = self.rmt.poll_output(now, port) else {
+                    break;
+                };
+                *used += 1;
                 self.counters.tx_frames += 1;
                 self.actions.push_back(Action::Transmit { port, frame });
             }
+            self.rmt_more |= *used >= TX_BURST && self.rmt.has_output(port);
         }
     }
 
@@ -1137,6 +1159,7 @@ impl NormalIpcp {
             .flat_map(|f| [f.efcp.poll_timeout(), f.reasm.poll_timeout()])
             .flatten()
             .chain(self.rmt.poll_timeout(self.now))
+            .chain(self.rmt_more.then_some(self.now))
             .chain(self.fa.poll_timeout())
             .chain(self.routing.as_ref().and_then(|r| r.poll_timeout()))
             .chain(self.dft.as_ref().and_then(|d| d.poll_timeout()))
@@ -1148,6 +1171,8 @@ impl NormalIpcp {
     /// Runs the timers that are due.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.tick(now);
+        // A new turn of the driver: every port may hand down a burst again.
+        self.tx_used.clear();
         self.fa_timeout(now);
         self.routing_timeout(now);
         self.directory_timeout(now);

@@ -464,6 +464,12 @@ impl Backlog {
         self.queue.len() * 2 >= self.max_buffers || self.bytes * 2 >= self.max_bytes
     }
 
+    /// Whether it is at least a quarter full: time to stop the layer above
+    /// from handing more down, with room left for what is on its way.
+    pub fn is_filling(&self) -> bool {
+        self.queue.len() * 4 >= self.max_buffers || self.bytes * 4 >= self.max_bytes
+    }
+
     /// Drops everything waiting (the peer went away).
     pub fn clear(&mut self) {
         self.queue.clear();

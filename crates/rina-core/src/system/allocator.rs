@@ -195,6 +195,11 @@ impl System {
                 Err(e) => {
                     self.plans[j].neighbors[k].retry_at = Some(now + NEIGHBOR_RETRY);
                     self.counters.bad_cube_mapping += 1;
+                    self.out.push_back(super::Output::Alarm {
+                        member: j,
+                        neighbor: self.plans[j].neighbors[k].spec.name.clone(),
+                        message: format!("bad QoS cube mapping: {e}"),
+                    });
                     self.last_error = Some(e);
                     return;
                 }

@@ -70,6 +70,13 @@ pub enum Output {
         member: usize,
         event: MembershipEvent,
     },
+    /// A problem of configuration the operator must see: the N-1 flows of
+    /// normal IPCP `member` to `neighbor` are not set up, and why.
+    Alarm {
+        member: usize,
+        neighbor: AppName,
+        message: String,
+    },
     /// An SDU for the application of flow `port`.
     ToApp { port: PortId, sdu: Vec<u8> },
     /// Something for an application.
@@ -442,7 +449,22 @@ impl System {
         let i = self
             .member_in(dif)
             .ok_or_else(|| FlowError::NoIpcp(format!("DIF {dif}")))?;
-        self.members[i].register(name.clone())?;
+        self.register_at(i, name)
+    }
+
+    /// Registers application name `name` in member `i`.
+    pub fn register_at(&mut self, i: usize, name: AppName) -> Result<(), FlowError> {
+        let m = self
+            .members
+            .get_mut(i)
+            .ok_or_else(|| FlowError::NoIpcp(format!("member {i}")))?;
+        if self.ipcp_names.contains_key(&(i, name.clone())) {
+            return Err(FlowError::NameInUse(format!(
+                "{name} is the name of an IPCP of this system in DIF {}",
+                m.dif
+            )));
+        }
+        m.register(name.clone())?;
         self.app_names.insert((i, name));
         Ok(())
     }
@@ -452,7 +474,22 @@ impl System {
         let Some(i) = self.member_in(dif) else {
             return false;
         };
-        self.app_names.remove(&(i, name.clone())) && self.members[i].unregister(name)
+        self.unregister_at(i, name)
+    }
+
+    /// Withdraws an application's registration from member `i`; false if
+    /// it was not there.
+    pub fn unregister_at(&mut self, i: usize, name: &AppName) -> bool {
+        self.app_names.remove(&(i, name.clone()))
+            && self.members.get_mut(i).is_some_and(|m| m.unregister(name))
+    }
+
+    /// The names registered in member `i`: by applications, and by the
+    /// normal IPCPs above it.
+    pub fn names(&self, i: usize) -> Vec<AppName> {
+        let apps = self.app_names.iter().filter(|(m, _)| *m == i);
+        let ipcps = self.ipcp_names.keys().filter(|(m, _)| *m == i);
+        apps.chain(ipcps).map(|(_, n)| n.clone()).collect()
     }
 
     /// Asks for a flow from `local` to `remote`, in DIF `dif` or else in the
@@ -480,6 +517,22 @@ impl System {
             }
         }
         .ok_or_else(|| FlowError::NoIpcp(dif.map_or_else(|| remote.to_string(), String::from)))?;
+        self.allocate_at(now, i, local, remote, qos)
+    }
+
+    /// [`System::allocate`] in member `i`.
+    pub fn allocate_at(
+        &mut self,
+        now: Instant,
+        i: usize,
+        local: AppName,
+        remote: AppName,
+        qos: QosSpec,
+    ) -> Result<PortId, FlowError> {
+        self.tick(now);
+        if i >= self.members.len() {
+            return Err(FlowError::NoIpcp(format!("member {i}")));
+        }
         let port = self.free_port();
         self.members[i].allocate(now, port, local, remote, qos)?;
         self.app_pending.insert(port, i);

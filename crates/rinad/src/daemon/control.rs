@@ -173,7 +173,7 @@ impl Daemon {
             .registry()
             .deregister(&mut SourceFd(&conn.fd.as_raw_fd()));
         for (i, name) in conn.names {
-            self.ipcps[i].unregister(&name);
+            self.sys.unregister_at(i, &name);
             self.owners.remove(&(i, name.clone()));
             info!(%name, ipcp = %self.ipcps[i].name, "unregistered (client gone)");
         }
@@ -183,9 +183,10 @@ impl Daemon {
             .filter(|(_, inc)| inc.conn == id)
             .map(|(h, _)| *h)
             .collect();
+        let now = self.now();
         for h in theirs {
-            if let Some(inc) = self.incoming.remove(&h) {
-                let _ = self.ipcps[inc.ipcp].refuse(inc.ipcp_handle, "the application went away");
+            if self.incoming.remove(&h).is_some() {
+                let _ = self.sys.refuse(now, h, "the application went away");
             }
         }
         debug!(conn = id, "client disconnected");
@@ -289,6 +290,7 @@ impl Daemon {
                 rings,
             } => {
                 let pa = PendingAlloc {
+                    ipcp: 0,
                     conn,
                     id,
                     local,
@@ -385,7 +387,9 @@ impl Daemon {
         }
         let mut difs = Vec::new();
         for i in targets {
-            self.ipcps[i].register(name.clone())?;
+            self.sys
+                .register_at(i, name.clone())
+                .map_err(ipcp::flow_error)?;
             self.owners.insert((i, name.clone()), conn);
             if let Some(c) = self.conns.get_mut(&conn) {
                 c.names.push((i, name.clone()));
@@ -459,7 +463,7 @@ impl Daemon {
                 continue;
             }
             self.owners.remove(&key);
-            self.ipcps[i].unregister(name);
+            self.sys.unregister_at(i, name);
             if let Some(c) = self.conns.get_mut(&holder) {
                 c.names.retain(|(j, n)| !(*j == i && n == name));
             }
@@ -483,7 +487,7 @@ impl Daemon {
     /// remote name); the reply follows when the IPCP answers.
     pub(super) fn allocate(
         &mut self,
-        pa: PendingAlloc,
+        mut pa: PendingAlloc,
         dif: Option<String>,
     ) -> Result<(), CtlError> {
         check_qos(&pa.qos)?;
@@ -493,7 +497,7 @@ impl Daemon {
         let i = candidates
             .iter()
             .copied()
-            .find(|&i| self.ipcps[i].knows(&remote))
+            .find(|&i| self.sys.member(i).is_some_and(|m| m.knows(&remote)))
             .ok_or_else(|| {
                 CtlError::new(
                     ErrorKind::NameNotFound,
@@ -503,10 +507,13 @@ impl Daemon {
                     },
                 )
             })?;
-        let port = self.free_port();
         let now = self.now();
-        self.ipcps[i].allocate(now, port, pa.local.clone(), remote.clone(), pa.qos)?;
+        let port = self
+            .sys
+            .allocate_at(now, i, pa.local.clone(), remote.clone(), pa.qos)
+            .map_err(ipcp::flow_error)?;
         info!(port, local = %pa.local, %remote, ipcp = %self.ipcps[i].name, "allocating");
+        pa.ipcp = i;
         self.allocs.insert(port, pa);
         Ok(())
     }
@@ -524,13 +531,13 @@ impl Daemon {
             Ok(p) => p,
             Err(e) => {
                 warn!(remote = %inc.remote, error = %e, "refusing a flow: no descriptor");
-                let _ = self.ipcps[inc.ipcp].refuse(inc.ipcp_handle, &e.message);
+                let now = self.now();
+                let _ = self.sys.refuse(now, handle, &e.message);
                 return Err(e);
             }
         };
-        let port = self.free_port();
         let now = self.now();
-        let max_sdu = self.ipcps[inc.ipcp].accept(now, inc.ipcp_handle, port)?;
+        let (port, max_sdu) = self.sys.accept(now, handle).map_err(ipcp::flow_error)?;
         let info = FlowInfo {
             port,
             dif: self.ipcps[inc.ipcp].dif.clone(),
@@ -545,7 +552,7 @@ impl Daemon {
                 Ok((info, fd))
             }
             Err(e) => {
-                self.ipcps[inc.ipcp].deallocate(now, port);
+                self.sys.close(now, port);
                 Err(e)
             }
         }
@@ -557,8 +564,11 @@ impl Daemon {
         handle: u64,
         reason: &str,
     ) -> Result<Reply, CtlError> {
-        let inc = self.take_incoming(conn, handle)?;
-        self.ipcps[inc.ipcp].refuse(inc.ipcp_handle, reason)?;
+        self.take_incoming(conn, handle)?;
+        let now = self.now();
+        self.sys
+            .refuse(now, handle, reason)
+            .map_err(ipcp::flow_error)?;
         Ok(Reply::Done)
     }
 
@@ -582,7 +592,7 @@ impl Daemon {
         use rina_core::rmt::SchedulerConfig;
         use rina_wire::ctl::{PortQueues, QueueCounters, SchedulerInfo};
         let known: Vec<String> = self.ipcps.iter().map(|ip| ip.name.clone()).collect();
-        let Some(ip) = self.ipcps.iter_mut().find(|ip| ip.name == ipcp) else {
+        let Some(j) = self.ipcps.iter().position(|ip| ip.name == ipcp) else {
             return Err(CtlError::new(
                 ErrorKind::InvalidRequest,
                 format!(
@@ -591,14 +601,20 @@ impl Daemon {
                 ),
             ));
         };
-        let kind = ip.kind();
-        let Imp::Normal(n) = &mut ip.imp else {
-            return Err(CtlError::new(
+        let kind = self.kind(j);
+        let not_normal = || {
+            CtlError::new(
                 ErrorKind::InvalidRequest,
                 format!(
                     "IPCP {ipcp} is a {kind} IPCP; only normal IPCPs have an RMT scheduling policy"
                 ),
-            ));
+            )
+        };
+        let Io::Normal(nio) = &mut self.ipcps[j].io else {
+            return Err(not_normal());
+        };
+        let Some(n) = self.sys.member_mut(j).and_then(|m| m.normal_mut()) else {
+            return Err(not_normal());
         };
         if let Some(v) = set {
             let bad = |m: String| CtlError::new(ErrorKind::InvalidRequest, m);
@@ -606,22 +622,28 @@ impl Daemon {
                 .map_err(|e| bad(format!("bad scheduling policy: {e}")))?;
             let cfg: SchedulerConfig = serde_json::from_value(v)
                 .map_err(|e| bad(format!("bad scheduling policy: {e}")))?;
-            let cu = rina_core::normal::cubes::cu_map(&n.machine.config().cubes);
+            let cu = rina_core::normal::cubes::cu_map(&n.config().cubes);
             let sched = cfg.build(&cu).map_err(|e| bad(e.to_string()))?;
-            n.machine.rmt_mut().set_scheduler(sched);
+            n.rmt_mut().set_scheduler(sched);
             info!(ipcp, policy = cfg.name(), "RMT scheduling policy changed");
-            n.sched = cfg;
+            nio.sched = cfg;
         }
-        let rmt = n.machine.rmt();
+        let config = serde_json::to_value(&nio.sched).unwrap_or_default();
+        let n = self
+            .sys
+            .member(j)
+            .and_then(|m| m.normal())
+            .ok_or_else(not_normal)?;
+        let neighbors = self.sys.plan(j).map_or(&[][..], |p| &p.neighbors[..]);
+        let rmt = n.rmt();
         let ports = rmt
             .ports()
             .map(|port| PortQueues {
                 port,
-                neighbor: n
-                    .neighbors
+                neighbor: neighbors
                     .iter()
                     .find(|nb| nb.port == Some(port))
-                    .map(|nb| nb.name.to_string()),
+                    .map(|nb| nb.spec.name.to_string()),
                 queues: rmt
                     .queue_stats(port)
                     .into_iter()
@@ -638,7 +660,7 @@ impl Daemon {
         Ok(Reply::Scheduler(SchedulerInfo {
             ipcp: ipcp.to_string(),
             policy: rmt.scheduler_name().to_string(),
-            config: serde_json::to_value(&n.sched).unwrap_or_default(),
+            config,
             ports,
         }))
     }
@@ -651,7 +673,7 @@ impl Daemon {
         path: Option<&str>,
         depth: Option<u32>,
     ) -> Result<Reply, CtlError> {
-        let Some(ip) = self.ipcps.iter().find(|ip| ip.name == ipcp) else {
+        let Some(i) = self.ipcps.iter().position(|ip| ip.name == ipcp) else {
             let known: Vec<&str> = self.ipcps.iter().map(|ip| ip.name.as_str()).collect();
             return Err(CtlError::new(
                 ErrorKind::InvalidRequest,
@@ -661,7 +683,7 @@ impl Daemon {
                 ),
             ));
         };
-        let rib = self.ipcp_rib(ip);
+        let rib = self.ipcp_rib(i);
         let depth = depth.map_or(rina_core::rib::ALL_LEVELS, |d| d as usize);
         let entries = rib
             .snapshot(path.unwrap_or("/"), depth)
@@ -688,16 +710,17 @@ impl Daemon {
             .enumerate()
             .map(|(i, ip)| IpcpInfo {
                 name: ip.name.clone(),
-                kind: ip.kind().into(),
+                kind: self.kind(i).into(),
                 dif: ip.dif.clone(),
-                address: ip.address(),
-                flows: ip.flow_count(),
-                names: ip
-                    .names()
+                address: self.address(i),
+                flows: self.flow_count(i),
+                names: self
+                    .sys
+                    .names(i)
                     .into_iter()
                     .filter(|n| self.may_see_name(conn, i, n))
                     .collect(),
-                counters: ip.counters(),
+                counters: self.counters(i),
             })
             .collect()
     }
@@ -716,8 +739,8 @@ impl Daemon {
 
     pub(super) fn list_difs(&self) -> Vec<DifInfo> {
         let mut difs: BTreeMap<&str, (&'static str, Vec<String>)> = BTreeMap::new();
-        for ip in &self.ipcps {
-            let e = difs.entry(&ip.dif).or_insert((ip.kind(), Vec::new()));
+        for (i, ip) in self.ipcps.iter().enumerate() {
+            let e = difs.entry(&ip.dif).or_insert((self.kind(i), Vec::new()));
             e.1.push(ip.name.clone());
         }
         difs.into_iter()
@@ -732,7 +755,8 @@ impl Daemon {
     /// One page of the names `conn` may see, after the first `skip` of them.
     pub(super) fn list_names(&self, conn: usize, skip: u64) -> Reply {
         let all = self.ipcps.iter().enumerate().flat_map(|(i, ip)| {
-            ip.names()
+            self.sys
+                .names(i)
                 .into_iter()
                 .filter(move |n| self.may_see_name(conn, i, n))
                 .map(|name| NameInfo {
@@ -772,13 +796,12 @@ impl Daemon {
         let mut next = None;
         for port in ports {
             let slot = &self.flows[&port];
-            let ip = &self.ipcps[slot.ipcp];
-            let Some(counters) = ip.flow_counters(port) else {
+            let Some(counters) = self.flow_counters(slot.ipcp, port) else {
                 continue;
             };
             let f = FlowStats {
                 info: slot.info.clone(),
-                ipcp: ip.name.clone(),
+                ipcp: self.ipcps[slot.ipcp].name.clone(),
                 counters,
             };
             bytes += ctl::encode(&f).len() + 1;

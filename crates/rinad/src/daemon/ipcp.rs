@@ -1,440 +1,130 @@
-//! One IPC process of the daemon, whatever its kind, behind one facade.
-//!
-//! The daemon's bookkeeping (names, flows, control requests) does not care
-//! whether an IPCP is a shim or a normal one: it calls the flow-allocation
-//! API here and receives [`Event`]s. Each kind keeps its own IO in its own
-//! module ([`super::shim`]).
+//! One IPC process of the daemon: its machine lives in the core's
+//! [`System`] (at the same index), its driver here — the IO it needs, by
+//! kind — and what listings show of both.
 
 use super::normal::NormalIo;
-use super::shim::ShimIo;
+use super::shim::UdpIo;
 use super::shim_eth::EthIo;
 use super::shim_hv::HvIo;
 use super::Daemon;
 use rina_core::normal;
-use rina_core::shim_eth as shim_eth_core;
-use rina_core::shim_hv as shim_hv_core;
-use rina_core::shim_udp::{self, PortId};
-use rina_core::system::FlowError;
-use rina_core::Instant;
+use rina_core::system::{FlowError, Machine, PortId};
 use rina_wire::ctl::{CtlError, ErrorKind, FlowCounters};
-use rina_wire::{AppName, QosSpec};
 use std::collections::BTreeMap;
 use tracing::{debug, error, info, warn};
 
-/// What an IPCP tells the daemon: the core's one event vocabulary of the
-/// IPCP contract (a shim's own datagrams, `ToMedium`, are sent here and
-/// never reach the daemon's loop).
-pub(super) use rina_core::system::IpcpEvent as Event;
-
-/// The kinds of IPCP.
-pub(super) enum Imp {
-    /// A shim IPCP over UDP with its socket.
-    Shim(Box<ShimIo>),
-    /// A normal IPCP.
+/// The driver of an IPCP, by kind.
+pub(super) enum Io {
+    /// A shim IPCP over UDP: its socket.
+    Udp(Box<UdpIo>),
+    /// A shim IPCP over Ethernet 802.1Q: its raw socket.
+    Eth(Box<EthIo>),
+    /// A shim IPCP for hypervisors: its shared-memory rings.
+    Hv(Box<HvIo>),
+    /// A normal IPCP: no medium of its own.
     Normal(Box<NormalIo>),
-    /// A shim IPCP over Ethernet 802.1Q with its raw socket.
-    ShimEth(Box<EthIo>),
-    /// A shim IPCP for hypervisors with its shared-memory rings.
-    ShimHv(Box<HvIo>),
+}
+
+impl Io {
+    /// Whether the medium is in the ready queue already (shims).
+    pub fn rx_queued(&mut self) -> Option<&mut bool> {
+        match self {
+            Io::Udp(u) => Some(&mut u.rx_queued),
+            Io::Eth(e) => Some(&mut e.rx_queued),
+            Io::Hv(h) => Some(&mut h.rx_queued),
+            Io::Normal(_) => None,
+        }
+    }
 }
 
 /// An IPC process hosted by the daemon.
 pub(super) struct Ipcp {
     pub name: String,
     pub dif: String,
-    pub imp: Imp,
+    pub io: Io,
 }
 
-impl Ipcp {
-    /// Kind, as written in the configuration.
-    pub fn kind(&self) -> &'static str {
-        match &self.imp {
-            Imp::Shim(_) => "shim-udp",
-            Imp::Normal(_) => "normal",
-            Imp::ShimEth(_) => "shim-eth",
-            Imp::ShimHv(_) => "shim-hv",
-        }
+impl Daemon {
+    /// The machine of IPCP `i`.
+    pub(super) fn machine(&self, i: usize) -> Option<&Machine> {
+        self.sys.member(i).map(|m| &m.machine)
+    }
+
+    /// Kind of IPCP `i`, as written in the configuration.
+    pub(super) fn kind(&self, i: usize) -> &'static str {
+        self.sys.member(i).map_or("gone", |m| m.kind())
     }
 
     /// Its address in its DIF, for listings.
-    pub fn address(&self) -> String {
-        match &self.imp {
-            Imp::Shim(s) => s.bind.to_string(),
-            Imp::Normal(n) => n.machine.config().address.to_string(),
-            Imp::ShimEth(e) => e.address(),
-            Imp::ShimHv(h) => h.address(),
+    pub(super) fn address(&self, i: usize) -> String {
+        match (&self.ipcps[i].io, self.machine(i)) {
+            (Io::Udp(u), _) => u.bind.to_string(),
+            (Io::Eth(e), Some(Machine::ShimEth(m))) => e.address(m),
+            (Io::Hv(h), Some(Machine::ShimHv(m))) => h.address(m),
+            (_, Some(Machine::Normal(n))) => n.config().address.to_string(),
+            _ => String::new(),
         }
     }
 
-    /// Largest SDU its flows carry.
-    pub fn max_sdu(&self) -> usize {
-        match &self.imp {
-            Imp::Shim(s) => s.machine.config().max_sdu as usize,
-            Imp::Normal(n) => n.machine.config().max_sdu,
-            Imp::ShimEth(e) => e.machine.config().max_sdu() as usize,
-            Imp::ShimHv(h) => h.machine.config().max_sdu as usize,
+    /// Counters of flow `port` of IPCP `i`, with what the daemon dropped.
+    pub(super) fn flow_counters(&self, i: usize, port: PortId) -> Option<FlowCounters> {
+        let mut c = match self.machine(i)? {
+            Machine::ShimUdp(s) => s.flow(port).map(|f| f.counters),
+            Machine::ShimEth(e) => e.flow(port).map(|f| f.counters),
+            Machine::ShimHv(h) => h.flow(port).map(|f| f.counters),
+            Machine::Normal(n) => n.flow_counters(port).copied(),
+        }?;
+        if let Some(slot) = self.flows.get(&port) {
+            c.drops_in += slot.drops_in;
+            c.drops_out += slot.drops_out;
+        }
+        Some(c)
+    }
+
+    /// Number of flows of IPCP `i`.
+    pub(super) fn flow_count(&self, i: usize) -> usize {
+        match self.machine(i) {
+            Some(Machine::ShimUdp(s)) => s.flows().count(),
+            Some(Machine::ShimEth(e)) => e.flows().count(),
+            Some(Machine::ShimHv(h)) => h.flows().count(),
+            Some(Machine::Normal(n)) => n.flows().count(),
+            None => 0,
         }
     }
 
-    /// Registers an application name.
-    pub fn register(&mut self, name: AppName) -> Result<(), CtlError> {
-        match &mut self.imp {
-            Imp::Shim(s) => s.machine.register(name).map_err(flow_error),
-            Imp::Normal(n) => {
-                n.machine.register(name.clone()).map_err(flow_error)?;
-                n.names.insert(name);
-                Ok(())
-            }
-            Imp::ShimEth(e) => e.machine.register(name).map_err(flow_error),
-            Imp::ShimHv(h) => h.machine.register(name).map_err(flow_error),
-        }
-    }
-
-    /// Withdraws a registration.
-    pub fn unregister(&mut self, name: &AppName) -> bool {
-        match &mut self.imp {
-            Imp::Shim(s) => s.machine.unregister(name),
-            Imp::Normal(n) => {
-                n.names.remove(name);
-                n.machine.unregister(name)
-            }
-            Imp::ShimEth(e) => e.machine.unregister(name),
-            Imp::ShimHv(h) => h.machine.unregister(name),
-        }
-    }
-
-    /// Whether this IPCP can reach `name`.
-    pub fn knows(&self, name: &AppName) -> bool {
-        match &self.imp {
-            Imp::Shim(s) => s.machine.knows(name),
-            Imp::Normal(n) => n.machine.knows(name),
-            // Any name may resolve by ARP; it is asked at allocation.
-            Imp::ShimEth(_) => true,
-            // Point to point: whether the other end has it is asked at allocation.
-            Imp::ShimHv(_) => true,
-        }
-    }
-
-    /// Registered names.
-    pub fn names(&self) -> Vec<AppName> {
-        match &self.imp {
-            Imp::Shim(s) => s.machine.names().cloned().collect(),
-            Imp::ShimEth(e) => e.machine.registered().cloned().into_iter().collect(),
-            Imp::ShimHv(h) => h.machine.names().cloned().collect(),
-            Imp::Normal(n) => n.names.iter().cloned().collect(),
-        }
-    }
-
-    /// Starts allocating flow `port`.
-    pub fn allocate(
-        &mut self,
-        now: Instant,
-        port: PortId,
-        local: AppName,
-        remote: AppName,
-        qos: QosSpec,
-    ) -> Result<(), CtlError> {
-        match &mut self.imp {
-            Imp::Shim(s) => s
-                .machine
-                .allocate(now, port, local, remote, qos)
-                .map_err(flow_error),
-            Imp::Normal(n) => n
-                .machine
-                .allocate(now, port, local, remote, qos)
-                .map_err(flow_error),
-            Imp::ShimEth(e) => e
-                .machine
-                .allocate(now, port, local, remote, qos)
-                .map_err(flow_error),
-            Imp::ShimHv(h) => h
-                .machine
-                .allocate(now, port, local, remote, qos)
-                .map_err(flow_error),
-        }
-    }
-
-    /// Accepts incoming request `handle` as flow `port`; returns its max SDU.
-    pub fn accept(&mut self, now: Instant, handle: u64, port: PortId) -> Result<u32, CtlError> {
-        match &mut self.imp {
-            Imp::Shim(s) => s.machine.accept(handle, port).map_err(flow_error),
-            Imp::Normal(n) => n.machine.accept(now, handle, port).map_err(flow_error),
-            Imp::ShimEth(e) => e.machine.accept(handle, port).map_err(flow_error),
-            Imp::ShimHv(h) => h.machine.accept(handle, port).map_err(flow_error),
-        }
-    }
-
-    /// Refuses incoming request `handle`.
-    pub fn refuse(&mut self, handle: u64, reason: &str) -> Result<(), CtlError> {
-        match &mut self.imp {
-            Imp::Shim(s) => s.machine.refuse(handle, reason).map_err(flow_error),
-            Imp::Normal(n) => n.machine.refuse(handle, reason).map_err(flow_error),
-            Imp::ShimEth(e) => e.machine.refuse(handle, reason).map_err(flow_error),
-            Imp::ShimHv(h) => h.machine.refuse(handle, reason).map_err(flow_error),
-        }
-    }
-
-    /// Deallocates flow `port` and tells the peer.
-    pub fn deallocate(&mut self, now: Instant, port: PortId) {
-        match &mut self.imp {
-            Imp::Shim(s) => {
-                let _ = s.machine.deallocate(port);
-            }
-            Imp::Normal(n) => {
-                let _ = n.machine.deallocate(now, port);
-                n.rx_pending.remove(&port);
-                n.tx_stash.remove(&port);
-                n.drops_in.remove(&port);
-                n.drops_out.remove(&port);
-            }
-            Imp::ShimEth(e) => {
-                let _ = e.machine.deallocate(port);
-            }
-            Imp::ShimHv(h) => {
-                let _ = h.machine.deallocate(port);
-            }
-        }
-    }
-
-    /// Whether flow `port` belongs to this IPCP.
-    pub fn has_flow(&self, port: PortId) -> bool {
-        match &self.imp {
-            Imp::Shim(s) => s.machine.flow(port).is_some(),
-            Imp::Normal(n) => n.machine.flow_counters(port).is_some(),
-            Imp::ShimEth(e) => e.machine.flow(port).is_some(),
-            Imp::ShimHv(h) => h.machine.flow(port).is_some(),
-        }
-    }
-
-    /// Counters of flow `port`.
-    pub fn flow_counters(&self, port: PortId) -> Option<FlowCounters> {
-        match &self.imp {
-            Imp::Shim(s) => s.machine.flow(port).map(|f| f.counters),
-            Imp::Normal(n) => n.machine.flow_counters(port).map(|c| {
-                let mut c = *c;
-                c.drops_in += n.drops_in.get(&port).copied().unwrap_or(0);
-                c.drops_out += n.drops_out.get(&port).copied().unwrap_or(0);
-                c
-            }),
-            Imp::ShimEth(e) => e.machine.flow(port).map(|f| f.counters),
-            Imp::ShimHv(h) => h.machine.flow(port).map(|f| f.counters),
-        }
-    }
-
-    /// Number of flows.
-    pub fn flow_count(&self) -> usize {
-        match &self.imp {
-            Imp::Shim(s) => s.machine.flows().count(),
-            Imp::Normal(n) => n.machine.flows().count(),
-            Imp::ShimEth(e) => e.machine.flows().count(),
-            Imp::ShimHv(h) => h.machine.flows().count(),
-        }
-    }
-
-    /// IPCP-wide counters.
-    pub fn counters(&self) -> BTreeMap<String, u64> {
-        match &self.imp {
-            Imp::Shim(s) => {
-                let mut c = s.machine.counters().to_map();
-                c.insert("tx_errors".into(), s.send_errors);
+    /// IPCP-wide counters of IPCP `i`: its machine's and its driver's.
+    pub(super) fn counters(&self, i: usize) -> BTreeMap<String, u64> {
+        match (&self.ipcps[i].io, self.machine(i)) {
+            (Io::Udp(u), Some(Machine::ShimUdp(s))) => {
+                let mut c = s.counters().to_map();
+                c.insert("tx_errors".into(), u.send_errors);
                 c
             }
-            Imp::Normal(n) => {
-                let mut c = n.machine.counters_map();
-                let r = n.machine.rmt().counters();
+            (Io::Eth(e), Some(Machine::ShimEth(m))) => {
+                let mut c = m.counters().to_map();
+                c.insert("tx_errors".into(), e.send_errors);
+                c.insert("tx_buffer_full".into(), e.send_full);
+                c.insert("arp_cache_entries".into(), m.arp_cache().count() as u64);
+                c
+            }
+            (Io::Hv(h), Some(Machine::ShimHv(m))) => h.counters(m),
+            (_, Some(Machine::Normal(n))) => {
+                let mut c = n.counters_map();
+                let r = n.rmt().counters();
                 c.insert("rmt_queued".into(), r.queued);
                 c.insert("rmt_queue_drops".into(), r.queue_drops);
                 c.insert("rmt_no_route".into(), r.no_route);
-                c.insert("rx_mgmt_unhandled".into(), n.mgmt_unhandled);
                 c.insert(
-                    "neighbors_up".into(),
-                    n.neighbors.iter().filter(|nb| nb.port.is_some()).count() as u64,
+                    "rx_mgmt_unhandled".into(),
+                    self.sys.counters().mgmt_unhandled,
                 );
+                let up = self.sys.plan(i).map_or(0, |p| {
+                    p.neighbors.iter().filter(|nb| nb.port.is_some()).count()
+                });
+                c.insert("neighbors_up".into(), up as u64);
                 c
             }
-            Imp::ShimEth(e) => {
-                let mut c = e.machine.counters().to_map();
-                c.insert("tx_errors".into(), e.send_errors);
-                c.insert("tx_buffer_full".into(), e.send_full);
-                c.insert(
-                    "arp_cache_entries".into(),
-                    e.machine.arp_cache().count() as u64,
-                );
-                c
-            }
-            Imp::ShimHv(h) => h.counters(),
-        }
-    }
-
-    /// When [`Ipcp::handle_timeout`] next needs to run.
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        match &self.imp {
-            Imp::Shim(s) => s.machine.poll_timeout(),
-            Imp::Normal(n) => n.machine.poll_timeout(),
-            Imp::ShimEth(e) => e.machine.poll_timeout(),
-            Imp::ShimHv(h) => h.machine.poll_timeout(),
-        }
-    }
-
-    /// Runs due timers.
-    pub fn handle_timeout(&mut self, now: Instant) {
-        match &mut self.imp {
-            Imp::Shim(s) => s.machine.handle_timeout(now),
-            Imp::Normal(n) => n.machine.handle_timeout(now),
-            Imp::ShimEth(e) => e.machine.handle_timeout(now),
-            Imp::ShimHv(h) => h.machine.handle_timeout(now),
-        }
-    }
-
-    /// The next event for the daemon; IO the IPCP can do alone (sending a
-    /// control datagram) is done here.
-    pub fn poll_event(&mut self) -> Option<Event> {
-        match &mut self.imp {
-            Imp::Shim(s) => loop {
-                let a = s.machine.poll_action()?;
-                match a {
-                    shim_udp::Action::Transmit { to, payload } => {
-                        if let Err(e) = s.sock.send_to(&payload, to) {
-                            s.send_errors += 1;
-                            debug!(ipcp = %self.name, %to, error = %e, "control datagram not sent");
-                        }
-                    }
-                    shim_udp::Action::FlowRequest {
-                        handle,
-                        local,
-                        remote,
-                        qos,
-                    } => {
-                        return Some(Event::FlowRequest {
-                            handle,
-                            local,
-                            remote,
-                            qos,
-                        })
-                    }
-                    shim_udp::Action::RequestWithdrawn { handle } => {
-                        return Some(Event::RequestWithdrawn { handle })
-                    }
-                    shim_udp::Action::Allocated { port, max_sdu } => {
-                        return Some(Event::Allocated { port, max_sdu })
-                    }
-                    shim_udp::Action::AllocateFailed { port, error } => {
-                        return Some(Event::AllocateFailed {
-                            port,
-                            error: error.into(),
-                        })
-                    }
-                    shim_udp::Action::Deallocated { port } => {
-                        return Some(Event::Deallocated { port })
-                    }
-                }
-            },
-            Imp::ShimEth(e) => loop {
-                let a = e.machine.poll_action()?;
-                return Some(match a {
-                    shim_eth_core::Action::Transmit { frame } => {
-                        e.send_control(&frame);
-                        continue;
-                    }
-                    shim_eth_core::Action::FlowRequest {
-                        handle,
-                        local,
-                        remote,
-                        qos,
-                    } => Event::FlowRequest {
-                        handle,
-                        local,
-                        remote,
-                        qos,
-                    },
-                    shim_eth_core::Action::RequestWithdrawn { handle } => {
-                        Event::RequestWithdrawn { handle }
-                    }
-                    shim_eth_core::Action::Allocated { port, max_sdu } => {
-                        Event::Allocated { port, max_sdu }
-                    }
-                    shim_eth_core::Action::AllocateFailed { port, error } => {
-                        Event::AllocateFailed {
-                            port,
-                            error: error.into(),
-                        }
-                    }
-                    shim_eth_core::Action::Deliver { port, sdu } => Event::Deliver { port, sdu },
-                });
-            },
-            Imp::ShimHv(h) => loop {
-                let a = h.machine.poll_action()?;
-                return Some(match a {
-                    shim_hv_core::Action::Transmit { buf } => {
-                        h.send_control(buf);
-                        continue;
-                    }
-                    shim_hv_core::Action::FlowRequest {
-                        handle,
-                        local,
-                        remote,
-                        qos,
-                    } => Event::FlowRequest {
-                        handle,
-                        local,
-                        remote,
-                        qos,
-                    },
-                    shim_hv_core::Action::RequestWithdrawn { handle } => {
-                        Event::RequestWithdrawn { handle }
-                    }
-                    shim_hv_core::Action::Allocated { port, max_sdu } => {
-                        Event::Allocated { port, max_sdu }
-                    }
-                    shim_hv_core::Action::AllocateFailed { port, error } => Event::AllocateFailed {
-                        port,
-                        error: error.into(),
-                    },
-                    shim_hv_core::Action::Deallocated { port } => Event::Deallocated { port },
-                });
-            },
-            Imp::Normal(n) => loop {
-                let a = n.machine.poll_action()?;
-                return Some(match a {
-                    normal::Action::Transmit { port, frame } => Event::Transmit { port, frame },
-                    normal::Action::Deliver { flow, sdu } => Event::Deliver { port: flow, sdu },
-                    normal::Action::FlowFailed { flow, .. } => Event::FlowFailed { port: flow },
-                    normal::Action::FlowRequest {
-                        handle,
-                        local,
-                        remote,
-                        qos,
-                    } => Event::FlowRequest {
-                        handle,
-                        local,
-                        remote,
-                        qos,
-                    },
-                    normal::Action::RequestWithdrawn { handle } => {
-                        Event::RequestWithdrawn { handle }
-                    }
-                    normal::Action::Allocated { flow, max_sdu } => Event::Allocated {
-                        port: flow,
-                        max_sdu,
-                    },
-                    normal::Action::AllocateFailed { flow, error } => Event::AllocateFailed {
-                        port: flow,
-                        error: error.into(),
-                    },
-                    normal::Action::Deallocated { flow } => Event::Deallocated { port: flow },
-                    normal::Action::Membership(ev) => {
-                        log_membership(&self.name, &ev);
-                        if let normal::MembershipEvent::NeighborDown { .. } = ev {
-                            return Some(Event::Membership(ev));
-                        }
-                        continue;
-                    }
-                    normal::Action::Management { .. } => {
-                        n.mgmt_unhandled += 1;
-                        continue;
-                    }
-                });
-            },
+            _ => BTreeMap::new(),
         }
     }
 }
@@ -442,7 +132,7 @@ impl Ipcp {
 /// Logs what membership reports: enrollment steps and failures name the
 /// step and the reason (the first thing to look at when a DIF does not
 /// assemble).
-fn log_membership(ipcp: &str, ev: &normal::MembershipEvent) {
+pub(super) fn log_membership(ipcp: &str, ev: &normal::MembershipEvent) {
     use normal::MembershipEvent as M;
     match ev {
         M::NeighborUp {
@@ -492,13 +182,14 @@ pub(super) fn flow_error(e: impl Into<FlowError>) -> CtlError {
 impl Daemon {
     /// The RIB of an IPCP: the machine's own view, plus what only the
     /// daemon knows (the neighbours and the state of their N-1 flows).
-    pub(super) fn ipcp_rib(&self, ip: &Ipcp) -> rina_core::rib::Rib {
+    pub(super) fn ipcp_rib(&self, i: usize) -> rina_core::rib::Rib {
         use rina_core::rib::{self, ObjValue, Rib};
-        match &ip.imp {
-            Imp::Normal(n) => {
-                let mut r = n.machine.rib();
-                for nb in &n.neighbors {
-                    let rmt = n.machine.rmt();
+        match (&self.ipcps[i].io, self.machine(i)) {
+            (_, Some(Machine::Normal(n))) => {
+                let mut r = n.rib();
+                let neighbors = self.sys.plan(i).map_or(&[][..], |p| &p.neighbors[..]);
+                for nb in neighbors {
+                    let rmt = n.rmt();
                     let on = |p: PortId| match rmt.lower_cube(p) {
                         Some(c) => format!("{p} (cube {})", c.name),
                         None => p.to_string(),
@@ -520,30 +211,31 @@ impl Daemon {
                         None => "down".to_string(),
                     };
                     let _ = r.create_with_parents(
-                        &format!("/difm/enr/neighs/pn={}", nb.name),
+                        &format!("/difm/enr/neighs/pn={}", nb.spec.name),
                         "Neighbor",
                         ObjValue::Str(format!(
                             "address {}, over DIF {}, {state}",
-                            nb.address
+                            nb.spec
+                                .address
                                 .map_or_else(|| "from hellos".to_string(), |a| a.to_string()),
-                            self.ipcps[nb.shim].dif
+                            self.ipcps[nb.lower].dif
                         )),
                         rib::OwnerId::ENROLLMENT,
                     );
                 }
                 r
             }
-            Imp::ShimEth(e) => e.rib(self.now()),
-            Imp::ShimHv(h) => h.rib(),
-            Imp::Shim(s) => {
+            (Io::Eth(e), Some(Machine::ShimEth(m))) => e.rib(m, self.now()),
+            (Io::Hv(h), Some(Machine::ShimHv(m))) => h.rib(m),
+            (Io::Udp(u), Some(Machine::ShimUdp(s))) => {
                 let mut r = Rib::new(rib::Config::default());
                 let _ = r.create_with_parents(
                     "/shim/addr",
                     "address",
-                    ObjValue::Str(s.bind.to_string()),
+                    ObjValue::Str(u.bind.to_string()),
                     rib::OwnerId::NAMESPACE_MANAGER,
                 );
-                for (name, addr) in &s.machine.config().directory {
+                for (name, addr) in &s.config().directory {
                     let _ = r.create_with_parents(
                         &format!("/shim/dir/key={name}"),
                         "DirectoryEntry",
@@ -551,7 +243,7 @@ impl Daemon {
                         rib::OwnerId::NAMESPACE_MANAGER,
                     );
                 }
-                for (port, f) in s.machine.flows() {
+                for (port, f) in s.flows() {
                     let _ = r.create_with_parents(
                         &format!("/shim/flows/pid={port}"),
                         "Flow",
@@ -564,6 +256,7 @@ impl Daemon {
                 }
                 r
             }
+            _ => Rib::new(rib::Config::default()),
         }
     }
 }

@@ -14,12 +14,16 @@
 //! VLANs nobody here serves still reach every IPCP, which counts them.
 //!
 //! Back-pressure: when the socket's send buffer is full (the qdisc holds
-//! what it took), application flows of the IPCP stop being read until the
-//! socket is writable again, as for shim-udp. Frames of a normal IPCP
-//! stacked on top are lost instead, as on a congested link.
+//! what it took), frames wait in order, application flows of the IPCP stop
+//! being read and the N-1 ports of normal IPCPs over it are blocked (their
+//! PDUs wait in their RMT) until the socket is writable again, as for
+//! shim-udp.
 
+use super::shim::STALL_MAX;
 use super::*;
+use crate::config::IpcpKind;
 use rina_core::shim_eth::{self as core_eth, ShimEth};
+use rina_core::system::Rx;
 use rina_wire::shim_eth::MacAddr;
 use std::ffi::CString;
 use std::mem::{size_of, zeroed};
@@ -28,17 +32,16 @@ use std::os::fd::{FromRawFd, RawFd};
 /// Receive buffer asked for on each packet socket.
 const ETH_RCVBUF: usize = 4 << 20;
 
-/// A shim-eth IPCP's machine and socket.
+/// A shim-eth IPCP's socket.
 pub(super) struct EthIo {
-    pub machine: ShimEth,
     pub sock: OwnedFd,
     pub interface: String,
     /// Frames the kernel refused for reasons other than a full buffer.
     pub send_errors: u64,
-    /// Frames lost because the send buffer was full (stacked IPCPs' frames).
+    /// Frames lost because too many waited for a full send buffer.
     pub send_full: u64,
-    /// A frame waiting for the socket to become writable.
-    pub stalled: Option<Vec<u8>>,
+    /// Frames waiting for the socket to become writable, in order.
+    pub stalled: VecDeque<Vec<u8>>,
     /// Flows whose reading waits for the stall to end.
     pub parked: Vec<PortId>,
     /// Already in the ready queue.
@@ -121,7 +124,7 @@ impl Impair {
 }
 
 /// Sends a frame through `impair` if there is one, else directly.
-fn transmit(fd: RawFd, impair: &mut Option<Impair>, parts: &[&[u8]]) -> TxResult {
+pub(super) fn transmit(fd: RawFd, impair: &mut Option<Impair>, parts: &[&[u8]]) -> TxResult {
     match impair {
         Some(i) => i.send(fd, parts),
         None => send_frame(fd, parts),
@@ -388,7 +391,7 @@ fn recv_batch(
 }
 
 /// Outcome of a send.
-enum TxResult {
+pub(super) enum TxResult {
     Sent,
     /// The send buffer is full.
     Full,
@@ -421,9 +424,15 @@ fn send_frame(fd: RawFd, parts: &[&[u8]]) -> TxResult {
     }
 }
 
-/// The shim-eth IPCP `i` of configuration `cfg`, registered with the poller.
-pub(super) fn new_ipcp(cfg: &Config, poll: &Poll, i: usize) -> Result<Ipcp, DaemonError> {
-    let ic = &cfg.ipcps[i];
+/// The machine configuration and socket of the shim-eth IPCP of entry `c`
+/// of configuration `cfg`, registered with the poller as member `i`.
+pub(super) fn new_ipcp(
+    cfg: &Config,
+    poll: &Poll,
+    c: usize,
+    i: usize,
+) -> Result<(core_eth::Config, Io), DaemonError> {
+    let ic = &cfg.ipcps[c];
     let name = ic.name.get_ref().clone();
     let interface = ic.interface.clone().unwrap_or_default();
     let vlan = ic.shim_eth_vlan();
@@ -454,39 +463,23 @@ pub(super) fn new_ipcp(cfg: &Config, poll: &Poll, i: usize) -> Result<Ipcp, Daem
     let cfg = core_eth::Config::new(ic.dif.clone(), vlan, mac, mtu);
     info!(ipcp = %name, dif = %ic.dif, %interface, %mac, vlan = vlan.unwrap_or(0), mtu,
         max_sdu = cfg.max_sdu(), "shim-eth IPCP up");
-    Ok(Ipcp {
-        name,
-        dif: ic.dif.clone(),
-        imp: Imp::ShimEth(Box::new(EthIo {
-            machine: ShimEth::new(cfg),
-            sock,
-            interface,
-            send_errors: 0,
-            send_full: 0,
-            stalled: None,
-            parked: Vec::new(),
-            rx_queued: false,
-            impair,
-        })),
-    })
+    let io = Io::Eth(Box::new(EthIo {
+        sock,
+        interface,
+        send_errors: 0,
+        send_full: 0,
+        stalled: VecDeque::new(),
+        parked: Vec::new(),
+        rx_queued: false,
+        impair,
+    }));
+    Ok((cfg, io))
 }
 
 impl EthIo {
-    /// Sends a frame the machine asked for (ARP), counting failures.
-    pub fn send_control(&mut self, frame: &[u8]) {
-        match transmit(self.sock.as_raw_fd(), &mut self.impair, &[frame]) {
-            TxResult::Sent => {}
-            TxResult::Full => self.send_full += 1,
-            TxResult::Failed(e) => {
-                self.send_errors += 1;
-                debug!(interface = %self.interface, error = %e, "control frame not sent");
-            }
-        }
-    }
-
     /// Its address, for listings.
-    pub fn address(&self) -> String {
-        let c = self.machine.config();
+    pub fn address(&self, m: &ShimEth) -> String {
+        let c = m.config();
         match c.vlan {
             Some(v) => format!("{} {} vlan {v}", self.interface, c.mac),
             None => format!("{} {} untagged", self.interface, c.mac),
@@ -494,7 +487,7 @@ impl EthIo {
     }
 
     /// Its RIB: address, ARP cache and flows with their counters.
-    pub fn rib(&self, now: Instant) -> rina_core::rib::Rib {
+    pub fn rib(&self, m: &ShimEth, now: Instant) -> rina_core::rib::Rib {
         use rina_core::rib::{self, ObjValue, Rib};
         let mut r = Rib::new(rib::Config::default());
         let put = |r: &mut Rib, name: String, class: &str, v: ObjValue, owner| {
@@ -504,10 +497,10 @@ impl EthIo {
             &mut r,
             "/shim/addr".into(),
             "address",
-            ObjValue::Str(self.address()),
+            ObjValue::Str(self.address(m)),
             rib::OwnerId::NAMESPACE_MANAGER,
         );
-        if let Some(app) = self.machine.registered() {
+        if let Some(app) = m.registered() {
             put(
                 &mut r,
                 "/shim/app".into(),
@@ -516,7 +509,7 @@ impl EthIo {
                 rib::OwnerId::NAMESPACE_MANAGER,
             );
         }
-        for (name, e) in self.machine.arp_cache() {
+        for (name, e) in m.arp_cache() {
             let left = e.expires.saturating_since(now).as_secs();
             put(
                 &mut r,
@@ -526,7 +519,7 @@ impl EthIo {
                 rib::OwnerId::NAMESPACE_MANAGER,
             );
         }
-        for (port, f) in self.machine.flows() {
+        for (port, f) in m.flows() {
             let base = format!("/shim/flows/pid={port}");
             let peer = f.peer.map_or("resolving".to_string(), |m| m.to_string());
             put(
@@ -565,12 +558,15 @@ impl Daemon {
         let now = self.now();
         let mut batch = Vec::with_capacity(RX_BATCH);
         let mut taken = 0;
+        let Some(Machine::ShimEth(m)) = self.machine(i) else {
+            return false;
+        };
+        // Room for the largest frame: MTU, headers, a stray second tag.
+        let slot = (m.config().mtu as usize + 64).next_multiple_of(64);
         while taken < BUDGET {
-            let Imp::ShimEth(ip) = &mut self.ipcps[i].imp else {
+            let Io::Eth(ip) = &mut self.ipcps[i].io else {
                 return false;
             };
-            // Room for the largest frame: MTU, headers, a stray second tag.
-            let slot = (ip.machine.config().mtu as usize + 64).next_multiple_of(64);
             if let Err(e) = recv_batch(ip.sock.as_raw_fd(), &mut self.buf, slot, &mut batch) {
                 debug!(ipcp = %self.ipcps[i].name, error = %e, "packet receive error");
                 return true;
@@ -583,133 +579,65 @@ impl Daemon {
                 let Some((len, vlan)) = *m else {
                     continue;
                 };
-                let Imp::ShimEth(ip) = &mut self.ipcps[i].imp else {
-                    return false;
+                let rx = Rx::Eth {
+                    frame: &self.buf[k * slot..k * slot + len],
+                    aux_vlan: vlan,
                 };
-                let frame = &self.buf[k * slot..k * slot + len];
-                match ip.machine.on_frame(now, frame, vlan) {
-                    core_eth::Received::Deliver { port, sdu } => {
-                        if let Some(fs) = self.flows.get(&port) {
-                            let sent = sys::send(fs.fd.as_raw_fd(), sdu, None);
-                            if !matches!(sent, Ok(Sent::Done)) {
-                                if let Some(c) = ip.machine.flow_counters_mut(port) {
-                                    c.drops_in += 1;
-                                }
-                            }
-                        } else if let Some(&(j, _)) = self.n1_owner.get(&port) {
-                            if let Imp::Normal(nm) = &mut self.ipcps[j].imp {
-                                nm.machine.on_frame(now, port, sdu);
-                            }
-                        } else if self.n1_pending.contains_key(&port)
-                            && self.early_n1.len() < BUDGET
-                        {
-                            self.early_n1.push((port, sdu.to_vec()));
-                        }
-                    }
-                    core_eth::Received::Consumed => {}
-                    core_eth::Received::Dropped(reason) => {
-                        debug!(ipcp = %self.ipcps[i].name, ?reason, "frame dropped");
-                    }
+                if let Some((port, sdu)) = self.sys.receive(now, i, rx) {
+                    super::shim::straight_to_app(&self.flows, &mut self.sys, i, port, sdu);
                 }
             }
         }
         true
     }
 
-    /// An SDU the machine held for a flow it just accepted.
-    pub(super) fn eth_deliver(&mut self, i: usize, port: PortId, sdu: &[u8]) {
-        let Some(slot) = self.flows.get(&port) else {
+    /// Sends a frame of shim-eth IPCP `i` (ARP, or a frame of a normal
+    /// IPCP above). A full socket keeps it, in order, and blocks the N-1
+    /// ports over it until the socket is writable.
+    pub(super) fn eth_send(&mut self, i: usize, frame: Vec<u8>) {
+        let Io::Eth(ip) = &mut self.ipcps[i].io else {
             return;
         };
-        let sent = sys::send(slot.fd.as_raw_fd(), sdu, None);
-        if !matches!(sent, Ok(Sent::Done)) {
-            if let Imp::ShimEth(ip) = &mut self.ipcps[i].imp {
-                if let Some(c) = ip.machine.flow_counters_mut(port) {
-                    c.drops_in += 1;
-                }
+        if !ip.stalled.is_empty() {
+            if ip.stalled.len() < STALL_MAX {
+                ip.stalled.push_back(frame);
+            } else {
+                ip.send_full += 1;
+            }
+            return;
+        }
+        match transmit(ip.sock.as_raw_fd(), &mut ip.impair, &[&frame]) {
+            TxResult::Sent => {}
+            TxResult::Full => {
+                ip.stalled.push_back(frame);
+                let _ = self.poll.registry().reregister(
+                    &mut SourceFd(&ip.sock.as_raw_fd()),
+                    token(T_ETH, i),
+                    Interest::READABLE | Interest::WRITABLE,
+                );
+                let now = self.now();
+                self.sys.medium_blocked(now, i);
+            }
+            TxResult::Failed(e) => {
+                ip.send_errors += 1;
+                debug!(interface = %ip.interface, error = %e, "frame not sent");
             }
         }
     }
 
-    /// Reads up to [`BUDGET`] SDUs written by the application on shim-eth
-    /// flow `port` and sends them, one frame each.
-    pub(super) fn service_eth_flow(&mut self, port: PortId) -> FlowService {
-        let Some(slot) = self.flows.get(&port) else {
-            return FlowService::Drained;
-        };
-        let i = slot.ipcp;
-        let fd = slot.fd.as_raw_fd();
-        let Imp::ShimEth(ip) = &mut self.ipcps[i].imp else {
-            return FlowService::Drained;
-        };
-        if ip.stalled.is_some() {
-            ip.parked.push(port);
-            return FlowService::Drained;
-        }
-        let cap = self.buf.len() - HEADROOM;
-        for _ in 0..BUDGET {
-            let n = match sys::recv(fd, &mut self.buf[HEADROOM..]) {
-                Ok(Recv::Packet(n)) => n,
-                Ok(Recv::Empty) => 0,
-                Ok(Recv::WouldBlock) => return FlowService::Drained,
-                Ok(Recv::Closed) => return FlowService::Closed,
-                Err(e) => {
-                    debug!(port, error = %e, "flow read error");
-                    return FlowService::Closed;
-                }
-            };
-            if n > cap {
-                if let Some(c) = ip.machine.flow_counters_mut(port) {
-                    c.drops_out += 1;
-                }
-                continue;
-            }
-            let hdr = match ip.machine.send_header(port, n) {
-                Ok(h) => h,
-                Err(e) => {
-                    debug!(port, error = %e, "SDU not sent");
-                    continue;
-                }
-            };
-            let start = HEADROOM - hdr.len();
-            let _ = hdr.write(&mut self.buf[start..HEADROOM]);
-            let frame = &self.buf[start..HEADROOM + n];
-            match transmit(ip.sock.as_raw_fd(), &mut ip.impair, &[frame]) {
-                TxResult::Sent => {}
-                TxResult::Full => {
-                    ip.stalled = Some(frame.to_vec());
-                    ip.parked.push(port);
-                    let _ = self.poll.registry().reregister(
-                        &mut SourceFd(&ip.sock.as_raw_fd()),
-                        token(T_ETH, i),
-                        Interest::READABLE | Interest::WRITABLE,
-                    );
-                    return FlowService::Drained;
-                }
-                TxResult::Failed(e) => {
-                    ip.send_errors += 1;
-                    debug!(port, error = %e, "frame not sent");
-                }
-            }
-        }
-        FlowService::More
-    }
-
-    /// The socket of shim-eth IPCP `i` is writable again: send the stalled
-    /// frame and read the parked flows.
+    /// The socket of shim-eth IPCP `i` is writable again: send what waited,
+    /// read the parked flows and open the N-1 ports over it.
     pub(super) fn eth_unstall(&mut self, i: usize) {
-        let Imp::ShimEth(ip) = &mut self.ipcps[i].imp else {
+        let Io::Eth(ip) = &mut self.ipcps[i].io else {
             return;
         };
-        if let Some(frame) = ip.stalled.take() {
-            match transmit(ip.sock.as_raw_fd(), &mut ip.impair, &[&frame]) {
-                TxResult::Full => {
-                    ip.stalled = Some(frame);
-                    return;
-                }
+        while let Some(frame) = ip.stalled.front() {
+            match transmit(ip.sock.as_raw_fd(), &mut ip.impair, &[frame]) {
+                TxResult::Full => return,
                 TxResult::Failed(_) => ip.send_errors += 1,
                 TxResult::Sent => {}
             }
+            ip.stalled.pop_front();
         }
         let _ = self.poll.registry().reregister(
             &mut SourceFd(&ip.sock.as_raw_fd()),
@@ -719,30 +647,8 @@ impl Daemon {
         for port in std::mem::take(&mut ip.parked) {
             self.mark_flow_ready(port);
         }
-    }
-
-    /// Writes a frame of a normal IPCP on its N-1 flow `port` of shim-eth
-    /// IPCP `lower`. A full send buffer loses it, as a link would.
-    pub(super) fn eth_n1_transmit(&mut self, lower: usize, port: PortId, sdu: &[u8]) {
-        let Imp::ShimEth(ip) = &mut self.ipcps[lower].imp else {
-            return;
-        };
-        let Ok(hdr) = ip.machine.send_header(port, sdu.len()) else {
-            return;
-        };
-        let mut h = [0u8; 32];
-        let Some(n) = hdr.write(&mut h) else {
-            return;
-        };
-        match transmit(ip.sock.as_raw_fd(), &mut ip.impair, &[&h[..n], sdu]) {
-            TxResult::Sent => {}
-            TxResult::Full => {
-                ip.send_full += 1;
-                if let Some(c) = ip.machine.flow_counters_mut(port) {
-                    c.drops_out += 1;
-                }
-            }
-            TxResult::Failed(_) => ip.send_errors += 1,
-        }
+        let now = self.now();
+        self.sys.medium_writable(now, i);
+        self.drain_outputs();
     }
 }

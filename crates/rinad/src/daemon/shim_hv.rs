@@ -130,9 +130,8 @@ struct Attached {
     _map: Mapping,
 }
 
-/// A shim-hv IPCP's machine and shared memory.
+/// A shim-hv IPCP's shared memory.
 pub(super) struct HvIo {
-    pub machine: ShimHv,
     pub path: PathBuf,
     pub busy_poll: bool,
     att: Option<Attached>,
@@ -155,11 +154,9 @@ pub(super) struct HvIo {
     stalled: Option<(PortId, Vec<u8>)>,
     /// Flows whose reading waits for the stall to end.
     parked: Vec<PortId>,
-    /// Application flows of normal IPCPs stacked on this one whose reading
-    /// waits for `n1_backlog` to be no longer congested.
-    parked_upper: Vec<PortId>,
-    /// Times such a flow was parked.
-    upper_parks: u64,
+    /// Times `n1_backlog` became a quarter full and blocked the N-1 ports of
+    /// the normal IPCPs over this one.
+    upper_blocks: u64,
     /// Times the receive ring waited for an application's full ring.
     rx_ring_waits: u64,
     pub rx_queued: bool,
@@ -240,9 +237,10 @@ fn open_region(path: &Path, side: Side, session: u32) -> io::Result<Attached> {
     }
 }
 
-/// The shim-hv IPCP `i` of configuration `cfg`.
-pub(super) fn new_ipcp(cfg: &Config, i: usize) -> Result<Ipcp, DaemonError> {
-    let ic = &cfg.ipcps[i];
+/// The machine configuration and shared memory of the shim-hv IPCP of
+/// entry `c` of configuration `cfg`.
+pub(super) fn new_ipcp(cfg: &Config, c: usize) -> Result<(core_hv::Config, Io), DaemonError> {
+    let ic = &cfg.ipcps[c];
     let name = ic.name.get_ref().clone();
     let path = ic.path.clone().unwrap_or_default();
     let side = match ic.side {
@@ -279,36 +277,31 @@ pub(super) fn new_ipcp(cfg: &Config, i: usize) -> Result<Ipcp, DaemonError> {
     info!(ipcp = %name, dif = %ic.dif, path = %path.display(), ?side, vmpi_id = hc.vmpi_id,
         max_sdu = hc.max_sdu, busy_poll = ic.busy_poll.unwrap_or(false),
         doorbell = %bell.sock_path.display(), "shim-hv IPCP up");
-    Ok(Ipcp {
-        name,
-        dif: ic.dif.clone(),
-        imp: Imp::ShimHv(Box::new(HvIo {
-            machine: ShimHv::new(hc),
-            path,
-            busy_poll: ic.busy_poll.unwrap_or(false),
-            att,
-            session,
-            next_tick: Instant::from_nanos(0),
-            backlog: Backlog::new(BACKLOG_MAX, BACKLOG_MAX * 2048),
-            n1_backlog: Backlog::new(N1_BACKLOG_BUFFERS, N1_BACKLOG_BYTES),
-            bell,
-            tx_armed: false,
-            relay_paused: None,
-            relay_pauses: 0,
-            stalled: None,
-            parked: Vec::new(),
-            parked_upper: Vec::new(),
-            upper_parks: 0,
-            rx_ring_waits: 0,
-            rx_queued: false,
-            rx_pending: HashMap::new(),
-            rx_paused_on: None,
-            rx_ring_errors: 0,
-            tx_ring_errors: 0,
-            attach_errors: 0,
-            ticks: 0,
-        })),
-    })
+    let io = Io::Hv(Box::new(HvIo {
+        path,
+        busy_poll: ic.busy_poll.unwrap_or(false),
+        att,
+        session,
+        next_tick: Instant::from_nanos(0),
+        backlog: Backlog::new(BACKLOG_MAX, BACKLOG_MAX * 2048),
+        n1_backlog: Backlog::new(N1_BACKLOG_BUFFERS, N1_BACKLOG_BYTES),
+        bell,
+        tx_armed: false,
+        relay_paused: None,
+        relay_pauses: 0,
+        stalled: None,
+        parked: Vec::new(),
+        upper_blocks: 0,
+        rx_ring_waits: 0,
+        rx_queued: false,
+        rx_pending: HashMap::new(),
+        rx_paused_on: None,
+        rx_ring_errors: 0,
+        tx_ring_errors: 0,
+        attach_errors: 0,
+        ticks: 0,
+    }));
+    Ok((hc, io))
 }
 
 impl Drop for HvIo {
@@ -680,7 +673,7 @@ impl HvIo {
     }
 
     /// Sends what waited for room; true if nothing waits any more.
-    fn flush(&mut self) -> bool {
+    fn flush(&mut self, m: &mut ShimHv) -> bool {
         let Some(a) = &mut self.att else {
             return false;
         };
@@ -714,8 +707,8 @@ impl HvIo {
                         done = false;
                     }
                     Err(_) => {
-                        let (port, len) = (*port, b.len());
-                        self.machine.unsend(port, len);
+                        let (port, len) = (*port, b.len() - CHANNEL_HEADER);
+                        m.unsend(port, len);
                         self.stalled = None;
                     }
                 }
@@ -768,14 +761,19 @@ impl HvIo {
         !a.link.arm_tx(len)
     }
 
+    /// Whether application SDUs or control buffers wait for room.
+    pub fn stalled(&self) -> bool {
+        self.stalled.is_some() || !self.backlog.is_empty()
+    }
+
     /// Its address, for listings: the VMPI-id, side and file.
-    pub fn address(&self) -> String {
-        let c = self.machine.config();
+    pub fn address(&self, m: &ShimHv) -> String {
+        let c = m.config();
         let side = match c.side {
             Side::Host => "host",
             Side::Guest => "guest",
         };
-        let state = if self.machine.is_peer_up() {
+        let state = if m.is_peer_up() {
             "peer up"
         } else if self.att.is_some() {
             "peer down"
@@ -791,19 +789,19 @@ impl HvIo {
     }
 
     /// IPCP-wide counters, the machine's and the driver's.
-    pub fn counters(&self) -> BTreeMap<String, u64> {
-        let mut c = self.machine.counters().to_map();
+    pub fn counters(&self, m: &ShimHv) -> BTreeMap<String, u64> {
+        let mut c = m.counters().to_map();
         c.insert("rx_ring_errors".into(), self.rx_ring_errors);
         c.insert("tx_ring_errors".into(), self.tx_ring_errors);
         c.insert("tx_ring_full".into(), self.n1_backlog.overflow());
         c.insert("tx_backlog_queued".into(), self.n1_backlog.queued());
         c.insert("tx_backlog_len".into(), self.n1_backlog.len() as u64);
         c.insert("relay_pauses".into(), self.relay_pauses);
-        c.insert("upper_parks".into(), self.upper_parks);
+        c.insert("upper_blocks".into(), self.upper_blocks);
         c.insert("rx_ring_waits".into(), self.rx_ring_waits);
         c.insert("control_dropped".into(), self.backlog.overflow());
         c.insert("attach_errors".into(), self.attach_errors);
-        c.insert("peer_up".into(), u64::from(self.machine.is_peer_up()));
+        c.insert("peer_up".into(), u64::from(m.is_peer_up()));
         c.insert("doorbell".into(), u64::from(self.bell.on()));
         c.insert("bell_rung".into(), self.bell.rung);
         c.insert("bell_wakeups".into(), self.bell.wakeups);
@@ -813,16 +811,16 @@ impl HvIo {
     }
 
     /// Its RIB: address, names and flows with their counters.
-    pub fn rib(&self) -> rina_core::rib::Rib {
+    pub fn rib(&self, m: &ShimHv) -> rina_core::rib::Rib {
         use rina_core::rib::{self, ObjValue, Rib};
         let mut r = Rib::new(rib::Config::default());
         let _ = r.create_with_parents(
             "/shim/addr",
             "address",
-            ObjValue::Str(self.address()),
+            ObjValue::Str(self.address(m)),
             rib::OwnerId::NAMESPACE_MANAGER,
         );
-        for (port, f) in self.machine.flows() {
+        for (port, f) in m.flows() {
             let _ = r.create_with_parents(
                 &format!("/shim/flows/pid={port}"),
                 "Flow",
@@ -837,14 +835,29 @@ impl HvIo {
     }
 }
 
+/// The driver and the machine of shim-hv IPCP `i`, borrowed together.
+fn parts<'a>(
+    ipcps: &'a mut [Ipcp],
+    sys: &'a mut System,
+    i: usize,
+) -> Option<(&'a mut HvIo, &'a mut ShimHv)> {
+    let Io::Hv(h) = &mut ipcps.get_mut(i)?.io else {
+        return None;
+    };
+    let Some(Machine::ShimHv(m)) = sys.member_mut(i).map(|m| &mut m.machine) else {
+        return None;
+    };
+    Some((h, m))
+}
+
 impl Daemon {
     /// When the next shim-hv tick is due (now, for busy-polling IPCPs).
     pub(super) fn hv_timeout(&self) -> Option<Instant> {
         self.ipcps
             .iter()
-            .filter_map(|ip| match &ip.imp {
-                Imp::ShimHv(h) if h.busy_poll => Some(Instant::from_nanos(0)),
-                Imp::ShimHv(h) => Some(h.next_tick),
+            .filter_map(|ip| match &ip.io {
+                Io::Hv(h) if h.busy_poll => Some(Instant::from_nanos(0)),
+                Io::Hv(h) => Some(h.next_tick),
                 _ => None,
             })
             .min()
@@ -854,16 +867,22 @@ impl Daemon {
     /// heartbeats, sends held back, and a poll of the receive ring.
     pub(super) fn hv_ticks(&mut self, now: Instant) {
         for i in 0..self.ipcps.len() {
+            let Some(side) = (match self.machine(i) {
+                Some(Machine::ShimHv(m)) => Some(m.config().side),
+                _ => None,
+            }) else {
+                continue;
+            };
             let ipcp = &mut self.ipcps[i];
             let name = &ipcp.name;
-            let Imp::ShimHv(h) = &mut ipcp.imp else {
+            let Io::Hv(h) = &mut ipcp.io else {
                 continue;
             };
             if !h.busy_poll && h.next_tick > now {
                 continue;
             }
             h.ticks += 1;
-            if h.att.is_none() && h.machine.config().side == Side::Guest {
+            if h.att.is_none() && side == Side::Guest {
                 match open_region(&h.path, Side::Guest, h.session) {
                     Ok(a) => {
                         info!(ipcp = %name, "shim-hv guest attached");
@@ -886,7 +905,6 @@ impl Daemon {
                         .is_ok();
                 }
             }
-            let side = h.machine.config().side;
             h.bell.step(side, h.att.is_some(), now);
             h.next_tick = now + if h.sleeps_on_bell() { BELL_TICK } else { TICK };
             let Some(a) = &mut h.att else {
@@ -895,91 +913,64 @@ impl Daemon {
             match a.link.tick(now) {
                 Some(LinkEvent::Up) => {
                     info!(ipcp = %name, "shim-hv peer up");
-                    h.machine.peer_up();
+                    self.sys.hv_peer(now, i, true);
                 }
                 Some(LinkEvent::Down) => {
                     warn!(ipcp = %name, "shim-hv peer gone; its flows are closed");
-                    h.machine.peer_lost();
                     h.backlog.clear();
                     h.n1_backlog.clear();
                     h.stalled = None;
+                    self.sys.hv_peer(now, i, false);
+                    self.sys.medium_writable(now, i);
                 }
                 None => {}
             }
-            self.mark_udp_ready(i);
+            self.mark_medium_ready(i);
         }
     }
 
-    /// Sends what waits for room in the send ring of shim-hv IPCP `i` and
-    /// reads the flows parked on it once it all went.
+    /// Sends what waits for room in the send ring of shim-hv IPCP `i`,
+    /// reads the flows parked on it once it all went, and opens the N-1
+    /// ports over it once its backlog is less than a quarter full.
     fn hv_flush_tx(&mut self, i: usize) {
-        let Imp::ShimHv(h) = &mut self.ipcps[i].imp else {
+        let now = self.now();
+        let Some((h, m)) = parts(&mut self.ipcps, &mut self.sys, i) else {
             return;
         };
         let was_congested = h.n1_backlog.is_congested();
-        if h.flush() {
-            for port in std::mem::take(&mut h.parked) {
-                self.mark_flow_ready(port);
-            }
-        } else if h.arm_tx() {
-            self.mark_udp_ready(i);
+        let was_filling = h.n1_backlog.is_filling();
+        let (flushed, again) = if h.flush(m) {
+            (std::mem::take(&mut h.parked), false)
+        } else {
+            (Vec::new(), h.arm_tx())
+        };
+        let relieved = was_filling && !h.n1_backlog.is_filling();
+        for port in flushed {
+            self.mark_flow_ready(port);
         }
-        if let Imp::ShimHv(h) = &mut self.ipcps[i].imp {
-            if !h.n1_backlog.is_congested() && !h.parked_upper.is_empty() {
-                for port in std::mem::take(&mut h.parked_upper) {
-                    self.mark_flow_ready(port);
-                }
-            }
+        if again {
+            self.mark_medium_ready(i);
+        }
+        if relieved {
+            self.sys.medium_writable(now, i);
         }
         if was_congested && !self.hv_congested_besides(usize::MAX) {
             // Rings whose reading paused for this backlog are read again.
             for k in 0..self.ipcps.len() {
-                if let Imp::ShimHv(h) = &mut self.ipcps[k].imp {
+                if let Io::Hv(h) = &mut self.ipcps[k].io {
                     if h.relay_paused.take().is_some() {
-                        self.mark_udp_ready(k);
+                        self.mark_medium_ready(k);
                     }
                 }
             }
         }
     }
 
-    /// Whether normal IPCP `j` has an N-1 flow over a shim-hv IPCP.
-    pub(super) fn over_hv(&self, j: usize) -> bool {
-        self.n1_owner
-            .values()
-            .any(|&(o, lower)| o == j && matches!(self.ipcps[lower].imp, Imp::ShimHv(_)))
-    }
-
-    /// A shim-hv IPCP under normal IPCP `j` whose backlog of stacked
-    /// frames is at least half full, if any. (All of `j`'s application
-    /// flows wait for it, even those routed over another N-1 flow: in the
-    /// VM case there is only one.)
-    pub(super) fn hv_congested_under(&self, j: usize) -> Option<usize> {
-        self.n1_owner
-            .values()
-            .filter(|&&(o, _)| o == j)
-            .map(|&(_, lower)| lower)
-            .find(|&lower| {
-                matches!(&self.ipcps[lower].imp, Imp::ShimHv(h) if h.n1_backlog.is_congested())
-            })
-    }
-
-    /// Stops reading application flow `port` of a stacked normal IPCP
-    /// until the backlog of shim-hv IPCP `lower` is no longer congested.
-    pub(super) fn hv_park_upper(&mut self, lower: usize, port: PortId) {
-        if let Imp::ShimHv(h) = &mut self.ipcps[lower].imp {
-            if !h.parked_upper.contains(&port) {
-                h.parked_upper.push(port);
-            }
-            h.upper_parks += 1;
-        }
-    }
-
     /// Whether the backlog of stacked IPCPs' frames of a shim-hv IPCP
     /// other than `i` is at least half full.
     fn hv_congested_besides(&self, i: usize) -> bool {
-        self.ipcps.iter().enumerate().any(|(k, ip)| match &ip.imp {
-            Imp::ShimHv(h) => k != i && h.n1_backlog.is_congested(),
+        self.ipcps.iter().enumerate().any(|(k, ip)| match &ip.io {
+            Io::Hv(h) => k != i && h.n1_backlog.is_congested(),
             _ => false,
         })
     }
@@ -992,13 +983,14 @@ impl Daemon {
     /// lasts at most [`RELAY_PAUSE_MAX`] before a batch is read anyway, so
     /// that relays waiting on each other in a loop cannot stop for good.
     fn hv_relay_blocked(&mut self, i: usize, now: Instant) -> bool {
-        if !self.n1_owner.values().any(|&(_, lower)| lower == i) || !self.hv_congested_besides(i) {
-            if let Imp::ShimHv(h) = &mut self.ipcps[i].imp {
+        let carries_n1 = self.sys.n1_flows().any(|(_, _, lower)| lower == i);
+        if !carries_n1 || !self.hv_congested_besides(i) {
+            if let Io::Hv(h) = &mut self.ipcps[i].io {
                 h.relay_paused = None;
             }
             return false;
         }
-        let Imp::ShimHv(h) = &mut self.ipcps[i].imp else {
+        let Io::Hv(h) = &mut self.ipcps[i].io else {
             return false;
         };
         match h.relay_paused {
@@ -1020,7 +1012,7 @@ impl Daemon {
     /// receive ring; true if there may be more.
     pub(super) fn service_hv(&mut self, i: usize) -> bool {
         let now = self.now();
-        if let Imp::ShimHv(h) = &mut self.ipcps[i].imp {
+        if let Io::Hv(h) = &mut self.ipcps[i].io {
             if let Some(fd) = &h.bell.mine {
                 if drain_eventfd(fd) > 0 {
                     h.bell.wakeups += 1;
@@ -1031,7 +1023,7 @@ impl Daemon {
         if self.hv_relay_blocked(i, now) {
             return false;
         }
-        if let Imp::ShimHv(h) = &mut self.ipcps[i].imp {
+        if let Io::Hv(h) = &mut self.ipcps[i].io {
             // Queues of flows closed meanwhile are dropped, and do not pause.
             h.rx_pending.retain(|p, _| self.flows.contains_key(p));
             if let Some(p) = h.rx_paused_on {
@@ -1057,7 +1049,7 @@ impl Daemon {
                 None => {
                     // Empty: sleep on the doorbell if the peer will ring it.
                     more = false;
-                    if let Imp::ShimHv(h) = &self.ipcps[i].imp {
+                    if let Io::Hv(h) = &self.ipcps[i].io {
                         if let Some(a) = &h.att {
                             if h.sleeps_on_bell() && !a.link.arm_rx() {
                                 more = true;
@@ -1070,7 +1062,7 @@ impl Daemon {
         }
         // After any slot was freed (also by a read that then stopped):
         // ring a producer that sleeps on a full ring.
-        if let Imp::ShimHv(h) = &mut self.ipcps[i].imp {
+        if let Io::Hv(h) = &mut self.ipcps[i].io {
             if let Some(a) = &h.att {
                 if h.bell.on() && a.link.peer_wants_room() {
                     h.bell.ring();
@@ -1082,11 +1074,13 @@ impl Daemon {
 
     /// Takes one buffer from the receive ring of shim-hv IPCP `i`: `None`
     /// if the ring is empty, `Some(false)` if reading must stop (garbage,
-    /// or an application's queue is full), `Some(true)` otherwise.
+    /// or an application's queue is full), `Some(true)` otherwise. SDUs of
+    /// application flows go from the ring to the application without a
+    /// copy in the daemon; control buffers and frames of normal IPCPs
+    /// above go to the system from one copy.
     fn hv_take_one(&mut self, i: usize, now: Instant) -> Option<bool> {
-        let Imp::ShimHv(h) = &mut self.ipcps[i].imp else {
-            return Some(false);
-        };
+        let name = self.ipcps[i].name.clone();
+        let (h, m) = parts(&mut self.ipcps, &mut self.sys, i)?;
         let Some(a) = &mut h.att else {
             return Some(false);
         };
@@ -1095,38 +1089,40 @@ impl Daemon {
             Ok(None) => return None,
             Err(e) => {
                 h.rx_ring_errors += 1;
-                debug!(ipcp = %self.ipcps[i].name, error = %e, "garbage in the receive ring; dropped what was published");
+                debug!(ipcp = %name, error = %e, "garbage in the receive ring; dropped what was published");
                 return Some(false);
             }
         };
         let n = seg.len();
         let mut ch = [0u8; CHANNEL_HEADER];
-        let data = n > CHANNEL_HEADER
-            && a.link.read_peeked(n, &mut ch)
-            && u32::from_le_bytes(ch) != CONTROL_CHANNEL;
-        if !data {
-            // Control (or malformed): parsed from a copy.
+        let app_port = (n > CHANNEL_HEADER && a.link.read_peeked(n, &mut ch))
+            .then(|| m.channel_port(u32::from_le_bytes(ch)))
+            .flatten()
+            .filter(|p| self.flows.contains_key(p));
+        let Some(port) = app_port else {
+            // Control, a frame of a normal IPCP above, or garbage: to the
+            // system from a copy.
             let copied = n <= self.buf.len() && a.link.read_peeked(n, &mut self.buf[..n]);
             a.link.consume(n);
             if copied {
-                if let core_hv::Received::Dropped(reason) = h.machine.on_buffer(now, &self.buf[..n])
-                {
-                    debug!(ipcp = %self.ipcps[i].name, ?reason, "VMPI buffer dropped");
+                let rx = rina_core::system::Rx::Hv {
+                    buf: &self.buf[..n],
+                };
+                if let Some((port, sdu)) = self.sys.receive(now, i, rx) {
+                    super::shim::straight_to_app(&self.flows, &mut self.sys, i, port, sdu);
                 }
             }
             return Some(true);
-        }
-        let sdu_len = n - CHANNEL_HEADER;
-        let port = match h.machine.on_data_header(u32::from_le_bytes(ch), sdu_len) {
-            Ok(p) => p,
-            Err(reason) => {
-                a.link.consume(n);
-                debug!(ipcp = %self.ipcps[i].name, ?reason, "VMPI buffer dropped");
-                return Some(true);
-            }
         };
+        let sdu_len = n - CHANNEL_HEADER;
+        if let Err(reason) = m.on_data_header(u32::from_le_bytes(ch), sdu_len) {
+            a.link.consume(n);
+            debug!(ipcp = %name, ?reason, "VMPI buffer dropped");
+            return Some(true);
+        }
         let sdu = seg.skip(CHANNEL_HEADER);
-        if let Some(r) = self.flows.get_mut(&port).and_then(|fs| fs.rings.as_mut()) {
+        let mut ready = None;
+        let taken = if let Some(r) = self.flows.get_mut(&port).and_then(|fs| fs.rings.as_mut()) {
             // Ring to ring, unless SDUs are held before it.
             let held = h.rx_pending.get(&port).is_some_and(|q| !q.is_empty());
             if !held {
@@ -1143,7 +1139,7 @@ impl Daemon {
                 // ring (no copy) and the ring is not read until the
                 // application kicks, which fills the peer's ring and holds
                 // its writers back.
-                h.machine.unreceive(port, sdu_len);
+                m.unreceive(port, sdu_len);
                 if r.want_room(sdu_len) {
                     return Some(true);
                 }
@@ -1162,17 +1158,15 @@ impl Daemon {
             q.push_back(v);
             let full = q.len() >= RX_QUEUE_MAX;
             // The application kicks once it made room (or room is there now).
-            let room_now = q.front().is_some_and(|f| !r.to_app.arm(f.len()));
+            if q.front().is_some_and(|f| !r.to_app.arm(f.len())) {
+                ready = Some(port);
+            }
             if full {
                 h.rx_paused_on = Some(port);
             }
-            if room_now {
-                self.mark_flow_ready(port);
-            }
-            return Some(!full);
-        }
-        if let Some(fs) = self.flows.get(&port) {
-            let fd = fs.fd.as_raw_fd();
+            Some(!full)
+        } else {
+            let fd = self.flows.get(&port).map(|fs| fs.fd.as_raw_fd())?;
             let held = h.rx_pending.get(&port).is_some_and(|q| !q.is_empty());
             // Straight from the ring to the application's socket.
             let sent = if held {
@@ -1181,7 +1175,10 @@ impl Daemon {
                 send_from(fd, &sdu)
             };
             match sent {
-                Ok(Sent::Done) => a.link.consume(n),
+                Ok(Sent::Done) => {
+                    a.link.consume(n);
+                    Some(true)
+                }
                 Ok(Sent::WouldBlock) => {
                     let mut v = vec![0u8; n];
                     let ok = a.link.read_peeked(n, &mut v);
@@ -1200,33 +1197,22 @@ impl Daemon {
                     );
                     if full {
                         h.rx_paused_on = Some(port);
-                        return Some(false);
                     }
+                    Some(!full)
                 }
                 _ => {
                     a.link.consume(n);
-                    if let Some(c) = h.machine.flow_counters_mut(port) {
+                    if let Some(c) = m.flow_counters_mut(port) {
                         c.drops_in += 1;
                     }
+                    Some(true)
                 }
             }
-            return Some(true);
+        };
+        if let Some(p) = ready {
+            self.mark_flow_ready(p);
         }
-        // A frame of a stacked normal IPCP: handed over from a copy.
-        let copied = n <= self.buf.len() && a.link.read_peeked(n, &mut self.buf[..n]);
-        a.link.consume(n);
-        if !copied {
-            return Some(true);
-        }
-        let frame = &self.buf[CHANNEL_HEADER..n];
-        if let Some(&(j, _)) = self.n1_owner.get(&port) {
-            if let Imp::Normal(nm) = &mut self.ipcps[j].imp {
-                nm.machine.on_frame(now, port, frame);
-            }
-        } else if self.n1_pending.contains_key(&port) && self.early_n1.len() < BUDGET {
-            self.early_n1.push((port, frame.to_vec()));
-        }
-        Some(true)
+        taken
     }
 
     /// The application's socket of shim-hv flow `port` can take more: hand
@@ -1240,7 +1226,7 @@ impl Daemon {
             return;
         }
         let (fd, i) = (slot.fd.as_raw_fd(), slot.ipcp);
-        let Imp::ShimHv(h) = &mut self.ipcps[i].imp else {
+        let Io::Hv(h) = &mut self.ipcps[i].io else {
             return;
         };
         let Some(q) = h.rx_pending.get_mut(&port) else {
@@ -1268,7 +1254,59 @@ impl Daemon {
         }
         if h.rx_paused_on == Some(port) && len < RX_QUEUE_MAX / 2 {
             h.rx_paused_on = None;
-            self.mark_udp_ready(i);
+            self.mark_medium_ready(i);
+        }
+    }
+
+    /// Sends a buffer the system asked for on shim-hv IPCP `i`: control
+    /// messages through their backlog, frames of normal IPCPs above
+    /// through theirs. While that backlog is a quarter full the N-1 ports over
+    /// this IPCP are blocked, so PDUs wait in the RMT above, where the
+    /// scheduling policy decides; only what overflows the backlog is lost
+    /// (counted as `tx_ring_full`).
+    pub(super) fn hv_send(&mut self, i: usize, frame: Vec<u8>) {
+        let now = self.now();
+        let Io::Hv(h) = &mut self.ipcps[i].io else {
+            return;
+        };
+        let control = frame
+            .get(..CHANNEL_HEADER)
+            .is_none_or(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) == CONTROL_CHANNEL);
+        if control {
+            h.send_control(frame);
+            return;
+        }
+        let Some(a) = &mut h.att else {
+            return;
+        };
+        let was_waiting = !h.n1_backlog.is_empty();
+        let was_filling = h.n1_backlog.is_filling();
+        // Control messages waiting go first: they may open the channel.
+        let out = if h.backlog.is_empty() {
+            h.n1_backlog.send(&mut a.link, &[&frame])
+        } else {
+            h.n1_backlog.queue_only(&[&frame])
+        };
+        let mut again = false;
+        match out {
+            BacklogOutcome::Sent => h.wake_peer_for_data(),
+            BacklogOutcome::Queued => again = !was_waiting && h.arm_tx(),
+            BacklogOutcome::Overflow => {}
+            BacklogOutcome::Failed(e) => {
+                if matches!(e, RingError::BadIndex { .. }) {
+                    h.tx_ring_errors += 1;
+                }
+            }
+        }
+        let filling = !was_filling && h.n1_backlog.is_filling();
+        if filling {
+            h.upper_blocks += 1;
+        }
+        if again {
+            self.mark_medium_ready(i);
+        }
+        if filling {
+            self.sys.medium_blocked(now, i);
         }
     }
 
@@ -1283,17 +1321,16 @@ impl Daemon {
         if slot.rings.is_some() {
             return self.service_hv_rings(port);
         }
-        let i = slot.ipcp;
-        let fd = slot.fd.as_raw_fd();
-        let Imp::ShimHv(h) = &mut self.ipcps[i].imp else {
+        let (i, fd) = (slot.ipcp, slot.fd.as_raw_fd());
+        let Some((h, m)) = parts(&mut self.ipcps, &mut self.sys, i) else {
             return FlowService::Drained;
         };
-        if h.stalled.is_some() || !h.backlog.is_empty() {
+        if h.stalled() {
             h.parked.push(port);
             return FlowService::Drained;
         }
         let cap = self.buf.len() - HEADROOM;
-        let max_sdu = h.machine.config().max_sdu as usize;
+        let max_sdu = m.config().max_sdu as usize;
         // Room for the channel header, the largest SDU and one byte more
         // (to tell a too-large SDU from a fitting one).
         let reserve = CHANNEL_HEADER + max_sdu + 1;
@@ -1311,7 +1348,7 @@ impl Daemon {
                         break;
                     }
                 };
-                let hdr = match h.machine.send_header(port, n) {
+                let hdr = match m.send_header(port, n) {
                     Ok(hdr) => hdr,
                     Err(e) => {
                         debug!(port, error = %e, "SDU not sent");
@@ -1325,7 +1362,7 @@ impl Daemon {
                         if matches!(e, RingError::BadIndex { .. }) {
                             h.tx_ring_errors += 1;
                         }
-                        h.machine.unsend(port, n);
+                        m.unsend(port, n);
                         debug!(port, error = %e, "SDU not sent");
                     }
                 }
@@ -1340,12 +1377,12 @@ impl Daemon {
                 }
             };
             if n > cap {
-                if let Some(c) = h.machine.flow_counters_mut(port) {
+                if let Some(c) = m.flow_counters_mut(port) {
                     c.drops_out += 1;
                 }
                 continue;
             }
-            let hdr = match h.machine.send_header(port, n) {
+            let hdr = match m.send_header(port, n) {
                 Ok(h) => h,
                 Err(e) => {
                     debug!(port, error = %e, "SDU not sent");
@@ -1367,7 +1404,7 @@ impl Daemon {
                     break;
                 }
                 Err(e) => {
-                    h.machine.unsend(port, n);
+                    m.unsend(port, n);
                     debug!(port, error = %e, "SDU not sent");
                 }
             }
@@ -1376,7 +1413,7 @@ impl Daemon {
             h.wake_peer_for_data();
         }
         if h.stalled.is_some() && h.arm_tx() {
-            self.mark_udp_ready(i);
+            self.mark_medium_ready(i);
         }
         result
     }
@@ -1397,7 +1434,7 @@ impl Daemon {
         let Some(r) = &mut slot.rings else {
             return FlowService::Drained;
         };
-        let Imp::ShimHv(h) = &mut self.ipcps[i].imp else {
+        let Some((h, m)) = parts(&mut self.ipcps, &mut self.sys, i) else {
             return FlowService::Drained;
         };
         // Held SDUs first, in order.
@@ -1418,10 +1455,10 @@ impl Daemon {
                 resume_rx = true;
             }
         }
-        if h.stalled.is_some() || !h.backlog.is_empty() {
+        if h.stalled() {
             h.parked.push(port);
             if resume_rx {
-                self.mark_udp_ready(i);
+                self.mark_medium_ready(i);
             }
             return if again {
                 FlowService::More
@@ -1429,7 +1466,7 @@ impl Daemon {
                 FlowService::Drained
             };
         }
-        let max_sdu = h.machine.config().max_sdu as usize;
+        let max_sdu = m.config().max_sdu as usize;
         let (mut sent, mut result, mut full) = (0, FlowService::More, None);
         for _ in 0..4 * BUDGET {
             let Some(a) = &mut h.att else {
@@ -1445,7 +1482,7 @@ impl Daemon {
                 Err(e) => {
                     // The application wrote garbage: its own flow suffers.
                     debug!(port, error = %e, "garbage in a flow's ring; dropped what was published");
-                    if let Some(c) = h.machine.flow_counters_mut(port) {
+                    if let Some(c) = m.flow_counters_mut(port) {
                         c.drops_out += 1;
                     }
                     result = FlowService::Drained;
@@ -1455,7 +1492,7 @@ impl Daemon {
             let n = seg.len();
             if n > max_sdu {
                 r.from_app.consume(n);
-                if let Some(c) = h.machine.flow_counters_mut(port) {
+                if let Some(c) = m.flow_counters_mut(port) {
                     c.drops_out += 1;
                 }
                 continue;
@@ -1472,7 +1509,7 @@ impl Daemon {
                     break;
                 }
             };
-            let hdr = match h.machine.send_header(port, n) {
+            let hdr = match m.send_header(port, n) {
                 Ok(hdr) => hdr,
                 Err(e) => {
                     debug!(port, error = %e, "SDU not sent");
@@ -1486,7 +1523,7 @@ impl Daemon {
             match a.link.commit(need, need) {
                 Ok(()) => sent += 1,
                 Err(e) => {
-                    h.machine.unsend(port, n);
+                    m.unsend(port, n);
                     debug!(port, error = %e, "SDU not sent");
                 }
             }
@@ -1503,50 +1540,11 @@ impl Daemon {
             }
         }
         if resume_rx {
-            self.mark_udp_ready(i);
+            self.mark_medium_ready(i);
         }
         if again {
             result = FlowService::More;
         }
         result
-    }
-
-    /// Writes a frame of a normal IPCP on its N-1 flow `port` of shim-hv
-    /// IPCP `lower`. A full ring holds it in a bounded backlog, sent when
-    /// the peer frees slots; only what overflows that is lost, as on a
-    /// congested link (and counted).
-    pub(super) fn hv_n1_transmit(&mut self, lower: usize, port: PortId, frame: &[u8]) {
-        let Imp::ShimHv(h) = &mut self.ipcps[lower].imp else {
-            return;
-        };
-        let Ok(hdr) = h.machine.send_header(port, frame.len()) else {
-            return;
-        };
-        let Some(a) = &mut h.att else {
-            h.machine.unsend(port, frame.len());
-            return;
-        };
-        let was_waiting = !h.n1_backlog.is_empty();
-        // Control messages waiting go first: they may open the channel.
-        let out = if h.backlog.is_empty() {
-            h.n1_backlog.send(&mut a.link, &[&hdr, frame])
-        } else {
-            h.n1_backlog.queue_only(&[&hdr, frame])
-        };
-        match out {
-            BacklogOutcome::Sent => h.wake_peer_for_data(),
-            BacklogOutcome::Queued => {
-                if !was_waiting && h.arm_tx() {
-                    self.mark_udp_ready(lower);
-                }
-            }
-            BacklogOutcome::Overflow => h.machine.unsend(port, frame.len()),
-            BacklogOutcome::Failed(e) => {
-                if matches!(e, RingError::BadIndex { .. }) {
-                    h.tx_ring_errors += 1;
-                }
-                h.machine.unsend(port, frame.len());
-            }
-        }
     }
 }

@@ -385,7 +385,9 @@ impl LabNode {
         let t = now.as_nanos();
         match o {
             // The simulator's media are UDP links: every frame has a peer.
-            Output::ToMedium { peer: None, .. } | Output::Membership { .. } => {}
+            Output::ToMedium { peer: None, .. }
+            | Output::Membership { .. }
+            | Output::Alarm { .. } => {}
             Output::ToMedium {
                 medium,
                 peer: Some(peer),

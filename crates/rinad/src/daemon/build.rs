@@ -1,0 +1,239 @@
+//! Building the daemon's [`System`] and its drivers from the configuration:
+//! shims first, each with the socket or shared memory its driver needs,
+//! then normal IPCPs in an order where the DIFs below each one exist.
+
+use super::shim::UdpIo;
+use super::*;
+use crate::config::{IpcpConfig, IpcpKind};
+use mio::net::UdpSocket;
+use rina_core::normal::NormalConfig;
+use rina_core::system::NeighborSpec;
+use rina_core::{shim_udp, system::SystemError};
+
+/// Receive buffer asked for on each UDP socket.
+const UDP_RCVBUF: usize = 4 << 20;
+
+fn sys_err(e: SystemError) -> DaemonError {
+    DaemonError::Io {
+        what: e.to_string(),
+        source: io::Error::other("configuration"),
+    }
+}
+
+/// The system of configuration `cfg` and the drivers of its members (same
+/// order), registered with `poll`.
+pub(super) fn system(cfg: &Config, poll: &Poll) -> Result<(System, Vec<Ipcp>), DaemonError> {
+    let mut sys = System::new(cfg.system.name.clone());
+    let mut ipcps = Vec::new();
+    for (c, ic) in cfg.ipcps.iter().enumerate() {
+        let i = ipcps.len();
+        let name = ic.name.get_ref().clone();
+        let rate = ic.port_rate();
+        let io = match ic.kind {
+            IpcpKind::Normal => continue,
+            IpcpKind::ShimUdp => {
+                let (sc, io) = udp_ipcp(ic, poll, i)?;
+                sys.add_shim_udp(name.clone(), sc, rate).map_err(sys_err)?;
+                io
+            }
+            IpcpKind::ShimEth => {
+                let (ec, io) = shim_eth::new_ipcp(cfg, poll, c, i)?;
+                sys.add_shim_eth(name.clone(), ec, rate).map_err(sys_err)?;
+                io
+            }
+            IpcpKind::ShimHv => {
+                let (hc, io) = shim_hv::new_ipcp(cfg, c)?;
+                sys.add_shim_hv(name.clone(), hc, rate).map_err(sys_err)?;
+                io
+            }
+        };
+        ipcps.push(Ipcp {
+            name,
+            dif: ic.dif.clone(),
+            io,
+        });
+    }
+    // Normal IPCPs once the DIFs their neighbours are reached through have
+    // a member here (a DIF may be stacked on another normal DIF).
+    let mut left: Vec<&IpcpConfig> = cfg
+        .ipcps
+        .iter()
+        .filter(|ic| ic.kind == IpcpKind::Normal)
+        .collect();
+    while !left.is_empty() {
+        let ready = left.iter().position(|ic| {
+            ic.neighbors.iter().all(|nb| {
+                let over = nb.over.get_ref();
+                sys.member_in(over).is_some() || !cfg.ipcps.iter().any(|o| &o.dif == over)
+            })
+        });
+        let Some(k) = ready else {
+            let names: Vec<&str> = left.iter().map(|ic| ic.name.get_ref().as_str()).collect();
+            return Err(DaemonError::Io {
+                what: format!(
+                    "normal IPCPs {} are stacked on each other in a loop",
+                    names.join(", ")
+                ),
+                source: io::Error::other("configuration"),
+            });
+        };
+        let ic = left.remove(k);
+        add_normal(&mut sys, ic)?;
+        ipcps.push(Ipcp {
+            name: ic.name.get_ref().clone(),
+            dif: ic.dif.clone(),
+            io: Io::Normal(Box::new(normal::NormalIo {
+                sched: ic.scheduler_config(),
+            })),
+        });
+    }
+    Ok((sys, ipcps))
+}
+
+/// A shim-udp IPCP's machine configuration and its socket, registered as
+/// member `i`.
+fn udp_ipcp(ic: &IpcpConfig, poll: &Poll, i: usize) -> Result<(shim_udp::Config, Io), DaemonError> {
+    let bind = ic.bind.unwrap_or_else(|| ([127, 0, 0, 1], 0).into());
+    let mut sock = UdpSocket::bind(bind).map_err(io_ctx(format!(
+        "IPCP {}: cannot bind UDP {bind}",
+        ic.name.get_ref()
+    )))?;
+    let _ = nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::RcvBuf, &UDP_RCVBUF);
+    poll.registry()
+        .register(&mut sock, token(T_UDP, i), Interest::READABLE)
+        .map_err(io_ctx("poll register"))?;
+    let bound = sock.local_addr().unwrap_or(bind);
+    let mut sc = shim_udp::Config::new(ic.dif.clone());
+    if let Some(m) = &ic.max_sdu {
+        sc.max_sdu = *m.get_ref();
+    }
+    sc.directory = ic.directory.clone().into_iter().collect();
+    if let Some(m) = ic.max_flows {
+        sc.max_flows = m;
+    }
+    info!(ipcp = %ic.name.get_ref(), dif = %ic.dif, %bound, max_sdu = sc.max_sdu,
+        directory = sc.directory.len(), "shim-udp IPCP up");
+    Ok((sc, Io::Udp(Box::new(UdpIo::new(sock, bound)))))
+}
+
+/// Adds the normal IPCP of `ic` with its neighbours, static routes and
+/// directory.
+fn add_normal(sys: &mut System, ic: &IpcpConfig) -> Result<(), DaemonError> {
+    let (app_name, nc) = normal_config(ic)?;
+    let neighbors = ic
+        .neighbors
+        .iter()
+        .filter(|nb| sys.member_in(nb.over.get_ref()).is_some())
+        .map(|nb| NeighborSpec {
+            name: nb.name.clone(),
+            over: nb.over.get_ref().clone(),
+            address: nb.address,
+        })
+        .collect();
+    let routes = ic
+        .routes
+        .iter()
+        .filter_map(|(d, &h)| d.parse().ok().map(|d| (d, h)))
+        .collect();
+    let j = sys
+        .add_normal(app_name, nc, &ic.scheduler_config(), neighbors, routes)
+        .map_err(|e| match e {
+            SystemError::FrameTooLarge { .. } => DaemonError::Io {
+                what: format!("{e}; lower its max_pdu"),
+                source: io::Error::other("configuration"),
+            },
+            e => sys_err(e),
+        })?;
+    if let Some(n) = sys.member_mut(j).and_then(|m| m.normal_mut()) {
+        for (app, &addr) in &ic.names {
+            n.set_directory(app.clone(), addr);
+        }
+    }
+    info!(ipcp = %ic.name.get_ref(), dif = %ic.dif, address = ic.address.unwrap_or(0), neighbors = ic.neighbors.len(),
+        "normal IPCP up");
+    Ok(())
+}
+
+/// Largest PDU of a normal IPCP when the configuration does not say: room
+/// for a 1400-byte SDU and more in one PDU, and small enough to travel in
+/// one PDU of a normal DIF below with the same default.
+const DEFAULT_MAX_PDU: u32 = 9000;
+
+/// The key-pair authentication policy of a normal IPCP, if configured.
+fn auth_keys(
+    ic: &crate::config::IpcpConfig,
+) -> Result<Option<rina_core::enrollment::AuthKeys>, DaemonError> {
+    let name = ic.name.get_ref();
+    let bad = |what: &str| DaemonError::Io {
+        what: format!("IPCP {name}: {what}"),
+        source: io::Error::other("expected 32 bytes as 64 hex digits"),
+    };
+    let parse = |s: &str, what: &str| -> Result<[u8; 32], DaemonError> {
+        rina_core::enrollment::auth::unhex(s.trim())
+            .and_then(|v| <[u8; 32]>::try_from(v).ok())
+            .ok_or_else(|| bad(what))
+    };
+    let Some(key) = &ic.key else {
+        if !ic.trusted_keys.is_empty() {
+            return Err(bad("`trusted_keys` needs `key`"));
+        }
+        return Ok(None);
+    };
+    let secret = parse(key, "bad `key`")?;
+    let trusted = ic
+        .trusted_keys
+        .iter()
+        .map(|k| parse(k, "bad entry in `trusted_keys`"))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some(rina_core::enrollment::AuthKeys::new(secret, trusted)))
+}
+
+/// The name and machine configuration of the normal IPCP of `ic`.
+fn normal_config(ic: &IpcpConfig) -> Result<(AppName, NormalConfig), DaemonError> {
+    let name = ic.name.get_ref().clone();
+    let app_name: AppName = name.parse().map_err(|e| DaemonError::Io {
+        what: format!("IPCP {name}: its name is not a valid application name"),
+        source: io::Error::other(format!("{e}")),
+    })?;
+    let mut nc = NormalConfig::new(ic.dif.clone(), ic.address.unwrap_or(0));
+    let mut membership = rina_core::normal::MembershipConfig::new(app_name.clone());
+    membership.password = ic.password.clone();
+    membership.keys = auth_keys(ic)?;
+    if let Some(k) = &membership.keys {
+        // What the other members list in `trusted_keys`.
+        tracing::info!(
+            ipcp = %name,
+            public_key = %rina_core::enrollment::auth::hex(&k.public_key()),
+            "enrollment key pair"
+        );
+    }
+    membership.entropy = crate::sys::random_seed().map_err(|source| DaemonError::Io {
+        what: format!("IPCP {name}: no randomness for enrollment nonces"),
+        source,
+    })?;
+    nc.membership = Some(membership);
+    nc.dt.max_pdu_size = ic
+        .max_pdu
+        .as_ref()
+        .map_or(DEFAULT_MAX_PDU, |m| *m.get_ref());
+    if let Some(m) = &ic.max_sdu {
+        nc.max_sdu = *m.get_ref() as usize;
+    }
+    nc.sdup.crc = ic.crc.unwrap_or(false);
+    if ic.routing == Some(crate::config::RoutingKind::LinkState) {
+        nc.routing = Some(rina_core::routing::Config::default());
+    }
+    if ic.directory_mode == Some(crate::config::DirectoryMode::Distributed) {
+        nc.dynamic_directory = Some(rina_core::directory::Config::default());
+    }
+    nc.sdup.ttl = match ic.ttl {
+        Some(0) => None,
+        Some(t) => Some(t),
+        None => nc.sdup.ttl,
+    };
+    nc.cubes = ic.cubes();
+    if let Some(m) = ic.max_flows {
+        nc.max_flows = m;
+    }
+    Ok((app_name, nc))
+}
