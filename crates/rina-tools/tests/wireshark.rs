@@ -388,3 +388,121 @@ fn tshark_decodes_shim_eth_arp_and_preference_widths() {
     assert_eq!(rows[2][3], "", "{rows:?}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Starts `rinad` for `me` (a shim-udp IPCP and a normal IPCP over it).
+fn start_pair_member(
+    procs: &mut Procs,
+    dir: &Path,
+    me: (&str, u64, u16),
+    peer: (&str, u64, u16),
+) -> String {
+    let conf = dir.join(format!("{}.toml", me.0));
+    std::fs::write(&conf, config(me.0, me.1, me.2, peer.0, peer.1, peer.2)).unwrap();
+    let sock = dir.join(format!("{}.sock", me.0));
+    let child = Command::new(bin_dir().join("rinad"))
+        .arg("--config")
+        .arg(&conf)
+        .arg("--socket")
+        .arg(&sock)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    procs.0.push(child);
+    sock.display().to_string()
+}
+
+#[test]
+fn rinactl_capture_of_a_normal_ipcp_decodes_in_tshark() {
+    if let Some(why) = cannot_run(false) {
+        println!("{why}");
+        return;
+    }
+    let bins = bin_dir();
+    let dir = std::env::temp_dir().join(format!("rina-capture-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut procs = Procs(Vec::new(), dir.clone());
+    let (pa, pb) = (free_port(), free_port());
+    let a = start_pair_member(&mut procs, &dir, ("alpha", 1, pa), ("beta", 2, pb));
+    let b = start_pair_member(&mut procs, &dir, ("beta", 2, pb), ("alpha", 1, pa));
+    let ctl = bins.join("rinactl");
+    wait_until("the normal DIF to come up", Duration::from_secs(20), || {
+        neighbors_up(&ctl, &a)
+    });
+    // A shim's own traffic is captured on its medium: refused, saying so.
+    let pcap = dir.join("n1.pcap");
+    let pcap_s = pcap.display().to_string();
+    let shim = run(&ctl, &["--socket", &a, "capture", "alpha.udp", &pcap_s]);
+    assert_eq!(shim.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&shim.stderr).contains("tcpdump"));
+
+    let capture = Command::new(&ctl)
+        .args(["--socket", &a, "--json", "capture", "alpha.net", &pcap_s])
+        .args(["--duration-s", "4"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let server = Command::new(bins.join("rina-echo"))
+        .args(["server", "--socket", &b, "--dif", "net", "--name", "echo"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    procs.0.push(server);
+    let echo = [
+        "client", "--socket", &a, "--dif", "net", "--dst", "echo", "--count", "2",
+    ];
+    wait_until(
+        "an echo over the normal DIF",
+        Duration::from_secs(3),
+        || run(&bins.join("rina-echo"), &echo).status.success(),
+    );
+    let out = capture.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(summary["packets"].as_u64().unwrap() >= 6, "{summary}");
+
+    let rows = tshark(
+        &pcap,
+        &[],
+        &[
+            "rina.n1.direction",
+            "rina.efcp.pdu_type",
+            "rina.efcp.src_addr",
+            "rina.efcp.dst_addr",
+            "rina.cdap.obj_name",
+            "rina.mgmt.fa.dst_name",
+        ],
+    );
+    let has = |want: &[(usize, &str)]| {
+        rows.iter().any(|r| {
+            want.iter()
+                .all(|(i, v)| r.get(*i).map(String::as_str) == Some(*v))
+        })
+    };
+    let dump = format!("{rows:?}");
+    assert_eq!(rows.len() as u64, summary["packets"].as_u64().unwrap());
+    // Hellos: sent by alpha (1 -> 2), received from beta (2 -> 1).
+    for (dir, src, dst) in [("1", "1", "2"), ("0", "2", "1")] {
+        let hello = [
+            (0, dir),
+            (1, "0x40"),
+            (2, src),
+            (3, dst),
+            (4, "/difm/enr/hello"),
+        ];
+        assert!(has(&hello), "{dump}");
+        // The echo's data both ways.
+        assert!(has(&[(0, dir), (1, "0x80"), (2, src), (3, dst)]), "{dump}");
+    }
+    // The flow allocator's request for echo, sent.
+    assert!(has(&[(0, "1"), (1, "0x40"), (5, "echo")]), "{dump}");
+}

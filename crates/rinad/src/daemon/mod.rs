@@ -24,6 +24,7 @@
 
 mod access;
 mod app_rings;
+mod capture;
 mod control;
 mod ipcp;
 mod manage;
@@ -195,6 +196,8 @@ pub struct Daemon {
     link_rates: Vec<Option<rina_core::rmt::PortRate>>,
     /// Frames that arrived on N-1 flows not bound yet (bounded by [`BUDGET`]).
     early_n1: Vec<(PortId, Vec<u8>)>,
+    /// `rinactl capture`s running ([`capture`]).
+    captures: capture::Captures,
     buf: Vec<u8>,
     ctl_buf: Vec<u8>,
 }
@@ -327,6 +330,7 @@ impl Daemon {
             ipcp_owned,
             link_rates: cfg.ipcps.iter().map(|ic| ic.port_rate()).collect(),
             early_n1: Vec::new(),
+            captures: capture::Captures::default(),
             buf: vec![0; HEADROOM + 65_536 + 1],
             ctl_buf: vec![0; ctl::MAX_CTL_MSG],
         })
@@ -428,6 +432,7 @@ impl Daemon {
             self.retry_stashes();
             self.keep_neighbors();
             self.drain_events();
+            self.drain_captures();
             for id in std::mem::take(&mut self.closing) {
                 self.close_conn(id);
             }
