@@ -389,19 +389,14 @@ fn tshark_decodes_shim_eth_arp_and_preference_widths() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Starts `rinad` for `me` (a shim-udp IPCP and a normal IPCP over it).
-fn start_pair_member(
-    procs: &mut Procs,
-    dir: &Path,
-    me: (&str, u64, u16),
-    peer: (&str, u64, u16),
-) -> String {
-    let conf = dir.join(format!("{}.toml", me.0));
-    std::fs::write(&conf, config(me.0, me.1, me.2, peer.0, peer.1, peer.2)).unwrap();
-    let sock = dir.join(format!("{}.sock", me.0));
+/// Starts `rinad` for system `me` with configuration `conf`; its socket.
+fn start_daemon(procs: &mut Procs, dir: &Path, me: &str, conf: &str) -> String {
+    let path = dir.join(format!("{me}.toml"));
+    std::fs::write(&path, conf).unwrap();
+    let sock = dir.join(format!("{me}.sock"));
     let child = Command::new(bin_dir().join("rinad"))
         .arg("--config")
-        .arg(&conf)
+        .arg(&path)
         .arg("--socket")
         .arg(&sock)
         .stdin(Stdio::null())
@@ -413,19 +408,69 @@ fn start_pair_member(
     sock.display().to_string()
 }
 
+/// A shim-hv IPCP (`side` of the shared file `shm`) and a normal IPCP over it.
+fn hv_config(me: &str, addr: u64, side: &str, shm: &Path, peer: &str, peer_addr: u64) -> String {
+    format!(
+        "[system]\nname = \"{me}\"\n[[ipcp]]\nname = \"{me}.hv\"\ntype = \"shim-hv\"\ndif = \"hv\"\npath = \"{}\"\nside = \"{side}\"\nvmpi_id = 3\n[[ipcp]]\nname = \"{me}.net\"\ntype = \"normal\"\ndif = \"net\"\naddress = {addr}\n[[ipcp.neighbor]]\nname = \"{peer}.net\"\nover = \"hv\"\naddress = {peer_addr}\n[ipcp.names]\n\"echo\" = 2\n",
+        shm.display()
+    )
+}
+
+/// What the normal DIF of the capture test runs over.
+#[derive(Clone, Copy)]
+enum Lower {
+    ShimUdp,
+    ShimHv,
+}
+
 #[test]
-fn rinactl_capture_of_a_normal_ipcp_decodes_in_tshark() {
+fn rinactl_capture_of_a_normal_ipcp_over_shim_udp_decodes_in_tshark() {
+    capture_and_decode(Lower::ShimUdp);
+}
+
+#[test]
+fn rinactl_capture_of_a_normal_ipcp_over_shim_hv_decodes_in_tshark() {
+    capture_and_decode(Lower::ShimHv);
+}
+
+/// `rinactl capture` of alpha.net (over `lower`) while it says hello and
+/// carries an echo, decoded by tshark with the dissector.
+fn capture_and_decode(lower: Lower) {
     if let Some(why) = cannot_run(false) {
         println!("{why}");
         return;
     }
     let bins = bin_dir();
-    let dir = std::env::temp_dir().join(format!("rina-capture-{}", std::process::id()));
+    let tag = match lower {
+        Lower::ShimUdp => "udp",
+        Lower::ShimHv => "hv",
+    };
+    let dir = std::env::temp_dir().join(format!("rina-capture-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut procs = Procs(Vec::new(), dir.clone());
-    let (pa, pb) = (free_port(), free_port());
-    let a = start_pair_member(&mut procs, &dir, ("alpha", 1, pa), ("beta", 2, pb));
-    let b = start_pair_member(&mut procs, &dir, ("beta", 2, pb), ("alpha", 1, pa));
+    let (ca, cb) = match lower {
+        Lower::ShimUdp => {
+            let (pa, pb) = (free_port(), free_port());
+            (
+                config("alpha", 1, pa, "beta", 2, pb),
+                config("beta", 2, pb, "alpha", 1, pa),
+            )
+        }
+        Lower::ShimHv => {
+            let shm = dir.join("vmpi0");
+            (
+                hv_config("alpha", 1, "host", &shm, "beta", 2),
+                hv_config("beta", 2, "guest", &shm, "alpha", 1),
+            )
+        }
+    };
+    let a = start_daemon(&mut procs, &dir, "alpha", &ca);
+    if matches!(lower, Lower::ShimHv) {
+        // The host side lays out the shared file before the guest maps it.
+        let shm = dir.join("vmpi0");
+        wait_until("the shared file", Duration::from_secs(10), || shm.exists());
+    }
+    let b = start_daemon(&mut procs, &dir, "beta", &cb);
     let ctl = bins.join("rinactl");
     wait_until("the normal DIF to come up", Duration::from_secs(20), || {
         neighbors_up(&ctl, &a)
@@ -433,7 +478,8 @@ fn rinactl_capture_of_a_normal_ipcp_decodes_in_tshark() {
     // A shim's own traffic is captured on its medium: refused, saying so.
     let pcap = dir.join("n1.pcap");
     let pcap_s = pcap.display().to_string();
-    let shim = run(&ctl, &["--socket", &a, "capture", "alpha.udp", &pcap_s]);
+    let shim_name = format!("alpha.{tag}");
+    let shim = run(&ctl, &["--socket", &a, "capture", &shim_name, &pcap_s]);
     assert_eq!(shim.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&shim.stderr).contains("tcpdump"));
 
