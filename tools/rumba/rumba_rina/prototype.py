@@ -263,10 +263,7 @@ class Experiment(mod.Experiment):
         run_cmd = server._make_run_cmd
 
         def make_run_cmd(node):
-            cmd = run_cmd(node)
-            prefix = "./startup.sh server_%s " % server.id
-            assert cmd.startswith(prefix)
-            return prefix + exp.tool_command(cmd[len(prefix):], node)
+            return _inline_startup(run_cmd(node), lambda c: exp.tool_command(c, node))
 
         server._make_run_cmd = make_run_cmd
         for client in server.clients:
@@ -283,6 +280,24 @@ class Experiment(mod.Experiment):
         def make_process(duration, node=None, proc_id=None):
             p = process(duration, node, proc_id)
             p.startup = exp.tool_command(p.startup, p.node)
+            run_cmd = p._make_run_cmd
+            p._make_run_cmd = lambda: _inline_startup(run_cmd(), lambda c: c)
             return p
 
         client.process = make_process
+
+
+def _inline_startup(cmd, rewrite):
+    """Rumba's ``./startup.sh LOGNAME CMD...`` as the same shell line
+    without the file (``rewrite`` applied to CMD): Rumba writes startup.sh
+    on every node asynchronously and starts the servers at the same time,
+    so a server could otherwise run before the file exists (or while it is
+    being written). The log stays where Rumba's fetch_logs looks."""
+    prefix = "./startup.sh "
+    if not cmd.startswith(prefix):
+        return rewrite(cmd)
+    logname, _, rest = cmd[len(prefix):].partition(" ")
+    return "nohup %s > /tmp/%s.rumba.log 2>&1 < /dev/null & echo $!" % (
+        rewrite(rest),
+        shlex.quote(logname),
+    )

@@ -21,16 +21,20 @@ def sh(*cmd):
 
 
 class NetnsExecutor(mod.Executor):
-    """Runs a node's commands in its namespace (from `workdir`, where the
-    storyboard writes its startup.sh)."""
+    """Runs a node's commands in its namespace, from its own folder under
+    `workdir` (where the storyboard writes its startup.sh)."""
 
     def __init__(self, workdir):
         self.workdir = workdir
 
     def execute_command(self, node, command, as_root=False, time_out=3):
+        # A home folder per node, as hosts have: the storyboard writes its
+        # ./startup.sh on every node at once.
+        home = os.path.join(self.workdir, "home", node.name)
+        os.makedirs(home, exist_ok=True)
         out = subprocess.run(
             ["ip", "netns", "exec", ns(node), "sh", "-c", command],
-            cwd=self.workdir,
+            cwd=home,
             capture_output=True,
             text=True,
             timeout=60,

@@ -10,10 +10,8 @@ model, the enrollment plan, ``swap_in``/``bootstrap_prototype``, the
 storyboard with an rlite-style ``rinaperf`` server and client, and
 ``fetch_logs``.
 
-What this does not cover: Rumba's SSH executor (paramiko) and its real
-testbeds (jFed, Emulab), which need their accounts; the plugin reaches
-nodes only through ``node.execute_command`` and ``node.copy_file``, which
-those executors implement over SSH (see docs/rumba.md).
+Rumba's SSH executor against namespaces running sshd is test_ssh.py; the
+real testbeds (jFed, Emulab) need their accounts (see docs/rumba.md).
 
 Needs root (ip netns, raw sockets); skipped otherwise. CI runs as root.
 """
