@@ -89,6 +89,6 @@ def test_a_rumba_storyboard_runs_rinaperf_over_a_normal_dif_on_rinad():
                 pass
         testbed._swap_out(None)
         for f in os.listdir("/tmp"):
-            if f.endswith(".rumba.log") and f.startswith(("perf_a", "server_")):
+            if f.endswith(".rumba.log") and f.startswith(("perf_a", "server_", "rinaperf_")):
                 os.unlink(os.path.join("/tmp", f))
         shutil.rmtree(work, ignore_errors=True)
