@@ -22,6 +22,10 @@
 --                  (EtherType 0x0806) whose protocol type is 0xD1F0, with the
 --                  application names as protocol addresses
 --                  (crates/rina-wire/src/shim_eth.rs).
+--   rina.n1        `rinactl capture` files (link type USER0, 147): an 8-byte
+--                  pseudo-header (version, direction, 2 reserved, N-1 port-id
+--                  u32) before each frame a normal IPCP sent or received on
+--                  an N-1 flow (crates/rina-wire/src/pcap.rs), then rina.efcp.
 
 local NAME_TYPES = { [1] = "DATA", [2] = "ALLOC_REQ", [3] = "ALLOC_RESP", [4] = "DEALLOC" }
 local ALLOC_RESULTS = {
@@ -750,3 +754,33 @@ end
 
 DissectorTable.get("ethertype"):add(0x0806, p_arp)
 DissectorTable.get("ethertype"):add(0xD1F0, p_eth)
+
+-- ------------------------------------------------------ rinactl capture
+
+local p_n1 = Proto("rina_n1", "RINA N-1 frame (rinactl capture)")
+local DIRECTIONS = { [0] = "received", [1] = "sent" }
+local fn1 = {
+    version = ProtoField.uint8("rina.n1.version", "Version"),
+    direction = ProtoField.uint8("rina.n1.direction", "Direction", base.DEC, DIRECTIONS),
+    port = ProtoField.uint32("rina.n1.port", "N-1 port-id"),
+}
+p_n1.fields = fn1
+
+function p_n1.dissector(tvb, pinfo, tree)
+    if tvb:len() < 8 then
+        return 0
+    end
+    pinfo.cols.protocol = "RINA"
+    local t = tree:add(p_n1, tvb(0, 8))
+    t:add(fn1.version, tvb(0, 1))
+    t:add(fn1.direction, tvb(1, 1))
+    t:add(fn1.port, tvb(4, 4))
+    local dir = DIRECTIONS[tvb(1, 1):uint()] or "?"
+    t:append_text(string.format(", %s on N-1 port %d", dir, tvb(4, 4):uint()))
+    if tvb:len() > 8 then
+        p_efcp.dissector(tvb(8):tvb(), pinfo, tree)
+    end
+    return tvb:len()
+end
+
+DissectorTable.get("wtap_encap"):add(wtap_encaps and wtap_encaps.USER0 or wtap.USER0, p_n1)

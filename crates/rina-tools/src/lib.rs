@@ -9,6 +9,7 @@
 //! * [`table`] — aligned text tables.
 //! * [`tgen`] — `rina-tgen`'s generators, per-flow metrics, traffic matrix and files.
 
+pub mod capture;
 pub mod echo;
 pub mod ip;
 pub mod opts;

@@ -388,3 +388,167 @@ fn tshark_decodes_shim_eth_arp_and_preference_widths() {
     assert_eq!(rows[2][3], "", "{rows:?}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Starts `rinad` for system `me` with configuration `conf`; its socket.
+fn start_daemon(procs: &mut Procs, dir: &Path, me: &str, conf: &str) -> String {
+    let path = dir.join(format!("{me}.toml"));
+    std::fs::write(&path, conf).unwrap();
+    let sock = dir.join(format!("{me}.sock"));
+    let child = Command::new(bin_dir().join("rinad"))
+        .arg("--config")
+        .arg(&path)
+        .arg("--socket")
+        .arg(&sock)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    procs.0.push(child);
+    sock.display().to_string()
+}
+
+/// A shim-hv IPCP (`side` of the shared file `shm`) and a normal IPCP over it.
+fn hv_config(me: &str, addr: u64, side: &str, shm: &Path, peer: &str, peer_addr: u64) -> String {
+    format!(
+        "[system]\nname = \"{me}\"\n[[ipcp]]\nname = \"{me}.hv\"\ntype = \"shim-hv\"\ndif = \"hv\"\npath = \"{}\"\nside = \"{side}\"\nvmpi_id = 3\n[[ipcp]]\nname = \"{me}.net\"\ntype = \"normal\"\ndif = \"net\"\naddress = {addr}\n[[ipcp.neighbor]]\nname = \"{peer}.net\"\nover = \"hv\"\naddress = {peer_addr}\n[ipcp.names]\n\"echo\" = 2\n",
+        shm.display()
+    )
+}
+
+/// What the normal DIF of the capture test runs over.
+#[derive(Clone, Copy)]
+enum Lower {
+    ShimUdp,
+    ShimHv,
+}
+
+#[test]
+fn rinactl_capture_of_a_normal_ipcp_over_shim_udp_decodes_in_tshark() {
+    capture_and_decode(Lower::ShimUdp);
+}
+
+#[test]
+fn rinactl_capture_of_a_normal_ipcp_over_shim_hv_decodes_in_tshark() {
+    capture_and_decode(Lower::ShimHv);
+}
+
+/// `rinactl capture` of alpha.net (over `lower`) while it says hello and
+/// carries an echo, decoded by tshark with the dissector.
+fn capture_and_decode(lower: Lower) {
+    if let Some(why) = cannot_run(false) {
+        println!("{why}");
+        return;
+    }
+    let bins = bin_dir();
+    let tag = match lower {
+        Lower::ShimUdp => "udp",
+        Lower::ShimHv => "hv",
+    };
+    let dir = std::env::temp_dir().join(format!("rina-capture-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut procs = Procs(Vec::new(), dir.clone());
+    let (ca, cb) = match lower {
+        Lower::ShimUdp => {
+            let (pa, pb) = (free_port(), free_port());
+            (
+                config("alpha", 1, pa, "beta", 2, pb),
+                config("beta", 2, pb, "alpha", 1, pa),
+            )
+        }
+        Lower::ShimHv => {
+            let shm = dir.join("vmpi0");
+            (
+                hv_config("alpha", 1, "host", &shm, "beta", 2),
+                hv_config("beta", 2, "guest", &shm, "alpha", 1),
+            )
+        }
+    };
+    let a = start_daemon(&mut procs, &dir, "alpha", &ca);
+    if matches!(lower, Lower::ShimHv) {
+        // The host side lays out the shared file before the guest maps it.
+        let shm = dir.join("vmpi0");
+        wait_until("the shared file", Duration::from_secs(10), || shm.exists());
+    }
+    let b = start_daemon(&mut procs, &dir, "beta", &cb);
+    let ctl = bins.join("rinactl");
+    wait_until("the normal DIF to come up", Duration::from_secs(20), || {
+        neighbors_up(&ctl, &a)
+    });
+    // A shim's own traffic is captured on its medium: refused, saying so.
+    let pcap = dir.join("n1.pcap");
+    let pcap_s = pcap.display().to_string();
+    let shim_name = format!("alpha.{tag}");
+    let shim = run(&ctl, &["--socket", &a, "capture", &shim_name, &pcap_s]);
+    assert_eq!(shim.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&shim.stderr).contains("tcpdump"));
+
+    let capture = Command::new(&ctl)
+        .args(["--socket", &a, "--json", "capture", "alpha.net", &pcap_s])
+        .args(["--duration-s", "4"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let server = Command::new(bins.join("rina-echo"))
+        .args(["server", "--socket", &b, "--dif", "net", "--name", "echo"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    procs.0.push(server);
+    let echo = [
+        "client", "--socket", &a, "--dif", "net", "--dst", "echo", "--count", "2",
+    ];
+    wait_until(
+        "an echo over the normal DIF",
+        Duration::from_secs(3),
+        || run(&bins.join("rina-echo"), &echo).status.success(),
+    );
+    let out = capture.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(summary["packets"].as_u64().unwrap() >= 6, "{summary}");
+
+    let rows = tshark(
+        &pcap,
+        &[],
+        &[
+            "rina.n1.direction",
+            "rina.efcp.pdu_type",
+            "rina.efcp.src_addr",
+            "rina.efcp.dst_addr",
+            "rina.cdap.obj_name",
+            "rina.mgmt.fa.dst_name",
+        ],
+    );
+    let has = |want: &[(usize, &str)]| {
+        rows.iter().any(|r| {
+            want.iter()
+                .all(|(i, v)| r.get(*i).map(String::as_str) == Some(*v))
+        })
+    };
+    let dump = format!("{rows:?}");
+    assert_eq!(rows.len() as u64, summary["packets"].as_u64().unwrap());
+    // Hellos: sent by alpha (1 -> 2), received from beta (2 -> 1).
+    for (dir, src, dst) in [("1", "1", "2"), ("0", "2", "1")] {
+        let hello = [
+            (0, dir),
+            (1, "0x40"),
+            (2, src),
+            (3, dst),
+            (4, "/difm/enr/hello"),
+        ];
+        assert!(has(&hello), "{dump}");
+        // The echo's data both ways.
+        assert!(has(&[(0, dir), (1, "0x80"), (2, src), (3, dst)]), "{dump}");
+    }
+    // The flow allocator's request for echo, sent.
+    assert!(has(&[(0, "1"), (1, "0x40"), (5, "echo")]), "{dump}");
+}

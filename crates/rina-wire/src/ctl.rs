@@ -240,6 +240,17 @@ pub enum Op {
     RegisterIpcp { ipcp: String, dif: String },
     /// Management (administrators only): withdraw that registration.
     UnregisterIpcp { ipcp: String, dif: String },
+    /// Administrators only: capture what normal IPCP `ipcp` sends and
+    /// receives on its N-1 flows. The reply carries a `SOCK_SEQPACKET`
+    /// descriptor on which every frame arrives as one pcap record
+    /// ([`crate::pcap`]), cut at `snaplen` bytes (default and at most
+    /// [`crate::pcap::MAX_SNAPLEN`]); closing it ends the capture. Frames
+    /// the reader does not take in time are dropped, never delayed.
+    Capture {
+        ipcp: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        snaplen: Option<u32>,
+    },
 }
 
 /// A message from the daemon.
@@ -290,6 +301,9 @@ pub enum Reply {
     Rib { objects: Vec<RibObjectInfo> },
     /// Answer to [`Op::Scheduler`].
     Scheduler(SchedulerInfo),
+    /// Answer to [`Op::Capture`]: the records' socket is attached; write
+    /// [`crate::pcap::file_header`] with these values before them.
+    Capture { linktype: u32, snaplen: u32 },
 }
 
 /// The RMT scheduling policy of a normal IPCP and the counters of its queues.

@@ -20,6 +20,7 @@ pub mod codec;
 pub mod ctl;
 pub mod fa;
 pub mod name;
+pub mod pcap;
 pub mod pci;
 pub mod qos;
 pub mod shim_eth;

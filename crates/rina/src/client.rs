@@ -455,6 +455,22 @@ impl Client {
         self.call("register_ipcp", op).map(|_| ())
     }
 
+    /// Starts capturing what normal IPC process `ipcp` sends and receives
+    /// on its N-1 flows (administrators only). Returns the pcap link type,
+    /// the snapshot length and a `SOCK_SEQPACKET` descriptor on which each
+    /// frame arrives as one pcap record (`rina_wire::pcap`); closing it
+    /// ends the capture. `snaplen`: at most this many bytes of each frame.
+    pub fn capture(&mut self, ipcp: &str, snaplen: Option<u32>) -> Result<(u32, u32, OwnedFd)> {
+        let op = Op::Capture {
+            ipcp: ipcp.to_string(),
+            snaplen,
+        };
+        match self.call("capture", op)? {
+            (Reply::Capture { linktype, snaplen }, Some(fd)) => Ok((linktype, snaplen, fd)),
+            (other, _) => Err(unexpected("capture", &other)),
+        }
+    }
+
     fn scheduler_op(
         &mut self,
         ipcp: &str,
@@ -704,6 +720,7 @@ fn unexpected(what: &str, reply: &Reply) -> Error {
         Reply::Flows { .. } => "flows",
         Reply::Rib { .. } => "rib",
         Reply::Scheduler(_) => "scheduler",
+        Reply::Capture { .. } => "capture",
     };
     Error::new(
         ErrorKind::Internal,

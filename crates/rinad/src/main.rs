@@ -14,8 +14,20 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// The RINA daemon: IPC Manager and IPC processes of one system.
+///
+/// rinad reads one TOML file that declares the system's IPC processes
+/// (shim-udp, shim-eth, shim-hv and normal IPCPs, their DIFs, neighbours,
+/// QoS cubes and policies), creates them, and serves applications and the
+/// management tools (rinactl, rina-echo, rina-perf, rina-tgen, rina-ip) on
+/// a Unix control socket. Unknown keys and bad values in the file are
+/// errors that name the key and the line; `--check` only checks the file.
+/// It stops cleanly on SIGINT or SIGTERM.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(
+    version,
+    about,
+    after_long_help = "Files and environment:\n  /etc/rina/rinad.toml  the default configuration file\n  RINA_SOCKET           the control socket when neither --socket nor the file's [system] socket says; \n                        otherwise $XDG_RUNTIME_DIR/rinad.sock, /run/rinad.sock for root\n\nSee also: rinactl(1), rina-echo(1), rina-perf(1), rina-tgen(1), rina-ip(1), rina-lab(1)."
+)]
 struct Cli {
     /// Configuration file.
     #[arg(short, long, default_value = config::DEFAULT_CONFIG)]
@@ -33,6 +45,8 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
+    // `rinad --generate-docs DIR`: its man page and completions (hidden).
+    rina_docgen::handle::<Cli>();
     let cli = Cli::parse();
     let filter = match tracing_subscriber::EnvFilter::try_new(&cli.log_level) {
         Ok(f) => f,

@@ -51,10 +51,12 @@ pub mod membership;
 pub mod mgmt_cdap;
 mod rib_view;
 pub mod routing_glue;
+mod tap;
 
 pub use cubes::QosCube;
 pub use membership::{MembershipConfig, MembershipEvent};
 pub use mgmt_cdap::CDAP_DISCRIMINATOR;
+pub use tap::Tapped;
 
 use crate::delimiting::{self, Reassembler};
 use crate::efcp::{self, Connection, EfcpConfig, EfcpError};
@@ -408,6 +410,8 @@ pub struct NormalIpcp {
     routing: Option<LinkState>,
     /// The disseminated directory, when configured.
     dft: Option<crate::directory::Directory>,
+    /// Copies of the N-1 frames for a capture, when one is on.
+    tap: Option<Box<tap::Tap>>,
 }
 
 impl NormalIpcp {
@@ -465,6 +469,7 @@ impl NormalIpcp {
             neighbors: BTreeMap::new(),
             routing,
             dft,
+            tap: None,
             sdup: Sdup::without_cipher(cfg.sdup),
             rmt: Rmt::new(sched),
             flows: HashMap::new(),
@@ -829,6 +834,9 @@ impl NormalIpcp {
     /// Processes a frame that arrived on N-1 port `port`.
     pub fn on_frame(&mut self, now: Instant, port: N1Port, frame: &[u8]) {
         self.tick(now);
+        if let Some(t) = &mut self.tap {
+            t.record(now, false, port, frame);
+        }
         let port = self.rmt.primary_of(port);
         self.counters.rx_frames += 1;
         let un = match self.sdup.unprotect(frame) {
@@ -1141,10 +1149,30 @@ impl NormalIpcp {
                 };
                 *used += 1;
                 self.counters.tx_frames += 1;
+                if let Some(t) = &mut self.tap {
+                    t.record(now, true, port, &frame);
+                }
                 self.actions.push_back(Action::Transmit { port, frame });
             }
             self.rmt_more |= *used >= TX_BURST && self.rmt.has_output(port);
         }
+    }
+
+    /// Starts keeping a copy of every frame sent and received on the N-1
+    /// ports, at most `limit` of them until polled ([`Self::poll_tapped`]);
+    /// `None` stops and forgets the copies.
+    pub fn set_tap(&mut self, limit: Option<usize>) {
+        self.tap = limit.map(|l| Box::new(tap::Tap::new(l)));
+    }
+
+    /// The oldest copy kept for a capture, if any.
+    pub fn poll_tapped(&mut self) -> Option<Tapped> {
+        self.tap.as_mut()?.pop()
+    }
+
+    /// Copies lost because the capture's queue was full.
+    pub fn tap_dropped(&self) -> u64 {
+        self.tap.as_ref().map_or(0, |t| t.dropped())
     }
 
     /// The next thing the driver must do, if any.

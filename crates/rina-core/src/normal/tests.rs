@@ -761,3 +761,37 @@ mod prop {
         }
     }
 }
+
+#[test]
+fn a_tap_keeps_copies_of_the_frames_both_ways_bounded() {
+    let mut net = chain(2);
+    allocate(&mut net, QosSpec::default());
+    net[0].set_tap(Some(3));
+    net[0].write(ms(2), 1, b"hello").unwrap();
+    net[1].write(ms(2), 7, b"hey").unwrap();
+    let got = deliveries(&carry(ms(2), &mut net));
+    assert_eq!(got.len(), 2, "the tap changes nothing: {got:?}");
+    let out = net[0].poll_tapped().expect("the sent frame");
+    assert!(out.outbound && out.port == RIGHT && out.at == ms(2));
+    assert!(
+        out.frame.windows(5).any(|w| w == b"hello"),
+        "{:?}",
+        out.frame
+    );
+    let inb = net[0].poll_tapped().expect("the received frame");
+    assert!(!inb.outbound && inb.port == RIGHT);
+    assert!(inb.frame.windows(3).any(|w| w == b"hey"), "{:?}", inb.frame);
+    assert_eq!(net[0].poll_tapped(), None);
+    // Unpolled copies beyond the limit are counted, not kept.
+    for _ in 0..5 {
+        net[0].write(ms(3), 1, b"x").unwrap();
+    }
+    carry(ms(3), &mut net);
+    let kept = std::iter::from_fn(|| net[0].poll_tapped()).count();
+    assert_eq!(kept, 3);
+    assert!(net[0].tap_dropped() >= 2);
+    net[0].set_tap(None);
+    net[0].write(ms(4), 1, b"y").unwrap();
+    carry(ms(4), &mut net);
+    assert_eq!(net[0].poll_tapped(), None);
+}

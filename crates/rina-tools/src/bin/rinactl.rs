@@ -106,6 +106,30 @@ enum What {
         /// The lower DIF.
         dif: String,
     },
+    /// Write what a normal IPC process sends and receives on its N-1 flows
+    /// (every PDU of its DIF through this system, whatever is below it:
+    /// shim-udp, shim-eth, shim-hv or another normal DIF) as a pcap file,
+    /// until Ctrl-C, --count or --duration-s (administrators only). Decode
+    /// it with tools/wireshark/rina.lua: `tshark -X
+    /// lua_script:tools/wireshark/rina.lua -r FILE`. FILE `-` is standard
+    /// output: `rinactl capture a.net - | wireshark -X
+    /// lua_script:rina.lua -k -i -`. Shims' own frames: capture their
+    /// medium (tcpdump -i IFACE).
+    Capture {
+        /// The normal IPC process (see `rinactl ipcps`).
+        ipcp: String,
+        /// The pcap file to write, or `-` for standard output.
+        file: PathBuf,
+        /// Stop after this many packets.
+        #[arg(long, short = 'c')]
+        count: Option<u64>,
+        /// Stop after this many seconds.
+        #[arg(long, value_name = "S")]
+        duration_s: Option<f64>,
+        /// Keep at most this many bytes of each packet (default 65535).
+        #[arg(long, short = 's', value_name = "BYTES")]
+        snaplen: Option<u32>,
+    },
 }
 
 #[derive(Debug, Clone, Subcommand)]
@@ -277,7 +301,68 @@ fn run(cli: &Cli) -> rina::Result<()> {
                 print!("{}", table::sched(std::slice::from_ref(&info)).render());
             }
         }
+        What::Capture {
+            ipcp,
+            file,
+            count,
+            duration_s,
+            snaplen,
+        } => capture(cli.json, &mut c, ipcp, file, *count, *duration_s, *snaplen)?,
         _ => change(cli, &mut c)?,
+    }
+    Ok(())
+}
+
+/// `rinactl capture`: the daemon's records into FILE until a limit or a
+/// signal; a summary on standard error (standard output may be the file),
+/// or as JSON on standard output with --json and a file.
+fn capture(
+    json: bool,
+    c: &mut rina::Client,
+    ipcp: &str,
+    file: &std::path::Path,
+    count: Option<u64>,
+    duration_s: Option<f64>,
+    snaplen: Option<u32>,
+) -> rina::Result<()> {
+    use rina_tools::capture::{copy_records, Limits};
+    use std::sync::{atomic::AtomicBool, Arc};
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        let _ = signal_hook::flag::register(sig, Arc::clone(&stop));
+    }
+    let until = duration_s
+        .filter(|d| d.is_finite() && *d >= 0.0)
+        .map(|d| std::time::Instant::now() + std::time::Duration::from_secs_f64(d));
+    let to_stdout = file.as_os_str() == "-";
+    let mut out: Box<dyn std::io::Write> = if to_stdout {
+        Box::new(std::io::stdout().lock())
+    } else {
+        let f = std::fs::File::create(file).unwrap_or_else(|e| {
+            opts::die(
+                "rinactl",
+                &format!("cannot create {}", file.display()),
+                &e,
+                2,
+            )
+        });
+        Box::new(std::io::BufWriter::new(f))
+    };
+    let (linktype, snaplen, sock) = c.capture(ipcp, snaplen)?;
+    let limits = Limits { count, until };
+    let stats = copy_records(&sock, &mut out, linktype, snaplen, limits, &stop)
+        .unwrap_or_else(|e| opts::die("rinactl", "capture", &e, 1));
+    drop(out);
+    if json && !to_stdout {
+        show_json(
+            &serde_json::json!({"ipcp": ipcp, "file": file, "packets": stats.packets, "bytes": stats.bytes}),
+        );
+    } else {
+        eprintln!(
+            "rinactl: {} packets of {ipcp} written to {}",
+            stats.packets,
+            file.display()
+        );
     }
     Ok(())
 }

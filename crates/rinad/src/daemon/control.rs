@@ -310,6 +310,16 @@ impl Daemon {
                 }
                 return;
             }
+            Op::Capture { ipcp, snaplen } => {
+                let started = self
+                    .require_admin(conn, "capturing an IPCP's traffic")
+                    .and_then(|()| self.start_capture(&ipcp, snaplen));
+                match started {
+                    Ok((reply, fd)) => self.reply(conn, id, Ok(reply), Some(fd)),
+                    Err(e) => self.reply(conn, id, Err(e), None),
+                }
+                return;
+            }
             Op::Refuse { handle, reason } => self.refuse_incoming(conn, handle, &reason),
             Op::Deallocate { port } => self.deallocate(conn, port),
             Op::ListIpcps => Ok(Reply::Ipcps {

@@ -33,6 +33,7 @@
 mod access;
 mod app_rings;
 mod build;
+mod capture;
 mod control;
 mod ipcp;
 mod manage;
@@ -203,6 +204,8 @@ pub struct Daemon {
     idle_sweep: Instant,
     /// SDUs applications took, per flow, not yet reported to the system.
     taken: HashMap<PortId, usize>,
+    /// `rinactl capture`s running ([`capture`]).
+    captures: capture::Captures,
     buf: Vec<u8>,
     ctl_buf: Vec<u8>,
 }
@@ -286,6 +289,7 @@ impl Daemon {
             access,
             idle_sweep: Instant::from_nanos(0),
             taken: HashMap::new(),
+            captures: capture::Captures::default(),
             buf: vec![0; HEADROOM + 65_536 + 1],
             ctl_buf: vec![0; ctl::MAX_CTL_MSG],
         };
@@ -382,6 +386,7 @@ impl Daemon {
             }
             self.hv_ticks(now);
             self.drain_outputs();
+            self.drain_captures();
             for id in std::mem::take(&mut self.closing) {
                 self.close_conn(id);
             }
