@@ -10,9 +10,9 @@
 //! there. Frames that arrive from N-1 ports go the other way; those for
 //! another address are relayed with their TTL decremented.
 //!
-//! Flows are set up by name with the interim flow allocator of [`fa`]
-//! (static directory, QoS cubes from [`cubes`], its messages in management
-//! PDUs), which has the API of the shim IPCPs: [`NormalIpcp::register`],
+//! Flows are set up by name with the flow allocator of [`fa`] (names from
+//! the directory, QoS cubes from [`cubes`], flow objects created and deleted
+//! on the peer with CDAP), which has the API of the shim IPCPs: [`NormalIpcp::register`],
 //! [`NormalIpcp::allocate`], [`NormalIpcp::accept`], [`NormalIpcp::refuse`],
 //! [`NormalIpcp::deallocate`]. Flows can also be opened with explicit
 //! connection endpoints ([`NormalIpcp::open_flow`]). Routes are set in the
@@ -22,7 +22,7 @@
 //! found in the static directory, or also in a disseminated directory
 //! ([`crate::directory::Directory`]) when
 //! [`NormalConfig::dynamic_directory`] is set — see [`directory_glue`].
-//! Enrollment (full layer management over CDAP) comes next.
+//! Membership (hellos, enrollment) is [`membership`].
 //!
 //! Management PDUs addressed to this IPCP (or to address 0, a neighbour
 //! that does not know it yet) are handled here; others are relayed like
@@ -35,8 +35,7 @@
 //!
 //! | byte | meaning | handled by |
 //! |------|---------|------------|
-//! | `0xFA` ([`rina_wire::fa::FA_DISCRIMINATOR`]) | flow-allocator message | [`fa`] |
-//! | `0xC0` ([`CDAP_DISCRIMINATOR`]) | one encoded CDAP message | [`routing_glue`] when routing is on (`M_WRITE`/`M_CREATE` of [`crate::routing::FSOS_OBJ_NAME`]); [`directory_glue`] when the disseminated directory is on (the same on [`crate::directory::DFT_OBJ_NAME`]); anything else is passed on as [`Action::Management`] |
+//! | `0xC0` ([`CDAP_DISCRIMINATOR`]) | one encoded CDAP message | by object: flow objects (class `Flow`, under `/fa/flows`) to [`fa`]; [`routing_glue`] when routing is on (`M_WRITE`/`M_CREATE` of [`crate::routing::FSOS_OBJ_NAME`]); [`directory_glue`] when the disseminated directory is on (the same on [`crate::directory::DFT_OBJ_NAME`]); anything else is passed on as [`Action::Management`] |
 //! | anything else | not this machine's | [`Action::Management`] |
 //!
 //! The driver feeds frames ([`NormalIpcp::on_frame`]), application
@@ -291,6 +290,10 @@ pub struct Counters {
     pub alloc_retries: u64,
     /// Allocations this IPCP asked for that timed out.
     pub alloc_timeouts: u64,
+    /// DEALLOCs repeated for lack of an acknowledgement.
+    pub dealloc_retries: u64,
+    /// DEALLOCs never acknowledged within `alloc_timeout` (given up).
+    pub dealloc_unacked: u64,
     /// PDUs this IPCP addressed to itself (local flows).
     pub loopback: u64,
     /// Management PDUs for this IPCP's own machines (CDAP, routing) that
@@ -317,6 +320,8 @@ impl Counters {
             ("alloc_refused", self.alloc_refused),
             ("alloc_retries", self.alloc_retries),
             ("alloc_timeouts", self.alloc_timeouts),
+            ("dealloc_retries", self.dealloc_retries),
+            ("dealloc_unacked", self.dealloc_unacked),
             ("loopback", self.loopback),
             ("rx_mgmt_malformed", self.rx_mgmt_malformed),
         ]
