@@ -48,12 +48,14 @@ pub mod directory_glue;
 pub mod fa;
 pub mod membership;
 pub mod mgmt_cdap;
+mod rib_remote;
 mod rib_view;
 pub mod routing_glue;
 
 pub use cubes::QosCube;
 pub use membership::{MembershipConfig, MembershipEvent};
 pub use mgmt_cdap::CDAP_DISCRIMINATOR;
+pub use rib_remote::{MAX_REMOTE_READS, REMOTE_OWNER};
 
 use crate::delimiting::{self, Reassembler};
 use crate::efcp::{self, Connection, EfcpConfig, EfcpError};
@@ -123,6 +125,11 @@ pub struct NormalConfig {
     /// ([`NormalIpcp::neighbor_up`]) and needs a configured address; `Some`
     /// with address 0 enrolls through the first member heard.
     pub membership: Option<MembershipConfig>,
+    /// Access policy of the RIB for the DIF's members: the subtrees a
+    /// neighbour that is a member may read with CDAP `M_READ` (see
+    /// [`NormalIpcp::read_remote_rib`]). Default `["/"]`: all of it; empty:
+    /// nothing.
+    pub rib_readable: Vec<String>,
 }
 
 impl NormalConfig {
@@ -145,6 +152,7 @@ impl NormalConfig {
             routing: None,
             dynamic_directory: None,
             membership: None,
+            rib_readable: vec!["/".into()],
         }
     }
 }
@@ -213,6 +221,9 @@ pub enum NormalError {
     /// The disseminated directory's configuration is unusable.
     #[error("directory: {0}")]
     Directory(crate::directory::DirectoryError),
+    /// No neighbour by this name or address.
+    #[error("no neighbour {0}")]
+    NoSuchNeighbor(String),
 }
 
 /// Something the driver must do.
@@ -254,6 +265,12 @@ pub enum Action {
     AllocateFailed { flow: FlowId, error: NormalError },
     /// The peer deallocated the flow; it is closed here too.
     Deallocated { flow: FlowId },
+    /// The outcome of [`NormalIpcp::read_remote_rib`] `handle`: the
+    /// neighbour's objects, or why there are none.
+    RibRead {
+        handle: u64,
+        result: Result<Vec<rina_wire::ctl::RibObjectInfo>, String>,
+    },
 }
 
 /// IPCP-wide counters of the data path.
@@ -299,6 +316,8 @@ pub struct Counters {
     /// Management PDUs for this IPCP's own machines (CDAP, routing) that
     /// could not be parsed or made no sense; dropped.
     pub rx_mgmt_malformed: u64,
+    /// Neighbours' RIB reads answered (with objects or a refusal).
+    pub rib_reads_answered: u64,
 }
 
 impl Counters {
@@ -324,6 +343,7 @@ impl Counters {
             ("dealloc_unacked", self.dealloc_unacked),
             ("loopback", self.loopback),
             ("rx_mgmt_malformed", self.rx_mgmt_malformed),
+            ("rib_reads_answered", self.rib_reads_answered),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -404,6 +424,8 @@ pub struct NormalIpcp {
     routing: Option<LinkState>,
     /// The disseminated directory, when configured.
     dft: Option<crate::directory::Directory>,
+    /// Reads of neighbours' RIBs under way.
+    rib_reads: rib_remote::RemoteReads,
 }
 
 impl NormalIpcp {
@@ -459,6 +481,7 @@ impl NormalIpcp {
             neighbors: BTreeMap::new(),
             routing,
             dft,
+            rib_reads: rib_remote::RemoteReads::default(),
             sdup: Sdup::without_cipher(cfg.sdup),
             rmt: Rmt::new(sched),
             flows: HashMap::new(),
@@ -887,6 +910,8 @@ impl NormalIpcp {
             // Hello or enrollment.
         } else if FaMessage::is_fa(payload) {
             self.on_fa(now, src, payload);
+        } else if self.on_rib_read_mgmt(now, port, payload) {
+            // A neighbour reads this RIB, or answers a read.
         } else if self.on_routing_mgmt(now, port, payload) {
             // Taken by the routing machine (or counted as malformed).
         } else if let Some(port) = port {
@@ -895,6 +920,18 @@ impl NormalIpcp {
                 src,
                 payload: payload.to_vec(),
             });
+        }
+    }
+
+    /// A CDAP `M_READ` / `M_READ_R` payload ([`rib_remote`]); false if the
+    /// payload is not one.
+    fn on_rib_read_mgmt(&mut self, now: Instant, port: Option<N1Port>, payload: &[u8]) -> bool {
+        if payload.first() != Some(&CDAP_DISCRIMINATOR) {
+            return false;
+        }
+        match rina_wire::cdap::CdapMessage::decode(&payload[1..]) {
+            Ok(m) => self.on_rib_cdap(now, port, &m),
+            Err(_) => false,
         }
     }
 
@@ -1147,6 +1184,7 @@ impl NormalIpcp {
             .chain(self.dft.as_ref().and_then(|d| d.poll_timeout()))
             .chain(self.membership_poll_timeout())
             .chain(self.mgmt_reasm.poll_timeout())
+            .chain(self.rib_reads.poll_timeout())
             .min()
     }
 
@@ -1154,6 +1192,7 @@ impl NormalIpcp {
     pub fn handle_timeout(&mut self, now: Instant) {
         self.tick(now);
         self.fa_timeout(now);
+        self.rib_read_timeout(now);
         self.routing_timeout(now);
         self.directory_timeout(now);
         self.membership_timeout(now);

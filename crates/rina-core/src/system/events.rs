@@ -68,6 +68,8 @@ impl System {
                 frame,
             }),
             IpcpEvent::NeighborSilent { port } => self.neighbor_silent(now, port),
+            // A system has no management client that asked for a read.
+            IpcpEvent::RibRead { .. } => {}
         }
     }
 

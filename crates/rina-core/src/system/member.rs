@@ -187,6 +187,12 @@ pub enum IpcpEvent {
     ToMedium { peer: SocketAddr, frame: Vec<u8> },
     /// Normal IPCP: the neighbour on N-1 flow `port` went silent.
     NeighborSilent { port: PortId },
+    /// Normal IPCP: the outcome of a read of a neighbour's RIB
+    /// ([`NormalIpcp::read_remote_rib`]).
+    RibRead {
+        handle: u64,
+        result: Result<Vec<rina_wire::ctl::RibObjectInfo>, String>,
+    },
 }
 
 /// The machine of a member, by kind.
@@ -408,6 +414,7 @@ fn normal_event(a: normal::Action) -> Option<IpcpEvent> {
         normal::Action::Membership(normal::MembershipEvent::NeighborDown { port, .. }) => {
             IpcpEvent::NeighborSilent { port }
         }
+        normal::Action::RibRead { handle, result } => IpcpEvent::RibRead { handle, result },
         normal::Action::Membership(_) | normal::Action::Management { .. } => return None,
     })
 }
