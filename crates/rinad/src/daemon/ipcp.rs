@@ -433,6 +433,7 @@ impl Ipcp {
                         n.mgmt_unhandled += 1;
                         continue;
                     }
+                    normal::Action::RibRead { handle, result } => Event::RibRead { handle, result },
                 });
             },
         }

@@ -173,6 +173,9 @@ pub struct Daemon {
     next_conn: usize,
     owners: HashMap<(usize, AppName), usize>,
     allocs: HashMap<PortId, PendingAlloc>,
+    /// Reads of neighbours' RIBs under way: (IPCP, handle) -> (control
+    /// connection, request id) to answer.
+    rib_reads: HashMap<(usize, u64), (usize, u64)>,
     incoming: HashMap<u64, Incoming>,
     next_handle: u64,
     next_port: PortId,
@@ -313,6 +316,7 @@ impl Daemon {
             next_conn: 1,
             owners: HashMap::new(),
             allocs: HashMap::new(),
+            rib_reads: HashMap::new(),
             incoming: HashMap::new(),
             next_handle: 1,
             next_port: 1,
@@ -769,6 +773,21 @@ impl Daemon {
                 }
             }
             Event::Transmit { port, frame } => self.n1_transmit(port, &frame),
+            Event::RibRead { handle, result } => {
+                if let Some((conn, id)) = self.rib_reads.remove(&(i, handle)) {
+                    let reply = result.map(|objects| Reply::Rib { objects }).map_err(|e| {
+                        let kind = if e.starts_with("no complete answer") {
+                            ErrorKind::Timeout
+                        } else {
+                            ErrorKind::Refused
+                        };
+                        CtlError::new(kind, e)
+                    });
+                    if self.conns.contains_key(&conn) {
+                        self.reply(conn, id, reply, None);
+                    }
+                }
+            }
             // Shims send their own datagrams in `Ipcp::poll_event`.
             Event::ToMedium { .. } => {}
             Event::Deliver { port, sdu } => {
