@@ -186,3 +186,80 @@ fn a_lost_read_or_answer_is_asked_again_and_silence_fails_after_3_s() {
     assert_eq!(t, at_ms(6000));
     assert!(r.unwrap_err().starts_with("no complete answer"));
 }
+
+/// Four members in a ring (addresses 1–4, static), each the only neighbour
+/// of five newcomers that all start at the same instant; every member hands
+/// out addresses from 1–28 only (24 members), so that enrollers that cannot know of
+/// each other's choices give the same address often.
+fn storm(seed: u64) -> (Mesh, Vec<u64>) {
+    const ENROLLERS: usize = 4;
+    const NEWCOMERS: usize = 20;
+    let mut edges = vec![(0, 1), (1, 2), (2, 3), (0, 3)];
+    for k in 0..NEWCOMERS {
+        edges.push((k % ENROLLERS, ENROLLERS + k));
+    }
+    let link = LinkConfig::new(100_000_000, MS)
+        .jitter(Duration::from_millis(2))
+        .queue(10_000);
+    let mut m = Mesh::enrolling(seed, ENROLLERS + NEWCOMERS, &edges, link, |i| {
+        let mut c = config(i);
+        if i < ENROLLERS {
+            c.address = i as u64 + 1;
+            c.routing = Some(routing::Config::default());
+            c.dynamic_directory = Some(directory::Config::default());
+        }
+        if let Some(mc) = c.membership.as_mut() {
+            mc.addresses = (1, 28);
+        }
+        c
+    });
+    m.world.set_step_limit(200_000_000);
+    m.world.run_until(at_ms(20_000)).unwrap();
+    let addrs = (0..ENROLLERS + NEWCOMERS)
+        .map(|i| m.node(i).ipcp().config().address)
+        .collect();
+    (m, addrs)
+}
+
+#[test]
+fn twenty_members_enrolling_at_once_through_four_enrollers_get_distinct_addresses() {
+    let mut renumbered = Vec::new();
+    for seed in 0..50 {
+        let (m, addrs) = storm(seed);
+        let n = addrs.len();
+        let distinct: std::collections::BTreeSet<u64> = addrs.iter().copied().collect();
+        assert_eq!(distinct.len(), n, "seed {seed}: {addrs:?}");
+        assert!(
+            !distinct.contains(&0),
+            "seed {seed}: all enrolled: {addrs:?}"
+        );
+        // The DIF works at the final addresses: everyone routes to everyone.
+        for i in 0..n {
+            let r = m.node(i).ipcp().routing().expect("routing");
+            let hops = r.next_hops();
+            for a in addrs.iter().filter(|a| **a != addrs[i]) {
+                assert!(
+                    hops.contains_key(a),
+                    "seed {seed}: node {i} has no route to {a}"
+                );
+            }
+        }
+        let events = m
+            .world
+            .node_events()
+            .filter(|(_, _, e)| {
+                matches!(
+                    e,
+                    NormalEvent::Membership(rina_core::normal::MembershipEvent::Renumbered { .. })
+                )
+            })
+            .count();
+        renumbered.push(events);
+    }
+    let total: usize = renumbered.iter().sum();
+    eprintln!(
+        "enrollment storm, 50 seeds: {total} renumberings in all, at most {} in one run; per seed {renumbered:?}",
+        renumbered.iter().max().unwrap()
+    );
+    assert!(total > 0, "the storm does make enrollers collide");
+}

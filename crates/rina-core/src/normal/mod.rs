@@ -467,7 +467,7 @@ impl NormalIpcp {
             ),
             None => None,
         };
-        Ok(NormalIpcp {
+        let mut ipcp = NormalIpcp {
             mship: cfg
                 .membership
                 .clone()
@@ -494,7 +494,9 @@ impl NormalIpcp {
             loopback: VecDeque::new(),
             now: Instant::ZERO,
             cfg,
-        })
+        };
+        ipcp.register_mgmt_entity(Instant::ZERO);
+        Ok(ipcp)
     }
 
     /// The configuration.
