@@ -34,8 +34,10 @@ fn rinactl_reads_a_neighbours_rib_over_the_dif() {
     let mut procs = Procs(Vec::new(), dir.clone());
     let (pa, pb) = (free_port(), free_port());
     let pw = "password = \"s3cret\"\n";
-    let boot =
-        format!("address = 1\n{pw}routing = \"link-state\"\ndirectory_mode = \"distributed\"\n");
+    // A lets its members read /difm and /ra only.
+    let boot = format!(
+        "address = 1\n{pw}routing = \"link-state\"\ndirectory_mode = \"distributed\"\nrib_readable = [\"/difm\", \"/ra\"]\n"
+    );
     for (me, port, peer, extra) in [
         ("a", pa, ("b", pb), boot.as_str()),
         ("b", pb, ("a", pa), pw),
@@ -113,10 +115,17 @@ fn rinactl_reads_a_neighbours_rib_over_the_dif() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = read("/no/such/thing", "a.net");
+    let out = read("/ra/no/such/thing", "a.net");
     assert!(!out.status.success());
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("/no/such/thing"),
+        String::from_utf8_lossy(&out.stderr).contains("/ra/no/such/thing"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = read("/dt", "a.net");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("/dt is not readable by members of net"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
