@@ -15,7 +15,7 @@
 --                  the control body or the payload, and the CRC-32 if enabled.
 --                  Every field is in network byte order.
 --   rina.mgmt      the payload of a management PDU: a one-byte discriminator
---                  (0xC0 CDAP, 0xE0 enrollment, 0xE1 hello, 0xFA flow allocator,
+--                  (0xC0 CDAP, 0xE0 enrollment, 0xE1 hello, 0xFA the flow allocator before it spoke CDAP,
 --                  0xF6 fragment) and what follows.
 --   rina.cdap      CDAP messages (protobuf; crates/rina-wire/src/cdap.rs field numbers).
 --   rina.shim_eth  shim DIF over Ethernet: EtherType 0xD1F0 frames, and ARP
@@ -39,7 +39,7 @@ local PDU_TYPES = {
 local DELIMITERS = { [0x07] = "complete SDU", [0x05] = "first fragment",
     [0x04] = "middle fragment", [0x06] = "last fragment" }
 local MGMT_KINDS = { [0xC0] = "CDAP", [0xE0] = "enrollment (CDAP)", [0xE1] = "hello (CDAP)",
-    [0xFA] = "flow allocator", [0xF6] = "fragment" }
+    [0xFA] = "flow allocator (before CDAP)", [0xF6] = "fragment" }
 local FA_TYPES = { [1] = "REQUEST", [2] = "RESPONSE", [3] = "DEALLOC" }
 local OPCODES = {
     [0] = "M_CONNECT", [1] = "M_CONNECT_R", [2] = "M_RELEASE", [3] = "M_RELEASE_R",

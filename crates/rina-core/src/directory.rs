@@ -321,6 +321,9 @@ pub struct Directory {
     db: BTreeMap<Key, Stored>,
     /// Applications registered here.
     local: BTreeSet<AppName>,
+    /// Names other IPCPs hold alive at this IPCP's own address (an address
+    /// collision), newest last; taken by [`Directory::take_foreign`].
+    foreign: Vec<(AppName, u64)>,
     /// Last sequence number used per own name, kept after expiry.
     own_seq: BTreeMap<AppName, u64>,
     /// Keys to flood, with the port not to send them on.
@@ -343,6 +346,7 @@ impl Directory {
             ports: BTreeSet::new(),
             db: BTreeMap::new(),
             local: BTreeSet::new(),
+            foreign: Vec::new(),
             own_seq: BTreeMap::new(),
             pending: BTreeMap::new(),
             flush_due: None,
@@ -589,8 +593,20 @@ impl Directory {
     }
 
     /// A copy of one of our own entries came back.
+    /// Names another IPCP holds alive at this IPCP's own address, with the
+    /// sequence numbers seen, since the last call: entries this IPCP never
+    /// originated with a sequence number above its own (it withdraws them,
+    /// as any stale copy of its own). A sign that two members share an
+    /// address.
+    pub fn take_foreign(&mut self) -> Vec<(AppName, u64)> {
+        std::mem::take(&mut self.foreign)
+    }
+
     fn on_own_copy(&mut self, now: Instant, e: DirEntry) {
         let ours = self.own_seq.get(&e.name).copied().unwrap_or(0);
+        if e.seq > ours && e.alive && !self.local.contains(&e.name) && self.foreign.len() < 64 {
+            self.foreign.push((e.name.clone(), e.seq));
+        }
         if e.seq > ours {
             self.counters.rx_own_newer += 1;
             self.own_seq.insert(e.name.clone(), e.seq);

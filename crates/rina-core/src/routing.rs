@@ -458,6 +458,14 @@ impl LinkState {
             .ok_or(RoutingError::UnknownPort(port))?;
         self.originate(now, n.address, false);
         self.mark_dirty(now);
+        // Floods went to one port per address: if another port to the
+        // same address stays, it becomes the one, and gets the database
+        // it may have missed (two members briefly sharing an address, see
+        // `normal::membership::renumber`).
+        let next = self.flood_ports().get(&n.address).copied();
+        if let Some(next) = next.filter(|p| *p > port) {
+            self.db_sync(now, next, n.address);
+        }
         Ok(())
     }
 

@@ -63,6 +63,14 @@ pub enum NormalCommand {
     /// A link end silenced by [`NormalCommand::Silence`] carries frames
     /// again.
     Resume(N1Port),
+    /// Read the RIB of neighbour `neighbor` (IPCP name or address) under
+    /// `path`, `depth` levels deep ([`NormalIpcp::read_remote_rib`]); the
+    /// outcome is [`NormalEvent::RibRead`].
+    ReadRib {
+        neighbor: String,
+        path: String,
+        depth: Option<u32>,
+    },
 }
 
 /// What a node reports for the trace.
@@ -94,6 +102,11 @@ pub enum NormalEvent {
     RegisterFailed(NormalError),
     /// Membership news of the IPCP (neighbours, enrollment).
     Membership(MembershipEvent),
+    /// A read of a neighbour's RIB ended (handle 0: it could not start).
+    RibRead {
+        handle: u64,
+        result: Result<Vec<rina_wire::ctl::RibObjectInfo>, String>,
+    },
 }
 
 /// One SDU handed to an in-sim application.
@@ -358,6 +371,9 @@ impl NormalNode {
                 }
             }
             Action::Management { .. } => {}
+            Action::RibRead { handle, result } => {
+                ctx.record(NormalEvent::RibRead { handle, result })
+            }
             Action::Membership(ev) => ctx.record(NormalEvent::Membership(ev)),
             Action::FlowFailed { flow, .. } => {
                 self.apps.entry(flow).or_default().failed = true;
@@ -491,6 +507,18 @@ impl Node for NormalNode {
                 neighbor,
                 cost,
             } => self.ipcp.neighbor_up(now, port, neighbor, cost),
+            NormalCommand::ReadRib {
+                neighbor,
+                path,
+                depth,
+            } => {
+                if let Err(e) = self.ipcp.read_remote_rib(now, &neighbor, &path, depth) {
+                    ctx.record(NormalEvent::RibRead {
+                        handle: 0,
+                        result: Err(e.to_string()),
+                    });
+                }
+            }
             NormalCommand::Silence(port) => {
                 if let Some((local, peer)) = self.ports.remove(&port) {
                     self.by_addr.remove(&local);

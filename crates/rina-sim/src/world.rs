@@ -195,7 +195,12 @@ pub struct World<N: Node> {
     step_limit: u64,
     out: Vec<(SocketAddr, SocketAddr, Vec<u8>)>,
     events: Vec<N::Event>,
+    loss_filter: Option<LossFilter>,
 }
+
+/// Chooses datagrams to lose on purpose: called with the time, the sending
+/// end and the datagram; `true` loses it (counted as lost).
+pub type LossFilter = Box<dyn FnMut(Instant, SocketAddr, &[u8]) -> bool>;
 
 impl<N: Node> World<N> {
     /// An empty world whose random draws all derive from `seed`.
@@ -215,7 +220,14 @@ impl<N: Node> World<N> {
             step_limit: DEFAULT_STEP_LIMIT,
             out: Vec::new(),
             events: Vec::new(),
+            loss_filter: None,
         }
+    }
+
+    /// Loses the datagrams `filter` picks (on top of the links' own loss),
+    /// to test the loss of one kind of message; `None` removes the filter.
+    pub fn set_loss_filter(&mut self, filter: Option<LossFilter>) {
+        self.loss_filter = filter;
     }
 
     /// The seed.
@@ -508,6 +520,15 @@ impl<N: Node> World<N> {
                 None => payload,
             };
             self.net(NetEvent::Sent, from, to, len);
+            let now = self.now;
+            if self
+                .loss_filter
+                .as_mut()
+                .is_some_and(|f| f(now, from, &payload))
+            {
+                self.net(NetEvent::Lost, from, to, len);
+                continue;
+            }
             match self.links[link].transmit(self.now, from, len) {
                 Some(Fate::Arrives { at, pipe }) => self.queue.push(
                     at,

@@ -1,15 +1,21 @@
 //! Simulation tests of the normal DIF's flow allocator: flows allocated by
 //! name (static directory, QoS cubes) across chains of unchanged rina-core
-//! normal IPCPs, with FA messages in management PDUs relayed by the RMT.
+//! normal IPCPs, with flow objects created and deleted by CDAP in management
+//! PDUs relayed by the RMT, and the loss of each kind of CDAP message.
 //! Deterministic: fixed seeds, virtual time.
 
-use rina_core::normal::{NormalConfig, NormalError};
-use rina_core::sdup::SdupConfig;
+use rina_core::normal::{NormalConfig, NormalError, CDAP_DISCRIMINATOR};
+use rina_core::sdup::{Sdup, SdupConfig};
 use rina_core::Instant;
 use rina_sim::chain::Chain;
 use rina_sim::normal_node::FIRST_ACCEPTED_FLOW;
 use rina_sim::{App, LinkConfig, NormalEvent};
+use rina_wire::cdap::{CdapMessage, OpCode};
+use rina_wire::fa::FLOW_CLASS;
+use rina_wire::pci;
 use rina_wire::{AppName, QosSpec};
+use std::cell::Cell;
+use std::rc::Rc;
 use std::time::Duration;
 
 const MS: Duration = Duration::from_millis(1);
@@ -329,4 +335,147 @@ fn concurrent_allocations_replay_exactly() {
     let (d3, ..) = concurrent(12);
     assert_ne!(d1, d3, "another seed, another run");
     eprintln!("concurrent allocations: deliveries per node {del1:?}");
+}
+
+/// The CDAP operation and object class of a frame's management payload,
+/// if it carries one.
+fn cdap_of(frame: &[u8]) -> Option<(OpCode, String)> {
+    let c = cfg(1);
+    let un = Sdup::without_cipher(c.sdup).unprotect(frame).ok()?;
+    let pdu = pci::Pdu::parse(&c.dt, &un.pdu).ok()?;
+    let pci::Body::Data(payload) = pdu.body else {
+        return None;
+    };
+    if pdu.pci.pdu_type != pci::PduType::Mgmt || payload.first() != Some(&CDAP_DISCRIMINATOR) {
+        return None;
+    }
+    let m = CdapMessage::decode(&payload[1..]).ok()?;
+    Some((m.op_code(), m.obj_class.clone().unwrap_or_default()))
+}
+
+/// Loses the first `n` flow-object messages with operation `op`; counts
+/// what it lost in the returned cell.
+fn lose_first(c: &mut Chain, op: OpCode, n: u32) -> Rc<Cell<u32>> {
+    let lost = Rc::new(Cell::new(0));
+    let l = lost.clone();
+    c.world
+        .set_loss_filter(Some(Box::new(move |_, _, frame: &[u8]| {
+            let hit = cdap_of(frame).is_some_and(|(o, class)| o == op && class == FLOW_CLASS);
+            if hit && l.get() < n {
+                l.set(l.get() + 1);
+                return true;
+            }
+            false
+        })));
+    lost
+}
+
+/// Allocates perf→sink over two hops, deallocates at 1 s from `closer`
+/// (0: the requester, 2: the responder), losing the first two messages of
+/// kind `op`; returns the chain after 10 s.
+fn lose_and_repair(op: OpCode, closer: usize) -> Chain {
+    let mut c = Chain::new(21, 3, ideal(), cfg);
+    c.register(2, "sink", App::sink());
+    let lost = lose_first(&mut c, op, 2);
+    c.allocate(Instant::ZERO, 0, 1, "perf", "sink", reliable());
+    let flow = if closer == 0 { 1 } else { FIRST_ACCEPTED_FLOW };
+    c.deallocate(at_ms(1000), closer, flow);
+    c.world.run_until(at_ms(10_000)).unwrap();
+    assert_eq!(lost.get(), 2, "{op:?}: two messages lost");
+    let a = c.node(0).app(1).unwrap();
+    assert!(
+        a.allocated_at.is_some(),
+        "{op:?}: allocated despite the loss"
+    );
+    assert_eq!(
+        c.node(2).accepted_flows().len(),
+        1,
+        "{op:?}: one flow, no twin"
+    );
+    for i in [0, 2] {
+        assert_eq!(
+            c.node(i).ipcp().flows().count(),
+            0,
+            "{op:?}: node {i} closed"
+        );
+        assert_eq!(c.node(i).ipcp().deallocs_unacknowledged(), 0, "{op:?}");
+        assert_eq!(c.node(i).ipcp().counters().dealloc_unacked, 0, "{op:?}");
+    }
+    c
+}
+
+#[test]
+fn losing_any_kind_of_flow_object_message_is_repaired() {
+    for closer in [0, 2] {
+        let c = lose_and_repair(OpCode::Create, closer);
+        let ctr = c.node(0).ipcp().counters();
+        assert_eq!(ctr.alloc_retries, 2, "two M_CREATE repeated");
+        assert_eq!(c.node(0).app(1).unwrap().allocated_at, Some(at_ms(504)));
+
+        let c = lose_and_repair(OpCode::CreateR, closer);
+        assert_eq!(c.node(0).ipcp().counters().alloc_retries, 2);
+        assert_eq!(
+            c.node(2).ipcp().counters().alloc_requests_in,
+            3,
+            "the responder answered the repeated M_CREATE again"
+        );
+
+        let c = lose_and_repair(OpCode::Delete, closer);
+        assert_eq!(c.node(closer).ipcp().counters().dealloc_retries, 2);
+        let other = 2 - closer;
+        let other_flow = if other == 0 { 1 } else { FIRST_ACCEPTED_FLOW };
+        assert_eq!(
+            c.node(other).app(other_flow).unwrap().deallocated_at,
+            Some(at_ms(1502)),
+            "the third M_DELETE, 2 x 250 ms later, reaches the peer"
+        );
+
+        let c = lose_and_repair(OpCode::DeleteR, closer);
+        assert_eq!(c.node(closer).ipcp().counters().dealloc_retries, 2);
+        assert_eq!(
+            c.node(2 - closer).ipcp().counters().rx_fa_stale,
+            2,
+            "the repeated M_DELETEs found the flow gone and were acknowledged again"
+        );
+    }
+}
+
+#[test]
+fn a_lost_refusal_is_repeated_with_its_reason() {
+    let mut c = Chain::new(22, 3, ideal(), cfg);
+    c.register(2, "busy", App::refuse("come back later"));
+    let lost = lose_first(&mut c, OpCode::CreateR, 1);
+    c.allocate(Instant::ZERO, 0, 1, "perf", "busy", QosSpec::default());
+    c.world.run_until(at_ms(1000)).unwrap();
+    assert_eq!(lost.get(), 1);
+    assert_eq!(
+        c.node(0).app(1).unwrap().alloc_failed,
+        Some((at_ms(254), NormalError::Refused("come back later".into())))
+    );
+    assert_eq!(
+        c.world
+            .node_events()
+            .filter(|(_, _, e)| matches!(e, NormalEvent::FlowRequest { .. }))
+            .count(),
+        1,
+        "the application was asked once"
+    );
+}
+
+#[test]
+fn a_deallocation_nobody_acknowledges_is_given_up_after_3_s() {
+    let mut c = Chain::new(23, 2, ideal(), cfg);
+    c.register(1, "sink", App::sink());
+    lose_first(&mut c, OpCode::Delete, u32::MAX);
+    c.allocate(Instant::ZERO, 0, 1, "perf", "sink", QosSpec::default());
+    c.deallocate(at_ms(100), 0, 1);
+    c.world.run_until(at_ms(10_000)).unwrap();
+    let ctr = c.node(0).ipcp().counters();
+    assert_eq!((ctr.dealloc_retries, ctr.dealloc_unacked), (11, 1));
+    assert_eq!(c.node(0).ipcp().deallocs_unacknowledged(), 0);
+    assert_eq!(
+        c.node(1).ipcp().flows().count(),
+        1,
+        "the peer never heard (its EFCP or application ends it)"
+    );
 }

@@ -283,8 +283,17 @@ fn tshark_decodes_shim_udp_efcp_and_cdap_of_a_live_capture() {
         // Echo traffic in DT PDUs.
         assert!(has(&[(3, "0x80"), (4, src), (5, dst)]), "{dump}");
     }
-    // The flow allocator's request names the destination application.
-    assert!(has(&[(3, "0x40"), (8, "echo")]), "{dump}");
+    // The flow allocator creates a flow object on the peer: CDAP M_CREATE
+    // (4) of /fa/flows/key=..., answered by M_CREATE_R (5).
+    for op in ["4", "5"] {
+        assert!(
+            rows.iter()
+                .any(|r| r.get(3).map(String::as_str) == Some("0x40")
+                    && r.get(6).map(String::as_str) == Some(op)
+                    && r.get(7).is_some_and(|n| n.starts_with("/fa/flows/key="))),
+            "{dump}"
+        );
+    }
     // The direct allocation: ALLOC_REQ for nobody-here with its QoS (50 ms),
     // answered "not registered" (1).
     assert!(

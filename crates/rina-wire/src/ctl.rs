@@ -206,11 +206,15 @@ pub enum Op {
         after: Option<u32>,
     },
     /// Read the RIB of IPCP `ipcp` under `path` (default `/`), `depth`
-    /// levels deep (default: all).
+    /// levels deep (default: all); with `remote`, the RIB of that
+    /// neighbour of `ipcp` in its DIF (IPCP name or address), read over the
+    /// DIF with CDAP (objects' owner: "remote").
     ReadRib {
         ipcp: String,
         path: Option<String>,
         depth: Option<u32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        remote: Option<String>,
     },
     /// Read the RMT scheduling policy of normal IPCP `ipcp` and its queue
     /// counters; with `set`, first replace the policy by the one `set`

@@ -1,51 +1,39 @@
-//! Flow-allocator messages of a normal DIF.
+//! Flow-allocator messages of a normal DIF, as CDAP on RIB objects.
 //!
 //! The flow allocator of a normal IPCP sets up a flow between two
-//! applications by name with a request/response handshake, and tears it down
-//! with a deallocation message. These messages travel as the payload of
-//! management PDUs (PCI type MGMT), addressed to the destination IPCP and
-//! relayed by the RMT like data.
+//! applications by creating a flow object on the destination IPCP, and tears
+//! it down by deleting it (seed 000, the flow allocator of §7; IRATI's object
+//! model). The messages are CDAP ([`crate::cdap`]) in management PDUs (PCI
+//! type MGMT) whose payload starts with [`CDAP_MGMT_DISCRIMINATOR`],
+//! addressed to the destination IPCP and relayed by the RMT like data:
 //!
-//! This is an interim encoding: the next step of the stack carries the same
-//! three messages as CDAP — `M_CREATE` / `M_CREATE_R` of an object under
-//! `/fa/flows` for the request and its response, `M_DELETE` for the
-//! deallocation. Only [`FaMessage::encode`] and [`FaMessage::parse`] know the
-//! bytes, so the flow allocator's state machine does not change when the
-//! transport does.
+//! | message | CDAP | object name | value |
+//! | --- | --- | --- | --- |
+//! | REQUEST | `M_CREATE` | `/fa/flows/key=<requester address>-<requester CEP-id>` | [`Flow`]: names, source address, connection id (QoS-id, source CEP-id), QoS parameters |
+//! | RESPONSE | `M_CREATE_R` | the same | [`Flow`]: connection id (both CEP-ids), largest SDU; `result` ([`FaResult`]) and `result_reason` say why a flow was refused |
+//! | DEALLOC | `M_DELETE` | `/fa/flows/key=<receiver address>-<receiver CEP-id>` | [`Flow`]: connection id (source = the sender's CEP-id) |
+//! | DEALLOC-ACK | `M_DELETE_R` | the same | [`Flow`]: connection id (source = the acknowledger's CEP-id) |
 //!
-//! Every payload starts with the discriminator [`FA_DISCRIMINATOR`] so that
-//! other management traffic can share the channel (a receiver hands payloads
-//! with any other first byte to layer management). Then a type byte, then
-//! the body; integers are big-endian, strings are a u16 length and UTF-8:
-//!
-//! | type | name | body |
-//! | --- | --- | --- |
-//! | `0x01` | REQUEST | src addr u64, src CEP-id u64, QoS-id u64, QoS spec (29 B), src name, dst name |
-//! | `0x02` | RESPONSE | dst CEP-id u64 (the requester's), src CEP-id u64 (the responder's, 0 unless accepted), result u8, max SDU u32, reason |
-//! | `0x03` | DEALLOC | dst CEP-id u64 (the receiver's), src CEP-id u64 (the sender's) |
-//!
-//! Addresses and CEP-ids are written at 8 bytes whatever the DIF's PCI
-//! widths: these messages are few, and their format then does not depend on
-//! the data-transfer constants.
+//! Every message has an invoke id, derived from the CEP-id of the end that
+//! asked (so a repeated request and its answer carry the same one); the
+//! object's class is [`FLOW_CLASS`]. Only [`FaMessage::encode`] and
+//! [`FaMessage::parse`] know the bytes.
 
-use crate::codec::{Reader, WireError, Writer};
+use crate::cdap::{ApplicationProcessNamingInfo, CdapMessage, InvokeId, ObjVal, OpCode};
+use crate::codec::WireError;
 use crate::name::AppName;
-use crate::qos::{QosSpec, QOS_WIRE_LEN};
+use crate::qos::QosSpec;
 
-/// First byte of every flow-allocator payload of a management PDU.
-pub const FA_DISCRIMINATOR: u8 = 0xFA;
+/// First byte of a management payload that holds one encoded CDAP message.
+pub const CDAP_MGMT_DISCRIMINATOR: u8 = 0xC0;
 
-const T_REQUEST: u8 = 0x01;
-const T_RESPONSE: u8 = 0x02;
-const T_DEALLOC: u8 = 0x03;
+/// Class of flow objects.
+pub const FLOW_CLASS: &str = "Flow";
 
-/// Encoded size of a RESPONSE with an empty reason.
-pub const RESPONSE_BASE_LEN: usize = 2 + 8 + 8 + 1 + 4 + 2;
+/// Where flow objects live in the RIB.
+pub const FLOWS_PATH: &str = "/fa/flows";
 
-/// Encoded size of a REQUEST with empty names (never valid, but the floor).
-pub const REQUEST_BASE_LEN: usize = 2 + 8 + 8 + 8 + QOS_WIRE_LEN + 2 + 2;
-
-/// Outcome of a flow request, as carried in RESPONSE.
+/// Outcome of a flow request, as carried in `M_CREATE_R`'s `result`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum FaResult {
     /// The flow exists at the responder.
@@ -61,7 +49,7 @@ pub enum FaResult {
 }
 
 impl FaResult {
-    fn from_u8(v: u8) -> Result<Self, WireError> {
+    fn from_i32(v: i32) -> Result<Self, WireError> {
         Ok(match v {
             0 => FaResult::Accepted,
             1 => FaResult::NotRegistered,
@@ -76,6 +64,114 @@ impl FaResult {
             }
         })
     }
+}
+
+/// A connection id of a flow (`connectionId_t` of IRATI's
+/// `FlowMessage.proto`; CEP-ids widened to 64 bits).
+#[derive(Clone, PartialEq, Eq, Hash, prost::Message)]
+pub struct ConnectionId {
+    /// 1: QoS-id (the QoS cube both ends use).
+    #[prost(uint64, tag = "1")]
+    pub qos_id: u64,
+    /// 2: CEP-id of the end that sends the message.
+    #[prost(uint64, tag = "2")]
+    pub source_cep_id: u64,
+    /// 3: CEP-id of the end that receives it (0 when not known yet).
+    #[prost(uint64, tag = "3")]
+    pub destination_cep_id: u64,
+}
+
+/// QoS parameters of a flow (`qosSpecification_t`: fields 2, 3, 8, 9, 10
+/// as in IRATI's `QoSSpecification.proto`; 20–23 are ours, for what a
+/// [`QosSpec`] says that IRATI's message has no field for).
+#[derive(Clone, PartialEq, Eq, Hash, prost::Message)]
+pub struct QosSpecification {
+    /// 2: QoS-id of the cube chosen.
+    #[prost(uint64, optional, tag = "2")]
+    pub qosid: Option<u64>,
+    /// 3: average bandwidth, bits per second.
+    #[prost(uint64, optional, tag = "3")]
+    pub average_bandwidth: Option<u64>,
+    /// 8: partial delivery allowed (not reliable).
+    #[prost(bool, optional, tag = "8")]
+    pub partial_delivery: Option<bool>,
+    /// 9: in-order delivery.
+    #[prost(bool, optional, tag = "9")]
+    pub order: Option<bool>,
+    /// 10: largest gap of lost SDUs allowed.
+    #[prost(int32, optional, tag = "10")]
+    pub max_allowable_gap_sdu: Option<i32>,
+    /// 20: largest one-way delay, microseconds.
+    #[prost(uint64, optional, tag = "20")]
+    pub delay_us: Option<u64>,
+    /// 21: largest loss, parts per million.
+    #[prost(uint32, optional, tag = "21")]
+    pub max_loss_ppm: Option<u32>,
+    /// 22: every SDU must arrive.
+    #[prost(bool, optional, tag = "22")]
+    pub reliable: Option<bool>,
+    /// 23: largest SDU the application writes.
+    #[prost(uint32, optional, tag = "23")]
+    pub max_sdu_size: Option<u32>,
+}
+
+impl From<&QosSpec> for QosSpecification {
+    fn from(q: &QosSpec) -> Self {
+        QosSpecification {
+            qosid: None,
+            average_bandwidth: q.avg_bandwidth_bps,
+            partial_delivery: Some(!q.reliable),
+            order: Some(q.in_order),
+            max_allowable_gap_sdu: q.max_sdu_gap.map(|g| g.min(i32::MAX as u32) as i32),
+            delay_us: q.max_delay_us,
+            max_loss_ppm: q.max_loss_ppm,
+            reliable: Some(q.reliable),
+            max_sdu_size: q.max_sdu_size,
+        }
+    }
+}
+
+impl From<&QosSpecification> for QosSpec {
+    fn from(q: &QosSpecification) -> Self {
+        QosSpec {
+            max_delay_us: q.delay_us,
+            max_loss_ppm: q.max_loss_ppm,
+            avg_bandwidth_bps: q.average_bandwidth,
+            in_order: q.order.unwrap_or(false),
+            reliable: q.reliable.unwrap_or(false),
+            max_sdu_gap: q.max_allowable_gap_sdu.and_then(|g| u32::try_from(g).ok()),
+            max_sdu_size: q.max_sdu_size,
+            cube: None,
+        }
+    }
+}
+
+/// A flow object (`Flow` of IRATI's `FlowMessage.proto`, the fields this
+/// flow allocator uses with their numbers; 20 is ours). EFCP policies are
+/// not sent: both ends take them from the QoS cube the QoS-id names.
+#[derive(Clone, PartialEq, Eq, Hash, prost::Message)]
+pub struct Flow {
+    /// 1: name of the requesting application.
+    #[prost(message, optional, tag = "1")]
+    pub source_naming_info: Option<ApplicationProcessNamingInfo>,
+    /// 2: name of the destination application.
+    #[prost(message, optional, tag = "2")]
+    pub destination_naming_info: Option<ApplicationProcessNamingInfo>,
+    /// 5: address of the requesting IPCP.
+    #[prost(uint64, optional, tag = "5")]
+    pub source_address: Option<u64>,
+    /// 6: address of the destination IPCP.
+    #[prost(uint64, optional, tag = "6")]
+    pub destination_address: Option<u64>,
+    /// 7: connection ids (one here).
+    #[prost(message, repeated, tag = "7")]
+    pub connection_ids: Vec<ConnectionId>,
+    /// 10: what the application asked for.
+    #[prost(message, optional, tag = "10")]
+    pub qos_parameters: Option<QosSpecification>,
+    /// 20: largest SDU the responder accepts.
+    #[prost(uint32, optional, tag = "20")]
+    pub max_sdu_size: Option<u32>,
 }
 
 /// A flow-allocator message.
@@ -101,6 +197,8 @@ pub enum FaMessage {
     },
     /// Answers a REQUEST.
     Response {
+        /// The requester's address.
+        dst_addr: u64,
         /// The requester's CEP-id (its `src_cep`).
         dst_cep: u64,
         /// The responder's CEP-id; 0 unless the result is `Accepted`.
@@ -112,63 +210,141 @@ pub enum FaMessage {
         /// Why the flow was not accepted (empty when it was).
         reason: String,
     },
-    /// Tears a flow down.
+    /// Tears a flow down (deletes the receiver's flow object).
     Dealloc {
+        /// The receiver's address.
+        dst_addr: u64,
         /// The receiver's CEP-id.
         dst_cep: u64,
         /// The sender's CEP-id.
         src_cep: u64,
     },
+    /// Acknowledges a DEALLOC: the flow is gone at its sender (or was
+    /// never known there).
+    DeallocAck {
+        /// The acknowledger's address (the deleted object's).
+        src_addr: u64,
+        /// The DEALLOC's sender's CEP-id.
+        dst_cep: u64,
+        /// The acknowledger's CEP-id.
+        src_cep: u64,
+    },
+}
+
+/// The name of the flow object of the end at `addr` with CEP-id `cep`.
+pub fn flow_obj_name(addr: u64, cep: u64) -> String {
+    format!("{FLOWS_PATH}/key={addr}-{cep}")
+}
+
+/// The invoke id of the exchange started by the end with CEP-id `cep`:
+/// never 0, never negative.
+fn invoke_of(cep: u64) -> InvokeId {
+    (cep % (i32::MAX as u64)) as i32 + 1
+}
+
+fn bad(field: &'static str) -> WireError {
+    WireError::BadValue { field, value: 0 }
 }
 
 impl FaMessage {
-    /// Whether a management payload is a flow-allocator message (by its
-    /// first byte); it may still fail to parse.
+    /// Whether a management payload is a CDAP message on a flow object; it
+    /// may still fail to parse as a flow-allocator message.
     pub fn is_fa(payload: &[u8]) -> bool {
-        payload.first() == Some(&FA_DISCRIMINATOR)
+        payload.first() == Some(&CDAP_MGMT_DISCRIMINATOR)
+            && CdapMessage::decode(&payload[1..])
+                .is_ok_and(|m| m.obj_class.as_deref() == Some(FLOW_CLASS))
     }
 
     /// Parses a whole management payload, discriminator included. Never
     /// panics; malformed input is an error.
     pub fn parse(buf: &[u8]) -> Result<Self, WireError> {
-        let mut r = Reader::new(buf);
-        let d = r.u8()?;
-        if d != FA_DISCRIMINATOR {
-            return Err(WireError::BadValue {
-                field: "fa.discriminator",
-                value: d as u64,
-            });
+        match buf.first() {
+            None => {
+                return Err(WireError::Truncated {
+                    at: 0,
+                    need: 1,
+                    have: 0,
+                })
+            }
+            Some(&d) if d != CDAP_MGMT_DISCRIMINATOR => {
+                return Err(WireError::BadValue {
+                    field: "fa.discriminator",
+                    value: d as u64,
+                })
+            }
+            Some(_) => {}
         }
-        let m = match r.u8()? {
-            T_REQUEST => FaMessage::Request {
-                src_addr: r.u64()?,
-                src_cep: r.u64()?,
-                qos_id: r.u64()?,
-                qos: QosSpec::decode(&mut r)?,
-                src: r.str16("fa.request.src")?.parse()?,
-                dst: r.str16("fa.request.dst")?.parse()?,
-            },
-            T_RESPONSE => FaMessage::Response {
-                dst_cep: r.u64()?,
-                src_cep: r.u64()?,
-                result: FaResult::from_u8(r.u8()?)?,
-                max_sdu: r.u32()?,
-                reason: r.str16("fa.response.reason")?.to_string(),
-            },
-            T_DEALLOC => FaMessage::Dealloc {
-                dst_cep: r.u64()?,
-                src_cep: r.u64()?,
-            },
-            t => return Err(WireError::UnknownType(t)),
-        };
-        r.finish()?;
-        Ok(m)
+        let m = CdapMessage::decode(&buf[1..]).map_err(|_| bad("fa.cdap"))?;
+        Self::from_cdap(&m)
     }
 
-    /// Appends the encoded message, discriminator first, to `out`.
-    pub fn encode(&self, out: &mut Vec<u8>) {
-        out.push(FA_DISCRIMINATOR);
-        match self {
+    /// The flow-allocator message a decoded CDAP message holds.
+    pub fn from_cdap(m: &CdapMessage) -> Result<Self, WireError> {
+        if m.obj_class.as_deref() != Some(FLOW_CLASS)
+            || !m
+                .obj_name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(FLOWS_PATH))
+        {
+            return Err(bad("fa.object"));
+        }
+        let flow: Flow = m
+            .obj_value
+            .as_ref()
+            .ok_or(bad("fa.value"))?
+            .to_object()
+            .map_err(|_| bad("fa.value"))?;
+        let id = flow
+            .connection_ids
+            .first()
+            .cloned()
+            .ok_or(bad("fa.connection_id"))?;
+        let msg = match m.op_code() {
+            OpCode::Create => FaMessage::Request {
+                src_addr: flow.source_address.ok_or(bad("fa.source_address"))?,
+                src_cep: id.source_cep_id,
+                qos_id: id.qos_id,
+                qos: flow
+                    .qos_parameters
+                    .as_ref()
+                    .map(QosSpec::from)
+                    .unwrap_or_default(),
+                src: name_of(flow.source_naming_info.as_ref())?,
+                dst: name_of(flow.destination_naming_info.as_ref())?,
+            },
+            OpCode::CreateR => FaMessage::Response {
+                dst_addr: flow.destination_address.unwrap_or(0),
+                dst_cep: id.destination_cep_id,
+                src_cep: id.source_cep_id,
+                result: FaResult::from_i32(m.result.unwrap_or(0))?,
+                max_sdu: flow.max_sdu_size.unwrap_or(0),
+                reason: m.result_reason.clone().unwrap_or_default(),
+            },
+            OpCode::Delete => FaMessage::Dealloc {
+                dst_addr: flow.destination_address.unwrap_or(0),
+                dst_cep: id.destination_cep_id,
+                src_cep: id.source_cep_id,
+            },
+            OpCode::DeleteR => FaMessage::DeallocAck {
+                src_addr: flow.source_address.unwrap_or(0),
+                dst_cep: id.destination_cep_id,
+                src_cep: id.source_cep_id,
+            },
+            op => return Err(WireError::UnknownType(op as u8)),
+        };
+        Ok(msg)
+    }
+
+    /// The message as CDAP.
+    pub fn to_cdap(&self) -> CdapMessage {
+        let conn = |qos_id, source_cep_id, destination_cep_id| {
+            vec![ConnectionId {
+                qos_id,
+                source_cep_id,
+                destination_cep_id,
+            }]
+        };
+        let (op, name, invoke, flow, result) = match self {
             FaMessage::Request {
                 src_addr,
                 src_cep,
@@ -177,34 +353,85 @@ impl FaMessage {
                 src,
                 dst,
             } => {
-                out.push(T_REQUEST);
-                out.put_u64_be(*src_addr);
-                out.put_u64_be(*src_cep);
-                out.put_u64_be(*qos_id);
-                qos.encode(out);
-                out.put_str16(&src.to_string());
-                out.put_str16(&dst.to_string());
+                let mut q = QosSpecification::from(qos);
+                q.qosid = Some(*qos_id);
+                let flow = Flow {
+                    source_naming_info: Some(src.into()),
+                    destination_naming_info: Some(dst.into()),
+                    source_address: Some(*src_addr),
+                    connection_ids: conn(*qos_id, *src_cep, 0),
+                    qos_parameters: Some(q),
+                    ..Default::default()
+                };
+                let name = flow_obj_name(*src_addr, *src_cep);
+                (OpCode::Create, name, invoke_of(*src_cep), flow, None)
             }
             FaMessage::Response {
+                dst_addr,
                 dst_cep,
                 src_cep,
                 result,
                 max_sdu,
                 reason,
             } => {
-                out.push(T_RESPONSE);
-                out.put_u64_be(*dst_cep);
-                out.put_u64_be(*src_cep);
-                out.push(*result as u8);
-                out.put_u32_be(*max_sdu);
-                out.put_str16(reason);
+                let flow = Flow {
+                    destination_address: Some(*dst_addr),
+                    connection_ids: conn(0, *src_cep, *dst_cep),
+                    max_sdu_size: Some(*max_sdu),
+                    ..Default::default()
+                };
+                let name = flow_obj_name(*dst_addr, *dst_cep);
+                let r = (*result as i32, reason.as_str());
+                (OpCode::CreateR, name, invoke_of(*dst_cep), flow, Some(r))
             }
-            FaMessage::Dealloc { dst_cep, src_cep } => {
-                out.push(T_DEALLOC);
-                out.put_u64_be(*dst_cep);
-                out.put_u64_be(*src_cep);
+            FaMessage::Dealloc {
+                dst_addr,
+                dst_cep,
+                src_cep,
+            } => {
+                let flow = Flow {
+                    destination_address: Some(*dst_addr),
+                    connection_ids: conn(0, *src_cep, *dst_cep),
+                    ..Default::default()
+                };
+                let name = flow_obj_name(*dst_addr, *dst_cep);
+                (OpCode::Delete, name, invoke_of(*src_cep), flow, None)
             }
+            FaMessage::DeallocAck {
+                src_addr,
+                dst_cep,
+                src_cep,
+            } => {
+                let flow = Flow {
+                    source_address: Some(*src_addr),
+                    connection_ids: conn(0, *src_cep, *dst_cep),
+                    ..Default::default()
+                };
+                let name = flow_obj_name(*src_addr, *src_cep);
+                (
+                    OpCode::DeleteR,
+                    name,
+                    invoke_of(*dst_cep),
+                    flow,
+                    Some((0, "")),
+                )
+            }
+        };
+        let mut m = CdapMessage::new(op).with_invoke_id(invoke);
+        m.obj_class = Some(FLOW_CLASS.into());
+        m.obj_name = Some(name);
+        m.obj_value = Some(ObjVal::object(&flow));
+        if let Some((code, reason)) = result {
+            m.result = Some(code);
+            m.result_reason = (!reason.is_empty()).then(|| reason.to_string());
         }
+        m
+    }
+
+    /// Appends the encoded message, discriminator first, to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.push(CDAP_MGMT_DISCRIMINATOR);
+        out.extend_from_slice(&self.to_cdap().encode());
     }
 
     /// The encoded message as a new buffer.
@@ -213,6 +440,13 @@ impl FaMessage {
         self.encode(&mut v);
         v
     }
+}
+
+/// A valid application name from naming information.
+fn name_of(n: Option<&ApplicationProcessNamingInfo>) -> Result<AppName, WireError> {
+    let n = AppName::from(n.ok_or(bad("fa.name"))?);
+    // Round-trip through the text form, which validates every part.
+    Ok(n.to_string().parse()?)
 }
 
 #[cfg(test)]
@@ -224,14 +458,16 @@ mod tests {
         s.parse().unwrap()
     }
 
-    #[test]
-    fn round_trips_every_type() {
+    fn every_type() -> Vec<FaMessage> {
         let qos = QosSpec {
             reliable: true,
+            in_order: true,
             max_sdu_size: Some(1400),
+            max_delay_us: Some(20_000),
+            max_sdu_gap: Some(0),
             ..Default::default()
         };
-        let msgs = [
+        vec![
             FaMessage::Request {
                 src_addr: 3,
                 src_cep: 0x1234,
@@ -241,6 +477,7 @@ mod tests {
                 dst: name("echo//srv"),
             },
             FaMessage::Response {
+                dst_addr: 3,
                 dst_cep: 0x1234,
                 src_cep: 9,
                 result: FaResult::Accepted,
@@ -248,6 +485,7 @@ mod tests {
                 reason: String::new(),
             },
             FaMessage::Response {
+                dst_addr: 3,
                 dst_cep: 1,
                 src_cep: 0,
                 result: FaResult::Refused,
@@ -255,11 +493,21 @@ mod tests {
                 reason: "busy".into(),
             },
             FaMessage::Dealloc {
+                dst_addr: 7,
                 dst_cep: 9,
                 src_cep: 0x1234,
             },
-        ];
-        for m in msgs {
+            FaMessage::DeallocAck {
+                src_addr: 7,
+                dst_cep: 0x1234,
+                src_cep: 9,
+            },
+        ]
+    }
+
+    #[test]
+    fn round_trips_every_type() {
+        for m in every_type() {
             let v = m.to_vec();
             assert!(FaMessage::is_fa(&v));
             assert_eq!(FaMessage::parse(&v).unwrap(), m);
@@ -267,32 +515,22 @@ mod tests {
     }
 
     #[test]
-    fn fixed_layout() {
-        let v = FaMessage::Dealloc {
-            dst_cep: 1,
-            src_cep: 2,
-        }
-        .to_vec();
-        assert_eq!(v, [0xFA, 3, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2]);
-        let r = FaMessage::Response {
-            dst_cep: 1,
-            src_cep: 2,
-            result: FaResult::NoResources,
-            max_sdu: 7,
-            reason: String::new(),
-        }
-        .to_vec();
-        assert_eq!(r.len(), RESPONSE_BASE_LEN);
-        let q = FaMessage::Request {
-            src_addr: 1,
-            src_cep: 2,
-            qos_id: 1,
-            qos: QosSpec::default(),
-            src: name("a"),
-            dst: name("b"),
-        }
-        .to_vec();
-        assert_eq!(q.len(), REQUEST_BASE_LEN + 2);
+    fn cdap_view() {
+        let [req, acc, _, del, ack] = every_type().try_into().unwrap();
+        let r = req.to_cdap();
+        assert_eq!(r.op_code(), OpCode::Create);
+        assert_eq!(r.obj_name.as_deref(), Some("/fa/flows/key=3-4660"));
+        let a = acc.to_cdap();
+        assert_eq!(a.op_code(), OpCode::CreateR);
+        assert_eq!(a.obj_name, r.obj_name);
+        assert_eq!(a.invoke_id, r.invoke_id);
+        let d = del.to_cdap();
+        let k = ack.to_cdap();
+        assert_eq!(d.op_code(), OpCode::Delete);
+        assert_eq!(k.op_code(), OpCode::DeleteR);
+        assert_eq!(d.obj_name.as_deref(), Some("/fa/flows/key=7-9"));
+        assert_eq!(d.invoke_id, k.invoke_id);
+        assert_eq!(k.obj_name, d.obj_name, "the ack names the deleted object");
     }
 
     #[test]
@@ -302,45 +540,30 @@ mod tests {
             Err(WireError::Truncated { .. })
         ));
         assert!(matches!(
-            FaMessage::parse(&[0x01, T_DEALLOC]),
+            FaMessage::parse(&[0x01, 3]),
             Err(WireError::BadValue {
                 field: "fa.discriminator",
                 ..
             })
         ));
-        assert_eq!(
-            FaMessage::parse(&[FA_DISCRIMINATOR, 0x77]),
-            Err(WireError::UnknownType(0x77))
-        );
-        let mut v = FaMessage::Dealloc {
-            dst_cep: 1,
-            src_cep: 2,
-        }
-        .to_vec();
-        v.push(0);
-        assert_eq!(FaMessage::parse(&v), Err(WireError::Trailing(1)));
-        let mut r = FaMessage::Response {
-            dst_cep: 1,
-            src_cep: 2,
-            result: FaResult::Accepted,
-            max_sdu: 7,
-            reason: String::new(),
-        }
-        .to_vec();
-        r[18] = 42;
-        assert!(matches!(
-            FaMessage::parse(&r),
-            Err(WireError::BadValue {
-                field: "fa.response.result",
-                ..
-            })
-        ));
+        assert!(FaMessage::parse(&[CDAP_MGMT_DISCRIMINATOR, 0x77]).is_err());
+        // Another class is not the flow allocator's.
+        let mut m = every_type()[0].to_cdap();
+        m.obj_class = Some("Neighbor".into());
+        let mut v = vec![CDAP_MGMT_DISCRIMINATOR];
+        v.extend_from_slice(&m.encode());
+        assert!(!FaMessage::is_fa(&v));
+        assert!(FaMessage::parse(&v).is_err());
+        // A result code nobody defined.
+        let mut m = every_type()[1].to_cdap();
+        m.result = Some(42);
+        assert!(FaMessage::from_cdap(&m).is_err());
         // A request whose source name is empty (not a valid name).
-        let mut q = vec![FA_DISCRIMINATOR, T_REQUEST];
-        q.extend_from_slice(&[0; 24]);
-        QosSpec::default().encode(&mut q);
-        q.extend_from_slice(&[0, 0, 0, 1, b'b']);
-        assert!(matches!(FaMessage::parse(&q), Err(WireError::BadName(_))));
+        let mut m = every_type()[0].to_cdap();
+        let mut f: Flow = m.obj_value.as_ref().unwrap().to_object().unwrap();
+        f.source_naming_info = Some(ApplicationProcessNamingInfo::default());
+        m.obj_value = Some(ObjVal::object(&f));
+        assert!(FaMessage::from_cdap(&m).is_err());
     }
 
     proptest! {
@@ -351,21 +574,20 @@ mod tests {
 
         #[test]
         fn parse_never_panics_after_the_discriminator(
-            t in 0u8..5,
             bytes in proptest::collection::vec(any::<u8>(), 0..200),
         ) {
-            let mut v = vec![FA_DISCRIMINATOR, t];
+            let mut v = vec![CDAP_MGMT_DISCRIMINATOR];
             v.extend_from_slice(&bytes);
             let _ = FaMessage::parse(&v);
         }
 
         #[test]
         fn response_round_trip(
-            d in any::<u64>(), s in any::<u64>(), r in 0u8..5, m in any::<u32>(),
-            reason in "[a-z ]{0,40}",
+            a in any::<u64>(), d in any::<u64>(), s in any::<u64>(), r in 0i32..5,
+            m in any::<u32>(), reason in "[a-z ]{0,40}",
         ) {
             let msg = FaMessage::Response {
-                dst_cep: d, src_cep: s, result: FaResult::from_u8(r).unwrap(),
+                dst_addr: a, dst_cep: d, src_cep: s, result: FaResult::from_i32(r).unwrap(),
                 max_sdu: m, reason,
             };
             prop_assert_eq!(FaMessage::parse(&msg.to_vec()).unwrap(), msg);

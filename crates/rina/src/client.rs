@@ -386,6 +386,29 @@ impl Client {
             ipcp: ipcp.to_string(),
             path: path.map(str::to_string),
             depth,
+            remote: None,
+        };
+        match self.call("read_rib", op)? {
+            (Reply::Rib { objects }, _) => Ok(objects),
+            (other, _) => Err(unexpected("read_rib", &other)),
+        }
+    }
+
+    /// Reads the RIB of `neighbor` (its IPCP name or address), a neighbour
+    /// of normal IPC process `ipcp` in its DIF, under `path`, `depth`
+    /// levels deep, over the DIF (CDAP `M_READ`).
+    pub fn read_remote_rib(
+        &mut self,
+        ipcp: &str,
+        neighbor: &str,
+        path: Option<&str>,
+        depth: Option<u32>,
+    ) -> Result<Vec<RibObjectInfo>> {
+        let op = Op::ReadRib {
+            ipcp: ipcp.to_string(),
+            path: path.map(str::to_string),
+            depth,
+            remote: Some(neighbor.to_string()),
         };
         match self.call("read_rib", op)? {
             (Reply::Rib { objects }, _) => Ok(objects),

@@ -70,6 +70,8 @@
 //!
 //! # routing = "link-state"        # or "static" (default): use the table below
 //! # directory_mode = "distributed" # or "static" (default): only the names table
+//! # rib_readable = ["/ra", "/dt"]   # RIB subtrees neighbours may read (`rinactl rib --remote`);
+//!                                 # default ["/"], [] for none
 //!
 //! [ipcp.routes]                   # destination address -> next-hop address (a neighbour)
 //! "3" = 2
@@ -417,6 +419,9 @@ pub struct IpcpConfig {
     pub routing: Option<RoutingKind>,
     /// normal: whether registrations are disseminated through the DIF.
     pub directory_mode: Option<DirectoryMode>,
+    /// normal: the RIB subtrees a neighbour that is a member may read with
+    /// CDAP (default `["/"]`: all; `[]`: none).
+    pub rib_readable: Option<Vec<String>>,
     /// normal: the RMT scheduling policy (default: fifo).
     pub scheduler: Option<Spanned<SchedulerConfig>>,
     /// normal and shim-udp: most flows (allocated and being allocated) at
@@ -694,6 +699,7 @@ impl Config {
                 || !ip.names.is_empty()
                 || ip.routing.is_some()
                 || ip.directory_mode.is_some()
+                || ip.rib_readable.is_some()
             {
                 return Err(invalid(
                     ip.name.span(),

@@ -146,6 +146,7 @@ impl NormalIpcp {
             }
         }
         self.send_to_neighbors(now, out);
+        self.check_address_conflict(now);
     }
 }
 

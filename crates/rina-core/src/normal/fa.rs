@@ -1,13 +1,14 @@
-//! The flow allocator of the normal IPCP (interim: static directory, its own
-//! messages in MGMT PDUs), with the same API as the shim IPCPs so that the
-//! daemon drives every IPCP alike.
+//! The flow allocator of the normal IPCP: flow objects created and deleted
+//! on the peer IPCP with CDAP ([`rina_wire::fa`]: `M_CREATE` / `M_CREATE_R`
+//! / `M_DELETE` / `M_DELETE_R` of `/fa/flows/key=<address>-<CEP-id>`), with
+//! the same API as the shim IPCPs so that the daemon drives every IPCP alike.
 //!
 //! # Handshake
 //!
 //! [`NormalIpcp::allocate`] looks the destination name up (registered here,
 //! or in the static directory), picks a QoS cube ([`NormalIpcp::choose_cube`])
-//! and a fresh CEP-id, and sends a REQUEST ([`rina_wire::fa`]) in a
-//! management PDU to the destination IPCP's address; the RMT routes it, and
+//! and a fresh CEP-id, and creates the flow object on the destination
+//! IPCP (REQUEST, a CDAP `M_CREATE`, [`rina_wire::fa`]) in a management PDU to the destination IPCP's address; the RMT routes it, and
 //! intermediate IPCPs relay it like data. The destination IPCP refuses at
 //! once what it cannot serve (name not registered, unknown cube, no room) or
 //! asks the application with [`Action::FlowRequest`]. The application
@@ -31,9 +32,12 @@
 //! deallocated before it completed) is answered with DEALLOC, so the
 //! responder does not keep a half-open flow.
 //!
-//! DEALLOC itself is sent once: if it is lost, the peer keeps its end until
-//! its application deallocates too or its EFCP connection fails. Keepalives
-//! (and CDAP over a reliable management flow) come with full layer management.
+//! DEALLOC (`M_DELETE` of the peer's flow object) is acknowledged
+//! (`M_DELETE_R`) and repeated every `alloc_retry` until it is, for at most
+//! `alloc_timeout`; a repeated DEALLOC for a flow already gone is
+//! acknowledged again, so losing either message only delays the teardown.
+//! A refusal carries its reason (`M_CREATE_R`'s `result` and
+//! `result_reason`), reported as the matching [`NormalError`].
 //!
 //! # Local flows
 //!
@@ -46,7 +50,7 @@ use super::{cubes, Action, CepId, FlowId, NormalError, NormalIpcp, QosCube};
 use crate::rmt::Address;
 use crate::time::Instant;
 use rina_wire::codec::truncate_utf8;
-use rina_wire::fa::{FaMessage, FaResult, RESPONSE_BASE_LEN};
+use rina_wire::fa::{FaMessage, FaResult};
 use rina_wire::{AppName, QosSpec};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -85,6 +89,16 @@ struct Refusal {
     until: Instant,
 }
 
+/// A DEALLOC sent and not acknowledged yet, by the peer's (address,
+/// CEP-id).
+#[derive(Debug)]
+struct Releasing {
+    /// The encoded DEALLOC, resent as is.
+    message: Vec<u8>,
+    next_retry: Instant,
+    deadline: Instant,
+}
+
 /// State of the flow allocator. Ordered maps everywhere: their iteration
 /// order reaches the wire (retransmissions, expiries).
 #[derive(Debug)]
@@ -100,6 +114,8 @@ pub(super) struct FaState {
     /// requester's (address, CEP-id); at most `max_pending`, each kept
     /// `alloc_timeout`.
     refused: BTreeMap<(Address, CepId), Refusal>,
+    /// DEALLOCs waiting for their acknowledgement.
+    releasing: BTreeMap<(Address, CepId), Releasing>,
     next_handle: u64,
     next_cep: CepId,
 }
@@ -113,6 +129,7 @@ impl FaState {
             pending: BTreeMap::new(),
             accepted: BTreeMap::new(),
             refused: BTreeMap::new(),
+            releasing: BTreeMap::new(),
             next_handle: 1,
             next_cep: 0,
         }
@@ -136,7 +153,16 @@ impl FaState {
             .values()
             .map(|a| a.next_retry.min(a.deadline));
         let p = self.pending.values().map(|p| p.deadline);
-        a.chain(p).min()
+        let r = self
+            .releasing
+            .values()
+            .map(|r| r.next_retry.min(r.deadline));
+        a.chain(p).chain(r).min()
+    }
+
+    /// DEALLOCs not acknowledged yet.
+    pub(super) fn releasing(&self) -> usize {
+        self.releasing.len()
     }
 }
 
@@ -380,6 +406,7 @@ impl NormalIpcp {
             now,
             p.src_addr,
             &FaMessage::Response {
+                dst_addr: p.src_addr,
                 dst_cep: p.src_cep,
                 src_cep: local_cep,
                 result: FaResult::Accepted,
@@ -421,16 +448,38 @@ impl NormalIpcp {
             .map(|f| f.ep)
             .ok_or(NormalError::UnknownFlow(flow))?;
         self.close_flow(flow)?;
-        self.send_fa(
-            now,
-            ep.remote_addr,
-            &FaMessage::Dealloc {
-                dst_cep: ep.remote_cep,
-                src_cep: ep.local_cep,
-            },
-        );
+        self.send_dealloc(now, ep.remote_addr, ep.remote_cep, ep.local_cep);
         self.flush(now);
         Ok(())
+    }
+
+    /// Deletes the flow object `(to, dst_cep)` at the peer, repeating the
+    /// DEALLOC until it is acknowledged or `alloc_timeout` passes.
+    fn send_dealloc(&mut self, now: Instant, to: Address, dst_cep: CepId, src_cep: CepId) {
+        let message = FaMessage::Dealloc {
+            dst_addr: to,
+            dst_cep,
+            src_cep,
+        }
+        .to_vec();
+        self.send_management_to(now, to, &message);
+        if self.fa.releasing.len() >= self.cfg.max_flows {
+            // Too many unanswered: this one is sent once.
+            return;
+        }
+        self.fa.releasing.insert(
+            (to, dst_cep),
+            Releasing {
+                message,
+                next_retry: now + self.cfg.alloc_retry,
+                deadline: now + self.cfg.alloc_timeout,
+            },
+        );
+    }
+
+    /// DEALLOCs sent and not acknowledged yet.
+    pub fn deallocs_unacknowledged(&self) -> usize {
+        self.fa.releasing()
     }
 
     fn remember_refusal(
@@ -473,19 +522,24 @@ impl NormalIpcp {
     }
 
     fn respond_refusal(&mut self, to: Address, dst_cep: CepId, result: FaResult, reason: &str) {
-        let room = self
-            .cfg
-            .dt
-            .max_data_payload()
-            .saturating_sub(RESPONSE_BASE_LEN)
-            .min(MAX_REASON_LEN);
-        let msg = FaMessage::Response {
+        let mut msg = FaMessage::Response {
+            dst_addr: to,
             dst_cep,
             src_cep: 0,
             result,
             max_sdu: self.max_sdu_u32(),
-            reason: truncate_utf8(reason, room).to_string(),
+            reason: String::new(),
         };
+        // The reason's length prefix takes at most 3 bytes here.
+        let room = self
+            .cfg
+            .dt
+            .max_data_payload()
+            .saturating_sub(msg.to_vec().len() + 3)
+            .min(MAX_REASON_LEN);
+        if let FaMessage::Response { reason: r, .. } = &mut msg {
+            *r = truncate_utf8(reason, room).to_string();
+        }
         let now = self.now;
         self.send_fa(now, to, &msg);
     }
@@ -520,22 +574,53 @@ impl NormalIpcp {
                 result,
                 max_sdu,
                 reason,
+                ..
             } => self.on_response(now, from, dst_cep, src_cep, result, max_sdu, reason),
-            FaMessage::Dealloc { dst_cep, src_cep } => {
-                let ours = self.by_cep.get(&dst_cep).copied().filter(|id| {
-                    self.flows
-                        .get(id)
-                        .is_some_and(|f| f.ep.remote_addr == from && f.ep.remote_cep == src_cep)
-                });
-                match ours {
-                    Some(flow) => {
-                        let _ = self.close_flow(flow);
-                        self.actions.push_back(Action::Deallocated { flow });
-                    }
-                    None => self.counters.rx_fa_stale += 1,
+            FaMessage::Dealloc {
+                dst_cep, src_cep, ..
+            } => self.on_dealloc(now, from, dst_cep, src_cep),
+            FaMessage::DeallocAck {
+                dst_cep, src_cep, ..
+            } => {
+                let acked = self
+                    .fa
+                    .releasing
+                    .get(&(from, src_cep))
+                    .is_some_and(|r| dealloc_sender(&r.message) == Some(dst_cep));
+                if acked {
+                    self.fa.releasing.remove(&(from, src_cep));
+                } else {
+                    self.counters.rx_fa_stale += 1;
                 }
             }
         }
+    }
+
+    /// The peer deleted our flow object `dst_cep`: close the flow, and
+    /// acknowledge whether or not it was still here (the acknowledgement of
+    /// an earlier copy may have been lost).
+    fn on_dealloc(&mut self, now: Instant, from: Address, dst_cep: CepId, src_cep: CepId) {
+        let ours = self.by_cep.get(&dst_cep).copied().filter(|id| {
+            self.flows
+                .get(id)
+                .is_some_and(|f| f.ep.remote_addr == from && f.ep.remote_cep == src_cep)
+        });
+        match ours {
+            Some(flow) => {
+                let _ = self.close_flow(flow);
+                self.actions.push_back(Action::Deallocated { flow });
+            }
+            None => self.counters.rx_fa_stale += 1,
+        }
+        self.send_fa(
+            now,
+            from,
+            &FaMessage::DeallocAck {
+                src_addr: self.cfg.address,
+                dst_cep: src_cep,
+                src_cep: dst_cep,
+            },
+        );
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -558,6 +643,7 @@ impl NormalIpcp {
                     now,
                     src_addr,
                     &FaMessage::Response {
+                        dst_addr: src_addr,
                         dst_cep: src_cep,
                         src_cep: local_cep,
                         result: FaResult::Accepted,
@@ -662,14 +748,7 @@ impl NormalIpcp {
             if !known {
                 self.counters.rx_fa_stale += 1;
                 if result == FaResult::Accepted && src_cep != 0 {
-                    self.send_fa(
-                        now,
-                        from,
-                        &FaMessage::Dealloc {
-                            dst_cep: src_cep,
-                            src_cep: dst_cep,
-                        },
-                    );
+                    self.send_dealloc(now, from, src_cep, dst_cep);
                 }
             }
             return;
@@ -691,16 +770,7 @@ impl NormalIpcp {
             fail(self, error);
             return;
         }
-        let undo = |me: &mut Self| {
-            me.send_fa(
-                now,
-                from,
-                &FaMessage::Dealloc {
-                    dst_cep: src_cep,
-                    src_cep: a.local_cep,
-                },
-            );
-        };
+        let undo = |me: &mut Self| me.send_dealloc(now, from, src_cep, a.local_cep);
         if max_sdu == 0 || src_cep == 0 {
             self.counters.rx_fa_malformed += 1;
             undo(self);
@@ -750,6 +820,7 @@ impl NormalIpcp {
             self.counters.alloc_retries += 1;
             self.send_management_to(now, dst, &req);
         }
+        self.dealloc_timeout(now);
         for flow in expired {
             if let Some(a) = self.fa.allocating.remove(&flow) {
                 self.fa.allocating_by_cep.remove(&a.local_cep);
@@ -774,5 +845,39 @@ impl NormalIpcp {
             let _ = self.refuse(handle, "the application did not answer in time");
             self.actions.push_back(Action::RequestWithdrawn { handle });
         }
+    }
+}
+
+impl NormalIpcp {
+    /// Repeats unacknowledged DEALLOCs and gives up those past their
+    /// deadline.
+    fn dealloc_timeout(&mut self, now: Instant) {
+        let mut resend = Vec::new();
+        let retry = self.cfg.alloc_retry;
+        let mut given_up = 0;
+        self.fa.releasing.retain(|(to, _), r| {
+            if now >= r.deadline {
+                given_up += 1;
+                return false;
+            }
+            if now >= r.next_retry {
+                r.next_retry = now + retry;
+                resend.push((*to, r.message.clone()));
+            }
+            true
+        });
+        self.counters.dealloc_unacked += given_up;
+        for (to, message) in resend {
+            self.counters.dealloc_retries += 1;
+            self.send_management_to(now, to, &message);
+        }
+    }
+}
+
+/// The sender's CEP-id of an encoded DEALLOC.
+fn dealloc_sender(message: &[u8]) -> Option<CepId> {
+    match FaMessage::parse(message) {
+        Ok(FaMessage::Dealloc { src_cep, .. }) => Some(src_cep),
+        _ => None,
     }
 }

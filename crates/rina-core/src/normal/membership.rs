@@ -41,10 +41,11 @@
 //! [`MembershipConfig::addresses`], avoiding every address it knows of
 //! (its neighbours, the flow-state database, the directory). The enrollee
 //! asks for an address hashed from its name, which the member gives when it
-//! is free: two members enrolling two newcomers at the same instant (they
-//! cannot know of each other's choice) then collide only if the names hash
-//! alike within the range — rare with 16-bit addresses and tens of members,
-//! but possible; a larger address width makes it rarer.
+//! is free. Two members enrolling two newcomers at the same instant cannot
+//! know of each other's choice and may give the same address: with the
+//! disseminated directory on, the two newcomers find out from each other's
+//! management entries and the one with the greater name takes another
+//! address ([`renumber`]).
 //!
 //! # Unreachable flows
 //!
@@ -71,7 +72,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 mod admission;
+mod renumber;
 pub use admission::PORT_AUTH_DISCRIMINATOR;
+pub use renumber::{mgmt_name, MGMT_AE};
 
 /// First byte of a management payload carrying one enrollment CDAP message.
 pub const ENROLL_DISCRIMINATOR: u8 = 0xE0;
@@ -213,6 +216,16 @@ pub enum MembershipEvent {
         /// Why (names the step).
         reason: String,
     },
+    /// This member found another one at its address and gave way: it took
+    /// address `to` (see [`renumber`]).
+    Renumbered {
+        /// The address given up.
+        from: Address,
+        /// The new address.
+        to: Address,
+        /// The management entity of the member that keeps `from`.
+        twin: AppName,
+    },
 }
 
 /// Counters of membership.
@@ -241,6 +254,9 @@ pub struct MembershipCounters {
     pub ports_authenticated: u64,
     /// Port authentications that failed (wrong password, untrusted key).
     pub port_auth_failed: u64,
+    /// Times this member gave its address up to another one that had it
+    /// too, and took a new one.
+    pub renumbered: u64,
 }
 
 impl MembershipCounters {
@@ -258,6 +274,7 @@ impl MembershipCounters {
             ("unadmitted_dropped", self.unadmitted_dropped),
             ("ports_authenticated", self.ports_authenticated),
             ("port_auth_failed", self.port_auth_failed),
+            ("renumbered", self.renumbered),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -950,6 +967,7 @@ impl NormalIpcp {
                 let _ = d.register(now, n);
             }
             self.dft = Some(d);
+            self.register_mgmt_entity(now);
         }
         let members = self.new_membership();
         if let Some(m) = self.mship.as_mut() {

@@ -9,8 +9,8 @@ use crate::time::Instant;
 use rina_wire::cdap::{CdapMessage, OpCode, Value};
 
 /// First byte of a management payload that holds one encoded CDAP message
-/// (flow-allocator payloads start with 0xFA).
-pub const CDAP_DISCRIMINATOR: u8 = 0xC0;
+/// (flow objects, routing, the directory, RIB reads).
+pub const CDAP_DISCRIMINATOR: u8 = rina_wire::fa::CDAP_MGMT_DISCRIMINATOR;
 
 /// A management payload: [`CDAP_DISCRIMINATOR`], then an unconfirmed CDAP
 /// `M_WRITE` of `value` on object `name` of class `class`.

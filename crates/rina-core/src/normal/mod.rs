@@ -10,9 +10,9 @@
 //! there. Frames that arrive from N-1 ports go the other way; those for
 //! another address are relayed with their TTL decremented.
 //!
-//! Flows are set up by name with the interim flow allocator of [`fa`]
-//! (static directory, QoS cubes from [`cubes`], its messages in management
-//! PDUs), which has the API of the shim IPCPs: [`NormalIpcp::register`],
+//! Flows are set up by name with the flow allocator of [`fa`] (names from
+//! the directory, QoS cubes from [`cubes`], flow objects created and deleted
+//! on the peer with CDAP), which has the API of the shim IPCPs: [`NormalIpcp::register`],
 //! [`NormalIpcp::allocate`], [`NormalIpcp::accept`], [`NormalIpcp::refuse`],
 //! [`NormalIpcp::deallocate`]. Flows can also be opened with explicit
 //! connection endpoints ([`NormalIpcp::open_flow`]). Routes are set in the
@@ -22,7 +22,7 @@
 //! found in the static directory, or also in a disseminated directory
 //! ([`crate::directory::Directory`]) when
 //! [`NormalConfig::dynamic_directory`] is set — see [`directory_glue`].
-//! Enrollment (full layer management over CDAP) comes next.
+//! Membership (hellos, enrollment) is [`membership`].
 //!
 //! Management PDUs addressed to this IPCP (or to address 0, a neighbour
 //! that does not know it yet) are handled here; others are relayed like
@@ -35,8 +35,7 @@
 //!
 //! | byte | meaning | handled by |
 //! |------|---------|------------|
-//! | `0xFA` ([`rina_wire::fa::FA_DISCRIMINATOR`]) | flow-allocator message | [`fa`] |
-//! | `0xC0` ([`CDAP_DISCRIMINATOR`]) | one encoded CDAP message | [`routing_glue`] when routing is on (`M_WRITE`/`M_CREATE` of [`crate::routing::FSOS_OBJ_NAME`]); [`directory_glue`] when the disseminated directory is on (the same on [`crate::directory::DFT_OBJ_NAME`]); anything else is passed on as [`Action::Management`] |
+//! | `0xC0` ([`CDAP_DISCRIMINATOR`]) | one encoded CDAP message | by object: flow objects (class `Flow`, under `/fa/flows`) to [`fa`]; [`routing_glue`] when routing is on (`M_WRITE`/`M_CREATE` of [`crate::routing::FSOS_OBJ_NAME`]); [`directory_glue`] when the disseminated directory is on (the same on [`crate::directory::DFT_OBJ_NAME`]); anything else is passed on as [`Action::Management`] |
 //! | anything else | not this machine's | [`Action::Management`] |
 //!
 //! The driver feeds frames ([`NormalIpcp::on_frame`]), application
@@ -49,6 +48,7 @@ pub mod directory_glue;
 pub mod fa;
 pub mod membership;
 pub mod mgmt_cdap;
+mod rib_remote;
 mod rib_view;
 pub mod routing_glue;
 mod tap;
@@ -56,6 +56,7 @@ mod tap;
 pub use cubes::QosCube;
 pub use membership::{MembershipConfig, MembershipEvent};
 pub use mgmt_cdap::CDAP_DISCRIMINATOR;
+pub use rib_remote::{MAX_REMOTE_READS, REMOTE_OWNER};
 pub use tap::Tapped;
 
 use crate::delimiting::{self, Reassembler};
@@ -126,6 +127,11 @@ pub struct NormalConfig {
     /// ([`NormalIpcp::neighbor_up`]) and needs a configured address; `Some`
     /// with address 0 enrolls through the first member heard.
     pub membership: Option<MembershipConfig>,
+    /// Access policy of the RIB for the DIF's members: the subtrees a
+    /// neighbour that is a member may read with CDAP `M_READ` (see
+    /// [`NormalIpcp::read_remote_rib`]). Default `["/"]`: all of it; empty:
+    /// nothing.
+    pub rib_readable: Vec<String>,
 }
 
 impl NormalConfig {
@@ -148,6 +154,7 @@ impl NormalConfig {
             routing: None,
             dynamic_directory: None,
             membership: None,
+            rib_readable: vec!["/".into()],
         }
     }
 }
@@ -216,6 +223,9 @@ pub enum NormalError {
     /// The disseminated directory's configuration is unusable.
     #[error("directory: {0}")]
     Directory(crate::directory::DirectoryError),
+    /// No neighbour by this name or address.
+    #[error("no neighbour {0}")]
+    NoSuchNeighbor(String),
 }
 
 /// Something the driver must do.
@@ -257,6 +267,12 @@ pub enum Action {
     AllocateFailed { flow: FlowId, error: NormalError },
     /// The peer deallocated the flow; it is closed here too.
     Deallocated { flow: FlowId },
+    /// The outcome of [`NormalIpcp::read_remote_rib`] `handle`: the
+    /// neighbour's objects, or why there are none.
+    RibRead {
+        handle: u64,
+        result: Result<Vec<rina_wire::ctl::RibObjectInfo>, String>,
+    },
 }
 
 /// IPCP-wide counters of the data path.
@@ -293,11 +309,17 @@ pub struct Counters {
     pub alloc_retries: u64,
     /// Allocations this IPCP asked for that timed out.
     pub alloc_timeouts: u64,
+    /// DEALLOCs repeated for lack of an acknowledgement.
+    pub dealloc_retries: u64,
+    /// DEALLOCs never acknowledged within `alloc_timeout` (given up).
+    pub dealloc_unacked: u64,
     /// PDUs this IPCP addressed to itself (local flows).
     pub loopback: u64,
     /// Management PDUs for this IPCP's own machines (CDAP, routing) that
     /// could not be parsed or made no sense; dropped.
     pub rx_mgmt_malformed: u64,
+    /// Neighbours' RIB reads answered (with objects or a refusal).
+    pub rib_reads_answered: u64,
 }
 
 impl Counters {
@@ -319,8 +341,11 @@ impl Counters {
             ("alloc_refused", self.alloc_refused),
             ("alloc_retries", self.alloc_retries),
             ("alloc_timeouts", self.alloc_timeouts),
+            ("dealloc_retries", self.dealloc_retries),
+            ("dealloc_unacked", self.dealloc_unacked),
             ("loopback", self.loopback),
             ("rx_mgmt_malformed", self.rx_mgmt_malformed),
+            ("rib_reads_answered", self.rib_reads_answered),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -412,6 +437,8 @@ pub struct NormalIpcp {
     dft: Option<crate::directory::Directory>,
     /// Copies of the N-1 frames for a capture, when one is on.
     tap: Option<Box<tap::Tap>>,
+    /// Reads of neighbours' RIBs under way.
+    rib_reads: rib_remote::RemoteReads,
 }
 
 impl NormalIpcp {
@@ -453,7 +480,7 @@ impl NormalIpcp {
             ),
             None => None,
         };
-        Ok(NormalIpcp {
+        let mut ipcp = NormalIpcp {
             mship: cfg
                 .membership
                 .clone()
@@ -470,6 +497,7 @@ impl NormalIpcp {
             routing,
             dft,
             tap: None,
+            rib_reads: rib_remote::RemoteReads::default(),
             sdup: Sdup::without_cipher(cfg.sdup),
             rmt: Rmt::new(sched),
             flows: HashMap::new(),
@@ -482,7 +510,9 @@ impl NormalIpcp {
             loopback: VecDeque::new(),
             now: Instant::ZERO,
             cfg,
-        })
+        };
+        ipcp.register_mgmt_entity(Instant::ZERO);
+        Ok(ipcp)
     }
 
     /// The configuration.
@@ -901,6 +931,8 @@ impl NormalIpcp {
             // Hello or enrollment.
         } else if FaMessage::is_fa(payload) {
             self.on_fa(now, src, payload);
+        } else if self.on_rib_read_mgmt(now, port, payload) {
+            // A neighbour reads this RIB, or answers a read.
         } else if self.on_routing_mgmt(now, port, payload) {
             // Taken by the routing machine (or counted as malformed).
         } else if let Some(port) = port {
@@ -909,6 +941,18 @@ impl NormalIpcp {
                 src,
                 payload: payload.to_vec(),
             });
+        }
+    }
+
+    /// A CDAP `M_READ` / `M_READ_R` payload ([`rib_remote`]); false if the
+    /// payload is not one.
+    fn on_rib_read_mgmt(&mut self, now: Instant, port: Option<N1Port>, payload: &[u8]) -> bool {
+        if payload.first() != Some(&CDAP_DISCRIMINATOR) {
+            return false;
+        }
+        match rina_wire::cdap::CdapMessage::decode(&payload[1..]) {
+            Ok(m) => self.on_rib_cdap(now, port, &m),
+            Err(_) => false,
         }
     }
 
@@ -1193,6 +1237,7 @@ impl NormalIpcp {
             .chain(self.dft.as_ref().and_then(|d| d.poll_timeout()))
             .chain(self.membership_poll_timeout())
             .chain(self.mgmt_reasm.poll_timeout())
+            .chain(self.rib_reads.poll_timeout())
             .min()
     }
 
@@ -1202,6 +1247,7 @@ impl NormalIpcp {
         // A new turn of the driver: every port may hand down a burst again.
         self.tx_used.clear();
         self.fa_timeout(now);
+        self.rib_read_timeout(now);
         self.routing_timeout(now);
         self.directory_timeout(now);
         self.membership_timeout(now);

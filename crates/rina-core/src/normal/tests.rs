@@ -5,7 +5,15 @@
 
 use super::*;
 use crate::rmt::Fifo;
-use rina_wire::fa::{FaResult, FA_DISCRIMINATOR};
+use rina_wire::cdap::{CdapMessage, OpCode};
+use rina_wire::fa::{FaResult, CDAP_MGMT_DISCRIMINATOR, FLOW_CLASS};
+
+/// A management payload: one CDAP message on a flow object.
+fn flow_cdap(m: CdapMessage) -> Vec<u8> {
+    let mut v = vec![CDAP_MGMT_DISCRIMINATOR];
+    v.extend_from_slice(&m.encode());
+    v
+}
 
 const LEFT: N1Port = 1;
 const RIGHT: N1Port = 2;
@@ -708,9 +716,15 @@ fn management_pdus_are_routed_by_address() {
 fn malformed_fa_payloads_are_counted_and_dropped() {
     let mut net = chain(2);
     for bad in [
-        vec![FA_DISCRIMINATOR],
-        vec![FA_DISCRIMINATOR, 0x09],
-        vec![FA_DISCRIMINATOR, 0x03, 1, 2],
+        // No value.
+        flow_cdap(CdapMessage::create(FLOW_CLASS, "/fa/flows/key=1-1", vec![]).with_invoke_id(1)),
+        // A value that is not a flow object.
+        flow_cdap(
+            CdapMessage::create(FLOW_CLASS, "/fa/flows/key=1-1", vec![0xff, 0xff])
+                .with_invoke_id(1),
+        ),
+        // An operation flow objects do not have.
+        flow_cdap(CdapMessage::read(FLOW_CLASS, "/fa/flows/key=1-1").with_invoke_id(1)),
     ] {
         let f = mgmt_frame(&net[1], 1, 2, &bad);
         net[1].on_frame(ms(0), LEFT, &f);
@@ -728,6 +742,7 @@ fn malformed_fa_payloads_are_counted_and_dropped() {
     net[1].on_frame(ms(0), LEFT, &f);
     // A response for nothing.
     let resp = FaMessage::Response {
+        dst_addr: 1,
         dst_cep: 77,
         src_cep: 0,
         result: FaResult::Refused,
@@ -748,12 +763,15 @@ mod prop {
     proptest! {
         #[test]
         fn arbitrary_fa_payloads_never_panic(
-            t in 0u8..5,
+            op in 0usize..4,
             body in proptest::collection::vec(any::<u8>(), 0..300),
         ) {
             let mut net = chain(2);
-            let mut payload = vec![FA_DISCRIMINATOR, t];
-            payload.extend_from_slice(&body);
+            let op = [OpCode::Create, OpCode::CreateR, OpCode::Delete, OpCode::DeleteR][op];
+            let mut m = CdapMessage::new(op).with_invoke_id(1).with_value(body);
+            m.obj_class = Some(FLOW_CLASS.into());
+            m.obj_name = Some("/fa/flows/key=1-1".into());
+            let payload = flow_cdap(m);
             let f = mgmt_frame(&net[1], 1, 2, &payload);
             net[1].on_frame(ms(0), LEFT, &f);
             net[1].handle_timeout(ms(10_000));

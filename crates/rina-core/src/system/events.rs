@@ -75,6 +75,11 @@ impl System {
                 self.out.push_back(Output::Membership { member: i, event });
             }
             IpcpEvent::ManagementUnhandled => self.counters.mgmt_unhandled += 1,
+            IpcpEvent::RibRead { handle, result } => self.out.push_back(Output::RibRead {
+                member: i,
+                handle,
+                result,
+            }),
         }
     }
 

@@ -93,7 +93,7 @@ impl Pair {
                     Output::ToApp { port, sdu } => self.sdus[i].push((port, sdu)),
                     Output::App(ev) => self.events[i].push(ev),
                     Output::Membership { .. } => self.membership[i] += 1,
-                    Output::Alarm { .. } => {}
+                    Output::Alarm { .. } | Output::RibRead { .. } => {}
                 }
             }
         }

@@ -193,6 +193,12 @@ pub enum IpcpEvent {
     Membership(normal::MembershipEvent),
     /// Normal IPCP: a management PDU no machine of the system handles.
     ManagementUnhandled,
+    /// Normal IPCP: the outcome of a read of a neighbour's RIB
+    /// ([`NormalIpcp::read_remote_rib`]).
+    RibRead {
+        handle: u64,
+        result: Result<Vec<rina_wire::ctl::RibObjectInfo>, String>,
+    },
 }
 
 /// The machine of a member, by kind.
@@ -565,5 +571,6 @@ fn normal_event(a: normal::Action) -> IpcpEvent {
         normal::Action::Deallocated { flow } => IpcpEvent::Deallocated { port: flow },
         normal::Action::Membership(ev) => IpcpEvent::Membership(ev),
         normal::Action::Management { .. } => IpcpEvent::ManagementUnhandled,
+        normal::Action::RibRead { handle, result } => IpcpEvent::RibRead { handle, result },
     }
 }

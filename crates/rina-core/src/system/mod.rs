@@ -70,6 +70,13 @@ pub enum Output {
         member: usize,
         event: MembershipEvent,
     },
+    /// The outcome of read `handle` of a neighbour's RIB that normal IPCP
+    /// `member` was asked for.
+    RibRead {
+        member: usize,
+        handle: u64,
+        result: Result<Vec<rina_wire::ctl::RibObjectInfo>, String>,
+    },
     /// A problem of configuration the operator must see: the N-1 flows of
     /// normal IPCP `member` to `neighbor` are not set up, and why.
     Alarm {

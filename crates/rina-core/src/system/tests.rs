@@ -70,7 +70,7 @@ impl Net {
                     }
                     Output::ToApp { port, sdu } => self.logs[i].sdus.push((self.now, port, sdu)),
                     Output::App(ev) => self.logs[i].events.push(ev),
-                    Output::Membership { .. } | Output::Alarm { .. } => {}
+                    Output::Membership { .. } | Output::Alarm { .. } | Output::RibRead { .. } => {}
                 }
             }
         }

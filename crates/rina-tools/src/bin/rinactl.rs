@@ -50,6 +50,10 @@ enum What {
         /// Levels below the path to show (default: all).
         #[arg(long)]
         depth: Option<u32>,
+        /// Read the RIB of this neighbour of IPCP in its DIF instead (its
+        /// IPCP name or address), over the DIF with CDAP.
+        #[arg(long, value_name = "NEIGHBOUR")]
+        remote: Option<String>,
     },
     /// The RMT scheduling policy of a normal IPC process and the counters of
     /// its queues (per N-1 port); with --set or --set-file, first switch the
@@ -270,11 +274,18 @@ fn run(cli: &Cli) -> rina::Result<()> {
         What::Difs => show(cli.json, &c.list_difs()?, table::difs),
         What::Names => show(cli.json, &c.list_names()?, table::names),
         What::Flows => show(cli.json, &c.list_flows()?, table::flows),
-        What::Rib { ipcp, path, depth } => show(
-            cli.json,
-            &c.read_rib(ipcp, path.as_deref(), *depth)?,
-            table::rib,
-        ),
+        What::Rib {
+            ipcp,
+            path,
+            depth,
+            remote,
+        } => {
+            let objects = match remote {
+                Some(n) => c.read_remote_rib(ipcp, n, path.as_deref(), *depth)?,
+                None => c.read_rib(ipcp, path.as_deref(), *depth)?,
+            };
+            show(cli.json, &objects, table::rib)
+        }
         What::Sched {
             ipcp,
             set,

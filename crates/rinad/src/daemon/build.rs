@@ -226,6 +226,9 @@ fn normal_config(ic: &IpcpConfig) -> Result<(AppName, NormalConfig), DaemonError
     if ic.directory_mode == Some(crate::config::DirectoryMode::Distributed) {
         nc.dynamic_directory = Some(rina_core::directory::Config::default());
     }
+    if let Some(r) = &ic.rib_readable {
+        nc.rib_readable = r.clone();
+    }
     nc.sdup.ttl = match ic.ttl {
         Some(0) => None,
         Some(t) => Some(t),

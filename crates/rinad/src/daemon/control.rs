@@ -330,7 +330,26 @@ impl Daemon {
             }),
             Op::ListNames { skip } => Ok(self.list_names(conn, skip.unwrap_or(0))),
             Op::ListFlows { after } => Ok(self.list_flows(conn, after.unwrap_or(0))),
-            Op::ReadRib { ipcp, path, depth } => self
+            Op::ReadRib {
+                ipcp,
+                path,
+                depth,
+                remote: Some(neighbor),
+            } => {
+                let started = self
+                    .require_admin(conn, "reading a RIB")
+                    .and_then(|()| self.read_remote_rib(&ipcp, &neighbor, path.as_deref(), depth));
+                match started {
+                    Ok(key) => {
+                        self.rib_reads.insert(key, (conn, id));
+                        return;
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Op::ReadRib {
+                ipcp, path, depth, ..
+            } => self
                 .require_admin(conn, "reading a RIB")
                 .and_then(|()| self.read_rib(&ipcp, path.as_deref(), depth)),
             Op::Scheduler { ipcp, set } => match set {
@@ -676,6 +695,35 @@ impl Daemon {
     }
 
     // ---- listings ----------------------------------------------------------
+
+    /// Starts reading the RIB of `neighbor`, a neighbour of normal IPCP
+    /// `ipcp`, over the DIF (CDAP `M_READ`); the reply goes out when the
+    /// IPCP reports the outcome. Returns (IPCP index, handle).
+    pub(super) fn read_remote_rib(
+        &mut self,
+        ipcp: &str,
+        neighbor: &str,
+        path: Option<&str>,
+        depth: Option<u32>,
+    ) -> Result<(usize, u64), CtlError> {
+        let now = self.now();
+        let bad = |m: String| CtlError::new(ErrorKind::InvalidRequest, m);
+        let i = self
+            .ipcps
+            .iter()
+            .position(|ip| ip.name == ipcp)
+            .ok_or_else(|| bad(format!("no IPCP named {ipcp:?}")))?;
+        let not_normal = || bad(format!("{ipcp} is not a normal IPCP: it has no DIF peers"));
+        let started = self.sys.with_machine(now, i, |m| match m {
+            Machine::Normal(n) => Some(
+                n.read_remote_rib(now, neighbor, path.unwrap_or("/"), depth)
+                    .map_err(|e| e.to_string()),
+            ),
+            _ => None,
+        });
+        let handle = started.flatten().ok_or_else(not_normal)?.map_err(bad)?;
+        Ok((i, handle))
+    }
 
     pub(super) fn read_rib(
         &self,

@@ -153,6 +153,9 @@ pub(super) fn log_membership(ipcp: &str, ev: &normal::MembershipEvent) {
         M::EnrollFailed { via, error } => error!(ipcp, via = %via, %error, "enrollment failed"),
         M::Admitted { peer, address } => info!(ipcp, peer = %peer, address, "admitted a member"),
         M::Rejected { peer, reason } => warn!(ipcp, peer = %peer, %reason, "refused a member"),
+        M::Renumbered { from, to, twin } => {
+            warn!(ipcp, from, to, twin = %twin, "address shared with another member: renumbered")
+        }
     }
 }
 

@@ -193,6 +193,9 @@ pub struct Daemon {
     next_conn: usize,
     owners: HashMap<(usize, AppName), usize>,
     allocs: HashMap<PortId, PendingAlloc>,
+    /// Reads of neighbours' RIBs under way: (IPCP, handle) -> (control
+    /// connection, request id) to answer.
+    rib_reads: HashMap<(usize, u64), (usize, u64)>,
     incoming: HashMap<u64, Incoming>,
     ready_flows: VecDeque<PortId>,
     ready_media: VecDeque<usize>,
@@ -281,6 +284,7 @@ impl Daemon {
             next_conn: 1,
             owners: HashMap::new(),
             allocs: HashMap::new(),
+            rib_reads: HashMap::new(),
             incoming: HashMap::new(),
             ready_flows: VecDeque::new(),
             ready_media: VecDeque::new(),
@@ -518,6 +522,11 @@ impl Daemon {
                     warn!(port, "N-1 flow silent; setting it up again");
                 }
             }
+            Output::RibRead {
+                member,
+                handle,
+                result,
+            } => self.rib_read_done(member, handle, result),
             Output::Alarm {
                 member,
                 neighbor,
@@ -589,6 +598,29 @@ impl Daemon {
                 self.close_flow(port, false);
             }
             AppEvent::Writable { port } => self.on_writable(port),
+        }
+    }
+
+    /// A read of a neighbour's RIB a client asked for is done: its reply.
+    fn rib_read_done(
+        &mut self,
+        member: usize,
+        handle: u64,
+        result: Result<Vec<RibObjectInfo>, String>,
+    ) {
+        let Some((conn, id)) = self.rib_reads.remove(&(member, handle)) else {
+            return;
+        };
+        let reply = result.map(|objects| Reply::Rib { objects }).map_err(|e| {
+            let kind = if e.starts_with("no complete answer") {
+                ErrorKind::Timeout
+            } else {
+                ErrorKind::Refused
+            };
+            CtlError::new(kind, e)
+        });
+        if self.conns.contains_key(&conn) {
+            self.reply(conn, id, reply, None);
         }
     }
 

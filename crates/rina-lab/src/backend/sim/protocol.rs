@@ -387,6 +387,7 @@ impl LabNode {
             // The simulator's media are UDP links: every frame has a peer.
             Output::ToMedium { peer: None, .. }
             | Output::Membership { .. }
+            | Output::RibRead { .. }
             | Output::Alarm { .. } => {}
             Output::ToMedium {
                 medium,

@@ -1,0 +1,326 @@
+//! Reading a neighbour's RIB with CDAP, and answering such reads.
+//!
+//! A reader sends `M_READ` of the subtree's root (`obj_name`) with the
+//! number of levels below it in `scope` (absent: all) to a neighbour, in a
+//! management PDU on the port to it ([`NormalIpcp::read_remote_rib`]). The
+//! neighbour answers as CDAP has it for a scoped read: one `M_READ_R` per
+//! object (class, name, instance, and its value rendered as a string), every
+//! one but the last flagged `F_RD_INCOMPLETE`, all with the read's invoke
+//! id, and its position in the answer (from 0) in `version`, the field CDAP
+//! leaves to the application, so that a reader notices a lost part; or one
+//! `M_READ_R` whose `result` is not 0 and whose `result_reason` says why
+//! (no such object, not readable by this DIF's policy). Large answers are
+//! fragmented like any management message.
+//!
+//! Access policy of the DIF: only a neighbour that is a member (its hellos
+//! heard, or announced by the driver) may read, and only under the prefixes
+//! of [`NormalConfig::rib_readable`](super::NormalConfig::rib_readable)
+//! (default `/`: everything; empty: nothing).
+//!
+//! Management PDUs are unreliable: a read not complete after
+//! `alloc_retry * 4` is asked again with a new invoke id (answers to the old
+//! one are ignored), and fails after `alloc_timeout`
+//! ([`Action::RibRead`] with the reason).
+
+use super::{Action, N1Port, NormalError, NormalIpcp, CDAP_DISCRIMINATOR};
+use crate::rib::ALL_LEVELS;
+use crate::rmt::Address;
+use crate::time::Instant;
+use rina_wire::cdap::{CdapMessage, Flags, OpCode, Value};
+use rina_wire::ctl::RibObjectInfo;
+use std::collections::BTreeMap;
+
+/// Owner shown for objects read from a peer (CDAP does not carry owners).
+pub const REMOTE_OWNER: &str = "remote";
+
+/// Most remote reads under way at once.
+pub const MAX_REMOTE_READS: usize = 64;
+
+/// A read of a neighbour's RIB under way.
+#[derive(Debug)]
+pub(super) struct RemoteRead {
+    port: N1Port,
+    dst: Address,
+    path: String,
+    depth: Option<u32>,
+    invoke: i32,
+    /// Objects received, by position in the answer.
+    objects: BTreeMap<i64, RibObjectInfo>,
+    next_retry: Instant,
+    deadline: Instant,
+}
+
+/// The reads this IPCP asked for, by handle.
+#[derive(Debug, Default)]
+pub(super) struct RemoteReads {
+    reads: BTreeMap<u64, RemoteRead>,
+    next_handle: u64,
+    next_invoke: i32,
+}
+
+impl RemoteReads {
+    pub(super) fn poll_timeout(&self) -> Option<Instant> {
+        self.reads
+            .values()
+            .map(|r| r.next_retry.min(r.deadline))
+            .min()
+    }
+
+    fn fresh_invoke(&mut self) -> i32 {
+        self.next_invoke = if self.next_invoke >= i32::MAX - 1 {
+            1
+        } else {
+            self.next_invoke + 1
+        };
+        self.next_invoke
+    }
+}
+
+fn payload_of(m: &CdapMessage) -> Vec<u8> {
+    let mut v = vec![CDAP_DISCRIMINATOR];
+    v.extend_from_slice(&m.encode());
+    v
+}
+
+impl NormalIpcp {
+    /// Starts reading the RIB of the neighbour `neighbor` (its IPCP name as
+    /// its hellos give it, or its address) under `path`, `depth` levels
+    /// deep (all with `None`). Returns the handle that the outcome,
+    /// [`Action::RibRead`], names.
+    pub fn read_remote_rib(
+        &mut self,
+        now: Instant,
+        neighbor: &str,
+        path: &str,
+        depth: Option<u32>,
+    ) -> Result<u64, NormalError> {
+        self.tick(now);
+        let (port, dst) = self
+            .find_neighbor(neighbor)
+            .ok_or_else(|| NormalError::NoSuchNeighbor(neighbor.to_string()))?;
+        if self.rib_reads.reads.len() >= MAX_REMOTE_READS {
+            return Err(NormalError::NoResources(format!(
+                "{MAX_REMOTE_READS} RIB reads under way"
+            )));
+        }
+        self.rib_reads.next_handle += 1;
+        let handle = self.rib_reads.next_handle;
+        let read = RemoteRead {
+            port,
+            dst,
+            path: path.to_string(),
+            depth,
+            invoke: 0,
+            objects: BTreeMap::new(),
+            next_retry: now,
+            deadline: now + self.cfg.alloc_timeout,
+        };
+        self.rib_reads.reads.insert(handle, read);
+        self.send_read(now, handle);
+        self.flush(now);
+        Ok(handle)
+    }
+
+    /// The neighbour named `who` (IPCP name or address): its port and
+    /// address.
+    fn find_neighbor(&self, who: &str) -> Option<(N1Port, Address)> {
+        let by_name = self
+            .hello_neighbors()
+            .into_iter()
+            .find(|(_, n, _)| n.to_string() == who || n.process_name == who)
+            .map(|(p, _, a)| (p, a));
+        by_name.or_else(|| {
+            let addr: Address = who.parse().ok()?;
+            self.neighbors
+                .iter()
+                .find(|(_, (a, _))| *a == addr)
+                .map(|(p, (a, _))| (*p, *a))
+        })
+    }
+
+    /// Sends (again) read `handle` with a fresh invoke id.
+    fn send_read(&mut self, now: Instant, handle: u64) {
+        let invoke = self.rib_reads.fresh_invoke();
+        let retry = self.cfg.alloc_retry * 4;
+        let Some(r) = self.rib_reads.reads.get_mut(&handle) else {
+            return;
+        };
+        r.invoke = invoke;
+        r.objects.clear();
+        r.next_retry = now + retry;
+        let mut m = CdapMessage::read("", &r.path).with_invoke_id(invoke);
+        m.obj_class = None;
+        if let Some(d) = r.depth {
+            m = m.with_scope(d.min(i32::MAX as u32) as i32);
+        }
+        let (port, dst) = (r.port, r.dst);
+        self.send_management(now, port, dst, &payload_of(&m));
+    }
+
+    /// A CDAP `M_READ` or `M_READ_R` from `port`; false if `msg` is
+    /// neither.
+    pub(super) fn on_rib_cdap(
+        &mut self,
+        now: Instant,
+        port: Option<N1Port>,
+        msg: &CdapMessage,
+    ) -> bool {
+        match msg.op_code() {
+            OpCode::Read => {
+                if let Some(port) = port {
+                    self.answer_read(now, port, msg);
+                }
+                true
+            }
+            OpCode::ReadR => {
+                self.on_read_response(port, msg);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Answers a neighbour's `M_READ` under the DIF's access policy.
+    fn answer_read(&mut self, now: Instant, port: N1Port, req: &CdapMessage) {
+        let Some(&(dst, _)) = self.neighbors.get(&port) else {
+            // Not a member we know: nothing of the RIB leaves.
+            self.counters.rx_mgmt_malformed += 1;
+            return;
+        };
+        let path = req.obj_name.clone().unwrap_or_else(|| "/".into());
+        let depth = match req.scope {
+            Some(s) if s >= 0 => s as usize,
+            _ => ALL_LEVELS,
+        };
+        let readable = self.cfg.rib_readable.iter().any(|p| under(&path, p));
+        let entries = if readable {
+            self.rib()
+                .snapshot(&path, depth)
+                .map_err(|e| (1, e.to_string()))
+        } else {
+            Err((
+                2,
+                format!("{path} is not readable by members of {}", self.cfg.dif),
+            ))
+        };
+        let out: Vec<CdapMessage> = match entries {
+            Err((code, reason)) => {
+                let Ok(r) = CdapMessage::response_to(req, code, &reason) else {
+                    return;
+                };
+                vec![r]
+            }
+            Ok(entries) => {
+                let n = entries.len();
+                entries
+                    .into_iter()
+                    .enumerate()
+                    .filter_map(|(i, e)| {
+                        let mut r = CdapMessage::response_to(req, 0, "").ok()?;
+                        r.obj_class = Some(e.class);
+                        r.obj_name = Some(e.name);
+                        r.obj_inst = i64::try_from(e.instance).ok();
+                        r = r.with_value(e.value_summary).with_version(i as i64);
+                        if i + 1 < n {
+                            r = r.with_flags(Flags::RdIncomplete);
+                        }
+                        Some(r)
+                    })
+                    .collect()
+            }
+        };
+        self.counters.rib_reads_answered += 1;
+        for m in out {
+            self.send_management(now, port, dst, &payload_of(&m));
+        }
+    }
+
+    /// One object (or the refusal) of a read this IPCP asked for.
+    fn on_read_response(&mut self, port: Option<N1Port>, msg: &CdapMessage) {
+        let found = self
+            .rib_reads
+            .reads
+            .iter()
+            .find(|(_, r)| Some(r.port) == port && Some(r.invoke) == msg.invoke_id)
+            .map(|(h, _)| *h);
+        let Some(handle) = found else {
+            self.counters.rx_mgmt_malformed += 1;
+            return;
+        };
+        if msg.result.unwrap_or(0) != 0 {
+            self.rib_reads.reads.remove(&handle);
+            let reason = msg.result_reason.clone().unwrap_or_default();
+            self.actions.push_back(Action::RibRead {
+                handle,
+                result: Err(reason),
+            });
+            return;
+        }
+        let Some(r) = self.rib_reads.reads.get_mut(&handle) else {
+            return;
+        };
+        let value = match msg.value() {
+            Some(Value::Str(s)) => s,
+            Some(v) => format!("{v:?}"),
+            None => String::new(),
+        };
+        let pos = msg.version.unwrap_or(0);
+        if let Some(name) = &msg.obj_name {
+            r.objects.insert(
+                pos,
+                RibObjectInfo {
+                    name: name.clone(),
+                    class: msg.obj_class.clone().unwrap_or_default(),
+                    instance: msg.obj_inst.map_or(0, |i| i as u64),
+                    value,
+                    owner: REMOTE_OWNER.into(),
+                },
+            );
+        }
+        // The last part came; complete only if none before it was lost
+        // (else the read is asked again when its retry is due).
+        let whole = !msg.is_incomplete()
+            && r.objects.len() as i64 == pos + 1
+            && r.objects.keys().next_back() == Some(&pos);
+        if whole {
+            if let Some(r) = self.rib_reads.reads.remove(&handle) {
+                self.actions.push_back(Action::RibRead {
+                    handle,
+                    result: Ok(r.objects.into_values().collect()),
+                });
+            }
+        }
+    }
+
+    /// Repeats reads not complete in time, fails those past their deadline.
+    pub(super) fn rib_read_timeout(&mut self, now: Instant) {
+        let due: Vec<(u64, bool)> = self
+            .rib_reads
+            .reads
+            .iter()
+            .filter(|(_, r)| now >= r.next_retry || now >= r.deadline)
+            .map(|(h, r)| (*h, now >= r.deadline))
+            .collect();
+        for (handle, expired) in due {
+            if !expired {
+                self.send_read(now, handle);
+                continue;
+            }
+            if let Some(r) = self.rib_reads.reads.remove(&handle) {
+                self.actions.push_back(Action::RibRead {
+                    handle,
+                    result: Err(format!(
+                        "no complete answer from address {} within {:?}",
+                        r.dst, self.cfg.alloc_timeout
+                    )),
+                });
+            }
+        }
+    }
+}
+
+/// Whether object `name` is `prefix` or under it.
+fn under(name: &str, prefix: &str) -> bool {
+    let p = prefix.trim_end_matches('/');
+    p.is_empty() || name == p || name.strip_prefix(p).is_some_and(|r| r.starts_with('/'))
+}
