@@ -27,6 +27,8 @@
 //! unprotect, so one value can serve every N-1 port of a DIF. Counters of
 //! what was dropped and why are kept by the caller, from the errors.
 
+pub mod aead;
+
 use std::borrow::Cow;
 use std::fmt;
 use thiserror::Error;
