@@ -24,7 +24,10 @@ fn both_sides_derive_the_same_keys_crosswise() {
     assert_eq!(ka.tx, kb.rx);
     assert_eq!(ka.rx, kb.tx);
     assert_ne!(ka.tx, ka.rx);
-    assert!(!format!("{ka:?}").contains(&format!("{}", ka.tx[0])) || format!("{ka:?}").contains("hidden"));
+    assert!(
+        !format!("{ka:?}").contains(&format!("{}", ka.tx[0]))
+            || format!("{ka:?}").contains("hidden")
+    );
 }
 
 #[test]
@@ -66,7 +69,10 @@ fn tampering_anywhere_is_counted_and_dropped() {
         );
     }
     assert_eq!(b.counters.opened, 0);
-    assert_eq!(b.counters.bad_tag + b.counters.unknown_key, sealed.len() as u64 - 1);
+    assert_eq!(
+        b.counters.bad_tag + b.counters.unknown_key,
+        sealed.len() as u64 - 1
+    );
     // The untouched frame still opens: failures do not advance the window.
     assert!(matches!(b.open(&sealed), Ok(Opened::Sealed(_))));
 }
@@ -134,7 +140,10 @@ fn rekey_is_due_after_the_volume_or_the_time() {
     assert!(!a.rekey_due(Instant::ZERO, &r));
     a.seal(&[0; 100]);
     assert!(a.rekey_due(Instant::ZERO, &r));
-    assert_eq!(a.rekey_at(&r), Some(Instant::ZERO + Duration::from_secs(60)));
+    assert_eq!(
+        a.rekey_at(&r),
+        Some(Instant::ZERO + Duration::from_secs(60))
+    );
 }
 
 #[test]
@@ -148,7 +157,10 @@ fn no_key_means_nothing_sealed_and_clear_frames_are_marked() {
     assert_eq!(p.open(&[]), Err(OpenError::Truncated));
     assert_eq!(p.open(&[0x55, 1]), Err(OpenError::BadMarker(0x55)));
     assert_eq!(p.open(&[SEALED; 10]), Err(OpenError::Truncated));
-    assert!(matches!(p.open(&[SEALED; 40]), Err(OpenError::UnknownKey(_))));
+    assert!(matches!(
+        p.open(&[SEALED; 40]),
+        Err(OpenError::UnknownKey(_))
+    ));
     assert_eq!(p.counters.malformed, 3);
 }
 
