@@ -23,9 +23,9 @@ if ! cargo +nightly --version >/dev/null 2>&1; then
     exit 2
 fi
 if [ $# -gt 0 ]; then targets="$*"; else targets=$(cargo +nightly fuzz list) || exit 2; fi
-cargo +nightly fuzz build -O $targets >/dev/null 2>&1 || cargo +nightly fuzz build -O || exit 2
-
 mkdir -p target/logs
+cargo +nightly fuzz build -O >target/logs-build.txt 2>&1 || { tail -n 30 target/logs-build.txt; exit 2; }
+
 failed=0
 printf '%-20s %12s %9s %8s %8s %s\n' target execs exec/s cov corpus result
 for t in $targets; do

@@ -58,6 +58,10 @@
 //!                                 # by HMAC-SHA256 challenge-response (never sent)
 //! # key = "<64 hex digits>"       # or: this member's ed25519 secret key...
 //! # trusted_keys = ["<64 hex>"]   # ...and the public keys the DIF trusts
+//! # encryption = true             # ChaCha20-Poly1305 on every N-1 flow, keys agreed
+//!                                 # by X25519 at port authentication (needs the above)
+//! # rekey_bytes = 1073741824      # new keys after this many bytes per key...
+//! # rekey_seconds = 600           # ...or after this long
 //! # max_pdu = 9000                # largest PDU (default 9000); larger SDUs are fragmented
 //! # max_sdu = 65536
 //! # crc = false                   # CRC-32 on every PDU
@@ -398,6 +402,12 @@ pub struct IpcpConfig {
     /// normal: the ed25519 public keys (hex) of the DIF's members.
     #[serde(default)]
     pub trusted_keys: Vec<String>,
+    /// normal: encrypt every N-1 flow (needs `password` or `key`).
+    pub encryption: Option<bool>,
+    /// normal: rotate a flow's keys after this many bytes (default 1 GiB).
+    pub rekey_bytes: Option<u64>,
+    /// normal: rotate a flow's keys after this many seconds (default 600).
+    pub rekey_seconds: Option<u64>,
     /// normal: largest PDU, in bytes.
     pub max_pdu: Option<Spanned<u32>>,
     /// normal: CRC-32 on every PDU.
@@ -690,6 +700,9 @@ impl Config {
                 || ip.password.is_some()
                 || ip.key.is_some()
                 || !ip.trusted_keys.is_empty()
+                || ip.encryption.is_some()
+                || ip.rekey_bytes.is_some()
+                || ip.rekey_seconds.is_some()
                 || !ip.neighbors.is_empty()
                 || !ip.names.is_empty()
                 || ip.routing.is_some()

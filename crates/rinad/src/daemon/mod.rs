@@ -959,6 +959,15 @@ fn new_normal(ic: &crate::config::IpcpConfig) -> Result<Ipcp, DaemonError> {
         what: format!("IPCP {name}: no randomness for enrollment nonces"),
         source,
     })?;
+    if ic.encryption == Some(true) {
+        let d = rina_core::sdup::aead::Rekey::default();
+        membership.encryption = Some(rina_core::sdup::aead::Rekey {
+            bytes: ic.rekey_bytes.unwrap_or(d.bytes).max(1),
+            after: ic
+                .rekey_seconds
+                .map_or(d.after, |s| std::time::Duration::from_secs(s.max(1))),
+        });
+    }
     nc.membership = Some(membership);
     nc.dt.max_pdu_size = ic
         .max_pdu

@@ -2,19 +2,24 @@
 //! frames, keys from port authentication).
 //!
 //! On the way out, after the RMT chose the port, a frame is sealed under
-//! the port's key. A port without keys yet carries only what agrees them,
-//! in clear: enrollment, its fragments, and port authentication (which is
-//! always sent in clear, past the RMT, so a peer that lost its keys can
-//! still read it). On the way in, a sealed frame must open under one of the
-//! port's keys; a clear frame must be a management PDU for this IPCP that
-//! is enrollment or port authentication (and, before keys, a fragment).
+//! the port's key. A port without keys yet carries only what leads to
+//! them, in clear: membership hellos (a hello starts an enrollment),
+//! enrollment and its fragments, and port authentication (which is always
+//! sent in clear, past the RMT, so a peer that lost its keys can still read
+//! it). On the way in, a sealed frame must open under one of the port's
+//! keys; a clear frame must be a management PDU for this IPCP that is
+//! enrollment or port authentication (and, before keys, a hello or a
+//! fragment; admission still drops those from a port not admitted, except
+//! at an enrollee).
 //! Everything else is counted and dropped. Admission then waits for keys:
 //! a port is admitted when a handshake on it installed them. Keys rotate by
 //! a new handshake after the configured volume or time, and a port whose
 //! peer seals under a key this side never got starts one too.
 
 use super::{N1Port, NormalIpcp};
-use crate::normal::membership::{ENROLL_DISCRIMINATOR, PORT_AUTH_DISCRIMINATOR};
+use crate::normal::membership::{
+    ENROLL_DISCRIMINATOR, HELLO_DISCRIMINATOR, PORT_AUTH_DISCRIMINATOR,
+};
 use crate::normal::{Action, FRAGMENT_DISCRIMINATOR};
 use crate::sdup::aead::{self, CryptoCounters, OpenError, Opened, PortCrypto, SessionKeys};
 use crate::time::Instant;
@@ -117,7 +122,7 @@ impl NormalIpcp {
         if !self.encrypting() {
             return Some(frame);
         }
-        let may_go_clear = self.is_handshake_frame(&frame, true);
+        let may_go_clear = self.is_handshake_frame(&frame, false, true);
         let m = self.mship.as_mut()?;
         let rekey = m.cfg.encryption.unwrap_or_default();
         let c = m.crypto.entry(primary).or_default();
@@ -137,19 +142,21 @@ impl NormalIpcp {
 
     /// Whether `frame` (SDU-protected, not encrypted) is a management PDU
     /// that agrees keys: enrollment or port authentication, and with
-    /// `fragments` also a management fragment.
-    fn is_handshake_frame(&self, frame: &[u8], fragments: bool) -> bool {
+    /// `before_keys` also what leads to them (a membership hello, which
+    /// starts enrollment, and management fragments). A received one
+    /// (`rx`) must be for this IPCP.
+    fn is_handshake_frame(&self, frame: &[u8], rx: bool, before_keys: bool) -> bool {
         let Ok(un) = self.sdup.unprotect(frame) else {
             return false;
         };
         let Ok(pdu) = pci::Pdu::parse(&self.cfg.dt, &un.pdu) else {
             return false;
         };
-        let local = pdu.pci.dst_addr == 0 || pdu.pci.dst_addr == self.cfg.address;
+        let local = !rx || pdu.pci.dst_addr == 0 || pdu.pci.dst_addr == self.cfg.address;
         match pdu.body {
             Body::Data(p) if pdu.pci.pdu_type == PduType::Mgmt && local => match p.first() {
                 Some(&ENROLL_DISCRIMINATOR | &PORT_AUTH_DISCRIMINATOR) => true,
-                Some(&FRAGMENT_DISCRIMINATOR) => fragments,
+                Some(&FRAGMENT_DISCRIMINATOR | &HELLO_DISCRIMINATOR) => before_keys,
                 _ => false,
             },
             _ => false,
@@ -175,7 +182,7 @@ impl NormalIpcp {
             Ok(Opened::Sealed(body)) => Some(Cow::Owned(body)),
             Ok(Opened::Clear(body)) => {
                 // Before keys, enrollment may come in fragments.
-                if self.is_handshake_frame(body, !keyed) {
+                if self.is_handshake_frame(body, true, !keyed) {
                     return Some(Cow::Borrowed(body));
                 }
                 let c = self.mship.as_mut()?.crypto.entry(port).or_default();
