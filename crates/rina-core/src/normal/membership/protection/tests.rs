@@ -175,7 +175,7 @@ fn tampered_frames_are_counted_and_dropped_and_the_reliable_flow_recovers() {
     let mut k = 0u64;
     let mut tamper = |mut f: Vec<u8>| {
         k += 1;
-        if f[0] == SEALED && k % 5 == 0 {
+        if f[0] == SEALED && k.is_multiple_of(5) {
             let i = f.len() / 2;
             f[i] ^= 1;
         }
