@@ -99,8 +99,14 @@ fn aead_only(frames: usize) -> f64 {
     let (a, b) = ([1u8; 32], [2u8; 32]);
     let (na, nb) = (ephemeral_public(&a), ephemeral_public(&b));
     let (mut tx, mut rx) = (PortCrypto::new(), PortCrypto::new());
-    tx.install(Instant::ZERO, &SessionKeys::derive(&a, &na, &nb, true).unwrap());
-    rx.install(Instant::ZERO, &SessionKeys::derive(&b, &na, &nb, false).unwrap());
+    tx.install(
+        Instant::ZERO,
+        &SessionKeys::derive(&a, &na, &nb, true).unwrap(),
+    );
+    rx.install(
+        Instant::ZERO,
+        &SessionKeys::derive(&b, &na, &nb, false).unwrap(),
+    );
     let frame = vec![0x5a; SDU + 30];
     let start = std::time::Instant::now();
     for _ in 0..frames {

@@ -21,6 +21,8 @@
 //! dif = "udp.net"
 //! bind = "127.0.0.1:7001"
 //! # max_sdu = 1400
+//! # peers_only = false            # true: allocation requests only from the addresses
+//!                                 # below, none claiming a name below from elsewhere
 //!
 //! [ipcp.directory]               # application name -> UDP address of its shim
 //! "echo" = "127.0.0.1:7002"
@@ -385,6 +387,9 @@ pub struct IpcpConfig {
     /// datagram or frame (headers below it, preamble, gap), counted by the
     /// pacer of `rate` (default 0).
     pub rate_overhead: Option<u32>,
+    /// shim-udp: take allocation requests only from the addresses in its
+    /// directory, and none claiming a name there from another address.
+    pub peers_only: Option<bool>,
     /// shim-hv: the shared-memory file (e.g. under /dev/shm, or an ivshmem BAR).
     pub path: Option<PathBuf>,
     /// shim-hv: which end of the VMPI device this is.

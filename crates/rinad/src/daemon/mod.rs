@@ -279,6 +279,7 @@ impl Daemon {
                     if let Some(m) = ic.max_flows {
                         sc.max_flows = m;
                     }
+                    sc.peers_only = ic.peers_only.unwrap_or(false);
                     info!(ipcp = %ic.name.get_ref(), dif = %ic.dif, %bound, max_sdu = sc.max_sdu,
                         directory = sc.directory.len(), "shim-udp IPCP up");
                     ipcps.push(Ipcp {
