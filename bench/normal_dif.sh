@@ -4,6 +4,8 @@
 #   * over the shim DIF over UDP alone,
 #   * over one normal DIF over that shim DIF,
 #   * over two normal DIFs stacked in the same daemons,
+#   * over a normal DIF with a password and encryption (ChaCha20-Poly1305 on
+#     its N-1 flow), beside the plain one over the same shim DIF,
 # against iperf3 -u -l 1400 -b 0 on loopback, and prints the ratios and the
 # cost of the extra DIF. Needs iperf3 and python3 (iperf3 installed with apt
 # when run as root).
@@ -49,6 +51,7 @@ bind = "127.0.0.1:$3"
 
 [ipcp.directory]
 "$4.net" = "127.0.0.1:$6"
+"$4.sec" = "127.0.0.1:$6"
 "perf" = "127.0.0.1:$6"
 
 [[ipcp]]
@@ -79,6 +82,22 @@ address = $5
 
 [ipcp.names]
 "perf" = 2
+
+[[ipcp]]
+name = "$1.sec"
+type = "normal"
+dif = "sec"
+address = $2
+password = "bench password"
+encryption = true
+
+[[ipcp.neighbor]]
+name = "$4.sec"
+over = "udp"
+address = $5
+
+[ipcp.names]
+"perf" = 2
 CONF
 }
 system alpha 1 "$PA" beta 2 "$PB" > "$T/alpha.toml"
@@ -88,14 +107,15 @@ system beta 2 "$PB" alpha 1 "$PA" > "$T/beta.toml"
 up() { "$BIN/rinactl" --socket "$T/alpha.sock" --json ipcps 2>/dev/null | python3 -c '
 import json,sys
 ipcps = {i["name"]: i for i in json.load(sys.stdin)}
-sys.exit(0 if ipcps["alpha.top"]["counters"].get("neighbors_up") == 1 else 1)'; }
+ok = all(ipcps[n]["counters"].get("neighbors_up") == 1 for n in ("alpha.top", "alpha.sec"))
+sys.exit(0 if ok and ipcps["alpha.sec"]["counters"].get("encryption_keys_installed", 0) >= 1 else 1)'; }
 for _ in $(seq 100); do up && break; sleep 0.1; done
 up || { echo "bench: the DIFs did not come up" >&2; tail "$T"/*.log >&2; exit 1; }
-for dif in udp net top; do
+for dif in udp net top sec; do
     "$BIN/rina-perf" server --socket "$T/beta.sock" --name perf --dif "$dif" >/dev/null 2>&1 & PIDS+=($!)
 done
 sleep 0.3
-for dif in udp net top; do
+for dif in udp net top sec; do
     echo "== rina-perf over DIF $dif, $SIZE B, $DUR s"
     "$BIN/rina-perf" client --socket "$T/alpha.sock" --dst perf --dif "$dif" --size "$SIZE" \
         --duration-s "$DUR" --json > "$T/perf-$dif.json"
@@ -109,15 +129,18 @@ python3 - "$T" <<'PY'
 import json, sys
 t = sys.argv[1]
 ip = json.load(open(f"{t}/iperf.json"))["end"]["sum"]["bits_per_second"] / 1e6
-rx = {d: json.load(open(f"{t}/perf-{d}.json"))["tests"][0] for d in ("udp", "net", "top")}
+rx = {d: json.load(open(f"{t}/perf-{d}.json"))["tests"][0] for d in ("udp", "net", "top", "sec")}
 print()
 print(f"{'path':34}{'rx Mb/s':>10}{'loss %':>9}{'vs iperf3':>11}")
 print(f"{'iperf3 UDP':34}{ip:10.1f}{'':>9}{1.0:11.2f}")
-labels = {"udp": "shim-udp only", "net": "normal DIF / shim-udp", "top": "normal / normal / shim-udp"}
-for d in ("udp", "net", "top"):
+labels = {"udp": "shim-udp only", "net": "normal DIF / shim-udp", "top": "normal / normal / shim-udp",
+          "sec": "encrypted normal DIF / shim-udp"}
+for d in ("udp", "net", "top", "sec"):
     r = rx[d]
     print(f"{labels[d]:34}{r['rx_mbps']:10.1f}{r['loss_pct']:9.2f}{r['rx_mbps']/ip:11.2f}")
 cost = 1 - rx["top"]["rx_mbps"] / rx["net"]["rx_mbps"]
 print(f"\none normal DIF: {rx['net']['rx_mbps']/ip:.2f} of iperf3 (target >= 0.40)")
 print(f"extra stacked DIF costs {cost*100:.1f}% of goodput (target < 15%)")
+enc = 1 - rx["sec"]["rx_mbps"] / rx["net"]["rx_mbps"]
+print(f"encryption costs {enc*100:.1f}% of one normal DIF's goodput (aim <= 15%)")
 PY

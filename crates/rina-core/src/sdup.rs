@@ -4,9 +4,12 @@
 //! and undone in the reverse order on the way in:
 //!
 //! 1. **Encryption** by a [`Cipher`]: the PDU is sealed in place and may grow
-//!    (a nonce in front, a tag behind). [`NullCipher`] does nothing; AES-GCM
-//!    and friends will be further implementations of the trait, chosen per DIF
-//!    by the configuration, with their keys agreed during enrollment.
+//!    (a nonce in front, a tag behind). [`NullCipher`] does nothing. The
+//!    encryption of N-1 flows with keys per flow (ChaCha20-Poly1305, keys
+//!    from an X25519 exchange at port authentication, replay windows,
+//!    rotation) is [`aead`], applied per port around the whole protected
+//!    frame after the RMT has chosen the port, since this object is shared
+//!    by every port of a DIF.
 //! 2. **Hop limit**: one TTL byte in front of the (sealed) PDU. The origin
 //!    writes the DIF's initial TTL (default [`DEFAULT_TTL`]); a relaying RMT
 //!    reads it, asks [`Sdup::next_ttl`], and drops the PDU when that says
@@ -26,6 +29,8 @@
 //! [`Sdup`] is a pure function object: no state changes on protect or
 //! unprotect, so one value can serve every N-1 port of a DIF. Counters of
 //! what was dropped and why are kept by the caller, from the errors.
+
+pub mod aead;
 
 use std::borrow::Cow;
 use std::fmt;

@@ -59,6 +59,12 @@ pub struct Config {
     pub max_flows: usize,
     /// Most incoming requests waiting for an application's answer.
     pub max_pending: usize,
+    /// Take allocation requests only from the addresses in `directory`,
+    /// and one naming a source that is in it only from that source's
+    /// address (no one else can claim to be a configured neighbour);
+    /// others are dropped without an answer and counted in
+    /// `rx_wrong_peer`.
+    pub peers_only: bool,
 }
 
 impl Config {
@@ -73,6 +79,7 @@ impl Config {
             accept_timeout: Duration::from_secs(5),
             max_flows: 4096,
             max_pending: 256,
+            peers_only: false,
         }
     }
 }
@@ -589,6 +596,17 @@ impl ShimUdp {
         dst: AppName,
     ) {
         self.counters.alloc_requests_in += 1;
+        if self.cfg.peers_only {
+            let claimed = self.cfg.directory.get(&src);
+            let known = claimed.map_or_else(
+                || self.cfg.directory.values().any(|a| *a == from),
+                |a| *a == from,
+            );
+            if !known {
+                self.counters.rx_wrong_peer += 1;
+                return;
+            }
+        }
         // A retransmission: answer again if we accepted, ignore if still pending.
         if let Some(&port) = self.accepted.get(&(from, src_port)) {
             self.respond(from, src_port, port, AllocResult::Accepted, "");

@@ -21,6 +21,8 @@
 //! dif = "udp.net"
 //! bind = "127.0.0.1:7001"
 //! # max_sdu = 1400
+//! # peers_only = false            # true: allocation requests only from the addresses
+//!                                 # below, none claiming a name below from elsewhere
 //!
 //! [ipcp.directory]               # application name -> UDP address of its shim
 //! "echo" = "127.0.0.1:7002"
@@ -58,6 +60,10 @@
 //!                                 # by HMAC-SHA256 challenge-response (never sent)
 //! # key = "<64 hex digits>"       # or: this member's ed25519 secret key...
 //! # trusted_keys = ["<64 hex>"]   # ...and the public keys the DIF trusts
+//! # encryption = true             # ChaCha20-Poly1305 on every N-1 flow, keys agreed
+//!                                 # by X25519 at port authentication (needs the above)
+//! # rekey_bytes = 1073741824      # new keys after this many bytes per key...
+//! # rekey_seconds = 600           # ...or after this long
 //! # max_pdu = 9000                # largest PDU (default 9000); larger SDUs are fragmented
 //! # max_sdu = 65536
 //! # crc = false                   # CRC-32 on every PDU
@@ -383,6 +389,9 @@ pub struct IpcpConfig {
     /// datagram or frame (headers below it, preamble, gap), counted by the
     /// pacer of `rate` (default 0).
     pub rate_overhead: Option<u32>,
+    /// shim-udp: take allocation requests only from the addresses in its
+    /// directory, and none claiming a name there from another address.
+    pub peers_only: Option<bool>,
     /// shim-hv: the shared-memory file (e.g. under /dev/shm, or an ivshmem BAR).
     pub path: Option<PathBuf>,
     /// shim-hv: which end of the VMPI device this is.
@@ -400,6 +409,12 @@ pub struct IpcpConfig {
     /// normal: the ed25519 public keys (hex) of the DIF's members.
     #[serde(default)]
     pub trusted_keys: Vec<String>,
+    /// normal: encrypt every N-1 flow (needs `password` or `key`).
+    pub encryption: Option<bool>,
+    /// normal: rotate a flow's keys after this many bytes (default 1 GiB).
+    pub rekey_bytes: Option<u64>,
+    /// normal: rotate a flow's keys after this many seconds (default 600).
+    pub rekey_seconds: Option<u64>,
     /// normal: largest PDU, in bytes.
     pub max_pdu: Option<Spanned<u32>>,
     /// normal: CRC-32 on every PDU.
@@ -695,6 +710,9 @@ impl Config {
                 || ip.password.is_some()
                 || ip.key.is_some()
                 || !ip.trusted_keys.is_empty()
+                || ip.encryption.is_some()
+                || ip.rekey_bytes.is_some()
+                || ip.rekey_seconds.is_some()
                 || !ip.neighbors.is_empty()
                 || !ip.names.is_empty()
                 || ip.routing.is_some()

@@ -72,8 +72,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 mod admission;
+mod protection;
 mod renumber;
 pub use admission::PORT_AUTH_DISCRIMINATOR;
+pub use protection::PortProtection;
 pub use renumber::{mgmt_name, MGMT_AE};
 
 /// First byte of a management payload carrying one enrollment CDAP message.
@@ -115,6 +117,10 @@ pub struct MembershipConfig {
     pub max_attempts: u32,
     /// A flow whose destination has no route this long fails.
     pub unreachable_timeout: Duration,
+    /// Encrypt every N-1 flow (ChaCha20-Poly1305 under keys that port
+    /// authentication agrees, [`crate::sdup::aead`]), rotating keys as
+    /// said; `None`: no encryption. Needs `password` or `keys`.
+    pub encryption: Option<crate::sdup::aead::Rekey>,
 }
 
 impl MembershipConfig {
@@ -134,6 +140,7 @@ impl MembershipConfig {
             initial_backoff: Duration::from_secs(1),
             max_attempts: 4,
             unreachable_timeout: Duration::from_secs(6),
+            encryption: None,
         }
     }
 
@@ -317,6 +324,8 @@ pub(super) struct MembershipState {
     admitted: std::collections::BTreeSet<N1Port>,
     /// Port authentication in progress.
     port_auth: BTreeMap<N1Port, admission::PortAuth>,
+    /// Keys and counters of each N-1 port's encryption, when encrypting.
+    crypto: BTreeMap<N1Port, crate::sdup::aead::PortCrypto>,
 }
 
 impl MembershipState {
@@ -337,6 +346,7 @@ impl MembershipState {
             nonces: NonceGen::new(cfg.entropy),
             admitted: std::collections::BTreeSet::new(),
             port_auth: BTreeMap::new(),
+            crypto: BTreeMap::new(),
             cfg,
         }
     }
@@ -1078,6 +1088,7 @@ impl NormalIpcp {
                 self.send_hello(now, p);
                 self.start_port_auth(now, p);
             }
+            self.rekey_by_time(now);
             self.check_unreachable(now);
         }
     }

@@ -54,7 +54,7 @@ pub mod routing_glue;
 mod tap;
 
 pub use cubes::QosCube;
-pub use membership::{MembershipConfig, MembershipEvent};
+pub use membership::{MembershipConfig, MembershipEvent, PortProtection};
 pub use mgmt_cdap::CDAP_DISCRIMINATOR;
 pub use rib_remote::{MAX_REMOTE_READS, REMOTE_OWNER};
 pub use tap::Tapped;
@@ -166,6 +166,10 @@ pub enum NormalError {
     /// enrolls when it hears a member, if membership is configured).
     #[error("not enrolled in the DIF yet (no address)")]
     NotEnrolled,
+    /// Encryption is configured without an authentication policy, which
+    /// is what agrees its keys.
+    #[error("encryption needs an authentication policy (a password or keys)")]
+    EncryptionWithoutAuthentication,
     /// No flow with this id.
     #[error("no flow {0}")]
     UnknownFlow(FlowId),
@@ -463,6 +467,13 @@ impl NormalIpcp {
         if cfg.address == 0 && cfg.membership.is_none() {
             return Err(NormalError::NotEnrolled);
         }
+        if cfg
+            .membership
+            .as_ref()
+            .is_some_and(|m| m.encryption.is_some() && !m.authenticates())
+        {
+            return Err(NormalError::EncryptionWithoutAuthentication);
+        }
         // Without an address yet, routing and the directory start at
         // enrollment.
         let routing = match &cfg.routing {
@@ -544,7 +555,12 @@ impl NormalIpcp {
     /// Largest frame this IPCP writes on an N-1 port: the N-1 flows must
     /// carry SDUs at least this large.
     pub fn max_frame(&self) -> usize {
-        self.cfg.dt.max_pdu_size as usize + self.sdup.overhead()
+        let aead = if self.encrypting() {
+            crate::sdup::aead::OVERHEAD
+        } else {
+            0
+        };
+        self.cfg.dt.max_pdu_size as usize + self.sdup.overhead() + aead
     }
 
     /// Adds an N-1 port.
@@ -869,7 +885,11 @@ impl NormalIpcp {
         }
         let port = self.rmt.primary_of(port);
         self.counters.rx_frames += 1;
-        let un = match self.sdup.unprotect(frame) {
+        let Some(frame) = self.open_in(now, port, frame) else {
+            self.counters.rx_bad_protection += 1;
+            return;
+        };
+        let un = match self.sdup.unprotect(&frame) {
             Ok(u) => u,
             Err(SdupError::TtlExpired) => {
                 self.counters.rx_ttl_expired += 1;
@@ -1186,19 +1206,25 @@ impl NormalIpcp {
         let ports: Vec<N1Port> = self.rmt.ports().collect();
         self.rmt_more = false;
         for port in ports {
-            let used = self.tx_used.entry(port).or_default();
-            while *used < TX_BURST {
+            let mut used = self.tx_used.get(&port).copied().unwrap_or(0);
+            while used < TX_BURST {
                 let Some(frame) = self.rmt.poll_output(now, port) else {
                     break;
                 };
-                *used += 1;
+                used += 1;
+                let primary = self.rmt.primary_of(port);
+                let Some(frame) = self.protect_out(now, primary, frame) else {
+                    self.counters.tx_dropped += 1;
+                    continue;
+                };
                 self.counters.tx_frames += 1;
                 if let Some(t) = &mut self.tap {
                     t.record(now, true, port, &frame);
                 }
                 self.actions.push_back(Action::Transmit { port, frame });
             }
-            self.rmt_more |= *used >= TX_BURST && self.rmt.has_output(port);
+            self.tx_used.insert(port, used);
+            self.rmt_more |= used >= TX_BURST && self.rmt.has_output(port);
         }
     }
 

@@ -152,6 +152,26 @@ impl NormalIpcp {
                 rib::OwnerId::RESOURCE_ALLOCATOR,
             );
         }
+        for pp in self.port_protection() {
+            let counters: Vec<String> = pp
+                .counters
+                .pairs()
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect();
+            put(
+                format!("/sdup/protection/pid={}", pp.port),
+                "SDUProtection",
+                ObjValue::Str(format!(
+                    "{} key {} ({})",
+                    pp.suite,
+                    pp.key_id
+                        .map_or_else(|| "none yet".to_string(), |k| format!("{k:#010x}")),
+                    counters.join(", ")
+                )),
+                rib::OwnerId::RESOURCE_ALLOCATOR,
+            );
+        }
         for (port, addr, cost) in self.neighbors() {
             put(
                 format!("/ra/neighbors/pid={port}"),

@@ -118,7 +118,10 @@ impl NormalIpcp {
     /// `routing_` when routing is on, and `routing_fsos` (database size) and
     /// `routing_destinations` (reachable destinations), and the directory
     /// counters prefixed with `directory_` plus `directory_entries`
-    /// (database size) when the disseminated directory is on.
+    /// (database size) when the disseminated directory is on, and the
+    /// encryption counters of all N-1 ports summed, prefixed with
+    /// `encryption_`, when encrypting (per port: the RIB's
+    /// `/sdup/protection/pid=N`).
     pub fn counters_map(&self) -> BTreeMap<String, u64> {
         let mut m = self.counters.to_map();
         if let Some(r) = &self.routing {
@@ -141,6 +144,11 @@ impl NormalIpcp {
         }
         for (k, v) in self.mgmt_reasm.counters().to_map() {
             m.insert(format!("mgmt_frag_{k}"), v);
+        }
+        for pp in self.port_protection() {
+            for (k, v) in pp.counters.pairs() {
+                *m.entry(format!("encryption_{k}")).or_default() += v;
+            }
         }
         m
     }

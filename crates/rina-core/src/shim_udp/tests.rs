@@ -509,3 +509,35 @@ fn long_refusal_reasons_are_cut_to_fit_a_datagram() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn peers_only_takes_requests_from_configured_peers_and_no_one_else_claiming_them() {
+    let mut cb = Config::new("udp");
+    cb.peers_only = true;
+    cb.directory.insert(name("alpha.net"), addr(A));
+    let mut b = ShimUdp::new(cb);
+    b.register(name("beta.net")).unwrap();
+    let req = |src: &str| {
+        Datagram::AllocReq {
+            src_port: 9,
+            qos: QosSpec::default(),
+            src: name(src),
+            dst: name("beta.net"),
+        }
+        .to_vec()
+    };
+    let flow_requests = |b: &mut ShimUdp| {
+        drop_transmits(b)
+            .into_iter()
+            .filter(|a| matches!(a, Action::FlowRequest { .. }))
+            .count()
+    };
+    // Someone else, claiming to be alpha.net, or as anyone.
+    let _ = b.on_datagram(ms(0), addr("127.0.0.1:6666"), &req("alpha.net"));
+    let _ = b.on_datagram(ms(0), addr("127.0.0.1:6666"), &req("mallory.net"));
+    assert_eq!(flow_requests(&mut b), 0);
+    assert_eq!(b.counters().rx_wrong_peer, 2);
+    // Alpha from its configured address.
+    let _ = b.on_datagram(ms(0), addr(A), &req("alpha.net"));
+    assert_eq!(flow_requests(&mut b), 1);
+}

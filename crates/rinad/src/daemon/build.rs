@@ -111,6 +111,7 @@ fn udp_ipcp(ic: &IpcpConfig, poll: &Poll, i: usize) -> Result<(shim_udp::Config,
     if let Some(m) = ic.max_flows {
         sc.max_flows = m;
     }
+    sc.peers_only = ic.peers_only.unwrap_or(false);
     info!(ipcp = %ic.name.get_ref(), dif = %ic.dif, %bound, max_sdu = sc.max_sdu,
         directory = sc.directory.len(), "shim-udp IPCP up");
     Ok((sc, Io::Udp(Box::new(UdpIo::new(sock, bound)))))
@@ -206,6 +207,15 @@ fn normal_config(ic: &IpcpConfig) -> Result<(AppName, NormalConfig), DaemonError
             public_key = %rina_core::enrollment::auth::hex(&k.public_key()),
             "enrollment key pair"
         );
+    }
+    if ic.encryption == Some(true) {
+        let d = rina_core::sdup::aead::Rekey::default();
+        membership.encryption = Some(rina_core::sdup::aead::Rekey {
+            bytes: ic.rekey_bytes.unwrap_or(d.bytes).max(1),
+            after: ic
+                .rekey_seconds
+                .map_or(d.after, |s| std::time::Duration::from_secs(s.max(1))),
+        });
     }
     membership.entropy = crate::sys::random_seed().map_err(|source| DaemonError::Io {
         what: format!("IPCP {name}: no randomness for enrollment nonces"),

@@ -25,8 +25,10 @@
 use super::{N1Port, NormalIpcp};
 use crate::enrollment::{AuthFailure, Nonce};
 use crate::normal::{Action, MembershipEvent};
+use crate::sdup::aead::{ephemeral_public, SessionKeys};
 use crate::time::Instant;
 use rina_wire::pci::{Pci, PduType};
+use std::time::Duration;
 
 /// First byte of a management payload of port authentication.
 pub const PORT_AUTH_DISCRIMINATOR: u8 = 0xE2;
@@ -39,13 +41,38 @@ pub const MAX_PORT_AUTH_HOLD: std::time::Duration = std::time::Duration::from_se
 /// Port authentication in progress on one port.
 #[derive(Debug, Default)]
 pub(super) struct PortAuth {
-    /// Our nonce, while we wait for the peer's answer.
-    nonce: Option<Nonce>,
-    /// What checking the peer's proof needs, after we answered its hello.
-    ctx: Option<Vec<u8>>,
+    /// Our ephemeral secret, while we wait for the peer's answer to our
+    /// hello (the nonce on the wire is its public key), and when we sent it.
+    secret: Option<Nonce>,
+    sent_at: Option<Instant>,
+    /// Hellos of the peer we answered (the latest [`MAX_ANSWERED`]): what
+    /// checking its proof needs, and the key exchange of that handshake.
+    answered: Vec<Responder>,
     /// Failures so far, and no new hello of ours before this time.
     failures: u32,
     hold_until: Option<Instant>,
+}
+
+/// Answered hellos kept per port (a hello sent again, or a rekey crossing
+/// the first handshake, must not lose the one in flight).
+const MAX_ANSWERED: usize = 4;
+
+/// The responder's half of a handshake.
+#[derive(Debug)]
+pub(super) struct Responder {
+    /// What the policy needs to check the proof.
+    ctx: Vec<u8>,
+    /// What we answered (sent again if the same hello comes again).
+    answer: Vec<u8>,
+    secret: Nonce,
+    initiator_nonce: Nonce,
+    own_nonce: Nonce,
+}
+
+/// The first 32 bytes of a hello or an answer: the sender's nonce (its
+/// ephemeral public key) under every policy that authenticates.
+fn lead_nonce(b: &[u8]) -> Option<Nonce> {
+    b.get(..32)?.try_into().ok()
 }
 
 impl NormalIpcp {
@@ -54,7 +81,7 @@ impl NormalIpcp {
         self.cfg.address != 0 && self.mship.as_ref().is_some_and(|m| m.cfg.authenticates())
     }
 
-    fn port_admitted(&self, port: N1Port) -> bool {
+    pub(super) fn port_admitted(&self, port: N1Port) -> bool {
         !self.admission_required()
             || self
                 .mship
@@ -96,10 +123,20 @@ impl NormalIpcp {
 
     /// The peer on `port` is authenticated.
     pub(super) fn admit_port(&mut self, now: Instant, port: N1Port) {
+        if self.encrypting() && !self.port_has_keys(port) {
+            // Encrypting: admitted once keys are agreed on the port.
+            return self.start_port_auth(now, port);
+        }
         let Some(m) = self.mship.as_mut() else {
             return;
         };
-        m.port_auth.remove(&port);
+        if let Some(st) = m.port_auth.get_mut(&port) {
+            // A handshake the peer started may still complete (its keys).
+            st.secret = None;
+            st.sent_at = None;
+            st.failures = 0;
+            st.hold_until = None;
+        }
         if m.admitted.insert(port) && self.cfg.address != 0 {
             self.send_hello(now, port);
         }
@@ -110,6 +147,7 @@ impl NormalIpcp {
         if let Some(m) = self.mship.as_mut() {
             m.admitted.remove(&port);
             m.port_auth.remove(&port);
+            m.crypto.remove(&port);
         }
     }
 
@@ -119,6 +157,24 @@ impl NormalIpcp {
         if self.port_admitted(port) {
             return;
         }
+        self.send_port_auth_hello(now, port);
+    }
+
+    /// Starts a new handshake on an admitted port for fresh keys, unless
+    /// one is under way (answered within a second).
+    pub(super) fn start_rekey(&mut self, now: Instant, port: N1Port) {
+        let Some(m) = self.mship.as_ref() else {
+            return;
+        };
+        let pending = m.port_auth.get(&port).is_some_and(|st| {
+            st.secret.is_some() && st.sent_at.is_some_and(|t| now < t + Duration::from_secs(1))
+        });
+        if !pending {
+            self.send_port_auth_hello(now, port);
+        }
+    }
+
+    fn send_port_auth_hello(&mut self, now: Instant, port: N1Port) {
         let Some(m) = self.mship.as_mut() else {
             return;
         };
@@ -126,15 +182,10 @@ impl NormalIpcp {
         if st.hold_until.is_some_and(|t| now < t) {
             return;
         }
-        let nonce = *st.nonce.get_or_insert_with(|| m.nonces.next_nonce());
-        let hello = m.cfg.auth().hello(&nonce);
+        let secret = *st.secret.get_or_insert_with(|| m.nonces.next_nonce());
+        st.sent_at = Some(now);
+        let hello = m.cfg.auth().hello(&ephemeral_public(&secret));
         self.send_port_auth(now, port, KIND_HELLO, &hello);
-    }
-
-    fn send_port_auth(&mut self, now: Instant, port: N1Port, kind: u8, body: &[u8]) {
-        let mut payload = vec![PORT_AUTH_DISCRIMINATOR, kind];
-        payload.extend_from_slice(body);
-        self.send_management(now, port, 0, &payload);
     }
 
     /// A port-authentication message from `port`.
@@ -154,45 +205,94 @@ impl NormalIpcp {
         let auth = m.cfg.auth();
         match kind {
             KIND_HELLO => {
-                let nonce = m.nonces.next_nonce();
-                match auth.challenge(body, &nonce) {
+                let initiator_nonce = lead_nonce(body).unwrap_or_default();
+                let st = m.port_auth.entry(port).or_default();
+                if let Some(r) = st
+                    .answered
+                    .iter()
+                    .find(|r| r.initiator_nonce == initiator_nonce)
+                {
+                    // The same hello again: the same answer.
+                    let answer = r.answer.clone();
+                    return self.send_port_auth(now, port, KIND_ANSWER, &answer);
+                }
+                let secret = m.nonces.next_nonce();
+                let own_nonce = ephemeral_public(&secret);
+                match auth.challenge(body, &own_nonce) {
                     Ok((answer, ctx)) => {
-                        m.port_auth.entry(port).or_default().ctx = Some(ctx);
+                        let st = m.port_auth.entry(port).or_default();
+                        if st.answered.len() >= MAX_ANSWERED {
+                            st.answered.remove(0);
+                        }
+                        st.answered.push(Responder {
+                            ctx,
+                            answer: answer.clone(),
+                            secret,
+                            initiator_nonce,
+                            own_nonce,
+                        });
                         self.send_port_auth(now, port, KIND_ANSWER, &answer);
                     }
                     Err(f) => self.port_auth_failed(now, port, f),
                 }
             }
             KIND_ANSWER => {
-                let Some(nonce) = m.port_auth.get(&port).and_then(|s| s.nonce) else {
+                let Some(secret) = m.port_auth.get(&port).and_then(|s| s.secret) else {
                     // Late, or already admitted.
                     return;
                 };
-                match auth.respond(&nonce, body) {
-                    Ok(proof) => {
+                let own_nonce = ephemeral_public(&secret);
+                let keys = auth.respond(&own_nonce, body).and_then(|proof| {
+                    let peer = lead_nonce(body).unwrap_or_default();
+                    let keys = SessionKeys::derive(&secret, &own_nonce, &peer, true)
+                        .map_err(|_| AuthFailure::Malformed("low-order ephemeral key"))?;
+                    Ok((proof, keys))
+                });
+                match keys {
+                    Ok((proof, keys)) => {
                         self.send_port_auth(now, port, KIND_PROOF, &proof);
-                        self.port_auth_ok(now, port);
+                        self.port_auth_ok(now, port, &keys);
                     }
                     Err(f) => self.port_auth_failed(now, port, f),
                 }
             }
             KIND_PROOF => {
-                let Some(ctx) = m.port_auth.get_mut(&port).and_then(|s| s.ctx.take()) else {
+                let Some(st) = m.port_auth.get_mut(&port) else {
                     return;
                 };
-                match auth.verify(&ctx, body) {
-                    Ok(()) => self.port_auth_ok(now, port),
-                    Err(f) => self.port_auth_failed(now, port, f),
+                if st.answered.is_empty() {
+                    return;
+                }
+                // The proof answers one of the hellos we answered.
+                let mut result = Err(AuthFailure::BadProof);
+                for i in 0..st.answered.len() {
+                    let r = &st.answered[i];
+                    result = auth.verify(&r.ctx, body).and_then(|()| {
+                        SessionKeys::derive(&r.secret, &r.initiator_nonce, &r.own_nonce, false)
+                            .map_err(|_| AuthFailure::Malformed("low-order ephemeral key"))
+                    });
+                    if result.is_ok() {
+                        st.answered.remove(i);
+                        break;
+                    }
+                }
+                match result {
+                    Ok(keys) => self.port_auth_ok(now, port, &keys),
+                    Err(f) => {
+                        st.answered.clear();
+                        self.port_auth_failed(now, port, f)
+                    }
                 }
             }
             _ => self.port_auth_failed(now, port, AuthFailure::Malformed("unknown kind")),
         }
     }
 
-    fn port_auth_ok(&mut self, now: Instant, port: N1Port) {
+    fn port_auth_ok(&mut self, now: Instant, port: N1Port, keys: &SessionKeys) {
         if let Some(m) = self.mship.as_mut() {
             m.counters.ports_authenticated += 1;
         }
+        self.install_keys(now, port, keys);
         self.admit_port(now, port);
     }
 
@@ -206,7 +306,8 @@ impl NormalIpcp {
         let hold = std::time::Duration::from_secs(1 << st.failures.min(6)).min(MAX_PORT_AUTH_HOLD);
         st.hold_until = Some(now + hold);
         // A fresh nonce for the next try.
-        st.nonce = None;
+        st.secret = None;
+        st.sent_at = None;
         let peer = m
             .hello_from
             .get(&port)

@@ -1,0 +1,224 @@
+//! Encryption of N-1 flows in a DIF that encrypts ([`crate::sdup::aead`]
+//! frames, keys from port authentication).
+//!
+//! On the way out, after the RMT chose the port, a frame is sealed under
+//! the port's key. A port without keys yet carries only what leads to
+//! them, in clear: membership hellos (a hello starts an enrollment),
+//! enrollment and its fragments, and port authentication (which is always
+//! sent in clear, past the RMT, so a peer that lost its keys can still read
+//! it). On the way in, a sealed frame must open under one of the port's
+//! keys; a clear frame must be a management PDU for this IPCP that is
+//! enrollment or port authentication (and, before keys, a hello or a
+//! fragment; admission still drops those from a port not admitted, except
+//! at an enrollee).
+//! Everything else is counted and dropped. Admission then waits for keys:
+//! a port is admitted when a handshake on it installed them. Keys rotate by
+//! a new handshake after the configured volume or time, and a port whose
+//! peer seals under a key this side never got starts one too.
+
+use super::{N1Port, NormalIpcp};
+use crate::normal::membership::{
+    ENROLL_DISCRIMINATOR, HELLO_DISCRIMINATOR, PORT_AUTH_DISCRIMINATOR,
+};
+use crate::normal::{Action, FRAGMENT_DISCRIMINATOR};
+use crate::sdup::aead::{self, CryptoCounters, OpenError, Opened, PortCrypto, SessionKeys};
+use crate::time::Instant;
+use rina_wire::pci::{self, Body, Pci, PduType};
+use std::borrow::Cow;
+
+/// What `rinactl` shows of one N-1 port's protection.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PortProtection {
+    /// The N-1 port.
+    pub port: N1Port,
+    /// The cipher suite ([`aead::SUITE`]).
+    pub suite: &'static str,
+    /// Id of the key that seals, or `None` before keys are agreed.
+    pub key_id: Option<u32>,
+    /// Its counters.
+    pub counters: CryptoCounters,
+}
+
+impl NormalIpcp {
+    /// Whether this IPCP encrypts its N-1 flows.
+    pub(in crate::normal) fn encrypting(&self) -> bool {
+        self.mship
+            .as_ref()
+            .is_some_and(|m| m.cfg.encryption.is_some() && m.cfg.authenticates())
+    }
+
+    pub(super) fn port_has_keys(&self, port: N1Port) -> bool {
+        self.mship
+            .as_ref()
+            .and_then(|m| m.crypto.get(&port))
+            .is_some_and(PortCrypto::has_keys)
+    }
+
+    /// Installs the keys of a completed handshake on `port`.
+    pub(super) fn install_keys(&mut self, now: Instant, port: N1Port, keys: &SessionKeys) {
+        if !self.encrypting() {
+            return;
+        }
+        if let Some(m) = self.mship.as_mut() {
+            m.crypto.entry(port).or_default().install(now, keys);
+        }
+    }
+
+    /// Each N-1 port's protection, for `rinactl` (empty when not
+    /// encrypting).
+    pub fn port_protection(&self) -> Vec<PortProtection> {
+        let Some(m) = self.mship.as_ref().filter(|_| self.encrypting()) else {
+            return Vec::new();
+        };
+        self.rmt
+            .primary_ports()
+            .map(|port| {
+                let c = m.crypto.get(&port);
+                PortProtection {
+                    port,
+                    suite: aead::SUITE,
+                    key_id: c.and_then(PortCrypto::key_id),
+                    counters: c.map(|c| c.counters).unwrap_or_default(),
+                }
+            })
+            .collect()
+    }
+
+    /// Sends a port-authentication message on `port`: through the RMT when
+    /// not encrypting, straight to the port in clear when encrypting.
+    pub(super) fn send_port_auth(&mut self, now: Instant, port: N1Port, kind: u8, body: &[u8]) {
+        let mut payload = vec![PORT_AUTH_DISCRIMINATOR, kind];
+        payload.extend_from_slice(body);
+        if !self.encrypting() {
+            return self.send_management(now, port, 0, &payload);
+        }
+        let mut pci = Pci::new(PduType::Mgmt);
+        pci.src_addr = self.cfg.address;
+        pci.qos_id = crate::normal::MGMT_QOS_ID;
+        let mut pdu = Vec::new();
+        if pci::encode_data(&self.cfg.dt, &pci, &payload, &mut pdu).is_err() {
+            self.counters.tx_dropped += 1;
+            return;
+        }
+        let mut frame = Vec::new();
+        let ttl = self.sdup.initial_ttl().unwrap_or(0);
+        self.sdup.protect(&pdu, ttl, &mut frame);
+        let Some(m) = self.mship.as_mut() else {
+            return;
+        };
+        let frame = m.crypto.entry(port).or_default().clear(&frame);
+        self.counters.tx_frames += 1;
+        self.actions.push_back(Action::Transmit { port, frame });
+    }
+
+    /// Seals a frame the RMT put out on `port` (a lane of `primary`), or
+    /// lets it go in clear when it may, or drops it (`None`, counted).
+    pub(in crate::normal) fn protect_out(
+        &mut self,
+        now: Instant,
+        primary: N1Port,
+        frame: Vec<u8>,
+    ) -> Option<Vec<u8>> {
+        if !self.encrypting() {
+            return Some(frame);
+        }
+        let may_go_clear = self.is_handshake_frame(&frame, false, true);
+        let m = self.mship.as_mut()?;
+        let rekey = m.cfg.encryption.unwrap_or_default();
+        let c = m.crypto.entry(primary).or_default();
+        if c.has_keys() {
+            let sealed = c.seal(&frame);
+            if c.rekey_due(now, &rekey) {
+                self.start_rekey(now, primary);
+            }
+            return sealed;
+        }
+        if may_go_clear {
+            return Some(c.clear(&frame));
+        }
+        c.counters.no_key_out += 1;
+        None
+    }
+
+    /// Whether `frame` (SDU-protected, not encrypted) is a management PDU
+    /// that agrees keys: enrollment or port authentication, and with
+    /// `before_keys` also what leads to them (a membership hello, which
+    /// starts enrollment, and management fragments). A received one
+    /// (`rx`) must be for this IPCP.
+    fn is_handshake_frame(&self, frame: &[u8], rx: bool, before_keys: bool) -> bool {
+        let Ok(un) = self.sdup.unprotect(frame) else {
+            return false;
+        };
+        let Ok(pdu) = pci::Pdu::parse(&self.cfg.dt, &un.pdu) else {
+            return false;
+        };
+        let local = !rx || pdu.pci.dst_addr == 0 || pdu.pci.dst_addr == self.cfg.address;
+        match pdu.body {
+            Body::Data(p) if pdu.pci.pdu_type == PduType::Mgmt && local => match p.first() {
+                Some(&ENROLL_DISCRIMINATOR | &PORT_AUTH_DISCRIMINATOR) => true,
+                Some(&FRAGMENT_DISCRIMINATOR | &HELLO_DISCRIMINATOR) => before_keys,
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+
+    /// Opens a frame that arrived on `port` (primary). `None`: dropped and
+    /// counted (in the port's crypto counters). A clear frame comes back
+    /// only when it may be taken in clear.
+    pub(in crate::normal) fn open_in<'a>(
+        &mut self,
+        now: Instant,
+        port: N1Port,
+        frame: &'a [u8],
+    ) -> Option<Cow<'a, [u8]>> {
+        if !self.encrypting() {
+            return Some(Cow::Borrowed(frame));
+        }
+        let m = self.mship.as_mut()?;
+        let c = m.crypto.entry(port).or_default();
+        let keyed = c.has_keys();
+        match c.open(frame) {
+            Ok(Opened::Sealed(body)) => Some(Cow::Owned(body)),
+            Ok(Opened::Clear(body)) => {
+                // Before keys, enrollment may come in fragments.
+                if self.is_handshake_frame(body, true, !keyed) {
+                    return Some(Cow::Borrowed(body));
+                }
+                let c = self.mship.as_mut()?.crypto.entry(port).or_default();
+                c.counters.clear_in -= 1;
+                c.counters.clear_refused += 1;
+                None
+            }
+            Err(OpenError::UnknownKey(_)) => {
+                // The peer has keys this side never got (a lost proof, or
+                // a restart here): agree new ones.
+                if keyed {
+                    self.start_rekey(now, port);
+                }
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// Rotates the keys of every port whose key is due by time.
+    pub(super) fn rekey_by_time(&mut self, now: Instant) {
+        let Some(m) = self.mship.as_ref().filter(|_| self.encrypting()) else {
+            return;
+        };
+        let rekey = m.cfg.encryption.unwrap_or_default();
+        let due: Vec<N1Port> = m
+            .crypto
+            .iter()
+            .filter(|(_, c)| c.rekey_due(now, &rekey))
+            .map(|(p, _)| *p)
+            .collect();
+        for p in due {
+            self.start_rekey(now, p);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
