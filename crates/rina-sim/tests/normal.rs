@@ -75,6 +75,7 @@ fn a_flow_controlled_flow_never_overruns_a_slow_receiver() {
         in_order: true,
         max_sdu_gap: None,
         dtcp: Some(DtcpConfig {
+            cc: None,
             window: Some(WindowFc {
                 initial_credit: buffer as u64,
                 max_closed_queue: 16,

@@ -4,6 +4,7 @@
 //! plain unreliable (no DTCP), flow control without retransmission (window,
 //! rate or both), retransmission without flow control, and everything at once.
 
+use super::cc::CcConfig;
 use std::time::Duration;
 use thiserror::Error;
 
@@ -66,6 +67,8 @@ pub struct DtcpConfig {
     pub rate: Option<RateFc>,
     /// Retransmission control.
     pub rtx: Option<RtxConfig>,
+    /// Congestion control (with retransmission only: it reacts to acks).
+    pub cc: Option<CcConfig>,
 }
 
 /// Window flow control: the receiver advertises a right window edge (RWE),
@@ -137,6 +140,10 @@ pub enum ConfigError {
     /// Without window flow control, the send queue must hold something.
     #[error("max_send_queue must be at least 1")]
     ZeroSendQueue,
+    /// Congestion control without retransmission, or windows out of order
+    /// (1 <= min <= initial <= max) or a gain shift above 10.
+    #[error("congestion control needs retransmission, 1 <= min_window <= initial_window <= max_window and gain_shift <= 10")]
+    BadCc,
 }
 
 /// Default MPL (IRATI's and rlite's kernel default).
@@ -175,6 +182,7 @@ impl EfcpConfig {
                 }),
                 rate: None,
                 rtx: Some(RtxConfig::default()),
+                cc: Some(CcConfig::default()),
             }),
         }
     }
@@ -201,6 +209,7 @@ impl EfcpConfig {
                 }),
                 rate: None,
                 rtx: None,
+                cc: None,
             }),
         }
     }
@@ -213,6 +222,11 @@ impl EfcpConfig {
     /// Window flow control, if configured.
     pub fn window(&self) -> Option<&WindowFc> {
         self.dtcp.as_ref().and_then(|d| d.window.as_ref())
+    }
+
+    /// Congestion control, if configured (and retransmission with it).
+    pub fn cc(&self) -> Option<&CcConfig> {
+        self.dtcp.as_ref().and_then(|d| d.cc.as_ref())
     }
 
     /// Rate flow control, if configured.
@@ -256,6 +270,11 @@ impl EfcpConfig {
         if let Some(r) = self.rate() {
             if r.pdus_per_frame == 0 || r.frame.is_zero() {
                 return Err(ConfigError::BadRate);
+            }
+        }
+        if let Some(c) = self.cc() {
+            if self.rtx().is_none() || !c.valid() {
+                return Err(ConfigError::BadCc);
             }
         }
         if let Some(r) = self.rtx() {

@@ -773,9 +773,14 @@ impl Daemon {
             Event::ToMedium { .. } => {}
             Event::Deliver { port, sdu } => {
                 if let Some(&(j, _)) = self.n1_owner.get(&port) {
-                    // An N-1 flow of a normal IPCP stacked on this one.
+                    // An N-1 flow of a normal IPCP stacked on this one;
+                    // congestion marks seen on it reach the DIF above.
+                    let congested = match &mut self.ipcps[i].imp {
+                        Imp::Normal(lower) => lower.machine.take_congested(port),
+                        _ => false,
+                    };
                     if let Imp::Normal(upper) = &mut self.ipcps[j].imp {
-                        upper.machine.on_frame(now, port, &sdu);
+                        upper.machine.on_frame_marked(now, port, &sdu, congested);
                     }
                 } else if matches!(self.ipcps[i].imp, Imp::ShimEth(_)) {
                     self.eth_deliver(i, port, &sdu);
