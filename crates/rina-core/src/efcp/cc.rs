@@ -287,7 +287,7 @@ mod tests {
         assert!((c.st.alpha - 0.25).abs() < 1e-9, "{}", c.st.alpha);
         assert!((c.st.cwnd - 87.5).abs() < 1e-9, "{}", c.st.cwnd);
         // The same window: no second reduction.
-        c.on_ack(ms(1), 20, 10, true, true, 101);
+        c.on_ack(ms(1), 20, 10, true, false, 101);
         assert!((c.st.cwnd - 87.5).abs() < 1e-9);
         assert_eq!(c.st.ecn_reductions, 1);
     }
