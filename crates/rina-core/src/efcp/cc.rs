@@ -19,12 +19,16 @@
 //! queue overflows, so a loss is damage on a link rather than congestion
 //! (the argument of the RINA congestion-control work of Teymoori, Welzl et
 //! al.: every DIF marks, so ECN can be the signal). The DCTCP-like policy
-//! therefore takes a loss as congestion (halving the window) only when no
-//! marked ack arrived within the last [`CcConfig::ecn_memory_rtts`] round
-//! trips; a bottleneck that drops without marking (a kernel qdisc below a
-//! shim) still makes it back off like Reno. A retransmission timeout halves
-//! the window in the same case, and otherwise (no marks seen) resets it to
-//! [`CcConfig::min_window`]: the path may have changed completely.
+//! therefore takes a loss as congestion (halving the window, once per
+//! window) only when the path shows a queue that does not mark: no marked
+//! ack within the last [`CcConfig::ecn_memory_rtts`] round trips, and a
+//! smoothed RTT above the smallest RTT seen by more than a quarter of it
+//! (at least 1 ms; TCP Veno's test of random against congestive loss). A
+//! bottleneck that drops without marking (a kernel qdisc below a shim)
+//! fills its queue first, so the flow still backs off there like Reno,
+//! while random loss on an idle path costs no window. A retransmission
+//! timeout of a congestive loss resets the window to
+//! [`CcConfig::min_window`]; otherwise it is treated like any loss.
 
 use crate::time::Instant;
 use std::time::Duration;
@@ -123,6 +127,8 @@ pub(super) struct Congestion {
     /// No reduction until the ack passes this sequence number.
     reduced_until: u64,
     last_mark: Option<Instant>,
+    /// Smallest RTT sample.
+    min_rtt: Option<Duration>,
 }
 
 impl Congestion {
@@ -140,6 +146,26 @@ impl Congestion {
             win_marked: 0,
             reduced_until: initial_seq.saturating_sub(1),
             last_mark: None,
+            min_rtt: None,
+        }
+    }
+
+    /// An RTT sample was taken.
+    pub(super) fn on_rtt_sample(&mut self, r: Duration) {
+        self.min_rtt = Some(self.min_rtt.map_or(r, |m| m.min(r)));
+    }
+
+    /// Whether a loss now is congestion: a queue that does not mark.
+    fn congestive(&self, now: Instant, srtt: Option<Duration>) -> bool {
+        if self.cfg.policy == CcPolicy::Aimd {
+            return true;
+        }
+        if self.marks_recently(now, srtt) {
+            return false;
+        }
+        match (self.min_rtt, srtt) {
+            (Some(min), Some(srtt)) => srtt > min + (min / 4).max(Duration::from_millis(1)),
+            _ => true,
         }
     }
 
@@ -221,11 +247,17 @@ impl Congestion {
     }
 
     /// PDU `seq` was found lost (by a nack or duplicate acks).
-    pub(super) fn on_loss(&mut self, now: Instant, seq: u64, srtt: Option<Duration>, next_seq: u64) {
+    pub(super) fn on_loss(
+        &mut self,
+        now: Instant,
+        seq: u64,
+        srtt: Option<Duration>,
+        next_seq: u64,
+    ) {
         if seq <= self.reduced_until {
             return;
         }
-        if self.marks_recently(now, srtt) {
+        if !self.congestive(now, srtt) {
             self.st.losses_ignored += 1;
             self.reduced_until = next_seq.saturating_sub(1);
             return;
@@ -236,11 +268,8 @@ impl Congestion {
 
     /// The retransmission timer fired.
     pub(super) fn on_timeout(&mut self, now: Instant, srtt: Option<Duration>, next_seq: u64) {
-        if self.marks_recently(now, srtt) {
-            if self.reduced_until < next_seq.saturating_sub(1) {
-                self.reduce(0.5, next_seq);
-                self.st.loss_reductions += 1;
-            }
+        if !self.congestive(now, srtt) {
+            self.st.losses_ignored += 1;
             return;
         }
         self.st.ssthresh = (self.st.cwnd / 2.0).max(self.cfg.min_window as f64);
@@ -330,5 +359,24 @@ mod tests {
         assert_eq!(c.window(), 19);
         c.on_timeout(ms(2000), srtt, 100);
         assert_eq!(c.window(), 2);
+    }
+
+    #[test]
+    fn a_loss_without_queueing_delay_is_taken_as_damage() {
+        let mut c = Congestion::new(CcConfig::default(), 1);
+        c.st.cwnd = 40.0;
+        c.on_rtt_sample(Duration::from_millis(10));
+        c.on_loss(ms(100), 5, Some(Duration::from_millis(10)), 41);
+        c.on_timeout(ms(200), Some(Duration::from_millis(10)), 41);
+        assert_eq!((c.window(), c.st.losses_ignored), (40, 2));
+        // A queue that does not mark: the same loss is congestion.
+        c.on_loss(ms(300), 50, Some(Duration::from_millis(20)), 61);
+        assert_eq!(c.window(), 20);
+        // AIMD halves in any case.
+        let mut c = Congestion::new(CcConfig::aimd(), 1);
+        c.st.cwnd = 40.0;
+        c.on_rtt_sample(Duration::from_millis(10));
+        c.on_loss(ms(100), 5, Some(Duration::from_millis(10)), 41);
+        assert_eq!(c.window(), 20);
     }
 }

@@ -45,6 +45,8 @@ struct Sent {
     retries: u32,
     /// An RTT sample was taken from an ack naming it.
     sampled: bool,
+    /// An ack named it: the receiver has it (above a hole).
+    delivered: bool,
 }
 
 /// The sending half of an EFCP connection.
@@ -82,6 +84,9 @@ pub(super) struct Sender {
     cc: Option<Congestion>,
     /// New data waited for the congestion window since the last ack.
     cwnd_limited: bool,
+    /// Unacknowledged PDUs an ack named as received (above a hole): not in
+    /// flight any more, so not counted against the congestion window.
+    delivered_above: usize,
 }
 
 impl Sender {
@@ -122,6 +127,7 @@ impl Sender {
                 .filter(|_| rtx_cfg.is_some())
                 .map(|c| Congestion::new(*c, initial_seq)),
             cwnd_limited: false,
+            delivered_above: 0,
         }
     }
 
@@ -202,9 +208,13 @@ impl Sender {
 
     /// Whether congestion control lets a new PDU go.
     fn cwnd_open(&self) -> bool {
-        self.cc
-            .as_ref()
-            .is_none_or(|c| self.unacked.len() < c.window())
+        self.cc.as_ref().is_none_or(|c| self.pipe() < c.window())
+    }
+
+    /// PDUs in flight as far as the sender knows: unacknowledged and not
+    /// named as received.
+    fn pipe(&self) -> usize {
+        self.unacked.len().saturating_sub(self.delivered_above)
     }
 
     /// How long a retransmitted PDU may still be in flight.
@@ -325,6 +335,7 @@ impl Sender {
                 retransmitted: false,
                 retries: 0,
                 sampled: false,
+                delivered: false,
             });
             self.arm_rtx(now);
         } else {
@@ -419,7 +430,7 @@ impl Sender {
         let named = fresh && self.sample_named(now, echo);
         if ack_sn >= self.snd_una {
             let limited = std::mem::take(&mut self.cwnd_limited)
-                || self.cc.as_ref().is_some_and(|c| self.unacked.len() >= c.window());
+                || self.cc.as_ref().is_some_and(|c| self.pipe() >= c.window());
             let acked = ack_sn + 1 - self.snd_una;
             let mut any_rtx = false;
             let mut newest = None;
@@ -427,6 +438,7 @@ impl Sender {
                 if let Some(e) = self.unacked.pop_front() {
                     any_rtx |= e.retransmitted;
                     newest = Some(e.sent_at);
+                    self.delivered_above -= usize::from(e.delivered);
                 }
                 self.snd_una += 1;
             }
@@ -434,6 +446,9 @@ impl Sender {
             // a retransmitted PDU says nothing certain about the RTT.
             if let (false, false, Some(t)) = (named || echo.is_some(), any_rtx, newest) {
                 self.rtt.sample(now - t);
+                if let Some(cc) = &mut self.cc {
+                    cc.on_rtt_sample(now - t);
+                }
             }
             self.rtt.reset_backoff();
             self.dup_acks = 0;
@@ -453,11 +468,29 @@ impl Sender {
                 }
                 None => {}
             }
+            self.front_lost(now, echo, rtx.max_retries, stats);
         } else if fresh && ack_sn + 1 == self.snd_una && !self.unacked.is_empty() && !window_grew {
             if let Some(cc) = &mut self.cc {
                 cc.on_ack(now, ack_sn, 0, ece, false, self.next_seq);
             }
             self.on_dup_ack(now, rtx.max_retries, stats);
+            self.front_lost(now, echo, rtx.max_retries, stats);
+        }
+    }
+
+    /// With congestion control: the oldest unacknowledged PDU is lost (or
+    /// its retransmission was) if an ack names a later PDU as received
+    /// and the oldest was sent longer ago than a copy may be in flight.
+    fn front_lost(&mut self, now: Instant, echo: Option<u64>, max_retries: u32, stats: &mut Stats) {
+        if self.cc.is_none() || echo.is_none_or(|e| e <= self.snd_una) {
+            return;
+        }
+        let late = self
+            .unacked
+            .front()
+            .is_some_and(|e| now - e.sent_at >= self.rtx_in_flight_time());
+        if late {
+            self.schedule_rtx(now, self.snd_una, false, max_retries, stats);
         }
     }
 
@@ -474,9 +507,10 @@ impl Sender {
         } else if self.dup_acks > DUP_ACK_THRESHOLD && self.cc.is_some() {
             // The hole at snd_una is still open: if its retransmission
             // should have arrived by now, it was lost too.
-            let lost = self.unacked.front().is_some_and(|e| {
-                e.retransmitted && now - e.sent_at >= self.rtx_in_flight_time()
-            });
+            let lost = self
+                .unacked
+                .front()
+                .is_some_and(|e| e.retransmitted && now - e.sent_at >= self.rtx_in_flight_time());
             if lost {
                 self.schedule_rtx(now, self.snd_una, false, max_retries, stats);
             }
@@ -496,12 +530,19 @@ impl Sender {
         let Some(e) = self.unacked.get_mut((echo - self.snd_una) as usize) else {
             return false;
         };
+        if !e.delivered {
+            e.delivered = true;
+            self.delivered_above += 1;
+        }
         if e.retransmitted || e.sampled {
             return false;
         }
         e.sampled = true;
         let r = now - e.sent_at;
         self.rtt.sample(r);
+        if let Some(cc) = &mut self.cc {
+            cc.on_rtt_sample(r);
+        }
         true
     }
 
@@ -556,6 +597,7 @@ impl Sender {
         self.failure = Some(EfcpError::RetriesExhausted { seq, retries });
         self.queue.clear();
         self.unacked.clear();
+        self.delivered_above = 0;
         self.rtx_pending.clear();
         self.rtx_deadline = None;
         self.rdv_deadline = None;

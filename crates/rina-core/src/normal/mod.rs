@@ -1042,11 +1042,11 @@ impl NormalIpcp {
             } => {
                 meta.echo = (my_lwe != 0).then(|| w(my_lwe));
                 efcp::Pdu::AckFc {
-                ctrl_seq,
-                ack_sn: w(ack_sn),
-                new_rwe: w(new_rwe),
-                rate,
-                frame_ms: frame,
+                    ctrl_seq,
+                    ack_sn: w(ack_sn),
+                    new_rwe: w(new_rwe),
+                    rate,
+                    frame_ms: frame,
                 }
             }
             ControlBody::Nack { nack_sn } => efcp::Pdu::Nack {

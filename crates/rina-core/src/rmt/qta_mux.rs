@@ -274,9 +274,9 @@ impl Scheduler for QtaMux {
 
     fn data_backlog(&self, port: PortId, qos_id: QosId) -> usize {
         let i = self.cube_of(qos_id);
-        self.ports
-            .get(&port)
-            .map_or(0, |p| p.mux_len + p.cubes.get(i).map_or(0, |c| c.shaper.len()))
+        self.ports.get(&port).map_or(0, |p| {
+            p.mux_len + p.cubes.get(i).map_or(0, |c| c.shaper.len())
+        })
     }
 
     fn has_queued(&self, port: PortId) -> bool {

@@ -114,7 +114,13 @@ impl System {
 
     /// Delivers an SDU that crossed congestion (`congested`: a PDU of its
     /// flow carried the ECN flag) to an upper IPCP or an application.
-    pub(super) fn deliver_marked(&mut self, now: Instant, port: PortId, sdu: Vec<u8>, congested: bool) {
+    pub(super) fn deliver_marked(
+        &mut self,
+        now: Instant,
+        port: PortId,
+        sdu: Vec<u8>,
+        congested: bool,
+    ) {
         if let Some(&(upper, _)) = self.n1.get(&port) {
             if let Machine::Normal(n) = &mut self.members[upper].machine {
                 n.on_frame_marked(now, port, &sdu, congested);
