@@ -113,7 +113,8 @@ mod rtt;
 
 pub use cc::{CcConfig, CcPolicy, CcState};
 pub use config::{
-    ConfigError, DtcpConfig, EfcpConfig, RateFc, RtxConfig, WindowFc, DEFAULT_A_TIMER, DEFAULT_MPL,
+    CcName, ConfigError, DtcpConfig, EfcpConfig, EfcpTuning, RateFc, RtxConfig, WindowFc,
+    DEFAULT_A_TIMER, DEFAULT_MPL,
 };
 pub use rtt::{RttEstimator, CLOCK_GRANULARITY};
 

@@ -973,6 +973,16 @@ fn new_normal(ic: &crate::config::IpcpConfig) -> Result<Ipcp, DaemonError> {
         nc.max_sdu = *m.get_ref() as usize;
     }
     nc.sdup.crc = ic.crc.unwrap_or(false);
+    match ic.ecn_threshold {
+        Some(0) => nc.ecn = None,
+        Some(t) => {
+            nc.ecn = Some(rina_core::rmt::EcnMarking {
+                threshold: t,
+                ..Default::default()
+            })
+        }
+        None => {}
+    }
     if ic.routing == Some(crate::config::RoutingKind::LinkState) {
         nc.routing = Some(rina_core::routing::Config::default());
     }
