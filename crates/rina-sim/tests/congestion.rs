@@ -70,12 +70,15 @@ struct Tx {
     stop_at: Instant,
 }
 
+/// Frames a full link pushed back, and when to try again.
+type Backlog = (VecDeque<(SocketAddr, Vec<u8>)>, Instant);
+
 /// A system, its media, its applications.
 struct Host {
     sys: System,
     by_addr: BTreeMap<SocketAddr, MediumId>,
     media: BTreeMap<MediumId, SocketAddr>,
-    backlog: BTreeMap<MediumId, (VecDeque<(SocketAddr, Vec<u8>)>, Instant)>,
+    backlog: BTreeMap<MediumId, Backlog>,
     tx: Vec<Tx>,
     rx: BTreeMap<u8, Rx>,
     window: (Instant, Instant),

@@ -31,10 +31,11 @@
 //!
 //! | [`Pdu`] | PCI type | fields |
 //! | --- | --- | --- |
-//! | `Data` | DT 0x80 | `seq` → seq_num; `drf` → flag DRF 0x80 |
-//! | `Ack` | ACK 0xC1 | `ctrl_seq` → ctrl_seq_num; `ack_sn` → acked_sn |
+//! | `Data` | DT 0x80 | `seq` → seq_num; `drf` → flag DRF 0x80; [`PduMeta::ecn`] → flag ECN 0x01 |
+//! | `Ack` | ACK 0xC1 | `ctrl_seq` → ctrl_seq_num; `ack_sn` → acked_sn; ECN echo → flag ECN |
+//! | `Nack` | NACK 0xC2 | `nack_sn` → nack_sn |
 //! | `Fc` | FC 0xC4 | `new_rwe` → new_rwe; `rate` → sndr_rate; `frame_ms` → time_frame; my_lwe/my_rwe = 0 |
-//! | `AckFc` | ACK_AND_FC 0xC5 | as Ack and Fc; new_lwe = ack_sn + 1; last_ctrl_seq_rcvd, my_lwe, my_rwe = 0 |
+//! | `AckFc` | ACK_AND_FC 0xC5 | as Ack and Fc; new_lwe = ack_sn + 1; my_lwe = [`PduMeta::echo`] (0: none); last_ctrl_seq_rcvd, my_rwe = 0 |
 //! | `Rendezvous` | RENDEZVOUS 0xCF | `next_seq` → my_lwe; other fields 0 |
 //!
 //! Acks are cumulative and inclusive: `ack_sn` means every sequence number
@@ -98,7 +99,11 @@
 //!   a tighter rate through `rate`/`frame_ms` of its flow-control PDUs.
 //! * Retransmission: see [`dtcp`](self) docs in the source — single timer,
 //!   NewReno-style recovery, fast retransmit on 3 duplicate acks, Karn's
-//!   rule, back-off reset on new ack, failure after `max_retries`.
+//!   rule, back-off reset on new ack, failure after `max_retries`; with
+//!   congestion control also nacks and acks naming their PDU.
+//! * Congestion control ([`CcConfig`], `cc.rs`): a DCTCP-like or AIMD
+//!   congestion window on top of the receiver's window, fed by the ECN
+//!   marks RMTs set and by losses (`docs/congestion-control.md`).
 //!
 //! Per PDU nothing is allocated beyond the payload itself, except that a
 //! retransmitting sender copies each payload once into its retransmission
