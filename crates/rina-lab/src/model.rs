@@ -163,6 +163,10 @@ pub struct CubeDecl {
     /// Declared loss bound (probability).
     #[serde(default)]
     pub loss: Option<f64>,
+    /// EFCP policies and parameters (`efcp = { congestion_control =
+    /// "aimd", window = 128 }`; see `rina_core::efcp::EfcpTuning`).
+    #[serde(default)]
+    pub efcp: rina_core::efcp::EfcpTuning,
 }
 
 /// `[[app]]`: an application registered at a node in a DIF.

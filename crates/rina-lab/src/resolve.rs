@@ -119,6 +119,8 @@ pub struct Cube {
     pub delay: Option<Duration>,
     /// Declared loss bound.
     pub loss: Option<f64>,
+    /// EFCP policies over the cube's defaults.
+    pub efcp: rina_core::efcp::EfcpTuning,
 }
 
 /// A normal DIF.
@@ -792,6 +794,7 @@ pub fn resolve(text: &str, file: &File, variant: Option<&str>) -> Result<Experim
                 bandwidth_bps: c.bandwidth.map(|r| r.bps()),
                 delay: c.delay.map(|x| x.get()),
                 loss: c.loss,
+                efcp: c.efcp.clone(),
             });
         }
         let scheduler = var
@@ -1323,6 +1326,7 @@ fn default_cubes() -> Vec<model::CubeDecl> {
         bandwidth: None,
         delay: None,
         loss: None,
+        efcp: Default::default(),
     };
     vec![c("best-effort", false), c("reliable", true)]
 }

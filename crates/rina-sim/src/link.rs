@@ -197,6 +197,11 @@ impl Link {
         &self.cfg
     }
 
+    /// Changes the loss probability (clamped to `[0, 1]`).
+    pub fn set_loss(&mut self, p: f64) {
+        self.cfg.loss = p.clamp(0.0, 1.0);
+    }
+
     /// The addresses the link joins.
     pub fn ends(&self) -> &[SocketAddr] {
         &self.ends

@@ -323,6 +323,12 @@ impl<N: Node> World<N> {
         &self.links[id]
     }
 
+    /// Changes the loss probability of link `id` from now on (a link that
+    /// degrades during a run).
+    pub fn set_link_loss(&mut self, id: LinkId, p: f64) {
+        self.links[id].set_loss(p);
+    }
+
     /// Counters of what `from` sent on link `id`.
     pub fn link_counters(&self, id: LinkId, from: SocketAddr) -> LinkCounters {
         self.links[id].counters(from)

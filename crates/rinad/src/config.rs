@@ -68,6 +68,7 @@
 //! # max_sdu = 65536
 //! # crc = false                   # CRC-32 on every PDU
 //! # ttl = 64                      # hop limit
+//! # ecn_threshold = 20            # RMT marks data PDUs joining a queue this long (0: off)
 //!
 //! [[ipcp.neighbor]]               # an N-1 flow to set up and keep up
 //! name = "beta.net"               # the neighbour IPCP's name
@@ -104,6 +105,12 @@
 //!                                 # carries this one (by name or id; default: that
 //!                                 # DIF's default cube); one N-1 flow per neighbour
 //!                                 # and distinct lower cube
+//! # efcp = { congestion_control = "dctcp", window = 256, min_rto_ms = 10 }
+//!                                 # EFCP policies: a_timer_ms, max_sdu_gap, window,
+//!                                 # initial_credit, initial/min/max_rto_ms,
+//!                                 # max_retries, ack_every, congestion_control
+//!                                 # ("dctcp" default of reliable cubes, "aimd",
+//!                                 # "none"), initial/min/max_window, gain_shift
 //! ```
 //!
 //! With `routing = "link-state"` and `directory_mode = "distributed"` the
@@ -421,6 +428,10 @@ pub struct IpcpConfig {
     pub crc: Option<bool>,
     /// normal: initial hop limit (0 turns TTL off).
     pub ttl: Option<u8>,
+    /// normal: the RMT sets the ECN flag of data PDUs that join a queue
+    /// holding this many (default 20; 0 turns marking off). Reliable
+    /// flows with congestion control slow down on the marks.
+    pub ecn_threshold: Option<usize>,
     /// normal: the N-1 flows to set up.
     #[serde(default, rename = "neighbor")]
     pub neighbors: Vec<NeighborConfig>,
@@ -485,6 +496,10 @@ pub struct QosCubeConfig {
     /// A DIF not listed carries it on its default cube.
     #[serde(default)]
     pub lower: BTreeMap<String, LowerCubeRef>,
+    /// EFCP policies and parameters (window, RTO bounds, A-timer, max gap,
+    /// congestion control and its parameters) over the cube's defaults.
+    #[serde(default)]
+    pub efcp: rina_core::efcp::EfcpTuning,
 }
 
 /// A QoS cube of an N-1 DIF, by name or by QoS-id.
@@ -524,13 +539,16 @@ impl std::fmt::Display for LowerCubeRef {
 impl QosCubeConfig {
     /// The cube this table describes.
     pub fn cube(&self) -> QosCube {
-        let efcp = if self.reliable {
+        let mut efcp = if self.reliable {
             rina_core::efcp::EfcpConfig::reliable()
         } else if self.flow_control {
             rina_core::efcp::EfcpConfig::flow_controlled()
         } else {
             rina_core::efcp::EfcpConfig::unreliable()
         };
+        // A bad combination is refused when the IPCP is built (the cube's
+        // EFCP configuration is validated there).
+        let _ = self.efcp.apply(&mut efcp);
         let mut c =
             QosCube::new(self.id, self.name.clone(), efcp).with_cell(self.urgency, self.cherish);
         c.avg_bandwidth_bps = self.avg_bandwidth_bps;
@@ -1209,6 +1227,7 @@ address = 2
             "{TWO}\n[ipcp.scheduler]\npolicy = \"qta-mux\"\ncherish_thresholds = [100, 10]\n\
              [[ipcp.qos_cube]]\nid = 1\nname = \"voice\"\nurgency = 0\ncherish = 1\ndelay_us = 5000\n\
              [[ipcp.qos_cube]]\nid = 2\nname = \"bulk\"\nreliable = true\nurgency = 1\n\
+             efcp = {{ congestion_control = \"aimd\", min_rto_ms = 5, window = 128 }}\n\
              [[ipcp.qos_cube]]\nid = 3\nname = \"vm\"\nflow_control = true\n"
         );
         let c = parse(&with).unwrap();
@@ -1222,6 +1241,14 @@ address = 2
         assert!(cubes[0].efcp.window().is_none());
         assert_eq!(cubes[0].delay_us, Some(5000));
         assert!(cubes[1].is_reliable() && !cubes[0].is_reliable());
+        // EFCP policies per cube: AIMD congestion control, RTO, window.
+        let cc = cubes[1].efcp.cc().unwrap();
+        assert_eq!(cc.policy, rina_core::efcp::CcPolicy::Aimd);
+        assert_eq!(
+            cubes[1].efcp.rtx().unwrap().min_rto,
+            std::time::Duration::from_millis(5)
+        );
+        assert_eq!(cubes[1].efcp.window().unwrap().receiver_buffer, 128);
         // Without the tables: fifo and the default cubes.
         let c = parse(TWO).unwrap();
         assert_eq!(c.ipcps[1].scheduler_config().name(), "fifo");

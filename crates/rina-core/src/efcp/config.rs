@@ -4,6 +4,7 @@
 //! plain unreliable (no DTCP), flow control without retransmission (window,
 //! rate or both), retransmission without flow control, and everything at once.
 
+use super::cc::CcConfig;
 use std::time::Duration;
 use thiserror::Error;
 
@@ -66,6 +67,8 @@ pub struct DtcpConfig {
     pub rate: Option<RateFc>,
     /// Retransmission control.
     pub rtx: Option<RtxConfig>,
+    /// Congestion control (with retransmission only: it reacts to acks).
+    pub cc: Option<CcConfig>,
 }
 
 /// Window flow control: the receiver advertises a right window edge (RWE),
@@ -137,6 +140,10 @@ pub enum ConfigError {
     /// Without window flow control, the send queue must hold something.
     #[error("max_send_queue must be at least 1")]
     ZeroSendQueue,
+    /// Congestion control without retransmission, or windows out of order
+    /// (1 <= min <= initial <= max) or a gain shift above 10.
+    #[error("congestion control needs retransmission, 1 <= min_window <= initial_window <= max_window and gain_shift <= 10")]
+    BadCc,
 }
 
 /// Default MPL (IRATI's and rlite's kernel default).
@@ -175,6 +182,7 @@ impl EfcpConfig {
                 }),
                 rate: None,
                 rtx: Some(RtxConfig::default()),
+                cc: Some(CcConfig::default()),
             }),
         }
     }
@@ -201,6 +209,7 @@ impl EfcpConfig {
                 }),
                 rate: None,
                 rtx: None,
+                cc: None,
             }),
         }
     }
@@ -213,6 +222,11 @@ impl EfcpConfig {
     /// Window flow control, if configured.
     pub fn window(&self) -> Option<&WindowFc> {
         self.dtcp.as_ref().and_then(|d| d.window.as_ref())
+    }
+
+    /// Congestion control, if configured (and retransmission with it).
+    pub fn cc(&self) -> Option<&CcConfig> {
+        self.dtcp.as_ref().and_then(|d| d.cc.as_ref())
     }
 
     /// Rate flow control, if configured.
@@ -258,6 +272,11 @@ impl EfcpConfig {
                 return Err(ConfigError::BadRate);
             }
         }
+        if let Some(c) = self.cc() {
+            if self.rtx().is_none() || !c.valid() {
+                return Err(ConfigError::BadCc);
+            }
+        }
         if let Some(r) = self.rtx() {
             if r.min_rto.is_zero() || r.min_rto > r.initial_rto || r.initial_rto > r.max_rto {
                 return Err(ConfigError::BadRto);
@@ -283,5 +302,146 @@ impl Default for RtxConfig {
             max_retries: 10,
             ack_every: 2,
         }
+    }
+}
+
+/// Congestion-control policy by name, as configuration files write it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CcName {
+    /// [`super::CcPolicy::Dctcp`].
+    Dctcp,
+    /// [`super::CcPolicy::Aimd`].
+    Aimd,
+    /// No congestion control (window flow control only).
+    None,
+}
+
+/// The EFCP policies and parameters of a QoS cube that a configuration file
+/// may set (`[ipcp.qos_cube.efcp]` in rinad, `efcp = { .. }` of a cube in
+/// rina-lab). Every field is optional; what is left out keeps the cube's
+/// default ([`EfcpConfig::reliable`] and friends). Times in milliseconds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EfcpTuning {
+    /// A-timer: longest delay of an ack or window update.
+    pub a_timer_ms: Option<u64>,
+    /// Largest hole given up (0: none, reliable).
+    pub max_sdu_gap: Option<u64>,
+    /// Receiver buffer in PDUs (the window it grants).
+    pub window: Option<usize>,
+    /// PDUs the sender may send before the first window update.
+    pub initial_credit: Option<u64>,
+    /// RTO before any RTT sample.
+    pub initial_rto_ms: Option<u64>,
+    /// Lower bound of the RTO.
+    pub min_rto_ms: Option<u64>,
+    /// Upper bound of the RTO (back-off included).
+    pub max_rto_ms: Option<u64>,
+    /// Retransmissions of one PDU before the flow fails.
+    pub max_retries: Option<u32>,
+    /// Ack after this many in-order PDUs.
+    pub ack_every: Option<u32>,
+    /// Congestion-control policy (with retransmission only).
+    pub congestion_control: Option<CcName>,
+    /// Initial congestion window, in PDUs.
+    pub initial_window: Option<u64>,
+    /// Smallest congestion window, in PDUs.
+    pub min_window: Option<u64>,
+    /// Largest congestion window, in PDUs.
+    pub max_window: Option<u64>,
+    /// DCTCP gain g = 2^-gain_shift.
+    pub gain_shift: Option<u32>,
+}
+
+impl EfcpTuning {
+    /// Applies the settings to `cfg` and checks the result.
+    pub fn apply(&self, cfg: &mut EfcpConfig) -> Result<(), ConfigError> {
+        let ms = Duration::from_millis;
+        if let Some(v) = self.a_timer_ms {
+            cfg.a_timer = ms(v);
+        }
+        if self.max_sdu_gap.is_some() {
+            cfg.max_sdu_gap = self.max_sdu_gap;
+        }
+        if let Some(d) = cfg.dtcp.as_mut() {
+            if let Some(w) = d.window.as_mut() {
+                if let Some(v) = self.window {
+                    w.receiver_buffer = v;
+                    w.initial_credit = w.initial_credit.min(v as u64);
+                }
+                if let Some(v) = self.initial_credit {
+                    w.initial_credit = v;
+                }
+            }
+            if let Some(r) = d.rtx.as_mut() {
+                let set = |slot: &mut Duration, v: Option<u64>| {
+                    if let Some(v) = v {
+                        *slot = ms(v);
+                    }
+                };
+                set(&mut r.initial_rto, self.initial_rto_ms);
+                set(&mut r.min_rto, self.min_rto_ms);
+                set(&mut r.max_rto, self.max_rto_ms);
+                r.max_retries = self.max_retries.unwrap_or(r.max_retries);
+                r.ack_every = self.ack_every.unwrap_or(r.ack_every);
+            }
+            self.apply_cc(d);
+        }
+        cfg.validate()
+    }
+
+    fn apply_cc(&self, d: &mut DtcpConfig) {
+        let policy = match self.congestion_control {
+            Some(CcName::None) => {
+                d.cc = None;
+                return;
+            }
+            Some(CcName::Dctcp) => Some(super::CcPolicy::Dctcp),
+            Some(CcName::Aimd) => Some(super::CcPolicy::Aimd),
+            None => None,
+        };
+        if d.cc.is_none() && policy.is_none() {
+            return;
+        }
+        let mut c = d.cc.unwrap_or_default();
+        if let Some(p) = policy {
+            c.policy = p;
+        }
+        c.initial_window = self.initial_window.unwrap_or(c.initial_window);
+        c.min_window = self.min_window.unwrap_or(c.min_window);
+        c.max_window = self.max_window.unwrap_or(c.max_window);
+        c.gain_shift = self.gain_shift.unwrap_or(c.gain_shift);
+        d.cc = Some(c);
+    }
+}
+
+#[cfg(test)]
+mod tuning_tests {
+    use super::*;
+
+    #[test]
+    fn a_toml_table_tunes_the_reliable_cube() {
+        let t: EfcpTuning = toml::from_str(
+            "congestion_control = \"aimd\"\nmin_rto_ms = 5\nwindow = 128\ninitial_window = 4",
+        )
+        .unwrap();
+        let mut c = EfcpConfig::reliable();
+        t.apply(&mut c).unwrap();
+        let cc = c.cc().unwrap();
+        assert_eq!(cc.policy, super::super::CcPolicy::Aimd);
+        assert_eq!(cc.initial_window, 4);
+        assert_eq!(c.rtx().unwrap().min_rto, Duration::from_millis(5));
+        assert_eq!(c.window().unwrap().receiver_buffer, 128);
+        let off: EfcpTuning = toml::from_str("congestion_control = \"none\"").unwrap();
+        off.apply(&mut c).unwrap();
+        assert!(c.cc().is_none());
+        // Congestion control needs retransmission.
+        let mut u = EfcpConfig::unreliable();
+        let on: EfcpTuning = toml::from_str("congestion_control = \"dctcp\"").unwrap();
+        assert_eq!(on.apply(&mut u), Ok(()), "no DTCP: nothing to control");
+        let mut f = EfcpConfig::flow_controlled();
+        assert_eq!(on.apply(&mut f), Err(ConfigError::BadCc));
+        assert!(toml::from_str::<EfcpTuning>("bogus = 1").is_err());
     }
 }

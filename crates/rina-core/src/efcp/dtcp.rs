@@ -10,7 +10,19 @@
 //! several losses recovers one hole per round trip instead of one per RTO.
 //! Three duplicate acks (same ack, no window change) trigger the same
 //! recovery without waiting for the timer.
+//!
+//! With congestion control ([`super::cc`]) the sender also takes nacks: a
+//! receiver names each sequence number it finds missing (once, when a later
+//! PDU reveals the hole), and the sender resends exactly that PDU, so one
+//! loss costs one retransmission whatever else is in flight. A PDU is not
+//! resent again while its last copy may still be in flight (within
+//! 5/4·SRTT + 2·RTTVAR); a retransmission that was lost itself is resent
+//! when duplicate acks keep naming its hole after that time. Acks that
+//! name the data PDU that caused them (`echo`) give an RTT sample even
+//! while a hole holds the cumulative ack back, so the estimate survives
+//! loss (Karn's rule applies per named PDU).
 
+use super::cc::Congestion;
 use super::config::{EfcpConfig, RateFc, RtxConfig, WindowFc};
 use super::rtt::RttEstimator;
 use super::{EfcpError, Pdu, Stats};
@@ -31,6 +43,10 @@ struct Sent {
     sent_at: Instant,
     retransmitted: bool,
     retries: u32,
+    /// An RTT sample was taken from an ack naming it.
+    sampled: bool,
+    /// An ack named it: the receiver has it (above a hole).
+    delivered: bool,
 }
 
 /// The sending half of an EFCP connection.
@@ -64,6 +80,13 @@ pub(super) struct Sender {
     rdv_due: bool,
     last_data_tx: Option<Instant>,
     failure: Option<EfcpError>,
+    /// Congestion control, if configured.
+    cc: Option<Congestion>,
+    /// New data waited for the congestion window since the last ack.
+    cwnd_limited: bool,
+    /// Unacknowledged PDUs an ack named as received (above a hole): not in
+    /// flight any more, so not counted against the congestion window.
+    delivered_above: usize,
 }
 
 impl Sender {
@@ -99,7 +122,18 @@ impl Sender {
             rdv_due: false,
             last_data_tx: None,
             failure: None,
+            cc: cfg
+                .cc()
+                .filter(|_| rtx_cfg.is_some())
+                .map(|c| Congestion::new(*c, initial_seq)),
+            cwnd_limited: false,
+            delivered_above: 0,
         }
+    }
+
+    /// The congestion controller's state, if there is one.
+    pub(super) fn cc_state(&self) -> Option<&super::cc::CcState> {
+        self.cc.as_ref().map(|c| c.state())
     }
 
     pub(super) fn failure(&self) -> Option<&EfcpError> {
@@ -164,10 +198,30 @@ impl Sender {
         Ok(())
     }
 
+    /// Whether flow control (the receiver's window) lets a new PDU go.
     fn window_open(&self) -> bool {
         match &self.window {
             Some(_) => self.next_seq <= self.snd_rwe,
             None => self.rtx_cfg.is_none() || self.unacked.len() < self.inflight_limit,
+        }
+    }
+
+    /// Whether congestion control lets a new PDU go.
+    fn cwnd_open(&self) -> bool {
+        self.cc.as_ref().is_none_or(|c| self.pipe() < c.window())
+    }
+
+    /// PDUs in flight as far as the sender knows: unacknowledged and not
+    /// named as received.
+    fn pipe(&self) -> usize {
+        self.unacked.len().saturating_sub(self.delivered_above)
+    }
+
+    /// How long a retransmitted PDU may still be in flight.
+    fn rtx_in_flight_time(&self) -> Duration {
+        match self.rtt.srtt() {
+            Some(s) => s * 5 / 4 + self.rtt.rttvar() * 2,
+            None => self.rtt.rto(),
         }
     }
 
@@ -251,6 +305,10 @@ impl Sender {
             }
             return None;
         }
+        if !self.cwnd_open() {
+            self.cwnd_limited = true;
+            return None;
+        }
         if !self.rate_ok(now) {
             return None;
         }
@@ -276,6 +334,8 @@ impl Sender {
                 sent_at: now,
                 retransmitted: false,
                 retries: 0,
+                sampled: false,
+                delivered: false,
             });
             self.arm_rtx(now);
         } else {
@@ -346,13 +406,18 @@ impl Sender {
     }
 
     /// A cumulative ack: every seq up to `ack_sn` arrived (or was given up).
-    /// A stale one (not `fresh`) only counts if it advances.
+    /// A stale one (not `fresh`) only counts if it advances. `ece`: the
+    /// PDUs it covers carried congestion marks; `echo`: the data PDU whose
+    /// arrival caused it, if the ack names one.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn on_ack(
         &mut self,
         now: Instant,
         ack_sn: u64,
         window_grew: bool,
         fresh: bool,
+        ece: bool,
+        echo: Option<u64>,
         stats: &mut Stats,
     ) {
         let Some(rtx) = self.rtx_cfg else {
@@ -362,20 +427,28 @@ impl Sender {
             stats.ctrl_invalid += 1;
             return;
         }
+        let named = fresh && self.sample_named(now, echo);
         if ack_sn >= self.snd_una {
+            let limited = std::mem::take(&mut self.cwnd_limited)
+                || self.cc.as_ref().is_some_and(|c| self.pipe() >= c.window());
+            let acked = ack_sn + 1 - self.snd_una;
             let mut any_rtx = false;
             let mut newest = None;
             while self.snd_una <= ack_sn {
                 if let Some(e) = self.unacked.pop_front() {
                     any_rtx |= e.retransmitted;
                     newest = Some(e.sent_at);
+                    self.delivered_above -= usize::from(e.delivered);
                 }
                 self.snd_una += 1;
             }
             // Karn's rule, over the whole acked range: an ack that covers
             // a retransmitted PDU says nothing certain about the RTT.
-            if let (false, Some(t)) = (any_rtx, newest) {
+            if let (false, false, Some(t)) = (named || echo.is_some(), any_rtx, newest) {
                 self.rtt.sample(now - t);
+                if let Some(cc) = &mut self.cc {
+                    cc.on_rtt_sample(now - t);
+                }
             }
             self.rtt.reset_backoff();
             self.dup_acks = 0;
@@ -384,28 +457,132 @@ impl Sender {
             } else {
                 Some(now + self.rtt.rto())
             };
+            if let Some(cc) = &mut self.cc {
+                cc.on_ack(now, ack_sn, acked, ece, limited, self.next_seq);
+            }
             match self.recovery {
                 Some(rec) if ack_sn >= rec => self.recovery = None,
                 Some(_) => {
                     // Partial ack: the next hole is at snd_una.
-                    self.schedule_rtx(self.snd_una, rtx.max_retries, stats);
+                    self.schedule_rtx(now, self.snd_una, false, rtx.max_retries, stats);
                 }
                 None => {}
             }
+            self.front_lost(now, echo, rtx.max_retries, stats);
         } else if fresh && ack_sn + 1 == self.snd_una && !self.unacked.is_empty() && !window_grew {
-            self.dup_acks += 1;
-            if self.dup_acks == DUP_ACK_THRESHOLD && self.recovery.is_none() {
-                stats.fast_retransmits += 1;
-                self.recovery = Some(self.next_seq - 1);
-                self.schedule_rtx(self.snd_una, rtx.max_retries, stats);
+            if let Some(cc) = &mut self.cc {
+                cc.on_ack(now, ack_sn, 0, ece, false, self.next_seq);
+            }
+            self.on_dup_ack(now, rtx.max_retries, stats);
+            self.front_lost(now, echo, rtx.max_retries, stats);
+        }
+    }
+
+    /// With congestion control: the oldest unacknowledged PDU is lost (or
+    /// its retransmission was) if an ack names a later PDU as received
+    /// and the oldest was sent longer ago than a copy may be in flight.
+    fn front_lost(&mut self, now: Instant, echo: Option<u64>, max_retries: u32, stats: &mut Stats) {
+        if self.cc.is_none() || echo.is_none_or(|e| e <= self.snd_una) {
+            return;
+        }
+        let late = self
+            .unacked
+            .front()
+            .is_some_and(|e| now - e.sent_at >= self.rtx_in_flight_time());
+        if late {
+            self.schedule_rtx(now, self.snd_una, false, max_retries, stats);
+        }
+    }
+
+    fn on_dup_ack(&mut self, now: Instant, max_retries: u32, stats: &mut Stats) {
+        self.dup_acks += 1;
+        if self.dup_acks == DUP_ACK_THRESHOLD && self.recovery.is_none() {
+            stats.fast_retransmits += 1;
+            self.recovery = Some(self.next_seq - 1);
+            let srtt = self.rtt.srtt();
+            if let Some(cc) = &mut self.cc {
+                cc.on_loss(now, self.snd_una, srtt, self.next_seq);
+            }
+            self.schedule_rtx(now, self.snd_una, false, max_retries, stats);
+        } else if self.dup_acks > DUP_ACK_THRESHOLD && self.cc.is_some() {
+            // The hole at snd_una is still open: if its retransmission
+            // should have arrived by now, it was lost too.
+            let lost = self
+                .unacked
+                .front()
+                .is_some_and(|e| e.retransmitted && now - e.sent_at >= self.rtx_in_flight_time());
+            if lost {
+                self.schedule_rtx(now, self.snd_una, false, max_retries, stats);
             }
         }
     }
 
-    fn schedule_rtx(&mut self, seq: u64, max_retries: u32, stats: &mut Stats) {
+    /// Takes an RTT sample from an ack naming the data PDU `echo` that
+    /// caused it, if that PDU was sent once and not sampled yet. Returns
+    /// whether a sample was taken.
+    fn sample_named(&mut self, now: Instant, echo: Option<u64>) -> bool {
+        let Some(echo) = echo else {
+            return false;
+        };
+        if echo < self.snd_una || echo >= self.next_seq {
+            return false;
+        }
+        let Some(e) = self.unacked.get_mut((echo - self.snd_una) as usize) else {
+            return false;
+        };
+        if !e.delivered {
+            e.delivered = true;
+            self.delivered_above += 1;
+        }
+        if e.retransmitted || e.sampled {
+            return false;
+        }
+        e.sampled = true;
+        let r = now - e.sent_at;
+        self.rtt.sample(r);
+        if let Some(cc) = &mut self.cc {
+            cc.on_rtt_sample(r);
+        }
+        true
+    }
+
+    /// Whether a nack could come from the peer.
+    pub(super) fn valid_nack(&self, nack_sn: u64) -> bool {
+        self.rtx_cfg.is_some() && nack_sn < self.next_seq
+    }
+
+    /// The receiver found `nack_sn` missing: resend it (once per flight).
+    pub(super) fn on_nack(&mut self, now: Instant, nack_sn: u64, stats: &mut Stats) {
+        let Some(rtx) = self.rtx_cfg else {
+            return;
+        };
+        if nack_sn < self.snd_una || nack_sn >= self.next_seq {
+            return;
+        }
+        let srtt = self.rtt.srtt();
+        if let Some(cc) = &mut self.cc {
+            cc.on_loss(now, nack_sn, srtt, self.next_seq);
+        }
+        self.schedule_rtx(now, nack_sn, false, rtx.max_retries, stats);
+    }
+
+    /// Queues `seq` for retransmission; unless `force`, not while its last
+    /// retransmission may still be in flight.
+    fn schedule_rtx(
+        &mut self,
+        now: Instant,
+        seq: u64,
+        force: bool,
+        max_retries: u32,
+        stats: &mut Stats,
+    ) {
+        let recent = self.rtx_in_flight_time();
         let Some(e) = self.unacked.get((seq.wrapping_sub(self.snd_una)) as usize) else {
             return;
         };
+        if !force && e.retransmitted && now - e.sent_at < recent {
+            return;
+        }
         if e.retries >= max_retries {
             self.fail(seq, e.retries, stats);
             return;
@@ -420,6 +597,7 @@ impl Sender {
         self.failure = Some(EfcpError::RetriesExhausted { seq, retries });
         self.queue.clear();
         self.unacked.clear();
+        self.delivered_above = 0;
         self.rtx_pending.clear();
         self.rtx_deadline = None;
         self.rdv_deadline = None;
@@ -483,6 +661,10 @@ impl Sender {
         self.rtt.backoff();
         self.dup_acks = 0;
         self.recovery = Some(self.next_seq - 1);
+        let srtt = self.rtt.srtt();
+        if let Some(cc) = &mut self.cc {
+            cc.on_timeout(now, srtt, self.next_seq);
+        }
         if !self.rtx_pending.contains(&self.snd_una) {
             self.rtx_pending.push_back(self.snd_una);
         }

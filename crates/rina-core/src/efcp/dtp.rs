@@ -146,6 +146,11 @@ impl Receiver {
         !self.rtx && !self.track_consumption && now >= self.last_accept + self.inactivity
     }
 
+    /// The highest sequence number known to have been sent.
+    pub(super) fn edge(&self) -> u64 {
+        self.edge
+    }
+
     /// The LWE, while a data run is live.
     pub(super) fn lwe(&self) -> Option<u64> {
         self.lwe

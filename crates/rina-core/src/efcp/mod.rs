@@ -31,10 +31,11 @@
 //!
 //! | [`Pdu`] | PCI type | fields |
 //! | --- | --- | --- |
-//! | `Data` | DT 0x80 | `seq` → seq_num; `drf` → flag DRF 0x80 |
-//! | `Ack` | ACK 0xC1 | `ctrl_seq` → ctrl_seq_num; `ack_sn` → acked_sn |
+//! | `Data` | DT 0x80 | `seq` → seq_num; `drf` → flag DRF 0x80; [`PduMeta::ecn`] → flag ECN 0x01 |
+//! | `Ack` | ACK 0xC1 | `ctrl_seq` → ctrl_seq_num; `ack_sn` → acked_sn; ECN echo → flag ECN |
+//! | `Nack` | NACK 0xC2 | `nack_sn` → nack_sn |
 //! | `Fc` | FC 0xC4 | `new_rwe` → new_rwe; `rate` → sndr_rate; `frame_ms` → time_frame; my_lwe/my_rwe = 0 |
-//! | `AckFc` | ACK_AND_FC 0xC5 | as Ack and Fc; new_lwe = ack_sn + 1; last_ctrl_seq_rcvd, my_lwe, my_rwe = 0 |
+//! | `AckFc` | ACK_AND_FC 0xC5 | as Ack and Fc; new_lwe = ack_sn + 1; my_lwe = [`PduMeta::echo`] (0: none); last_ctrl_seq_rcvd, my_rwe = 0 |
 //! | `Rendezvous` | RENDEZVOUS 0xCF | `next_seq` → my_lwe; other fields 0 |
 //!
 //! Acks are cumulative and inclusive: `ack_sn` means every sequence number
@@ -98,27 +99,34 @@
 //!   a tighter rate through `rate`/`frame_ms` of its flow-control PDUs.
 //! * Retransmission: see [`dtcp`](self) docs in the source — single timer,
 //!   NewReno-style recovery, fast retransmit on 3 duplicate acks, Karn's
-//!   rule, back-off reset on new ack, failure after `max_retries`.
+//!   rule, back-off reset on new ack, failure after `max_retries`; with
+//!   congestion control also nacks and acks naming their PDU.
+//! * Congestion control ([`CcConfig`], `cc.rs`): a DCTCP-like or AIMD
+//!   congestion window on top of the receiver's window, fed by the ECN
+//!   marks RMTs set and by losses (`docs/congestion-control.md`).
 //!
 //! Per PDU nothing is allocated beyond the payload itself, except that a
 //! retransmitting sender copies each payload once into its retransmission
 //! queue (the copy it sends is consumed by lower layers, which prepend
 //! headers in place), and each retransmission is another copy.
 
+mod cc;
 mod config;
 mod dtcp;
 mod dtp;
 mod rtt;
 
+pub use cc::{CcConfig, CcPolicy, CcState};
 pub use config::{
-    ConfigError, DtcpConfig, EfcpConfig, RateFc, RtxConfig, WindowFc, DEFAULT_A_TIMER, DEFAULT_MPL,
+    CcName, ConfigError, DtcpConfig, EfcpConfig, EfcpTuning, RateFc, RtxConfig, WindowFc,
+    DEFAULT_A_TIMER, DEFAULT_MPL,
 };
 pub use rtt::{RttEstimator, CLOCK_GRANULARITY};
 
 use crate::time::Instant;
 use dtcp::Sender;
 use dtp::{Receiver, RxOutcome};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 use thiserror::Error;
 
@@ -176,6 +184,14 @@ pub enum Pdu {
         /// As in [`Pdu::Fc`].
         frame_ms: u64,
     },
+    /// A negative ack: this sequence number is missing at the receiver
+    /// (sent by connections with congestion control, once per hole found).
+    Nack {
+        /// Control sequence number.
+        ctrl_seq: u64,
+        /// The missing sequence number.
+        nack_sn: u64,
+    },
     /// The sender's window has been closed for too long: please send your
     /// window again.
     Rendezvous {
@@ -184,6 +200,20 @@ pub enum Pdu {
         /// The first seq the sender has not sent yet.
         next_seq: u64,
     },
+}
+
+/// What a PDU carries besides its [`Pdu`] fields, in the PCI flags and
+/// the otherwise unused fields of acks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PduMeta {
+    /// Data: an RMT on the way found its queue past the marking threshold
+    /// (the PCI's ECN flag). Ack or Ack+FC: the PDUs it covers were marked
+    /// (ECN echo, the same flag on the control PDU).
+    pub ecn: bool,
+    /// Ack or Ack+FC: the sequence number of the data PDU whose arrival
+    /// caused it (carried in `my_lwe` of ACK_AND_FC), so the sender can
+    /// measure the RTT while a hole holds the cumulative ack back.
+    pub echo: Option<u64>,
 }
 
 /// An SDU fragment handed to the application side.
@@ -287,6 +317,22 @@ pub struct Stats {
     pub rto_expirations: u64,
     /// Retransmissions triggered by duplicate acks.
     pub fast_retransmits: u64,
+    /// Nacks sent (missing PDUs named).
+    pub nacks_sent: u64,
+    /// Nacks accepted.
+    pub nacks_received: u64,
+    /// Data PDUs received with the ECN flag set.
+    pub ecn_marked: u64,
+    /// Acks accepted that echoed congestion marks.
+    pub ecn_echoed: u64,
+    /// Congestion window in PDUs (0 without congestion control).
+    pub cwnd: u64,
+    /// Congestion-window reductions for marks.
+    pub ecn_reductions: u64,
+    /// Congestion-window reductions for losses and timeouts.
+    pub loss_reductions: u64,
+    /// Losses taken as damage rather than congestion (the path marks).
+    pub losses_ignored: u64,
     /// Times the connection failed.
     pub failures: u64,
     /// Smoothed RTT, once measured.
@@ -328,6 +374,14 @@ impl Stats {
             ("ctrl_invalid", self.ctrl_invalid),
             ("rto_expirations", self.rto_expirations),
             ("fast_retransmits", self.fast_retransmits),
+            ("nacks_sent", self.nacks_sent),
+            ("nacks_received", self.nacks_received),
+            ("ecn_marked", self.ecn_marked),
+            ("ecn_echoed", self.ecn_echoed),
+            ("cwnd", self.cwnd),
+            ("ecn_reductions", self.ecn_reductions),
+            ("loss_reductions", self.loss_reductions),
+            ("losses_ignored", self.losses_ignored),
             ("failures", self.failures),
             ("srtt_us", self.srtt.map_or(0, |d| d.as_micros() as u64)),
             ("rttvar_us", self.rttvar.as_micros() as u64),
@@ -376,7 +430,19 @@ pub struct Connection {
     fc_now: bool,
     fc_deadline: Option<Instant>,
     last_adv_rwe: u64,
+    /// Whether the last data PDU taken was marked (DCTCP's receiver state).
+    ce_state: bool,
+    /// The last data PDU taken, named by the next ack.
+    last_rx_seq: u64,
+    /// Control PDUs built ahead of the ordinary ack (an ack closing a run
+    /// of PDUs of one congestion state), sent first.
+    ctrl_out: VecDeque<(Pdu, PduMeta)>,
+    /// Missing sequence numbers to nack.
+    nacks: VecDeque<u64>,
 }
+
+/// Most missing sequence numbers waiting to be nacked.
+const MAX_PENDING_NACKS: usize = 256;
 
 impl Connection {
     /// A connection whose first data PDU will carry sequence number 1.
@@ -417,6 +483,10 @@ impl Connection {
             fc_now: false,
             fc_deadline: None,
             last_adv_rwe: 0,
+            ce_state: false,
+            last_rx_seq: 0,
+            ctrl_out: VecDeque::new(),
+            nacks: VecDeque::new(),
             cfg,
         };
         c.refresh_rtt_stats();
@@ -534,15 +604,32 @@ impl Connection {
     /// ([`Stats::out_of_window`], [`Stats::duplicates`],
     /// [`Stats::ctrl_invalid`]) and change nothing.
     pub fn on_pdu(&mut self, now: Instant, pdu: Pdu) {
+        self.on_pdu_meta(now, pdu, PduMeta::default());
+    }
+
+    /// [`Connection::on_pdu`] with what the PCI carried besides the PDU's
+    /// fields (the ECN flag, the PDU an ack names).
+    pub fn on_pdu_meta(&mut self, now: Instant, pdu: Pdu, meta: PduMeta) {
+        let ece = meta.ecn;
         match pdu {
-            Pdu::Data { seq, drf, payload } => self.on_data(now, seq, drf, payload),
+            Pdu::Data { seq, drf, payload } => self.on_data(now, seq, drf, payload, meta.ecn),
             Pdu::Ack { ctrl_seq, ack_sn } => {
                 if !self.snd.valid_ack(ack_sn) {
                     self.stats.ctrl_invalid += 1;
                 } else {
                     let fresh = self.fresh(ctrl_seq);
                     self.stats.acks_received += u64::from(fresh);
-                    self.snd.on_ack(now, ack_sn, false, fresh, &mut self.stats);
+                    self.stats.ecn_echoed += u64::from(fresh && ece);
+                    self.snd
+                        .on_ack(now, ack_sn, false, fresh, ece, meta.echo, &mut self.stats);
+                }
+            }
+            Pdu::Nack { ctrl_seq, nack_sn } => {
+                if !self.snd.valid_nack(nack_sn) {
+                    self.stats.ctrl_invalid += 1;
+                } else if self.fresh(ctrl_seq) {
+                    self.stats.nacks_received += 1;
+                    self.snd.on_nack(now, nack_sn, &mut self.stats);
                 }
             }
             Pdu::Fc {
@@ -572,8 +659,10 @@ impl Connection {
                     let fresh = self.fresh(ctrl_seq);
                     self.stats.acks_received += u64::from(fresh);
                     self.stats.fc_received += u64::from(fresh);
+                    self.stats.ecn_echoed += u64::from(fresh && ece);
                     let grew = self.snd.on_fc(new_rwe, rate, frame_ms, fresh);
-                    self.snd.on_ack(now, ack_sn, grew, fresh, &mut self.stats);
+                    self.snd
+                        .on_ack(now, ack_sn, grew, fresh, ece, meta.echo, &mut self.stats);
                 }
             }
             Pdu::Rendezvous { ctrl_seq, next_seq } => {
@@ -595,12 +684,38 @@ impl Connection {
         self.refresh_rtt_stats();
     }
 
-    fn on_data(&mut self, now: Instant, seq: u64, drf: bool, payload: Vec<u8>) {
+    fn on_data(&mut self, now: Instant, seq: u64, drf: bool, payload: Vec<u8>, ecn: bool) {
         let had_run = self.rcv.lwe().is_some();
         let ceiling = self.rx_ceiling();
+        self.stats.ecn_marked += u64::from(ecn);
+        let cc = self.cfg.cc().is_some();
+        if cc && ecn != self.ce_state && self.unacked_in_order > 0 {
+            // DCTCP's receiver: the PDUs acked so far had the other
+            // congestion state; say so in an ack of their own.
+            if let Some(ack) = self.build_ack() {
+                self.ctrl_out.push_back(ack);
+            }
+        }
+        let known = self.rcv.edge().max(self.rcv.lwe().unwrap_or(0));
         let outcome = self
             .rcv
             .on_data(now, seq, drf, payload, ceiling, &mut self.stats);
+        if !matches!(
+            outcome,
+            RxOutcome::OutOfWindow | RxOutcome::DroppedNoRun | RxOutcome::DroppedQueue
+        ) {
+            self.ce_state = ecn;
+            self.last_rx_seq = seq;
+        }
+        if cc && outcome == RxOutcome::OutOfOrder {
+            let lwe = self.rcv.lwe().unwrap_or(0);
+            for missing in known.max(lwe) + 1..seq {
+                if self.nacks.len() >= MAX_PENDING_NACKS {
+                    break;
+                }
+                self.nacks.push_back(missing);
+            }
+        }
         if !had_run && self.rcv.lwe().is_some() && self.last_adv_rwe == 0 {
             // The sender starts with the initial credit.
             if let (Some(w), Some(lwe)) = (self.cfg.window(), self.rcv.lwe()) {
@@ -685,25 +800,62 @@ impl Connection {
     /// The next PDU to send, if any: control PDUs first, then
     /// retransmissions, then new data as window and rate allow.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Pdu> {
-        if let Some(pdu) = self.poll_control(now) {
-            return Some(pdu);
+        self.poll_transmit_meta(now).map(|(p, _)| p)
+    }
+
+    /// [`Connection::poll_transmit`] with what the PCI must carry besides
+    /// the PDU's fields (ECN echo, the PDU an ack names).
+    pub fn poll_transmit_meta(&mut self, now: Instant) -> Option<(Pdu, PduMeta)> {
+        if let Some(out) = self.ctrl_out.pop_front() {
+            return Some(out);
+        }
+        let ack_due = self.ack_now || self.ack_deadline.is_some_and(|d| now >= d);
+        let fc_due = self.fc_now || self.fc_deadline.is_some_and(|d| now >= d);
+        if ack_due || fc_due {
+            if let Some(out) = self.build_ack() {
+                return Some(out);
+            }
+        }
+        if let Some(nack) = self.poll_nack() {
+            return Some((nack, PduMeta::default()));
         }
         if let Some(next_seq) = self.snd.take_rendezvous() {
             self.ctrl_seq_out += 1;
-            return Some(Pdu::Rendezvous {
-                ctrl_seq: self.ctrl_seq_out,
-                next_seq,
-            });
+            return Some((
+                Pdu::Rendezvous {
+                    ctrl_seq: self.ctrl_seq_out,
+                    next_seq,
+                },
+                PduMeta::default(),
+            ));
         }
-        self.snd.poll_data(now, &mut self.stats)
+        self.snd
+            .poll_data(now, &mut self.stats)
+            .map(|p| (p, PduMeta::default()))
     }
 
-    fn poll_control(&mut self, now: Instant) -> Option<Pdu> {
-        let ack_due = self.ack_now || self.ack_deadline.is_some_and(|d| now >= d);
-        let fc_due = self.fc_now || self.fc_deadline.is_some_and(|d| now >= d);
-        if !ack_due && !fc_due {
-            return None;
+    fn poll_nack(&mut self) -> Option<Pdu> {
+        let lwe = self.rcv.lwe()?;
+        while let Some(nack_sn) = self.nacks.pop_front() {
+            if nack_sn > lwe {
+                self.ctrl_seq_out += 1;
+                self.stats.nacks_sent += 1;
+                return Some(Pdu::Nack {
+                    ctrl_seq: self.ctrl_seq_out,
+                    nack_sn,
+                });
+            }
         }
+        None
+    }
+
+    /// Builds the ack and/or window update due now (clearing what made it
+    /// due), with the ECN echo and the PDU it names.
+    fn build_ack(&mut self) -> Option<(Pdu, PduMeta)> {
+        let meta = PduMeta {
+            ecn: self.ce_state && self.cfg.cc().is_some(),
+            echo: (self.last_rx_seq > 0).then_some(self.last_rx_seq),
+        };
         let lwe = self.rcv.lwe();
         let rwe = self
             .cfg
@@ -760,6 +912,7 @@ impl Connection {
                 None
             }
         }
+        .map(|p| (p, meta))
     }
 
     /// When [`Connection::handle_timeout`] next needs to run, if ever.
@@ -809,6 +962,17 @@ impl Connection {
             self.stats.rttvar = rtt.rttvar();
             self.stats.rto = rtt.rto();
         }
+        if let Some(c) = self.snd.cc_state() {
+            self.stats.cwnd = c.cwnd.floor() as u64;
+            self.stats.ecn_reductions = c.ecn_reductions;
+            self.stats.loss_reductions = c.loss_reductions;
+            self.stats.losses_ignored = c.losses_ignored;
+        }
+    }
+
+    /// The congestion controller's state, with congestion control.
+    pub fn congestion(&self) -> Option<&CcState> {
+        self.snd.cc_state()
     }
 }
 

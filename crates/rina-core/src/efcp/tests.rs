@@ -208,6 +208,7 @@ fn reliable_cfg() -> EfcpConfig {
         a_timer: ms(5),
         max_send_queue: 64,
         dtcp: Some(DtcpConfig {
+            cc: None,
             window: Some(WindowFc {
                 initial_credit: 32,
                 max_closed_queue: 16,
@@ -335,6 +336,7 @@ fn window_without_rtx_never_overruns_a_slow_receiver() {
         a_timer: ms(2),
         max_send_queue: 1,
         dtcp: Some(DtcpConfig {
+            cc: None,
             window: Some(WindowFc {
                 initial_credit: 16,
                 max_closed_queue: 4,
@@ -398,6 +400,7 @@ fn lost_window_updates_are_recovered_by_rendezvous() {
         a_timer: ms(1),
         max_send_queue: 1,
         dtcp: Some(DtcpConfig {
+            cc: None,
             window: Some(WindowFc {
                 initial_credit: 4,
                 max_closed_queue: 2,
@@ -481,6 +484,7 @@ fn gap_flow(in_order: bool, gap: Option<u64>, rtx: bool, seed: u64) -> (Vec<u64>
         a_timer: ms(4),
         max_send_queue: 64,
         dtcp: rtx.then(|| DtcpConfig {
+            cc: None,
             window: None,
             rate: None,
             rtx: Some(RtxConfig {
@@ -657,6 +661,7 @@ fn rtx_only(max_retries: u32) -> EfcpConfig {
         a_timer: ms(10),
         max_send_queue: 16,
         dtcp: Some(DtcpConfig {
+            cc: None,
             window: None,
             rate: None,
             rtx: Some(RtxConfig {
@@ -936,6 +941,7 @@ fn rate_limit_holds_per_frame() {
         a_timer: ms(5),
         max_send_queue: 1000,
         dtcp: Some(DtcpConfig {
+            cc: None,
             window: None,
             rate: Some(RateFc {
                 pdus_per_frame: 5,

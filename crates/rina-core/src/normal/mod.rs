@@ -132,6 +132,10 @@ pub struct NormalConfig {
     /// [`NormalIpcp::read_remote_rib`]). Default `["/"]`: all of it; empty:
     /// nothing.
     pub rib_readable: Vec<String>,
+    /// ECN marking by this IPCP's RMT (on by default with
+    /// [`crate::rmt::DEFAULT_ECN_THRESHOLD`]; `None`: never mark). Flows
+    /// with congestion control react to the marks.
+    pub ecn: Option<crate::rmt::EcnMarking>,
 }
 
 impl NormalConfig {
@@ -155,6 +159,17 @@ impl NormalConfig {
             dynamic_directory: None,
             membership: None,
             rib_readable: vec!["/".into()],
+            ecn: Some(crate::rmt::EcnMarking::default()),
+        }
+    }
+
+    /// Where the PCI's type byte sits in this DIF's protected frames.
+    pub fn frame_layout(&self) -> crate::rmt::FrameLayout {
+        let dt = &self.dt;
+        let ttl = usize::from(self.sdup.ttl.is_some());
+        crate::rmt::FrameLayout {
+            type_at: ttl + 1 + 2 * dt.addr.bytes() + dt.qos.bytes() + 2 * dt.cep.bytes(),
+            crc: self.sdup.crc,
         }
     }
 }
@@ -384,6 +399,9 @@ struct Flow {
     auto_consume: bool,
     failure_reported: bool,
     hash: u64,
+    /// A data PDU with the ECN flag arrived since the driver last asked
+    /// ([`NormalIpcp::take_congested`]).
+    ecn_seen: bool,
 }
 
 /// QoS-id of management PDUs (forwarding entries for it, or for any QoS-id,
@@ -510,7 +528,11 @@ impl NormalIpcp {
             tap: None,
             rib_reads: rib_remote::RemoteReads::default(),
             sdup: Sdup::without_cipher(cfg.sdup),
-            rmt: Rmt::new(sched),
+            rmt: {
+                let mut rmt = Rmt::new(sched);
+                rmt.set_ecn(cfg.ecn.clone().map(|m| (m, cfg.frame_layout())));
+                rmt
+            },
             flows: HashMap::new(),
             by_cep: HashMap::new(),
             dirty: BTreeSet::new(),
@@ -665,6 +687,7 @@ impl NormalIpcp {
                 fragments: 0,
                 auto_consume: true,
                 failure_reported: false,
+                ecn_seen: false,
                 hash,
             },
         );
@@ -879,6 +902,23 @@ impl NormalIpcp {
 
     /// Processes a frame that arrived on N-1 port `port`.
     pub fn on_frame(&mut self, now: Instant, port: N1Port, frame: &[u8]) {
+        self.on_frame_marked(now, port, frame, false);
+    }
+
+    /// Whether a data PDU of `flow` arrived with the ECN flag since the
+    /// last call: a driver that hands this flow's SDUs to an IPCP stacked
+    /// on it passes that on ([`NormalIpcp::on_frame_marked`]), so that
+    /// congestion in this DIF reaches the flows of the DIF above.
+    pub fn take_congested(&mut self, flow: FlowId) -> bool {
+        self.flows
+            .get_mut(&flow)
+            .is_some_and(|f| std::mem::take(&mut f.ecn_seen))
+    }
+
+    /// [`NormalIpcp::on_frame`] for a frame that crossed congestion in the
+    /// DIF below (`congested`): a data PDU in it is taken, or relayed, as
+    /// if an RMT of this DIF had set its ECN flag.
+    pub fn on_frame_marked(&mut self, now: Instant, port: N1Port, frame: &[u8], congested: bool) {
         self.tick(now);
         if let Some(t) = &mut self.tap {
             t.record(now, false, port, frame);
@@ -900,7 +940,7 @@ impl NormalIpcp {
                 return;
             }
         };
-        let pdu = match pci::Pdu::parse(&self.cfg.dt, &un.pdu) {
+        let mut pdu = match pci::Pdu::parse(&self.cfg.dt, &un.pdu) {
             Ok(p) => p,
             Err(_) => {
                 self.counters.rx_malformed += 1;
@@ -913,8 +953,12 @@ impl NormalIpcp {
         if !self.admit_frame(port, &pdu.pci, local) {
             return;
         }
+        let congested = congested && pdu.pci.pdu_type == PduType::Dt;
+        if congested {
+            pdu.pci.flags |= pci::flags::ECN;
+        }
         if !local {
-            self.relay(now, un.ttl, &un.pdu, &pdu.pci);
+            self.relay(now, un.ttl, &un.pdu, &pdu.pci, congested);
             return;
         }
         self.dispatch(now, Some(port), pdu);
@@ -976,7 +1020,7 @@ impl NormalIpcp {
         }
     }
 
-    fn relay(&mut self, now: Instant, ttl: Option<u8>, pdu: &[u8], pci: &Pci) {
+    fn relay(&mut self, now: Instant, ttl: Option<u8>, pdu: &[u8], pci: &Pci, congested: bool) {
         let ttl = match ttl {
             Some(t) => match Sdup::next_ttl(t) {
                 Some(t) => t,
@@ -989,6 +1033,9 @@ impl NormalIpcp {
         };
         let mut frame = Vec::with_capacity(pdu.len() + self.sdup.overhead());
         self.sdup.protect(pdu, ttl, &mut frame);
+        if congested && self.rmt.ecn().is_some() {
+            self.cfg.frame_layout().mark(&mut frame);
+        }
         let hash = mix(&[pci.src_addr, pci.src_cep, pci.dst_addr, pci.dst_cep]);
         let q = QueuedPdu {
             qos_id: pci.qos_id,
@@ -1020,13 +1067,19 @@ impl NormalIpcp {
         };
         let reference = f.efcp.receive_reference();
         let seq = efcp::widen_seq(reference, pci.seq, bits);
-        f.efcp.on_pdu(
+        let meta = efcp::PduMeta {
+            ecn: pci.flags & pci::flags::ECN != 0,
+            echo: None,
+        };
+        f.ecn_seen |= meta.ecn;
+        f.efcp.on_pdu_meta(
             now,
             efcp::Pdu::Data {
                 seq,
                 drf: pci.flags & pci::flags::DRF != 0,
                 payload: payload.to_vec(),
             },
+            meta,
         );
         self.dirty.insert(id);
     }
@@ -1042,6 +1095,10 @@ impl NormalIpcp {
         let reference = f.efcp.next_seq();
         let w = |v: u64| efcp::widen_seq(reference, v, bits);
         let ctrl_seq = pci.seq;
+        let mut meta = efcp::PduMeta {
+            ecn: pci.flags & pci::flags::ECN != 0,
+            echo: None,
+        };
         let pdu = match body {
             ControlBody::Ack { ack_sn } => efcp::Pdu::Ack {
                 ctrl_seq,
@@ -1063,25 +1120,33 @@ impl NormalIpcp {
                 new_rwe,
                 rate,
                 frame,
+                my_lwe,
                 ..
-            } => efcp::Pdu::AckFc {
+            } => {
+                meta.echo = (my_lwe != 0).then(|| w(my_lwe));
+                efcp::Pdu::AckFc {
+                    ctrl_seq,
+                    ack_sn: w(ack_sn),
+                    new_rwe: w(new_rwe),
+                    rate,
+                    frame_ms: frame,
+                }
+            }
+            ControlBody::Nack { nack_sn } => efcp::Pdu::Nack {
                 ctrl_seq,
-                ack_sn: w(ack_sn),
-                new_rwe: w(new_rwe),
-                rate,
-                frame_ms: frame,
+                nack_sn: w(nack_sn),
             },
             ControlBody::Rendezvous { my_lwe, .. } => efcp::Pdu::Rendezvous {
                 ctrl_seq,
                 next_seq: efcp::widen_seq(f.efcp.receive_reference(), my_lwe, bits),
             },
             // Not produced by this EFCP; counted as malformed.
-            ControlBody::Nack { .. } | ControlBody::NackFc { .. } | ControlBody::Cack { .. } => {
+            ControlBody::NackFc { .. } | ControlBody::Cack { .. } => {
                 self.counters.rx_malformed += 1;
                 return;
             }
         };
-        f.efcp.on_pdu(now, pdu);
+        f.efcp.on_pdu_meta(now, pdu, meta);
         self.dirty.insert(id);
     }
 
@@ -1138,7 +1203,7 @@ impl NormalIpcp {
         }
         let dt = &self.cfg.dt;
         let seq_mask = dt.seq.max_value();
-        while let Some(p) = f.efcp.poll_transmit(now) {
+        while let Some((p, meta)) = f.efcp.poll_transmit_meta(now) {
             let mut pci = Pci::new(PduType::Dt);
             pci.src_addr = self.cfg.address;
             pci.dst_addr = f.ep.remote_addr;
@@ -1156,7 +1221,10 @@ impl NormalIpcp {
                     pci::encode_data(dt, &pci, payload, &mut frame)
                 }
                 control => {
-                    let (ctrl_seq, body) = control_body(control, seq_mask);
+                    let (ctrl_seq, body) = control_body(control, meta.echo, seq_mask);
+                    if meta.ecn {
+                        pci.flags |= pci::flags::ECN;
+                    }
                     pci.pdu_type = body.pdu_type();
                     pci.seq = ctrl_seq & dt.ctrl_seq.max_value();
                     pci::encode_control(dt, &pci, &body, &mut frame)
@@ -1308,7 +1376,7 @@ fn discards(c: &delimiting::Counters) -> u64 {
 }
 
 /// The wire body of an EFCP control PDU, with its control sequence number.
-fn control_body(p: &efcp::Pdu, seq_mask: u64) -> (u64, ControlBody) {
+fn control_body(p: &efcp::Pdu, echo: Option<u64>, seq_mask: u64) -> (u64, ControlBody) {
     match *p {
         efcp::Pdu::Ack { ctrl_seq, ack_sn } => (
             ctrl_seq,
@@ -1344,10 +1412,18 @@ fn control_body(p: &efcp::Pdu, seq_mask: u64) -> (u64, ControlBody) {
                 last_ctrl_seq_rcvd: 0,
                 new_lwe: ack_sn.wrapping_add(1) & seq_mask,
                 new_rwe: new_rwe & seq_mask,
-                my_lwe: 0,
+                // The data PDU that caused the ack (0: none); see
+                // `efcp::PduMeta::echo`.
+                my_lwe: echo.map_or(0, |e| e & seq_mask),
                 my_rwe: 0,
                 rate,
                 frame: frame_ms,
+            },
+        ),
+        efcp::Pdu::Nack { ctrl_seq, nack_sn } => (
+            ctrl_seq,
+            ControlBody::Nack {
+                nack_sn: nack_sn & seq_mask,
             },
         ),
         efcp::Pdu::Rendezvous { ctrl_seq, next_seq } => (

@@ -104,6 +104,10 @@ impl Scheduler for DiffServ {
         None
     }
 
+    fn data_backlog(&self, port: PortId, _qos_id: super::QosId) -> usize {
+        self.ports.get(&port).map_or(0, |p| p.fifo.len())
+    }
+
     fn has_queued(&self, port: PortId) -> bool {
         self.ports
             .get(&port)

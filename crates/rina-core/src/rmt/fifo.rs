@@ -77,6 +77,10 @@ impl Scheduler for Fifo {
         Ok(())
     }
 
+    fn data_backlog(&self, port: PortId, _qos_id: super::QosId) -> usize {
+        self.queues.get(&port).map_or(0, |q| q.data.len())
+    }
+
     fn next_to_send(&mut self, _now: Instant, port: PortId) -> Option<QueuedPdu> {
         let q = self.queues.get_mut(&port)?;
         let pdu = q.mgmt.pop_front().or_else(|| q.data.pop_front())?;

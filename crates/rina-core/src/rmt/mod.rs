@@ -102,6 +102,10 @@ pub trait Scheduler: std::fmt::Debug + Send {
     fn has_queued(&self, port: PortId) -> bool;
     /// Counters of the queues of `port`.
     fn stats(&self, port: PortId) -> Vec<QueueStats>;
+    /// Data PDUs waiting on `port` in the queue a data PDU of `qos_id`
+    /// would join (for ECN marking); policies whose queues share a buffer
+    /// report the port's data backlog.
+    fn data_backlog(&self, port: PortId, qos_id: QosId) -> usize;
 }
 
 /// Why the RMT could not take a PDU.
@@ -129,6 +133,78 @@ pub struct RmtCounters {
     pub no_route: u64,
     /// PDUs dropped by the scheduling policy.
     pub queue_drops: u64,
+    /// Data PDUs whose ECN flag this RMT set (its queue was congested).
+    pub ecn_marked: u64,
+}
+
+/// Explicit congestion notification: when the RMT sets the ECN flag of a
+/// data PDU's PCI (DCTCP's step marking on the instantaneous queue: a PDU
+/// that joins a queue already holding `threshold` data PDUs is marked).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EcnMarking {
+    /// Data PDUs in the queue from which PDUs joining it are marked.
+    pub threshold: usize,
+    /// Thresholds of the queues of some QoS-ids, overriding `threshold`.
+    pub per_qos: BTreeMap<QosId, usize>,
+}
+
+/// Default marking threshold, in PDUs: about a bandwidth-delay product at
+/// 10 Mb/s and 20 ms of round trip, and a small fraction of the queues.
+pub const DEFAULT_ECN_THRESHOLD: usize = 20;
+
+impl Default for EcnMarking {
+    fn default() -> Self {
+        EcnMarking {
+            threshold: DEFAULT_ECN_THRESHOLD,
+            per_qos: BTreeMap::new(),
+        }
+    }
+}
+
+impl EcnMarking {
+    /// The threshold of the queue of `qos_id`.
+    pub fn threshold_for(&self, qos_id: QosId) -> usize {
+        self.per_qos.get(&qos_id).copied().unwrap_or(self.threshold)
+    }
+}
+
+/// Where the PCI sits in the protected frames the RMT queues, so that it
+/// can set the ECN flag in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameLayout {
+    /// Offset of the PCI's type byte (the flags byte follows it).
+    pub type_at: usize,
+    /// The frame ends in a CRC-32 (big-endian, over everything before it)
+    /// that must be computed again.
+    pub crc: bool,
+}
+
+impl FrameLayout {
+    /// Sets the ECN flag of a data PDU's frame; returns whether it did.
+    pub fn mark(&self, frame: &mut [u8]) -> bool {
+        use rina_wire::pci::{flags, PduType};
+        if frame.get(self.type_at) != Some(&PduType::Dt.code()) {
+            return false;
+        }
+        let Some(f) = frame.get_mut(self.type_at + 1) else {
+            return false;
+        };
+        if *f & flags::ECN != 0 {
+            return false;
+        }
+        *f |= flags::ECN;
+        if self.crc {
+            let Some(split) = frame.len().checked_sub(4) else {
+                return false;
+            };
+            if split <= self.type_at + 1 {
+                return false;
+            }
+            let crc = crc32fast::hash(&frame[..split]);
+            frame[split..].copy_from_slice(&crc.to_be_bytes());
+        }
+        true
+    }
 }
 
 /// The QoS cube of the DIF below that an N-1 flow was allocated with.
@@ -168,6 +244,8 @@ pub struct Rmt {
     steer: BTreeMap<(PortId, QosId), PortId>,
     /// The cube below of ports that have one, for listings.
     lower: BTreeMap<PortId, LowerCube>,
+    /// ECN marking, if on.
+    ecn: Option<(EcnMarking, FrameLayout)>,
 }
 
 impl Rmt {
@@ -181,7 +259,18 @@ impl Rmt {
             lanes: BTreeMap::new(),
             steer: BTreeMap::new(),
             lower: BTreeMap::new(),
+            ecn: None,
         }
+    }
+
+    /// Turns ECN marking on (frames laid out as `layout`) or off.
+    pub fn set_ecn(&mut self, ecn: Option<(EcnMarking, FrameLayout)>) {
+        self.ecn = ecn;
+    }
+
+    /// The ECN marking in force, if any.
+    pub fn ecn(&self) -> Option<&EcnMarking> {
+        self.ecn.as_ref().map(|(m, _)| m)
     }
 
     /// The forwarding table.
@@ -358,6 +447,15 @@ impl Rmt {
             return Err(RmtError::UnknownPort(port));
         }
         let port = self.steered(port, &pdu);
+        let mut pdu = pdu;
+        if let Some((m, layout)) = &self.ecn {
+            if !pdu.mgmt
+                && self.sched.data_backlog(port, pdu.qos_id) >= m.threshold_for(pdu.qos_id)
+                && layout.mark(&mut pdu.bytes)
+            {
+                self.counters.ecn_marked += 1;
+            }
+        }
         match self.sched.enqueue(now, port, pdu) {
             Ok(()) => {
                 self.counters.queued += 1;

@@ -272,6 +272,13 @@ impl Scheduler for QtaMux {
             .min()
     }
 
+    fn data_backlog(&self, port: PortId, qos_id: QosId) -> usize {
+        let i = self.cube_of(qos_id);
+        self.ports.get(&port).map_or(0, |p| {
+            p.mux_len + p.cubes.get(i).map_or(0, |c| c.shaper.len())
+        })
+    }
+
     fn has_queued(&self, port: PortId) -> bool {
         self.ports.get(&port).is_some_and(|p| {
             p.mux_len > 0 || p.mgmt.len() > 0 || p.cubes.iter().any(|c| !c.shaper.is_empty())

@@ -397,6 +397,10 @@ impl Scheduler for RateLimit2d {
         Some(last + Duration::from_nanos(hi))
     }
 
+    fn data_backlog(&self, port: PortId, _qos_id: super::QosId) -> usize {
+        self.ports.get(&port).map_or(0, |p| p.total)
+    }
+
     fn has_queued(&self, port: PortId) -> bool {
         self.ports
             .get(&port)

@@ -190,6 +190,10 @@ impl Scheduler for TokenBucketPolicy {
         p.bucket.ready_at(p.data.front()?.bytes.len())
     }
 
+    fn data_backlog(&self, port: PortId, _qos_id: super::QosId) -> usize {
+        self.ports.get(&port).map_or(0, |p| p.data.len())
+    }
+
     fn has_queued(&self, port: PortId) -> bool {
         self.ports
             .get(&port)

@@ -61,7 +61,13 @@ impl System {
                         .push_back(Output::App(AppEvent::Deallocated { port }));
                 }
             }
-            IpcpEvent::Deliver { port, sdu } => self.deliver(now, port, sdu),
+            IpcpEvent::Deliver { port, sdu } => {
+                let congested = match &mut self.members[i].machine {
+                    Machine::Normal(n) => n.take_congested(port),
+                    _ => false,
+                };
+                self.deliver_marked(now, port, sdu, congested)
+            }
             IpcpEvent::Transmit { port, frame } => self.n1_transmit(now, port, frame),
             IpcpEvent::ToMedium { peer, frame } => self.out.push_back(Output::ToMedium {
                 medium: i,
@@ -112,12 +118,18 @@ impl System {
         }));
     }
 
-    /// An SDU arrived on flow `port` of some member: a frame for the
-    /// normal IPCP above if it is an N-1 flow, else the application's.
-    pub(super) fn deliver(&mut self, now: Instant, port: PortId, sdu: Vec<u8>) {
+    /// Delivers an SDU that crossed congestion (`congested`: a PDU of its
+    /// flow carried the ECN flag) to an upper IPCP or an application.
+    pub(super) fn deliver_marked(
+        &mut self,
+        now: Instant,
+        port: PortId,
+        sdu: Vec<u8>,
+        congested: bool,
+    ) {
         if let Some(&(upper, _)) = self.n1.get(&port) {
             if let Machine::Normal(n) = &mut self.members[upper].machine {
-                n.on_frame(now, port, &sdu);
+                n.on_frame_marked(now, port, &sdu, congested);
             }
         } else if self.app_flows.contains_key(&port) {
             self.out.push_back(Output::ToApp { port, sdu });

@@ -248,5 +248,15 @@ fn normal_config(ic: &IpcpConfig) -> Result<(AppName, NormalConfig), DaemonError
     if let Some(m) = ic.max_flows {
         nc.max_flows = m;
     }
+    match ic.ecn_threshold {
+        Some(0) => nc.ecn = None,
+        Some(t) => {
+            nc.ecn = Some(rina_core::rmt::EcnMarking {
+                threshold: t,
+                ..Default::default()
+            })
+        }
+        None => {}
+    }
     Ok((app_name, nc))
 }

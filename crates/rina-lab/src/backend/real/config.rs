@@ -170,6 +170,11 @@ pub fn node_config(
                 q.insert("id".into(), (c.id as i64).into());
                 q.insert("name".into(), c.name.clone().into());
                 q.insert("reliable".into(), c.reliable.into());
+                if c.efcp != rina_core::efcp::EfcpTuning::default() {
+                    if let Ok(v) = Value::try_from(&c.efcp) {
+                        q.insert("efcp".into(), v);
+                    }
+                }
                 q.insert("urgency".into(), i64::from(c.urgency).into());
                 q.insert("cherish".into(), i64::from(c.cherish).into());
                 if let Some(b) = c.bandwidth_bps {

@@ -630,11 +630,13 @@ fn cubes(exp: &Experiment, d: usize) -> Vec<QosCube> {
         .cubes
         .iter()
         .map(|c| {
-            let efcp = if c.reliable {
+            let mut efcp = if c.reliable {
                 EfcpConfig::reliable()
             } else {
                 EfcpConfig::unreliable()
             };
+            // Invalid combinations are refused when the IPCP is built.
+            let _ = c.efcp.apply(&mut efcp);
             let mut q = QosCube::new(c.id, c.name.clone(), efcp).with_cell(c.urgency, c.cherish);
             for (&l, &id) in &c.maps_to {
                 let ld = &exp.difs[l];
