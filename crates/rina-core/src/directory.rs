@@ -459,6 +459,17 @@ impl Directory {
         Ok(())
     }
 
+    /// What was sent on `port` since it came up may be lost (in a DIF that
+    /// encrypts, floods before the port's keys are dropped): the neighbour
+    /// gets the whole database again.
+    pub fn resync(&mut self, now: Instant, port: PortId) -> Result<(), DirectoryError> {
+        if !self.ports.contains(&port) {
+            return Err(DirectoryError::UnknownPort(port));
+        }
+        self.db_sync(now, port);
+        Ok(())
+    }
+
     /// The management flow on `port` is gone.
     pub fn neighbor_down(&mut self, port: PortId) -> Result<(), DirectoryError> {
         if !self.ports.remove(&port) {

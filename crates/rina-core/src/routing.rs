@@ -449,6 +449,19 @@ impl LinkState {
         Ok(())
     }
 
+    /// What was sent on `port` since its neighbour came up may be lost (in
+    /// a DIF that encrypts, floods before the port's keys are dropped): the
+    /// neighbour gets the whole database again.
+    pub fn resync(&mut self, now: Instant, port: PortId) -> Result<(), RoutingError> {
+        let address = self
+            .neighbors
+            .get(&port)
+            .ok_or(RoutingError::UnknownPort(port))?
+            .address;
+        self.db_sync(now, port, address);
+        Ok(())
+    }
+
     /// The N-1 flow on `port` is gone. If it was the last one to its
     /// neighbour, the link is announced down.
     pub fn neighbor_down(&mut self, now: Instant, port: PortId) -> Result<(), RoutingError> {

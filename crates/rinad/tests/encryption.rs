@@ -55,7 +55,6 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 }
 
 #[test]
-#[ignore = "issue 18: since the merge with the System-based rinad and CDAP layer management, two encrypting daemons enroll and agree keys but link-state routing never installs a route (routing_destinations stays 0); run with --ignored while fixing it"]
 fn encrypted_flows_hide_password_and_payload_rotate_keys_and_refuse_replays_and_tampering() {
     let (pa, pb) = (free_port(), free_port());
     let relay = Relay::start(

@@ -89,6 +89,14 @@ impl NormalIpcp {
         self.run_directory(now);
     }
 
+    /// The neighbour on `port` gets the whole directory again.
+    pub(super) fn dft_resync(&mut self, now: Instant, port: N1Port) {
+        if let Some(d) = self.dft.as_mut() {
+            let _ = d.resync(now, port);
+        }
+        self.run_directory(now);
+    }
+
     /// The neighbour on `port` is down.
     pub(super) fn dft_neighbor_down(&mut self, now: Instant, port: N1Port) {
         if let Some(d) = self.dft.as_mut() {

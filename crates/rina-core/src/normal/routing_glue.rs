@@ -96,6 +96,21 @@ impl NormalIpcp {
         self.dft_neighbor_down(now, port);
     }
 
+    /// The neighbour on `port` gets this IPCP's routing and directory
+    /// databases again: what was flooded to it before may have been lost
+    /// (in a DIF that encrypts, before the port had keys). Not a
+    /// neighbour: nothing happens.
+    pub(super) fn resync_neighbor(&mut self, now: Instant, port: N1Port) {
+        if !self.neighbors.contains_key(&port) {
+            return;
+        }
+        if let Some(r) = self.routing.as_mut() {
+            let _ = r.resync(now, port);
+        }
+        self.run_routing(now);
+        self.dft_resync(now, port);
+    }
+
     /// The neighbours announced with [`NormalIpcp::neighbor_up`]:
     /// (port, address, cost), in port order.
     pub fn neighbors(&self) -> impl Iterator<Item = (N1Port, Address, u32)> + '_ {

@@ -59,8 +59,17 @@ impl NormalIpcp {
         if !self.encrypting() {
             return;
         }
-        if let Some(m) = self.mship.as_mut() {
-            m.crypto.entry(port).or_default().install(now, keys);
+        let Some(m) = self.mship.as_mut() else {
+            return;
+        };
+        let c = m.crypto.entry(port).or_default();
+        let first = !c.has_keys();
+        c.install(now, keys);
+        if first {
+            // Routing and directory floods sent since the neighbour came
+            // up (at enrollment, before keys) were dropped here: send the
+            // databases again, now sealed.
+            self.resync_neighbor(now, port);
         }
     }
 

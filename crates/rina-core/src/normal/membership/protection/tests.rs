@@ -18,7 +18,12 @@ fn at(ms: u64) -> Instant {
 }
 
 fn member(addr: u64, rekey: Rekey) -> NormalIpcp {
+    member_routing(addr, rekey, None)
+}
+
+fn member_routing(addr: u64, rekey: Rekey, routing: Option<crate::routing::Config>) -> NormalIpcp {
     let mut c = NormalConfig::new("net", addr);
+    c.routing = routing;
     c.dt.max_pdu_size = 1400;
     let mut m = MembershipConfig::new(format!("m{addr}.net").parse().unwrap());
     m.password = Some(PASSWORD.into());
@@ -317,4 +322,34 @@ fn encryption_without_authentication_is_refused() {
         NormalIpcp::new(c, Box::new(Fifo::new(10))),
         Err(NormalError::EncryptionWithoutAuthentication)
     ));
+}
+
+#[test]
+fn routes_and_directory_floods_sent_before_keys_are_sent_again_once_keyed() {
+    // As at enrollment: both neighbours come up (and flood) before the
+    // port has keys, so those floods are dropped as "no key".
+    let cfg = crate::routing::Config {
+        // Refreshes far away, so only the resync can bring the routes.
+        refresh_interval: Duration::from_secs(600),
+        max_age: Duration::from_secs(1800),
+        ..Default::default()
+    };
+    let mut net = [1, 2].map(|a| member_routing(a, Rekey::default(), Some(cfg.clone())));
+    for (i, p) in net.iter_mut().enumerate() {
+        p.neighbor_up(at(0), PORT, 2 - i as u64, 1);
+    }
+    let mut wire = Wire::default();
+    run(&mut net, 0, 2_000, &mut wire, &mut (0..0), 0, &mut |f| {
+        vec![f]
+    });
+    for (i, p) in net.iter().enumerate() {
+        assert!(counters(p).no_key_out >= 1, "floods went before keys");
+        let hops = p.routing().unwrap().next_hops();
+        assert_eq!(
+            hops.get(&(2 - i as u64)),
+            Some(&vec![PORT]),
+            "member {} routes to its neighbour within 2 s: {hops:?}",
+            i + 1
+        );
+    }
 }
