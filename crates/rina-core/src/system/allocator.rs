@@ -54,6 +54,39 @@ pub struct Neighbor {
     pub pending: Option<PortId>,
     /// When to try again.
     pub retry_at: Option<Instant>,
+    /// Whether this end sets the N-1 flows up (its name is the smaller).
+    pub sets_up: bool,
+    /// The primary and every lane were up when last looked at; looked at
+    /// again after this time, or at once when one of its flows changes
+    /// (`retry_at` is written), so the busy loop does not re-plan lanes
+    /// on every turn.
+    pub settled_until: Option<Instant>,
+}
+
+impl Neighbor {
+    /// A neighbour of the IPCP named `me`, nothing set up yet.
+    pub fn new(me: &AppName, spec: NeighborSpec, lower: usize) -> Neighbor {
+        Neighbor {
+            sets_up: me.to_string() < spec.name.to_string(),
+            spec,
+            lower,
+            port: None,
+            pending: None,
+            retry_at: None,
+            settled_until: None,
+        }
+    }
+
+    /// Something about its flows changed: try again at `at` (`None`: now).
+    pub(super) fn retry(&mut self, at: Option<Instant>) {
+        self.retry_at = at;
+        self.settled_until = None;
+    }
+
+    /// Whether it is settled at `now`.
+    fn settled(&self, now: Instant) -> bool {
+        self.settled_until.is_some_and(|t| now < t)
+    }
 }
 
 /// The resource-allocator state of one normal IPCP.
@@ -65,15 +98,6 @@ pub struct Plan {
     pub neighbors: Vec<Neighbor>,
     /// Static routes: destination address -> next-hop address.
     pub routes: BTreeMap<u64, u64>,
-}
-
-impl Plan {
-    fn me(&self) -> String {
-        self.app_name
-            .as_ref()
-            .map(|n| n.to_string())
-            .unwrap_or_default()
-    }
 }
 
 fn set_routes_via(n: &mut NormalIpcp, routes: &BTreeMap<u64, u64>, via: u64, port: Option<u32>) {
@@ -159,11 +183,6 @@ impl System {
         plan.lanes.keys().find(|id| !have.contains(id)).copied()
     }
 
-    /// Whether this side of neighbour `k` of `j` sets the N-1 flows up.
-    fn sets_up(&self, j: usize, k: usize) -> bool {
-        self.plans[j].me() < self.plans[j].neighbors[k].spec.name.to_string()
-    }
-
     /// Starts the N-1 flows that are due: primaries, then the lanes of the
     /// cube mapping one after the other.
     pub(super) fn keep_neighbors(&mut self, now: Instant) {
@@ -171,10 +190,11 @@ impl System {
             let due: Vec<usize> = (0..self.plans[j].neighbors.len())
                 .filter(|&k| {
                     let nb = &self.plans[j].neighbors[k];
-                    nb.pending.is_none()
-                        && self.sets_up(j, k)
-                        && !self.down_media.contains(&nb.lower)
+                    nb.sets_up
+                        && nb.pending.is_none()
+                        && !nb.settled(now)
                         && nb.retry_at.is_none_or(|t| t <= now)
+                        && !self.down_media.contains(&nb.lower)
                 })
                 .collect();
             for k in due {
@@ -188,12 +208,16 @@ impl System {
         let cube = match up {
             Some(_) => match self.missing_lane(j, k) {
                 Some(id) => Some(id),
-                None => return,
+                None => {
+                    let nb = &mut self.plans[j].neighbors[k];
+                    nb.settled_until = Some(now + NEIGHBOR_RETRY);
+                    return;
+                }
             },
             None => match self.lane_plan(j, k) {
                 Ok(plan) => plan.map(|p| p.primary),
                 Err(e) => {
-                    self.plans[j].neighbors[k].retry_at = Some(now + NEIGHBOR_RETRY);
+                    self.plans[j].neighbors[k].retry(Some(now + NEIGHBOR_RETRY));
                     self.counters.bad_cube_mapping += 1;
                     self.out.push_back(super::Output::Alarm {
                         member: j,
@@ -210,7 +234,7 @@ impl System {
         };
         let port = self.free_port();
         let nb = &mut self.plans[j].neighbors[k];
-        nb.retry_at = Some(now + NEIGHBOR_RETRY);
+        nb.retry(Some(now + NEIGHBOR_RETRY));
         let (lower, remote) = (nb.lower, nb.spec.name.clone());
         let qos = QosSpec {
             cube,
@@ -233,8 +257,9 @@ impl System {
             .flat_map(|j| (0..self.plans[j].neighbors.len()).map(move |k| (j, k)))
             .filter(|&(j, k)| {
                 let nb = &self.plans[j].neighbors[k];
-                nb.pending.is_none()
-                    && self.sets_up(j, k)
+                nb.sets_up
+                    && nb.pending.is_none()
+                    && nb.settled_until.is_none()
                     && !self.down_media.contains(&nb.lower)
                     && (nb.port.is_none() || self.missing_lane(j, k).is_some())
             })
@@ -264,7 +289,7 @@ impl System {
                 return;
             }
             n.set_lower_cube(port, cube);
-            self.plans[j].neighbors[k].retry_at = None;
+            self.plans[j].neighbors[k].retry(None);
             return;
         }
         match nb.spec.address {
@@ -282,7 +307,7 @@ impl System {
         let nb = &mut self.plans[j].neighbors[k];
         nb.port = Some(port);
         nb.pending = None;
-        nb.retry_at = None;
+        nb.retry(None);
     }
 
     /// An N-1 flow went away. A lane's QoS-ids go on its primary until it
@@ -304,7 +329,7 @@ impl System {
                 .iter_mut()
                 .find(|nb| nb.port == Some(primary))
             {
-                nb.retry_at = Some(now + NEIGHBOR_RETRY);
+                nb.retry(Some(now + NEIGHBOR_RETRY));
             }
             return;
         }
@@ -330,7 +355,7 @@ impl System {
         };
         let nb = &mut self.plans[j].neighbors[k];
         nb.port = None;
-        nb.retry_at = Some(now + NEIGHBOR_RETRY);
+        nb.retry(Some(now + NEIGHBOR_RETRY));
         let via = nb.spec.address;
         if let Some(n) = self.normal_of_mut(j) {
             n.remove_port(port);
@@ -563,13 +588,10 @@ impl System {
                 ipcp: self.members[j].name.clone(),
                 reason: format!("cannot register in DIF {}: {e}", spec.over),
             })?;
-        self.plans[j].neighbors.push(Neighbor {
-            spec,
-            lower,
-            port: None,
-            pending: None,
-            retry_at: None,
-        });
+        let me = self.plans[j].app_name.clone().unwrap_or_default();
+        self.plans[j]
+            .neighbors
+            .push(Neighbor::new(&me, spec, lower));
         self.pump(now);
         Ok(())
     }

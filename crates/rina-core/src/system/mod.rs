@@ -361,13 +361,7 @@ impl System {
                     max,
                 });
             }
-            nbs.push(Neighbor {
-                spec,
-                lower,
-                port: None,
-                pending: None,
-                retry_at: None,
-            });
+            nbs.push(Neighbor::new(&name, spec, lower));
         }
         let lowers: BTreeSet<usize> = nbs.iter().map(|n| n.lower).collect();
         for lower in lowers {
@@ -826,7 +820,7 @@ impl System {
         if self.down_media.remove(&medium) {
             for plan in &mut self.plans {
                 for nb in plan.neighbors.iter_mut().filter(|nb| nb.lower == medium) {
-                    nb.retry_at = None;
+                    nb.retry(None);
                 }
             }
             self.pump(now);
