@@ -80,6 +80,10 @@
 //! # rib_readable = ["/ra", "/dt"]   # RIB subtrees neighbours may read (`rinactl rib --remote`);
 //!                                 # default ["/"], [] for none
 //!
+//! # [ipcp.access]                 # the DIF's access rules (default: anything goes)
+//! # register = ["echo", "perf*"]  # process names that may register ("*": any)
+//! # allocate = [{ from = "client*", to = "echo" }]   # flows allowed
+//!
 //! [ipcp.routes]                   # destination address -> next-hop address (a neighbour)
 //! "3" = 2
 //!
@@ -117,6 +121,7 @@
 //! last two tables are not needed; a member without `address` takes both
 //! policies (and the address) from the DIF when it enrolls.
 
+use rina_core::normal::access::{AccessRules, FlowRule, NamePattern, PatternError};
 use rina_core::normal::QosCube;
 use rina_core::rmt::{SchedConfigError, SchedulerConfig};
 use rina_wire::AppName;
@@ -354,6 +359,54 @@ pub struct NeighborConfig {
     pub address: Option<u64>,
 }
 
+/// `[ipcp.access]`: the DIF's access rules (see
+/// [`rina_core::normal::access`]). Patterns match an application's process
+/// name: `"echo"` exactly, `"perf*"` by prefix, `"*"` any.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccessConfig {
+    /// Names that may register; absent: any.
+    pub register: Option<Vec<String>>,
+    /// Allowed flows (`{ from = "client*", to = "echo" }`); absent: any.
+    pub allocate: Option<Vec<FlowRuleConfig>>,
+}
+
+/// One allowed kind of flow in [`AccessConfig::allocate`].
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FlowRuleConfig {
+    /// Who may ask.
+    pub from: String,
+    /// For a flow to whom.
+    pub to: String,
+}
+
+impl AccessConfig {
+    /// The rules, patterns checked.
+    pub fn rules(&self) -> Result<AccessRules, PatternError> {
+        let pats = |v: &Vec<String>| -> Result<Vec<NamePattern>, PatternError> {
+            v.iter().map(|s| NamePattern::new(s)).collect()
+        };
+        Ok(AccessRules {
+            register: self.register.as_ref().map(pats).transpose()?,
+            allocate: self
+                .allocate
+                .as_ref()
+                .map(|rs| {
+                    rs.iter()
+                        .map(|r| {
+                            Ok(FlowRule {
+                                from: NamePattern::new(&r.from)?,
+                                to: NamePattern::new(&r.to)?,
+                            })
+                        })
+                        .collect::<Result<Vec<_>, PatternError>>()
+                })
+                .transpose()?,
+        })
+    }
+}
+
 /// One `[[ipcp]]` table.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -448,6 +501,9 @@ pub struct IpcpConfig {
     /// normal: the RIB subtrees a neighbour that is a member may read with
     /// CDAP (default `["/"]`: all; `[]`: none).
     pub rib_readable: Option<Vec<String>>,
+    /// normal: which application names may register in the DIF and
+    /// allocate flows to which (default: any).
+    pub access: Option<Spanned<AccessConfig>>,
     /// normal: the RMT scheduling policy (default: fifo).
     pub scheduler: Option<Spanned<SchedulerConfig>>,
     /// normal and shim-udp: most flows (allocated and being allocated) at
@@ -712,6 +768,11 @@ impl Config {
                         ));
                     }
                 }
+                if let Some(a) = &ip.access {
+                    a.get_ref()
+                        .rules()
+                        .map_err(|e| invalid(a.span(), key("access"), e.to_string()))?;
+                }
                 check_qos(ip).map_err(|(span, k, m)| invalid(span, key(&k), m))?;
                 check_lower_cubes(ip, &cfg.ipcps)
                     .map_err(|(span, k, m)| invalid(span, key(&k), m))?;
@@ -736,11 +797,12 @@ impl Config {
                 || ip.routing.is_some()
                 || ip.directory_mode.is_some()
                 || ip.rib_readable.is_some()
+                || ip.access.is_some()
             {
                 return Err(invalid(
                     ip.name.span(),
-                    key("address/password/neighbor/names/routing/directory_mode"),
-                    "`address`, `password`, `neighbor`, `names`, `routing` and `directory_mode` are for normal IPCPs".into(),
+                    key("address/password/neighbor/names/routing/directory_mode/access"),
+                    "`address`, `password`, `neighbor`, `names`, `routing`, `directory_mode` and `access` are for normal IPCPs".into(),
                 ));
             }
             if ip.kind == IpcpKind::Normal && (ip.rate.is_some() || ip.rate_overhead.is_some()) {

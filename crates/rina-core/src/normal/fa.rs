@@ -219,11 +219,27 @@ impl NormalIpcp {
         }
     }
 
-    /// Registers an application name so that flows can be allocated to it.
+    /// Replaces the DIF's access rules at this member (names registered
+    /// before stay; see [`super::access`]).
+    pub fn set_access(&mut self, rules: super::access::AccessRules) {
+        self.cfg.access = rules;
+    }
+
+    /// The DIF's access rules at this member.
+    pub fn access(&self) -> &super::access::AccessRules {
+        &self.cfg.access
+    }
+
+    /// Registers an application name so that flows can be allocated to it;
+    /// [`NormalError::Refused`] if the DIF's access rules do not let it.
     pub fn register(&mut self, name: AppName) -> Result<(), NormalError> {
         if self.fa.names.contains(&name) {
             return Err(NormalError::NameInUse(Box::new(name)));
         }
+        self.cfg
+            .access
+            .check_register(&self.cfg.dif, &name)
+            .map_err(NormalError::Refused)?;
         self.dft_register(&name);
         self.fa.names.insert(name);
         Ok(())
@@ -320,6 +336,10 @@ impl NormalIpcp {
         if let Some(e) = self.flow_in_use(flow) {
             return Err(e);
         }
+        self.cfg
+            .access
+            .check_allocate(&self.cfg.dif, &local, &remote)
+            .map_err(NormalError::Refused)?;
         let dst = self
             .resolve(&remote)
             .ok_or_else(|| NormalError::NameNotFound(Box::new(remote.clone())))?;
@@ -675,6 +695,8 @@ impl NormalIpcp {
                 FaResult::NotRegistered,
                 format!("{dst} is not registered at address {}", self.cfg.address),
             ))
+        } else if let Err(reason) = self.cfg.access.check_allocate(&self.cfg.dif, &src, &dst) {
+            Some((FaResult::Refused, reason))
         } else if self.fa.pending.len() >= self.cfg.max_pending
             || self.flows.len() + self.fa.allocating.len() >= self.cfg.max_flows
         {

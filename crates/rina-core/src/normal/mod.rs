@@ -43,6 +43,7 @@
 //! the [`Action`]s: write a frame on an N-1 port, deliver an SDU, ask an
 //! application about a flow, report an allocation.
 
+pub mod access;
 pub mod cubes;
 pub mod directory_glue;
 pub mod fa;
@@ -136,6 +137,9 @@ pub struct NormalConfig {
     /// [`crate::rmt::DEFAULT_ECN_THRESHOLD`]; `None`: never mark). Flows
     /// with congestion control react to the marks.
     pub ecn: Option<crate::rmt::EcnMarking>,
+    /// Which names may register and allocate flows to which (see
+    /// [`access`]); default: anything.
+    pub access: access::AccessRules,
 }
 
 impl NormalConfig {
@@ -160,6 +164,7 @@ impl NormalConfig {
             membership: None,
             rib_readable: vec!["/".into()],
             ecn: Some(crate::rmt::EcnMarking::default()),
+            access: access::AccessRules::default(),
         }
     }
 

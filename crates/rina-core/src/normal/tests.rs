@@ -813,3 +813,66 @@ fn a_tap_keeps_copies_of_the_frames_both_ways_bounded() {
     carry(ms(4), &mut net);
     assert_eq!(net[0].poll_tapped(), None);
 }
+
+#[test]
+fn access_rules_refuse_registration_and_flows_with_their_reason() {
+    use crate::normal::access::{AccessRules, FlowRule, NamePattern};
+    let pat = |s: &str| NamePattern::new(s).unwrap();
+    let rules = AccessRules {
+        register: Some(vec![pat("echo"), pat("client*")]),
+        allocate: Some(vec![FlowRule {
+            from: pat("client*"),
+            to: pat("echo"),
+        }]),
+    };
+    let mut net = chain(2);
+    net[1].set_access(rules.clone());
+    // Registration: refused for a name the rules do not list.
+    match net[1].register(name("rogue")) {
+        Err(NormalError::Refused(r)) => assert!(r.contains("rogue"), "{r}"),
+        other => panic!("{other:?}"),
+    }
+    net[1].register(name("client-b")).unwrap();
+    // The requester's member has no rules: the destination refuses, and
+    // the reason reaches the requesting application.
+    net[0]
+        .allocate(ms(0), 1, name("rogue"), name("echo"), QosSpec::default())
+        .unwrap();
+    let out = carry(ms(0), &mut net);
+    let [(
+        0,
+        Action::AllocateFailed {
+            flow: 1,
+            error: NormalError::Refused(r),
+        },
+    )] = out.as_slice()
+    else {
+        panic!("{out:?}");
+    };
+    assert!(
+        r.contains("access rules") && r.contains("rogue") && r.contains("echo"),
+        "{r}"
+    );
+    // An allowed pair reaches the application.
+    net[0]
+        .allocate(ms(1), 2, name("client-a"), name("echo"), QosSpec::default())
+        .unwrap();
+    let out = carry(ms(1), &mut net);
+    assert!(
+        matches!(out.as_slice(), [(1, Action::FlowRequest { .. })]),
+        "{out:?}"
+    );
+    // With the rules at the requester too, a refused pair never leaves it.
+    net[0].set_access(rules);
+    match net[0].allocate(
+        ms(2),
+        3,
+        name("client-a"),
+        name("client-b"),
+        QosSpec::default(),
+    ) {
+        Err(NormalError::Refused(r)) => assert!(r.contains("client-b"), "{r}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(carry(ms(2), &mut net).is_empty());
+}

@@ -239,6 +239,16 @@ fn normal_config(ic: &IpcpConfig) -> Result<(AppName, NormalConfig), DaemonError
     if let Some(r) = &ic.rib_readable {
         nc.rib_readable = r.clone();
     }
+    if let Some(a) = &ic.access {
+        // Checked with the file; were it not, nothing would be allowed.
+        nc.access = a
+            .get_ref()
+            .rules()
+            .unwrap_or(rina_core::normal::access::AccessRules {
+                register: Some(Vec::new()),
+                allocate: Some(Vec::new()),
+            });
+    }
     nc.sdup.ttl = match ic.ttl {
         Some(0) => None,
         Some(t) => Some(t),
