@@ -112,11 +112,11 @@ fn set_routes_via(n: &mut NormalIpcp, routes: &BTreeMap<u64, u64>, via: u64, por
 }
 
 impl System {
-    fn normal_of(&self, j: usize) -> Option<&NormalIpcp> {
+    pub(super) fn normal_of(&self, j: usize) -> Option<&NormalIpcp> {
         self.members.get(j).and_then(|m| m.normal())
     }
 
-    fn normal_of_mut(&mut self, j: usize) -> Option<&mut NormalIpcp> {
+    pub(super) fn normal_of_mut(&mut self, j: usize) -> Option<&mut NormalIpcp> {
         self.members.get_mut(j).and_then(|m| m.normal_mut())
     }
 
@@ -403,6 +403,10 @@ impl System {
                 other => other,
             }
         });
+        if replaced.is_some_and(|p| Some(p) == old && self.must_claim(j, p)) {
+            // Bound to the authenticated peer: the newcomer waits.
+            return self.hold_claim(now, j, k, lower, port);
+        }
         if let Some(old) = replaced {
             if let Some(&(_, l)) = self.n1.get(&old) {
                 self.members[l].deallocate(now, old);

@@ -34,6 +34,7 @@
 //! lose where the policy says.
 
 pub mod allocator;
+pub mod claims;
 mod events;
 pub mod member;
 
@@ -155,6 +156,13 @@ pub struct Counters {
     pub app_rx_orphan: u64,
     /// Management PDUs no machine of the system handles.
     pub mgmt_unhandled: u64,
+    /// New N-1 flows held as claims on a neighbour with a working one
+    /// ([`claims`]).
+    pub n1_claims: u64,
+    /// Claims whose claimant authenticated and took the neighbour over.
+    pub n1_claims_admitted: u64,
+    /// Claims torn down because the claimant did not authenticate.
+    pub n1_claims_refused: u64,
 }
 
 /// A frame as a medium's driver received it.
@@ -189,6 +197,8 @@ pub struct System {
     n1_pending: BTreeMap<PortId, (usize, usize)>,
     /// N-1 ports blocked because their lower flow has no room.
     gated: BTreeSet<PortId>,
+    /// New N-1 flows claiming a neighbour that has a working one.
+    claims: BTreeMap<PortId, claims::Claim>,
     /// Names registered in lower members for normal IPCPs: -> upper member.
     ipcp_names: BTreeMap<(usize, AppName), usize>,
     /// Names registered by applications, per member.
@@ -226,6 +236,7 @@ impl System {
             n1: BTreeMap::new(),
             n1_pending: BTreeMap::new(),
             gated: BTreeSet::new(),
+            claims: BTreeMap::new(),
             ipcp_names: BTreeMap::new(),
             app_names: BTreeSet::new(),
             app_flows: BTreeMap::new(),
@@ -849,6 +860,7 @@ impl System {
             .iter()
             .filter_map(|m| m.poll_timeout())
             .chain(self.neighbor_timeout(self.now))
+            .chain(self.claims_timeout())
             .min()
     }
 
@@ -878,6 +890,7 @@ impl System {
             let mut busy = self.drain_events(now);
             self.keep_neighbors(now);
             busy |= self.update_stacked_gates(now);
+            busy |= self.settle_claims(now);
             busy |= self.drain_events(now);
             if !busy {
                 break;

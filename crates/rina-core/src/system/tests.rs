@@ -369,3 +369,132 @@ fn behind_a_paced_shim_qta_mux_keeps_the_urgent_cube_fast() {
         "FIFO: urgent {u} ms, best effort {b} ms"
     );
 }
+
+/// System `i`: a shim-udp at `udp(i)` reaching `peers` (system index,
+/// normal IPCP name), and a normal IPCP `me` at `addr` in a DIF with
+/// `password`, its neighbours those peers.
+fn member_system(i: usize, me: &str, addr: u64, password: &str, peers: &[(usize, &str)]) -> System {
+    let mut s = System::new(format!("s{i}"));
+    let mut sc = shim_udp::Config::new("udp");
+    for &(p, n) in peers {
+        sc.directory.insert(name(n), udp(p));
+    }
+    s.add_shim_udp("udp", sc, None).unwrap();
+    let mut nc = NormalConfig::new("net", addr);
+    let mut m = MembershipConfig::new(name(me));
+    m.password = Some(password.into());
+    m.entropy = [i as u8 + 1; 32];
+    nc.membership = Some(m);
+    nc.routing = Some(crate::routing::Config::default());
+    nc.directory.insert(name("app0"), 1);
+    nc.directory.insert(name("app1"), 2);
+    let nbs = peers
+        .iter()
+        .map(|&(_, n)| NeighborSpec {
+            name: name(n),
+            over: "udp".into(),
+            address: None,
+        })
+        .collect();
+    s.add_normal(name(me), nc, &fifo(), nbs, BTreeMap::new())
+        .unwrap();
+    s
+}
+
+/// Writes an SDU on `port` of system 0 every 50 ms until `until`.
+fn stream(net: &mut Net, port: PortId, until: u64, next: &mut u32) {
+    let mut t = net.now;
+    while t < ms(until) {
+        if net.sys[0].write(net.now, port, &[*next as u8; 64]).is_ok() {
+            *next += 1;
+        }
+        t = t + Duration::from_millis(50);
+        net.run_until(t);
+    }
+}
+
+#[test]
+fn a_flow_claiming_an_authenticated_neighbour_waits_until_the_claimant_authenticates() {
+    const PW: &str = "the DIF's password";
+    let mut net = Net::new(vec![
+        member_system(0, "s0.net", 1, PW, &[(1, "s1.net")]),
+        member_system(1, "s1.net", 2, PW, &[(0, "s0.net")]),
+        // Someone else on the medium, using s0's name and address, without
+        // the password.
+        member_system(2, "s0.net", 1, "a guess", &[(1, "s1.net")]),
+    ]);
+    net.mute.insert(2);
+    net.sys[1].register("net", name("app1")).unwrap();
+    net.run_until(ms(2000));
+    let port = net.sys[0]
+        .allocate(
+            net.now,
+            Some("net"),
+            name("app0"),
+            name("app1"),
+            QosSpec::default(),
+        )
+        .unwrap();
+    net.run_until(ms(2200));
+    let handle = net.logs[1]
+        .events
+        .iter()
+        .find_map(|e| match e {
+            AppEvent::FlowRequest { handle, .. } => Some(*handle),
+            _ => None,
+        })
+        .expect("the request reached app1");
+    let (theirs, _) = net.sys[1].accept(net.now, handle).unwrap();
+    net.run_until(ms(2400));
+    assert_eq!(allocated(&net.logs[0]), Some(port));
+    let working: Vec<PortId> = net.sys[1].n1_flows().map(|f| f.0).collect();
+    assert_eq!(working.len(), 1);
+
+    // The impostor speaks: its N-1 flow claims s0.net at s1, again and
+    // again, and never authenticates.
+    net.mute.clear();
+    let mut next = 0u32;
+    stream(&mut net, port, 25_000, &mut next);
+    let c = net.sys[1].counters();
+    assert!(c.n1_claims >= 2, "{c:?}");
+    assert!(c.n1_claims_refused >= 1, "{c:?}");
+    assert_eq!(c.n1_claims_admitted, 0, "{c:?}");
+    let now_working: Vec<PortId> = net.sys[1]
+        .n1_flows()
+        .map(|f| f.0)
+        .filter(|p| !net.sys[1].claims.contains_key(p))
+        .collect();
+    assert_eq!(now_working, working, "the working N-1 flow stayed");
+    let got: Vec<u8> = net.logs[1]
+        .sdus
+        .iter()
+        .filter(|(_, p, _)| *p == theirs)
+        .map(|(_, _, s)| s[0])
+        .collect();
+    assert_eq!(got.len(), next as usize, "every SDU arrived meanwhile");
+    assert!(
+        net.logs[0]
+            .events
+            .iter()
+            .all(|e| !matches!(e, AppEvent::Deallocated { .. })),
+        "the application flow never broke"
+    );
+
+    // The real s0 comes back from another address (the impostor's slot):
+    // its N-1 flow is a claim too, and takes the neighbour over once it
+    // authenticates.
+    net.mute.clear();
+    net.mute.insert(0);
+    net.sys[2] = member_system(2, "s0.net", 1, PW, &[(1, "s1.net")]);
+    net.run_until(ms(32_000));
+    let c = net.sys[1].counters();
+    assert!(c.n1_claims_admitted >= 1, "{c:?}");
+    let after: Vec<PortId> = net.sys[1]
+        .n1_flows()
+        .map(|f| f.0)
+        .filter(|p| !net.sys[1].claims.contains_key(p))
+        .collect();
+    assert_eq!(after.len(), 1);
+    assert_ne!(after, working, "the returning neighbour's flow took over");
+    assert!(net.sys[1].claims.is_empty());
+}

@@ -77,11 +77,13 @@ fn lead_nonce(b: &[u8]) -> Option<Nonce> {
 
 impl NormalIpcp {
     /// Whether this IPCP admits ports: a member of a DIF that authenticates.
-    fn admission_required(&self) -> bool {
+    pub fn admission_required(&self) -> bool {
         self.cfg.address != 0 && self.mship.as_ref().is_some_and(|m| m.cfg.authenticates())
     }
 
-    pub(super) fn port_admitted(&self, port: N1Port) -> bool {
+    /// Whether frames from `port` are taken: its peer authenticated (always
+    /// true where admission is not required).
+    pub fn port_admitted(&self, port: N1Port) -> bool {
         !self.admission_required()
             || self
                 .mship
