@@ -456,6 +456,80 @@ impl Client {
         self.call("add_neighbor", op).map(|_| ())
     }
 
+    /// Creates an IPC process from the keys of one `[[ipcp]]` table
+    /// (TOML). Returns what changed. Administrators only.
+    pub fn create_ipcp(&mut self, config: &str) -> Result<Vec<String>> {
+        let op = Op::CreateIpcp {
+            config: config.into(),
+        };
+        self.changes("create_ipcp", op)
+    }
+
+    /// Destroys IPC process `ipcp` and what rests on it. Returns what was
+    /// torn down. Administrators only.
+    pub fn destroy_ipcp(&mut self, ipcp: &str) -> Result<Vec<String>> {
+        let op = Op::DestroyIpcp { ipcp: ipcp.into() };
+        self.changes("destroy_ipcp", op)
+    }
+
+    /// Enrolls normal IPC process `ipcp` through neighbour `neighbor`
+    /// over DIF `over`; waits for the outcome (at most `timeout`).
+    /// Returns the address and the steps. Administrators only.
+    pub fn enroll(
+        &mut self,
+        ipcp: &str,
+        neighbor: &AppName,
+        over: &str,
+        address: Option<u64>,
+        timeout: Option<Duration>,
+    ) -> Result<(u64, Vec<String>)> {
+        let op = Op::Enroll {
+            ipcp: ipcp.into(),
+            neighbor: neighbor.clone(),
+            over: over.into(),
+            address,
+            timeout_ms: timeout.map(|t| t.as_millis().min(u64::MAX as u128) as u64),
+        };
+        match self.call("enroll", op)? {
+            (Reply::Enrolled { address, steps }, _) => Ok((address, steps)),
+            (other, _) => Err(unexpected("enroll", &other)),
+        }
+    }
+
+    /// Changes the EFCP policies of QoS cube `cube` of normal IPC process
+    /// `ipcp` (`set`: the keys of a cube's `efcp` table). Administrators
+    /// only.
+    pub fn set_efcp(
+        &mut self,
+        ipcp: &str,
+        cube: &str,
+        set: serde_json::Value,
+    ) -> Result<Vec<String>> {
+        let op = Op::SetEfcp {
+            ipcp: ipcp.into(),
+            cube: cube.into(),
+            set,
+        };
+        self.changes("set_efcp", op)
+    }
+
+    /// Makes the daemon read its configuration file (or `path`) again and
+    /// apply the difference. Returns what changed. Administrators only.
+    pub fn reload(&mut self, path: Option<&str>) -> Result<Vec<String>> {
+        let op = Op::Reload {
+            path: path.map(String::from),
+        };
+        self.changes("reload", op)
+    }
+
+    fn changes(&mut self, what: &str, op: Op) -> Result<Vec<String>> {
+        match self.call(what, op)? {
+            (Reply::Changes { changes }, _) => Ok(changes),
+            (Reply::Done, _) => Ok(Vec::new()),
+            (other, _) => Err(unexpected(what, &other)),
+        }
+    }
+
     /// Forgets neighbour `name` of normal IPC process `ipcp` and
     /// deallocates its N-1 flows. Administrators only.
     pub fn remove_neighbor(&mut self, ipcp: &str, name: &AppName) -> Result<()> {
@@ -744,6 +818,8 @@ fn unexpected(what: &str, reply: &Reply) -> Error {
         Reply::Rib { .. } => "rib",
         Reply::Scheduler(_) => "scheduler",
         Reply::Capture { .. } => "capture",
+        Reply::Changes { .. } => "changes",
+        Reply::Enrolled { .. } => "enrolled",
     };
     Error::new(
         ErrorKind::Internal,

@@ -74,7 +74,7 @@ fn main() -> ExitCode {
         .socket
         .or_else(|| cfg.system.socket.clone())
         .unwrap_or_else(rina_wire::ctl::default_socket_path);
-    let result = daemon::Daemon::new(&cfg, socket).and_then(|d| d.run());
+    let result = daemon::Daemon::new(&cfg, cli.config.clone(), socket).and_then(|d| d.run());
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

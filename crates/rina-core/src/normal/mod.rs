@@ -589,6 +589,26 @@ impl NormalIpcp {
         Ok(&self.cfg.cubes[k])
     }
 
+    /// Replaces the EFCP policies of QoS cube `id` by `efcp`, validated
+    /// first (a configuration file read again). Flows allocated from now
+    /// on use them.
+    pub fn replace_cube_efcp(
+        &mut self,
+        id: u64,
+        efcp: crate::efcp::EfcpConfig,
+    ) -> Result<(), NormalError> {
+        let bad = |reason: String| NormalError::BadCube { id, reason };
+        efcp.validate().map_err(|e| bad(e.to_string()))?;
+        let c = self
+            .cfg
+            .cubes
+            .iter_mut()
+            .find(|c| c.id == id)
+            .ok_or_else(|| bad("no such cube".into()))?;
+        c.efcp = efcp;
+        Ok(())
+    }
+
     /// The configuration, to change it in unit tests.
     #[cfg(test)]
     pub(crate) fn config_mut_for_tests(&mut self) -> &mut NormalConfig {

@@ -406,12 +406,14 @@ impl System {
 
     /// Member `i`.
     pub fn member(&self, i: usize) -> Option<&Member> {
-        self.members.get(i)
+        self.members.get(i).filter(|_| !self.removed.contains(&i))
     }
 
     /// Member `i`, to change it (routes, scheduling policy).
     pub fn member_mut(&mut self, i: usize) -> Option<&mut Member> {
-        self.members.get_mut(i)
+        self.members
+            .get_mut(i)
+            .filter(|_| !self.removed.contains(&i))
     }
 
     /// The member in DIF `dif`.
