@@ -844,7 +844,7 @@ fn check_normal(
         }
     }
     check_qos(ip).map_err(|(span, k, m)| (span, key(&k), m))?;
-    check_lower_cubes(ip, &all).map_err(|(span, k, m)| (span, key(&k), m))?;
+    check_lower_cubes(ip, all).map_err(|(span, k, m)| (span, key(&k), m))?;
     for dst in ip.routes.keys() {
         if dst.parse::<u64>().is_err() {
             return Err((

@@ -401,9 +401,7 @@ fn flow_across() -> (Net, PortId, PortId) {
 }
 
 fn deallocated(log: &AppLog, port: PortId) -> bool {
-    log.events
-        .iter()
-        .any(|e| *e == AppEvent::Deallocated { port })
+    log.events.contains(&AppEvent::Deallocated { port })
 }
 
 #[test]
