@@ -1524,3 +1524,51 @@ vmpi_id = 4
         assert!(e.contains("are for shim-hv IPCPs"), "{e}");
     }
 }
+
+#[cfg(test)]
+mod runtime_tests {
+    use super::*;
+
+    fn running() -> Vec<IpcpConfig> {
+        let text = "[system]\nname = \"s\"\n[[ipcp]]\nname = \"s.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:0\"\n";
+        Config::parse(Path::new("t.toml"), text).unwrap().ipcps
+    }
+
+    #[test]
+    fn an_ipcp_given_at_run_time_is_checked_against_the_running_ones() {
+        let r = running();
+        // A member waiting for `rinactl ipcp enroll`: no address, no neighbour.
+        let ok = Config::parse_ipcp(
+            "c",
+            "name = \"s.net\"\ntype = \"normal\"\ndif = \"net\"\n",
+            &r,
+        );
+        assert!(ok.is_ok(), "{ok:?}");
+        assert_eq!(ok.unwrap().raw["dif"].as_str(), Some("net"));
+        let e = Config::parse_ipcp(
+            "c",
+            "name = \"s.udp\"\ntype = \"shim-udp\"\ndif = \"u2\"\nbind = \"127.0.0.1:0\"\n",
+            &r,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("line 1") && e.contains("`name`") && e.contains("runs already"),
+            "{e}"
+        );
+        let text = "name = \"s.net\"\ntype = \"normal\"\ndif = \"net\"\n[[neighbor]]\nname = \"t.net\"\nover = \"eth\"\n";
+        let e = Config::parse_ipcp("c", text, &r).unwrap_err().to_string();
+        assert!(
+            e.contains("line 6") && e.contains("neighbor[0].over"),
+            "{e}"
+        );
+        let e = Config::parse_ipcp(
+            "c",
+            "name = \"x\"\ntype = \"normal\"\ndif = \"net\"\nadress = 3\n",
+            &r,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("line 4") && e.contains("adress"), "{e}");
+    }
+}

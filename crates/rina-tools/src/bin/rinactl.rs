@@ -11,8 +11,9 @@ use serde::Serialize;
 use std::path::PathBuf;
 
 /// Show the IPC processes, DIFs, registered names, flows, RIBs and RMT
-/// schedulers of the local RINA daemon; change a normal IPCP's scheduler,
-/// neighbours and registrations, stop flows, withdraw names.
+/// schedulers of the local RINA daemon; create, destroy and enroll IPC
+/// processes, change a normal IPCP's scheduler, EFCP policies, neighbours
+/// and registrations, reload the configuration, stop flows, withdraw names.
 ///
 /// Users who are not administrators of the daemon (root, its own user,
 /// members of its admin_group) see only their own names and flows, and may

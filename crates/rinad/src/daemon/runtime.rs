@@ -176,7 +176,14 @@ impl Daemon {
             c.names.retain(|(m, _)| *m != i);
         }
         self.incoming.retain(|_, inc| inc.ipcp != i);
-        self.enrolls.retain(|e| e.member != i);
+        let (gone, left): (Vec<_>, Vec<_>) = std::mem::take(&mut self.enrolls)
+            .into_iter()
+            .partition(|e| e.member == i);
+        self.enrolls = left;
+        for mut e in gone {
+            e.steps.push(format!("IPCP {name} was destroyed"));
+            self.answer_enroll(e, Err(ErrorKind::Refused));
+        }
         let ports: Vec<PortId> = self
             .flows
             .iter()
