@@ -309,6 +309,9 @@ pub enum Message {
     },
     /// A peer asks for a flow to a name this connection registered.
     FlowRequest(IncomingFlow),
+    /// A step of the operation of request `id`, under way (the steps of
+    /// an [`Op::Enroll`] as they happen); its reply follows.
+    Progress { id: u64, line: String },
 }
 
 /// A successful answer.

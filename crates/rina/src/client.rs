@@ -261,7 +261,7 @@ impl Client {
                 Some((Message::FlowRequest(r), _)) => return Ok(r),
                 // A reply nobody waits for (its caller gave up): dropped,
                 // with any descriptor it carried.
-                Some((Message::Reply { .. }, _)) => {}
+                Some((Message::Reply { .. } | Message::Progress { .. }, _)) => {}
             }
         }
     }
@@ -279,7 +279,7 @@ impl Client {
                 Some((Message::FlowRequest(r), _)) => return Ok(Some(r)),
                 // A reply nobody waits for (its caller gave up): dropped,
                 // with any descriptor it carried.
-                Some((Message::Reply { .. }, _)) => {}
+                Some((Message::Reply { .. } | Message::Progress { .. }, _)) => {}
             }
         }
     }
@@ -473,8 +473,9 @@ impl Client {
     }
 
     /// Enrolls normal IPC process `ipcp` through neighbour `neighbor`
-    /// over DIF `over`; waits for the outcome (at most `timeout`).
-    /// Returns the address and the steps. Administrators only.
+    /// over DIF `over`; waits for the outcome (at most `timeout`), handing
+    /// each step to `on_step` as it happens. Returns the address and the
+    /// steps. Administrators only.
     pub fn enroll(
         &mut self,
         ipcp: &str,
@@ -482,6 +483,7 @@ impl Client {
         over: &str,
         address: Option<u64>,
         timeout: Option<Duration>,
+        on_step: &mut dyn FnMut(&str),
     ) -> Result<(u64, Vec<String>)> {
         let op = Op::Enroll {
             ipcp: ipcp.into(),
@@ -490,7 +492,7 @@ impl Client {
             address,
             timeout_ms: timeout.map(|t| t.as_millis().min(u64::MAX as u128) as u64),
         };
-        match self.call("enroll", op)? {
+        match self.call_with("enroll", op, on_step)? {
             (Reply::Enrolled { address, steps }, _) => Ok((address, steps)),
             (other, _) => Err(unexpected("enroll", &other)),
         }
@@ -587,6 +589,17 @@ impl Client {
     /// for at most the client's timeout. Returns the reply and the descriptor
     /// attached to it, if any.
     fn call(&mut self, what: &str, op: Op) -> Result<(Reply, Option<OwnedFd>)> {
+        self.call_with(what, op, &mut |_| {})
+    }
+
+    /// [`Client::call`], handing the lines of [`Message::Progress`] for the
+    /// request to `progress` as they arrive.
+    fn call_with(
+        &mut self,
+        what: &str,
+        op: Op,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<(Reply, Option<OwnedFd>)> {
         let deadline = self.timeout.and_then(|t| Instant::now().checked_add(t));
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1);
@@ -622,6 +635,11 @@ impl Client {
             match got {
                 None => return Err(self.timed_out(what, "answer")),
                 Some((Message::FlowRequest(r), _)) => self.pending.push_back(r),
+                Some((Message::Progress { id: rid, line }, _)) => {
+                    if rid == id {
+                        progress(&line);
+                    }
+                }
                 Some((Message::Reply { id: rid, result }, fd)) if rid == id => {
                     return Ok((result?, fd))
                 }

@@ -354,15 +354,20 @@ fn ipcp_cmd(json: bool, c: &mut rina::Client, what: &IpcpCmd) -> rina::Result<()
         } => {
             let wait = std::time::Duration::from_secs_f64(timeout_s.clamp(0.1, 120.0));
             c.set_timeout(Some(wait + std::time::Duration::from_secs(5)));
-            let (addr, steps) = c.enroll(ipcp, &app_name(neighbor), over, *address, Some(wait))?;
+            // The steps are printed as they happen (with --json, all of
+            // them in the object at the end).
+            let mut live = |s: &str| {
+                if !json {
+                    println!("  {s}");
+                }
+            };
+            let nb = app_name(neighbor);
+            let (addr, steps) = c.enroll(ipcp, &nb, over, *address, Some(wait), &mut live)?;
             if json {
                 show_json(
                     &serde_json::json!({"done": "ipcp enroll", "ipcp": ipcp, "address": addr, "steps": steps}),
                 );
             } else {
-                for s in &steps {
-                    println!("  {s}");
-                }
                 println!("{ipcp} enrolled through {neighbor}: address {addr}");
             }
         }
@@ -589,7 +594,36 @@ fn show_json<T: Serialize + ?Sized>(v: &T) {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_policy;
+    use super::{keys_to_json, keys_to_toml, parse_policy};
+
+    #[test]
+    fn key_value_arguments_become_toml_one_line_each() {
+        let args: Vec<String> = [
+            "name=a.net",
+            "address=1",
+            "crc=true",
+            "bind=127.0.0.1:0",
+            "neighbor=[{name = \"b.net\", over = \"udp\"}]",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let doc = keys_to_toml(&args).unwrap();
+        let t: toml::Table = toml::from_str(&doc).unwrap();
+        assert_eq!(t["name"].as_str(), Some("a.net"));
+        assert_eq!(t["address"].as_integer(), Some(1));
+        assert_eq!(t["crc"].as_bool(), Some(true));
+        assert_eq!(t["bind"].as_str(), Some("127.0.0.1:0"));
+        assert_eq!(t["neighbor"][0]["over"].as_str(), Some("udp"));
+        assert_eq!(doc.lines().count(), args.len());
+        assert!(keys_to_toml(&["novalue".into()]).is_err());
+        assert!(keys_to_toml(&["a b=1".into()]).is_err());
+        let v = keys_to_json(&["window=8".into(), "congestion_control=aimd".into()]).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"window": 8, "congestion_control": "aimd"})
+        );
+    }
     use serde_json::json;
 
     #[test]

@@ -906,7 +906,7 @@ fn check_qos(q: &rina_wire::QosSpec) -> Result<(), CtlError> {
 /// The error reply that replaces a reply too large for the control socket.
 fn too_big(msg: &Message, len: usize) -> Vec<u8> {
     let id = match msg {
-        Message::Reply { id, .. } => *id,
+        Message::Reply { id, .. } | Message::Progress { id, .. } => *id,
         Message::FlowRequest(_) => 0,
     };
     let e = CtlError::new(

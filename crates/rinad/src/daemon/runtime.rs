@@ -278,6 +278,7 @@ impl Daemon {
     pub(super) fn enroll_news(&mut self, member: usize, ev: &MembershipEvent) {
         let now = self.now();
         let mut done = Vec::new();
+        let mut news = Vec::new();
         for (k, e) in self.enrolls.iter_mut().enumerate() {
             if e.member != member {
                 continue;
@@ -303,7 +304,15 @@ impl Daemon {
                     e.steps.push(format!("{t} ms: failed via {via}: {error}"));
                     done.push((k, Err(ErrorKind::Refused)));
                 }
-                _ => {}
+                _ => continue,
+            }
+            if let Some(line) = e.steps.last() {
+                news.push((e.conn, e.id, line.clone()));
+            }
+        }
+        for (conn, id, line) in news {
+            if self.conns.contains_key(&conn) {
+                self.send_msg(conn, &Message::Progress { id, line }, None);
             }
         }
         for (k, outcome) in done.into_iter().rev() {
