@@ -204,6 +204,9 @@ pub fn wait_reply(w: &OwnedFd, cloexec: bool) -> Result<(Reply, Option<OwnedFd>)
         Ok(Message::FlowRequest(_)) => Err(ApiError::Protocol(
             "a flow request arrived where an answer was expected".into(),
         )),
+        Ok(Message::Progress { .. }) => Err(ApiError::Protocol(
+            "news of an operation under way arrived where an answer was expected".into(),
+        )),
         Err(e) => Err(ApiError::Protocol(format!(
             "the daemon sent a malformed message: {e}"
         ))),
@@ -339,6 +342,8 @@ fn from_daemon(conn: &Conn, app: &OwnedFd, held: &mut VecDeque<Vec<u8>>, buf: &m
                 held.push_back(bytes);
             }
         }
+        // Only management operations this API does not ask for send it.
+        Ok(Message::Progress { .. }) => {}
         Ok(Message::Reply { id, .. }) => {
             let route = lock(&conn.routes).remove(&id);
             if let Some(w) = route {

@@ -244,6 +244,47 @@ pub enum Op {
     RegisterIpcp { ipcp: String, dif: String },
     /// Management (administrators only): withdraw that registration.
     UnregisterIpcp { ipcp: String, dif: String },
+    /// Management (administrators only): create an IPC process from
+    /// `config`, the keys of one `[[ipcp]]` table of the daemon's
+    /// configuration file as a TOML document (`name = "a.net"`, `type =
+    /// "normal"`, ..., sub-tables such as `[[neighbor]]` included). Checked
+    /// as the file is: a mistake names the key and the line.
+    CreateIpcp { config: String },
+    /// Management (administrators only): destroy IPCP `ipcp` and what
+    /// rests on it (the application flows it carries, the N-1 flows of the
+    /// IPCPs above it). The reply says what was torn down.
+    DestroyIpcp { ipcp: String },
+    /// Management (administrators only): enroll normal IPCP `ipcp` into
+    /// its DIF through neighbour `neighbor`, reached over DIF `over` (the
+    /// neighbour is added if it is not one yet). Answered once enrollment
+    /// succeeds or gives up (or after `timeout_ms`, default 10000), with
+    /// its steps.
+    Enroll {
+        ipcp: String,
+        neighbor: AppName,
+        over: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        address: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        timeout_ms: Option<u64>,
+    },
+    /// Management (administrators only): change the EFCP policies of QoS
+    /// cube `cube` (name or QoS-id) of normal IPCP `ipcp`: `set` holds the
+    /// keys of an `efcp = {...}` table of `[[ipcp.qos_cube]]`. Flows
+    /// allocated from then on use them.
+    SetEfcp {
+        ipcp: String,
+        cube: String,
+        set: serde_json::Value,
+    },
+    /// Management (administrators only): read the configuration file
+    /// again (`path`, default the one the daemon started with) and apply
+    /// the difference with the running system. A file that does not parse
+    /// or check changes nothing.
+    Reload {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        path: Option<String>,
+    },
     /// Administrators only: capture what normal IPCP `ipcp` sends and
     /// receives on its N-1 flows. The reply carries a `SOCK_SEQPACKET`
     /// descriptor on which every frame arrives as one pcap record
@@ -268,6 +309,9 @@ pub enum Message {
     },
     /// A peer asks for a flow to a name this connection registered.
     FlowRequest(IncomingFlow),
+    /// A step of the operation of request `id`, under way (the steps of
+    /// an [`Op::Enroll`] as they happen); its reply follows.
+    Progress { id: u64, line: String },
 }
 
 /// A successful answer.
@@ -305,6 +349,11 @@ pub enum Reply {
     Rib { objects: Vec<RibObjectInfo> },
     /// Answer to [`Op::Scheduler`].
     Scheduler(SchedulerInfo),
+    /// What a management operation changed, one line each.
+    Changes { changes: Vec<String> },
+    /// Answer to [`Op::Enroll`]: enrolled at `address`, through these
+    /// steps.
+    Enrolled { address: u64, steps: Vec<String> },
     /// Answer to [`Op::Capture`]: the records' socket is attached; write
     /// [`crate::pcap::file_header`] with these values before them.
     Capture { linktype: u32, snaplen: u32 },

@@ -261,7 +261,7 @@ impl Client {
                 Some((Message::FlowRequest(r), _)) => return Ok(r),
                 // A reply nobody waits for (its caller gave up): dropped,
                 // with any descriptor it carried.
-                Some((Message::Reply { .. }, _)) => {}
+                Some((Message::Reply { .. } | Message::Progress { .. }, _)) => {}
             }
         }
     }
@@ -279,7 +279,7 @@ impl Client {
                 Some((Message::FlowRequest(r), _)) => return Ok(Some(r)),
                 // A reply nobody waits for (its caller gave up): dropped,
                 // with any descriptor it carried.
-                Some((Message::Reply { .. }, _)) => {}
+                Some((Message::Reply { .. } | Message::Progress { .. }, _)) => {}
             }
         }
     }
@@ -456,6 +456,82 @@ impl Client {
         self.call("add_neighbor", op).map(|_| ())
     }
 
+    /// Creates an IPC process from the keys of one `[[ipcp]]` table
+    /// (TOML). Returns what changed. Administrators only.
+    pub fn create_ipcp(&mut self, config: &str) -> Result<Vec<String>> {
+        let op = Op::CreateIpcp {
+            config: config.into(),
+        };
+        self.changes("create_ipcp", op)
+    }
+
+    /// Destroys IPC process `ipcp` and what rests on it. Returns what was
+    /// torn down. Administrators only.
+    pub fn destroy_ipcp(&mut self, ipcp: &str) -> Result<Vec<String>> {
+        let op = Op::DestroyIpcp { ipcp: ipcp.into() };
+        self.changes("destroy_ipcp", op)
+    }
+
+    /// Enrolls normal IPC process `ipcp` through neighbour `neighbor`
+    /// over DIF `over`; waits for the outcome (at most `timeout`), handing
+    /// each step to `on_step` as it happens. Returns the address and the
+    /// steps. Administrators only.
+    pub fn enroll(
+        &mut self,
+        ipcp: &str,
+        neighbor: &AppName,
+        over: &str,
+        address: Option<u64>,
+        timeout: Option<Duration>,
+        on_step: &mut dyn FnMut(&str),
+    ) -> Result<(u64, Vec<String>)> {
+        let op = Op::Enroll {
+            ipcp: ipcp.into(),
+            neighbor: neighbor.clone(),
+            over: over.into(),
+            address,
+            timeout_ms: timeout.map(|t| t.as_millis().min(u64::MAX as u128) as u64),
+        };
+        match self.call_with("enroll", op, on_step)? {
+            (Reply::Enrolled { address, steps }, _) => Ok((address, steps)),
+            (other, _) => Err(unexpected("enroll", &other)),
+        }
+    }
+
+    /// Changes the EFCP policies of QoS cube `cube` of normal IPC process
+    /// `ipcp` (`set`: the keys of a cube's `efcp` table). Administrators
+    /// only.
+    pub fn set_efcp(
+        &mut self,
+        ipcp: &str,
+        cube: &str,
+        set: serde_json::Value,
+    ) -> Result<Vec<String>> {
+        let op = Op::SetEfcp {
+            ipcp: ipcp.into(),
+            cube: cube.into(),
+            set,
+        };
+        self.changes("set_efcp", op)
+    }
+
+    /// Makes the daemon read its configuration file (or `path`) again and
+    /// apply the difference. Returns what changed. Administrators only.
+    pub fn reload(&mut self, path: Option<&str>) -> Result<Vec<String>> {
+        let op = Op::Reload {
+            path: path.map(String::from),
+        };
+        self.changes("reload", op)
+    }
+
+    fn changes(&mut self, what: &str, op: Op) -> Result<Vec<String>> {
+        match self.call(what, op)? {
+            (Reply::Changes { changes }, _) => Ok(changes),
+            (Reply::Done, _) => Ok(Vec::new()),
+            (other, _) => Err(unexpected(what, &other)),
+        }
+    }
+
     /// Forgets neighbour `name` of normal IPC process `ipcp` and
     /// deallocates its N-1 flows. Administrators only.
     pub fn remove_neighbor(&mut self, ipcp: &str, name: &AppName) -> Result<()> {
@@ -513,6 +589,17 @@ impl Client {
     /// for at most the client's timeout. Returns the reply and the descriptor
     /// attached to it, if any.
     fn call(&mut self, what: &str, op: Op) -> Result<(Reply, Option<OwnedFd>)> {
+        self.call_with(what, op, &mut |_| {})
+    }
+
+    /// [`Client::call`], handing the lines of [`Message::Progress`] for the
+    /// request to `progress` as they arrive.
+    fn call_with(
+        &mut self,
+        what: &str,
+        op: Op,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<(Reply, Option<OwnedFd>)> {
         let deadline = self.timeout.and_then(|t| Instant::now().checked_add(t));
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1);
@@ -548,6 +635,11 @@ impl Client {
             match got {
                 None => return Err(self.timed_out(what, "answer")),
                 Some((Message::FlowRequest(r), _)) => self.pending.push_back(r),
+                Some((Message::Progress { id: rid, line }, _)) => {
+                    if rid == id {
+                        progress(&line);
+                    }
+                }
                 Some((Message::Reply { id: rid, result }, fd)) if rid == id => {
                     return Ok((result?, fd))
                 }
@@ -744,6 +836,8 @@ fn unexpected(what: &str, reply: &Reply) -> Error {
         Reply::Rib { .. } => "rib",
         Reply::Scheduler(_) => "scheduler",
         Reply::Capture { .. } => "capture",
+        Reply::Changes { .. } => "changes",
+        Reply::Enrolled { .. } => "enrolled",
     };
     Error::new(
         ErrorKind::Internal,

@@ -408,7 +408,7 @@ impl AccessConfig {
 }
 
 /// One `[[ipcp]]` table.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct IpcpConfig {
     /// Name of the IPC process, unique in the system.
@@ -512,6 +512,9 @@ pub struct IpcpConfig {
     /// normal: the DIF's QoS cubes (default: [`QosCube::defaults`]).
     #[serde(default, rename = "qos_cube")]
     pub qos_cubes: Vec<Spanned<QosCubeConfig>>,
+    /// The table as written (without positions): what a reload compares.
+    #[serde(skip)]
+    pub raw: toml::Table,
 }
 
 /// One `[[ipcp.qos_cube]]` table of a normal IPCP.
@@ -631,12 +634,58 @@ impl Config {
         Self::parse(path, &text)
     }
 
-    /// Parses and checks configuration text; `path` is only used in messages.
-    pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
-        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Syntax {
+    /// Parses and checks the keys of one `[[ipcp]]` table given at run
+    /// time (`rinactl ipcp create`), as a TOML document, against the IPCPs
+    /// that run (`running`): its name must be new, its neighbours' DIFs
+    /// must have a member. `what` names the text in messages.
+    pub fn parse_ipcp(
+        what: &str,
+        text: &str,
+        running: &[IpcpConfig],
+    ) -> Result<IpcpConfig, ConfigError> {
+        let path = Path::new(what);
+        let mut ip: IpcpConfig = toml::from_str(text).map_err(|e| ConfigError::Syntax {
             path: path.to_owned(),
             message: e.to_string().trim_end().to_string(),
         })?;
+        ip.raw = toml::from_str(text).unwrap_or_default();
+        let invalid =
+            |span: std::ops::Range<usize>, key: String, message: String| ConfigError::Invalid {
+                path: path.to_owned(),
+                line: line_of(text, span.start),
+                key: key.trim_start_matches("ipcp[0].").to_string(),
+                message,
+            };
+        if ip.name.get_ref().is_empty() {
+            let e = "must not be empty".to_string();
+            return Err(invalid(ip.name.span(), "name".into(), e));
+        }
+        if running
+            .iter()
+            .any(|o| o.name.get_ref() == ip.name.get_ref())
+        {
+            let e = format!("an IPCP named {:?} runs already", ip.name.get_ref());
+            return Err(invalid(ip.name.span(), "name".into(), e));
+        }
+        check_ipcp(0, &ip, running, true).map_err(|(span, k, m)| invalid(span, k, m))?;
+        Ok(ip)
+    }
+
+    /// Parses and checks configuration text; `path` is only used in messages.
+    pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        let mut cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Syntax {
+            path: path.to_owned(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        if let Ok(mut t) = toml::from_str::<toml::Table>(text) {
+            if let Some(toml::Value::Array(a)) = t.remove("ipcp") {
+                for (ip, v) in cfg.ipcps.iter_mut().zip(a) {
+                    if let toml::Value::Table(t) = v {
+                        ip.raw = t;
+                    }
+                }
+            }
+        }
         let invalid =
             |span: std::ops::Range<usize>, key: String, message: String| ConfigError::Invalid {
                 path: path.to_owned(),
@@ -677,171 +726,197 @@ impl Config {
                     format!("a second IPCP is named {:?}", ip.name.get_ref()),
                 ));
             }
-            let key = |k: &str| format!("ipcp[{i}].{k}");
-            if ip.kind == IpcpKind::ShimUdp && ip.bind.is_none() {
-                return Err(invalid(
-                    ip.name.span(),
-                    key("bind"),
-                    "a shim-udp IPCP needs `bind = \"host:port\"`".into(),
-                ));
-            }
-            let hv_keys = ip.path.is_some()
-                || ip.side.is_some()
-                || ip.vmpi_id.is_some()
-                || ip.busy_poll.is_some();
-            if ip.kind == IpcpKind::ShimHv {
-                if ip.path.is_none() || ip.side.is_none() {
-                    return Err(invalid(
-                        ip.name.span(),
-                        key("path/side"),
-                        "a shim-hv IPCP needs `path = \"/dev/shm/...\"` and `side = \"host\"` or `\"guest\"`".into(),
-                    ));
-                }
-                if ip.bind.is_some() || !ip.directory.is_empty() {
-                    return Err(invalid(
-                        ip.name.span(),
-                        key("bind/directory"),
-                        "`bind` and `directory` are for shim-udp IPCPs".into(),
-                    ));
-                }
-            } else if hv_keys {
-                return Err(invalid(
-                    ip.name.span(),
-                    key("path/side/vmpi_id/busy_poll"),
-                    "`path`, `side`, `vmpi_id` and `busy_poll` are for shim-hv IPCPs".into(),
-                ));
-            }
-            let eth_keys = ip.interface.is_some()
-                || ip.vlan.is_some()
-                || ip.untagged.is_some()
-                || ip.tx_delay_us.is_some()
-                || ip.tx_loss.is_some()
-                || ip.tx_seed.is_some();
-            if ip.kind == IpcpKind::ShimEth {
-                check_shim_eth(ip).map_err(|(span, k, m)| invalid(span, key(k), m))?;
-            } else if eth_keys {
-                return Err(invalid(
-                    ip.name.span(),
-                    key("interface/vlan/untagged/tx_*"),
-                    "`interface`, `vlan`, `untagged` and `tx_delay_us`/`tx_loss`/`tx_seed` are for shim-eth IPCPs".into(),
-                ));
-            }
-            if ip.kind == IpcpKind::Normal {
-                if ip.address == Some(0) {
-                    return Err(invalid(
-                        ip.name.span(),
-                        key("address"),
-                        "addresses start at 1; leave `address` out to enroll".into(),
-                    ));
-                }
-                if ip.address.is_none() && ip.neighbors.is_empty() {
-                    return Err(invalid(
-                        ip.name.span(),
-                        key("address"),
-                        "a normal IPCP needs `address = N` (a bootstrap member) or a `[[ipcp.neighbor]]` to enroll through".into(),
-                    ));
-                }
-                if ip.bind.is_some() || !ip.directory.is_empty() {
-                    return Err(invalid(
-                        ip.name.span(),
-                        key("bind/directory"),
-                        "`bind` and `directory` are for shim-udp IPCPs; a normal IPCP has `names` and `neighbor`".into(),
-                    ));
-                }
-                if let Some(m) = &ip.max_pdu {
-                    if !(64..=65_000).contains(m.get_ref()) {
-                        return Err(invalid(
-                            m.span(),
-                            key("max_pdu"),
-                            format!("must be between 64 and 65000, not {}", m.get_ref()),
-                        ));
-                    }
-                }
-                for (k, n) in ip.neighbors.iter().enumerate() {
-                    let over = n.over.get_ref();
-                    let found = cfg.ipcps.iter().any(|o| &o.dif == over && o.dif != ip.dif);
-                    if !found {
-                        return Err(invalid(
-                            n.over.span(),
-                            format!("ipcp[{i}].neighbor[{k}].over"),
-                            format!("no other IPCP of this system is in DIF {over:?}"),
-                        ));
-                    }
-                }
-                if let Some(a) = &ip.access {
-                    a.get_ref()
-                        .rules()
-                        .map_err(|e| invalid(a.span(), key("access"), e.to_string()))?;
-                }
-                check_qos(ip).map_err(|(span, k, m)| invalid(span, key(&k), m))?;
-                check_lower_cubes(ip, &cfg.ipcps)
-                    .map_err(|(span, k, m)| invalid(span, key(&k), m))?;
-                for dst in ip.routes.keys() {
-                    if dst.parse::<u64>().is_err() {
-                        return Err(invalid(
-                            ip.name.span(),
-                            key("routes"),
-                            format!("route destinations are addresses (numbers), not {dst:?}"),
-                        ));
-                    }
-                }
-            } else if ip.address.is_some()
-                || ip.password.is_some()
-                || ip.key.is_some()
-                || !ip.trusted_keys.is_empty()
-                || ip.encryption.is_some()
-                || ip.rekey_bytes.is_some()
-                || ip.rekey_seconds.is_some()
-                || !ip.neighbors.is_empty()
-                || !ip.names.is_empty()
-                || ip.routing.is_some()
-                || ip.directory_mode.is_some()
-                || ip.rib_readable.is_some()
-                || ip.access.is_some()
-            {
-                return Err(invalid(
-                    ip.name.span(),
-                    key("address/password/neighbor/names/routing/directory_mode/access"),
-                    "`address`, `password`, `neighbor`, `names`, `routing`, `directory_mode` and `access` are for normal IPCPs".into(),
-                ));
-            }
-            if ip.kind == IpcpKind::Normal && (ip.rate.is_some() || ip.rate_overhead.is_some()) {
-                return Err(invalid(
-                    ip.name.span(),
-                    key("rate"),
-                    "`rate` and `rate_overhead` are the capacity of a shim's link; a normal IPCP paces its N-1 flows at the rate of the shim below".into(),
-                ));
-            }
-            if let Some(r) = &ip.rate {
-                let bps = r.get_ref().bps();
-                if !(1e3..=1e12).contains(&bps) {
-                    return Err(invalid(
-                        r.span(),
-                        key("rate"),
-                        format!("must be between 1kbps and 1000Gbps, not {}", r.get_ref()),
-                    ));
-                }
-            }
-            if ip.kind != IpcpKind::Normal && (ip.scheduler.is_some() || !ip.qos_cubes.is_empty()) {
-                return Err(invalid(
-                    ip.name.span(),
-                    key("scheduler/qos_cube"),
-                    "`scheduler` and `qos_cube` are for normal IPCPs".into(),
-                ));
-            }
-            if let Some(m) = &ip.max_sdu {
-                let max = rina_core::shim_udp::DEFAULT_MAX_SDU;
-                if *m.get_ref() == 0 || *m.get_ref() > max {
-                    return Err(invalid(
-                        m.span(),
-                        format!("ipcp[{i}].max_sdu"),
-                        format!("must be between 1 and {max}, not {}", m.get_ref()),
-                    ));
-                }
-            }
+            check_ipcp(i, ip, &cfg.ipcps, false).map_err(|(span, k, m)| invalid(span, k, m))?;
         }
         Ok(cfg)
     }
+}
+
+/// Where a key is wrong, which key, and why.
+type KeyError = (std::ops::Range<usize>, String, String);
+
+/// Checks IPCP `i` of a configuration whose IPCPs are `all` (for a
+/// neighbour's `over` and a lower cube mapping); `runtime`: created at run
+/// time, where a normal IPCP may wait for `rinactl ipcp enroll` with
+/// neither an address nor a neighbour.
+fn check_ipcp(
+    i: usize,
+    ip: &IpcpConfig,
+    all: &[IpcpConfig],
+    runtime: bool,
+) -> Result<(), KeyError> {
+    let key = |k: &str| format!("ipcp[{i}].{k}");
+    if ip.kind == IpcpKind::ShimUdp && ip.bind.is_none() {
+        return Err((
+            ip.name.span(),
+            key("bind"),
+            "a shim-udp IPCP needs `bind = \"host:port\"`".into(),
+        ));
+    }
+    let hv_keys =
+        ip.path.is_some() || ip.side.is_some() || ip.vmpi_id.is_some() || ip.busy_poll.is_some();
+    if ip.kind == IpcpKind::ShimHv {
+        if ip.path.is_none() || ip.side.is_none() {
+            return Err((
+                ip.name.span(),
+                key("path/side"),
+                "a shim-hv IPCP needs `path = \"/dev/shm/...\"` and `side = \"host\"` or `\"guest\"`".into(),
+            ));
+        }
+        if ip.bind.is_some() || !ip.directory.is_empty() {
+            return Err((
+                ip.name.span(),
+                key("bind/directory"),
+                "`bind` and `directory` are for shim-udp IPCPs".into(),
+            ));
+        }
+    } else if hv_keys {
+        return Err((
+            ip.name.span(),
+            key("path/side/vmpi_id/busy_poll"),
+            "`path`, `side`, `vmpi_id` and `busy_poll` are for shim-hv IPCPs".into(),
+        ));
+    }
+    let eth_keys = ip.interface.is_some()
+        || ip.vlan.is_some()
+        || ip.untagged.is_some()
+        || ip.tx_delay_us.is_some()
+        || ip.tx_loss.is_some()
+        || ip.tx_seed.is_some();
+    if ip.kind == IpcpKind::ShimEth {
+        check_shim_eth(ip).map_err(|(span, k, m)| (span, key(k), m))?;
+    } else if eth_keys {
+        return Err((
+            ip.name.span(),
+            key("interface/vlan/untagged/tx_*"),
+            "`interface`, `vlan`, `untagged` and `tx_delay_us`/`tx_loss`/`tx_seed` are for shim-eth IPCPs".into(),
+        ));
+    }
+    if ip.kind == IpcpKind::Normal {
+        check_normal(i, ip, all, runtime)?;
+    } else if ip.address.is_some()
+        || ip.password.is_some()
+        || ip.key.is_some()
+        || !ip.trusted_keys.is_empty()
+        || ip.encryption.is_some()
+        || ip.rekey_bytes.is_some()
+        || ip.rekey_seconds.is_some()
+        || !ip.neighbors.is_empty()
+        || !ip.names.is_empty()
+        || ip.routing.is_some()
+        || ip.directory_mode.is_some()
+        || ip.rib_readable.is_some()
+        || ip.access.is_some()
+    {
+        return Err((
+            ip.name.span(),
+            key("address/password/neighbor/names/routing/directory_mode/access"),
+            "`address`, `password`, `neighbor`, `names`, `routing`, `directory_mode` and `access` are for normal IPCPs".into(),
+        ));
+    }
+    if ip.kind == IpcpKind::Normal && (ip.rate.is_some() || ip.rate_overhead.is_some()) {
+        return Err((
+            ip.name.span(),
+            key("rate"),
+            "`rate` and `rate_overhead` are the capacity of a shim's link; a normal IPCP paces its N-1 flows at the rate of the shim below".into(),
+        ));
+    }
+    if let Some(r) = &ip.rate {
+        let bps = r.get_ref().bps();
+        if !(1e3..=1e12).contains(&bps) {
+            return Err((
+                r.span(),
+                key("rate"),
+                format!("must be between 1kbps and 1000Gbps, not {}", r.get_ref()),
+            ));
+        }
+    }
+    if ip.kind != IpcpKind::Normal && (ip.scheduler.is_some() || !ip.qos_cubes.is_empty()) {
+        return Err((
+            ip.name.span(),
+            key("scheduler/qos_cube"),
+            "`scheduler` and `qos_cube` are for normal IPCPs".into(),
+        ));
+    }
+    if let Some(m) = &ip.max_sdu {
+        let max = rina_core::shim_udp::DEFAULT_MAX_SDU;
+        if *m.get_ref() == 0 || *m.get_ref() > max {
+            return Err((
+                m.span(),
+                format!("ipcp[{i}].max_sdu"),
+                format!("must be between 1 and {max}, not {}", m.get_ref()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The checks of a normal IPCP's own keys (see [`check_ipcp`]).
+fn check_normal(
+    i: usize,
+    ip: &IpcpConfig,
+    all: &[IpcpConfig],
+    runtime: bool,
+) -> Result<(), KeyError> {
+    let key = |k: &str| format!("ipcp[{i}].{k}");
+    if ip.address == Some(0) {
+        return Err((
+            ip.name.span(),
+            key("address"),
+            "addresses start at 1; leave `address` out to enroll".into(),
+        ));
+    }
+    if ip.address.is_none() && ip.neighbors.is_empty() && !runtime {
+        return Err((
+            ip.name.span(),
+            key("address"),
+            "a normal IPCP needs `address = N` (a bootstrap member) or a `[[ipcp.neighbor]]` to enroll through".into(),
+        ));
+    }
+    if ip.bind.is_some() || !ip.directory.is_empty() {
+        return Err((
+            ip.name.span(),
+            key("bind/directory"),
+            "`bind` and `directory` are for shim-udp IPCPs; a normal IPCP has `names` and `neighbor`".into(),
+        ));
+    }
+    if let Some(m) = &ip.max_pdu {
+        if !(64..=65_000).contains(m.get_ref()) {
+            return Err((
+                m.span(),
+                key("max_pdu"),
+                format!("must be between 64 and 65000, not {}", m.get_ref()),
+            ));
+        }
+    }
+    for (k, n) in ip.neighbors.iter().enumerate() {
+        let over = n.over.get_ref();
+        let found = all.iter().any(|o| &o.dif == over && o.dif != ip.dif);
+        if !found {
+            return Err((
+                n.over.span(),
+                format!("ipcp[{i}].neighbor[{k}].over"),
+                format!("no other IPCP of this system is in DIF {over:?}"),
+            ));
+        }
+    }
+    if let Some(a) = &ip.access {
+        a.get_ref()
+            .rules()
+            .map_err(|e| (a.span(), key("access"), e.to_string()))?;
+    }
+    check_qos(ip).map_err(|(span, k, m)| (span, key(&k), m))?;
+    check_lower_cubes(ip, all).map_err(|(span, k, m)| (span, key(&k), m))?;
+    for dst in ip.routes.keys() {
+        if dst.parse::<u64>().is_err() {
+            return Err((
+                ip.name.span(),
+                key("routes"),
+                format!("route destinations are addresses (numbers), not {dst:?}"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Checks the keys of a shim-eth IPCP; on error, where, which key and why.
@@ -1509,5 +1584,53 @@ vmpi_id = 4
         .unwrap_err()
         .to_string();
         assert!(e.contains("are for shim-hv IPCPs"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod runtime_tests {
+    use super::*;
+
+    fn running() -> Vec<IpcpConfig> {
+        let text = "[system]\nname = \"s\"\n[[ipcp]]\nname = \"s.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:0\"\n";
+        Config::parse(Path::new("t.toml"), text).unwrap().ipcps
+    }
+
+    #[test]
+    fn an_ipcp_given_at_run_time_is_checked_against_the_running_ones() {
+        let r = running();
+        // A member waiting for `rinactl ipcp enroll`: no address, no neighbour.
+        let ok = Config::parse_ipcp(
+            "c",
+            "name = \"s.net\"\ntype = \"normal\"\ndif = \"net\"\n",
+            &r,
+        );
+        assert!(ok.is_ok(), "{ok:?}");
+        assert_eq!(ok.unwrap().raw["dif"].as_str(), Some("net"));
+        let e = Config::parse_ipcp(
+            "c",
+            "name = \"s.udp\"\ntype = \"shim-udp\"\ndif = \"u2\"\nbind = \"127.0.0.1:0\"\n",
+            &r,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("line 1") && e.contains("`name`") && e.contains("runs already"),
+            "{e}"
+        );
+        let text = "name = \"s.net\"\ntype = \"normal\"\ndif = \"net\"\n[[neighbor]]\nname = \"t.net\"\nover = \"eth\"\n";
+        let e = Config::parse_ipcp("c", text, &r).unwrap_err().to_string();
+        assert!(
+            e.contains("line 6") && e.contains("neighbor[0].over"),
+            "{e}"
+        );
+        let e = Config::parse_ipcp(
+            "c",
+            "name = \"x\"\ntype = \"normal\"\ndif = \"net\"\nadress = 3\n",
+            &r,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("line 4") && e.contains("adress"), "{e}");
     }
 }

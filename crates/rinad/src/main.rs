@@ -21,7 +21,11 @@ use std::process::ExitCode;
 /// management tools (rinactl, rina-echo, rina-perf, rina-tgen, rina-ip) on
 /// a Unix control socket. Unknown keys and bad values in the file are
 /// errors that name the key and the line; `--check` only checks the file.
-/// It stops cleanly on SIGINT or SIGTERM.
+/// The file may hold only `[system]`: `rinactl ipcp create` and the other
+/// management commands build and change the system at run time. SIGHUP
+/// (or `rinactl reload`) reads the file again and applies the difference;
+/// a file with a mistake changes nothing. It stops cleanly on SIGINT or
+/// SIGTERM.
 #[derive(Parser, Debug)]
 #[command(
     version,
@@ -74,7 +78,7 @@ fn main() -> ExitCode {
         .socket
         .or_else(|| cfg.system.socket.clone())
         .unwrap_or_else(rina_wire::ctl::default_socket_path);
-    let result = daemon::Daemon::new(&cfg, socket).and_then(|d| d.run());
+    let result = daemon::Daemon::new(&cfg, cli.config.clone(), socket).and_then(|d| d.run());
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -144,6 +144,18 @@ pub enum ConfigError {
     /// (1 <= min <= initial <= max) or a gain shift above 10.
     #[error("congestion control needs retransmission, 1 <= min_window <= initial_window <= max_window and gain_shift <= 10")]
     BadCc,
+    /// A parameter is outside the range it may take.
+    #[error("`{key}` must be between {min} and {max}, not {value}")]
+    OutOfRange {
+        /// The parameter's name, as written in configurations.
+        key: &'static str,
+        /// Its smallest value.
+        min: u64,
+        /// Its largest value.
+        max: u64,
+        /// The value given.
+        value: u64,
+    },
 }
 
 /// Default MPL (IRATI's and rlite's kernel default).
@@ -354,9 +366,44 @@ pub struct EfcpTuning {
     pub gain_shift: Option<u32>,
 }
 
+/// Largest window, credit or congestion window an EFCP tuning may ask
+/// for, in PDUs (each PDU may be held in memory).
+pub const MAX_WINDOW_PDUS: u64 = 1 << 20;
+/// Largest time an EFCP tuning may give, in milliseconds (ten minutes).
+pub const MAX_TUNING_MS: u64 = 600_000;
+
 impl EfcpTuning {
+    /// Checks every parameter given against its range, before any is
+    /// applied; the error names the first one out of range.
+    pub fn check_ranges(&self) -> Result<(), ConfigError> {
+        let check = |key: &'static str, v: Option<u64>, min: u64, max: u64| match v {
+            Some(value) if !(min..=max).contains(&value) => Err(ConfigError::OutOfRange {
+                key,
+                min,
+                max,
+                value,
+            }),
+            _ => Ok(()),
+        };
+        let w = MAX_WINDOW_PDUS;
+        check("a_timer_ms", self.a_timer_ms, 0, MAX_TUNING_MS)?;
+        check("max_sdu_gap", self.max_sdu_gap, 0, w)?;
+        check("window", self.window.map(|v| v as u64), 1, w)?;
+        check("initial_credit", self.initial_credit, 1, w)?;
+        check("initial_rto_ms", self.initial_rto_ms, 1, MAX_TUNING_MS)?;
+        check("min_rto_ms", self.min_rto_ms, 1, MAX_TUNING_MS)?;
+        check("max_rto_ms", self.max_rto_ms, 1, MAX_TUNING_MS)?;
+        check("max_retries", self.max_retries.map(u64::from), 0, 1000)?;
+        check("ack_every", self.ack_every.map(u64::from), 1, 1 << 16)?;
+        check("initial_window", self.initial_window, 1, w)?;
+        check("min_window", self.min_window, 1, w)?;
+        check("max_window", self.max_window, 1, w)?;
+        check("gain_shift", self.gain_shift.map(u64::from), 0, 10)
+    }
+
     /// Applies the settings to `cfg` and checks the result.
     pub fn apply(&self, cfg: &mut EfcpConfig) -> Result<(), ConfigError> {
+        self.check_ranges()?;
         let ms = Duration::from_millis;
         if let Some(v) = self.a_timer_ms {
             cfg.a_timer = ms(v);

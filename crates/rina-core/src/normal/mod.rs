@@ -558,6 +558,62 @@ impl NormalIpcp {
         &self.cfg
     }
 
+    /// Changes the EFCP policies of QoS cube `cube` (its name or QoS-id)
+    /// by `tuning`, range-checked and validated before anything changes.
+    /// Flows allocated from now on use them; flows that exist keep theirs.
+    /// Returns the cube as it is now.
+    pub fn set_cube_efcp(
+        &mut self,
+        cube: &str,
+        tuning: &crate::efcp::EfcpTuning,
+    ) -> Result<&cubes::QosCube, NormalError> {
+        let k = self
+            .cfg
+            .cubes
+            .iter()
+            .position(|c| c.name == cube || c.id.to_string() == cube)
+            .ok_or_else(|| NormalError::BadCube {
+                id: 0,
+                reason: format!(
+                    "no QoS cube {cube:?} in DIF {}; it has {}",
+                    self.cfg.dif,
+                    self.cfg
+                        .cubes
+                        .iter()
+                        .map(|c| format!("{} ({})", c.name, c.id))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            })?;
+        let mut efcp = self.cfg.cubes[k].efcp.clone();
+        tuning.apply(&mut efcp).map_err(|e| NormalError::BadCube {
+            id: self.cfg.cubes[k].id,
+            reason: e.to_string(),
+        })?;
+        self.cfg.cubes[k].efcp = efcp;
+        Ok(&self.cfg.cubes[k])
+    }
+
+    /// Replaces the EFCP policies of QoS cube `id` by `efcp`, validated
+    /// first (a configuration file read again). Flows allocated from now
+    /// on use them.
+    pub fn replace_cube_efcp(
+        &mut self,
+        id: u64,
+        efcp: crate::efcp::EfcpConfig,
+    ) -> Result<(), NormalError> {
+        let bad = |reason: String| NormalError::BadCube { id, reason };
+        efcp.validate().map_err(|e| bad(e.to_string()))?;
+        let c = self
+            .cfg
+            .cubes
+            .iter_mut()
+            .find(|c| c.id == id)
+            .ok_or_else(|| bad("no such cube".into()))?;
+        c.efcp = efcp;
+        Ok(())
+    }
+
     /// The configuration, to change it in unit tests.
     #[cfg(test)]
     pub(crate) fn config_mut_for_tests(&mut self) -> &mut NormalConfig {

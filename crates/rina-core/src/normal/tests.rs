@@ -815,6 +815,46 @@ fn a_tap_keeps_copies_of_the_frames_both_ways_bounded() {
 }
 
 #[test]
+fn a_cube_s_efcp_policies_change_at_run_time_range_checked() {
+    let mut net = chain(2);
+    let tuning =
+        |v: serde_json::Value| -> crate::efcp::EfcpTuning { serde_json::from_value(v).unwrap() };
+    // Out of range, or inconsistent: refused, nothing changes.
+    let before = net[0].cube(2).unwrap().efcp.clone();
+    let e = net[0]
+        .set_cube_efcp("reliable", &tuning(serde_json::json!({"window": 0})))
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("`window` must be between 1 and"),
+        "{e}"
+    );
+    let e = net[0]
+        .set_cube_efcp(
+            "2",
+            &tuning(serde_json::json!({"min_rto_ms": 5000, "max_rto_ms": 100})),
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("RTO"), "{e}");
+    let e = net[0]
+        .set_cube_efcp("gold", &tuning(serde_json::json!({"window": 8})))
+        .unwrap_err();
+    assert!(e.to_string().contains("no QoS cube \"gold\""), "{e}");
+    assert_eq!(net[0].cube(2).unwrap().efcp, before);
+    // A good one: flows allocated from now on get it.
+    let c = net[0]
+        .set_cube_efcp(
+            "reliable",
+            &tuning(serde_json::json!({"max_retries": 3, "min_rto_ms": 20})),
+        )
+        .unwrap();
+    let rtx = c.efcp.dtcp.as_ref().unwrap().rtx.as_ref().unwrap();
+    assert_eq!(
+        (rtx.max_retries, rtx.min_rto),
+        (3, Duration::from_millis(20))
+    );
+}
+
+#[test]
 fn access_rules_refuse_registration_and_flows_with_their_reason() {
     use crate::normal::access::{AccessRules, FlowRule, NamePattern};
     let pat = |s: &str| NamePattern::new(s).unwrap();

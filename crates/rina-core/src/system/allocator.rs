@@ -492,6 +492,9 @@ impl System {
     /// DIF `over` through, checked: it exists, is not stacked on `j`
     /// itself, and carries `j`'s frames.
     pub fn lower_for(&self, j: usize, over: &str) -> Result<usize, SystemError> {
+        if j >= self.members.len() || self.removed.contains(&j) {
+            return Err(SystemError::NoMember(j));
+        }
         let key = || self.members[j].name.clone();
         let Some(n) = self.normal_of(j) else {
             return Err(SystemError::Machine {
@@ -504,9 +507,9 @@ impl System {
         };
         let own = &self.members[j].dif;
         let lower = self
-            .members
-            .iter()
-            .position(|m| m.dif == over && &m.dif != own)
+            .live()
+            .find(|(_, m)| m.dif == over && &m.dif != own)
+            .map(|(l, _)| l)
             .ok_or_else(|| SystemError::NoLowerIpcp {
                 ipcp: key(),
                 dif: over.to_string(),

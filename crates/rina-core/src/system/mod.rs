@@ -37,9 +37,11 @@ pub mod allocator;
 pub mod claims;
 mod events;
 pub mod member;
+mod removal;
 
 pub use allocator::{Neighbor, NeighborSpec, Plan, NEIGHBOR_RETRY};
 pub use member::{FlowError, IpcpEvent, Machine, Member, PortId, ShimSend};
+pub use removal::Removal;
 
 use crate::normal::{MembershipEvent, NormalConfig, NormalIpcp};
 use crate::rmt::{PortRate, SchedulerConfig};
@@ -137,6 +139,9 @@ pub enum SystemError {
     /// A machine refused its configuration.
     #[error("IPCP {ipcp}: {reason}")]
     Machine { ipcp: String, reason: String },
+    /// No live member at this index (never added, or removed).
+    #[error("no IPCP at index {0} (it was removed, or never added)")]
+    NoMember(usize),
 }
 
 /// Counters of the system's own work.
@@ -215,6 +220,9 @@ pub struct System {
     blocked_media: BTreeSet<MediumId>,
     /// Media whose link is down.
     down_media: BTreeSet<MediumId>,
+    /// Members removed at run time ([`System::remove_ipcp`]): their index
+    /// stays taken, so the others keep theirs, but nothing reaches them.
+    removed: BTreeSet<usize>,
     next_handle: u64,
     next_port: PortId,
     now: Instant,
@@ -245,6 +253,7 @@ impl System {
             want_writable: BTreeMap::new(),
             blocked_media: BTreeSet::new(),
             down_media: BTreeSet::new(),
+            removed: BTreeSet::new(),
             next_handle: 1,
             next_port: 1,
             now: Instant::ZERO,
@@ -269,7 +278,7 @@ impl System {
     }
 
     fn check_name(&self, name: &str) -> Result<(), SystemError> {
-        if self.members.iter().any(|m| m.name == name) {
+        if self.live().any(|(_, m)| m.name == name) {
             return Err(SystemError::DuplicateName(name.into()));
         }
         Ok(())
@@ -354,9 +363,9 @@ impl System {
         let mut nbs = Vec::new();
         for spec in neighbors {
             let Some(lower) = self
-                .members
-                .iter()
-                .position(|m| m.dif == spec.over && m.dif != dif)
+                .live()
+                .find(|(_, m)| m.dif == spec.over && m.dif != dif)
+                .map(|(l, _)| l)
             else {
                 return Err(SystemError::NoLowerIpcp {
                     ipcp: key,
@@ -402,17 +411,32 @@ impl System {
 
     /// Member `i`.
     pub fn member(&self, i: usize) -> Option<&Member> {
-        self.members.get(i)
+        self.members.get(i).filter(|_| !self.removed.contains(&i))
     }
 
     /// Member `i`, to change it (routes, scheduling policy).
     pub fn member_mut(&mut self, i: usize) -> Option<&mut Member> {
-        self.members.get_mut(i)
+        self.members
+            .get_mut(i)
+            .filter(|_| !self.removed.contains(&i))
     }
 
     /// The member in DIF `dif`.
     pub fn member_in(&self, dif: &str) -> Option<usize> {
-        self.members.iter().position(|m| m.dif == dif)
+        self.live().find(|(_, m)| m.dif == dif).map(|(i, _)| i)
+    }
+
+    /// The members that were not removed, with their indices.
+    pub fn live(&self) -> impl Iterator<Item = (usize, &Member)> + '_ {
+        self.members
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !self.removed.contains(i))
+    }
+
+    /// Whether member `i` was removed ([`System::remove_ipcp`]).
+    pub fn is_removed(&self, i: usize) -> bool {
+        self.removed.contains(&i)
     }
 
     /// The resource allocator's view of member `i` (neighbours, N-1 flows).
@@ -469,6 +493,7 @@ impl System {
         let m = self
             .members
             .get_mut(i)
+            .filter(|_| !self.removed.contains(&i))
             .ok_or_else(|| FlowError::NoIpcp(format!("member {i}")))?;
         if self.ipcp_names.contains_key(&(i, name.clone())) {
             return Err(FlowError::NameInUse(format!(
@@ -521,9 +546,9 @@ impl System {
             Some(d) => self.member_in(d),
             None => {
                 let by_kind = |normal: bool| {
-                    self.members
-                        .iter()
-                        .position(|m| m.normal().is_some() == normal && m.knows(&remote))
+                    self.live()
+                        .find(|(_, m)| m.normal().is_some() == normal && m.knows(&remote))
+                        .map(|(i, _)| i)
                 };
                 by_kind(true).or_else(|| by_kind(false))
             }
@@ -542,7 +567,7 @@ impl System {
         qos: QosSpec,
     ) -> Result<PortId, FlowError> {
         self.tick(now);
-        if i >= self.members.len() {
+        if i >= self.members.len() || self.removed.contains(&i) {
             return Err(FlowError::NoIpcp(format!("member {i}")));
         }
         let port = self.free_port();
@@ -701,6 +726,9 @@ impl System {
         rx: Rx<'a>,
     ) -> Option<(PortId, &'a [u8])> {
         self.tick(now);
+        if self.removed.contains(&medium) {
+            return None;
+        }
         let machine = &mut self.members.get_mut(medium)?.machine;
         let got = match (machine, rx) {
             (Machine::ShimUdp(s), Rx::Udp { from, datagram }) => {
@@ -757,6 +785,9 @@ impl System {
         f: impl FnOnce(&mut Machine) -> R,
     ) -> Option<R> {
         self.tick(now);
+        if self.removed.contains(&i) {
+            return None;
+        }
         let r = f(&mut self.members.get_mut(i)?.machine);
         self.pump(now);
         Some(r)
@@ -856,9 +887,8 @@ impl System {
 
     /// When [`System::handle_timeout`] next needs to run.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.members
-            .iter()
-            .filter_map(|m| m.poll_timeout())
+        self.live()
+            .filter_map(|(_, m)| m.poll_timeout())
             .chain(self.neighbor_timeout(self.now))
             .chain(self.claims_timeout())
             .min()
@@ -867,7 +897,10 @@ impl System {
     /// Runs the timers that are due.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.tick(now);
-        for m in &mut self.members {
+        for (i, m) in self.members.iter_mut().enumerate() {
+            if self.removed.contains(&i) {
+                continue;
+            }
             if m.poll_timeout().is_some_and(|t| t <= now) {
                 m.handle_timeout(now);
             }
@@ -903,6 +936,9 @@ impl System {
     fn drain_events(&mut self, now: Instant) -> bool {
         let mut any = false;
         for i in 0..self.members.len() {
+            if self.removed.contains(&i) {
+                continue;
+            }
             while let Some(ev) = self.members[i].poll_event() {
                 any = true;
                 self.on_event(now, i, ev);

@@ -370,6 +370,107 @@ fn behind_a_paced_shim_qta_mux_keeps_the_urgent_cube_fast() {
     );
 }
 
+/// Two systems with an application flow across their normal DIF, at
+/// 700 ms: (net, port at s0, port at s1).
+fn flow_across() -> (Net, PortId, PortId) {
+    let mut net = Net::new((0..2).map(|i| line_system(i, 2, &fifo(), None)).collect());
+    net.sys[1].register("net", name("app1")).unwrap();
+    net.run_until(ms(500));
+    let port = net.sys[0]
+        .allocate(
+            net.now,
+            Some("net"),
+            name("app0"),
+            name("app1"),
+            QosSpec::default(),
+        )
+        .unwrap();
+    net.run_until(ms(600));
+    let handle = net.logs[1]
+        .events
+        .iter()
+        .find_map(|e| match e {
+            AppEvent::FlowRequest { handle, .. } => Some(*handle),
+            _ => None,
+        })
+        .unwrap();
+    let (theirs, _) = net.sys[1].accept(net.now, handle).unwrap();
+    net.run_until(ms(700));
+    assert_eq!(allocated(&net.logs[0]), Some(port));
+    (net, port, theirs)
+}
+
+fn deallocated(log: &AppLog, port: PortId) -> bool {
+    log.events.contains(&AppEvent::Deallocated { port })
+}
+
+#[test]
+fn removing_a_normal_ipcp_closes_its_flows_at_both_ends_and_frees_its_name() {
+    let (mut net, ours, theirs) = flow_across();
+    let t = net.now;
+    let r = net.sys[1].remove_ipcp(t, 1).unwrap();
+    assert_eq!(r.app_flows, vec![theirs]);
+    assert_eq!(r.n1_below.len(), 1, "{r:?}");
+    assert_eq!(r.names, vec![name("app1")]);
+    assert!(net.sys[1].is_removed(1));
+    assert_eq!(net.sys[1].member_in("net"), None);
+    assert_eq!(net.sys[1].n1_flows().count(), 0);
+    assert!(!net.sys[1].is_ipcp_name(0, &name("s1.net")));
+    net.collect();
+    assert!(
+        deallocated(&net.logs[1], theirs),
+        "the local application is told at once"
+    );
+    // The peer application hears of it within 100 ms (the deallocation
+    // went out before the N-1 flow below was torn down).
+    net.run_until(t + Duration::from_millis(100));
+    assert!(deallocated(&net.logs[0], ours), "{:?}", net.logs[0].events);
+    assert_eq!(
+        net.sys[1].remove_ipcp(net.now, 1),
+        Err(SystemError::NoMember(1))
+    );
+    assert!(net.sys[1].register("net", name("app1")).is_err());
+    // The name and DIF may be used again: a new member, a new index, and
+    // the N-1 flow to s0 comes back.
+    let mut nc = NormalConfig::new("net", 2);
+    nc.membership = Some(MembershipConfig::new(name("s1.net")));
+    nc.routing = Some(crate::routing::Config::default());
+    nc.cubes = cubes();
+    let nb = NeighborSpec {
+        name: name("s0.net"),
+        over: "udp".into(),
+        address: None,
+    };
+    let j = net.sys[1]
+        .add_normal(name("s1.net"), nc, &fifo(), vec![nb], BTreeMap::new())
+        .unwrap();
+    assert_eq!(j, 2);
+    net.run_until(t + Duration::from_secs(6));
+    assert_eq!(net.sys[1].n1_flows().count(), 1);
+}
+
+#[test]
+fn removing_a_shim_tears_down_the_n1_flows_and_neighbours_above_it() {
+    let (mut net, ours, _) = flow_across();
+    let t = net.now;
+    let r = net.sys[0].remove_ipcp(t, 0).unwrap();
+    assert_eq!(r.n1_above.len(), 1, "{r:?}");
+    assert_eq!(r.neighbors_above, vec![(1, name("s1.net"))]);
+    assert!(r.app_flows.is_empty());
+    assert_eq!(net.sys[0].n1_flows().count(), 0);
+    assert!(net.sys[0].plan(1).unwrap().neighbors.is_empty());
+    // Nothing is set up over the removed shim again, and no frame leaves
+    // after those of the removal itself (the deallocation notice).
+    net.collect();
+    let sent = net.sent[0];
+    net.run_until(t + Duration::from_secs(10));
+    assert_eq!(net.sys[0].n1_flows().count(), 0);
+    // The normal IPCP's application flow fails once the route is gone
+    // (its destination has had no route for 6 s).
+    assert!(deallocated(&net.logs[0], ours), "{:?}", net.logs[0].events);
+    assert_eq!(net.sent[0], sent, "the removed shim sent frames");
+}
+
 /// System `i`: a shim-udp at `udp(i)` reaching `peers` (system index,
 /// normal IPCP name), and a normal IPCP `me` at `addr` in a DIF with
 /// `password`, its neighbours those peers.

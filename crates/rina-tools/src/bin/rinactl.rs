@@ -11,8 +11,9 @@ use serde::Serialize;
 use std::path::PathBuf;
 
 /// Show the IPC processes, DIFs, registered names, flows, RIBs and RMT
-/// schedulers of the local RINA daemon; change a normal IPCP's scheduler,
-/// neighbours and registrations, stop flows, withdraw names.
+/// schedulers of the local RINA daemon; create, destroy and enroll IPC
+/// processes, change a normal IPCP's scheduler, EFCP policies, neighbours
+/// and registrations, reload the configuration, stop flows, withdraw names.
 ///
 /// Users who are not administrators of the daemon (root, its own user,
 /// members of its admin_group) see only their own names and flows, and may
@@ -86,6 +87,37 @@ enum What {
         #[arg(long)]
         dif: Option<String>,
     },
+    /// Create, destroy or enroll an IPC process (administrators only).
+    Ipcp {
+        #[command(subcommand)]
+        what: IpcpCmd,
+    },
+    /// Change the EFCP policies of a QoS cube of a normal IPC process:
+    /// the keys of a cube's `efcp` table as KEY=VALUE (a_timer_ms,
+    /// max_sdu_gap, window, initial_credit, initial/min/max_rto_ms,
+    /// max_retries, ack_every, congestion_control, initial/min/max_window,
+    /// gain_shift), range-checked. Flows allocated from then on use them
+    /// (administrators only).
+    #[command(alias = "dif-policy-mod")]
+    Efcp {
+        /// The normal IPC process.
+        ipcp: String,
+        /// The QoS cube: its name or QoS-id.
+        cube: String,
+        /// KEY=VALUE pairs.
+        #[arg(required = true, value_name = "KEY=VALUE")]
+        set: Vec<String>,
+    },
+    /// Read the configuration file again (or FILE) and apply the
+    /// difference with the running system: IPCPs added, removed or
+    /// changed, neighbours, static directories, scheduling and EFCP
+    /// policies. A file with a mistake changes nothing; the error names
+    /// the key and the line. SIGHUP to rinad does the same (the outcome is
+    /// in its log). Administrators only.
+    Reload {
+        /// The file (default: the one rinad was started with).
+        file: Option<String>,
+    },
     /// Neighbours of a normal IPC process: keep an N-1 flow up to one, or
     /// forget one (administrators only).
     Neighbor {
@@ -137,6 +169,50 @@ enum What {
 }
 
 #[derive(Debug, Clone, Subcommand)]
+enum IpcpCmd {
+    /// Create an IPC process of any kind with the keys of an `[[ipcp]]`
+    /// table of rinad's configuration file, as KEY=VALUE arguments
+    /// (`name=a.net type=normal dif=net address=1`; a VALUE that is not
+    /// TOML is a string; tables inline: `neighbor=[{name="b.net",over="udp"}]`)
+    /// or as a TOML file (--file). A normal IPCP with an address and no
+    /// neighbour bootstraps its DIF; without an address it waits for
+    /// `rinactl ipcp enroll`.
+    Create {
+        /// KEY=VALUE pairs.
+        #[arg(value_name = "KEY=VALUE", required_unless_present = "file")]
+        keys: Vec<String>,
+        /// The keys as a TOML document (what follows `[[ipcp]]` in the file).
+        #[arg(long, value_name = "FILE", conflicts_with = "keys")]
+        file: Option<PathBuf>,
+    },
+    /// Destroy an IPC process and what rests on it: its application flows
+    /// (their applications read end of file), the N-1 flows of the IPC
+    /// processes above it and their neighbours over its DIF.
+    Destroy {
+        /// The IPC process.
+        ipcp: String,
+    },
+    /// Enroll a normal IPC process into its DIF through a neighbour that
+    /// is a member, reached over a lower DIF (the neighbour is added if it
+    /// is not one yet); prints enrollment's steps, or the failed step.
+    Enroll {
+        /// The normal IPC process.
+        ipcp: String,
+        /// The neighbour (a member of the DIF).
+        neighbor: String,
+        /// The lower DIF that reaches it.
+        #[arg(long)]
+        over: String,
+        /// The neighbour's address, if known.
+        #[arg(long)]
+        address: Option<u64>,
+        /// Give up waiting after this many seconds (default 10).
+        #[arg(long, value_name = "S", default_value_t = 10.0)]
+        timeout_s: f64,
+    },
+}
+
+#[derive(Debug, Clone, Subcommand)]
 enum NeighborCmd {
     /// Add a neighbour and keep an N-1 flow up to it.
     Add {
@@ -163,21 +239,26 @@ enum NeighborCmd {
 /// IRATI's console and rlite-ctl commands, and what does the same here.
 const QUICK_REFERENCE: &str = "\
 Quick reference (IRATI IPCM console | rlite-ctl -> rinactl):
-  list-ipcps                | ipcps-show             rinactl ipcps, rinactl difs
-  -                         | regs-show              rinactl names
-  -                         | flows-show             rinactl flows
-  query-rib                 | ipcp-rib-show          rinactl rib IPCP [PATH]
-  -                         | dif-rib-show           rinactl rib IPCP /difm
-  select-policy-set,        | dif-policy-mod         rinactl sched IPCP --set POLICY
-    set-policy-set-param    |                          (RMT scheduling policies)
-  register-at-dif           | ipcp-register          rinactl register-ipcp IPCP DIF
-  unregister-from-dif       | ipcp-unregister        rinactl unregister-ipcp IPCP DIF
-  enroll-to-dif             | ipcp-enroll,           rinactl neighbor add IPCP NEIGHBOR --over DIF
-                            |   ipcp-lower-flow-alloc  (enrolls and keeps the N-1 flow up)
-  disc-neigh                | ipcp-neigh-disconnect  rinactl neighbor remove IPCP NEIGHBOR
-  -                         | -                      rinactl dealloc PORT, rinactl unregister NAME
-  create-ipcp, destroy-ipcp,| ipcp-create,           the configuration file ([[ipcp]] tables;
-    assign-to-dif           |   ipcp-destroy           restart rinad)";
+  create-ipcp + assign-to-dif | ipcp-create + ipcp-config  rinactl ipcp create name=N type=T dif=D [KEY=VALUE...]
+                              |                              (the keys of an [[ipcp]] table; or --file F)
+  (bootstrap: assign-to-dif   | ipcp-config IPCP address   rinactl ipcp create ... type=normal address=1
+    with an address)          |                              (an address and no neighbour)
+  destroy-ipcp                | ipcp-destroy               rinactl ipcp destroy IPCP
+  list-ipcps                  | ipcps-show                 rinactl ipcps, rinactl difs
+  -                           | regs-show                  rinactl names
+  -                           | flows-show                 rinactl flows
+  query-rib                   | ipcp-rib-show              rinactl rib IPCP [PATH]
+  -                           | dif-rib-show               rinactl rib IPCP /difm
+  register-at-dif             | ipcp-register              rinactl register-ipcp IPCP DIF
+  unregister-from-dif         | ipcp-unregister            rinactl unregister-ipcp IPCP DIF
+  enroll-to-dif               | ipcp-enroll                rinactl ipcp enroll IPCP NEIGHBOR --over DIF
+  -                           | ipcp-lower-flow-alloc      rinactl neighbor add IPCP NEIGHBOR --over DIF
+  disc-neigh                  | ipcp-neigh-disconnect      rinactl neighbor remove IPCP NEIGHBOR
+  select-policy-set,          | dif-policy-mod,            rinactl sched IPCP --set POLICY (RMT scheduler)
+    set-policy-set-param      |   dif-policy-param-mod     rinactl efcp IPCP CUBE KEY=VALUE... (EFCP of a cube)
+  -                           | flow-dealloc               rinactl dealloc PORT
+  -                           | -                          rinactl unregister NAME
+  (restart the IPCM)          | (rerun the script)         rinactl reload [FILE], or kill -HUP rinad";
 
 fn main() {
     rina_docgen::handle::<Cli>();
@@ -205,9 +286,105 @@ fn app_name(s: &str) -> rina::AppName {
     opts::parse_name(s).unwrap_or_else(|e| opts::die("rinactl", "bad name", &e, 2))
 }
 
+/// Prints the lines of what changed (or them as JSON).
+fn changed(json: bool, what: &str, lines: &[String]) {
+    if json {
+        show_json(&serde_json::json!({"done": what, "changes": lines}));
+    } else {
+        for l in lines {
+            println!("{l}");
+        }
+    }
+}
+
+/// KEY=VALUE arguments as a TOML document, one argument a line (so a
+/// mistake's line is the argument's position). A VALUE that is not a TOML
+/// value is a string.
+fn keys_to_toml(keys: &[String]) -> Result<String, String> {
+    let mut doc = String::new();
+    for kv in keys {
+        let Some((k, v)) = kv.split_once('=') else {
+            return Err(format!("{kv:?} is not KEY=VALUE"));
+        };
+        let k = k.trim();
+        if k.is_empty()
+            || !k
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            return Err(format!("{k:?} is not a key"));
+        }
+        let v = v.trim();
+        let value = if toml::from_str::<toml::Table>(&format!("v = {v}")).is_ok() {
+            v.to_string()
+        } else {
+            toml::Value::String(v.to_string()).to_string()
+        };
+        doc.push_str(&format!("{k} = {value}\n"));
+    }
+    Ok(doc)
+}
+
+/// KEY=VALUE arguments as a JSON object (values read as TOML).
+fn keys_to_json(keys: &[String]) -> Result<serde_json::Value, String> {
+    let doc = keys_to_toml(keys)?;
+    let table: toml::Table = toml::from_str(&doc).map_err(|e| e.message().to_string())?;
+    serde_json::to_value(table).map_err(|e| e.to_string())
+}
+
+fn ipcp_cmd(json: bool, c: &mut rina::Client, what: &IpcpCmd) -> rina::Result<()> {
+    match what {
+        IpcpCmd::Create { keys, file } => {
+            let text = match file {
+                Some(f) => std::fs::read_to_string(f).unwrap_or_else(|e| {
+                    opts::die("rinactl", &format!("cannot read {}", f.display()), &e, 2)
+                }),
+                None => keys_to_toml(keys)
+                    .unwrap_or_else(|e| opts::die("rinactl", "bad arguments", &e, 2)),
+            };
+            changed(json, "ipcp create", &c.create_ipcp(&text)?);
+        }
+        IpcpCmd::Destroy { ipcp } => changed(json, "ipcp destroy", &c.destroy_ipcp(ipcp)?),
+        IpcpCmd::Enroll {
+            ipcp,
+            neighbor,
+            over,
+            address,
+            timeout_s,
+        } => {
+            let wait = std::time::Duration::from_secs_f64(timeout_s.clamp(0.1, 120.0));
+            c.set_timeout(Some(wait + std::time::Duration::from_secs(5)));
+            // The steps are printed as they happen (with --json, all of
+            // them in the object at the end).
+            let mut live = |s: &str| {
+                if !json {
+                    println!("  {s}");
+                }
+            };
+            let nb = app_name(neighbor);
+            let (addr, steps) = c.enroll(ipcp, &nb, over, *address, Some(wait), &mut live)?;
+            if json {
+                show_json(
+                    &serde_json::json!({"done": "ipcp enroll", "ipcp": ipcp, "address": addr, "steps": steps}),
+                );
+            } else {
+                println!("{ipcp} enrolled through {neighbor}: address {addr}");
+            }
+        }
+    }
+    Ok(())
+}
+
 fn change(cli: &Cli, c: &mut rina::Client) -> rina::Result<()> {
     let j = cli.json;
     match &cli.what {
+        What::Ipcp { what } => ipcp_cmd(j, c, what)?,
+        What::Efcp { ipcp, cube, set } => {
+            let v =
+                keys_to_json(set).unwrap_or_else(|e| opts::die("rinactl", "bad arguments", &e, 2));
+            changed(j, "efcp", &c.set_efcp(ipcp, cube, v)?);
+        }
+        What::Reload { file } => changed(j, "reload", &c.reload(file.as_deref())?),
         What::Dealloc { port } => {
             c.deallocate_port(*port)?;
             done(
@@ -417,7 +594,36 @@ fn show_json<T: Serialize + ?Sized>(v: &T) {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_policy;
+    use super::{keys_to_json, keys_to_toml, parse_policy};
+
+    #[test]
+    fn key_value_arguments_become_toml_one_line_each() {
+        let args: Vec<String> = [
+            "name=a.net",
+            "address=1",
+            "crc=true",
+            "bind=127.0.0.1:0",
+            "neighbor=[{name = \"b.net\", over = \"udp\"}]",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let doc = keys_to_toml(&args).unwrap();
+        let t: toml::Table = toml::from_str(&doc).unwrap();
+        assert_eq!(t["name"].as_str(), Some("a.net"));
+        assert_eq!(t["address"].as_integer(), Some(1));
+        assert_eq!(t["crc"].as_bool(), Some(true));
+        assert_eq!(t["bind"].as_str(), Some("127.0.0.1:0"));
+        assert_eq!(t["neighbor"][0]["over"].as_str(), Some("udp"));
+        assert_eq!(doc.lines().count(), args.len());
+        assert!(keys_to_toml(&["novalue".into()]).is_err());
+        assert!(keys_to_toml(&["a b=1".into()]).is_err());
+        let v = keys_to_json(&["window=8".into(), "congestion_control=aimd".into()]).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"window": 8, "congestion_control": "aimd"})
+        );
+    }
     use serde_json::json;
 
     #[test]

@@ -25,46 +25,38 @@ fn sys_err(e: SystemError) -> DaemonError {
 pub(super) fn system(cfg: &Config, poll: &Poll) -> Result<(System, Vec<Ipcp>), DaemonError> {
     let mut sys = System::new(cfg.system.name.clone());
     let mut ipcps = Vec::new();
-    for (c, ic) in cfg.ipcps.iter().enumerate() {
-        let i = ipcps.len();
-        let name = ic.name.get_ref().clone();
-        let rate = ic.port_rate();
-        let io = match ic.kind {
-            IpcpKind::Normal => continue,
-            IpcpKind::ShimUdp => {
-                let (sc, io) = udp_ipcp(ic, poll, i)?;
-                sys.add_shim_udp(name.clone(), sc, rate).map_err(sys_err)?;
-                io
-            }
-            IpcpKind::ShimEth => {
-                let (ec, io) = shim_eth::new_ipcp(cfg, poll, c, i)?;
-                sys.add_shim_eth(name.clone(), ec, rate).map_err(sys_err)?;
-                io
-            }
-            IpcpKind::ShimHv => {
-                let (hc, io) = shim_hv::new_ipcp(cfg, c)?;
-                sys.add_shim_hv(name.clone(), hc, rate).map_err(sys_err)?;
-                io
-            }
-        };
-        ipcps.push(Ipcp {
-            name,
-            dif: ic.dif.clone(),
-            io,
-        });
+    for ic in cfg.ipcps.iter().filter(|ic| ic.kind != IpcpKind::Normal) {
+        let ip = add_one(&mut sys, poll, ic, &cfg.ipcps)?;
+        ipcps.push(ip);
     }
-    // Normal IPCPs once the DIFs their neighbours are reached through have
-    // a member here (a DIF may be stacked on another normal DIF).
-    let mut left: Vec<&IpcpConfig> = cfg
+    let normals: Vec<&IpcpConfig> = cfg
         .ipcps
         .iter()
         .filter(|ic| ic.kind == IpcpKind::Normal)
         .collect();
+    for ic in stacking_order(&sys, normals, &cfg.ipcps)? {
+        let ip = add_one(&mut sys, poll, ic, &cfg.ipcps)?;
+        ipcps.push(ip);
+    }
+    Ok((sys, ipcps))
+}
+
+/// Normal IPCPs `left` in an order where the DIFs their neighbours are
+/// reached through have a member here first (a DIF may be stacked on
+/// another normal DIF); `all` is the whole configuration.
+pub(super) fn stacking_order<'a>(
+    sys: &System,
+    mut left: Vec<&'a IpcpConfig>,
+    all: &[IpcpConfig],
+) -> Result<Vec<&'a IpcpConfig>, DaemonError> {
+    let mut order: Vec<&IpcpConfig> = Vec::new();
     while !left.is_empty() {
         let ready = left.iter().position(|ic| {
             ic.neighbors.iter().all(|nb| {
                 let over = nb.over.get_ref();
-                sys.member_in(over).is_some() || !cfg.ipcps.iter().any(|o| &o.dif == over)
+                sys.member_in(over).is_some()
+                    || order.iter().any(|o| &o.dif == over)
+                    || !all.iter().any(|o| &o.dif == over)
             })
         });
         let Some(k) = ready else {
@@ -77,17 +69,52 @@ pub(super) fn system(cfg: &Config, poll: &Poll) -> Result<(System, Vec<Ipcp>), D
                 source: io::Error::other("configuration"),
             });
         };
-        let ic = left.remove(k);
-        add_normal(&mut sys, ic)?;
-        ipcps.push(Ipcp {
-            name: ic.name.get_ref().clone(),
-            dif: ic.dif.clone(),
-            io: Io::Normal(Box::new(normal::NormalIo {
-                sched: ic.scheduler_config(),
-            })),
-        });
+        order.push(left.remove(k));
     }
-    Ok((sys, ipcps))
+    Ok(order)
+}
+
+/// Adds the IPCP of `ic` to `sys` (as its next member) with its driver,
+/// registered with `poll`; `all` is every `[[ipcp]]` table of the system
+/// (shim-eth IPCPs on one interface share it).
+pub(super) fn add_one(
+    sys: &mut System,
+    poll: &Poll,
+    ic: &IpcpConfig,
+    all: &[IpcpConfig],
+) -> Result<Ipcp, DaemonError> {
+    let i = sys.members().len();
+    let name = ic.name.get_ref().clone();
+    let rate = ic.port_rate();
+    let io = match ic.kind {
+        IpcpKind::Normal => {
+            add_normal(sys, ic)?;
+            Io::Normal(Box::new(normal::NormalIo {
+                sched: ic.scheduler_config(),
+            }))
+        }
+        IpcpKind::ShimUdp => {
+            let (sc, io) = udp_ipcp(ic, poll, i)?;
+            sys.add_shim_udp(name.clone(), sc, rate).map_err(sys_err)?;
+            io
+        }
+        IpcpKind::ShimEth => {
+            let (ec, io) = shim_eth::new_ipcp(ic, all, poll, i)?;
+            sys.add_shim_eth(name.clone(), ec, rate).map_err(sys_err)?;
+            io
+        }
+        IpcpKind::ShimHv => {
+            let (hc, io) = shim_hv::new_ipcp(ic)?;
+            sys.add_shim_hv(name.clone(), hc, rate).map_err(sys_err)?;
+            io
+        }
+    };
+    Ok(Ipcp {
+        name,
+        dif: ic.dif.clone(),
+        io,
+        cfg: ic.clone(),
+    })
 }
 
 /// A shim-udp IPCP's machine configuration and its socket, registered as

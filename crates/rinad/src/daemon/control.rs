@@ -357,6 +357,14 @@ impl Daemon {
                 None => Ok(()),
             }
             .and_then(|()| self.scheduler(&ipcp, set)),
+            op @ (Op::CreateIpcp { .. }
+            | Op::DestroyIpcp { .. }
+            | Op::Enroll { .. }
+            | Op::SetEfcp { .. }
+            | Op::Reload { .. }) => match self.runtime_op(conn, id, op) {
+                Some(r) => r,
+                None => return,
+            },
             op @ (Op::AddNeighbor { .. }
             | Op::RemoveNeighbor { .. }
             | Op::RegisterIpcp { .. }
@@ -367,20 +375,24 @@ impl Daemon {
 
     /// IPCPs in `dif`, or every IPCP without one.
     pub(super) fn ipcps_in(&self, dif: Option<&str>) -> Result<Vec<usize>, CtlError> {
-        if self.ipcps.is_empty() {
+        if self.live_ipcps().next().is_none() {
             return Err(CtlError::new(
                 ErrorKind::NoDif,
                 format!("system {} has no IPC process", self.system),
             ));
         }
         match dif {
-            None => Ok((0..self.ipcps.len()).collect()),
+            None => Ok(self.live_ipcps().collect()),
             Some(d) => {
-                let v: Vec<usize> = (0..self.ipcps.len())
+                let v: Vec<usize> = self
+                    .live_ipcps()
                     .filter(|&i| self.ipcps[i].dif == d)
                     .collect();
                 if v.is_empty() {
-                    let known: Vec<&str> = self.ipcps.iter().map(|ip| ip.dif.as_str()).collect();
+                    let known: Vec<&str> = self
+                        .live_ipcps()
+                        .map(|i| self.ipcps[i].dif.as_str())
+                        .collect();
                     return Err(CtlError::new(
                         ErrorKind::UnknownDif,
                         format!("no DIF named {d:?}; this system has {}", known.join(", ")),
@@ -766,6 +778,7 @@ impl Daemon {
         self.ipcps
             .iter()
             .enumerate()
+            .filter(|(_, ip)| !matches!(ip.io, Io::Removed))
             .map(|(i, ip)| IpcpInfo {
                 name: ip.name.clone(),
                 kind: self.kind(i).into(),
@@ -798,6 +811,9 @@ impl Daemon {
     pub(super) fn list_difs(&self) -> Vec<DifInfo> {
         let mut difs: BTreeMap<&str, (&'static str, Vec<String>)> = BTreeMap::new();
         for (i, ip) in self.ipcps.iter().enumerate() {
+            if matches!(ip.io, Io::Removed) {
+                continue;
+            }
             let e = difs.entry(&ip.dif).or_insert((self.kind(i), Vec::new()));
             e.1.push(ip.name.clone());
         }
@@ -890,7 +906,7 @@ fn check_qos(q: &rina_wire::QosSpec) -> Result<(), CtlError> {
 /// The error reply that replaces a reply too large for the control socket.
 fn too_big(msg: &Message, len: usize) -> Vec<u8> {
     let id = match msg {
-        Message::Reply { id, .. } => *id,
+        Message::Reply { id, .. } | Message::Progress { id, .. } => *id,
         Message::FlowRequest(_) => 0,
     };
     let e = CtlError::new(

@@ -23,6 +23,9 @@ pub(super) enum Io {
     Hv(Box<HvIo>),
     /// A normal IPCP: no medium of its own.
     Normal(Box<NormalIo>),
+    /// An IPCP destroyed at run time: its index stays taken (the core's
+    /// [`rina_core::system::System::is_removed`]), its IO is gone.
+    Removed,
 }
 
 impl Io {
@@ -32,7 +35,7 @@ impl Io {
             Io::Udp(u) => Some(&mut u.rx_queued),
             Io::Eth(e) => Some(&mut e.rx_queued),
             Io::Hv(h) => Some(&mut h.rx_queued),
-            Io::Normal(_) => None,
+            Io::Normal(_) | Io::Removed => None,
         }
     }
 }
@@ -42,6 +45,9 @@ pub(super) struct Ipcp {
     pub name: String,
     pub dif: String,
     pub io: Io,
+    /// Its `[[ipcp]]` table, as read from the file or given at run time
+    /// (what a reload compares the file with).
+    pub cfg: crate::config::IpcpConfig,
 }
 
 impl Daemon {

@@ -68,7 +68,11 @@ impl Daemon {
 
     /// The normal IPCP named `ipcp` and the IPCP of another DIF `dif`
     /// below it, by index.
-    fn normal_and_lower(&self, ipcp: &str, dif: &str) -> Result<(usize, usize), CtlError> {
+    pub(super) fn normal_and_lower(
+        &self,
+        ipcp: &str,
+        dif: &str,
+    ) -> Result<(usize, usize), CtlError> {
         let j = self.normal_named(ipcp)?;
         let lower = self.sys.lower_for(j, dif).map_err(|e| match e {
             SystemError::NoLowerIpcp { .. } => {
@@ -99,7 +103,7 @@ impl Daemon {
         Ok(())
     }
 
-    fn add_neighbor(
+    pub(super) fn add_neighbor(
         &mut self,
         ipcp: &str,
         name: AppName,

@@ -38,6 +38,8 @@ mod control;
 mod ipcp;
 mod manage;
 mod normal;
+mod reload;
+mod runtime;
 mod shim;
 mod shim_eth;
 mod shim_hv;
@@ -83,6 +85,7 @@ const MAX_RX_PENDING: usize = 1024;
 
 const LISTENER: Token = Token(0);
 const SIGNAL: Token = Token(1);
+const HUP: Token = Token(2);
 const SHIFT: u32 = 40;
 const T_UDP: usize = 1;
 const T_CONN: usize = 2;
@@ -209,6 +212,12 @@ pub struct Daemon {
     taken: HashMap<PortId, usize>,
     /// `rinactl capture`s running ([`capture`]).
     captures: capture::Captures,
+    /// Enrollments clients wait for ([`runtime`]).
+    enrolls: Vec<runtime::PendingEnroll>,
+    /// The configuration file, read again by `rinactl reload` and SIGHUP.
+    config_path: PathBuf,
+    /// A self-pipe written by the SIGHUP handler.
+    hup_rx: UnixStream,
     buf: Vec<u8>,
     ctl_buf: Vec<u8>,
 }
@@ -216,7 +225,11 @@ pub struct Daemon {
 impl Daemon {
     /// Binds every socket of the configuration. Fails if another daemon
     /// already serves `socket_path`.
-    pub fn new(cfg: &Config, socket_path: PathBuf) -> Result<Daemon, DaemonError> {
+    pub fn new(
+        cfg: &Config,
+        config_path: PathBuf,
+        socket_path: PathBuf,
+    ) -> Result<Daemon, DaemonError> {
         let poll = Poll::new().map_err(io_ctx("cannot create the poller"))?;
         let access = access::Access::new(&cfg.system)?;
         control::prepare_socket(&socket_path)?;
@@ -263,6 +276,15 @@ impl Daemon {
                 Interest::READABLE,
             )
             .map_err(io_ctx("poll register"))?;
+        let (hup_rx, hup_tx) = UnixStream::pair().map_err(io_ctx("signal pipe"))?;
+        hup_rx
+            .set_nonblocking(true)
+            .map_err(io_ctx("signal pipe"))?;
+        signal_hook::low_level::pipe::register(signal_hook::consts::SIGHUP, hup_tx)
+            .map_err(io_ctx("cannot install signal handler"))?;
+        poll.registry()
+            .register(&mut SourceFd(&hup_rx.as_raw_fd()), HUP, Interest::READABLE)
+            .map_err(io_ctx("poll register"))?;
 
         let (mut sys, ipcps) = build::system(cfg, &poll)?;
         // A reader that does not read stops its sender (flow control)
@@ -294,6 +316,9 @@ impl Daemon {
             idle_sweep: Instant::from_nanos(0),
             taken: HashMap::new(),
             captures: capture::Captures::default(),
+            enrolls: Vec::new(),
+            config_path,
+            hup_rx,
             buf: vec![0; HEADROOM + 65_536 + 1],
             ctl_buf: vec![0; ctl::MAX_CTL_MSG],
         };
@@ -319,6 +344,7 @@ impl Daemon {
                     .chain(self.accept_retry)
                     .chain(Some(self.idle_sweep))
                     .chain(self.hv_timeout())
+                    .chain(self.enrolls.iter().map(|e| e.deadline()).min())
                     .min()
                     .map(|t| t.saturating_since(now))
             };
@@ -336,6 +362,7 @@ impl Daemon {
                 match ev.token() {
                     LISTENER => self.accept_conns(),
                     SIGNAL => stop = true,
+                    HUP => self.on_hup(),
                     t => match untoken(t) {
                         (T_UDP, i) => {
                             if ev.is_writable() {
@@ -389,6 +416,9 @@ impl Daemon {
                 self.sys.handle_timeout(now);
             }
             self.hv_ticks(now);
+            if !self.enrolls.is_empty() {
+                self.enroll_deadlines(now);
+            }
             self.drain_outputs();
             self.drain_captures();
             for id in std::mem::take(&mut self.closing) {
@@ -444,7 +474,7 @@ impl Daemon {
                 Io::Udp(_) => self.service_udp(i),
                 Io::Eth(_) => self.service_eth(i),
                 Io::Hv(_) => self.service_hv(i),
-                Io::Normal(_) => false,
+                Io::Normal(_) | Io::Removed => false,
             };
             self.drain_outputs();
             if more {
@@ -478,6 +508,7 @@ impl Daemon {
             Io::Normal(_) => self.service_normal_flow(port),
             Io::Hv(_) => self.service_hv_flow(port),
             Io::Udp(_) | Io::Eth(_) => self.service_shim_flow(port),
+            Io::Removed => FlowService::Closed,
         }
     }
 
@@ -517,6 +548,9 @@ impl Daemon {
             Output::Membership { member, event } => {
                 if let Some(ip) = self.ipcps.get(member) {
                     ipcp::log_membership(&ip.name, &event);
+                }
+                if !self.enrolls.is_empty() {
+                    self.enroll_news(member, &event);
                 }
                 if let rina_core::normal::MembershipEvent::NeighborDown { port, .. } = event {
                     warn!(port, "N-1 flow silent; setting it up again");

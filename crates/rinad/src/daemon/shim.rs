@@ -175,7 +175,7 @@ impl Daemon {
             Io::Udp(u) => !u.stalled.is_empty(),
             Io::Eth(e) => !e.stalled.is_empty(),
             Io::Hv(h) => h.stalled(),
-            Io::Normal(_) => false,
+            Io::Normal(_) | Io::Removed => false,
         }
     }
 

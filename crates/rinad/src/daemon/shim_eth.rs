@@ -427,17 +427,15 @@ fn send_frame(fd: RawFd, parts: &[&[u8]]) -> TxResult {
 /// The machine configuration and socket of the shim-eth IPCP of entry `c`
 /// of configuration `cfg`, registered with the poller as member `i`.
 pub(super) fn new_ipcp(
-    cfg: &Config,
+    ic: &crate::config::IpcpConfig,
+    all: &[crate::config::IpcpConfig],
     poll: &Poll,
-    c: usize,
     i: usize,
 ) -> Result<(core_eth::Config, Io), DaemonError> {
-    let ic = &cfg.ipcps[c];
     let name = ic.name.get_ref().clone();
     let interface = ic.interface.clone().unwrap_or_default();
     let vlan = ic.shim_eth_vlan();
-    let siblings: Vec<u16> = cfg
-        .ipcps
+    let siblings: Vec<u16> = all
         .iter()
         .filter(|o| o.kind == IpcpKind::ShimEth && o.interface == ic.interface)
         .filter_map(|o| o.shim_eth_vlan())

@@ -239,8 +239,9 @@ fn open_region(path: &Path, side: Side, session: u32) -> io::Result<Attached> {
 
 /// The machine configuration and shared memory of the shim-hv IPCP of
 /// entry `c` of configuration `cfg`.
-pub(super) fn new_ipcp(cfg: &Config, c: usize) -> Result<(core_hv::Config, Io), DaemonError> {
-    let ic = &cfg.ipcps[c];
+pub(super) fn new_ipcp(
+    ic: &crate::config::IpcpConfig,
+) -> Result<(core_hv::Config, Io), DaemonError> {
     let name = ic.name.get_ref().clone();
     let path = ic.path.clone().unwrap_or_default();
     let side = match ic.side {

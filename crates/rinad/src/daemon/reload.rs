@@ -1,0 +1,185 @@
+//! `rinactl reload` and SIGHUP: the configuration file read again and the
+//! difference with the running system applied. The whole file is parsed
+//! and checked before anything changes, so a bad file changes nothing.
+//!
+//! An IPCP is matched by name. One the file no longer has is destroyed; a
+//! new one is created; one whose keys changed other than its neighbours,
+//! static directory (`names`), scheduling policy and the EFCP policies of
+//! its cubes is destroyed and created again; for the rest only those
+//! change.
+
+use super::*;
+use crate::config::{Config, IpcpConfig, IpcpKind};
+use rina_core::system::NeighborSpec;
+
+fn invalid(m: String) -> CtlError {
+    CtlError::new(ErrorKind::InvalidRequest, m)
+}
+
+/// The keys of an `[[ipcp]]` table that change in place.
+const IN_PLACE: [&str; 3] = ["neighbor", "names", "scheduler"];
+
+/// Table `t` without the keys that change in place, and without the
+/// `efcp` tables of its cubes: what must be equal to keep the IPCP.
+fn identity(t: &toml::Table) -> toml::Table {
+    let mut t = t.clone();
+    for k in IN_PLACE {
+        t.remove(k);
+    }
+    if let Some(toml::Value::Array(cubes)) = t.get_mut("qos_cube") {
+        for c in cubes.iter_mut() {
+            if let toml::Value::Table(c) = c {
+                c.remove("efcp");
+            }
+        }
+    }
+    t
+}
+
+impl Daemon {
+    /// Reads the configuration file (`path`, default the daemon's) and
+    /// applies the difference; what changed, one line each.
+    pub(super) fn reload(&mut self, path: Option<&str>) -> Result<Vec<String>, CtlError> {
+        let path = path.map_or_else(|| self.config_path.clone(), PathBuf::from);
+        let cfg = Config::load(&path)
+            .map_err(|e| invalid(format!("configuration refused, nothing changed: {e}")))?;
+        let mut out = Vec::new();
+        // Gone or changed beyond what changes in place: destroyed first.
+        let mut create: Vec<&IpcpConfig> = Vec::new();
+        let live: Vec<usize> = self.live_ipcps().collect();
+        for i in live {
+            let name = self.ipcps[i].name.clone();
+            match cfg.ipcps.iter().find(|ic| ic.name.get_ref() == &name) {
+                None => out.extend(self.destroy_ipcp(i)?),
+                Some(ic) if identity(&ic.raw) != identity(&self.ipcps[i].cfg.raw) => {
+                    out.push(format!("IPCP {name} changed: created again"));
+                    out.extend(self.destroy_ipcp(i)?);
+                }
+                Some(_) => {}
+            }
+        }
+        for ic in &cfg.ipcps {
+            if self.live_named(ic.name.get_ref()).is_err() {
+                create.push(ic);
+            }
+        }
+        let (shims, normals): (Vec<&IpcpConfig>, Vec<&IpcpConfig>) = create
+            .into_iter()
+            .partition(|ic| ic.kind != IpcpKind::Normal);
+        let normals = build::stacking_order(&self.sys, normals, &cfg.ipcps)
+            .map_err(|e| invalid(e.to_string()))?;
+        for ic in shims.into_iter().chain(normals) {
+            out.extend(self.create_ipcp(ic)?);
+        }
+        for ic in &cfg.ipcps {
+            let i = self.live_named(ic.name.get_ref())?;
+            if ic.kind == IpcpKind::Normal {
+                out.extend(self.update_in_place(i, ic)?);
+            }
+            self.ipcps[i].cfg = ic.clone();
+        }
+        self.config_path = path;
+        if out.is_empty() {
+            out.push("nothing changed".into());
+        }
+        info!(changes = out.len(), "configuration reloaded");
+        Ok(out)
+    }
+
+    /// Brings the neighbours, static directory, scheduling policy and
+    /// cubes' EFCP policies of normal IPCP `i` to what `ic` says.
+    fn update_in_place(&mut self, i: usize, ic: &IpcpConfig) -> Result<Vec<String>, CtlError> {
+        let name = ic.name.get_ref().clone();
+        let mut out = Vec::new();
+        let now = self.now();
+        let have: Vec<NeighborSpec> = self
+            .sys
+            .plan(i)
+            .map(|p| p.neighbors.iter().map(|nb| nb.spec.clone()).collect())
+            .unwrap_or_default();
+        for nb in &have {
+            let keep = ic
+                .neighbors
+                .iter()
+                .any(|w| w.name == nb.name && w.over.get_ref() == &nb.over);
+            if !keep && self.sys.remove_neighbor(now, i, &nb.name) {
+                out.push(format!("{name}: neighbour {} removed", nb.name));
+            }
+        }
+        for w in &ic.neighbors {
+            let there = have
+                .iter()
+                .any(|nb| nb.name == w.name && &nb.over == w.over.get_ref());
+            if !there {
+                let (_, lower) = self.normal_and_lower(&name, w.over.get_ref())?;
+                self.sys.register_ipcp(i, lower).map_err(ipcp::flow_error)?;
+                let spec = NeighborSpec {
+                    name: w.name.clone(),
+                    over: w.over.get_ref().clone(),
+                    address: w.address,
+                };
+                self.sys
+                    .add_neighbor(now, i, spec)
+                    .map_err(|e| invalid(e.to_string()))?;
+                out.push(format!(
+                    "{name}: neighbour {} added over {}",
+                    w.name,
+                    w.over.get_ref()
+                ));
+            }
+        }
+        out.extend(self.update_names(i, ic));
+        let sched = ic.scheduler_config();
+        let same = matches!(&self.ipcps[i].io, Io::Normal(n) if n.sched == sched);
+        if !same {
+            let v = serde_json::to_value(&sched).map_err(|e| invalid(e.to_string()))?;
+            self.scheduler(&name, Some(v))?;
+            out.push(format!("{name}: scheduling policy now {}", sched.name()));
+        }
+        out.extend(self.update_cubes(i, ic)?);
+        self.drain_outputs();
+        Ok(out)
+    }
+
+    /// The static directory of normal IPCP `i` as `ic` says.
+    fn update_names(&mut self, i: usize, ic: &IpcpConfig) -> Vec<String> {
+        let name = ic.name.get_ref().clone();
+        let old = self.ipcps[i].cfg.names.clone();
+        let mut out = Vec::new();
+        let Some(n) = self.sys.member_mut(i).and_then(|m| m.normal_mut()) else {
+            return out;
+        };
+        for app in old.keys().filter(|a| !ic.names.contains_key(*a)) {
+            if n.remove_directory(app) {
+                out.push(format!("{name}: directory entry {app} removed"));
+            }
+        }
+        for (app, &addr) in &ic.names {
+            if old.get(app) != Some(&addr) {
+                n.set_directory(app.clone(), addr);
+                out.push(format!("{name}: {app} is at address {addr}"));
+            }
+        }
+        out
+    }
+
+    /// The EFCP policies of the cubes of normal IPCP `i` as `ic` says.
+    fn update_cubes(&mut self, i: usize, ic: &IpcpConfig) -> Result<Vec<String>, CtlError> {
+        let name = ic.name.get_ref().clone();
+        let mut out = Vec::new();
+        let Some(n) = self.sys.member_mut(i).and_then(|m| m.normal_mut()) else {
+            return Ok(out);
+        };
+        for c in ic.cubes() {
+            if n.cube(c.id).is_some_and(|now| now.efcp != c.efcp) {
+                n.replace_cube_efcp(c.id, c.efcp)
+                    .map_err(|e| invalid(format!("{name}: {e}")))?;
+                out.push(format!(
+                    "{name}: EFCP policies of QoS cube {} changed",
+                    c.name
+                ));
+            }
+        }
+        Ok(out)
+    }
+}

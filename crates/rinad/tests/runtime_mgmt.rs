@@ -1,0 +1,369 @@
+//! The IPC Manager at run time, driven by `rinactl` alone (issue 16):
+//! two daemons started empty get a shim-udp DIF and a normal DIF over it,
+//! one enrolls into the other, `rina-echo` runs across while policies
+//! change, the normal IPCP is destroyed under the echo client (which gets
+//! an error at once) and a reload brings it back. A bad reload changes
+//! nothing and names the key and the line.
+
+mod common;
+
+use common::{wait_for, Daemon};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Where the tools are: next to `rinad`, built first if this test runs
+/// alone (`cargo test -p rinad` does not build other packages' binaries).
+fn tool(exe: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_BIN_EXE_rinad"))
+        .parent()
+        .expect("bin dir")
+        .to_path_buf();
+    let tools = ["rina-echo", "rinactl"];
+    if tools.iter().any(|t| !dir.join(t).exists()) {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-p", "rina-tools"]);
+        for t in tools {
+            cmd.args(["--bin", t]);
+        }
+        if dir.ends_with("release") {
+            cmd.arg("--release");
+        }
+        assert!(
+            cmd.status().expect("run cargo").success(),
+            "building the tools"
+        );
+    }
+    dir.join(exe)
+}
+
+/// `exe ARGS` with `--socket` after the subcommand (`rina-echo client
+/// --socket ...`) or before it (`rinactl --socket ... ipcps`).
+fn command(d: &Daemon, exe: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(tool(exe));
+    let (head, tail) = args.split_at(usize::from(exe == "rina-echo"));
+    c.args(head).arg("--socket").arg(&d.socket).args(tail);
+    c
+}
+
+fn run(d: &Daemon, exe: &str, args: &[&str]) -> Output {
+    command(d, exe, args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run a tool")
+}
+
+/// `rinactl ARGS` at `d`, which must succeed; its standard output.
+fn ctl(d: &Daemon, args: &[&str]) -> String {
+    let o = run(d, "rinactl", args);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "rinactl {args:?} failed: {out}{err}");
+    out
+}
+
+/// `rinactl ARGS` at `d`, which must fail; its standard error.
+fn ctl_fails(d: &Daemon, args: &[&str]) -> String {
+    let o = run(d, "rinactl", args);
+    assert!(
+        !o.status.success(),
+        "rinactl {args:?} succeeded: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The IPCPs `rinactl ipcps --json` lists: name -> (address, JSON).
+fn ipcps(d: &Daemon) -> Vec<serde_json::Value> {
+    serde_json::from_str(&ctl(d, &["--json", "ipcps"])).expect("JSON")
+}
+
+fn ipcp<'a>(list: &'a [serde_json::Value], name: &str) -> Option<&'a serde_json::Value> {
+    list.iter().find(|i| i["name"] == name)
+}
+
+fn empty(name: &str) -> Daemon {
+    Daemon::start_with(name, &format!("[system]\nname = \"{name}\"\n"))
+}
+
+fn spawn_echo(d: &Daemon, args: &[&str]) -> Child {
+    command(d, "rina-echo", args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn rina-echo")
+}
+
+/// A short echo run from `d` across DIF net, which must succeed.
+fn echo_works(d: &Daemon) {
+    let o = run(
+        d,
+        "rina-echo",
+        &[
+            "client",
+            "--dif",
+            "net",
+            "--count",
+            "3",
+            "--interval-ms",
+            "20",
+        ],
+    );
+    assert!(
+        o.status.success(),
+        "rina-echo across: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn rinactl_builds_two_difs_enrolls_changes_policies_destroys_and_reloads() {
+    let beta = empty("beta");
+    let alpha = empty("alpha");
+    // beta: a shim-udp DIF and the bootstrap member of DIF net.
+    ctl(
+        &beta,
+        &[
+            "ipcp",
+            "create",
+            "name=beta.udp",
+            "type=shim-udp",
+            "dif=udp",
+            "bind=127.0.0.1:0",
+        ],
+    );
+    let udp = ipcp(&ipcps(&beta), "beta.udp").unwrap()["address"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let net = [
+        "dif=net",
+        "type=normal",
+        "routing=link-state",
+        "directory_mode=distributed",
+    ];
+    let mut args = vec!["ipcp", "create", "name=beta.net", "address=1"];
+    args.extend(net);
+    let out = ctl(&beta, &args);
+    assert!(out.contains("IPCP beta.net created"), "{out}");
+    ctl(
+        &beta,
+        &["neighbor", "add", "beta.net", "alpha.net", "--over", "udp"],
+    );
+    // alpha: its shim knows where beta.net is; its normal IPCP has no
+    // address and enrolls through beta.net.
+    let dir = format!("directory={{\"beta.net\" = \"{udp}\"}}");
+    ctl(
+        &alpha,
+        &[
+            "ipcp",
+            "create",
+            "name=alpha.udp",
+            "type=shim-udp",
+            "dif=udp",
+            "bind=127.0.0.1:0",
+            &dir,
+        ],
+    );
+    let mut args = vec!["ipcp", "create", "name=alpha.net"];
+    args.extend(net);
+    ctl(&alpha, &args);
+    // The steps come as they happen (progress messages before the reply),
+    // then the outcome.
+    let out = ctl(
+        &alpha,
+        &["ipcp", "enroll", "alpha.net", "beta.net", "--over", "udp"],
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines.len() >= 3, "{out}");
+    assert!(lines[0].contains("ms: connect (via beta.net)"), "{out}");
+    assert!(
+        lines[lines.len() - 2].contains("enrolled via beta.net, address"),
+        "{out}"
+    );
+    let last = lines[lines.len() - 1];
+    assert!(
+        last.starts_with("alpha.net enrolled through beta.net: address "),
+        "{out}"
+    );
+    let addr: u64 = last.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(addr > 1, "{out}");
+    let listed = ipcp(&ipcps(&alpha), "alpha.net").unwrap()["address"].clone();
+    assert_eq!(listed, addr.to_string());
+    // A second enrollment of a member is refused with the reason.
+    let e = ctl_fails(
+        &alpha,
+        &["ipcp", "enroll", "alpha.net", "beta.net", "--over", "udp"],
+    );
+    assert!(e.contains("member of DIF net already"), "{e}");
+
+    let _server = Killed(spawn_echo(&beta, &["server", "--dif", "net"]));
+    wait_for(
+        "echo to be reachable across",
+        Duration::from_secs(10),
+        || {
+            run(
+                &alpha,
+                "rina-echo",
+                &["client", "--dif", "net", "--count", "1"],
+            )
+            .status
+            .success()
+        },
+    );
+    echo_works(&alpha);
+
+    // Traffic flows while the policies change.
+    let mut client = Killed(spawn_echo(
+        &alpha,
+        &[
+            "client",
+            "--dif",
+            "net",
+            "--count",
+            "100000",
+            "--interval-ms",
+            "10",
+        ],
+    ));
+    std::thread::sleep(Duration::from_millis(300));
+    ctl(
+        &alpha,
+        &[
+            "sched",
+            "alpha.net",
+            "--set",
+            "{ policy = \"fifo\", queue_len = 64 }",
+        ],
+    );
+    let s: serde_json::Value =
+        serde_json::from_str(&ctl(&alpha, &["--json", "sched", "alpha.net"])).unwrap();
+    assert_eq!(s["config"]["queue_len"], 64, "{s}");
+    let out = ctl(
+        &alpha,
+        &[
+            "efcp",
+            "alpha.net",
+            "reliable",
+            "max_retries=5",
+            "min_rto_ms=20",
+        ],
+    );
+    assert!(out.contains("max_retries: 5"), "{out}");
+    let e = ctl_fails(&alpha, &["efcp", "alpha.net", "reliable", "window=0"]);
+    assert!(e.contains("`window` must be between 1 and"), "{e}");
+    let e = ctl_fails(&alpha, &["efcp", "alpha.net", "reliable", "windw=8"]);
+    assert!(e.contains("windw"), "{e}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        client.0.try_wait().unwrap().is_none(),
+        "the echo client stopped while policies changed"
+    );
+
+    // Destroying the normal IPCP: the echo client gets an error at once.
+    let t0 = Instant::now();
+    let out = ctl(&alpha, &["ipcp", "destroy", "alpha.net"]);
+    assert!(out.contains("IPCP alpha.net destroyed"), "{out}");
+    assert!(out.contains("application flow(s) closed"), "{out}");
+    let status = loop {
+        if let Some(s) = client.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(1),
+            "the echo client hangs after the destroy"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let took = t0.elapsed();
+    assert!(!status.success());
+    let mut err = String::new();
+    std::io::Read::read_to_string(client.0.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(err.contains("flow closed"), "{err}");
+    eprintln!("echo client failed {took:?} after `rinactl ipcp destroy`");
+    assert!(ipcp(&ipcps(&alpha), "alpha.net").is_none());
+
+    // A reload of a file that has it brings it back; the shim is kept.
+    let file = alpha.dir.join("rinad.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[system]\nname = \"alpha\"\n\n[[ipcp]]\nname = \"alpha.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:0\"\ndirectory = {{\"beta.net\" = \"{udp}\"}}\n\n[[ipcp]]\nname = \"alpha.net\"\ntype = \"normal\"\ndif = \"net\"\nrouting = \"link-state\"\ndirectory_mode = \"distributed\"\n[[ipcp.neighbor]]\nname = \"beta.net\"\nover = \"udp\"\n"
+        ),
+    )
+    .unwrap();
+    let out = ctl(&alpha, &["reload"]);
+    assert!(out.contains("IPCP alpha.net created"), "{out}");
+    assert!(
+        !out.contains("alpha.udp"),
+        "the unchanged shim was touched: {out}"
+    );
+    wait_for("alpha.net to enroll again", Duration::from_secs(10), || {
+        ipcp(&ipcps(&alpha), "alpha.net").is_some_and(|i| i["address"] != "0")
+    });
+    wait_for("echo across again", Duration::from_secs(10), || {
+        run(
+            &alpha,
+            "rina-echo",
+            &["client", "--dif", "net", "--count", "1"],
+        )
+        .status
+        .success()
+    });
+    echo_works(&alpha);
+}
+
+#[test]
+fn a_bad_reload_changes_nothing_and_names_the_key_and_line() {
+    let good = "[system]\nname = \"gamma\"\n\n[[ipcp]]\nname = \"gamma.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:0\"\n";
+    let d = Daemon::start_with("gamma", good);
+    let before = ipcps(&d);
+    let file = d.dir.join("rinad.toml");
+    // An unknown key on line 9, with a new IPCP before it.
+    let bad = format!("{good}\n[[ipcp]]\nbnd = \"x\"\n");
+    let bad = bad.replace("[[ipcp]]\nbnd", "[[ipcp]]\nname = \"gamma.net\"\nbnd");
+    std::fs::write(&file, &bad).unwrap();
+    let line = bad.lines().position(|l| l.starts_with("bnd")).unwrap() + 1;
+    let e = ctl_fails(&d, &["reload"]);
+    assert!(e.contains("nothing changed"), "{e}");
+    assert!(
+        e.contains("bnd") && e.contains(&format!("line {line}")),
+        "{e}"
+    );
+    // A bad value: the key and its line.
+    let bad = format!("{good}max_sdu = 0\n");
+    std::fs::write(&file, &bad).unwrap();
+    let e = ctl_fails(&d, &["reload"]);
+    assert!(e.contains("max_sdu") && e.contains("line 9"), "{e}");
+    assert_eq!(ipcps(&d).len(), before.len());
+    assert!(ipcp(&ipcps(&d), "gamma.udp").is_some());
+    // A good file by SIGHUP: a second shim appears, the first stays.
+    let more = format!(
+        "{good}\n[[ipcp]]\nname = \"gamma.udp2\"\ntype = \"shim-udp\"\ndif = \"udp2\"\nbind = \"127.0.0.1:0\"\n"
+    );
+    std::fs::write(&file, more).unwrap();
+    let addr = ipcp(&ipcps(&d), "gamma.udp").unwrap()["address"].clone();
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(d.child.id() as i32, libc::SIGHUP) };
+    wait_for("the reload by SIGHUP", Duration::from_secs(5), || {
+        ipcp(&ipcps(&d), "gamma.udp2").is_some()
+    });
+    assert_eq!(ipcp(&ipcps(&d), "gamma.udp").unwrap()["address"], addr);
+    // Removing it from the file and reloading destroys it.
+    std::fs::write(&file, good).unwrap();
+    let out = ctl(&d, &["reload"]);
+    assert!(out.contains("IPCP gamma.udp2 destroyed"), "{out}");
+    assert!(ipcp(&ipcps(&d), "gamma.udp2").is_none());
+}
