@@ -556,6 +556,12 @@ fn run_test(flow: &Flow, a: &ClientArgs, test: u32, size: usize) -> Result<TestR
     Ok(TestResult::new(size, sent, bytes, send_time, report))
 }
 
+/// Rounds of 100 ms the client waits for a REPORT once what it wrote no
+/// longer drains from its ring or socket. What EFCP still holds then (its
+/// queue of 64 SDUs and the window) is invisible from here: with ten flows
+/// sharing 10 Mb/s (about 100 SDUs/s each) it took more than 2 s.
+const STOP_PATIENCE: u32 = 60;
+
 /// Asks for the REPORT of `test`: a STOP, then another every 100 ms (a STOP
 /// may be lost on an unreliable flow) until the REPORT comes.
 ///
@@ -564,9 +570,9 @@ fn run_test(flow: &Flow, a: &ClientArgs, test: u32, size: usize) -> Result<TestR
 /// shared flow that takes longer than any fixed wait (a 4 MiB ring holds
 /// over a second of 10 Mb/s), so the client waits as long as what it wrote
 /// keeps draining ([`rina::Flow::unsent_bytes`] shrinks), sends STOPs only
-/// once the earlier ones have left, and gives up after 20 rounds of 100 ms
-/// without progress: a flow that no longer drains, or a server that does
-/// not answer.
+/// once the earlier ones have left, and gives up after [`STOP_PATIENCE`]
+/// rounds of 100 ms without progress: a flow that no longer drains, or a
+/// server that does not answer.
 fn stop(flow: &Flow, test: u32, sent_sdus: u64, sent_bytes: u64) -> Result<Report, String> {
     let msg = Msg::Stop {
         test,
@@ -578,7 +584,7 @@ fn stop(flow: &Flow, test: u32, sent_sdus: u64, sent_bytes: u64) -> Result<Repor
     let begin = Instant::now();
     let (mut idle, mut stops) = (0u32, 0u32);
     let mut last_backlog = usize::MAX;
-    while idle < 20 {
+    while idle < STOP_PATIENCE {
         let backlog = flow.unsent_bytes().unwrap_or(0);
         if backlog > 0 && backlog < last_backlog {
             idle = 0;
@@ -595,8 +601,9 @@ fn stop(flow: &Flow, test: u32, sent_sdus: u64, sent_bytes: u64) -> Result<Repor
         }
     }
     Err(format!(
-        "no REPORT from the server for test {test:08x} after {stops} STOPs ({:.1} s, the last 2 s without the flow draining)",
-        begin.elapsed().as_secs_f64()
+        "no REPORT from the server for test {test:08x} after {stops} STOPs ({:.1} s, the last {:.1} s without the flow draining)",
+        begin.elapsed().as_secs_f64(),
+        f64::from(STOP_PATIENCE) / 10.0
     ))
 }
 
