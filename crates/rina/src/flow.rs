@@ -117,9 +117,7 @@ impl Flow {
     /// flow from a stuck one.
     pub fn unsent_bytes(&self) -> Result<usize> {
         if let Some(r) = &self.rings {
-            return r
-                .unsent_bytes()
-                .map_err(|e| rings_error(&self.info, e));
+            return r.unsent_bytes().map_err(|e| rings_error(&self.info, e));
         }
         let mut n: libc::c_int = 0;
         // SAFETY: SIOCOUTQ on a socket we own writes one int through the
