@@ -8,7 +8,8 @@
 #      rina-lab's netns backend (examples/lab/cc-1g.toml: namespaces, veth,
 #      tbf, rinad over shim-eth), 6 s;
 #   3. one, three and ten reliable flows over a 10 Mb/s bottleneck with a
-#      100-frame queue (examples/lab/cc-1.toml, cc-share.toml, cc-10.toml);
+#      100-frame queue (examples/lab/cc-1.toml, cc-share.toml, cc-10.toml),
+#      and three in a DIF stacked on the congested one (cc-stack.toml);
 #   4. one reliable flow and an iperf3 TCP flow on one 10 Mb/s tbf veth
 #      (examples/lab/cc-tcp.toml, iperf3 started in the run's namespaces),
 # and prints reliable goodput against iperf3 TCP (aim: >= 95 %), the share
@@ -62,7 +63,7 @@ ip netns del "$NS_A"
 ip netns del "$NS_B"
 
 # 2. and 3. rina-lab on netns.
-for e in cc-1g cc-1 cc-share cc-10; do
+for e in cc-1g cc-1 cc-share cc-10 cc-stack; do
     "$BIN/rina-lab" run "examples/lab/$e.toml" --backend netns --out "$T/$e" --no-plots >/dev/null || true
 done
 
@@ -98,11 +99,12 @@ one = flows("cc-1g")
 rina = one[0]["goodput_bps"] if one else 0.0
 print(f"iperf3 TCP over 1 Gb/s tbf veth   {tcp/1e6:9.1f} Mb/s")
 print(f"rina-perf reliable (netns)        {rina/1e6:9.1f} Mb/s   ratio {rina/tcp*100 if tcp else 0:5.1f} %  (aim >= 95 %)")
-for name, n in (("cc-1", 1), ("cc-share", 3), ("cc-10", 10)):
+for name, n in (("cc-1", 1), ("cc-share", 3), ("cc-10", 10), ("cc-stack", 3)):
     fl = flows(name)
     x = [f["goodput_bps"] for f in fl]
     done = sum(1 for f in fl if f["error"] is None and f["received"] == f["sent"])
-    print(f"{n} flows over 10 Mb/s: {done}/{len(fl)} complete, total {sum(x)/1e6:.2f} Mb/s, "
+    label = f"{n} flows" + (" stacked" if name == "cc-stack" else "")
+    print(f"{label} over 10 Mb/s: {done}/{len(fl)} complete, total {sum(x)/1e6:.2f} Mb/s, "
           f"utilisation {sum(x)/10e6*100:.1f} %, Jain {jain(x):.3f}, "
           f"min {min(x, default=0)/1e6:.2f} max {max(x, default=0)/1e6:.2f} Mb/s")
 fl = flows("cc-tcp")
