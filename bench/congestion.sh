@@ -2,20 +2,24 @@
 # Congestion-control benchmark (issue 21; not a timed test: the machine is
 # noisy). As root, in one run:
 #   1. iperf3 TCP between two network namespaces over a veth pair shaped
-#      by tbf to RATE (default 1gbit), for DUR seconds;
+#      by tbf to 1 Gb/s (burst and queue as rina-lab's netns backend sets
+#      them: 1 ms of traffic, 1000 frames of 1600 bytes), for DUR seconds;
 #   2. one reliable rina-perf flow over the same kind of link, with
 #      rina-lab's netns backend (examples/lab/cc-1g.toml: namespaces, veth,
-#      tbf, rinad over shim-eth);
-#   3. three reliable flows sharing a 10 Mb/s bottleneck
-#      (examples/lab/cc-share.toml),
-# and prints reliable goodput against iperf3 TCP (aim: >= 95 %) and the
-# share of each flow with Jain's fairness index.
+#      tbf, rinad over shim-eth), 6 s;
+#   3. one, three and ten reliable flows over a 10 Mb/s bottleneck with a
+#      100-frame queue (examples/lab/cc-1.toml, cc-share.toml, cc-10.toml),
+#      and three in a DIF stacked on the congested one (cc-stack.toml);
+#   4. one reliable flow and an iperf3 TCP flow on one 10 Mb/s tbf veth
+#      (examples/lab/cc-tcp.toml, iperf3 started in the run's namespaces),
+# and prints reliable goodput against iperf3 TCP (aim: >= 95 %), the share
+# of each flow with Jain's fairness index, and the RINA flow's share
+# against TCP (aim: between half and twice its share).
 #
-#   sudo bash bench/congestion.sh            # DUR=10 RATE=1gbit
+#   sudo bash bench/congestion.sh            # DUR=6
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DUR=${DUR:-10}
-RATE=${RATE:-1gbit}
+DUR=${DUR:-6}
 if [ "$(id -u)" != 0 ]; then
     echo "bench: needs root (network namespaces, tbf)" >&2
     exit 1
@@ -28,7 +32,9 @@ BIN=target/release
 T=$(mktemp -d /tmp/rina-bench-cc.XXXXXX)
 NS_A=rbcc-a-$$
 NS_B=rbcc-b-$$
+LAB_PID=
 cleanup() {
+    [ -n "$LAB_PID" ] && kill "$LAB_PID" 2>/dev/null && wait "$LAB_PID" 2>/dev/null
     ip netns del "$NS_A" 2>/dev/null || true
     ip netns del "$NS_B" 2>/dev/null || true
     rm -rf "$T"
@@ -38,44 +44,77 @@ trap cleanup EXIT INT TERM
 # 1. iperf3 TCP over a tbf-shaped veth between two namespaces.
 ip netns add "$NS_A"
 ip netns add "$NS_B"
-ip link add va type veth peer name vb
-ip link set va netns "$NS_A"
-ip link set vb netns "$NS_B"
-ip -n "$NS_A" addr add 10.99.0.1/24 dev va
-ip -n "$NS_B" addr add 10.99.0.2/24 dev vb
-for ns in "$NS_A:va" "$NS_B:vb"; do
+ip link add "va$$" type veth peer name "vb$$"
+ip link set "va$$" netns "$NS_A"
+ip link set "vb$$" netns "$NS_B"
+ip -n "$NS_A" addr add 10.99.0.1/24 dev "va$$"
+ip -n "$NS_B" addr add 10.99.0.2/24 dev "vb$$"
+for ns in "$NS_A:va$$" "$NS_B:vb$$"; do
     n=${ns%%:*}; d=${ns##*:}
     ip -n "$n" link set lo up
     ip -n "$n" link set "$d" up
-    ip netns exec "$n" tc qdisc add dev "$d" root tbf rate "$RATE" burst 256kb latency 20ms
+    ip netns exec "$n" tc qdisc add dev "$d" root tbf rate 1gbit burst 125000b limit 1600000b
 done
 ip netns exec "$NS_B" iperf3 -s -1 -D -p 5299 --logfile "$T/iperf3-server.log"
 sleep 0.5
 ip netns exec "$NS_A" iperf3 -c 10.99.0.2 -p 5299 -t "$DUR" -J >"$T/iperf3.json"
 TCP_BPS=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["end"]["sum_received"]["bits_per_second"])' "$T/iperf3.json")
+ip netns del "$NS_A"
+ip netns del "$NS_B"
 
 # 2. and 3. rina-lab on netns.
-"$BIN/rina-lab" run examples/lab/cc-1g.toml --backend netns --out "$T/cc-1g" --no-plots >/dev/null
-"$BIN/rina-lab" run examples/lab/cc-share.toml --backend netns --out "$T/cc-share" --no-plots >/dev/null
+for e in cc-1g cc-1 cc-share cc-10 cc-stack; do
+    "$BIN/rina-lab" run "examples/lab/$e.toml" --backend netns --out "$T/$e" --no-plots >/dev/null || true
+done
 
-python3 - "$TCP_BPS" "$T/cc-1g/run.json" "$T/cc-share/run.json" <<'PY'
+# 4. A reliable flow against iperf3 TCP on one 10 Mb/s tbf veth: rina-lab
+# makes the namespaces rlab<pid>-<node> and the veth ends rl<pid>a0 and
+# rl<pid>b0; iperf3 runs over the same pair, with addresses of its own.
+"$BIN/rina-lab" run examples/lab/cc-tcp.toml --backend netns --out "$T/cc-tcp" --no-plots >/dev/null &
+LAB_PID=$!
+for _ in $(seq 200); do
+    ip -n "rlab$LAB_PID-1" link show "rl${LAB_PID}b0" >/dev/null 2>&1 && break
+    sleep 0.05
+done
+ip -n "rlab$LAB_PID-0" addr add 10.98.0.1/24 dev "rl${LAB_PID}a0"
+ip -n "rlab$LAB_PID-1" addr add 10.98.0.2/24 dev "rl${LAB_PID}b0"
+ip netns exec "rlab$LAB_PID-1" iperf3 -s -1 -D -p 5298 --logfile "$T/iperf3-share-server.log"
+sleep 0.5
+ip netns exec "rlab$LAB_PID-0" iperf3 -c 10.98.0.2 -p 5298 -t 10 -J >"$T/iperf3-share.json" || true
+wait "$LAB_PID" || true
+LAB_PID=
+
+python3 - "$TCP_BPS" "$T" <<'PY'
 import json, sys
-tcp = float(sys.argv[1])
-def goodputs(path):
-    run = json.load(open(path))
-    by = {}
-    for p in run.get("goodput", []):
-        by[p["series"]] = max(by.get(p["series"], 0.0), p["goodput_bps"])
-    return by
-one = goodputs(sys.argv[2])
-rina = max(one.values()) if one else 0.0
-print(f"iperf3 TCP over tbf veth      {tcp/1e6:9.1f} Mb/s")
-print(f"rina-perf reliable (netns)     {rina/1e6:9.1f} Mb/s   ratio {rina/tcp*100 if tcp else 0:5.1f} %  (aim >= 95 %)")
-share = goodputs(sys.argv[3])
-x = list(share.values())
-if x:
-    jain = sum(x) ** 2 / (len(x) * sum(v * v for v in x))
-    for k, v in sorted(share.items()):
-        print(f"  share {k:30s} {v/1e6:7.2f} Mb/s")
-    print(f"3 flows over 10 Mb/s: total {sum(x)/1e6:.2f} Mb/s, utilisation {sum(x)/10e6*100:.1f} %, Jain {jain:.3f}")
+tcp, t = float(sys.argv[1]), sys.argv[2]
+def flows(name):
+    try:
+        run = json.load(open(f"{t}/{name}/run.json"))["run"]
+    except (OSError, ValueError, KeyError):
+        return []
+    return [f for f in run["flows"] if f["kind"] == "perf"]
+def jain(x):
+    return sum(x) ** 2 / (len(x) * sum(v * v for v in x)) if sum(x) else 0.0
+one = flows("cc-1g")
+rina = one[0]["goodput_bps"] if one else 0.0
+print(f"iperf3 TCP over 1 Gb/s tbf veth   {tcp/1e6:9.1f} Mb/s")
+print(f"rina-perf reliable (netns)        {rina/1e6:9.1f} Mb/s   ratio {rina/tcp*100 if tcp else 0:5.1f} %  (aim >= 95 %)")
+for name, n in (("cc-1", 1), ("cc-share", 3), ("cc-10", 10), ("cc-stack", 3)):
+    fl = flows(name)
+    x = [f["goodput_bps"] for f in fl]
+    done = sum(1 for f in fl if f["error"] is None and f["received"] == f["sent"])
+    label = f"{n} flows" + (" stacked" if name == "cc-stack" else "")
+    print(f"{label} over 10 Mb/s: {done}/{len(fl)} complete, total {sum(x)/1e6:.2f} Mb/s, "
+          f"utilisation {sum(x)/10e6*100:.1f} %, Jain {jain(x):.3f}, "
+          f"min {min(x, default=0)/1e6:.2f} max {max(x, default=0)/1e6:.2f} Mb/s")
+fl = flows("cc-tcp")
+r = fl[0]["goodput_bps"] if fl else 0.0
+try:
+    s = json.load(open(f"{t}/iperf3-share.json"))
+    tcp_share = s["end"]["sum_received"]["bits_per_second"]
+    per_s = [round(i["sum"]["bits_per_second"] / 1e6, 1) for i in s["intervals"]]
+except (OSError, ValueError, KeyError):
+    tcp_share, per_s = 0.0, []
+print(f"reliable flow against iperf3 TCP on 10 Mb/s: RINA {r/1e6:.2f} Mb/s = {r/5e6:.2f} x its share "
+      f"(aim 0.5..2); TCP {tcp_share/1e6:.2f} Mb/s over its 10 s, per second {per_s}")
 PY

@@ -87,3 +87,146 @@ fn real_daemons_schedule_urgent_first_at_a_tbf_link_one_dif_and_a_stack() {
         common::check_qos_2(&format!("netns {file}"), &outs[0], &outs[1]);
     }
 }
+
+/// Whether `iperf3` runs here, installed with apt-get if missing (as the
+/// bench scripts do).
+fn iperf3_available() -> bool {
+    let have = || {
+        std::process::Command::new("iperf3")
+            .arg("-v")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !have() {
+        let apt = |args: &[&str]| {
+            std::process::Command::new("apt-get")
+                .args(args)
+                .output()
+                .is_ok_and(|o| o.status.success())
+        };
+        let _ = apt(&["install", "-y", "iperf3"])
+            || (apt(&["update"]) && apt(&["install", "-y", "iperf3"]));
+    }
+    have()
+}
+
+/// Runs an iperf3 TCP flow for `secs` from node 0 to node 1 of the netns
+/// run of this process, over the veth pair of link 0 (the one rina-lab
+/// shaped with tbf); returns iperf3's JSON report.
+fn iperf3_over_link_0(secs: u32) -> serde_json::Value {
+    let pid = std::process::id();
+    let (na, nb) = (format!("rlab{pid}-0"), format!("rlab{pid}-1"));
+    let (da, db) = (format!("rl{pid}a0"), format!("rl{pid}b0"));
+    let ip = |args: &[&str]| {
+        let st = std::process::Command::new("ip")
+            .args(args)
+            .status()
+            .unwrap();
+        assert!(st.success(), "ip {args:?}");
+    };
+    ip(&["-n", &na, "addr", "add", "10.78.0.1/24", "dev", &da]);
+    ip(&["-n", &nb, "addr", "add", "10.78.0.2/24", "dev", &db]);
+    let mut server = std::process::Command::new("ip")
+        .args(["netns", "exec", &nb, "iperf3", "-s", "-1", "-p", "5302"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let out = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &na,
+            "iperf3",
+            "-c",
+            "10.78.0.2",
+            "-p",
+            "5302",
+        ])
+        .args(["-t", &secs.to_string(), "-J"])
+        .output()
+        .unwrap();
+    // One-shot server: gone after the test; killed if the client failed.
+    let _ = server.kill();
+    let _ = server.wait();
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "iperf3 client: {e}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+#[test]
+fn a_reliable_flow_shares_a_tbf_link_with_iperf3_tcp() {
+    let mut be = Netns::default();
+    if be.check().is_err() {
+        println!("skipped: needs root (network namespaces, veth, tc)");
+        return;
+    }
+    if !iperf3_available() {
+        println!("skipped: iperf3 is missing and could not be installed");
+        return;
+    }
+    common::ensure_binaries();
+    // Issue 21: a reliable rina-perf flow (6 s, from 2 s) and an iperf3
+    // TCP flow (9 s, from the start of the traffic) on one 10 Mb/s veth
+    // pair shaped by tbf (100 frames of queue). Two flows: the RINA flow's
+    // share is 5 Mb/s; it must get between half and twice that.
+    let text = std::fs::read_to_string(common::example("cc-tcp.toml")).unwrap();
+    let exp = rina_lab::load(&text, None).unwrap();
+    let dir = common::run_dir("netns-cc-tcp");
+    let (tx, traffic) = std::sync::mpsc::channel();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let progress = move |_: f64, what: &str| {
+        if what.starts_with("traffic") {
+            let _ = tx.send(());
+        }
+    };
+    let ctx = rina_lab::backend::RunCtx {
+        dir: &dir,
+        progress: &progress,
+        stop: &stop,
+    };
+    let (out, tcp) = std::thread::scope(|s| {
+        let h = s.spawn(|| be.run_once(&exp, &ctx));
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while traffic.recv_timeout(Duration::from_millis(100)).is_err() {
+            if h.is_finished() {
+                panic!("the run ended before its traffic: {:?}", h.join().unwrap());
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "traffic did not start within 60 s"
+            );
+        }
+        let tcp = iperf3_over_link_0(9);
+        (h.join().unwrap().expect("the run"), tcp)
+    });
+    out.write(&dir).unwrap();
+    let rates = common::reliable_perf_flows(&out, &dir);
+    let rina = rates[0];
+    let tcp_avg = tcp["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap();
+    let tcp_s: Vec<f64> = tcp["intervals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["sum"]["bits_per_second"].as_f64().unwrap() / 1e6)
+        .collect();
+    println!(
+        "RINA {:.2} Mb/s; iperf3 TCP {:.2} Mb/s over its 9 s, per second (sender) {tcp_s:.1?}",
+        rina / 1e6,
+        tcp_avg / 1e6
+    );
+    assert!(tcp_avg > 0.0, "iperf3 carried nothing");
+    let share = 10e6 / 2.0;
+    assert!(
+        (share / 2.0..=share * 2.0).contains(&rina),
+        "RINA got {:.2} Mb/s, not within half and twice its share of {:.1}",
+        rina / 1e6,
+        share / 1e6
+    );
+}

@@ -13,10 +13,11 @@
 //! | 6    | RESPONSE | `u32 test`, `u64 seq`, zero padding to the response size                     |
 //!
 //! The client sends START, then DATA with `seq` 0, 1, 2..., then STOP every
-//! 100 ms (at most 20 times) until the server answers with the REPORT of that
-//! test. The flow may lose SDUs (UDP underneath), so the server never waits
-//! for anything: DATA of a test it has not seen starts that test (START may be
-//! lost), and a STOP is answered with what was received so far, every time.
+//! 100 ms until the server answers with the REPORT of that test, for as long
+//! as the DATA written before keeps draining and for 6 s after it stopped:
+//! the REPORT queues behind that DATA. The flow may lose SDUs (UDP
+//! underneath), so the server never waits for anything: DATA of a test it
+//! has not seen starts that test (START may be lost), and a STOP is answered with what was received so far, every time.
 //! Byte counts are whole SDU lengths (header included); SDU and byte counts
 //! are of distinct DATA SDUs (a duplicate counts only in `duplicates`).
 //!

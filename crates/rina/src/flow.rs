@@ -109,6 +109,29 @@ impl Flow {
         self.read(buf).map(Some)
     }
 
+    /// Bytes written on the flow that the daemon has not taken yet: still
+    /// in the flow's socket buffer (`SIOCOUTQ`, with the kernel's per-packet
+    /// overhead) or in its send ring (whole slots). Zero once the daemon
+    /// holds everything written; it shrinks as the flow drains, so a writer
+    /// waiting for an answer queued behind its own data can tell a slow
+    /// flow from a stuck one.
+    pub fn unsent_bytes(&self) -> Result<usize> {
+        if let Some(r) = &self.rings {
+            return r.unsent_bytes().map_err(|e| rings_error(&self.info, e));
+        }
+        let mut n: libc::c_int = 0;
+        // SAFETY: SIOCOUTQ on a socket we own writes one int through the
+        // valid pointer.
+        let rc = unsafe { libc::ioctl(self.fd.as_raw_fd(), libc::TIOCOUTQ, &mut n) };
+        if rc != 0 {
+            return Err(Error::sys(
+                &format!("cannot query flow {}", self.info.port),
+                nix::errno::Errno::last(),
+            ));
+        }
+        Ok(n.max(0) as usize)
+    }
+
     /// Closes the flow. The same as dropping it; spelled out for readability.
     pub fn deallocate(self) {
         drop(self)

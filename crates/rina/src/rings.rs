@@ -179,6 +179,15 @@ impl Rings {
         }
     }
 
+    /// Bytes of the send ring the daemon has not taken yet (whole slots,
+    /// so an upper bound of the SDU bytes in them).
+    pub(crate) fn unsent_bytes(&self) -> Result<usize, RingsError> {
+        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        let geo = tx.geometry();
+        let free = tx.free_slots().map_err(RingsError::Ring)?;
+        Ok((geo.slots - free) as usize * geo.slot_size as usize)
+    }
+
     /// Takes the next SDU into `buf`, waiting until `deadline` (forever
     /// without one) while the receive ring is empty; `None` on timeout.
     pub(crate) fn read(

@@ -283,6 +283,26 @@ fn flow_read_after_close_is_daemon_gone() {
 }
 
 #[test]
+fn unsent_bytes_counts_what_the_daemon_has_not_taken() {
+    let (a, b) = pair();
+    let flow = crate::Flow::from_parts(a, info(100));
+    assert_eq!(flow.unsent_bytes().unwrap(), 0);
+    flow.write(&[1u8; 50]).unwrap();
+    let one = flow.unsent_bytes().unwrap();
+    assert!(one >= 50, "{one}");
+    flow.write(&[2u8; 50]).unwrap();
+    let two = flow.unsent_bytes().unwrap();
+    assert!(two > one, "{two} after two SDUs, {one} after one");
+    // The daemon takes one SDU, then the other: the backlog shrinks to 0.
+    let mut buf = [0u8; 100];
+    assert_eq!(sock::recv(b.as_fd(), &mut buf).unwrap().len, 50);
+    let left = flow.unsent_bytes().unwrap();
+    assert!(left > 0 && left < two, "{left}");
+    assert_eq!(sock::recv(b.as_fd(), &mut buf).unwrap().len, 50);
+    assert_eq!(flow.unsent_bytes().unwrap(), 0);
+}
+
+#[test]
 fn bad_daemon_answers_are_errors() {
     let (mut client, daemon) = fake_daemon(|ctl| {
         // A flow without its descriptor.

@@ -247,3 +247,47 @@ pub fn check_qos_2(what: &str, qta: &RunOutput, fifo: &RunOutput) {
         "{what} fifo: urgent {uavg} ms vs best effort {bavg} ms"
     );
 }
+
+/// Per perf flow of a run: (goodput b/s, duplicates, out of order), from
+/// the clients' reports in `dir/out`. Panics on a flow that failed or
+/// lost SDUs (a reliable flow delivers every SDU).
+pub fn reliable_perf_flows(out: &RunOutput, dir: &Path) -> Vec<f64> {
+    let mut rates = Vec::new();
+    for f in out.flows.iter().filter(|f| f.kind == "perf") {
+        println!(
+            "{:<40} sent {:>6} recv {:>6} goodput {:6.2} Mb/s err {:?}",
+            f.flow,
+            f.sent,
+            f.received,
+            f.goodput_bps / 1e6,
+            f.error
+        );
+        assert_eq!(f.error, None, "{} did not complete", f.flow);
+        assert!(f.sent > 0 && f.received == f.sent, "{f:?}");
+        rates.push(f.goodput_bps);
+    }
+    // Every SDU once and in order, as the server counted them.
+    let mut reports = 0;
+    for e in std::fs::read_dir(dir.join("out")).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "json") {
+            let v: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+            for t in v["tests"].as_array().unwrap() {
+                let r = &t["report"];
+                assert_eq!(r["duplicates"], 0, "{}: duplicates", p.display());
+                assert_eq!(r["out_of_order"], 0, "{}: out of order", p.display());
+                reports += 1;
+            }
+        }
+    }
+    assert_eq!(reports, rates.len(), "a report per flow");
+    rates
+}
+
+/// Jain's fairness index of `x`.
+pub fn jain(x: &[f64]) -> f64 {
+    let s: f64 = x.iter().sum();
+    let q: f64 = x.iter().map(|v| v * v).sum();
+    s * s / (x.len() as f64 * q)
+}

@@ -556,7 +556,23 @@ fn run_test(flow: &Flow, a: &ClientArgs, test: u32, size: usize) -> Result<TestR
     Ok(TestResult::new(size, sent, bytes, send_time, report))
 }
 
-/// Sends STOP every 100 ms, at most 20 times, until the REPORT of `test` comes.
+/// Rounds of 100 ms the client waits for a REPORT once what it wrote no
+/// longer drains from its ring or socket. What EFCP still holds then (its
+/// queue of 64 SDUs and the window) is invisible from here: with ten flows
+/// sharing 10 Mb/s (about 100 SDUs/s each) it took more than 2 s.
+const STOP_PATIENCE: u32 = 60;
+
+/// Asks for the REPORT of `test`: a STOP, then another every 100 ms (a STOP
+/// may be lost on an unreliable flow) until the REPORT comes.
+///
+/// The STOP and the REPORT queue behind every DATA SDU still on its way: in
+/// the flow's socket or ring, in EFCP's queue and window. On a slow or
+/// shared flow that takes longer than any fixed wait (a 4 MiB ring holds
+/// over a second of 10 Mb/s), so the client waits as long as what it wrote
+/// keeps draining ([`rina::Flow::unsent_bytes`] shrinks), sends STOPs only
+/// once the earlier ones have left, and gives up after [`STOP_PATIENCE`]
+/// rounds of 100 ms without progress: a flow that no longer drains, or a
+/// server that does not answer.
 fn stop(flow: &Flow, test: u32, sent_sdus: u64, sent_bytes: u64) -> Result<Report, String> {
     let msg = Msg::Stop {
         test,
@@ -565,27 +581,55 @@ fn stop(flow: &Flow, test: u32, sent_sdus: u64, sent_bytes: u64) -> Result<Repor
     }
     .encode();
     let mut buf = vec![0u8; flow.max_sdu().max(64)];
-    for _ in 0..20 {
-        flow.write(&msg).map_err(|e| e.to_string())?;
-        let deadline = Instant::now() + Duration::from_millis(100);
-        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-            match flow.read_timeout(&mut buf, left) {
-                Ok(None) => break,
-                Ok(Some(n)) => {
-                    if let Some(Msg::Report(r)) = Msg::decode(&buf[..n]) {
-                        if r.test == test {
-                            return Ok(r);
-                        }
-                    }
-                }
-                Err(e) if e.is_closed() => return Err(e.to_string()),
-                Err(_) => {}
-            }
+    let begin = Instant::now();
+    let (mut idle, mut stops) = (0u32, 0u32);
+    let mut last_backlog = usize::MAX;
+    while idle < STOP_PATIENCE {
+        let backlog = flow.unsent_bytes().unwrap_or(0);
+        if backlog > 0 && backlog < last_backlog {
+            idle = 0;
+        } else {
+            idle += 1;
+        }
+        last_backlog = backlog;
+        if backlog == 0 || stops == 0 {
+            flow.write(&msg).map_err(|e| e.to_string())?;
+            stops += 1;
+        }
+        if let Some(r) = wait_report(flow, test, &mut buf, Duration::from_millis(100))? {
+            return Ok(r);
         }
     }
     Err(format!(
-        "no REPORT from the server for test {test:08x} after 20 STOPs (2 s)"
+        "no REPORT from the server for test {test:08x} after {stops} STOPs ({:.1} s, the last {:.1} s without the flow draining)",
+        begin.elapsed().as_secs_f64(),
+        f64::from(STOP_PATIENCE) / 10.0
     ))
+}
+
+/// Reads for at most `wait` until the REPORT of `test` comes.
+fn wait_report(
+    flow: &Flow,
+    test: u32,
+    buf: &mut [u8],
+    wait: Duration,
+) -> Result<Option<Report>, String> {
+    let deadline = Instant::now() + wait;
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match flow.read_timeout(buf, left) {
+            Ok(None) => break,
+            Ok(Some(n)) => {
+                if let Some(Msg::Report(r)) = Msg::decode(&buf[..n]) {
+                    if r.test == test {
+                        return Ok(Some(r));
+                    }
+                }
+            }
+            Err(e) if e.is_closed() => return Err(e.to_string()),
+            Err(_) => {}
+        }
+    }
+    Ok(None)
 }
 
 fn flush() {
