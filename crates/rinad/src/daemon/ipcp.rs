@@ -120,10 +120,17 @@ impl Daemon {
                 c.insert("rmt_queued".into(), r.queued);
                 c.insert("rmt_queue_drops".into(), r.queue_drops);
                 c.insert("rmt_no_route".into(), r.no_route);
-                c.insert(
-                    "rx_mgmt_unhandled".into(),
-                    self.sys.counters().mgmt_unhandled,
-                );
+                // The system's resource allocator, shown with each normal IPCP.
+                let sc = self.sys.counters();
+                for (k, v) in [
+                    ("rx_mgmt_unhandled", sc.mgmt_unhandled),
+                    ("n1_silent", sc.n1_silent),
+                    ("n1_claims", sc.n1_claims),
+                    ("n1_claims_admitted", sc.n1_claims_admitted),
+                    ("n1_claims_refused", sc.n1_claims_refused),
+                ] {
+                    c.insert(k.into(), v);
+                }
                 let up = self.sys.plan(i).map_or(0, |p| {
                     p.neighbors.iter().filter(|nb| nb.port.is_some()).count()
                 });
