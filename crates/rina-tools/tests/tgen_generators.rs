@@ -179,8 +179,8 @@ fn seed_004_sources_have_their_mean_rates() {
         .all(|w| (w[1].at_ns - w[0].at_ns).abs_diff(20_000_000) <= 1));
     // Video and P2P: MTU-sized SDUs at a rate drawn per segment.
     for (n, secs, want) in [
-        ("video-hd", 4000.0, 5e6),
-        ("video-fullhd", 3000.0, 8e6),
+        ("video-hd", 4000.0, 1.5e6),
+        ("video-fullhd", 3000.0, 3e6),
         ("p2p", 10_000.0, 2.5e6),
     ] {
         let p = named(n);
