@@ -245,12 +245,12 @@ pub fn markdown(runs: &[RunOutput], reference: &Reference) -> String {
     out
 }
 
+/// A labelled series of values per class (`None`: no figure).
+pub type Series = (String, Vec<Option<f64>>);
+
 /// Mean delay per class, ours and the paper's, for the plot: the classes,
 /// then one series per run and one per run with paper figures.
-pub fn delay_series(
-    runs: &[RunOutput],
-    reference: &Reference,
-) -> (Vec<String>, Vec<(String, Vec<Option<f64>>)>) {
+pub fn delay_series(runs: &[RunOutput], reference: &Reference) -> (Vec<String>, Vec<Series>) {
     let mut classes: Vec<String> = Vec::new();
     for s in runs.iter().flat_map(|r| r.summary()) {
         if !classes.contains(&s.class) {

@@ -842,7 +842,7 @@ pub fn resolve(text: &str, file: &File, variant: Option<&str>) -> Result<Experim
         });
     }
     if let Some(v) = var {
-        map_all_cubes(&mut difs, v, &src)?;
+        map_all_cubes(&mut difs, v, src)?;
         for dname in v.scheduler.keys() {
             if !difs.iter().any(|d| &d.name == dname) {
                 return Err(src.err(

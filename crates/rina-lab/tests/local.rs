@@ -164,3 +164,43 @@ fn real_daemons_schedule_urgent_first_at_a_congested_link_one_dif_and_a_stack() 
         common::check_qos_2(&format!("local {file}"), &outs[0], &outs[1]);
     }
 }
+
+#[test]
+#[ignore = "fails (issue 20): at full rate the debug daemons and 169 tgen processes lose 80 % on 2 shared cores; \
+            scaled, rina-tgen cannot slow voice down (no SDU interval option), so voice overruns its scaled level \
+            and 46 of 169 allocations fail"]
+fn seed_004_home_isp_on_real_daemons_holds_table_3_and_voice_stays_fast() {
+    // R-lim on the home's port of home2isp, the rlim matrix (150 voice, 7
+    // videos, 12 P2P), 20 s, at 1/10 of the paper's rates: link, sources
+    // and the limiter's levels scaled together (169 tgen processes and
+    // their daemons at 52 Mb/s do not fit beside other work on 2 cores).
+    common::ensure_binaries();
+    const F: f64 = 0.1;
+    let text = std::fs::read_to_string(common::example("home-isp.toml")).unwrap();
+    let mut exp = rina_lab::load(&text, Some("rlim"))
+        .unwrap()
+        .shortened(Duration::from_secs(20))
+        .scaled(F);
+    for d in &mut exp.difs {
+        if let rina_core::rmt::SchedulerConfig::RateLimit2d(c) = &mut d.scheduler {
+            for l in c.urgency.iter_mut().chain(c.cherish.iter_mut()) {
+                l.rate_bps = (l.rate_bps as f64 * F) as u64;
+            }
+        }
+    }
+    let dir = common::run_dir("local-home-isp-rlim");
+    let out = common::run(&mut Local::default(), &exp, &dir);
+    print!("{}", out.summary_table());
+    common::check_table_3_scaled("local rlim", &out, F);
+    let voice = common::class(&out, "voice A2");
+    let video = common::class(&out, "video-hd B1");
+    assert!(voice.received > 0 && voice.loss_pct < 1.0, "{voice:?}");
+    // The urgent cube (A2) is served first and its level is far from its
+    // limit: its mean delay stays below 50 ms and below the video's.
+    let v = voice.avg_ms.unwrap();
+    assert!(
+        v < 50.0 && v < video.avg_ms.unwrap(),
+        "voice {v} ms, video {:?}",
+        video.avg_ms
+    );
+}
