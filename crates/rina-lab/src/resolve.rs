@@ -283,13 +283,17 @@ impl Experiment {
         }
     }
 
-    /// The same experiment with every link rate and every tgen source's
-    /// rate multiplied by `f` (seed 003 on engines that cannot carry the
-    /// paper's rates: the load, hence the queueing, stays the same; SDU
-    /// sizes, delays and queue lengths are unchanged).
+    /// The same experiment with every link rate, every tgen source's rate
+    /// and every rate in the DIFs' scheduling policies multiplied by `f`
+    /// (seed 003 on engines that cannot carry the paper's rates: the load,
+    /// hence the queueing, stays the same; SDU sizes, delays, bursts and
+    /// queue lengths are unchanged).
     pub fn scaled(mut self, f: f64) -> Experiment {
         for l in &mut self.links {
             l.rate_bps *= f;
+        }
+        for d in &mut self.difs {
+            d.scheduler = d.scheduler.scaled(f);
         }
         for fl in &mut self.flows {
             if let Some(p) = &mut fl.profile {

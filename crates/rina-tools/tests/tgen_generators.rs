@@ -189,3 +189,19 @@ fn seed_004_sources_have_their_mean_rates() {
         assert!(Generator::new(p, 7).take(1000).all(|x| x.size == 1400));
     }
 }
+
+#[test]
+fn a_voice_rate_override_stretches_the_sdu_interval() {
+    let spec = |rate_bps| rina_tools::tgen::gen::SourceSpec {
+        profile: "voice".into(),
+        rate_bps,
+        ..Default::default()
+    };
+    let base = spec(None).profile().unwrap();
+    let tenth = spec(Some(base.mean_rate_bps() / 10.0)).profile().unwrap();
+    match tenth {
+        Profile::Voice { interval_s, .. } => assert!((interval_s - 0.2).abs() < 1e-9),
+        other => panic!("{other:?}"),
+    }
+    assert!(spec(Some(0.0)).profile().is_err());
+}

@@ -87,7 +87,8 @@ pub const PROFILE_NAMES: &[(&str, &str)] = &[
 pub struct SourceSpec {
     /// One of [`PROFILE_NAMES`].
     pub profile: String,
-    /// Rate (CBR, Poisson, ON-OFF during ON, maximum of varying sources), bit/s.
+    /// Rate (CBR, Poisson, ON-OFF during ON, maximum of varying sources;
+    /// voice: the mean, by stretching or shrinking the SDU interval), bit/s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_bps: Option<f64>,
     /// SDU size in bytes (voice: talk size).
@@ -142,6 +143,15 @@ impl SourceSpec {
                     *max_bps = r;
                 }
                 set(size, self.size);
+            }
+        }
+        if let (Some(r), Profile::Voice { .. }) = (self.rate_bps, &p) {
+            if !(r > 0.0 && r.is_finite()) {
+                return Err(format!("voice rate {r} bit/s is not above 0"));
+            }
+            let mean = p.mean_rate_bps();
+            if let Profile::Voice { interval_s, .. } = &mut p {
+                *interval_s *= mean / r;
             }
         }
         p.validate()?;
