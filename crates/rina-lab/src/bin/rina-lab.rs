@@ -108,6 +108,10 @@ enum Cmd {
         /// Where report.md and the plot go.
         #[arg(long, value_name = "DIR")]
         out: Option<PathBuf>,
+        /// The runs were made with `run --scale F`: the reference's rate
+        /// limits are multiplied by F.
+        #[arg(long, value_name = "F", default_value_t = 1.0)]
+        scale: f64,
     },
     /// Print the summary of finished runs.
     Show {
@@ -218,7 +222,8 @@ fn main() -> ExitCode {
             dirs,
             reference,
             out,
-        } => cmd_report(&dirs, reference, out),
+            scale,
+        } => cmd_report(&dirs, reference, out, scale),
     };
     match r {
         Ok(code) => ExitCode::from(code),
@@ -872,14 +877,22 @@ fn cmd_report(
     dirs: &[PathBuf],
     reference: Option<PathBuf>,
     out: Option<PathBuf>,
+    scale: f64,
 ) -> Result<u8, Fail> {
+    if !(scale > 0.0 && scale.is_finite()) {
+        return Err(Fail::usage(format!("--scale {scale} is not above 0")));
+    }
     let runs: Vec<RunOutput> = read_runs(dirs)?.into_iter().map(|(_, r)| r).collect();
     let path = reference.unwrap_or_else(|| {
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../examples/lab/reference")
             .join(format!("{}.toml", runs[0].experiment))
     });
-    let r = rina_lab::report::Reference::read(&path).map_err(|e| Fail::failed(e.to_string()))?;
+    let mut r =
+        rina_lab::report::Reference::read(&path).map_err(|e| Fail::failed(e.to_string()))?;
+    for l in &mut r.limit {
+        l.bps *= scale;
+    }
     let dir = out.unwrap_or_else(|| dirs[0].clone());
     mkdir(&dir)?;
     let md = format!(
