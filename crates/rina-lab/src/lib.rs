@@ -15,6 +15,7 @@
 pub mod backend;
 pub mod model;
 pub mod plot;
+pub mod report;
 pub mod resolve;
 pub mod results;
 pub mod units;

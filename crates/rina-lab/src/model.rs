@@ -355,6 +355,10 @@ pub struct LoadDecl {
     /// Length of the calibration run (default: the experiment's duration).
     #[serde(default)]
     pub duration: Option<Dur>,
+    /// Traffic classes (profile names) left out of the calibration run:
+    /// they run on top of the calibrated load (seed 003's video demo).
+    #[serde(default)]
+    pub without: Vec<Spanned<String>>,
 }
 
 /// `[[variant]]`: a named change to the experiment.
@@ -372,4 +376,10 @@ pub struct VariantDecl {
     /// Link rates per link name or `"@group"`, replacing the declared.
     #[serde(default)]
     pub rate: BTreeMap<String, Rate>,
+    /// Per DIF name, the one cube of each lower DIF that *every* cube of
+    /// the DIF rides on, replacing the cubes' own `maps_to` (seed 003's
+    /// SPN-only deployment: one MR flow per PE pair). Written
+    /// `maps_to.spn = { mr = "A1" }`.
+    #[serde(default)]
+    pub maps_to: BTreeMap<String, BTreeMap<String, String>>,
 }

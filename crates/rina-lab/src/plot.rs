@@ -173,6 +173,32 @@ pub fn plot_compare(runs: &[RunOutput], dir: &Path) -> Result<Vec<PathBuf>, Plot
     Ok(out)
 }
 
+/// Writes `report_delay` into `dir`: mean delay per class, a bar per
+/// series (a run or the paper's figures for it, [`crate::report::delay_series`]).
+pub fn plot_reference(
+    classes: &[String],
+    series: &[(String, Vec<Option<f64>>)],
+    dir: &Path,
+) -> Result<Vec<PathBuf>, PlotError> {
+    if classes.is_empty() || series.is_empty() {
+        return Ok(Vec::new());
+    }
+    let bars = CompareBars {
+        classes: classes.to_vec(),
+        runs: series.iter().map(|(l, _)| l.clone()).collect(),
+        means: (0..classes.len())
+            .map(|i| {
+                series
+                    .iter()
+                    .map(|(_, v)| v.get(i).copied().flatten())
+                    .collect()
+            })
+            .collect(),
+    };
+    mkdir(dir)?;
+    render(&bars, dir, "report_delay")
+}
+
 /// `experiment [variant] (backend)`.
 fn run_label(run: &RunOutput) -> String {
     match &run.variant {

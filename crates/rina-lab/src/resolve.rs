@@ -255,6 +255,8 @@ pub struct Load {
     pub links: Vec<usize>,
     /// Length of the calibration run.
     pub duration: Duration,
+    /// Classes left out of the calibration run.
+    pub without: Vec<String>,
 }
 
 impl Experiment {
@@ -279,6 +281,26 @@ impl Experiment {
             Dest::Node(n) => n,
             Dest::App(a) => self.apps[a].node,
         }
+    }
+
+    /// The same experiment with every link rate, every tgen source's rate
+    /// and every rate in the DIFs' scheduling policies multiplied by `f`
+    /// (seed 003 on engines that cannot carry the paper's rates: the load,
+    /// hence the queueing, stays the same; SDU sizes, delays, bursts and
+    /// queue lengths are unchanged).
+    pub fn scaled(mut self, f: f64) -> Experiment {
+        for l in &mut self.links {
+            l.rate_bps *= f;
+        }
+        for d in &mut self.difs {
+            d.scheduler = d.scheduler.scaled(f);
+        }
+        for fl in &mut self.flows {
+            if let Some(p) = &mut fl.profile {
+                *p = p.scaled(f);
+            }
+        }
+        self
     }
 
     /// The same experiment shortened to `duration` (for CI and quick looks):
@@ -824,6 +846,7 @@ pub fn resolve(text: &str, file: &File, variant: Option<&str>) -> Result<Experim
         });
     }
     if let Some(v) = var {
+        map_all_cubes(&mut difs, v, src)?;
         for dname in v.scheduler.keys() {
             if !difs.iter().any(|d| &d.name == dname) {
                 return Err(src.err(
@@ -1263,10 +1286,21 @@ pub fn resolve(text: &str, file: &File, variant: Option<&str>) -> Result<Experim
             }
             sel.sort_unstable();
             sel.dedup();
+            for w in &d.without {
+                let known = file
+                    .profiles
+                    .iter()
+                    .any(|p| p.get_ref().name.get_ref() == w.get_ref())
+                    || flows.iter().any(|f| &f.class == w.get_ref());
+                if !known {
+                    return Err(src.err(w.span(), format!("no traffic class `{}`", w.get_ref())));
+                }
+            }
             Some(Load {
                 target,
                 links: sel,
                 duration: d.duration.map(|x| x.get()).unwrap_or(duration),
+                without: d.without.iter().map(|w| w.get_ref().clone()).collect(),
             })
         }
     };
@@ -1286,6 +1320,36 @@ pub fn resolve(text: &str, file: &File, variant: Option<&str>) -> Result<Experim
         events,
         load,
     })
+}
+
+/// A variant's `maps_to`: every cube of the named DIF rides on the one
+/// named cube of each named lower DIF.
+fn map_all_cubes(difs: &mut [Dif], v: &model::VariantDecl, src: &Source) -> Result<(), LabError> {
+    let vname = v.name.get_ref();
+    for (dname, lowers) in &v.maps_to {
+        let err = |what: String| src.err(v.name.span(), format!("variant `{vname}`: {what}"));
+        let d = difs
+            .iter()
+            .position(|d| &d.name == dname)
+            .ok_or_else(|| err(format!("no DIF `{dname}`")))?;
+        for (lname, cube) in lowers {
+            let l = difs
+                .iter()
+                .position(|x| &x.name == lname)
+                .filter(|&l| difs[d].over.contains(&Lower::Dif(l)))
+                .ok_or_else(|| err(format!("`{lname}` is not a DIF that `{dname}` runs over")))?;
+            let id = difs[l]
+                .cubes
+                .iter()
+                .find(|c| &c.name == cube)
+                .map(|c| c.id)
+                .ok_or_else(|| err(format!("DIF `{lname}` has no cube `{cube}`")))?;
+            for c in &mut difs[d].cubes {
+                c.maps_to.insert(l, id);
+            }
+        }
+    }
+    Ok(())
 }
 
 fn suffix(id: String, k: usize, count: usize) -> String {

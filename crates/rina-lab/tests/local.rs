@@ -196,3 +196,33 @@ fn three_reliable_flows_share_a_10_mbps_bottleneck_fairly() {
     assert!(total <= 10.5e6, "more than the link: {total} b/s");
     assert!(jain >= 0.9, "Jain {jain:.3}: {rates:?}");
 }
+
+#[test]
+fn seed_004_home_isp_on_real_daemons_holds_table_3_and_voice_stays_fast() {
+    // R-lim on the home's port of home2isp, the rlim matrix (150 voice, 7
+    // videos, 12 P2P), 20 s, at 1/10 of the paper's rates: link, sources
+    // and the limiter's levels scaled together (169 tgen processes and
+    // their daemons at 52 Mb/s do not fit beside other work on 2 cores).
+    common::ensure_binaries();
+    const F: f64 = 0.1;
+    let text = std::fs::read_to_string(common::example("home-isp.toml")).unwrap();
+    let exp = rina_lab::load(&text, Some("rlim"))
+        .unwrap()
+        .shortened(Duration::from_secs(20))
+        .scaled(F);
+    let dir = common::run_dir("local-home-isp-rlim");
+    let out = common::run(&mut Local::default(), &exp, &dir);
+    print!("{}", out.summary_table());
+    common::check_table_3_scaled("local rlim", &out, F);
+    let voice = common::class(&out, "voice A2");
+    let video = common::class(&out, "video-hd B1");
+    assert!(voice.received > 0 && voice.loss_pct < 1.0, "{voice:?}");
+    // The urgent cube (A2) is served first and its level is far from its
+    // limit: its mean delay stays below 50 ms and below the video's.
+    let v = voice.avg_ms.unwrap();
+    assert!(
+        v < 50.0 && v < video.avg_ms.unwrap(),
+        "voice {v} ms, video {:?}",
+        video.avg_ms
+    );
+}

@@ -143,21 +143,32 @@ fn metro_37_is_the_seed_003_network() {
     assert_eq!(e.nodes.len(), 37);
     let spn = &e.difs[e.dif("spn").unwrap()];
     let mr = e.dif("mr").unwrap();
-    // Gold and Silver over A1, Sensitive BE over A2, Bronze over B1, BE over B2.
-    let on_mr: Vec<u64> = spn.cubes.iter().map(|c| c.maps_to[&mr]).collect();
-    assert_eq!(on_mr, [1, 1, 2, 3, 4]);
-    // 75 bidirectional Table I flows plus three video streams.
-    assert_eq!(e.flows.len(), 150 + 3);
+    // SPN only: one mr flow per PE pair, every spn cube on A1.
+    let on_mr = |e: &rina_lab::Experiment| -> Vec<u64> {
+        let spn = &e.difs[e.dif("spn").unwrap()];
+        spn.cubes.iter().map(|c| c.maps_to[&mr]).collect()
+    };
+    assert_eq!(on_mr(&e), [1, 1, 1, 1, 1]);
+    assert_eq!(spn.cubes.len(), 5);
+    // 75 bidirectional Table I flows; the video streams only in video-90.
+    assert_eq!(e.flows.len(), 150);
     assert!(matches!(
         e.difs[mr].scheduler,
         rina_core::rmt::SchedulerConfig::Fifo(_)
     ));
     let base = load(&example("metro-37.toml"), Some("spn-mr-90")).unwrap();
-    assert!(matches!(
-        base.difs[mr].scheduler,
-        rina_core::rmt::SchedulerConfig::QtaMux(_)
-    ));
+    // Gold and Silver over A1, Sensitive BE over A2, Bronze over B1, BE over B2.
+    assert_eq!(on_mr(&base), [1, 1, 2, 3, 4]);
+    // The 5 % skip probability at mr only (§III).
+    let skip = |e: &rina_lab::Experiment, d: &str| match &e.difs[e.dif(d).unwrap()].scheduler {
+        rina_core::rmt::SchedulerConfig::QtaMux(q) => q.skip_probability,
+        other => panic!("{d}: {other:?}"),
+    };
+    assert_eq!((skip(&base, "mr"), skip(&base, "spn")), (0.05, 0.0));
     assert_eq!(base.load.as_ref().unwrap().links.len(), 12);
+    let video = load(&example("metro-37.toml"), Some("video-90")).unwrap();
+    assert_eq!(video.flows.len(), 153);
+    assert_eq!(video.load.as_ref().unwrap().without, ["HD Video Streaming"]);
     // The stack is five levels deep at the clients: link, home, video.
     assert!(e.difs.iter().position(|d| d.name == "video").unwrap() > e.dif("spn").unwrap());
 }

@@ -57,18 +57,13 @@ fn flow<'a>(out: &'a RunOutput, id: &str) -> &'a rina_lab::results::FlowRecord {
 }
 
 #[test]
-fn metro_37_spn_mr_keeps_gold_far_below_be_and_spn_only_does_not() {
+fn metro_37_calibration_loads_the_core_to_the_target() {
+    // The queueing engine (the paper's rates); the protocol engine's seed
+    // 003 tests are in seeds_qos.rs.
     let text = example("metro-37.toml");
-    let short = |v: &str| {
-        load(&text, Some(v))
-            .unwrap()
-            .shortened(Duration::from_secs(3))
-    };
-    let out = run(&short("spn-mr-90"));
-    let (gold, be) = (class(&out, "HD Video Call"), class(&out, "Interactive"));
-    let (g, b) = (gold.avg_ms.unwrap(), be.avg_ms.unwrap());
-    assert!(g * 4.0 < b, "SPN+MR: Gold {g} ms, BE {b} ms");
-    // The calibration loaded the core links to about 90 %.
+    let out = run(&load(&text, Some("spn-mr-90"))
+        .unwrap()
+        .shortened(Duration::from_secs(3)));
     let core: Vec<_> = out
         .links
         .iter()
@@ -80,10 +75,6 @@ fn metro_37_spn_mr_keeps_gold_far_below_be_and_spn_only_does_not() {
         let load = l.avg_bps_ab.max(l.avg_bps_ba) / l.rate_bps;
         assert!(load > 0.8 && load < 0.95, "{}: load {load}", l.link);
     }
-    let out = run(&short("spn-only-90"));
-    let (gold, be) = (class(&out, "HD Video Call"), class(&out, "Interactive"));
-    let (g, b) = (gold.avg_ms.unwrap(), be.avg_ms.unwrap());
-    assert!(g * 2.0 > b, "SPN only: Gold {g} ms, BE {b} ms");
 }
 
 #[test]
@@ -157,28 +148,6 @@ fn goodput_grows_with_sdu_size_and_each_layer_costs() {
     for size in [100, 500, 1400] {
         assert!(at(series[0], size) > at(series[1], size), "{size}");
         assert!(at(series[1], size) > at(series[2], size), "{size}");
-    }
-}
-
-#[test]
-fn home_isp_every_variant_runs_and_voice_gets_through() {
-    let text = example("home-isp.toml");
-    for v in ["rlim", "qta", "ds"] {
-        let exp = load(&text, Some(v))
-            .unwrap()
-            .shortened(Duration::from_secs(3));
-        let out = run(&exp);
-        let voice = class(&out, "voice A2");
-        assert!(voice.loss_pct < 1.0, "{v}: voice loss {}", voice.loss_pct);
-        let video = class(&out, "video-hd B1");
-        assert!(
-            voice.avg_ms.unwrap() < video.avg_ms.unwrap(),
-            "{v}: voice {:?} video {:?}",
-            voice.avg_ms,
-            video.avg_ms
-        );
-        // Video is over its cherish level's limit in every variant.
-        assert!(video.loss_pct > 20.0, "{v}: video loss {}", video.loss_pct);
     }
 }
 

@@ -179,8 +179,8 @@ fn seed_004_sources_have_their_mean_rates() {
         .all(|w| (w[1].at_ns - w[0].at_ns).abs_diff(20_000_000) <= 1));
     // Video and P2P: MTU-sized SDUs at a rate drawn per segment.
     for (n, secs, want) in [
-        ("video-hd", 4000.0, 5e6),
-        ("video-fullhd", 3000.0, 8e6),
+        ("video-hd", 4000.0, 1.5e6),
+        ("video-fullhd", 3000.0, 3e6),
         ("p2p", 10_000.0, 2.5e6),
     ] {
         let p = named(n);
@@ -188,4 +188,20 @@ fn seed_004_sources_have_their_mean_rates() {
         assert_close(n, rate_over(&p, 7, secs), want, 0.03);
         assert!(Generator::new(p, 7).take(1000).all(|x| x.size == 1400));
     }
+}
+
+#[test]
+fn a_voice_rate_override_stretches_the_sdu_interval() {
+    let spec = |rate_bps| rina_tools::tgen::gen::SourceSpec {
+        profile: "voice".into(),
+        rate_bps,
+        ..Default::default()
+    };
+    let base = spec(None).profile().unwrap();
+    let tenth = spec(Some(base.mean_rate_bps() / 10.0)).profile().unwrap();
+    match tenth {
+        Profile::Voice { interval_s, .. } => assert!((interval_s - 0.2).abs() < 1e-9),
+        other => panic!("{other:?}"),
+    }
+    assert!(spec(Some(0.0)).profile().is_err());
 }

@@ -399,6 +399,37 @@ impl Default for SchedulerConfig {
 }
 
 impl SchedulerConfig {
+    /// The same policy with every rate (token buckets, per-cube and
+    /// per-class limits, the rate limiter's levels) multiplied by `f`;
+    /// bursts, backlogs and queue lengths unchanged. For experiments run
+    /// at a fraction of their rates.
+    pub fn scaled(&self, f: f64) -> SchedulerConfig {
+        let r = |x: &mut u64| *x = ((*x as f64) * f).round().max(1.0) as u64;
+        let mut c = self.clone();
+        match &mut c {
+            SchedulerConfig::Fifo(_) => {}
+            SchedulerConfig::TokenBucket(t) => r(&mut t.rate_bps),
+            SchedulerConfig::QtaMux(q) => {
+                for l in q.cubes.iter_mut().filter_map(|c| c.limit.as_mut()) {
+                    r(&mut l.rate_bps);
+                }
+            }
+            SchedulerConfig::RateLimit2d(l) => {
+                for x in l.urgency.iter_mut().chain(l.cherish.iter_mut()) {
+                    if x.rate_bps > 0 {
+                        r(&mut x.rate_bps);
+                    }
+                }
+            }
+            SchedulerConfig::Diffserv(d) => {
+                for l in d.classes.iter_mut().filter_map(|c| c.limit.as_mut()) {
+                    r(&mut l.rate_bps);
+                }
+            }
+        }
+        c
+    }
+
     /// The policy's name (as the built scheduler reports it).
     pub fn name(&self) -> &'static str {
         match self {

@@ -800,3 +800,40 @@ fn behind_a_paced_port_qta_mux_serves_urgent_first_and_fifo_does_not() {
     assert!(urgent.0 > 20.0, "FIFO urgent mean {} ms", urgent.0);
     assert!((urgent.0 / be.0 - 1.0).abs() < 0.2, "{urgent:?} vs {be:?}");
 }
+
+#[test]
+fn scaled_policies_scale_their_rates_and_nothing_else() {
+    let text = r#"
+        policy = "rate-limit-2d"
+        queue_len = 1000
+        urgency = [{ rate_bps = 15000000, max_backlog_bytes = 12500 }, { rate_bps = 45000000, max_backlog_bytes = 12500 }]
+        cherish = [{ rate_bps = 15000000, max_backlog_bytes = 12500 }, { rate_bps = 0, max_backlog_bytes = 100 }]
+        "#;
+    let c: SchedulerConfig = toml::from_str(text).unwrap();
+    let SchedulerConfig::RateLimit2d(s) = c.scaled(0.1) else {
+        panic!("policy changed")
+    };
+    let rates: Vec<u64> = s
+        .urgency
+        .iter()
+        .chain(&s.cherish)
+        .map(|l| l.rate_bps)
+        .collect();
+    assert_eq!(rates, [1_500_000, 4_500_000, 1_500_000, 0]);
+    assert!(s.urgency.iter().all(|l| l.max_backlog_bytes == 12500));
+    let ds: SchedulerConfig = toml::from_str(
+        r#"
+        policy = "diffserv"
+        classes = [{ limit = { rate_bps = 15000000, burst_bytes = 12500 } }, {}]
+        "#,
+    )
+    .unwrap();
+    let SchedulerConfig::Diffserv(d) = ds.scaled(0.5) else {
+        panic!("policy changed")
+    };
+    let l = d.classes[0].limit.unwrap();
+    assert_eq!((l.rate_bps, l.burst_bytes), (7_500_000, 12500));
+    assert!(d.classes[1].limit.is_none());
+    let fifo = SchedulerConfig::default();
+    assert_eq!(fifo.scaled(0.1), fifo);
+}

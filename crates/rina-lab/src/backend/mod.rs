@@ -82,6 +82,7 @@ pub fn run(
     if let Some(load) = exp.load.clone() {
         let mut cal = exp.clone();
         cal.load = None;
+        cal.flows.retain(|f| !load.without.contains(&f.class));
         cal = cal.shortened(load.duration);
         let progress =
             |f: f64, what: &str| (ctx.progress)(f * 0.3, &format!("calibrating: {what}"));

@@ -92,6 +92,27 @@ enum Cmd {
         #[arg(long, value_name = "DIR")]
         out: Option<PathBuf>,
     },
+    /// Compare finished runs with the paper they reproduce: writes
+    /// `report.md` (per class ours beside the paper's min/avg/max delay and
+    /// loss, rate limits measured against the paper's, its statements) and
+    /// the plot `report_delay` into the first folder given (or --out).
+    Report {
+        /// Run folders (a folder holding one folder per variant counts as
+        /// its variants).
+        #[arg(required = true, value_name = "RUN_DIR")]
+        dirs: Vec<PathBuf>,
+        /// The reference file (default: examples/lab/reference/<experiment>.toml
+        /// of the source tree rina-lab was built from).
+        #[arg(long, value_name = "FILE")]
+        reference: Option<PathBuf>,
+        /// Where report.md and the plot go.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        /// The runs were made with `run --scale F`: the reference's rate
+        /// limits are multiplied by F.
+        #[arg(long, value_name = "F", default_value_t = 1.0)]
+        scale: f64,
+    },
     /// Print the summary of finished runs.
     Show {
         /// Run folders.
@@ -124,6 +145,10 @@ struct RunArgs {
     /// event times are scaled.
     #[arg(long, value_name = "D", value_parser = parse_duration)]
     duration: Option<Duration>,
+    /// Multiply every link rate and every tgen source's rate by F (e.g.
+    /// 0.05: seed 003 at 1/20 of the paper's rates, the same load).
+    #[arg(long, value_name = "F")]
+    scale: Option<f64>,
     /// Results folder (default: results/<experiment>/<UTC time>-<backend>).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
@@ -193,6 +218,12 @@ fn main() -> ExitCode {
         Cmd::Run(a) => cmd_run(a),
         Cmd::Plot { dirs, out } => cmd_plot(&dirs, out),
         Cmd::Show { dirs, json } => cmd_show(&dirs, json),
+        Cmd::Report {
+            dirs,
+            reference,
+            out,
+            scale,
+        } => cmd_report(&dirs, reference, out, scale),
     };
     match r {
         Ok(code) => ExitCode::from(code),
@@ -534,6 +565,12 @@ fn cmd_run(a: RunArgs) -> Result<u8, Fail> {
     if let Some(d) = a.duration {
         exps = exps.into_iter().map(|e| e.shortened(d)).collect();
     }
+    if let Some(f) = a.scale {
+        if !(f > 0.0 && f.is_finite()) {
+            return Err(Fail::usage(format!("--scale {f} is not above 0")));
+        }
+        exps = exps.into_iter().map(|e| e.scaled(f)).collect();
+    }
     if a.inventory.is_some() && a.backend != "ssh" {
         return Err(Fail::usage(format!(
             "--inventory is for the ssh backend, not {}",
@@ -833,6 +870,47 @@ fn cmd_plot(dirs: &[PathBuf], out: Option<PathBuf>) -> Result<u8, Fail> {
             say!("comparison plots: {}", dir.display());
         }
     }
+    Ok(0)
+}
+
+fn cmd_report(
+    dirs: &[PathBuf],
+    reference: Option<PathBuf>,
+    out: Option<PathBuf>,
+    scale: f64,
+) -> Result<u8, Fail> {
+    if !(scale > 0.0 && scale.is_finite()) {
+        return Err(Fail::usage(format!("--scale {scale} is not above 0")));
+    }
+    let runs: Vec<RunOutput> = read_runs(dirs)?.into_iter().map(|(_, r)| r).collect();
+    let path = reference.unwrap_or_else(|| {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../examples/lab/reference")
+            .join(format!("{}.toml", runs[0].experiment))
+    });
+    let mut r =
+        rina_lab::report::Reference::read(&path).map_err(|e| Fail::failed(e.to_string()))?;
+    for l in &mut r.limit {
+        l.bps *= scale;
+    }
+    let dir = out.unwrap_or_else(|| dirs[0].clone());
+    mkdir(&dir)?;
+    let md = format!(
+        "# {} beside the paper\n\nMade by `rina-lab report` from {}; reference {}.\n\n{}",
+        runs[0].experiment,
+        dirs.iter()
+            .map(|d| format!("`{}`", d.display()))
+            .collect::<Vec<_>>()
+            .join(", "),
+        path.display(),
+        rina_lab::report::markdown(&runs, &r)
+    );
+    write(&dir.join("report.md"), md.as_bytes())?;
+    let (classes, series) = rina_lab::report::delay_series(&runs, &r);
+    rina_lab::plot::plot_reference(&classes, &series, &dir.join("plots"))
+        .map_err(|e| Fail::failed(e.to_string()))?;
+    say_raw!("{md}");
+    say!("report: {}", dir.join("report.md").display());
     Ok(0)
 }
 

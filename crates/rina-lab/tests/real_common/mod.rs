@@ -291,3 +291,42 @@ pub fn jain(x: &[f64]) -> f64 {
     let q: f64 = x.iter().map(|v| v * v).sum();
     s * s / (x.len() as f64 * q)
 }
+
+/// A class's summary row.
+pub fn class(out: &RunOutput, c: &str) -> rina_lab::results::ClassSummary {
+    out.summary()
+        .into_iter()
+        .find(|x| x.class == c)
+        .unwrap_or_else(|| panic!("no class {c}"))
+}
+
+/// Seed 004's Table 3 and cube cells (examples/lab/reference/home-isp.toml).
+pub fn table_3() -> rina_lab::report::Reference {
+    rina_lab::report::Reference::read(&example("reference/home-isp.toml")).unwrap()
+}
+
+/// Seed 004: the aggregate measured rate of every urgency and cherish
+/// level, cumulated from the highest, stays within Table 3 (plus what one
+/// level's maximum backlog, 12500 bytes, adds over the run).
+pub fn check_table_3(what: &str, out: &RunOutput) {
+    check_table_3_scaled(what, out, 1.0)
+}
+
+/// [`check_table_3`] with the limits multiplied by `f`.
+pub fn check_table_3_scaled(what: &str, out: &RunOutput, f: f64) {
+    let r = table_3();
+    assert_eq!(r.limit.len(), 6);
+    let slack = 12_500.0 * 8.0 / out.duration_s;
+    for l in &r.limit {
+        let rates = rina_lab::report::level_rates(out, &r.cells, l.dimension);
+        let sum: f64 = rates.iter().take(l.level + 1).sum();
+        assert!(
+            sum > 0.0 && sum <= l.bps * f + slack,
+            "{what}: {:?} levels 0..={}: {} Mb/s, limit {}",
+            l.dimension,
+            l.level,
+            sum / 1e6,
+            l.bps * f / 1e6
+        );
+    }
+}

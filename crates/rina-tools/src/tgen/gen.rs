@@ -68,11 +68,11 @@ pub const PROFILE_NAMES: &[(&str, &str)] = &[
     ),
     (
         "video-hd",
-        "seed 004: MTU SDUs, 2.5..7.5 Mb/s per 2 s (mean 5)",
+        "seed 004: MTU SDUs, 0.75..2.25 Mb/s per 2 s (mean 1.5)",
     ),
     (
         "video-fullhd",
-        "seed 004: MTU SDUs, 4..12 Mb/s per 2 s (mean 8)",
+        "seed 004: MTU SDUs, 1.5..4.5 Mb/s per 2 s (mean 3)",
     ),
     ("p2p", "seed 004: MTU SDUs, 0..5 Mb/s per 1 s (mean 2.5)"),
     ("cbr", "CBR, --rate-bps and --size (default 1 Mb/s, 1400 B)"),
@@ -87,7 +87,8 @@ pub const PROFILE_NAMES: &[(&str, &str)] = &[
 pub struct SourceSpec {
     /// One of [`PROFILE_NAMES`].
     pub profile: String,
-    /// Rate (CBR, Poisson, ON-OFF during ON, maximum of varying sources), bit/s.
+    /// Rate (CBR, Poisson, ON-OFF during ON, maximum of varying sources;
+    /// voice: the mean, by stretching or shrinking the SDU interval), bit/s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_bps: Option<f64>,
     /// SDU size in bytes (voice: talk size).
@@ -144,6 +145,15 @@ impl SourceSpec {
                 set(size, self.size);
             }
         }
+        if let (Some(r), Profile::Voice { .. }) = (self.rate_bps, &p) {
+            if !(r > 0.0 && r.is_finite()) {
+                return Err(format!("voice rate {r} bit/s is not above 0"));
+            }
+            let mean = p.mean_rate_bps();
+            if let Profile::Voice { interval_s, .. } = &mut p {
+                *interval_s *= mean / r;
+            }
+        }
         p.validate()?;
         Ok(p)
     }
@@ -189,14 +199,14 @@ impl Profile {
                 silence_s: 1.35,
             },
             "video-hd" => Profile::Varying {
-                min_bps: 2.5e6,
-                max_bps: 7.5e6,
+                min_bps: 0.75e6,
+                max_bps: 2.25e6,
                 segment_s: 2.0,
                 size: MTU_SIZE,
             },
             "video-fullhd" => Profile::Varying {
-                min_bps: 4e6,
-                max_bps: 12e6,
+                min_bps: 1.5e6,
+                max_bps: 4.5e6,
                 segment_s: 2.0,
                 size: MTU_SIZE,
             },
@@ -286,6 +296,26 @@ impl Profile {
                 size(s)
             }
         }
+    }
+
+    /// The same source with every rate multiplied by `f` (SDU sizes and
+    /// period lengths unchanged; voice, whose rate is its SDU interval,
+    /// sends every `interval_s / f`).
+    pub fn scaled(&self, f: f64) -> Profile {
+        let mut p = self.clone();
+        match &mut p {
+            Profile::Cbr { rate_bps, .. }
+            | Profile::Poisson { rate_bps, .. }
+            | Profile::OnOff { rate_bps, .. } => *rate_bps *= f,
+            Profile::Voice { interval_s, .. } => *interval_s /= f,
+            Profile::Varying {
+                min_bps, max_bps, ..
+            } => {
+                *min_bps *= f;
+                *max_bps *= f;
+            }
+        }
+        p
     }
 
     /// The long-run mean offered rate in bit/s (SDU bytes, header included).

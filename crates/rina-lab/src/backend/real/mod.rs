@@ -950,6 +950,8 @@ fn profile_args(c: &mut Command, p: &Profile) {
             ..
         } => {
             set("profile", "voice".into());
+            // The mean rate carries the SDU interval (a scaled experiment).
+            set("rate-bps", p.mean_rate_bps().to_string());
             set("size", talk_size.to_string());
             set("on-s", talk_s.to_string());
             set("off-s", silence_s.to_string());

@@ -1,0 +1,285 @@
+//! Finished runs beside the papers' figures: `rina-lab report`.
+//!
+//! A reference file (TOML, `examples/lab/reference/<experiment>.toml`)
+//! holds the figures of the paper an experiment reproduces, typed in once
+//! with their source: per variant and class, the minimum, mean and maximum
+//! delay and the loss (seed 003's Table II); per urgency and cherish level,
+//! the rate limits (seed 004's Table 3, cumulative from the highest
+//! level), with the C/U cell of each cube; and the paper's statements the
+//! runs are to be read against. [`markdown`] writes the comparison table
+//! and [`level_rates`] measures the aggregate rate per level.
+
+use crate::results::RunOutput;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use thiserror::Error;
+
+/// What can go wrong reading a reference file.
+#[derive(Debug, Error)]
+pub enum ReportError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The file is not a valid reference file.
+    #[error("{path}: {msg}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        msg: String,
+    },
+}
+
+/// The papers' figures for one experiment.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reference {
+    /// Where the figures come from (paper, table, section).
+    pub source: String,
+    /// Per-class figures (delay in ms, loss in percent).
+    #[serde(default)]
+    pub class: Vec<RefClass>,
+    /// The C/U cell of each cube name: `[urgency, cherish]`.
+    #[serde(default)]
+    pub cells: BTreeMap<String, [usize; 2]>,
+    /// Rate limits, cumulative from the highest level.
+    #[serde(default)]
+    pub limit: Vec<RefLimit>,
+    /// Statements of the paper the runs are read against.
+    #[serde(default)]
+    pub statement: Vec<String>,
+}
+
+/// One class's figures in the paper.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RefClass {
+    /// The variant of the experiment the row belongs to.
+    pub variant: String,
+    /// The class (traffic profile name).
+    pub class: String,
+    /// Minimum delay, ms.
+    pub min_ms: Option<f64>,
+    /// Mean delay, ms.
+    pub avg_ms: Option<f64>,
+    /// Maximum delay, ms.
+    pub max_ms: Option<f64>,
+    /// Loss, percent.
+    pub loss_pct: Option<f64>,
+}
+
+/// A rate limit on the levels `0..=level` of one dimension.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RefLimit {
+    /// `urgency` or `cherish`.
+    pub dimension: Dimension,
+    /// Highest level index covered (0 is the most urgent / cherished).
+    pub level: usize,
+    /// The limit on the aggregate of levels `0..=level`, bit/s.
+    pub bps: f64,
+}
+
+/// A dimension of the C/U matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dimension {
+    /// Urgency (delay).
+    Urgency,
+    /// Cherish (loss).
+    Cherish,
+}
+
+impl Reference {
+    /// Reads and checks a reference file.
+    pub fn read(path: &std::path::Path) -> Result<Reference, ReportError> {
+        let p = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ReportError::Io {
+            path: p.clone(),
+            source,
+        })?;
+        Self::parse(&text).map_err(|msg| ReportError::Parse { path: p, msg })
+    }
+
+    /// Parses reference text.
+    pub fn parse(text: &str) -> Result<Reference, String> {
+        toml::from_str(text).map_err(|e| e.message().to_string())
+    }
+
+    /// The paper's row for `class` in `variant`.
+    pub fn row(&self, variant: Option<&str>, class: &str) -> Option<&RefClass> {
+        self.class
+            .iter()
+            .find(|r| Some(r.variant.as_str()) == variant && r.class == class)
+    }
+}
+
+/// Measured aggregate rate per level of `dim`, for the cubes `cells`
+/// places (cubes it does not know are left out): received SDU bytes over
+/// the time they were delivered in, the traffic period plus the largest
+/// delay of the flows counted (what a limiter holds back arrives after the
+/// sources stop). SDU bytes, not PDU bytes: a little under what the
+/// limiter charges.
+pub fn level_rates(
+    run: &RunOutput,
+    cells: &BTreeMap<String, [usize; 2]>,
+    dim: Dimension,
+) -> Vec<f64> {
+    let k = match dim {
+        Dimension::Urgency => 0,
+        Dimension::Cherish => 1,
+    };
+    let n = cells.values().map(|c| c[k] + 1).max().unwrap_or(0);
+    let counted: Vec<_> = run
+        .flows
+        .iter()
+        .filter_map(|f| cells.get(&f.cube).map(|c| (f, c[k])))
+        .collect();
+    let drain_s = counted
+        .iter()
+        .filter_map(|(f, _)| f.delay_max_ms)
+        .fold(0.0, f64::max)
+        / 1e3;
+    let secs = (run.duration_s + drain_s).max(1e-9);
+    let mut v = vec![0.0; n];
+    for (f, level) in counted {
+        v[level] += f.received as f64 * f.sdu_bytes * 8.0 / secs;
+    }
+    v
+}
+
+fn opt(x: Option<f64>) -> String {
+    match x {
+        Some(v) if v >= 100.0 => format!("{v:.0}"),
+        Some(v) if v >= 1.0 => format!("{v:.2}"),
+        Some(v) => format!("{v:.3}"),
+        None => "–".into(),
+    }
+}
+
+/// The run's label in headings: `experiment [variant] on backend`.
+fn label(run: &RunOutput) -> String {
+    match &run.variant {
+        Some(v) => format!("{} [{v}] on {}", run.experiment, run.backend),
+        None => format!("{} on {}", run.experiment, run.backend),
+    }
+}
+
+/// Per class: ours and the paper's min/avg/max delay and loss.
+fn class_table(out: &mut String, run: &RunOutput, r: &Reference) {
+    let _ = writeln!(
+        out,
+        "| class | min ms | paper | avg ms | paper | max ms | paper | loss % | paper | Mb/s |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    );
+    for s in run.summary() {
+        let p = r.row(run.variant.as_deref(), &s.class);
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {:.3} | {} | {:.2} |",
+            s.class,
+            opt(s.min_ms),
+            opt(p.and_then(|p| p.min_ms)),
+            opt(s.avg_ms),
+            opt(p.and_then(|p| p.avg_ms)),
+            opt(s.max_ms),
+            opt(p.and_then(|p| p.max_ms)),
+            s.loss_pct,
+            opt(p.and_then(|p| p.loss_pct)),
+            s.goodput_bps / 1e6
+        );
+    }
+}
+
+/// Per limit: the measured aggregate of the levels it covers.
+fn limit_table(out: &mut String, run: &RunOutput, r: &Reference) {
+    let _ = writeln!(
+        out,
+        "\n| dimension | levels | measured Mb/s | limit Mb/s | held |\n| --- | --- | ---: | ---: | --- |"
+    );
+    for l in &r.limit {
+        let rates = level_rates(run, &r.cells, l.dimension);
+        let sum: f64 = rates.iter().take(l.level + 1).sum();
+        let _ = writeln!(
+            out,
+            "| {:?} | 0..={} | {:.2} | {:.2} | {} |",
+            l.dimension,
+            l.level,
+            sum / 1e6,
+            l.bps / 1e6,
+            if sum <= l.bps { "yes" } else { "**no**" }
+        );
+    }
+}
+
+/// The comparison of `runs` with `reference`, as Markdown.
+pub fn markdown(runs: &[RunOutput], reference: &Reference) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "Reference: {}\n", reference.source);
+    for run in runs {
+        let _ = writeln!(
+            out,
+            "## {}\n\n{:.1} s of traffic, {:.1} s wall time.\n",
+            label(run),
+            run.duration_s,
+            run.wall_time_s
+        );
+        class_table(&mut out, run, reference);
+        if !reference.limit.is_empty() {
+            limit_table(&mut out, run, reference);
+        }
+        out.push('\n');
+    }
+    if !reference.statement.is_empty() {
+        let _ = writeln!(out, "## The paper's statements\n");
+        for s in &reference.statement {
+            let _ = writeln!(out, "- {s}");
+        }
+    }
+    out
+}
+
+/// A labelled series of values per class (`None`: no figure).
+pub type Series = (String, Vec<Option<f64>>);
+
+/// Mean delay per class, ours and the paper's, for the plot: the classes,
+/// then one series per run and one per run with paper figures.
+pub fn delay_series(runs: &[RunOutput], reference: &Reference) -> (Vec<String>, Vec<Series>) {
+    let mut classes: Vec<String> = Vec::new();
+    for s in runs.iter().flat_map(|r| r.summary()) {
+        if !classes.contains(&s.class) {
+            classes.push(s.class);
+        }
+    }
+    let mut series = Vec::new();
+    for run in runs {
+        let sum = run.summary();
+        let tag = run
+            .variant
+            .clone()
+            .unwrap_or_else(|| run.experiment.clone());
+        let ours = classes
+            .iter()
+            .map(|c| sum.iter().find(|s| &s.class == c).and_then(|s| s.avg_ms))
+            .collect();
+        series.push((format!("{tag} ({})", run.backend), ours));
+        let paper: Vec<Option<f64>> = classes
+            .iter()
+            .map(|c| {
+                reference
+                    .row(run.variant.as_deref(), c)
+                    .and_then(|p| p.avg_ms)
+            })
+            .collect();
+        if paper.iter().any(Option::is_some) {
+            series.push((format!("{tag} (paper)"), paper));
+        }
+    }
+    (classes, series)
+}

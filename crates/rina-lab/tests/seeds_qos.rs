@@ -1,0 +1,151 @@
+//! Seeds 003 (ERASER, QTA-Mux on the 37-node network) and 004 (the 2-D
+//! urgency/cherish limiter) on the simulator's protocol engine — a
+//! `rina-core` System per node — shortened, with the patterns the papers
+//! report (issue 20). Seed 003 runs at 1/20 of the paper's rates (links
+//! and Table I sources scaled together, so the load is unchanged).
+
+#[path = "real_common/mod.rs"]
+mod common;
+
+use common::{check_table_3, class, table_3};
+use rina_lab::backend::sim::{Engine, Sim};
+use rina_lab::backend::{self, RunCtx};
+use rina_lab::report::{level_rates, Dimension};
+use rina_lab::results::RunOutput;
+use rina_lab::{load, Experiment};
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+fn run(exp: &Experiment) -> RunOutput {
+    let dir = std::env::temp_dir().join(format!(
+        "rina-lab-seeds-test-{}-{}-{}",
+        exp.name,
+        exp.variant.as_deref().unwrap_or(""),
+        exp.flows.len()
+    ));
+    let stop = AtomicBool::new(false);
+    let progress = |_: f64, _: &str| {};
+    let ctx = RunCtx {
+        dir: &dir,
+        progress: &progress,
+        stop: &stop,
+    };
+    let mut sim = Sim {
+        engine: Some(Engine::Protocol),
+        ..Sim::default()
+    };
+    let (out, _) = backend::run(&mut sim, exp, &ctx).unwrap();
+    print!("{}", out.summary_table());
+    out
+}
+
+fn metro(variant: &str) -> RunOutput {
+    let text = std::fs::read_to_string(common::example("metro-37.toml")).unwrap();
+    let exp = load(&text, Some(variant))
+        .unwrap()
+        .shortened(Duration::from_secs(10))
+        .scaled(0.1);
+    run(&exp)
+}
+
+const URGENT: [&str; 3] = ["HD Video Call", "Online Gaming", "VoIP"];
+const BEST_EFFORT: [&str; 2] = ["File Sharing", "Interactive"];
+
+#[test]
+fn seed_003_spn_mr_separates_urgent_from_best_effort_and_orders_loss_by_cherish() {
+    let out = metro("spn-mr-90");
+    let avg = |c: &str| class(&out, c).avg_ms.unwrap();
+    let urgent = URGENT.iter().map(|c| avg(c)).fold(0.0, f64::max);
+    let be = BEST_EFFORT.iter().map(|c| avg(c)).fold(f64::MAX, f64::min);
+    // The paper has ~40x (Table II); at 1/10 of its rates every PDU's own
+    // serialisation is 10x longer and weighs on the urgent classes' mean
+    // (docs/seeds-qos.md: 4x at 1/20, 15x at 1/4), so this run shows less.
+    assert!(
+        be >= 5.0 * urgent,
+        "best effort {be} ms vs urgent {urgent} ms"
+    );
+    // Loss by cherish level: BE (B2) >= Bronze (B1) >= the A1/A2 classes.
+    let loss = |c: &str| class(&out, c).loss_pct;
+    assert!(loss("Interactive") >= loss("File Sharing"));
+    for u in URGENT {
+        assert!(loss("File Sharing") >= loss(u), "{u}");
+    }
+}
+
+#[test]
+fn seed_003_spn_only_gives_every_class_about_the_same_delay() {
+    let out = metro("spn-only-90");
+    // The classes of MTU-sized SDUs; VoIP's 160-byte SDUs spend less time
+    // being serialised on the scaled links (see docs/seeds-qos.md).
+    let avgs: Vec<f64> = [
+        "HD Video Call",
+        "Online Gaming",
+        "File Sharing",
+        "Interactive",
+    ]
+    .iter()
+    .map(|c| class(&out, c).avg_ms.unwrap())
+    .collect();
+    let (lo, hi) = (
+        avgs.iter().copied().fold(f64::MAX, f64::min),
+        avgs.iter().copied().fold(0.0, f64::max),
+    );
+    assert!(hi <= 1.2 * lo, "{avgs:?}");
+    // And the queueing is at MR: far above the unloaded minimum.
+    assert!(lo > 3.0 * class(&out, "HD Video Call").min_ms.unwrap());
+}
+
+fn home_isp(variant: &str) -> Experiment {
+    let text = std::fs::read_to_string(common::example("home-isp.toml")).unwrap();
+    load(&text, Some(variant))
+        .unwrap()
+        .shortened(Duration::from_secs(4))
+}
+
+#[test]
+fn seed_004_rlim_holds_table_3_and_voice_is_fastest() {
+    for v in ["rlim", "qta", "ds"] {
+        let out = run(&home_isp(v));
+        let voice = class(&out, "voice A2");
+        assert!(voice.loss_pct < 1.0, "{v}: voice loss {}", voice.loss_pct);
+        let video = class(&out, "video-hd B1");
+        assert!(voice.avg_ms < video.avg_ms, "{v}");
+        if v == "rlim" {
+            check_table_3("sim rlim", &out);
+        }
+    }
+}
+
+#[test]
+fn seed_004_rlim_the_lowest_level_uses_what_the_upper_ones_leave() {
+    // Three times the P2P flows of the matrix (~90 Mb/s offered on C3,
+    // whose own share of Table 3 is 40 Mb/s) and twice the videos (~30
+    // Mb/s on B1, whose cherish level is capped at 15): the limits hold,
+    // and C3 takes what voice and video leave.
+    let mut exp = home_isp("rlim");
+    let more = |exp: &mut Experiment, class: &str, times: usize| {
+        let src: Vec<_> = exp
+            .flows
+            .iter()
+            .filter(|f| f.class == class)
+            .cloned()
+            .collect();
+        for k in 0..times {
+            for f in &src {
+                let mut g = f.clone();
+                g.id = format!("{}.more{k}", f.id);
+                exp.flows.push(g);
+            }
+        }
+    };
+    more(&mut exp, "p2p C3", 2);
+    more(&mut exp, "video-fullhd B1", 1);
+    more(&mut exp, "video-hd B1", 1);
+    let out = run(&exp);
+    check_table_3("sim rlim, more P2P and video", &out);
+    let r = table_3();
+    let u = level_rates(&out, &r.cells, Dimension::Urgency);
+    assert!(u[2] > 45e6, "C3 got {} Mb/s", u[2] / 1e6);
+    let c = level_rates(&out, &r.cells, Dimension::Cherish);
+    assert!(c[0] > 12e6, "B1 got {} Mb/s of its 15", c[0] / 1e6);
+}
