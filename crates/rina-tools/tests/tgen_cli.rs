@@ -9,7 +9,7 @@ use rina_tools::tgen::metrics::FlowReport;
 use rina_tools::tgen::output::RunReport;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn config(me: &str, port: u16, peer_port: u16) -> String {
     format!(
@@ -86,7 +86,6 @@ fn bidirectional_run_between_two_daemons_writes_csv_and_json() {
     wait_until("the daemons' sockets", Duration::from_secs(20), || {
         a.exists() && b.exists()
     });
-    let deadline = Instant::now() + Duration::from_secs(20);
     let tgen = bins.join("rina-tgen");
     let server = Command::new(&tgen)
         .arg("server")
@@ -136,12 +135,15 @@ fn bidirectional_run_between_two_daemons_writes_csv_and_json() {
             .output()
             .unwrap()
     };
-    // The server registers asynchronously: retry the client until it gets in.
-    let mut out = client();
-    while !out.status.success() && Instant::now() < deadline {
-        std::thread::park_timeout(Duration::from_millis(200));
-        out = client();
-    }
+    // The server registers asynchronously: wait until its name is
+    // registered at beta (a client run that failed half-way would use up
+    // the server's two flows).
+    wait_until("the server's registration", Duration::from_secs(20), || {
+        rina::Client::connect_to(&b)
+            .and_then(|mut c| c.list_names())
+            .is_ok_and(|v| v.iter().any(|n| n.name.process_name == "tgen"))
+    });
+    let out = client();
     assert!(
         out.status.success(),
         "client failed: {}",
