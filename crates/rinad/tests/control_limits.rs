@@ -4,11 +4,12 @@
 
 mod common;
 
+use common::free_port;
+
 use common::users::{as_user, raise_nofile, test_user};
 use common::{name, wait_for, Daemon};
 use rina::{Client, ErrorKind, QosSpec};
 use rina_wire::ctl::{self, Message};
-use std::net::UdpSocket;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::Duration;
 
@@ -178,14 +179,6 @@ fn idle_connections_that_hold_nothing_are_closed() {
     assert_eq!(n, 0, "the idle connection was closed");
     // The one holding a name, idle for longer, is still served.
     assert_eq!(holder.list_names().unwrap().len(), 1);
-}
-
-fn free_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// A normal IPCP `me.net` at `addr` over a shim-udp DIF, with one

@@ -7,21 +7,14 @@
 
 mod common;
 
+use common::free_port;
+
 use common::{name, wait_for, Daemon};
 use rina::QosSpec;
 use std::collections::BTreeMap;
-use std::net::UdpSocket;
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(20);
-
-fn free_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// The upper cubes: (id, name, lower cube, SDUs sent on its flow).
 const SPN: [(u64, &str, &str, usize); 5] = [

@@ -5,19 +5,14 @@
 
 mod common;
 
+use common::counter;
+
+use common::free_port;
+
 use common::{wait_for, Daemon};
-use std::net::UdpSocket;
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(20);
-
-fn free_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn system(me: &str, port: u16, peer: &str, peer_port: u16, extra: &str) -> String {
     format!(
@@ -26,16 +21,6 @@ fn system(me: &str, port: u16, peer: &str, peer_port: u16, extra: &str) -> Strin
 }
 
 const RULES: &str = "address = 1\n\n[ipcp.access]\nregister = [\"echo\", \"client*\"]\nallocate = [{ from = \"client*\", to = \"echo\" }]\n";
-
-fn counter(d: &Daemon, ipcp: &str, key: &str) -> u64 {
-    d.client()
-        .list_ipcps()
-        .unwrap()
-        .into_iter()
-        .find(|i| i.name == ipcp)
-        .and_then(|i| i.counters.get(key).copied())
-        .unwrap_or(0)
-}
 
 #[test]
 fn the_difs_access_rules_refuse_registrations_and_flows_and_say_why() {

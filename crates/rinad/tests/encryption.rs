@@ -8,37 +8,22 @@
 
 mod common;
 
+use common::counter;
+
+use common::free_port;
+
 use common::relay::Relay;
 use common::{wait_for, Daemon};
-use std::net::UdpSocket;
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(20);
 const PASSWORD: &str = "a long pre-shared s3cret";
 const MARKER: &[u8] = b"KNOWN-PAYLOAD-MARKER-7f3a";
 
-fn free_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn system(me: &str, port: u16, peer: &str, peer_port: u16, extra: &str) -> String {
     format!(
         "[system]\nname = \"{me}\"\n\n[[ipcp]]\nname = \"{me}.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:{port}\"\n\n[ipcp.directory]\n\"{peer}.net\" = \"127.0.0.1:{peer_port}\"\n\n[[ipcp]]\nname = \"{me}.net\"\ntype = \"normal\"\ndif = \"net\"\npassword = \"{PASSWORD}\"\nencryption = true\nrekey_bytes = 20000\nrouting = \"link-state\"\n{extra}\n[[ipcp.neighbor]]\nname = \"{peer}.net\"\nover = \"udp\"\n"
     )
-}
-
-fn counter(d: &Daemon, ipcp: &str, key: &str) -> u64 {
-    d.client()
-        .list_ipcps()
-        .unwrap()
-        .into_iter()
-        .find(|i| i.name == ipcp)
-        .and_then(|i| i.counters.get(key).copied())
-        .unwrap_or(0)
 }
 
 fn address(d: &Daemon, ipcp: &str) -> String {

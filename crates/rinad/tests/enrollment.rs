@@ -9,20 +9,13 @@
 
 mod common;
 
+use common::free_port;
+
 use common::{echo_server, name, wait_for, Daemon};
 use rina::QosSpec;
-use std::net::UdpSocket;
 use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(20);
-
-fn free_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A system `me` with UDP port `port`, neighbours (name, UDP port), and
 /// extra keys for its normal IPCP.

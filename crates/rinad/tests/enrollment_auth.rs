@@ -7,21 +7,16 @@
 
 mod common;
 
+use common::counter;
+
+use common::free_port;
+
 use common::relay::Relay;
 use common::{wait_for, Daemon};
 use rina_core::enrollment::{auth::hex, AuthKeys, AUTH_KEYS, AUTH_PASSWORD};
-use std::net::UdpSocket;
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(20);
-
-fn free_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A system `me` with UDP port `port`, neighbours (name, UDP port of the
 /// way to them), and extra keys for its normal IPCP.
@@ -152,16 +147,6 @@ fn key_pairs_admit_trusted_members_and_refuse_an_untrusted_key() {
     assert!(e.log().matches(AUTH_KEYS).count() <= 1, "{}", e.log());
     let tries = a.log().matches("not trusted").count();
     assert!(tries <= 2, "{tries} refusals: {}", a.log());
-}
-
-fn counter(d: &Daemon, ipcp: &str, key: &str) -> u64 {
-    d.client()
-        .list_ipcps()
-        .unwrap()
-        .into_iter()
-        .find(|i| i.name == ipcp)
-        .and_then(|i| i.counters.get(key).copied())
-        .unwrap_or(0)
 }
 
 /// A member with a configured address that skips enrollment, neighbour of

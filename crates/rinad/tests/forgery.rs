@@ -5,24 +5,17 @@
 
 mod common;
 
+use common::free_port;
+
 use common::relay::Relay;
 use common::{name, wait_for, Daemon};
 use rina::QosSpec;
 use rina_wire::pci::{self, Body, DtConstants, Pci, PduType};
 use rina_wire::shim_udp::Datagram;
-use std::net::UdpSocket;
 use std::sync::Mutex;
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(15);
-
-fn free_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A system whose shim reaches `peer.net` at `peer_udp` (the relay).
 fn system(me: &str, addr: u64, port: u16, peer: &str, peer_addr: u64, peer_udp: u16) -> String {

@@ -8,19 +8,14 @@
 
 mod common;
 
+use common::counter;
+
+use common::free_port;
+
 use common::{wait_for, Daemon};
-use std::net::UdpSocket;
 use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(20);
-
-fn free_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A system `sys` whose normal IPCP is `me.net` at `addr` with `password`,
 /// its neighbour `peer.net` reached at `peer_port`.
@@ -36,16 +31,6 @@ fn system(
     format!(
         "[system]\nname = \"{sys}\"\n\n[[ipcp]]\nname = \"{sys}.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:{port}\"\n\n[ipcp.directory]\n\"{peer}.net\" = \"127.0.0.1:{peer_port}\"\n\n[[ipcp]]\nname = \"{me}.net\"\ntype = \"normal\"\ndif = \"net\"\naddress = {addr}\npassword = \"{password}\"\nrouting = \"link-state\"\n\n[ipcp.names]\n\"echo\" = 2\n\n[[ipcp.neighbor]]\nname = \"{peer}.net\"\nover = \"udp\"\n"
     )
-}
-
-fn counter(d: &Daemon, ipcp: &str, key: &str) -> u64 {
-    d.client()
-        .list_ipcps()
-        .unwrap()
-        .into_iter()
-        .find(|i| i.name == ipcp)
-        .and_then(|i| i.counters.get(key).copied())
-        .unwrap_or(0)
 }
 
 #[test]

@@ -4,20 +4,13 @@
 
 mod common;
 
+use common::free_port;
+
 use common::{echo_server, name, wait_for, Daemon};
 use rina::{ErrorKind, QosSpec};
-use std::net::UdpSocket;
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(20);
-
-fn free_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// One system: `me` at `addr` with UDP port `port`; `peers` are its
 /// neighbours (name, address, UDP port); `routes` are (destination, next hop).

@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::free_port;
+
 use common::{name, wait_for, Daemon};
 use rina::QosSpec;
 use rina_wire::pci::{self, ControlBody, DtConstants, Pci, PduType};
@@ -15,14 +17,6 @@ use std::time::Duration;
 const T: Duration = Duration::from_secs(15);
 
 /// A free UDP port on loopback (bound, read, released).
-fn free_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn system(
     me: &str,
     addr: u64,

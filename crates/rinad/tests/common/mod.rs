@@ -177,3 +177,23 @@ pub fn echo_server(d: &Daemon, dif: &str) -> std::thread::JoinHandle<()> {
         drop(srv);
     })
 }
+
+/// A UDP port on loopback that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Counter `key` of IPCP `ipcp` at `d` (0 when absent).
+pub fn counter(d: &Daemon, ipcp: &str, key: &str) -> u64 {
+    d.client()
+        .list_ipcps()
+        .unwrap()
+        .into_iter()
+        .find(|i| i.name == ipcp)
+        .and_then(|i| i.counters.get(key).copied())
+        .unwrap_or(0)
+}
