@@ -376,6 +376,14 @@ fn flow_across() -> (Net, PortId, PortId) {
     let mut net = Net::new((0..2).map(|i| line_system(i, 2, &fifo(), None)).collect());
     net.sys[1].register("net", name("app1")).unwrap();
     net.run_until(ms(500));
+    let (port, theirs) = open_app_flow(&mut net);
+    (net, port, theirs)
+}
+
+/// Opens an application flow from app0 at s0 to app1 (registered at s1),
+/// accepted by s1, in 200 ms: (port at s0, port at s1).
+fn open_app_flow(net: &mut Net) -> (PortId, PortId) {
+    let t = net.now;
     let port = net.sys[0]
         .allocate(
             net.now,
@@ -385,7 +393,7 @@ fn flow_across() -> (Net, PortId, PortId) {
             QosSpec::default(),
         )
         .unwrap();
-    net.run_until(ms(600));
+    net.run_until(t + Duration::from_millis(100));
     let handle = net.logs[1]
         .events
         .iter()
@@ -393,11 +401,11 @@ fn flow_across() -> (Net, PortId, PortId) {
             AppEvent::FlowRequest { handle, .. } => Some(*handle),
             _ => None,
         })
-        .unwrap();
+        .expect("the request reached app1");
     let (theirs, _) = net.sys[1].accept(net.now, handle).unwrap();
-    net.run_until(ms(700));
+    net.run_until(t + Duration::from_millis(200));
     assert_eq!(allocated(&net.logs[0]), Some(port));
-    (net, port, theirs)
+    (port, theirs)
 }
 
 fn deallocated(log: &AppLog, port: PortId) -> bool {
@@ -527,27 +535,7 @@ fn a_flow_claiming_an_authenticated_neighbour_waits_until_the_claimant_authentic
     net.mute.insert(2);
     net.sys[1].register("net", name("app1")).unwrap();
     net.run_until(ms(2000));
-    let port = net.sys[0]
-        .allocate(
-            net.now,
-            Some("net"),
-            name("app0"),
-            name("app1"),
-            QosSpec::default(),
-        )
-        .unwrap();
-    net.run_until(ms(2200));
-    let handle = net.logs[1]
-        .events
-        .iter()
-        .find_map(|e| match e {
-            AppEvent::FlowRequest { handle, .. } => Some(*handle),
-            _ => None,
-        })
-        .expect("the request reached app1");
-    let (theirs, _) = net.sys[1].accept(net.now, handle).unwrap();
-    net.run_until(ms(2400));
-    assert_eq!(allocated(&net.logs[0]), Some(port));
+    let (port, theirs) = open_app_flow(&mut net);
     let working: Vec<PortId> = net.sys[1].n1_flows().map(|f| f.0).collect();
     assert_eq!(working.len(), 1);
 
