@@ -223,7 +223,17 @@ fn sighup_stops_every_process_the_demo_started() {
 fn sigkill_of_the_demo_still_takes_its_children_down() {
     let demo = Demo::start();
     demo.wait_for_line("alpha: rina-perf client", Duration::from_secs(30));
-    let started = leftovers(demo.pid);
+    // The line is printed just before the client is started: wait until it
+    // runs, so that it is among the children watched below.
+    let end = Instant::now() + Duration::from_secs(10);
+    let started = loop {
+        let now = leftovers(demo.pid);
+        if now.iter().any(|(_, c)| c.contains("rina-perf client")) {
+            break now;
+        }
+        assert!(Instant::now() < end, "no rina-perf client started: {now:?}");
+        thread::sleep(Duration::from_millis(20));
+    };
     assert!(started.len() >= 4, "{started:?}");
     // Descriptors that become readable when each child exits.
     let pidfds: Vec<OwnedFd> = started
@@ -263,6 +273,11 @@ fn sigkill_of_the_demo_still_takes_its_children_down() {
             .filter(|(_, d)| !d)
             .map(|(f, _)| f)
             .collect();
+    }
+    // A child started after the list above was taken (none should be) is
+    // given the same time to go.
+    while !leftovers(demo.pid).is_empty() && Instant::now() < end {
+        thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(leftovers(demo.pid), Vec::new());
     for d in temp_dirs(demo.pid) {
