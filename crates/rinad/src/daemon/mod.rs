@@ -219,6 +219,7 @@ pub struct Daemon {
     /// A self-pipe written by the SIGHUP handler.
     hup_rx: UnixStream,
     buf: Vec<u8>,
+    udp: shim::UdpShared,
     ctl_buf: Vec<u8>,
 }
 
@@ -320,6 +321,7 @@ impl Daemon {
             config_path,
             hup_rx,
             buf: vec![0; HEADROOM + 65_536 + 1],
+            udp: shim::UdpShared::default(),
             ctl_buf: vec![0; ctl::MAX_CTL_MSG],
         };
         d.drain_outputs();
@@ -507,7 +509,8 @@ impl Daemon {
         match self.ipcps[slot.ipcp].io {
             Io::Normal(_) => self.service_normal_flow(port),
             Io::Hv(_) => self.service_hv_flow(port),
-            Io::Udp(_) | Io::Eth(_) => self.service_shim_flow(port),
+            Io::Udp(_) => self.service_udp_flow(port),
+            Io::Eth(_) => self.service_eth_flow(port),
             Io::Removed => FlowService::Closed,
         }
     }
@@ -520,6 +523,12 @@ impl Daemon {
         loop {
             while let Some(o) = self.sys.poll_output() {
                 self.on_output(o);
+            }
+            if !self.udp.dirty.is_empty() {
+                for i in std::mem::take(&mut self.udp.dirty) {
+                    self.flush_udp(i);
+                }
+                continue;
             }
             if self.taken.is_empty() {
                 break;
