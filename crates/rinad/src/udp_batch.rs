@@ -54,6 +54,9 @@ pub struct SendOutcome {
 pub struct Sender {
     /// Whether segmentation offload is still believed to work.
     gso: bool,
+    /// The largest datagram sent in a segmented run (smaller than the
+    /// smallest size the kernel refused to segment).
+    gso_max: usize,
     /// `sendmmsg` calls made.
     calls: u64,
     iovs: Vec<libc::iovec>,
@@ -74,6 +77,7 @@ impl Sender {
     pub fn new() -> Sender {
         Sender {
             gso: true,
+            gso_max: usize::MAX,
             calls: 0,
             iovs: Vec::new(),
             addrs: Vec::new(),
@@ -126,10 +130,18 @@ impl Sender {
                     out.blocked = true;
                     break;
                 }
-                Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
+                Some(libc::EMSGSIZE | libc::EINVAL) if self.groups[0] > 1 => {
+                    // Segments larger than the path's MTU (the kernel
+                    // will not fragment a segmented send): runs of such
+                    // sizes go one datagram per message from now on.
+                    let size = frames[done].1.as_ref().len();
+                    self.gso_max = self.gso_max.min(size - 1);
+                    continue;
+                }
+                Some(libc::EIO | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
                     if self.gso && self.groups[0] > 1 =>
                 {
-                    // The kernel or the path cannot segment: go on without.
+                    // The kernel or the device cannot segment: go on without.
                     self.gso = false;
                     continue;
                 }
@@ -155,7 +167,7 @@ impl Sender {
             let size = frames[i].1.as_ref().len();
             let mut j = i + 1;
             let mut total = size;
-            if self.gso && size > 0 {
+            if self.gso && size > 0 && size <= self.gso_max {
                 while let Some((p, f)) = frames.get(j) {
                     let l = f.as_ref().len();
                     if *p != peer

@@ -113,7 +113,8 @@ struct FlowSlot {
     uid: u32,
     /// Already in the ready queue.
     queued: bool,
-    /// Shared-memory rings with the application (shim-hv flows that asked).
+    /// Shared-memory rings with the application (flows on shim-hv,
+    /// shim-udp and normal IPCPs that asked).
     rings: Option<app_rings::AppRings>,
     /// SDUs delivered but not yet taken by the application's socket.
     rx_pending: VecDeque<Vec<u8>>,
@@ -509,6 +510,7 @@ impl Daemon {
         match self.ipcps[slot.ipcp].io {
             Io::Normal(_) => self.service_normal_flow(port),
             Io::Hv(_) => self.service_hv_flow(port),
+            Io::Udp(_) if slot.rings.is_some() => self.service_udp_rings(port),
             Io::Udp(_) => self.service_udp_flow(port),
             Io::Eth(_) => self.service_eth_flow(port),
             Io::Removed => FlowService::Closed,
@@ -851,7 +853,7 @@ impl Daemon {
             )
             .map_err(|e| CtlError::new(ErrorKind::Internal, e.to_string()))?;
         let rings = if rings {
-            let offered = matches!(self.ipcps[i].io, Io::Hv(_) | Io::Normal(_));
+            let offered = matches!(self.ipcps[i].io, Io::Hv(_) | Io::Normal(_) | Io::Udp(_));
             app_rings::AppRings::offer(ours.as_raw_fd(), offered).map_err(|e| {
                 let _ = self
                     .poll

@@ -83,27 +83,65 @@ pub(super) struct UdpShared {
     frames: Vec<(SocketAddr, Range<usize>)>,
     /// Shim-udp IPCPs with frames in `out`.
     pub dirty: Vec<usize>,
+    /// Application flows given SDUs in this read (to wake once).
+    woken: Vec<PortId>,
+}
+
+/// What became of an SDU made into a frame.
+enum Framed {
+    /// In the batch.
+    Added,
+    /// Refused by the machine or without a peer (counted there).
+    Skipped,
+    /// The flow cannot send now: it waits (parked), the SDU is lost.
+    Wait,
 }
 
 /// Bytes of [`UdpShared::arena`]: room for at least four SDUs of the
 /// largest size, and for a whole [`BUDGET`] of full-sized Ethernet ones.
 const ARENA: usize = 4 * (HEADROOM + 65_537);
 
-/// Hands an SDU straight from a medium's buffer to the socket of its
-/// application flow; a socket that cannot take it loses it (counted in the
-/// shim's flow), as a link would.
+/// Hands an SDU straight from a medium's buffer to its application flow
+/// (its ring, or its socket); a flow that cannot take it loses it (counted
+/// in the shim's flow), as a link would.
 pub(super) fn straight_to_app(
-    flows: &HashMap<PortId, FlowSlot>,
+    flows: &mut HashMap<PortId, FlowSlot>,
     system: &mut System,
     i: usize,
     port: PortId,
     sdu: &[u8],
 ) {
-    let sent = flows
-        .get(&port)
-        .map(|slot| sys::send(slot.fd.as_raw_fd(), sdu, None));
-    if !matches!(sent, Some(Ok(Sent::Done))) {
+    queue_to_app(flows, system, i, port, sdu);
+    if let Some(r) = flows.get(&port).and_then(|s| s.rings.as_ref()) {
+        r.wake();
+    }
+}
+
+/// [`straight_to_app`] without waking an application that sleeps on its
+/// ring: [`wake_apps`] does, once for a batch.
+fn queue_to_app(
+    flows: &mut HashMap<PortId, FlowSlot>,
+    system: &mut System,
+    i: usize,
+    port: PortId,
+    sdu: &[u8],
+) {
+    let taken = match flows.get_mut(&port) {
+        Some(FlowSlot { rings: Some(r), .. }) => r.push(sdu),
+        Some(slot) => matches!(sys::send(slot.fd.as_raw_fd(), sdu, None), Ok(Sent::Done)),
+        None => false,
+    };
+    if !taken {
         count_drop(system, i, port, true);
+    }
+}
+
+/// Wakes the applications of `ports` that sleep on their rings.
+fn wake_apps(flows: &HashMap<PortId, FlowSlot>, ports: &mut Vec<PortId>) {
+    for port in ports.drain(..) {
+        if let Some(r) = flows.get(&port).and_then(|s| s.rings.as_ref()) {
+            r.wake();
+        }
     }
 }
 
@@ -143,10 +181,14 @@ impl Daemon {
                     for datagram in rx.datagrams(r) {
                         let got = self.sys.receive(now, i, Rx::Udp { from, datagram });
                         if let Some((port, sdu)) = got {
-                            straight_to_app(&self.flows, &mut self.sys, i, port, sdu);
+                            queue_to_app(&mut self.flows, &mut self.sys, i, port, sdu);
+                            if !self.udp.woken.contains(&port) {
+                                self.udp.woken.push(port);
+                            }
                         }
                     }
                 }
+                wake_apps(&self.flows, &mut self.udp.woken);
                 n == udp_batch::RX_SLOTS
             }
             Err(e) => {
@@ -399,27 +441,14 @@ impl Daemon {
                 count_drop(&mut self.sys, i, port, false);
                 continue;
             }
-            let send = match self.sys.shim_send(now, port, n) {
-                Ok((_, send)) => send,
-                Err(FlowError::WouldBlock) => {
-                    count_drop(&mut self.sys, i, port, false);
-                    self.park(i, port);
+            match self.frame_sdu(now, port, &mut arena, off, n, &mut frames) {
+                Framed::Added => off += HEADROOM + n,
+                Framed::Skipped => {}
+                Framed::Wait => {
                     served = FlowService::Drained;
                     break;
                 }
-                Err(e) => {
-                    debug!(port, error = %e, "SDU not sent");
-                    continue;
-                }
-            };
-            let Some(to) = send.peer else {
-                continue;
-            };
-            let hdr = send.header();
-            let start = off + HEADROOM - hdr.len();
-            arena[start..off + HEADROOM].copy_from_slice(hdr);
-            frames.push((to, start..off + HEADROOM + n));
-            off += HEADROOM + n;
+            }
         }
         if self.send_udp_frames(i, port, &arena, &mut frames) {
             served = FlowService::Drained;
@@ -462,5 +491,111 @@ impl Daemon {
         }
         self.udp_blocked(i);
         true
+    }
+
+    /// Makes a frame of the SDU of flow `port` at `arena[off + HEADROOM..]`
+    /// (`n` bytes): the shim's header in place in front, added to `frames`.
+    fn frame_sdu(
+        &mut self,
+        now: Instant,
+        port: PortId,
+        arena: &mut [u8],
+        off: usize,
+        n: usize,
+        frames: &mut Vec<(SocketAddr, Range<usize>)>,
+    ) -> Framed {
+        let send = match self.sys.shim_send(now, port, n) {
+            Ok((_, send)) => send,
+            Err(FlowError::WouldBlock) => {
+                let i = self.flows.get(&port).map_or(usize::MAX, |s| s.ipcp);
+                count_drop(&mut self.sys, i, port, false);
+                self.park(i, port);
+                return Framed::Wait;
+            }
+            Err(e) => {
+                debug!(port, error = %e, "SDU not sent");
+                return Framed::Skipped;
+            }
+        };
+        let Some(to) = send.peer else {
+            return Framed::Skipped;
+        };
+        let hdr = send.header();
+        let start = off + HEADROOM - hdr.len();
+        arena[start..off + HEADROOM].copy_from_slice(hdr);
+        frames.push((to, start..off + HEADROOM + n));
+        Framed::Added
+    }
+
+    /// Serves shim-udp flow `port` whose application uses rings: drains
+    /// its kicks, copies up to [`BUDGET`] SDUs from its ring into the
+    /// arena behind room for the header, and sends them together.
+    pub(super) fn service_udp_rings(&mut self, port: PortId) -> FlowService {
+        let Some(slot) = self.flows.get(&port) else {
+            return FlowService::Drained;
+        };
+        let i = slot.ipcp;
+        if !super::app_rings::drain_kicks(slot.fd.as_raw_fd()) {
+            return FlowService::Closed;
+        }
+        if self.medium_stalled(i) {
+            self.park(i, port);
+            return FlowService::Drained;
+        }
+        let now = self.now();
+        let cap = self.buf.len() - HEADROOM;
+        let mut arena = std::mem::take(&mut self.udp.arena);
+        arena.resize(ARENA, 0);
+        let mut frames = std::mem::take(&mut self.udp.frames);
+        let (mut off, mut served) = (0, FlowService::More);
+        for _ in 0..BUDGET {
+            if arena.len() - off < HEADROOM + cap {
+                if self.send_udp_frames(i, port, &arena, &mut frames) {
+                    served = FlowService::Drained;
+                    break;
+                }
+                off = 0;
+            }
+            let Some(r) = self.flows.get_mut(&port).and_then(|s| s.rings.as_mut()) else {
+                served = FlowService::Drained;
+                break;
+            };
+            let n = match r.next_from_app() {
+                Ok(Some(seg)) => seg.len(),
+                Ok(None) => {
+                    served = FlowService::Drained;
+                    break;
+                }
+                Err(e) => {
+                    // The application wrote garbage: its own flow suffers.
+                    debug!(port, error = %e, "garbage in a flow's ring; dropped what was published");
+                    count_drop(&mut self.sys, i, port, false);
+                    served = FlowService::Drained;
+                    break;
+                }
+            };
+            let room = off + HEADROOM..off + HEADROOM + n.min(cap);
+            let ok = n <= cap && r.from_app.read(n, &mut arena[room]);
+            r.from_app.consume(n);
+            r.took();
+            if !ok {
+                count_drop(&mut self.sys, i, port, false);
+                continue;
+            }
+            match self.frame_sdu(now, port, &mut arena, off, n, &mut frames) {
+                Framed::Added => off += HEADROOM + n,
+                Framed::Skipped => {}
+                Framed::Wait => {
+                    served = FlowService::Drained;
+                    break;
+                }
+            }
+        }
+        if self.send_udp_frames(i, port, &arena, &mut frames) {
+            served = FlowService::Drained;
+        }
+        self.udp.arena = arena;
+        self.udp.frames = frames;
+        served
     }
 }
