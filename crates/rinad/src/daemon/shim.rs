@@ -346,7 +346,10 @@ impl Daemon {
                 count_drop(&mut self.sys, i, port, false);
                 continue;
             }
-            let send = match self.sys.shim_send(now, port, n) {
+            let send = match self
+                .sys
+                .shim_send(now, port, &self.buf[HEADROOM..HEADROOM + n])
+            {
                 Ok((_, send)) => send,
                 Err(FlowError::WouldBlock) => {
                     count_drop(&mut self.sys, i, port, false);
@@ -504,7 +507,8 @@ impl Daemon {
         n: usize,
         frames: &mut Vec<(SocketAddr, Range<usize>)>,
     ) -> Framed {
-        let send = match self.sys.shim_send(now, port, n) {
+        let sdu = &arena[off + HEADROOM..off + HEADROOM + n];
+        let send = match self.sys.shim_send(now, port, sdu) {
             Ok((_, send)) => send,
             Err(FlowError::WouldBlock) => {
                 let i = self.flows.get(&port).map_or(usize::MAX, |s| s.ipcp);
