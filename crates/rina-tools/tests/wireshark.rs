@@ -526,16 +526,17 @@ fn capture_and_decode(lower: Lower) {
         "1",
     ];
     assert!(!run(&bins.join("rina-echo"), &direct).status.success());
-    if let Lower::ShimUdp = lower {
-        // An echo straight on the shim-udp DIF: the application's SDUs
-        // the daemon sends behind the shim's header, in place.
+    {
+        // An echo straight on the shim DIF: the application's SDUs the
+        // daemon sends behind the shim's header (in place on shim-udp,
+        // ring to ring on shim-hv).
         let server = Command::new(bins.join("rina-echo"))
             .args([
                 "server",
                 "--socket",
                 &b,
                 "--dif",
-                "udp",
+                tag,
                 "--name",
                 "shim-echo",
             ])
@@ -550,7 +551,7 @@ fn capture_and_decode(lower: Lower) {
             "--socket",
             &a,
             "--dif",
-            "udp",
+            tag,
             "--dst",
             "shim-echo",
             "--count",
@@ -736,6 +737,18 @@ fn check_shim_hv(pcap: &Path, summary: &serde_json::Value) {
             "{dump}"
         );
         assert!(rows.iter().any(|r| data(r) && r[6] == "0x80"), "{dump}");
+    }
+    // Data channels both ways: the normal IPCP's and the echo's straight
+    // on the shim (its SDUs go ring to ring in the daemons).
+    for dir in ["0", "1"] {
+        let mut channels: Vec<&str> = rows
+            .iter()
+            .filter(|r| r[0] == dir && r[2] != "0" && !r[2].is_empty())
+            .map(|r| r[2].as_str())
+            .collect();
+        channels.sort_unstable();
+        channels.dedup();
+        assert!(channels.len() >= 2, "direction {dir}: {channels:?}\n{dump}");
     }
     let request = [(0, "1"), (2, "0"), (3, "0"), (4, "nobody-here")];
     assert!(has_row(&rows, &request), "{dump}");

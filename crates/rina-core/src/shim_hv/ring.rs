@@ -381,6 +381,15 @@ impl Segments {
         }
     }
 
+    /// The first `n` bytes (all of them if fewer).
+    pub fn prefix(&self, n: usize) -> Segments {
+        let a = n.min(self.parts[0].1);
+        let b = (n - a).min(self.parts[1].1);
+        Segments {
+            parts: [(self.parts[0].0, a), (self.parts[1].0, b)],
+        }
+    }
+
     /// Copies `src` to offset `off`; false (and nothing written) if it
     /// does not fit.
     pub fn write_at(&self, off: usize, src: &[u8]) -> bool {
@@ -400,6 +409,21 @@ impl Segments {
 }
 
 impl Segments {
+    /// A copy of the bytes (for a capture).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.len());
+        for (src, n) in self.parts() {
+            let at = v.len();
+            v.resize(at + n, 0);
+            // SAFETY: the segment has n bytes inside a ring's data area (see
+            // `Segments`); `v` has n bytes from `at`, memory of this process.
+            // A peer may write the ring meanwhile: bytes have no invalid
+            // values.
+            unsafe { std::ptr::copy_nonoverlapping(src, v.as_mut_ptr().add(at), n) };
+        }
+        v
+    }
+
     /// Copies all of `self` to the start of `dst` (ring memory to ring
     /// memory, for example an application's ring to a VMPI ring); false
     /// (and nothing copied) if `dst` is shorter.

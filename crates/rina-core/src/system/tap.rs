@@ -8,7 +8,8 @@
 //! SDU accounted by [`System::shim_send`], and every frame given to
 //! [`System::receive`] (before the shim parses it, so garbage is captured
 //! too). What a driver moves without the system — SDUs of application
-//! flows on a shim-hv going ring to ring — is not seen here.
+//! flows on a shim-hv going ring to ring — it reports with
+//! [`System::tap_moved`] while [`System::medium_tapped`] says so.
 //!
 //! The queue of each medium is bounded (in copies, and in bytes by
 //! [`TAP_MAX_BYTES`]): a driver that does not poll
@@ -93,6 +94,21 @@ impl System {
     /// Copies of medium `medium` lost because the queue was full.
     pub fn medium_tap_dropped(&self, medium: MediumId) -> u64 {
         self.taps.get(&medium).map_or(0, |t| t.dropped)
+    }
+
+    /// Whether medium `medium` is tapped (a driver that moves frames
+    /// without the system then reports them, [`System::tap_moved`]).
+    pub fn medium_tapped(&self, medium: MediumId) -> bool {
+        self.taps.contains_key(&medium)
+    }
+
+    /// A frame the driver of shim `medium` moved without the system (SDUs
+    /// of application flows on a shim-hv, ring to ring), for its tap.
+    pub fn tap_moved(&mut self, medium: MediumId, outbound: bool, frame: Vec<u8>) {
+        if !self.taps.contains_key(&medium) {
+            return;
+        }
+        self.tap(medium, outbound, None, None, &[&frame]);
     }
 
     /// Keeps a copy of `parts` (concatenated) if medium `medium` is tapped.

@@ -1080,6 +1080,22 @@ impl Daemon {
     /// copy in the daemon; control buffers and frames of normal IPCPs
     /// above go to the system from one copy.
     fn hv_take_one(&mut self, i: usize, now: Instant) -> Option<bool> {
+        let mut tapped = self.sys.medium_tapped(i).then_some(None);
+        let took = self.hv_take_one_inner(i, now, &mut tapped);
+        if let Some(Some(frame)) = tapped {
+            self.sys.tap_moved(i, false, frame);
+        }
+        took
+    }
+
+    /// [`Daemon::hv_take_one`]; a buffer of an application flow that left
+    /// the ring is copied into `tapped` if it is `Some` (a capture).
+    fn hv_take_one_inner(
+        &mut self,
+        i: usize,
+        now: Instant,
+        tapped: &mut Option<Option<Vec<u8>>>,
+    ) -> Option<bool> {
         let name = self.ipcps[i].name.clone();
         let (h, m) = parts(&mut self.ipcps, &mut self.sys, i)?;
         let Some(a) = &mut h.att else {
@@ -1116,6 +1132,9 @@ impl Daemon {
             return Some(true);
         };
         let sdu_len = n - CHANNEL_HEADER;
+        if let Some(t) = tapped.as_mut() {
+            *t = Some(seg.to_vec());
+        }
         if let Err(reason) = m.on_data_header(u32::from_le_bytes(ch), sdu_len) {
             a.link.consume(n);
             debug!(ipcp = %name, ?reason, "VMPI buffer dropped");
@@ -1141,6 +1160,8 @@ impl Daemon {
                 // application kicks, which fills the peer's ring and holds
                 // its writers back.
                 m.unreceive(port, sdu_len);
+                // Still in the ring: captured when it leaves.
+                *tapped = None;
                 if r.want_room(sdu_len) {
                     return Some(true);
                 }
@@ -1323,6 +1344,9 @@ impl Daemon {
             return self.service_hv_rings(port);
         }
         let (i, fd) = (slot.ipcp, slot.fd.as_raw_fd());
+        // Copies of what is sent, for a capture of the medium.
+        let tap = self.sys.medium_tapped(i);
+        let mut copies: Vec<Vec<u8>> = Vec::new();
         let Some((h, m)) = parts(&mut self.ipcps, &mut self.sys, i) else {
             return FlowService::Drained;
         };
@@ -1357,6 +1381,9 @@ impl Daemon {
                     }
                 };
                 seg.write_at(0, &hdr);
+                if tap {
+                    copies.push(seg.prefix(CHANNEL_HEADER + n).to_vec());
+                }
                 match a.link.commit(reserve, CHANNEL_HEADER + n) {
                     Ok(()) => sent += 1,
                     Err(e) => {
@@ -1391,6 +1418,10 @@ impl Daemon {
                 }
             };
             let sdu = &self.buf[HEADROOM..HEADROOM + n];
+            if tap {
+                // Sent now, or once the ring has room (stalled below).
+                copies.push([&hdr[..], sdu].concat());
+            }
             match a.link.send(&[&hdr, sdu]) {
                 Ok(()) => sent += 1,
                 Err(e @ (RingError::Full | RingError::BadIndex { .. })) => {
@@ -1416,6 +1447,9 @@ impl Daemon {
         if h.stalled.is_some() && h.arm_tx() {
             self.mark_medium_ready(i);
         }
+        for c in copies {
+            self.sys.tap_moved(i, true, c);
+        }
         result
     }
 
@@ -1435,6 +1469,8 @@ impl Daemon {
         let Some(r) = &mut slot.rings else {
             return FlowService::Drained;
         };
+        let tap = self.sys.medium_tapped(i);
+        let mut copies: Vec<Vec<u8>> = Vec::new();
         let Some((h, m)) = parts(&mut self.ipcps, &mut self.sys, i) else {
             return FlowService::Drained;
         };
@@ -1521,6 +1557,9 @@ impl Daemon {
             dst.write_at(0, &hdr);
             seg.copy_to(&dst.skip(CHANNEL_HEADER));
             r.from_app.consume(n);
+            if tap {
+                copies.push(dst.prefix(need).to_vec());
+            }
             match a.link.commit(need, need) {
                 Ok(()) => sent += 1,
                 Err(e) => {
@@ -1545,6 +1584,9 @@ impl Daemon {
         }
         if again {
             result = FlowService::More;
+        }
+        for c in copies {
+            self.sys.tap_moved(i, true, c);
         }
         result
     }
