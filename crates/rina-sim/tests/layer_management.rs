@@ -187,6 +187,36 @@ fn a_lost_read_or_answer_is_asked_again_and_silence_fails_after_3_s() {
     assert!(r.unwrap_err().starts_with("no complete answer"));
 }
 
+#[test]
+fn lost_directory_writes_are_repaired_by_the_next_refresh() {
+    let mut m = line(35, |_, _| {});
+    // Every M_WRITE (flow-state objects, directory entries) is lost for
+    // half a second after 3 s.
+    let lost = Rc::new(Cell::new(0u32));
+    let l = lost.clone();
+    m.world
+        .set_loss_filter(Some(Box::new(move |t, _, frame: &[u8]| {
+            let write = cdap_op(frame) == Some(OpCode::Write);
+            if write && t < at_ms(3500) {
+                l.set(l.get() + 1);
+            }
+            write && t < at_ms(3500)
+        })));
+    m.register_at(at_ms(3000), 2, "srv", rina_sim::App::echo());
+    let srv: rina_wire::AppName = "srv".parse().unwrap();
+    m.world.run_until(at_ms(13_000)).unwrap();
+    assert!(lost.get() >= 1, "the registration's flood was lost");
+    assert!(!m.node(0).ipcp().knows(&srv), "nothing else brought it");
+    // Node 2 re-originates its entry 20 s after the registration.
+    m.world.run_until(at_ms(23_100)).unwrap();
+    let addr2 = m.node(2).ipcp().config().address;
+    assert_eq!(m.node(0).ipcp().resolve(&srv), Some(addr2));
+    assert_eq!(m.node(1).ipcp().resolve(&srv), Some(addr2));
+    // Every write went through the RIB daemon's sessions with neighbours.
+    let sessions = m.node(0).ipcp().rib_daemon().sessions().count();
+    assert!(sessions >= 1);
+}
+
 /// Four members in a ring (addresses 1–4, static), each the only neighbour
 /// of five newcomers that all start at the same instant; every member hands
 /// out addresses from 1–28 only (24 members), so that enrollers that cannot know of

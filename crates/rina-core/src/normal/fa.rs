@@ -46,9 +46,12 @@
 //! an internal loopback instead of the RMT, so both ends are flows of this
 //! IPCP (two CEP-ids, one connection each way).
 
+use super::mgmt_rib::Peer;
 use super::{cubes, Action, CepId, FlowId, NormalError, NormalIpcp, QosCube};
+use crate::rib::OwnerId;
 use crate::rmt::Address;
 use crate::time::Instant;
+use rina_wire::cdap::CdapMessage;
 use rina_wire::codec::truncate_utf8;
 use rina_wire::fa::{FaMessage, FaResult};
 use rina_wire::{AppName, QosSpec};
@@ -367,7 +370,7 @@ impl NormalIpcp {
                 request.len()
             )));
         }
-        self.send_management_to(now, dst, &request);
+        self.send_fa_request(now, dst, &request);
         self.fa.allocating_by_cep.insert(local_cep, flow);
         self.fa.allocating.insert(
             flow,
@@ -482,7 +485,7 @@ impl NormalIpcp {
             src_cep,
         }
         .to_vec();
-        self.send_management_to(now, to, &message);
+        self.send_fa_request(now, to, &message);
         if self.fa.releasing.len() >= self.cfg.max_flows {
             // Too many unanswered: this one is sent once.
             return;
@@ -536,6 +539,30 @@ impl NormalIpcp {
         u32::try_from(self.cfg.max_sdu).unwrap_or(u32::MAX)
     }
 
+    /// Sends an encoded REQUEST or DEALLOC (a request on the peer's flow
+    /// object) through the session with the peer, so that its answer comes
+    /// back to the flow allocator.
+    fn send_fa_request(&mut self, now: Instant, to: Address, payload: &[u8]) {
+        if let Some(m) = payload.get(1..).and_then(|b| CdapMessage::decode(b).ok()) {
+            let _ = self
+                .mgmt
+                .request(now, Peer::Remote(to), OwnerId::FLOW_ALLOCATOR, m);
+        }
+        self.send_management_to(now, to, payload);
+    }
+
+    /// The flow allocator no longer waits for an answer to the encoded
+    /// request `payload` to `to`.
+    fn settle_fa_request(&mut self, to: Address, payload: &[u8]) {
+        let invoke = payload
+            .get(1..)
+            .and_then(|b| CdapMessage::decode(b).ok())
+            .and_then(|m| m.invoke_id);
+        if let Some(i) = invoke {
+            self.mgmt.settle(Peer::Remote(to), i);
+        }
+    }
+
     fn send_fa(&mut self, now: Instant, dst: Address, msg: &FaMessage) {
         let payload = msg.to_vec();
         self.send_management_to(now, dst, &payload);
@@ -564,9 +591,10 @@ impl NormalIpcp {
         self.send_fa(now, to, &msg);
     }
 
-    /// A flow-allocator payload arrived in a management PDU from `from`.
-    pub(super) fn on_fa(&mut self, now: Instant, from: Address, payload: &[u8]) {
-        let msg = match FaMessage::parse(payload) {
+    /// A CDAP message on a flow object arrived from the member at `from`
+    /// (through the RIB daemon).
+    pub(super) fn on_fa_cdap(&mut self, now: Instant, from: Address, msg: &CdapMessage) {
+        let msg = match FaMessage::from_cdap(msg) {
             Ok(m) => m,
             Err(_) => {
                 self.counters.rx_fa_malformed += 1;
@@ -840,12 +868,13 @@ impl NormalIpcp {
         }
         for (dst, req) in resend {
             self.counters.alloc_retries += 1;
-            self.send_management_to(now, dst, &req);
+            self.send_fa_request(now, dst, &req);
         }
         self.dealloc_timeout(now);
         for flow in expired {
             if let Some(a) = self.fa.allocating.remove(&flow) {
                 self.fa.allocating_by_cep.remove(&a.local_cep);
+                self.settle_fa_request(a.dst, &a.request);
                 self.counters.alloc_timeouts += 1;
                 self.actions.push_back(Action::AllocateFailed {
                     flow,
@@ -876,10 +905,10 @@ impl NormalIpcp {
     fn dealloc_timeout(&mut self, now: Instant) {
         let mut resend = Vec::new();
         let retry = self.cfg.alloc_retry;
-        let mut given_up = 0;
+        let mut given_up = Vec::new();
         self.fa.releasing.retain(|(to, _), r| {
             if now >= r.deadline {
-                given_up += 1;
+                given_up.push((*to, std::mem::take(&mut r.message)));
                 return false;
             }
             if now >= r.next_retry {
@@ -888,10 +917,13 @@ impl NormalIpcp {
             }
             true
         });
-        self.counters.dealloc_unacked += given_up;
+        self.counters.dealloc_unacked += given_up.len() as u64;
+        for (to, message) in given_up {
+            self.settle_fa_request(to, &message);
+        }
         for (to, message) in resend {
             self.counters.dealloc_retries += 1;
-            self.send_management_to(now, to, &message);
+            self.send_fa_request(now, to, &message);
         }
     }
 }
