@@ -208,3 +208,56 @@ fn sessions_are_bounded_and_idle_ones_go_first() {
     assert!(m.session(Peer::Remote(1)).is_none());
     assert_eq!(m.counters().sessions_evicted, 10);
 }
+
+mod prop {
+    use super::*;
+    use proptest::prelude::*;
+
+    const NAMES: [&str; 7] = [
+        "/fa/flows/key=1-2",
+        "/dif/mgmt/fsos",
+        "/dif/mgmt/nsm/dft",
+        "/",
+        "/ra/x",
+        "bad name",
+        "",
+    ];
+
+    proptest! {
+        /// Any sequence of messages from any peers: no panic, nothing left
+        /// waiting in the daemon, every refusal answers a request of the
+        /// peer it goes to, and every message goes to at most one place.
+        #[test]
+        fn arbitrary_messages_are_dispatched_or_refused(
+            msgs in proptest::collection::vec(
+                (0usize..OpCode::ALL.len(), 0usize..NAMES.len(), proptest::option::of(-2i32..6), 0u32..3, any::<bool>()),
+                0..60,
+            ),
+        ) {
+            let mut m = MgmtRib::new();
+            let mut asked = std::collections::BTreeSet::new();
+            for (k, (op, name, invoke, port, remote)) in msgs.into_iter().enumerate() {
+                let op = OpCode::ALL[op];
+                let mut msg = CdapMessage::new(op).with_value(vec![k as u8]);
+                msg.obj_name = Some(NAMES[name].into());
+                msg.invoke_id = invoke;
+                let peer = if remote { Peer::Remote(u64::from(port)) } else { Peer::Neighbor(port) };
+                if op.is_response() && k % 2 == 0 {
+                    // Half the answers are to requests this end asked.
+                    let mut ours = CdapMessage::read("", "/");
+                    ours.invoke_id = invoke;
+                    m.request(ms(k as u64), peer, OwnerId::RIB_DAEMON, ours);
+                }
+                asked.insert((peer, invoke));
+                m.take(ms(k as u64), peer, msg);
+                let inbound = drain(&mut m).len();
+                let out: Vec<(Peer, CdapMessage)> = std::iter::from_fn(|| m.poll_transmit()).collect();
+                prop_assert!(inbound + out.len() <= 1);
+                for (p, r) in out {
+                    prop_assert!(asked.contains(&(p, r.invoke_id)));
+                }
+                prop_assert_eq!(m.daemon().pending(), 0);
+            }
+        }
+    }
+}
