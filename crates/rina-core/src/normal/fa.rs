@@ -57,6 +57,9 @@ use rina_wire::fa::{FaMessage, FaResult};
 use rina_wire::{AppName, QosSpec};
 use std::collections::{BTreeMap, BTreeSet};
 
+mod retransmit;
+use retransmit::{Due, Retransmit};
+
 /// Longest refusal reason sent to a peer, in bytes (also cut to fit a PDU).
 pub const MAX_REASON_LEN: usize = 512;
 
@@ -67,10 +70,6 @@ struct Allocating {
     dst: Address,
     qos_id: u64,
     remote: AppName,
-    /// The encoded REQUEST, resent as is.
-    request: Vec<u8>,
-    next_retry: Instant,
-    deadline: Instant,
 }
 
 /// An incoming request waiting for the application's answer.
@@ -92,22 +91,14 @@ struct Refusal {
     until: Instant,
 }
 
-/// A DEALLOC sent and not acknowledged yet, by the peer's (address,
-/// CEP-id).
-#[derive(Debug)]
-struct Releasing {
-    /// The encoded DEALLOC, resent as is.
-    message: Vec<u8>,
-    next_retry: Instant,
-    deadline: Instant,
-}
-
 /// State of the flow allocator. Ordered maps everywhere: their iteration
 /// order reaches the wire (retransmissions, expiries).
 #[derive(Debug)]
 pub(super) struct FaState {
     names: BTreeSet<AppName>,
     allocating: BTreeMap<FlowId, Allocating>,
+    /// The REQUESTs of `allocating`, repeated until answered.
+    requests: Retransmit<FlowId>,
     allocating_by_cep: BTreeMap<CepId, FlowId>,
     pending: BTreeMap<u64, Pending>,
     /// Flows accepted here, by the requester's (address, CEP-id), so that a
@@ -117,8 +108,9 @@ pub(super) struct FaState {
     /// requester's (address, CEP-id); at most `max_pending`, each kept
     /// `alloc_timeout`.
     refused: BTreeMap<(Address, CepId), Refusal>,
-    /// DEALLOCs waiting for their acknowledgement.
-    releasing: BTreeMap<(Address, CepId), Releasing>,
+    /// DEALLOCs waiting for their acknowledgement, by the peer's (address,
+    /// CEP-id), repeated until acknowledged.
+    releasing: Retransmit<(Address, CepId)>,
     next_handle: u64,
     next_cep: CepId,
 }
@@ -128,11 +120,12 @@ impl FaState {
         FaState {
             names: BTreeSet::new(),
             allocating: BTreeMap::new(),
+            requests: Retransmit::new(),
             allocating_by_cep: BTreeMap::new(),
             pending: BTreeMap::new(),
             accepted: BTreeMap::new(),
             refused: BTreeMap::new(),
-            releasing: BTreeMap::new(),
+            releasing: Retransmit::new(),
             next_handle: 1,
             next_cep: 0,
         }
@@ -151,16 +144,15 @@ impl FaState {
     }
 
     pub(super) fn poll_timeout(&self) -> Option<Instant> {
-        let a = self
-            .allocating
-            .values()
-            .map(|a| a.next_retry.min(a.deadline));
-        let p = self.pending.values().map(|p| p.deadline);
-        let r = self
-            .releasing
-            .values()
-            .map(|r| r.next_retry.min(r.deadline));
-        a.chain(p).chain(r).min()
+        let p = self.pending.values().map(|p| p.deadline).min();
+        [
+            self.requests.poll_timeout(),
+            p,
+            self.releasing.poll_timeout(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// DEALLOCs not acknowledged yet.
@@ -379,11 +371,12 @@ impl NormalIpcp {
                 dst,
                 qos_id,
                 remote,
-                request,
-                next_retry: now + self.cfg.alloc_retry,
-                deadline: now + self.cfg.alloc_timeout,
             },
         );
+        let (retry, timeout) = (self.cfg.alloc_retry, self.cfg.alloc_timeout);
+        self.fa
+            .requests
+            .start(now, flow, dst, request, retry, timeout);
         self.flush(now);
         Ok(())
     }
@@ -463,6 +456,9 @@ impl NormalIpcp {
         self.tick(now);
         if let Some(a) = self.fa.allocating.remove(&flow) {
             self.fa.allocating_by_cep.remove(&a.local_cep);
+            if let Some((to, request)) = self.fa.requests.stop(&flow) {
+                self.settle_fa_request(to, &request);
+            }
             return Ok(());
         }
         let ep = self
@@ -490,14 +486,10 @@ impl NormalIpcp {
             // Too many unanswered: this one is sent once.
             return;
         }
-        self.fa.releasing.insert(
-            (to, dst_cep),
-            Releasing {
-                message,
-                next_retry: now + self.cfg.alloc_retry,
-                deadline: now + self.cfg.alloc_timeout,
-            },
-        );
+        let (retry, timeout) = (self.cfg.alloc_retry, self.cfg.alloc_timeout);
+        self.fa
+            .releasing
+            .start(now, (to, dst_cep), to, message, retry, timeout);
     }
 
     /// DEALLOCs sent and not acknowledged yet.
@@ -633,10 +625,10 @@ impl NormalIpcp {
                 let acked = self
                     .fa
                     .releasing
-                    .get(&(from, src_cep))
-                    .is_some_and(|r| dealloc_sender(&r.message) == Some(dst_cep));
+                    .message(&(from, src_cep))
+                    .is_some_and(|m| dealloc_sender(m) == Some(dst_cep));
                 if acked {
-                    self.fa.releasing.remove(&(from, src_cep));
+                    self.fa.releasing.stop(&(from, src_cep));
                 } else {
                     self.counters.rx_fa_stale += 1;
                 }
@@ -807,6 +799,7 @@ impl NormalIpcp {
             return;
         };
         self.fa.allocating_by_cep.remove(&a.local_cep);
+        self.fa.requests.stop(&flow);
         let fail = |me: &mut Self, error: NormalError| {
             me.actions.push_back(Action::AllocateFailed { flow, error });
         };
@@ -857,24 +850,20 @@ impl NormalIpcp {
     /// waited too long.
     pub(super) fn fa_timeout(&mut self, now: Instant) {
         let mut expired = Vec::new();
-        let mut resend = Vec::new();
-        for (flow, a) in self.fa.allocating.iter_mut() {
-            if now >= a.deadline {
-                expired.push(*flow);
-            } else if now >= a.next_retry {
-                a.next_retry = now + self.cfg.alloc_retry;
-                resend.push((a.dst, a.request.clone()));
+        for due in self.fa.requests.handle_timeout(now, self.cfg.alloc_retry) {
+            match due {
+                Due::Resend { to, message } => {
+                    self.counters.alloc_retries += 1;
+                    self.send_fa_request(now, to, &message);
+                }
+                Due::Expired { key, to, message } => expired.push((key, to, message)),
             }
         }
-        for (dst, req) in resend {
-            self.counters.alloc_retries += 1;
-            self.send_fa_request(now, dst, &req);
-        }
         self.dealloc_timeout(now);
-        for flow in expired {
+        for (flow, to, request) in expired {
+            self.settle_fa_request(to, &request);
             if let Some(a) = self.fa.allocating.remove(&flow) {
                 self.fa.allocating_by_cep.remove(&a.local_cep);
-                self.settle_fa_request(a.dst, &a.request);
                 self.counters.alloc_timeouts += 1;
                 self.actions.push_back(Action::AllocateFailed {
                     flow,
@@ -903,27 +892,17 @@ impl NormalIpcp {
     /// Repeats unacknowledged DEALLOCs and gives up those past their
     /// deadline.
     fn dealloc_timeout(&mut self, now: Instant) {
-        let mut resend = Vec::new();
-        let retry = self.cfg.alloc_retry;
-        let mut given_up = Vec::new();
-        self.fa.releasing.retain(|(to, _), r| {
-            if now >= r.deadline {
-                given_up.push((*to, std::mem::take(&mut r.message)));
-                return false;
+        for due in self.fa.releasing.handle_timeout(now, self.cfg.alloc_retry) {
+            match due {
+                Due::Resend { to, message } => {
+                    self.counters.dealloc_retries += 1;
+                    self.send_fa_request(now, to, &message);
+                }
+                Due::Expired { to, message, .. } => {
+                    self.counters.dealloc_unacked += 1;
+                    self.settle_fa_request(to, &message);
+                }
             }
-            if now >= r.next_retry {
-                r.next_retry = now + retry;
-                resend.push((*to, r.message.clone()));
-            }
-            true
-        });
-        self.counters.dealloc_unacked += given_up.len() as u64;
-        for (to, message) in given_up {
-            self.settle_fa_request(to, &message);
-        }
-        for (to, message) in resend {
-            self.counters.dealloc_retries += 1;
-            self.send_fa_request(now, to, &message);
         }
     }
 }
