@@ -136,7 +136,8 @@ impl NormalIpcp {
     /// (database size) when the disseminated directory is on, and the
     /// encryption counters of all N-1 ports summed, prefixed with
     /// `encryption_`, when encrypting (per port: the RIB's
-    /// `/sdup/protection/pid=N`).
+    /// `/sdup/protection/pid=N`), and the RIB daemon's dispatch counters
+    /// prefixed with `rib_daemon_`.
     pub fn counters_map(&self) -> BTreeMap<String, u64> {
         let mut m = self.counters.to_map();
         if let Some(r) = &self.routing {
@@ -156,6 +157,20 @@ impl NormalIpcp {
             for (k, v) in c.to_map() {
                 m.insert(format!("membership_{k}"), v);
             }
+        }
+        let d = self.mgmt.daemon().counters();
+        let g = self.mgmt.counters();
+        for (k, v) in [
+            ("dispatched", d.dispatched),
+            ("refused_not_allowed", d.refused_not_allowed),
+            ("refused_no_owner", d.refused_no_owner),
+            ("refused_bad_name", d.refused_bad_name),
+            ("refused_busy", d.refused_busy),
+            ("rx_unmatched", g.rx_unmatched),
+            ("rx_not_object", g.rx_not_object),
+            ("sessions_evicted", g.sessions_evicted),
+        ] {
+            m.insert(format!("rib_daemon_{k}"), v);
         }
         for (k, v) in self.mgmt_reasm.counters().to_map() {
             m.insert(format!("mgmt_frag_{k}"), v);

@@ -774,6 +774,18 @@ fn a_request_no_component_allows_is_refused_over_the_wire_and_the_answer_dropped
         .unwrap();
     assert_eq!(s.counters.rx_unmatched, 1);
     assert_eq!(net[0].rib_daemon().counters().rx_unmatched, 1);
+    assert_eq!(net[1].counters_map()["rib_daemon_refused_not_allowed"], 1);
+    assert_eq!(net[0].counters_map()["rib_daemon_rx_unmatched"], 1);
+    // The sessions are RIB objects.
+    let rib = net[0].rib();
+    let o = rib
+        .get("/difm/cdap/sessions/peer=addr-2")
+        .expect("session object");
+    assert!(
+        o.value.summary().contains("unmatched answers 1"),
+        "{:?}",
+        o.value
+    );
     // A flow allocation still works: its answer is matched in the session.
     allocate(&mut net, QosSpec::default());
     let s = net[0]
