@@ -188,6 +188,37 @@ fn a_lost_read_or_answer_is_asked_again_and_silence_fails_after_3_s() {
 }
 
 #[test]
+fn a_dif_at_work_sends_its_management_through_the_rib_daemons_without_a_refusal() {
+    let mut m = line(36, |_, _| {});
+    m.register_at(at_ms(3000), 2, "srv", rina_sim::App::echo());
+    let _ = read(&mut m, at_ms(3000), 0, "ipcp-1", "/ra");
+    for i in 0..3 {
+        let p = m.node(i).ipcp();
+        let c = p.counters_map();
+        for k in [
+            "rib_daemon_refused_not_allowed",
+            "rib_daemon_refused_no_owner",
+            "rib_daemon_refused_bad_name",
+            "rib_daemon_rx_unmatched",
+            "rx_mgmt_malformed",
+        ] {
+            assert_eq!(c[k], 0, "node {i}: {k}");
+        }
+        // Routing and the directory flooded through a session with every
+        // neighbour, and nothing waits for an answer any more.
+        let neighbours = p.neighbors().count();
+        let sessions: Vec<_> = p
+            .rib_daemon()
+            .sessions()
+            .filter(|(_, s)| s.counters.rx_requests > 0)
+            .collect();
+        assert!(sessions.len() >= neighbours, "node {i}: {sessions:?}");
+        assert!(sessions.iter().all(|(_, s)| s.outstanding() == 0));
+    }
+    assert!(m.node(1).ipcp().counters_map()["rib_daemon_dispatched"] > 0);
+}
+
+#[test]
 fn lost_directory_writes_are_repaired_by_the_next_refresh() {
     let mut m = line(35, |_, _| {});
     // Every M_WRITE (flow-state objects, directory entries) is lost for
