@@ -13,9 +13,11 @@
 //!   become management PDUs on those ports to the neighbour, like routing's
 //!   FSOs: [`CDAP_DISCRIMINATOR`](super::CDAP_DISCRIMINATOR) followed by an unconfirmed CDAP `M_WRITE`
 //!   of [`DFT_OBJ_CLASS`] on [`DFT_OBJ_NAME`] whose value is
-//!   [`encode_entries`] ([`dft_payload`]). Such a PDU arriving on a port is
-//!   handed to [`Directory::on_entries`]; a bad value is counted in
-//!   `rx_mgmt_malformed`;
+//!   [`encode_entries`] ([`dft_payload`]). The RIB daemon
+//!   ([`super::mgmt_rib`]) hands such a write arriving on a port to the
+//!   directory, whose entries go to [`Directory::on_entries`]; a bad value
+//!   is counted in `rx_mgmt_malformed`, one arriving while the directory is
+//!   off in `rx_mgmt_unhandled`;
 //! * [`NormalIpcp::resolve`] and [`NormalIpcp::knows`] look up local
 //!   registrations first, then the static directory, then
 //!   [`Directory::lookup`].

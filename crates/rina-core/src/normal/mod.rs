@@ -265,8 +265,8 @@ pub enum Action {
     Transmit { port: N1Port, frame: Vec<u8> },
     /// Hand this SDU to the application of `flow`.
     Deliver { flow: FlowId, sdu: Vec<u8> },
-    /// A management PDU for this IPCP that is not for the flow allocator
-    /// arrived on `port` from `src`.
+    /// A management PDU for this IPCP that is neither CDAP (the RIB
+    /// daemon's) nor membership's arrived on `port` from `src`.
     Management {
         port: N1Port,
         src: Address,

@@ -17,16 +17,17 @@
 //! The machine's [`RoutingAction::Flood`] and [`RoutingAction::Send`] become
 //! management PDUs sent on the given N-1 ports (not routed: they go to the
 //! neighbour on that port, addressed to its address, or to address 0 if it
-//! is not known). Their payload is [`CDAP_DISCRIMINATOR`] followed by one
+//! is not known). Their payload is
+//! [`CDAP_DISCRIMINATOR`](super::CDAP_DISCRIMINATOR) followed by one
 //! encoded [`CdapMessage`]: an unconfirmed `M_WRITE` (no invoke id) of
 //! [`FSOS_OBJ_CLASS`] on [`FSOS_OBJ_NAME`] whose value (`byteval`) is
-//! [`encode_fsos`]. A management PDU starting with the discriminator that
-//! arrives on port `p` is decoded and, if it is an `M_WRITE` or `M_CREATE`
-//! of [`FSOS_OBJ_NAME`], its FSOs go to [`LinkState::on_fsos`] as coming
-//! from `p`. Undecodable CDAP, or a FSO write with a bad value, is counted
-//! in `rx_mgmt_malformed` and dropped; any other well-formed CDAP message
-//! (and everything when routing is off) is handed to the driver as
-//! [`Action::Management`](super::Action::Management), so layer management can grow beside routing.
+//! [`encode_fsos`]. The IPCP's RIB daemon ([`super::mgmt_rib`]) hands an
+//! `M_WRITE` or `M_CREATE` of [`FSOS_OBJ_NAME`] that arrives on port `p` to
+//! routing, whose FSOs go to [`LinkState::on_fsos`] as coming from `p`
+//! (other operations on it are refused by the daemon). A FSO write with a
+//! bad value is counted in `rx_mgmt_malformed` and dropped; one that
+//! arrives when routing is off (or before enrollment started it) in
+//! `rx_mgmt_unhandled`.
 //!
 //! # Forwarding table
 //!
