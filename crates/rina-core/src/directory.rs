@@ -12,8 +12,11 @@
 //! seed 000 §16.4.3.4, where the echo server moves from System 3 to System 2
 //! and the unchanged client reaches it.
 //!
-//! [`Directory`] is sans-IO like every machine in this crate, and built like
-//! [`crate::routing::LinkState`]. The caller — the layer management of the
+//! [`Directory`] is sans-IO like every machine in this crate; its database
+//! is the flooded database [`crate::flood::FloodDb`] that
+//! [`crate::routing::LinkState`] uses too (judging copies, flooding, database
+//! sync, ageing), and it adds what is the directory's own: registrations,
+//! versions, withdrawals and copies of its own entries. The caller — the layer management of the
 //! IPCP — reports registrations ([`Directory::register`],
 //! [`Directory::unregister`]), management flows to neighbours coming up and
 //! going down ([`Directory::neighbor_up`], [`Directory::neighbor_down`]),
@@ -68,6 +71,7 @@
 //! Everything that reaches an output is iterated in name / address / port
 //! order, so two machines fed the same events produce the same actions.
 
+use crate::flood::{FloodDb, Flooded, Limits, Verdict};
 use crate::rmt::{Address, PortId};
 use crate::time::Instant;
 use rina_wire::cdap::{
@@ -118,6 +122,25 @@ impl DirEntry {
     fn beats(&self, other: &DirEntry) -> bool {
         (self.version, std::cmp::Reverse(self.address))
             > (other.version, std::cmp::Reverse(other.address))
+    }
+}
+
+impl Flooded for DirEntry {
+    type Key = (AppName, Address);
+    fn key(&self) -> Self::Key {
+        DirEntry::key(self)
+    }
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+    fn age(&self) -> u32 {
+        self.age
+    }
+    fn with_age(&self, age: u32) -> Self {
+        DirEntry {
+            age,
+            ..self.clone()
+        }
     }
 }
 
@@ -291,26 +314,8 @@ impl Counters {
     }
 }
 
-/// A stored entry: as received (`entry.age` is its age then), when, and
-/// when it expires.
-#[derive(Debug, Clone)]
-struct Stored {
-    entry: DirEntry,
-    rx_at: Instant,
-    expires_at: Instant,
-}
-
-impl Stored {
-    fn at(&self, now: Instant) -> DirEntry {
-        let aged = (now - self.rx_at).as_secs();
-        DirEntry {
-            age: u32::try_from(u64::from(self.entry.age).saturating_add(aged)).unwrap_or(u32::MAX),
-            ..self.entry.clone()
-        }
-    }
-}
-
-type Key = (AppName, Address);
+/// A stored entry: as received (its age then), when, and when it expires.
+type Stored = crate::flood::Stored<DirEntry>;
 
 /// The directory machine of one IPC process.
 #[derive(Debug, Clone)]
@@ -318,7 +323,8 @@ pub struct Directory {
     address: Address,
     cfg: Config,
     ports: BTreeSet<PortId>,
-    db: BTreeMap<Key, Stored>,
+    /// The flooded entries; copies come from ports.
+    db: FloodDb<DirEntry, PortId>,
     /// Applications registered here.
     local: BTreeSet<AppName>,
     /// Names other IPCPs hold alive at this IPCP's own address (an address
@@ -326,11 +332,6 @@ pub struct Directory {
     foreign: Vec<(AppName, u64)>,
     /// Last sequence number used per own name, kept after expiry.
     own_seq: BTreeMap<AppName, u64>,
-    /// Keys to flood, with the port not to send them on.
-    pending: BTreeMap<Key, Option<PortId>>,
-    flush_due: Option<Instant>,
-    last_flush: Option<Instant>,
-    next_expiry: Option<Instant>,
     actions: VecDeque<DirectoryAction>,
     counters: Counters,
 }
@@ -340,18 +341,20 @@ impl Directory {
     /// neighbours.
     pub fn new(address: Address, cfg: Config) -> Result<Self, DirectoryError> {
         cfg.validate()?;
+        let limits = Limits {
+            max_age: cfg.max_age,
+            propagation_delay: cfg.propagation_delay,
+            max_per_message: cfg.max_entries_per_message,
+            max_objects: cfg.max_entries,
+        };
         Ok(Directory {
             address,
             cfg,
             ports: BTreeSet::new(),
-            db: BTreeMap::new(),
+            db: FloodDb::new(limits),
             local: BTreeSet::new(),
             foreign: Vec::new(),
             own_seq: BTreeMap::new(),
-            pending: BTreeMap::new(),
-            flush_due: None,
-            last_flush: None,
-            next_expiry: None,
             actions: VecDeque::new(),
             counters: Counters::default(),
         })
@@ -384,7 +387,7 @@ impl Directory {
 
     /// The database, in key order, with ages as of `now`.
     pub fn entries(&self, now: Instant) -> impl Iterator<Item = DirEntry> + '_ {
-        self.db.values().map(move |s| s.at(now))
+        self.db.iter().map(move |(_, s)| s.at(now))
     }
 
     /// The stored entry for `name` at `address`, with its age as of `now`.
@@ -475,11 +478,7 @@ impl Directory {
         if !self.ports.remove(&port) {
             return Err(DirectoryError::UnknownPort(port));
         }
-        for avoid in self.pending.values_mut() {
-            if *avoid == Some(port) {
-                *avoid = None;
-            }
-        }
+        self.db.forget_peer(port);
         Ok(())
     }
 
@@ -497,7 +496,7 @@ impl Directory {
                 self.counters.rx_invalid += 1;
                 continue;
             }
-            if Duration::from_secs(u64::from(e.age)) >= self.cfg.max_age {
+            if self.db.too_old(&e) {
                 self.counters.rx_too_old += 1;
                 continue;
             }
@@ -505,23 +504,15 @@ impl Directory {
                 self.on_own_copy(now, e);
                 continue;
             }
-            match self.db.get(&e.key()) {
-                Some(s) if e.seq == s.entry.seq => {
-                    self.counters.rx_duplicate += 1;
-                    continue;
+            match self.db.judge(&e) {
+                Verdict::Duplicate => self.counters.rx_duplicate += 1,
+                Verdict::Stale => self.counters.rx_stale += 1,
+                Verdict::Full => self.counters.rx_db_full += 1,
+                Verdict::Accept => {
+                    self.counters.rx_accepted += 1;
+                    self.store(now, e, avoid);
                 }
-                Some(s) if e.seq < s.entry.seq => {
-                    self.counters.rx_stale += 1;
-                    continue;
-                }
-                None if self.db.len() >= self.cfg.max_entries => {
-                    self.counters.rx_db_full += 1;
-                    continue;
-                }
-                _ => {}
             }
-            self.counters.rx_accepted += 1;
-            self.store(now, e, avoid);
         }
     }
 
@@ -532,7 +523,7 @@ impl Directory {
             .own_alive()
             .map(|s| s.rx_at + self.cfg.refresh_interval)
             .min();
-        [self.flush_due, self.next_expiry, refresh]
+        [self.db.poll_timeout(), refresh]
             .into_iter()
             .flatten()
             .min()
@@ -545,29 +536,16 @@ impl Directory {
         let refresh: Vec<(AppName, u64)> = self
             .own_alive()
             .filter(|s| now >= s.rx_at + self.cfg.refresh_interval)
-            .map(|s| (s.entry.name.clone(), s.entry.version))
+            .map(|s| (s.obj.name.clone(), s.obj.version))
             .collect();
         for (name, version) in refresh {
             self.counters.refreshed += 1;
             self.originate(now, name, true, version);
         }
 
-        if self.next_expiry.is_some_and(|t| now >= t) {
-            let old: Vec<Key> = self
-                .db
-                .iter()
-                .filter(|(_, s)| now >= s.expires_at)
-                .map(|(k, _)| k.clone())
-                .collect();
-            for k in old {
-                self.db.remove(&k);
-                self.pending.remove(&k);
-                self.counters.expired += 1;
-            }
-            self.next_expiry = self.db.values().map(|s| s.expires_at).min();
-        }
+        self.counters.expired += self.db.expire(now).len() as u64;
 
-        if self.flush_due.is_some_and(|t| now >= t) {
+        if self.db.flush_due(now) {
             self.flush(now);
         }
     }
@@ -580,20 +558,20 @@ impl Directory {
     fn name_entries<'a>(&'a self, name: &AppName) -> impl Iterator<Item = &'a DirEntry> + 'a {
         self.db
             .range((name.clone(), Address::MIN)..=(name.clone(), Address::MAX))
-            .map(|(_, s)| &s.entry)
+            .map(|s| &s.obj)
     }
 
     fn own_alive(&self) -> impl Iterator<Item = &Stored> + '_ {
         self.local
             .iter()
             .filter_map(|n| self.db.get(&(n.clone(), self.address)))
-            .filter(|s| s.entry.alive)
+            .filter(|s| s.obj.alive)
     }
 
     /// The version of our own entry for `name` (or one above anything seen).
     fn own_version(&self, name: &AppName) -> u64 {
         match self.db.get(&(name.clone(), self.address)) {
-            Some(s) => s.entry.version,
+            Some(s) => s.obj.version,
             None => self
                 .name_entries(name)
                 .map(|e| e.version)
@@ -622,13 +600,13 @@ impl Directory {
             self.counters.rx_own_newer += 1;
             self.own_seq.insert(e.name.clone(), e.seq);
             let alive = self.local.contains(&e.name);
-            if !alive && !self.db.contains_key(&e.key()) && self.db.len() >= self.cfg.max_entries {
+            if !alive && !self.db.contains(&e.key()) && !self.db.has_room() {
                 self.counters.rx_db_full += 1;
                 return;
             }
             // Keep the version the DIF knows unless we hold a current one.
             let version = match self.db.get(&e.key()) {
-                Some(s) => s.entry.version.max(e.version),
+                Some(s) => s.obj.version.max(e.version),
                 None => e.version,
             };
             self.originate(now, e.name, alive, version);
@@ -657,80 +635,30 @@ impl Directory {
 
     /// Stores a newer entry and schedules its flooding.
     fn store(&mut self, now: Instant, entry: DirEntry, avoid: Option<PortId>) {
-        let key = entry.key();
-        let expires_at = now
-            + self
-                .cfg
-                .max_age
-                .saturating_sub(Duration::from_secs(u64::from(entry.age)));
-        self.db.insert(
-            key.clone(),
-            Stored {
-                entry,
-                rx_at: now,
-                expires_at,
-            },
-        );
-        self.next_expiry = Some(self.next_expiry.map_or(expires_at, |t| t.min(expires_at)));
-        self.pending.insert(key, avoid);
-        if self.flush_due.is_none() {
-            let earliest = self
-                .last_flush
-                .map_or(now, |t| t + self.cfg.propagation_delay);
-            self.flush_due = Some(earliest.max(now));
-        }
+        self.db.store(now, entry, avoid);
     }
 
     /// Sends the whole database to a new neighbour, except what the next
     /// flood will bring it anyway.
     fn db_sync(&mut self, now: Instant, port: PortId) {
-        let entries: Vec<DirEntry> = self
-            .db
-            .iter()
-            .filter(|(k, _)| match self.pending.get(k) {
-                Some(avoid) => *avoid == Some(port),
-                None => true,
-            })
-            .map(|(_, s)| s.at(now))
-            .collect();
         self.counters.db_syncs += 1;
-        for chunk in entries.chunks(self.cfg.max_entries_per_message) {
+        for entries in self.db.sync(now, port) {
             self.counters.tx_messages += 1;
-            self.counters.tx_entries += chunk.len() as u64;
-            self.actions.push_back(DirectoryAction::Send {
-                port,
-                entries: chunk.to_vec(),
-            });
+            self.counters.tx_entries += entries.len() as u64;
+            self.actions
+                .push_back(DirectoryAction::Send { port, entries });
         }
     }
 
     fn flush(&mut self, now: Instant) {
-        self.flush_due = None;
-        self.last_flush = Some(now);
-        let mut groups: BTreeMap<Option<PortId>, Vec<DirEntry>> = BTreeMap::new();
-        for (k, avoid) in std::mem::take(&mut self.pending) {
-            if let Some(s) = self.db.get(&k) {
-                groups.entry(avoid).or_default().push(s.at(now));
-            }
-        }
-        for (avoid, entries) in groups {
-            let to_ports: Vec<PortId> = self
-                .ports
-                .iter()
-                .copied()
-                .filter(|p| Some(*p) != avoid)
-                .collect();
-            if to_ports.is_empty() {
-                continue;
-            }
-            for chunk in entries.chunks(self.cfg.max_entries_per_message) {
-                self.counters.tx_messages += to_ports.len() as u64;
-                self.counters.tx_entries += (chunk.len() * to_ports.len()) as u64;
-                self.actions.push_back(DirectoryAction::Flood {
-                    to_ports: to_ports.clone(),
-                    entries: chunk.to_vec(),
-                });
-            }
+        let peers: BTreeMap<PortId, PortId> = self.ports.iter().map(|p| (*p, *p)).collect();
+        for m in self.db.flush(now, &peers) {
+            self.counters.tx_messages += m.to_ports.len() as u64;
+            self.counters.tx_entries += (m.objects.len() * m.to_ports.len()) as u64;
+            self.actions.push_back(DirectoryAction::Flood {
+                to_ports: m.to_ports,
+                entries: m.objects,
+            });
         }
     }
 }

@@ -21,6 +21,7 @@
 //! * [`rmt`] — relaying and multiplexing: forwarding table, output queues, scheduling policies.
 //! * [`routing`] — link-state routing: flow-state objects, flooding, ageing, Dijkstra/ECMP, the forwarding table.
 //! * [`directory`] — the namespace manager's directory: application name → member address, replicated by flooding.
+//! * [`flood`] — the flooded database routing and the directory share: newest copy per key, flooding, database sync, ageing.
 //! * [`mgmt_frag`] — fragmentation and reassembly of management messages larger than an N-1 flow's max SDU.
 
 pub mod cdap_session;
@@ -28,6 +29,7 @@ pub mod delimiting;
 pub mod directory;
 pub mod efcp;
 pub mod enrollment;
+pub mod flood;
 pub mod fuzzing;
 pub mod mgmt_frag;
 pub mod normal;

@@ -10,7 +10,10 @@
 //! §16.4.1.3), with two changes: FSOs are refreshed by their origin, and
 //! ageing is exact (an expiry instant per object instead of a 1-second tick).
 //!
-//! [`LinkState`] is sans-IO like every machine in this crate. The caller —
+//! [`LinkState`] is sans-IO like every machine in this crate. Its FSO
+//! database is the flooded database [`crate::flood::FloodDb`] (shared with
+//! the directory); what it adds is its own FSOs, refreshes and the route
+//! computation. The caller —
 //! the layer management of the IPCP — tells it when an N-1 flow to a
 //! neighbour comes up or goes down ([`LinkState::neighbor_up`],
 //! [`LinkState::neighbor_down`]; noticing the loss of a flow is the job of
@@ -62,9 +65,10 @@ pub use wire::{
     FSOS_OBJ_CLASS, FSOS_OBJ_NAME, FSO_OBJ_CLASS,
 };
 
+use crate::flood::{FloodDb, Flooded, Limits, Verdict};
 use crate::rmt::{Address, ForwardingTable, PortId};
 use crate::time::Instant;
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 use thiserror::Error;
 
@@ -91,6 +95,22 @@ impl Fso {
     /// The database key: (origin, neighbour).
     pub fn key(&self) -> (Address, Address) {
         (self.origin, self.neighbor)
+    }
+}
+
+impl Flooded for Fso {
+    type Key = (Address, Address);
+    fn key(&self) -> Self::Key {
+        Fso::key(self)
+    }
+    fn seq(&self) -> u64 {
+        u64::from(self.seq)
+    }
+    fn age(&self) -> u32 {
+        self.age
+    }
+    fn with_age(&self, age: u32) -> Self {
+        Fso { age, ..*self }
     }
 }
 
@@ -287,24 +307,9 @@ impl Counters {
     }
 }
 
-/// A stored FSO: the object as received (`fso.age` is its age then), when,
-/// and when it expires.
-#[derive(Debug, Clone)]
-struct Entry {
-    fso: Fso,
-    rx_at: Instant,
-    expires_at: Instant,
-}
-
-impl Entry {
-    fn at(&self, now: Instant) -> Fso {
-        let aged = (now - self.rx_at).as_secs();
-        Fso {
-            age: u32::try_from(u64::from(self.fso.age).saturating_add(aged)).unwrap_or(u32::MAX),
-            ..self.fso
-        }
-    }
-}
+/// A stored FSO: the object as received (its age then), when, and when it
+/// expires.
+type Entry = crate::flood::Stored<Fso>;
 
 /// A live N-1 flow to a neighbour.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -319,16 +324,12 @@ pub struct LinkState {
     address: Address,
     cfg: Config,
     neighbors: BTreeMap<PortId, Neighbor>,
-    db: BTreeMap<(Address, Address), Entry>,
+    /// The flooded FSOs; copies come from neighbour addresses.
+    db: FloodDb<Fso, Address>,
     /// Last sequence number used per neighbour, kept after expiry.
     own_seq: BTreeMap<Address, u32>,
-    /// Keys to flood, with the neighbour not to send them to.
-    pending: BTreeMap<(Address, Address), Option<Address>>,
-    flush_due: Option<Instant>,
-    last_flush: Option<Instant>,
     compute_due: Option<Instant>,
     last_compute: Option<Instant>,
-    next_expiry: Option<Instant>,
     routes: BTreeMap<Address, Route>,
     next_hops: BTreeMap<Address, Vec<PortId>>,
     actions: VecDeque<RoutingAction>,
@@ -339,18 +340,20 @@ impl LinkState {
     /// A machine for the IPC process at `address`, with no neighbours yet.
     pub fn new(address: Address, cfg: Config) -> Result<Self, RoutingError> {
         cfg.validate()?;
+        let limits = Limits {
+            max_age: cfg.max_age,
+            propagation_delay: cfg.propagation_delay,
+            max_per_message: cfg.max_fsos_per_message,
+            max_objects: cfg.max_fsos,
+        };
         Ok(LinkState {
             address,
             cfg,
             neighbors: BTreeMap::new(),
-            db: BTreeMap::new(),
+            db: FloodDb::new(limits),
             own_seq: BTreeMap::new(),
-            pending: BTreeMap::new(),
-            flush_due: None,
-            last_flush: None,
             compute_due: None,
             last_compute: None,
-            next_expiry: None,
             routes: BTreeMap::new(),
             next_hops: BTreeMap::new(),
             actions: VecDeque::new(),
@@ -380,7 +383,7 @@ impl LinkState {
 
     /// The database, in key order, with ages as of `now`.
     pub fn fsos(&self, now: Instant) -> impl Iterator<Item = Fso> + '_ {
-        self.db.values().map(move |e| e.at(now))
+        self.db.iter().map(move |(_, e)| e.at(now))
     }
 
     /// The stored FSO for (origin, neighbour), with its age as of `now`.
@@ -496,7 +499,7 @@ impl LinkState {
                 self.counters.rx_invalid += 1;
                 continue;
             }
-            if Duration::from_secs(u64::from(fso.age)) >= self.cfg.max_age {
+            if self.db.too_old(&fso) {
                 self.counters.rx_too_old += 1;
                 continue;
             }
@@ -505,9 +508,9 @@ impl LinkState {
                 if fso.seq > ours {
                     self.counters.rx_own_newer += 1;
                     self.own_seq.insert(fso.neighbor, fso.seq);
-                    let known = self.db.contains_key(&fso.key())
+                    let known = self.db.contains(&fso.key())
                         || self.neighbors.values().any(|n| n.address == fso.neighbor);
-                    if !known && self.db.len() >= self.cfg.max_fsos {
+                    if !known && !self.db.has_room() {
                         self.counters.rx_db_full += 1;
                         continue;
                     }
@@ -519,23 +522,15 @@ impl LinkState {
                 }
                 continue;
             }
-            match self.db.get(&fso.key()) {
-                Some(e) if fso.seq == e.fso.seq => {
-                    self.counters.rx_duplicate += 1;
-                    continue;
+            match self.db.judge(&fso) {
+                Verdict::Duplicate => self.counters.rx_duplicate += 1,
+                Verdict::Stale => self.counters.rx_stale += 1,
+                Verdict::Full => self.counters.rx_db_full += 1,
+                Verdict::Accept => {
+                    self.counters.rx_accepted += 1;
+                    self.store(now, fso, avoid);
                 }
-                Some(e) if fso.seq < e.fso.seq => {
-                    self.counters.rx_stale += 1;
-                    continue;
-                }
-                None if self.db.len() >= self.cfg.max_fsos => {
-                    self.counters.rx_db_full += 1;
-                    continue;
-                }
-                _ => {}
             }
-            self.counters.rx_accepted += 1;
-            self.store(now, fso, avoid);
         }
     }
 
@@ -544,10 +539,10 @@ impl LinkState {
     pub fn poll_timeout(&self) -> Option<Instant> {
         let refresh = self
             .own_entries()
-            .filter(|e| e.fso.up)
+            .filter(|e| e.obj.up)
             .map(|e| e.rx_at + self.cfg.refresh_interval)
             .min();
-        [self.flush_due, self.compute_due, self.next_expiry, refresh]
+        [self.db.poll_timeout(), self.compute_due, refresh]
             .into_iter()
             .flatten()
             .min()
@@ -559,34 +554,22 @@ impl LinkState {
         // Refresh before expiring, so a late call never lets a true FSO die.
         let refresh: Vec<Address> = self
             .own_entries()
-            .filter(|e| e.fso.up && now >= e.rx_at + self.cfg.refresh_interval)
-            .map(|e| e.fso.neighbor)
+            .filter(|e| e.obj.up && now >= e.rx_at + self.cfg.refresh_interval)
+            .map(|e| e.obj.neighbor)
             .collect();
         for n in refresh {
             self.counters.refreshed += 1;
             self.originate(now, n, true);
         }
 
-        if self.next_expiry.is_some_and(|t| now >= t) {
-            let old: Vec<(Address, Address)> = self
-                .db
-                .iter()
-                .filter(|(_, e)| now >= e.expires_at)
-                .map(|(k, _)| *k)
-                .collect();
-            for k in old {
-                if let Some(e) = self.db.remove(&k) {
-                    self.counters.expired += 1;
-                    self.pending.remove(&k);
-                    if e.fso.up {
-                        self.mark_dirty(now);
-                    }
-                }
+        for gone in self.db.expire(now) {
+            self.counters.expired += 1;
+            if gone.up {
+                self.mark_dirty(now);
             }
-            self.next_expiry = self.db.values().map(|e| e.expires_at).min();
         }
 
-        if self.flush_due.is_some_and(|t| now >= t) {
+        if self.db.flush_due(now) {
             self.flush(now);
         }
         if self.compute_due.is_some_and(|t| now >= t) {
@@ -602,7 +585,6 @@ impl LinkState {
     fn own_entries(&self) -> impl Iterator<Item = &Entry> + '_ {
         self.db
             .range((self.address, Address::MIN)..=(self.address, Address::MAX))
-            .map(|(_, e)| e)
     }
 
     /// Announces the current state of the link to `neighbor` if it changed
@@ -615,7 +597,7 @@ impl LinkState {
             .map(|n| n.cost)
             .min();
         let key = (self.address, neighbor);
-        let old = self.db.get(&key).map(|e| (e.fso.up, e.fso.cost));
+        let old = self.db.get(&key).map(|e| (e.obj.up, e.obj.cost));
         // A down link keeps the cost it had.
         let new = (cost.is_some(), cost.or(old.map(|o| o.1)).unwrap_or(0));
         let changed = match old {
@@ -643,32 +625,11 @@ impl LinkState {
     /// Stores a newer FSO, schedules its flooding and, if the graph changed,
     /// a computation.
     fn store(&mut self, now: Instant, fso: Fso, avoid: Option<Address>) {
-        let key = fso.key();
-        let expires_at = now
-            + self
-                .cfg
-                .max_age
-                .saturating_sub(Duration::from_secs(u64::from(fso.age)));
-        let graph_changed = match self.db.get(&key) {
-            None => fso.up,
-            Some(e) => e.fso.up != fso.up || (fso.up && e.fso.cost != fso.cost),
+        let (up, cost) = (fso.up, fso.cost);
+        let graph_changed = match self.db.store(now, fso, avoid) {
+            None => up,
+            Some(old) => old.up != up || (up && old.cost != cost),
         };
-        self.db.insert(
-            key,
-            Entry {
-                fso,
-                rx_at: now,
-                expires_at,
-            },
-        );
-        self.next_expiry = Some(self.next_expiry.map_or(expires_at, |t| t.min(expires_at)));
-        self.pending.insert(key, avoid);
-        if self.flush_due.is_none() {
-            let earliest = self
-                .last_flush
-                .map_or(now, |t| t + self.cfg.propagation_delay);
-            self.flush_due = Some(earliest.max(now));
-        }
         if graph_changed {
             self.mark_dirty(now);
         }
@@ -695,67 +656,35 @@ impl LinkState {
     /// Sends the whole database to a new neighbour, except what the next
     /// flood will bring it anyway.
     fn db_sync(&mut self, now: Instant, port: PortId, address: Address) {
-        let fsos: Vec<Fso> = self
-            .db
-            .iter()
-            .filter(|(k, _)| match self.pending.get(k) {
-                Some(avoid) => *avoid == Some(address),
-                None => true,
-            })
-            .map(|(_, e)| e.at(now))
-            .collect();
         self.counters.db_syncs += 1;
-        for chunk in fsos.chunks(self.cfg.max_fsos_per_message) {
+        for fsos in self.db.sync(now, address) {
             self.counters.tx_messages += 1;
-            self.counters.tx_fsos += chunk.len() as u64;
-            self.actions.push_back(RoutingAction::Send {
-                port,
-                fsos: chunk.to_vec(),
-            });
+            self.counters.tx_fsos += fsos.len() as u64;
+            self.actions.push_back(RoutingAction::Send { port, fsos });
         }
     }
 
     fn flush(&mut self, now: Instant) {
-        self.flush_due = None;
-        self.last_flush = Some(now);
         let ports = self.flood_ports();
-        let mut groups: BTreeMap<Option<Address>, Vec<Fso>> = BTreeMap::new();
-        for (k, avoid) in std::mem::take(&mut self.pending) {
-            if let Some(e) = self.db.get(&k) {
-                groups.entry(avoid).or_default().push(e.at(now));
-            }
-        }
-        for (avoid, fsos) in groups {
-            let to_ports: Vec<PortId> = ports
-                .iter()
-                .filter(|(a, _)| Some(**a) != avoid)
-                .map(|(_, p)| *p)
-                .collect::<BTreeSet<_>>()
-                .into_iter()
-                .collect();
-            if to_ports.is_empty() {
-                continue;
-            }
-            for chunk in fsos.chunks(self.cfg.max_fsos_per_message) {
-                self.counters.tx_messages += to_ports.len() as u64;
-                self.counters.tx_fsos += (chunk.len() * to_ports.len()) as u64;
-                self.actions.push_back(RoutingAction::Flood {
-                    to_ports: to_ports.clone(),
-                    fsos: chunk.to_vec(),
-                });
-            }
+        for m in self.db.flush(now, &ports) {
+            self.counters.tx_messages += m.to_ports.len() as u64;
+            self.counters.tx_fsos += (m.objects.len() * m.to_ports.len()) as u64;
+            self.actions.push_back(RoutingAction::Flood {
+                to_ports: m.to_ports,
+                fsos: m.objects,
+            });
         }
     }
 
     /// The graph of links reported up by both ends.
     fn graph(&self) -> Graph {
         let mut g = Graph::new();
-        for ((a, b), e) in &self.db {
-            if !e.fso.up {
+        for ((a, b), e) in self.db.iter() {
+            if !e.obj.up {
                 continue;
             }
-            if self.db.get(&(*b, *a)).is_some_and(|r| r.fso.up) {
-                g.entry(*a).or_default().insert(*b, e.fso.cost);
+            if self.db.get(&(*b, *a)).is_some_and(|r| r.obj.up) {
+                g.entry(*a).or_default().insert(*b, e.obj.cost);
             }
         }
         g

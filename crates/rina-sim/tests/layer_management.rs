@@ -187,6 +187,67 @@ fn a_lost_read_or_answer_is_asked_again_and_silence_fails_after_3_s() {
     assert!(r.unwrap_err().starts_with("no complete answer"));
 }
 
+#[test]
+fn a_dif_at_work_sends_its_management_through_the_rib_daemons_without_a_refusal() {
+    let mut m = line(36, |_, _| {});
+    m.register_at(at_ms(3000), 2, "srv", rina_sim::App::echo());
+    let _ = read(&mut m, at_ms(3000), 0, "ipcp-1", "/ra");
+    for i in 0..3 {
+        let p = m.node(i).ipcp();
+        let c = p.counters_map();
+        for k in [
+            "rib_daemon_refused_not_allowed",
+            "rib_daemon_refused_no_owner",
+            "rib_daemon_refused_bad_name",
+            "rib_daemon_rx_unmatched",
+            "rx_mgmt_malformed",
+        ] {
+            assert_eq!(c[k], 0, "node {i}: {k}");
+        }
+        // Routing and the directory flooded through a session with every
+        // neighbour, and nothing waits for an answer any more.
+        let neighbours = p.neighbors().count();
+        let sessions: Vec<_> = p
+            .rib_daemon()
+            .sessions()
+            .filter(|(_, s)| s.counters.rx_requests > 0)
+            .collect();
+        assert!(sessions.len() >= neighbours, "node {i}: {sessions:?}");
+        assert!(sessions.iter().all(|(_, s)| s.outstanding() == 0));
+    }
+    assert!(m.node(1).ipcp().counters_map()["rib_daemon_dispatched"] > 0);
+}
+
+#[test]
+fn lost_directory_writes_are_repaired_by_the_next_refresh() {
+    let mut m = line(35, |_, _| {});
+    // Every M_WRITE (flow-state objects, directory entries) is lost for
+    // half a second after 3 s.
+    let lost = Rc::new(Cell::new(0u32));
+    let l = lost.clone();
+    m.world
+        .set_loss_filter(Some(Box::new(move |t, _, frame: &[u8]| {
+            let write = cdap_op(frame) == Some(OpCode::Write);
+            if write && t < at_ms(3500) {
+                l.set(l.get() + 1);
+            }
+            write && t < at_ms(3500)
+        })));
+    m.register_at(at_ms(3000), 2, "srv", rina_sim::App::echo());
+    let srv: rina_wire::AppName = "srv".parse().unwrap();
+    m.world.run_until(at_ms(13_000)).unwrap();
+    assert!(lost.get() >= 1, "the registration's flood was lost");
+    assert!(!m.node(0).ipcp().knows(&srv), "nothing else brought it");
+    // Node 2 re-originates its entry 20 s after the registration.
+    m.world.run_until(at_ms(23_100)).unwrap();
+    let addr2 = m.node(2).ipcp().config().address;
+    assert_eq!(m.node(0).ipcp().resolve(&srv), Some(addr2));
+    assert_eq!(m.node(1).ipcp().resolve(&srv), Some(addr2));
+    // Every write went through the RIB daemon's sessions with neighbours.
+    let sessions = m.node(0).ipcp().rib_daemon().sessions().count();
+    assert!(sessions >= 1);
+}
+
 /// Four members in a ring (addresses 1–4, static), each the only neighbour
 /// of five newcomers that all start at the same instant; every member hands
 /// out addresses from 1–28 only (24 members), so that enrollers that cannot know of

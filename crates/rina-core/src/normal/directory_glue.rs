@@ -13,9 +13,11 @@
 //!   become management PDUs on those ports to the neighbour, like routing's
 //!   FSOs: [`CDAP_DISCRIMINATOR`](super::CDAP_DISCRIMINATOR) followed by an unconfirmed CDAP `M_WRITE`
 //!   of [`DFT_OBJ_CLASS`] on [`DFT_OBJ_NAME`] whose value is
-//!   [`encode_entries`] ([`dft_payload`]). Such a PDU arriving on a port is
-//!   handed to [`Directory::on_entries`]; a bad value is counted in
-//!   `rx_mgmt_malformed`;
+//!   [`encode_entries`] ([`dft_payload`]). The RIB daemon
+//!   ([`super::mgmt_rib`]) hands such a write arriving on a port to the
+//!   directory, whose entries go to [`Directory::on_entries`]; a bad value
+//!   is counted in `rx_mgmt_malformed`, one arriving while the directory is
+//!   off in `rx_mgmt_unhandled`;
 //! * [`NormalIpcp::resolve`] and [`NormalIpcp::knows`] look up local
 //!   registrations first, then the static directory, then
 //!   [`Directory::lookup`].
@@ -105,25 +107,31 @@ impl NormalIpcp {
         self.run_directory(now);
     }
 
-    /// Takes a decoded CDAP message for the directory. Returns whether it
-    /// was taken (handled, or malformed and counted).
+    /// A CDAP message on the directory forwarding table, from the RIB
+    /// daemon: a neighbour's entries. A bad value (or one through the
+    /// loopback) is counted as malformed; without a directory machine it is
+    /// counted as unhandled.
     pub(super) fn on_directory_cdap(
         &mut self,
         now: Instant,
         port: Option<N1Port>,
         msg: &CdapMessage,
-    ) -> bool {
-        if self.dft.is_none() || !writes(msg, DFT_OBJ_NAME) {
-            return false;
+    ) {
+        if self.dft.is_none() {
+            self.counters.rx_mgmt_unhandled += 1;
+            return;
+        }
+        if !writes(msg, DFT_OBJ_NAME) {
+            self.counters.rx_mgmt_malformed += 1;
+            return;
         }
         let Some((entries, port)) = self.written_object(port, msg, decode_entries) else {
-            return true;
+            return;
         };
         if let Some(d) = self.dft.as_mut() {
             d.on_entries(now, port, entries);
         }
         self.run_directory(now);
-        true
     }
 
     /// Runs the directory timers that are due.
@@ -202,7 +210,7 @@ mod tests {
         assert_eq!(sent, 1, "the flood of the registration");
         assert_eq!(p.directory_counters().unwrap().registrations, 1);
 
-        // A bad value is malformed; another object is the driver's.
+        // A bad value is malformed; another object is refused.
         let bad = CdapMessage::write(DFT_OBJ_CLASS, DFT_OBJ_NAME, 7i32);
         let mut payload = vec![CDAP_DISCRIMINATOR];
         payload.extend(bad.encode());
@@ -212,7 +220,8 @@ mod tests {
         let mut payload = vec![CDAP_DISCRIMINATOR];
         payload.extend(other.encode());
         p.on_frame(ms(1), 2, &mgmt_frame(&p, 2, &payload));
-        assert!(matches!(p.poll_action(), Some(Action::Management { .. })));
+        assert!(p.poll_action().is_none());
+        assert_eq!(p.rib_daemon().daemon().counters().refused_not_allowed, 1);
 
         // A neighbour's entry is learnt.
         let srv: AppName = "srv".parse().unwrap();

@@ -46,13 +46,19 @@
 //! an internal loopback instead of the RMT, so both ends are flows of this
 //! IPCP (two CEP-ids, one connection each way).
 
+use super::mgmt_rib::Peer;
 use super::{cubes, Action, CepId, FlowId, NormalError, NormalIpcp, QosCube};
+use crate::rib::OwnerId;
 use crate::rmt::Address;
 use crate::time::Instant;
+use rina_wire::cdap::CdapMessage;
 use rina_wire::codec::truncate_utf8;
 use rina_wire::fa::{FaMessage, FaResult};
 use rina_wire::{AppName, QosSpec};
 use std::collections::{BTreeMap, BTreeSet};
+
+mod retransmit;
+use retransmit::{Due, Retransmit};
 
 /// Longest refusal reason sent to a peer, in bytes (also cut to fit a PDU).
 pub const MAX_REASON_LEN: usize = 512;
@@ -64,10 +70,6 @@ struct Allocating {
     dst: Address,
     qos_id: u64,
     remote: AppName,
-    /// The encoded REQUEST, resent as is.
-    request: Vec<u8>,
-    next_retry: Instant,
-    deadline: Instant,
 }
 
 /// An incoming request waiting for the application's answer.
@@ -89,22 +91,14 @@ struct Refusal {
     until: Instant,
 }
 
-/// A DEALLOC sent and not acknowledged yet, by the peer's (address,
-/// CEP-id).
-#[derive(Debug)]
-struct Releasing {
-    /// The encoded DEALLOC, resent as is.
-    message: Vec<u8>,
-    next_retry: Instant,
-    deadline: Instant,
-}
-
 /// State of the flow allocator. Ordered maps everywhere: their iteration
 /// order reaches the wire (retransmissions, expiries).
 #[derive(Debug)]
 pub(super) struct FaState {
     names: BTreeSet<AppName>,
     allocating: BTreeMap<FlowId, Allocating>,
+    /// The REQUESTs of `allocating`, repeated until answered.
+    requests: Retransmit<FlowId>,
     allocating_by_cep: BTreeMap<CepId, FlowId>,
     pending: BTreeMap<u64, Pending>,
     /// Flows accepted here, by the requester's (address, CEP-id), so that a
@@ -114,8 +108,9 @@ pub(super) struct FaState {
     /// requester's (address, CEP-id); at most `max_pending`, each kept
     /// `alloc_timeout`.
     refused: BTreeMap<(Address, CepId), Refusal>,
-    /// DEALLOCs waiting for their acknowledgement.
-    releasing: BTreeMap<(Address, CepId), Releasing>,
+    /// DEALLOCs waiting for their acknowledgement, by the peer's (address,
+    /// CEP-id), repeated until acknowledged.
+    releasing: Retransmit<(Address, CepId)>,
     next_handle: u64,
     next_cep: CepId,
 }
@@ -125,11 +120,12 @@ impl FaState {
         FaState {
             names: BTreeSet::new(),
             allocating: BTreeMap::new(),
+            requests: Retransmit::new(),
             allocating_by_cep: BTreeMap::new(),
             pending: BTreeMap::new(),
             accepted: BTreeMap::new(),
             refused: BTreeMap::new(),
-            releasing: BTreeMap::new(),
+            releasing: Retransmit::new(),
             next_handle: 1,
             next_cep: 0,
         }
@@ -148,16 +144,15 @@ impl FaState {
     }
 
     pub(super) fn poll_timeout(&self) -> Option<Instant> {
-        let a = self
-            .allocating
-            .values()
-            .map(|a| a.next_retry.min(a.deadline));
-        let p = self.pending.values().map(|p| p.deadline);
-        let r = self
-            .releasing
-            .values()
-            .map(|r| r.next_retry.min(r.deadline));
-        a.chain(p).chain(r).min()
+        let p = self.pending.values().map(|p| p.deadline).min();
+        [
+            self.requests.poll_timeout(),
+            p,
+            self.releasing.poll_timeout(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// DEALLOCs not acknowledged yet.
@@ -367,7 +362,7 @@ impl NormalIpcp {
                 request.len()
             )));
         }
-        self.send_management_to(now, dst, &request);
+        self.send_fa_request(now, dst, &request);
         self.fa.allocating_by_cep.insert(local_cep, flow);
         self.fa.allocating.insert(
             flow,
@@ -376,11 +371,12 @@ impl NormalIpcp {
                 dst,
                 qos_id,
                 remote,
-                request,
-                next_retry: now + self.cfg.alloc_retry,
-                deadline: now + self.cfg.alloc_timeout,
             },
         );
+        let (retry, timeout) = (self.cfg.alloc_retry, self.cfg.alloc_timeout);
+        self.fa
+            .requests
+            .start(now, flow, dst, request, retry, timeout);
         self.flush(now);
         Ok(())
     }
@@ -460,6 +456,9 @@ impl NormalIpcp {
         self.tick(now);
         if let Some(a) = self.fa.allocating.remove(&flow) {
             self.fa.allocating_by_cep.remove(&a.local_cep);
+            if let Some((to, request)) = self.fa.requests.stop(&flow) {
+                self.settle_fa_request(to, &request);
+            }
             return Ok(());
         }
         let ep = self
@@ -482,19 +481,15 @@ impl NormalIpcp {
             src_cep,
         }
         .to_vec();
-        self.send_management_to(now, to, &message);
+        self.send_fa_request(now, to, &message);
         if self.fa.releasing.len() >= self.cfg.max_flows {
             // Too many unanswered: this one is sent once.
             return;
         }
-        self.fa.releasing.insert(
-            (to, dst_cep),
-            Releasing {
-                message,
-                next_retry: now + self.cfg.alloc_retry,
-                deadline: now + self.cfg.alloc_timeout,
-            },
-        );
+        let (retry, timeout) = (self.cfg.alloc_retry, self.cfg.alloc_timeout);
+        self.fa
+            .releasing
+            .start(now, (to, dst_cep), to, message, retry, timeout);
     }
 
     /// DEALLOCs sent and not acknowledged yet.
@@ -536,6 +531,30 @@ impl NormalIpcp {
         u32::try_from(self.cfg.max_sdu).unwrap_or(u32::MAX)
     }
 
+    /// Sends an encoded REQUEST or DEALLOC (a request on the peer's flow
+    /// object) through the session with the peer, so that its answer comes
+    /// back to the flow allocator.
+    fn send_fa_request(&mut self, now: Instant, to: Address, payload: &[u8]) {
+        if let Some(m) = payload.get(1..).and_then(|b| CdapMessage::decode(b).ok()) {
+            let _ = self
+                .mgmt
+                .request(now, Peer::Remote(to), OwnerId::FLOW_ALLOCATOR, m);
+        }
+        self.send_management_to(now, to, payload);
+    }
+
+    /// The flow allocator no longer waits for an answer to the encoded
+    /// request `payload` to `to`.
+    fn settle_fa_request(&mut self, to: Address, payload: &[u8]) {
+        let invoke = payload
+            .get(1..)
+            .and_then(|b| CdapMessage::decode(b).ok())
+            .and_then(|m| m.invoke_id);
+        if let Some(i) = invoke {
+            self.mgmt.settle(Peer::Remote(to), i);
+        }
+    }
+
     fn send_fa(&mut self, now: Instant, dst: Address, msg: &FaMessage) {
         let payload = msg.to_vec();
         self.send_management_to(now, dst, &payload);
@@ -564,9 +583,10 @@ impl NormalIpcp {
         self.send_fa(now, to, &msg);
     }
 
-    /// A flow-allocator payload arrived in a management PDU from `from`.
-    pub(super) fn on_fa(&mut self, now: Instant, from: Address, payload: &[u8]) {
-        let msg = match FaMessage::parse(payload) {
+    /// A CDAP message on a flow object arrived from the member at `from`
+    /// (through the RIB daemon).
+    pub(super) fn on_fa_cdap(&mut self, now: Instant, from: Address, msg: &CdapMessage) {
+        let msg = match FaMessage::from_cdap(msg) {
             Ok(m) => m,
             Err(_) => {
                 self.counters.rx_fa_malformed += 1;
@@ -605,10 +625,10 @@ impl NormalIpcp {
                 let acked = self
                     .fa
                     .releasing
-                    .get(&(from, src_cep))
-                    .is_some_and(|r| dealloc_sender(&r.message) == Some(dst_cep));
+                    .message(&(from, src_cep))
+                    .is_some_and(|m| dealloc_sender(m) == Some(dst_cep));
                 if acked {
-                    self.fa.releasing.remove(&(from, src_cep));
+                    self.fa.releasing.stop(&(from, src_cep));
                 } else {
                     self.counters.rx_fa_stale += 1;
                 }
@@ -779,6 +799,7 @@ impl NormalIpcp {
             return;
         };
         self.fa.allocating_by_cep.remove(&a.local_cep);
+        self.fa.requests.stop(&flow);
         let fail = |me: &mut Self, error: NormalError| {
             me.actions.push_back(Action::AllocateFailed { flow, error });
         };
@@ -829,21 +850,18 @@ impl NormalIpcp {
     /// waited too long.
     pub(super) fn fa_timeout(&mut self, now: Instant) {
         let mut expired = Vec::new();
-        let mut resend = Vec::new();
-        for (flow, a) in self.fa.allocating.iter_mut() {
-            if now >= a.deadline {
-                expired.push(*flow);
-            } else if now >= a.next_retry {
-                a.next_retry = now + self.cfg.alloc_retry;
-                resend.push((a.dst, a.request.clone()));
+        for due in self.fa.requests.handle_timeout(now, self.cfg.alloc_retry) {
+            match due {
+                Due::Resend { to, message } => {
+                    self.counters.alloc_retries += 1;
+                    self.send_fa_request(now, to, &message);
+                }
+                Due::Expired { key, to, message } => expired.push((key, to, message)),
             }
         }
-        for (dst, req) in resend {
-            self.counters.alloc_retries += 1;
-            self.send_management_to(now, dst, &req);
-        }
         self.dealloc_timeout(now);
-        for flow in expired {
+        for (flow, to, request) in expired {
+            self.settle_fa_request(to, &request);
             if let Some(a) = self.fa.allocating.remove(&flow) {
                 self.fa.allocating_by_cep.remove(&a.local_cep);
                 self.counters.alloc_timeouts += 1;
@@ -874,24 +892,17 @@ impl NormalIpcp {
     /// Repeats unacknowledged DEALLOCs and gives up those past their
     /// deadline.
     fn dealloc_timeout(&mut self, now: Instant) {
-        let mut resend = Vec::new();
-        let retry = self.cfg.alloc_retry;
-        let mut given_up = 0;
-        self.fa.releasing.retain(|(to, _), r| {
-            if now >= r.deadline {
-                given_up += 1;
-                return false;
+        for due in self.fa.releasing.handle_timeout(now, self.cfg.alloc_retry) {
+            match due {
+                Due::Resend { to, message } => {
+                    self.counters.dealloc_retries += 1;
+                    self.send_fa_request(now, to, &message);
+                }
+                Due::Expired { to, message, .. } => {
+                    self.counters.dealloc_unacked += 1;
+                    self.settle_fa_request(to, &message);
+                }
             }
-            if now >= r.next_retry {
-                r.next_retry = now + retry;
-                resend.push((*to, r.message.clone()));
-            }
-            true
-        });
-        self.counters.dealloc_unacked += given_up;
-        for (to, message) in resend {
-            self.counters.dealloc_retries += 1;
-            self.send_management_to(now, to, &message);
         }
     }
 }

@@ -1,10 +1,16 @@
-//! CDAP writes between neighbours: the transport that link-state routing
-//! ([`super::routing_glue`]) and the disseminated directory
-//! ([`super::directory_glue`]) share. An object travels as an unconfirmed
-//! `M_WRITE` whose value is the object's encoded bytes, in a management PDU
-//! whose payload starts with [`CDAP_DISCRIMINATOR`].
+//! CDAP in management PDUs: every CDAP message for this IPCP is decoded
+//! here once and goes through its RIB daemon ([`super::mgmt_rib`]) to the
+//! component that owns its object, or that asked the request it answers.
+//! A management payload holds one encoded CDAP message after
+//! [`CDAP_DISCRIMINATOR`].
+//!
+//! Between neighbours, link-state routing ([`super::routing_glue`]) and the
+//! disseminated directory ([`super::directory_glue`]) send their objects as
+//! unconfirmed `M_WRITE`s whose value is the object's encoded bytes.
 
-use super::{N1Port, NormalIpcp};
+use super::mgmt_rib::{Inbound, Peer};
+use super::{Address, N1Port, NormalIpcp};
+use crate::rib::OwnerId;
 use crate::time::Instant;
 use rina_wire::cdap::{CdapMessage, OpCode, Value};
 
@@ -16,6 +22,13 @@ pub const CDAP_DISCRIMINATOR: u8 = rina_wire::fa::CDAP_MGMT_DISCRIMINATOR;
 /// `M_WRITE` of `value` on object `name` of class `class`.
 pub fn write_payload(class: &str, name: &str, value: Vec<u8>) -> Vec<u8> {
     let msg = CdapMessage::write(class, name, value);
+    let mut out = vec![CDAP_DISCRIMINATOR];
+    out.extend_from_slice(&msg.encode());
+    out
+}
+
+/// The management payload that holds `msg`.
+pub(super) fn payload_of(msg: &CdapMessage) -> Vec<u8> {
     let mut out = vec![CDAP_DISCRIMINATOR];
     out.extend_from_slice(&msg.encode());
     out
@@ -49,13 +62,96 @@ impl NormalIpcp {
         }
     }
 
-    /// Sends each payload on its ports, to the neighbour recorded there.
+    /// Sends each payload (an unconfirmed CDAP request) on its ports, to
+    /// the neighbour recorded there.
     pub(super) fn send_to_neighbors(&mut self, now: Instant, out: Vec<(Vec<N1Port>, Vec<u8>)>) {
         for (ports, payload) in out {
             for port in ports {
+                self.mgmt.unconfirmed(now, Peer::Neighbor(port));
                 let dst = self.neighbors.get(&port).map_or(0, |n| n.0);
                 self.send_management(now, port, dst, &payload);
             }
+        }
+    }
+
+    /// Sends CDAP message `msg` to `peer`: on the port to a neighbour, or
+    /// routed to a member's address.
+    pub(super) fn send_cdap(&mut self, now: Instant, peer: Peer, msg: &CdapMessage) {
+        let payload = payload_of(msg);
+        match peer {
+            Peer::Neighbor(port) => {
+                let dst = self.neighbors.get(&port).map_or(0, |n| n.0);
+                self.send_management(now, port, dst, &payload);
+            }
+            Peer::Remote(addr) => self.send_management_to(now, addr, &payload),
+        }
+    }
+
+    /// Sends request `msg` of `owner` to `peer` through the peer's session
+    /// (which gives it an invoke id unless it has one); returns the id.
+    pub(super) fn send_request(
+        &mut self,
+        now: Instant,
+        peer: Peer,
+        owner: OwnerId,
+        msg: CdapMessage,
+    ) -> i32 {
+        let msg = self.mgmt.request(now, peer, owner, msg);
+        self.send_cdap(now, peer, &msg);
+        msg.invoke_id.unwrap_or(0)
+    }
+
+    /// An encoded CDAP message arrived from `src` (on `port`, or through
+    /// the loopback): through the RIB daemon to its component.
+    pub(super) fn on_cdap(
+        &mut self,
+        now: Instant,
+        port: Option<N1Port>,
+        src: Address,
+        bytes: &[u8],
+    ) {
+        let Ok(msg) = CdapMessage::decode(bytes) else {
+            self.counters.rx_mgmt_malformed += 1;
+            return;
+        };
+        let peer = self.mgmt.peer_of(&msg, port, src);
+        self.mgmt.take(now, peer, msg);
+        self.run_mgmt(now);
+    }
+
+    /// Sends the RIB daemon's refusals and hands what arrived to the
+    /// components.
+    pub(super) fn run_mgmt(&mut self, now: Instant) {
+        while let Some((peer, msg)) = self.mgmt.poll_transmit() {
+            self.send_cdap(now, peer, &msg);
+        }
+        while let Some(inbound) = self.mgmt.poll_inbound() {
+            self.deliver_cdap(now, inbound);
+        }
+    }
+
+    /// One message for one component.
+    fn deliver_cdap(&mut self, now: Instant, inbound: Inbound) {
+        let Inbound { owner, peer, msg } = inbound;
+        let port = match peer {
+            Peer::Neighbor(p) => Some(p),
+            Peer::Remote(_) => None,
+        };
+        match (msg.op_code(), peer) {
+            (OpCode::Read, Peer::Neighbor(p)) => return self.answer_read(now, p, &msg),
+            (OpCode::ReadR, Peer::Neighbor(p)) => return self.on_read_response(Some(p), &msg),
+            (OpCode::Read | OpCode::ReadR, Peer::Remote(_)) => {
+                // Reads are between neighbours (the loopback has none).
+                self.counters.rx_mgmt_malformed += 1;
+                return;
+            }
+            _ => {}
+        }
+        match (owner, peer) {
+            (OwnerId::FLOW_ALLOCATOR, Peer::Remote(from)) => self.on_fa_cdap(now, from, &msg),
+            (OwnerId::ROUTING, _) => self.on_fsos_cdap(now, port, &msg),
+            (OwnerId::NAMESPACE_MANAGER, _) => self.on_directory_cdap(now, port, &msg),
+            _ => self.counters.rx_mgmt_malformed += 1,
         }
     }
 }

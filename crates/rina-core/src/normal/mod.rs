@@ -31,11 +31,14 @@
 //!
 //! # Management payloads
 //!
-//! The first byte of a management PDU's payload says who it is for:
+//! The first byte of a management PDU's payload says which channel it is
+//! on:
 //!
 //! | byte | meaning | handled by |
 //! |------|---------|------------|
-//! | `0xC0` ([`CDAP_DISCRIMINATOR`]) | one encoded CDAP message | by object: flow objects (class `Flow`, under `/fa/flows`) to [`fa`]; [`routing_glue`] when routing is on (`M_WRITE`/`M_CREATE` of [`crate::routing::FSOS_OBJ_NAME`]); [`directory_glue`] when the disseminated directory is on (the same on [`crate::directory::DFT_OBJ_NAME`]); anything else is passed on as [`Action::Management`] |
+//! | `0xC0` ([`CDAP_DISCRIMINATOR`]) | one encoded CDAP message | the RIB daemon ([`mgmt_rib`]): object requests go to the component that registered the object and allows the operation (flow objects under `/fa/flows` to [`fa`], the flow-state objects to [`routing_glue`], the directory forwarding table to [`directory_glue`], reads of any object under the DIF's access policy); responses to the component that asked, matched in the peer's session by invoke id; the daemon refuses the rest with a reason |
+//! | `0xE0`, `0xE1`, `0xE2` | enrollment, hellos, port authentication | [`membership`] (before a neighbour is admitted, only these pass) |
+//! | `0xF6` ([`FRAGMENT_DISCRIMINATOR`]) | a fragment of a larger management message | reassembled, then handled as above |
 //! | anything else | not this machine's | [`Action::Management`] |
 //!
 //! The driver feeds frames ([`NormalIpcp::on_frame`]), application
@@ -49,6 +52,7 @@ pub mod directory_glue;
 pub mod fa;
 pub mod membership;
 pub mod mgmt_cdap;
+pub mod mgmt_rib;
 mod rib_remote;
 mod rib_view;
 pub mod routing_glue;
@@ -67,7 +71,6 @@ use crate::routing::{self as ls, LinkState, RoutingError};
 use crate::sdup::{Sdup, SdupConfig, SdupError};
 use crate::time::Instant;
 use rina_wire::ctl::FlowCounters;
-use rina_wire::fa::FaMessage;
 use rina_wire::pci::{self, Body, ControlBody, DtConstants, Pci, PduType};
 use rina_wire::{AppName, QosSpec, WireError};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -262,8 +265,8 @@ pub enum Action {
     Transmit { port: N1Port, frame: Vec<u8> },
     /// Hand this SDU to the application of `flow`.
     Deliver { flow: FlowId, sdu: Vec<u8> },
-    /// A management PDU for this IPCP that is not for the flow allocator
-    /// arrived on `port` from `src`.
+    /// A management PDU for this IPCP that is neither CDAP (the RIB
+    /// daemon's) nor membership's arrived on `port` from `src`.
     Management {
         port: N1Port,
         src: Address,
@@ -344,6 +347,9 @@ pub struct Counters {
     pub rx_mgmt_malformed: u64,
     /// Neighbours' RIB reads answered (with objects or a refusal).
     pub rib_reads_answered: u64,
+    /// Management messages for a machine that does not run here (routing
+    /// or the directory off, or not started before enrollment); dropped.
+    pub rx_mgmt_unhandled: u64,
 }
 
 impl Counters {
@@ -370,6 +376,7 @@ impl Counters {
             ("loopback", self.loopback),
             ("rx_mgmt_malformed", self.rx_mgmt_malformed),
             ("rib_reads_answered", self.rib_reads_answered),
+            ("rx_mgmt_unhandled", self.rx_mgmt_unhandled),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -466,6 +473,8 @@ pub struct NormalIpcp {
     tap: Option<Box<tap::Tap>>,
     /// Reads of neighbours' RIBs under way.
     rib_reads: rib_remote::RemoteReads,
+    /// The RIB daemon: every CDAP message in and out, per-peer sessions.
+    mgmt: mgmt_rib::MgmtRib,
 }
 
 impl NormalIpcp {
@@ -532,6 +541,7 @@ impl NormalIpcp {
             dft,
             tap: None,
             rib_reads: rib_remote::RemoteReads::default(),
+            mgmt: mgmt_rib::MgmtRib::new(),
             sdup: Sdup::without_cipher(cfg.sdup),
             rmt: {
                 let mut rmt = Rmt::new(sched);
@@ -551,6 +561,11 @@ impl NormalIpcp {
         };
         ipcp.register_mgmt_entity(Instant::ZERO);
         Ok(ipcp)
+    }
+
+    /// The RIB daemon: who owns which objects, the sessions with peers.
+    pub fn rib_daemon(&self) -> &mgmt_rib::MgmtRib {
+        &self.mgmt
     }
 
     /// The configuration.
@@ -666,6 +681,7 @@ impl NormalIpcp {
         }
         self.membership_port_removed(port);
         self.mgmt_reasm.drop_port(port);
+        self.mgmt.close(mgmt_rib::Peer::Neighbor(port));
         self.rmt.remove_port(port);
     }
 
@@ -1050,34 +1066,20 @@ impl NormalIpcp {
         }
     }
 
-    /// Hands a whole management payload to its consumer.
+    /// Hands a whole management payload to its consumer: membership's
+    /// channels (hellos, enrollment, port authentication), or the RIB
+    /// daemon for CDAP; anything else is the driver's.
     fn on_management(&mut self, now: Instant, port: Option<N1Port>, src: Address, payload: &[u8]) {
         if self.on_membership_mgmt(now, port, payload) {
             // Hello or enrollment.
-        } else if FaMessage::is_fa(payload) {
-            self.on_fa(now, src, payload);
-        } else if self.on_rib_read_mgmt(now, port, payload) {
-            // A neighbour reads this RIB, or answers a read.
-        } else if self.on_routing_mgmt(now, port, payload) {
-            // Taken by the routing machine (or counted as malformed).
+        } else if payload.first() == Some(&CDAP_DISCRIMINATOR) {
+            self.on_cdap(now, port, src, &payload[1..]);
         } else if let Some(port) = port {
             self.actions.push_back(Action::Management {
                 port,
                 src,
                 payload: payload.to_vec(),
             });
-        }
-    }
-
-    /// A CDAP `M_READ` / `M_READ_R` payload ([`rib_remote`]); false if the
-    /// payload is not one.
-    fn on_rib_read_mgmt(&mut self, now: Instant, port: Option<N1Port>, payload: &[u8]) -> bool {
-        if payload.first() != Some(&CDAP_DISCRIMINATOR) {
-            return false;
-        }
-        match rina_wire::cdap::CdapMessage::decode(&payload[1..]) {
-            Ok(m) => self.on_rib_cdap(now, port, &m),
-            Err(_) => false,
         }
     }
 

@@ -22,11 +22,13 @@
 //! one are ignored), and fails after `alloc_timeout`
 //! ([`Action::RibRead`] with the reason).
 
-use super::{Action, N1Port, NormalError, NormalIpcp, CDAP_DISCRIMINATOR};
-use crate::rib::ALL_LEVELS;
+use super::mgmt_cdap::payload_of;
+use super::mgmt_rib::Peer;
+use super::{Action, N1Port, NormalError, NormalIpcp};
+use crate::rib::{OwnerId, ALL_LEVELS};
 use crate::rmt::Address;
 use crate::time::Instant;
-use rina_wire::cdap::{CdapMessage, Flags, OpCode, Value};
+use rina_wire::cdap::{CdapMessage, Flags, Value};
 use rina_wire::ctl::RibObjectInfo;
 use std::collections::BTreeMap;
 
@@ -55,7 +57,6 @@ pub(super) struct RemoteRead {
 pub(super) struct RemoteReads {
     reads: BTreeMap<u64, RemoteRead>,
     next_handle: u64,
-    next_invoke: i32,
 }
 
 impl RemoteReads {
@@ -65,21 +66,6 @@ impl RemoteReads {
             .map(|r| r.next_retry.min(r.deadline))
             .min()
     }
-
-    fn fresh_invoke(&mut self) -> i32 {
-        self.next_invoke = if self.next_invoke >= i32::MAX - 1 {
-            1
-        } else {
-            self.next_invoke + 1
-        };
-        self.next_invoke
-    }
-}
-
-fn payload_of(m: &CdapMessage) -> Vec<u8> {
-    let mut v = vec![CDAP_DISCRIMINATOR];
-    v.extend_from_slice(&m.encode());
-    v
 }
 
 impl NormalIpcp {
@@ -138,50 +124,33 @@ impl NormalIpcp {
         })
     }
 
-    /// Sends (again) read `handle` with a fresh invoke id.
+    /// Sends (again) read `handle`, with a fresh invoke id of the session
+    /// with the neighbour (answers to the old one are not waited for).
     fn send_read(&mut self, now: Instant, handle: u64) {
-        let invoke = self.rib_reads.fresh_invoke();
         let retry = self.cfg.alloc_retry * 4;
         let Some(r) = self.rib_reads.reads.get_mut(&handle) else {
             return;
         };
-        r.invoke = invoke;
+        let (port, old) = (r.port, r.invoke);
         r.objects.clear();
         r.next_retry = now + retry;
-        let mut m = CdapMessage::read("", &r.path).with_invoke_id(invoke);
+        let mut m = CdapMessage::read("", &r.path);
         m.obj_class = None;
         if let Some(d) = r.depth {
             m = m.with_scope(d.min(i32::MAX as u32) as i32);
         }
-        let (port, dst) = (r.port, r.dst);
-        self.send_management(now, port, dst, &payload_of(&m));
-    }
-
-    /// A CDAP `M_READ` or `M_READ_R` from `port`; false if `msg` is
-    /// neither.
-    pub(super) fn on_rib_cdap(
-        &mut self,
-        now: Instant,
-        port: Option<N1Port>,
-        msg: &CdapMessage,
-    ) -> bool {
-        match msg.op_code() {
-            OpCode::Read => {
-                if let Some(port) = port {
-                    self.answer_read(now, port, msg);
-                }
-                true
-            }
-            OpCode::ReadR => {
-                self.on_read_response(port, msg);
-                true
-            }
-            _ => false,
+        let peer = Peer::Neighbor(port);
+        if old != 0 {
+            self.mgmt.settle(peer, old);
+        }
+        let invoke = self.send_request(now, peer, OwnerId::RIB_DAEMON, m);
+        if let Some(r) = self.rib_reads.reads.get_mut(&handle) {
+            r.invoke = invoke;
         }
     }
 
     /// Answers a neighbour's `M_READ` under the DIF's access policy.
-    fn answer_read(&mut self, now: Instant, port: N1Port, req: &CdapMessage) {
+    pub(super) fn answer_read(&mut self, now: Instant, port: N1Port, req: &CdapMessage) {
         let Some(&(dst, _)) = self.neighbors.get(&port) else {
             // Not a member we know: nothing of the RIB leaves.
             self.counters.rx_mgmt_malformed += 1;
@@ -236,7 +205,7 @@ impl NormalIpcp {
     }
 
     /// One object (or the refusal) of a read this IPCP asked for.
-    fn on_read_response(&mut self, port: Option<N1Port>, msg: &CdapMessage) {
+    pub(super) fn on_read_response(&mut self, port: Option<N1Port>, msg: &CdapMessage) {
         let found = self
             .rib_reads
             .reads
@@ -307,6 +276,7 @@ impl NormalIpcp {
                 continue;
             }
             if let Some(r) = self.rib_reads.reads.remove(&handle) {
+                self.mgmt.settle(Peer::Neighbor(r.port), r.invoke);
                 self.actions.push_back(Action::RibRead {
                     handle,
                     result: Err(format!(

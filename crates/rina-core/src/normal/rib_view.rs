@@ -294,6 +294,35 @@ impl NormalIpcp {
                 rib::OwnerId::FLOW_ALLOCATOR,
             );
         }
+        self.put_sessions(&mut r);
         r
+    }
+
+    /// The RIB daemon's CDAP sessions, one object per peer
+    /// (`/difm/cdap/sessions/peer=port-<N-1 port>` for a neighbour,
+    /// `peer=addr-<address>` for a member reached by address).
+    fn put_sessions(&self, r: &mut Rib) {
+        for (peer, s) in self.mgmt.sessions() {
+            let key = match peer {
+                super::mgmt_rib::Peer::Neighbor(p) => format!("port-{p}"),
+                super::mgmt_rib::Peer::Remote(a) => format!("addr-{a}"),
+            };
+            let c = &s.counters;
+            let value = format!(
+                "requests in {}, requests out {}, answers in {}, unmatched answers {}, outstanding {}",
+                c.rx_requests,
+                c.tx_requests,
+                c.rx_responses,
+                c.rx_unmatched,
+                s.outstanding()
+            );
+            // Well-formed names; the RIB is far from full.
+            let _ = r.create_with_parents(
+                &format!("/difm/cdap/sessions/peer={key}"),
+                "CdapSession",
+                ObjValue::Str(value),
+                rib::OwnerId::RIB_DAEMON,
+            );
+        }
     }
 }

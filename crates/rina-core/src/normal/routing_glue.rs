@@ -17,16 +17,17 @@
 //! The machine's [`RoutingAction::Flood`] and [`RoutingAction::Send`] become
 //! management PDUs sent on the given N-1 ports (not routed: they go to the
 //! neighbour on that port, addressed to its address, or to address 0 if it
-//! is not known). Their payload is [`CDAP_DISCRIMINATOR`] followed by one
+//! is not known). Their payload is
+//! [`CDAP_DISCRIMINATOR`](super::CDAP_DISCRIMINATOR) followed by one
 //! encoded [`CdapMessage`]: an unconfirmed `M_WRITE` (no invoke id) of
 //! [`FSOS_OBJ_CLASS`] on [`FSOS_OBJ_NAME`] whose value (`byteval`) is
-//! [`encode_fsos`]. A management PDU starting with the discriminator that
-//! arrives on port `p` is decoded and, if it is an `M_WRITE` or `M_CREATE`
-//! of [`FSOS_OBJ_NAME`], its FSOs go to [`LinkState::on_fsos`] as coming
-//! from `p`. Undecodable CDAP, or a FSO write with a bad value, is counted
-//! in `rx_mgmt_malformed` and dropped; any other well-formed CDAP message
-//! (and everything when routing is off) is handed to the driver as
-//! [`Action::Management`](super::Action::Management), so layer management can grow beside routing.
+//! [`encode_fsos`]. The IPCP's RIB daemon ([`super::mgmt_rib`]) hands an
+//! `M_WRITE` or `M_CREATE` of [`FSOS_OBJ_NAME`] that arrives on port `p` to
+//! routing, whose FSOs go to [`LinkState::on_fsos`] as coming from `p`
+//! (other operations on it are refused by the daemon). A FSO write with a
+//! bad value is counted in `rx_mgmt_malformed` and dropped; one that
+//! arrives when routing is off (or before enrollment started it) in
+//! `rx_mgmt_unhandled`.
 //!
 //! # Forwarding table
 //!
@@ -37,7 +38,7 @@
 //! [`NormalIpcp::rmt_mut`] are therefore overwritten at the first
 //! computation and should not be used together with routing.
 
-use super::mgmt_cdap::{write_payload, writes, CDAP_DISCRIMINATOR};
+use super::mgmt_cdap::{write_payload, writes};
 use super::{N1Port, NormalIpcp};
 use crate::rmt::Address;
 use crate::routing::{
@@ -136,7 +137,8 @@ impl NormalIpcp {
     /// (database size) when the disseminated directory is on, and the
     /// encryption counters of all N-1 ports summed, prefixed with
     /// `encryption_`, when encrypting (per port: the RIB's
-    /// `/sdup/protection/pid=N`).
+    /// `/sdup/protection/pid=N`), and the RIB daemon's dispatch counters
+    /// prefixed with `rib_daemon_`.
     pub fn counters_map(&self) -> BTreeMap<String, u64> {
         let mut m = self.counters.to_map();
         if let Some(r) = &self.routing {
@@ -157,6 +159,20 @@ impl NormalIpcp {
                 m.insert(format!("membership_{k}"), v);
             }
         }
+        let d = self.mgmt.daemon().counters();
+        let g = self.mgmt.counters();
+        for (k, v) in [
+            ("dispatched", d.dispatched),
+            ("refused_not_allowed", d.refused_not_allowed),
+            ("refused_no_owner", d.refused_no_owner),
+            ("refused_bad_name", d.refused_bad_name),
+            ("refused_busy", d.refused_busy),
+            ("rx_unmatched", g.rx_unmatched),
+            ("rx_not_object", g.rx_not_object),
+            ("sessions_evicted", g.sessions_evicted),
+        ] {
+            m.insert(format!("rib_daemon_{k}"), v);
+        }
         for (k, v) in self.mgmt_reasm.counters().to_map() {
             m.insert(format!("mgmt_frag_{k}"), v);
         }
@@ -168,40 +184,26 @@ impl NormalIpcp {
         m
     }
 
-    /// Takes a management payload for the routing machine or the
-    /// disseminated directory ([`super::directory_glue`]). Returns whether
-    /// it was taken (handled, or malformed and counted); `false` leaves it
-    /// to the caller ([`Action::Management`](super::Action::Management)).
-    pub(super) fn on_routing_mgmt(
-        &mut self,
-        now: Instant,
-        port: Option<N1Port>,
-        payload: &[u8],
-    ) -> bool {
-        if (self.routing.is_none() && self.dft.is_none())
-            || payload.first() != Some(&CDAP_DISCRIMINATOR)
-        {
-            return false;
+    /// A CDAP message on the flow-state objects, from the RIB daemon: a
+    /// neighbour's FSOs. A bad value (or one through the loopback) is
+    /// counted as malformed; without a routing machine it is counted as
+    /// unhandled.
+    pub(super) fn on_fsos_cdap(&mut self, now: Instant, port: Option<N1Port>, msg: &CdapMessage) {
+        if self.routing.is_none() {
+            self.counters.rx_mgmt_unhandled += 1;
+            return;
         }
-        let msg = match CdapMessage::decode(&payload[1..]) {
-            Ok(m) => m,
-            Err(_) => {
-                self.counters.rx_mgmt_malformed += 1;
-                return true;
-            }
-        };
-        if self.routing.is_none() || !writes(&msg, FSOS_OBJ_NAME) {
-            // The disseminated directory's entries, or the driver's.
-            return self.on_directory_cdap(now, port, &msg);
+        if !writes(msg, FSOS_OBJ_NAME) {
+            self.counters.rx_mgmt_malformed += 1;
+            return;
         }
-        let Some((fsos, port)) = self.written_object(port, &msg, decode_fsos) else {
-            return true;
+        let Some((fsos, port)) = self.written_object(port, msg, decode_fsos) else {
+            return;
         };
         if let Some(r) = self.routing.as_mut() {
             r.on_fsos(now, port, fsos);
         }
         self.run_routing(now);
-        true
     }
 
     /// Runs the routing timers that are due.
@@ -238,7 +240,7 @@ impl NormalIpcp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::normal::{Action, NormalConfig, MGMT_QOS_ID};
+    use crate::normal::{Action, NormalConfig, CDAP_DISCRIMINATOR, MGMT_QOS_ID};
     use crate::rmt::Fifo;
     use crate::routing::{self, Fso};
     use rina_wire::pci::{self, Pci, PduType};
@@ -427,19 +429,15 @@ mod tests {
         p.on_frame(ms(1), 2, &mgmt_frame(&p, 2, &payload));
         assert_eq!(p.counters().rx_mgmt_malformed, 2);
         assert!(p.poll_action().is_none());
-        // Another object: left to the driver.
+        // An object nobody owns for writing: the RIB daemon refuses it
+        // (an unconfirmed write: nobody to tell).
         let other = CdapMessage::write("Foo", "/foo", 1i32);
         let mut payload = vec![CDAP_DISCRIMINATOR];
         payload.extend(other.encode());
         p.on_frame(ms(1), 2, &mgmt_frame(&p, 2, &payload));
-        assert!(matches!(
-            p.poll_action(),
-            Some(Action::Management {
-                port: 2,
-                src: 2,
-                ..
-            })
-        ));
+        assert!(p.poll_action().is_none());
+        let d = p.rib_daemon().daemon().counters();
+        assert_eq!((d.refused_not_allowed, d.unanswerable), (1, 1));
         // A good FSO write is taken.
         let fso = Fso {
             origin: 2,
@@ -455,7 +453,7 @@ mod tests {
         p.handle_timeout(ms(200));
         assert_eq!(p.rmt().table().len(), 1);
 
-        // Without routing the same payload is the driver's.
+        // Without routing the same payload has no machine to go to.
         let mut q = ipcp(1, false);
         q.add_port(2);
         q.neighbor_up(ms(0), 2, 2, 1);
@@ -463,7 +461,8 @@ mod tests {
         assert!(q.routing().is_none() && q.routing_counters().is_none());
         assert_eq!(q.neighbors().collect::<Vec<_>>(), vec![(2, 2, 1)]);
         q.on_frame(ms(1), 2, &mgmt_frame(&q, 2, &fsos_payload(&[fso])));
-        assert!(matches!(q.poll_action(), Some(Action::Management { .. })));
+        assert!(q.poll_action().is_none());
+        assert_eq!(q.counters().rx_mgmt_unhandled, 1);
         assert_eq!(q.poll_timeout(), None);
     }
 }

@@ -6,7 +6,7 @@
 use super::*;
 use crate::rmt::Fifo;
 use rina_wire::cdap::{CdapMessage, OpCode};
-use rina_wire::fa::{FaResult, CDAP_MGMT_DISCRIMINATOR, FLOW_CLASS};
+use rina_wire::fa::{FaMessage, FaResult, CDAP_MGMT_DISCRIMINATOR, FLOW_CLASS};
 
 /// A management payload: one CDAP message on a flow object.
 fn flow_cdap(m: CdapMessage) -> Vec<u8> {
@@ -723,8 +723,8 @@ fn malformed_fa_payloads_are_counted_and_dropped() {
             CdapMessage::create(FLOW_CLASS, "/fa/flows/key=1-1", vec![0xff, 0xff])
                 .with_invoke_id(1),
         ),
-        // An operation flow objects do not have.
-        flow_cdap(CdapMessage::read(FLOW_CLASS, "/fa/flows/key=1-1").with_invoke_id(1)),
+        // A request whose name is not the flow object the value names.
+        flow_cdap(CdapMessage::delete(FLOW_CLASS, "/fa/flows/key=1-1").with_invoke_id(1)),
     ] {
         let f = mgmt_frame(&net[1], 1, 2, &bad);
         net[1].on_frame(ms(0), LEFT, &f);
@@ -754,6 +754,45 @@ fn malformed_fa_payloads_are_counted_and_dropped() {
     assert_eq!(net[1].poll_action(), None);
     assert_eq!(net[1].counters().rx_fa_malformed, 4);
     assert_eq!(net[1].counters().rx_fa_stale, 1);
+}
+
+#[test]
+fn a_request_no_component_allows_is_refused_over_the_wire_and_the_answer_dropped() {
+    let mut net = chain(2);
+    // A write of a flow object: flow objects are only created and deleted.
+    let write = CdapMessage::write(FLOW_CLASS, "/fa/flows/key=1-1", vec![1u8]).with_invoke_id(5);
+    net[0].send_management_to(ms(0), 2, &flow_cdap(write));
+    assert!(carry(ms(0), &mut net).is_empty());
+    let refused = net[1].rib_daemon().daemon().counters().refused_not_allowed;
+    assert_eq!(refused, 1);
+    assert_eq!(net[1].counters().rx_fa_malformed, 0, "the FA never saw it");
+    // The refusal came back (M_WRITE_R); node 1 asked nothing, so nobody
+    // takes it.
+    let s = net[0]
+        .rib_daemon()
+        .session(mgmt_rib::Peer::Remote(2))
+        .unwrap();
+    assert_eq!(s.counters.rx_unmatched, 1);
+    assert_eq!(net[0].rib_daemon().counters().rx_unmatched, 1);
+    assert_eq!(net[1].counters_map()["rib_daemon_refused_not_allowed"], 1);
+    assert_eq!(net[0].counters_map()["rib_daemon_rx_unmatched"], 1);
+    // The sessions are RIB objects.
+    let rib = net[0].rib();
+    let o = rib
+        .get("/difm/cdap/sessions/peer=addr-2")
+        .expect("session object");
+    assert!(
+        o.value.summary().contains("unmatched answers 1"),
+        "{:?}",
+        o.value
+    );
+    // A flow allocation still works: its answer is matched in the session.
+    allocate(&mut net, QosSpec::default());
+    let s = net[0]
+        .rib_daemon()
+        .session(mgmt_rib::Peer::Remote(2))
+        .unwrap();
+    assert_eq!((s.counters.rx_responses, s.outstanding()), (1, 0));
 }
 
 mod prop {

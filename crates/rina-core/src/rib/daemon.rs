@@ -48,6 +48,8 @@ pub const RESULT_NOT_FOUND: i32 = -4;
 pub const RESULT_BUSY: i32 = -5;
 /// Result code: the request is malformed (e.g. a negative scope).
 pub const RESULT_BAD_REQUEST: i32 = -6;
+/// Result code: the object's owner does not allow this operation on it.
+pub const RESULT_NOT_ALLOWED: i32 = -7;
 
 /// Bytes a value part may grow by through its two length prefixes; keeps
 /// parts under [`DaemonConfig::max_read_part`] for values up to 256 MiB.
@@ -86,6 +88,29 @@ pub enum ReadPolicy {
     Daemon,
 }
 
+/// The object requests an owner allows on its objects (a set of opcodes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Ops(u32);
+
+impl Ops {
+    /// Every object request.
+    pub const ALL: Ops = Ops(u32::MAX);
+
+    /// Exactly these operations.
+    pub fn of(ops: &[OpCode]) -> Self {
+        Ops(ops.iter().fold(0, |m, op| m | Self::bit(*op)))
+    }
+
+    /// Whether `op` is allowed.
+    pub fn allows(self, op: OpCode) -> bool {
+        self.0 & Self::bit(op) != 0
+    }
+
+    fn bit(op: OpCode) -> u32 {
+        1u32.checked_shl(op as u32).unwrap_or(0)
+    }
+}
+
 /// One subscription: the owner of a prefix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Subscription {
@@ -93,6 +118,9 @@ pub struct Subscription {
     pub owner: OwnerId,
     /// Who answers reads.
     pub reads: ReadPolicy,
+    /// The requests the owner takes; others are refused with
+    /// [`RESULT_NOT_ALLOWED`].
+    pub ops: Ops,
 }
 
 /// Something a component must handle.
@@ -206,6 +234,8 @@ pub struct DaemonCounters {
     pub refused_no_owner: u64,
     /// Requests refused because the name is invalid.
     pub refused_bad_name: u64,
+    /// Requests refused because the owner does not allow the operation.
+    pub refused_not_allowed: u64,
     /// Requests refused because too many wait, or dropped (no invoke id).
     pub refused_busy: u64,
     /// Daemon reads of objects that do not exist, or with a negative scope.
@@ -288,12 +318,26 @@ impl RibDaemon {
 
     /// Makes `owner` responsible for `prefix` and everything below it. The
     /// owner of the longest matching prefix gets a request. Subscribing the
-    /// same owner again changes its read policy.
+    /// same owner again changes its read policy. Every operation is allowed
+    /// (see [`RibDaemon::subscribe_ops`]).
     pub fn subscribe(
         &mut self,
         prefix: &str,
         owner: OwnerId,
         reads: ReadPolicy,
+    ) -> Result<(), DaemonError> {
+        self.subscribe_ops(prefix, owner, reads, Ops::ALL)
+    }
+
+    /// [`RibDaemon::subscribe`], allowing only the requests in `ops` on the
+    /// objects under `prefix`; the daemon refuses the others with
+    /// [`RESULT_NOT_ALLOWED`] (M_CANCELREAD goes with M_READ).
+    pub fn subscribe_ops(
+        &mut self,
+        prefix: &str,
+        owner: OwnerId,
+        reads: ReadPolicy,
+        ops: Ops,
     ) -> Result<(), DaemonError> {
         validate_name(prefix, &self.cfg.rib)?;
         match self.subs.get(prefix) {
@@ -302,8 +346,8 @@ impl RibDaemon {
                 owner: s.owner,
             }),
             _ => {
-                self.subs
-                    .insert(prefix.to_string(), Subscription { owner, reads });
+                let sub = Subscription { owner, reads, ops };
+                self.subs.insert(prefix.to_string(), sub);
                 Ok(())
             }
         }
@@ -365,6 +409,12 @@ impl RibDaemon {
             self.refuse(from, &msg, RESULT_NO_OWNER, &reason);
             return Ok(());
         };
+        if !sub.ops.allows(op) {
+            self.counters.refused_not_allowed += 1;
+            let reason = format!("{} does not allow {op:?} on {name}", sub.owner);
+            self.refuse(from, &msg, RESULT_NOT_ALLOWED, &reason);
+            return Ok(());
+        }
         if let Some(id) = msg.invoke_id {
             if self.pending.contains_key(&(from, id)) {
                 self.counters.duplicate_requests += 1;
@@ -425,6 +475,13 @@ impl RibDaemon {
             self.transmit.push_back((from, msg));
         }
         Ok(())
+    }
+
+    /// The owner answered request `invoke_id` of session `from` itself (or
+    /// never will): the daemon stops waiting for it. Returns whether it
+    /// waited.
+    pub fn forget(&mut self, from: SessionId, invoke_id: InvokeId) -> bool {
+        self.pending.remove(&(from, invoke_id)).is_some()
     }
 
     /// Session `from` is gone: forgets its waiting requests, its queued

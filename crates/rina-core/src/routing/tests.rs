@@ -4,6 +4,7 @@
 
 use super::*;
 use proptest::prelude::*;
+use std::collections::BTreeSet;
 
 fn ms(n: u64) -> Instant {
     Instant::from_nanos(n * 1_000_000)
@@ -158,7 +159,7 @@ impl Net {
                 || self
                     .nodes
                     .values()
-                    .any(|m| m.flush_due.is_some() || m.is_dirty());
+                    .any(|m| m.db.flood_scheduled() || m.is_dirty());
             if !busy {
                 return self.now;
             }
