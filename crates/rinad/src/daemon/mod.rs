@@ -37,6 +37,7 @@ mod capture;
 mod control;
 mod ipcp;
 mod manage;
+mod memory;
 mod normal;
 mod reload;
 mod runtime;
@@ -191,7 +192,8 @@ pub struct Daemon {
     sys: System,
     /// Per member of `sys` (same index): its name and driver.
     ipcps: Vec<Ipcp>,
-    flows: HashMap<PortId, FlowSlot>,
+    /// Boxed: the table's spare room costs a pointer per slot, not a slot.
+    flows: HashMap<PortId, Box<FlowSlot>>,
     conns: HashMap<usize, Conn>,
     next_conn: usize,
     owners: HashMap<(usize, AppName), usize>,
@@ -220,6 +222,10 @@ pub struct Daemon {
     hup_rx: UnixStream,
     buf: Vec<u8>,
     ctl_buf: Vec<u8>,
+    /// Most flows held since memory was last given back ([`memory`]).
+    flows_peak: usize,
+    /// When to give memory back, after many flows closed.
+    trim_at: Option<Instant>,
 }
 
 impl Daemon {
@@ -321,6 +327,8 @@ impl Daemon {
             hup_rx,
             buf: vec![0; HEADROOM + 65_536 + 1],
             ctl_buf: vec![0; ctl::MAX_CTL_MSG],
+            flows_peak: 0,
+            trim_at: None,
         };
         d.drain_outputs();
         Ok(d)
@@ -345,6 +353,7 @@ impl Daemon {
                     .chain(Some(self.idle_sweep))
                     .chain(self.hv_timeout())
                     .chain(self.enrolls.iter().map(|e| e.deadline()).min())
+                    .chain(self.trim_at)
                     .min()
                     .map(|t| t.saturating_since(now))
             };
@@ -424,6 +433,7 @@ impl Daemon {
             for id in std::mem::take(&mut self.closing) {
                 self.close_conn(id);
             }
+            self.trim_memory(now);
         }
         self.shutdown();
         Ok(())
@@ -858,7 +868,7 @@ impl Daemon {
         };
         self.flows.insert(
             port,
-            FlowSlot {
+            Box::new(FlowSlot {
                 ipcp: i,
                 fd: ours,
                 info: info.clone(),
@@ -870,7 +880,7 @@ impl Daemon {
                 tx_stash: None,
                 drops_in: 0,
                 drops_out: 0,
-            },
+            }),
         );
         Ok((info, theirs))
     }

@@ -44,7 +44,7 @@ impl UdpIo {
 /// application flow; a socket that cannot take it loses it (counted in the
 /// shim's flow), as a link would.
 pub(super) fn straight_to_app(
-    flows: &HashMap<PortId, FlowSlot>,
+    flows: &HashMap<PortId, Box<FlowSlot>>,
     system: &mut System,
     i: usize,
     port: PortId,
