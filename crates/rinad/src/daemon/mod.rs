@@ -139,6 +139,9 @@ struct Conn {
     admin: bool,
     /// When it last sent a request (or connected).
     last_seen: Instant,
+    /// Flows it allocated or accepted that are still open (counted, so
+    /// that finding idle connections does not walk every flow).
+    flows: usize,
 }
 
 /// An allocation waiting for the peer's answer.
@@ -882,6 +885,9 @@ impl Daemon {
                 drops_out: 0,
             }),
         );
+        if let Some(c) = self.conns.get_mut(&owner) {
+            c.flows += 1;
+        }
         Ok((info, theirs))
     }
 
@@ -890,6 +896,9 @@ impl Daemon {
         let Some(slot) = self.flows.remove(&port) else {
             return;
         };
+        if let Some(c) = self.conns.get_mut(&slot.owner) {
+            c.flows = c.flows.saturating_sub(1);
+        }
         let _ = self
             .poll
             .registry()
