@@ -115,7 +115,8 @@ struct FlowSlot {
     /// Already in the ready queue.
     queued: bool,
     /// Shared-memory rings with the application (shim-hv flows that asked).
-    rings: Option<app_rings::AppRings>,
+    /// Boxed: most flows have none, and an idle flow's slot stays small.
+    rings: Option<Box<app_rings::AppRings>>,
     /// SDUs delivered but not yet taken by the application's socket.
     rx_pending: VecDeque<Vec<u8>>,
     /// An SDU read from the application that the flow could not take yet:
@@ -878,7 +879,7 @@ impl Daemon {
                 owner,
                 uid: self.conn_uid(owner),
                 queued: false,
-                rings,
+                rings: rings.map(Box::new),
                 rx_pending: VecDeque::new(),
                 tx_stash: None,
                 drops_in: 0,
