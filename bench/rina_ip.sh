@@ -10,6 +10,7 @@
 #   QOS=reliable MTU=1400 bash bench/rina_ip.sh
 #   KEEP=1 bash bench/rina_ip.sh        # leave the namespaces for a look
 #   NO_BUILD=1 bash bench/rina_ip.sh    # use the binaries already built
+#   RESULTS=f.json bash bench/rina_ip.sh  # also write the figures as JSON
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${DUR:-5}
@@ -134,5 +135,8 @@ echo "rina-ip benchmark: iperf3 TCP, ${DUR} s each, QoS $QOS, TUN MTU $MTU_NOW"
 printf "  veth, no RINA        %10s Mb/s   ping avg %s ms\n" "$BASE" "$RTT0"
 printf "  through rina-ip      %10s Mb/s   ping avg %s ms\n" "$TUN" "$RTT"
 python3 -c "print('  ratio rina-ip / veth  %.3f' % ($TUN / $BASE))"
+if [ -n "${RESULTS:-}" ]; then
+    python3 -c "import json; json.dump({'veth_mbps': $BASE, 'rina_ip_mbps': $TUN, 'rina_ip_ratio': $TUN / $BASE}, open('$RESULTS', 'w'))"
+fi
 echo
 ip netns exec "$NA" "$BIN/rina-ip" --status --status-socket "$T/ip-a.status.sock"

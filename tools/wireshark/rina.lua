@@ -26,6 +26,16 @@
 --                  pseudo-header (version, direction, 2 reserved, N-1 port-id
 --                  u32) before each frame a normal IPCP sent or received on
 --                  an N-1 flow (crates/rina-wire/src/pcap.rs), then rina.efcp.
+--   rina.vmpi      `rinactl capture` of a shim-hv (link type USER1, 148): the
+--                  same pseudo-header with the device's VMPI-id in place of the
+--                  port-id, then the VMPI buffer: channel u32 (little-endian);
+--                  channel 0 carries control messages (command u8, channel u32,
+--                  then names NUL-terminated or response u8 and reason;
+--                  crates/rina-core/src/shim_hv/vmpi.rs), other channels an SDU
+--                  (rina.efcp when it holds a normal DIF's PDU).
+--                  `rinactl capture` of a shim-udp writes IP/UDP packets (link
+--                  type RAW) and of a shim-eth Ethernet frames: the dissectors
+--                  above decode them.
 
 local NAME_TYPES = { [1] = "DATA", [2] = "ALLOC_REQ", [3] = "ALLOC_RESP", [4] = "DEALLOC" }
 local ALLOC_RESULTS = {
@@ -784,3 +794,94 @@ function p_n1.dissector(tvb, pinfo, tree)
 end
 
 DissectorTable.get("wtap_encap"):add(wtap_encaps and wtap_encaps.USER0 or wtap.USER0, p_n1)
+
+-- --------------------------------------------------- rinactl capture (shim-hv)
+
+local p_vmpi = Proto("rina_vmpi", "RINA shim-hv VMPI buffer (rinactl capture)")
+local VMPI_CMDS = { [0] = "ALLOCATE_REQ", [1] = "ALLOCATE_RESP", [2] = "DEALLOCATE" }
+local VMPI_RESPONSES = { [0] = "ok", [1] = "refused" }
+local fv = {
+    version = ProtoField.uint8("rina.vmpi.version", "Version"),
+    direction = ProtoField.uint8("rina.vmpi.direction", "Direction", base.DEC, DIRECTIONS),
+    vmpi_id = ProtoField.uint32("rina.vmpi.vmpi_id", "VMPI-id"),
+    channel = ProtoField.uint32("rina.vmpi.channel", "Channel"),
+    cmd = ProtoField.uint8("rina.vmpi.cmd", "Control command", base.DEC, VMPI_CMDS),
+    ctl_channel = ProtoField.uint32("rina.vmpi.ctl.channel", "Flow channel"),
+    src_name = ProtoField.string("rina.vmpi.ctl.src_name", "Source application"),
+    dst_name = ProtoField.string("rina.vmpi.ctl.dst_name", "Destination application"),
+    response = ProtoField.uint8("rina.vmpi.ctl.response", "Response", base.DEC, VMPI_RESPONSES),
+    reason = ProtoField.string("rina.vmpi.ctl.reason", "Reason"),
+    sdu = ProtoField.bytes("rina.vmpi.sdu", "SDU"),
+}
+p_vmpi.fields = fv
+
+-- A NUL-terminated name at `off`; returns it and the offset after the NUL,
+-- or nil if there is no NUL.
+local function add_cstr(tree, field, tvb, off)
+    for i = off, tvb:len() - 1 do
+        if tvb(i, 1):uint() == 0 then
+            local s = i > off and tvb(off, i - off):string(ENC_UTF_8) or ""
+            tree:add(field, tvb(off, i - off + 1), s)
+            return s, i + 1
+        end
+    end
+    return nil, off
+end
+
+-- A control message of channel 0; returns a summary.
+local function dissect_vmpi_control(tvb, t)
+    if not tvb or tvb:len() < 5 then
+        return "control (truncated)"
+    end
+    local cmd = tvb(0, 1):uint()
+    t:add(fv.cmd, tvb(0, 1))
+    t:add_le(fv.ctl_channel, tvb(1, 4))
+    local ch = tvb(1, 4):le_uint()
+    local summary = (VMPI_CMDS[cmd] or ("command " .. cmd)) .. " channel " .. ch
+    if cmd == 0 then
+        local src, dst, off
+        src, off = add_cstr(t, fv.src_name, tvb, 5)
+        dst, off = add_cstr(t, fv.dst_name, tvb, off)
+        summary = summary .. " " .. (src or "?") .. " -> " .. (dst or "?")
+    elseif cmd == 1 and tvb:len() >= 6 then
+        t:add(fv.response, tvb(5, 1))
+        summary = summary .. " " .. (VMPI_RESPONSES[tvb(5, 1):uint()] or "?")
+        if tvb:len() > 6 then
+            t:add(fv.reason, tvb(6), tvb(6):string(ENC_UTF_8))
+        end
+    end
+    return summary
+end
+
+function p_vmpi.dissector(tvb, pinfo, tree)
+    if tvb:len() < 8 then
+        return 0
+    end
+    pinfo.cols.protocol = "RINA shim-hv"
+    local t = tree:add(p_vmpi, tvb())
+    t:add(fv.version, tvb(0, 1))
+    t:add(fv.direction, tvb(1, 1))
+    t:add(fv.vmpi_id, tvb(4, 4))
+    local dir = DIRECTIONS[tvb(1, 1):uint()] or "?"
+    t:append_text(string.format(", %s on VMPI %d", dir, tvb(4, 4):uint()))
+    if tvb:len() < 12 then
+        pinfo.cols.info = "VMPI buffer (truncated)"
+        return tvb:len()
+    end
+    t:add_le(fv.channel, tvb(8, 4))
+    local ch = tvb(8, 4):le_uint()
+    local info
+    if ch == 0 then
+        info = "VMPI " .. dissect_vmpi_control(tvb:len() > 12 and tvb(12):tvb() or nil, t)
+    else
+        info = "VMPI channel " .. ch
+        pinfo.cols.info = info
+        if tvb:len() > 12 and dissect_sdu(tvb(12):tvb(), pinfo, tree, fv.sdu) then
+            return tvb:len()
+        end
+    end
+    pinfo.cols.info = info
+    return tvb:len()
+end
+
+DissectorTable.get("wtap_encap"):add(wtap_encaps and wtap_encaps.USER1 or wtap.USER1, p_vmpi)

@@ -6,8 +6,15 @@
 //! with 4-byte addresses) are built with rina-wire's encoders into a pcap
 //! file and decoded the same way.
 //!
-//! Needs root (capturing on `lo`), tcpdump and tshark; skipped with a
-//! message otherwise. CI runs as root and installs both.
+//! `rinactl capture` of every kind of IPCP, decoded the same way: a normal
+//! IPCP and the shim-udp or shim-hv under it, captured at once while they
+//! carry hellos, an echo and a refused allocation straight on the shim;
+//! a shim-eth on VLAN 10 of a veth pair between two network namespaces,
+//! from before its normal DIF finds the neighbour by ARP.
+//!
+//! The live tcpdump capture and the shim-eth capture need root (capturing
+//! on `lo`; namespaces), and all need tshark; skipped with a message
+//! otherwise. CI runs as root and installs tcpdump and tshark.
 
 mod common;
 
@@ -81,7 +88,7 @@ fn tshark_raw(pcap: &Path, opts: &[&str], fields: &[&str]) -> (Vec<Vec<String>>,
 
 fn config(me: &str, addr: u64, port: u16, peer: &str, peer_addr: u64, peer_port: u16) -> String {
     format!(
-        "[system]\nname = \"{me}\"\n[[ipcp]]\nname = \"{me}.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:{port}\"\n[ipcp.directory]\n\"{peer}.net\" = \"127.0.0.1:{peer_port}\"\n\"nobody-here\" = \"127.0.0.1:{peer_port}\"\n[[ipcp]]\nname = \"{me}.net\"\ntype = \"normal\"\ndif = \"net\"\naddress = {addr}\n[[ipcp.neighbor]]\nname = \"{peer}.net\"\nover = \"udp\"\naddress = {peer_addr}\n[ipcp.names]\n\"echo\" = 2\n"
+        "[system]\nname = \"{me}\"\n[[ipcp]]\nname = \"{me}.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:{port}\"\n[ipcp.directory]\n\"{peer}.net\" = \"127.0.0.1:{peer_port}\"\n\"nobody-here\" = \"127.0.0.1:{peer_port}\"\n\"shim-echo\" = \"127.0.0.1:{peer_port}\"\n[[ipcp]]\nname = \"{me}.net\"\ntype = \"normal\"\ndif = \"net\"\naddress = {addr}\n[[ipcp.neighbor]]\nname = \"{peer}.net\"\nover = \"udp\"\naddress = {peer_addr}\n[ipcp.names]\n\"echo\" = 2\n"
     )
 }
 
@@ -433,17 +440,18 @@ enum Lower {
 }
 
 #[test]
-fn rinactl_capture_of_a_normal_ipcp_over_shim_udp_decodes_in_tshark() {
+fn rinactl_capture_of_shim_udp_and_a_normal_ipcp_over_it_decodes_in_tshark() {
     capture_and_decode(Lower::ShimUdp);
 }
 
 #[test]
-fn rinactl_capture_of_a_normal_ipcp_over_shim_hv_decodes_in_tshark() {
+fn rinactl_capture_of_shim_hv_and_a_normal_ipcp_over_it_decodes_in_tshark() {
     capture_and_decode(Lower::ShimHv);
 }
 
-/// `rinactl capture` of alpha.net (over `lower`) while it says hello and
-/// carries an echo, decoded by tshark with the dissector.
+/// `rinactl capture` of alpha.net and of the shim under it (`lower`) while
+/// they say hello, carry an echo and a refused allocation straight on the
+/// shim, decoded by tshark with the dissector.
 fn capture_and_decode(lower: Lower) {
     if let Some(why) = cannot_run(false) {
         println!("{why}");
@@ -455,16 +463,15 @@ fn capture_and_decode(lower: Lower) {
         Lower::ShimHv => "hv",
     };
     let dir = std::env::temp_dir().join(format!("rina-capture-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let mut procs = Procs(Vec::new(), dir.clone());
+    let (pa, pb) = (free_port(), free_port());
     let (ca, cb) = match lower {
-        Lower::ShimUdp => {
-            let (pa, pb) = (free_port(), free_port());
-            (
-                config("alpha", 1, pa, "beta", 2, pb),
-                config("beta", 2, pb, "alpha", 1, pa),
-            )
-        }
+        Lower::ShimUdp => (
+            config("alpha", 1, pa, "beta", 2, pb),
+            config("beta", 2, pb, "alpha", 1, pa),
+        ),
         Lower::ShimHv => {
             let shm = dir.join("vmpi0");
             (
@@ -484,22 +491,11 @@ fn capture_and_decode(lower: Lower) {
     wait_until("the normal DIF to come up", Duration::from_secs(20), || {
         neighbors_up(&ctl, &a)
     });
-    // A shim's own traffic is captured on its medium: refused, saying so.
+    // The normal IPCP's N-1 frames and, at once, the shim's own medium.
     let pcap = dir.join("n1.pcap");
-    let pcap_s = pcap.display().to_string();
-    let shim_name = format!("alpha.{tag}");
-    let shim = run(&ctl, &["--socket", &a, "capture", &shim_name, &pcap_s]);
-    assert_eq!(shim.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&shim.stderr).contains("tcpdump"));
-
-    let capture = Command::new(&ctl)
-        .args(["--socket", &a, "--json", "capture", "alpha.net", &pcap_s])
-        .args(["--duration-s", "4"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let shim_pcap = dir.join("shim.pcap");
+    let capture = start_capture(&ctl, &a, "alpha.net", &pcap, Some(6));
+    let shim_capture = start_capture(&ctl, &a, &format!("alpha.{tag}"), &shim_pcap, Some(6));
     let server = Command::new(bins.join("rina-echo"))
         .args(["server", "--socket", &b, "--dif", "net", "--name", "echo"])
         .stdin(Stdio::null())
@@ -516,14 +512,61 @@ fn capture_and_decode(lower: Lower) {
         Duration::from_secs(3),
         || run(&bins.join("rina-echo"), &echo).status.success(),
     );
-    let out = capture.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // Straight over the shim DIF, to a name nobody registered: the shim's
+    // allocation request and its refusal.
+    let direct = [
+        "client",
+        "--socket",
+        &a,
+        "--dif",
+        tag,
+        "--dst",
+        "nobody-here",
+        "--count",
+        "1",
+    ];
+    assert!(!run(&bins.join("rina-echo"), &direct).status.success());
+    if let Lower::ShimUdp = lower {
+        // An echo straight on the shim-udp DIF: the application's SDUs
+        // the daemon sends behind the shim's header, in place.
+        let server = Command::new(bins.join("rina-echo"))
+            .args([
+                "server",
+                "--socket",
+                &b,
+                "--dif",
+                "udp",
+                "--name",
+                "shim-echo",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        procs.0.push(server);
+        let echo = [
+            "client",
+            "--socket",
+            &a,
+            "--dif",
+            "udp",
+            "--dst",
+            "shim-echo",
+            "--count",
+            "2",
+        ];
+        wait_until("an echo over the shim DIF", Duration::from_secs(3), || {
+            run(&bins.join("rina-echo"), &echo).status.success()
+        });
+    }
+    let summary = finish_capture(capture);
     assert!(summary["packets"].as_u64().unwrap() >= 6, "{summary}");
+    let shim_summary = finish_capture(shim_capture);
+    match lower {
+        Lower::ShimUdp => check_shim_udp(&shim_pcap, &shim_summary, pa, pb),
+        Lower::ShimHv => check_shim_hv(&shim_pcap, &shim_summary),
+    }
 
     let rows = tshark(
         &pcap,
@@ -566,4 +609,341 @@ fn capture_and_decode(lower: Lower) {
             && r.get(4).is_some_and(|o| o.starts_with("/fa/flows/key="))
     });
     assert!(fa_request, "{dump}");
+}
+
+/// Starts `rinactl capture` of `ipcp` into `pcap` (for `secs` seconds, or
+/// until SIGINT) and waits until the daemon has started it (the file
+/// header is written after the daemon's answer).
+fn start_capture(ctl: &Path, sock: &str, ipcp: &str, pcap: &Path, secs: Option<u32>) -> Child {
+    let mut cmd = Command::new(ctl);
+    cmd.args(["--socket", sock, "--json", "capture", ipcp])
+        .arg(pcap)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(s) = secs {
+        cmd.args(["--duration-s", &s.to_string()]);
+    }
+    let child = cmd.spawn().unwrap();
+    wait_until("the capture to start", Duration::from_secs(10), || {
+        std::fs::metadata(pcap).is_ok_and(|m| m.len() >= 24)
+    });
+    child
+}
+
+/// Waits for a capture to end; its JSON summary.
+fn finish_capture(c: Child) -> serde_json::Value {
+    let out = c.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Whether some row has every `(column, value)` of `want`.
+fn has_row(rows: &[Vec<String>], want: &[(usize, &str)]) -> bool {
+    rows.iter().any(|r| {
+        want.iter()
+            .all(|(i, v)| r.get(*i).map(String::as_str) == Some(*v))
+    })
+}
+
+const HELLO: &str = "/difm/enr/hello";
+
+/// `rinactl capture` of alpha.udp (UDP port `pa`, its peer on `pb`): the
+/// datagrams as IP/UDP both ways, shim-udp headers, the normal DIF's
+/// PDUs inside, the allocation request and its refusal.
+fn check_shim_udp(pcap: &Path, summary: &serde_json::Value, pa: u16, pb: u16) {
+    let rows = tshark(
+        pcap,
+        &[],
+        &[
+            "udp.srcport",
+            "udp.dstport",
+            "rina.shim_udp.type",
+            "rina.shim_udp.dst_name",
+            "rina.shim_udp.result",
+            "rina.efcp.pdu_type",
+            "rina.efcp.src_addr",
+            "rina.cdap.obj_name",
+            "ip.src",
+        ],
+    );
+    let dump = format!("{rows:?}");
+    assert_eq!(rows.len() as u64, summary["packets"].as_u64().unwrap());
+    let (pa, pb) = (pa.to_string(), pb.to_string());
+    for (from, to, src) in [(&pa, &pb, "1"), (&pb, &pa, "2")] {
+        let hello = [
+            (0, from.as_str()),
+            (1, to.as_str()),
+            (2, "0x01"),
+            (5, "0x40"),
+            (6, src),
+            (7, HELLO),
+            (8, "127.0.0.1"),
+        ];
+        assert!(has_row(&rows, &hello), "{dump}");
+        let dt = [(0, from.as_str()), (2, "0x01"), (5, "0x80"), (6, src)];
+        assert!(has_row(&rows, &dt), "{dump}");
+    }
+    assert!(
+        has_row(&rows, &[(0, &pa), (2, "0x02"), (3, "nobody-here")]),
+        "{dump}"
+    );
+    assert!(has_row(&rows, &[(0, &pb), (2, "0x03"), (4, "1")]), "{dump}");
+    // The echo straight on the shim: accepted, then its SDUs both ways
+    // (DATA that holds no PDU of a normal DIF).
+    assert!(
+        has_row(&rows, &[(0, &pa), (2, "0x02"), (3, "shim-echo")]),
+        "{dump}"
+    );
+    assert!(has_row(&rows, &[(0, &pb), (2, "0x03"), (4, "0")]), "{dump}");
+    for (from, to) in [(&pa, &pb), (&pb, &pa)] {
+        let sdu = [(0, from.as_str()), (1, to.as_str()), (2, "0x01"), (5, "")];
+        assert!(has_row(&rows, &sdu), "{dump}");
+    }
+}
+
+/// `rinactl capture` of alpha.hv (VMPI-id 3): the VMPI buffers both ways,
+/// the normal DIF's PDUs on a data channel, the allocation request on the
+/// control channel and its refusal.
+fn check_shim_hv(pcap: &Path, summary: &serde_json::Value) {
+    let rows = tshark(
+        pcap,
+        &[],
+        &[
+            "rina.vmpi.direction",
+            "rina.vmpi.vmpi_id",
+            "rina.vmpi.channel",
+            "rina.vmpi.cmd",
+            "rina.vmpi.ctl.dst_name",
+            "rina.vmpi.ctl.response",
+            "rina.efcp.pdu_type",
+            "rina.efcp.src_addr",
+            "rina.cdap.obj_name",
+        ],
+    );
+    let dump = format!("{rows:?}");
+    assert_eq!(rows.len() as u64, summary["packets"].as_u64().unwrap());
+    assert!(rows.iter().all(|r| r[1] == "3"), "{dump}");
+    for (dir, src) in [("1", "1"), ("0", "2")] {
+        let data = |r: &Vec<String>| r[0] == dir && r[2] != "0" && !r[2].is_empty() && r[7] == src;
+        assert!(
+            rows.iter()
+                .any(|r| data(r) && r[6] == "0x40" && r[8] == HELLO),
+            "{dump}"
+        );
+        assert!(rows.iter().any(|r| data(r) && r[6] == "0x80"), "{dump}");
+    }
+    let request = [(0, "1"), (2, "0"), (3, "0"), (4, "nobody-here")];
+    assert!(has_row(&rows, &request), "{dump}");
+    assert!(
+        has_row(&rows, &[(0, "0"), (2, "0"), (3, "1"), (5, "1")]),
+        "{dump}"
+    );
+}
+
+/// Runs a command; panics with its error output if it fails.
+fn sh(args: &[&str]) {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {args:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A network namespace, deleted on drop (with the veth end inside it).
+struct Netns(String);
+
+impl Netns {
+    fn new(tag: &str) -> Netns {
+        let name = format!("rinacap-{}-{tag}", std::process::id());
+        sh(&["ip", "netns", "add", &name]);
+        let ns = Netns(name);
+        // No IPv6 chatter (router solicitations, MLD) on the test link.
+        for key in ["all", "default"] {
+            let k = format!("net.ipv6.conf.{key}.disable_ipv6=1");
+            sh(&["ip", "netns", "exec", &ns.0, "sysctl", "-qw", &k]);
+        }
+        ns
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.0])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// A shim-eth IPCP on VLAN 10 of `ifname` and a normal IPCP over it.
+fn eth_config(me: &str, addr: u64, ifname: &str, peer: &str, peer_addr: u64) -> String {
+    format!(
+        "[system]\nname = \"{me}\"\n[[ipcp]]\nname = \"{me}.eth\"\ntype = \"shim-eth\"\ndif = \"10\"\ninterface = \"{ifname}\"\n[[ipcp]]\nname = \"{me}.net\"\ntype = \"normal\"\ndif = \"net\"\naddress = {addr}\nmax_pdu = 1400\n[[ipcp.neighbor]]\nname = \"{peer}.net\"\nover = \"10\"\naddress = {peer_addr}\n[ipcp.names]\n\"echo\" = 2\n"
+    )
+}
+
+/// Starts `rinad` inside namespace `ns`; its socket.
+fn start_daemon_in(procs: &mut Procs, ns: &Netns, dir: &Path, me: &str, conf: &str) -> String {
+    let path = dir.join(format!("{me}.toml"));
+    std::fs::write(&path, conf).unwrap();
+    let sock = dir.join(format!("{me}.sock"));
+    // `ip netns exec` execs rinad itself: the child is the daemon.
+    let child = Command::new("ip")
+        .args(["netns", "exec", &ns.0])
+        .arg(bin_dir().join("rinad"))
+        .arg("--config")
+        .arg(&path)
+        .arg("--socket")
+        .arg(&sock)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    procs.0.push(child);
+    let s = sock.display().to_string();
+    let ctl = bin_dir().join("rinactl");
+    wait_until("the daemon to answer", Duration::from_secs(10), || {
+        run(&ctl, &["--socket", &s, "ipcps"]).status.success()
+    });
+    s
+}
+
+/// `rinactl capture` of a shim-eth IPCP from before its normal DIF comes
+/// up: the ARP exchange that finds the neighbour (application names as
+/// protocol addresses), the frames with their VLAN tag both ways (the
+/// kernel strips a received frame's tag; the capture puts it back), the
+/// normal DIF's PDUs inside.
+#[test]
+fn rinactl_capture_of_shim_eth_decodes_in_tshark() {
+    if let Some(why) = cannot_run(false) {
+        println!("{why}");
+        return;
+    }
+    // SAFETY: getuid has no preconditions.
+    if unsafe { libc::getuid() } != 0 {
+        println!("skipped: network namespaces and veth pairs need root");
+        return;
+    }
+    let ok = Command::new("ip")
+        .args(["netns", "list"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        println!("skipped: the ip command (iproute2) with netns support is missing");
+        return;
+    }
+    let bins = bin_dir();
+    let dir = std::env::temp_dir().join(format!("rina-capture-eth-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (na, nb) = (Netns::new("a"), Netns::new("b"));
+    let tag = std::process::id() % 100_000;
+    let (ea, eb) = (format!("vc{tag}a"), format!("vc{tag}b"));
+    sh(&[
+        "ip", "link", "add", &ea, "type", "veth", "peer", "name", &eb,
+    ]);
+    sh(&["ip", "link", "set", &ea, "netns", &na.0]);
+    sh(&["ip", "link", "set", &eb, "netns", &nb.0]);
+    for (ns, e) in [(&na, &ea), (&nb, &eb)] {
+        sh(&["ip", "netns", "exec", &ns.0, "ip", "link", "set", e, "up"]);
+    }
+    let mut procs = Procs(Vec::new(), dir.clone());
+    let a = start_daemon_in(
+        &mut procs,
+        &na,
+        &dir,
+        "alpha",
+        &eth_config("alpha", 1, &ea, "beta", 2),
+    );
+    let ctl = bins.join("rinactl");
+    let pcap = dir.join("eth.pcap");
+    let capture = start_capture(&ctl, &a, "alpha.eth", &pcap, None);
+    let b = start_daemon_in(
+        &mut procs,
+        &nb,
+        &dir,
+        "beta",
+        &eth_config("beta", 2, &eb, "alpha", 1),
+    );
+    wait_until("the normal DIF to come up", Duration::from_secs(20), || {
+        neighbors_up(&ctl, &a)
+    });
+    let server = Command::new(bins.join("rina-echo"))
+        .args(["server", "--socket", &b, "--dif", "net", "--name", "echo"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    procs.0.push(server);
+    let echo = [
+        "client", "--socket", &a, "--dif", "net", "--dst", "echo", "--count", "2",
+    ];
+    wait_until(
+        "an echo over the normal DIF",
+        Duration::from_secs(10),
+        || run(&bins.join("rina-echo"), &echo).status.success(),
+    );
+    // A hello each way after the echo (once a second), then stop.
+    std::thread::sleep(Duration::from_millis(2200));
+    // SAFETY: kill on our own child's pid.
+    unsafe { libc::kill(capture.id() as libc::pid_t, libc::SIGINT) };
+    let summary = finish_capture(capture);
+    check_shim_eth(&pcap, &summary);
+}
+
+fn check_shim_eth(pcap: &Path, summary: &serde_json::Value) {
+    let rows = tshark(
+        pcap,
+        &[],
+        &[
+            "vlan.id",
+            "eth.type",
+            "rina.shim_eth.arp.op",
+            "rina.shim_eth.arp.spa",
+            "rina.shim_eth.arp.tpa",
+            "rina.efcp.pdu_type",
+            "rina.efcp.src_addr",
+            "rina.efcp.dst_addr",
+            "rina.cdap.obj_name",
+        ],
+    );
+    let dump = format!("{rows:?}");
+    assert_eq!(rows.len() as u64, summary["packets"].as_u64().unwrap());
+    // Every frame on VLAN 10, sent or received.
+    assert!(rows.iter().all(|r| r[0] == "10"), "{dump}");
+    // The neighbour found by ARP (whichever side asked first): who has
+    // alpha.net or beta.net, and the answer of the one asked for.
+    let arp = |op: &str, who: usize, name: &str| {
+        rows.iter().any(|r| r[2] == op && r[who].starts_with(name))
+    };
+    assert!(
+        ["alpha.net", "beta.net"]
+            .iter()
+            .any(|n| arp("1", 4, n) && arp("2", 3, n)),
+        "{dump}"
+    );
+    for (src, dst) in [("1", "2"), ("2", "1")] {
+        let hello = [(5, "0x40"), (6, src), (7, dst), (8, HELLO)];
+        assert!(has_row(&rows, &hello), "{dump}");
+        assert!(has_row(&rows, &[(5, "0x80"), (6, src), (7, dst)]), "{dump}");
+    }
+    // The flow allocator's request for echo: a CDAP M_CREATE of a flow.
+    assert!(
+        rows.iter()
+            .any(|r| r[5] == "0x40" && r[8].starts_with("/fa/flows/key=")),
+        "{dump}"
+    );
 }

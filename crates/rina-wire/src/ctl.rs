@@ -285,8 +285,9 @@ pub enum Op {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         path: Option<String>,
     },
-    /// Administrators only: capture what normal IPCP `ipcp` sends and
-    /// receives on its N-1 flows. The reply carries a `SOCK_SEQPACKET`
+    /// Administrators only: capture what IPCP `ipcp` sends and receives —
+    /// a normal IPCP on its N-1 flows, a shim on its medium (the link type
+    /// of the reply says which, [`crate::pcap`]). The reply carries a `SOCK_SEQPACKET`
     /// descriptor on which every frame arrives as one pcap record
     /// ([`crate::pcap`]), cut at `snaplen` bytes (default and at most
     /// [`crate::pcap::MAX_SNAPLEN`]); closing it ends the capture. Frames

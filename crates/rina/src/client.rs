@@ -554,8 +554,9 @@ impl Client {
         self.call("register_ipcp", op).map(|_| ())
     }
 
-    /// Starts capturing what normal IPC process `ipcp` sends and receives
-    /// on its N-1 flows (administrators only). Returns the pcap link type,
+    /// Starts capturing what IPC process `ipcp` sends and receives: a
+    /// normal IPCP's frames on its N-1 flows, a shim's on its medium
+    /// (administrators only). Returns the pcap link type,
     /// the snapshot length and a `SOCK_SEQPACKET` descriptor on which each
     /// frame arrives as one pcap record (`rina_wire::pcap`); closing it
     /// ends the capture. `snaplen`: at most this many bytes of each frame.

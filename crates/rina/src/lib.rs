@@ -35,6 +35,7 @@ mod async_flow;
 pub mod client;
 pub mod error;
 pub mod flow;
+pub mod ports;
 mod rings;
 mod sock;
 

@@ -8,6 +8,7 @@
 mod config;
 mod daemon;
 mod sys;
+mod udp_batch;
 
 use clap::Parser;
 use std::path::PathBuf;

@@ -441,11 +441,7 @@ impl System {
             return;
         }
         match self.members[lower].send_header(port, frame.len()) {
-            Ok(send) => self.out.push_back(super::Output::ToMedium {
-                medium: lower,
-                peer: send.peer,
-                frame: send.frame(&frame),
-            }),
+            Ok(send) => self.send_on_medium(lower, send.peer, send.frame(&frame)),
             Err(_) => self.counters.n1_tx_dropped += 1,
         }
     }

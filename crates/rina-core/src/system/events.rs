@@ -69,11 +69,7 @@ impl System {
                 self.deliver_marked(now, port, sdu, congested)
             }
             IpcpEvent::Transmit { port, frame } => self.n1_transmit(now, port, frame),
-            IpcpEvent::ToMedium { peer, frame } => self.out.push_back(Output::ToMedium {
-                medium: i,
-                peer,
-                frame,
-            }),
+            IpcpEvent::ToMedium { peer, frame } => self.send_on_medium(i, peer, frame),
             IpcpEvent::Membership(event) => {
                 if let crate::normal::MembershipEvent::NeighborDown { port, .. } = event {
                     self.neighbor_silent(now, port);

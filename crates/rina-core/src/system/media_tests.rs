@@ -222,8 +222,57 @@ fn an_application_flow_straight_on_shim_eth_crosses_by_arp() {
     // delivered at acceptance); the rest straight from the frames.
     assert_eq!(p.got(1, theirs), vec![0, 1, 2, 3, 4]);
     // And the driver's zero-copy path: a header to put before the SDU.
-    let (medium, send) = p.sys[1].shim_send(p.now, theirs, 100).unwrap();
+    let (medium, send) = p.sys[1].shim_send(p.now, theirs, &[7u8; 100]).unwrap();
     assert_eq!((medium, send.peer, send.header().len()), (0, None, 14));
+}
+
+#[test]
+fn a_tapped_medium_keeps_copies_of_what_it_sends_and_receives_bounded() {
+    for kind in [Kind::Eth, Kind::Hv] {
+        let mut p = Pair::new(kind, |_, _| {});
+        p.sys[0].set_medium_tap(0, Some(10_000));
+        p.sys[1].register(kind_dif(kind), name("app1")).unwrap();
+        let (mine, theirs) = p.flow(kind_dif(kind), QosSpec::default());
+        p.sys[0].write(p.now, mine, &[9; 300]).unwrap();
+        p.run_until(p.now + Duration::from_millis(10));
+        let (_, send) = p.sys[0].shim_send(p.now, mine, &[8; 50]).unwrap();
+        let hdr = send.header().to_vec();
+        let mut copies = Vec::new();
+        while let Some(t) = p.sys[0].poll_medium_tapped(0) {
+            copies.push(t);
+        }
+        // Sent and received copies, as many as went on the wire.
+        let sent = copies.iter().filter(|t| t.outbound).count() as u64;
+        assert_eq!(sent, p.sent[0] + 1, "{kind:?}");
+        assert!(copies.iter().any(|t| !t.outbound), "{kind:?}: the answer");
+        // The SDU written through the system, and the one sent by the
+        // driver with the header it was given.
+        assert!(copies
+            .iter()
+            .any(|t| t.outbound && t.frame.ends_with(&[9; 300])));
+        let last = copies.last().unwrap();
+        assert_eq!(last.frame, [hdr, vec![8; 50]].concat(), "{kind:?}");
+        let _ = theirs;
+        // Bounded: a tap of one copy loses the rest, counted.
+        p.sys[0].set_medium_tap(0, Some(1));
+        for _ in 0..3 {
+            p.sys[0].shim_send(p.now, mine, &[1; 10]).unwrap();
+        }
+        assert_eq!(p.sys[0].medium_tap_dropped(0), 2, "{kind:?}");
+        assert!(p.sys[0].poll_medium_tapped(0).is_some());
+        assert!(p.sys[0].poll_medium_tapped(0).is_none());
+        // Untapped: nothing kept.
+        p.sys[0].set_medium_tap(0, None);
+        p.sys[0].shim_send(p.now, mine, &[1; 10]).unwrap();
+        assert!(p.sys[0].poll_medium_tapped(0).is_none());
+    }
+}
+
+fn kind_dif(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Eth => "eth",
+        Kind::Hv => "hv",
+    }
 }
 
 #[test]

@@ -38,10 +38,12 @@ pub mod claims;
 mod events;
 pub mod member;
 mod removal;
+mod tap;
 
 pub use allocator::{Neighbor, NeighborSpec, Plan, NEIGHBOR_RETRY};
 pub use member::{FlowError, IpcpEvent, Machine, Member, PortId, ShimSend};
 pub use removal::Removal;
+pub use tap::{MediumTapped, TAP_MAX_BYTES};
 
 use crate::normal::{MembershipEvent, NormalConfig, NormalIpcp};
 use crate::rmt::{PortRate, SchedulerConfig};
@@ -220,6 +222,8 @@ pub struct System {
     blocked_media: BTreeSet<MediumId>,
     /// Media whose link is down.
     down_media: BTreeSet<MediumId>,
+    /// Media whose frames are copied for a capture.
+    taps: BTreeMap<MediumId, tap::MediumTap>,
     /// Members removed at run time ([`System::remove_ipcp`]): their index
     /// stays taken, so the others keep theirs, but nothing reaches them.
     removed: BTreeSet<usize>,
@@ -253,6 +257,7 @@ impl System {
             want_writable: BTreeMap::new(),
             blocked_media: BTreeSet::new(),
             down_media: BTreeSet::new(),
+            taps: BTreeMap::new(),
             removed: BTreeSet::new(),
             next_handle: 1,
             next_port: 1,
@@ -614,7 +619,7 @@ impl System {
             .ok_or(FlowError::UnknownFlow(port.into()))?;
         let res = match &mut self.members[i].machine {
             Machine::Normal(n) => n.write(now, port, sdu).map_err(FlowError::from),
-            _ => self.shim_send(now, port, sdu.len()).map(|(medium, send)| {
+            _ => self.shim_send(now, port, sdu).map(|(medium, send)| {
                 self.out.push_back(Output::ToMedium {
                     medium,
                     peer: send.peer,
@@ -629,16 +634,17 @@ impl System {
         res
     }
 
-    /// For an application flow straight on a shim: accounts an SDU of
-    /// `len` bytes and says on which medium it goes, with which header, so
-    /// that the driver writes header and SDU without a copy.
+    /// For an application flow straight on a shim: accounts `sdu` and says
+    /// on which medium it goes, with which header, so that the driver
+    /// writes header and SDU without a copy (the system copies them only
+    /// while the medium is tapped, [`System::set_medium_tap`]).
     /// [`FlowError::WouldBlock`] while the medium is full, as for
     /// [`System::write`]; [`FlowError::Invalid`] for a flow of a normal IPCP.
     pub fn shim_send(
         &mut self,
         now: Instant,
         port: PortId,
-        len: usize,
+        sdu: &[u8],
     ) -> Result<(MediumId, ShimSend), FlowError> {
         self.tick(now);
         let &i = self
@@ -646,10 +652,12 @@ impl System {
             .get(&port)
             .ok_or(FlowError::UnknownFlow(port.into()))?;
         if self.blocked_media.contains(&i) {
-            self.want_writable.insert(port, len);
+            self.want_writable.insert(port, sdu.len());
             return Err(FlowError::WouldBlock);
         }
-        Ok((i, self.members[i].send_header(port, len)?))
+        let send = self.members[i].send_header(port, sdu.len())?;
+        self.tap(i, true, send.peer, None, &[send.header(), sdu]);
+        Ok((i, send))
     }
 
     /// The application of flow `port` took `n` SDUs delivered to it (see
@@ -728,6 +736,11 @@ impl System {
         self.tick(now);
         if self.removed.contains(&medium) {
             return None;
+        }
+        match rx {
+            Rx::Udp { from, datagram } => self.tap(medium, false, Some(from), None, &[datagram]),
+            Rx::Eth { frame, aux_vlan } => self.tap(medium, false, None, aux_vlan, &[frame]),
+            Rx::Hv { buf } => self.tap(medium, false, None, None, &[buf]),
         }
         let machine = &mut self.members.get_mut(medium)?.machine;
         let got = match (machine, rx) {

@@ -12,7 +12,7 @@ use crate::results::RunOutput;
 use crate::{Experiment, LabError};
 use real::relay::{LinkParams, Relay};
 use real::{Fabric, ShimKind};
-use std::net::{SocketAddr, UdpSocket};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::Ordering;
@@ -45,11 +45,11 @@ struct Loopback {
     ends: Vec<(usize, usize)>,
 }
 
-/// A free UDP port on loopback (bound and released: the daemon binds it
-/// right after).
+/// A free UDP port on loopback, from below the kernel's ephemeral range
+/// (the daemon binds it right after; see [`rina::ports`]).
 fn free_port() -> Result<SocketAddr, LabError> {
-    UdpSocket::bind("127.0.0.1:0")
-        .and_then(|s| s.local_addr())
+    rina::ports::unused_loopback_udp_port()
+        .map(|p| SocketAddr::from(([127, 0, 0, 1], p)))
         .map_err(|e| LabError::Backend {
             backend: "local",
             what: format!("no free UDP port on loopback: {e}"),

@@ -24,7 +24,6 @@ use rina_tools::perf::{PerfReport, TestResult};
 use rina_tools::table::{self, Table};
 use serde::Serialize;
 use std::fs::{self, File};
-use std::net::UdpSocket;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -315,17 +314,13 @@ fn run(cli: &Cli, undo: &Undo) -> Result<(), Failure> {
         println!("working directory (kept): {}", dir.display());
     }
 
-    // Two free UDP ports, held together so they differ.
-    let (pa, pb) = {
-        let bind = || {
-            UdpSocket::bind("127.0.0.1:0")
-                .and_then(|s| s.local_addr().map(|a| (s, a.port())))
-                .or_else(|e| fail(format!("cannot find a free UDP port: {e}"), &[]))
-        };
-        let (_a, pa) = bind()?;
-        let (_b, pb) = bind()?;
-        (pa, pb)
+    // Two free UDP ports from below the kernel's ephemeral range (see
+    // rina::ports), distinct.
+    let port = || {
+        rina::ports::unused_loopback_udp_port()
+            .or_else(|e| fail(format!("cannot find a free UDP port: {e}"), &[]))
     };
+    let (pa, pb) = (port()?, port()?);
     let alpha_addr = format!("127.0.0.1:{pa}");
     let beta_addr = format!("127.0.0.1:{pb}");
     let p = |f: &str| dir.join(f);

@@ -142,17 +142,16 @@ enum What {
         /// The lower DIF.
         dif: String,
     },
-    /// Write what a normal IPC process sends and receives on its N-1 flows
-    /// (every PDU of its DIF through this system, whatever is below it:
-    /// shim-udp, shim-eth, shim-hv or another normal DIF) as a pcap file,
-    /// until Ctrl-C, --count or --duration-s (administrators only). Decode
-    /// it with tools/wireshark/rina.lua: `tshark -X
-    /// lua_script:tools/wireshark/rina.lua -r FILE`. FILE `-` is standard
-    /// output: `rinactl capture a.net - | wireshark -X
-    /// lua_script:rina.lua -k -i -`. Shims' own frames: capture their
-    /// medium (tcpdump -i IFACE).
+    /// Write what an IPC process sends and receives as a pcap file, until
+    /// Ctrl-C, --count or --duration-s (administrators only): a normal
+    /// IPCP's PDUs on its N-1 flows (whatever is below it), a shim-udp's
+    /// datagrams (as IP/UDP), a shim-eth's Ethernet frames and ARP, a
+    /// shim-hv's VMPI buffers. Decode it with tools/wireshark/rina.lua:
+    /// `tshark -X lua_script:tools/wireshark/rina.lua -r FILE`. FILE `-` is
+    /// standard output: `rinactl capture a.net - | wireshark -X
+    /// lua_script:rina.lua -k -i -`.
     Capture {
-        /// The normal IPC process (see `rinactl ipcps`).
+        /// The IPC process (see `rinactl ipcps`).
         ipcp: String,
         /// The pcap file to write, or `-` for standard output.
         file: PathBuf,

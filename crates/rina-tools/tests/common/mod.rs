@@ -2,7 +2,6 @@
 
 #![allow(dead_code)]
 
-use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -20,13 +19,9 @@ impl Drop for Procs {
     }
 }
 
-/// A free UDP port on loopback (bound, read, released).
+/// A free UDP port on loopback, from below the ephemeral range.
 pub fn free_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    rina::ports::unused_loopback_udp_port().expect("a free UDP port on loopback")
 }
 
 /// Re-checks `cond` until it holds; panics naming `what` after `timeout`.

@@ -92,13 +92,24 @@ impl AppRings {
     /// Puts one SDU in the application's receive ring; false if it has no
     /// room (the application is then asked to kick once it read).
     pub(super) fn deliver(&mut self, sdu: &[u8]) -> bool {
-        if self.to_app.push(&[sdu]).is_ok() {
-            if self.to_app.take_wakeup() {
-                ring_eventfd(&self.data);
-            }
-            return true;
+        let pushed = self.push(sdu);
+        if pushed {
+            self.wake();
         }
-        false
+        pushed
+    }
+
+    /// Puts one SDU in the application's receive ring without waking it
+    /// (call [`AppRings::wake`] after a batch); false if it has no room.
+    pub(super) fn push(&mut self, sdu: &[u8]) -> bool {
+        self.to_app.push(&[sdu]).is_ok()
+    }
+
+    /// Wakes the application if it sleeps on its receive ring.
+    pub(super) fn wake(&self) {
+        if self.to_app.take_wakeup() {
+            ring_eventfd(&self.data);
+        }
     }
 
     /// After SDUs were held for want of room: asks the application to

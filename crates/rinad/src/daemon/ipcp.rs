@@ -104,6 +104,12 @@ impl Daemon {
             (Io::Udp(u), Some(Machine::ShimUdp(s))) => {
                 let mut c = s.counters().to_map();
                 c.insert("tx_errors".into(), u.send_errors);
+                // Batching: system calls against datagrams (tx_pdus,
+                // rx_pdus), and whether the kernel's offloads are in use.
+                c.insert("tx_syscalls".into(), u.sender.calls());
+                c.insert("rx_syscalls".into(), u.rx_calls);
+                c.insert("tx_gso".into(), u64::from(u.sender.offload()));
+                c.insert("rx_gro".into(), u64::from(u.gro));
                 c
             }
             (Io::Eth(e), Some(Machine::ShimEth(m))) => {

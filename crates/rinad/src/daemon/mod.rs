@@ -114,8 +114,9 @@ struct FlowSlot {
     uid: u32,
     /// Already in the ready queue.
     queued: bool,
-    /// Shared-memory rings with the application (shim-hv flows that asked).
-    /// Boxed: most flows have none, and an idle flow's slot stays small.
+    /// Shared-memory rings with the application (flows on shim-hv,
+    /// shim-udp and normal IPCPs that asked). Boxed: most flows have none,
+    /// and an idle flow's slot stays small.
     rings: Option<Box<app_rings::AppRings>>,
     /// SDUs delivered but not yet taken by the application's socket.
     rx_pending: VecDeque<Vec<u8>>,
@@ -225,6 +226,7 @@ pub struct Daemon {
     /// A self-pipe written by the SIGHUP handler.
     hup_rx: UnixStream,
     buf: Vec<u8>,
+    udp: shim::UdpShared,
     ctl_buf: Vec<u8>,
     /// Most flows held since memory was last given back ([`memory`]).
     flows_peak: usize,
@@ -330,6 +332,7 @@ impl Daemon {
             config_path,
             hup_rx,
             buf: vec![0; HEADROOM + 65_536 + 1],
+            udp: shim::UdpShared::default(),
             ctl_buf: vec![0; ctl::MAX_CTL_MSG],
             flows_peak: 0,
             trim_at: None,
@@ -521,7 +524,9 @@ impl Daemon {
         match self.ipcps[slot.ipcp].io {
             Io::Normal(_) => self.service_normal_flow(port),
             Io::Hv(_) => self.service_hv_flow(port),
-            Io::Udp(_) | Io::Eth(_) => self.service_shim_flow(port),
+            Io::Udp(_) if slot.rings.is_some() => self.service_udp_rings(port),
+            Io::Udp(_) => self.service_udp_flow(port),
+            Io::Eth(_) => self.service_eth_flow(port),
             Io::Removed => FlowService::Closed,
         }
     }
@@ -534,6 +539,12 @@ impl Daemon {
         loop {
             while let Some(o) = self.sys.poll_output() {
                 self.on_output(o);
+            }
+            if !self.udp.dirty.is_empty() {
+                for i in std::mem::take(&mut self.udp.dirty) {
+                    self.flush_udp(i);
+                }
+                continue;
             }
             if self.taken.is_empty() {
                 break;
@@ -856,7 +867,7 @@ impl Daemon {
             )
             .map_err(|e| CtlError::new(ErrorKind::Internal, e.to_string()))?;
         let rings = if rings {
-            let offered = matches!(self.ipcps[i].io, Io::Hv(_) | Io::Normal(_));
+            let offered = matches!(self.ipcps[i].io, Io::Hv(_) | Io::Normal(_) | Io::Udp(_));
             app_rings::AppRings::offer(ours.as_raw_fd(), offered).map_err(|e| {
                 let _ = self
                     .poll

@@ -1,13 +1,20 @@
 //! The UDP driver of a shim-udp IPCP (its socket, receive path and send
 //! back-pressure), and the path of application flows straight on a shim
-//! over UDP or Ethernet: one read from the application's socket into the
-//! daemon's buffer behind room for the header, one send.
+//! over UDP or Ethernet: each SDU read from the application's socket into
+//! a buffer behind room for the header, the header written in place.
+//!
+//! UDP goes in batches ([`crate::udp_batch`]): the frames a turn of the
+//! loop produces for a socket leave in one `sendmmsg` (runs to one peer
+//! segmented by the kernel), and a read takes up to
+//! [`RX_SLOTS`](crate::udp_batch::RX_SLOTS) coalesced reads at once.
 
 use super::shim_eth::{transmit, TxResult};
 use super::*;
+use crate::udp_batch::{self, Receiver, Sender};
 use mio::net::UdpSocket;
 use rina_core::system::{FlowError, Rx};
 use std::net::SocketAddr;
+use std::ops::Range;
 
 /// Frames held for a full socket; beyond this they are lost (counted).
 pub(super) const STALL_MAX: usize = 256;
@@ -25,10 +32,19 @@ pub(super) struct UdpIo {
     pub parked: Vec<PortId>,
     /// Already in the ready queue.
     pub rx_queued: bool,
+    /// Frames of this turn of the loop, sent together at its end (or when
+    /// [`BUDGET`] have gathered).
+    pub out: Vec<(SocketAddr, Vec<u8>)>,
+    pub sender: Sender,
+    /// Whether the socket coalesces what it receives (`UDP_GRO`).
+    pub gro: bool,
+    /// Receive system calls made.
+    pub rx_calls: u64,
 }
 
 impl UdpIo {
     pub fn new(sock: UdpSocket, bind: SocketAddr) -> Self {
+        let gro = udp_batch::enable_gro(sock.as_raw_fd());
         UdpIo {
             sock,
             bind,
@@ -36,25 +52,96 @@ impl UdpIo {
             stalled: VecDeque::new(),
             parked: Vec::new(),
             rx_queued: false,
+            out: Vec::new(),
+            sender: Sender::new(),
+            gro,
+            rx_calls: 0,
+        }
+    }
+
+    /// Keeps what a full socket did not take, in order, up to
+    /// [`STALL_MAX`]; beyond that it is lost (counted).
+    fn stall<F: Into<Vec<u8>>>(&mut self, rest: impl Iterator<Item = (SocketAddr, F)>) {
+        for (to, f) in rest {
+            if self.stalled.len() < STALL_MAX {
+                self.stalled.push_back((to, f.into()));
+            } else {
+                self.send_errors += 1;
+            }
         }
     }
 }
 
-/// Hands an SDU straight from a medium's buffer to the socket of its
-/// application flow; a socket that cannot take it loses it (counted in the
-/// shim's flow), as a link would.
+/// What the UDP drivers of a daemon share: the receive buffers and the
+/// batch of application SDUs being read.
+#[derive(Default)]
+pub(super) struct UdpShared {
+    rx: Receiver,
+    /// SDUs of one application flow, each behind room for the header.
+    arena: Vec<u8>,
+    /// The frames in `arena`, with their peers.
+    frames: Vec<(SocketAddr, Range<usize>)>,
+    /// Shim-udp IPCPs with frames in `out`.
+    pub dirty: Vec<usize>,
+    /// Application flows given SDUs in this read (to wake once).
+    woken: Vec<PortId>,
+}
+
+/// What became of an SDU made into a frame.
+enum Framed {
+    /// In the batch.
+    Added,
+    /// Refused by the machine or without a peer (counted there).
+    Skipped,
+    /// The flow cannot send now: it waits (parked), the SDU is lost.
+    Wait,
+}
+
+/// Bytes of [`UdpShared::arena`]: room for at least four SDUs of the
+/// largest size, and for a whole [`BUDGET`] of full-sized Ethernet ones.
+const ARENA: usize = 4 * (HEADROOM + 65_537);
+
+/// Hands an SDU straight from a medium's buffer to its application flow
+/// (its ring, or its socket); a flow that cannot take it loses it (counted
+/// in the shim's flow), as a link would.
 pub(super) fn straight_to_app(
-    flows: &HashMap<PortId, Box<FlowSlot>>,
+    flows: &mut HashMap<PortId, Box<FlowSlot>>,
     system: &mut System,
     i: usize,
     port: PortId,
     sdu: &[u8],
 ) {
-    let sent = flows
-        .get(&port)
-        .map(|slot| sys::send(slot.fd.as_raw_fd(), sdu, None));
-    if !matches!(sent, Some(Ok(Sent::Done))) {
+    queue_to_app(flows, system, i, port, sdu);
+    if let Some(r) = flows.get(&port).and_then(|s| s.rings.as_ref()) {
+        r.wake();
+    }
+}
+
+/// [`straight_to_app`] without waking an application that sleeps on its
+/// ring: [`wake_apps`] does, once for a batch.
+fn queue_to_app(
+    flows: &mut HashMap<PortId, Box<FlowSlot>>,
+    system: &mut System,
+    i: usize,
+    port: PortId,
+    sdu: &[u8],
+) {
+    let taken = match flows.get_mut(&port).map(|s| &mut **s) {
+        Some(FlowSlot { rings: Some(r), .. }) => r.push(sdu),
+        Some(slot) => matches!(sys::send(slot.fd.as_raw_fd(), sdu, None), Ok(Sent::Done)),
+        None => false,
+    };
+    if !taken {
         count_drop(system, i, port, true);
+    }
+}
+
+/// Wakes the applications of `ports` that sleep on their rings.
+fn wake_apps(flows: &HashMap<PortId, Box<FlowSlot>>, ports: &mut Vec<PortId>) {
+    for port in ports.drain(..) {
+        if let Some(r) = flows.get(&port).and_then(|s| s.rings.as_ref()) {
+            r.wake();
+        }
     }
 }
 
@@ -77,37 +164,47 @@ pub(super) fn count_drop(system: &mut System, i: usize, port: PortId, inbound: b
 }
 
 impl Daemon {
-    /// Receives up to [`BUDGET`] datagrams of shim-udp IPCP `i`; true if
-    /// there may be more.
+    /// Receives what waits on the socket of shim-udp IPCP `i`, up to
+    /// [`RX_SLOTS`](udp_batch::RX_SLOTS) reads; true if there may be more.
     pub(super) fn service_udp(&mut self, i: usize) -> bool {
         let now = self.now();
-        for _ in 0..BUDGET {
-            let Io::Udp(u) = &mut self.ipcps[i].io else {
-                return false;
-            };
-            let (n, from) = match u.sock.recv_from(&mut self.buf) {
-                Ok(r) => r,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
-                Err(e) => {
-                    debug!(ipcp = %self.ipcps[i].name, error = %e, "UDP receive error");
-                    return true;
+        let Io::Udp(u) = &mut self.ipcps[i].io else {
+            return false;
+        };
+        u.rx_calls += 1;
+        let fd = u.sock.as_raw_fd();
+        let mut rx = std::mem::take(&mut self.udp.rx);
+        let more = match rx.recv(fd) {
+            Ok(n) => {
+                for r in rx.reads() {
+                    let Some(from) = r.from else { continue };
+                    for datagram in rx.datagrams(r) {
+                        let got = self.sys.receive(now, i, Rx::Udp { from, datagram });
+                        if let Some((port, sdu)) = got {
+                            queue_to_app(&mut self.flows, &mut self.sys, i, port, sdu);
+                            if !self.udp.woken.contains(&port) {
+                                self.udp.woken.push(port);
+                            }
+                        }
+                    }
                 }
-            };
-            let rx = Rx::Udp {
-                from,
-                datagram: &self.buf[..n],
-            };
-            if let Some((port, sdu)) = self.sys.receive(now, i, rx) {
-                straight_to_app(&self.flows, &mut self.sys, i, port, sdu);
+                wake_apps(&self.flows, &mut self.udp.woken);
+                n == udp_batch::RX_SLOTS
             }
-        }
-        true
+            Err(e) => {
+                debug!(ipcp = %self.ipcps[i].name, error = %e, "UDP receive error");
+                true
+            }
+        };
+        self.udp.rx = rx;
+        more
     }
 
     /// Sends a datagram of shim-udp IPCP `i` (its control, or a frame of a
-    /// normal IPCP above). A full socket keeps it, in order, and blocks the
-    /// N-1 ports over it until the socket is writable: their PDUs wait in
-    /// their RMT, where the scheduling policy decides.
+    /// normal IPCP above) with the others of this turn of the loop. A full
+    /// socket keeps it, in order, and blocks the N-1 ports over it until
+    /// the socket is writable: their PDUs wait in their RMT, where the
+    /// scheduling policy decides.
     pub(super) fn udp_send(&mut self, i: usize, peer: Option<SocketAddr>, frame: Vec<u8>) {
         let Io::Udp(u) = &mut self.ipcps[i].io else {
             return;
@@ -117,30 +214,57 @@ impl Daemon {
             return;
         };
         if !u.stalled.is_empty() {
-            if u.stalled.len() < STALL_MAX {
-                u.stalled.push_back((to, frame));
-            } else {
-                u.send_errors += 1;
-            }
+            u.stall(std::iter::once((to, frame)));
             return;
         }
-        match u.sock.send_to(&frame, to) {
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                u.stalled.push_back((to, frame));
-                let _ = self.poll.registry().reregister(
-                    &mut u.sock,
-                    token(T_UDP, i),
-                    Interest::READABLE | Interest::WRITABLE,
-                );
-                let now = self.now();
-                self.sys.medium_blocked(now, i);
-            }
-            Err(e) => {
-                u.send_errors += 1;
-                debug!(ipcp = %self.ipcps[i].name, %to, error = %e, "UDP send failed");
-            }
+        if u.out.is_empty() {
+            self.udp.dirty.push(i);
         }
+        u.out.push((to, frame));
+        if u.out.len() >= BUDGET {
+            self.flush_udp(i);
+        }
+    }
+
+    /// Sends the frames gathered for shim-udp IPCP `i`.
+    pub(super) fn flush_udp(&mut self, i: usize) {
+        let Io::Udp(u) = &mut self.ipcps[i].io else {
+            return;
+        };
+        if u.out.is_empty() {
+            return;
+        }
+        let out = u.sender.send(u.sock.as_raw_fd(), &u.out);
+        u.send_errors += out.failed as u64;
+        if let Some(e) = &out.error {
+            debug!(ipcp = %self.ipcps[i].name, error = %e, "UDP send failed");
+        }
+        let Io::Udp(u) = &mut self.ipcps[i].io else {
+            return;
+        };
+        if !out.blocked {
+            u.out.clear();
+            return;
+        }
+        let mut rest = std::mem::take(&mut u.out);
+        u.stall(rest.drain(out.sent + out.failed..));
+        rest.clear();
+        u.out = rest;
+        self.udp_blocked(i);
+    }
+
+    /// The socket of shim-udp IPCP `i` is full: wait until it is writable,
+    /// and tell the system.
+    fn udp_blocked(&mut self, i: usize) {
+        if let Io::Udp(u) = &mut self.ipcps[i].io {
+            let _ = self.poll.registry().reregister(
+                &mut u.sock,
+                token(T_UDP, i),
+                Interest::READABLE | Interest::WRITABLE,
+            );
+        }
+        let now = self.now();
+        self.sys.medium_blocked(now, i);
     }
 
     /// The socket of shim-udp IPCP `i` is writable again: send what waited,
@@ -149,13 +273,14 @@ impl Daemon {
         let Io::Udp(u) = &mut self.ipcps[i].io else {
             return;
         };
-        while let Some((to, d)) = u.stalled.front() {
-            match u.sock.send_to(d, *to) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(_) => u.send_errors += 1,
-                Ok(_) => {}
+        while !u.stalled.is_empty() {
+            let waiting = u.stalled.make_contiguous();
+            let out = u.sender.send(u.sock.as_raw_fd(), waiting);
+            u.send_errors += out.failed as u64;
+            u.stalled.drain(..out.sent + out.failed);
+            if out.blocked {
+                return;
             }
-            u.stalled.pop_front();
         }
         let _ = self
             .poll
@@ -192,9 +317,9 @@ impl Daemon {
     }
 
     /// Reads up to [`BUDGET`] SDUs the application wrote on flow `port`
-    /// straight on a shim over UDP or Ethernet and sends them, one frame
-    /// each, the shim's header written in front of the SDU in place.
-    pub(super) fn service_shim_flow(&mut self, port: PortId) -> FlowService {
+    /// straight on a shim-eth IPCP and sends them, one frame each, the
+    /// shim's header written in front of the SDU in place.
+    pub(super) fn service_eth_flow(&mut self, port: PortId) -> FlowService {
         let Some(slot) = self.flows.get(&port) else {
             return FlowService::Drained;
         };
@@ -221,7 +346,10 @@ impl Daemon {
                 count_drop(&mut self.sys, i, port, false);
                 continue;
             }
-            let send = match self.sys.shim_send(now, port, n) {
+            let send = match self
+                .sys
+                .shim_send(now, port, &self.buf[HEADROOM..HEADROOM + n])
+            {
                 Ok((_, send)) => send,
                 Err(FlowError::WouldBlock) => {
                     count_drop(&mut self.sys, i, port, false);
@@ -238,29 +366,6 @@ impl Daemon {
             self.buf[start..HEADROOM].copy_from_slice(hdr);
             let frame = &self.buf[start..HEADROOM + n];
             let full = match &mut self.ipcps[i].io {
-                Io::Udp(u) => {
-                    let Some(to) = send.peer else {
-                        continue;
-                    };
-                    match u.sock.send_to(frame, to) {
-                        Ok(_) => false,
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            u.stalled.push_back((to, frame.to_vec()));
-                            u.parked.push(port);
-                            let _ = self.poll.registry().reregister(
-                                &mut u.sock,
-                                token(T_UDP, i),
-                                Interest::READABLE | Interest::WRITABLE,
-                            );
-                            true
-                        }
-                        Err(e) => {
-                            u.send_errors += 1;
-                            debug!(%to, error = %e, "UDP send failed");
-                            false
-                        }
-                    }
-                }
                 Io::Eth(e) => match transmit(e.sock.as_raw_fd(), &mut e.impair, &[frame]) {
                     TxResult::Sent => false,
                     TxResult::Full => {
@@ -287,5 +392,214 @@ impl Daemon {
             }
         }
         FlowService::More
+    }
+
+    /// Reads up to [`BUDGET`] SDUs the application wrote on flow `port`
+    /// straight on a shim-udp IPCP, each behind room for the header, and
+    /// sends them together, the shim's header written in place.
+    pub(super) fn service_udp_flow(&mut self, port: PortId) -> FlowService {
+        let Some(slot) = self.flows.get(&port) else {
+            return FlowService::Drained;
+        };
+        let (i, fd) = (slot.ipcp, slot.fd.as_raw_fd());
+        if self.medium_stalled(i) {
+            self.park(i, port);
+            return FlowService::Drained;
+        }
+        let now = self.now();
+        let cap = self.buf.len() - HEADROOM;
+        let mut arena = std::mem::take(&mut self.udp.arena);
+        arena.resize(ARENA, 0);
+        let mut frames = std::mem::take(&mut self.udp.frames);
+        let mut off = 0;
+        let mut served = FlowService::More;
+        for _ in 0..BUDGET {
+            if arena.len() - off < HEADROOM + cap {
+                if self.send_udp_frames(i, port, &arena, &mut frames) {
+                    served = FlowService::Drained;
+                    break;
+                }
+                off = 0;
+            }
+            let room = off + HEADROOM..off + HEADROOM + cap;
+            let n = match sys::recv(fd, &mut arena[room]) {
+                Ok(Recv::Packet(n)) => n,
+                // Refused (and counted) by the machine, like any bad SDU.
+                Ok(Recv::Empty) => 0,
+                Ok(Recv::WouldBlock) => {
+                    served = FlowService::Drained;
+                    break;
+                }
+                Ok(Recv::Closed) => {
+                    served = FlowService::Closed;
+                    break;
+                }
+                Err(e) => {
+                    debug!(port, error = %e, "flow read error");
+                    served = FlowService::Closed;
+                    break;
+                }
+            };
+            if n > cap {
+                count_drop(&mut self.sys, i, port, false);
+                continue;
+            }
+            match self.frame_sdu(now, port, &mut arena, off, n, &mut frames) {
+                Framed::Added => off += HEADROOM + n,
+                Framed::Skipped => {}
+                Framed::Wait => {
+                    served = FlowService::Drained;
+                    break;
+                }
+            }
+        }
+        if self.send_udp_frames(i, port, &arena, &mut frames) {
+            served = FlowService::Drained;
+        }
+        self.udp.arena = arena;
+        self.udp.frames = frames;
+        served
+    }
+
+    /// Sends `frames` (ranges of `arena`) of application flow `port` on
+    /// shim-udp IPCP `i`; true if the socket is full (what it did not
+    /// take waits, and the flow with it).
+    fn send_udp_frames(
+        &mut self,
+        i: usize,
+        port: PortId,
+        arena: &[u8],
+        frames: &mut Vec<(SocketAddr, Range<usize>)>,
+    ) -> bool {
+        let Io::Udp(u) = &mut self.ipcps[i].io else {
+            frames.clear();
+            return false;
+        };
+        if frames.is_empty() {
+            return false;
+        }
+        let list: Vec<(SocketAddr, &[u8])> =
+            frames.drain(..).map(|(to, r)| (to, &arena[r])).collect();
+        let out = u.sender.send(u.sock.as_raw_fd(), &list);
+        u.send_errors += out.failed as u64;
+        if let Some(e) = &out.error {
+            debug!(port, error = %e, "UDP send failed");
+        }
+        if !out.blocked {
+            return false;
+        }
+        u.stall(list[out.sent + out.failed..].iter().copied());
+        if !u.parked.contains(&port) {
+            u.parked.push(port);
+        }
+        self.udp_blocked(i);
+        true
+    }
+
+    /// Makes a frame of the SDU of flow `port` at `arena[off + HEADROOM..]`
+    /// (`n` bytes): the shim's header in place in front, added to `frames`.
+    fn frame_sdu(
+        &mut self,
+        now: Instant,
+        port: PortId,
+        arena: &mut [u8],
+        off: usize,
+        n: usize,
+        frames: &mut Vec<(SocketAddr, Range<usize>)>,
+    ) -> Framed {
+        let sdu = &arena[off + HEADROOM..off + HEADROOM + n];
+        let send = match self.sys.shim_send(now, port, sdu) {
+            Ok((_, send)) => send,
+            Err(FlowError::WouldBlock) => {
+                let i = self.flows.get(&port).map_or(usize::MAX, |s| s.ipcp);
+                count_drop(&mut self.sys, i, port, false);
+                self.park(i, port);
+                return Framed::Wait;
+            }
+            Err(e) => {
+                debug!(port, error = %e, "SDU not sent");
+                return Framed::Skipped;
+            }
+        };
+        let Some(to) = send.peer else {
+            return Framed::Skipped;
+        };
+        let hdr = send.header();
+        let start = off + HEADROOM - hdr.len();
+        arena[start..off + HEADROOM].copy_from_slice(hdr);
+        frames.push((to, start..off + HEADROOM + n));
+        Framed::Added
+    }
+
+    /// Serves shim-udp flow `port` whose application uses rings: drains
+    /// its kicks, copies up to [`BUDGET`] SDUs from its ring into the
+    /// arena behind room for the header, and sends them together.
+    pub(super) fn service_udp_rings(&mut self, port: PortId) -> FlowService {
+        let Some(slot) = self.flows.get(&port) else {
+            return FlowService::Drained;
+        };
+        let i = slot.ipcp;
+        if !super::app_rings::drain_kicks(slot.fd.as_raw_fd()) {
+            return FlowService::Closed;
+        }
+        if self.medium_stalled(i) {
+            self.park(i, port);
+            return FlowService::Drained;
+        }
+        let now = self.now();
+        let cap = self.buf.len() - HEADROOM;
+        let mut arena = std::mem::take(&mut self.udp.arena);
+        arena.resize(ARENA, 0);
+        let mut frames = std::mem::take(&mut self.udp.frames);
+        let (mut off, mut served) = (0, FlowService::More);
+        for _ in 0..BUDGET {
+            if arena.len() - off < HEADROOM + cap {
+                if self.send_udp_frames(i, port, &arena, &mut frames) {
+                    served = FlowService::Drained;
+                    break;
+                }
+                off = 0;
+            }
+            let Some(r) = self.flows.get_mut(&port).and_then(|s| s.rings.as_mut()) else {
+                served = FlowService::Drained;
+                break;
+            };
+            let n = match r.next_from_app() {
+                Ok(Some(seg)) => seg.len(),
+                Ok(None) => {
+                    served = FlowService::Drained;
+                    break;
+                }
+                Err(e) => {
+                    // The application wrote garbage: its own flow suffers.
+                    debug!(port, error = %e, "garbage in a flow's ring; dropped what was published");
+                    count_drop(&mut self.sys, i, port, false);
+                    served = FlowService::Drained;
+                    break;
+                }
+            };
+            let room = off + HEADROOM..off + HEADROOM + n.min(cap);
+            let ok = n <= cap && r.from_app.read(n, &mut arena[room]);
+            r.from_app.consume(n);
+            r.took();
+            if !ok {
+                count_drop(&mut self.sys, i, port, false);
+                continue;
+            }
+            match self.frame_sdu(now, port, &mut arena, off, n, &mut frames) {
+                Framed::Added => off += HEADROOM + n,
+                Framed::Skipped => {}
+                Framed::Wait => {
+                    served = FlowService::Drained;
+                    break;
+                }
+            }
+        }
+        if self.send_udp_frames(i, port, &arena, &mut frames) {
+            served = FlowService::Drained;
+        }
+        self.udp.arena = arena;
+        self.udp.frames = frames;
+        served
     }
 }

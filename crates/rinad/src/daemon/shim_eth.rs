@@ -582,7 +582,7 @@ impl Daemon {
                     aux_vlan: vlan,
                 };
                 if let Some((port, sdu)) = self.sys.receive(now, i, rx) {
-                    super::shim::straight_to_app(&self.flows, &mut self.sys, i, port, sdu);
+                    super::shim::straight_to_app(&mut self.flows, &mut self.sys, i, port, sdu);
                 }
             }
         }

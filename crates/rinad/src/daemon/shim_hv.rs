@@ -1110,7 +1110,7 @@ impl Daemon {
                     buf: &self.buf[..n],
                 };
                 if let Some((port, sdu)) = self.sys.receive(now, i, rx) {
-                    super::shim::straight_to_app(&self.flows, &mut self.sys, i, port, sdu);
+                    super::shim::straight_to_app(&mut self.flows, &mut self.sys, i, port, sdu);
                 }
             }
             return Some(true);

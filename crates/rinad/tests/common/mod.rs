@@ -180,11 +180,7 @@ pub fn echo_server(d: &Daemon, dif: &str) -> std::thread::JoinHandle<()> {
 
 /// A UDP port on loopback that was free a moment ago.
 pub fn free_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    rina::ports::unused_loopback_udp_port().expect("a free UDP port on loopback")
 }
 
 /// Counter `key` of IPCP `ipcp` at `d` (0 when absent).
