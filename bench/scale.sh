@@ -14,6 +14,8 @@
 #
 #   bash bench/scale.sh                 # 100,000 flows per DIF kind
 #   FLOWS=20000 bash bench/scale.sh
+#   RESULTS=f.json bash bench/scale.sh  # also write the figures as JSON (the
+#                                       # worst of both kinds for the aims)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FLOWS=${FLOWS:-100000}
@@ -29,6 +31,8 @@ ulimit -Sn "$(ulimit -Hn)" 2>/dev/null || true
 
 cargo build --release -q -p rinad --bin rinad --example flow_scale
 cargo build --release -q -p rina-core --example flow_scale_core
+OUT=$(mktemp -d /tmp/rina-bench-scale.XXXXXX)
+trap 'rm -rf "$OUT"' EXIT
 for dif in udp normal; do
     echo "== $dif: $FLOWS flows in rinad, $ONE allocations one at a time, the rest $OUTSTANDING outstanding"
     extra=()
@@ -36,7 +40,32 @@ for dif in udp normal; do
     # for more.
     [ "$dif" = normal ] && [ "$FLOWS" -gt 65000 ] && extra=(--cep-width 4)
     target/release/examples/flow_scale --rinad target/release/rinad --dif "$dif" \
-        --flows "$FLOWS" --one-at-a-time "$ONE" --outstanding "$OUTSTANDING" "${extra[@]}"
+        --flows "$FLOWS" --one-at-a-time "$ONE" --outstanding "$OUTSTANDING" "${extra[@]}" \
+        | tee "$OUT/$dif.txt"
     echo "== $dif: $FLOWS flows in the sans-IO core"
-    target/release/examples/flow_scale_core --dif "$dif" --flows "$FLOWS"
+    target/release/examples/flow_scale_core --dif "$dif" --flows "$FLOWS" | tee "$OUT/$dif-core.txt"
 done
+
+python3 - "$OUT" <<'PY'
+import json, os, re, sys
+out = sys.argv[1]
+def figure(name, pattern):
+    m = re.search(pattern, open(os.path.join(out, name)).read(), re.M)
+    return float(m.group(1)) if m else None
+r = {}
+for dif in ("udp", "normal"):
+    r[f"{dif}_flows_reached"] = figure(f"{dif}.txt", r"^flows reached: (\d+)")
+    r[f"{dif}_bytes_per_idle_flow"] = figure(f"{dif}.txt", r"^bytes per idle flow: (\d+)")
+    r[f"{dif}_allocs_per_s_one"] = figure(f"{dif}.txt", r"^allocations/s one at a time: (\d+)")
+    r[f"{dif}_allocs_per_s_pipelined"] = figure(f"{dif}.txt", r"^allocations/s with \d+ outstanding: (\d+)")
+    r[f"{dif}_mib_left_after_close"] = figure(f"{dif}.txt", r"\(([\d.]+) MiB more than before")
+    r[f"{dif}_core_flows_reached"] = figure(f"{dif}-core.txt", r"^flows reached: (\d+)")
+    r[f"{dif}_core_heap_bytes_per_flow"] = figure(f"{dif}-core.txt", r"^heap bytes per idle flow: (\d+)")
+worst = lambda keys, f: f(v for v in (r[k] for k in keys) if v is not None)
+r["bytes_per_idle_flow"] = worst(["udp_bytes_per_idle_flow", "normal_bytes_per_idle_flow"], max)
+r["allocs_per_s"] = worst(["udp_allocs_per_s_one", "normal_allocs_per_s_one"], min)
+print(f"aims: <= 4096 B per idle flow (worst: {r['bytes_per_idle_flow']:.0f}), "
+      f">= 5000 allocations/s (worst, one at a time: {r['allocs_per_s']:.0f})")
+if os.environ.get("RESULTS"):
+    json.dump(r, open(os.environ["RESULTS"], "w"))
+PY
