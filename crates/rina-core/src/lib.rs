@@ -45,3 +45,10 @@ pub mod system;
 pub mod time;
 
 pub use time::Instant;
+
+/// Most flows one IPCP holds at once unless configured otherwise (shim-udp
+/// and normal IPCPs): room for 100,000 idle flows with both ends in one
+/// system and more. Past it allocations are refused with "no resources";
+/// a normal IPCP is also bounded by its CEP-id space (65,535 with the
+/// default 2-byte field).
+pub const DEFAULT_MAX_FLOWS: usize = 1 << 18;

@@ -77,7 +77,7 @@ impl Config {
             alloc_retry: Duration::from_millis(200),
             alloc_timeout: Duration::from_secs(2),
             accept_timeout: Duration::from_secs(5),
-            max_flows: 4096,
+            max_flows: crate::DEFAULT_MAX_FLOWS,
             max_pending: 256,
             peers_only: false,
         }
@@ -264,7 +264,8 @@ pub struct ShimUdp {
     // Ordered maps where iteration order reaches the wire (retransmissions,
     // expiries), so that a seeded simulation replays exactly.
     names: BTreeSet<AppName>,
-    flows: HashMap<PortId, Flow>,
+    /// Boxed: the table's spare room costs a pointer per slot, not a flow.
+    flows: HashMap<PortId, Box<Flow>>,
     allocating: BTreeMap<PortId, Allocating>,
     pending: BTreeMap<u64, Pending>,
     /// Flows accepted here, by the requester's address and port-id, so that a
@@ -313,12 +314,19 @@ impl ShimUdp {
 
     /// Flows, allocated or in progress.
     pub fn flows(&self) -> impl Iterator<Item = (PortId, &Flow)> {
-        self.flows.iter().map(|(p, f)| (*p, f))
+        self.flows.iter().map(|(p, f)| (*p, &**f))
     }
 
     /// One flow.
     pub fn flow(&self, port: PortId) -> Option<&Flow> {
-        self.flows.get(&port)
+        self.flows.get(&port).map(|f| &**f)
+    }
+
+    /// Gives back the spare room of the flow tables (after many flows
+    /// closed).
+    pub fn shrink_to_fit(&mut self) {
+        self.flows.shrink_to_fit();
+        self.accepted.shrink_to_fit();
     }
 
     /// Counters of a flow, for the driver to add what only it sees.
@@ -413,7 +421,7 @@ impl ShimUdp {
         );
         self.flows.insert(
             port,
-            Flow {
+            Box::new(Flow {
                 local,
                 remote,
                 qos,
@@ -421,7 +429,7 @@ impl ShimUdp {
                 peer_port: None,
                 max_sdu: self.cfg.max_sdu,
                 counters: FlowCounters::default(),
-            },
+            }),
         );
         Ok(())
     }
@@ -440,7 +448,7 @@ impl ShimUdp {
         self.accepted.insert((p.from, p.src_port), port);
         self.flows.insert(
             port,
-            Flow {
+            Box::new(Flow {
                 local: p.local,
                 remote: p.remote,
                 qos: p.qos,
@@ -448,7 +456,7 @@ impl ShimUdp {
                 peer_port: Some(p.src_port),
                 max_sdu,
                 counters: FlowCounters::default(),
-            },
+            }),
         );
         self.respond(p.from, p.src_port, port, AllocResult::Accepted, "");
         Ok(max_sdu)

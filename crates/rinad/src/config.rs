@@ -68,6 +68,9 @@
 //! # max_sdu = 65536
 //! # crc = false                   # CRC-32 on every PDU
 //! # ttl = 64                      # hop limit
+//! # max_flows = 262144            # most flows at once (also for shim-udp)
+//! # cep_id_bytes = 4              # CEP-id field width: 1, 2 (default; 65,535
+//!                                 # flows per IPCP), 4 or 8; the same in every member
 //! # ecn_threshold = 20            # RMT marks data PDUs joining a queue this long (0: off)
 //!
 //! [[ipcp.neighbor]]               # an N-1 flow to set up and keep up
@@ -507,8 +510,13 @@ pub struct IpcpConfig {
     /// normal: the RMT scheduling policy (default: fifo).
     pub scheduler: Option<Spanned<SchedulerConfig>>,
     /// normal and shim-udp: most flows (allocated and being allocated) at
-    /// once; beyond it allocations are answered `no_resources` (default 4096).
+    /// once; beyond it allocations are answered `no_resources` (default
+    /// [`rina_core::DEFAULT_MAX_FLOWS`], 262,144).
     pub max_flows: Option<usize>,
+    /// normal: width in bytes of the CEP-id fields of the DIF's PCI: 1, 2
+    /// (the default: 65,535 connections per IPCP), 4 or 8. Every member of
+    /// the DIF must use the same.
+    pub cep_id_bytes: Option<Spanned<u8>>,
     /// normal: the DIF's QoS cubes (default: [`QosCube::defaults`]).
     #[serde(default, rename = "qos_cube")]
     pub qos_cubes: Vec<Spanned<QosCubeConfig>>,
@@ -807,11 +815,12 @@ fn check_ipcp(
         || ip.directory_mode.is_some()
         || ip.rib_readable.is_some()
         || ip.access.is_some()
+        || ip.cep_id_bytes.is_some()
     {
         return Err((
             ip.name.span(),
-            key("address/password/neighbor/names/routing/directory_mode/access"),
-            "`address`, `password`, `neighbor`, `names`, `routing`, `directory_mode` and `access` are for normal IPCPs".into(),
+            key("address/password/neighbor/names/routing/directory_mode/access/cep_id_bytes"),
+            "`address`, `password`, `neighbor`, `names`, `routing`, `directory_mode`, `access` and `cep_id_bytes` are for normal IPCPs".into(),
         ));
     }
     if ip.kind == IpcpKind::Normal && (ip.rate.is_some() || ip.rate_overhead.is_some()) {
@@ -879,6 +888,15 @@ fn check_normal(
             key("bind/directory"),
             "`bind` and `directory` are for shim-udp IPCPs; a normal IPCP has `names` and `neighbor`".into(),
         ));
+    }
+    if let Some(w) = &ip.cep_id_bytes {
+        if ![1, 2, 4, 8].contains(w.get_ref()) {
+            return Err((
+                w.span(),
+                key("cep_id_bytes"),
+                format!("must be 1, 2, 4 or 8, not {}", w.get_ref()),
+            ));
+        }
     }
     if let Some(m) = &ip.max_pdu {
         if !(64..=65_000).contains(m.get_ref()) {

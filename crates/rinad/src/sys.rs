@@ -63,8 +63,14 @@ pub fn accept(listener: &OwnedFd) -> io::Result<Option<OwnedFd>> {
 /// packet (the kernel caps it at `net.core.wmem_max`).
 const CTL_SNDBUF: usize = rina_wire::ctl::MAX_CTL_MSG;
 
+/// Descriptors a privileged daemon asks for (bounded by the kernel's
+/// `fs.nr_open`): room for 100,000 flows and more.
+const WANTED_FDS: u64 = 1 << 20;
+
 /// Raises the soft limit of open descriptors to the hard limit: every flow
-/// costs the daemon one descriptor. Returns the limit now in force.
+/// costs the daemon one descriptor. A daemon allowed to (`CAP_SYS_RESOURCE`)
+/// first raises the hard limit to [`WANTED_FDS`]. Returns the limit now in
+/// force.
 pub fn raise_fd_limit() -> u64 {
     let mut r = libc::rlimit {
         rlim_cur: 0,
@@ -73,6 +79,21 @@ pub fn raise_fd_limit() -> u64 {
     // SAFETY: valid pointer to an rlimit.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
         return 0;
+    }
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(WANTED_FDS);
+    let wanted = WANTED_FDS.min(nr_open);
+    if r.rlim_max != libc::RLIM_INFINITY && r.rlim_max < wanted {
+        let more = libc::rlimit {
+            rlim_cur: wanted,
+            rlim_max: wanted,
+        };
+        // SAFETY: valid pointer to an rlimit; refused without the privilege.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &more) } == 0 {
+            return wanted;
+        }
     }
     if r.rlim_cur < r.rlim_max {
         let want = libc::rlimit {
@@ -85,6 +106,16 @@ pub fn raise_fd_limit() -> u64 {
         }
     }
     r.rlim_cur
+}
+
+/// Hands the heap's free pages back to the system (glibc's allocator keeps
+/// them otherwise).
+pub fn trim_heap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// A connected pair of `SOCK_SEQPACKET` sockets: one for the daemon, one for

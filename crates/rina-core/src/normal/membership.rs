@@ -1115,8 +1115,11 @@ impl NormalIpcp {
         let Some(m) = self.mship.as_mut() else {
             return;
         };
-        m.unreachable_since
-            .retain(|id, _| flows.iter().any(|(f, r)| f == id && !r));
+        // A set, not a scan of `flows` per entry: with many flows
+        // unreachable at once that would be quadratic.
+        let unreachable: std::collections::BTreeSet<super::FlowId> =
+            flows.iter().filter(|(_, r)| !r).map(|(f, _)| *f).collect();
+        m.unreachable_since.retain(|id, _| unreachable.contains(id));
         let limit = m.cfg.unreachable_timeout;
         let mut failed = Vec::new();
         for (id, reach) in flows {

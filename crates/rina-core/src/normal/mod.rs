@@ -160,7 +160,7 @@ impl NormalConfig {
             alloc_retry: Duration::from_millis(250),
             alloc_timeout: Duration::from_secs(3),
             accept_timeout: Duration::from_secs(5),
-            max_flows: 4096,
+            max_flows: crate::DEFAULT_MAX_FLOWS,
             max_pending: 256,
             routing: None,
             dynamic_directory: None,
@@ -414,6 +414,9 @@ struct Flow {
     /// A data PDU with the ECN flag arrived since the driver last asked
     /// ([`NormalIpcp::take_congested`]).
     ecn_seen: bool,
+    /// When this flow's timers next need to run, as filed in
+    /// [`NormalIpcp`]'s `timers` (kept equal by `rearm`).
+    armed: Option<Instant>,
 }
 
 /// QoS-id of management PDUs (forwarding entries for it, or for any QoS-id,
@@ -443,10 +446,14 @@ pub struct NormalIpcp {
     /// Some port reached [`TX_BURST`] with more to send: more is due at
     /// once, after the driver had its turn.
     rmt_more: bool,
-    flows: HashMap<FlowId, Flow>,
+    /// Boxed: the table's spare room costs a pointer per slot, not a flow.
+    flows: HashMap<FlowId, Box<Flow>>,
     by_cep: HashMap<CepId, FlowId>,
     /// Flows whose EFCP may have PDUs to send.
     dirty: BTreeSet<FlowId>,
+    /// Every flow with a timer running, by when it is due: the next one is
+    /// found without walking the flows (idle flows cost nothing per turn).
+    timers: BTreeSet<(Instant, FlowId)>,
     actions: VecDeque<Action>,
     counters: Counters,
     /// Largest fragment payload (delimiter included) that fits a DT PDU.
@@ -551,6 +558,7 @@ impl NormalIpcp {
             flows: HashMap::new(),
             by_cep: HashMap::new(),
             dirty: BTreeSet::new(),
+            timers: BTreeSet::new(),
             actions: VecDeque::new(),
             counters: Counters::default(),
             frag_budget,
@@ -755,7 +763,7 @@ impl NormalIpcp {
         self.by_cep.insert(ep.local_cep, flow);
         self.flows.insert(
             flow,
-            Flow {
+            Box::new(Flow {
                 ep,
                 efcp,
                 reasm: Reassembler::new(self.cfg.max_sdu, self.cfg.reassembly_timeout),
@@ -766,9 +774,34 @@ impl NormalIpcp {
                 failure_reported: false,
                 ecn_seen: false,
                 hash,
-            },
+                armed: None,
+            }),
         );
+        self.rearm(flow);
         Ok(())
+    }
+
+    /// Files flow `id` in the timer index under when its EFCP or its
+    /// reassembly next needs time (or takes it out), after anything that
+    /// may have changed that.
+    fn rearm(&mut self, id: FlowId) {
+        let Some(f) = self.flows.get_mut(&id) else {
+            return;
+        };
+        let due = match (f.efcp.poll_timeout(), f.reasm.poll_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if due == f.armed {
+            return;
+        }
+        if let Some(t) = f.armed {
+            self.timers.remove(&(t, id));
+        }
+        if let Some(t) = due {
+            self.timers.insert((t, id));
+        }
+        f.armed = due;
     }
 
     /// Closes a flow; anything it still had to send is discarded.
@@ -779,6 +812,9 @@ impl NormalIpcp {
             .ok_or(NormalError::UnknownFlow(flow))?;
         self.by_cep.remove(&f.ep.local_cep);
         self.dirty.remove(&flow);
+        if let Some(t) = f.armed {
+            self.timers.remove(&(t, flow));
+        }
         self.fa
             .forget_accepted(f.ep.remote_addr, f.ep.remote_cep, flow);
         Ok(())
@@ -813,6 +849,13 @@ impl NormalIpcp {
         self.dirty.insert(flow);
         self.flush(now);
         Ok(())
+    }
+
+    /// Gives back the spare room of the flow tables (after many flows
+    /// closed).
+    pub fn shrink_to_fit(&mut self) {
+        self.flows.shrink_to_fit();
+        self.by_cep.shrink_to_fit();
     }
 
     /// The flows, with their endpoints.
@@ -1219,6 +1262,7 @@ impl NormalIpcp {
         loop {
             while let Some(id) = self.dirty.pop_first() {
                 self.flush_flow(now, id);
+                self.rearm(id);
             }
             let Some(bytes) = self.loopback.pop_front() else {
                 break;
@@ -1383,10 +1427,10 @@ impl NormalIpcp {
 
     /// When [`NormalIpcp::handle_timeout`] next needs to run, if ever.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.flows
-            .values()
-            .flat_map(|f| [f.efcp.poll_timeout(), f.reasm.poll_timeout()])
-            .flatten()
+        self.timers
+            .first()
+            .map(|&(t, _)| t)
+            .into_iter()
             .chain(self.rmt.poll_timeout(self.now))
             .chain(self.rmt_more.then_some(self.now))
             .chain(self.fa.poll_timeout())
@@ -1411,18 +1455,26 @@ impl NormalIpcp {
         if self.mgmt_reasm.poll_timeout().is_some_and(|t| t <= now) {
             self.mgmt_reasm.handle_timeout(now);
         }
-        for (id, f) in self.flows.iter_mut() {
+        // Only the flows whose timers are due; flush files them again.
+        while let Some(&(t, id)) = self.timers.first() {
+            if t > now {
+                break;
+            }
+            self.timers.pop_first();
+            let Some(f) = self.flows.get_mut(&id) else {
+                continue;
+            };
+            f.armed = None;
             if f.efcp.poll_timeout().is_some_and(|t| t <= now) {
                 f.efcp.handle_timeout(now);
-                self.dirty.insert(*id);
             }
             if f.reasm.poll_timeout().is_some_and(|t| t <= now) {
                 f.reasm.handle_timeout(now);
                 // The partial SDU is gone: release the credit its fragments held.
                 let n = std::mem::take(&mut f.fragments);
                 f.efcp.consumed(now, n);
-                self.dirty.insert(*id);
             }
+            self.dirty.insert(id);
         }
         self.flush(now);
     }

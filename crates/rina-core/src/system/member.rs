@@ -346,6 +346,16 @@ impl Member {
         }
     }
 
+    /// Gives back the spare room of its flow tables (after many flows
+    /// closed).
+    pub fn shrink_to_fit(&mut self) {
+        match &mut self.machine {
+            Machine::ShimUdp(s) => s.shrink_to_fit(),
+            Machine::Normal(n) => n.shrink_to_fit(),
+            Machine::ShimEth(_) | Machine::ShimHv(_) => {}
+        }
+    }
+
     /// Whether flow `port` is one of its flows.
     pub fn has_flow(&self, port: PortId) -> bool {
         match &self.machine {

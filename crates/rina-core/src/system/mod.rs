@@ -898,6 +898,14 @@ impl System {
 
     // ---- time ------------------------------------------------------------
 
+    /// Gives back the spare room of the members' flow tables, for a driver
+    /// that saw many flows close (ordered maps shrink by themselves).
+    pub fn shrink_to_fit(&mut self) {
+        for m in &mut self.members {
+            m.shrink_to_fit();
+        }
+    }
+
     /// When [`System::handle_timeout`] next needs to run.
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.live()
@@ -966,3 +974,6 @@ mod tests;
 
 #[cfg(test)]
 mod media_tests;
+
+#[cfg(test)]
+mod scale_tests;

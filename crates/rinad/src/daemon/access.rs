@@ -149,12 +149,12 @@ impl Daemon {
     /// idle timeout; returns when to look again.
     pub(super) fn sweep_idle(&mut self, now: Instant) -> Instant {
         let idle = self.access.idle;
-        let mut busy: HashSet<usize> = self.flows.values().map(|s| s.owner).collect();
-        busy.extend(self.allocs.values().map(|a| a.conn));
+        let mut busy: HashSet<usize> = self.allocs.values().map(|a| a.conn).collect();
         busy.extend(self.incoming.values().map(|i| i.conn));
         for (&id, c) in &self.conns {
             let silent = now.saturating_since(c.last_seen) >= idle;
-            if silent && c.names.is_empty() && c.out.is_empty() && !busy.contains(&id) {
+            let holds = c.flows > 0 || !c.names.is_empty() || !c.out.is_empty();
+            if silent && !holds && !busy.contains(&id) {
                 debug!(
                     conn = id,
                     uid = c.cred.uid,

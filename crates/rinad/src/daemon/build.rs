@@ -256,6 +256,14 @@ fn normal_config(ic: &IpcpConfig) -> Result<(AppName, NormalConfig), DaemonError
     if let Some(m) = &ic.max_sdu {
         nc.max_sdu = *m.get_ref() as usize;
     }
+    if let Some(w) = &ic.cep_id_bytes {
+        nc.dt.cep = match w.get_ref() {
+            1 => rina_wire::pci::FieldWidth::W1,
+            4 => rina_wire::pci::FieldWidth::W4,
+            8 => rina_wire::pci::FieldWidth::W8,
+            _ => rina_wire::pci::FieldWidth::W2,
+        };
+    }
     nc.sdup.crc = ic.crc.unwrap_or(false);
     if ic.routing == Some(crate::config::RoutingKind::LinkState) {
         nc.routing = Some(rina_core::routing::Config::default());

@@ -89,6 +89,7 @@ impl Daemon {
                             cred,
                             admin,
                             last_seen,
+                            flows: 0,
                         },
                     );
                 }

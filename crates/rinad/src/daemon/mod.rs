@@ -37,6 +37,7 @@ mod capture;
 mod control;
 mod ipcp;
 mod manage;
+mod memory;
 mod normal;
 mod reload;
 mod runtime;
@@ -114,8 +115,9 @@ struct FlowSlot {
     /// Already in the ready queue.
     queued: bool,
     /// Shared-memory rings with the application (flows on shim-hv,
-    /// shim-udp and normal IPCPs that asked).
-    rings: Option<app_rings::AppRings>,
+    /// shim-udp and normal IPCPs that asked). Boxed: most flows have none,
+    /// and an idle flow's slot stays small.
+    rings: Option<Box<app_rings::AppRings>>,
     /// SDUs delivered but not yet taken by the application's socket.
     rx_pending: VecDeque<Vec<u8>>,
     /// An SDU read from the application that the flow could not take yet:
@@ -139,6 +141,9 @@ struct Conn {
     admin: bool,
     /// When it last sent a request (or connected).
     last_seen: Instant,
+    /// Flows it allocated or accepted that are still open (counted, so
+    /// that finding idle connections does not walk every flow).
+    flows: usize,
 }
 
 /// An allocation waiting for the peer's answer.
@@ -192,7 +197,8 @@ pub struct Daemon {
     sys: System,
     /// Per member of `sys` (same index): its name and driver.
     ipcps: Vec<Ipcp>,
-    flows: HashMap<PortId, FlowSlot>,
+    /// Boxed: the table's spare room costs a pointer per slot, not a slot.
+    flows: HashMap<PortId, Box<FlowSlot>>,
     conns: HashMap<usize, Conn>,
     next_conn: usize,
     owners: HashMap<(usize, AppName), usize>,
@@ -222,6 +228,10 @@ pub struct Daemon {
     buf: Vec<u8>,
     udp: shim::UdpShared,
     ctl_buf: Vec<u8>,
+    /// Most flows held since memory was last given back ([`memory`]).
+    flows_peak: usize,
+    /// When to give memory back, after many flows closed.
+    trim_at: Option<Instant>,
 }
 
 impl Daemon {
@@ -324,6 +334,8 @@ impl Daemon {
             buf: vec![0; HEADROOM + 65_536 + 1],
             udp: shim::UdpShared::default(),
             ctl_buf: vec![0; ctl::MAX_CTL_MSG],
+            flows_peak: 0,
+            trim_at: None,
         };
         d.drain_outputs();
         Ok(d)
@@ -348,6 +360,7 @@ impl Daemon {
                     .chain(Some(self.idle_sweep))
                     .chain(self.hv_timeout())
                     .chain(self.enrolls.iter().map(|e| e.deadline()).min())
+                    .chain(self.trim_at)
                     .min()
                     .map(|t| t.saturating_since(now))
             };
@@ -427,6 +440,7 @@ impl Daemon {
             for id in std::mem::take(&mut self.closing) {
                 self.close_conn(id);
             }
+            self.trim_memory(now);
         }
         self.shutdown();
         Ok(())
@@ -869,20 +883,23 @@ impl Daemon {
         };
         self.flows.insert(
             port,
-            FlowSlot {
+            Box::new(FlowSlot {
                 ipcp: i,
                 fd: ours,
                 info: info.clone(),
                 owner,
                 uid: self.conn_uid(owner),
                 queued: false,
-                rings,
+                rings: rings.map(Box::new),
                 rx_pending: VecDeque::new(),
                 tx_stash: None,
                 drops_in: 0,
                 drops_out: 0,
-            },
+            }),
         );
+        if let Some(c) = self.conns.get_mut(&owner) {
+            c.flows += 1;
+        }
         Ok((info, theirs))
     }
 
@@ -891,6 +908,9 @@ impl Daemon {
         let Some(slot) = self.flows.remove(&port) else {
             return;
         };
+        if let Some(c) = self.conns.get_mut(&slot.owner) {
+            c.flows = c.flows.saturating_sub(1);
+        }
         let _ = self
             .poll
             .registry()

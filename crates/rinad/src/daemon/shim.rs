@@ -105,7 +105,7 @@ const ARENA: usize = 4 * (HEADROOM + 65_537);
 /// (its ring, or its socket); a flow that cannot take it loses it (counted
 /// in the shim's flow), as a link would.
 pub(super) fn straight_to_app(
-    flows: &mut HashMap<PortId, FlowSlot>,
+    flows: &mut HashMap<PortId, Box<FlowSlot>>,
     system: &mut System,
     i: usize,
     port: PortId,
@@ -120,13 +120,13 @@ pub(super) fn straight_to_app(
 /// [`straight_to_app`] without waking an application that sleeps on its
 /// ring: [`wake_apps`] does, once for a batch.
 fn queue_to_app(
-    flows: &mut HashMap<PortId, FlowSlot>,
+    flows: &mut HashMap<PortId, Box<FlowSlot>>,
     system: &mut System,
     i: usize,
     port: PortId,
     sdu: &[u8],
 ) {
-    let taken = match flows.get_mut(&port) {
+    let taken = match flows.get_mut(&port).map(|s| &mut **s) {
         Some(FlowSlot { rings: Some(r), .. }) => r.push(sdu),
         Some(slot) => matches!(sys::send(slot.fd.as_raw_fd(), sdu, None), Ok(Sent::Done)),
         None => false,
@@ -137,7 +137,7 @@ fn queue_to_app(
 }
 
 /// Wakes the applications of `ports` that sleep on their rings.
-fn wake_apps(flows: &HashMap<PortId, FlowSlot>, ports: &mut Vec<PortId>) {
+fn wake_apps(flows: &HashMap<PortId, Box<FlowSlot>>, ports: &mut Vec<PortId>) {
     for port in ports.drain(..) {
         if let Some(r) = flows.get(&port).and_then(|s| s.rings.as_ref()) {
             r.wake();
