@@ -35,6 +35,7 @@ pub(super) struct UdpIo {
     /// Frames of this turn of the loop, sent together at its end (or when
     /// [`BUDGET`] have gathered).
     pub out: Vec<(SocketAddr, Vec<u8>)>,
+    /// The socket's batches (and which offloads its path allows).
     pub sender: Sender,
     /// Whether the socket coalesces what it receives (`UDP_GRO`).
     pub gro: bool,
