@@ -137,8 +137,10 @@ fn queue_to_app(
     }
 }
 
-/// Wakes the applications of `ports` that sleep on their rings.
+/// Wakes the applications of `ports` that sleep on their rings, each once.
 fn wake_apps(flows: &HashMap<PortId, Box<FlowSlot>>, ports: &mut Vec<PortId>) {
+    ports.sort_unstable();
+    ports.dedup();
     for port in ports.drain(..) {
         if let Some(r) = flows.get(&port).and_then(|s| s.rings.as_ref()) {
             r.wake();
@@ -183,7 +185,7 @@ impl Daemon {
                         let got = self.sys.receive(now, i, Rx::Udp { from, datagram });
                         if let Some((port, sdu)) = got {
                             queue_to_app(&mut self.flows, &mut self.sys, i, port, sdu);
-                            if !self.udp.woken.contains(&port) {
+                            if self.udp.woken.last() != Some(&port) {
                                 self.udp.woken.push(port);
                             }
                         }
