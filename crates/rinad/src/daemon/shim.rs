@@ -88,6 +88,16 @@ pub(super) struct UdpShared {
     woken: Vec<PortId>,
 }
 
+/// What an application's socket or ring gave for the batch.
+enum Got {
+    /// An SDU of this many bytes, in the room given.
+    Sdu(usize),
+    /// An SDU too large or unreadable: lost (counted).
+    Drop,
+    /// No more now: how the flow was served.
+    Stop(FlowService),
+}
+
 /// What became of an SDU made into a frame.
 enum Framed {
     /// In the batch.
@@ -404,7 +414,68 @@ impl Daemon {
         let Some(slot) = self.flows.get(&port) else {
             return FlowService::Drained;
         };
-        let (i, fd) = (slot.ipcp, slot.fd.as_raw_fd());
+        let fd = slot.fd.as_raw_fd();
+        self.serve_udp_batch(port, |_, room| match sys::recv(fd, room) {
+            Ok(Recv::Packet(n)) if n > room.len() => Got::Drop,
+            Ok(Recv::Packet(n)) => Got::Sdu(n),
+            // Refused (and counted) by the machine, like any bad SDU.
+            Ok(Recv::Empty) => Got::Sdu(0),
+            Ok(Recv::WouldBlock) => Got::Stop(FlowService::Drained),
+            Ok(Recv::Closed) => Got::Stop(FlowService::Closed),
+            Err(e) => {
+                debug!(port, error = %e, "flow read error");
+                Got::Stop(FlowService::Closed)
+            }
+        })
+    }
+
+    /// Serves shim-udp flow `port` whose application uses rings: drains
+    /// its kicks, copies up to [`BUDGET`] SDUs from its ring into the
+    /// arena behind room for the header, and sends them together.
+    pub(super) fn service_udp_rings(&mut self, port: PortId) -> FlowService {
+        let Some(slot) = self.flows.get(&port) else {
+            return FlowService::Drained;
+        };
+        let i = slot.ipcp;
+        if !super::app_rings::drain_kicks(slot.fd.as_raw_fd()) {
+            return FlowService::Closed;
+        }
+        self.serve_udp_batch(port, |d, room| {
+            let Some(r) = d.flows.get_mut(&port).and_then(|s| s.rings.as_mut()) else {
+                return Got::Stop(FlowService::Drained);
+            };
+            let n = match r.next_from_app() {
+                Ok(Some(seg)) => seg.len(),
+                Ok(None) => return Got::Stop(FlowService::Drained),
+                Err(e) => {
+                    // The application wrote garbage: its own flow suffers.
+                    debug!(port, error = %e, "garbage in a flow's ring; dropped what was published");
+                    count_drop(&mut d.sys, i, port, false);
+                    return Got::Stop(FlowService::Drained);
+                }
+            };
+            let ok = n <= room.len() && r.from_app.read(n, &mut room[..n]);
+            r.from_app.consume(n);
+            r.took();
+            if ok {
+                Got::Sdu(n)
+            } else {
+                Got::Drop
+            }
+        })
+    }
+
+    /// Takes up to [`BUDGET`] SDUs of application flow `port` on a
+    /// shim-udp IPCP from `next` (which fills the room it is given behind
+    /// the header's), and sends them together.
+    fn serve_udp_batch(
+        &mut self,
+        port: PortId,
+        mut next: impl FnMut(&mut Daemon, &mut [u8]) -> Got,
+    ) -> FlowService {
+        let Some(i) = self.flows.get(&port).map(|s| s.ipcp) else {
+            return FlowService::Drained;
+        };
         if self.medium_stalled(i) {
             self.park(i, port);
             return FlowService::Drained;
@@ -414,8 +485,7 @@ impl Daemon {
         let mut arena = std::mem::take(&mut self.udp.arena);
         arena.resize(ARENA, 0);
         let mut frames = std::mem::take(&mut self.udp.frames);
-        let mut off = 0;
-        let mut served = FlowService::More;
+        let (mut off, mut served) = (0, FlowService::More);
         for _ in 0..BUDGET {
             if arena.len() - off < HEADROOM + cap {
                 if self.send_udp_frames(i, port, &arena, &mut frames) {
@@ -424,29 +494,17 @@ impl Daemon {
                 }
                 off = 0;
             }
-            let room = off + HEADROOM..off + HEADROOM + cap;
-            let n = match sys::recv(fd, &mut arena[room]) {
-                Ok(Recv::Packet(n)) => n,
-                // Refused (and counted) by the machine, like any bad SDU.
-                Ok(Recv::Empty) => 0,
-                Ok(Recv::WouldBlock) => {
-                    served = FlowService::Drained;
-                    break;
+            let n = match next(self, &mut arena[off + HEADROOM..off + HEADROOM + cap]) {
+                Got::Sdu(n) => n,
+                Got::Drop => {
+                    count_drop(&mut self.sys, i, port, false);
+                    continue;
                 }
-                Ok(Recv::Closed) => {
-                    served = FlowService::Closed;
-                    break;
-                }
-                Err(e) => {
-                    debug!(port, error = %e, "flow read error");
-                    served = FlowService::Closed;
+                Got::Stop(end) => {
+                    served = end;
                     break;
                 }
             };
-            if n > cap {
-                count_drop(&mut self.sys, i, port, false);
-                continue;
-            }
             match self.frame_sdu(now, port, &mut arena, off, n, &mut frames) {
                 Framed::Added => off += HEADROOM + n,
                 Framed::Skipped => {}
@@ -532,77 +590,5 @@ impl Daemon {
         arena[start..off + HEADROOM].copy_from_slice(hdr);
         frames.push((to, start..off + HEADROOM + n));
         Framed::Added
-    }
-
-    /// Serves shim-udp flow `port` whose application uses rings: drains
-    /// its kicks, copies up to [`BUDGET`] SDUs from its ring into the
-    /// arena behind room for the header, and sends them together.
-    pub(super) fn service_udp_rings(&mut self, port: PortId) -> FlowService {
-        let Some(slot) = self.flows.get(&port) else {
-            return FlowService::Drained;
-        };
-        let i = slot.ipcp;
-        if !super::app_rings::drain_kicks(slot.fd.as_raw_fd()) {
-            return FlowService::Closed;
-        }
-        if self.medium_stalled(i) {
-            self.park(i, port);
-            return FlowService::Drained;
-        }
-        let now = self.now();
-        let cap = self.buf.len() - HEADROOM;
-        let mut arena = std::mem::take(&mut self.udp.arena);
-        arena.resize(ARENA, 0);
-        let mut frames = std::mem::take(&mut self.udp.frames);
-        let (mut off, mut served) = (0, FlowService::More);
-        for _ in 0..BUDGET {
-            if arena.len() - off < HEADROOM + cap {
-                if self.send_udp_frames(i, port, &arena, &mut frames) {
-                    served = FlowService::Drained;
-                    break;
-                }
-                off = 0;
-            }
-            let Some(r) = self.flows.get_mut(&port).and_then(|s| s.rings.as_mut()) else {
-                served = FlowService::Drained;
-                break;
-            };
-            let n = match r.next_from_app() {
-                Ok(Some(seg)) => seg.len(),
-                Ok(None) => {
-                    served = FlowService::Drained;
-                    break;
-                }
-                Err(e) => {
-                    // The application wrote garbage: its own flow suffers.
-                    debug!(port, error = %e, "garbage in a flow's ring; dropped what was published");
-                    count_drop(&mut self.sys, i, port, false);
-                    served = FlowService::Drained;
-                    break;
-                }
-            };
-            let room = off + HEADROOM..off + HEADROOM + n.min(cap);
-            let ok = n <= cap && r.from_app.read(n, &mut arena[room]);
-            r.from_app.consume(n);
-            r.took();
-            if !ok {
-                count_drop(&mut self.sys, i, port, false);
-                continue;
-            }
-            match self.frame_sdu(now, port, &mut arena, off, n, &mut frames) {
-                Framed::Added => off += HEADROOM + n,
-                Framed::Skipped => {}
-                Framed::Wait => {
-                    served = FlowService::Drained;
-                    break;
-                }
-            }
-        }
-        if self.send_udp_frames(i, port, &arena, &mut frames) {
-            served = FlowService::Drained;
-        }
-        self.udp.arena = arena;
-        self.udp.frames = frames;
-        served
     }
 }
