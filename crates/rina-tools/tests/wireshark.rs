@@ -92,6 +92,19 @@ fn config(me: &str, addr: u64, port: u16, peer: &str, peer_addr: u64, peer_port:
     )
 }
 
+/// Starts `rina-echo server` as `name` in DIF `dif` of the daemon at
+/// `sock`, stopped with the test's other processes.
+fn echo_server(procs: &mut Procs, bins: &Path, sock: &str, dif: &str, name: &str) {
+    let server = Command::new(bins.join("rina-echo"))
+        .args(["server", "--socket", sock, "--dif", dif, "--name", name])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    procs.0.push(server);
+}
+
 fn run(bin: &Path, args: &[&str]) -> Output {
     Command::new(bin)
         .args(args)
@@ -186,14 +199,7 @@ fn tshark_decodes_shim_udp_efcp_and_cdap_of_a_live_capture() {
     wait_until("the normal DIF to come up", Duration::from_secs(20), || {
         neighbors_up(&ctl, &a)
     });
-    let server = Command::new(bins.join("rina-echo"))
-        .args(["server", "--socket", &b, "--dif", "net", "--name", "echo"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    procs.0.push(server);
+    echo_server(&mut procs, &bins, &b, "net", "echo");
     let echo = [
         "client", "--socket", &a, "--dif", "net", "--dst", "echo", "--count", "2",
     ];
@@ -496,14 +502,7 @@ fn capture_and_decode(lower: Lower) {
     let shim_pcap = dir.join("shim.pcap");
     let capture = start_capture(&ctl, &a, "alpha.net", &pcap, Some(6));
     let shim_capture = start_capture(&ctl, &a, &format!("alpha.{tag}"), &shim_pcap, Some(6));
-    let server = Command::new(bins.join("rina-echo"))
-        .args(["server", "--socket", &b, "--dif", "net", "--name", "echo"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    procs.0.push(server);
+    echo_server(&mut procs, &bins, &b, "net", "echo");
     let echo = [
         "client", "--socket", &a, "--dif", "net", "--dst", "echo", "--count", "2",
     ];
@@ -530,22 +529,7 @@ fn capture_and_decode(lower: Lower) {
         // An echo straight on the shim DIF: the application's SDUs the
         // daemon sends behind the shim's header (in place on shim-udp,
         // ring to ring on shim-hv).
-        let server = Command::new(bins.join("rina-echo"))
-            .args([
-                "server",
-                "--socket",
-                &b,
-                "--dif",
-                tag,
-                "--name",
-                "shim-echo",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        procs.0.push(server);
+        echo_server(&mut procs, &bins, &b, tag, "shim-echo");
         let echo = [
             "client",
             "--socket",
@@ -893,14 +877,7 @@ fn rinactl_capture_of_shim_eth_decodes_in_tshark() {
     wait_until("the normal DIF to come up", Duration::from_secs(20), || {
         neighbors_up(&ctl, &a)
     });
-    let server = Command::new(bins.join("rina-echo"))
-        .args(["server", "--socket", &b, "--dif", "net", "--name", "echo"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    procs.0.push(server);
+    echo_server(&mut procs, &bins, &b, "net", "echo");
     let echo = [
         "client", "--socket", &a, "--dif", "net", "--dst", "echo", "--count", "2",
     ];
