@@ -404,7 +404,7 @@ struct Outcome {
     jain: f64,
     /// Every flow delivered everything it wrote, in order, once.
     complete: bool,
-    /// Fraction of RMT queue samples (every ms) at or above the threshold.
+    /// Fraction of RMT queue samples (every ms) above the threshold.
     above_threshold: f64,
     marked: u64,
     /// SDUs each flow wrote.
@@ -481,7 +481,7 @@ fn run(sc: Scenario) -> Outcome {
         w.run_until(t).unwrap();
         let (q, _) = r_queue(&w, ids[1]);
         samples += 1;
-        above += u64::from(q >= threshold);
+        above += u64::from(q > threshold);
     }
     let wire1 = w.link_counters(links[1], end(1, 0));
     if std::env::var_os("CC_DEBUG").is_some() {
@@ -523,13 +523,13 @@ fn run(sc: Scenario) -> Outcome {
     out
 }
 
-/// `max_above`: the largest fraction of time the bottleneck's queue may
-/// be at or above the marking threshold. DCTCP-like control keeps the
-/// queue oscillating around the threshold; with ten flows of two or three
-/// PDUs each, the minimum windows alone nearly fill it, so the bound is
-/// looser there (measured: 0.45 for 1 flow, 0.50 for 3, 0.59 for 10,
-/// 0.37 stacked).
-fn check_bottleneck(flows: u8, stacked: bool, max_above: f64) {
+/// The bound: the bottleneck's queue stays below the marking
+/// threshold most of the time. "Above" is holding more than the threshold,
+/// which is when the PDUs leaving it are marked (measured: 0.09 for 1
+/// flow, 0.21 for 3, 0.42 for 10, 0.11 stacked).
+const MAX_ABOVE: f64 = 0.5;
+
+fn check_bottleneck(flows: u8, stacked: bool) {
     let o = run(Scenario {
         flows,
         loss: 0.0,
@@ -541,7 +541,7 @@ fn check_bottleneck(flows: u8, stacked: bool, max_above: f64) {
     assert!(o.utilisation >= 0.90, "utilisation {o:?}");
     assert!(o.jain >= 0.95, "fairness {o:?}");
     assert!(
-        o.above_threshold < max_above,
+        o.above_threshold < MAX_ABOVE,
         "queue below the threshold {o:?}"
     );
     assert!(o.marked > 0, "the bottleneck marked {o:?}");
@@ -549,22 +549,22 @@ fn check_bottleneck(flows: u8, stacked: bool, max_above: f64) {
 
 #[test]
 fn one_reliable_flow_fills_the_bottleneck() {
-    check_bottleneck(1, false, 0.5);
+    check_bottleneck(1, false);
 }
 
 #[test]
 fn three_reliable_flows_share_the_bottleneck() {
-    check_bottleneck(3, false, 0.52);
+    check_bottleneck(3, false);
 }
 
 #[test]
 fn ten_reliable_flows_share_the_bottleneck() {
-    check_bottleneck(10, false, 0.65);
+    check_bottleneck(10, false);
 }
 
 #[test]
 fn three_reliable_flows_of_a_stacked_dif_share_a_congested_lower_dif() {
-    check_bottleneck(3, true, 0.5);
+    check_bottleneck(3, true);
 }
 
 fn check_loss(loss: f64, share: f64) {

@@ -104,3 +104,50 @@ fn relaying_is_counted() {
     assert_eq!(r.counters().relayed, 1);
     assert_eq!(r.counters().queued, 1);
 }
+
+/// A data PDU frame (PCI type DT at offset 0, flags after it, no CRC).
+fn dt_frame(tag: u8) -> Vec<u8> {
+    vec![rina_wire::pci::PduType::Dt.code(), 0, tag]
+}
+
+#[test]
+fn ecn_marks_data_pdus_that_leave_a_queue_past_the_threshold() {
+    use rina_wire::pci::flags;
+    let mut r = rmt(100);
+    r.table_mut().set(7, None, vec![1]);
+    let layout = FrameLayout {
+        type_at: 0,
+        crc: false,
+    };
+    let marking = EcnMarking {
+        threshold: 4,
+        per_qos: BTreeMap::new(),
+    };
+    r.set_ecn(Some((marking, layout)));
+    for i in 0..7 {
+        let p = QueuedPdu {
+            qos_id: 0,
+            mgmt: false,
+            bytes: dt_frame(i),
+        };
+        r.send(T0, 7, 0, p).unwrap();
+    }
+    // Nothing is marked while it waits: the flag is set as a PDU leaves.
+    let mut m = QueuedPdu {
+        qos_id: 0,
+        mgmt: true,
+        bytes: dt_frame(0xee),
+    };
+    m.bytes[0] = rina_wire::pci::PduType::Mgmt.code();
+    r.send_on(T0, 1, m).unwrap();
+    assert_eq!(r.counters().ecn_marked, 0);
+    let out: Vec<_> = std::iter::from_fn(|| r.poll_output(T0, 1)).collect();
+    let marked: Vec<bool> = out.iter().map(|f| f[1] & flags::ECN != 0).collect();
+    // Management first, never marked; then PDUs leaving 6, 5, 4 behind
+    // are marked, those leaving 3, 2, 1, 0 are not.
+    assert_eq!(
+        marked,
+        vec![false, true, true, true, false, false, false, false]
+    );
+    assert_eq!(r.counters().ecn_marked, 3);
+}
