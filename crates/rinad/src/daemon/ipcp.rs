@@ -116,6 +116,8 @@ impl Daemon {
                 let mut c = m.counters().to_map();
                 c.insert("tx_errors".into(), e.send_errors);
                 c.insert("tx_buffer_full".into(), e.send_full);
+                // Batching: `sendmmsg` calls against frames (tx_frames).
+                c.insert("tx_syscalls".into(), e.tx_syscalls);
                 c.insert("arp_cache_entries".into(), m.arp_cache().count() as u64);
                 c
             }

@@ -542,7 +542,10 @@ impl Daemon {
             }
             if !self.udp.dirty.is_empty() {
                 for i in std::mem::take(&mut self.udp.dirty) {
-                    self.flush_udp(i);
+                    match self.ipcps[i].io {
+                        Io::Eth(_) => self.flush_eth(i),
+                        _ => self.flush_udp(i),
+                    }
                 }
                 continue;
             }

@@ -82,7 +82,7 @@ pub(super) struct UdpShared {
     arena: Vec<u8>,
     /// The frames in `arena`, with their peers.
     frames: Vec<(SocketAddr, Range<usize>)>,
-    /// Shim-udp IPCPs with frames in `out`.
+    /// Shim-udp and shim-eth IPCPs with frames in their `out`.
     pub dirty: Vec<usize>,
     /// Application flows given SDUs in this read (to wake once).
     woken: Vec<PortId>,

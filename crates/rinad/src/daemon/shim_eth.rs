@@ -40,6 +40,11 @@ pub(super) struct EthIo {
     pub send_errors: u64,
     /// Frames lost because too many waited for a full send buffer.
     pub send_full: u64,
+    /// Frames of this turn of the loop, sent together at its end
+    /// ([`Daemon::flush_eth`]).
+    pub out: Vec<Vec<u8>>,
+    /// `sendmmsg` calls made.
+    pub tx_syscalls: u64,
     /// Frames waiting for the socket to become writable, in order.
     pub stalled: VecDeque<Vec<u8>>,
     /// Flows whose reading waits for the stall to end.
@@ -424,6 +429,75 @@ fn send_frame(fd: RawFd, parts: &[&[u8]]) -> TxResult {
     }
 }
 
+/// Most frames handed to the kernel by one `sendmmsg`.
+const TX_BATCH: usize = 64;
+
+/// What one [`send_batch`] did.
+struct BatchOutcome {
+    /// Frames the kernel took.
+    sent: usize,
+    /// Frames it refused for good (each counted once).
+    failed: usize,
+    /// It stopped at a full send buffer: the frames after
+    /// `sent + failed` were not tried.
+    blocked: bool,
+    /// The last refusal, for the log.
+    error: Option<io::Error>,
+    /// `sendmmsg` calls made.
+    calls: u64,
+}
+
+/// Sends `frames` in order, [`TX_BATCH`] to a `sendmmsg`, until they are
+/// all gone or the socket is full. A frame the kernel refuses for another
+/// reason is counted and skipped.
+fn send_batch(fd: RawFd, frames: &[Vec<u8>]) -> BatchOutcome {
+    let mut o = BatchOutcome {
+        sent: 0,
+        failed: 0,
+        blocked: false,
+        error: None,
+        calls: 0,
+    };
+    let mut iov: Vec<libc::iovec> = Vec::with_capacity(TX_BATCH);
+    // SAFETY: plain data.
+    let mut msgs: Vec<libc::mmsghdr> = Vec::with_capacity(TX_BATCH);
+    while o.sent + o.failed < frames.len() {
+        let rest = &frames[o.sent + o.failed..];
+        let n = rest.len().min(TX_BATCH);
+        iov.clear();
+        iov.extend(rest[..n].iter().map(|f| libc::iovec {
+            iov_base: f.as_ptr() as *mut _,
+            iov_len: f.len(),
+        }));
+        msgs.clear();
+        for v in iov.iter_mut() {
+            // SAFETY: plain data.
+            let mut m: libc::mmsghdr = unsafe { zeroed() };
+            m.msg_hdr.msg_iov = v;
+            m.msg_hdr.msg_iovlen = 1;
+            msgs.push(m);
+        }
+        o.calls += 1;
+        // SAFETY: each header points at one live iovec over a live frame;
+        // the kernel only reads them (and writes `msg_len`).
+        let r =
+            unsafe { libc::sendmmsg(fd, msgs.as_mut_ptr(), n as libc::c_uint, libc::MSG_DONTWAIT) };
+        if r > 0 {
+            o.sent += r as usize;
+            continue;
+        }
+        let e = last_err();
+        if e.kind() == io::ErrorKind::WouldBlock {
+            o.blocked = true;
+            return o;
+        }
+        // The first frame of the batch was refused: skip it.
+        o.failed += 1;
+        o.error = Some(e);
+    }
+    o
+}
+
 /// The machine configuration and socket of the shim-eth IPCP of entry `c`
 /// of configuration `cfg`, registered with the poller as member `i`.
 pub(super) fn new_ipcp(
@@ -466,6 +540,8 @@ pub(super) fn new_ipcp(
         interface,
         send_errors: 0,
         send_full: 0,
+        out: Vec::new(),
+        tx_syscalls: 0,
         stalled: VecDeque::new(),
         parked: Vec::new(),
         rx_queued: false,
@@ -475,6 +551,18 @@ pub(super) fn new_ipcp(
 }
 
 impl EthIo {
+    /// Keeps frames for when the socket is writable again, at most
+    /// [`STALL_MAX`]; beyond that they are lost (counted).
+    fn stall(&mut self, rest: impl Iterator<Item = Vec<u8>>) {
+        for f in rest {
+            if self.stalled.len() < STALL_MAX {
+                self.stalled.push_back(f);
+            } else {
+                self.send_full += 1;
+            }
+        }
+    }
+
     /// Its address, for listings.
     pub fn address(&self, m: &ShimEth) -> String {
         let c = m.config();
@@ -590,37 +678,79 @@ impl Daemon {
     }
 
     /// Sends a frame of shim-eth IPCP `i` (ARP, or a frame of a normal
-    /// IPCP above). A full socket keeps it, in order, and blocks the N-1
-    /// ports over it until the socket is writable.
+    /// IPCP above) with the others of this turn of the loop. A full socket
+    /// keeps it, in order, and blocks the N-1 ports over it until the
+    /// socket is writable.
     pub(super) fn eth_send(&mut self, i: usize, frame: Vec<u8>) {
         let Io::Eth(ip) = &mut self.ipcps[i].io else {
             return;
         };
         if !ip.stalled.is_empty() {
-            if ip.stalled.len() < STALL_MAX {
-                ip.stalled.push_back(frame);
-            } else {
-                ip.send_full += 1;
+            ip.stall(std::iter::once(frame));
+            return;
+        }
+        if ip.impair.is_some() {
+            // Link emulation decides frame by frame.
+            match transmit(ip.sock.as_raw_fd(), &mut ip.impair, &[&frame]) {
+                TxResult::Sent => {}
+                TxResult::Full => {
+                    ip.stalled.push_back(frame);
+                    self.eth_blocked(i);
+                }
+                TxResult::Failed(e) => {
+                    ip.send_errors += 1;
+                    debug!(interface = %ip.interface, error = %e, "frame not sent");
+                }
             }
             return;
         }
-        match transmit(ip.sock.as_raw_fd(), &mut ip.impair, &[&frame]) {
-            TxResult::Sent => {}
-            TxResult::Full => {
-                ip.stalled.push_back(frame);
-                let _ = self.poll.registry().reregister(
-                    &mut SourceFd(&ip.sock.as_raw_fd()),
-                    token(T_ETH, i),
-                    Interest::READABLE | Interest::WRITABLE,
-                );
-                let now = self.now();
-                self.sys.medium_blocked(now, i);
-            }
-            TxResult::Failed(e) => {
-                ip.send_errors += 1;
-                debug!(interface = %ip.interface, error = %e, "frame not sent");
-            }
+        if ip.out.is_empty() {
+            self.udp.dirty.push(i);
         }
+        ip.out.push(frame);
+        if ip.out.len() >= BUDGET {
+            self.flush_eth(i);
+        }
+    }
+
+    /// Sends the frames gathered for shim-eth IPCP `i`.
+    pub(super) fn flush_eth(&mut self, i: usize) {
+        let Io::Eth(ip) = &mut self.ipcps[i].io else {
+            return;
+        };
+        if ip.out.is_empty() {
+            return;
+        }
+        let o = send_batch(ip.sock.as_raw_fd(), &ip.out);
+        ip.tx_syscalls += o.calls;
+        ip.send_errors += o.failed as u64;
+        if let Some(e) = &o.error {
+            debug!(interface = %ip.interface, error = %e, "frame not sent");
+        }
+        let mut out = std::mem::take(&mut ip.out);
+        if o.blocked {
+            ip.stall(out.drain(o.sent + o.failed..));
+        }
+        out.clear();
+        ip.out = out;
+        if o.blocked {
+            self.eth_blocked(i);
+        }
+    }
+
+    /// The socket of shim-eth IPCP `i` is full: wait until it is writable,
+    /// and tell the system.
+    fn eth_blocked(&mut self, i: usize) {
+        let Io::Eth(ip) = &mut self.ipcps[i].io else {
+            return;
+        };
+        let _ = self.poll.registry().reregister(
+            &mut SourceFd(&ip.sock.as_raw_fd()),
+            token(T_ETH, i),
+            Interest::READABLE | Interest::WRITABLE,
+        );
+        let now = self.now();
+        self.sys.medium_blocked(now, i);
     }
 
     /// The socket of shim-eth IPCP `i` is writable again: send what waited,
@@ -629,13 +759,24 @@ impl Daemon {
         let Io::Eth(ip) = &mut self.ipcps[i].io else {
             return;
         };
-        while let Some(frame) = ip.stalled.front() {
-            match transmit(ip.sock.as_raw_fd(), &mut ip.impair, &[frame]) {
-                TxResult::Full => return,
-                TxResult::Failed(_) => ip.send_errors += 1,
-                TxResult::Sent => {}
+        if ip.impair.is_some() {
+            while let Some(frame) = ip.stalled.front() {
+                match transmit(ip.sock.as_raw_fd(), &mut ip.impair, &[frame]) {
+                    TxResult::Full => return,
+                    TxResult::Failed(_) => ip.send_errors += 1,
+                    TxResult::Sent => {}
+                }
+                ip.stalled.pop_front();
             }
-            ip.stalled.pop_front();
+        }
+        while !ip.stalled.is_empty() {
+            let o = send_batch(ip.sock.as_raw_fd(), ip.stalled.make_contiguous());
+            ip.tx_syscalls += o.calls;
+            ip.send_errors += o.failed as u64;
+            ip.stalled.drain(..o.sent + o.failed);
+            if o.blocked {
+                return;
+            }
         }
         let _ = self.poll.registry().reregister(
             &mut SourceFd(&ip.sock.as_raw_fd()),
