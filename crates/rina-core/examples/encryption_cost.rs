@@ -1,6 +1,6 @@
 //! What encryption of N-1 flows costs in CPU (issue 18), without a network:
 //!
-//! 1. ChaCha20-Poly1305 sealing and opening of 1400-byte frames alone
+//! 1. AES-256-GCM sealing and opening of 1400-byte frames alone
 //!    (`sdup::aead::PortCrypto`);
 //! 2. two normal IPCPs (members with a password) joined in memory, one
 //!    writing 1400-byte SDUs on an unreliable flow to the other, every
@@ -46,6 +46,11 @@ fn carry(net: &mut [NormalIpcp; 2], now: Instant) -> usize {
     loop {
         let mut moved = false;
         for i in 0..2 {
+            // A driver's turn: timers that are due (among them the end of
+            // a port's burst, which lets the RMT hand down more).
+            if net[i].poll_timeout().is_some_and(|t| t <= now) {
+                net[i].handle_timeout(now);
+            }
             while let Some(a) = net[i].poll_action() {
                 match a {
                     Action::Transmit { frame, .. } => {
@@ -123,7 +128,7 @@ fn main() {
         .unwrap_or(200_000);
     println!("{SDU}-byte SDUs, {sdus} of them, one thread");
     println!(
-        "seal + open alone (ChaCha20-Poly1305):  {:8.0} Mb/s",
+        "seal + open alone (AES-256-GCM):        {:8.0} Mb/s",
         aead_only(sdus)
     );
     let plain = data_path(sdus, false);

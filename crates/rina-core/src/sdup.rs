@@ -5,7 +5,7 @@
 //!
 //! 1. **Encryption** by a [`Cipher`]: the PDU is sealed in place and may grow
 //!    (a nonce in front, a tag behind). [`NullCipher`] does nothing. The
-//!    encryption of N-1 flows with keys per flow (ChaCha20-Poly1305, keys
+//!    encryption of N-1 flows with keys per flow (AES-256-GCM, keys
 //!    from an X25519 exchange at port authentication, replay windows,
 //!    rotation) is [`aead`], applied per port around the whole protected
 //!    frame after the RMT has chosen the port, since this object is shared

@@ -60,7 +60,7 @@
 //!                                 # by HMAC-SHA256 challenge-response (never sent)
 //! # key = "<64 hex digits>"       # or: this member's ed25519 secret key...
 //! # trusted_keys = ["<64 hex>"]   # ...and the public keys the DIF trusts
-//! # encryption = true             # ChaCha20-Poly1305 on every N-1 flow, keys agreed
+//! # encryption = true             # AES-256-GCM on every N-1 flow, keys agreed
 //!                                 # by X25519 at port authentication (needs the above)
 //! # rekey_bytes = 1073741824      # new keys after this many bytes per key...
 //! # rekey_seconds = 600           # ...or after this long

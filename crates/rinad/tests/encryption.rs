@@ -176,7 +176,7 @@ fn encrypted_flows_hide_password_and_payload_rotate_keys_and_refuse_replays_and_
         .unwrap();
     let text = format!("{rib:?}");
     assert!(
-        text.contains("chacha20poly1305") && text.contains("replayed"),
+        text.contains("aes256gcm") && text.contains("replayed"),
         "{text}"
     );
 }

@@ -117,7 +117,7 @@ pub struct MembershipConfig {
     pub max_attempts: u32,
     /// A flow whose destination has no route this long fails.
     pub unreachable_timeout: Duration,
-    /// Encrypt every N-1 flow (ChaCha20-Poly1305 under keys that port
+    /// Encrypt every N-1 flow (AES-256-GCM under keys that port
     /// authentication agrees, [`crate::sdup::aead`]), rotating keys as
     /// said; `None`: no encryption. Needs `password` or `keys`.
     pub encryption: Option<crate::sdup::aead::Rekey>,
