@@ -407,6 +407,15 @@ impl System {
             // Bound to the authenticated peer: the newcomer waits.
             return self.hold_claim(now, j, k, lower, port);
         }
+        if let Some(primary) = old.filter(|&p| replaced != Some(p) && self.must_claim(j, p)) {
+            // A lane rides on its primary's authentication: it must come
+            // from the same peer below.
+            if !self.lane_from_primary_peer(lower, port, primary) {
+                self.counters.n1_lanes_refused += 1;
+                self.members[lower].deallocate(now, port);
+                return;
+            }
+        }
         if let Some(old) = replaced {
             if let Some(&(_, l)) = self.n1.get(&old) {
                 self.members[l].deallocate(now, old);

@@ -38,6 +38,25 @@ impl System {
             .is_some_and(|n| n.admission_required() && n.port_admitted(old))
     }
 
+    /// Whether lane `port` (accepted on member `lower`) comes from the peer
+    /// below that `primary`'s flow goes to. A lane's frames are taken as
+    /// its primary's (its admission, its keys), so in a DIF that
+    /// authenticates, a lane in a working neighbour's name from anyone
+    /// else is refused: no one can open one to inject frames as that
+    /// neighbour, or to draw off the traffic of a cube.
+    pub(super) fn lane_from_primary_peer(
+        &self,
+        lower: usize,
+        port: PortId,
+        primary: PortId,
+    ) -> bool {
+        let Some(&(_, plower)) = self.n1.get(&primary) else {
+            return false;
+        };
+        let theirs = self.members[plower].flow_peer(primary);
+        plower == lower && theirs.is_some() && self.members[lower].flow_peer(port) == theirs
+    }
+
     /// Holds flow `port` (accepted on member `lower`) as a claim on
     /// neighbour `k` of `j`; an earlier claim on it is torn down.
     pub(super) fn hold_claim(

@@ -201,6 +201,20 @@ pub enum IpcpEvent {
     },
 }
 
+/// The other end of a flow, as the IPCP below knows it: what binds a lane
+/// to the neighbour of its primary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LowerPeer {
+    /// A shim-udp peer's address and port.
+    Udp(SocketAddr),
+    /// A shim-eth peer's MAC address.
+    Eth(rina_wire::shim_eth::MacAddr),
+    /// The other side of a shim-hv (point to point).
+    Hv,
+    /// The remote address of a flow of a normal IPCP (a stacked DIF).
+    Address(crate::rmt::Address),
+}
+
 /// The machine of a member, by kind.
 #[derive(Debug)]
 pub enum Machine {
@@ -353,6 +367,20 @@ impl Member {
             Machine::ShimUdp(s) => s.shrink_to_fit(),
             Machine::Normal(n) => n.shrink_to_fit(),
             Machine::ShimEth(_) | Machine::ShimHv(_) => {}
+        }
+    }
+
+    /// Who is at the other end of flow `port`, as the medium or the DIF
+    /// below knows it (`None`: no such flow, or not known yet).
+    pub fn flow_peer(&self, port: PortId) -> Option<LowerPeer> {
+        match &self.machine {
+            Machine::ShimUdp(s) => s.flow(port).map(|f| LowerPeer::Udp(f.peer)),
+            Machine::ShimEth(e) => e.flow(port)?.peer.map(LowerPeer::Eth),
+            Machine::ShimHv(h) => h.flow(port).map(|_| LowerPeer::Hv),
+            Machine::Normal(n) => n
+                .flows()
+                .find(|(f, _)| *f == port)
+                .map(|(_, ep)| LowerPeer::Address(ep.remote_addr)),
         }
     }
 

@@ -41,7 +41,7 @@ mod removal;
 mod tap;
 
 pub use allocator::{Neighbor, NeighborSpec, Plan, NEIGHBOR_RETRY};
-pub use member::{FlowError, IpcpEvent, Machine, Member, PortId, ShimSend};
+pub use member::{FlowError, IpcpEvent, LowerPeer, Machine, Member, PortId, ShimSend};
 pub use removal::Removal;
 pub use tap::{MediumTapped, TAP_MAX_BYTES};
 
@@ -170,6 +170,9 @@ pub struct Counters {
     pub n1_claims_admitted: u64,
     /// Claims torn down because the claimant did not authenticate.
     pub n1_claims_refused: u64,
+    /// New lanes to an authenticated neighbour refused because they came
+    /// from another peer than its primary (`claims`).
+    pub n1_lanes_refused: u64,
 }
 
 /// A frame as a medium's driver received it.

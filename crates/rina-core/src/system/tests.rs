@@ -587,3 +587,116 @@ fn a_flow_claiming_an_authenticated_neighbour_waits_until_the_claimant_authentic
     assert_ne!(after, working, "the returning neighbour's flow took over");
     assert!(net.sys[1].claims.is_empty());
 }
+
+/// System `i` of a two-level stack for the lane tests: a shim-udp reaching
+/// `peers` (system index, name of their `low` IPCP); a normal IPCP
+/// `low_name` (address `low_addr`, no password) in DIF `low` with those
+/// peers as neighbours, whose static directory puts `s0.up` at 1 and
+/// `s1.up` at 2; and a normal IPCP `up_name` (address `up_addr`) in DIF
+/// `up` with `password`, over `low`, neighbour of `up_peer`, whose two
+/// cubes ride on low's two cubes: a primary N-1 flow and a lane.
+fn stacked_system(
+    i: usize,
+    peers: &[(usize, &str)],
+    (low_name, low_addr): (&str, u64),
+    (up_name, up_addr): (&str, u64),
+    up_peer: &str,
+    password: &str,
+) -> System {
+    let mut s = System::new(format!("s{i}"));
+    let mut sc = shim_udp::Config::new("udp");
+    for &(p, n) in peers {
+        sc.directory.insert(name(n), udp(p));
+    }
+    s.add_shim_udp("udp", sc, None).unwrap();
+    let mut low = NormalConfig::new("low", low_addr);
+    low.membership = Some(MembershipConfig::new(name(low_name)));
+    low.routing = Some(crate::routing::Config::default());
+    low.cubes = cubes();
+    low.directory.insert(name("s0.up"), 1);
+    low.directory.insert(name("s1.up"), 2);
+    let nbs = peers
+        .iter()
+        .map(|&(_, n)| NeighborSpec {
+            name: name(n),
+            over: "udp".into(),
+            address: None,
+        })
+        .collect();
+    s.add_normal(name(low_name), low, &fifo(), nbs, BTreeMap::new())
+        .unwrap();
+    let mut up = NormalConfig::new("up", up_addr);
+    let mut m = MembershipConfig::new(name(up_name));
+    m.password = Some(password.into());
+    m.entropy = [i as u8 + 7; 32];
+    up.membership = Some(m);
+    up.routing = Some(crate::routing::Config::default());
+    up.cubes = cubes();
+    for (c, lower) in up.cubes.iter_mut().zip(["urgent", "best-effort"]) {
+        c.lower.insert("low".into(), lower.into());
+    }
+    let nb = NeighborSpec {
+        name: name(up_peer),
+        over: "low".into(),
+        address: None,
+    };
+    s.add_normal(name(up_name), up, &fifo(), vec![nb], BTreeMap::new())
+        .unwrap();
+    s
+}
+
+/// The lanes of the N-1 flows of system `i`'s upper IPCP (member 2).
+fn upper_lanes(net: &Net, i: usize) -> Vec<(PortId, crate::rmt::Lane)> {
+    let n = net.sys[i].member(2).and_then(|m| m.normal()).unwrap();
+    n.rmt().lanes().map(|(p, l)| (p, l.clone())).collect()
+}
+
+#[test]
+fn a_lane_in_an_authenticated_neighbours_name_from_another_peer_is_refused() {
+    const PW: &str = "the upper DIF's password";
+    let mut net = Net::new(vec![
+        stacked_system(
+            0,
+            &[(1, "s1.low")],
+            ("s0.low", 1),
+            ("s0.up", 1),
+            "s1.up",
+            PW,
+        ),
+        stacked_system(
+            1,
+            &[(0, "s0.low"), (2, "s2.low")],
+            ("s1.low", 2),
+            ("s1.up", 2),
+            "s0.up",
+            PW,
+        ),
+        // A member of the lower DIF that uses s0's name in the upper one,
+        // without its password.
+        stacked_system(
+            2,
+            &[(1, "s1.low")],
+            ("s2.low", 3),
+            ("s0.up", 1),
+            "s1.up",
+            "a guess",
+        ),
+    ]);
+    net.mute.insert(2);
+    net.run_until(ms(6000));
+    let lanes = upper_lanes(&net, 1);
+    assert_eq!(lanes.len(), 1, "s0's primary and lane are up: {lanes:?}");
+    let (lane, _) = lanes[0];
+
+    // The impostor speaks: its N-1 flows in s0.up's name reach s1 over the
+    // lower DIF, a primary (held as a claim, never admitted) and a lane.
+    net.mute.clear();
+    net.run_until(ms(20_000));
+    let after = upper_lanes(&net, 1);
+    assert_eq!(after.len(), 1, "{after:?}");
+    assert_eq!(after[0].0, lane, "s0's lane stayed");
+    let c = net.sys[1].counters();
+    assert!(c.n1_claims >= 1, "{c:?}");
+    assert_eq!(c.n1_claims_admitted, 0, "{c:?}");
+    assert!(c.n1_lanes_refused >= 1, "{c:?}");
+}

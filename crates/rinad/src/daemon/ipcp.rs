@@ -136,6 +136,7 @@ impl Daemon {
                     ("n1_claims", sc.n1_claims),
                     ("n1_claims_admitted", sc.n1_claims_admitted),
                     ("n1_claims_refused", sc.n1_claims_refused),
+                    ("n1_lanes_refused", sc.n1_lanes_refused),
                 ] {
                     c.insert(k.into(), v);
                 }
