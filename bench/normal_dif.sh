@@ -4,7 +4,7 @@
 #   * over the shim DIF over UDP alone,
 #   * over one normal DIF over that shim DIF,
 #   * over two normal DIFs stacked in the same daemons,
-#   * over a normal DIF with a password and encryption (ChaCha20-Poly1305 on
+#   * over a normal DIF with a password and encryption (AES-256-GCM on
 #     its N-1 flow), beside the plain one over the same shim DIF,
 # against iperf3 -u -l 1400 -b 0 on loopback, and prints the ratios and the
 # cost of the extra DIF. Needs iperf3 and python3 (iperf3 installed with apt
