@@ -11,6 +11,7 @@
 # python3; as root it installs iperf3 with apt when missing.
 #
 #   sudo bash bench/shim_eth.sh              # DUR=10 seconds per measurement
+#   NORINGS=1 sudo bash bench/shim_eth.sh    # flows on sockets, not rings
 #   RATE=1gbit DUR=5 bash bench/shim_eth.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -115,14 +116,17 @@ ipcps = {i["name"]: i for i in json.load(sys.stdin)}
 sys.exit(0 if all(i["counters"].get("neighbors_up") == 1 for n, i in ipcps.items() if i["kind"] == "normal") else 1)' 2>/dev/null; }
 for _ in $(seq 100); do up "$T/alpha.sock" && up "$T/beta.sock" && break; sleep 0.1; done
 up "$T/alpha.sock" || { echo "bench: the DIFs did not come up" >&2; tail "$T"/*.log >&2; exit 1; }
+RINGS=${NORINGS:+--no-rings}
 for dif in 10 net top; do
-    ip netns exec "$NB" "$BIN/rina-perf" server --socket "$T/beta.sock" --name perf --dif "$dif" >/dev/null 2>&1 & PIDS+=($!)
+    # shellcheck disable=SC2086
+    ip netns exec "$NB" "$BIN/rina-perf" server --socket "$T/beta.sock" --name perf --dif "$dif" $RINGS >/dev/null 2>&1 & PIDS+=($!)
 done
 sleep 0.3
 run() { # dif size
     echo "== rina-perf over DIF $1, $2 B, $DUR s"
+    # shellcheck disable=SC2086
     ip netns exec "$NA" "$BIN/rina-perf" client --socket "$T/alpha.sock" --dst perf --dif "$1" --size "$2" \
-        --duration-s "$DUR" --json > "$T/perf-$1.json"
+        --duration-s "$DUR" $RINGS --json > "$T/perf-$1.json"
 }
 run 10 "$S_ETH"
 run net "$S_NET"

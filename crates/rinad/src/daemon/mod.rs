@@ -524,9 +524,8 @@ impl Daemon {
         match self.ipcps[slot.ipcp].io {
             Io::Normal(_) => self.service_normal_flow(port),
             Io::Hv(_) => self.service_hv_flow(port),
-            Io::Udp(_) if slot.rings.is_some() => self.service_udp_rings(port),
-            Io::Udp(_) => self.service_udp_flow(port),
-            Io::Eth(_) => self.service_eth_flow(port),
+            Io::Udp(_) | Io::Eth(_) if slot.rings.is_some() => self.service_shim_rings(port),
+            Io::Udp(_) | Io::Eth(_) => self.service_shim_flow(port),
             Io::Removed => FlowService::Closed,
         }
     }
@@ -870,7 +869,10 @@ impl Daemon {
             )
             .map_err(|e| CtlError::new(ErrorKind::Internal, e.to_string()))?;
         let rings = if rings {
-            let offered = matches!(self.ipcps[i].io, Io::Hv(_) | Io::Normal(_) | Io::Udp(_));
+            let offered = matches!(
+                self.ipcps[i].io,
+                Io::Hv(_) | Io::Normal(_) | Io::Udp(_) | Io::Eth(_)
+            );
             app_rings::AppRings::offer(ours.as_raw_fd(), offered).map_err(|e| {
                 let _ = self
                     .poll

@@ -8,7 +8,6 @@
 //! segmented by the kernel), and a read takes up to
 //! [`RX_SLOTS`](crate::udp_batch::RX_SLOTS) coalesced reads at once.
 
-use super::shim_eth::{transmit, TxResult};
 use super::*;
 use crate::udp_batch::{self, Receiver, Sender};
 use mio::net::UdpSocket;
@@ -80,8 +79,8 @@ pub(super) struct UdpShared {
     rx: Receiver,
     /// SDUs of one application flow, each behind room for the header.
     arena: Vec<u8>,
-    /// The frames in `arena`, with their peers.
-    frames: Vec<(SocketAddr, Range<usize>)>,
+    /// The frames in `arena`, with their peers (UDP).
+    frames: Vec<(Option<SocketAddr>, Range<usize>)>,
     /// Shim-udp and shim-eth IPCPs with frames in their `out`.
     pub dirty: Vec<usize>,
     /// Application flows given SDUs in this read (to wake once).
@@ -330,92 +329,14 @@ impl Daemon {
     }
 
     /// Reads up to [`BUDGET`] SDUs the application wrote on flow `port`
-    /// straight on a shim-eth IPCP and sends them, one frame each, the
-    /// shim's header written in front of the SDU in place.
-    pub(super) fn service_eth_flow(&mut self, port: PortId) -> FlowService {
-        let Some(slot) = self.flows.get(&port) else {
-            return FlowService::Drained;
-        };
-        let (i, fd) = (slot.ipcp, slot.fd.as_raw_fd());
-        if self.medium_stalled(i) {
-            self.park(i, port);
-            return FlowService::Drained;
-        }
-        let now = self.now();
-        let cap = self.buf.len() - HEADROOM;
-        for _ in 0..BUDGET {
-            let n = match sys::recv(fd, &mut self.buf[HEADROOM..]) {
-                Ok(Recv::Packet(n)) => n,
-                // Refused (and counted) by the machine, like any bad SDU.
-                Ok(Recv::Empty) => 0,
-                Ok(Recv::WouldBlock) => return FlowService::Drained,
-                Ok(Recv::Closed) => return FlowService::Closed,
-                Err(e) => {
-                    debug!(port, error = %e, "flow read error");
-                    return FlowService::Closed;
-                }
-            };
-            if n > cap {
-                count_drop(&mut self.sys, i, port, false);
-                continue;
-            }
-            let send = match self
-                .sys
-                .shim_send(now, port, &self.buf[HEADROOM..HEADROOM + n])
-            {
-                Ok((_, send)) => send,
-                Err(FlowError::WouldBlock) => {
-                    count_drop(&mut self.sys, i, port, false);
-                    self.park(i, port);
-                    return FlowService::Drained;
-                }
-                Err(e) => {
-                    debug!(port, error = %e, "SDU not sent");
-                    continue;
-                }
-            };
-            let hdr = send.header();
-            let start = HEADROOM - hdr.len();
-            self.buf[start..HEADROOM].copy_from_slice(hdr);
-            let frame = &self.buf[start..HEADROOM + n];
-            let full = match &mut self.ipcps[i].io {
-                Io::Eth(e) => match transmit(e.sock.as_raw_fd(), &mut e.impair, &[frame]) {
-                    TxResult::Sent => false,
-                    TxResult::Full => {
-                        e.stalled.push_back(frame.to_vec());
-                        e.parked.push(port);
-                        let _ = self.poll.registry().reregister(
-                            &mut SourceFd(&e.sock.as_raw_fd()),
-                            token(T_ETH, i),
-                            Interest::READABLE | Interest::WRITABLE,
-                        );
-                        true
-                    }
-                    TxResult::Failed(err) => {
-                        e.send_errors += 1;
-                        debug!(port, error = %err, "frame not sent");
-                        false
-                    }
-                },
-                _ => return FlowService::Drained,
-            };
-            if full {
-                self.sys.medium_blocked(now, i);
-                return FlowService::Drained;
-            }
-        }
-        FlowService::More
-    }
-
-    /// Reads up to [`BUDGET`] SDUs the application wrote on flow `port`
-    /// straight on a shim-udp IPCP, each behind room for the header, and
-    /// sends them together, the shim's header written in place.
-    pub(super) fn service_udp_flow(&mut self, port: PortId) -> FlowService {
+    /// straight on a shim-udp or shim-eth IPCP, each behind room for the
+    /// header, and sends them together, the shim's header written in place.
+    pub(super) fn service_shim_flow(&mut self, port: PortId) -> FlowService {
         let Some(slot) = self.flows.get(&port) else {
             return FlowService::Drained;
         };
         let fd = slot.fd.as_raw_fd();
-        self.serve_udp_batch(port, |_, room| match sys::recv(fd, room) {
+        self.serve_shim_batch(port, |_, room| match sys::recv(fd, room) {
             Ok(Recv::Packet(n)) if n > room.len() => Got::Drop,
             Ok(Recv::Packet(n)) => Got::Sdu(n),
             // Refused (and counted) by the machine, like any bad SDU.
@@ -429,10 +350,10 @@ impl Daemon {
         })
     }
 
-    /// Serves shim-udp flow `port` whose application uses rings: drains
-    /// its kicks, copies up to [`BUDGET`] SDUs from its ring into the
-    /// arena behind room for the header, and sends them together.
-    pub(super) fn service_udp_rings(&mut self, port: PortId) -> FlowService {
+    /// Serves shim-udp or shim-eth flow `port` whose application uses
+    /// rings: drains its kicks, copies up to [`BUDGET`] SDUs from its ring
+    /// into the arena behind room for the header, and sends them together.
+    pub(super) fn service_shim_rings(&mut self, port: PortId) -> FlowService {
         let Some(slot) = self.flows.get(&port) else {
             return FlowService::Drained;
         };
@@ -440,7 +361,7 @@ impl Daemon {
         if !super::app_rings::drain_kicks(slot.fd.as_raw_fd()) {
             return FlowService::Closed;
         }
-        self.serve_udp_batch(port, |d, room| {
+        self.serve_shim_batch(port, |d, room| {
             let Some(r) = d.flows.get_mut(&port).and_then(|s| s.rings.as_mut()) else {
                 return Got::Stop(FlowService::Drained);
             };
@@ -466,9 +387,9 @@ impl Daemon {
     }
 
     /// Takes up to [`BUDGET`] SDUs of application flow `port` on a
-    /// shim-udp IPCP from `next` (which fills the room it is given behind
-    /// the header's), and sends them together.
-    fn serve_udp_batch(
+    /// shim-udp or shim-eth IPCP from `next` (which fills the room it is
+    /// given behind the header's), and sends them together.
+    fn serve_shim_batch(
         &mut self,
         port: PortId,
         mut next: impl FnMut(&mut Daemon, &mut [u8]) -> Got,
@@ -488,7 +409,7 @@ impl Daemon {
         let (mut off, mut served) = (0, FlowService::More);
         for _ in 0..BUDGET {
             if arena.len() - off < HEADROOM + cap {
-                if self.send_udp_frames(i, port, &arena, &mut frames) {
+                if self.send_shim_frames(i, port, &arena, &mut frames) {
                     served = FlowService::Drained;
                     break;
                 }
@@ -514,7 +435,7 @@ impl Daemon {
                 }
             }
         }
-        if self.send_udp_frames(i, port, &arena, &mut frames) {
+        if self.send_shim_frames(i, port, &arena, &mut frames) {
             served = FlowService::Drained;
         }
         self.udp.arena = arena;
@@ -523,24 +444,30 @@ impl Daemon {
     }
 
     /// Sends `frames` (ranges of `arena`) of application flow `port` on
-    /// shim-udp IPCP `i`; true if the socket is full (what it did not
-    /// take waits, and the flow with it).
-    fn send_udp_frames(
+    /// shim IPCP `i`; true if the socket is full (what it did not take
+    /// waits, and the flow with it).
+    fn send_shim_frames(
         &mut self,
         i: usize,
         port: PortId,
         arena: &[u8],
-        frames: &mut Vec<(SocketAddr, Range<usize>)>,
+        frames: &mut Vec<(Option<SocketAddr>, Range<usize>)>,
     ) -> bool {
+        if frames.is_empty() {
+            return false;
+        }
+        if matches!(self.ipcps[i].io, Io::Eth(_)) {
+            let list: Vec<&[u8]> = frames.drain(..).map(|(_, r)| &arena[r]).collect();
+            return self.send_eth_frames(i, port, &list);
+        }
         let Io::Udp(u) = &mut self.ipcps[i].io else {
             frames.clear();
             return false;
         };
-        if frames.is_empty() {
-            return false;
-        }
-        let list: Vec<(SocketAddr, &[u8])> =
-            frames.drain(..).map(|(to, r)| (to, &arena[r])).collect();
+        let list: Vec<(SocketAddr, &[u8])> = frames
+            .drain(..)
+            .filter_map(|(to, r)| Some((to?, &arena[r])))
+            .collect();
         let out = u.sender.send(u.sock.as_raw_fd(), &list);
         u.send_errors += out.failed as u64;
         if let Some(e) = &out.error {
@@ -566,7 +493,7 @@ impl Daemon {
         arena: &mut [u8],
         off: usize,
         n: usize,
-        frames: &mut Vec<(SocketAddr, Range<usize>)>,
+        frames: &mut Vec<(Option<SocketAddr>, Range<usize>)>,
     ) -> Framed {
         let sdu = &arena[off + HEADROOM..off + HEADROOM + n];
         let send = match self.sys.shim_send(now, port, sdu) {
@@ -582,13 +509,11 @@ impl Daemon {
                 return Framed::Skipped;
             }
         };
-        let Some(to) = send.peer else {
-            return Framed::Skipped;
-        };
         let hdr = send.header();
         let start = off + HEADROOM - hdr.len();
         arena[start..off + HEADROOM].copy_from_slice(hdr);
-        frames.push((to, start..off + HEADROOM + n));
+        // A UDP frame without a peer is dropped when sent.
+        frames.push((send.peer, start..off + HEADROOM + n));
         Framed::Added
     }
 }

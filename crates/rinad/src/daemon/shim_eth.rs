@@ -450,7 +450,7 @@ struct BatchOutcome {
 /// Sends `frames` in order, [`TX_BATCH`] to a `sendmmsg`, until they are
 /// all gone or the socket is full. A frame the kernel refuses for another
 /// reason is counted and skipped.
-fn send_batch(fd: RawFd, frames: &[Vec<u8>]) -> BatchOutcome {
+fn send_batch<F: AsRef<[u8]>>(fd: RawFd, frames: &[F]) -> BatchOutcome {
     let mut o = BatchOutcome {
         sent: 0,
         failed: 0,
@@ -466,8 +466,8 @@ fn send_batch(fd: RawFd, frames: &[Vec<u8>]) -> BatchOutcome {
         let n = rest.len().min(TX_BATCH);
         iov.clear();
         iov.extend(rest[..n].iter().map(|f| libc::iovec {
-            iov_base: f.as_ptr() as *mut _,
-            iov_len: f.len(),
+            iov_base: f.as_ref().as_ptr() as *mut _,
+            iov_len: f.as_ref().len(),
         }));
         msgs.clear();
         for v in iov.iter_mut() {
@@ -736,6 +736,48 @@ impl Daemon {
         if o.blocked {
             self.eth_blocked(i);
         }
+    }
+
+    /// Sends frames of application flow `port` on shim-eth IPCP `i`; true
+    /// if the socket is full (what it did not take waits, and the flow
+    /// with it).
+    pub(super) fn send_eth_frames(&mut self, i: usize, port: PortId, frames: &[&[u8]]) -> bool {
+        let Io::Eth(ip) = &mut self.ipcps[i].io else {
+            return false;
+        };
+        let (sent, blocked) = if ip.impair.is_some() {
+            let mut sent = 0;
+            let mut blocked = false;
+            for f in frames {
+                match transmit(ip.sock.as_raw_fd(), &mut ip.impair, &[f]) {
+                    TxResult::Sent => {}
+                    TxResult::Full => {
+                        blocked = true;
+                        break;
+                    }
+                    TxResult::Failed(_) => ip.send_errors += 1,
+                }
+                sent += 1;
+            }
+            (sent, blocked)
+        } else {
+            let o = send_batch(ip.sock.as_raw_fd(), frames);
+            ip.tx_syscalls += o.calls;
+            ip.send_errors += o.failed as u64;
+            if let Some(e) = &o.error {
+                debug!(port, error = %e, "frame not sent");
+            }
+            (o.sent + o.failed, o.blocked)
+        };
+        if !blocked {
+            return false;
+        }
+        ip.stall(frames[sent..].iter().map(|f| f.to_vec()));
+        if !ip.parked.contains(&port) {
+            ip.parked.push(port);
+        }
+        self.eth_blocked(i);
+        true
     }
 
     /// The socket of shim-eth IPCP `i` is full: wait until it is writable,
