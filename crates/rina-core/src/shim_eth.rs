@@ -87,7 +87,7 @@ impl Config {
             arp_ttl: Duration::from_secs(60),
             accept_timeout: Duration::from_secs(5),
             refuse_hold: Duration::from_secs(1),
-            max_flows: 1024,
+            max_flows: crate::DEFAULT_MAX_FLOWS,
             max_pending: 64,
             max_held: 64,
             max_arp_entries: 1024,

@@ -68,10 +68,10 @@
 //! # max_sdu = 65536
 //! # crc = false                   # CRC-32 on every PDU
 //! # ttl = 64                      # hop limit
-//! # max_flows = 262144            # most flows at once (also for shim-udp)
+//! # max_flows = 262144            # most flows at once (also for shim-udp and shim-eth)
 //! # cep_id_bytes = 4              # CEP-id field width: 1, 2 (default; 65,535
 //!                                 # flows per IPCP), 4 or 8; the same in every member
-//! # ecn_threshold = 20            # RMT marks data PDUs joining a queue this long (0: off)
+//! # ecn_threshold = 20            # RMT marks data PDUs leaving this many behind (0: off)
 //!
 //! [[ipcp.neighbor]]               # an N-1 flow to set up and keep up
 //! name = "beta.net"               # the neighbour IPCP's name

@@ -532,7 +532,10 @@ pub(super) fn new_ipcp(
                 .map_err(io_ctx(format!("IPCP {name}: link emulation thread")))?,
         ),
     };
-    let cfg = core_eth::Config::new(ic.dif.clone(), vlan, mac, mtu);
+    let mut cfg = core_eth::Config::new(ic.dif.clone(), vlan, mac, mtu);
+    if let Some(m) = ic.max_flows {
+        cfg.max_flows = m;
+    }
     info!(ipcp = %name, dif = %ic.dif, %interface, %mac, vlan = vlan.unwrap_or(0), mtu,
         max_sdu = cfg.max_sdu(), "shim-eth IPCP up");
     let io = Io::Eth(Box::new(EthIo {
