@@ -351,3 +351,44 @@ fn frames_on_the_old_membership_channels_are_unknown_management_pdus() {
     assert_eq!(p.membership_counters().unwrap().hellos_received, 1);
     assert_eq!(p.neighbors.get(&PORT).map(|n| n.0), Some(2));
 }
+
+#[test]
+fn silence_closes_the_session_and_the_next_hellos_open_it_again() {
+    let mut net = [ipcp(1, 1), ipcp(2, 2)];
+    run(&mut net, 0, 3_000, &mut |_, _| false);
+    assert_joined(&net, "at first");
+    let opened = net[0].rib_daemon().counters().sessions_opened;
+    // The link goes silent for longer than the dead interval.
+    run(&mut net, 3_010, 8_000, &mut |_, _| true);
+    for p in &net {
+        assert_eq!(session(p), SessionState::Connecting, "closed, reopening");
+        assert!(!p.neighbors.contains_key(&PORT));
+    }
+    // Back: M_CONNECT with the next hello round.
+    let kinds = run(&mut net, 8_010, 10_000, &mut |_, _| false);
+    assert!(kinds.contains(&(0, "M_CONNECT ".to_string())), "{kinds:?}");
+    assert_joined(&net, "after the silence");
+    assert!(net[0].rib_daemon().counters().sessions_opened > opened);
+}
+
+#[test]
+fn encrypting_members_open_their_session_once_keyed() {
+    let make = |i: u64| {
+        let mut c = NormalConfig::new("net", i);
+        let mut m = MembershipConfig::new(format!("m{i}.net").parse().unwrap());
+        m.password = Some(PASSWORD.into());
+        m.entropy = [i as u8; 32];
+        m.encryption = Some(crate::sdup::aead::Rekey::default());
+        c.membership = Some(m);
+        let mut p = NormalIpcp::new(c, Box::new(Fifo::new(1000))).unwrap();
+        p.add_port(PORT);
+        p
+    };
+    let mut net = [make(1), make(2)];
+    run(&mut net, 0, 5_000, &mut |_, _| false);
+    assert_joined(&net, "encrypted");
+    for p in &net {
+        assert!(p.port_protection().iter().all(|x| x.key_id.is_some()));
+        assert_eq!(p.rib_daemon().counters().refused_no_session, 0);
+    }
+}
