@@ -392,3 +392,27 @@ fn encrypting_members_open_their_session_once_keyed() {
         assert_eq!(p.rib_daemon().counters().refused_no_session, 0);
     }
 }
+
+#[test]
+fn a_port_removed_releases_its_session_at_the_neighbour() {
+    let mut net = [ipcp(1, 1), ipcp(2, 2)];
+    run(&mut net, 0, 3_000, &mut |_, _| false);
+    assert_joined(&net, "at first");
+    net[0].remove_port(PORT);
+    let mut released = false;
+    while let Some(a) = net[0].poll_action() {
+        if let Action::Transmit { frame, .. } = a {
+            released |= kind_of(&net[0], &frame) == "M_RELEASE ";
+            net[1].on_frame(at(3_001), PORT, &frame);
+        }
+    }
+    assert!(released, "M_RELEASE sent");
+    assert_eq!(session(&net[1]), SessionState::Idle);
+    assert_eq!(
+        net[0]
+            .rib_daemon()
+            .session(Peer::Neighbor(PORT))
+            .map(|s| s.state),
+        None
+    );
+}

@@ -27,7 +27,8 @@
 //! the CDAP session with the neighbour there with `M_CONNECT`, again with
 //! every hello until it is open; the neighbour accepts it with
 //! `M_CONNECT_R` if it is a member. Either side's `M_CONNECT` accepted
-//! opens it (two crossing ones both succeed). An enrollee's session with
+//! opens it (two crossing ones both succeed). A port removed closes it with
+//! `M_RELEASE` first. An enrollee's session with
 //! its enroller is opened by the enrollment's own `M_CONNECT`. Routing,
 //! the directory and RIB reads of a neighbour without an open session are
 //! refused and counted ([`super::mgmt_rib`]); when a session opens, routing
@@ -594,6 +595,18 @@ impl NormalIpcp {
         if let Some(msg) = self.mgmt.connect(now, Peer::Neighbor(port), connect) {
             self.send_cdap(now, Peer::Neighbor(port), &msg);
         }
+    }
+
+    /// Closes the open CDAP session with the neighbour on `port` with an
+    /// (unconfirmed) `M_RELEASE`, before the port goes away.
+    pub(super) fn release_session(&mut self, now: Instant, port: N1Port) {
+        let peer = Peer::Neighbor(port);
+        if self.mship.is_none() || self.mgmt.state(peer) != super::mgmt_rib::SessionState::Open {
+            return;
+        }
+        self.mgmt.unconfirmed(now, peer);
+        self.send_cdap(now, peer, &CdapMessage::release());
+        self.mgmt.closed(peer);
     }
 
     fn send_hello(&mut self, now: Instant, port: N1Port) {

@@ -696,8 +696,9 @@ impl NormalIpcp {
     /// announced on it is taken down first (as by
     /// [`NormalIpcp::neighbor_down`] at the latest time seen).
     pub fn remove_port(&mut self, port: N1Port) {
+        let now = self.now;
+        self.release_session(now, port);
         if self.neighbors.contains_key(&port) {
-            let now = self.now;
             self.neighbor_down(now, port);
         }
         self.membership_port_removed(port);
