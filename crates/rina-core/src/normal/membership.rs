@@ -23,16 +23,16 @@
 //!
 //! # Sessions
 //!
-//! Before its hello on a port (an admitted one), a member opens
-//! the CDAP session with the neighbour there with `M_CONNECT`, again with
-//! every hello until it is open; the neighbour accepts it with
-//! `M_CONNECT_R` if it is a member. Either side's `M_CONNECT` accepted
-//! opens it (two crossing ones both succeed). A port removed closes it with
-//! `M_RELEASE` first. An enrollee's session with
-//! its enroller is opened by the enrollment's own `M_CONNECT`. Routing,
-//! the directory and RIB reads of a neighbour without an open session are
-//! refused and counted ([`super::mgmt_rib`]); when a session opens, routing
-//! and the directory send their databases to the neighbour again.
+//! Before its hello on an admitted port, a member opens the CDAP session
+//! with the neighbour there with `M_CONNECT`, again with every hello until
+//! it is open; the neighbour accepts it with `M_CONNECT_R` if it is a
+//! member. Either side's `M_CONNECT` accepted opens it (two crossing ones
+//! both succeed). A port removed closes it with `M_RELEASE` first. An
+//! enrollee's session with its enroller is opened by the enrollment's own
+//! `M_CONNECT`. Routing, the directory and RIB reads of a neighbour without
+//! an open session are refused and counted ([`super::mgmt_rib`]); when a
+//! session opens, routing and the directory send their databases to the
+//! neighbour again.
 //!
 //! # Enrollment
 //!
@@ -45,8 +45,8 @@
 //! member answers to address 0, which every IPCP takes as "for me" on
 //! management PDUs). The flow-state objects the member creates
 //! (`/ra/fsos/key=i`) are routing's, which hands them to the enrollment
-//! until the enrollee has an address. The member runs one [`Enroller`] per port,
-//! all sharing one [`Membership`] (the address space). When it is admitted
+//! until the enrollee has an address. The member runs one [`Enroller`] per
+//! port, all sharing one [`Membership`] (the address space). When it is admitted
 //! the enrollee takes its address and the DIF's configuration
 //! ([`DifConfiguration`]), builds its routing and directory machines, loads
 //! the member's flow-state objects and directory entries, and starts sending
