@@ -73,8 +73,11 @@ impl OwnerId {
     pub const NAMESPACE_MANAGER: OwnerId = OwnerId("namespace-manager");
     /// The flow allocator (`/fa`).
     pub const FLOW_ALLOCATOR: OwnerId = OwnerId("flow-allocator");
-    /// The resource allocator (`/ra`).
+    /// The resource allocator (`/ra`; in the normal IPCP also the
+    /// neighbours' hellos, `/difm/enr/hello`).
     pub const RESOURCE_ALLOCATOR: OwnerId = OwnerId("resource-allocator");
+    /// The security manager: authentication of N-1 ports (`/difm/auth`).
+    pub const SECURITY_MANAGER: OwnerId = OwnerId("security-manager");
     /// Routing (`/ra/fsos`).
     pub const ROUTING: OwnerId = OwnerId("routing");
 

@@ -9,26 +9,44 @@
 //! # Hellos and liveness
 //!
 //! A member sends a hello on each N-1 port every
-//! [`MembershipConfig::hello_interval`] (and at once on a new port): a
-//! management PDU whose payload is [`HELLO_DISCRIMINATOR`] and an
-//! unconfirmed CDAP `M_WRITE` of `Neighbor` on [`HELLO_OBJ_NAME`], whose
+//! [`MembershipConfig::hello_interval`] (and at once on a new port): an
+//! unconfirmed CDAP `M_WRITE` of `Neighbor` on [`HELLO_OBJ_NAME`] (through
+//! the RIB daemon, like every management message), whose
 //! source names this IPCP, destination names the DIF, and value is a
 //! [`Neighbor`] with its address. A hello from a member of the same DIF on
 //! port `p` makes the sender the neighbour on `p`
 //! ([`NormalIpcp::neighbor_up`], cost 1), so the driver never has to know
 //! addresses. Any valid frame on `p` proves the neighbour alive; silence for
 //! [`MembershipConfig::dead_interval`] takes it down
-//! ([`NormalIpcp::neighbor_down`]); the next hello brings it back.
+//! ([`NormalIpcp::neighbor_down`]) and closes its CDAP session; the next
+//! hello brings it back.
+//!
+//! # Sessions
+//!
+//! Before its hello on an admitted port, a member opens the CDAP session
+//! with the neighbour there with `M_CONNECT`, again with every hello until
+//! it is open; the neighbour accepts it with `M_CONNECT_R` if it is a
+//! member. Either side's `M_CONNECT` accepted opens it (two crossing ones
+//! both succeed). A port removed closes it with `M_RELEASE` first. An
+//! enrollee's session with its enroller is opened by the enrollment's own
+//! `M_CONNECT`. Routing, the directory and RIB reads of a neighbour without
+//! an open session are refused and counted ([`super::mgmt_rib`]); when a
+//! session opens, routing and the directory send their databases to the
+//! neighbour again.
 //!
 //! # Enrollment
 //!
 //! An IPCP configured with address 0 is not a member. The first hello it
 //! hears tells it who can enroll it: it runs an [`Enrollee`] over that port,
-//! whose CDAP messages travel in management PDUs whose payload is
-//! [`ENROLL_DISCRIMINATOR`] and one encoded message (the enrollee's source
-//! address is 0; the member answers to address 0, which every IPCP takes as
-//! "for me" on management PDUs). The member runs one [`Enroller`] per port,
-//! all sharing one [`Membership`] (the address space). When it is admitted
+//! whose CDAP messages go through the RIB daemons of both sides: the
+//! enrollment objects (`/difm/enr`, `/difm/ops`, `/dt`, `/difm/nsm/dft`)
+//! are the enrollment task's, and so are the answers to its requests and an
+//! `M_CONNECT` from address 0 (the enrollee's source address is 0; the
+//! member answers to address 0, which every IPCP takes as "for me" on
+//! management PDUs). The flow-state objects the member creates
+//! (`/ra/fsos/key=i`) are routing's, which hands them to the enrollment
+//! until the enrollee has an address. The member runs one [`Enroller`] per
+//! port, all sharing one [`Membership`] (the address space). When it is admitted
 //! the enrollee takes its address and the DIF's configuration
 //! ([`DifConfiguration`]), builds its routing and directory machines, loads
 //! the member's flow-state objects and directory entries, and starts sending
@@ -54,18 +72,23 @@
 //! [`EfcpError::NoRoute`], whatever its policies (an unreliable flow would
 //! otherwise never notice).
 
+use super::mgmt_rib::Peer;
 use super::{Action, N1Port, NormalIpcp, QosCube};
+use crate::cdap_session::State as SessionState;
 use crate::efcp::{EfcpConfig, EfcpError};
 use crate::enrollment::{
     AuthKeys, AuthNone, AuthPassword, AuthPolicy, DifConfigBlob, DifContent, Enrollee,
     EnrolleeConfig, Enroller, EnrollerConfig, EnrollerEvent, EnrollmentError, EnrollmentEvent,
     EnrollmentStatus, Membership, NextFree, NonceGen, Step,
 };
+use crate::rib::OwnerId;
 use crate::rmt::Address;
 use crate::routing::{decode_fsos, encode_fsos, LinkState};
 use crate::time::Instant;
 use prost::Message;
-use rina_wire::cdap::{CdapMessage, DifConfiguration, Neighbor, OpCode, QosCubeInfo, Value};
+use rina_wire::cdap::{
+    AuthPolicy as WireAuth, CdapMessage, DifConfiguration, Neighbor, OpCode, QosCubeInfo, Value,
+};
 use rina_wire::pci::FieldWidth;
 use rina_wire::AppName;
 use std::collections::BTreeMap;
@@ -74,14 +97,10 @@ use std::time::Duration;
 mod admission;
 mod protection;
 mod renumber;
-pub use admission::PORT_AUTH_DISCRIMINATOR;
+pub use admission::{PORT_AUTH_ANSWER, PORT_AUTH_HELLO, PORT_AUTH_PREFIX, PORT_AUTH_PROOF};
 pub use protection::PortProtection;
 pub use renumber::{mgmt_name, MGMT_AE};
 
-/// First byte of a management payload carrying one enrollment CDAP message.
-pub const ENROLL_DISCRIMINATOR: u8 = 0xE0;
-/// First byte of a management payload carrying a hello.
-pub const HELLO_DISCRIMINATOR: u8 = 0xE1;
 /// RIB object a hello writes.
 pub const HELLO_OBJ_NAME: &str = "/difm/enr/hello";
 /// Class of [`HELLO_OBJ_NAME`].
@@ -558,7 +577,42 @@ impl NormalIpcp {
         }
     }
 
+    /// Opens the CDAP session with the neighbour on `port` (an admitted
+    /// port of a member) with `M_CONNECT`, unless it is open; sent again
+    /// with every hello until it is.
+    fn connect_neighbor(&mut self, now: Instant, port: N1Port) {
+        let Some(m) = self.mship.as_ref() else {
+            return;
+        };
+        if self.cfg.address == 0 || !self.port_admitted(port) {
+            return;
+        }
+        let dif = AppName {
+            process_name: self.cfg.dif.clone(),
+            ..AppName::default()
+        };
+        let connect = CdapMessage::connect(WireAuth::none(), &m.cfg.name, &dif);
+        if let Some(msg) = self.mgmt.connect(now, Peer::Neighbor(port), connect) {
+            self.send_cdap(now, Peer::Neighbor(port), &msg);
+        }
+    }
+
+    /// Closes the open CDAP session with the neighbour on `port` with an
+    /// (unconfirmed) `M_RELEASE`, before the port goes away.
+    pub(super) fn release_session(&mut self, now: Instant, port: N1Port) {
+        let peer = Peer::Neighbor(port);
+        if self.mship.is_none() || self.mgmt.state(peer) != super::mgmt_rib::SessionState::Open {
+            return;
+        }
+        self.mgmt.unconfirmed(now, peer);
+        self.send_cdap(now, peer, &CdapMessage::release());
+        self.mgmt.closed(peer);
+    }
+
     fn send_hello(&mut self, now: Instant, port: N1Port) {
+        // The session first: the neighbour takes our hello, and floods to
+        // us, once it has accepted it.
+        self.connect_neighbor(now, port);
         let Some(m) = self.mship.as_mut() else {
             return;
         };
@@ -570,53 +624,29 @@ impl NormalIpcp {
                 process_name: self.cfg.dif.clone(),
                 ..AppName::default()
             });
-        let mut payload = vec![HELLO_DISCRIMINATOR];
-        payload.extend_from_slice(&msg.encode());
-        let dst = self.neighbors.get(&port).map_or(0, |n| n.0);
-        self.send_management(now, port, dst, &payload);
+        self.mgmt.unconfirmed(now, Peer::Neighbor(port));
+        self.send_cdap(now, Peer::Neighbor(port), &msg);
     }
 
-    /// Takes a management payload for membership (hello or enrollment).
-    /// Returns whether it was one.
-    pub(super) fn on_membership_mgmt(
-        &mut self,
-        now: Instant,
-        port: Option<N1Port>,
-        payload: &[u8],
-    ) -> bool {
-        let (Some(&first), Some(port)) = (payload.first(), port) else {
-            return false;
-        };
-        if self.mship.is_none() {
-            return false;
-        }
-        if !self.admit_management(port, payload) {
-            return true;
-        }
-        match first {
-            HELLO_DISCRIMINATOR => self.on_hello(now, port, &payload[1..]),
-            ENROLL_DISCRIMINATOR => self.on_enroll_message(now, port, &payload[1..]),
-            PORT_AUTH_DISCRIMINATOR => self.on_port_auth(now, port, &payload[1..]),
-            _ => return false,
-        }
-        true
-    }
-
-    fn on_hello(&mut self, now: Instant, port: N1Port, bytes: &[u8]) {
+    /// A hello (an `M_WRITE` of [`HELLO_OBJ_NAME`]) from the neighbour on
+    /// `port`, through the RIB daemon.
+    pub(super) fn on_hello(&mut self, now: Instant, port: N1Port, msg: &CdapMessage) {
         let dif = self.cfg.dif.clone();
         let Some(m) = self.mship.as_mut() else {
+            self.counters.rx_mgmt_unhandled += 1;
             return;
         };
-        let parsed = CdapMessage::decode(bytes).ok().and_then(|msg| {
+        let parsed = {
             let ok = msg.op_code() == OpCode::Write
                 && msg.obj_name.as_deref() == Some(HELLO_OBJ_NAME)
                 && msg.dest_name().process_name == dif;
-            let Some(Value::Bytes(b)) = msg.value().filter(|_| ok) else {
-                return None;
-            };
-            let n = Neighbor::decode(b.as_slice()).ok()?;
-            Some((msg.src_name(), n.address))
-        });
+            match msg.value().filter(|_| ok) {
+                Some(Value::Bytes(b)) => Neighbor::decode(b.as_slice())
+                    .ok()
+                    .map(|n| (msg.src_name(), n.address)),
+                _ => None,
+            }
+        };
         let Some((name, address)) = parsed else {
             m.counters.hellos_bad += 1;
             return;
@@ -667,18 +697,30 @@ impl NormalIpcp {
         self.run_enrollee(now);
     }
 
-    fn on_enroll_message(&mut self, now: Instant, port: N1Port, bytes: &[u8]) {
+    /// An enrollment message from the neighbour on `port`, through the RIB
+    /// daemon: for this IPCP's enrollee when it is not a member, for the
+    /// enroller of that port when it is.
+    pub(super) fn on_enroll_cdap(&mut self, now: Instant, port: N1Port, msg: &CdapMessage) {
+        let bytes = msg.encode();
         let enrolled = self.cfg.address != 0;
         let Some(m) = self.mship.as_mut() else {
+            self.counters.rx_mgmt_unhandled += 1;
             return;
         };
         if !enrolled {
-            match m.enrollee.as_mut() {
-                Some((p, _, e)) if *p == port => e.on_message(now, bytes),
+            let connected = match m.enrollee.as_mut() {
+                Some((p, _, e)) if *p == port => {
+                    e.on_message(now, &bytes);
+                    e.session().state() == SessionState::Connected
+                }
                 _ => {
                     m.counters.enroll_stray += 1;
                     return;
                 }
+            };
+            if connected {
+                // The enrollment's M_CONNECT opened the session.
+                self.mgmt.opened(now, Peer::Neighbor(port));
             }
             self.run_enrollee(now);
             return;
@@ -706,7 +748,7 @@ impl NormalIpcp {
             .enrollers
             .entry(port)
             .or_insert_with(|| Enroller::new(cfg).with_nonces(nonces.child()));
-        e.on_message(now, bytes, members);
+        e.on_message(now, &bytes, members);
         self.run_enroller(now, port);
     }
 
@@ -762,6 +804,27 @@ impl NormalIpcp {
         };
     }
 
+    /// Sends one encoded CDAP message of an enrollment machine to the
+    /// neighbour on `port` (at `dst`) through the RIB daemon: its requests
+    /// are recorded in the neighbour's session, so that their answers come
+    /// back to the enrollment; an accepting `M_CONNECT_R` opens the
+    /// session.
+    fn send_enrollment(&mut self, now: Instant, port: N1Port, dst: Address, bytes: &[u8]) {
+        let peer = Peer::Neighbor(port);
+        match CdapMessage::decode(bytes) {
+            Ok(msg) if !msg.is_response() && msg.invoke_id.is_some() => {
+                self.mgmt.request(now, peer, OwnerId::ENROLLMENT, msg);
+            }
+            Ok(msg) if msg.op_code() == OpCode::ConnectR && msg.result.unwrap_or(0) == 0 => {
+                self.mgmt.opened(now, peer);
+            }
+            _ => {}
+        }
+        let mut payload = vec![super::CDAP_DISCRIMINATOR];
+        payload.extend_from_slice(bytes);
+        self.send_management(now, port, dst, &payload);
+    }
+
     fn run_enroller(&mut self, now: Instant, port: N1Port) {
         let mut out = Vec::new();
         let mut events = Vec::new();
@@ -774,9 +837,7 @@ impl NormalIpcp {
             }
         }
         for b in out {
-            let mut payload = vec![ENROLL_DISCRIMINATOR];
-            payload.extend_from_slice(&b);
-            self.send_management(now, port, 0, &payload);
+            self.send_enrollment(now, port, 0, &b);
         }
         for ev in events {
             match ev {
@@ -828,9 +889,7 @@ impl NormalIpcp {
         }
         let dst = m.hello_from.get(&port).map_or(0, |h| h.1);
         for b in out {
-            let mut payload = vec![ENROLL_DISCRIMINATOR];
-            payload.extend_from_slice(&b);
-            self.send_management(now, port, dst, &payload);
+            self.send_enrollment(now, port, dst, &b);
         }
         for ev in events {
             let event = match ev {
@@ -1065,6 +1124,8 @@ impl NormalIpcp {
                 m.last_heard.insert(p, now);
                 m.hello_from.remove(&p);
             }
+            // Opened again with the next hello.
+            self.mgmt.closed(Peer::Neighbor(p));
             if let Some(&(address, _)) = self.neighbors.get(&p) {
                 if let Some(m) = self.mship.as_mut() {
                     m.counters.neighbor_timeouts += 1;

@@ -8,14 +8,15 @@
 //! disseminated directory ([`super::directory_glue`]) send their objects as
 //! unconfirmed `M_WRITE`s whose value is the object's encoded bytes.
 
-use super::mgmt_rib::{Inbound, Peer};
+use super::mgmt_rib::{Gate, Inbound, Peer, Verdict};
 use super::{Address, N1Port, NormalIpcp};
 use crate::rib::OwnerId;
 use crate::time::Instant;
 use rina_wire::cdap::{CdapMessage, OpCode, Value};
 
 /// First byte of a management payload that holds one encoded CDAP message
-/// (flow objects, routing, the directory, RIB reads).
+/// (every management message: flow objects, routing, the directory, RIB
+/// reads, enrollment, hellos, port authentication, sessions).
 pub const CDAP_DISCRIMINATOR: u8 = rina_wire::fa::CDAP_MGMT_DISCRIMINATOR;
 
 /// A management payload: [`CDAP_DISCRIMINATOR`], then an unconfirmed CDAP
@@ -115,8 +116,23 @@ impl NormalIpcp {
             return;
         };
         let peer = self.mgmt.peer_of(&msg, port, src);
-        self.mgmt.take(now, peer, msg);
+        let gate = Gate {
+            admitted: port.is_none_or(|p| self.port_admitted(p)),
+            from_enrollee: src == 0,
+            member: self.cfg.address != 0,
+        };
+        let was_open = self.mgmt.is_open(peer);
+        if self.mgmt.take_gated(now, peer, msg, gate) == Verdict::Unadmitted {
+            self.count_unadmitted();
+        }
         self.run_mgmt(now);
+        if let (Peer::Neighbor(p), false) = (peer, was_open) {
+            if self.mgmt.is_open(peer) {
+                // What routing and the directory sent the neighbour before
+                // (it dropped it for lack of a session) goes again.
+                self.resync_neighbor(now, p);
+            }
+        }
     }
 
     /// Sends the RIB daemon's refusals and hands what arrived to the
@@ -149,8 +165,17 @@ impl NormalIpcp {
         }
         match (owner, peer) {
             (OwnerId::FLOW_ALLOCATOR, Peer::Remote(from)) => self.on_fa_cdap(now, from, &msg),
+            // Not a member yet: the enroller creates the flow-state
+            // objects for the enrollment, which loads them into routing
+            // once it has an address.
+            (OwnerId::ROUTING, Peer::Neighbor(p)) if !self.is_enrolled() => {
+                self.on_enroll_cdap(now, p, &msg)
+            }
             (OwnerId::ROUTING, _) => self.on_fsos_cdap(now, port, &msg),
             (OwnerId::NAMESPACE_MANAGER, _) => self.on_directory_cdap(now, port, &msg),
+            (OwnerId::ENROLLMENT, Peer::Neighbor(p)) => self.on_enroll_cdap(now, p, &msg),
+            (OwnerId::RESOURCE_ALLOCATOR, Peer::Neighbor(p)) => self.on_hello(now, p, &msg),
+            (OwnerId::SECURITY_MANAGER, Peer::Neighbor(p)) => self.on_port_auth_cdap(now, p, &msg),
             _ => self.counters.rx_mgmt_malformed += 1,
         }
     }

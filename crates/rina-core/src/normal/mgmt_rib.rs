@@ -22,13 +22,34 @@
 //!   if that owner allows the request it answers (the flow allocator
 //!   repairs an acceptance that came after it gave up), and is otherwise
 //!   counted and dropped;
-//! * anything else (`M_CONNECT`, `M_RELEASE`, ...) is counted and dropped:
-//!   application connections are the enrollment's, on its own channel.
+//! * **session messages** (`M_CONNECT`, `M_CONNECT_R`, `M_RELEASE`,
+//!   `M_RELEASE_R`): an enrollee's `M_CONNECT` (from address 0) and the
+//!   answer to this IPCP's own enrollment `M_CONNECT` go to the enrollment
+//!   task; between members they open and close the session with a
+//!   neighbour here ([`MgmtRib::connect`], [`SessionState`]).
 //!
 //! A session is kept per peer ([`Peer`]): the neighbour on an N-1 port for
 //! the objects exchanged between neighbours (routing, the directory, RIB
-//! reads), and the member at an address for flow objects, which travel end
-//! to end.
+//! reads, enrollment, hellos, port authentication), and the member at an
+//! address for flow objects, which travel end to end.
+//!
+//! # Gates
+//!
+//! [`MgmtRib::take_gated`] applies, by the component a message is for (the
+//! owner of its object, or the component whose request it answers), the two
+//! rules of the normal IPCP:
+//!
+//! * from a neighbour not admitted (a DIF that authenticates, before
+//!   enrollment or port authentication), only messages for the enrollment
+//!   task and the security manager pass ([`PRE_ADMISSION`]); the rest is
+//!   dropped ([`Verdict::Unadmitted`]);
+//! * with sessions required (membership on), a neighbour's message for
+//!   another component than those and the hellos ([`SESSIONLESS`]) needs a
+//!   session opened with `M_CONNECT` / `M_CONNECT_R`: otherwise a request
+//!   is refused with [`RESULT_NO_SESSION`] and anything else dropped, both
+//!   counted ([`MgmtCounters::refused_no_session`]). Sessions with members
+//!   at an address (flow objects, end to end) need no opening: every hop on
+//!   the way admitted its neighbour.
 
 use super::N1Port;
 use crate::rib::daemon::{Ops, RibDaemon, RibEvent, SessionId};
@@ -55,6 +76,79 @@ pub enum Peer {
     Remote(Address),
 }
 
+/// Result of a request refused because the peer has no open session.
+pub const RESULT_NO_SESSION: i32 = -8;
+
+/// The components that take messages from a neighbour that is not admitted
+/// yet: enrollment and port authentication.
+pub const PRE_ADMISSION: [OwnerId; 2] = [OwnerId::ENROLLMENT, OwnerId::SECURITY_MANAGER];
+
+/// The components that take a neighbour's messages without a session:
+/// those of [`PRE_ADMISSION`] and the hellos (which bring the neighbour up).
+pub const SESSIONLESS: [OwnerId; 3] = [
+    OwnerId::ENROLLMENT,
+    OwnerId::SECURITY_MANAGER,
+    OwnerId::RESOURCE_ALLOCATOR,
+];
+
+/// Where the CDAP session with a neighbour is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SessionState {
+    /// No `M_CONNECT` exchanged (or released, or the neighbour went down).
+    #[default]
+    Idle,
+    /// Our `M_CONNECT` waits for its `M_CONNECT_R`.
+    Connecting,
+    /// Opened: by an `M_CONNECT` we accepted or an `M_CONNECT_R` that
+    /// accepted ours (enrollment's included).
+    Open,
+}
+
+impl SessionState {
+    /// The name shown in the RIB.
+    pub fn name(self) -> &'static str {
+        match self {
+            SessionState::Idle => "idle",
+            SessionState::Connecting => "connecting",
+            SessionState::Open => "open",
+        }
+    }
+}
+
+/// What the IPCP knows of a message's sender when it hands it to
+/// [`MgmtRib::take_gated`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gate {
+    /// The neighbour is admitted (or admission is not required).
+    pub admitted: bool,
+    /// The message came from address 0: an IPCP that is enrolling.
+    pub from_enrollee: bool,
+    /// This IPCP is a member (has an address): it accepts `M_CONNECT`s.
+    pub member: bool,
+}
+
+impl Gate {
+    /// No restriction: admitted, from a member, to a member.
+    pub const OPEN: Gate = Gate {
+        admitted: true,
+        from_enrollee: false,
+        member: true,
+    };
+}
+
+/// What [`MgmtRib::take_gated`] did with a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Taken: dispatched, answered or counted by the daemon.
+    Taken,
+    /// Dropped: the neighbour is not admitted and the message is for none
+    /// of the [`PRE_ADMISSION`] components (the caller counts it).
+    Unadmitted,
+    /// Refused or dropped: no open session with the neighbour (counted in
+    /// [`MgmtCounters::refused_no_session`]).
+    NoSession,
+}
+
 /// A request this IPCP sent, waiting for its answer.
 #[derive(Debug, Clone, Copy)]
 struct Outstanding {
@@ -68,6 +162,10 @@ pub struct Session {
     next_invoke: InvokeId,
     outstanding: BTreeMap<InvokeId, Outstanding>,
     last_used: Instant,
+    /// Where its opening is (neighbours only).
+    pub state: SessionState,
+    /// Invoke id of our last `M_CONNECT`.
+    connect_id: Option<InvokeId>,
     /// Messages received and sent on it.
     pub counters: SessionCounters,
 }
@@ -91,6 +189,8 @@ impl Session {
             next_invoke: 1,
             outstanding: BTreeMap::new(),
             last_used: now,
+            state: SessionState::Idle,
+            connect_id: None,
             counters: SessionCounters::default(),
         }
     }
@@ -131,6 +231,11 @@ pub struct MgmtCounters {
     pub rx_not_object: u64,
     /// Sessions dropped to make room for others.
     pub sessions_evicted: u64,
+    /// A neighbour's messages refused or dropped for lack of an open
+    /// session.
+    pub refused_no_session: u64,
+    /// Sessions opened with neighbours.
+    pub sessions_opened: u64,
 }
 
 /// The IPCP's RIB daemon: object owners, per-peer sessions. See the module
@@ -143,6 +248,11 @@ pub struct MgmtRib {
     sessions: BTreeMap<Peer, Session>,
     next_id: SessionId,
     inbound: VecDeque<Inbound>,
+    /// Answers of the daemon itself (session messages, refusals for lack
+    /// of a session).
+    replies: VecDeque<(Peer, CdapMessage)>,
+    /// Whether neighbours need an open session (see [`MgmtRib::take_gated`]).
+    require_sessions: bool,
     counters: MgmtCounters,
 }
 
@@ -151,8 +261,11 @@ pub const FLOWS_PREFIX: &str = rina_wire::fa::FLOWS_PATH;
 
 impl MgmtRib {
     /// The daemon with the objects of the normal IPCP registered: flow
-    /// objects, flow-state objects, the directory forwarding table, and
-    /// reads of everything.
+    /// objects, flow-state objects, the directory forwarding table, the
+    /// enrollment objects (`/difm/enr`, `/difm/ops`, `/dt`, and the
+    /// directory entries an enroller creates, `/difm/nsm/dft`), the hello
+    /// (`/difm/enr/hello`), port authentication (`/difm/auth`), and reads
+    /// of everything.
     pub fn new() -> Self {
         let mut daemon = RibDaemon::new(DaemonConfig::default());
         let owned = [
@@ -176,6 +289,36 @@ impl MgmtRib {
                 OwnerId::RIB_DAEMON,
                 Ops::of(&[OpCode::Read]),
             ),
+            (
+                crate::enrollment::OBJ_ENROLLMENT,
+                OwnerId::ENROLLMENT,
+                Ops::of(&[OpCode::Start, OpCode::Stop, OpCode::Create, OpCode::Read]),
+            ),
+            (
+                crate::enrollment::OBJ_OPERATIONAL,
+                OwnerId::ENROLLMENT,
+                Ops::of(&[OpCode::Start, OpCode::Read]),
+            ),
+            (
+                crate::enrollment::OBJ_DATA_TRANSFER,
+                OwnerId::ENROLLMENT,
+                Ops::of(&[OpCode::Create, OpCode::Read]),
+            ),
+            (
+                crate::enrollment::OBJ_DIRECTORY,
+                OwnerId::ENROLLMENT,
+                Ops::of(&[OpCode::Create, OpCode::Read]),
+            ),
+            (
+                super::membership::HELLO_OBJ_NAME,
+                OwnerId::RESOURCE_ALLOCATOR,
+                Ops::of(&[OpCode::Write, OpCode::Read]),
+            ),
+            (
+                super::membership::PORT_AUTH_PREFIX,
+                OwnerId::SECURITY_MANAGER,
+                Ops::of(&[OpCode::Write]),
+            ),
         ];
         for (prefix, owner, ops) in owned {
             // Valid names, each subscribed once.
@@ -188,6 +331,8 @@ impl MgmtRib {
             sessions: BTreeMap::new(),
             next_id: 1,
             inbound: VecDeque::new(),
+            replies: VecDeque::new(),
+            require_sessions: false,
             counters: MgmtCounters::default(),
         }
     }
@@ -389,6 +534,9 @@ impl MgmtRib {
 
     /// The next refusal of the daemon to send, and to whom.
     pub fn poll_transmit(&mut self) -> Option<(Peer, CdapMessage)> {
+        if let Some(r) = self.replies.pop_front() {
+            return Some(r);
+        }
         while let Some((id, msg)) = self.daemon.poll_transmit() {
             if let Some(peer) = self.peers.get(&id) {
                 return Some((*peer, msg));
@@ -413,9 +561,12 @@ fn request_of(op: OpCode) -> Option<OpCode> {
         OpCode::WriteR => OpCode::Write,
         OpCode::StartR => OpCode::Start,
         OpCode::StopR => OpCode::Stop,
+        OpCode::ConnectR => OpCode::Connect,
+        OpCode::ReleaseR => OpCode::Release,
         _ => return None,
     })
 }
 
+mod gate;
 #[cfg(test)]
 mod tests;

@@ -22,7 +22,8 @@
 //! found in the static directory, or also in a disseminated directory
 //! ([`crate::directory::Directory`]) when
 //! [`NormalConfig::dynamic_directory`] is set — see [`directory_glue`].
-//! Membership (hellos, enrollment) is [`membership`].
+//! Membership (hellos, enrollment, port authentication) is [`membership`];
+//! its messages are CDAP objects of the RIB daemon like the others.
 //!
 //! Management PDUs addressed to this IPCP (or to address 0, a neighbour
 //! that does not know it yet) are handled here; others are relayed like
@@ -31,15 +32,19 @@
 //!
 //! # Management payloads
 //!
-//! The first byte of a management PDU's payload says which channel it is
-//! on:
+//! The first byte of a management PDU's payload says what it holds:
 //!
 //! | byte | meaning | handled by |
 //! |------|---------|------------|
-//! | `0xC0` ([`CDAP_DISCRIMINATOR`]) | one encoded CDAP message | the RIB daemon ([`mgmt_rib`]): object requests go to the component that registered the object and allows the operation (flow objects under `/fa/flows` to [`fa`], the flow-state objects to [`routing_glue`], the directory forwarding table to [`directory_glue`], reads of any object under the DIF's access policy); responses to the component that asked, matched in the peer's session by invoke id; the daemon refuses the rest with a reason |
-//! | `0xE0`, `0xE1`, `0xE2` | enrollment, hellos, port authentication | [`membership`] (before a neighbour is admitted, only these pass) |
-//! | `0xF6` ([`FRAGMENT_DISCRIMINATOR`]) | a fragment of a larger management message | reassembled, then handled as above |
-//! | anything else | not this machine's | [`Action::Management`] |
+//! | `0xC0` ([`CDAP_DISCRIMINATOR`]) | one encoded CDAP message | the RIB daemon ([`mgmt_rib`]): object requests go to the component that registered the object and allows the operation (flow objects under `/fa/flows` to [`fa`], the flow-state objects to [`routing_glue`], the directory forwarding table to [`directory_glue`], the enrollment objects `/difm/enr`, `/difm/ops`, `/dt`, `/difm/nsm/dft` to the enrollment task and the hello `/difm/enr/hello` to neighbour management in [`membership`], port authentication `/difm/auth/port/...` to the security manager, reads of any object under the DIF's access policy); responses to the component that asked, matched in the peer's session by invoke id; `M_CONNECT`/`M_RELEASE` open and close the session with a neighbour (an enrollee's `M_CONNECT` is the enrollment's); before a neighbour is admitted only the enrollment's and port authentication's messages pass, and without an open session only those and hellos; the daemon refuses the rest with a reason |
+//! | `0xF6` ([`FRAGMENT_DISCRIMINATOR`]) | a fragment of a CDAP message too large for one PDU | reassembled per port, then handled as above |
+//! | anything else | not this machine's (the former channels `0xE0`–`0xE2` of enrollment, hellos and port authentication included) | counted (`rx_mgmt_unknown`) and left to the driver as [`Action::Management`] |
+//!
+//! `0xF6` is not a channel of its own: it is the transport below CDAP,
+//! which cuts a management message larger than a PDU into pieces and puts
+//! them back together before anything looks at the message; what a
+//! fragment may do (pass before admission, before keys) is decided again
+//! on the whole message.
 //!
 //! The driver feeds frames ([`NormalIpcp::on_frame`]), application
 //! requests and writes ([`NormalIpcp::write`]) and timeouts, and carries out
@@ -350,6 +355,11 @@ pub struct Counters {
     /// Management messages for a machine that does not run here (routing
     /// or the directory off, or not started before enrollment); dropped.
     pub rx_mgmt_unhandled: u64,
+    /// Management payloads that are neither CDAP nor a fragment (an
+    /// unknown first byte, such as the channels 0xE0–0xE2 that enrollment,
+    /// hellos and port authentication once had): no machine here takes
+    /// them; they go to the driver as [`Action::Management`].
+    pub rx_mgmt_unknown: u64,
 }
 
 impl Counters {
@@ -377,6 +387,7 @@ impl Counters {
             ("rx_mgmt_malformed", self.rx_mgmt_malformed),
             ("rib_reads_answered", self.rib_reads_answered),
             ("rx_mgmt_unhandled", self.rx_mgmt_unhandled),
+            ("rx_mgmt_unknown", self.rx_mgmt_unknown),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -567,6 +578,8 @@ impl NormalIpcp {
             now: Instant::ZERO,
             cfg,
         };
+        // Members that say hello open a session with each neighbour.
+        ipcp.mgmt.set_require_sessions(ipcp.mship.is_some());
         ipcp.register_mgmt_entity(Instant::ZERO);
         Ok(ipcp)
     }
@@ -683,8 +696,9 @@ impl NormalIpcp {
     /// announced on it is taken down first (as by
     /// [`NormalIpcp::neighbor_down`] at the latest time seen).
     pub fn remove_port(&mut self, port: N1Port) {
+        let now = self.now;
+        self.release_session(now, port);
         if self.neighbors.contains_key(&port) {
-            let now = self.now;
             self.neighbor_down(now, port);
         }
         self.membership_port_removed(port);
@@ -1109,15 +1123,16 @@ impl NormalIpcp {
         }
     }
 
-    /// Hands a whole management payload to its consumer: membership's
-    /// channels (hellos, enrollment, port authentication), or the RIB
-    /// daemon for CDAP; anything else is the driver's.
+    /// Hands a whole management payload to its consumer: the RIB daemon
+    /// for CDAP; anything else is counted (`rx_mgmt_unknown`) and left to
+    /// the driver.
     fn on_management(&mut self, now: Instant, port: Option<N1Port>, src: Address, payload: &[u8]) {
-        if self.on_membership_mgmt(now, port, payload) {
-            // Hello or enrollment.
-        } else if payload.first() == Some(&CDAP_DISCRIMINATOR) {
+        if payload.first() == Some(&CDAP_DISCRIMINATOR) {
             self.on_cdap(now, port, src, &payload[1..]);
-        } else if let Some(port) = port {
+            return;
+        }
+        self.counters.rx_mgmt_unknown += 1;
+        if let Some(port) = port {
             self.actions.push_back(Action::Management {
                 port,
                 src,
@@ -1573,5 +1588,7 @@ fn mix(vals: &[u64]) -> u64 {
 
 #[cfg(test)]
 mod lane_tests;
+#[cfg(test)]
+mod layer_mgmt_tests;
 #[cfg(test)]
 mod tests;

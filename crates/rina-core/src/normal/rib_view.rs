@@ -300,7 +300,9 @@ impl NormalIpcp {
 
     /// The RIB daemon's CDAP sessions, one object per peer
     /// (`/difm/cdap/sessions/peer=port-<N-1 port>` for a neighbour,
-    /// `peer=addr-<address>` for a member reached by address).
+    /// `peer=addr-<address>` for a member reached by address), with their
+    /// state (idle, connecting, open; implicit where no opening is needed)
+    /// and counters.
     fn put_sessions(&self, r: &mut Rib) {
         for (peer, s) in self.mgmt.sessions() {
             let key = match peer {
@@ -308,8 +310,14 @@ impl NormalIpcp {
                 super::mgmt_rib::Peer::Remote(a) => format!("addr-{a}"),
             };
             let c = &s.counters;
+            let state = match peer {
+                super::mgmt_rib::Peer::Neighbor(_) if self.mship.is_some() => s.state.name(),
+                // Members at an address, and neighbours the driver
+                // configured: no opening needed.
+                _ => "implicit",
+            };
             let value = format!(
-                "requests in {}, requests out {}, answers in {}, unmatched answers {}, outstanding {}",
+                "state {state}, requests in {}, requests out {}, answers in {}, unmatched answers {}, outstanding {}",
                 c.rx_requests,
                 c.tx_requests,
                 c.rx_responses,

@@ -5,18 +5,22 @@
 //! this member enrolled through it, or the two members authenticated each
 //! other on the port with the DIF's policy (the three messages of
 //! [`crate::enrollment::auth`], without the rest of enrollment). Until then
-//! only enrollment and port-authentication management messages pass; every
+//! only management messages for the enrollment task and the security manager
+//! (port authentication) pass — the RIB daemon checks this by the owner of
+//! their object, or of the request they answer ([`PRE_ADMISSION`]); every
 //! other frame (data, hellos, routing, directory, flow allocation, transit)
 //! is dropped and counted (`membership_unadmitted_dropped`). A node that
 //! skips enrollment with a configured address and no credentials therefore
 //! never gets a frame in.
 //!
-//! Port authentication, on management payloads starting with
-//! [`PORT_AUTH_DISCRIMINATOR`] and a kind byte: every member sends `HELLO`
-//! (its nonce) on each port not yet admitted, at once and then with every
-//! hello round; the peer answers `ANSWER` (its nonce and proof); the first
-//! checks it, admits the port, and sends `PROOF`, with which the peer
-//! admits it too. Both sides run this, so each admits the port as soon as
+//! Port authentication is the security manager's: unconfirmed CDAP
+//! `M_WRITE`s (through the RIB daemon, which lets them in before admission)
+//! of three objects under [`PORT_AUTH_PREFIX`], whose value is the policy's
+//! bytes: every member writes [`PORT_AUTH_HELLO`] (its nonce) on each port
+//! not yet admitted, at once and then with every hello round; the peer
+//! answers with [`PORT_AUTH_ANSWER`] (its nonce and proof); the first
+//! checks it, admits the port, and writes [`PORT_AUTH_PROOF`], with which
+//! the peer admits it too. Both sides run this, so each admits the port as soon as
 //! the other has proven itself over its own nonce. After a failure (wrong
 //! password, untrusted key) the next hello on that port waits 2 s, doubling
 //! up to [`MAX_PORT_AUTH_HOLD`], so a misconfigured neighbour is not
@@ -24,17 +28,37 @@
 
 use super::{N1Port, NormalIpcp};
 use crate::enrollment::{AuthFailure, Nonce};
+#[cfg(doc)]
+use crate::normal::mgmt_rib::PRE_ADMISSION;
 use crate::normal::{Action, MembershipEvent};
 use crate::sdup::aead::{ephemeral_public, SessionKeys};
 use crate::time::Instant;
+use rina_wire::cdap::{CdapMessage, OpCode, Value};
 use rina_wire::pci::{Pci, PduType};
 use std::time::Duration;
 
-/// First byte of a management payload of port authentication.
-pub const PORT_AUTH_DISCRIMINATOR: u8 = 0xE2;
+/// The security manager's objects: port authentication.
+pub const PORT_AUTH_PREFIX: &str = "/difm/auth";
+/// Object of the first message of port authentication (the nonce).
+pub const PORT_AUTH_HELLO: &str = "/difm/auth/port/hello";
+/// Object of the second (the answerer's nonce and proof).
+pub const PORT_AUTH_ANSWER: &str = "/difm/auth/port/answer";
+/// Object of the third (the first one's proof).
+pub const PORT_AUTH_PROOF: &str = "/difm/auth/port/proof";
+/// Class of the port-authentication objects.
+pub const PORT_AUTH_CLASS: &str = "PortAuthentication";
 const KIND_HELLO: u8 = 1;
 const KIND_ANSWER: u8 = 2;
 const KIND_PROOF: u8 = 3;
+
+/// The object a kind of message is written to.
+pub(super) fn port_auth_object(kind: u8) -> &'static str {
+    match kind {
+        KIND_HELLO => PORT_AUTH_HELLO,
+        KIND_ANSWER => PORT_AUTH_ANSWER,
+        _ => PORT_AUTH_PROOF,
+    }
+}
 /// Longest wait between port authentications after failures.
 pub const MAX_PORT_AUTH_HOLD: std::time::Duration = std::time::Duration::from_secs(64);
 
@@ -91,7 +115,7 @@ impl NormalIpcp {
                 .is_some_and(|m| m.admitted.contains(&port))
     }
 
-    fn count_unadmitted(&mut self) {
+    pub(in crate::normal) fn count_unadmitted(&mut self) {
         if let Some(m) = self.mship.as_mut() {
             m.counters.unadmitted_dropped += 1;
         }
@@ -106,21 +130,6 @@ impl NormalIpcp {
         }
         self.count_unadmitted();
         false
-    }
-
-    /// Whether a whole management payload from `port` may be taken: from a
-    /// port not admitted, only enrollment and port authentication.
-    pub(super) fn admit_management(&mut self, port: N1Port, payload: &[u8]) -> bool {
-        if self.port_admitted(port) {
-            return true;
-        }
-        match payload.first() {
-            Some(&super::ENROLL_DISCRIMINATOR | &PORT_AUTH_DISCRIMINATOR) => true,
-            _ => {
-                self.count_unadmitted();
-                false
-            }
-        }
     }
 
     /// The peer on `port` is authenticated.
@@ -190,8 +199,33 @@ impl NormalIpcp {
         self.send_port_auth(now, port, KIND_HELLO, &hello);
     }
 
-    /// A port-authentication message from `port`.
-    pub(super) fn on_port_auth(&mut self, now: Instant, port: N1Port, bytes: &[u8]) {
+    /// A port-authentication message (an `M_WRITE` of one of its objects)
+    /// from the neighbour on `port`, through the RIB daemon.
+    pub(in crate::normal) fn on_port_auth_cdap(
+        &mut self,
+        now: Instant,
+        port: N1Port,
+        msg: &CdapMessage,
+    ) {
+        let kind = match msg.obj_name.as_deref() {
+            Some(PORT_AUTH_HELLO) => KIND_HELLO,
+            Some(PORT_AUTH_ANSWER) => KIND_ANSWER,
+            Some(PORT_AUTH_PROOF) => KIND_PROOF,
+            _ => 0,
+        };
+        let body = match msg.value() {
+            Some(Value::Bytes(b)) if msg.op_code() == OpCode::Write => b,
+            _ => Vec::new(),
+        };
+        let mut bytes = Vec::with_capacity(body.len() + 1);
+        bytes.push(kind);
+        bytes.extend_from_slice(&body);
+        self.on_port_auth(now, port, &bytes);
+    }
+
+    /// A port-authentication message from `port`: its kind, then the
+    /// policy's bytes.
+    fn on_port_auth(&mut self, now: Instant, port: N1Port, bytes: &[u8]) {
         if self.cfg.address == 0 || !self.admission_required() {
             if let Some(m) = self.mship.as_mut() {
                 m.counters.enroll_stray += 1;

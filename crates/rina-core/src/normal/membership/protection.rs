@@ -16,13 +16,14 @@
 //! a new handshake after the configured volume or time, and a port whose
 //! peer seals under a key this side never got starts one too.
 
+use super::admission::{port_auth_object, PORT_AUTH_CLASS};
 use super::{N1Port, NormalIpcp};
-use crate::normal::membership::{
-    ENROLL_DISCRIMINATOR, HELLO_DISCRIMINATOR, PORT_AUTH_DISCRIMINATOR,
-};
-use crate::normal::{Action, FRAGMENT_DISCRIMINATOR};
+use crate::normal::mgmt_rib::Peer;
+use crate::normal::{Action, CDAP_DISCRIMINATOR, FRAGMENT_DISCRIMINATOR};
+use crate::rib::OwnerId;
 use crate::sdup::aead::{self, CryptoCounters, OpenError, Opened, PortCrypto, SessionKeys};
 use crate::time::Instant;
+use rina_wire::cdap::CdapMessage;
 use rina_wire::pci::{self, Body, Pci, PduType};
 use std::borrow::Cow;
 
@@ -96,8 +97,10 @@ impl NormalIpcp {
     /// Sends a port-authentication message on `port`: through the RMT when
     /// not encrypting, straight to the port in clear when encrypting.
     pub(super) fn send_port_auth(&mut self, now: Instant, port: N1Port, kind: u8, body: &[u8]) {
-        let mut payload = vec![PORT_AUTH_DISCRIMINATOR, kind];
-        payload.extend_from_slice(body);
+        let msg = CdapMessage::write(PORT_AUTH_CLASS, port_auth_object(kind), body.to_vec());
+        self.mgmt.unconfirmed(now, Peer::Neighbor(port));
+        let mut payload = vec![CDAP_DISCRIMINATOR];
+        payload.extend_from_slice(&msg.encode());
         if !self.encrypting() {
             return self.send_management(now, port, 0, &payload);
         }
@@ -131,7 +134,7 @@ impl NormalIpcp {
         if !self.encrypting() {
             return Some(frame);
         }
-        let may_go_clear = self.is_handshake_frame(&frame, false, true);
+        let may_go_clear = self.is_handshake_frame(primary, &frame, false, true);
         let m = self.mship.as_mut()?;
         let rekey = m.cfg.encryption.unwrap_or_default();
         let c = m.crypto.entry(primary).or_default();
@@ -149,12 +152,12 @@ impl NormalIpcp {
         None
     }
 
-    /// Whether `frame` (SDU-protected, not encrypted) is a management PDU
-    /// that agrees keys: enrollment or port authentication, and with
-    /// `before_keys` also what leads to them (a membership hello, which
-    /// starts enrollment, and management fragments). A received one
+    /// Whether `frame` (SDU-protected, not encrypted) on `port` is a
+    /// management PDU that agrees keys: enrollment or port authentication,
+    /// and with `before_keys` also what leads to them (a membership hello,
+    /// which starts enrollment, and management fragments). A received one
     /// (`rx`) must be for this IPCP.
-    fn is_handshake_frame(&self, frame: &[u8], rx: bool, before_keys: bool) -> bool {
+    fn is_handshake_frame(&self, port: N1Port, frame: &[u8], rx: bool, before_keys: bool) -> bool {
         let Ok(un) = self.sdup.unprotect(frame) else {
             return false;
         };
@@ -163,12 +166,47 @@ impl NormalIpcp {
         };
         let local = !rx || pdu.pci.dst_addr == 0 || pdu.pci.dst_addr == self.cfg.address;
         match pdu.body {
-            Body::Data(p) if pdu.pci.pdu_type == PduType::Mgmt && local => match p.first() {
-                Some(&ENROLL_DISCRIMINATOR | &PORT_AUTH_DISCRIMINATOR) => true,
-                Some(&FRAGMENT_DISCRIMINATOR | &HELLO_DISCRIMINATOR) => before_keys,
+            Body::Data(p) if pdu.pci.pdu_type == PduType::Mgmt && local => match p.split_first() {
+                Some((&CDAP_DISCRIMINATOR, msg)) => {
+                    self.is_handshake_message(port, &pdu.pci, msg, rx, before_keys)
+                }
+                Some((&FRAGMENT_DISCRIMINATOR, _)) => before_keys,
                 _ => false,
             },
             _ => false,
+        }
+    }
+
+    /// Whether an encoded CDAP message is one of the handshake (see
+    /// [`NormalIpcp::is_handshake_frame`]), by the component the RIB
+    /// daemon gives it to: port authentication always; the hello before
+    /// keys; the enrollment's when it comes from an enrollee (address 0).
+    /// An enrollee (no address yet, nothing of the DIF to protect) takes
+    /// and sends its enrollment whatever the objects (the flow-state
+    /// objects an enroller creates are routing's); a member sends to
+    /// address 0 (an enrollee, or a neighbour whose address it does not
+    /// know yet) only what it addresses so.
+    fn is_handshake_message(
+        &self,
+        port: N1Port,
+        pci: &Pci,
+        bytes: &[u8],
+        rx: bool,
+        before_keys: bool,
+    ) -> bool {
+        let Ok(msg) = CdapMessage::decode(bytes) else {
+            return false;
+        };
+        let from_enrollee = pci.src_addr == 0;
+        let owner = self
+            .mgmt
+            .owner_for(Peer::Neighbor(port), &msg, from_enrollee);
+        match owner {
+            Some(OwnerId::SECURITY_MANAGER) => true,
+            Some(OwnerId::RESOURCE_ALLOCATOR) => before_keys,
+            _ if self.cfg.address == 0 => true,
+            Some(OwnerId::ENROLLMENT) if rx => from_enrollee,
+            _ => !rx && pci.dst_addr == 0,
         }
     }
 
@@ -191,7 +229,7 @@ impl NormalIpcp {
             Ok(Opened::Sealed(body)) => Some(Cow::Owned(body)),
             Ok(Opened::Clear(body)) => {
                 // Before keys, enrollment may come in fragments.
-                if self.is_handshake_frame(body, true, !keyed) {
+                if self.is_handshake_frame(port, body, true, !keyed) {
                     return Some(Cow::Borrowed(body));
                 }
                 let c = self.mship.as_mut()?.crypto.entry(port).or_default();

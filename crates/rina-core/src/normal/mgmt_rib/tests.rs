@@ -261,3 +261,91 @@ mod prop {
         }
     }
 }
+
+#[test]
+fn gates_let_only_enrollment_and_port_authentication_in_before_admission() {
+    let mut m = MgmtRib::new();
+    m.set_require_sessions(true);
+    let peer = Peer::Neighbor(3);
+    let unadmitted = Gate {
+        admitted: false,
+        from_enrollee: true,
+        member: true,
+    };
+    let start = CdapMessage::start("Enrollment", "/difm/enr").with_invoke_id(2);
+    let auth = CdapMessage::write("PortAuthentication", "/difm/auth/port/hello", vec![1u8]);
+    let hello = CdapMessage::write("Neighbor", "/difm/enr/hello", vec![1u8]);
+    let fsos = CdapMessage::write(FSOS_OBJ_CLASS, FSOS_OBJ_NAME, vec![0u8]);
+    let connect = CdapMessage::new(OpCode::Connect).with_invoke_id(1);
+    assert_eq!(
+        m.take_gated(ms(0), peer, connect, unadmitted),
+        Verdict::Taken
+    );
+    assert_eq!(m.take_gated(ms(0), peer, start, unadmitted), Verdict::Taken);
+    assert_eq!(m.take_gated(ms(0), peer, auth, unadmitted), Verdict::Taken);
+    assert_eq!(
+        m.take_gated(ms(0), peer, hello.clone(), unadmitted),
+        Verdict::Unadmitted
+    );
+    assert_eq!(
+        m.take_gated(ms(0), peer, fsos.clone(), unadmitted),
+        Verdict::Unadmitted
+    );
+    let owners: Vec<OwnerId> = drain(&mut m).iter().map(|i| i.owner).collect();
+    assert_eq!(
+        owners,
+        vec![
+            OwnerId::ENROLLMENT,
+            OwnerId::ENROLLMENT,
+            OwnerId::SECURITY_MANAGER
+        ]
+    );
+    // Admitted, but no session: hellos pass, routing does not.
+    let admitted = Gate {
+        admitted: true,
+        from_enrollee: false,
+        member: true,
+    };
+    assert_eq!(m.take_gated(ms(1), peer, hello, admitted), Verdict::Taken);
+    assert_eq!(
+        m.take_gated(ms(1), peer, fsos.clone(), admitted),
+        Verdict::NoSession
+    );
+    assert_eq!(m.counters().refused_no_session, 1);
+    // A member's M_CONNECT opens it; a non-member refuses one.
+    let connect = CdapMessage::new(OpCode::Connect).with_invoke_id(5);
+    assert_eq!(
+        m.take_gated(ms(2), peer, connect.clone(), admitted),
+        Verdict::Taken
+    );
+    let (to, r) = m.poll_transmit().unwrap();
+    assert_eq!(
+        (to, r.op_code(), r.result),
+        (peer, OpCode::ConnectR, Some(0))
+    );
+    assert_eq!(m.state(peer), SessionState::Open);
+    assert_eq!(m.take_gated(ms(3), peer, fsos, admitted), Verdict::Taken);
+    let other = Peer::Neighbor(4);
+    let not_member = Gate {
+        member: false,
+        ..admitted
+    };
+    m.take_gated(ms(4), other, connect, not_member);
+    let (_, r) = m.poll_transmit().unwrap();
+    assert_eq!(r.result, Some(gate::RESULT_NOT_MEMBER));
+    assert_eq!(m.state(other), SessionState::Idle);
+    // Our own M_CONNECT, accepted, opens a session; M_RELEASE closes it.
+    let c = m
+        .connect(ms(5), other, CdapMessage::new(OpCode::Connect))
+        .unwrap();
+    assert_eq!(m.state(other), SessionState::Connecting);
+    let ok = CdapMessage::response_to(&c, 0, "").unwrap();
+    m.take_gated(ms(6), other, ok, admitted);
+    assert_eq!(m.state(other), SessionState::Open);
+    assert!(m
+        .connect(ms(7), other, CdapMessage::new(OpCode::Connect))
+        .is_none());
+    let release = CdapMessage::release().with_invoke_id(9);
+    m.take_gated(ms(8), other, release, admitted);
+    assert_eq!(m.state(other), SessionState::Idle);
+}
