@@ -15,8 +15,10 @@
 --                  the control body or the payload, and the CRC-32 if enabled.
 --                  Every field is in network byte order.
 --   rina.mgmt      the payload of a management PDU: a one-byte discriminator
---                  (0xC0 CDAP, 0xE0 enrollment, 0xE1 hello, 0xFA the flow allocator before it spoke CDAP,
---                  0xF6 fragment) and what follows.
+--                  (0xC0 CDAP, which carries every management message: enrollment, hellos,
+--                  port authentication, the flow allocator, routing, the directory; 0xF6 a
+--                  fragment of a larger one; and, from older versions, 0xE0 enrollment, 0xE1
+--                  hello, 0xFA the flow allocator before it spoke CDAP) and what follows.
 --   rina.cdap      CDAP messages (protobuf; crates/rina-wire/src/cdap.rs field numbers).
 --   rina.shim_eth  shim DIF over Ethernet: EtherType 0xD1F0 frames, and ARP
 --                  (EtherType 0x0806) whose protocol type is 0xD1F0, with the
@@ -48,7 +50,8 @@ local PDU_TYPES = {
 }
 local DELIMITERS = { [0x07] = "complete SDU", [0x05] = "first fragment",
     [0x04] = "middle fragment", [0x06] = "last fragment" }
-local MGMT_KINDS = { [0xC0] = "CDAP", [0xE0] = "enrollment (CDAP)", [0xE1] = "hello (CDAP)",
+local MGMT_KINDS = { [0xC0] = "CDAP", [0xE0] = "enrollment (CDAP, older versions)",
+    [0xE1] = "hello (CDAP, older versions)",
     [0xFA] = "flow allocator (before CDAP)", [0xF6] = "fragment" }
 local FA_TYPES = { [1] = "REQUEST", [2] = "RESPONSE", [3] = "DEALLOC" }
 local OPCODES = {
