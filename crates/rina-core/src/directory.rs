@@ -332,6 +332,10 @@ pub struct Directory {
     foreign: Vec<(AppName, u64)>,
     /// Last sequence number used per own name, kept after expiry.
     own_seq: BTreeMap<AppName, u64>,
+    /// When the earliest own alive entry needs refreshing: kept by every
+    /// method that changes own entries or registrations, so that
+    /// [`Directory::poll_timeout`], asked after every event, scans nothing.
+    refresh_at: Option<Instant>,
     actions: VecDeque<DirectoryAction>,
     counters: Counters,
 }
@@ -355,6 +359,7 @@ impl Directory {
             local: BTreeSet::new(),
             foreign: Vec::new(),
             own_seq: BTreeMap::new(),
+            refresh_at: None,
             actions: VecDeque::new(),
             counters: Counters::default(),
         })
@@ -437,6 +442,7 @@ impl Directory {
         self.local.insert(name.clone());
         self.counters.registrations += 1;
         self.originate(now, name, true, version);
+        self.update_refresh_at();
         Ok(())
     }
 
@@ -449,6 +455,7 @@ impl Directory {
         self.counters.unregistrations += 1;
         let version = self.own_version(name);
         self.originate(now, name.clone(), false, version);
+        self.update_refresh_at();
         Ok(())
     }
 
@@ -514,16 +521,13 @@ impl Directory {
                 }
             }
         }
+        self.update_refresh_at();
     }
 
     /// When [`Directory::handle_timeout`] next needs to run, if ever. May be
     /// in the past: then run it at once.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let refresh = self
-            .own_alive()
-            .map(|s| s.rx_at + self.cfg.refresh_interval)
-            .min();
-        [self.db.poll_timeout(), refresh]
+        [self.db.poll_timeout(), self.refresh_at]
             .into_iter()
             .flatten()
             .min()
@@ -548,6 +552,15 @@ impl Directory {
         if self.db.flush_due(now) {
             self.flush(now);
         }
+        self.update_refresh_at();
+    }
+
+    /// Recomputes [`Directory::refresh_at`] from the own alive entries.
+    fn update_refresh_at(&mut self) {
+        self.refresh_at = self
+            .own_alive()
+            .map(|s| s.rx_at + self.cfg.refresh_interval)
+            .min();
     }
 
     /// The next thing the caller must do, if any.

@@ -305,12 +305,22 @@ impl Experiment {
 
     /// The same experiment shortened to `duration` (for CI and quick looks):
     /// traffic start and stop times, per-size perf time and event times are
-    /// scaled by the same factor; rates and sizes are unchanged.
-    pub fn shortened(mut self, duration: Duration) -> Experiment {
-        let f = duration.as_secs_f64() / self.duration.as_secs_f64().max(1e-9);
-        if f >= 1.0 {
+    /// scaled by the same factor; rates and sizes are unchanged. A longer
+    /// `duration` changes nothing (see [`Experiment::resized`]).
+    pub fn shortened(self, duration: Duration) -> Experiment {
+        if duration >= self.duration {
             return self;
         }
+        self.resized(duration)
+    }
+
+    /// The same experiment run for `duration`, shorter or longer (a
+    /// full-length run of a file that CI runs shortened): traffic start
+    /// and stop times, per-size perf time and event times are scaled by the
+    /// same factor; rates and sizes are unchanged; the load calibration
+    /// runs for its own duration, at most `duration`.
+    pub fn resized(mut self, duration: Duration) -> Experiment {
+        let f = duration.as_secs_f64() / self.duration.as_secs_f64().max(1e-9);
         let scale = |d: Duration| Duration::from_secs_f64(d.as_secs_f64() * f);
         for fl in &mut self.flows {
             fl.start = scale(fl.start);

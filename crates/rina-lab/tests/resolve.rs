@@ -172,3 +172,20 @@ fn metro_37_is_the_seed_003_network() {
     // The stack is five levels deep at the clients: link, home, video.
     assert!(e.difs.iter().position(|d| d.name == "video").unwrap() > e.dif("spn").unwrap());
 }
+
+#[test]
+fn resized_lengthens_traffic_while_shortened_never_does() {
+    let e = load(&example("metro-37.toml"), Some("spn-mr-90")).unwrap();
+    assert_eq!(e.duration.as_secs(), 60);
+    let long = e.clone().resized(std::time::Duration::from_secs(600));
+    assert_eq!(long.duration.as_secs(), 600);
+    // The flows run for the whole (longer) experiment; the calibration
+    // keeps its own 30 s.
+    assert!(long.flows.iter().all(|f| f.stop.as_secs() == 600));
+    assert_eq!(long.load.as_ref().unwrap().duration.as_secs(), 30);
+    let same = e.clone().shortened(std::time::Duration::from_secs(600));
+    assert_eq!(same.duration.as_secs(), 60);
+    let short = e.resized(std::time::Duration::from_secs(6));
+    assert!(short.flows.iter().all(|f| f.stop.as_secs() == 6));
+    assert_eq!(short.load.as_ref().unwrap().duration.as_secs(), 6);
+}

@@ -1,8 +1,8 @@
 //! Seeds 003 (ERASER, QTA-Mux on the 37-node network) and 004 (the 2-D
 //! urgency/cherish limiter) on the simulator's protocol engine — a
 //! `rina-core` System per node — shortened, with the patterns the papers
-//! report (issue 20). Seed 003 runs at 1/20 of the paper's rates (links
-//! and Table I sources scaled together, so the load is unchanged).
+//! report (issue 20). Seed 003 runs at the paper's rates (1 Gb/s links
+//! calibrated to 90 % load, Table I sources), shortened to 10–20 s.
 
 #[path = "real_common/mod.rs"]
 mod common;
@@ -39,12 +39,13 @@ fn run(exp: &Experiment) -> RunOutput {
     out
 }
 
-fn metro(variant: &str) -> RunOutput {
+/// Seed 003's `variant` at the paper's rates for `secs` seconds (the load
+/// calibrated over the same time).
+fn metro(variant: &str, secs: u64) -> RunOutput {
     let text = std::fs::read_to_string(common::example("metro-37.toml")).unwrap();
     let exp = load(&text, Some(variant))
         .unwrap()
-        .shortened(Duration::from_secs(10))
-        .scaled(0.1);
+        .shortened(Duration::from_secs(secs));
     run(&exp)
 }
 
@@ -53,19 +54,21 @@ const BEST_EFFORT: [&str; 2] = ["File Sharing", "Interactive"];
 
 #[test]
 fn seed_003_spn_mr_separates_urgent_from_best_effort_and_orders_loss_by_cherish() {
-    let out = metro("spn-mr-90");
+    // 20 s: long enough for the ON-OFF bursts to fill the BE queue past its
+    // cherish threshold (measured: 24x, Interactive 0.68 % loss).
+    let out = metro("spn-mr-90", 20);
     let avg = |c: &str| class(&out, c).avg_ms.unwrap();
     let urgent = URGENT.iter().map(|c| avg(c)).fold(0.0, f64::max);
     let be = BEST_EFFORT.iter().map(|c| avg(c)).fold(f64::MAX, f64::min);
-    // The paper has ~40x (Table II); at 1/10 of its rates every PDU's own
-    // serialisation is 10x longer and weighs on the urgent classes' mean
-    // (docs/seeds-qos.md: 4x at 1/20, 15x at 1/4), so this run shows less.
+    // The issue's pattern (the paper has ~40x in Table II).
     assert!(
-        be >= 5.0 * urgent,
+        be >= 20.0 * urgent,
         "best effort {be} ms vs urgent {urgent} ms"
     );
-    // Loss by cherish level: BE (B2) >= Bronze (B1) >= the A1/A2 classes.
+    // Loss by cherish level: BE (B2) >= Bronze (B1) >= the A1/A2 classes,
+    // and BE does lose (its queue threshold is the lowest at MR).
     let loss = |c: &str| class(&out, c).loss_pct;
+    assert!(loss("Interactive") > 0.0);
     assert!(loss("Interactive") >= loss("File Sharing"));
     for u in URGENT {
         assert!(loss("File Sharing") >= loss(u), "{u}");
@@ -74,25 +77,27 @@ fn seed_003_spn_mr_separates_urgent_from_best_effort_and_orders_loss_by_cherish(
 
 #[test]
 fn seed_003_spn_only_gives_every_class_about_the_same_delay() {
-    let out = metro("spn-only-90");
-    // The classes of MTU-sized SDUs; VoIP's 160-byte SDUs spend less time
-    // being serialised on the scaled links (see docs/seeds-qos.md).
-    let avgs: Vec<f64> = [
-        "HD Video Call",
-        "Online Gaming",
-        "File Sharing",
-        "Interactive",
-    ]
-    .iter()
-    .map(|c| class(&out, c).avg_ms.unwrap())
-    .collect();
+    let out = metro("spn-only-90", 10);
+    let avg = |c: &str| class(&out, c).avg_ms.unwrap();
+    // The most and the least urgent class, both of smooth sources (CBR
+    // and Poisson, MTU SDUs): the FIFO at MR treats them alike.
+    let (gold, be) = (avg("HD Video Call"), avg("Interactive"));
+    assert!(
+        gold.max(be) <= 1.05 * gold.min(be),
+        "HD Video Call {gold} ms, Interactive {be} ms"
+    );
+    // Every class within 1.25x: the high-rate ON-OFF sources (gaming,
+    // file sharing; 4-5 Mb/s each on IR links of 12-60 Mb/s) send most
+    // when their own bursts fill the queue, so their SDUs see ~1.2x the
+    // smooth classes' mean (docs/seeds-qos.md).
+    let avgs: Vec<f64> = URGENT.iter().chain(&BEST_EFFORT).map(|c| avg(c)).collect();
     let (lo, hi) = (
         avgs.iter().copied().fold(f64::MAX, f64::min),
         avgs.iter().copied().fold(0.0, f64::max),
     );
-    assert!(hi <= 1.2 * lo, "{avgs:?}");
+    assert!(hi <= 1.25 * lo, "{avgs:?}");
     // And the queueing is at MR: far above the unloaded minimum.
-    assert!(lo > 3.0 * class(&out, "HD Video Call").min_ms.unwrap());
+    assert!(lo > 20.0 * class(&out, "HD Video Call").min_ms.unwrap());
 }
 
 fn home_isp(variant: &str) -> Experiment {

@@ -2,37 +2,27 @@
 //! in which they were scheduled, so a run never depends on heap internals.
 
 use rina_core::Instant;
-use std::cmp::{Ordering, Reverse};
+use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-struct Entry<E> {
+/// A heap entry: small and `Copy`, so the heap's sifting moves 24 bytes
+/// whatever the size of the event, which waits in the queue's slab.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Entry {
     at: Instant,
     seq: u64,
-    event: E,
-}
-
-impl<E> PartialEq for Entry<E> {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.seq) == (other.at, other.seq)
-    }
-}
-impl<E> Eq for Entry<E> {}
-impl<E> PartialOrd for Entry<E> {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl<E> Ord for Entry<E> {
-    fn cmp(&self, other: &Self) -> Ordering {
-        (self.at, self.seq).cmp(&(other.at, other.seq))
-    }
+    slot: usize,
 }
 
 /// A priority queue of events keyed by `(time, insertion sequence)`: the
 /// earliest event comes first, and of events at the same instant the one
 /// scheduled first.
 pub struct EventQueue<E> {
-    heap: BinaryHeap<Reverse<Entry<E>>>,
+    heap: BinaryHeap<Reverse<Entry>>,
+    /// The events, by slot; a slot is free once its event is popped.
+    slots: Vec<Option<E>>,
+    /// Slots free for the next events.
+    free: Vec<usize>,
     seq: u64,
 }
 
@@ -40,6 +30,8 @@ impl<E> Default for EventQueue<E> {
     fn default() -> Self {
         EventQueue {
             heap: BinaryHeap::new(),
+            slots: Vec::new(),
+            free: Vec::new(),
             seq: 0,
         }
     }
@@ -55,7 +47,17 @@ impl<E> EventQueue<E> {
     pub fn push(&mut self, at: Instant, event: E) {
         let seq = self.seq;
         self.seq += 1;
-        self.heap.push(Reverse(Entry { at, seq, event }));
+        let slot = match self.free.pop() {
+            Some(i) => {
+                self.slots[i] = Some(event);
+                i
+            }
+            None => {
+                self.slots.push(Some(event));
+                self.slots.len() - 1
+            }
+        };
+        self.heap.push(Reverse(Entry { at, seq, slot }));
     }
 
     /// Time of the next event, if any.
@@ -65,12 +67,16 @@ impl<E> EventQueue<E> {
 
     /// The next event and its time, left in the queue.
     pub fn peek(&self) -> Option<(Instant, &E)> {
-        self.heap.peek().map(|Reverse(e)| (e.at, &e.event))
+        let Reverse(e) = self.heap.peek()?;
+        self.slots[e.slot].as_ref().map(|ev| (e.at, ev))
     }
 
     /// Removes and returns the next event.
     pub fn pop(&mut self) -> Option<(Instant, E)> {
-        self.heap.pop().map(|Reverse(e)| (e.at, e.event))
+        let Reverse(e) = self.heap.pop()?;
+        let ev = self.slots[e.slot].take()?;
+        self.free.push(e.slot);
+        Some((e.at, ev))
     }
 
     /// Number of events waiting.

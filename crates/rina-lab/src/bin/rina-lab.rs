@@ -141,8 +141,8 @@ struct RunArgs {
     /// the base experiment if it has none).
     #[arg(long = "variant", value_name = "NAME")]
     variants: Vec<String>,
-    /// Shorten the experiment to this duration (e.g. `5s`); traffic and
-    /// event times are scaled.
+    /// Shorten (or lengthen) the experiment to this duration (e.g. `5s`,
+    /// `600s`); traffic and event times are scaled.
     #[arg(long, value_name = "D", value_parser = parse_duration)]
     duration: Option<Duration>,
     /// Multiply every link rate and every tgen source's rate by F (e.g.
@@ -563,7 +563,7 @@ fn cmd_run(a: RunArgs) -> Result<u8, Fail> {
     let text = read_file(&a.file)?;
     let mut exps = resolve_all(&a.file, &text, &a.variants)?;
     if let Some(d) = a.duration {
-        exps = exps.into_iter().map(|e| e.shortened(d)).collect();
+        exps = exps.into_iter().map(|e| e.resized(d)).collect();
     }
     if let Some(f) = a.scale {
         if !(f > 0.0 && f.is_finite()) {
