@@ -134,7 +134,6 @@ impl NormalIpcp {
         if !self.encrypting() {
             return Some(frame);
         }
-        let may_go_clear = self.is_handshake_frame(primary, &frame, false, true);
         let m = self.mship.as_mut()?;
         let rekey = m.cfg.encryption.unwrap_or_default();
         let c = m.crypto.entry(primary).or_default();
@@ -145,6 +144,10 @@ impl NormalIpcp {
             }
             return sealed;
         }
+        // No keys yet: only the handshake goes, in clear (parsed only here,
+        // not for every sealed frame).
+        let may_go_clear = self.is_handshake_frame(primary, &frame, false, true);
+        let c = self.mship.as_mut()?.crypto.entry(primary).or_default();
         if may_go_clear {
             return Some(c.clear(&frame));
         }
