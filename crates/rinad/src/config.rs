@@ -117,7 +117,9 @@
 //!                                 # initial_credit, initial/min/max_rto_ms,
 //!                                 # max_retries, ack_every, congestion_control
 //!                                 # ("dctcp" default of reliable cubes, "aimd",
-//!                                 # "none"), initial/min/max_window, gain_shift
+//!                                 # "none"), initial/min/max_window, gain_shift,
+//!                                 # rate_pdus, rate_frame_ms (rate-based flow
+//!                                 # control: PDUs per frame; 0 PDUs: off)
 //! ```
 //!
 //! With `routing = "link-state"` and `directory_mode = "distributed"` the

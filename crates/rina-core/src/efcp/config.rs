@@ -364,6 +364,11 @@ pub struct EfcpTuning {
     pub max_window: Option<u64>,
     /// DCTCP gain g = 2^-gain_shift.
     pub gain_shift: Option<u32>,
+    /// Rate-based flow control (DTCP's [`RateFc`], on cubes with DTCP):
+    /// at most this many data PDUs per `rate_frame_ms`; 0 turns it off.
+    pub rate_pdus: Option<u64>,
+    /// The frame of rate-based flow control (default 10 ms).
+    pub rate_frame_ms: Option<u64>,
 }
 
 /// Largest window, credit or congestion window an EFCP tuning may ask
@@ -398,7 +403,9 @@ impl EfcpTuning {
         check("initial_window", self.initial_window, 1, w)?;
         check("min_window", self.min_window, 1, w)?;
         check("max_window", self.max_window, 1, w)?;
-        check("gain_shift", self.gain_shift.map(u64::from), 0, 10)
+        check("gain_shift", self.gain_shift.map(u64::from), 0, 10)?;
+        check("rate_pdus", self.rate_pdus, 0, w)?;
+        check("rate_frame_ms", self.rate_frame_ms, 1, MAX_TUNING_MS)
     }
 
     /// Applies the settings to `cfg` and checks the result.
@@ -434,8 +441,32 @@ impl EfcpTuning {
                 r.ack_every = self.ack_every.unwrap_or(r.ack_every);
             }
             self.apply_cc(d);
+            self.apply_rate(d);
         }
         cfg.validate()
+    }
+
+    fn apply_rate(&self, d: &mut DtcpConfig) {
+        let frame = |f: Option<&RateFc>| {
+            self.rate_frame_ms
+                .map(Duration::from_millis)
+                .or(f.map(|r| r.frame))
+                .unwrap_or(Duration::from_millis(10))
+        };
+        match self.rate_pdus {
+            Some(0) => d.rate = None,
+            Some(n) => {
+                d.rate = Some(RateFc {
+                    pdus_per_frame: n,
+                    frame: frame(d.rate.as_ref()),
+                })
+            }
+            None => {
+                if let Some(r) = d.rate.as_mut() {
+                    r.frame = frame(Some(r));
+                }
+            }
+        }
     }
 
     fn apply_cc(&self, d: &mut DtcpConfig) {
@@ -490,5 +521,35 @@ mod tuning_tests {
         let mut f = EfcpConfig::flow_controlled();
         assert_eq!(on.apply(&mut f), Err(ConfigError::BadCc));
         assert!(toml::from_str::<EfcpTuning>("bogus = 1").is_err());
+    }
+
+    #[test]
+    fn rate_based_flow_control_is_set_and_turned_off_by_the_tuning() {
+        let mut c = EfcpConfig::reliable();
+        let t: EfcpTuning = toml::from_str("rate_pdus = 50\nrate_frame_ms = 20").unwrap();
+        t.apply(&mut c).unwrap();
+        let want = RateFc {
+            pdus_per_frame: 50,
+            frame: Duration::from_millis(20),
+        };
+        assert_eq!(c.rate(), Some(&want));
+        // The frame alone keeps the rate; 0 PDUs turns it off.
+        let t: EfcpTuning = toml::from_str("rate_frame_ms = 5").unwrap();
+        t.apply(&mut c).unwrap();
+        assert_eq!(
+            c.rate().map(|r| (r.pdus_per_frame, r.frame)),
+            Some((50, Duration::from_millis(5)))
+        );
+        let off: EfcpTuning = toml::from_str("rate_pdus = 0").unwrap();
+        off.apply(&mut c).unwrap();
+        assert_eq!(c.rate(), None);
+        let bad: EfcpTuning = toml::from_str("rate_pdus = 5\nrate_frame_ms = 0").unwrap();
+        assert!(matches!(
+            bad.apply(&mut c),
+            Err(ConfigError::OutOfRange {
+                key: "rate_frame_ms",
+                ..
+            })
+        ));
     }
 }

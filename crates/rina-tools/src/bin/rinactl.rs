@@ -96,7 +96,8 @@ enum What {
     /// the keys of a cube's `efcp` table as KEY=VALUE (a_timer_ms,
     /// max_sdu_gap, window, initial_credit, initial/min/max_rto_ms,
     /// max_retries, ack_every, congestion_control, initial/min/max_window,
-    /// gain_shift), range-checked. Flows allocated from then on use them
+    /// gain_shift, rate_pdus, rate_frame_ms), range-checked. Flows
+    /// allocated from then on use them
     /// (administrators only).
     #[command(alias = "dif-policy-mod")]
     Efcp {
