@@ -554,6 +554,33 @@ pub(super) fn new_ipcp(
 }
 
 impl EthIo {
+    /// Sends `frames` in order until they are gone or the socket is full:
+    /// through the link emulation frame by frame if there is one, else in
+    /// `sendmmsg` batches. Returns how many were taken (sent, or refused
+    /// for good and counted) and whether it stopped at a full socket.
+    fn send_now<F: AsRef<[u8]>>(&mut self, frames: &[F]) -> (usize, bool) {
+        if self.impair.is_none() {
+            let o = send_batch(self.sock.as_raw_fd(), frames);
+            self.tx_syscalls += o.calls;
+            self.send_errors += o.failed as u64;
+            if let Some(e) = &o.error {
+                debug!(interface = %self.interface, error = %e, "frame not sent");
+            }
+            return (o.sent + o.failed, o.blocked);
+        }
+        for (n, f) in frames.iter().enumerate() {
+            match transmit(self.sock.as_raw_fd(), &mut self.impair, &[f.as_ref()]) {
+                TxResult::Sent => {}
+                TxResult::Full => return (n, true),
+                TxResult::Failed(e) => {
+                    self.send_errors += 1;
+                    debug!(interface = %self.interface, error = %e, "frame not sent");
+                }
+            }
+        }
+        (frames.len(), false)
+    }
+
     /// Keeps frames for when the socket is writable again, at most
     /// [`STALL_MAX`]; beyond that they are lost (counted).
     fn stall(&mut self, rest: impl Iterator<Item = Vec<u8>>) {
@@ -692,21 +719,6 @@ impl Daemon {
             ip.stall(std::iter::once(frame));
             return;
         }
-        if ip.impair.is_some() {
-            // Link emulation decides frame by frame.
-            match transmit(ip.sock.as_raw_fd(), &mut ip.impair, &[&frame]) {
-                TxResult::Sent => {}
-                TxResult::Full => {
-                    ip.stalled.push_back(frame);
-                    self.eth_blocked(i);
-                }
-                TxResult::Failed(e) => {
-                    ip.send_errors += 1;
-                    debug!(interface = %ip.interface, error = %e, "frame not sent");
-                }
-            }
-            return;
-        }
         if ip.out.is_empty() {
             self.udp.dirty.push(i);
         }
@@ -724,19 +736,14 @@ impl Daemon {
         if ip.out.is_empty() {
             return;
         }
-        let o = send_batch(ip.sock.as_raw_fd(), &ip.out);
-        ip.tx_syscalls += o.calls;
-        ip.send_errors += o.failed as u64;
-        if let Some(e) = &o.error {
-            debug!(interface = %ip.interface, error = %e, "frame not sent");
-        }
         let mut out = std::mem::take(&mut ip.out);
-        if o.blocked {
-            ip.stall(out.drain(o.sent + o.failed..));
+        let (taken, blocked) = ip.send_now(&out);
+        if blocked {
+            ip.stall(out.drain(taken..));
         }
         out.clear();
         ip.out = out;
-        if o.blocked {
+        if blocked {
             self.eth_blocked(i);
         }
     }
@@ -748,30 +755,7 @@ impl Daemon {
         let Io::Eth(ip) = &mut self.ipcps[i].io else {
             return false;
         };
-        let (sent, blocked) = if ip.impair.is_some() {
-            let mut sent = 0;
-            let mut blocked = false;
-            for f in frames {
-                match transmit(ip.sock.as_raw_fd(), &mut ip.impair, &[f]) {
-                    TxResult::Sent => {}
-                    TxResult::Full => {
-                        blocked = true;
-                        break;
-                    }
-                    TxResult::Failed(_) => ip.send_errors += 1,
-                }
-                sent += 1;
-            }
-            (sent, blocked)
-        } else {
-            let o = send_batch(ip.sock.as_raw_fd(), frames);
-            ip.tx_syscalls += o.calls;
-            ip.send_errors += o.failed as u64;
-            if let Some(e) = &o.error {
-                debug!(port, error = %e, "frame not sent");
-            }
-            (o.sent + o.failed, o.blocked)
-        };
+        let (sent, blocked) = ip.send_now(frames);
         if !blocked {
             return false;
         }
@@ -804,24 +788,12 @@ impl Daemon {
         let Io::Eth(ip) = &mut self.ipcps[i].io else {
             return;
         };
-        if ip.impair.is_some() {
-            while let Some(frame) = ip.stalled.front() {
-                match transmit(ip.sock.as_raw_fd(), &mut ip.impair, &[frame]) {
-                    TxResult::Full => return,
-                    TxResult::Failed(_) => ip.send_errors += 1,
-                    TxResult::Sent => {}
-                }
-                ip.stalled.pop_front();
-            }
-        }
-        while !ip.stalled.is_empty() {
-            let o = send_batch(ip.sock.as_raw_fd(), ip.stalled.make_contiguous());
-            ip.tx_syscalls += o.calls;
-            ip.send_errors += o.failed as u64;
-            ip.stalled.drain(..o.sent + o.failed);
-            if o.blocked {
-                return;
-            }
+        let mut waiting = std::mem::take(&mut ip.stalled);
+        let (taken, blocked) = ip.send_now(waiting.make_contiguous());
+        waiting.drain(..taken);
+        ip.stalled = waiting;
+        if blocked {
+            return;
         }
         let _ = self.poll.registry().reregister(
             &mut SourceFd(&ip.sock.as_raw_fd()),
