@@ -170,26 +170,13 @@ impl NormalIpcp {
 mod tests {
     use super::*;
     use crate::directory;
+    use crate::normal::layer_mgmt_tests::mgmt_frame;
     use crate::normal::CDAP_DISCRIMINATOR;
-    use crate::normal::{Action, NormalConfig, MGMT_QOS_ID};
+    use crate::normal::{Action, NormalConfig};
     use crate::rmt::Fifo;
-    use rina_wire::pci::{self, Pci, PduType};
 
     fn ms(n: u64) -> Instant {
         Instant::from_nanos(n * 1_000_000)
-    }
-
-    fn mgmt_frame(p: &NormalIpcp, src: Address, payload: &[u8]) -> Vec<u8> {
-        let mut pci = Pci::new(PduType::Mgmt);
-        pci.src_addr = src;
-        pci.dst_addr = p.config().address;
-        pci.qos_id = MGMT_QOS_ID;
-        let mut pdu = Vec::new();
-        pci::encode_data(&p.config().dt, &pci, payload, &mut pdu).unwrap();
-        let mut frame = Vec::new();
-        p.sdup
-            .protect(&pdu, p.sdup.initial_ttl().unwrap_or(0), &mut frame);
-        frame
     }
 
     #[test]

@@ -176,8 +176,9 @@ fn port_authentication_and_sessions_of_members_recover_from_any_loss() {
     );
 }
 
-/// A management frame from address `src` on [`PORT`] holding `payload`.
-fn mgmt_frame(p: &NormalIpcp, src: Address, payload: &[u8]) -> Vec<u8> {
+/// A management frame from address `src` to `p` holding `payload` (also
+/// used by the routing and directory glue's tests).
+pub(super) fn mgmt_frame(p: &NormalIpcp, src: Address, payload: &[u8]) -> Vec<u8> {
     let mut pci = Pci::new(PduType::Mgmt);
     pci.src_addr = src;
     pci.dst_addr = p.config().address;
@@ -185,7 +186,8 @@ fn mgmt_frame(p: &NormalIpcp, src: Address, payload: &[u8]) -> Vec<u8> {
     let mut pdu = Vec::new();
     pci::encode_data(&p.config().dt, &pci, payload, &mut pdu).unwrap();
     let mut frame = Vec::new();
-    p.sdup.protect(&pdu, 16, &mut frame);
+    p.sdup
+        .protect(&pdu, p.sdup.initial_ttl().unwrap_or(0), &mut frame);
     frame
 }
 
