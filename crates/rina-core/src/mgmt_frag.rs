@@ -332,6 +332,13 @@ impl Reassembler {
             self.counters.rx_malformed += 1;
             return Err(FragError::TooLarge(h.total_len));
         }
+        // Every fragment carries at least one byte (but an empty message's
+        // one), so a count above the length is a lie; refusing it here keeps
+        // a 12-byte fragment from reserving room for 65 535 parts.
+        if usize::from(h.count) > (h.total_len as usize).max(1) {
+            self.counters.inconsistent += 1;
+            return Err(FragError::Inconsistent(h.msg_id));
+        }
         let key = (from_port, h.msg_id);
         if self.done.contains_key(&key) {
             self.counters.rx_late += 1;

@@ -34,6 +34,38 @@ fn header_format_is_documented_one() {
 }
 
 #[test]
+fn a_count_above_the_length_is_refused_before_anything_is_held() {
+    let mut r = reasm();
+    let mut f = Vec::new();
+    FragHeader {
+        msg_id: 9,
+        index: 0,
+        count: u16::MAX,
+        total_len: 10,
+    }
+    .write(&mut f);
+    f.extend_from_slice(b"ab");
+    assert_eq!(r.push(ms(0), 0, &f), Err(FragError::Inconsistent(9)));
+    assert_eq!(r.pending_len(), 0);
+    assert_eq!(r.counters().inconsistent, 1);
+    // As many fragments as bytes is still fine.
+    let whole = message(3, 1);
+    for (i, b) in whole.iter().enumerate() {
+        let mut f = Vec::new();
+        FragHeader {
+            msg_id: 10,
+            index: i as u16,
+            count: 3,
+            total_len: 3,
+        }
+        .write(&mut f);
+        f.push(*b);
+        let got = r.push(ms(1), 0, &f).unwrap();
+        assert_eq!(got.is_some(), i == 2);
+    }
+}
+
+#[test]
 fn split_limits() {
     assert_eq!(
         Fragmenter::split(0, b"x", HEADER_LEN),

@@ -66,8 +66,9 @@ pub const MAX_PORT_AUTH_HOLD: std::time::Duration = std::time::Duration::from_se
 #[derive(Debug, Default)]
 pub(super) struct PortAuth {
     /// Our ephemeral secret, while we wait for the peer's answer to our
-    /// hello (the nonce on the wire is its public key), and when we sent it.
-    secret: Option<Nonce>,
+    /// hello with its public key (the nonce on the wire, computed once and
+    /// not per hello sent again), and when we sent it.
+    secret: Option<(Nonce, Nonce)>,
     sent_at: Option<Instant>,
     /// Hellos of the peer we answered (the latest [`MAX_ANSWERED`]): what
     /// checking its proof needs, and the key exchange of that handshake.
@@ -193,9 +194,12 @@ impl NormalIpcp {
         if st.hold_until.is_some_and(|t| now < t) {
             return;
         }
-        let secret = *st.secret.get_or_insert_with(|| m.nonces.next_nonce());
+        let (_, public) = *st.secret.get_or_insert_with(|| {
+            let secret = m.nonces.next_nonce();
+            (secret, ephemeral_public(&secret))
+        });
         st.sent_at = Some(now);
-        let hello = m.cfg.auth().hello(&ephemeral_public(&secret));
+        let hello = m.cfg.auth().hello(&public);
         self.send_port_auth(now, port, KIND_HELLO, &hello);
     }
 
@@ -273,11 +277,11 @@ impl NormalIpcp {
                 }
             }
             KIND_ANSWER => {
-                let Some(secret) = m.port_auth.get(&port).and_then(|s| s.secret) else {
+                let Some((secret, own_nonce)) = m.port_auth.get(&port).and_then(|s| s.secret)
+                else {
                     // Late, or already admitted.
                     return;
                 };
-                let own_nonce = ephemeral_public(&secret);
                 let keys = auth.respond(&own_nonce, body).and_then(|proof| {
                     let peer = lead_nonce(body).unwrap_or_default();
                     let keys = SessionKeys::derive(&secret, &own_nonce, &peer, true)
