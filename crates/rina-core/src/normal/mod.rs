@@ -55,6 +55,7 @@ pub mod access;
 pub mod cubes;
 pub mod directory_glue;
 pub mod fa;
+mod fa_glue;
 pub mod membership;
 pub mod mgmt_cdap;
 pub mod mgmt_rib;
@@ -470,7 +471,7 @@ pub struct NormalIpcp {
     /// Largest fragment payload (delimiter included) that fits a DT PDU.
     frag_budget: usize,
     /// The flow allocator.
-    fa: fa::FaState,
+    fa: fa::FlowAllocator,
     /// PDUs (PCI and payload, unprotected) this IPCP sent to itself.
     loopback: VecDeque<Vec<u8>>,
     /// Membership (hellos, liveness, enrollment), when configured.
@@ -573,7 +574,7 @@ impl NormalIpcp {
             actions: VecDeque::new(),
             counters: Counters::default(),
             frag_budget,
-            fa: fa::FaState::new(),
+            fa: fa::FlowAllocator::new(),
             loopback: VecDeque::new(),
             now: Instant::ZERO,
             cfg,
@@ -657,8 +658,10 @@ impl NormalIpcp {
     }
 
     /// Data-path counters.
-    pub fn counters(&self) -> &Counters {
-        &self.counters
+    pub fn counters(&self) -> Counters {
+        let mut c = self.counters;
+        self.fa.counters().write_into(&mut c);
+        c
     }
 
     /// The RMT (forwarding table, queues, scheduler).
