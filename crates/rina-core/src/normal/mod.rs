@@ -57,8 +57,10 @@ pub mod directory_glue;
 pub mod fa;
 mod fa_glue;
 pub mod membership;
+mod membership_glue;
 pub mod mgmt_cdap;
 pub mod mgmt_rib;
+mod protection_glue;
 mod rib_remote;
 mod rib_view;
 pub mod routing_glue;
@@ -475,7 +477,7 @@ pub struct NormalIpcp {
     /// PDUs (PCI and payload, unprotected) this IPCP sent to itself.
     loopback: VecDeque<Vec<u8>>,
     /// Membership (hellos, liveness, enrollment), when configured.
-    mship: Option<Box<membership::MembershipState>>,
+    mship: Option<Box<membership::MembershipMachine>>,
     /// Splits management messages too large for one PDU.
     mgmt_frag: crate::mgmt_frag::Fragmenter,
     /// Puts them back together.
@@ -546,7 +548,7 @@ impl NormalIpcp {
             mship: cfg
                 .membership
                 .clone()
-                .map(|m| Box::new(membership::MembershipState::new(m, cfg.address != 0))),
+                .map(|m| Box::new(membership::MembershipMachine::new(m, cfg.address != 0))),
             mgmt_frag: crate::mgmt_frag::Fragmenter::new(),
             tx_used: BTreeMap::new(),
             rmt_more: false,

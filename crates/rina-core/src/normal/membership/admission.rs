@@ -26,15 +26,14 @@
 //! up to [`MAX_PORT_AUTH_HOLD`], so a misconfigured neighbour is not
 //! answered in a tight loop.
 
-use super::{N1Port, NormalIpcp};
+use super::{Ctx, MembershipEvent, MembershipMachine, MsOut, N1Port};
 use crate::enrollment::{AuthFailure, Nonce};
 #[cfg(doc)]
 use crate::normal::mgmt_rib::PRE_ADMISSION;
-use crate::normal::{Action, MembershipEvent};
+use crate::rmt::Address;
 use crate::sdup::aead::{ephemeral_public, SessionKeys};
 use crate::time::Instant;
 use rina_wire::cdap::{CdapMessage, OpCode, Value};
-use rina_wire::pci::{Pci, PduType};
 use std::time::Duration;
 
 /// The security manager's objects: port authentication.
@@ -52,7 +51,7 @@ const KIND_ANSWER: u8 = 2;
 const KIND_PROOF: u8 = 3;
 
 /// The object a kind of message is written to.
-pub(super) fn port_auth_object(kind: u8) -> &'static str {
+pub(in crate::normal) fn port_auth_object(kind: u8) -> &'static str {
     match kind {
         KIND_HELLO => PORT_AUTH_HELLO,
         KIND_ANSWER => PORT_AUTH_ANSWER,
@@ -60,7 +59,7 @@ pub(super) fn port_auth_object(kind: u8) -> &'static str {
     }
 }
 /// Longest wait between port authentications after failures.
-pub const MAX_PORT_AUTH_HOLD: std::time::Duration = std::time::Duration::from_secs(64);
+pub const MAX_PORT_AUTH_HOLD: Duration = Duration::from_secs(64);
 
 /// Port authentication in progress on one port.
 #[derive(Debug, Default)]
@@ -100,73 +99,56 @@ fn lead_nonce(b: &[u8]) -> Option<Nonce> {
     b.get(..32)?.try_into().ok()
 }
 
-impl NormalIpcp {
+impl MembershipMachine {
     /// Whether this IPCP admits ports: a member of a DIF that authenticates.
-    pub fn admission_required(&self) -> bool {
-        self.cfg.address != 0 && self.mship.as_ref().is_some_and(|m| m.cfg.authenticates())
+    pub(in crate::normal) fn admission_required(&self, address: Address) -> bool {
+        address != 0 && self.cfg.authenticates()
     }
 
-    /// Whether frames from `port` are taken: its peer authenticated (always
-    /// true where admission is not required).
-    pub fn port_admitted(&self, port: N1Port) -> bool {
-        !self.admission_required()
-            || self
-                .mship
-                .as_ref()
-                .is_some_and(|m| m.admitted.contains(&port))
+    /// Whether frames from `port` are taken by an IPCP at `address`: its
+    /// peer authenticated (always true where admission is not required).
+    pub(in crate::normal) fn is_admitted(&self, address: Address, port: N1Port) -> bool {
+        !self.admission_required(address) || self.admitted.contains(&port)
     }
 
+    pub(super) fn port_admitted(&self, cx: &Ctx, port: N1Port) -> bool {
+        self.is_admitted(cx.address(), port)
+    }
+
+    /// A frame from a port not admitted was dropped.
     pub(in crate::normal) fn count_unadmitted(&mut self) {
-        if let Some(m) = self.mship.as_mut() {
-            m.counters.unadmitted_dropped += 1;
-        }
-    }
-
-    /// Whether a frame with this PCI, from `port`, may go further: from a
-    /// port not admitted, only management PDUs for this IPCP (they are
-    /// checked again whole, [`NormalIpcp::admit_management`]).
-    pub(in crate::normal) fn admit_frame(&mut self, port: N1Port, pci: &Pci, local: bool) -> bool {
-        if self.port_admitted(port) || (pci.pdu_type == PduType::Mgmt && local) {
-            return true;
-        }
-        self.count_unadmitted();
-        false
+        self.counters.unadmitted_dropped += 1;
     }
 
     /// The peer on `port` is authenticated.
-    pub(super) fn admit_port(&mut self, now: Instant, port: N1Port) {
+    pub(super) fn admit_port(&mut self, cx: &Ctx, now: Instant, port: N1Port) {
         if self.encrypting() && !self.port_has_keys(port) {
             // Encrypting: admitted once keys are agreed on the port.
-            return self.start_port_auth(now, port);
+            return self.start_port_auth(cx, now, port);
         }
-        let Some(m) = self.mship.as_mut() else {
-            return;
-        };
-        if let Some(st) = m.port_auth.get_mut(&port) {
+        if let Some(st) = self.port_auth.get_mut(&port) {
             // A handshake the peer started may still complete (its keys).
             st.secret = None;
             st.sent_at = None;
             st.failures = 0;
             st.hold_until = None;
         }
-        if m.admitted.insert(port) && self.cfg.address != 0 {
-            self.send_hello(now, port);
+        if self.admitted.insert(port) && cx.address() != 0 {
+            self.send_hello(cx, now, port);
         }
     }
 
     /// Forgets `port`.
     pub(super) fn forget_port_admission(&mut self, port: N1Port) {
-        if let Some(m) = self.mship.as_mut() {
-            m.admitted.remove(&port);
-            m.port_auth.remove(&port);
-            m.crypto.remove(&port);
-        }
+        self.admitted.remove(&port);
+        self.port_auth.remove(&port);
+        self.crypto.remove(&port);
     }
 
     /// Sends (again) our port-authentication hello on `port` if it is not
     /// admitted yet.
-    pub(super) fn start_port_auth(&mut self, now: Instant, port: N1Port) {
-        if self.port_admitted(port) {
+    pub(super) fn start_port_auth(&mut self, cx: &Ctx, now: Instant, port: N1Port) {
+        if self.port_admitted(cx, port) {
             return;
         }
         self.send_port_auth_hello(now, port);
@@ -174,11 +156,8 @@ impl NormalIpcp {
 
     /// Starts a new handshake on an admitted port for fresh keys, unless
     /// one is under way (answered within a second).
-    pub(super) fn start_rekey(&mut self, now: Instant, port: N1Port) {
-        let Some(m) = self.mship.as_ref() else {
-            return;
-        };
-        let pending = m.port_auth.get(&port).is_some_and(|st| {
+    pub(in crate::normal) fn start_rekey(&mut self, now: Instant, port: N1Port) {
+        let pending = self.port_auth.get(&port).is_some_and(|st| {
             st.secret.is_some() && st.sent_at.is_some_and(|t| now < t + Duration::from_secs(1))
         });
         if !pending {
@@ -187,26 +166,29 @@ impl NormalIpcp {
     }
 
     fn send_port_auth_hello(&mut self, now: Instant, port: N1Port) {
-        let Some(m) = self.mship.as_mut() else {
-            return;
-        };
-        let st = m.port_auth.entry(port).or_default();
+        let st = self.port_auth.entry(port).or_default();
         if st.hold_until.is_some_and(|t| now < t) {
             return;
         }
+        let nonces = &mut self.nonces;
         let (_, public) = *st.secret.get_or_insert_with(|| {
-            let secret = m.nonces.next_nonce();
+            let secret = nonces.next_nonce();
             (secret, ephemeral_public(&secret))
         });
         st.sent_at = Some(now);
-        let hello = m.cfg.auth().hello(&public);
-        self.send_port_auth(now, port, KIND_HELLO, &hello);
+        let hello = self.cfg.auth().hello(&public);
+        self.send_port_auth(port, KIND_HELLO, hello);
+    }
+
+    fn send_port_auth(&mut self, port: N1Port, kind: u8, body: Vec<u8>) {
+        self.out.push_back(MsOut::PortAuth { port, kind, body });
     }
 
     /// A port-authentication message (an `M_WRITE` of one of its objects)
     /// from the neighbour on `port`, through the RIB daemon.
     pub(in crate::normal) fn on_port_auth_cdap(
         &mut self,
+        cx: &Ctx,
         now: Instant,
         port: N1Port,
         msg: &CdapMessage,
@@ -221,152 +203,138 @@ impl NormalIpcp {
             Some(Value::Bytes(b)) if msg.op_code() == OpCode::Write => b,
             _ => Vec::new(),
         };
-        let mut bytes = Vec::with_capacity(body.len() + 1);
-        bytes.push(kind);
-        bytes.extend_from_slice(&body);
-        self.on_port_auth(now, port, &bytes);
-    }
-
-    /// A port-authentication message from `port`: its kind, then the
-    /// policy's bytes.
-    fn on_port_auth(&mut self, now: Instant, port: N1Port, bytes: &[u8]) {
-        if self.cfg.address == 0 || !self.admission_required() {
-            if let Some(m) = self.mship.as_mut() {
-                m.counters.enroll_stray += 1;
-            }
+        if !self.admission_required(cx.address()) {
+            self.counters.enroll_stray += 1;
             return;
         }
-        let Some((&kind, body)) = bytes.split_first() else {
-            return self.port_auth_failed(now, port, AuthFailure::Malformed("empty"));
-        };
-        let Some(m) = self.mship.as_mut() else {
-            return;
-        };
-        let auth = m.cfg.auth();
         match kind {
-            KIND_HELLO => {
-                let initiator_nonce = lead_nonce(body).unwrap_or_default();
-                let st = m.port_auth.entry(port).or_default();
-                if let Some(r) = st
-                    .answered
-                    .iter()
-                    .find(|r| r.initiator_nonce == initiator_nonce)
-                {
-                    // The same hello again: the same answer.
-                    let answer = r.answer.clone();
-                    return self.send_port_auth(now, port, KIND_ANSWER, &answer);
-                }
-                let secret = m.nonces.next_nonce();
-                let own_nonce = ephemeral_public(&secret);
-                match auth.challenge(body, &own_nonce) {
-                    Ok((answer, ctx)) => {
-                        let st = m.port_auth.entry(port).or_default();
-                        if st.answered.len() >= MAX_ANSWERED {
-                            st.answered.remove(0);
-                        }
-                        st.answered.push(Responder {
-                            ctx,
-                            answer: answer.clone(),
-                            secret,
-                            initiator_nonce,
-                            own_nonce,
-                        });
-                        self.send_port_auth(now, port, KIND_ANSWER, &answer);
-                    }
-                    Err(f) => self.port_auth_failed(now, port, f),
-                }
-            }
-            KIND_ANSWER => {
-                let Some((secret, own_nonce)) = m.port_auth.get(&port).and_then(|s| s.secret)
-                else {
-                    // Late, or already admitted.
-                    return;
-                };
-                let keys = auth.respond(&own_nonce, body).and_then(|proof| {
-                    let peer = lead_nonce(body).unwrap_or_default();
-                    let keys = SessionKeys::derive(&secret, &own_nonce, &peer, true)
-                        .map_err(|_| AuthFailure::Malformed("low-order ephemeral key"))?;
-                    Ok((proof, keys))
-                });
-                match keys {
-                    Ok((proof, keys)) => {
-                        self.send_port_auth(now, port, KIND_PROOF, &proof);
-                        self.port_auth_ok(now, port, &keys);
-                    }
-                    Err(f) => self.port_auth_failed(now, port, f),
-                }
-            }
-            KIND_PROOF => {
-                let Some(st) = m.port_auth.get_mut(&port) else {
-                    return;
-                };
-                if st.answered.is_empty() {
-                    return;
-                }
-                // The proof answers one of the hellos we answered.
-                let mut result = Err(AuthFailure::BadProof);
-                for i in 0..st.answered.len() {
-                    let r = &st.answered[i];
-                    result = auth.verify(&r.ctx, body).and_then(|()| {
-                        SessionKeys::derive(&r.secret, &r.initiator_nonce, &r.own_nonce, false)
-                            .map_err(|_| AuthFailure::Malformed("low-order ephemeral key"))
-                    });
-                    if result.is_ok() {
-                        st.answered.remove(i);
-                        break;
-                    }
-                }
-                match result {
-                    Ok(keys) => self.port_auth_ok(now, port, &keys),
-                    Err(f) => {
-                        st.answered.clear();
-                        self.port_auth_failed(now, port, f)
-                    }
-                }
-            }
+            KIND_HELLO => self.on_port_auth_hello(now, port, &body),
+            KIND_ANSWER => self.on_port_auth_answer(cx, now, port, &body),
+            KIND_PROOF => self.on_port_auth_proof(cx, now, port, &body),
             _ => self.port_auth_failed(now, port, AuthFailure::Malformed("unknown kind")),
         }
     }
 
-    fn port_auth_ok(&mut self, now: Instant, port: N1Port, keys: &SessionKeys) {
-        if let Some(m) = self.mship.as_mut() {
-            m.counters.ports_authenticated += 1;
+    /// The peer's hello: answer it (the same answer to the same hello).
+    fn on_port_auth_hello(&mut self, now: Instant, port: N1Port, body: &[u8]) {
+        let initiator_nonce = lead_nonce(body).unwrap_or_default();
+        let st = self.port_auth.entry(port).or_default();
+        if let Some(r) = st
+            .answered
+            .iter()
+            .find(|r| r.initiator_nonce == initiator_nonce)
+        {
+            // The same hello again: the same answer.
+            let answer = r.answer.clone();
+            return self.send_port_auth(port, KIND_ANSWER, answer);
         }
+        let secret = self.nonces.next_nonce();
+        let own_nonce = ephemeral_public(&secret);
+        match self.cfg.auth().challenge(body, &own_nonce) {
+            Ok((answer, ctx)) => {
+                let st = self.port_auth.entry(port).or_default();
+                if st.answered.len() >= MAX_ANSWERED {
+                    st.answered.remove(0);
+                }
+                st.answered.push(Responder {
+                    ctx,
+                    answer: answer.clone(),
+                    secret,
+                    initiator_nonce,
+                    own_nonce,
+                });
+                self.send_port_auth(port, KIND_ANSWER, answer);
+            }
+            Err(f) => self.port_auth_failed(now, port, f),
+        }
+    }
+
+    /// The peer's answer to our hello: check it, prove ourselves, take the
+    /// keys.
+    fn on_port_auth_answer(&mut self, cx: &Ctx, now: Instant, port: N1Port, body: &[u8]) {
+        let Some((secret, own_nonce)) = self.port_auth.get(&port).and_then(|s| s.secret) else {
+            // Late, or already admitted.
+            return;
+        };
+        let keys = self.cfg.auth().respond(&own_nonce, body).and_then(|proof| {
+            let peer = lead_nonce(body).unwrap_or_default();
+            let keys = SessionKeys::derive(&secret, &own_nonce, &peer, true)
+                .map_err(|_| AuthFailure::Malformed("low-order ephemeral key"))?;
+            Ok((proof, keys))
+        });
+        match keys {
+            Ok((proof, keys)) => {
+                self.send_port_auth(port, KIND_PROOF, proof);
+                self.port_auth_ok(cx, now, port, &keys);
+            }
+            Err(f) => self.port_auth_failed(now, port, f),
+        }
+    }
+
+    /// The peer's proof, over one of the hellos we answered.
+    fn on_port_auth_proof(&mut self, cx: &Ctx, now: Instant, port: N1Port, body: &[u8]) {
+        let auth = self.cfg.auth();
+        let Some(st) = self.port_auth.get_mut(&port) else {
+            return;
+        };
+        if st.answered.is_empty() {
+            return;
+        }
+        let mut result = Err(AuthFailure::BadProof);
+        for i in 0..st.answered.len() {
+            let r = &st.answered[i];
+            result = auth.verify(&r.ctx, body).and_then(|()| {
+                SessionKeys::derive(&r.secret, &r.initiator_nonce, &r.own_nonce, false)
+                    .map_err(|_| AuthFailure::Malformed("low-order ephemeral key"))
+            });
+            if result.is_ok() {
+                st.answered.remove(i);
+                break;
+            }
+        }
+        match result {
+            Ok(keys) => self.port_auth_ok(cx, now, port, &keys),
+            Err(f) => {
+                st.answered.clear();
+                self.port_auth_failed(now, port, f)
+            }
+        }
+    }
+
+    fn port_auth_ok(&mut self, cx: &Ctx, now: Instant, port: N1Port, keys: &SessionKeys) {
+        self.counters.ports_authenticated += 1;
         self.install_keys(now, port, keys);
-        self.admit_port(now, port);
+        self.admit_port(cx, now, port);
     }
 
     fn port_auth_failed(&mut self, now: Instant, port: N1Port, f: AuthFailure) {
-        let Some(m) = self.mship.as_mut() else {
-            return;
-        };
-        m.counters.port_auth_failed += 1;
-        let st = m.port_auth.entry(port).or_default();
+        self.counters.port_auth_failed += 1;
+        let st = self.port_auth.entry(port).or_default();
         st.failures = st.failures.saturating_add(1);
-        let hold = std::time::Duration::from_secs(1 << st.failures.min(6)).min(MAX_PORT_AUTH_HOLD);
+        let hold = Duration::from_secs(1 << st.failures.min(6)).min(MAX_PORT_AUTH_HOLD);
         st.hold_until = Some(now + hold);
         // A fresh nonce for the next try.
         st.secret = None;
         st.sent_at = None;
-        let peer = m
+        let peer = self
             .hello_from
             .get(&port)
             .map(|h| h.0.clone())
             .unwrap_or_default();
-        self.actions
-            .push_back(Action::Membership(MembershipEvent::Rejected {
-                peer,
-                reason: format!("port authentication on N-1 port {port} failed: {f}"),
-            }));
+        self.report_event(MembershipEvent::Rejected {
+            peer,
+            reason: format!("port authentication on N-1 port {port} failed: {f}"),
+        });
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::normal::{MembershipConfig, NormalConfig};
+    use crate::normal::{Action, MembershipConfig, NormalConfig, NormalIpcp};
     use crate::rmt::Fifo;
     use crate::sdup::{NullCipher, Sdup};
+    use rina_wire::pci::PduType;
     use rina_wire::pci::{self, DtConstants};
     use std::time::Duration;
 

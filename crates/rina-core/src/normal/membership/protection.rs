@@ -16,16 +16,9 @@
 //! a new handshake after the configured volume or time, and a port whose
 //! peer seals under a key this side never got starts one too.
 
-use super::admission::{port_auth_object, PORT_AUTH_CLASS};
-use super::{N1Port, NormalIpcp};
-use crate::normal::mgmt_rib::Peer;
-use crate::normal::{Action, CDAP_DISCRIMINATOR, FRAGMENT_DISCRIMINATOR};
-use crate::rib::OwnerId;
-use crate::sdup::aead::{self, CryptoCounters, OpenError, Opened, PortCrypto, SessionKeys};
+use super::{MembershipMachine, MsOut, N1Port};
+use crate::sdup::aead::{self, CryptoCounters, PortCrypto, SessionKeys};
 use crate::time::Instant;
-use rina_wire::cdap::CdapMessage;
-use rina_wire::pci::{self, Body, Pci, PduType};
-use std::borrow::Cow;
 
 /// What `rinactl` shows of one N-1 port's protection.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -40,19 +33,24 @@ pub struct PortProtection {
     pub counters: CryptoCounters,
 }
 
-impl NormalIpcp {
+impl MembershipMachine {
     /// Whether this IPCP encrypts its N-1 flows.
     pub(in crate::normal) fn encrypting(&self) -> bool {
-        self.mship
-            .as_ref()
-            .is_some_and(|m| m.cfg.encryption.is_some() && m.cfg.authenticates())
+        self.cfg.encryption.is_some() && self.cfg.authenticates()
     }
 
-    pub(super) fn port_has_keys(&self, port: N1Port) -> bool {
-        self.mship
-            .as_ref()
-            .and_then(|m| m.crypto.get(&port))
-            .is_some_and(PortCrypto::has_keys)
+    pub(in crate::normal) fn port_has_keys(&self, port: N1Port) -> bool {
+        self.crypto.get(&port).is_some_and(PortCrypto::has_keys)
+    }
+
+    /// The encryption state of `port` (made when first asked for).
+    pub(in crate::normal) fn crypto_mut(&mut self, port: N1Port) -> &mut PortCrypto {
+        self.crypto.entry(port).or_default()
+    }
+
+    /// When keys rotate.
+    pub(in crate::normal) fn rekey_policy(&self) -> aead::Rekey {
+        self.cfg.encryption.unwrap_or_default()
     }
 
     /// Installs the keys of a completed handshake on `port`.
@@ -60,30 +58,29 @@ impl NormalIpcp {
         if !self.encrypting() {
             return;
         }
-        let Some(m) = self.mship.as_mut() else {
-            return;
-        };
-        let c = m.crypto.entry(port).or_default();
+        let c = self.crypto.entry(port).or_default();
         let first = !c.has_keys();
         c.install(now, keys);
         if first {
             // Routing and directory floods sent since the neighbour came
             // up (at enrollment, before keys) were dropped here: send the
             // databases again, now sealed.
-            self.resync_neighbor(now, port);
+            self.out.push_back(MsOut::Resync { port });
         }
     }
 
-    /// Each N-1 port's protection, for `rinactl` (empty when not
+    /// The protection of each of `ports`, for `rinactl` (empty when not
     /// encrypting).
-    pub fn port_protection(&self) -> Vec<PortProtection> {
-        let Some(m) = self.mship.as_ref().filter(|_| self.encrypting()) else {
+    pub(in crate::normal) fn port_protection(
+        &self,
+        ports: impl Iterator<Item = N1Port>,
+    ) -> Vec<PortProtection> {
+        if !self.encrypting() {
             return Vec::new();
-        };
-        self.rmt
-            .primary_ports()
+        }
+        ports
             .map(|port| {
-                let c = m.crypto.get(&port);
+                let c = self.crypto.get(&port);
                 PortProtection {
                     port,
                     suite: aead::SUITE,
@@ -94,171 +91,13 @@ impl NormalIpcp {
             .collect()
     }
 
-    /// Sends a port-authentication message on `port`: through the RMT when
-    /// not encrypting, straight to the port in clear when encrypting.
-    pub(super) fn send_port_auth(&mut self, now: Instant, port: N1Port, kind: u8, body: &[u8]) {
-        let msg = CdapMessage::write(PORT_AUTH_CLASS, port_auth_object(kind), body.to_vec());
-        self.mgmt.unconfirmed(now, Peer::Neighbor(port));
-        let mut payload = vec![CDAP_DISCRIMINATOR];
-        payload.extend_from_slice(&msg.encode());
-        if !self.encrypting() {
-            return self.send_management(now, port, 0, &payload);
-        }
-        let mut pci = Pci::new(PduType::Mgmt);
-        pci.src_addr = self.cfg.address;
-        pci.qos_id = crate::normal::MGMT_QOS_ID;
-        let mut pdu = Vec::new();
-        if pci::encode_data(&self.cfg.dt, &pci, &payload, &mut pdu).is_err() {
-            self.counters.tx_dropped += 1;
-            return;
-        }
-        let mut frame = Vec::new();
-        let ttl = self.sdup.initial_ttl().unwrap_or(0);
-        self.sdup.protect(&pdu, ttl, &mut frame);
-        let Some(m) = self.mship.as_mut() else {
-            return;
-        };
-        let frame = m.crypto.entry(port).or_default().clear(&frame);
-        self.counters.tx_frames += 1;
-        self.actions.push_back(Action::Transmit { port, frame });
-    }
-
-    /// Seals a frame the RMT put out on `port` (a lane of `primary`), or
-    /// lets it go in clear when it may, or drops it (`None`, counted).
-    pub(in crate::normal) fn protect_out(
-        &mut self,
-        now: Instant,
-        primary: N1Port,
-        frame: Vec<u8>,
-    ) -> Option<Vec<u8>> {
-        if !self.encrypting() {
-            return Some(frame);
-        }
-        let m = self.mship.as_mut()?;
-        let rekey = m.cfg.encryption.unwrap_or_default();
-        let c = m.crypto.entry(primary).or_default();
-        if c.has_keys() {
-            let sealed = c.seal(&frame);
-            if c.rekey_due(now, &rekey) {
-                self.start_rekey(now, primary);
-            }
-            return sealed;
-        }
-        // No keys yet: only the handshake goes, in clear (parsed only here,
-        // not for every sealed frame).
-        let may_go_clear = self.is_handshake_frame(primary, &frame, false, true);
-        let c = self.mship.as_mut()?.crypto.entry(primary).or_default();
-        if may_go_clear {
-            return Some(c.clear(&frame));
-        }
-        c.counters.no_key_out += 1;
-        None
-    }
-
-    /// Whether `frame` (SDU-protected, not encrypted) on `port` is a
-    /// management PDU that agrees keys: enrollment or port authentication,
-    /// and with `before_keys` also what leads to them (a membership hello,
-    /// which starts enrollment, and management fragments). A received one
-    /// (`rx`) must be for this IPCP.
-    fn is_handshake_frame(&self, port: N1Port, frame: &[u8], rx: bool, before_keys: bool) -> bool {
-        let Ok(un) = self.sdup.unprotect(frame) else {
-            return false;
-        };
-        let Ok(pdu) = pci::Pdu::parse(&self.cfg.dt, &un.pdu) else {
-            return false;
-        };
-        let local = !rx || pdu.pci.dst_addr == 0 || pdu.pci.dst_addr == self.cfg.address;
-        match pdu.body {
-            Body::Data(p) if pdu.pci.pdu_type == PduType::Mgmt && local => match p.split_first() {
-                Some((&CDAP_DISCRIMINATOR, msg)) => {
-                    self.is_handshake_message(port, &pdu.pci, msg, rx, before_keys)
-                }
-                Some((&FRAGMENT_DISCRIMINATOR, _)) => before_keys,
-                _ => false,
-            },
-            _ => false,
-        }
-    }
-
-    /// Whether an encoded CDAP message is one of the handshake (see
-    /// [`NormalIpcp::is_handshake_frame`]), by the component the RIB
-    /// daemon gives it to: port authentication always; the hello before
-    /// keys; the enrollment's when it comes from an enrollee (address 0).
-    /// An enrollee (no address yet, nothing of the DIF to protect) takes
-    /// and sends its enrollment whatever the objects (the flow-state
-    /// objects an enroller creates are routing's); a member sends to
-    /// address 0 (an enrollee, or a neighbour whose address it does not
-    /// know yet) only what it addresses so.
-    fn is_handshake_message(
-        &self,
-        port: N1Port,
-        pci: &Pci,
-        bytes: &[u8],
-        rx: bool,
-        before_keys: bool,
-    ) -> bool {
-        let Ok(msg) = CdapMessage::decode(bytes) else {
-            return false;
-        };
-        let from_enrollee = pci.src_addr == 0;
-        let owner = self
-            .mgmt
-            .owner_for(Peer::Neighbor(port), &msg, from_enrollee);
-        match owner {
-            Some(OwnerId::SECURITY_MANAGER) => true,
-            Some(OwnerId::RESOURCE_ALLOCATOR) => before_keys,
-            _ if self.cfg.address == 0 => true,
-            Some(OwnerId::ENROLLMENT) if rx => from_enrollee,
-            _ => !rx && pci.dst_addr == 0,
-        }
-    }
-
-    /// Opens a frame that arrived on `port` (primary). `None`: dropped and
-    /// counted (in the port's crypto counters). A clear frame comes back
-    /// only when it may be taken in clear.
-    pub(in crate::normal) fn open_in<'a>(
-        &mut self,
-        now: Instant,
-        port: N1Port,
-        frame: &'a [u8],
-    ) -> Option<Cow<'a, [u8]>> {
-        if !self.encrypting() {
-            return Some(Cow::Borrowed(frame));
-        }
-        let m = self.mship.as_mut()?;
-        let c = m.crypto.entry(port).or_default();
-        let keyed = c.has_keys();
-        match c.open(frame) {
-            Ok(Opened::Sealed(body)) => Some(Cow::Owned(body)),
-            Ok(Opened::Clear(body)) => {
-                // Before keys, enrollment may come in fragments.
-                if self.is_handshake_frame(port, body, true, !keyed) {
-                    return Some(Cow::Borrowed(body));
-                }
-                let c = self.mship.as_mut()?.crypto.entry(port).or_default();
-                c.counters.clear_in -= 1;
-                c.counters.clear_refused += 1;
-                None
-            }
-            Err(OpenError::UnknownKey(_)) => {
-                // The peer has keys this side never got (a lost proof, or
-                // a restart here): agree new ones.
-                if keyed {
-                    self.start_rekey(now, port);
-                }
-                None
-            }
-            Err(_) => None,
-        }
-    }
-
     /// Rotates the keys of every port whose key is due by time.
     pub(super) fn rekey_by_time(&mut self, now: Instant) {
-        let Some(m) = self.mship.as_ref().filter(|_| self.encrypting()) else {
+        if !self.encrypting() {
             return;
-        };
-        let rekey = m.cfg.encryption.unwrap_or_default();
-        let due: Vec<N1Port> = m
+        }
+        let rekey = self.rekey_policy();
+        let due: Vec<N1Port> = self
             .crypto
             .iter()
             .filter(|(_, c)| c.rekey_due(now, &rekey))

@@ -23,9 +23,8 @@
 //! are lost; a collision is found within the directory's flooding delay of
 //! the enrollments, before applications use the new member.
 
-use super::{MembershipEvent, NormalIpcp};
+use super::{Ctx, MembershipEvent, MembershipMachine, MsOut};
 use crate::rmt::Address;
-use crate::routing::LinkState;
 use crate::time::Instant;
 use rina_wire::AppName;
 use std::collections::BTreeSet;
@@ -43,121 +42,88 @@ pub fn mgmt_name(name: &AppName) -> AppName {
     }
 }
 
-impl NormalIpcp {
-    /// Registers this member's management entity in the directory.
-    pub(in crate::normal) fn register_mgmt_entity(&mut self, now: Instant) {
-        let Some(name) = self.mship.as_ref().map(|m| mgmt_name(&m.cfg.name)) else {
-            return;
-        };
-        if let Some(d) = self.dft.as_mut() {
-            let _ = d.register(now, name);
-        }
-    }
-
-    /// Looks for another member at this address; renumbers if this one
-    /// must give way.
-    pub(in crate::normal) fn check_address_conflict(&mut self, now: Instant) {
-        let Some(d) = self.dft.as_mut() else {
-            return;
-        };
-        let foreign = d.take_foreign();
-        let Some(me) = self.mship.as_ref().map(|m| mgmt_name(&m.cfg.name)) else {
-            return;
-        };
+impl MembershipMachine {
+    /// Management entries of other members found at this address (the
+    /// directory's foreign entries): gives the address up if one of them
+    /// has the lesser name ([`MsOut::Renumber`]).
+    pub(in crate::normal) fn on_foreign(
+        &mut self,
+        cx: &Ctx,
+        now: Instant,
+        foreign: impl IntoIterator<Item = AppName>,
+    ) {
+        let me = mgmt_name(&self.cfg.name);
         let mine = me.to_string();
         let twin = foreign
             .into_iter()
-            .map(|(n, _)| n)
             .filter(|n| n.entity_name == MGMT_AE && n != &me)
             .find(|n| n.to_string() < mine);
         if let Some(twin) = twin {
-            self.renumber(now, twin);
+            self.renumber(cx, now, twin);
         }
     }
 
     /// Every address this IPCP knows to be held.
-    fn addresses_known(&self, now: Instant) -> BTreeSet<Address> {
-        let mut known: BTreeSet<Address> = self.neighbors.values().map(|n| n.0).collect();
-        if let Some(r) = &self.routing {
+    fn addresses_known(&self, cx: &Ctx, now: Instant) -> BTreeSet<Address> {
+        let mut known: BTreeSet<Address> = cx.neighbors.values().map(|n| n.0).collect();
+        if let Some(r) = cx.routing {
             for f in r.fsos(now) {
                 known.insert(f.origin);
                 known.insert(f.neighbor);
             }
         }
-        if let Some(d) = &self.dft {
+        if let Some(d) = cx.dft {
             known.extend(d.entries(now).filter(|e| e.alive).map(|e| e.address));
         }
-        if let Some(m) = &self.mship {
-            known.extend(m.hello_from.values().map(|h| h.1));
-        }
-        known.insert(self.cfg.address);
+        known.extend(self.hello_from.values().map(|h| h.1));
+        known.insert(cx.address());
         known.insert(0);
         known
     }
 
-    /// Gives this address up to `twin`'s member and takes a free one.
-    fn renumber(&mut self, now: Instant, twin: AppName) {
-        let known = self.addresses_known(now);
-        let Some(m) = self.mship.as_mut() else {
-            return;
-        };
-        m.counters.renumbered += 1;
-        let (first, last) = m.cfg.addresses;
+    /// Picks a free address to take instead of this one, which `twin`'s
+    /// member keeps.
+    fn renumber(&mut self, cx: &Ctx, now: Instant, twin: AppName) {
+        let known = self.addresses_known(cx, now);
+        self.counters.renumbered += 1;
+        let (first, last) = self.cfg.addresses;
         let first = first.max(1);
-        let last = last.min(self.cfg.dt.addr.max_value());
+        let last = last.min(cx.cfg.dt.addr.max_value());
         let salted: AppName = AppName {
-            process_instance: format!("{}#{}", m.cfg.name.process_instance, m.counters.renumbered),
-            ..m.cfg.name.clone()
+            process_instance: format!(
+                "{}#{}",
+                self.cfg.name.process_instance, self.counters.renumbered
+            ),
+            ..self.cfg.name.clone()
         };
         let start = super::preferred_address(&salted, first, last);
         let span = last.saturating_sub(first).saturating_add(1);
-        let Some(new) = (0..span)
+        let Some(to) = (0..span)
             .map(|i| first + (start - first + i) % span)
             .find(|a| !known.contains(a))
         else {
             // No free address known: keep this one (the twin may yield).
             return;
         };
-        let from = self.cfg.address;
-        self.cfg.address = new;
-        if let Some(rc) = self.cfg.routing.clone() {
-            self.routing = LinkState::new(new, rc).ok();
-            let neighbors: Vec<_> = self.neighbors.iter().map(|(p, n)| (*p, *n)).collect();
-            if let Some(r) = self.routing.as_mut() {
-                for (port, (addr, cost)) in neighbors {
-                    let _ = r.neighbor_up(now, port, addr, cost);
-                }
-            }
-        }
-        if let Some(dc) = self.cfg.dynamic_directory.clone() {
-            self.dft = crate::directory::Directory::new(new, dc).ok();
-            let names: Vec<AppName> = self.names().cloned().collect();
-            if let Some(d) = self.dft.as_mut() {
-                for n in names {
-                    let _ = d.register(now, n);
-                }
-                let ports: Vec<_> = self.neighbors.keys().copied().collect();
-                for p in ports {
-                    let _ = d.neighbor_up(now, p);
-                }
-            }
-            self.register_mgmt_entity(now);
-        }
-        let members = self.new_membership();
-        if let Some(m) = self.mship.as_mut() {
-            m.members = Some(members);
-        }
-        self.routing_timeout(now);
-        self.directory_timeout(now);
-        let ports: Vec<_> = self.rmt.primary_ports().collect();
-        for p in ports {
-            self.send_hello(now, p);
-        }
-        self.actions
-            .push_back(super::Action::Membership(MembershipEvent::Renumbered {
-                from,
-                to: new,
-                twin,
-            }));
+        self.out.push_back(MsOut::Renumber { to, twin });
+    }
+
+    /// The IPCP took address `cx.address()` instead of `from`
+    /// ([`MsOut::Renumber`]): enrollers hand out addresses around the new
+    /// one, neighbours learn it from a hello at once.
+    pub(in crate::normal) fn renumbered(
+        &mut self,
+        cx: &Ctx,
+        now: Instant,
+        from: Address,
+        twin: AppName,
+    ) {
+        self.members = Some(self.new_membership(cx));
+        self.hello_all(cx, now);
+        self.report_event(MembershipEvent::Renumbered {
+            from,
+            to: cx.address(),
+            twin,
+        });
     }
 }

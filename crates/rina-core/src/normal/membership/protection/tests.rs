@@ -4,9 +4,11 @@
 
 use super::*;
 use crate::efcp::EfcpConfig;
+use crate::normal::{Action, NormalIpcp};
 use crate::normal::{Endpoint, MembershipConfig, NormalConfig, NormalError};
 use crate::rmt::Fifo;
 use crate::sdup::aead::{Rekey, CLEAR, SEALED};
+use rina_wire::pci::{self, Pci, PduType};
 use std::time::Duration;
 
 const PORT: N1Port = 1;

@@ -1,0 +1,241 @@
+//! The membership machine alone: two [`MembershipMachine`]s talk to each
+//! other through their [`MsOut`]s, with no IPCP around them. What the IPCP
+//! would do for them (routing's neighbours, taking an address) the test
+//! does by hand, so what is tested is the machine behind its narrow
+//! interface (a [`Ctx`] in, [`MsOut`]s out) and nothing else.
+
+use super::{Ctx, MembershipConfig, MembershipEvent, MembershipMachine, MsOut};
+use crate::normal::{N1Port, NormalConfig};
+use crate::rmt::{Address, Fifo, Rmt};
+use crate::time::Instant;
+use rina_wire::cdap::CdapMessage;
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+const PORT: N1Port = 3;
+
+/// One side: its machine and what its IPCP would hold.
+struct Side {
+    ms: MembershipMachine,
+    cfg: NormalConfig,
+    neighbors: BTreeMap<N1Port, (Address, u32)>,
+    rmt: Rmt,
+    /// What the machine asked for and the test has not looked at yet.
+    outs: VecDeque<MsOut>,
+}
+
+impl Side {
+    fn new(name: &str, addr: Address, password: Option<&str>) -> Self {
+        let mut m = MembershipConfig::new(name.parse().unwrap());
+        m.password = password.map(str::to_string);
+        m.entropy = [addr as u8 + 1; 32];
+        let mut rmt = Rmt::new(Box::new(Fifo::new(10)));
+        rmt.add_port(PORT);
+        Side {
+            ms: MembershipMachine::new(m, addr != 0),
+            cfg: NormalConfig::new("net", addr),
+            neighbors: BTreeMap::new(),
+            rmt,
+            outs: VecDeque::new(),
+        }
+    }
+
+    /// Calls `f` with the machine and its context; keeps what it asked for.
+    fn call(&mut self, f: impl FnOnce(&mut MembershipMachine, &Ctx)) {
+        let cx = Ctx {
+            cfg: &self.cfg,
+            neighbors: &self.neighbors,
+            rmt: &self.rmt,
+            routing: None,
+            dft: None,
+        };
+        f(&mut self.ms, &cx);
+        while let Some(o) = self.ms.poll_out() {
+            self.outs.push_back(o);
+        }
+    }
+}
+
+/// Carries the messages between the two (hellos, enrollment, port
+/// authentication) until neither sends any, doing what an IPCP would for
+/// neighbours coming up and for an address taken. Returns what else was
+/// asked for, per side.
+fn exchange(sides: &mut [Side; 2], now: Instant) -> [Vec<MsOut>; 2] {
+    let mut rest: [Vec<MsOut>; 2] = [Vec::new(), Vec::new()];
+    loop {
+        let mut moved = false;
+        for i in 0..2 {
+            while let Some(o) = sides[i].outs.pop_front() {
+                let (a, b) = sides.split_at_mut(1);
+                let (me, peer) = if i == 0 {
+                    (&mut a[0], &mut b[0])
+                } else {
+                    (&mut b[0], &mut a[0])
+                };
+                match o {
+                    MsOut::Hello { msg, .. } => {
+                        moved = true;
+                        peer.call(|m, cx| m.on_hello(cx, now, PORT, &msg));
+                    }
+                    MsOut::Enrollment { bytes, .. } => {
+                        moved = true;
+                        let msg = CdapMessage::decode(&bytes).unwrap();
+                        peer.call(|m, cx| m.on_enroll_cdap(cx, now, PORT, &msg));
+                    }
+                    MsOut::PortAuth { kind, body, .. } => {
+                        moved = true;
+                        let obj = super::port_auth_object(kind);
+                        let msg = CdapMessage::write(super::PORT_AUTH_CLASS, obj, body);
+                        peer.call(|m, cx| m.on_port_auth_cdap(cx, now, PORT, &msg));
+                    }
+                    MsOut::NeighborUp { port, address } => {
+                        me.neighbors.insert(port, (address, 1));
+                    }
+                    MsOut::NeighborDown { port } => {
+                        me.neighbors.remove(&port);
+                    }
+                    MsOut::Adopt(adoption) => {
+                        me.cfg.address = adoption.address;
+                        me.neighbors.insert(adoption.port, (adoption.enroller, 1));
+                        me.call(|m, cx| m.adopted(cx, now, &adoption, Ok(())));
+                    }
+                    other => rest[i].push(other),
+                }
+            }
+        }
+        if !moved {
+            return rest;
+        }
+    }
+}
+
+fn events(rest: &[MsOut]) -> Vec<&MembershipEvent> {
+    rest.iter()
+        .filter_map(|o| match o {
+            MsOut::Report(e) => Some(&**e),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn hellos_make_neighbours_and_silence_takes_them_down() {
+    let mut s = [Side::new("a.net", 1, None), Side::new("b.net", 2, None)];
+    let t = Instant::ZERO;
+    for side in &mut s {
+        side.call(|m, cx| m.port_added(cx, t, PORT));
+    }
+    assert!(
+        matches!(s[0].outs.front(), Some(MsOut::Connect { port: PORT, .. })),
+        "the session is asked for before the hello: {:?}",
+        s[0].outs
+    );
+    let rest = exchange(&mut s, t);
+    assert_eq!(s[0].neighbors.get(&PORT), Some(&(2, 1)));
+    assert_eq!(s[1].neighbors.get(&PORT), Some(&(1, 1)));
+    assert!(events(&rest[0])
+        .iter()
+        .any(|e| matches!(e, MembershipEvent::NeighborUp { address: 2, .. })));
+    assert_eq!(s[0].ms.counters().hellos_received, 1);
+
+    // A hears nothing more from B: after the dead interval B is down.
+    let dead = t + s[0].ms.config().dead_interval;
+    s[0].call(|m, cx| {
+        assert!(m.poll_timeout().is_some_and(|w| w <= dead));
+        m.handle_timeout(cx, dead);
+    });
+    let outs: Vec<MsOut> = s[0].outs.drain(..).collect();
+    assert!(outs
+        .iter()
+        .any(|o| matches!(o, MsOut::SessionClosed { port: PORT })));
+    assert!(outs
+        .iter()
+        .any(|o| matches!(o, MsOut::NeighborDown { port: PORT })));
+    assert_eq!(s[0].ms.counters().neighbor_timeouts, 1);
+}
+
+#[test]
+fn a_newcomer_enrolls_through_a_member_with_the_password_and_both_admit_the_port() {
+    let pw = Some("pw");
+    let mut s = [Side::new("member.net", 1, pw), Side::new("new.net", 0, pw)];
+    let t = Instant::ZERO;
+    s[0].call(|m, cx| m.port_added(cx, t, PORT));
+    s[1].call(|m, cx| m.port_added(cx, t, PORT));
+    let mut rest = exchange(&mut s, t);
+    // The enrollment's steps wait on nothing but each other here.
+    let mut now = t;
+    for _ in 0..50 {
+        if s[1].cfg.address != 0 {
+            break;
+        }
+        now = now + Duration::from_millis(100);
+        for side in &mut s {
+            side.call(|m, cx| {
+                if m.poll_timeout().is_some_and(|w| w <= now) {
+                    m.handle_timeout(cx, now);
+                }
+            });
+        }
+        let [r0, r1] = exchange(&mut s, now);
+        rest[0].extend(r0);
+        rest[1].extend(r1);
+    }
+    let addr = s[1].cfg.address;
+    assert!(addr != 0 && addr != 1, "an address of its own: {addr}");
+    assert!(
+        events(&rest[1])
+            .iter()
+            .any(|e| matches!(e, MembershipEvent::Enrolled { address, .. } if *address == addr)),
+        "{:?}",
+        events(&rest[1])
+    );
+    assert!(events(&rest[0])
+        .iter()
+        .any(|e| matches!(e, MembershipEvent::Admitted { address, .. } if *address == addr)));
+    assert_eq!(s[0].ms.counters().admitted, 1);
+    for side in &s {
+        assert!(side.ms.is_admitted(side.cfg.address, PORT));
+    }
+    assert_eq!(
+        s[1].ms.enrollment_report().unwrap().via.to_string(),
+        "member.net"
+    );
+}
+
+#[test]
+fn a_wrong_password_is_refused_with_the_reason_and_retried_only_after_a_hold() {
+    let mut s = [
+        Side::new("a.net", 1, Some("pw")),
+        Side::new("b.net", 2, Some("guess")),
+    ];
+    let t = Instant::ZERO;
+    for side in &mut s {
+        side.call(|m, cx| m.port_added(cx, t, PORT));
+    }
+    let rest = exchange(&mut s, t);
+    for (side, r) in s.iter().zip(&rest) {
+        assert!(!side.ms.is_admitted(side.cfg.address, PORT));
+        assert!(side.ms.counters().port_auth_failed >= 1);
+        assert!(
+            events(r).iter().any(|e| matches!(
+                e,
+                MembershipEvent::Rejected { reason, .. } if reason.contains("wrong password")
+            )),
+            "{:?}",
+            events(r)
+        );
+    }
+    // The next hello round within the hold sends no port authentication.
+    let soon = t + Duration::from_secs(1);
+    s[0].call(|m, cx| {
+        m.handle_timeout(cx, soon);
+    });
+    assert!(
+        !s[0]
+            .outs
+            .iter()
+            .any(|o| matches!(o, MsOut::PortAuth { .. })),
+        "held back: {:?}",
+        s[0].outs
+    );
+}
