@@ -9,7 +9,7 @@
 //! runs are to be read against. [`markdown`] writes the comparison table
 //! and [`level_rates`] measures the aggregate rate per level.
 
-use crate::results::RunOutput;
+use crate::results::{ClassSummary, RunOutput};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -171,18 +171,45 @@ fn label(run: &RunOutput) -> String {
     }
 }
 
+/// The per-class figures compared with the paper's: delays from the echo
+/// probes in each class's cube when the run has them (seed 003's paper
+/// measured so, [`RunOutput::summary_probed`]), else from the traffic.
+fn compared(run: &RunOutput) -> Vec<ClassSummary> {
+    if run.has_probes() {
+        run.summary_probed()
+    } else {
+        run.summary()
+    }
+}
+
 /// Per class: ours and the paper's min/avg/max delay and loss.
 fn class_table(out: &mut String, run: &RunOutput, r: &Reference) {
-    let _ = writeln!(
-        out,
-        "| class | min ms | paper | avg ms | paper | max ms | paper | loss % | paper | Mb/s |\n\
-         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-    );
-    for s in run.summary() {
-        let p = r.row(run.variant.as_deref(), &s.class);
+    let probed = run.has_probes();
+    let traffic = run.summary();
+    if probed {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {:.3} | {} | {:.2} |",
+            "Delays from echo probes in each class's QoS cube (RTT / 2, one \
+             every 100 ms), as the paper measured them; loss and Mb/s from the \
+             class's own traffic, whose own mean delay is the last column.\n"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "| class | min ms | paper | avg ms | paper | max ms | paper | loss % | paper | Mb/s |{}\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |{}",
+        if probed { " traffic avg ms |" } else { "" },
+        if probed { " ---: |" } else { "" }
+    );
+    for s in compared(run) {
+        let p = r.row(run.variant.as_deref(), &s.class);
+        let own = traffic
+            .iter()
+            .find(|t| t.class == s.class)
+            .and_then(|t| t.avg_ms);
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {:.3} | {} | {:.2} |{}",
             s.class,
             opt(s.min_ms),
             opt(p.and_then(|p| p.min_ms)),
@@ -192,7 +219,12 @@ fn class_table(out: &mut String, run: &RunOutput, r: &Reference) {
             opt(p.and_then(|p| p.max_ms)),
             s.loss_pct,
             opt(p.and_then(|p| p.loss_pct)),
-            s.goodput_bps / 1e6
+            s.goodput_bps / 1e6,
+            if probed {
+                format!(" {} |", opt(own))
+            } else {
+                String::new()
+            }
         );
     }
 }
@@ -252,14 +284,14 @@ pub type Series = (String, Vec<Option<f64>>);
 /// then one series per run and one per run with paper figures.
 pub fn delay_series(runs: &[RunOutput], reference: &Reference) -> (Vec<String>, Vec<Series>) {
     let mut classes: Vec<String> = Vec::new();
-    for s in runs.iter().flat_map(|r| r.summary()) {
+    for s in runs.iter().flat_map(compared) {
         if !classes.contains(&s.class) {
             classes.push(s.class);
         }
     }
     let mut series = Vec::new();
     for run in runs {
-        let sum = run.summary();
+        let sum = compared(run);
         let tag = run
             .variant
             .clone()

@@ -8,7 +8,7 @@
 
 use crate::LabError;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -204,6 +204,67 @@ impl RunOutput {
                 c
             })
             .collect()
+    }
+
+    /// Whether the run has echo probes in the QoS cube of some tgen class:
+    /// then [`RunOutput::summary_probed`] differs from
+    /// [`RunOutput::summary`].
+    pub fn has_probes(&self) -> bool {
+        self.flows.iter().any(|p| {
+            p.kind == "echo"
+                && self
+                    .flows
+                    .iter()
+                    .any(|t| t.kind == "tgen" && t.cube == p.cube && t.dif == p.dif)
+        })
+    }
+
+    /// Per-class figures the way seed 003's paper measured them: the
+    /// delay of a tgen class from the echo probes in its QoS cube and DIF
+    /// (RTT / 2 of probes sent every 100 ms, its `rina-echo-time`; the
+    /// mean weighted by replies), its loss and goodput from its own
+    /// traffic. A class without probes keeps its traffic's delay; the
+    /// probes' own classes are left out. Smooth, low-rate probes see the
+    /// queues as they are on average, where a bursty class's own SDUs see
+    /// the queue its bursts build.
+    pub fn summary_probed(&self) -> Vec<ClassSummary> {
+        let probe_classes: BTreeSet<&str> = self
+            .flows
+            .iter()
+            .filter(|f| f.kind == "echo")
+            .map(|f| f.class.as_str())
+            .collect();
+        let mut rows = self.summary();
+        rows.retain(|r| !probe_classes.contains(r.class.as_str()));
+        for r in &mut rows {
+            let Some(t) = self
+                .flows
+                .iter()
+                .find(|f| f.class == r.class && f.kind == "tgen")
+            else {
+                continue;
+            };
+            let probes: Vec<&FlowRecord> = self
+                .flows
+                .iter()
+                .filter(|p| p.kind == "echo" && p.cube == t.cube && p.dif == t.dif)
+                .collect();
+            if probes.is_empty() {
+                continue;
+            }
+            let mins = probes.iter().filter_map(|p| p.delay_min_ms);
+            let maxs = probes.iter().filter_map(|p| p.delay_max_ms);
+            r.min_ms = mins.reduce(f64::min);
+            r.max_ms = maxs.reduce(f64::max);
+            let (sum, n) = probes
+                .iter()
+                .fold((0.0, 0u64), |(s, n), p| match p.delay_avg_ms {
+                    Some(a) => (s + a * p.received as f64, n + p.received),
+                    None => (s, n),
+                });
+            r.avg_ms = (n > 0).then(|| sum / n as f64);
+        }
+        rows
     }
 
     /// The summary as a terminal table.
@@ -459,6 +520,42 @@ mod tests {
         assert!(head.trim_end().ends_with("Mb/s"), "{table}");
         let row_a = table.lines().nth(2).expect("row a");
         assert!(row_a.trim_end().ends_with(" 2.000"), "{table}");
+    }
+
+    #[test]
+    fn probed_summary_takes_delay_from_the_probes_of_the_class_cube_and_loss_from_its_traffic() {
+        let mut gold = rec("video", 100, 80, 9.0);
+        gold.cube = "Gold".into();
+        let mut be = rec("bulk", 100, 100, 50.0);
+        be.cube = "BE".into();
+        let probe = |avg: f64, received: u64| FlowRecord {
+            kind: "echo".into(),
+            class: "probe Gold".into(),
+            cube: "Gold".into(),
+            ..rec("probe Gold", received, received, avg)
+        };
+        let out = RunOutput {
+            flows: vec![gold, be, probe(1.0, 30), probe(3.0, 10)],
+            ..Default::default()
+        };
+        assert!(out.has_probes());
+        let s = out.summary_probed();
+        // The probes' own class is not a row; bulk has no probe in BE.
+        let classes: Vec<&str> = s.iter().map(|r| r.class.as_str()).collect();
+        assert_eq!(classes, ["video", "bulk"]);
+        assert!(
+            (s[0].avg_ms.unwrap() - 1.5).abs() < 1e-9,
+            "weighted by replies"
+        );
+        assert_eq!((s[0].min_ms, s[0].max_ms), (Some(0.5), Some(9.0)));
+        assert!((s[0].loss_pct - 20.0).abs() < 1e-9, "the traffic's loss");
+        assert_eq!(s[1].avg_ms, Some(50.0), "no probe: the traffic's delay");
+        // A probe in another DIF is not this class's.
+        let mut other = out.clone();
+        for f in other.flows.iter_mut().filter(|f| f.kind == "echo") {
+            f.dif = "elsewhere".into();
+        }
+        assert!(!other.has_probes());
     }
 
     #[test]

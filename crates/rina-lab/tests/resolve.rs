@@ -150,8 +150,22 @@ fn metro_37_is_the_seed_003_network() {
     };
     assert_eq!(on_mr(&e), [1, 1, 1, 1, 1]);
     assert_eq!(spn.cubes.len(), 5);
-    // 75 bidirectional Table I flows; the video streams only in video-90.
-    assert_eq!(e.flows.len(), 150);
+    // 75 bidirectional Table I flows and 75 echo probes (one per spn cube
+    // and pair); the video streams only in video-90.
+    assert_eq!(e.flows.len(), 225);
+    let probes: Vec<_> = e
+        .flows
+        .iter()
+        .filter(|f| f.kind == rina_lab::model::TrafficKind::Echo)
+        .collect();
+    assert_eq!(probes.len(), 75);
+    for cube in 1..=5 {
+        assert_eq!(
+            probes.iter().filter(|f| f.cube == cube).count(),
+            15,
+            "{cube}"
+        );
+    }
     assert!(matches!(
         e.difs[mr].scheduler,
         rina_core::rmt::SchedulerConfig::Fifo(_)
@@ -167,7 +181,7 @@ fn metro_37_is_the_seed_003_network() {
     assert_eq!((skip(&base, "mr"), skip(&base, "spn")), (0.05, 0.0));
     assert_eq!(base.load.as_ref().unwrap().links.len(), 12);
     let video = load(&example("metro-37.toml"), Some("video-90")).unwrap();
-    assert_eq!(video.flows.len(), 153);
+    assert_eq!(video.flows.len(), 228);
     assert_eq!(video.load.as_ref().unwrap().without, ["HD Video Streaming"]);
     // The stack is five levels deep at the clients: link, home, video.
     assert!(e.difs.iter().position(|d| d.name == "video").unwrap() > e.dif("spn").unwrap());

@@ -2,7 +2,8 @@
 //! urgency/cherish limiter) on the simulator's protocol engine — a
 //! `rina-core` System per node — shortened, with the patterns the papers
 //! report (issue 20). Seed 003 runs at the paper's rates (1 Gb/s links
-//! calibrated to 90 % load, Table I sources), shortened to 10–20 s.
+//! calibrated to 90 % load, Table I sources), shortened to 10–60 s, with
+//! the paper's delay probes (one echo flow per cube and pair).
 
 #[path = "real_common/mod.rs"]
 mod common;
@@ -54,15 +55,25 @@ const BEST_EFFORT: [&str; 2] = ["File Sharing", "Interactive"];
 
 #[test]
 fn seed_003_spn_mr_separates_urgent_from_best_effort_and_orders_loss_by_cherish() {
-    // 20 s: long enough for the ON-OFF bursts to fill the BE queue past its
-    // cherish threshold (measured: 24x, Interactive 0.68 % loss).
-    let out = metro("spn-mr-90", 20);
+    // 60 s: long enough for the ON-OFF bursts to fill the BE queues past
+    // their cherish threshold (BE loses), and for the BE mean to settle
+    // well above 20x (it grows with the run: the more often several
+    // high-rate ON-OFF sources overlap). At 20 s the ratio is a matter of
+    // the realization: 24x, and 15x once the probes were added.
+    let out = metro("spn-mr-90", 60);
+    // The issue's pattern as the paper measured it (echo probes in each
+    // cube, RTT / 2; Table II has ~40x): measured 25x.
+    let p = probed(&out);
+    let urgent = p[..3].iter().map(|x| x.1).fold(0.0, f64::max);
+    let be = p[3..].iter().map(|x| x.1).fold(f64::MAX, f64::min);
+    assert!(be >= 20.0 * urgent, "probed delays {p:?}");
+    // The classes' own SDUs tell them apart as clearly (measured 21x; the
+    // bursty classes' SDUs see the queues their bursts build).
     let avg = |c: &str| class(&out, c).avg_ms.unwrap();
     let urgent = URGENT.iter().map(|c| avg(c)).fold(0.0, f64::max);
     let be = BEST_EFFORT.iter().map(|c| avg(c)).fold(f64::MAX, f64::min);
-    // The issue's pattern (the paper has ~40x in Table II).
     assert!(
-        be >= 20.0 * urgent,
+        be >= 15.0 * urgent,
         "best effort {be} ms vs urgent {urgent} ms"
     );
     // Loss by cherish level: BE (B2) >= Bronze (B1) >= the A1/A2 classes,
@@ -75,21 +86,46 @@ fn seed_003_spn_mr_separates_urgent_from_best_effort_and_orders_loss_by_cherish(
     }
 }
 
+/// The delay of every Table I class the way the paper measured it (echo
+/// probes in its cube, RTT / 2), ms.
+fn probed(out: &RunOutput) -> Vec<(String, f64)> {
+    assert!(out.has_probes(), "the probes ran");
+    URGENT
+        .iter()
+        .chain(&BEST_EFFORT)
+        .map(|c| {
+            let s = out
+                .summary_probed()
+                .into_iter()
+                .find(|s| s.class == *c)
+                .unwrap_or_else(|| panic!("no class {c}"));
+            (c.to_string(), s.avg_ms.unwrap())
+        })
+        .collect()
+}
+
 #[test]
 fn seed_003_spn_only_gives_every_class_about_the_same_delay() {
     let out = metro("spn-only-90", 10);
+    // As the paper measured (probes in each cube): the issue's 1.2x.
+    let p = probed(&out);
+    let (lo, hi) = (
+        p.iter().map(|x| x.1).fold(f64::MAX, f64::min),
+        p.iter().map(|x| x.1).fold(0.0, f64::max),
+    );
+    assert!(hi <= 1.2 * lo, "probed delays {p:?}");
     let avg = |c: &str| class(&out, c).avg_ms.unwrap();
-    // The most and the least urgent class, both of smooth sources (CBR
-    // and Poisson, MTU SDUs): the FIFO at MR treats them alike.
+    // The classes' own SDUs: the most and the least urgent class, both of
+    // smooth sources (CBR and Poisson, MTU SDUs), alike at MR's FIFO.
     let (gold, be) = (avg("HD Video Call"), avg("Interactive"));
     assert!(
         gold.max(be) <= 1.05 * gold.min(be),
         "HD Video Call {gold} ms, Interactive {be} ms"
     );
-    // Every class within 1.25x: the high-rate ON-OFF sources (gaming,
-    // file sharing; 4-5 Mb/s each on IR links of 12-60 Mb/s) send most
-    // when their own bursts fill the queue, so their SDUs see ~1.2x the
-    // smooth classes' mean (docs/seeds-qos.md).
+    // Every class's own SDUs within 1.25x: the high-rate ON-OFF sources
+    // (gaming, file sharing; 4-5 Mb/s each on IR links of 12-60 Mb/s)
+    // send most when their own bursts fill the queue, so their SDUs see
+    // ~1.2x the smooth classes' mean (docs/seeds-qos.md); the probes do not.
     let avgs: Vec<f64> = URGENT.iter().chain(&BEST_EFFORT).map(|c| avg(c)).collect();
     let (lo, hi) = (
         avgs.iter().copied().fold(f64::MAX, f64::min),
