@@ -140,7 +140,7 @@ impl NormalIpcp {
     /// `/sdup/protection/pid=N`), and the RIB daemon's dispatch counters
     /// prefixed with `rib_daemon_`.
     pub fn counters_map(&self) -> BTreeMap<String, u64> {
-        let mut m = self.counters.to_map();
+        let mut m = self.counters().to_map();
         if let Some(r) = &self.routing {
             for (k, v) in r.counters().to_map() {
                 m.insert(format!("routing_{k}"), v);

@@ -193,6 +193,8 @@ fn refusal_carries_the_reason() {
         )]
     );
     assert_eq!(net[1].counters().alloc_refused, 1);
+    // The flow allocator's counters reach the map `rinactl` shows too.
+    assert_eq!(net[1].counters_map()["alloc_refused"], 1);
     assert_eq!(
         net[1].refuse(*handle, "again"),
         Err(NormalError::UnknownRequest(*handle))
