@@ -38,6 +38,11 @@ pub struct RunOutput {
     pub links: Vec<LinkRecord>,
     /// What happened when (allocations, events, failures).
     pub timeline: Vec<TimelineEntry>,
+    /// The experiment ran in time dilated by `1/dilation` (`run --dilate`):
+    /// its delays are the original's over `dilation`, its rates the
+    /// original's times `dilation` ([`RunOutput::in_original_time`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dilation: Option<f64>,
 }
 
 /// One flow (one allocation) and what it measured.
@@ -158,6 +163,42 @@ pub struct ClassSummary {
 }
 
 impl RunOutput {
+    /// The run's figures brought back to the original experiment's time (a
+    /// run made with `--dilate F`): delays times `F`, rates over `F`, the
+    /// duration times `F`; loss and counts are unchanged. A run made
+    /// without dilation is returned as it is.
+    pub fn in_original_time(mut self) -> RunOutput {
+        let Some(f) = self.dilation.take() else {
+            return self;
+        };
+        let t = |x: &mut Option<f64>| {
+            if let Some(v) = x {
+                *v *= f;
+            }
+        };
+        for r in &mut self.flows {
+            t(&mut r.delay_min_ms);
+            t(&mut r.delay_avg_ms);
+            t(&mut r.delay_p99_ms);
+            t(&mut r.delay_max_ms);
+            t(&mut r.rtt_avg_ms);
+            r.goodput_bps /= f;
+        }
+        for s in &mut self.samples {
+            s.delay_ms *= f;
+        }
+        for g in &mut self.goodput {
+            g.goodput_bps /= f;
+        }
+        for l in &mut self.links {
+            l.rate_bps /= f;
+            l.avg_bps_ab /= f;
+            l.avg_bps_ba /= f;
+        }
+        self.duration_s *= f;
+        self
+    }
+
     /// Per-class figures, classes in the order they first appear.
     pub fn summary(&self) -> Vec<ClassSummary> {
         let mut order: Vec<String> = Vec::new();

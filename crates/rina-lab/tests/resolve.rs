@@ -203,3 +203,57 @@ fn resized_lengthens_traffic_while_shortened_never_does() {
     assert!(short.flows.iter().all(|f| f.stop.as_secs() == 6));
     assert_eq!(short.load.as_ref().unwrap().duration.as_secs(), 6);
 }
+
+#[test]
+fn dilation_slows_every_time_of_the_traffic_and_keeps_what_it_sends() {
+    use rina_tools::tgen::gen::Profile;
+    let e = load(&example("metro-37.toml"), Some("spn-mr-90")).unwrap();
+    let d = e.clone().dilated(0.05);
+    assert_eq!(d.dilation, Some(0.05));
+    assert_eq!(d.duration, e.duration * 20);
+    assert_eq!(
+        d.load.as_ref().unwrap().duration,
+        e.load.as_ref().unwrap().duration * 20
+    );
+    assert_eq!(
+        d.warmup, e.warmup,
+        "the warm-up is for routing, not traffic"
+    );
+    for (a, b) in e.links.iter().zip(&d.links) {
+        assert!((b.rate_bps / a.rate_bps - 0.05).abs() < 1e-9);
+        assert_eq!(b.delay, a.delay * 20);
+        assert_eq!(b.queue, a.queue);
+    }
+    let mut on_off = 0;
+    for (a, b) in e.flows.iter().zip(&d.flows) {
+        assert_eq!((b.start, b.stop), (a.start * 20, a.stop * 20));
+        assert_eq!(b.interval, a.interval * 20);
+        let (Some(pa), Some(pb)) = (&a.profile, &b.profile) else {
+            continue;
+        };
+        // The same bytes over the dilated run: the rate times 0.05, the
+        // run twenty times as long; SDU sizes unchanged.
+        assert!(
+            (pb.mean_rate_bps() / pa.mean_rate_bps() - 0.05).abs() < 1e-9,
+            "{}",
+            a.id
+        );
+        assert_eq!(pb.max_size(), pa.max_size());
+        if let (
+            Profile::OnOff { on_s, off_s, .. },
+            Profile::OnOff {
+                on_s: on2,
+                off_s: off2,
+                ..
+            },
+        ) = (pa, pb)
+        {
+            assert!((on2 / on_s - 20.0).abs() < 1e-9 && (off2 / off_s - 20.0).abs() < 1e-9);
+            on_off += 1;
+        }
+    }
+    assert!(
+        on_off >= 60,
+        "Online Gaming and File Sharing are ON-OFF ({on_off})"
+    );
+}

@@ -190,3 +190,53 @@ fn seed_004_rlim_the_lowest_level_uses_what_the_upper_ones_leave() {
     let c = level_rates(&out, &r.cells, Dimension::Cherish);
     assert!(c[0] > 12e6, "B1 got {} Mb/s of its 15", c[0] / 1e6);
 }
+
+#[test]
+fn time_dilation_keeps_the_original_delays() {
+    // qos-2's QTA-Mux variant (a 10 Mb/s link overloaded by Poisson best
+    // effort beside an urgent CBR flow) as it is and dilated ten times:
+    // the same PDUs, ten times slower, so each class's delays brought
+    // back to the original's time (`in_original_time`) are the
+    // original's, and so is the ratio between the classes. Scaling the
+    // rates alone would not keep them (the urgent class's delay is mostly
+    // serialisation and the link's delay, which only dilation stretches
+    // alike).
+    let text = std::fs::read_to_string(common::example("qos-2.toml")).unwrap();
+    let exp = load(&text, Some("qta"))
+        .unwrap()
+        .shortened(Duration::from_secs(3));
+    let orig = run(&exp);
+    let slow = run(&exp.clone().dilated(0.1));
+    assert_eq!(slow.dilation, Some(0.1));
+    assert!((slow.duration_s - 30.0).abs() < 1e-9);
+    let slow = slow.in_original_time();
+    // One thing is not dilated: the pacer lets a port run 2 ms of data
+    // ahead of its link (`PortRate::burst`, room for late driver timers),
+    // real time, which an urgent PDU may wait behind in the link's queue.
+    // Dilated, that costs 0.2 ms of the original's time instead of 2.
+    let burst_ms = 2.0 * (1.0 - 0.1);
+    for c in ["urgent", "best-effort"] {
+        let (a, b) = (class(&orig, c), class(&slow, c));
+        let (a_ms, b_ms) = (a.avg_ms.unwrap(), b.avg_ms.unwrap());
+        println!(
+            "{c}: {a_ms:.3} ms, dilated {b_ms:.3} ms (x{:.3})",
+            b_ms / a_ms
+        );
+        assert!(
+            b_ms > a_ms * 0.9 - burst_ms && b_ms < a_ms * 1.1,
+            "{c}: {b_ms} ms against {a_ms} ms"
+        );
+        assert!((b.loss_pct - a.loss_pct).abs() < 1.0, "{c} loss");
+    }
+    let (be, be_slow) = (class(&orig, "best-effort"), class(&slow, "best-effort"));
+    let r = be_slow.avg_ms.unwrap() / be.avg_ms.unwrap();
+    assert!((0.9..1.1).contains(&r), "best effort's queueing x{r}");
+    // The same without dilation, rates only: the urgent class's delay is
+    // not the original's over F.
+    let scaled = run(&exp.clone().scaled(0.1));
+    let r = class(&scaled, "urgent").avg_ms.unwrap() * 0.1 / class(&orig, "urgent").avg_ms.unwrap();
+    assert!(
+        !(0.9..1.1).contains(&r),
+        "scaling alone kept the urgent delay (x{r:.3})"
+    );
+}

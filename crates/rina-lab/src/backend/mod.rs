@@ -100,10 +100,12 @@ pub fn run(
             progress: &progress,
             stop: ctx.stop,
         };
-        let out = backend.run_once(&exp, &main_ctx)?;
+        let mut out = backend.run_once(&exp, &main_ctx)?;
+        out.dilation = exp.dilation;
         return Ok((out, exp));
     }
-    let out = backend.run_once(&exp, ctx)?;
+    let mut out = backend.run_once(&exp, ctx)?;
+    out.dilation = exp.dilation;
     Ok((out, exp))
 }
 

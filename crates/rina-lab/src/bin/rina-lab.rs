@@ -149,6 +149,14 @@ struct RunArgs {
     /// 0.05: seed 003 at 1/20 of the paper's rates, the same load).
     #[arg(long, value_name = "F")]
     scale: Option<f64>,
+    /// Dilate time by 1/F (e.g. 0.05: twenty times slower): rates times F
+    /// as --scale does, and every time of the traffic (ON-OFF periods, link
+    /// delays, flow and event times, the run's length after --duration)
+    /// divided by F, so queueing delays are the original's over F and their
+    /// ratios are kept. Results show the run's own times; `report` divides
+    /// them back.
+    #[arg(long, value_name = "F", conflicts_with = "scale")]
+    dilate: Option<f64>,
     /// Results folder (default: results/<experiment>/<UTC time>-<backend>).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
@@ -571,6 +579,14 @@ fn cmd_run(a: RunArgs) -> Result<u8, Fail> {
         }
         exps = exps.into_iter().map(|e| e.scaled(f)).collect();
     }
+    if let Some(f) = a.dilate {
+        if !(f > 0.0 && f <= 1.0) {
+            return Err(Fail::usage(format!(
+                "--dilate {f} is not in (0, 1] (0.05 runs twenty times slower)"
+            )));
+        }
+        exps = exps.into_iter().map(|e| e.dilated(f)).collect();
+    }
     if a.inventory.is_some() && a.backend != "ssh" {
         return Err(Fail::usage(format!(
             "--inventory is for the ssh backend, not {}",
@@ -883,6 +899,8 @@ fn cmd_report(
         return Err(Fail::usage(format!("--scale {scale} is not above 0")));
     }
     let runs: Vec<RunOutput> = read_runs(dirs)?.into_iter().map(|(_, r)| r).collect();
+    let dilated = runs.iter().filter_map(|r| r.dilation).next();
+    let runs: Vec<RunOutput> = runs.into_iter().map(|r| r.in_original_time()).collect();
     let path = reference.unwrap_or_else(|| {
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../examples/lab/reference")
@@ -896,13 +914,21 @@ fn cmd_report(
     let dir = out.unwrap_or_else(|| dirs[0].clone());
     mkdir(&dir)?;
     let md = format!(
-        "# {} beside the paper\n\nMade by `rina-lab report` from {}; reference {}.\n\n{}",
+        "# {} beside the paper\n\nMade by `rina-lab report` from {}; reference {}.{}\n\n{}",
         runs[0].experiment,
         dirs.iter()
             .map(|d| format!("`{}`", d.display()))
             .collect::<Vec<_>>()
             .join(", "),
         path.display(),
+        match dilated {
+            Some(f) => format!(
+                " Run in time dilated {:.0}x (`--dilate {f}`): delays and rates are \
+                 given in the original's time (measured delays times {f}, rates over {f}).",
+                1.0 / f
+            ),
+            None => String::new(),
+        },
         rina_lab::report::markdown(&runs, &r)
     );
     write(&dir.join("report.md"), md.as_bytes())?;

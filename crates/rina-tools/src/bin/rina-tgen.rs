@@ -118,6 +118,15 @@ struct ClientArgs {
     /// Run the flows of this TOML traffic matrix instead of one flow.
     #[arg(long, value_name = "FILE")]
     matrix: Option<PathBuf>,
+    /// Retry an allocation that fails (the destination not yet known, no
+    /// route yet) every 200 ms for up to this many seconds of the flow's
+    /// time; the flow then runs for what is left of its duration.
+    #[arg(long, value_name = "S", default_value_t = 0.0)]
+    alloc_retry_s: f64,
+    /// How long a flow that ended waits for the server's REPORT (its FIN
+    /// is repeated meanwhile): longer than the flow's worst delay.
+    #[arg(long, value_name = "S", default_value_t = 2.0)]
+    report_wait_s: f64,
     /// Also send RTT probes on every flow (delay = RTT / 2, no clock offset).
     #[arg(long)]
     rtt: bool,
@@ -523,6 +532,9 @@ fn serve_flow(flow: Arc<Flow>, sf: &Arc<ServerFlow>, live: &Arc<Live>, samples: 
 
 // ---------------------------------------------------------------- client
 
+/// Time between two tries of a failed allocation (`--alloc-retry-s`).
+const RETRY: Duration = Duration::from_millis(200);
+
 struct ClientFlow {
     rev: Mutex<FlowMetrics>,
     rtt: Mutex<FlowMetrics>,
@@ -591,6 +603,7 @@ fn client(a: ClientArgs) -> i32 {
     reporter(live.clone(), a.out.interval_s, stop.clone());
     let mut order: Vec<&FlowPlan> = plans.iter().collect();
     order.sort_by(|x, y| x.start_s.total_cmp(&y.start_s));
+    let report_wait = Duration::from_secs_f64(a.report_wait_s.clamp(0.1, 3600.0));
     let human = !a.out.json;
     let mut workers = Vec::new();
     let mut failed: Vec<FlowEntry> = Vec::new();
@@ -611,7 +624,26 @@ fn client(a: ClientArgs) -> i32 {
             error: Some(error),
             reports: Vec::new(),
         };
-        let flow = match c.allocate(&a.name, &dst, p.dif.as_deref(), &p.qos.spec()) {
+        let begin = start + Duration::from_secs_f64(p.start_s);
+        let retry_until = begin + Duration::from_secs_f64(a.alloc_retry_s.clamp(0.0, p.duration_s));
+        let allocated = loop {
+            match c.allocate(&a.name, &dst, p.dif.as_deref(), &p.qos.spec()) {
+                Err(e) if !e.is_closed() && Instant::now() + RETRY < retry_until => {
+                    thread::sleep(RETRY);
+                }
+                r => break r,
+            }
+        };
+        // What is left of the flow's time after the retries.
+        let late = Instant::now()
+            .saturating_duration_since(begin)
+            .as_secs_f64();
+        let mut p = p.clone();
+        if late > 0.5 {
+            p.duration_s = (p.duration_s - late).max(0.05);
+        }
+        let p = &p;
+        let flow = match allocated {
             Ok(f) => f,
             Err(e) if e.is_closed() => opts::die(TOOL, "lost the daemon", &e, 2),
             Err(e) => {
@@ -652,7 +684,7 @@ fn client(a: ClientArgs) -> i32 {
         }
         let (p, live, samples) = (p.clone(), live.clone(), a.out.samples);
         workers.push(thread::spawn(move || {
-            run_client_flow(flow, &p, probe, &live, samples)
+            run_client_flow(flow, &p, probe, report_wait, &live, samples)
         }));
     }
     let mut entries: Vec<FlowEntry> = workers.into_iter().filter_map(|w| w.join().ok()).collect();
@@ -695,6 +727,7 @@ fn run_client_flow(
     flow: Flow,
     p: &FlowPlan,
     probe: Option<Duration>,
+    report_wait: Duration,
     live: &Arc<Live>,
     samples: usize,
 ) -> FlowEntry {
@@ -742,13 +775,17 @@ fn run_client_flow(
                 (0, 0)
             }
         };
-    // FIN every 100 ms until the REPORT (and the reverse FIN) came, at most 2 s.
+    // FIN until the REPORT (and the reverse FIN) came, for at most
+    // `report_wait` (twenty FINs, at least 100 ms apart), looking every 100 ms.
     let msg = fin(p.flow, sent, bytes);
-    for _ in 0..20 {
-        if flow.write(&msg).is_err() {
+    let tick = Duration::from_millis(100);
+    let every = (report_wait.as_millis() / 20 / tick.as_millis()).max(1) as u32;
+    let ticks = (report_wait.as_millis() / tick.as_millis()).max(1) as u32;
+    for i in 0..ticks {
+        if i % every == 0 && flow.write(&msg).is_err() {
             break;
         }
-        thread::sleep(Duration::from_millis(100));
+        thread::sleep(tick);
         let rev_done = !p.direction.server_sends() || cf.rev_fin.load(Ordering::Relaxed);
         if cf.fwd.lock().unwrap().is_some() && rev_done {
             break;

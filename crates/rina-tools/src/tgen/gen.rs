@@ -318,6 +318,30 @@ impl Profile {
         p
     }
 
+    /// The same source in time dilated by `1/f` (`f` < 1 slows it down):
+    /// every rate multiplied by `f` as [`Profile::scaled`] does, and every
+    /// period (ON and OFF, talk and silence, a varying rate's segment)
+    /// divided by `f`, so that the source sends the same SDUs, only `1/f`
+    /// times slower: a scaled-down experiment keeps its burst structure.
+    pub fn dilated(&self, f: f64) -> Profile {
+        let mut p = self.scaled(f);
+        match &mut p {
+            Profile::Cbr { .. } | Profile::Poisson { .. } => {}
+            Profile::OnOff { on_s, off_s, .. } => {
+                *on_s /= f;
+                *off_s /= f;
+            }
+            Profile::Voice {
+                talk_s, silence_s, ..
+            } => {
+                *talk_s /= f;
+                *silence_s /= f;
+            }
+            Profile::Varying { segment_s, .. } => *segment_s /= f,
+        }
+        p
+    }
+
     /// The long-run mean offered rate in bit/s (SDU bytes, header included).
     pub fn mean_rate_bps(&self) -> f64 {
         match *self {

@@ -96,6 +96,30 @@ pub struct MatrixFlow {
     /// QoS cube asked for by its QoS-id.
     #[serde(default)]
     pub qos_cube: Option<u64>,
+    /// Seed of this entry's first flow (the next copies take the next
+    /// seeds); default: the file's seed plus the flow's number. A seed
+    /// above a TOML integer's 2^63 - 1 is written as a string.
+    #[serde(default, deserialize_with = "seed")]
+    pub seed: Option<u64>,
+}
+
+/// A seed: a TOML integer, or a string for the 64-bit seeds TOML cannot
+/// hold as integers.
+fn seed<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Seed {
+        Int(u64),
+        Text(String),
+    }
+    match Seed::deserialize(d)? {
+        Seed::Int(x) => Ok(Some(x)),
+        Seed::Text(t) => t
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| serde::de::Error::custom(format!("seed {t:?} is not a 64-bit number"))),
+    }
 }
 
 fn one() -> u32 {
@@ -144,6 +168,7 @@ impl Matrix {
         let base = self.seed.unwrap_or(default_seed);
         let mut out = Vec::new();
         for (i, f) in self.flows.iter().enumerate() {
+            let first = out.len() as u32 + 1;
             let source = SourceSpec {
                 profile: f.profile.clone(),
                 rate_bps: f.rate_bps,
@@ -181,7 +206,10 @@ impl Matrix {
                     start_s: f.start_s,
                     duration_s: f.duration_s,
                     direction: f.direction,
-                    seed: base.wrapping_add(flow as u64),
+                    seed: match f.seed {
+                        Some(s) => s.wrapping_add(u64::from(flow - first)),
+                        None => base.wrapping_add(flow as u64),
+                    },
                 });
             }
         }
@@ -224,11 +252,17 @@ profile = "interactive"
 count = 15
 start_s = 1.5
 size = 500
+seed = 1000
+[[flow]]
+peer = "tgen"
+profile = "voip"
+seed = "17388166129998380965"
 "#;
         let p = Matrix::parse(text).unwrap().plans(0, None).unwrap();
-        assert_eq!(p.len(), 75);
+        assert_eq!(p.len(), 76);
         assert_eq!(p[0].flow, 1);
         assert_eq!(p[74].flow, 75);
+        assert_eq!(p[75].seed, 17388166129998380965);
         assert!(p[0].qos.reliable && p[0].qos.spec().reliable);
         assert_eq!(p[0].duration_s, 600.0);
         assert_eq!(p[0].dif.as_deref(), Some("spn"));
@@ -237,10 +271,12 @@ size = 500
         assert_eq!(p[15].direction, Direction::Bidirectional);
         assert_eq!(p[74].source.size, Some(500));
         assert_eq!(p[3].seed, 11);
+        assert_eq!((p[60].seed, p[74].seed), (1000, 1014));
         assert!(Matrix::parse("[[flow]]\npeer = \"x\"\nprofile = \"nope\"")
             .unwrap()
             .plans(0, None)
             .is_err());
         assert!(Matrix::parse("bogus = 1").is_err());
+        assert!(Matrix::parse("[[flow]]\npeer = \"x\"\nprofile = \"cbr\"\nseed = \"-1\"").is_err());
     }
 }

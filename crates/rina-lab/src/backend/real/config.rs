@@ -187,10 +187,17 @@ pub fn node_config(
                     q.insert("loss_ppm".into(), ((ls * 1e6) as i64).into());
                 }
                 // The cube of each lower DIF this cube rides on (seed 003's
-                // mapping): one N-1 flow per lower cube in use.
+                // mapping): one N-1 flow per lower cube in use; only the
+                // lower DIFs this member has neighbours over (an HR of
+                // seed 003's spn reaches its PE over a link, not over mr).
                 let lower: Table = c
                     .maps_to
                     .iter()
+                    .filter(|(&l, _)| {
+                        dif.adjacencies
+                            .iter()
+                            .any(|a| (a.a == node || a.b == node) && a.over == Over::Dif(l))
+                    })
                     .filter_map(|(&l, &id)| {
                         let ld = &exp.difs[l];
                         let lc = ld.cubes.iter().find(|lc| lc.id == id)?;

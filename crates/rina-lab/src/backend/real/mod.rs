@@ -23,6 +23,7 @@
 //! in `out/` of the run's folder; `logs/<node>.log` holds each `rinad`'s log.
 
 pub mod config;
+mod matrix;
 pub mod relay;
 
 use crate::backend::RunCtx;
@@ -219,6 +220,9 @@ struct Job {
     attempt_at: Duration,
     /// Allocation attempts that failed.
     failed: u32,
+    /// Run by its node's one `rina-tgen` ([`matrix`]): the group (index)
+    /// and the flow's number in its matrix.
+    group: Option<(usize, u32)>,
 }
 
 /// A server: tool, name, DIF, node.
@@ -299,83 +303,12 @@ pub fn run(
     let mut timeline: Vec<TimelineEntry> = Vec::new();
     let mut procs = Procs::default();
 
-    // Servers and client jobs.
-    let mut servers: Vec<Server> = Vec::new();
-    let mut jobs: Vec<Job> = Vec::new();
-    for (fi, f) in exp.flows.iter().enumerate() {
-        let dif = flow_dif(exp, f);
-        let name = server_name(exp, f.kind, f.to);
-        // Where the destination is over time.
-        let mut places: Vec<(Duration, usize)> = vec![(Duration::ZERO, exp.dest_node(f.to))];
-        if let Dest::App(a) = f.to {
-            for e in &exp.events {
-                if let EventKind::AppMove { app, to } = e.what {
-                    if app == a {
-                        places.push((e.at, to));
-                    }
-                }
-            }
-        }
-        for &(_, node) in &places {
-            let s = Server {
-                kind: f.kind,
-                name: name.clone(),
-                dif: dif.clone(),
-                node,
-                app: match f.to {
-                    Dest::App(a) => Some(a),
-                    Dest::Node(_) => None,
-                },
-            };
-            if let Some(o) = servers
-                .iter()
-                .find(|o| o.name == s.name && o.dif == s.dif && o.kind != s.kind)
-            {
-                return Err(err(
-                    be,
-                    format!(
-                        "application `{}` receives both {} and {} traffic; this backend runs one tool per application",
-                        s.name,
-                        kind_name(o.kind),
-                        kind_name(s.kind)
-                    ),
-                ));
-            }
-            if !servers.contains(&s) {
-                servers.push(s);
-            }
-        }
-        // Split the flow at the moves that happen during it.
-        let end = match f.kind {
-            TrafficKind::Perf => f.start + f.per_size * f.sdu_sizes.len() as u32,
-            _ => f.stop,
-        };
-        let mut part = 0;
-        for (i, &(at, node)) in places.iter().enumerate() {
-            let from = at.max(f.start);
-            let to = places.get(i + 1).map(|p| p.0).unwrap_or(end).min(end);
-            if to <= from && !(i == places.len() - 1 && part == 0) {
-                continue;
-            }
-            part += 1;
-            let id = if part == 1 {
-                f.id.clone()
-            } else {
-                format!("{}#{part}", f.id)
-            };
-            jobs.push(Job {
-                flow: fi,
-                proc: format!("client {id}"),
-                id,
-                start: from,
-                stop: to.max(from),
-                served_by: node,
-                dst: name.clone(),
-                dif: dif.clone(),
-                started: false,
-                attempt_at: from,
-                failed: 0,
-            });
+    let (servers, mut jobs) = plan(exp).map_err(|e| err(be, e))?;
+    let groups = matrix::groups(exp, &jobs);
+    for (gi, g) in groups.iter().enumerate() {
+        for (n, &k) in g.jobs.iter().enumerate() {
+            jobs[k].proc = g.proc.clone();
+            jobs[k].group = Some((gi, n as u32 + 1));
         }
     }
     // Names reached over each link shim, per node: for shim-udp directories.
@@ -424,6 +357,12 @@ pub fn run(
         std::fs::write(&p, text).map_err(|e| LabError::io(&p, e))?;
         conf_at.push(fab.0.place_config(n, &p)?);
     }
+    let mut matrix_at: Vec<PathBuf> = Vec::new();
+    for g in &groups {
+        let p = confs.join(format!("{}.toml", matrix::stem(exp, g)));
+        std::fs::write(&p, matrix::matrix_text(exp, &jobs, g)).map_err(|e| LabError::io(&p, e))?;
+        matrix_at.push(fab.0.place_config(g.node, &p)?);
+    }
     let start_rinad = |procs: &mut Procs, n: usize| -> Result<(), LabError> {
         let log = logs.join(format!("{}.log", exp.nodes[n]));
         let file = std::fs::OpenOptions::new()
@@ -457,7 +396,6 @@ pub fn run(
 
     // Wait for every normal IPCP to have an address.
     let setup_t0 = Instant::now();
-    let deadline = setup_t0 + Duration::from_secs(20 + 2 * exp.nodes.len() as u64);
     let rinactl = bins.tool("rinactl");
     let enrolled = |n: usize| -> usize {
         let Ok(o) = fab
@@ -479,54 +417,7 @@ pub fn run(
             .filter(|i| i.kind == "normal" && i.address != "0" && !i.address.is_empty())
             .count()
     };
-    let want: Vec<usize> = (0..exp.nodes.len())
-        .map(|n| exp.difs.iter().filter(|d| d.has_member(n)).count())
-        .collect();
-    let mut ready = vec![false; exp.nodes.len()];
-    loop {
-        if ctx.stopped() {
-            return Err(LabError::Interrupted);
-        }
-        for n in 0..exp.nodes.len() {
-            if !ready[n] {
-                if let Some(Some(st)) = procs.status(&format!("rinad {n}")) {
-                    return Err(err(
-                        be,
-                        format!(
-                            "rinad of {} exited ({st}); see {}",
-                            exp.nodes[n],
-                            logs.join(format!("{}.log", exp.nodes[n])).display()
-                        ),
-                    ));
-                }
-                ready[n] = enrolled(n) >= want[n];
-            }
-        }
-        let done = ready.iter().filter(|r| **r).count();
-        (ctx.progress)(
-            0.02 + 0.08 * done as f64 / exp.nodes.len() as f64,
-            &format!("enrolling: {done}/{} nodes", exp.nodes.len()),
-        );
-        if done == exp.nodes.len() {
-            break;
-        }
-        if Instant::now() > deadline {
-            let missing: Vec<&str> = (0..exp.nodes.len())
-                .filter(|&n| !ready[n])
-                .map(|n| exp.nodes[n].as_str())
-                .collect();
-            return Err(err(
-                be,
-                format!(
-                    "not enrolled after {:?}: {} (logs in {})",
-                    deadline - setup_t0,
-                    missing.join(", "),
-                    logs.display()
-                ),
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_enrolled(be, exp, ctx, &mut procs, &logs, setup_t0, &enrolled)?;
     let enrolled_after = setup_t0.elapsed();
     // Whether a node's rinad answers on its control socket.
     let answers = |n: usize| -> bool {
@@ -612,9 +503,10 @@ pub fn run(
         .max()
         .unwrap_or_default()
         .max(exp.duration);
-    let hard_end = last_end + Duration::from_secs(10);
+    // Room for the clients' last reports (their wait is dilated too).
+    let hard_end = last_end + Duration::from_secs_f64(10.0 / exp.dilation.unwrap_or(1.0));
     let mut app_at: Vec<usize> = exp.apps.iter().map(|a| a.node).collect();
-    let mut link_base: Vec<(u64, u64, u64)> = (0..exp.links.len())
+    let link_base: Vec<(u64, u64, u64)> = (0..exp.links.len())
         .map(|l| fab.0.link_counters(l))
         .collect();
     let mut link_end: Option<Vec<(u64, u64, u64)>> = None;
@@ -681,7 +573,31 @@ pub fn run(
                 what,
             });
         }
-        for j in jobs.iter_mut() {
+        for (g, file) in groups.iter().zip(&matrix_at) {
+            if !jobs[g.jobs[0]].started {
+                let stem = matrix::stem(exp, g);
+                let tool = fab.0.tool_command(g.node, &bins.tool("rina-tgen"));
+                let child = matrix::command(tool, exp, &jobs, g, &sock(g.node), file)
+                    .stdin(Stdio::null())
+                    .stdout(out_file(&outs, &stem, "json")?)
+                    .stderr(out_file(&outs, &stem, "err")?)
+                    .spawn()
+                    .map_err(|e| err(be, format!("starting {}: {e}", g.proc)))?;
+                procs.add(g.proc.clone(), child);
+                for &k in &g.jobs {
+                    jobs[k].started = true;
+                }
+                timeline.push(TimelineEntry {
+                    t_s: t.as_secs_f64(),
+                    what: format!(
+                        "rina-tgen of {} started ({} flows)",
+                        exp.nodes[g.node],
+                        g.jobs.len()
+                    ),
+                });
+            }
+        }
+        for j in jobs.iter_mut().filter(|j| j.group.is_none()) {
             if j.started && j.failed < 100 && t + Duration::from_millis(300) < j.stop {
                 if let Some(Some(st)) = procs.status(&j.proc) {
                     let errs = std::fs::read_to_string(outs.join(format!("{}.err", safe(&j.id))))
@@ -698,7 +614,7 @@ pub fn run(
                 j.started = true;
                 let f = &exp.flows[j.flow];
                 let tool = fab.0.tool_command(f.from, &bins.tool(kind_tool(f.kind)));
-                let child = client_command(tool, &sock(f.from), f, j, t, exp.seed)
+                let child = client_command(tool, &sock(f.from), f, j, t, exp)
                     .stdin(Stdio::null())
                     .stdout(out_file(&outs, &j.id, "json")?)
                     .stderr(out_file(&outs, &j.id, "err")?)
@@ -752,7 +668,89 @@ pub fn run(
     procs.kill_all();
     drop(fab);
 
-    // Results.
+    let mut out = results(be, exp, &jobs, &groups, &outs, &link_base, &link_end);
+    timeline.sort_by(|a, b| a.t_s.total_cmp(&b.t_s));
+    out.timeline = timeline;
+    out.wall_time_s = wall.elapsed().as_secs_f64();
+    (ctx.progress)(1.0, "done");
+    drop(sock_dir);
+    Ok(out)
+}
+
+/// Waits until every node's normal IPCPs have an address (`enrolled(n)`:
+/// how many of node `n`'s have one), failing if a `rinad` exits or the
+/// time allowed passes.
+fn wait_enrolled(
+    be: &'static str,
+    exp: &Experiment,
+    ctx: &RunCtx<'_>,
+    procs: &mut Procs,
+    logs: &Path,
+    setup_t0: Instant,
+    enrolled: &dyn Fn(usize) -> usize,
+) -> Result<(), LabError> {
+    let deadline = setup_t0 + Duration::from_secs(20 + 2 * exp.nodes.len() as u64);
+    let want: Vec<usize> = (0..exp.nodes.len())
+        .map(|n| exp.difs.iter().filter(|d| d.has_member(n)).count())
+        .collect();
+    let mut ready = vec![false; exp.nodes.len()];
+    loop {
+        if ctx.stopped() {
+            return Err(LabError::Interrupted);
+        }
+        for n in 0..exp.nodes.len() {
+            if !ready[n] {
+                if let Some(Some(st)) = procs.status(&format!("rinad {n}")) {
+                    return Err(err(
+                        be,
+                        format!(
+                            "rinad of {} exited ({st}); see {}",
+                            exp.nodes[n],
+                            logs.join(format!("{}.log", exp.nodes[n])).display()
+                        ),
+                    ));
+                }
+                ready[n] = enrolled(n) >= want[n];
+            }
+        }
+        let done = ready.iter().filter(|r| **r).count();
+        (ctx.progress)(
+            0.02 + 0.08 * done as f64 / exp.nodes.len() as f64,
+            &format!("enrolling: {done}/{} nodes", exp.nodes.len()),
+        );
+        if done == exp.nodes.len() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            let missing: Vec<&str> = (0..exp.nodes.len())
+                .filter(|&n| !ready[n])
+                .map(|n| exp.nodes[n].as_str())
+                .collect();
+            return Err(err(
+                be,
+                format!(
+                    "not enrolled after {:?}: {} (logs in {})",
+                    deadline - setup_t0,
+                    missing.join(", "),
+                    logs.display()
+                ),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The run's figures from the tools' reports in `outs` and the links'
+/// counters at the start and the end of traffic.
+fn results(
+    be: &str,
+    exp: &Experiment,
+    jobs: &[Job],
+    groups: &[matrix::Group],
+    outs: &Path,
+    link_base: &[(u64, u64, u64)],
+    link_end: &[(u64, u64, u64)],
+) -> RunOutput {
     let mut out = RunOutput {
         backend: be.into(),
         experiment: exp.name.clone(),
@@ -761,12 +759,14 @@ pub fn run(
         ..Default::default()
     };
     let mut res = Reservoir::new(20_000, exp.seed);
-    for j in &jobs {
+    for j in jobs {
         let f = &exp.flows[j.flow];
-        let text =
-            std::fs::read_to_string(outs.join(format!("{}.json", safe(&j.id)))).unwrap_or_default();
-        let errtext =
-            std::fs::read_to_string(outs.join(format!("{}.err", safe(&j.id)))).unwrap_or_default();
+        let stem = match j.group {
+            Some((g, _)) => matrix::stem(exp, &groups[g]),
+            None => safe(&j.id),
+        };
+        let text = std::fs::read_to_string(outs.join(format!("{stem}.json"))).unwrap_or_default();
+        let errtext = std::fs::read_to_string(outs.join(format!("{stem}.err"))).unwrap_or_default();
         let mut rec = FlowRecord {
             flow: j.id.clone(),
             kind: kind_name(f.kind).into(),
@@ -788,7 +788,7 @@ pub fn run(
         let active = (j.stop.saturating_sub(j.start)).as_secs_f64().max(1e-3);
         let parsed = match f.kind {
             TrafficKind::Echo => parse_echo(&text, &mut rec, &mut res, active),
-            TrafficKind::Tgen => parse_tgen(&text, &mut rec, &mut res),
+            TrafficKind::Tgen => parse_tgen(&text, j.group.map(|g| g.1), &mut rec, &mut res),
             TrafficKind::Perf => parse_perf(&text, &mut rec, &mut out.goodput),
         };
         if let Err(e) = parsed {
@@ -819,13 +819,89 @@ pub fn run(
             dropped: d1.saturating_sub(d0),
         });
     }
-    link_base.clear();
-    timeline.sort_by(|a, b| a.t_s.total_cmp(&b.t_s));
-    out.timeline = timeline;
-    out.wall_time_s = wall.elapsed().as_secs_f64();
-    (ctx.progress)(1.0, "done");
-    drop(sock_dir);
-    Ok(out)
+    out
+}
+
+/// The servers to start and the clients to run: one client per flow, or
+/// one per part of a flow around its destination's moves.
+fn plan(exp: &Experiment) -> Result<(Vec<Server>, Vec<Job>), String> {
+    let mut servers: Vec<Server> = Vec::new();
+    let mut jobs: Vec<Job> = Vec::new();
+    for (fi, f) in exp.flows.iter().enumerate() {
+        let dif = flow_dif(exp, f);
+        let name = server_name(exp, f.kind, f.to);
+        // Where the destination is over time.
+        let mut places: Vec<(Duration, usize)> = vec![(Duration::ZERO, exp.dest_node(f.to))];
+        if let Dest::App(a) = f.to {
+            for e in &exp.events {
+                if let EventKind::AppMove { app, to } = e.what {
+                    if app == a {
+                        places.push((e.at, to));
+                    }
+                }
+            }
+        }
+        for &(_, node) in &places {
+            let s = Server {
+                kind: f.kind,
+                name: name.clone(),
+                dif: dif.clone(),
+                node,
+                app: match f.to {
+                    Dest::App(a) => Some(a),
+                    Dest::Node(_) => None,
+                },
+            };
+            if let Some(o) = servers
+                .iter()
+                .find(|o| o.name == s.name && o.dif == s.dif && o.kind != s.kind)
+            {
+                return Err(format!(
+                    "application `{}` receives both {} and {} traffic; this backend runs one tool per application",
+                    s.name,
+                    kind_name(o.kind),
+                    kind_name(s.kind)
+                ));
+            }
+            if !servers.contains(&s) {
+                servers.push(s);
+            }
+        }
+        // Split the flow at the moves that happen during it.
+        let end = match f.kind {
+            TrafficKind::Perf => f.start + f.per_size * f.sdu_sizes.len() as u32,
+            _ => f.stop,
+        };
+        let mut part = 0;
+        for (i, &(at, node)) in places.iter().enumerate() {
+            let from = at.max(f.start);
+            let to = places.get(i + 1).map(|p| p.0).unwrap_or(end).min(end);
+            if to <= from && !(i == places.len() - 1 && part == 0) {
+                continue;
+            }
+            part += 1;
+            let id = if part == 1 {
+                f.id.clone()
+            } else {
+                format!("{}#{part}", f.id)
+            };
+            jobs.push(Job {
+                flow: fi,
+                proc: format!("client {id}"),
+                id,
+                start: from,
+                stop: to.max(from),
+                served_by: node,
+                dst: name.clone(),
+                dif: dif.clone(),
+                started: false,
+                attempt_at: from,
+                failed: 0,
+                group: None,
+            });
+        }
+    }
+    Ok((servers, jobs))
 }
 
 fn safe(id: &str) -> String {
@@ -862,8 +938,9 @@ fn client_command(
     f: &Flow,
     j: &Job,
     now: Duration,
-    seed: u64,
+    exp: &Experiment,
 ) -> Command {
+    let (seed, dilation) = (exp.seed, exp.dilation.unwrap_or(1.0));
     c.arg("client")
         .arg("--socket")
         .arg(sock)
@@ -889,7 +966,9 @@ fn client_command(
                 .arg("--size")
                 .arg(f.size.max(16).to_string())
                 .arg("--timeout-ms")
-                .arg("1000");
+                // A reply later than this is lost: 1 s at the paper's 100 ms
+                // probes, dilated with them.
+                .arg((iv * 10).max(1000).to_string());
         }
         TrafficKind::Tgen => {
             if let Some(p) = &f.profile {
@@ -897,10 +976,12 @@ fn client_command(
             }
             c.arg("--duration-s")
                 .arg(format!("{:.3}", len.as_secs_f64().max(0.05)))
+                .arg("--report-wait-s")
+                .arg(format!("{:.1}", 2.0 / dilation))
                 .arg("--direction")
                 .arg("forward")
                 .arg("--seed")
-                .arg(crate::backend::sim::mix(seed, j.flow as u64).to_string())
+                .arg(flow_seed(seed, j.flow).to_string())
                 .arg("--interval-s")
                 .arg("0");
         }
@@ -915,62 +996,90 @@ fn client_command(
     c
 }
 
+/// The seed of flow `flow`'s source: the one the simulator's protocol
+/// engine gives it, so that both draw the same schedule (and a load
+/// calibrated on the simulator is the load the real run offers).
+fn flow_seed(seed: u64, flow: usize) -> u64 {
+    crate::backend::sim::mix(seed, flow as u64)
+}
+
 /// `rina-tgen client` arguments for a resolved profile.
 fn profile_args(c: &mut Command, p: &Profile) {
-    let mut set = |name: &str, v: String| {
-        c.arg(format!("--{name}")).arg(v);
-    };
-    match *p {
-        Profile::Cbr { rate_bps, size } => {
-            set("profile", "cbr".into());
-            set("rate-bps", rate_bps.to_string());
-            set("size", size.to_string());
-        }
-        Profile::Poisson { rate_bps, size } => {
-            set("profile", "poisson".into());
-            set("rate-bps", rate_bps.to_string());
-            set("size", size.to_string());
-        }
-        Profile::OnOff {
-            on_s,
-            off_s,
-            rate_bps,
-            size,
-        } => {
-            set("profile", "on-off".into());
-            set("on-s", on_s.to_string());
-            set("off-s", off_s.to_string());
-            set("rate-bps", rate_bps.to_string());
-            set("size", size.to_string());
-        }
-        Profile::Voice {
-            talk_size,
-            talk_s,
-            silence_s,
-            ..
-        } => {
-            set("profile", "voice".into());
-            // The mean rate carries the SDU interval (a scaled experiment).
-            set("rate-bps", p.mean_rate_bps().to_string());
-            set("size", talk_size.to_string());
-            set("on-s", talk_s.to_string());
-            set("off-s", silence_s.to_string());
-        }
-        Profile::Varying {
-            min_bps,
-            max_bps,
-            segment_s,
-            size,
-        } => {
-            // The named varying source closest in shape, scaled to max_bps.
-            let name = if min_bps <= 0.0 || segment_s < 1.5 {
-                "p2p"
-            } else {
-                "video-hd"
-            };
-            set("profile", name.into());
-            set("rate-bps", max_bps.to_string());
-            set("size", size.to_string());
+    let f = ProfileFields::of(p);
+    c.arg("--profile").arg(f.name);
+    c.arg("--rate-bps").arg(f.rate_bps.to_string());
+    c.arg("--size").arg(f.size.to_string());
+    if let Some((on, off)) = f.on_off {
+        c.arg("--on-s").arg(on.to_string());
+        c.arg("--off-s").arg(off.to_string());
+    }
+}
+
+/// A resolved profile as `rina-tgen` takes it: a named profile and the
+/// overrides that make it this source (on its command line or in a
+/// traffic matrix).
+struct ProfileFields {
+    name: &'static str,
+    rate_bps: f64,
+    size: usize,
+    /// Mean ON (talk) and OFF (silence) periods, s.
+    on_off: Option<(f64, f64)>,
+}
+
+impl ProfileFields {
+    fn of(p: &Profile) -> ProfileFields {
+        match *p {
+            Profile::Cbr { rate_bps, size } => ProfileFields {
+                name: "cbr",
+                rate_bps,
+                size,
+                on_off: None,
+            },
+            Profile::Poisson { rate_bps, size } => ProfileFields {
+                name: "poisson",
+                rate_bps,
+                size,
+                on_off: None,
+            },
+            Profile::OnOff {
+                on_s,
+                off_s,
+                rate_bps,
+                size,
+            } => ProfileFields {
+                name: "on-off",
+                rate_bps,
+                size,
+                on_off: Some((on_s, off_s)),
+            },
+            Profile::Voice {
+                talk_size,
+                talk_s,
+                silence_s,
+                ..
+            } => ProfileFields {
+                name: "voice",
+                // The mean rate carries the SDU interval (a scaled experiment).
+                rate_bps: p.mean_rate_bps(),
+                size: talk_size,
+                on_off: Some((talk_s, silence_s)),
+            },
+            Profile::Varying {
+                min_bps,
+                max_bps,
+                segment_s,
+                size,
+            } => ProfileFields {
+                // The named varying source closest in shape, scaled to max_bps.
+                name: if min_bps <= 0.0 || segment_s < 1.5 {
+                    "p2p"
+                } else {
+                    "video-hd"
+                },
+                rate_bps: max_bps,
+                size,
+                on_off: None,
+            },
         }
     }
 }
@@ -1002,10 +1111,21 @@ fn parse_echo(
     Ok(())
 }
 
-fn parse_tgen(text: &str, rec: &mut FlowRecord, res: &mut Reservoir) -> Result<(), String> {
+/// A tgen flow's figures from `rina-tgen`'s report: its one flow, or flow
+/// number `n` of a matrix.
+fn parse_tgen(
+    text: &str,
+    n: Option<u32>,
+    rec: &mut FlowRecord,
+    res: &mut Reservoir,
+) -> Result<(), String> {
     let r: rina_tools::tgen::output::RunReport =
         serde_json::from_str(text.trim()).map_err(|_| "no report from rina-tgen".to_string())?;
-    let f = r.flows.first().ok_or("rina-tgen reported no flow")?;
+    let f = match n {
+        Some(n) => r.flows.iter().find(|e| e.flow == n),
+        None => r.flows.first(),
+    }
+    .ok_or("rina-tgen reported no flow")?;
     let fwd = f.reports.iter().find(|x| x.direction == "fwd");
     if let Some(fwd) = fwd {
         rec.sent = fwd.sent_sdus;
