@@ -452,3 +452,62 @@ fn a_link_with_a_tiny_queue_pushes_back_into_the_rmt_instead_of_dropping() {
         out.links[0].avg_bps_ab
     );
 }
+
+#[test]
+fn echo_probes_to_a_node_leave_its_other_traffic_alone() {
+    // A 4 Mb/s CBR flow a -> b and echo probes a -> b every 100 ms (seed
+    // 003's delay probes). The probes' replies are all b sends back: its
+    // receiver of tgen data is not the echo server (one receiver for both
+    // wrote the whole 4 Mb/s back, doubling seed 003's HR uplinks).
+    let text = r#"
+nodes = ["a", "b"]
+[experiment]
+name = "probe-beside"
+duration = "3s"
+seed = 1
+[[link]]
+between = ["a", "b"]
+rate = "100Mbps"
+delay = "1ms"
+[[dif]]
+name = "net"
+members = ["*"]
+over = ["links"]
+[[profile]]
+name = "cbr-4M"
+profile = "cbr"
+rate = "4Mbps"
+size = 1000
+[[traffic]]
+kind = "tgen"
+dif = "net"
+profiles = ["cbr-4M"]
+pairs = [["a", "b"]]
+[[traffic]]
+kind = "echo"
+dif = "net"
+pairs = [["a", "b"]]
+interval = "100ms"
+"#;
+    let out = run_on(text, None, false, Some(Engine::Protocol)).expect("run succeeds");
+    let l = &out.links[0];
+    assert!(
+        l.avg_bps_ab > 3.9e6,
+        "a -> b carries the CBR: {}",
+        l.avg_bps_ab
+    );
+    assert!(
+        l.avg_bps_ba < 0.05 * l.avg_bps_ab,
+        "b -> a carries {} b/s beside a -> b's {}: the data was echoed",
+        l.avg_bps_ba,
+        l.avg_bps_ab
+    );
+    let echo = out.flows.iter().find(|f| f.kind == "echo").unwrap();
+    assert!(
+        echo.received >= 25,
+        "the probes were answered: {}",
+        echo.received
+    );
+    let tgen = out.flows.iter().find(|f| f.kind == "tgen").unwrap();
+    assert!(tgen.received >= 1400 && tgen.loss_pct == 0.0);
+}

@@ -823,15 +823,24 @@ fn app_name(exp: &Experiment, a: usize) -> Result<AppName, LabError> {
         .map_err(|e| lab_err(format!("application name: {e:?}")))
 }
 
-fn sink_name(exp: &Experiment, n: usize) -> Result<AppName, LabError> {
-    format!("sink-{}", exp.nodes[n])
+/// The receiver at node `n` of flows of `kind`: `echo-<node>` for echo
+/// flows, `sink-<node>` for the others. Two names, as the real backend
+/// runs two tools: one receiver for both would echo the tgen data back
+/// (seed 003's probes turned every HR's sink into an echo server, which
+/// wrote all it received back toward the PEs).
+fn sink_name(exp: &Experiment, n: usize, kind: TrafficKind) -> Result<AppName, LabError> {
+    let role = match kind {
+        TrafficKind::Echo => "echo",
+        _ => "sink",
+    };
+    format!("{role}-{}", exp.nodes[n])
         .parse()
         .map_err(|e| lab_err(format!("node name: {e:?}")))
 }
 
 fn remote_of(exp: &Experiment, f: &crate::resolve::Flow) -> Result<AppName, LabError> {
     match f.to {
-        Dest::Node(n) => sink_name(exp, n),
+        Dest::Node(n) => sink_name(exp, n, f.kind),
         Dest::App(a) => app_name(exp, a),
     }
 }
@@ -880,24 +889,25 @@ fn register_apps(world: &mut World<LabNode>, ids: &Ids, exp: &Experiment) -> Res
         };
         world.schedule(now, ids[&a.node], cmd);
     }
-    let mut sinks: Vec<(usize, usize)> = exp
+    let mut sinks: Vec<(usize, usize, bool)> = exp
         .flows
         .iter()
         .filter_map(|f| match f.to {
-            Dest::Node(n) => Some((n, f.dif)),
+            Dest::Node(n) => Some((n, f.dif, f.kind == TrafficKind::Echo)),
             Dest::App(_) => None,
         })
         .collect();
     sinks.sort_unstable();
     sinks.dedup();
-    for &(n, d) in &sinks {
-        let echo = exp
-            .flows
-            .iter()
-            .any(|f| f.to == Dest::Node(n) && f.dif == d && f.kind == TrafficKind::Echo);
+    for &(n, d, echo) in &sinks {
+        let kind = if echo {
+            TrafficKind::Echo
+        } else {
+            TrafficKind::Tgen
+        };
         let cmd = Cmd::Register {
             dif: exp.difs[d].name.clone(),
-            name: sink_name(exp, n)?,
+            name: sink_name(exp, n, kind)?,
             echo,
         };
         world.schedule(now, ids[&n], cmd);
