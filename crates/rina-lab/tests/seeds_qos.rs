@@ -62,12 +62,12 @@ fn seed_003_spn_mr_separates_urgent_from_best_effort_and_orders_loss_by_cherish(
     // the realization: 24x, and 15x once the probes were added.
     let out = metro("spn-mr-90", 60);
     // The pattern as the paper measured it (echo probes in each
-    // cube, RTT / 2; Table II has ~40x): measured 25x.
+    // cube, RTT / 2; Table II has ~40x): measured 37-41x.
     let p = probed(&out);
     let urgent = p[..3].iter().map(|x| x.1).fold(0.0, f64::max);
     let be = p[3..].iter().map(|x| x.1).fold(f64::MAX, f64::min);
     assert!(be >= 20.0 * urgent, "probed delays {p:?}");
-    // The classes' own SDUs tell them apart as clearly (measured 21x; the
+    // The classes' own SDUs tell them apart as clearly (21x before the echoing fix; the
     // bursty classes' SDUs see the queues their bursts build).
     let avg = |c: &str| class(&out, c).avg_ms.unwrap();
     let urgent = URGENT.iter().map(|c| avg(c)).fold(0.0, f64::max);
