@@ -322,12 +322,6 @@ impl Experiment {
     /// it is for routing to settle, before any traffic.
     pub fn dilated(self, f: f64) -> Experiment {
         let mut e = self;
-        for l in &mut e.links {
-            l.rate_bps *= f;
-        }
-        for dif in &mut e.difs {
-            dif.scheduler = dif.scheduler.scaled(f);
-        }
         let d = |x: Duration| Duration::from_secs_f64(x.as_secs_f64() / f);
         let ms = |x: &mut Option<u64>| {
             if let Some(v) = x {
@@ -335,9 +329,11 @@ impl Experiment {
             }
         };
         for l in &mut e.links {
+            l.rate_bps *= f;
             l.delay = d(l.delay);
         }
         for dif in &mut e.difs {
+            dif.scheduler = dif.scheduler.scaled(f);
             for c in &mut dif.cubes {
                 c.delay = c.delay.map(d);
                 ms(&mut c.efcp.a_timer_ms);
