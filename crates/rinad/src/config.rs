@@ -850,7 +850,12 @@ fn check_ipcp(
         ));
     }
     if let Some(m) = &ip.max_sdu {
-        let max = rina_core::shim_udp::DEFAULT_MAX_SDU;
+        // A normal IPCP delimits and fragments, up to its default (the
+        // documented example's 65536); a shim-udp SDU fits a datagram.
+        let max = match ip.kind {
+            IpcpKind::Normal => rina_core::normal::DEFAULT_MAX_SDU as u32,
+            _ => rina_core::shim_udp::DEFAULT_MAX_SDU,
+        };
         if *m.get_ref() == 0 || *m.get_ref() > max {
             return Err((
                 m.span(),
@@ -1349,6 +1354,20 @@ address = 2
         assert_eq!(n.neighbors[0].address, Some(2));
         assert_eq!(n.routes["3"], 2);
         assert_eq!(n.names[&"echo".parse().unwrap()], 3);
+    }
+
+    #[test]
+    fn max_sdu_is_bounded_by_what_each_kind_carries() {
+        // A normal IPCP fragments: its documented 65536 is accepted (it was
+        // refused as more than a UDP datagram holds); a shim-udp's is not.
+        let with = |after: &str, v: u32| TWO.replacen(after, &format!("{after}\nmax_sdu = {v}"), 1);
+        parse(&with("crc = true", 65_536)).unwrap();
+        let e = parse(&with("crc = true", 65_537)).unwrap_err().to_string();
+        assert!(e.contains("ipcp[1].max_sdu") && e.contains("65536"), "{e}");
+        let e = parse(&with("bind = \"127.0.0.1:7001\"", 65_536))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("ipcp[0].max_sdu") && e.contains("65502"), "{e}");
     }
 
     #[test]

@@ -5,12 +5,12 @@
 //! tools on a Unix socket. See `config` for the file and `daemon` for the
 //! event loop.
 
-mod config;
 mod daemon;
 mod sys;
 mod udp_batch;
 
 use clap::Parser;
+use rinad::config;
 use std::path::PathBuf;
 use std::process::ExitCode;
 

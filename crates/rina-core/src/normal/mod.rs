@@ -153,6 +153,9 @@ pub struct NormalConfig {
     pub access: access::AccessRules,
 }
 
+/// Largest SDU a normal IPCP takes by default (delimiting fragments it).
+pub const DEFAULT_MAX_SDU: usize = 65_536;
+
 impl NormalConfig {
     /// A configuration with defaults for everything but name and address.
     pub fn new(dif: impl Into<String>, address: Address) -> Self {
@@ -161,7 +164,7 @@ impl NormalConfig {
             address,
             dt: DtConstants::default(),
             sdup: SdupConfig::default(),
-            max_sdu: 65_536,
+            max_sdu: DEFAULT_MAX_SDU,
             reassembly_timeout: Duration::from_secs(2),
             cubes: QosCube::defaults(),
             directory: BTreeMap::new(),
