@@ -20,6 +20,10 @@ runs="${1:-10000000}"
 secs="${2:-3600}"
 shift 2 2>/dev/null || shift $#
 cd "$(dirname "$0")" || exit 2
+# The cryptography crates are built uninstrumented (see rustc-wrapper.sh).
+# A target folder built before this wrapper keeps them instrumented until
+# `cargo clean` (cargo does not track the wrapper).
+export RUSTC_WRAPPER="$PWD/rustc-wrapper.sh"
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "cargo-fuzz not found; installing it" >&2

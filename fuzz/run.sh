@@ -11,6 +11,10 @@ case "$secs" in
     '' | *[!0-9]*) echo "usage: $0 [SECONDS_PER_TARGET]" >&2; exit 2 ;;
 esac
 cd "$(dirname "$0")" || exit 2
+# The cryptography crates are built uninstrumented (see rustc-wrapper.sh).
+# A target folder built before this wrapper keeps them instrumented until
+# `cargo clean` (cargo does not track the wrapper).
+export RUSTC_WRAPPER="$PWD/rustc-wrapper.sh"
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "cargo-fuzz not found; installing it" >&2
