@@ -145,10 +145,14 @@ pub fn node_config(
             t.insert("password".into(), p.clone().into());
         }
         // Over shim-eth links the frames must fit the interface's MTU:
-        // 1496-byte SDUs, a PDU costing one byte more.
-        let over_eth = exp.links.iter().enumerate().any(|(l, link)| {
-            (link.a == node || link.b == node)
-                && dif.adjacencies.iter().any(|a| a.over == Over::Link(l))
+        // 1496-byte SDUs, a PDU costing one byte more. The max PDU size is
+        // part of the DIF's wire profile, which enrollment checks, so it
+        // is the same in every member: the smaller one if any adjacency of
+        // the DIF crosses a shim-eth link, even where this member's own do
+        // not (seed 003's PEs whose SPN neighbours are all over the MR DIF
+        // were refused with 9000 against the others' 1495).
+        let over_eth = (0..exp.links.len()).any(|l| {
+            dif.adjacencies.iter().any(|a| a.over == Over::Link(l))
                 && matches!(shim(l), ShimKind::Eth { .. })
         });
         let max_pdu = match (dif.max_pdu, over_eth) {
@@ -292,4 +296,59 @@ pub fn hops(exp: &Experiment, dif: usize, a: usize, b: usize) -> Option<u32> {
 /// The node a destination is at (at the start).
 pub fn dest_node(exp: &Experiment, d: Dest) -> usize {
     exp.dest_node(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every member of a DIF gets the same max PDU size over shim-eth,
+    /// also a member whose own adjacencies in it all cross another normal
+    /// DIF (seed 003's SPN at pe-0-0 and pe-1-2 over the MR DIF), since
+    /// enrollment refuses a member whose wire profile differs.
+    #[test]
+    fn every_member_of_a_dif_has_the_same_max_pdu_over_shim_eth() {
+        let text = include_str!("../../../../../examples/lab/metro-37.toml");
+        let exp = crate::resolve::load(text, Some("spn-mr-90")).expect("metro-37 resolves");
+        let eth = |l: usize| ShimKind::Eth {
+            interface: format!("l{l}"),
+            vlan: 10,
+            delay_us: 0,
+            loss: 0.0,
+            seed: 1,
+        };
+        let mut by_dif: BTreeMap<String, BTreeMap<Option<i64>, Vec<usize>>> = BTreeMap::new();
+        for n in 0..exp.nodes.len() {
+            let text = node_config(&exp, n, Path::new("/tmp/x.sock"), &eth, &ShimApps::new());
+            let cfg: Table = toml::from_str(&text).expect("a generated config parses");
+            for ip in cfg["ipcp"].as_array().expect("ipcps") {
+                if ip["type"].as_str() == Some("normal") {
+                    let dif = ip["dif"].as_str().expect("dif").to_string();
+                    let max = ip.get("max_pdu").and_then(|v| v.as_integer());
+                    by_dif
+                        .entry(dif)
+                        .or_default()
+                        .entry(max)
+                        .or_default()
+                        .push(n);
+                }
+            }
+        }
+        assert!(
+            by_dif.contains_key("spn") && by_dif.contains_key("mr"),
+            "{by_dif:?}"
+        );
+        for (dif, sizes) in &by_dif {
+            assert_eq!(sizes.len(), 1, "DIF {dif}: max_pdu by member {sizes:?}");
+        }
+        // Both have adjacencies over the links; the video DIF, only over
+        // other DIFs, keeps the default everywhere.
+        for dif in ["spn", "mr"] {
+            let sizes = &by_dif[dif];
+            assert!(
+                sizes.contains_key(&Some(i64::from(ETH_MAX_PDU))),
+                "DIF {dif}: {sizes:?}"
+            );
+        }
+    }
 }
