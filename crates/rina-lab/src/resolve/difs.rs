@@ -1,0 +1,535 @@
+//! Normal DIFs, lower DIFs first: members, what each runs over and its
+//! adjacencies, bootstrap member and enrollment order, QoS cubes and
+//! scheduling policy; a variant's cube mappings.
+
+use super::nodes::Ctx;
+use super::{Adjacency, Cube, Dif, Link, Lower, Over, Source};
+use crate::model::{self, File};
+use crate::LabError;
+use rina_core::rmt::SchedulerConfig;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use toml::Spanned;
+
+/// What each DIF is resolved against.
+struct Scope<'a, 'b> {
+    ctx: &'a Ctx<'b>,
+    links: &'a [Link],
+    var: Option<&'a model::VariantDecl>,
+    /// Declaration index of each DIF name.
+    names: BTreeMap<&'a str, usize>,
+    /// Position in dependency order of each declaration index.
+    pos_of: BTreeMap<usize, usize>,
+}
+
+/// The bootstrap member of a DIF and the order its members enroll in.
+struct Enrollment {
+    bootstrap: usize,
+    order: Vec<usize>,
+    via: BTreeMap<usize, usize>,
+}
+
+/// Resolves the DIFs in dependency order, then the variant's DIF settings.
+pub(super) fn resolve_difs(
+    ctx: &Ctx,
+    file: &File,
+    links: &[Link],
+    var: Option<&model::VariantDecl>,
+) -> Result<Vec<Dif>, LabError> {
+    let src = &ctx.src;
+    let decls: Vec<&Spanned<model::DifDecl>> = file.difs.iter().collect();
+    let names = dif_names(src, &decls)?;
+    let order = dependency_order(src, &decls, &names)?;
+    let pos_of: BTreeMap<usize, usize> = order.iter().enumerate().map(|(p, &i)| (i, p)).collect();
+    let scope = Scope {
+        ctx,
+        links,
+        var,
+        names,
+        pos_of,
+    };
+    let mut difs: Vec<Dif> = Vec::new();
+    for &i in &order {
+        let dif = scope.dif(decls[i].get_ref(), &difs)?;
+        difs.push(dif);
+    }
+    if let Some(v) = var {
+        variant_difs(&mut difs, v, src)?;
+    }
+    Ok(difs)
+}
+
+/// Resolves the DIF names to declaration indices (unique, not `links`).
+fn dif_names<'a>(
+    src: &Source,
+    decls: &[&'a Spanned<model::DifDecl>],
+) -> Result<BTreeMap<&'a str, usize>, LabError> {
+    let mut names: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, d) in decls.iter().enumerate() {
+        let n = d.get_ref().name.get_ref().as_str();
+        if n == "links" {
+            return Err(src.err(
+                d.get_ref().name.span(),
+                "`links` is reserved for the link shims",
+            ));
+        }
+        if names.insert(n, i).is_some() {
+            return Err(src.err(
+                d.get_ref().name.span(),
+                format!("DIF `{n}` is declared twice"),
+            ));
+        }
+    }
+    Ok(names)
+}
+
+/// Resolves the dependency order: topological order over `over`.
+fn dependency_order(
+    src: &Source,
+    decls: &[&Spanned<model::DifDecl>],
+    names: &BTreeMap<&str, usize>,
+) -> Result<Vec<usize>, LabError> {
+    let mut order: Vec<usize> = Vec::new();
+    let mut state = vec![0u8; decls.len()]; // 0 new, 1 visiting, 2 done
+    for i in 0..decls.len() {
+        visit(i, decls, names, &mut state, &mut order, src)?;
+    }
+    Ok(order)
+}
+
+/// Orders DIF `i` after the DIFs it is (indirectly) over, depth first.
+fn visit(
+    i: usize,
+    decls: &[&Spanned<model::DifDecl>],
+    names: &BTreeMap<&str, usize>,
+    state: &mut [u8],
+    order: &mut Vec<usize>,
+    src: &Source<'_>,
+) -> Result<(), LabError> {
+    if state[i] == 2 {
+        return Ok(());
+    }
+    if state[i] == 1 {
+        let d = decls[i].get_ref();
+        return Err(src.err(
+            d.name.span(),
+            format!("DIF `{}` is (indirectly) over itself", d.name.get_ref()),
+        ));
+    }
+    state[i] = 1;
+    for o in &decls[i].get_ref().over {
+        let n = o.get_ref().as_str();
+        if n == "links" {
+            continue;
+        }
+        let j = *names.get(n).ok_or_else(|| {
+            src.err(
+                o.span(),
+                format!("unknown lower DIF `{n}` (write \"links\" or a declared DIF)"),
+            )
+        })?;
+        visit(j, decls, names, state, order, src)?;
+    }
+    state[i] = 2;
+    order.push(i);
+    Ok(())
+}
+
+impl Scope<'_, '_> {
+    /// Resolves one DIF (`difs`: the DIFs before it in dependency order).
+    fn dif(&self, d: &model::DifDecl, difs: &[Dif]) -> Result<Dif, LabError> {
+        let src = &self.ctx.src;
+        let name = d.name.get_ref().clone();
+        let members = self.ctx.node_set(&d.members)?;
+        if members.len() < 2 {
+            return Err(src.err(
+                d.name.span(),
+                format!("DIF `{name}` needs at least two members"),
+            ));
+        }
+        let (over, adjacencies) = self.lowers(d, &members, difs)?;
+        if let Some(p) = &d.adjacency {
+            if p.is_empty() {
+                return Err(src.err(d.name.span(), "`adjacency` is empty"));
+            }
+        }
+        let enrollment = self.enrollment(d, &members, &adjacencies)?;
+        let cubes = self.cubes(d, &over, difs)?;
+        let scheduler = self.scheduler(d, &cubes)?;
+        Ok(Dif {
+            name,
+            members,
+            over,
+            adjacencies,
+            scheduler,
+            cubes,
+            password: d.password.clone(),
+            max_pdu: d.max_pdu,
+            bootstrap: enrollment.bootstrap,
+            enrollment_order: enrollment.order,
+            enrolls_via: enrollment.via,
+        })
+    }
+
+    /// Resolves what a DIF runs over, and its adjacencies over each lower.
+    fn lowers(
+        &self,
+        d: &model::DifDecl,
+        members: &[usize],
+        difs: &[Dif],
+    ) -> Result<(Vec<Lower>, Vec<Adjacency>), LabError> {
+        let mut over = Vec::new();
+        let mut adjacencies: Vec<Adjacency> = Vec::new();
+        for o in &d.over {
+            if o.get_ref() == "links" {
+                self.link_adjacencies(members, &mut adjacencies);
+                // Several links between one pair: the first carries the DIF.
+                over.push(Lower::Links);
+            } else {
+                let lower = self.pos_of[&self.names[o.get_ref().as_str()]];
+                over.push(Lower::Dif(lower));
+                let lm = &difs[lower].members;
+                self.dif_adjacencies(d, members, lower, lm, &mut adjacencies)?;
+            }
+        }
+        Ok((over, adjacencies))
+    }
+
+    /// Resolves the adjacencies over links: members that share a link.
+    fn link_adjacencies(&self, members: &[usize], adjacencies: &mut Vec<Adjacency>) {
+        for (li, l) in self.links.iter().enumerate() {
+            if members.contains(&l.a) && members.contains(&l.b) && !adjacent(adjacencies, l.a, l.b)
+            {
+                adjacencies.push(Adjacency {
+                    a: l.a,
+                    b: l.b,
+                    over: Over::Link(li),
+                });
+            }
+        }
+    }
+
+    /// Resolves the adjacencies over lower DIF `lower` (members `lm`): the
+    /// pairs written in `adjacency`, or else every pair of members.
+    fn dif_adjacencies(
+        &self,
+        d: &model::DifDecl,
+        members: &[usize],
+        lower: usize,
+        lm: &[usize],
+        adjacencies: &mut Vec<Adjacency>,
+    ) -> Result<(), LabError> {
+        let name = d.name.get_ref();
+        match &d.adjacency {
+            Some(pairs) => {
+                for p in pairs {
+                    let a = self.ctx.node(&p[0])?;
+                    let b = self.ctx.node(&p[1])?;
+                    for (s, n) in [(&p[0], a), (&p[1], b)] {
+                        if !members.contains(&n) {
+                            return Err(self.ctx.src.err(
+                                s.span(),
+                                format!("`{}` is not a member of DIF `{name}`", s.get_ref()),
+                            ));
+                        }
+                    }
+                    if lm.contains(&a) && lm.contains(&b) && !adjacent(adjacencies, a, b) {
+                        adjacencies.push(Adjacency {
+                            a,
+                            b,
+                            over: Over::Dif(lower),
+                        });
+                    }
+                }
+            }
+            None => {
+                for (x, &a) in members.iter().enumerate() {
+                    for &b in &members[x + 1..] {
+                        if lm.contains(&a) && lm.contains(&b) && !adjacent(adjacencies, a, b) {
+                            adjacencies.push(Adjacency {
+                                a,
+                                b,
+                                over: Over::Dif(lower),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Derives the bootstrap member and the enrollment order, breadth first
+    /// over the adjacencies; every member must be reached.
+    fn enrollment(
+        &self,
+        d: &model::DifDecl,
+        members: &[usize],
+        adjacencies: &[Adjacency],
+    ) -> Result<Enrollment, LabError> {
+        let degree = |n: usize| adjacencies.iter().filter(|x| x.a == n || x.b == n).count();
+        let bootstrap = *members
+            .iter()
+            .max_by(|&&x, &&y| degree(x).cmp(&degree(y)).then(y.cmp(&x)))
+            .expect("two members");
+        let mut enrollment_order = vec![bootstrap];
+        let mut enrolls_via = BTreeMap::new();
+        let mut queue = VecDeque::from([bootstrap]);
+        let mut seen = BTreeSet::from([bootstrap]);
+        while let Some(n) = queue.pop_front() {
+            let mut next: Vec<usize> = adjacencies
+                .iter()
+                .filter_map(|x| {
+                    if x.a == n {
+                        Some(x.b)
+                    } else if x.b == n {
+                        Some(x.a)
+                    } else {
+                        None
+                    }
+                })
+                .collect();
+            next.sort_by_key(|m| members.iter().position(|x| x == m));
+            for m in next {
+                if seen.insert(m) {
+                    enrolls_via.insert(m, n);
+                    enrollment_order.push(m);
+                    queue.push_back(m);
+                }
+            }
+        }
+        if enrollment_order.len() != members.len() {
+            let nodes = &self.ctx.nodes;
+            let cut: Vec<&str> = members
+                .iter()
+                .filter(|m| !seen.contains(m))
+                .map(|&m| nodes[m].as_str())
+                .collect();
+            return Err(self.ctx.src.err(
+                d.name.span(),
+                format!(
+                    "DIF `{}`: members {} cannot reach `{}`: no link or lower-DIF adjacency joins them",
+                    d.name.get_ref(),
+                    cut.join(", "),
+                    nodes[bootstrap]
+                ),
+            ));
+        }
+        Ok(Enrollment {
+            bootstrap,
+            order: enrollment_order,
+            via: enrolls_via,
+        })
+    }
+
+    /// Resolves a DIF's QoS cubes (two default ones if it declares none).
+    fn cubes(
+        &self,
+        d: &model::DifDecl,
+        over: &[Lower],
+        difs: &[Dif],
+    ) -> Result<Vec<Cube>, LabError> {
+        let name = d.name.get_ref();
+        let mut cubes: Vec<Cube> = Vec::new();
+        let decl_cubes: Vec<model::CubeDecl> = if d.cubes.is_empty() {
+            default_cubes()
+        } else {
+            d.cubes.iter().map(|c| c.get_ref().clone()).collect()
+        };
+        for (k, c) in decl_cubes.iter().enumerate() {
+            let cname = c.name.get_ref().clone();
+            let id = c.id.unwrap_or(k as u64 + 1);
+            if cubes.iter().any(|x| x.name == cname || x.id == id) {
+                return Err(self.ctx.src.err(
+                    c.name.span(),
+                    format!("DIF `{name}`: cube `{cname}` (id {id}) repeats a name or id"),
+                ));
+            }
+            let maps_to = self.maps_to(d, c, over, difs)?;
+            cubes.push(Cube {
+                name: cname,
+                id,
+                urgency: c.urgency,
+                cherish: c.cherish,
+                reliable: c.reliable,
+                maps_to,
+                bandwidth_bps: c.bandwidth.map(|r| r.bps()),
+                delay: c.delay.map(|x| x.get()),
+                loss: c.loss,
+                efcp: c.efcp.clone(),
+            });
+        }
+        Ok(cubes)
+    }
+
+    /// Resolves the cube of each lower DIF that cube `c` rides on: the one
+    /// it names, else the lower's cube of the same name, else its first.
+    fn maps_to(
+        &self,
+        d: &model::DifDecl,
+        c: &model::CubeDecl,
+        over: &[Lower],
+        difs: &[Dif],
+    ) -> Result<BTreeMap<usize, u64>, LabError> {
+        let src = &self.ctx.src;
+        let name = d.name.get_ref();
+        let cname = c.name.get_ref();
+        let mut maps_to = BTreeMap::new();
+        for (lname, cube) in &c.maps_to {
+            let lower = match self.names.get(lname.as_str()) {
+                Some(&j) if d.over.iter().any(|o| o.get_ref() == lname) => self.pos_of[&j],
+                _ => {
+                    return Err(src.err(
+                        cube.span(),
+                        format!("cube `{cname}`: `{lname}` is not a DIF that `{name}` runs over"),
+                    ))
+                }
+            };
+            let lc = difs[lower]
+                .cubes
+                .iter()
+                .find(|x| &x.name == cube.get_ref())
+                .ok_or_else(|| {
+                    src.err(
+                        cube.span(),
+                        format!(
+                            "cube `{cname}` maps to `{}`, which DIF `{lname}` does not have (it has {})",
+                            cube.get_ref(),
+                            cube_names(&difs[lower])
+                        ),
+                    )
+                })?;
+            maps_to.insert(lower, lc.id);
+        }
+        for o in over {
+            if let Lower::Dif(lower) = *o {
+                maps_to.entry(lower).or_insert_with(|| {
+                    let l = &difs[lower];
+                    l.cubes
+                        .iter()
+                        .find(|x| &x.name == cname)
+                        .unwrap_or(&l.cubes[0])
+                        .id
+                });
+            }
+        }
+        Ok(maps_to)
+    }
+
+    /// Resolves a DIF's scheduling policy (the variant's, else its own),
+    /// which must build with the DIF's cubes.
+    fn scheduler(&self, d: &model::DifDecl, cubes: &[Cube]) -> Result<SchedulerConfig, LabError> {
+        let name = d.name.get_ref();
+        let scheduler = self
+            .var
+            .and_then(|v| v.scheduler.get(name).cloned())
+            .or_else(|| d.scheduler.clone())
+            .unwrap_or_default();
+        // The policy must build with this DIF's C/U map.
+        let mut cu = rina_core::rmt::CuMap::new();
+        for c in cubes {
+            cu = cu.with(c.id, c.urgency, c.cherish);
+        }
+        if let Err(e) = scheduler.build(&cu) {
+            return Err(self
+                .ctx
+                .src
+                .err(d.name.span(), format!("DIF `{name}`: {e}")));
+        }
+        Ok(scheduler)
+    }
+}
+
+/// Whether `a` and `b` are already adjacent.
+fn adjacent(adj: &[Adjacency], a: usize, b: usize) -> bool {
+    adj.iter()
+        .any(|x| (x.a == a && x.b == b) || (x.a == b && x.b == a))
+}
+
+/// Resolves a variant's cube mappings and the DIFs its schedulers name.
+fn variant_difs(difs: &mut [Dif], v: &model::VariantDecl, src: &Source) -> Result<(), LabError> {
+    map_all_cubes(difs, v, src)?;
+    for dname in v.scheduler.keys() {
+        if !difs.iter().any(|d| &d.name == dname) {
+            return Err(src.err(
+                v.name.span(),
+                format!("variant `{}`: no DIF `{dname}`", v.name.get_ref()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A variant's `maps_to`: every cube of the named DIF rides on the one
+/// named cube of each named lower DIF.
+fn map_all_cubes(difs: &mut [Dif], v: &model::VariantDecl, src: &Source) -> Result<(), LabError> {
+    let vname = v.name.get_ref();
+    for (dname, lowers) in &v.maps_to {
+        let err = |what: String| src.err(v.name.span(), format!("variant `{vname}`: {what}"));
+        let d = difs
+            .iter()
+            .position(|d| &d.name == dname)
+            .ok_or_else(|| err(format!("no DIF `{dname}`")))?;
+        for (lname, cube) in lowers {
+            let l = difs
+                .iter()
+                .position(|x| &x.name == lname)
+                .filter(|&l| difs[d].over.contains(&Lower::Dif(l)))
+                .ok_or_else(|| err(format!("`{lname}` is not a DIF that `{dname}` runs over")))?;
+            let id = difs[l]
+                .cubes
+                .iter()
+                .find(|c| &c.name == cube)
+                .map(|c| c.id)
+                .ok_or_else(|| err(format!("DIF `{lname}` has no cube `{cube}`")))?;
+            for c in &mut difs[d].cubes {
+                c.maps_to.insert(l, id);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Resolves a DIF name to its index.
+pub(super) fn dif_of(src: &Source, difs: &[Dif], s: &Spanned<String>) -> Result<usize, LabError> {
+    difs.iter()
+        .position(|d| &d.name == s.get_ref())
+        .ok_or_else(|| {
+            src.err(
+                s.span(),
+                format!(
+                    "unknown DIF `{}` (declared: {})",
+                    s.get_ref(),
+                    difs.iter()
+                        .map(|d| d.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )
+        })
+}
+
+/// The names of a DIF's cubes, for error messages.
+pub(super) fn cube_names(d: &Dif) -> String {
+    d.cubes
+        .iter()
+        .map(|c| format!("`{}`", c.name))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The cubes of a DIF that declares none.
+fn default_cubes() -> Vec<model::CubeDecl> {
+    let c = |name: &str, reliable: bool| model::CubeDecl {
+        name: Spanned::new(0..0, name.to_string()),
+        id: None,
+        urgency: 0,
+        cherish: 0,
+        reliable,
+        maps_to: BTreeMap::new(),
+        bandwidth: None,
+        delay: None,
+        loss: None,
+        efcp: Default::default(),
+    };
+    vec![c("best-effort", false), c("reliable", true)]
+}
