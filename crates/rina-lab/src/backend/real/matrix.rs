@@ -132,7 +132,10 @@ pub fn command(
         .arg("--alloc-retry-s")
         .arg(format!("{:.3}", retry_s(shortest)))
         .arg("--report-wait-s")
-        .arg(format!("{:.1}", 2.0 / exp.dilation.unwrap_or(1.0)))
+        .arg(format!(
+            "{:.1}",
+            super::REPORT_WAIT_S / exp.dilation.unwrap_or(1.0)
+        ))
         .arg("--json")
         .arg("--interval-s")
         .arg("0");

@@ -39,6 +39,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Longest a `rina-tgen` client waits for its server's REPORT after its
+/// last SDU, in the original's seconds (dilated like every time). The FIN
+/// that asks for it travels behind what the flow's queues still hold —
+/// seed 004's R-lim queue of 1000 PDUs for cube B1 takes ~6 s to drain at
+/// 1/10 of the paper's rate, and with 2 s every B1 video flow of a 30 s
+/// run lost its report — and the wait ends as soon as the REPORT comes,
+/// so a long one costs time only where a report is lost.
+pub const REPORT_WAIT_S: f64 = 10.0;
+
 pub use config::ShimKind;
 
 /// How a backend makes links and runs programs in a node.
@@ -977,7 +986,7 @@ fn client_command(
             c.arg("--duration-s")
                 .arg(format!("{:.3}", len.as_secs_f64().max(0.05)))
                 .arg("--report-wait-s")
-                .arg(format!("{:.1}", 2.0 / dilation))
+                .arg(format!("{:.1}", REPORT_WAIT_S / dilation))
                 .arg("--direction")
                 .arg("forward")
                 .arg("--seed")
