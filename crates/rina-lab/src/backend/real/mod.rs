@@ -23,8 +23,10 @@
 //! in `out/` of the run's folder; `logs/<node>.log` holds each `rinad`'s log.
 
 pub mod config;
+mod launch;
 mod matrix;
 pub mod relay;
+mod traffic_run;
 
 use crate::backend::RunCtx;
 use crate::model::TrafficKind;
@@ -33,10 +35,11 @@ use crate::results::{
     stats_ms, FlowRecord, GoodputPoint, LinkRecord, Reservoir, RunOutput, TimelineEntry,
 };
 use crate::{Experiment, LabError};
+use launch::Launcher;
 use rina_tools::tgen::gen::Profile;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 /// Longest a `rina-tgen` client waits for its server's REPORT after its
@@ -199,9 +202,56 @@ impl Drop for Procs {
 /// A folder removed on drop (sockets: their paths must stay short).
 struct TempDir(PathBuf);
 
+impl TempDir {
+    /// Makes a fresh folder for the nodes' control sockets in the system's
+    /// temporary folder (`wall`: when the run began, to tell runs apart).
+    fn for_sockets(wall: Instant) -> Result<TempDir, LabError> {
+        let sock_dir = TempDir(std::env::temp_dir().join(format!(
+            "rina-lab-{}-{}",
+            std::process::id(),
+            wall.elapsed().as_nanos() ^ (std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.subsec_nanos() as u128)
+                .unwrap_or(0))
+        )));
+        std::fs::create_dir_all(&sock_dir.0).map_err(|e| LabError::io(&sock_dir.0, e))?;
+        Ok(sock_dir)
+    }
+}
+
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Tears the fabric's links down on drop, however the run ends.
+struct Teardown<'a>(&'a mut dyn Fabric);
+
+impl Drop for Teardown<'_> {
+    fn drop(&mut self) {
+        self.0.teardown();
+    }
+}
+
+/// The run's folders: `logs/` (daemons, servers), `out/` (clients' reports
+/// and stderr) and `conf/` (configurations, traffic matrices).
+struct RunDirs {
+    logs: PathBuf,
+    outs: PathBuf,
+    confs: PathBuf,
+}
+
+impl RunDirs {
+    /// Makes the run's folders in `dir`.
+    fn create(dir: &Path) -> Result<RunDirs, LabError> {
+        let logs = dir.join("logs");
+        let outs = dir.join("out");
+        let confs = dir.join("conf");
+        for d in [&logs, &outs, &confs] {
+            std::fs::create_dir_all(d).map_err(|e| LabError::io(d, e))?;
+        }
+        Ok(RunDirs { logs, outs, confs })
     }
 }
 
@@ -243,6 +293,53 @@ struct Server {
     node: usize,
     /// The application (index) it stands for, if any.
     app: Option<usize>,
+}
+
+impl Server {
+    /// The name its process is kept under in [`Procs`].
+    fn proc_name(&self) -> String {
+        format!("server {} {} {}", self.name, self.dif, self.node)
+    }
+}
+
+/// What a run starts: the servers, the clients, the groups of clients one
+/// `rina-tgen` runs, and the names each node reaches over each link shim.
+struct RunPlan {
+    servers: Vec<Server>,
+    jobs: Vec<Job>,
+    groups: Vec<matrix::Group>,
+    /// Per node: for shim-udp directories.
+    shim_apps: Vec<config::ShimApps>,
+}
+
+impl RunPlan {
+    /// Plans the run of `exp` (see [`plan`] and [`matrix::groups`]).
+    fn new(exp: &Experiment) -> Result<RunPlan, String> {
+        let (servers, mut jobs) = plan(exp)?;
+        let groups = matrix::groups(exp, &jobs);
+        for (gi, g) in groups.iter().enumerate() {
+            for (n, &k) in g.jobs.iter().enumerate() {
+                jobs[k].proc = g.proc.clone();
+                jobs[k].group = Some((gi, n as u32 + 1));
+            }
+        }
+        // Names reached over each link shim, per node: for shim-udp directories.
+        let mut shim_apps: Vec<config::ShimApps> = vec![BTreeMap::new(); exp.nodes.len()];
+        for f in &exp.flows {
+            if let Some(l) = f.shim {
+                shim_apps[f.from]
+                    .entry(l)
+                    .or_default()
+                    .push(server_name(exp, f.kind, f.to));
+            }
+        }
+        Ok(RunPlan {
+            servers,
+            jobs,
+            groups,
+            shim_apps,
+        })
+    }
 }
 
 fn err(backend: &'static str, what: impl Into<String>) -> LabError {
@@ -293,196 +390,68 @@ pub fn run(
     let be = fabric.name();
     let wall = Instant::now();
     let bins = Bins::find(be)?;
-    let logs = ctx.dir.join("logs");
-    let outs = ctx.dir.join("out");
-    let confs = ctx.dir.join("conf");
-    for d in [&logs, &outs, &confs] {
-        std::fs::create_dir_all(d).map_err(|e| LabError::io(d, e))?;
-    }
-    let sock_dir = TempDir(std::env::temp_dir().join(format!(
-        "rina-lab-{}-{}",
-        std::process::id(),
-        wall.elapsed().as_nanos() ^ (std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos() as u128)
-            .unwrap_or(0))
-    )));
-    std::fs::create_dir_all(&sock_dir.0).map_err(|e| LabError::io(&sock_dir.0, e))?;
-    let local_sock = |n: usize| sock_dir.0.join(format!("{n}.sock"));
+    let dirs = RunDirs::create(ctx.dir)?;
+    let sock_dir = TempDir::for_sockets(wall)?;
     let mut timeline: Vec<TimelineEntry> = Vec::new();
     let mut procs = Procs::default();
-
-    let (servers, mut jobs) = plan(exp).map_err(|e| err(be, e))?;
-    let groups = matrix::groups(exp, &jobs);
-    for (gi, g) in groups.iter().enumerate() {
-        for (n, &k) in g.jobs.iter().enumerate() {
-            jobs[k].proc = g.proc.clone();
-            jobs[k].group = Some((gi, n as u32 + 1));
-        }
-    }
-    // Names reached over each link shim, per node: for shim-udp directories.
-    let mut shim_apps: Vec<config::ShimApps> = vec![BTreeMap::new(); exp.nodes.len()];
-    for f in &exp.flows {
-        if let Some(l) = f.shim {
-            shim_apps[f.from]
-                .entry(l)
-                .or_default()
-                .push(server_name(exp, f.kind, f.to));
-        }
-    }
+    let mut plan = RunPlan::new(exp).map_err(|e| err(be, e))?;
 
     (ctx.progress)(0.0, "setting up links");
     fabric.setup(exp, ctx.dir)?;
-    struct Teardown<'a>(&'a mut dyn Fabric);
-    impl Drop for Teardown<'_> {
-        fn drop(&mut self) {
-            self.0.teardown();
-        }
-    }
     let fab = Teardown(fabric);
     for what in fab.0.notes() {
         timeline.push(TimelineEntry { t_s: 0.0, what });
     }
 
     // Configurations and daemons.
-    let mut order: Vec<usize> = exp
-        .difs
-        .first()
-        .map(|d| d.enrollment_order.clone())
-        .unwrap_or_default();
-    for n in 0..exp.nodes.len() {
-        if !order.contains(&n) {
-            order.push(n);
-        }
-    }
-    let socks: Vec<PathBuf> = (0..exp.nodes.len())
-        .map(|n| fab.0.socket(n).unwrap_or_else(|| local_sock(n)))
-        .collect();
-    let sock = |n: usize| socks[n].clone();
-    let mut conf_at: Vec<PathBuf> = Vec::new();
-    for (n, apps) in shim_apps.iter().enumerate() {
-        let text = config::node_config(exp, n, &sock(n), &|l| fab.0.shim(n, l), apps);
-        let p = confs.join(format!("{}.toml", exp.nodes[n]));
-        std::fs::write(&p, text).map_err(|e| LabError::io(&p, e))?;
-        conf_at.push(fab.0.place_config(n, &p)?);
-    }
-    let mut matrix_at: Vec<PathBuf> = Vec::new();
-    for g in &groups {
-        let p = confs.join(format!("{}.toml", matrix::stem(exp, g)));
-        std::fs::write(&p, matrix::matrix_text(exp, &jobs, g)).map_err(|e| LabError::io(&p, e))?;
-        matrix_at.push(fab.0.place_config(g.node, &p)?);
-    }
-    let start_rinad = |procs: &mut Procs, n: usize| -> Result<(), LabError> {
-        let log = logs.join(format!("{}.log", exp.nodes[n]));
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .map_err(|e| LabError::io(&log, e))?;
-        let file2 = file.try_clone().map_err(|e| LabError::io(&log, e))?;
-        let _ = std::fs::remove_file(sock(n));
-        let child = fab
-            .0
-            .command(n, &bins.rinad)
-            .arg("--config")
-            .arg(&conf_at[n])
-            .arg("--socket")
-            .arg(sock(n))
-            .arg("--log-level")
-            .arg("info")
-            .stdin(Stdio::null())
-            .stdout(file)
-            .stderr(file2)
-            .spawn()
-            .map_err(|e| err(be, format!("starting rinad for {}: {e}", exp.nodes[n])))?;
-        procs.add(format!("rinad {n}"), child);
-        Ok(())
-    };
+    let launch = Launcher::configure(be, exp, &mut *fab.0, &bins, &dirs, &sock_dir.0, &plan)?;
     (ctx.progress)(0.02, "starting rinad");
-    for &n in &order {
-        start_rinad(&mut procs, n)?;
+    for n in launch::start_order(exp) {
+        launch.start_rinad(&mut procs, n)?;
     }
 
     // Wait for every normal IPCP to have an address.
     let setup_t0 = Instant::now();
-    let rinactl = bins.tool("rinactl");
-    let enrolled = |n: usize| -> usize {
-        let Ok(o) = fab
-            .0
-            .tool_command(n, &rinactl)
-            .arg("--socket")
-            .arg(sock(n))
-            .arg("--json")
-            .arg("ipcps")
-            .stderr(Stdio::null())
-            .output()
-        else {
-            return 0;
-        };
-        let Ok(v) = serde_json::from_slice::<Vec<rina_wire::ctl::IpcpInfo>>(&o.stdout) else {
-            return 0;
-        };
-        v.iter()
-            .filter(|i| i.kind == "normal" && i.address != "0" && !i.address.is_empty())
-            .count()
-    };
-    wait_enrolled(be, exp, ctx, &mut procs, &logs, setup_t0, &enrolled)?;
+    let enrolled = |n: usize| launch.enrolled(n);
+    wait_enrolled(be, exp, ctx, &mut procs, &dirs.logs, setup_t0, &enrolled)?;
     let enrolled_after = setup_t0.elapsed();
-    // Whether a node's rinad answers on its control socket.
-    let answers = |n: usize| -> bool {
-        fab.0
-            .tool_command(n, &rinactl)
-            .arg("--socket")
-            .arg(sock(n))
-            .arg("ipcps")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
 
-    // Servers.
-    let start_server = |procs: &mut Procs, s: &Server| -> Result<(), LabError> {
-        let log = logs.join(format!(
-            "server-{}-{}-{}.log",
-            s.name, s.dif, exp.nodes[s.node]
-        ));
-        let file = std::fs::File::create(&log).map_err(|e| LabError::io(&log, e))?;
-        let file2 = file.try_clone().map_err(|e| LabError::io(&log, e))?;
-        let mut c = fab.0.tool_command(s.node, &bins.tool(kind_tool(s.kind)));
-        c.arg("server")
-            .arg("--socket")
-            .arg(sock(s.node))
-            .arg("--dif")
-            .arg(&s.dif)
-            .arg("--name")
-            .arg(&s.name);
-        if s.kind == TrafficKind::Tgen {
-            c.arg("--interval-s").arg("0");
-        }
-        let child = c
-            .stdin(Stdio::null())
-            .stdout(file)
-            .stderr(file2)
-            .spawn()
-            .map_err(|e| err(be, format!("starting {}: {e}", kind_tool(s.kind))))?;
-        procs.add(format!("server {} {} {}", s.name, s.dif, s.node), child);
-        Ok(())
-    };
-    // At the start, each name at the place it starts at.
-    let initial: Vec<Server> = servers
-        .iter()
-        .filter(|s| match s.app {
-            Some(a) => exp.apps[a].node == s.node,
-            None => true,
-        })
-        .cloned()
-        .collect();
-    for s in &initial {
-        start_server(&mut procs, s)?;
+    // Servers, and time for their registrations to spread.
+    launch.start_initial_servers(&mut procs, &plan.servers)?;
+    settle(exp, ctx)?;
+    timeline.push(setup_entry(exp, setup_t0, enrolled_after));
+
+    // Traffic.
+    let links = traffic_run::run_traffic(&launch, ctx, &mut plan, &mut procs, &mut timeline)?;
+    fab.0.traffic_ended();
+    procs.kill_all();
+    drop(fab);
+
+    let mut out = results(be, exp, &plan, &dirs.outs, &links);
+    timeline.sort_by(|a, b| a.t_s.total_cmp(&b.t_s));
+    out.timeline = timeline;
+    out.wall_time_s = wall.elapsed().as_secs_f64();
+    (ctx.progress)(1.0, "done");
+    drop(sock_dir);
+    Ok(out)
+}
+
+/// The timeline's line on the daemons: started at `setup_t0` (before
+/// traffic, which starts now), all enrolled `enrolled_after` it.
+fn setup_entry(exp: &Experiment, setup_t0: Instant, enrolled_after: Duration) -> TimelineEntry {
+    TimelineEntry {
+        t_s: -(setup_t0.elapsed().as_secs_f64()),
+        what: format!(
+            "{} rinad started; all enrolled after {:.2} s",
+            exp.nodes.len(),
+            enrolled_after.as_secs_f64()
+        ),
     }
-    // Give registrations and routes time to spread.
+}
+
+/// Gives registrations and routes time to spread: waits the experiment's
+/// warm-up (1.5 s by default), or until the run must stop.
+fn settle(exp: &Experiment, ctx: &RunCtx<'_>) -> Result<(), LabError> {
     let settle = exp.warmup.unwrap_or(Duration::from_millis(1500));
     let settle_end = Instant::now() + settle;
     while Instant::now() < settle_end {
@@ -491,199 +460,7 @@ pub fn run(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    timeline.push(TimelineEntry {
-        t_s: -(setup_t0.elapsed().as_secs_f64()),
-        what: format!(
-            "{} rinad started; all enrolled after {:.2} s",
-            exp.nodes.len(),
-            enrolled_after.as_secs_f64()
-        ),
-    });
-
-    // Traffic.
-    fab.0.traffic_starts();
-    let t0 = Instant::now();
-    let mut events = exp.events.clone();
-    events.sort_by_key(|e| e.at);
-    let mut next_event = 0;
-    let last_end = jobs
-        .iter()
-        .map(|j| j.stop)
-        .max()
-        .unwrap_or_default()
-        .max(exp.duration);
-    // Room for the clients' last reports (their wait is dilated too).
-    let hard_end = last_end + Duration::from_secs_f64(10.0 / exp.dilation.unwrap_or(1.0));
-    let mut app_at: Vec<usize> = exp.apps.iter().map(|a| a.node).collect();
-    let link_base: Vec<(u64, u64, u64)> = (0..exp.links.len())
-        .map(|l| fab.0.link_counters(l))
-        .collect();
-    let mut link_end: Option<Vec<(u64, u64, u64)>> = None;
-    loop {
-        if ctx.stopped() {
-            return Err(LabError::Interrupted);
-        }
-        let t = t0.elapsed();
-        while next_event < events.len() && events[next_event].at <= t {
-            let e = &events[next_event];
-            next_event += 1;
-            let what = match e.what {
-                EventKind::LinkDown(l) => {
-                    fab.0.set_link(l, false)?;
-                    format!("link {} down", exp.links[l].name)
-                }
-                EventKind::LinkUp(l) => {
-                    fab.0.set_link(l, true)?;
-                    format!("link {} up", exp.links[l].name)
-                }
-                EventKind::NodeStop(n) => {
-                    procs.kill(&format!("rinad {n}"));
-                    format!("node {} stopped", exp.nodes[n])
-                }
-                EventKind::NodeStart(n) => {
-                    start_rinad(&mut procs, n)?;
-                    // Its servers come back once its socket is there.
-                    let until = Instant::now() + Duration::from_secs(3);
-                    while !answers(n) && Instant::now() < until {
-                        std::thread::sleep(Duration::from_millis(10));
-                    }
-                    for s in servers
-                        .iter()
-                        .filter(|s| s.node == n && s.app.is_none_or(|a| app_at[a] == n))
-                    {
-                        procs.kill(&format!("server {} {} {}", s.name, s.dif, s.node));
-                        start_server(&mut procs, s)?;
-                    }
-                    format!("node {} started", exp.nodes[n])
-                }
-                EventKind::AppMove { app, to } => {
-                    let from = app_at[app];
-                    for s in servers
-                        .iter()
-                        .filter(|s| s.app == Some(app) && s.node == from)
-                    {
-                        procs.kill(&format!("server {} {} {}", s.name, s.dif, s.node));
-                    }
-                    for s in servers
-                        .iter()
-                        .filter(|s| s.app == Some(app) && s.node == to)
-                    {
-                        start_server(&mut procs, s)?;
-                    }
-                    app_at[app] = to;
-                    format!(
-                        "application {} moved from {} to {}",
-                        exp.apps[app].name, exp.nodes[from], exp.nodes[to]
-                    )
-                }
-            };
-            timeline.push(TimelineEntry {
-                t_s: e.at.as_secs_f64(),
-                what,
-            });
-        }
-        for (g, file) in groups.iter().zip(&matrix_at) {
-            if !jobs[g.jobs[0]].started {
-                let stem = matrix::stem(exp, g);
-                let tool = fab.0.tool_command(g.node, &bins.tool("rina-tgen"));
-                let child = matrix::command(tool, exp, &jobs, g, &sock(g.node), file)
-                    .stdin(Stdio::null())
-                    .stdout(out_file(&outs, &stem, "json")?)
-                    .stderr(out_file(&outs, &stem, "err")?)
-                    .spawn()
-                    .map_err(|e| err(be, format!("starting {}: {e}", g.proc)))?;
-                procs.add(g.proc.clone(), child);
-                for &k in &g.jobs {
-                    jobs[k].started = true;
-                }
-                timeline.push(TimelineEntry {
-                    t_s: t.as_secs_f64(),
-                    what: format!(
-                        "rina-tgen of {} started ({} flows)",
-                        exp.nodes[g.node],
-                        g.jobs.len()
-                    ),
-                });
-            }
-        }
-        for j in jobs.iter_mut().filter(|j| j.group.is_none()) {
-            if j.started && j.failed < 100 && t + Duration::from_millis(300) < j.stop {
-                if let Some(Some(st)) = procs.status(&j.proc) {
-                    let errs = std::fs::read_to_string(outs.join(format!("{}.err", safe(&j.id))))
-                        .unwrap_or_default();
-                    if !st.success() && errs.contains("cannot allocate") {
-                        procs.kill(&j.proc);
-                        j.started = false;
-                        j.failed += 1;
-                        j.attempt_at = t + Duration::from_millis(200);
-                    }
-                }
-            }
-            if !j.started && j.attempt_at <= t {
-                j.started = true;
-                let f = &exp.flows[j.flow];
-                let tool = fab.0.tool_command(f.from, &bins.tool(kind_tool(f.kind)));
-                let child = client_command(tool, &sock(f.from), f, j, t, exp)
-                    .stdin(Stdio::null())
-                    .stdout(out_file(&outs, &j.id, "json")?)
-                    .stderr(out_file(&outs, &j.id, "err")?)
-                    .spawn()
-                    .map_err(|e| err(be, format!("starting the client of {}: {e}", j.id)))?;
-                procs.add(j.proc.clone(), child);
-                timeline.push(TimelineEntry {
-                    t_s: t.as_secs_f64(),
-                    what: match j.failed {
-                        0 => format!("{} started ({} -> {})", j.id, exp.nodes[f.from], j.dst),
-                        n => format!("{} started again (allocation failed {n} time(s))", j.id),
-                    },
-                });
-            }
-        }
-        if link_end.is_none() && t >= exp.duration {
-            link_end = Some(
-                (0..exp.links.len())
-                    .map(|l| fab.0.link_counters(l))
-                    .collect(),
-            );
-        }
-        let running = jobs
-            .iter()
-            .filter(|j| !j.started || matches!(procs.status(&j.proc), Some(None)))
-            .count();
-        (ctx.progress)(
-            0.1 + 0.9 * (t.as_secs_f64() / last_end.as_secs_f64().max(1e-3)).min(1.0),
-            &format!("traffic: {:.1} s, {running} clients to go", t.as_secs_f64()),
-        );
-        if (running == 0 && t >= exp.duration) || t >= hard_end {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let traffic_time = t0.elapsed();
-    let link_end = link_end.unwrap_or_else(|| {
-        (0..exp.links.len())
-            .map(|l| fab.0.link_counters(l))
-            .collect()
-    });
-    for j in &jobs {
-        if matches!(procs.status(&j.proc), Some(None)) {
-            timeline.push(TimelineEntry {
-                t_s: traffic_time.as_secs_f64(),
-                what: format!("{} still running: stopped", j.id),
-            });
-        }
-    }
-    fab.0.traffic_ended();
-    procs.kill_all();
-    drop(fab);
-
-    let mut out = results(be, exp, &jobs, &groups, &outs, &link_base, &link_end);
-    timeline.sort_by(|a, b| a.t_s.total_cmp(&b.t_s));
-    out.timeline = timeline;
-    out.wall_time_s = wall.elapsed().as_secs_f64();
-    (ctx.progress)(1.0, "done");
-    drop(sock_dir);
-    Ok(out)
+    Ok(())
 }
 
 /// Waits until every node's normal IPCPs have an address (`enrolled(n)`:
@@ -754,12 +531,12 @@ fn wait_enrolled(
 fn results(
     be: &str,
     exp: &Experiment,
-    jobs: &[Job],
-    groups: &[matrix::Group],
+    plan: &RunPlan,
     outs: &Path,
-    link_base: &[(u64, u64, u64)],
-    link_end: &[(u64, u64, u64)],
+    links: &traffic_run::LinkCounters,
 ) -> RunOutput {
+    let (jobs, groups) = (&plan.jobs, &plan.groups);
+    let (link_base, link_end) = (&links.base, &links.end);
     let mut out = RunOutput {
         backend: be.into(),
         experiment: exp.name.clone(),
