@@ -8,6 +8,7 @@
 #
 #   sudo bash bench/rina_ip.sh          # DUR=5 seconds per measurement
 #   QOS=reliable MTU=1400 bash bench/rina_ip.sh
+#   MAX_PDU=9000 RINGS=0 bash bench/rina_ip.sh   # the DIF's default PDU size, sockets
 #   KEEP=1 bash bench/rina_ip.sh        # leave the namespaces for a look
 #   NO_BUILD=1 bash bench/rina_ip.sh    # use the binaries already built
 #   RESULTS=f.json bash bench/rina_ip.sh  # also write the figures as JSON
@@ -16,6 +17,15 @@ cd "$(dirname "$0")/.."
 DUR=${DUR:-5}
 QOS=${QOS:-unreliable}
 MTU=${MTU:-}
+# The normal DIF's largest PDU: small enough that a PDU and its shim-udp
+# datagram cross the veth's 1500-byte MTU without IP fragmentation (the
+# daemon then sends a turn's PDUs as one segmentation-offloaded batch).
+# MAX_PDU=9000 (rinad's default) shows what fragmentation costs.
+MAX_PDU=${MAX_PDU:-1450}
+# rina-ip talks to rinad through shared-memory rings (its default);
+# RINGS=0 makes it use the flows' sockets.
+RINGS=${RINGS:-1}
+RINGS_TOML=true; [ "$RINGS" = 0 ] && RINGS_TOML=false
 if [ "$(id -u)" != 0 ]; then
     echo "bench: needs root (network namespaces, TUN)" >&2
     exit 1
@@ -68,6 +78,7 @@ name = "$1.net"
 type = "normal"
 dif = "net"
 address = $2
+max_pdu = $MAX_PDU
 [[ipcp.neighbor]]
 name = "$4.net"
 over = "udp"
@@ -83,6 +94,7 @@ name = "$1"
 dif = "net"
 socket = "$T/$1.rinad.sock"
 status_socket = "$T/$1.status.sock"
+rings = $RINGS_TOML
 [tun]
 name = "rbench0"
 addresses = ["$2/24", "$3/64"]
@@ -131,7 +143,7 @@ TUN=$(goodput 10.201.0.2)
 MTU_NOW=$(ip netns exec "$NA" cat /sys/class/net/rbench0/mtu)
 RTT=$(ip netns exec "$NA" ping -c 10 -i 0.1 -q 10.201.0.2 | sed -n 's/.*= \([0-9.]*\)\/\([0-9.]*\)\/.*/\2/p')
 RTT0=$(ip netns exec "$NA" ping -c 10 -i 0.1 -q 172.30.9.2 | sed -n 's/.*= \([0-9.]*\)\/\([0-9.]*\)\/.*/\2/p')
-echo "rina-ip benchmark: iperf3 TCP, ${DUR} s each, QoS $QOS, TUN MTU $MTU_NOW"
+echo "rina-ip benchmark: iperf3 TCP, ${DUR} s each, QoS $QOS, TUN MTU $MTU_NOW, DIF max PDU $MAX_PDU, rings $RINGS_TOML"
 printf "  veth, no RINA        %10s Mb/s   ping avg %s ms\n" "$BASE" "$RTT0"
 printf "  through rina-ip      %10s Mb/s   ping avg %s ms\n" "$TUN" "$RTT"
 python3 -c "print('  ratio rina-ip / veth  %.3f' % ($TUN / $BASE))"

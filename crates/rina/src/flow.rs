@@ -71,6 +71,25 @@ impl Flow {
             .map_err(|e| write_error(&self.info, sdu.len(), e))
     }
 
+    /// Like [`Flow::write`], but waits at most `timeout` for room; `false`
+    /// if there was none by then (the SDU was not sent). A zero timeout
+    /// never waits.
+    pub fn write_timeout(&self, sdu: &[u8], timeout: Duration) -> Result<bool> {
+        check_sdu(&self.info, sdu)?;
+        let deadline = std::time::Instant::now().checked_add(timeout);
+        if let Some(r) = &self.rings {
+            // A deadline too far away to represent is none: wait for room.
+            return r
+                .write_until(self.fd.as_fd(), sdu, deadline)
+                .map_err(|e| rings_error(&self.info, e));
+        }
+        let Some(deadline) = deadline else {
+            return self.write(sdu).map(|()| true);
+        };
+        sock::send_until(self.fd.as_fd(), sdu, Some(deadline))
+            .map_err(|e| write_error(&self.info, sdu.len(), e))
+    }
+
     /// Receives one SDU into `buf`; returns its length.
     ///
     /// Fails with [`ErrorKind::DaemonGone`] once the flow is closed (by the

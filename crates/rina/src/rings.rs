@@ -157,6 +157,18 @@ impl Rings {
 
     /// Puts one SDU in the send ring, waiting while it is full.
     pub(crate) fn write(&self, sock: BorrowedFd<'_>, sdu: &[u8]) -> Result<(), RingsError> {
+        self.write_until(sock, sdu, None).map(|_| ())
+    }
+
+    /// Puts one SDU in the send ring, waiting until `deadline` (forever
+    /// without one) while it is full; false if the deadline passed first
+    /// (nothing was written).
+    pub(crate) fn write_until(
+        &self,
+        sock: BorrowedFd<'_>,
+        sdu: &[u8],
+        deadline: Option<Instant>,
+    ) -> Result<bool, RingsError> {
         loop {
             let mut tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
             match tx.push(&[sdu]) {
@@ -166,12 +178,15 @@ impl Rings {
                     if wake {
                         kick(sock)?;
                     }
-                    return Ok(());
+                    return Ok(true);
                 }
                 Err(RingError::Full) => {
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Ok(false);
+                    }
                     if tx.arm(sdu.len()) {
                         drop(tx);
-                        wait(sock, self.room.as_fd(), None)?;
+                        wait(sock, self.room.as_fd(), deadline)?;
                     }
                 }
                 Err(e) => return Err(RingsError::Ring(e)),

@@ -504,3 +504,36 @@ fn connecting_to_a_stuck_daemon_times_out() {
     assert!(t.elapsed() >= Duration::from_millis(100));
     let _ = std::fs::remove_file(&path);
 }
+
+#[test]
+fn write_timeout_gives_up_on_a_full_flow_and_sends_once_there_is_room() {
+    let (a, b) = pair();
+    let flow = crate::Flow::from_parts(a, info(1000));
+    // Fill the socket buffer: a zero timeout never waits.
+    let mut sent = 0;
+    while flow.write_timeout(&[7u8; 1000], Duration::ZERO).unwrap() {
+        sent += 1;
+        assert!(sent < 100_000, "the socket buffer never filled");
+    }
+    assert!(sent > 0);
+    let t = std::time::Instant::now();
+    assert!(!flow
+        .write_timeout(&[7u8; 1000], Duration::from_millis(30))
+        .unwrap());
+    assert!(
+        t.elapsed() >= Duration::from_millis(30),
+        "{:?}",
+        t.elapsed()
+    );
+    // The daemon takes one SDU: the next write finds room.
+    let mut buf = [0u8; 1000];
+    assert_eq!(sock::recv(b.as_fd(), &mut buf).unwrap().len, 1000);
+    assert!(flow
+        .write_timeout(&[8u8; 1000], Duration::from_secs(5))
+        .unwrap());
+    // An SDU over the flow's maximum is refused before anything is sent.
+    let e = flow
+        .write_timeout(&[0u8; 1001], Duration::ZERO)
+        .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::SduTooLarge, "{e}");
+}

@@ -42,6 +42,10 @@ struct Cli {
     /// QoS profile (repeat for more).
     #[arg(long = "peer", value_name = "NAME=PREFIX[,PREFIX...][@QOS]")]
     peers: Vec<String>,
+    /// Use the flows' sockets, not shared-memory rings, between the tunnel
+    /// and rinad.
+    #[arg(long)]
+    no_rings: bool,
     /// Unix socket the status is served on / asked from.
     #[arg(long, value_name = "PATH")]
     status_socket: Option<PathBuf>,
@@ -64,6 +68,7 @@ fn main() {
         dif: cli.dif.clone(),
         socket: cli.socket.clone(),
         status_socket: cli.status_socket.clone(),
+        no_rings: cli.no_rings,
         tun: cli.tun.clone(),
         mtu: cli.mtu,
         addresses: cli.addresses.clone(),
@@ -131,6 +136,14 @@ fn print_config(c: &Config) {
         c.tun.routes
     );
     println!("status socket {}", c.status_socket.display());
+    println!(
+        "data path to rinad: {}",
+        if c.rings {
+            "shared-memory rings where the DIF offers them"
+        } else {
+            "sockets"
+        }
+    );
     for p in &c.peers {
         let pf: Vec<String> = p.prefixes.iter().map(|x| x.to_string()).collect();
         let ch: Vec<&str> = p.channels.iter().map(|c| c.qos_name.as_str()).collect();

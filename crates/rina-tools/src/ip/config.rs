@@ -6,6 +6,8 @@
 //! dif = "net"                       # optional: the daemon chooses
 //! socket = "/run/rinad.sock"        # optional: rinad's control socket
 //! status_socket = "/run/rina-ip-rina0.sock"
+//! rings = true                      # shared-memory rings to rinad where the DIF
+//!                                   # offers them (default); false: sockets
 //!
 //! [tun]
 //! name = "rina0"
@@ -151,6 +153,7 @@ struct RawConfig {
     dif: Option<String>,
     socket: Option<PathBuf>,
     status_socket: Option<PathBuf>,
+    rings: Option<bool>,
     #[serde(default)]
     tun: RawTun,
     #[serde(default)]
@@ -238,6 +241,8 @@ pub struct Overrides {
     pub socket: Option<PathBuf>,
     /// `--status-socket`.
     pub status_socket: Option<PathBuf>,
+    /// `--no-rings`: the flows use their sockets.
+    pub no_rings: bool,
     /// `--tun`.
     pub tun: Option<String>,
     /// `--mtu`.
@@ -322,6 +327,9 @@ pub struct Config {
     pub socket: Option<PathBuf>,
     /// Where `--status` asks.
     pub status_socket: PathBuf,
+    /// Whether the flows ask rinad for shared-memory rings (the DIF may
+    /// not offer them; the flow then uses its socket).
+    pub rings: bool,
     /// The TUN interface.
     pub tun: TunConfig,
     /// Timers.
@@ -564,6 +572,7 @@ fn build(mut raw: RawConfig, over: &Overrides) -> Result<Config, ConfigError> {
         dif: over.dif.clone().or(raw.dif),
         socket: over.socket.clone().or(raw.socket),
         status_socket,
+        rings: !over.no_rings && raw.rings.unwrap_or(true),
         tun: TunConfig {
             name: tun_name,
             addresses,

@@ -23,11 +23,9 @@ use super::route::RouteTable;
 use super::status::{ChannelStatus, PeerCounters, PeerStatus, Status};
 use super::tun::Tun;
 use super::IpError;
-use nix::errno::Errno;
-use nix::poll::{PollFd, PollFlags, PollTimeout};
-use nix::sys::socket::{self, MsgFlags, Shutdown};
+use nix::sys::socket::{self, Shutdown};
 use rina::{Client, Flow, IncomingFlow};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
@@ -285,29 +283,6 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<(), IpError> {
         .map_err(IpError::Thread)
 }
 
-/// Sends one SDU without blocking more than [`TX_WAIT`].
-fn send_bounded(flow: &Flow, sdu: &[u8]) -> Result<(), Errno> {
-    let fd = flow.as_raw_fd();
-    let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL;
-    let mut waited = false;
-    loop {
-        match socket::send(fd, sdu, flags) {
-            Ok(_) => return Ok(()),
-            Err(Errno::EINTR) => continue,
-            Err(Errno::EAGAIN) if !waited => {
-                waited = true;
-                let ms = TX_WAIT.as_millis() as u16;
-                let mut fds = [PollFd::new(flow.as_fd(), PollFlags::POLLOUT)];
-                match nix::poll::poll(&mut fds, PollTimeout::from(ms)) {
-                    Ok(_) | Err(Errno::EINTR) => continue,
-                    Err(e) => return Err(e),
-                }
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
 impl Shared {
     fn now_ms(&self) -> u64 {
         self.start.elapsed().as_millis() as u64
@@ -462,17 +437,17 @@ impl Shared {
                 bump(&c.drops_too_big);
                 continue;
             }
-            match send_bounded(&live.flow, sdu) {
-                Ok(()) => {
+            match live.flow.write_timeout(sdu, TX_WAIT) {
+                Ok(true) => {
                     bump(&c.packets_out);
                     bump(&peer.slots[ci].packets_out);
                     c.bytes_out.fetch_add(sdu.len() as u64, Relaxed);
                 }
-                Err(Errno::EAGAIN) => bump(&c.drops_full),
-                Err(Errno::EMSGSIZE) => bump(&c.drops_too_big),
+                Ok(false) => bump(&c.drops_full),
+                Err(e) if e.kind == rina::ErrorKind::SduTooLarge => bump(&c.drops_too_big),
                 Err(e) => {
                     bump(&c.drops_no_flow);
-                    self.fail(pi, ci, live.gen, &format!("write failed: {}", e.desc()));
+                    self.fail(pi, ci, live.gen, &format!("write failed: {e}"));
                 }
             }
         }
@@ -536,11 +511,7 @@ impl Shared {
                         continue;
                     }
                     // A full flow carries traffic anyway: no need to wait.
-                    let _ = socket::send(
-                        live.flow.as_raw_fd(),
-                        &KEEPALIVE,
-                        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
-                    );
+                    let _ = live.flow.write_timeout(&KEEPALIVE, Duration::ZERO);
                 }
             }
             self.sleep(t.keepalive);
@@ -562,6 +533,7 @@ impl Shared {
     fn connect(&self) -> rina::Result<Client> {
         let mut c = crate::opts::connect(self.cfg.socket.as_deref())?;
         c.set_timeout(Some(CONTROL_TIMEOUT));
+        c.set_rings(self.cfg.rings);
         Ok(c)
     }
 
