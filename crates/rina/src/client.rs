@@ -182,8 +182,10 @@ impl Client {
     /// flow offers them (shim-hv and normal DIFs do): SDUs then go through two rings in
     /// memory shared with the daemon instead of one system call each on
     /// the flow's socket. Such a flow is read and written only through
-    /// [`Flow::read`], [`Flow::read_timeout`] and [`Flow::write`] (one
-    /// reader and one writer thread at most): its descriptor does not
+    /// [`Flow::read`], [`Flow::read_timeout`], [`Flow::write`] and
+    /// [`Flow::write_timeout`] (best with one reader and one writer thread:
+    /// more are safe, each ring has a lock, but of two threads waiting on
+    /// the same ring one may wake up to 50 ms late): its descriptor does not
     /// become readable when SDUs arrive, and it cannot be turned into an
     /// [`AsyncFlow`](crate::AsyncFlow). [`Flow::has_rings`] tells which
     /// flows got them. Off by default.
