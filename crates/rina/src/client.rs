@@ -179,7 +179,7 @@ impl Client {
 
     /// Asks for shared-memory rings as the data path of the flows this
     /// client allocates or accepts from now on, where the IPCP serving a
-    /// flow offers them (shim-hv and normal DIFs do): SDUs then go through two rings in
+    /// flow offers them (rinad does on every IPCP kind): SDUs then go through two rings in
     /// memory shared with the daemon instead of one system call each on
     /// the flow's socket. Such a flow is read and written only through
     /// [`Flow::read`], [`Flow::read_timeout`], [`Flow::write`] and
