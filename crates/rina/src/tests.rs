@@ -537,3 +537,90 @@ fn write_timeout_gives_up_on_a_full_flow_and_sends_once_there_is_room() {
         .unwrap_err();
     assert_eq!(e.kind, ErrorKind::SduTooLarge, "{e}");
 }
+
+/// A fake daemon's end of a flow with rings: the memory file mapped, and
+/// the application-to-daemon ring's consumer.
+struct FakeRings {
+    from_app: rina_core::shim_hv::ring::Consumer,
+    _file: std::fs::File,
+    _fds: Vec<OwnedFd>,
+}
+
+/// Offers rings on `daemon_end` as rinad does; returns the daemon's side.
+fn offer_rings(daemon_end: &OwnedFd) -> FakeRings {
+    use rina_core::shim_hv::flow_rings::{self, Setup};
+    use rina_core::shim_hv::ring::{Consumer, Region};
+    use std::os::fd::FromRawFd;
+    let geo = flow_rings::GEOMETRY;
+    let (_, from_off, len) = flow_rings::layout(geo);
+    // SAFETY: a NUL-terminated name; the descriptor is checked and owned.
+    let file = std::fs::File::from(unsafe {
+        let raw = libc::memfd_create(c"rina-test".as_ptr(), libc::MFD_CLOEXEC);
+        assert!(raw >= 0, "memfd_create");
+        OwnedFd::from_raw_fd(raw)
+    });
+    file.set_len(len as u64).unwrap();
+    // SAFETY: a shared mapping of the whole file, never unmapped (the test
+    // process ends soon).
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    // SAFETY: page-aligned, `len` bytes, alive for the rest of the process.
+    let region = unsafe { Region::new(std::ptr::NonNull::new(p.cast()).unwrap(), len) }.unwrap();
+    let from_app = Consumer::new(region.sub(from_off, geo.ring_bytes()).unwrap(), geo).unwrap();
+    // SAFETY: eventfd has no preconditions; the descriptors are owned.
+    let efd = || unsafe { OwnedFd::from_raw_fd(libc::eventfd(0, libc::EFD_CLOEXEC)) };
+    let fds = vec![efd(), efd()];
+    sock::send(
+        daemon_end.as_fd(),
+        &Setup::Rings(geo).encode(),
+        &[file.as_raw_fd(), fds[0].as_raw_fd(), fds[1].as_raw_fd()],
+    )
+    .unwrap();
+    FakeRings {
+        from_app,
+        _file: file,
+        _fds: fds,
+    }
+}
+
+#[test]
+fn write_timeout_on_rings_gives_up_on_a_full_ring_and_writes_once_the_daemon_took_one() {
+    let (app, daemon) = pair();
+    let mut fake = offer_rings(&daemon);
+    let rings = crate::rings::Rings::setup(app.as_fd(), Duration::from_secs(5))
+        .unwrap()
+        .expect("rings offered");
+    let flow = crate::Flow::with_rings(app, info(1000), Some(rings));
+    assert!(flow.has_rings());
+    // Fill the send ring: a zero timeout never waits.
+    let mut sent = 0;
+    while flow.write_timeout(&[7u8; 1000], Duration::ZERO).unwrap() {
+        sent += 1;
+        assert!(sent <= 1024, "more SDUs than the ring has slots");
+    }
+    assert!(sent > 0);
+    let t = std::time::Instant::now();
+    assert!(!flow
+        .write_timeout(&[7u8; 1000], Duration::from_millis(30))
+        .unwrap());
+    let waited = t.elapsed();
+    assert!(waited >= Duration::from_millis(30), "{waited:?}");
+    // The daemon takes one SDU (and rings nobody): the writer finds the
+    // room when it looks again.
+    let seg = fake.from_app.peek().unwrap().expect("an SDU in the ring");
+    assert_eq!(seg.len(), 1000);
+    fake.from_app.consume(1000);
+    assert!(flow
+        .write_timeout(&[8u8; 1000], Duration::from_secs(5))
+        .unwrap());
+    assert!(!flow.write_timeout(&[9u8; 1000], Duration::ZERO).unwrap());
+}
