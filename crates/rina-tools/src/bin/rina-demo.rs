@@ -305,107 +305,207 @@ fn main() {
     undo.exit(code);
 }
 
+/// Runs the whole demo: sets up, starts everything, measures and reports.
 fn run(cli: &Cli, undo: &Undo) -> Result<(), Failure> {
-    let bins = find_bins(cli.bin_dir.as_deref())?;
-    let dir = make_temp_dir()?;
-    if !cli.keep {
-        undo.lock().remove_dir = Some(dir.clone());
-    } else if !cli.json {
-        println!("working directory (kept): {}", dir.display());
-    }
+    let d = Demo::prepare(cli, undo)?;
+    d.start_daemons()?;
+    d.start_servers()?;
+    let echo = d.echo_shim()?;
+    let (perf, during_alpha, during_beta) = d.perf_shim()?;
+    let (echo_net, perf_net) = d.over_net()?;
+    let sweep = d.sweep()?;
+    let end = d.end_state()?;
+    d.check_running()?;
 
-    // Two free UDP ports from below the kernel's ephemeral range (see
-    // rina::ports), distinct.
-    let port = || {
-        rina::ports::unused_loopback_udp_port()
-            .or_else(|e| fail(format!("cannot find a free UDP port: {e}"), &[]))
+    let summary = Summary {
+        ok: true,
+        dir: cli.keep.then(|| d.dir.clone()),
+        dif: DIF.into(),
+        alpha: d.alpha_addr,
+        beta: d.beta_addr,
+        echo,
+        perf,
+        sweep,
+        echo_net,
+        perf_net,
+        flows_during_perf_alpha: during_alpha,
+        flows_during_perf_beta: during_beta,
+        flows_alpha: end.flows_alpha,
+        flows_beta: end.flows_beta,
+        ipcps_alpha: end.ipcps_alpha,
+        ipcps_beta: end.ipcps_beta,
     };
-    let (pa, pb) = (port()?, port()?);
-    let alpha_addr = format!("127.0.0.1:{pa}");
-    let beta_addr = format!("127.0.0.1:{pb}");
-    let p = |f: &str| dir.join(f);
-    let (alpha_sock, beta_sock) = (p("alpha.sock"), p("beta.sock"));
-    let (alpha_log, beta_log) = (p("alpha.log"), p("beta.log"));
-    write(
-        &p("alpha.toml"),
-        &config(
-            "alpha",
-            1,
-            &alpha_addr,
-            &[("echo", &beta_addr), ("perf", &beta_addr)],
-            ("beta", 2, &beta_addr),
-        ),
-    )?;
-    write(
-        &p("beta.toml"),
-        &config(
-            "beta",
-            2,
-            &beta_addr,
-            &[("echo-client", &alpha_addr), ("perf-client", &alpha_addr)],
-            ("alpha", 1, &alpha_addr),
-        ),
-    )?;
-
-    say(
-        cli,
-        &format!(
-            "starting rinad alpha ({alpha_addr}) and beta ({beta_addr}) in {}",
-            dir.display()
-        ),
-    );
-    for (name, sock, log) in [
-        ("alpha", &alpha_sock, &alpha_log),
-        ("beta", &beta_sock, &beta_log),
-    ] {
-        let cfg = p(&format!("{name}.toml"));
-        undo.spawn(
-            name,
-            &bins.rinad,
-            &["--config", s(&cfg), "--socket", s(sock)],
-            None,
-            log,
-        )?;
+    if cli.json {
+        match serde_json::to_string_pretty(&summary) {
+            Ok(s) => println!("{s}"),
+            Err(e) => return fail(format!("cannot encode the summary: {e}"), &[]),
+        }
+    } else {
+        print_summary(cli, &summary);
     }
-    wait_ready(undo, "alpha", &alpha_sock, &alpha_log)?;
-    wait_ready(undo, "beta", &beta_sock, &beta_log)?;
+    Ok(())
+}
 
-    say(
-        cli,
-        "starting rina-echo server and rina-perf server on beta",
-    );
-    let (echo_log, perf_log) = (p("echo-server.log"), p("perf-server.log"));
-    let beta_s = s(&beta_sock);
-    undo.spawn(
-        "echo-server",
-        &bins.echo,
-        &["server", "--socket", beta_s, "--name", "echo"],
-        None,
-        &echo_log,
-    )?;
-    undo.spawn(
-        "perf-server",
-        &bins.perf,
-        &["server", "--socket", beta_s, "--name", "perf"],
-        None,
-        &perf_log,
-    )?;
-    wait_registered(
-        undo,
-        &beta_sock,
-        &[("echo-server", &echo_log), ("perf-server", &perf_log)],
-        &beta_log,
-    )?;
+/// The demo's setting: its programs, its directory and the files and
+/// addresses of both systems.
+struct Demo<'a> {
+    cli: &'a Cli,
+    undo: &'a Undo,
+    bins: Bins,
+    dir: PathBuf,
+    alpha_addr: String,
+    beta_addr: String,
+    alpha_sock: PathBuf,
+    beta_sock: PathBuf,
+    alpha_log: PathBuf,
+    beta_log: PathBuf,
+    echo_log: PathBuf,
+    perf_log: PathBuf,
+}
 
-    let alpha_s = s(&alpha_sock);
-    let count = cli.echo_count.to_string();
-    say(
-        cli,
-        &format!("alpha: rina-echo client, {count} probes 50 ms apart"),
-    );
-    // rina-echo from alpha, through the DIF the daemon chooses or `dif`.
-    let echo_over = |dif: Option<&str>| -> Result<EchoReport, Failure> {
-        let mut args = vec!["client", "--socket", alpha_s];
+/// What `rinactl` shows on both systems at the end.
+struct EndState {
+    flows_alpha: Vec<FlowStats>,
+    flows_beta: Vec<FlowStats>,
+    ipcps_alpha: Vec<IpcpInfo>,
+    ipcps_beta: Vec<IpcpInfo>,
+}
+
+impl<'a> Demo<'a> {
+    /// Finds the programs, makes the directory, picks two UDP ports and
+    /// writes both `rinad` configs.
+    fn prepare(cli: &'a Cli, undo: &'a Undo) -> Result<Demo<'a>, Failure> {
+        let bins = find_bins(cli.bin_dir.as_deref())?;
+        let dir = make_temp_dir()?;
+        if !cli.keep {
+            undo.lock().remove_dir = Some(dir.clone());
+        } else if !cli.json {
+            println!("working directory (kept): {}", dir.display());
+        }
+
+        // Two free UDP ports from below the kernel's ephemeral range (see
+        // rina::ports), distinct.
+        let port = || {
+            rina::ports::unused_loopback_udp_port()
+                .or_else(|e| fail(format!("cannot find a free UDP port: {e}"), &[]))
+        };
+        let (pa, pb) = (port()?, port()?);
+        let alpha_addr = format!("127.0.0.1:{pa}");
+        let beta_addr = format!("127.0.0.1:{pb}");
+        let p = |f: &str| dir.join(f);
+        write(
+            &p("alpha.toml"),
+            &config(
+                "alpha",
+                1,
+                &alpha_addr,
+                &[("echo", &beta_addr), ("perf", &beta_addr)],
+                ("beta", 2, &beta_addr),
+            ),
+        )?;
+        write(
+            &p("beta.toml"),
+            &config(
+                "beta",
+                2,
+                &beta_addr,
+                &[("echo-client", &alpha_addr), ("perf-client", &alpha_addr)],
+                ("alpha", 1, &alpha_addr),
+            ),
+        )?;
+        Ok(Demo {
+            cli,
+            undo,
+            bins,
+            alpha_sock: p("alpha.sock"),
+            beta_sock: p("beta.sock"),
+            alpha_log: p("alpha.log"),
+            beta_log: p("beta.log"),
+            echo_log: p("echo-server.log"),
+            perf_log: p("perf-server.log"),
+            dir,
+            alpha_addr,
+            beta_addr,
+        })
+    }
+
+    /// Starts `rinad` alpha and beta and waits until both answer.
+    fn start_daemons(&self) -> Result<(), Failure> {
+        say(
+            self.cli,
+            &format!(
+                "starting rinad alpha ({}) and beta ({}) in {}",
+                self.alpha_addr,
+                self.beta_addr,
+                self.dir.display()
+            ),
+        );
+        for (name, sock, log) in [
+            ("alpha", &self.alpha_sock, &self.alpha_log),
+            ("beta", &self.beta_sock, &self.beta_log),
+        ] {
+            let cfg = self.dir.join(format!("{name}.toml"));
+            self.undo.spawn(
+                name,
+                &self.bins.rinad,
+                &["--config", s(&cfg), "--socket", s(sock)],
+                None,
+                log,
+            )?;
+        }
+        wait_ready(self.undo, "alpha", &self.alpha_sock, &self.alpha_log)?;
+        wait_ready(self.undo, "beta", &self.beta_sock, &self.beta_log)
+    }
+
+    /// Starts the echo and perf servers on beta and waits until both are
+    /// registered.
+    fn start_servers(&self) -> Result<(), Failure> {
+        say(
+            self.cli,
+            "starting rina-echo server and rina-perf server on beta",
+        );
+        let beta_s = s(&self.beta_sock);
+        self.undo.spawn(
+            "echo-server",
+            &self.bins.echo,
+            &["server", "--socket", beta_s, "--name", "echo"],
+            None,
+            &self.echo_log,
+        )?;
+        self.undo.spawn(
+            "perf-server",
+            &self.bins.perf,
+            &["server", "--socket", beta_s, "--name", "perf"],
+            None,
+            &self.perf_log,
+        )?;
+        wait_registered(
+            self.undo,
+            &self.beta_sock,
+            &[
+                ("echo-server", &self.echo_log),
+                ("perf-server", &self.perf_log),
+            ],
+            &self.beta_log,
+        )
+    }
+
+    /// Runs `name` (a tool of [`Bins`]) to completion; returns its output.
+    fn tool(
+        &self,
+        name: &str,
+        exe: &Path,
+        args: &[&str],
+        logs: &[&Path],
+        during: &mut dyn FnMut(),
+    ) -> Result<String, Failure> {
+        run_tool(self.undo, &self.dir, name, exe, args, logs, during)
+    }
+
+    /// rina-echo from alpha, through the DIF the daemon chooses or `dif`.
+    fn echo_client(&self, dif: Option<&str>) -> Result<EchoReport, Failure> {
+        let count = self.cli.echo_count.to_string();
+        let mut args = vec!["client", "--socket", s(&self.alpha_sock)];
         if let Some(d) = dif {
             args.extend(["--dif", d]);
         }
@@ -419,198 +519,203 @@ fn run(cli: &Cli, undo: &Undo) -> Result<(), Failure> {
             "--json",
         ]);
         let name = dif.map_or("echo-client".to_string(), |d| format!("echo-client-{d}"));
-        let out = run_tool(
-            undo,
-            &dir,
+        let out = self.tool(
             &name,
-            &bins.echo,
+            &self.bins.echo,
             &args,
-            &[&alpha_log, &beta_log, &echo_log],
+            &[&self.alpha_log, &self.beta_log, &self.echo_log],
             &mut || {},
         )?;
         parse(&out, "rina-echo client")
-    };
-    let echo = echo_over(None)?;
-    if echo.received == 0 {
-        return fail(
-            "rina-echo client got no reply from beta",
-            &[&alpha_log, &beta_log, &echo_log],
-        );
     }
 
-    let secs = format!("{}", cli.perf_duration_s);
-    say(
-        cli,
-        &format!("alpha: rina-perf client, 1400-byte SDUs for {secs} s"),
-    );
-    let perf_args = [
-        "client",
-        "--socket",
-        alpha_s,
-        "--dst",
-        "perf",
-        "--size",
-        "1400",
-        "--duration-s",
-        &secs,
-        "--json",
-    ];
-    // The flows are gone once the clients exit: show their counters as the
-    // daemons saw them during the goodput test.
-    let mut during_alpha: Vec<FlowStats> = Vec::new();
-    let mut during_beta: Vec<FlowStats> = Vec::new();
-    let out = run_tool(
-        undo,
-        &dir,
-        "perf-client",
-        &bins.perf,
-        &perf_args,
-        &[&alpha_log, &beta_log, &perf_log],
-        &mut || {
-            for (sock, keep) in [
-                (&alpha_sock, &mut during_alpha),
-                (&beta_sock, &mut during_beta),
-            ] {
-                if let Ok(f) = ctl_client(sock).and_then(|mut c| c.list_flows()) {
-                    if !f.is_empty() {
-                        *keep = f;
-                    }
-                }
-            }
-        },
-    )?;
-    let perf: PerfReport = parse(&out, "rina-perf client")?;
+    /// Echo over the shim DIF; fails if no reply came back.
+    fn echo_shim(&self) -> Result<EchoReport, Failure> {
+        say(
+            self.cli,
+            &format!(
+                "alpha: rina-echo client, {} probes 50 ms apart",
+                self.cli.echo_count
+            ),
+        );
+        let echo = self.echo_client(None)?;
+        if echo.received == 0 {
+            return fail(
+                "rina-echo client got no reply from beta",
+                &[&self.alpha_log, &self.beta_log, &self.echo_log],
+            );
+        }
+        Ok(echo)
+    }
 
-    wait_net(undo, "alpha", &alpha_sock, &alpha_log)?;
-    say(
-        cli,
-        &format!("alpha: rina-echo client over the normal DIF {NET} (stacked on {DIF})"),
-    );
-    let echo_net = echo_over(Some(NET))?;
-    let secs_net = format!("{}", cli.perf_duration_s);
-    say(
-        cli,
-        &format!("alpha: rina-perf client --reliable over {NET}, 1400-byte SDUs for {secs_net} s"),
-    );
-    let out = run_tool(
-        undo,
-        &dir,
-        "perf-client-net",
-        &bins.perf,
-        &[
+    /// Goodput of 1400-byte SDUs over the shim DIF, with the last flow
+    /// tables of alpha and beta seen while it ran.
+    fn perf_shim(&self) -> Result<(PerfReport, Vec<FlowStats>, Vec<FlowStats>), Failure> {
+        let secs = format!("{}", self.cli.perf_duration_s);
+        say(
+            self.cli,
+            &format!("alpha: rina-perf client, 1400-byte SDUs for {secs} s"),
+        );
+        let perf_args = [
             "client",
             "--socket",
-            alpha_s,
-            "--dif",
-            NET,
+            s(&self.alpha_sock),
             "--dst",
             "perf",
             "--size",
             "1400",
             "--duration-s",
-            &secs_net,
-            "--reliable",
+            &secs,
             "--json",
-        ],
-        &[&alpha_log, &beta_log, &perf_log],
-        &mut || {},
-    )?;
-    let perf_net: PerfReport = parse(&out, "rina-perf client --dif net")?;
+        ];
+        // The flows are gone once the clients exit: show their counters as the
+        // daemons saw them during the goodput test.
+        let mut during_alpha: Vec<FlowStats> = Vec::new();
+        let mut during_beta: Vec<FlowStats> = Vec::new();
+        let out = self.tool(
+            "perf-client",
+            &self.bins.perf,
+            &perf_args,
+            &[&self.alpha_log, &self.beta_log, &self.perf_log],
+            &mut || {
+                for (sock, keep) in [
+                    (&self.alpha_sock, &mut during_alpha),
+                    (&self.beta_sock, &mut during_beta),
+                ] {
+                    if let Ok(f) = ctl_client(sock).and_then(|mut c| c.list_flows()) {
+                        if !f.is_empty() {
+                            *keep = f;
+                        }
+                    }
+                }
+            },
+        )?;
+        let perf: PerfReport = parse(&out, "rina-perf client")?;
+        Ok((perf, during_alpha, during_beta))
+    }
 
-    let secs = format!("{}", cli.sweep_duration_s);
-    say(
-        cli,
-        &format!("alpha: rina-perf client --sweep {SWEEP}, {secs} s each"),
-    );
-    let sweep_args = [
-        "client",
-        "--socket",
-        alpha_s,
-        "--dst",
-        "perf",
-        "--sweep",
-        SWEEP,
-        "--duration-s",
-        &secs,
-        "--json",
-    ];
-    let out = run_tool(
-        undo,
-        &dir,
-        "perf-sweep",
-        &bins.perf,
-        &sweep_args,
-        &[&alpha_log, &beta_log, &perf_log],
-        &mut || {},
-    )?;
-    let sweep: PerfReport = parse(&out, "rina-perf client --sweep")?;
+    /// Echo and reliable goodput over the normal DIF, once it has a route.
+    fn over_net(&self) -> Result<(EchoReport, PerfReport), Failure> {
+        wait_net(self.undo, "alpha", &self.alpha_sock, &self.alpha_log)?;
+        say(
+            self.cli,
+            &format!("alpha: rina-echo client over the normal DIF {NET} (stacked on {DIF})"),
+        );
+        let echo_net = self.echo_client(Some(NET))?;
+        let secs_net = format!("{}", self.cli.perf_duration_s);
+        say(
+            self.cli,
+            &format!(
+                "alpha: rina-perf client --reliable over {NET}, 1400-byte SDUs for {secs_net} s"
+            ),
+        );
+        let out = self.tool(
+            "perf-client-net",
+            &self.bins.perf,
+            &[
+                "client",
+                "--socket",
+                s(&self.alpha_sock),
+                "--dif",
+                NET,
+                "--dst",
+                "perf",
+                "--size",
+                "1400",
+                "--duration-s",
+                &secs_net,
+                "--reliable",
+                "--json",
+            ],
+            &[&self.alpha_log, &self.beta_log, &self.perf_log],
+            &mut || {},
+        )?;
+        let perf_net: PerfReport = parse(&out, "rina-perf client --dif net")?;
+        Ok((echo_net, perf_net))
+    }
 
-    let ctl = |name: &str, sock: &Path, what: &str, log: &Path| -> Result<String, Failure> {
-        run_tool(
-            undo,
-            &dir,
+    /// Goodput over the shim DIF for each size of [`SWEEP`].
+    fn sweep(&self) -> Result<PerfReport, Failure> {
+        let secs = format!("{}", self.cli.sweep_duration_s);
+        say(
+            self.cli,
+            &format!("alpha: rina-perf client --sweep {SWEEP}, {secs} s each"),
+        );
+        let sweep_args = [
+            "client",
+            "--socket",
+            s(&self.alpha_sock),
+            "--dst",
+            "perf",
+            "--sweep",
+            SWEEP,
+            "--duration-s",
+            &secs,
+            "--json",
+        ];
+        let out = self.tool(
+            "perf-sweep",
+            &self.bins.perf,
+            &sweep_args,
+            &[&self.alpha_log, &self.beta_log, &self.perf_log],
+            &mut || {},
+        )?;
+        parse(&out, "rina-perf client --sweep")
+    }
+
+    /// Runs `rinactl --json WHAT` on system `name`; returns its output.
+    fn ctl(&self, name: &str, sock: &Path, what: &str, log: &Path) -> Result<String, Failure> {
+        self.tool(
             &format!("rinactl-{name}-{what}"),
-            &bins.ctl,
+            &self.bins.ctl,
             &["--socket", s(sock), "--json", what],
             &[log],
             &mut || {},
         )
-    };
-    let flows_alpha: Vec<FlowStats> = parse(
-        &ctl("alpha", &alpha_sock, "flows", &alpha_log)?,
-        "rinactl flows",
-    )?;
-    let flows_beta: Vec<FlowStats> = parse(
-        &ctl("beta", &beta_sock, "flows", &beta_log)?,
-        "rinactl flows",
-    )?;
-    let ipcps_alpha: Vec<IpcpInfo> = parse(
-        &ctl("alpha", &alpha_sock, "ipcps", &alpha_log)?,
-        "rinactl ipcps",
-    )?;
-    let ipcps_beta: Vec<IpcpInfo> = parse(
-        &ctl("beta", &beta_sock, "ipcps", &beta_log)?,
-        "rinactl ipcps",
-    )?;
-
-    for (name, log) in [
-        ("alpha", &alpha_log),
-        ("beta", &beta_log),
-        ("echo-server", &echo_log),
-        ("perf-server", &perf_log),
-    ] {
-        if let Some(st) = undo.exited(name) {
-            return fail(format!("{name} exited during the demo ({st})"), &[log]);
-        }
     }
 
-    let summary = Summary {
-        ok: true,
-        dir: cli.keep.then(|| dir.clone()),
-        dif: DIF.into(),
-        alpha: alpha_addr,
-        beta: beta_addr,
-        echo,
-        perf,
-        sweep,
-        echo_net,
-        perf_net,
-        flows_during_perf_alpha: during_alpha,
-        flows_during_perf_beta: during_beta,
-        flows_alpha,
-        flows_beta,
-        ipcps_alpha,
-        ipcps_beta,
-    };
-    if cli.json {
-        match serde_json::to_string_pretty(&summary) {
-            Ok(s) => println!("{s}"),
-            Err(e) => return fail(format!("cannot encode the summary: {e}"), &[]),
-        }
-    } else {
-        print_summary(cli, &summary);
+    /// The flows and IPC processes of alpha and beta, from `rinactl`.
+    fn end_state(&self) -> Result<EndState, Failure> {
+        let (alpha_sock, alpha_log) = (&self.alpha_sock, &self.alpha_log);
+        let (beta_sock, beta_log) = (&self.beta_sock, &self.beta_log);
+        let flows_alpha: Vec<FlowStats> = parse(
+            &self.ctl("alpha", alpha_sock, "flows", alpha_log)?,
+            "rinactl flows",
+        )?;
+        let flows_beta: Vec<FlowStats> = parse(
+            &self.ctl("beta", beta_sock, "flows", beta_log)?,
+            "rinactl flows",
+        )?;
+        let ipcps_alpha: Vec<IpcpInfo> = parse(
+            &self.ctl("alpha", alpha_sock, "ipcps", alpha_log)?,
+            "rinactl ipcps",
+        )?;
+        let ipcps_beta: Vec<IpcpInfo> = parse(
+            &self.ctl("beta", beta_sock, "ipcps", beta_log)?,
+            "rinactl ipcps",
+        )?;
+        Ok(EndState {
+            flows_alpha,
+            flows_beta,
+            ipcps_alpha,
+            ipcps_beta,
+        })
     }
-    Ok(())
+
+    /// Fails if a daemon or a server exited during the demo.
+    fn check_running(&self) -> Result<(), Failure> {
+        for (name, log) in [
+            ("alpha", &self.alpha_log),
+            ("beta", &self.beta_log),
+            ("echo-server", &self.echo_log),
+            ("perf-server", &self.perf_log),
+        ] {
+            if let Some(st) = self.undo.exited(name) {
+                return fail(format!("{name} exited during the demo ({st})"), &[log]);
+            }
+        }
+        Ok(())
+    }
 }
 
 fn print_summary(cli: &Cli, s: &Summary) {

@@ -154,12 +154,27 @@ fn echo_flow(flow: Flow) {
     flush();
 }
 
+/// Runs the client: sends the probes, prints what came back; returns the exit code.
 fn client(a: ClientArgs) -> i32 {
     let mut c: Client = match a.common.connect() {
         Ok(c) => c,
         Err(e) => opts::die(TOOL, "cannot connect", &e, 2),
     };
     let size = a.size.max(echo::PROBE_HEADER);
+    let flow = open_flow(&a, &mut c, size);
+    let tally = send_probes(&a, &flow, size);
+    let report = echo_report(&a, &flow, size, tally);
+    print_report(&a, &report);
+    if report.received == 0 {
+        1
+    } else {
+        0
+    }
+}
+
+/// Allocates the flow to the server, checks it takes `size`-byte probes and
+/// says so (unless `--json`).
+fn open_flow(a: &ClientArgs, c: &mut Client, size: usize) -> Arc<Flow> {
     let flow = match c.allocate(&a.name, &a.dst, a.common.dif(), &a.qos.spec()) {
         Ok(f) => Arc::new(f),
         Err(e) => opts::die(TOOL, &format!("cannot allocate a flow to {}", a.dst), &e, 2),
@@ -183,16 +198,31 @@ fn client(a: ClientArgs) -> i32 {
             flow.info().port
         );
     }
+    flow
+}
+
+/// What the probes brought back.
+#[derive(Default)]
+struct Tally {
+    /// Probes sent.
+    sent: u64,
+    /// (seq, RTT in µs) of every reply in time, in arrival order.
+    rtts_us: Vec<(u64, f64)>,
+    /// Replies that came after the timeout.
+    late: u64,
+}
+
+/// Sends `a.count` probes on schedule and matches the replies as they come,
+/// until every probe got its reply or timed out.
+fn send_probes(a: &ClientArgs, flow: &Flow, size: usize) -> Tally {
     let interval = Duration::from_millis(a.interval_ms);
     let timeout = Duration::from_millis(a.timeout_ms);
     let mut buf = vec![0u8; flow.max_sdu().max(size)];
     // Probes leave on schedule whatever the replies do; replies are matched
     // to their probe by number as they come.
     let mut probes = echo::Probes::new(timeout);
-    let mut rtts_us: Vec<(u64, f64)> = Vec::new();
-    let mut late = 0u64;
+    let mut tally = Tally::default();
     let start = echo::mono_ns();
-    let mut sent = 0u64;
     loop {
         let now = echo::mono_ns();
         for seq in probes.expire(now) {
@@ -203,14 +233,14 @@ fn client(a: ClientArgs) -> i32 {
                 );
             }
         }
-        let next_send = (sent < a.count).then(|| echo::due_ns(start, interval, sent));
+        let next_send = (tally.sent < a.count).then(|| echo::due_ns(start, interval, tally.sent));
         if next_send.is_some_and(|due| due <= now) {
-            let probe = echo::encode_probe(sent, now, size);
+            let probe = echo::encode_probe(tally.sent, now, size);
             if let Err(e) = flow.write(&probe) {
                 opts::die(TOOL, "cannot send a probe", &e, 2);
             }
-            probes.sent(sent, now);
-            sent += 1;
+            probes.sent(tally.sent, now);
+            tally.sent += 1;
             continue;
         }
         // Wait for a reply until the next probe is due or one expires.
@@ -235,40 +265,63 @@ fn client(a: ClientArgs) -> i32 {
         let Some((seq, _)) = echo::decode_probe(&buf[..n]) else {
             continue;
         };
-        match probes.on_reply(seq, now) {
-            echo::ReplyOutcome::InTime(rtt_ns) => {
-                let rtt_us = rtt_ns as f64 / 1e3;
-                rtts_us.push((seq, rtt_us));
-                if !a.json {
-                    println!(
-                        "{n} bytes from {}: seq={seq} rtt={:.3} ms",
-                        a.dst,
-                        rtt_us / 1e3
-                    );
-                }
-            }
-            echo::ReplyOutcome::Late(rtt_ns) => {
-                late += 1;
-                if !a.json {
-                    println!(
-                        "late reply from {}: seq={seq} after {:.3} ms (counted as lost)",
-                        a.dst,
-                        rtt_ns as f64 / 1e6
-                    );
-                }
-            }
-            echo::ReplyOutcome::Unexpected => {
-                if !a.json {
-                    println!("unexpected reply from {}: seq={seq} (ignored)", a.dst);
-                }
-            }
-        }
+        note_reply(a, &mut probes, &mut tally, seq, n, now);
         flush();
     }
+    tally
+}
+
+/// Matches the `n`-byte reply to probe `seq`, received at `now`, and says
+/// what it was (unless `--json`).
+fn note_reply(
+    a: &ClientArgs,
+    probes: &mut echo::Probes,
+    tally: &mut Tally,
+    seq: u64,
+    n: usize,
+    now: u64,
+) {
+    match probes.on_reply(seq, now) {
+        echo::ReplyOutcome::InTime(rtt_ns) => {
+            let rtt_us = rtt_ns as f64 / 1e3;
+            tally.rtts_us.push((seq, rtt_us));
+            if !a.json {
+                println!(
+                    "{n} bytes from {}: seq={seq} rtt={:.3} ms",
+                    a.dst,
+                    rtt_us / 1e3
+                );
+            }
+        }
+        echo::ReplyOutcome::Late(rtt_ns) => {
+            tally.late += 1;
+            if !a.json {
+                println!(
+                    "late reply from {}: seq={seq} after {:.3} ms (counted as lost)",
+                    a.dst,
+                    rtt_ns as f64 / 1e6
+                );
+            }
+        }
+        echo::ReplyOutcome::Unexpected => {
+            if !a.json {
+                println!("unexpected reply from {}: seq={seq} (ignored)", a.dst);
+            }
+        }
+    }
+}
+
+/// The summary of the run: counts, loss and RTTs in probe order.
+fn echo_report(a: &ClientArgs, flow: &Flow, size: usize, tally: Tally) -> EchoReport {
+    let Tally {
+        sent,
+        mut rtts_us,
+        late,
+    } = tally;
     rtts_us.sort_by_key(|&(seq, _)| seq);
     let rtts_us: Vec<f64> = rtts_us.into_iter().map(|(_, r)| r).collect();
     let received = rtts_us.len() as u64;
-    let report = EchoReport {
+    EchoReport {
         dst: a.dst.to_string(),
         dif: flow.info().dif.clone(),
         port: flow.info().port,
@@ -280,9 +333,13 @@ fn client(a: ClientArgs) -> i32 {
         loss_pct: echo::loss_pct(sent, received),
         rtt_ms: Summary::of(&rtts_us).map(|s| s.scaled(1e-3)),
         rtt_us: rtts_us,
-    };
+    }
+}
+
+/// Prints the report: one JSON object with `--json`, else ping-like statistics.
+fn print_report(a: &ClientArgs, report: &EchoReport) {
     if a.json {
-        match serde_json::to_string(&report) {
+        match serde_json::to_string(report) {
             Ok(s) => println!("{s}"),
             Err(e) => opts::die(TOOL, "cannot encode JSON", &e, 2),
         }
@@ -302,11 +359,6 @@ fn client(a: ClientArgs) -> i32 {
                 s.p50, s.p90, s.p99
             );
         }
-    }
-    if received == 0 {
-        1
-    } else {
-        0
     }
 }
 

@@ -542,7 +542,66 @@ struct ClientFlow {
     rev_fin: AtomicBool,
 }
 
+/// Runs the client: starts every planned flow in time, waits for them and
+/// reports; returns the exit code.
 fn client(a: ClientArgs) -> i32 {
+    let plans = client_plans(&a);
+    let probe = a
+        .rtt
+        .then(|| Duration::from_secs_f64((a.probe_interval_ms / 1e3).clamp(1e-4, 3600.0)));
+    let mut c = a
+        .common
+        .connect()
+        .unwrap_or_else(|e| opts::die(TOOL, "cannot connect", &e, 2));
+    let started_ns = realtime_ns();
+    let start = Instant::now();
+    let live = Arc::new(Live::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    reporter(live.clone(), a.out.interval_s, stop.clone());
+    let mut order: Vec<&FlowPlan> = plans.iter().collect();
+    order.sort_by(|x, y| x.start_s.total_cmp(&y.start_s));
+    let mut run = ClientRun {
+        a: &a,
+        c: &mut c,
+        start,
+        live,
+        probe,
+        report_wait: Duration::from_secs_f64(a.report_wait_s.clamp(0.1, 3600.0)),
+        human: !a.out.json,
+        workers: Vec::new(),
+        failed: Vec::new(),
+    };
+    for p in order {
+        run.start_flow(p);
+    }
+    let mut entries: Vec<FlowEntry> = run
+        .workers
+        .into_iter()
+        .filter_map(|w| w.join().ok())
+        .collect();
+    stop.store(true, Ordering::Relaxed);
+    entries.extend(run.failed);
+    entries.sort_by_key(|e| e.flow);
+    let code = client_exit_code(&entries);
+    let r = RunReport {
+        tool: TOOL.into(),
+        schema: SCHEMA_VERSION,
+        role: "client".into(),
+        started_ns,
+        ended_ns: realtime_ns(),
+        flows: entries,
+    };
+    if let Some(prefix) = &a.out.out {
+        if let Err(e) = r.write_files(prefix) {
+            opts::die(TOOL, &format!("cannot write {}", prefix.display()), &e, 2);
+        }
+    }
+    print_final(&r, a.out.json);
+    code
+}
+
+/// The flows to run: those of `--matrix`, or the one of the command line.
+fn client_plans(a: &ClientArgs) -> Vec<FlowPlan> {
     let plans = match &a.matrix {
         Some(path) => {
             let text = std::fs::read_to_string(path).unwrap_or_else(|e| {
@@ -589,51 +648,57 @@ fn client(a: ClientArgs) -> i32 {
     if plans.is_empty() {
         opts::die(TOOL, "bad matrix", &"no flows", 2);
     }
-    let probe = a
-        .rtt
-        .then(|| Duration::from_secs_f64((a.probe_interval_ms / 1e3).clamp(1e-4, 3600.0)));
-    let mut c = a
-        .common
-        .connect()
-        .unwrap_or_else(|e| opts::die(TOOL, "cannot connect", &e, 2));
-    let started_ns = realtime_ns();
-    let start = Instant::now();
-    let live = Arc::new(Live::default());
-    let stop = Arc::new(AtomicBool::new(false));
-    reporter(live.clone(), a.out.interval_s, stop.clone());
-    let mut order: Vec<&FlowPlan> = plans.iter().collect();
-    order.sort_by(|x, y| x.start_s.total_cmp(&y.start_s));
-    let report_wait = Duration::from_secs_f64(a.report_wait_s.clamp(0.1, 3600.0));
-    let human = !a.out.json;
-    let mut workers = Vec::new();
-    let mut failed: Vec<FlowEntry> = Vec::new();
-    for p in order {
-        SystemClock.sleep_until(start + Duration::from_secs_f64(p.start_s));
+    plans
+}
+
+/// 1 if a flow failed, got no REPORT or received nothing it should have; else 0.
+fn client_exit_code(entries: &[FlowEntry]) -> i32 {
+    let mut code = 0;
+    for e in entries {
+        let has = |d: &str| e.reports.iter().any(|r| r.direction == d);
+        let got = |d: &str| {
+            e.reports
+                .iter()
+                .any(|r| r.direction == d && r.recv_sdus > 0)
+        };
+        if e.error.is_some()
+            || (e.direction.client_sends() && !got("fwd"))
+            || (e.direction.server_sends() && !has("rev"))
+        {
+            code = 1;
+        }
+    }
+    code
+}
+
+/// What the client shares between the flows it starts.
+struct ClientRun<'a> {
+    a: &'a ClientArgs,
+    c: &'a mut rina::Client,
+    /// When the run started: the flows' `start_s` count from here.
+    start: Instant,
+    live: Arc<Live>,
+    probe: Option<Duration>,
+    report_wait: Duration,
+    /// Whether to say what each flow is (not with `--json`).
+    human: bool,
+    /// The running flows.
+    workers: Vec<thread::JoinHandle<FlowEntry>>,
+    /// Flows that could not start.
+    failed: Vec<FlowEntry>,
+}
+
+impl ClientRun<'_> {
+    /// Waits for `p`'s start time, allocates its flow and runs it on a
+    /// thread of its own (or records why it could not start).
+    fn start_flow(&mut self, p: &FlowPlan) {
+        SystemClock.sleep_until(self.start + Duration::from_secs_f64(p.start_s));
         let dst: AppName = match p.peer.parse() {
             Ok(n) => n,
             Err(e) => opts::die(TOOL, &format!("bad peer name {:?}", p.peer), &e, 2),
         };
-        let entry = |error: String, dif: String| FlowEntry {
-            flow: p.flow,
-            peer: p.peer.clone(),
-            dif,
-            profile: p.source.profile.clone(),
-            direction: p.direction,
-            seed: p.seed,
-            qos: p.qos.spec(),
-            error: Some(error),
-            reports: Vec::new(),
-        };
-        let begin = start + Duration::from_secs_f64(p.start_s);
-        let retry_until = begin + Duration::from_secs_f64(a.alloc_retry_s.clamp(0.0, p.duration_s));
-        let allocated = loop {
-            match c.allocate(&a.name, &dst, p.dif.as_deref(), &p.qos.spec()) {
-                Err(e) if !e.is_closed() && Instant::now() + RETRY < retry_until => {
-                    thread::sleep(RETRY);
-                }
-                r => break r,
-            }
-        };
+        let begin = self.start + Duration::from_secs_f64(p.start_s);
+        let allocated = self.allocate(p, &dst, begin);
         // What is left of the flow's time after the retries.
         let late = Instant::now()
             .saturating_duration_since(begin)
@@ -651,8 +716,9 @@ fn client(a: ClientArgs) -> i32 {
                     "{TOOL}: flow {}: cannot allocate a flow to {dst}: {e}",
                     p.flow
                 );
-                failed.push(entry(e.to_string(), p.dif.clone().unwrap_or_default()));
-                continue;
+                let dif = p.dif.clone().unwrap_or_default();
+                self.failed.push(failed_entry(p, e.to_string(), dif));
+                return;
             }
         };
         let max = p
@@ -666,10 +732,11 @@ fn client(a: ClientArgs) -> i32 {
                 flow.max_sdu()
             );
             eprintln!("{TOOL}: flow {}: {e}", p.flow);
-            failed.push(entry(e, flow.info().dif.clone()));
-            continue;
+            self.failed
+                .push(failed_entry(p, e, flow.info().dif.clone()));
+            return;
         }
-        if human {
+        if self.human {
             println!(
                 "flow {}: {} to {} via {} (port {}), {} s, {:?}",
                 p.flow,
@@ -682,45 +749,45 @@ fn client(a: ClientArgs) -> i32 {
             );
             flush();
         }
-        let (p, live, samples) = (p.clone(), live.clone(), a.out.samples);
-        workers.push(thread::spawn(move || {
+        let (p, live, samples) = (p.clone(), self.live.clone(), self.a.out.samples);
+        let (probe, report_wait) = (self.probe, self.report_wait);
+        self.workers.push(thread::spawn(move || {
             run_client_flow(flow, &p, probe, report_wait, &live, samples)
         }));
     }
-    let mut entries: Vec<FlowEntry> = workers.into_iter().filter_map(|w| w.join().ok()).collect();
-    stop.store(true, Ordering::Relaxed);
-    entries.extend(failed);
-    entries.sort_by_key(|e| e.flow);
-    let mut code = 0;
-    for e in &entries {
-        let has = |d: &str| e.reports.iter().any(|r| r.direction == d);
-        let got = |d: &str| {
-            e.reports
-                .iter()
-                .any(|r| r.direction == d && r.recv_sdus > 0)
-        };
-        if e.error.is_some()
-            || (e.direction.client_sends() && !got("fwd"))
-            || (e.direction.server_sends() && !has("rev"))
-        {
-            code = 1;
+
+    /// Allocates `p`'s flow to `dst`, retrying a failure every [`RETRY`]
+    /// for `--alloc-retry-s` (at most the flow's duration) from `begin`.
+    fn allocate(&mut self, p: &FlowPlan, dst: &AppName, begin: Instant) -> rina::Result<Flow> {
+        let retry_until =
+            begin + Duration::from_secs_f64(self.a.alloc_retry_s.clamp(0.0, p.duration_s));
+        loop {
+            match self
+                .c
+                .allocate(&self.a.name, dst, p.dif.as_deref(), &p.qos.spec())
+            {
+                Err(e) if !e.is_closed() && Instant::now() + RETRY < retry_until => {
+                    thread::sleep(RETRY);
+                }
+                r => break r,
+            }
         }
     }
-    let r = RunReport {
-        tool: TOOL.into(),
-        schema: SCHEMA_VERSION,
-        role: "client".into(),
-        started_ns,
-        ended_ns: realtime_ns(),
-        flows: entries,
-    };
-    if let Some(prefix) = &a.out.out {
-        if let Err(e) = r.write_files(prefix) {
-            opts::die(TOOL, &format!("cannot write {}", prefix.display()), &e, 2);
-        }
+}
+
+/// The report of a flow of plan `p` that could not start, and why.
+fn failed_entry(p: &FlowPlan, error: String, dif: String) -> FlowEntry {
+    FlowEntry {
+        flow: p.flow,
+        peer: p.peer.clone(),
+        dif,
+        profile: p.source.profile.clone(),
+        direction: p.direction,
+        seed: p.seed,
+        qos: p.qos.spec(),
+        error: Some(error),
+        reports: Vec::new(),
     }
-    print_final(&r, a.out.json);
-    code
 }
 
 fn run_client_flow(

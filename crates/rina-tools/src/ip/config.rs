@@ -422,6 +422,7 @@ fn peer_flag(s: &str) -> Result<RawPeer, ConfigError> {
     })
 }
 
+/// Checks the raw settings, with `over` applied, into a [`Config`].
 fn build(mut raw: RawConfig, over: &Overrides) -> Result<Config, ConfigError> {
     let name_s = over
         .name
@@ -429,139 +430,12 @@ fn build(mut raw: RawConfig, over: &Overrides) -> Result<Config, ConfigError> {
         .or(raw.name.take())
         .ok_or(ConfigError::Missing("name"))?;
     let me = name("name", &name_s)?;
-    let tun_name = over
-        .tun
-        .clone()
-        .or(raw.tun.name.take())
-        .unwrap_or_else(|| DEFAULT_TUN.to_owned());
-    if tun_name.is_empty()
-        || tun_name.len() > MAX_IFNAME
-        || tun_name
-            .chars()
-            .any(|c| c == '/' || c == ':' || c.is_whitespace() || c.is_control())
-    {
-        return Err(ConfigError::BadIfName(tun_name));
-    }
-    let mut addresses = Vec::new();
-    for (i, a) in raw.tun.addresses.iter().chain(&over.addresses).enumerate() {
-        addresses.push(prefix(format!("tun.addresses[{i}]"), a, false)?);
-    }
-    let mtu_cap = over.mtu.or(raw.tun.mtu);
-    if let Some(m) = mtu_cap {
-        if !(68..=65535).contains(&m) {
-            return Err(ConfigError::BadMtu(m));
-        }
-    }
-    let d = Timers::default();
-    let ms = |v: Option<u64>, dflt: Duration| v.map(Duration::from_millis).unwrap_or(dflt);
-    let timers = Timers {
-        backoff_initial: ms(raw.timers.backoff_initial_ms, d.backoff_initial),
-        backoff_max: ms(raw.timers.backoff_max_ms, d.backoff_max),
-        keepalive: ms(raw.timers.keepalive_ms, d.keepalive),
-        dead_after: ms(raw.timers.dead_after_ms, d.dead_after),
-    };
-    if timers.backoff_initial.is_zero() || timers.backoff_max < timers.backoff_initial {
-        return Err(ConfigError::BadTimers(
-            "backoff_initial_ms must be above 0 and at most backoff_max_ms".into(),
-        ));
-    }
-    if timers.keepalive.is_zero() || timers.dead_after < timers.keepalive * 2 {
-        return Err(ConfigError::BadTimers(
-            "keepalive_ms must be above 0 and dead_after_ms at least twice keepalive_ms".into(),
-        ));
-    }
-
-    let mut profiles: BTreeMap<String, QosSpec> = BTreeMap::new();
-    profiles.insert("unreliable".into(), QosSpec::default());
-    profiles.insert(
-        "reliable".into(),
-        QosSpec {
-            reliable: true,
-            in_order: true,
-            ..QosSpec::default()
-        },
-    );
-    for (n, q) in &raw.qos {
-        profiles.insert(n.clone(), q.spec());
-    }
-
-    let mut raw_peers = std::mem::take(&mut raw.peer);
-    for p in &over.peers {
-        raw_peers.push(peer_flag(p)?);
-    }
-    if raw_peers.is_empty() {
-        return Err(ConfigError::NoPeer);
-    }
-    let mut peers: Vec<PeerConfig> = Vec::new();
-    for rp in raw_peers {
-        let pname = name(&format!("peer {}", rp.name), &rp.name)?;
-        if pname == me || peers.iter().any(|p| p.name == pname) {
-            return Err(ConfigError::DuplicatePeer(rp.name));
-        }
-        if rp.prefixes.is_empty() {
-            return Err(ConfigError::NoPrefix(rp.name));
-        }
-        let mut prefixes = Vec::new();
-        for (i, s) in rp.prefixes.iter().enumerate() {
-            let p = prefix(format!("peer {} prefixes[{i}]", rp.name), s, true)?;
-            for other in &peers {
-                if other.prefixes.contains(&p) {
-                    return Err(ConfigError::PrefixClash {
-                        prefix: p.to_string(),
-                        first: other.name.to_string(),
-                        second: rp.name.clone(),
-                    });
-                }
-            }
-            if !prefixes.contains(&p) {
-                prefixes.push(p);
-            }
-        }
-        let mut channels: Vec<Channel> = Vec::new();
-        let mut channel_of = |qos: &str| -> Result<u8, ConfigError> {
-            let spec = *profiles.get(qos).ok_or_else(|| ConfigError::UnknownQos {
-                peer: rp.name.clone(),
-                qos: qos.to_owned(),
-            })?;
-            // Profiles with the same spec share a flow: the accepting side
-            // tells flows apart by their spec.
-            if let Some(i) = channels.iter().position(|c| c.spec == spec) {
-                return Ok(i as u8);
-            }
-            channels.push(Channel {
-                qos_name: qos.to_owned(),
-                spec,
-            });
-            Ok((channels.len() - 1) as u8)
-        };
-        channel_of(rp.qos.as_deref().unwrap_or("unreliable"))?;
-        let mut dscp = [0u8; 64];
-        for (k, q) in &rp.dscp {
-            let v: usize =
-                k.trim()
-                    .parse()
-                    .ok()
-                    .filter(|&v| v < 64)
-                    .ok_or_else(|| ConfigError::BadDscp {
-                        peer: rp.name.clone(),
-                        key: k.clone(),
-                    })?;
-            dscp[v] = channel_of(q)?;
-        }
-        let allocates = match rp.initiate {
-            Initiate::Always => true,
-            Initiate::Never => false,
-            Initiate::Auto => me.to_string() < pname.to_string(),
-        };
-        peers.push(PeerConfig {
-            name: pname,
-            prefixes,
-            channels,
-            dscp,
-            initiate: rp.initiate,
-            allocates,
-        });
-    }
+    let tun_name = check_tun_name(over.tun.clone().or(raw.tun.name.take()))?;
+    let addresses = tun_addresses(&raw.tun.addresses, &over.addresses)?;
+    let mtu_cap = check_mtu(over.mtu.or(raw.tun.mtu))?;
+    let timers = build_timers(&raw.timers)?;
+    let profiles = qos_profiles(&raw.qos);
+    let peers = build_peers(std::mem::take(&mut raw.peer), &over.peers, &me, &profiles)?;
     let status_socket = over
         .status_socket
         .clone()
@@ -582,6 +456,192 @@ fn build(mut raw: RawConfig, over: &Overrides) -> Result<Config, ConfigError> {
         timers,
         peers,
     })
+}
+
+/// The TUN interface name (the default if unset), checked to be one Linux takes.
+fn check_tun_name(tun_name: Option<String>) -> Result<String, ConfigError> {
+    let tun_name = tun_name.unwrap_or_else(|| DEFAULT_TUN.to_owned());
+    if tun_name.is_empty()
+        || tun_name.len() > MAX_IFNAME
+        || tun_name
+            .chars()
+            .any(|c| c == '/' || c == ':' || c.is_whitespace() || c.is_control())
+    {
+        return Err(ConfigError::BadIfName(tun_name));
+    }
+    Ok(tun_name)
+}
+
+/// The TUN addresses: the file's, then the flags'.
+fn tun_addresses(file: &[String], flags: &[String]) -> Result<Vec<Prefix>, ConfigError> {
+    let mut addresses = Vec::new();
+    for (i, a) in file.iter().chain(flags).enumerate() {
+        addresses.push(prefix(format!("tun.addresses[{i}]"), a, false)?);
+    }
+    Ok(addresses)
+}
+
+/// The MTU cap, if any, checked to be in range.
+fn check_mtu(mtu_cap: Option<u32>) -> Result<Option<u32>, ConfigError> {
+    if let Some(m) = mtu_cap {
+        if !(68..=65535).contains(&m) {
+            return Err(ConfigError::BadMtu(m));
+        }
+    }
+    Ok(mtu_cap)
+}
+
+/// The timers (defaults where unset), checked to work together.
+fn build_timers(raw: &RawTimers) -> Result<Timers, ConfigError> {
+    let d = Timers::default();
+    let ms = |v: Option<u64>, dflt: Duration| v.map(Duration::from_millis).unwrap_or(dflt);
+    let timers = Timers {
+        backoff_initial: ms(raw.backoff_initial_ms, d.backoff_initial),
+        backoff_max: ms(raw.backoff_max_ms, d.backoff_max),
+        keepalive: ms(raw.keepalive_ms, d.keepalive),
+        dead_after: ms(raw.dead_after_ms, d.dead_after),
+    };
+    if timers.backoff_initial.is_zero() || timers.backoff_max < timers.backoff_initial {
+        return Err(ConfigError::BadTimers(
+            "backoff_initial_ms must be above 0 and at most backoff_max_ms".into(),
+        ));
+    }
+    if timers.keepalive.is_zero() || timers.dead_after < timers.keepalive * 2 {
+        return Err(ConfigError::BadTimers(
+            "keepalive_ms must be above 0 and dead_after_ms at least twice keepalive_ms".into(),
+        ));
+    }
+    Ok(timers)
+}
+
+/// The QoS profiles by name: the built-in ones, then those of `[qos]`.
+fn qos_profiles(raw: &BTreeMap<String, RawQos>) -> BTreeMap<String, QosSpec> {
+    let mut profiles: BTreeMap<String, QosSpec> = BTreeMap::new();
+    profiles.insert("unreliable".into(), QosSpec::default());
+    profiles.insert(
+        "reliable".into(),
+        QosSpec {
+            reliable: true,
+            in_order: true,
+            ..QosSpec::default()
+        },
+    );
+    for (n, q) in raw {
+        profiles.insert(n.clone(), q.spec());
+    }
+    profiles
+}
+
+/// The checked peers: the file's, then those of the `--peer` flags.
+fn build_peers(
+    mut raw_peers: Vec<RawPeer>,
+    flags: &[String],
+    me: &AppName,
+    profiles: &BTreeMap<String, QosSpec>,
+) -> Result<Vec<PeerConfig>, ConfigError> {
+    for p in flags {
+        raw_peers.push(peer_flag(p)?);
+    }
+    if raw_peers.is_empty() {
+        return Err(ConfigError::NoPeer);
+    }
+    let mut peers: Vec<PeerConfig> = Vec::new();
+    for rp in raw_peers {
+        let peer = build_peer(rp, me, &peers, profiles)?;
+        peers.push(peer);
+    }
+    Ok(peers)
+}
+
+/// Checks one peer against this tunnel's name `me` and the peers before it.
+fn build_peer(
+    rp: RawPeer,
+    me: &AppName,
+    peers: &[PeerConfig],
+    profiles: &BTreeMap<String, QosSpec>,
+) -> Result<PeerConfig, ConfigError> {
+    let pname = name(&format!("peer {}", rp.name), &rp.name)?;
+    if pname == *me || peers.iter().any(|p| p.name == pname) {
+        return Err(ConfigError::DuplicatePeer(rp.name));
+    }
+    if rp.prefixes.is_empty() {
+        return Err(ConfigError::NoPrefix(rp.name));
+    }
+    let prefixes = peer_prefixes(&rp, peers)?;
+    let (channels, dscp) = peer_channels(&rp, profiles)?;
+    let allocates = match rp.initiate {
+        Initiate::Always => true,
+        Initiate::Never => false,
+        Initiate::Auto => me.to_string() < pname.to_string(),
+    };
+    Ok(PeerConfig {
+        name: pname,
+        prefixes,
+        channels,
+        dscp,
+        initiate: rp.initiate,
+        allocates,
+    })
+}
+
+/// A peer's prefixes, without repeats; none may be behind an earlier peer.
+fn peer_prefixes(rp: &RawPeer, peers: &[PeerConfig]) -> Result<Vec<Prefix>, ConfigError> {
+    let mut prefixes = Vec::new();
+    for (i, s) in rp.prefixes.iter().enumerate() {
+        let p = prefix(format!("peer {} prefixes[{i}]", rp.name), s, true)?;
+        for other in peers {
+            if other.prefixes.contains(&p) {
+                return Err(ConfigError::PrefixClash {
+                    prefix: p.to_string(),
+                    first: other.name.to_string(),
+                    second: rp.name.clone(),
+                });
+            }
+        }
+        if !prefixes.contains(&p) {
+            prefixes.push(p);
+        }
+    }
+    Ok(prefixes)
+}
+
+/// A peer's flows (the default profile's first) and its DSCP -> flow map.
+fn peer_channels(
+    rp: &RawPeer,
+    profiles: &BTreeMap<String, QosSpec>,
+) -> Result<(Vec<Channel>, [u8; 64]), ConfigError> {
+    let mut channels: Vec<Channel> = Vec::new();
+    let mut channel_of = |qos: &str| -> Result<u8, ConfigError> {
+        let spec = *profiles.get(qos).ok_or_else(|| ConfigError::UnknownQos {
+            peer: rp.name.clone(),
+            qos: qos.to_owned(),
+        })?;
+        // Profiles with the same spec share a flow: the accepting side
+        // tells flows apart by their spec.
+        if let Some(i) = channels.iter().position(|c| c.spec == spec) {
+            return Ok(i as u8);
+        }
+        channels.push(Channel {
+            qos_name: qos.to_owned(),
+            spec,
+        });
+        Ok((channels.len() - 1) as u8)
+    };
+    channel_of(rp.qos.as_deref().unwrap_or("unreliable"))?;
+    let mut dscp = [0u8; 64];
+    for (k, q) in &rp.dscp {
+        let v: usize =
+            k.trim()
+                .parse()
+                .ok()
+                .filter(|&v| v < 64)
+                .ok_or_else(|| ConfigError::BadDscp {
+                    peer: rp.name.clone(),
+                    key: k.clone(),
+                })?;
+        dscp[v] = channel_of(q)?;
+    }
+    Ok((channels, dscp))
 }
 
 #[cfg(test)]
