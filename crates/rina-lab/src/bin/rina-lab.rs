@@ -21,6 +21,7 @@ use rina_lab::resolve::{self, EventKind, Lower, Over};
 use rina_lab::results::RunOutput;
 use rina_lab::{Experiment, LabError};
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -345,8 +346,29 @@ fn short(x: f64) -> String {
 /// What `check` prints: everything derived from the file.
 fn describe(e: &Experiment) -> String {
     let mut s = String::new();
-    let node = |i: usize| e.nodes.get(i).map_or("?", |n| n.as_str());
-    let names = |v: &[usize]| v.iter().map(|&i| node(i)).collect::<Vec<_>>().join(", ");
+    describe_head(&mut s, e);
+    describe_links(&mut s, e);
+    let _ = writeln!(s, "DIFs, bottom-up ({}):", e.difs.len());
+    for d in &e.difs {
+        describe_dif(&mut s, e, d);
+    }
+    describe_apps(&mut s, e);
+    describe_flows(&mut s, e);
+    describe_events(&mut s, e);
+    if let Some(l) = &e.load {
+        let _ = writeln!(
+            s,
+            "load calibration: {}% on {} link(s), measured over {}",
+            short(l.target * 100.0),
+            l.links.len(),
+            dur(l.duration)
+        );
+    }
+    s
+}
+
+/// The experiment's title, duration, seed, warm-up and nodes.
+fn describe_head(s: &mut String, e: &Experiment) {
     let title = match &e.variant {
         Some(v) => format!("{} [variant {v}]", e.name),
         None => e.name.clone(),
@@ -360,96 +382,116 @@ fn describe(e: &Experiment) -> String {
         e.warmup.map_or("backend default".into(), dur)
     );
     let _ = writeln!(s, "nodes ({}): {}", e.nodes.len(), e.nodes.join(", "));
+}
+
+/// The links, one a line.
+fn describe_links(s: &mut String, e: &Experiment) {
     let _ = writeln!(s, "links ({}):", e.links.len());
     for l in &e.links {
         let _ = writeln!(
             s,
             "  {}: {} - {}, {}, delay {}, loss {}, queue {} frames",
             l.name,
-            node(l.a),
-            node(l.b),
+            node_name(e, l.a),
+            node_name(e, l.b),
             rate(l.rate_bps),
             dur(l.delay),
             l.loss,
             l.queue
         );
     }
-    let _ = writeln!(s, "DIFs, bottom-up ({}):", e.difs.len());
-    for d in &e.difs {
-        let over: Vec<String> = d
-            .over
-            .iter()
-            .map(|o| match o {
-                Lower::Links => "links".to_string(),
-                Lower::Dif(i) => e.difs.get(*i).map_or("?".into(), |x| x.name.clone()),
-            })
-            .collect();
-        let _ = writeln!(s, "  {} over {}", d.name, over.join(", "));
+}
+
+/// One DIF: what it is over, members, adjacencies, enrollment, scheduler, cubes.
+fn describe_dif(s: &mut String, e: &Experiment, d: &resolve::Dif) {
+    let node = |i: usize| node_name(e, i);
+    let names = |v: &[usize]| v.iter().map(|&i| node(i)).collect::<Vec<_>>().join(", ");
+    let over: Vec<String> = d
+        .over
+        .iter()
+        .map(|o| match o {
+            Lower::Links => "links".to_string(),
+            Lower::Dif(i) => e.difs.get(*i).map_or("?".into(), |x| x.name.clone()),
+        })
+        .collect();
+    let _ = writeln!(s, "  {} over {}", d.name, over.join(", "));
+    let _ = writeln!(
+        s,
+        "    members ({}): {}",
+        d.members.len(),
+        names(&d.members)
+    );
+    let n_links = d
+        .adjacencies
+        .iter()
+        .filter(|a| matches!(a.over, Over::Link(_)))
+        .count();
+    let _ = writeln!(
+        s,
+        "    adjacencies: {} ({} over links, {} over lower DIFs)",
+        d.adjacencies.len(),
+        n_links,
+        d.adjacencies.len() - n_links
+    );
+    let _ = writeln!(s, "    bootstrap: {}", node(d.bootstrap));
+    let order: Vec<String> = d
+        .enrollment_order
+        .iter()
+        .map(|&m| match d.enrolls_via.get(&m) {
+            Some(&via) => format!("{} (via {})", node(m), node(via)),
+            None => node(m).to_string(),
+        })
+        .collect();
+    let _ = writeln!(s, "    enrollment: {}", order.join(", "));
+    let policy = serde_json::to_value(&d.scheduler)
+        .ok()
+        .and_then(|v| v.get("policy").and_then(|p| p.as_str().map(String::from)))
+        .unwrap_or_else(|| "?".into());
+    let _ = writeln!(s, "    scheduler: {policy}");
+    if !d.cubes.is_empty() {
+        let _ = writeln!(s, "    cubes: {}", describe_cubes(d));
+    }
+}
+
+/// A DIF's QoS cubes on one line.
+fn describe_cubes(d: &resolve::Dif) -> String {
+    let cubes: Vec<String> = d
+        .cubes
+        .iter()
+        .map(|c| {
+            format!(
+                "{} (id {}, urgency {}, cherish {}{})",
+                c.name,
+                c.id,
+                c.urgency,
+                c.cherish,
+                if c.reliable { ", reliable" } else { "" }
+            )
+        })
+        .collect();
+    cubes.join("; ")
+}
+
+/// The applications, if any.
+fn describe_apps(s: &mut String, e: &Experiment) {
+    if e.apps.is_empty() {
+        return;
+    }
+    let _ = writeln!(s, "applications ({}):", e.apps.len());
+    for a in &e.apps {
         let _ = writeln!(
             s,
-            "    members ({}): {}",
-            d.members.len(),
-            names(&d.members)
+            "  {} at {} in {} ({})",
+            a.name,
+            node_name(e, a.node),
+            e.difs.get(a.dif).map_or("?", |d| d.name.as_str()),
+            format!("{:?}", a.role).to_lowercase()
         );
-        let n_links = d
-            .adjacencies
-            .iter()
-            .filter(|a| matches!(a.over, Over::Link(_)))
-            .count();
-        let _ = writeln!(
-            s,
-            "    adjacencies: {} ({} over links, {} over lower DIFs)",
-            d.adjacencies.len(),
-            n_links,
-            d.adjacencies.len() - n_links
-        );
-        let _ = writeln!(s, "    bootstrap: {}", node(d.bootstrap));
-        let order: Vec<String> = d
-            .enrollment_order
-            .iter()
-            .map(|&m| match d.enrolls_via.get(&m) {
-                Some(&via) => format!("{} (via {})", node(m), node(via)),
-                None => node(m).to_string(),
-            })
-            .collect();
-        let _ = writeln!(s, "    enrollment: {}", order.join(", "));
-        let policy = serde_json::to_value(&d.scheduler)
-            .ok()
-            .and_then(|v| v.get("policy").and_then(|p| p.as_str().map(String::from)))
-            .unwrap_or_else(|| "?".into());
-        let _ = writeln!(s, "    scheduler: {policy}");
-        if !d.cubes.is_empty() {
-            let cubes: Vec<String> = d
-                .cubes
-                .iter()
-                .map(|c| {
-                    format!(
-                        "{} (id {}, urgency {}, cherish {}{})",
-                        c.name,
-                        c.id,
-                        c.urgency,
-                        c.cherish,
-                        if c.reliable { ", reliable" } else { "" }
-                    )
-                })
-                .collect();
-            let _ = writeln!(s, "    cubes: {}", cubes.join("; "));
-        }
     }
-    if !e.apps.is_empty() {
-        let _ = writeln!(s, "applications ({}):", e.apps.len());
-        for a in &e.apps {
-            let _ = writeln!(
-                s,
-                "  {} at {} in {} ({})",
-                a.name,
-                node(a.node),
-                e.difs.get(a.dif).map_or("?", |d| d.name.as_str()),
-                format!("{:?}", a.role).to_lowercase()
-            );
-        }
-    }
-    // Flows per class, in the order the classes first appear.
+}
+
+/// Flows per class, in the order the classes first appear.
+fn describe_flows(s: &mut String, e: &Experiment) {
     let mut order: Vec<(&str, &'static str)> = Vec::new();
     let mut count: BTreeMap<(&str, &'static str), usize> = BTreeMap::new();
     for f in &e.flows {
@@ -468,33 +510,33 @@ fn describe(e: &Experiment) -> String {
     for k in order {
         let _ = writeln!(s, "  {:<28} {:<5} {:>5}", k.0, k.1, count[&k]);
     }
-    if !e.events.is_empty() {
-        let _ = writeln!(s, "events ({}):", e.events.len());
-        for ev in &e.events {
-            let what = match ev.what {
-                EventKind::LinkDown(l) => format!("link {} down", link_name(e, l)),
-                EventKind::LinkUp(l) => format!("link {} up", link_name(e, l)),
-                EventKind::NodeStop(n) => format!("node {} stops", node(n)),
-                EventKind::NodeStart(n) => format!("node {} starts", node(n)),
-                EventKind::AppMove { app, to } => format!(
-                    "{} moves to {}",
-                    e.apps.get(app).map_or("?", |a| a.name.as_str()),
-                    node(to)
-                ),
-            };
-            let _ = writeln!(s, "  at {}: {what}", dur(ev.at));
-        }
+}
+
+/// The events, if any.
+fn describe_events(s: &mut String, e: &Experiment) {
+    if e.events.is_empty() {
+        return;
     }
-    if let Some(l) = &e.load {
-        let _ = writeln!(
-            s,
-            "load calibration: {}% on {} link(s), measured over {}",
-            short(l.target * 100.0),
-            l.links.len(),
-            dur(l.duration)
-        );
+    let _ = writeln!(s, "events ({}):", e.events.len());
+    for ev in &e.events {
+        let what = match ev.what {
+            EventKind::LinkDown(l) => format!("link {} down", link_name(e, l)),
+            EventKind::LinkUp(l) => format!("link {} up", link_name(e, l)),
+            EventKind::NodeStop(n) => format!("node {} stops", node_name(e, n)),
+            EventKind::NodeStart(n) => format!("node {} starts", node_name(e, n)),
+            EventKind::AppMove { app, to } => format!(
+                "{} moves to {}",
+                e.apps.get(app).map_or("?", |a| a.name.as_str()),
+                node_name(e, to)
+            ),
+        };
+        let _ = writeln!(s, "  at {}: {what}", dur(ev.at));
     }
-    s
+}
+
+/// The name of node `i` (`?` if there is none).
+fn node_name(e: &Experiment, i: usize) -> &str {
+    e.nodes.get(i).map_or("?", |n| n.as_str())
 }
 
 fn link_name(e: &Experiment, l: usize) -> &str {
@@ -567,9 +609,24 @@ struct Done {
     plots: Vec<PathBuf>,
 }
 
+/// `run`: runs the experiments asked for, one after the other.
 fn cmd_run(a: RunArgs) -> Result<u8, Fail> {
     let text = read_file(&a.file)?;
-    let mut exps = resolve_all(&a.file, &text, &a.variants)?;
+    let exps = run_experiments(&a, &text)?;
+    let be = pick_backend(&a)?;
+    be.check()?;
+    let mut session = Session::start(&a, &text, be, &exps)?;
+    for (i, exp) in exps.iter().enumerate() {
+        if let Some(code) = session.run_one(i, exp)? {
+            return Ok(code);
+        }
+    }
+    session.finish()
+}
+
+/// The experiments `run` is asked for, resized, scaled or dilated.
+fn run_experiments(a: &RunArgs, text: &str) -> Result<Vec<Experiment>, Fail> {
+    let mut exps = resolve_all(&a.file, text, &a.variants)?;
     if let Some(d) = a.duration {
         exps = exps.into_iter().map(|e| e.resized(d)).collect();
     }
@@ -587,13 +644,18 @@ fn cmd_run(a: RunArgs) -> Result<u8, Fail> {
         }
         exps = exps.into_iter().map(|e| e.dilated(f)).collect();
     }
+    Ok(exps)
+}
+
+/// The backend `run` is asked for (`--backend`, `--inventory`, `--engine`).
+fn pick_backend(a: &RunArgs) -> Result<Box<dyn backend::Backend>, Fail> {
     if a.inventory.is_some() && a.backend != "ssh" {
         return Err(Fail::usage(format!(
             "--inventory is for the ssh backend, not {}",
             a.backend
         )));
     }
-    let mut be = match (&a.engine, a.backend.as_str()) {
+    Ok(match (&a.engine, a.backend.as_str()) {
         (None, "ssh") => {
             let path = a
                 .inventory
@@ -619,23 +681,12 @@ fn cmd_run(a: RunArgs) -> Result<u8, Fail> {
                 "--engine is for the sim backend, not {other}"
             )))
         }
-    };
-    be.check()?;
+    })
+}
 
-    let root = a.out.clone().unwrap_or_else(|| {
-        PathBuf::from("results")
-            .join(folder_name(&exps[0].name))
-            .join(format!("{}-{}", utc_stamp(), be.name()))
-    });
-    mkdir(&root)?;
-    let file_name = a
-        .file
-        .file_name()
-        .map_or_else(|| "experiment.toml".into(), |n| n.to_os_string());
-    write(&root.join(&file_name), text.as_bytes())?;
-
-    // Ctrl-C (or SIGTERM) sets the flag the backends watch; a second one
-    // exits at once.
+/// Ctrl-C (or SIGTERM) sets the returned flag the backends watch; a second
+/// one exits at once.
+fn catch_signals() -> Result<Arc<AtomicBool>, Fail> {
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register_conditional_shutdown(
@@ -646,33 +697,133 @@ fn cmd_run(a: RunArgs) -> Result<u8, Fail> {
         .and_then(|_| signal_hook::flag::register(sig, stop.clone()))
         .map_err(|e| Fail::failed(format!("cannot catch signals: {e}")))?;
     }
+    Ok(stop)
+}
 
-    let multi = exps.len() > 1;
-    let mut done: Vec<Done> = Vec::new();
-    let mut failures = 0usize;
-    let mut plot_failed = false;
-    for (i, exp) in exps.iter().enumerate() {
+/// The progress bar of one run, `prefix` before it.
+fn progress_bar(prefix: String) -> ProgressBar {
+    let bar = ProgressBar::new(1000);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{prefix} [{elapsed_precise}] [{bar:30}] {percent:>3}% {wide_msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    bar.set_prefix(prefix);
+    bar.enable_steady_tick(Duration::from_millis(200));
+    bar
+}
+
+/// One `run` command: what its runs share and what they have produced.
+struct Session<'a> {
+    /// The command line.
+    args: &'a RunArgs,
+    /// The experiment file's text (copied into the results).
+    text: &'a str,
+    /// The results folder.
+    root: PathBuf,
+    /// The experiment file's name in the results.
+    file_name: OsString,
+    /// Set on Ctrl-C.
+    stop: Arc<AtomicBool>,
+    /// Where the runs run.
+    be: Box<dyn backend::Backend>,
+    /// How many runs there are.
+    total: usize,
+    /// The runs finished so far.
+    done: Vec<Done>,
+    /// How many runs failed.
+    failures: usize,
+    /// Whether drawing some plots failed.
+    plot_failed: bool,
+}
+
+impl<'a> Session<'a> {
+    /// Makes the results folder, copies the experiment file in and catches signals.
+    fn start(
+        args: &'a RunArgs,
+        text: &'a str,
+        be: Box<dyn backend::Backend>,
+        exps: &[Experiment],
+    ) -> Result<Self, Fail> {
+        let root = args.out.clone().unwrap_or_else(|| {
+            PathBuf::from("results")
+                .join(folder_name(&exps[0].name))
+                .join(format!("{}-{}", utc_stamp(), be.name()))
+        });
+        mkdir(&root)?;
+        let file_name = args
+            .file
+            .file_name()
+            .map_or_else(|| "experiment.toml".into(), |n| n.to_os_string());
+        write(&root.join(&file_name), text.as_bytes())?;
+        let stop = catch_signals()?;
+        Ok(Session {
+            args,
+            text,
+            root,
+            file_name,
+            stop,
+            be,
+            total: exps.len(),
+            done: Vec::new(),
+            failures: 0,
+            plot_failed: false,
+        })
+    }
+
+    /// Runs experiment `i`; `Some(code)` if `run` must exit with it now.
+    fn run_one(&mut self, i: usize, exp: &Experiment) -> Result<Option<u8>, Fail> {
         let label = exp.variant.clone().unwrap_or_else(|| exp.name.clone());
-        let dir = match (&exp.variant, multi) {
-            (Some(v), true) => root.join(folder_name(v)),
-            _ => root.clone(),
+        let dir = self.run_dir(exp)?;
+        let (out, used) = match self.run_backend(i, exp, &label, &dir) {
+            Ok(x) => x,
+            Err(LabError::Interrupted) => {
+                eprintln!(
+                    "rina-lab: interrupted during {label}; everything started was stopped; \
+                     results so far in {}",
+                    self.root.display()
+                );
+                return Ok(Some(EXIT_INTERRUPTED));
+            }
+            Err(e) => {
+                eprintln!("rina-lab: {label}: {e}");
+                self.failures += 1;
+                return Ok(None);
+            }
+        };
+        self.record(exp, &label, dir, out, used)?;
+        if self.stop.load(Ordering::Relaxed) {
+            eprintln!("rina-lab: interrupted");
+            return Ok(Some(EXIT_INTERRUPTED));
+        }
+        Ok(None)
+    }
+
+    /// The folder of the run of `exp`, made, with the experiment written in.
+    fn run_dir(&self, exp: &Experiment) -> Result<PathBuf, Fail> {
+        let dir = match (&exp.variant, self.total > 1) {
+            (Some(v), true) => self.root.join(folder_name(v)),
+            _ => self.root.clone(),
         };
         mkdir(&dir.join("logs"))?;
-        if dir != root {
-            write(&dir.join(&file_name), text.as_bytes())?;
+        if dir != self.root {
+            write(&dir.join(&self.file_name), self.text.as_bytes())?;
         }
         write_experiment(&dir, exp)?;
+        Ok(dir)
+    }
 
-        let bar = ProgressBar::new(1000);
-        bar.set_style(
-            ProgressStyle::with_template(
-                "{prefix} [{elapsed_precise}] [{bar:30}] {percent:>3}% {wide_msg}",
-            )
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-        );
-        bar.set_prefix(format!("[{}/{}] {label}", i + 1, exps.len()));
-        bar.enable_steady_tick(Duration::from_millis(200));
+    /// Runs experiment `i` on the backend with a progress bar; fills in the wall time.
+    fn run_backend(
+        &mut self,
+        i: usize,
+        exp: &Experiment,
+        label: &str,
+        dir: &Path,
+    ) -> Result<(RunOutput, Experiment), LabError> {
+        let bar = progress_bar(format!("[{}/{}] {label}", i + 1, self.total));
         let pb = bar.clone();
         let progress = move |f: f64, what: &str| {
             let f = if f.is_finite() {
@@ -684,37 +835,36 @@ fn cmd_run(a: RunArgs) -> Result<u8, Fail> {
             pb.set_message(what.to_string());
         };
         let ctx = RunCtx {
-            dir: &dir,
+            dir,
             progress: &progress,
-            stop: &stop,
+            stop: &self.stop,
         };
         let t0 = Instant::now();
-        let r = backend::run(be.as_mut(), exp, &ctx);
+        let r = backend::run(self.be.as_mut(), exp, &ctx);
         bar.finish_and_clear();
-        let (mut out, used) = match r {
-            Ok(x) => x,
-            Err(LabError::Interrupted) => {
-                eprintln!(
-                    "rina-lab: interrupted during {label}; everything started was stopped; \
-                     results so far in {}",
-                    root.display()
-                );
-                return Ok(EXIT_INTERRUPTED);
+        r.map(|(mut out, used)| {
+            if out.wall_time_s == 0.0 {
+                out.wall_time_s = t0.elapsed().as_secs_f64();
             }
-            Err(e) => {
-                eprintln!("rina-lab: {label}: {e}");
-                failures += 1;
-                continue;
-            }
-        };
-        if out.wall_time_s == 0.0 {
-            out.wall_time_s = t0.elapsed().as_secs_f64();
-        }
+            (out, used)
+        })
+    }
+
+    /// Completes and writes the results of a finished run, draws its plots
+    /// and prints its summary.
+    fn record(
+        &mut self,
+        exp: &Experiment,
+        label: &str,
+        dir: PathBuf,
+        mut out: RunOutput,
+        used: Experiment,
+    ) -> Result<(), Fail> {
         if out.experiment.is_empty() {
             out.experiment = exp.name.clone();
         }
         if out.backend.is_empty() {
-            out.backend = be.name().to_string();
+            out.backend = self.be.name().to_string();
         }
         if out.variant.is_none() {
             out.variant = exp.variant.clone();
@@ -724,45 +874,66 @@ fn cmd_run(a: RunArgs) -> Result<u8, Fail> {
             write_experiment(&dir, &used)?;
         }
         out.write(&dir)?;
-        let plots = if a.no_plots {
-            Vec::new()
-        } else {
-            match plot_run(&out, &dir.join("plots")) {
-                Ok(p) => p,
-                Err(e) => {
-                    eprintln!("rina-lab: plots of {label}: {e}");
-                    plot_failed = true;
-                    Vec::new()
-                }
-            }
-        };
-        if !a.json {
+        let plots = self.plot(&out, &dir, label);
+        if !self.args.json {
             say!("{}", out.summary_table());
             if !plots.is_empty() {
                 say!("plots: {}", dir.join("plots").display());
             }
             say!("results: {}\n", dir.display());
         }
-        done.push(Done { dir, out, plots });
-        if stop.load(Ordering::Relaxed) {
-            eprintln!("rina-lab: interrupted");
-            return Ok(EXIT_INTERRUPTED);
-        }
+        self.done.push(Done { dir, out, plots });
+        Ok(())
     }
 
-    let mut compare = Vec::new();
-    if done.len() > 1 && !a.no_plots {
-        let runs: Vec<RunOutput> = done.iter().map(|d| d.out.clone()).collect();
-        match plot_compare(&runs, &root.join("plots")) {
-            Ok(p) => compare = p,
+    /// The plots of one run (none with `--no-plots` or if drawing fails).
+    fn plot(&mut self, out: &RunOutput, dir: &Path, label: &str) -> Vec<PathBuf> {
+        if self.args.no_plots {
+            return Vec::new();
+        }
+        match plot_run(out, &dir.join("plots")) {
+            Ok(p) => p,
             Err(e) => {
-                eprintln!("rina-lab: comparison plots: {e}");
-                plot_failed = true;
+                eprintln!("rina-lab: plots of {label}: {e}");
+                self.plot_failed = true;
+                Vec::new()
             }
         }
     }
-    if a.json {
-        let runs: Vec<serde_json::Value> = done
+
+    /// Draws the comparison plots, prints the outcome and gives the exit code.
+    fn finish(mut self) -> Result<u8, Fail> {
+        let mut compare = Vec::new();
+        if self.done.len() > 1 && !self.args.no_plots {
+            let runs: Vec<RunOutput> = self.done.iter().map(|d| d.out.clone()).collect();
+            match plot_compare(&runs, &self.root.join("plots")) {
+                Ok(p) => compare = p,
+                Err(e) => {
+                    eprintln!("rina-lab: comparison plots: {e}");
+                    self.plot_failed = true;
+                }
+            }
+        }
+        if self.args.json {
+            self.print_json(&compare);
+        } else if !compare.is_empty() {
+            say!("comparison plots: {}", self.root.join("plots").display());
+        }
+        if self.failures > 0 {
+            return Err(Fail::failed(format!(
+                "{} of {} run(s) failed; results in {}",
+                self.failures,
+                self.total,
+                self.root.display()
+            )));
+        }
+        Ok(if self.plot_failed { EXIT_FAILED } else { 0 })
+    }
+
+    /// Prints the outcome of every run as JSON (`--json`).
+    fn print_json(&self, compare: &[PathBuf]) {
+        let runs: Vec<serde_json::Value> = self
+            .done
             .iter()
             .map(|d| {
                 serde_json::json!({
@@ -778,26 +949,16 @@ fn cmd_run(a: RunArgs) -> Result<u8, Fail> {
             })
             .collect();
         let v = serde_json::json!({
-            "dir": root,
+            "dir": self.root,
             "runs": runs,
-            "failed": failures,
+            "failed": self.failures,
             "comparison_plots": compare,
         });
         say!(
             "{}",
             serde_json::to_string_pretty(&v).unwrap_or_else(|_| "{}".into())
         );
-    } else if !compare.is_empty() {
-        say!("comparison plots: {}", root.join("plots").display());
     }
-    if failures > 0 {
-        return Err(Fail::failed(format!(
-            "{failures} of {} run(s) failed; results in {}",
-            exps.len(),
-            root.display()
-        )));
-    }
-    Ok(if plot_failed { EXIT_FAILED } else { 0 })
 }
 
 // ---------------------------------------------------------------- plot, show

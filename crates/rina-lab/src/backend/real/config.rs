@@ -9,7 +9,7 @@
 //! `<node>.<dif>`; a link's shim DIF is named after the link.
 
 use crate::backend::sim::LINK_OVERHEAD;
-use crate::resolve::{Dest, Over};
+use crate::resolve::{Cube, Dest, Over};
 use crate::Experiment;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -70,186 +70,13 @@ pub fn node_config(
         if link.a != node && link.b != node {
             continue;
         }
-        let peer = if link.a == node { link.b } else { link.a };
-        let mut t = Table::new();
-        t.insert(
-            "name".into(),
-            format!("{}.{}", exp.nodes[node], link.name).into(),
-        );
-        t.insert("dif".into(), link.name.clone().into());
-        let kind = shim(l);
-        // The link's capacity: normal IPCPs above pace their N-1 flows at
-        // it, so queues form in their RMT where the scheduling policy is.
-        // The relay of `local` charges LINK_OVERHEAD per UDP payload; tbf
-        // of `netns` counts the Ethernet frame, which rinad adds itself.
-        if link.rate_bps < crate::resolve::UNLIMITED_BPS {
-            t.insert("rate".into(), (link.rate_bps as i64).into());
-            if matches!(kind, ShimKind::Udp { .. }) {
-                t.insert("rate_overhead".into(), (LINK_OVERHEAD as i64).into());
-            }
-        }
-        match kind {
-            ShimKind::Udp { bind, peer: at } => {
-                t.insert("type".into(), "shim-udp".into());
-                t.insert("bind".into(), bind.to_string().into());
-                let mut dir = Table::new();
-                for (d, dif) in exp.difs.iter().enumerate() {
-                    if dif
-                        .adjacencies
-                        .iter()
-                        .any(|a| a.over == Over::Link(l) && (a.a == node || a.b == node))
-                    {
-                        dir.insert(ipcp_name(exp, peer, d), at.to_string().into());
-                    }
-                }
-                for name in shim_apps.get(&l).into_iter().flatten() {
-                    dir.insert(name.clone(), at.to_string().into());
-                }
-                t.insert("directory".into(), Value::Table(dir));
-            }
-            ShimKind::Eth {
-                interface,
-                vlan,
-                delay_us,
-                loss,
-                seed,
-            } => {
-                t.insert("type".into(), "shim-eth".into());
-                t.insert("interface".into(), interface.into());
-                t.insert("vlan".into(), i64::from(vlan).into());
-                if delay_us > 0 {
-                    t.insert("tx_delay_us".into(), (delay_us as i64).into());
-                }
-                if loss > 0.0 {
-                    t.insert("tx_loss".into(), loss.into());
-                    t.insert("tx_seed".into(), ((seed >> 1) as i64).into());
-                }
-            }
-        }
-        ipcps.push(Value::Table(t));
+        ipcps.push(shim_ipcp(exp, node, l, shim(l), shim_apps));
     }
     for (d, dif) in exp.difs.iter().enumerate() {
         if !dif.has_member(node) {
             continue;
         }
-        let mut t = Table::new();
-        t.insert("name".into(), ipcp_name(exp, node, d).into());
-        t.insert("type".into(), "normal".into());
-        t.insert("dif".into(), dif.name.clone().into());
-        if dif.bootstrap == node {
-            t.insert("address".into(), 1.into());
-            t.insert("routing".into(), "link-state".into());
-            t.insert("directory_mode".into(), "distributed".into());
-        }
-        if let Some(p) = &dif.password {
-            t.insert("password".into(), p.clone().into());
-        }
-        // Over shim-eth links the frames must fit the interface's MTU:
-        // 1496-byte SDUs, a PDU costing one byte more. The max PDU size is
-        // part of the DIF's wire profile, which enrollment checks, so it
-        // is the same in every member: the smaller one if any adjacency of
-        // the DIF crosses a shim-eth link, even where this member's own do
-        // not (seed 003's PEs whose SPN neighbours are all over the MR DIF
-        // were refused with 9000 against the others' 1495).
-        let over_eth = (0..exp.links.len()).any(|l| {
-            dif.adjacencies.iter().any(|a| a.over == Over::Link(l))
-                && matches!(shim(l), ShimKind::Eth { .. })
-        });
-        let max_pdu = match (dif.max_pdu, over_eth) {
-            (Some(m), true) => Some(m.min(ETH_MAX_PDU)),
-            (None, true) => Some(ETH_MAX_PDU),
-            (m, false) => m,
-        };
-        if let Some(m) = max_pdu {
-            t.insert("max_pdu".into(), i64::from(m).into());
-        }
-        if let Ok(v) = Value::try_from(&dif.scheduler) {
-            t.insert("scheduler".into(), v);
-        }
-        let cubes: Vec<Value> = dif
-            .cubes
-            .iter()
-            .map(|c| {
-                let mut q = Table::new();
-                q.insert("id".into(), (c.id as i64).into());
-                q.insert("name".into(), c.name.clone().into());
-                q.insert("reliable".into(), c.reliable.into());
-                if c.efcp != rina_core::efcp::EfcpTuning::default() {
-                    if let Ok(v) = Value::try_from(&c.efcp) {
-                        q.insert("efcp".into(), v);
-                    }
-                }
-                q.insert("urgency".into(), i64::from(c.urgency).into());
-                q.insert("cherish".into(), i64::from(c.cherish).into());
-                if let Some(b) = c.bandwidth_bps {
-                    q.insert("avg_bandwidth_bps".into(), (b as i64).into());
-                }
-                if let Some(dl) = c.delay {
-                    q.insert("delay_us".into(), (dl.as_micros() as i64).into());
-                }
-                if let Some(ls) = c.loss {
-                    q.insert("loss_ppm".into(), ((ls * 1e6) as i64).into());
-                }
-                // The cube of each lower DIF this cube rides on (seed 003's
-                // mapping): one N-1 flow per lower cube in use; only the
-                // lower DIFs this member has neighbours over (an HR of
-                // seed 003's spn reaches its PE over a link, not over mr).
-                let lower: Table = c
-                    .maps_to
-                    .iter()
-                    .filter(|(&l, _)| {
-                        dif.adjacencies
-                            .iter()
-                            .any(|a| (a.a == node || a.b == node) && a.over == Over::Dif(l))
-                    })
-                    .filter_map(|(&l, &id)| {
-                        let ld = &exp.difs[l];
-                        let lc = ld.cubes.iter().find(|lc| lc.id == id)?;
-                        Some((ld.name.clone(), Value::from(lc.name.clone())))
-                    })
-                    .collect();
-                if !lower.is_empty() {
-                    q.insert("lower".into(), Value::Table(lower));
-                }
-                Value::Table(q)
-            })
-            .collect();
-        if !cubes.is_empty() {
-            t.insert("qos_cube".into(), Value::Array(cubes));
-        }
-        // Neighbours, the one this member enrolls through first.
-        let via = dif.enrolls_via.get(&node).copied();
-        let mut nbs: Vec<(usize, Over)> = dif
-            .adjacencies
-            .iter()
-            .filter_map(|a| {
-                if a.a == node {
-                    Some((a.b, a.over))
-                } else if a.b == node {
-                    Some((a.a, a.over))
-                } else {
-                    None
-                }
-            })
-            .collect();
-        nbs.sort_by_key(|(p, _)| Some(*p) != via);
-        let nbs: Vec<Value> = nbs
-            .into_iter()
-            .map(|(p, over)| {
-                let mut n = Table::new();
-                n.insert("name".into(), ipcp_name(exp, p, d).into());
-                let over = match over {
-                    Over::Link(l) => exp.links[l].name.clone(),
-                    Over::Dif(x) => exp.difs[x].name.clone(),
-                };
-                n.insert("over".into(), over.into());
-                Value::Table(n)
-            })
-            .collect();
-        if !nbs.is_empty() {
-            t.insert("neighbor".into(), Value::Array(nbs));
-        }
-        ipcps.push(Value::Table(t));
+        ipcps.push(normal_ipcp(exp, node, d, shim));
     }
     let mut sys = Table::new();
     sys.insert("name".into(), exp.nodes[node].clone().into());
@@ -263,6 +90,209 @@ pub fn node_config(
         exp.name,
         toml::to_string(&root).unwrap_or_default()
     )
+}
+
+/// The `[[ipcp]]` table of the shim IPCP of `node` on link `l`, of kind `kind`.
+fn shim_ipcp(
+    exp: &Experiment,
+    node: usize,
+    l: usize,
+    kind: ShimKind,
+    shim_apps: &ShimApps,
+) -> Value {
+    let link = &exp.links[l];
+    let peer = if link.a == node { link.b } else { link.a };
+    let mut t = Table::new();
+    t.insert(
+        "name".into(),
+        format!("{}.{}", exp.nodes[node], link.name).into(),
+    );
+    t.insert("dif".into(), link.name.clone().into());
+    // The link's capacity: normal IPCPs above pace their N-1 flows at
+    // it, so queues form in their RMT where the scheduling policy is.
+    // The relay of `local` charges LINK_OVERHEAD per UDP payload; tbf
+    // of `netns` counts the Ethernet frame, which rinad adds itself.
+    if link.rate_bps < crate::resolve::UNLIMITED_BPS {
+        t.insert("rate".into(), (link.rate_bps as i64).into());
+        if matches!(kind, ShimKind::Udp { .. }) {
+            t.insert("rate_overhead".into(), (LINK_OVERHEAD as i64).into());
+        }
+    }
+    match kind {
+        ShimKind::Udp { bind, peer: at } => {
+            t.insert("type".into(), "shim-udp".into());
+            t.insert("bind".into(), bind.to_string().into());
+            let mut dir = Table::new();
+            for (d, dif) in exp.difs.iter().enumerate() {
+                if dif
+                    .adjacencies
+                    .iter()
+                    .any(|a| a.over == Over::Link(l) && (a.a == node || a.b == node))
+                {
+                    dir.insert(ipcp_name(exp, peer, d), at.to_string().into());
+                }
+            }
+            for name in shim_apps.get(&l).into_iter().flatten() {
+                dir.insert(name.clone(), at.to_string().into());
+            }
+            t.insert("directory".into(), Value::Table(dir));
+        }
+        ShimKind::Eth {
+            interface,
+            vlan,
+            delay_us,
+            loss,
+            seed,
+        } => {
+            t.insert("type".into(), "shim-eth".into());
+            t.insert("interface".into(), interface.into());
+            t.insert("vlan".into(), i64::from(vlan).into());
+            if delay_us > 0 {
+                t.insert("tx_delay_us".into(), (delay_us as i64).into());
+            }
+            if loss > 0.0 {
+                t.insert("tx_loss".into(), loss.into());
+                t.insert("tx_seed".into(), ((seed >> 1) as i64).into());
+            }
+        }
+    }
+    Value::Table(t)
+}
+
+/// The `[[ipcp]]` table of the normal IPCP of `node` in DIF `d`.
+fn normal_ipcp(exp: &Experiment, node: usize, d: usize, shim: &dyn Fn(usize) -> ShimKind) -> Value {
+    let dif = &exp.difs[d];
+    let mut t = Table::new();
+    t.insert("name".into(), ipcp_name(exp, node, d).into());
+    t.insert("type".into(), "normal".into());
+    t.insert("dif".into(), dif.name.clone().into());
+    if dif.bootstrap == node {
+        t.insert("address".into(), 1.into());
+        t.insert("routing".into(), "link-state".into());
+        t.insert("directory_mode".into(), "distributed".into());
+    }
+    if let Some(p) = &dif.password {
+        t.insert("password".into(), p.clone().into());
+    }
+    if let Some(m) = max_pdu(exp, d, shim) {
+        t.insert("max_pdu".into(), i64::from(m).into());
+    }
+    if let Ok(v) = Value::try_from(&dif.scheduler) {
+        t.insert("scheduler".into(), v);
+    }
+    let cubes: Vec<Value> = dif
+        .cubes
+        .iter()
+        .map(|c| cube_table(exp, node, d, c))
+        .collect();
+    if !cubes.is_empty() {
+        t.insert("qos_cube".into(), Value::Array(cubes));
+    }
+    let nbs = neighbors(exp, node, d);
+    if !nbs.is_empty() {
+        t.insert("neighbor".into(), Value::Array(nbs));
+    }
+    Value::Table(t)
+}
+
+/// The max PDU size of DIF `d`, the same in every member.
+fn max_pdu(exp: &Experiment, d: usize, shim: &dyn Fn(usize) -> ShimKind) -> Option<u32> {
+    let dif = &exp.difs[d];
+    // Over shim-eth links the frames must fit the interface's MTU:
+    // 1496-byte SDUs, a PDU costing one byte more. The max PDU size is
+    // part of the DIF's wire profile, which enrollment checks, so it
+    // is the same in every member: the smaller one if any adjacency of
+    // the DIF crosses a shim-eth link, even where this member's own do
+    // not (seed 003's PEs whose SPN neighbours are all over the MR DIF
+    // were refused with 9000 against the others' 1495).
+    let over_eth = (0..exp.links.len()).any(|l| {
+        dif.adjacencies.iter().any(|a| a.over == Over::Link(l))
+            && matches!(shim(l), ShimKind::Eth { .. })
+    });
+    match (dif.max_pdu, over_eth) {
+        (Some(m), true) => Some(m.min(ETH_MAX_PDU)),
+        (None, true) => Some(ETH_MAX_PDU),
+        (m, false) => m,
+    }
+}
+
+/// The `[[qos_cube]]` table of cube `c` of DIF `d` at `node`.
+fn cube_table(exp: &Experiment, node: usize, d: usize, c: &Cube) -> Value {
+    let dif = &exp.difs[d];
+    let mut q = Table::new();
+    q.insert("id".into(), (c.id as i64).into());
+    q.insert("name".into(), c.name.clone().into());
+    q.insert("reliable".into(), c.reliable.into());
+    if c.efcp != rina_core::efcp::EfcpTuning::default() {
+        if let Ok(v) = Value::try_from(&c.efcp) {
+            q.insert("efcp".into(), v);
+        }
+    }
+    q.insert("urgency".into(), i64::from(c.urgency).into());
+    q.insert("cherish".into(), i64::from(c.cherish).into());
+    if let Some(b) = c.bandwidth_bps {
+        q.insert("avg_bandwidth_bps".into(), (b as i64).into());
+    }
+    if let Some(dl) = c.delay {
+        q.insert("delay_us".into(), (dl.as_micros() as i64).into());
+    }
+    if let Some(ls) = c.loss {
+        q.insert("loss_ppm".into(), ((ls * 1e6) as i64).into());
+    }
+    // The cube of each lower DIF this cube rides on (seed 003's
+    // mapping): one N-1 flow per lower cube in use; only the
+    // lower DIFs this member has neighbours over (an HR of
+    // seed 003's spn reaches its PE over a link, not over mr).
+    let lower: Table = c
+        .maps_to
+        .iter()
+        .filter(|(&l, _)| {
+            dif.adjacencies
+                .iter()
+                .any(|a| (a.a == node || a.b == node) && a.over == Over::Dif(l))
+        })
+        .filter_map(|(&l, &id)| {
+            let ld = &exp.difs[l];
+            let lc = ld.cubes.iter().find(|lc| lc.id == id)?;
+            Some((ld.name.clone(), Value::from(lc.name.clone())))
+        })
+        .collect();
+    if !lower.is_empty() {
+        q.insert("lower".into(), Value::Table(lower));
+    }
+    Value::Table(q)
+}
+
+/// The `[[neighbor]]` tables of `node` in DIF `d`, the one it enrolls through first.
+fn neighbors(exp: &Experiment, node: usize, d: usize) -> Vec<Value> {
+    let dif = &exp.difs[d];
+    let via = dif.enrolls_via.get(&node).copied();
+    let mut nbs: Vec<(usize, Over)> = dif
+        .adjacencies
+        .iter()
+        .filter_map(|a| {
+            if a.a == node {
+                Some((a.b, a.over))
+            } else if a.b == node {
+                Some((a.a, a.over))
+            } else {
+                None
+            }
+        })
+        .collect();
+    nbs.sort_by_key(|(p, _)| Some(*p) != via);
+    nbs.into_iter()
+        .map(|(p, over)| {
+            let mut n = Table::new();
+            n.insert("name".into(), ipcp_name(exp, p, d).into());
+            let over = match over {
+                Over::Link(l) => exp.links[l].name.clone(),
+                Over::Dif(x) => exp.difs[x].name.clone(),
+            };
+            n.insert("over".into(), over.into());
+            Value::Table(n)
+        })
+        .collect()
 }
 
 /// Hops between `a` and `b` in DIF `dif`'s adjacency graph (BFS).
