@@ -21,6 +21,12 @@ fn lane_note(rmt: &crate::rmt::Rmt, port: crate::rmt::PortId) -> String {
     s
 }
 
+/// Creates object `name` in `r` (and its missing parents), ignoring the result.
+fn put(r: &mut Rib, name: String, class: &str, value: ObjValue, owner: rib::OwnerId) {
+    // Every name here is well formed and the RIB is far from full.
+    let _ = r.create_with_parents(&name, class, value, owner);
+}
+
 impl NormalIpcp {
     /// A RIB holding this IPCP's address, data-transfer constants, QoS
     /// cubes, directory (static entries, registered names, then the
@@ -31,12 +37,29 @@ impl NormalIpcp {
     /// (`/ra/nexthops/key=<destination>`), and flows. Built on demand: the live state stays in the machines.
     pub fn rib(&self) -> Rib {
         let mut r = Rib::new(rib::Config::default());
+        self.put_constants(&mut r);
+        self.put_qos_cubes(&mut r);
+        self.put_directory(&mut r);
+        self.put_forwarding_table(&mut r);
+        self.put_n1_flows(&mut r);
+        self.put_protection(&mut r);
+        self.put_neighbors(&mut r);
+        self.put_routing(&mut r);
+        // Membership: this IPCP's own enrollment, the members that said
+        // hello, and every member the flow-state database knows of.
+        self.put_enrollment(&mut r);
+        self.put_hello_neighbors(&mut r);
+        self.put_members(&mut r);
+        self.put_flows(&mut r);
+        self.put_sessions(&mut r);
+        r
+    }
+
+    /// This IPCP's address (`/difm/nam/addr`) and data-transfer constants (`/dt`).
+    fn put_constants(&self, r: &mut Rib) {
         let cfg = self.config();
-        let mut put = |name: String, class: &str, value: ObjValue, owner| {
-            // Every name here is well formed and the RIB is far from full.
-            let _ = r.create_with_parents(&name, class, value, owner);
-        };
         put(
+            r,
             "/difm/nam/addr".into(),
             "address",
             ObjValue::Int(cfg.address as i64),
@@ -44,6 +67,7 @@ impl NormalIpcp {
         );
         let dt = &cfg.dt;
         put(
+            r,
             "/dt".into(),
             "DataTransfer",
             ObjValue::Str(format!(
@@ -59,7 +83,11 @@ impl NormalIpcp {
             )),
             rib::OwnerId::RESOURCE_ALLOCATOR,
         );
-        for c in &cfg.cubes {
+    }
+
+    /// The QoS cubes with their EFCP traits (`/ra/qoscubes/id=<id>`).
+    fn put_qos_cubes(&self, r: &mut Rib) {
+        for c in &self.config().cubes {
             let e = &c.efcp;
             let mut traits = vec![if e.in_order { "in-order" } else { "any order" }.to_string()];
             if e.rtx().is_some() {
@@ -75,14 +103,22 @@ impl NormalIpcp {
                 traits.push(format!("max gap {g}"));
             }
             put(
+                r,
                 format!("/ra/qoscubes/id={}", c.id),
                 "QoSCube",
                 ObjValue::Str(format!("{}: {}", c.name, traits.join(", "))),
                 rib::OwnerId::RESOURCE_ALLOCATOR,
             );
         }
+    }
+
+    /// The directory (`/difm/nsm/dft/key=<name>`): static entries, registered
+    /// names, then the disseminated directory's answers when it is on.
+    fn put_directory(&self, r: &mut Rib) {
+        let cfg = self.config();
         for (name, addr) in &cfg.directory {
             put(
+                r,
                 format!("/difm/nsm/dft/key={name}"),
                 "DirectoryForwardingTableEntry",
                 ObjValue::Int(*addr as i64),
@@ -91,6 +127,7 @@ impl NormalIpcp {
         }
         for name in self.names() {
             put(
+                r,
                 format!("/difm/nsm/dft/key={name}"),
                 "DirectoryForwardingTableEntry",
                 ObjValue::Int(cfg.address as i64),
@@ -107,6 +144,7 @@ impl NormalIpcp {
             for name in names {
                 if let Some(addr) = d.lookup(&name) {
                     put(
+                        r,
                         format!("/difm/nsm/dft/key={name}"),
                         "DirectoryForwardingTableEntry",
                         ObjValue::Int(addr as i64),
@@ -115,6 +153,10 @@ impl NormalIpcp {
                 }
             }
         }
+    }
+
+    /// The forwarding table (`/ra/pduft/key=<destination>[-<QoS-id>]`).
+    fn put_forwarding_table(&self, r: &mut Rib) {
         for (dst, qos, ports) in self.rmt().table().entries() {
             let key = match qos {
                 Some(q) => format!("{dst}-{q}"),
@@ -122,12 +164,17 @@ impl NormalIpcp {
             };
             let ports: Vec<String> = ports.iter().map(|p| p.to_string()).collect();
             put(
+                r,
                 format!("/ra/pduft/key={key}"),
                 "PDUForwardingTableEntry",
                 ObjValue::Str(format!("N-1 ports {}", ports.join(","))),
                 rib::OwnerId::RESOURCE_ALLOCATOR,
             );
         }
+    }
+
+    /// The N-1 ports with their lanes, scheduler and queues (`/rmt/n1flows/pid=<port>`).
+    fn put_n1_flows(&self, r: &mut Rib) {
         for port in self.rmt().ports() {
             let q: Vec<String> = self
                 .rmt()
@@ -141,6 +188,7 @@ impl NormalIpcp {
                 })
                 .collect();
             put(
+                r,
                 format!("/rmt/n1flows/pid={port}"),
                 "RMTN1Flow",
                 ObjValue::Str(format!(
@@ -152,6 +200,10 @@ impl NormalIpcp {
                 rib::OwnerId::RESOURCE_ALLOCATOR,
             );
         }
+    }
+
+    /// Each N-1 port's SDU protection: suite, key and counters (`/sdup/protection/pid=<port>`).
+    fn put_protection(&self, r: &mut Rib) {
         for pp in self.port_protection() {
             let counters: Vec<String> = pp
                 .counters
@@ -160,6 +212,7 @@ impl NormalIpcp {
                 .map(|(k, v)| format!("{k} {v}"))
                 .collect();
             put(
+                r,
                 format!("/sdup/protection/pid={}", pp.port),
                 "SDUProtection",
                 ObjValue::Str(format!(
@@ -172,49 +225,64 @@ impl NormalIpcp {
                 rib::OwnerId::RESOURCE_ALLOCATOR,
             );
         }
+    }
+
+    /// The neighbours with their addresses and costs (`/ra/neighbors/pid=<port>`).
+    fn put_neighbors(&self, r: &mut Rib) {
         for (port, addr, cost) in self.neighbors() {
             put(
+                r,
                 format!("/ra/neighbors/pid={port}"),
                 "Neighbor",
                 ObjValue::Str(format!("address {addr}, cost {cost}")),
                 rib::OwnerId::RESOURCE_ALLOCATOR,
             );
         }
-        if let Some(ls) = self.routing() {
-            for f in ls.fsos(self.now) {
-                put(
-                    format!("{}/key={}-{}", routing::FSOS_OBJ_NAME, f.origin, f.neighbor),
-                    routing::FSO_OBJ_CLASS,
-                    ObjValue::Str(format!(
-                        "cost {} seq {} {} age {} s",
-                        f.cost,
-                        f.seq,
-                        if f.up { "up" } else { "down" },
-                        f.age
-                    )),
-                    rib::OwnerId::RESOURCE_ALLOCATOR,
-                );
-            }
-            for (dst, ports) in ls.next_hops() {
-                let cost = ls.routes().get(dst).map(|r| r.cost);
-                let ports: Vec<String> = ports.iter().map(|p| p.to_string()).collect();
-                put(
-                    format!("/ra/nexthops/key={dst}"),
-                    "NextHop",
-                    ObjValue::Str(format!(
-                        "cost {} via N-1 ports {}",
-                        cost.unwrap_or(0),
-                        ports.join(",")
-                    )),
-                    rib::OwnerId::RESOURCE_ALLOCATOR,
-                );
-            }
+    }
+
+    /// With routing on, its FSO database and next hops (`/ra/fsos`, `/ra/nexthops`).
+    fn put_routing(&self, r: &mut Rib) {
+        let Some(ls) = self.routing() else {
+            return;
+        };
+        for f in ls.fsos(self.now) {
+            put(
+                r,
+                format!("{}/key={}-{}", routing::FSOS_OBJ_NAME, f.origin, f.neighbor),
+                routing::FSO_OBJ_CLASS,
+                ObjValue::Str(format!(
+                    "cost {} seq {} {} age {} s",
+                    f.cost,
+                    f.seq,
+                    if f.up { "up" } else { "down" },
+                    f.age
+                )),
+                rib::OwnerId::RESOURCE_ALLOCATOR,
+            );
         }
-        // Membership: this IPCP's own enrollment, the members that said
-        // hello, and every member the flow-state database knows of.
+        for (dst, ports) in ls.next_hops() {
+            let cost = ls.routes().get(dst).map(|route| route.cost);
+            let ports: Vec<String> = ports.iter().map(|p| p.to_string()).collect();
+            put(
+                r,
+                format!("/ra/nexthops/key={dst}"),
+                "NextHop",
+                ObjValue::Str(format!(
+                    "cost {} via N-1 ports {}",
+                    cost.unwrap_or(0),
+                    ports.join(",")
+                )),
+                rib::OwnerId::RESOURCE_ALLOCATOR,
+            );
+        }
+    }
+
+    /// This IPCP's own enrollment, when membership is on (`/difm/enr`).
+    fn put_enrollment(&self, r: &mut Rib) {
         if let Some(rep) = self.enrollment_report() {
             let st = &rep.status;
             put(
+                r,
                 crate::enrollment::OBJ_ENROLLMENT.into(),
                 crate::enrollment::CLASS_ENROLLMENT,
                 ObjValue::Str(format!(
@@ -231,6 +299,7 @@ impl NormalIpcp {
             );
         } else if self.mship.is_some() {
             put(
+                r,
                 crate::enrollment::OBJ_ENROLLMENT.into(),
                 crate::enrollment::CLASS_ENROLLMENT,
                 ObjValue::Str(if self.is_enrolled() {
@@ -241,40 +310,58 @@ impl NormalIpcp {
                 rib::OwnerId::ENROLLMENT,
             );
         }
+    }
+
+    /// The members that said hello (`/difm/enr/hello/pn=<name>`).
+    fn put_hello_neighbors(&self, r: &mut Rib) {
         for (port, name, addr) in self.hello_neighbors() {
             put(
+                r,
                 format!("/difm/enr/hello/pn={name}"),
                 "Neighbor",
                 ObjValue::Str(format!("address {addr}, N-1 port {port}")),
                 rib::OwnerId::ENROLLMENT,
             );
         }
-        if let Some(ls) = self.routing() {
-            let mut members: std::collections::BTreeSet<u64> = ls
-                .fsos(self.now)
-                .flat_map(|f| [f.origin, f.neighbor])
-                .collect();
-            members.insert(cfg.address);
-            for m in members {
-                let state = if m == cfg.address {
-                    "this IPCP"
-                } else if ls.next_hops().contains_key(&m) {
-                    "reachable"
-                } else {
-                    "unreachable"
-                };
-                put(
-                    format!("/difm/members/addr={m}"),
-                    "Member",
-                    ObjValue::Str(state.into()),
-                    rib::OwnerId::ENROLLMENT,
-                );
-            }
+    }
+
+    /// With routing on, every member the flow-state database knows of and
+    /// whether it is reachable (`/difm/members/addr=<address>`).
+    fn put_members(&self, r: &mut Rib) {
+        let Some(ls) = self.routing() else {
+            return;
+        };
+        let address = self.config().address;
+        let mut members: std::collections::BTreeSet<u64> = ls
+            .fsos(self.now)
+            .flat_map(|f| [f.origin, f.neighbor])
+            .collect();
+        members.insert(address);
+        for m in members {
+            let state = if m == address {
+                "this IPCP"
+            } else if ls.next_hops().contains_key(&m) {
+                "reachable"
+            } else {
+                "unreachable"
+            };
+            put(
+                r,
+                format!("/difm/members/addr={m}"),
+                "Member",
+                ObjValue::Str(state.into()),
+                rib::OwnerId::ENROLLMENT,
+            );
         }
+    }
+
+    /// The flows with their endpoints and counters (`/fa/flows/key=<flow>`).
+    fn put_flows(&self, r: &mut Rib) {
         for (flow, ep) in self.flows() {
             let c = self.flow_counters(flow).copied().unwrap_or_default();
             let e = self.flow_stats(flow).copied().unwrap_or_default();
             put(
+                r,
                 format!("/fa/flows/key={flow}"),
                 "Flow",
                 ObjValue::Str(format!(
@@ -294,8 +381,6 @@ impl NormalIpcp {
                 rib::OwnerId::FLOW_ALLOCATOR,
             );
         }
-        self.put_sessions(&mut r);
-        r
     }
 
     /// The RIB daemon's CDAP sessions, one object per peer
