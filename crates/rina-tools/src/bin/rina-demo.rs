@@ -556,27 +556,14 @@ impl<'a> Demo<'a> {
             self.cli,
             &format!("alpha: rina-perf client, 1400-byte SDUs for {secs} s"),
         );
-        let perf_args = [
-            "client",
-            "--socket",
-            s(&self.alpha_sock),
-            "--dst",
-            "perf",
-            "--size",
-            "1400",
-            "--duration-s",
-            &secs,
-            "--json",
-        ];
         // The flows are gone once the clients exit: show their counters as the
         // daemons saw them during the goodput test.
         let mut during_alpha: Vec<FlowStats> = Vec::new();
         let mut during_beta: Vec<FlowStats> = Vec::new();
-        let out = self.tool(
+        let perf = self.perf_client(
             "perf-client",
-            &self.bins.perf,
-            &perf_args,
-            &[&self.alpha_log, &self.beta_log, &self.perf_log],
+            &["--size", "1400", "--duration-s", &secs],
+            "rina-perf client",
             &mut || {
                 for (sock, keep) in [
                     (&self.alpha_sock, &mut during_alpha),
@@ -590,7 +577,6 @@ impl<'a> Demo<'a> {
                 }
             },
         )?;
-        let perf: PerfReport = parse(&out, "rina-perf client")?;
         Ok((perf, during_alpha, during_beta))
     }
 
@@ -609,28 +595,20 @@ impl<'a> Demo<'a> {
                 "alpha: rina-perf client --reliable over {NET}, 1400-byte SDUs for {secs_net} s"
             ),
         );
-        let out = self.tool(
+        let perf_net = self.perf_client(
             "perf-client-net",
-            &self.bins.perf,
             &[
-                "client",
-                "--socket",
-                s(&self.alpha_sock),
                 "--dif",
                 NET,
-                "--dst",
-                "perf",
                 "--size",
                 "1400",
                 "--duration-s",
                 &secs_net,
                 "--reliable",
-                "--json",
             ],
-            &[&self.alpha_log, &self.beta_log, &self.perf_log],
+            "rina-perf client --dif net",
             &mut || {},
         )?;
-        let perf_net: PerfReport = parse(&out, "rina-perf client --dif net")?;
         Ok((echo_net, perf_net))
     }
 
@@ -641,26 +619,35 @@ impl<'a> Demo<'a> {
             self.cli,
             &format!("alpha: rina-perf client --sweep {SWEEP}, {secs} s each"),
         );
-        let sweep_args = [
-            "client",
-            "--socket",
-            s(&self.alpha_sock),
-            "--dst",
-            "perf",
-            "--sweep",
-            SWEEP,
-            "--duration-s",
-            &secs,
-            "--json",
-        ];
-        let out = self.tool(
+        self.perf_client(
             "perf-sweep",
-            &self.bins.perf,
-            &sweep_args,
-            &[&self.alpha_log, &self.beta_log, &self.perf_log],
+            &["--sweep", SWEEP, "--duration-s", &secs],
+            "rina-perf client --sweep",
             &mut || {},
+        )
+    }
+
+    /// Runs `rina-perf client` from alpha against beta's `perf` server with
+    /// `extra` arguments, calling `during` while it runs; parses its JSON
+    /// report (`what` names it in errors).
+    fn perf_client(
+        &self,
+        name: &str,
+        extra: &[&str],
+        what: &str,
+        during: &mut dyn FnMut(),
+    ) -> Result<PerfReport, Failure> {
+        let mut args = vec!["client", "--socket", s(&self.alpha_sock), "--dst", "perf"];
+        args.extend_from_slice(extra);
+        args.push("--json");
+        let out = self.tool(
+            name,
+            &self.bins.perf,
+            &args,
+            &[&self.alpha_log, &self.beta_log, &self.perf_log],
+            during,
         )?;
-        parse(&out, "rina-perf client --sweep")
+        parse(&out, what)
     }
 
     /// Runs `rinactl --json WHAT` on system `name`; returns its output.
