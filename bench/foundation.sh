@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Foundation benchmark (not a timed test): in one run on this machine,
 #   * rina-perf over a shim-udp DIF, 1400-byte SDUs   vs  iperf3 -u -l 1400 -b 0
-#   * rina-echo round-trip time, 64-byte SDUs          vs  sockperf ping-pong (UDP)
+#   * rina-echo round-trip time, 64-byte SDUs          vs  sockperf ping-pong (UDP),
+#     through the daemons and on a direct flow (--direct: the two
+#     applications' UDP sockets carry the probes, the daemons only set the
+#     flow up)
 # all on loopback, and prints the ratios. Needs iperf3, sockperf and python3;
 # as root it installs iperf3 and sockperf with apt when they are missing.
 #
@@ -67,11 +70,13 @@ bind = "127.0.0.1:0"
 [ipcp.directory]
 "perf" = "$BETA"
 "echo" = "$BETA"
+"echo-direct" = "$BETA"
 CONF
 "$BIN/rinad" --config "$T/alpha.toml" --socket "$T/alpha.sock" --log-level warn 2>"$T/alpha.log" & PIDS+=($!)
 wait_sock "$T/alpha.sock"
 "$BIN/rina-perf" server --socket "$T/beta.sock" --name perf >/dev/null 2>&1 & PIDS+=($!)
 "$BIN/rina-echo" server --socket "$T/beta.sock" --name echo >/dev/null 2>&1 & PIDS+=($!)
+"$BIN/rina-echo" server --socket "$T/beta.sock" --name echo-direct --direct >/dev/null 2>&1 & PIDS+=($!)
 sleep 0.3
 
 echo "== rina-perf over shim-udp, 1400 B, ${DUR} s"
@@ -82,6 +87,8 @@ sleep 0.3
 iperf3 -c 127.0.0.1 -p 5299 -u -l 1400 -b 0 -t "$DUR" -J > "$T/iperf.json"
 echo "== rina-echo, 64 B, $PROBES probes 1 ms apart"
 "$BIN/rina-echo" client --socket "$T/alpha.sock" --dst echo --size 64 --count "$PROBES" --interval-ms 1 --json > "$T/echo.json"
+echo "== rina-echo on a direct flow, 64 B, $PROBES probes 1 ms apart"
+"$BIN/rina-echo" client --socket "$T/alpha.sock" --dst echo-direct --direct --size 64 --count "$PROBES" --interval-ms 1 --json > "$T/echo-direct.json"
 echo "== sockperf ping-pong UDP, 64 B, 1000 msg/s, ${DUR} s"
 sockperf server -i 127.0.0.1 -p 11199 >/dev/null 2>&1 & PIDS+=($!)
 sleep 0.3
@@ -93,6 +100,7 @@ t = sys.argv[1]
 perf = json.load(open(f"{t}/perf.json"))["tests"][0]
 ip = json.load(open(f"{t}/iperf.json"))["end"]["sum"]
 echo = json.load(open(f"{t}/echo.json"))
+direct = json.load(open(f"{t}/echo-direct.json"))
 sp = open(f"{t}/sockperf.txt").read()
 pct = {float(m.group(1)): float(m.group(2)) for m in re.finditer(r"percentile\s+([\d.]+)\s*=\s*([\d.]+)", sp)}
 if 50.0 not in pct or 99.0 not in pct:
@@ -100,15 +108,19 @@ if 50.0 not in pct or 99.0 not in pct:
 rina_rx, ip_rx = perf["rx_mbps"], ip["bits_per_second"] / 1e6
 rina_p50, sp_p50 = echo["rtt_ms"]["p50"] * 1000, pct[50.0]
 rina_p99, sp_p99 = echo["rtt_ms"]["p99"] * 1000, pct[99.0]
+direct_p50, direct_p99 = direct["rtt_ms"]["p50"] * 1000, direct["rtt_ms"]["p99"] * 1000
 print()
 print(f"{'':28}{'RINA':>12}{'baseline':>12}{'ratio':>9}")
 print(f"{'goodput rx, Mb/s':28}{rina_rx:12.1f}{ip_rx:12.1f}{rina_rx/ip_rx:9.2f}   (aim >= 1.00)")
 print(f"{'loss, %':28}{perf['loss_pct']:12.2f}{ip.get('lost_percent', 0):12.2f}")
 print(f"{'RTT p50, us':28}{rina_p50:12.1f}{sp_p50:12.1f}{rina_p50/sp_p50:9.2f}   (aim <= 1.30)")
 print(f"{'RTT p99, us':28}{rina_p99:12.1f}{sp_p99:12.1f}{rina_p99/sp_p99:9.2f}")
+print(f"{'direct flow RTT p50, us':28}{direct_p50:12.1f}{sp_p50:12.1f}{direct_p50/sp_p50:9.2f}   (aim <= 1.30)")
+print(f"{'direct flow RTT p99, us':28}{direct_p99:12.1f}{sp_p99:12.1f}{direct_p99/sp_p99:9.2f}")
 import os
 if os.environ.get("RESULTS"):
     json.dump({"shim_udp_mbps": rina_rx, "iperf3_udp_mbps": ip_rx, "shim_udp_ratio": rina_rx / ip_rx,
-               "echo_p50_us": rina_p50, "sockperf_p50_us": sp_p50, "echo_rtt_ratio": rina_p50 / sp_p50},
+               "echo_p50_us": rina_p50, "sockperf_p50_us": sp_p50, "echo_rtt_ratio": rina_p50 / sp_p50,
+               "echo_direct_p50_us": direct_p50, "echo_direct_rtt_ratio": direct_p50 / sp_p50},
               open(os.environ["RESULTS"], "w"))
 PY

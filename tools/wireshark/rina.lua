@@ -6,8 +6,10 @@
 -- Protocols (filter names):
 --   rina.shim_udp  shim DIF over UDP: 1-byte type, then (crates/rina-wire/src/shim_udp.rs)
 --                  DATA dst_port u32 + SDU; ALLOC_REQ src_port u32, QoS (29 B),
---                  src and dst names (u16 length + UTF-8); ALLOC_RESP dst_port,
---                  src_port, result u8, max_sdu u32, reason; DEALLOC dst_port, src_port.
+--                  src and dst names (u16 length + UTF-8), optional direct
+--                  UDP port u16; ALLOC_RESP dst_port, src_port, result u8,
+--                  max_sdu u32, reason, optional direct UDP port u16;
+--                  DEALLOC dst_port, src_port.
 --                  Found by a heuristic on any UDP port, or by "Decode As".
 --   rina.efcp      a normal DIF's PDU inside a shim SDU: the SDU-protection TTL
 --                  byte, the PCI (crates/rina-wire/src/pci.rs; field widths are
@@ -84,6 +86,7 @@ local fu = {
     result = ProtoField.uint8("rina.shim_udp.result", "Result", base.DEC, ALLOC_RESULTS),
     max_sdu = ProtoField.uint32("rina.shim_udp.max_sdu", "Max SDU"),
     reason = ProtoField.string("rina.shim_udp.reason", "Reason"),
+    direct = ProtoField.uint16("rina.shim_udp.direct_port", "Direct flow's UDP port"),
     sdu = ProtoField.bytes("rina.shim_udp.sdu", "SDU"),
 }
 p_udp.fields = fu
@@ -648,10 +651,13 @@ local function looks_like_shim_udp(tvb)
         if n < off + 2 then return false end
         off = off + 2 + tvb(off, 2):uint()
         if n < off + 2 then return false end
-        return off + 2 + tvb(off, 2):uint() == n
+        -- Optionally followed by a direct flow's UDP port.
+        local e = off + 2 + tvb(off, 2):uint()
+        return e == n or e + 2 == n
     elseif t == 3 then
         if n < 16 then return false end
-        return tvb(9, 1):uint() <= 4 and 16 + tvb(14, 2):uint() == n
+        local e = 16 + tvb(14, 2):uint()
+        return tvb(9, 1):uint() <= 4 and (e == n or e + 2 == n)
     elseif t == 4 then
         return n == 9
     end
@@ -684,13 +690,21 @@ function p_udp.dissector(tvb, pinfo, tree)
         s, off = add_str16(t, fu.src_name, tvb, 34)
         d, off = add_str16(t, fu.dst_name, tvb, off)
         info = info .. " " .. (s or "?") .. " -> " .. (d or "?")
+        if d and off + 2 == tvb:len() then
+            t:add(fu.direct, tvb(off, 2))
+            info = info .. " (direct, port " .. tvb(off, 2):uint() .. ")"
+        end
     elseif ty == 3 and tvb:len() >= 16 then
         t:add(fu.dst_port, tvb(1, 4))
         t:add(fu.src_port, tvb(5, 4))
         t:add(fu.result, tvb(9, 1))
         t:add(fu.max_sdu, tvb(10, 4))
-        add_str16(t, fu.reason, tvb, 14)
+        local r, off = add_str16(t, fu.reason, tvb, 14)
         info = info .. " " .. (ALLOC_RESULTS[tvb(9, 1):uint()] or "?")
+        if r and off + 2 == tvb:len() then
+            t:add(fu.direct, tvb(off, 2))
+            info = info .. " (direct, port " .. tvb(off, 2):uint() .. ")"
+        end
     elseif ty == 4 and tvb:len() >= 9 then
         t:add(fu.dst_port, tvb(1, 4))
         t:add(fu.src_port, tvb(5, 4))

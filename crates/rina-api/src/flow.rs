@@ -34,6 +34,7 @@ pub fn start_alloc(
             dif,
             qos,
             rings: false,
+            direct: false,
         },
     };
     sys::send(c.as_fd(), &ctl::encode(&req), &[], false)

@@ -254,6 +254,7 @@ fn respond(fd: c_int, handle: c_int, response: c_int) -> Result<c_int> {
         flow::take_flow(conn.call(Op::Accept {
             handle: h,
             rings: false,
+            direct: false,
         })?)
     } else {
         let reason = format!("the application refused the flow (response {response})");

@@ -236,6 +236,13 @@ pub struct Flow {
     pub max_sdu: u32,
     /// Traffic counters.
     pub counters: FlowCounters,
+    /// The UDP port of this end's own socket for a direct flow, if it
+    /// offered one.
+    pub direct_port: Option<u16>,
+    /// Where the other end's direct socket is, once both ends agreed on a
+    /// direct flow: SDUs then go between the two applications' sockets,
+    /// not through the shims (and are not counted here).
+    pub direct_peer: Option<SocketAddr>,
 }
 
 /// Retransmission state of an allocation in progress.
@@ -255,6 +262,28 @@ struct Pending {
     remote: AppName,
     qos: QosSpec,
     deadline: Instant,
+    /// The requester's direct socket port, if it offered a direct flow.
+    direct: Option<u16>,
+}
+
+/// A received ALLOC_REQ.
+struct Request {
+    from: SocketAddr,
+    src_port: PortId,
+    qos: QosSpec,
+    src: AppName,
+    dst: AppName,
+    direct: Option<u16>,
+}
+
+/// A received ALLOC_RESP.
+struct Response<'a> {
+    dst_port: PortId,
+    src_port: PortId,
+    result: AllocResult,
+    max_sdu: u32,
+    reason: &'a str,
+    direct: Option<u16>,
 }
 
 /// One shim-udp IPC process.
@@ -388,6 +417,22 @@ impl ShimUdp {
         remote: AppName,
         qos: QosSpec,
     ) -> Result<(), ShimError> {
+        self.allocate_direct(now, port, local, remote, qos, None)
+    }
+
+    /// [`ShimUdp::allocate`], offering the peer a direct flow between the
+    /// driver's UDP socket of port `direct` (made for this flow) and one the
+    /// peer makes: if the peer agrees, [`Flow::direct_peer`] says where its
+    /// socket is when [`Action::Allocated`] comes.
+    pub fn allocate_direct(
+        &mut self,
+        now: Instant,
+        port: PortId,
+        local: AppName,
+        remote: AppName,
+        qos: QosSpec,
+        direct: Option<u16>,
+    ) -> Result<(), ShimError> {
         if self.flows.contains_key(&port) {
             return Err(ShimError::PortInUse(port));
         }
@@ -408,6 +453,7 @@ impl ShimUdp {
             qos,
             src: local.clone(),
             dst: remote.clone(),
+            direct,
         }
         .to_vec();
         self.transmit(peer, request.clone());
@@ -429,14 +475,37 @@ impl ShimUdp {
                 peer_port: None,
                 max_sdu: self.cfg.max_sdu,
                 counters: FlowCounters::default(),
+                direct_port: direct,
+                direct_peer: None,
             }),
         );
         Ok(())
     }
 
+    /// Where the requester's direct socket is, if incoming request
+    /// `handle` offers a direct flow (the driver then makes a socket of
+    /// its own for it, if the application asked for one too, and passes
+    /// its port to [`ShimUdp::accept_direct`]).
+    pub fn offered_direct(&self, handle: u64) -> Option<SocketAddr> {
+        let p = self.pending.get(&handle)?;
+        p.direct.map(|port| SocketAddr::new(p.from.ip(), port))
+    }
+
     /// Accepts incoming request `handle` as flow `port`. Returns the flow's
     /// maximum SDU.
     pub fn accept(&mut self, handle: u64, port: PortId) -> Result<u32, ShimError> {
+        self.accept_direct(handle, port, None)
+    }
+
+    /// [`ShimUdp::accept`], answering an offer of a direct flow with the
+    /// port of the driver's socket for it: the flow is direct if the
+    /// request offered one and `direct` is given ([`Flow::direct_peer`]).
+    pub fn accept_direct(
+        &mut self,
+        handle: u64,
+        port: PortId,
+        direct: Option<u16>,
+    ) -> Result<u32, ShimError> {
         if self.flows.contains_key(&port) {
             return Err(ShimError::PortInUse(port));
         }
@@ -445,6 +514,10 @@ impl ShimUdp {
             .remove(&handle)
             .ok_or(ShimError::UnknownRequest(handle))?;
         let max_sdu = self.cfg.max_sdu;
+        let (direct_port, direct_peer) = match (direct, p.direct) {
+            (Some(ours), Some(theirs)) => (Some(ours), Some(SocketAddr::new(p.from.ip(), theirs))),
+            _ => (None, None),
+        };
         self.accepted.insert((p.from, p.src_port), port);
         self.flows.insert(
             port,
@@ -456,9 +529,18 @@ impl ShimUdp {
                 peer_port: Some(p.src_port),
                 max_sdu,
                 counters: FlowCounters::default(),
+                direct_port,
+                direct_peer,
             }),
         );
-        self.respond(p.from, p.src_port, port, AllocResult::Accepted, "");
+        self.respond(
+            p.from,
+            p.src_port,
+            port,
+            AllocResult::Accepted,
+            "",
+            direct_port,
+        );
         Ok(max_sdu)
     }
 
@@ -469,7 +551,7 @@ impl ShimUdp {
             .remove(&handle)
             .ok_or(ShimError::UnknownRequest(handle))?;
         self.counters.alloc_refused += 1;
-        self.respond(p.from, p.src_port, 0, AllocResult::Refused, reason);
+        self.respond(p.from, p.src_port, 0, AllocResult::Refused, reason, None);
         Ok(())
     }
 
@@ -542,8 +624,17 @@ impl ShimUdp {
                 qos,
                 src,
                 dst,
+                direct,
             } => {
-                self.on_alloc_req(now, from, src_port, qos, src, dst);
+                let req = Request {
+                    from,
+                    src_port,
+                    qos,
+                    src,
+                    dst,
+                    direct,
+                };
+                self.on_alloc_req(now, req);
                 Received::Control
             }
             Datagram::AllocResp {
@@ -552,8 +643,17 @@ impl ShimUdp {
                 result,
                 max_sdu,
                 reason,
+                direct,
             } => {
-                self.on_alloc_resp(from, dst_port, src_port, result, max_sdu, reason);
+                let resp = Response {
+                    dst_port,
+                    src_port,
+                    result,
+                    max_sdu,
+                    reason,
+                    direct,
+                };
+                self.on_alloc_resp(from, resp);
                 Received::Control
             }
             Datagram::Dealloc { dst_port, src_port } => {
@@ -594,15 +694,15 @@ impl ShimUdp {
         }
     }
 
-    fn on_alloc_req(
-        &mut self,
-        now: Instant,
-        from: SocketAddr,
-        src_port: PortId,
-        qos: QosSpec,
-        src: AppName,
-        dst: AppName,
-    ) {
+    fn on_alloc_req(&mut self, now: Instant, req: Request) {
+        let Request {
+            from,
+            src_port,
+            qos,
+            src,
+            dst,
+            direct,
+        } = req;
         self.counters.alloc_requests_in += 1;
         if self.cfg.peers_only {
             let claimed = self.cfg.directory.get(&src);
@@ -617,7 +717,8 @@ impl ShimUdp {
         }
         // A retransmission: answer again if we accepted, ignore if still pending.
         if let Some(&port) = self.accepted.get(&(from, src_port)) {
-            self.respond(from, src_port, port, AllocResult::Accepted, "");
+            let direct = self.flows.get(&port).and_then(|f| f.direct_port);
+            self.respond(from, src_port, port, AllocResult::Accepted, "", direct);
             return;
         }
         if self
@@ -643,7 +744,7 @@ impl ShimUdp {
         };
         if let Some((result, reason)) = refusal {
             self.counters.alloc_refused += 1;
-            self.respond(from, src_port, 0, result, &reason);
+            self.respond(from, src_port, 0, result, &reason, None);
             return;
         }
         let handle = self.next_handle;
@@ -657,6 +758,7 @@ impl ShimUdp {
                 remote: src.clone(),
                 qos,
                 deadline: now + self.cfg.accept_timeout,
+                direct,
             },
         );
         self.actions.push_back(Action::FlowRequest {
@@ -667,15 +769,15 @@ impl ShimUdp {
         });
     }
 
-    fn on_alloc_resp(
-        &mut self,
-        from: SocketAddr,
-        dst_port: PortId,
-        src_port: PortId,
-        result: AllocResult,
-        max_sdu: u32,
-        reason: &str,
-    ) {
+    fn on_alloc_resp(&mut self, from: SocketAddr, resp: Response<'_>) {
+        let Response {
+            dst_port,
+            src_port,
+            result,
+            max_sdu,
+            reason,
+            direct,
+        } = resp;
         let waiting = self
             .flows
             .get(&dst_port)
@@ -715,6 +817,11 @@ impl ShimUdp {
             if let Some(f) = self.flows.get_mut(&dst_port) {
                 f.peer_port = Some(src_port);
                 f.max_sdu = f.max_sdu.min(max_sdu);
+                // Direct only if this end offered it and the peer answered.
+                f.direct_peer = f
+                    .direct_port
+                    .and(direct)
+                    .map(|p| SocketAddr::new(from.ip(), p));
                 let max_sdu = f.max_sdu;
                 self.actions.push_back(Action::Allocated {
                     port: dst_port,
@@ -807,6 +914,7 @@ impl ShimUdp {
         src_port: PortId,
         result: AllocResult,
         reason: &str,
+        direct: Option<u16>,
     ) {
         let reason = truncate_utf8(reason, MAX_REASON_LEN);
         let msg = Datagram::AllocResp {
@@ -815,6 +923,7 @@ impl ShimUdp {
             result,
             max_sdu: self.cfg.max_sdu,
             reason,
+            direct,
         };
         self.transmit(to, msg.to_vec());
     }

@@ -20,6 +20,7 @@ fn alloc_req_len(src: &str, dst: &str) -> u64 {
         qos: QosSpec::default(),
         src: name(src),
         dst: name(dst),
+        direct: None,
     }
     .to_vec()
     .len() as u64
@@ -32,6 +33,7 @@ fn alloc_resp_len(reason: &str) -> u64 {
         result: AllocResult::Accepted,
         max_sdu: DEFAULT_MAX_SDU,
         reason,
+        direct: None,
     }
     .to_vec()
     .len() as u64

@@ -67,6 +67,7 @@ pub(crate) mod testing {
             remote: "client".parse().expect("name"),
             qos: QosSpec::default(),
             max_sdu,
+            direct: false,
         }
     }
 }

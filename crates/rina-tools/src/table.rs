@@ -124,7 +124,8 @@ pub fn names(list: &[NameInfo]) -> Table {
     t
 }
 
-/// The flow table: port, DIF, IPCP, names, max SDU and counters.
+/// The flow table: port, DIF, IPCP, names, max SDU and counters (`-` for
+/// a direct flow, whose SDUs the daemon does not see).
 pub fn flows(list: &[FlowStats]) -> Table {
     let mut t = Table::new(&[
         "PORT",
@@ -143,20 +144,27 @@ pub fn flows(list: &[FlowStats]) -> Table {
     .numeric(&[0, 5, 6, 7, 8, 9, 10, 11]);
     for f in list {
         let c = &f.counters;
-        t.row(vec![
+        let mut row = vec![
             f.info.port.to_string(),
             f.info.dif.clone(),
             f.ipcp.clone(),
             f.info.local.to_string(),
             f.info.remote.to_string(),
             f.info.max_sdu.to_string(),
-            c.sdus_in.to_string(),
-            c.bytes_in.to_string(),
-            c.sdus_out.to_string(),
-            c.bytes_out.to_string(),
-            c.drops_in.to_string(),
-            c.drops_out.to_string(),
-        ]);
+        ];
+        let counts = [
+            c.sdus_in,
+            c.bytes_in,
+            c.sdus_out,
+            c.bytes_out,
+            c.drops_in,
+            c.drops_out,
+        ];
+        row.extend(counts.iter().map(|n| match f.info.direct {
+            true => "-".to_string(),
+            false => n.to_string(),
+        }));
+        t.row(row);
     }
     t
 }

@@ -411,6 +411,70 @@ fn tshark_decodes_shim_eth_arp_and_preference_widths() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// An Ethernet frame holding `payload` in a UDP datagram from 10.0.0.1:5001
+/// to 10.0.0.2:5002 (checksums left zero: tshark does not check them).
+fn udp_frame(payload: &[u8]) -> Vec<u8> {
+    let mut f = vec![2, 0, 0, 0, 0, 0xb, 2, 0, 0, 0, 0, 0xa, 0x08, 0x00];
+    let ip_len = (20 + 8 + payload.len()) as u16;
+    f.extend([0x45, 0]);
+    f.extend(ip_len.to_be_bytes());
+    f.extend([0, 1, 0x40, 0, 64, 17, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2]);
+    f.extend(5001u16.to_be_bytes());
+    f.extend(5002u16.to_be_bytes());
+    f.extend((8 + payload.len() as u16).to_be_bytes());
+    f.extend([0, 0]);
+    f.extend(payload);
+    f
+}
+
+#[test]
+fn tshark_decodes_the_direct_port_of_shim_udp_allocations() {
+    if let Some(why) = cannot_run(false) {
+        println!("{why}");
+        return;
+    }
+    use rina_wire::shim_udp::{AllocResult, Datagram};
+    let dir = std::env::temp_dir().join(format!("rina-wireshark-direct-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let req = |direct| Datagram::AllocReq {
+        src_port: 3,
+        qos: rina_wire::QosSpec::default(),
+        src: "client".parse().unwrap(),
+        dst: "echo".parse().unwrap(),
+        direct,
+    };
+    let resp = Datagram::AllocResp {
+        dst_port: 3,
+        src_port: 8,
+        result: AllocResult::Accepted,
+        max_sdu: 1400,
+        reason: "",
+        direct: Some(40_002),
+    };
+    let frames: Vec<Vec<u8>> = [req(Some(40_001)), resp, req(None)]
+        .iter()
+        .map(|d| udp_frame(&d.to_vec()))
+        .collect();
+    let pcap = dir.join("direct.pcap");
+    write_pcap(&pcap, &frames);
+    let rows = tshark(
+        &pcap,
+        &[],
+        &[
+            "rina.shim_udp.type",
+            "rina.shim_udp.dst_name",
+            "rina.shim_udp.direct_port",
+        ],
+    );
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    assert_eq!(rows[0], ["0x02", "echo", "40001"], "{rows:?}");
+    assert_eq!(rows[1][0], "0x03", "{rows:?}");
+    assert_eq!(rows[1][2], "40002", "{rows:?}");
+    assert_eq!(rows[2][..2], ["0x02", "echo"], "{rows:?}");
+    assert!(rows[2].get(2).is_none_or(|v| v.is_empty()), "{rows:?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Starts `rinad` for system `me` with configuration `conf`; its socket.
 fn start_daemon(procs: &mut Procs, dir: &Path, me: &str, conf: &str) -> String {
     let path = dir.join(format!("{me}.toml"));

@@ -173,13 +173,22 @@ pub enum Op {
         /// (`rina_core::shim_hv::flow_rings::Setup`).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         rings: bool,
+        /// Ask for a direct data path, where the IPCP and the other end
+        /// agree (shim-udp): the flow's descriptor is then a UDP socket
+        /// connected to the other application's, and the reply carries a
+        /// second descriptor, the flow's lifeline, whose closing
+        /// deallocates the flow ([`FlowInfo::direct`] says which it got).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        direct: bool,
     },
     /// Accept the incoming flow request `handle`; the reply carries the
-    /// flow (`rings` as for `Allocate`).
+    /// flow (`rings` and `direct` as for `Allocate`).
     Accept {
         handle: u64,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         rings: bool,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        direct: bool,
     },
     /// Refuse the incoming flow request `handle`.
     Refuse { handle: u64, reason: String },
@@ -444,6 +453,11 @@ pub struct FlowInfo {
     pub qos: QosSpec,
     /// Largest SDU the flow carries, in bytes.
     pub max_sdu: u32,
+    /// The flow's SDUs go straight between the two applications' UDP
+    /// sockets, not through the daemons (asked with `direct` and agreed
+    /// by both ends of a shim-udp flow); the daemon counts none of them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub direct: bool,
 }
 
 /// Counters of one flow, as seen by the daemon.
@@ -607,6 +621,7 @@ mod tests {
                 dif: Some("udp".into()),
                 qos: QosSpec::default(),
                 rings: false,
+                direct: false,
             },
         };
         let v = encode(&r);
@@ -615,15 +630,19 @@ mod tests {
         assert!(s.contains(r#""remote":"echo/1""#), "{s}");
         assert_eq!(decode::<Request>(&v).unwrap(), r);
         assert!(!s.contains("rings"), "{s}");
-        // Older clients say nothing about rings.
+        assert!(!s.contains("direct"), "{s}");
+        // Older clients say nothing about rings or direct paths.
         let old: Request = decode(br#"{"id":1,"op":"accept","handle":4}"#).unwrap();
         assert_eq!(
             old.op,
             Op::Accept {
                 handle: 4,
-                rings: false
+                rings: false,
+                direct: false,
             }
         );
+        let new: Request = decode(br#"{"id":1,"op":"accept","handle":4,"direct":true}"#).unwrap();
+        assert!(matches!(new.op, Op::Accept { direct: true, .. }));
     }
 
     #[test]
@@ -642,6 +661,7 @@ mod tests {
                     remote: "b".parse().unwrap(),
                     qos: QosSpec::default(),
                     max_sdu: 1400,
+                    direct: false,
                 })),
             },
             Message::FlowRequest(IncomingFlow {

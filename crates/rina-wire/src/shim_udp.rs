@@ -5,12 +5,19 @@
 //! | type | name | body (big-endian) |
 //! | --- | --- | --- |
 //! | `0x01` | DATA | dst port-id u32, then exactly one SDU |
-//! | `0x02` | ALLOC_REQ | src port-id u32, QoS spec (29 B), src name, dst name (each u16 length + UTF-8) |
-//! | `0x03` | ALLOC_RESP | dst port-id u32, src port-id u32, result u8, max SDU u32, reason (u16 length + UTF-8) |
+//! | `0x02` | ALLOC_REQ | src port-id u32, QoS spec (29 B), src name, dst name (each u16 length + UTF-8), optional direct UDP port u16 |
+//! | `0x03` | ALLOC_RESP | dst port-id u32, src port-id u32, result u8, max SDU u32, reason (u16 length + UTF-8), optional direct UDP port u16 |
 //! | `0x04` | DEALLOC | dst port-id u32, src port-id u32 |
 //!
 //! Port-ids are local to each end; each side learns the other's from the
 //! allocation handshake, so a DATA header is only 5 bytes.
+//!
+//! A direct flow's SDUs bypass the shims: the requester offers the UDP
+//! port of a socket of its own for the flow (the optional last field of
+//! ALLOC_REQ), the responder answers with the port of its own (of
+//! ALLOC_RESP), and each SDU then travels alone in a datagram between those
+//! two sockets, with no header. Without both fields the flow is an ordinary
+//! one.
 
 use crate::codec::{Reader, WireError, Writer};
 use crate::name::AppName;
@@ -71,6 +78,8 @@ pub enum Datagram<'a> {
         qos: QosSpec,
         src: AppName,
         dst: AppName,
+        /// The UDP port of the requester's own socket for a direct flow.
+        direct: Option<u16>,
     },
     /// Answers an ALLOC_REQ; `src_port` is the responder's port-id.
     AllocResp {
@@ -79,6 +88,8 @@ pub enum Datagram<'a> {
         result: AllocResult,
         max_sdu: u32,
         reason: &'a str,
+        /// The UDP port of the responder's own socket for a direct flow.
+        direct: Option<u16>,
     },
     /// Tears a flow down.
     Dealloc { dst_port: u32, src_port: u32 },
@@ -98,6 +109,7 @@ impl<'a> Datagram<'a> {
                 qos: QosSpec::decode(&mut r)?,
                 src: r.str16("alloc_req.src")?.parse()?,
                 dst: r.str16("alloc_req.dst")?.parse()?,
+                direct: optional_port(&mut r)?,
             },
             T_ALLOC_RESP => Datagram::AllocResp {
                 dst_port: r.u32()?,
@@ -105,6 +117,7 @@ impl<'a> Datagram<'a> {
                 result: AllocResult::from_u8(r.u8()?)?,
                 max_sdu: r.u32()?,
                 reason: r.str16("alloc_resp.reason")?,
+                direct: optional_port(&mut r)?,
             },
             T_DEALLOC => Datagram::Dealloc {
                 dst_port: r.u32()?,
@@ -128,12 +141,16 @@ impl<'a> Datagram<'a> {
                 qos,
                 src,
                 dst,
+                direct,
             } => {
                 out.push(T_ALLOC_REQ);
                 out.put_u32_be(*src_port);
                 qos.encode(out);
                 out.put_str16(&src.to_string());
                 out.put_str16(&dst.to_string());
+                if let Some(p) = direct {
+                    out.extend_from_slice(&p.to_be_bytes());
+                }
             }
             Datagram::AllocResp {
                 dst_port,
@@ -141,6 +158,7 @@ impl<'a> Datagram<'a> {
                 result,
                 max_sdu,
                 reason,
+                direct,
             } => {
                 out.push(T_ALLOC_RESP);
                 out.put_u32_be(*dst_port);
@@ -148,6 +166,9 @@ impl<'a> Datagram<'a> {
                 out.push(*result as u8);
                 out.put_u32_be(*max_sdu);
                 out.put_str16(reason);
+                if let Some(p) = direct {
+                    out.extend_from_slice(&p.to_be_bytes());
+                }
             }
             Datagram::Dealloc { dst_port, src_port } => {
                 out.push(T_DEALLOC);
@@ -163,6 +184,15 @@ impl<'a> Datagram<'a> {
         self.encode(&mut v);
         v
     }
+}
+
+/// The optional last field of ALLOC_REQ and ALLOC_RESP: a direct flow's
+/// UDP port, if the bytes are there (port 0 is no port).
+fn optional_port(r: &mut Reader<'_>) -> Result<Option<u16>, WireError> {
+    if r.remaining() == 0 {
+        return Ok(None);
+    }
+    Ok(Some(r.u16()?).filter(|&p| p != 0))
 }
 
 /// The 5-byte header that precedes an SDU in a DATA datagram.
@@ -197,6 +227,14 @@ mod tests {
                 qos,
                 src: name("perf/1"),
                 dst: name("echo//srv"),
+                direct: None,
+            },
+            Datagram::AllocReq {
+                src_port: 2,
+                qos,
+                src: name("perf/1"),
+                dst: name("echo//srv"),
+                direct: Some(40_000),
             },
             Datagram::AllocResp {
                 dst_port: 1,
@@ -204,6 +242,15 @@ mod tests {
                 result: AllocResult::Refused,
                 max_sdu: 1400,
                 reason: "busy",
+                direct: None,
+            },
+            Datagram::AllocResp {
+                dst_port: 2,
+                src_port: 10,
+                result: AllocResult::Accepted,
+                max_sdu: 1400,
+                reason: "",
+                direct: Some(40_001),
             },
             Datagram::Dealloc {
                 dst_port: 9,

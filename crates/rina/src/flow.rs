@@ -21,6 +21,8 @@ pub struct Flow {
     rings: Option<Rings>,
     fd: OwnedFd,
     info: FlowInfo,
+    /// A direct flow's tie to the daemon: closing it deallocates the flow.
+    lifeline: Option<OwnedFd>,
 }
 
 impl Flow {
@@ -30,11 +32,35 @@ impl Flow {
             rings: None,
             fd,
             info,
+            lifeline: None,
         }
     }
 
     pub(crate) fn with_rings(fd: OwnedFd, info: FlowInfo, rings: Option<Rings>) -> Flow {
-        Flow { rings, fd, info }
+        Flow {
+            rings,
+            fd,
+            info,
+            lifeline: None,
+        }
+    }
+
+    /// A direct flow: `fd` is the UDP socket connected to the other
+    /// application's, `lifeline` the descriptor whose closing deallocates
+    /// the flow (see [`Client::set_direct`](crate::Client::set_direct)).
+    pub(crate) fn with_lifeline(fd: OwnedFd, info: FlowInfo, lifeline: OwnedFd) -> Flow {
+        Flow {
+            rings: None,
+            fd,
+            info,
+            lifeline: Some(lifeline),
+        }
+    }
+
+    /// Whether SDUs go straight between the two applications' UDP sockets
+    /// (see [`Client::set_direct`](crate::Client::set_direct)).
+    pub fn is_direct(&self) -> bool {
+        self.info.direct
     }
 
     /// Whether SDUs go through shared-memory rings rather than the socket
@@ -158,8 +184,13 @@ impl Flow {
 
     /// Splits the flow into its descriptor and description. A flow with
     /// rings loses them (SDUs in them are lost, and the descriptor alone
-    /// carries nothing): split only flows without.
-    pub fn into_parts(self) -> (OwnedFd, FlowInfo) {
+    /// carries nothing): split only flows without. A direct flow's lifeline
+    /// stays open until the process exits (the flow lives until then, or
+    /// until the other end closes it).
+    pub fn into_parts(mut self) -> (OwnedFd, FlowInfo) {
+        if let Some(l) = self.lifeline.take() {
+            let _ = l.into_raw_fd();
+        }
         (self.fd, self.info)
     }
 
@@ -281,7 +312,9 @@ impl AsRawFd for Flow {
 }
 
 impl IntoRawFd for Flow {
+    /// The flow's descriptor; a direct flow's lifeline stays open until the
+    /// process exits (see [`Flow::into_parts`]).
     fn into_raw_fd(self) -> RawFd {
-        self.fd.into_raw_fd()
+        self.into_parts().0.into_raw_fd()
     }
 }

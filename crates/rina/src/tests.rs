@@ -50,6 +50,7 @@ fn info(max_sdu: u32) -> FlowInfo {
         remote: name("echo"),
         qos: QosSpec::default(),
         max_sdu,
+        direct: false,
     }
 }
 
@@ -174,7 +175,8 @@ fn accept_refuse_and_lists() {
             req.op,
             Op::Accept {
                 handle: 1,
-                rings: false
+                rings: false,
+                direct: false,
             }
         );
         let (mine, theirs) = pair();

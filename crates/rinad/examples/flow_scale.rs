@@ -278,6 +278,7 @@ fn run_sink(mut sink: Raw, n: usize) -> Vec<OwnedFd> {
                 sink.send(Op::Accept {
                     handle: req.handle,
                     rings: false,
+                    direct: false,
                 });
             }
             (Message::Reply { result: Ok(_), .. }, Some(fd)) => kept.push(fd),
@@ -300,6 +301,7 @@ fn allocate(src: &mut Raw, n: usize, window: usize, flows: &mut Vec<OwnedFd>) ->
         dif: None,
         qos: QosSpec::default(),
         rings: false,
+        direct: false,
     };
     let (mut sent, mut done, mut failed) = (0, 0, 0);
     let mut first_error = None;

@@ -201,15 +201,17 @@ pub enum Sent {
 
 /// Sends one packet without blocking, with an optional descriptor attached.
 pub fn send(fd: RawFd, buf: &[u8], pass: Option<RawFd>) -> io::Result<Sent> {
+    match pass {
+        Some(f) => send_fds(fd, buf, &[f]),
+        None => send_fds(fd, buf, &[]),
+    }
+}
+
+/// [`send`] with any number of descriptors attached (`SCM_RIGHTS`).
+pub fn send_fds(fd: RawFd, buf: &[u8], pass: &[RawFd]) -> io::Result<Sent> {
     let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL;
-    let fds;
-    let cmsgs: &[ControlMessage] = match pass {
-        Some(f) => {
-            fds = [f];
-            &[ControlMessage::ScmRights(&fds)]
-        }
-        None => &[],
-    };
+    let rights = [ControlMessage::ScmRights(pass)];
+    let cmsgs: &[ControlMessage] = if pass.is_empty() { &[] } else { &rights };
     match socket::sendmsg::<()>(fd, &[IoSlice::new(buf)], cmsgs, flags, None) {
         Ok(_) => Ok(Sent::Done),
         Err(nix::Error::EAGAIN) => Ok(Sent::WouldBlock),

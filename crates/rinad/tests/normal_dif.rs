@@ -226,6 +226,7 @@ fn malformed_pdus_from_a_neighbour_crash_nothing() {
         result: AllocResult::Accepted,
         max_sdu: 65_000,
         reason: "",
+        direct: None,
     };
     sock.send_to(&resp.to_vec(), from).unwrap();
     wait_for("the N-1 flow to the fake neighbour", T, || {

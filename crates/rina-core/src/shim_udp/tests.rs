@@ -466,6 +466,7 @@ fn a_peer_offering_no_room_is_refused() {
         result: AllocResult::Accepted,
         max_sdu: 0,
         reason: "",
+        direct: None,
     }
     .to_vec();
     assert_eq!(a.on_datagram(ms(1), addr(B), &bogus), Received::Control);
@@ -523,6 +524,7 @@ fn peers_only_takes_requests_from_configured_peers_and_no_one_else_claiming_them
             qos: QosSpec::default(),
             src: name(src),
             dst: name("beta.net"),
+            direct: None,
         }
         .to_vec()
     };
@@ -540,4 +542,106 @@ fn peers_only_takes_requests_from_configured_peers_and_no_one_else_claiming_them
     // Alpha from its configured address.
     let _ = b.on_datagram(ms(0), addr(A), &req("alpha.net"));
     assert_eq!(flow_requests(&mut b), 1);
+}
+
+/// Allocates port 1 on `a` to `echo` on `b` as port 7, `a` offering a
+/// direct socket on `a_offer` and `b` answering with `b_offer`; returns
+/// what `b` saw offered.
+fn allocate_offering(
+    a: &mut ShimUdp,
+    b: &mut ShimUdp,
+    a_offer: Option<u16>,
+    b_offer: Option<u16>,
+) -> Option<SocketAddr> {
+    let qos = QosSpec::default();
+    a.allocate_direct(ms(0), 1, name("perf"), name("echo"), qos, a_offer)
+        .unwrap();
+    assert!(carry(ms(0), a, A, b).is_empty());
+    let req = carry(ms(1), b, B, a);
+    let [Action::FlowRequest { handle, .. }] = req.as_slice() else {
+        panic!("expected a flow request, got {req:?}");
+    };
+    let offered = b.offered_direct(*handle);
+    b.accept_direct(*handle, 7, b_offer).unwrap();
+    assert!(carry(ms(1), b, B, a).is_empty());
+    assert!(matches!(
+        drop_transmits(a).as_slice(),
+        [Action::Allocated { port: 1, .. }]
+    ));
+    offered
+}
+
+#[test]
+fn a_direct_flow_needs_both_offers_and_names_each_end_s_socket() {
+    // Both offer: each end learns where the other's socket is, on the
+    // address its shim's datagrams came from.
+    let (mut a, mut b) = pair();
+    let offered = allocate_offering(&mut a, &mut b, Some(40_001), Some(40_002));
+    assert_eq!(offered, Some(addr("127.0.0.1:40001")));
+    assert_eq!(
+        a.flow(1).unwrap().direct_peer,
+        Some(addr("127.0.0.1:40002"))
+    );
+    assert_eq!(
+        b.flow(7).unwrap().direct_peer,
+        Some(addr("127.0.0.1:40001"))
+    );
+
+    // The responder does not take it: an ordinary flow at both ends.
+    let (mut a, mut b) = pair();
+    let offered = allocate_offering(&mut a, &mut b, Some(40_001), None);
+    assert_eq!(offered, Some(addr("127.0.0.1:40001")));
+    assert_eq!(a.flow(1).unwrap().direct_peer, None);
+    assert_eq!(b.flow(7).unwrap().direct_peer, None);
+
+    // The requester did not offer: the responder's port is not sent, and
+    // data still flows through the shims.
+    let (mut a, mut b) = pair();
+    assert_eq!(allocate_offering(&mut a, &mut b, None, Some(40_002)), None);
+    assert_eq!(a.flow(1).unwrap().direct_peer, None);
+    assert_eq!(b.flow(7).unwrap().direct_peer, None);
+    let (to, hdr) = a.send_header(1, 3).unwrap();
+    assert_eq!(to, addr(B));
+    let mut dgram = hdr.to_vec();
+    dgram.extend_from_slice(b"abc");
+    assert_eq!(
+        b.on_datagram(ms(2), addr(A), &dgram),
+        Received::Deliver {
+            port: 7,
+            sdu: b"abc"
+        }
+    );
+}
+
+#[test]
+fn a_retransmitted_direct_request_gets_the_same_socket_again() {
+    let (mut a, mut b) = pair();
+    let qos = QosSpec::default();
+    a.allocate_direct(ms(0), 1, name("perf"), name("echo"), qos, Some(40_001))
+        .unwrap();
+    let Some(Action::Transmit { payload: req, .. }) = a.poll_action() else {
+        panic!("expected the request");
+    };
+    let _ = b.on_datagram(ms(0), addr(A), &req);
+    let Some(Action::FlowRequest { handle, .. }) = b.poll_action() else {
+        panic!("expected a flow request");
+    };
+    b.accept_direct(handle, 7, Some(40_002)).unwrap();
+    // The first answer is lost; the retransmitted request is answered again
+    // with the same socket, and no second flow.
+    drop_transmits(&mut b);
+    let _ = b.on_datagram(ms(200), addr(A), &req);
+    let Some(Action::Transmit { payload, .. }) = b.poll_action() else {
+        panic!("expected the answer again");
+    };
+    assert!(matches!(
+        Datagram::parse(&payload),
+        Ok(Datagram::AllocResp {
+            dst_port: 1,
+            src_port: 7,
+            direct: Some(40_002),
+            ..
+        })
+    ));
+    assert_eq!(b.flows().count(), 1);
 }

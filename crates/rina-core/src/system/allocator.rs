@@ -240,7 +240,7 @@ impl System {
             cube,
             ..Default::default()
         };
-        match self.members[lower].allocate(now, port, me, remote, qos) {
+        match self.members[lower].allocate(now, port, (me, remote), qos, None) {
             Ok(()) => {
                 self.n1_pending.insert(port, (j, k));
                 if up.is_none() {
@@ -387,7 +387,7 @@ impl System {
             return;
         };
         let port = self.free_port();
-        if self.members[lower].accept(now, handle, port).is_err() {
+        if self.members[lower].accept(now, handle, port, None).is_err() {
             return;
         }
         let cube = self.n1_cube(lower, port).map(|c| c.id);

@@ -394,17 +394,18 @@ impl Member {
         }
     }
 
-    /// Starts allocating flow `port`.
+    /// Starts allocating flow `port`; `direct` offers a direct flow where
+    /// the machine has them (shim-udp: the driver's socket's port).
     pub fn allocate(
         &mut self,
         now: Instant,
         port: PortId,
-        local: AppName,
-        remote: AppName,
+        (local, remote): (AppName, AppName),
         qos: QosSpec,
+        direct: Option<u16>,
     ) -> Result<(), FlowError> {
         match &mut self.machine {
-            Machine::ShimUdp(s) => Ok(s.allocate(now, port, local, remote, qos)?),
+            Machine::ShimUdp(s) => Ok(s.allocate_direct(now, port, local, remote, qos, direct)?),
             Machine::ShimEth(e) => Ok(e.allocate(now, port, local, remote, qos)?),
             Machine::ShimHv(h) => Ok(h.allocate(now, port, local, remote, qos)?),
             Machine::Normal(n) => Ok(n.allocate(now, port, local, remote, qos)?),
@@ -412,9 +413,16 @@ impl Member {
     }
 
     /// Accepts request `handle` as flow `port`; returns its largest SDU.
-    pub fn accept(&mut self, now: Instant, handle: u64, port: PortId) -> Result<u32, FlowError> {
+    /// `direct` answers an offer of a direct flow (shim-udp).
+    pub fn accept(
+        &mut self,
+        now: Instant,
+        handle: u64,
+        port: PortId,
+        direct: Option<u16>,
+    ) -> Result<u32, FlowError> {
         match &mut self.machine {
-            Machine::ShimUdp(s) => Ok(s.accept(handle, port)?),
+            Machine::ShimUdp(s) => Ok(s.accept_direct(handle, port, direct)?),
             Machine::ShimEth(e) => Ok(e.accept(handle, port)?),
             Machine::ShimHv(h) => Ok(h.accept(handle, port)?),
             Machine::Normal(n) => Ok(n.accept(now, handle, port)?),

@@ -574,12 +574,28 @@ impl System {
         remote: AppName,
         qos: QosSpec,
     ) -> Result<PortId, FlowError> {
+        self.allocate_at_direct(now, i, local, remote, qos, None)
+    }
+
+    /// [`System::allocate_at`], offering a direct flow from the driver's
+    /// UDP socket of port `direct` where member `i` has them (shim-udp;
+    /// other members ignore it): [`System::direct_peer`] says, once the
+    /// flow is allocated, whether the peer agreed and where its socket is.
+    pub fn allocate_at_direct(
+        &mut self,
+        now: Instant,
+        i: usize,
+        local: AppName,
+        remote: AppName,
+        qos: QosSpec,
+        direct: Option<u16>,
+    ) -> Result<PortId, FlowError> {
         self.tick(now);
         if i >= self.members.len() || self.removed.contains(&i) {
             return Err(FlowError::NoIpcp(format!("member {i}")));
         }
         let port = self.free_port();
-        self.members[i].allocate(now, port, local, remote, qos)?;
+        self.members[i].allocate(now, port, (local, remote), qos, direct)?;
         self.app_pending.insert(port, i);
         self.pump(now);
         Ok(port)
@@ -588,17 +604,51 @@ impl System {
     /// Accepts incoming request `handle`; returns the flow's port and
     /// largest SDU.
     pub fn accept(&mut self, now: Instant, handle: u64) -> Result<(PortId, u32), FlowError> {
+        self.accept_direct(now, handle, None)
+    }
+
+    /// Where the requester's socket for a direct flow is, if incoming
+    /// request `handle` offers one (shim-udp).
+    pub fn offered_direct(&self, handle: u64) -> Option<SocketAddr> {
+        let (i, h) = *self.incoming.get(&handle)?;
+        match &self.members.get(i)?.machine {
+            Machine::ShimUdp(s) => s.offered_direct(h),
+            _ => None,
+        }
+    }
+
+    /// [`System::accept`], answering an offer of a direct flow with the
+    /// port of the driver's socket for it.
+    pub fn accept_direct(
+        &mut self,
+        now: Instant,
+        handle: u64,
+        direct: Option<u16>,
+    ) -> Result<(PortId, u32), FlowError> {
         self.tick(now);
         let (i, h) = self
             .incoming
             .remove(&handle)
             .ok_or(FlowError::UnknownRequest(handle))?;
         let port = self.free_port();
-        let max = self.members[i].accept(now, h, port)?;
+        let max = self.members[i].accept(now, h, port, direct)?;
         self.app_flows.insert(port, i);
         self.app_flow_opened(port, i);
         self.pump(now);
         Ok((port, max))
+    }
+
+    /// Where the other end's socket of direct flow `port` is, if both ends
+    /// agreed on one (see [`System::allocate_at_direct`]).
+    pub fn direct_peer(&self, port: PortId) -> Option<SocketAddr> {
+        let i = *self
+            .app_flows
+            .get(&port)
+            .or_else(|| self.app_pending.get(&port))?;
+        match &self.members.get(i)?.machine {
+            Machine::ShimUdp(s) => s.flow(port)?.direct_peer,
+            _ => None,
+        }
     }
 
     /// Refuses incoming request `handle`.

@@ -43,6 +43,10 @@ struct ServerArgs {
     /// Accept this many flows, then exit once they are all closed.
     #[arg(long, value_name = "N")]
     max_flows: Option<u64>,
+    /// Take flows whose client asks for a direct path (shim-udp) on a UDP
+    /// socket of this server's own, without the daemons on the data path.
+    #[arg(long)]
+    direct: bool,
 }
 
 #[derive(Debug, Args)]
@@ -74,6 +78,11 @@ struct ClientArgs {
     /// Print one JSON object (summary and every RTT in µs) instead of text.
     #[arg(long)]
     json: bool,
+    /// Ask for a direct path (shim-udp, if the server takes one too): the
+    /// probes go between the two applications' UDP sockets, not through
+    /// the daemons.
+    #[arg(long)]
+    direct: bool,
 }
 
 fn main() {
@@ -96,6 +105,7 @@ fn server(a: ServerArgs) {
         .register(&a.name, a.common.dif())
         .unwrap_or_else(|e| opts::die(TOOL, &format!("cannot register {}", a.name), &e, 2));
     println!("registered {} in {}", a.name, difs.join(", "));
+    c.set_direct(a.direct);
     flush();
     let mut workers = Vec::new();
     let mut accepted = 0u64;
@@ -120,10 +130,11 @@ fn server(a: ServerArgs) {
         };
         accepted += 1;
         println!(
-            "accepted flow {} from {} (max SDU {} bytes)",
+            "accepted flow {} from {} (max SDU {} bytes{})",
             flow.info().port,
             flow.info().remote,
-            flow.info().max_sdu
+            flow.info().max_sdu,
+            if flow.is_direct() { ", direct" } else { "" }
         );
         flush();
         workers.push(thread::spawn(move || echo_flow(flow)));
@@ -161,6 +172,7 @@ fn client(a: ClientArgs) -> i32 {
         Err(e) => opts::die(TOOL, "cannot connect", &e, 2),
     };
     let size = a.size.max(echo::PROBE_HEADER);
+    c.set_direct(a.direct);
     let flow = open_flow(&a, &mut c, size);
     let tally = send_probes(&a, &flow, size);
     let report = echo_report(&a, &flow, size, tally);
@@ -192,10 +204,11 @@ fn open_flow(a: &ClientArgs, c: &mut Client, size: usize) -> Arc<Flow> {
     }
     if !a.json {
         println!(
-            "ECHO {} via {} (flow {}): {size}-byte probes",
+            "ECHO {} via {} (flow {}{}): {size}-byte probes",
             a.dst,
             flow.info().dif,
-            flow.info().port
+            flow.info().port,
+            if flow.is_direct() { ", direct" } else { "" }
         );
     }
     flow

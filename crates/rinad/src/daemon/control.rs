@@ -200,17 +200,21 @@ impl Daemon {
         result: Result<Reply, CtlError>,
         fd: Option<OwnedFd>,
     ) {
-        self.send_msg(conn, &Message::Reply { id, result }, fd);
+        self.send_msg(
+            conn,
+            &Message::Reply { id, result },
+            fd.into_iter().collect(),
+        );
     }
 
-    pub(super) fn send_msg(&mut self, id: usize, msg: &Message, fd: Option<OwnedFd>) {
+    pub(super) fn send_msg(&mut self, id: usize, msg: &Message, fds: Vec<OwnedFd>) {
         let Some(conn) = self.conns.get_mut(&id) else {
             return;
         };
         let mut bytes = ctl::encode(msg);
         if conn.out.is_empty() {
-            let raw = fd.as_ref().map(|f| f.as_raw_fd());
-            match sys::send(conn.fd.as_raw_fd(), &bytes, raw) {
+            let raw: Vec<std::os::fd::RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+            match sys::send_fds(conn.fd.as_raw_fd(), &bytes, &raw) {
                 Ok(Sent::Done) => return,
                 Ok(Sent::WouldBlock) => {}
                 Ok(Sent::TooBig) => {
@@ -231,7 +235,7 @@ impl Daemon {
             return;
         }
         conn.out_bytes += bytes.len();
-        conn.out.push_back((bytes, fd));
+        conn.out.push_back((bytes, fds));
         let _ = self.poll.registry().reregister(
             &mut SourceFd(&conn.fd.as_raw_fd()),
             token(T_CONN, id),
@@ -243,9 +247,9 @@ impl Daemon {
         let Some(conn) = self.conns.get_mut(&id) else {
             return;
         };
-        while let Some((bytes, fd)) = conn.out.front() {
-            let raw = fd.as_ref().map(|f| f.as_raw_fd());
-            match sys::send(conn.fd.as_raw_fd(), bytes, raw) {
+        while let Some((bytes, fds)) = conn.out.front() {
+            let raw: Vec<std::os::fd::RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+            match sys::send_fds(conn.fd.as_raw_fd(), bytes, &raw) {
                 Ok(Sent::Done) => {
                     conn.out_bytes -= bytes.len();
                     conn.out.pop_front();
@@ -259,7 +263,7 @@ impl Daemon {
                     };
                     conn.out_bytes = conn.out_bytes - n + err.len();
                     if let Some(front) = conn.out.front_mut() {
-                        *front = (err, None);
+                        *front = (err, Vec::new());
                     }
                 }
                 Ok(Sent::WouldBlock) => return,
@@ -289,6 +293,7 @@ impl Daemon {
                 dif,
                 qos,
                 rings,
+                direct,
             } => {
                 let pa = PendingAlloc {
                     ipcp: 0,
@@ -298,15 +303,27 @@ impl Daemon {
                     remote,
                     qos,
                     rings,
+                    direct,
+                    direct_sock: None,
                 };
                 match self.allocate(pa, dif) {
                     Ok(()) => return,
                     Err(e) => Err(e),
                 }
             }
-            Op::Accept { handle, rings } => {
-                match self.accept_incoming(conn, handle, rings) {
-                    Ok((info, fd)) => self.reply(conn, id, Ok(Reply::Flow(info)), Some(fd)),
+            Op::Accept {
+                handle,
+                rings,
+                direct,
+            } => {
+                match self.accept_incoming(conn, handle, rings, direct) {
+                    Ok((info, fds)) => {
+                        let msg = Message::Reply {
+                            id,
+                            result: Ok(Reply::Flow(info)),
+                        };
+                        self.send_msg(conn, &msg, fds)
+                    }
                     Err(e) => self.reply(conn, id, Err(e), None),
                 }
                 return;
@@ -550,10 +567,20 @@ impl Daemon {
                 )
             })?;
         let now = self.now();
+        let sock = if pa.direct {
+            self.direct_socket(i)
+        } else {
+            None
+        };
+        let offer = sock
+            .as_ref()
+            .and_then(|s| s.local_addr().ok())
+            .map(|a| a.port());
         let port = self
             .sys
-            .allocate_at(now, i, pa.local.clone(), remote.clone(), pa.qos)
+            .allocate_at_direct(now, i, pa.local.clone(), remote.clone(), pa.qos, offer)
             .map_err(ipcp::flow_error)?;
+        pa.direct_sock = sock;
         info!(port, local = %pa.local, %remote, ipcp = %self.ipcps[i].name, "allocating");
         pa.ipcp = i;
         self.allocs.insert(port, pa);
@@ -565,7 +592,10 @@ impl Daemon {
         conn: usize,
         handle: u64,
         rings: bool,
-    ) -> Result<(FlowInfo, OwnedFd), CtlError> {
+        direct: bool,
+    ) -> Result<(FlowInfo, Vec<OwnedFd>), CtlError> {
+        // Where the requester's socket is, if it offered a direct flow.
+        let offered = self.sys.offered_direct(handle);
         let inc = self.take_incoming(conn, handle)?;
         // The descriptors first: without them the flow is refused, with the
         // reason, instead of accepted and then closed at once.
@@ -578,8 +608,21 @@ impl Daemon {
                 return Err(e);
             }
         };
+        let sock = match offered {
+            Some(peer) if direct => self
+                .direct_socket(inc.ipcp)
+                .and_then(|s| Self::connect_direct(s, peer)),
+            _ => None,
+        };
+        let offer = sock
+            .as_ref()
+            .and_then(|s| s.local_addr().ok())
+            .map(|a| a.port());
         let now = self.now();
-        let (port, max_sdu) = self.sys.accept(now, handle).map_err(ipcp::flow_error)?;
+        let (port, max_sdu) = self
+            .sys
+            .accept_direct(now, handle, offer)
+            .map_err(ipcp::flow_error)?;
         let info = FlowInfo {
             port,
             dif: self.ipcps[inc.ipcp].dif.clone(),
@@ -587,11 +630,18 @@ impl Daemon {
             remote: inc.remote,
             qos: inc.qos,
             max_sdu,
+            direct: false,
         };
-        match self.open_flow_with(inc.ipcp, conn, info, rings, pair) {
-            Ok((info, fd)) => {
-                info!(port, local = %info.local, remote = %info.remote, "flow accepted");
-                Ok((info, fd))
+        let opened = match sock.filter(|_| self.sys.direct_peer(port).is_some()) {
+            Some(s) => self.open_direct_flow(inc.ipcp, conn, info, s, pair),
+            None => self
+                .open_flow_with(inc.ipcp, conn, info, rings, pair)
+                .map(|(info, fd)| (info, vec![fd])),
+        };
+        match opened {
+            Ok((info, fds)) => {
+                info!(port, local = %info.local, remote = %info.remote, direct = info.direct, "flow accepted");
+                Ok((info, fds))
             }
             Err(e) => {
                 self.sys.close(now, port);

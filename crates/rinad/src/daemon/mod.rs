@@ -35,6 +35,7 @@ mod app_rings;
 mod build;
 mod capture;
 mod control;
+mod direct;
 mod ipcp;
 mod manage;
 mod memory;
@@ -127,12 +128,15 @@ struct FlowSlot {
     drops_in: u64,
     /// SDUs the application wrote that could not be sent.
     drops_out: u64,
+    /// A direct flow's UDP socket (the application holds it too; `fd` is
+    /// then the flow's lifeline).
+    direct: Option<OwnedFd>,
 }
 
 /// A control connection.
 struct Conn {
     fd: OwnedFd,
-    out: VecDeque<(Vec<u8>, Option<OwnedFd>)>,
+    out: VecDeque<(Vec<u8>, Vec<OwnedFd>)>,
     out_bytes: usize,
     names: Vec<(usize, AppName)>,
     /// Who connected.
@@ -157,6 +161,9 @@ struct PendingAlloc {
     qos: rina_wire::QosSpec,
     /// The application asked for shared-memory rings.
     rings: bool,
+    /// The application asked for a direct flow: its socket, once made.
+    direct: bool,
+    direct_sock: Option<std::net::UdpSocket>,
 }
 
 /// An incoming flow request waiting for an application's answer (keyed by
@@ -639,7 +646,7 @@ impl Daemon {
                     remote,
                     qos,
                 });
-                self.send_msg(conn, &msg, None);
+                self.send_msg(conn, &msg, Vec::new());
             }
             AppEvent::RequestWithdrawn { handle } => {
                 self.incoming.remove(&handle);
@@ -707,7 +714,39 @@ impl Daemon {
             remote: pa.remote,
             qos: pa.qos,
             max_sdu,
+            direct: false,
         };
+        // Direct if the peer agreed; the peer's application then writes to
+        // this socket only, so a flow that cannot have it fails.
+        if let (Some(sock), Some(peer)) = (pa.direct_sock, self.sys.direct_peer(port)) {
+            let opened = Self::connect_direct(sock, peer)
+                .ok_or_else(|| {
+                    CtlError::new(
+                        ErrorKind::Internal,
+                        "cannot connect the direct flow's socket",
+                    )
+                })
+                .and_then(|sock| Ok((sock, new_flow_pair(&self.system)?)))
+                .and_then(|(sock, pair)| self.open_direct_flow(i, pa.conn, info, sock, pair));
+            match opened {
+                Ok((info, fds)) => {
+                    info!(port, local = %info.local, remote = %info.remote, dif = %info.dif, "direct flow allocated");
+                    self.send_msg(
+                        pa.conn,
+                        &Message::Reply {
+                            id: pa.id,
+                            result: Ok(Reply::Flow(info)),
+                        },
+                        fds,
+                    );
+                }
+                Err(e) => {
+                    self.sys.close(now, port);
+                    self.reply(pa.conn, pa.id, Err(e), None);
+                }
+            }
+            return;
+        }
         match self.open_flow(i, pa.conn, info, pa.rings) {
             Ok((info, app_end)) => {
                 info!(port, local = %info.local, remote = %info.remote, dif = %info.dif, "flow allocated");
@@ -900,6 +939,7 @@ impl Daemon {
                 tx_stash: None,
                 drops_in: 0,
                 drops_out: 0,
+                direct: None,
             }),
         );
         if let Some(c) = self.conns.get_mut(&owner) {
@@ -913,6 +953,9 @@ impl Daemon {
         let Some(slot) = self.flows.remove(&port) else {
             return;
         };
+        if let Some(d) = &slot.direct {
+            direct::shut_direct(d);
+        }
         if let Some(c) = self.conns.get_mut(&slot.owner) {
             c.flows = c.flows.saturating_sub(1);
         }

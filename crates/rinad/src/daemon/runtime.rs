@@ -312,7 +312,7 @@ impl Daemon {
         }
         for (conn, id, line) in news {
             if self.conns.contains_key(&conn) {
-                self.send_msg(conn, &Message::Progress { id, line }, None);
+                self.send_msg(conn, &Message::Progress { id, line }, Vec::new());
             }
         }
         for (k, outcome) in done.into_iter().rev() {
