@@ -134,18 +134,18 @@ impl Undo {
         unsafe {
             cmd.pre_exec(move || die_with_parent(parent));
         }
-        let mut child = cmd
-            .spawn()
-            .or_else(|e| fail(format!("cannot start {}: {e}", exe.display()), &[]))?;
+        // The lock is held from before the fork until the child is
+        // recorded, so a cleanup that a signal starts meanwhile waits for it
+        // and stops it with the others. (Taken after the fork, a cleanup
+        // could run and exit the demo in between, leaving the new child to
+        // die of its parent-death signal only after the demo was gone.)
         let mut c = self.lock();
         if c.stopping {
-            // The cleanup already ran (a signal came while this child was
-            // being started): it must not outlive the demo either.
-            drop(c);
-            let _ = child.kill();
-            let _ = child.wait();
             return fail(format!("stopping: {name} not started"), &[]);
         }
+        let child = cmd
+            .spawn()
+            .or_else(|e| fail(format!("cannot start {}: {e}", exe.display()), &[]))?;
         c.procs.push(Proc {
             name: name.to_owned(),
             child,
