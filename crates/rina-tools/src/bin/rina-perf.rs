@@ -50,6 +50,10 @@ struct ServerArgs {
     /// Do not ask for shared-memory rings (the socket carries every SDU).
     #[arg(long)]
     no_rings: bool,
+    /// Take flows whose client asks for a direct path (shim-udp) on a UDP
+    /// socket of this server's own, without the daemons on the data path.
+    #[arg(long)]
+    direct: bool,
 }
 
 /// What a client test measures.
@@ -121,6 +125,11 @@ struct ClientArgs {
     /// (shim-hv, normal DIFs): the flow's socket then carries every SDU.
     #[arg(long)]
     no_rings: bool,
+    /// Ask for a direct path (shim-udp, if the server takes one too): the
+    /// SDUs go between the two applications' UDP sockets, not through the
+    /// daemons.
+    #[arg(long)]
+    direct: bool,
 }
 
 fn main() {
@@ -137,6 +146,7 @@ fn server(a: ServerArgs) {
         .connect()
         .unwrap_or_else(|e| opts::die(TOOL, "cannot connect", &e, 2));
     c.set_rings(!a.no_rings);
+    c.set_direct(a.direct);
     let difs = c
         .register(&a.name, a.common.dif())
         .unwrap_or_else(|e| opts::die(TOOL, &format!("cannot register {}", a.name), &e, 2));
@@ -247,6 +257,7 @@ fn client(a: ClientArgs) -> i32 {
         .connect()
         .unwrap_or_else(|e| opts::die(TOOL, "cannot connect", &e, 2));
     c.set_rings(!a.no_rings);
+    c.set_direct(a.direct);
     let mut flows = Vec::new();
     for _ in 0..a.parallel {
         let flow = c
