@@ -230,9 +230,11 @@ fn tshark_decodes_shim_udp_efcp_and_cdap_of_a_live_capture() {
     assert!(!run(&bins.join("rina-echo"), &direct).status.success());
     // Wait until the capture holds the refusal of that allocation (and so
     // everything sent before it) and a hello each way (once a second).
+    // Each look is a whole tshark run, which takes seconds when CI runs
+    // other tests beside this one: the deadline leaves room for several.
     wait_until(
         "the refusal and hellos in the capture",
-        Duration::from_secs(10),
+        Duration::from_secs(30),
         || {
             let (rows, _, _) = tshark_raw(
                 &pcap,
