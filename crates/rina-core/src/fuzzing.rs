@@ -128,7 +128,7 @@ pub fn efcp_pdus(data: &[u8]) {
             Some(0) => Pdu::Data {
                 seq: num(0),
                 drf: num(1) & 1 == 1,
-                payload: rec.to_vec(),
+                payload: rec.to_vec().into(),
             },
             Some(1) => Pdu::Ack {
                 ctrl_seq: num(0),
@@ -285,10 +285,10 @@ pub fn encrypted_link(data: &[u8]) {
                 match a {
                     crate::normal::Action::Transmit { frame, .. } => {
                         if seen.len() < 256 {
-                            seen.push(frame.clone());
+                            seen.push(frame.to_vec());
                         }
                         if wire[i].len() < 256 {
-                            wire[i].push_back(frame);
+                            wire[i].push_back(frame.into_vec());
                         }
                     }
                     crate::normal::Action::Deliver { flow: 7, sdu } if i == 1 => {

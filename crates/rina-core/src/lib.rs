@@ -8,6 +8,7 @@
 //! and in `rina-sim` with a virtual clock.
 //!
 //! * [`time`] — the instant type all machines use.
+//! * [`buf`] — one buffer per PDU, with room in front for the headers below.
 //! * [`delimiting`] — fragmentation of SDUs into PDUs and their reassembly.
 //! * [`sdup`] — SDU protection: TTL, CRC-32 and the encryption hook.
 //! * [`efcp`] — the Error and Flow Control Protocol (DTP + DTCP) of one connection.
@@ -24,6 +25,7 @@
 //! * [`flood`] — the flooded database routing and the directory share: newest copy per key, flooding, database sync, ageing.
 //! * [`mgmt_frag`] — fragmentation and reassembly of management messages larger than an N-1 flow's max SDU.
 
+pub mod buf;
 pub mod cdap_session;
 pub mod delimiting;
 pub mod directory;

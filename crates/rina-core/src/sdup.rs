@@ -228,6 +228,13 @@ impl Sdup {
         self.append_crc(buf, 0);
     }
 
+    /// Protects the PDU in `pdu` where it lies: the TTL goes into its room
+    /// in front and the CRC after it; only a cipher copies.
+    pub fn protect_buf(&self, pdu: &mut crate::buf::PduBuf, ttl: u8) {
+        let (buf, head) = pdu.parts_mut();
+        *head = self.protect_in_headroom(buf, *head, ttl);
+    }
+
     /// Protects the PDU `buf[start..]`, writing the TTL into the headroom
     /// byte `buf[start - 1]` when there is one, and appending the CRC.
     /// Bytes before the frame are left alone. Returns the offset at which the

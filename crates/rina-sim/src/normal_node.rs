@@ -344,7 +344,7 @@ impl NormalNode {
         match a {
             Action::Transmit { port, frame } => {
                 if let Some(&(local, peer)) = self.ports.get(&port) {
-                    ctx.transmit(local, peer, frame);
+                    ctx.transmit(local, peer, frame.into_vec());
                 }
             }
             Action::Deliver { flow, sdu } => {

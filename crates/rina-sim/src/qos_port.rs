@@ -444,7 +444,7 @@ impl QosExperiment {
                         });
                     } else {
                         let q = p.qos_id;
-                        offer(&mut st[k + 1], now, q, pdu.bytes);
+                        offer(&mut st[k + 1], now, q, pdu.bytes.into_vec());
                         try_send(&mut st, k + 1, now, &mut ev);
                     }
                     try_send(&mut st, k, now, &mut ev);
@@ -477,7 +477,7 @@ fn offer(s: &mut StageState, now: Instant, qos_id: QosId, bytes: Vec<u8>) {
     let pdu = QueuedPdu {
         qos_id: s.stage.remap.get(&qos_id).copied().unwrap_or(qos_id),
         mgmt: false,
-        bytes,
+        bytes: bytes.into(),
     };
     let _ = s.stage.sched.enqueue(now, PORT, pdu);
 }

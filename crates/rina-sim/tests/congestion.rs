@@ -127,9 +127,9 @@ impl Host {
                     frame,
                 } => {
                     if let Some((q, _)) = self.backlog.get_mut(&medium) {
-                        q.push_back((peer, frame));
+                        q.push_back((peer, frame.into_vec()));
                     } else if let Some(&local) = self.media.get(&medium) {
-                        ctx.transmit(local, peer, frame);
+                        ctx.transmit(local, peer, frame.into_vec());
                     }
                 }
                 Output::ToApp { sdu, .. } => self.on_sdu(now, &sdu),

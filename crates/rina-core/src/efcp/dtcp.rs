@@ -26,6 +26,7 @@ use super::cc::Congestion;
 use super::config::{EfcpConfig, RateFc, RtxConfig, WindowFc};
 use super::rtt::RttEstimator;
 use super::{EfcpError, Pdu, Stats};
+use crate::buf::PduBuf;
 use crate::time::Instant;
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -39,7 +40,7 @@ const MAX_RENDEZVOUS_BACKOFF: u32 = 6;
 #[derive(Debug)]
 struct Sent {
     drf: bool,
-    payload: Vec<u8>,
+    payload: PduBuf,
     sent_at: Instant,
     retransmitted: bool,
     retries: u32,
@@ -61,7 +62,7 @@ pub(super) struct Sender {
     a_timer: Duration,
     next_seq: u64,
     /// SDUs written, not yet sent (the closed-window queue).
-    queue: VecDeque<Vec<u8>>,
+    queue: VecDeque<PduBuf>,
     /// Sent and not acknowledged, seqs `snd_una..next_seq` (with rtx).
     unacked: VecDeque<Sent>,
     snd_una: u64,
@@ -186,7 +187,7 @@ impl Sender {
         self.capacity().saturating_sub(self.queue.len())
     }
 
-    pub(super) fn write(&mut self, payload: Vec<u8>, stats: &mut Stats) -> Result<(), EfcpError> {
+    pub(super) fn write(&mut self, payload: PduBuf, stats: &mut Stats) -> Result<(), EfcpError> {
         if self.failure.is_some() {
             return Err(EfcpError::Closed);
         }

@@ -8,6 +8,7 @@
 
 use super::config::EfcpConfig;
 use super::{Delivery, Stats};
+use crate::buf::PduBuf;
 use crate::time::Instant;
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -18,7 +19,7 @@ enum Slot {
     /// Not received (yet).
     Empty,
     /// Received out of order, waiting for in-order delivery.
-    Held { payload: Vec<u8>, at: Instant },
+    Held { payload: PduBuf, at: Instant },
     /// Received and already delivered (out-of-order delivery): kept only to
     /// detect duplicates and to advance the LWE.
     Seen { at: Instant },
@@ -88,7 +89,7 @@ pub(super) struct Receiver {
     last_rx: Instant,
     /// PDUs that arrived before their run's DRF PDU (retransmitting flows
     /// only), at most `max_reorder` of them.
-    prerun: std::collections::BTreeMap<u64, Vec<u8>>,
+    prerun: std::collections::BTreeMap<u64, PduBuf>,
     /// The highest LWE any ended run reached: sequence numbers never
     /// restart within a connection, so nothing at or below it is new, with
     /// or without a live run. `None` while the peer's first sequence number
@@ -354,7 +355,7 @@ impl Receiver {
         now: Instant,
         seq: u64,
         drf: bool,
-        payload: Vec<u8>,
+        payload: PduBuf,
         ceiling: u64,
         stats: &mut Stats,
     ) -> RxOutcome {
@@ -436,7 +437,7 @@ impl Receiver {
         &mut self,
         now: Instant,
         seq: u64,
-        payload: Vec<u8>,
+        payload: PduBuf,
         stats: &mut Stats,
     ) -> RxOutcome {
         let mut lwe = self.lwe.unwrap_or(seq - 1);

@@ -105,10 +105,10 @@
 //!   congestion window on top of the receiver's window, fed by the ECN
 //!   marks RMTs set and by losses (`docs/congestion-control.md`).
 //!
-//! Per PDU nothing is allocated beyond the payload itself, except that a
-//! retransmitting sender copies each payload once into its retransmission
-//! queue (the copy it sends is consumed by lower layers, which prepend
-//! headers in place), and each retransmission is another copy.
+//! Per PDU nothing is allocated beyond the payload itself (a
+//! [`PduBuf`] with room in front, which the layers below fill with their
+//! headers in place), except that a retransmitting sender keeps the buffer
+//! as written for retransmission and sends a copy, each time.
 
 mod cc;
 mod config;
@@ -123,6 +123,7 @@ pub use config::{
 };
 pub use rtt::{RttEstimator, CLOCK_GRANULARITY};
 
+pub use crate::buf::PduBuf;
 use crate::time::Instant;
 use dtcp::Sender;
 use dtp::{Receiver, RxOutcome};
@@ -151,7 +152,7 @@ pub enum Pdu {
         /// Data run flag: the first PDU of a (new) run.
         drf: bool,
         /// The fragment; EFCP does not look inside.
-        payload: Vec<u8>,
+        payload: PduBuf,
     },
     /// A cumulative ack.
     Ack {
@@ -222,7 +223,7 @@ pub struct Delivery {
     /// Its sequence number.
     pub seq: u64,
     /// The fragment.
-    pub payload: Vec<u8>,
+    pub payload: PduBuf,
 }
 
 /// Why an EFCP operation failed.
@@ -566,8 +567,8 @@ impl Connection {
     }
 
     /// Queues an SDU fragment for sending.
-    pub fn write(&mut self, _now: Instant, payload: Vec<u8>) -> Result<(), EfcpError> {
-        self.snd.write(payload, &mut self.stats)
+    pub fn write(&mut self, _now: Instant, payload: impl Into<PduBuf>) -> Result<(), EfcpError> {
+        self.snd.write(payload.into(), &mut self.stats)
     }
 
     /// The reference to widen received sequence numbers against: the LWE
@@ -684,7 +685,7 @@ impl Connection {
         self.refresh_rtt_stats();
     }
 
-    fn on_data(&mut self, now: Instant, seq: u64, drf: bool, payload: Vec<u8>, ecn: bool) {
+    fn on_data(&mut self, now: Instant, seq: u64, drf: bool, payload: PduBuf, ecn: bool) {
         let had_run = self.rcv.lwe().is_some();
         let ceiling = self.rx_ceiling();
         self.stats.ecn_marked += u64::from(ecn);

@@ -803,7 +803,7 @@ fn delayed_ack_within_a_timer_covers_several_pdus() {
             Pdu::Data {
                 seq: i as u64 + 1,
                 drf: i == 0,
-                payload: sdu(i as u64),
+                payload: sdu(i as u64).into(),
             },
         );
         assert_eq!(b.poll_transmit(t(at)), None, "no ack before A");
@@ -829,7 +829,7 @@ fn delayed_ack_within_a_timer_covers_several_pdus() {
         Pdu::Data {
             seq: 5,
             drf: false,
-            payload: sdu(4),
+            payload: sdu(4).into(),
         },
     );
     assert_eq!(
@@ -845,7 +845,7 @@ fn delayed_ack_within_a_timer_covers_several_pdus() {
         Pdu::Data {
             seq: 4,
             drf: false,
-            payload: sdu(3),
+            payload: sdu(3).into(),
         },
     );
     assert_eq!(
@@ -871,7 +871,7 @@ fn ack_every_n_acks_at_once() {
         Pdu::Data {
             seq: 1,
             drf: true,
-            payload: vec![],
+            payload: vec![].into(),
         },
     );
     assert_eq!(b.poll_transmit(t(0)), None);
@@ -880,7 +880,7 @@ fn ack_every_n_acks_at_once() {
         Pdu::Data {
             seq: 2,
             drf: false,
-            payload: vec![],
+            payload: vec![].into(),
         },
     );
     assert_eq!(
@@ -1036,7 +1036,7 @@ fn lost_drf_does_not_block_an_unreliable_flow() {
         Pdu::Data {
             seq: 2,
             drf: false,
-            payload: sdu(2),
+            payload: sdu(2).into(),
         },
     );
     b.on_pdu(
@@ -1044,7 +1044,7 @@ fn lost_drf_does_not_block_an_unreliable_flow() {
         Pdu::Data {
             seq: 3,
             drf: false,
-            payload: sdu(3),
+            payload: sdu(3).into(),
         },
     );
     assert_eq!(b.poll_deliver().map(|d| d.seq), Some(2));
@@ -1058,7 +1058,7 @@ fn lost_drf_does_not_block_an_unreliable_flow() {
             Pdu::Data {
                 seq,
                 drf: false,
-                payload: sdu(seq),
+                payload: sdu(seq).into(),
             },
         );
     }
@@ -1070,7 +1070,7 @@ fn lost_drf_does_not_block_an_unreliable_flow() {
         Pdu::Data {
             seq: 1,
             drf: true,
-            payload: sdu(1),
+            payload: sdu(1).into(),
         },
     );
     let got: Vec<u64> = std::iter::from_fn(|| r.poll_deliver().map(|d| d.seq)).collect();
@@ -1087,7 +1087,7 @@ fn reorder_queue_is_bounded() {
         Pdu::Data {
             seq: 1,
             drf: true,
-            payload: vec![],
+            payload: vec![].into(),
         },
     );
     for s in 3..=6 {
@@ -1096,7 +1096,7 @@ fn reorder_queue_is_bounded() {
             Pdu::Data {
                 seq: s,
                 drf: false,
-                payload: vec![],
+                payload: vec![].into(),
             },
         );
     }
@@ -1106,7 +1106,7 @@ fn reorder_queue_is_bounded() {
         Pdu::Data {
             seq: 7,
             drf: false,
-            payload: vec![],
+            payload: vec![].into(),
         },
     );
     // Past the queue is past what such a sender keeps unacknowledged:
@@ -1201,7 +1201,7 @@ fn data(seq: u64, drf: bool) -> Pdu {
     Pdu::Data {
         seq,
         drf,
-        payload: sdu(999_999),
+        payload: sdu(999_999).into(),
     }
 }
 

@@ -72,6 +72,7 @@ pub use mgmt_cdap::CDAP_DISCRIMINATOR;
 pub use rib_remote::{MAX_REMOTE_READS, REMOTE_OWNER};
 pub use tap::Tapped;
 
+use crate::buf::{self, PduBuf};
 use crate::delimiting::{self, Reassembler};
 use crate::efcp::{self, Connection, EfcpConfig, EfcpError};
 use crate::rmt::{self, Address, QueuedPdu, Rmt, Scheduler};
@@ -273,7 +274,7 @@ pub enum NormalError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
     /// Write this frame on N-1 port `port`.
-    Transmit { port: N1Port, frame: Vec<u8> },
+    Transmit { port: N1Port, frame: PduBuf },
     /// Hand this SDU to the application of `flow`.
     Deliver { flow: FlowId, sdu: Vec<u8> },
     /// A management PDU for this IPCP that is neither CDAP (the RIB
@@ -909,17 +910,33 @@ impl NormalIpcp {
     }
 
     /// Sends an application SDU on `flow`. The SDU is taken whole or not at
-    /// all: [`NormalError::WouldBlock`] leaves nothing half-sent.
+    /// all: [`NormalError::WouldBlock`] leaves nothing half-sent. Its bytes
+    /// are copied once, into buffers with room for every header below.
     pub fn write(&mut self, now: Instant, flow: FlowId, sdu: &[u8]) -> Result<(), NormalError> {
+        self.write_sdu(now, flow, Sdu::Borrowed(sdu))
+    }
+
+    /// [`NormalIpcp::write`] of an SDU already in a buffer of its own (a
+    /// frame of a DIF above): an SDU that fits one PDU goes down in that
+    /// buffer, its delimiter and PCI written in the room in front.
+    pub fn write_buf(
+        &mut self,
+        now: Instant,
+        flow: FlowId,
+        sdu: PduBuf,
+    ) -> Result<(), NormalError> {
+        self.write_sdu(now, flow, Sdu::Owned(sdu))
+    }
+
+    fn write_sdu(&mut self, now: Instant, flow: FlowId, sdu: Sdu<'_>) -> Result<(), NormalError> {
         self.tick(now);
         let max = self.cfg.max_sdu;
-        if sdu.is_empty() || sdu.len() > max {
-            return Err(NormalError::BadSduSize {
-                size: sdu.len(),
-                max,
-            });
+        let len = sdu.len();
+        if len == 0 || len > max {
+            return Err(NormalError::BadSduSize { size: len, max });
         }
         let budget = self.frag_budget;
+        let tail = self.sdup.trailer_len() + buf::TAILROOM;
         let f = self
             .flows
             .get_mut(&flow)
@@ -927,26 +944,39 @@ impl NormalIpcp {
         if let Some(e) = f.efcp.failure() {
             return Err(NormalError::Failed(flow, e.clone()));
         }
-        let n = delimiting::fragment_count(sdu.len(), budget);
+        let n = delimiting::fragment_count(len, budget);
         if !f.efcp.can_write() || f.efcp.write_capacity() < n {
             return Err(NormalError::WouldBlock(flow));
         }
-        let frags =
-            delimiting::fragments(sdu, max, budget).map_err(|_| NormalError::BadSduSize {
-                size: sdu.len(),
-                max,
-            })?;
-        for (delim, piece) in frags {
-            let mut payload = Vec::with_capacity(piece.len() + delimiting::DELIMITER_LEN);
-            payload.push(delim.to_byte());
-            payload.extend_from_slice(piece);
+        let bad_size = |_| NormalError::BadSduSize { size: len, max };
+        let mut pieces = Vec::with_capacity(n);
+        match sdu {
+            Sdu::Owned(mut b) if n == 1 => {
+                let (delim, _) = delimiting::fragments(&b, max, budget)
+                    .map_err(bad_size)?
+                    .next()
+                    .ok_or(NormalError::BadSduSize { size: len, max })?;
+                b.push_front(&[delim.to_byte()]);
+                pieces.push(b);
+            }
+            sdu => {
+                // The one copy of the SDU's bytes on the way down: each
+                // fragment into a buffer with room for every header below.
+                for (delim, piece) in delimiting::fragments(&sdu, max, budget).map_err(bad_size)? {
+                    let mut b = PduBuf::with_room(buf::HEADROOM, piece, tail);
+                    b.push_front(&[delim.to_byte()]);
+                    pieces.push(b);
+                }
+            }
+        }
+        for payload in pieces {
             if let Err(e) = f.efcp.write(now, payload) {
                 // write_capacity said there was room; this is a bug guard.
                 return Err(NormalError::Failed(flow, e));
             }
         }
         f.counters.sdus_out += 1;
-        f.counters.bytes_out += sdu.len() as u64;
+        f.counters.bytes_out += len as u64;
         self.dirty.insert(flow);
         self.flush(now);
         Ok(())
@@ -968,20 +998,17 @@ impl NormalIpcp {
         pci.src_addr = self.cfg.address;
         pci.dst_addr = dst;
         pci.qos_id = MGMT_QOS_ID;
-        let mut frame = vec![0u8; self.sdup.header_len()];
-        let start = frame.len();
-        if pci::encode_data(&self.cfg.dt, &pci, payload, &mut frame).is_err() {
+        let mut frame = PduBuf::empty(buf::HEADROOM, payload.len() + 64);
+        if pci::encode_data(&self.cfg.dt, &pci, payload, frame.parts_mut().0).is_err() {
             self.counters.tx_dropped += 1;
             return;
         }
         if dst == self.cfg.address {
-            frame.drain(..start);
-            self.loopback.push_back(frame);
+            self.loopback.push_back(frame.into_vec());
             return;
         }
         let ttl = self.sdup.initial_ttl().unwrap_or(0);
-        let at = self.sdup.protect_in_headroom(&mut frame, start, ttl);
-        frame.drain(..at);
+        self.sdup.protect_buf(&mut frame, ttl);
         let q = QueuedPdu {
             qos_id: MGMT_QOS_ID,
             mgmt: true,
@@ -1022,15 +1049,13 @@ impl NormalIpcp {
         pci.src_addr = self.cfg.address;
         pci.dst_addr = dst;
         pci.qos_id = MGMT_QOS_ID;
-        let mut frame = vec![0u8; self.sdup.header_len()];
-        let start = frame.len();
-        if pci::encode_data(&self.cfg.dt, &pci, payload, &mut frame).is_err() {
+        let mut frame = PduBuf::empty(buf::HEADROOM, payload.len() + 64);
+        if pci::encode_data(&self.cfg.dt, &pci, payload, frame.parts_mut().0).is_err() {
             self.counters.tx_dropped += 1;
             return;
         }
         let ttl = self.sdup.initial_ttl().unwrap_or(0);
-        let at = self.sdup.protect_in_headroom(&mut frame, start, ttl);
-        frame.drain(..at);
+        self.sdup.protect_buf(&mut frame, ttl);
         let q = QueuedPdu {
             qos_id: MGMT_QOS_ID,
             mgmt: true,
@@ -1160,8 +1185,10 @@ impl NormalIpcp {
             },
             None => 0,
         };
-        let mut frame = Vec::with_capacity(pdu.len() + self.sdup.overhead());
-        self.sdup.protect(pdu, ttl, &mut frame);
+        // A relayed PDU is copied once, out of the receive buffer, into a
+        // buffer with room for the headers of the DIFs below.
+        let mut frame = PduBuf::empty(buf::HEADROOM, pdu.len() + self.sdup.overhead());
+        self.sdup.protect(pdu, ttl, frame.parts_mut().0);
         if congested && self.rmt.ecn().is_some() {
             self.cfg.frame_layout().mark(&mut frame);
         }
@@ -1206,7 +1233,7 @@ impl NormalIpcp {
             efcp::Pdu::Data {
                 seq,
                 drf: pci.flags & pci::flags::DRF != 0,
-                payload: payload.to_vec(),
+                payload: payload.to_vec().into(),
             },
             meta,
         );
@@ -1340,40 +1367,36 @@ impl NormalIpcp {
             pci.qos_id = f.ep.qos_id;
             pci.src_cep = f.ep.local_cep;
             pci.dst_cep = f.ep.remote_cep;
-            let mut frame = vec![0u8; self.sdup.header_len()];
-            let start = frame.len();
-            let enc = match &p {
+            let frame = match p {
                 efcp::Pdu::Data { seq, drf, payload } => {
                     pci.seq = seq & seq_mask;
-                    if *drf {
+                    if drf {
                         pci.flags |= pci::flags::DRF;
                     }
-                    pci::encode_data(dt, &pci, payload, &mut frame)
+                    encode_data_in_place(dt, &pci, payload)
                 }
                 control => {
-                    let (ctrl_seq, body) = control_body(control, meta.echo, seq_mask);
+                    let (ctrl_seq, body) = control_body(&control, meta.echo, seq_mask);
                     if meta.ecn {
                         pci.flags |= pci::flags::ECN;
                     }
                     pci.pdu_type = body.pdu_type();
                     pci.seq = ctrl_seq & dt.ctrl_seq.max_value();
-                    pci::encode_control(dt, &pci, &body, &mut frame)
+                    let mut frame = PduBuf::empty(buf::HEADROOM, 64);
+                    let (v, _) = frame.parts_mut();
+                    pci::encode_control(dt, &pci, &body, v).map(|()| frame)
                 }
             };
-            if enc.is_err() {
+            let Ok(mut frame) = frame else {
                 self.counters.tx_dropped += 1;
                 continue;
-            }
+            };
             if f.ep.remote_addr == self.cfg.address {
-                frame.drain(..start);
-                self.loopback.push_back(frame);
+                self.loopback.push_back(frame.into_vec());
                 continue;
             }
             let ttl = self.sdup.initial_ttl().unwrap_or(0);
-            let at = self.sdup.protect_in_headroom(&mut frame, start, ttl);
-            if at > 0 {
-                frame.drain(..at);
-            }
+            self.sdup.protect_buf(&mut frame, ttl);
             let q = QueuedPdu {
                 qos_id: f.ep.qos_id,
                 mgmt: false,
@@ -1514,6 +1537,35 @@ fn discards(c: &delimiting::Counters) -> u64 {
 }
 
 /// The wire body of an EFCP control PDU, with its control sequence number.
+/// An SDU handed to [`NormalIpcp::write_sdu`]: borrowed from the caller
+/// (copied once) or in a buffer of its own (kept when it fits one PDU).
+enum Sdu<'a> {
+    Borrowed(&'a [u8]),
+    Owned(PduBuf),
+}
+
+impl std::ops::Deref for Sdu<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Sdu::Borrowed(b) => b,
+            Sdu::Owned(b) => b,
+        }
+    }
+}
+
+/// Writes the PCI of a data PDU in the room in front of its payload.
+fn encode_data_in_place(
+    dt: &DtConstants,
+    pci: &Pci,
+    mut payload: PduBuf,
+) -> Result<PduBuf, WireError> {
+    let hl = pci::header_len(dt, pci.pdu_type);
+    payload.prepend(hl);
+    pci.write_header(dt, &mut payload)?;
+    Ok(payload)
+}
+
 fn control_body(p: &efcp::Pdu, echo: Option<u64>, seq_mask: u64) -> (u64, ControlBody) {
     match *p {
         efcp::Pdu::Ack { ctrl_seq, ack_sn } => (

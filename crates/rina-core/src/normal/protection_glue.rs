@@ -6,6 +6,7 @@
 use super::membership::{port_auth_object, PortProtection, PORT_AUTH_CLASS};
 use super::mgmt_rib::Peer;
 use super::{Action, N1Port, NormalIpcp, CDAP_DISCRIMINATOR, FRAGMENT_DISCRIMINATOR};
+use crate::buf::{self, PduBuf};
 use crate::rib::OwnerId;
 use crate::sdup::aead::{OpenError, Opened};
 use crate::time::Instant;
@@ -58,13 +59,13 @@ impl NormalIpcp {
             self.counters.tx_dropped += 1;
             return;
         }
-        let mut frame = Vec::new();
+        let mut frame = PduBuf::empty(buf::HEADROOM, pdu.len() + self.sdup.overhead());
         let ttl = self.sdup.initial_ttl().unwrap_or(0);
-        self.sdup.protect(&pdu, ttl, &mut frame);
+        self.sdup.protect(&pdu, ttl, frame.parts_mut().0);
         let Some(m) = self.mship.as_mut() else {
             return;
         };
-        let frame = m.crypto_mut(port).clear(&frame);
+        m.crypto_mut(port).clear_buf(&mut frame);
         self.counters.tx_frames += 1;
         self.actions.push_back(Action::Transmit { port, frame });
     }
@@ -75,8 +76,8 @@ impl NormalIpcp {
         &mut self,
         now: Instant,
         primary: N1Port,
-        frame: Vec<u8>,
-    ) -> Option<Vec<u8>> {
+        mut frame: PduBuf,
+    ) -> Option<PduBuf> {
         if !self.encrypting() {
             return Some(frame);
         }
@@ -84,18 +85,19 @@ impl NormalIpcp {
         let rekey = m.rekey_policy();
         let c = m.crypto_mut(primary);
         if c.has_keys() {
-            let sealed = c.seal(&frame);
+            let sealed = c.seal_buf(&mut frame);
             if c.rekey_due(now, &rekey) {
                 self.start_rekey(now, primary);
             }
-            return sealed;
+            return sealed.then_some(frame);
         }
         // No keys yet: only the handshake goes, in clear (parsed only here,
         // not for every sealed frame).
         let may_go_clear = self.is_handshake_frame(primary, &frame, false, true);
         let c = self.mship.as_mut()?.crypto_mut(primary);
         if may_go_clear {
-            return Some(c.clear(&frame));
+            c.clear_buf(&mut frame);
+            return Some(frame);
         }
         c.counters.no_key_out += 1;
         None

@@ -61,7 +61,7 @@ pub struct QueuedPdu {
     /// Layer-management PDU (schedulers serve these first if they can).
     pub mgmt: bool,
     /// The protected PDU, ready for the N-1 flow.
-    pub bytes: Vec<u8>,
+    pub bytes: crate::buf::PduBuf,
 }
 
 /// Counters of one queue of a port.
@@ -467,7 +467,7 @@ impl Rmt {
 
     /// The next PDU to write on `port`, if its gate is open and the policy
     /// wants one sent now.
-    pub fn poll_output(&mut self, now: Instant, port: PortId) -> Option<Vec<u8>> {
+    pub fn poll_output(&mut self, now: Instant, port: PortId) -> Option<crate::buf::PduBuf> {
         let gate = self.ports.get_mut(&port)?;
         if !gate.open(now) {
             return None;

@@ -17,7 +17,7 @@ fn pdu(qos_id: u64, len: usize) -> QueuedPdu {
     QueuedPdu {
         qos_id,
         mgmt: false,
-        bytes: vec![qos_id as u8; len],
+        bytes: vec![qos_id as u8; len].into(),
     }
 }
 
@@ -25,7 +25,7 @@ fn mgmt() -> QueuedPdu {
     QueuedPdu {
         qos_id: 0,
         mgmt: true,
-        bytes: vec![0xee; 10],
+        bytes: vec![0xee; 10].into(),
     }
 }
 
@@ -697,7 +697,7 @@ proptest::proptest! {
             for &(qos_id, len, is_mgmt, dt, poll) in &ops {
                 now += dt;
                 let t = Instant::from_nanos(now);
-                let p = QueuedPdu { qos_id, mgmt: is_mgmt, bytes: vec![0; len] };
+                let p = QueuedPdu { qos_id, mgmt: is_mgmt, bytes: vec![0; len].into() };
                 if s.enqueue(t, 1, p).is_ok() {
                     accepted += 1;
                 }
@@ -759,7 +759,7 @@ fn paced_port_delays(sched: &SchedulerConfig) -> BTreeMap<u64, (f64, f64, u64)> 
                 let p = QueuedPdu {
                     qos_id: q,
                     mgmt: false,
-                    bytes,
+                    bytes: bytes.into(),
                 };
                 if rmt.send(now, 9, 0, p).is_err() {
                     out.entry(q).or_default().3 += 1;

@@ -6,7 +6,7 @@ fn pdu(qos_id: u64, tag: u8) -> QueuedPdu {
     QueuedPdu {
         qos_id,
         mgmt: false,
-        bytes: vec![tag],
+        bytes: vec![tag].into(),
     }
 }
 
@@ -34,8 +34,8 @@ fn routes_by_destination_and_qos() {
         r.send(T0, 9, 0, pdu(1, 0xc)),
         Err(RmtError::NoRoute { dst: 9, qos_id: 1 })
     );
-    assert_eq!(r.poll_output(T0, 1), Some(vec![0xa]));
-    assert_eq!(r.poll_output(T0, 2), Some(vec![0xb]));
+    assert_eq!(r.poll_output(T0, 1).map(|b| b.into_vec()), Some(vec![0xa]));
+    assert_eq!(r.poll_output(T0, 2).map(|b| b.into_vec()), Some(vec![0xb]));
     assert_eq!(r.poll_output(T0, 1), None);
     assert_eq!(r.counters().no_route, 1);
 }
@@ -79,8 +79,8 @@ fn management_goes_first() {
     let mut m = pdu(0, 2);
     m.mgmt = true;
     r.send_on(T0, 1, m).unwrap();
-    assert_eq!(r.poll_output(T0, 1), Some(vec![2]));
-    assert_eq!(r.poll_output(T0, 1), Some(vec![1]));
+    assert_eq!(r.poll_output(T0, 1).map(|b| b.into_vec()), Some(vec![2]));
+    assert_eq!(r.poll_output(T0, 1).map(|b| b.into_vec()), Some(vec![1]));
 }
 
 #[test]
@@ -128,7 +128,7 @@ fn ecn_marks_data_pdus_that_leave_a_queue_past_the_threshold() {
         let p = QueuedPdu {
             qos_id: 0,
             mgmt: false,
-            bytes: dt_frame(i),
+            bytes: dt_frame(i).into(),
         };
         r.send(T0, 7, 0, p).unwrap();
     }
@@ -136,7 +136,7 @@ fn ecn_marks_data_pdus_that_leave_a_queue_past_the_threshold() {
     let mut m = QueuedPdu {
         qos_id: 0,
         mgmt: true,
-        bytes: dt_frame(0xee),
+        bytes: dt_frame(0xee).into(),
     };
     m.bytes[0] = rina_wire::pci::PduType::Mgmt.code();
     r.send_on(T0, 1, m).unwrap();

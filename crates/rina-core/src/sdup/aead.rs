@@ -37,6 +37,7 @@
 //! machine, about 1 µs with `ring`'s AES-256-GCM (AES-NI, VAES and CLMUL;
 //! without them it falls back to constant-time bitsliced AES).
 
+use crate::buf::PduBuf;
 use crate::time::Instant;
 use hkdf::Hkdf;
 use ring::aead::{Aad, LessSafeKey, Nonce as AeadNonce, UnboundKey, AES_256_GCM};
@@ -372,37 +373,52 @@ impl PortCrypto {
 
     /// Wraps `frame` in clear (for port authentication).
     pub fn clear(&mut self, frame: &[u8]) -> Vec<u8> {
+        let mut b = PduBuf::with_headroom(frame);
+        self.clear_buf(&mut b);
+        b.into_vec()
+    }
+
+    /// [`LinkCrypto::clear`] where the frame lies: the marker goes into its
+    /// room in front.
+    pub fn clear_buf(&mut self, frame: &mut PduBuf) {
         self.counters.clear_out += 1;
-        let mut out = Vec::with_capacity(frame.len() + 1);
-        out.push(CLEAR);
-        out.extend_from_slice(frame);
-        out
+        frame.push_front(&[CLEAR]);
     }
 
     /// Seals `frame` under the current key, or `None` (counted) without
     /// one.
     pub fn seal(&mut self, frame: &[u8]) -> Option<Vec<u8>> {
+        let mut b = PduBuf::with_room(SEALED_HEADER, frame, TAG_LEN);
+        self.seal_buf(&mut b).then(|| b.into_vec())
+    }
+
+    /// [`LinkCrypto::seal`] where the frame lies: the header goes into its
+    /// room in front, the body is encrypted in place and the tag appended.
+    /// False (counted, the frame unchanged) without a key.
+    pub fn seal_buf(&mut self, frame: &mut PduBuf) -> bool {
         let Some(k) = self.tx.as_mut() else {
             self.counters.no_key_out += 1;
-            return None;
+            return false;
         };
         let seq = k.next_seq;
         k.next_seq += 1;
         k.bytes += frame.len() as u64;
-        let mut out = Vec::with_capacity(frame.len() + OVERHEAD);
-        out.push(SEALED);
-        out.extend_from_slice(&k.id.to_be_bytes());
-        out.extend_from_slice(&seq.to_be_bytes());
-        out.extend_from_slice(frame);
-        let (aad, body) = out.split_at_mut(SEALED_HEADER);
+        let head = frame.prepend(SEALED_HEADER);
+        head[0] = SEALED;
+        head[1..5].copy_from_slice(&k.id.to_be_bytes());
+        head[5..].copy_from_slice(&seq.to_be_bytes());
+        let (aad, body) = frame.split_at_mut(SEALED_HEADER);
         // Sealing fails only for inputs beyond AES-GCM's limit (64 GiB).
-        let tag = k
+        let Ok(tag) = k
             .cipher
             .seal_in_place_separate_tag(nonce(seq), Aad::from(&*aad), body)
-            .ok()?;
-        out.extend_from_slice(tag.as_ref());
+        else {
+            frame.advance(SEALED_HEADER);
+            return false;
+        };
+        frame.extend_from_slice(tag.as_ref());
         self.counters.sealed += 1;
-        Some(out)
+        true
     }
 
     /// Unwraps a received frame: a clear one as it is, a sealed one

@@ -19,6 +19,7 @@
 use super::member::{Machine, PortId};
 use super::System;
 use super::{FlowError, SystemError};
+use crate::buf::PduBuf;
 use crate::normal::cubes::{lower_plan, LowerPlan};
 use crate::normal::NormalIpcp;
 use crate::rmt::LowerCube;
@@ -436,21 +437,24 @@ impl System {
     }
 
     /// Writes a frame of normal IPCP `upper` on its N-1 flow `port`.
-    pub(super) fn n1_transmit(&mut self, now: Instant, port: PortId, frame: Vec<u8>) {
+    pub(super) fn n1_transmit(&mut self, now: Instant, port: PortId, mut frame: PduBuf) {
         let Some(&(_, lower)) = self.n1.get(&port) else {
             return;
         };
         if let Some(n) = self.members[lower].normal_mut() {
-            // Stacked: the frame is an SDU of the lower DIF's flow. The
-            // port's gate follows the lower flow's room, so this is taken
-            // unless the lower flow failed.
-            if n.write(now, port, &frame).is_err() {
+            // Stacked: the frame is an SDU of the lower DIF's flow, which
+            // takes the buffer itself. The port's gate follows the lower
+            // flow's room, so this is taken unless the lower flow failed.
+            if n.write_buf(now, port, frame).is_err() {
                 self.counters.n1_tx_dropped += 1;
             }
             return;
         }
         match self.members[lower].send_header(port, frame.len()) {
-            Ok(send) => self.send_on_medium(lower, send.peer, send.frame(&frame)),
+            Ok(send) => {
+                frame.push_front(send.header());
+                self.send_on_medium(lower, send.peer, frame);
+            }
             Err(_) => self.counters.n1_tx_dropped += 1,
         }
     }

@@ -88,7 +88,7 @@ impl Pair {
                         assert_eq!((medium, peer), (0, None), "one medium, no UDP peer");
                         self.sent[i] += 1;
                         let at = self.now + Duration::from_millis(1);
-                        self.wire.push((at, 1 - i, frame));
+                        self.wire.push((at, 1 - i, frame.into_vec()));
                     }
                     Output::ToApp { port, sdu } => self.sdus[i].push((port, sdu)),
                     Output::App(ev) => self.events[i].push(ev),

@@ -4,6 +4,7 @@
 //! error type ([`FlowError`]), so that the system's bookkeeping and the
 //! resource allocator never ask which kind of IPCP they hold.
 
+use crate::buf::PduBuf;
 use crate::normal::{self, NormalError, NormalIpcp};
 use crate::rmt::PortRate;
 use crate::shim_eth::{self, ShimEth, ShimEthError};
@@ -182,12 +183,12 @@ pub enum IpcpEvent {
     /// The connection of flow `port` failed.
     FlowFailed { port: PortId },
     /// Normal IPCP: write this frame on N-1 flow `port`.
-    Transmit { port: PortId, frame: Vec<u8> },
+    Transmit { port: PortId, frame: PduBuf },
     /// Shim: send this frame on the medium (to `peer` over UDP; Ethernet
     /// frames carry their own addresses, shim-hv is point to point).
     ToMedium {
         peer: Option<SocketAddr>,
-        frame: Vec<u8>,
+        frame: PduBuf,
     },
     /// Normal IPCP: news of enrollment and neighbours, for the log.
     Membership(normal::MembershipEvent),
@@ -514,7 +515,7 @@ fn shim_udp_event(a: shim_udp::Action) -> IpcpEvent {
     match a {
         shim_udp::Action::Transmit { to, payload } => IpcpEvent::ToMedium {
             peer: Some(to),
-            frame: payload,
+            frame: payload.into(),
         },
         shim_udp::Action::FlowRequest {
             handle,
@@ -539,7 +540,10 @@ fn shim_udp_event(a: shim_udp::Action) -> IpcpEvent {
 
 fn shim_eth_event(a: shim_eth::Action) -> IpcpEvent {
     match a {
-        shim_eth::Action::Transmit { frame } => IpcpEvent::ToMedium { peer: None, frame },
+        shim_eth::Action::Transmit { frame } => IpcpEvent::ToMedium {
+            peer: None,
+            frame: frame.into(),
+        },
         shim_eth::Action::FlowRequest {
             handle,
             local,
@@ -565,7 +569,7 @@ fn shim_hv_event(a: shim_hv::Action) -> IpcpEvent {
     match a {
         shim_hv::Action::Transmit { buf } => IpcpEvent::ToMedium {
             peer: None,
-            frame: buf,
+            frame: buf.into(),
         },
         shim_hv::Action::FlowRequest {
             handle,

@@ -40,6 +40,7 @@ pub mod member;
 mod removal;
 mod tap;
 
+pub use crate::buf::PduBuf;
 pub use allocator::{Neighbor, NeighborSpec, Plan, NEIGHBOR_RETRY};
 pub use member::{FlowError, IpcpEvent, LowerPeer, Machine, Member, PortId, ShimSend};
 pub use removal::Removal;
@@ -68,7 +69,7 @@ pub enum Output {
     ToMedium {
         medium: MediumId,
         peer: Option<SocketAddr>,
-        frame: Vec<u8>,
+        frame: PduBuf,
     },
     /// News of enrollment and neighbours from normal IPCP `member`.
     Membership {
@@ -676,7 +677,7 @@ impl System {
                 self.out.push_back(Output::ToMedium {
                     medium,
                     peer: send.peer,
-                    frame: send.frame(sdu),
+                    frame: send.frame(sdu).into(),
                 });
             }),
         };

@@ -147,7 +147,7 @@ impl System {
         &mut self,
         medium: MediumId,
         peer: Option<SocketAddr>,
-        frame: Vec<u8>,
+        frame: crate::buf::PduBuf,
     ) {
         self.tap(medium, true, peer, None, &[&frame]);
         self.out.push_back(super::Output::ToMedium {

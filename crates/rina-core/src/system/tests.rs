@@ -65,7 +65,8 @@ impl Net {
                             continue;
                         };
                         if !self.mute.contains(&i) {
-                            self.wire.push((self.now + self.delay, dst, udp(i), frame));
+                            self.wire
+                                .push((self.now + self.delay, dst, udp(i), frame.into_vec()));
                         }
                     }
                     Output::ToApp { port, sdu } => self.logs[i].sdus.push((self.now, port, sdu)),
@@ -626,6 +627,7 @@ fn stacked_system(
     s.add_normal(name(low_name), low, &fifo(), nbs, BTreeMap::new())
         .unwrap();
     let mut up = NormalConfig::new("up", up_addr);
+    up.directory.insert(name("app1"), 2);
     let mut m = MembershipConfig::new(name(up_name));
     m.password = Some(password.into());
     m.entropy = [i as u8 + 7; 32];
@@ -699,4 +701,107 @@ fn a_lane_in_an_authenticated_neighbours_name_from_another_peer_is_refused() {
     assert!(c.n1_claims >= 1, "{c:?}");
     assert_eq!(c.n1_claims_admitted, 0, "{c:?}");
     assert!(c.n1_lanes_refused >= 1, "{c:?}");
+}
+
+/// Writes `sdu` on `port` of system 0 and returns the frames it put on its
+/// medium and what the buffers cost meanwhile.
+fn frames_of_one_write(
+    net: &mut Net,
+    port: PortId,
+    sdu: &[u8],
+) -> (Vec<PduBuf>, crate::buf::BufStats) {
+    net.collect();
+    let before = crate::buf::stats();
+    net.sys[0].write(net.now, port, sdu).unwrap();
+    let mut frames = Vec::new();
+    while let Some(o) = net.sys[0].poll_output() {
+        if let Output::ToMedium { frame, .. } = o {
+            frames.push(frame);
+        }
+    }
+    let after = crate::buf::stats();
+    let cost = crate::buf::BufStats {
+        made: after.made - before.made,
+        copies: after.copies - before.copies,
+        grown: after.grown - before.grown,
+    };
+    (frames, cost)
+}
+
+#[test]
+fn an_sdu_is_copied_once_on_its_way_down_a_normal_dif() {
+    let (mut net, port, _) = flow_across();
+    let sdu = [0x5a; 1000];
+    let (frames, cost) = frames_of_one_write(&mut net, port, &sdu);
+    assert_eq!(frames.len(), 1, "{frames:?}");
+    assert!(frames[0].ends_with(&sdu));
+    // One buffer, the SDU copied into it once: the delimiter, PCI and the
+    // shim's header went into its room in front.
+    assert_eq!((cost.made, cost.copies, cost.grown), (1, 1, 0), "{cost:?}");
+}
+
+#[test]
+fn an_sdu_is_copied_once_on_its_way_down_two_stacked_difs() {
+    const PW: &str = "pw";
+    let mut net = Net::new(vec![
+        stacked_system(
+            0,
+            &[(1, "s1.low")],
+            ("s0.low", 1),
+            ("s0.up", 1),
+            "s1.up",
+            PW,
+        ),
+        stacked_system(
+            1,
+            &[(0, "s0.low")],
+            ("s1.low", 2),
+            ("s1.up", 2),
+            "s0.up",
+            PW,
+        ),
+    ]);
+    net.run_until(ms(6000));
+    net.sys[1].register("up", name("app1")).unwrap();
+    let port = net.sys[0]
+        .allocate(
+            net.now,
+            Some("up"),
+            name("app0"),
+            name("app1"),
+            QosSpec::default(),
+        )
+        .unwrap();
+    net.run_until(ms(6100));
+    let handle = net.logs[1]
+        .events
+        .iter()
+        .find_map(|e| match e {
+            AppEvent::FlowRequest { handle, .. } => Some(*handle),
+            _ => None,
+        })
+        .expect("the request reached app1");
+    let (theirs, _) = net.sys[1].accept(net.now, handle).unwrap();
+    net.run_until(ms(6300));
+    assert_eq!(allocated(&net.logs[0]), Some(port));
+
+    let sdu = [0xa5; 1000];
+    let (frames, cost) = frames_of_one_write(&mut net, port, &sdu);
+    assert_eq!(frames.len(), 1, "{frames:?}");
+    assert!(frames[0].ends_with(&sdu));
+    // The upper DIF's frame is the lower DIF's SDU in the same buffer.
+    assert_eq!((cost.made, cost.copies, cost.grown), (1, 1, 0), "{cost:?}");
+
+    // And it arrives.
+    for f in frames {
+        net.sys[1].handle_frame(net.now, 0, udp(0), &f);
+    }
+    net.collect();
+    assert!(
+        net.logs[1]
+            .sdus
+            .iter()
+            .any(|(_, p, s)| *p == theirs && s[..] == sdu[..]),
+        "the SDU reached app1"
+    );
 }

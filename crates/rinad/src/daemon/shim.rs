@@ -11,7 +11,7 @@
 use super::*;
 use crate::udp_batch::{self, Receiver, Sender};
 use mio::net::UdpSocket;
-use rina_core::system::{FlowError, Rx};
+use rina_core::system::{FlowError, PduBuf, Rx};
 use std::net::SocketAddr;
 use std::ops::Range;
 
@@ -26,14 +26,14 @@ pub(super) struct UdpIo {
     /// and datagrams lost because too many waited for a full one.
     pub send_errors: u64,
     /// Datagrams waiting for the socket to become writable, in order.
-    pub stalled: VecDeque<(SocketAddr, Vec<u8>)>,
+    pub stalled: VecDeque<(SocketAddr, PduBuf)>,
     /// Application flows whose reading waits for the stall to end.
     pub parked: Vec<PortId>,
     /// Already in the ready queue.
     pub rx_queued: bool,
     /// Frames of this turn of the loop, sent together at its end (or when
     /// [`BUDGET`] have gathered).
-    pub out: Vec<(SocketAddr, Vec<u8>)>,
+    pub out: Vec<(SocketAddr, PduBuf)>,
     /// The socket's batches (and which offloads its path allows).
     pub sender: Sender,
     /// Whether the socket coalesces what it receives (`UDP_GRO`).
@@ -61,7 +61,7 @@ impl UdpIo {
 
     /// Keeps what a full socket did not take, in order, up to
     /// [`STALL_MAX`]; beyond that it is lost (counted).
-    fn stall<F: Into<Vec<u8>>>(&mut self, rest: impl Iterator<Item = (SocketAddr, F)>) {
+    fn stall<F: Into<PduBuf>>(&mut self, rest: impl Iterator<Item = (SocketAddr, F)>) {
         for (to, f) in rest {
             if self.stalled.len() < STALL_MAX {
                 self.stalled.push_back((to, f.into()));
@@ -217,7 +217,7 @@ impl Daemon {
     /// socket keeps it, in order, and blocks the N-1 ports over it until
     /// the socket is writable: their PDUs wait in their RMT, where the
     /// scheduling policy decides.
-    pub(super) fn udp_send(&mut self, i: usize, peer: Option<SocketAddr>, frame: Vec<u8>) {
+    pub(super) fn udp_send(&mut self, i: usize, peer: Option<SocketAddr>, frame: PduBuf) {
         let Io::Udp(u) = &mut self.ipcps[i].io else {
             return;
         };

@@ -23,7 +23,7 @@ use super::shim::STALL_MAX;
 use super::*;
 use crate::config::IpcpKind;
 use rina_core::shim_eth::{self as core_eth, ShimEth};
-use rina_core::system::Rx;
+use rina_core::system::{PduBuf, Rx};
 use rina_wire::shim_eth::MacAddr;
 use std::ffi::CString;
 use std::mem::{size_of, zeroed};
@@ -42,11 +42,11 @@ pub(super) struct EthIo {
     pub send_full: u64,
     /// Frames of this turn of the loop, sent together at its end
     /// ([`Daemon::flush_eth`]).
-    pub out: Vec<Vec<u8>>,
+    pub out: Vec<PduBuf>,
     /// `sendmmsg` calls made.
     pub tx_syscalls: u64,
     /// Frames waiting for the socket to become writable, in order.
-    pub stalled: VecDeque<Vec<u8>>,
+    pub stalled: VecDeque<PduBuf>,
     /// Flows whose reading waits for the stall to end.
     pub parked: Vec<PortId>,
     /// Already in the ready queue.
@@ -583,7 +583,7 @@ impl EthIo {
 
     /// Keeps frames for when the socket is writable again, at most
     /// [`STALL_MAX`]; beyond that they are lost (counted).
-    fn stall(&mut self, rest: impl Iterator<Item = Vec<u8>>) {
+    fn stall(&mut self, rest: impl Iterator<Item = PduBuf>) {
         for f in rest {
             if self.stalled.len() < STALL_MAX {
                 self.stalled.push_back(f);
@@ -711,7 +711,7 @@ impl Daemon {
     /// IPCP above) with the others of this turn of the loop. A full socket
     /// keeps it, in order, and blocks the N-1 ports over it until the
     /// socket is writable.
-    pub(super) fn eth_send(&mut self, i: usize, frame: Vec<u8>) {
+    pub(super) fn eth_send(&mut self, i: usize, frame: PduBuf) {
         let Io::Eth(ip) = &mut self.ipcps[i].io else {
             return;
         };
@@ -759,7 +759,7 @@ impl Daemon {
         if !blocked {
             return false;
         }
-        ip.stall(frames[sent..].iter().map(|f| f.to_vec()));
+        ip.stall(frames[sent..].iter().map(|f| PduBuf::from(f.to_vec())));
         if !ip.parked.contains(&port) {
             ip.parked.push(port);
         }

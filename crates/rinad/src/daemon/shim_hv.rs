@@ -44,6 +44,7 @@
 //! `tx_ring_full`). Control messages wait in a backlog of their own.
 
 use super::*;
+use rina_core::buf::PduBuf;
 use rina_core::shim_hv::link::{region_size, Backlog, BacklogOutcome, Link, LinkConfig, LinkEvent};
 use rina_core::shim_hv::ring::{Geometry, Region, RingError, Segments};
 use rina_core::shim_hv::vmpi::{CHANNEL_HEADER, CONTROL_CHANNEL};
@@ -1286,7 +1287,7 @@ impl Daemon {
     /// this IPCP are blocked, so PDUs wait in the RMT above, where the
     /// scheduling policy decides; only what overflows the backlog is lost
     /// (counted as `tx_ring_full`).
-    pub(super) fn hv_send(&mut self, i: usize, frame: Vec<u8>) {
+    pub(super) fn hv_send(&mut self, i: usize, frame: PduBuf) {
         let now = self.now();
         let Io::Hv(h) = &mut self.ipcps[i].io else {
             return;
@@ -1295,7 +1296,7 @@ impl Daemon {
             .get(..CHANNEL_HEADER)
             .is_none_or(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) == CONTROL_CHANNEL);
         if control {
-            h.send_control(frame);
+            h.send_control(frame.into_vec());
             return;
         }
         let Some(a) = &mut h.att else {

@@ -396,10 +396,10 @@ impl LabNode {
             } => {
                 if let Some((q, _)) = self.backlog.get_mut(&medium) {
                     // Behind frames the link pushed back: in order.
-                    q.push_back((peer, frame));
+                    q.push_back((peer, frame.into_vec()));
                 } else if let Some(&(local, _)) = self.media.get(&medium) {
                     if !self.down.contains(&medium) {
-                        ctx.transmit(local, peer, frame);
+                        ctx.transmit(local, peer, frame.into_vec());
                     }
                 }
             }

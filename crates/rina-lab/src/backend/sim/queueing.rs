@@ -616,7 +616,7 @@ impl<'a> Engine<'a> {
         let pdu = QueuedPdu {
             qos_id: qos,
             mgmt: false,
-            bytes: buf,
+            bytes: buf.into(),
         };
         let now = Instant::from_nanos(self.now);
         let pt = &mut self.ports[port];
@@ -633,7 +633,7 @@ impl<'a> Engine<'a> {
             Err(back) => {
                 self.ports[port].dropped += 1;
                 if let Some(p) = self.packets[idx].as_mut() {
-                    p.buf = back.bytes;
+                    p.buf = back.bytes.into_vec();
                 }
                 self.lost(idx);
             }
@@ -677,7 +677,7 @@ impl<'a> Engine<'a> {
                     let share = (self.end - self.now) as f64 / t as f64;
                     pt.bits += (pdu.bytes.len() as f64 * 8.0 * share) as u64;
                 }
-                pt.busy = Some((idx, pdu.bytes));
+                pt.busy = Some((idx, pdu.bytes.into_vec()));
                 self.ev
                     .push(Instant::from_nanos(self.now + t), Ev::TxDone(port));
             }

@@ -73,8 +73,8 @@ fn carry(
                 match a {
                     Action::Transmit { frame, .. } => {
                         moved = true;
-                        wire.frames.push(frame.clone());
-                        for f in hook(frame) {
+                        wire.frames.push(frame.to_vec());
+                        for f in hook(frame.into_vec()) {
                             net[1 - i].on_frame(now, PORT, &f);
                         }
                     }

@@ -1,0 +1,294 @@
+//! One buffer per PDU: the bytes of a PDU with room in front for the
+//! headers the layers below add.
+//!
+//! A normal IPCP copies an SDU once, into a [`PduBuf`] with
+//! [`HEADROOM`] bytes free in front; from there the delimiter, the PCI, the
+//! SDU protection header, the shim's header and the headers of every
+//! stacked DIF below are written into that room ([`PduBuf::prepend`]), and
+//! the same buffer waits in EFCP and the RMT and reaches the driver, which
+//! writes it with one system call. A reliable flow's retransmission queue
+//! keeps the buffer as the application wrote it, and each transmission is
+//! one copy of it (which the PCI and protection then change in place).
+//!
+//! Each thread counts the buffers made and the bytes copied into them
+//! ([`stats`]), so a test can check that a path makes no copy it should
+//! not.
+
+use std::cell::Cell;
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+
+/// Room kept in front of an SDU when it is first copied: the delimiter,
+/// the largest PCI, a TTL and the shim's header of the DIF it enters and
+/// of two more DIFs stacked under it. A layer that finds too little room
+/// moves the bytes once ([`BufStats::grown`]).
+pub const HEADROOM: usize = 128;
+
+/// Room kept after an SDU when it is first copied: an authentication tag
+/// of link encryption and a CRC.
+pub const TAILROOM: usize = 32;
+
+thread_local! {
+    static STATS: Cell<BufStats> = const { Cell::new(BufStats { made: 0, copies: 0, grown: 0 }) };
+}
+
+/// What this thread's [`PduBuf`]s have cost so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BufStats {
+    /// Buffers made by copying bytes in ([`PduBuf::with_headroom`],
+    /// [`Clone`]); buffers adopted from a `Vec` are not counted.
+    pub made: u64,
+    /// Times a buffer's bytes were copied: into a new buffer, or moved to
+    /// make room in front or to give a `Vec` back.
+    pub copies: u64,
+    /// Times a buffer had too little room in front and was moved.
+    pub grown: u64,
+}
+
+/// This thread's [`BufStats`] so far.
+pub fn stats() -> BufStats {
+    STATS.with(Cell::get)
+}
+
+fn count(made: u64, copies: u64, grown: u64) {
+    STATS.with(|s| {
+        let mut v = s.get();
+        v.made += made;
+        v.copies += copies;
+        v.grown += grown;
+        s.set(v);
+    });
+}
+
+/// The bytes of one PDU, `buf[head..]`, with `head` bytes of room in front.
+#[derive(PartialEq, Eq, Default)]
+pub struct PduBuf {
+    buf: Vec<u8>,
+    head: usize,
+}
+
+impl PduBuf {
+    /// A copy of `bytes` with `headroom` bytes free in front of it (and the
+    /// room for `tailroom` more after it without moving).
+    pub fn with_room(headroom: usize, bytes: &[u8], tailroom: usize) -> PduBuf {
+        let mut buf = Vec::with_capacity(headroom + bytes.len() + tailroom);
+        buf.resize(headroom, 0);
+        buf.extend_from_slice(bytes);
+        count(1, 1, 0);
+        PduBuf {
+            buf,
+            head: headroom,
+        }
+    }
+
+    /// A copy of `bytes` with [`HEADROOM`] free in front and [`TAILROOM`]
+    /// after.
+    pub fn with_headroom(bytes: &[u8]) -> PduBuf {
+        PduBuf::with_room(HEADROOM, bytes, TAILROOM)
+    }
+
+    /// An empty buffer with `headroom` free in front, for a PDU that is
+    /// written rather than copied (a control PDU).
+    pub fn empty(headroom: usize, capacity: usize) -> PduBuf {
+        let mut buf = Vec::with_capacity(headroom + capacity);
+        buf.resize(headroom, 0);
+        PduBuf {
+            buf,
+            head: headroom,
+        }
+    }
+
+    /// Bytes free in front.
+    pub fn headroom(&self) -> usize {
+        self.head
+    }
+
+    /// Makes `n` more bytes at the front and returns them (zeroed only if
+    /// the buffer had to grow; the caller writes all of them).
+    pub fn prepend(&mut self, n: usize) -> &mut [u8] {
+        if self.head < n {
+            let extra = n - self.head + HEADROOM;
+            let mut buf = Vec::with_capacity(extra + self.buf.len());
+            buf.resize(extra, 0);
+            buf.extend_from_slice(&self.buf);
+            self.buf = buf;
+            self.head += extra;
+            count(0, 1, 1);
+        }
+        self.head -= n;
+        &mut self.buf[self.head..self.head + n]
+    }
+
+    /// Writes `bytes` in front.
+    pub fn push_front(&mut self, bytes: &[u8]) {
+        self.prepend(bytes.len()).copy_from_slice(bytes);
+    }
+
+    /// Drops the first `n` bytes (all of them if fewer), keeping the room.
+    pub fn advance(&mut self, n: usize) {
+        self.head = (self.head + n).min(self.buf.len());
+    }
+
+    /// Appends `bytes` at the end.
+    pub fn extend_from_slice(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// Keeps the first `len` bytes.
+    pub fn truncate(&mut self, len: usize) {
+        self.buf.truncate(self.head + len);
+    }
+
+    /// The whole allocation and where the PDU starts in it, for code that
+    /// works on a `Vec` with headroom ([`crate::sdup::Protection`]).
+    pub fn parts_mut(&mut self) -> (&mut Vec<u8>, &mut usize) {
+        (&mut self.buf, &mut self.head)
+    }
+
+    /// The bytes as a `Vec`: free when there is no room in front, one move
+    /// otherwise.
+    pub fn into_vec(mut self) -> Vec<u8> {
+        if self.head > 0 {
+            self.buf.drain(..self.head);
+            count(0, 1, 0);
+        }
+        self.buf
+    }
+}
+
+impl Clone for PduBuf {
+    /// A copy with the same room in front.
+    fn clone(&self) -> PduBuf {
+        let mut buf = Vec::with_capacity(self.buf.capacity());
+        buf.resize(self.head, 0);
+        buf.extend_from_slice(&self.buf[self.head..]);
+        count(1, 1, 0);
+        PduBuf {
+            buf,
+            head: self.head,
+        }
+    }
+}
+
+impl From<Vec<u8>> for PduBuf {
+    /// Adopts `v` without copying (and without room in front).
+    fn from(v: Vec<u8>) -> PduBuf {
+        PduBuf { buf: v, head: 0 }
+    }
+}
+
+impl From<&[u8]> for PduBuf {
+    fn from(b: &[u8]) -> PduBuf {
+        PduBuf::with_headroom(b)
+    }
+}
+
+impl<const N: usize> From<&[u8; N]> for PduBuf {
+    fn from(b: &[u8; N]) -> PduBuf {
+        PduBuf::with_headroom(b)
+    }
+}
+
+impl Deref for PduBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf[self.head..]
+    }
+}
+
+impl DerefMut for PduBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.buf[self.head..]
+    }
+}
+
+impl AsRef<[u8]> for PduBuf {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl PartialEq<[u8]> for PduBuf {
+    fn eq(&self, other: &[u8]) -> bool {
+        **self == *other
+    }
+}
+
+impl PartialEq<Vec<u8>> for PduBuf {
+    fn eq(&self, other: &Vec<u8>) -> bool {
+        **self == other[..]
+    }
+}
+
+impl PartialEq<&[u8]> for PduBuf {
+    fn eq(&self, other: &&[u8]) -> bool {
+        **self == **other
+    }
+}
+
+impl<const N: usize> PartialEq<[u8; N]> for PduBuf {
+    fn eq(&self, other: &[u8; N]) -> bool {
+        **self == other[..]
+    }
+}
+
+impl PartialEq<PduBuf> for Vec<u8> {
+    fn eq(&self, other: &PduBuf) -> bool {
+        self[..] == **other
+    }
+}
+
+impl fmt::Debug for PduBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Like a byte slice, so test failures read the same as before.
+        fmt::Debug::fmt(&**self, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_go_in_front_without_moving_the_bytes() {
+        let before = stats();
+        let mut b = PduBuf::with_headroom(b"payload");
+        let at = b.as_ptr();
+        b.push_front(&[1]);
+        b.prepend(4).copy_from_slice(&[9, 9, 9, 9]);
+        assert_eq!(&b[..], b"\x09\x09\x09\x09\x01payload");
+        assert_eq!(b.headroom(), HEADROOM - 5);
+        // SAFETY-free pointer arithmetic check: the payload did not move.
+        assert_eq!(b[5..].as_ptr(), at);
+        let s = stats();
+        assert_eq!((s.made - before.made, s.copies - before.copies), (1, 1));
+        assert_eq!(s.grown, before.grown);
+    }
+
+    #[test]
+    fn too_little_room_moves_once_and_keeps_the_bytes() {
+        let before = stats();
+        let mut b = PduBuf::from(vec![1, 2, 3]);
+        b.push_front(&[0]);
+        assert_eq!(b, vec![0, 1, 2, 3]);
+        assert_eq!(b.headroom(), HEADROOM);
+        b.push_front(&[7; 10]);
+        assert_eq!(b.len(), 14);
+        assert_eq!(stats().grown - before.grown, 1);
+        b.advance(11);
+        assert_eq!(b, vec![1, 2, 3]);
+        b.truncate(2);
+        b.extend_from_slice(&[5]);
+        assert_eq!(b.into_vec(), vec![1, 2, 5]);
+    }
+
+    #[test]
+    fn a_clone_is_a_copy_with_the_same_room() {
+        let a = PduBuf::with_headroom(b"abc");
+        let mut c = a.clone();
+        c[0] = b'x';
+        assert_eq!(a, *b"abc");
+        assert_eq!(c, *b"xbc");
+        assert_eq!(c.headroom(), HEADROOM);
+    }
+}
