@@ -346,6 +346,29 @@ impl Reassembler {
             .map(|o| o.map(Cow::into_owned))
     }
 
+    /// Like [`Reassembler::push`], for a fragment in a buffer of its own: a
+    /// complete (unfragmented) SDU comes back in that same buffer, past its
+    /// delimiter, without a copy.
+    pub fn push_buf(
+        &mut self,
+        now: Instant,
+        seq: u64,
+        mut payload: crate::buf::PduBuf,
+    ) -> Result<Option<crate::buf::PduBuf>, DelimitError> {
+        let out = self.push_ref(now, seq, &payload)?.map(|c| match c {
+            Cow::Owned(v) => Some(v),
+            Cow::Borrowed(_) => None,
+        });
+        Ok(match out {
+            None => None,
+            Some(Some(sdu)) => Some(sdu.into()),
+            Some(None) => {
+                payload.advance(DELIMITER_LEN);
+                Some(payload)
+            }
+        })
+    }
+
     /// Like [`Reassembler::push`], but a complete (unfragmented) SDU is
     /// returned as a slice of `payload` instead of a copy.
     pub fn push_ref<'a>(

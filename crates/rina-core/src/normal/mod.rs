@@ -276,7 +276,7 @@ pub enum Action {
     /// Write this frame on N-1 port `port`.
     Transmit { port: N1Port, frame: PduBuf },
     /// Hand this SDU to the application of `flow`.
-    Deliver { flow: FlowId, sdu: Vec<u8> },
+    Deliver { flow: FlowId, sdu: PduBuf },
     /// A management PDU for this IPCP that is neither CDAP (the RIB
     /// daemon's) nor membership's arrived on `port` from `src`.
     Management {
@@ -1233,7 +1233,7 @@ impl NormalIpcp {
             efcp::Pdu::Data {
                 seq,
                 drf: pci.flags & pci::flags::DRF != 0,
-                payload: payload.to_vec().into(),
+                payload: PduBuf::with_room(0, payload, 0),
             },
             meta,
         );
@@ -1334,7 +1334,7 @@ impl NormalIpcp {
         while let Some(d) = f.efcp.poll_deliver() {
             f.fragments += 1;
             let before = discards(f.reasm.counters());
-            let res = f.reasm.push(now, d.seq, &d.payload);
+            let res = f.reasm.push_buf(now, d.seq, d.payload);
             if discards(f.reasm.counters()) > before || res.is_err() {
                 // Fragments the reassembler threw away hold no buffer any
                 // more: give their credit back. The newest fragment is kept

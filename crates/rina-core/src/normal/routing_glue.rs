@@ -356,7 +356,7 @@ mod tests {
                 2,
                 Action::Deliver {
                     flow: 9,
-                    sdu: b"hello".to_vec()
+                    sdu: b"hello".to_vec().into()
                 }
             )]
         );

@@ -141,7 +141,7 @@ fn deliveries(actions: &[(usize, Action)]) -> Vec<(usize, FlowId, Vec<u8>)> {
     actions
         .iter()
         .filter_map(|(i, a)| match a {
-            Action::Deliver { flow, sdu } => Some((*i, *flow, sdu.clone())),
+            Action::Deliver { flow, sdu } => Some((*i, *flow, sdu.to_vec())),
             _ => None,
         })
         .collect()
@@ -545,7 +545,7 @@ fn a_flow_between_two_names_of_one_ipcp_goes_through_the_loopback() {
         p.poll_action(),
         Some(Action::Deliver {
             flow: 2,
-            sdu: b"ping".to_vec()
+            sdu: b"ping".to_vec().into()
         })
     );
     p.write(ms(1), 2, b"pong").unwrap();
@@ -553,7 +553,7 @@ fn a_flow_between_two_names_of_one_ipcp_goes_through_the_loopback() {
         p.poll_action(),
         Some(Action::Deliver {
             flow: 1,
-            sdu: b"pong".to_vec()
+            sdu: b"pong".to_vec().into()
         })
     );
     // Acks flow through the loopback too; nothing reaches an N-1 port.

@@ -2,6 +2,7 @@
 
 use super::member::{IpcpEvent, Machine, PortId};
 use super::{AppEvent, Output, System};
+use crate::buf::PduBuf;
 use crate::time::Instant;
 use rina_wire::AppName;
 
@@ -120,7 +121,7 @@ impl System {
         &mut self,
         now: Instant,
         port: PortId,
-        sdu: Vec<u8>,
+        sdu: PduBuf,
         congested: bool,
     ) {
         if let Some(&(upper, _)) = self.n1.get(&port) {

@@ -90,7 +90,7 @@ impl Pair {
                         let at = self.now + Duration::from_millis(1);
                         self.wire.push((at, 1 - i, frame.into_vec()));
                     }
-                    Output::ToApp { port, sdu } => self.sdus[i].push((port, sdu)),
+                    Output::ToApp { port, sdu } => self.sdus[i].push((port, sdu.into_vec())),
                     Output::App(ev) => self.events[i].push(ev),
                     Output::Membership { .. } => self.membership[i] += 1,
                     Output::Alarm { .. } | Output::RibRead { .. } => {}

@@ -179,7 +179,7 @@ pub enum IpcpEvent {
     /// The peer deallocated a flow.
     Deallocated { port: PortId },
     /// An SDU for the user of flow `port`.
-    Deliver { port: PortId, sdu: Vec<u8> },
+    Deliver { port: PortId, sdu: PduBuf },
     /// The connection of flow `port` failed.
     FlowFailed { port: PortId },
     /// Normal IPCP: write this frame on N-1 flow `port`.
@@ -561,7 +561,10 @@ fn shim_eth_event(a: shim_eth::Action) -> IpcpEvent {
             port,
             error: error.into(),
         },
-        shim_eth::Action::Deliver { port, sdu } => IpcpEvent::Deliver { port, sdu },
+        shim_eth::Action::Deliver { port, sdu } => IpcpEvent::Deliver {
+            port,
+            sdu: sdu.into(),
+        },
     }
 }
 

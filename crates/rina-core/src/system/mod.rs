@@ -91,7 +91,7 @@ pub enum Output {
         message: String,
     },
     /// An SDU for the application of flow `port`.
-    ToApp { port: PortId, sdu: Vec<u8> },
+    ToApp { port: PortId, sdu: PduBuf },
     /// Something for an application.
     App(AppEvent),
 }
@@ -773,7 +773,7 @@ impl System {
         if let Some((port, sdu)) = self.receive(now, medium, rx) {
             self.out.push_back(Output::ToApp {
                 port,
-                sdu: sdu.to_vec(),
+                sdu: sdu.to_vec().into(),
             });
         }
     }

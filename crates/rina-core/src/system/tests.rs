@@ -69,7 +69,9 @@ impl Net {
                                 .push((self.now + self.delay, dst, udp(i), frame.into_vec()));
                         }
                     }
-                    Output::ToApp { port, sdu } => self.logs[i].sdus.push((self.now, port, sdu)),
+                    Output::ToApp { port, sdu } => {
+                        self.logs[i].sdus.push((self.now, port, sdu.into_vec()))
+                    }
                     Output::App(ev) => self.logs[i].events.push(ev),
                     Output::Membership { .. } | Output::Alarm { .. } | Output::RibRead { .. } => {}
                 }
@@ -729,7 +731,7 @@ fn frames_of_one_write(
 }
 
 #[test]
-fn an_sdu_is_copied_once_on_its_way_down_a_normal_dif() {
+fn an_sdu_is_copied_once_down_and_once_up_a_normal_dif() {
     let (mut net, port, _) = flow_across();
     let sdu = [0x5a; 1000];
     let (frames, cost) = frames_of_one_write(&mut net, port, &sdu);
@@ -738,6 +740,23 @@ fn an_sdu_is_copied_once_on_its_way_down_a_normal_dif() {
     // One buffer, the SDU copied into it once: the delimiter, PCI and the
     // shim's header went into its room in front.
     assert_eq!((cost.made, cost.copies, cost.grown), (1, 1, 0), "{cost:?}");
+
+    // On the way up, the payload is copied once out of the receive buffer
+    // and handed to the application in that copy.
+    let before = crate::buf::stats();
+    net.sys[1].handle_frame(net.now, 0, udp(0), &frames[0]);
+    let mut got = Vec::new();
+    while let Some(o) = net.sys[1].poll_output() {
+        if let Output::ToApp { sdu, .. } = o {
+            got.push(sdu);
+        }
+    }
+    let after = crate::buf::stats();
+    assert_eq!(got, vec![PduBuf::from(sdu.to_vec())]);
+    assert_eq!(
+        (after.made - before.made, after.copies - before.copies),
+        (1, 1)
+    );
 }
 
 #[test]

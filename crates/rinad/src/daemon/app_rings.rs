@@ -140,16 +140,16 @@ impl AppRings {
     /// Hands SDUs held for the application to its ring, in order; how many
     /// went, and whether room for the next appeared meanwhile (else the
     /// application is asked to kick once it read).
-    pub(super) fn deliver_held(&mut self, q: &mut VecDeque<Vec<u8>>) -> (usize, bool) {
+    pub(super) fn deliver_held<B: AsRef<[u8]>>(&mut self, q: &mut VecDeque<B>) -> (usize, bool) {
         let mut sent = 0;
         while let Some(sdu) = q.front() {
-            if !self.deliver(sdu) {
+            if !self.deliver(sdu.as_ref()) {
                 break;
             }
             q.pop_front();
             sent += 1;
         }
-        let again = q.front().is_some_and(|f| self.want_room(f.len()));
+        let again = q.front().is_some_and(|f| self.want_room(f.as_ref().len()));
         (sent, again)
     }
 

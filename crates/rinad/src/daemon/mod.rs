@@ -51,7 +51,7 @@ use crate::sys::{self, Recv, Sent};
 use ipcp::{Io, Ipcp};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
-use rina_core::system::{AppEvent, Machine, Output, PortId, System};
+use rina_core::system::{AppEvent, Machine, Output, PduBuf, PortId, System};
 use rina_core::Instant;
 use rina_wire::ctl::{
     self, CtlError, DifInfo, ErrorKind, FlowInfo, FlowStats, IncomingFlow, IpcpInfo, Message,
@@ -120,7 +120,7 @@ struct FlowSlot {
     /// and an idle flow's slot stays small.
     rings: Option<Box<app_rings::AppRings>>,
     /// SDUs delivered but not yet taken by the application's socket.
-    rx_pending: VecDeque<Vec<u8>>,
+    rx_pending: VecDeque<PduBuf>,
     /// An SDU read from the application that the flow could not take yet:
     /// reading waits for [`AppEvent::Writable`].
     tx_stash: Option<Vec<u8>>,
@@ -787,7 +787,7 @@ impl Daemon {
     /// holds it while the application does not read (bounded: beyond
     /// [`MAX_RX_PENDING`] it is dropped and counted). Its credit goes back
     /// once the application took it.
-    fn deliver(&mut self, port: PortId, sdu: Vec<u8>) {
+    fn deliver(&mut self, port: PortId, sdu: PduBuf) {
         let Some(slot) = self.flows.get_mut(&port) else {
             return;
         };

@@ -78,7 +78,7 @@ fn carry(
                             net[1 - i].on_frame(now, PORT, &f);
                         }
                     }
-                    Action::Deliver { flow: 7, sdu } => wire.delivered[i].push(sdu),
+                    Action::Deliver { flow: 7, sdu } => wire.delivered[i].push(sdu.into_vec()),
                     _ => {}
                 }
             }
