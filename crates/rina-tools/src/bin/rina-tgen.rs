@@ -19,7 +19,7 @@ use rina_tools::tgen::gen::{Generator, SourceSpec, PROFILE_NAMES};
 use rina_tools::tgen::header::{Header, Kind, HEADER_LEN};
 use rina_tools::tgen::matrix::{FlowPlan, Matrix};
 use rina_tools::tgen::metrics::{FlowMetrics, FlowReport};
-use rina_tools::tgen::output::{FlowEntry, RunReport, SCHEMA_VERSION};
+use rina_tools::tgen::output::{FlowEntry, RunReport, SentCount, SCHEMA_VERSION};
 use rina_tools::tgen::{realtime_ns, Direction, Hello};
 use std::io::Write;
 use std::path::PathBuf;
@@ -408,6 +408,7 @@ fn server_report(started_ns: u64, flows: &[Arc<ServerFlow>], with_samples: bool)
                     .iter()
                     .map(|m| m.report("fwd", true, with_samples))
                     .collect(),
+                sent: None,
             }
         })
         .collect();
@@ -787,6 +788,7 @@ fn failed_entry(p: &FlowPlan, error: String, dif: String) -> FlowEntry {
         qos: p.qos.spec(),
         error: Some(error),
         reports: Vec::new(),
+        sent: None,
     }
 }
 
@@ -890,6 +892,10 @@ fn run_client_flow(
         qos: p.qos.spec(),
         error,
         reports,
+        sent: p
+            .direction
+            .client_sends()
+            .then_some(SentCount { sdus: sent, bytes }),
     }
 }
 

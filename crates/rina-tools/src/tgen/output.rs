@@ -50,6 +50,19 @@ pub struct FlowEntry {
     pub error: Option<String>,
     /// Per direction: `fwd`, `rev`, `rtt`.
     pub reports: Vec<FlowReport>,
+    /// SDUs and bytes this end wrote (a client's own count, which stands
+    /// when the server's REPORT, and so the `fwd` report, never came).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent: Option<SentCount>,
+}
+
+/// What one end of a flow wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SentCount {
+    /// SDUs written.
+    pub sdus: u64,
+    /// Their bytes, header included.
+    pub bytes: u64,
 }
 
 impl RunReport {

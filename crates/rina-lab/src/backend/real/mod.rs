@@ -937,6 +937,13 @@ fn parse_tgen(
             }
         }
     }
+    if fwd.is_none() {
+        // No REPORT from the server: what arrived is unknown, but the
+        // client knows what it sent.
+        if let Some(sent) = f.sent {
+            rec.sent = sent.sdus;
+        }
+    }
     match (&f.error, fwd) {
         (Some(e), _) => Err(e.clone()),
         (None, None) => Err("no forward report from the tgen server".into()),
@@ -976,4 +983,54 @@ fn parse_perf(
         100.0 * rec.sent.saturating_sub(rec.received) as f64 / rec.sent as f64
     };
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rina_tools::tgen::output::{FlowEntry, RunReport, SentCount};
+
+    fn client_report(sent: Option<SentCount>) -> String {
+        let r = RunReport {
+            tool: "rina-tgen".into(),
+            schema: rina_tools::tgen::output::SCHEMA_VERSION,
+            role: "client".into(),
+            started_ns: 0,
+            ended_ns: 1,
+            flows: vec![FlowEntry {
+                flow: 1,
+                peer: "sink".into(),
+                dif: "net".into(),
+                profile: "cbr".into(),
+                direction: Default::default(),
+                seed: 1,
+                qos: Default::default(),
+                error: Some("no REPORT from the server".into()),
+                reports: Vec::new(),
+                sent,
+            }],
+        };
+        serde_json::to_string(&r).unwrap()
+    }
+
+    #[test]
+    fn a_tgen_flow_without_the_servers_report_keeps_what_the_client_sent() {
+        let mut rec = FlowRecord::default();
+        let mut res = Reservoir::new(10, 1);
+        let text = client_report(Some(SentCount {
+            sdus: 120,
+            bytes: 120 * 200,
+        }));
+        let r = parse_tgen(&text, None, &mut rec, &mut res);
+        assert_eq!(r, Err("no REPORT from the server".into()));
+        assert_eq!(rec.sent, 120, "the client's count, not 0");
+        assert_eq!(rec.received, 0);
+
+        // A report from before the field existed still reads.
+        let mut rec = FlowRecord::default();
+        let old = client_report(None);
+        assert!(!old.contains("\"sent\""));
+        assert!(parse_tgen(&old, None, &mut rec, &mut res).is_err());
+        assert_eq!(rec.sent, 0);
+    }
 }
