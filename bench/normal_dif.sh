@@ -13,6 +13,7 @@
 #   bash bench/normal_dif.sh          # DUR=5 seconds per measurement, ROUNDS=3
 #   RESULTS=f.json bash bench/normal_dif.sh   # also write the figures as JSON
 #   CPU_RATE=300 bash bench/normal_dif.sh     # the paced rate of the CPU-cost runs, Mb/s
+#   NO_BUILD=1 BIN=/other/target/release bash bench/normal_dif.sh   # other binaries
 #
 # Goodput flat out on two shared cores varies by +-20 % between rounds, so
 # the cost of encryption is also given as CPU: the plain and the encrypted
@@ -32,8 +33,10 @@ if ! command -v iperf3 >/dev/null 2>&1; then
         exit 1
     fi
 fi
-cargo build --release -q
-BIN=target/release
+# NO_BUILD=1 uses the binaries already built; BIN=DIR takes them from DIR
+# (e.g. another commit's build, for a before/after comparison).
+[ -n "${NO_BUILD:-}" ] || cargo build --release -q
+BIN=${BIN:-${CARGO_TARGET_DIR:-target}/release}
 T=$(mktemp -d /tmp/rina-bench-normal.XXXXXX)
 PIDS=()
 cleanup() {
