@@ -386,11 +386,16 @@ fn flow_across() -> (Net, PortId, PortId) {
 /// Opens an application flow from app0 at s0 to app1 (registered at s1),
 /// accepted by s1, in 200 ms: (port at s0, port at s1).
 fn open_app_flow(net: &mut Net) -> (PortId, PortId) {
+    open_app_flow_in(net, "net")
+}
+
+/// [`open_app_flow`] in DIF `dif`.
+fn open_app_flow_in(net: &mut Net, dif: &str) -> (PortId, PortId) {
     let t = net.now;
     let port = net.sys[0]
         .allocate(
             net.now,
-            Some("net"),
+            Some(dif),
             name("app0"),
             name("app1"),
             QosSpec::default(),
@@ -782,27 +787,7 @@ fn an_sdu_is_copied_once_on_its_way_down_two_stacked_difs() {
     ]);
     net.run_until(ms(6000));
     net.sys[1].register("up", name("app1")).unwrap();
-    let port = net.sys[0]
-        .allocate(
-            net.now,
-            Some("up"),
-            name("app0"),
-            name("app1"),
-            QosSpec::default(),
-        )
-        .unwrap();
-    net.run_until(ms(6100));
-    let handle = net.logs[1]
-        .events
-        .iter()
-        .find_map(|e| match e {
-            AppEvent::FlowRequest { handle, .. } => Some(*handle),
-            _ => None,
-        })
-        .expect("the request reached app1");
-    let (theirs, _) = net.sys[1].accept(net.now, handle).unwrap();
-    net.run_until(ms(6300));
-    assert_eq!(allocated(&net.logs[0]), Some(port));
+    let (port, theirs) = open_app_flow_in(&mut net, "up");
 
     let sdu = [0xa5; 1000];
     let (frames, cost) = frames_of_one_write(&mut net, port, &sdu);
