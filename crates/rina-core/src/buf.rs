@@ -140,7 +140,7 @@ impl PduBuf {
     }
 
     /// The whole allocation and where the PDU starts in it, for code that
-    /// works on a `Vec` with headroom ([`crate::sdup::Protection`]).
+    /// works on a `Vec` with headroom ([`crate::sdup::Sdup::protect_buf`]).
     pub fn parts_mut(&mut self) -> (&mut Vec<u8>, &mut usize) {
         (&mut self.buf, &mut self.head)
     }

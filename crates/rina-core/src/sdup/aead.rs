@@ -378,7 +378,7 @@ impl PortCrypto {
         b.into_vec()
     }
 
-    /// [`LinkCrypto::clear`] where the frame lies: the marker goes into its
+    /// [`PortCrypto::clear`] where the frame lies: the marker goes into its
     /// room in front.
     pub fn clear_buf(&mut self, frame: &mut PduBuf) {
         self.counters.clear_out += 1;
@@ -392,7 +392,7 @@ impl PortCrypto {
         self.seal_buf(&mut b).then(|| b.into_vec())
     }
 
-    /// [`LinkCrypto::seal`] where the frame lies: the header goes into its
+    /// [`PortCrypto::seal`] where the frame lies: the header goes into its
     /// room in front, the body is encrypted in place and the tag appended.
     /// False (counted, the frame unchanged) without a key.
     pub fn seal_buf(&mut self, frame: &mut PduBuf) -> bool {
