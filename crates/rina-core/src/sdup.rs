@@ -266,6 +266,28 @@ impl Sdup {
         }
     }
 
+    /// [`Sdup::unprotect`] where the frame lies: the TTL is dropped from
+    /// its front and the CRC from its end, so the frame becomes the PDU
+    /// (a cipher other than the identity decrypts into a new buffer).
+    /// Returns the TTL the frame carried.
+    pub fn unprotect_buf(&self, frame: &mut crate::buf::PduBuf) -> Result<Option<u8>, SdupError> {
+        let (ttl, pdu) = {
+            let un = self.unprotect(frame)?;
+            match un.pdu {
+                Cow::Borrowed(p) => (un.ttl, Err(p.len())),
+                Cow::Owned(v) => (un.ttl, Ok(v)),
+            }
+        };
+        match pdu {
+            Err(len) => {
+                frame.advance(usize::from(ttl.is_some()));
+                frame.truncate(len);
+            }
+            Ok(v) => *frame = v.into(),
+        }
+        Ok(ttl)
+    }
+
     /// Checks and strips the protection of a received frame: CRC, then TTL,
     /// then the cipher. Never panics, whatever the bytes.
     pub fn unprotect<'a>(&self, frame: &'a [u8]) -> Result<Unprotected<'a>, SdupError> {

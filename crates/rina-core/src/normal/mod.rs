@@ -415,6 +415,14 @@ pub struct Endpoint {
     pub qos_id: u64,
 }
 
+/// Where a received PDU's body is ([`NormalIpcp::parse_pdu`]).
+enum ParsedBody {
+    /// A data or management PDU: its payload is these bytes of the PDU.
+    Data(std::ops::Range<usize>),
+    /// A control PDU, decoded.
+    Control(ControlBody),
+}
+
 /// One flow: its connection and reassembly state.
 #[derive(Debug)]
 struct Flow {
@@ -1067,14 +1075,16 @@ impl NormalIpcp {
         self.drain_rmt(now);
     }
 
-    /// Processes a frame that arrived on N-1 port `port`.
+    /// Processes a frame that arrived on N-1 port `port` (copied once, out
+    /// of the driver's receive buffer; [`NormalIpcp::on_frame_buf`] takes
+    /// a buffer of its own).
     pub fn on_frame(&mut self, now: Instant, port: N1Port, frame: &[u8]) {
         self.on_frame_marked(now, port, frame, false);
     }
 
     /// Whether a data PDU of `flow` arrived with the ECN flag since the
     /// last call: a driver that hands this flow's SDUs to an IPCP stacked
-    /// on it passes that on ([`NormalIpcp::on_frame_marked`]), so that
+    /// on it passes that on ([`NormalIpcp::on_frame_buf`]), so that
     /// congestion in this DIF reaches the flows of the DIF above.
     pub fn take_congested(&mut self, flow: FlowId) -> bool {
         self.flows
@@ -1086,18 +1096,28 @@ impl NormalIpcp {
     /// DIF below (`congested`): a data PDU in it is taken, or relayed, as
     /// if an RMT of this DIF had set its ECN flag.
     pub fn on_frame_marked(&mut self, now: Instant, port: N1Port, frame: &[u8], congested: bool) {
+        // Room in front for the headers below, should the PDU be relayed.
+        let frame = PduBuf::with_room(buf::HEADROOM, frame, buf::TAILROOM);
+        self.on_frame_buf(now, port, frame, congested);
+    }
+
+    /// [`NormalIpcp::on_frame_marked`] for a frame in a buffer of its own
+    /// (an SDU the DIF below delivered): it is opened, unprotected and
+    /// parsed in place, and a data PDU's payload goes on to EFCP, or the
+    /// PDU to the RMT, in the same buffer.
+    pub fn on_frame_buf(&mut self, now: Instant, port: N1Port, mut frame: PduBuf, congested: bool) {
         self.tick(now);
         if let Some(t) = &mut self.tap {
-            t.record(now, false, port, frame);
+            t.record(now, false, port, &frame);
         }
         let port = self.rmt.primary_of(port);
         self.counters.rx_frames += 1;
-        let Some(frame) = self.open_in(now, port, frame) else {
+        if !self.open_in(now, port, &mut frame) {
             self.counters.rx_bad_protection += 1;
             return;
-        };
-        let un = match self.sdup.unprotect(&frame) {
-            Ok(u) => u,
+        }
+        let ttl = match self.sdup.unprotect_buf(&mut frame) {
+            Ok(t) => t,
             Err(SdupError::TtlExpired) => {
                 self.counters.rx_ttl_expired += 1;
                 return;
@@ -1107,52 +1127,84 @@ impl NormalIpcp {
                 return;
             }
         };
-        let mut pdu = match pci::Pdu::parse(&self.cfg.dt, &un.pdu) {
-            Ok(p) => p,
-            Err(_) => {
-                self.counters.rx_malformed += 1;
-                return;
-            }
+        let Some((mut pci, body)) = self.parse_pdu(&frame) else {
+            return;
         };
         self.membership_heard(now, port);
-        let mgmt = pdu.pci.pdu_type == PduType::Mgmt;
-        let local = pdu.pci.dst_addr == self.cfg.address || (mgmt && pdu.pci.dst_addr == 0);
-        if !self.admit_frame(port, &pdu.pci, local) {
+        let mgmt = pci.pdu_type == PduType::Mgmt;
+        let local = pci.dst_addr == self.cfg.address || (mgmt && pci.dst_addr == 0);
+        if !self.admit_frame(port, &pci, local) {
             return;
         }
-        let congested = congested && pdu.pci.pdu_type == PduType::Dt;
+        let congested = congested && pci.pdu_type == PduType::Dt;
         if congested {
-            pdu.pci.flags |= pci::flags::ECN;
+            pci.flags |= pci::flags::ECN;
         }
         if !local {
-            self.relay(now, un.ttl, &un.pdu, &pdu.pci, congested);
+            self.relay(now, ttl, frame, &pci, congested);
             return;
         }
-        self.dispatch(now, Some(port), pdu);
+        self.dispatch(now, Some(port), &pci, body, frame);
         self.flush(now);
     }
 
-    /// Hands a PDU for this IPCP to its consumer.
-    fn dispatch(&mut self, now: Instant, port: Option<N1Port>, pdu: pci::Pdu<'_>) {
-        match pdu.body {
-            Body::Data(payload) if pdu.pci.pdu_type == PduType::Mgmt => {
+    /// The PCI of the PDU in `frame` and where its body is; a malformed
+    /// one is counted.
+    fn parse_pdu(&mut self, frame: &[u8]) -> Option<(Pci, ParsedBody)> {
+        match pci::Pdu::parse(&self.cfg.dt, frame) {
+            // The payload is the rest of the PDU, which ends at its length.
+            Ok(pci::Pdu {
+                pci,
+                body: Body::Data(payload),
+            }) => {
+                let end = pci.length as usize;
+                Some((pci, ParsedBody::Data(end - payload.len()..end)))
+            }
+            Ok(pci::Pdu {
+                pci,
+                body: Body::Control(body),
+            }) => Some((pci, ParsedBody::Control(body))),
+            Err(_) => {
+                self.counters.rx_malformed += 1;
+                None
+            }
+        }
+    }
+
+    /// Hands a PDU for this IPCP (`pdu`, its PCI parsed) to its consumer:
+    /// a data PDU's payload goes to its flow in the same buffer.
+    fn dispatch(
+        &mut self,
+        now: Instant,
+        port: Option<N1Port>,
+        pci: &Pci,
+        body: ParsedBody,
+        mut pdu: PduBuf,
+    ) {
+        match body {
+            ParsedBody::Data(at) if pci.pdu_type == PduType::Mgmt => {
+                let payload = &pdu[at];
                 if payload.first() == Some(&FRAGMENT_DISCRIMINATOR) {
                     let Some(port) = port else {
                         return;
                     };
                     match self.mgmt_reasm.push(now, port, &payload[1..]) {
                         Ok(Some(whole)) if whole.first() != Some(&FRAGMENT_DISCRIMINATOR) => {
-                            self.on_management(now, Some(port), pdu.pci.src_addr, &whole);
+                            self.on_management(now, Some(port), pci.src_addr, &whole);
                         }
                         Ok(Some(_)) | Err(_) => self.counters.rx_mgmt_malformed += 1,
                         Ok(None) => {}
                     }
                 } else {
-                    self.on_management(now, port, pdu.pci.src_addr, payload);
+                    self.on_management(now, port, pci.src_addr, payload);
                 }
             }
-            Body::Data(payload) => self.on_data(now, &pdu.pci, payload),
-            Body::Control(body) => self.on_control(now, &pdu.pci, body),
+            ParsedBody::Data(at) => {
+                pdu.truncate(at.end);
+                pdu.advance(at.start);
+                self.on_data(now, pci, pdu);
+            }
+            ParsedBody::Control(body) => self.on_control(now, pci, body),
         }
     }
 
@@ -1174,7 +1226,14 @@ impl NormalIpcp {
         }
     }
 
-    fn relay(&mut self, now: Instant, ttl: Option<u8>, pdu: &[u8], pci: &Pci, congested: bool) {
+    fn relay(
+        &mut self,
+        now: Instant,
+        ttl: Option<u8>,
+        mut frame: PduBuf,
+        pci: &Pci,
+        congested: bool,
+    ) {
         let ttl = match ttl {
             Some(t) => match Sdup::next_ttl(t) {
                 Some(t) => t,
@@ -1185,10 +1244,8 @@ impl NormalIpcp {
             },
             None => 0,
         };
-        // A relayed PDU is copied once, out of the receive buffer, into a
-        // buffer with room for the headers of the DIFs below.
-        let mut frame = PduBuf::empty(buf::HEADROOM, pdu.len() + self.sdup.overhead());
-        self.sdup.protect(pdu, ttl, frame.parts_mut().0);
+        // A relayed PDU goes on in the buffer it arrived in.
+        self.sdup.protect_buf(&mut frame, ttl);
         if congested && self.rmt.ecn().is_some() {
             self.cfg.frame_layout().mark(&mut frame);
         }
@@ -1213,7 +1270,7 @@ impl NormalIpcp {
         id
     }
 
-    fn on_data(&mut self, now: Instant, pci: &Pci, payload: &[u8]) {
+    fn on_data(&mut self, now: Instant, pci: &Pci, payload: PduBuf) {
         let Some(id) = self.flow_by_cep(pci) else {
             return;
         };
@@ -1233,7 +1290,7 @@ impl NormalIpcp {
             efcp::Pdu::Data {
                 seq,
                 drf: pci.flags & pci::flags::DRF != 0,
-                payload: PduBuf::with_room(0, payload, 0),
+                payload,
             },
             meta,
         );
@@ -1318,9 +1375,9 @@ impl NormalIpcp {
                 break;
             };
             self.counters.loopback += 1;
-            match pci::Pdu::parse(&self.cfg.dt, &bytes) {
-                Ok(pdu) => self.dispatch(now, None, pdu),
-                Err(_) => self.counters.rx_malformed += 1,
+            let pdu = PduBuf::from(bytes);
+            if let Some((pci, body)) = self.parse_pdu(&pdu) {
+                self.dispatch(now, None, &pci, body, pdu);
             }
         }
         self.drain_rmt(now);

@@ -8,11 +8,10 @@ use super::mgmt_rib::Peer;
 use super::{Action, N1Port, NormalIpcp, CDAP_DISCRIMINATOR, FRAGMENT_DISCRIMINATOR};
 use crate::buf::{self, PduBuf};
 use crate::rib::OwnerId;
-use crate::sdup::aead::{OpenError, Opened};
+use crate::sdup::aead::{OpenError, OpenedKind};
 use crate::time::Instant;
 use rina_wire::cdap::CdapMessage;
 use rina_wire::pci::{self, Body, Pci, PduType};
-use std::borrow::Cow;
 
 impl NormalIpcp {
     /// Whether this IPCP encrypts its N-1 flows.
@@ -161,31 +160,36 @@ impl NormalIpcp {
         }
     }
 
-    /// Opens a frame that arrived on `port` (primary). `None`: dropped and
-    /// counted (in the port's crypto counters). A clear frame comes back
-    /// only when it may be taken in clear.
-    pub(in crate::normal) fn open_in<'a>(
+    /// Opens a frame that arrived on `port` (primary), in place: false
+    /// when it is to be dropped (counted in the port's crypto counters).
+    /// A clear frame passes only when it may be taken in clear.
+    pub(in crate::normal) fn open_in(
         &mut self,
         now: Instant,
         port: N1Port,
-        frame: &'a [u8],
-    ) -> Option<Cow<'a, [u8]>> {
+        frame: &mut PduBuf,
+    ) -> bool {
         if !self.encrypting() {
-            return Some(Cow::Borrowed(frame));
+            return true;
         }
-        let c = self.mship.as_mut()?.crypto_mut(port);
+        let Some(m) = self.mship.as_mut() else {
+            return false;
+        };
+        let c = m.crypto_mut(port);
         let keyed = c.has_keys();
-        match c.open(frame) {
-            Ok(Opened::Sealed(body)) => Some(Cow::Owned(body)),
-            Ok(Opened::Clear(body)) => {
+        match c.open_buf(frame) {
+            Ok(OpenedKind::Sealed) => true,
+            Ok(OpenedKind::Clear) => {
                 // Before keys, enrollment may come in fragments.
-                if self.is_handshake_frame(port, body, true, !keyed) {
-                    return Some(Cow::Borrowed(body));
+                if self.is_handshake_frame(port, frame, true, !keyed) {
+                    return true;
                 }
-                let c = self.mship.as_mut()?.crypto_mut(port);
-                c.counters.clear_in -= 1;
-                c.counters.clear_refused += 1;
-                None
+                if let Some(m) = self.mship.as_mut() {
+                    let c = m.crypto_mut(port);
+                    c.counters.clear_in -= 1;
+                    c.counters.clear_refused += 1;
+                }
+                false
             }
             Err(OpenError::UnknownKey(_)) => {
                 // The peer has keys this side never got (a lost proof, or
@@ -193,9 +197,9 @@ impl NormalIpcp {
                 if keyed {
                     self.start_rekey(now, port);
                 }
-                None
+                false
             }
-            Err(_) => None,
+            Err(_) => false,
         }
     }
 }

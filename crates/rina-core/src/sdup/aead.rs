@@ -301,6 +301,15 @@ pub enum Opened<'a> {
     Sealed(Vec<u8>),
 }
 
+/// What [`PortCrypto::open_buf`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenedKind {
+    /// The frame came in clear (the caller decides whether it may).
+    Clear,
+    /// The frame was sealed and is authentic and new.
+    Sealed,
+}
+
 /// The encryption state of one N-1 port: the current send key, the recent
 /// receive keys with their replay windows, and counters.
 #[derive(Default)]
@@ -425,11 +434,25 @@ impl PortCrypto {
     /// decrypted if its key is held, its tag verifies and its sequence
     /// number is new. Every failure is counted. Never panics.
     pub fn open<'a>(&mut self, frame: &'a [u8]) -> Result<Opened<'a>, OpenError> {
+        if let Some((&CLEAR, rest)) = frame.split_first() {
+            self.counters.clear_in += 1;
+            return Ok(Opened::Clear(rest));
+        }
+        let mut b = PduBuf::from(frame.to_vec());
+        self.open_buf(&mut b)?;
+        Ok(Opened::Sealed(b.into_vec()))
+    }
+
+    /// [`PortCrypto::open`] where the frame lies: the marker and header
+    /// are dropped from the front, a sealed body is decrypted in place and
+    /// its tag dropped from the end. On an error the frame is left
+    /// unusable (it is to be dropped).
+    pub fn open_buf(&mut self, frame: &mut PduBuf) -> Result<OpenedKind, OpenError> {
         let r = self.open_inner(frame);
         let c = &mut self.counters;
         match &r {
-            Ok(Opened::Clear(_)) => c.clear_in += 1,
-            Ok(Opened::Sealed(_)) => c.opened += 1,
+            Ok(OpenedKind::Clear) => c.clear_in += 1,
+            Ok(OpenedKind::Sealed) => c.opened += 1,
             Err(OpenError::Truncated | OpenError::BadMarker(_)) => c.malformed += 1,
             Err(OpenError::UnknownKey(_)) => c.unknown_key += 1,
             Err(OpenError::BadTag) => c.bad_tag += 1,
@@ -438,15 +461,18 @@ impl PortCrypto {
         r
     }
 
-    fn open_inner<'a>(&mut self, frame: &'a [u8]) -> Result<Opened<'a>, OpenError> {
-        match frame.split_first() {
+    fn open_inner(&mut self, frame: &mut PduBuf) -> Result<OpenedKind, OpenError> {
+        match frame.first() {
             None => Err(OpenError::Truncated),
-            Some((&CLEAR, rest)) => Ok(Opened::Clear(rest)),
-            Some((&SEALED, _)) => {
+            Some(&CLEAR) => {
+                frame.advance(1);
+                Ok(OpenedKind::Clear)
+            }
+            Some(&SEALED) => {
                 if frame.len() < OVERHEAD {
                     return Err(OpenError::Truncated);
                 }
-                let (head, rest) = frame.split_at(SEALED_HEADER);
+                let (head, body) = frame.split_at_mut(SEALED_HEADER);
                 let id = u32::from_be_bytes([head[1], head[2], head[3], head[4]]);
                 let mut s = [0u8; 8];
                 s.copy_from_slice(&head[5..13]);
@@ -459,17 +485,17 @@ impl PortCrypto {
                 if !key.window.check(seq) {
                     return Err(OpenError::Replayed(seq));
                 }
-                let mut body = rest.to_vec();
                 let len = key
                     .cipher
-                    .open_in_place(nonce(seq), Aad::from(head), &mut body)
+                    .open_in_place(nonce(seq), Aad::from(&*head), body)
                     .map_err(|_| OpenError::BadTag)?
                     .len();
-                body.truncate(len);
                 key.window.mark(seq);
-                Ok(Opened::Sealed(body))
+                frame.advance(SEALED_HEADER);
+                frame.truncate(len);
+                Ok(OpenedKind::Sealed)
             }
-            Some((&m, _)) => Err(OpenError::BadMarker(m)),
+            Some(&m) => Err(OpenError::BadMarker(m)),
         }
     }
 }

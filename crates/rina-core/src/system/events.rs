@@ -126,7 +126,7 @@ impl System {
     ) {
         if let Some(&(upper, _)) = self.n1.get(&port) {
             if let Machine::Normal(n) = &mut self.members[upper].machine {
-                n.on_frame_marked(now, port, &sdu, congested);
+                n.on_frame_buf(now, port, sdu, congested);
             }
         } else if self.app_flows.contains_key(&port) {
             self.out.push_back(Output::ToApp { port, sdu });
