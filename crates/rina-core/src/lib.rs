@@ -33,6 +33,7 @@ pub mod efcp;
 pub mod enrollment;
 pub mod flood;
 pub mod fuzzing;
+pub mod ids;
 pub mod mgmt_frag;
 pub mod normal;
 pub mod rib;

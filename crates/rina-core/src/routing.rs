@@ -330,6 +330,10 @@ pub struct LinkState {
     own_seq: BTreeMap<Address, u32>,
     compute_due: Option<Instant>,
     last_compute: Option<Instant>,
+    /// When the first of this IPCP's own FSOs that are up is due for a
+    /// refresh (kept as the database changes, since `poll_timeout` runs on
+    /// every turn of the driver).
+    refresh_due: Option<Instant>,
     routes: BTreeMap<Address, Route>,
     next_hops: BTreeMap<Address, Vec<PortId>>,
     actions: VecDeque<RoutingAction>,
@@ -354,6 +358,7 @@ impl LinkState {
             own_seq: BTreeMap::new(),
             compute_due: None,
             last_compute: None,
+            refresh_due: None,
             routes: BTreeMap::new(),
             next_hops: BTreeMap::new(),
             actions: VecDeque::new(),
@@ -537,12 +542,7 @@ impl LinkState {
     /// When [`LinkState::handle_timeout`] next needs to run, if ever. May be
     /// in the past: then run it at once.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let refresh = self
-            .own_entries()
-            .filter(|e| e.obj.up)
-            .map(|e| e.rx_at + self.cfg.refresh_interval)
-            .min();
-        [self.db.poll_timeout(), self.compute_due, refresh]
+        [self.db.poll_timeout(), self.compute_due, self.refresh_due]
             .into_iter()
             .flatten()
             .min()
@@ -568,6 +568,7 @@ impl LinkState {
                 self.mark_dirty(now);
             }
         }
+        self.update_refresh_due();
 
         if self.db.flush_due(now) {
             self.flush(now);
@@ -580,6 +581,14 @@ impl LinkState {
     /// The next thing the caller must do, if any.
     pub fn poll_action(&mut self) -> Option<RoutingAction> {
         self.actions.pop_front()
+    }
+
+    fn update_refresh_due(&mut self) {
+        self.refresh_due = self
+            .own_entries()
+            .filter(|e| e.obj.up)
+            .map(|e| e.rx_at + self.cfg.refresh_interval)
+            .min();
     }
 
     fn own_entries(&self) -> impl Iterator<Item = &Entry> + '_ {
@@ -630,6 +639,7 @@ impl LinkState {
             None => up,
             Some(old) => old.up != up || (up && old.cost != cost),
         };
+        self.update_refresh_due();
         if graph_changed {
             self.mark_dirty(now);
         }

@@ -17,6 +17,7 @@
 //! and [`ShimUdp::send_header`] returns the 5-byte header and destination so
 //! the driver can send header and SDU with one vectored write.
 
+use crate::ids::IdMap;
 use crate::time::Instant;
 use rina_wire::codec::truncate_utf8;
 use rina_wire::ctl::FlowCounters;
@@ -294,7 +295,7 @@ pub struct ShimUdp {
     // expiries), so that a seeded simulation replays exactly.
     names: BTreeSet<AppName>,
     /// Boxed: the table's spare room costs a pointer per slot, not a flow.
-    flows: HashMap<PortId, Box<Flow>>,
+    flows: IdMap<PortId, Box<Flow>>,
     allocating: BTreeMap<PortId, Allocating>,
     pending: BTreeMap<u64, Pending>,
     /// Flows accepted here, by the requester's address and port-id, so that a
@@ -311,7 +312,7 @@ impl ShimUdp {
         ShimUdp {
             cfg,
             names: BTreeSet::new(),
-            flows: HashMap::new(),
+            flows: IdMap::default(),
             allocating: BTreeMap::new(),
             pending: BTreeMap::new(),
             accepted: HashMap::new(),

@@ -61,12 +61,13 @@
 //! IPCP (two CEP-ids, one connection each way).
 
 use super::{Action, CepId, Endpoint, Flow, FlowId, NormalConfig, NormalError};
+use crate::ids::IdMap;
 use crate::rmt::Address;
 use crate::time::Instant;
 use rina_wire::codec::truncate_utf8;
 use rina_wire::fa::{FaMessage, FaResult};
 use rina_wire::{AppName, QosSpec};
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 mod incoming;
 mod retransmit;
@@ -81,8 +82,8 @@ pub const MAX_REASON_LEN: usize = 512;
 /// a read-only view of its open flows.
 pub(super) struct Ctx<'a> {
     pub(super) cfg: &'a NormalConfig,
-    pub(super) flows: &'a HashMap<FlowId, Box<Flow>>,
-    pub(super) by_cep: &'a HashMap<CepId, FlowId>,
+    pub(super) flows: &'a IdMap<FlowId, Box<Flow>>,
+    pub(super) by_cep: &'a IdMap<CepId, FlowId>,
 }
 
 impl Ctx<'_> {

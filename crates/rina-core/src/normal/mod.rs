@@ -75,6 +75,7 @@ pub use tap::Tapped;
 use crate::buf::{self, PduBuf};
 use crate::delimiting::{self, Reassembler};
 use crate::efcp::{self, Connection, EfcpConfig, EfcpError};
+use crate::ids::IdMap;
 use crate::rmt::{self, Address, QueuedPdu, Rmt, Scheduler};
 use crate::routing::{self as ls, LinkState, RoutingError};
 use crate::sdup::{Sdup, SdupConfig, SdupError};
@@ -82,7 +83,7 @@ use crate::time::Instant;
 use rina_wire::ctl::FlowCounters;
 use rina_wire::pci::{self, Body, ControlBody, DtConstants, Pci, PduType};
 use rina_wire::{AppName, QosSpec, WireError};
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 use thiserror::Error;
 
@@ -473,8 +474,8 @@ pub struct NormalIpcp {
     /// once, after the driver had its turn.
     rmt_more: bool,
     /// Boxed: the table's spare room costs a pointer per slot, not a flow.
-    flows: HashMap<FlowId, Box<Flow>>,
-    by_cep: HashMap<CepId, FlowId>,
+    flows: IdMap<FlowId, Box<Flow>>,
+    by_cep: IdMap<CepId, FlowId>,
     /// Flows whose EFCP may have PDUs to send.
     dirty: BTreeSet<FlowId>,
     /// Every flow with a timer running, by when it is due: the next one is
@@ -581,8 +582,8 @@ impl NormalIpcp {
                 rmt.set_ecn(cfg.ecn.clone().map(|m| (m, cfg.frame_layout())));
                 rmt
             },
-            flows: HashMap::new(),
-            by_cep: HashMap::new(),
+            flows: IdMap::default(),
+            by_cep: IdMap::default(),
             dirty: BTreeSet::new(),
             timers: BTreeSet::new(),
             actions: VecDeque::new(),
@@ -812,9 +813,9 @@ impl NormalIpcp {
         Ok(())
     }
 
-    /// Files flow `id` in the timer index under when its EFCP or its
-    /// reassembly next needs time (or takes it out), after anything that
-    /// may have changed that.
+    /// Files flow `id` in the timer index no later than when its EFCP or
+    /// its reassembly next needs time, after anything that may have
+    /// changed that.
     fn rearm(&mut self, id: FlowId) {
         let Some(f) = self.flows.get_mut(&id) else {
             return;
@@ -823,7 +824,11 @@ impl NormalIpcp {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        if due == f.armed {
+        // A timer armed no later than the flow's next deadline stays: when
+        // it fires early, `handle_timeout` finds nothing due and the flow is
+        // armed again. Busy flows push their inactivity deadline on with
+        // every PDU, and the index is not touched for that.
+        if f.armed.is_some_and(|a| due.is_none_or(|d| a <= d)) {
             return;
         }
         if let Some(t) = f.armed {

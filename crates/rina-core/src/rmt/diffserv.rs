@@ -8,8 +8,9 @@ use super::config::{CuMap, DiffServConfig};
 use super::tally::{MgmtQueue, Tally};
 use super::token_bucket::TokenBucket;
 use super::{PortId, QueueStats, QueuedPdu, Scheduler};
+use crate::ids::IdMap;
 use crate::time::Instant;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 #[derive(Debug, Clone)]
 struct Port {
@@ -26,7 +27,7 @@ pub struct DiffServ {
     cfg: DiffServConfig,
     cu: CuMap,
     template: Port,
-    ports: HashMap<PortId, Port>,
+    ports: IdMap<PortId, Port>,
 }
 
 impl DiffServ {
@@ -48,7 +49,7 @@ impl DiffServ {
             cfg,
             cu,
             template,
-            ports: HashMap::new(),
+            ports: IdMap::default(),
         }
     }
 }

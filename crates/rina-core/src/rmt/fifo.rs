@@ -1,8 +1,9 @@
 //! FIFO scheduling: one bounded queue per port, management PDUs first.
 
 use super::{PortId, QueueStats, QueuedPdu, Scheduler};
+use crate::ids::IdMap;
 use crate::time::Instant;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 /// Default queue bound, in PDUs.
 pub const DEFAULT_FIFO_LEN: usize = 1000;
@@ -28,7 +29,7 @@ impl Queue {
 #[derive(Debug)]
 pub struct Fifo {
     cap: usize,
-    queues: HashMap<PortId, Queue>,
+    queues: IdMap<PortId, Queue>,
 }
 
 impl Fifo {
@@ -36,7 +37,7 @@ impl Fifo {
     pub fn new(cap: usize) -> Self {
         Fifo {
             cap: cap.max(1),
-            queues: HashMap::new(),
+            queues: IdMap::default(),
         }
     }
 }

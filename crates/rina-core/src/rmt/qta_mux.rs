@@ -27,8 +27,9 @@ use super::config::{CuCell, CuMap, Excess, Occupancy, QtaMuxConfig};
 use super::tally::{cell_name, urgency_name, MgmtQueue, SplitMix64, Tally};
 use super::token_bucket::TokenBucket;
 use super::{PortId, QosId, QueueStats, QueuedPdu, Scheduler};
+use crate::ids::IdMap;
 use crate::time::Instant;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 #[derive(Debug, Clone)]
 struct Cube {
@@ -74,7 +75,7 @@ pub struct QtaMux {
     /// Index of each mapped QoS-id's cube; the last cube is `qos-other`.
     index: BTreeMap<QosId, usize>,
     template: Port,
-    ports: HashMap<PortId, Port>,
+    ports: IdMap<PortId, Port>,
     rng: SplitMix64,
 }
 
@@ -127,7 +128,7 @@ impl QtaMux {
             index: ids.iter().enumerate().map(|(i, &q)| (q, i)).collect(),
             cfg,
             template,
-            ports: HashMap::new(),
+            ports: IdMap::default(),
         }
     }
 

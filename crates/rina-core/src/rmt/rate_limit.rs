@@ -46,8 +46,9 @@
 use super::config::{CuMap, LevelLimit, RateLimitConfig};
 use super::tally::{cell_name, MgmtQueue, Tally};
 use super::{PortId, QueueStats, QueuedPdu, Scheduler};
+use crate::ids::IdMap;
 use crate::time::Instant;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::Duration;
 
 /// Credit units per bit: credit is counted in nano-bits, so a level of
@@ -232,7 +233,7 @@ pub struct RateLimit2d {
     cfg: RateLimitConfig,
     cu: CuMap,
     template: Port,
-    ports: HashMap<PortId, Port>,
+    ports: IdMap<PortId, Port>,
 }
 
 impl RateLimit2d {
@@ -255,7 +256,7 @@ impl RateLimit2d {
             cfg,
             cu,
             template,
-            ports: HashMap::new(),
+            ports: IdMap::default(),
         }
     }
 

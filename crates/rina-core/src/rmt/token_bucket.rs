@@ -9,8 +9,9 @@
 use super::config::{BucketParams, Excess, TokenBucketConfig};
 use super::tally::{MgmtQueue, Tally};
 use super::{PortId, QueueStats, QueuedPdu, Scheduler};
+use crate::ids::IdMap;
 use crate::time::Instant;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::Duration;
 
 const NANOBITS_PER_BIT: u128 = 1_000_000_000;
@@ -108,7 +109,7 @@ struct TbPort {
 #[derive(Debug)]
 pub struct TokenBucketPolicy {
     cfg: TokenBucketConfig,
-    ports: HashMap<PortId, TbPort>,
+    ports: IdMap<PortId, TbPort>,
 }
 
 impl TokenBucketPolicy {
@@ -117,7 +118,7 @@ impl TokenBucketPolicy {
     pub(crate) fn new(cfg: TokenBucketConfig) -> Self {
         TokenBucketPolicy {
             cfg,
-            ports: HashMap::new(),
+            ports: IdMap::default(),
         }
     }
 }

@@ -188,16 +188,21 @@ impl System {
     /// cube mapping one after the other.
     pub(super) fn keep_neighbors(&mut self, now: Instant) {
         for j in 0..self.members.len() {
-            let due: Vec<usize> = (0..self.plans[j].neighbors.len())
-                .filter(|&k| {
-                    let nb = &self.plans[j].neighbors[k];
-                    nb.sets_up
-                        && nb.pending.is_none()
-                        && !nb.settled(now)
-                        && nb.retry_at.is_none_or(|t| t <= now)
-                        && !self.down_media.contains(&nb.lower)
-                })
-                .collect();
+            let due = |k: usize| {
+                let nb = &self.plans[j].neighbors[k];
+                nb.sets_up
+                    && nb.pending.is_none()
+                    && !nb.settled(now)
+                    && nb.retry_at.is_none_or(|t| t <= now)
+                    && !self.down_media.contains(&nb.lower)
+            };
+            // This runs on every turn of the system: no allocation unless
+            // a neighbour is due.
+            let neighbors = 0..self.plans[j].neighbors.len();
+            if !neighbors.clone().any(due) {
+                continue;
+            }
+            let due: Vec<usize> = neighbors.filter(|&k| due(k)).collect();
             for k in due {
                 self.start_n1(now, j, k);
             }
@@ -463,24 +468,23 @@ impl System {
     /// those flows gain or lose room (window flow control below pushes back
     /// to the RMT above). True if a gate opened.
     pub(super) fn update_stacked_gates(&mut self, now: Instant) -> bool {
-        let mut opened = false;
-        let stacked: Vec<(PortId, usize, usize)> = self
+        // The N-1 flows over a normal IPCP whose room changed: a gated one
+        // with room again, or an open one without (none on most turns, and
+        // then nothing is allocated).
+        let changed: Vec<(PortId, usize, bool)> = self
             .n1
             .iter()
             .filter(|(_, &(_, l))| matches!(self.members[l].machine, Machine::Normal(_)))
-            .map(|(&p, &(u, l))| (p, u, l))
+            .filter_map(|(&port, &(upper, lower))| {
+                let frame = self.normal_of(upper)?.max_frame();
+                let room = self
+                    .normal_of(lower)
+                    .is_some_and(|l| l.can_write(port, frame));
+                (room == self.gated.contains(&port)).then_some((port, upper, room))
+            })
             .collect();
-        for (port, upper, lower) in stacked {
-            let Some(frame) = self.normal_of(upper).map(|n| n.max_frame()) else {
-                continue;
-            };
-            let room = self
-                .normal_of(lower)
-                .is_some_and(|l| l.can_write(port, frame));
-            let was = self.gated.contains(&port);
-            if room != was {
-                continue;
-            }
+        let mut opened = false;
+        for (port, upper, room) in changed {
             if room {
                 self.gated.remove(&port);
                 opened = true;

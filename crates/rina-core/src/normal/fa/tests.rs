@@ -4,21 +4,21 @@
 //! out) and nothing else.
 
 use super::{Ctx, FaOut, FlowAllocator};
+use crate::ids::IdMap;
 use crate::normal::{Action, NormalConfig, NormalError};
 use crate::rmt::Address;
 use crate::time::Instant;
 use rina_wire::cdap::CdapMessage;
 use rina_wire::fa::{FaMessage, FaResult};
 use rina_wire::{AppName, QosSpec};
-use std::collections::HashMap;
 use std::time::Duration;
 
 /// One side: its allocator and settings, with no open flow.
 struct Side {
     fa: FlowAllocator,
     cfg: NormalConfig,
-    flows: HashMap<crate::normal::FlowId, Box<crate::normal::Flow>>,
-    by_cep: HashMap<crate::normal::CepId, crate::normal::FlowId>,
+    flows: IdMap<crate::normal::FlowId, Box<crate::normal::Flow>>,
+    by_cep: IdMap<crate::normal::CepId, crate::normal::FlowId>,
 }
 
 impl Side {
@@ -26,8 +26,8 @@ impl Side {
         Side {
             fa: FlowAllocator::new(),
             cfg: NormalConfig::new("net", addr),
-            flows: HashMap::new(),
-            by_cep: HashMap::new(),
+            flows: IdMap::default(),
+            by_cep: IdMap::default(),
         }
     }
 
