@@ -16,10 +16,11 @@
 #   NO_BUILD=1 BIN=/other/target/release bash bench/normal_dif.sh   # other binaries
 #
 # Goodput flat out on two shared cores varies by +-20 % between rounds, so
-# the cost of encryption is also given as CPU: the plain and the encrypted
-# DIF each carry the same paced load (CPU_RATE, default 300 Mb/s, below
-# what either carries), and the two daemons' CPU seconds per delivered
-# gigabyte (from /proc, user and system) are compared.
+# the costs of encryption and of an extra stacked DIF are also given as
+# CPU: the plain, the stacked and the encrypted DIF each carry the same
+# paced load (CPU_RATE, default 300 Mb/s, below what any carries), and the
+# two daemons' CPU seconds per delivered gigabyte (from /proc, user and
+# system) are compared.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${DUR:-5}
@@ -148,7 +149,7 @@ done
 ticks() { for p in "${DAEMONS[@]}"; do cat "/proc/$p/stat"; done | awk '{s += $14 + $15} END {print s}'; }
 CPU_RATE=${CPU_RATE:-300}
 for r in $(seq "$ROUNDS"); do
-    for dif in net sec; do
+    for dif in net top sec; do
         echo "== round $r/$ROUNDS: CPU cost over DIF $dif, $CPU_RATE Mb/s paced, $DUR s"
         before=$(ticks)
         "$BIN/rina-perf" client --socket "$T/alpha.sock" --dst perf --dif "$dif" --size "$SIZE" \
@@ -188,7 +189,7 @@ enc = 1 - m["sec"] / m["net"]
 print(f"encryption costs {enc*100:.1f}% of one normal DIF's goodput (aim <= 15%)")
 hz = int(sys.argv[3])
 cpu = {}
-for d in ("net", "sec"):
+for d in ("net", "top", "sec"):
     per = []
     for r in range(1, rounds + 1):
         ticks = int(open(f"{t}/cpu-{d}-{r}.ticks").read())
@@ -200,9 +201,13 @@ cpu_cost = med(cpu["sec"]) / med(cpu["net"]) - 1
 print(f"daemons' CPU per delivered GB at a paced load: plain {med(cpu['net']):.2f} s, "
       f"encrypted {med(cpu['sec']):.2f} s: encryption adds {cpu_cost*100:.1f}% CPU "
       "(per round " + ", ".join(f"{a/b*100-100:.0f}%" for a, b in zip(cpu["sec"], cpu["net"])) + ")")
+stack_cpu = med(cpu["top"]) / med(cpu["net"]) - 1
+print(f"daemons' CPU per delivered GB at a paced load: one DIF {med(cpu['net']):.2f} s, "
+      f"two stacked {med(cpu['top']):.2f} s: the extra DIF adds {stack_cpu*100:.1f}% CPU "
+      "(per round " + ", ".join(f"{a/b*100-100:.0f}%" for a, b in zip(cpu["top"], cpu["net"])) + ")")
 import os
 if os.environ.get("RESULTS"):
     json.dump({"iperf3_udp_mbps": ip, "mbps": m, "normal_ratio": m["net"] / ip,
                "stacked_cost": cost, "encryption_cost": enc,
-               "encryption_cpu_cost": cpu_cost}, open(os.environ["RESULTS"], "w"))
+               "encryption_cpu_cost": cpu_cost, "stacked_cpu_cost": stack_cpu}, open(os.environ["RESULTS"], "w"))
 PY
