@@ -5,8 +5,8 @@
 //! driven into collisions from the wire. They sit on the per-PDU path (the
 //! RMT's queue per port, a flow by its CEP-id), where SipHash cost about
 //! 8 % of the core's time per PDU; FxHash is a multiply and a rotate.
-//! Maps with keys a peer chooses (addresses, names, a peer's port ids)
-//! keep the standard library's keyed SipHash.
+//! Maps with keys a peer chooses (addresses, names, MAC addresses, a
+//! peer's port ids) keep the standard library's keyed SipHash.
 
 use std::collections::{HashMap, HashSet};
 

@@ -30,6 +30,7 @@
 //! the header to put in front of it. Received SDUs are returned as slices
 //! of the receive buffer.
 
+use crate::ids::IdMap;
 use crate::time::Instant;
 use rina_wire::ctl::FlowCounters;
 use rina_wire::shim_eth::{
@@ -322,7 +323,7 @@ struct Pending {
 pub struct ShimEth {
     cfg: Config,
     registered: Option<AppName>,
-    flows: HashMap<PortId, Flow>,
+    flows: IdMap<PortId, Flow>,
     by_mac: HashMap<MacAddr, PortId>,
     // Ordered maps where iteration order reaches the wire, so that a seeded
     // simulation replays exactly.
@@ -342,7 +343,7 @@ impl ShimEth {
         ShimEth {
             cfg,
             registered: None,
-            flows: HashMap::new(),
+            flows: IdMap::default(),
             by_mac: HashMap::new(),
             arp: BTreeMap::new(),
             resolving: BTreeMap::new(),

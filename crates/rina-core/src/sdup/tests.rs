@@ -293,3 +293,31 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn unprotect_buf_strips_ttl_and_crc_in_place_and_refuses_what_unprotect_refuses() {
+    for s in all_sdups() {
+        let mut frame = Vec::new();
+        s.protect(PDU, 9, &mut frame);
+        let before = crate::buf::stats();
+        let mut b = crate::buf::PduBuf::from(frame.clone());
+        let ttl = s.unprotect_buf(&mut b).unwrap();
+        let copies = crate::buf::stats().copies - before.copies;
+        assert_eq!(ttl, s.cfg.ttl.map(|_| 9));
+        assert_eq!(&b[..], PDU);
+        if s.cipher.is_identity() {
+            assert_eq!(copies, 0, "no copy without a cipher");
+        }
+        // A corrupted frame fails the same way as with unprotect.
+        if s.cfg.crc || !s.cipher.is_identity() {
+            let mut bad = frame.clone();
+            let last = bad.len() - 1;
+            bad[last] ^= 1;
+            let mut b = crate::buf::PduBuf::from(bad.clone());
+            assert_eq!(
+                s.unprotect_buf(&mut b).unwrap_err(),
+                s.unprotect(&bad).unwrap_err()
+            );
+        }
+    }
+}

@@ -171,3 +171,33 @@ proptest::proptest! {
         let _ = b.open(&bytes);
     }
 }
+
+#[test]
+fn open_buf_decrypts_in_place_and_counts_like_open() {
+    let (mut a, mut b) = ports(11);
+    let msg = b"a frame opened where it lies".to_vec();
+    let mut frame = PduBuf::with_room(SEALED_HEADER, &msg, TAG_LEN);
+    assert!(a.seal_buf(&mut frame));
+    let sealed = frame.to_vec();
+    let before = crate::buf::stats();
+    assert_eq!(b.open_buf(&mut frame), Ok(OpenedKind::Sealed));
+    assert_eq!(&frame[..], &msg[..]);
+    assert_eq!(crate::buf::stats(), before, "opened without a copy");
+    assert_eq!(b.counters.opened, 1);
+    // A replay of it is refused, and so is a tampered copy.
+    let mut again = PduBuf::from(sealed.clone());
+    assert_eq!(b.open_buf(&mut again), Err(OpenError::Replayed(0)));
+    let mut bad = sealed;
+    bad[SEALED_HEADER] ^= 1;
+    let (_, mut fresh) = ports(11);
+    assert_eq!(
+        fresh.open_buf(&mut PduBuf::from(bad)),
+        Err(OpenError::BadTag)
+    );
+    // A clear frame loses its marker in place.
+    let mut clear = PduBuf::with_headroom(b"hello");
+    a.clear_buf(&mut clear);
+    assert_eq!(b.open_buf(&mut clear), Ok(OpenedKind::Clear));
+    assert_eq!(&clear[..], b"hello");
+    assert_eq!(b.counters.clear_in, 1);
+}
