@@ -14,12 +14,20 @@ pub struct CommonArgs {
     /// DIF to register in / allocate through (default: the daemon chooses).
     #[arg(long, value_name = "NAME")]
     pub dif: Option<String>,
+    /// Do not ask for shared-memory rings where the DIF offers them
+    /// (shim-hv, shim-udp, normal DIFs): the flow's socket then carries
+    /// every SDU.
+    #[arg(long)]
+    pub no_rings: bool,
 }
 
 impl CommonArgs {
-    /// Connects to the daemon named by `--socket` or the default path.
+    /// Connects to the daemon named by `--socket` or the default path, with
+    /// rings asked for unless `--no-rings`.
     pub fn connect(&self) -> rina::Result<Client> {
-        connect(self.socket.as_deref())
+        let mut c = connect(self.socket.as_deref())?;
+        c.set_rings(!self.no_rings);
+        Ok(c)
     }
 
     /// The DIF as the client API takes it.

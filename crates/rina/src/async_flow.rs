@@ -10,16 +10,36 @@ use rina_wire::ctl::FlowInfo;
 use std::fmt;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::time::Duration;
 use tokio::io::unix::AsyncFd;
 
 /// A non-blocking [`Flow`] for async code; made by [`Flow::into_async`].
 ///
 /// Like [`Flow`], one SDU per [`AsyncFlow::write`] and per
-/// [`AsyncFlow::read`], and the methods take `&self`.
+/// [`AsyncFlow::read`], and the methods take `&self`. A flow with rings
+/// stays one: the runtime waits on its socket for the daemon's doorbells,
+/// and on the room eventfd while its send ring is full.
 #[derive(Debug)]
 pub struct AsyncFlow {
-    fd: AsyncFd<OwnedFd>,
+    inner: Inner,
     info: FlowInfo,
+}
+
+#[derive(Debug)]
+enum Inner {
+    /// The socket carries the SDUs.
+    Socket(AsyncFd<OwnedFd>),
+    /// Rings carry them; `room` (dropped first) is readable when the
+    /// daemon freed room a writer asked for or the flow closed, and the
+    /// flow's own descriptor when an SDU came or the flow closed.
+    Rings(Box<RingsFlow>),
+}
+
+/// [`Inner::Rings`]' descriptors (boxed: a flow is larger than a socket).
+#[derive(Debug)]
+struct RingsFlow {
+    room: AsyncFd<OwnedFd>,
+    flow: AsyncFd<Flow>,
 }
 
 /// Why [`Flow::into_async`] failed, with the flow, unchanged and still
@@ -75,14 +95,29 @@ impl AsyncFlow {
                 flow,
             );
         }
-        if flow.has_rings() {
-            return fail(
-                Error::new(
-                    ErrorKind::InvalidRequest,
-                    "a flow with shared-memory rings cannot be made async (allocate it without Client::set_rings)",
-                ),
-                flow,
-            );
+        if let Some(r) = flow.rings() {
+            let room = match r.writable_fd(flow.as_fd()) {
+                Ok(fd) => fd,
+                Err(e) => return fail(flow::rings_error(flow.info(), e), flow),
+            };
+            let info = flow.info().clone();
+            // SAFETY: `room` is an open descriptor the AsyncFd owns from now on.
+            let room = match unsafe { AsyncFd::register(room) } {
+                Ok(fd) => fd,
+                Err(e) => return fail(register_error(e.into_parts().1), flow),
+            };
+            // SAFETY: the flow's descriptor (its epoll descriptor) lives as
+            // long as the flow, which the AsyncFd owns from now on.
+            return match unsafe { AsyncFd::register(flow) } {
+                Ok(flow) => Ok(AsyncFlow {
+                    inner: Inner::Rings(Box::new(RingsFlow { room, flow })),
+                    info,
+                }),
+                Err(e) => {
+                    let (flow, cause) = e.into_parts();
+                    fail(register_error(cause), flow)
+                }
+            };
         }
         let old = match fcntl(flow.as_raw_fd(), FcntlArg::F_GETFL) {
             Ok(f) => OFlag::from_bits_truncate(f),
@@ -100,17 +135,16 @@ impl AsyncFlow {
         // SAFETY: `fd` is an open descriptor that the AsyncFd owns from now on;
         // OwnedFd::as_raw_fd always returns that same descriptor.
         match unsafe { AsyncFd::register(fd) } {
-            Ok(fd) => Ok(AsyncFlow { fd, info }),
+            Ok(fd) => Ok(AsyncFlow {
+                inner: Inner::Socket(fd),
+                info,
+            }),
             Err(e) => {
                 let (fd, cause) = e.into_parts();
                 // Back to the flags it had; if even that fails, the flow is
                 // still correct, only non-blocking.
                 let _ = fcntl(fd.as_raw_fd(), FcntlArg::F_SETFL(old));
-                let errno = Errno::from_raw(cause.raw_os_error().unwrap_or(0));
-                fail(
-                    Error::sys("cannot register the flow with the tokio runtime", errno),
-                    Flow::from_parts(fd, info),
-                )
+                fail(register_error(cause), Flow::from_parts(fd, info))
             }
         }
     }
@@ -125,10 +159,27 @@ impl AsyncFlow {
         self.info.max_sdu as usize
     }
 
+    /// Whether SDUs go through shared-memory rings (see [`Flow::has_rings`]).
+    pub fn has_rings(&self) -> bool {
+        matches!(self.inner, Inner::Rings(_))
+    }
+
     /// Receives one SDU; the same errors as [`Flow::read`].
     pub async fn read(&self, buf: &mut [u8]) -> Result<usize> {
+        let fd = match &self.inner {
+            Inner::Socket(fd) => fd,
+            Inner::Rings(r) => loop {
+                let flow = &r.flow;
+                if let Some(n) = flow.get_ref().try_read(buf)? {
+                    return Ok(n);
+                }
+                // Empty, and the doorbell asked for: wait for it (a
+                // doorbell rung since the runtime last looked wakes at once).
+                flow.readable().await?.clear_ready();
+            },
+        };
         loop {
-            let mut guard = self.fd.readable().await?;
+            let mut guard = fd.readable().await?;
             let r = guard.try_io(|fd| {
                 sock::recv_sdu(fd.get_ref().as_fd(), buf, MsgFlags::MSG_DONTWAIT)
                     .map_err(io::Error::from)
@@ -147,12 +198,23 @@ impl AsyncFlow {
         }
     }
 
-    /// Sends one SDU, waiting while the socket buffer is full; the same errors
-    /// as [`Flow::write`].
+    /// Sends one SDU, waiting while the socket buffer (or the send ring) is
+    /// full; the same errors as [`Flow::write`].
     pub async fn write(&self, sdu: &[u8]) -> Result<()> {
         flow::check_sdu(&self.info, sdu)?;
+        let fd = match &self.inner {
+            Inner::Socket(fd) => fd,
+            Inner::Rings(r) => loop {
+                let (room, flow) = (&r.room, &r.flow);
+                if flow.get_ref().write_timeout(sdu, Duration::ZERO)? {
+                    return Ok(());
+                }
+                // Full, and the doorbell asked for: wait for it.
+                room.readable().await?.clear_ready();
+            },
+        };
         loop {
-            let mut guard = self.fd.writable().await?;
+            let mut guard = fd.writable().await?;
             let r = guard.try_io(|fd| {
                 sock::send_sdu(fd.get_ref().as_fd(), sdu, MsgFlags::MSG_DONTWAIT)
                     .map_err(io::Error::from)
@@ -167,16 +229,29 @@ impl AsyncFlow {
             }
         }
     }
+
+    fn fd(&self) -> BorrowedFd<'_> {
+        match &self.inner {
+            Inner::Socket(fd) => fd.get_ref().as_fd(),
+            Inner::Rings(r) => r.flow.get_ref().as_fd(),
+        }
+    }
+}
+
+fn register_error(cause: io::Error) -> Error {
+    let errno = Errno::from_raw(cause.raw_os_error().unwrap_or(0));
+    Error::sys("cannot register the flow with the tokio runtime", errno)
 }
 
 impl AsFd for AsyncFlow {
+    /// What the runtime polls for reading (see [`Flow`]'s [`AsFd`]).
     fn as_fd(&self) -> BorrowedFd<'_> {
-        self.fd.get_ref().as_fd()
+        self.fd()
     }
 }
 
 impl AsRawFd for AsyncFlow {
     fn as_raw_fd(&self) -> RawFd {
-        self.fd.get_ref().as_raw_fd()
+        self.fd().as_raw_fd()
     }
 }

@@ -168,7 +168,7 @@ impl Client {
             pending: VecDeque::new(),
             buf: Vec::new(),
             timeout: Some(DEFAULT_TIMEOUT),
-            rings: false,
+            rings: true,
             direct: false,
         }
     }
@@ -180,18 +180,22 @@ impl Client {
         self.timeout = timeout;
     }
 
-    /// Asks for shared-memory rings as the data path of the flows this
-    /// client allocates or accepts from now on, where the IPCP serving a
-    /// flow offers them (rinad does on every IPCP kind): SDUs then go through two rings in
+    /// Whether to ask for shared-memory rings as the data path of the flows
+    /// this client allocates or accepts from now on, where the IPCP serving
+    /// a flow offers them (rinad does on shim-hv, shim-udp and normal DIFs;
+    /// shim-eth and direct flows do not): SDUs then go through two rings in
     /// memory shared with the daemon instead of one system call each on
-    /// the flow's socket. Such a flow is read and written only through
-    /// [`Flow::read`], [`Flow::read_timeout`], [`Flow::write`] and
-    /// [`Flow::write_timeout`] (best with one reader and one writer thread:
-    /// more are safe, each ring has a lock, but of two threads waiting on
-    /// the same ring one may wake up to 50 ms late): its descriptor does not
-    /// become readable when SDUs arrive, and it cannot be turned into an
-    /// [`AsyncFlow`](crate::AsyncFlow). [`Flow::has_rings`] tells which
-    /// flows got them. Off by default.
+    /// the flow's socket. On by default. Such a flow is used like any
+    /// other: [`Flow::read`], [`Flow::write`] and their variants,
+    /// [`Flow::try_read`] with poll/epoll on the descriptor [`AsFd`] gives
+    /// (it turns readable when an SDU may be waiting or the flow closed),
+    /// or [`Flow::into_async`]. What it does not offer is the socket as a
+    /// data path: an application that hands the descriptor to code reading
+    /// and writing it directly (another language, `read(2)`/`write(2)`, a
+    /// loop waiting for it to turn writable) turns rings off.
+    /// [`Flow::has_rings`] tells which flows got them.
+    ///
+    /// [`AsFd`]: std::os::fd::AsFd
     pub fn set_rings(&mut self, on: bool) {
         self.rings = on;
     }

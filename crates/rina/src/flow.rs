@@ -1,4 +1,6 @@
-//! A flow: a connected `SOCK_SEQPACKET` descriptor carrying one SDU per packet.
+//! A flow: a connected `SOCK_SEQPACKET` descriptor carrying one SDU per
+//! packet, or two shared-memory rings beside it (see
+//! [`Client::set_rings`](crate::Client::set_rings)).
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::rings::{Rings, RingsError};
@@ -15,6 +17,14 @@ use std::time::Duration;
 /// (share the flow through an `Arc`). Dropping the flow (or
 /// [`Flow::deallocate`]) closes the descriptor; the daemon sees end-of-file
 /// and frees the flow.
+///
+/// For an event loop, [`AsFd`] gives the flow's socket to poll for
+/// reading: it turns readable when an SDU may be waiting or the flow
+/// closed, and [`Flow::try_read`] then takes the SDU without blocking
+/// (`None`: nothing after all; poll again). On a flow with rings the
+/// socket carries only doorbells, so read it only through the flow, and
+/// its turning writable says nothing about room in the send ring: wait for
+/// room with [`Flow::write_timeout`] or [`AsyncFlow`](crate::AsyncFlow).
 #[derive(Debug)]
 pub struct Flow {
     // Dropped first: the rings unmap before the socket closes.
@@ -61,6 +71,10 @@ impl Flow {
     /// (see [`Client::set_direct`](crate::Client::set_direct)).
     pub fn is_direct(&self) -> bool {
         self.info.direct
+    }
+
+    pub(crate) fn rings(&self) -> Option<&Rings> {
+        self.rings.as_ref()
     }
 
     /// Whether SDUs go through shared-memory rings rather than the socket
@@ -152,6 +166,34 @@ impl Flow {
             return Ok(None);
         }
         self.read(buf).map(Some)
+    }
+
+    /// Takes the next SDU into `buf` without waiting; `None` if there is
+    /// none yet (the descriptor of [`AsFd`] turns readable when one comes).
+    /// The same errors as [`Flow::read`].
+    pub fn try_read(&self, buf: &mut [u8]) -> Result<Option<usize>> {
+        if let Some(r) = &self.rings {
+            return r
+                .read(self.fd.as_fd(), buf, Some(std::time::Instant::now()))
+                .map_err(|e| rings_error(&self.info, e));
+        }
+        match sock::recv_sdu(self.fd.as_fd(), buf, MsgFlags::MSG_DONTWAIT) {
+            Err(nix::errno::Errno::EAGAIN) => Ok(None),
+            Err(e) => Err(Error::sys(
+                &format!("cannot read from flow {}", self.info.port),
+                e,
+            )),
+            Ok(n) => read_result(&self.info, buf.len(), n).map(Some),
+        }
+    }
+
+    /// Ends the flow for both directions without closing the descriptor:
+    /// readers and writers blocked on it return [`ErrorKind::DaemonGone`],
+    /// and the daemon deallocates the flow. Use it to stop a thread that
+    /// waits on the flow.
+    pub fn shutdown(&self) {
+        // ENOTCONN once the other end is gone: nothing left to end.
+        let _ = nix::sys::socket::shutdown(self.fd.as_raw_fd(), nix::sys::socket::Shutdown::Both);
     }
 
     /// Bytes written on the flow that the daemon has not taken yet: still
@@ -300,6 +342,8 @@ pub(crate) fn closed(info: &FlowInfo) -> Error {
 }
 
 impl AsFd for Flow {
+    /// The flow's socket: it turns readable when an SDU may be waiting or
+    /// the flow closed, with rings or without (see [`Flow`]).
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }

@@ -4,8 +4,12 @@
 //! A [`Client`] is a connection to the daemon's control socket (a
 //! `SOCK_SEQPACKET` Unix socket; see [`rina_wire::ctl`] for the protocol). A
 //! [`Flow`] is a connected `SOCK_SEQPACKET` descriptor handed over by the
-//! daemon: one packet is one SDU, so a flow can also be used with `poll`,
-//! `epoll` or any event loop through [`std::os::fd::AsFd`].
+//! daemon, and where the DIF offers them (by default; see
+//! [`Client::set_rings`]) two shared-memory rings beside it that carry the
+//! SDUs without a system call each. Either way a flow can be used with
+//! `poll`, `epoll` or any event loop: [`std::os::fd::AsFd`] gives the
+//! descriptor that turns readable, and [`Flow::try_read`] reads without
+//! blocking.
 //!
 //! ```no_run
 //! use rina::{AppName, Client, QosSpec};

@@ -4,14 +4,21 @@
 //!
 //! An SDU is copied into the send ring and the daemon is told only if it
 //! sleeps (one-byte packet on the flow socket); a read takes the next SDU
-//! from the receive ring and waits on the daemon's data eventfd only when
-//! the ring is empty. One thread may read while another writes: each ring
-//! has its own lock and its own eventfd. The socket stays the flow's
-//! lifetime: its hang-up says the daemon closed the flow.
+//! from the receive ring and, only when the ring is empty, asks the daemon
+//! for a doorbell: a one-byte packet on the flow socket. So the socket
+//! turns readable when an SDU may be waiting or the flow closed, as a
+//! flow without rings does, and poll/epoll/tokio wait on it unchanged. A
+//! reader that finds the ring empty reads the doorbells already there
+//! before it asks for the next, so a doorbell rung while nobody waited
+//! does not leave the socket readable. A writer that finds the send ring
+//! full waits on the room eventfd. One thread may read while another
+//! writes: each ring has its own lock and its own doorbell.
 
 use crate::sock;
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
+#[cfg(feature = "tokio")]
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 use nix::sys::socket::MsgFlags;
 use rina_core::shim_hv::flow_rings::{self, Setup};
 use rina_core::shim_hv::ring::{Consumer, Producer, Region, RingError};
@@ -63,8 +70,6 @@ impl Drop for Map {
 pub(crate) struct Rings {
     tx: Mutex<Producer>,
     rx: Mutex<Consumer>,
-    /// The daemon rings it when it published SDUs we wait for.
-    data: OwnedFd,
     /// The daemon rings it when it freed room we wait for.
     room: OwnedFd,
     _map: Map,
@@ -102,11 +107,18 @@ impl Rings {
             Setup::Rings(g) => g,
         };
         let mut fds = p.fds.into_iter();
-        let (Some(file), Some(data), Some(room)) = (fds.next(), fds.next(), fds.next()) else {
-            return Err(RingsError::BadSetup(
-                "rings announced without their three descriptors".into(),
-            ));
+        let (Some(file), Some(room)) = (fds.next(), fds.next()) else {
+            return Err(RingsError::BadSetup(if p.fds_lost {
+                "the rings' descriptors were lost: the process has too many open \
+                 (raise its RLIMIT_NOFILE, or allocate without rings)"
+                    .into()
+            } else {
+                "rings announced without their two descriptors".into()
+            }));
         };
+        // Resetting the eventfd must never block, whatever flags the daemon
+        // gave it.
+        set_nonblocking(room.as_fd())?;
         let (to_app, from_app, len) = flow_rings::layout(geo);
         // SAFETY: fstat on a descriptor we own.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -148,7 +160,6 @@ impl Rings {
         Ok(Some(Rings {
             tx: Mutex::new(tx),
             rx: Mutex::new(rx),
-            data,
             room,
             _map: map,
             _file: file,
@@ -181,12 +192,12 @@ impl Rings {
                     return Ok(true);
                 }
                 Err(RingError::Full) => {
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
-                        return Ok(false);
-                    }
+                    reset(self.room.as_fd());
                     if tx.arm(sdu.len()) {
                         drop(tx);
-                        wait(sock, self.room.as_fd(), deadline)?;
+                        if !wait(sock, Some(self.room.as_fd()), deadline)? {
+                            return Ok(false);
+                        }
                     }
                 }
                 Err(e) => return Err(RingsError::Ring(e)),
@@ -243,14 +254,63 @@ impl Rings {
                     Ok(Some(n))
                 };
             }
+            // Doorbells already read are forgotten (and the end of the
+            // flow found) before the next is asked for.
+            drain_doorbells(sock)?;
             if rx.arm() {
                 drop(rx);
-                if !wait(sock, self.data.as_fd(), deadline)? {
+                if !wait(sock, None, deadline)? {
                     return Ok(None);
                 }
             }
         }
     }
+
+    /// A new descriptor to poll for room: readable when the daemon freed
+    /// room a writer asked for, or the flow closed (for
+    /// [`AsyncFlow`](crate::AsyncFlow)).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn writable_fd(&self, sock: BorrowedFd<'_>) -> Result<OwnedFd, RingsError> {
+        let ep = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(RingsError::Sys)?;
+        ep.add(self.room.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, 0))
+            .map_err(RingsError::Sys)?;
+        // Only the hang-up: the doorbells on the socket are the reader's.
+        ep.add(sock, EpollEvent::new(EpollFlags::EPOLLRDHUP, 1))
+            .map_err(RingsError::Sys)?;
+        Ok(ep.0)
+    }
+}
+
+/// Reads the daemon's doorbells waiting on flow socket `sock`; `Closed` at
+/// its end of file.
+fn drain_doorbells(sock: BorrowedFd<'_>) -> Result<(), RingsError> {
+    let mut b = [0u8; 16];
+    loop {
+        match nix::sys::socket::recv(sock.as_raw_fd(), &mut b, MsgFlags::MSG_DONTWAIT) {
+            Ok(0) => return Err(RingsError::Closed),
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(Errno::EAGAIN) => return Ok(()),
+            Err(Errno::ECONNRESET) => return Err(RingsError::Closed),
+            Err(e) => return Err(RingsError::Sys(e)),
+        }
+    }
+}
+
+fn set_nonblocking(fd: BorrowedFd<'_>) -> Result<(), RingsError> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let flags = fcntl(fd.as_raw_fd(), FcntlArg::F_GETFL).map_err(RingsError::Sys)?;
+    let flags = OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK;
+    fcntl(fd.as_raw_fd(), FcntlArg::F_SETFL(flags)).map_err(RingsError::Sys)?;
+    Ok(())
+}
+
+/// Clears eventfd `efd` (the daemon made it non-blocking): a doorbell rung
+/// while nobody waited is forgotten before the next one is asked for.
+fn reset(efd: BorrowedFd<'_>) {
+    let mut v = [0u8; 8];
+    // SAFETY: reads 8 bytes into a local buffer from an eventfd; EAGAIN when
+    // it is clear.
+    let _ = unsafe { libc::read(efd.as_raw_fd(), v.as_mut_ptr().cast(), 8) };
 }
 
 /// Tells the daemon to look at the rings (it sleeps).
@@ -263,38 +323,50 @@ fn kick(sock: BorrowedFd<'_>) -> Result<(), RingsError> {
     }
 }
 
-/// Sleeps until eventfd `efd` is rung (and resets it), the socket hangs up
-/// (the flow is closed), [`RECHECK`] passes, or `deadline`; false only at
-/// the deadline.
+/// Sleeps until the daemon rings: eventfd `room` if given (a writer, which
+/// resets it), else the flow socket (a reader, which drains it on its next
+/// look); or until the socket hangs up (the flow is closed), [`RECHECK`]
+/// passes, or `deadline`. False only at the deadline, with nothing rung.
+/// A deadline already past still looks once without sleeping, so a
+/// non-blocking call learns that the flow closed.
 fn wait(
     sock: BorrowedFd<'_>,
-    efd: BorrowedFd<'_>,
+    room: Option<BorrowedFd<'_>>,
     deadline: Option<Instant>,
 ) -> Result<bool, RingsError> {
     let mut t = RECHECK;
+    let mut last = false;
     if let Some(d) = deadline {
         let left = d.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Ok(false);
-        }
+        last = left <= t;
         t = t.min(left);
     }
     let ms = t.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+    let timeout = PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX);
+    // nix names no POLLRDHUP.
+    let rdhup = PollFlags::from_bits_retain(libc::POLLRDHUP);
+    let hup = PollFlags::POLLHUP | rdhup | PollFlags::POLLERR;
+    let Some(room) = room else {
+        // A reader: a doorbell or the end of file; the next look tells.
+        let mut fds = [PollFd::new(sock, PollFlags::POLLIN)];
+        return match nix::poll::poll(&mut fds, timeout) {
+            Ok(0) => Ok(!last),
+            Ok(_) | Err(Errno::EINTR) => Ok(true),
+            Err(e) => Err(RingsError::Sys(e)),
+        };
+    };
+    // A writer: the room eventfd, or the hang-up (the socket's doorbells
+    // are the reader's).
     let mut fds = [
-        PollFd::new(efd, PollFlags::POLLIN),
-        // The daemon writes nothing on the socket after the setup message:
-        // readable means end of file.
-        PollFd::new(sock, PollFlags::POLLIN),
+        PollFd::new(room, PollFlags::POLLIN),
+        PollFd::new(sock, rdhup),
     ];
-    match nix::poll::poll(
-        &mut fds,
-        PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
-    ) {
-        Err(Errno::EINTR) | Ok(0) => return Ok(true),
+    match nix::poll::poll(&mut fds, timeout) {
+        Ok(0) => return Ok(!last),
+        Err(Errno::EINTR) => return Ok(true),
         Err(e) => return Err(RingsError::Sys(e)),
         Ok(_) => {}
     }
-    let hup = PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR;
     if fds[1].revents().is_some_and(|r| r.intersects(hup)) {
         return Err(RingsError::Closed);
     }
@@ -302,9 +374,7 @@ fn wait(
         .revents()
         .is_some_and(|r| r.contains(PollFlags::POLLIN))
     {
-        let mut v = [0u8; 8];
-        // SAFETY: reads 8 bytes into a local buffer from our eventfd.
-        let _ = unsafe { libc::read(efd.as_raw_fd(), v.as_mut_ptr().cast(), 8) };
+        reset(room);
     }
     Ok(true)
 }

@@ -81,10 +81,11 @@ fn echo(fd: OwnedFd) {
 fn allocate_gets_a_working_flow_and_queues_requests() {
     let (mut client, daemon) = fake_daemon(|ctl| {
         let req = recv_req(&ctl).expect("a request");
-        let Op::Allocate { remote, .. } = &req.op else {
+        let Op::Allocate { remote, rings, .. } = &req.op else {
             panic!("expected allocate, got {:?}", req.op)
         };
         assert_eq!(remote.to_string(), "echo");
+        assert!(rings, "a client asks for rings by default");
         // A flow request arrives before the reply: the client must queue it.
         send_msg(&ctl, &Message::FlowRequest(incoming(7)), None);
         // A stale reply for another id is ignored.
@@ -97,6 +98,10 @@ fn allocate_gets_a_working_flow_and_queues_requests() {
             None,
         );
         let (mine, theirs) = pair();
+        // As rinad over an IPCP without rings: the flow's first packet
+        // says so, and the socket carries the SDUs.
+        use rina_core::shim_hv::flow_rings::Setup;
+        sock::send(mine.as_fd(), &Setup::None.encode(), &[]).expect("setup");
         send_msg(
             &ctl,
             &Message::Reply {
@@ -230,6 +235,9 @@ fn accept_refuse_and_lists() {
         );
         echo(mine);
     });
+    // An application that hands its descriptors to other code turns
+    // rings off: the request says so and the flow is its socket.
+    client.set_rings(false);
     let difs = client.register(&name("echo"), None).expect("register");
     assert_eq!(difs, vec!["udp.net".to_string()]);
     let r1 = client.next_request().expect("first request");
@@ -544,17 +552,61 @@ fn write_timeout_gives_up_on_a_full_flow_and_sends_once_there_is_room() {
 /// the application-to-daemon ring's consumer.
 struct FakeRings {
     from_app: rina_core::shim_hv::ring::Consumer,
+    to_app: rina_core::shim_hv::ring::Producer,
     _file: std::fs::File,
-    _fds: Vec<OwnedFd>,
+    /// The room eventfd.
+    fds: Vec<OwnedFd>,
+}
+
+impl FakeRings {
+    /// Publishes `sdu` to the application and rings if it asked (as
+    /// rinad's `app_rings` does: a one-byte packet on the flow socket).
+    fn deliver(&mut self, daemon_end: &OwnedFd, sdu: &[u8]) {
+        self.to_app.push(&[sdu]).expect("room in the ring");
+        if self.to_app.take_wakeup() {
+            sock::send(daemon_end.as_fd(), &[1], &[]).expect("doorbell");
+        }
+    }
+
+    /// Takes one SDU from the application and rings if it waits for room.
+    fn take(&mut self) -> Vec<u8> {
+        let seg = self.from_app.peek().unwrap().expect("an SDU in the ring");
+        let n = seg.len();
+        let mut v = vec![0; n];
+        assert!(self.from_app.read(n, &mut v));
+        self.from_app.consume(n);
+        if self.from_app.take_wakeup() {
+            ring(&self.fds[0]);
+        }
+        v
+    }
+}
+
+fn ring(efd: &OwnedFd) {
+    let one = 1u64.to_ne_bytes();
+    // SAFETY: writes 8 bytes from a local buffer to an eventfd.
+    assert_eq!(
+        unsafe { libc::write(efd.as_raw_fd(), one.as_ptr().cast(), 8) },
+        8
+    );
+}
+
+/// Whether `fd` is readable within `ms` milliseconds.
+#[track_caller]
+fn readable_within(fd: std::os::fd::BorrowedFd<'_>, ms: u16) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+    poll(&mut fds, PollTimeout::from(ms)).expect("poll") == 1
 }
 
 /// Offers rings on `daemon_end` as rinad does; returns the daemon's side.
 fn offer_rings(daemon_end: &OwnedFd) -> FakeRings {
     use rina_core::shim_hv::flow_rings::{self, Setup};
-    use rina_core::shim_hv::ring::{Consumer, Region};
+    use rina_core::shim_hv::ring::{Consumer, Producer, Region};
     use std::os::fd::FromRawFd;
     let geo = flow_rings::GEOMETRY;
-    let (_, from_off, len) = flow_rings::layout(geo);
+    let (to_off, from_off, len) = flow_rings::layout(geo);
+    assert_eq!(to_off, 0);
     // SAFETY: a NUL-terminated name; the descriptor is checked and owned.
     let file = std::fs::File::from(unsafe {
         let raw = libc::memfd_create(c"rina-test".as_ptr(), libc::MFD_CLOEXEC);
@@ -578,19 +630,21 @@ fn offer_rings(daemon_end: &OwnedFd) -> FakeRings {
     // SAFETY: page-aligned, `len` bytes, alive for the rest of the process.
     let region = unsafe { Region::new(std::ptr::NonNull::new(p.cast()).unwrap(), len) }.unwrap();
     let from_app = Consumer::new(region.sub(from_off, geo.ring_bytes()).unwrap(), geo).unwrap();
+    let to_app = Producer::new(region.sub(0, geo.ring_bytes()).unwrap(), geo).unwrap();
     // SAFETY: eventfd has no preconditions; the descriptors are owned.
     let efd = || unsafe { OwnedFd::from_raw_fd(libc::eventfd(0, libc::EFD_CLOEXEC)) };
-    let fds = vec![efd(), efd()];
+    let fds = vec![efd()];
     sock::send(
         daemon_end.as_fd(),
         &Setup::Rings(geo).encode(),
-        &[file.as_raw_fd(), fds[0].as_raw_fd(), fds[1].as_raw_fd()],
+        &[file.as_raw_fd(), fds[0].as_raw_fd()],
     )
     .unwrap();
     FakeRings {
         from_app,
+        to_app,
         _file: file,
-        _fds: fds,
+        fds,
     }
 }
 
@@ -625,4 +679,104 @@ fn write_timeout_on_rings_gives_up_on_a_full_ring_and_writes_once_the_daemon_too
         .write_timeout(&[8u8; 1000], Duration::from_secs(5))
         .unwrap());
     assert!(!flow.write_timeout(&[9u8; 1000], Duration::ZERO).unwrap());
+}
+
+/// A flow with rings over a fake daemon's end: (the flow, the daemon's
+/// socket end, the daemon's rings).
+fn ring_flow() -> (crate::Flow, OwnedFd, FakeRings) {
+    let (app, daemon) = pair();
+    let fake = offer_rings(&daemon);
+    let rings = crate::rings::Rings::setup(app.as_fd(), Duration::from_secs(5))
+        .unwrap()
+        .expect("rings offered");
+    (
+        crate::Flow::with_rings(app, info(1000), Some(rings)),
+        daemon,
+        fake,
+    )
+}
+
+#[test]
+fn a_flow_with_rings_turns_readable_when_an_sdu_comes_and_when_it_closes() {
+    let (flow, daemon, mut fake) = ring_flow();
+    let mut buf = [0u8; 1000];
+    // Nothing yet: a non-blocking read asks for the doorbell.
+    assert_eq!(flow.try_read(&mut buf).unwrap(), None);
+    assert!(!readable_within(flow.as_fd(), 0));
+    fake.deliver(&daemon, b"one");
+    assert!(readable_within(flow.as_fd(), 5000), "the doorbell rang");
+    assert_eq!(flow.try_read(&mut buf).unwrap(), Some(3));
+    assert_eq!(&buf[..3], b"one");
+    // Emptied: the descriptor is quiet again, though the doorbell was
+    // never read by a blocking call.
+    assert_eq!(flow.try_read(&mut buf).unwrap(), None);
+    assert!(!readable_within(flow.as_fd(), 0));
+    // SDUs published while the reader did not ask ring nobody, and are
+    // there at the next read.
+    fake.deliver(&daemon, b"two");
+    fake.deliver(&daemon, b"three");
+    assert!(readable_within(flow.as_fd(), 5000));
+    assert_eq!(flow.try_read(&mut buf).unwrap(), Some(3));
+    assert_eq!(flow.try_read(&mut buf).unwrap(), Some(5));
+    assert_eq!(flow.try_read(&mut buf).unwrap(), None);
+    // The daemon closes the flow: readable, and the read says closed.
+    drop(daemon);
+    assert!(readable_within(flow.as_fd(), 5000));
+    let e = flow.try_read(&mut buf).expect_err("closed");
+    assert_eq!(e.kind, ErrorKind::DaemonGone, "{e}");
+}
+
+#[test]
+fn shutdown_wakes_a_reader_blocked_on_rings() {
+    let (flow, _daemon, _fake) = ring_flow();
+    let flow = std::sync::Arc::new(flow);
+    let f = flow.clone();
+    let reader = thread::spawn(move || f.read(&mut [0u8; 1000]));
+    thread::sleep(Duration::from_millis(20));
+    flow.shutdown();
+    let e = reader.join().unwrap().expect_err("closed");
+    assert_eq!(e.kind, ErrorKind::DaemonGone, "{e}");
+}
+
+#[test]
+fn an_async_flow_with_rings_reads_and_waits_for_room() {
+    let (flow, daemon, mut fake) = ring_flow();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let flow = flow.into_async().expect("rings can be async");
+        assert!(flow.has_rings());
+        // Fill the send ring.
+        let mut sent = 0;
+        while tokio::time::timeout(Duration::from_millis(50), flow.write(&[7u8; 1000]))
+            .await
+            .is_ok()
+        {
+            sent += 1;
+            assert!(sent <= 1024, "more SDUs than the ring has slots");
+        }
+        assert!(sent > 0);
+        // The daemon takes one, then delivers one, from another thread.
+        let daemon = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            assert_eq!(fake.take(), vec![7u8; 1000]);
+            std::thread::sleep(Duration::from_millis(30));
+            fake.deliver(&daemon, b"hello");
+            (fake, daemon)
+        });
+        tokio::time::timeout(Duration::from_secs(10), flow.write(&[8u8; 1000]))
+            .await
+            .expect("woken when room was made")
+            .unwrap();
+        let mut buf = [0u8; 1000];
+        let n = tokio::time::timeout(Duration::from_secs(10), flow.read(&mut buf))
+            .await
+            .expect("woken when an SDU came")
+            .unwrap();
+        assert_eq!(&buf[..n], b"hello");
+        daemon.join().unwrap();
+    });
 }

@@ -383,6 +383,8 @@ fn an_empty_packet_does_not_close_the_flow() {
     let (alpha, beta) = pair(&["echo"]);
     let _srv = echo_server(&beta, "echo");
     let mut c = alpha.client();
+    // The socket carries the SDUs (no rings), as for a C or Python client.
+    c.set_rings(false);
     let flow = c
         .allocate(&name("raw"), &name("echo"), None, &QosSpec::default())
         .unwrap();

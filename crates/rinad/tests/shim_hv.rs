@@ -321,8 +321,10 @@ fn rings_carry_sdus_both_ways_without_loss_and_close() {
     wait_for("the host to free the flows", T, || {
         p.host.client().list_flows().unwrap().is_empty()
     });
-    // A plain client of the same daemons still gets socket flows.
-    let plain = allocate(&mut p.guest.client(), "vm-app", "echo").unwrap();
+    // A client that turns rings off gets a socket flow from the same daemons.
+    let mut pc = p.guest.client();
+    pc.set_rings(false);
+    let plain = allocate(&mut pc, "vm-app", "echo").unwrap();
     assert!(!plain.has_rings());
     assert_eq!(roundtrip(&plain, b"plain"), b"plain");
 }
@@ -341,7 +343,18 @@ fn garbage_in_an_application_ring_spoils_only_its_own_sdus() {
     c.set_rings(true);
     let flow = allocate(&mut c, "vm-app", "echo").unwrap();
     assert!(flow.has_rings());
-    assert_eq!(roundtrip(&flow, b"before"), b"before");
+    // A mark no other flow carries tells this flow's ring files from
+    // those of the other tests' flows in this process (rings are the
+    // default).
+    let mark = format!("garbage-test-{:?}", std::time::Instant::now());
+    assert_eq!(roundtrip(&flow, mark.as_bytes()), mark.as_bytes());
+    let (_, from_app, len) = layout(FG);
+    let carries_mark = |p: &PathBuf| {
+        std::fs::read(p).is_ok_and(|b| {
+            b.get(from_app..len)
+                .is_some_and(|r| r.windows(mark.len()).any(|w| w == mark.as_bytes()))
+        })
+    };
     // Both ends of the flow live in this process (the echo server is a
     // thread): spoil the application-to-daemon ring of each.
     let memfds: Vec<PathBuf> = std::fs::read_dir("/proc/self/fd")
@@ -351,13 +364,13 @@ fn garbage_in_an_application_ring_spoils_only_its_own_sdus() {
         .filter(|p| {
             std::fs::read_link(p).is_ok_and(|l| l.to_string_lossy().starts_with("/memfd:rina-flow"))
         })
+        .filter(carries_mark)
         .collect();
     assert_eq!(
         memfds.len(),
         2,
         "the flow's ring files among our descriptors"
     );
-    let (_, from_app, _) = layout(FG);
     for memfd in &memfds {
         let file = std::fs::OpenOptions::new()
             .read(true)

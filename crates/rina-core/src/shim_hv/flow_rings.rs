@@ -3,24 +3,28 @@
 //!
 //! An application asks for them when it allocates or accepts a flow; if
 //! the IPCP serving the flow offers them, the daemon creates a memory file
-//! and two eventfds and sends them, with a [`Setup`] message, as the first
+//! and an eventfd and sends them, with a [`Setup`] message, as the first
 //! packet of the flow's socket. The file holds two rings of
 //! [`super::ring`] one after the other: first the daemon-to-application
 //! ring, then the application-to-daemon ring, both of the geometry the
 //! setup message gives. The same validation as between VMs applies: an
 //! application writing garbage into the file only breaks its own flow.
 //!
-//! Notification: the daemon rings the first eventfd when it published SDUs
-//! the application waits for, the second when it freed room the
-//! application waits for; the application tells the daemon by writing a
-//! one-byte packet on the flow socket (which the daemon then only drains).
-//! Both sides ring only when the ring header says the other sleeps.
+//! Notification: when the daemon published SDUs the application waits
+//! for, it writes a one-byte packet on the flow socket (so the socket
+//! turns readable, as a flow without rings does, and poll/epoll/tokio wait
+//! on it unchanged); when it freed room the application waits for, it
+//! rings the eventfd. The application tells the daemon by writing a
+//! one-byte packet on the flow socket too. Each side only drains the
+//! packets it receives, and rings only when the ring header says the
+//! other sleeps.
 
 use super::ring::Geometry;
 
-/// What a setup message starts with when rings follow (with three
-/// descriptors: the memory file, the data eventfd, the room eventfd).
-pub const MAGIC_RINGS: &[u8; 8] = b"RINARNG1";
+/// What a setup message starts with when rings follow (with two
+/// descriptors: the memory file and the room eventfd). Version 1 also
+/// carried a data eventfd, where version 2 rings the flow socket.
+pub const MAGIC_RINGS: &[u8; 8] = b"RINARNG2";
 /// What a setup message is when the IPCP offers no rings: the flow is a
 /// plain socket.
 pub const MAGIC_NONE: &[u8; 8] = b"RINARNG0";

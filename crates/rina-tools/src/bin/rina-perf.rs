@@ -47,9 +47,6 @@ struct ServerArgs {
     /// Accept this many flows, then exit once they are all closed.
     #[arg(long, value_name = "N")]
     max_flows: Option<u64>,
-    /// Do not ask for shared-memory rings (the socket carries every SDU).
-    #[arg(long)]
-    no_rings: bool,
     /// Take flows whose client asks for a direct path (shim-udp) on a UDP
     /// socket of this server's own, without the daemons on the data path.
     #[arg(long)]
@@ -121,10 +118,6 @@ struct ClientArgs {
     /// and the latency (µs: min, avg, p50, p90, p99, max).
     #[arg(long)]
     csv: bool,
-    /// Do not ask for shared-memory rings where the DIF offers them
-    /// (shim-hv, normal DIFs): the flow's socket then carries every SDU.
-    #[arg(long)]
-    no_rings: bool,
     /// Ask for a direct path (shim-udp, if the server takes one too): the
     /// SDUs go between the two applications' UDP sockets, not through the
     /// daemons.
@@ -145,7 +138,6 @@ fn server(a: ServerArgs) {
         .common
         .connect()
         .unwrap_or_else(|e| opts::die(TOOL, "cannot connect", &e, 2));
-    c.set_rings(!a.no_rings);
     c.set_direct(a.direct);
     let difs = c
         .register(&a.name, a.common.dif())
@@ -256,7 +248,6 @@ fn client(a: ClientArgs) -> i32 {
         .common
         .connect()
         .unwrap_or_else(|e| opts::die(TOOL, "cannot connect", &e, 2));
-    c.set_rings(!a.no_rings);
     c.set_direct(a.direct);
     let mut flows = Vec::new();
     for _ in 0..a.parallel {

@@ -23,9 +23,7 @@ use super::route::RouteTable;
 use super::status::{ChannelStatus, PeerCounters, PeerStatus, Status};
 use super::tun::Tun;
 use super::IpError;
-use nix::sys::socket::{self, Shutdown};
 use rina::{Client, Flow, IncomingFlow};
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
@@ -318,7 +316,7 @@ impl Shared {
         };
         bump(&peer.counters.flows_up);
         if let Some(old) = old {
-            let _ = socket::shutdown(old.flow.as_raw_fd(), Shutdown::Both);
+            old.flow.shutdown();
         }
         log!(
             "flow {} to {} ({}) up, {how}, max SDU {max_sdu} bytes",
@@ -353,7 +351,7 @@ impl Shared {
             }
         };
         if let Some(l) = taken {
-            let _ = socket::shutdown(l.flow.as_raw_fd(), Shutdown::Both);
+            l.flow.shutdown();
             log!(
                 "flow {} to {} ({}) down: {why}",
                 l.flow.info().port,

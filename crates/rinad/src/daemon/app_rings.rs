@@ -1,9 +1,9 @@
 //! Shared-memory rings between `rinad` and the application of one flow
 //! (`Client::set_rings`; layout and setup message in
 //! `rina_core::shim_hv::flow_rings`): the daemon makes the memory file and
-//! two eventfds and sends them as the first packet of the flow socket;
-//! afterwards SDUs go through the rings, and the socket only carries the
-//! application's one-byte kicks (and its end of file).
+//! an eventfd (for room) and sends them as the first packet of the flow
+//! socket; afterwards SDUs go through the rings, and the socket only
+//! carries one-byte doorbells each way (and its end of file).
 
 use super::shim_hv::{eventfd, ring_eventfd, Mapping};
 use rina_core::shim_hv::flow_rings::{self, Setup};
@@ -18,8 +18,10 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 pub(super) struct AppRings {
     pub to_app: Producer,
     pub from_app: Consumer,
-    /// Rung when SDUs wait for the application (it sleeps on them).
-    pub data: OwnedFd,
+    /// The daemon's end of the flow socket: a one-byte packet on it
+    /// tells the application that SDUs wait (it sleeps on them). Owned by
+    /// the flow's slot, which drops it with these rings.
+    sock: RawFd,
     /// Rung when room appeared for the application (it sleeps on a full ring).
     pub room: OwnedFd,
     _map: Mapping,
@@ -55,16 +57,16 @@ impl AppRings {
         let from_app = Consumer::new(ring(from_off)?, geo).map_err(to_io)?;
         // Nothing to read yet: the application's first SDU must kick us.
         from_app.arm();
-        let (data, room) = (eventfd()?, eventfd()?);
+        let room = eventfd()?;
         send_with_fds(
             fd,
             &Setup::Rings(geo).encode(),
-            &[file.as_raw_fd(), data.as_raw_fd(), room.as_raw_fd()],
+            &[file.as_raw_fd(), room.as_raw_fd()],
         )?;
         Ok(Some(AppRings {
             to_app,
             from_app,
-            data,
+            sock: fd,
             room,
             _map: map,
         }))
@@ -108,8 +110,20 @@ impl AppRings {
     /// Wakes the application if it sleeps on its receive ring.
     pub(super) fn wake(&self) {
         if self.to_app.take_wakeup() {
-            ring_eventfd(&self.data);
+            self.ring_data();
         }
+    }
+
+    /// Tells the application that SDUs wait: a one-byte packet on the flow
+    /// socket. A full socket already holds doorbells it has yet to read,
+    /// and a closed one has nobody to wake.
+    pub(super) fn ring_data(&self) {
+        use nix::sys::socket::{send, MsgFlags};
+        let _ = send(
+            self.sock,
+            &[1],
+            MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+        );
     }
 
     /// After SDUs were held for want of room: asks the application to

@@ -1151,8 +1151,8 @@ impl Daemon {
                     sdu.copy_to(&dst);
                     let ok = r.to_app.commit(sdu_len, sdu_len).is_ok();
                     a.link.consume(n);
-                    if ok && r.to_app.take_wakeup() {
-                        ring_eventfd(&r.data);
+                    if ok {
+                        r.wake();
                     }
                     return Some(true);
                 }
