@@ -156,7 +156,10 @@ impl Rings {
                 .ok_or_else(|| RingsError::BadSetup("ring outside the file".into()))
         };
         let rx = Consumer::new(sub(to_app, geo.ring_bytes())?, geo).map_err(RingsError::Ring)?;
-        let tx = Producer::new(sub(from_app, geo.ring_bytes())?, geo).map_err(RingsError::Ring)?;
+        let mut tx =
+            Producer::new(sub(from_app, geo.ring_bytes())?, geo).map_err(RingsError::Ring)?;
+        // A flow whose daemon keeps up reuses the first pages of its ring.
+        tx.set_restarts(true);
         Ok(Some(Rings {
             tx: Mutex::new(tx),
             rx: Mutex::new(rx),

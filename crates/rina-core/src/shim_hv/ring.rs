@@ -33,6 +33,18 @@
 //! as in IRATI's `VMPI_BUF_SIZE`) carries small SDUs one per slot and a
 //! 64 KiB SDU takes 17 consecutive slots without any fragmentation header.
 //!
+//! *Restart* (where the producer is set to, [`Producer::set_restarts`]):
+//! a producer that finds the ring empty (the consumer's tail
+//! equals its head) and its head in the middle of the data area writes a
+//! restart header `[u32::MAX][seq]` there, meaning "the rest of this lap is
+//! unused", and puts the record at the first slot of the next lap. So a
+//! flow whose reader keeps up reuses the first slots over and over: its
+//! pages stay mapped and in cache, and a request/response flow touches a
+//! few pages of its ring (an eighth of it), not all of them. The skipped
+//! slots count as used until the consumer reads past the restart header,
+//! so the restart is only taken when the record fits the slots before the
+//! old head with an eighth of the ring to spare.
+//!
 //! Each side keeps its own index privately ([`Producer`] the head,
 //! [`Consumer`] the tail) and only *publishes* it in the region, so a peer
 //! overwriting our index cannot move us. Every value read from the region
@@ -52,6 +64,8 @@ pub const RING_HEADER: usize = 128;
 pub const RECORD_HEADER: usize = 8;
 /// Largest record a ring carries, whatever its size.
 pub const MAX_RECORD: usize = 1 << 20;
+/// The length word of a restart header: the rest of the lap is unused.
+const RESTART: u32 = u32::MAX;
 
 /// Why a ring operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -482,6 +496,7 @@ impl RingMem {
 pub struct Producer {
     mem: RingMem,
     head: u32,
+    restarts: bool,
 }
 
 impl Producer {
@@ -490,7 +505,20 @@ impl Producer {
     pub fn new(region: Region, geo: Geometry) -> Result<Producer, RingError> {
         let mem = RingMem::new(region, geo)?;
         let head = mem.head().load(Ordering::Acquire);
-        Ok(Producer { mem, head })
+        Ok(Producer {
+            mem,
+            head,
+            restarts: false,
+        })
+    }
+
+    /// Makes this producer restart at the first slot of the next lap when
+    /// it finds the ring empty (see the module's documentation): for a
+    /// ring per flow, whose pages should stay few. A link carrying bursts
+    /// for many flows keeps its whole capacity instead. The consumer
+    /// follows restarts whether or not its producer makes them.
+    pub fn set_restarts(&mut self, on: bool) {
+        self.restarts = on;
     }
 
     /// Geometry of the ring.
@@ -549,6 +577,7 @@ impl Producer {
     /// until then; a second reservation replaces the first.
     pub fn reserve(&mut self, max: usize) -> Result<Segments, RingError> {
         self.make_room(max)?;
+        self.restart(max);
         Ok(self
             .mem
             .segments(self.mem.data_off(self.head, RECORD_HEADER), max))
@@ -567,6 +596,35 @@ impl Producer {
         self.write_header(len);
         self.publish(len);
         Ok(())
+    }
+
+    /// On an empty ring with the head in the middle of the data area,
+    /// writes a restart header at the head and moves the head to the start
+    /// of the next lap (published with the next record), if a record of
+    /// `len` bytes fits the slots before the old head with an eighth of the
+    /// ring to spare.
+    fn restart(&mut self, len: usize) {
+        let slots = self.mem.geo.slots;
+        let pos = self.head & (slots - 1);
+        if !self.restarts {
+            return;
+        }
+        // Until the consumer reads past the restart header, the slots it
+        // skips count as used: restart only if an eighth of the ring stays
+        // free meanwhile.
+        let need = self.mem.geo.slots_for(len);
+        if pos < need || pos - need < (slots / 8).max(1) {
+            return;
+        }
+        if self.mem.tail().load(Ordering::Acquire) != self.head {
+            return;
+        }
+        let mut hdr = [0u8; RECORD_HEADER];
+        hdr[..4].copy_from_slice(&RESTART.to_le_bytes());
+        hdr[4..].copy_from_slice(&self.head.to_le_bytes());
+        self.mem
+            .write_wrapped(self.mem.data_off(self.head, 0), &hdr);
+        self.head = self.head.wrapping_add(slots - pos);
     }
 
     fn write_header(&self, len: usize) {
@@ -602,6 +660,7 @@ impl Producer {
     pub fn push(&mut self, parts: &[&[u8]]) -> Result<(), RingError> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         self.make_room(len)?;
+        self.restart(len);
         let mut hdr = [0u8; RECORD_HEADER];
         hdr[..4].copy_from_slice(&(len as u32).to_le_bytes());
         hdr[4..].copy_from_slice(&self.head.to_le_bytes());
@@ -685,21 +744,41 @@ impl Consumer {
             }
             return Ok(None);
         }
-        let mut hdr = [0u8; RECORD_HEADER];
-        let off = self.mem.data_off(self.tail, 0);
-        if !self.mem.read_wrapped(off, &mut hdr) {
-            return Err(RingError::BadLength { len: 0, avail });
-        }
-        let len = u32::from_le_bytes([hdr[0], hdr[1], hdr[2], hdr[3]]);
-        let seq = u32::from_le_bytes([hdr[4], hdr[5], hdr[6], hdr[7]]);
-        if seq != self.tail {
-            return Err(RingError::BadSequence { at: self.tail, seq });
+        let (mut len, mut avail) = (self.header()?, avail);
+        if len == RESTART {
+            // The producer restarted at the next lap: skip the rest of this
+            // one (privately; the tail is published with the next record
+            // consumed).
+            let slots = self.mem.geo.slots;
+            let rest = slots - (self.tail & (slots - 1));
+            if rest >= avail || rest == slots {
+                return Err(RingError::BadLength { len, avail });
+            }
+            self.tail = self.tail.wrapping_add(rest);
+            avail -= rest;
+            len = self.header()?;
         }
         let n = len as usize;
         if n == 0 || n > self.mem.geo.max_record() || self.mem.geo.slots_for(n) > avail {
             return Err(RingError::BadLength { len, avail });
         }
         Ok(Some(n))
+    }
+
+    /// The length word of the header at the tail, after checking its
+    /// sequence number.
+    fn header(&self) -> Result<u32, RingError> {
+        let mut hdr = [0u8; RECORD_HEADER];
+        let off = self.mem.data_off(self.tail, 0);
+        if !self.mem.read_wrapped(off, &mut hdr) {
+            return Err(RingError::BadLength { len: 0, avail: 0 });
+        }
+        let len = u32::from_le_bytes([hdr[0], hdr[1], hdr[2], hdr[3]]);
+        let seq = u32::from_le_bytes([hdr[4], hdr[5], hdr[6], hdr[7]]);
+        if seq != self.tail {
+            return Err(RingError::BadSequence { at: self.tail, seq });
+        }
+        Ok(len)
     }
 
     /// Takes the next record into `buf`; its length, or `None` if the ring
@@ -790,10 +869,15 @@ mod tests {
 
     fn pair(mem: &HeapRegion) -> (Producer, Consumer) {
         let r = mem.region();
-        (
-            Producer::new(r, GEO).unwrap(),
-            Consumer::new(r, GEO).unwrap(),
-        )
+        let mut p = Producer::new(r, GEO).unwrap();
+        p.set_restarts(true);
+        (p, Consumer::new(r, GEO).unwrap())
+    }
+
+    /// Whether the record at the consumer's tail, of `len` bytes, crosses
+    /// the end of the data area.
+    fn wraps(c: &Consumer, len: usize) -> bool {
+        c.mem.data_off(c.tail(), 0) + RECORD_HEADER + len > GEO.data_bytes()
     }
 
     #[test]
@@ -805,26 +889,43 @@ mod tests {
         let (mut pa, mut ca) = pair(&ma);
         let (mut pb, mut cb) = pair(&mb);
         let mut buf = [0u8; 512];
-        // Offset the two rings differently so that source and destination
-        // wrap at different points.
+        // One record stays in each ring, so that they never empty (and
+        // never restart at their first slot): records wrap at the end.
+        pa.push(&[&[1u8; 10]]).unwrap();
+        pb.push(&[&[2u8; 10]]).unwrap();
+        let mut behind = vec![1u8; 10];
+        let (mut wrapped_src, mut wrapped_dst) = (false, false);
         for k in 0..11u8 {
-            let len = 100 + 37 * usize::from(k);
+            let len = 60 + 17 * usize::from(k);
             let rec: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(k + 1)).collect();
             pa.push(&[&rec]).unwrap();
             if k % 3 == 0 {
+                // Offset the two rings differently so that source and
+                // destination wrap at different points.
                 pb.push(&[&[9u8; 70]]).unwrap();
+                assert_eq!(cb.pop(&mut buf).unwrap(), Some(10));
+                pb.push(&[&[2u8; 10]]).unwrap();
                 assert_eq!(cb.pop(&mut buf).unwrap(), Some(70));
             }
+            // Take the older record of ring a.
+            assert_eq!(ca.pop(&mut buf).unwrap(), Some(behind.len()));
+            assert_eq!(&buf[..behind.len()], &behind[..]);
+            behind = rec.clone();
+            wrapped_src |= wraps(&ca, len);
             let src = ca.peek().unwrap().unwrap();
             assert_eq!(src.len(), len);
             let dst = pb.reserve(len).unwrap();
             assert!(!src.copy_to(&dst.skip(dst.len() - len + 1)), "too short");
             assert!(src.copy_to(&dst));
             pb.commit(len, len).unwrap();
-            ca.consume(len);
+            pb.push(&[&[2u8; 10]]).unwrap();
+            // Leave the record in ring a: it is popped next round.
+            assert_eq!(cb.pop(&mut buf).unwrap(), Some(10));
+            wrapped_dst |= wraps(&cb, len);
             assert_eq!(cb.pop(&mut buf).unwrap(), Some(len));
             assert_eq!(&buf[..len], &rec[..]);
         }
+        assert!(wrapped_src && wrapped_dst, "no record crossed the end");
     }
 
     #[test]
@@ -833,6 +934,10 @@ mod tests {
         let (mut p, mut c) = pair(&mem);
         let mut buf = vec![0u8; 1024];
         assert_eq!(c.pop(&mut buf).unwrap(), None);
+        // One record is always left in the ring, so it never restarts.
+        p.push(&[b"lead"]).unwrap();
+        let mut behind = b"lead".to_vec();
+        let mut wrapped = false;
         for round in 0..50u32 {
             // Sizes that take 1, 2 and 3 slots, crossing the end of the ring.
             let sizes = [10usize, 100, 150];
@@ -842,9 +947,96 @@ mod tests {
                     .collect();
                 p.push(&[&data[..3], &data[3..]]).unwrap();
                 let n = c.pop(&mut buf).unwrap().unwrap();
-                assert_eq!(&buf[..n], &data[..], "round {round} size {s}");
+                assert_eq!(&buf[..n], &behind[..], "round {round} size {s}");
+                wrapped |= wraps(&c, s);
+                behind = data;
             }
         }
+        assert!(wrapped, "no record crossed the end");
+    }
+
+    #[test]
+    fn an_empty_ring_restarts_at_its_first_slot_when_the_record_fits_before() {
+        let mem = HeapRegion::new(GEO.ring_bytes());
+        let (mut p, mut c) = pair(&mem);
+        let mut buf = [0u8; 600];
+        // 100 bytes take 2 slots: the head goes to 2, then 4.
+        p.push(&[&[1u8; 100]]).unwrap();
+        p.push(&[&[2u8; 100]]).unwrap();
+        assert_eq!(c.pop(&mut buf).unwrap(), Some(100));
+        // Not empty: no restart, the record follows at slot 4.
+        p.push(&[&[3u8; 10]]).unwrap();
+        assert_eq!(p.head(), 5);
+        assert_eq!(c.pop(&mut buf).unwrap(), Some(100));
+        assert_eq!(buf[0], 2);
+        assert_eq!(c.pop(&mut buf).unwrap(), Some(10));
+        // Empty, head at slot 5: a 3-slot record restarts at slot 8 (the
+        // first slot of the next lap), a restart header at slot 5.
+        p.push(&[&[4u8; 150]]).unwrap();
+        assert_eq!(p.head(), 11);
+        assert_eq!(c.available().unwrap(), 6, "the skipped slots count");
+        assert_eq!(c.pop(&mut buf).unwrap(), Some(150));
+        assert_eq!(&buf[..150], &[4u8; 150][..]);
+        assert_eq!(c.tail(), 11);
+        assert_eq!(c.pop(&mut buf).unwrap(), None);
+        // Empty at slot 3: a record of 4 slots does not fit before it, so it
+        // goes on from slot 3 (and wraps).
+        p.push(&[&[5u8; 200]]).unwrap();
+        assert_eq!(p.head(), 15);
+        assert_eq!(c.pop(&mut buf).unwrap(), Some(200));
+        assert_eq!(&buf[..200], &[5u8; 200][..]);
+        // A request/response exchange stays in the first two slots (with 8
+        // slots, a restart keeps one free).
+        for k in 0..20u8 {
+            p.push(&[&[k; 30]]).unwrap();
+            assert!(p.head() & (GEO.slots - 1) <= 2, "round {k}");
+            assert_eq!(c.pop(&mut buf).unwrap(), Some(30));
+            assert_eq!(buf[..30], [k; 30]);
+        }
+        // A reservation restarts too; its commit publishes the restart.
+        assert_eq!(p.head() & (GEO.slots - 1), 2);
+        let seg = p.reserve(40).unwrap();
+        assert_eq!(seg.len(), 40);
+        p.commit(40, 20).unwrap();
+        assert_eq!(p.head() & (GEO.slots - 1), 1);
+        assert_eq!(c.pop(&mut buf).unwrap(), Some(20));
+    }
+
+    #[test]
+    fn a_forged_restart_is_an_error_and_resync_recovers() {
+        let mem = HeapRegion::new(GEO.ring_bytes());
+        let (mut p, mut c) = pair(&mem);
+        let r = mem.region();
+        let mut buf = [0u8; 600];
+        p.push(&[&[1u8; 10]]).unwrap();
+        // A restart header at slot 0 (a whole lap) is refused.
+        r.write(RING_HEADER, &RESTART.to_le_bytes());
+        assert!(matches!(c.pop(&mut buf), Err(RingError::BadLength { .. })));
+        c.resync();
+        assert_eq!(c.pop(&mut buf).unwrap(), None);
+        // A restart at slot 1 whose lap is not all published is refused.
+        p.push(&[&[2u8; 100]]).unwrap();
+        assert_eq!((c.tail(), p.head()), (1, 3));
+        r.write(RING_HEADER + 64, &RESTART.to_le_bytes());
+        assert!(matches!(c.pop(&mut buf), Err(RingError::BadLength { .. })));
+        c.resync();
+        // A restart followed by a header that is not the next lap's.
+        let t = c.tail();
+        assert_eq!(t, 3);
+        let mut hdr = RESTART.to_le_bytes().to_vec();
+        hdr.extend_from_slice(&t.to_le_bytes());
+        r.write(RING_HEADER + c.mem.data_off(t, 0), &hdr);
+        r.u32_at(0).unwrap().store(t + 5 + 1, Ordering::Release);
+        assert!(matches!(
+            c.pop(&mut buf),
+            Err(RingError::BadSequence { at: 8, .. })
+        ));
+        c.resync();
+        // The honest producer goes on.
+        p.adopt();
+        p.push(&[b"fine"]).unwrap();
+        assert_eq!(c.pop(&mut buf).unwrap(), Some(4));
+        assert_eq!(&buf[..4], b"fine");
     }
 
     #[test]

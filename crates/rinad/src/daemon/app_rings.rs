@@ -53,7 +53,8 @@ impl AppRings {
                 .ok_or_else(|| io::Error::other("ring outside the file"))
         };
         let to_io = |e: RingError| io::Error::other(e.to_string());
-        let to_app = Producer::new(ring(to_off)?, geo).map_err(to_io)?;
+        let mut to_app = Producer::new(ring(to_off)?, geo).map_err(to_io)?;
+        to_app.set_restarts(true);
         let from_app = Consumer::new(ring(from_off)?, geo).map_err(to_io)?;
         // Nothing to read yet: the application's first SDU must kick us.
         from_app.arm();
