@@ -4,6 +4,13 @@
 //! test keeps running as root).
 
 use std::process::Command;
+use std::sync::Mutex;
+
+/// Serialises looking up and creating users among the tests of one
+/// binary: two `useradd` of the same name at once, or an `id -g` while the
+/// other is between writing the group and the user, gave a test a user
+/// without the group it expected.
+static USERS: Mutex<()> = Mutex::new(());
 
 /// A local user for tests.
 #[derive(Debug, Clone, Copy)]
@@ -20,6 +27,7 @@ pub fn test_user(name: &str) -> Option<User> {
         eprintln!("skipped: the access tests need root to create and impersonate users");
         return None;
     }
+    let _one_at_a_time = USERS.lock().unwrap_or_else(|p| p.into_inner());
     let id = |flag: &str| -> Option<u32> {
         let out = Command::new("id").args([flag, name]).output().ok()?;
         if !out.status.success() {
@@ -38,7 +46,7 @@ pub fn test_user(name: &str) -> Option<User> {
             ])
             .status()
             .expect("run useradd");
-        // A concurrent test may have created it meanwhile.
+        // Another test binary may have created it meanwhile.
         assert!(st.success() || id("-u").is_some(), "useradd {name} failed");
     }
     Some(User {
