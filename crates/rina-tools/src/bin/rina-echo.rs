@@ -249,8 +249,11 @@ fn send_probes(a: &ClientArgs, flow: &Flow, size: usize) -> Tally {
         let next_send = (tally.sent < a.count).then(|| echo::due_ns(start, interval, tally.sent));
         if next_send.is_some_and(|due| due <= now) {
             let probe = echo::encode_probe(tally.sent, now, size);
-            if let Err(e) = flow.write(&probe) {
-                opts::die(TOOL, "cannot send a probe", &e, 2);
+            match flow.write(&probe) {
+                Ok(_) => {}
+                // Whichever side notices first, a closed flow reads the same.
+                Err(e) if e.is_closed() => opts::die(TOOL, "flow closed", &e, 2),
+                Err(e) => opts::die(TOOL, "cannot send a probe", &e, 2),
             }
             probes.sent(tally.sent, now);
             tally.sent += 1;
