@@ -132,7 +132,10 @@ pub fn flow_pair(sndbuf: usize) -> io::Result<(OwnedFd, OwnedFd)> {
     for fd in [&a, &b] {
         let _ = socket::setsockopt(fd, socket::sockopt::SndBuf, &sndbuf);
     }
-    set_nonblocking(a.as_raw_fd())?;
+    // A fresh socket has no other status flag to keep: one call, not a
+    // read and a write of the flags.
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    fcntl(a.as_raw_fd(), FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map_err(io_err)?;
     Ok((a, b))
 }
 

@@ -473,6 +473,9 @@ pub struct NormalIpcp {
     /// Some port reached [`TX_BURST`] with more to send: more is due at
     /// once, after the driver had its turn.
     rmt_more: bool,
+    /// The N-1 ports, gathered again on each drain of the RMT (kept to
+    /// spare an allocation per drain).
+    ports_scratch: Vec<N1Port>,
     /// Boxed: the table's spare room costs a pointer per slot, not a flow.
     flows: IdMap<FlowId, Box<Flow>>,
     by_cep: IdMap<CepId, FlowId>,
@@ -565,6 +568,7 @@ impl NormalIpcp {
             mgmt_frag: crate::mgmt_frag::Fragmenter::new(),
             tx_used: BTreeMap::new(),
             rmt_more: false,
+            ports_scratch: Vec::new(),
             mgmt_reasm: crate::mgmt_frag::Reassembler::new(
                 MAX_MGMT_MESSAGE,
                 Duration::from_secs(5),
@@ -1486,9 +1490,11 @@ impl NormalIpcp {
     /// driver whose medium fills up says so before the next burst, so PDUs
     /// wait in the RMT (under its policy) rather than in a driver's buffer.
     fn drain_rmt(&mut self, now: Instant) {
-        let ports: Vec<N1Port> = self.rmt.ports().collect();
+        let mut ports = std::mem::take(&mut self.ports_scratch);
+        ports.clear();
+        ports.extend(self.rmt.ports());
         self.rmt_more = false;
-        for port in ports {
+        for &port in &ports {
             let mut used = self.tx_used.get(&port).copied().unwrap_or(0);
             while used < TX_BURST {
                 let Some(frame) = self.rmt.poll_output(now, port) else {
@@ -1509,6 +1515,7 @@ impl NormalIpcp {
             self.tx_used.insert(port, used);
             self.rmt_more |= used >= TX_BURST && self.rmt.has_output(port);
         }
+        self.ports_scratch = ports;
     }
 
     /// Starts keeping a copy of every frame sent and received on the N-1
