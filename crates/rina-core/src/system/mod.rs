@@ -787,6 +787,22 @@ impl System {
         medium: MediumId,
         rx: Rx<'a>,
     ) -> Option<(PortId, &'a [u8])> {
+        let app = self.receive_held(now, medium, rx);
+        self.pump(now);
+        app
+    }
+
+    /// [`System::receive`] for one frame of a batch: the medium's IPCP
+    /// takes the frame, but what it sets off (the IPCPs above, their
+    /// deliveries, answers and flows) waits for [`System::settle`], which
+    /// the driver calls once after the batch. The work per frame is then
+    /// only the frame's own, not a pass over every member.
+    pub fn receive_held<'a>(
+        &mut self,
+        now: Instant,
+        medium: MediumId,
+        rx: Rx<'a>,
+    ) -> Option<(PortId, &'a [u8])> {
         self.tick(now);
         if self.removed.contains(&medium) {
             return None;
@@ -833,8 +849,13 @@ impl System {
             Ok(None) => {}
             Err(()) => self.counters.rx_dropped += 1,
         }
-        self.pump(now);
         app
+    }
+
+    /// Carries out what frames taken with [`System::receive_held`] set off.
+    pub fn settle(&mut self, now: Instant) {
+        self.tick(now);
+        self.pump(now);
     }
 
     /// Whether `port` is an application flow (not an N-1 flow).

@@ -191,7 +191,7 @@ impl Daemon {
                 for r in rx.reads() {
                     let Some(from) = r.from else { continue };
                     for datagram in rx.datagrams(r) {
-                        let got = self.sys.receive(now, i, Rx::Udp { from, datagram });
+                        let got = self.sys.receive_held(now, i, Rx::Udp { from, datagram });
                         if let Some((port, sdu)) = got {
                             queue_to_app(&mut self.flows, &mut self.sys, i, port, sdu);
                             if self.udp.woken.last() != Some(&port) {
@@ -200,6 +200,9 @@ impl Daemon {
                         }
                     }
                 }
+                // What the batch set off, once: deliveries over normal
+                // IPCPs reach their applications from the outputs.
+                self.sys.settle(now);
                 wake_apps(&self.flows, &mut self.udp.woken);
                 n == udp_batch::RX_SLOTS
             }
