@@ -764,8 +764,9 @@ fn an_sdu_is_copied_once_down_and_once_up_a_normal_dif() {
     );
 }
 
-#[test]
-fn an_sdu_is_copied_once_down_and_once_up_two_stacked_difs() {
+/// Two systems with DIF `up` stacked on DIF `low`, enrolled, and an
+/// application flow across `up`: its port at system 0 and at system 1.
+fn flow_across_stacked() -> (Net, PortId, PortId) {
     const PW: &str = "pw";
     let mut net = Net::new(vec![
         stacked_system(
@@ -788,6 +789,12 @@ fn an_sdu_is_copied_once_down_and_once_up_two_stacked_difs() {
     net.run_until(ms(6000));
     net.sys[1].register("up", name("app1")).unwrap();
     let (port, theirs) = open_app_flow_in(&mut net, "up");
+    (net, port, theirs)
+}
+
+#[test]
+fn an_sdu_is_copied_once_down_and_once_up_two_stacked_difs() {
+    let (mut net, port, theirs) = flow_across_stacked();
 
     let sdu = [0xa5; 1000];
     let (frames, cost) = frames_of_one_write(&mut net, port, &sdu);
@@ -819,28 +826,7 @@ fn an_sdu_is_copied_once_down_and_once_up_two_stacked_difs() {
 
 #[test]
 fn frames_received_held_reach_the_application_in_order_when_the_system_settles() {
-    const PW: &str = "pw";
-    let mut net = Net::new(vec![
-        stacked_system(
-            0,
-            &[(1, "s1.low")],
-            ("s0.low", 1),
-            ("s0.up", 1),
-            "s1.up",
-            PW,
-        ),
-        stacked_system(
-            1,
-            &[(0, "s0.low")],
-            ("s1.low", 2),
-            ("s1.up", 2),
-            "s0.up",
-            PW,
-        ),
-    ]);
-    net.run_until(ms(6000));
-    net.sys[1].register("up", name("app1")).unwrap();
-    let (port, theirs) = open_app_flow_in(&mut net, "up");
+    let (mut net, port, theirs) = flow_across_stacked();
     let sdus: Vec<Vec<u8>> = (0..20u8).map(|i| vec![i; 300 + usize::from(i)]).collect();
     let mut frames = Vec::new();
     for sdu in &sdus {
