@@ -9,6 +9,7 @@
 #   sudo bash bench/rina_ip.sh          # DUR=5 seconds per measurement
 #   QOS=reliable MTU=1400 bash bench/rina_ip.sh
 #   MAX_PDU=9000 RINGS=0 bash bench/rina_ip.sh   # the DIF's default PDU size, sockets
+#   VETH_MTU=9000 MAX_PDU=8950 bash bench/rina_ip.sh   # jumbo frames on the veth
 #   KEEP=1 bash bench/rina_ip.sh        # leave the namespaces for a look
 #   NO_BUILD=1 bash bench/rina_ip.sh    # use the binaries already built
 #   RESULTS=f.json bash bench/rina_ip.sh  # also write the figures as JSON
@@ -22,6 +23,10 @@ MTU=${MTU:-}
 # daemon then sends a turn's PDUs as one segmentation-offloaded batch).
 # MAX_PDU=9000 (rinad's default) shows what fragmentation costs.
 MAX_PDU=${MAX_PDU:-1450}
+# The veth's MTU (the kernel's default, 1500, unless set): VETH_MTU=9000
+# MAX_PDU=8950 shows what jumbo frames do (fewer, larger PDUs, each still
+# one datagram on the wire).
+VETH_MTU=${VETH_MTU:-}
 # rina-ip talks to rinad through shared-memory rings (its default);
 # RINGS=0 makes it use the flows' sockets.
 RINGS=${RINGS:-1}
@@ -58,6 +63,10 @@ ip link set "$VB" netns "$NB"
 ip -n "$NA" addr add 172.30.9.1/24 dev "$VA"
 ip -n "$NB" addr add 172.30.9.2/24 dev "$VB"
 for n in "$NA" "$NB"; do ip -n "$n" link set lo up; done
+if [ -n "$VETH_MTU" ]; then
+    ip -n "$NA" link set "$VA" mtu "$VETH_MTU"
+    ip -n "$NB" link set "$VB" mtu "$VETH_MTU"
+fi
 ip -n "$NA" link set "$VA" up
 ip -n "$NB" link set "$VB" up
 
@@ -143,7 +152,7 @@ TUN=$(goodput 10.201.0.2)
 MTU_NOW=$(ip netns exec "$NA" cat /sys/class/net/rbench0/mtu)
 RTT=$(ip netns exec "$NA" ping -c 10 -i 0.1 -q 10.201.0.2 | sed -n 's/.*= \([0-9.]*\)\/\([0-9.]*\)\/.*/\2/p')
 RTT0=$(ip netns exec "$NA" ping -c 10 -i 0.1 -q 172.30.9.2 | sed -n 's/.*= \([0-9.]*\)\/\([0-9.]*\)\/.*/\2/p')
-echo "rina-ip benchmark: iperf3 TCP, ${DUR} s each, QoS $QOS, TUN MTU $MTU_NOW, DIF max PDU $MAX_PDU, rings $RINGS_TOML"
+echo "rina-ip benchmark: iperf3 TCP, ${DUR} s each, QoS $QOS, TUN MTU $MTU_NOW, DIF max PDU $MAX_PDU, veth MTU ${VETH_MTU:-1500}, rings $RINGS_TOML"
 printf "  veth, no RINA        %10s Mb/s   ping avg %s ms\n" "$BASE" "$RTT0"
 printf "  through rina-ip      %10s Mb/s   ping avg %s ms\n" "$TUN" "$RTT"
 python3 -c "print('  ratio rina-ip / veth  %.3f' % ($TUN / $BASE))"

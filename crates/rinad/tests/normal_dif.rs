@@ -362,3 +362,60 @@ fn n1_flows_come_up_without_anyone_talking_to_the_initiator() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(up.is_ok(), "alpha never set up its N-1 flow");
 }
+
+/// A writer of large SDUs on an unreliable flow, flat out: the daemon
+/// takes from one flow per turn about what the RMT sends in a turn, so the
+/// writer's own RMT queue never overflows (before, a turn took 64 SDUs of
+/// 45 PDUs each into a queue of 1,000 PDUs that sends 256 a turn, and
+/// dropped whole SDUs, which a TCP through `rina-ip` paid for with
+/// retransmissions). What is lost, if anything, is lost at the receiver.
+#[test]
+fn large_sdus_written_flat_out_do_not_overflow_the_writers_rmt() {
+    let (pa, pb) = (free_port(), free_port());
+    let small = |cfg: String| cfg.replace("crc = true", "crc = true\nmax_pdu = 1450");
+    let alpha = Daemon::start_with(
+        "alpha",
+        &small(system("alpha", 1, pa, "beta", 2, pb, "\"sink\" = 2")),
+    );
+    let beta = Daemon::start_with("beta", &small(system("beta", 2, pb, "alpha", 1, pa, "")));
+    wait_for("the N-1 flow between the normal IPCPs", T, || {
+        counter(&alpha, "alpha.net", "neighbors_up") == 1
+            && counter(&beta, "beta.net", "neighbors_up") == 1
+    });
+    let mut srv = beta.client();
+    srv.register(&name("sink"), Some("net")).unwrap();
+    let sink = std::thread::spawn(move || {
+        let req = srv
+            .next_request_timeout(T)
+            .unwrap()
+            .expect("a flow request");
+        let flow = srv.accept(&req).unwrap();
+        let mut buf = vec![0u8; 70_000];
+        let mut got = 0u64;
+        while let Ok(Some(_)) = flow.read_timeout(&mut buf, Duration::from_secs(2)) {
+            got += 1;
+        }
+        got
+    });
+    let mut c = alpha.client();
+    let flow = c
+        .allocate(
+            &name("src"),
+            &name("sink"),
+            Some("net"),
+            &QosSpec::default(),
+        )
+        .unwrap();
+    let sdu = vec![0x5au8; 60_000];
+    let sent = 600u64;
+    for _ in 0..sent {
+        flow.write(&sdu).unwrap();
+    }
+    let got = sink.join().unwrap();
+    let queued = counter(&alpha, "alpha.net", "rmt_queued");
+    let drops = counter(&alpha, "alpha.net", "rmt_queue_drops");
+    assert_eq!(drops, 0, "the writer's RMT dropped {drops} PDUs");
+    // 600 SDUs of 42 fragments each went through the queue.
+    assert!(queued >= sent * 42, "{queued} PDUs queued");
+    assert!(got > 0, "nothing arrived");
+}

@@ -19,7 +19,8 @@
 //! * a self-pipe written by the SIGINT/SIGTERM handler.
 //!
 //! Fairness: every readable source is served at most [`BUDGET`] packets at a
-//! time and then requeued, so one busy flow cannot starve the others.
+//! time (and an application flow of a normal IPCP at most [`BUDGET_BYTES`])
+//! and then requeued, so one busy flow cannot starve the others.
 //! Back-pressure: when a medium cannot take a frame, its driver keeps it
 //! and tells the system ([`System::medium_blocked`]): the application flows
 //! straight on that shim stop being read (their writes block in their own
@@ -68,6 +69,13 @@ use tracing::{debug, info, warn};
 
 /// Packets served from one source before the others get a turn.
 pub const BUDGET: usize = 64;
+/// Bytes of application SDUs taken from one flow of a normal IPCP before
+/// the others get a turn. The RMT sends at most
+/// [`rina_core::normal::TX_BURST`] (256) PDUs per port per turn; 256 KiB is
+/// 180 PDUs of a DIF with 1,450-byte PDUs, so a writer of large SDUs cannot
+/// put more into the RMT's queue in a turn than it sends, and overflow it
+/// on its own (64 SDUs of 64 KiB were 2,900 PDUs in a turn).
+pub const BUDGET_BYTES: usize = 256 << 10;
 /// Messages queued for a control client before it is disconnected.
 pub const CONN_QUEUE_MAX: usize = 1024;
 /// Bytes queued for a control client before it is disconnected.

@@ -56,7 +56,11 @@ impl Daemon {
             return FlowService::Drained;
         }
         let fd = slot.fd.as_raw_fd();
+        let mut bytes = 0;
         for _ in 0..BUDGET {
+            if bytes >= BUDGET_BYTES {
+                break;
+            }
             let len = match sys::recv(fd, &mut self.buf) {
                 Ok(Recv::Packet(len)) if len <= self.buf.len() => len,
                 Ok(Recv::Packet(_)) | Ok(Recv::Empty) => {
@@ -68,6 +72,7 @@ impl Daemon {
                 Ok(Recv::WouldBlock) => return FlowService::Drained,
                 Ok(Recv::Closed) | Err(_) => return FlowService::Closed,
             };
+            bytes += len;
             if let Took::Stashed = self.write_sdu(port, len) {
                 return FlowService::Drained;
             }
@@ -105,7 +110,11 @@ impl Daemon {
         } else {
             FlowService::Drained
         };
+        let mut bytes = 0;
         for _ in 0..BUDGET {
+            if bytes >= BUDGET_BYTES {
+                break;
+            }
             let Some(slot) = self.flows.get_mut(&port) else {
                 return FlowService::Drained;
             };
@@ -132,6 +141,7 @@ impl Daemon {
                 slot.drops_out += 1;
                 continue;
             }
+            bytes += len;
             if let Took::Stashed = self.write_sdu(port, len) {
                 return more;
             }
