@@ -60,6 +60,50 @@ fn count(made: u64, copies: u64, grown: u64) {
     });
 }
 
+/// The bytes of an SDU that are not a slice of this process's memory (an
+/// application's shared-memory ring, which the application may rewrite
+/// while it is read): the SDU is copied from it straight into the buffers
+/// of its PDUs ([`PduBuf::with_room_from`]), with no copy in between.
+pub trait SduSource {
+    /// The SDU's length.
+    fn len(&self) -> usize;
+
+    /// Whether the SDU is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Appends the SDU's bytes `at..at + n` to `out`; false (and `out`
+    /// unchanged) if the source cannot give them.
+    fn append_to(&self, at: usize, n: usize, out: &mut Vec<u8>) -> bool;
+}
+
+impl SduSource for &[u8] {
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
+    }
+
+    fn append_to(&self, at: usize, n: usize, out: &mut Vec<u8>) -> bool {
+        match at.checked_add(n).and_then(|end| self.get(at..end)) {
+            Some(b) => {
+                out.extend_from_slice(b);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl SduSource for PduBuf {
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
+    }
+
+    fn append_to(&self, at: usize, n: usize, out: &mut Vec<u8>) -> bool {
+        (&**self).append_to(at, n, out)
+    }
+}
+
 /// The bytes of one PDU, `buf[head..]`, with `head` bytes of room in front.
 #[derive(Default)]
 pub struct PduBuf {
@@ -79,6 +123,28 @@ impl PduBuf {
             buf,
             head: headroom,
         }
+    }
+
+    /// A copy of bytes `at..at + n` of `src` with `headroom` bytes free in
+    /// front of it (and room for `tailroom` more after it); `None` if the
+    /// source could not give them.
+    pub fn with_room_from(
+        headroom: usize,
+        src: &dyn SduSource,
+        at: usize,
+        n: usize,
+        tailroom: usize,
+    ) -> Option<PduBuf> {
+        let mut buf = Vec::with_capacity(headroom + n + tailroom);
+        buf.resize(headroom, 0);
+        if !src.append_to(at, n, &mut buf) || buf.len() != headroom + n {
+            return None;
+        }
+        count(1, 1, 0);
+        Some(PduBuf {
+            buf,
+            head: headroom,
+        })
     }
 
     /// A copy of `bytes` with [`HEADROOM`] free in front and [`TAILROOM`]

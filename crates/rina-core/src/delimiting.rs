@@ -128,40 +128,63 @@ pub fn fragment_count(len: usize, max_payload: usize) -> usize {
     len.div_ceil(piece)
 }
 
+/// Where the fragments of an SDU of a given length lie: `(delimiter, at,
+/// len)` triples in order, for an SDU that is not a slice
+/// ([`crate::buf::SduSource`]). Each PDU's user data is the delimiter byte
+/// followed by the piece, at most `max_payload` bytes in all.
+#[derive(Debug, Clone)]
+pub struct Spans {
+    at: usize,
+    len: usize,
+    piece: usize,
+}
+
+impl Iterator for Spans {
+    type Item = (Delimiter, usize, usize);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.at >= self.len {
+            return None;
+        }
+        let at = self.at;
+        let n = self.piece.min(self.len - at);
+        self.at += n;
+        let d = match (at == 0, self.at == self.len) {
+            (true, true) => Delimiter::Complete,
+            (true, false) => Delimiter::First,
+            (false, false) => Delimiter::Middle,
+            (false, true) => Delimiter::Last,
+        };
+        Some((d, at, n))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = (self.len - self.at).div_ceil(self.piece);
+        (n, Some(n))
+    }
+}
+
+impl ExactSizeIterator for Spans {}
+
 /// The fragments of an SDU: `(delimiter, piece)` pairs in order. Each PDU's
 /// user data is the delimiter byte followed by the piece, at most
 /// `max_payload` bytes in all.
 #[derive(Debug, Clone)]
 pub struct Fragments<'a> {
-    rest: &'a [u8],
-    piece: usize,
-    started: bool,
+    sdu: &'a [u8],
+    spans: Spans,
 }
 
 impl<'a> Iterator for Fragments<'a> {
     type Item = (Delimiter, &'a [u8]);
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.rest.is_empty() {
-            return None;
-        }
-        let n = self.piece.min(self.rest.len());
-        let (piece, rest) = self.rest.split_at(n);
-        let last = rest.is_empty();
-        let d = match (self.started, last) {
-            (false, true) => Delimiter::Complete,
-            (false, false) => Delimiter::First,
-            (true, false) => Delimiter::Middle,
-            (true, true) => Delimiter::Last,
-        };
-        self.rest = rest;
-        self.started = true;
-        Some((d, piece))
+        let (d, at, n) = self.spans.next()?;
+        Some((d, &self.sdu[at..at + n]))
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        let n = self.rest.len().div_ceil(self.piece);
-        (n, Some(n))
+        self.spans.size_hint()
     }
 }
 
@@ -174,22 +197,30 @@ pub fn fragments(
     max_sdu: usize,
     max_payload: usize,
 ) -> Result<Fragments<'_>, DelimitError> {
-    if sdu.is_empty() {
+    Ok(Fragments {
+        sdu,
+        spans: spans(sdu.len(), max_sdu, max_payload)?,
+    })
+}
+
+/// [`fragments`] of an SDU of `len` bytes, as spans.
+pub fn spans(len: usize, max_sdu: usize, max_payload: usize) -> Result<Spans, DelimitError> {
+    if len == 0 {
         return Err(DelimitError::EmptySdu);
     }
-    if sdu.len() > max_sdu {
+    if len > max_sdu {
         return Err(DelimitError::SduTooLarge {
-            size: sdu.len(),
+            size: len,
             max: max_sdu,
         });
     }
     if max_payload < DELIMITER_LEN + 1 {
         return Err(DelimitError::PayloadTooSmall { max_payload });
     }
-    Ok(Fragments {
-        rest: sdu,
+    Ok(Spans {
+        at: 0,
+        len,
         piece: max_payload - DELIMITER_LEN,
-        started: false,
     })
 }
 

@@ -72,7 +72,7 @@ pub use mgmt_cdap::CDAP_DISCRIMINATOR;
 pub use rib_remote::{MAX_REMOTE_READS, REMOTE_OWNER};
 pub use tap::Tapped;
 
-use crate::buf::{self, PduBuf};
+use crate::buf::{self, PduBuf, SduSource};
 use crate::delimiting::{self, Reassembler};
 use crate::efcp::{self, Connection, EfcpConfig, EfcpError};
 use crate::ids::IdMap;
@@ -215,6 +215,10 @@ pub enum NormalError {
     /// The SDU is empty or larger than the DIF's maximum.
     #[error("SDU of {size} bytes: SDUs are 1 to {max} bytes")]
     BadSduSize { size: usize, max: usize },
+    /// The SDU's bytes could not be read from where they were (an
+    /// application's shared-memory ring, [`SduSource`]).
+    #[error("the SDU of {0} bytes could not be read from its source")]
+    UnreadableSdu(usize),
     /// Flow control: the flow cannot take this SDU now.
     #[error("flow {0} is blocked by flow control; retry when it is writable")]
     WouldBlock(FlowId),
@@ -945,6 +949,18 @@ impl NormalIpcp {
         self.write_sdu(now, flow, Sdu::Owned(sdu))
     }
 
+    /// [`NormalIpcp::write`] of an SDU read from `src` (an application's
+    /// shared-memory ring): each fragment is copied from it straight into
+    /// its PDU's buffer.
+    pub fn write_from(
+        &mut self,
+        now: Instant,
+        flow: FlowId,
+        src: &dyn SduSource,
+    ) -> Result<(), NormalError> {
+        self.write_sdu(now, flow, Sdu::Source(src))
+    }
+
     fn write_sdu(&mut self, now: Instant, flow: FlowId, sdu: Sdu<'_>) -> Result<(), NormalError> {
         self.tick(now);
         let max = self.cfg.max_sdu;
@@ -979,8 +995,10 @@ impl NormalIpcp {
             sdu => {
                 // The one copy of the SDU's bytes on the way down: each
                 // fragment into a buffer with room for every header below.
-                for (delim, piece) in delimiting::fragments(&sdu, max, budget).map_err(bad_size)? {
-                    let mut b = PduBuf::with_room(buf::HEADROOM, piece, tail);
+                let src = sdu.source();
+                for (delim, at, n) in delimiting::spans(len, max, budget).map_err(bad_size)? {
+                    let mut b = PduBuf::with_room_from(buf::HEADROOM, src, at, n, tail)
+                        .ok_or(NormalError::UnreadableSdu(len))?;
                     b.push_front(&[delim.to_byte()]);
                     pieces.push(b);
                 }
@@ -1611,15 +1629,20 @@ fn discards(c: &delimiting::Counters) -> u64 {
 enum Sdu<'a> {
     Borrowed(&'a [u8]),
     Owned(PduBuf),
+    Source(&'a dyn SduSource),
 }
 
-impl std::ops::Deref for Sdu<'_> {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
+impl Sdu<'_> {
+    fn source(&self) -> &dyn SduSource {
         match self {
             Sdu::Borrowed(b) => b,
             Sdu::Owned(b) => b,
+            Sdu::Source(s) => *s,
         }
+    }
+
+    fn len(&self) -> usize {
+        self.source().len()
     }
 }
 

@@ -54,6 +54,7 @@
 //! dropping everything published so far ([`Consumer::resync`]); the peer
 //! only broke its own traffic.
 
+use crate::buf::SduSource;
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use thiserror::Error;
@@ -191,6 +192,29 @@ impl Region {
         unsafe {
             std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), dst.as_mut_ptr(), dst.len())
         };
+        true
+    }
+
+    /// Appends `n` bytes from `off` to `out` (into its spare capacity,
+    /// which is not zeroed first); false, and `out` unchanged, if outside.
+    pub fn append(&self, off: usize, n: usize, out: &mut Vec<u8>) -> bool {
+        if !self.check(off, n, 1) {
+            return false;
+        }
+        out.reserve(n);
+        let spare = &mut out.spare_capacity_mut()[..n];
+        // SAFETY: the source range is inside the region (checked); `spare`
+        // is `n` bytes of `out`'s own allocation, distinct from the region.
+        // After the copy those `n` bytes are initialised, so the length may
+        // cover them. See `read` about concurrent peers.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ptr.as_ptr().add(off),
+                spare.as_mut_ptr().cast::<u8>(),
+                n,
+            );
+            out.set_len(out.len() + n);
+        }
         true
     }
 
@@ -481,6 +505,20 @@ impl RingMem {
         self.region.read(RING_HEADER + off, a) && self.region.read(RING_HEADER, b)
     }
 
+    /// Appends `n` bytes of the data area starting at `off` (wrapping) to
+    /// `out`.
+    fn append_wrapped(&self, off: usize, n: usize, out: &mut Vec<u8>) -> bool {
+        let total = self.geo.data_bytes();
+        let first = n.min(total.saturating_sub(off));
+        let before = out.len();
+        let ok = self.region.append(RING_HEADER + off, first, out)
+            && self.region.append(RING_HEADER, n - first, out);
+        if !ok {
+            out.truncate(before);
+        }
+        ok
+    }
+
     /// Copies `src` to the data area starting at `off` (wrapping); returns the next offset.
     fn write_wrapped(&self, off: usize, src: &[u8]) -> usize {
         let total = self.geo.data_bytes();
@@ -488,6 +526,27 @@ impl RingMem {
         self.region.write(RING_HEADER + off, &src[..first]);
         self.region.write(RING_HEADER, &src[first..]);
         (off + src.len()) % total
+    }
+}
+
+/// The payload of the record a [`Consumer`] peeked at, read in place.
+#[derive(Debug)]
+pub struct Record<'a> {
+    ring: &'a Consumer,
+    len: usize,
+}
+
+impl SduSource for Record<'_> {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn append_to(&self, at: usize, n: usize, out: &mut Vec<u8>) -> bool {
+        if at.checked_add(n).is_none_or(|end| end > self.len) {
+            return false;
+        }
+        let mem = &self.ring.mem;
+        mem.append_wrapped(mem.data_off(self.ring.tail, RECORD_HEADER + at), n, out)
     }
 }
 
@@ -829,6 +888,13 @@ impl Consumer {
                 .read_wrapped(self.mem.data_off(self.tail, RECORD_HEADER), dst)
     }
 
+    /// The record seen by [`Consumer::peek`] (of `len` bytes) as an
+    /// [`SduSource`]: a normal IPCP copies its fragments from the ring
+    /// straight into their PDUs' buffers.
+    pub fn record(&self, len: usize) -> Record<'_> {
+        Record { ring: self, len }
+    }
+
     /// Releases the record seen by [`Consumer::peek`] (of `len` bytes).
     pub fn consume(&mut self, len: usize) {
         self.advance(len);
@@ -926,6 +992,40 @@ mod tests {
             assert_eq!(&buf[..len], &rec[..]);
         }
         assert!(wrapped_src && wrapped_dst, "no record crossed the end");
+    }
+
+    #[test]
+    fn a_record_read_in_place_gives_any_range_across_the_wrap() {
+        let mem = HeapRegion::new(GEO.ring_bytes());
+        let (mut p, mut c) = pair(&mem);
+        let mut buf = [0u8; 512];
+        // One record always stays behind, so the ring never restarts and
+        // records cross the end of the data area.
+        p.push(&[b"lead"]).unwrap();
+        let mut wrapped = false;
+        for k in 0..12u8 {
+            let len = 90 + 13 * usize::from(k);
+            let rec: Vec<u8> = (0..len).map(|i| (i as u8) ^ k.wrapping_mul(37)).collect();
+            p.push(&[&rec]).unwrap();
+            c.pop(&mut buf).unwrap().unwrap();
+            wrapped |= wraps(&c, len);
+            assert_eq!(c.peek().unwrap().unwrap().len(), len);
+            let r = c.record(len);
+            assert_eq!(SduSource::len(&r), len);
+            // The whole record, and pieces of it as fragments are taken.
+            for (at, n) in [(0, len), (0, 7), (5, 60), (len - 1, 1), (len, 0)] {
+                let mut out = vec![0xee];
+                assert!(r.append_to(at, n, &mut out), "{at}+{n} of {len}");
+                assert_eq!(out[0], 0xee);
+                assert_eq!(&out[1..], &rec[at..at + n], "{at}+{n} of {len}");
+            }
+            // Past the record's end: nothing, and `out` untouched.
+            let mut out = vec![1, 2];
+            assert!(!r.append_to(len - 3, 4, &mut out));
+            assert!(!r.append_to(usize::MAX, 2, &mut out));
+            assert_eq!(out, [1, 2]);
+        }
+        assert!(wrapped, "no record crossed the end");
     }
 
     #[test]

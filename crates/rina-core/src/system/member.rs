@@ -88,6 +88,7 @@ impl From<NormalError> for FlowError {
             NormalError::Timeout { .. } => FlowError::Timeout(m),
             NormalError::NoResources(_) => FlowError::NoResources(m),
             NormalError::BadSduSize { .. } => FlowError::SduTooLarge(m),
+            NormalError::UnreadableSdu(_) => FlowError::Invalid(m),
             NormalError::QosNotSatisfiable(_) => FlowError::Qos(m),
             NormalError::NotEnrolled => FlowError::NotEnrolled,
             NormalError::Failed(..) => FlowError::Failed(m),

@@ -40,7 +40,7 @@ pub mod member;
 mod removal;
 mod tap;
 
-pub use crate::buf::PduBuf;
+pub use crate::buf::{PduBuf, SduSource};
 pub use allocator::{Neighbor, NeighborSpec, Plan, NEIGHBOR_RETRY};
 pub use member::{FlowError, IpcpEvent, LowerPeer, Machine, Member, PortId, ShimSend};
 pub use removal::Removal;
@@ -683,6 +683,35 @@ impl System {
         };
         if res == Err(FlowError::WouldBlock) {
             self.want_writable.insert(port, sdu.len());
+        }
+        self.pump(now);
+        res
+    }
+
+    /// [`System::write`] of an SDU read from `src` (an application's
+    /// shared-memory ring): over a normal IPCP each fragment is copied from
+    /// it straight into its PDU's buffer; over a shim, into one buffer.
+    pub fn write_from(
+        &mut self,
+        now: Instant,
+        port: PortId,
+        src: &dyn SduSource,
+    ) -> Result<(), FlowError> {
+        self.tick(now);
+        let &i = self
+            .app_flows
+            .get(&port)
+            .ok_or(FlowError::UnknownFlow(port.into()))?;
+        let Machine::Normal(n) = &mut self.members[i].machine else {
+            let mut sdu = Vec::with_capacity(src.len());
+            if !src.append_to(0, src.len(), &mut sdu) {
+                return Err(FlowError::Invalid("the SDU could not be read".into()));
+            }
+            return self.write(now, port, &sdu);
+        };
+        let res = n.write_from(now, port, src).map_err(FlowError::from);
+        if res == Err(FlowError::WouldBlock) {
+            self.want_writable.insert(port, src.len());
         }
         self.pump(now);
         res

@@ -764,6 +764,87 @@ fn an_sdu_is_copied_once_down_and_once_up_a_normal_dif() {
     );
 }
 
+/// An SDU that is not a slice: its bytes made on demand, as a ring's
+/// record is read in place; `broken` gives none.
+struct Pattern {
+    len: usize,
+    broken: bool,
+}
+
+impl Pattern {
+    fn byte(i: usize) -> u8 {
+        (i * 7 % 251) as u8
+    }
+}
+
+impl SduSource for Pattern {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn append_to(&self, at: usize, n: usize, out: &mut Vec<u8>) -> bool {
+        if self.broken || at + n > self.len {
+            return false;
+        }
+        out.extend((at..at + n).map(Pattern::byte));
+        true
+    }
+}
+
+#[test]
+fn an_sdu_from_a_source_is_copied_once_from_it_into_each_pdu() {
+    let (mut net, port, _) = flow_across();
+    net.collect();
+    let src = Pattern {
+        len: 20_000,
+        broken: false,
+    };
+    let before = crate::buf::stats();
+    net.sys[0].write_from(net.now, port, &src).unwrap();
+    let mut frames = Vec::new();
+    while let Some(o) = net.sys[0].poll_output() {
+        if let Output::ToMedium { frame, .. } = o {
+            frames.push(frame);
+        }
+    }
+    let after = crate::buf::stats();
+    // Fragmented: each fragment copied once, from the source into its
+    // PDU's buffer, and nothing else.
+    assert!(frames.len() >= 3, "{} frames", frames.len());
+    let n = frames.len() as u64;
+    assert_eq!(
+        (after.made - before.made, after.copies - before.copies),
+        (n, n)
+    );
+    let mut got = Vec::new();
+    for f in &frames {
+        net.sys[1].handle_frame(net.now, 0, udp(0), f);
+    }
+    while let Some(o) = net.sys[1].poll_output() {
+        if let Output::ToApp { sdu, .. } = o {
+            got.push(sdu);
+        }
+    }
+    let want: Vec<u8> = (0..src.len).map(Pattern::byte).collect();
+    assert_eq!(got, vec![PduBuf::from(want)]);
+
+    // A source that cannot give its bytes sends nothing.
+    let broken = Pattern {
+        len: 20_000,
+        broken: true,
+    };
+    let e = net.sys[0].write_from(net.now, port, &broken).unwrap_err();
+    assert!(
+        matches!(&e, FlowError::Invalid(m) if m.contains("could not be read")),
+        "{e:?}"
+    );
+    let mut sent = 0;
+    while let Some(o) = net.sys[0].poll_output() {
+        sent += usize::from(matches!(o, Output::ToMedium { .. }));
+    }
+    assert_eq!(sent, 0);
+}
+
 /// Two systems with DIF `up` stacked on DIF `low`, enrolled, and an
 /// application flow across `up`: its port at system 0 and at system 1.
 fn flow_across_stacked() -> (Net, PortId, PortId) {

@@ -6,7 +6,7 @@
 //! lanes live in the core ([`rina_core::system`]).
 
 use super::*;
-use rina_core::system::FlowError;
+use rina_core::system::{FlowError, SduSource};
 
 /// What the daemon keeps of a normal IPCP besides its machine.
 pub(super) struct NormalIo {
@@ -96,8 +96,8 @@ impl Daemon {
 
     /// Serves normal flow `port` whose application uses shared-memory
     /// rings: drains its kicks, hands it held SDUs, and writes up to
-    /// [`BUDGET`] SDUs from its ring (copied once, into the daemon's
-    /// buffer) into the system.
+    /// [`BUDGET`] SDUs from its ring into the system, which copies each
+    /// straight from the ring into its PDUs' buffers.
     fn service_normal_rings(&mut self, port: PortId) -> FlowService {
         let Some(slot) = self.flows.get(&port) else {
             return FlowService::Drained;
@@ -111,6 +111,7 @@ impl Daemon {
             FlowService::Drained
         };
         let mut bytes = 0;
+        let now = self.now();
         for _ in 0..BUDGET {
             if bytes >= BUDGET_BYTES {
                 break;
@@ -134,15 +135,27 @@ impl Daemon {
                 }
             };
             let len = seg.len();
-            let ok = len <= self.buf.len() && r.from_app.read(len, &mut self.buf[..len]);
+            bytes += len;
+            // The SDU goes from the ring straight into its PDUs' buffers.
+            let res = self.sys.write_from(now, port, &r.from_app.record(len));
+            let stashed = match res {
+                Ok(()) => false,
+                Err(FlowError::WouldBlock) => {
+                    let mut sdu = Vec::with_capacity(len);
+                    if r.from_app.record(len).append_to(0, len, &mut sdu) {
+                        slot.tx_stash = Some(sdu);
+                    }
+                    true
+                }
+                Err(e) => {
+                    slot.drops_out += 1;
+                    debug!(port, error = %e, "SDU not sent");
+                    false
+                }
+            };
             r.from_app.consume(len);
             r.took();
-            if !ok {
-                slot.drops_out += 1;
-                continue;
-            }
-            bytes += len;
-            if let Took::Stashed = self.write_sdu(port, len) {
+            if stashed {
                 return more;
             }
         }
