@@ -149,6 +149,21 @@ goodput() { # DEST -> Mb/s received
 }
 BASE=$(goodput 172.30.9.2)
 TUN=$(goodput 10.201.0.2)
+# Where the CPU goes: each process's CPU time (user + system, from
+# /proc/PID/stat) while CPU_BYTES cross the tunnel, per GB. Steadier than
+# the goodput on a shared machine, and it says which side to work on.
+CPU_BYTES=${CPU_BYTES:-2G}
+HZ=$(getconf CLK_TCK)
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+before=(); for p in "${PIDS[@]:0:4}"; do before+=("$(cpu_ticks "$p")"); done
+XFER=$(ip netns exec "$NA" iperf3 -c 10.201.0.2 -n "$CPU_BYTES" -J \
+    | python3 -c 'import json,sys; e=json.load(sys.stdin)["end"]; print(e["sum_received"]["bytes"], e["sum_sent"].get("retransmits", 0))')
+after=(); for p in "${PIDS[@]:0:4}"; do after+=("$(cpu_ticks "$p")"); done
+read -r XFER_BYTES RETRANS <<<"$XFER"
+CPU_GB=$(python3 -c "
+b, a, hz, gb = [${before[*]/%/,}], [${after[*]/%/,}], $HZ, $XFER_BYTES / 1e9
+print(' '.join('%.3f' % ((y - x) / hz / gb) for x, y in zip(b, a)))")
+read -r CPU_RINAD_TX CPU_RINAD_RX CPU_IP_TX CPU_IP_RX <<<"$CPU_GB"
 MTU_NOW=$(ip netns exec "$NA" cat /sys/class/net/rbench0/mtu)
 RTT=$(ip netns exec "$NA" ping -c 10 -i 0.1 -q 10.201.0.2 | sed -n 's/.*= \([0-9.]*\)\/\([0-9.]*\)\/.*/\2/p')
 RTT0=$(ip netns exec "$NA" ping -c 10 -i 0.1 -q 172.30.9.2 | sed -n 's/.*= \([0-9.]*\)\/\([0-9.]*\)\/.*/\2/p')
@@ -156,8 +171,10 @@ echo "rina-ip benchmark: iperf3 TCP, ${DUR} s each, QoS $QOS, TUN MTU $MTU_NOW, 
 printf "  veth, no RINA        %10s Mb/s   ping avg %s ms\n" "$BASE" "$RTT0"
 printf "  through rina-ip      %10s Mb/s   ping avg %s ms\n" "$TUN" "$RTT"
 python3 -c "print('  ratio rina-ip / veth  %.3f' % ($TUN / $BASE))"
+echo "  CPU seconds per GB through the tunnel ($CPU_BYTES, $RETRANS TCP retransmissions):"
+echo "    rinad sending $CPU_RINAD_TX, rinad receiving $CPU_RINAD_RX, rina-ip sending $CPU_IP_TX, rina-ip receiving $CPU_IP_RX"
 if [ -n "${RESULTS:-}" ]; then
-    python3 -c "import json; json.dump({'veth_mbps': $BASE, 'rina_ip_mbps': $TUN, 'rina_ip_ratio': $TUN / $BASE}, open('$RESULTS', 'w'))"
+    python3 -c "import json; json.dump({'veth_mbps': $BASE, 'rina_ip_mbps': $TUN, 'rina_ip_ratio': $TUN / $BASE, 'cpu_s_per_gb': {'rinad_tx': $CPU_RINAD_TX, 'rinad_rx': $CPU_RINAD_RX, 'rina_ip_tx': $CPU_IP_TX, 'rina_ip_rx': $CPU_IP_RX}, 'tcp_retransmits': $RETRANS}, open('$RESULTS', 'w'))"
 fi
 echo
 ip netns exec "$NA" "$BIN/rina-ip" --status --status-socket "$T/ip-a.status.sock"
