@@ -273,10 +273,24 @@ impl System {
             .min()
     }
 
+    /// Records flow `port` of member `lower` as an N-1 flow of `upper`.
+    pub(super) fn n1_insert(&mut self, port: PortId, upper: usize, lower: usize) {
+        self.n1.insert(port, (upper, lower));
+        if matches!(self.members[lower].machine, Machine::Normal(_)) {
+            self.n1_stacked.insert(port);
+        }
+    }
+
+    /// Forgets N-1 flow `port`: its (upper, lower) members, if it was one.
+    pub(super) fn n1_remove(&mut self, port: PortId) -> Option<(usize, usize)> {
+        self.n1_stacked.remove(&port);
+        self.n1.remove(&port)
+    }
+
     /// Binds flow `port` of member `lower` as an N-1 flow of `j` to its
     /// neighbour `k`: its primary if it has none, else a lane.
     pub(super) fn bind_n1(&mut self, now: Instant, j: usize, k: usize, lower: usize, port: PortId) {
-        self.n1.insert(port, (j, lower));
+        self.n1_insert(port, j, lower);
         let cube = self.n1_cube(lower, port);
         let carries: BTreeSet<u64> = match (&cube, self.lane_plan(j, k)) {
             (Some(c), Ok(Some(plan))) => plan.lanes.get(&c.id).map(|l| l.1.clone()),
@@ -319,7 +333,7 @@ impl System {
     /// An N-1 flow went away. A lane's QoS-ids go on its primary until it
     /// is back; a primary takes its lanes with it.
     pub(super) fn unbind_n1(&mut self, now: Instant, port: PortId) {
-        let Some((j, _)) = self.n1.remove(&port) else {
+        let Some((j, _)) = self.n1_remove(port) else {
             return;
         };
         self.gated.remove(&port);
@@ -340,7 +354,7 @@ impl System {
             return;
         }
         for lane in self.lanes_of(j, port) {
-            if let Some((_, lower)) = self.n1.remove(&lane) {
+            if let Some((_, lower)) = self.n1_remove(lane) {
                 self.members[lower].deallocate(now, lane);
             }
             self.gated.remove(&lane);
@@ -468,14 +482,17 @@ impl System {
     /// those flows gain or lose room (window flow control below pushes back
     /// to the RMT above). True if a gate opened.
     pub(super) fn update_stacked_gates(&mut self, now: Instant) -> bool {
+        if self.n1_stacked.is_empty() {
+            return false;
+        }
         // The N-1 flows over a normal IPCP whose room changed: a gated one
         // with room again, or an open one without (none on most turns, and
         // then nothing is allocated).
         let changed: Vec<(PortId, usize, bool)> = self
-            .n1
+            .n1_stacked
             .iter()
-            .filter(|(_, &(_, l))| matches!(self.members[l].machine, Machine::Normal(_)))
-            .filter_map(|(&port, &(upper, lower))| {
+            .filter_map(|port| self.n1.get(port).map(|&(u, l)| (*port, u, l)))
+            .filter_map(|(port, upper, lower)| {
                 let frame = self.normal_of(upper)?.max_frame();
                 let room = self
                     .normal_of(lower)

@@ -77,7 +77,7 @@ impl System {
             self.drop_claim(now, p);
         }
         self.counters.n1_claims += 1;
-        self.n1.insert(port, (j, lower));
+        self.n1_insert(port, j, lower);
         if let Some(n) = self.normal_of_mut(j) {
             n.add_port(port);
         }

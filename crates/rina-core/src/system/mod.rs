@@ -204,6 +204,10 @@ pub struct System {
     out: VecDeque<Output>,
     /// N-1 flows: port -> (upper member, lower member).
     n1: BTreeMap<PortId, (usize, usize)>,
+    /// The N-1 flows of `n1` over a normal IPCP (a stacked DIF's), whose
+    /// gates follow their lower flow's room: what the system checks on
+    /// every turn, empty when no DIF is stacked.
+    n1_stacked: BTreeSet<PortId>,
     /// N-1 flows being allocated: port -> (upper member, neighbour index).
     n1_pending: BTreeMap<PortId, (usize, usize)>,
     /// N-1 ports blocked because their lower flow has no room.
@@ -250,6 +254,7 @@ impl System {
             plans: Vec::new(),
             out: VecDeque::new(),
             n1: BTreeMap::new(),
+            n1_stacked: BTreeSet::new(),
             n1_pending: BTreeMap::new(),
             gated: BTreeSet::new(),
             claims: BTreeMap::new(),

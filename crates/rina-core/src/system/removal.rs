@@ -161,7 +161,7 @@ impl System {
             .map(|(&p, &(_, l))| (p, l))
             .collect();
         for (port, lower) in under {
-            self.n1.remove(&port);
+            self.n1_remove(port);
             self.gated.remove(&port);
             self.members[lower].deallocate(now, port);
         }
