@@ -970,10 +970,11 @@ impl NormalIpcp {
         }
         let budget = self.frag_budget;
         let tail = self.sdup.trailer_len() + buf::TAILROOM;
-        let f = self
-            .flows
-            .get_mut(&flow)
-            .ok_or(NormalError::UnknownFlow(flow))?;
+        // (`let else` rather than `ok_or`: an error built for nothing is
+        // dropped for nothing, on every PDU.)
+        let Some(f) = self.flows.get_mut(&flow) else {
+            return Err(NormalError::UnknownFlow(flow));
+        };
         if let Some(e) = f.efcp.failure() {
             return Err(NormalError::Failed(flow, e.clone()));
         }
@@ -985,10 +986,12 @@ impl NormalIpcp {
         let mut pieces = Vec::with_capacity(n);
         match sdu {
             Sdu::Owned(mut b) if n == 1 => {
-                let (delim, _) = delimiting::fragments(&b, max, budget)
+                let Some((delim, _)) = delimiting::fragments(&b, max, budget)
                     .map_err(bad_size)?
                     .next()
-                    .ok_or(NormalError::BadSduSize { size: len, max })?;
+                else {
+                    return Err(NormalError::BadSduSize { size: len, max });
+                };
                 b.push_front(&[delim.to_byte()]);
                 pieces.push(b);
             }
@@ -997,8 +1000,10 @@ impl NormalIpcp {
                 // fragment into a buffer with room for every header below.
                 let src = sdu.source();
                 for (delim, at, n) in delimiting::spans(len, max, budget).map_err(bad_size)? {
-                    let mut b = PduBuf::with_room_from(buf::HEADROOM, src, at, n, tail)
-                        .ok_or(NormalError::UnreadableSdu(len))?;
+                    let Some(mut b) = PduBuf::with_room_from(buf::HEADROOM, src, at, n, tail)
+                    else {
+                        return Err(NormalError::UnreadableSdu(len));
+                    };
                     b.push_front(&[delim.to_byte()]);
                     pieces.push(b);
                 }

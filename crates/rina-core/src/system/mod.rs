@@ -675,7 +675,7 @@ impl System {
         let &i = self
             .app_flows
             .get(&port)
-            .ok_or(FlowError::UnknownFlow(port.into()))?;
+            .ok_or_else(|| FlowError::UnknownFlow(port.into()))?;
         let res = match &mut self.members[i].machine {
             Machine::Normal(n) => n.write(now, port, sdu).map_err(FlowError::from),
             _ => self.shim_send(now, port, sdu).map(|(medium, send)| {
@@ -706,7 +706,7 @@ impl System {
         let &i = self
             .app_flows
             .get(&port)
-            .ok_or(FlowError::UnknownFlow(port.into()))?;
+            .ok_or_else(|| FlowError::UnknownFlow(port.into()))?;
         let Machine::Normal(n) = &mut self.members[i].machine else {
             let mut sdu = Vec::with_capacity(src.len());
             if !src.append_to(0, src.len(), &mut sdu) {
@@ -738,7 +738,7 @@ impl System {
         let &i = self
             .app_flows
             .get(&port)
-            .ok_or(FlowError::UnknownFlow(port.into()))?;
+            .ok_or_else(|| FlowError::UnknownFlow(port.into()))?;
         if self.blocked_media.contains(&i) {
             self.want_writable.insert(port, sdu.len());
             return Err(FlowError::WouldBlock);
