@@ -69,12 +69,15 @@ fn counter(d: &Daemon, ipcp: &str, key: &str) -> u64 {
 
 /// Two systems whose normal IPCPs are neighbours over the shim DIF.
 fn pair() -> (Daemon, Daemon) {
+    pair_with("\"echo\" = 2", |cfg| cfg)
+}
+
+/// [`pair`] with `names` in alpha's directory and each configuration
+/// passed through `edit`.
+fn pair_with(names: &str, edit: impl Fn(String) -> String) -> (Daemon, Daemon) {
     let (pa, pb) = (free_port(), free_port());
-    let alpha = Daemon::start_with(
-        "alpha",
-        &system("alpha", 1, pa, "beta", 2, pb, "\"echo\" = 2"),
-    );
-    let beta = Daemon::start_with("beta", &system("beta", 2, pb, "alpha", 1, pa, ""));
+    let alpha = Daemon::start_with("alpha", &edit(system("alpha", 1, pa, "beta", 2, pb, names)));
+    let beta = Daemon::start_with("beta", &edit(system("beta", 2, pb, "alpha", 1, pa, "")));
     wait_for("the N-1 flow between the normal IPCPs", T, || {
         counter(&alpha, "alpha.net", "neighbors_up") == 1
             && counter(&beta, "beta.net", "neighbors_up") == 1
@@ -371,17 +374,8 @@ fn n1_flows_come_up_without_anyone_talking_to_the_initiator() {
 /// retransmissions). What is lost, if anything, is lost at the receiver.
 #[test]
 fn large_sdus_written_flat_out_do_not_overflow_the_writers_rmt() {
-    let (pa, pb) = (free_port(), free_port());
     let small = |cfg: String| cfg.replace("crc = true", "crc = true\nmax_pdu = 1450");
-    let alpha = Daemon::start_with(
-        "alpha",
-        &small(system("alpha", 1, pa, "beta", 2, pb, "\"sink\" = 2")),
-    );
-    let beta = Daemon::start_with("beta", &small(system("beta", 2, pb, "alpha", 1, pa, "")));
-    wait_for("the N-1 flow between the normal IPCPs", T, || {
-        counter(&alpha, "alpha.net", "neighbors_up") == 1
-            && counter(&beta, "beta.net", "neighbors_up") == 1
-    });
+    let (alpha, beta) = pair_with("\"sink\" = 2", small);
     let mut srv = beta.client();
     srv.register(&name("sink"), Some("net")).unwrap();
     let sink = std::thread::spawn(move || {

@@ -144,6 +144,8 @@ impl Daemon {
                     let mut sdu = Vec::with_capacity(len);
                     if r.from_app.record(len).append_to(0, len, &mut sdu) {
                         slot.tx_stash = Some(sdu);
+                    } else {
+                        slot.drops_out += 1;
                     }
                     true
                 }
