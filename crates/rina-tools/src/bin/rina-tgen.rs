@@ -13,7 +13,7 @@
 use clap::{Args, Parser, Subcommand};
 use rina::{AppName, Flow};
 use rina_tools::opts::{self, CommonArgs, QosArgs};
-use rina_tools::perf::{Clock, SystemClock};
+use rina_tools::perf::{Clock, SleepClock};
 use rina_tools::table::Table;
 use rina_tools::tgen::gen::{Generator, SourceSpec, PROFILE_NAMES};
 use rina_tools::tgen::header::{Header, Kind, HEADER_LEN};
@@ -194,7 +194,7 @@ fn reporter(live: Arc<Live>, interval_s: f64, stop: Arc<AtomicBool>) {
         let (mut tx0, mut rx0, mut txs0, mut rxs0) = (0, 0, 0, 0);
         let mut next = start + every;
         while !stop.load(Ordering::Relaxed) {
-            SystemClock.sleep_until(next);
+            SleepClock.sleep_until(next);
             if stop.load(Ordering::Relaxed) {
                 break;
             }
@@ -235,7 +235,7 @@ fn send_schedule(
     live: &Live,
     stop: &AtomicBool,
 ) -> Result<(u64, u64), rina::Error> {
-    let clock = SystemClock;
+    let clock = SleepClock;
     let start = clock.now();
     let end = start + duration;
     let mut gen = source
@@ -693,7 +693,7 @@ impl ClientRun<'_> {
     /// Waits for `p`'s start time, allocates its flow and runs it on a
     /// thread of its own (or records why it could not start).
     fn start_flow(&mut self, p: &FlowPlan) {
-        SystemClock.sleep_until(self.start + Duration::from_secs_f64(p.start_s));
+        SleepClock.sleep_until(self.start + Duration::from_secs_f64(p.start_s));
         let dst: AppName = match p.peer.parse() {
             Ok(n) => n,
             Err(e) => opts::die(TOOL, &format!("bad peer name {:?}", p.peer), &e, 2),
