@@ -686,8 +686,21 @@ impl System {
                 });
             }),
         };
+        self.written(now, port, sdu.len(), res)
+    }
+
+    /// After a write of `len` bytes on `port` whose result is `res`: a
+    /// blocked writer is remembered for its writable event, and the system
+    /// runs what the write set going.
+    fn written(
+        &mut self,
+        now: Instant,
+        port: PortId,
+        len: usize,
+        res: Result<(), FlowError>,
+    ) -> Result<(), FlowError> {
         if res == Err(FlowError::WouldBlock) {
-            self.want_writable.insert(port, sdu.len());
+            self.want_writable.insert(port, len);
         }
         self.pump(now);
         res
@@ -715,11 +728,7 @@ impl System {
             return self.write(now, port, &sdu);
         };
         let res = n.write_from(now, port, src).map_err(FlowError::from);
-        if res == Err(FlowError::WouldBlock) {
-            self.want_writable.insert(port, src.len());
-        }
-        self.pump(now);
-        res
+        self.written(now, port, src.len(), res)
     }
 
     /// For an application flow straight on a shim: accounts `sdu` and says
