@@ -419,6 +419,15 @@ fn qta_mux_shaper_delays_beyond_the_cube_rate() {
         (b1.sent, b1.queued, b1.dropped, b1.max_occupancy),
         (3, 2, 1, 5)
     );
+    // The two still shaped leave at 1 s and 1.5 s; then nothing is queued
+    // and nothing is to wake for.
+    assert!(q.next_to_send(ms(1000), 1).is_some());
+    assert!(q.has_queued(1));
+    assert_eq!(q.next_wakeup(1), Some(ms(1500)));
+    assert!(q.next_to_send(ms(1500), 1).is_some());
+    assert!(!q.has_queued(1));
+    assert_eq!(q.next_wakeup(1), None);
+    assert_eq!(q.next_to_send(ms(5000), 1), None);
 }
 
 #[test]

@@ -66,6 +66,9 @@ struct Port {
     mux: Vec<VecDeque<(usize, QueuedPdu)>>,
     mux_tally: Vec<Tally>,
     mux_len: usize,
+    /// PDUs waiting in the cubes' shapers, all cubes together (so that a
+    /// port with none skips the walk over its cubes).
+    shaped: usize,
 }
 
 /// The QTA-Mux scheduling policy.
@@ -122,6 +125,7 @@ impl QtaMux {
             mux: vec![VecDeque::new(); levels],
             mux_tally: vec![Tally::default(); levels],
             mux_len: 0,
+            shaped: 0,
         };
         QtaMux {
             rng: SplitMix64::new(cfg.seed),
@@ -161,6 +165,9 @@ fn admit(port: &mut Port, occupancy: Occupancy, i: usize, pdu: QueuedPdu) -> Res
 
 /// Moves the PDUs whose tokens have come from the shapers to the mux.
 fn pump(port: &mut Port, occupancy: Occupancy, now: Instant) {
+    if port.shaped == 0 {
+        return;
+    }
     for i in 0..port.cubes.len() {
         loop {
             let cube = &mut port.cubes[i];
@@ -176,6 +183,7 @@ fn pump(port: &mut Port, occupancy: Occupancy, now: Instant) {
             let Some(pdu) = cube.shaper.pop_front() else {
                 break;
             };
+            port.shaped -= 1;
             // A drop by the mux is counted there.
             let _ = admit(port, occupancy, i, pdu);
         }
@@ -193,9 +201,9 @@ impl Scheduler for QtaMux {
     }
 
     fn destroy_queues(&mut self, port: PortId) -> usize {
-        self.ports.remove(&port).map_or(0, |p| {
-            p.mgmt.len() + p.mux_len + p.cubes.iter().map(|c| c.shaper.len()).sum::<usize>()
-        })
+        self.ports
+            .remove(&port)
+            .map_or(0, |p| p.mgmt.len() + p.mux_len + p.shaped)
     }
 
     fn enqueue(&mut self, now: Instant, port: PortId, pdu: QueuedPdu) -> Result<(), QueuedPdu> {
@@ -228,6 +236,7 @@ impl Scheduler for QtaMux {
                 }
                 cube.tally.push();
                 cube.shaper.push_back(pdu);
+                p.shaped += 1;
                 pump(p, occupancy, now);
                 Ok(())
             }
@@ -261,7 +270,7 @@ impl Scheduler for QtaMux {
 
     fn next_wakeup(&self, port: PortId) -> Option<Instant> {
         let p = self.ports.get(&port)?;
-        if p.mux_len > 0 || p.mgmt.len() > 0 {
+        if p.mux_len > 0 || p.mgmt.len() > 0 || p.shaped == 0 {
             return None;
         }
         p.cubes
@@ -281,9 +290,9 @@ impl Scheduler for QtaMux {
     }
 
     fn has_queued(&self, port: PortId) -> bool {
-        self.ports.get(&port).is_some_and(|p| {
-            p.mux_len > 0 || p.mgmt.len() > 0 || p.cubes.iter().any(|c| !c.shaper.is_empty())
-        })
+        self.ports
+            .get(&port)
+            .is_some_and(|p| p.mux_len > 0 || p.mgmt.len() > 0 || p.shaped > 0)
     }
 
     fn stats(&self, port: PortId) -> Vec<QueueStats> {
