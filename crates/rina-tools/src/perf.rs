@@ -530,10 +530,9 @@ impl Clock for SleepClock {
         }
         SLACK_SET.with(|set| {
             if !set.get() {
-                // SAFETY: PR_SET_TIMERSLACK takes one integer argument
-                // (nanoseconds) and only affects the calling thread; a
-                // failure leaves the default slack, which is harmless.
-                unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong, 0, 0, 0) };
+                // Only the calling thread's; a failure leaves the default
+                // slack, which is harmless.
+                let _ = nix::sys::prctl::set_timerslack(1_000);
                 set.set(true);
             }
         });
