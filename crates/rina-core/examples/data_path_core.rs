@@ -11,9 +11,12 @@
 //! `handle_frame` to the SDU for the application. It prints nanoseconds
 //! and [`rina_core::buf`] copies per SDU on each side. With `--batch N`,
 //! the receiver takes each turn's N frames with `System::receive_held` and
-//! settles once, as `rinad` does with a batch read from its UDP socket.
+//! settles once, as `rinad` does with a batch read from its UDP socket;
+//! with `--held-writes` as well, the sender writes the turn's N SDUs with
+//! `System::write_held` and settles once, as `rinad` does with the SDUs it
+//! takes from an application flow in a turn.
 //!
-//!   cargo run --release -p rina-core --example data_path_core -- --stack [--batch 16]
+//!   cargo run --release -p rina-core --example data_path_core -- --stack [--batch 16 [--held-writes]]
 
 use rina_core::buf;
 use rina_core::efcp::EfcpConfig;
@@ -131,7 +134,7 @@ fn run(sys: &mut [System; 2], t: &mut Instant, ms: u64) -> Vec<(usize, AppEvent)
 
 fn main() {
     let (mut stack, mut sdus, mut size) = (false, 200_000usize, 1400usize);
-    let mut batch = 1usize;
+    let (mut batch, mut held_writes) = (1usize, false);
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
         match k.as_str() {
@@ -139,6 +142,7 @@ fn main() {
             "--sdus" => sdus = it.next().and_then(|v| v.parse().ok()).expect("--sdus N"),
             "--size" => size = it.next().and_then(|v| v.parse().ok()).expect("--size B"),
             "--batch" => batch = it.next().and_then(|v| v.parse().ok()).expect("--batch N"),
+            "--held-writes" => held_writes = true,
             _ => panic!("unknown argument {k}"),
         }
     }
@@ -176,9 +180,17 @@ fn main() {
         let c0 = buf::stats();
         let w = Clock::now();
         for _ in 0..batch.max(1) {
-            if sys[0].write(t, port, &sdu).is_err() {
+            let res = if held_writes {
+                sys[0].write_held(t, port, &sdu)
+            } else {
+                sys[0].write(t, port, &sdu)
+            };
+            if res.is_err() {
                 refused += 1;
             }
+        }
+        if held_writes {
+            sys[0].settle(t);
         }
         while let Some(o) = sys[0].poll_output() {
             if let Output::ToMedium { frame, .. } = o {

@@ -671,6 +671,17 @@ impl System {
     /// Writes an SDU on application flow `port`. [`FlowError::WouldBlock`]
     /// takes nothing; [`AppEvent::Writable`] follows when it would.
     pub fn write(&mut self, now: Instant, port: PortId, sdu: &[u8]) -> Result<(), FlowError> {
+        let res = self.write_held(now, port, sdu);
+        self.pump(now);
+        res
+    }
+
+    /// [`System::write`] for one SDU of a batch: the flow's IPCP takes the
+    /// SDU (or refuses it, as `write` would), but what it sets off (the
+    /// IPCPs below, the media's frames) waits for [`System::settle`], which
+    /// the driver calls once after the batch, as after frames taken with
+    /// [`System::receive_held`].
+    pub fn write_held(&mut self, now: Instant, port: PortId, sdu: &[u8]) -> Result<(), FlowError> {
         self.tick(now);
         let &i = self
             .app_flows
@@ -686,15 +697,13 @@ impl System {
                 });
             }),
         };
-        self.written(now, port, sdu.len(), res)
+        self.wrote(port, sdu.len(), res)
     }
 
     /// After a write of `len` bytes on `port` whose result is `res`: a
-    /// blocked writer is remembered for its writable event, and the system
-    /// runs what the write set going.
-    fn written(
+    /// blocked writer is remembered for its writable event.
+    fn wrote(
         &mut self,
-        now: Instant,
         port: PortId,
         len: usize,
         res: Result<(), FlowError>,
@@ -702,7 +711,6 @@ impl System {
         if res == Err(FlowError::WouldBlock) {
             self.want_writable.insert(port, len);
         }
-        self.pump(now);
         res
     }
 
@@ -710,6 +718,19 @@ impl System {
     /// shared-memory ring): over a normal IPCP each fragment is copied from
     /// it straight into its PDU's buffer; over a shim, into one buffer.
     pub fn write_from(
+        &mut self,
+        now: Instant,
+        port: PortId,
+        src: &dyn SduSource,
+    ) -> Result<(), FlowError> {
+        let res = self.write_from_held(now, port, src);
+        self.pump(now);
+        res
+    }
+
+    /// [`System::write_from`] for one SDU of a batch, settled with the
+    /// others by [`System::settle`] (see [`System::write_held`]).
+    pub fn write_from_held(
         &mut self,
         now: Instant,
         port: PortId,
@@ -725,10 +746,10 @@ impl System {
             if !src.append_to(0, src.len(), &mut sdu) {
                 return Err(FlowError::Invalid("the SDU could not be read".into()));
             }
-            return self.write(now, port, &sdu);
+            return self.write_held(now, port, &sdu);
         };
         let res = n.write_from(now, port, src).map_err(FlowError::from);
-        self.written(now, port, src.len(), res)
+        self.wrote(port, src.len(), res)
     }
 
     /// For an application flow straight on a shim: accounts `sdu` and says
@@ -895,7 +916,8 @@ impl System {
         app
     }
 
-    /// Carries out what frames taken with [`System::receive_held`] set off.
+    /// Carries out what frames taken with [`System::receive_held`] and SDUs
+    /// taken with [`System::write_held`] set off.
     pub fn settle(&mut self, now: Instant) {
         self.tick(now);
         self.pump(now);

@@ -23,10 +23,10 @@ enum Took {
 }
 
 impl Daemon {
-    /// Hands SDU `sdu` the application wrote on flow `port` to the system.
-    fn write_sdu(&mut self, port: PortId, len: usize) -> Took {
-        let now = self.now();
-        match self.sys.write(now, port, &self.buf[..len]) {
+    /// Hands SDU `sdu` the application wrote on flow `port` to the system,
+    /// held until the caller settles the batch.
+    fn write_sdu(&mut self, now: Instant, port: PortId, len: usize) -> Took {
+        match self.sys.write_held(now, port, &self.buf[..len]) {
             Ok(()) => Took::Yes,
             Err(FlowError::WouldBlock) => {
                 if let Some(s) = self.flows.get_mut(&port) {
@@ -44,17 +44,31 @@ impl Daemon {
         }
     }
 
-    /// Reads SDUs the application wrote on normal flow `port` and sends them.
+    /// Reads SDUs the application wrote on normal flow `port` and sends
+    /// them: the system takes the turn's SDUs one by one and then carries
+    /// out once what they set off (their PDUs through the IPCPs below).
     pub(super) fn service_normal_flow(&mut self, port: PortId) -> FlowService {
+        let now = self.now();
         let Some(slot) = self.flows.get(&port) else {
             return FlowService::Drained;
         };
-        if slot.rings.is_some() {
-            return self.service_normal_rings(port);
-        }
-        if slot.tx_stash.is_some() {
+        let served = if slot.rings.is_some() {
+            self.service_normal_rings(now, port)
+        } else if slot.tx_stash.is_some() {
             return FlowService::Drained;
-        }
+        } else {
+            self.service_normal_socket(now, port)
+        };
+        self.sys.settle(now);
+        served
+    }
+
+    /// Takes up to [`BUDGET`] SDUs (and [`BUDGET_BYTES`]) from the socket of
+    /// normal flow `port` into the system, held.
+    fn service_normal_socket(&mut self, now: Instant, port: PortId) -> FlowService {
+        let Some(slot) = self.flows.get(&port) else {
+            return FlowService::Drained;
+        };
         let fd = slot.fd.as_raw_fd();
         let mut bytes = 0;
         for _ in 0..BUDGET {
@@ -73,7 +87,7 @@ impl Daemon {
                 Ok(Recv::Closed) | Err(_) => return FlowService::Closed,
             };
             bytes += len;
-            if let Took::Stashed = self.write_sdu(port, len) {
+            if let Took::Stashed = self.write_sdu(now, port, len) {
                 return FlowService::Drained;
             }
         }
@@ -96,9 +110,9 @@ impl Daemon {
 
     /// Serves normal flow `port` whose application uses shared-memory
     /// rings: drains its kicks, hands it held SDUs, and writes up to
-    /// [`BUDGET`] SDUs from its ring into the system, which copies each
-    /// straight from the ring into its PDUs' buffers.
-    fn service_normal_rings(&mut self, port: PortId) -> FlowService {
+    /// [`BUDGET`] SDUs from its ring into the system (held), which copies
+    /// each straight from the ring into its PDUs' buffers.
+    fn service_normal_rings(&mut self, now: Instant, port: PortId) -> FlowService {
         let Some(slot) = self.flows.get(&port) else {
             return FlowService::Drained;
         };
@@ -111,7 +125,6 @@ impl Daemon {
             FlowService::Drained
         };
         let mut bytes = 0;
-        let now = self.now();
         for _ in 0..BUDGET {
             if bytes >= BUDGET_BYTES {
                 break;
@@ -137,7 +150,7 @@ impl Daemon {
             let len = seg.len();
             bytes += len;
             // The SDU goes from the ring straight into its PDUs' buffers.
-            let res = self.sys.write_from(now, port, &r.from_app.record(len));
+            let res = self.sys.write_from_held(now, port, &r.from_app.record(len));
             let stashed = match res {
                 Ok(()) => false,
                 Err(FlowError::WouldBlock) => {
