@@ -983,7 +983,8 @@ impl NormalIpcp {
             return Err(NormalError::WouldBlock(flow));
         }
         let bad_size = |_| NormalError::BadSduSize { size: len, max };
-        let mut pieces = Vec::with_capacity(n);
+        // Most SDUs are one fragment: their pieces stay off the heap.
+        let mut pieces: smallvec::SmallVec<[PduBuf; 2]> = smallvec::SmallVec::with_capacity(n);
         match sdu {
             Sdu::Owned(mut b) if n == 1 => {
                 let Some((delim, _)) = delimiting::fragments(&b, max, budget)
