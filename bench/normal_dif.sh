@@ -135,11 +135,18 @@ sleep 0.3
 # Rounds interleave the paths, so a burst of load elsewhere on the machine
 # hits one round of every path rather than all of one path; the table
 # gives each path's median and its range over the rounds.
+# Where the cores go flat out (the profile behind the daemon's one thread,
+# see the README's "A second core"): each daemon's CPU ticks and the
+# machine's busy and total ticks (/proc/stat) around each run.
+each() { for p in "${DAEMONS[@]}"; do awk '{print $14 + $15}' "/proc/$p/stat"; done | tr '\n' ' '; }
+machine() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
 for r in $(seq "$ROUNDS"); do
     for dif in udp net top sec; do
         echo "== round $r/$ROUNDS: rina-perf over DIF $dif, $SIZE B, $DUR s"
+        s0="$(each)$(machine)"
         "$BIN/rina-perf" client --socket "$T/alpha.sock" --dst perf --dif "$dif" --size "$SIZE" \
             --duration-s "$DUR" --json > "$T/perf-$dif-$r.json"
+        echo "$s0 $(each)$(machine)" > "$T/share-$dif-$r"
     done
     echo "== round $r/$ROUNDS: iperf3 -u -l $SIZE -b 0, $DUR s"
     iperf3 -c 127.0.0.1 -p 5298 -u -l "$SIZE" -b 0 -t "$DUR" -J > "$T/iperf-$r.json"
@@ -159,7 +166,7 @@ for r in $(seq "$ROUNDS"); do
 done
 
 python3 - "$T" "$ROUNDS" "$(getconf CLK_TCK)" <<'PY'
-import json, statistics, sys
+import json, os, statistics, sys
 t, rounds = sys.argv[1], int(sys.argv[2])
 ips = [json.load(open(f"{t}/iperf-{r}.json"))["end"]["sum"]["bits_per_second"] / 1e6
        for r in range(1, rounds + 1)]
@@ -205,9 +212,25 @@ stack_cpu = med(cpu["top"]) / med(cpu["net"]) - 1
 print(f"daemons' CPU per delivered GB at a paced load: one DIF {med(cpu['net']):.2f} s, "
       f"two stacked {med(cpu['top']):.2f} s: the extra DIF adds {stack_cpu*100:.1f}% CPU "
       "(per round " + ", ".join(f"{a/b*100-100:.0f}%" for a, b in zip(cpu["top"], cpu["net"])) + ")")
-import os
+# Flat out, in cores: [receiving rinad, sending rinad, machine busy, machine total].
+ncpu = os.cpu_count() or 1
+print(f"\nflat out, where the {ncpu} cores went (medians of the rounds; the rest is the"
+      " applications and the kernel's work for them):")
+print(f"{'path':34}{'sending rinad':>14}{'receiving':>11}{'the rest':>10}{'idle':>7}")
+share = {}
+for d in paths:
+    rows = []
+    for r in range(1, rounds + 1):
+        a = [int(x) for x in open(f"{t}/share-{d}-{r}").read().split()]
+        (rx0, tx0, b0, t0), (rx1, tx1, b1, t1) = a[:4], a[4:]
+        span = (t1 - t0) / ncpu  # ticks of one core over the run
+        rows.append(((tx1 - tx0) / span, (rx1 - rx0) / span, (b1 - b0) / span, (t1 - t0 - (b1 - b0)) / span))
+    tx, rxd, busy, idle = (med([row[k] for row in rows]) for k in range(4))
+    share[d] = {"sending_rinad": tx, "receiving_rinad": rxd, "busy": busy, "idle": idle}
+    print(f"{labels[d]:34}{tx:14.2f}{rxd:11.2f}{busy - tx - rxd:10.2f}{idle:7.2f}")
 if os.environ.get("RESULTS"):
     json.dump({"iperf3_udp_mbps": ip, "mbps": m, "normal_ratio": m["net"] / ip,
                "stacked_cost": cost, "encryption_cost": enc,
-               "encryption_cpu_cost": cpu_cost, "stacked_cpu_cost": stack_cpu}, open(os.environ["RESULTS"], "w"))
+               "encryption_cpu_cost": cpu_cost, "stacked_cpu_cost": stack_cpu,
+               "flat_out_cores": share}, open(os.environ["RESULTS"], "w"))
 PY
