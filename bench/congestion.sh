@@ -28,7 +28,7 @@ if ! command -v iperf3 >/dev/null 2>&1; then
     apt-get install -y iperf3 >/dev/null 2>&1 || { apt-get update >/dev/null && apt-get install -y iperf3 >/dev/null; }
 fi
 cargo build --release -q -p rinad -p rina-tools -p rina-lab
-BIN=target/release
+BIN=${BIN:-${CARGO_TARGET_DIR:-target}/release}
 T=$(mktemp -d /tmp/rina-bench-cc.XXXXXX)
 NS_A=rbcc-a-$$
 NS_B=rbcc-b-$$

@@ -29,7 +29,7 @@ done
 command -v python3 >/dev/null || { echo "bench: python3 is needed to read the JSON results" >&2; exit 1; }
 
 cargo build --release -q
-BIN=target/release
+BIN=${BIN:-${CARGO_TARGET_DIR:-target}/release}
 T=$(mktemp -d /tmp/rina-bench.XXXXXX)
 PIDS=()
 cleanup() {

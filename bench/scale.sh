@@ -31,6 +31,7 @@ ulimit -Sn "$(ulimit -Hn)" 2>/dev/null || true
 
 cargo build --release -q -p rinad --bin rinad --example flow_scale
 cargo build --release -q -p rina-core --example flow_scale_core
+R=${CARGO_TARGET_DIR:-target}/release
 OUT=$(mktemp -d /tmp/rina-bench-scale.XXXXXX)
 trap 'rm -rf "$OUT"' EXIT
 for dif in udp normal; do
@@ -39,11 +40,11 @@ for dif in udp normal; do
     # The default CEP-id field (2 bytes) names 65,535 connections; wider
     # for more.
     [ "$dif" = normal ] && [ "$FLOWS" -gt 65000 ] && extra=(--cep-width 4)
-    target/release/examples/flow_scale --rinad target/release/rinad --dif "$dif" \
+    "$R/examples/flow_scale" --rinad "$R/rinad" --dif "$dif" \
         --flows "$FLOWS" --one-at-a-time "$ONE" --outstanding "$OUTSTANDING" "${extra[@]}" \
         | tee "$OUT/$dif.txt"
     echo "== $dif: $FLOWS flows in the sans-IO core"
-    target/release/examples/flow_scale_core --dif "$dif" --flows "$FLOWS" | tee "$OUT/$dif-core.txt"
+    "$R/examples/flow_scale_core" --dif "$dif" --flows "$FLOWS" | tee "$OUT/$dif-core.txt"
 done
 
 python3 - "$OUT" <<'PY'

@@ -905,6 +905,21 @@ fn an_sdu_is_copied_once_down_and_once_up_two_stacked_difs() {
     );
 }
 
+/// Every output `sys` has now.
+fn outputs(sys: &mut System) -> Vec<Output> {
+    std::iter::from_fn(|| sys.poll_output()).collect()
+}
+
+/// The SDUs for applications among `outs`, with their ports.
+fn to_apps(outs: Vec<Output>) -> Vec<(PortId, PduBuf)> {
+    outs.into_iter()
+        .filter_map(|o| match o {
+            Output::ToApp { port, sdu } => Some((port, sdu)),
+            _ => None,
+        })
+        .collect()
+}
+
 #[test]
 fn frames_received_held_reach_the_application_in_order_when_the_system_settles() {
     let (mut net, port, theirs) = flow_across_stacked();
@@ -923,21 +938,13 @@ fn frames_received_held_reach_the_application_in_order_when_the_system_settles()
         assert!(net.sys[1].receive_held(net.now, 0, rx).is_none());
     }
     // Held: the lower DIF took the frames, the upper one has not yet.
-    let mut early = Vec::new();
-    while let Some(o) = net.sys[1].poll_output() {
-        early.push(o);
-    }
+    let early = outputs(&mut net.sys[1]);
     assert!(
         !early.iter().any(|o| matches!(o, Output::ToApp { .. })),
         "{early:?}"
     );
     net.sys[1].settle(net.now);
-    let mut got = Vec::new();
-    while let Some(o) = net.sys[1].poll_output() {
-        if let Output::ToApp { port, sdu } = o {
-            got.push((port, sdu));
-        }
-    }
+    let got = to_apps(outputs(&mut net.sys[1]));
     let want: Vec<_> = sdus
         .iter()
         .map(|s| (theirs, PduBuf::from(s.clone())))
@@ -958,21 +965,19 @@ fn sdus_written_held_go_down_in_order_when_the_system_settles() {
         net.sys[0].write_held(net.now, port, sdu).unwrap();
     }
     // Held: the upper DIF took the SDUs; nothing has reached the medium.
-    let mut early = Vec::new();
-    while let Some(o) = net.sys[0].poll_output() {
-        early.push(o);
-    }
+    let early = outputs(&mut net.sys[0]);
     assert!(
         !early.iter().any(|o| matches!(o, Output::ToMedium { .. })),
         "{early:?}"
     );
     net.sys[0].settle(net.now);
-    let mut frames = Vec::new();
-    while let Some(o) = net.sys[0].poll_output() {
-        if let Output::ToMedium { frame, .. } = o {
-            frames.push(frame);
-        }
-    }
+    let frames: Vec<PduBuf> = outputs(&mut net.sys[0])
+        .into_iter()
+        .filter_map(|o| match o {
+            Output::ToMedium { frame, .. } => Some(frame),
+            _ => None,
+        })
+        .collect();
     // One frame and one copy per SDU, as written one by one.
     assert_eq!(frames.len(), sdus.len());
     assert_eq!(
@@ -982,17 +987,11 @@ fn sdus_written_held_go_down_in_order_when_the_system_settles() {
     for f in &frames {
         net.sys[1].handle_frame(net.now, 0, udp(0), f);
     }
-    let mut got = Vec::new();
-    while let Some(o) = net.sys[1].poll_output() {
-        if let Output::ToApp { port, sdu } = o {
-            got.push((port, sdu));
-        }
-    }
     let want: Vec<_> = sdus
         .iter()
         .map(|s| (theirs, PduBuf::from(s.clone())))
         .collect();
-    assert_eq!(got, want);
+    assert_eq!(to_apps(outputs(&mut net.sys[1])), want);
     // A held write on a flow that does not exist is refused as write is.
     assert!(matches!(
         net.sys[0].write_held(net.now, 9999, b"x"),
