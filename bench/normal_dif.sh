@@ -132,14 +132,14 @@ done
 sleep 0.3
 iperf3 -s -p 5298 >/dev/null 2>&1 & PIDS+=($!)
 sleep 0.3
-# Rounds interleave the paths, so a burst of load elsewhere on the machine
-# hits one round of every path rather than all of one path; the table
-# gives each path's median and its range over the rounds.
 # Where the cores go flat out (the profile behind the daemon's one thread,
 # see the README's "A second core"): each daemon's CPU ticks and the
 # machine's busy and total ticks (/proc/stat) around each run.
 each() { for p in "${DAEMONS[@]}"; do awk '{print $14 + $15}' "/proc/$p/stat"; done | tr '\n' ' '; }
 machine() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
+# Rounds interleave the paths, so a burst of load elsewhere on the machine
+# hits one round of every path rather than all of one path; the table
+# gives each path's median and its range over the rounds.
 for r in $(seq "$ROUNDS"); do
     for dif in udp net top sec; do
         echo "== round $r/$ROUNDS: rina-perf over DIF $dif, $SIZE B, $DUR s"
@@ -212,7 +212,8 @@ stack_cpu = med(cpu["top"]) / med(cpu["net"]) - 1
 print(f"daemons' CPU per delivered GB at a paced load: one DIF {med(cpu['net']):.2f} s, "
       f"two stacked {med(cpu['top']):.2f} s: the extra DIF adds {stack_cpu*100:.1f}% CPU "
       "(per round " + ", ".join(f"{a/b*100-100:.0f}%" for a, b in zip(cpu["top"], cpu["net"])) + ")")
-# Flat out, in cores: [receiving rinad, sending rinad, machine busy, machine total].
+# Each share file: before and after the run, the receiving and the sending
+# rinad's ticks (DAEMONS is beta, alpha), the machine's busy and total ticks.
 ncpu = os.cpu_count() or 1
 print(f"\nflat out, where the {ncpu} cores went (medians of the rounds; the rest is the"
       " applications and the kernel's work for them):")
