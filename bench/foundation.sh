@@ -4,7 +4,8 @@
 #   * rina-echo round-trip time, 64-byte SDUs          vs  sockperf ping-pong (UDP),
 #     through the daemons and on a direct flow (--direct: the two
 #     applications' UDP sockets carry the probes, the daemons only set the
-#     flow up)
+#     flow up), and through a second pair of daemons that busy-poll
+#     (busy_poll_us = BUSY_POLL_US, default 2000), with their CPU
 # all on loopback, and prints the ratios. Needs iperf3, sockperf and python3;
 # as root it installs iperf3 and sockperf with apt when they are missing.
 #
@@ -15,6 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${DUR:-5}
 PROBES=${PROBES:-2000}       # echo probes, 1 ms apart (sockperf runs at 1000 msg/s too)
+BUSY_POLL_US=${BUSY_POLL_US:-2000}   # the busy-polling daemons' window: longer than the probes' gap
 
 for tool in iperf3 sockperf; do
     if ! command -v "$tool" >/dev/null 2>&1; then
@@ -47,33 +49,55 @@ wait_sock() { # path
     echo "bench: rinad on $1 did not come up" >&2; exit 1
 }
 
-cat > "$T/beta.toml" <<CONF
+# A pair of daemons, beta$1 serving and alpha$1 asking, joined by shim-udp;
+# $2 is a line for their [system] sections.
+daemon_pair() {
+    local sfx=$1 extra=$2
+    cat > "$T/beta$sfx.toml" <<CONF
 [system]
-name = "beta"
+name = "beta$sfx"
+$extra
 [[ipcp]]
-name = "beta.udp"
+name = "beta$sfx.udp"
 type = "shim-udp"
 dif = "udp"
 bind = "127.0.0.1:0"
 CONF
-"$BIN/rinad" --config "$T/beta.toml" --socket "$T/beta.sock" --log-level warn 2>"$T/beta.log" & PIDS+=($!)
-wait_sock "$T/beta.sock"
-BETA=$("$BIN/rinactl" --socket "$T/beta.sock" --json ipcps | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["address"])')
-cat > "$T/alpha.toml" <<CONF
+    "$BIN/rinad" --config "$T/beta$sfx.toml" --socket "$T/beta$sfx.sock" --log-level warn 2>"$T/beta$sfx.log" & PIDS+=($!)
+    BETA_PID=$!
+    wait_sock "$T/beta$sfx.sock"
+    local beta
+    beta=$("$BIN/rinactl" --socket "$T/beta$sfx.sock" --json ipcps | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["address"])')
+    cat > "$T/alpha$sfx.toml" <<CONF
 [system]
-name = "alpha"
+name = "alpha$sfx"
+$extra
 [[ipcp]]
-name = "alpha.udp"
+name = "alpha$sfx.udp"
 type = "shim-udp"
 dif = "udp"
 bind = "127.0.0.1:0"
 [ipcp.directory]
-"perf" = "$BETA"
-"echo" = "$BETA"
-"echo-direct" = "$BETA"
+"perf" = "$beta"
+"echo" = "$beta"
+"echo-direct" = "$beta"
 CONF
-"$BIN/rinad" --config "$T/alpha.toml" --socket "$T/alpha.sock" --log-level warn 2>"$T/alpha.log" & PIDS+=($!)
-wait_sock "$T/alpha.sock"
+    "$BIN/rinad" --config "$T/alpha$sfx.toml" --socket "$T/alpha$sfx.sock" --log-level warn 2>"$T/alpha$sfx.log" & PIDS+=($!)
+    ALPHA_PID=$!
+    wait_sock "$T/alpha$sfx.sock"
+}
+
+# CPU seconds (user + system) the processes have used so far.
+cpu_s() {
+    local tck sum=0 p
+    tck=$(getconf CLK_TCK)
+    for p in "$@"; do
+        sum=$((sum + $(awk '{print $14 + $15}' "/proc/$p/stat")))
+    done
+    python3 -c "print($sum / $tck)"
+}
+
+daemon_pair "" ""
 "$BIN/rina-perf" server --socket "$T/beta.sock" --name perf >/dev/null 2>&1 & PIDS+=($!)
 "$BIN/rina-echo" server --socket "$T/beta.sock" --name echo >/dev/null 2>&1 & PIDS+=($!)
 "$BIN/rina-echo" server --socket "$T/beta.sock" --name echo-direct --direct >/dev/null 2>&1 & PIDS+=($!)
@@ -93,6 +117,15 @@ echo "== sockperf ping-pong UDP, 64 B, 1000 msg/s, ${DUR} s"
 sockperf server -i 127.0.0.1 -p 11199 >/dev/null 2>&1 & PIDS+=($!)
 sleep 0.3
 sockperf ping-pong -i 127.0.0.1 -p 11199 -m 64 -t "$DUR" --mps=1000 --full-rtt > "$T/sockperf.txt" 2>&1
+echo "== rina-echo through daemons that busy-poll for ${BUSY_POLL_US} us, 64 B, $PROBES probes 1 ms apart"
+daemon_pair "-poll" "busy_poll_us = $BUSY_POLL_US"
+"$BIN/rina-echo" server --socket "$T/beta-poll.sock" --name echo >/dev/null 2>&1 & PIDS+=($!)
+sleep 0.3
+c0=$(cpu_s "$ALPHA_PID" "$BETA_PID"); w0=$(date +%s.%N)
+"$BIN/rina-echo" client --socket "$T/alpha-poll.sock" --dst echo --size 64 --count "$PROBES" --interval-ms 1 --json > "$T/echo-poll.json"
+c1=$(cpu_s "$ALPHA_PID" "$BETA_PID"); w1=$(date +%s.%N)
+python3 -c "print('{\"daemons_cores\": %.3f}' % (($c1 - $c0) / ($w1 - $w0)))" > "$T/poll-cpu.json"
+kill "$ALPHA_PID" "$BETA_PID" 2>/dev/null || true
 
 python3 - "$T" <<'PY'
 import json, re, sys
@@ -101,6 +134,8 @@ perf = json.load(open(f"{t}/perf.json"))["tests"][0]
 ip = json.load(open(f"{t}/iperf.json"))["end"]["sum"]
 echo = json.load(open(f"{t}/echo.json"))
 direct = json.load(open(f"{t}/echo-direct.json"))
+poll = json.load(open(f"{t}/echo-poll.json"))
+poll_cores = json.load(open(f"{t}/poll-cpu.json"))["daemons_cores"]
 sp = open(f"{t}/sockperf.txt").read()
 pct = {float(m.group(1)): float(m.group(2)) for m in re.finditer(r"percentile\s+([\d.]+)\s*=\s*([\d.]+)", sp)}
 if 50.0 not in pct or 99.0 not in pct:
@@ -117,10 +152,16 @@ print(f"{'RTT p50, us':28}{rina_p50:12.1f}{sp_p50:12.1f}{rina_p50/sp_p50:9.2f}  
 print(f"{'RTT p99, us':28}{rina_p99:12.1f}{sp_p99:12.1f}{rina_p99/sp_p99:9.2f}")
 print(f"{'direct flow RTT p50, us':28}{direct_p50:12.1f}{sp_p50:12.1f}{direct_p50/sp_p50:9.2f}   (aim <= 1.30)")
 print(f"{'direct flow RTT p99, us':28}{direct_p99:12.1f}{sp_p99:12.1f}{direct_p99/sp_p99:9.2f}")
+poll_p50, poll_p99 = poll["rtt_ms"]["p50"] * 1000, poll["rtt_ms"]["p99"] * 1000
+print(f"{'busy-polling RTT p50, us':28}{poll_p50:12.1f}{sp_p50:12.1f}{poll_p50/sp_p50:9.2f}   (aim <= 1.30)")
+print(f"{'busy-polling RTT p99, us':28}{poll_p99:12.1f}{sp_p99:12.1f}{poll_p99/sp_p99:9.2f}")
+print(f"  (the two busy-polling daemons used {poll_cores:.2f} cores together during their echo run)")
 import os
 if os.environ.get("RESULTS"):
     json.dump({"shim_udp_mbps": rina_rx, "iperf3_udp_mbps": ip_rx, "shim_udp_ratio": rina_rx / ip_rx,
                "echo_p50_us": rina_p50, "sockperf_p50_us": sp_p50, "echo_rtt_ratio": rina_p50 / sp_p50,
-               "echo_direct_p50_us": direct_p50, "echo_direct_rtt_ratio": direct_p50 / sp_p50},
+               "echo_direct_p50_us": direct_p50, "echo_direct_rtt_ratio": direct_p50 / sp_p50,
+               "echo_busy_poll_p50_us": poll_p50, "echo_busy_poll_rtt_ratio": poll_p50 / sp_p50,
+               "busy_poll_daemons_cores": poll_cores},
               open(os.environ["RESULTS"], "w"))
 PY

@@ -4,7 +4,7 @@
 # sockperf measured in the same run, then one table of measured against aim.
 #   * bench/foundation.sh: an application over shim-udp vs iperf3 -u, and
 #     rina-echo's median round trip vs sockperf, through the daemons and
-#     on a direct flow;
+#     on a direct flow, and through daemons that busy-poll (busy_poll_us);
 #   * bench/normal_dif.sh: one normal DIF, two stacked DIFs, an encrypted
 #     DIF vs iperf3 -u (medians of interleaved rounds);
 #   * bench/rina_ip.sh (root only): iperf3 TCP through rina-ip vs the bare veth;
@@ -55,6 +55,7 @@ row("  the same in daemon CPU per GB", pct(n, "stacked_cpu_cost"), "<= 8 %", lam
 row("encryption's cost", n and n["encryption_cost"] * 100, "<= 15 %", lambda v: v <= 15, "{:.1f} %")
 row("echo median RTT / sockperf", f and f["echo_rtt_ratio"], "<= 1.30", lambda v: v <= 1.3, "{:.2f}")
 row("  the same on a direct flow", f and f.get("echo_direct_rtt_ratio"), "<= 1.30", lambda v: v <= 1.3, "{:.2f}")
+row("  through busy-polling daemons", f and f.get("echo_busy_poll_rtt_ratio"), "<= 1.30", lambda v: v <= 1.3, "{:.2f}")
 row("iperf3 TCP via rina-ip / veth", ip and ip["rina_ip_ratio"], ">= 0.50", lambda v: v >= 0.5, "{:.3f}")
 if sc:
     reached = [v for v in (sc.get("udp_flows_reached"), sc.get("normal_flows_reached")) if v is not None]

@@ -466,3 +466,58 @@ fn a_burst_arrives_intact_and_in_order_through_the_batches() {
         );
     }
 }
+
+/// CPU seconds (user and system) process `pid` has used.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command's name, which is in parentheses.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    ticks as f64 / hz
+}
+
+/// CPU seconds `pid` uses over the next `d`.
+fn cpu_over(pid: u32, d: Duration) -> f64 {
+    let c0 = cpu_seconds(pid);
+    std::thread::sleep(d);
+    cpu_seconds(pid) - c0
+}
+
+/// Daemons with `busy_poll_us` carry flows as any other, keep polling
+/// (and so use CPU) for the window after their last event, and then sleep:
+/// a daemon that kept spinning would hold a core for ever.
+#[test]
+fn busy_polling_daemons_carry_flows_and_sleep_once_the_window_is_over() {
+    let poll = "busy_poll_us = 1000000";
+    let beta = common::Daemon::start_system("beta", poll, "127.0.0.1:0", &[]);
+    let addr = beta.udp_addr();
+    let alpha = common::Daemon::start_system("alpha", poll, "127.0.0.1:0", &[("echo", addr)]);
+    let _srv = echo_server(&beta, "echo");
+    let mut c = alpha.client();
+    let flow = c
+        .allocate(&name("tester/1"), &name("echo"), None, &QosSpec::default())
+        .unwrap();
+    for i in 0..50u8 {
+        let sdu = vec![i; 64 + i as usize];
+        assert_eq!(roundtrip(&flow, &sdu), sdu);
+    }
+    // Within the second after the last SDU, the daemon polls on.
+    let spinning = cpu_over(alpha.child.id(), Duration::from_millis(500));
+    drop(flow);
+    drop(c);
+    // A second and a half after the last event, it sleeps.
+    std::thread::sleep(Duration::from_millis(1500));
+    let idle = cpu_over(alpha.child.id(), Duration::from_secs(1));
+    println!("alpha's CPU: {spinning:.2} s in 0.5 s of its window, {idle:.2} s in 1 s after it");
+    assert!(
+        spinning >= 0.05,
+        "polled on after the last SDU: {spinning:.2} s of CPU in 0.5 s"
+    );
+    assert!(
+        idle < 0.05,
+        "slept after the window: {idle:.2} s of CPU in 1 s"
+    );
+}

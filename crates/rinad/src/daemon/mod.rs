@@ -34,6 +34,7 @@
 mod access;
 mod app_rings;
 mod build;
+mod busy_poll;
 mod capture;
 mod control;
 mod direct;
@@ -247,6 +248,8 @@ pub struct Daemon {
     flows_peak: usize,
     /// When to give memory back, after many flows closed.
     trim_at: Option<Instant>,
+    /// Polling on without sleeping after events (`busy_poll_us`).
+    busy: busy_poll::BusyPoll,
 }
 
 impl Daemon {
@@ -318,7 +321,7 @@ impl Daemon {
         // instead of losing SDUs in the daemon.
         sys.set_credit_on_read(true);
         let fds = sys::raise_fd_limit();
-        info!(system = %cfg.system.name, socket = %socket_path.display(), ipcps = ipcps.len(), fd_limit = fds, "rinad ready");
+        info!(system = %cfg.system.name, socket = %socket_path.display(), ipcps = ipcps.len(), fd_limit = fds, busy_poll_us = cfg.system.busy_poll().map_or(0, |d| d.as_micros() as u64), "rinad ready");
         let mut d = Daemon {
             system: cfg.system.name.clone(),
             poll,
@@ -351,6 +354,7 @@ impl Daemon {
             ctl_buf: vec![0; ctl::MAX_CTL_MSG],
             flows_peak: 0,
             trim_at: None,
+            busy: busy_poll::BusyPoll::new(cfg.system.busy_poll()),
         };
         d.drain_outputs();
         Ok(d)
@@ -379,7 +383,12 @@ impl Daemon {
                     .min()
                     .map(|t| t.saturating_since(now))
             };
-            if let Err(e) = self.poll.poll(&mut events, timeout) {
+            let wait = self.busy.plan(timeout, std::time::Instant::now());
+            let res = match wait {
+                busy_poll::Wait::Spin => self.poll.poll(&mut events, Some(Duration::ZERO)),
+                busy_poll::Wait::Sleep(t) => self.poll.poll(&mut events, t),
+            };
+            if let Err(e) = res {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
@@ -387,6 +396,13 @@ impl Daemon {
                     what: "poll".into(),
                     source: e,
                 });
+            }
+            if events.is_empty() && wait == busy_poll::Wait::Spin {
+                std::thread::yield_now();
+                continue;
+            }
+            if !events.is_empty() {
+                self.busy.saw_events(std::time::Instant::now());
             }
             let mut stop = false;
             for ev in events.iter() {

@@ -64,8 +64,19 @@ impl Daemon {
 
     /// Like [`Daemon::start`], with the shim bound to `bind`.
     pub fn start_bound(name: &str, bind: &str, directory: &[(&str, String)]) -> Daemon {
+        Self::start_system(name, "", bind, directory)
+    }
+
+    /// Like [`Daemon::start_bound`], with `system` (lines of TOML) added to
+    /// the `[system]` section.
+    pub fn start_system(
+        name: &str,
+        system: &str,
+        bind: &str,
+        directory: &[(&str, String)],
+    ) -> Daemon {
         let mut cfg = format!(
-            "[system]\nname = \"{name}\"\n\n[[ipcp]]\nname = \"{name}.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"{bind}\"\nmax_sdu = 1400\n\n[ipcp.directory]\n"
+            "[system]\nname = \"{name}\"\n{system}\n\n[[ipcp]]\nname = \"{name}.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"{bind}\"\nmax_sdu = 1400\n\n[ipcp.directory]\n"
         );
         for (n, a) in directory {
             cfg.push_str(&format!("\"{n}\" = \"{a}\"\n"));
