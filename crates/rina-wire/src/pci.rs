@@ -834,9 +834,14 @@ impl<'a> Pdu<'a> {
 
 /// Reads a big-endian unsigned field of width `w`.
 fn uint(r: &mut Reader<'_>, w: FieldWidth) -> Result<u64, WireError> {
-    Ok(r.bytes(w.bytes())?
-        .iter()
-        .fold(0u64, |a, &b| (a << 8) | b as u64))
+    // One fixed-size read per width: no loop and no copy of unknown length
+    // on the path every PDU takes.
+    Ok(match w {
+        FieldWidth::W1 => r.u8()? as u64,
+        FieldWidth::W2 => r.u16()? as u64,
+        FieldWidth::W4 => r.u32()? as u64,
+        FieldWidth::W8 => r.u64()?,
+    })
 }
 
 /// Writes big-endian fields into a fixed slice, checking bounds and widths.
@@ -856,15 +861,20 @@ impl SliceWriter<'_> {
         }
         let n = w.bytes();
         let have = self.buf.len().saturating_sub(self.pos);
-        let dst = self
-            .buf
-            .get_mut(self.pos..self.pos + n)
-            .ok_or(WireError::Truncated {
+        let Some(dst) = self.buf.get_mut(self.pos..self.pos + n) else {
+            return Err(WireError::Truncated {
                 at: self.pos,
                 need: n,
                 have,
-            })?;
-        dst.copy_from_slice(&v.to_be_bytes()[8 - n..]);
+            });
+        };
+        // One store of a known size per width (`v` fits, checked above).
+        match w {
+            FieldWidth::W1 => dst.copy_from_slice(&[v as u8]),
+            FieldWidth::W2 => dst.copy_from_slice(&(v as u16).to_be_bytes()),
+            FieldWidth::W4 => dst.copy_from_slice(&(v as u32).to_be_bytes()),
+            FieldWidth::W8 => dst.copy_from_slice(&v.to_be_bytes()),
+        }
         self.pos += n;
         Ok(())
     }
