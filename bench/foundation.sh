@@ -17,6 +17,7 @@ cd "$(dirname "$0")/.."
 DUR=${DUR:-5}
 PROBES=${PROBES:-2000}       # echo probes, 1 ms apart (sockperf runs at 1000 msg/s too)
 BUSY_POLL_US=${BUSY_POLL_US:-2000}   # the busy-polling daemons' window: longer than the probes' gap
+CLIENT_POLL_US=${CLIENT_POLL_US:-0}  # the echo client's own window there (rina-echo --busy-poll-us)
 
 for tool in iperf3 sockperf; do
     if ! command -v "$tool" >/dev/null 2>&1; then
@@ -122,7 +123,7 @@ daemon_pair "-poll" "busy_poll_us = $BUSY_POLL_US"
 "$BIN/rina-echo" server --socket "$T/beta-poll.sock" --name echo >/dev/null 2>&1 & PIDS+=($!)
 sleep 0.3
 c0=$(cpu_s "$ALPHA_PID" "$BETA_PID"); w0=$(date +%s.%N)
-"$BIN/rina-echo" client --socket "$T/alpha-poll.sock" --dst echo --size 64 --count "$PROBES" --interval-ms 1 --json > "$T/echo-poll.json"
+"$BIN/rina-echo" client --socket "$T/alpha-poll.sock" --dst echo --size 64 --count "$PROBES" --interval-ms 1 --busy-poll-us "$CLIENT_POLL_US" --json > "$T/echo-poll.json"
 c1=$(cpu_s "$ALPHA_PID" "$BETA_PID"); w1=$(date +%s.%N)
 python3 -c "print('{\"daemons_cores\": %.3f}' % (($c1 - $c0) / ($w1 - $w0)))" > "$T/poll-cpu.json"
 kill "$ALPHA_PID" "$BETA_PID" 2>/dev/null || true

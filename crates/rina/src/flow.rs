@@ -8,6 +8,7 @@ use crate::sock;
 use nix::sys::socket::MsgFlags;
 use rina_wire::ctl::FlowInfo;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, IntoRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// An allocated flow.
@@ -33,6 +34,9 @@ pub struct Flow {
     info: FlowInfo,
     /// A direct flow's tie to the daemon: closing it deallocates the flow.
     lifeline: Option<OwnedFd>,
+    /// How long a read polls before it sleeps, in nanoseconds (0: it
+    /// sleeps at once); see [`Flow::set_busy_poll`].
+    busy_poll_ns: AtomicU64,
 }
 
 impl Flow {
@@ -43,6 +47,7 @@ impl Flow {
             fd,
             info,
             lifeline: None,
+            busy_poll_ns: AtomicU64::new(0),
         }
     }
 
@@ -52,6 +57,7 @@ impl Flow {
             fd,
             info,
             lifeline: None,
+            busy_poll_ns: AtomicU64::new(0),
         }
     }
 
@@ -64,6 +70,7 @@ impl Flow {
             fd,
             info,
             lifeline: Some(lifeline),
+            busy_poll_ns: AtomicU64::new(0),
         }
     }
 
@@ -137,6 +144,9 @@ impl Flow {
     /// if the SDU did not fit in `buf` (its first `buf.len()` bytes are in
     /// `buf`, the rest is lost). A buffer of [`Flow::max_sdu`] bytes always fits.
     pub fn read(&self, buf: &mut [u8]) -> Result<usize> {
+        if let Some(n) = self.poll_for(buf, None)? {
+            return Ok(n);
+        }
         if let Some(r) = &self.rings {
             return match r.read(self.fd.as_fd(), buf, None) {
                 Ok(Some(n)) => Ok(n),
@@ -154,8 +164,13 @@ impl Flow {
 
     /// Like [`Flow::read`], but waits at most `timeout`; `None` if no SDU came.
     pub fn read_timeout(&self, buf: &mut [u8], timeout: Duration) -> Result<Option<usize>> {
+        let start = std::time::Instant::now();
+        let deadline = start.checked_add(timeout);
+        if let Some(n) = self.poll_for(buf, deadline)? {
+            return Ok(Some(n));
+        }
+        let timeout = timeout.saturating_sub(start.elapsed());
         if let Some(r) = &self.rings {
-            let deadline = std::time::Instant::now().checked_add(timeout);
             return r
                 .read(self.fd.as_fd(), buf, deadline)
                 .map_err(|e| rings_error(&self.info, e));
@@ -166,6 +181,50 @@ impl Flow {
             return Ok(None);
         }
         self.read(buf).map(Some)
+    }
+
+    /// Makes reads poll the flow for up to `window` before they sleep
+    /// (`None`, the default: they sleep at once), yielding the core between
+    /// polls. A reply that comes within the window costs no wake-up, and on
+    /// rings the daemon rings no doorbell for it; the price is a core kept
+    /// busy while the reader waits. For a client that expects an answer
+    /// soon after it asks (a request-response loop); a reader that waits
+    /// long between SDUs only burns the window each time.
+    pub fn set_busy_poll(&self, window: Option<Duration>) {
+        let ns = window.map_or(0, |w| u64::try_from(w.as_nanos()).unwrap_or(u64::MAX));
+        self.busy_poll_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// Polls for an SDU for the busy-poll window (at most until `deadline`);
+    /// `None` if none came or the window is 0.
+    fn poll_for(
+        &self,
+        buf: &mut [u8],
+        deadline: Option<std::time::Instant>,
+    ) -> Result<Option<usize>> {
+        let ns = self.busy_poll_ns.load(Ordering::Relaxed);
+        if ns == 0 {
+            return Ok(None);
+        }
+        let now = std::time::Instant::now();
+        let end = now
+            .checked_add(Duration::from_nanos(ns))
+            .map_or(deadline, |e| Some(deadline.map_or(e, |d| d.min(e))));
+        loop {
+            let got = match &self.rings {
+                Some(r) => r
+                    .take(self.fd.as_fd(), buf)
+                    .map_err(|e| rings_error(&self.info, e))?,
+                None => self.try_read(buf)?,
+            };
+            if got.is_some() {
+                return Ok(got);
+            }
+            if end.is_some_and(|e| std::time::Instant::now() >= e) {
+                return Ok(None);
+            }
+            std::thread::yield_now();
+        }
     }
 
     /// Takes the next SDU into `buf` without waiting; `None` if there is

@@ -226,37 +226,10 @@ impl Rings {
         deadline: Option<Instant>,
     ) -> Result<Option<usize>, RingsError> {
         loop {
-            let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
-            let seg = match rx.peek() {
-                Ok(s) => s,
-                Err(e) => {
-                    // The daemon wrote garbage: skip what it published.
-                    rx.resync();
-                    return Err(RingsError::Ring(e));
-                }
-            };
-            if let Some(seg) = seg {
-                let n = seg.len();
-                let k = n.min(buf.len());
-                let ok = rx.read(n, &mut buf[..k]);
-                rx.consume(n);
-                let wake = rx.take_wakeup();
-                drop(rx);
-                if wake {
-                    kick(sock)?;
-                }
-                if !ok {
-                    return Err(RingsError::Ring(RingError::BadLength {
-                        len: n as u32,
-                        avail: 0,
-                    }));
-                }
-                return if n > buf.len() {
-                    Err(RingsError::TooLarge(n))
-                } else {
-                    Ok(Some(n))
-                };
+            if let Some(n) = self.take(sock, buf)? {
+                return Ok(Some(n));
             }
+            let rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
             // Doorbells already read are forgotten (and the end of the
             // flow found) before the next is asked for.
             drain_doorbells(sock)?;
@@ -266,6 +239,49 @@ impl Rings {
                     return Ok(None);
                 }
             }
+        }
+    }
+
+    /// Takes the next SDU into `buf` if one is in the receive ring, without
+    /// asking the daemon for a doorbell when there is none (so a reader
+    /// that polls the ring costs the daemon nothing). The errors of
+    /// [`Rings::read`], but for `Closed`, which only a doorbell tells.
+    pub(crate) fn take(
+        &self,
+        sock: BorrowedFd<'_>,
+        buf: &mut [u8],
+    ) -> Result<Option<usize>, RingsError> {
+        let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        let seg = match rx.peek() {
+            Ok(s) => s,
+            Err(e) => {
+                // The daemon wrote garbage: skip what it published.
+                rx.resync();
+                return Err(RingsError::Ring(e));
+            }
+        };
+        let Some(seg) = seg else {
+            return Ok(None);
+        };
+        let n = seg.len();
+        let k = n.min(buf.len());
+        let ok = rx.read(n, &mut buf[..k]);
+        rx.consume(n);
+        let wake = rx.take_wakeup();
+        drop(rx);
+        if wake {
+            kick(sock)?;
+        }
+        if !ok {
+            return Err(RingsError::Ring(RingError::BadLength {
+                len: n as u32,
+                avail: 0,
+            }));
+        }
+        if n > buf.len() {
+            Err(RingsError::TooLarge(n))
+        } else {
+            Ok(Some(n))
         }
     }
 

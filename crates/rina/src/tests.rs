@@ -786,3 +786,57 @@ fn an_async_flow_with_rings_reads_and_waits_for_room() {
         daemon.join().unwrap();
     });
 }
+
+/// A reader that busy-polls takes an SDU the daemon publishes while it
+/// waits without asking for a doorbell, so the daemon rings none; one that
+/// sleeps asks for one. Past its window, a polling reader sleeps and the
+/// doorbell wakes it.
+#[test]
+fn a_busy_polling_reader_takes_sdus_without_doorbells_and_sleeps_after_its_window() {
+    for (window, doorbell_expected) in [(Some(Duration::from_secs(10)), false), (None, true)] {
+        let (flow, daemon, mut fake) = ring_flow();
+        flow.set_busy_poll(window);
+        std::thread::scope(|s| {
+            let reader = s.spawn(|| {
+                let mut b = [0u8; 100];
+                let n = flow.read_timeout(&mut b, Duration::from_secs(10)).unwrap();
+                b[..n.expect("an SDU within the timeout")].to_vec()
+            });
+            std::thread::sleep(Duration::from_millis(30));
+            fake.deliver(&daemon, b"hello");
+            assert_eq!(reader.join().unwrap(), b"hello");
+        });
+        assert_eq!(
+            readable_within(flow.as_fd(), 0),
+            doorbell_expected,
+            "window {window:?}: a doorbell on the socket"
+        );
+    }
+    // A window shorter than the wait: the reader sleeps, the doorbell wakes it.
+    let (flow, daemon, mut fake) = ring_flow();
+    flow.set_busy_poll(Some(Duration::from_millis(5)));
+    std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let mut b = [0u8; 100];
+            let n = flow.read(&mut b).unwrap();
+            b[..n].to_vec()
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        fake.deliver(&daemon, b"late");
+        assert_eq!(reader.join().unwrap(), b"late");
+    });
+    // A socket flow polls too.
+    let (app, daemon) = pair();
+    let flow = crate::Flow::from_parts(app, info(1000));
+    flow.set_busy_poll(Some(Duration::from_secs(10)));
+    std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let mut b = [0u8; 100];
+            let n = flow.read_timeout(&mut b, Duration::from_secs(10)).unwrap();
+            b[..n.expect("an SDU")].to_vec()
+        });
+        std::thread::sleep(Duration::from_millis(30));
+        sock::send(daemon.as_fd(), b"sock", &[]).unwrap();
+        assert_eq!(reader.join().unwrap(), b"sock");
+    });
+}

@@ -83,6 +83,12 @@ struct ClientArgs {
     /// the daemons.
     #[arg(long)]
     direct: bool,
+    /// After each probe, poll the flow for a reply this long before
+    /// sleeping, in microseconds (yielding the core between polls): no
+    /// wake-up for a reply that comes within it, at the cost of the CPU
+    /// spent polling. 0 (the default) sleeps at once.
+    #[arg(long, default_value_t = 0)]
+    busy_poll_us: u64,
 }
 
 fn main() {
@@ -174,6 +180,7 @@ fn client(a: ClientArgs) -> i32 {
     let size = a.size.max(echo::PROBE_HEADER);
     c.set_direct(a.direct);
     let flow = open_flow(&a, &mut c, size);
+    flow.set_busy_poll((a.busy_poll_us > 0).then(|| Duration::from_micros(a.busy_poll_us)));
     let tally = send_probes(&a, &flow, size);
     let report = echo_report(&a, &flow, size, tally);
     print_report(&a, &report);
