@@ -859,23 +859,31 @@ impl SliceWriter<'_> {
                 width: w.bytes() as u8,
             });
         }
-        let n = w.bytes();
+        match w {
+            FieldWidth::W1 => self.put_array([v as u8]),
+            FieldWidth::W2 => self.put_array((v as u16).to_be_bytes()),
+            FieldWidth::W4 => self.put_array((v as u32).to_be_bytes()),
+            FieldWidth::W8 => self.put_array(v.to_be_bytes()),
+        }
+    }
+
+    /// Writes `bytes` at the cursor: one store of a size known at compile
+    /// time, not a call to `memcpy` for a field of a few bytes.
+    fn put_array<const N: usize>(&mut self, bytes: [u8; N]) -> Result<(), WireError> {
         let have = self.buf.len().saturating_sub(self.pos);
-        let Some(dst) = self.buf.get_mut(self.pos..self.pos + n) else {
+        let Some(dst) = self
+            .buf
+            .get_mut(self.pos..)
+            .and_then(|b| b.first_chunk_mut::<N>())
+        else {
             return Err(WireError::Truncated {
                 at: self.pos,
-                need: n,
+                need: N,
                 have,
             });
         };
-        // One store of a known size per width (`v` fits, checked above).
-        match w {
-            FieldWidth::W1 => dst.copy_from_slice(&[v as u8]),
-            FieldWidth::W2 => dst.copy_from_slice(&(v as u16).to_be_bytes()),
-            FieldWidth::W4 => dst.copy_from_slice(&(v as u32).to_be_bytes()),
-            FieldWidth::W8 => dst.copy_from_slice(&v.to_be_bytes()),
-        }
-        self.pos += n;
+        *dst = bytes;
+        self.pos += N;
         Ok(())
     }
 }
