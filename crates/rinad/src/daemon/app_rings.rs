@@ -92,16 +92,6 @@ fn send_with_fds(fd: RawFd, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
 }
 
 impl AppRings {
-    /// Puts one SDU in the application's receive ring; false if it has no
-    /// room (the application is then asked to kick once it read).
-    pub(super) fn deliver(&mut self, sdu: &[u8]) -> bool {
-        let pushed = self.push(sdu);
-        if pushed {
-            self.wake();
-        }
-        pushed
-    }
-
     /// Puts one SDU in the application's receive ring without waking it
     /// (call [`AppRings::wake`] after a batch); false if it has no room.
     pub(super) fn push(&mut self, sdu: &[u8]) -> bool {
@@ -158,11 +148,14 @@ impl AppRings {
     pub(super) fn deliver_held<B: AsRef<[u8]>>(&mut self, q: &mut VecDeque<B>) -> (usize, bool) {
         let mut sent = 0;
         while let Some(sdu) = q.front() {
-            if !self.deliver(sdu.as_ref()) {
+            if !self.push(sdu.as_ref()) {
                 break;
             }
             q.pop_front();
             sent += 1;
+        }
+        if sent > 0 {
+            self.wake();
         }
         let again = q.front().is_some_and(|f| self.want_room(f.as_ref().len()));
         (sent, again)

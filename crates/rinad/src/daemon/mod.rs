@@ -570,6 +570,11 @@ impl Daemon {
             while let Some(o) = self.sys.poll_output() {
                 self.on_output(o);
             }
+            // Applications sleeping on their rings, woken once for all the
+            // SDUs just delivered to them.
+            if !self.udp.woken.is_empty() {
+                shim::wake_apps(&self.flows, &mut self.udp.woken);
+            }
             if !self.udp.dirty.is_empty() {
                 for i in std::mem::take(&mut self.udp.dirty) {
                     match self.ipcps[i].io {
@@ -817,8 +822,12 @@ impl Daemon {
         };
         let taken = self.taken.entry(port).or_default();
         if let Some(r) = slot.rings.as_mut() {
-            if slot.rx_pending.is_empty() && r.deliver(&sdu) {
+            if slot.rx_pending.is_empty() && r.push(&sdu) {
                 *taken += 1;
+                // Woken once for what the outputs deliver ([`Daemon::drain_outputs`]).
+                if self.udp.woken.last() != Some(&port) {
+                    self.udp.woken.push(port);
+                }
                 return;
             }
             if slot.rx_pending.len() >= MAX_RX_PENDING {

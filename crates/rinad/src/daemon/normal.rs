@@ -125,55 +125,66 @@ impl Daemon {
             FlowService::Drained
         };
         let mut bytes = 0;
-        for _ in 0..BUDGET {
-            if bytes >= BUDGET_BYTES {
-                break;
-            }
-            let Some(slot) = self.flows.get_mut(&port) else {
-                return FlowService::Drained;
-            };
-            if slot.tx_stash.is_some() {
-                return more;
-            }
-            let Some(r) = slot.rings.as_mut() else {
-                return FlowService::Drained;
-            };
-            let seg = match r.next_from_app() {
-                Ok(Some(seg)) => seg,
-                Ok(None) => return more,
-                Err(e) => {
-                    debug!(port, error = %e, "garbage in a flow's ring; dropped what was published");
-                    slot.drops_out += 1;
-                    return more;
+        let mut took = false;
+        let served = 'turn: {
+            for _ in 0..BUDGET {
+                if bytes >= BUDGET_BYTES {
+                    break;
                 }
-            };
-            let len = seg.len();
-            bytes += len;
-            // The SDU goes from the ring straight into its PDUs' buffers.
-            let res = self.sys.write_from_held(now, port, &r.from_app.record(len));
-            let stashed = match res {
-                Ok(()) => false,
-                Err(FlowError::WouldBlock) => {
-                    let mut sdu = Vec::with_capacity(len);
-                    if r.from_app.record(len).append_to(0, len, &mut sdu) {
-                        slot.tx_stash = Some(sdu);
-                    } else {
+                let Some(slot) = self.flows.get_mut(&port) else {
+                    break 'turn FlowService::Drained;
+                };
+                if slot.tx_stash.is_some() {
+                    break 'turn more;
+                }
+                let Some(r) = slot.rings.as_mut() else {
+                    break 'turn FlowService::Drained;
+                };
+                let seg = match r.next_from_app() {
+                    Ok(Some(seg)) => seg,
+                    Ok(None) => break 'turn more,
+                    Err(e) => {
+                        debug!(port, error = %e, "garbage in a flow's ring; dropped what was published");
                         slot.drops_out += 1;
+                        break 'turn more;
                     }
-                    true
+                };
+                let len = seg.len();
+                bytes += len;
+                // The SDU goes from the ring straight into its PDUs' buffers.
+                let res = self.sys.write_from_held(now, port, &r.from_app.record(len));
+                let stashed = match res {
+                    Ok(()) => false,
+                    Err(FlowError::WouldBlock) => {
+                        let mut sdu = Vec::with_capacity(len);
+                        if r.from_app.record(len).append_to(0, len, &mut sdu) {
+                            slot.tx_stash = Some(sdu);
+                        } else {
+                            slot.drops_out += 1;
+                        }
+                        true
+                    }
+                    Err(e) => {
+                        slot.drops_out += 1;
+                        debug!(port, error = %e, "SDU not sent");
+                        false
+                    }
+                };
+                r.from_app.consume(len);
+                took = true;
+                if stashed {
+                    break 'turn more;
                 }
-                Err(e) => {
-                    slot.drops_out += 1;
-                    debug!(port, error = %e, "SDU not sent");
-                    false
-                }
-            };
-            r.from_app.consume(len);
-            r.took();
-            if stashed {
-                return more;
+            }
+            FlowService::More
+        };
+        // Once for the turn: the check for a writer waiting for room
+        // orders this side's stores with a full fence.
+        if took {
+            if let Some(r) = self.flows.get(&port).and_then(|s| s.rings.as_ref()) {
+                r.took();
             }
         }
-        FlowService::More
+        served
     }
 }

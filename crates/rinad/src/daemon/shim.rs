@@ -84,7 +84,7 @@ pub(super) struct UdpShared {
     /// Shim-udp and shim-eth IPCPs with frames in their `out`.
     pub dirty: Vec<usize>,
     /// Application flows given SDUs in this read (to wake once).
-    woken: Vec<PortId>,
+    pub(super) woken: Vec<PortId>,
 }
 
 /// What an application's socket or ring gave for the batch.
@@ -147,7 +147,7 @@ fn queue_to_app(
 }
 
 /// Wakes the applications of `ports` that sleep on their rings, each once.
-fn wake_apps(flows: &HashMap<PortId, Box<FlowSlot>>, ports: &mut Vec<PortId>) {
+pub(super) fn wake_apps(flows: &HashMap<PortId, Box<FlowSlot>>, ports: &mut Vec<PortId>) {
     ports.sort_unstable();
     ports.dedup();
     for port in ports.drain(..) {
@@ -364,7 +364,8 @@ impl Daemon {
         if !super::app_rings::drain_kicks(slot.fd.as_raw_fd()) {
             return FlowService::Closed;
         }
-        self.serve_shim_batch(port, |d, room| {
+        let mut took = false;
+        let served = self.serve_shim_batch(port, |d, room| {
             let Some(r) = d.flows.get_mut(&port).and_then(|s| s.rings.as_mut()) else {
                 return Got::Stop(FlowService::Drained);
             };
@@ -380,13 +381,21 @@ impl Daemon {
             };
             let ok = n <= room.len() && r.from_app.read(n, &mut room[..n]);
             r.from_app.consume(n);
-            r.took();
+            took = true;
             if ok {
                 Got::Sdu(n)
             } else {
                 Got::Drop
             }
-        })
+        });
+        // Once for the batch: the check for a writer waiting for room
+        // orders this side's stores with a full fence.
+        if took {
+            if let Some(r) = self.flows.get(&port).and_then(|s| s.rings.as_ref()) {
+                r.took();
+            }
+        }
+        served
     }
 
     /// Takes up to [`BUDGET`] SDUs of application flow `port` on a
