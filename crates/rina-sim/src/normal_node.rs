@@ -374,7 +374,7 @@ impl NormalNode {
             Action::RibRead { handle, result } => {
                 ctx.record(NormalEvent::RibRead { handle, result })
             }
-            Action::Membership(ev) => ctx.record(NormalEvent::Membership(ev)),
+            Action::Membership(ev) => ctx.record(NormalEvent::Membership(*ev)),
             Action::FlowFailed { flow, .. } => {
                 self.apps.entry(flow).or_default().failed = true;
                 ctx.record(NormalEvent::Failed { flow });
@@ -384,7 +384,7 @@ impl NormalNode {
                 local,
                 remote,
                 ..
-            } => self.on_flow_request(ctx, handle, local, remote),
+            } => self.on_flow_request(ctx, handle, *local, *remote),
             Action::RequestWithdrawn { handle } => {
                 ctx.record(NormalEvent::Withdrawn { handle });
             }

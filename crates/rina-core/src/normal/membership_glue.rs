@@ -69,7 +69,7 @@ impl NormalIpcp {
                         m.renumbered(&cx, now, from, twin);
                     }
                 }
-                MsOut::Report(event) => self.actions.push_back(Action::Membership(*event)),
+                MsOut::Report(event) => self.actions.push_back(Action::Membership(event)),
             }
         }
     }

@@ -273,9 +273,9 @@ pub enum NormalError {
 }
 
 /// Something the driver must do.
-// Actions other than Transmit and Deliver are rare control events, so the
-// size of the FlowRequest variant costs nothing that matters.
-#[allow(clippy::large_enum_variant)]
+// Every PDU is moved in one of these several times (queued, polled,
+// turned into the system's event): the rare variants box their names,
+// QoS and news so that a move is a few words, not a `memcpy` of 280 bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
     /// Write this frame on N-1 port `port`.
@@ -290,7 +290,7 @@ pub enum Action {
         payload: Vec<u8>,
     },
     /// Membership news: neighbours, enrollment, admissions.
-    Membership(MembershipEvent),
+    Membership(Box<MembershipEvent>),
     /// A flow's connection failed; the flow should be deallocated.
     FlowFailed { flow: FlowId, error: EfcpError },
     /// Ask the application that registered `local` whether it accepts a flow
@@ -298,9 +298,9 @@ pub enum Action {
     /// [`NormalIpcp::refuse`].
     FlowRequest {
         handle: u64,
-        local: AppName,
-        remote: AppName,
-        qos: QosSpec,
+        local: Box<AppName>,
+        remote: Box<AppName>,
+        qos: Box<QosSpec>,
     },
     /// The application did not answer request `handle` in time (or
     /// unregistered); it was refused on its behalf.

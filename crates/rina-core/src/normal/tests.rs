@@ -123,7 +123,10 @@ fn allocate(net: &mut [NormalIpcp], qos: QosSpec) {
         panic!("expected one flow request, got {req:?}");
     };
     assert_eq!(*node, last);
-    assert_eq!((local, remote, q), (&name("echo"), &name("perf"), &qos));
+    assert_eq!(
+        (&**local, &**remote, &**q),
+        (&name("echo"), &name("perf"), &qos)
+    );
     assert_eq!(net[last].accept(ms(1), *handle, 7).unwrap(), 65_536);
     assert_eq!(
         carry(ms(1), net),

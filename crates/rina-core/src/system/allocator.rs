@@ -227,7 +227,7 @@ impl System {
                     self.counters.bad_cube_mapping += 1;
                     self.out.push_back(super::Output::Alarm {
                         member: j,
-                        neighbor: self.plans[j].neighbors[k].spec.name.clone(),
+                        neighbor: Box::new(self.plans[j].neighbors[k].spec.name.clone()),
                         message: format!("bad QoS cube mapping: {e}"),
                     });
                     self.last_error = Some(e);

@@ -72,7 +72,7 @@ impl System {
             IpcpEvent::Transmit { port, frame } => self.n1_transmit(now, port, frame),
             IpcpEvent::ToMedium { peer, frame } => self.send_on_medium(i, peer, frame),
             IpcpEvent::Membership(event) => {
-                if let crate::normal::MembershipEvent::NeighborDown { port, .. } = event {
+                if let crate::normal::MembershipEvent::NeighborDown { port, .. } = *event {
                     self.neighbor_silent(now, port);
                 }
                 self.out.push_back(Output::Membership { member: i, event });
@@ -91,15 +91,15 @@ impl System {
         now: Instant,
         i: usize,
         handle: u64,
-        local: AppName,
-        remote: AppName,
-        qos: rina_wire::QosSpec,
+        local: Box<AppName>,
+        remote: Box<AppName>,
+        qos: Box<rina_wire::QosSpec>,
     ) {
-        if let Some(&j) = self.ipcp_names.get(&(i, local.clone())) {
+        if let Some(&j) = self.ipcp_names.get(&(i, (*local).clone())) {
             self.accept_n1(now, i, j, handle, &remote);
             return;
         }
-        if !self.app_names.contains(&(i, local.clone())) {
+        if !self.app_names.contains(&(i, (*local).clone())) {
             let _ = self.members[i].refuse(handle, "no application holds the name");
             return;
         }

@@ -160,16 +160,17 @@ impl From<ShimHvError> for FlowError {
 }
 
 /// What an IPCP tells its system.
-// Events are taken one at a time and never stored.
-#[allow(clippy::large_enum_variant)]
+// Every PDU is moved in one of these several times (queued, polled,
+// turned into the system's event): the rare variants box their names,
+// QoS and news so that a move is a few words, not a `memcpy` of 280 bytes.
 #[derive(Debug)]
 pub enum IpcpEvent {
     /// A peer asks for a flow to `local`, registered here.
     FlowRequest {
         handle: u64,
-        local: AppName,
-        remote: AppName,
-        qos: QosSpec,
+        local: Box<AppName>,
+        remote: Box<AppName>,
+        qos: Box<QosSpec>,
     },
     /// Request `handle` was withdrawn (not answered in time).
     RequestWithdrawn { handle: u64 },
@@ -192,7 +193,7 @@ pub enum IpcpEvent {
         frame: PduBuf,
     },
     /// Normal IPCP: news of enrollment and neighbours, for the log.
-    Membership(normal::MembershipEvent),
+    Membership(Box<normal::MembershipEvent>),
     /// Normal IPCP: a management PDU no machine of the system handles.
     ManagementUnhandled,
     /// Normal IPCP: the outcome of a read of a neighbour's RIB
@@ -525,9 +526,9 @@ fn shim_udp_event(a: shim_udp::Action) -> IpcpEvent {
             qos,
         } => IpcpEvent::FlowRequest {
             handle,
-            local,
-            remote,
-            qos,
+            local: Box::new(local),
+            remote: Box::new(remote),
+            qos: Box::new(qos),
         },
         shim_udp::Action::RequestWithdrawn { handle } => IpcpEvent::RequestWithdrawn { handle },
         shim_udp::Action::Allocated { port, max_sdu } => IpcpEvent::Allocated { port, max_sdu },
@@ -552,9 +553,9 @@ fn shim_eth_event(a: shim_eth::Action) -> IpcpEvent {
             qos,
         } => IpcpEvent::FlowRequest {
             handle,
-            local,
-            remote,
-            qos,
+            local: Box::new(local),
+            remote: Box::new(remote),
+            qos: Box::new(qos),
         },
         shim_eth::Action::RequestWithdrawn { handle } => IpcpEvent::RequestWithdrawn { handle },
         shim_eth::Action::Allocated { port, max_sdu } => IpcpEvent::Allocated { port, max_sdu },
@@ -582,9 +583,9 @@ fn shim_hv_event(a: shim_hv::Action) -> IpcpEvent {
             qos,
         } => IpcpEvent::FlowRequest {
             handle,
-            local,
-            remote,
-            qos,
+            local: Box::new(local),
+            remote: Box::new(remote),
+            qos: Box::new(qos),
         },
         shim_hv::Action::RequestWithdrawn { handle } => IpcpEvent::RequestWithdrawn { handle },
         shim_hv::Action::Allocated { port, max_sdu } => IpcpEvent::Allocated { port, max_sdu },

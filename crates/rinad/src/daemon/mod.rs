@@ -615,7 +615,7 @@ impl Daemon {
                 if !self.enrolls.is_empty() {
                     self.enroll_news(member, &event);
                 }
-                if let rina_core::normal::MembershipEvent::NeighborDown { port, .. } = event {
+                if let rina_core::normal::MembershipEvent::NeighborDown { port, .. } = *event {
                     warn!(port, "N-1 flow silent; setting it up again");
                 }
             }
@@ -645,6 +645,7 @@ impl Daemon {
                 remote,
                 qos,
             } => {
+                let (local, remote, qos) = (*local, *remote, *qos);
                 let owner = self
                     .ipcps
                     .iter()

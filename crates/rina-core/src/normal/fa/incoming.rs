@@ -223,9 +223,9 @@ impl FlowAllocator {
         self.out
             .push_back(FaOut::Report(Box::new(Action::FlowRequest {
                 handle,
-                local: r.dst,
-                remote: r.src,
-                qos: r.qos,
+                local: Box::new(r.dst),
+                remote: Box::new(r.src),
+                qos: Box::new(r.qos),
             })));
     }
 

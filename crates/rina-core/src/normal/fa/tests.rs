@@ -114,7 +114,7 @@ fn a_handshake_between_two_allocators_opens_the_flow_at_both_ends() {
     let (_, out) = b.call(|fa, cx| fa.on_cdap(cx, t, 1, &cdap(&request)));
     let handle = match reports(out).as_slice() {
         [Action::FlowRequest { handle, local, .. }] => {
-            assert_eq!(local, &name("server"));
+            assert_eq!(**local, name("server"));
             *handle
         }
         other => panic!("expected one FlowRequest, got {other:?}"),

@@ -367,7 +367,7 @@ mod tests {
                                 moved = true;
                                 net[1 - i].on_frame(now, PORT, &frame);
                             }
-                            Action::Membership(e) => events[i].push(e),
+                            Action::Membership(e) => events[i].push(*e),
                             _ => {}
                         }
                     }

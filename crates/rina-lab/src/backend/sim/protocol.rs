@@ -405,10 +405,10 @@ impl LabNode {
             }
             Output::ToApp { port, sdu } => self.on_sdu(now, port, &sdu),
             Output::App(AppEvent::FlowRequest { handle, local, .. }) => {
-                match self.names.get(&local).copied() {
+                match self.names.get(&*local).copied() {
                     Some(echo) => {
                         if let Ok((port, _)) = self.sys.accept(now, handle) {
-                            self.accepted.insert(port, (local, echo));
+                            self.accepted.insert(port, (*local, echo));
                         }
                     }
                     None => {
