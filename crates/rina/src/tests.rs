@@ -787,25 +787,38 @@ fn an_async_flow_with_rings_reads_and_waits_for_room() {
     });
 }
 
+/// Reads one SDU from `flow` in another thread (with `read_timeout` of
+/// 10 s if `timed`, else `read`) while this one sleeps `after` and then
+/// calls `send`; the SDU read.
+fn read_while(flow: &crate::Flow, timed: bool, after: Duration, send: impl FnOnce()) -> Vec<u8> {
+    std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let mut b = [0u8; 100];
+            let n = if timed {
+                flow.read_timeout(&mut b, Duration::from_secs(10)).unwrap()
+            } else {
+                Some(flow.read(&mut b).unwrap())
+            };
+            b[..n.expect("an SDU within the timeout")].to_vec()
+        });
+        std::thread::sleep(after);
+        send();
+        reader.join().unwrap()
+    })
+}
+
 /// A reader that busy-polls takes an SDU the daemon publishes while it
 /// waits without asking for a doorbell, so the daemon rings none; one that
 /// sleeps asks for one. Past its window, a polling reader sleeps and the
 /// doorbell wakes it.
 #[test]
 fn a_busy_polling_reader_takes_sdus_without_doorbells_and_sleeps_after_its_window() {
+    let ms = Duration::from_millis;
     for (window, doorbell_expected) in [(Some(Duration::from_secs(10)), false), (None, true)] {
         let (flow, daemon, mut fake) = ring_flow();
         flow.set_busy_poll(window);
-        std::thread::scope(|s| {
-            let reader = s.spawn(|| {
-                let mut b = [0u8; 100];
-                let n = flow.read_timeout(&mut b, Duration::from_secs(10)).unwrap();
-                b[..n.expect("an SDU within the timeout")].to_vec()
-            });
-            std::thread::sleep(Duration::from_millis(30));
-            fake.deliver(&daemon, b"hello");
-            assert_eq!(reader.join().unwrap(), b"hello");
-        });
+        let got = read_while(&flow, true, ms(30), || fake.deliver(&daemon, b"hello"));
+        assert_eq!(got, b"hello");
         assert_eq!(
             readable_within(flow.as_fd(), 0),
             doorbell_expected,
@@ -814,29 +827,15 @@ fn a_busy_polling_reader_takes_sdus_without_doorbells_and_sleeps_after_its_windo
     }
     // A window shorter than the wait: the reader sleeps, the doorbell wakes it.
     let (flow, daemon, mut fake) = ring_flow();
-    flow.set_busy_poll(Some(Duration::from_millis(5)));
-    std::thread::scope(|s| {
-        let reader = s.spawn(|| {
-            let mut b = [0u8; 100];
-            let n = flow.read(&mut b).unwrap();
-            b[..n].to_vec()
-        });
-        std::thread::sleep(Duration::from_millis(100));
-        fake.deliver(&daemon, b"late");
-        assert_eq!(reader.join().unwrap(), b"late");
-    });
+    flow.set_busy_poll(Some(ms(5)));
+    let got = read_while(&flow, false, ms(100), || fake.deliver(&daemon, b"late"));
+    assert_eq!(got, b"late");
     // A socket flow polls too.
     let (app, daemon) = pair();
     let flow = crate::Flow::from_parts(app, info(1000));
     flow.set_busy_poll(Some(Duration::from_secs(10)));
-    std::thread::scope(|s| {
-        let reader = s.spawn(|| {
-            let mut b = [0u8; 100];
-            let n = flow.read_timeout(&mut b, Duration::from_secs(10)).unwrap();
-            b[..n.expect("an SDU")].to_vec()
-        });
-        std::thread::sleep(Duration::from_millis(30));
+    let send = || {
         sock::send(daemon.as_fd(), b"sock", &[]).unwrap();
-        assert_eq!(reader.join().unwrap(), b"sock");
-    });
+    };
+    assert_eq!(read_while(&flow, true, ms(30), send), b"sock");
 }
