@@ -273,7 +273,37 @@ fn ip_traffic_crosses_the_tunnel_and_the_tunnel_recovers() {
         println!("skipped: {why}");
         return;
     }
-    let bins = bin_dir();
+    let mut lab = setup();
+    // A offloads checksums and B does not: B completes the checksums A
+    // leaves partial, and B's kernel then checks every one of them.
+    check_ping_and_mtu(&lab);
+    check_tcp(&mut lab);
+    check_offload_counters(&lab, false);
+    check_garbage(&lab);
+    check_recovery(&mut lab);
+    // B restarts with offload: partial checksums now cross as such.
+    restart_rina_ip(&mut lab, 1, true);
+    check_curl(&lab);
+    check_offload_counters(&lab, true);
+    let text = Command::new(bin_dir().join("rina-ip"))
+        .args(["--status", "--status-socket"])
+        .arg(lab.dir.join("status-b.sock"))
+        .output()
+        .unwrap();
+    println!("{}", String::from_utf8_lossy(&text.stdout));
+}
+
+/// B's tunnel file: it also accepts a third peer, "ip-junk", which only
+/// sends garbage; with `offload` false its TUN takes whole checksums only.
+fn ip_b_conf(dir: &Path, offload: bool) -> String {
+    let junk = "dscp = { \"46\" = \"reliable\" }\n[[peer]]\nname = \"ip-junk\"\nprefixes = [\"10.203.0.99/32\"]\ninitiate = \"never\"\n";
+    ip_conf(dir, ("ip-b", B4, B6), ("ip-a", A4, A6), junk)
+        .replace("[tun]\n", &format!("[tun]\nchecksum_offload = {offload}\n"))
+}
+
+/// The namespaces, the veth, both daemons and both tunnels (B's without
+/// checksum offload), up to a first ping through the tunnel.
+fn setup() -> Lab {
     let id = std::process::id();
     let dir = std::env::temp_dir().join(format!("rina-ip-test-{id}"));
     std::fs::create_dir_all(&dir).unwrap();
@@ -320,39 +350,50 @@ fn ip_traffic_crosses_the_tunnel_and_the_tunnel_recovers() {
         ip_conf(&dir, ("ip-a", A4, A6), ("ip-b", B4, B6), DSCP),
     )
     .unwrap();
-    // B also accepts a third peer, "ip-junk", which only sends garbage.
-    let junk = "dscp = { \"46\" = \"reliable\" }\n[[peer]]\nname = \"ip-junk\"\nprefixes = [\"10.203.0.99/32\"]\ninitiate = \"never\"\n";
-    std::fs::write(
-        dir.join("ip-b.toml"),
-        ip_conf(&dir, ("ip-b", B4, B6), ("ip-a", A4, A6), junk),
-    )
-    .unwrap();
     lab.start_rinad(0);
     lab.start_rinad(1);
-    let rina_ip = bins.join("rina-ip");
-    for (side, s) in [(0, "a"), (1, "b")] {
-        let conf = dir.join(format!("ip-{s}.toml"));
-        lab.spawn(
-            &format!("rina-ip-{s}"),
-            side,
-            &rina_ip,
-            &["--config", conf.to_str().unwrap()],
-            &format!("rina-ip-{s}.log"),
-        );
-    }
-
-    // 1. ping, IPv4 and IPv6, both ways.
-    let t0 = Instant::now();
-    wait_until(
-        "a first ping through the tunnel",
-        Duration::from_secs(30),
-        || {
-            lab.run(0, "ping", &["-c", "1", "-W", "1", B4])
-                .status
-                .success()
-        },
+    let conf = dir.join("ip-a.toml");
+    lab.spawn(
+        "rina-ip-a",
+        0,
+        &bin_dir().join("rina-ip"),
+        &["--config", conf.to_str().unwrap()],
+        "rina-ip-a.log",
     );
+    let t0 = Instant::now();
+    restart_rina_ip(&mut lab, 1, false);
     println!("tunnel up {:.1} s after start", t0.elapsed().as_secs_f64());
+    lab
+}
+
+/// (Re)starts the tunnel on side `side` (B) with checksum offload or not,
+/// and waits for a ping through it.
+fn restart_rina_ip(lab: &mut Lab, side: usize, offload: bool) {
+    assert_eq!(side, 1, "only B's file is rewritten");
+    if lab.procs.iter().any(|(w, _)| w == "rina-ip-b") {
+        lab.kill("rina-ip-b");
+    }
+    let conf = lab.dir.join("ip-b.toml");
+    std::fs::write(&conf, ip_b_conf(&lab.dir, offload)).unwrap();
+    lab.spawn(
+        "rina-ip-b",
+        1,
+        &bin_dir().join("rina-ip"),
+        &["--config", conf.to_str().unwrap()],
+        "rina-ip-b.log",
+    );
+    wait_until("a ping through the tunnel", Duration::from_secs(30), || {
+        lab.run(0, "ping", &["-c", "1", "-W", "1", B4])
+            .status
+            .success()
+    });
+    wait_until("B's flows up", Duration::from_secs(20), || {
+        peer(&lab.status(1), "ip-a")["state"] == "up"
+    });
+}
+
+/// Ping, IPv4 and IPv6, both ways; the TUN MTU; DSCP 46 on its own flow.
+fn check_ping_and_mtu(lab: &Lab) {
     for (side, dst) in [(0, B4), (1, A4), (0, B6), (1, A6)] {
         let out = lab.ping(side, dst, 5);
         assert_ok(&format!("ping {dst}"), &out);
@@ -363,20 +404,24 @@ fn ip_traffic_crosses_the_tunnel_and_the_tunnel_recovers() {
         );
     }
 
-    // The TUN MTU follows the flow's largest SDU.
-    let st = lab.status(0);
-    let ch = &peer(&st, "ip-b")["channels"][0];
-    assert_eq!(ch["state"], "up", "{st}");
-    let max_sdu = ch["max_sdu"].as_u64().unwrap();
-    let mtu: u64 = String::from_utf8_lossy(
-        &lab.run(0, "cat", &[&format!("/sys/class/net/{TUN}/mtu")])
-            .stdout,
-    )
-    .trim()
-    .parse()
-    .unwrap();
-    assert_eq!(mtu, max_sdu.min(65535), "{st}");
-    assert_eq!(st["mtu"].as_u64(), Some(mtu));
+    // The TUN MTU follows the flow's largest SDU, less the partial-checksum
+    // frame's 6 bytes where the TUN offloads (A) and not where not (B).
+    for (side, name, room) in [(0, "ip-b", 6), (1, "ip-a", 0)] {
+        let st = lab.status(side);
+        assert_eq!(st["checksum_offload"], side == 0, "{st}");
+        let ch = &peer(&st, name)["channels"][0];
+        assert_eq!(ch["state"], "up", "{st}");
+        let max_sdu = ch["max_sdu"].as_u64().unwrap();
+        let mtu: u64 = String::from_utf8_lossy(
+            &lab.run(side, "cat", &[&format!("/sys/class/net/{TUN}/mtu")])
+                .stdout,
+        )
+        .trim()
+        .parse()
+        .unwrap();
+        assert_eq!(mtu, (max_sdu - room).min(65535), "{st}");
+        assert_eq!(st["mtu"].as_u64(), Some(mtu));
+    }
 
     // DSCP 46 (TOS 184) goes on the peers' "reliable" flow, the rest on
     // the default one; both ends of both flows count it.
@@ -395,28 +440,29 @@ fn ip_traffic_crosses_the_tunnel_and_the_tunnel_recovers() {
         wait_until("both flows up", Duration::from_secs(20), || {
             peer(&lab.status(side), name)["state"] == "up"
         });
-        let before = sent(&lab);
+        let before = sent(lab);
         let out = lab.run(
             side,
             "ping",
             &["-Q", "184", "-c", "3", "-i", "0.2", "-W", "1", dst],
         );
         assert_ok("ping with DSCP 46", &out);
-        let after = sent(&lab);
+        let after = sent(lab);
         assert_eq!(after.len(), 2);
         assert!(after[1] >= before[1] + 3, "{before:?} -> {after:?}");
     }
+}
 
-    // 2. iperf3 TCP through the tunnel.
-    lab.procs.push((
-        "iperf3".into(),
-        lab.cmd(1, "iperf3")
-            .args(["-s", "-B", B4])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    ));
+/// iperf3 TCP from A to B, then curl from A against a web server in B.
+fn check_tcp(lab: &mut Lab) {
+    let iperf3 = lab
+        .cmd(1, "iperf3")
+        .args(["-s", "-B", B4])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    lab.procs.push(("iperf3".into(), iperf3));
     lab.wait_listening(1, 5201);
     let out = lab.run(0, "iperf3", &["-c", B4, "-t", "3", "-J"]);
     assert_ok("iperf3", &out);
@@ -427,22 +473,25 @@ fn ip_traffic_crosses_the_tunnel_and_the_tunnel_recovers() {
     println!("iperf3 TCP through rina-ip: {:.1} Mb/s goodput", bps / 1e6);
     assert!(bps > 1e6, "goodput {bps} b/s");
 
-    // 3. curl against a web server in the other namespace, IPv4 and IPv6.
-    let www = dir.join("www");
+    let www = lab.dir.join("www");
     std::fs::create_dir_all(&www).unwrap();
-    let token = format!("rina-ip page {id} {:?}", Instant::now());
-    std::fs::write(www.join("page.txt"), &token).unwrap();
-    lab.procs.push((
-        "http".into(),
-        lab.cmd(1, "python3")
-            .args(["-m", "http.server", "8080", "--bind", "::", "--directory"])
-            .arg(&www)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    ));
+    let http = lab
+        .cmd(1, "python3")
+        .args(["-m", "http.server", "8080", "--bind", "::", "--directory"])
+        .arg(&www)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    lab.procs.push(("http".into(), http));
     lab.wait_listening(1, 8080);
+    check_curl(lab);
+}
+
+/// A fresh page fetched from B's web server, IPv4 and IPv6.
+fn check_curl(lab: &Lab) {
+    let token = format!("rina-ip page {:?}", Instant::now());
+    std::fs::write(lab.dir.join("www").join("page.txt"), &token).unwrap();
     for url in [
         format!("http://{B4}:8080/page.txt"),
         format!("http://[{B6}]:8080/page.txt"),
@@ -451,20 +500,43 @@ fn ip_traffic_crosses_the_tunnel_and_the_tunnel_recovers() {
         assert_ok(&format!("curl {url}"), &out);
         assert_eq!(String::from_utf8_lossy(&out.stdout), token, "{url}");
     }
+}
 
-    // 4. Garbage from a configured peer is counted and dropped.
-    let mut c = rina::Client::connect_to(dir.join("rinad-a.sock")).unwrap();
+/// A's TCP traffic left its checksums partial and B received it so; with
+/// `b_offloads`, B's replies did too.
+fn check_offload_counters(lab: &Lab, b_offloads: bool) {
+    let (sa, sb) = (lab.status(0), lab.status(1));
+    let n = |s: &serde_json::Value, k: &str| s[k].as_u64().unwrap();
+    assert!(n(&sa, "partial_out") > 0, "{sa}");
+    assert!(n(&sb, "partial_in") > 0, "{sb}");
+    assert_eq!(sb["checksum_offload"], b_offloads, "{sb}");
+    if b_offloads {
+        assert!(n(&sb, "partial_out") > 0, "{sb}");
+        assert!(n(&sa, "partial_in") > 0, "{sa}");
+    } else {
+        assert_eq!(n(&sb, "partial_out"), 0, "{sb}");
+    }
+}
+
+/// Garbage from a configured peer is counted and dropped.
+fn check_garbage(lab: &Lab) {
+    let mut c = rina::Client::connect_to(lab.dir.join("rinad-a.sock")).unwrap();
     let me: rina::AppName = "ip-junk".parse().unwrap();
     let to: rina::AppName = "ip-b".parse().unwrap();
     let f = c
         .allocate(&me, &to, Some("net"), &rina::QosSpec::default())
         .expect("a flow from ip-junk to ip-b");
-    let junk_sdus: [&[u8]; 5] = [
+    // A partial-checksum frame whose field lies inside the IP header.
+    let mut bad_partial = vec![0u8, 2, 0, 4, 0, 0];
+    bad_partial.extend_from_slice(&[0x45, 0, 0, 20]);
+    bad_partial.extend_from_slice(&[0; 16]);
+    let junk_sdus: [&[u8]; 6] = [
         b"\x80 not ip",
         b"\x45short",
         &[0x60; 41],
         b"\x00\x09 unknown control",
         b"GET / HTTP/1.1\r\n\r\n",
+        &bad_partial,
     ];
     for j in junk_sdus {
         f.write(j).unwrap();
@@ -474,8 +546,10 @@ fn ip_traffic_crosses_the_tunnel_and_the_tunnel_recovers() {
     });
     drop(f);
     assert_ok("ping after garbage", &lab.ping(1, A4, 2));
+}
 
-    // 5. Kill and restart system A's daemon: the tunnel comes back by itself.
+/// Kill and restart system A's daemon: the tunnel comes back by itself.
+fn check_recovery(lab: &mut Lab) {
     let before = lab.status(1);
     let flows_before = peer(&before, "ip-a")["counters"]["flows_up"]
         .as_u64()
@@ -513,10 +587,4 @@ fn ip_traffic_crosses_the_tunnel_and_the_tunnel_recovers() {
         pb["counters"]["flows_up"].as_u64().unwrap() > flows_before,
         "{sb}"
     );
-    let text = Command::new(&rina_ip)
-        .args(["--status", "--status-socket"])
-        .arg(dir.join("status-b.sock"))
-        .output()
-        .unwrap();
-    println!("{}", String::from_utf8_lossy(&text.stdout));
 }

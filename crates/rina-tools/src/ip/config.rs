@@ -14,6 +14,10 @@
 //! addresses = ["10.99.0.1/24", "fd99::1/64"]
 //! mtu = 9000                        # optional cap; else the flows' max SDU
 //! routes = true                     # route every peer prefix to the TUN
+//! checksum_offload = true           # TCP/UDP checksums left partial across
+//!                                   # the tunnel (default); false: summed by
+//!                                   # the kernel on each side, as without
+//!                                   # offload (for a peer older than it)
 //!
 //! [timers]                          # all optional, in milliseconds
 //! backoff_initial_ms = 200
@@ -172,6 +176,7 @@ struct RawTun {
     addresses: Vec<String>,
     mtu: Option<u32>,
     routes: Option<bool>,
+    checksum_offload: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -314,6 +319,9 @@ pub struct TunConfig {
     pub mtu_cap: Option<u32>,
     /// Add a route to the TUN for each peer prefix not already on-link.
     pub routes: bool,
+    /// Create the TUN with checksum offload and send partial checksums
+    /// as such (see `packet`).
+    pub checksum_offload: bool,
 }
 
 /// A checked configuration.
@@ -452,6 +460,7 @@ fn build(mut raw: RawConfig, over: &Overrides) -> Result<Config, ConfigError> {
             addresses,
             mtu_cap,
             routes: raw.tun.routes.unwrap_or(true),
+            checksum_offload: raw.tun.checksum_offload.unwrap_or(true),
         },
         timers,
         peers,
@@ -684,6 +693,10 @@ qos = "reliable"
         assert_eq!(c.tun.addresses.len(), 2);
         assert_eq!(c.tun.mtu_cap, Some(9000));
         assert!(c.tun.routes);
+        assert!(c.tun.checksum_offload, "on unless turned off");
+        let off =
+            parse(&FULL.replace("mtu = 9000", "mtu = 9000\nchecksum_offload = false")).unwrap();
+        assert!(!off.tun.checksum_offload);
         assert_eq!(c.timers.keepalive, Duration::from_millis(500));
         let b = &c.peers[0];
         // "ip-a" < "ip-b": this side allocates; "ip-0" < "ip-a": it does not.

@@ -1,10 +1,24 @@
 //! What travels on a tunnel flow: IP packets as they are, and `rina-ip`'s own
-//! control frames (keepalives), told apart by the first byte.
+//! frames (keepalives, packets whose checksum is left to the far end), told
+//! apart by the first byte.
 //!
 //! An SDU whose first nibble is 4 or 6 is an IP packet; one whose first byte
-//! is 0 is a control frame `[0, kind, ...]`. Anything else is not for us and
-//! is counted and dropped by the caller. [`Frame::parse`] checks lengths
-//! before anything is read, so it cannot panic on any input.
+//! is 0 is a control frame `[0, kind, ...]`:
+//!
+//! * `[0, 1, 1]`: a keepalive;
+//! * `[0, 2, start: u16, offset: u16, packet...]` (big-endian): an IP packet
+//!   whose TCP or UDP checksum is *partial*, as the kernel hands it to a TUN
+//!   with checksum offload (virtio's `NEEDS_CSUM`): the field at
+//!   `start + offset` holds the pseudo-header's sum, and the sum of the bytes
+//!   from `start` on is still to be added. The far end gives the packet to
+//!   its TUN with the same offsets, so no side computes a checksum that a
+//!   local socket would never check; a packet forwarded on to a real
+//!   interface is completed by the kernel or the NIC there. A far end
+//!   without offload completes it itself ([`complete_checksum`]).
+//!
+//! Anything else is not for us and is counted and dropped by the caller.
+//! [`Frame::parse`] checks lengths before anything is read, so it cannot
+//! panic on any input.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use thiserror::Error;
@@ -15,6 +29,40 @@ const KIND_KEEPALIVE: u8 = 1;
 /// The keepalive frame each side sends on every flow so that the other side
 /// notices a flow that silently died (the daemon at the far end restarted).
 pub const KEEPALIVE: [u8; 3] = [0, KIND_KEEPALIVE, 1];
+
+/// Kind byte of a frame carrying a packet with a partial checksum.
+const KIND_PARTIAL_CSUM: u8 = 2;
+
+/// Bytes in front of the packet in a partial-checksum frame.
+pub const PARTIAL_HEADER: usize = 6;
+
+/// Where a partial checksum is to be completed: the sum runs from `start`
+/// (bytes from the IP header's first) to the end of the packet and is
+/// stored at `start + offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartialCsum {
+    /// First byte summed.
+    pub start: u16,
+    /// Where the 16-bit checksum is, from `start`.
+    pub offset: u16,
+}
+
+impl PartialCsum {
+    /// The frame header `[0, 2, start, offset]` that goes in front of the packet.
+    pub fn header(self) -> [u8; PARTIAL_HEADER] {
+        let [s0, s1] = self.start.to_be_bytes();
+        let [o0, o1] = self.offset.to_be_bytes();
+        [0, KIND_PARTIAL_CSUM, s0, s1, o0, o1]
+    }
+
+    /// Whether the checksum field and the bytes summed lie inside a packet
+    /// of `len` bytes, past the fixed IP header of `version`.
+    pub fn fits(self, version: u8, len: usize) -> bool {
+        let min_start = if version == 4 { 20 } else { 40 };
+        let (start, field) = (usize::from(self.start), usize::from(self.offset));
+        start >= min_start && start + field + 2 <= len
+    }
+}
 
 /// Why an SDU (from a flow) or a packet (from the TUN) was not forwarded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
@@ -46,6 +94,19 @@ pub enum PacketError {
     /// A control frame of a kind this version does not know.
     #[error("unknown control frame kind {0}")]
     UnknownControl(u8),
+    /// A control frame shorter than the header of its kind.
+    #[error("control frame of {0} bytes is shorter than its header")]
+    ShortControl(usize),
+    /// A partial-checksum frame whose offsets point outside its packet.
+    #[error("partial checksum at {start}+{offset} lies outside the {len}-byte packet")]
+    BadChecksumOffsets {
+        /// First byte summed.
+        start: u16,
+        /// Where the field is, from `start`.
+        offset: u16,
+        /// The packet's length.
+        len: usize,
+    },
 }
 
 /// A checked IPv4 or IPv6 packet: its header lengths are consistent with the
@@ -150,6 +211,8 @@ impl<'a> IpPacket<'a> {
 pub enum Frame<'a> {
     /// An IP packet for the TUN.
     Ip(IpPacket<'a>),
+    /// An IP packet whose TCP/UDP checksum is still to be completed.
+    Partial(IpPacket<'a>, PartialCsum),
     /// The peer is alive.
     Keepalive,
 }
@@ -161,12 +224,68 @@ impl<'a> Frame<'a> {
             None => Err(PacketError::Empty),
             Some(0) => match b.get(1) {
                 Some(&KIND_KEEPALIVE) => Ok(Frame::Keepalive),
+                Some(&KIND_PARTIAL_CSUM) => {
+                    let (Some(h), Some(rest)) = (b.get(..PARTIAL_HEADER), b.get(PARTIAL_HEADER..))
+                    else {
+                        return Err(PacketError::ShortControl(b.len()));
+                    };
+                    let csum = PartialCsum {
+                        start: u16::from_be_bytes([h[2], h[3]]),
+                        offset: u16::from_be_bytes([h[4], h[5]]),
+                    };
+                    let ip = IpPacket::parse(rest)?;
+                    if !csum.fits(ip.version(), ip.bytes().len()) {
+                        return Err(PacketError::BadChecksumOffsets {
+                            start: csum.start,
+                            offset: csum.offset,
+                            len: ip.bytes().len(),
+                        });
+                    }
+                    Ok(Frame::Partial(ip, csum))
+                }
                 Some(&k) => Err(PacketError::UnknownControl(k)),
                 None => Err(PacketError::UnknownControl(0)),
             },
             Some(_) => IpPacket::parse(b).map(Frame::Ip),
         }
     }
+}
+
+/// Completes a partial checksum in place: adds the one's-complement sum of
+/// `pkt[start..]` (the field included, which holds the pseudo-header's sum)
+/// and stores its complement in the field. For a TUN without offload, to
+/// which the kernel would otherwise hand a packet it cannot check. The
+/// caller has checked the offsets ([`PartialCsum::fits`]); offsets outside
+/// `pkt` leave it untouched.
+pub fn complete_checksum(pkt: &mut [u8], csum: PartialCsum) {
+    let start = usize::from(csum.start);
+    let at = start + usize::from(csum.offset);
+    if at + 2 > pkt.len() || start > pkt.len() {
+        return;
+    }
+    let mut sum: u64 = 0;
+    let mut chunks = pkt[start..].chunks_exact(8);
+    for c in &mut chunks {
+        let w = u64::from_be_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+        let (s, carry) = sum.overflowing_add(w);
+        sum = s + u64::from(carry);
+    }
+    let mut tail = chunks.remainder().chunks(2);
+    for c in &mut tail {
+        let w = u16::from_be_bytes([c[0], c.get(1).copied().unwrap_or(0)]);
+        let (s, carry) = sum.overflowing_add(u64::from(w));
+        sum = s + u64::from(carry);
+    }
+    // Fold 64 -> 16 bits.
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    let mut c = !(sum as u16);
+    if c == 0 && csum.offset == 6 {
+        // UDP sends a zero checksum as all ones (zero means "none").
+        c = 0xffff;
+    }
+    pkt[at..at + 2].copy_from_slice(&c.to_be_bytes());
 }
 
 #[cfg(test)]
@@ -262,6 +381,139 @@ pub(crate) mod tests {
         ));
     }
 
+    /// The one's-complement sum of `b` as 16-bit big-endian words, folded.
+    fn sum16(b: &[u8]) -> u32 {
+        let mut s: u32 = b
+            .chunks(2)
+            .map(|c| u32::from(u16::from_be_bytes([c[0], c.get(1).copied().unwrap_or(0)])))
+            .sum();
+        while s >> 16 != 0 {
+            s = (s & 0xffff) + (s >> 16);
+        }
+        s
+    }
+
+    /// An IPv4 TCP (`proto` 6, checksum at 16) or UDP (17, at 6) packet
+    /// with its checksum as the kernel hands it to an offloading TUN: the
+    /// field holds the pseudo-header's sum, not complemented. Returns the
+    /// packet and the checksum a full computation gives.
+    fn partial_v4(proto: u8, payload: &[u8]) -> (Vec<u8>, PartialCsum, u16) {
+        let l4_hdr = if proto == 6 { 20 } else { 8 };
+        let field = if proto == 6 { 16 } else { 6 };
+        let l4_len = l4_hdr + payload.len();
+        let mut l4 = vec![0u8; l4_hdr];
+        l4[..4].copy_from_slice(&[0x30, 0x39, 0x14, 0x51]); // ports
+        if proto == 6 {
+            l4[12] = 5 << 4; // data offset
+        } else {
+            l4[4..6].copy_from_slice(&(l4_len as u16).to_be_bytes());
+        }
+        l4.extend_from_slice(payload);
+        let mut p = v4([10, 1, 2, 3], [10, 4, 5, 6], 0, &l4);
+        p[9] = proto;
+        let mut pseudo = p[12..20].to_vec();
+        pseudo.extend_from_slice(&[0, proto]);
+        pseudo.extend_from_slice(&(l4_len as u16).to_be_bytes());
+        let full = {
+            let mut all = pseudo.clone();
+            all.extend_from_slice(&p[20..]);
+            let c = !(sum16(&all) as u16);
+            if c == 0 && proto == 17 {
+                0xffff
+            } else {
+                c
+            }
+        };
+        let at = 20 + field;
+        p[at..at + 2].copy_from_slice(&(sum16(&pseudo) as u16).to_be_bytes());
+        let csum = PartialCsum {
+            start: 20,
+            offset: field as u16,
+        };
+        (p, csum, full)
+    }
+
+    #[test]
+    fn partial_checksum_frames_round_trip_and_offsets_are_checked() {
+        let (p, csum, _) = partial_v4(6, b"some bytes of a segment");
+        let mut f = csum.header().to_vec();
+        f.extend_from_slice(&p);
+        match Frame::parse(&f) {
+            Ok(Frame::Partial(ip, c)) => {
+                assert_eq!(c, csum);
+                assert_eq!(ip.bytes(), &p[..]);
+            }
+            other => panic!("{other:?}"),
+        }
+        // The field must lie inside the packet, after the IP header.
+        for (start, offset) in [
+            (0, 16),
+            (19, 0),
+            (20, p.len() as u16 - 21),
+            (u16::MAX, u16::MAX),
+        ] {
+            let mut f = PartialCsum { start, offset }.header().to_vec();
+            f.extend_from_slice(&p);
+            assert!(
+                matches!(
+                    Frame::parse(&f),
+                    Err(PacketError::BadChecksumOffsets { .. })
+                ),
+                "{start}+{offset}"
+            );
+        }
+        // A frame cut inside its header, or carrying no IP packet.
+        assert_eq!(
+            Frame::parse(&[0, 2, 0, 20]),
+            Err(PacketError::ShortControl(4))
+        );
+        assert_eq!(Frame::parse(&[0, 2, 0, 20, 0, 16]), Err(PacketError::Empty));
+        let mut v6p = PartialCsum {
+            start: 20,
+            offset: 6,
+        }
+        .header()
+        .to_vec();
+        v6p.extend_from_slice(&v6(Ipv6Addr::LOCALHOST, Ipv6Addr::LOCALHOST, 0, &[0; 8]));
+        assert!(
+            matches!(
+                Frame::parse(&v6p),
+                Err(PacketError::BadChecksumOffsets { .. })
+            ),
+            "an IPv6 packet's sum cannot start inside its 40-byte header"
+        );
+    }
+
+    #[test]
+    fn completing_a_partial_checksum_gives_the_full_one() {
+        for (proto, payload) in [
+            (6, &b"odd-length payload"[..]),
+            (6, &b""[..]),
+            (17, &b"even length!"[..]),
+            (17, &[0xff; 3][..]),
+        ] {
+            let (mut p, csum, full) = partial_v4(proto, payload);
+            complete_checksum(&mut p, csum);
+            let at = 20 + usize::from(csum.offset);
+            assert_eq!(
+                u16::from_be_bytes([p[at], p[at + 1]]),
+                full,
+                "proto {proto}"
+            );
+        }
+        // Offsets outside the packet leave it alone.
+        let (mut p, _, _) = partial_v4(6, b"x");
+        let before = p.clone();
+        complete_checksum(
+            &mut p,
+            PartialCsum {
+                start: 20,
+                offset: 500,
+            },
+        );
+        assert_eq!(p, before);
+    }
+
     proptest! {
         #[test]
         fn any_bytes_parse_without_panicking(b in proptest::collection::vec(any::<u8>(), 0..200)) {
@@ -269,6 +521,22 @@ pub(crate) mod tests {
                 prop_assert!(ip.bytes().len() <= b.len());
                 let _ = (ip.src(), ip.dst(), ip.dscp());
             }
+            let mut partial = PartialCsum { start: 20, offset: 6 }.header().to_vec();
+            partial.extend_from_slice(&b);
+            if let Ok(Frame::Partial(ip, c)) = Frame::parse(&partial) {
+                prop_assert!(c.fits(ip.version(), ip.bytes().len()));
+            }
+        }
+
+        #[test]
+        fn any_partial_checksum_completes_to_the_full_one(
+            proto in prop_oneof![Just(6u8), Just(17u8)],
+            payload in proptest::collection::vec(any::<u8>(), 0..3000),
+        ) {
+            let (mut p, csum, full) = partial_v4(proto, &payload);
+            complete_checksum(&mut p, csum);
+            let at = 20 + usize::from(csum.offset);
+            prop_assert_eq!(u16::from_be_bytes([p[at], p[at + 1]]), full);
         }
     }
 }

@@ -139,6 +139,15 @@ pub struct Status {
     pub drops_tun_invalid: u64,
     /// Flow requests refused (unknown peer or QoS).
     pub refused: u64,
+    /// Whether the TUN hands over and takes partial checksums.
+    #[serde(default)]
+    pub checksum_offload: bool,
+    /// Packets sent with their checksum left partial.
+    #[serde(default)]
+    pub partial_out: u64,
+    /// Partial-checksum packets received.
+    #[serde(default)]
+    pub partial_in: u64,
     /// Peers.
     pub peers: Vec<PeerStatus>,
 }
@@ -162,9 +171,20 @@ impl Status {
             self.uptime_s
         );
         out.push_str(&format!(
-            "no-route drops {}, invalid TUN packets {}, refused flow requests {}\n\n",
+            "no-route drops {}, invalid TUN packets {}, refused flow requests {}\n",
             self.drops_no_route, self.drops_tun_invalid, self.refused
         ));
+        out.push_str(&if self.checksum_offload {
+            format!(
+                "checksum offload on: {} packets out and {} in with partial checksums\n\n",
+                self.partial_out, self.partial_in
+            )
+        } else {
+            format!(
+                "checksum offload off: {} partial-checksum packets in, completed here\n\n",
+                self.partial_in
+            )
+        });
         let mut t = Table::new(&[
             "peer",
             "state",
@@ -293,6 +313,9 @@ mod tests {
             daemon_error: None,
             drops_no_route: 2,
             drops_tun_invalid: 0,
+            checksum_offload: true,
+            partial_out: 7,
+            partial_in: 5,
             refused: 1,
             peers: vec![PeerStatus {
                 name: "ip-b".into(),

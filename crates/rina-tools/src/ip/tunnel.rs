@@ -18,10 +18,10 @@
 
 use super::backoff::Backoff;
 use super::config::{Config, PeerConfig};
-use super::packet::{Frame, IpPacket, KEEPALIVE};
+use super::packet::{self, Frame, IpPacket, PartialCsum, KEEPALIVE, PARTIAL_HEADER};
 use super::route::RouteTable;
 use super::status::{ChannelStatus, PeerCounters, PeerStatus, Status};
-use super::tun::Tun;
+use super::tun::{Tun, VnetHdr};
 use super::IpError;
 use rina::{Client, Flow, IncomingFlow};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
@@ -152,6 +152,10 @@ struct Shared {
     drops_tun_invalid: AtomicU64,
     refused: AtomicU64,
     next_gen: AtomicU64,
+    /// Packets sent with their checksum left partial.
+    partial_out: AtomicU64,
+    /// Partial-checksum packets received (and, without offload, completed).
+    partial_in: AtomicU64,
 }
 
 /// Locks `m`, carrying on with the data if a thread panicked holding it.
@@ -169,7 +173,7 @@ impl Tunnel {
     /// Sets up the TUN interface (addresses, routes, initial MTU) and starts
     /// every thread.
     pub fn start(cfg: Config) -> Result<Tunnel, IpError> {
-        let tun = Tun::create(&cfg.tun.name)?;
+        let tun = Tun::create(&cfg.tun.name, cfg.tun.checksum_offload)?;
         let mtu = cfg.tun.mtu_cap.unwrap_or(1500);
         tun.set_mtu(mtu)?;
         tun.up()?;
@@ -232,6 +236,8 @@ impl Tunnel {
             drops_tun_invalid: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             next_gen: AtomicU64::new(1),
+            partial_out: AtomicU64::new(0),
+            partial_in: AtomicU64::new(0),
         });
         let s = shared.clone();
         spawn("rina-ip-status", move || {
@@ -382,9 +388,13 @@ impl Shared {
             .flat_map(|p| &p.slots)
             .filter_map(|s| lock(&s.state).live.as_ref().map(|l| l.flow.max_sdu()))
             .min();
-        let Some(sdu) = smallest else {
+        let Some(mut sdu) = smallest else {
             return;
         };
+        if self.tun.csum_offload() {
+            // Room for the partial-checksum frame's header.
+            sdu = sdu.saturating_sub(PARTIAL_HEADER);
+        }
         let mut mtu = (sdu.min(MAX_PACKET) as u32).max(MIN_MTU);
         if let Some(cap) = self.cfg.tun.mtu_cap {
             mtu = mtu.min(cap);
@@ -400,53 +410,110 @@ impl Shared {
         }
     }
 
-    /// TUN -> flows.
+    /// TUN -> flows. A packet is read behind room for the partial-checksum
+    /// frame's header, so that either frame is sent from the same buffer.
     fn tun_loop(self: Arc<Self>) {
-        let mut buf = vec![0u8; MAX_PACKET];
+        let mut buf = vec![0u8; PARTIAL_HEADER + MAX_PACKET];
+        let mut hdr = VnetHdr::default();
         while !self.stopped() {
-            let n = match self.tun.read_timeout(&mut buf, TICK) {
+            let n = match self
+                .tun
+                .read_timeout(&mut hdr, &mut buf[PARTIAL_HEADER..], TICK)
+            {
                 Ok(Some(n)) => n,
                 Ok(None) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                    bump(&self.drops_tun_invalid);
+                    continue;
+                }
                 Err(e) => {
                     log!("cannot read the TUN: {e}; stopping");
                     self.stop.store(true, Relaxed);
                     return;
                 }
             };
-            let pkt = match IpPacket::parse(&buf[..n]) {
-                Ok(p) => p,
-                Err(_) => {
-                    bump(&self.drops_tun_invalid);
-                    continue;
-                }
+            let Some((dst, dscp, len, partial)) = self.classify(&hdr, &buf[PARTIAL_HEADER..][..n])
+            else {
+                bump(&self.drops_tun_invalid);
+                continue;
             };
-            let Some(pi) = self.routes.lookup(pkt.dst()) else {
+            let sdu = match partial {
+                Some(csum) => {
+                    buf[..PARTIAL_HEADER].copy_from_slice(&csum.header());
+                    &buf[..PARTIAL_HEADER + len]
+                }
+                None => &buf[PARTIAL_HEADER..][..len],
+            };
+            let Some(pi) = self.routes.lookup(dst) else {
                 bump(&self.drops_no_route);
                 continue;
             };
-            let peer = &self.peers[pi];
-            let c = &peer.counters;
-            let Some((ci, live)) = self.pick(pi, pkt.dscp()) else {
-                bump(&c.drops_no_flow);
-                continue;
-            };
-            let sdu = pkt.bytes();
-            if sdu.len() > live.flow.max_sdu() {
-                bump(&c.drops_too_big);
-                continue;
+            if self.send(pi, dscp, sdu) && partial.is_some() {
+                bump(&self.partial_out);
             }
-            match live.flow.write_timeout(sdu, TX_WAIT) {
-                Ok(true) => {
-                    bump(&c.packets_out);
-                    bump(&peer.slots[ci].packets_out);
-                    c.bytes_out.fetch_add(sdu.len() as u64, Relaxed);
-                }
-                Ok(false) => bump(&c.drops_full),
-                Err(e) if e.kind == rina::ErrorKind::SduTooLarge => bump(&c.drops_too_big),
-                Err(e) => {
-                    bump(&c.drops_no_flow);
-                    self.fail(pi, ci, live.gen, &format!("write failed: {e}"));
-                }
+        }
+    }
+
+    /// What a packet read from the TUN is: its destination, DSCP, length
+    /// and, if its checksum is partial, where; `None` if it is not a
+    /// packet to forward (not IP, or offsets outside it, or segmented,
+    /// which this TUN was not offered).
+    fn classify(
+        &self,
+        hdr: &VnetHdr,
+        b: &[u8],
+    ) -> Option<(std::net::IpAddr, u8, usize, Option<PartialCsum>)> {
+        let pkt = IpPacket::parse(b).ok()?;
+        if hdr.gso_type != 0 {
+            return None;
+        }
+        let partial = if hdr.flags & VnetHdr::NEEDS_CSUM != 0 {
+            let c = PartialCsum {
+                start: hdr.csum_start,
+                offset: hdr.csum_offset,
+            };
+            if !c.fits(pkt.version(), pkt.bytes().len()) {
+                return None;
+            }
+            Some(c)
+        } else {
+            None
+        };
+        Some((pkt.dst(), pkt.dscp(), pkt.bytes().len(), partial))
+    }
+
+    /// Writes `sdu` to peer `pi` on the flow for `dscp`, counting it;
+    /// whether it was sent.
+    fn send(&self, pi: usize, dscp: u8, sdu: &[u8]) -> bool {
+        let peer = &self.peers[pi];
+        let c = &peer.counters;
+        let Some((ci, live)) = self.pick(pi, dscp) else {
+            bump(&c.drops_no_flow);
+            return false;
+        };
+        if sdu.len() > live.flow.max_sdu() {
+            bump(&c.drops_too_big);
+            return false;
+        }
+        match live.flow.write_timeout(sdu, TX_WAIT) {
+            Ok(true) => {
+                bump(&c.packets_out);
+                bump(&peer.slots[ci].packets_out);
+                c.bytes_out.fetch_add(sdu.len() as u64, Relaxed);
+                true
+            }
+            Ok(false) => {
+                bump(&c.drops_full);
+                false
+            }
+            Err(e) if e.kind == rina::ErrorKind::SduTooLarge => {
+                bump(&c.drops_too_big);
+                false
+            }
+            Err(e) => {
+                bump(&c.drops_no_flow);
+                self.fail(pi, ci, live.gen, &format!("write failed: {e}"));
+                false
             }
         }
     }
@@ -472,16 +539,41 @@ impl Shared {
                 }
             };
             live.last_rx_ms.store(self.now_ms(), Relaxed);
-            match Frame::parse(&buf[..n]) {
-                Ok(Frame::Ip(p)) => match self.tun.write(p.bytes()) {
-                    Ok(()) => {
-                        bump(&c.packets_in);
-                        c.bytes_in.fetch_add(p.bytes().len() as u64, Relaxed);
+            let (hdr, at, len) = match Frame::parse(&buf[..n]) {
+                Ok(Frame::Ip(p)) => (VnetHdr::default(), 0, p.bytes().len()),
+                Ok(Frame::Partial(p, csum)) => {
+                    bump(&self.partial_in);
+                    let len = p.bytes().len();
+                    if self.tun.csum_offload() {
+                        let hdr = VnetHdr {
+                            flags: VnetHdr::NEEDS_CSUM,
+                            gso_type: 0,
+                            csum_start: csum.start,
+                            csum_offset: csum.offset,
+                        };
+                        (hdr, PARTIAL_HEADER, len)
+                    } else {
+                        // This TUN takes whole packets only.
+                        packet::complete_checksum(&mut buf[PARTIAL_HEADER..][..len], csum);
+                        (VnetHdr::default(), PARTIAL_HEADER, len)
                     }
-                    Err(_) => bump(&c.drops_tun),
-                },
-                Ok(Frame::Keepalive) => bump(&c.keepalives_in),
-                Err(_) => bump(&c.drops_invalid),
+                }
+                Ok(Frame::Keepalive) => {
+                    bump(&c.keepalives_in);
+                    continue;
+                }
+                Err(_) => {
+                    bump(&c.drops_invalid);
+                    continue;
+                }
+            };
+            let pkt = &buf[at..at + len];
+            match self.tun.write(hdr, pkt) {
+                Ok(()) => {
+                    bump(&c.packets_in);
+                    c.bytes_in.fetch_add(len as u64, Relaxed);
+                }
+                Err(_) => bump(&c.drops_tun),
             }
         }
     }
@@ -747,6 +839,9 @@ impl Shared {
             drops_no_route: self.drops_no_route.load(Relaxed),
             drops_tun_invalid: self.drops_tun_invalid.load(Relaxed),
             refused: self.refused.load(Relaxed),
+            checksum_offload: self.tun.csum_offload(),
+            partial_out: self.partial_out.load(Relaxed),
+            partial_in: self.partial_in.load(Relaxed),
             peers,
         }
     }
