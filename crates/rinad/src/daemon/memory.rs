@@ -36,6 +36,7 @@ impl Daemon {
                 self.allocs.shrink_to_fit();
                 self.incoming.shrink_to_fit();
                 self.sys.shrink_to_fit();
+                rina_core::buf::release_pool();
                 crate::sys::trim_heap();
                 tracing::debug!(flows = n, closed, "memory of closed flows given back");
             }
