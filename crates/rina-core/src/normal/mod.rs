@@ -491,6 +491,12 @@ pub struct NormalIpcp {
     dirty: Vec<FlowId>,
     /// The dirty flows being flushed (kept to spare an allocation per flush).
     dirty_scratch: Vec<FlowId>,
+    /// With [`NormalIpcp::set_batched_flush`]: an SDU written or a frame
+    /// received asks for the flush, which the next [`NormalIpcp::poll_action`]
+    /// runs, once for all of them.
+    batched_flush: bool,
+    /// A flush was asked for and has not run yet.
+    flush_due: bool,
     /// Every flow with a timer running, by when it is due: the next one is
     /// found without walking the flows (idle flows cost nothing per turn).
     timers: BTreeSet<(Instant, FlowId)>,
@@ -600,6 +606,8 @@ impl NormalIpcp {
             by_cep: IdMap::default(),
             dirty: Vec::new(),
             dirty_scratch: Vec::new(),
+            batched_flush: false,
+            flush_due: false,
             timers: BTreeSet::new(),
             actions: VecDeque::new(),
             counters: Counters::default(),
@@ -1026,7 +1034,7 @@ impl NormalIpcp {
         f.counters.sdus_out += 1;
         f.counters.bytes_out += len as u64;
         mark_dirty(&mut self.dirty, flow);
-        self.flush(now);
+        self.flush_or_defer(now);
         Ok(())
     }
 
@@ -1185,7 +1193,7 @@ impl NormalIpcp {
             return;
         }
         self.dispatch(now, Some(port), &pci, body, frame);
-        self.flush(now);
+        self.flush_or_defer(now);
     }
 
     /// The PCI of the PDU in `frame` and where its body is; a malformed
@@ -1403,9 +1411,34 @@ impl NormalIpcp {
         mark_dirty(&mut self.dirty, id);
     }
 
+    /// Makes SDUs written and frames received set off their flush at the
+    /// next [`NormalIpcp::poll_action`] (or timer), once for all of them,
+    /// rather than each its own: a driver that writes or receives a batch
+    /// and then polls the actions (as [`crate::system::System`] does) has
+    /// the RMT see the batch's PDUs together, and pays the flush and the
+    /// RMT's drain once. What comes out is the same, in the same order per
+    /// flow.
+    pub fn set_batched_flush(&mut self, on: bool) {
+        self.batched_flush = on;
+        if !on && self.flush_due {
+            let now = self.now;
+            self.flush(now);
+        }
+    }
+
+    /// Flushes now, or asks for the flush with batched flushing.
+    fn flush_or_defer(&mut self, now: Instant) {
+        if self.batched_flush {
+            self.flush_due = true;
+        } else {
+            self.flush(now);
+        }
+    }
+
     /// Moves what dirty flows have to send into the RMT, hands out what they
     /// delivered, and drains the RMT onto the N-1 ports.
     fn flush(&mut self, now: Instant) {
+        self.flush_due = false;
         loop {
             while !self.dirty.is_empty() {
                 // Flushing a flow marks none dirty, so this takes them all.
@@ -1577,6 +1610,11 @@ impl NormalIpcp {
 
     /// The next thing the driver must do, if any.
     pub fn poll_action(&mut self) -> Option<Action> {
+        if self.flush_due {
+            // The time of the last call that asked for it.
+            let now = self.now;
+            self.flush(now);
+        }
         self.actions.pop_front()
     }
 
@@ -1588,6 +1626,7 @@ impl NormalIpcp {
             .into_iter()
             .chain(self.rmt.poll_timeout(self.now))
             .chain(self.rmt_more.then_some(self.now))
+            .chain(self.flush_due.then_some(self.now))
             .chain(self.fa.poll_timeout())
             .chain(self.routing.as_ref().and_then(|r| r.poll_timeout()))
             .chain(self.dft.as_ref().and_then(|d| d.poll_timeout()))

@@ -371,7 +371,10 @@ impl System {
             .build(&crate::normal::cubes::cu_map(&cfg.cubes))
             .map_err(|e| bad(e.to_string()))?;
         let dif = cfg.dif.clone();
-        let machine = NormalIpcp::new(cfg, built).map_err(|e| bad(e.to_string()))?;
+        let mut machine = NormalIpcp::new(cfg, built).map_err(|e| bad(e.to_string()))?;
+        // The system polls a member's actions after every call that can
+        // set some off, so a batch of writes or frames flushes once.
+        machine.set_batched_flush(true);
         let j = self.members.len();
         let mut nbs = Vec::new();
         for spec in neighbors {

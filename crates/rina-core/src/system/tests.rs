@@ -998,3 +998,71 @@ fn sdus_written_held_go_down_in_order_when_the_system_settles() {
         Err(FlowError::UnknownFlow(_))
     ));
 }
+
+/// Two flows across a DIF whose RMT schedules with QTA-Mux, one in the
+/// urgent cube and one in best effort: (net, [urgent port, best-effort
+/// port]) at s0, app1 registered at s1.
+fn urgent_and_best_effort_flows() -> (Net, [PortId; 2]) {
+    let sched = SchedulerConfig::QtaMux(QtaMuxConfig::new(vec![100, 60]));
+    let mut net = Net::new((0..2).map(|i| line_system(i, 2, &sched, None)).collect());
+    net.sys[1].register("net", name("app1")).unwrap();
+    net.run_until(ms(500));
+    let mut ports = Vec::new();
+    for cube in [1u64, 2] {
+        let qos = QosSpec {
+            cube: Some(cube),
+            ..Default::default()
+        };
+        ports.push(
+            net.sys[0]
+                .allocate(net.now, Some("net"), name("app0"), name("app1"), qos)
+                .unwrap(),
+        );
+        net.run_until(net.now + Duration::from_millis(20));
+        let handle = match net.logs[1].events.last() {
+            Some(AppEvent::FlowRequest { handle, .. }) => *handle,
+            e => panic!("{e:?}"),
+        };
+        net.sys[1].accept(net.now, handle).unwrap();
+        net.run_until(net.now + Duration::from_millis(20));
+    }
+    (net, [ports[0], ports[1]])
+}
+
+/// Writes, held, four best-effort SDUs and then an urgent one, settles,
+/// and returns the first bytes of the SDUs in the order s1 received them.
+fn arrival_order_of_a_held_batch(net: &mut Net, ports: [PortId; 2]) -> Vec<u8> {
+    let before = net.logs[1].sdus.len();
+    let t = net.now;
+    for k in 0..4u8 {
+        net.sys[0].write_held(t, ports[1], &[b'b', k]).unwrap();
+    }
+    net.sys[0].write_held(t, ports[0], b"u").unwrap();
+    net.sys[0].settle(t);
+    net.run_until(t + Duration::from_millis(20));
+    net.logs[1].sdus[before..]
+        .iter()
+        .map(|(_, _, s)| s[0])
+        .collect()
+}
+
+#[test]
+fn a_held_batch_reaches_the_rmt_whole_so_its_scheduler_orders_it() {
+    // A system's normal IPCP flushes once per batch: the RMT holds the
+    // turn's five PDUs together, and QTA-Mux sends the urgent one first.
+    let (mut net, ports) = urgent_and_best_effort_flows();
+    assert_eq!(
+        arrival_order_of_a_held_batch(&mut net, ports),
+        b"ubbbb",
+        "the urgent SDU, written last, leaves first"
+    );
+    // Flushed per SDU, each PDU left before the next was written: the
+    // scheduler never had a choice.
+    let (mut net, ports) = urgent_and_best_effort_flows();
+    let t = net.now;
+    net.sys[0].with_machine(t, 1, |m| match m {
+        Machine::Normal(n) => n.set_batched_flush(false),
+        _ => panic!("member 1 is the normal IPCP"),
+    });
+    assert_eq!(arrival_order_of_a_held_batch(&mut net, ports), b"bbbbu");
+}
