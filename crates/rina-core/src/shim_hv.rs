@@ -33,10 +33,11 @@ pub mod link;
 pub mod ring;
 pub mod vmpi;
 
+use crate::ids::IdMap;
 use crate::time::Instant;
 use rina_wire::ctl::FlowCounters;
 use rina_wire::{AppName, QosSpec};
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 use thiserror::Error;
 use vmpi::{Control, VmpiError, CHANNEL_HEADER, CONTROL_CHANNEL, MAX_CHANNELS};
@@ -258,7 +259,7 @@ pub struct ShimHv {
     cfg: Config,
     names: BTreeSet<AppName>,
     chans: BTreeMap<u32, Chan>,
-    flows: HashMap<PortId, Flow>,
+    flows: IdMap<PortId, Flow>,
     pending: BTreeMap<u64, Pending>,
     last_channel: u32,
     next_handle: u64,
@@ -278,7 +279,7 @@ impl ShimHv {
             cfg,
             names: BTreeSet::new(),
             chans: BTreeMap::new(),
-            flows: HashMap::new(),
+            flows: IdMap::default(),
             pending: BTreeMap::new(),
             last_channel,
             next_handle: 1,

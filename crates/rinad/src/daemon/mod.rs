@@ -53,6 +53,7 @@ use crate::sys::{self, Recv, Sent};
 use ipcp::{Io, Ipcp};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
+use rina_core::ids::IdMap;
 use rina_core::system::{AppEvent, Machine, Output, PduBuf, PortId, System};
 use rina_core::Instant;
 use rina_wire::ctl::{
@@ -214,7 +215,9 @@ pub struct Daemon {
     /// Per member of `sys` (same index): its name and driver.
     ipcps: Vec<Ipcp>,
     /// Boxed: the table's spare room costs a pointer per slot, not a slot.
-    flows: HashMap<PortId, Box<FlowSlot>>,
+    /// Keyed by ports this system hands out: FxHash (see `rina_core::ids`);
+    /// it is looked up several times per SDU.
+    flows: IdMap<PortId, Box<FlowSlot>>,
     conns: HashMap<usize, Conn>,
     next_conn: usize,
     owners: HashMap<(usize, AppName), usize>,
@@ -232,7 +235,7 @@ pub struct Daemon {
     /// When to look for idle control connections next.
     idle_sweep: Instant,
     /// SDUs applications took, per flow, not yet reported to the system.
-    taken: HashMap<PortId, usize>,
+    taken: IdMap<PortId, usize>,
     /// `rinactl capture`s running ([`capture`]).
     captures: capture::Captures,
     /// Enrollments clients wait for ([`runtime`]).
@@ -331,7 +334,7 @@ impl Daemon {
             signal_rx,
             sys,
             ipcps,
-            flows: HashMap::new(),
+            flows: IdMap::default(),
             conns: HashMap::new(),
             next_conn: 1,
             owners: HashMap::new(),
@@ -344,7 +347,7 @@ impl Daemon {
             accept_retry: None,
             access,
             idle_sweep: Instant::from_nanos(0),
-            taken: HashMap::new(),
+            taken: IdMap::default(),
             captures: capture::Captures::default(),
             enrolls: Vec::new(),
             config_path,

@@ -115,7 +115,7 @@ const ARENA: usize = 4 * (HEADROOM + 65_537);
 /// (its ring, or its socket); a flow that cannot take it loses it (counted
 /// in the shim's flow), as a link would.
 pub(super) fn straight_to_app(
-    flows: &mut HashMap<PortId, Box<FlowSlot>>,
+    flows: &mut IdMap<PortId, Box<FlowSlot>>,
     system: &mut System,
     i: usize,
     port: PortId,
@@ -130,7 +130,7 @@ pub(super) fn straight_to_app(
 /// [`straight_to_app`] without waking an application that sleeps on its
 /// ring: [`wake_apps`] does, once for a batch.
 fn queue_to_app(
-    flows: &mut HashMap<PortId, Box<FlowSlot>>,
+    flows: &mut IdMap<PortId, Box<FlowSlot>>,
     system: &mut System,
     i: usize,
     port: PortId,
@@ -147,7 +147,7 @@ fn queue_to_app(
 }
 
 /// Wakes the applications of `ports` that sleep on their rings, each once.
-pub(super) fn wake_apps(flows: &HashMap<PortId, Box<FlowSlot>>, ports: &mut Vec<PortId>) {
+pub(super) fn wake_apps(flows: &IdMap<PortId, Box<FlowSlot>>, ports: &mut Vec<PortId>) {
     ports.sort_unstable();
     ports.dedup();
     for port in ports.drain(..) {

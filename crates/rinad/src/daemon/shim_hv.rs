@@ -162,7 +162,7 @@ pub(super) struct HvIo {
     rx_ring_waits: u64,
     pub rx_queued: bool,
     /// SDUs waiting for applications' sockets, by flow.
-    rx_pending: HashMap<PortId, VecDeque<Vec<u8>>>,
+    rx_pending: IdMap<PortId, VecDeque<Vec<u8>>>,
     /// The flow whose full queue pauses the receive ring.
     rx_paused_on: Option<PortId>,
     /// Garbage found in the receive ring (each time, what was published is dropped).
@@ -296,7 +296,7 @@ pub(super) fn new_ipcp(
         upper_blocks: 0,
         rx_ring_waits: 0,
         rx_queued: false,
-        rx_pending: HashMap::new(),
+        rx_pending: IdMap::default(),
         rx_paused_on: None,
         rx_ring_errors: 0,
         tx_ring_errors: 0,
