@@ -297,32 +297,7 @@ fn behind_a_paced_shim_qta_mux_keeps_the_urgent_cube_fast() {
     // 10 Mb/s, urgent 1 Mb/s + best effort 12 Mb/s offered.
     let rate = PortRate::new(10_000_000);
     let run = |sched: SchedulerConfig| -> (f64, f64, usize, usize) {
-        let mut net = Net::new(
-            (0..2)
-                .map(|i| line_system(i, 2, &sched, Some(rate)))
-                .collect(),
-        );
-        net.sys[1].register("net", name("app1")).unwrap();
-        net.run_until(ms(500));
-        let mut ports = Vec::new();
-        for cube in [1u64, 2] {
-            let qos = QosSpec {
-                cube: Some(cube),
-                ..Default::default()
-            };
-            ports.push(
-                net.sys[0]
-                    .allocate(net.now, Some("net"), name("app0"), name("app1"), qos)
-                    .unwrap(),
-            );
-            net.run_until(net.now + Duration::from_millis(20));
-            let handle = match net.logs[1].events.last() {
-                Some(AppEvent::FlowRequest { handle, .. }) => *handle,
-                e => panic!("{e:?}"),
-            };
-            net.sys[1].accept(net.now, handle).unwrap();
-            net.run_until(net.now + Duration::from_millis(20));
-        }
+        let (mut net, ports) = urgent_and_best_effort_flows(&sched, Some(rate));
         let (start, mut t) = (net.now, net.now);
         let mut sent = [0usize; 2];
         let mut k = 0u64;
@@ -999,12 +974,14 @@ fn sdus_written_held_go_down_in_order_when_the_system_settles() {
     ));
 }
 
-/// Two flows across a DIF whose RMT schedules with QTA-Mux, one in the
-/// urgent cube and one in best effort: (net, [urgent port, best-effort
-/// port]) at s0, app1 registered at s1.
-fn urgent_and_best_effort_flows() -> (Net, [PortId; 2]) {
-    let sched = SchedulerConfig::QtaMux(QtaMuxConfig::new(vec![100, 60]));
-    let mut net = Net::new((0..2).map(|i| line_system(i, 2, &sched, None)).collect());
+/// Two flows across a DIF whose RMT schedules with `sched` (its shims paced
+/// at `rate`), one in the urgent cube and one in best effort: (net,
+/// [urgent port, best-effort port]) at s0, app1 registered at s1.
+fn urgent_and_best_effort_flows(
+    sched: &SchedulerConfig,
+    rate: Option<PortRate>,
+) -> (Net, [PortId; 2]) {
+    let mut net = Net::new((0..2).map(|i| line_system(i, 2, sched, rate)).collect());
     net.sys[1].register("net", name("app1")).unwrap();
     net.run_until(ms(500));
     let mut ports = Vec::new();
@@ -1050,7 +1027,8 @@ fn arrival_order_of_a_held_batch(net: &mut Net, ports: [PortId; 2]) -> Vec<u8> {
 fn a_held_batch_reaches_the_rmt_whole_so_its_scheduler_orders_it() {
     // A system's normal IPCP flushes once per batch: the RMT holds the
     // turn's five PDUs together, and QTA-Mux sends the urgent one first.
-    let (mut net, ports) = urgent_and_best_effort_flows();
+    let sched = SchedulerConfig::QtaMux(QtaMuxConfig::new(vec![100, 60]));
+    let (mut net, ports) = urgent_and_best_effort_flows(&sched, None);
     assert_eq!(
         arrival_order_of_a_held_batch(&mut net, ports),
         b"ubbbb",
@@ -1058,7 +1036,7 @@ fn a_held_batch_reaches_the_rmt_whole_so_its_scheduler_orders_it() {
     );
     // Flushed per SDU, each PDU left before the next was written: the
     // scheduler never had a choice.
-    let (mut net, ports) = urgent_and_best_effort_flows();
+    let (mut net, ports) = urgent_and_best_effort_flows(&sched, None);
     let t = net.now;
     net.sys[0].with_machine(t, 1, |m| match m {
         Machine::Normal(n) => n.set_batched_flush(false),
