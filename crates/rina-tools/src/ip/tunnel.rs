@@ -432,7 +432,7 @@ impl Shared {
                     return;
                 }
             };
-            let Some((dst, dscp, len, partial)) = self.classify(&hdr, &buf[PARTIAL_HEADER..][..n])
+            let Some((dst, dscp, len, partial)) = classify(&hdr, &buf[PARTIAL_HEADER..][..n])
             else {
                 bump(&self.drops_tun_invalid);
                 continue;
@@ -452,34 +452,6 @@ impl Shared {
                 bump(&self.partial_out);
             }
         }
-    }
-
-    /// What a packet read from the TUN is: its destination, DSCP, length
-    /// and, if its checksum is partial, where; `None` if it is not a
-    /// packet to forward (not IP, or offsets outside it, or segmented,
-    /// which this TUN was not offered).
-    fn classify(
-        &self,
-        hdr: &VnetHdr,
-        b: &[u8],
-    ) -> Option<(std::net::IpAddr, u8, usize, Option<PartialCsum>)> {
-        let pkt = IpPacket::parse(b).ok()?;
-        if hdr.gso_type != 0 {
-            return None;
-        }
-        let partial = if hdr.flags & VnetHdr::NEEDS_CSUM != 0 {
-            let c = PartialCsum {
-                start: hdr.csum_start,
-                offset: hdr.csum_offset,
-            };
-            if !c.fits(pkt.version(), pkt.bytes().len()) {
-                return None;
-            }
-            Some(c)
-        } else {
-            None
-        };
-        Some((pkt.dst(), pkt.dscp(), pkt.bytes().len(), partial))
     }
 
     /// Writes `sdu` to peer `pi` on the flow for `dscp`, counting it;
@@ -845,4 +817,28 @@ impl Shared {
             peers,
         }
     }
+}
+
+/// What a packet read from the TUN is: its destination, DSCP, length
+/// and, if its checksum is partial, where; `None` if it is not a
+/// packet to forward (not IP, or offsets outside it, or segmented,
+/// which this TUN was not offered).
+fn classify(hdr: &VnetHdr, b: &[u8]) -> Option<(std::net::IpAddr, u8, usize, Option<PartialCsum>)> {
+    let pkt = IpPacket::parse(b).ok()?;
+    if hdr.gso_type != 0 {
+        return None;
+    }
+    let partial = if hdr.flags & VnetHdr::NEEDS_CSUM != 0 {
+        let c = PartialCsum {
+            start: hdr.csum_start,
+            offset: hdr.csum_offset,
+        };
+        if !c.fits(pkt.version(), pkt.bytes().len()) {
+            return None;
+        }
+        Some(c)
+    } else {
+        None
+    };
+    Some((pkt.dst(), pkt.dscp(), pkt.bytes().len(), partial))
 }
