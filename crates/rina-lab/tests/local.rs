@@ -170,13 +170,15 @@ fn three_reliable_flows_share_a_10_mbps_bottleneck_fairly() {
     common::ensure_binaries();
     // Issue 21: three reliable rina-perf flows (8 s each) through r over
     // one 10 Mb/s, 5 ms link with a 100-frame queue. Every flow completes
-    // (its REPORT comes although the flow's ring holds seconds of data),
-    // every SDU arrives once and in order, the link is used and shared.
-    // Unloaded they take 96.7 % of the link (goodput of 1200-byte SDUs
-    // over the nominal rate) with Jain's index 0.999. The bounds leave
-    // room for a loaded 2-core machine, where the relay's timers and the
-    // five daemons are late at times, yet fail on what issue 21 was about:
-    // a flow that never completes, a link left idle after losses (38 % in
+    // (its REPORT comes although the flow's send buffer holds seconds of
+    // data at its share), every SDU arrives once and in order, the link is
+    // used and shared. Each flow's goodput counts from its first SDU to
+    // its last; over 12 runs on an idle machine the three together took
+    // 75-96 % of the link (1200-byte SDUs over the nominal rate), 86-93 %
+    // in most, with Jain's index above 0.98. The bounds leave room for a
+    // loaded 2-core machine, where the relay's timers and the five
+    // daemons are late at times, yet fail on what issue 21 was about: a
+    // flow that never completes, a link left idle after losses (38 % in
     // the issue's loss figures) or one flow taking most of it (the
     // issue's 58 / 24 / 13 split had Jain 0.74).
     let text = std::fs::read_to_string(common::example("cc-share.toml")).unwrap();
@@ -192,7 +194,7 @@ fn three_reliable_flows_share_a_10_mbps_bottleneck_fairly() {
         total / 1e6,
         total / 1e7 * 100.0
     );
-    assert!(total >= 0.75 * 10e6, "utilisation {:.1} %", total / 1e5);
+    assert!(total >= 0.7 * 10e6, "utilisation {:.1} %", total / 1e5);
     assert!(total <= 10.5e6, "more than the link: {total} b/s");
     assert!(jain >= 0.9, "Jain {jain:.3}: {rates:?}");
 }

@@ -195,6 +195,17 @@ impl Flow {
         self.busy_poll_ns.store(ns, Ordering::Relaxed);
     }
 
+    /// Sets how many bytes written on the flow may wait in its send ring
+    /// for the daemon before writers wait (whole slots, at most the ring;
+    /// [`SEND_LIMIT`](rina_core::shim_hv::flow_rings::SEND_LIMIT), 1 MiB,
+    /// unless set), as `SO_SNDBUF` does for a socket; returns the bytes
+    /// set, `None` for a flow without rings (its socket buffer is the
+    /// kernel's). A smaller buffer keeps less data queued in front of a
+    /// slow flow; a larger one rides out longer stalls of the daemon.
+    pub fn set_send_buffer(&self, bytes: usize) -> Option<usize> {
+        self.rings.as_ref().map(|r| r.set_send_limit(bytes))
+    }
+
     /// Polls for an SDU for the busy-poll window (at most until `deadline`);
     /// `None` if none came or the window is 0.
     fn poll_for(

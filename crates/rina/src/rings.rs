@@ -31,6 +31,13 @@ use std::time::{Duration, Instant};
 /// a doorbell was lost (a daemon restarting, say).
 const RECHECK: Duration = Duration::from_millis(50);
 
+/// Slots of `slot` bytes that hold `bytes` (at least one).
+fn slots_of(slot: u32, bytes: usize) -> u32 {
+    u32::try_from(bytes.div_ceil(slot.max(1) as usize))
+        .unwrap_or(u32::MAX)
+        .max(1)
+}
+
 /// Why the rings could not be set up or used.
 #[derive(Debug)]
 pub(crate) enum RingsError {
@@ -160,6 +167,7 @@ impl Rings {
             Producer::new(sub(from_app, geo.ring_bytes())?, geo).map_err(RingsError::Ring)?;
         // A flow whose daemon keeps up reuses the first pages of its ring.
         tx.set_restarts(true);
+        tx.set_limit(slots_of(geo.slot_size, flow_rings::SEND_LIMIT));
         Ok(Some(Rings {
             tx: Mutex::new(tx),
             rx: Mutex::new(rx),
@@ -206,6 +214,15 @@ impl Rings {
                 Err(e) => return Err(RingsError::Ring(e)),
             }
         }
+    }
+
+    /// Lets the send ring hold at most `bytes` (whole slots, at least one;
+    /// at most the ring) before writers wait; returns the bytes set.
+    pub(crate) fn set_send_limit(&self, bytes: usize) -> usize {
+        let mut tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = tx.geometry().slot_size;
+        tx.set_limit(slots_of(slot, bytes));
+        tx.limit() as usize * slot as usize
     }
 
     /// Bytes of the send ring the daemon has not taken yet (whole slots,

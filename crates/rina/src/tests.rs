@@ -684,6 +684,43 @@ fn write_timeout_on_rings_gives_up_on_a_full_ring_and_writes_once_the_daemon_too
     assert!(!flow.write_timeout(&[9u8; 1000], Duration::ZERO).unwrap());
 }
 
+/// SDUs of 1000 bytes `flow` takes without waiting.
+fn fill(flow: &crate::Flow) -> usize {
+    let mut sent = 0;
+    while flow.write_timeout(&[7u8; 1000], Duration::ZERO).unwrap() {
+        sent += 1;
+        assert!(sent <= 1 << 16, "the ring never fills");
+    }
+    sent
+}
+
+#[test]
+fn the_send_ring_holds_the_send_buffer_not_the_whole_ring() {
+    use rina_core::shim_hv::flow_rings::{GEOMETRY, SEND_LIMIT};
+    // A 1000-byte SDU takes 4 slots of 256 bytes (1,024 bytes).
+    let (flow, _daemon, mut fake) = ring_flow();
+    let sent = fill(&flow);
+    assert_eq!(sent, SEND_LIMIT / 1024, "1 MiB by default");
+    assert!(sent < GEOMETRY.data_bytes() / 1024 / 2);
+    // The daemon takes one: room for one more, not for the whole ring.
+    assert_eq!(fake.take(), vec![7u8; 1000]);
+    assert_eq!(fill(&flow), 1);
+    // A smaller buffer, set on a full flow, takes nothing more until the
+    // daemon took what is over it.
+    assert_eq!(flow.set_send_buffer(64 * 1024), Some(64 * 1024));
+    assert_eq!(fill(&flow), 0);
+    for _ in 0..sent - 63 {
+        fake.take();
+    }
+    assert_eq!(fill(&flow), 1);
+    // As large as the ring at most: the ring itself.
+    assert_eq!(
+        flow.set_send_buffer(usize::MAX),
+        Some(GEOMETRY.data_bytes())
+    );
+    assert_eq!(fill(&flow), GEOMETRY.data_bytes() / 1024 - 64);
+}
+
 /// A flow with rings over a fake daemon's end: (the flow, the daemon's
 /// socket end, the daemon's rings).
 fn ring_flow() -> (crate::Flow, OwnedFd, FakeRings) {

@@ -556,6 +556,8 @@ pub struct Producer {
     mem: RingMem,
     head: u32,
     restarts: bool,
+    /// Slots this producer fills at most (all of them unless limited).
+    limit: u32,
 }
 
 impl Producer {
@@ -564,11 +566,30 @@ impl Producer {
     pub fn new(region: Region, geo: Geometry) -> Result<Producer, RingError> {
         let mem = RingMem::new(region, geo)?;
         let head = mem.head().load(Ordering::Acquire);
+        let limit = mem.geo.slots;
         Ok(Producer {
             mem,
             head,
             restarts: false,
+            limit,
         })
+    }
+
+    /// Lets this producer fill at most `slots` of the ring's slots (at most
+    /// all of them): a record that would take the slots in use past that
+    /// finds the ring full, so [`Producer::arm`] and the consumer's
+    /// doorbell work as for a full ring. A record always goes into an
+    /// empty ring, so one larger than the limit is not refused for good.
+    /// A flow's send ring is its send buffer, and a whole ring ahead of a
+    /// slow path is seconds of data queued in front of it (see
+    /// `flow_rings::SEND_LIMIT`).
+    pub fn set_limit(&mut self, slots: u32) {
+        self.limit = slots.min(self.mem.geo.slots);
+    }
+
+    /// The slots this producer fills at most.
+    pub fn limit(&self) -> u32 {
+        self.limit
     }
 
     /// Makes this producer restart at the first slot of the next lap when
@@ -623,7 +644,9 @@ impl Producer {
             // garbage published in our name): continue from its tail.
             self.head = tail;
         }
-        if need > self.free_slots()? {
+        let free = self.free_slots()?;
+        let used = self.mem.geo.slots - free;
+        if need > free || (used > 0 && used + need > self.limit) {
             return Err(RingError::Full);
         }
         Ok(())
@@ -1166,6 +1189,37 @@ mod tests {
         assert_eq!(big, max);
     }
 
+    #[test]
+    fn a_limited_producer_fills_only_its_share_and_the_consumer_rings_it() {
+        let mem = HeapRegion::new(GEO.ring_bytes());
+        let (mut p, mut c) = pair(&mem);
+        p.set_restarts(false);
+        p.set_limit(5);
+        assert_eq!(p.limit(), 5);
+        let rec = [7u8; 100]; // 2 slots each
+        p.push(&[&rec]).unwrap();
+        p.push(&[&rec]).unwrap();
+        // A third would take 6 of the 8 slots: over the limit, so the
+        // producer sleeps, asking for the doorbell.
+        assert_eq!(p.push(&[&rec]), Err(RingError::Full));
+        assert!(p.arm(rec.len()), "still no room: sleep");
+        let mut buf = [0u8; 600];
+        assert_eq!(c.pop(&mut buf).unwrap(), Some(100));
+        assert!(c.take_wakeup(), "the consumer rings the sleeping producer");
+        p.push(&[&rec]).unwrap();
+        // A record larger than the limit still goes into an empty ring.
+        while c.pop(&mut buf).unwrap().is_some() {}
+        let big = [1u8; 400]; // 7 slots
+        p.push(&[&big]).unwrap();
+        assert_eq!(p.push(&[&[2u8; 10]]), Err(RingError::Full));
+        assert_eq!(c.pop(&mut buf).unwrap(), Some(400));
+        // A limit above the ring is the ring.
+        p.set_limit(1000);
+        assert_eq!(p.limit(), GEO.slots);
+        for _ in 0..4 {
+            p.push(&[&rec]).unwrap();
+        }
+    }
     #[test]
     fn garbage_head_and_headers_are_errors_and_resync_recovers() {
         let mem = HeapRegion::new(GEO.ring_bytes());
