@@ -360,10 +360,49 @@ impl Pci {
             });
         }
         let total = pdu.len();
+        if self.write_data_base(c, pdu, total) {
+            return Ok(());
+        }
         let mut w = SliceWriter { buf: pdu, pos: 0 };
         self.write_base(c, &mut w, total)?;
         debug_assert_eq!(w.pos, hl);
         Ok(())
+    }
+
+    /// [`Pci::write_base`] of a DT or MGMT header whose values all fit, the
+    /// one every SDU takes: the fields at their offsets with no error built
+    /// per field. False, with nothing written, if anything would be
+    /// refused; [`Pci::write_base`] then names the error.
+    fn write_data_base(&self, c: &DtConstants, pdu: &mut [u8], total: usize) -> bool {
+        let fits = |w: FieldWidth, v: u64| v <= w.max_value();
+        if self.version != PCI_VERSION
+            || self.pdu_type.is_control()
+            || total as u64 > c.max_pdu_size as u64
+            || !fits(c.addr, self.dst_addr.max(self.src_addr))
+            || !fits(c.qos, self.qos_id)
+            || !fits(c.cep, self.dst_cep.max(self.src_cep))
+            || !fits(c.length, total as u64)
+            || !fits(c.seq, self.seq)
+        {
+            return false;
+        }
+        let Some(h) = pdu.get_mut(..c.base_len() + c.seq.bytes()) else {
+            return false;
+        };
+        // Every value fits its width and the fields fill `h` exactly, so
+        // no write below can fail.
+        h[0] = PCI_VERSION;
+        let mut at = 1;
+        put_at(h, &mut at, c.addr, self.dst_addr);
+        put_at(h, &mut at, c.addr, self.src_addr);
+        put_at(h, &mut at, c.qos, self.qos_id);
+        put_at(h, &mut at, c.cep, self.dst_cep);
+        put_at(h, &mut at, c.cep, self.src_cep);
+        put_at(h, &mut at, FieldWidth::W1, self.pdu_type.code() as u64);
+        put_at(h, &mut at, FieldWidth::W1, self.flags as u64);
+        put_at(h, &mut at, c.length, total as u64);
+        put_at(h, &mut at, c.seq, self.seq);
+        true
     }
 
     /// Writes everything up to and including `seq`, for a PDU of `total` bytes.
@@ -681,6 +720,9 @@ pub struct Pdu<'a> {
 /// Length of the header of a PDU of type `t`: up to and including `seq` for
 /// DT/MGMT, the whole PDU for control types.
 pub fn header_len(c: &DtConstants, t: PduType) -> usize {
+    if !t.is_control() {
+        return c.base_len() + c.seq.bytes();
+    }
     c.base_len()
         + t.seq_width(c).bytes()
         + layout(t)
@@ -757,6 +799,64 @@ impl<'a> Pdu<'a> {
     /// ignored. A control PDU must be exactly as long as its type says
     /// ([`WireError::Trailing`] otherwise).
     pub fn parse(c: &DtConstants, buf: &'a [u8]) -> Result<Self, WireError> {
+        if let Some(p) = Pdu::parse_data(c, buf) {
+            return Ok(p);
+        }
+        Pdu::parse_any(c, buf)
+    }
+
+    /// [`Pdu::parse`] of a well-formed DT or MGMT PDU, the one every SDU
+    /// takes: one length check, then the fields at their offsets, with no
+    /// error built per field. `None` for anything else (a control PDU, or
+    /// one that is malformed), which [`Pdu::parse_any`] then parses or
+    /// names the error of; where this gives a PDU, that gives the same.
+    fn parse_data(c: &DtConstants, buf: &'a [u8]) -> Option<Self> {
+        let base = c.base_len();
+        let hl = base + c.seq.bytes();
+        if buf.len() < hl || buf[0] != PCI_VERSION {
+            return None;
+        }
+        let mut at = 1;
+        let mut field = |w: FieldWidth| {
+            let v = uint_at(buf, at, w);
+            at += w.bytes();
+            v
+        };
+        let dst_addr = field(c.addr)?;
+        let src_addr = field(c.addr)?;
+        let qos_id = field(c.qos)?;
+        let dst_cep = field(c.cep)?;
+        let src_cep = field(c.cep)?;
+        let pdu_type = match field(FieldWidth::W1)? {
+            0x80 => PduType::Dt,
+            0x40 => PduType::Mgmt,
+            _ => return None,
+        };
+        let flags = field(FieldWidth::W1)? as u8;
+        let length = field(c.length)?;
+        let seq = field(c.seq)?;
+        if length < hl as u64 || length > c.max_pdu_size as u64 || length > buf.len() as u64 {
+            return None;
+        }
+        let pci = Pci {
+            version: PCI_VERSION,
+            dst_addr,
+            src_addr,
+            qos_id,
+            dst_cep,
+            src_cep,
+            pdu_type,
+            flags,
+            length,
+            seq,
+        };
+        let body = Body::Data(buf.get(hl..length as usize)?);
+        Some(Pdu { pci, body })
+    }
+
+    /// [`Pdu::parse`] field by field, for any PDU: the path that names what
+    /// is wrong with a malformed one.
+    fn parse_any(c: &DtConstants, buf: &'a [u8]) -> Result<Self, WireError> {
         let mut r = Reader::new(buf);
         let version = r.u8()?;
         if version != PCI_VERSION {
@@ -842,6 +942,35 @@ fn uint(r: &mut Reader<'_>, w: FieldWidth) -> Result<u64, WireError> {
         FieldWidth::W4 => r.u32()? as u64,
         FieldWidth::W8 => r.u64()?,
     })
+}
+
+/// The big-endian unsigned field of width `w` at `at` in `buf`; `None`
+/// past its end.
+fn uint_at(buf: &[u8], at: usize, w: FieldWidth) -> Option<u64> {
+    let b = buf.get(at..)?;
+    Some(match w {
+        FieldWidth::W1 => *b.first()? as u64,
+        FieldWidth::W2 => u16::from_be_bytes(*b.first_chunk()?) as u64,
+        FieldWidth::W4 => u32::from_be_bytes(*b.first_chunk()?) as u64,
+        FieldWidth::W8 => u64::from_be_bytes(*b.first_chunk()?),
+    })
+}
+
+/// Writes `v` (which fits) big-endian at `*at` in `buf` as a field of
+/// width `w`, and moves `*at` past it; writes nothing past the end.
+fn put_at(buf: &mut [u8], at: &mut usize, w: FieldWidth, v: u64) {
+    fn put<const N: usize>(buf: &mut [u8], at: usize, bytes: [u8; N]) {
+        if let Some(d) = buf.get_mut(at..).and_then(|b| b.first_chunk_mut::<N>()) {
+            *d = bytes;
+        }
+    }
+    match w {
+        FieldWidth::W1 => put(buf, *at, [v as u8]),
+        FieldWidth::W2 => put(buf, *at, (v as u16).to_be_bytes()),
+        FieldWidth::W4 => put(buf, *at, (v as u32).to_be_bytes()),
+        FieldWidth::W8 => put(buf, *at, v.to_be_bytes()),
+    }
+    *at += w.bytes();
 }
 
 /// Writes big-endian fields into a fixed slice, checking bounds and widths.
@@ -1384,6 +1513,64 @@ mod tests {
             let mut again = Vec::new();
             got.encode(&c, &mut again).unwrap();
             prop_assert_eq!(&again[..], v);
+        }
+
+        #[test]
+        fn the_data_fast_paths_agree_with_the_field_by_field_ones(
+            c in constants(),
+            t in prop::sample::select(PduType::ALL.to_vec()),
+            raw in any::<[u64; 6]>(),
+            narrow in prop::array::uniform6(prop::bool::weighted(0.9)),
+            fl in any::<u8>(),
+            version in prop::sample::select(vec![1u8, 1, 1, 0, 2]),
+            total in 0usize..400,
+            bytes in prop::collection::vec(any::<u8>(), 0..300),
+            flips in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..3),
+        ) {
+            // Parsing: arbitrary bytes, and a valid header with a few
+            // bytes changed, give the same PDU or the same error.
+            prop_assert_eq!(Pdu::parse(&c, &bytes), Pdu::parse_any(&c, &bytes));
+            let mut v = Vec::new();
+            let p = Pci { qos_id: 1, ..Pci::new(PduType::Dt) };
+            if encode_data(&c, &p, &bytes[..bytes.len().min(40)], &mut v).is_ok() {
+                prop_assert!(Pdu::parse_data(&c, &v).is_some(), "a DT PDU takes the fast path");
+                for (at, b) in &flips {
+                    let i = at.index(v.len());
+                    v[i] = *b;
+                }
+                prop_assert_eq!(Pdu::parse(&c, &v), Pdu::parse_any(&c, &v));
+            }
+            // Writing: values that fit their widths or not (a narrowed one
+            // fits), the same bytes or the same error.
+            let m = |k: usize, w: FieldWidth| if narrow[k] { raw[k] & w.max_value() } else { raw[k] };
+            let pci = Pci {
+                version,
+                dst_addr: m(0, c.addr),
+                src_addr: m(1, c.addr),
+                qos_id: m(2, c.qos),
+                dst_cep: m(3, c.cep),
+                src_cep: m(4, c.cep),
+                pdu_type: t,
+                flags: fl,
+                length: 0,
+                seq: m(5, c.seq),
+            };
+            let (mut fast, mut slow) = (vec![0x5a; total], vec![0x5a; total]);
+            let got = pci.write_header(&c, &mut fast);
+            let want = if t.is_control() {
+                Err(WireError::BodyMismatch(t.code()))
+            } else if total < header_len(&c, t) {
+                Err(WireError::Truncated { at: 0, need: header_len(&c, t), have: total })
+            } else {
+                let mut w = SliceWriter { buf: &mut slow, pos: 0 };
+                pci.write_base(&c, &mut w, total)
+            };
+            prop_assert_eq!(&got, &want);
+            if got.is_ok() {
+                prop_assert_eq!(fast, slow);
+                let mut again = vec![0; total];
+                prop_assert!(pci.write_data_base(&c, &mut again, total), "the fast path wrote it");
+            }
         }
 
         #[test]
