@@ -946,6 +946,7 @@ fn uint(r: &mut Reader<'_>, w: FieldWidth) -> Result<u64, WireError> {
 
 /// The big-endian unsigned field of width `w` at `at` in `buf`; `None`
 /// past its end.
+#[inline(always)]
 fn uint_at(buf: &[u8], at: usize, w: FieldWidth) -> Option<u64> {
     let b = buf.get(at..)?;
     Some(match w {
@@ -958,6 +959,7 @@ fn uint_at(buf: &[u8], at: usize, w: FieldWidth) -> Option<u64> {
 
 /// Writes `v` (which fits) big-endian at `*at` in `buf` as a field of
 /// width `w`, and moves `*at` past it; writes nothing past the end.
+#[inline(always)]
 fn put_at(buf: &mut [u8], at: &mut usize, w: FieldWidth, v: u64) {
     fn put<const N: usize>(buf: &mut [u8], at: usize, bytes: [u8; N]) {
         if let Some(d) = buf.get_mut(at..).and_then(|b| b.first_chunk_mut::<N>()) {
