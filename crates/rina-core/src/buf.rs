@@ -251,18 +251,28 @@ impl PduBuf {
 
     /// Makes `n` more bytes at the front and returns them (zeroed only if
     /// the buffer had to grow; the caller writes all of them).
+    #[inline]
     pub fn prepend(&mut self, n: usize) -> &mut [u8] {
         if self.head < n {
-            let extra = n - self.head + HEADROOM;
-            let mut buf = alloc(extra + self.buf.len());
-            buf.resize(extra, 0);
-            buf.extend_from_slice(&self.buf);
-            recycle(std::mem::replace(&mut self.buf, buf));
-            self.head += extra;
-            count(0, 1, 1);
+            self.grow_front(n);
         }
         self.head -= n;
         &mut self.buf[self.head..self.head + n]
+    }
+
+    /// Moves the bytes into a new buffer with room for `n` more in front
+    /// (and [`HEADROOM`] beyond): the path a PDU whose headroom ran out
+    /// takes, out of line so that [`PduBuf::prepend`] inlines.
+    #[cold]
+    #[inline(never)]
+    fn grow_front(&mut self, n: usize) {
+        let extra = n - self.head + HEADROOM;
+        let mut buf = alloc(extra + self.buf.len());
+        buf.resize(extra, 0);
+        buf.extend_from_slice(&self.buf);
+        recycle(std::mem::replace(&mut self.buf, buf));
+        self.head += extra;
+        count(0, 1, 1);
     }
 
     /// Writes `bytes` in front.
