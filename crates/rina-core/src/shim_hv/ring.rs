@@ -428,6 +428,25 @@ impl Segments {
         }
     }
 
+    /// Copies the bytes at offset `off` into `dst`; false (and nothing
+    /// copied) if they are not all there.
+    pub fn read_at(&self, off: usize, dst: &mut [u8]) -> bool {
+        if off.checked_add(dst.len()).is_none_or(|e| e > self.len()) {
+            return false;
+        }
+        let mut rest = &mut dst[..];
+        for (ptr, n) in self.skip(off).parts() {
+            let k = n.min(rest.len());
+            let (now, later) = rest.split_at_mut(k);
+            // SAFETY: the segment has n >= k bytes inside the ring; `now`
+            // is memory of this process, not in the ring. A peer may write
+            // the ring meanwhile: bytes have no invalid values.
+            unsafe { std::ptr::copy_nonoverlapping(ptr, now.as_mut_ptr(), k) };
+            rest = later;
+        }
+        true
+    }
+
     /// Copies `src` to offset `off`; false (and nothing written) if it
     /// does not fit.
     pub fn write_at(&self, off: usize, src: &[u8]) -> bool {
@@ -558,6 +577,10 @@ pub struct Producer {
     restarts: bool,
     /// Slots this producer fills at most (all of them unless limited).
     limit: u32,
+    /// The first slot of the record reserved, past a restart the
+    /// reservation takes: the restart is made only when the record is
+    /// committed, so a reservation given up leaves the ring as it was.
+    reserved: Option<u32>,
 }
 
 impl Producer {
@@ -572,6 +595,7 @@ impl Producer {
             head,
             restarts: false,
             limit,
+            reserved: None,
         })
     }
 
@@ -631,8 +655,15 @@ impl Producer {
         Ok(self.mem.geo.slots - used)
     }
 
-    /// Checks there is room for a record of `len` payload bytes.
+    /// Checks there is room for a record of `len` payload bytes, within
+    /// the limit.
     fn make_room(&mut self, len: usize) -> Result<(), RingError> {
+        self.check_room(len, true)
+    }
+
+    /// Checks there is room for a record of `len` payload bytes, within the
+    /// limit if `limited`.
+    fn check_room(&mut self, len: usize, limited: bool) -> Result<(), RingError> {
         if len == 0 || len > self.mem.geo.max_record() {
             return Err(RingError::BadSize(len));
         }
@@ -646,7 +677,7 @@ impl Producer {
         }
         let free = self.free_slots()?;
         let used = self.mem.geo.slots - free;
-        if need > free || (used > 0 && used + need > self.limit) {
+        if need > free || (limited && used > 0 && used + need > self.limit) {
             return Err(RingError::Full);
         }
         Ok(())
@@ -655,14 +686,14 @@ impl Producer {
     /// Reserves room for a record of at most `max` payload bytes and
     /// returns where its payload goes, for the caller to fill (for example
     /// with one `recvmsg` straight from a socket); [`Producer::commit`]
-    /// then publishes the bytes actually written. Nothing is published
-    /// until then; a second reservation replaces the first.
+    /// then publishes the bytes actually written. Nothing is published,
+    /// nor the ring changed, until then: a reservation not committed is
+    /// simply given up, and a second one replaces the first.
     pub fn reserve(&mut self, max: usize) -> Result<Segments, RingError> {
         self.make_room(max)?;
-        self.restart(max);
-        Ok(self
-            .mem
-            .segments(self.mem.data_off(self.head, RECORD_HEADER), max))
+        let at = self.restart_to(max).unwrap_or(self.head);
+        self.reserved = Some(at);
+        Ok(self.mem.segments(self.mem.data_off(at, RECORD_HEADER), max))
     }
 
     /// Publishes the record reserved by the last [`Producer::reserve`]
@@ -671,42 +702,52 @@ impl Producer {
         if len == 0 || len > max {
             return Err(RingError::BadSize(len));
         }
+        let at = self.reserved.take().unwrap_or(self.head);
+        if at != self.head {
+            self.write_restart();
+            self.head = at;
+        }
         // The room checked at reservation can only have grown since (the
         // consumer frees slots, never takes them), unless the peer wrote
-        // garbage over its tail: check again.
-        self.make_room(len)?;
+        // garbage over its tail: check again. Not against the limit: a
+        // restart made the slots it skips count as used until the
+        // consumer reads past them, and the limit was met before it.
+        self.check_room(len, false)?;
         self.write_header(len);
         self.publish(len);
         Ok(())
     }
 
-    /// On an empty ring with the head in the middle of the data area,
-    /// writes a restart header at the head and moves the head to the start
-    /// of the next lap (published with the next record), if a record of
-    /// `len` bytes fits the slots before the old head with an eighth of the
-    /// ring to spare.
-    fn restart(&mut self, len: usize) {
+    /// Where a record of `len` bytes goes past a restart, if it is to take
+    /// one: on an empty ring with the head in the middle of the data area,
+    /// the start of the next lap, if the record fits the slots before the
+    /// head with an eighth of the ring to spare.
+    fn restart_to(&self, len: usize) -> Option<u32> {
         let slots = self.mem.geo.slots;
         let pos = self.head & (slots - 1);
         if !self.restarts {
-            return;
+            return None;
         }
         // Until the consumer reads past the restart header, the slots it
         // skips count as used: restart only if an eighth of the ring stays
         // free meanwhile.
         let need = self.mem.geo.slots_for(len);
         if pos < need || pos - need < (slots / 8).max(1) {
-            return;
+            return None;
         }
         if self.mem.tail().load(Ordering::Acquire) != self.head {
-            return;
+            return None;
         }
+        Some(self.head.wrapping_add(slots - pos))
+    }
+
+    /// Writes a restart header at the head: the rest of this lap is unused.
+    fn write_restart(&self) {
         let mut hdr = [0u8; RECORD_HEADER];
         hdr[..4].copy_from_slice(&RESTART.to_le_bytes());
         hdr[4..].copy_from_slice(&self.head.to_le_bytes());
         self.mem
             .write_wrapped(self.mem.data_off(self.head, 0), &hdr);
-        self.head = self.head.wrapping_add(slots - pos);
     }
 
     fn write_header(&self, len: usize) {
@@ -742,7 +783,11 @@ impl Producer {
     pub fn push(&mut self, parts: &[&[u8]]) -> Result<(), RingError> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         self.make_room(len)?;
-        self.restart(len);
+        self.reserved = None;
+        if let Some(at) = self.restart_to(len) {
+            self.write_restart();
+            self.head = at;
+        }
         let mut hdr = [0u8; RECORD_HEADER];
         hdr[..4].copy_from_slice(&(len as u32).to_le_bytes());
         hdr[4..].copy_from_slice(&self.head.to_le_bytes());
@@ -1003,6 +1048,11 @@ mod tests {
             wrapped_src |= wraps(&ca, len);
             let src = ca.peek().unwrap().unwrap();
             assert_eq!(src.len(), len);
+            // Any range of it reads back, across the wrap or not.
+            let mut part = vec![0u8; len - 7];
+            assert!(src.read_at(5, &mut part));
+            assert_eq!(part, rec[5..len - 2]);
+            assert!(!src.read_at(len - 3, &mut [0u8; 4]), "past the end");
             let dst = pb.reserve(len).unwrap();
             assert!(!src.copy_to(&dst.skip(dst.len() - len + 1)), "too short");
             assert!(src.copy_to(&dst));
@@ -1220,6 +1270,65 @@ mod tests {
             p.push(&[&rec]).unwrap();
         }
     }
+
+    #[test]
+    fn a_limited_producer_that_restarts_commits_what_it_reserved() {
+        let mem = HeapRegion::new(GEO.ring_bytes());
+        let (mut p, mut c) = pair(&mem);
+        p.set_restarts(true);
+        p.set_limit(3);
+        let mut buf = [0u8; 600];
+        // Take the head to the middle of the data area, the ring empty.
+        for _ in 0..5 {
+            p.push(&[&[3u8; 40]]).unwrap();
+            assert_eq!(c.pop(&mut buf).unwrap(), Some(40));
+        }
+        // The reservation restarts at the next lap: the three slots it
+        // skips count as used, which with the record is over the limit,
+        // and still the record reserved is published.
+        let room = p.reserve(50).unwrap();
+        assert!(room.write_at(0, &[9u8; 20]));
+        p.commit(50, 20).unwrap();
+        assert_eq!(c.pop(&mut buf).unwrap(), Some(20));
+        assert_eq!(&buf[..20], &[9u8; 20]);
+        // And the next reservation, past the restart, is within the limit.
+        let room = p.reserve(50).unwrap();
+        assert!(room.write_at(0, b"next"));
+        p.commit(50, 4).unwrap();
+        assert_eq!(c.pop(&mut buf).unwrap(), Some(4));
+        assert_eq!(&buf[..4], b"next");
+    }
+
+    #[test]
+    fn a_reservation_given_up_leaves_the_ring_as_it_was() {
+        let mem = HeapRegion::new(GEO.ring_bytes());
+        let (mut p, mut c) = pair(&mem);
+        p.set_restarts(true);
+        p.set_limit(3);
+        let mut buf = [0u8; 600];
+        for _ in 0..5 {
+            p.push(&[&[3u8; 40]]).unwrap();
+            assert_eq!(c.pop(&mut buf).unwrap(), Some(40));
+        }
+        let head = p.head();
+        // A reservation that would restart, not committed (the bytes went
+        // elsewhere): the head stays, and nothing counts as used.
+        p.reserve(50).unwrap();
+        assert_eq!(p.head(), head);
+        assert_eq!(p.free_slots().unwrap(), GEO.slots);
+        // So a record pushed next is within the limit, and read.
+        p.push(&[b"pushed"]).unwrap();
+        assert_eq!(c.pop(&mut buf).unwrap(), Some(6));
+        assert_eq!(&buf[..6], b"pushed");
+        // Given up again, then a reservation committed: read too.
+        p.reserve(50).unwrap();
+        let room = p.reserve(50).unwrap();
+        assert!(room.write_at(0, b"kept"));
+        p.commit(50, 4).unwrap();
+        assert_eq!(c.pop(&mut buf).unwrap(), Some(4));
+        assert_eq!(&buf[..4], b"kept");
+    }
+
     #[test]
     fn garbage_head_and_headers_are_errors_and_resync_recovers() {
         let mem = HeapRegion::new(GEO.ring_bytes());
@@ -1353,6 +1462,57 @@ mod tests {
                 }
                 let _ = p.push(&[b"after"]);
             }
+        }
+
+        /// Records pushed, reserved and committed, or reserved and given
+        /// up, in any order, by a producer that restarts and is limited:
+        /// the consumer reads exactly those published, in order, and once
+        /// it has read them all the producer always has room again.
+        #[test]
+        fn records_come_out_as_published_whatever_is_given_up(
+            ops in proptest::collection::vec((0u8..4, 1usize..200, 0usize..200), 1..80),
+            limit in 1u32..=GEO.slots,
+        ) {
+            let mem = HeapRegion::new(GEO.ring_bytes());
+            let (mut p, mut c) = pair(&mem);
+            p.set_restarts(true);
+            p.set_limit(limit);
+            let mut model = std::collections::VecDeque::new();
+            let mut buf = vec![0u8; 512];
+            for (i, &(op, max, len)) in ops.iter().enumerate() {
+                let rec: Vec<u8> = (0..len.min(max).max(1)).map(|k| (k + i) as u8).collect();
+                match op {
+                    0 => {
+                        if p.push(&[&rec]).is_ok() {
+                            model.push_back(rec);
+                        }
+                    }
+                    1 => {
+                        if let Ok(room) = p.reserve(max) {
+                            prop_assert!(room.write_at(0, &rec));
+                            p.commit(max, rec.len()).unwrap();
+                            model.push_back(rec);
+                        }
+                    }
+                    2 => {
+                        let _ = p.reserve(max);
+                    }
+                    _ => match c.pop(&mut buf).unwrap() {
+                        Some(n) => {
+                            let want = model.pop_front().expect("a record was published");
+                            prop_assert_eq!(&buf[..n], &want[..]);
+                        }
+                        None => prop_assert!(model.is_empty()),
+                    },
+                }
+            }
+            while let Some(n) = c.pop(&mut buf).unwrap() {
+                let want = model.pop_front().expect("a record was published");
+                prop_assert_eq!(&buf[..n], &want[..]);
+            }
+            prop_assert!(model.is_empty());
+            p.push(&[b"room again"]).unwrap();
+            prop_assert_eq!(c.pop(&mut buf).unwrap(), Some(10));
         }
     }
 }
