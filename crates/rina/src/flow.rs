@@ -11,6 +11,8 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+pub use rina_core::shim_hv::ring::Segments;
+
 /// An allocated flow.
 ///
 /// Each [`Flow::write`] sends one SDU, each [`Flow::read`] returns one SDU.
@@ -181,6 +183,68 @@ impl Flow {
             return Ok(None);
         }
         self.read(buf).map(Some)
+    }
+
+    /// Sends one SDU written straight into the flow's send ring, with no
+    /// copy: `fill` gets room for `max` bytes and returns how many it wrote
+    /// (0 sends nothing). The room is memory shared with the daemon, as at
+    /// most two raw segments ([`Segments::parts`]), for a system call such
+    /// as `readv` to fill or for [`Segments::write_at`]; never borrow it as
+    /// a slice. `Ok(None)`, with `fill` not called, when the flow has no
+    /// rings or its ring no room for `max` bytes now: send with
+    /// [`Flow::write_timeout`] then, which waits for room.
+    ///
+    /// Fails with [`ErrorKind::SduTooLarge`] if `max` is over
+    /// [`Flow::max_sdu`] and [`ErrorKind::DaemonGone`] if the flow was
+    /// closed.
+    pub fn write_in_place(
+        &self,
+        max: usize,
+        fill: impl FnOnce(&Segments) -> usize,
+    ) -> Result<Option<usize>> {
+        if max > self.max_sdu() {
+            return Err(Error::new(
+                ErrorKind::SduTooLarge,
+                format!(
+                    "room for {max} bytes asked on flow {}, whose largest SDU is {}",
+                    self.info.port,
+                    self.max_sdu()
+                ),
+            ));
+        }
+        let Some(r) = &self.rings else {
+            return Ok(None);
+        };
+        r.write_in_place(self.fd.as_fd(), max, fill)
+            .map_err(|e| rings_error(&self.info, e))
+    }
+
+    /// Receives one SDU where it lies in the flow's receive ring, with no
+    /// copy: `f` gets its bytes (memory shared with the daemon, as at most
+    /// two raw segments, for `writev` or [`Segments::to_vec`]; never borrow
+    /// it as a slice) and the SDU is released when `f` returns. Waits at
+    /// most `timeout` for one; `None` if none came.
+    ///
+    /// Fails with [`ErrorKind::InvalidRequest`] on a flow without rings
+    /// ([`Flow::has_rings`]; read it with [`Flow::read_timeout`]) and with
+    /// [`ErrorKind::DaemonGone`] once the flow is closed.
+    pub fn read_in_place<R>(
+        &self,
+        timeout: Duration,
+        f: impl FnOnce(&Segments) -> R,
+    ) -> Result<Option<R>> {
+        let Some(r) = &self.rings else {
+            return Err(Error::new(
+                ErrorKind::InvalidRequest,
+                format!(
+                    "flow {} has no rings to read in place: read it with Flow::read",
+                    self.info.port
+                ),
+            ));
+        };
+        let deadline = std::time::Instant::now().checked_add(timeout);
+        r.read_in_place(self.fd.as_fd(), deadline, f)
+            .map_err(|e| rings_error(&self.info, e))
     }
 
     /// Makes reads poll the flow for up to `window` before they sleep

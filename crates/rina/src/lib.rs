@@ -47,7 +47,7 @@ mod sock;
 pub use async_flow::{AsyncFlow, IntoAsyncError};
 pub use client::{Client, DEFAULT_TIMEOUT};
 pub use error::{Error, ErrorKind, Result};
-pub use flow::Flow;
+pub use flow::{Flow, Segments};
 
 pub use rina_wire::ctl::{
     default_socket_path, DifInfo, FlowCounters, FlowInfo, FlowStats, IncomingFlow, IpcpInfo,

@@ -21,7 +21,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 use nix::sys::socket::MsgFlags;
 use rina_core::shim_hv::flow_rings::{self, Setup};
-use rina_core::shim_hv::ring::{Consumer, Producer, Region, RingError};
+use rina_core::shim_hv::ring::{Consumer, Producer, Region, RingError, Segments};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Mutex;
@@ -216,6 +216,35 @@ impl Rings {
         }
     }
 
+    /// Reserves room for an SDU of at most `max` bytes in the send ring and
+    /// lets `fill` write it there, returning its length (0 sends nothing);
+    /// `None`, with `fill` not called, if the ring has no room for `max`
+    /// bytes now. `fill` runs with the send ring locked.
+    pub(crate) fn write_in_place(
+        &self,
+        sock: BorrowedFd<'_>,
+        max: usize,
+        fill: impl FnOnce(&Segments) -> usize,
+    ) -> Result<Option<usize>, RingsError> {
+        let mut tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        let room = match tx.reserve(max) {
+            Ok(r) => r,
+            Err(RingError::Full) => return Ok(None),
+            Err(e) => return Err(RingsError::Ring(e)),
+        };
+        let n = fill(&room).min(max);
+        if n == 0 {
+            return Ok(Some(0));
+        }
+        tx.commit(max, n).map_err(RingsError::Ring)?;
+        let wake = tx.take_wakeup();
+        drop(tx);
+        if wake {
+            kick(sock)?;
+        }
+        Ok(Some(n))
+    }
+
     /// Lets the send ring hold at most `bytes` (whole slots, at least one;
     /// at most the ring) before writers wait; returns the bytes set.
     pub(crate) fn set_send_limit(&self, bytes: usize) -> usize {
@@ -257,6 +286,59 @@ impl Rings {
                 }
             }
         }
+    }
+
+    /// Hands the next SDU to `f` where it lies in the receive ring, then
+    /// releases it, waiting until `deadline` (forever without one) while
+    /// the ring is empty; `None` on timeout. `f` runs with the receive
+    /// ring locked.
+    pub(crate) fn read_in_place<R>(
+        &self,
+        sock: BorrowedFd<'_>,
+        deadline: Option<Instant>,
+        f: impl FnOnce(&Segments) -> R,
+    ) -> Result<Option<R>, RingsError> {
+        let mut f = f;
+        loop {
+            match self.take_in_place(sock, f)? {
+                Ok(r) => return Ok(Some(r)),
+                Err(back) => f = back,
+            }
+            let rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+            drain_doorbells(sock)?;
+            if rx.arm() {
+                drop(rx);
+                if !wait(sock, None, deadline)? {
+                    return Ok(None);
+                }
+            }
+        }
+    }
+
+    /// [`Rings::read_in_place`] without waiting: `f` comes back unused if
+    /// the ring is empty.
+    fn take_in_place<R, F: FnOnce(&Segments) -> R>(
+        &self,
+        sock: BorrowedFd<'_>,
+        f: F,
+    ) -> Result<Result<R, F>, RingsError> {
+        let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        let seg = match rx.peek() {
+            Ok(Some(s)) => s,
+            Ok(None) => return Ok(Err(f)),
+            Err(e) => {
+                rx.resync();
+                return Err(RingsError::Ring(e));
+            }
+        };
+        let r = f(&seg);
+        rx.consume(seg.len());
+        let wake = rx.take_wakeup();
+        drop(rx);
+        if wake {
+            kick(sock)?;
+        }
+        Ok(Ok(r))
     }
 
     /// Takes the next SDU into `buf` if one is in the receive ring, without

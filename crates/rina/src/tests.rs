@@ -876,3 +876,64 @@ fn a_busy_polling_reader_takes_sdus_without_doorbells_and_sleeps_after_its_windo
     };
     assert_eq!(read_while(&flow, true, ms(30), send), b"sock");
 }
+
+#[test]
+fn an_sdu_written_in_place_reaches_the_daemon_and_one_read_in_place_is_released() {
+    let (flow, daemon, mut fake) = ring_flow();
+    // Written through the room's segments: the daemon gets exactly the
+    // bytes written, not the room asked for.
+    let sent = flow
+        .write_in_place(1000, |room| {
+            assert!(room.len() >= 1000, "room for {}", room.len());
+            assert!(room.write_at(0, b"in place"));
+            8
+        })
+        .unwrap();
+    assert_eq!(sent, Some(8));
+    assert_eq!(fake.take(), b"in place");
+    // Nothing written: nothing sent.
+    assert_eq!(flow.write_in_place(1000, |_| 0).unwrap(), Some(0));
+    // More room than the flow's largest SDU is refused, before any fill.
+    let e = flow
+        .write_in_place(1001, |_| unreachable!())
+        .expect_err("too large");
+    assert_eq!(e.kind, ErrorKind::SduTooLarge, "{e}");
+    // A full ring: `None`, and fill is not called.
+    while flow
+        .write_in_place(1000, |room| {
+            assert!(room.write_at(0, &[7u8; 1000]));
+            1000
+        })
+        .unwrap()
+        .is_some()
+    {}
+    assert_eq!(flow.write_in_place(1000, |_| unreachable!()).unwrap(), None);
+    // Read in place: `f` sees the SDU's bytes, which are then released.
+    fake.deliver(&daemon, b"first");
+    fake.deliver(&daemon, b"second");
+    let got = flow.read_in_place(Duration::from_secs(5), |sdu| sdu.to_vec());
+    assert_eq!(got.unwrap().as_deref(), Some(&b"first"[..]));
+    let mut buf = [0u8; 1000];
+    assert_eq!(flow.try_read(&mut buf).unwrap(), Some(6));
+    assert_eq!(&buf[..6], b"second");
+    // Nothing comes: `None` at the deadline.
+    let none = flow.read_in_place(Duration::from_millis(20), |_| unreachable!());
+    assert_eq!(none.unwrap(), None::<()>);
+    // Closed: said so.
+    drop(daemon);
+    let e = flow
+        .read_in_place(Duration::from_secs(5), |_| ())
+        .expect_err("closed");
+    assert_eq!(e.kind, ErrorKind::DaemonGone, "{e}");
+}
+
+#[test]
+fn a_flow_without_rings_sends_nothing_in_place_and_refuses_to_read_in_place() {
+    let (app, _daemon) = pair();
+    let flow = crate::Flow::from_parts(app, info(1000));
+    assert_eq!(flow.write_in_place(100, |_| unreachable!()).unwrap(), None);
+    let e = flow
+        .read_in_place(Duration::from_millis(1), |_| ())
+        .expect_err("no rings");
+    assert_eq!(e.kind, ErrorKind::InvalidRequest, "{e}");
+}
