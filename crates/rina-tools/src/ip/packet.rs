@@ -116,49 +116,72 @@ pub struct IpPacket<'a> {
     bytes: &'a [u8],
 }
 
+/// Bytes of a packet's beginning that hold every header field the tunnel
+/// reads (the IPv6 header, or a partial-checksum frame and an IPv4 header
+/// with options).
+pub const HEAD: usize = 72;
+
+/// The whole length an IP packet of `len` bytes claims in its header,
+/// checked against `len`; `head` holds the packet's first bytes (at least
+/// the first [`HEAD`], or all of them).
+fn claimed_len(head: &[u8], len: usize) -> Result<usize, PacketError> {
+    let first = *head.first().ok_or(PacketError::Empty)?;
+    match first >> 4 {
+        4 => {
+            if len < 20 || head.len() < 20 {
+                return Err(PacketError::Truncated { version: 4, len });
+            }
+            let ihl = usize::from(first & 0x0f) * 4;
+            let total = usize::from(u16::from_be_bytes([head[2], head[3]]));
+            if ihl < 20 || total < ihl || total > len {
+                return Err(PacketError::BadLength {
+                    version: 4,
+                    claimed: total,
+                    len,
+                });
+            }
+            Ok(total)
+        }
+        6 => {
+            if len < 40 || head.len() < 40 {
+                return Err(PacketError::Truncated { version: 6, len });
+            }
+            let total = 40 + usize::from(u16::from_be_bytes([head[4], head[5]]));
+            if total > len {
+                return Err(PacketError::BadLength {
+                    version: 6,
+                    claimed: total,
+                    len,
+                });
+            }
+            Ok(total)
+        }
+        v => Err(PacketError::NotIp(v)),
+    }
+}
+
 impl<'a> IpPacket<'a> {
     /// Checks `b` as an IP packet. Bytes after the length the header claims
     /// are cut off.
     pub fn parse(b: &'a [u8]) -> Result<IpPacket<'a>, PacketError> {
-        let first = *b.first().ok_or(PacketError::Empty)?;
-        match first >> 4 {
-            4 => {
-                if b.len() < 20 {
-                    return Err(PacketError::Truncated {
-                        version: 4,
-                        len: b.len(),
-                    });
-                }
-                let ihl = usize::from(first & 0x0f) * 4;
-                let total = usize::from(u16::from_be_bytes([b[2], b[3]]));
-                if ihl < 20 || total < ihl || total > b.len() {
-                    return Err(PacketError::BadLength {
-                        version: 4,
-                        claimed: total,
-                        len: b.len(),
-                    });
-                }
-                Ok(IpPacket { bytes: &b[..total] })
-            }
-            6 => {
-                if b.len() < 40 {
-                    return Err(PacketError::Truncated {
-                        version: 6,
-                        len: b.len(),
-                    });
-                }
-                let total = 40 + usize::from(u16::from_be_bytes([b[4], b[5]]));
-                if total > b.len() {
-                    return Err(PacketError::BadLength {
-                        version: 6,
-                        claimed: total,
-                        len: b.len(),
-                    });
-                }
-                Ok(IpPacket { bytes: &b[..total] })
-            }
-            v => Err(PacketError::NotIp(v)),
-        }
+        let total = claimed_len(b, b.len())?;
+        Ok(IpPacket { bytes: &b[..total] })
+    }
+
+    /// Checks the header of a packet of `len` bytes of which `head` holds
+    /// the first (at least [`HEAD`] of them, or all), the rest lying
+    /// elsewhere (in a flow's ring): the same checks as
+    /// [`IpPacket::parse`], and the length the header claims. The packet
+    /// returned has only the bytes at hand, so its header fields are right
+    /// and [`IpPacket::bytes`] is not the whole packet.
+    pub fn parse_head(head: &'a [u8], len: usize) -> Result<(IpPacket<'a>, usize), PacketError> {
+        let total = claimed_len(head, len)?;
+        Ok((
+            IpPacket {
+                bytes: &head[..total.min(head.len())],
+            },
+            total,
+        ))
     }
 
     /// 4 or 6.
@@ -217,37 +240,76 @@ pub enum Frame<'a> {
     Keepalive,
 }
 
-impl<'a> Frame<'a> {
-    /// Classifies an SDU.
-    pub fn parse(b: &'a [u8]) -> Result<Frame<'a>, PacketError> {
-        match b.first() {
+/// What an SDU received on a tunnel flow holds, from its first bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// An IP packet of `len` bytes at the SDU's start.
+    Ip {
+        /// The packet's length, as its header claims.
+        len: usize,
+    },
+    /// An IP packet of `len` bytes after [`PARTIAL_HEADER`], its checksum
+    /// still to be completed.
+    Partial {
+        /// The packet's length, as its header claims.
+        len: usize,
+        /// Where the checksum is to be completed.
+        csum: PartialCsum,
+    },
+    /// A keepalive.
+    Keepalive,
+}
+
+impl Shape {
+    /// What an SDU of `len` bytes holds, of which `head` has the first (at
+    /// least [`HEAD`] of them, or all).
+    pub fn parse(head: &[u8], len: usize) -> Result<Shape, PacketError> {
+        match head.first() {
             None => Err(PacketError::Empty),
-            Some(0) => match b.get(1) {
-                Some(&KIND_KEEPALIVE) => Ok(Frame::Keepalive),
+            Some(0) => match head.get(1) {
+                Some(&KIND_KEEPALIVE) => Ok(Shape::Keepalive),
                 Some(&KIND_PARTIAL_CSUM) => {
-                    let (Some(h), Some(rest)) = (b.get(..PARTIAL_HEADER), b.get(PARTIAL_HEADER..))
+                    let (Some(h), Some(rest)) =
+                        (head.get(..PARTIAL_HEADER), head.get(PARTIAL_HEADER..))
                     else {
-                        return Err(PacketError::ShortControl(b.len()));
+                        return Err(PacketError::ShortControl(len));
                     };
                     let csum = PartialCsum {
                         start: u16::from_be_bytes([h[2], h[3]]),
                         offset: u16::from_be_bytes([h[4], h[5]]),
                     };
-                    let ip = IpPacket::parse(rest)?;
-                    if !csum.fits(ip.version(), ip.bytes().len()) {
+                    let (ip, ip_len) =
+                        IpPacket::parse_head(rest, len.saturating_sub(PARTIAL_HEADER))?;
+                    if !csum.fits(ip.version(), ip_len) {
                         return Err(PacketError::BadChecksumOffsets {
                             start: csum.start,
                             offset: csum.offset,
-                            len: ip.bytes().len(),
+                            len: ip_len,
                         });
                     }
-                    Ok(Frame::Partial(ip, csum))
+                    Ok(Shape::Partial { len: ip_len, csum })
                 }
                 Some(&k) => Err(PacketError::UnknownControl(k)),
                 None => Err(PacketError::UnknownControl(0)),
             },
-            Some(_) => IpPacket::parse(b).map(Frame::Ip),
+            Some(_) => IpPacket::parse_head(head, len).map(|(_, len)| Shape::Ip { len }),
         }
+    }
+}
+
+impl<'a> Frame<'a> {
+    /// Classifies an SDU.
+    pub fn parse(b: &'a [u8]) -> Result<Frame<'a>, PacketError> {
+        Ok(match Shape::parse(b, b.len())? {
+            Shape::Keepalive => Frame::Keepalive,
+            Shape::Ip { len } => Frame::Ip(IpPacket { bytes: &b[..len] }),
+            Shape::Partial { len, csum } => Frame::Partial(
+                IpPacket {
+                    bytes: &b[PARTIAL_HEADER..PARTIAL_HEADER + len],
+                },
+                csum,
+            ),
+        })
     }
 }
 
@@ -526,6 +588,48 @@ pub(crate) mod tests {
             if let Ok(Frame::Partial(ip, c)) = Frame::parse(&partial) {
                 prop_assert!(c.fits(ip.version(), ip.bytes().len()));
             }
+        }
+
+        #[test]
+        fn a_frame_read_from_its_first_bytes_is_the_frame_read_whole(
+            mut b in proptest::collection::vec(any::<u8>(), 0..300),
+            v6 in any::<bool>(),
+            fix_len in any::<bool>(),
+            partial in any::<bool>(),
+            cut in 0usize..40,
+        ) {
+            // Most become IP packets whose header claims their length, or
+            // a little less.
+            if fix_len && b.len() >= 40 {
+                if v6 {
+                    b[0] = 0x60 | (b[0] & 0x0f);
+                    let pl = (b.len() - 40 - cut.min(b.len() - 40)) as u16;
+                    b[4..6].copy_from_slice(&pl.to_be_bytes());
+                } else {
+                    b[0] = 0x45;
+                    let total = (b.len() - cut.min(b.len() - 20)) as u16;
+                    b[2..4].copy_from_slice(&total.to_be_bytes());
+                }
+            }
+            if let Ok((ip, len)) = IpPacket::parse_head(&b[..b.len().min(HEAD)], b.len()) {
+                let whole = IpPacket::parse(&b).expect("the whole packet parses too");
+                prop_assert_eq!(len, whole.bytes().len());
+                prop_assert_eq!((ip.version(), ip.dst(), ip.dscp()), (whole.version(), whole.dst(), whole.dscp()));
+            } else {
+                prop_assert!(IpPacket::parse(&b).is_err());
+            }
+            let mut frame = Vec::new();
+            if partial {
+                frame.extend_from_slice(&PartialCsum { start: 20, offset: 6 }.header());
+            }
+            frame.extend_from_slice(&b);
+            let whole = Frame::parse(&frame).map(|f| match f {
+                Frame::Ip(p) => Shape::Ip { len: p.bytes().len() },
+                Frame::Partial(p, csum) => Shape::Partial { len: p.bytes().len(), csum },
+                Frame::Keepalive => Shape::Keepalive,
+            });
+            let head = Shape::parse(&frame[..frame.len().min(HEAD)], frame.len());
+            prop_assert_eq!(whole, head);
         }
 
         #[test]

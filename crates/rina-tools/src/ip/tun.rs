@@ -20,6 +20,7 @@
 //! flows' largest SDU, up to 64 KiB, so the kernel's packets are as large.
 
 use super::route::Prefix;
+use rina::Segments;
 use std::ffi::CStr;
 use std::fs::OpenOptions;
 use std::io;
@@ -249,6 +250,14 @@ impl Tun {
         buf: &mut [u8],
         timeout: Duration,
     ) -> io::Result<Option<usize>> {
+        if !self.wait_readable(timeout)? {
+            return Ok(None);
+        }
+        self.read(hdr, buf)
+    }
+
+    /// Waits at most `timeout` for a packet to read; whether one came.
+    pub fn wait_readable(&self, timeout: Duration) -> io::Result<bool> {
         let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
         let mut pfd = libc::pollfd {
             fd: self.fd.as_raw_fd(),
@@ -258,40 +267,74 @@ impl Tun {
         loop {
             // SAFETY: one valid pollfd.
             let r = unsafe { libc::poll(&mut pfd, 1, ms) };
-            if r < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
+            if r >= 0 {
+                return Ok(r > 0);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
                 return Err(e);
             }
-            if r == 0 {
-                return Ok(None);
-            }
-            break;
         }
+    }
+
+    /// Reads one packet into `buf` without waiting; `Ok(None)` if there is
+    /// none. `hdr` as for [`Tun::read_timeout`].
+    pub fn read(&self, hdr: &mut VnetHdr, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        let part = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        // SAFETY: `buf` is valid for writes of its length, borrowed mutably
+        // for the call.
+        unsafe { self.readv(hdr, &[part]) }
+    }
+
+    /// [`Tun::read`] straight into ring memory (a flow's send ring), with no
+    /// copy of the packet.
+    pub fn read_segments(&self, hdr: &mut VnetHdr, room: &Segments) -> io::Result<Option<usize>> {
+        let mut parts = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; 2];
+        let mut k = 0;
+        for (ptr, n) in room.parts() {
+            parts[k] = libc::iovec {
+                iov_base: ptr.cast(),
+                iov_len: n,
+            };
+            k += 1;
+        }
+        // SAFETY: a ring's segments are memory of its mapping, valid for
+        // writes while the ring is reserved (see `Segments`).
+        unsafe { self.readv(hdr, &parts[..k]) }
+    }
+
+    /// One `readv` of a packet into `parts`, behind the virtio header if the
+    /// TUN has one.
+    ///
+    /// # Safety
+    /// Each iovec must cover memory valid for writes of its length.
+    unsafe fn readv(&self, hdr: &mut VnetHdr, parts: &[libc::iovec]) -> io::Result<Option<usize>> {
         let mut h = [0u8; VnetHdr::LEN];
-        let iov = [
-            libc::iovec {
+        let mut iov = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; 3];
+        let mut k = 0;
+        if self.vnet {
+            iov[0] = libc::iovec {
                 iov_base: h.as_mut_ptr().cast(),
                 iov_len: h.len(),
-            },
-            libc::iovec {
-                iov_base: buf.as_mut_ptr().cast(),
-                iov_len: buf.len(),
-            },
-        ];
-        let skip = if self.vnet { 0 } else { 1 };
-        loop {
-            // SAFETY: each iovec covers memory valid for writes of its
-            // length (`h` and `buf`, both borrowed mutably for the call).
-            let n = unsafe {
-                libc::readv(
-                    self.fd.as_raw_fd(),
-                    iov[skip..].as_ptr(),
-                    (iov.len() - skip) as libc::c_int,
-                )
             };
+            k = 1;
+        }
+        for p in parts.iter().take(2) {
+            iov[k] = *p;
+            k += 1;
+        }
+        loop {
+            // SAFETY: `h` is a local buffer; the rest the caller vouches for.
+            let n = unsafe { libc::readv(self.fd.as_raw_fd(), iov.as_ptr(), k as libc::c_int) };
             if n >= 0 {
                 let n = n as usize;
                 if !self.vnet {
@@ -319,28 +362,61 @@ impl Tun {
     /// Writes one packet; `hdr` says whether its checksum is partial, and
     /// must be all zeroes on a TUN without offload.
     pub fn write(&self, hdr: VnetHdr, pkt: &[u8]) -> io::Result<()> {
+        let part = libc::iovec {
+            iov_base: pkt.as_ptr() as *mut libc::c_void,
+            iov_len: pkt.len(),
+        };
+        // SAFETY: `pkt` is valid for reads of its length.
+        unsafe { self.writev(hdr, &[part]) }
+    }
+
+    /// [`Tun::write`] of a packet where it lies in ring memory (a flow's
+    /// receive ring), with no copy.
+    pub fn write_segments(&self, hdr: VnetHdr, pkt: &Segments) -> io::Result<()> {
+        let mut parts = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; 2];
+        let mut k = 0;
+        for (ptr, n) in pkt.parts() {
+            parts[k] = libc::iovec {
+                iov_base: ptr.cast(),
+                iov_len: n,
+            };
+            k += 1;
+        }
+        // SAFETY: a ring's segments are memory of its mapping, valid for
+        // reads while the record is held (see `Segments`).
+        unsafe { self.writev(hdr, &parts[..k]) }
+    }
+
+    /// One `writev` of a packet made of `parts`, behind the virtio header
+    /// if the TUN has one.
+    ///
+    /// # Safety
+    /// Each iovec must cover memory valid for reads of its length.
+    unsafe fn writev(&self, hdr: VnetHdr, parts: &[libc::iovec]) -> io::Result<()> {
         let h = hdr.encode();
-        let iov = [
-            libc::iovec {
+        let mut iov = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; 3];
+        let mut k = 0;
+        if self.vnet {
+            iov[0] = libc::iovec {
                 iov_base: h.as_ptr() as *mut libc::c_void,
                 iov_len: h.len(),
-            },
-            libc::iovec {
-                iov_base: pkt.as_ptr() as *mut libc::c_void,
-                iov_len: pkt.len(),
-            },
-        ];
-        let skip = if self.vnet { 0 } else { 1 };
-        loop {
-            // SAFETY: each iovec covers memory valid for reads of its
-            // length; writev does not write through them.
-            let n = unsafe {
-                libc::writev(
-                    self.fd.as_raw_fd(),
-                    iov[skip..].as_ptr(),
-                    (iov.len() - skip) as libc::c_int,
-                )
             };
+            k = 1;
+        }
+        for p in parts.iter().take(2) {
+            iov[k] = *p;
+            k += 1;
+        }
+        loop {
+            // SAFETY: `h` is a local buffer; the rest the caller vouches
+            // for; writev does not write through them.
+            let n = unsafe { libc::writev(self.fd.as_raw_fd(), iov.as_ptr(), k as libc::c_int) };
             if n >= 0 {
                 return Ok(());
             }

@@ -18,10 +18,10 @@
 
 use super::backoff::Backoff;
 use super::config::{Config, PeerConfig};
-use super::packet::{self, Frame, IpPacket, PartialCsum, KEEPALIVE, PARTIAL_HEADER};
+use super::packet::{KEEPALIVE, PARTIAL_HEADER};
 use super::route::RouteTable;
 use super::status::{ChannelStatus, PeerCounters, PeerStatus, Status};
-use super::tun::{Tun, VnetHdr};
+use super::tun::Tun;
 use super::IpError;
 use rina::{Client, Flow, IncomingFlow};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
@@ -47,6 +47,8 @@ const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 macro_rules! log {
     ($($t:tt)*) => { eprintln!("rina-ip: {}", format_args!($($t)*)) };
 }
+
+mod data;
 
 #[derive(Debug, Default)]
 struct Counters {
@@ -410,146 +412,6 @@ impl Shared {
         }
     }
 
-    /// TUN -> flows. A packet is read behind room for the partial-checksum
-    /// frame's header, so that either frame is sent from the same buffer.
-    fn tun_loop(self: Arc<Self>) {
-        let mut buf = vec![0u8; PARTIAL_HEADER + MAX_PACKET];
-        let mut hdr = VnetHdr::default();
-        while !self.stopped() {
-            let n = match self
-                .tun
-                .read_timeout(&mut hdr, &mut buf[PARTIAL_HEADER..], TICK)
-            {
-                Ok(Some(n)) => n,
-                Ok(None) => continue,
-                Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
-                    bump(&self.drops_tun_invalid);
-                    continue;
-                }
-                Err(e) => {
-                    log!("cannot read the TUN: {e}; stopping");
-                    self.stop.store(true, Relaxed);
-                    return;
-                }
-            };
-            let Some((dst, dscp, len, partial)) = classify(&hdr, &buf[PARTIAL_HEADER..][..n])
-            else {
-                bump(&self.drops_tun_invalid);
-                continue;
-            };
-            let sdu = match partial {
-                Some(csum) => {
-                    buf[..PARTIAL_HEADER].copy_from_slice(&csum.header());
-                    &buf[..PARTIAL_HEADER + len]
-                }
-                None => &buf[PARTIAL_HEADER..][..len],
-            };
-            let Some(pi) = self.routes.lookup(dst) else {
-                bump(&self.drops_no_route);
-                continue;
-            };
-            if self.send(pi, dscp, sdu) && partial.is_some() {
-                bump(&self.partial_out);
-            }
-        }
-    }
-
-    /// Writes `sdu` to peer `pi` on the flow for `dscp`, counting it;
-    /// whether it was sent.
-    fn send(&self, pi: usize, dscp: u8, sdu: &[u8]) -> bool {
-        let peer = &self.peers[pi];
-        let c = &peer.counters;
-        let Some((ci, live)) = self.pick(pi, dscp) else {
-            bump(&c.drops_no_flow);
-            return false;
-        };
-        if sdu.len() > live.flow.max_sdu() {
-            bump(&c.drops_too_big);
-            return false;
-        }
-        match live.flow.write_timeout(sdu, TX_WAIT) {
-            Ok(true) => {
-                bump(&c.packets_out);
-                bump(&peer.slots[ci].packets_out);
-                c.bytes_out.fetch_add(sdu.len() as u64, Relaxed);
-                true
-            }
-            Ok(false) => {
-                bump(&c.drops_full);
-                false
-            }
-            Err(e) if e.kind == rina::ErrorKind::SduTooLarge => {
-                bump(&c.drops_too_big);
-                false
-            }
-            Err(e) => {
-                bump(&c.drops_no_flow);
-                self.fail(pi, ci, live.gen, &format!("write failed: {e}"));
-                false
-            }
-        }
-    }
-
-    /// Flow -> TUN, until the flow closes or is replaced.
-    fn flow_loop(self: Arc<Self>, pi: usize, ci: usize, live: Arc<Live>) {
-        let c = &self.peers[pi].counters;
-        let mut buf = vec![0u8; live.flow.max_sdu().max(MAX_PACKET)];
-        loop {
-            if self.stopped() {
-                return;
-            }
-            let n = match live.flow.read_timeout(&mut buf, TICK) {
-                Ok(Some(n)) => n,
-                Ok(None) => continue,
-                Err(e) if crate::opts::is_transient(&e) => {
-                    bump(&c.drops_invalid);
-                    continue;
-                }
-                Err(e) => {
-                    self.fail(pi, ci, live.gen, &e.to_string());
-                    return;
-                }
-            };
-            live.last_rx_ms.store(self.now_ms(), Relaxed);
-            let (hdr, at, len) = match Frame::parse(&buf[..n]) {
-                Ok(Frame::Ip(p)) => (VnetHdr::default(), 0, p.bytes().len()),
-                Ok(Frame::Partial(p, csum)) => {
-                    bump(&self.partial_in);
-                    let len = p.bytes().len();
-                    if self.tun.csum_offload() {
-                        let hdr = VnetHdr {
-                            flags: VnetHdr::NEEDS_CSUM,
-                            gso_type: 0,
-                            csum_start: csum.start,
-                            csum_offset: csum.offset,
-                        };
-                        (hdr, PARTIAL_HEADER, len)
-                    } else {
-                        // This TUN takes whole packets only.
-                        packet::complete_checksum(&mut buf[PARTIAL_HEADER..][..len], csum);
-                        (VnetHdr::default(), PARTIAL_HEADER, len)
-                    }
-                }
-                Ok(Frame::Keepalive) => {
-                    bump(&c.keepalives_in);
-                    continue;
-                }
-                Err(_) => {
-                    bump(&c.drops_invalid);
-                    continue;
-                }
-            };
-            let pkt = &buf[at..at + len];
-            match self.tun.write(hdr, pkt) {
-                Ok(()) => {
-                    bump(&c.packets_in);
-                    c.bytes_in.fetch_add(len as u64, Relaxed);
-                }
-                Err(_) => bump(&c.drops_tun),
-            }
-        }
-    }
-
     /// Keepalives out; flows silent for too long closed.
     fn keepalive_loop(self: Arc<Self>) {
         let t = self.cfg.timers;
@@ -817,28 +679,4 @@ impl Shared {
             peers,
         }
     }
-}
-
-/// What a packet read from the TUN is: its destination, DSCP, length
-/// and, if its checksum is partial, where; `None` if it is not a
-/// packet to forward (not IP, or offsets outside it, or segmented,
-/// which this TUN was not offered).
-fn classify(hdr: &VnetHdr, b: &[u8]) -> Option<(std::net::IpAddr, u8, usize, Option<PartialCsum>)> {
-    let pkt = IpPacket::parse(b).ok()?;
-    if hdr.gso_type != 0 {
-        return None;
-    }
-    let partial = if hdr.flags & VnetHdr::NEEDS_CSUM != 0 {
-        let c = PartialCsum {
-            start: hdr.csum_start,
-            offset: hdr.csum_offset,
-        };
-        if !c.fits(pkt.version(), pkt.bytes().len()) {
-            return None;
-        }
-        Some(c)
-    } else {
-        None
-    };
-    Some((pkt.dst(), pkt.dscp(), pkt.bytes().len(), partial))
 }

@@ -1,0 +1,332 @@
+//! The tunnel's two data paths: TUN -> flows, and each flow -> TUN.
+//!
+//! On a flow with shared-memory rings no packet is copied in this
+//! process. A packet is read from the TUN straight into the send ring of
+//! the flow the last packet went to, behind room for the partial-checksum
+//! frame's header; and a received packet goes to the TUN from where it
+//! lies in the receive ring. A packet read into a ring that turns out to
+//! go to another flow, or to need no frame header (its checksum complete,
+//! so nothing goes in front), is copied out and sent the copying way, as
+//! on a flow without rings. So is a received partial-checksum packet on a
+//! TUN without offload, whose checksum is completed in a copy.
+
+use super::{bump, Counters, Live, Shared, MAX_PACKET, TICK, TX_WAIT};
+use crate::ip::packet::{self, Frame, IpPacket, PartialCsum, Shape, HEAD, PARTIAL_HEADER};
+use crate::ip::tun::VnetHdr;
+use rina::Segments;
+use std::io;
+use std::net::IpAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+/// What became of a packet read from the TUN into a flow's send ring.
+enum InPlace {
+    /// Sent on that flow.
+    Sent,
+    /// Read, but for the copying path: its `n` bytes are in the buffer,
+    /// behind room for the frame header.
+    Copied(usize),
+    /// Nothing read: no flow, no rings, no room, or no packet after all.
+    NotRead,
+    /// Read and dropped (counted).
+    Dropped,
+    /// The TUN cannot be read.
+    Failed(io::Error),
+}
+
+/// What a packet read from the TUN is: its destination, DSCP, length
+/// and, if its checksum is partial, where; `None` if it is not a packet to
+/// forward (not IP, or offsets outside it, or segmented, which this TUN
+/// was not offered). `head` holds the first bytes of the packet's `len`
+/// (at least [`HEAD`], or all).
+fn classify(
+    hdr: &VnetHdr,
+    head: &[u8],
+    len: usize,
+) -> Option<(IpAddr, u8, usize, Option<PartialCsum>)> {
+    let (pkt, len) = IpPacket::parse_head(head, len).ok()?;
+    if hdr.gso_type != 0 {
+        return None;
+    }
+    let partial = if hdr.flags & VnetHdr::NEEDS_CSUM != 0 {
+        let c = PartialCsum {
+            start: hdr.csum_start,
+            offset: hdr.csum_offset,
+        };
+        if !c.fits(pkt.version(), len) {
+            return None;
+        }
+        Some(c)
+    } else {
+        None
+    };
+    Some((pkt.dst(), pkt.dscp(), len, partial))
+}
+
+/// The virtio header that has the TUN complete checksum `csum`.
+fn partial_hdr(csum: PartialCsum) -> VnetHdr {
+    VnetHdr {
+        flags: VnetHdr::NEEDS_CSUM,
+        gso_type: 0,
+        csum_start: csum.start,
+        csum_offset: csum.offset,
+    }
+}
+
+impl Shared {
+    /// TUN -> flows, until the tunnel stops or the TUN fails.
+    pub(super) fn tun_loop(self: Arc<Self>) {
+        let mut buf = vec![0u8; PARTIAL_HEADER + MAX_PACKET];
+        let mut hdr = VnetHdr::default();
+        // Where the last packet went (peer, DSCP): the next one most
+        // likely goes there too, so it is read into that flow's ring.
+        let mut last = None;
+        while !self.stopped() {
+            match self.tun.wait_readable(TICK) {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(e) => return self.tun_failed(&e),
+            }
+            let got = match last {
+                Some((pi, dscp)) => self.read_in_place(pi, dscp, &mut hdr, &mut buf),
+                None => InPlace::NotRead,
+            };
+            let n = match got {
+                InPlace::Sent | InPlace::Dropped => continue,
+                InPlace::Failed(e) => return self.tun_failed(&e),
+                InPlace::Copied(n) => n,
+                InPlace::NotRead => match self.tun.read(&mut hdr, &mut buf[PARTIAL_HEADER..]) {
+                    Ok(Some(n)) => n,
+                    Ok(None) => continue,
+                    Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                        bump(&self.drops_tun_invalid);
+                        continue;
+                    }
+                    Err(e) => return self.tun_failed(&e),
+                },
+            };
+            if let Some(to) = self.forward(&hdr, &mut buf, n) {
+                last = Some(to);
+            }
+        }
+    }
+
+    fn tun_failed(&self, e: &io::Error) {
+        log!("cannot read the TUN: {e}; stopping");
+        self.stop.store(true, Relaxed);
+    }
+
+    /// Sends the packet of `n` bytes at `buf[PARTIAL_HEADER..]` (read with
+    /// `hdr`) where it goes, from this buffer: the frame header, if any,
+    /// goes in the room in front. Its peer and DSCP, if it has a route.
+    fn forward(&self, hdr: &VnetHdr, buf: &mut [u8], n: usize) -> Option<(usize, u8)> {
+        let pkt = &buf[PARTIAL_HEADER..][..n];
+        let Some((dst, dscp, len, partial)) = classify(hdr, &pkt[..n.min(HEAD)], n) else {
+            bump(&self.drops_tun_invalid);
+            return None;
+        };
+        let sdu = match partial {
+            Some(csum) => {
+                buf[..PARTIAL_HEADER].copy_from_slice(&csum.header());
+                &buf[..PARTIAL_HEADER + len]
+            }
+            None => &buf[PARTIAL_HEADER..][..len],
+        };
+        let Some(pi) = self.routes.lookup(dst) else {
+            bump(&self.drops_no_route);
+            return None;
+        };
+        self.send(pi, dscp, sdu, partial.is_some());
+        Some((pi, dscp))
+    }
+
+    /// Reads the next packet from the TUN into the send ring of the flow
+    /// for `dscp` to peer `pi`, and sends it there if that is where it
+    /// goes with a frame header in front; else copies it to `buf` for the
+    /// copying path.
+    fn read_in_place(&self, pi: usize, dscp: u8, hdr: &mut VnetHdr, buf: &mut [u8]) -> InPlace {
+        let Some((ci, live)) = self.pick(pi, dscp) else {
+            return InPlace::NotRead;
+        };
+        let max = (PARTIAL_HEADER + MAX_PACKET).min(live.flow.max_sdu());
+        if max <= PARTIAL_HEADER {
+            return InPlace::NotRead;
+        }
+        let mut got = InPlace::NotRead;
+        let sent = live.flow.write_in_place(max, |room| {
+            let (what, len) = self.fill(pi, dscp, hdr, buf, room);
+            got = what;
+            len
+        });
+        match sent {
+            Ok(Some(len)) if len > 0 => {
+                self.count_out(pi, ci, len, true);
+                InPlace::Sent
+            }
+            Ok(_) => got,
+            Err(e) => {
+                bump(&self.peers[pi].counters.drops_no_flow);
+                self.fail(pi, ci, live.gen, &format!("write failed: {e}"));
+                match got {
+                    InPlace::Sent => InPlace::Dropped,
+                    other => other,
+                }
+            }
+        }
+    }
+
+    /// Fills `room` of the flow for `dscp` to peer `pi` with the next
+    /// packet of the TUN: what became of it, and the SDU's length if it is
+    /// to be sent from there.
+    fn fill(
+        &self,
+        pi: usize,
+        dscp: u8,
+        hdr: &mut VnetHdr,
+        buf: &mut [u8],
+        room: &Segments,
+    ) -> (InPlace, usize) {
+        let pkt = room.skip(PARTIAL_HEADER);
+        let n = match self.tun.read_segments(hdr, &pkt) {
+            Ok(Some(n)) => n,
+            Ok(None) => return (InPlace::NotRead, 0),
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                bump(&self.drops_tun_invalid);
+                return (InPlace::Dropped, 0);
+            }
+            Err(e) => return (InPlace::Failed(e), 0),
+        };
+        let mut head = [0u8; HEAD];
+        let h = n.min(HEAD);
+        let channel = |d: u8| self.peers[pi].cfg.dscp[usize::from(d & 63)];
+        if pkt.read_at(0, &mut head[..h]) {
+            if let Some((dst, d, len, Some(csum))) = classify(hdr, &head[..h], n) {
+                if self.routes.lookup(dst) == Some(pi) && channel(d) == channel(dscp) {
+                    room.write_at(0, &csum.header());
+                    return (InPlace::Sent, PARTIAL_HEADER + len);
+                }
+            }
+        }
+        if !pkt.read_at(0, &mut buf[PARTIAL_HEADER..][..n]) {
+            bump(&self.drops_tun_invalid);
+            return (InPlace::Dropped, 0);
+        }
+        (InPlace::Copied(n), 0)
+    }
+
+    /// Writes `sdu` to peer `pi` on the flow for `dscp`, counting it.
+    fn send(&self, pi: usize, dscp: u8, sdu: &[u8], partial: bool) {
+        let c = &self.peers[pi].counters;
+        let Some((ci, live)) = self.pick(pi, dscp) else {
+            bump(&c.drops_no_flow);
+            return;
+        };
+        if sdu.len() > live.flow.max_sdu() {
+            bump(&c.drops_too_big);
+            return;
+        }
+        match live.flow.write_timeout(sdu, TX_WAIT) {
+            Ok(true) => self.count_out(pi, ci, sdu.len(), partial),
+            Ok(false) => bump(&c.drops_full),
+            Err(e) if e.kind == rina::ErrorKind::SduTooLarge => bump(&c.drops_too_big),
+            Err(e) => {
+                bump(&c.drops_no_flow);
+                self.fail(pi, ci, live.gen, &format!("write failed: {e}"));
+            }
+        }
+    }
+
+    /// Counts an SDU of `len` bytes sent on flow `ci` of peer `pi`.
+    fn count_out(&self, pi: usize, ci: usize, len: usize, partial: bool) {
+        let peer = &self.peers[pi];
+        bump(&peer.counters.packets_out);
+        bump(&peer.slots[ci].packets_out);
+        peer.counters.bytes_out.fetch_add(len as u64, Relaxed);
+        if partial {
+            bump(&self.partial_out);
+        }
+    }
+
+    /// Flow -> TUN, until the flow closes or is replaced.
+    pub(super) fn flow_loop(self: Arc<Self>, pi: usize, ci: usize, live: Arc<Live>) {
+        let c = &self.peers[pi].counters;
+        // From where the packets lie in the ring, unless their checksums
+        // are to be completed here.
+        let in_place = live.flow.has_rings() && self.tun.csum_offload();
+        let mut buf = if in_place {
+            Vec::new()
+        } else {
+            vec![0u8; live.flow.max_sdu().max(MAX_PACKET)]
+        };
+        while !self.stopped() {
+            let got = if in_place {
+                live.flow
+                    .read_in_place(TICK, |sdu| self.deliver_in_place(c, sdu))
+            } else {
+                live.flow
+                    .read_timeout(&mut buf, TICK)
+                    .map(|n| n.map(|n| self.deliver(c, &mut buf[..n])))
+            };
+            match got {
+                Ok(Some(())) => live.last_rx_ms.store(self.now_ms(), Relaxed),
+                Ok(None) => {}
+                Err(e) if crate::opts::is_transient(&e) => bump(&c.drops_invalid),
+                Err(e) => return self.fail(pi, ci, live.gen, &e.to_string()),
+            }
+        }
+    }
+
+    /// Writes the IP packet of SDU `b` to the TUN (completing its checksum
+    /// first if the TUN takes none partial); a keepalive is counted.
+    fn deliver(&self, c: &Counters, b: &mut [u8]) {
+        let (hdr, at, len) = match Frame::parse(b) {
+            Ok(Frame::Ip(p)) => (VnetHdr::default(), 0, p.bytes().len()),
+            Ok(Frame::Partial(p, csum)) => {
+                bump(&self.partial_in);
+                let len = p.bytes().len();
+                if self.tun.csum_offload() {
+                    (partial_hdr(csum), PARTIAL_HEADER, len)
+                } else {
+                    // This TUN takes whole packets only.
+                    packet::complete_checksum(&mut b[PARTIAL_HEADER..][..len], csum);
+                    (VnetHdr::default(), PARTIAL_HEADER, len)
+                }
+            }
+            Ok(Frame::Keepalive) => return bump(&c.keepalives_in),
+            Err(_) => return bump(&c.drops_invalid),
+        };
+        self.count_in(c, len, self.tun.write(hdr, &b[at..at + len]));
+    }
+
+    /// [`Shared::deliver`] of an SDU where it lies in the receive ring,
+    /// on a TUN that takes partial checksums.
+    fn deliver_in_place(&self, c: &Counters, sdu: &Segments) {
+        let mut head = [0u8; HEAD];
+        let h = sdu.len().min(HEAD);
+        if !sdu.read_at(0, &mut head[..h]) {
+            return bump(&c.drops_invalid);
+        }
+        let (hdr, at, len) = match Shape::parse(&head[..h], sdu.len()) {
+            Ok(Shape::Ip { len }) => (VnetHdr::default(), 0, len),
+            Ok(Shape::Partial { len, csum }) => {
+                bump(&self.partial_in);
+                (partial_hdr(csum), PARTIAL_HEADER, len)
+            }
+            Ok(Shape::Keepalive) => return bump(&c.keepalives_in),
+            Err(_) => return bump(&c.drops_invalid),
+        };
+        let pkt = sdu.skip(at).prefix(len);
+        self.count_in(c, len, self.tun.write_segments(hdr, &pkt));
+    }
+
+    /// Counts a packet of `len` bytes written to the TUN (or not).
+    fn count_in(&self, c: &Counters, len: usize, written: io::Result<()>) {
+        match written {
+            Ok(()) => {
+                bump(&c.packets_in);
+                c.bytes_in.fetch_add(len as u64, Relaxed);
+            }
+            Err(_) => bump(&c.drops_tun),
+        }
+    }
+}
