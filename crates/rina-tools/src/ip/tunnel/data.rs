@@ -3,12 +3,13 @@
 //! On a flow with shared-memory rings no packet is copied in this
 //! process. A packet is read from the TUN straight into the send ring of
 //! the flow the last packet went to, behind room for the partial-checksum
-//! frame's header; and a received packet goes to the TUN from where it
-//! lies in the receive ring. A packet read into a ring that turns out to
-//! go to another flow, or to need no frame header (its checksum complete,
-//! so nothing goes in front), is copied out and sent the copying way, as
-//! on a flow without rings. So is a received partial-checksum packet on a
-//! TUN without offload, whose checksum is completed in a copy.
+//! frame's header if the last packet had one (so at the ring's start if
+//! not); and a received packet goes to the TUN from where it lies in the
+//! receive ring. A packet read into a ring that turns out to go to another
+//! flow, or to need a frame header the last one did not (or the other way
+//! round), is copied out and sent the copying way, as on a flow without
+//! rings. So is a received partial-checksum packet on a TUN without
+//! offload, whose checksum is completed in a copy.
 
 use super::{bump, Counters, Live, Shared, MAX_PACKET, TICK, TX_WAIT};
 use crate::ip::packet::{self, Frame, IpPacket, PartialCsum, Shape, HEAD, PARTIAL_HEADER};
@@ -78,8 +79,9 @@ impl Shared {
     pub(super) fn tun_loop(self: Arc<Self>) {
         let mut buf = vec![0u8; PARTIAL_HEADER + MAX_PACKET];
         let mut hdr = VnetHdr::default();
-        // Where the last packet went (peer, DSCP): the next one most
-        // likely goes there too, so it is read into that flow's ring.
+        // Where the last packet went (peer, DSCP) and whether its checksum
+        // was partial: the next one most likely is the same, so it is read
+        // into that flow's ring where its frame begins.
         let mut last = None;
         while !self.stopped() {
             match self.tun.wait_readable(TICK) {
@@ -88,7 +90,7 @@ impl Shared {
                 Err(e) => return self.tun_failed(&e),
             }
             let got = match last {
-                Some((pi, dscp)) => self.read_in_place(pi, dscp, &mut hdr, &mut buf),
+                Some(to) => self.read_in_place(to, &mut hdr, &mut buf),
                 None => InPlace::NotRead,
             };
             let n = match got {
@@ -118,8 +120,9 @@ impl Shared {
 
     /// Sends the packet of `n` bytes at `buf[PARTIAL_HEADER..]` (read with
     /// `hdr`) where it goes, from this buffer: the frame header, if any,
-    /// goes in the room in front. Its peer and DSCP, if it has a route.
-    fn forward(&self, hdr: &VnetHdr, buf: &mut [u8], n: usize) -> Option<(usize, u8)> {
+    /// goes in the room in front. Its peer, DSCP and whether its checksum
+    /// is partial, if it has a route.
+    fn forward(&self, hdr: &VnetHdr, buf: &mut [u8], n: usize) -> Option<(usize, u8, bool)> {
         let pkt = &buf[PARTIAL_HEADER..][..n];
         let Some((dst, dscp, len, partial)) = classify(hdr, &pkt[..n.min(HEAD)], n) else {
             bump(&self.drops_tun_invalid);
@@ -137,14 +140,20 @@ impl Shared {
             return None;
         };
         self.send(pi, dscp, sdu, partial.is_some());
-        Some((pi, dscp))
+        Some((pi, dscp, partial.is_some()))
     }
 
     /// Reads the next packet from the TUN into the send ring of the flow
-    /// for `dscp` to peer `pi`, and sends it there if that is where it
-    /// goes with a frame header in front; else copies it to `buf` for the
-    /// copying path.
-    fn read_in_place(&self, pi: usize, dscp: u8, hdr: &mut VnetHdr, buf: &mut [u8]) -> InPlace {
+    /// for `dscp` to peer `pi`, behind room for the frame header if
+    /// `partial`, and sends it there if that is where it goes, its checksum
+    /// partial or not as expected; else copies it to `buf` for the copying
+    /// path.
+    fn read_in_place(
+        &self,
+        (pi, dscp, partial): (usize, u8, bool),
+        hdr: &mut VnetHdr,
+        buf: &mut [u8],
+    ) -> InPlace {
         let Some((ci, live)) = self.pick(pi, dscp) else {
             return InPlace::NotRead;
         };
@@ -154,13 +163,13 @@ impl Shared {
         }
         let mut got = InPlace::NotRead;
         let sent = live.flow.write_in_place(max, |room| {
-            let (what, len) = self.fill(pi, dscp, hdr, buf, room);
+            let (what, len) = self.fill((pi, dscp, partial), hdr, buf, room);
             got = what;
             len
         });
         match sent {
             Ok(Some(len)) if len > 0 => {
-                self.count_out(pi, ci, len, true);
+                self.count_out(pi, ci, len, partial);
                 InPlace::Sent
             }
             Ok(_) => got,
@@ -176,17 +185,17 @@ impl Shared {
     }
 
     /// Fills `room` of the flow for `dscp` to peer `pi` with the next
-    /// packet of the TUN: what became of it, and the SDU's length if it is
-    /// to be sent from there.
+    /// packet of the TUN, behind room for the frame header if `partial`:
+    /// what became of it, and the SDU's length if it is to be sent from
+    /// there.
     fn fill(
         &self,
-        pi: usize,
-        dscp: u8,
+        (pi, dscp, partial): (usize, u8, bool),
         hdr: &mut VnetHdr,
         buf: &mut [u8],
         room: &Segments,
     ) -> (InPlace, usize) {
-        let pkt = room.skip(PARTIAL_HEADER);
+        let pkt = room.skip(if partial { PARTIAL_HEADER } else { 0 });
         let n = match self.tun.read_segments(hdr, &pkt) {
             Ok(Some(n)) => n,
             Ok(None) => return (InPlace::NotRead, 0),
@@ -200,10 +209,15 @@ impl Shared {
         let h = n.min(HEAD);
         let channel = |d: u8| self.peers[pi].cfg.dscp[usize::from(d & 63)];
         if pkt.read_at(0, &mut head[..h]) {
-            if let Some((dst, d, len, Some(csum))) = classify(hdr, &head[..h], n) {
-                if self.routes.lookup(dst) == Some(pi) && channel(d) == channel(dscp) {
-                    room.write_at(0, &csum.header());
-                    return (InPlace::Sent, PARTIAL_HEADER + len);
+            if let Some((dst, d, len, csum)) = classify(hdr, &head[..h], n) {
+                let here = self.routes.lookup(dst) == Some(pi) && channel(d) == channel(dscp);
+                match csum {
+                    Some(c) if here && partial => {
+                        room.write_at(0, &c.header());
+                        return (InPlace::Sent, PARTIAL_HEADER + len);
+                    }
+                    None if here && !partial => return (InPlace::Sent, len),
+                    _ => {}
                 }
             }
         }
