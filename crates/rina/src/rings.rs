@@ -271,20 +271,10 @@ impl Rings {
         buf: &mut [u8],
         deadline: Option<Instant>,
     ) -> Result<Option<usize>, RingsError> {
-        loop {
-            if let Some(n) = self.take(sock, buf)? {
-                return Ok(Some(n));
-            }
-            let rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
-            // Doorbells already read are forgotten (and the end of the
-            // flow found) before the next is asked for.
-            drain_doorbells(sock)?;
-            if rx.arm() {
-                drop(rx);
-                if !wait(sock, None, deadline)? {
-                    return Ok(None);
-                }
-            }
+        let cap = buf.len();
+        match self.read_in_place(sock, deadline, |sdu| copy_out(sdu, buf))? {
+            Some(n) if n > cap => Err(RingsError::TooLarge(n)),
+            got => Ok(got),
         }
     }
 
@@ -350,37 +340,11 @@ impl Rings {
         sock: BorrowedFd<'_>,
         buf: &mut [u8],
     ) -> Result<Option<usize>, RingsError> {
-        let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
-        let seg = match rx.peek() {
-            Ok(s) => s,
-            Err(e) => {
-                // The daemon wrote garbage: skip what it published.
-                rx.resync();
-                return Err(RingsError::Ring(e));
-            }
-        };
-        let Some(seg) = seg else {
-            return Ok(None);
-        };
-        let n = seg.len();
-        let k = n.min(buf.len());
-        let ok = rx.read(n, &mut buf[..k]);
-        rx.consume(n);
-        let wake = rx.take_wakeup();
-        drop(rx);
-        if wake {
-            kick(sock)?;
-        }
-        if !ok {
-            return Err(RingsError::Ring(RingError::BadLength {
-                len: n as u32,
-                avail: 0,
-            }));
-        }
-        if n > buf.len() {
-            Err(RingsError::TooLarge(n))
-        } else {
-            Ok(Some(n))
+        let cap = buf.len();
+        match self.take_in_place(sock, |sdu| copy_out(sdu, buf))? {
+            Ok(n) if n > cap => Err(RingsError::TooLarge(n)),
+            Ok(n) => Ok(Some(n)),
+            Err(_) => Ok(None),
         }
     }
 
@@ -397,6 +361,14 @@ impl Rings {
             .map_err(RingsError::Sys)?;
         Ok(ep.0)
     }
+}
+
+/// Copies the first bytes of SDU `sdu` into `buf` (as many as fit); the
+/// SDU's length.
+fn copy_out(sdu: &Segments, buf: &mut [u8]) -> usize {
+    let k = sdu.len().min(buf.len());
+    sdu.read_at(0, &mut buf[..k]);
+    sdu.len()
 }
 
 /// Reads the daemon's doorbells waiting on flow socket `sock`; `Closed` at

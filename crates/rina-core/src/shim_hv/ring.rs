@@ -1271,18 +1271,25 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_limited_producer_that_restarts_commits_what_it_reserved() {
-        let mem = HeapRegion::new(GEO.ring_bytes());
-        let (mut p, mut c) = pair(&mem);
+    /// A producer that restarts, limited to 3 slots, with its head in the
+    /// middle of the data area and the ring empty.
+    fn limited_in_mid_lap(mem: &HeapRegion) -> (Producer, Consumer) {
+        let (mut p, mut c) = pair(mem);
         p.set_restarts(true);
         p.set_limit(3);
-        let mut buf = [0u8; 600];
-        // Take the head to the middle of the data area, the ring empty.
+        let mut buf = [0u8; 64];
         for _ in 0..5 {
             p.push(&[&[3u8; 40]]).unwrap();
             assert_eq!(c.pop(&mut buf).unwrap(), Some(40));
         }
+        (p, c)
+    }
+
+    #[test]
+    fn a_limited_producer_that_restarts_commits_what_it_reserved() {
+        let mem = HeapRegion::new(GEO.ring_bytes());
+        let (mut p, mut c) = limited_in_mid_lap(&mem);
+        let mut buf = [0u8; 600];
         // The reservation restarts at the next lap: the three slots it
         // skips count as used, which with the record is over the limit,
         // and still the record reserved is published.
@@ -1302,14 +1309,8 @@ mod tests {
     #[test]
     fn a_reservation_given_up_leaves_the_ring_as_it_was() {
         let mem = HeapRegion::new(GEO.ring_bytes());
-        let (mut p, mut c) = pair(&mem);
-        p.set_restarts(true);
-        p.set_limit(3);
+        let (mut p, mut c) = limited_in_mid_lap(&mem);
         let mut buf = [0u8; 600];
-        for _ in 0..5 {
-            p.push(&[&[3u8; 40]]).unwrap();
-            assert_eq!(c.pop(&mut buf).unwrap(), Some(40));
-        }
         let head = p.head();
         // A reservation that would restart, not committed (the bytes went
         // elsewhere): the head stays, and nothing counts as used.

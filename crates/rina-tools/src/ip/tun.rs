@@ -292,21 +292,29 @@ impl Tun {
     /// [`Tun::read`] straight into ring memory (a flow's send ring), with no
     /// copy of the packet.
     pub fn read_segments(&self, hdr: &mut VnetHdr, room: &Segments) -> io::Result<Option<usize>> {
-        let mut parts = [libc::iovec {
-            iov_base: std::ptr::null_mut(),
-            iov_len: 0,
-        }; 2];
-        let mut k = 0;
-        for (ptr, n) in room.parts() {
-            parts[k] = libc::iovec {
-                iov_base: ptr.cast(),
-                iov_len: n,
-            };
-            k += 1;
-        }
+        let (parts, k) = iovecs(room);
         // SAFETY: a ring's segments are memory of its mapping, valid for
         // writes while the ring is reserved (see `Segments`).
         unsafe { self.readv(hdr, &parts[..k]) }
+    }
+
+    /// The iovecs of a packet of `parts` (the first two), behind the
+    /// virtio header at `hdr` if the TUN has one; how many there are.
+    fn behind_header(&self, hdr: *mut u8, parts: &[libc::iovec]) -> ([libc::iovec; 3], usize) {
+        let mut iov = [NO_IOVEC; 3];
+        let mut k = 0;
+        if self.vnet {
+            iov[0] = libc::iovec {
+                iov_base: hdr.cast(),
+                iov_len: VnetHdr::LEN,
+            };
+            k = 1;
+        }
+        for p in parts.iter().take(2) {
+            iov[k] = *p;
+            k += 1;
+        }
+        (iov, k)
     }
 
     /// One `readv` of a packet into `parts`, behind the virtio header if the
@@ -316,22 +324,7 @@ impl Tun {
     /// Each iovec must cover memory valid for writes of its length.
     unsafe fn readv(&self, hdr: &mut VnetHdr, parts: &[libc::iovec]) -> io::Result<Option<usize>> {
         let mut h = [0u8; VnetHdr::LEN];
-        let mut iov = [libc::iovec {
-            iov_base: std::ptr::null_mut(),
-            iov_len: 0,
-        }; 3];
-        let mut k = 0;
-        if self.vnet {
-            iov[0] = libc::iovec {
-                iov_base: h.as_mut_ptr().cast(),
-                iov_len: h.len(),
-            };
-            k = 1;
-        }
-        for p in parts.iter().take(2) {
-            iov[k] = *p;
-            k += 1;
-        }
+        let (iov, k) = self.behind_header(h.as_mut_ptr(), parts);
         loop {
             // SAFETY: `h` is a local buffer; the rest the caller vouches for.
             let n = unsafe { libc::readv(self.fd.as_raw_fd(), iov.as_ptr(), k as libc::c_int) };
@@ -373,18 +366,7 @@ impl Tun {
     /// [`Tun::write`] of a packet where it lies in ring memory (a flow's
     /// receive ring), with no copy.
     pub fn write_segments(&self, hdr: VnetHdr, pkt: &Segments) -> io::Result<()> {
-        let mut parts = [libc::iovec {
-            iov_base: std::ptr::null_mut(),
-            iov_len: 0,
-        }; 2];
-        let mut k = 0;
-        for (ptr, n) in pkt.parts() {
-            parts[k] = libc::iovec {
-                iov_base: ptr.cast(),
-                iov_len: n,
-            };
-            k += 1;
-        }
+        let (parts, k) = iovecs(pkt);
         // SAFETY: a ring's segments are memory of its mapping, valid for
         // reads while the record is held (see `Segments`).
         unsafe { self.writev(hdr, &parts[..k]) }
@@ -397,22 +379,7 @@ impl Tun {
     /// Each iovec must cover memory valid for reads of its length.
     unsafe fn writev(&self, hdr: VnetHdr, parts: &[libc::iovec]) -> io::Result<()> {
         let h = hdr.encode();
-        let mut iov = [libc::iovec {
-            iov_base: std::ptr::null_mut(),
-            iov_len: 0,
-        }; 3];
-        let mut k = 0;
-        if self.vnet {
-            iov[0] = libc::iovec {
-                iov_base: h.as_ptr() as *mut libc::c_void,
-                iov_len: h.len(),
-            };
-            k = 1;
-        }
-        for p in parts.iter().take(2) {
-            iov[k] = *p;
-            k += 1;
-        }
+        let (iov, k) = self.behind_header(h.as_ptr().cast_mut(), parts);
         loop {
             // SAFETY: `h` is a local buffer; the rest the caller vouches
             // for; writev does not write through them.
@@ -427,6 +394,25 @@ impl Tun {
         }
     }
 }
+
+/// The iovecs of ring memory `seg` (at most two), and how many there are.
+fn iovecs(seg: &Segments) -> ([libc::iovec; 2], usize) {
+    let mut iov = [NO_IOVEC; 2];
+    let mut k = 0;
+    for (ptr, n) in seg.parts() {
+        iov[k] = libc::iovec {
+            iov_base: ptr.cast(),
+            iov_len: n,
+        };
+        k += 1;
+    }
+    (iov, k)
+}
+
+const NO_IOVEC: libc::iovec = libc::iovec {
+    iov_base: std::ptr::null_mut(),
+    iov_len: 0,
+};
 
 /// Runs `ip ARGS...`, turning a failure into its error output.
 fn ip_command(args: &[&str]) -> Result<(), TunError> {
