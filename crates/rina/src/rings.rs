@@ -295,6 +295,8 @@ impl Rings {
                 Err(back) => f = back,
             }
             let rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+            // Doorbells already read are forgotten (and the end of the
+            // flow found) before the next is asked for.
             drain_doorbells(sock)?;
             if rx.arm() {
                 drop(rx);
@@ -317,6 +319,7 @@ impl Rings {
             Ok(Some(s)) => s,
             Ok(None) => return Ok(Err(f)),
             Err(e) => {
+                // The daemon wrote garbage: skip what it published.
                 rx.resync();
                 return Err(RingsError::Ring(e));
             }
