@@ -703,10 +703,7 @@ impl Producer {
             return Err(RingError::BadSize(len));
         }
         let at = self.reserved.take().unwrap_or(self.head);
-        if at != self.head {
-            self.write_restart();
-            self.head = at;
-        }
+        self.move_head(at);
         // The room checked at reservation can only have grown since (the
         // consumer frees slots, never takes them), unless the peer wrote
         // garbage over its tail: check again. Not against the limit: a
@@ -741,13 +738,19 @@ impl Producer {
         Some(self.head.wrapping_add(slots - pos))
     }
 
-    /// Writes a restart header at the head: the rest of this lap is unused.
-    fn write_restart(&self) {
+    /// Puts the next record at slot count `at`: past a restart (see
+    /// [`Producer::restart_to`]) if it is not the head, with a restart
+    /// header at the head saying the rest of this lap is unused.
+    fn move_head(&mut self, at: u32) {
+        if at == self.head {
+            return;
+        }
         let mut hdr = [0u8; RECORD_HEADER];
         hdr[..4].copy_from_slice(&RESTART.to_le_bytes());
         hdr[4..].copy_from_slice(&self.head.to_le_bytes());
         self.mem
             .write_wrapped(self.mem.data_off(self.head, 0), &hdr);
+        self.head = at;
     }
 
     fn write_header(&self, len: usize) {
@@ -784,10 +787,7 @@ impl Producer {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         self.make_room(len)?;
         self.reserved = None;
-        if let Some(at) = self.restart_to(len) {
-            self.write_restart();
-            self.head = at;
-        }
+        self.move_head(self.restart_to(len).unwrap_or(self.head));
         let mut hdr = [0u8; RECORD_HEADER];
         hdr[..4].copy_from_slice(&(len as u32).to_le_bytes());
         hdr[4..].copy_from_slice(&self.head.to_le_bytes());

@@ -370,11 +370,16 @@ impl Shared {
         }
     }
 
+    /// The flow of peer `pi` that DSCP `dscp` maps to.
+    fn channel(&self, pi: usize, dscp: u8) -> usize {
+        usize::from(self.peers[pi].cfg.dscp[usize::from(dscp & 63)])
+    }
+
     /// The flow to send a packet with DSCP `dscp` to peer `pi` on: the one
     /// the DSCP maps to, or the peer's default flow if that one is down.
     fn pick(&self, pi: usize, dscp: u8) -> Option<(usize, Arc<Live>)> {
         let peer = &self.peers[pi];
-        let ci = usize::from(peer.cfg.dscp[usize::from(dscp & 63)]);
+        let ci = self.channel(pi, dscp);
         if let Some(l) = peer.slots.get(ci).and_then(|s| lock(&s.state).live.clone()) {
             return Some((ci, l));
         }

@@ -207,10 +207,10 @@ impl Shared {
         };
         let mut head = [0u8; HEAD];
         let h = n.min(HEAD);
-        let channel = |d: u8| self.peers[pi].cfg.dscp[usize::from(d & 63)];
         if pkt.read_at(0, &mut head[..h]) {
             if let Some((dst, d, len, csum)) = classify(hdr, &head[..h], n) {
-                let here = self.routes.lookup(dst) == Some(pi) && channel(d) == channel(dscp);
+                let here = self.routes.lookup(dst) == Some(pi)
+                    && self.channel(pi, d) == self.channel(pi, dscp);
                 match csum {
                     Some(c) if here && partial => {
                         room.write_at(0, &c.header());
