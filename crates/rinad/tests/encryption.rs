@@ -118,8 +118,8 @@ fn encrypted_flows_hide_password_and_payload_rotate_keys_and_refuse_replays_and_
     let (dropped_before, bad_tag) = (dropped(&b), counter(&b, "b.net", "encryption_bad_tag"));
     let sdus_before = counter(&b, "b.net", "rx_frames");
     // Only shim-udp DATA datagrams (5-byte header) holding a sealed frame:
-    // how many other datagrams A sent among its last ones depends on the
-    // machine's load, and they are not what this checks.
+    // other datagrams among A's last ones (how many may vary with load)
+    // are not encryption drops when replayed, and not what this checks.
     let sealed = sent_by_a
         .iter()
         .rev()
