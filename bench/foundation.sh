@@ -32,7 +32,9 @@ done
 command -v python3 >/dev/null || { echo "bench: python3 is needed to read the JSON results" >&2; exit 1; }
 
 cargo build --release -q
+cargo build --release -q -p rina-tools --example udp_relay
 BIN=${BIN:-${CARGO_TARGET_DIR:-target}/release}
+RELAY=$BIN/examples/udp_relay
 T=$(mktemp -d /tmp/rina-bench.XXXXXX)
 PIDS=()
 cleanup() {
@@ -118,6 +120,15 @@ echo "== sockperf ping-pong UDP, 64 B, 1000 msg/s, ${DUR} s"
 sockperf server -i 127.0.0.1 -p 11199 >/dev/null 2>&1 & PIDS+=($!)
 sleep 0.3
 sockperf ping-pong -i 127.0.0.1 -p 11199 -m 64 -t "$DUR" --mps=1000 --full-rtt > "$T/sockperf.txt" 2>&1
+# The floor of any design with a daemon at each end: the same sockperf
+# through two plain UDP relays (crates/rina-tools/examples/udp_relay.rs),
+# which sleep in recv as the daemons do and do nothing else, so that a
+# datagram makes three hops each way, as through rinad, not one.
+echo "== sockperf ping-pong through two UDP relays (no RINA), 64 B, 1000 msg/s, ${DUR} s"
+"$RELAY" 127.0.0.1:11202 127.0.0.1:11199 >/dev/null 2>&1 & PIDS+=($!)
+"$RELAY" 127.0.0.1:11201 127.0.0.1:11202 >/dev/null 2>&1 & PIDS+=($!)
+sleep 0.3
+sockperf ping-pong -i 127.0.0.1 -p 11201 -m 64 -t "$DUR" --mps=1000 --full-rtt > "$T/sockperf-relayed.txt" 2>&1
 echo "== rina-echo through daemons that busy-poll for ${BUSY_POLL_US} us, 64 B, $PROBES probes 1 ms apart"
 daemon_pair "-poll" "busy_poll_us = $BUSY_POLL_US"
 "$BIN/rina-echo" server --socket "$T/beta-poll.sock" --name echo >/dev/null 2>&1 & PIDS+=($!)
@@ -137,10 +148,14 @@ echo = json.load(open(f"{t}/echo.json"))
 direct = json.load(open(f"{t}/echo-direct.json"))
 poll = json.load(open(f"{t}/echo-poll.json"))
 poll_cores = json.load(open(f"{t}/poll-cpu.json"))["daemons_cores"]
-sp = open(f"{t}/sockperf.txt").read()
-pct = {float(m.group(1)): float(m.group(2)) for m in re.finditer(r"percentile\s+([\d.]+)\s*=\s*([\d.]+)", sp)}
-if 50.0 not in pct or 99.0 not in pct:
-    sys.exit("bench: sockperf gave no percentiles (is port 11199 taken?); its output ends:\n" + sp[-600:])
+def percentiles(name, port):
+    sp = open(f"{t}/{name}").read()
+    pct = {float(m.group(1)): float(m.group(2)) for m in re.finditer(r"percentile\s+([\d.]+)\s*=\s*([\d.]+)", sp)}
+    if 50.0 not in pct or 99.0 not in pct:
+        sys.exit(f"bench: sockperf gave no percentiles (is port {port} taken?); its output ends:\n" + sp[-600:])
+    return pct
+pct = percentiles("sockperf.txt", 11199)
+relayed = percentiles("sockperf-relayed.txt", 11201)
 rina_rx, ip_rx = perf["rx_mbps"], ip["bits_per_second"] / 1e6
 rina_p50, sp_p50 = echo["rtt_ms"]["p50"] * 1000, pct[50.0]
 rina_p99, sp_p99 = echo["rtt_ms"]["p99"] * 1000, pct[99.0]
@@ -157,12 +172,17 @@ poll_p50, poll_p99 = poll["rtt_ms"]["p50"] * 1000, poll["rtt_ms"]["p99"] * 1000
 print(f"{'busy-polling RTT p50, us':28}{poll_p50:12.1f}{sp_p50:12.1f}{poll_p50/sp_p50:9.2f}   (aim <= 1.30)")
 print(f"{'busy-polling RTT p99, us':28}{poll_p99:12.1f}{sp_p99:12.1f}{poll_p99/sp_p99:9.2f}")
 print(f"  (the two busy-polling daemons used {poll_cores:.2f} cores together during their echo run)")
+relay_p50 = relayed[50.0]
+print(f"{'via 2 UDP relays p50, us':28}{relay_p50:12.1f}{sp_p50:12.1f}{relay_p50/sp_p50:9.2f}   (the floor with a daemon at each end)")
+print(f"  (rina-echo through the daemons takes {rina_p50/relay_p50:.2f}x the round trip through two relays that do no work)")
 import os
 if os.environ.get("RESULTS"):
     json.dump({"shim_udp_mbps": rina_rx, "iperf3_udp_mbps": ip_rx, "shim_udp_ratio": rina_rx / ip_rx,
                "echo_p50_us": rina_p50, "sockperf_p50_us": sp_p50, "echo_rtt_ratio": rina_p50 / sp_p50,
                "echo_direct_p50_us": direct_p50, "echo_direct_rtt_ratio": direct_p50 / sp_p50,
                "echo_busy_poll_p50_us": poll_p50, "echo_busy_poll_rtt_ratio": poll_p50 / sp_p50,
-               "busy_poll_daemons_cores": poll_cores},
+               "busy_poll_daemons_cores": poll_cores,
+               "relayed_sockperf_p50_us": relay_p50, "relay_floor_ratio": relay_p50 / sp_p50,
+               "echo_over_relay_ratio": rina_p50 / relay_p50},
               open(os.environ["RESULTS"], "w"))
 PY

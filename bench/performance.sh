@@ -47,13 +47,15 @@ def pct(d, k):
     return None if not d or d.get(k) is None else d[k] * 100
 def row(what, value, aim, ok, fmt):
     rows.append((what, "not run" if value is None else fmt.format(value), aim,
-                 "" if value is None else ("met" if ok(value) else "NOT met")))
+                 "" if value is None or ok is None else ("met" if ok(value) else "NOT met")))
 row("shim-udp / iperf3 -u (1400 B)", f and f["shim_udp_ratio"], ">= 1.00", lambda v: v >= 1.0, "{:.2f}")
 row("one normal DIF / iperf3 -u", n and n["normal_ratio"], ">= 0.80", lambda v: v >= 0.8, "{:.2f}")
 row("cost of an extra stacked DIF", n and n["stacked_cost"] * 100, "<= 8 %", lambda v: v <= 8, "{:.1f} %")
 row("  the same in daemon CPU per GB", pct(n, "stacked_cpu_cost"), "<= 8 %", lambda v: v <= 8, "{:.1f} %")
 row("encryption's cost", n and n["encryption_cost"] * 100, "<= 15 %", lambda v: v <= 15, "{:.1f} %")
 row("echo median RTT / sockperf", f and f["echo_rtt_ratio"], "<= 1.30", lambda v: v <= 1.3, "{:.2f}")
+row("  floor: sockperf via 2 relays", f and f.get("relay_floor_ratio"), "(no aim)", None, "{:.2f}")
+row("  echo / sockperf via 2 relays", f and f.get("echo_over_relay_ratio"), "(no aim)", None, "{:.2f}")
 row("  the same on a direct flow", f and f.get("echo_direct_rtt_ratio"), "<= 1.30", lambda v: v <= 1.3, "{:.2f}")
 row("  through busy-polling daemons", f and f.get("echo_busy_poll_rtt_ratio"), "<= 1.30", lambda v: v <= 1.3, "{:.2f}")
 row("iperf3 TCP via rina-ip / veth", ip and ip["rina_ip_ratio"], ">= 0.50", lambda v: v >= 0.5, "{:.3f}")
