@@ -3,7 +3,7 @@
 //! the IPCPs' configuration asks for it) and a static directory, as the
 //! tests need before layer management exists. Flows are opened either
 //! directly ([`Chain::open_flow`]) or by name through the flow allocator
-//! ([`Chain::register`], [`Chain::allocate`]).
+//! ([`Net::register`], [`Net::allocate`]).
 //!
 //! [`Mesh`] builds arbitrary topologies from edge lists, with every IPCP
 //! running link-state routing; links can be cut while the simulation runs.

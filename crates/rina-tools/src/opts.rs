@@ -8,7 +8,7 @@ use std::path::PathBuf;
 #[derive(Debug, Clone, Default, Args)]
 pub struct CommonArgs {
     /// Daemon socket (default: $RINA_SOCKET, else $XDG_RUNTIME_DIR/rinad.sock,
-    /// /run/rinad.sock for root, /tmp/rinad-<uid>/rinad.sock).
+    /// /run/rinad.sock for root, /tmp/rinad-$UID/rinad.sock).
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
     /// DIF to register in / allocate through (default: the daemon chooses).

@@ -5,17 +5,17 @@
 //!
 //! # A machine of its own
 //!
-//! [`FlowAllocator`] owns its state (names registered, allocations asked
+//! `FlowAllocator` owns its state (names registered, allocations asked
 //! for, requests waiting for an application, what was accepted and refused,
 //! DEALLOCs waiting for their acknowledgement) and its counters. Each call
-//! gets a [`Ctx`]: the IPCP's settings and a read-only view of its open
+//! gets a `Ctx`: the IPCP's settings and a read-only view of its open
 //! flows (an endpoint by flow, a flow by CEP-id, how many). It never
-//! changes the IPCP: what it wants done comes back as [`FaOut`] (send a
+//! changes the IPCP: what it wants done comes back as `FaOut` (send a
 //! message, open or close a flow, report to the driver), which the IPCP's
 //! glue (`fa_glue`) carries out in order. Opening a flow is the one step
 //! whose outcome the allocator needs back: the glue opens it and answers
-//! with [`FlowAllocator::opened`] (requester) or
-//! [`FlowAllocator::accepted`] (responder).
+//! with `FlowAllocator::opened` (requester) or
+//! `FlowAllocator::accepted` (responder).
 //!
 //! # Handshake
 //!

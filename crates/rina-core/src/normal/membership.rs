@@ -8,19 +8,19 @@
 //!
 //! # A machine of its own
 //!
-//! [`MembershipMachine`] owns everything membership knows: the enrollment
+//! `MembershipMachine` owns everything membership knows: the enrollment
 //! machines and the address space, who said hello where and when, which
 //! ports are admitted, port authentication and each port's keys, and its
-//! counters. Each call gets a [`Ctx`]: a read-only view of what it needs of
+//! counters. Each call gets a `Ctx`: a read-only view of what it needs of
 //! the IPCP (its settings and address, the neighbours routing knows, the
 //! RMT's ports, the flow-state and directory databases). It never changes
-//! the IPCP: what it wants done comes back as [`MsOut`] (send a hello, an
+//! the IPCP: what it wants done comes back as `MsOut` (send a hello, an
 //! enrollment message or a port-authentication message, open or close a
 //! session, bring a neighbour up or down, take an address and a
 //! configuration, report), which the IPCP's glue (`membership_glue`)
 //! carries out in order. Taking an address is the one step whose outcome
 //! the machine needs back: the glue applies it and answers with
-//! [`MembershipMachine::adopted`] or [`MembershipMachine::renumbered`].
+//! `MembershipMachine::adopted` or `MembershipMachine::renumbered`.
 //!
 //! # Hellos and liveness
 //!
@@ -64,14 +64,14 @@
 //! until the enrollee has an address. The member runs one [`Enroller`] per
 //! port, all sharing one [`Membership`] (the address space). When it is admitted
 //! the enrollee takes its address and the DIF's configuration
-//! ([`DifConfiguration`]), builds its routing and directory machines, loads
+//! ([`DifConfiguration`](rina_wire::cdap::DifConfiguration)), builds its routing and directory machines, loads
 //! the member's flow-state objects and directory entries, and starts sending
 //! hellos. The data-transfer constants and SDU protection must already match
 //! (they are how the two talk at all): a difference fails the enrollment and
 //! says which. A failed enrollment is retried at the next hello after its
 //! back-off.
 //!
-//! Addresses are assigned by the enroller with [`NextFree`] over
+//! Addresses are assigned by the enroller with [`NextFree`](crate::enrollment::NextFree) over
 //! [`MembershipConfig::addresses`], avoiding every address it knows of
 //! (its neighbours, the flow-state database, the directory). The enrollee
 //! asks for an address hashed from its name, which the member gives when it
@@ -79,7 +79,7 @@
 //! know of each other's choice and may give the same address: with the
 //! disseminated directory on, the two newcomers find out from each other's
 //! management entries and the one with the greater name takes another
-//! address ([`renumber`]).
+//! address (`renumber`).
 //!
 //! # Unreachable flows
 //!
@@ -261,7 +261,7 @@ pub enum MembershipEvent {
         reason: String,
     },
     /// This member found another one at its address and gave way: it took
-    /// address `to` (see [`renumber`]).
+    /// address `to` (see `renumber`).
     Renumbered {
         /// The address given up.
         from: Address,
