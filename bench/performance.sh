@@ -59,6 +59,8 @@ row("  echo / sockperf via 2 relays", f and f.get("echo_over_relay_ratio"), "(no
 row("  the same on a direct flow", f and f.get("echo_direct_rtt_ratio"), "<= 1.30", lambda v: v <= 1.3, "{:.2f}")
 row("  through busy-polling daemons", f and f.get("echo_busy_poll_rtt_ratio"), "<= 1.30", lambda v: v <= 1.3, "{:.2f}")
 row("iperf3 TCP via rina-ip / veth", ip and ip["rina_ip_ratio"], ">= 0.50", lambda v: v >= 0.5, "{:.3f}")
+row("  floor: a plain UDP tunnel / veth", ip and ip.get("plain_tunnel_ratio"), "(no aim)", None, "{:.3f}")
+row("  rina-ip / plain UDP tunnel", ip and ip.get("rina_ip_over_plain"), "(no aim)", None, "{:.3f}")
 if sc:
     reached = [v for v in (sc.get("udp_flows_reached"), sc.get("normal_flows_reached")) if v is not None]
     sc["flows_reached"] = min(reached) if reached else None

@@ -44,6 +44,7 @@ for c in ip iperf3; do
     command -v $c >/dev/null 2>&1 || { echo "bench: $c is missing" >&2; exit 1; }
 done
 [ -n "${NO_BUILD:-}" ] || cargo build --release -q -p rinad -p rina-tools
+cargo build --release -q -p rina-tools --example udp_tunnel
 BIN=${CARGO_TARGET_DIR:-target}/release
 BIN=$(cd "$BIN" && pwd)
 T=$(mktemp -d /tmp/rina-bench-ip.XXXXXX)
@@ -173,14 +174,27 @@ read -r CPU_RINAD_TX CPU_RINAD_RX CPU_IP_TX CPU_IP_RX <<<"$CPU_GB"
 MTU_NOW=$(ip netns exec "$NA" cat /sys/class/net/rbench0/mtu)
 RTT=$(ip netns exec "$NA" ping -c 10 -i 0.1 -q 10.201.0.2 | sed -n 's/.*= \([0-9.]*\)\/\([0-9.]*\)\/.*/\2/p')
 RTT0=$(ip netns exec "$NA" ping -c 10 -i 0.1 -q 172.30.9.2 | sed -n 's/.*= \([0-9.]*\)\/\([0-9.]*\)\/.*/\2/p')
+# The floor of any userspace tunnel here: a plain IP-over-UDP tunnel
+# (crates/rina-tools/examples/udp_tunnel.rs: TUNs with the same offload and
+# MTU, datagrams of the same size sent offloaded, no RINA) over the same veth.
+for s in a b; do
+    ns=$NA me=172.30.9.1 peer=172.30.9.2 tip=10.203.0.1; [ $s = b ] && ns=$NB me=172.30.9.2 peer=172.30.9.1 tip=10.203.0.2
+    SEG=$((MAX_PDU - 16)) ip netns exec "$ns" "$BIN/examples/udp_tunnel" rbplain0 "$tip/24" "$me:7301" "$peer:7301" \
+        >"$T/plain-$s.log" 2>&1 &
+    PIDS+=($!)
+done
+for _ in $(seq 40); do ip netns exec "$NA" ping -c 1 -W 1 10.203.0.2 >/dev/null 2>&1 && break; sleep 0.25; done
+PLAIN=$(goodput 10.203.0.2)
 echo "rina-ip benchmark: iperf3 TCP, ${DUR} s each, QoS $QOS, TUN MTU $MTU_NOW, DIF max PDU $MAX_PDU, veth MTU ${VETH_MTU:-1500}, rings $RINGS_TOML, checksum offload $OFFLOAD_TOML"
 printf "  veth, no RINA        %10s Mb/s   ping avg %s ms\n" "$BASE" "$RTT0"
 printf "  through rina-ip      %10s Mb/s   ping avg %s ms\n" "$TUN" "$RTT"
 python3 -c "print('  ratio rina-ip / veth  %.3f' % ($TUN / $BASE))"
+printf "  plain UDP tunnel     %10s Mb/s   (no RINA: the floor of a userspace tunnel)\n" "$PLAIN"
+python3 -c "print('  ratio plain tunnel / veth %.3f, rina-ip / plain tunnel %.3f' % ($PLAIN / $BASE, $TUN / $PLAIN))"
 echo "  CPU seconds per GB through the tunnel ($CPU_BYTES, $RETRANS TCP retransmissions):"
 echo "    rinad sending $CPU_RINAD_TX, rinad receiving $CPU_RINAD_RX, rina-ip sending $CPU_IP_TX, rina-ip receiving $CPU_IP_RX"
 if [ -n "${RESULTS:-}" ]; then
-    python3 -c "import json; json.dump({'veth_mbps': $BASE, 'rina_ip_mbps': $TUN, 'rina_ip_ratio': $TUN / $BASE, 'cpu_s_per_gb': {'rinad_tx': $CPU_RINAD_TX, 'rinad_rx': $CPU_RINAD_RX, 'rina_ip_tx': $CPU_IP_TX, 'rina_ip_rx': $CPU_IP_RX}, 'tcp_retransmits': $RETRANS}, open('$RESULTS', 'w'))"
+    python3 -c "import json; json.dump({'veth_mbps': $BASE, 'rina_ip_mbps': $TUN, 'rina_ip_ratio': $TUN / $BASE, 'cpu_s_per_gb': {'rinad_tx': $CPU_RINAD_TX, 'rinad_rx': $CPU_RINAD_RX, 'rina_ip_tx': $CPU_IP_TX, 'rina_ip_rx': $CPU_IP_RX}, 'tcp_retransmits': $RETRANS, 'plain_tunnel_mbps': $PLAIN, 'plain_tunnel_ratio': $PLAIN / $BASE, 'rina_ip_over_plain': $TUN / $PLAIN}, open('$RESULTS', 'w'))"
 fi
 echo
 ip netns exec "$NA" "$BIN/rina-ip" --status --status-socket "$T/ip-a.status.sock"
