@@ -25,6 +25,10 @@ use std::sync::Arc;
 const HDR: usize = 16;
 /// The largest packet read from the TUN.
 const MAX_PKT: usize = 65536;
+/// `SOL_UDP` options (linux/udp.h): the segment size of offloaded sends,
+/// and coalesced receives (also the type of their control message).
+const UDP_SEGMENT: libc::c_int = 103;
+const UDP_GRO: libc::c_int = 104;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -46,8 +50,8 @@ fn main() {
     let sock = UdpSocket::bind(local)
         .and_then(|s| s.connect(peer).map(|()| s))
         .unwrap_or_else(|e| die(&format!("cannot open the UDP socket: {e}")));
-    set_udp_opt(&sock, 103, (HDR + seg) as libc::c_int); // UDP_SEGMENT
-    set_udp_opt(&sock, 104, 1); // UDP_GRO
+    set_udp_opt(&sock, UDP_SEGMENT, (HDR + seg) as libc::c_int);
+    set_udp_opt(&sock, UDP_GRO, 1);
     let (tun, sock) = (Arc::new(tun), Arc::new(sock));
     let out = {
         let (tun, sock) = (tun.clone(), sock.clone());
@@ -86,6 +90,7 @@ fn set_udp_opt(sock: &UdpSocket, opt: libc::c_int, v: libc::c_int) {
 fn tun_to_udp(tun: &Tun, sock: &UdpSocket, seg: usize) {
     let mut pkt = vec![0u8; MAX_PKT];
     let mut hdrs = vec![[0u8; HDR]; MAX_PKT.div_ceil(seg)];
+    let mut iov: Vec<libc::iovec> = Vec::with_capacity(2 * hdrs.len());
     let mut number: u32 = 0;
     loop {
         let mut vh = VnetHdr::default();
@@ -96,7 +101,7 @@ fn tun_to_udp(tun: &Tun, sock: &UdpSocket, seg: usize) {
         };
         number = number.wrapping_add(1);
         let count = n.div_ceil(seg);
-        let mut iov = Vec::with_capacity(2 * count);
+        iov.clear();
         for (i, chunk) in pkt[..n].chunks(seg).enumerate() {
             let h = &mut hdrs[i];
             h[0..4].copy_from_slice(&number.to_be_bytes());
@@ -212,7 +217,7 @@ fn recv_gro(sock: &UdpSocket, buf: &mut [u8]) -> std::io::Result<(usize, usize)>
         let mut gso = 0usize;
         let mut c = libc::CMSG_FIRSTHDR(&msg);
         while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == 104 {
+            if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == UDP_GRO {
                 let mut v: libc::c_int = 0;
                 std::ptr::copy_nonoverlapping(
                     libc::CMSG_DATA(c),
