@@ -129,6 +129,12 @@ pub fn stats() -> BufStats {
     STATS.with(Cell::get)
 }
 
+/// Counts a buffer made by copying bytes in from elsewhere than a
+/// [`PduBuf`] constructor (the parts of a gathered [`crate::sdu::Sdu`]).
+pub(crate) fn count_copy() {
+    count(1, 1, 0);
+}
+
 fn count(made: u64, copies: u64, grown: u64) {
     STATS.with(|s| {
         let mut v = s.get();
@@ -242,6 +248,12 @@ impl PduBuf {
             buf,
             head: headroom,
         }
+    }
+
+    /// Bytes the allocation holds, room and PDU together (what keeping
+    /// the buffer costs).
+    pub fn capacity(&self) -> usize {
+        self.buf.capacity()
     }
 
     /// Bytes free in front.

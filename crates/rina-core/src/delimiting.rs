@@ -33,6 +33,8 @@
 //! [`Reassembler::poll_timeout`] says so). It never delivers an SDU that is
 //! not exactly one the peer sent, and never holds more than `max_sdu` bytes.
 
+use crate::buf::PduBuf;
+use crate::sdu::Sdu;
 use crate::time::Instant;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -291,8 +293,83 @@ impl Counters {
 /// An SDU being put together.
 #[derive(Debug)]
 struct Partial {
-    buf: Vec<u8>,
+    held: Held,
     started: Instant,
+}
+
+/// The fragments of an SDU received so far: first the fragments' own
+/// buffers, each past its delimiter (fragments handed over in buffers),
+/// then the bytes of the rest copied into one buffer (fragments handed
+/// over as slices, or buffers past the bound on what the parts may cost).
+#[derive(Debug, Default)]
+struct Held {
+    parts: Vec<PduBuf>,
+    /// Bytes in `parts`, and what their buffers take in all.
+    parts_len: usize,
+    parts_cap: usize,
+    rest: Vec<u8>,
+}
+
+impl Held {
+    fn len(&self) -> usize {
+        self.parts_len + self.rest.len()
+    }
+
+    /// Appends a copy of `data`, growing geometrically but never past
+    /// `max_sdu` (the caller checked that the SDU stays within it).
+    fn extend_from_slice(&mut self, data: &[u8], max_sdu: usize) {
+        let v = &mut self.rest;
+        let size = v.len() + data.len();
+        if v.capacity() < size {
+            let want = (size * 2).min(max_sdu).max(size);
+            v.reserve_exact(want - v.len());
+        }
+        v.extend_from_slice(data);
+    }
+
+    /// Appends the fragment in `b` without a copy, unless the buffers
+    /// held would then take more than `bound` bytes (many tiny
+    /// fragments): then it, and the rest of the SDU, is copied.
+    fn push_buf(&mut self, b: PduBuf, max_sdu: usize, bound: usize) {
+        if self.rest.is_empty() && self.parts_cap + b.capacity() <= bound {
+            self.parts_len += b.len();
+            self.parts_cap += b.capacity();
+            self.parts.push(b);
+        } else {
+            self.extend_from_slice(&b, max_sdu - self.parts_len);
+        }
+    }
+
+    fn into_vec(self) -> Vec<u8> {
+        if self.parts.is_empty() {
+            return self.rest;
+        }
+        let mut v = Vec::with_capacity(self.len());
+        for p in &self.parts {
+            v.extend_from_slice(p);
+        }
+        v.extend_from_slice(&self.rest);
+        v
+    }
+
+    fn into_sdu(self) -> Sdu {
+        let mut parts = self.parts;
+        if !self.rest.is_empty() {
+            parts.push(PduBuf::from(self.rest));
+        }
+        Sdu::gathered(parts)
+    }
+}
+
+/// What a fragment that was accepted does to the SDU being put together;
+/// its data are the payload past the delimiter.
+enum Piece {
+    /// It is a whole SDU.
+    Whole,
+    /// It starts an SDU.
+    First,
+    /// It continues the SDU, and ends it if `last`.
+    More { last: bool },
 }
 
 /// Reassembles the SDUs of one flow from its PDUs' user data.
@@ -335,7 +412,7 @@ impl Reassembler {
 
     /// Bytes of the SDU being assembled (0 if none).
     pub fn partial_len(&self) -> usize {
-        self.partial.as_ref().map_or(0, |p| p.buf.len())
+        self.partial.as_ref().map_or(0, |p| p.held.len())
     }
 
     /// Forgets the partial SDU and the last sequence number (flow reset),
@@ -377,27 +454,42 @@ impl Reassembler {
             .map(|o| o.map(Cow::into_owned))
     }
 
-    /// Like [`Reassembler::push`], for a fragment in a buffer of its own: a
-    /// complete (unfragmented) SDU comes back in that same buffer, past its
-    /// delimiter, without a copy.
+    /// Like [`Reassembler::push`], for a fragment in a buffer of its own,
+    /// which is kept rather than copied: a complete (unfragmented) SDU
+    /// comes back in that same buffer, past its delimiter, and a
+    /// reassembled one as its fragments' buffers ([`Sdu`]). Should tiny
+    /// fragments make the buffers held cost more than twice the largest
+    /// SDU, the rest of that SDU is copied into one buffer instead.
     pub fn push_buf(
         &mut self,
         now: Instant,
         seq: u64,
-        mut payload: crate::buf::PduBuf,
-    ) -> Result<Option<crate::buf::PduBuf>, DelimitError> {
-        let out = self.push_ref(now, seq, &payload)?.map(|c| match c {
-            Cow::Owned(v) => Some(v),
-            Cow::Borrowed(_) => None,
-        });
-        Ok(match out {
-            None => None,
-            Some(Some(sdu)) => Some(sdu.into()),
-            Some(None) => {
-                payload.advance(DELIMITER_LEN);
-                Some(payload)
+        mut payload: PduBuf,
+    ) -> Result<Option<Sdu>, DelimitError> {
+        let Some(piece) = self.accept(now, seq, &payload)? else {
+            return Ok(None);
+        };
+        payload.advance(DELIMITER_LEN);
+        match piece {
+            Piece::Whole => Ok(Some(Sdu::from(payload))),
+            Piece::First => {
+                let mut held = Held::default();
+                held.push_buf(payload, self.max_sdu, usize::MAX);
+                self.partial = Some(Partial { held, started: now });
+                Ok(None)
             }
-        })
+            Piece::More { last } => {
+                let bound = 2 * self.max_sdu + crate::buf::CLASSES[1];
+                let Some(p) = self.partial.as_mut() else {
+                    return Ok(None);
+                };
+                p.held.push_buf(payload, self.max_sdu, bound);
+                if !last {
+                    return Ok(None);
+                }
+                Ok(self.partial.take().map(|p| p.held.into_sdu()))
+            }
+        }
     }
 
     /// Like [`Reassembler::push`], but a complete (unfragmented) SDU is
@@ -408,6 +500,44 @@ impl Reassembler {
         seq: u64,
         payload: &'a [u8],
     ) -> Result<Option<Cow<'a, [u8]>>, DelimitError> {
+        let Some(piece) = self.accept(now, seq, payload)? else {
+            return Ok(None);
+        };
+        let data = &payload[DELIMITER_LEN..];
+        match piece {
+            Piece::Whole => Ok(Some(Cow::Borrowed(data))),
+            Piece::First => {
+                self.partial = Some(Partial {
+                    held: Held {
+                        rest: data.to_vec(),
+                        ..Held::default()
+                    },
+                    started: now,
+                });
+                Ok(None)
+            }
+            Piece::More { last } => {
+                let Some(p) = self.partial.as_mut() else {
+                    return Ok(None);
+                };
+                p.held.extend_from_slice(data, self.max_sdu);
+                if !last {
+                    return Ok(None);
+                }
+                Ok(self.partial.take().map(|p| Cow::Owned(p.held.into_vec())))
+            }
+        }
+    }
+
+    /// Takes in the fragment `payload` with sequence number `seq`: counts
+    /// it, drops what a gap or a malformed or oversized fragment spoils,
+    /// and says what the fragment does (`None`: nothing, an orphan).
+    fn accept(
+        &mut self,
+        now: Instant,
+        seq: u64,
+        payload: &[u8],
+    ) -> Result<Option<Piece>, DelimitError> {
         self.counters.fragments_in += 1;
         self.handle_timeout(now);
         let gap = self.last_seq.is_some_and(|l| l.wrapping_add(1) != seq);
@@ -436,36 +566,25 @@ impl Reassembler {
                 }
                 if delim == Delimiter::Complete {
                     self.counters.sdus_complete += 1;
-                    return Ok(Some(Cow::Borrowed(data)));
+                    return Ok(Some(Piece::Whole));
                 }
-                self.partial = Some(Partial {
-                    buf: data.to_vec(),
-                    started: now,
-                });
-                Ok(None)
+                Ok(Some(Piece::First))
             }
             Delimiter::Middle | Delimiter::Last => {
-                let Some(p) = self.partial.as_mut() else {
+                let Some(p) = self.partial.as_ref() else {
                     self.counters.discarded_orphan += 1;
                     return Ok(None);
                 };
-                let size = p.buf.len() + data.len();
+                let size = p.held.len() + data.len();
                 if size > self.max_sdu {
                     self.partial = None;
                     return Err(self.oversize(size));
                 }
-                if p.buf.capacity() < size {
-                    // Grow geometrically, but never past max_sdu.
-                    let want = (size * 2).min(self.max_sdu);
-                    p.buf.reserve_exact(want - p.buf.len());
+                let last = delim == Delimiter::Last;
+                if last {
+                    self.counters.sdus_complete += 1;
                 }
-                p.buf.extend_from_slice(data);
-                if delim == Delimiter::Middle {
-                    return Ok(None);
-                }
-                let sdu = self.partial.take().map(|p| p.buf).unwrap_or_default();
-                self.counters.sdus_complete += 1;
-                Ok(Some(Cow::Owned(sdu)))
+                Ok(Some(Piece::More { last }))
             }
         }
     }

@@ -292,6 +292,7 @@ pub fn encrypted_link(data: &[u8]) {
                         }
                     }
                     crate::normal::Action::Deliver { flow: 7, sdu } if i == 1 => {
+                        let sdu = sdu.to_vec();
                         let n = sdu
                             .get(..4)
                             .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));

@@ -10,6 +10,7 @@
 //! * [`time`] — the instant type all machines use.
 //! * [`buf`] — one buffer per PDU, with room in front for the headers below.
 //! * [`delimiting`] — fragmentation of SDUs into PDUs and their reassembly.
+//! * [`sdu`] — an SDU as delivered: one buffer, or its fragments' buffers gathered.
 //! * [`sdup`] — SDU protection: TTL, CRC-32 and the encryption hook.
 //! * [`efcp`] — the Error and Flow Control Protocol (DTP + DTCP) of one connection.
 //! * [`normal`] — the data path of the normal IPC process: delimiting, EFCP, PCI, SDU protection and RMT composed.
@@ -39,6 +40,7 @@ pub mod normal;
 pub mod rib;
 pub mod rmt;
 pub mod routing;
+pub mod sdu;
 pub mod sdup;
 pub mod shim_eth;
 pub mod shim_hv;

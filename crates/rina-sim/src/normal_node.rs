@@ -348,6 +348,7 @@ impl NormalNode {
                 }
             }
             Action::Deliver { flow, sdu } => {
+                let sdu = sdu.into_buf();
                 let mut t = [0u8; 8];
                 let n = sdu.len().min(8);
                 t[..n].copy_from_slice(&sdu[..n]);

@@ -132,7 +132,7 @@ impl Host {
                         ctx.transmit(local, peer, frame.into_vec());
                     }
                 }
-                Output::ToApp { sdu, .. } => self.on_sdu(now, &sdu),
+                Output::ToApp { sdu, .. } => self.on_sdu(now, &sdu.into_buf()),
                 Output::App(AppEvent::FlowRequest { handle, .. }) => {
                     let _ = self.sys.accept(now, handle);
                 }

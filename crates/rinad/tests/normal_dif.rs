@@ -142,6 +142,20 @@ fn a_normal_dif_over_shim_udp_carries_flows_by_name() {
         .unwrap()
         .expect("echo of 64 KiB");
     assert_eq!(&buf[..n], &big[..]);
+    // The same through the flow's socket instead of its rings: the
+    // fragments' buffers are joined once for the socket.
+    let mut plain = alpha.client();
+    plain.set_rings(false);
+    let on_socket = plain
+        .allocate(&name("bulk2"), &name("echo"), Some("net"), &reliable)
+        .unwrap();
+    on_socket.write(&big).unwrap();
+    let n = on_socket
+        .read_timeout(&mut buf, T)
+        .unwrap()
+        .expect("echo of 64 KiB on a socket");
+    assert_eq!(&buf[..n], &big[..]);
+    drop(on_socket);
     let echoed = {
         std::thread::scope(|s| {
             s.spawn(|| {

@@ -272,7 +272,7 @@ fn partial_buffer_capacity_stays_within_max_sdu() {
     let n = pdus.len();
     for (i, p) in pdus[..n - 1].iter().enumerate() {
         r.push(ms(0), i as u64, p).unwrap();
-        assert!(r.partial.as_ref().unwrap().buf.capacity() <= max);
+        assert!(r.partial.as_ref().unwrap().held.rest.capacity() <= max);
     }
     let got = r
         .push(ms(0), (n - 1) as u64, &pdus[n - 1])
@@ -280,6 +280,81 @@ fn partial_buffer_capacity_stays_within_max_sdu() {
         .unwrap();
     assert_eq!(got, sdu);
     assert!(got.capacity() <= max);
+}
+
+/// The fragments of `sdu` for payloads of `max_payload` bytes, each in a
+/// buffer with the room a received PDU has.
+fn fragment_bufs(sdu: &[u8], max_payload: usize) -> Vec<PduBuf> {
+    let mut pdus = Vec::new();
+    fragment(sdu, sdu.len(), max_payload, &mut pdus).unwrap();
+    pdus.iter().map(|p| PduBuf::with_headroom(p)).collect()
+}
+
+#[test]
+fn fragments_in_buffers_are_gathered_without_a_copy() {
+    let sdu = pattern(10_000, 9);
+    let bufs = fragment_bufs(&sdu, 1400);
+    let n = bufs.len();
+    let mut r = Reassembler::new(65_535, SEC);
+    let before = crate::buf::stats();
+    let mut out = None;
+    for (i, b) in bufs.into_iter().enumerate() {
+        out = r.push_buf(ms(0), i as u64, b).unwrap();
+        assert_eq!(out.is_some(), i == n - 1);
+    }
+    let got = out.unwrap();
+    assert_eq!(
+        crate::buf::stats().copies,
+        before.copies,
+        "reassembly copied"
+    );
+    assert_eq!(got.parts().len(), n);
+    assert_eq!(got, sdu);
+    assert_eq!(r.partial_len(), 0);
+    assert_eq!(r.counters().sdus_complete, 1);
+}
+
+#[test]
+fn tiny_fragments_in_buffers_cost_a_bounded_amount() {
+    // 1-byte fragments, each in a buffer of its own: past the bound the
+    // rest is copied, so what is held stays within 2 × max_sdu plus one
+    // large buffer plus the copied rest (at most max_sdu).
+    let max = 20_000;
+    let sdu = pattern(max, 4);
+    let bufs = fragment_bufs(&sdu, 2);
+    let n = bufs.len();
+    let mut r = Reassembler::new(max, SEC);
+    let bound = 2 * max + crate::buf::CLASSES[1];
+    let mut out = None;
+    for (i, b) in bufs.into_iter().enumerate() {
+        out = r.push_buf(ms(0), i as u64, b).unwrap();
+        if let Some(p) = r.partial.as_ref() {
+            assert!(p.held.parts_cap <= bound);
+            assert!(p.held.rest.capacity() <= max);
+        }
+    }
+    assert_eq!(n, max);
+    assert_eq!(out.unwrap(), sdu);
+}
+
+#[test]
+fn a_gap_drops_the_gathered_fragments() {
+    let sdu = pattern(5_000, 1);
+    let mut r = Reassembler::new(65_535, SEC);
+    let mut bufs = fragment_bufs(&sdu, 1400).into_iter();
+    assert!(r
+        .push_buf(ms(0), 0, bufs.next().unwrap())
+        .unwrap()
+        .is_none());
+    assert!(r.partial_len() > 0);
+    bufs.next();
+    // Sequence number 1 never came: the rest are orphans.
+    for (i, b) in bufs.enumerate() {
+        assert!(r.push_buf(ms(0), i as u64 + 2, b).unwrap().is_none());
+    }
+    assert_eq!(r.partial_len(), 0);
+    assert_eq!(r.counters().discarded_gap, 1);
+    assert_eq!(r.counters().sdus_complete, 0);
 }
 
 proptest! {

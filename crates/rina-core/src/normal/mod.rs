@@ -78,6 +78,7 @@ use crate::efcp::{self, Connection, EfcpConfig, EfcpError};
 use crate::ids::IdMap;
 use crate::rmt::{self, Address, QueuedPdu, Rmt, Scheduler};
 use crate::routing::{self as ls, LinkState, RoutingError};
+use crate::sdu::Sdu;
 use crate::sdup::{Sdup, SdupConfig, SdupError};
 use crate::time::Instant;
 use rina_wire::ctl::FlowCounters;
@@ -280,8 +281,9 @@ pub enum NormalError {
 pub enum Action {
     /// Write this frame on N-1 port `port`.
     Transmit { port: N1Port, frame: PduBuf },
-    /// Hand this SDU to the application of `flow`.
-    Deliver { flow: FlowId, sdu: PduBuf },
+    /// Hand this SDU to the application of `flow` (in the buffers it
+    /// arrived in: see [`crate::sdu`]).
+    Deliver { flow: FlowId, sdu: Sdu },
     /// A management PDU for this IPCP that is neither CDAP (the RIB
     /// daemon's) nor membership's arrived on `port` from `src`.
     Management {
@@ -949,7 +951,7 @@ impl NormalIpcp {
     /// all: [`NormalError::WouldBlock`] leaves nothing half-sent. Its bytes
     /// are copied once, into buffers with room for every header below.
     pub fn write(&mut self, now: Instant, flow: FlowId, sdu: &[u8]) -> Result<(), NormalError> {
-        self.write_sdu(now, flow, Sdu::Borrowed(sdu))
+        self.write_sdu(now, flow, Outgoing::Borrowed(sdu))
     }
 
     /// [`NormalIpcp::write`] of an SDU already in a buffer of its own (a
@@ -961,7 +963,7 @@ impl NormalIpcp {
         flow: FlowId,
         sdu: PduBuf,
     ) -> Result<(), NormalError> {
-        self.write_sdu(now, flow, Sdu::Owned(sdu))
+        self.write_sdu(now, flow, Outgoing::Owned(sdu))
     }
 
     /// [`NormalIpcp::write`] of an SDU read from `src` (an application's
@@ -973,10 +975,15 @@ impl NormalIpcp {
         flow: FlowId,
         src: &dyn SduSource,
     ) -> Result<(), NormalError> {
-        self.write_sdu(now, flow, Sdu::Source(src))
+        self.write_sdu(now, flow, Outgoing::Source(src))
     }
 
-    fn write_sdu(&mut self, now: Instant, flow: FlowId, sdu: Sdu<'_>) -> Result<(), NormalError> {
+    fn write_sdu(
+        &mut self,
+        now: Instant,
+        flow: FlowId,
+        sdu: Outgoing<'_>,
+    ) -> Result<(), NormalError> {
         self.tick(now);
         let max = self.cfg.max_sdu;
         let len = sdu.len();
@@ -1001,7 +1008,7 @@ impl NormalIpcp {
         // Most SDUs are one fragment: their pieces stay off the heap.
         let mut pieces: smallvec::SmallVec<[PduBuf; 2]> = smallvec::SmallVec::with_capacity(n);
         match sdu {
-            Sdu::Owned(mut b) if n == 1 => {
+            Outgoing::Owned(mut b) if n == 1 => {
                 let Some((delim, _)) = delimiting::fragments(&b, max, budget)
                     .map_err(bad_size)?
                     .next()
@@ -1691,21 +1698,20 @@ fn discards(c: &delimiting::Counters) -> u64 {
         + c.malformed
 }
 
-/// The wire body of an EFCP control PDU, with its control sequence number.
 /// An SDU handed to [`NormalIpcp::write_sdu`]: borrowed from the caller
 /// (copied once) or in a buffer of its own (kept when it fits one PDU).
-enum Sdu<'a> {
+enum Outgoing<'a> {
     Borrowed(&'a [u8]),
     Owned(PduBuf),
     Source(&'a dyn SduSource),
 }
 
-impl Sdu<'_> {
+impl Outgoing<'_> {
     fn source(&self) -> &dyn SduSource {
         match self {
-            Sdu::Borrowed(b) => b,
-            Sdu::Owned(b) => b,
-            Sdu::Source(s) => *s,
+            Outgoing::Borrowed(b) => b,
+            Outgoing::Owned(b) => b,
+            Outgoing::Source(s) => *s,
         }
     }
 
@@ -1726,6 +1732,7 @@ fn encode_data_in_place(
     Ok(payload)
 }
 
+/// The wire body of an EFCP control PDU, with its control sequence number.
 fn control_body(p: &efcp::Pdu, echo: Option<u64>, seq_mask: u64) -> (u64, ControlBody) {
     match *p {
         efcp::Pdu::Ack { ctrl_seq, ack_sn } => (

@@ -2,7 +2,7 @@
 
 use super::member::{IpcpEvent, Machine, PortId};
 use super::{AppEvent, Output, System};
-use crate::buf::PduBuf;
+use crate::sdu::Sdu;
 use crate::time::Instant;
 use rina_wire::AppName;
 
@@ -117,16 +117,10 @@ impl System {
 
     /// Delivers an SDU that crossed congestion (`congested`: a PDU of its
     /// flow carried the ECN flag) to an upper IPCP or an application.
-    pub(super) fn deliver_marked(
-        &mut self,
-        now: Instant,
-        port: PortId,
-        sdu: PduBuf,
-        congested: bool,
-    ) {
+    pub(super) fn deliver_marked(&mut self, now: Instant, port: PortId, sdu: Sdu, congested: bool) {
         if let Some(&(upper, _)) = self.n1.get(&port) {
             if let Machine::Normal(n) = &mut self.members[upper].machine {
-                n.on_frame_buf(now, port, sdu, congested);
+                n.on_frame_buf(now, port, sdu.into_buf(), congested);
             }
         } else if self.app_flows.contains_key(&port) {
             self.out.push_back(Output::ToApp { port, sdu });

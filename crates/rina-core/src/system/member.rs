@@ -7,6 +7,7 @@
 use crate::buf::PduBuf;
 use crate::normal::{self, NormalError, NormalIpcp};
 use crate::rmt::PortRate;
+use crate::sdu::Sdu;
 use crate::shim_eth::{self, ShimEth, ShimEthError};
 use crate::shim_hv::{self, ShimHv, ShimHvError};
 use crate::shim_udp::{self, ShimError, ShimUdp};
@@ -181,7 +182,7 @@ pub enum IpcpEvent {
     /// The peer deallocated a flow.
     Deallocated { port: PortId },
     /// An SDU for the user of flow `port`.
-    Deliver { port: PortId, sdu: PduBuf },
+    Deliver { port: PortId, sdu: Sdu },
     /// The connection of flow `port` failed.
     FlowFailed { port: PortId },
     /// Normal IPCP: write this frame on N-1 flow `port`.

@@ -48,6 +48,7 @@ pub use tap::{MediumTapped, TAP_MAX_BYTES};
 
 use crate::normal::{MembershipEvent, NormalConfig, NormalIpcp};
 use crate::rmt::{PortRate, SchedulerConfig};
+use crate::sdu::Sdu;
 use crate::shim_udp::{self, ShimUdp};
 use crate::time::Instant;
 use crate::{shim_eth, shim_hv};
@@ -91,7 +92,7 @@ pub enum Output {
         message: String,
     },
     /// An SDU for the application of flow `port`.
-    ToApp { port: PortId, sdu: PduBuf },
+    ToApp { port: PortId, sdu: Sdu },
     /// Something for an application.
     App(AppEvent),
 }
@@ -839,7 +840,7 @@ impl System {
         if let Some((port, sdu)) = self.receive(now, medium, rx) {
             self.out.push_back(Output::ToApp {
                 port,
-                sdu: sdu.to_vec().into(),
+                sdu: Sdu::from(sdu),
             });
         }
     }

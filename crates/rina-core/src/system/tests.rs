@@ -873,7 +873,7 @@ fn an_sdu_is_copied_once_down_and_once_up_two_stacked_difs() {
         }
     }
     let after = crate::buf::stats();
-    assert_eq!(got, vec![(theirs, PduBuf::from(sdu.to_vec()))]);
+    assert_eq!(got, vec![(theirs, Sdu::from(sdu.to_vec()))]);
     assert_eq!(
         (after.made - before.made, after.copies - before.copies),
         (1, 1)
@@ -886,7 +886,7 @@ fn outputs(sys: &mut System) -> Vec<Output> {
 }
 
 /// The SDUs for applications among `outs`, with their ports.
-fn to_apps(outs: Vec<Output>) -> Vec<(PortId, PduBuf)> {
+fn to_apps(outs: Vec<Output>) -> Vec<(PortId, Sdu)> {
     outs.into_iter()
         .filter_map(|o| match o {
             Output::ToApp { port, sdu } => Some((port, sdu)),
@@ -922,7 +922,7 @@ fn frames_received_held_reach_the_application_in_order_when_the_system_settles()
     let got = to_apps(outputs(&mut net.sys[1]));
     let want: Vec<_> = sdus
         .iter()
-        .map(|s| (theirs, PduBuf::from(s.clone())))
+        .map(|s| (theirs, Sdu::from(s.clone())))
         .collect();
     assert_eq!(got, want);
     // Still one copy per SDU on the way up.
@@ -964,7 +964,7 @@ fn sdus_written_held_go_down_in_order_when_the_system_settles() {
     }
     let want: Vec<_> = sdus
         .iter()
-        .map(|s| (theirs, PduBuf::from(s.clone())))
+        .map(|s| (theirs, Sdu::from(s.clone())))
         .collect();
     assert_eq!(to_apps(outputs(&mut net.sys[1])), want);
     // A held write on a flow that does not exist is refused as write is.

@@ -6,6 +6,7 @@
 //! carries one-byte doorbells each way (and its end of file).
 
 use super::shim_hv::{eventfd, ring_eventfd, Mapping};
+use rina_core::sdu::Sdu;
 use rina_core::shim_hv::flow_rings::{self, Setup};
 use rina_core::shim_hv::ring::{Consumer, Producer, RingError, Segments};
 use std::collections::VecDeque;
@@ -96,6 +97,18 @@ impl AppRings {
     /// (call [`AppRings::wake`] after a batch); false if it has no room.
     pub(super) fn push(&mut self, sdu: &[u8]) -> bool {
         self.to_app.push(&[sdu]).is_ok()
+    }
+
+    /// [`AppRings::push`] for an SDU that may lie in several buffers,
+    /// laid end to end in one record.
+    pub(super) fn push_sdu(&mut self, sdu: &Sdu) -> bool {
+        match sdu.parts() {
+            [one] => self.push(one),
+            parts => {
+                let parts: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
+                self.to_app.push(&parts).is_ok()
+            }
+        }
     }
 
     /// Wakes the application if it sleeps on its receive ring.

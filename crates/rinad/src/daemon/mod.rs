@@ -54,6 +54,7 @@ use ipcp::{Io, Ipcp};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use rina_core::ids::IdMap;
+use rina_core::sdu::Sdu;
 use rina_core::system::{AppEvent, Machine, Output, PduBuf, PortId, System};
 use rina_core::Instant;
 use rina_wire::ctl::{
@@ -820,13 +821,15 @@ impl Daemon {
     /// holds it while the application does not read (bounded: beyond
     /// [`MAX_RX_PENDING`] it is dropped and counted). Its credit goes back
     /// once the application took it.
-    fn deliver(&mut self, port: PortId, sdu: PduBuf) {
+    fn deliver(&mut self, port: PortId, sdu: Sdu) {
         let Some(slot) = self.flows.get_mut(&port) else {
             return;
         };
         let taken = self.taken.entry(port).or_default();
         if let Some(r) = slot.rings.as_mut() {
-            if slot.rx_pending.is_empty() && r.push(&sdu) {
+            // A reassembled SDU is gathered from its fragments' buffers
+            // straight into the ring.
+            if slot.rx_pending.is_empty() && r.push_sdu(&sdu) {
                 *taken += 1;
                 // Woken once for what the outputs deliver ([`Daemon::drain_outputs`]).
                 if self.udp.woken.last() != Some(&port) {
@@ -839,7 +842,7 @@ impl Daemon {
                 *taken += 1;
                 return;
             }
-            slot.rx_pending.push_back(sdu);
+            slot.rx_pending.push_back(sdu.into_buf());
             let room_now = slot
                 .rx_pending
                 .front()
@@ -850,6 +853,7 @@ impl Daemon {
             return;
         }
         let fd = slot.fd.as_raw_fd();
+        let sdu = sdu.into_buf();
         if slot.rx_pending.is_empty() {
             match sys::send(fd, &sdu, None) {
                 Ok(Sent::Done) => {

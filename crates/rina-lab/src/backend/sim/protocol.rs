@@ -403,7 +403,7 @@ impl LabNode {
                     }
                 }
             }
-            Output::ToApp { port, sdu } => self.on_sdu(now, port, &sdu),
+            Output::ToApp { port, sdu } => self.on_sdu(now, port, &sdu.into_buf()),
             Output::App(AppEvent::FlowRequest { handle, local, .. }) => {
                 match self.names.get(&*local).copied() {
                     Some(echo) => {
