@@ -9,6 +9,7 @@ use super::shim_hv::{eventfd, ring_eventfd, Mapping};
 use rina_core::sdu::Sdu;
 use rina_core::shim_hv::flow_rings::{self, Setup};
 use rina_core::shim_hv::ring::{Consumer, Producer, RingError, Segments};
+use smallvec::SmallVec;
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -105,7 +106,9 @@ impl AppRings {
         match sdu.parts() {
             [one] => self.push(one),
             parts => {
-                let parts: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
+                // On the stack for SDUs of up to 8 fragments (64 KiB in
+                // 9,000-byte PDUs): no allocation per SDU.
+                let parts: SmallVec<[&[u8]; 8]> = parts.iter().map(|p| &p[..]).collect();
                 self.to_app.push(&parts).is_ok()
             }
         }
