@@ -14,6 +14,7 @@
 //! message, still batched.
 
 use nix::sys::socket::{SockaddrLike, SockaddrStorage};
+use rina_core::buf::{self, PduBuf};
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
@@ -30,9 +31,9 @@ const GSO_MAX_SEGMENTS: usize = 64;
 const GSO_MAX_BYTES: usize = 65_000;
 /// Messages in one `sendmmsg` or `recvmmsg`.
 const MAX_MSGS: usize = 64;
-/// Receive slots (each holds a coalesced read of up to 64 KiB).
+/// Receive messages (each holds a coalesced read of up to 64 KiB).
 pub const RX_SLOTS: usize = 16;
-/// Bytes per receive slot.
+/// Bytes per receive message.
 const RX_SLOT: usize = 65_536;
 /// Room for one control message of an `int` (also fits a `u16`).
 type CmsgBuf = [u64; 4];
@@ -230,27 +231,44 @@ impl Sender {
     }
 }
 
-/// One coalesced read: consecutive datagrams of one sender.
-#[derive(Debug, Clone, Copy)]
-pub struct Received {
-    pub from: Option<SocketAddr>,
-    /// Where its bytes are in the receiver's arena.
-    start: usize,
-    len: usize,
-    /// The size of each datagram but the last (0: one datagram).
-    segment: usize,
-    /// The kernel cut it short (a datagram larger than a slot).
-    truncated: bool,
+/// The smallest and largest datagram size the receive buffers are cut
+/// for: every buffer is one of the pool's classes (2,048 or 10,240 bytes
+/// with the room), and a message's buffers hold a whole coalesced read
+/// (64 KiB) in at most 64.
+const RX_CUT_MIN: usize = 1024;
+const RX_CUT_MAX: usize = buf::CLASSES[1] - buf::HEADROOM - buf::TAILROOM;
+
+/// The capacity of a receive buffer for datagrams of `cut` bytes.
+fn rx_capacity(cut: usize) -> usize {
+    let need = buf::HEADROOM + cut + buf::TAILROOM;
+    buf::CLASSES
+        .into_iter()
+        .find(|&c| need <= c)
+        .unwrap_or(need)
 }
 
 /// Reused buffers of `recvmmsg` for shim-udp sockets.
+///
+/// Each of the [`RX_SLOTS`] messages reads into a list of PDU buffers
+/// (with [`buf::HEADROOM`] in front) of `cut` bytes each, `cut` being the
+/// datagram size the last coalesced read had. A coalesced read of
+/// datagrams of that size, or a single datagram no larger, then lands one
+/// datagram per buffer, and the buffer goes up the stack as the PDU's own:
+/// no copy out of the read. Any other read (another size, small datagrams
+/// coalesced) is copied out datagram by datagram, and the next reads are
+/// cut for its size.
 pub struct Receiver {
-    arena: Vec<u8>,
+    cut: usize,
+    /// `RX_SLOTS` lists of `per_slot` buffers, each empty past its room.
+    bufs: Vec<PduBuf>,
+    per_slot: usize,
     iovs: Vec<libc::iovec>,
     names: Vec<libc::sockaddr_storage>,
     cmsgs: Vec<CmsgBuf>,
     msgs: Vec<libc::mmsghdr>,
-    got: Vec<Received>,
+    got: Vec<(Option<SocketAddr>, PduBuf)>,
+    /// Datagrams copied out of a read rather than handed up in their buffer.
+    copied: u64,
 }
 
 impl Default for Receiver {
@@ -262,29 +280,59 @@ impl Default for Receiver {
 impl Receiver {
     pub fn new() -> Receiver {
         Receiver {
-            arena: Vec::new(),
+            // A datagram of up to 1,888 bytes lands in its own buffer
+            // from the first read.
+            cut: buf::CLASSES[0] - buf::HEADROOM - buf::TAILROOM,
+            bufs: Vec::new(),
+            per_slot: 0,
             iovs: Vec::new(),
             names: Vec::new(),
             cmsgs: Vec::new(),
             msgs: Vec::new(),
             got: Vec::new(),
+            copied: 0,
         }
     }
 
+    /// Datagrams copied out of a read so far (the rest went up in the
+    /// buffer they were read into).
+    pub fn copied(&self) -> u64 {
+        self.copied
+    }
+
+    /// Gives every message `per_slot` buffers of `cut` bytes: new ones in
+    /// place of those handed up last time (or of all, if the cut changed).
+    fn refill(&mut self) {
+        // Buffers with room enough are kept across a change of cut.
+        let per_slot = RX_SLOT.div_ceil(self.cut);
+        self.per_slot = per_slot;
+        let cut = self.cut;
+        let fresh = || PduBuf::empty(buf::HEADROOM, rx_capacity(cut) - buf::HEADROOM);
+        let spare = |b: &PduBuf| b.capacity() - b.headroom() - b.len();
+        for b in &mut self.bufs {
+            if !b.is_empty() || spare(b) < cut {
+                *b = fresh();
+            }
+        }
+        self.bufs.resize_with(RX_SLOTS * per_slot, fresh);
+        self.iovs.clear();
+        self.iovs.extend(self.bufs.iter_mut().map(|b| {
+            let (v, _) = b.parts_mut();
+            libc::iovec {
+                // SAFETY: past the room, within the capacity (every buffer
+                // has room for `cut` bytes after it, checked above).
+                iov_base: unsafe { v.as_mut_ptr().add(v.len()) } as *mut libc::c_void,
+                iov_len: cut,
+            }
+        }));
+    }
+
     /// Reads what waits on `fd`, up to [`RX_SLOTS`] coalesced reads, without
-    /// blocking; the number of reads (0: nothing waited).
+    /// blocking; the number of reads (0: nothing waited). Their datagrams
+    /// are in [`Receiver::datagrams`] until the next call.
     pub fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
         self.got.clear();
-        if self.arena.is_empty() {
-            // Untouched pages cost no memory until a read fills them.
-            self.arena = vec![0; RX_SLOTS * RX_SLOT];
-        }
-        self.iovs.clear();
-        self.iovs
-            .extend(self.arena.chunks_mut(RX_SLOT).map(|c| libc::iovec {
-                iov_base: c.as_mut_ptr() as *mut libc::c_void,
-                iov_len: c.len(),
-            }));
+        self.refill();
         // SAFETY: sockaddr_storage is plain data; zero is valid.
         self.names.resize(RX_SLOTS, unsafe { std::mem::zeroed() });
         self.cmsgs.resize(RX_SLOTS, [0; 4]);
@@ -294,15 +342,16 @@ impl Receiver {
             let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
             m.msg_hdr.msg_name = &mut self.names[k] as *mut _ as *mut libc::c_void;
             m.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as _;
-            m.msg_hdr.msg_iov = &mut self.iovs[k];
-            m.msg_hdr.msg_iovlen = 1;
+            m.msg_hdr.msg_iov = &mut self.iovs[k * self.per_slot];
+            m.msg_hdr.msg_iovlen = self.per_slot as _;
             m.msg_hdr.msg_control = self.cmsgs[k].as_mut_ptr() as *mut libc::c_void;
             m.msg_hdr.msg_controllen = std::mem::size_of::<CmsgBuf>() as _;
             self.msgs.push(m);
         }
         let n = loop {
             // SAFETY: every header points into buffers owned by `self`,
-            // sized as declared; no timeout.
+            // sized as declared (each iovec is spare capacity of a buffer
+            // in `bufs`, untouched until the call returns); no timeout.
             let n = unsafe {
                 libc::recvmmsg(
                     fd,
@@ -322,42 +371,90 @@ impl Receiver {
                 _ => return Err(e),
             }
         };
+        let mut next_cut = None;
         for k in 0..n {
             let m = &self.msgs[k];
             let from = sockaddr_of(&self.names[k], m.msg_hdr.msg_namelen);
             let segment = gro_segment(&m.msg_hdr);
-            self.got.push(Received {
-                from,
-                start: k * RX_SLOT,
-                len: (m.msg_len as usize).min(RX_SLOT),
-                segment,
-                truncated: m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
-            });
+            let len = (m.msg_len as usize).min(self.per_slot * self.cut);
+            if m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
+                // Cut short (larger than a read holds): dropped whole.
+                continue;
+            }
+            // The next reads are cut for a coalesced read's datagram size,
+            // or for a single datagram too large for the cut (one that fits
+            // already lands in a buffer of its own).
+            let resize = if segment == 0 {
+                len > self.cut
+            } else {
+                segment != self.cut
+            };
+            let size = if segment == 0 { len } else { segment };
+            if resize && (RX_CUT_MIN..=RX_CUT_MAX).contains(&size) {
+                next_cut = Some(size);
+            }
+            self.take_read(k, from, len, segment);
+        }
+        if let Some(c) = next_cut {
+            self.cut = c;
         }
         Ok(n)
     }
 
-    /// The reads of the last [`Receiver::recv`].
-    pub fn reads(&self) -> &[Received] {
-        &self.got
+    /// Hands up the datagrams of message `k` (`len` bytes, coalesced in
+    /// datagrams of `segment` bytes, 0 for one datagram).
+    fn take_read(&mut self, k: usize, from: Option<SocketAddr>, len: usize, segment: usize) {
+        let first = k * self.per_slot;
+        let cut = self.cut;
+        // The buffers the kernel wrote, with the bytes it wrote in each.
+        let used = len.div_ceil(cut).max(1);
+        for j in 0..used {
+            let filled = len.saturating_sub(j * cut).min(cut);
+            let (v, _) = self.bufs[first + j].parts_mut();
+            // SAFETY: the kernel wrote `len` bytes across the iovecs in
+            // order, `cut` into each but the last: these `filled` bytes
+            // past the room (within the capacity, as `refill` checked).
+            unsafe { v.set_len(v.len() + filled) };
+        }
+        if segment == cut || (segment == 0 && len <= cut) {
+            // One datagram per buffer: each is the datagram's own.
+            for j in 0..used {
+                let b = std::mem::replace(&mut self.bufs[first + j], PduBuf::from(Vec::new()));
+                self.got.push((from, b));
+            }
+            return;
+        }
+        // Laid across the buffers otherwise: copied out one by one.
+        let size = if segment == 0 { len.max(1) } else { segment };
+        let mut at = 0;
+        loop {
+            let n = size.min(len - at);
+            let mut d = PduBuf::empty(buf::HEADROOM, n + buf::TAILROOM);
+            let mut left = n;
+            let mut pos = at;
+            while left > 0 {
+                let (j, off) = (pos / cut, pos % cut);
+                let part = &self.bufs[first + j][off..];
+                let take = part.len().min(left);
+                d.extend_from_slice(&part[..take]);
+                (left, pos) = (left - take, pos + take);
+            }
+            self.got.push((from, d));
+            self.copied += 1;
+            at += n;
+            if at >= len {
+                break;
+            }
+        }
+        for j in 0..used {
+            self.bufs[first + j].truncate(0);
+        }
     }
 
-    /// The datagrams of read `r` (its sender is `r.from`); none if it was
-    /// cut short.
-    pub fn datagrams(&self, r: &Received) -> impl Iterator<Item = &[u8]> {
-        let bytes = if r.truncated {
-            &[][..]
-        } else {
-            &self.arena[r.start..r.start + r.len]
-        };
-        let size = if r.segment == 0 {
-            r.len.max(1)
-        } else {
-            r.segment
-        };
-        // An empty datagram is one too (the machine counts it as bad).
-        let empty = (r.len == 0 && !r.truncated).then_some(&[][..]);
-        empty.into_iter().chain(bytes.chunks(size))
+    /// The datagrams of the last [`Receiver::recv`], in order, each with its
+    /// sender, in its own buffer with [`buf::HEADROOM`] in front.
+    pub fn datagrams(&mut self) -> std::vec::Drain<'_, (Option<SocketAddr>, PduBuf)> {
+        self.got.drain(..)
     }
 }
 
@@ -425,11 +522,16 @@ mod tests {
     /// reads the kernel made of them.
     fn drain(rx: &mut Receiver, b: &UdpSocket) -> (Vec<Vec<u8>>, usize) {
         let (mut out, mut reads) = (Vec::new(), 0);
-        while rx.recv(b.as_raw_fd()).unwrap() > 0 {
-            for r in rx.reads().to_vec() {
-                reads += 1;
-                out.extend(rx.datagrams(&r).map(<[u8]>::to_vec));
+        loop {
+            let n = rx.recv(b.as_raw_fd()).unwrap();
+            if n == 0 {
+                break;
             }
+            reads += n;
+            out.extend(rx.datagrams().map(|(_, d)| {
+                assert_eq!(d.headroom(), buf::HEADROOM);
+                d.to_vec()
+            }));
         }
         (out, reads)
     }
@@ -479,25 +581,35 @@ mod tests {
         let data: Vec<Vec<u8>> = (0..300u32).map(|k| k.to_be_bytes().repeat(300)).collect();
         let frames: Vec<(SocketAddr, &[u8])> = data.iter().map(|d| (to, d.as_slice())).collect();
         let mut tx = Sender::new();
+        let mut rx = Receiver::new();
         // Fewer at a time than the socket buffer holds.
-        for chunk in frames.chunks(100) {
+        for (k, chunk) in frames.chunks(100).enumerate() {
             let out = tx.send(a.as_raw_fd(), chunk);
             assert_eq!(out.sent, chunk.len());
-            let mut rx = Receiver::new();
+            let copied = rx.copied();
             let mut got = Vec::new();
             while rx.recv(b.as_raw_fd()).unwrap() > 0 {
-                for r in rx.reads().to_vec() {
-                    assert_eq!(r.from, Some(a.local_addr().unwrap()));
-                    got.extend(rx.datagrams(&r).map(<[u8]>::to_vec));
+                for (from, d) in rx.datagrams() {
+                    assert_eq!(from, Some(a.local_addr().unwrap()));
+                    got.push(d.to_vec());
                 }
             }
             let want: Vec<Vec<u8>> = chunk.iter().map(|(_, d)| d.to_vec()).collect();
             assert_eq!(got, want);
+            // The first reads of coalesced 1,200-byte datagrams are copied
+            // out; the reads after them are cut for 1,200 bytes, and each
+            // datagram goes up in the buffer it was read into.
+            if k > 0 {
+                assert_eq!(rx.copied(), copied, "chunk {k}");
+            }
         }
         let out = tx.send(c.as_raw_fd(), &[(to, b"from c")]);
         assert_eq!(out.sent, 1);
         let mut rx = Receiver::new();
         assert_eq!(rx.recv(b.as_raw_fd()).unwrap(), 1);
-        assert_eq!(rx.reads()[0].from, Some(c.local_addr().unwrap()));
+        assert_eq!(
+            rx.datagrams().next().unwrap().0,
+            Some(c.local_addr().unwrap())
+        );
     }
 }

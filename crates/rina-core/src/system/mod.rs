@@ -919,6 +919,57 @@ impl System {
         app
     }
 
+    /// [`System::receive_held`] of a datagram of shim-udp medium `medium`
+    /// read into a buffer of its own (with room in front): a frame for an
+    /// N-1 flow goes up in that buffer, past the shim's header, with no
+    /// copy; an SDU for an application flow is returned in it.
+    pub fn receive_udp_held(
+        &mut self,
+        now: Instant,
+        medium: MediumId,
+        from: SocketAddr,
+        mut frame: PduBuf,
+    ) -> Option<(PortId, PduBuf)> {
+        self.tick(now);
+        if self.removed.contains(&medium) {
+            return None;
+        }
+        self.tap(medium, false, Some(from), None, &[&frame[..]]);
+        let Some(Machine::ShimUdp(s)) = self.members.get_mut(medium).map(|m| &mut m.machine) else {
+            self.counters.rx_dropped += 1;
+            return None;
+        };
+        let (port, at, len) = match s.on_datagram(now, from, &frame) {
+            shim_udp::Received::Deliver { port, sdu } => {
+                // The SDU is a slice of the frame: where it starts in it.
+                (
+                    port,
+                    sdu.as_ptr() as usize - frame.as_ptr() as usize,
+                    sdu.len(),
+                )
+            }
+            shim_udp::Received::Control => return None,
+            shim_udp::Received::Dropped(_) => {
+                self.counters.rx_dropped += 1;
+                return None;
+            }
+        };
+        frame.advance(at);
+        frame.truncate(len);
+        if self.app_flows.contains_key(&port) {
+            return Some((port, frame));
+        }
+        match self.n1.get(&port) {
+            Some(&(upper, _)) => {
+                if let Some(n) = self.members[upper].normal_mut() {
+                    n.on_frame_buf(now, port, frame, false);
+                }
+            }
+            None => self.counters.app_rx_orphan += 1,
+        }
+        None
+    }
+
     /// Carries out what frames taken with [`System::receive_held`] and SDUs
     /// taken with [`System::write_held`] set off.
     pub fn settle(&mut self, now: Instant) {

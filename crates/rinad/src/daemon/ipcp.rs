@@ -108,6 +108,7 @@ impl Daemon {
                 // rx_datagrams), and whether the kernel's offloads are in use.
                 c.insert("tx_syscalls".into(), u.sender.calls());
                 c.insert("rx_syscalls".into(), u.rx_calls);
+                c.insert("rx_copied".into(), u.rx_copied);
                 c.insert("tx_gso".into(), u64::from(u.sender.offload()));
                 c.insert("rx_gro".into(), u64::from(u.gro));
                 c

@@ -11,7 +11,7 @@
 use super::*;
 use crate::udp_batch::{self, Receiver, Sender};
 use mio::net::UdpSocket;
-use rina_core::system::{FlowError, PduBuf, Rx};
+use rina_core::system::{FlowError, PduBuf};
 use std::net::SocketAddr;
 use std::ops::Range;
 
@@ -40,6 +40,8 @@ pub(super) struct UdpIo {
     pub gro: bool,
     /// Receive system calls made.
     pub rx_calls: u64,
+    /// Datagrams copied out of a read rather than handed up in their buffer.
+    pub rx_copied: u64,
 }
 
 impl UdpIo {
@@ -56,6 +58,7 @@ impl UdpIo {
             sender: Sender::new(),
             gro,
             rx_calls: 0,
+            rx_copied: 0,
         }
     }
 
@@ -186,17 +189,17 @@ impl Daemon {
         u.rx_calls += 1;
         let fd = u.sock.as_raw_fd();
         let mut rx = std::mem::take(&mut self.udp.rx);
+        let copied = rx.copied();
         let more = match rx.recv(fd) {
             Ok(n) => {
-                for r in rx.reads() {
-                    let Some(from) = r.from else { continue };
-                    for datagram in rx.datagrams(r) {
-                        let got = self.sys.receive_held(now, i, Rx::Udp { from, datagram });
-                        if let Some((port, sdu)) = got {
-                            queue_to_app(&mut self.flows, &mut self.sys, i, port, sdu);
-                            if self.udp.woken.last() != Some(&port) {
-                                self.udp.woken.push(port);
-                            }
+                for (from, frame) in rx.datagrams() {
+                    let Some(from) = from else { continue };
+                    // Each datagram in the buffer it was read into: a frame
+                    // of a normal IPCP goes up in it.
+                    if let Some((port, sdu)) = self.sys.receive_udp_held(now, i, from, frame) {
+                        queue_to_app(&mut self.flows, &mut self.sys, i, port, &sdu);
+                        if self.udp.woken.last() != Some(&port) {
+                            self.udp.woken.push(port);
                         }
                     }
                 }
@@ -211,6 +214,9 @@ impl Daemon {
                 true
             }
         };
+        if let Io::Udp(u) = &mut self.ipcps[i].io {
+            u.rx_copied += rx.copied() - copied;
+        }
         self.udp.rx = rx;
         more
     }
