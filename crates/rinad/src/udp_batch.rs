@@ -247,6 +247,18 @@ fn rx_capacity(cut: usize) -> usize {
         .unwrap_or(need)
 }
 
+/// An iovec over the `cut` bytes past `b`'s room.
+fn iovec_after_room(b: &mut PduBuf, cut: usize) -> libc::iovec {
+    let (v, _) = b.parts_mut();
+    debug_assert!(v.capacity() - v.len() >= cut);
+    libc::iovec {
+        // SAFETY: past the room, within the capacity (every receive buffer
+        // has room for `cut` bytes after it: `rx_capacity`).
+        iov_base: unsafe { v.as_mut_ptr().add(v.len()) } as *mut libc::c_void,
+        iov_len: cut,
+    }
+}
+
 /// Reused buffers of `recvmmsg` for shim-udp sockets.
 ///
 /// Each of the [`RX_SLOTS`] messages reads into a list of PDU buffers
@@ -267,6 +279,14 @@ pub struct Receiver {
     cmsgs: Vec<CmsgBuf>,
     msgs: Vec<libc::mmsghdr>,
     got: Vec<(Option<SocketAddr>, PduBuf)>,
+    /// The cut `iovs` and `msgs` were laid out for (0: not yet).
+    built: usize,
+    /// Buffers handed up by the last read, to be replaced (with their
+    /// iovecs) before the next.
+    taken: Vec<usize>,
+    /// Messages the kernel filled in the last read, whose lengths and
+    /// flags are reset before the next.
+    filled: usize,
     /// Datagrams copied out of a read rather than handed up in their buffer.
     copied: u64,
 }
@@ -290,6 +310,9 @@ impl Receiver {
             cmsgs: Vec::new(),
             msgs: Vec::new(),
             got: Vec::new(),
+            built: 0,
+            taken: Vec::new(),
+            filled: 0,
             copied: 0,
         }
     }
@@ -301,13 +324,38 @@ impl Receiver {
     }
 
     /// Gives every message `per_slot` buffers of `cut` bytes: new ones in
-    /// place of those handed up last time (or of all, if the cut changed).
+    /// place of those handed up last time (or of all, with every iovec and
+    /// message laid out anew, if the cut changed).
     fn refill(&mut self) {
-        // Buffers with room enough are kept across a change of cut.
-        let per_slot = RX_SLOT.div_ceil(self.cut);
-        self.per_slot = per_slot;
         let cut = self.cut;
         let fresh = || PduBuf::empty(buf::HEADROOM, rx_capacity(cut) - buf::HEADROOM);
+        if self.built == cut {
+            // Only what the last read took or wrote changes: a read that
+            // found nothing costs no set-up.
+            if !self.taken.is_empty() {
+                for i in self.taken.drain(..) {
+                    self.bufs[i] = fresh();
+                    self.iovs[i] = iovec_after_room(&mut self.bufs[i], cut);
+                }
+                // The headers point at the iovecs afresh after those writes.
+                let base = self.iovs.as_mut_ptr();
+                for (k, m) in self.msgs.iter_mut().enumerate() {
+                    // SAFETY: within `iovs`, which holds RX_SLOTS * per_slot.
+                    m.msg_hdr.msg_iov = unsafe { base.add(k * self.per_slot) };
+                }
+            }
+            for m in &mut self.msgs[..self.filled] {
+                m.msg_len = 0;
+                m.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as _;
+                m.msg_hdr.msg_controllen = std::mem::size_of::<CmsgBuf>() as _;
+                m.msg_hdr.msg_flags = 0;
+            }
+            self.filled = 0;
+            return;
+        }
+        // Buffers with room enough are kept across a change of cut.
+        let per_slot = RX_SLOT.div_ceil(cut);
+        self.per_slot = per_slot;
         let spare = |b: &PduBuf| b.capacity() - b.headroom() - b.len();
         for b in &mut self.bufs {
             if !b.is_empty() || spare(b) < cut {
@@ -316,23 +364,8 @@ impl Receiver {
         }
         self.bufs.resize_with(RX_SLOTS * per_slot, fresh);
         self.iovs.clear();
-        self.iovs.extend(self.bufs.iter_mut().map(|b| {
-            let (v, _) = b.parts_mut();
-            libc::iovec {
-                // SAFETY: past the room, within the capacity (every buffer
-                // has room for `cut` bytes after it, checked above).
-                iov_base: unsafe { v.as_mut_ptr().add(v.len()) } as *mut libc::c_void,
-                iov_len: cut,
-            }
-        }));
-    }
-
-    /// Reads what waits on `fd`, up to [`RX_SLOTS`] coalesced reads, without
-    /// blocking; the number of reads (0: nothing waited). Their datagrams
-    /// are in [`Receiver::datagrams`] until the next call.
-    pub fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
-        self.got.clear();
-        self.refill();
+        self.iovs
+            .extend(self.bufs.iter_mut().map(|b| iovec_after_room(b, cut)));
         // SAFETY: sockaddr_storage is plain data; zero is valid.
         self.names.resize(RX_SLOTS, unsafe { std::mem::zeroed() });
         self.cmsgs.resize(RX_SLOTS, [0; 4]);
@@ -342,12 +375,24 @@ impl Receiver {
             let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
             m.msg_hdr.msg_name = &mut self.names[k] as *mut _ as *mut libc::c_void;
             m.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as _;
-            m.msg_hdr.msg_iov = &mut self.iovs[k * self.per_slot];
-            m.msg_hdr.msg_iovlen = self.per_slot as _;
+            // SAFETY: within `iovs`, which holds RX_SLOTS * per_slot.
+            m.msg_hdr.msg_iov = unsafe { self.iovs.as_mut_ptr().add(k * per_slot) };
+            m.msg_hdr.msg_iovlen = per_slot as _;
             m.msg_hdr.msg_control = self.cmsgs[k].as_mut_ptr() as *mut libc::c_void;
             m.msg_hdr.msg_controllen = std::mem::size_of::<CmsgBuf>() as _;
             self.msgs.push(m);
         }
+        self.taken.clear();
+        self.filled = 0;
+        self.built = cut;
+    }
+
+    /// Reads what waits on `fd`, up to [`RX_SLOTS`] coalesced reads, without
+    /// blocking; the number of reads (0: nothing waited). Their datagrams
+    /// are in [`Receiver::datagrams`] until the next call.
+    pub fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
+        self.got.clear();
+        self.refill();
         let n = loop {
             // SAFETY: every header points into buffers owned by `self`,
             // sized as declared (each iovec is spare capacity of a buffer
@@ -362,6 +407,7 @@ impl Receiver {
                 )
             };
             if n >= 0 {
+                self.filled = n as usize;
                 break n as usize;
             }
             let e = io::Error::last_os_error();
@@ -421,6 +467,7 @@ impl Receiver {
             for j in 0..used {
                 let b = std::mem::replace(&mut self.bufs[first + j], PduBuf::from(Vec::new()));
                 self.got.push((from, b));
+                self.taken.push(first + j);
             }
             return;
         }
@@ -517,7 +564,6 @@ mod tests {
         (a, b)
     }
 
-    /// Everything received on `b`, datagram by datagram.
     /// Everything received on `b`, datagram by datagram, and the number of
     /// reads the kernel made of them.
     fn drain(rx: &mut Receiver, b: &UdpSocket) -> (Vec<Vec<u8>>, usize) {
@@ -569,6 +615,52 @@ mod tests {
             } else {
                 assert_eq!(reads, want.len());
             }
+        }
+    }
+
+    #[test]
+    fn a_receiver_reused_over_many_reads_keeps_every_datagram_and_sender() {
+        // Between reads the receiver renews only what the last read used:
+        // buffers handed up, the lengths and flags the kernel wrote. Rounds
+        // of other sizes and senders, with reads that find nothing between
+        // them, must still come back exact.
+        let (a, b) = pair();
+        let c = UdpSocket::bind("127.0.0.1:0").unwrap();
+        assert!(enable_gro(b.as_raw_fd()));
+        let to = b.local_addr().unwrap();
+        let mut tx = Sender::new();
+        let mut rx = Receiver::new();
+        // (size, count): a lone datagram is read without a GRO control
+        // message, and the coalesced read after it needs the room for one.
+        let rounds: [(usize, usize); 9] = [
+            (1400, 40),
+            (1400, 1),
+            (1400, 40),
+            (9000, 11),
+            (64, 40),
+            (1200, 1),
+            (1200, 40),
+            (2000, 40),
+            (1400, 40),
+        ];
+        for (r, &(size, count)) in rounds.iter().enumerate() {
+            let from = if r % 2 == 0 { &a } else { &c };
+            // Fewer at a time than the socket buffer holds.
+            assert!(size * count <= 100_000);
+            let data: Vec<Vec<u8>> = (0..count).map(|k| vec![(k ^ r) as u8; size]).collect();
+            let frames: Vec<(SocketAddr, &[u8])> =
+                data.iter().map(|d| (to, d.as_slice())).collect();
+            assert_eq!(tx.send(from.as_raw_fd(), &frames).sent, data.len());
+            let mut got = Vec::new();
+            while rx.recv(b.as_raw_fd()).unwrap() > 0 {
+                for (who, d) in rx.datagrams() {
+                    assert_eq!(who, Some(from.local_addr().unwrap()), "round {r}");
+                    assert_eq!(d.headroom(), buf::HEADROOM);
+                    got.push(d.to_vec());
+                }
+            }
+            assert!(got == data, "round {r}: {size}-byte datagrams differ");
+            assert_eq!(rx.recv(b.as_raw_fd()).unwrap(), 0);
         }
     }
 
