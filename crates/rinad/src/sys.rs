@@ -189,6 +189,55 @@ pub fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<Recv> {
     }
 }
 
+/// Packets [`drain`] reads per call.
+const DRAIN_BATCH: usize = 8;
+
+/// Reads and drops every packet waiting on `fd` (doorbells, kicks) without
+/// blocking; false if the peer closed. One `recvmmsg` takes up to
+/// [`DRAIN_BATCH`] of them, and a call that finds fewer has emptied the
+/// queue: no further read to learn that nothing is left.
+pub fn drain(fd: RawFd) -> bool {
+    let mut bufs = [[0u8; 16]; DRAIN_BATCH];
+    loop {
+        let mut iovs = bufs.each_mut().map(|b| libc::iovec {
+            iov_base: b.as_mut_ptr() as *mut libc::c_void,
+            iov_len: b.len(),
+        });
+        // SAFETY: mmsghdr is plain data; all-zero is a valid empty one.
+        let mut msgs: [libc::mmsghdr; DRAIN_BATCH] = unsafe { std::mem::zeroed() };
+        for (m, v) in msgs.iter_mut().zip(iovs.iter_mut()) {
+            m.msg_hdr.msg_iov = v;
+            m.msg_hdr.msg_iovlen = 1;
+        }
+        // SAFETY: every header points at one iovec over a local buffer of
+        // the length it declares; no timeout.
+        let n = unsafe {
+            libc::recvmmsg(
+                fd,
+                msgs.as_mut_ptr(),
+                DRAIN_BATCH as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if n < 0 {
+            match io::Error::last_os_error().raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN) => return true,
+                _ => return false,
+            }
+        }
+        let n = n as usize;
+        // A read of zero bytes is an empty packet or the end of the stream.
+        if msgs[..n].iter().any(|m| m.msg_len == 0) && peer_hung_up(fd) {
+            return false;
+        }
+        if n < DRAIN_BATCH {
+            return true;
+        }
+    }
+}
+
 /// Outcome of a non-blocking send.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Sent {
@@ -336,4 +385,35 @@ pub fn random_seed() -> io::Result<[u8; 32]> {
     let mut seed = [0u8; 32];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut seed)?;
     Ok(seed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair() -> (OwnedFd, OwnedFd) {
+        socket::socketpair(AddressFamily::Unix, SockType::SeqPacket, None, FLAGS).unwrap()
+    }
+
+    #[test]
+    fn drain_empties_the_queue_in_batches_and_finds_the_end() {
+        let (a, b) = pair();
+        // More kicks than one call takes, and an empty packet among them.
+        for k in 0..(3 * DRAIN_BATCH + 1) {
+            let kick: &[u8] = if k == 5 { b"" } else { b"\x01" };
+            assert_eq!(send(a.as_raw_fd(), kick, None).unwrap(), Sent::Done);
+        }
+        assert!(drain(b.as_raw_fd()), "an empty packet is not the end");
+        let mut buf = [0u8; 16];
+        assert!(matches!(
+            recv(b.as_raw_fd(), &mut buf).unwrap(),
+            Recv::WouldBlock
+        ));
+        // Nothing waiting: still open.
+        assert!(drain(b.as_raw_fd()));
+        // Kicks then the end of the stream: the end is found.
+        send(a.as_raw_fd(), b"\x01", None).unwrap();
+        drop(a);
+        assert!(!drain(b.as_raw_fd()));
+    }
 }

@@ -189,12 +189,5 @@ impl AppRings {
 /// Reads and drops the application's kicks on flow socket `fd`; false if
 /// it closed the flow.
 pub(super) fn drain_kicks(fd: RawFd) -> bool {
-    let mut kick = [0u8; 16];
-    loop {
-        match crate::sys::recv(fd, &mut kick) {
-            Ok(crate::sys::Recv::Packet(_)) | Ok(crate::sys::Recv::Empty) => {}
-            Ok(crate::sys::Recv::WouldBlock) => return true,
-            Ok(crate::sys::Recv::Closed) | Err(_) => return false,
-        }
-    }
+    crate::sys::drain(fd)
 }
