@@ -89,6 +89,26 @@ impl Backend for Netns {
 /// Held for the whole of a netns run (see `run_once`).
 static NETNS_RUNS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// The namespaces this process's runs have left (none unless a run failed
+/// to clean up). Taken between runs, under the lock they hold: a run of
+/// another thread of the process cannot be mistaken for a leftover.
+pub fn namespaces_left() -> Vec<String> {
+    let _between_runs = NETNS_RUNS.lock().unwrap_or_else(|p| p.into_inner());
+    let mine = format!("rlab{}-", std::process::id());
+    Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter_map(|l| l.split_whitespace().next())
+                .filter(|n| n.starts_with(&mine))
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Runs a command, its failure an error naming it.
 fn sh(args: &[&str]) -> Result<(), LabError> {
     let out = Command::new(args[0])
