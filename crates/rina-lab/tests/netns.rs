@@ -126,7 +126,7 @@ fn iperf3_over_link_0(secs: u32) -> serde_json::Value {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    wait_listening(&nb, 5302, &mut server);
     let out = std::process::Command::new("ip")
         .args([
             "netns",
@@ -150,6 +150,32 @@ fn iperf3_over_link_0(secs: u32) -> serde_json::Value {
             String::from_utf8_lossy(&out.stderr)
         )
     })
+}
+
+/// Waits until something listens on TCP `port` in namespace `ns` (the
+/// iperf3 server `server` started there), for at most 10 s: a client
+/// started before that is refused, and how long a start takes depends on
+/// the host's load.
+fn wait_listening(ns: &str, port: u16, server: &mut std::process::Child) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let filter = format!("sport = :{port}");
+    loop {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", ns, "ss", "-Hltn", &filter])
+            .output()
+            .unwrap();
+        if !out.stdout.is_empty() {
+            return;
+        }
+        if let Some(st) = server.try_wait().unwrap() {
+            panic!("the iperf3 server in {ns} ended before listening: {st}");
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing listens on port {port} in {ns} after 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
