@@ -5,7 +5,11 @@
 #     through the daemons and on a direct flow (--direct: the two
 #     applications' UDP sockets carry the probes, the daemons only set the
 #     flow up), and through a second pair of daemons that busy-poll
-#     (busy_poll_us = BUSY_POLL_US, default 2000), with their CPU
+#     (busy_poll_us = BUSY_POLL_US, default 2000), with their CPU;
+#     and, with every process pinned to vCPU PIN_CPU (default 0; PIN_CPU=
+#     skips it), the echo, sockperf and sockperf through two relays again:
+#     a wake-up is then a task switch, so the ratios show the daemons' own
+#     work, not what waking an idle core costs on the host
 # all on loopback, and prints the ratios. Needs iperf3, sockperf and python3;
 # as root it installs iperf3 and sockperf with apt when they are missing.
 #
@@ -18,6 +22,7 @@ DUR=${DUR:-5}
 PROBES=${PROBES:-2000}       # echo probes, 1 ms apart (sockperf runs at 1000 msg/s too)
 BUSY_POLL_US=${BUSY_POLL_US:-2000}   # the busy-polling daemons' window: longer than the probes' gap
 CLIENT_POLL_US=${CLIENT_POLL_US:-0}  # the echo client's own window there (rina-echo --busy-poll-us)
+PIN_CPU=${PIN_CPU-0}         # the vCPU of the pinned round trips ('' skips them)
 
 for tool in iperf3 sockperf; do
     if ! command -v "$tool" >/dev/null 2>&1; then
@@ -138,6 +143,26 @@ c0=$(cpu_s "$ALPHA_PID" "$BETA_PID"); w0=$(date +%s.%N)
 c1=$(cpu_s "$ALPHA_PID" "$BETA_PID"); w1=$(date +%s.%N)
 python3 -c "print('{\"daemons_cores\": %.3f}' % (($c1 - $c0) / ($w1 - $w0)))" > "$T/poll-cpu.json"
 kill "$ALPHA_PID" "$BETA_PID" 2>/dev/null || true
+if [ -n "$PIN_CPU" ]; then
+    # The same round trips with every process on one vCPU. On a VM whose
+    # idle vCPUs are slow to wake (about 40 us each on the project's
+    # machine), where the processes of a round trip run decides much of
+    # its time; pinned, each hop costs what its process does.
+    echo "== pinned to vCPU $PIN_CPU: rina-echo through the daemons, sockperf, sockperf through two relays, ${DUR} s each"
+    daemon_pair "-pin" ""
+    taskset -a -c -p "$PIN_CPU" "$ALPHA_PID" >/dev/null
+    taskset -a -c -p "$PIN_CPU" "$BETA_PID" >/dev/null
+    taskset -c "$PIN_CPU" "$BIN/rina-echo" server --socket "$T/beta-pin.sock" --name echo >/dev/null 2>&1 & PIDS+=($!)
+    sleep 0.3
+    taskset -c "$PIN_CPU" "$BIN/rina-echo" client --socket "$T/alpha-pin.sock" --dst echo --size 64 --count "$PROBES" --interval-ms 1 --json > "$T/echo-pin.json"
+    kill "$ALPHA_PID" "$BETA_PID" 2>/dev/null || true
+    taskset -c "$PIN_CPU" sockperf server -i 127.0.0.1 -p 11299 >/dev/null 2>&1 & PIDS+=($!)
+    taskset -c "$PIN_CPU" "$RELAY" 127.0.0.1:11302 127.0.0.1:11299 >/dev/null 2>&1 & PIDS+=($!)
+    taskset -c "$PIN_CPU" "$RELAY" 127.0.0.1:11301 127.0.0.1:11302 >/dev/null 2>&1 & PIDS+=($!)
+    sleep 0.3
+    taskset -c "$PIN_CPU" sockperf ping-pong -i 127.0.0.1 -p 11299 -m 64 -t "$DUR" --mps=1000 --full-rtt > "$T/sockperf-pin.txt" 2>&1
+    taskset -c "$PIN_CPU" sockperf ping-pong -i 127.0.0.1 -p 11301 -m 64 -t "$DUR" --mps=1000 --full-rtt > "$T/sockperf-relayed-pin.txt" 2>&1
+fi
 
 python3 - "$T" <<'PY'
 import json, re, sys
@@ -176,6 +201,18 @@ relay_p50 = relayed[50.0]
 print(f"{'via 2 UDP relays p50, us':28}{relay_p50:12.1f}{sp_p50:12.1f}{relay_p50/sp_p50:9.2f}   (the floor with a daemon at each end)")
 print(f"  (rina-echo through the daemons takes {rina_p50/relay_p50:.2f}x the round trip through two relays that do no work)")
 import os
+pinned = {}
+if os.path.exists(f"{t}/echo-pin.json"):
+    pin_p50 = json.load(open(f"{t}/echo-pin.json"))["rtt_ms"]["p50"] * 1000
+    sp_pin = percentiles("sockperf-pin.txt", 11299)[50.0]
+    relay_pin = percentiles("sockperf-relayed-pin.txt", 11301)[50.0]
+    print("every process on one vCPU (a wake-up is a task switch, not an idle core's wake-up):")
+    print(f"{'pinned RTT p50, us':28}{pin_p50:12.1f}{sp_pin:12.1f}{pin_p50/sp_pin:9.2f}   (no aim)")
+    print(f"{'pinned via 2 relays p50, us':28}{relay_pin:12.1f}{sp_pin:12.1f}{relay_pin/sp_pin:9.2f}")
+    print(f"  (pinned, rina-echo through the daemons takes {pin_p50/relay_pin:.2f}x the round trip through the two relays)")
+    pinned = {"echo_pinned_p50_us": pin_p50, "sockperf_pinned_p50_us": sp_pin,
+              "echo_pinned_rtt_ratio": pin_p50 / sp_pin, "relayed_pinned_p50_us": relay_pin,
+              "echo_over_relay_pinned_ratio": pin_p50 / relay_pin}
 if os.environ.get("RESULTS"):
     json.dump({"shim_udp_mbps": rina_rx, "iperf3_udp_mbps": ip_rx, "shim_udp_ratio": rina_rx / ip_rx,
                "echo_p50_us": rina_p50, "sockperf_p50_us": sp_p50, "echo_rtt_ratio": rina_p50 / sp_p50,
@@ -183,6 +220,6 @@ if os.environ.get("RESULTS"):
                "echo_busy_poll_p50_us": poll_p50, "echo_busy_poll_rtt_ratio": poll_p50 / sp_p50,
                "busy_poll_daemons_cores": poll_cores,
                "relayed_sockperf_p50_us": relay_p50, "relay_floor_ratio": relay_p50 / sp_p50,
-               "echo_over_relay_ratio": rina_p50 / relay_p50},
+               "echo_over_relay_ratio": rina_p50 / relay_p50, **pinned},
               open(os.environ["RESULTS"], "w"))
 PY

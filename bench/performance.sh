@@ -4,7 +4,8 @@
 # sockperf measured in the same run, then one table of measured against aim.
 #   * bench/foundation.sh: an application over shim-udp vs iperf3 -u, and
 #     rina-echo's median round trip vs sockperf, through the daemons and
-#     on a direct flow, and through daemons that busy-poll (busy_poll_us);
+#     on a direct flow, and through daemons that busy-poll (busy_poll_us),
+#     and with every process of the round trip pinned to one vCPU;
 #   * bench/normal_dif.sh: one normal DIF, two stacked DIFs, an encrypted
 #     DIF vs iperf3 -u (medians of interleaved rounds);
 #   * bench/rina_ip.sh (root only): iperf3 TCP through rina-ip vs the bare veth;
@@ -59,6 +60,8 @@ row("  floor: sockperf via 2 relays", f and f.get("relay_floor_ratio"), "(no aim
 row("  echo / sockperf via 2 relays", f and f.get("echo_over_relay_ratio"), "(no aim)", None, "{:.2f}")
 row("  the same on a direct flow", f and f.get("echo_direct_rtt_ratio"), "<= 1.30", lambda v: v <= 1.3, "{:.2f}")
 row("  through busy-polling daemons", f and f.get("echo_busy_poll_rtt_ratio"), "<= 1.30", lambda v: v <= 1.3, "{:.2f}")
+row("  all on one vCPU: echo / sockperf", f and f.get("echo_pinned_rtt_ratio"), "(no aim)", None, "{:.2f}")
+row("  all on one vCPU: echo / relays", f and f.get("echo_over_relay_pinned_ratio"), "(no aim)", None, "{:.2f}")
 row("iperf3 TCP via rina-ip / veth", ip and ip["rina_ip_ratio"], ">= 0.50", lambda v: v >= 0.5, "{:.3f}")
 row("  floor: a plain UDP tunnel / veth", ip and ip.get("plain_tunnel_ratio"), "(no aim)", None, "{:.3f}")
 row("  rina-ip / plain UDP tunnel", ip and ip.get("rina_ip_over_plain"), "(no aim)", None, "{:.3f}")
