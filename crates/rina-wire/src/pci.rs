@@ -144,6 +144,12 @@ pub struct DtConstants {
     pub max_pdu_lifetime_ms: u32,
 }
 
+/// Length of a DT or MGMT header with the default widths: version (1),
+/// destination and source address (2 + 2), QoS-id (2), destination and
+/// source CEP-id (2 + 2), type (1), flags (1), length (2), sequence
+/// number (4).
+const STD_HEADER_LEN: usize = 19;
+
 impl Default for DtConstants {
     fn default() -> Self {
         DtConstants {
@@ -170,6 +176,19 @@ impl DtConstants {
             + 1
             + 1
             + self.length.bytes()
+    }
+
+    /// Whether DT and MGMT headers have the default widths
+    /// ([`DtConstants::default`]: 2-byte addresses, QoS-id, CEP-ids and
+    /// length, a 4-byte sequence number), which are read and written at
+    /// fixed offsets ([`STD_HEADER_LEN`] bytes) rather than field by field.
+    #[inline]
+    fn std_data_layout(&self) -> bool {
+        self.addr == FieldWidth::W2
+            && self.cep == FieldWidth::W2
+            && self.qos == FieldWidth::W2
+            && self.length == FieldWidth::W2
+            && self.seq == FieldWidth::W4
     }
 
     /// Length of the longest header (or control PDU) of any type.
@@ -385,6 +404,42 @@ impl Pci {
             || !fits(c.seq, self.seq)
         {
             return false;
+        }
+        if c.std_data_layout() {
+            let Some(h) = pdu.first_chunk_mut::<STD_HEADER_LEN>() else {
+                return false;
+            };
+            // Every value fits its width: the header is one array of known
+            // offsets, stored at once.
+            let w2 = |v: u64| (v as u16).to_be_bytes();
+            let ([d0, d1], [s0, s1], [q0, q1]) =
+                (w2(self.dst_addr), w2(self.src_addr), w2(self.qos_id));
+            let ([e0, e1], [f0, f1], [l0, l1]) =
+                (w2(self.dst_cep), w2(self.src_cep), w2(total as u64));
+            let [n0, n1, n2, n3] = (self.seq as u32).to_be_bytes();
+            let (t, fl) = (self.pdu_type.code(), self.flags);
+            *h = [
+                PCI_VERSION,
+                d0,
+                d1,
+                s0,
+                s1,
+                q0,
+                q1,
+                e0,
+                e1,
+                f0,
+                f1,
+                t,
+                fl,
+                l0,
+                l1,
+                n0,
+                n1,
+                n2,
+                n3,
+            ];
+            return true;
         }
         let Some(h) = pdu.get_mut(..c.base_len() + c.seq.bytes()) else {
             return false;
@@ -811,6 +866,9 @@ impl<'a> Pdu<'a> {
     /// one that is malformed), which [`Pdu::parse_any`] then parses or
     /// names the error of; where this gives a PDU, that gives the same.
     fn parse_data(c: &DtConstants, buf: &'a [u8]) -> Option<Self> {
+        if c.std_data_layout() {
+            return Pdu::parse_std_data(c, buf);
+        }
         let base = c.base_len();
         let hl = base + c.seq.bytes();
         if buf.len() < hl || buf[0] != PCI_VERSION {
@@ -851,6 +909,42 @@ impl<'a> Pdu<'a> {
             seq,
         };
         let body = Body::Data(buf.get(hl..length as usize)?);
+        Some(Pdu { pci, body })
+    }
+
+    /// [`Pdu::parse_data`] with the default widths: one length check, then
+    /// every field at a fixed offset of the header.
+    fn parse_std_data(c: &DtConstants, buf: &'a [u8]) -> Option<Self> {
+        let h: &[u8; STD_HEADER_LEN] = buf.first_chunk()?;
+        if h[0] != PCI_VERSION {
+            return None;
+        }
+        let w2 = |i: usize| u16::from_be_bytes([h[i], h[i + 1]]) as u64;
+        let pdu_type = match h[11] {
+            0x80 => PduType::Dt,
+            0x40 => PduType::Mgmt,
+            _ => return None,
+        };
+        let length = w2(13);
+        if length < STD_HEADER_LEN as u64
+            || length > c.max_pdu_size as u64
+            || length > buf.len() as u64
+        {
+            return None;
+        }
+        let pci = Pci {
+            version: PCI_VERSION,
+            dst_addr: w2(1),
+            src_addr: w2(3),
+            qos_id: w2(5),
+            dst_cep: w2(7),
+            src_cep: w2(9),
+            pdu_type,
+            flags: h[12],
+            length,
+            seq: u32::from_be_bytes([h[15], h[16], h[17], h[18]]) as u64,
+        };
+        let body = Body::Data(buf.get(STD_HEADER_LEN..length as usize)?);
         Some(Pdu { pci, body })
     }
 
@@ -1454,6 +1548,24 @@ mod tests {
                     max_pdu_lifetime_ms: 1000,
                 },
             )
+            // A quarter with the default data widths, which DT and MGMT
+            // headers take a fixed-offset path for.
+            .prop_flat_map(|c| {
+                prop::bool::weighted(0.25).prop_map(move |std| {
+                    if !std {
+                        return c;
+                    }
+                    let d = DtConstants::default();
+                    DtConstants {
+                        addr: d.addr,
+                        cep: d.cep,
+                        qos: d.qos,
+                        length: d.length,
+                        seq: d.seq,
+                        ..c
+                    }
+                })
+            })
     }
 
     /// Valid constants: max_pdu_size set to the most the length field allows.
