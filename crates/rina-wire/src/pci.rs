@@ -1533,25 +1533,24 @@ mod tests {
             [width(), width(), width(), width()],
             [width(), width(), width(), width()],
             any::<u32>(),
-        )
-            .prop_map(
-                |([addr, cep, qos, length], [seq, ctrl_seq, rate, frame], m)| DtConstants {
-                    addr,
-                    cep,
-                    qos,
-                    length,
-                    seq,
-                    ctrl_seq,
-                    rate,
-                    frame,
-                    max_pdu_size: m,
-                    max_pdu_lifetime_ms: 1000,
-                },
-            )
             // A quarter with the default data widths, which DT and MGMT
             // headers take a fixed-offset path for.
-            .prop_flat_map(|c| {
-                prop::bool::weighted(0.25).prop_map(move |std| {
+            prop::bool::weighted(0.25),
+        )
+            .prop_map(
+                |([addr, cep, qos, length], [seq, ctrl_seq, rate, frame], m, std)| {
+                    let c = DtConstants {
+                        addr,
+                        cep,
+                        qos,
+                        length,
+                        seq,
+                        ctrl_seq,
+                        rate,
+                        frame,
+                        max_pdu_size: m,
+                        max_pdu_lifetime_ms: 1000,
+                    };
                     if !std {
                         return c;
                     }
@@ -1564,8 +1563,8 @@ mod tests {
                         seq: d.seq,
                         ..c
                     }
-                })
-            })
+                },
+            )
     }
 
     /// Valid constants: max_pdu_size set to the most the length field allows.
