@@ -380,6 +380,8 @@ pub struct Reassembler {
     last_seq: Option<u64>,
     partial: Option<Partial>,
     counters: Counters,
+    /// The sum of the discard counters and `malformed`, kept as they grow.
+    discarded: u64,
 }
 
 impl Reassembler {
@@ -392,6 +394,7 @@ impl Reassembler {
             last_seq: None,
             partial: None,
             counters: Counters::default(),
+            discarded: 0,
         }
     }
 
@@ -408,6 +411,12 @@ impl Reassembler {
     /// The counters.
     pub fn counters(&self) -> &Counters {
         &self.counters
+    }
+
+    /// Payloads and partial SDUs thrown away so far, for any reason: the
+    /// sum of the `discarded_*` counters and `malformed`.
+    pub fn discarded(&self) -> u64 {
+        self.discarded
     }
 
     /// Bytes of the SDU being assembled (0 if none).
@@ -434,6 +443,7 @@ impl Reassembler {
             if now >= deadline {
                 self.partial = None;
                 self.counters.discarded_timeout += 1;
+                self.discarded += 1;
             }
         }
     }
@@ -544,14 +554,17 @@ impl Reassembler {
         self.last_seq = Some(seq);
         if gap && self.partial.take().is_some() {
             self.counters.discarded_gap += 1;
+            self.discarded += 1;
         }
         let (delim, data) = match parse(payload) {
             Ok(x) => x,
             Err(e) => {
                 self.counters.malformed += 1;
+                self.discarded += 1;
                 // The malformed PDU held a piece we will never have.
                 if self.partial.take().is_some() {
                     self.counters.discarded_interrupted += 1;
+                    self.discarded += 1;
                 }
                 return Err(e);
             }
@@ -560,6 +573,7 @@ impl Reassembler {
             Delimiter::Complete | Delimiter::First => {
                 if self.partial.take().is_some() {
                     self.counters.discarded_interrupted += 1;
+                    self.discarded += 1;
                 }
                 if data.len() > self.max_sdu {
                     return Err(self.oversize(data.len()));
@@ -573,6 +587,7 @@ impl Reassembler {
             Delimiter::Middle | Delimiter::Last => {
                 let Some(p) = self.partial.as_ref() else {
                     self.counters.discarded_orphan += 1;
+                    self.discarded += 1;
                     return Ok(None);
                 };
                 let size = p.held.len() + data.len();
@@ -591,6 +606,7 @@ impl Reassembler {
 
     fn oversize(&mut self, size: usize) -> DelimitError {
         self.counters.discarded_oversize += 1;
+        self.discarded += 1;
         DelimitError::Oversize {
             size,
             max: self.max_sdu,

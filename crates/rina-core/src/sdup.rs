@@ -135,6 +135,9 @@ pub struct Unprotected<'a> {
 pub struct Sdup {
     cfg: SdupConfig,
     cipher: Box<dyn Cipher>,
+    /// Whether the cipher leaves bytes as they are (asked once, not per
+    /// frame).
+    identity: bool,
 }
 
 impl fmt::Debug for Sdup {
@@ -150,7 +153,12 @@ impl fmt::Debug for Sdup {
 impl Sdup {
     /// SDU protection with `cfg` and `cipher`.
     pub fn new(cfg: SdupConfig, cipher: Box<dyn Cipher>) -> Self {
-        Sdup { cfg, cipher }
+        let identity = cipher.is_identity();
+        Sdup {
+            cfg,
+            cipher,
+            identity,
+        }
     }
 
     /// SDU protection with `cfg` and no encryption.
@@ -207,7 +215,7 @@ impl Sdup {
         if self.cfg.ttl.is_some() {
             out.push(ttl);
         }
-        if self.cipher.is_identity() {
+        if self.identity {
             out.extend_from_slice(pdu);
         } else {
             let mut sealed = pdu.to_vec();
@@ -242,7 +250,7 @@ impl Sdup {
     /// otherwise). Without a cipher nothing is copied.
     pub fn protect_in_headroom(&self, buf: &mut Vec<u8>, start: usize, ttl: u8) -> usize {
         let mut start = start.min(buf.len());
-        if !self.cipher.is_identity() {
+        if !self.identity {
             let mut pdu = buf.split_off(start);
             self.cipher.seal(&mut pdu);
             buf.extend_from_slice(&pdu);
@@ -271,6 +279,25 @@ impl Sdup {
     /// (a cipher other than the identity decrypts into a new buffer).
     /// Returns the TTL the frame carried.
     pub fn unprotect_buf(&self, frame: &mut crate::buf::PduBuf) -> Result<Option<u8>, SdupError> {
+        if self.identity {
+            // What `unprotect` checks, in its order, with the frame
+            // trimmed where it lies.
+            let mut len = frame.len();
+            if self.cfg.crc {
+                len = self.check_crc(frame)?.len();
+            }
+            let ttl = match self.cfg.ttl {
+                None => None,
+                Some(_) => match frame[..len].first() {
+                    None => return Err(SdupError::Truncated),
+                    Some(0) => return Err(SdupError::TtlExpired),
+                    Some(&t) => Some(t),
+                },
+            };
+            frame.truncate(len);
+            frame.advance(usize::from(ttl.is_some()));
+            return Ok(ttl);
+        }
         let (ttl, pdu) = {
             let un = self.unprotect(frame)?;
             match un.pdu {
@@ -288,22 +315,27 @@ impl Sdup {
         Ok(ttl)
     }
 
+    /// The frame without its CRC, if the CRC is right.
+    fn check_crc<'a>(&self, frame: &'a [u8]) -> Result<&'a [u8], SdupError> {
+        let split = frame
+            .len()
+            .checked_sub(CRC_LEN)
+            .ok_or(SdupError::Truncated)?;
+        let (data, tail) = frame.split_at(split);
+        let found = u32::from_be_bytes([tail[0], tail[1], tail[2], tail[3]]);
+        let expected = crc32fast::hash(data);
+        if found != expected {
+            return Err(SdupError::BadCrc { expected, found });
+        }
+        Ok(data)
+    }
+
     /// Checks and strips the protection of a received frame: CRC, then TTL,
     /// then the cipher. Never panics, whatever the bytes.
     pub fn unprotect<'a>(&self, frame: &'a [u8]) -> Result<Unprotected<'a>, SdupError> {
         let mut body = frame;
         if self.cfg.crc {
-            let split = body
-                .len()
-                .checked_sub(CRC_LEN)
-                .ok_or(SdupError::Truncated)?;
-            let (data, tail) = body.split_at(split);
-            let found = u32::from_be_bytes([tail[0], tail[1], tail[2], tail[3]]);
-            let expected = crc32fast::hash(data);
-            if found != expected {
-                return Err(SdupError::BadCrc { expected, found });
-            }
-            body = data;
+            body = self.check_crc(body)?;
         }
         let ttl = match self.cfg.ttl {
             None => None,
@@ -316,7 +348,7 @@ impl Sdup {
                 Some(t)
             }
         };
-        let pdu = if self.cipher.is_identity() {
+        let pdu = if self.identity {
             Cow::Borrowed(body)
         } else {
             let mut pdu = body.to_vec();

@@ -370,6 +370,11 @@ impl Pci {
         if self.pdu_type.is_control() {
             return Err(WireError::BodyMismatch(self.pdu_type.code()));
         }
+        let total = pdu.len();
+        // (It writes nothing into a buffer shorter than the header.)
+        if self.write_data_base(c, pdu, total) {
+            return Ok(());
+        }
         let hl = header_len(c, self.pdu_type);
         if pdu.len() < hl {
             return Err(WireError::Truncated {
@@ -377,10 +382,6 @@ impl Pci {
                 need: hl,
                 have: pdu.len(),
             });
-        }
-        let total = pdu.len();
-        if self.write_data_base(c, pdu, total) {
-            return Ok(());
         }
         let mut w = SliceWriter { buf: pdu, pos: 0 };
         self.write_base(c, &mut w, total)?;
@@ -393,6 +394,9 @@ impl Pci {
     /// per field. False, with nothing written, if anything would be
     /// refused; [`Pci::write_base`] then names the error.
     fn write_data_base(&self, c: &DtConstants, pdu: &mut [u8], total: usize) -> bool {
+        if c.std_data_layout() {
+            return self.write_std_data(c, pdu, total);
+        }
         let fits = |w: FieldWidth, v: u64| v <= w.max_value();
         if self.version != PCI_VERSION
             || self.pdu_type.is_control()
@@ -404,42 +408,6 @@ impl Pci {
             || !fits(c.seq, self.seq)
         {
             return false;
-        }
-        if c.std_data_layout() {
-            let Some(h) = pdu.first_chunk_mut::<STD_HEADER_LEN>() else {
-                return false;
-            };
-            // Every value fits its width: the header is one array of known
-            // offsets, stored at once.
-            let w2 = |v: u64| (v as u16).to_be_bytes();
-            let ([d0, d1], [s0, s1], [q0, q1]) =
-                (w2(self.dst_addr), w2(self.src_addr), w2(self.qos_id));
-            let ([e0, e1], [f0, f1], [l0, l1]) =
-                (w2(self.dst_cep), w2(self.src_cep), w2(total as u64));
-            let [n0, n1, n2, n3] = (self.seq as u32).to_be_bytes();
-            let (t, fl) = (self.pdu_type.code(), self.flags);
-            *h = [
-                PCI_VERSION,
-                d0,
-                d1,
-                s0,
-                s1,
-                q0,
-                q1,
-                e0,
-                e1,
-                f0,
-                f1,
-                t,
-                fl,
-                l0,
-                l1,
-                n0,
-                n1,
-                n2,
-                n3,
-            ];
-            return true;
         }
         let Some(h) = pdu.get_mut(..c.base_len() + c.seq.bytes()) else {
             return false;
@@ -457,6 +425,55 @@ impl Pci {
         put_at(h, &mut at, FieldWidth::W1, self.flags as u64);
         put_at(h, &mut at, c.length, total as u64);
         put_at(h, &mut at, c.seq, self.seq);
+        true
+    }
+
+    /// [`Pci::write_data_base`] with the default widths: the checks of
+    /// that function against the widths' known limits, then every field
+    /// at its offset, stored at once.
+    fn write_std_data(&self, c: &DtConstants, pdu: &mut [u8], total: usize) -> bool {
+        const W2: u64 = u16::MAX as u64;
+        if self.version != PCI_VERSION
+            || self.pdu_type.is_control()
+            || total as u64 > c.max_pdu_size as u64
+            || (self.dst_addr | self.src_addr | self.qos_id) > W2
+            || (self.dst_cep | self.src_cep | total as u64) > W2
+            || self.seq > u32::MAX as u64
+        {
+            return false;
+        }
+        let Some(h) = pdu.first_chunk_mut::<STD_HEADER_LEN>() else {
+            return false;
+        };
+        // Every value fits its width: the header is one array of known
+        // offsets, stored at once.
+        let w2 = |v: u64| (v as u16).to_be_bytes();
+        let ([d0, d1], [s0, s1], [q0, q1]) =
+            (w2(self.dst_addr), w2(self.src_addr), w2(self.qos_id));
+        let ([e0, e1], [f0, f1], [l0, l1]) = (w2(self.dst_cep), w2(self.src_cep), w2(total as u64));
+        let [n0, n1, n2, n3] = (self.seq as u32).to_be_bytes();
+        let (t, fl) = (self.pdu_type.code(), self.flags);
+        *h = [
+            PCI_VERSION,
+            d0,
+            d1,
+            s0,
+            s1,
+            q0,
+            q1,
+            e0,
+            e1,
+            f0,
+            f1,
+            t,
+            fl,
+            l0,
+            l1,
+            n0,
+            n1,
+            n2,
+            n3,
+        ];
         true
     }
 

@@ -1005,9 +1005,15 @@ impl NormalIpcp {
             return Err(NormalError::WouldBlock(flow));
         }
         let bad_size = |_| NormalError::BadSduSize { size: len, max };
-        // Most SDUs are one fragment: their pieces stay off the heap.
-        let mut pieces: smallvec::SmallVec<[PduBuf; 2]> = smallvec::SmallVec::with_capacity(n);
+        let one = |b: Result<PduBuf, NormalError>, f: &mut Flow| {
+            // write_capacity said there was room; an error is a bug guard.
+            f.efcp
+                .write(now, b?)
+                .map_err(|e| NormalError::Failed(flow, e))
+        };
         match sdu {
+            // Most SDUs are one fragment: written as they are, in the
+            // buffer they came in when it is their own.
             Outgoing::Owned(mut b) if n == 1 => {
                 let Some((delim, _)) = delimiting::fragments(&b, max, budget)
                     .map_err(bad_size)?
@@ -1016,12 +1022,30 @@ impl NormalIpcp {
                     return Err(NormalError::BadSduSize { size: len, max });
                 };
                 b.push_front(&[delim.to_byte()]);
-                pieces.push(b);
+                one(Ok(b), f)?;
+            }
+            sdu if n == 1 => {
+                let src = sdu.source();
+                let Some((delim, at, n)) = delimiting::spans(len, max, budget)
+                    .map_err(bad_size)?
+                    .next()
+                else {
+                    return Err(NormalError::BadSduSize { size: len, max });
+                };
+                let b = PduBuf::with_room_from(buf::HEADROOM, src, at, n, tail)
+                    .ok_or(NormalError::UnreadableSdu(len))
+                    .map(|mut b| {
+                        b.push_front(&[delim.to_byte()]);
+                        b
+                    });
+                one(b, f)?;
             }
             sdu => {
                 // The one copy of the SDU's bytes on the way down: each
-                // fragment into a buffer with room for every header below.
+                // fragment into a buffer with room for every header below,
+                // all of them read before any is written.
                 let src = sdu.source();
+                let mut pieces: Vec<PduBuf> = Vec::with_capacity(n);
                 for (delim, at, n) in delimiting::spans(len, max, budget).map_err(bad_size)? {
                     let Some(mut b) = PduBuf::with_room_from(buf::HEADROOM, src, at, n, tail)
                     else {
@@ -1030,12 +1054,9 @@ impl NormalIpcp {
                     b.push_front(&[delim.to_byte()]);
                     pieces.push(b);
                 }
-            }
-        }
-        for payload in pieces {
-            if let Err(e) = f.efcp.write(now, payload) {
-                // write_capacity said there was room; this is a bug guard.
-                return Err(NormalError::Failed(flow, e));
+                for payload in pieces {
+                    one(Ok(payload), f)?;
+                }
             }
         }
         f.counters.sdus_out += 1;
@@ -1479,9 +1500,9 @@ impl NormalIpcp {
         // Deliveries first: consuming them may open the peer's window.
         while let Some(d) = f.efcp.poll_deliver() {
             f.fragments += 1;
-            let before = discards(f.reasm.counters());
+            let before = f.reasm.discarded();
             let res = f.reasm.push_buf(now, d.seq, d.payload);
-            if discards(f.reasm.counters()) > before || res.is_err() {
+            if f.reasm.discarded() > before || res.is_err() {
                 // Fragments the reassembler threw away hold no buffer any
                 // more: give their credit back. The newest fragment is kept
                 // if it started a new SDU.
@@ -1681,21 +1702,11 @@ impl NormalIpcp {
     }
 }
 
-/// Fragments the reassembler has discarded so far, for any reason.
 /// Marks flow `id` as having PDUs to send, once for a run of marks of it.
 fn mark_dirty(dirty: &mut Vec<FlowId>, id: FlowId) {
     if dirty.last() != Some(&id) {
         dirty.push(id);
     }
-}
-
-fn discards(c: &delimiting::Counters) -> u64 {
-    c.discarded_gap
-        + c.discarded_timeout
-        + c.discarded_oversize
-        + c.discarded_interrupted
-        + c.discarded_orphan
-        + c.malformed
 }
 
 /// An SDU handed to [`NormalIpcp::write_sdu`]: borrowed from the caller

@@ -281,6 +281,24 @@ proptest! {
         }
     }
 
+    /// `unprotect_buf` has a path of its own without a cipher: on any
+    /// bytes it takes what `unprotect` takes, leaves the same PDU and
+    /// refuses with the same error.
+    #[test]
+    fn unprotect_buf_agrees_with_unprotect(frame in proptest::collection::vec(any::<u8>(), 0..64)) {
+        for s in all_sdups() {
+            let mut b = crate::buf::PduBuf::from(frame.clone());
+            match (s.unprotect(&frame), s.unprotect_buf(&mut b)) {
+                (Ok(u), Ok(ttl)) => {
+                    prop_assert_eq!(u.ttl, ttl);
+                    prop_assert_eq!(&*u.pdu, &b[..]);
+                }
+                (Err(e), Err(f)) => prop_assert_eq!(e, f),
+                (a, b) => prop_assert!(false, "unprotect {:?}, unprotect_buf {:?}", a, b),
+            }
+        }
+    }
+
     #[test]
     fn any_pdu_round_trips(pdu in proptest::collection::vec(any::<u8>(), 0..2000), ttl in 1u8..) {
         for s in all_sdups() {
