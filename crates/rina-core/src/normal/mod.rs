@@ -482,6 +482,9 @@ pub struct NormalIpcp {
     /// The N-1 ports, gathered again on each drain of the RMT (kept to
     /// spare an allocation per drain).
     ports_scratch: Vec<N1Port>,
+    /// Frames the RMT passed straight through during a flow's flush
+    /// ([`rmt::Rmt::send_through`]), transmitted right after it.
+    through: Vec<(N1Port, PduBuf)>,
     /// Boxed: the table's spare room costs a pointer per slot, not a flow.
     flows: IdMap<FlowId, Box<Flow>>,
     by_cep: IdMap<CepId, FlowId>,
@@ -587,6 +590,7 @@ impl NormalIpcp {
             tx_used: BTreeMap::new(),
             rmt_more: false,
             ports_scratch: Vec::new(),
+            through: Vec::new(),
             mgmt_reasm: crate::mgmt_frag::Reassembler::new(
                 MAX_MGMT_MESSAGE,
                 Duration::from_secs(5),
@@ -1476,6 +1480,7 @@ impl NormalIpcp {
                 ids.dedup();
                 for &id in &ids {
                     self.flush_flow(now, id);
+                    self.transmit_through(now);
                     self.rearm(id);
                 }
                 ids.clear();
@@ -1570,9 +1575,21 @@ impl NormalIpcp {
                 bytes: frame,
             };
             // A PDU without a route or queue room is lost like on a link;
-            // retransmission (where the policy has it) recovers.
-            if self.rmt.send(now, f.ep.remote_addr, f.hash, q).is_err() {
-                self.counters.tx_dropped += 1;
+            // retransmission (where the policy has it) recovers. One the
+            // policy passes straight through is written after this flow's
+            // turn, in order.
+            let used = &self.tx_used;
+            let admit = |p| used.get(&p).is_none_or(|&n| n < TX_BURST);
+            match self
+                .rmt
+                .send_through(now, f.ep.remote_addr, f.hash, q, admit)
+            {
+                Ok(rmt::Through::Queued(_)) => {}
+                Ok(rmt::Through::Now(port, frame)) => {
+                    *self.tx_used.entry(port).or_insert(0) += 1;
+                    self.through.push((port, frame));
+                }
+                Err(_) => self.counters.tx_dropped += 1,
             }
         }
         if let Some(e) = f.efcp.failure() {
@@ -1602,21 +1619,39 @@ impl NormalIpcp {
                     break;
                 };
                 used += 1;
-                let primary = self.rmt.primary_of(port);
-                let Some(frame) = self.protect_out(now, primary, frame) else {
-                    self.counters.tx_dropped += 1;
-                    continue;
-                };
-                self.counters.tx_frames += 1;
-                if let Some(t) = &mut self.tap {
-                    t.record(now, true, port, &frame);
-                }
-                self.actions.push_back(Action::Transmit { port, frame });
+                self.transmit(now, port, frame);
             }
             self.tx_used.insert(port, used);
             self.rmt_more |= used >= TX_BURST && self.rmt.has_output(port);
         }
         self.ports_scratch = ports;
+    }
+
+    /// Hands a frame the RMT let go to the driver for N-1 port `port`,
+    /// protected for its neighbour.
+    fn transmit(&mut self, now: Instant, port: N1Port, frame: PduBuf) {
+        let primary = self.rmt.primary_of(port);
+        let Some(frame) = self.protect_out(now, primary, frame) else {
+            self.counters.tx_dropped += 1;
+            return;
+        };
+        self.counters.tx_frames += 1;
+        if let Some(t) = &mut self.tap {
+            t.record(now, true, port, &frame);
+        }
+        self.actions.push_back(Action::Transmit { port, frame });
+    }
+
+    /// Transmits the frames the RMT passed straight through.
+    fn transmit_through(&mut self, now: Instant) {
+        if self.through.is_empty() {
+            return;
+        }
+        let mut through = std::mem::take(&mut self.through);
+        for (port, frame) in through.drain(..) {
+            self.transmit(now, port, frame);
+        }
+        self.through = through;
     }
 
     /// Starts keeping a copy of every frame sent and received on the N-1

@@ -93,6 +93,19 @@ impl Scheduler for Fifo {
         None
     }
 
+    fn pass(&mut self, _now: Instant, port: PortId, _pdu: &QueuedPdu) -> bool {
+        let Some(q) = self.queues.get_mut(&port) else {
+            return false;
+        };
+        if q.len() > 0 {
+            return false;
+        }
+        // As if queued and taken at once: it was the queue's only PDU.
+        q.sent += 1;
+        q.max_occupancy = q.max_occupancy.max(1);
+        true
+    }
+
     fn has_queued(&self, port: PortId) -> bool {
         self.queues.get(&port).is_some_and(|q| q.len() > 0)
     }

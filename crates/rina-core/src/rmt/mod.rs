@@ -106,6 +106,25 @@ pub trait Scheduler: std::fmt::Debug + Send {
     /// would join (for ECN marking); policies whose queues share a buffer
     /// report the port's data backlog.
     fn data_backlog(&self, port: PortId, qos_id: QosId) -> usize;
+    /// Takes `pdu` for `port` straight through, counted as queued and sent
+    /// at once, if the policy would hand it out next anyway and at once
+    /// (FIFO with nothing queued on the port): true then, and the caller
+    /// writes it without queueing it. The default never does, so every
+    /// PDU waits in a queue for [`Scheduler::next_to_send`]: a policy that
+    /// orders what arrives together (priorities, weights, cubes) sees a
+    /// batch whole.
+    fn pass(&mut self, _now: Instant, _port: PortId, _pdu: &QueuedPdu) -> bool {
+        false
+    }
+}
+
+/// Where [`Rmt::send_through`] put a PDU.
+#[derive(Debug)]
+pub enum Through {
+    /// Queued for `port`, to be taken with [`Rmt::poll_output`].
+    Queued(PortId),
+    /// To be written on `port` now: the policy passed it through.
+    Now(PortId, crate::buf::PduBuf),
 }
 
 /// Why the RMT could not take a PDU.
@@ -431,6 +450,46 @@ impl Rmt {
         };
         self.send_on(now, port, pdu)?;
         Ok(port)
+    }
+
+    /// [`Rmt::send`], or the PDU back to be written at once where a queue
+    /// and a poll would have handed it out in the same turn: the port
+    /// (after steering) has nothing queued, its gate is open, no ECN mark
+    /// could fall on it, `admit(port)` (the caller's burst) allows it and
+    /// the policy passes it ([`Scheduler::pass`]). The port's counters and
+    /// pacer see it as sent.
+    pub fn send_through(
+        &mut self,
+        now: Instant,
+        dst: Address,
+        flow_hash: u64,
+        pdu: QueuedPdu,
+        admit: impl FnOnce(PortId) -> bool,
+    ) -> Result<Through, RmtError> {
+        let Some(port) = self.table.lookup(dst, pdu.qos_id, flow_hash) else {
+            self.counters.no_route += 1;
+            return Err(RmtError::NoRoute {
+                dst,
+                qos_id: pdu.qos_id,
+            });
+        };
+        let out = self.steered(port, &pdu);
+        // A data PDU leaving an empty queue is marked only at threshold 0.
+        let unmarked = match &self.ecn {
+            Some((m, _)) => pdu.mgmt || m.threshold_for(pdu.qos_id) > 0,
+            None => true,
+        };
+        if unmarked {
+            if let Some(gate) = self.ports.get_mut(&out) {
+                if gate.open(now) && admit(out) && self.sched.pass(now, out, &pdu) {
+                    gate.sent(now, pdu.bytes.len());
+                    self.counters.queued += 1;
+                    return Ok(Through::Now(out, pdu.bytes));
+                }
+            }
+        }
+        self.send_on(now, port, pdu)?;
+        Ok(Through::Queued(port))
     }
 
     /// Relays a PDU that arrived for another address.

@@ -151,3 +151,79 @@ fn ecn_marks_data_pdus_that_leave_a_queue_past_the_threshold() {
     );
     assert_eq!(r.counters().ecn_marked, 3);
 }
+
+/// What `send_through` returns, as (port, passed at once).
+fn through(r: &mut Rmt, tag: u8, admit: bool) -> (PortId, bool) {
+    match r.send_through(T0, 7, 0, pdu(0, tag), |_| admit).unwrap() {
+        Through::Queued(p) => (p, false),
+        Through::Now(p, b) => {
+            assert_eq!(&b[..], &[tag], "the PDU itself comes back");
+            (p, true)
+        }
+    }
+}
+
+#[test]
+fn fifo_passes_a_pdu_through_only_where_a_poll_would_take_it_at_once() {
+    let mut r = rmt(10);
+    r.table_mut().set(7, None, vec![1]);
+    assert_eq!(
+        through(&mut r, 1, true),
+        (1, true),
+        "empty queue, open gate"
+    );
+    assert_eq!(r.port_sent(1), 1, "counted as sent");
+    assert_eq!(r.counters().queued, 1);
+    assert_eq!(
+        through(&mut r, 2, false),
+        (1, false),
+        "the caller's burst is spent"
+    );
+    assert_eq!(
+        through(&mut r, 3, true),
+        (1, false),
+        "behind a queued PDU, never ahead of it"
+    );
+    r.set_port_blocked(1, true);
+    let out: Vec<_> = std::iter::from_fn(|| r.poll_output(T0, 1)).collect();
+    assert!(out.is_empty(), "a blocked gate holds the queue");
+    r.set_port_blocked(1, false);
+    let out: Vec<_> = std::iter::from_fn(|| r.poll_output(T0, 1))
+        .map(|b| b.into_vec())
+        .collect();
+    assert_eq!(out, vec![vec![2], vec![3]], "in order");
+    r.set_port_blocked(1, true);
+    assert_eq!(through(&mut r, 4, true), (1, false), "closed gate: queued");
+    assert_eq!(r.port_sent(1), 3);
+    assert_eq!(r.counters().queued, 4);
+}
+
+#[test]
+fn nothing_passes_where_a_mark_or_another_policy_could_apply() {
+    // ECN at threshold 0 marks a PDU leaving an empty queue: it is queued
+    // so that poll_output marks it.
+    let mut r = rmt(10);
+    r.table_mut().set(7, None, vec![1]);
+    let layout = FrameLayout {
+        type_at: 0,
+        crc: false,
+    };
+    let marking = EcnMarking {
+        threshold: 0,
+        per_qos: BTreeMap::new(),
+    };
+    r.set_ecn(Some((marking, layout)));
+    assert_eq!(through(&mut r, 1, true), (1, false));
+    // A policy that orders what arrives together sees every PDU queued.
+    let bucket = SchedulerConfig::TokenBucket(TokenBucketConfig {
+        rate_bps: 8_000_000,
+        burst_bytes: 100_000,
+        excess: Excess::Delay,
+        queue_len: 10,
+    });
+    let mut r = Rmt::new(bucket.build(&CuMap::new()).unwrap());
+    r.add_port(1);
+    r.table_mut().set(7, None, vec![1]);
+    assert_eq!(through(&mut r, 1, true), (1, false));
+    assert_eq!(r.poll_output(T0, 1).map(|b| b.into_vec()), Some(vec![1]));
+}
