@@ -475,7 +475,7 @@ pub struct NormalIpcp {
     rmt: Rmt,
     /// PDUs each port handed down since the driver last ran the timers
     /// (its turn): at most [`TX_BURST`].
-    tx_used: BTreeMap<N1Port, usize>,
+    tx_used: IdMap<N1Port, usize>,
     /// Some port reached [`TX_BURST`] with more to send: more is due at
     /// once, after the driver had its turn.
     rmt_more: bool,
@@ -587,7 +587,7 @@ impl NormalIpcp {
                 .clone()
                 .map(|m| Box::new(membership::MembershipMachine::new(m, cfg.address != 0))),
             mgmt_frag: crate::mgmt_frag::Fragmenter::new(),
-            tx_used: BTreeMap::new(),
+            tx_used: IdMap::default(),
             rmt_more: false,
             ports_scratch: Vec::new(),
             through: Vec::new(),
@@ -1621,7 +1621,9 @@ impl NormalIpcp {
                 used += 1;
                 self.transmit(now, port, frame);
             }
-            self.tx_used.insert(port, used);
+            if used > 0 {
+                self.tx_used.insert(port, used);
+            }
             self.rmt_more |= used >= TX_BURST && self.rmt.has_output(port);
         }
         self.ports_scratch = ports;

@@ -227,3 +227,30 @@ fn nothing_passes_where_a_mark_or_another_policy_could_apply() {
     assert_eq!(through(&mut r, 1, true), (1, false));
     assert_eq!(r.poll_output(T0, 1).map(|b| b.into_vec()), Some(vec![1]));
 }
+
+#[test]
+fn qos_specific_routes_come_and_go_over_the_any_qos_route() {
+    let mut t = ForwardingTable::default();
+    t.set(7, None, vec![1]);
+    t.set(7, Some(3), vec![2]);
+    t.set(7, Some(3), vec![2, 4]);
+    assert_eq!(t.lookup(7, 3, 1), Some(4), "replaced, not added");
+    assert_eq!(t.lookup(7, 5, 1), Some(1));
+    t.set(7, Some(3), vec![]);
+    assert_eq!(t.lookup(7, 3, 1), Some(1), "back to the any-QoS route");
+    t.set(8, Some(3), vec![2]);
+    t.remove_port(2);
+    assert_eq!(t.lookup(8, 3, 0), None);
+    t.set(8, Some(3), vec![5]);
+    assert_eq!(
+        t.lookup(8, 3, 0),
+        Some(5),
+        "a new QoS-specific route is seen"
+    );
+    let listed: Vec<_> = t.entries().map(|(a, q, p)| (a, q, p.to_vec())).collect();
+    assert_eq!(
+        listed,
+        vec![(7, None, vec![1]), (8, Some(3), vec![5])],
+        "listed in order"
+    );
+}

@@ -599,7 +599,7 @@ fn shim_hv_event(a: shim_hv::Action) -> IpcpEvent {
 }
 
 /// The event of a normal IPCP's action.
-fn normal_event(a: normal::Action) -> IpcpEvent {
+pub(super) fn normal_event(a: normal::Action) -> IpcpEvent {
     match a {
         normal::Action::Transmit { port, frame } => IpcpEvent::Transmit { port, frame },
         normal::Action::Deliver { flow, sdu } => IpcpEvent::Deliver { port: flow, sdu },

@@ -1154,7 +1154,31 @@ impl System {
             if self.removed.contains(&i) {
                 continue;
             }
-            while let Some(ev) = self.members[i].poll_event() {
+            loop {
+                // A normal IPCP's frames and deliveries, what every PDU
+                // brings, go straight to their handlers; the rest in the
+                // common vocabulary.
+                let ev = match &mut self.members[i].machine {
+                    Machine::Normal(n) => match n.poll_action() {
+                        Some(crate::normal::Action::Transmit { port, frame }) => {
+                            any = true;
+                            self.n1_transmit(now, port, frame);
+                            continue;
+                        }
+                        Some(crate::normal::Action::Deliver { flow, sdu }) => {
+                            any = true;
+                            let congested = n.take_congested(flow);
+                            self.deliver_marked(now, flow, sdu, congested);
+                            continue;
+                        }
+                        Some(a) => member::normal_event(a),
+                        None => break,
+                    },
+                    _ => match self.members[i].poll_event() {
+                        Some(ev) => ev,
+                        None => break,
+                    },
+                };
                 any = true;
                 self.on_event(now, i, ev);
             }
