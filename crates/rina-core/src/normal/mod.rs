@@ -509,6 +509,8 @@ pub struct NormalIpcp {
     counters: Counters,
     /// Largest fragment payload (delimiter included) that fits a DT PDU.
     frag_budget: usize,
+    /// Bytes of a DT or MGMT PCI with this DIF's widths.
+    data_header: usize,
     /// The flow allocator.
     fa: fa::FlowAllocator,
     /// PDUs (PCI and payload, unprotected) this IPCP sent to itself.
@@ -553,7 +555,8 @@ impl NormalIpcp {
             }
             c.efcp.validate().map_err(|e| bad(e.to_string()))?;
         }
-        let frag_budget = cfg.dt.max_pdu_size as usize - pci::header_len(&cfg.dt, PduType::Dt);
+        let data_header = pci::header_len(&cfg.dt, PduType::Dt);
+        let frag_budget = cfg.dt.max_pdu_size as usize - data_header;
         if cfg.address == 0 && cfg.membership.is_none() {
             return Err(NormalError::NotEnrolled);
         }
@@ -618,6 +621,7 @@ impl NormalIpcp {
             actions: VecDeque::new(),
             counters: Counters::default(),
             frag_budget,
+            data_header,
             fa: fa::FlowAllocator::new(),
             loopback: VecDeque::new(),
             now: Instant::ZERO,
@@ -1545,7 +1549,7 @@ impl NormalIpcp {
                     if drf {
                         pci.flags |= pci::flags::DRF;
                     }
-                    encode_data_in_place(dt, &pci, payload)
+                    encode_data_in_place(dt, self.data_header, &pci, payload)
                 }
                 control => {
                     let (ctrl_seq, body) = control_body(&control, meta.echo, seq_mask);
@@ -1768,13 +1772,14 @@ impl Outgoing<'_> {
     }
 }
 
-/// Writes the PCI of a data PDU in the room in front of its payload.
+/// Writes the PCI of a data PDU (`hl` bytes with the widths of `dt`) in
+/// the room in front of its payload.
 fn encode_data_in_place(
     dt: &DtConstants,
+    hl: usize,
     pci: &Pci,
     mut payload: PduBuf,
 ) -> Result<PduBuf, WireError> {
-    let hl = pci::header_len(dt, pci.pdu_type);
     payload.prepend(hl);
     pci.write_header(dt, &mut payload)?;
     Ok(payload)
