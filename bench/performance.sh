@@ -10,7 +10,10 @@
 #     DIF vs iperf3 -u (medians of interleaved rounds);
 #   * bench/rina_ip.sh (root only): iperf3 TCP through rina-ip vs the bare veth;
 #   * bench/scale.sh: idle flows in one daemon, memory per idle flow,
-#     flow allocations per second.
+#     flow allocations per second;
+#   * bench/core_cost.sh (with valgrind): the core's instructions per SDU
+#     over one normal DIF and two stacked, which the extra DIF's cost
+#     comes from, free of the host's noise.
 #
 #   bash bench/performance.sh              # DUR=5 s per measurement
 #   sudo DUR=10 bash bench/performance.sh
@@ -31,6 +34,8 @@ if [ "$(id -u)" = 0 ]; then
 else
     echo "== bench/rina_ip.sh skipped: it needs root (network namespaces, TUN)"
 fi
+echo "== bench/core_cost.sh"
+RESULTS="$R/core.json" NO_BUILD= bash bench/core_cost.sh
 if [ -f bench/scale.sh ]; then
     echo "== bench/scale.sh"
     RESULTS="$R/scale.json" bash bench/scale.sh
@@ -43,6 +48,7 @@ def load(name):
     p = os.path.join(r, name)
     return json.load(open(p)) if os.path.exists(p) else None
 f, n, ip, sc = load("foundation.json"), load("normal.json"), load("rina_ip.json"), load("scale.json")
+core = load("core.json")
 rows = []
 def pct(d, k):
     return None if not d or d.get(k) is None else d[k] * 100
@@ -53,6 +59,7 @@ row("shim-udp / iperf3 -u (1400 B)", f and f["shim_udp_ratio"], ">= 1.00", lambd
 row("one normal DIF / iperf3 -u", n and n["normal_ratio"], ">= 0.80", lambda v: v >= 0.8, "{:.2f}")
 row("cost of an extra stacked DIF", n and n["stacked_cost"] * 100, "<= 8 %", lambda v: v <= 8, "{:.1f} %")
 row("  the same in daemon CPU per GB", pct(n, "stacked_flat_cpu_cost"), "<= 8 %", lambda v: v <= 8, "{:.1f} %")
+row("  a layer's core work, instr./SDU", core and core["layer"], "(no aim)", None, "{:.0f}")
 row("encryption's cost", n and n["encryption_cost"] * 100, "<= 15 %", lambda v: v <= 15, "{:.1f} %")
 row("  the same in daemon CPU per GB", pct(n, "encryption_flat_cpu_cost"), "<= 15 %", lambda v: v <= 15, "{:.1f} %")
 row("echo median RTT / sockperf", f and f["echo_rtt_ratio"], "<= 1.30", lambda v: v <= 1.3, "{:.2f}")
