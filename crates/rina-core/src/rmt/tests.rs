@@ -110,20 +110,28 @@ fn dt_frame(tag: u8) -> Vec<u8> {
     vec![rina_wire::pci::PduType::Dt.code(), 0, tag]
 }
 
-#[test]
-fn ecn_marks_data_pdus_that_leave_a_queue_past_the_threshold() {
-    use rina_wire::pci::flags;
-    let mut r = rmt(100);
+/// An RMT of FIFOs of `cap` PDUs routing address 7 to port 1, marking
+/// data PDUs that leave `threshold` or more behind (the PDU type in the
+/// frame's first byte).
+fn ecn_rmt(cap: usize, threshold: usize) -> Rmt {
+    let mut r = rmt(cap);
     r.table_mut().set(7, None, vec![1]);
     let layout = FrameLayout {
         type_at: 0,
         crc: false,
     };
     let marking = EcnMarking {
-        threshold: 4,
+        threshold,
         per_qos: BTreeMap::new(),
     };
     r.set_ecn(Some((marking, layout)));
+    r
+}
+
+#[test]
+fn ecn_marks_data_pdus_that_leave_a_queue_past_the_threshold() {
+    use rina_wire::pci::flags;
+    let mut r = ecn_rmt(100, 4);
     for i in 0..7 {
         let p = QueuedPdu {
             qos_id: 0,
@@ -202,17 +210,7 @@ fn fifo_passes_a_pdu_through_only_where_a_poll_would_take_it_at_once() {
 fn nothing_passes_where_a_mark_or_another_policy_could_apply() {
     // ECN at threshold 0 marks a PDU leaving an empty queue: it is queued
     // so that poll_output marks it.
-    let mut r = rmt(10);
-    r.table_mut().set(7, None, vec![1]);
-    let layout = FrameLayout {
-        type_at: 0,
-        crc: false,
-    };
-    let marking = EcnMarking {
-        threshold: 0,
-        per_qos: BTreeMap::new(),
-    };
-    r.set_ecn(Some((marking, layout)));
+    let mut r = ecn_rmt(10, 0);
     assert_eq!(through(&mut r, 1, true), (1, false));
     // A policy that orders what arrives together sees every PDU queued.
     let bucket = SchedulerConfig::TokenBucket(TokenBucketConfig {
