@@ -443,13 +443,18 @@ impl Rmt {
         flow_hash: u64,
         pdu: QueuedPdu,
     ) -> Result<PortId, RmtError> {
-        let qos_id = pdu.qos_id;
-        let Some(port) = self.table.lookup(dst, qos_id, flow_hash) else {
-            self.counters.no_route += 1;
-            return Err(RmtError::NoRoute { dst, qos_id });
-        };
+        let port = self.route(dst, pdu.qos_id, flow_hash)?;
         self.send_on(now, port, pdu)?;
         Ok(port)
+    }
+
+    /// The port the forwarding table gives for `dst` and `qos_id` (a
+    /// missing route counted).
+    fn route(&mut self, dst: Address, qos_id: QosId, flow_hash: u64) -> Result<PortId, RmtError> {
+        self.table.lookup(dst, qos_id, flow_hash).ok_or_else(|| {
+            self.counters.no_route += 1;
+            RmtError::NoRoute { dst, qos_id }
+        })
     }
 
     /// [`Rmt::send`], or the PDU back to be written at once where a queue
@@ -466,13 +471,7 @@ impl Rmt {
         pdu: QueuedPdu,
         admit: impl FnOnce(PortId) -> bool,
     ) -> Result<Through, RmtError> {
-        let Some(port) = self.table.lookup(dst, pdu.qos_id, flow_hash) else {
-            self.counters.no_route += 1;
-            return Err(RmtError::NoRoute {
-                dst,
-                qos_id: pdu.qos_id,
-            });
-        };
+        let port = self.route(dst, pdu.qos_id, flow_hash)?;
         let out = self.steered(port, &pdu);
         // A data PDU leaving an empty queue is marked only at threshold 0.
         let unmarked = match &self.ecn {
