@@ -128,7 +128,9 @@ impl Tun {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
-            .custom_flags(libc::O_CLOEXEC)
+            // Non-blocking: a read of an empty TUN returns at once (see
+            // `Tun::read`), so the reader polls only when it found none.
+            .custom_flags(libc::O_CLOEXEC | libc::O_NONBLOCK)
             .open("/dev/net/tun")
             .map_err(TunError::Open)?;
         let fd: OwnedFd = file.into();

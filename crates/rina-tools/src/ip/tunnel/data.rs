@@ -27,8 +27,10 @@ enum InPlace {
     /// Read, but for the copying path: its `n` bytes are in the buffer,
     /// behind room for the frame header.
     Copied(usize),
-    /// Nothing read: no flow, no rings, no room, or no packet after all.
+    /// Nothing read: no flow, no rings or no room.
     NotRead,
+    /// Nothing read: the TUN has no packet.
+    Empty,
     /// Read and dropped (counted).
     Dropped,
     /// The TUN cannot be read.
@@ -83,11 +85,16 @@ impl Shared {
         // was partial: the next one most likely is the same, so it is read
         // into that flow's ring where its frame begins.
         let mut last = None;
+        // The TUN is polled only once a read found it empty: while packets
+        // come, each costs its read and no poll.
+        let mut wait = true;
         while !self.stopped() {
-            match self.tun.wait_readable(TICK) {
-                Ok(true) => {}
-                Ok(false) => continue,
-                Err(e) => return self.tun_failed(&e),
+            if wait {
+                match self.tun.wait_readable(TICK) {
+                    Ok(true) => wait = false,
+                    Ok(false) => continue,
+                    Err(e) => return self.tun_failed(&e),
+                }
             }
             let got = match last {
                 Some(to) => self.read_in_place(to, &mut hdr, &mut buf),
@@ -95,11 +102,18 @@ impl Shared {
             };
             let n = match got {
                 InPlace::Sent | InPlace::Dropped => continue,
+                InPlace::Empty => {
+                    wait = true;
+                    continue;
+                }
                 InPlace::Failed(e) => return self.tun_failed(&e),
                 InPlace::Copied(n) => n,
                 InPlace::NotRead => match self.tun.read(&mut hdr, &mut buf[PARTIAL_HEADER..]) {
                     Ok(Some(n)) => n,
-                    Ok(None) => continue,
+                    Ok(None) => {
+                        wait = true;
+                        continue;
+                    }
                     Err(e) if e.kind() == io::ErrorKind::InvalidData => {
                         bump(&self.drops_tun_invalid);
                         continue;
@@ -198,7 +212,7 @@ impl Shared {
         let pkt = room.skip(if partial { PARTIAL_HEADER } else { 0 });
         let n = match self.tun.read_segments(hdr, &pkt) {
             Ok(Some(n)) => n,
-            Ok(None) => return (InPlace::NotRead, 0),
+            Ok(None) => return (InPlace::Empty, 0),
             Err(e) if e.kind() == io::ErrorKind::InvalidData => {
                 bump(&self.drops_tun_invalid);
                 return (InPlace::Dropped, 0);
