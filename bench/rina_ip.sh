@@ -7,6 +7,7 @@
 # and prints both goodputs and their ratio. Needs root, iproute2, iperf3.
 #
 #   sudo bash bench/rina_ip.sh          # DUR=5 seconds per measurement
+#   ROUNDS=5 bash bench/rina_ip.sh      # rounds of veth, rina-ip, plain tunnel (3)
 #   QOS=reliable MTU=1400 bash bench/rina_ip.sh
 #   MAX_PDU=9000 RINGS=0 bash bench/rina_ip.sh   # the DIF's default PDU size, sockets
 #   VETH_MTU=9000 MAX_PDU=8950 bash bench/rina_ip.sh   # jumbo frames on the veth
@@ -17,6 +18,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${DUR:-5}
+# Rounds of the three goodputs (veth, rina-ip, plain tunnel), alternated so
+# that the host's drift falls on all three alike; the figures are medians,
+# each ratio the median of the rounds' ratios.
+ROUNDS=${ROUNDS:-3}
 QOS=${QOS:-unreliable}
 MTU=${MTU:-}
 # The normal DIF's largest PDU: small enough that a PDU and its shim-udp
@@ -154,8 +159,30 @@ goodput() { # DEST -> Mb/s received
     ip netns exec "$NA" iperf3 -c "$1" -t "$DUR" -J \
         | python3 -c 'import json,sys; print("%.1f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e6))'
 }
-BASE=$(goodput 172.30.9.2)
-TUN=$(goodput 10.201.0.2)
+# The floor of any userspace tunnel here: a plain IP-over-UDP tunnel
+# (crates/rina-tools/examples/udp_tunnel.rs: TUNs with the same offload and
+# MTU, datagrams of the same size sent offloaded, no RINA) over the same veth.
+for s in a b; do
+    ns=$NA me=172.30.9.1 peer=172.30.9.2 tip=10.203.0.1; [ $s = b ] && ns=$NB me=172.30.9.2 peer=172.30.9.1 tip=10.203.0.2
+    SEG=$((MAX_PDU - 16)) ip netns exec "$ns" "$BIN/examples/udp_tunnel" rbplain0 "$tip/24" "$me:7301" "$peer:7301" \
+        >"$T/plain-$s.log" 2>&1 &
+    PIDS+=($!)
+done
+for _ in $(seq 40); do ip netns exec "$NA" ping -c 1 -W 1 10.203.0.2 >/dev/null 2>&1 && break; sleep 0.25; done
+BASES=() TUNS=() PLAINS=()
+for r in $(seq "$ROUNDS"); do
+    BASES+=("$(goodput 172.30.9.2)")
+    TUNS+=("$(goodput 10.201.0.2)")
+    PLAINS+=("$(goodput 10.203.0.2)")
+    echo "  round $r: veth ${BASES[-1]}, rina-ip ${TUNS[-1]}, plain tunnel ${PLAINS[-1]} Mb/s" >&2
+done
+# Medians: BASE TUN PLAIN, rina-ip / veth, plain / veth, rina-ip / plain.
+read -r BASE TUN PLAIN R_TUN R_PLAIN R_OVER <<<"$(python3 -c "
+import statistics as st
+b, t, p = [${BASES[*]/%/,}], [${TUNS[*]/%/,}], [${PLAINS[*]/%/,}]
+m = lambda v: st.median(v)
+print('%.1f %.1f %.1f %.3f %.3f %.3f' % (m(b), m(t), m(p), m([y / x for x, y in zip(b, t)]),
+      m([y / x for x, y in zip(b, p)]), m([y / x for x, y in zip(p, t)])))")"
 # Where the CPU goes: each process's CPU time (user + system, from
 # /proc/PID/stat) while CPU_BYTES cross the tunnel, per GB. Steadier than
 # the goodput on a shared machine, and it says which side to work on.
@@ -174,27 +201,16 @@ read -r CPU_RINAD_TX CPU_RINAD_RX CPU_IP_TX CPU_IP_RX <<<"$CPU_GB"
 MTU_NOW=$(ip netns exec "$NA" cat /sys/class/net/rbench0/mtu)
 RTT=$(ip netns exec "$NA" ping -c 10 -i 0.1 -q 10.201.0.2 | sed -n 's/.*= \([0-9.]*\)\/\([0-9.]*\)\/.*/\2/p')
 RTT0=$(ip netns exec "$NA" ping -c 10 -i 0.1 -q 172.30.9.2 | sed -n 's/.*= \([0-9.]*\)\/\([0-9.]*\)\/.*/\2/p')
-# The floor of any userspace tunnel here: a plain IP-over-UDP tunnel
-# (crates/rina-tools/examples/udp_tunnel.rs: TUNs with the same offload and
-# MTU, datagrams of the same size sent offloaded, no RINA) over the same veth.
-for s in a b; do
-    ns=$NA me=172.30.9.1 peer=172.30.9.2 tip=10.203.0.1; [ $s = b ] && ns=$NB me=172.30.9.2 peer=172.30.9.1 tip=10.203.0.2
-    SEG=$((MAX_PDU - 16)) ip netns exec "$ns" "$BIN/examples/udp_tunnel" rbplain0 "$tip/24" "$me:7301" "$peer:7301" \
-        >"$T/plain-$s.log" 2>&1 &
-    PIDS+=($!)
-done
-for _ in $(seq 40); do ip netns exec "$NA" ping -c 1 -W 1 10.203.0.2 >/dev/null 2>&1 && break; sleep 0.25; done
-PLAIN=$(goodput 10.203.0.2)
-echo "rina-ip benchmark: iperf3 TCP, ${DUR} s each, QoS $QOS, TUN MTU $MTU_NOW, DIF max PDU $MAX_PDU, veth MTU ${VETH_MTU:-1500}, rings $RINGS_TOML, checksum offload $OFFLOAD_TOML"
+echo "rina-ip benchmark: iperf3 TCP, ${DUR} s each, medians of $ROUNDS alternated rounds, QoS $QOS, TUN MTU $MTU_NOW, DIF max PDU $MAX_PDU, veth MTU ${VETH_MTU:-1500}, rings $RINGS_TOML, checksum offload $OFFLOAD_TOML"
 printf "  veth, no RINA        %10s Mb/s   ping avg %s ms\n" "$BASE" "$RTT0"
 printf "  through rina-ip      %10s Mb/s   ping avg %s ms\n" "$TUN" "$RTT"
-python3 -c "print('  ratio rina-ip / veth  %.3f' % ($TUN / $BASE))"
+echo "  ratio rina-ip / veth  $R_TUN   (per round: $(python3 -c "print(', '.join('%.3f' % (y / x) for x, y in zip([${BASES[*]/%/,}], [${TUNS[*]/%/,}])))"))"
 printf "  plain UDP tunnel     %10s Mb/s   (no RINA: the floor of a userspace tunnel)\n" "$PLAIN"
-python3 -c "print('  ratio plain tunnel / veth %.3f, rina-ip / plain tunnel %.3f' % ($PLAIN / $BASE, $TUN / $PLAIN))"
+echo "  ratio plain tunnel / veth $R_PLAIN, rina-ip / plain tunnel $R_OVER"
 echo "  CPU seconds per GB through the tunnel ($CPU_BYTES, $RETRANS TCP retransmissions):"
 echo "    rinad sending $CPU_RINAD_TX, rinad receiving $CPU_RINAD_RX, rina-ip sending $CPU_IP_TX, rina-ip receiving $CPU_IP_RX"
 if [ -n "${RESULTS:-}" ]; then
-    python3 -c "import json; json.dump({'veth_mbps': $BASE, 'rina_ip_mbps': $TUN, 'rina_ip_ratio': $TUN / $BASE, 'cpu_s_per_gb': {'rinad_tx': $CPU_RINAD_TX, 'rinad_rx': $CPU_RINAD_RX, 'rina_ip_tx': $CPU_IP_TX, 'rina_ip_rx': $CPU_IP_RX}, 'tcp_retransmits': $RETRANS, 'plain_tunnel_mbps': $PLAIN, 'plain_tunnel_ratio': $PLAIN / $BASE, 'rina_ip_over_plain': $TUN / $PLAIN}, open('$RESULTS', 'w'))"
+    python3 -c "import json; json.dump({'veth_mbps': $BASE, 'rina_ip_mbps': $TUN, 'rina_ip_ratio': $R_TUN, 'cpu_s_per_gb': {'rinad_tx': $CPU_RINAD_TX, 'rinad_rx': $CPU_RINAD_RX, 'rina_ip_tx': $CPU_IP_TX, 'rina_ip_rx': $CPU_IP_RX}, 'tcp_retransmits': $RETRANS, 'plain_tunnel_mbps': $PLAIN, 'plain_tunnel_ratio': $R_PLAIN, 'rina_ip_over_plain': $R_OVER, 'rounds': {'veth_mbps': [${BASES[*]/%/,}], 'rina_ip_mbps': [${TUNS[*]/%/,}], 'plain_tunnel_mbps': [${PLAINS[*]/%/,}]}}, open('$RESULTS', 'w'))"
 fi
 echo
 ip netns exec "$NA" "$BIN/rina-ip" --status --status-socket "$T/ip-a.status.sock"
