@@ -10,8 +10,11 @@
 //! `System::write` to its frames for the medium, the receiver's
 //! `handle_frame` to the SDU for the application. It prints nanoseconds
 //! and [`rina_core::buf`] copies per SDU on each side. With `--batch N`,
-//! the receiver takes each turn's N frames with `System::receive_held` and
-//! settles once, as `rinad` does with a batch read from its UDP socket;
+//! the receiver takes each turn's N frames in their buffers with
+//! `System::receive_udp_held` and settles once, as `rinad` does with a
+//! batch read from its UDP socket (each datagram read into a buffer of its
+//! own; here the sender's buffer is handed over, so the kernel's copy that
+//! `rinad` pays for is not counted);
 //! with `--held-writes` as well, the sender writes the turn's N SDUs with
 //! `System::write_held` and settles once, as `rinad` does with the SDUs it
 //! takes from an application flow in a turn.
@@ -23,7 +26,7 @@ use rina_core::efcp::EfcpConfig;
 use rina_core::normal::{MembershipConfig, NormalConfig, QosCube};
 use rina_core::rmt::{FifoConfig, SchedulerConfig};
 use rina_core::shim_udp;
-use rina_core::system::{AppEvent, NeighborSpec, Output, PortId, Rx, System};
+use rina_core::system::{AppEvent, NeighborSpec, Output, PortId, System};
 use rina_core::Instant;
 use rina_wire::{AppName, QosSpec};
 use std::collections::BTreeMap;
@@ -202,12 +205,8 @@ fn main() {
         let r = Clock::now();
         if batch > 1 {
             for f in out.drain(..) {
-                let rx = Rx::Udp {
-                    from: udp(0),
-                    datagram: &f,
-                };
                 // Every SDU rides a normal DIF: nothing comes back here.
-                let _ = sys[1].receive_held(t, 0, rx);
+                let _ = sys[1].receive_udp_held(t, 0, udp(0), f);
             }
             sys[1].settle(t);
         } else {
