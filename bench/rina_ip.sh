@@ -176,13 +176,16 @@ for r in $(seq "$ROUNDS"); do
     PLAINS+=("$(goodput 10.203.0.2)")
     echo "  round $r: veth ${BASES[-1]}, rina-ip ${TUNS[-1]}, plain tunnel ${PLAINS[-1]} Mb/s" >&2
 done
-# Medians: BASE TUN PLAIN, rina-ip / veth, plain / veth, rina-ip / plain.
-read -r BASE TUN PLAIN R_TUN R_PLAIN R_OVER <<<"$(python3 -c "
+# Medians: BASE TUN PLAIN, rina-ip / veth, plain / veth, rina-ip / plain;
+# then each round's rina-ip / veth.
+read -r BASE TUN PLAIN R_TUN R_PLAIN R_OVER R_ROUNDS <<<"$(python3 -c "
 import statistics as st
 b, t, p = [${BASES[*]/%/,}], [${TUNS[*]/%/,}], [${PLAINS[*]/%/,}]
 m = lambda v: st.median(v)
-print('%.1f %.1f %.1f %.3f %.3f %.3f' % (m(b), m(t), m(p), m([y / x for x, y in zip(b, t)]),
-      m([y / x for x, y in zip(b, p)]), m([y / x for x, y in zip(p, t)])))")"
+rt = [y / x for x, y in zip(b, t)]
+print('%.1f %.1f %.1f %.3f %.3f %.3f' % (m(b), m(t), m(p), m(rt),
+      m([y / x for x, y in zip(b, p)]), m([y / x for x, y in zip(p, t)])),
+      ','.join('%.3f' % r for r in rt))")"
 # Where the CPU goes: each process's CPU time (user + system, from
 # /proc/PID/stat) while CPU_BYTES cross the tunnel, per GB. Steadier than
 # the goodput on a shared machine, and it says which side to work on.
@@ -204,7 +207,7 @@ RTT0=$(ip netns exec "$NA" ping -c 10 -i 0.1 -q 172.30.9.2 | sed -n 's/.*= \([0-
 echo "rina-ip benchmark: iperf3 TCP, ${DUR} s each, medians of $ROUNDS alternated rounds, QoS $QOS, TUN MTU $MTU_NOW, DIF max PDU $MAX_PDU, veth MTU ${VETH_MTU:-1500}, rings $RINGS_TOML, checksum offload $OFFLOAD_TOML"
 printf "  veth, no RINA        %10s Mb/s   ping avg %s ms\n" "$BASE" "$RTT0"
 printf "  through rina-ip      %10s Mb/s   ping avg %s ms\n" "$TUN" "$RTT"
-echo "  ratio rina-ip / veth  $R_TUN   (per round: $(python3 -c "print(', '.join('%.3f' % (y / x) for x, y in zip([${BASES[*]/%/,}], [${TUNS[*]/%/,}])))"))"
+echo "  ratio rina-ip / veth  $R_TUN   (per round: ${R_ROUNDS//,/, })"
 printf "  plain UDP tunnel     %10s Mb/s   (no RINA: the floor of a userspace tunnel)\n" "$PLAIN"
 echo "  ratio plain tunnel / veth $R_PLAIN, rina-ip / plain tunnel $R_OVER"
 echo "  CPU seconds per GB through the tunnel ($CPU_BYTES, $RETRANS TCP retransmissions):"
