@@ -581,11 +581,14 @@ impl ShimUdp {
         port: PortId,
         len: usize,
     ) -> Result<(SocketAddr, [u8; DATA_HEADER_LEN]), ShimError> {
-        let flow = self
-            .flows
-            .get_mut(&port)
-            .ok_or(ShimError::UnknownFlow(port))?;
-        let peer_port = flow.peer_port.ok_or(ShimError::UnknownFlow(port))?;
+        // (`let else` rather than `ok_or`: an error built for nothing is
+        // dropped for nothing, on every datagram.)
+        let Some(flow) = self.flows.get_mut(&port) else {
+            return Err(ShimError::UnknownFlow(port));
+        };
+        let Some(peer_port) = flow.peer_port else {
+            return Err(ShimError::UnknownFlow(port));
+        };
         if len == 0 {
             flow.counters.drops_out += 1;
             return Err(ShimError::EmptySdu);

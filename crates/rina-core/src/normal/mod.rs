@@ -1041,7 +1041,7 @@ impl NormalIpcp {
                     return Err(NormalError::BadSduSize { size: len, max });
                 };
                 let b = PduBuf::with_room_from(buf::HEADROOM, src, at, n, tail)
-                    .ok_or(NormalError::UnreadableSdu(len))
+                    .ok_or_else(|| NormalError::UnreadableSdu(len))
                     .map(|mut b| {
                         b.push_front(&[delim.to_byte()]);
                         b
