@@ -1040,13 +1040,11 @@ impl NormalIpcp {
                 else {
                     return Err(NormalError::BadSduSize { size: len, max });
                 };
-                let b = PduBuf::with_room_from(buf::HEADROOM, src, at, n, tail)
-                    .ok_or_else(|| NormalError::UnreadableSdu(len))
-                    .map(|mut b| {
-                        b.push_front(&[delim.to_byte()]);
-                        b
-                    });
-                one(b, f)?;
+                let Some(mut b) = PduBuf::with_room_from(buf::HEADROOM, src, at, n, tail) else {
+                    return Err(NormalError::UnreadableSdu(len));
+                };
+                b.push_front(&[delim.to_byte()]);
+                one(Ok(b), f)?;
             }
             sdu => {
                 // The one copy of the SDU's bytes on the way down: each
