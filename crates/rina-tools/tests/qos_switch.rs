@@ -123,6 +123,23 @@ fn rinactl_switches_a_running_port_from_fifo_to_qta_mux_and_back() {
     let dir = std::env::temp_dir().join(format!("rina-tools-qos-switch-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut procs = Procs(Vec::new(), dir.clone());
+    start_daemons(&mut procs, &bins, &dir);
+    let (a, b) = (dir.join("alpha.sock"), dir.join("beta.sock"));
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let ctl = bins.join("rinactl");
+
+    check_initial_policies(&ctl, a, b);
+    start_paced_traffic(&mut procs, &bins, &ctl, a, b);
+    check_switch_from_fifo_to_qta_mux(&ctl, a);
+    check_urgent_cube_uses_urgent_queue(&mut procs, &bins, &ctl, a);
+    check_bad_policies_are_refused(&ctl, a);
+    check_back_to_fifo_from_a_file(&ctl, a, &dir);
+    check_table(&ctl, a);
+}
+
+/// Writes alpha's and beta's configurations into `dir` and starts their
+/// `rinad` on two free loopback ports.
+fn start_daemons(procs: &mut Procs, bins: &Path, dir: &Path) {
     let (pa, pb) = (free_port(), free_port());
     for (me, addr, port, peer, paddr, pport) in [
         ("alpha", 1, pa, "beta", 2, pb),
@@ -142,26 +159,31 @@ fn rinactl_switches_a_running_port_from_fifo_to_qta_mux_and_back() {
             .unwrap();
         procs.0.push(child);
     }
-    let (a, b) = (dir.join("alpha.sock"), dir.join("beta.sock"));
-    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
-    let ctl = bins.join("rinactl");
+}
 
+/// Waits for alpha's port to beta (FIFO) and checks beta took QTA-Mux from
+/// its file.
+fn check_initial_policies(ctl: &Path, a: &str, b: &str) {
     // The port to beta exists once the N-1 flow is up.
     wait_until("alpha's N-1 port to beta", Duration::from_secs(20), || {
-        let out = run(&ctl, &["--socket", a, "--json", "sched", "alpha.net"]);
+        let out = run(ctl, &["--socket", a, "--json", "sched", "alpha.net"]);
         out.status.success()
             && serde_json::from_slice::<Value>(&out.stdout)
                 .is_ok_and(|v| queues(&v) == ["fifo"] && v["policy"] == "fifo")
     });
     // Beta took QTA-Mux from its file, with a queue per urgency level of
     // its two cubes.
-    let vb = sched(&ctl, b, &["beta.net"]);
+    let vb = sched(ctl, b, &["beta.net"]);
     assert_eq!(vb["policy"], "qta-mux", "{vb}");
     assert_eq!(
         vb["config"]["cherish_thresholds"],
         serde_json::json!([200, 100])
     );
+}
 
+/// Starts the perf server at beta and, once registered, a paced unreliable
+/// perf client at alpha (cube 1) that runs throughout.
+fn start_paced_traffic(procs: &mut Procs, bins: &Path, ctl: &Path, a: &str, b: &str) {
     // Paced unreliable traffic alpha -> beta (cube 1), running throughout.
     procs.0.push(
         Command::new(bins.join("rina-perf"))
@@ -173,7 +195,7 @@ fn rinactl_switches_a_running_port_from_fifo_to_qta_mux_and_back() {
             .unwrap(),
     );
     wait_until("perf registered at beta", Duration::from_secs(10), || {
-        let out = run(&ctl, &["--socket", b, "--json", "names"]);
+        let out = run(ctl, &["--socket", b, "--json", "names"]);
         String::from_utf8_lossy(&out.stdout).contains("\"perf\"")
     });
     procs.0.push(
@@ -199,16 +221,20 @@ fn rinactl_switches_a_running_port_from_fifo_to_qta_mux_and_back() {
             .spawn()
             .unwrap(),
     );
+}
 
+/// Checks the FIFO counter grows, switches alpha's port to QTA-Mux and
+/// checks its queues and that the traffic leaves through urgency-B.
+fn check_switch_from_fifo_to_qta_mux(ctl: &Path, a: &str) {
     // FIFO: the one queue's counter grows with the traffic (~500 PDU/s;
     // hellos alone would take minutes to add 300).
-    let v = sched(&ctl, a, &["alpha.net"]);
+    let v = sched(ctl, a, &["alpha.net"]);
     let fifo0 = sent(&v, "fifo").expect("a fifo queue");
-    wait_sent(&ctl, a, "fifo", fifo0, 300);
+    wait_sent(ctl, a, "fifo", fifo0, 300);
 
     // Switch to QTA-Mux: its queues replace the FIFO, with fresh counters.
     let v = sched(
-        &ctl,
+        ctl,
         a,
         &[
             "alpha.net",
@@ -236,11 +262,15 @@ fn rinactl_switches_a_running_port_from_fifo_to_qta_mux_and_back() {
     assert!(b0 < 300, "counters start afresh: {v}");
     // The traffic (cube 1, urgency B) leaves through urgency-B; nothing
     // uses cube 2, so urgency-A stays idle.
-    let v = wait_sent(&ctl, a, "urgency-B", b0, 300);
+    let v = wait_sent(ctl, a, "urgency-B", b0, 300);
     assert_eq!(sent(&v, "urgency-A"), Some(0), "{v}");
     assert_eq!(sent(&v, "qos-2 (A1)"), Some(0), "{v}");
     assert!(sent(&v, "qos-1 (B2)") >= sent(&v, "urgency-B"), "{v}");
+}
 
+/// Starts a second perf client on cube 2 and checks its PDUs leave through
+/// the urgent queue.
+fn check_urgent_cube_uses_urgent_queue(procs: &mut Procs, bins: &Path, ctl: &Path, a: &str) {
     // A second flow that names cube 2 (`--qos-cube 2`, cell A1) leaves
     // through the urgent queue.
     procs.0.push(
@@ -268,9 +298,13 @@ fn rinactl_switches_a_running_port_from_fifo_to_qta_mux_and_back() {
             .spawn()
             .unwrap(),
     );
-    let v = wait_sent(&ctl, a, "urgency-A", 0, 100);
+    let v = wait_sent(ctl, a, "urgency-A", 0, 100);
     assert!(sent(&v, "qos-2 (A1)").unwrap() >= 100, "{v}");
+}
 
+/// Checks bad policies, bad syntax and a shim IPCP are refused and leave
+/// alpha on QTA-Mux.
+fn check_bad_policies_are_refused(ctl: &Path, a: &str) {
     // A bad policy is refused, naming the parameter, and changes nothing.
     for (bad, names) in [
         (
@@ -286,41 +320,42 @@ fn rinactl_switches_a_running_port_from_fifo_to_qta_mux_and_back() {
         (r#"{"policy": "fifo", "queue_size": 4}"#, "queue_size"),
         ("policy = \"wfq\"", "wfq"),
     ] {
-        let out = run(&ctl, &["--socket", a, "sched", "alpha.net", "--set", bad]);
+        let out = run(ctl, &["--socket", a, "sched", "alpha.net", "--set", bad]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{bad}: {err}");
         assert!(err.contains(names), "{bad}: {err}");
     }
     let out = run(
-        &ctl,
+        ctl,
         &["--socket", a, "sched", "alpha.net", "--set", "{ policy ="],
     );
     assert_eq!(out.status.code(), Some(2), "not JSON nor TOML");
-    let out = run(&ctl, &["--socket", a, "sched", "alpha.udp"]);
+    let out = run(ctl, &["--socket", a, "sched", "alpha.udp"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && err.contains("only normal IPCPs"),
         "{err}"
     );
-    let v = sched(&ctl, a, &["alpha.net"]);
+    let v = sched(ctl, a, &["alpha.net"]);
     assert_eq!(v["policy"], "qta-mux", "{v}");
+}
 
+/// Switches alpha back to FIFO from a TOML file and checks its counter grows.
+fn check_back_to_fifo_from_a_file(ctl: &Path, a: &str, dir: &Path) {
     // Back to FIFO, from a TOML file; its counter grows again.
     let file = dir.join("fifo.toml");
     std::fs::write(&file, "policy = \"fifo\"\nqueue_len = 500\n").unwrap();
-    let v = sched(
-        &ctl,
-        a,
-        &["alpha.net", "--set-file", file.to_str().unwrap()],
-    );
+    let v = sched(ctl, a, &["alpha.net", "--set-file", file.to_str().unwrap()]);
     assert_eq!(v["policy"], "fifo", "{v}");
     assert_eq!(v["config"]["queue_len"], 500, "{v}");
     assert_eq!(queues(&v), ["fifo"], "{v}");
     let f0 = sent(&v, "fifo").unwrap();
-    wait_sent(&ctl, a, "fifo", f0, 300);
+    wait_sent(ctl, a, "fifo", f0, 300);
+}
 
-    // The table names the policy, the neighbour and the queue.
-    let out = run(&ctl, &["--socket", a, "sched", "alpha.net"]);
+/// Checks `rinactl sched`'s table names the policy, the neighbour and the queue.
+fn check_table(ctl: &Path, a: &str) {
+    let out = run(ctl, &["--socket", a, "sched", "alpha.net"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     let mut lines = text.lines();

@@ -6,9 +6,9 @@ mod common;
 
 use common::{bin_dir, free_port, wait_until, Procs};
 use rina_tools::tgen::metrics::FlowReport;
-use rina_tools::tgen::output::RunReport;
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use rina_tools::tgen::output::{FlowEntry, RunReport};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 fn config(me: &str, port: u16, peer_port: u16) -> String {
@@ -66,6 +66,34 @@ fn bidirectional_run_between_two_daemons_writes_csv_and_json() {
     let dir = std::env::temp_dir().join(format!("rina-tgen-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut procs = Procs(Vec::new(), dir.clone());
+    start_daemons(&mut procs, &bins, &dir);
+    let (a, b) = (dir.join("alpha.sock"), dir.join("beta.sock"));
+    wait_until("the daemons' sockets", Duration::from_secs(20), || {
+        a.exists() && b.exists()
+    });
+    let tgen = bins.join("rina-tgen");
+    procs.0.push(spawn_server(&tgen, &b, &dir));
+    std::fs::write(dir.join("matrix.toml"), MATRIX).unwrap();
+    // The server registers asynchronously: wait until its name is
+    // registered at beta (a client run that failed half-way would use up
+    // the server's two flows).
+    wait_until("the server's registration", Duration::from_secs(20), || {
+        rina::Client::connect_to(&b)
+            .and_then(|mut c| c.list_names())
+            .is_ok_and(|v| v.iter().any(|n| n.name.process_name == "tgen"))
+    });
+    let out = run_client(&tgen, &a, &dir);
+    let cli = check_client_report(&out, &dir);
+    check_client_csv(&dir);
+
+    // The server exits after its two flows closed; its files hold `fwd`.
+    let server = procs.0.pop().unwrap();
+    check_server(server, &dir, &cli);
+}
+
+/// Writes alpha's and beta's configurations into `dir` and starts their
+/// `rinad` on two free loopback ports.
+fn start_daemons(procs: &mut Procs, bins: &Path, dir: &Path) {
     let (pa, pb) = (free_port(), free_port());
     for (me, port, pport) in [("alpha", pa, pb), ("beta", pb, pa)] {
         let conf = dir.join(format!("{me}.toml"));
@@ -82,15 +110,15 @@ fn bidirectional_run_between_two_daemons_writes_csv_and_json() {
             .unwrap();
         procs.0.push(child);
     }
-    let (a, b) = (dir.join("alpha.sock"), dir.join("beta.sock"));
-    wait_until("the daemons' sockets", Duration::from_secs(20), || {
-        a.exists() && b.exists()
-    });
-    let tgen = bins.join("rina-tgen");
-    let server = Command::new(&tgen)
+}
+
+/// Spawns `rina-tgen server` at beta (socket `b`), for two flows, writing
+/// `dir/srv.*` and its JSON report on stdout.
+fn spawn_server(tgen: &Path, b: &Path, dir: &Path) -> Child {
+    Command::new(tgen)
         .arg("server")
         .arg("--socket")
-        .arg(&b)
+        .arg(b)
         .args([
             "--name",
             "tgen",
@@ -108,42 +136,38 @@ fn bidirectional_run_between_two_daemons_writes_csv_and_json() {
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
-        .unwrap();
-    procs.0.push(server);
-    std::fs::write(dir.join("matrix.toml"), MATRIX).unwrap();
-    // The server registers asynchronously: retry the client briefly.
-    let client = || {
-        Command::new(&tgen)
-            .arg("client")
-            .arg("--socket")
-            .arg(&a)
-            .arg("--matrix")
-            .arg(dir.join("matrix.toml"))
-            .args([
-                "--rtt",
-                "--probe-interval-ms",
-                "20",
-                "--samples",
-                "100000",
-                "--interval-s",
-                "0.5",
-                "--json",
-                "--out",
-            ])
-            .arg(dir.join("cli"))
-            .stdin(Stdio::null())
-            .output()
-            .unwrap()
-    };
-    // The server registers asynchronously: wait until its name is
-    // registered at beta (a client run that failed half-way would use up
-    // the server's two flows).
-    wait_until("the server's registration", Duration::from_secs(20), || {
-        rina::Client::connect_to(&b)
-            .and_then(|mut c| c.list_names())
-            .is_ok_and(|v| v.iter().any(|n| n.name.process_name == "tgen"))
-    });
-    let out = client();
+        .unwrap()
+}
+
+/// Runs `rina-tgen client` at alpha (socket `a`) with the matrix and RTT
+/// probes, writing `dir/cli.*`; its output.
+fn run_client(tgen: &Path, a: &Path, dir: &Path) -> Output {
+    Command::new(tgen)
+        .arg("client")
+        .arg("--socket")
+        .arg(a)
+        .arg("--matrix")
+        .arg(dir.join("matrix.toml"))
+        .args([
+            "--rtt",
+            "--probe-interval-ms",
+            "20",
+            "--samples",
+            "100000",
+            "--interval-s",
+            "0.5",
+            "--json",
+            "--out",
+        ])
+        .arg(dir.join("cli"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// Checks the client succeeded and its JSON (stdout and `cli.json`, the
+/// same) reports both flows in full; the report.
+fn check_client_report(out: &Output, dir: &Path) -> RunReport {
     assert!(
         out.status.success(),
         "client failed: {}",
@@ -161,48 +185,59 @@ fn bidirectional_run_between_two_daemons_writes_csv_and_json() {
     );
     assert_eq!(cli.flows.len(), 2);
     for f in &cli.flows {
-        assert_eq!(f.error, None, "{f:?}");
-        assert_eq!(f.dif, "udp");
-        let dirs: Vec<&str> = f.reports.iter().map(|r| r.direction.as_str()).collect();
-        assert_eq!(dirs, ["fwd", "rev", "rtt"]);
-        for r in &f.reports {
-            println!(
-                "flow {} {}: sent {} recv {} loss {:.2}% goodput {:.3} Mb/s delay {:?}",
-                f.flow,
-                r.direction,
-                r.sent_sdus,
-                r.recv_sdus,
-                r.loss_pct,
-                r.goodput_bps / 1e6,
-                r.delay
-            );
-            assert!(r.recv_sdus > 0, "{r:?}");
-            assert_eq!(r.duplicates, 0);
-            let d = r.delay.unwrap();
-            assert!(
-                d.min_us >= 0.0 && d.min_us <= d.p50_us && d.p50_us <= d.max_us,
-                "{d:?}"
-            );
-        }
-        let rev = &f.reports[1];
-        assert!(rev.fin_received, "{rev:?}");
-        assert_eq!(rev.samples_us.as_ref().unwrap().len() as u64, rev.recv_sdus);
-        let hist: u64 = rev.histogram.as_ref().unwrap().iter().map(|b| b[2]).sum();
-        assert_eq!(hist, rev.recv_sdus);
-        // ~1.5 Mb/s (flow 1) or ~0.5 Mb/s (flow 2) over 2 s, on loopback.
-        let target = if f.profile == "hd-video-call" {
-            1.5e6
-        } else {
-            0.5e6
-        };
-        let fwd = &f.reports[0];
-        assert!(fwd.fin_received);
-        let sent_bps = fwd.sent_bytes.unwrap() as f64 * 8.0 / 2.0;
+        check_client_flow(f);
+    }
+    cli
+}
+
+/// Checks one flow of the client's report: its three directions, their
+/// delays, the reverse samples and the forward rate; prints each direction.
+fn check_client_flow(f: &FlowEntry) {
+    assert_eq!(f.error, None, "{f:?}");
+    assert_eq!(f.dif, "udp");
+    let dirs: Vec<&str> = f.reports.iter().map(|r| r.direction.as_str()).collect();
+    assert_eq!(dirs, ["fwd", "rev", "rtt"]);
+    for r in &f.reports {
+        println!(
+            "flow {} {}: sent {} recv {} loss {:.2}% goodput {:.3} Mb/s delay {:?}",
+            f.flow,
+            r.direction,
+            r.sent_sdus,
+            r.recv_sdus,
+            r.loss_pct,
+            r.goodput_bps / 1e6,
+            r.delay
+        );
+        assert!(r.recv_sdus > 0, "{r:?}");
+        assert_eq!(r.duplicates, 0);
+        let d = r.delay.unwrap();
         assert!(
-            (sent_bps - target).abs() / target < 0.35,
-            "{sent_bps} vs {target}"
+            d.min_us >= 0.0 && d.min_us <= d.p50_us && d.p50_us <= d.max_us,
+            "{d:?}"
         );
     }
+    let rev = &f.reports[1];
+    assert!(rev.fin_received, "{rev:?}");
+    assert_eq!(rev.samples_us.as_ref().unwrap().len() as u64, rev.recv_sdus);
+    let hist: u64 = rev.histogram.as_ref().unwrap().iter().map(|b| b[2]).sum();
+    assert_eq!(hist, rev.recv_sdus);
+    // ~1.5 Mb/s (flow 1) or ~0.5 Mb/s (flow 2) over 2 s, on loopback.
+    let target = if f.profile == "hd-video-call" {
+        1.5e6
+    } else {
+        0.5e6
+    };
+    let fwd = &f.reports[0];
+    assert!(fwd.fin_received);
+    let sent_bps = fwd.sent_bytes.unwrap() as f64 * 8.0 / 2.0;
+    assert!(
+        (sent_bps - target).abs() / target < 0.35,
+        "{sent_bps} vs {target}"
+    );
+}
+
+/// Checks the client's `cli.csv` and `cli.delays.csv`.
+fn check_client_csv(dir: &Path) {
     let rows = check_csv(&dir.join("cli.csv"), FlowReport::CSV_HEADER, 6);
     assert_eq!(rows[0][0], "1");
     assert_eq!(rows[0][1], "fwd");
@@ -218,9 +253,11 @@ fn bidirectional_run_between_two_daemons_writes_csv_and_json() {
     );
     assert!(delays.len() > 100);
     assert!(delays.iter().all(|r| r[3].parse::<f64>().is_ok()));
+}
 
-    // The server exits after its two flows closed; its files hold `fwd`.
-    let mut server = procs.0.pop().unwrap();
+/// Waits for the server to exit and checks its JSON (file and stdout) and
+/// CSV agree with what the client got in the REPORT.
+fn check_server(mut server: Child, dir: &Path, cli: &RunReport) {
     wait_until("the server to exit", Duration::from_secs(10), || {
         server.try_wait().unwrap().is_some()
     });

@@ -175,6 +175,22 @@ fn tshark_decodes_shim_udp_efcp_and_cdap_of_a_live_capture() {
     let (pa, pb) = (free_port(), free_port());
     let pcap = dir.join("capture.pcap");
     let tcpdump = start_tcpdump(&pcap, pa, pb);
+    start_udp_daemons(&mut procs, &bins, &dir, pa, pb);
+    let a = dir.join("alpha.sock").display().to_string();
+    let b = dir.join("beta.sock").display().to_string();
+    let ctl = bins.join("rinactl");
+    wait_until("the normal DIF to come up", Duration::from_secs(20), || {
+        neighbors_up(&ctl, &a)
+    });
+    run_echo_and_refused_allocation(&mut procs, &bins, &a, &b);
+    wait_for_refusal_and_hellos(&pcap);
+    stop_tcpdump(tcpdump);
+    check_live_capture(&pcap);
+}
+
+/// Writes alpha's and beta's configurations (UDP ports `pa` and `pb`) into
+/// `dir` and starts their `rinad`.
+fn start_udp_daemons(procs: &mut Procs, bins: &Path, dir: &Path, pa: u16, pb: u16) {
     for (me, addr, port, peer, paddr, pport) in [
         ("alpha", 1, pa, "beta", 2, pb),
         ("beta", 2, pb, "alpha", 1, pa),
@@ -193,15 +209,14 @@ fn tshark_decodes_shim_udp_efcp_and_cdap_of_a_live_capture() {
             .unwrap();
         procs.0.push(child);
     }
-    let a = dir.join("alpha.sock").display().to_string();
-    let b = dir.join("beta.sock").display().to_string();
-    let ctl = bins.join("rinactl");
-    wait_until("the normal DIF to come up", Duration::from_secs(20), || {
-        neighbors_up(&ctl, &a)
-    });
-    echo_server(&mut procs, &bins, &b, "net", "echo");
+}
+
+/// Runs echoes from alpha (socket `a`) to a server at beta (socket `b`)
+/// over the normal DIF, then a refused allocation straight on the shim DIF.
+fn run_echo_and_refused_allocation(procs: &mut Procs, bins: &Path, a: &str, b: &str) {
+    echo_server(procs, bins, b, "net", "echo");
     let echo = [
-        "client", "--socket", &a, "--dif", "net", "--dst", "echo", "--count", "2",
+        "client", "--socket", a, "--dif", "net", "--dst", "echo", "--count", "2",
     ];
     // The server registers asynchronously: retry until the name answers.
     let mut ok = false;
@@ -217,7 +232,7 @@ fn tshark_decodes_shim_udp_efcp_and_cdap_of_a_live_capture() {
     let direct = [
         "client",
         "--socket",
-        &a,
+        a,
         "--dif",
         "udp",
         "--dst",
@@ -228,16 +243,20 @@ fn tshark_decodes_shim_udp_efcp_and_cdap_of_a_live_capture() {
         "50",
     ];
     assert!(!run(&bins.join("rina-echo"), &direct).status.success());
-    // Wait until the capture holds the refusal of that allocation (and so
-    // everything sent before it) and a hello each way (once a second).
-    // Each look is a whole tshark run, which takes seconds when CI runs
-    // other tests beside this one: the deadline leaves room for several.
+}
+
+/// Waits until the capture holds the refusal of the direct allocation (and
+/// so everything sent before it) and a hello each way.
+fn wait_for_refusal_and_hellos(pcap: &Path) {
+    // Hellos come once a second. Each look is a whole tshark run, which
+    // takes seconds when CI runs other tests beside this one: the deadline
+    // leaves room for several.
     wait_until(
         "the refusal and hellos in the capture",
         Duration::from_secs(30),
         || {
             let (rows, _, _) = tshark_raw(
-                &pcap,
+                pcap,
                 &[],
                 &[
                     "rina.shim_udp.result",
@@ -252,10 +271,13 @@ fn tshark_decodes_shim_udp_efcp_and_cdap_of_a_live_capture() {
             rows.iter().any(|r| r[0] == "1") && hello_from("1") && hello_from("2")
         },
     );
-    stop_tcpdump(tcpdump);
+}
 
+/// Decodes the stopped capture and checks the shim-udp allocations, the
+/// hellos and DT PDUs both ways, the flow allocator's CDAP and the refusal.
+fn check_live_capture(pcap: &Path) {
     let rows = tshark(
-        &pcap,
+        pcap,
         &[],
         &[
             "rina.shim_udp.type",
@@ -278,7 +300,7 @@ fn tshark_decodes_shim_udp_efcp_and_cdap_of_a_live_capture() {
     };
     let dump = format!(
         "{rows:?} (capture of {} bytes)",
-        std::fs::metadata(&pcap).map_or(0, |m| m.len())
+        std::fs::metadata(pcap).map_or(0, |m| m.len())
     );
     // The N-1 flow of the normal DIF: ALLOC_REQ for beta.net, accepted.
     assert!(has(&[(0, "0x02"), (1, "beta.net")]), "{dump}");

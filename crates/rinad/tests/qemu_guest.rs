@@ -23,7 +23,7 @@
 mod common;
 
 use common::{name, temp_dir, wait_for, Daemon};
-use rina::QosSpec;
+use rina::{Client, QosSpec};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -57,19 +57,47 @@ fn qemu_guest_over_ivshmem() {
 
     // The host: rinad on a fresh file in /dev/shm, echo and perf servers.
     let shm = ShmFile::new();
-    let host = Daemon::start_with(
+    let host = start_host(&shm);
+    let (_echo_srv, _perf_srv) = start_host_servers(&bin, &host);
+
+    let deadline = Instant::now() + OVERALL;
+    let (mut vm, accel) = boot(&qemu, &image, &shm.0, deadline);
+    check_guest_boots(&mut vm, accel, &host, deadline);
+
+    // Guest -> host: the guest's clients report on the console.
+    check_guest_to_host(&mut vm, &host, deadline);
+
+    // Host -> guest: SDUs of every size echoed intact.
+    let mut c = host.client();
+    check_host_to_guest_echo(&vm, &mut c);
+    check_host_to_guest_perf(&vm, &bin, &host);
+
+    // The guest's servers had one flow each: it powers off.
+    check_guest_powers_off(&mut vm, deadline);
+
+    // A guest that powered off stops its heartbeat: the host notices.
+    check_host_sees_guest_gone(&vm, &bin, &host, accel);
+}
+
+/// Starts the host's `rinad` with a shim-hv IPCP on the shared-memory file.
+fn start_host(shm: &ShmFile) -> Daemon {
+    Daemon::start_with(
         "qemu-host",
         &format!(
             "[system]\nname = \"host\"\n\n[[ipcp]]\nname = \"host.hv\"\ntype = \"shim-hv\"\ndif = \"{DIF}\"\npath = \"{}\"\nside = \"host\"\n",
             shm.0.display()
         ),
-    );
-    let _echo_srv = Proc::spawn(
+    )
+}
+
+/// Starts the host's echo and perf servers and waits until both registered.
+fn start_host_servers(bin: &Path, host: &Daemon) -> (Proc, Proc) {
+    let echo_srv = Proc::spawn(
         Command::new(bin.join("rina-echo"))
             .args(["server", "--dif", DIF, "--name", "echo", "--socket"])
             .arg(&host.socket),
     );
-    let _perf_srv = Proc::spawn(
+    let perf_srv = Proc::spawn(
         Command::new(bin.join("rina-perf"))
             .args(["server", "--dif", DIF, "--name", "perf", "--socket"])
             .arg(&host.socket),
@@ -80,9 +108,11 @@ fn qemu_guest_over_ivshmem() {
             .iter()
             .all(|n| names.iter().any(|x| x.name == name(n)))
     });
+    (echo_srv, perf_srv)
+}
 
-    let deadline = Instant::now() + OVERALL;
-    let (mut vm, accel) = boot(&qemu, &image, &shm.0, deadline);
+/// Waits for the guest to boot and bring its shim-hv peer up; prints the times.
+fn check_guest_boots(vm: &mut Vm, accel: &str, host: &Daemon, deadline: Instant) {
     let booted = vm.expect("GUEST-BOOT", deadline);
     let dev = vm.expect("GUEST-DEV", deadline);
     let up = vm.expect("GUEST-UP", deadline);
@@ -92,8 +122,10 @@ fn qemu_guest_over_ivshmem() {
         vm.at(&up).as_secs_f64()
     );
     assert_eq!(host.counter("peer_up"), 1, "the host sees the guest");
+}
 
-    // Guest -> host: the guest's clients report on the console.
+/// Checks the echo and perf reports of the guest's clients (guest -> host).
+fn check_guest_to_host(vm: &mut Vm, host: &Daemon, deadline: Instant) {
     let serving = vm.expect("GUEST-SERVING", deadline);
     let lines = vm.lines();
     let echo_json = lines
@@ -133,9 +165,11 @@ fn qemu_guest_over_ivshmem() {
         "the guest's echo and perf flows reached the host: {counters:?}"
     );
     println!("{serving}");
+}
 
-    // Host -> guest: SDUs of every size echoed intact.
-    let mut c = host.client();
+/// Sends SDUs of 1 byte to 64 KiB to the guest's echo server through `c`
+/// and checks each comes back intact; prints the RTTs.
+fn check_host_to_guest_echo(vm: &Vm, c: &mut Client) {
     let flow = c
         .allocate(
             &name("host-app"),
@@ -185,7 +219,10 @@ fn qemu_guest_over_ivshmem() {
         rtts[rtts.len() - 1]
     );
     flow.deallocate();
+}
 
+/// Runs `rina-perf client` on the host against the guest's perf server.
+fn check_host_to_guest_perf(vm: &Vm, bin: &Path, host: &Daemon) {
     let out = Command::new(bin.join("rina-perf"))
         .args([
             "client",
@@ -212,8 +249,10 @@ fn qemu_guest_over_ivshmem() {
     );
     let host_perf: Vec<PerfRow> = stdout.lines().filter_map(PerfRow::parse).collect();
     check_perf("host -> guest", &host_perf).unwrap_or_else(|e| vm.fail(&e));
+}
 
-    // The guest's servers had one flow each: it powers off.
+/// Waits for the guest to power off and checks its console shows no failure.
+fn check_guest_powers_off(vm: &mut Vm, deadline: Instant) {
     vm.expect("GUEST-DONE", deadline);
     vm.wait_exit(deadline);
     let lines = vm.lines();
@@ -225,8 +264,11 @@ fn qemu_guest_over_ivshmem() {
         !lines.iter().any(|l| l.contains("serve timeout")),
         "{lines:#?}"
     );
+}
 
-    // A guest that powered off stops its heartbeat: the host notices.
+/// Waits for the host to see the guest gone, checks its counters and
+/// prints `rinactl ipcps` and QEMU's run time.
+fn check_host_sees_guest_gone(vm: &Vm, bin: &Path, host: &Daemon, accel: &str) {
     wait_for("the host to see the guest gone", T, || {
         host.counter("peer_up") == 0
     });

@@ -132,9 +132,49 @@ impl Drop for Killed {
 fn rinactl_builds_two_difs_enrolls_changes_policies_destroys_and_reloads() {
     let beta = empty("beta");
     let alpha = empty("alpha");
+    let udp = create_beta_difs(&beta);
+    create_alpha_ipcps(&alpha, &udp);
+    check_enrollment(&alpha);
+
+    let _server = Killed(spawn_echo(&beta, &["server", "--dif", "net"]));
+    echo_across(&alpha, "echo to be reachable across");
+
+    // Traffic flows while the policies change.
+    let mut client = Killed(spawn_echo(
+        &alpha,
+        &[
+            "client",
+            "--dif",
+            "net",
+            "--count",
+            "100000",
+            "--interval-ms",
+            "10",
+        ],
+    ));
+    change_policies_under_traffic(&alpha, &mut client);
+
+    // Destroying the normal IPCP: the echo client gets an error at once.
+    check_destroy_fails_the_client(&alpha, &mut client);
+
+    // A reload of a file that has it brings it back; the shim is kept.
+    check_reload_brings_it_back(&alpha, &udp);
+}
+
+/// The settings of the normal IPCPs of DIF net, at both systems.
+const NET: [&str; 4] = [
+    "dif=net",
+    "type=normal",
+    "routing=link-state",
+    "directory_mode=distributed",
+];
+
+/// Creates beta's shim-udp IPCP and the bootstrap member of DIF net, with
+/// alpha.net as its neighbour; the shim's UDP address.
+fn create_beta_difs(beta: &Daemon) -> String {
     // beta: a shim-udp DIF and the bootstrap member of DIF net.
     ctl(
-        &beta,
+        beta,
         &[
             "ipcp",
             "create",
@@ -144,29 +184,29 @@ fn rinactl_builds_two_difs_enrolls_changes_policies_destroys_and_reloads() {
             "bind=127.0.0.1:0",
         ],
     );
-    let udp = ipcp(&ipcps(&beta), "beta.udp").unwrap()["address"]
+    let udp = ipcp(&ipcps(beta), "beta.udp").unwrap()["address"]
         .as_str()
         .unwrap()
         .to_string();
-    let net = [
-        "dif=net",
-        "type=normal",
-        "routing=link-state",
-        "directory_mode=distributed",
-    ];
     let mut args = vec!["ipcp", "create", "name=beta.net", "address=1"];
-    args.extend(net);
-    let out = ctl(&beta, &args);
+    args.extend(NET);
+    let out = ctl(beta, &args);
     assert!(out.contains("IPCP beta.net created"), "{out}");
     ctl(
-        &beta,
+        beta,
         &["neighbor", "add", "beta.net", "alpha.net", "--over", "udp"],
     );
+    udp
+}
+
+/// Creates alpha's shim-udp IPCP (knowing beta.net at `udp`) and its
+/// normal IPCP, with no address yet.
+fn create_alpha_ipcps(alpha: &Daemon, udp: &str) {
     // alpha: its shim knows where beta.net is; its normal IPCP has no
     // address and enrolls through beta.net.
     let dir = format!("directory={{\"beta.net\" = \"{udp}\"}}");
     ctl(
-        &alpha,
+        alpha,
         &[
             "ipcp",
             "create",
@@ -178,12 +218,17 @@ fn rinactl_builds_two_difs_enrolls_changes_policies_destroys_and_reloads() {
         ],
     );
     let mut args = vec!["ipcp", "create", "name=alpha.net"];
-    args.extend(net);
-    ctl(&alpha, &args);
+    args.extend(NET);
+    ctl(alpha, &args);
+}
+
+/// Enrolls alpha.net through beta.net, checking the progress messages and
+/// the address, and that a second enrollment is refused.
+fn check_enrollment(alpha: &Daemon) {
     // The steps come as they happen (progress messages before the reply),
     // then the outcome.
     let out = ctl(
-        &alpha,
+        alpha,
         &["ipcp", "enroll", "alpha.net", "beta.net", "--over", "udp"],
     );
     let lines: Vec<&str> = out.lines().collect();
@@ -200,47 +245,37 @@ fn rinactl_builds_two_difs_enrolls_changes_policies_destroys_and_reloads() {
     );
     let addr: u64 = last.rsplit(' ').next().unwrap().parse().unwrap();
     assert!(addr > 1, "{out}");
-    let listed = ipcp(&ipcps(&alpha), "alpha.net").unwrap()["address"].clone();
+    let listed = ipcp(&ipcps(alpha), "alpha.net").unwrap()["address"].clone();
     assert_eq!(listed, addr.to_string());
     // A second enrollment of a member is refused with the reason.
     let e = ctl_fails(
-        &alpha,
+        alpha,
         &["ipcp", "enroll", "alpha.net", "beta.net", "--over", "udp"],
     );
     assert!(e.contains("member of DIF net already"), "{e}");
+}
 
-    let _server = Killed(spawn_echo(&beta, &["server", "--dif", "net"]));
-    wait_for(
-        "echo to be reachable across",
-        Duration::from_secs(10),
-        || {
-            run(
-                &alpha,
-                "rina-echo",
-                &["client", "--dif", "net", "--count", "1"],
-            )
-            .status
-            .success()
-        },
-    );
-    echo_works(&alpha);
+/// Waits (naming `what`) until one echo from `alpha` crosses DIF net, then
+/// runs a short echo that must succeed.
+fn echo_across(alpha: &Daemon, what: &str) {
+    wait_for(what, Duration::from_secs(10), || {
+        run(
+            alpha,
+            "rina-echo",
+            &["client", "--dif", "net", "--count", "1"],
+        )
+        .status
+        .success()
+    });
+    echo_works(alpha);
+}
 
-    // Traffic flows while the policies change.
-    let mut client = Killed(spawn_echo(
-        &alpha,
-        &[
-            "client",
-            "--dif",
-            "net",
-            "--count",
-            "100000",
-            "--interval-ms",
-            "10",
-        ],
-    ));
+/// Changes alpha.net's scheduling and EFCP policies (bad ones refused)
+/// while the echo `client` runs, which must keep running.
+fn change_policies_under_traffic(alpha: &Daemon, client: &mut Killed) {
     std::thread::sleep(Duration::from_millis(300));
     ctl(
-        &alpha,
+        alpha,
         &[
             "sched",
             "alpha.net",
@@ -249,10 +284,10 @@ fn rinactl_builds_two_difs_enrolls_changes_policies_destroys_and_reloads() {
         ],
     );
     let s: serde_json::Value =
-        serde_json::from_str(&ctl(&alpha, &["--json", "sched", "alpha.net"])).unwrap();
+        serde_json::from_str(&ctl(alpha, &["--json", "sched", "alpha.net"])).unwrap();
     assert_eq!(s["config"]["queue_len"], 64, "{s}");
     let out = ctl(
-        &alpha,
+        alpha,
         &[
             "efcp",
             "alpha.net",
@@ -262,19 +297,22 @@ fn rinactl_builds_two_difs_enrolls_changes_policies_destroys_and_reloads() {
         ],
     );
     assert!(out.contains("max_retries: 5"), "{out}");
-    let e = ctl_fails(&alpha, &["efcp", "alpha.net", "reliable", "window=0"]);
+    let e = ctl_fails(alpha, &["efcp", "alpha.net", "reliable", "window=0"]);
     assert!(e.contains("`window` must be between 1 and"), "{e}");
-    let e = ctl_fails(&alpha, &["efcp", "alpha.net", "reliable", "windw=8"]);
+    let e = ctl_fails(alpha, &["efcp", "alpha.net", "reliable", "windw=8"]);
     assert!(e.contains("windw"), "{e}");
     std::thread::sleep(Duration::from_millis(300));
     assert!(
         client.0.try_wait().unwrap().is_none(),
         "the echo client stopped while policies changed"
     );
+}
 
-    // Destroying the normal IPCP: the echo client gets an error at once.
+/// Destroys alpha.net and checks the echo `client` fails at once with
+/// "flow closed" and the IPCP is gone.
+fn check_destroy_fails_the_client(alpha: &Daemon, client: &mut Killed) {
     let t0 = Instant::now();
-    let out = ctl(&alpha, &["ipcp", "destroy", "alpha.net"]);
+    let out = ctl(alpha, &["ipcp", "destroy", "alpha.net"]);
     assert!(out.contains("IPCP alpha.net destroyed"), "{out}");
     assert!(out.contains("application flow(s) closed"), "{out}");
     let status = loop {
@@ -293,9 +331,12 @@ fn rinactl_builds_two_difs_enrolls_changes_policies_destroys_and_reloads() {
     std::io::Read::read_to_string(client.0.stderr.as_mut().unwrap(), &mut err).unwrap();
     assert!(err.contains("flow closed"), "{err}");
     eprintln!("echo client failed {took:?} after `rinactl ipcp destroy`");
-    assert!(ipcp(&ipcps(&alpha), "alpha.net").is_none());
+    assert!(ipcp(&ipcps(alpha), "alpha.net").is_none());
+}
 
-    // A reload of a file that has it brings it back; the shim is kept.
+/// Reloads alpha from a file that has alpha.net (and the unchanged shim)
+/// and checks it comes back, enrolls and carries echoes again.
+fn check_reload_brings_it_back(alpha: &Daemon, udp: &str) {
     let file = alpha.dir.join("rinad.toml");
     std::fs::write(
         &file,
@@ -304,25 +345,16 @@ fn rinactl_builds_two_difs_enrolls_changes_policies_destroys_and_reloads() {
         ),
     )
     .unwrap();
-    let out = ctl(&alpha, &["reload"]);
+    let out = ctl(alpha, &["reload"]);
     assert!(out.contains("IPCP alpha.net created"), "{out}");
     assert!(
         !out.contains("alpha.udp"),
         "the unchanged shim was touched: {out}"
     );
     wait_for("alpha.net to enroll again", Duration::from_secs(10), || {
-        ipcp(&ipcps(&alpha), "alpha.net").is_some_and(|i| i["address"] != "0")
+        ipcp(&ipcps(alpha), "alpha.net").is_some_and(|i| i["address"] != "0")
     });
-    wait_for("echo across again", Duration::from_secs(10), || {
-        run(
-            &alpha,
-            "rina-echo",
-            &["client", "--dif", "net", "--count", "1"],
-        )
-        .status
-        .success()
-    });
-    echo_works(&alpha);
+    echo_across(alpha, "echo across again");
 }
 
 #[test]

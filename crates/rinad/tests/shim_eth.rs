@@ -328,18 +328,40 @@ fn two_vlans_on_one_veth_are_isolated_decoded_by_tshark_and_robust() {
     }
     let (na, nb) = (Netns::new("a"), Netns::new("b"));
     let (ea, eb) = veth(&na, &nb);
-    let cfg = |sys: &str, ifname: &str| {
-        format!("[system]\nname = \"{sys}\"\n")
-            + &shim_eth(&format!("{sys}.10"), "10", ifname)
-            + &shim_eth(&format!("{sys}.20"), "20", ifname)
-    };
-    let b = daemon_in(&nb, "eth-b", &cfg("b", &eb));
-    let a = daemon_in(&na, "eth-a", &cfg("a", &ea));
+    let b = daemon_in(&nb, "eth-b", &two_vlans_config("b", &eb));
+    let a = daemon_in(&na, "eth-a", &two_vlans_config("a", &ea));
     let cap = Capture::start(&nb, &eb);
 
     let _s10 = echo_server(&b, "ten", "10");
     let _s20 = echo_server(&b, "twenty", "20");
     let mut ca = a.client();
+    let (f10, f20) = check_vlans_are_isolated(&mut ca, &b);
+
+    // The RIB shows the ARP cache and the per-flow counters.
+    let mac_b = check_rib(&a, &nb, &eb);
+
+    // A decoder we did not write agrees with ours.
+    check_tshark_decoding(cap);
+
+    // Foreign, truncated and garbage frames are counted and harmless. (An
+    // empty tagged frame cannot be tried: the kernel drops it on receive.)
+    check_bad_frames_are_harmless(&na, &ea, mac_b, &b, &f10, &f20);
+    let mut b = b;
+    assert!(b.child.try_wait().unwrap().is_none(), "rinad b died");
+    b.kill();
+}
+
+/// The configuration of system `sys`: shim-eth IPCPs on VLANs 10 and 20 of
+/// `ifname`.
+fn two_vlans_config(sys: &str, ifname: &str) -> String {
+    format!("[system]\nname = \"{sys}\"\n")
+        + &shim_eth(&format!("{sys}.10"), "10", ifname)
+        + &shim_eth(&format!("{sys}.20"), "20", ifname)
+}
+
+/// Allocates flows on VLANs 10 and 20 through `ca`, checks the echoes, the
+/// isolation of the names, the MTU and b's counters; the two flows.
+fn check_vlans_are_isolated(ca: &mut Client, b: &Daemon) -> (rina::Flow, rina::Flow) {
     let f10 = ca
         .allocate(&name("c10"), &name("ten"), Some("10"), &QosSpec::default())
         .unwrap();
@@ -370,8 +392,8 @@ fn two_vlans_on_one_veth_are_isolated_decoded_by_tshark_and_robust() {
     assert_eq!(e.kind(), ErrorKind::SduTooLarge, "{e}");
     ping(&f10, b"still fine");
     // A sibling's VLAN is filtered in the kernel: not even read.
-    assert_eq!(counter(&b, "b.20", "rx_other_vlan"), 0);
-    assert_eq!(counter(&b, "b.10", "rx_other_vlan"), 0);
+    assert_eq!(counter(b, "b.20", "rx_other_vlan"), 0);
+    assert_eq!(counter(b, "b.10", "rx_other_vlan"), 0);
     let flows_b10 = b.client().list_flows().unwrap();
     assert_eq!(flows_b10.len(), 2);
     assert!(flows_b10
@@ -380,14 +402,18 @@ fn two_vlans_on_one_veth_are_isolated_decoded_by_tshark_and_robust() {
     assert!(flows_b10
         .iter()
         .any(|f| f.info.dif == "20" && f.counters.sdus_in >= 1));
+    (f10, f20)
+}
 
-    // The RIB shows the ARP cache and the per-flow counters.
+/// Checks a.10's RIB: the ARP entry for ten holds b's MAC (on `eb` in
+/// `nb`), and the flow counters; b's MAC.
+fn check_rib(a: &Daemon, nb: &Netns, eb: &str) -> [u8; 6] {
     let rib = a.client().read_rib("a.10", None, None).unwrap();
     let arp = rib
         .iter()
         .find(|o| o.name == "/shim/arp/key=ten")
         .expect("ARP entry for ten");
-    let mac_b = nb.mac(&eb);
+    let mac_b = nb.mac(eb);
     let mac_b_text = mac_b.map(|x| format!("{x:02x}")).join(":");
     assert!(arp.value.contains(&mac_b_text), "{arp:?}");
     let sdus_out = rib
@@ -395,8 +421,12 @@ fn two_vlans_on_one_veth_are_isolated_decoded_by_tshark_and_robust() {
         .find(|o| o.name.starts_with("/shim/flows/pid=") && o.name.ends_with("/sdus_out"))
         .expect("flow counters");
     assert!(sdus_out.value.parse::<u64>().unwrap() >= 3, "{sdus_out:?}");
+    mac_b
+}
 
-    // A decoder we did not write agrees with ours.
+/// Waits until tshark finds the expected data and ARP frames of both VLANs
+/// in the capture (stopped at the end), if there is one.
+fn check_tshark_decoding(cap: Option<Capture>) {
     if let Some(cap) = cap {
         let fields = [
             "vlan.id",
@@ -443,10 +473,20 @@ fn two_vlans_on_one_veth_are_isolated_decoded_by_tshark_and_robust() {
     } else {
         println!("tshark not available: wire decoding not checked");
     }
+}
 
-    // Foreign, truncated and garbage frames are counted and harmless. (An
-    // empty tagged frame cannot be tried: the kernel drops it on receive.)
-    let mac_a = na.mac(&ea);
+/// Injects frames of another VLAN and EtherType, truncated and garbage
+/// ones from `ea` in `na` to b (MAC `mac_b`), checks b counts them and the
+/// flows still work.
+fn check_bad_frames_are_harmless(
+    na: &Netns,
+    ea: &str,
+    mac_b: [u8; 6],
+    b: &Daemon,
+    f10: &rina::Flow,
+    f20: &rina::Flow,
+) {
+    let mac_a = na.mac(ea);
     let frame = |vlan: Option<u16>, et: u16, payload: &[u8]| {
         let mut f = mac_b.to_vec();
         f.extend_from_slice(&mac_a);
@@ -458,7 +498,7 @@ fn two_vlans_on_one_veth_are_isolated_decoded_by_tshark_and_robust() {
         f.extend_from_slice(payload);
         f
     };
-    let before = |k: &str| counter(&b, "b.10", k);
+    let before = |k: &str| counter(b, "b.10", k);
     let (v0, e0, t0, g0) = (
         before("rx_other_vlan"),
         before("rx_other_ethertype"),
@@ -468,8 +508,8 @@ fn two_vlans_on_one_veth_are_isolated_decoded_by_tshark_and_robust() {
     let mut arp_ipv4 = vec![0, 1, 0x08, 0x00, 6, 4, 0, 1];
     arp_ipv4.extend_from_slice(&[0; 20]);
     inject(
-        &na,
-        &ea,
+        na,
+        ea,
         vec![
             frame(Some(30), 0xd1f0, b"vlan 30"),
             frame(Some(10), 0x88b5, b"other ethertype"),
@@ -487,14 +527,11 @@ fn two_vlans_on_one_veth_are_isolated_decoded_by_tshark_and_robust() {
     });
     // VLAN 30 is nobody's here: both IPCPs counted it.
     assert_eq!(before("rx_other_vlan"), v0 + 1);
-    assert_eq!(counter(&b, "b.20", "rx_other_vlan"), 1);
+    assert_eq!(counter(b, "b.20", "rx_other_vlan"), 1);
     assert_eq!(before("rx_other_ethertype"), e0 + 1);
     assert_eq!(before("rx_truncated"), t0 + 1);
-    ping(&f10, b"after the garbage");
-    ping(&f20, b"after the garbage");
-    let mut b = b;
-    assert!(b.child.try_wait().unwrap().is_none(), "rinad b died");
-    b.kill();
+    ping(f10, b"after the garbage");
+    ping(f20, b"after the garbage");
 }
 
 #[test]
