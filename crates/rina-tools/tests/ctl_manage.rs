@@ -4,11 +4,11 @@
 
 mod common;
 
-use common::{bin_dir, free_port, wait_until, Procs};
+use common::{bin_dir, free_port, spawn_rinad, wait_until, Procs};
 use rina::{Client, QosSpec};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(15);
@@ -71,18 +71,7 @@ fn start(dir: &Path, me: &str, cfg: String, procs: &mut Procs) -> String {
     let conf = dir.join(format!("{me}.toml"));
     std::fs::write(&conf, cfg).unwrap();
     let sock = dir.join(format!("{me}.sock"));
-    procs.0.push(
-        Command::new(bin_dir().join("rinad"))
-            .arg("--config")
-            .arg(&conf)
-            .arg("--socket")
-            .arg(&sock)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    procs.0.push(spawn_rinad(&bin_dir(), &conf, &sock));
     wait_until("rinad to answer", T, || Client::connect_to(&sock).is_ok());
     sock.to_str().unwrap().to_string()
 }

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{bin_dir, free_port, Procs};
+use common::{bin_dir, free_port, spawn_rinad, Procs};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -65,16 +65,7 @@ fn rina_echo_and_rina_perf_run_over_a_normal_dif() {
     ] {
         let conf = dir.join(format!("{me}.toml"));
         std::fs::write(&conf, config(me, addr, port, peer, paddr, pport)).unwrap();
-        let child = Command::new(bins.join("rinad"))
-            .arg("--config")
-            .arg(&conf)
-            .arg("--socket")
-            .arg(dir.join(format!("{me}.sock")))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let child = spawn_rinad(&bins, &conf, &dir.join(format!("{me}.sock")));
         procs.0.push(child);
     }
     let a = dir.join("alpha.sock");

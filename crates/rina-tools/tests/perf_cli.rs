@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{bin_dir, free_port, wait_until, Procs};
+use common::{bin_dir, free_port, spawn_rinad, wait_until, Procs};
 use rina_tools::perf::PerfReport;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -57,16 +57,7 @@ fn request_response_and_parallel_flows_between_two_daemons() {
     for (me, port, pport) in [("alpha", pa, pb), ("beta", pb, pa)] {
         let conf = dir.join(format!("{me}.toml"));
         std::fs::write(&conf, config(me, port, pport)).unwrap();
-        let child = Command::new(bins.join("rinad"))
-            .arg("--config")
-            .arg(&conf)
-            .arg("--socket")
-            .arg(dir.join(format!("{me}.sock")))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let child = spawn_rinad(&bins, &conf, &dir.join(format!("{me}.sock")));
         procs.0.push(child);
     }
     let (a, b) = (dir.join("alpha.sock"), dir.join("beta.sock"));

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{bin_dir, free_port, wait_until, Procs};
+use common::{bin_dir, free_port, spawn_rinad, wait_until, Procs};
 use serde_json::Value;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -147,16 +147,7 @@ fn start_daemons(procs: &mut Procs, bins: &Path, dir: &Path) {
     ] {
         let conf = dir.join(format!("{me}.toml"));
         std::fs::write(&conf, config(me, addr, port, peer, paddr, pport)).unwrap();
-        let child = Command::new(bins.join("rinad"))
-            .arg("--config")
-            .arg(&conf)
-            .arg("--socket")
-            .arg(dir.join(format!("{me}.sock")))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let child = spawn_rinad(bins, &conf, &dir.join(format!("{me}.sock")));
         procs.0.push(child);
     }
 }

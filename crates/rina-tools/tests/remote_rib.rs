@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{bin_dir, free_port, wait_until, Procs};
+use common::{bin_dir, free_port, spawn_rinad, wait_until, Procs};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -44,16 +44,7 @@ fn rinactl_reads_a_neighbours_rib_over_the_dif() {
     ] {
         let conf = dir.join(format!("{me}.toml"));
         std::fs::write(&conf, system(me, port, peer, extra)).unwrap();
-        let child = Command::new(bins.join("rinad"))
-            .arg("--config")
-            .arg(&conf)
-            .arg("--socket")
-            .arg(dir.join(format!("{me}.sock")))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let child = spawn_rinad(&bins, &conf, &dir.join(format!("{me}.sock")));
         procs.0.push(child);
     }
     let b = dir.join("b.sock");

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{bin_dir, free_port, wait_until, Procs};
+use common::{bin_dir, free_port, spawn_rinad, wait_until, Procs};
 use rina_tools::tgen::metrics::FlowReport;
 use rina_tools::tgen::output::{FlowEntry, RunReport};
 use std::path::{Path, PathBuf};
@@ -98,16 +98,7 @@ fn start_daemons(procs: &mut Procs, bins: &Path, dir: &Path) {
     for (me, port, pport) in [("alpha", pa, pb), ("beta", pb, pa)] {
         let conf = dir.join(format!("{me}.toml"));
         std::fs::write(&conf, config(me, port, pport)).unwrap();
-        let child = Command::new(bins.join("rinad"))
-            .arg("--config")
-            .arg(&conf)
-            .arg("--socket")
-            .arg(dir.join(format!("{me}.sock")))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let child = spawn_rinad(bins, &conf, &dir.join(format!("{me}.sock")));
         procs.0.push(child);
     }
 }

@@ -18,7 +18,7 @@
 
 mod common;
 
-use common::{bin_dir, free_port, wait_until, Procs};
+use common::{bin_dir, free_port, spawn_rinad, wait_until, Procs};
 use rina_wire::pci::{self, DtConstants, FieldWidth, Pci, PduType};
 use rina_wire::shim_eth::{Arp, ArpOp, FrameHeader, MacAddr, ETH_P_ARP, ETH_P_RINA};
 use std::io::{BufRead, BufReader};
@@ -197,16 +197,7 @@ fn start_udp_daemons(procs: &mut Procs, bins: &Path, dir: &Path, pa: u16, pb: u1
     ] {
         let conf = dir.join(format!("{me}.toml"));
         std::fs::write(&conf, config(me, addr, port, peer, paddr, pport)).unwrap();
-        let child = Command::new(bins.join("rinad"))
-            .arg("--config")
-            .arg(&conf)
-            .arg("--socket")
-            .arg(dir.join(format!("{me}.sock")))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let child = spawn_rinad(bins, &conf, &dir.join(format!("{me}.sock")));
         procs.0.push(child);
     }
 }
@@ -504,16 +495,7 @@ fn start_daemon(procs: &mut Procs, dir: &Path, me: &str, conf: &str) -> String {
     let path = dir.join(format!("{me}.toml"));
     std::fs::write(&path, conf).unwrap();
     let sock = dir.join(format!("{me}.sock"));
-    let child = Command::new(bin_dir().join("rinad"))
-        .arg("--config")
-        .arg(&path)
-        .arg("--socket")
-        .arg(&sock)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let child = spawn_rinad(&bin_dir(), &path, &sock);
     procs.0.push(child);
     sock.display().to_string()
 }

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Kills the processes it holds when dropped, and removes the directory.
@@ -56,4 +56,19 @@ pub fn bin_dir() -> PathBuf {
         assert!(cmd.status().expect("run cargo").success(), "building rinad");
     }
     dir
+}
+
+/// Starts `rinad` from `bins` with configuration `conf` and control socket
+/// `socket`, its output discarded.
+pub fn spawn_rinad(bins: &Path, conf: &Path, socket: &Path) -> Child {
+    Command::new(bins.join("rinad"))
+        .arg("--config")
+        .arg(conf)
+        .arg("--socket")
+        .arg(socket)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
 }
