@@ -314,20 +314,7 @@ impl Sender {
             return None;
         }
         let payload = self.queue.pop_front()?;
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        // Sender inactivity: after Δ with nothing sent and nothing
-        // outstanding, start a new data run (see the module docs).
-        let drf = match self.last_data_tx {
-            None => true,
-            Some(t) => self.unacked.is_empty() && now - t >= self.delta,
-        };
-        if drf {
-            stats.runs_sent += 1;
-        }
-        self.frame_sent += 1;
-        self.last_data_tx = Some(now);
-        stats.pdus_sent += 1;
+        let (seq, drf) = self.number(now, stats);
         if self.rtx_cfg.is_some() {
             self.unacked.push_back(Sent {
                 drf,
@@ -343,6 +330,44 @@ impl Sender {
             self.snd_una = self.next_seq;
         }
         Some(Pdu::Data { seq, drf, payload })
+    }
+
+    /// Numbers the next data PDU: its sequence number, and whether it
+    /// starts a new run (DRF).
+    fn number(&mut self, now: Instant, stats: &mut Stats) -> (u64, bool) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        // Sender inactivity: after Δ with nothing sent and nothing
+        // outstanding, start a new data run (see the module docs).
+        let drf = match self.last_data_tx {
+            None => true,
+            Some(t) => self.unacked.is_empty() && now - t >= self.delta,
+        };
+        if drf {
+            stats.runs_sent += 1;
+        }
+        self.frame_sent += 1;
+        self.last_data_tx = Some(now);
+        stats.pdus_sent += 1;
+        (seq, drf)
+    }
+
+    /// For a sender without retransmission, window, rate or congestion
+    /// control, with nothing queued: numbers a data PDU that goes out at
+    /// once instead of through the queue, as [`Sender::poll_data`] would
+    /// have numbered it had it been queued and polled now. `None` (nothing
+    /// changed) when the sender is failed or has anything queued.
+    pub(super) fn number_direct(&mut self, now: Instant, stats: &mut Stats) -> Option<(u64, bool)> {
+        debug_assert!(self.rtx_cfg.is_none() && self.window.is_none() && self.cc.is_none());
+        if self.failure.is_some() || !self.queue.is_empty() || !self.rtx_pending.is_empty() {
+            return None;
+        }
+        if !self.rate_ok(now) {
+            return None;
+        }
+        let numbered = self.number(now, stats);
+        self.snd_una = self.next_seq;
+        Some(numbered)
     }
 
     /// A rendezvous to send, if the window has been closed too long.

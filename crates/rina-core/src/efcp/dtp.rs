@@ -432,6 +432,36 @@ impl Receiver {
         }
     }
 
+    /// The PDU after the LWE of the live run, with nothing held, seen above
+    /// it or waiting for delivery, and the run not expired: taken as
+    /// [`Receiver::on_data`] takes it, and counted as delivered at once
+    /// (the caller hands it over, so it never waits in the ready queue).
+    /// False, and nothing changed, for any other PDU, which goes the
+    /// general way.
+    pub(super) fn take_next(&mut self, now: Instant, seq: u64, stats: &mut Stats) -> bool {
+        let next = self.lwe.is_some_and(|lwe| seq == lwe + 1);
+        if !next
+            || self.edge >= seq
+            || !self.ring.is_empty()
+            || !self.ready.is_empty()
+            || now >= self.last_rx + self.inactivity
+        {
+            return false;
+        }
+        stats.pdus_received += 1;
+        self.last_rx = now;
+        self.raise_edge(now, seq);
+        self.lwe = Some(seq);
+        self.close_gap(stats);
+        self.hole_deadline = None;
+        self.last_accept = now;
+        stats.delivered += 1;
+        if self.track_consumption {
+            self.unconsumed += 1;
+        }
+        true
+    }
+
     /// A data PDU of the live run.
     fn accept_in_run(
         &mut self,

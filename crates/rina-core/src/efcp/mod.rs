@@ -440,6 +440,10 @@ pub struct Connection {
     ctrl_out: VecDeque<(Pdu, PduMeta)>,
     /// Missing sequence numbers to nack.
     nacks: VecDeque<u64>,
+    /// No DTCP policy at all (retransmission, window, rate, congestion
+    /// control): data PDUs may take [`Connection::send_direct`] and
+    /// [`Connection::take_in_order`].
+    plain: bool,
 }
 
 /// Most missing sequence numbers waiting to be nacked.
@@ -488,6 +492,10 @@ impl Connection {
             last_rx_seq: 0,
             ctrl_out: VecDeque::new(),
             nacks: VecDeque::new(),
+            plain: cfg.rtx().is_none()
+                && cfg.window().is_none()
+                && cfg.rate().is_none()
+                && cfg.cc().is_none(),
             cfg,
         };
         c.refresh_rtt_stats();
@@ -569,6 +577,36 @@ impl Connection {
     /// Queues an SDU fragment for sending.
     pub fn write(&mut self, _now: Instant, payload: impl Into<PduBuf>) -> Result<(), EfcpError> {
         self.snd.write(payload.into(), &mut self.stats)
+    }
+
+    /// The short way out for a connection without DTCP policies: with
+    /// nothing queued, numbers a data PDU that the caller sends at once,
+    /// instead of [`Connection::write`] and [`Connection::poll_transmit`]
+    /// (which would number it the same). `None`, nothing changed, when the
+    /// connection has DTCP policies, failed, or has anything queued: the
+    /// caller writes the PDU the ordinary way.
+    pub fn send_direct(&mut self, now: Instant) -> Option<(u64, bool)> {
+        if !self.plain {
+            return None;
+        }
+        self.snd.number_direct(now, &mut self.stats)
+    }
+
+    /// The short way in for a connection without DTCP policies: takes
+    /// data PDU `seq` if it is the next of the live run with nothing held
+    /// above it or waiting to be delivered, and counts it delivered; the
+    /// caller hands its payload over at once, as if from
+    /// [`Connection::poll_deliver`]. False, nothing changed, otherwise:
+    /// the caller gives the PDU to [`Connection::on_pdu_meta`].
+    pub fn take_in_order(&mut self, now: Instant, seq: u64, ecn: bool) -> bool {
+        if !self.plain || !self.rcv.take_next(now, seq, &mut self.stats) {
+            return false;
+        }
+        // What `on_data` does besides the receiver, without DTCP.
+        self.stats.ecn_marked += u64::from(ecn);
+        self.ce_state = ecn;
+        self.last_rx_seq = seq;
+        true
     }
 
     /// The reference to widen received sequence numbers against: the LWE
@@ -979,3 +1017,6 @@ impl Connection {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod direct_tests;

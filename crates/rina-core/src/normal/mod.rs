@@ -56,6 +56,7 @@ pub mod cubes;
 pub mod directory_glue;
 pub mod fa;
 mod fa_glue;
+mod flow_out;
 pub mod membership;
 mod membership_glue;
 pub mod mgmt_cdap;
@@ -1000,9 +1001,10 @@ impl NormalIpcp {
         }
         let budget = self.frag_budget;
         let tail = self.sdup.trailer_len() + buf::TAILROOM;
+        let (flows, mut out) = self.split_out();
         // (`let else` rather than `ok_or`: an error built for nothing is
         // dropped for nothing, on every PDU.)
-        let Some(f) = self.flows.get_mut(&flow) else {
+        let Some(f) = flows.get_mut(&flow) else {
             return Err(NormalError::UnknownFlow(flow));
         };
         if let Some(e) = f.efcp.failure() {
@@ -1019,7 +1021,7 @@ impl NormalIpcp {
                 .write(now, b?)
                 .map_err(|e| NormalError::Failed(flow, e))
         };
-        match sdu {
+        let single = match sdu {
             // Most SDUs are one fragment: written as they are, in the
             // buffer they came in when it is their own.
             Outgoing::Owned(mut b) if n == 1 => {
@@ -1030,7 +1032,7 @@ impl NormalIpcp {
                     return Err(NormalError::BadSduSize { size: len, max });
                 };
                 b.push_front(&[delim.to_byte()]);
-                one(Ok(b), f)?;
+                Some(b)
             }
             sdu if n == 1 => {
                 let src = sdu.source();
@@ -1044,7 +1046,7 @@ impl NormalIpcp {
                     return Err(NormalError::UnreadableSdu(len));
                 };
                 b.push_front(&[delim.to_byte()]);
-                one(Ok(b), f)?;
+                Some(b)
             }
             sdu => {
                 // The one copy of the SDU's bytes on the way down: each
@@ -1063,11 +1065,31 @@ impl NormalIpcp {
                 for payload in pieces {
                     one(Ok(payload), f)?;
                 }
+                None
+            }
+        };
+        // Whether the SDU waits in EFCP's queue for the flush.
+        let mut queued = true;
+        if let Some(single) = single {
+            if let Some((seq, drf)) = f.efcp.send_direct(now) {
+                // No DTCP and nothing queued: to the RMT now, numbered as
+                // EFCP's queue would have numbered it.
+                let pdu = efcp::Pdu::Data {
+                    seq,
+                    drf,
+                    payload: single,
+                };
+                out.send(now, f, pdu, efcp::PduMeta::default());
+                queued = false;
+            } else {
+                one(Ok(single), f)?;
             }
         }
         f.counters.sdus_out += 1;
         f.counters.bytes_out += len as u64;
-        mark_dirty(&mut self.dirty, flow);
+        if queued {
+            mark_dirty(&mut self.dirty, flow);
+        }
         self.flush_or_defer(now);
         Ok(())
     }
@@ -1367,6 +1389,17 @@ impl NormalIpcp {
             echo: None,
         };
         f.ecn_seen |= meta.ecn;
+        if f.efcp.take_in_order(now, seq, meta.ecn) {
+            // A flow without DTCP, the next PDU in order: delivered now
+            // rather than queued in EFCP until the flush. Its deadlines
+            // only moved later, so a timer armed stays good; none armed,
+            // the flush files one.
+            f.deliver(now, id, seq, payload, &mut self.actions, &mut self.counters);
+            if f.armed.is_none() {
+                mark_dirty(&mut self.dirty, id);
+            }
+            return;
+        }
         f.efcp.on_pdu_meta(
             now,
             efcp::Pdu::Data {
@@ -1473,6 +1506,8 @@ impl NormalIpcp {
     /// delivered, and drains the RMT onto the N-1 ports.
     fn flush(&mut self, now: Instant) {
         self.flush_due = false;
+        // What flows without DTCP sent straight to the RMT since.
+        self.transmit_through(now);
         loop {
             while !self.dirty.is_empty() {
                 // Flushing a flow marks none dirty, so this takes them all.
@@ -1498,111 +1533,6 @@ impl NormalIpcp {
             }
         }
         self.drain_rmt(now);
-    }
-
-    fn flush_flow(&mut self, now: Instant, id: FlowId) {
-        let Some(f) = self.flows.get_mut(&id) else {
-            return;
-        };
-        // Deliveries first: consuming them may open the peer's window.
-        while let Some(d) = f.efcp.poll_deliver() {
-            f.fragments += 1;
-            let before = f.reasm.discarded();
-            let res = f.reasm.push_buf(now, d.seq, d.payload);
-            if f.reasm.discarded() > before || res.is_err() {
-                // Fragments the reassembler threw away hold no buffer any
-                // more: give their credit back. The newest fragment is kept
-                // if it started a new SDU.
-                let kept = usize::from(res.is_ok() && f.reasm.partial_len() > 0);
-                f.efcp.consumed(now, f.fragments - kept);
-                f.fragments = kept;
-                if res.is_err() {
-                    self.counters.rx_bad_fragments += 1;
-                }
-            }
-            if let Ok(Some(sdu)) = res {
-                f.counters.sdus_in += 1;
-                f.counters.bytes_in += sdu.len() as u64;
-                let n = std::mem::take(&mut f.fragments);
-                if f.auto_consume {
-                    f.efcp.consumed(now, n);
-                } else {
-                    f.unconsumed.push_back(n);
-                }
-                self.actions.push_back(Action::Deliver { flow: id, sdu });
-            }
-        }
-        let dt = &self.cfg.dt;
-        let seq_mask = dt.seq.max_value();
-        while let Some((p, meta)) = f.efcp.poll_transmit_meta(now) {
-            let mut pci = Pci::new(PduType::Dt);
-            pci.src_addr = self.cfg.address;
-            pci.dst_addr = f.ep.remote_addr;
-            pci.qos_id = f.ep.qos_id;
-            pci.src_cep = f.ep.local_cep;
-            pci.dst_cep = f.ep.remote_cep;
-            let frame = match p {
-                efcp::Pdu::Data { seq, drf, payload } => {
-                    pci.seq = seq & seq_mask;
-                    if drf {
-                        pci.flags |= pci::flags::DRF;
-                    }
-                    encode_data_in_place(dt, self.data_header, &pci, payload)
-                }
-                control => {
-                    let (ctrl_seq, body) = control_body(&control, meta.echo, seq_mask);
-                    if meta.ecn {
-                        pci.flags |= pci::flags::ECN;
-                    }
-                    pci.pdu_type = body.pdu_type();
-                    pci.seq = ctrl_seq & dt.ctrl_seq.max_value();
-                    let mut frame = PduBuf::empty(buf::HEADROOM, 64);
-                    let (v, _) = frame.parts_mut();
-                    pci::encode_control(dt, &pci, &body, v).map(|()| frame)
-                }
-            };
-            let Ok(mut frame) = frame else {
-                self.counters.tx_dropped += 1;
-                continue;
-            };
-            if f.ep.remote_addr == self.cfg.address {
-                self.loopback.push_back(frame.into_vec());
-                continue;
-            }
-            let ttl = self.sdup.initial_ttl().unwrap_or(0);
-            self.sdup.protect_buf(&mut frame, ttl);
-            let q = QueuedPdu {
-                qos_id: f.ep.qos_id,
-                mgmt: false,
-                bytes: frame,
-            };
-            // A PDU without a route or queue room is lost like on a link;
-            // retransmission (where the policy has it) recovers. One the
-            // policy passes straight through is written after this flow's
-            // turn, in order.
-            let used = &self.tx_used;
-            let admit = |p| used.get(&p).is_none_or(|&n| n < TX_BURST);
-            match self
-                .rmt
-                .send_through(now, f.ep.remote_addr, f.hash, q, admit)
-            {
-                Ok(rmt::Through::Queued(_)) => {}
-                Ok(rmt::Through::Now(port, frame)) => {
-                    *self.tx_used.entry(port).or_insert(0) += 1;
-                    self.through.push((port, frame));
-                }
-                Err(_) => self.counters.tx_dropped += 1,
-            }
-        }
-        if let Some(e) = f.efcp.failure() {
-            if !f.failure_reported {
-                f.failure_reported = true;
-                self.actions.push_back(Action::FlowFailed {
-                    flow: id,
-                    error: e.clone(),
-                });
-            }
-        }
     }
 
     /// Takes what the ports' gates let through, at most [`TX_BURST`] PDUs

@@ -1,0 +1,189 @@
+//! A flow's way out and in between EFCP and the RMT: the flush of one
+//! flow (its deliveries to the driver, then its PDUs, written in place and
+//! handed to the RMT), with the two pieces the short ways of a flow
+//! without DTCP policies share with it (`NormalIpcp::write_sdu` and
+//! `NormalIpcp::on_data` take those ways, skipping EFCP's queues when
+//! nothing waits in them): [`Out::send`] and [`Flow::deliver`].
+//!
+//! The short ways matter most for the N-1 flows an IPCP of the DIF above
+//! rides on: every PDU of that DIF is an SDU of such a flow, so the work
+//! saved here is saved once per PDU per layer. What comes out is what the
+//! queues would have given: the same sequence numbers and DRF flags, the
+//! same deliveries in the same order per flow, the same counters.
+
+use super::{
+    control_body, encode_data_in_place, Action, Counters, Flow, FlowId, N1Port, NormalIpcp,
+    TX_BURST,
+};
+use crate::buf::{self, PduBuf};
+use crate::efcp;
+use crate::ids::IdMap;
+use crate::rmt::{self, QueuedPdu, Rmt};
+use crate::sdup::Sdup;
+use crate::time::Instant;
+use rina_wire::pci::{self, Pci, PduType};
+use std::collections::VecDeque;
+
+/// What sending a flow's PDUs touches, borrowed apart from the flows.
+pub(super) struct Out<'a> {
+    cfg: &'a super::NormalConfig,
+    data_header: usize,
+    sdup: &'a Sdup,
+    rmt: &'a mut Rmt,
+    tx_used: &'a mut IdMap<N1Port, usize>,
+    through: &'a mut Vec<(N1Port, PduBuf)>,
+    loopback: &'a mut VecDeque<Vec<u8>>,
+    actions: &'a mut VecDeque<Action>,
+    counters: &'a mut Counters,
+}
+
+impl NormalIpcp {
+    /// The flows, and apart from them what sending their PDUs touches.
+    pub(super) fn split_out(&mut self) -> (&mut IdMap<FlowId, Box<Flow>>, Out<'_>) {
+        (
+            &mut self.flows,
+            Out {
+                cfg: &self.cfg,
+                data_header: self.data_header,
+                sdup: &self.sdup,
+                rmt: &mut self.rmt,
+                tx_used: &mut self.tx_used,
+                through: &mut self.through,
+                loopback: &mut self.loopback,
+                actions: &mut self.actions,
+                counters: &mut self.counters,
+            },
+        )
+    }
+
+    /// Hands out what flow `id` delivered, then moves what it has to send
+    /// into the RMT.
+    pub(super) fn flush_flow(&mut self, now: Instant, id: FlowId) {
+        let (flows, mut out) = self.split_out();
+        let Some(f) = flows.get_mut(&id) else {
+            return;
+        };
+        // Deliveries first: consuming them may open the peer's window.
+        while let Some(d) = f.efcp.poll_deliver() {
+            f.deliver(now, id, d.seq, d.payload, out.actions, out.counters);
+        }
+        while let Some((p, meta)) = f.efcp.poll_transmit_meta(now) {
+            out.send(now, f, p, meta);
+        }
+        if let Some(e) = f.efcp.failure() {
+            if !f.failure_reported {
+                f.failure_reported = true;
+                out.actions.push_back(Action::FlowFailed {
+                    flow: id,
+                    error: e.clone(),
+                });
+            }
+        }
+    }
+}
+
+impl Out<'_> {
+    /// Writes the PCI of PDU `p` of flow `f` (in place for data), protects
+    /// it and hands it to the RMT; one the policy passes straight through
+    /// waits in `through`, to be transmitted after the flow's turn.
+    pub(super) fn send(&mut self, now: Instant, f: &Flow, p: efcp::Pdu, meta: efcp::PduMeta) {
+        let dt = &self.cfg.dt;
+        let seq_mask = dt.seq.max_value();
+        let mut pci = Pci::new(PduType::Dt);
+        pci.src_addr = self.cfg.address;
+        pci.dst_addr = f.ep.remote_addr;
+        pci.qos_id = f.ep.qos_id;
+        pci.src_cep = f.ep.local_cep;
+        pci.dst_cep = f.ep.remote_cep;
+        let frame = match p {
+            efcp::Pdu::Data { seq, drf, payload } => {
+                pci.seq = seq & seq_mask;
+                if drf {
+                    pci.flags |= pci::flags::DRF;
+                }
+                encode_data_in_place(dt, self.data_header, &pci, payload)
+            }
+            control => {
+                let (ctrl_seq, body) = control_body(&control, meta.echo, seq_mask);
+                if meta.ecn {
+                    pci.flags |= pci::flags::ECN;
+                }
+                pci.pdu_type = body.pdu_type();
+                pci.seq = ctrl_seq & dt.ctrl_seq.max_value();
+                let mut frame = PduBuf::empty(buf::HEADROOM, 64);
+                let (v, _) = frame.parts_mut();
+                pci::encode_control(dt, &pci, &body, v).map(|()| frame)
+            }
+        };
+        let Ok(mut frame) = frame else {
+            self.counters.tx_dropped += 1;
+            return;
+        };
+        if f.ep.remote_addr == self.cfg.address {
+            self.loopback.push_back(frame.into_vec());
+            return;
+        }
+        let ttl = self.sdup.initial_ttl().unwrap_or(0);
+        self.sdup.protect_buf(&mut frame, ttl);
+        let q = QueuedPdu {
+            qos_id: f.ep.qos_id,
+            mgmt: false,
+            bytes: frame,
+        };
+        // A PDU without a route or queue room is lost like on a link;
+        // retransmission (where the policy has it) recovers.
+        let used = &*self.tx_used;
+        let admit = |p| used.get(&p).is_none_or(|&n| n < TX_BURST);
+        match self
+            .rmt
+            .send_through(now, f.ep.remote_addr, f.hash, q, admit)
+        {
+            Ok(rmt::Through::Queued(_)) => {}
+            Ok(rmt::Through::Now(port, frame)) => {
+                *self.tx_used.entry(port).or_insert(0) += 1;
+                self.through.push((port, frame));
+            }
+            Err(_) => self.counters.tx_dropped += 1,
+        }
+    }
+}
+
+impl Flow {
+    /// Hands a fragment EFCP delivered (`seq`, delimiter first) to the
+    /// reassembler, and a whole SDU to the driver.
+    pub(super) fn deliver(
+        &mut self,
+        now: Instant,
+        id: FlowId,
+        seq: u64,
+        payload: PduBuf,
+        actions: &mut VecDeque<Action>,
+        counters: &mut Counters,
+    ) {
+        self.fragments += 1;
+        let before = self.reasm.discarded();
+        let res = self.reasm.push_buf(now, seq, payload);
+        if self.reasm.discarded() > before || res.is_err() {
+            // Fragments the reassembler threw away hold no buffer any
+            // more: give their credit back. The newest fragment is kept
+            // if it started a new SDU.
+            let kept = usize::from(res.is_ok() && self.reasm.partial_len() > 0);
+            self.efcp.consumed(now, self.fragments - kept);
+            self.fragments = kept;
+            if res.is_err() {
+                counters.rx_bad_fragments += 1;
+            }
+        }
+        if let Ok(Some(sdu)) = res {
+            self.counters.sdus_in += 1;
+            self.counters.bytes_in += sdu.len() as u64;
+            let n = std::mem::take(&mut self.fragments);
+            if self.auto_consume {
+                self.efcp.consumed(now, n);
+            } else {
+                self.unconsumed.push_back(n);
+            }
+            actions.push_back(Action::Deliver { flow: id, sdu });
+        }
+    }
+}
