@@ -1,9 +1,10 @@
 //! A flow's way out and in between EFCP and the RMT: the flush of one
 //! flow (its deliveries to the driver, then its PDUs, written in place and
-//! handed to the RMT), with the two pieces the short ways of a flow
-//! without DTCP policies share with it (`NormalIpcp::write_sdu` and
-//! `NormalIpcp::on_data` take those ways, skipping EFCP's queues when
-//! nothing waits in them): [`Out::send`] and [`Flow::deliver`].
+//! handed to the RMT), and the short ways of a flow without DTCP policies,
+//! which skip EFCP's queues when nothing waits in them: a fragment written
+//! goes to the RMT at once ([`Out::send_or_queue`]), and the next PDU in
+//! order is delivered on arrival (`NormalIpcp::on_data` with
+//! [`Flow::deliver`]).
 //!
 //! The short ways matter most for the N-1 flows an IPCP of the DIF above
 //! rides on: every PDU of that DIF is an SDU of such a flow, so the work
@@ -12,8 +13,8 @@
 //! same deliveries in the same order per flow, the same counters.
 
 use super::{
-    control_body, encode_data_in_place, Action, Counters, Flow, FlowId, N1Port, NormalIpcp,
-    TX_BURST,
+    control_body, encode_data_in_place, Action, Counters, Flow, FlowId, N1Port, NormalError,
+    NormalIpcp, TX_BURST,
 };
 use crate::buf::{self, PduBuf};
 use crate::efcp;
@@ -83,6 +84,30 @@ impl NormalIpcp {
 }
 
 impl Out<'_> {
+    /// A fragment of an SDU written to flow `f` (`payload`, delimiter
+    /// first): without DTCP and with nothing queued, numbered as EFCP's
+    /// queue would have numbered it and sent now (false); else written to
+    /// EFCP for the flush (true).
+    #[inline(always)]
+    pub(super) fn send_or_queue(
+        &mut self,
+        now: Instant,
+        id: FlowId,
+        f: &mut Flow,
+        payload: PduBuf,
+    ) -> Result<bool, NormalError> {
+        if let Some((seq, drf)) = f.efcp.send_direct(now) {
+            let pdu = efcp::Pdu::Data { seq, drf, payload };
+            self.send(now, f, pdu, efcp::PduMeta::default());
+            return Ok(false);
+        }
+        // The caller checked there is room; an error is a bug guard.
+        f.efcp
+            .write(now, payload)
+            .map(|()| true)
+            .map_err(|e| NormalError::Failed(id, e))
+    }
+
     /// Writes the PCI of PDU `p` of flow `f` (in place for data), protects
     /// it and hands it to the RMT; one the policy passes straight through
     /// waits in `through`, to be transmitted after the flow's turn.

@@ -453,6 +453,13 @@ struct Flow {
     armed: Option<Instant>,
 }
 
+/// The fragments of an SDU on their way into EFCP: most SDUs are one, kept
+/// out of a `Vec`.
+enum Pieces {
+    One(PduBuf),
+    Many(Vec<PduBuf>),
+}
+
 /// QoS-id of management PDUs (forwarding entries for it, or for any QoS-id,
 /// must exist for them to be routed).
 pub const MGMT_QOS_ID: u64 = 1;
@@ -1015,13 +1022,7 @@ impl NormalIpcp {
             return Err(NormalError::WouldBlock(flow));
         }
         let bad_size = |_| NormalError::BadSduSize { size: len, max };
-        let one = |b: Result<PduBuf, NormalError>, f: &mut Flow| {
-            // write_capacity said there was room; an error is a bug guard.
-            f.efcp
-                .write(now, b?)
-                .map_err(|e| NormalError::Failed(flow, e))
-        };
-        let single = match sdu {
+        let pieces = match sdu {
             // Most SDUs are one fragment: written as they are, in the
             // buffer they came in when it is their own.
             Outgoing::Owned(mut b) if n == 1 => {
@@ -1032,7 +1033,7 @@ impl NormalIpcp {
                     return Err(NormalError::BadSduSize { size: len, max });
                 };
                 b.push_front(&[delim.to_byte()]);
-                Some(b)
+                Pieces::One(b)
             }
             sdu if n == 1 => {
                 let src = sdu.source();
@@ -1046,7 +1047,7 @@ impl NormalIpcp {
                     return Err(NormalError::UnreadableSdu(len));
                 };
                 b.push_front(&[delim.to_byte()]);
-                Some(b)
+                Pieces::One(b)
             }
             sdu => {
                 // The one copy of the SDU's bytes on the way down: each
@@ -1062,27 +1063,19 @@ impl NormalIpcp {
                     b.push_front(&[delim.to_byte()]);
                     pieces.push(b);
                 }
-                for payload in pieces {
-                    one(Ok(payload), f)?;
-                }
-                None
+                Pieces::Many(pieces)
             }
         };
-        // Whether the SDU waits in EFCP's queue for the flush.
-        let mut queued = true;
-        if let Some(single) = single {
-            if let Some((seq, drf)) = f.efcp.send_direct(now) {
-                // No DTCP and nothing queued: to the RMT now, numbered as
-                // EFCP's queue would have numbered it.
-                let pdu = efcp::Pdu::Data {
-                    seq,
-                    drf,
-                    payload: single,
-                };
-                out.send(now, f, pdu, efcp::PduMeta::default());
-                queued = false;
-            } else {
-                one(Ok(single), f)?;
+        // Without DTCP and with nothing queued, each piece goes to the RMT
+        // now; once one is queued (the flow has DTCP policies), so are the
+        // rest.
+        let mut queued = false;
+        match pieces {
+            Pieces::One(b) => queued |= out.send_or_queue(now, flow, f, b)?,
+            Pieces::Many(v) => {
+                for b in v {
+                    queued |= out.send_or_queue(now, flow, f, b)?;
+                }
             }
         }
         f.counters.sdus_out += 1;
