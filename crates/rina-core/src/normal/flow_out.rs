@@ -111,7 +111,7 @@ impl Out<'_> {
     /// Writes the PCI of PDU `p` of flow `f` (in place for data), protects
     /// it and hands it to the RMT; one the policy passes straight through
     /// waits in `through`, to be transmitted after the flow's turn.
-    pub(super) fn send(&mut self, now: Instant, f: &Flow, p: efcp::Pdu, meta: efcp::PduMeta) {
+    fn send(&mut self, now: Instant, f: &Flow, p: efcp::Pdu, meta: efcp::PduMeta) {
         let dt = &self.cfg.dt;
         let seq_mask = dt.seq.max_value();
         let mut pci = Pci::new(PduType::Dt);
