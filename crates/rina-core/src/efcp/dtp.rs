@@ -450,16 +450,22 @@ impl Receiver {
         }
         stats.pdus_received += 1;
         self.last_rx = now;
-        self.raise_edge(now, seq);
-        self.lwe = Some(seq);
-        self.close_gap(stats);
-        self.hole_deadline = None;
+        self.step_lwe(now, seq, stats);
         self.last_accept = now;
         stats.delivered += 1;
         if self.track_consumption {
             self.unconsumed += 1;
         }
         true
+    }
+
+    /// Moves the LWE on to `seq`, the PDU after it, with nothing held
+    /// above: what taking the next PDU in order does, whichever way.
+    fn step_lwe(&mut self, now: Instant, seq: u64, stats: &mut Stats) {
+        self.raise_edge(now, seq);
+        self.lwe = Some(seq);
+        self.close_gap(stats);
+        self.hole_deadline = None;
     }
 
     /// A data PDU of the live run.
@@ -474,12 +480,9 @@ impl Receiver {
             // The next PDU with nothing held above it, the one a flow
             // without loss brings every time: what the general case below
             // does for it, without searching the ring.
-            self.raise_edge(now, seq);
-            self.lwe = Some(seq);
-            self.close_gap(stats);
+            self.step_lwe(now, seq, stats);
             self.ready.push_back(Delivery { seq, payload });
             // (A hole is left only if something above was known sent.)
-            self.hole_deadline = None;
             if self.edge > seq {
                 self.hole_deadline = self.compute_hole_deadline();
             }
