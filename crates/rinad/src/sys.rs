@@ -261,10 +261,24 @@ pub fn send(fd: RawFd, buf: &[u8], pass: Option<RawFd>) -> io::Result<Sent> {
 
 /// [`send`] with any number of descriptors attached (`SCM_RIGHTS`).
 pub fn send_fds(fd: RawFd, buf: &[u8], pass: &[RawFd]) -> io::Result<Sent> {
+    send_iov(fd, &[IoSlice::new(buf)], pass)
+}
+
+/// Sends an SDU that lies in several buffers as one packet, gathered by
+/// the kernel from where the pieces lie (no copy into one buffer first).
+/// `parts` may number at most [`MAX_IOV`].
+pub fn send_gathered(fd: RawFd, parts: &[IoSlice<'_>]) -> io::Result<Sent> {
+    send_iov(fd, parts, &[])
+}
+
+/// The most buffers one `sendmsg` gathers (Linux's `UIO_MAXIOV`).
+pub const MAX_IOV: usize = 1024;
+
+fn send_iov(fd: RawFd, iov: &[IoSlice<'_>], pass: &[RawFd]) -> io::Result<Sent> {
     let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL;
     let rights = [ControlMessage::ScmRights(pass)];
     let cmsgs: &[ControlMessage] = if pass.is_empty() { &[] } else { &rights };
-    match socket::sendmsg::<()>(fd, &[IoSlice::new(buf)], cmsgs, flags, None) {
+    match socket::sendmsg::<()>(fd, iov, cmsgs, flags, None) {
         Ok(_) => Ok(Sent::Done),
         Err(nix::Error::EAGAIN) => Ok(Sent::WouldBlock),
         Err(nix::Error::EMSGSIZE) => Ok(Sent::TooBig),

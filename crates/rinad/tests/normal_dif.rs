@@ -427,3 +427,98 @@ fn large_sdus_written_flat_out_do_not_overflow_the_writers_rmt() {
     assert!(queued >= sent * 42, "{queued} PDUs queued");
     assert!(got > 0, "nothing arrived");
 }
+
+/// SDUs cut into fragments reach an application that does not read for a
+/// while: past what its socket or ring holds, the daemon holds each SDU in
+/// the buffers of its fragments and gathers them into the socket or the
+/// ring when room comes. Every SDU the reader gets is whole and in order,
+/// more arrive than the socket or ring alone could hold, and what the
+/// reader got plus what the daemon dropped is what the DIF delivered.
+#[test]
+fn fragmented_sdus_held_for_a_late_reader_arrive_whole_and_in_order() {
+    for rings in [false, true] {
+        held_sdus_arrive_whole(rings);
+    }
+}
+
+fn held_sdus_arrive_whole(rings: bool) {
+    const SDUS: u32 = 400;
+    const LEN: usize = 30_000;
+    // A socket holds 1 MiB, a ring 4 MiB: about 35 and 138 of these SDUs.
+    let holds = if rings { 138 } else { 35 };
+    let small = |cfg: String| cfg.replace("crc = true", "crc = true\nmax_pdu = 1450");
+    let (alpha, beta) = pair_with("\"late\" = 2", small);
+    let mut srv = beta.client();
+    srv.set_rings(rings);
+    srv.register(&name("late"), Some("net")).unwrap();
+    let acceptor = std::thread::spawn(move || {
+        let req = srv
+            .next_request_timeout(T)
+            .unwrap()
+            .expect("a flow request");
+        srv.accept(&req).unwrap()
+    });
+    let mut c = alpha.client();
+    c.set_rings(rings);
+    let flow = c
+        .allocate(
+            &name("early"),
+            &name("late"),
+            Some("net"),
+            &QosSpec::default(),
+        )
+        .unwrap();
+    let late = acceptor.join().unwrap();
+    assert_eq!(late.has_rings(), rings);
+    let mut sdu = vec![0u8; LEN];
+    for i in 0..SDUS {
+        sdu[..4].copy_from_slice(&i.to_le_bytes());
+        sdu[4..].fill(i as u8);
+        flow.write(&sdu).unwrap();
+    }
+    // The reader has read nothing yet: wait until the DIF stops delivering.
+    let mut stats = beta.client();
+    let counters = |s: &mut rina::Client| {
+        let all = s.list_flows().unwrap();
+        let f = all
+            .iter()
+            .find(|f| f.info.port == late.info().port)
+            .unwrap();
+        f.counters
+    };
+    let mut last = (u64::MAX, std::time::Instant::now());
+    wait_for("the DIF to deliver the burst", T, || {
+        let n = counters(&mut stats).sdus_in;
+        if n != last.0 {
+            last = (n, std::time::Instant::now());
+        }
+        n == u64::from(SDUS) || last.1.elapsed() > Duration::from_millis(500)
+    });
+    let mut buf = vec![0u8; LEN + 1];
+    let mut read = 0u64;
+    let mut next = 0u32;
+    while let Some(n) = late.read_timeout(&mut buf, Duration::from_secs(1)).unwrap() {
+        assert_eq!(n, LEN, "rings {rings}: SDU {read} has {n} bytes");
+        let i = u32::from_le_bytes(buf[..4].try_into().unwrap());
+        assert!(i >= next, "rings {rings}: SDU {i} after {next}");
+        assert!(
+            buf[4..n].iter().all(|&b| b == i as u8),
+            "rings {rings}: SDU {i} is corrupt"
+        );
+        next = i + 1;
+        read += 1;
+    }
+    let c = counters(&mut stats);
+    assert!(
+        read > holds,
+        "rings {rings}: {read} SDUs read, no more than the {holds} the socket or ring holds \
+         ({} delivered, {} dropped)",
+        c.sdus_in,
+        c.drops_in
+    );
+    assert_eq!(
+        read + c.drops_in,
+        c.sdus_in,
+        "rings {rings}: read plus dropped is not what the DIF delivered"
+    );
+}

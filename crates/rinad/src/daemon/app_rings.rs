@@ -161,10 +161,10 @@ impl AppRings {
     /// Hands SDUs held for the application to its ring, in order; how many
     /// went, and whether room for the next appeared meanwhile (else the
     /// application is asked to kick once it read).
-    pub(super) fn deliver_held<B: AsRef<[u8]>>(&mut self, q: &mut VecDeque<B>) -> (usize, bool) {
+    pub(super) fn deliver_held<H: Held>(&mut self, q: &mut VecDeque<H>) -> (usize, bool) {
         let mut sent = 0;
         while let Some(sdu) = q.front() {
-            if !self.push(sdu.as_ref()) {
+            if !sdu.push_to(self) {
                 break;
             }
             q.pop_front();
@@ -173,7 +173,7 @@ impl AppRings {
         if sent > 0 {
             self.wake();
         }
-        let again = q.front().is_some_and(|f| self.want_room(f.as_ref().len()));
+        let again = q.front().is_some_and(|f| self.want_room(f.held_len()));
         (sent, again)
     }
 
@@ -183,6 +183,34 @@ impl AppRings {
         if self.from_app.take_wakeup() {
             ring_eventfd(&self.room);
         }
+    }
+}
+
+/// An SDU held for the application while its ring is full: one buffer
+/// (shim-hv), or a delivered [`Sdu`] still in its fragments' buffers,
+/// gathered into the ring when room comes (no copy into one buffer first).
+pub(super) trait Held {
+    /// Its length in bytes.
+    fn held_len(&self) -> usize;
+    /// Puts it in `r`'s receive ring; false if there is no room.
+    fn push_to(&self, r: &mut AppRings) -> bool;
+}
+
+impl Held for Vec<u8> {
+    fn held_len(&self) -> usize {
+        self.len()
+    }
+    fn push_to(&self, r: &mut AppRings) -> bool {
+        r.push(self)
+    }
+}
+
+impl Held for Sdu {
+    fn held_len(&self) -> usize {
+        self.len()
+    }
+    fn push_to(&self, r: &mut AppRings) -> bool {
+        r.push_sdu(self)
     }
 }
 

@@ -55,7 +55,7 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use rina_core::ids::IdMap;
 use rina_core::sdu::Sdu;
-use rina_core::system::{AppEvent, Machine, Output, PduBuf, PortId, System};
+use rina_core::system::{AppEvent, Machine, Output, PortId, System};
 use rina_core::Instant;
 use rina_wire::ctl::{
     self, CtlError, DifInfo, ErrorKind, FlowInfo, FlowStats, IncomingFlow, IpcpInfo, Message,
@@ -130,8 +130,9 @@ struct FlowSlot {
     /// shim-udp and normal IPCPs that asked). Boxed: most flows have none,
     /// and an idle flow's slot stays small.
     rings: Option<Box<app_rings::AppRings>>,
-    /// SDUs delivered but not yet taken by the application's socket.
-    rx_pending: VecDeque<PduBuf>,
+    /// SDUs delivered but not yet taken by the application (its socket or
+    /// its ring), each still in the buffers it arrived in.
+    rx_pending: VecDeque<Sdu>,
     /// An SDU read from the application that the flow could not take yet:
     /// reading waits for [`AppEvent::Writable`].
     tx_stash: Option<Vec<u8>>,
@@ -842,7 +843,7 @@ impl Daemon {
                 *taken += 1;
                 return;
             }
-            slot.rx_pending.push_back(sdu.into_buf());
+            slot.rx_pending.push_back(sdu);
             let room_now = slot
                 .rx_pending
                 .front()
@@ -853,9 +854,8 @@ impl Daemon {
             return;
         }
         let fd = slot.fd.as_raw_fd();
-        let sdu = sdu.into_buf();
         if slot.rx_pending.is_empty() {
-            match sys::send(fd, &sdu, None) {
+            match send_sdu(fd, &sdu) {
                 Ok(Sent::Done) => {
                     *taken += 1;
                     return;
@@ -893,7 +893,7 @@ impl Daemon {
         let fd = slot.fd.as_raw_fd();
         let mut sent = 0;
         while let Some(sdu) = slot.rx_pending.front() {
-            match sys::send(fd, sdu, None) {
+            match send_sdu(fd, sdu) {
                 Ok(Sent::Done) => {
                     slot.rx_pending.pop_front();
                     sent += 1;
@@ -1033,4 +1033,19 @@ pub(super) enum FlowService {
     Drained,
     More,
     Closed,
+}
+
+/// Sends SDU `sdu` as one packet on flow socket `fd`: an SDU that lies in
+/// its fragments' buffers is gathered by the kernel from them (one
+/// `sendmsg`), not copied into one buffer first.
+fn send_sdu(fd: std::os::fd::RawFd, sdu: &Sdu) -> io::Result<Sent> {
+    match sdu.parts() {
+        [one] => sys::send(fd, one, None),
+        parts if parts.len() <= sys::MAX_IOV => {
+            let iov: smallvec::SmallVec<[io::IoSlice<'_>; 64]> =
+                parts.iter().map(|p| io::IoSlice::new(p)).collect();
+            sys::send_gathered(fd, &iov)
+        }
+        _ => sys::send(fd, &sdu.to_vec(), None),
+    }
 }
