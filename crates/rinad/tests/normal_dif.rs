@@ -67,6 +67,12 @@ fn counter(d: &Daemon, ipcp: &str, key: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// A system's configuration with PDUs of at most 1450 bytes in its normal
+/// DIF, so that large SDUs are cut into many fragments.
+fn small_pdus(cfg: String) -> String {
+    cfg.replace("crc = true", "crc = true\nmax_pdu = 1450")
+}
+
 /// Two systems whose normal IPCPs are neighbours over the shim DIF.
 fn pair() -> (Daemon, Daemon) {
     pair_with("\"echo\" = 2", |cfg| cfg)
@@ -388,8 +394,7 @@ fn n1_flows_come_up_without_anyone_talking_to_the_initiator() {
 /// retransmissions). What is lost, if anything, is lost at the receiver.
 #[test]
 fn large_sdus_written_flat_out_do_not_overflow_the_writers_rmt() {
-    let small = |cfg: String| cfg.replace("crc = true", "crc = true\nmax_pdu = 1450");
-    let (alpha, beta) = pair_with("\"sink\" = 2", small);
+    let (alpha, beta) = pair_with("\"sink\" = 2", small_pdus);
     let mut srv = beta.client();
     srv.register(&name("sink"), Some("net")).unwrap();
     let sink = std::thread::spawn(move || {
@@ -446,8 +451,7 @@ fn held_sdus_arrive_whole(rings: bool) {
     const LEN: usize = 30_000;
     // A socket holds 1 MiB, a ring 4 MiB: about 35 and 138 of these SDUs.
     let holds = if rings { 138 } else { 35 };
-    let small = |cfg: String| cfg.replace("crc = true", "crc = true\nmax_pdu = 1450");
-    let (alpha, beta) = pair_with("\"late\" = 2", small);
+    let (alpha, beta) = pair_with("\"late\" = 2", small_pdus);
     let mut srv = beta.client();
     srv.set_rings(rings);
     srv.register(&name("late"), Some("net")).unwrap();
