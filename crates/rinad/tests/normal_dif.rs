@@ -526,3 +526,114 @@ fn held_sdus_arrive_whole(rings: bool) {
         "rings {rings}: read plus dropped is not what the DIF delivered"
     );
 }
+
+/// A reliable cube whose window (8,192 PDUs) is wider than what the daemon
+/// holds for a late reader on a flow without one (1,024 SDUs beyond the
+/// socket or ring): the window bounds what is held, so the daemon keeps
+/// every SDU the DIF delivers, and a reader that starts late still gets
+/// all of them, in order, with none dropped. Before the daemon asked the
+/// core whether a flow's window bounds it, SDUs beyond its own bound were
+/// dropped there and their credit given back, and the reliable flow lost
+/// them for good.
+#[test]
+fn a_reliable_flow_wider_than_the_daemons_hold_loses_nothing_to_a_late_reader() {
+    for rings in [false, true] {
+        wide_window_loses_nothing(rings);
+    }
+}
+
+/// Two cubes, the reliable one with a window of 8,192 PDUs.
+fn wide_reliable_cube(cfg: String) -> String {
+    cfg.replace(
+        "crc = true",
+        "crc = true\n\n[[ipcp.qos_cube]]\nid = 1\nname = \"unreliable\"\n\n\
+         [[ipcp.qos_cube]]\nid = 2\nname = \"reliable\"\nreliable = true\n\n\
+         [ipcp.qos_cube.efcp]\nwindow = 8192\n",
+    )
+}
+
+fn wide_window_loses_nothing(rings: bool) {
+    // More than a ring (about 2,730 of these) and the daemon's own bound
+    // (1,024) hold together, fewer than the window lets through.
+    const SDUS: u32 = 6_000;
+    const LEN: usize = 1_400;
+    let (alpha, beta) = pair_with("\"late\" = 2", wide_reliable_cube);
+    let mut srv = beta.client();
+    srv.set_rings(rings);
+    srv.register(&name("late"), Some("net")).unwrap();
+    let acceptor = std::thread::spawn(move || {
+        let req = srv
+            .next_request_timeout(T)
+            .unwrap()
+            .expect("a flow request");
+        srv.accept(&req).unwrap()
+    });
+    let mut c = alpha.client();
+    c.set_rings(rings);
+    let reliable = QosSpec {
+        reliable: true,
+        in_order: true,
+        ..Default::default()
+    };
+    let flow = c
+        .allocate(&name("early"), &name("late"), Some("net"), &reliable)
+        .unwrap();
+    let late = acceptor.join().unwrap();
+    let writer = std::thread::spawn(move || {
+        let mut sdu = vec![0u8; LEN];
+        for i in 0..SDUS {
+            sdu[..4].copy_from_slice(&i.to_le_bytes());
+            sdu[4..].fill(i as u8);
+            flow.write(&sdu).unwrap();
+        }
+        flow
+    });
+    // The reader reads nothing until the DIF stops delivering.
+    let mut stats = beta.client();
+    let counters = |s: &mut rina::Client| {
+        let all = s.list_flows().unwrap();
+        let f = all
+            .iter()
+            .find(|f| f.info.port == late.info().port)
+            .unwrap();
+        f.counters
+    };
+    let mut last = (u64::MAX, std::time::Instant::now());
+    wait_for("the DIF to deliver the burst", T, || {
+        let n = counters(&mut stats).sdus_in;
+        if n != last.0 {
+            last = (n, std::time::Instant::now());
+        }
+        n == u64::from(SDUS) || last.1.elapsed() > Duration::from_millis(500)
+    });
+    let held = counters(&mut stats);
+    let mut buf = vec![0u8; LEN + 1];
+    let mut next = 0u32;
+    while next < SDUS {
+        let Some(n) = late.read_timeout(&mut buf, T).unwrap() else {
+            break;
+        };
+        assert_eq!(n, LEN, "rings {rings}: SDU {next} has {n} bytes");
+        let i = u32::from_le_bytes(buf[..4].try_into().unwrap());
+        assert_eq!(i, next, "rings {rings}: SDU {i} where {next} was due");
+        assert!(
+            buf[4..n].iter().all(|&b| b == i as u8),
+            "rings {rings}: SDU {i} is corrupt"
+        );
+        next += 1;
+    }
+    let _flow = writer.join().unwrap();
+    let c = counters(&mut stats);
+    assert_eq!(
+        (next, c.drops_in),
+        (SDUS, 0),
+        "rings {rings}: SDUs read and dropped ({} delivered before the reader started)",
+        held.sdus_in
+    );
+    assert!(
+        held.sdus_in > 2_730 + 1_024,
+        "rings {rings}: the DIF delivered only {} SDUs before the reader started, \
+         fewer than the ring and the daemon's own bound hold",
+        held.sdus_in
+    );
+}

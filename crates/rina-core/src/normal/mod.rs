@@ -945,6 +945,16 @@ impl NormalIpcp {
         self.flows.get(&flow).map(|f| &f.counters)
     }
 
+    /// Whether `flow` has window flow control: the SDUs delivered and not
+    /// yet consumed ([`NormalIpcp::consume`]) are then bounded by its
+    /// receiver buffer, since the sender gets no credit for more and
+    /// PDUs beyond the window are dropped on arrival.
+    pub fn flow_windowed(&self, flow: FlowId) -> bool {
+        self.flows
+            .get(&flow)
+            .is_some_and(|f| f.efcp.config().window().is_some())
+    }
+
     /// EFCP statistics of a flow.
     pub fn flow_stats(&self, flow: FlowId) -> Option<&efcp::Stats> {
         self.flows.get(&flow).map(|f| f.efcp.stats())

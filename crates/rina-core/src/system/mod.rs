@@ -781,6 +781,22 @@ impl System {
         Ok((i, send))
     }
 
+    /// Whether the SDUs delivered on application flow `port` and not yet
+    /// reported taken ([`System::consumed`]) are bounded by the flow's own
+    /// window: credit goes back on read ([`System::set_credit_on_read`])
+    /// and the flow has window flow control. A driver that holds SDUs for
+    /// a slow reader must then hold every one of them (the bound is the
+    /// window), where it may drop beyond its own bound on any other flow:
+    /// dropping on such a flow would lose SDUs of a reliable flow.
+    pub fn paced_by_reader(&self, port: PortId) -> bool {
+        self.credit_on_read
+            && self
+                .app_flows
+                .get(&port)
+                .and_then(|&i| self.members[i].normal())
+                .is_some_and(|n| n.flow_windowed(port))
+    }
+
     /// The application of flow `port` took `n` SDUs delivered to it (see
     /// [`System::set_credit_on_read`]).
     pub fn consumed(&mut self, now: Instant, port: PortId, n: usize) {

@@ -93,7 +93,8 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 const HEADROOM: usize = 64;
 /// Send buffer asked for on each flow socket.
 const FLOW_SNDBUF: usize = 1 << 20;
-/// SDUs held for an application that does not read, per flow.
+/// SDUs held for an application that does not read, per flow, on flows
+/// whose window does not bound them (see [`Daemon::deliver`]).
 const MAX_RX_PENDING: usize = 1024;
 
 const LISTENER: Token = Token(0);
@@ -819,13 +820,17 @@ impl Daemon {
     }
 
     /// Hands an SDU of flow `port` to its application (socket or ring), or
-    /// holds it while the application does not read (bounded: beyond
-    /// [`MAX_RX_PENDING`] it is dropped and counted). Its credit goes back
-    /// once the application took it.
+    /// holds it while the application does not read. Its credit goes back
+    /// once the application took it, so on a flow with window flow control
+    /// the window bounds what is held and every SDU is kept (a reliable
+    /// flow loses none, whatever its window); on any other flow, beyond
+    /// [`MAX_RX_PENDING`] held SDUs it is dropped and counted.
     fn deliver(&mut self, port: PortId, sdu: Sdu) {
         let Some(slot) = self.flows.get_mut(&port) else {
             return;
         };
+        let sys = &self.sys;
+        let full = |held: usize| held >= MAX_RX_PENDING && !sys.paced_by_reader(port);
         let taken = self.taken.entry(port).or_default();
         if let Some(r) = slot.rings.as_mut() {
             // A reassembled SDU is gathered from its fragments' buffers
@@ -838,7 +843,7 @@ impl Daemon {
                 }
                 return;
             }
-            if slot.rx_pending.len() >= MAX_RX_PENDING {
+            if full(slot.rx_pending.len()) {
                 slot.drops_in += 1;
                 *taken += 1;
                 return;
@@ -868,7 +873,7 @@ impl Daemon {
                 }
             }
         }
-        if slot.rx_pending.len() >= MAX_RX_PENDING {
+        if full(slot.rx_pending.len()) {
             slot.drops_in += 1;
             *taken += 1;
             return;
