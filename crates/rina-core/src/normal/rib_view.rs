@@ -4,6 +4,7 @@
 use super::NormalIpcp;
 use crate::rib::{self, ObjValue, Rib};
 use crate::routing;
+use std::time::Duration;
 
 /// What the RMT knows of an N-1 port beyond its queues: the cube below it
 /// was allocated with, and, for a lane, its primary and the QoS-ids it
@@ -355,18 +356,24 @@ impl NormalIpcp {
         }
     }
 
-    /// The flows with their endpoints and counters (`/fa/flows/key=<flow>`).
+    /// The flows with their endpoints and counters (`/fa/flows/key=<flow>`),
+    /// and for a flow with DTCP its state ([`dtcp_state`]).
     fn put_flows(&self, r: &mut Rib) {
         for (flow, ep) in self.flows() {
             let c = self.flow_counters(flow).copied().unwrap_or_default();
             let e = self.flow_stats(flow).copied().unwrap_or_default();
+            let dtcp = self
+                .flows
+                .get(&flow)
+                .filter(|f| f.efcp.config().dtcp.is_some())
+                .map_or_else(String::new, |_| dtcp_state(&e));
             put(
                 r,
                 format!("/fa/flows/key={flow}"),
                 "Flow",
                 ObjValue::Str(format!(
                     "cep {} -> address {} cep {}, qos-id {}; SDUs in {} out {}; \
-                     EFCP duplicates {} out_of_window {} ctrl_invalid {} inactivity_resets {}",
+                     EFCP duplicates {} out_of_window {} ctrl_invalid {} inactivity_resets {}{dtcp}",
                     ep.local_cep,
                     ep.remote_addr,
                     ep.remote_cep,
@@ -418,4 +425,38 @@ impl NormalIpcp {
             );
         }
     }
+}
+
+/// What a flow's DTCP is doing, as `key value` pairs after the EFCP
+/// counters: data PDUs sent and resent (and why), acks and nacks each
+/// way, window updates, congestion marks and window reductions, the
+/// congestion window in PDUs (0 without congestion control), and the
+/// smoothed RTT (0 before a sample), its variation and the RTO in
+/// microseconds.
+fn dtcp_state(e: &crate::efcp::Stats) -> String {
+    let us = |d: Duration| d.as_micros();
+    format!(
+        "; DTCP pdus_sent {} retransmitted {} rto_expirations {} fast_retransmits {} \
+         acks_sent {} acks_received {} nacks_sent {} nacks_received {} fc_sent {} fc_received {} \
+         ecn_marked {} ecn_echoed {} ecn_reductions {} loss_reductions {} cwnd {} \
+         srtt_us {} rttvar_us {} rto_us {}",
+        e.pdus_sent,
+        e.pdus_retransmitted,
+        e.rto_expirations,
+        e.fast_retransmits,
+        e.acks_sent,
+        e.acks_received,
+        e.nacks_sent,
+        e.nacks_received,
+        e.fc_sent,
+        e.fc_received,
+        e.ecn_marked,
+        e.ecn_echoed,
+        e.ecn_reductions,
+        e.loss_reductions,
+        e.cwnd,
+        e.srtt.map_or(0, us),
+        us(e.rttvar),
+        us(e.rto),
+    )
 }

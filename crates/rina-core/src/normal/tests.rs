@@ -4,6 +4,7 @@
 //! LEFT.
 
 use super::*;
+use crate::rib::ObjValue;
 use crate::rmt::Fifo;
 use rina_wire::cdap::{CdapMessage, OpCode};
 use rina_wire::fa::{FaMessage, FaResult, CDAP_MGMT_DISCRIMINATOR, FLOW_CLASS};
@@ -315,6 +316,39 @@ fn reliable_flow_uses_the_reliable_cube_at_both_ends() {
     let got = deliveries(&carry(t, &mut net));
     assert_eq!(got, vec![(1, 7, b"one".to_vec())]);
     assert!(net[0].flow_stats(1).unwrap().pdus_retransmitted >= 1);
+    // The RIB shows the sender's DTCP at work: the resend, the timer that
+    // fired it, the ack that came back and the congestion window.
+    let key = |v: &str, k: &str| -> u64 {
+        let w: Vec<&str> = v.split_whitespace().collect();
+        let i = w
+            .iter()
+            .position(|s| *s == k)
+            .unwrap_or_else(|| panic!("{k} in {v}"));
+        w[i + 1].parse().unwrap()
+    };
+    let rib = net[0].rib();
+    let ObjValue::Str(v) = &rib.read("/fa/flows/key=1", 0).unwrap()[0].value else {
+        panic!("the flow's object is text");
+    };
+    assert_eq!(key(v, "pdus_sent"), 1, "{v}");
+    assert_eq!(key(v, "retransmitted"), 1, "{v}");
+    assert_eq!(key(v, "rto_expirations"), 1, "{v}");
+    assert!(key(v, "acks_received") >= 1, "{v}");
+    assert!(key(v, "cwnd") >= 1, "{v}");
+    assert!(key(v, "rto_us") >= 10_000, "{v}");
+    // An unreliable flow has no DTCP to show.
+    let rib = chain_with_unreliable_flow().rib();
+    let ObjValue::Str(v) = &rib.read("/fa/flows/key=1", 0).unwrap()[0].value else {
+        panic!("the flow's object is text");
+    };
+    assert!(!v.contains("DTCP"), "{v}");
+}
+
+/// The sender of a two-IPCP chain with an unreliable flow (port 1) to 7.
+fn chain_with_unreliable_flow() -> NormalIpcp {
+    let mut net = chain(2);
+    allocate(&mut net, QosSpec::default());
+    net.remove(0)
 }
 
 #[test]
