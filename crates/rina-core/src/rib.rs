@@ -55,8 +55,9 @@ pub const ALL_LEVELS: usize = usize::MAX;
 pub const SUMMARY_LEN: usize = 64;
 
 /// Characters of a string value shown by [`ObjValue::summary`]: a line of
-/// state (an enrollment's step and last error) stays whole.
-pub const STR_SUMMARY_LEN: usize = 240;
+/// state (an enrollment's step and last error, a flow's EFCP and DTCP
+/// counters) stays whole.
+pub const STR_SUMMARY_LEN: usize = 1024;
 
 /// Names the component responsible for an object or a subtree: the
 /// enrollment task, the flow allocator, ... A short static name, shown by
@@ -1033,10 +1034,10 @@ mod tests {
         assert_eq!(s[4].value_summary, "true");
         assert_eq!(r.snapshot(ROOT, 0).unwrap()[0].owner, "rib-daemon");
         assert_eq!(r.snapshot(ROOT, ALL_LEVELS).unwrap().len(), 6);
-        let long = ObjValue::Str("é".repeat(300)).summary();
+        let long = ObjValue::Str("é".repeat(STR_SUMMARY_LEN + 60)).summary();
         assert!(long.starts_with(&"é".repeat(STR_SUMMARY_LEN)));
         assert!(!long.starts_with(&"é".repeat(STR_SUMMARY_LEN + 1)));
-        assert!(long.ends_with("… (600 bytes)"));
+        assert!(long.ends_with(&format!("… ({} bytes)", 2 * (STR_SUMMARY_LEN + 60))));
     }
 
     #[test]
