@@ -73,7 +73,8 @@
 //! # max_flows = 262144            # most flows at once (also for shim-udp and shim-eth)
 //! # cep_id_bytes = 4              # CEP-id field width: 1, 2 (default; 65,535
 //!                                 # flows per IPCP), 4 or 8; the same in every member
-//! # ecn_threshold = 20            # RMT marks data PDUs leaving this many behind (0: off)
+//! # ecn_threshold = 20            # RMT marks data PDUs leaving this many behind, on every
+//!                                 # port (0: off; default: 20, raised on fast ports)
 //!
 //! [[ipcp.neighbor]]               # an N-1 flow to set up and keep up
 //! name = "beta.net"               # the neighbour IPCP's name
@@ -505,9 +506,11 @@ pub struct IpcpConfig {
     pub crc: Option<bool>,
     /// normal: initial hop limit (0 turns TTL off).
     pub ttl: Option<u8>,
-    /// normal: the RMT sets the ECN flag of data PDUs that join a queue
-    /// holding this many (default 20; 0 turns marking off). Reliable
-    /// flows with congestion control slow down on the marks.
+    /// normal: the RMT sets the ECN flag of data PDUs that leave this many
+    /// behind in their queue, on every port (0 turns marking off). Left
+    /// out, it is 20 raised with a port's rate (65 on a port that is not
+    /// paced; `rina_core::rmt::EcnMarking`). Reliable flows with
+    /// congestion control slow down on the marks.
     pub ecn_threshold: Option<usize>,
     /// normal: the N-1 flows to set up.
     #[serde(default, rename = "neighbor")]

@@ -44,6 +44,7 @@ pub use token_bucket::{TokenBucket, TokenBucketPolicy};
 
 use crate::time::Instant;
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 use thiserror::Error;
 
 /// An N-1 port: a flow of the DIF below, as the RMT knows it.
@@ -164,32 +165,88 @@ pub struct RmtCounters {
 /// queueing delay ago, which shortens the control loop by that delay (in
 /// the simulator's 10-flow case the queue spent 42 % of the time above the
 /// threshold instead of 50 %, and fairness rose from 0.971 to 0.974).
+///
+/// DCTCP needs a threshold of about a seventh of the path's
+/// bandwidth-delay product or more, or the window it keeps cannot fill
+/// the path: its authors used 20 packets at 1 Gb/s and 65 at 10 Gb/s. So
+/// by default (`by_rate`) the threshold is a floor that a port raises
+/// with its rate, to what the port sends in [`ECN_THRESHOLD_TIME`]; a
+/// port that is not paced has no known rate and is taken as fast
+/// ([`FAST_PORT_ECN_THRESHOLD`]): its queue forms only while the medium
+/// below refuses frames. On two daemons over loopback a reliable flow of
+/// 1400-byte SDUs carried 6.4-7.0 Gb/s with 20 and 11.4-12.1 with 64,
+/// as much as without congestion control.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EcnMarking {
     /// Data PDUs left behind in the queue from which departing PDUs are
-    /// marked.
+    /// marked (the floor, with `by_rate`).
     pub threshold: usize,
-    /// Thresholds of the queues of some QoS-ids, overriding `threshold`.
+    /// Thresholds of the queues of some QoS-ids, overriding `threshold`
+    /// (fixed, whatever the port's rate).
     pub per_qos: BTreeMap<QosId, usize>,
+    /// Whether a port's rate raises `threshold` ([`EcnMarking::threshold_at`]);
+    /// off, `threshold` holds on every port as it is.
+    pub by_rate: bool,
 }
 
 /// Default marking threshold, in PDUs: about a bandwidth-delay product at
 /// 10 Mb/s and 20 ms of round trip, and a small fraction of the queues.
 pub const DEFAULT_ECN_THRESHOLD: usize = 20;
 
+/// Queueing time a paced port's threshold stands for where that is more
+/// than [`EcnMarking::threshold`] PDUs: DCTCP's 65 packets of 1,500 bytes
+/// at 10 Gb/s.
+pub const ECN_THRESHOLD_TIME: Duration = Duration::from_micros(78);
+
+/// The threshold of a port that is not paced, in PDUs (DCTCP's at 10 Gb/s).
+pub const FAST_PORT_ECN_THRESHOLD: usize = 65;
+
 impl Default for EcnMarking {
     fn default() -> Self {
         EcnMarking {
             threshold: DEFAULT_ECN_THRESHOLD,
             per_qos: BTreeMap::new(),
+            by_rate: true,
         }
     }
 }
 
 impl EcnMarking {
-    /// The threshold of the queue of `qos_id`.
+    /// A threshold of `threshold` PDUs on every port, whatever its rate.
+    pub fn fixed(threshold: usize) -> Self {
+        EcnMarking {
+            threshold,
+            per_qos: BTreeMap::new(),
+            by_rate: false,
+        }
+    }
+
+    /// The threshold of the queue of `qos_id` on a port of any rate (a
+    /// fixed one, or the floor).
     pub fn threshold_for(&self, qos_id: QosId) -> usize {
         self.per_qos.get(&qos_id).copied().unwrap_or(self.threshold)
+    }
+
+    /// The threshold of the queue of `qos_id` on a port paced at `rate`
+    /// (`None`: not paced): with `by_rate` and no threshold of its own
+    /// for `qos_id`, the larger of [`EcnMarking::threshold`] and what the
+    /// port sends in [`ECN_THRESHOLD_TIME`] in 1,500-byte PDUs
+    /// ([`FAST_PORT_ECN_THRESHOLD`] if not paced).
+    pub fn threshold_at(&self, qos_id: QosId, rate: Option<PortRate>) -> usize {
+        if let Some(&t) = self.per_qos.get(&qos_id) {
+            return t;
+        }
+        if !self.by_rate || self.threshold == 0 {
+            return self.threshold;
+        }
+        let scaled = match rate {
+            Some(r) => {
+                let bits = u128::from(r.bps) * ECN_THRESHOLD_TIME.as_nanos() / 1_000_000_000;
+                usize::try_from(bits / (1_500 * 8)).unwrap_or(usize::MAX)
+            }
+            None => FAST_PORT_ECN_THRESHOLD,
+        };
+        self.threshold.max(scaled)
     }
 }
 
@@ -534,7 +591,8 @@ impl Rmt {
         gate.sent(now, pdu.bytes.len());
         if let Some((m, layout)) = &self.ecn {
             if !pdu.mgmt
-                && self.sched.data_backlog(port, pdu.qos_id) >= m.threshold_for(pdu.qos_id)
+                && self.sched.data_backlog(port, pdu.qos_id)
+                    >= m.threshold_at(pdu.qos_id, gate.rate())
                 && layout.mark(&mut pdu.bytes)
             {
                 self.counters.ecn_marked += 1;

@@ -120,10 +120,7 @@ fn ecn_rmt(cap: usize, threshold: usize) -> Rmt {
         type_at: 0,
         crc: false,
     };
-    let marking = EcnMarking {
-        threshold,
-        per_qos: BTreeMap::new(),
-    };
+    let marking = EcnMarking::fixed(threshold);
     r.set_ecn(Some((marking, layout)));
     r
 }
@@ -158,6 +155,63 @@ fn ecn_marks_data_pdus_that_leave_a_queue_past_the_threshold() {
         vec![false, true, true, true, false, false, false, false]
     );
     assert_eq!(r.counters().ecn_marked, 3);
+}
+
+#[test]
+fn the_default_ecn_threshold_grows_with_the_ports_rate() {
+    let m = EcnMarking::default();
+    let at = |bps: u64| m.threshold_at(0, Some(PortRate::new(bps)));
+    // DCTCP's figures: 20 up to about 1.5 Gb/s, 65 at 10 Gb/s.
+    assert_eq!(at(10_000_000), 20);
+    assert_eq!(at(1_000_000_000), 20);
+    assert_eq!(at(10_000_000_000), 65);
+    assert_eq!(at(40_000_000_000), 260);
+    assert_eq!(m.threshold_at(0, None), FAST_PORT_ECN_THRESHOLD);
+    // A configured threshold, or one of a QoS-id, holds on every port.
+    let fixed = EcnMarking::fixed(20);
+    assert_eq!(fixed.threshold_at(0, None), 20);
+    assert_eq!(fixed.threshold_at(0, Some(PortRate::new(40_000_000_000))), 20);
+    let mut per = EcnMarking::default();
+    per.per_qos.insert(3, 5);
+    assert_eq!(per.threshold_at(3, None), 5);
+    assert_eq!(per.threshold_at(0, None), 65);
+    assert_eq!(EcnMarking::fixed(0).threshold_at(0, None), 0);
+}
+
+#[test]
+fn an_unpaced_port_marks_from_the_fast_threshold_a_paced_one_from_its_rate() {
+    let layout = FrameLayout {
+        type_at: 0,
+        crc: false,
+    };
+    // 40 data PDUs queued on each port, drained: how many leave marked.
+    let marked = |rate: Option<PortRate>| {
+        let mut r = rmt(100);
+        r.table_mut().set(7, None, vec![1]);
+        r.set_port_rate(1, rate);
+        r.set_ecn(Some((EcnMarking::default(), layout)));
+        for i in 0..40 {
+            let p = QueuedPdu {
+                qos_id: 0,
+                mgmt: false,
+                bytes: dt_frame(i).into(),
+            };
+            r.send_on(T0, 1, p).unwrap();
+        }
+        let mut n = 0;
+        let mut t = T0;
+        while n < 40 {
+            t = t + Duration::from_millis(10);
+            while r.poll_output(t, 1).is_some() {
+                n += 1;
+            }
+        }
+        r.counters().ecn_marked
+    };
+    // Paced at 10 Mb/s: PDUs leaving 20..39 behind are marked (20).
+    assert_eq!(marked(Some(PortRate::new(10_000_000))), 20);
+    // Not paced: the threshold is 65, more than the queue ever held.
+    assert_eq!(marked(None), 0);
 }
 
 /// What `send_through` returns, as (port, passed at once).

@@ -295,12 +295,7 @@ fn normal_config(ic: &IpcpConfig) -> Result<(AppName, NormalConfig), DaemonError
     }
     match ic.ecn_threshold {
         Some(0) => nc.ecn = None,
-        Some(t) => {
-            nc.ecn = Some(rina_core::rmt::EcnMarking {
-                threshold: t,
-                ..Default::default()
-            })
-        }
+        Some(t) => nc.ecn = Some(rina_core::rmt::EcnMarking::fixed(t)),
         None => {}
     }
     Ok((app_name, nc))
