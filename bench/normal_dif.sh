@@ -6,6 +6,9 @@
 #   * over two normal DIFs stacked in the same daemons,
 #   * over a normal DIF with a password and encryption (AES-256-GCM on
 #     its N-1 flow), beside the plain one over the same shim DIF,
+#   * on a reliable flow (retransmission, window flow control and the
+#     DCTCP-like congestion control of the reliable cube) over one normal
+#     DIF, beside the unreliable one,
 # against iperf3 -u -l 1400 -b 0 on loopback, and prints the ratios and the
 # cost of the extra DIF. Needs iperf3 and python3 (iperf3 installed with apt
 # when run as root).
@@ -143,12 +146,15 @@ machine() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /pro
 # hits one round of every path rather than all of one path; the table
 # gives each path's median and its range over the rounds.
 for r in $(seq "$ROUNDS"); do
-    for dif in udp net top sec; do
-        echo "== round $r/$ROUNDS: rina-perf over DIF $dif, $SIZE B, $DUR s"
+    for path in udp net top sec rel; do
+        dif=$path
+        qos=()
+        [ "$path" = rel ] && dif=net && qos=(--reliable --in-order)
+        echo "== round $r/$ROUNDS: rina-perf over DIF $dif${qos[*]:+ ${qos[*]}}, $SIZE B, $DUR s"
         s0="$(each)$(machine)"
         "$BIN/rina-perf" client --socket "$T/alpha.sock" --dst perf --dif "$dif" --size "$SIZE" \
-            --duration-s "$DUR" --json > "$T/perf-$dif-$r.json"
-        echo "$s0 $(each)$(machine)" > "$T/share-$dif-$r"
+            --duration-s "$DUR" "${qos[@]}" --json > "$T/perf-$path-$r.json"
+        echo "$s0 $(each)$(machine)" > "$T/share-$path-$r"
     done
     echo "== round $r/$ROUNDS: iperf3 -u -l $SIZE -b 0, $DUR s"
     iperf3 -c 127.0.0.1 -p 5298 -u -l "$SIZE" -b 0 -t "$DUR" -J > "$T/iperf-$r.json"
@@ -172,7 +178,7 @@ import json, os, statistics, sys
 t, rounds = sys.argv[1], int(sys.argv[2])
 ips = [json.load(open(f"{t}/iperf-{r}.json"))["end"]["sum"]["bits_per_second"] / 1e6
        for r in range(1, rounds + 1)]
-paths = ("udp", "net", "top", "sec")
+paths = ("udp", "net", "top", "sec", "rel")
 rx = {d: [json.load(open(f"{t}/perf-{d}-{r}.json"))["tests"][0] for r in range(1, rounds + 1)]
       for d in paths}
 med = statistics.median
@@ -184,7 +190,7 @@ print(f"medians of {rounds} interleaved rounds of each path")
 print(f"{'path':34}{'rx Mb/s':>10}{'range':>17}{'loss %':>9}{'vs iperf3':>11}")
 print(f"{'iperf3 UDP':34}{ip:10.1f}{min(ips):8.0f}-{max(ips):<8.0f}{'':>9}{1.0:11.2f}")
 labels = {"udp": "shim-udp only", "net": "normal DIF / shim-udp", "top": "normal / normal / shim-udp",
-          "sec": "encrypted normal DIF / shim-udp"}
+          "sec": "encrypted normal DIF / shim-udp", "rel": "reliable flow, normal DIF"}
 for d in paths:
     loss = med([x["loss_pct"] for x in rx[d]])
     v = mbps[d]
@@ -196,6 +202,10 @@ print(f"extra stacked DIF costs {cost*100:.1f}% of goodput (aim <= 8%; per round
       + ", ".join(f"{c*100:.0f}%" for c in per_round) + ")")
 enc = 1 - m["sec"] / m["net"]
 print(f"encryption costs {enc*100:.1f}% of one normal DIF's goodput (aim <= 15%)")
+rel = m["rel"] / m["net"]
+print(f"a reliable flow (retransmission, flow and congestion control) carries {rel:.2f} of an "
+      "unreliable one's goodput over one normal DIF (per round "
+      + ", ".join(f"{a / b:.2f}" for a, b in zip(mbps["rel"], mbps["net"])) + ")")
 hz = int(sys.argv[3])
 cpu = {}
 for d in ("net", "top", "sec"):
@@ -245,7 +255,7 @@ if os.environ.get("RESULTS"):
     json.dump({"iperf3_udp_mbps": ip, "mbps": m, "normal_ratio": m["net"] / ip,
                "stacked_flat_cpu_cost": stack_flat, "encryption_flat_cpu_cost": enc_flat,
                "flat_cpu_s_per_gb": flat,
-               "stacked_cost": cost, "encryption_cost": enc,
+               "stacked_cost": cost, "encryption_cost": enc, "reliable_ratio": rel,
                "encryption_cpu_cost": cpu_cost, "stacked_cpu_cost": stack_cpu,
                "flat_out_cores": share}, open(os.environ["RESULTS"], "w"))
 PY
