@@ -170,7 +170,10 @@ fn the_default_ecn_threshold_grows_with_the_ports_rate() {
     // A configured threshold, or one of a QoS-id, holds on every port.
     let fixed = EcnMarking::fixed(20);
     assert_eq!(fixed.threshold_at(0, None), 20);
-    assert_eq!(fixed.threshold_at(0, Some(PortRate::new(40_000_000_000))), 20);
+    assert_eq!(
+        fixed.threshold_at(0, Some(PortRate::new(40_000_000_000))),
+        20
+    );
     let mut per = EcnMarking::default();
     per.per_qos.insert(3, 5);
     assert_eq!(per.threshold_at(3, None), 5);
