@@ -452,27 +452,7 @@ fn held_sdus_arrive_whole(rings: bool) {
     // A socket holds 1 MiB, a ring 4 MiB: about 35 and 138 of these SDUs.
     let holds = if rings { 138 } else { 35 };
     let (alpha, beta) = pair_with("\"late\" = 2", small_pdus);
-    let mut srv = beta.client();
-    srv.set_rings(rings);
-    srv.register(&name("late"), Some("net")).unwrap();
-    let acceptor = std::thread::spawn(move || {
-        let req = srv
-            .next_request_timeout(T)
-            .unwrap()
-            .expect("a flow request");
-        srv.accept(&req).unwrap()
-    });
-    let mut c = alpha.client();
-    c.set_rings(rings);
-    let flow = c
-        .allocate(
-            &name("early"),
-            &name("late"),
-            Some("net"),
-            &QosSpec::default(),
-        )
-        .unwrap();
-    let late = acceptor.join().unwrap();
+    let (flow, late) = early_to_late(&alpha, &beta, rings, &QosSpec::default());
     assert_eq!(late.has_rings(), rings);
     let mut sdu = vec![0u8; LEN];
     for i in 0..SDUS {
@@ -481,23 +461,8 @@ fn held_sdus_arrive_whole(rings: bool) {
         flow.write(&sdu).unwrap();
     }
     // The reader has read nothing yet: wait until the DIF stops delivering.
-    let mut stats = beta.client();
-    let counters = |s: &mut rina::Client| {
-        let all = s.list_flows().unwrap();
-        let f = all
-            .iter()
-            .find(|f| f.info.port == late.info().port)
-            .unwrap();
-        f.counters
-    };
-    let mut last = (u64::MAX, std::time::Instant::now());
-    wait_for("the DIF to deliver the burst", T, || {
-        let n = counters(&mut stats).sdus_in;
-        if n != last.0 {
-            last = (n, std::time::Instant::now());
-        }
-        n == u64::from(SDUS) || last.1.elapsed() > Duration::from_millis(500)
-    });
+    let port = late.info().port;
+    wait_until_delivery_stops(&beta, port, SDUS);
     let mut buf = vec![0u8; LEN + 1];
     let mut read = 0u64;
     let mut next = 0u32;
@@ -512,7 +477,7 @@ fn held_sdus_arrive_whole(rings: bool) {
         next = i + 1;
         read += 1;
     }
-    let c = counters(&mut stats);
+    let c = flow_counters(&beta, port);
     assert!(
         read > holds,
         "rings {rings}: {read} SDUs read, no more than the {holds} the socket or ring holds \
@@ -525,6 +490,56 @@ fn held_sdus_arrive_whole(rings: bool) {
         c.sdus_in,
         "rings {rings}: read plus dropped is not what the DIF delivered"
     );
+}
+
+/// A flow from `early` at `alpha` to `late` at `beta` (registered in DIF
+/// `net`), with or without rings, for `qos`: the writer's end and the
+/// reader's.
+fn early_to_late(
+    alpha: &Daemon,
+    beta: &Daemon,
+    rings: bool,
+    qos: &QosSpec,
+) -> (rina::Flow, rina::Flow) {
+    let mut srv = beta.client();
+    srv.set_rings(rings);
+    srv.register(&name("late"), Some("net")).unwrap();
+    let acceptor = std::thread::spawn(move || {
+        let req = srv
+            .next_request_timeout(T)
+            .unwrap()
+            .expect("a flow request");
+        srv.accept(&req).unwrap()
+    });
+    let mut c = alpha.client();
+    c.set_rings(rings);
+    let flow = c
+        .allocate(&name("early"), &name("late"), Some("net"), qos)
+        .unwrap();
+    (flow, acceptor.join().unwrap())
+}
+
+/// The counters of flow `port` in daemon `d`.
+fn flow_counters(d: &Daemon, port: u32) -> rina::FlowCounters {
+    let all = d.client().list_flows().unwrap();
+    all.iter()
+        .find(|f| f.info.port == port)
+        .expect("the flow")
+        .counters
+}
+
+/// Waits until daemon `d` has delivered `sdus` SDUs on flow `port`, or
+/// none more for 500 ms; returns the flow's counters then.
+fn wait_until_delivery_stops(d: &Daemon, port: u32, sdus: u32) -> rina::FlowCounters {
+    let mut last = (u64::MAX, std::time::Instant::now());
+    wait_for("the DIF to deliver the burst", T, || {
+        let n = flow_counters(d, port).sdus_in;
+        if n != last.0 {
+            last = (n, std::time::Instant::now());
+        }
+        n == u64::from(sdus) || last.1.elapsed() > Duration::from_millis(500)
+    });
+    flow_counters(d, port)
 }
 
 /// A reliable cube whose window (8,192 PDUs) is wider than what the daemon
@@ -558,27 +573,12 @@ fn wide_window_loses_nothing(rings: bool) {
     const SDUS: u32 = 6_000;
     const LEN: usize = 1_400;
     let (alpha, beta) = pair_with("\"late\" = 2", wide_reliable_cube);
-    let mut srv = beta.client();
-    srv.set_rings(rings);
-    srv.register(&name("late"), Some("net")).unwrap();
-    let acceptor = std::thread::spawn(move || {
-        let req = srv
-            .next_request_timeout(T)
-            .unwrap()
-            .expect("a flow request");
-        srv.accept(&req).unwrap()
-    });
-    let mut c = alpha.client();
-    c.set_rings(rings);
     let reliable = QosSpec {
         reliable: true,
         in_order: true,
         ..Default::default()
     };
-    let flow = c
-        .allocate(&name("early"), &name("late"), Some("net"), &reliable)
-        .unwrap();
-    let late = acceptor.join().unwrap();
+    let (flow, late) = early_to_late(&alpha, &beta, rings, &reliable);
     let writer = std::thread::spawn(move || {
         let mut sdu = vec![0u8; LEN];
         for i in 0..SDUS {
@@ -589,24 +589,8 @@ fn wide_window_loses_nothing(rings: bool) {
         flow
     });
     // The reader reads nothing until the DIF stops delivering.
-    let mut stats = beta.client();
-    let counters = |s: &mut rina::Client| {
-        let all = s.list_flows().unwrap();
-        let f = all
-            .iter()
-            .find(|f| f.info.port == late.info().port)
-            .unwrap();
-        f.counters
-    };
-    let mut last = (u64::MAX, std::time::Instant::now());
-    wait_for("the DIF to deliver the burst", T, || {
-        let n = counters(&mut stats).sdus_in;
-        if n != last.0 {
-            last = (n, std::time::Instant::now());
-        }
-        n == u64::from(SDUS) || last.1.elapsed() > Duration::from_millis(500)
-    });
-    let held = counters(&mut stats);
+    let port = late.info().port;
+    let held = wait_until_delivery_stops(&beta, port, SDUS);
     let mut buf = vec![0u8; LEN + 1];
     let mut next = 0u32;
     while next < SDUS {
@@ -623,7 +607,7 @@ fn wide_window_loses_nothing(rings: bool) {
         next += 1;
     }
     let _flow = writer.join().unwrap();
-    let c = counters(&mut stats);
+    let c = flow_counters(&beta, port);
     assert_eq!(
         (next, c.drops_in),
         (SDUS, 0),
