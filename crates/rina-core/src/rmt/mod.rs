@@ -239,13 +239,14 @@ impl EcnMarking {
         if !self.by_rate || self.threshold == 0 {
             return self.threshold;
         }
+        // Bits sent in the time, over the bits of a 1,500-byte PDU (a
+        // division by a constant: no u128 arithmetic per PDU).
+        const NS: u64 = ECN_THRESHOLD_TIME.as_nanos() as u64;
         let scaled = match rate {
-            Some(r) => {
-                let bits = u128::from(r.bps) * ECN_THRESHOLD_TIME.as_nanos() / 1_000_000_000;
-                usize::try_from(bits / (1_500 * 8)).unwrap_or(usize::MAX)
-            }
-            None => FAST_PORT_ECN_THRESHOLD,
+            Some(r) => r.bps.saturating_mul(NS) / (1_000_000_000 * 1_500 * 8),
+            None => FAST_PORT_ECN_THRESHOLD as u64,
         };
+        let scaled = usize::try_from(scaled).unwrap_or(usize::MAX);
         self.threshold.max(scaled)
     }
 }
@@ -589,10 +590,11 @@ impl Rmt {
         }
         let mut pdu = self.sched.next_to_send(now, port)?;
         gate.sent(now, pdu.bytes.len());
-        if let Some((m, layout)) = &self.ecn {
-            if !pdu.mgmt
-                && self.sched.data_backlog(port, pdu.qos_id)
-                    >= m.threshold_at(pdu.qos_id, gate.rate())
+        if let Some((m, layout)) = self.ecn.as_ref().filter(|_| !pdu.mgmt) {
+            let backlog = self.sched.data_backlog(port, pdu.qos_id);
+            // The floor first: the port's own threshold is never below it.
+            if backlog >= m.threshold_for(pdu.qos_id)
+                && backlog >= m.threshold_at(pdu.qos_id, gate.rate())
                 && layout.mark(&mut pdu.bytes)
             {
                 self.counters.ecn_marked += 1;
