@@ -264,13 +264,6 @@ pub fn send_fds(fd: RawFd, buf: &[u8], pass: &[RawFd]) -> io::Result<Sent> {
     send_iov(fd, &[IoSlice::new(buf)], pass)
 }
 
-/// Sends an SDU that lies in several buffers as one packet, gathered by
-/// the kernel from where the pieces lie (no copy into one buffer first).
-/// `parts` may number at most [`MAX_IOV`].
-pub fn send_gathered(fd: RawFd, parts: &[IoSlice<'_>]) -> io::Result<Sent> {
-    send_iov(fd, parts, &[])
-}
-
 /// The most buffers one `sendmsg` gathers (Linux's `UIO_MAXIOV`).
 pub const MAX_IOV: usize = 1024;
 

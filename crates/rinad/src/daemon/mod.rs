@@ -47,6 +47,7 @@ mod runtime;
 mod shim;
 mod shim_eth;
 mod shim_hv;
+mod to_sockets;
 
 use crate::config::Config;
 use crate::sys::{self, Recv, Sent};
@@ -139,6 +140,8 @@ struct FlowSlot {
     tx_stash: Option<Vec<u8>>,
     /// SDUs dropped because the application did not read.
     drops_in: u64,
+    /// Registered for writability: its socket was full with SDUs held.
+    wants_writable: bool,
     /// SDUs the application wrote that could not be sent.
     drops_out: u64,
     /// A direct flow's UDP socket (the application holds it too; `fd` is
@@ -239,6 +242,11 @@ pub struct Daemon {
     idle_sweep: Instant,
     /// SDUs applications took, per flow, not yet reported to the system.
     taken: IdMap<PortId, usize>,
+    /// Socket flows given SDUs by the outputs being carried out: they go
+    /// out together at the end ([`to_sockets`]).
+    to_sockets: Vec<PortId>,
+    /// The `sendmmsg` buffers for them.
+    socket_batch: to_sockets::SendBatch,
     /// `rinactl capture`s running ([`capture`]).
     captures: capture::Captures,
     /// Enrollments clients wait for ([`runtime`]).
@@ -351,6 +359,8 @@ impl Daemon {
             access,
             idle_sweep: Instant::from_nanos(0),
             taken: IdMap::default(),
+            to_sockets: Vec::new(),
+            socket_batch: to_sockets::SendBatch::default(),
             captures: capture::Captures::default(),
             enrolls: Vec::new(),
             config_path,
@@ -575,6 +585,9 @@ impl Daemon {
         loop {
             while let Some(o) = self.sys.poll_output() {
                 self.on_output(o);
+            }
+            for port in std::mem::take(&mut self.to_sockets) {
+                self.send_held(port);
             }
             // Applications sleeping on their rings, woken once for all the
             // SDUs just delivered to them.
@@ -858,32 +871,28 @@ impl Daemon {
             }
             return;
         }
-        let fd = slot.fd.as_raw_fd();
-        if slot.rx_pending.is_empty() {
-            match send_sdu(fd, &sdu) {
-                Ok(Sent::Done) => {
-                    *taken += 1;
-                    return;
-                }
-                Ok(Sent::WouldBlock) => {}
-                _ => {
-                    slot.drops_in += 1;
-                    *taken += 1;
-                    return;
-                }
-            }
-        }
         if full(slot.rx_pending.len()) {
             slot.drops_in += 1;
             *taken += 1;
             return;
         }
+        self.hold_for_socket(port, sdu);
+    }
+
+    /// Holds `sdu` for the socket of flow `port` (the caller checked the
+    /// flow's bound): it goes out with the others of this batch, a full
+    /// batch at once, or, while the socket is full, when it is writable.
+    fn hold_for_socket(&mut self, port: PortId, sdu: Sdu) {
+        let Some(slot) = self.flows.get_mut(&port) else {
+            return;
+        };
+        if slot.rx_pending.is_empty() && !slot.wants_writable {
+            self.to_sockets.push(port);
+        }
         slot.rx_pending.push_back(sdu);
-        let _ = self.poll.registry().reregister(
-            &mut SourceFd(&fd),
-            token(T_FLOW, port as usize),
-            Interest::READABLE | Interest::WRITABLE,
-        );
+        if !slot.wants_writable && slot.rx_pending.len() >= to_sockets::BATCH {
+            self.send_held(port);
+        }
     }
 
     /// The application's socket of flow `port` can take more: hand it the
@@ -895,31 +904,34 @@ impl Daemon {
         if matches!(self.ipcps[slot.ipcp].io, Io::Hv(_)) {
             return self.hv_flush_rx(port);
         }
+        self.send_held(port);
+        self.drain_outputs();
+    }
+
+    /// Sends the SDUs held for the application of socket flow `port`, as
+    /// many as its socket takes; the flow waits to be writable while
+    /// some are left.
+    fn send_held(&mut self, port: PortId) {
+        let Some(slot) = self.flows.get_mut(&port) else {
+            return;
+        };
         let fd = slot.fd.as_raw_fd();
-        let mut sent = 0;
-        while let Some(sdu) = slot.rx_pending.front() {
-            match send_sdu(fd, sdu) {
-                Ok(Sent::Done) => {
-                    slot.rx_pending.pop_front();
-                    sent += 1;
-                }
-                Ok(Sent::WouldBlock) => break,
-                _ => {
-                    sent += slot.rx_pending.len();
-                    slot.drops_in += slot.rx_pending.len() as u64;
-                    slot.rx_pending.clear();
-                }
-            }
-        }
-        if slot.rx_pending.is_empty() {
+        let out = self.socket_batch.send(fd, &mut slot.rx_pending);
+        slot.drops_in += out.dropped as u64;
+        let interest = if out.blocked {
+            Interest::READABLE | Interest::WRITABLE
+        } else {
+            Interest::READABLE
+        };
+        if out.blocked != slot.wants_writable {
+            slot.wants_writable = out.blocked;
             let _ = self.poll.registry().reregister(
                 &mut SourceFd(&fd),
                 token(T_FLOW, port as usize),
-                Interest::READABLE,
+                interest,
             );
         }
-        *self.taken.entry(port).or_default() += sent;
-        self.drain_outputs();
+        *self.taken.entry(port).or_default() += out.taken + out.dropped;
     }
 
     /// Makes the socket pair of an allocated flow and starts reading its
@@ -982,6 +994,7 @@ impl Daemon {
                 queued: false,
                 rings: rings.map(Box::new),
                 rx_pending: VecDeque::new(),
+                wants_writable: false,
                 tx_stash: None,
                 drops_in: 0,
                 drops_out: 0,
@@ -1038,19 +1051,4 @@ pub(super) enum FlowService {
     Drained,
     More,
     Closed,
-}
-
-/// Sends SDU `sdu` as one packet on flow socket `fd`: an SDU that lies in
-/// its fragments' buffers is gathered by the kernel from them (one
-/// `sendmsg`), not copied into one buffer first.
-fn send_sdu(fd: std::os::fd::RawFd, sdu: &Sdu) -> io::Result<Sent> {
-    match sdu.parts() {
-        [one] => sys::send(fd, one, None),
-        parts if parts.len() <= sys::MAX_IOV => {
-            let iov: smallvec::SmallVec<[io::IoSlice<'_>; 64]> =
-                parts.iter().map(|p| io::IoSlice::new(p)).collect();
-            sys::send_gathered(fd, &iov)
-        }
-        _ => sys::send(fd, &sdu.to_vec(), None),
-    }
 }

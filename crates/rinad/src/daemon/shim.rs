@@ -197,10 +197,7 @@ impl Daemon {
                     // Each datagram in the buffer it was read into: a frame
                     // of a normal IPCP goes up in it.
                     if let Some((port, sdu)) = self.sys.receive_udp_held(now, i, from, frame) {
-                        queue_to_app(&mut self.flows, &mut self.sys, i, port, &sdu);
-                        if self.udp.woken.last() != Some(&port) {
-                            self.udp.woken.push(port);
-                        }
+                        self.shim_to_app(i, port, sdu);
                     }
                 }
                 // What the batch set off, once: deliveries over normal
@@ -219,6 +216,29 @@ impl Daemon {
         }
         self.udp.rx = rx;
         more
+    }
+
+    /// Hands SDU `sdu` of shim flow `port` of IPCP `i`, in the buffer it
+    /// was read into, to its application: into its ring (woken once for
+    /// the batch), or held for its socket to go out with the batch. A flow
+    /// holding [`MAX_RX_PENDING`] SDUs loses it (counted in the shim's
+    /// flow), as a link would.
+    fn shim_to_app(&mut self, i: usize, port: PortId, sdu: PduBuf) {
+        match self.flows.get(&port) {
+            Some(slot) if slot.rings.is_none() => {
+                if slot.rx_pending.len() >= MAX_RX_PENDING {
+                    count_drop(&mut self.sys, i, port, true);
+                } else {
+                    self.hold_for_socket(port, sdu.into());
+                }
+            }
+            _ => {
+                queue_to_app(&mut self.flows, &mut self.sys, i, port, &sdu);
+                if self.udp.woken.last() != Some(&port) {
+                    self.udp.woken.push(port);
+                }
+            }
+        }
     }
 
     /// Sends a datagram of shim-udp IPCP `i` (its control, or a frame of a
