@@ -9,6 +9,8 @@
 #   * on a reliable flow (retransmission, window flow control and the
 #     DCTCP-like congestion control of the reliable cube) over one normal
 #     DIF, beside the unreliable one,
+#   * with both applications on the flow's socket (--no-rings, as the C
+#     API and Python use flows) over one normal DIF,
 # against iperf3 -u -l 1400 -b 0 on loopback, and prints the ratios and the
 # cost of the extra DIF. Needs iperf3 and python3 (iperf3 installed with apt
 # when run as root).
@@ -86,6 +88,7 @@ address = $5
 [ipcp.names]
 "$4.top" = $5
 "perf" = 2
+"perf-sock" = 2
 
 [[ipcp]]
 name = "$1.top"
@@ -134,6 +137,7 @@ up || { echo "bench: the DIFs did not come up" >&2; tail "$T"/*.log >&2; exit 1;
 for dif in udp net top sec; do
     "$BIN/rina-perf" server --socket "$T/beta.sock" --name perf --dif "$dif" >/dev/null 2>&1 & PIDS+=($!)
 done
+"$BIN/rina-perf" server --socket "$T/beta.sock" --name perf-sock --dif net --no-rings >/dev/null 2>&1 & PIDS+=($!)
 sleep 0.3
 iperf3 -s -p 5298 >/dev/null 2>&1 & PIDS+=($!)
 sleep 0.3
@@ -146,13 +150,15 @@ machine() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /pro
 # hits one round of every path rather than all of one path; the table
 # gives each path's median and its range over the rounds.
 for r in $(seq "$ROUNDS"); do
-    for path in udp net top sec rel; do
+    for path in udp net top sec rel sock; do
         dif=$path
         qos=()
+        dst=perf
         [ "$path" = rel ] && dif=net && qos=(--reliable --in-order)
+        [ "$path" = sock ] && dif=net && dst=perf-sock && qos=(--no-rings)
         echo "== round $r/$ROUNDS: rina-perf over DIF $dif${qos[*]:+ ${qos[*]}}, $SIZE B, $DUR s"
         s0="$(each)$(machine)"
-        "$BIN/rina-perf" client --socket "$T/alpha.sock" --dst perf --dif "$dif" --size "$SIZE" \
+        "$BIN/rina-perf" client --socket "$T/alpha.sock" --dst "$dst" --dif "$dif" --size "$SIZE" \
             --duration-s "$DUR" "${qos[@]}" --json > "$T/perf-$path-$r.json"
         echo "$s0 $(each)$(machine)" > "$T/share-$path-$r"
     done
@@ -178,7 +184,7 @@ import json, os, statistics, sys
 t, rounds = sys.argv[1], int(sys.argv[2])
 ips = [json.load(open(f"{t}/iperf-{r}.json"))["end"]["sum"]["bits_per_second"] / 1e6
        for r in range(1, rounds + 1)]
-paths = ("udp", "net", "top", "sec", "rel")
+paths = ("udp", "net", "top", "sec", "rel", "sock")
 rx = {d: [json.load(open(f"{t}/perf-{d}-{r}.json"))["tests"][0] for r in range(1, rounds + 1)]
       for d in paths}
 med = statistics.median
@@ -190,7 +196,8 @@ print(f"medians of {rounds} interleaved rounds of each path")
 print(f"{'path':34}{'rx Mb/s':>10}{'range':>17}{'loss %':>9}{'vs iperf3':>11}")
 print(f"{'iperf3 UDP':34}{ip:10.1f}{min(ips):8.0f}-{max(ips):<8.0f}{'':>9}{1.0:11.2f}")
 labels = {"udp": "shim-udp only", "net": "normal DIF / shim-udp", "top": "normal / normal / shim-udp",
-          "sec": "encrypted normal DIF / shim-udp", "rel": "reliable flow, normal DIF"}
+          "sec": "encrypted normal DIF / shim-udp", "rel": "reliable flow, normal DIF",
+          "sock": "normal DIF, apps on sockets"}
 for d in paths:
     loss = med([x["loss_pct"] for x in rx[d]])
     v = mbps[d]
@@ -206,6 +213,9 @@ rel = m["rel"] / m["net"]
 print(f"a reliable flow (retransmission, flow and congestion control) carries {rel:.2f} of an "
       "unreliable one's goodput over one normal DIF (per round "
       + ", ".join(f"{a / b:.2f}" for a, b in zip(mbps["rel"], mbps["net"])) + ")")
+sock = m["sock"] / ip
+print(f"applications on their flows' sockets (no rings, as with the C API and Python) get "
+      f"{sock:.2f} of iperf3 over one normal DIF ({m['sock'] / m['net']:.2f} of applications on rings)")
 hz = int(sys.argv[3])
 cpu = {}
 for d in ("net", "top", "sec"):
@@ -255,7 +265,7 @@ if os.environ.get("RESULTS"):
     json.dump({"iperf3_udp_mbps": ip, "mbps": m, "normal_ratio": m["net"] / ip,
                "stacked_flat_cpu_cost": stack_flat, "encryption_flat_cpu_cost": enc_flat,
                "flat_cpu_s_per_gb": flat,
-               "stacked_cost": cost, "encryption_cost": enc, "reliable_ratio": rel,
+               "stacked_cost": cost, "encryption_cost": enc, "reliable_ratio": rel, "sockets_ratio": sock,
                "encryption_cpu_cost": cpu_cost, "stacked_cpu_cost": stack_cpu,
                "flat_out_cores": share}, open(os.environ["RESULTS"], "w"))
 PY

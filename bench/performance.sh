@@ -7,8 +7,8 @@
 #     on a direct flow, and through daemons that busy-poll (busy_poll_us),
 #     and with every process of the round trip pinned to one vCPU;
 #   * bench/normal_dif.sh: one normal DIF, two stacked DIFs, an encrypted
-#     DIF vs iperf3 -u (medians of interleaved rounds), and a reliable
-#     flow beside the unreliable one;
+#     DIF vs iperf3 -u (medians of interleaved rounds), a reliable flow
+#     beside the unreliable one, and applications on their flows' sockets;
 #   * bench/rina_ip.sh (root only): iperf3 TCP through rina-ip vs the bare veth;
 #   * bench/scale.sh: idle flows in one daemon, memory per idle flow,
 #     flow allocations per second;
@@ -64,6 +64,7 @@ row("  a layer's core work, instr./SDU", core and core["layer"], "(no aim)", Non
 row("encryption's cost", n and n["encryption_cost"] * 100, "<= 15 %", lambda v: v <= 15, "{:.1f} %")
 row("  the same in daemon CPU per GB", pct(n, "encryption_flat_cpu_cost"), "<= 15 %", lambda v: v <= 15, "{:.1f} %")
 row("reliable flow / unreliable, 1 DIF", n and n.get("reliable_ratio"), "(no aim)", None, "{:.2f}")
+row("apps on sockets, 1 DIF / iperf3 -u", n and n.get("sockets_ratio"), "(no aim)", None, "{:.2f}")
 row("echo median RTT / sockperf", f and f["echo_rtt_ratio"], "<= 1.30", lambda v: v <= 1.3, "{:.2f}")
 row("  floor: sockperf via 2 relays", f and f.get("relay_floor_ratio"), "(no aim)", None, "{:.2f}")
 row("  echo / sockperf via 2 relays", f and f.get("echo_over_relay_ratio"), "(no aim)", None, "{:.2f}")
