@@ -621,3 +621,68 @@ fn wide_window_loses_nothing(rings: bool) {
         held.sdus_in
     );
 }
+
+/// A writer on its flow's socket far ahead of a narrow window (16 PDUs)
+/// and of a reader that starts late: the SDU the closed window refused
+/// waits in the sender's daemon, which stops reading the writer's socket
+/// until the flow is writable, so the writer blocks. The reader gets
+/// every SDU in order, and neither daemon drops one.
+#[test]
+fn a_socket_writer_ahead_of_a_narrow_window_loses_nothing() {
+    const SDUS: u32 = 3_000;
+    const LEN: usize = 1_000;
+    let narrow = |cfg: String| wide_reliable_cube(cfg).replace("window = 8192", "window = 16");
+    let (alpha, beta) = pair_with("\"late\" = 2", narrow);
+    let reliable = QosSpec {
+        reliable: true,
+        in_order: true,
+        ..Default::default()
+    };
+    let (flow, late) = early_to_late(&alpha, &beta, false, &reliable);
+    assert!(!flow.has_rings() && !late.has_rings());
+    let sender_port = flow.info().port;
+    let writer = std::thread::spawn(move || {
+        let mut sdu = vec![0u8; LEN];
+        for i in 0..SDUS {
+            sdu[..4].copy_from_slice(&i.to_le_bytes());
+            sdu[4..].fill(i as u8);
+            flow.write(&sdu).unwrap();
+        }
+        flow
+    });
+    // The reader starts once the flow has stopped delivering: the window
+    // and the sockets are full, the writer blocked.
+    let port = late.info().port;
+    let held = wait_until_delivery_stops(&beta, port, SDUS);
+    assert!(
+        held.sdus_in < u64::from(SDUS),
+        "the whole burst was delivered before the reader started: nothing waited"
+    );
+    let mut buf = vec![0u8; LEN + 1];
+    let mut next = 0u32;
+    while next < SDUS {
+        let Some(n) = late.read_timeout(&mut buf, T).unwrap() else {
+            break;
+        };
+        assert_eq!(n, LEN, "SDU {next} has {n} bytes");
+        let i = u32::from_le_bytes(buf[..4].try_into().unwrap());
+        assert_eq!(i, next, "SDU {i} where {next} was due");
+        assert!(
+            buf[4..n].iter().all(|&b| b == i as u8),
+            "SDU {i} is corrupt"
+        );
+        next += 1;
+    }
+    let _flow = writer.join().unwrap();
+    assert_eq!(next, SDUS, "SDUs read");
+    assert_eq!(
+        flow_counters(&alpha, sender_port).drops_out,
+        0,
+        "dropped by the sender's daemon"
+    );
+    assert_eq!(
+        flow_counters(&beta, port).drops_in,
+        0,
+        "dropped by the reader's daemon"
+    );
+}
