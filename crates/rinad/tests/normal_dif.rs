@@ -579,33 +579,11 @@ fn wide_window_loses_nothing(rings: bool) {
         ..Default::default()
     };
     let (flow, late) = early_to_late(&alpha, &beta, rings, &reliable);
-    let writer = std::thread::spawn(move || {
-        let mut sdu = vec![0u8; LEN];
-        for i in 0..SDUS {
-            sdu[..4].copy_from_slice(&i.to_le_bytes());
-            sdu[4..].fill(i as u8);
-            flow.write(&sdu).unwrap();
-        }
-        flow
-    });
+    let writer = write_numbered(flow, SDUS, LEN);
     // The reader reads nothing until the DIF stops delivering.
     let port = late.info().port;
     let held = wait_until_delivery_stops(&beta, port, SDUS);
-    let mut buf = vec![0u8; LEN + 1];
-    let mut next = 0u32;
-    while next < SDUS {
-        let Some(n) = late.read_timeout(&mut buf, T).unwrap() else {
-            break;
-        };
-        assert_eq!(n, LEN, "rings {rings}: SDU {next} has {n} bytes");
-        let i = u32::from_le_bytes(buf[..4].try_into().unwrap());
-        assert_eq!(i, next, "rings {rings}: SDU {i} where {next} was due");
-        assert!(
-            buf[4..n].iter().all(|&b| b == i as u8),
-            "rings {rings}: SDU {i} is corrupt"
-        );
-        next += 1;
-    }
+    let next = read_numbered(&late, SDUS, LEN, &format!("rings {rings}"));
     let _flow = writer.join().unwrap();
     let c = flow_counters(&beta, port);
     assert_eq!(
@@ -641,15 +619,7 @@ fn a_socket_writer_ahead_of_a_narrow_window_loses_nothing() {
     let (flow, late) = early_to_late(&alpha, &beta, false, &reliable);
     assert!(!flow.has_rings() && !late.has_rings());
     let sender_port = flow.info().port;
-    let writer = std::thread::spawn(move || {
-        let mut sdu = vec![0u8; LEN];
-        for i in 0..SDUS {
-            sdu[..4].copy_from_slice(&i.to_le_bytes());
-            sdu[4..].fill(i as u8);
-            flow.write(&sdu).unwrap();
-        }
-        flow
-    });
+    let writer = write_numbered(flow, SDUS, LEN);
     // The reader starts once the flow has stopped delivering: the window
     // and the sockets are full, the writer blocked.
     let port = late.info().port;
@@ -658,21 +628,7 @@ fn a_socket_writer_ahead_of_a_narrow_window_loses_nothing() {
         held.sdus_in < u64::from(SDUS),
         "the whole burst was delivered before the reader started: nothing waited"
     );
-    let mut buf = vec![0u8; LEN + 1];
-    let mut next = 0u32;
-    while next < SDUS {
-        let Some(n) = late.read_timeout(&mut buf, T).unwrap() else {
-            break;
-        };
-        assert_eq!(n, LEN, "SDU {next} has {n} bytes");
-        let i = u32::from_le_bytes(buf[..4].try_into().unwrap());
-        assert_eq!(i, next, "SDU {i} where {next} was due");
-        assert!(
-            buf[4..n].iter().all(|&b| b == i as u8),
-            "SDU {i} is corrupt"
-        );
-        next += 1;
-    }
+    let next = read_numbered(&late, SDUS, LEN, "socket");
     let _flow = writer.join().unwrap();
     assert_eq!(next, SDUS, "SDUs read");
     assert_eq!(
@@ -685,4 +641,41 @@ fn a_socket_writer_ahead_of_a_narrow_window_loses_nothing() {
         0,
         "dropped by the reader's daemon"
     );
+}
+
+/// Writes `sdus` SDUs of `len` bytes on `flow` from a thread of its own,
+/// each its number (4 bytes) and then that number's low byte throughout;
+/// the thread gives the flow back.
+fn write_numbered(flow: rina::Flow, sdus: u32, len: usize) -> std::thread::JoinHandle<rina::Flow> {
+    std::thread::spawn(move || {
+        let mut sdu = vec![0u8; len];
+        for i in 0..sdus {
+            sdu[..4].copy_from_slice(&i.to_le_bytes());
+            sdu[4..].fill(i as u8);
+            flow.write(&sdu).unwrap();
+        }
+        flow
+    })
+}
+
+/// Reads what [`write_numbered`] wrote, up to `sdus` SDUs or until none
+/// comes for `T`, checking that each is whole, intact and the next one
+/// due (`what` names the case in a failure): how many it read.
+fn read_numbered(flow: &rina::Flow, sdus: u32, len: usize, what: &str) -> u32 {
+    let mut buf = vec![0u8; len + 1];
+    let mut next = 0u32;
+    while next < sdus {
+        let Some(n) = flow.read_timeout(&mut buf, T).unwrap() else {
+            break;
+        };
+        assert_eq!(n, len, "{what}: SDU {next} has {n} bytes");
+        let i = u32::from_le_bytes(buf[..4].try_into().unwrap());
+        assert_eq!(i, next, "{what}: SDU {i} where {next} was due");
+        assert!(
+            buf[4..n].iter().all(|&b| b == i as u8),
+            "{what}: SDU {i} is corrupt"
+        );
+        next += 1;
+    }
+    next
 }
