@@ -132,11 +132,7 @@ fn a_normal_dif_over_shim_udp_carries_flows_by_name() {
 
     // Reliable cube: 64 KiB SDUs (fragmented into 9000-byte PDUs) and a
     // burst that must come back complete and in order.
-    let reliable = QosSpec {
-        reliable: true,
-        in_order: true,
-        ..Default::default()
-    };
+    let reliable = reliable_in_order();
     let flow = c
         .allocate(&name("bulk"), &name("echo"), Some("net"), &reliable)
         .unwrap();
@@ -573,11 +569,7 @@ fn wide_window_loses_nothing(rings: bool) {
     const SDUS: u32 = 6_000;
     const LEN: usize = 1_400;
     let (alpha, beta) = pair_with("\"late\" = 2", wide_reliable_cube);
-    let reliable = QosSpec {
-        reliable: true,
-        in_order: true,
-        ..Default::default()
-    };
+    let reliable = reliable_in_order();
     let (flow, late) = early_to_late(&alpha, &beta, rings, &reliable);
     let writer = write_numbered(flow, SDUS, LEN);
     // The reader reads nothing until the DIF stops delivering.
@@ -611,11 +603,7 @@ fn a_socket_writer_ahead_of_a_narrow_window_loses_nothing() {
     const LEN: usize = 1_000;
     let narrow = |cfg: String| wide_reliable_cube(cfg).replace("window = 8192", "window = 16");
     let (alpha, beta) = pair_with("\"late\" = 2", narrow);
-    let reliable = QosSpec {
-        reliable: true,
-        in_order: true,
-        ..Default::default()
-    };
+    let reliable = reliable_in_order();
     let (flow, late) = early_to_late(&alpha, &beta, false, &reliable);
     assert!(!flow.has_rings() && !late.has_rings());
     let sender_port = flow.info().port;
@@ -678,4 +666,13 @@ fn read_numbered(flow: &rina::Flow, sdus: u32, len: usize, what: &str) -> u32 {
         next += 1;
     }
     next
+}
+
+/// What the reliable cube serves: reliable, in-order delivery.
+fn reliable_in_order() -> QosSpec {
+    QosSpec {
+        reliable: true,
+        in_order: true,
+        ..Default::default()
+    }
 }

@@ -44,63 +44,67 @@ impl SendBatch {
     pub(super) fn send(&mut self, fd: RawFd, queue: &mut VecDeque<Sdu>) -> Outcome {
         let mut out = Outcome::default();
         while let Some(front) = queue.front() {
-            if front.parts().len() > sys::MAX_IOV {
+            let step = if front.parts().len() > sys::MAX_IOV {
                 // More pieces than one packet gathers: alone, copied.
                 match sys::send(fd, &front.to_vec(), None) {
-                    Ok(Sent::Done) => {
-                        queue.pop_front();
-                        out.taken += 1;
-                    }
-                    Ok(Sent::WouldBlock) => {
-                        out.blocked = true;
-                        return out;
-                    }
-                    Ok(Sent::TooBig) => {
-                        queue.pop_front();
-                        out.dropped += 1;
-                    }
-                    Ok(Sent::Closed) | Err(_) => return gone(queue, out),
+                    Ok(Sent::Done) => Step::Took(1),
+                    Ok(Sent::WouldBlock) => Step::Blocked,
+                    Ok(Sent::TooBig) => Step::TooBig,
+                    Ok(Sent::Closed) | Err(_) => Step::Gone,
                 }
-                continue;
-            }
-            let n = self.lay_out(queue);
-            // SAFETY: the `n` headers point at iovecs in `self.iovs` over
-            // buffers of the SDUs in `queue`, untouched until this returns.
-            let r = unsafe {
-                libc::sendmmsg(
-                    fd,
-                    self.msgs.as_mut_ptr(),
-                    n as libc::c_uint,
-                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-                )
+            } else {
+                self.send_batch(fd, queue)
             };
-            if r > 0 {
-                // Fewer than `n`: the next call says why the next was not.
-                let r = r as usize;
-                queue.drain(..r);
-                out.taken += r;
-                continue;
-            }
-            if r == 0 {
-                out.blocked = true;
-                return out;
-            }
-            match io::Error::last_os_error().raw_os_error() {
-                Some(libc::EINTR) => {}
-                Some(libc::EAGAIN) => {
+            match step {
+                Step::Took(n) => {
+                    queue.drain(..n);
+                    out.taken += n;
+                }
+                Step::Retry => {}
+                Step::Blocked => {
                     out.blocked = true;
                     return out;
                 }
-                Some(libc::EMSGSIZE) => {
+                Step::TooBig => {
                     // Larger than the socket can ever take: lost alone.
                     queue.pop_front();
                     out.dropped += 1;
                 }
-                // EPIPE, ECONNRESET: the application is gone.
-                _ => return gone(queue, out),
+                Step::Gone => {
+                    out.dropped += queue.len();
+                    queue.clear();
+                    return out;
+                }
             }
         }
         out
+    }
+
+    /// One `sendmmsg` of the SDUs at the front of `queue`.
+    fn send_batch(&mut self, fd: RawFd, queue: &VecDeque<Sdu>) -> Step {
+        let n = self.lay_out(queue);
+        // SAFETY: the `n` headers point at iovecs in `self.iovs` over
+        // buffers of the SDUs in `queue`, untouched until this returns.
+        let r = unsafe {
+            libc::sendmmsg(
+                fd,
+                self.msgs.as_mut_ptr(),
+                n as libc::c_uint,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        match r {
+            // Fewer than `n`: the next call says why the next was not.
+            1.. => Step::Took(r as usize),
+            0 => Step::Blocked,
+            _ => match io::Error::last_os_error().raw_os_error() {
+                Some(libc::EINTR) => Step::Retry,
+                Some(libc::EAGAIN) => Step::Blocked,
+                Some(libc::EMSGSIZE) => Step::TooBig,
+                // EPIPE, ECONNRESET: the application is gone.
+                _ => Step::Gone,
+            },
+        }
     }
 
     /// Lays out headers and iovecs for the SDUs at the front of `queue`
@@ -138,11 +142,18 @@ impl SendBatch {
     }
 }
 
-/// The application of `queue` is gone: what it holds is dropped.
-fn gone(queue: &mut VecDeque<Sdu>, mut out: Outcome) -> Outcome {
-    out.dropped += queue.len();
-    queue.clear();
-    out
+/// What one system call did with the front of a flow's queue.
+enum Step {
+    /// The socket took this many SDUs.
+    Took(usize),
+    /// Interrupted before anything was sent: again.
+    Retry,
+    /// The socket is full.
+    Blocked,
+    /// The front SDU is larger than the socket can ever take.
+    TooBig,
+    /// The application is gone.
+    Gone,
 }
 
 #[cfg(test)]
