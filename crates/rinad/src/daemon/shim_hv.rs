@@ -202,6 +202,44 @@ struct Bell {
     errors: u64,
 }
 
+/// Refuses a host's shared-memory file that someone else could shrink
+/// under the daemon (a mapping of a file cut short faults with SIGBUS,
+/// which kills it): one that is not a regular file, belongs to another
+/// user or is writable by anyone (the file the daemon creates is 0600; an
+/// existing one is taken only on these terms, so that a file another
+/// user made, or left writable, is never adopted). A group the file's
+/// owner gave write access is trusted (a QEMU running as another user).
+fn host_file_is_ours(file: &std::fs::File, path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let m = file.metadata()?;
+    let refuse = |why: String| {
+        Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} {why}; remove it (or fix its owner and mode) and start again",
+                path.display()
+            ),
+        ))
+    };
+    if !m.file_type().is_file() {
+        return refuse("is not a regular file".into());
+    }
+    let euid = sys::euid();
+    if m.uid() != euid {
+        return refuse(format!(
+            "belongs to uid {}, not to the daemon's user (uid {euid}), who could cut it short under the daemon",
+            m.uid()
+        ));
+    }
+    if m.mode() & 0o002 != 0 {
+        return refuse(format!(
+            "is writable by every user (mode {:o}), any of whom could cut it short under the daemon",
+            m.mode() & 0o7777
+        ));
+    }
+    Ok(())
+}
+
 /// Opens and maps the region: the host creates and lays it out, the guest
 /// attaches to what is there.
 fn open_region(path: &Path, side: Side, session: u32) -> io::Result<Attached> {
@@ -215,7 +253,9 @@ fn open_region(path: &Path, side: Side, session: u32) -> io::Result<Attached> {
                 .create(true)
                 .truncate(false)
                 .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW)
                 .open(path)?;
+            host_file_is_ours(&file, path)?;
             file.set_len(size as u64)?;
             let map = Mapping::new(&file, size)?;
             let link = Link::create(map.region(), GEOMETRY, session, LinkConfig::default())
@@ -1590,5 +1630,74 @@ impl Daemon {
             self.sys.tap_moved(i, true, c);
         }
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A fresh directory of its own under the system's temporary one.
+    fn scratch(what: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("rinad-hv-{what}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn refusal(path: &Path) -> String {
+        match open_region(path, Side::Host, 1) {
+            Ok(_) => panic!("{} was taken", path.display()),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn the_host_takes_only_a_file_no_one_else_can_cut_short() {
+        let d = scratch("owner");
+        // Its own file: created 0600 and laid out.
+        let own = d.join("own");
+        open_region(&own, Side::Host, 1).expect("a new file");
+        let m = std::fs::metadata(&own).unwrap();
+        assert_eq!(m.permissions().mode() & 0o777, 0o600);
+        assert_eq!(m.len() as usize, region_size(GEOMETRY));
+        // Taken again as it is (a restart).
+        open_region(&own, Side::Host, 2).expect("its own file again");
+
+        // Writable by every user: refused, and left as it was.
+        let open = d.join("open");
+        std::fs::write(&open, b"").unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let e = refusal(&open);
+        assert!(e.contains("writable by every user (mode 666)"), "{e}");
+        assert_eq!(std::fs::metadata(&open).unwrap().len(), 0);
+
+        // A symbolic link is not followed; a directory is not a file.
+        let link = d.join("link");
+        std::os::unix::fs::symlink(&own, &link).unwrap();
+        let e = refusal(&link);
+        assert!(
+            e.contains("symbolic links") || e.contains("(os error 40)"),
+            "{e}"
+        );
+        let e = refusal(&d);
+        assert!(
+            e.contains("directory") || e.contains("not a regular file"),
+            "{e}"
+        );
+
+        // Another user's file (root can make one to test with).
+        if sys::euid() == 0 {
+            let theirs = d.join("theirs");
+            std::fs::write(&theirs, b"").unwrap();
+            std::os::unix::fs::chown(&theirs, Some(65_534), Some(65_534)).unwrap();
+            let e = refusal(&theirs);
+            assert!(e.contains("belongs to uid 65534"), "{e}");
+            assert_eq!(std::fs::metadata(&theirs).unwrap().len(), 0);
+        } else {
+            println!("skipped the file of another user: making one needs root");
+        }
+        std::fs::remove_dir_all(&d).unwrap();
     }
 }
