@@ -155,6 +155,10 @@ pub enum ConfigError {
     /// The TOML is malformed, or a key is unknown, missing or has a bad value.
     #[error("{path}: {message}")]
     Syntax { path: PathBuf, message: String },
+    /// The path is not one to read: not a regular file, too large, or
+    /// not readable by the user who asked for it.
+    #[error("{path}: {reason}")]
+    Refused { path: PathBuf, reason: String },
     /// The file parses but describes something that cannot be built.
     #[error("{path}: line {line}: key `{key}`: {message}")]
     Invalid {
@@ -164,6 +168,10 @@ pub enum ConfigError {
         message: String,
     },
 }
+
+/// Largest configuration file read, in bytes (seed 003's 37-system
+/// network takes a few KiB per system).
+pub const MAX_CONFIG_BYTES: u64 = 4 << 20;
 
 /// The whole file.
 #[derive(Debug, Deserialize)]
@@ -659,10 +667,53 @@ impl QosCubeConfig {
 impl Config {
     /// Reads and checks a configuration file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        Self::load_with(path, |_| Ok(()))
+    }
+
+    /// [`Config::load`] of a file that `allowed` accepts, asked of the
+    /// file as opened (a reload asked for by a user: may that user read
+    /// it?). Only a regular file of at most [`MAX_CONFIG_BYTES`] is read:
+    /// the path is opened without blocking and the file measured first,
+    /// so that neither a FIFO nor a device (`/dev/zero`) holds the daemon.
+    pub fn load_with(
+        path: &Path,
+        allowed: impl FnOnce(&std::fs::Metadata) -> Result<(), String>,
+    ) -> Result<Config, ConfigError> {
+        use std::io::Read;
+        use std::os::unix::fs::OpenOptionsExt;
+        let read = |source| ConfigError::Read {
             path: path.to_owned(),
             source,
-        })?;
+        };
+        let refused = |reason: String| ConfigError::Refused {
+            path: path.to_owned(),
+            reason,
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .map_err(read)?;
+        let meta = file.metadata().map_err(read)?;
+        if !meta.is_file() {
+            return Err(refused("not a regular file".into()));
+        }
+        allowed(&meta).map_err(refused)?;
+        let too_large = |size: u64| {
+            refused(format!(
+                "{size} bytes, more than a configuration file may have ({MAX_CONFIG_BYTES})"
+            ))
+        };
+        if meta.len() > MAX_CONFIG_BYTES {
+            return Err(too_large(meta.len()));
+        }
+        let mut text = String::new();
+        file.take(MAX_CONFIG_BYTES + 1)
+            .read_to_string(&mut text)
+            .map_err(read)?;
+        if text.len() as u64 > MAX_CONFIG_BYTES {
+            return Err(too_large(text.len() as u64));
+        }
         Self::parse(path, &text)
     }
 
@@ -1288,6 +1339,44 @@ bind = "127.0.0.1:7001"
 "echo" = "127.0.0.1:7002"
 "perf//x" = "[::1]:7003"
 "#;
+
+    #[test]
+    fn only_a_regular_file_of_bounded_size_is_read() {
+        let d = std::env::temp_dir().join(format!("rinad-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let good = d.join("good.toml");
+        std::fs::write(&good, GOOD).unwrap();
+        assert_eq!(Config::load(&good).unwrap().system.name, "alpha");
+        // A device that never ends and a directory: refused, not read.
+        let e = Config::load(Path::new("/dev/zero"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/dev/zero: not a regular file"), "{e}");
+        let e = Config::load(&d).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        // A FIFO with no writer: refused at once (the open does not wait).
+        let fifo = d.join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let e = Config::load(&fifo).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        // Too large: refused by its size, unread.
+        let big = d.join("big.toml");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len(MAX_CONFIG_BYTES + 1)
+            .unwrap();
+        let e = Config::load(&big).unwrap_err().to_string();
+        assert!(e.contains("more than a configuration file may have"), "{e}");
+        // The caller's own refusal, asked of the opened file.
+        let e = Config::load_with(&good, |m| Err(format!("{} bytes, no", m.len())))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.ends_with(&format!("good.toml: {} bytes, no", GOOD.len())),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 
     #[test]
     fn good_file_parses() {

@@ -17,7 +17,9 @@ pub fn config_text(data: &[u8]) {
     };
     let lines = text.lines().count() + 1;
     let check = |e: &ConfigError| match e {
-        ConfigError::Read { .. } => panic!("text was parsed, nothing read: {e}"),
+        ConfigError::Read { .. } | ConfigError::Refused { .. } => {
+            panic!("text was parsed, nothing read: {e}")
+        }
         ConfigError::Syntax { message, .. } => assert!(!message.is_empty(), "{e}"),
         ConfigError::Invalid {
             line, key, message, ..

@@ -293,6 +293,25 @@ pub struct PeerCred {
     pub groups: Vec<u32>,
 }
 
+impl PeerCred {
+    /// Whether this user may read a file with metadata `m` by its mode
+    /// bits (owner, then group, then others; root always). The
+    /// directories on the way are not looked at.
+    pub fn may_read(&self, m: &std::fs::Metadata) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let mode = m.mode();
+        if self.uid == 0 {
+            true
+        } else if m.uid() == self.uid {
+            mode & 0o400 != 0
+        } else if m.gid() == self.gid || self.groups.contains(&m.gid()) {
+            mode & 0o040 != 0
+        } else {
+            mode & 0o004 != 0
+        }
+    }
+}
+
 /// The credentials of the peer of a connected Unix socket (`SO_PEERCRED`,
 /// and `SO_PEERGROUPS` for the supplementary groups).
 pub fn peer_cred(fd: &OwnedFd) -> io::Result<PeerCred> {
@@ -400,6 +419,39 @@ mod tests {
 
     fn pair() -> (OwnedFd, OwnedFd) {
         socket::socketpair(AddressFamily::Unix, SockType::SeqPacket, None, FLAGS).unwrap()
+    }
+
+    #[test]
+    fn a_user_may_read_by_owner_then_group_then_others() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let f = std::env::temp_dir().join(format!("rinad-may-read-{}", std::process::id()));
+        std::fs::write(&f, b"x").unwrap();
+        let m = |mode: u32| {
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
+            std::fs::metadata(&f).unwrap()
+        };
+        let owner = std::fs::metadata(&f).unwrap().uid();
+        let group = std::fs::metadata(&f).unwrap().gid();
+        let who = |uid: u32, gid: u32, groups: Vec<u32>| PeerCred {
+            pid: 1,
+            uid,
+            gid,
+            groups,
+        };
+        let (stranger, other) = (owner.wrapping_add(4242), group.wrapping_add(4242));
+        // The owner's bits decide for the owner, even against the others'.
+        assert!(!who(owner, group, vec![]).may_read(&m(0o044)) || owner == 0);
+        assert!(who(owner, other, vec![]).may_read(&m(0o400)));
+        // The group's, by the primary group or a supplementary one.
+        assert!(who(stranger, group, vec![]).may_read(&m(0o040)));
+        assert!(who(stranger, other, vec![group]).may_read(&m(0o040)));
+        assert!(!who(stranger, group, vec![]).may_read(&m(0o604)));
+        // The others'.
+        assert!(who(stranger, other, vec![]).may_read(&m(0o004)));
+        assert!(!who(stranger, other, vec![]).may_read(&m(0o640)));
+        // Root reads anything.
+        assert!(who(0, 0, vec![]).may_read(&m(0o000)));
+        std::fs::remove_file(&f).unwrap();
     }
 
     #[test]

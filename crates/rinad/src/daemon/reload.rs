@@ -38,11 +38,25 @@ fn identity(t: &toml::Table) -> toml::Table {
 
 impl Daemon {
     /// Reads the configuration file (`path`, default the daemon's) and
-    /// applies the difference; what changed, one line each.
-    pub(super) fn reload(&mut self, path: Option<&str>) -> Result<Vec<String>, CtlError> {
+    /// applies the difference; what changed, one line each. A file named
+    /// by the client of `conn` is read only if that client's user may read
+    /// it: the daemon reads with its own rights, and its messages quote
+    /// the file.
+    pub(super) fn reload(
+        &mut self,
+        conn: Option<usize>,
+        path: Option<&str>,
+    ) -> Result<Vec<String>, CtlError> {
+        let asker = match (conn, path) {
+            (Some(c), Some(_)) => self.conns.get(&c).map(|c| c.cred.clone()),
+            _ => None,
+        };
         let path = path.map_or_else(|| self.config_path.clone(), PathBuf::from);
-        let cfg = Config::load(&path)
-            .map_err(|e| invalid(format!("configuration refused, nothing changed: {e}")))?;
+        let cfg = Config::load_with(&path, |m| match &asker {
+            Some(cred) if !cred.may_read(m) => Err(format!("uid {} may not read it", cred.uid)),
+            _ => Ok(()),
+        })
+        .map_err(|e| invalid(format!("configuration refused, nothing changed: {e}")))?;
         let mut out = Vec::new();
         // Gone or changed beyond what changes in place: destroyed first.
         let mut create: Vec<&IpcpConfig> = Vec::new();

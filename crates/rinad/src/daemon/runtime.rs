@@ -45,7 +45,7 @@ impl Daemon {
     pub(super) fn on_hup(&mut self) {
         let mut b = [0u8; 16];
         while matches!(self.hup_rx.read(&mut b), Ok(n) if n > 0) {}
-        match self.reload(None) {
+        match self.reload(None, None) {
             Ok(changes) => {
                 for c in changes {
                     info!(change = %c, "SIGHUP: configuration reloaded");
@@ -99,7 +99,7 @@ impl Daemon {
                 }
             }
             Op::SetEfcp { ipcp, cube, set } => changes(self.set_efcp(&ipcp, &cube, set)),
-            Op::Reload { path } => changes(self.reload(path.as_deref())),
+            Op::Reload { path } => changes(self.reload(Some(conn), path.as_deref())),
             _ => Some(Err(invalid("not a management operation".into()))),
         }
     }
