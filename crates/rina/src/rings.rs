@@ -471,9 +471,6 @@ fn wait(
     }
     let ms = t.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
     let timeout = PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX);
-    // nix names no POLLRDHUP.
-    let rdhup = PollFlags::from_bits_retain(libc::POLLRDHUP);
-    let hup = PollFlags::POLLHUP | rdhup | PollFlags::POLLERR;
     let Some(room) = room else {
         // A reader: a doorbell or the end of file; the next look tells.
         let mut fds = [PollFd::new(sock, PollFlags::POLLIN)];
@@ -484,24 +481,39 @@ fn wait(
         };
     };
     // A writer: the room eventfd, or the hang-up (the socket's doorbells
-    // are the reader's).
+    // are the reader's). By libc's poll, whose `revents` can be read
+    // whatever they hold: nix's gives none when they hold POLLRDHUP, which
+    // it cannot name, and the hang-up went unseen (the writer polled on
+    // for ever).
     let mut fds = [
-        PollFd::new(room, PollFlags::POLLIN),
-        PollFd::new(sock, rdhup),
+        libc::pollfd {
+            fd: room.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: sock.as_raw_fd(),
+            events: libc::POLLRDHUP,
+            revents: 0,
+        },
     ];
-    match nix::poll::poll(&mut fds, timeout) {
-        Ok(0) => return Ok(!last),
-        Err(Errno::EINTR) => return Ok(true),
-        Err(e) => return Err(RingsError::Sys(e)),
-        Ok(_) => {}
+    // SAFETY: `fds` is an array of two initialised pollfds that outlives
+    // the call.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, i32::from(timeout)) };
+    match n {
+        0 => return Ok(!last),
+        n if n < 0 => {
+            return match Errno::last() {
+                Errno::EINTR => Ok(true),
+                e => Err(RingsError::Sys(e)),
+            }
+        }
+        _ => {}
     }
-    if fds[1].revents().is_some_and(|r| r.intersects(hup)) {
+    if fds[1].revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
         return Err(RingsError::Closed);
     }
-    if fds[0]
-        .revents()
-        .is_some_and(|r| r.contains(PollFlags::POLLIN))
-    {
+    if fds[0].revents & libc::POLLIN != 0 {
         reset(room);
     }
     Ok(true)

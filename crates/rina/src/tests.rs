@@ -767,6 +767,33 @@ fn a_flow_with_rings_turns_readable_when_an_sdu_comes_and_when_it_closes() {
 }
 
 #[test]
+fn a_writer_waiting_for_room_on_rings_learns_that_the_flow_closed() {
+    let (flow, daemon, _fake) = ring_flow();
+    // Fill the ring to the daemon, which reads nothing.
+    let sdu = [7u8; 1000];
+    let mut n = 0;
+    while flow.write_timeout(&sdu, Duration::ZERO).unwrap() {
+        n += 1;
+        assert!(n < 1_000_000, "the ring never filled");
+    }
+    // A writer waits for room; the daemon closes the flow.
+    let flow = std::sync::Arc::new(flow);
+    let f = flow.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    thread::spawn(move || tx.send(f.write(&sdu)));
+    assert!(
+        rx.recv_timeout(Duration::from_millis(100)).is_err(),
+        "no room yet"
+    );
+    drop(daemon);
+    let e = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the writer never learnt that the flow closed")
+        .expect_err("closed");
+    assert_eq!(e.kind, ErrorKind::DaemonGone, "{e}");
+}
+
+#[test]
 fn shutdown_wakes_a_reader_blocked_on_rings() {
     let (flow, _daemon, _fake) = ring_flow();
     let flow = std::sync::Arc::new(flow);
