@@ -147,7 +147,7 @@ impl From<&QosSpecification> for QosSpec {
 }
 
 /// A flow object (`Flow` of IRATI's `FlowMessage.proto`, the fields this
-/// flow allocator uses with their numbers; 20 is ours). EFCP policies are
+/// flow allocator uses with their numbers; 20 and 21 are ours). EFCP policies are
 /// not sent: both ends take them from the QoS cube the QoS-id names.
 #[derive(Clone, PartialEq, Eq, Hash, prost::Message)]
 pub struct Flow {
@@ -172,6 +172,10 @@ pub struct Flow {
     /// 20: largest SDU the responder accepts.
     #[prost(uint32, optional, tag = "20")]
     pub max_sdu_size: Option<u32>,
+    /// 21 (ours): in a DEALLOC, the sequence number of the last data PDU
+    /// its sender sent on the flow, absent if it sent none.
+    #[prost(uint64, optional, tag = "21")]
+    pub last_seq: Option<u64>,
 }
 
 /// A flow-allocator message.
@@ -218,6 +222,11 @@ pub enum FaMessage {
         dst_cep: u64,
         /// The sender's CEP-id.
         src_cep: u64,
+        /// The sequence number of the last data PDU the sender sent on the
+        /// flow (`None`: none, or a sender that does not say): the
+        /// receiver closes the flow once it has that PDU, which may come
+        /// after the DEALLOC.
+        last_seq: Option<u64>,
     },
     /// Acknowledges a DEALLOC: the flow is gone at its sender (or was
     /// never known there).
@@ -324,6 +333,7 @@ impl FaMessage {
                 dst_addr: flow.destination_address.unwrap_or(0),
                 dst_cep: id.destination_cep_id,
                 src_cep: id.source_cep_id,
+                last_seq: flow.last_seq,
             },
             OpCode::DeleteR => FaMessage::DeallocAck {
                 src_addr: flow.source_address.unwrap_or(0),
@@ -388,10 +398,12 @@ impl FaMessage {
                 dst_addr,
                 dst_cep,
                 src_cep,
+                last_seq,
             } => {
                 let flow = Flow {
                     destination_address: Some(*dst_addr),
                     connection_ids: conn(0, *src_cep, *dst_cep),
+                    last_seq: *last_seq,
                     ..Default::default()
                 };
                 let name = flow_obj_name(*dst_addr, *dst_cep);
@@ -496,6 +508,13 @@ mod tests {
                 dst_addr: 7,
                 dst_cep: 9,
                 src_cep: 0x1234,
+                last_seq: Some(41),
+            },
+            FaMessage::Dealloc {
+                dst_addr: 7,
+                dst_cep: 9,
+                src_cep: 0x1234,
+                last_seq: None,
             },
             FaMessage::DeallocAck {
                 src_addr: 7,
@@ -516,7 +535,7 @@ mod tests {
 
     #[test]
     fn cdap_view() {
-        let [req, acc, _, del, ack] = every_type().try_into().unwrap();
+        let [req, acc, _, del, _, ack] = every_type().try_into().unwrap();
         let r = req.to_cdap();
         assert_eq!(r.op_code(), OpCode::Create);
         assert_eq!(r.obj_name.as_deref(), Some("/fa/flows/key=3-4660"));

@@ -553,6 +553,20 @@ impl Connection {
         self.snd.snd_rwe()
     }
 
+    /// The sequence number of the last data PDU numbered for sending,
+    /// `None` before the first was sent: what a deallocation tells the
+    /// peer to wait for.
+    pub fn last_sent_seq(&self) -> Option<u64> {
+        (self.stats.pdus_sent > 0).then(|| self.snd.next_seq().wrapping_sub(1))
+    }
+
+    /// Whether the receiver has taken every data PDU up to `seq`
+    /// (delivered it, or given up on it): its LWE, or the floor an ended
+    /// run left, is at or above `seq`.
+    pub fn received_through(&self, seq: u64) -> bool {
+        self.rcv.base().is_some_and(|b| b >= seq)
+    }
+
     /// The receiver's LWE, while a data run is live.
     pub fn receive_lwe(&self) -> Option<u64> {
         self.rcv.lwe()

@@ -78,6 +78,10 @@ use retransmit::Retransmit;
 /// Longest refusal reason sent to a peer, in bytes (also cut to fit a PDU).
 pub const MAX_REASON_LEN: usize = 512;
 
+/// How long a flow the peer deallocated waits for the data PDUs the
+/// DEALLOC overtook before it closes anyway (they were lost).
+pub const DEALLOC_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// What the flow allocator reads of the IPCP for one call: its settings and
 /// a read-only view of its open flows.
 pub(super) struct Ctx<'a> {
@@ -129,6 +133,10 @@ pub(super) enum FaOut {
     },
     /// The peer deleted `flow`: close it.
     Close { flow: FlowId },
+    /// The peer deleted `flow` after sending data PDU `last_seq`, which
+    /// has not come yet: close it once it has (or after
+    /// [`DEALLOC_GRACE`]), reporting [`Action::Deallocated`] then.
+    CloseAfter { flow: FlowId, last_seq: u64 },
     /// Report this to the driver.
     Report(Box<Action>),
 }
@@ -533,25 +541,27 @@ impl FlowAllocator {
             }
             return Ok(None);
         }
-        let ep = cx.endpoint(flow).ok_or(NormalError::UnknownFlow(flow))?;
-        self.send_dealloc(cx, now, ep.remote_addr, ep.remote_cep, ep.local_cep);
+        let f = cx.flows.get(&flow).ok_or(NormalError::UnknownFlow(flow))?;
+        let (ep, last) = (f.ep, f.efcp.last_sent_seq());
+        self.send_dealloc(cx, now, (ep.remote_addr, ep.remote_cep, ep.local_cep), last);
         Ok(Some(ep))
     }
 
-    /// Deletes the flow object `(to, dst_cep)` at the peer, repeating the
+    /// Deletes the flow object `(to, dst_cep)` at the peer (from ours,
+    /// `src_cep`, whose last data PDU was `last_seq`), repeating the
     /// DEALLOC until it is acknowledged or `alloc_timeout` passes.
     fn send_dealloc(
         &mut self,
         cx: &Ctx,
         now: Instant,
-        to: Address,
-        dst_cep: CepId,
-        src_cep: CepId,
+        (to, dst_cep, src_cep): (Address, CepId, CepId),
+        last_seq: Option<u64>,
     ) {
         let message = FaMessage::Dealloc {
             dst_addr: to,
             dst_cep,
             src_cep,
+            last_seq,
         }
         .to_vec();
         self.send_request(to, message.clone());

@@ -44,7 +44,13 @@ impl NormalIpcp {
                     fa.opened(&cx, now, (flow, ep, max_sdu), result);
                 }
                 fa::FaOut::Close { flow } => {
+                    // What it received is handed out before it closes.
+                    self.flush_flow(now, flow);
                     let _ = self.close_flow(flow);
+                }
+                fa::FaOut::CloseAfter { flow, last_seq } => {
+                    self.closing
+                        .insert(flow, (last_seq, now + fa::DEALLOC_GRACE));
                 }
                 fa::FaOut::Report(action) => self.actions.push_back(*action),
             }

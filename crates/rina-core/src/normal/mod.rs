@@ -504,6 +504,9 @@ pub struct NormalIpcp {
     dirty: Vec<FlowId>,
     /// The dirty flows being flushed (kept to spare an allocation per flush).
     dirty_scratch: Vec<FlowId>,
+    /// Flows the peer deallocated before their last data PDU (the
+    /// sequence number here) came, closed when it has or at the deadline.
+    closing: BTreeMap<FlowId, (u64, Instant)>,
     /// With [`NormalIpcp::set_batched_flush`]: an SDU written or a frame
     /// received asks for the flush, which the next [`NormalIpcp::poll_action`]
     /// runs, once for all of them.
@@ -623,6 +626,7 @@ impl NormalIpcp {
             by_cep: IdMap::default(),
             dirty: Vec::new(),
             dirty_scratch: Vec::new(),
+            closing: BTreeMap::new(),
             batched_flush: false,
             flush_due: false,
             timers: BTreeSet::new(),
@@ -888,6 +892,7 @@ impl NormalIpcp {
             .remove(&flow)
             .ok_or(NormalError::UnknownFlow(flow))?;
         self.by_cep.remove(&f.ep.local_cep);
+        self.closing.remove(&flow);
         // Left in `dirty` if it is there: flushing a flow that is gone does nothing.
         if let Some(t) = f.armed {
             self.timers.remove(&(t, flow));
@@ -1535,7 +1540,35 @@ impl NormalIpcp {
                 self.dispatch(now, None, &pci, body, pdu);
             }
         }
+        if !self.closing.is_empty() {
+            self.close_finished(now);
+        }
         self.drain_rmt(now);
+    }
+
+    /// Closes the flows the peer deallocated whose last data PDU has come
+    /// (delivered just before) or whose wait for it is over, reporting
+    /// each deallocated.
+    fn close_finished(&mut self, now: Instant) {
+        let done: Vec<FlowId> = self
+            .closing
+            .iter()
+            .filter(|(id, &(last, deadline))| {
+                now >= deadline
+                    || self
+                        .flows
+                        .get(id)
+                        .is_none_or(|f| f.efcp.received_through(last))
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        for flow in done {
+            self.closing.remove(&flow);
+            self.flush_flow(now, flow);
+            if self.close_flow(flow).is_ok() {
+                self.actions.push_back(Action::Deallocated { flow });
+            }
+        }
     }
 
     /// Takes what the ports' gates let through, at most [`TX_BURST`] PDUs
@@ -1633,6 +1666,7 @@ impl NormalIpcp {
             .chain(self.membership_poll_timeout())
             .chain(self.mgmt_reasm.poll_timeout())
             .chain(self.rib_reads.poll_timeout())
+            .chain(self.closing.values().map(|&(_, deadline)| deadline).min())
             .min()
     }
 
@@ -1648,6 +1682,9 @@ impl NormalIpcp {
         self.membership_timeout(now);
         if self.mgmt_reasm.poll_timeout().is_some_and(|t| t <= now) {
             self.mgmt_reasm.handle_timeout(now);
+        }
+        if !self.closing.is_empty() {
+            self.close_finished(now);
         }
         // Only the flows whose timers are due; flush files them again.
         while let Some(&(t, id)) = self.timers.first() {

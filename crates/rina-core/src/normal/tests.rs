@@ -489,6 +489,94 @@ fn deallocation_reaches_the_peer() {
     );
 }
 
+/// What node 0 of a two-node chain sends now: (is it management, the frame).
+fn sent_by_first(net: &mut [NormalIpcp]) -> Vec<(bool, Vec<u8>)> {
+    let mut v = Vec::new();
+    while let Some(a) = net[0].poll_action() {
+        if let Action::Transmit { frame, .. } = a {
+            let mut pdu = frame.clone();
+            let _ = net[0].sdup.unprotect_buf(&mut pdu);
+            let mgmt = pci::Pdu::parse(&net[0].cfg.dt, &pdu)
+                .is_ok_and(|p| p.pci.pdu_type == PduType::Mgmt);
+            v.push((mgmt, frame.to_vec()));
+        }
+    }
+    v
+}
+
+/// Node 1's actions for `frames`, given in order, other than transmissions.
+fn second_takes(net: &mut [NormalIpcp], now: Instant, frames: &[Vec<u8>]) -> Vec<Action> {
+    for f in frames {
+        net[1].on_frame(now, LEFT, f);
+    }
+    std::iter::from_fn(|| net[1].poll_action())
+        .filter(|a| !matches!(a, Action::Transmit { .. }))
+        .collect()
+}
+
+#[test]
+fn a_deallocation_that_overtakes_its_flows_data_waits_for_it() {
+    // The DEALLOC says which data PDU was the last; the flow closes once
+    // that has come, its SDUs handed out first.
+    let mut net = chain(2);
+    allocate(&mut net, QosSpec::default());
+    for sdu in [&b"a"[..], b"b", b"c"] {
+        net[0].write(ms(2), 1, sdu).unwrap();
+    }
+    net[0].deallocate(ms(2), 1).unwrap();
+    let (mgmt, data): (Vec<_>, Vec<_>) = sent_by_first(&mut net).into_iter().partition(|f| f.0);
+    let (mgmt, data): (Vec<Vec<u8>>, Vec<Vec<u8>>) = (
+        mgmt.into_iter().map(|f| f.1).collect(),
+        data.into_iter().map(|f| f.1).collect(),
+    );
+    assert_eq!(
+        (mgmt.len(), data.len()),
+        (1, 3),
+        "a DEALLOC and three data PDUs"
+    );
+    assert_eq!(second_takes(&mut net, ms(3), &mgmt), vec![], "it waits");
+    assert_eq!(net[1].flows().count(), 1);
+    assert_eq!(
+        second_takes(&mut net, ms(4), &data),
+        vec![
+            Action::Deliver {
+                flow: 7,
+                sdu: Sdu::from(b"a".to_vec())
+            },
+            Action::Deliver {
+                flow: 7,
+                sdu: Sdu::from(b"b".to_vec())
+            },
+            Action::Deliver {
+                flow: 7,
+                sdu: Sdu::from(b"c".to_vec())
+            },
+            Action::Deallocated { flow: 7 },
+        ]
+    );
+    assert_eq!(net[1].flows().count(), 0);
+
+    // The last data PDU is lost: the flow closes after the grace period.
+    allocate(&mut net, QosSpec::default());
+    net[0].write(ms(10), 1, b"lost").unwrap();
+    net[0].deallocate(ms(10), 1).unwrap();
+    let mgmt: Vec<Vec<u8>> = sent_by_first(&mut net)
+        .into_iter()
+        .filter(|f| f.0)
+        .map(|f| f.1)
+        .collect();
+    assert_eq!(second_takes(&mut net, ms(11), &mgmt), vec![]);
+    let end = ms(11) + fa::DEALLOC_GRACE;
+    assert_eq!(net[1].poll_timeout(), Some(end));
+    net[1].handle_timeout(ms(10) + fa::DEALLOC_GRACE);
+    assert_eq!(second_takes(&mut net, end, &[]), vec![]);
+    net[1].handle_timeout(end);
+    assert_eq!(
+        second_takes(&mut net, end, &[]),
+        vec![Action::Deallocated { flow: 7 }]
+    );
+}
+
 #[test]
 fn an_unanswered_request_is_withdrawn_after_the_accept_timeout() {
     let mut net = chain(2);

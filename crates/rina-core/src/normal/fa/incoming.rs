@@ -90,8 +90,11 @@ impl FlowAllocator {
                 self.on_response(cx, now, r);
             }
             FaMessage::Dealloc {
-                dst_cep, src_cep, ..
-            } => self.on_dealloc(cx, from, dst_cep, src_cep),
+                dst_cep,
+                src_cep,
+                last_seq,
+                ..
+            } => self.on_dealloc(cx, from, (dst_cep, src_cep), last_seq),
             FaMessage::DeallocAck {
                 dst_cep, src_cep, ..
             } => {
@@ -114,18 +117,36 @@ impl FlowAllocator {
             .is_some_and(|ep| ep.remote_addr == from && ep.remote_cep == remote_cep)
     }
 
-    /// The peer deleted our flow object `dst_cep`: close the flow, and
-    /// acknowledge whether or not it was still here (the acknowledgement of
-    /// an earlier copy may have been lost).
-    fn on_dealloc(&mut self, cx: &Ctx, from: Address, dst_cep: CepId, src_cep: CepId) {
+    /// The peer deleted our flow object `dst_cep`: close the flow, once
+    /// its data PDUs up to `last_seq` have come (the DEALLOC may overtake
+    /// them: management PDUs go first in every RMT), and acknowledge
+    /// whether or not it was still here (the acknowledgement of an earlier
+    /// copy may have been lost).
+    fn on_dealloc(
+        &mut self,
+        cx: &Ctx,
+        from: Address,
+        (dst_cep, src_cep): (CepId, CepId),
+        last_seq: Option<u64>,
+    ) {
         let ours = cx
             .at_cep(dst_cep)
             .filter(|&id| Self::is_flow_to(cx, id, from, src_cep));
         match ours {
             Some(flow) => {
-                self.out.push_back(FaOut::Close { flow });
-                self.out
-                    .push_back(FaOut::Report(Box::new(Action::Deallocated { flow })));
+                let waiting = last_seq.filter(|&s| {
+                    cx.flows
+                        .get(&flow)
+                        .is_some_and(|f| !f.efcp.received_through(s))
+                });
+                match waiting {
+                    Some(last_seq) => self.out.push_back(FaOut::CloseAfter { flow, last_seq }),
+                    None => {
+                        self.out.push_back(FaOut::Close { flow });
+                        self.out
+                            .push_back(FaOut::Report(Box::new(Action::Deallocated { flow })));
+                    }
+                }
             }
             None => self.counters.rx_fa_stale += 1,
         }
@@ -244,7 +265,7 @@ impl FlowAllocator {
             if !known {
                 self.counters.rx_fa_stale += 1;
                 if r.result == FaResult::Accepted && r.src_cep != 0 {
-                    self.send_dealloc(cx, now, r.from, r.src_cep, r.dst_cep);
+                    self.send_dealloc(cx, now, (r.from, r.src_cep, r.dst_cep), None);
                 }
             }
             return;
@@ -266,7 +287,7 @@ impl FlowAllocator {
         }
         if r.max_sdu == 0 || r.src_cep == 0 {
             self.counters.rx_fa_malformed += 1;
-            self.send_dealloc(cx, now, r.from, r.src_cep, a.local_cep);
+            self.send_dealloc(cx, now, (r.from, r.src_cep, a.local_cep), None);
             let why = "the peer accepted with a maximum SDU or CEP-id of 0";
             self.fail(flow, NormalError::Refused(why.into()));
             return;
@@ -299,7 +320,7 @@ impl FlowAllocator {
                 .out
                 .push_back(FaOut::Report(Box::new(Action::Allocated { flow, max_sdu }))),
             Err(e) => {
-                self.send_dealloc(cx, now, ep.remote_addr, ep.remote_cep, ep.local_cep);
+                self.send_dealloc(cx, now, (ep.remote_addr, ep.remote_cep, ep.local_cep), None);
                 self.fail(flow, e);
             }
         }
