@@ -189,6 +189,17 @@ pub fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<Recv> {
     }
 }
 
+/// Makes the last close of the daemon's end of a flow socket `fd` a
+/// plain end of file at the application's: the kernel reports
+/// `ECONNRESET` to the application's next read, ahead of the SDUs still
+/// queued for it, when the end closed had packets left unread. Writes
+/// are shut off first, so that none comes between the drain and the
+/// close.
+pub fn close_quietly(fd: &OwnedFd) {
+    let _ = socket::shutdown(fd.as_raw_fd(), socket::Shutdown::Read);
+    drain(fd.as_raw_fd());
+}
+
 /// Packets [`drain`] reads per call.
 const DRAIN_BATCH: usize = 8;
 

@@ -536,3 +536,43 @@ fn busy_polling_daemons_carry_flows_and_sleep_once_the_window_is_over() {
         "slept after the window: {idle:.2} s of CPU in 1 s"
     );
 }
+
+/// SDUs an application writes just before it closes its shim-udp flow
+/// reach the other end before the end of the flow does, with sockets and
+/// with rings at both ends. Twenty flows a case.
+#[test]
+fn sdus_written_just_before_a_close_reach_the_reader() {
+    let (alpha, beta) = pair(&["late", "late-rings"]);
+    for (rings, late) in [(false, "late"), (true, "late-rings")] {
+        let mut srv = beta.client();
+        srv.set_rings(rings);
+        srv.register(&name(late), None).unwrap();
+        let (tx, accepted) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            while let Ok(Some(req)) = srv.next_request_timeout(T) {
+                if tx.send(srv.accept(&req).unwrap()).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut c = alpha.client();
+        c.set_rings(rings);
+        for round in 0..20 {
+            let flow = c
+                .allocate(&name("early"), &name(late), None, &QosSpec::default())
+                .unwrap();
+            let reader = accepted.recv_timeout(T).unwrap();
+            for i in 0..5u8 {
+                flow.write(&[i; 100]).unwrap();
+            }
+            drop(flow);
+            let mut buf = [0u8; 200];
+            let mut got = Vec::new();
+            while let Ok(Some(n)) = reader.read_timeout(&mut buf, T) {
+                got.push(buf[..n].to_vec());
+            }
+            let want: Vec<Vec<u8>> = (0..5u8).map(|i| vec![i; 100]).collect();
+            assert_eq!(got, want, "rings {rings}, flow {round}");
+        }
+    }
+}

@@ -676,3 +676,35 @@ fn reliable_in_order() -> QosSpec {
         ..Default::default()
     }
 }
+
+/// SDUs an application writes just before it closes its flow reach the
+/// other end before the end of the flow does. The sending daemon reads
+/// what the application left in its ring before it deallocates; the
+/// receiving IPCP, which may take the SDUs and the DEALLOC in one batch,
+/// hands the SDUs out before it closes the flow. Twenty flows a case,
+/// since the two need to arrive together.
+#[test]
+fn sdus_written_just_before_a_close_reach_the_reader() {
+    let (alpha, beta) = pair_with("\"late\" = 2", |cfg| cfg);
+    for (rings, qos, what) in [
+        (false, QosSpec::default(), "socket, unreliable"),
+        (false, reliable_in_order(), "socket, reliable"),
+        (true, QosSpec::default(), "rings, unreliable"),
+        (true, reliable_in_order(), "rings, reliable"),
+    ] {
+        for round in 0..20 {
+            let (flow, late) = early_to_late(&alpha, &beta, rings, &qos);
+            for i in 0..5u8 {
+                flow.write(&[i; 100]).unwrap();
+            }
+            drop(flow);
+            let mut buf = [0u8; 200];
+            let mut got = Vec::new();
+            while let Ok(Some(n)) = late.read_timeout(&mut buf, T) {
+                got.push(buf[..n].to_vec());
+            }
+            let want: Vec<Vec<u8>> = (0..5u8).map(|i| vec![i; 100]).collect();
+            assert_eq!(got, want, "{what}, flow {round}");
+        }
+    }
+}

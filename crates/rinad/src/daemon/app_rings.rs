@@ -219,3 +219,21 @@ impl Held for Sdu {
 pub(super) fn drain_kicks(fd: RawFd) -> bool {
     crate::sys::drain(fd)
 }
+
+/// What a turn that served flow `slot`'s send ring comes to, given
+/// whether its application still holds the flow (`open`): once it has
+/// closed it, the flow closes when its ring is empty and nothing waits to
+/// go (an SDU held for the window keeps it, as a socket's unread SDUs do).
+pub(super) fn closed_once_empty(
+    open: bool,
+    served: super::FlowService,
+    slot: Option<&super::FlowSlot>,
+) -> super::FlowService {
+    use super::FlowService;
+    match served {
+        FlowService::Drained if !open && slot.is_none_or(|s| s.tx_stash.is_none()) => {
+            FlowService::Closed
+        }
+        s => s,
+    }
+}

@@ -908,6 +908,30 @@ impl Daemon {
         self.drain_outputs();
     }
 
+    /// Before flow `port` closes, the SDUs held for its application go
+    /// where it reads, as many as fit (its rings, or its socket), so that
+    /// what the peer sent before it closed is not lost with the flow; the
+    /// application reads them before it learns that the flow closed.
+    /// (Shim-hv flows, whose held SDUs are read from the device's ring,
+    /// keep them until their own service.)
+    fn hand_over_held(&mut self, port: PortId) {
+        let Some(slot) = self.flows.get_mut(&port) else {
+            return;
+        };
+        if slot.rx_pending.is_empty() || matches!(self.ipcps[slot.ipcp].io, Io::Hv(_)) {
+            return;
+        }
+        let Some(r) = slot.rings.as_mut() else {
+            return self.send_held(port);
+        };
+        while let Some(sdu) = slot.rx_pending.front() {
+            if !r.push_sdu(sdu) {
+                break;
+            }
+            slot.rx_pending.pop_front();
+        }
+    }
+
     /// Sends the SDUs held for the application of socket flow `port`, as
     /// many as its socket takes; the flow waits to be writable while
     /// some are left.
@@ -1009,6 +1033,7 @@ impl Daemon {
 
     /// Forgets a flow; `tell_peer` deallocates it in the IPCP too.
     fn close_flow(&mut self, port: PortId, tell_peer: bool) {
+        self.hand_over_held(port);
         let Some(slot) = self.flows.remove(&port) else {
             return;
         };
@@ -1023,6 +1048,7 @@ impl Daemon {
             .registry()
             .deregister(&mut SourceFd(&slot.fd.as_raw_fd()));
         self.taken.remove(&port);
+        sys::close_quietly(&slot.fd);
         if tell_peer {
             info!(port, "flow closed by the application");
             let now = self.now();

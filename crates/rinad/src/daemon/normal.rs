@@ -116,9 +116,10 @@ impl Daemon {
         let Some(slot) = self.flows.get(&port) else {
             return FlowService::Drained;
         };
-        if !super::app_rings::drain_kicks(slot.fd.as_raw_fd()) {
-            return FlowService::Closed;
-        }
+        // An application that closed its flow may have written SDUs into
+        // the ring just before: they go first, and the flow closes once the
+        // ring is empty.
+        let open = super::app_rings::drain_kicks(slot.fd.as_raw_fd());
         let more = if self.rings_flush_rx(port) {
             FlowService::More
         } else {
@@ -185,6 +186,6 @@ impl Daemon {
                 r.took();
             }
         }
-        served
+        super::app_rings::closed_once_empty(open, served, self.flows.get(&port).map(|s| &**s))
     }
 }

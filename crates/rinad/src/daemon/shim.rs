@@ -387,9 +387,8 @@ impl Daemon {
             return FlowService::Drained;
         };
         let i = slot.ipcp;
-        if !super::app_rings::drain_kicks(slot.fd.as_raw_fd()) {
-            return FlowService::Closed;
-        }
+        // SDUs written just before the application closed go first.
+        let open = super::app_rings::drain_kicks(slot.fd.as_raw_fd());
         let mut took = false;
         let served = self.serve_shim_batch(port, |d, room| {
             let Some(r) = d.flows.get_mut(&port).and_then(|s| s.rings.as_mut()) else {
@@ -421,7 +420,7 @@ impl Daemon {
                 r.took();
             }
         }
-        served
+        super::app_rings::closed_once_empty(open, served, self.flows.get(&port).map(|s| &**s))
     }
 
     /// Takes up to [`BUDGET`] SDUs of application flow `port` on a
