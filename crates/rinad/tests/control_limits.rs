@@ -234,3 +234,88 @@ fn a_full_normal_dif_answers_no_resources() {
     drop(beta);
     let _ = accepter.join();
 }
+
+/// Accepts every flow request `c` gets and keeps the flows, until none
+/// comes for a while; returns how each accept went.
+fn accept_all(mut c: Client) -> std::thread::JoinHandle<Vec<rina::Result<rina::Flow>>> {
+    std::thread::spawn(move || {
+        let mut got = Vec::new();
+        while let Ok(Some(req)) = c.next_request_timeout(Duration::from_secs(3)) {
+            got.push(c.accept(&req));
+        }
+        got
+    })
+}
+
+#[test]
+fn a_users_flows_are_limited_and_other_users_still_get_theirs() {
+    let (Some(a), Some(b)) = (test_user("rinatest-a"), test_user("rinatest-b")) else {
+        return;
+    };
+    let limit = "max_flows_per_user = 3";
+    let beta = Daemon::start_system("beta", limit, "127.0.0.1:0", &[]);
+    let addr = beta.udp_addr();
+    let alpha = Daemon::start_system(
+        "alpha",
+        limit,
+        "127.0.0.1:0",
+        &[("echo", addr.clone()), ("echo-a", addr)],
+    );
+    let mut srv = beta.client();
+    srv.register(&name("echo"), None).unwrap();
+    let srv = accept_all(srv);
+    let connect = |u, d: &Daemon| {
+        let path = d.socket.clone();
+        as_user(u, move || Client::connect_to(path).unwrap())
+    };
+    let allocate =
+        |c: &mut Client, to: &str| c.allocate(&name("app"), &name(to), None, &QosSpec::default());
+
+    // a holds its three flows; the fourth is refused, and says why.
+    let mut ca = connect(a, &alpha);
+    let mut held: Vec<rina::Flow> = (0..3).map(|_| allocate(&mut ca, "echo").unwrap()).collect();
+    let e = allocate(&mut ca, "echo").unwrap_err();
+    assert_eq!(e.kind, ErrorKind::NoResources, "{e}");
+    assert!(
+        e.message.contains("max_flows_per_user")
+            && e.message.contains("3 flows")
+            && e.message.contains(&a.uid.to_string()),
+        "{e}"
+    );
+    // Another connection of a is the same user: refused as well.
+    let e = allocate(&mut connect(a, &alpha), "echo").unwrap_err();
+    assert_eq!(e.kind, ErrorKind::NoResources, "{e}");
+    // b and root, an administrator, are served (root beyond the limit).
+    let _fb = allocate(&mut connect(b, &alpha), "echo").expect("b allocates");
+    let mut root = alpha.client();
+    let _fr: Vec<rina::Flow> = (0..4)
+        .map(|_| allocate(&mut root, "echo").unwrap())
+        .collect();
+    // a closes a flow: it may have another.
+    drop(held.pop());
+    wait_for("a to be allowed a flow again", T, || {
+        allocate(&mut ca, "echo").map(|f| held.push(f)).is_ok()
+    });
+
+    // Accepting takes a flow too: a accepts at beta, three and no more;
+    // the requester is told why.
+    let mut ca_beta = connect(a, &beta);
+    ca_beta.register(&name("echo-a"), None).unwrap();
+    let acceptor = accept_all(ca_beta);
+    let _ok: Vec<rina::Flow> = (0..3)
+        .map(|_| allocate(&mut root, "echo-a").unwrap())
+        .collect();
+    let e = allocate(&mut root, "echo-a").unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Refused, "{e}");
+    assert!(e.message.contains("max_flows_per_user"), "{e}");
+    drop((alpha, beta));
+    let accepts = acceptor.join().unwrap();
+    assert_eq!(accepts.iter().filter(|r| r.is_ok()).count(), 3);
+    let refused = accepts
+        .iter()
+        .find_map(|r| r.as_ref().err())
+        .expect("a refusal");
+    assert_eq!(refused.kind, ErrorKind::NoResources, "{refused}");
+    assert!(refused.message.contains("max_flows_per_user"), "{refused}");
+    let _ = srv.join();
+}

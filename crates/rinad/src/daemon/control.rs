@@ -298,6 +298,7 @@ impl Daemon {
                 let pa = PendingAlloc {
                     ipcp: 0,
                     conn,
+                    uid: self.conn_uid(conn),
                     id,
                     local,
                     remote,
@@ -551,6 +552,7 @@ impl Daemon {
     ) -> Result<(), CtlError> {
         check_qos(&pa.qos)?;
         self.check_local_name(pa.conn, &pa.local)?;
+        self.may_open_flow(pa.conn).map_err(|r| r.error())?;
         let remote = pa.remote.clone();
         let candidates = self.ipcps_in(dif.as_deref())?;
         let i = candidates
@@ -583,6 +585,7 @@ impl Daemon {
         pa.direct_sock = sock;
         info!(port, local = %pa.local, %remote, ipcp = %self.ipcps[i].name, "allocating");
         pa.ipcp = i;
+        self.access.charge(pa.uid);
         self.allocs.insert(port, pa);
         Ok(())
     }
@@ -597,12 +600,19 @@ impl Daemon {
         // Where the requester's socket is, if it offered a direct flow.
         let offered = self.sys.offered_direct(handle);
         let inc = self.take_incoming(conn, handle)?;
-        // The descriptors first: without them the flow is refused, with the
+        // The user's share first: over it the flow is refused, with the reason.
+        if let Err(r) = self.may_open_flow(conn) {
+            let e = r.error();
+            let now = self.now();
+            let _ = self.sys.refuse(now, handle, &e.message);
+            return Err(e);
+        }
+        // The descriptors next: without them the flow is refused, with the
         // reason, instead of accepted and then closed at once.
         let pair = match new_flow_pair(&self.system) {
             Ok(p) => p,
             Err(e) => {
-                warn!(remote = %inc.remote, error = %e, "refusing a flow: no descriptor");
+                self.warn_no_descriptor("refusing a flow", &e);
                 let now = self.now();
                 let _ = self.sys.refuse(now, handle, &e.message);
                 return Err(e);

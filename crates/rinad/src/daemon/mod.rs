@@ -171,6 +171,8 @@ struct PendingAlloc {
     /// The IPCP that allocates it (set when the allocation starts).
     ipcp: usize,
     conn: usize,
+    /// The user of `conn`, charged for the flow ([`access`]).
+    uid: u32,
     id: u64,
     local: AppName,
     remote: AppName,
@@ -335,6 +337,8 @@ impl Daemon {
         // instead of losing SDUs in the daemon.
         sys.set_credit_on_read(true);
         let fds = sys::raise_fd_limit();
+        let mut access = access;
+        access.set_fd_limit(&cfg.system, fds);
         info!(system = %cfg.system.name, socket = %socket_path.display(), ipcps = ipcps.len(), fd_limit = fds, busy_poll_us = cfg.system.busy_poll().map_or(0, |d| d.as_micros() as u64), "rinad ready");
         let mut d = Daemon {
             system: cfg.system.name.clone(),
@@ -703,6 +707,7 @@ impl Daemon {
             AppEvent::Allocated { port, max_sdu } => self.allocated(port, max_sdu),
             AppEvent::AllocateFailed { port, error } => {
                 if let Some(pa) = self.allocs.remove(&port) {
+                    self.access.discharge(pa.uid);
                     info!(port, %error, "allocation failed");
                     self.reply(pa.conn, pa.id, Err(ipcp::flow_error(error)), None);
                 }
@@ -749,6 +754,7 @@ impl Daemon {
             self.sys.close(now, port);
             return;
         };
+        self.access.discharge(pa.uid);
         // The flow may be gone already (the peer deallocated it in the same
         // batch): the application gets it, then its end of file.
         let i = pa.ipcp;
@@ -790,6 +796,7 @@ impl Daemon {
                     );
                 }
                 Err(e) => {
+                    self.warn_no_descriptor("a direct flow allocated", &e);
                     self.sys.close(now, port);
                     self.reply(pa.conn, pa.id, Err(e), None);
                 }
@@ -802,6 +809,7 @@ impl Daemon {
                 self.reply(pa.conn, pa.id, Ok(Reply::Flow(info)), Some(app_end));
             }
             Err(e) => {
+                self.warn_no_descriptor("a flow allocated", &e);
                 self.sys.close(now, port);
                 self.reply(pa.conn, pa.id, Err(e), None);
             }
@@ -983,6 +991,8 @@ impl Daemon {
         } else {
             None
         };
+        let uid = self.conn_uid(owner);
+        self.access.charge(uid);
         self.flows.insert(
             port,
             Box::new(FlowSlot {
@@ -990,7 +1000,7 @@ impl Daemon {
                 fd: ours,
                 info: info.clone(),
                 owner,
-                uid: self.conn_uid(owner),
+                uid,
                 queued: false,
                 rings: rings.map(Box::new),
                 rx_pending: VecDeque::new(),
@@ -1012,6 +1022,7 @@ impl Daemon {
         let Some(slot) = self.flows.remove(&port) else {
             return;
         };
+        self.access.discharge(slot.uid);
         if let Some(d) = &slot.direct {
             direct::shut_direct(d);
         }
