@@ -319,3 +319,89 @@ fn a_users_flows_are_limited_and_other_users_still_get_theirs() {
     assert!(refused.message.contains("max_flows_per_user"), "{refused}");
     let _ = srv.join();
 }
+
+/// The resident memory of process `pid`, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmRSS");
+    kb << 10
+}
+
+/// Sends `n` requests for the list of names on `c` (they fit its buffer).
+fn ask_names(c: &OwnedFd, n: u64) {
+    use nix::sys::socket::{send, MsgFlags};
+    for id in 1..=n {
+        let req = format!(r#"{{"id":{id},"op":"list_names"}}"#);
+        send(c.as_raw_fd(), req.as_bytes(), MsgFlags::MSG_DONTWAIT).unwrap();
+    }
+}
+
+/// Bytes `c` sent that its peer has not read yet (`SIOCOUTQ`).
+fn unread_by_peer(c: &OwnedFd) -> i32 {
+    let mut n: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ writes one int.
+    let rc = unsafe { libc::ioctl(c.as_raw_fd(), libc::TIOCOUTQ, &mut n) };
+    assert_eq!(rc, 0, "SIOCOUTQ: {}", std::io::Error::last_os_error());
+    n
+}
+
+#[test]
+fn a_client_that_does_not_read_its_answers_is_not_read_either() {
+    let d = Daemon::start("deaf", &[]);
+    // 256 long names: a page of the listing is 64 KiB.
+    let mut holder = d.client();
+    for i in 0..256 {
+        let n = format!("{i:03}-{}", "n".repeat(200));
+        holder.register(&name(&n), None).unwrap();
+    }
+    let before = rss(d.child.id());
+    // 12 connections ask for 120 pages each and read none.
+    const ASKED: u64 = 120;
+    let deaf: Vec<(OwnedFd, u64)> = (0..12)
+        .map(|_| {
+            let c = raw_conn(&d);
+            ask_names(&c, ASKED);
+            (c, ASKED)
+        })
+        .collect();
+    // Each round trip of another client is a turn of the daemon's loop,
+    // which reads up to 64 requests of each connection: after 20, it read
+    // all it was going to.
+    for _ in 0..20 {
+        assert!(holder.list_difs().is_ok(), "others are served");
+    }
+    // It stopped reading each of them after a few answers, and holds
+    // little for them (it held all 7.5 MB of answers of each).
+    for (c, _) in &deaf {
+        assert!(unread_by_peer(c) > 0, "the daemon read every request");
+    }
+    let grown = rss(d.child.id()).saturating_sub(before);
+    assert!(grown < 32 << 20, "the daemon grew by {grown} bytes");
+    // A client that reads at last gets every answer, in order.
+    let mut buf = vec![0u8; ctl::MAX_CTL_MSG];
+    for (c, sent) in &deaf {
+        for id in 1..=*sent {
+            assert!(readable(c, T), "answer {id} of {sent} never came");
+            let n = nix::sys::socket::recv(
+                c.as_raw_fd(),
+                &mut buf,
+                nix::sys::socket::MsgFlags::empty(),
+            )
+            .unwrap();
+            match ctl::decode::<Message>(&buf[..n]) {
+                Ok(Message::Reply {
+                    id: got,
+                    result: Ok(rina_wire::ctl::Reply::Names { names, .. }),
+                }) => assert!(
+                    got == id && !names.is_empty(),
+                    "answer {got}, expected {id}"
+                ),
+                other => panic!("answer {id}: {other:?}"),
+            }
+        }
+    }
+}

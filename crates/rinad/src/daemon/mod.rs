@@ -27,9 +27,11 @@
 //! socket buffers) and the N-1 ports over it hold their PDUs in the RMT
 //! above, where the scheduling policy decides. An SDU a normal flow cannot
 //! take waits in the daemon until the system says the flow is writable.
-//! Nothing waits unbounded: a control client that does not read its
-//! replies is disconnected once [`CONN_QUEUE_MAX`] messages are queued for
-//! it.
+//! Nothing waits unbounded: a control client's requests are not read
+//! while more than [`CONN_REPLIES_MAX`] answers or [`CONN_REPLY_BYTES`] wait
+//! for it to read them, and a client whose queue still reaches
+//! [`CONN_QUEUE_MAX`] messages (events, answers of operations under way)
+//! is disconnected.
 
 mod access;
 mod app_rings;
@@ -80,7 +82,14 @@ pub const BUDGET: usize = 64;
 /// put more into the RMT's queue in a turn than it sends, and overflow it
 /// on its own (64 SDUs of 64 KiB were 2,900 PDUs in a turn).
 pub const BUDGET_BYTES: usize = 256 << 10;
-/// Messages queued for a control client before it is disconnected.
+/// Answers queued for a control client above which its requests are left
+/// unread until it reads them (back-pressure; events do not count).
+pub const CONN_REPLIES_MAX: usize = 16;
+/// Bytes of answers queued for a control client above which its requests
+/// are left unread.
+pub const CONN_REPLY_BYTES: usize = 256 << 10;
+/// Messages queued for a control client before it is disconnected (a last
+/// resort: events and answers to requests still under way).
 pub const CONN_QUEUE_MAX: usize = 1024;
 /// Bytes queued for a control client before it is disconnected.
 pub const CONN_QUEUE_BYTES: usize = 16 << 20;
@@ -152,8 +161,15 @@ struct FlowSlot {
 /// A control connection.
 struct Conn {
     fd: OwnedFd,
-    out: VecDeque<(Vec<u8>, Vec<OwnedFd>)>,
+    /// Messages waiting for the client to read: bytes, descriptors, and
+    /// whether it answers a request (a reply or progress; else an event).
+    out: VecDeque<(Vec<u8>, Vec<OwnedFd>, bool)>,
     out_bytes: usize,
+    /// Of `out`, the answers to requests and their bytes: while they are
+    /// over [`CONN_REPLIES_MAX`] or [`CONN_REPLY_BYTES`], the client's
+    /// requests are not read.
+    replies: usize,
+    reply_bytes: usize,
     names: Vec<(usize, AppName)>,
     /// Who connected.
     cred: sys::PeerCred,
