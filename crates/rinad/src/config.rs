@@ -13,6 +13,8 @@
 //! # socket_mode = 0o660           # default 0o666 (requests are checked per user)
 //! # socket_group = "rina"         # group of the socket
 //! # max_conns_per_user = 128      # control connections of one non-administrator
+//! # max_flows_per_user = 5000     # flows (open or being allocated) of one non-administrator;
+//!                                 # default: a quarter of the daemon's descriptor limit
 //! # idle_timeout_ms = 60000       # close connections that hold nothing and say nothing
 //! # busy_poll_us = 2000           # keep polling (yielding the core) this long after the
 //!                                 # last event before sleeping: lower latency, more CPU
@@ -204,6 +206,10 @@ pub struct System {
     /// Control connections one user who is not an administrator may hold
     /// open at once (default [`DEFAULT_CONNS_PER_USER`]).
     pub max_conns_per_user: Option<Spanned<usize>>,
+    /// Flows one user who is not an administrator may hold at once, open
+    /// or being allocated or accepted (default: a quarter of the daemon's
+    /// descriptor limit, [`DEFAULT_FLOWS_SHARE`]).
+    pub max_flows_per_user: Option<Spanned<usize>>,
     /// A control connection that holds nothing (no registered name, no
     /// flow, no request in progress) and sends nothing for this long is
     /// closed, in milliseconds (default [`DEFAULT_IDLE_TIMEOUT_MS`]).
@@ -218,6 +224,10 @@ pub struct System {
 
 /// Default of `max_conns_per_user`.
 pub const DEFAULT_CONNS_PER_USER: usize = 128;
+/// Default of `max_flows_per_user`: this share of the daemon's descriptor
+/// limit (one descriptor per flow), so that one user leaves most of them
+/// to the others.
+pub const DEFAULT_FLOWS_SHARE: u64 = 4;
 /// Default of `idle_timeout_ms`.
 pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 60_000;
 /// Largest `busy_poll_us`: a second of polling after the last event.
@@ -269,6 +279,15 @@ impl System {
         self.max_conns_per_user
             .as_ref()
             .map_or(DEFAULT_CONNS_PER_USER, |m| *m.get_ref())
+    }
+
+    /// Flows per non-administrator user, given the daemon's descriptor
+    /// limit `fd_limit`.
+    pub fn flows_per_user(&self, fd_limit: u64) -> usize {
+        self.max_flows_per_user.as_ref().map_or_else(
+            || usize::try_from(fd_limit / DEFAULT_FLOWS_SHARE).unwrap_or(usize::MAX),
+            |m| *m.get_ref(),
+        )
     }
 
     /// How long the daemon keeps polling after its last event, if at all.
@@ -785,6 +804,12 @@ impl Config {
             if *m.get_ref() == 0 {
                 let e = "must be at least 1".to_string();
                 return Err(invalid(m.span(), "system.max_conns_per_user".into(), e));
+            }
+        }
+        if let Some(m) = &cfg.system.max_flows_per_user {
+            if *m.get_ref() == 0 {
+                let e = "must be at least 1".to_string();
+                return Err(invalid(m.span(), "system.max_flows_per_user".into(), e));
             }
         }
         if let Some(m) = &cfg.system.idle_timeout_ms {
@@ -1617,6 +1642,7 @@ address = 2
             ("socket_mode = \"rw\"", "system.socket_mode"),
             ("socket_mode = 0o7777", "system.socket_mode"),
             ("max_conns_per_user = 0", "system.max_conns_per_user"),
+            ("max_flows_per_user = 0", "system.max_flows_per_user"),
             ("idle_timeout_ms = 0", "system.idle_timeout_ms"),
             ("busy_poll_us = 1000001", "system.busy_poll_us"),
         ] {

@@ -234,3 +234,174 @@ fn a_full_normal_dif_answers_no_resources() {
     drop(beta);
     let _ = accepter.join();
 }
+
+/// Accepts every flow request `c` gets and keeps the flows, until none
+/// comes for a while; returns how each accept went.
+fn accept_all(mut c: Client) -> std::thread::JoinHandle<Vec<rina::Result<rina::Flow>>> {
+    std::thread::spawn(move || {
+        let mut got = Vec::new();
+        while let Ok(Some(req)) = c.next_request_timeout(Duration::from_secs(3)) {
+            got.push(c.accept(&req));
+        }
+        got
+    })
+}
+
+#[test]
+fn a_users_flows_are_limited_and_other_users_still_get_theirs() {
+    let (Some(a), Some(b)) = (test_user("rinatest-a"), test_user("rinatest-b")) else {
+        return;
+    };
+    let limit = "max_flows_per_user = 3";
+    let beta = Daemon::start_system("beta", limit, "127.0.0.1:0", &[]);
+    let addr = beta.udp_addr();
+    let alpha = Daemon::start_system(
+        "alpha",
+        limit,
+        "127.0.0.1:0",
+        &[("echo", addr.clone()), ("echo-a", addr)],
+    );
+    let mut srv = beta.client();
+    srv.register(&name("echo"), None).unwrap();
+    let srv = accept_all(srv);
+    let connect = |u, d: &Daemon| {
+        let path = d.socket.clone();
+        as_user(u, move || Client::connect_to(path).unwrap())
+    };
+    let allocate =
+        |c: &mut Client, to: &str| c.allocate(&name("app"), &name(to), None, &QosSpec::default());
+
+    // a holds its three flows; the fourth is refused, and says why.
+    let mut ca = connect(a, &alpha);
+    let mut held: Vec<rina::Flow> = (0..3).map(|_| allocate(&mut ca, "echo").unwrap()).collect();
+    let e = allocate(&mut ca, "echo").unwrap_err();
+    assert_eq!(e.kind, ErrorKind::NoResources, "{e}");
+    assert!(
+        e.message.contains("max_flows_per_user")
+            && e.message.contains("3 flows")
+            && e.message.contains(&a.uid.to_string()),
+        "{e}"
+    );
+    // Another connection of a is the same user: refused as well.
+    let e = allocate(&mut connect(a, &alpha), "echo").unwrap_err();
+    assert_eq!(e.kind, ErrorKind::NoResources, "{e}");
+    // b and root, an administrator, are served (root beyond the limit).
+    let _fb = allocate(&mut connect(b, &alpha), "echo").expect("b allocates");
+    let mut root = alpha.client();
+    let _fr: Vec<rina::Flow> = (0..4)
+        .map(|_| allocate(&mut root, "echo").unwrap())
+        .collect();
+    // a closes a flow: it may have another.
+    drop(held.pop());
+    wait_for("a to be allowed a flow again", T, || {
+        allocate(&mut ca, "echo").map(|f| held.push(f)).is_ok()
+    });
+
+    // Accepting takes a flow too: a accepts at beta, three and no more;
+    // the requester is told why.
+    let mut ca_beta = connect(a, &beta);
+    ca_beta.register(&name("echo-a"), None).unwrap();
+    let acceptor = accept_all(ca_beta);
+    let _ok: Vec<rina::Flow> = (0..3)
+        .map(|_| allocate(&mut root, "echo-a").unwrap())
+        .collect();
+    let e = allocate(&mut root, "echo-a").unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Refused, "{e}");
+    assert!(e.message.contains("max_flows_per_user"), "{e}");
+    drop((alpha, beta));
+    let accepts = acceptor.join().unwrap();
+    assert_eq!(accepts.iter().filter(|r| r.is_ok()).count(), 3);
+    let refused = accepts
+        .iter()
+        .find_map(|r| r.as_ref().err())
+        .expect("a refusal");
+    assert_eq!(refused.kind, ErrorKind::NoResources, "{refused}");
+    assert!(refused.message.contains("max_flows_per_user"), "{refused}");
+    let _ = srv.join();
+}
+
+/// The resident memory of process `pid`, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmRSS");
+    kb << 10
+}
+
+/// Sends `n` requests for the list of names on `c` (they fit its buffer).
+fn ask_names(c: &OwnedFd, n: u64) {
+    use nix::sys::socket::{send, MsgFlags};
+    for id in 1..=n {
+        let req = format!(r#"{{"id":{id},"op":"list_names"}}"#);
+        send(c.as_raw_fd(), req.as_bytes(), MsgFlags::MSG_DONTWAIT).unwrap();
+    }
+}
+
+/// Bytes `c` sent that its peer has not read yet (`SIOCOUTQ`).
+fn unread_by_peer(c: &OwnedFd) -> i32 {
+    let mut n: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ writes one int.
+    let rc = unsafe { libc::ioctl(c.as_raw_fd(), libc::TIOCOUTQ, &mut n) };
+    assert_eq!(rc, 0, "SIOCOUTQ: {}", std::io::Error::last_os_error());
+    n
+}
+
+#[test]
+fn a_client_that_does_not_read_its_answers_is_not_read_either() {
+    let d = Daemon::start("deaf", &[]);
+    // 256 long names: a page of the listing is 64 KiB.
+    let mut holder = d.client();
+    for i in 0..256 {
+        let n = format!("{i:03}-{}", "n".repeat(200));
+        holder.register(&name(&n), None).unwrap();
+    }
+    let before = rss(d.child.id());
+    // 12 connections ask for 120 pages each and read none.
+    const ASKED: u64 = 120;
+    let deaf: Vec<(OwnedFd, u64)> = (0..12)
+        .map(|_| {
+            let c = raw_conn(&d);
+            ask_names(&c, ASKED);
+            (c, ASKED)
+        })
+        .collect();
+    // Each round trip of another client is a turn of the daemon's loop,
+    // which reads up to 64 requests of each connection: after 20, it read
+    // all it was going to.
+    for _ in 0..20 {
+        assert!(holder.list_difs().is_ok(), "others are served");
+    }
+    // It stopped reading each of them after a few answers, and holds
+    // little for them (it held all 7.5 MB of answers of each).
+    for (c, _) in &deaf {
+        assert!(unread_by_peer(c) > 0, "the daemon read every request");
+    }
+    let grown = rss(d.child.id()).saturating_sub(before);
+    assert!(grown < 32 << 20, "the daemon grew by {grown} bytes");
+    // A client that reads at last gets every answer, in order.
+    let mut buf = vec![0u8; ctl::MAX_CTL_MSG];
+    for (c, sent) in &deaf {
+        for id in 1..=*sent {
+            assert!(readable(c, T), "answer {id} of {sent} never came");
+            let n = nix::sys::socket::recv(
+                c.as_raw_fd(),
+                &mut buf,
+                nix::sys::socket::MsgFlags::empty(),
+            )
+            .unwrap();
+            match ctl::decode::<Message>(&buf[..n]) {
+                Ok(Message::Reply {
+                    id: got,
+                    result: Ok(rina_wire::ctl::Reply::Names { names, .. }),
+                }) => assert!(
+                    got == id && !names.is_empty(),
+                    "answer {got}, expected {id}"
+                ),
+                other => panic!("answer {id}: {other:?}"),
+            }
+        }
+    }
+}

@@ -14,6 +14,14 @@
 //! daemon's [`MAX_CONNS`] are kept for administrators; a connection that
 //! holds nothing (no name, no flow, no request in progress) and says
 //! nothing for `idle_timeout_ms` is closed.
+//!
+//! Flows: every flow costs the daemon a descriptor, so a user who is not an
+//! administrator may hold `max_flows_per_user` flows (open, or being
+//! allocated or accepted; default a quarter of the daemon's descriptor
+//! limit), and none once fewer than [`fd_reserve`] descriptors are left:
+//! those are kept for administrators and the daemon's own N-1 flows. A
+//! descriptor that cannot be made is logged at most once a second, with the
+//! count of those not logged ([`Throttle`]).
 
 use super::*;
 use crate::sys::PeerCred;
@@ -34,6 +42,86 @@ pub(super) struct Access {
     pub per_user: usize,
     /// Idle timeout of connections that hold nothing.
     pub idle: Duration,
+    /// The daemon's descriptor limit (`RLIMIT_NOFILE`).
+    fd_limit: usize,
+    /// Flows (open or in progress) per non-administrator.
+    flows_per_user: usize,
+    /// The `max_flows_per_user` key was set (else the default applies).
+    flows_configured: bool,
+    /// Flows (open or in progress) per user, administrators included.
+    held: HashMap<u32, usize>,
+    /// Warnings that a descriptor could not be made.
+    pub no_fd: Throttle,
+}
+
+/// Descriptors users who are not administrators leave free, of a daemon
+/// whose limit is `fd_limit`: an eighth, at least 64, at most 4,096.
+pub(super) fn fd_reserve(fd_limit: usize) -> usize {
+    (fd_limit / 8).clamp(64, 4096)
+}
+
+/// Descriptors the daemon holds besides flows and connections (listener,
+/// poller, signal pipes, logs, media), counted generously.
+const FD_BASE: usize = 32;
+
+/// A warning that may come once per flow, logged at most once per
+/// [`Throttle::EVERY`] with the count of those left out.
+#[derive(Default)]
+pub(super) struct Throttle {
+    /// When a line was last logged.
+    last: Option<Instant>,
+    /// Occurrences since then, not logged.
+    skipped: u64,
+}
+
+impl Throttle {
+    /// Least time between two lines.
+    pub const EVERY: Duration = Duration::from_secs(1);
+
+    /// One more occurrence at `now`: `Some(n)` if it is to be logged, `n`
+    /// being how many were left out before it.
+    pub fn hit(&mut self, now: Instant) -> Option<u64> {
+        match self.last {
+            Some(t) if now.saturating_since(t) < Self::EVERY => {
+                self.skipped += 1;
+                None
+            }
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.skipped))
+            }
+        }
+    }
+}
+
+/// Why a flow was not given to a user.
+#[derive(Debug)]
+pub(super) enum FlowRefusal {
+    /// The user holds `max_flows_per_user` flows already.
+    UserLimit {
+        uid: u32,
+        limit: usize,
+        configured: bool,
+    },
+    /// Too few of the daemon's descriptors are left for users who are not
+    /// administrators.
+    Reserve { left: usize, fd_limit: usize },
+}
+
+impl FlowRefusal {
+    /// The error the client gets.
+    pub(super) fn error(&self) -> CtlError {
+        let m = match self {
+            FlowRefusal::UserLimit { uid, limit, configured } => format!(
+                "user {uid} already holds {limit} flows (open or being allocated), the most one user may (max_flows_per_user{}); close some",
+                if *configured { "" } else { ", by default a quarter of the daemon's descriptor limit" }
+            ),
+            FlowRefusal::Reserve { left, fd_limit } => format!(
+                "the daemon has about {left} of its {fd_limit} descriptors left, kept for administrators and its own N-1 flows"
+            ),
+        };
+        CtlError::new(ErrorKind::NoResources, m)
+    }
 }
 
 /// Why a connection was not taken.
@@ -77,7 +165,34 @@ impl Access {
             admin_uids,
             per_user: sys.conns_per_user(),
             idle: sys.idle_timeout(),
+            fd_limit: usize::MAX,
+            flows_per_user: sys.flows_per_user(u64::MAX),
+            flows_configured: sys.max_flows_per_user.is_some(),
+            held: HashMap::new(),
+            no_fd: Throttle::default(),
         })
+    }
+
+    /// The daemon's descriptor limit is `fd_limit`: the default number of
+    /// flows per user follows from it.
+    pub(super) fn set_fd_limit(&mut self, sys: &crate::config::System, fd_limit: u64) {
+        self.fd_limit = usize::try_from(fd_limit).unwrap_or(usize::MAX);
+        self.flows_per_user = sys.flows_per_user(fd_limit);
+    }
+
+    /// User `uid` holds one more flow (open or in progress).
+    pub(super) fn charge(&mut self, uid: u32) {
+        *self.held.entry(uid).or_default() += 1;
+    }
+
+    /// User `uid` holds one flow less.
+    pub(super) fn discharge(&mut self, uid: u32) {
+        if let std::collections::hash_map::Entry::Occupied(mut e) = self.held.entry(uid) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
     }
 
     /// Whether the peer with credentials `c` is an administrator.
@@ -113,6 +228,51 @@ impl Daemon {
             });
         }
         Ok(())
+    }
+
+    /// Whether connection `conn` may start one more flow (allocate or
+    /// accept): always for an administrator, else within its user's share
+    /// and the descriptors left to users.
+    pub(super) fn may_open_flow(&self, conn: usize) -> Result<(), FlowRefusal> {
+        let Some(c) = self.conns.get(&conn) else {
+            return Ok(());
+        };
+        if c.admin {
+            return Ok(());
+        }
+        let a = &self.access;
+        let uid = c.cred.uid;
+        if a.held.get(&uid).copied().unwrap_or(0) >= a.flows_per_user {
+            return Err(FlowRefusal::UserLimit {
+                uid,
+                limit: a.flows_per_user,
+                configured: a.flows_configured,
+            });
+        }
+        // Two descriptors while a flow is made, one while it is open.
+        let in_use = FD_BASE
+            + self.ipcps.len()
+            + self.conns.len()
+            + self.flows.len()
+            + self.allocs.len()
+            + 2;
+        let left = a.fd_limit.saturating_sub(in_use);
+        if left < fd_reserve(a.fd_limit) {
+            return Err(FlowRefusal::Reserve {
+                left,
+                fd_limit: a.fd_limit,
+            });
+        }
+        Ok(())
+    }
+
+    /// Logs, at most once a second, that a descriptor for a flow could not
+    /// be made (`what` of it), with how many such lines were left out.
+    pub(super) fn warn_no_descriptor(&mut self, what: &str, error: &CtlError) {
+        let now = self.now();
+        if let Some(skipped) = self.access.no_fd.hit(now) {
+            warn!(error = %error.message, more_not_logged = skipped, "{what}: no descriptor");
+        }
     }
 
     /// Whether connection `conn` is an administrator's.
@@ -164,5 +324,31 @@ impl Daemon {
             }
         }
         now + (idle / 4).max(Duration::from_millis(10))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_throttled_warning_comes_once_a_second_with_the_count_left_out() {
+        let mut t = Throttle::default();
+        let at = |ms: u64| Instant::from_nanos(ms * 1_000_000);
+        assert_eq!(t.hit(at(5)), Some(0));
+        for ms in 6..1000 {
+            assert_eq!(t.hit(at(ms)), None);
+        }
+        assert_eq!(t.hit(at(1005)), Some(994));
+        assert_eq!(t.hit(at(1006)), None);
+        assert_eq!(t.hit(at(3000)), Some(1));
+    }
+
+    #[test]
+    fn the_descriptor_reserve_is_an_eighth_within_bounds() {
+        assert_eq!(fd_reserve(20_000), 2_500);
+        assert_eq!(fd_reserve(1_024), 128);
+        assert_eq!(fd_reserve(100), 64);
+        assert_eq!(fd_reserve(1 << 20), 4_096);
     }
 }

@@ -85,6 +85,8 @@ impl Daemon {
                             fd,
                             out: VecDeque::new(),
                             out_bytes: 0,
+                            replies: 0,
+                            reply_bytes: 0,
                             names: Vec::new(),
                             cred,
                             admin,
@@ -111,6 +113,11 @@ impl Daemon {
             let Some(conn) = self.conns.get_mut(&id) else {
                 return;
             };
+            // Back-pressure: a client that does not read its answers is not
+            // read either; flush_conn reads again once they went out.
+            if conn.backlogged() {
+                return;
+            }
             conn.last_seen = now;
             let fd = conn.fd.as_raw_fd();
             let mut buf = std::mem::take(&mut self.ctl_buf);
@@ -212,6 +219,7 @@ impl Daemon {
             return;
         };
         let mut bytes = ctl::encode(msg);
+        let answer = !matches!(msg, Message::FlowRequest(_));
         if conn.out.is_empty() {
             let raw: Vec<std::os::fd::RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
             match sys::send_fds(conn.fd.as_raw_fd(), &bytes, &raw) {
@@ -235,7 +243,11 @@ impl Daemon {
             return;
         }
         conn.out_bytes += bytes.len();
-        conn.out.push_back((bytes, fds));
+        if answer {
+            conn.replies += 1;
+            conn.reply_bytes += bytes.len();
+        }
+        conn.out.push_back((bytes, fds, answer));
         let _ = self.poll.registry().reregister(
             &mut SourceFd(&conn.fd.as_raw_fd()),
             token(T_CONN, id),
@@ -247,11 +259,16 @@ impl Daemon {
         let Some(conn) = self.conns.get_mut(&id) else {
             return;
         };
-        while let Some((bytes, fds)) = conn.out.front() {
+        let was_backlogged = conn.backlogged();
+        while let Some((bytes, fds, answer)) = conn.out.front() {
             let raw: Vec<std::os::fd::RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
             match sys::send_fds(conn.fd.as_raw_fd(), bytes, &raw) {
                 Ok(Sent::Done) => {
                     conn.out_bytes -= bytes.len();
+                    if *answer {
+                        conn.replies -= 1;
+                        conn.reply_bytes -= bytes.len();
+                    }
                     conn.out.pop_front();
                 }
                 Ok(Sent::TooBig) => {
@@ -262,11 +279,20 @@ impl Daemon {
                         Err(_) => Vec::new(),
                     };
                     conn.out_bytes = conn.out_bytes - n + err.len();
+                    if *answer {
+                        conn.reply_bytes = conn.reply_bytes - n + err.len();
+                    }
                     if let Some(front) = conn.out.front_mut() {
-                        *front = (err, Vec::new());
+                        *front = (err, Vec::new(), front.2);
                     }
                 }
-                Ok(Sent::WouldBlock) => return,
+                Ok(Sent::WouldBlock) => {
+                    // Answers went out: the requests left unread are read.
+                    if was_backlogged && !conn.backlogged() {
+                        self.read_conn(id);
+                    }
+                    return;
+                }
                 Ok(Sent::Closed) | Err(_) => {
                     self.closing.push(id);
                     return;
@@ -298,6 +324,7 @@ impl Daemon {
                 let pa = PendingAlloc {
                     ipcp: 0,
                     conn,
+                    uid: self.conn_uid(conn),
                     id,
                     local,
                     remote,
@@ -551,6 +578,7 @@ impl Daemon {
     ) -> Result<(), CtlError> {
         check_qos(&pa.qos)?;
         self.check_local_name(pa.conn, &pa.local)?;
+        self.may_open_flow(pa.conn).map_err(|r| r.error())?;
         let remote = pa.remote.clone();
         let candidates = self.ipcps_in(dif.as_deref())?;
         let i = candidates
@@ -583,6 +611,7 @@ impl Daemon {
         pa.direct_sock = sock;
         info!(port, local = %pa.local, %remote, ipcp = %self.ipcps[i].name, "allocating");
         pa.ipcp = i;
+        self.access.charge(pa.uid);
         self.allocs.insert(port, pa);
         Ok(())
     }
@@ -597,12 +626,19 @@ impl Daemon {
         // Where the requester's socket is, if it offered a direct flow.
         let offered = self.sys.offered_direct(handle);
         let inc = self.take_incoming(conn, handle)?;
-        // The descriptors first: without them the flow is refused, with the
+        // The user's share first: over it the flow is refused, with the reason.
+        if let Err(r) = self.may_open_flow(conn) {
+            let e = r.error();
+            let now = self.now();
+            let _ = self.sys.refuse(now, handle, &e.message);
+            return Err(e);
+        }
+        // The descriptors next: without them the flow is refused, with the
         // reason, instead of accepted and then closed at once.
         let pair = match new_flow_pair(&self.system) {
             Ok(p) => p,
             Err(e) => {
-                warn!(remote = %inc.remote, error = %e, "refusing a flow: no descriptor");
+                self.warn_no_descriptor("refusing a flow", &e);
                 let now = self.now();
                 let _ = self.sys.refuse(now, handle, &e.message);
                 return Err(e);
@@ -937,6 +973,14 @@ impl Daemon {
             flows.push(f);
         }
         Reply::Flows { flows, next }
+    }
+}
+
+impl Conn {
+    /// More answers wait for the client than it may have its requests
+    /// read with ([`CONN_REPLIES_MAX`], [`CONN_REPLY_BYTES`]).
+    fn backlogged(&self) -> bool {
+        self.replies >= CONN_REPLIES_MAX || self.reply_bytes >= CONN_REPLY_BYTES
     }
 }
 

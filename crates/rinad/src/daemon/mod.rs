@@ -27,9 +27,11 @@
 //! socket buffers) and the N-1 ports over it hold their PDUs in the RMT
 //! above, where the scheduling policy decides. An SDU a normal flow cannot
 //! take waits in the daemon until the system says the flow is writable.
-//! Nothing waits unbounded: a control client that does not read its
-//! replies is disconnected once [`CONN_QUEUE_MAX`] messages are queued for
-//! it.
+//! Nothing waits unbounded: a control client's requests are not read
+//! while more than [`CONN_REPLIES_MAX`] answers or [`CONN_REPLY_BYTES`] wait
+//! for it to read them, and a client whose queue still reaches
+//! [`CONN_QUEUE_MAX`] messages (events, answers of operations under way)
+//! is disconnected.
 
 mod access;
 mod app_rings;
@@ -80,7 +82,14 @@ pub const BUDGET: usize = 64;
 /// put more into the RMT's queue in a turn than it sends, and overflow it
 /// on its own (64 SDUs of 64 KiB were 2,900 PDUs in a turn).
 pub const BUDGET_BYTES: usize = 256 << 10;
-/// Messages queued for a control client before it is disconnected.
+/// Answers queued for a control client above which its requests are left
+/// unread until it reads them (back-pressure; events do not count).
+pub const CONN_REPLIES_MAX: usize = 16;
+/// Bytes of answers queued for a control client above which its requests
+/// are left unread.
+pub const CONN_REPLY_BYTES: usize = 256 << 10;
+/// Messages queued for a control client before it is disconnected (a last
+/// resort: events and answers to requests still under way).
 pub const CONN_QUEUE_MAX: usize = 1024;
 /// Bytes queued for a control client before it is disconnected.
 pub const CONN_QUEUE_BYTES: usize = 16 << 20;
@@ -152,8 +161,15 @@ struct FlowSlot {
 /// A control connection.
 struct Conn {
     fd: OwnedFd,
-    out: VecDeque<(Vec<u8>, Vec<OwnedFd>)>,
+    /// Messages waiting for the client to read: bytes, descriptors, and
+    /// whether it answers a request (a reply or progress; else an event).
+    out: VecDeque<(Vec<u8>, Vec<OwnedFd>, bool)>,
     out_bytes: usize,
+    /// Of `out`, the answers to requests and their bytes: while they are
+    /// over [`CONN_REPLIES_MAX`] or [`CONN_REPLY_BYTES`], the client's
+    /// requests are not read.
+    replies: usize,
+    reply_bytes: usize,
     names: Vec<(usize, AppName)>,
     /// Who connected.
     cred: sys::PeerCred,
@@ -171,6 +187,8 @@ struct PendingAlloc {
     /// The IPCP that allocates it (set when the allocation starts).
     ipcp: usize,
     conn: usize,
+    /// The user of `conn`, charged for the flow ([`access`]).
+    uid: u32,
     id: u64,
     local: AppName,
     remote: AppName,
@@ -335,6 +353,8 @@ impl Daemon {
         // instead of losing SDUs in the daemon.
         sys.set_credit_on_read(true);
         let fds = sys::raise_fd_limit();
+        let mut access = access;
+        access.set_fd_limit(&cfg.system, fds);
         info!(system = %cfg.system.name, socket = %socket_path.display(), ipcps = ipcps.len(), fd_limit = fds, busy_poll_us = cfg.system.busy_poll().map_or(0, |d| d.as_micros() as u64), "rinad ready");
         let mut d = Daemon {
             system: cfg.system.name.clone(),
@@ -703,6 +723,7 @@ impl Daemon {
             AppEvent::Allocated { port, max_sdu } => self.allocated(port, max_sdu),
             AppEvent::AllocateFailed { port, error } => {
                 if let Some(pa) = self.allocs.remove(&port) {
+                    self.access.discharge(pa.uid);
                     info!(port, %error, "allocation failed");
                     self.reply(pa.conn, pa.id, Err(ipcp::flow_error(error)), None);
                 }
@@ -749,6 +770,7 @@ impl Daemon {
             self.sys.close(now, port);
             return;
         };
+        self.access.discharge(pa.uid);
         // The flow may be gone already (the peer deallocated it in the same
         // batch): the application gets it, then its end of file.
         let i = pa.ipcp;
@@ -790,6 +812,7 @@ impl Daemon {
                     );
                 }
                 Err(e) => {
+                    self.warn_no_descriptor("a direct flow allocated", &e);
                     self.sys.close(now, port);
                     self.reply(pa.conn, pa.id, Err(e), None);
                 }
@@ -802,6 +825,7 @@ impl Daemon {
                 self.reply(pa.conn, pa.id, Ok(Reply::Flow(info)), Some(app_end));
             }
             Err(e) => {
+                self.warn_no_descriptor("a flow allocated", &e);
                 self.sys.close(now, port);
                 self.reply(pa.conn, pa.id, Err(e), None);
             }
@@ -1007,6 +1031,8 @@ impl Daemon {
         } else {
             None
         };
+        let uid = self.conn_uid(owner);
+        self.access.charge(uid);
         self.flows.insert(
             port,
             Box::new(FlowSlot {
@@ -1014,7 +1040,7 @@ impl Daemon {
                 fd: ours,
                 info: info.clone(),
                 owner,
-                uid: self.conn_uid(owner),
+                uid,
                 queued: false,
                 rings: rings.map(Box::new),
                 rx_pending: VecDeque::new(),
@@ -1037,6 +1063,7 @@ impl Daemon {
         let Some(slot) = self.flows.remove(&port) else {
             return;
         };
+        self.access.discharge(slot.uid);
         if let Some(d) = &slot.direct {
             direct::shut_direct(d);
         }
