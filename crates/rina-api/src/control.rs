@@ -133,10 +133,12 @@ impl Conn {
         Ok((id, mine))
     }
 
-    /// Sends `op` and waits for its reply.
+    /// Sends `op` and waits for its reply. A flow descriptor that comes
+    /// with it (an accepted flow's) is not close-on-exec, like an
+    /// allocated one's and like rlite's.
     pub fn call(&self, op: Op) -> Result<(Reply, Option<OwnedFd>)> {
         let (id, w) = self.send_request(op)?;
-        let r = wait_reply(&w, true);
+        let r = wait_reply(&w, false);
         if matches!(r, Err(ApiError::Timeout(_))) {
             // Nobody will read a late reply: forget where it would go.
             lock(&self.routes).remove(&id);

@@ -259,3 +259,43 @@ fn a_dead_daemon_is_econnreset_on_the_control_descriptor() {
     // SAFETY: fd is ours.
     assert_eq!(unsafe { libc::close(fd) }, 0);
 }
+
+/// Flow descriptors are not close-on-exec, accepted or allocated, as in
+/// rlite: a server that accepts and then execs a handler passes it the
+/// flow by number.
+#[test]
+fn flow_descriptors_survive_exec_whichever_end() {
+    let _env = ENV.lock().unwrap_or_else(|p| p.into_inner());
+    let (alpha, beta) = pair(&["capi-exec"]);
+    std::env::set_var("RINA_SOCKET", &beta.socket);
+    let server = rina_api::rina_open();
+    assert!(server >= 0);
+    // SAFETY: NUL-terminated literal.
+    let r = unsafe { rina_api::rina_register(server, std::ptr::null(), c"capi-exec".as_ptr(), 0) };
+    assert_eq!(r, 0);
+    let acceptor = std::thread::spawn(move || {
+        // SAFETY: NULL out-pointers are allowed.
+        unsafe { rina_api::rina_flow_accept(server, std::ptr::null_mut(), std::ptr::null_mut(), 0) }
+    });
+    std::env::set_var("RINA_SOCKET", &alpha.socket);
+    // SAFETY: NUL-terminated literals; a NULL spec is the default one.
+    let allocated = unsafe {
+        rina_api::rina_flow_alloc(
+            std::ptr::null(),
+            c"capi-exec-client".as_ptr(),
+            c"capi-exec".as_ptr(),
+            std::ptr::null(),
+            0,
+        )
+    };
+    let accepted = acceptor.join().unwrap();
+    assert!(allocated >= 0 && accepted >= 0, "{allocated} {accepted}");
+    // SAFETY: fcntl on descriptors we own.
+    let cloexec = |fd| unsafe { libc::fcntl(fd, libc::F_GETFD) } & libc::FD_CLOEXEC;
+    assert_eq!(cloexec(allocated), 0, "the allocated flow is close-on-exec");
+    assert_eq!(cloexec(accepted), 0, "the accepted flow is close-on-exec");
+    for fd in [allocated, accepted, server] {
+        // SAFETY: descriptors we own.
+        unsafe { libc::close(fd) };
+    }
+}
