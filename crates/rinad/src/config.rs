@@ -820,8 +820,107 @@ impl Config {
             }
             check_ipcp(i, ip, &cfg.ipcps, false).map_err(|(span, k, m)| invalid(span, k, m))?;
         }
+        stacking_order(&cfg.ipcps).map_err(|(span, k, m)| invalid(span, k, m))?;
         Ok(cfg)
     }
+
+    /// The indices of its IPCPs in an order to create them in: shims
+    /// first, then each normal IPCP after the DIFs its neighbours are
+    /// reached through (a DIF may be stacked on another normal DIF). A
+    /// parsed file has no loop ([`Config::parse`] refuses one); were there
+    /// one, its IPCPs would come last, in file order.
+    pub fn creation_order(&self) -> Vec<usize> {
+        let shims = (0..self.ipcps.len()).filter(|&i| self.ipcps[i].kind != IpcpKind::Normal);
+        let normals = stacking_order(&self.ipcps).unwrap_or_else(|_| {
+            (0..self.ipcps.len())
+                .filter(|&i| self.ipcps[i].kind == IpcpKind::Normal)
+                .collect()
+        });
+        shims.chain(normals).collect()
+    }
+}
+
+/// The normal IPCPs of `all`, by index, in an order where the DIF each
+/// neighbour is reached through has a member first: a shim, a normal IPCP
+/// earlier in the order, or no IPCP of `all` at all. On a loop, the
+/// `over` of a neighbour entry in it, its key, and the IPCPs of the loop.
+fn stacking_order(all: &[IpcpConfig]) -> Result<Vec<usize>, KeyError> {
+    let mut left: Vec<usize> = (0..all.len())
+        .filter(|&i| all[i].kind == IpcpKind::Normal)
+        .collect();
+    let mut order: Vec<usize> = Vec::new();
+    // The first neighbour of IPCP `i` whose DIF has no member yet, and an
+    // IPCP still waiting in that DIF.
+    let blocked = |i: usize, order: &[usize]| -> Option<(usize, usize)> {
+        all[i].neighbors.iter().enumerate().find_map(|(k, nb)| {
+            let over = nb.over.get_ref();
+            let ready = all.iter().all(|o| &o.dif != over)
+                || all.iter().enumerate().any(|(j, o)| {
+                    &o.dif == over && (o.kind != IpcpKind::Normal || order.contains(&j))
+                });
+            let waiting = (0..all.len()).find(|&j| &all[j].dif == over && j != i);
+            (!ready).then_some((k, waiting?))
+        })
+    };
+    while !left.is_empty() {
+        match left.iter().position(|&i| blocked(i, &order).is_none()) {
+            Some(p) => order.push(left.remove(p)),
+            None => return Err(stacking_loop(all, left[0], |i| blocked(i, &order))),
+        }
+    }
+    Ok(order)
+}
+
+/// The error of a stacking loop reached from normal IPCP `start`;
+/// `blocked` says which neighbour of an IPCP waits for which IPCP.
+fn stacking_loop(
+    all: &[IpcpConfig],
+    start: usize,
+    blocked: impl Fn(usize) -> Option<(usize, usize)>,
+) -> KeyError {
+    // Follow what each waits for until an IPCP comes back: the loop.
+    let mut path: Vec<(usize, usize)> = Vec::new();
+    let mut cur = start;
+    let cycle = loop {
+        if let Some(p) = path.iter().position(|&(i, _)| i == cur) {
+            break &path[p..];
+        }
+        let Some((k, next)) = blocked(cur) else {
+            break &path[..];
+        };
+        path.push((cur, k));
+        cur = next;
+    };
+    let names: Vec<&str> = cycle
+        .iter()
+        .map(|&(i, _)| all[i].name.get_ref().as_str())
+        .collect();
+    let steps: Vec<String> = cycle
+        .iter()
+        .map(|&(i, k)| {
+            let nb = &all[i].neighbors[k];
+            format!(
+                "{} reaches neighbour {} over DIF {:?}",
+                all[i].name.get_ref(),
+                nb.name,
+                nb.over.get_ref()
+            )
+        })
+        .collect();
+    let (i, k) = cycle.first().copied().unwrap_or((start, 0));
+    let span = all[i]
+        .neighbors
+        .get(k)
+        .map_or_else(|| all[i].name.span(), |nb| nb.over.span());
+    (
+        span,
+        format!("ipcp[{i}].neighbor[{k}].over"),
+        format!(
+            "normal IPCPs {} are stacked on each other in a loop: {}; no DIF of the loop can be created first",
+            names.join(", "),
+            steps.join(", ")
+        ),
+    )
 }
 
 /// Where a key is wrong, which key, and why.
@@ -1012,6 +1111,7 @@ fn check_normal(
             .rules()
             .map_err(|e| (a.span(), key("access"), e.to_string()))?;
     }
+    check_identity(ip).map_err(|(k, m)| (ip.name.span(), key(&k), m))?;
     check_qos(ip).map_err(|(span, k, m)| (span, key(&k), m))?;
     check_lower_cubes(ip, all).map_err(|(span, k, m)| (span, key(&k), m))?;
     for dst in ip.routes.keys() {
@@ -1022,6 +1122,28 @@ fn check_normal(
                 format!("route destinations are addresses (numbers), not {dst:?}"),
             ));
         }
+    }
+    Ok(())
+}
+
+/// Checks what a normal IPCP is known by: its name as an application
+/// name, its enrollment key pair; on error, which key and why.
+fn check_identity(ip: &IpcpConfig) -> Result<(), (String, String)> {
+    if let Err(e) = ip.name.get_ref().parse::<AppName>() {
+        let m = format!("a normal IPCP's name is its application name in the DIFs below: {e}");
+        return Err(("name".into(), m));
+    }
+    let is_key =
+        |s: &str| rina_core::enrollment::auth::unhex(s.trim()).is_some_and(|v| v.len() == 32);
+    let bad = "expected 32 bytes as 64 hex digits";
+    if ip.key.as_deref().is_some_and(|k| !is_key(k)) {
+        return Err(("key".into(), bad.into()));
+    }
+    if let Some(n) = ip.trusted_keys.iter().position(|k| !is_key(k)) {
+        return Err((format!("trusted_keys[{n}]"), bad.into()));
+    }
+    if ip.key.is_none() && !ip.trusted_keys.is_empty() {
+        return Err(("trusted_keys".into(), "`trusted_keys` needs `key`".into()));
     }
     Ok(())
 }
@@ -1799,5 +1921,100 @@ mod runtime_tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("line 4") && e.contains("adress"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod stacking_tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("t.toml"), s)
+    }
+
+    /// A shim and normal DIFs `top` over `net` over the shim, the upper
+    /// one first in the file; `net_over` is the DIF under `net`.
+    fn stack(net_over: &str) -> String {
+        format!(
+            "[system]\nname = \"a\"\n\
+             [[ipcp]]\nname = \"a.top\"\ntype = \"normal\"\ndif = \"top\"\naddress = 1\n\
+             [[ipcp.neighbor]]\nname = \"b.top\"\nover = \"net\"\n\
+             [[ipcp]]\nname = \"a.net\"\ntype = \"normal\"\ndif = \"net\"\naddress = 1\n\
+             [[ipcp.neighbor]]\nname = \"b.net\"\nover = \"{net_over}\"\n\
+             [[ipcp]]\nname = \"a.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:0\"\n"
+        )
+    }
+
+    #[test]
+    fn ipcps_are_created_shims_first_then_each_normal_after_the_difs_below() {
+        let cfg = parse(&stack("udp")).unwrap();
+        let names: Vec<&str> = cfg
+            .creation_order()
+            .into_iter()
+            .map(|i| cfg.ipcps[i].name.get_ref().as_str())
+            .collect();
+        assert_eq!(names, ["a.udp", "a.net", "a.top"]);
+    }
+
+    #[test]
+    fn a_stacking_loop_is_refused_naming_the_ipcps_and_a_neighbour_line() {
+        let text = stack("top");
+        let e = parse(&text).unwrap_err().to_string();
+        let line = text.lines().position(|l| l == "over = \"net\"").unwrap() + 1;
+        assert_eq!(
+            e,
+            format!(
+                "t.toml: line {line}: key `ipcp[0].neighbor[0].over`: normal IPCPs a.top, a.net \
+                 are stacked on each other in a loop: a.top reaches neighbour b.top over DIF \"net\", \
+                 a.net reaches neighbour b.net over DIF \"top\"; no DIF of the loop can be created first"
+            )
+        );
+        // An IPCP that only rests on the loop is not named as part of it.
+        let text = format!(
+            "{text}[[ipcp]]\nname = \"a.up\"\ntype = \"normal\"\ndif = \"up\"\naddress = 1\n\
+             [[ipcp.neighbor]]\nname = \"b.up\"\nover = \"net\"\n"
+        );
+        let e = parse(&text).unwrap_err().to_string();
+        assert!(
+            e.contains("normal IPCPs a.top, a.net are") && !e.contains("a.up"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn enrollment_keys_and_ipcp_names_are_checked_with_the_file() {
+        let with = |extra: &str| {
+            stack("udp").replacen("address = 1\n", &format!("address = 1\n{extra}"), 1)
+        };
+        let key = "11".repeat(32);
+        parse(&with(&format!(
+            "key = \"{key}\"\ntrusted_keys = [\"{key}\"]\n"
+        )))
+        .unwrap();
+        let e = parse(&with("key = \"abc\"\n")).unwrap_err().to_string();
+        assert!(
+            e.contains("line 4") && e.contains("`ipcp[0].key`") && e.contains("64 hex digits"),
+            "{e}"
+        );
+        let e = parse(&with(&format!(
+            "key = \"{key}\"\ntrusted_keys = [\"{key}\", \"zz\"]\n"
+        )))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("`ipcp[0].trusted_keys[1]`"), "{e}");
+        let e = parse(&with(&format!("trusted_keys = [\"{key}\"]\n")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`ipcp[0].trusted_keys`") && e.contains("needs `key`"),
+            "{e}"
+        );
+        let e = parse(&stack("udp").replace("\"a.top\"", "\"a top\""))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`ipcp[0].name`") && e.contains("application name"),
+            "{e}"
+        );
     }
 }

@@ -399,3 +399,54 @@ fn a_bad_reload_changes_nothing_and_names_the_key_and_line() {
     assert!(out.contains("IPCP gamma.udp2 destroyed"), "{out}");
     assert!(ipcp(&ipcps(&d), "gamma.udp2").is_none());
 }
+
+/// A file of system `sys`: a shim-udp DIF `udp`, normal DIF `net` over it
+/// and normal DIF `top` over `net` (listed first), each IPCP's name
+/// prefixed by `prefix`; `net_over` is the DIF under `net`.
+fn stacked(sys: &str, prefix: &str, net_over: &str) -> String {
+    format!(
+        "[system]\nname = \"{sys}\"\n\n\
+         [[ipcp]]\nname = \"{prefix}.top\"\ntype = \"normal\"\ndif = \"top\"\naddress = 1\n\
+         [[ipcp.neighbor]]\nname = \"x.top\"\nover = \"net\"\n\n\
+         [[ipcp]]\nname = \"{prefix}.net\"\ntype = \"normal\"\ndif = \"net\"\naddress = 1\n\
+         [[ipcp.neighbor]]\nname = \"x.net\"\nover = \"{net_over}\"\n\n\
+         [[ipcp]]\nname = \"{prefix}.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:0\"\n"
+    )
+}
+
+fn names(d: &Daemon) -> Vec<String> {
+    let mut v: Vec<String> = ipcps(d)
+        .iter()
+        .map(|i| i["name"].as_str().unwrap_or_default().to_string())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_reload_creates_a_shim_and_normal_difs_stacked_over_it_and_a_refused_one_changes_nothing() {
+    let d = empty("delta");
+    let file = d.dir.join("stack.toml");
+    std::fs::write(&file, stacked("delta", "d", "udp")).unwrap();
+    let out = ctl(&d, &["reload", file.to_str().unwrap()]);
+    for n in ["d.udp", "d.net", "d.top"] {
+        assert!(out.contains(&format!("IPCP {n} created")), "{out}");
+    }
+    assert_eq!(names(&d), ["d.net", "d.top", "d.udp"]);
+    // Every IPCP renamed and the normal ones stacked in a loop: refused
+    // before the old ones are destroyed.
+    std::fs::write(&file, stacked("delta", "e", "top")).unwrap();
+    let e = ctl_fails(&d, &["reload", file.to_str().unwrap()]);
+    assert!(
+        e.contains("nothing changed")
+            && e.contains("normal IPCPs e.top, e.net are stacked on each other in a loop")
+            && e.contains("line 11"),
+        "{e}"
+    );
+    assert_eq!(names(&d), ["d.net", "d.top", "d.udp"]);
+    // Renamed without the loop: the old ones go, the new ones come.
+    std::fs::write(&file, stacked("delta", "e", "udp")).unwrap();
+    let out = ctl(&d, &["reload", file.to_str().unwrap()]);
+    assert!(out.contains("IPCP d.top destroyed"), "{out}");
+    assert_eq!(names(&d), ["e.net", "e.top", "e.udp"]);
+}

@@ -58,32 +58,41 @@ impl Daemon {
         })
         .map_err(|e| invalid(format!("configuration refused, nothing changed: {e}")))?;
         let mut out = Vec::new();
-        // Gone or changed beyond what changes in place: destroyed first.
-        let mut create: Vec<&IpcpConfig> = Vec::new();
-        let live: Vec<usize> = self.live_ipcps().collect();
-        for i in live {
-            let name = self.ipcps[i].name.clone();
-            match cfg.ipcps.iter().find(|ic| ic.name.get_ref() == &name) {
-                None => out.extend(self.destroy_ipcp(i)?),
+        // Gone, or changed beyond what changes in place (created again).
+        let mut destroy: Vec<(usize, bool)> = Vec::new();
+        for i in self.live_ipcps() {
+            let name = &self.ipcps[i].name;
+            match cfg.ipcps.iter().find(|ic| ic.name.get_ref() == name) {
+                None => destroy.push((i, false)),
                 Some(ic) if identity(&ic.raw) != identity(&self.ipcps[i].cfg.raw) => {
-                    out.push(format!("IPCP {name} changed: created again"));
-                    out.extend(self.destroy_ipcp(i)?);
+                    destroy.push((i, true))
                 }
                 Some(_) => {}
             }
         }
-        for ic in &cfg.ipcps {
-            if self.live_named(ic.name.get_ref()).is_err() {
-                create.push(ic);
-            }
-        }
-        let (shims, normals): (Vec<&IpcpConfig>, Vec<&IpcpConfig>) = create
+        // What to create, in the file's creation order (shims, then normal
+        // IPCPs in stacking order, the file's new IPCPs counted), decided
+        // before anything is destroyed.
+        let create: Vec<usize> = cfg
+            .creation_order()
             .into_iter()
-            .partition(|ic| ic.kind != IpcpKind::Normal);
-        let normals = build::stacking_order(&self.sys, normals, &cfg.ipcps)
-            .map_err(|e| invalid(e.to_string()))?;
-        for ic in shims.into_iter().chain(normals) {
-            out.extend(self.create_ipcp(ic)?);
+            .filter(|&k| {
+                let name = cfg.ipcps[k].name.get_ref();
+                self.live_named(name).is_err()
+                    || destroy.iter().any(|&(i, _)| &self.ipcps[i].name == name)
+            })
+            .collect();
+        for (i, again) in destroy {
+            if again {
+                out.push(format!(
+                    "IPCP {} changed: created again",
+                    self.ipcps[i].name
+                ));
+            }
+            out.extend(self.destroy_ipcp(i)?);
+        }
+        for k in create {
+            out.extend(self.create_ipcp(&cfg.ipcps[k])?);
         }
         for ic in &cfg.ipcps {
             let i = self.live_named(ic.name.get_ref())?;
