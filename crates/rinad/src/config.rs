@@ -452,7 +452,7 @@ pub struct IpcpConfig {
     /// The DIF it belongs to.
     pub dif: String,
     /// shim-udp: local UDP address to bind.
-    pub bind: Option<SocketAddr>,
+    pub bind: Option<Spanned<SocketAddr>>,
     /// Largest SDU, in bytes.
     pub max_sdu: Option<Spanned<u32>>,
     /// shim-udp: where each application name lives.
@@ -944,6 +944,7 @@ fn check_ipcp(
             "a shim-udp IPCP needs `bind = \"host:port\"`".into(),
         ));
     }
+    check_bind(i, ip, all, runtime)?;
     let hv_keys =
         ip.path.is_some() || ip.side.is_some() || ip.vmpi_id.is_some() || ip.busy_poll.is_some();
     if ip.kind == IpcpKind::ShimHv {
@@ -1046,6 +1047,48 @@ fn check_ipcp(
         }
     }
     Ok(())
+}
+
+/// Refuses a shim-udp IPCP `ip` (number `i` of `all`) whose `bind` takes
+/// the UDP port of another one: of an IPCP before it in the file, or of
+/// any that runs (`runtime`: `all` are the running IPCPs). Port 0 (any
+/// free port) takes none.
+fn check_bind(
+    i: usize,
+    ip: &IpcpConfig,
+    all: &[IpcpConfig],
+    runtime: bool,
+) -> Result<(), KeyError> {
+    let Some(b) = ip.bind.as_ref().filter(|_| ip.kind == IpcpKind::ShimUdp) else {
+        return Ok(());
+    };
+    let mine = *b.get_ref();
+    let clash = |o: &SocketAddr| {
+        mine.port() != 0
+            && o.port() == mine.port()
+            && o.is_ipv4() == mine.is_ipv4()
+            && (o.ip() == mine.ip() || o.ip().is_unspecified() || mine.ip().is_unspecified())
+    };
+    let others = if runtime {
+        all
+    } else {
+        &all[..i.min(all.len())]
+    };
+    let other = others.iter().find(|o| {
+        o.kind == IpcpKind::ShimUdp && o.bind.as_ref().is_some_and(|ob| clash(ob.get_ref()))
+    });
+    match other {
+        Some(o) => Err((
+            b.span(),
+            format!("ipcp[{i}].bind"),
+            format!(
+                "{mine} takes the UDP port of shim-udp IPCP {} (bind = {}); two IPCPs cannot bind the same port",
+                o.name.get_ref(),
+                o.bind.as_ref().map_or(String::new(), |ob| ob.get_ref().to_string())
+            ),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// The checks of a normal IPCP's own keys (see [`check_ipcp`]).
@@ -1538,6 +1581,44 @@ bind = "127.0.0.1:7001"
         let bad = GOOD.replace("bind =", "max_sdu = 0\nbind =");
         let e = parse(&bad).unwrap_err().to_string();
         assert!(e.contains("line 9") && e.contains("max_sdu"), "{e}");
+    }
+
+    #[test]
+    fn two_shim_udp_ipcps_binding_one_port_are_refused_naming_the_second() {
+        let second = |bind: &str| {
+            format!("{GOOD}\n[[ipcp]]\nname = \"b.udp\"\ntype = \"shim-udp\"\ndif = \"udp2\"\nbind = \"{bind}\"\n")
+        };
+        for bind in ["127.0.0.1:7001", "0.0.0.0:7001"] {
+            let e = parse(&second(bind)).unwrap_err().to_string();
+            assert!(
+                e.contains("line 19")
+                    && e.contains("`ipcp[1].bind`")
+                    && e.contains("shim-udp IPCP a.udp (bind = 127.0.0.1:7001)"),
+                "{e}"
+            );
+        }
+        // Another port, another address or any free port: no clash.
+        for bind in [
+            "127.0.0.1:7002",
+            "127.0.0.2:7001",
+            "127.0.0.1:0",
+            "[::1]:7001",
+        ] {
+            parse(&second(bind)).unwrap();
+        }
+        // At run time, against the IPCPs that run.
+        let running = parse(GOOD).unwrap().ipcps;
+        let e = Config::parse_ipcp(
+            "ipcp create",
+            "name = \"b.udp\"\ntype = \"shim-udp\"\ndif = \"u2\"\nbind = \"127.0.0.1:7001\"\n",
+            &running,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("line 4") && e.contains("`bind`") && e.contains("a.udp"),
+            "{e}"
+        );
     }
 
     #[test]

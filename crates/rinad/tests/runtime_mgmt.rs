@@ -450,3 +450,30 @@ fn a_reload_creates_a_shim_and_normal_difs_stacked_over_it_and_a_refused_one_cha
     assert!(out.contains("IPCP d.top destroyed"), "{out}");
     assert_eq!(names(&d), ["e.net", "e.top", "e.udp"]);
 }
+
+#[test]
+fn a_reload_that_fails_part_way_says_what_it_changed_before() {
+    let shim = |name: &str, bind: &str| {
+        format!("\n[[ipcp]]\nname = \"{name}\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"{bind}\"\n")
+    };
+    let head = "[system]\nname = \"eps\"\n";
+    let d = Daemon::start_with("eps", &format!("{head}{}", shim("e.udp", "127.0.0.1:0")));
+    // A port another process holds: the file is good, creating its shim fails.
+    let held = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = held.local_addr().unwrap().port();
+    let file = d.dir.join("rinad.toml");
+    std::fs::write(
+        &file,
+        format!("{head}{}", shim("f.udp", &format!("127.0.0.1:{port}"))),
+    )
+    .unwrap();
+    let e = ctl_fails(&d, &["reload"]);
+    assert!(
+        e.contains("configuration applied only in part")
+            && e.contains("IPCP f.udp not created")
+            && e.contains(&format!("cannot bind UDP 127.0.0.1:{port}"))
+            && e.contains("changed before the failure:\n  IPCP e.udp destroyed"),
+        "{e}"
+    );
+    assert!(names(&d).is_empty(), "{:?}", names(&d));
+}

@@ -79,7 +79,10 @@ pub(super) fn add_one(
 /// A shim-udp IPCP's machine configuration and its socket, registered as
 /// member `i`.
 fn udp_ipcp(ic: &IpcpConfig, poll: &Poll, i: usize) -> Result<(shim_udp::Config, Io), DaemonError> {
-    let bind = ic.bind.unwrap_or_else(|| ([127, 0, 0, 1], 0).into());
+    let bind = ic
+        .bind
+        .as_ref()
+        .map_or_else(|| ([127, 0, 0, 1], 0).into(), |b| *b.get_ref());
     let mut sock = UdpSocket::bind(bind).map_err(io_ctx(format!(
         "IPCP {}: cannot bind UDP {bind}",
         ic.name.get_ref()

@@ -58,6 +58,30 @@ impl Daemon {
         })
         .map_err(|e| invalid(format!("configuration refused, nothing changed: {e}")))?;
         let mut out = Vec::new();
+        if let Err(e) = self.apply(&cfg, &mut out) {
+            let message = if out.is_empty() {
+                format!("configuration not applied, nothing changed: {}", e.message)
+            } else {
+                format!(
+                    "configuration applied only in part: {}\nchanged before the failure:\n  {}",
+                    e.message,
+                    out.join("\n  ")
+                )
+            };
+            tracing::warn!(changes = out.len(), error = %e.message, "reload failed");
+            return Err(CtlError::new(e.kind, message));
+        }
+        self.config_path = path;
+        if out.is_empty() {
+            out.push("nothing changed".into());
+        }
+        info!(changes = out.len(), "configuration reloaded");
+        Ok(out)
+    }
+
+    /// Brings the running system to configuration `cfg` (checked), one
+    /// line per change in `out`; on an error, `out` holds what had changed.
+    fn apply(&mut self, cfg: &Config, out: &mut Vec<String>) -> Result<(), CtlError> {
         // Gone, or changed beyond what changes in place (created again).
         let mut destroy: Vec<(usize, bool)> = Vec::new();
         for i in self.live_ipcps() {
@@ -97,23 +121,23 @@ impl Daemon {
         for ic in &cfg.ipcps {
             let i = self.live_named(ic.name.get_ref())?;
             if ic.kind == IpcpKind::Normal {
-                out.extend(self.update_in_place(i, ic)?);
+                self.update_in_place(i, ic, out)?;
             }
             self.ipcps[i].cfg = ic.clone();
         }
-        self.config_path = path;
-        if out.is_empty() {
-            out.push("nothing changed".into());
-        }
-        info!(changes = out.len(), "configuration reloaded");
-        Ok(out)
+        Ok(())
     }
 
     /// Brings the neighbours, static directory, scheduling policy and
-    /// cubes' EFCP policies of normal IPCP `i` to what `ic` says.
-    fn update_in_place(&mut self, i: usize, ic: &IpcpConfig) -> Result<Vec<String>, CtlError> {
+    /// cubes' EFCP policies of normal IPCP `i` to what `ic` says, one
+    /// line per change in `out`.
+    fn update_in_place(
+        &mut self,
+        i: usize,
+        ic: &IpcpConfig,
+        out: &mut Vec<String>,
+    ) -> Result<(), CtlError> {
         let name = ic.name.get_ref().clone();
-        let mut out = Vec::new();
         let now = self.now();
         let have: Vec<NeighborSpec> = self
             .sys
@@ -161,7 +185,7 @@ impl Daemon {
         }
         out.extend(self.update_cubes(i, ic)?);
         self.drain_outputs();
-        Ok(out)
+        Ok(())
     }
 
     /// The static directory of normal IPCP `i` as `ic` says.
