@@ -1166,6 +1166,32 @@ fn check_normal(
             ));
         }
     }
+    check_addresses(ip).map_err(|(span, k, m)| (span, key(&k), m))
+}
+
+/// Checks that every address normal IPCP `ip` names fits its DIF's
+/// address fields: its own, its neighbours', its routes' destinations
+/// and next hops, its static directory's.
+fn check_addresses(ip: &IpcpConfig) -> Result<(), (std::ops::Range<usize>, String, String)> {
+    let at = |span: std::ops::Range<usize>, k: String, a: u64| {
+        ip.check_address(a).map_err(|m| (span, k, m))
+    };
+    if let Some(a) = ip.address {
+        at(ip.name.span(), "address".into(), a)?;
+    }
+    for (k, n) in ip.neighbors.iter().enumerate() {
+        if let Some(a) = n.address {
+            at(n.over.span(), format!("neighbor[{k}].address"), a)?;
+        }
+    }
+    for (dst, &hop) in &ip.routes {
+        let k = format!("routes.{dst:?}");
+        at(ip.name.span(), k.clone(), dst.parse().unwrap_or(0))?;
+        at(ip.name.span(), k, hop)?;
+    }
+    for (app, &a) in &ip.names {
+        at(ip.name.span(), format!("names.\"{app}\""), a)?;
+    }
     Ok(())
 }
 
@@ -1423,6 +1449,33 @@ impl IpcpConfig {
         } else {
             self.qos_cubes.iter().map(|c| c.get_ref().cube()).collect()
         }
+    }
+
+    /// normal: the largest address the PCI of its DIF carries (its
+    /// address fields are as wide as the core's data-transfer constants
+    /// make them; no key changes that width).
+    pub fn max_address(&self) -> u64 {
+        rina_core::normal::NormalConfig::new(self.dif.clone(), 0)
+            .dt
+            .addr
+            .max_value()
+    }
+
+    /// normal: `a` as an address in its DIF, or why it cannot be one (a
+    /// larger one would be cut short in every PDU).
+    pub fn check_address(&self, a: u64) -> Result<(), String> {
+        let max = self.max_address();
+        if a <= max {
+            return Ok(());
+        }
+        let bytes = rina_core::normal::NormalConfig::new(self.dif.clone(), 0)
+            .dt
+            .addr
+            .bytes();
+        Err(format!(
+            "address {a} does not fit DIF {:?}: its PCI's address fields are {bytes} bytes, addresses are at most {max}",
+            self.dif
+        ))
     }
 
     /// shims: the pacing of normal IPCPs' N-1 flows over this shim, from
@@ -1718,6 +1771,61 @@ address = 2
             .unwrap_err()
             .to_string();
         assert!(e.contains("shim-udp"), "{e}");
+    }
+
+    #[test]
+    fn addresses_wider_than_the_difs_address_field_are_refused() {
+        // Two-byte address fields: 65535 fits, 65536 would be cut short.
+        parse(&TWO.replace("address = 1\n", "address = 65535\n")).unwrap();
+        for (from, to, key, line) in [
+            (
+                "address = 1\n",
+                "address = 70000\n",
+                "`ipcp[1].address`",
+                15,
+            ),
+            (
+                "address = 2\n",
+                "address = 65536\n",
+                "`ipcp[1].neighbor[0].address`",
+                23,
+            ),
+            (
+                "\"3\" = 2",
+                "\"70000\" = 2",
+                "`ipcp[1].routes.\"70000\"`",
+                15,
+            ),
+            ("\"3\" = 2", "\"3\" = 70000", "`ipcp[1].routes.\"3\"`", 15),
+            (
+                "\"echo\" = 3",
+                "\"echo\" = 70000",
+                "`ipcp[1].names.\"echo\"`",
+                15,
+            ),
+        ] {
+            let e = parse(&TWO.replace(from, to)).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("line {line}:"))
+                    && e.contains(key)
+                    && e.contains("does not fit DIF \"net\"")
+                    && e.contains("2 bytes, addresses are at most 65535"),
+                "{to}: {e}"
+            );
+        }
+        // At run time (`rinactl ipcp create`) too.
+        let running = parse(TWO).unwrap().ipcps;
+        let e = Config::parse_ipcp(
+            "ipcp create",
+            "name = \"c.net\"\ntype = \"normal\"\ndif = \"net2\"\naddress = 70000\n",
+            &running,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("`address`") && e.contains("at most 65535"),
+            "{e}"
+        );
     }
 
     #[test]

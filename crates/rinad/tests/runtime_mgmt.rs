@@ -477,3 +477,68 @@ fn a_reload_that_fails_part_way_says_what_it_changed_before() {
     );
     assert!(names(&d).is_empty(), "{:?}", names(&d));
 }
+
+#[test]
+fn an_address_wider_than_the_difs_address_field_is_refused_at_run_time() {
+    let d = empty("zeta");
+    ctl(
+        &d,
+        &[
+            "ipcp",
+            "create",
+            "name=z.udp",
+            "type=shim-udp",
+            "dif=udp",
+            "bind=127.0.0.1:0",
+        ],
+    );
+    let e = ctl_fails(
+        &d,
+        &[
+            "ipcp",
+            "create",
+            "name=z.big",
+            "type=normal",
+            "dif=big",
+            "address=70000",
+        ],
+    );
+    assert!(
+        e.contains("`address`") && e.contains("at most 65535"),
+        "{e}"
+    );
+    ctl(
+        &d,
+        &["ipcp", "create", "name=z.net", "type=normal", "dif=net"],
+    );
+    for args in [
+        &[
+            "neighbor",
+            "add",
+            "z.net",
+            "y.net",
+            "--over",
+            "udp",
+            "--address",
+            "70000",
+        ][..],
+        &[
+            "ipcp",
+            "enroll",
+            "z.net",
+            "y.net",
+            "--over",
+            "udp",
+            "--address",
+            "70000",
+        ][..],
+    ] {
+        let e = ctl_fails(&d, args);
+        assert!(
+            e.contains("--address")
+                && e.contains("address 70000 does not fit DIF \"net\"")
+                && e.contains("at most 65535"),
+            "{args:?}: {e}"
+        );
+    }
+}
