@@ -471,7 +471,7 @@ pub struct IpcpConfig {
     /// The DIF it belongs to.
     pub dif: String,
     /// shim-udp: local UDP address to bind.
-    pub bind: Option<SocketAddr>,
+    pub bind: Option<Spanned<SocketAddr>>,
     /// Largest SDU, in bytes.
     pub max_sdu: Option<Spanned<u32>>,
     /// shim-udp: where each application name lives.
@@ -845,8 +845,107 @@ impl Config {
             }
             check_ipcp(i, ip, &cfg.ipcps, false).map_err(|(span, k, m)| invalid(span, k, m))?;
         }
+        stacking_order(&cfg.ipcps).map_err(|(span, k, m)| invalid(span, k, m))?;
         Ok(cfg)
     }
+
+    /// The indices of its IPCPs in an order to create them in: shims
+    /// first, then each normal IPCP after the DIFs its neighbours are
+    /// reached through (a DIF may be stacked on another normal DIF). A
+    /// parsed file has no loop ([`Config::parse`] refuses one); were there
+    /// one, its IPCPs would come last, in file order.
+    pub fn creation_order(&self) -> Vec<usize> {
+        let shims = (0..self.ipcps.len()).filter(|&i| self.ipcps[i].kind != IpcpKind::Normal);
+        let normals = stacking_order(&self.ipcps).unwrap_or_else(|_| {
+            (0..self.ipcps.len())
+                .filter(|&i| self.ipcps[i].kind == IpcpKind::Normal)
+                .collect()
+        });
+        shims.chain(normals).collect()
+    }
+}
+
+/// The normal IPCPs of `all`, by index, in an order where the DIF each
+/// neighbour is reached through has a member first: a shim, a normal IPCP
+/// earlier in the order, or no IPCP of `all` at all. On a loop, the
+/// `over` of a neighbour entry in it, its key, and the IPCPs of the loop.
+fn stacking_order(all: &[IpcpConfig]) -> Result<Vec<usize>, KeyError> {
+    let mut left: Vec<usize> = (0..all.len())
+        .filter(|&i| all[i].kind == IpcpKind::Normal)
+        .collect();
+    let mut order: Vec<usize> = Vec::new();
+    // The first neighbour of IPCP `i` whose DIF has no member yet, and an
+    // IPCP still waiting in that DIF.
+    let blocked = |i: usize, order: &[usize]| -> Option<(usize, usize)> {
+        all[i].neighbors.iter().enumerate().find_map(|(k, nb)| {
+            let over = nb.over.get_ref();
+            let ready = all.iter().all(|o| &o.dif != over)
+                || all.iter().enumerate().any(|(j, o)| {
+                    &o.dif == over && (o.kind != IpcpKind::Normal || order.contains(&j))
+                });
+            let waiting = (0..all.len()).find(|&j| &all[j].dif == over && j != i);
+            (!ready).then_some((k, waiting?))
+        })
+    };
+    while !left.is_empty() {
+        match left.iter().position(|&i| blocked(i, &order).is_none()) {
+            Some(p) => order.push(left.remove(p)),
+            None => return Err(stacking_loop(all, left[0], |i| blocked(i, &order))),
+        }
+    }
+    Ok(order)
+}
+
+/// The error of a stacking loop reached from normal IPCP `start`;
+/// `blocked` says which neighbour of an IPCP waits for which IPCP.
+fn stacking_loop(
+    all: &[IpcpConfig],
+    start: usize,
+    blocked: impl Fn(usize) -> Option<(usize, usize)>,
+) -> KeyError {
+    // Follow what each waits for until an IPCP comes back: the loop.
+    let mut path: Vec<(usize, usize)> = Vec::new();
+    let mut cur = start;
+    let cycle = loop {
+        if let Some(p) = path.iter().position(|&(i, _)| i == cur) {
+            break &path[p..];
+        }
+        let Some((k, next)) = blocked(cur) else {
+            break &path[..];
+        };
+        path.push((cur, k));
+        cur = next;
+    };
+    let names: Vec<&str> = cycle
+        .iter()
+        .map(|&(i, _)| all[i].name.get_ref().as_str())
+        .collect();
+    let steps: Vec<String> = cycle
+        .iter()
+        .map(|&(i, k)| {
+            let nb = &all[i].neighbors[k];
+            format!(
+                "{} reaches neighbour {} over DIF {:?}",
+                all[i].name.get_ref(),
+                nb.name,
+                nb.over.get_ref()
+            )
+        })
+        .collect();
+    let (i, k) = cycle.first().copied().unwrap_or((start, 0));
+    let span = all[i]
+        .neighbors
+        .get(k)
+        .map_or_else(|| all[i].name.span(), |nb| nb.over.span());
+    (
+        span,
+        format!("ipcp[{i}].neighbor[{k}].over"),
+        format!(
+            "normal IPCPs {} are stacked on each other in a loop: {}; no DIF of the loop can be created first",
+            names.join(", "),
+            steps.join(", ")
+        ),
+    )
 }
 
 /// Where a key is wrong, which key, and why.
@@ -870,6 +969,7 @@ fn check_ipcp(
             "a shim-udp IPCP needs `bind = \"host:port\"`".into(),
         ));
     }
+    check_bind(i, ip, all, runtime)?;
     let hv_keys =
         ip.path.is_some() || ip.side.is_some() || ip.vmpi_id.is_some() || ip.busy_poll.is_some();
     if ip.kind == IpcpKind::ShimHv {
@@ -974,6 +1074,48 @@ fn check_ipcp(
     Ok(())
 }
 
+/// Refuses a shim-udp IPCP `ip` (number `i` of `all`) whose `bind` takes
+/// the UDP port of another one: of an IPCP before it in the file, or of
+/// any that runs (`runtime`: `all` are the running IPCPs). Port 0 (any
+/// free port) takes none.
+fn check_bind(
+    i: usize,
+    ip: &IpcpConfig,
+    all: &[IpcpConfig],
+    runtime: bool,
+) -> Result<(), KeyError> {
+    let Some(b) = ip.bind.as_ref().filter(|_| ip.kind == IpcpKind::ShimUdp) else {
+        return Ok(());
+    };
+    let mine = *b.get_ref();
+    let clash = |o: &SocketAddr| {
+        mine.port() != 0
+            && o.port() == mine.port()
+            && o.is_ipv4() == mine.is_ipv4()
+            && (o.ip() == mine.ip() || o.ip().is_unspecified() || mine.ip().is_unspecified())
+    };
+    let others = if runtime {
+        all
+    } else {
+        &all[..i.min(all.len())]
+    };
+    let other = others.iter().find(|o| {
+        o.kind == IpcpKind::ShimUdp && o.bind.as_ref().is_some_and(|ob| clash(ob.get_ref()))
+    });
+    match other {
+        Some(o) => Err((
+            b.span(),
+            format!("ipcp[{i}].bind"),
+            format!(
+                "{mine} takes the UDP port of shim-udp IPCP {} (bind = {}); two IPCPs cannot bind the same port",
+                o.name.get_ref(),
+                o.bind.as_ref().map_or(String::new(), |ob| ob.get_ref().to_string())
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// The checks of a normal IPCP's own keys (see [`check_ipcp`]).
 fn check_normal(
     i: usize,
@@ -1037,6 +1179,7 @@ fn check_normal(
             .rules()
             .map_err(|e| (a.span(), key("access"), e.to_string()))?;
     }
+    check_identity(ip).map_err(|(k, m)| (ip.name.span(), key(&k), m))?;
     check_qos(ip).map_err(|(span, k, m)| (span, key(&k), m))?;
     check_lower_cubes(ip, all).map_err(|(span, k, m)| (span, key(&k), m))?;
     for dst in ip.routes.keys() {
@@ -1047,6 +1190,54 @@ fn check_normal(
                 format!("route destinations are addresses (numbers), not {dst:?}"),
             ));
         }
+    }
+    check_addresses(ip).map_err(|(span, k, m)| (span, key(&k), m))
+}
+
+/// Checks that every address normal IPCP `ip` names fits its DIF's
+/// address fields: its own, its neighbours', its routes' destinations
+/// and next hops, its static directory's.
+fn check_addresses(ip: &IpcpConfig) -> Result<(), (std::ops::Range<usize>, String, String)> {
+    let at = |span: std::ops::Range<usize>, k: String, a: u64| {
+        ip.check_address(a).map_err(|m| (span, k, m))
+    };
+    if let Some(a) = ip.address {
+        at(ip.name.span(), "address".into(), a)?;
+    }
+    for (k, n) in ip.neighbors.iter().enumerate() {
+        if let Some(a) = n.address {
+            at(n.over.span(), format!("neighbor[{k}].address"), a)?;
+        }
+    }
+    for (dst, &hop) in &ip.routes {
+        let k = format!("routes.{dst:?}");
+        at(ip.name.span(), k.clone(), dst.parse().unwrap_or(0))?;
+        at(ip.name.span(), k, hop)?;
+    }
+    for (app, &a) in &ip.names {
+        at(ip.name.span(), format!("names.\"{app}\""), a)?;
+    }
+    Ok(())
+}
+
+/// Checks what a normal IPCP is known by: its name as an application
+/// name, its enrollment key pair; on error, which key and why.
+fn check_identity(ip: &IpcpConfig) -> Result<(), (String, String)> {
+    if let Err(e) = ip.name.get_ref().parse::<AppName>() {
+        let m = format!("a normal IPCP's name is its application name in the DIFs below: {e}");
+        return Err(("name".into(), m));
+    }
+    let is_key =
+        |s: &str| rina_core::enrollment::auth::unhex(s.trim()).is_some_and(|v| v.len() == 32);
+    let bad = "expected 32 bytes as 64 hex digits";
+    if ip.key.as_deref().is_some_and(|k| !is_key(k)) {
+        return Err(("key".into(), bad.into()));
+    }
+    if let Some(n) = ip.trusted_keys.iter().position(|k| !is_key(k)) {
+        return Err((format!("trusted_keys[{n}]"), bad.into()));
+    }
+    if ip.key.is_none() && !ip.trusted_keys.is_empty() {
+        return Err(("trusted_keys".into(), "`trusted_keys` needs `key`".into()));
     }
     Ok(())
 }
@@ -1285,6 +1476,33 @@ impl IpcpConfig {
         }
     }
 
+    /// normal: the largest address the PCI of its DIF carries (its
+    /// address fields are as wide as the core's data-transfer constants
+    /// make them; no key changes that width).
+    pub fn max_address(&self) -> u64 {
+        rina_core::normal::NormalConfig::new(self.dif.clone(), 0)
+            .dt
+            .addr
+            .max_value()
+    }
+
+    /// normal: `a` as an address in its DIF, or why it cannot be one (a
+    /// larger one would be cut short in every PDU).
+    pub fn check_address(&self, a: u64) -> Result<(), String> {
+        let max = self.max_address();
+        if a <= max {
+            return Ok(());
+        }
+        let bytes = rina_core::normal::NormalConfig::new(self.dif.clone(), 0)
+            .dt
+            .addr
+            .bytes();
+        Err(format!(
+            "address {a} does not fit DIF {:?}: its PCI's address fields are {bytes} bytes, addresses are at most {max}",
+            self.dif
+        ))
+    }
+
     /// shims: the pacing of normal IPCPs' N-1 flows over this shim, from
     /// `rate` and `rate_overhead`, counting this shim's own header too.
     pub fn port_rate(&self) -> Option<rina_core::rmt::PortRate> {
@@ -1444,6 +1662,44 @@ bind = "127.0.0.1:7001"
     }
 
     #[test]
+    fn two_shim_udp_ipcps_binding_one_port_are_refused_naming_the_second() {
+        let second = |bind: &str| {
+            format!("{GOOD}\n[[ipcp]]\nname = \"b.udp\"\ntype = \"shim-udp\"\ndif = \"udp2\"\nbind = \"{bind}\"\n")
+        };
+        for bind in ["127.0.0.1:7001", "0.0.0.0:7001"] {
+            let e = parse(&second(bind)).unwrap_err().to_string();
+            assert!(
+                e.contains("line 19")
+                    && e.contains("`ipcp[1].bind`")
+                    && e.contains("shim-udp IPCP a.udp (bind = 127.0.0.1:7001)"),
+                "{e}"
+            );
+        }
+        // Another port, another address or any free port: no clash.
+        for bind in [
+            "127.0.0.1:7002",
+            "127.0.0.2:7001",
+            "127.0.0.1:0",
+            "[::1]:7001",
+        ] {
+            parse(&second(bind)).unwrap();
+        }
+        // At run time, against the IPCPs that run.
+        let running = parse(GOOD).unwrap().ipcps;
+        let e = Config::parse_ipcp(
+            "ipcp create",
+            "name = \"b.udp\"\ntype = \"shim-udp\"\ndif = \"u2\"\nbind = \"127.0.0.1:7001\"\n",
+            &running,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("line 4") && e.contains("`bind`") && e.contains("a.udp"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn missing_system_is_refused() {
         let e = parse("[[ipcp]]\nname='x'\n").unwrap_err().to_string();
         assert!(e.contains("system") || e.contains("type"), "{e}");
@@ -1540,6 +1796,61 @@ address = 2
             .unwrap_err()
             .to_string();
         assert!(e.contains("shim-udp"), "{e}");
+    }
+
+    #[test]
+    fn addresses_wider_than_the_difs_address_field_are_refused() {
+        // Two-byte address fields: 65535 fits, 65536 would be cut short.
+        parse(&TWO.replace("address = 1\n", "address = 65535\n")).unwrap();
+        for (from, to, key, line) in [
+            (
+                "address = 1\n",
+                "address = 70000\n",
+                "`ipcp[1].address`",
+                15,
+            ),
+            (
+                "address = 2\n",
+                "address = 65536\n",
+                "`ipcp[1].neighbor[0].address`",
+                23,
+            ),
+            (
+                "\"3\" = 2",
+                "\"70000\" = 2",
+                "`ipcp[1].routes.\"70000\"`",
+                15,
+            ),
+            ("\"3\" = 2", "\"3\" = 70000", "`ipcp[1].routes.\"3\"`", 15),
+            (
+                "\"echo\" = 3",
+                "\"echo\" = 70000",
+                "`ipcp[1].names.\"echo\"`",
+                15,
+            ),
+        ] {
+            let e = parse(&TWO.replace(from, to)).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("line {line}:"))
+                    && e.contains(key)
+                    && e.contains("does not fit DIF \"net\"")
+                    && e.contains("2 bytes, addresses are at most 65535"),
+                "{to}: {e}"
+            );
+        }
+        // At run time (`rinactl ipcp create`) too.
+        let running = parse(TWO).unwrap().ipcps;
+        let e = Config::parse_ipcp(
+            "ipcp create",
+            "name = \"c.net\"\ntype = \"normal\"\ndif = \"net2\"\naddress = 70000\n",
+            &running,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("`address`") && e.contains("at most 65535"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1825,5 +2136,100 @@ mod runtime_tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("line 4") && e.contains("adress"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod stacking_tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("t.toml"), s)
+    }
+
+    /// A shim and normal DIFs `top` over `net` over the shim, the upper
+    /// one first in the file; `net_over` is the DIF under `net`.
+    fn stack(net_over: &str) -> String {
+        format!(
+            "[system]\nname = \"a\"\n\
+             [[ipcp]]\nname = \"a.top\"\ntype = \"normal\"\ndif = \"top\"\naddress = 1\n\
+             [[ipcp.neighbor]]\nname = \"b.top\"\nover = \"net\"\n\
+             [[ipcp]]\nname = \"a.net\"\ntype = \"normal\"\ndif = \"net\"\naddress = 1\n\
+             [[ipcp.neighbor]]\nname = \"b.net\"\nover = \"{net_over}\"\n\
+             [[ipcp]]\nname = \"a.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:0\"\n"
+        )
+    }
+
+    #[test]
+    fn ipcps_are_created_shims_first_then_each_normal_after_the_difs_below() {
+        let cfg = parse(&stack("udp")).unwrap();
+        let names: Vec<&str> = cfg
+            .creation_order()
+            .into_iter()
+            .map(|i| cfg.ipcps[i].name.get_ref().as_str())
+            .collect();
+        assert_eq!(names, ["a.udp", "a.net", "a.top"]);
+    }
+
+    #[test]
+    fn a_stacking_loop_is_refused_naming_the_ipcps_and_a_neighbour_line() {
+        let text = stack("top");
+        let e = parse(&text).unwrap_err().to_string();
+        let line = text.lines().position(|l| l == "over = \"net\"").unwrap() + 1;
+        assert_eq!(
+            e,
+            format!(
+                "t.toml: line {line}: key `ipcp[0].neighbor[0].over`: normal IPCPs a.top, a.net \
+                 are stacked on each other in a loop: a.top reaches neighbour b.top over DIF \"net\", \
+                 a.net reaches neighbour b.net over DIF \"top\"; no DIF of the loop can be created first"
+            )
+        );
+        // An IPCP that only rests on the loop is not named as part of it.
+        let text = format!(
+            "{text}[[ipcp]]\nname = \"a.up\"\ntype = \"normal\"\ndif = \"up\"\naddress = 1\n\
+             [[ipcp.neighbor]]\nname = \"b.up\"\nover = \"net\"\n"
+        );
+        let e = parse(&text).unwrap_err().to_string();
+        assert!(
+            e.contains("normal IPCPs a.top, a.net are") && !e.contains("a.up"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn enrollment_keys_and_ipcp_names_are_checked_with_the_file() {
+        let with = |extra: &str| {
+            stack("udp").replacen("address = 1\n", &format!("address = 1\n{extra}"), 1)
+        };
+        let key = "11".repeat(32);
+        parse(&with(&format!(
+            "key = \"{key}\"\ntrusted_keys = [\"{key}\"]\n"
+        )))
+        .unwrap();
+        let e = parse(&with("key = \"abc\"\n")).unwrap_err().to_string();
+        assert!(
+            e.contains("line 4") && e.contains("`ipcp[0].key`") && e.contains("64 hex digits"),
+            "{e}"
+        );
+        let e = parse(&with(&format!(
+            "key = \"{key}\"\ntrusted_keys = [\"{key}\", \"zz\"]\n"
+        )))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("`ipcp[0].trusted_keys[1]`"), "{e}");
+        let e = parse(&with(&format!("trusted_keys = [\"{key}\"]\n")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`ipcp[0].trusted_keys`") && e.contains("needs `key`"),
+            "{e}"
+        );
+        let e = parse(&stack("udp").replace("\"a.top\"", "\"a top\""))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`ipcp[0].name`") && e.contains("application name"),
+            "{e}"
+        );
     }
 }

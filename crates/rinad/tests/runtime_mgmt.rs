@@ -399,3 +399,146 @@ fn a_bad_reload_changes_nothing_and_names_the_key_and_line() {
     assert!(out.contains("IPCP gamma.udp2 destroyed"), "{out}");
     assert!(ipcp(&ipcps(&d), "gamma.udp2").is_none());
 }
+
+/// A file of system `sys`: a shim-udp DIF `udp`, normal DIF `net` over it
+/// and normal DIF `top` over `net` (listed first), each IPCP's name
+/// prefixed by `prefix`; `net_over` is the DIF under `net`.
+fn stacked(sys: &str, prefix: &str, net_over: &str) -> String {
+    format!(
+        "[system]\nname = \"{sys}\"\n\n\
+         [[ipcp]]\nname = \"{prefix}.top\"\ntype = \"normal\"\ndif = \"top\"\naddress = 1\n\
+         [[ipcp.neighbor]]\nname = \"x.top\"\nover = \"net\"\n\n\
+         [[ipcp]]\nname = \"{prefix}.net\"\ntype = \"normal\"\ndif = \"net\"\naddress = 1\n\
+         [[ipcp.neighbor]]\nname = \"x.net\"\nover = \"{net_over}\"\n\n\
+         [[ipcp]]\nname = \"{prefix}.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:0\"\n"
+    )
+}
+
+fn names(d: &Daemon) -> Vec<String> {
+    let mut v: Vec<String> = ipcps(d)
+        .iter()
+        .map(|i| i["name"].as_str().unwrap_or_default().to_string())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_reload_creates_a_shim_and_normal_difs_stacked_over_it_and_a_refused_one_changes_nothing() {
+    let d = empty("delta");
+    let file = d.dir.join("stack.toml");
+    std::fs::write(&file, stacked("delta", "d", "udp")).unwrap();
+    let out = ctl(&d, &["reload", file.to_str().unwrap()]);
+    for n in ["d.udp", "d.net", "d.top"] {
+        assert!(out.contains(&format!("IPCP {n} created")), "{out}");
+    }
+    assert_eq!(names(&d), ["d.net", "d.top", "d.udp"]);
+    // Every IPCP renamed and the normal ones stacked in a loop: refused
+    // before the old ones are destroyed.
+    std::fs::write(&file, stacked("delta", "e", "top")).unwrap();
+    let e = ctl_fails(&d, &["reload", file.to_str().unwrap()]);
+    assert!(
+        e.contains("nothing changed")
+            && e.contains("normal IPCPs e.top, e.net are stacked on each other in a loop")
+            && e.contains("line 11"),
+        "{e}"
+    );
+    assert_eq!(names(&d), ["d.net", "d.top", "d.udp"]);
+    // Renamed without the loop: the old ones go, the new ones come.
+    std::fs::write(&file, stacked("delta", "e", "udp")).unwrap();
+    let out = ctl(&d, &["reload", file.to_str().unwrap()]);
+    assert!(out.contains("IPCP d.top destroyed"), "{out}");
+    assert_eq!(names(&d), ["e.net", "e.top", "e.udp"]);
+}
+
+#[test]
+fn a_reload_that_fails_part_way_says_what_it_changed_before() {
+    let shim = |name: &str, bind: &str| {
+        format!("\n[[ipcp]]\nname = \"{name}\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"{bind}\"\n")
+    };
+    let head = "[system]\nname = \"eps\"\n";
+    let d = Daemon::start_with("eps", &format!("{head}{}", shim("e.udp", "127.0.0.1:0")));
+    // A port another process holds: the file is good, creating its shim fails.
+    let held = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = held.local_addr().unwrap().port();
+    let file = d.dir.join("rinad.toml");
+    std::fs::write(
+        &file,
+        format!("{head}{}", shim("f.udp", &format!("127.0.0.1:{port}"))),
+    )
+    .unwrap();
+    let e = ctl_fails(&d, &["reload"]);
+    assert!(
+        e.contains("configuration applied only in part")
+            && e.contains("IPCP f.udp not created")
+            && e.contains(&format!("cannot bind UDP 127.0.0.1:{port}"))
+            && e.contains("changed before the failure:\n  IPCP e.udp destroyed"),
+        "{e}"
+    );
+    assert!(names(&d).is_empty(), "{:?}", names(&d));
+}
+
+#[test]
+fn an_address_wider_than_the_difs_address_field_is_refused_at_run_time() {
+    let d = empty("zeta");
+    ctl(
+        &d,
+        &[
+            "ipcp",
+            "create",
+            "name=z.udp",
+            "type=shim-udp",
+            "dif=udp",
+            "bind=127.0.0.1:0",
+        ],
+    );
+    let e = ctl_fails(
+        &d,
+        &[
+            "ipcp",
+            "create",
+            "name=z.big",
+            "type=normal",
+            "dif=big",
+            "address=70000",
+        ],
+    );
+    assert!(
+        e.contains("`address`") && e.contains("at most 65535"),
+        "{e}"
+    );
+    ctl(
+        &d,
+        &["ipcp", "create", "name=z.net", "type=normal", "dif=net"],
+    );
+    for args in [
+        &[
+            "neighbor",
+            "add",
+            "z.net",
+            "y.net",
+            "--over",
+            "udp",
+            "--address",
+            "70000",
+        ][..],
+        &[
+            "ipcp",
+            "enroll",
+            "z.net",
+            "y.net",
+            "--over",
+            "udp",
+            "--address",
+            "70000",
+        ][..],
+    ] {
+        let e = ctl_fails(&d, args);
+        assert!(
+            e.contains("--address")
+                && e.contains("address 70000 does not fit DIF \"net\"")
+                && e.contains("at most 65535"),
+            "{args:?}: {e}"
+        );
+    }
+}

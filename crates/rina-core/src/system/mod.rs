@@ -561,17 +561,23 @@ impl System {
         self.tick(now);
         let i = match dif {
             Some(d) => self.member_in(d),
-            None => {
-                let by_kind = |normal: bool| {
-                    self.live()
-                        .find(|(_, m)| m.normal().is_some() == normal && m.knows(&remote))
-                        .map(|(i, _)| i)
-                };
-                by_kind(true).or_else(|| by_kind(false))
-            }
+            None => self.member_for(&remote),
         }
         .ok_or_else(|| FlowError::NoIpcp(dif.map_or_else(|| remote.to_string(), String::from)))?;
         self.allocate_at(now, i, local, remote, qos)
+    }
+
+    /// The member a flow to `remote` goes to when no DIF is named: the
+    /// first that can reach it, normal DIFs before shims (a shim-eth or
+    /// shim-hv IPCP claims to reach every name, and would take flows a
+    /// normal DIF knows the way to).
+    pub fn member_for(&self, remote: &AppName) -> Option<usize> {
+        let by_kind = |normal: bool| {
+            self.live()
+                .find(|(_, m)| m.normal().is_some() == normal && m.knows(remote))
+                .map(|(i, _)| i)
+        };
+        by_kind(true).or_else(|| by_kind(false))
     }
 
     /// [`System::allocate`] in member `i`.

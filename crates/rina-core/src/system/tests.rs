@@ -1044,3 +1044,23 @@ fn a_held_batch_reaches_the_rmt_whole_so_its_scheduler_orders_it() {
     });
     assert_eq!(arrival_order_of_a_held_batch(&mut net, ports), b"bbbbu");
 }
+
+#[test]
+fn a_flow_with_no_dif_named_goes_to_a_normal_dif_that_knows_the_name_before_a_shim() {
+    // The shim-hv IPCP comes first and claims to reach every name.
+    let mut s = System::new("s");
+    s.add_shim_hv(
+        "hv",
+        crate::shim_hv::Config::new("hv", crate::shim_hv::Side::Host),
+        None,
+    )
+    .unwrap();
+    let mut nc = NormalConfig::new("net", 1);
+    nc.membership = Some(MembershipConfig::new(name("s.net")));
+    nc.directory.insert(name("app"), 2);
+    s.add_normal(name("s.net"), nc, &fifo(), Vec::new(), BTreeMap::new())
+        .unwrap();
+    assert_eq!(s.member_for(&name("app")), Some(1));
+    // A name no normal DIF knows goes to the shim.
+    assert_eq!(s.member_for(&name("other")), Some(0));
+}

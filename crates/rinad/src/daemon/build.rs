@@ -21,57 +21,16 @@ fn sys_err(e: SystemError) -> DaemonError {
 }
 
 /// The system of configuration `cfg` and the drivers of its members (same
-/// order), registered with `poll`.
+/// order), registered with `poll`: shims first, then normal IPCPs in
+/// stacking order ([`Config::creation_order`]).
 pub(super) fn system(cfg: &Config, poll: &Poll) -> Result<(System, Vec<Ipcp>), DaemonError> {
     let mut sys = System::new(cfg.system.name.clone());
     let mut ipcps = Vec::new();
-    for ic in cfg.ipcps.iter().filter(|ic| ic.kind != IpcpKind::Normal) {
-        let ip = add_one(&mut sys, poll, ic, &cfg.ipcps)?;
-        ipcps.push(ip);
-    }
-    let normals: Vec<&IpcpConfig> = cfg
-        .ipcps
-        .iter()
-        .filter(|ic| ic.kind == IpcpKind::Normal)
-        .collect();
-    for ic in stacking_order(&sys, normals, &cfg.ipcps)? {
-        let ip = add_one(&mut sys, poll, ic, &cfg.ipcps)?;
+    for i in cfg.creation_order() {
+        let ip = add_one(&mut sys, poll, &cfg.ipcps[i], &cfg.ipcps)?;
         ipcps.push(ip);
     }
     Ok((sys, ipcps))
-}
-
-/// Normal IPCPs `left` in an order where the DIFs their neighbours are
-/// reached through have a member here first (a DIF may be stacked on
-/// another normal DIF); `all` is the whole configuration.
-pub(super) fn stacking_order<'a>(
-    sys: &System,
-    mut left: Vec<&'a IpcpConfig>,
-    all: &[IpcpConfig],
-) -> Result<Vec<&'a IpcpConfig>, DaemonError> {
-    let mut order: Vec<&IpcpConfig> = Vec::new();
-    while !left.is_empty() {
-        let ready = left.iter().position(|ic| {
-            ic.neighbors.iter().all(|nb| {
-                let over = nb.over.get_ref();
-                sys.member_in(over).is_some()
-                    || order.iter().any(|o| &o.dif == over)
-                    || !all.iter().any(|o| &o.dif == over)
-            })
-        });
-        let Some(k) = ready else {
-            let names: Vec<&str> = left.iter().map(|ic| ic.name.get_ref().as_str()).collect();
-            return Err(DaemonError::Io {
-                what: format!(
-                    "normal IPCPs {} are stacked on each other in a loop",
-                    names.join(", ")
-                ),
-                source: io::Error::other("configuration"),
-            });
-        };
-        order.push(left.remove(k));
-    }
-    Ok(order)
 }
 
 /// Adds the IPCP of `ic` to `sys` (as its next member) with its driver,
@@ -120,7 +79,10 @@ pub(super) fn add_one(
 /// A shim-udp IPCP's machine configuration and its socket, registered as
 /// member `i`.
 fn udp_ipcp(ic: &IpcpConfig, poll: &Poll, i: usize) -> Result<(shim_udp::Config, Io), DaemonError> {
-    let bind = ic.bind.unwrap_or_else(|| ([127, 0, 0, 1], 0).into());
+    let bind = ic
+        .bind
+        .as_ref()
+        .map_or_else(|| ([127, 0, 0, 1], 0).into(), |b| *b.get_ref());
     let mut sock = UdpSocket::bind(bind).map_err(io_ctx(format!(
         "IPCP {}: cannot bind UDP {bind}",
         ic.name.get_ref()

@@ -569,8 +569,9 @@ impl Daemon {
         }
     }
 
-    /// Starts allocation `pa` in `dif` (or the first DIF that knows the
-    /// remote name); the reply follows when the IPCP answers.
+    /// Starts allocation `pa` in `dif` (or, with none named, the DIF the
+    /// core chooses: [`System::member_for`]); the reply follows when the
+    /// IPCP answers.
     pub(super) fn allocate(
         &mut self,
         mut pa: PendingAlloc,
@@ -581,19 +582,21 @@ impl Daemon {
         self.may_open_flow(pa.conn).map_err(|r| r.error())?;
         let remote = pa.remote.clone();
         let candidates = self.ipcps_in(dif.as_deref())?;
-        let i = candidates
-            .iter()
-            .copied()
-            .find(|&i| self.sys.member(i).is_some_and(|m| m.knows(&remote)))
-            .ok_or_else(|| {
-                CtlError::new(
-                    ErrorKind::NameNotFound,
-                    match &dif {
-                        Some(d) => format!("{remote} is not known in DIF {d}"),
-                        None => format!("no DIF of system {} knows {remote}", self.system),
-                    },
-                )
-            })?;
+        let knows = |&i: &usize| self.sys.member(i).is_some_and(|m| m.knows(&remote));
+        // No DIF named: the core's choice (normal DIFs before shims).
+        let i = match &dif {
+            Some(_) => candidates.iter().copied().find(knows),
+            None => self.sys.member_for(&remote),
+        }
+        .ok_or_else(|| {
+            CtlError::new(
+                ErrorKind::NameNotFound,
+                match &dif {
+                    Some(d) => format!("{remote} is not known in DIF {d}"),
+                    None => format!("no DIF of system {} knows {remote}", self.system),
+                },
+            )
+        })?;
         let now = self.now();
         let sock = if pa.direct {
             self.direct_socket(i)

@@ -111,6 +111,12 @@ impl Daemon {
         address: Option<u64>,
     ) -> Result<Reply, CtlError> {
         let (j, lower) = self.normal_and_lower(ipcp, over)?;
+        if let Some(a) = address {
+            self.ipcps[j]
+                .cfg
+                .check_address(a)
+                .map_err(|m| invalid(format!("neighbour {name} of {ipcp}: --address: {m}")))?;
+        }
         if self
             .sys
             .plan(j)

@@ -58,39 +58,18 @@ impl Daemon {
         })
         .map_err(|e| invalid(format!("configuration refused, nothing changed: {e}")))?;
         let mut out = Vec::new();
-        // Gone or changed beyond what changes in place: destroyed first.
-        let mut create: Vec<&IpcpConfig> = Vec::new();
-        let live: Vec<usize> = self.live_ipcps().collect();
-        for i in live {
-            let name = self.ipcps[i].name.clone();
-            match cfg.ipcps.iter().find(|ic| ic.name.get_ref() == &name) {
-                None => out.extend(self.destroy_ipcp(i)?),
-                Some(ic) if identity(&ic.raw) != identity(&self.ipcps[i].cfg.raw) => {
-                    out.push(format!("IPCP {name} changed: created again"));
-                    out.extend(self.destroy_ipcp(i)?);
-                }
-                Some(_) => {}
-            }
-        }
-        for ic in &cfg.ipcps {
-            if self.live_named(ic.name.get_ref()).is_err() {
-                create.push(ic);
-            }
-        }
-        let (shims, normals): (Vec<&IpcpConfig>, Vec<&IpcpConfig>) = create
-            .into_iter()
-            .partition(|ic| ic.kind != IpcpKind::Normal);
-        let normals = build::stacking_order(&self.sys, normals, &cfg.ipcps)
-            .map_err(|e| invalid(e.to_string()))?;
-        for ic in shims.into_iter().chain(normals) {
-            out.extend(self.create_ipcp(ic)?);
-        }
-        for ic in &cfg.ipcps {
-            let i = self.live_named(ic.name.get_ref())?;
-            if ic.kind == IpcpKind::Normal {
-                out.extend(self.update_in_place(i, ic)?);
-            }
-            self.ipcps[i].cfg = ic.clone();
+        if let Err(e) = self.apply(&cfg, &mut out) {
+            let message = if out.is_empty() {
+                format!("configuration not applied, nothing changed: {}", e.message)
+            } else {
+                format!(
+                    "configuration applied only in part: {}\nchanged before the failure:\n  {}",
+                    e.message,
+                    out.join("\n  ")
+                )
+            };
+            tracing::warn!(changes = out.len(), error = %e.message, "reload failed");
+            return Err(CtlError::new(e.kind, message));
         }
         self.config_path = path;
         if out.is_empty() {
@@ -100,11 +79,65 @@ impl Daemon {
         Ok(out)
     }
 
+    /// Brings the running system to configuration `cfg` (checked), one
+    /// line per change in `out`; on an error, `out` holds what had changed.
+    fn apply(&mut self, cfg: &Config, out: &mut Vec<String>) -> Result<(), CtlError> {
+        // Gone, or changed beyond what changes in place (created again).
+        let mut destroy: Vec<(usize, bool)> = Vec::new();
+        for i in self.live_ipcps() {
+            let name = &self.ipcps[i].name;
+            match cfg.ipcps.iter().find(|ic| ic.name.get_ref() == name) {
+                None => destroy.push((i, false)),
+                Some(ic) if identity(&ic.raw) != identity(&self.ipcps[i].cfg.raw) => {
+                    destroy.push((i, true))
+                }
+                Some(_) => {}
+            }
+        }
+        // What to create, in the file's creation order (shims, then normal
+        // IPCPs in stacking order, the file's new IPCPs counted), decided
+        // before anything is destroyed.
+        let create: Vec<usize> = cfg
+            .creation_order()
+            .into_iter()
+            .filter(|&k| {
+                let name = cfg.ipcps[k].name.get_ref();
+                self.live_named(name).is_err()
+                    || destroy.iter().any(|&(i, _)| &self.ipcps[i].name == name)
+            })
+            .collect();
+        for (i, again) in destroy {
+            if again {
+                out.push(format!(
+                    "IPCP {} changed: created again",
+                    self.ipcps[i].name
+                ));
+            }
+            out.extend(self.destroy_ipcp(i)?);
+        }
+        for k in create {
+            out.extend(self.create_ipcp(&cfg.ipcps[k])?);
+        }
+        for ic in &cfg.ipcps {
+            let i = self.live_named(ic.name.get_ref())?;
+            if ic.kind == IpcpKind::Normal {
+                self.update_in_place(i, ic, out)?;
+            }
+            self.ipcps[i].cfg = ic.clone();
+        }
+        Ok(())
+    }
+
     /// Brings the neighbours, static directory, scheduling policy and
-    /// cubes' EFCP policies of normal IPCP `i` to what `ic` says.
-    fn update_in_place(&mut self, i: usize, ic: &IpcpConfig) -> Result<Vec<String>, CtlError> {
+    /// cubes' EFCP policies of normal IPCP `i` to what `ic` says, one
+    /// line per change in `out`.
+    fn update_in_place(
+        &mut self,
+        i: usize,
+        ic: &IpcpConfig,
+        out: &mut Vec<String>,
+    ) -> Result<(), CtlError> {
         let name = ic.name.get_ref().clone();
-        let mut out = Vec::new();
         let now = self.now();
         let have: Vec<NeighborSpec> = self
             .sys
@@ -152,7 +185,7 @@ impl Daemon {
         }
         out.extend(self.update_cubes(i, ic)?);
         self.drain_outputs();
-        Ok(out)
+        Ok(())
     }
 
     /// The static directory of normal IPCP `i` as `ic` says.
