@@ -55,7 +55,7 @@ pub fn kind_errno(kind: ErrorKind) -> i32 {
         ErrorKind::QosNotSatisfiable => libc::ENOTSUP,
         ErrorKind::SduTooLarge => libc::EMSGSIZE,
         ErrorKind::Timeout => libc::ETIMEDOUT,
-        ErrorKind::InvalidRequest => libc::EINVAL,
+        ErrorKind::InvalidRequest | ErrorKind::RequestGone => libc::EINVAL,
         ErrorKind::UnknownFlow => libc::EBADF,
         ErrorKind::NoResources => libc::ENOBUFS,
         ErrorKind::Internal => libc::EPROTO,

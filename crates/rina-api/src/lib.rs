@@ -27,7 +27,7 @@ pub mod sys;
 
 use error::{ApiError, Result};
 use libc::{c_char, c_int, c_uint};
-use rina_wire::ctl::{Op, Reply};
+use rina_wire::ctl::{ErrorKind, Op, Reply};
 use rina_wire::{AppName, QosSpec};
 use spec::RinaFlowSpec;
 use std::ffi::CStr;
@@ -208,8 +208,21 @@ pub unsafe extern "C" fn rina_flow_accept(
 ) -> c_int {
     ffi(|| {
         let conn = control::lookup(fd)?;
-        let req = control::next_request(fd)?;
-        let handle = conn.new_handle(req.handle);
+        // A request the daemon withdrew meanwhile (its timeout passed, or
+        // the requester gave up) is passed over: the next one is taken, as
+        // an rlite program that exits when accepting fails expects.
+        let (req, h) = loop {
+            let req = control::next_request(fd)?;
+            let handle = conn.new_handle(req.handle);
+            if flags & RINA_F_NORESP != 0 {
+                break (req, handle);
+            }
+            match respond(fd, handle, 0) {
+                Ok(flow) => break (req, flow),
+                Err(ApiError::Daemon(e)) if e.kind == ErrorKind::RequestGone => continue,
+                Err(e) => return Err(e),
+            }
+        };
         let remote = if remote_appl.is_null() {
             std::ptr::null_mut()
         } else {
@@ -218,21 +231,13 @@ pub unsafe extern "C" fn rina_flow_accept(
             // SAFETY: strdup copies a valid C string into malloc'd memory.
             let p = unsafe { libc::strdup(s.as_ptr()) };
             if p.is_null() {
+                if flags & RINA_F_NORESP == 0 {
+                    // SAFETY: h is the flow just accepted, handed to no one.
+                    unsafe { libc::close(h) };
+                }
                 return Err(ApiError::sys(nix::errno::Errno::ENOMEM, "remote_appl"));
             }
             p
-        };
-        let h = if flags & RINA_F_NORESP != 0 {
-            handle
-        } else {
-            match respond(fd, handle, 0) {
-                Ok(flow) => flow,
-                Err(e) => {
-                    // SAFETY: p came from strdup above and is not handed out.
-                    unsafe { libc::free(remote.cast()) };
-                    return Err(e);
-                }
-            }
         };
         // SAFETY: the caller gives pointers valid for writing, or NULL.
         unsafe {

@@ -299,3 +299,61 @@ fn flow_descriptors_survive_exec_whichever_end() {
         unsafe { libc::close(fd) };
     }
 }
+
+/// A flow request the daemon withdrew before the server came to accept it
+/// (nobody answered within the accept timeout) is passed over:
+/// `rina_flow_accept` gives the next live one, not EINVAL, so an rlite
+/// server that exits when accepting fails keeps serving.
+#[test]
+fn accept_passes_over_a_request_the_daemon_withdrew() {
+    let _env = ENV.lock().unwrap_or_else(|p| p.into_inner());
+    let (alpha, beta) = pair(&["capi-slow"]);
+    std::env::set_var("RINA_SOCKET", &beta.socket);
+    let server = rina_api::rina_open();
+    // SAFETY: NUL-terminated literal.
+    let r = unsafe { rina_api::rina_register(server, std::ptr::null(), c"capi-slow".as_ptr(), 0) };
+    assert_eq!(r, 0);
+    std::env::set_var("RINA_SOCKET", &alpha.socket);
+    // SAFETY: NUL-terminated literals; a NULL spec is the default one.
+    let alloc = |local: &std::ffi::CStr| unsafe {
+        rina_api::rina_flow_alloc(
+            std::ptr::null(),
+            local.as_ptr(),
+            c"capi-slow".as_ptr(),
+            std::ptr::null(),
+            rina_api::RINA_F_NOWAIT,
+        )
+    };
+    let first = alloc(c"capi-given-up");
+    assert!(first >= 0);
+    let refused = || {
+        let mut c = rina::Client::connect_to(&beta.socket).expect("connect");
+        let ipcps = c.list_ipcps().expect("ipcps");
+        ipcps
+            .iter()
+            .map(|i| i.counters.get("alloc_refused").copied().unwrap_or(0))
+            .sum::<u64>()
+    };
+    common::wait_for("the unanswered request to be withdrawn", T, || {
+        refused() >= 1
+    });
+    let second = alloc(c"capi-patient");
+    assert!(second >= 0);
+    let mut remote: *mut std::ffi::c_char = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; a NULL spec is allowed.
+    let flow = unsafe { rina_api::rina_flow_accept(server, &mut remote, std::ptr::null_mut(), 0) };
+    let errno = std::io::Error::last_os_error();
+    assert!(flow >= 0, "accept failed: {errno}");
+    // SAFETY: remote came from strdup.
+    let who = unsafe { std::ffi::CStr::from_ptr(remote) }
+        .to_string_lossy()
+        .into_owned();
+    assert!(who.starts_with("capi-patient"), "{who}");
+    // SAFETY: pointers and descriptors we own.
+    unsafe {
+        libc::free(remote.cast());
+        for fd in [flow, first, second, server] {
+            libc::close(fd);
+        }
+    }
+}

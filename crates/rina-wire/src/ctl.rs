@@ -558,6 +558,10 @@ pub enum ErrorKind {
     Timeout,
     /// The request is malformed or names something that does not exist.
     InvalidRequest,
+    /// The flow request answered is no longer pending: answered already,
+    /// or withdrawn (its application did not answer in time, or the
+    /// requester gave up).
+    RequestGone,
     /// No port-id or flow with this number.
     UnknownFlow,
     /// The daemon or the peer ran out of resources.

@@ -707,7 +707,7 @@ impl Daemon {
         match self.incoming.get(&handle) {
             Some(inc) if inc.conn == conn => Ok(self.incoming.remove(&handle).expect("present")),
             _ => Err(CtlError::new(
-                ErrorKind::InvalidRequest,
+                ErrorKind::RequestGone,
                 format!("no pending flow request {handle} for this client (answered, withdrawn or timed out)"),
             )),
         }
