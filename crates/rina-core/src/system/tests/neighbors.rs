@@ -12,9 +12,21 @@ struct Kind {
     link_state: bool,
 }
 
+const STATIC: Kind = Kind {
+    static_addresses: true,
+    link_state: false,
+};
 const LEARNT: Kind = Kind {
     static_addresses: false,
     link_state: false,
+};
+const STATIC_LINK_STATE: Kind = Kind {
+    static_addresses: true,
+    link_state: true,
+};
+const LEARNT_LINK_STATE: Kind = Kind {
+    static_addresses: false,
+    link_state: true,
 };
 
 /// System `i` of a line of `n` (normal IPCP `s<i>.net` at address i+1
@@ -114,6 +126,84 @@ fn carries(net: &mut Net, from: usize, to: usize) -> bool {
 
 fn normal(net: &Net, i: usize) -> &crate::normal::NormalIpcp {
     net.sys[i].member(1).unwrap().normal().unwrap()
+}
+
+fn timeouts(net: &Net, i: usize) -> u64 {
+    normal(net, i)
+        .membership_counters()
+        .unwrap()
+        .neighbor_timeouts
+}
+
+/// Two members carry a flow; member `dead` is killed for `down`, then
+/// started again; `settle` later the other one gets a flow to it again.
+fn restart(kind: Kind, dead: usize, down: Duration, settle: Duration) -> Net {
+    let mut net = line(2, kind);
+    net.run_until(ms(2000));
+    assert!(
+        carries(&mut net, 0, 1),
+        "{kind:?}: no flow before the restart"
+    );
+    net.down.insert(dead);
+    net.run_until(net.now + down);
+    net.restart(dead, system(dead, 2, kind));
+    net.run_until(net.now + settle);
+    assert!(
+        carries(&mut net, 1 - dead, dead),
+        "{kind:?}: s{dead} restarted after {down:?} is not taken back in {settle:?}: \
+         s0 {:?} {:?}, s1 {:?} {:?}",
+        normal(&net, 0).membership_counters(),
+        normal(&net, 0).neighbors().collect::<Vec<_>>(),
+        normal(&net, 1).membership_counters(),
+        normal(&net, 1).neighbors().collect::<Vec<_>>(),
+    );
+    net
+}
+
+#[test]
+fn a_neighbour_with_a_configured_address_is_timed_out_when_silent() {
+    let mut net = line(2, STATIC);
+    net.run_until(ms(2000));
+    assert_eq!(timeouts(&net, 0), 0);
+    net.down.insert(1);
+    net.run_until(ms(6500));
+    assert_eq!(timeouts(&net, 0), 1, "silent for 4.5 s");
+    assert!(net.sys[0].counters().n1_silent >= 1);
+    assert_eq!(normal(&net, 0).neighbors().count(), 0, "taken down");
+}
+
+#[test]
+fn a_restarted_peer_with_a_configured_address_is_taken_back() {
+    for kind in [STATIC, STATIC_LINK_STATE] {
+        // The peer that accepts the N-1 flow (the greater name) is killed.
+        let net = restart(kind, 1, Duration::from_secs(6), Duration::from_secs(6));
+        assert!(timeouts(&net, 0) >= 1, "{kind:?}");
+        // The one that sets it up, killed for longer or shorter than the
+        // dead interval.
+        for down in [Duration::from_secs(6), Duration::from_secs(1)] {
+            restart(kind, 0, down, Duration::from_secs(6));
+        }
+    }
+}
+
+#[test]
+fn a_restarted_peer_with_a_learnt_address_is_taken_back() {
+    for kind in [LEARNT, LEARNT_LINK_STATE] {
+        for dead in [0, 1] {
+            for down in [Duration::from_secs(6), Duration::from_secs(1)] {
+                restart(kind, dead, down, Duration::from_secs(6));
+            }
+        }
+    }
+}
+
+#[test]
+fn a_peer_restarted_at_once_is_taken_back() {
+    for kind in [STATIC, LEARNT, STATIC_LINK_STATE, LEARNT_LINK_STATE] {
+        for dead in [0, 1] {
+            restart(kind, dead, Duration::ZERO, Duration::from_secs(6));
+        }
+    }
 }
 
 #[test]
