@@ -6,7 +6,10 @@
 //! Flows are set up with a small handshake ([`Datagram::AllocReq`] /
 //! [`Datagram::AllocResp`], retransmitted until answered or timed out) so that
 //! both ends agree the flow exists and a request for a name nobody registered
-//! is refused rather than silently dropped.
+//! is refused rather than silently dropped. A requester that restarts
+//! numbers its flows from the start again: a request from the address and
+//! port-id of a flow it has sent data on is not a retransmission but a new
+//! flow, which replaces the old one.
 //!
 //! The driver (the daemon or the simulator) owns the socket. It feeds every
 //! received datagram to [`ShimUdp::on_datagram`], calls the API methods for
@@ -199,6 +202,9 @@ pub struct Counters {
     pub alloc_refused: u64,
     /// Allocations this IPCP asked for that timed out.
     pub alloc_timeouts: u64,
+    /// Flows dropped because their requester asked for them again after
+    /// sending on them: it started again (see [`ShimUdp::on_datagram`]).
+    pub flows_restarted: u64,
 }
 
 impl Counters {
@@ -213,6 +219,7 @@ impl Counters {
             ("alloc_requests_in", self.alloc_requests_in),
             ("alloc_refused", self.alloc_refused),
             ("alloc_timeouts", self.alloc_timeouts),
+            ("flows_restarted", self.flows_restarted),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -606,7 +613,11 @@ impl ShimUdp {
         Ok((flow.peer, data_header(peer_port)))
     }
 
-    /// Processes one received datagram.
+    /// Processes one received datagram. An allocation request from the
+    /// address and port-id of a flow accepted here is answered again (a
+    /// retransmission), unless the requester has sent data on that flow:
+    /// then it is a restarted requester asking anew, and the old flow is
+    /// dropped ([`Action::Deallocated`]) before the request is taken.
     pub fn on_datagram<'a>(
         &mut self,
         now: Instant,
@@ -721,9 +732,17 @@ impl ShimUdp {
         }
         // A retransmission: answer again if we accepted, ignore if still pending.
         if let Some(&port) = self.accepted.get(&(from, src_port)) {
-            let direct = self.flows.get(&port).and_then(|f| f.direct_port);
-            self.respond(from, src_port, port, AllocResult::Accepted, "", direct);
-            return;
+            if !self.requester_restarted(port) {
+                let direct = self.flows.get(&port).and_then(|f| f.direct_port);
+                self.respond(from, src_port, port, AllocResult::Accepted, "", direct);
+                return;
+            }
+            // The old flow is dead at the requester's end: gone here too,
+            // and the request is a new one.
+            self.counters.flows_restarted += 1;
+            self.accepted.remove(&(from, src_port));
+            self.flows.remove(&port);
+            self.actions.push_back(Action::Deallocated { port });
         }
         if self
             .pending
@@ -771,6 +790,17 @@ impl ShimUdp {
             remote: src,
             qos,
         });
+    }
+
+    /// Whether a request naming the requester's address and port-id of
+    /// accepted flow `port` comes from a requester that started again
+    /// (a restarted process numbers its flows from the start again): it
+    /// sent data on the flow, so it had the answer, and a requester stops
+    /// asking once answered. Otherwise it is a retransmission.
+    fn requester_restarted(&self, port: PortId) -> bool {
+        self.flows
+            .get(&port)
+            .is_some_and(|f| f.counters.sdus_in > 0)
     }
 
     fn on_alloc_resp(&mut self, from: SocketAddr, resp: Response<'_>) {

@@ -1,6 +1,7 @@
 //! Three systems in a line, A - B - C, each with a shim DIF over UDP to its
 //! neighbours and one normal DIF across all three: A reaches C through B's
-//! relaying, and a flow from A to C fails cleanly when B's daemon dies.
+//! relaying, a flow from A to C fails cleanly when B's daemon dies, and A
+//! takes a restarted B back.
 
 mod common;
 
@@ -244,4 +245,51 @@ fn an_application_that_moves_is_found_at_its_new_place() {
     stop_c.send(()).unwrap();
     let _stop_b = tagged_server(&b, b"B");
     assert_eq!(who_answers(&a, b"B"), b"B", "found at its new place, B");
+}
+
+/// One echo from A to `echo` at C over a fresh flow, within `wait`.
+fn echoes(a: &Daemon, wait: Duration) -> bool {
+    let Ok(flow) = a.client().allocate(
+        &name("pinger"),
+        &name("echo"),
+        Some("net"),
+        &QosSpec::default(),
+    ) else {
+        return false;
+    };
+    let mut buf = vec![0u8; 64];
+    flow.write(b"ping").is_ok() && matches!(flow.read_timeout(&mut buf, wait), Ok(Some(4)))
+}
+
+/// B, the relay, with every address written in the configuration, is
+/// killed and started again: A notices the silence on its N-1 flow, sets
+/// one up again, and reaches C through the new B.
+#[test]
+fn a_restarted_relay_with_configured_addresses_is_taken_back() {
+    let (pa, pb, pc) = (free_port(), free_port(), free_port());
+    let c = Daemon::start_with("c", &system("c", 3, pc, &[("b", 2, pb)], &[(1, 2)], &[]));
+    let b_cfg = system("b", 2, pb, &[("a", 1, pa), ("c", 3, pc)], &[], &[]);
+    let mut b = Daemon::start_with("b", &b_cfg);
+    let a = Daemon::start_with(
+        "a",
+        &system("a", 1, pa, &[("b", 2, pb)], &[(3, 2)], &[("echo", 3)]),
+    );
+    let server = echo_server(&c, "net");
+    wait_for("A to reach echo at C", T, || {
+        echoes(&a, Duration::from_secs(1))
+    });
+    server.join().unwrap();
+
+    b.kill();
+    wait_for("A to time B out", T, || {
+        counter(&a, "a.net", "membership_neighbor_timeouts") >= 1
+    });
+    let _b = Daemon::start_with("b", &b_cfg);
+    let started = std::time::Instant::now();
+    let server = echo_server(&c, "net");
+    wait_for("A to reach echo at C through the new B", T, || {
+        echoes(&a, Duration::from_secs(1))
+    });
+    eprintln!("C reachable {:?} after B started again", started.elapsed());
+    drop(server);
 }

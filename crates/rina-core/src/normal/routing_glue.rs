@@ -62,12 +62,13 @@ impl NormalIpcp {
     /// calling it again for the same port changes the cost, or the
     /// neighbour (the old one is taken down first). Without routing it only
     /// records the neighbour. A neighbour with this IPCP's own address is
-    /// ignored by routing.
+    /// ignored by routing. A port new to the RMT is new to membership too
+    /// (as with [`NormalIpcp::add_port`]): hellos go on it and its
+    /// neighbour is taken down when it falls silent, whether its address
+    /// came from a hello or from the driver.
     pub fn neighbor_up(&mut self, now: Instant, port: N1Port, neighbor: Address, cost: u32) {
         self.tick(now);
-        if !self.rmt.ports().any(|p| p == port) {
-            self.rmt.add_port(port);
-        }
+        self.add_port(port);
         if let Some(&(old, _)) = self.neighbors.get(&port) {
             if old != neighbor {
                 self.neighbor_down(now, port);

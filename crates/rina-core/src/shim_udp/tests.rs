@@ -253,6 +253,36 @@ fn lost_response_is_answered_again_without_a_second_flow() {
 }
 
 #[test]
+fn a_restarted_requester_asking_with_an_old_port_id_gets_a_new_flow() {
+    let (mut a, mut b) = pair();
+    allocate(&mut a, &mut b);
+    let (_, hdr) = a.send_header(1, 5).unwrap();
+    let mut dgram = hdr.to_vec();
+    dgram.extend_from_slice(b"hello");
+    assert!(matches!(
+        b.on_datagram(ms(2), addr(A), &dgram),
+        Received::Deliver { port: 7, .. }
+    ));
+    // `a` restarts: a new process at the same address, which numbers its
+    // first flow 1 again. Its request is not a retransmission: flow 7 is
+    // gone at `b` and a new request goes to the application.
+    let (mut a, _) = pair();
+    a.allocate(ms(5000), 1, name("perf"), name("echo"), QosSpec::default())
+        .unwrap();
+    carry(ms(5000), &mut a, A, &mut b);
+    let acts = drop_transmits(&mut b);
+    assert!(
+        matches!(
+            acts.as_slice(),
+            [Action::Deallocated { port: 7 }, Action::FlowRequest { .. }]
+        ),
+        "{acts:?}"
+    );
+    assert_eq!(b.counters().flows_restarted, 1);
+    assert_eq!(b.flows().count(), 0);
+}
+
+#[test]
 fn malformed_and_stray_datagrams_are_counted_and_dropped() {
     let (mut a, mut b) = pair();
     allocate(&mut a, &mut b);

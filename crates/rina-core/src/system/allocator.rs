@@ -376,8 +376,11 @@ impl System {
         let nb = &mut self.plans[j].neighbors[k];
         nb.port = None;
         nb.retry(Some(now + NEIGHBOR_RETRY));
-        let via = nb.spec.address;
+        let configured = nb.spec.address;
         if let Some(n) = self.normal_of_mut(j) {
+            // The address hellos told, if it was not configured.
+            let learnt = n.neighbors().find(|nb| nb.0 == port).map(|nb| nb.1);
+            let via = configured.or(learnt);
             n.remove_port(port);
             if let (Some(via), None) = (via, n.config().routing.as_ref()) {
                 set_routes_via(n, &routes, via, None);
@@ -443,6 +446,26 @@ impl System {
             self.unbind_n1(now, old);
         }
         self.bind_n1(now, j, k, lower, port);
+    }
+
+    /// Normal IPCP `j` heard a hello from the neighbour at `address` on
+    /// N-1 flow `port`: without routing, the neighbour and the static
+    /// routes through it go on that flow, whether or not its address is in
+    /// the configuration (hellos tell it otherwise).
+    pub(super) fn neighbor_heard(&mut self, j: usize, port: PortId, address: u64) {
+        if !self.plans[j]
+            .neighbors
+            .iter()
+            .any(|nb| nb.port == Some(port))
+        {
+            return;
+        }
+        let routes = self.plans[j].routes.clone();
+        if let Some(n) = self.normal_of_mut(j) {
+            if n.config().routing.is_none() {
+                set_routes_via(n, &routes, address, Some(port));
+            }
+        }
     }
 
     /// The neighbour on N-1 flow `port` went silent: its flow is torn

@@ -72,8 +72,14 @@ impl System {
             IpcpEvent::Transmit { port, frame } => self.n1_transmit(now, port, frame),
             IpcpEvent::ToMedium { peer, frame } => self.send_on_medium(i, peer, frame),
             IpcpEvent::Membership(event) => {
-                if let crate::normal::MembershipEvent::NeighborDown { port, .. } = *event {
-                    self.neighbor_silent(now, port);
+                match *event {
+                    crate::normal::MembershipEvent::NeighborDown { port, .. } => {
+                        self.neighbor_silent(now, port)
+                    }
+                    crate::normal::MembershipEvent::NeighborUp { port, address, .. } => {
+                        self.neighbor_heard(i, port, address)
+                    }
+                    _ => {}
                 }
                 self.out.push_back(Output::Membership { member: i, event });
             }

@@ -36,6 +36,8 @@ struct Net {
     delay: Duration,
     /// Systems whose frames are lost.
     mute: BTreeSet<usize>,
+    /// Systems that are down (killed): nothing leaves them or reaches them.
+    down: BTreeSet<usize>,
     /// Datagrams each system sent.
     sent: Vec<u64>,
     now: Instant,
@@ -50,6 +52,7 @@ impl Net {
             wire: Vec::new(),
             delay: Duration::from_millis(1),
             mute: BTreeSet::new(),
+            down: BTreeSet::new(),
             sent: vec![0; n],
             now: Instant::ZERO,
         }
@@ -64,7 +67,7 @@ impl Net {
                         let Some(dst) = (0..self.sys.len()).find(|&d| Some(udp(d)) == peer) else {
                             continue;
                         };
-                        if !self.mute.contains(&i) {
+                        if !self.mute.contains(&i) && !self.down.contains(&i) {
                             self.wire
                                 .push((self.now + self.delay, dst, udp(i), frame.into_vec()));
                         }
@@ -99,7 +102,9 @@ impl Net {
                 due
             };
             for (_, dst, from, frame) in due {
-                self.sys[dst].handle_frame(self.now, 0, from, &frame);
+                if !self.down.contains(&dst) {
+                    self.sys[dst].handle_frame(self.now, 0, from, &frame);
+                }
             }
             for s in &mut self.sys {
                 if s.poll_timeout().is_some_and(|t| t <= self.now) {
@@ -109,6 +114,14 @@ impl Net {
             self.collect();
         }
         self.now = until;
+    }
+
+    /// System `i` starts again as `sys`: a new process, nothing of the old
+    /// one kept (frames on their way reach the new one).
+    fn restart(&mut self, i: usize, sys: System) {
+        self.sys[i] = sys;
+        self.logs[i] = AppLog::default();
+        self.down.remove(&i);
     }
 }
 
@@ -1064,3 +1077,5 @@ fn a_flow_with_no_dif_named_goes_to_a_normal_dif_that_knows_the_name_before_a_sh
     // A name no normal DIF knows goes to the shim.
     assert_eq!(s.member_for(&name("other")), Some(0));
 }
+
+mod neighbors;
