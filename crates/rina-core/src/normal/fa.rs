@@ -232,7 +232,8 @@ pub(super) struct FlowAllocator {
 }
 
 impl FlowAllocator {
-    pub(super) fn new() -> Self {
+    /// A flow allocator whose first CEP-id is the one after `first_cep`.
+    pub(super) fn new(first_cep: CepId) -> Self {
         FlowAllocator {
             names: BTreeSet::new(),
             allocating: BTreeMap::new(),
@@ -243,7 +244,7 @@ impl FlowAllocator {
             refused: BTreeMap::new(),
             releasing: Retransmit::new(),
             next_handle: 1,
-            next_cep: 0,
+            next_cep: first_cep,
             out: VecDeque::new(),
             counters: FaCounters::default(),
         }

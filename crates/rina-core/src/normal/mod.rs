@@ -123,6 +123,12 @@ pub struct NormalConfig {
     pub alloc_timeout: Duration,
     /// Time an application has to accept or refuse an incoming flow.
     pub accept_timeout: Duration,
+    /// Where the numbering of this IPCP's CEP-ids starts (the first is
+    /// the one after it, modulo the CEP-id width). A driver gives a random
+    /// one, so that an IPCP started again does not reuse the CEP-ids, and
+    /// so the flow objects' names, of flows its peers may still hold from
+    /// before; 0 (the default) numbers from 1.
+    pub first_cep: u64,
     /// Most flows at once (allocated, opened or being allocated).
     pub max_flows: usize,
     /// Most incoming requests waiting for an application's answer.
@@ -175,6 +181,7 @@ impl NormalConfig {
             alloc_retry: Duration::from_millis(250),
             alloc_timeout: Duration::from_secs(3),
             accept_timeout: Duration::from_secs(5),
+            first_cep: 0,
             max_flows: crate::DEFAULT_MAX_FLOWS,
             max_pending: 256,
             routing: None,
@@ -634,7 +641,7 @@ impl NormalIpcp {
             counters: Counters::default(),
             frag_budget,
             data_header,
-            fa: fa::FlowAllocator::new(),
+            fa: fa::FlowAllocator::new(cfg.first_cep % cfg.dt.cep.max_value()),
             loopback: VecDeque::new(),
             now: Instant::ZERO,
             cfg,

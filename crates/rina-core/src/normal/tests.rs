@@ -694,6 +694,26 @@ fn a_flow_between_two_names_of_one_ipcp_goes_through_the_loopback() {
 }
 
 #[test]
+fn cep_ids_are_numbered_from_where_the_driver_says() {
+    // An IPCP started again with another first CEP-id does not hand its
+    // peers the CEP-ids, and flow-object names, of its flows before.
+    for (first, want) in [(0, 1), (40_000, 40_001), (65_535, 1), (65_535 + 9, 10)] {
+        let mut c = NormalConfig::new("net", 1);
+        c.first_cep = first;
+        let mut p = NormalIpcp::new(c, Box::new(Fifo::new(10))).unwrap();
+        p.register(name("srv")).unwrap();
+        p.allocate(ms(0), 1, name("c"), name("srv"), QosSpec::default())
+            .unwrap();
+        let Some(Action::FlowRequest { handle, .. }) = p.poll_action() else {
+            panic!("no request")
+        };
+        p.accept(ms(0), handle, 2).unwrap();
+        let ceps: BTreeSet<CepId> = p.flows().map(|(_, e)| e.local_cep).collect();
+        assert_eq!(ceps, BTreeSet::from([want, want + 1]), "first_cep {first}");
+    }
+}
+
+#[test]
 fn flow_ids_and_cep_ids() {
     let mut net = chain(2);
     allocate(&mut net, QosSpec::default());

@@ -206,10 +206,15 @@ fn normal_config(ic: &IpcpConfig) -> Result<(AppName, NormalConfig), DaemonError
                 .map_or(d.after, |s| std::time::Duration::from_secs(s.max(1))),
         });
     }
-    membership.entropy = crate::sys::random_seed().map_err(|source| DaemonError::Io {
+    let seed = crate::sys::random_seed().map_err(|source| DaemonError::Io {
         what: format!("IPCP {name}: no randomness for enrollment nonces"),
         source,
     })?;
+    membership.entropy = seed;
+    // CEP-ids from a random point: a daemon started again does not reuse
+    // those of the flows its peers may still hold.
+    let [a, b, c, d, ..] = crate::sys::random_seed().unwrap_or(seed);
+    nc.first_cep = u64::from(u32::from_le_bytes([a, b, c, d]));
     nc.membership = Some(membership);
     nc.dt.max_pdu_size = ic
         .max_pdu

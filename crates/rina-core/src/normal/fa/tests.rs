@@ -24,7 +24,7 @@ struct Side {
 impl Side {
     fn new(addr: Address) -> Self {
         Side {
-            fa: FlowAllocator::new(),
+            fa: FlowAllocator::new(0),
             cfg: NormalConfig::new("net", addr),
             flows: IdMap::default(),
             by_cep: IdMap::default(),
