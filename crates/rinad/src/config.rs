@@ -171,6 +171,38 @@ pub enum ConfigError {
     },
 }
 
+/// A TOML error as people read it: serde's ``unknown field `bnd`, expected
+/// one of`` and the forty keys of every IPCP kind becomes the unknown key
+/// and the known ones closest to it.
+fn readable(message: &str) -> String {
+    let message = message.trim_end();
+    let Some((head, expected)) = message.split_once(", expected one of ") else {
+        return message.to_string();
+    };
+    let Some(unknown) = head
+        .rsplit_once("unknown field `")
+        .and_then(|(_, k)| k.strip_suffix('`'))
+    else {
+        return message.to_string();
+    };
+    let known: Vec<&str> = expected.split(", ").map(|k| k.trim_matches('`')).collect();
+    let mut near: Vec<(usize, &str)> = known
+        .iter()
+        .map(|k| (strsim::damerau_levenshtein(unknown, k), *k))
+        .filter(|(d, k)| *d <= (k.len().max(unknown.len()) / 3).max(1))
+        .collect();
+    near.sort();
+    let hint = match near.as_slice() {
+        [] => format!("no key of that name; the keys are {}", known.join(", ")),
+        [(_, k), ..] => format!("did you mean `{k}`?"),
+    };
+    format!("{}: {hint}", head)
+}
+
+/// Longest IPCP or DIF name, in bytes (as long as an application name's
+/// part may be).
+pub const MAX_NAME_BYTES: usize = 255;
+
 /// Largest configuration file read, in bytes (seed 003's 37-system
 /// network takes a few KiB per system).
 pub const MAX_CONFIG_BYTES: u64 = 4 << 20;
@@ -748,7 +780,7 @@ impl Config {
         let path = Path::new(what);
         let mut ip: IpcpConfig = toml::from_str(text).map_err(|e| ConfigError::Syntax {
             path: path.to_owned(),
-            message: e.to_string().trim_end().to_string(),
+            message: readable(&e.to_string()),
         })?;
         ip.raw = toml::from_str(text).unwrap_or_default();
         let invalid =
@@ -777,7 +809,7 @@ impl Config {
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         let mut cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Syntax {
             path: path.to_owned(),
-            message: e.to_string().trim_end().to_string(),
+            message: readable(&e.to_string()),
         })?;
         if let Ok(mut t) = toml::from_str::<toml::Table>(text) {
             if let Some(toml::Value::Array(a)) = t.remove("ipcp") {
@@ -962,6 +994,12 @@ fn check_ipcp(
     runtime: bool,
 ) -> Result<(), KeyError> {
     let key = |k: &str| format!("ipcp[{i}].{k}");
+    for (k, v) in [("name", ip.name.get_ref()), ("dif", &ip.dif)] {
+        if v.is_empty() || v.len() > MAX_NAME_BYTES {
+            let e = format!("must have 1 to {MAX_NAME_BYTES} bytes, not {}", v.len());
+            return Err((ip.name.span(), key(k), e));
+        }
+    }
     if ip.kind == IpcpKind::ShimUdp && ip.bind.is_none() {
         return Err((
             ip.name.span(),
@@ -1635,7 +1673,45 @@ bind = "127.0.0.1:7001"
         let bad = GOOD.replace("bind =", "bnd =");
         let e = parse(&bad).unwrap_err().to_string();
         assert!(e.contains("line 9"), "{e}");
-        assert!(e.contains("bnd"), "{e}");
+        assert!(
+            e.contains("unknown field `bnd`: did you mean `bind`?"),
+            "{e}"
+        );
+        // Nothing near: every key is listed.
+        let bad = GOOD.replace("bind =", "zzzzzzz =");
+        let e = parse(&bad).unwrap_err().to_string();
+        assert!(
+            e.contains(
+                "unknown field `zzzzzzz`: no key of that name; the keys are name, type, dif, bind"
+            ),
+            "{e}"
+        );
+        // In [system] too.
+        let bad = GOOD.replace("name = \"alpha\"", "nmae = \"alpha\"");
+        let e = parse(&bad).unwrap_err().to_string();
+        assert!(e.contains("did you mean `name`?"), "{e}");
+    }
+
+    #[test]
+    fn dif_and_ipcp_names_are_1_to_255_bytes() {
+        let e = parse(&GOOD.replace("dif = \"udp\"", "dif = \"\"")).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("key `ipcp[0].dif`: must have 1 to 255 bytes, not 0"),
+            "{e}"
+        );
+        let long = "d".repeat(256);
+        let e = parse(&GOOD.replace("dif = \"udp\"", &format!("dif = \"{long}\""))).unwrap_err();
+        assert!(e.to_string().contains("not 256"), "{e}");
+        let e =
+            parse(&GOOD.replace("name = \"a.udp\"", &format!("name = \"{long}\""))).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("key `ipcp[0].name`: must have 1 to 255 bytes"),
+            "{e}"
+        );
+        let ok = "d".repeat(255);
+        parse(&GOOD.replace("dif = \"udp\"", &format!("dif = \"{ok}\""))).unwrap();
     }
 
     #[test]
