@@ -34,7 +34,10 @@
 //! Messages are keyed by (port, `msg_id`). Fragments may arrive in any order
 //! and more than once. Memory is bounded: a message may not exceed
 //! `max_msg` bytes, at most `max_pending` messages are incomplete at a time
-//! (a new one evicts the oldest), and an incomplete message is dropped
+//! and they hold at most `max_bytes` (four messages' worth unless set):
+//! room is made by evicting the oldest message of the port that holds the
+//! most, so that one port (a sender that never finishes its messages)
+//! evicts its own, not its neighbours'. An incomplete message is dropped
 //! `timeout` after its first fragment arrived. The ids of recently completed
 //! messages are remembered for `timeout`, so a late duplicate fragment of a
 //! delivered message is recognised and does not start a message that can
@@ -272,6 +275,7 @@ impl Pending {
 #[derive(Debug, Clone)]
 pub struct Reassembler {
     max_msg: usize,
+    max_bytes: usize,
     timeout: Duration,
     max_pending: usize,
     pending: BTreeMap<Key, Pending>,
@@ -289,6 +293,7 @@ impl Reassembler {
     pub fn new(max_msg: usize, timeout: Duration, max_pending: usize) -> Self {
         Reassembler {
             max_msg,
+            max_bytes: max_msg.saturating_mul(4),
             timeout,
             max_pending: max_pending.max(1),
             pending: BTreeMap::new(),
@@ -297,6 +302,13 @@ impl Reassembler {
             bytes: 0,
             counters: Counters::default(),
         }
+    }
+
+    /// At most `max_bytes` (at least `max_msg`) held for incomplete
+    /// messages.
+    pub fn with_max_bytes(mut self, max_bytes: usize) -> Self {
+        self.max_bytes = max_bytes.max(self.max_msg);
+        self
     }
 
     /// The counters.
@@ -355,7 +367,7 @@ impl Reassembler {
         }
         if !self.pending.contains_key(&key) {
             if self.pending.len() >= self.max_pending {
-                self.evict_oldest();
+                self.evict_from_largest(|p| (1, p.bytes));
             }
             self.pending.insert(
                 key,
@@ -390,6 +402,17 @@ impl Reassembler {
         if h.index + 1 < h.count {
             p.frag_len = Some(payload.len());
         }
+        while self.bytes + payload.len() > self.max_bytes {
+            match self.evict_from_largest(|p| (p.bytes, 1)) {
+                // This message was the one to go.
+                Some(k) if k == key => return Ok(None),
+                Some(_) => {}
+                None => break,
+            }
+        }
+        let Some(p) = self.pending.get_mut(&key) else {
+            return Ok(None);
+        };
         p.parts[idx] = Some(payload.to_vec());
         p.received += 1;
         p.bytes += payload.len();
@@ -479,18 +502,30 @@ impl Reassembler {
         }
     }
 
-    fn evict_oldest(&mut self) {
-        let oldest = self
+    /// Evicts the oldest incomplete message of the port that holds the
+    /// most of them by `weight` (messages or bytes, each message counted
+    /// as `weight` gives it); which one went.
+    fn evict_from_largest(&mut self, weight: impl Fn(&Pending) -> (usize, usize)) -> Option<Key> {
+        let mut held: BTreeMap<PortId, (usize, usize)> = BTreeMap::new();
+        for ((port, _), p) in &self.pending {
+            let (a, b) = weight(p);
+            let e = held.entry(*port).or_default();
+            *e = (e.0 + a, e.1 + b);
+        }
+        let port = held
+            .iter()
+            .max_by_key(|(port, w)| (**w, std::cmp::Reverse(**port)))?
+            .0;
+        let k = self
             .pending
             .iter()
+            .filter(|((p, _), _)| p == port)
             .min_by_key(|(k, p)| (p.started, **k))
-            .map(|(k, _)| *k);
-        if let Some(k) = oldest {
-            if let Some(p) = self.pending.remove(&k) {
-                self.bytes -= p.bytes;
-                self.counters.evicted += 1;
-            }
-        }
+            .map(|(k, _)| *k)?;
+        let p = self.pending.remove(&k)?;
+        self.bytes -= p.bytes;
+        self.counters.evicted += 1;
+        Some(k)
     }
 
     fn drop_inconsistent(&mut self, key: Key) {

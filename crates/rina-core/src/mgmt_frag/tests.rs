@@ -251,6 +251,43 @@ fn max_pending_evicts_the_oldest() {
     assert_eq!(r.counters().port_dropped, 2);
 }
 
+#[test]
+fn a_port_that_never_finishes_evicts_its_own_messages_not_its_neighbours() {
+    // Port 2's message starts first; port 1 then starts ten it never
+    // finishes, more than the four that may be pending.
+    let mut r = Reassembler::new(10_000, Duration::from_secs(5), 4);
+    let theirs = message(300, 7);
+    let f2 = Fragmenter::split(99, &theirs, 112).unwrap();
+    assert_eq!(r.push(ms(0), 2, &f2[0]), Ok(None));
+    for id in 0..10u32 {
+        let f = Fragmenter::split(id, &message(300, 0), 112).unwrap();
+        assert_eq!(r.push(ms(1 + u64::from(id)), 1, &f[0]), Ok(None));
+    }
+    assert_eq!(r.pending_len(), 4);
+    assert_eq!(r.counters().evicted, 7, "port 1's own");
+    // Port 2's message is whole in the end.
+    assert_eq!(r.push(ms(20), 2, &f2[1]), Ok(None));
+    assert_eq!(r.push(ms(20), 2, &f2[2]), Ok(Some(theirs)));
+}
+
+#[test]
+fn the_bytes_held_for_incomplete_messages_are_bounded() {
+    // Messages of 4,000 bytes, at most 10,000 held: port 1's big
+    // unfinished messages make room by evicting each other, and port 2's
+    // message is left alone.
+    let mut r = Reassembler::new(4_000, Duration::from_secs(5), 64).with_max_bytes(10_000);
+    let theirs = message(1_000, 3);
+    let f2 = Fragmenter::split(7, &theirs, 612).unwrap();
+    assert_eq!(r.push(ms(0), 2, &f2[0]), Ok(None));
+    for id in 0..20u32 {
+        let f = Fragmenter::split(id, &message(4_000, 1), 3_012).unwrap();
+        assert_eq!(r.push(ms(1 + u64::from(id)), 1, &f[0]), Ok(None));
+        assert!(r.pending_bytes() <= 10_000, "{} held", r.pending_bytes());
+    }
+    assert!(r.counters().evicted >= 17, "{:?}", r.counters());
+    assert_eq!(r.push(ms(30), 2, &f2[1]), Ok(Some(theirs)));
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
 
