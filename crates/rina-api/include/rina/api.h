@@ -112,7 +112,11 @@ void rina_flow_spec_unreliable(struct rina_flow_spec *spec);
 /* The older name of rina_flow_spec_unreliable(). */
 void rina_flow_spec_default(struct rina_flow_spec *spec);
 
-/* Largest SDU one write() may carry on flow @fd; 0 on error. */
+/* Largest SDU one write() may carry on flow @fd; 0 on error. A larger
+ * write() still returns its length (the descriptor is a socket, and the
+ * daemon reads the SDU after the call returned) but the SDU is dropped,
+ * and counted in the flow's drops_out (rinactl flows): check the size
+ * against this before writing. */
 unsigned int rina_flow_mss_get(int fd);
 
 /*
