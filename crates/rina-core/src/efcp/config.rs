@@ -446,6 +446,43 @@ impl EfcpTuning {
         cfg.validate()
     }
 
+    /// The keys set here that `cfg` has no use for (it has no window flow
+    /// control, no retransmission control, no DTCP at all), in the order
+    /// of the struct: applied, they would change nothing.
+    pub fn inapplicable(&self, cfg: &EfcpConfig) -> Vec<&'static str> {
+        let d = cfg.dtcp.as_ref();
+        let (window, rtx) = (
+            d.is_some_and(|d| d.window.is_some()),
+            d.is_some_and(|d| d.rtx.is_some()),
+        );
+        [
+            ("window", self.window.is_some() && !window),
+            ("initial_credit", self.initial_credit.is_some() && !window),
+            ("initial_rto_ms", self.initial_rto_ms.is_some() && !rtx),
+            ("min_rto_ms", self.min_rto_ms.is_some() && !rtx),
+            ("max_rto_ms", self.max_rto_ms.is_some() && !rtx),
+            ("max_retries", self.max_retries.is_some() && !rtx),
+            ("ack_every", self.ack_every.is_some() && !rtx),
+            (
+                "congestion_control",
+                self.congestion_control.is_some() && d.is_none(),
+            ),
+            (
+                "initial_window",
+                self.initial_window.is_some() && d.is_none(),
+            ),
+            ("min_window", self.min_window.is_some() && d.is_none()),
+            ("max_window", self.max_window.is_some() && d.is_none()),
+            ("gain_shift", self.gain_shift.is_some() && d.is_none()),
+            ("rate_pdus", self.rate_pdus.is_some() && d.is_none()),
+            ("rate_frame_ms", self.rate_frame_ms.is_some() && d.is_none()),
+        ]
+        .into_iter()
+        .filter(|(_, unused)| *unused)
+        .map(|(k, _)| k)
+        .collect()
+    }
+
     fn apply_rate(&self, d: &mut DtcpConfig) {
         let frame = |f: Option<&RateFc>| {
             self.rate_frame_ms

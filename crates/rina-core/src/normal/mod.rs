@@ -243,6 +243,13 @@ pub enum NormalError {
     /// The QoS cubes are unusable (duplicate id, bad EFCP policy).
     #[error("bad QoS cube {id}: {reason}")]
     BadCube { id: u64, reason: String },
+    /// No QoS cube of the DIF has this name or id (`have`: those it has).
+    #[error("no QoS cube {cube:?} in DIF {dif}; it has {have}")]
+    NoCube {
+        dif: String,
+        cube: String,
+        have: String,
+    },
     /// The destination application (or its IPCP) refused the flow.
     #[error("flow refused by the peer: {0}")]
     Refused(String),
@@ -676,20 +683,34 @@ impl NormalIpcp {
             .cubes
             .iter()
             .position(|c| c.name == cube || c.id.to_string() == cube)
-            .ok_or_else(|| NormalError::BadCube {
-                id: 0,
-                reason: format!(
-                    "no QoS cube {cube:?} in DIF {}; it has {}",
-                    self.cfg.dif,
-                    self.cfg
-                        .cubes
-                        .iter()
-                        .map(|c| format!("{} ({})", c.name, c.id))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
+            .ok_or_else(|| NormalError::NoCube {
+                dif: self.cfg.dif.clone(),
+                cube: cube.to_string(),
+                have: self
+                    .cfg
+                    .cubes
+                    .iter()
+                    .map(|c| format!("{} ({})", c.name, c.id))
+                    .collect::<Vec<_>>()
+                    .join(", "),
             })?;
         let mut efcp = self.cfg.cubes[k].efcp.clone();
+        let unused = tuning.inapplicable(&efcp);
+        if !unused.is_empty() {
+            return Err(NormalError::BadCube {
+                id: self.cfg.cubes[k].id,
+                reason: format!(
+                    "QoS cube {} has no {} for {} to tune",
+                    self.cfg.cubes[k].name,
+                    if efcp.dtcp.is_none() {
+                        "DTCP (retransmission, flow or congestion control)"
+                    } else {
+                        "retransmission or window flow control"
+                    },
+                    unused.join(", ")
+                ),
+            });
+        }
         tuning.apply(&mut efcp).map_err(|e| NormalError::BadCube {
             id: self.cfg.cubes[k].id,
             reason: e.to_string(),

@@ -1024,8 +1024,24 @@ fn a_cube_s_efcp_policies_change_at_run_time_range_checked() {
     let e = net[0]
         .set_cube_efcp("gold", &tuning(serde_json::json!({"window": 8})))
         .unwrap_err();
-    assert!(e.to_string().contains("no QoS cube \"gold\""), "{e}");
+    assert!(
+        e.to_string().starts_with("no QoS cube \"gold\" in DIF"),
+        "{e}"
+    );
     assert_eq!(net[0].cube(2).unwrap().efcp, before);
+    // Keys the cube has no use for: refused, naming them.
+    let unreliable = net[0].cube(1).unwrap().efcp.clone();
+    let e = net[0]
+        .set_cube_efcp(
+            "1",
+            &tuning(serde_json::json!({"max_retries": 5, "window": 8, "a_timer_ms": 10})),
+        )
+        .unwrap_err();
+    assert!(
+        e.to_string().ends_with("has no DTCP (retransmission, flow or congestion control) for window, max_retries to tune"),
+        "{e}"
+    );
+    assert_eq!(net[0].cube(1).unwrap().efcp, unreliable);
     // A good one: flows allocated from now on get it.
     let c = net[0]
         .set_cube_efcp(
