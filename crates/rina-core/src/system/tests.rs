@@ -132,16 +132,21 @@ fn cubes() -> Vec<QosCube> {
     ]
 }
 
+/// The neighbours of system `i` in a line of `n`.
+fn line_peers(i: usize, n: usize) -> Vec<usize> {
+    [i.checked_sub(1), Some(i + 1).filter(|&p| p < n)]
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
 /// System `i` of a line of `n`: a shim-udp whose directory reaches the
 /// neighbours' normal IPCPs, and a normal IPCP `s<i>.net` (address i+1)
 /// with those neighbours.
 fn line_system(i: usize, n: usize, sched: &SchedulerConfig, rate: Option<PortRate>) -> System {
     let mut s = System::new(format!("s{i}"));
     let mut sc = shim_udp::Config::new("udp");
-    let peers: Vec<usize> = [i.checked_sub(1), Some(i + 1).filter(|&p| p < n)]
-        .into_iter()
-        .flatten()
-        .collect();
+    let peers = line_peers(i, n);
     for &p in &peers {
         sc.directory.insert(name(&format!("s{p}.net")), udp(p));
         sc.directory.insert(name(&format!("app{p}")), udp(p));

@@ -36,10 +36,7 @@ const LEARNT_LINK_STATE: Kind = Kind {
 fn system(i: usize, n: usize, kind: Kind) -> System {
     let mut s = System::new(format!("s{i}"));
     let mut sc = shim_udp::Config::new("udp");
-    let peers: Vec<usize> = [i.checked_sub(1), Some(i + 1).filter(|&p| p < n)]
-        .into_iter()
-        .flatten()
-        .collect();
+    let peers = line_peers(i, n);
     for &p in &peers {
         sc.directory.insert(name(&format!("s{p}.net")), udp(p));
     }
