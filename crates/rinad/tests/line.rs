@@ -112,11 +112,13 @@ fn a_reaches_c_through_b_and_fails_cleanly_when_b_dies() {
     );
 
     // B dies: A's retransmissions go unanswered until the connection gives
-    // up, and the application's read fails instead of hanging.
+    // up, and the application's read fails instead of hanging. (About 20 s
+    // on an idle machine; the retransmission timer backs off from an RTT
+    // that a loaded machine stretches, hence the long bound.)
     b.kill();
     flow.write(b"anyone there?").unwrap();
     let started = std::time::Instant::now();
-    let r = flow.read_timeout(&mut buf, Duration::from_secs(90));
+    let r = flow.read_timeout(&mut buf, Duration::from_secs(300));
     let e = r.expect_err("the flow fails, it does not time out");
     assert_eq!(e.kind(), ErrorKind::DaemonGone, "{e}");
     eprintln!("flow failed {:?} after B died", started.elapsed());
