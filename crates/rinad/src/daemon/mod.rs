@@ -945,14 +945,11 @@ impl Daemon {
         if slot.rx_pending.is_empty() || matches!(self.ipcps[slot.ipcp].io, Io::Hv(_)) {
             return;
         }
-        let Some(r) = slot.rings.as_mut() else {
-            return self.send_held(port);
-        };
-        while let Some(sdu) = slot.rx_pending.front() {
-            if !r.push_sdu(sdu) {
-                break;
+        match slot.rings.as_mut() {
+            Some(r) => {
+                r.deliver_held(&mut slot.rx_pending);
             }
-            slot.rx_pending.pop_front();
+            None => self.send_held(port),
         }
     }
 
