@@ -57,7 +57,9 @@ pub struct Config {
     pub alloc_retry: Duration,
     /// Time after which an unanswered allocation request fails.
     pub alloc_timeout: Duration,
-    /// Time an application has to accept or refuse an incoming flow.
+    /// Time an application has to accept or refuse an incoming flow
+    /// (default 1.5 s: less than the default `alloc_timeout`, so that the
+    /// requester hears "not answered in time" rather than timing out).
     pub accept_timeout: Duration,
     /// Most flows at once.
     pub max_flows: usize,
@@ -80,7 +82,7 @@ impl Config {
             directory: HashMap::new(),
             alloc_retry: Duration::from_millis(200),
             alloc_timeout: Duration::from_secs(2),
-            accept_timeout: Duration::from_secs(5),
+            accept_timeout: Duration::from_millis(1500),
             max_flows: crate::DEFAULT_MAX_FLOWS,
             max_pending: 256,
             peers_only: false,

@@ -38,7 +38,12 @@
 //!
 //! Management PDUs are not retransmitted by EFCP, so the requester repeats
 //! its REQUEST every `alloc_retry` until answered and gives up after
-//! `alloc_timeout` ([`NormalError::Timeout`]). The responder knows a
+//! `alloc_timeout` ([`NormalError::Timeout`]). Giving up (or
+//! deallocating before the answer) sends a cancel once: a DEALLOC naming
+//! no flow object of the responder's (CEP-id 0), which withdraws the
+//! request if the application has not answered yet
+//! ([`Action::RequestWithdrawn`]), so that a late acceptance does not open
+//! a flow nobody will use. The responder knows a
 //! repeated request by the requester's (address, CEP-id): if it accepted it,
 //! it sends ACCEPTED again; if the application has not answered yet, it
 //! ignores it; if the application refused it (or did not answer in time)
@@ -81,6 +86,11 @@ pub const MAX_REASON_LEN: usize = 512;
 /// How long a flow the peer deallocated waits for the data PDUs the
 /// DEALLOC overtook before it closes anyway (they were lost).
 pub const DEALLOC_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The CEP-id no flow ever has (numbering wraps from the largest to 1): in
+/// a DEALLOC, "the flow object you have not created yet", which cancels
+/// the request sent from the DEALLOC's `src_cep`.
+pub(super) const NO_CEP: CepId = 0;
 
 /// What the flow allocator reads of the IPCP for one call: its settings and
 /// a read-only view of its open flows.
@@ -152,6 +162,7 @@ pub(super) struct FaCounters {
     pub(super) dealloc_unacked: u64,
     pub(super) rx_fa_malformed: u64,
     pub(super) rx_fa_stale: u64,
+    pub(super) alloc_cancelled: u64,
 }
 
 impl FaCounters {
@@ -165,6 +176,7 @@ impl FaCounters {
         c.dealloc_unacked = self.dealloc_unacked;
         c.rx_fa_malformed = self.rx_fa_malformed;
         c.rx_fa_stale = self.rx_fa_stale;
+        c.alloc_cancelled = self.alloc_cancelled;
     }
 }
 
@@ -540,12 +552,31 @@ impl FlowAllocator {
             if let Some((to, message)) = self.requests.stop(&flow) {
                 self.out.push_back(FaOut::Settle { to, message });
             }
+            self.cancel(a.dst, a.local_cep);
             return Ok(None);
         }
         let f = cx.flows.get(&flow).ok_or(NormalError::UnknownFlow(flow))?;
         let (ep, last) = (f.ep, f.efcp.last_sent_seq());
         self.send_dealloc(cx, now, (ep.remote_addr, ep.remote_cep, ep.local_cep), last);
         Ok(Some(ep))
+    }
+
+    /// Tells the IPCP at `to` that the allocation from our CEP-id
+    /// `src_cep` is given up: a DEALLOC naming no flow object of its own
+    /// ([`NO_CEP`]), which withdraws the request if its application has
+    /// not answered yet. Sent once: if it is lost, the responder's
+    /// `accept_timeout` and the DEALLOC that answers a late ACCEPTED do
+    /// the same, later. A peer that does not know it acknowledges it as a
+    /// DEALLOC of a flow it does not have.
+    pub(super) fn cancel(&mut self, to: Address, src_cep: CepId) {
+        let message = FaMessage::Dealloc {
+            dst_addr: to,
+            dst_cep: NO_CEP,
+            src_cep,
+            last_seq: None,
+        }
+        .to_vec();
+        self.send_request(to, message);
     }
 
     /// Deletes the flow object `(to, dst_cep)` at the peer (from ours,

@@ -121,7 +121,9 @@ pub struct NormalConfig {
     pub alloc_retry: Duration,
     /// Time after which an unanswered flow request fails.
     pub alloc_timeout: Duration,
-    /// Time an application has to accept or refuse an incoming flow.
+    /// Time an application has to accept or refuse an incoming flow
+    /// (default 2 s: less than the default `alloc_timeout`, so that the
+    /// requester hears "not answered in time" rather than timing out).
     pub accept_timeout: Duration,
     /// Where the numbering of this IPCP's CEP-ids starts (the first is
     /// the one after it, modulo the CEP-id width). A driver gives a random
@@ -180,7 +182,7 @@ impl NormalConfig {
             directory: BTreeMap::new(),
             alloc_retry: Duration::from_millis(250),
             alloc_timeout: Duration::from_secs(3),
-            accept_timeout: Duration::from_secs(5),
+            accept_timeout: Duration::from_secs(2),
             first_cep: 0,
             max_flows: crate::DEFAULT_MAX_FLOWS,
             max_pending: 256,
@@ -370,6 +372,9 @@ pub struct Counters {
     pub alloc_retries: u64,
     /// Allocations this IPCP asked for that timed out.
     pub alloc_timeouts: u64,
+    /// Requests withdrawn (or flows just accepted closed) because their
+    /// requester gave up before the answer reached it.
+    pub alloc_cancelled: u64,
     /// DEALLOCs repeated for lack of an acknowledgement.
     pub dealloc_retries: u64,
     /// DEALLOCs never acknowledged within `alloc_timeout` (given up).
@@ -410,6 +415,7 @@ impl Counters {
             ("alloc_refused", self.alloc_refused),
             ("alloc_retries", self.alloc_retries),
             ("alloc_timeouts", self.alloc_timeouts),
+            ("alloc_cancelled", self.alloc_cancelled),
             ("dealloc_retries", self.dealloc_retries),
             ("dealloc_unacked", self.dealloc_unacked),
             ("loopback", self.loopback),

@@ -426,7 +426,10 @@ fn a_dead_peer_times_out_after_exactly_3_s() {
             }
         }
     );
-    assert_eq!(sent, 12, "the request and 11 repetitions, 250 ms apart");
+    assert_eq!(
+        sent, 13,
+        "the request, 11 repetitions 250 ms apart, and the cancel"
+    );
     assert_eq!(net[0].counters().alloc_timeouts, 1);
     assert_eq!(net[0].poll_timeout(), None);
 }
@@ -464,6 +467,50 @@ fn a_late_acceptance_is_answered_with_a_deallocation() {
     );
     assert_eq!(net[1].flows().count(), 0);
     assert_eq!(net[0].counters().rx_fa_stale, 1);
+}
+
+#[test]
+fn a_requester_that_gives_up_withdraws_its_request_from_the_application() {
+    let mut net = chain(2);
+    net[0]
+        .allocate(ms(0), 1, name("perf"), name("echo"), QosSpec::default())
+        .unwrap();
+    let req = carry(ms(0), &mut net);
+    let [(1, Action::FlowRequest { handle, .. })] = req.as_slice() else {
+        panic!("{req:?}");
+    };
+    // The application does not answer; the requester's patience ends
+    // first (alloc_timeout 3 s), and its cancel reaches the responder.
+    for k in 1..12 {
+        net[0].handle_timeout(ms(250 * k));
+        let _ = carry(ms(250 * k), &mut net);
+    }
+    net[0].handle_timeout(ms(3000));
+    let acts = carry(ms(3000), &mut net);
+    assert!(
+        acts.contains(&(1, Action::RequestWithdrawn { handle: *handle })),
+        "the responder withdraws the request: {acts:?}"
+    );
+    assert!(acts.iter().any(|a| matches!(
+        a,
+        (
+            0,
+            Action::AllocateFailed {
+                flow: 1,
+                error: NormalError::Timeout { .. }
+            }
+        )
+    )));
+    assert_eq!(net[1].counters().alloc_cancelled, 1);
+    assert_eq!(net[1].counters().rx_fa_stale, 0);
+    // A late answer finds nothing to accept; no flow is opened.
+    assert!(matches!(
+        net[1].accept(ms(4000), *handle, 7),
+        Err(NormalError::UnknownRequest(_))
+    ));
+    assert!(carry(ms(4000), &mut net).is_empty());
+    assert_eq!(net[1].flows().count(), 0);
+    assert_eq!(net[0].counters().rx_fa_stale, 0, "the ack was expected");
 }
 
 #[test]
@@ -589,11 +636,17 @@ fn an_unanswered_request_is_withdrawn_after_the_accept_timeout() {
     let [(1, Action::FlowRequest { handle, .. })] = req.as_slice() else {
         panic!("{req:?}");
     };
-    net[1].handle_timeout(ms(4999));
-    assert!(carry(ms(4999), &mut net).is_empty());
-    assert_eq!(net[1].poll_timeout(), Some(ms(5000)));
-    net[1].handle_timeout(ms(5000));
-    let acts = carry(ms(5000), &mut net);
+    let end = net[1].config().accept_timeout;
+    assert!(
+        end < net[1].config().alloc_timeout,
+        "refused before the requester gives up"
+    );
+    let before = Instant::ZERO + (end - Duration::from_millis(1));
+    net[1].handle_timeout(before);
+    assert!(carry(before, &mut net).is_empty());
+    assert_eq!(net[1].poll_timeout(), Some(Instant::ZERO + end));
+    net[1].handle_timeout(Instant::ZERO + end);
+    let acts = carry(Instant::ZERO + end, &mut net);
     assert_eq!(
         acts,
         vec![
@@ -608,7 +661,7 @@ fn an_unanswered_request_is_withdrawn_after_the_accept_timeout() {
         ]
     );
     assert_eq!(
-        net[1].accept(ms(5001), *handle, 7),
+        net[1].accept(Instant::ZERO + end, *handle, 7),
         Err(NormalError::UnknownRequest(*handle))
     );
 }

@@ -1,7 +1,7 @@
 //! What reaches the flow allocator from outside: CDAP messages on flow
 //! objects from peers, the outcome of opening an accepted flow, and time.
 
-use super::{Allocating, Ctx, FaOut, FlowAllocator, Pending};
+use super::{Allocating, Ctx, FaOut, FlowAllocator, Pending, NO_CEP};
 use crate::normal::{Action, CepId, Endpoint, FlowId, NormalError};
 use crate::rmt::Address;
 use crate::time::Instant;
@@ -90,11 +90,16 @@ impl FlowAllocator {
                 self.on_response(cx, now, r);
             }
             FaMessage::Dealloc {
+                dst_cep, src_cep, ..
+            } if dst_cep == NO_CEP => self.on_cancel(cx, now, from, src_cep),
+            FaMessage::Dealloc {
                 dst_cep,
                 src_cep,
                 last_seq,
                 ..
             } => self.on_dealloc(cx, from, (dst_cep, src_cep), last_seq),
+            // The acknowledgement of a cancel: nothing waits for it.
+            FaMessage::DeallocAck { src_cep, .. } if src_cep == NO_CEP => {}
             FaMessage::DeallocAck {
                 dst_cep, src_cep, ..
             } => {
@@ -115,6 +120,44 @@ impl FlowAllocator {
     fn is_flow_to(cx: &Ctx, flow: FlowId, from: Address, remote_cep: CepId) -> bool {
         cx.endpoint(flow)
             .is_some_and(|ep| ep.remote_addr == from && ep.remote_cep == remote_cep)
+    }
+
+    /// The requester `(from, src_cep)` gave up its allocation before an
+    /// answer came (a DEALLOC naming no CEP-id of ours): a request still
+    /// waiting for the application is withdrawn and refused, so that a
+    /// late acceptance does not open a flow nobody will use, and a repeat
+    /// of the request gets the refusal; a flow the application already
+    /// accepted is closed. Acknowledged either way.
+    fn on_cancel(&mut self, cx: &Ctx, now: Instant, from: Address, src_cep: CepId) {
+        let waiting = self
+            .pending
+            .iter()
+            .find(|(_, p)| p.src_addr == from && p.src_cep == src_cep)
+            .map(|(h, _)| *h);
+        let accepted = self.accepted.get(&(from, src_cep)).copied();
+        if let Some(handle) = waiting {
+            self.pending.remove(&handle);
+            self.counters.alloc_cancelled += 1;
+            let reason = "the requester gave up";
+            self.remember_refusal(cx, now, from, src_cep, FaResult::Refused, reason);
+            self.out
+                .push_back(FaOut::Report(Box::new(Action::RequestWithdrawn { handle })));
+        } else if let Some(flow) = accepted.filter(|&f| Self::is_flow_to(cx, f, from, src_cep)) {
+            self.counters.alloc_cancelled += 1;
+            self.out.push_back(FaOut::Close { flow });
+            self.out
+                .push_back(FaOut::Report(Box::new(Action::Deallocated { flow })));
+        } else {
+            self.counters.rx_fa_stale += 1;
+        }
+        self.send(
+            from,
+            &FaMessage::DeallocAck {
+                src_addr: cx.cfg.address,
+                dst_cep: src_cep,
+                src_cep: NO_CEP,
+            },
+        );
     }
 
     /// The peer deleted our flow object `dst_cep`: close the flow, once
@@ -363,6 +406,7 @@ impl FlowAllocator {
             self.out.push_back(FaOut::Settle { to, message });
             if let Some(a) = self.allocating.remove(&flow) {
                 self.allocating_by_cep.remove(&a.local_cep);
+                self.cancel(to, a.local_cep);
                 self.counters.alloc_timeouts += 1;
                 let error = NormalError::Timeout {
                     dst: a.dst,

@@ -234,7 +234,10 @@ fn an_acceptance_of_an_allocation_given_up_is_answered_with_a_dealloc_until_ackn
     // A gives up before the answer comes.
     let (open, out) = a.call(|fa, cx| fa.deallocate(cx, t, 7));
     assert_eq!(open.unwrap(), None, "nothing was open");
-    assert!(matches!(out.as_slice(), [FaOut::Settle { to: 2, .. }]));
+    assert!(matches!(out.as_slice(), [FaOut::Settle { to: 2, .. }, _]));
+    let [(2, FaMessage::Dealloc { dst_cep: 0, .. }, true)] = &sent(&out)[..] else {
+        panic!("expected a cancel to B, got {out:?}");
+    };
 
     let (_, out) = b.call(|fa, cx| fa.on_cdap(cx, t, 1, &cdap(&request)));
     let [Action::FlowRequest { handle, .. }] = reports(out)[..] else {
