@@ -206,7 +206,7 @@ pub fn wait_reply(w: &OwnedFd, cloexec: bool) -> Result<(Reply, Option<OwnedFd>)
         Ok(Message::FlowRequest(_)) => Err(ApiError::Protocol(
             "a flow request arrived where an answer was expected".into(),
         )),
-        Ok(Message::Progress { .. }) => Err(ApiError::Protocol(
+        Ok(Message::Progress { .. } | Message::RequestWithdrawn { .. }) => Err(ApiError::Protocol(
             "news of an operation under way arrived where an answer was expected".into(),
         )),
         Err(e) => Err(ApiError::Protocol(format!(
@@ -346,6 +346,12 @@ fn from_daemon(conn: &Conn, app: &OwnedFd, held: &mut VecDeque<Vec<u8>>, buf: &m
         }
         // Only management operations this API does not ask for send it.
         Ok(Message::Progress { .. }) => {}
+        // Not handed to the application yet: it never sees it. (One it
+        // has fails its accept with `request_gone`, which
+        // `rina_flow_accept` passes over.)
+        Ok(Message::RequestWithdrawn { handle }) => {
+            held.retain(|b| ctl::decode::<IncomingFlow>(b).map_or(true, |r| r.handle != handle));
+        }
         Ok(Message::Reply { id, .. }) => {
             let route = lock(&conn.routes).remove(&id);
             if let Some(w) = route {

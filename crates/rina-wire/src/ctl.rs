@@ -322,6 +322,10 @@ pub enum Message {
     /// A step of the operation of request `id`, under way (the steps of
     /// an [`Op::Enroll`] as they happen); its reply follows.
     Progress { id: u64, line: String },
+    /// Flow request `handle`, sent to this connection, is gone: its
+    /// application did not answer in time, or its requester gave up.
+    /// Accepting it now fails with [`ErrorKind::RequestGone`].
+    RequestWithdrawn { handle: u64 },
 }
 
 /// A successful answer.
@@ -675,6 +679,7 @@ mod tests {
                 remote: "b".parse().unwrap(),
                 qos: QosSpec::default(),
             }),
+            Message::RequestWithdrawn { handle: 9 },
         ];
         for m in msgs {
             assert_eq!(decode::<Message>(&encode(&m)).unwrap(), m);

@@ -279,15 +279,11 @@ impl Client {
     /// [`Client::next_request_timeout`] to give up after a while.
     pub fn next_request(&mut self) -> Result<IncomingFlow> {
         loop {
-            if let Some(r) = self.pending.pop_front() {
+            if let Some(r) = self.next_pending()? {
                 return Ok(r);
             }
-            match self.recv(None)? {
-                None => {}
-                Some((Message::FlowRequest(r), _)) => return Ok(r),
-                // A reply nobody waits for (its caller gave up): dropped,
-                // with any descriptor it carried.
-                Some((Message::Reply { .. } | Message::Progress { .. }, _)) => {}
+            if let Some(m) = self.recv(None)? {
+                self.news(m);
             }
         }
     }
@@ -297,17 +293,43 @@ impl Client {
         // A timeout too large to add is no timeout.
         let deadline = Instant::now().checked_add(timeout);
         loop {
-            if let Some(r) = self.pending.pop_front() {
+            if let Some(r) = self.next_pending()? {
                 return Ok(Some(r));
             }
             match self.recv(deadline)? {
                 None => return Ok(None),
-                Some((Message::FlowRequest(r), _)) => return Ok(Some(r)),
-                // A reply nobody waits for (its caller gave up): dropped,
-                // with any descriptor it carried.
-                Some((Message::Reply { .. } | Message::Progress { .. }, _)) => {}
+                Some(m) => self.news(m),
             }
         }
+    }
+
+    /// The first request queued, once everything the daemon has already
+    /// sent is read (so that a withdrawal that came with its request is
+    /// seen before the request is handed out).
+    fn next_pending(&mut self) -> Result<Option<IncomingFlow>> {
+        while let Some(m) = self.recv(Some(Instant::now()))? {
+            self.news(m);
+        }
+        Ok(self.pending.pop_front())
+    }
+
+    /// Takes a message that is not the answer to a call: requests are
+    /// queued, withdrawn ones dropped from the queue; a reply nobody
+    /// waits for (its caller gave up) is dropped, with any descriptor it
+    /// carried.
+    fn news(&mut self, (msg, _fds): (Message, Vec<OwnedFd>)) {
+        match msg {
+            Message::FlowRequest(r) => self.pending.push_back(r),
+            Message::RequestWithdrawn { handle } => self.withdrawn(handle),
+            Message::Reply { .. } | Message::Progress { .. } => {}
+        }
+    }
+
+    /// Request `handle` is gone: if it was not handed out yet, it never
+    /// will be. (One handed out fails its accept with
+    /// [`ErrorKind::RequestGone`].)
+    fn withdrawn(&mut self, handle: u64) {
+        self.pending.retain(|r| r.handle != handle);
     }
 
     /// The flow requests received but not yet handed out.
@@ -666,6 +688,7 @@ impl Client {
             match got {
                 None => return Err(self.timed_out(what, "answer")),
                 Some((Message::FlowRequest(r), _)) => self.pending.push_back(r),
+                Some((Message::RequestWithdrawn { handle }, _)) => self.withdrawn(handle),
                 Some((Message::Progress { id: rid, line }, _)) => {
                     if rid == id {
                         progress(&line);
@@ -750,6 +773,7 @@ impl Client {
         loop {
             match self.recv(Some(Instant::now())) {
                 Ok(Some((Message::FlowRequest(r), _))) => self.pending.push_back(r),
+                Ok(Some((Message::RequestWithdrawn { handle }, _))) => self.withdrawn(handle),
                 Ok(Some((
                     Message::Reply {
                         id: 0,

@@ -964,3 +964,48 @@ fn a_flow_without_rings_sends_nothing_in_place_and_refuses_to_read_in_place() {
         .expect_err("no rings");
     assert_eq!(e.kind, ErrorKind::InvalidRequest, "{e}");
 }
+
+#[test]
+fn a_withdrawn_request_is_never_handed_out() {
+    let (sent_tx, sent) = std::sync::mpsc::channel();
+    let (mut client, daemon) = fake_daemon(move |ctl| {
+        let req = recv_req(&ctl).expect("register");
+        // Requests and a withdrawal arrive while a call waits: queued,
+        // then the withdrawn one is dropped from the queue.
+        send_msg(&ctl, &Message::FlowRequest(incoming(1)), None);
+        send_msg(&ctl, &Message::FlowRequest(incoming(2)), None);
+        send_msg(&ctl, &Message::RequestWithdrawn { handle: 1 }, None);
+        send_msg(
+            &ctl,
+            &Message::Reply {
+                id: req.id,
+                result: Ok(Reply::Registered {
+                    difs: vec!["udp.net".into()],
+                }),
+            },
+            None,
+        );
+        // A request and its withdrawal, both unread when the application
+        // asks for the next request.
+        send_msg(&ctl, &Message::FlowRequest(incoming(3)), None);
+        send_msg(&ctl, &Message::RequestWithdrawn { handle: 3 }, None);
+        send_msg(&ctl, &Message::FlowRequest(incoming(4)), None);
+        sent_tx.send(()).unwrap();
+        // Held until the client is done.
+        let _ = recv_req(&ctl);
+    });
+    client.register(&name("echo"), None).unwrap();
+    assert_eq!(client.pending_requests(), 1, "request 1 was withdrawn");
+    sent.recv().unwrap();
+    assert_eq!(client.next_request().unwrap().handle, 2);
+    let next = client
+        .next_request_timeout(Duration::from_secs(10))
+        .unwrap()
+        .expect("a request");
+    assert_eq!(
+        next.handle, 4,
+        "request 3 was withdrawn before it was handed out"
+    );
+    drop(client);
+    daemon.join().unwrap();
+}

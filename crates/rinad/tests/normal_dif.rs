@@ -708,3 +708,27 @@ fn sdus_written_just_before_a_close_reach_the_reader() {
         }
     }
 }
+
+#[test]
+fn a_request_nobody_answers_is_refused_before_the_requester_gives_up_and_never_handed_out() {
+    let (alpha, beta) = pair();
+    // beta's server registers, then does not look at its requests.
+    let mut server = beta.client();
+    server.register(&name("echo"), Some("net")).unwrap();
+    let mut c = alpha.client();
+    let e = c
+        .allocate(&name("x"), &name("echo"), Some("net"), &QosSpec::default())
+        .unwrap_err();
+    // The responder's accept_timeout (2 s) ends before the requester's
+    // alloc_timeout (3 s): a refusal that says why, not a timeout.
+    assert_eq!(e.kind(), rina::ErrorKind::Refused, "{e}");
+    assert!(e.to_string().contains("did not answer in time"), "{e}");
+    // The request was withdrawn before the server looked: it never sees it.
+    let late = server
+        .next_request_timeout(Duration::from_millis(300))
+        .unwrap();
+    assert!(
+        late.is_none(),
+        "a withdrawn request was handed out: {late:?}"
+    );
+}

@@ -219,7 +219,10 @@ impl Daemon {
             return;
         };
         let mut bytes = ctl::encode(msg);
-        let answer = !matches!(msg, Message::FlowRequest(_));
+        let answer = !matches!(
+            msg,
+            Message::FlowRequest(_) | Message::RequestWithdrawn { .. }
+        );
         if conn.out.is_empty() {
             let raw: Vec<std::os::fd::RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
             match sys::send_fds(conn.fd.as_raw_fd(), &bytes, &raw) {
@@ -1005,7 +1008,7 @@ fn check_qos(q: &rina_wire::QosSpec) -> Result<(), CtlError> {
 fn too_big(msg: &Message, len: usize) -> Vec<u8> {
     let id = match msg {
         Message::Reply { id, .. } | Message::Progress { id, .. } => *id,
-        Message::FlowRequest(_) => 0,
+        Message::FlowRequest(_) | Message::RequestWithdrawn { .. } => 0,
     };
     let e = CtlError::new(
         ErrorKind::NoResources,

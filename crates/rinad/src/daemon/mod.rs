@@ -718,7 +718,12 @@ impl Daemon {
                 self.send_msg(conn, &msg, Vec::new());
             }
             AppEvent::RequestWithdrawn { handle } => {
-                self.incoming.remove(&handle);
+                // Its application hears of it, so that it does not accept
+                // a request that is gone.
+                if let Some(inc) = self.incoming.remove(&handle) {
+                    let msg = Message::RequestWithdrawn { handle };
+                    self.send_msg(inc.conn, &msg, Vec::new());
+                }
             }
             AppEvent::Allocated { port, max_sdu } => self.allocated(port, max_sdu),
             AppEvent::AllocateFailed { port, error } => {
