@@ -157,3 +157,55 @@ fn request_response_and_parallel_flows_between_two_daemons() {
         assert!((total.rx_mbps - rx).abs() < 1e-6);
     }
 }
+
+/// A server that takes the flow and reads it, but never answers a STOP:
+/// the client reports the size as failed, not as a test in which nothing
+/// arrived, and exits 1.
+#[test]
+fn a_report_that_never_comes_is_a_failed_row_not_an_empty_one() {
+    let bins = bin_dir();
+    let dir = std::env::temp_dir().join(format!("rina-perf-silent-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut procs = Procs(Vec::new(), dir.clone());
+    let (pa, pb) = (free_port(), free_port());
+    for (me, port, pport) in [("alpha", pa, pb), ("beta", pb, pa)] {
+        let conf = dir.join(format!("{me}.toml"));
+        std::fs::write(&conf, config(me, port, pport)).unwrap();
+        let child = spawn_rinad(&bins, &conf, &dir.join(format!("{me}.sock")));
+        procs.0.push(child);
+    }
+    let (a, b) = (dir.join("alpha.sock"), dir.join("beta.sock"));
+    wait_until("the daemons' sockets", Duration::from_secs(20), || {
+        a.exists() && b.exists()
+    });
+    let mut silent = rina::Client::connect_to(&b).expect("connect to beta");
+    silent.register(&"perf".parse().unwrap(), None).unwrap();
+    let server = std::thread::spawn(move || {
+        let Ok(Some(req)) = silent.next_request_timeout(Duration::from_secs(30)) else {
+            return;
+        };
+        let Ok(flow) = silent.accept(&req) else {
+            return;
+        };
+        let mut buf = vec![0u8; 70_000];
+        while let Ok(Some(_)) = flow.read_timeout(&mut buf, Duration::from_secs(15)) {}
+    });
+    let out = Command::new(bins.join("rina-perf"))
+        .arg("client")
+        .arg("--socket")
+        .arg(&a)
+        .args(["--dst", "perf", "--size", "100", "--count", "20"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run rina-perf");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(stderr.contains("no REPORT from the server"), "{stderr}");
+    let row = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("100 "))
+        .unwrap_or_else(|| panic!("no row for size 100:\n{stdout}"));
+    assert!(row.contains("failed"), "{row}");
+    server.join().unwrap();
+}

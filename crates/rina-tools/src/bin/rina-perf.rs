@@ -306,7 +306,7 @@ fn client(a: ClientArgs) -> i32 {
             .collect()
     });
     let report = report(&a, &flows[0], &sizes, runs);
-    print_report(&a, &report)
+    print_report(&a, &sizes, &report)
 }
 
 /// Runs every size's test on one flow; prints a line per test if `human`.
@@ -415,7 +415,7 @@ fn report(a: &ClientArgs, first: &Flow, sizes: &[usize], runs: Vec<FlowRun>) -> 
 
 /// Prints the report as asked; returns the exit code (1 if a test failed
 /// or nothing arrived).
-fn print_report(a: &ClientArgs, report: &PerfReport) -> i32 {
+fn print_report(a: &ClientArgs, sizes: &[usize], report: &PerfReport) -> i32 {
     let failed = report.flows.iter().any(|f| f.error.is_some());
     let empty = match a.kind {
         TestKind::Perf => report.tests.iter().any(|t| t.report.recv_sdus == 0),
@@ -446,21 +446,27 @@ fn print_report(a: &ClientArgs, report: &PerfReport) -> i32 {
             println!("total of {} flows:", report.flows.len());
         }
         match a.kind {
-            TestKind::Perf => print!("{}", results_table(&report.tests).render()),
-            TestKind::Rr => print!("{}", rr_table(&report.rr).render()),
+            TestKind::Perf => print!("{}", results_table(sizes, &report.tests).render()),
+            TestKind::Rr => print!("{}", rr_table(sizes, &report.rr).render()),
         }
     }
     i32::from(failed || empty)
 }
 
 /// The human-readable table of request/response results.
-fn rr_table(tests: &[perf::rr::RrResult]) -> Table {
+fn rr_table(sizes: &[usize], tests: &[perf::rr::RrResult]) -> Table {
     let mut t = Table::new(&[
         "REQ", "RESP", "OUTST", "TRANS", "LOST", "TRANS/s", "MIN_us", "P50_us", "P90_us", "P99_us",
         "MAX_us",
     ])
     .numeric(&[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
-    for r in tests {
+    // Results come in the order of the sizes, without the failed ones.
+    let mut results = tests.iter().peekable();
+    for &size in sizes {
+        let Some(r) = results.next_if(|r| r.request_size == size) else {
+            t.row(failed_row(size, 11));
+            continue;
+        };
         let l = |f: fn(&rina_tools::stats::Summary) -> f64| {
             r.latency_us
                 .as_ref()
@@ -492,13 +498,19 @@ fn duration(a: &ClientArgs) -> Duration {
 }
 
 /// The human-readable table of test results.
-fn results_table(tests: &[TestResult]) -> Table {
+fn results_table(sizes: &[usize], tests: &[TestResult]) -> Table {
     let mut t = Table::new(&[
         "SIZE", "SENT", "RECV", "LOSS%", "TX_Mb/s", "TX_SDU/s", "RX_Mb/s", "RX_SDU/s", "DUP",
         "REORD",
     ])
     .numeric(&[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
-    for r in tests {
+    // Results come in the order of the sizes, without the failed ones.
+    let mut results = tests.iter().peekable();
+    for &size in sizes {
+        let Some(r) = results.next_if(|r| r.size == size) else {
+            t.row(failed_row(size, 10));
+            continue;
+        };
         t.row(vec![
             r.size.to_string(),
             r.sent_sdus.to_string(),
@@ -513,6 +525,15 @@ fn results_table(tests: &[TestResult]) -> Table {
         ]);
     }
     t
+}
+
+/// The row of a size whose test gave no result on any flow (its error
+/// was printed when it failed): the size, then "failed" and dashes, so
+/// that it does not read as a test in which nothing arrived.
+fn failed_row(size: usize, columns: usize) -> Vec<String> {
+    let mut row = vec![size.to_string(), "failed".to_string()];
+    row.resize(columns, "-".to_string());
+    row
 }
 
 /// A test id unlikely to collide with another client's.
