@@ -179,8 +179,21 @@ impl Matrix {
             source
                 .profile()
                 .map_err(|e| format!("flow entry {}: {e}", i + 1))?;
-            if !(f.duration_s.is_finite() && f.duration_s > 0.0 && f.start_s >= 0.0) {
-                return Err(format!("flow entry {}: bad start_s or duration_s", i + 1));
+            if !(f.start_s.is_finite() && f.start_s >= 0.0) {
+                return Err(format!(
+                    "flow entry {} (peer {}): start_s = {} is not a time: it must be 0 or more seconds after the start",
+                    i + 1,
+                    f.peer,
+                    f.start_s
+                ));
+            }
+            if !(f.duration_s.is_finite() && f.duration_s > 0.0) {
+                return Err(format!(
+                    "flow entry {} (peer {}): duration_s = {} is not a length of time: it must be more than 0 seconds",
+                    i + 1,
+                    f.peer,
+                    f.duration_s
+                ));
             }
             for _ in 0..f.count {
                 let flow = out.len() as u32 + 1;
@@ -278,5 +291,21 @@ seed = "17388166129998380965"
             .is_err());
         assert!(Matrix::parse("bogus = 1").is_err());
         assert!(Matrix::parse("[[flow]]\npeer = \"x\"\nprofile = \"cbr\"\nseed = \"-1\"").is_err());
+    }
+
+    #[test]
+    fn a_bad_start_or_duration_is_named_with_its_value() {
+        let m = |extra: &str| {
+            Matrix::parse(&format!(
+                "[[flow]]\npeer = \"tgen\"\nprofile = \"voip\"\n{extra}"
+            ))
+            .unwrap()
+            .plans(1, None)
+            .unwrap_err()
+        };
+        let e = m("start_s = -1.0");
+        assert!(e.contains("flow entry 1 (peer tgen): start_s = -1"), "{e}");
+        let e = m("duration_s = 0.0");
+        assert!(e.contains("duration_s = 0 is not a length of time"), "{e}");
     }
 }
