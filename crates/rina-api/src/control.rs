@@ -48,6 +48,9 @@ pub struct Conn {
     handles: Mutex<Handles>,
     /// The daemon closed the connection.
     gone: AtomicBool,
+    /// The process that opened it: its relay thread, which takes the
+    /// daemon's replies, runs only there.
+    pid: u32,
 }
 
 #[derive(Default)]
@@ -75,6 +78,7 @@ pub fn open() -> Result<RawFd> {
         routes: Mutex::new(HashMap::new()),
         handles: Mutex::new(Handles::default()),
         gone: AtomicBool::new(false),
+        pid: std::process::id(),
     });
     lock(&CONNS).insert(key, conn.clone());
     let spawned = std::thread::Builder::new()
@@ -100,11 +104,23 @@ pub fn open() -> Result<RawFd> {
 pub fn lookup(fd: RawFd) -> Result<Arc<Conn>> {
     let key =
         sys::key(fd).map_err(|_| ApiError::BadFd(format!("{fd} is not an open descriptor")))?;
-    lock(&CONNS).get(&key).cloned().ok_or_else(|| {
+    let conn = lock(&CONNS).get(&key).cloned().ok_or_else(|| {
         ApiError::BadFd(format!(
             "descriptor {fd} is not a RINA control descriptor from rina_open()"
         ))
-    })
+    })?;
+    if conn.pid != std::process::id() {
+        // A child of fork(2): the relay thread that would take the
+        // daemon's answers stayed in the parent, so a call here would wait
+        // for nothing (and the parent's relay would drop the answer).
+        return Err(ApiError::BadFd(format!(
+            "control descriptor {fd} was opened by process {} before a fork: \
+             a child process must call rina_open() for a descriptor of its own \
+             (flow descriptors are shared across fork as usual)",
+            conn.pid
+        )));
+    }
+    Ok(conn)
 }
 
 impl Conn {

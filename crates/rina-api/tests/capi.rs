@@ -94,6 +94,29 @@ fn c_program_without_a_daemon_gets_errno() {
     let _ = std::fs::remove_dir_all(out);
 }
 
+/// A child of fork(2) that uses its parent's control descriptor gets EBADF
+/// at once, with a message saying why, instead of waiting 30 s for an
+/// answer the parent's relay thread takes; one it opens itself works.
+#[test]
+fn a_forked_child_is_told_to_open_its_own_control_descriptor() {
+    let out = temp_dir("fork");
+    let client = compile("client", &out, Link::Static);
+    let (alpha, _beta) = pair(&[]);
+    let c = Command::new(&client)
+        .arg("fork")
+        .env("RINA_SOCKET", &alpha.socket)
+        .output()
+        .expect("run the C client");
+    assert!(
+        c.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&c.stdout),
+        String::from_utf8_lossy(&c.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&c.stdout).trim(), "fork ok");
+    let _ = std::fs::remove_dir_all(out);
+}
+
 trait WaitChecked {
     /// Waits for the child (bounded) and returns its exit status and stderr.
     fn wait_with_output_checked(&mut self) -> String;

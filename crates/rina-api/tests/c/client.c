@@ -6,8 +6,14 @@
  * usage: client            the full run against server.c
  *        client nodaemon   only checks that rina_open() and rina_flow_alloc()
  *                          fail cleanly when no daemon listens
+ *        client fork       checks that a child of fork() using its parent's
+ *                          control descriptor fails at once with EBADF (the
+ *                          relay thread stayed in the parent) and that a
+ *                          descriptor of its own works
  */
 #include <poll.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -70,6 +76,41 @@ static int nodaemon(void)
     return 0;
 }
 
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static int forked(void)
+{
+    int cfd = rina_open();
+    CHECK(cfd >= 0);
+    CHECK(rina_register(cfd, NULL, "capi-parent", 0) == 0);
+    pid_t child = fork();
+    CHECK(child >= 0);
+    if (child == 0) {
+        double t0 = now_s();
+        CHECK_FAILS(rina_register(cfd, NULL, "capi-child", 0), EBADF);
+        CHECK(strstr(rina_api_last_error(), "before a fork") != NULL);
+        CHECK(now_s() - t0 < 5.0);
+        int own = rina_open();
+        CHECK(own >= 0);
+        CHECK(rina_register(own, NULL, "capi-child", 0) == 0);
+        CHECK(close(own) == 0);
+        _exit(0);
+    }
+    int status = 0;
+    CHECK(waitpid(child, &status, 0) == child);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    /* The parent's descriptor still works. */
+    CHECK(rina_unregister(cfd, NULL, "capi-parent", 0) == 0);
+    CHECK(close(cfd) == 0);
+    printf("fork ok\n");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     struct rina_flow_spec spec;
@@ -77,6 +118,9 @@ int main(int argc, char **argv)
 
     if (argc > 1 && strcmp(argv[1], "nodaemon") == 0) {
         return nodaemon();
+    }
+    if (argc > 1 && strcmp(argv[1], "fork") == 0) {
+        return forked();
     }
     errors();
 
