@@ -222,7 +222,11 @@ pub fn wait_reply(w: &OwnedFd, cloexec: bool) -> Result<(Reply, Option<OwnedFd>)
         Ok(Message::FlowRequest(_)) => Err(ApiError::Protocol(
             "a flow request arrived where an answer was expected".into(),
         )),
-        Ok(Message::Progress { .. } | Message::RequestWithdrawn { .. }) => Err(ApiError::Protocol(
+        Ok(
+            Message::Progress { .. }
+            | Message::RequestWithdrawn { .. }
+            | Message::Unregistered { .. },
+        ) => Err(ApiError::Protocol(
             "news of an operation under way arrived where an answer was expected".into(),
         )),
         Err(e) => Err(ApiError::Protocol(format!(
@@ -365,6 +369,9 @@ fn from_daemon(conn: &Conn, app: &OwnedFd, held: &mut VecDeque<Vec<u8>>, buf: &m
         // Not handed to the application yet: it never sees it. (One it
         // has fails its accept with `request_gone`, which
         // `rina_flow_accept` passes over.)
+        // rlite has no such news: the program keeps waiting, as it would
+        // there after `rlite-ctl` withdrew its name.
+        Ok(Message::Unregistered { .. }) => {}
         Ok(Message::RequestWithdrawn { handle }) => {
             held.retain(|b| ctl::decode::<IncomingFlow>(b).map_or(true, |r| r.handle != handle));
         }

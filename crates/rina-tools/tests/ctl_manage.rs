@@ -161,7 +161,7 @@ fn rinactl_adds_and_removes_neighbours_and_stops_flows() {
             &QosSpec::default(),
         )
         .unwrap();
-    let (_srv, _theirs) = server.join().unwrap();
+    let (mut srv, _theirs) = server.join().unwrap();
 
     // Flows stopped and names withdrawn from the command line.
     let port = flow.info().port.to_string();
@@ -169,6 +169,11 @@ fn rinactl_adds_and_removes_neighbours_and_stops_flows() {
     assert_eq!(v["done"], format!("flow {port} deallocated"), "{v}");
     assert_eq!(a.ok(&["flows"]).as_array().unwrap().len(), 0);
     b.ok(&["unregister", "echo"]);
+    // The server that registered it hears of it, instead of waiting for
+    // requests that will not come.
+    let e = srv.next_request_timeout(T).unwrap_err();
+    assert_eq!(e.kind(), rina::ErrorKind::NotRegistered, "{e}");
+    assert!(e.to_string().contains("unregistered echo from net"), "{e}");
     // What is left is beta.net's own registration in the shim DIF.
     let names = b.ok(&["names"]);
     let left: Vec<&str> = names

@@ -326,6 +326,10 @@ pub enum Message {
     /// application did not answer in time, or its requester gave up.
     /// Accepting it now fails with [`ErrorKind::RequestGone`].
     RequestWithdrawn { handle: u64 },
+    /// Another connection (an administrator's `rinactl unregister`)
+    /// withdrew the registration of `name` in `dif` that this connection
+    /// made: no more flow requests for it come here.
+    Unregistered { name: AppName, dif: String },
 }
 
 /// A successful answer.
@@ -680,6 +684,10 @@ mod tests {
                 qos: QosSpec::default(),
             }),
             Message::RequestWithdrawn { handle: 9 },
+            Message::Unregistered {
+                name: "a".parse().unwrap(),
+                dif: "d".into(),
+            },
         ];
         for m in msgs {
             assert_eq!(decode::<Message>(&encode(&m)).unwrap(), m);

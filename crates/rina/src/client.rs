@@ -10,7 +10,7 @@ use rina_wire::ctl::{
     RibObjectInfo, SchedulerInfo, MAX_CTL_MSG,
 };
 use rina_wire::{AppName, QosSpec};
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -45,6 +45,11 @@ pub struct Client {
     path: PathBuf,
     next_id: u64,
     pending: VecDeque<IncomingFlow>,
+    /// The registrations this connection made, as (name, DIF).
+    registered: BTreeSet<(AppName, String)>,
+    /// Why no registration is left, when another connection (an
+    /// administrator) withdrew the last one: flow requests will not come.
+    orphaned: Option<String>,
     buf: Vec<u8>,
     timeout: Option<Duration>,
     /// Ask for shared-memory rings on flows allocated or accepted from now on.
@@ -166,6 +171,8 @@ impl Client {
             path: PathBuf::new(),
             next_id: 1,
             pending: VecDeque::new(),
+            registered: BTreeSet::new(),
+            orphaned: None,
             buf: Vec::new(),
             timeout: Some(DEFAULT_TIMEOUT),
             rings: true,
@@ -234,11 +241,16 @@ impl Client {
             name: name.clone(),
             dif: dif.map(str::to_owned),
         };
-        match self.call("register", op)? {
-            (Reply::Registered { difs }, _) => Ok(difs),
-            (Reply::Done, _) => Ok(dif.map(|d| vec![d.to_owned()]).unwrap_or_default()),
-            (other, _) => Err(unexpected("register", &other)),
+        let difs = match self.call("register", op)? {
+            (Reply::Registered { difs }, _) => difs,
+            (Reply::Done, _) => dif.map(|d| vec![d.to_owned()]).unwrap_or_default(),
+            (other, _) => return Err(unexpected("register", &other)),
+        };
+        for d in &difs {
+            self.registered.insert((name.clone(), d.clone()));
         }
+        self.orphaned = None;
+        Ok(difs)
     }
 
     /// Withdraws a registration from `dif`, or from every DIF without one.
@@ -247,7 +259,10 @@ impl Client {
             name: name.clone(),
             dif: dif.map(str::to_owned),
         };
-        self.call("unregister", op).map(|_| ())
+        self.call("unregister", op)?;
+        self.registered
+            .retain(|(n, d)| !(n == name && dif.is_none_or(|x| x == d)));
+        Ok(())
     }
 
     /// Allocates a flow from `local` to `remote` in `dif` (or a DIF the daemon
@@ -277,11 +292,16 @@ impl Client {
     /// This waits for a peer, not for the daemon, so it has no timeout: it
     /// returns when a request comes or the daemon closes the connection. Use
     /// [`Client::next_request_timeout`] to give up after a while.
+    ///
+    /// If another connection (an administrator's `rinactl unregister`)
+    /// withdraws every name this connection registered, it fails with
+    /// [`ErrorKind::NotRegistered`] saying so, since no request will come.
     pub fn next_request(&mut self) -> Result<IncomingFlow> {
         loop {
             if let Some(r) = self.next_pending()? {
                 return Ok(r);
             }
+            self.check_orphaned()?;
             if let Some(m) = self.recv(None)? {
                 self.news(m);
             }
@@ -296,6 +316,7 @@ impl Client {
             if let Some(r) = self.next_pending()? {
                 return Ok(Some(r));
             }
+            self.check_orphaned()?;
             match self.recv(deadline)? {
                 None => return Ok(None),
                 Some(m) => self.news(m),
@@ -321,7 +342,25 @@ impl Client {
         match msg {
             Message::FlowRequest(r) => self.pending.push_back(r),
             Message::RequestWithdrawn { handle } => self.withdrawn(handle),
+            Message::Unregistered { name, dif } => {
+                self.registered.remove(&(name.clone(), dif.clone()));
+                if self.registered.is_empty() {
+                    self.orphaned = Some(format!(
+                        "another connection (an administrator) unregistered {name} from {dif}, \
+                         the last name registered on this connection: no flow request will come"
+                    ));
+                }
+            }
             Message::Reply { .. } | Message::Progress { .. } => {}
+        }
+    }
+
+    /// Fails if every name this connection registered was withdrawn by
+    /// another connection.
+    fn check_orphaned(&self) -> Result<()> {
+        match &self.orphaned {
+            Some(why) => Err(Error::new(ErrorKind::NotRegistered, why.clone())),
+            None => Ok(()),
         }
     }
 
@@ -687,8 +726,12 @@ impl Client {
             };
             match got {
                 None => return Err(self.timed_out(what, "answer")),
-                Some((Message::FlowRequest(r), _)) => self.pending.push_back(r),
-                Some((Message::RequestWithdrawn { handle }, _)) => self.withdrawn(handle),
+                Some((
+                    m @ (Message::FlowRequest(_)
+                    | Message::RequestWithdrawn { .. }
+                    | Message::Unregistered { .. }),
+                    fds,
+                )) => self.news((m, fds)),
                 Some((Message::Progress { id: rid, line }, _)) => {
                     if rid == id {
                         progress(&line);
@@ -772,8 +815,12 @@ impl Client {
     fn parting_words(&mut self) -> Option<Error> {
         loop {
             match self.recv(Some(Instant::now())) {
-                Ok(Some((Message::FlowRequest(r), _))) => self.pending.push_back(r),
-                Ok(Some((Message::RequestWithdrawn { handle }, _))) => self.withdrawn(handle),
+                Ok(Some((
+                    m @ (Message::FlowRequest(_)
+                    | Message::RequestWithdrawn { .. }
+                    | Message::Unregistered { .. }),
+                    fds,
+                ))) => self.news((m, fds)),
                 Ok(Some((
                     Message::Reply {
                         id: 0,

@@ -221,7 +221,9 @@ impl Daemon {
         let mut bytes = ctl::encode(msg);
         let answer = !matches!(
             msg,
-            Message::FlowRequest(_) | Message::RequestWithdrawn { .. }
+            Message::FlowRequest(_)
+                | Message::RequestWithdrawn { .. }
+                | Message::Unregistered { .. }
         );
         if conn.out.is_empty() {
             let raw: Vec<std::os::fd::RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
@@ -555,6 +557,14 @@ impl Daemon {
             self.sys.unregister_at(i, name);
             if let Some(c) = self.conns.get_mut(&holder) {
                 c.names.retain(|(j, n)| !(*j == i && n == name));
+            }
+            if holder != conn {
+                // The application that registered it hears of it.
+                let msg = Message::Unregistered {
+                    name: name.clone(),
+                    dif: self.ipcps[i].dif.clone(),
+                };
+                self.send_msg(holder, &msg, Vec::new());
             }
             info!(%name, ipcp = %self.ipcps[i].name, "unregistered");
             found = true;
@@ -1008,7 +1018,9 @@ fn check_qos(q: &rina_wire::QosSpec) -> Result<(), CtlError> {
 fn too_big(msg: &Message, len: usize) -> Vec<u8> {
     let id = match msg {
         Message::Reply { id, .. } | Message::Progress { id, .. } => *id,
-        Message::FlowRequest(_) | Message::RequestWithdrawn { .. } => 0,
+        Message::FlowRequest(_)
+        | Message::RequestWithdrawn { .. }
+        | Message::Unregistered { .. } => 0,
     };
     let e = CtlError::new(
         ErrorKind::NoResources,
