@@ -38,6 +38,7 @@ pub mod claims;
 mod events;
 pub mod member;
 mod removal;
+mod rib_view;
 mod tap;
 
 pub use crate::buf::{PduBuf, SduSource};

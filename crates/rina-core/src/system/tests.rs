@@ -226,6 +226,34 @@ fn two_systems_set_up_their_n1_flow_and_carry_an_application_flow() {
 }
 
 #[test]
+fn a_normal_members_rib_shows_its_neighbours_and_their_n1_flows() {
+    let mut net = Net::new((0..2).map(|i| line_system(i, 2, &fifo(), None)).collect());
+    let neighbour = |net: &Net| {
+        let rib = net.sys[0].normal_rib(1).expect("member 1 is normal");
+        match rib
+            .get("/difm/enr/neighs/pn=s1.net")
+            .map(|o| o.value.clone())
+        {
+            Some(crate::rib::ObjValue::Str(s)) => s,
+            other => panic!("no Neighbor object: {other:?}"),
+        }
+    };
+    let before = neighbour(&net);
+    assert!(
+        before.starts_with("address from hellos, over DIF udp, "),
+        "{before}"
+    );
+    assert!(!before.contains("up on"), "{before}");
+    net.run_until(ms(500));
+    let port = net.sys[0].n1_flows().next().unwrap().0;
+    assert_eq!(
+        neighbour(&net),
+        format!("address from hellos, over DIF udp, up on N-1 port {port}")
+    );
+    assert!(net.sys[0].normal_rib(0).is_none(), "member 0 is the shim");
+}
+
+#[test]
 fn the_allocator_retries_every_second_until_the_neighbour_answers() {
     let mut net = Net::new((0..2).map(|i| line_system(i, 2, &fifo(), None)).collect());
     // s1 is deaf for 3.5 s: s0 asks, times out and asks again.

@@ -206,51 +206,16 @@ pub(super) fn flow_error(e: impl Into<FlowError>) -> CtlError {
 }
 
 impl Daemon {
-    /// The RIB of an IPCP: the machine's own view, plus what only the
-    /// daemon knows (the neighbours and the state of their N-1 flows).
+    /// The RIB of an IPCP: the machine's own view (a normal IPCP's with
+    /// its neighbours, from the system), plus what only the daemon knows
+    /// about a shim's medium.
     pub(super) fn ipcp_rib(&self, i: usize) -> rina_core::rib::Rib {
         use rina_core::rib::{self, ObjValue, Rib};
         match (&self.ipcps[i].io, self.machine(i)) {
-            (_, Some(Machine::Normal(n))) => {
-                let mut r = n.rib();
-                let neighbors = self.sys.plan(i).map_or(&[][..], |p| &p.neighbors[..]);
-                for nb in neighbors {
-                    let rmt = n.rmt();
-                    let on = |p: PortId| match rmt.lower_cube(p) {
-                        Some(c) => format!("{p} (cube {})", c.name),
-                        None => p.to_string(),
-                    };
-                    let state = match nb.port {
-                        Some(p) => {
-                            let lanes: Vec<String> = rmt
-                                .lanes()
-                                .filter(|(_, l)| l.primary == p)
-                                .map(|(l, _)| on(l))
-                                .collect();
-                            if lanes.is_empty() {
-                                format!("up on N-1 port {}", on(p))
-                            } else {
-                                format!("up on N-1 port {}, lanes {}", on(p), lanes.join(", "))
-                            }
-                        }
-                        None if nb.pending.is_some() => "allocating".to_string(),
-                        None => "down".to_string(),
-                    };
-                    let _ = r.create_with_parents(
-                        &format!("/difm/enr/neighs/pn={}", nb.spec.name),
-                        "Neighbor",
-                        ObjValue::Str(format!(
-                            "address {}, over DIF {}, {state}",
-                            nb.spec
-                                .address
-                                .map_or_else(|| "from hellos".to_string(), |a| a.to_string()),
-                            self.ipcps[nb.lower].dif
-                        )),
-                        rib::OwnerId::ENROLLMENT,
-                    );
-                }
-                r
-            }
+            (_, Some(Machine::Normal(_))) => self
+                .sys
+                .normal_rib(i)
+                .unwrap_or_else(|| Rib::new(rib::Config::default())),
             (Io::Eth(e), Some(Machine::ShimEth(m))) => e.rib(m, self.now()),
             (Io::Hv(h), Some(Machine::ShimHv(m))) => h.rib(m),
             (Io::Udp(u), Some(Machine::ShimUdp(s))) => {
