@@ -11,7 +11,8 @@
 //! arrives; clients follow tgen schedules or send echo probes. See the
 //! module doc of [`super`].
 
-use super::{mix, LINK_OVERHEAD};
+use super::{mix, LINK_MTU, LINK_OVERHEAD};
+use crate::backend::stack;
 use crate::backend::RunCtx;
 use crate::model::{AppRole, TrafficKind};
 use crate::resolve::{Dest, EventKind, Experiment, Over};
@@ -19,13 +20,11 @@ use crate::results::{stats_ms, FlowRecord, LinkRecord, Reservoir, RunOutput, Tim
 use crate::LabError;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use rina_core::efcp::EfcpConfig;
-use rina_core::normal::{cubes::QosCube, MembershipConfig, NormalConfig};
-use rina_core::rmt::{Address, PortRate};
-use rina_core::sdup::SdupConfig;
+use rina_core::normal::MembershipConfig;
+use rina_core::rmt::Address;
 use rina_core::shim_udp;
 use rina_core::system::{AppEvent, MediumId, NeighborSpec, Output, PortId, System};
-use rina_core::{directory, routing, Instant};
+use rina_core::Instant;
 use rina_sim::world::Ctx;
 use rina_sim::{LinkConfig, Node, World};
 use rina_tools::tgen::gen::{Generator, Packet as GenPacket};
@@ -624,31 +623,6 @@ impl LabNode {
     }
 }
 
-/// The QoS cubes of DIF `d`, each on the lower cubes its mapping names.
-fn cubes(exp: &Experiment, d: usize) -> Vec<QosCube> {
-    exp.difs[d]
-        .cubes
-        .iter()
-        .map(|c| {
-            let mut efcp = if c.reliable {
-                EfcpConfig::reliable()
-            } else {
-                EfcpConfig::unreliable()
-            };
-            // Invalid combinations are refused when the IPCP is built.
-            let _ = c.efcp.apply(&mut efcp);
-            let mut q = QosCube::new(c.id, c.name.clone(), efcp).with_cell(c.urgency, c.cherish);
-            for (&l, &id) in &c.maps_to {
-                let ld = &exp.difs[l];
-                if let Some(lc) = ld.cubes.iter().find(|lc| lc.id == id) {
-                    q = q.over(ld.name.clone(), lc.name.clone());
-                }
-            }
-            q
-        })
-        .collect()
-}
-
 /// The name of node `m`'s IPCP in DIF `d` (also its name in the N-1 DIFs).
 fn ipcp_name(exp: &Experiment, m: usize, d: usize) -> Result<AppName, LabError> {
     crate::backend::real::config::ipcp_name(exp, m, d)
@@ -676,6 +650,8 @@ fn node_system(exp: &Experiment, m: usize) -> Result<LabNode, LabError> {
         };
         let peer = if side == 0 { link.b } else { link.a };
         let mut sc = shim_udp::Config::new(link.name.clone());
+        // An Ethernet-like link, as the real backends configure it.
+        sc.max_sdu = LINK_MTU as u32;
         for (d, dif) in exp.difs.iter().enumerate() {
             let adjacent = dif
                 .adjacencies
@@ -686,10 +662,10 @@ fn node_system(exp: &Experiment, m: usize) -> Result<LabNode, LabError> {
                     .insert(ipcp_name(exp, peer, d)?, end_addr(l, 1 - side));
             }
         }
-        let rate = (link.rate_bps < crate::resolve::UNLIMITED_BPS).then(|| {
-            PortRate::new(link.rate_bps as u64)
-                .overhead((LINK_OVERHEAD + rina_wire::shim_udp::DATA_HEADER_LEN) as u32)
-        });
+        // What rinad makes of the shim's `rate` and `rate_overhead` the
+        // real backends write: the paced rate, the link's overhead and the
+        // shim's own header per frame.
+        let rate = stack::udp_port_rate(link);
         let i = sys
             .add_shim_udp(format!("{}.{}", exp.nodes[m], link.name), sc, rate)
             .map_err(|e| err(e.to_string()))?;
@@ -699,19 +675,8 @@ fn node_system(exp: &Experiment, m: usize) -> Result<LabNode, LabError> {
         if !dif.has_member(m) {
             continue;
         }
-        let boot = m == dif.bootstrap;
         let name = ipcp_name(exp, m, d)?;
-        let mut c = NormalConfig::new(dif.name.clone(), if boot { 1 } else { 0 });
-        c.dt.max_pdu_size = dif.max_pdu.unwrap_or(1470);
-        c.sdup = SdupConfig {
-            ttl: Some(64),
-            crc: true,
-        };
-        c.cubes = cubes(exp, d);
-        if boot {
-            c.routing = Some(routing::Config::default());
-            c.dynamic_directory = Some(directory::Config::default());
-        }
+        let mut c = stack::member_config(exp, m, d, &|_| LINK_MTU);
         let mut mc = MembershipConfig::new(name.clone());
         mc.password = dif.password.clone();
         c.membership = Some(mc);
