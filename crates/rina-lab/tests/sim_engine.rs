@@ -360,20 +360,31 @@ fn the_engine_is_chosen_by_what_the_experiment_needs() {
     // A QoS policy or a stack of DIFs: the protocol engine too.
     assert_eq!(engine(&run(CONGESTED, Some("qta"))), "protocol");
     assert_eq!(engine(&run(STACK, Some("both"))), "protocol");
-    // Perf traffic: the queueing approximation, which says why.
+    // Perf traffic over the triangle's links, which have no rate (the
+    // writer would fill them in no time): the queueing approximation,
+    // which says why; the protocol engine refuses it by name too.
     let perf = TRIANGLE.replace(
         "[[event]]",
         "[[traffic]]\nkind = \"perf\"\ndif = \"net\"\nfrom = [\"a\"]\nto = \"b\"\nsdu_sizes = [1000]\nper_size = \"1s\"\n\n[[event]]",
     );
     let out = run(&perf, None);
     assert_eq!(engine(&out), "queueing");
+    assert!(out.timeline.iter().any(|t| t
+        .what
+        .contains("because of perf traffic from a node with a link without a rate")));
+    let err = run_on(&perf, None, false, Some(Engine::Protocol)).unwrap_err();
+    assert!(err.to_string().contains("link without a rate"), "{err}");
+    // With a rate on its links, the protocol engine runs it.
+    let paced = perf.replace("delay = \"1ms\"", "delay = \"1ms\"\nrate = \"5Mbps\"");
+    assert_eq!(engine(&run(&paced, None)), "protocol");
+    // Heavy traffic: the queueing approximation, which says why.
+    let heavy = CONGESTED.replace("rate = \"9Mbps\"", "rate = \"90Mbps\"");
+    let out = run(&heavy, Some("qta"));
+    assert_eq!(engine(&out), "queueing");
     assert!(out
         .timeline
         .iter()
-        .any(|t| t.what.contains("because of perf traffic")));
-    // Asked for by name, the protocol engine refuses what it cannot run.
-    let err = run_on(&perf, None, false, Some(Engine::Protocol)).unwrap_err();
-    assert!(err.to_string().contains("perf traffic"), "{err}");
+        .any(|t| t.what.contains("Mb/s of tgen and perf traffic")));
 }
 
 #[test]
@@ -510,4 +521,78 @@ interval = "100ms"
     );
     let tgen = out.flows.iter().find(|f| f.kind == "tgen").unwrap();
     assert!(tgen.received >= 1400 && tgen.loss_pct == 0.0);
+}
+
+/// Two systems over a 10 Mb/s link; a perf sweep over 300- and 1400-byte
+/// SDUs, 2 s each, on the reliable or the unreliable cube.
+const PERF: &str = r#"
+nodes = ["a", "b"]
+
+[experiment]
+name = "perf"
+duration = "5s"
+seed = 3
+
+[[link]]
+between = ["a", "b"]
+rate = "10Mbps"
+delay = "2ms"
+
+[[dif]]
+name = "net"
+members = ["a", "b"]
+over = ["links"]
+
+[[traffic]]
+kind = "perf"
+dif = "net"
+from = ["a"]
+to = "b"
+class = "perf"
+sdu_sizes = [300, 1400]
+per_size = "2s"
+cube = "CUBE"
+"#;
+
+/// The most a 10 Mb/s link carries of `size`-byte SDUs once the shims
+/// pace at PACE_SHARE of it and every SDU pays the DIF's PCI, the
+/// shim-udp header and the frame's overhead.
+fn perf_ceiling(size: usize) -> f64 {
+    use rina_lab::backend::{sim, stack};
+    let per_frame = sim::PCI_BYTES + 5 + sim::LINK_OVERHEAD;
+    10e6 * stack::PACE_SHARE * size as f64 / (size + per_frame) as f64
+}
+
+#[test]
+fn perf_goodput_on_a_paced_link_is_the_link_rate_less_the_overheads() {
+    for cube in ["reliable", "best-effort"] {
+        let text = PERF.replace("CUBE", cube);
+        let out = run(&text, None);
+        assert_eq!(engine(&out), "protocol", "{cube}");
+        let f = &out.flows[0];
+        assert_eq!(f.kind, "perf");
+        assert!(f.error.is_none(), "{cube}: {:?}", f.error);
+        assert_eq!(out.goodput.len(), 2, "{cube}: {:?}", out.goodput);
+        for g in &out.goodput {
+            let top = perf_ceiling(g.sdu_bytes);
+            println!(
+                "{cube} {} B: {:.3} Mb/s of at most {:.3}",
+                g.sdu_bytes,
+                g.goodput_bps / 1e6,
+                top / 1e6
+            );
+            // Below what the paced link carries, and close to it.
+            assert!(g.goodput_bps <= top * 1.005, "{cube} {g:?}: > {top}");
+            assert!(g.goodput_bps > top * 0.85, "{cube} {g:?}: < 85 % of {top}");
+        }
+        // Larger SDUs pay the per-SDU overheads less often.
+        assert!(out.goodput[1].goodput_bps > out.goodput[0].goodput_bps);
+        // A reliable flow loses nothing; an unreliable one is held back by
+        // its own system's queues, so it loses little.
+        if cube == "reliable" {
+            assert_eq!(f.received, f.sent, "{f:?}");
+        } else {
+            assert!(f.loss_pct < 5.0, "{f:?}");
+        }
+    }
 }

@@ -37,14 +37,24 @@
 //!   the old node (its flows are deallocated) and registers it at the new
 //!   one; the unchanged client allocates again by the same name every
 //!   250 ms until it works, each allocation a record (`<flow>#2`,
-//!   `served_by` the node that answered). Link figures are `rina-sim`'s
+//!   `served_by` the node that answered). Perf flows run `rina-perf`'s
+//!   throughput sweep with the tool's own protocol and receiver
+//!   ([`rina_tools::perf`]): per size a test of `per_size`, START, DATA as
+//!   fast as the stack takes it (a reliable cube's window and congestion
+//!   control make the writer wait; an unreliable writer waits while its
+//!   system's RMT queues are full), STOP until the REPORT comes, whose
+//!   receive rate is the goodput point, aggregated as the real backends
+//!   aggregate the tool's report. Link figures are `rina-sim`'s
 //!   link counters over the traffic period. Picked by itself up to
-//!   [`PROTOCOL_AUTO_CAP_BPS`] of tgen traffic (every PDU of every layer is
-//!   simulated); `--engine protocol` asks for it beyond.
+//!   [`PROTOCOL_AUTO_CAP_BPS`] of tgen traffic plus, per perf flow, the
+//!   fastest link rate at its source (at most at its destination) — every
+//!   PDU of every layer is simulated; `--engine protocol` asks for it
+//!   beyond. Perf from a node with a link without a rate is not run (the
+//!   writer would fill it in no time).
 //!
 //! - **Queueing (PDU-level) engine** (`queueing`), a fast approximation
 //!   for what the protocol engine cannot run yet (flows directly over link
-//!   shims, perf, node stop/start) and for heavy traffic, or when asked
+//!   shims, node stop/start, perf over links without a rate) and for heavy traffic, or when asked
 //!   with `--engine queueing`; a test compares it with the protocol engine
 //!   on the same congested-link scenario. Each flow's SDUs are cut into PDUs of its DIF
 //!   (its largest PDU as every backend configures it,

@@ -11,6 +11,8 @@
 //! arrives; clients follow tgen schedules or send echo probes. See the
 //! module doc of [`super`].
 
+mod perf;
+
 use super::{mix, LINK_MTU, LINK_OVERHEAD};
 use crate::backend::stack;
 use crate::backend::RunCtx;
@@ -52,9 +54,6 @@ pub(super) fn eligible(exp: &Experiment, offered_cap: Option<f64>) -> Result<(),
     if exp.flows.iter().any(|f| f.shim.is_some()) {
         return Err("flows directly over link shims".into());
     }
-    if exp.flows.iter().any(|f| f.kind == TrafficKind::Perf) {
-        return Err("perf traffic".into());
-    }
     if exp
         .events
         .iter()
@@ -65,15 +64,33 @@ pub(super) fn eligible(exp: &Experiment, offered_cap: Option<f64>) -> Result<(),
     if exp.links.len() > 60_000 || exp.flows.len() > 60_000 {
         return Err("more than 60 000 links or flows".into());
     }
-    let offered: f64 = exp
-        .flows
-        .iter()
-        .filter_map(|f| f.profile.as_ref())
-        .map(|p| p.mean_rate_bps())
-        .sum();
+    // A perf sender fills what its node's links carry, at most what the
+    // destination's take.
+    let fastest = |n: usize| {
+        exp.links
+            .iter()
+            .filter(|l| l.a == n || l.b == n)
+            .map(|l| l.rate_bps)
+            .fold(0.0, f64::max)
+    };
+    let mut perf = 0.0;
+    for f in exp.flows.iter().filter(|f| f.kind == TrafficKind::Perf) {
+        let from = fastest(f.from);
+        if from >= crate::resolve::UNLIMITED_BPS {
+            return Err("perf traffic from a node with a link without a rate".into());
+        }
+        perf += from.min(fastest(exp.dest_node(f.to)));
+    }
+    let offered: f64 = perf
+        + exp
+            .flows
+            .iter()
+            .filter_map(|f| f.profile.as_ref())
+            .map(|p| p.mean_rate_bps())
+            .sum::<f64>();
     if let Some(cap) = offered_cap.filter(|&c| offered > c) {
         return Err(format!(
-            "{:.0} Mb/s of tgen traffic (more than {:.0} Mb/s: ask for it with --engine protocol)",
+            "{:.0} Mb/s of tgen and perf traffic (more than {:.0} Mb/s: ask for it with --engine protocol)",
             offered / 1e6,
             cap / 1e6
         ));
@@ -123,6 +140,8 @@ struct Client {
     sent_bytes: u64,
     rtts: Vec<f64>,
     error: Option<String>,
+    /// A perf client's sweep.
+    perf: Option<perf::PerfClient>,
 }
 
 #[derive(Debug, Default)]
@@ -179,6 +198,11 @@ struct LabNode {
     rx: BTreeMap<(usize, u16), Rx>,
     /// Set up by the engine: flows this node is the client of.
     specs: BTreeMap<usize, ClientSpec>,
+    /// The perf receivers of accepted flows that carry perf tests.
+    perf_rx: BTreeMap<PortId, rina_tools::perf::Receiver>,
+    /// The wall-clock instant that stands for virtual time 0 for the perf
+    /// receivers (they only take differences).
+    origin: std::time::Instant,
 }
 
 #[derive(Debug, Clone)]
@@ -193,6 +217,9 @@ struct ClientSpec {
     interval: u64,
     size: usize,
     stop: u64,
+    /// perf: SDU sizes and ns per size.
+    sizes: Vec<usize>,
+    per_size: u64,
 }
 
 impl LabNode {
@@ -210,6 +237,8 @@ impl LabNode {
             attempts: BTreeMap::new(),
             rx: BTreeMap::new(),
             specs: BTreeMap::new(),
+            perf_rx: BTreeMap::new(),
+            origin: std::time::Instant::now(),
         }
     }
 
@@ -250,6 +279,10 @@ impl LabNode {
             sent_bytes: 0,
             rtts: Vec::new(),
             error: None,
+            perf: (spec.kind == TrafficKind::Perf).then(|| {
+                let first = u32::from(attempt) << 8;
+                perf::PerfClient::new(&spec.sizes, spec.per_size, spec.stop, first)
+            }),
         };
         if let Some(p) = &spec.profile {
             let mut g = Generator::new(p.clone(), spec.seed);
@@ -325,13 +358,58 @@ impl LabNode {
         }
     }
 
+    /// Writes what the perf clients can: their control SDUs due, then DATA
+    /// while the flow takes it and the system's queues have room.
+    fn run_perf(&mut self, now: u64) {
+        let t = Instant::from_nanos(now);
+        let ports: Vec<PortId> = self
+            .clients
+            .iter()
+            .filter(|(_, c)| c.state == ClientState::Open && c.perf.is_some())
+            .map(|(p, _)| *p)
+            .collect();
+        for port in ports {
+            let Some(p) = self.clients.get_mut(&port).and_then(|c| c.perf.as_mut()) else {
+                continue;
+            };
+            for sdu in p.control(now) {
+                // A control SDU a full flow refuses is sent again (STOP) or
+                // its test still runs (START lost: the first DATA starts it).
+                let _ = self.sys.write(t, port, &sdu);
+            }
+            let room = perf::BUFFER_PDUS.saturating_sub(queued_pdus(&self.sys));
+            for _ in 0..room.min(perf::BURST_SDUS) {
+                let Some(p) = self.clients.get_mut(&port).and_then(|c| c.perf.as_mut()) else {
+                    break;
+                };
+                if p.blocked {
+                    break;
+                }
+                let Some(sdu) = p.data() else { break };
+                match self.sys.write(t, port, &sdu) {
+                    Ok(()) => p.wrote(sdu.len()),
+                    Err(rina_core::system::FlowError::WouldBlock) => {
+                        p.blocked = true;
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+            if let Some(c) = self.clients.get_mut(&port) {
+                c.next_at = c.perf.as_ref().and_then(|p| p.next_at());
+            }
+        }
+    }
+
     /// Writes what the clients have due.
     fn run_clients(&mut self, now: u64) {
+        self.run_perf(now);
         let t = Instant::from_nanos(now);
         let due: Vec<PortId> = self
             .clients
             .iter()
-            .filter(|(_, c)| c.state == ClientState::Open && c.next_at.is_some_and(|x| x <= now))
+            .filter(|(_, c)| c.state == ClientState::Open && c.perf.is_none())
+            .filter(|(_, c)| c.next_at.is_some_and(|x| x <= now))
             .map(|(f, _)| *f)
             .collect();
         for port in due {
@@ -374,8 +452,18 @@ impl LabNode {
     fn pump(&mut self, ctx: &mut Ctx<'_, ()>) {
         let now = ctx.now().as_nanos();
         self.run_clients(now);
-        while let Some(o) = self.sys.poll_output() {
-            self.on_output(ctx, o);
+        // Perf writers write again as what they wrote leaves (a few rounds:
+        // each either fills the queues or finds the flow blocked).
+        for _ in 0..4 {
+            let mut any = false;
+            while let Some(o) = self.sys.poll_output() {
+                any = true;
+                self.on_output(ctx, o);
+            }
+            if !any || !self.clients.values().any(|c| c.perf.is_some()) {
+                break;
+            }
+            self.run_perf(now);
         }
     }
 
@@ -421,13 +509,32 @@ impl LabNode {
             }
             Output::App(AppEvent::Deallocated { port }) => {
                 self.accepted.remove(&port);
+                self.perf_rx.remove(&port);
                 self.failed(t, port, "deallocated by the peer".into());
             }
-            Output::App(AppEvent::RequestWithdrawn { .. } | AppEvent::Writable { .. }) => {}
+            Output::App(AppEvent::Writable { port }) => {
+                if let Some(p) = self.clients.get_mut(&port).and_then(|c| c.perf.as_mut()) {
+                    p.blocked = false;
+                }
+            }
+            Output::App(AppEvent::RequestWithdrawn { .. }) => {}
         }
     }
 
     fn on_sdu(&mut self, now: Instant, port: PortId, sdu: &[u8]) {
+        if let Some(p) = self.clients.get_mut(&port).and_then(|c| c.perf.as_mut()) {
+            p.on_sdu(sdu);
+            return;
+        }
+        if sdu.starts_with(&rina_tools::perf::MAGIC) && self.accepted.contains_key(&port) {
+            // A perf test: the tool's receiver answers, on virtual time.
+            let at = self.origin + Duration::from_nanos(now.as_nanos());
+            let rx = self.perf_rx.entry(port).or_default();
+            if let Some(reply) = rx.on_sdu(sdu, at) {
+                let _ = self.sys.write(now, port, &reply);
+            }
+            return;
+        }
         if sdu.len() < HDR {
             return;
         }
@@ -475,6 +582,7 @@ impl LabNode {
                 for f in gone {
                     self.sys.close(now, f);
                     self.accepted.remove(&f);
+                    self.perf_rx.remove(&f);
                 }
             }
             Cmd::LinkDown(l) | Cmd::LinkUp(l) => {
@@ -621,6 +729,21 @@ impl LabNode {
             }
         }
     }
+}
+
+/// PDUs waiting in the RMT queues of every normal IPCP of `sys`.
+fn queued_pdus(sys: &System) -> usize {
+    sys.members()
+        .iter()
+        .filter_map(|m| m.normal())
+        .map(|n| {
+            let rmt = n.rmt();
+            rmt.ports()
+                .flat_map(|p| rmt.queue_stats(p))
+                .map(|q| q.queued)
+                .sum::<usize>()
+        })
+        .sum()
 }
 
 /// The name of node `m`'s IPCP in DIF `d` (also its name in the N-1 DIFs).
@@ -952,6 +1075,8 @@ fn schedule_clients(
             interval: ns(f.interval),
             size: f.size,
             stop: t0 + ns(f.stop),
+            sizes: f.sdu_sizes.clone(),
+            per_size: ns(f.per_size),
         };
         let id = ids[&f.from];
         world.node_mut(id).specs.insert(i, spec);
@@ -1141,6 +1266,18 @@ fn flow_records(world: &World<LabNode>, ids: &Ids, exp: &Experiment, t0: u64, ou
                     what: format!("{name}: {}", c.error.as_deref().unwrap_or("flow ended")),
                 });
             }
+            if let Some(p) = &c.perf {
+                out.flows.push(perf_flow_record(
+                    exp,
+                    i,
+                    name,
+                    served,
+                    c,
+                    p,
+                    &mut out.goodput,
+                ));
+                continue;
+            }
             let (received, bytes, mut delays) = match f.kind {
                 TrafficKind::Echo => (
                     c.rtts.len() as u64,
@@ -1206,6 +1343,54 @@ fn flow_records(world: &World<LabNode>, ids: &Ids, exp: &Experiment, t0: u64, ou
         }
     }
     out.samples = res.into_samples();
+}
+
+/// The record of a perf client's allocation, from its tests' results as
+/// `rina-perf` computes them, aggregated as the real backends aggregate
+/// the tool's report.
+fn perf_flow_record(
+    exp: &Experiment,
+    i: usize,
+    name: String,
+    served: Option<usize>,
+    c: &Client,
+    p: &perf::PerfClient,
+    goodput: &mut Vec<crate::results::GoodputPoint>,
+) -> FlowRecord {
+    let f = &exp.flows[i];
+    let d = &exp.difs[f.dif];
+    let results: Vec<_> = p.tests.iter().filter_map(|t| t.result()).collect();
+    let mut rec = FlowRecord {
+        flow: name,
+        kind: "perf".into(),
+        class: f.class.clone(),
+        dif: d.name.clone(),
+        cube: d.cube(f.cube).map_or("-".into(), |c| c.name.clone()),
+        src: exp.nodes[f.from].clone(),
+        dst: match f.to {
+            Dest::Node(n) => exp.nodes[n].clone(),
+            Dest::App(a) => exp.apps[a].name.clone(),
+        },
+        served_by: served.map(|s| exp.nodes[s].clone()),
+        hops: served.and_then(|s| dif_hops(exp, f.dif, f.from, s)),
+        allocation_ms: c
+            .allocated_at
+            .map(|a| a.saturating_sub(c.requested_at) as f64 / 1e6),
+        ..FlowRecord::default()
+    };
+    crate::backend::real::perf_record(&results, &mut rec, goodput);
+    rec.error = if c.allocated_at.is_none() {
+        c.error.clone()
+    } else if results.len() < p.tests.len() {
+        Some(format!(
+            "no REPORT for {} of {} tests",
+            p.tests.len() - results.len(),
+            p.tests.len()
+        ))
+    } else {
+        None
+    };
+    rec
 }
 
 /// Per link and direction, the average rate over the traffic period.
