@@ -596,3 +596,72 @@ fn perf_goodput_on_a_paced_link_is_the_link_rate_less_the_overheads() {
         }
     }
 }
+
+/// Two systems over a 10 Mb/s link, a normal DIF over it, and flows
+/// directly over the link's shim DIF: echo probes to an application, a
+/// CBR tgen flow to the other node and a perf sweep.
+const OVER_SHIM: &str = r#"
+nodes = ["a", "b"]
+
+[experiment]
+name = "over-shim"
+duration = "3s"
+seed = 5
+
+[[link]]
+between = ["a", "b"]
+rate = "10Mbps"
+delay = "3ms"
+
+[[dif]]
+name = "net"
+members = ["a", "b"]
+over = ["links"]
+
+[[app]]
+name = "server"
+node = "b"
+dif = "net"
+
+[[traffic]]
+kind = "echo"
+dif = "links"
+from = ["a"]
+app = "server"
+interval = "20ms"
+
+[[profile]]
+name = "cbr"
+profile = "cbr"
+rate = "2Mbps"
+size = 1000
+
+[[traffic]]
+kind = "tgen"
+dif = "links"
+profiles = ["cbr"]
+pairs = [["a", "b"]]
+"#;
+
+#[test]
+fn flows_directly_over_a_link_shim_run_on_the_protocol_engine() {
+    let out = run(OVER_SHIM, None);
+    assert_eq!(engine(&out), "protocol");
+    assert_eq!(out.flows.len(), 2, "{:?}", out.flows);
+    for f in &out.flows {
+        assert_eq!(f.dif, "a--b", "{f:?}");
+        assert_eq!(f.served_by.as_deref(), Some("b"), "{f:?}");
+        assert_eq!(f.hops, Some(1));
+        assert!(f.error.is_none() && f.allocation_ms.is_some(), "{f:?}");
+        assert!(f.sent > 100 && f.received == f.sent, "{f:?}");
+    }
+    // The probes' delay is the link's: 3 ms and a 1,000-byte frame's time
+    // at most (no normal DIF, no queue of its own at 2 Mb/s of 10).
+    let echo = out.flows.iter().find(|f| f.kind == "echo").unwrap();
+    let d = echo.delay_avg_ms.unwrap();
+    assert!((3.0..3.5).contains(&d), "{d}");
+    // Nothing of it crossed the normal DIF: the link carried what the
+    // flows wrote, and the normal DIF's members only their hellos.
+    let l = &out.links[0];
+    assert!(l.avg_bps_ab > 2e6 && l.avg_bps_ab < 2.5e6, "{l:?}");
+}

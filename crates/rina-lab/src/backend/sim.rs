@@ -26,8 +26,11 @@
 //!   disseminated directory; the others enroll through it (password,
 //!   address grant), link-state routing and the directory converge, then
 //!   the traffic starts on the next whole second (the timeline shows
-//!   enrollment and convergence at negative times). Applications are
-//!   registered by name (a sink `sink-<node>` stands for a node
+//!   enrollment and convergence at negative times). Flows directly over a
+//!   link allocate in its shim DIF (no cube: a shim has none), their
+//!   server's name registered in the shim-udp of the link's other end and
+//!   in the directory of this end's, as the real backends write it.
+//!   Applications are registered by name (a sink `sink-<node>` stands for a node
 //!   destination); clients allocate flows by name with the flow's cube
 //!   (`QosSpec::cube`) and write SDUs carrying their send time, echo
 //!   servers write every SDU back (RTT), sinks time-stamp what arrives
@@ -53,8 +56,8 @@
 //!   writer would fill it in no time).
 //!
 //! - **Queueing (PDU-level) engine** (`queueing`), a fast approximation
-//!   for what the protocol engine cannot run yet (flows directly over link
-//!   shims, node stop/start, perf over links without a rate) and for heavy traffic, or when asked
+//!   for what the protocol engine cannot run yet (node stop/start, perf
+//!   over links without a rate) and for heavy traffic, or when asked
 //!   with `--engine queueing`; a test compares it with the protocol engine
 //!   on the same congested-link scenario. Each flow's SDUs are cut into PDUs of its DIF
 //!   (its largest PDU as every backend configures it,

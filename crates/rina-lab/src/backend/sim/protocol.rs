@@ -51,9 +51,6 @@ const STEP: Duration = Duration::from_millis(50);
 /// bounds the tgen traffic offered (bit/s) when the engine was not asked
 /// for by name.
 pub(super) fn eligible(exp: &Experiment, offered_cap: Option<f64>) -> Result<(), String> {
-    if exp.flows.iter().any(|f| f.shim.is_some()) {
-        return Err("flows directly over link shims".into());
-    }
     if exp
         .events
         .iter()
@@ -377,7 +374,8 @@ impl LabNode {
                 // its test still runs (START lost: the first DATA starts it).
                 let _ = self.sys.write(t, port, &sdu);
             }
-            let room = perf::BUFFER_PDUS.saturating_sub(queued_pdus(&self.sys));
+            let backlog: usize = self.backlog.values().map(|(q, _)| q.len()).sum();
+            let room = perf::BUFFER_PDUS.saturating_sub(queued_pdus(&self.sys) + backlog);
             for _ in 0..room.min(perf::BURST_SDUS) {
                 let Some(p) = self.clients.get_mut(&port).and_then(|c| c.perf.as_mut()) else {
                     break;
@@ -785,6 +783,15 @@ fn node_system(exp: &Experiment, m: usize) -> Result<LabNode, LabError> {
                     .insert(ipcp_name(exp, peer, d)?, end_addr(l, 1 - side));
             }
         }
+        // The servers of the flows from here directly over this link.
+        for f in exp
+            .flows
+            .iter()
+            .filter(|f| f.shim == Some(l) && f.from == m)
+        {
+            sc.directory
+                .insert(remote_of(exp, f)?, end_addr(l, 1 - side));
+        }
         // What rinad makes of the shim's `rate` and `rate_overhead` the
         // real backends write: the paced rate, the link's overhead and the
         // shim's own header per frame.
@@ -926,6 +933,55 @@ fn sink_name(exp: &Experiment, n: usize, kind: TrafficKind) -> Result<AppName, L
         .map_err(|e| lab_err(format!("node name: {e:?}")))
 }
 
+/// The DIF flow `f` allocates in: its link's shim DIF or its normal DIF.
+fn flow_dif(exp: &Experiment, f: &crate::resolve::Flow) -> String {
+    match f.shim {
+        Some(l) => exp.links[l].name.clone(),
+        None => exp.difs[f.dif].name.clone(),
+    }
+}
+
+/// The name of flow `f`'s cube (none over a link shim, as the real
+/// backends record it).
+fn flow_cube(exp: &Experiment, f: &crate::resolve::Flow) -> String {
+    match f.shim {
+        Some(_) => String::new(),
+        None => exp.difs[f.dif]
+            .cube(f.cube)
+            .map_or("-".into(), |c| c.name.clone()),
+    }
+}
+
+/// The node that served an allocation of flow `f`: the member whose
+/// address answered, or the other end of the link of a flow directly
+/// over a link shim.
+fn served_by(
+    exp: &Experiment,
+    f: &crate::resolve::Flow,
+    c: &Client,
+    addr_node: &[BTreeMap<Address, usize>],
+) -> Option<usize> {
+    match f.shim {
+        Some(l) => {
+            let link = &exp.links[l];
+            c.allocated_at?;
+            Some(if link.a == f.from { link.b } else { link.a })
+        }
+        None => c
+            .remote_addr
+            .and_then(|a| addr_node[f.dif].get(&a).copied()),
+    }
+}
+
+/// Hops of an allocation of flow `f` served by `s`: in its DIF, or the one
+/// link of a flow directly over a link shim.
+fn flow_hops(exp: &Experiment, f: &crate::resolve::Flow, s: usize) -> Option<u32> {
+    match f.shim {
+        Some(_) => Some(1),
+        None => dif_hops(exp, f.dif, f.from, s),
+    }
+}
+
 fn remote_of(exp: &Experiment, f: &crate::resolve::Flow) -> Result<AppName, LabError> {
     match f.to {
         Dest::Node(n) => sink_name(exp, n, f.kind),
@@ -977,24 +1033,44 @@ fn register_apps(world: &mut World<LabNode>, ids: &Ids, exp: &Experiment) -> Res
         };
         world.schedule(now, ids[&a.node], cmd);
     }
-    let mut sinks: Vec<(usize, usize, bool)> = exp
+    // Applications reached directly over a link: registered in its shim too.
+    let mut on_shims: Vec<(usize, usize)> = exp
+        .flows
+        .iter()
+        .filter_map(|f| match (f.shim, f.to) {
+            (Some(l), Dest::App(a)) => Some((a, l)),
+            _ => None,
+        })
+        .collect();
+    on_shims.sort_unstable();
+    on_shims.dedup();
+    for (a, l) in on_shims {
+        let app = &exp.apps[a];
+        let cmd = Cmd::Register {
+            dif: exp.links[l].name.clone(),
+            name: app_name(exp, a)?,
+            echo: app.role == AppRole::Echo,
+        };
+        world.schedule(now, ids[&app.node], cmd);
+    }
+    let mut sinks: Vec<(usize, String, bool)> = exp
         .flows
         .iter()
         .filter_map(|f| match f.to {
-            Dest::Node(n) => Some((n, f.dif, f.kind == TrafficKind::Echo)),
+            Dest::Node(n) => Some((n, flow_dif(exp, f), f.kind == TrafficKind::Echo)),
             Dest::App(_) => None,
         })
         .collect();
     sinks.sort_unstable();
     sinks.dedup();
-    for &(n, d, echo) in &sinks {
+    for (n, dif, echo) in sinks {
         let kind = if echo {
             TrafficKind::Echo
         } else {
             TrafficKind::Tgen
         };
         let cmd = Cmd::Register {
-            dif: exp.difs[d].name.clone(),
+            dif,
             name: sink_name(exp, n, kind)?,
             echo,
         };
@@ -1025,7 +1101,7 @@ fn warm_up_routing(
             })
         });
         let mut resolved = true;
-        for f in &exp.flows {
+        for f in exp.flows.iter().filter(|f| f.shim.is_none()) {
             let remote = remote_of(exp, f)?;
             if ipcp_of(world, ids, exp, f.from, f.dif)
                 .and_then(|ip| ip.resolve(&remote))
@@ -1063,10 +1139,11 @@ fn schedule_clients(
         };
         let spec = ClientSpec {
             kind: f.kind,
-            dif: exp.difs[f.dif].name.clone(),
+            dif: flow_dif(exp, f),
             remote: remote_of(exp, f)?,
+            // A shim DIF has no cubes: the real tools ask for none there.
             qos: QosSpec {
-                cube: Some(f.cube),
+                cube: f.shim.is_none().then_some(f.cube),
                 ..QosSpec::default()
             },
             profile: f.profile.clone(),
@@ -1232,7 +1309,6 @@ fn flow_records(world: &World<LabNode>, ids: &Ids, exp: &Experiment, t0: u64, ou
     }
     let mut res = Reservoir::new(20_000, exp.seed);
     for (i, f) in exp.flows.iter().enumerate() {
-        let d = &exp.difs[f.dif];
         let n = world.node(ids[&f.from]);
         let mut mine: Vec<&Client> = n.clients.values().filter(|c| c.flow == i).collect();
         mine.sort_by_key(|c| c.attempt);
@@ -1246,9 +1322,7 @@ fn flow_records(world: &World<LabNode>, ids: &Ids, exp: &Experiment, t0: u64, ou
                 continue;
             }
             k += 1;
-            let served = c
-                .remote_addr
-                .and_then(|a| addr_node[f.dif].get(&a).copied());
+            let served = served_by(exp, f, c, &addr_node);
             let name = if k == 1 {
                 f.id.clone()
             } else {
@@ -1292,7 +1366,7 @@ fn flow_records(world: &World<LabNode>, ids: &Ids, exp: &Experiment, t0: u64, ou
                 res.offer(&f.class, x);
             }
             let stats = stats_ms(&mut delays);
-            let hops = served.and_then(|s| dif_hops(exp, f.dif, f.from, s));
+            let hops = served.and_then(|s| flow_hops(exp, f, s));
             let active = f.stop.saturating_sub(f.start).as_secs_f64().max(1e-9);
             out.flows.push(FlowRecord {
                 flow: name,
@@ -1303,8 +1377,8 @@ fn flow_records(world: &World<LabNode>, ids: &Ids, exp: &Experiment, t0: u64, ou
                 }
                 .into(),
                 class: f.class.clone(),
-                dif: d.name.clone(),
-                cube: d.cube(f.cube).map_or("-".into(), |c| c.name.clone()),
+                dif: flow_dif(exp, f),
+                cube: flow_cube(exp, f),
                 src: exp.nodes[f.from].clone(),
                 dst: match f.to {
                     Dest::Node(n) => exp.nodes[n].clone(),
@@ -1358,21 +1432,20 @@ fn perf_flow_record(
     goodput: &mut Vec<crate::results::GoodputPoint>,
 ) -> FlowRecord {
     let f = &exp.flows[i];
-    let d = &exp.difs[f.dif];
     let results: Vec<_> = p.tests.iter().filter_map(|t| t.result()).collect();
     let mut rec = FlowRecord {
         flow: name,
         kind: "perf".into(),
         class: f.class.clone(),
-        dif: d.name.clone(),
-        cube: d.cube(f.cube).map_or("-".into(), |c| c.name.clone()),
+        dif: flow_dif(exp, f),
+        cube: flow_cube(exp, f),
         src: exp.nodes[f.from].clone(),
         dst: match f.to {
             Dest::Node(n) => exp.nodes[n].clone(),
             Dest::App(a) => exp.apps[a].name.clone(),
         },
         served_by: served.map(|s| exp.nodes[s].clone()),
-        hops: served.and_then(|s| dif_hops(exp, f.dif, f.from, s)),
+        hops: served.and_then(|s| flow_hops(exp, f, s)),
         allocation_ms: c
             .allocated_at
             .map(|a| a.saturating_sub(c.requested_at) as f64 / 1e6),
