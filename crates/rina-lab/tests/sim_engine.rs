@@ -665,3 +665,110 @@ fn flows_directly_over_a_link_shim_run_on_the_protocol_engine() {
     let l = &out.links[0];
     assert!(l.avg_bps_ab > 2e6 && l.avg_bps_ab < 2.5e6, "{l:?}");
 }
+
+/// 10 Mb/s links a-b-d (the short way) and a-c-e-d (the long way), one
+/// DIF: echo probes from a and from b to a server at d. Node b stops at
+/// 2 s and starts at 5 s.
+const NODE_STOP: &str = r#"
+nodes = ["a", "b", "c", "d", "e"]
+
+[experiment]
+name = "node-stop"
+duration = "10s"
+seed = 11
+
+[[link]]
+between = ["a", "b"]
+rate = "10Mbps"
+delay = "1ms"
+
+[[link]]
+between = ["b", "d"]
+rate = "10Mbps"
+delay = "1ms"
+
+[[link]]
+between = ["a", "c"]
+rate = "10Mbps"
+delay = "1ms"
+
+[[link]]
+between = ["c", "e"]
+rate = "10Mbps"
+delay = "1ms"
+
+[[link]]
+between = ["e", "d"]
+rate = "10Mbps"
+delay = "1ms"
+
+[[dif]]
+name = "net"
+members = ["*"]
+over = ["links"]
+
+[[app]]
+name = "server"
+node = "d"
+dif = "net"
+
+[[traffic]]
+kind = "echo"
+dif = "net"
+from = ["a", "b"]
+app = "server"
+interval = "20ms"
+
+[[event]]
+at = "2s"
+action = "node-stop"
+node = "b"
+
+[[event]]
+at = "5s"
+action = "node-start"
+node = "b"
+"#;
+
+#[test]
+fn a_stopped_node_is_routed_around_and_comes_back_when_it_starts() {
+    let out = run(NODE_STOP, None);
+    assert_eq!(engine(&out), "protocol");
+    let rec = |id: &str| {
+        out.flows
+            .iter()
+            .find(|f| f.flow.starts_with(id))
+            .unwrap_or_else(|| panic!("no flow {id}: {:?}", out.flows))
+    };
+    // a's probes went through b (two hops of 1 ms: ~2.2 ms of RTT / 2);
+    // once b's neighbours found it silent (the dead interval: the probes
+    // meanwhile are lost), the long way through c and e (~3.3 ms): the
+    // same flow, rerouted, and never allocated again.
+    let a = rec("t0.echo.a>");
+    assert!(!out
+        .flows
+        .iter()
+        .any(|f| f.flow.starts_with("t0.echo.a>") && f.flow.contains('#')));
+    assert!(a.delay_min_ms.unwrap() < 2.5, "{a:?}");
+    assert!(a.delay_max_ms.unwrap() > 3.0, "{a:?}");
+    assert!(a.received < a.sent && a.received > a.sent / 2, "{a:?}");
+    // b's own flow ended with it; once it started again and enrolled, its
+    // client allocated again and was served by d.
+    let b: Vec<_> = out
+        .flows
+        .iter()
+        .filter(|f| f.flow.contains(".b>"))
+        .collect();
+    assert_eq!(b.len(), 2, "{b:?}");
+    assert!(b[0].sent <= 101 && b[0].received <= b[0].sent, "{:?}", b[0]);
+    assert!(b[1].flow.ends_with("#2"), "{:?}", b[1]);
+    assert_eq!(b[1].served_by.as_deref(), Some("d"));
+    assert!(b[1].received > 100, "{:?}", b[1]);
+    assert!(out.timeline.iter().any(|t| t.what == "node b stops"));
+    let again = out
+        .timeline
+        .iter()
+        .find(|t| t.what.starts_with(&format!("{}: allocated", b[1].flow)))
+        .expect("the second allocation is in the timeline");
+    assert!(again.t_s > 5.0, "{again:?}");
+}

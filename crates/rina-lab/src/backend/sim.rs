@@ -38,7 +38,12 @@
 //!   N-1 flows over them are torn down at once, routing reroutes, the
 //!   allocators set them up again); an application move unregisters it at
 //!   the old node (its flows are deallocated) and registers it at the new
-//!   one; the unchanged client allocates again by the same name every
+//!   one; a node stop drops the node's system (its flows end, the
+//!   frames that reach it are lost, its neighbours take it down when its
+//!   hellos stop: routing reroutes) and a node start gives it a new one,
+//!   built as at the start with fresh nonces and CEP-ids, whose members
+//!   enroll again, its applications registering once they can;
+//!   the unchanged client allocates again by the same name every
 //!   250 ms until it works, each allocation a record (`<flow>#2`,
 //!   `served_by` the node that answered). Perf flows run `rina-perf`'s
 //!   throughput sweep with the tool's own protocol and receiver
@@ -56,8 +61,8 @@
 //!   writer would fill it in no time).
 //!
 //! - **Queueing (PDU-level) engine** (`queueing`), a fast approximation
-//!   for what the protocol engine cannot run yet (node stop/start, perf
-//!   over links without a rate) and for heavy traffic, or when asked
+//!   for what the protocol engine cannot run (perf over links without a
+//!   rate) and for heavy traffic, or when asked
 //!   with `--engine queueing`; a test compares it with the protocol engine
 //!   on the same congested-link scenario. Each flow's SDUs are cut into PDUs of its DIF
 //!   (its largest PDU as every backend configures it,

@@ -51,13 +51,6 @@ const STEP: Duration = Duration::from_millis(50);
 /// bounds the tgen traffic offered (bit/s) when the engine was not asked
 /// for by name.
 pub(super) fn eligible(exp: &Experiment, offered_cap: Option<f64>) -> Result<(), String> {
-    if exp
-        .events
-        .iter()
-        .any(|e| matches!(e.what, EventKind::NodeStop(_) | EventKind::NodeStart(_)))
-    {
-        return Err("node stop/start events".into());
-    }
     if exp.links.len() > 60_000 || exp.flows.len() > 60_000 {
         return Err("more than 60 000 links or flows".into());
     }
@@ -165,6 +158,11 @@ enum Cmd {
     },
     LinkDown(usize),
     LinkUp(usize),
+    /// The node stops: its system is dropped, its processes end.
+    NodeStop,
+    /// The node starts again with this system, built as at the start (its
+    /// members enroll again).
+    NodeStart(Box<LabNode>),
 }
 
 /// Frames pushed back by a full link: (peer, frame), oldest first.
@@ -200,6 +198,13 @@ struct LabNode {
     /// The wall-clock instant that stands for virtual time 0 for the perf
     /// receivers (they only take differences).
     origin: std::time::Instant,
+    /// Names registered here, with their DIF (registered again when the
+    /// node starts again).
+    regs: Vec<(String, AppName)>,
+    /// Registrations the system took not yet (its member still enrolls).
+    pending_regs: Vec<(String, AppName)>,
+    /// The node is stopped: no system runs.
+    stopped: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -236,6 +241,9 @@ impl LabNode {
             specs: BTreeMap::new(),
             perf_rx: BTreeMap::new(),
             origin: std::time::Instant::now(),
+            regs: Vec::new(),
+            pending_regs: Vec::new(),
+            stopped: false,
         }
     }
 
@@ -561,14 +569,27 @@ impl LabNode {
 
     fn on_command(&mut self, now: Instant, cmd: Cmd) {
         match cmd {
+            Cmd::Allocate { flow } if self.stopped => {
+                // Allocated once the node starts again.
+                self.latest.entry(flow).or_insert((PortId::MAX, None));
+            }
             Cmd::Allocate { flow } => self.allocate(now.as_nanos(), flow),
+            Cmd::Register { dif, name, echo } if self.stopped => {
+                // Registered once the node starts again.
+                self.names.insert(name.clone(), echo);
+                self.regs.push((dif, name));
+            }
             Cmd::Register { dif, name, echo } => {
                 if self.sys.register(&dif, name.clone()).is_ok() {
-                    self.names.insert(name, echo);
+                    self.names.insert(name.clone(), echo);
+                    self.regs.push((dif, name));
                 }
             }
+            Cmd::NodeStop => self.stop(now.as_nanos()),
+            Cmd::NodeStart(fresh) => self.start(now.as_nanos(), *fresh),
             Cmd::Unregister { dif, name } => {
                 self.names.remove(&name);
+                self.regs.retain(|(d, n)| !(*d == dif && *n == name));
                 self.sys.unregister(&dif, &name);
                 // The server process goes: its flows are deallocated.
                 let gone: Vec<PortId> = self
@@ -620,6 +641,9 @@ impl Node for LabNode {
         from: SocketAddr,
         payload: &[u8],
     ) {
+        if self.stopped {
+            return;
+        }
         if let Some(&m) = self.by_addr.get(&to) {
             if !self.down.contains(&m) {
                 self.sys.handle_frame(ctx.now(), m, from, payload);
@@ -630,6 +654,10 @@ impl Node for LabNode {
 
     fn on_timeout(&mut self, ctx: &mut Ctx<'_, ()>) {
         let now = ctx.now();
+        if self.stopped {
+            return;
+        }
+        self.register_pending();
         self.retry_backlogs(ctx);
         if self.sys.poll_timeout().is_some_and(|t| t <= now) {
             self.sys.handle_timeout(now);
@@ -652,6 +680,9 @@ impl Node for LabNode {
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
+        if self.stopped {
+            return None;
+        }
         let clients = self
             .clients
             .values()
@@ -659,11 +690,17 @@ impl Node for LabNode {
             .filter_map(|c| c.next_at);
         let retries = self.latest.values().filter_map(|(_, r)| *r);
         let backlogs = self.backlog.values().map(|(_, t)| *t);
+        // Registrations wait for the member's enrollment: looked at again
+        // with the system's own timers, and every RETRY at least.
+        let regs = (!self.pending_regs.is_empty())
+            .then(|| self.sys.poll_timeout().map(|t| t + RETRY))
+            .flatten();
         self.sys
             .poll_timeout()
             .into_iter()
             .chain(clients.chain(retries).map(Instant::from_nanos))
             .chain(backlogs)
+            .chain(regs)
             .min()
     }
 
@@ -695,6 +732,66 @@ impl Node for LabNode {
 }
 
 impl LabNode {
+    /// The node stops: its processes end (the flows from here fail and
+    /// are not tried again while it is stopped; the flows it served end),
+    /// and its system is dropped, so its neighbours hear nothing more from
+    /// it.
+    fn stop(&mut self, now: u64) {
+        let open: Vec<PortId> = self
+            .clients
+            .iter()
+            .filter(|(_, c)| c.state != ClientState::Done)
+            .map(|(p, _)| *p)
+            .collect();
+        for p in open {
+            self.failed(now, p, "node stopped".into());
+        }
+        for (_, retry) in self.latest.values_mut() {
+            *retry = None;
+        }
+        self.sys = System::new(self.sys.name().to_string());
+        self.accepted.clear();
+        self.perf_rx.clear();
+        self.backlog.clear();
+        self.pending_regs.clear();
+        self.stopped = true;
+    }
+
+    /// The node starts again with `fresh`'s system: its members enroll
+    /// again, its applications register once they can, and the flows from
+    /// here that still have time allocate again.
+    fn start(&mut self, now: u64, fresh: LabNode) {
+        if !self.stopped {
+            return;
+        }
+        self.sys = fresh.sys;
+        self.media = fresh.media;
+        self.by_addr = fresh.by_addr;
+        self.down.clear();
+        self.stopped = false;
+        self.pending_regs = self.regs.clone();
+        self.register_pending();
+        let again: Vec<usize> = self
+            .specs
+            .iter()
+            .filter(|(_, s)| s.stop > now)
+            .map(|(f, _)| *f)
+            .filter(|f| self.latest.contains_key(f))
+            .collect();
+        for f in again {
+            if let Some(l) = self.latest.get_mut(&f) {
+                l.1 = Some(now + ns(RETRY));
+            }
+        }
+    }
+
+    /// Registers what waits for its member to be enrolled.
+    fn register_pending(&mut self) {
+        let sys = &mut self.sys;
+        self.pending_regs
+            .retain(|(dif, name)| sys.register(dif, name.clone()).is_err());
+    }
+
     /// Sends again what full links pushed back, once they have room; a
     /// medium whose backlog went out is writable again.
     fn retry_backlogs(&mut self, ctx: &mut Ctx<'_, ()>) {
@@ -756,7 +853,7 @@ fn ipcp_name(exp: &Experiment, m: usize, d: usize) -> Result<AppName, LabError> 
 
 /// The system of node `m`: a shim-udp per link end, paced at the link's
 /// rate, then a normal IPCP per DIF it is a member of, lower DIFs first.
-fn node_system(exp: &Experiment, m: usize) -> Result<LabNode, LabError> {
+fn node_system(exp: &Experiment, m: usize, generation: u64) -> Result<LabNode, LabError> {
     let err = |what: String| LabError::Backend {
         backend: "sim",
         what,
@@ -809,6 +906,19 @@ fn node_system(exp: &Experiment, m: usize) -> Result<LabNode, LabError> {
         let mut c = stack::member_config(exp, m, d, &|_| LINK_MTU);
         let mut mc = MembershipConfig::new(name.clone());
         mc.password = dif.password.clone();
+        if generation > 0 {
+            // Started again: new nonces, and CEP-ids from elsewhere, so
+            // that its peers' flows from before are not mistaken for new
+            // ones (rinad draws both at random).
+            let r = mix(
+                exp.seed,
+                0x4000 + ((m as u64) << 20) + (generation << 8) + d as u64,
+            );
+            c.first_cep = r & 0xffff_ffff;
+            for (i, b) in mc.entropy.iter_mut().enumerate() {
+                *b = (mix(r, i as u64) & 0xff) as u8;
+            }
+        }
         c.membership = Some(mc);
         // Neighbours, the one this member enrolls through first.
         let via = dif.enrolls_via.get(&m).copied();
@@ -893,7 +1003,7 @@ fn build_world(exp: &Experiment) -> Result<(World<LabNode>, Ids, LinkIds), LabEr
     world.set_step_limit(u64::MAX);
     let mut id_of = Ids::new();
     for m in 0..exp.nodes.len() {
-        id_of.insert(m, world.add_node(node_system(exp, m)?));
+        id_of.insert(m, world.add_node(node_system(exp, m, 0)?));
     }
     let mut wlinks = LinkIds::new();
     for (l, link) in exp.links.iter().enumerate() {
@@ -1175,6 +1285,7 @@ fn schedule_events(
     out: &mut RunOutput,
 ) -> Result<(), LabError> {
     let mut app_at: Vec<usize> = exp.apps.iter().map(|a| a.node).collect();
+    let mut generation: BTreeMap<usize, u64> = BTreeMap::new();
     for e in &exp.events {
         let at = Instant::from_nanos(t0 + ns(e.at));
         let what = match e.what {
@@ -1207,7 +1318,17 @@ fn schedule_events(
                     exp.apps[app].name, exp.nodes[to]
                 )
             }
-            EventKind::NodeStop(_) | EventKind::NodeStart(_) => "node event (ignored)".into(),
+            EventKind::NodeStop(n) => {
+                world.schedule(at, ids[&n], Cmd::NodeStop);
+                format!("node {} stops", exp.nodes[n])
+            }
+            EventKind::NodeStart(n) => {
+                let g = generation.entry(n).or_insert(0);
+                *g += 1;
+                let fresh = node_system(exp, n, *g)?;
+                world.schedule(at, ids[&n], Cmd::NodeStart(Box::new(fresh)));
+                format!("node {} starts", exp.nodes[n])
+            }
         };
         out.timeline.push(TimelineEntry {
             t_s: ns(e.at) as f64 / 1e9,
