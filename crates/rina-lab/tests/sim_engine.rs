@@ -360,20 +360,31 @@ fn the_engine_is_chosen_by_what_the_experiment_needs() {
     // A QoS policy or a stack of DIFs: the protocol engine too.
     assert_eq!(engine(&run(CONGESTED, Some("qta"))), "protocol");
     assert_eq!(engine(&run(STACK, Some("both"))), "protocol");
-    // Perf traffic: the queueing approximation, which says why.
+    // Perf traffic over the triangle's links, which have no rate (the
+    // writer would fill them in no time): the queueing approximation,
+    // which says why; the protocol engine refuses it by name too.
     let perf = TRIANGLE.replace(
         "[[event]]",
         "[[traffic]]\nkind = \"perf\"\ndif = \"net\"\nfrom = [\"a\"]\nto = \"b\"\nsdu_sizes = [1000]\nper_size = \"1s\"\n\n[[event]]",
     );
     let out = run(&perf, None);
     assert_eq!(engine(&out), "queueing");
+    assert!(out.timeline.iter().any(|t| t
+        .what
+        .contains("because of perf traffic from a node with a link without a rate")));
+    let err = run_on(&perf, None, false, Some(Engine::Protocol)).unwrap_err();
+    assert!(err.to_string().contains("link without a rate"), "{err}");
+    // With a rate on its links, the protocol engine runs it.
+    let paced = perf.replace("delay = \"1ms\"", "delay = \"1ms\"\nrate = \"5Mbps\"");
+    assert_eq!(engine(&run(&paced, None)), "protocol");
+    // Heavy traffic: the queueing approximation, which says why.
+    let heavy = CONGESTED.replace("rate = \"9Mbps\"", "rate = \"90Mbps\"");
+    let out = run(&heavy, Some("qta"));
+    assert_eq!(engine(&out), "queueing");
     assert!(out
         .timeline
         .iter()
-        .any(|t| t.what.contains("because of perf traffic")));
-    // Asked for by name, the protocol engine refuses what it cannot run.
-    let err = run_on(&perf, None, false, Some(Engine::Protocol)).unwrap_err();
-    assert!(err.to_string().contains("perf traffic"), "{err}");
+        .any(|t| t.what.contains("Mb/s of tgen and perf traffic")));
 }
 
 #[test]
@@ -510,4 +521,254 @@ interval = "100ms"
     );
     let tgen = out.flows.iter().find(|f| f.kind == "tgen").unwrap();
     assert!(tgen.received >= 1400 && tgen.loss_pct == 0.0);
+}
+
+/// Two systems over a 10 Mb/s link; a perf sweep over 300- and 1400-byte
+/// SDUs, 2 s each, on the reliable or the unreliable cube.
+const PERF: &str = r#"
+nodes = ["a", "b"]
+
+[experiment]
+name = "perf"
+duration = "5s"
+seed = 3
+
+[[link]]
+between = ["a", "b"]
+rate = "10Mbps"
+delay = "2ms"
+
+[[dif]]
+name = "net"
+members = ["a", "b"]
+over = ["links"]
+
+[[traffic]]
+kind = "perf"
+dif = "net"
+from = ["a"]
+to = "b"
+class = "perf"
+sdu_sizes = [300, 1400]
+per_size = "2s"
+cube = "CUBE"
+"#;
+
+/// The most a 10 Mb/s link carries of `size`-byte SDUs once the shims
+/// pace at PACE_SHARE of it and every SDU pays the DIF's PCI, the
+/// shim-udp header and the frame's overhead.
+fn perf_ceiling(size: usize) -> f64 {
+    use rina_lab::backend::{sim, stack};
+    let per_frame = sim::PCI_BYTES + 5 + sim::LINK_OVERHEAD;
+    10e6 * stack::PACE_SHARE * size as f64 / (size + per_frame) as f64
+}
+
+#[test]
+fn perf_goodput_on_a_paced_link_is_the_link_rate_less_the_overheads() {
+    for cube in ["reliable", "best-effort"] {
+        let text = PERF.replace("CUBE", cube);
+        let out = run(&text, None);
+        assert_eq!(engine(&out), "protocol", "{cube}");
+        let f = &out.flows[0];
+        assert_eq!(f.kind, "perf");
+        assert!(f.error.is_none(), "{cube}: {:?}", f.error);
+        assert_eq!(out.goodput.len(), 2, "{cube}: {:?}", out.goodput);
+        for g in &out.goodput {
+            let top = perf_ceiling(g.sdu_bytes);
+            println!(
+                "{cube} {} B: {:.3} Mb/s of at most {:.3}",
+                g.sdu_bytes,
+                g.goodput_bps / 1e6,
+                top / 1e6
+            );
+            // Below what the paced link carries, and close to it.
+            assert!(g.goodput_bps <= top * 1.005, "{cube} {g:?}: > {top}");
+            assert!(g.goodput_bps > top * 0.85, "{cube} {g:?}: < 85 % of {top}");
+        }
+        // Larger SDUs pay the per-SDU overheads less often.
+        assert!(out.goodput[1].goodput_bps > out.goodput[0].goodput_bps);
+        // A reliable flow loses nothing; an unreliable one is held back by
+        // its own system's queues, so it loses little.
+        if cube == "reliable" {
+            assert_eq!(f.received, f.sent, "{f:?}");
+        } else {
+            assert!(f.loss_pct < 5.0, "{f:?}");
+        }
+    }
+}
+
+/// Two systems over a 10 Mb/s link, a normal DIF over it, and flows
+/// directly over the link's shim DIF: echo probes to an application, a
+/// CBR tgen flow to the other node and a perf sweep.
+const OVER_SHIM: &str = r#"
+nodes = ["a", "b"]
+
+[experiment]
+name = "over-shim"
+duration = "3s"
+seed = 5
+
+[[link]]
+between = ["a", "b"]
+rate = "10Mbps"
+delay = "3ms"
+
+[[dif]]
+name = "net"
+members = ["a", "b"]
+over = ["links"]
+
+[[app]]
+name = "server"
+node = "b"
+dif = "net"
+
+[[traffic]]
+kind = "echo"
+dif = "links"
+from = ["a"]
+app = "server"
+interval = "20ms"
+
+[[profile]]
+name = "cbr"
+profile = "cbr"
+rate = "2Mbps"
+size = 1000
+
+[[traffic]]
+kind = "tgen"
+dif = "links"
+profiles = ["cbr"]
+pairs = [["a", "b"]]
+"#;
+
+#[test]
+fn flows_directly_over_a_link_shim_run_on_the_protocol_engine() {
+    let out = run(OVER_SHIM, None);
+    assert_eq!(engine(&out), "protocol");
+    assert_eq!(out.flows.len(), 2, "{:?}", out.flows);
+    for f in &out.flows {
+        assert_eq!(f.dif, "a--b", "{f:?}");
+        assert_eq!(f.served_by.as_deref(), Some("b"), "{f:?}");
+        assert_eq!(f.hops, Some(1));
+        assert!(f.error.is_none() && f.allocation_ms.is_some(), "{f:?}");
+        assert!(f.sent > 100 && f.received == f.sent, "{f:?}");
+    }
+    // The probes' delay is the link's: 3 ms and a 1,000-byte frame's time
+    // at most (no normal DIF, no queue of its own at 2 Mb/s of 10).
+    let echo = out.flows.iter().find(|f| f.kind == "echo").unwrap();
+    let d = echo.delay_avg_ms.unwrap();
+    assert!((3.0..3.5).contains(&d), "{d}");
+    // Nothing of it crossed the normal DIF: the link carried what the
+    // flows wrote, and the normal DIF's members only their hellos.
+    let l = &out.links[0];
+    assert!(l.avg_bps_ab > 2e6 && l.avg_bps_ab < 2.5e6, "{l:?}");
+}
+
+/// 10 Mb/s links a-b-d (the short way) and a-c-e-d (the long way), one
+/// DIF: echo probes from a and from b to a server at d. Node b stops at
+/// 2 s and starts at 5 s.
+const NODE_STOP: &str = r#"
+nodes = ["a", "b", "c", "d", "e"]
+
+[experiment]
+name = "node-stop"
+duration = "10s"
+seed = 11
+
+[[link]]
+between = ["a", "b"]
+rate = "10Mbps"
+delay = "1ms"
+
+[[link]]
+between = ["b", "d"]
+rate = "10Mbps"
+delay = "1ms"
+
+[[link]]
+between = ["a", "c"]
+rate = "10Mbps"
+delay = "1ms"
+
+[[link]]
+between = ["c", "e"]
+rate = "10Mbps"
+delay = "1ms"
+
+[[link]]
+between = ["e", "d"]
+rate = "10Mbps"
+delay = "1ms"
+
+[[dif]]
+name = "net"
+members = ["*"]
+over = ["links"]
+
+[[app]]
+name = "server"
+node = "d"
+dif = "net"
+
+[[traffic]]
+kind = "echo"
+dif = "net"
+from = ["a", "b"]
+app = "server"
+interval = "20ms"
+
+[[event]]
+at = "2s"
+action = "node-stop"
+node = "b"
+
+[[event]]
+at = "5s"
+action = "node-start"
+node = "b"
+"#;
+
+#[test]
+fn a_stopped_node_is_routed_around_and_comes_back_when_it_starts() {
+    let out = run(NODE_STOP, None);
+    assert_eq!(engine(&out), "protocol");
+    let rec = |id: &str| {
+        out.flows
+            .iter()
+            .find(|f| f.flow.starts_with(id))
+            .unwrap_or_else(|| panic!("no flow {id}: {:?}", out.flows))
+    };
+    // a's probes went through b (two hops of 1 ms: ~2.2 ms of RTT / 2);
+    // once b's neighbours found it silent (the dead interval: the probes
+    // meanwhile are lost), the long way through c and e (~3.3 ms): the
+    // same flow, rerouted, and never allocated again.
+    let a = rec("t0.echo.a>");
+    assert!(!out
+        .flows
+        .iter()
+        .any(|f| f.flow.starts_with("t0.echo.a>") && f.flow.contains('#')));
+    assert!(a.delay_min_ms.unwrap() < 2.5, "{a:?}");
+    assert!(a.delay_max_ms.unwrap() > 3.0, "{a:?}");
+    assert!(a.received < a.sent && a.received > a.sent / 2, "{a:?}");
+    // b's own flow ended with it; once it started again and enrolled, its
+    // client allocated again and was served by d.
+    let b: Vec<_> = out
+        .flows
+        .iter()
+        .filter(|f| f.flow.contains(".b>"))
+        .collect();
+    assert_eq!(b.len(), 2, "{b:?}");
+    assert!(b[0].sent <= 101 && b[0].received <= b[0].sent, "{:?}", b[0]);
+    assert!(b[1].flow.ends_with("#2"), "{:?}", b[1]);
+    assert_eq!(b[1].served_by.as_deref(), Some("d"));
+    assert!(b[1].received > 100, "{:?}", b[1]);
+    assert!(out.timeline.iter().any(|t| t.what == "node b stops"));
+    let again = out
+        .timeline
+        .iter()
+        .find(|t| t.what.starts_with(&format!("{}: allocated", b[1].flow)))
+        .expect("the second allocation is in the timeline");
+    assert!(again.t_s > 5.0, "{again:?}");
 }

@@ -163,3 +163,23 @@ fn qos_2_urgent_first_with_qta_mux_and_not_with_fifo_one_dif_and_a_stack() {
         common::check_qos_2(&format!("sim {file}"), &qta, &fifo);
     }
 }
+
+#[test]
+fn cc_loss_reliable_perf_retransmits_and_slows_down_with_loss() {
+    // The protocol engine: EFCP retransmits what the lossy links drop, and
+    // its congestion control takes the losses as congestion.
+    let out = run(&load(&example("cc-loss.toml"), None).unwrap());
+    assert!(out
+        .timeline
+        .iter()
+        .any(|t| t.what.starts_with("engine: protocol")));
+    let at = |class: &str| {
+        let f = out.flows.iter().find(|f| f.class == class).unwrap();
+        assert!(f.error.is_none() && f.sent > 100, "{f:?}");
+        assert_eq!(f.received, f.sent, "{f:?}");
+        f.goodput_bps
+    };
+    let (five, twenty) = (at("reliable, 5 % loss"), at("reliable, 20 % loss"));
+    assert!(twenty < five && five < 10e6 * 0.97, "{five} {twenty}");
+    assert!(twenty > 0.5e6, "{twenty}");
+}

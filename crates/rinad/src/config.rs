@@ -68,7 +68,8 @@
 //!                                 # by X25519 at port authentication (needs the above)
 //! # rekey_bytes = 1073741824      # new keys after this many bytes per key...
 //! # rekey_seconds = 600           # ...or after this long
-//! # max_pdu = 9000                # largest PDU (default 9000); larger SDUs are fragmented
+//! # max_pdu = 9000                # largest PDU (default rina_core::normal::DEFAULT_MAX_PDU,
+//!                                 # 9000); larger SDUs are fragmented
 //! # max_sdu = 65536
 //! # crc = false                   # CRC-32 on every PDU
 //! # ttl = 64                      # hop limit
@@ -1512,6 +1513,68 @@ impl IpcpConfig {
         } else {
             self.qos_cubes.iter().map(|c| c.get_ref().cube()).collect()
         }
+    }
+
+    /// normal: the machine configuration this table describes, but for
+    /// membership (names, keys, nonces) and the random first CEP-id, which
+    /// the daemon adds: the core's standard member
+    /// ([`rina_core::normal::NormalConfig::standard`]) with what the file
+    /// says over it. The lab's simulator starts from the same standard
+    /// member, so one experiment configures the same stack in both.
+    pub fn normal_config(&self) -> rina_core::normal::NormalConfig {
+        let mut nc =
+            rina_core::normal::NormalConfig::standard(self.dif.clone(), self.address.unwrap_or(0));
+        if let Some(m) = &self.max_pdu {
+            nc.dt.max_pdu_size = *m.get_ref();
+        }
+        if let Some(m) = &self.max_sdu {
+            nc.max_sdu = *m.get_ref() as usize;
+        }
+        if let Some(w) = &self.cep_id_bytes {
+            nc.dt.cep = match w.get_ref() {
+                1 => rina_wire::pci::FieldWidth::W1,
+                4 => rina_wire::pci::FieldWidth::W4,
+                8 => rina_wire::pci::FieldWidth::W8,
+                _ => rina_wire::pci::FieldWidth::W2,
+            };
+        }
+        if let Some(crc) = self.crc {
+            nc.sdup.crc = crc;
+        }
+        if self.routing == Some(RoutingKind::LinkState) {
+            nc.routing = Some(rina_core::routing::Config::default());
+        }
+        if self.directory_mode == Some(DirectoryMode::Distributed) {
+            nc.dynamic_directory = Some(rina_core::directory::Config::default());
+        }
+        if let Some(r) = &self.rib_readable {
+            nc.rib_readable = r.clone();
+        }
+        if let Some(a) = &self.access {
+            // Checked with the file; were it not, nothing would be allowed.
+            nc.access = a
+                .get_ref()
+                .rules()
+                .unwrap_or(rina_core::normal::access::AccessRules {
+                    register: Some(Vec::new()),
+                    allocate: Some(Vec::new()),
+                });
+        }
+        nc.sdup.ttl = match self.ttl {
+            Some(0) => None,
+            Some(t) => Some(t),
+            None => nc.sdup.ttl,
+        };
+        nc.cubes = self.cubes();
+        if let Some(m) = self.max_flows {
+            nc.max_flows = m;
+        }
+        match self.ecn_threshold {
+            Some(0) => nc.ecn = None,
+            Some(t) => nc.ecn = Some(rina_core::rmt::EcnMarking::fixed(t)),
+            None => {}
+        }
+        nc
     }
 
     /// normal: the largest address the PCI of its DIF carries (its

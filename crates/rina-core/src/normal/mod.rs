@@ -168,6 +168,14 @@ pub struct NormalConfig {
 /// Largest SDU a normal IPCP takes by default (delimiting fragments it).
 pub const DEFAULT_MAX_SDU: usize = 65_536;
 
+/// Largest PDU of a normal DIF whose configuration does not say (what
+/// [`NormalConfig::standard`] sets, and so `rinad`'s `max_pdu` default):
+/// room for a 1400-byte SDU and more in one PDU, and small enough to
+/// travel in one PDU of a normal DIF below with the same default. A DIF
+/// directly over a link whose frames are smaller takes the largest PDU
+/// its shim carries ([`NormalConfig::max_pdu_within`]).
+pub const DEFAULT_MAX_PDU: u32 = 9000;
+
 impl NormalConfig {
     /// A configuration with defaults for everything but name and address.
     pub fn new(dif: impl Into<String>, address: Address) -> Self {
@@ -193,6 +201,45 @@ impl NormalConfig {
             ecn: Some(crate::rmt::EcnMarking::default()),
             access: access::AccessRules::default(),
         }
+    }
+
+    /// The configuration a node gives a member of DIF `dif` at `address`
+    /// when nothing else is said: [`NormalConfig::new`] with the largest
+    /// PDU [`DEFAULT_MAX_PDU`]. `rinad` starts from it for every normal
+    /// IPCP of its file, and so does every other composer of systems that
+    /// must configure the same stack (the lab's simulator).
+    pub fn standard(dif: impl Into<String>, address: Address) -> Self {
+        let mut c = NormalConfig::new(dif, address);
+        c.dt.max_pdu_size = DEFAULT_MAX_PDU;
+        c
+    }
+
+    /// The largest PDU size whose frames fit N-1 SDUs of `n1_max_sdu`
+    /// bytes with this configuration's SDU protection (TTL, CRC, and the
+    /// cipher's overhead if the membership encrypts): what a DIF directly
+    /// over a shim with that max SDU can use. The system refuses a larger
+    /// one ([`crate::system::SystemError::FrameTooLarge`]).
+    pub fn max_pdu_within(&self, n1_max_sdu: usize) -> u32 {
+        let aead = if self
+            .membership
+            .as_ref()
+            .is_some_and(|m| m.encryption.is_some())
+        {
+            crate::sdup::aead::OVERHEAD
+        } else {
+            0
+        };
+        let protection = Sdup::without_cipher(self.sdup).overhead() + aead;
+        u32::try_from(n1_max_sdu.saturating_sub(protection)).unwrap_or(u32::MAX)
+    }
+
+    /// Bytes a PDU carrying one whole SDU costs beyond the SDU in this
+    /// DIF's frames: the data-transfer PCI, the delimiter and the SDU
+    /// protection (no cipher).
+    pub fn sdu_overhead(&self) -> usize {
+        pci::header_len(&self.dt, PduType::Dt)
+            + crate::delimiting::DELIMITER_LEN
+            + Sdup::without_cipher(self.sdup).overhead()
     }
 
     /// Where the PCI's type byte sits in this DIF's protected frames.

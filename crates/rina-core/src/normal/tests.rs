@@ -1171,3 +1171,28 @@ fn access_rules_refuse_registration_and_flows_with_their_reason() {
     }
     assert!(carry(ms(2), &mut net).is_empty());
 }
+
+/// The standard configuration has the daemon's largest PDU, and the
+/// largest PDU that fits a shim's SDUs makes frames of exactly that size,
+/// with or without a CRC.
+#[test]
+fn standard_config_and_largest_pdu_within_a_shim_sdu() {
+    let s = NormalConfig::standard("net", 1);
+    assert_eq!(s.dt.max_pdu_size, DEFAULT_MAX_PDU);
+    assert_eq!(NormalConfig::new("net", 1).sdup.crc, s.sdup.crc);
+    for crc in [false, true] {
+        let mut c = NormalConfig::standard("net", 1);
+        c.sdup.crc = crc;
+        let max = c.max_pdu_within(1500);
+        assert!(max < 1500, "{max}");
+        c.dt.max_pdu_size = max;
+        let p = NormalIpcp::new(c.clone(), Box::new(Fifo::new(10))).unwrap();
+        assert_eq!(p.max_frame(), 1500, "crc {crc}");
+        // One SDU's PDU: header, delimiter and protection.
+        assert!(c.sdu_overhead() > pci::header_len(&c.dt, PduType::Dt));
+        assert_eq!(
+            c.sdu_overhead() - if crc { crate::sdup::CRC_LEN } else { 0 },
+            pci::header_len(&c.dt, PduType::Dt) + 1 + crate::sdup::TTL_LEN
+        );
+    }
+}

@@ -20,6 +20,7 @@ pub mod netns;
 pub mod real;
 pub mod sim;
 pub mod ssh;
+pub mod stack;
 
 use crate::results::RunOutput;
 use crate::{Experiment, LabError};

@@ -13,7 +13,10 @@
 //!   a shim-udp IPCP per link end, over an emulated link with the
 //!   experiment's rate, delay, loss, queue and [`LINK_OVERHEAD`], and a
 //!   normal IPCP per DIF the node is a member of, stacked as the file
-//!   says, each with its DIF's QoS cubes (mapped onto the lower DIF's
+//!   says, each configured as the real backends configure `rinad`
+//!   ([`super::stack`]: the core's standard member, a DIF over links
+//!   taking the largest PDU a 1500-byte shim SDU carries, the shims
+//!   pacing at [`super::stack::PACE_SHARE`] of the link's rate), with its DIF's QoS cubes (mapped onto the lower DIF's
 //!   cubes by `maps_to`) and scheduling policy. The shims pace the N-1
 //!   flows at the link's rate, so PDUs wait in the RMT of each DIF, where
 //!   its policy orders and drops them, and the systems' resource
@@ -23,8 +26,11 @@
 //!   disseminated directory; the others enroll through it (password,
 //!   address grant), link-state routing and the directory converge, then
 //!   the traffic starts on the next whole second (the timeline shows
-//!   enrollment and convergence at negative times). Applications are
-//!   registered by name (a sink `sink-<node>` stands for a node
+//!   enrollment and convergence at negative times). Flows directly over a
+//!   link allocate in its shim DIF (no cube: a shim has none), their
+//!   server's name registered in the shim-udp of the link's other end and
+//!   in the directory of this end's, as the real backends write it.
+//!   Applications are registered by name (a sink `sink-<node>` stands for a node
 //!   destination); clients allocate flows by name with the flow's cube
 //!   (`QosSpec::cube`) and write SDUs carrying their send time, echo
 //!   servers write every SDU back (RTT), sinks time-stamp what arrives
@@ -32,20 +38,35 @@
 //!   N-1 flows over them are torn down at once, routing reroutes, the
 //!   allocators set them up again); an application move unregisters it at
 //!   the old node (its flows are deallocated) and registers it at the new
-//!   one; the unchanged client allocates again by the same name every
+//!   one; a node stop drops the node's system (its flows end, the
+//!   frames that reach it are lost, its neighbours take it down when its
+//!   hellos stop: routing reroutes) and a node start gives it a new one,
+//!   built as at the start with fresh nonces and CEP-ids, whose members
+//!   enroll again, its applications registering once they can;
+//!   the unchanged client allocates again by the same name every
 //!   250 ms until it works, each allocation a record (`<flow>#2`,
-//!   `served_by` the node that answered). Link figures are `rina-sim`'s
+//!   `served_by` the node that answered). Perf flows run `rina-perf`'s
+//!   throughput sweep with the tool's own protocol and receiver
+//!   ([`rina_tools::perf`]): per size a test of `per_size`, START, DATA as
+//!   fast as the stack takes it (a reliable cube's window and congestion
+//!   control make the writer wait; an unreliable writer waits while its
+//!   system's RMT queues are full), STOP until the REPORT comes, whose
+//!   receive rate is the goodput point, aggregated as the real backends
+//!   aggregate the tool's report. Link figures are `rina-sim`'s
 //!   link counters over the traffic period. Picked by itself up to
-//!   [`PROTOCOL_AUTO_CAP_BPS`] of tgen traffic (every PDU of every layer is
-//!   simulated); `--engine protocol` asks for it beyond.
+//!   [`PROTOCOL_AUTO_CAP_BPS`] of tgen traffic plus, per perf flow, the
+//!   fastest link rate at its source (at most at its destination) — every
+//!   PDU of every layer is simulated; `--engine protocol` asks for it
+//!   beyond. Perf from a node with a link without a rate is not run (the
+//!   writer would fill it in no time).
 //!
 //! - **Queueing (PDU-level) engine** (`queueing`), a fast approximation
-//!   for what the protocol engine cannot run yet (flows directly over link
-//!   shims, perf, node stop/start) and for heavy traffic, or when asked
+//!   for what the protocol engine cannot run (perf over links without a
+//!   rate) and for heavy traffic, or when asked
 //!   with `--engine queueing`; a test compares it with the protocol engine
 //!   on the same congested-link scenario. Each flow's SDUs are cut into PDUs of its DIF
-//!   (largest PDU `max_pdu`, default 1470 bytes, minus a [`PCI_BYTES`]
-//!   header), routed on a shortest path (fewest hops; ties to the adjacency
+//!   (its largest PDU as every backend configures it,
+//!   [`super::stack::max_pdu`], minus a [`PCI_BYTES`] header), routed on a shortest path (fewest hops; ties to the adjacency
 //!   written first) of its DIF's adjacency graph; an adjacency over a lower
 //!   DIF is replaced, recursively, by that DIF's own path, so a PDU ends up
 //!   as a list of link traversals. At each link output the PDU waits in the
@@ -62,8 +83,8 @@
 //!
 //!   Sizes: every normal DIF a PDU is in adds [`PCI_BYTES`]; a lower DIF
 //!   whose PDUs cannot hold the upper PDU cuts it into fragments (each with
-//!   its own PCI), and every frame on a link pays [`LINK_OVERHEAD`]
-//!   (Ethernet header, VLAN tag, FCS, preamble and gap). The fragments a
+//!   its own PCI), and every frame on a link pays the shim-udp header and
+//!   [`LINK_OVERHEAD`] (Ethernet header, VLAN tag, FCS, preamble and gap). The fragments a
 //!   lower DIF makes of one upper PDU go through the hop's queue as one
 //!   item of their total size (they leave back to back); fragments of the
 //!   flow's own DIF are separate PDUs and an SDU counts as delivered when
@@ -111,15 +132,15 @@ use crate::{Experiment, LabError};
 #[cfg(doc)]
 use rina_core::rmt::SchedulerConfig;
 
-/// Bytes of header every normal DIF adds to a PDU (data-transfer PCI, SDU
-/// protection and delimiting, as the default DIF constants make them).
-pub const PCI_BYTES: usize = 29;
+/// Bytes of header every normal DIF adds to a PDU carrying one SDU
+/// (data-transfer PCI 19, delimiter 1, TTL 1: what
+/// [`rina_core::normal::NormalConfig::sdu_overhead`] gives for the standard
+/// member, no CRC; a test checks they agree).
+pub const PCI_BYTES: usize = 21;
 /// Bytes every frame costs on a link beyond its payload: Ethernet header
 /// (14), VLAN tag (4), FCS (4), preamble (8) and inter-frame gap (12).
 pub const LINK_OVERHEAD: usize = 42;
-/// Largest SDU of a link shim, bytes (bigger SDUs of flows directly over a
-/// link are cut at this size).
-pub const LINK_MTU: usize = 1500;
+pub use super::stack::LINK_MTU;
 
 /// The `sim` backend.
 #[derive(Debug, Default)]
@@ -232,5 +253,15 @@ impl Backend for Sim {
         }
         out.wall_time_s = wall.elapsed().as_secs_f64();
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The queueing engine's PDU header is the standard member's.
+    #[test]
+    fn pci_bytes_are_the_standard_members() {
+        let c = rina_core::normal::NormalConfig::standard("x", 0);
+        assert_eq!(super::PCI_BYTES, c.sdu_overhead());
     }
 }

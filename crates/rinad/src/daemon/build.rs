@@ -144,11 +144,6 @@ fn add_normal(sys: &mut System, ic: &IpcpConfig) -> Result<(), DaemonError> {
     Ok(())
 }
 
-/// Largest PDU of a normal IPCP when the configuration does not say: room
-/// for a 1400-byte SDU and more in one PDU, and small enough to travel in
-/// one PDU of a normal DIF below with the same default.
-const DEFAULT_MAX_PDU: u32 = 9000;
-
 /// The key-pair authentication policy of a normal IPCP, if configured.
 fn auth_keys(
     ic: &crate::config::IpcpConfig,
@@ -185,7 +180,7 @@ fn normal_config(ic: &IpcpConfig) -> Result<(AppName, NormalConfig), DaemonError
         what: format!("IPCP {name}: its name is not a valid application name"),
         source: io::Error::other(format!("{e}")),
     })?;
-    let mut nc = NormalConfig::new(ic.dif.clone(), ic.address.unwrap_or(0));
+    let mut nc = ic.normal_config();
     let mut membership = rina_core::normal::MembershipConfig::new(app_name.clone());
     membership.password = ic.password.clone();
     membership.keys = auth_keys(ic)?;
@@ -216,54 +211,5 @@ fn normal_config(ic: &IpcpConfig) -> Result<(AppName, NormalConfig), DaemonError
     let [a, b, c, d, ..] = crate::sys::random_seed().unwrap_or(seed);
     nc.first_cep = u64::from(u32::from_le_bytes([a, b, c, d]));
     nc.membership = Some(membership);
-    nc.dt.max_pdu_size = ic
-        .max_pdu
-        .as_ref()
-        .map_or(DEFAULT_MAX_PDU, |m| *m.get_ref());
-    if let Some(m) = &ic.max_sdu {
-        nc.max_sdu = *m.get_ref() as usize;
-    }
-    if let Some(w) = &ic.cep_id_bytes {
-        nc.dt.cep = match w.get_ref() {
-            1 => rina_wire::pci::FieldWidth::W1,
-            4 => rina_wire::pci::FieldWidth::W4,
-            8 => rina_wire::pci::FieldWidth::W8,
-            _ => rina_wire::pci::FieldWidth::W2,
-        };
-    }
-    nc.sdup.crc = ic.crc.unwrap_or(false);
-    if ic.routing == Some(crate::config::RoutingKind::LinkState) {
-        nc.routing = Some(rina_core::routing::Config::default());
-    }
-    if ic.directory_mode == Some(crate::config::DirectoryMode::Distributed) {
-        nc.dynamic_directory = Some(rina_core::directory::Config::default());
-    }
-    if let Some(r) = &ic.rib_readable {
-        nc.rib_readable = r.clone();
-    }
-    if let Some(a) = &ic.access {
-        // Checked with the file; were it not, nothing would be allowed.
-        nc.access = a
-            .get_ref()
-            .rules()
-            .unwrap_or(rina_core::normal::access::AccessRules {
-                register: Some(Vec::new()),
-                allocate: Some(Vec::new()),
-            });
-    }
-    nc.sdup.ttl = match ic.ttl {
-        Some(0) => None,
-        Some(t) => Some(t),
-        None => nc.sdup.ttl,
-    };
-    nc.cubes = ic.cubes();
-    if let Some(m) = ic.max_flows {
-        nc.max_flows = m;
-    }
-    match ic.ecn_threshold {
-        Some(0) => nc.ecn = None,
-        Some(t) => nc.ecn = Some(rina_core::rmt::EcnMarking::fixed(t)),
-        None => {}
-    }
     Ok((app_name, nc))
 }

@@ -9,6 +9,7 @@
 //! `<node>.<dif>`; a link's shim DIF is named after the link.
 
 use crate::backend::sim::LINK_OVERHEAD;
+use crate::backend::stack;
 use crate::resolve::{Cube, Dest, Over};
 use crate::Experiment;
 use std::collections::BTreeMap;
@@ -43,19 +44,11 @@ pub enum ShimKind {
     },
 }
 
-/// Largest PDU of a normal DIF over shim-eth links (1500-byte MTU).
-pub const ETH_MAX_PDU: u32 = 1495;
+/// Largest SDU of a shim-eth on the lab's interfaces: their 1500-byte MTU
+/// less the 802.1Q tag ([`rina_core::shim_eth::Config::max_sdu`]).
+pub const ETH_MAX_SDU: usize = 1500 - rina_wire::shim_eth::VLAN_TAG_LEN;
 
-/// The share of a link's rate its shims pace at. Whatever makes the link
-/// lose time (a late timer of the emulator: tbf's, the delay line's, the
-/// relay's) is capacity it never gets back; at exactly the link's rate the
-/// frames sent meanwhile would stay queued in the emulator for the rest of
-/// the run, first come first served, where no RMT policy can reach them
-/// (the urgent class of `qos-2` on `netns` once averaged 16.9 ms against
-/// its 5.3 ms unloaded). A little under the rate, such a queue drains (3 %
-/// of 10 Mb/s: a 1,000-byte frame in 27 ms) and the backlog stays in the
-/// RMT, as shapers do in front of a bottleneck they do not control.
-pub const PACE_SHARE: f64 = 0.97;
+pub use crate::backend::stack::PACE_SHARE;
 
 /// Name of the normal IPCP of `node` in DIF `dif`.
 pub fn ipcp_name(exp: &Experiment, node: usize, dif: usize) -> String {
@@ -123,9 +116,8 @@ fn shim_ipcp(
     // it, so queues form in their RMT where the scheduling policy is.
     // The relay of `local` charges LINK_OVERHEAD per UDP payload; tbf
     // of `netns` counts the Ethernet frame, which rinad adds itself.
-    if link.rate_bps < crate::resolve::UNLIMITED_BPS {
-        let paced = (link.rate_bps * PACE_SHARE) as i64;
-        t.insert("rate".into(), paced.into());
+    if let Some(paced) = stack::paced_rate_bps(link) {
+        t.insert("rate".into(), (paced as i64).into());
         if matches!(kind, ShimKind::Udp { .. }) {
             t.insert("rate_overhead".into(), (LINK_OVERHEAD as i64).into());
         }
@@ -134,6 +126,8 @@ fn shim_ipcp(
         ShimKind::Udp { bind, peer: at } => {
             t.insert("type".into(), "shim-udp".into());
             t.insert("bind".into(), bind.to_string().into());
+            // An Ethernet-like link: the DIFs above size their PDUs to it.
+            t.insert("max_sdu".into(), (stack::LINK_MTU as i64).into());
             let mut dir = Table::new();
             for (d, dif) in exp.difs.iter().enumerate() {
                 if dif
@@ -186,7 +180,12 @@ fn normal_ipcp(exp: &Experiment, node: usize, d: usize, shim: &dyn Fn(usize) -> 
     if let Some(p) = &dif.password {
         t.insert("password".into(), p.clone().into());
     }
-    if let Some(m) = max_pdu(exp, d, shim) {
+    // The max PDU size is part of the DIF's wire profile, which enrollment
+    // checks, so it is the same in every member: the smallest the links
+    // of any adjacency of the DIF carry, even where this member's own do
+    // not (seed 003's PEs whose SPN neighbours are all over the MR DIF
+    // were refused with 9000 against the others' 1495).
+    if let Some(m) = stack::max_pdu(exp, d, &|l| shim_max_sdu(l, shim)) {
         t.insert("max_pdu".into(), i64::from(m).into());
     }
     if let Ok(v) = Value::try_from(&dif.scheduler) {
@@ -207,67 +206,44 @@ fn normal_ipcp(exp: &Experiment, node: usize, d: usize, shim: &dyn Fn(usize) -> 
     Value::Table(t)
 }
 
-/// The max PDU size of DIF `d`, the same in every member.
-fn max_pdu(exp: &Experiment, d: usize, shim: &dyn Fn(usize) -> ShimKind) -> Option<u32> {
-    let dif = &exp.difs[d];
-    // Over shim-eth links the frames must fit the interface's MTU:
-    // 1496-byte SDUs, a PDU costing one byte more. The max PDU size is
-    // part of the DIF's wire profile, which enrollment checks, so it
-    // is the same in every member: the smaller one if any adjacency of
-    // the DIF crosses a shim-eth link, even where this member's own do
-    // not (seed 003's PEs whose SPN neighbours are all over the MR DIF
-    // were refused with 9000 against the others' 1495).
-    let over_eth = (0..exp.links.len()).any(|l| {
-        dif.adjacencies.iter().any(|a| a.over == Over::Link(l))
-            && matches!(shim(l), ShimKind::Eth { .. })
-    });
-    match (dif.max_pdu, over_eth) {
-        (Some(m), true) => Some(m.min(ETH_MAX_PDU)),
-        (None, true) => Some(ETH_MAX_PDU),
-        (m, false) => m,
+/// The largest SDU of link `l`'s shim, whose kind `shim` says.
+pub fn shim_max_sdu(l: usize, shim: &dyn Fn(usize) -> ShimKind) -> usize {
+    match shim(l) {
+        ShimKind::Udp { .. } => stack::LINK_MTU,
+        ShimKind::Eth { .. } => ETH_MAX_SDU,
     }
 }
 
-/// The `[[qos_cube]]` table of cube `c` of DIF `d` at `node`.
+/// The `[[qos_cube]]` table of cube `c` of DIF `d` at `node`: the cube
+/// the simulator gives that member ([`stack::cube`]), written out.
 fn cube_table(exp: &Experiment, node: usize, d: usize, c: &Cube) -> Value {
-    let dif = &exp.difs[d];
+    let k = stack::cube(exp, node, d, c);
     let mut q = Table::new();
-    q.insert("id".into(), (c.id as i64).into());
-    q.insert("name".into(), c.name.clone().into());
+    q.insert("id".into(), (k.id as i64).into());
+    q.insert("name".into(), k.name.clone().into());
     q.insert("reliable".into(), c.reliable.into());
     if c.efcp != rina_core::efcp::EfcpTuning::default() {
         if let Ok(v) = Value::try_from(&c.efcp) {
             q.insert("efcp".into(), v);
         }
     }
-    q.insert("urgency".into(), i64::from(c.urgency).into());
-    q.insert("cherish".into(), i64::from(c.cherish).into());
-    if let Some(b) = c.bandwidth_bps {
+    q.insert("urgency".into(), i64::from(k.urgency).into());
+    q.insert("cherish".into(), i64::from(k.cherish).into());
+    if let Some(b) = k.avg_bandwidth_bps {
         q.insert("avg_bandwidth_bps".into(), (b as i64).into());
     }
-    if let Some(dl) = c.delay {
-        q.insert("delay_us".into(), (dl.as_micros() as i64).into());
+    if let Some(dl) = k.delay_us {
+        q.insert("delay_us".into(), (dl as i64).into());
     }
-    if let Some(ls) = c.loss {
-        q.insert("loss_ppm".into(), ((ls * 1e6) as i64).into());
+    if let Some(ls) = k.loss_ppm {
+        q.insert("loss_ppm".into(), i64::from(ls).into());
     }
-    // The cube of each lower DIF this cube rides on (seed 003's
-    // mapping): one N-1 flow per lower cube in use; only the
-    // lower DIFs this member has neighbours over (an HR of
-    // seed 003's spn reaches its PE over a link, not over mr).
-    let lower: Table = c
-        .maps_to
+    // The cube of each lower DIF this cube rides on (seed 003's mapping):
+    // one N-1 flow per lower cube in use.
+    let lower: Table = k
+        .lower
         .iter()
-        .filter(|(&l, _)| {
-            dif.adjacencies
-                .iter()
-                .any(|a| (a.a == node || a.b == node) && a.over == Over::Dif(l))
-        })
-        .filter_map(|(&l, &id)| {
-            let ld = &exp.difs[l];
-            let lc = ld.cubes.iter().find(|lc| lc.id == id)?;
-            Some((ld.name.clone(), Value::from(lc.name.clone())))
-        })
+        .map(|(dif, cube)| (dif.clone(), Value::from(cube.clone())))
         .collect();
     if !lower.is_empty() {
         q.insert("lower".into(), Value::Table(lower));
@@ -419,12 +395,16 @@ mod tests {
         for (dif, sizes) in &by_dif {
             assert_eq!(sizes.len(), 1, "DIF {dif}: max_pdu by member {sizes:?}");
         }
-        // Both have adjacencies over the links; the video DIF, only over
-        // other DIFs, keeps the default everywhere.
+        // Both have adjacencies over the links, so the largest PDU a
+        // shim-eth carries; the video DIF, only over other DIFs, keeps the
+        // default everywhere.
+        let eth_max_pdu =
+            rina_core::normal::NormalConfig::standard("x", 0).max_pdu_within(ETH_MAX_SDU);
+        assert_eq!(eth_max_pdu, 1495);
         for dif in ["spn", "mr"] {
             let sizes = &by_dif[dif];
             assert!(
-                sizes.contains_key(&Some(i64::from(ETH_MAX_PDU))),
+                sizes.contains_key(&Some(i64::from(eth_max_pdu))),
                 "DIF {dif}: {sizes:?}"
             );
         }

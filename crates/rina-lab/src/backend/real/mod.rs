@@ -961,9 +961,22 @@ fn parse_perf(
     if r.tests.is_empty() {
         return Err("rina-perf ran no test".into());
     }
+    perf_record(&r.tests, rec, goodput);
+    Ok(())
+}
+
+/// Fills `rec` and the goodput points from `rina-perf`'s test results
+/// (one per SDU size): the real backends read them from the tool's
+/// report, the simulator's protocol engine computes them with the tool's
+/// code.
+pub(crate) fn perf_record(
+    tests: &[rina_tools::perf::TestResult],
+    rec: &mut FlowRecord,
+    goodput: &mut Vec<GoodputPoint>,
+) {
     let mut gsum = 0.0;
     let mut ssum = 0.0;
-    for t in &r.tests {
+    for t in tests {
         rec.sent += t.sent_sdus;
         rec.received += t.report.recv_sdus.min(t.sent_sdus);
         gsum += t.rx_mbps * 1e6;
@@ -974,7 +987,7 @@ fn parse_perf(
             goodput_bps: t.rx_mbps * 1e6,
         });
     }
-    let n = r.tests.len() as f64;
+    let n = tests.len().max(1) as f64;
     rec.goodput_bps = gsum / n;
     rec.sdu_bytes = ssum / n;
     rec.loss_pct = if rec.sent == 0 {
@@ -982,7 +995,6 @@ fn parse_perf(
     } else {
         100.0 * rec.sent.saturating_sub(rec.received) as f64 / rec.sent as f64
     };
-    Ok(())
 }
 
 #[cfg(test)]

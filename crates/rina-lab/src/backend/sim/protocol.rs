@@ -11,7 +11,10 @@
 //! arrives; clients follow tgen schedules or send echo probes. See the
 //! module doc of [`super`].
 
-use super::{mix, LINK_OVERHEAD};
+mod perf;
+
+use super::{mix, LINK_MTU, LINK_OVERHEAD};
+use crate::backend::stack;
 use crate::backend::RunCtx;
 use crate::model::{AppRole, TrafficKind};
 use crate::resolve::{Dest, EventKind, Experiment, Over};
@@ -19,13 +22,11 @@ use crate::results::{stats_ms, FlowRecord, LinkRecord, Reservoir, RunOutput, Tim
 use crate::LabError;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use rina_core::efcp::EfcpConfig;
-use rina_core::normal::{cubes::QosCube, MembershipConfig, NormalConfig};
-use rina_core::rmt::{Address, PortRate};
-use rina_core::sdup::SdupConfig;
+use rina_core::normal::MembershipConfig;
+use rina_core::rmt::Address;
 use rina_core::shim_udp;
 use rina_core::system::{AppEvent, MediumId, NeighborSpec, Output, PortId, System};
-use rina_core::{directory, routing, Instant};
+use rina_core::Instant;
 use rina_sim::world::Ctx;
 use rina_sim::{LinkConfig, Node, World};
 use rina_tools::tgen::gen::{Generator, Packet as GenPacket};
@@ -50,31 +51,36 @@ const STEP: Duration = Duration::from_millis(50);
 /// bounds the tgen traffic offered (bit/s) when the engine was not asked
 /// for by name.
 pub(super) fn eligible(exp: &Experiment, offered_cap: Option<f64>) -> Result<(), String> {
-    if exp.flows.iter().any(|f| f.shim.is_some()) {
-        return Err("flows directly over link shims".into());
-    }
-    if exp.flows.iter().any(|f| f.kind == TrafficKind::Perf) {
-        return Err("perf traffic".into());
-    }
-    if exp
-        .events
-        .iter()
-        .any(|e| matches!(e.what, EventKind::NodeStop(_) | EventKind::NodeStart(_)))
-    {
-        return Err("node stop/start events".into());
-    }
     if exp.links.len() > 60_000 || exp.flows.len() > 60_000 {
         return Err("more than 60 000 links or flows".into());
     }
-    let offered: f64 = exp
-        .flows
-        .iter()
-        .filter_map(|f| f.profile.as_ref())
-        .map(|p| p.mean_rate_bps())
-        .sum();
+    // A perf sender fills what its node's links carry, at most what the
+    // destination's take.
+    let fastest = |n: usize| {
+        exp.links
+            .iter()
+            .filter(|l| l.a == n || l.b == n)
+            .map(|l| l.rate_bps)
+            .fold(0.0, f64::max)
+    };
+    let mut perf = 0.0;
+    for f in exp.flows.iter().filter(|f| f.kind == TrafficKind::Perf) {
+        let from = fastest(f.from);
+        if from >= crate::resolve::UNLIMITED_BPS {
+            return Err("perf traffic from a node with a link without a rate".into());
+        }
+        perf += from.min(fastest(exp.dest_node(f.to)));
+    }
+    let offered: f64 = perf
+        + exp
+            .flows
+            .iter()
+            .filter_map(|f| f.profile.as_ref())
+            .map(|p| p.mean_rate_bps())
+            .sum::<f64>();
     if let Some(cap) = offered_cap.filter(|&c| offered > c) {
         return Err(format!(
-            "{:.0} Mb/s of tgen traffic (more than {:.0} Mb/s: ask for it with --engine protocol)",
+            "{:.0} Mb/s of tgen and perf traffic (more than {:.0} Mb/s: ask for it with --engine protocol)",
             offered / 1e6,
             cap / 1e6
         ));
@@ -124,6 +130,8 @@ struct Client {
     sent_bytes: u64,
     rtts: Vec<f64>,
     error: Option<String>,
+    /// A perf client's sweep.
+    perf: Option<perf::PerfClient>,
 }
 
 #[derive(Debug, Default)]
@@ -150,6 +158,11 @@ enum Cmd {
     },
     LinkDown(usize),
     LinkUp(usize),
+    /// The node stops: its system is dropped, its processes end.
+    NodeStop,
+    /// The node starts again with this system, built as at the start (its
+    /// members enroll again).
+    NodeStart(Box<LabNode>),
 }
 
 /// Frames pushed back by a full link: (peer, frame), oldest first.
@@ -180,6 +193,18 @@ struct LabNode {
     rx: BTreeMap<(usize, u16), Rx>,
     /// Set up by the engine: flows this node is the client of.
     specs: BTreeMap<usize, ClientSpec>,
+    /// The perf receivers of accepted flows that carry perf tests.
+    perf_rx: BTreeMap<PortId, rina_tools::perf::Receiver>,
+    /// The wall-clock instant that stands for virtual time 0 for the perf
+    /// receivers (they only take differences).
+    origin: std::time::Instant,
+    /// Names registered here, with their DIF (registered again when the
+    /// node starts again).
+    regs: Vec<(String, AppName)>,
+    /// Registrations the system took not yet (its member still enrolls).
+    pending_regs: Vec<(String, AppName)>,
+    /// The node is stopped: no system runs.
+    stopped: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -194,6 +219,9 @@ struct ClientSpec {
     interval: u64,
     size: usize,
     stop: u64,
+    /// perf: SDU sizes and ns per size.
+    sizes: Vec<usize>,
+    per_size: u64,
 }
 
 impl LabNode {
@@ -211,6 +239,11 @@ impl LabNode {
             attempts: BTreeMap::new(),
             rx: BTreeMap::new(),
             specs: BTreeMap::new(),
+            perf_rx: BTreeMap::new(),
+            origin: std::time::Instant::now(),
+            regs: Vec::new(),
+            pending_regs: Vec::new(),
+            stopped: false,
         }
     }
 
@@ -251,6 +284,10 @@ impl LabNode {
             sent_bytes: 0,
             rtts: Vec::new(),
             error: None,
+            perf: (spec.kind == TrafficKind::Perf).then(|| {
+                let first = u32::from(attempt) << 8;
+                perf::PerfClient::new(&spec.sizes, spec.per_size, spec.stop, first)
+            }),
         };
         if let Some(p) = &spec.profile {
             let mut g = Generator::new(p.clone(), spec.seed);
@@ -326,13 +363,59 @@ impl LabNode {
         }
     }
 
+    /// Writes what the perf clients can: their control SDUs due, then DATA
+    /// while the flow takes it and the system's queues have room.
+    fn run_perf(&mut self, now: u64) {
+        let t = Instant::from_nanos(now);
+        let ports: Vec<PortId> = self
+            .clients
+            .iter()
+            .filter(|(_, c)| c.state == ClientState::Open && c.perf.is_some())
+            .map(|(p, _)| *p)
+            .collect();
+        for port in ports {
+            let Some(p) = self.clients.get_mut(&port).and_then(|c| c.perf.as_mut()) else {
+                continue;
+            };
+            for sdu in p.control(now) {
+                // A control SDU a full flow refuses is sent again (STOP) or
+                // its test still runs (START lost: the first DATA starts it).
+                let _ = self.sys.write(t, port, &sdu);
+            }
+            let backlog: usize = self.backlog.values().map(|(q, _)| q.len()).sum();
+            let room = perf::BUFFER_PDUS.saturating_sub(queued_pdus(&self.sys) + backlog);
+            for _ in 0..room.min(perf::BURST_SDUS) {
+                let Some(p) = self.clients.get_mut(&port).and_then(|c| c.perf.as_mut()) else {
+                    break;
+                };
+                if p.blocked {
+                    break;
+                }
+                let Some(sdu) = p.data() else { break };
+                match self.sys.write(t, port, &sdu) {
+                    Ok(()) => p.wrote(sdu.len()),
+                    Err(rina_core::system::FlowError::WouldBlock) => {
+                        p.blocked = true;
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+            if let Some(c) = self.clients.get_mut(&port) {
+                c.next_at = c.perf.as_ref().and_then(|p| p.next_at());
+            }
+        }
+    }
+
     /// Writes what the clients have due.
     fn run_clients(&mut self, now: u64) {
+        self.run_perf(now);
         let t = Instant::from_nanos(now);
         let due: Vec<PortId> = self
             .clients
             .iter()
-            .filter(|(_, c)| c.state == ClientState::Open && c.next_at.is_some_and(|x| x <= now))
+            .filter(|(_, c)| c.state == ClientState::Open && c.perf.is_none())
+            .filter(|(_, c)| c.next_at.is_some_and(|x| x <= now))
             .map(|(f, _)| *f)
             .collect();
         for port in due {
@@ -375,8 +458,18 @@ impl LabNode {
     fn pump(&mut self, ctx: &mut Ctx<'_, ()>) {
         let now = ctx.now().as_nanos();
         self.run_clients(now);
-        while let Some(o) = self.sys.poll_output() {
-            self.on_output(ctx, o);
+        // Perf writers write again as what they wrote leaves (a few rounds:
+        // each either fills the queues or finds the flow blocked).
+        for _ in 0..4 {
+            let mut any = false;
+            while let Some(o) = self.sys.poll_output() {
+                any = true;
+                self.on_output(ctx, o);
+            }
+            if !any || !self.clients.values().any(|c| c.perf.is_some()) {
+                break;
+            }
+            self.run_perf(now);
         }
     }
 
@@ -422,13 +515,32 @@ impl LabNode {
             }
             Output::App(AppEvent::Deallocated { port }) => {
                 self.accepted.remove(&port);
+                self.perf_rx.remove(&port);
                 self.failed(t, port, "deallocated by the peer".into());
             }
-            Output::App(AppEvent::RequestWithdrawn { .. } | AppEvent::Writable { .. }) => {}
+            Output::App(AppEvent::Writable { port }) => {
+                if let Some(p) = self.clients.get_mut(&port).and_then(|c| c.perf.as_mut()) {
+                    p.blocked = false;
+                }
+            }
+            Output::App(AppEvent::RequestWithdrawn { .. }) => {}
         }
     }
 
     fn on_sdu(&mut self, now: Instant, port: PortId, sdu: &[u8]) {
+        if let Some(p) = self.clients.get_mut(&port).and_then(|c| c.perf.as_mut()) {
+            p.on_sdu(sdu);
+            return;
+        }
+        if sdu.starts_with(&rina_tools::perf::MAGIC) && self.accepted.contains_key(&port) {
+            // A perf test: the tool's receiver answers, on virtual time.
+            let at = self.origin + Duration::from_nanos(now.as_nanos());
+            let rx = self.perf_rx.entry(port).or_default();
+            if let Some(reply) = rx.on_sdu(sdu, at) {
+                let _ = self.sys.write(now, port, &reply);
+            }
+            return;
+        }
         if sdu.len() < HDR {
             return;
         }
@@ -457,14 +569,27 @@ impl LabNode {
 
     fn on_command(&mut self, now: Instant, cmd: Cmd) {
         match cmd {
+            Cmd::Allocate { flow } if self.stopped => {
+                // Allocated once the node starts again.
+                self.latest.entry(flow).or_insert((PortId::MAX, None));
+            }
             Cmd::Allocate { flow } => self.allocate(now.as_nanos(), flow),
+            Cmd::Register { dif, name, echo } if self.stopped => {
+                // Registered once the node starts again.
+                self.names.insert(name.clone(), echo);
+                self.regs.push((dif, name));
+            }
             Cmd::Register { dif, name, echo } => {
                 if self.sys.register(&dif, name.clone()).is_ok() {
-                    self.names.insert(name, echo);
+                    self.names.insert(name.clone(), echo);
+                    self.regs.push((dif, name));
                 }
             }
+            Cmd::NodeStop => self.stop(now.as_nanos()),
+            Cmd::NodeStart(fresh) => self.start(now.as_nanos(), *fresh),
             Cmd::Unregister { dif, name } => {
                 self.names.remove(&name);
+                self.regs.retain(|(d, n)| !(*d == dif && *n == name));
                 self.sys.unregister(&dif, &name);
                 // The server process goes: its flows are deallocated.
                 let gone: Vec<PortId> = self
@@ -476,6 +601,7 @@ impl LabNode {
                 for f in gone {
                     self.sys.close(now, f);
                     self.accepted.remove(&f);
+                    self.perf_rx.remove(&f);
                 }
             }
             Cmd::LinkDown(l) | Cmd::LinkUp(l) => {
@@ -515,6 +641,9 @@ impl Node for LabNode {
         from: SocketAddr,
         payload: &[u8],
     ) {
+        if self.stopped {
+            return;
+        }
         if let Some(&m) = self.by_addr.get(&to) {
             if !self.down.contains(&m) {
                 self.sys.handle_frame(ctx.now(), m, from, payload);
@@ -525,6 +654,10 @@ impl Node for LabNode {
 
     fn on_timeout(&mut self, ctx: &mut Ctx<'_, ()>) {
         let now = ctx.now();
+        if self.stopped {
+            return;
+        }
+        self.register_pending();
         self.retry_backlogs(ctx);
         if self.sys.poll_timeout().is_some_and(|t| t <= now) {
             self.sys.handle_timeout(now);
@@ -547,6 +680,9 @@ impl Node for LabNode {
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
+        if self.stopped {
+            return None;
+        }
         let clients = self
             .clients
             .values()
@@ -554,11 +690,17 @@ impl Node for LabNode {
             .filter_map(|c| c.next_at);
         let retries = self.latest.values().filter_map(|(_, r)| *r);
         let backlogs = self.backlog.values().map(|(_, t)| *t);
+        // Registrations wait for the member's enrollment: looked at again
+        // with the system's own timers, and every RETRY at least.
+        let regs = (!self.pending_regs.is_empty())
+            .then(|| self.sys.poll_timeout().map(|t| t + RETRY))
+            .flatten();
         self.sys
             .poll_timeout()
             .into_iter()
             .chain(clients.chain(retries).map(Instant::from_nanos))
             .chain(backlogs)
+            .chain(regs)
             .min()
     }
 
@@ -590,6 +732,66 @@ impl Node for LabNode {
 }
 
 impl LabNode {
+    /// The node stops: its processes end (the flows from here fail and
+    /// are not tried again while it is stopped; the flows it served end),
+    /// and its system is dropped, so its neighbours hear nothing more from
+    /// it.
+    fn stop(&mut self, now: u64) {
+        let open: Vec<PortId> = self
+            .clients
+            .iter()
+            .filter(|(_, c)| c.state != ClientState::Done)
+            .map(|(p, _)| *p)
+            .collect();
+        for p in open {
+            self.failed(now, p, "node stopped".into());
+        }
+        for (_, retry) in self.latest.values_mut() {
+            *retry = None;
+        }
+        self.sys = System::new(self.sys.name().to_string());
+        self.accepted.clear();
+        self.perf_rx.clear();
+        self.backlog.clear();
+        self.pending_regs.clear();
+        self.stopped = true;
+    }
+
+    /// The node starts again with `fresh`'s system: its members enroll
+    /// again, its applications register once they can, and the flows from
+    /// here that still have time allocate again.
+    fn start(&mut self, now: u64, fresh: LabNode) {
+        if !self.stopped {
+            return;
+        }
+        self.sys = fresh.sys;
+        self.media = fresh.media;
+        self.by_addr = fresh.by_addr;
+        self.down.clear();
+        self.stopped = false;
+        self.pending_regs = self.regs.clone();
+        self.register_pending();
+        let again: Vec<usize> = self
+            .specs
+            .iter()
+            .filter(|(_, s)| s.stop > now)
+            .map(|(f, _)| *f)
+            .filter(|f| self.latest.contains_key(f))
+            .collect();
+        for f in again {
+            if let Some(l) = self.latest.get_mut(&f) {
+                l.1 = Some(now + ns(RETRY));
+            }
+        }
+    }
+
+    /// Registers what waits for its member to be enrolled.
+    fn register_pending(&mut self) {
+        let sys = &mut self.sys;
+        self.pending_regs
+            .retain(|(dif, name)| sys.register(dif, name.clone()).is_err());
+    }
+
     /// Sends again what full links pushed back, once they have room; a
     /// medium whose backlog went out is writable again.
     fn retry_backlogs(&mut self, ctx: &mut Ctx<'_, ()>) {
@@ -624,29 +826,19 @@ impl LabNode {
     }
 }
 
-/// The QoS cubes of DIF `d`, each on the lower cubes its mapping names.
-fn cubes(exp: &Experiment, d: usize) -> Vec<QosCube> {
-    exp.difs[d]
-        .cubes
+/// PDUs waiting in the RMT queues of every normal IPCP of `sys`.
+fn queued_pdus(sys: &System) -> usize {
+    sys.members()
         .iter()
-        .map(|c| {
-            let mut efcp = if c.reliable {
-                EfcpConfig::reliable()
-            } else {
-                EfcpConfig::unreliable()
-            };
-            // Invalid combinations are refused when the IPCP is built.
-            let _ = c.efcp.apply(&mut efcp);
-            let mut q = QosCube::new(c.id, c.name.clone(), efcp).with_cell(c.urgency, c.cherish);
-            for (&l, &id) in &c.maps_to {
-                let ld = &exp.difs[l];
-                if let Some(lc) = ld.cubes.iter().find(|lc| lc.id == id) {
-                    q = q.over(ld.name.clone(), lc.name.clone());
-                }
-            }
-            q
+        .filter_map(|m| m.normal())
+        .map(|n| {
+            let rmt = n.rmt();
+            rmt.ports()
+                .flat_map(|p| rmt.queue_stats(p))
+                .map(|q| q.queued)
+                .sum::<usize>()
         })
-        .collect()
+        .sum()
 }
 
 /// The name of node `m`'s IPCP in DIF `d` (also its name in the N-1 DIFs).
@@ -661,7 +853,7 @@ fn ipcp_name(exp: &Experiment, m: usize, d: usize) -> Result<AppName, LabError> 
 
 /// The system of node `m`: a shim-udp per link end, paced at the link's
 /// rate, then a normal IPCP per DIF it is a member of, lower DIFs first.
-fn node_system(exp: &Experiment, m: usize) -> Result<LabNode, LabError> {
+fn node_system(exp: &Experiment, m: usize, generation: u64) -> Result<LabNode, LabError> {
     let err = |what: String| LabError::Backend {
         backend: "sim",
         what,
@@ -676,6 +868,8 @@ fn node_system(exp: &Experiment, m: usize) -> Result<LabNode, LabError> {
         };
         let peer = if side == 0 { link.b } else { link.a };
         let mut sc = shim_udp::Config::new(link.name.clone());
+        // An Ethernet-like link, as the real backends configure it.
+        sc.max_sdu = LINK_MTU as u32;
         for (d, dif) in exp.difs.iter().enumerate() {
             let adjacent = dif
                 .adjacencies
@@ -686,10 +880,19 @@ fn node_system(exp: &Experiment, m: usize) -> Result<LabNode, LabError> {
                     .insert(ipcp_name(exp, peer, d)?, end_addr(l, 1 - side));
             }
         }
-        let rate = (link.rate_bps < crate::resolve::UNLIMITED_BPS).then(|| {
-            PortRate::new(link.rate_bps as u64)
-                .overhead((LINK_OVERHEAD + rina_wire::shim_udp::DATA_HEADER_LEN) as u32)
-        });
+        // The servers of the flows from here directly over this link.
+        for f in exp
+            .flows
+            .iter()
+            .filter(|f| f.shim == Some(l) && f.from == m)
+        {
+            sc.directory
+                .insert(remote_of(exp, f)?, end_addr(l, 1 - side));
+        }
+        // What rinad makes of the shim's `rate` and `rate_overhead` the
+        // real backends write: the paced rate, the link's overhead and the
+        // shim's own header per frame.
+        let rate = stack::udp_port_rate(link);
         let i = sys
             .add_shim_udp(format!("{}.{}", exp.nodes[m], link.name), sc, rate)
             .map_err(|e| err(e.to_string()))?;
@@ -699,21 +902,23 @@ fn node_system(exp: &Experiment, m: usize) -> Result<LabNode, LabError> {
         if !dif.has_member(m) {
             continue;
         }
-        let boot = m == dif.bootstrap;
         let name = ipcp_name(exp, m, d)?;
-        let mut c = NormalConfig::new(dif.name.clone(), if boot { 1 } else { 0 });
-        c.dt.max_pdu_size = dif.max_pdu.unwrap_or(1470);
-        c.sdup = SdupConfig {
-            ttl: Some(64),
-            crc: true,
-        };
-        c.cubes = cubes(exp, d);
-        if boot {
-            c.routing = Some(routing::Config::default());
-            c.dynamic_directory = Some(directory::Config::default());
-        }
+        let mut c = stack::member_config(exp, m, d, &|_| LINK_MTU);
         let mut mc = MembershipConfig::new(name.clone());
         mc.password = dif.password.clone();
+        if generation > 0 {
+            // Started again: new nonces, and CEP-ids from elsewhere, so
+            // that its peers' flows from before are not mistaken for new
+            // ones (rinad draws both at random).
+            let r = mix(
+                exp.seed,
+                0x4000 + ((m as u64) << 20) + (generation << 8) + d as u64,
+            );
+            c.first_cep = r & 0xffff_ffff;
+            for (i, b) in mc.entropy.iter_mut().enumerate() {
+                *b = (mix(r, i as u64) & 0xff) as u8;
+            }
+        }
         c.membership = Some(mc);
         // Neighbours, the one this member enrolls through first.
         let via = dif.enrolls_via.get(&m).copied();
@@ -798,7 +1003,7 @@ fn build_world(exp: &Experiment) -> Result<(World<LabNode>, Ids, LinkIds), LabEr
     world.set_step_limit(u64::MAX);
     let mut id_of = Ids::new();
     for m in 0..exp.nodes.len() {
-        id_of.insert(m, world.add_node(node_system(exp, m)?));
+        id_of.insert(m, world.add_node(node_system(exp, m, 0)?));
     }
     let mut wlinks = LinkIds::new();
     for (l, link) in exp.links.iter().enumerate() {
@@ -836,6 +1041,55 @@ fn sink_name(exp: &Experiment, n: usize, kind: TrafficKind) -> Result<AppName, L
     format!("{role}-{}", exp.nodes[n])
         .parse()
         .map_err(|e| lab_err(format!("node name: {e:?}")))
+}
+
+/// The DIF flow `f` allocates in: its link's shim DIF or its normal DIF.
+fn flow_dif(exp: &Experiment, f: &crate::resolve::Flow) -> String {
+    match f.shim {
+        Some(l) => exp.links[l].name.clone(),
+        None => exp.difs[f.dif].name.clone(),
+    }
+}
+
+/// The name of flow `f`'s cube (none over a link shim, as the real
+/// backends record it).
+fn flow_cube(exp: &Experiment, f: &crate::resolve::Flow) -> String {
+    match f.shim {
+        Some(_) => String::new(),
+        None => exp.difs[f.dif]
+            .cube(f.cube)
+            .map_or("-".into(), |c| c.name.clone()),
+    }
+}
+
+/// The node that served an allocation of flow `f`: the member whose
+/// address answered, or the other end of the link of a flow directly
+/// over a link shim.
+fn served_by(
+    exp: &Experiment,
+    f: &crate::resolve::Flow,
+    c: &Client,
+    addr_node: &[BTreeMap<Address, usize>],
+) -> Option<usize> {
+    match f.shim {
+        Some(l) => {
+            let link = &exp.links[l];
+            c.allocated_at?;
+            Some(if link.a == f.from { link.b } else { link.a })
+        }
+        None => c
+            .remote_addr
+            .and_then(|a| addr_node[f.dif].get(&a).copied()),
+    }
+}
+
+/// Hops of an allocation of flow `f` served by `s`: in its DIF, or the one
+/// link of a flow directly over a link shim.
+fn flow_hops(exp: &Experiment, f: &crate::resolve::Flow, s: usize) -> Option<u32> {
+    match f.shim {
+        Some(_) => Some(1),
+        None => dif_hops(exp, f.dif, f.from, s),
+    }
 }
 
 fn remote_of(exp: &Experiment, f: &crate::resolve::Flow) -> Result<AppName, LabError> {
@@ -889,24 +1143,44 @@ fn register_apps(world: &mut World<LabNode>, ids: &Ids, exp: &Experiment) -> Res
         };
         world.schedule(now, ids[&a.node], cmd);
     }
-    let mut sinks: Vec<(usize, usize, bool)> = exp
+    // Applications reached directly over a link: registered in its shim too.
+    let mut on_shims: Vec<(usize, usize)> = exp
+        .flows
+        .iter()
+        .filter_map(|f| match (f.shim, f.to) {
+            (Some(l), Dest::App(a)) => Some((a, l)),
+            _ => None,
+        })
+        .collect();
+    on_shims.sort_unstable();
+    on_shims.dedup();
+    for (a, l) in on_shims {
+        let app = &exp.apps[a];
+        let cmd = Cmd::Register {
+            dif: exp.links[l].name.clone(),
+            name: app_name(exp, a)?,
+            echo: app.role == AppRole::Echo,
+        };
+        world.schedule(now, ids[&app.node], cmd);
+    }
+    let mut sinks: Vec<(usize, String, bool)> = exp
         .flows
         .iter()
         .filter_map(|f| match f.to {
-            Dest::Node(n) => Some((n, f.dif, f.kind == TrafficKind::Echo)),
+            Dest::Node(n) => Some((n, flow_dif(exp, f), f.kind == TrafficKind::Echo)),
             Dest::App(_) => None,
         })
         .collect();
     sinks.sort_unstable();
     sinks.dedup();
-    for &(n, d, echo) in &sinks {
+    for (n, dif, echo) in sinks {
         let kind = if echo {
             TrafficKind::Echo
         } else {
             TrafficKind::Tgen
         };
         let cmd = Cmd::Register {
-            dif: exp.difs[d].name.clone(),
+            dif,
             name: sink_name(exp, n, kind)?,
             echo,
         };
@@ -937,7 +1211,7 @@ fn warm_up_routing(
             })
         });
         let mut resolved = true;
-        for f in &exp.flows {
+        for f in exp.flows.iter().filter(|f| f.shim.is_none()) {
             let remote = remote_of(exp, f)?;
             if ipcp_of(world, ids, exp, f.from, f.dif)
                 .and_then(|ip| ip.resolve(&remote))
@@ -975,10 +1249,11 @@ fn schedule_clients(
         };
         let spec = ClientSpec {
             kind: f.kind,
-            dif: exp.difs[f.dif].name.clone(),
+            dif: flow_dif(exp, f),
             remote: remote_of(exp, f)?,
+            // A shim DIF has no cubes: the real tools ask for none there.
             qos: QosSpec {
-                cube: Some(f.cube),
+                cube: f.shim.is_none().then_some(f.cube),
                 ..QosSpec::default()
             },
             profile: f.profile.clone(),
@@ -987,6 +1262,8 @@ fn schedule_clients(
             interval: ns(f.interval),
             size: f.size,
             stop: t0 + ns(f.stop),
+            sizes: f.sdu_sizes.clone(),
+            per_size: ns(f.per_size),
         };
         let id = ids[&f.from];
         world.node_mut(id).specs.insert(i, spec);
@@ -1008,6 +1285,7 @@ fn schedule_events(
     out: &mut RunOutput,
 ) -> Result<(), LabError> {
     let mut app_at: Vec<usize> = exp.apps.iter().map(|a| a.node).collect();
+    let mut generation: BTreeMap<usize, u64> = BTreeMap::new();
     for e in &exp.events {
         let at = Instant::from_nanos(t0 + ns(e.at));
         let what = match e.what {
@@ -1040,7 +1318,17 @@ fn schedule_events(
                     exp.apps[app].name, exp.nodes[to]
                 )
             }
-            EventKind::NodeStop(_) | EventKind::NodeStart(_) => "node event (ignored)".into(),
+            EventKind::NodeStop(n) => {
+                world.schedule(at, ids[&n], Cmd::NodeStop);
+                format!("node {} stops", exp.nodes[n])
+            }
+            EventKind::NodeStart(n) => {
+                let g = generation.entry(n).or_insert(0);
+                *g += 1;
+                let fresh = node_system(exp, n, *g)?;
+                world.schedule(at, ids[&n], Cmd::NodeStart(Box::new(fresh)));
+                format!("node {} starts", exp.nodes[n])
+            }
         };
         out.timeline.push(TimelineEntry {
             t_s: ns(e.at) as f64 / 1e9,
@@ -1142,7 +1430,6 @@ fn flow_records(world: &World<LabNode>, ids: &Ids, exp: &Experiment, t0: u64, ou
     }
     let mut res = Reservoir::new(20_000, exp.seed);
     for (i, f) in exp.flows.iter().enumerate() {
-        let d = &exp.difs[f.dif];
         let n = world.node(ids[&f.from]);
         let mut mine: Vec<&Client> = n.clients.values().filter(|c| c.flow == i).collect();
         mine.sort_by_key(|c| c.attempt);
@@ -1156,9 +1443,7 @@ fn flow_records(world: &World<LabNode>, ids: &Ids, exp: &Experiment, t0: u64, ou
                 continue;
             }
             k += 1;
-            let served = c
-                .remote_addr
-                .and_then(|a| addr_node[f.dif].get(&a).copied());
+            let served = served_by(exp, f, c, &addr_node);
             let name = if k == 1 {
                 f.id.clone()
             } else {
@@ -1176,6 +1461,18 @@ fn flow_records(world: &World<LabNode>, ids: &Ids, exp: &Experiment, t0: u64, ou
                     what: format!("{name}: {}", c.error.as_deref().unwrap_or("flow ended")),
                 });
             }
+            if let Some(p) = &c.perf {
+                out.flows.push(perf_flow_record(
+                    exp,
+                    i,
+                    name,
+                    served,
+                    c,
+                    p,
+                    &mut out.goodput,
+                ));
+                continue;
+            }
             let (received, bytes, mut delays) = match f.kind {
                 TrafficKind::Echo => (
                     c.rtts.len() as u64,
@@ -1190,7 +1487,7 @@ fn flow_records(world: &World<LabNode>, ids: &Ids, exp: &Experiment, t0: u64, ou
                 res.offer(&f.class, x);
             }
             let stats = stats_ms(&mut delays);
-            let hops = served.and_then(|s| dif_hops(exp, f.dif, f.from, s));
+            let hops = served.and_then(|s| flow_hops(exp, f, s));
             let active = f.stop.saturating_sub(f.start).as_secs_f64().max(1e-9);
             out.flows.push(FlowRecord {
                 flow: name,
@@ -1201,8 +1498,8 @@ fn flow_records(world: &World<LabNode>, ids: &Ids, exp: &Experiment, t0: u64, ou
                 }
                 .into(),
                 class: f.class.clone(),
-                dif: d.name.clone(),
-                cube: d.cube(f.cube).map_or("-".into(), |c| c.name.clone()),
+                dif: flow_dif(exp, f),
+                cube: flow_cube(exp, f),
                 src: exp.nodes[f.from].clone(),
                 dst: match f.to {
                     Dest::Node(n) => exp.nodes[n].clone(),
@@ -1241,6 +1538,53 @@ fn flow_records(world: &World<LabNode>, ids: &Ids, exp: &Experiment, t0: u64, ou
         }
     }
     out.samples = res.into_samples();
+}
+
+/// The record of a perf client's allocation, from its tests' results as
+/// `rina-perf` computes them, aggregated as the real backends aggregate
+/// the tool's report.
+fn perf_flow_record(
+    exp: &Experiment,
+    i: usize,
+    name: String,
+    served: Option<usize>,
+    c: &Client,
+    p: &perf::PerfClient,
+    goodput: &mut Vec<crate::results::GoodputPoint>,
+) -> FlowRecord {
+    let f = &exp.flows[i];
+    let results: Vec<_> = p.tests.iter().filter_map(|t| t.result()).collect();
+    let mut rec = FlowRecord {
+        flow: name,
+        kind: "perf".into(),
+        class: f.class.clone(),
+        dif: flow_dif(exp, f),
+        cube: flow_cube(exp, f),
+        src: exp.nodes[f.from].clone(),
+        dst: match f.to {
+            Dest::Node(n) => exp.nodes[n].clone(),
+            Dest::App(a) => exp.apps[a].name.clone(),
+        },
+        served_by: served.map(|s| exp.nodes[s].clone()),
+        hops: served.and_then(|s| flow_hops(exp, f, s)),
+        allocation_ms: c
+            .allocated_at
+            .map(|a| a.saturating_sub(c.requested_at) as f64 / 1e6),
+        ..FlowRecord::default()
+    };
+    crate::backend::real::perf_record(&results, &mut rec, goodput);
+    rec.error = if c.allocated_at.is_none() {
+        c.error.clone()
+    } else if results.len() < p.tests.len() {
+        Some(format!(
+            "no REPORT for {} of {} tests",
+            p.tests.len() - results.len(),
+            p.tests.len()
+        ))
+    } else {
+        None
+    };
+    rec
 }
 
 /// Per link and direction, the average rate over the traffic period.

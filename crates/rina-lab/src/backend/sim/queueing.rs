@@ -8,6 +8,12 @@
 //! [`super`] for the model's choices.
 
 use super::{mix, LINK_MTU, LINK_OVERHEAD, PCI_BYTES};
+use crate::backend::stack;
+
+/// Bytes every frame costs on a link beyond the PDU it carries: the
+/// shim-udp's data header and the link's [`LINK_OVERHEAD`] (what the
+/// protocol engine's shims pace by).
+const FRAME_OVERHEAD: usize = LINK_OVERHEAD + rina_wire::shim_udp::DATA_HEADER_LEN;
 use crate::backend::RunCtx;
 use crate::model::TrafficKind;
 use crate::resolve::{Dest, EventKind, Experiment, Over};
@@ -182,8 +188,12 @@ pub(super) struct Engine<'a> {
     pub(super) steps: u64,
 }
 
+/// The most SDU bytes one PDU of DIF `dif` carries: its largest PDU as
+/// every backend configures it ([`stack::max_pdu`], over shims of
+/// [`LINK_MTU`]) less the PCI.
 fn max_payload(exp: &Experiment, dif: usize) -> usize {
-    let mp = exp.difs[dif].max_pdu.map_or(1470, |m| m as usize);
+    let mp = stack::max_pdu(exp, dif, &|_| LINK_MTU).unwrap_or(rina_core::normal::DEFAULT_MAX_PDU)
+        as usize;
     mp.saturating_sub(PCI_BYTES).max(1)
 }
 
@@ -203,7 +213,7 @@ fn wire_bytes(payload: usize, levels: &[usize]) -> usize {
         s += PCI_BYTES;
     }
     if fits {
-        return s + LINK_OVERHEAD;
+        return s + FRAME_OVERHEAD;
     }
     let mut sizes = vec![payload + PCI_BYTES];
     for &mp in &levels[1..] {
@@ -218,7 +228,7 @@ fn wire_bytes(payload: usize, levels: &[usize]) -> usize {
         }
         sizes = next;
     }
-    sizes.iter().sum::<usize>() + sizes.len() * LINK_OVERHEAD
+    sizes.iter().sum::<usize>() + sizes.len() * FRAME_OVERHEAD
 }
 
 /// Span of the random start phase of a tgen flow: one packet gap.
@@ -1240,12 +1250,13 @@ mod tests {
 
     #[test]
     fn wire_bytes_adds_a_pci_per_dif_and_fragments_below() {
+        let (p, f) = (PCI_BYTES, FRAME_OVERHEAD);
         // One DIF over a link: payload + PCI + frame overhead.
-        assert_eq!(wire_bytes(1000, &[1441]), 1000 + 29 + 42);
+        assert_eq!(wire_bytes(1000, &[1441]), 1000 + p + f);
         // Two DIFs, no fragmentation.
-        assert_eq!(wire_bytes(1000, &[1441, 1441]), 1000 + 58 + 42);
-        // The upper PDU (1441 + 29) does not fit the lower DIF's 1441:
+        assert_eq!(wire_bytes(1000, &[1441, 1441]), 1000 + 2 * p + f);
+        // The upper PDU (1441 + PCI) does not fit the lower DIF's 1441:
         // two lower fragments, each with its PCI and frame.
-        assert_eq!(wire_bytes(1441, &[1441, 1441]), 1470 + 2 * 29 + 2 * 42);
+        assert_eq!(wire_bytes(1441, &[1441, 1441]), 1441 + 3 * p + 2 * f);
     }
 }
