@@ -610,7 +610,7 @@ impl System {
             return Err(FlowError::NoIpcp(format!("member {i}")));
         }
         let port = self.free_port();
-        self.members[i].allocate(now, port, (local, remote), qos, direct)?;
+        self.members[i].allocate(now, port, (local, remote), qos, (direct, true))?;
         self.app_pending.insert(port, i);
         self.pump(now);
         Ok(port)
@@ -646,7 +646,7 @@ impl System {
             .remove(&handle)
             .ok_or(FlowError::UnknownRequest(handle))?;
         let port = self.free_port();
-        let max = self.members[i].accept(now, h, port, direct)?;
+        let max = self.members[i].accept(now, h, port, (direct, true))?;
         self.app_flows.insert(port, i);
         self.app_flow_opened(port, i);
         self.pump(now);

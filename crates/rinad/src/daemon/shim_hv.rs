@@ -31,13 +31,22 @@
 //!
 //! Back-pressure, end to end and lossless for applications: when the send
 //! ring is full, the SDU waits and the IPCP's flows stop being read until
-//! the peer frees slots (its doorbell) or a later tick finds room. At the
-//! receiving end, SDUs for an application whose socket is full are held
-//! (up to [`RX_QUEUE_MAX`] per flow); when a flow holds that many, the
-//! receive ring is not read until the application catches up, so the
-//! sender's ring fills and its application's writes block. (The price: one
-//! stalled application pauses the other flows of the same device; a normal
-//! IPCP's frames are never held.) Frames of a normal IPCP stacked on top
+//! the peer frees slots (its doorbell) or a later tick finds room. Per
+//! flow, the machine's credit decides (`rina_core::shim_hv::credit`): a
+//! flow whose credit is used up (`ShimHv::may_send`) is not read — only
+//! that flow, its application's writes block — until a grant comes in
+//! from the peer; at the receiving end, SDUs for an application whose
+//! socket (or ring) is full are held, at most the window the machine
+//! granted (it drops what goes beyond), and every SDU that reaches the
+//! application is told to the machine (`ShimHv::delivered`), which sends
+//! the peer more credit. So one stalled application stalls nothing else,
+//! and the receive ring is always read. With a peer that does not
+//! announce credit, SDUs for an application whose socket is full are held
+//! up to [`RX_QUEUE_MAX`] per flow, and then the receive ring is not read
+//! until the application catches up (the sender's ring fills and its
+//! application's writes block; one stalled application then pauses the
+//! other flows of the device, as before credit). A normal IPCP's frames are
+//! never held and its flows have no credit. Frames of a normal IPCP stacked on top
 //! wait in a bounded backlog ([`N1_BACKLOG_BUFFERS`], [`N1_BACKLOG_BYTES`])
 //! while the ring is full and are sent, in order, when the peer frees
 //! slots; only what overflows the backlog is lost (counted as
@@ -79,8 +88,10 @@ const RELAY_PAUSE_MAX: Duration = Duration::from_millis(20);
 pub const N1_BACKLOG_BUFFERS: usize = 4096;
 /// ... and at most this many bytes of them (a second ring's worth).
 pub const N1_BACKLOG_BYTES: usize = 4 << 20;
-/// SDUs held for one application whose socket is full; when a flow holds
-/// this many, the receive ring is not read until the application catches up.
+/// SDUs held for one application whose socket is full on a flow without
+/// credit (a peer that does not announce it); when such a flow holds this
+/// many, the receive ring is not read until the application catches up.
+/// (A flow with credit holds at most its window.)
 const RX_QUEUE_MAX: usize = 64;
 
 /// A shared mapping of a file, unmapped on drop.
@@ -155,6 +166,10 @@ pub(super) struct HvIo {
     stalled: Option<(PortId, Vec<u8>)>,
     /// Flows whose reading waits for the stall to end.
     parked: Vec<PortId>,
+    /// Flows whose reading waits for the peer's credit.
+    credit_parked: Vec<PortId>,
+    /// Times a flow waited for credit.
+    credit_waits: u64,
     /// Times `n1_backlog` became a quarter full and blocked the N-1 ports of
     /// the normal IPCPs over this one.
     upper_blocks: u64,
@@ -333,6 +348,8 @@ pub(super) fn new_ipcp(
         relay_pauses: 0,
         stalled: None,
         parked: Vec::new(),
+        credit_parked: Vec::new(),
+        credit_waits: 0,
         upper_blocks: 0,
         rx_ring_waits: 0,
         rx_queued: false,
@@ -803,6 +820,14 @@ impl HvIo {
         !a.link.arm_tx(len)
     }
 
+    /// Flow `port` has no credit: it is not read until a grant comes.
+    fn park_for_credit(&mut self, port: PortId) {
+        if !self.credit_parked.contains(&port) {
+            self.credit_parked.push(port);
+            self.credit_waits += 1;
+        }
+    }
+
     /// Whether application SDUs or control buffers wait for room.
     pub fn stalled(&self) -> bool {
         self.stalled.is_some() || !self.backlog.is_empty()
@@ -841,6 +866,7 @@ impl HvIo {
         c.insert("relay_pauses".into(), self.relay_pauses);
         c.insert("upper_blocks".into(), self.upper_blocks);
         c.insert("rx_ring_waits".into(), self.rx_ring_waits);
+        c.insert("credit_waits".into(), self.credit_waits);
         c.insert("control_dropped".into(), self.backlog.overflow());
         c.insert("attach_errors".into(), self.attach_errors);
         c.insert("peer_up".into(), u64::from(m.is_peer_up()));
@@ -962,6 +988,7 @@ impl Daemon {
                     h.backlog.clear();
                     h.n1_backlog.clear();
                     h.stalled = None;
+                    h.credit_parked.clear();
                     self.sys.hv_peer(now, i, false);
                     self.sys.medium_writable(now, i);
                 }
@@ -1111,7 +1138,32 @@ impl Daemon {
                 }
             }
         }
+        self.hv_credit_moved(i, now);
         more
+    }
+
+    /// After buffers came in or SDUs went to applications on shim-hv IPCP
+    /// `i`: flows that waited for credit and got some are read again, and
+    /// the grants the machine made for what applications took are sent.
+    fn hv_credit_moved(&mut self, i: usize, now: Instant) {
+        let Some((h, m)) = parts(&mut self.ipcps, &mut self.sys, i) else {
+            return;
+        };
+        let mut go = Vec::new();
+        h.credit_parked.retain(|&p| {
+            let can = m.may_send(p);
+            if can {
+                go.push(p);
+            }
+            !can
+        });
+        let grants = m.has_actions();
+        for p in go {
+            self.mark_flow_ready(p);
+        }
+        if grants {
+            self.sys.settle(now);
+        }
     }
 
     /// Takes one buffer from the receive ring of shim-hv IPCP `i`: `None`
@@ -1167,7 +1219,13 @@ impl Daemon {
                     buf: &self.buf[..n],
                 };
                 if let Some((port, sdu)) = self.sys.receive(now, i, rx) {
+                    let len = sdu.len() as u64;
                     super::shim::straight_to_app(&mut self.flows, &mut self.sys, i, port, sdu);
+                    self.sys.with_machine(now, i, |m| {
+                        if let Machine::ShimHv(h) = m {
+                            h.delivered(port, 1, len);
+                        }
+                    });
                 }
             }
             return Some(true);
@@ -1183,6 +1241,10 @@ impl Daemon {
         }
         let sdu = seg.skip(CHANNEL_HEADER);
         let mut ready = None;
+        // With credit, what the application cannot take yet is held here
+        // (at most the window the machine granted): the ring is never left
+        // unread for one flow.
+        let credit = m.rx_flow_controlled(port);
         let taken = if let Some(r) = self.flows.get_mut(&port).and_then(|fs| fs.rings.as_mut()) {
             // Ring to ring, unless SDUs are held before it.
             let held = h.rx_pending.get(&port).is_some_and(|q| !q.is_empty());
@@ -1194,8 +1256,11 @@ impl Daemon {
                     if ok {
                         r.wake();
                     }
+                    m.delivered(port, 1, sdu_len as u64);
                     return Some(true);
                 }
+            }
+            if !held && !credit {
                 // The application's ring is full: the SDU stays in the VMPI
                 // ring (no copy) and the ring is not read until the
                 // application kicks, which fills the peer's ring and holds
@@ -1214,12 +1279,13 @@ impl Daemon {
             let ok = a.link.read_peeked(n, &mut v);
             a.link.consume(n);
             if !ok {
+                m.delivered(port, 1, sdu_len as u64);
                 return Some(true);
             }
             v.drain(..CHANNEL_HEADER);
             let q = h.rx_pending.entry(port).or_default();
             q.push_back(v);
-            let full = q.len() >= RX_QUEUE_MAX;
+            let full = !credit && q.len() >= RX_QUEUE_MAX;
             // The application kicks once it made room (or room is there now).
             if q.front().is_some_and(|f| !r.to_app.arm(f.len())) {
                 ready = Some(port);
@@ -1240,6 +1306,7 @@ impl Daemon {
             match sent {
                 Ok(Sent::Done) => {
                     a.link.consume(n);
+                    m.delivered(port, 1, sdu_len as u64);
                     Some(true)
                 }
                 Ok(Sent::WouldBlock) => {
@@ -1247,12 +1314,15 @@ impl Daemon {
                     let ok = a.link.read_peeked(n, &mut v);
                     a.link.consume(n);
                     if !ok {
+                        m.delivered(port, 1, sdu_len as u64);
                         return Some(true);
                     }
                     v.drain(..CHANNEL_HEADER);
                     let q = h.rx_pending.entry(port).or_default();
                     q.push_back(v);
-                    let full = q.len() >= RX_QUEUE_MAX;
+                    // Held within the window with credit; without, the
+                    // ring pauses at RX_QUEUE_MAX.
+                    let full = !credit && q.len() >= RX_QUEUE_MAX;
                     let _ = self.poll.registry().reregister(
                         &mut SourceFd(&fd),
                         token(T_FLOW, port as usize),
@@ -1268,6 +1338,7 @@ impl Daemon {
                     if let Some(c) = m.flow_counters_mut(port) {
                         c.drops_in += 1;
                     }
+                    m.delivered(port, 1, sdu_len as u64);
                     Some(true)
                 }
             }
@@ -1289,23 +1360,31 @@ impl Daemon {
             return;
         }
         let (fd, i) = (slot.fd.as_raw_fd(), slot.ipcp);
-        let Io::Hv(h) = &mut self.ipcps[i].io else {
+        let now = self.now();
+        let Some((h, m)) = parts(&mut self.ipcps, &mut self.sys, i) else {
             return;
         };
         let Some(q) = h.rx_pending.get_mut(&port) else {
             return;
         };
+        let (mut sdus, mut bytes) = (0u64, 0u64);
         while let Some(sdu) = q.front() {
             match sys::send(fd, sdu, None) {
-                Ok(Sent::Done) => {
-                    q.pop_front();
-                }
+                Ok(Sent::Done) => {}
                 Ok(Sent::WouldBlock) => break,
                 _ => {
+                    // Gone with the flow: their credit too.
+                    sdus += q.len() as u64;
+                    bytes += q.iter().map(|v| v.len() as u64).sum::<u64>();
                     q.clear();
+                    break;
                 }
             }
+            sdus += 1;
+            bytes += sdu.len() as u64;
+            q.pop_front();
         }
+        m.delivered(port, sdus, bytes);
         let (len, empty) = (q.len(), q.is_empty());
         if empty {
             h.rx_pending.remove(&port);
@@ -1319,6 +1398,7 @@ impl Daemon {
             h.rx_paused_on = None;
             self.mark_medium_ready(i);
         }
+        self.hv_credit_moved(i, now);
     }
 
     /// Sends a buffer the system asked for on shim-hv IPCP `i`: control
@@ -1406,6 +1486,13 @@ impl Daemon {
             let Some(a) = &mut h.att else {
                 break;
             };
+            if !m.may_send(port) {
+                // Out of credit: this flow only waits (its application's
+                // writes block), read again when the peer grants more.
+                h.park_for_credit(port);
+                result = FlowService::Drained;
+                break;
+            }
             if let Ok(seg) = a.link.reserve(reserve) {
                 let n = match sdu_len(recv_into(fd, &seg.skip(CHANNEL_HEADER)), port) {
                     Ok(n) => n,
@@ -1523,7 +1610,11 @@ impl Daemon {
             resume_rx = true;
         }
         if let Some(q) = h.rx_pending.get_mut(&port) {
-            again = r.deliver_held(q).1;
+            let bytes = |q: &VecDeque<Vec<u8>>| q.iter().map(|v| v.len() as u64).sum::<u64>();
+            let before = bytes(q);
+            let (sent, more) = r.deliver_held(q);
+            again = more;
+            m.delivered(port, sent as u64, before - bytes(q));
             if q.is_empty() {
                 h.rx_pending.remove(&port);
             }
@@ -1538,6 +1629,8 @@ impl Daemon {
             if resume_rx {
                 self.mark_medium_ready(i);
             }
+            let now = self.now();
+            self.hv_credit_moved(i, now);
             return if again {
                 FlowService::More
             } else {
@@ -1551,6 +1644,11 @@ impl Daemon {
                 result = FlowService::Drained;
                 break;
             };
+            if !m.may_send(port) {
+                h.park_for_credit(port);
+                result = FlowService::Drained;
+                break;
+            }
             let seg = match r.next_from_app() {
                 Ok(Some(seg)) => seg,
                 Ok(None) => {
@@ -1629,6 +1727,8 @@ impl Daemon {
         for c in copies {
             self.sys.tap_moved(i, true, c);
         }
+        let now = self.now();
+        self.hv_credit_moved(i, now);
         result
     }
 }
