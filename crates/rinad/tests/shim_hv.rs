@@ -948,9 +948,12 @@ fn stream(tx: &Flow, rx: &Flow, n: u32, len: usize) -> Duration {
         let mut sdu = vec![3u8; len];
         for k in 0..n {
             sdu[..4].copy_from_slice(&k.to_le_bytes());
-            if tx.write(&sdu).is_err() {
-                break;
-            }
+            // A writer held back that long fails the test (not hangs it).
+            let went = tx.write_timeout(&sdu, T).unwrap();
+            assert!(
+                went,
+                "SDU {k} of {n} of the other flow could not be written within {T:?}"
+            );
         }
         reader.join().unwrap();
     });
