@@ -359,6 +359,7 @@ pub struct ShimHv {
     peer_up: bool,
     actions: VecDeque<Action>,
     counters: Counters,
+    relay: link::RelayGate,
 }
 
 impl ShimHv {
@@ -379,6 +380,7 @@ impl ShimHv {
             peer_up: false,
             actions: VecDeque::new(),
             counters: Counters::default(),
+            relay: link::RelayGate::default(),
         }
     }
 
@@ -716,6 +718,17 @@ impl ShimHv {
                 bytes: grant.1,
             });
         }
+    }
+
+    /// The relay back-pressure of this device (see [`link::RelayGate`];
+    /// [`crate::system::System::hv_may_read`] drives it).
+    pub fn relay_gate(&mut self) -> &mut link::RelayGate {
+        &mut self.relay
+    }
+
+    /// Times the receive ring paused for a congested backlog elsewhere.
+    pub fn relay_pauses(&self) -> u64 {
+        self.relay.pauses()
     }
 
     /// Whether actions wait for [`ShimHv::poll_action`].

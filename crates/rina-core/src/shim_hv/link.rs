@@ -519,3 +519,100 @@ pub fn read_geometry(region: Region) -> Result<Geometry, RingError> {
     }
     Ok(geo)
 }
+
+/// Longest a relay leaves a receive ring unread for a congested backlog.
+pub const RELAY_PAUSE_MAX: Duration = Duration::from_millis(20);
+
+/// Whether a receive ring may be read, by [`RelayGate::check`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RelayRead {
+    /// Read it.
+    Now,
+    /// Leave it unread until this time at the latest (or until
+    /// [`RelayGate::release`] says so).
+    PausedUntil(Instant),
+}
+
+/// Hop-by-hop back-pressure for relays, per device: its receive ring is
+/// not read while it carries N-1 flows of a normal IPCP and the backlog of
+/// stacked IPCPs' frames of another device is congested
+/// ([`Backlog::is_congested`]), so that a relaying host holds frames in the
+/// incoming ring (and the previous hop's backlog) instead of losing them in
+/// the outgoing one. A pause lasts at most [`RELAY_PAUSE_MAX`] before a
+/// batch is read anyway, so that relays waiting on each other in a loop
+/// cannot stop for good. The driver only reports the facts and obeys.
+#[derive(Debug, Clone, Default)]
+pub struct RelayGate {
+    paused_since: Option<Instant>,
+    pauses: u64,
+}
+
+impl RelayGate {
+    /// Whether the ring may be read at `now`: `carries_n1` if N-1 flows of
+    /// a normal IPCP run over this device, `congested_elsewhere` if the
+    /// backlog of another device is congested.
+    pub fn check(
+        &mut self,
+        now: Instant,
+        carries_n1: bool,
+        congested_elsewhere: bool,
+    ) -> RelayRead {
+        if !carries_n1 || !congested_elsewhere {
+            self.paused_since = None;
+            return RelayRead::Now;
+        }
+        match self.paused_since {
+            None => {
+                self.paused_since = Some(now);
+                self.pauses += 1;
+                RelayRead::PausedUntil(now + RELAY_PAUSE_MAX)
+            }
+            Some(since) if now.saturating_since(since) >= RELAY_PAUSE_MAX => {
+                // A batch is read anyway; the pause starts again after it.
+                self.paused_since = Some(now);
+                RelayRead::Now
+            }
+            Some(since) => RelayRead::PausedUntil(since + RELAY_PAUSE_MAX),
+        }
+    }
+
+    /// The congestion ended: true if the ring was paused (read it now).
+    pub fn release(&mut self) -> bool {
+        self.paused_since.take().is_some()
+    }
+
+    /// Times a pause began.
+    pub fn pauses(&self) -> u64 {
+        self.pauses
+    }
+}
+
+#[cfg(test)]
+mod relay_tests {
+    use super::*;
+
+    fn t(ms: u64) -> Instant {
+        Instant::from_nanos(ms * 1_000_000)
+    }
+
+    #[test]
+    fn a_relay_pauses_while_another_backlog_is_congested_at_most_20_ms_at_a_time() {
+        let mut g = RelayGate::default();
+        // No N-1 flow over it, or nothing congested: read.
+        assert_eq!(g.check(t(0), false, true), RelayRead::Now);
+        assert_eq!(g.check(t(0), true, false), RelayRead::Now);
+        // Congested: paused until 20 ms later.
+        assert_eq!(g.check(t(1), true, true), RelayRead::PausedUntil(t(21)));
+        assert_eq!(g.check(t(10), true, true), RelayRead::PausedUntil(t(21)));
+        // After 20 ms one batch is read, then the pause starts again.
+        assert_eq!(g.check(t(21), true, true), RelayRead::Now);
+        assert_eq!(g.check(t(22), true, true), RelayRead::PausedUntil(t(41)));
+        assert_eq!(g.pauses(), 1);
+        // Relieved: read at once, and a new congestion is a new pause.
+        assert!(g.release());
+        assert!(!g.release());
+        assert_eq!(g.check(t(23), true, true), RelayRead::PausedUntil(t(43)));
+        assert_eq!(g.check(t(24), true, false), RelayRead::Now);
+        assert_eq!(g.pauses(), 2);
+    }
+}

@@ -54,7 +54,9 @@
 
 use super::*;
 use rina_core::buf::PduBuf;
-use rina_core::shim_hv::link::{region_size, Backlog, BacklogOutcome, Link, LinkConfig, LinkEvent};
+use rina_core::shim_hv::link::{
+    region_size, Backlog, BacklogOutcome, Link, LinkConfig, LinkEvent, RelayRead,
+};
 use rina_core::shim_hv::ring::{Geometry, Region, RingError, Segments};
 use rina_core::shim_hv::vmpi::{CHANNEL_HEADER, CONTROL_CHANNEL};
 use rina_core::shim_hv::{self as core_hv, ShimHv, Side};
@@ -81,8 +83,6 @@ const BELL_RETRY: Duration = Duration::from_millis(200);
 const BELL_HELLO: &[u8; 8] = b"RINAHVB1";
 /// Control buffers held while the send ring is full.
 const BACKLOG_MAX: usize = 256;
-/// Longest a relay leaves a receive ring unread for a congested backlog.
-const RELAY_PAUSE_MAX: Duration = Duration::from_millis(20);
 /// Frames of stacked normal IPCPs held while the send ring is full (as
 /// many as a second ring of small frames)...
 pub const N1_BACKLOG_BUFFERS: usize = 4096;
@@ -157,11 +157,10 @@ pub(super) struct HvIo {
     bell: Bell,
     /// The send ring was full and this side asked to be rung when it has room.
     tx_armed: bool,
-    /// Since when the receive ring is not read because frames relayed
-    /// from it would find another shim-hv backlog congested.
-    relay_paused: Option<Instant>,
-    /// Times that happened.
-    relay_pauses: u64,
+    /// Until when the receive ring is left unread because frames relayed
+    /// from it would find another shim-hv backlog congested (the core's
+    /// `RelayGate` decides; the ring is read again then at the latest).
+    relay_wake: Option<Instant>,
     /// An application SDU (with its channel header) waiting for room.
     stalled: Option<(PortId, Vec<u8>)>,
     /// Flows whose reading waits for the stall to end.
@@ -344,8 +343,7 @@ pub(super) fn new_ipcp(
         n1_backlog: Backlog::new(N1_BACKLOG_BUFFERS, N1_BACKLOG_BYTES),
         bell,
         tx_armed: false,
-        relay_paused: None,
-        relay_pauses: 0,
+        relay_wake: None,
         stalled: None,
         parked: Vec::new(),
         credit_parked: Vec::new(),
@@ -863,7 +861,7 @@ impl HvIo {
         c.insert("tx_ring_full".into(), self.n1_backlog.overflow());
         c.insert("tx_backlog_queued".into(), self.n1_backlog.queued());
         c.insert("tx_backlog_len".into(), self.n1_backlog.len() as u64);
-        c.insert("relay_pauses".into(), self.relay_pauses);
+        c.insert("relay_pauses".into(), m.relay_pauses());
         c.insert("upper_blocks".into(), self.upper_blocks);
         c.insert("rx_ring_waits".into(), self.rx_ring_waits);
         c.insert("credit_waits".into(), self.credit_waits);
@@ -925,7 +923,7 @@ impl Daemon {
             .iter()
             .filter_map(|ip| match &ip.io {
                 Io::Hv(h) if h.busy_poll => Some(Instant::from_nanos(0)),
-                Io::Hv(h) => Some(h.next_tick),
+                Io::Hv(h) => Some(h.relay_wake.map_or(h.next_tick, |t| t.min(h.next_tick))),
                 _ => None,
             })
             .min()
@@ -934,6 +932,19 @@ impl Daemon {
     /// Runs the due ticks of shim-hv IPCPs: attach, doorbell exchange,
     /// heartbeats, sends held back, and a poll of the receive ring.
     pub(super) fn hv_ticks(&mut self, now: Instant) {
+        // Relay pauses that are over: read a batch.
+        let mut over = Vec::new();
+        for (i, ip) in self.ipcps.iter_mut().enumerate() {
+            if let Io::Hv(h) = &mut ip.io {
+                if h.relay_wake.is_some_and(|t| t <= now) {
+                    h.relay_wake = None;
+                    over.push(i);
+                }
+            }
+        }
+        for i in over {
+            self.mark_medium_ready(i);
+        }
         for i in 0..self.ipcps.len() {
             let Some(side) = (match self.machine(i) {
                 Some(Machine::ShimHv(m)) => Some(m.config().side),
@@ -1025,12 +1036,11 @@ impl Daemon {
         }
         if was_congested && !self.hv_congested_besides(usize::MAX) {
             // Rings whose reading paused for this backlog are read again.
-            for k in 0..self.ipcps.len() {
-                if let Io::Hv(h) = &mut self.ipcps[k].io {
-                    if h.relay_paused.take().is_some() {
-                        self.mark_medium_ready(k);
-                    }
+            for k in self.sys.hv_relay_released() {
+                if let Some(Io::Hv(h)) = self.ipcps.get_mut(k).map(|ip| &mut ip.io) {
+                    h.relay_wake = None;
                 }
+                self.mark_medium_ready(k);
             }
         }
     }
@@ -1044,36 +1054,20 @@ impl Daemon {
         })
     }
 
-    /// Hop-by-hop back-pressure for relays: the receive ring of shim-hv
-    /// IPCP `i` is not read while it carries N-1 flows of a normal IPCP
-    /// and the backlog of another shim-hv IPCP is congested, so that a
-    /// relaying host holds frames in the incoming ring (and the previous
-    /// hop's backlog) instead of losing them in the outgoing one. A pause
-    /// lasts at most [`RELAY_PAUSE_MAX`] before a batch is read anyway, so
-    /// that relays waiting on each other in a loop cannot stop for good.
+    /// Hop-by-hop back-pressure for relays: whether the receive ring of
+    /// shim-hv IPCP `i` is left unread now, as the core decides
+    /// (`System::hv_may_read`) from whether another shim-hv backlog is
+    /// congested; a paused ring is read again at the time the core gives.
     fn hv_relay_blocked(&mut self, i: usize, now: Instant) -> bool {
-        let carries_n1 = self.sys.n1_flows().any(|(_, _, lower)| lower == i);
-        if !carries_n1 || !self.hv_congested_besides(i) {
-            if let Io::Hv(h) = &mut self.ipcps[i].io {
-                h.relay_paused = None;
-            }
-            return false;
-        }
-        let Io::Hv(h) = &mut self.ipcps[i].io else {
-            return false;
+        let congested = self.hv_congested_besides(i);
+        let wake = match self.sys.hv_may_read(now, i, congested) {
+            RelayRead::Now => None,
+            RelayRead::PausedUntil(t) => Some(t),
         };
-        match h.relay_paused {
-            None => {
-                h.relay_paused = Some(now);
-                h.relay_pauses += 1;
-                true
-            }
-            Some(since) if now.saturating_since(since) >= RELAY_PAUSE_MAX => {
-                h.relay_paused = Some(now);
-                false
-            }
-            Some(_) => true,
+        if let Io::Hv(h) = &mut self.ipcps[i].io {
+            h.relay_wake = wake;
         }
+        wake.is_some()
     }
 
     /// Serves shim-hv IPCP `i` (its tick, its doorbell, or more to read):
