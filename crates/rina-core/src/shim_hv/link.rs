@@ -99,6 +99,69 @@ impl Default for LinkConfig {
     }
 }
 
+/// Interval between two ticks of a driver without doorbells: heartbeat,
+/// and a poll of the receive ring.
+pub const POLL_EVERY: Duration = Duration::from_millis(1);
+/// Interval between two heartbeats of a driver that doorbells wake.
+pub const BEAT_EVERY: Duration = Duration::from_millis(50);
+
+/// When the driver of a device ticks, sans-IO: it asks
+/// [`Ticker::poll_timeout`] how long it may sleep, and whenever
+/// [`Ticker::due`] it does the IO of a tick (attach if not attached yet,
+/// move the doorbell exchange on, [`Link::tick`], whose events say whether
+/// the peer came or went, and poll the receive ring) and says
+/// [`Ticker::ran`]. A driver that sleeps
+/// on doorbells ticks every [`BEAT_EVERY`] (heartbeats only); one without
+/// polls every [`POLL_EVERY`]; a busy-polling one at every turn.
+#[derive(Debug, Clone)]
+pub struct Ticker {
+    next: Instant,
+    ticks: u64,
+}
+
+impl Default for Ticker {
+    fn default() -> Self {
+        Ticker {
+            next: Instant::ZERO,
+            ticks: 0,
+        }
+    }
+}
+
+impl Ticker {
+    /// When the next tick is due (now for a busy-polling driver).
+    pub fn poll_timeout(&self, busy_poll: bool) -> Instant {
+        if busy_poll {
+            Instant::ZERO
+        } else {
+            self.next
+        }
+    }
+
+    /// Whether a tick is due at `now`.
+    pub fn due(&self, now: Instant, busy_poll: bool) -> bool {
+        busy_poll || self.next <= now
+    }
+
+    /// The driver ran the tick due at `now`: it is counted and the next is
+    /// scheduled, [`BEAT_EVERY`] later if the driver (now) sleeps on
+    /// doorbells, else [`POLL_EVERY`].
+    pub fn ran(&mut self, now: Instant, sleeps_on_bell: bool) {
+        self.ticks += 1;
+        self.next = now
+            + if sleeps_on_bell {
+                BEAT_EVERY
+            } else {
+                POLL_EVERY
+            };
+    }
+
+    /// Ticks run.
+    pub fn ticks(&self) -> u64 {
+        self.ticks
+    }
+}
+
 /// What [`Link::tick`] found out about the peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LinkEvent {
@@ -593,6 +656,22 @@ mod relay_tests {
 
     fn t(ms: u64) -> Instant {
         Instant::from_nanos(ms * 1_000_000)
+    }
+
+    #[test]
+    fn ticks_are_scheduled_by_the_doorbell_mode() {
+        let mut k = Ticker::default();
+        assert!(k.due(t(0), false));
+        k.ran(t(0), false);
+        assert_eq!(k.poll_timeout(false), t(1));
+        assert!(!k.due(Instant::from_nanos(500_000), false));
+        assert!(k.due(t(1), false));
+        k.ran(t(1), true);
+        assert_eq!(k.poll_timeout(false), t(51));
+        assert!(!k.due(t(50), false));
+        assert_eq!(k.poll_timeout(true), Instant::ZERO);
+        assert!(k.due(t(2), true), "a busy poller ticks at every turn");
+        assert_eq!(k.ticks(), 2);
     }
 
     #[test]

@@ -14,12 +14,14 @@
 //! side that finds its receive ring empty (or its send ring full) says so
 //! in the ring header and sleeps; the other side rings its eventfd after
 //! publishing a record (or freeing slots) only if it asked, so a busy ring
-//! costs no system call (see `rina_core::shim_hv::ring`). With doorbells
-//! the daemon only ticks every [`BELL_TICK`] for heartbeats. Without them
-//! (an `ivshmem-plain` device in a VM has no interrupts; no `.bell`
-//! socket) it falls back to polling: every [`TICK`] it bumps its
-//! heartbeat, checks the peer's and drains the receive ring, draining
-//! without sleeping while data comes. With `busy_poll = true` the daemon
+//! costs no system call (see `rina_core::shim_hv::ring`). When to tick is
+//! the core's decision (`rina_core::shim_hv::link::Ticker`; when the peer
+//! is lost, `Link::tick`'s): the daemon sleeps until the deadline it gives
+//! and does the IO. With doorbells it only ticks every `BEAT_EVERY`
+//! (50 ms) for heartbeats. Without them (an `ivshmem-plain` device in a VM
+//! has no interrupts; no `.bell` socket) it falls back to polling: every
+//! `POLL_EVERY` (1 ms) it bumps its heartbeat, checks the peer's and
+//! drains the receive ring, draining without sleeping while data comes. With `busy_poll = true` the daemon
 //! never sleeps (lowest latency, one core busy); it still rings a peer
 //! that sleeps.
 //!
@@ -55,7 +57,7 @@
 use super::*;
 use rina_core::buf::PduBuf;
 use rina_core::shim_hv::link::{
-    region_size, Backlog, BacklogOutcome, Link, LinkConfig, LinkEvent, RelayRead,
+    region_size, Backlog, BacklogOutcome, Link, LinkConfig, LinkEvent, RelayRead, Ticker,
 };
 use rina_core::shim_hv::ring::{Geometry, Region, RingError, Segments};
 use rina_core::shim_hv::vmpi::{CHANNEL_HEADER, CONTROL_CHANNEL};
@@ -71,11 +73,6 @@ pub const GEOMETRY: Geometry = Geometry {
     slot_size: 4096,
     slots: 1024,
 };
-/// Interval between two polls of the rings when not busy-polling and
-/// without doorbells.
-pub const TICK: Duration = Duration::from_millis(1);
-/// Interval between two heartbeats when doorbells wake the daemon.
-pub const BELL_TICK: Duration = Duration::from_millis(50);
 /// Interval between two attempts of the guest side to reach the host's
 /// doorbell socket.
 const BELL_RETRY: Duration = Duration::from_millis(200);
@@ -148,7 +145,8 @@ pub(super) struct HvIo {
     pub busy_poll: bool,
     att: Option<Attached>,
     session: u32,
-    pub next_tick: Instant,
+    /// When ticks are due (the core decides; see `Ticker`).
+    ticker: Ticker,
     /// Control buffers waiting for room in the send ring.
     backlog: Backlog,
     /// Frames of stacked normal IPCPs waiting for room in the send ring.
@@ -185,8 +183,6 @@ pub(super) struct HvIo {
     tx_ring_errors: u64,
     /// Failed attempts to map or attach.
     attach_errors: u64,
-    /// Ticks run (heartbeats; ring polls without doorbells).
-    ticks: u64,
 }
 
 /// The doorbells of one device: our eventfd, the peer's, and the Unix
@@ -338,7 +334,7 @@ pub(super) fn new_ipcp(
         busy_poll: ic.busy_poll.unwrap_or(false),
         att,
         session,
-        next_tick: Instant::from_nanos(0),
+        ticker: Ticker::default(),
         backlog: Backlog::new(BACKLOG_MAX, BACKLOG_MAX * 2048),
         n1_backlog: Backlog::new(N1_BACKLOG_BUFFERS, N1_BACKLOG_BYTES),
         bell,
@@ -356,7 +352,6 @@ pub(super) fn new_ipcp(
         rx_ring_errors: 0,
         tx_ring_errors: 0,
         attach_errors: 0,
-        ticks: 0,
     }));
     Ok((hc, io))
 }
@@ -872,7 +867,7 @@ impl HvIo {
         c.insert("bell_rung".into(), self.bell.rung);
         c.insert("bell_wakeups".into(), self.bell.wakeups);
         c.insert("bell_errors".into(), self.bell.errors);
-        c.insert("ticks".into(), self.ticks);
+        c.insert("ticks".into(), self.ticker.ticks());
         c
     }
 
@@ -922,8 +917,10 @@ impl Daemon {
         self.ipcps
             .iter()
             .filter_map(|ip| match &ip.io {
-                Io::Hv(h) if h.busy_poll => Some(Instant::from_nanos(0)),
-                Io::Hv(h) => Some(h.relay_wake.map_or(h.next_tick, |t| t.min(h.next_tick))),
+                Io::Hv(h) => {
+                    let tick = h.ticker.poll_timeout(h.busy_poll);
+                    Some(h.relay_wake.map_or(tick, |t| t.min(tick)))
+                }
                 _ => None,
             })
             .min()
@@ -957,10 +954,9 @@ impl Daemon {
             let Io::Hv(h) = &mut ipcp.io else {
                 continue;
             };
-            if !h.busy_poll && h.next_tick > now {
+            if !h.ticker.due(now, h.busy_poll) {
                 continue;
             }
-            h.ticks += 1;
             if h.att.is_none() && side == Side::Guest {
                 match open_region(&h.path, Side::Guest, h.session) {
                     Ok(a) => {
@@ -985,7 +981,7 @@ impl Daemon {
                 }
             }
             h.bell.step(side, h.att.is_some(), now);
-            h.next_tick = now + if h.sleeps_on_bell() { BELL_TICK } else { TICK };
+            h.ticker.ran(now, h.sleeps_on_bell());
             let Some(a) = &mut h.att else {
                 continue;
             };
