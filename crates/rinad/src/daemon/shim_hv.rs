@@ -598,6 +598,25 @@ fn connect_seqpacket(path: &Path) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// Takes the peeked buffer of `n` bytes out of the receive ring into `q`,
+/// without its channel header; `None` if it could not be read (it is
+/// gone from the ring either way).
+fn hold_copy<'q>(
+    link: &mut Link,
+    n: usize,
+    q: &'q mut VecDeque<Vec<u8>>,
+) -> Option<&'q VecDeque<Vec<u8>>> {
+    let mut v = vec![0u8; n];
+    let ok = link.read_peeked(n, &mut v);
+    link.consume(n);
+    if !ok {
+        return None;
+    }
+    v.drain(..CHANNEL_HEADER);
+    q.push_back(v);
+    Some(q)
+}
+
 /// The iovecs of `seg` (at most two).
 fn iovecs(seg: &Segments) -> ([libc::iovec; 2], usize) {
     let mut v = [libc::iovec {
@@ -1132,6 +1151,16 @@ impl Daemon {
         more
     }
 
+    /// Tells the machine of shim-hv IPCP `i` that an SDU of `len` bytes of
+    /// flow `port` reached its application, and sends what follows.
+    fn hv_delivered(&mut self, now: Instant, i: usize, port: PortId, len: u64) {
+        self.sys.with_machine(now, i, |m| {
+            if let Machine::ShimHv(h) = m {
+                h.delivered(port, 1, len);
+            }
+        });
+    }
+
     /// After buffers came in or SDUs went to applications on shim-hv IPCP
     /// `i`: flows that waited for credit and got some are read again, and
     /// the grants the machine made for what applications took are sent.
@@ -1211,11 +1240,7 @@ impl Daemon {
                 if let Some((port, sdu)) = self.sys.receive(now, i, rx) {
                     let len = sdu.len() as u64;
                     super::shim::straight_to_app(&mut self.flows, &mut self.sys, i, port, sdu);
-                    self.sys.with_machine(now, i, |m| {
-                        if let Machine::ShimHv(h) = m {
-                            h.delivered(port, 1, len);
-                        }
-                    });
+                    self.hv_delivered(now, i, port, len);
                 }
             }
             return Some(true);
@@ -1265,16 +1290,10 @@ impl Daemon {
                 h.rx_ring_waits += 1;
                 return Some(false);
             }
-            let mut v = vec![0u8; n];
-            let ok = a.link.read_peeked(n, &mut v);
-            a.link.consume(n);
-            if !ok {
+            let Some(q) = hold_copy(&mut a.link, n, h.rx_pending.entry(port).or_default()) else {
                 m.delivered(port, 1, sdu_len as u64);
                 return Some(true);
-            }
-            v.drain(..CHANNEL_HEADER);
-            let q = h.rx_pending.entry(port).or_default();
-            q.push_back(v);
+            };
             let full = !credit && q.len() >= RX_QUEUE_MAX;
             // The application kicks once it made room (or room is there now).
             if q.front().is_some_and(|f| !r.to_app.arm(f.len())) {
@@ -1300,16 +1319,11 @@ impl Daemon {
                     Some(true)
                 }
                 Ok(Sent::WouldBlock) => {
-                    let mut v = vec![0u8; n];
-                    let ok = a.link.read_peeked(n, &mut v);
-                    a.link.consume(n);
-                    if !ok {
+                    let Some(q) = hold_copy(&mut a.link, n, h.rx_pending.entry(port).or_default())
+                    else {
                         m.delivered(port, 1, sdu_len as u64);
                         return Some(true);
-                    }
-                    v.drain(..CHANNEL_HEADER);
-                    let q = h.rx_pending.entry(port).or_default();
-                    q.push_back(v);
+                    };
                     // Held within the window with credit; without, the
                     // ring pauses at RX_QUEUE_MAX.
                     let full = !credit && q.len() >= RX_QUEUE_MAX;
