@@ -815,7 +815,7 @@ DissectorTable.get("wtap_encap"):add(wtap_encaps and wtap_encaps.USER0 or wtap.U
 -- --------------------------------------------------- rinactl capture (shim-hv)
 
 local p_vmpi = Proto("rina_vmpi", "RINA shim-hv VMPI buffer (rinactl capture)")
-local VMPI_CMDS = { [0] = "ALLOCATE_REQ", [1] = "ALLOCATE_RESP", [2] = "DEALLOCATE" }
+local VMPI_CMDS = { [0] = "ALLOCATE_REQ", [1] = "ALLOCATE_RESP", [2] = "DEALLOCATE", [3] = "CREDIT" }
 local VMPI_RESPONSES = { [0] = "ok", [1] = "refused" }
 local fv = {
     version = ProtoField.uint8("rina.vmpi.version", "Version"),
@@ -828,6 +828,10 @@ local fv = {
     dst_name = ProtoField.string("rina.vmpi.ctl.dst_name", "Destination application"),
     response = ProtoField.uint8("rina.vmpi.ctl.response", "Response", base.DEC, VMPI_RESPONSES),
     reason = ProtoField.string("rina.vmpi.ctl.reason", "Reason"),
+    window_sdus = ProtoField.uint32("rina.vmpi.ctl.window_sdus", "Credit window (SDUs; 0: no limit)"),
+    window_bytes = ProtoField.uint32("rina.vmpi.ctl.window_bytes", "Credit window (bytes; 0: no limit)"),
+    limit_sdus = ProtoField.uint64("rina.vmpi.ctl.limit_sdus", "Credit: SDU limit"),
+    limit_bytes = ProtoField.uint64("rina.vmpi.ctl.limit_bytes", "Credit: byte limit"),
     sdu = ProtoField.bytes("rina.vmpi.sdu", "SDU"),
 }
 p_vmpi.fields = fv
@@ -845,6 +849,16 @@ local function add_cstr(tree, field, tvb, off)
     return nil, off
 end
 
+-- The credit extension ("FC", window SDUs, window bytes) at `off`, if any.
+local function add_credit_ext(t, tvb, off)
+    if tvb:len() >= off + 10 and tvb(off, 2):string() == "FC" then
+        t:add_le(fv.window_sdus, tvb(off + 2, 4))
+        t:add_le(fv.window_bytes, tvb(off + 6, 4))
+        return " (credit)"
+    end
+    return ""
+end
+
 -- A control message of channel 0; returns a summary.
 local function dissect_vmpi_control(tvb, t)
     if not tvb or tvb:len() < 5 then
@@ -860,12 +874,25 @@ local function dissect_vmpi_control(tvb, t)
         src, off = add_cstr(t, fv.src_name, tvb, 5)
         dst, off = add_cstr(t, fv.dst_name, tvb, off)
         summary = summary .. " " .. (src or "?") .. " -> " .. (dst or "?")
+        if dst then
+            summary = summary .. add_credit_ext(t, tvb, off)
+        end
     elseif cmd == 1 and tvb:len() >= 6 then
         t:add(fv.response, tvb(5, 1))
         summary = summary .. " " .. (VMPI_RESPONSES[tvb(5, 1):uint()] or "?")
         if tvb:len() > 6 then
-            t:add(fv.reason, tvb(6), tvb(6):string(ENC_UTF_8))
+            -- The reason ends at a NUL, after which the credit extension may follow.
+            local reason, off = add_cstr(t, fv.reason, tvb, 6)
+            if reason then
+                summary = summary .. add_credit_ext(t, tvb, off)
+            else
+                t:add(fv.reason, tvb(6), tvb(6):string(ENC_UTF_8))
+            end
         end
+    elseif cmd == 3 and tvb:len() >= 21 then
+        t:add_le(fv.limit_sdus, tvb(5, 8))
+        t:add_le(fv.limit_bytes, tvb(13, 8))
+        summary = summary .. " until SDU " .. tostring(tvb(5, 8):le_uint64()) .. ", byte " .. tostring(tvb(13, 8):le_uint64())
     end
     return summary
 end

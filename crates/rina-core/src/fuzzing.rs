@@ -366,6 +366,10 @@ pub fn vmpi_ring(data: &[u8]) -> (usize, usize) {
                     dst: if x & 0x80 == 0 { "echo" } else { "nobody" }
                         .parse()
                         .expect("a valid name"),
+                    credit: (x & 0x40 != 0).then_some(crate::shim_hv::credit::Window {
+                        sdus: u32::from(*x),
+                        bytes: u32::from(*x) * 100,
+                    }),
                 };
                 guest_send(&mut guest, req.to_buffer());
             }

@@ -14,6 +14,7 @@
 //!   memory, validated against a peer writing garbage;
 //! * [`link`] — the device: region header, two rings, heartbeats;
 //! * [`vmpi`] — channel framing and control messages;
+//! * [`credit`] — per-channel credit-based flow control;
 //! * [`ShimHv`] — the flow allocator of the shim: names, channels, flows.
 //!
 //! Channel choice: the requester picks a free channel, the host side
@@ -27,7 +28,23 @@
 //! [`ShimHv::on_buffer`], sends [`Action::Transmit`] buffers on the send
 //! ring, and tells the machine when the peer comes and goes
 //! ([`ShimHv::peer_up`], [`ShimHv::peer_lost`]).
+//!
+//! Flow control (when both ends support it, see [`credit`]): the receiving
+//! end of an application flow grants its sender a window
+//! ([`Config::credit`]); the driver asks [`ShimHv::may_send`] before it
+//! reads an application's next SDU and stops reading that flow only (and
+//! asks again once control buffers came in), and tells the machine with
+//! [`ShimHv::delivered`] when received SDUs reached the application, which
+//! sends the sender more credit. The driver may then hold what an
+//! application cannot take yet: at most the window per flow
+//! ([`ShimHv::rx_flow_controlled`]); data beyond the window is dropped and
+//! counted. Flows of stacked normal IPCPs ([`ShimHv::allocate_with`] and
+//! [`ShimHv::accept_with`] with `windowed` false) grant no limit: their
+//! frames are never held (the EFCP and RMT above handle them). A peer that
+//! does not announce credit gets none and is not limited: its flows work
+//! as before, and the driver can only hold them back by not reading.
 
+pub mod credit;
 pub mod flow_rings;
 pub mod link;
 pub mod ring;
@@ -35,6 +52,7 @@ pub mod vmpi;
 
 use crate::ids::IdMap;
 use crate::time::Instant;
+use credit::{CreditError, RxCredit, TxCredit, Window};
 use rina_wire::ctl::FlowCounters;
 use rina_wire::{AppName, QosSpec};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -65,6 +83,10 @@ pub struct Config {
     pub alloc_timeout: Duration,
     /// Time an application has to accept or refuse an incoming flow.
     pub accept_timeout: Duration,
+    /// The window this end grants the sender of each application flow;
+    /// `None` turns credit off (this end then behaves as a peer that never
+    /// heard of it).
+    pub credit: Option<Window>,
 }
 
 impl Config {
@@ -77,6 +99,7 @@ impl Config {
             max_sdu: DEFAULT_MAX_SDU,
             alloc_timeout: Duration::from_secs(2),
             accept_timeout: Duration::from_secs(5),
+            credit: Some(credit::DEFAULT_WINDOW),
         }
     }
 }
@@ -120,6 +143,9 @@ pub enum ShimHvError {
     /// All 63 data channels are in use.
     #[error("all {} data channels are in use", MAX_CHANNELS - 1)]
     NoChannel,
+    /// The flow has no credit left: ask [`ShimHv::may_send`] first.
+    #[error("flow {0} has no credit left")]
+    NoCredit(PortId),
 }
 
 /// Something the driver must do.
@@ -159,6 +185,10 @@ pub enum DropReason {
     TooLarge { channel: u32, len: usize },
     /// A control message that fits no state (late or duplicated).
     Unexpected(u32),
+    /// A credit message that was refused.
+    BadCredit(CreditError),
+    /// Data beyond the window this end granted.
+    OverCredit(u32),
 }
 
 /// What became of a received buffer.
@@ -195,6 +225,15 @@ pub struct Counters {
     pub channel_collisions: u64,
     /// Times the peer went away.
     pub peer_losses: u64,
+    /// Credit messages sent.
+    pub credits_sent: u64,
+    /// Credit messages taken.
+    pub credits_received: u64,
+    /// Credit messages dropped: too much credit, credit taken back, or
+    /// for a channel with no flow limited by credit.
+    pub rx_bad_credit: u64,
+    /// SDUs dropped because their sender had no credit for them.
+    pub rx_over_credit: u64,
 }
 
 impl Counters {
@@ -211,6 +250,10 @@ impl Counters {
             ("alloc_timeouts", self.alloc_timeouts),
             ("channel_collisions", self.channel_collisions),
             ("peer_losses", self.peer_losses),
+            ("credits_sent", self.credits_sent),
+            ("credits_received", self.credits_received),
+            ("rx_bad_credit", self.rx_bad_credit),
+            ("rx_over_credit", self.rx_over_credit),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -231,6 +274,54 @@ pub struct Flow {
     pub allocated: bool,
     /// Traffic counters.
     pub counters: FlowCounters,
+    /// Its flow control.
+    credit: FlowCredit,
+}
+
+impl Flow {
+    fn new(local: AppName, remote: AppName, channel: u32, allocated: bool) -> Flow {
+        Flow {
+            local,
+            remote,
+            channel,
+            allocated,
+            counters: FlowCounters::default(),
+            credit: FlowCredit::default(),
+        }
+    }
+
+    /// SDUs this end may still send before the peer grants more, if the
+    /// peer limits them.
+    pub fn credit_left(&self) -> Option<u64> {
+        self.credit.tx.as_ref().map(TxCredit::sdus_left)
+    }
+
+    /// SDUs received and not delivered yet, if this end limits the sender.
+    pub fn held(&self) -> Option<u64> {
+        self.credit.rx.as_ref().map(RxCredit::held)
+    }
+}
+
+/// The flow control of one flow.
+#[derive(Debug, Clone, Copy, Default)]
+struct FlowCredit {
+    /// What this end announced (or will): `None` without credit support.
+    announced: Option<Window>,
+    /// The peer's limit on what this end sends.
+    tx: Option<TxCredit>,
+    /// This end's limit on what the peer sends.
+    rx: Option<RxCredit>,
+}
+
+impl FlowCredit {
+    /// Both ends announced: each limits the other as it said.
+    fn agreed(announced: Window, peer: Window) -> FlowCredit {
+        FlowCredit {
+            announced: Some(announced),
+            tx: peer.limited().map(TxCredit::new),
+            rx: announced.limited().map(RxCredit::new),
+        }
+    }
 }
 
 /// What a channel is used for.
@@ -251,6 +342,8 @@ struct Pending {
     local: AppName,
     remote: AppName,
     deadline: Instant,
+    /// The requester's credit extension.
+    credit: Option<Window>,
 }
 
 /// One shim-hv IPC process.
@@ -266,6 +359,7 @@ pub struct ShimHv {
     peer_up: bool,
     actions: VecDeque<Action>,
     counters: Counters,
+    relay: link::RelayGate,
 }
 
 impl ShimHv {
@@ -286,6 +380,7 @@ impl ShimHv {
             peer_up: false,
             actions: VecDeque::new(),
             counters: Counters::default(),
+            relay: link::RelayGate::default(),
         }
     }
 
@@ -384,6 +479,7 @@ impl ShimHv {
 
     /// Starts allocating a flow from `local` to `remote` on port `port`; the
     /// outcome comes as [`Action::Allocated`] or [`Action::AllocateFailed`].
+    /// An application flow: limited by credit if both ends support it.
     pub fn allocate(
         &mut self,
         now: Instant,
@@ -391,6 +487,33 @@ impl ShimHv {
         local: AppName,
         remote: AppName,
         qos: QosSpec,
+    ) -> Result<(), ShimHvError> {
+        self.allocate_with(now, port, (local, remote), qos, true)
+    }
+
+    /// What this end announces for a flow: its window if `windowed`, no
+    /// limit if not; nothing without credit support.
+    fn announcement(&self, windowed: bool) -> Option<Window> {
+        let none = Window { sdus: 0, bytes: 0 };
+        self.cfg.credit.map(|w| {
+            if windowed {
+                w.limited().unwrap_or(none)
+            } else {
+                none
+            }
+        })
+    }
+
+    /// [`ShimHv::allocate`]; `windowed` false for a flow whose SDUs must
+    /// never be held at the receiving end (an N-1 flow of a normal IPCP):
+    /// this end then grants the peer no limit.
+    pub fn allocate_with(
+        &mut self,
+        now: Instant,
+        port: PortId,
+        (local, remote): (AppName, AppName),
+        qos: QosSpec,
+        windowed: bool,
     ) -> Result<(), ShimHvError> {
         if self.flows.contains_key(&port) {
             return Err(ShimHvError::PortInUse(port));
@@ -407,26 +530,32 @@ impl ShimHv {
                 deadline: now + self.cfg.alloc_timeout,
             },
         );
+        let announced = self.announcement(windowed);
         self.transmit(Control::AllocateReq {
             channel,
             src: local.clone(),
             dst: remote.clone(),
+            credit: announced,
         });
-        self.flows.insert(
-            port,
-            Flow {
-                local,
-                remote,
-                channel,
-                allocated: false,
-                counters: FlowCounters::default(),
-            },
-        );
+        let mut flow = Flow::new(local, remote, channel, false);
+        flow.credit.announced = announced;
+        self.flows.insert(port, flow);
         Ok(())
     }
 
     /// Accepts incoming request `handle` as flow `port`; returns its max SDU.
+    /// An application flow, as with [`ShimHv::allocate`].
     pub fn accept(&mut self, handle: u64, port: PortId) -> Result<u32, ShimHvError> {
+        self.accept_with(handle, port, true)
+    }
+
+    /// [`ShimHv::accept`]; `windowed` as in [`ShimHv::allocate_with`].
+    pub fn accept_with(
+        &mut self,
+        handle: u64,
+        port: PortId,
+        windowed: bool,
+    ) -> Result<u32, ShimHvError> {
         if self.flows.contains_key(&port) {
             return Err(ShimHvError::PortInUse(port));
         }
@@ -435,20 +564,18 @@ impl ShimHv {
             .remove(&handle)
             .ok_or(ShimHvError::UnknownRequest(handle))?;
         self.chans.insert(p.channel, Chan::Open { port });
-        self.flows.insert(
-            port,
-            Flow {
-                local: p.local,
-                remote: p.remote,
-                channel: p.channel,
-                allocated: true,
-                counters: FlowCounters::default(),
-            },
-        );
+        let mut flow = Flow::new(p.local, p.remote, p.channel, true);
+        // Credit only if the requester announced it.
+        let announced = p.credit.and(self.announcement(windowed));
+        if let (Some(mine), Some(theirs)) = (announced, p.credit) {
+            flow.credit = FlowCredit::agreed(mine, theirs);
+        }
+        self.flows.insert(port, flow);
         self.transmit(Control::AllocateResp {
             channel: p.channel,
             ok: true,
             reason: String::new(),
+            credit: announced,
         });
         Ok(self.cfg.max_sdu)
     }
@@ -465,6 +592,7 @@ impl ShimHv {
             channel: p.channel,
             ok: false,
             reason: reason.to_string(),
+            credit: None,
         });
         Ok(())
     }
@@ -505,6 +633,13 @@ impl ShimHv {
             flow.counters.drops_out += 1;
             return Err(ShimHvError::SduTooLarge { size: len, max });
         }
+        if let Some(tx) = &mut flow.credit.tx {
+            if !tx.can_send() {
+                flow.counters.drops_out += 1;
+                return Err(ShimHvError::NoCredit(port));
+            }
+            tx.on_sent(len);
+        }
         flow.counters.sdus_out += 1;
         flow.counters.bytes_out += len as u64;
         self.counters.tx_buffers += 1;
@@ -515,6 +650,9 @@ impl ShimHv {
     /// could not take after all, counting it as dropped.
     pub fn unsend(&mut self, port: PortId, len: usize) {
         if let Some(f) = self.flows.get_mut(&port) {
+            if let Some(tx) = &mut f.credit.tx {
+                tx.unsend(len);
+            }
             f.counters.sdus_out = f.counters.sdus_out.saturating_sub(1);
             f.counters.bytes_out = f.counters.bytes_out.saturating_sub(len as u64);
             f.counters.drops_out += 1;
@@ -528,9 +666,74 @@ impl ShimHv {
     pub fn unreceive(&mut self, port: PortId, len: usize) {
         self.counters.rx_buffers = self.counters.rx_buffers.saturating_sub(1);
         if let Some(f) = self.flows.get_mut(&port) {
+            if let Some(rx) = &mut f.credit.rx {
+                rx.unreceive(len);
+            }
             f.counters.sdus_in = f.counters.sdus_in.saturating_sub(1);
             f.counters.bytes_in = f.counters.bytes_in.saturating_sub(len as u64);
         }
+    }
+
+    /// Whether flow `port` may send its next SDU (of any size) now: false
+    /// only for a flow the peer limits and whose credit is used up. The
+    /// driver then stops reading that flow, and asks again once buffers
+    /// came from the peer (a grant is a control buffer).
+    pub fn may_send(&self, port: PortId) -> bool {
+        self.flows
+            .get(&port)
+            .and_then(|f| f.credit.tx.as_ref())
+            .is_none_or(TxCredit::can_send)
+    }
+
+    /// Whether this end limits what the peer sends on flow `port`: the
+    /// driver may then hold what the application cannot take yet (at most
+    /// the window: the machine drops what goes beyond) instead of leaving
+    /// it in the ring, and must tell [`ShimHv::delivered`].
+    pub fn rx_flow_controlled(&self, port: PortId) -> bool {
+        self.flows.get(&port).is_some_and(|f| f.credit.rx.is_some())
+    }
+
+    /// `sdus` SDUs of `bytes` bytes received on flow `port` reached its
+    /// application (or were dropped after all): when a quarter of the
+    /// window was taken, the peer is granted more (an
+    /// [`Action::Transmit`]). Nothing for a flow without credit.
+    pub fn delivered(&mut self, port: PortId, sdus: u64, bytes: u64) {
+        let Some(f) = self.flows.get_mut(&port) else {
+            return;
+        };
+        let channel = f.channel;
+        let Some(grant) = f
+            .credit
+            .rx
+            .as_mut()
+            .and_then(|rx| rx.on_delivered(sdus, bytes))
+        else {
+            return;
+        };
+        if self.peer_up {
+            self.counters.credits_sent += 1;
+            self.transmit(Control::Credit {
+                channel,
+                sdus: grant.0,
+                bytes: grant.1,
+            });
+        }
+    }
+
+    /// The relay back-pressure of this device (see [`link::RelayGate`];
+    /// [`crate::system::System::hv_may_read`] drives it).
+    pub fn relay_gate(&mut self) -> &mut link::RelayGate {
+        &mut self.relay
+    }
+
+    /// Times the receive ring paused for a congested backlog elsewhere.
+    pub fn relay_pauses(&self) -> u64 {
+        self.relay.pauses()
+    }
+
+    /// Whether actions wait for [`ShimHv::poll_action`].
+    pub fn has_actions(&self) -> bool {
+        !self.actions.is_empty()
     }
 
     /// The other end is attached (its heartbeat moves).
@@ -586,12 +789,23 @@ impl ShimHv {
             }
         };
         match msg {
-            Control::AllocateReq { channel, src, dst } => self.on_alloc_req(now, channel, src, dst),
+            Control::AllocateReq {
+                channel,
+                src,
+                dst,
+                credit,
+            } => self.on_alloc_req(now, channel, (src, dst), credit),
             Control::AllocateResp {
                 channel,
                 ok,
                 reason,
-            } => self.on_alloc_resp(channel, ok, reason),
+                credit,
+            } => self.on_alloc_resp(channel, ok, reason, credit),
+            Control::Credit {
+                channel,
+                sdus,
+                bytes,
+            } => self.on_credit(channel, sdus, bytes),
             Control::Deallocate { channel } => match self.chans.get(&channel) {
                 Some(Chan::Open { port }) => {
                     let port = *port;
@@ -602,6 +816,30 @@ impl ShimHv {
                 }
                 _ => self.unexpected(channel),
             },
+        }
+    }
+
+    /// A grant of the peer for the sender of `channel`.
+    fn on_credit(&mut self, channel: u32, sdus: u64, bytes: u64) -> Received<'static> {
+        let tx = match self.chans.get(&channel) {
+            Some(Chan::Open { port }) => {
+                self.flows.get_mut(port).and_then(|f| f.credit.tx.as_mut())
+            }
+            _ => None,
+        };
+        let r = match tx {
+            Some(tx) => tx.on_grant(sdus, bytes),
+            None => Err(CreditError::NoFlow(channel)),
+        };
+        match r {
+            Ok(()) => {
+                self.counters.credits_received += 1;
+                Received::Control
+            }
+            Err(e) => {
+                self.counters.rx_bad_credit += 1;
+                Received::Dropped(DropReason::BadCredit(e))
+            }
         }
     }
 
@@ -651,13 +889,23 @@ impl ShimHv {
             self.counters.rx_unknown_channel += 1;
             return Err(DropReason::UnknownChannel(ch));
         };
-        if len == 0 {
+        if f.credit.rx.as_mut().is_some_and(|rx| !rx.on_data(len)) {
             f.counters.drops_in += 1;
-            return Err(DropReason::EmptySdu(ch));
+            self.counters.rx_over_credit += 1;
+            return Err(DropReason::OverCredit(ch));
         }
-        if len > max {
+        let bad = if len == 0 {
+            Some(DropReason::EmptySdu(ch))
+        } else if len > max {
+            Some(DropReason::TooLarge { channel: ch, len })
+        } else {
+            None
+        };
+        if let Some(why) = bad {
             f.counters.drops_in += 1;
-            return Err(DropReason::TooLarge { channel: ch, len });
+            // Its credit goes back: it is not held.
+            self.delivered(port, 1, len as u64);
+            return Err(why);
         }
         f.counters.sdus_in += 1;
         f.counters.bytes_in += len as u64;
@@ -668,8 +916,8 @@ impl ShimHv {
         &mut self,
         now: Instant,
         channel: u32,
-        src: AppName,
-        dst: AppName,
+        (src, dst): (AppName, AppName),
+        credit: Option<Window>,
     ) -> Received<'static> {
         self.counters.alloc_requests_in += 1;
         match self.chans.get(&channel).copied() {
@@ -693,6 +941,7 @@ impl ShimHv {
                     channel,
                     ok: false,
                     reason: "both ends picked the same channel; try again".into(),
+                    credit: None,
                 });
                 return Received::Control;
             }
@@ -703,6 +952,7 @@ impl ShimHv {
                     channel,
                     ok: false,
                     reason: format!("channel {channel} is in use"),
+                    credit: None,
                 });
                 return Received::Control;
             }
@@ -713,6 +963,7 @@ impl ShimHv {
                 channel,
                 ok: false,
                 reason: format!("{dst} is not registered"),
+                credit: None,
             });
             return Received::Control;
         }
@@ -726,6 +977,7 @@ impl ShimHv {
                 local: dst.clone(),
                 remote: src.clone(),
                 deadline: now + self.cfg.accept_timeout,
+                credit,
             },
         );
         self.actions.push_back(Action::FlowRequest {
@@ -737,7 +989,13 @@ impl ShimHv {
         Received::Control
     }
 
-    fn on_alloc_resp(&mut self, channel: u32, ok: bool, reason: String) -> Received<'static> {
+    fn on_alloc_resp(
+        &mut self,
+        channel: u32,
+        ok: bool,
+        reason: String,
+        credit: Option<Window>,
+    ) -> Received<'static> {
         let Some(Chan::Allocating { port, .. }) = self.chans.get(&channel).copied() else {
             if ok && !self.chans.contains_key(&channel) {
                 // A late acceptance of a flow we gave up on: release it.
@@ -749,6 +1007,10 @@ impl ShimHv {
             self.chans.insert(channel, Chan::Open { port });
             if let Some(f) = self.flows.get_mut(&port) {
                 f.allocated = true;
+                // Credit only if both announced it.
+                if let (Some(mine), Some(theirs)) = (f.credit.announced, credit) {
+                    f.credit = FlowCredit::agreed(mine, theirs);
+                }
             }
             self.actions.push_back(Action::Allocated {
                 port,

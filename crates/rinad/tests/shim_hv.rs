@@ -270,9 +270,10 @@ fn rings_carry_sdus_both_ways_without_loss_and_close() {
         .sum();
     assert_eq!(drops, 0);
     // A reader that starts late: 200 SDUs of 64 KiB (13 MB) against 4 MiB
-    // rings. The host's application ring fills, the SDUs wait in the VMPI
-    // ring (the host stops reading it), then the guest's rings fill and
-    // its writer blocks; once the reader runs, everything arrives in order.
+    // rings. The host's application ring fills, the host holds what the
+    // flow's credit lets the guest send, the guest stops reading the
+    // writer's ring (its writer blocks) and the VMPI ring is read on;
+    // once the reader runs, everything arrives in order.
     let mut sink = p.host.client();
     sink.set_rings(true);
     sink.register(&name("late"), Some("hv")).unwrap();
@@ -301,8 +302,13 @@ fn rings_carry_sdus_both_ways_without_loss_and_close() {
     }
     assert_eq!(late.join().unwrap(), (0..200).collect::<Vec<u32>>());
     assert!(
-        p.host.counter("rx_ring_waits") > 0,
-        "the host's ring never waited for the late reader: the test proves nothing"
+        p.guest.counter("credit_waits") > 0,
+        "the writer never waited for credit: the test proves nothing"
+    );
+    assert_eq!(
+        p.host.counter("rx_ring_waits"),
+        0,
+        "the VMPI ring never waited"
     );
     drop(lf);
     // A short buffer: the SDU's head is kept and the error says so.
@@ -902,4 +908,148 @@ fn a_full_ring_loses_no_frame_of_a_normal_dif() {
     );
     assert!(got.windows(2).all(|w| w[0] < w[1]), "in order");
     assert_eq!(guest.counter("peer_losses"), 0);
+}
+
+/// Two flows over one shim-hv device, the application of one of them no
+/// longer reading: with per-flow credit, its writer is held back (and
+/// loses nothing), while the other flow goes on delivering at the rate it
+/// has alone. (Before credit, the receiving daemon stopped reading the
+/// whole ring once the stalled flow held 64 SDUs, and the other flow
+/// stopped with it.)
+#[test]
+fn a_stalled_application_does_not_stall_the_other_flows_of_the_device() {
+    stalled_flow_does_not_stall_the_device(false);
+}
+
+/// The same with shared-memory rings at the applications.
+#[test]
+fn a_stalled_application_with_rings_does_not_stall_the_other_flows() {
+    let _one = RINGS_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+    stalled_flow_does_not_stall_the_device(true);
+}
+
+/// Sends `n` SDUs of `len` bytes on `tx` while a thread reads them from
+/// `rx`; the time it took for all of them to arrive (panics if they do not
+/// within `T`).
+fn stream(tx: &Flow, rx: &Flow, n: u32, len: usize) -> Duration {
+    let start = std::time::Instant::now();
+    std::thread::scope(|sc| {
+        let reader = sc.spawn(move || {
+            let mut buf = vec![0u8; 65_536];
+            for k in 0..n {
+                let got = rx.read_timeout(&mut buf, T).unwrap();
+                let Some(m) = got else {
+                    panic!("SDU {k} of {n} of the other flow did not arrive within {T:?}");
+                };
+                assert_eq!(m, len);
+                assert_eq!(u32::from_le_bytes(buf[..4].try_into().unwrap()), k);
+            }
+        });
+        let mut sdu = vec![3u8; len];
+        for k in 0..n {
+            sdu[..4].copy_from_slice(&k.to_le_bytes());
+            // A writer held back that long fails the test (not hangs it).
+            let went = tx.write_timeout(&sdu, T).unwrap();
+            assert!(
+                went,
+                "SDU {k} of {n} of the other flow could not be written within {T:?}"
+            );
+        }
+        reader.join().unwrap();
+    });
+    start.elapsed()
+}
+
+fn stalled_flow_does_not_stall_the_device(rings: bool) {
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    use std::sync::Arc;
+    let p = pair();
+    // Two applications at the host, accepting one flow each.
+    let accept_one = |n: &str| {
+        let mut c = p.host.client();
+        c.set_rings(rings);
+        c.register(&name(n), Some("hv")).unwrap();
+        std::thread::spawn(move || {
+            let req = c.next_request().unwrap();
+            (c.accept(&req).unwrap(), c)
+        })
+    };
+    let (slow_srv, fast_srv) = (accept_one("slow"), accept_one("fast"));
+    let mut c = p.guest.client();
+    c.set_rings(rings);
+    let to_slow = allocate(&mut c, "vm-slow", "slow").unwrap();
+    let to_fast = allocate(&mut c, "vm-fast", "fast").unwrap();
+    let (slow, _c1) = slow_srv.join().unwrap();
+    let (fast, _c2) = fast_srv.join().unwrap();
+    assert_eq!(to_fast.has_rings(), rings);
+
+    const N: u32 = 20_000;
+    const LEN: usize = 1000;
+    // The other flow's rate alone.
+    let alone = stream(&to_fast, &fast, N, LEN);
+
+    // The slow application stops reading; its writer writes on until it
+    // is held back (its writes block).
+    let written = Arc::new(AtomicU32::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (written, stop) = (written.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut sdu = vec![9u8; LEN];
+            while !stop.load(Ordering::Relaxed) {
+                let k = written.load(Ordering::Relaxed);
+                sdu[..4].copy_from_slice(&k.to_le_bytes());
+                if to_slow.write(&sdu).is_err() {
+                    break;
+                }
+                written.store(k + 1, Ordering::Relaxed);
+            }
+            to_slow
+        })
+    };
+    let mut last = u32::MAX;
+    wait_for("the stalled flow's writer to be held back", T, || {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = written.load(Ordering::Relaxed);
+        std::mem::replace(&mut last, now) == now
+    });
+    eprintln!("stalled flow: {last} SDUs written before its writer blocked");
+
+    // The other flow still delivers everything, at much its rate alone.
+    let beside = stream(&to_fast, &fast, N, LEN);
+    let rate = |d: Duration| f64::from(N) / d.as_secs_f64();
+    eprintln!(
+        "other flow: {:.0} SDUs/s alone, {:.0} SDUs/s beside the stalled one",
+        rate(alone),
+        rate(beside)
+    );
+    assert!(
+        rate(beside) >= rate(alone) / 3.0,
+        "the other flow slowed down from {alone:?} to {beside:?} for {N} SDUs"
+    );
+    if !rings {
+        // Credit held the stalled flow back at the sender, not the ring.
+        assert!(p.guest.counter("credit_waits") > 0);
+        assert_eq!(p.host.counter("rx_ring_waits"), 0);
+    }
+
+    // The stalled application reads again: nothing was lost, in order.
+    stop.store(true, Ordering::Relaxed);
+    let mut buf = vec![0u8; 65_536];
+    let mut got = 0u32;
+    let reader = std::thread::spawn(move || {
+        while let Ok(Some(n)) = slow.read_timeout(&mut buf, Duration::from_secs(3)) {
+            assert_eq!(n, LEN);
+            assert_eq!(u32::from_le_bytes(buf[..4].try_into().unwrap()), got);
+            got += 1;
+        }
+        (got, slow)
+    });
+    let _to_slow = writer.join().unwrap();
+    let (got, _slow) = reader.join().unwrap();
+    assert_eq!(got, written.load(Ordering::Relaxed), "every SDU arrived");
+    for d in [&p.host, &p.guest] {
+        assert_eq!(d.counter("rx_over_credit"), 0);
+        assert_eq!(d.counter("rx_bad_credit"), 0);
+    }
 }

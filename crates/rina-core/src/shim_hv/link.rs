@@ -99,6 +99,69 @@ impl Default for LinkConfig {
     }
 }
 
+/// Interval between two ticks of a driver without doorbells: heartbeat,
+/// and a poll of the receive ring.
+pub const POLL_EVERY: Duration = Duration::from_millis(1);
+/// Interval between two heartbeats of a driver that doorbells wake.
+pub const BEAT_EVERY: Duration = Duration::from_millis(50);
+
+/// When the driver of a device ticks, sans-IO: it asks
+/// [`Ticker::poll_timeout`] how long it may sleep, and whenever
+/// [`Ticker::due`] it does the IO of a tick (attach if not attached yet,
+/// move the doorbell exchange on, [`Link::tick`], whose events say whether
+/// the peer came or went, and poll the receive ring) and says
+/// [`Ticker::ran`]. A driver that sleeps
+/// on doorbells ticks every [`BEAT_EVERY`] (heartbeats only); one without
+/// polls every [`POLL_EVERY`]; a busy-polling one at every turn.
+#[derive(Debug, Clone)]
+pub struct Ticker {
+    next: Instant,
+    ticks: u64,
+}
+
+impl Default for Ticker {
+    fn default() -> Self {
+        Ticker {
+            next: Instant::ZERO,
+            ticks: 0,
+        }
+    }
+}
+
+impl Ticker {
+    /// When the next tick is due (now for a busy-polling driver).
+    pub fn poll_timeout(&self, busy_poll: bool) -> Instant {
+        if busy_poll {
+            Instant::ZERO
+        } else {
+            self.next
+        }
+    }
+
+    /// Whether a tick is due at `now`.
+    pub fn due(&self, now: Instant, busy_poll: bool) -> bool {
+        busy_poll || self.next <= now
+    }
+
+    /// The driver ran the tick due at `now`: it is counted and the next is
+    /// scheduled, [`BEAT_EVERY`] later if the driver (now) sleeps on
+    /// doorbells, else [`POLL_EVERY`].
+    pub fn ran(&mut self, now: Instant, sleeps_on_bell: bool) {
+        self.ticks += 1;
+        self.next = now
+            + if sleeps_on_bell {
+                BEAT_EVERY
+            } else {
+                POLL_EVERY
+            };
+    }
+
+    /// Ticks run.
+    pub fn ticks(&self) -> u64 {
+        self.ticks
+    }
+}
+
 /// What [`Link::tick`] found out about the peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LinkEvent {
@@ -518,4 +581,117 @@ pub fn read_geometry(region: Region) -> Result<Geometry, RingError> {
         )));
     }
     Ok(geo)
+}
+
+/// Longest a relay leaves a receive ring unread for a congested backlog.
+pub const RELAY_PAUSE_MAX: Duration = Duration::from_millis(20);
+
+/// Whether a receive ring may be read, by [`RelayGate::check`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RelayRead {
+    /// Read it.
+    Now,
+    /// Leave it unread until this time at the latest (or until
+    /// [`RelayGate::release`] says so).
+    PausedUntil(Instant),
+}
+
+/// Hop-by-hop back-pressure for relays, per device: its receive ring is
+/// not read while it carries N-1 flows of a normal IPCP and the backlog of
+/// stacked IPCPs' frames of another device is congested
+/// ([`Backlog::is_congested`]), so that a relaying host holds frames in the
+/// incoming ring (and the previous hop's backlog) instead of losing them in
+/// the outgoing one. A pause lasts at most [`RELAY_PAUSE_MAX`] before a
+/// batch is read anyway, so that relays waiting on each other in a loop
+/// cannot stop for good. The driver only reports the facts and obeys.
+#[derive(Debug, Clone, Default)]
+pub struct RelayGate {
+    paused_since: Option<Instant>,
+    pauses: u64,
+}
+
+impl RelayGate {
+    /// Whether the ring may be read at `now`: `carries_n1` if N-1 flows of
+    /// a normal IPCP run over this device, `congested_elsewhere` if the
+    /// backlog of another device is congested.
+    pub fn check(
+        &mut self,
+        now: Instant,
+        carries_n1: bool,
+        congested_elsewhere: bool,
+    ) -> RelayRead {
+        if !carries_n1 || !congested_elsewhere {
+            self.paused_since = None;
+            return RelayRead::Now;
+        }
+        match self.paused_since {
+            None => {
+                self.paused_since = Some(now);
+                self.pauses += 1;
+                RelayRead::PausedUntil(now + RELAY_PAUSE_MAX)
+            }
+            Some(since) if now.saturating_since(since) >= RELAY_PAUSE_MAX => {
+                // A batch is read anyway; the pause starts again after it.
+                self.paused_since = Some(now);
+                RelayRead::Now
+            }
+            Some(since) => RelayRead::PausedUntil(since + RELAY_PAUSE_MAX),
+        }
+    }
+
+    /// The congestion ended: true if the ring was paused (read it now).
+    pub fn release(&mut self) -> bool {
+        self.paused_since.take().is_some()
+    }
+
+    /// Times a pause began.
+    pub fn pauses(&self) -> u64 {
+        self.pauses
+    }
+}
+
+#[cfg(test)]
+mod relay_tests {
+    use super::*;
+
+    fn t(ms: u64) -> Instant {
+        Instant::from_nanos(ms * 1_000_000)
+    }
+
+    #[test]
+    fn ticks_are_scheduled_by_the_doorbell_mode() {
+        let mut k = Ticker::default();
+        assert!(k.due(t(0), false));
+        k.ran(t(0), false);
+        assert_eq!(k.poll_timeout(false), t(1));
+        assert!(!k.due(Instant::from_nanos(500_000), false));
+        assert!(k.due(t(1), false));
+        k.ran(t(1), true);
+        assert_eq!(k.poll_timeout(false), t(51));
+        assert!(!k.due(t(50), false));
+        assert_eq!(k.poll_timeout(true), Instant::ZERO);
+        assert!(k.due(t(2), true), "a busy poller ticks at every turn");
+        assert_eq!(k.ticks(), 2);
+    }
+
+    #[test]
+    fn a_relay_pauses_while_another_backlog_is_congested_at_most_20_ms_at_a_time() {
+        let mut g = RelayGate::default();
+        // No N-1 flow over it, or nothing congested: read.
+        assert_eq!(g.check(t(0), false, true), RelayRead::Now);
+        assert_eq!(g.check(t(0), true, false), RelayRead::Now);
+        // Congested: paused until 20 ms later.
+        assert_eq!(g.check(t(1), true, true), RelayRead::PausedUntil(t(21)));
+        assert_eq!(g.check(t(10), true, true), RelayRead::PausedUntil(t(21)));
+        // After 20 ms one batch is read, then the pause starts again.
+        assert_eq!(g.check(t(21), true, true), RelayRead::Now);
+        assert_eq!(g.check(t(22), true, true), RelayRead::PausedUntil(t(41)));
+        assert_eq!(g.pauses(), 1);
+        // Relieved: read at once, and a new congestion is a new pause.
+        assert!(g.release());
+        assert!(!g.release());
+        assert_eq!(g.check(t(23), true, true), RelayRead::PausedUntil(t(43)));
+        assert_eq!(g.check(t(24), true, false), RelayRead::Now);
+        assert_eq!(g.pauses(), 2);
+    }
 }

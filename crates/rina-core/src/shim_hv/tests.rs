@@ -4,6 +4,7 @@
 use super::link::{region_size, Link, LinkConfig, LinkEvent};
 use super::ring::{Geometry, HeapRegion};
 use super::*;
+use credit::Window;
 use proptest::prelude::*;
 
 const GEO: Geometry = Geometry {
@@ -500,4 +501,253 @@ fn data_headers_are_checked_and_counted_like_whole_buffers() {
     let c = host.flow(7).unwrap().counters;
     assert_eq!((c.sdus_in, c.bytes_in), (2, 1500));
     assert_eq!(host.counters().rx_buffers, rx0 + 6);
+}
+
+// ---- credit-based flow control --------------------------------------------
+
+impl Pair {
+    /// A pair whose guest has credit off (`guest_credit` None) or a window.
+    fn with_credit(host: Option<Window>, guest: Option<Window>) -> Pair {
+        let mut p = Pair::new();
+        p.host.0.cfg.credit = host;
+        p.guest.0.cfg.credit = guest;
+        p
+    }
+
+    /// Sends SDUs of `len` bytes on `port` from `s` while it has credit,
+    /// at most `max`, moving them across as the ring fills; how many went.
+    fn send_while_credit(
+        &mut self,
+        s: Side,
+        port: PortId,
+        len: usize,
+        max: usize,
+        now: Instant,
+    ) -> usize {
+        let sdu = vec![0xA5u8; len];
+        let mut sent = 0;
+        while sent < max && self.side(s).0.may_send(port) {
+            self.send(s, port, &sdu);
+            sent += 1;
+            if sent % 16 == 0 || len > 4096 {
+                self.run(now);
+            }
+        }
+        self.run(now);
+        sent
+    }
+
+    /// Delivered SDUs of `port` at `s`, taken from the list.
+    fn take_delivered(&mut self, s: Side, port: PortId) -> Vec<Vec<u8>> {
+        let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.delivered)
+            .into_iter()
+            .partition(|(side, p, _)| *side == s && *p == port);
+        self.delivered = rest;
+        mine.into_iter().map(|(_, _, d)| d).collect()
+    }
+}
+
+const SMALL: Window = Window {
+    sdus: 32,
+    bytes: 1 << 20,
+};
+
+#[test]
+fn a_flow_without_credit_waits_while_another_channel_flows() {
+    let mut p = Pair::with_credit(Some(SMALL), Some(SMALL));
+    p.host.0.register(n("stalled")).unwrap();
+    p.host.0.register(n("busy")).unwrap();
+    p.open(1, "stalled", 10);
+    p.open(2, "busy", 20);
+    assert!(p.host.0.rx_flow_controlled(10) && p.guest.0.rx_flow_controlled(1));
+    assert_eq!(p.guest.0.flow(1).unwrap().credit_left(), Some(32));
+
+    // The application of flow 10 takes nothing: 32 SDUs, then no credit.
+    let sent = p.send_while_credit(Side::Guest, 1, 100, 1000, t(10));
+    assert_eq!(sent, 32);
+    assert!(!p.guest.0.may_send(1));
+    assert_eq!(p.take_delivered(Side::Host, 10).len(), 32);
+    assert_eq!(p.host.0.flow(10).unwrap().held(), Some(32));
+    assert!(matches!(
+        p.guest.0.send_header(1, 100),
+        Err(ShimHvError::NoCredit(1))
+    ));
+
+    // Flow 20 goes on, its credit replenished as its application reads.
+    let mut total = 0;
+    for round in 0..20 {
+        total += p.send_while_credit(Side::Guest, 2, 1000, 1000, t(11 + round));
+        let got = p.take_delivered(Side::Host, 20);
+        let bytes = got.iter().map(|d| d.len() as u64).sum();
+        p.host.0.delivered(20, got.len() as u64, bytes);
+        p.run(t(11 + round));
+    }
+    assert!(total >= 20 * 24, "flow 20 kept flowing: {total} SDUs");
+    assert_eq!(p.host.0.flow(20).unwrap().held(), Some(0));
+    assert!(!p.guest.0.may_send(1), "flow 1 still waits");
+
+    // The stalled application reads: a quarter of the window brings credit.
+    p.host.0.delivered(10, 7, 700);
+    p.run(t(40));
+    assert!(!p.guest.0.may_send(1), "less than a quarter taken");
+    p.host.0.delivered(10, 1, 100);
+    p.run(t(41));
+    assert_eq!(p.guest.0.flow(1).unwrap().credit_left(), Some(8));
+    assert_eq!(p.send_while_credit(Side::Guest, 1, 100, 1000, t(42)), 8);
+    assert_eq!(p.host.0.counters().rx_over_credit, 0);
+    assert_eq!(p.guest.0.counters().rx_bad_credit, 0);
+    assert!(p.host.0.counters().credits_sent > 20);
+}
+
+#[test]
+fn the_byte_window_limits_large_sdus() {
+    let w = Window {
+        sdus: 1000,
+        bytes: 200_000,
+    };
+    let mut p = Pair::with_credit(Some(w), Some(w));
+    p.host.0.register(n("x")).unwrap();
+    p.open(1, "x", 10);
+    // 65 536-byte SDUs: three fit below 200 000 bytes, the fourth goes
+    // past it (one SDU of overshoot), then no more.
+    let sent = p.send_while_credit(Side::Guest, 1, 65_536, 100, t(10));
+    assert_eq!(sent, 4);
+    p.host.0.delivered(10, 4, 4 * 65_536);
+    p.run(t(11));
+    assert_eq!(p.send_while_credit(Side::Guest, 1, 65_536, 100, t(12)), 4);
+}
+
+#[test]
+fn a_peer_without_credit_support_still_works_unlimited() {
+    for (host, guest) in [(Some(SMALL), None), (None, Some(SMALL))] {
+        let mut p = Pair::with_credit(host, guest);
+        p.host.0.register(n("x")).unwrap();
+        p.guest.0.register(n("y")).unwrap();
+        p.open(1, "x", 10);
+        assert!(!p.host.0.rx_flow_controlled(10));
+        assert!(!p.guest.0.rx_flow_controlled(1));
+        // Far more than a window both ways, nobody telling deliveries.
+        assert_eq!(p.send_while_credit(Side::Guest, 1, 10, 500, t(10)), 500);
+        assert_eq!(p.send_while_credit(Side::Host, 10, 10, 500, t(11)), 500);
+        assert_eq!(p.take_delivered(Side::Host, 10).len(), 500);
+        assert_eq!(p.take_delivered(Side::Guest, 1).len(), 500);
+        p.host.0.delivered(10, 500, 5000);
+        p.run(t(12));
+        for m in [&p.host.0, &p.guest.0] {
+            let c = m.counters();
+            assert_eq!(
+                (
+                    c.credits_sent,
+                    c.rx_malformed,
+                    c.rx_unexpected,
+                    c.rx_bad_credit
+                ),
+                (0, 0, 0, 0),
+                "no credit message went to an end that never heard of it"
+            );
+        }
+    }
+}
+
+#[test]
+fn flows_of_normal_ipcps_are_never_limited() {
+    let mut p = Pair::with_credit(Some(SMALL), Some(SMALL));
+    p.host.0.register(n("ipcp")).unwrap();
+    p.guest
+        .0
+        .allocate_with(t(2), 1, (n("g"), n("ipcp")), QosSpec::default(), false)
+        .unwrap();
+    p.run(t(2));
+    let Some((_, Action::FlowRequest { handle, .. })) = p.take_events().pop() else {
+        panic!("no request");
+    };
+    p.host.0.accept_with(handle, 10, false).unwrap();
+    p.run(t(3));
+    assert!(!p.host.0.rx_flow_controlled(10) && !p.guest.0.rx_flow_controlled(1));
+    assert_eq!(p.guest.0.flow(1).unwrap().credit_left(), None);
+    assert_eq!(p.send_while_credit(Side::Guest, 1, 10, 300, t(4)), 300);
+    assert_eq!(p.send_while_credit(Side::Host, 10, 10, 300, t(5)), 300);
+    assert_eq!(p.host.0.counters().rx_over_credit, 0);
+}
+
+#[test]
+fn hostile_credit_messages_are_counted_and_dropped() {
+    let mut p = Pair::with_credit(Some(SMALL), Some(SMALL));
+    p.host.0.register(n("x")).unwrap();
+    p.open(1, "x", 10);
+    let ch = p.guest.0.flow(1).unwrap().channel;
+    let credit = |channel, sdus, bytes| {
+        Control::Credit {
+            channel,
+            sdus,
+            bytes,
+        }
+        .to_buffer()
+    };
+    let before = *p.host.0.counters();
+    let bad = [
+        credit(ch, u64::MAX, u64::MAX), // a huge window
+        credit(ch, 33, 1 << 20),        // a window and one SDU ahead
+        credit(ch, 31, 1 << 20),        // credit taken back
+        credit(5, 40, 40),              // a channel with no flow
+        credit(ch, 0, 0),               // taken back to nothing
+    ];
+    for b in &bad {
+        p.guest.1.send(&[b]).unwrap();
+    }
+    let good = credit(ch, 32, 1 << 20);
+    // Truncated: every length short of the whole message.
+    for k in 5..good.len() {
+        p.guest.1.send(&[&good[..k]]).unwrap();
+    }
+    p.run(t(5));
+    let c = p.host.0.counters();
+    assert_eq!(c.rx_bad_credit - before.rx_bad_credit, bad.len() as u64);
+    assert_eq!(
+        c.rx_malformed - before.rx_malformed,
+        (good.len() - 5) as u64
+    );
+    assert_eq!(p.host.0.flow(10).unwrap().credit_left(), Some(32));
+    // The flow is unharmed, and the same limits again are fine.
+    p.guest.1.send(&[&good]).unwrap();
+    p.run(t(6));
+    assert_eq!(p.host.0.counters().credits_received, 1);
+    assert_eq!(p.send_while_credit(Side::Host, 10, 10, 100, t(7)), 32);
+}
+
+#[test]
+fn data_beyond_the_window_is_dropped_and_counted() {
+    let mut p = Pair::with_credit(Some(SMALL), Some(SMALL));
+    p.host.0.register(n("x")).unwrap();
+    p.open(1, "x", 10);
+    let ch = p.guest.0.flow(1).unwrap().channel;
+    // A guest ignoring its credit: 40 SDUs straight into the ring.
+    for k in 0..40u8 {
+        p.guest.1.send(&[&vmpi::header(ch), &[k]]).unwrap();
+        if k % 16 == 15 {
+            p.run(t(5));
+        }
+    }
+    p.run(t(5));
+    assert_eq!(p.take_delivered(Side::Host, 10).len(), 32);
+    assert_eq!(p.host.0.counters().rx_over_credit, 8);
+    assert_eq!(p.host.0.flow(10).unwrap().counters.drops_in, 8);
+    assert_eq!(p.host.0.flow(10).unwrap().held(), Some(32), "bounded");
+}
+
+proptest! {
+    /// Whatever credit messages come, for whatever channel: no panic, and
+    /// the credit of the open flow never exceeds a window.
+    #[test]
+    fn any_credit_message_is_handled(msgs in proptest::collection::vec((0u32..70, any::<u64>(), any::<u64>(), 0usize..26), 0..30)) {
+        let mut p = Pair::with_credit(Some(SMALL), Some(SMALL));
+        p.host.0.register(n("x")).unwrap();
+        p.open(1, "x", 10);
+        for (ch, sdus, bytes, cut) in msgs {
+            let mut b = Control::Credit { channel: ch, sdus: sdus % 100, bytes }.to_buffer();
+            b.truncate(cut.max(4));
+            let _ = p.host.0.on_buffer(t(5), &b);
+            prop_assert!(p.host.0.flow(10).unwrap().credit_left().unwrap() <= 32);
+        }
+    }
 }

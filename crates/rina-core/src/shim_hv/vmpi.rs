@@ -4,10 +4,24 @@
 //!
 //! ```text
 //! buffer         [channel: u32][payload]
-//! ALLOCATE_REQ   [0][channel: u32][source name, NUL][destination name, NUL]
-//! ALLOCATE_RESP  [1][channel: u32][response: u8 (0 ok, 1 refused)][reason, UTF-8]
+//! ALLOCATE_REQ   [0][channel: u32][source name, NUL][destination name, NUL][credit ext]?
+//! ALLOCATE_RESP  [1][channel: u32][response: u8 (0 ok, 1 refused)][reason, UTF-8][NUL][credit ext]?
 //! DEALLOCATE     [2][channel: u32]
+//! CREDIT         [3][channel: u32][SDU limit: u64][byte limit: u64]
+//! credit ext     ["FC"][window SDUs: u32][window bytes: u32]
 //! ```
+//!
+//! Credit (see [`super::credit`]) is an extension: an end that supports it
+//! appends the credit extension to its allocation request, and to its
+//! (accepting) response only if the request had one, so an end that never
+//! heard of it sees neither the extension (IRATI and earlier versions
+//! ignore what follows the destination name, and the reason of an
+//! acceptance) nor CREDIT messages. The extension says "I wait for your
+//! credit on this channel, and here is the window I grant you"; a window of
+//! zero SDUs or bytes grants no limit (the ends of N-1 flows of normal
+//! IPCPs, whose frames are never held). A response without it, or a
+//! request without it, makes the flow credit-less both ways, as before.
+//! CREDIT carries cumulative limits for the channel's sender.
 //!
 //! IRATI writes integers in host order; this implementation fixes them to
 //! little-endian (the host order of x86 and arm64 hosts, so the bytes are
@@ -15,6 +29,7 @@
 //! addition IRATI does not send; an empty reason is IRATI's format. Names
 //! are written as `apn/api/aen/aei` (empty trailing parts left out).
 
+use super::credit::Window;
 use rina_wire::AppName;
 use thiserror::Error;
 
@@ -32,6 +47,13 @@ pub const MAX_REASON: usize = 512;
 const CMD_ALLOCATE_REQ: u8 = 0;
 const CMD_ALLOCATE_RESP: u8 = 1;
 const CMD_DEALLOCATE: u8 = 2;
+const CMD_CREDIT: u8 = 3;
+/// What the credit extension starts with.
+const CREDIT_EXT: &[u8; 2] = b"FC";
+/// Bytes of the credit extension.
+const CREDIT_EXT_LEN: usize = 10;
+/// Bytes of a CREDIT message after its command and channel.
+const CREDIT_LEN: usize = 16;
 
 /// Why a buffer or control message could not be parsed.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -60,19 +82,45 @@ pub enum VmpiError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Control {
     /// Asks for a flow on `channel` from `src` to `dst`.
+    /// `credit` is the window the requester grants (credit extension).
     AllocateReq {
         channel: u32,
         src: AppName,
         dst: AppName,
+        credit: Option<Window>,
     },
-    /// Answers an allocation request.
+    /// Answers an allocation request; `credit` as in the request (only
+    /// with an acceptance).
     AllocateResp {
         channel: u32,
         ok: bool,
         reason: String,
+        credit: Option<Window>,
     },
     /// The flow on `channel` is gone.
     Deallocate { channel: u32 },
+    /// The sender of `channel` may send until its `sdus`-th SDU and
+    /// `bytes`-th byte (cumulative, since the flow began).
+    Credit { channel: u32, sdus: u64, bytes: u64 },
+}
+
+/// The credit extension at the start of `b`, if it is one.
+fn credit_ext(b: &[u8]) -> Option<Window> {
+    let e = b.get(..CREDIT_EXT_LEN)?;
+    if &e[..2] != CREDIT_EXT {
+        return None;
+    }
+    let u = |o: usize| u32::from_le_bytes([e[o], e[o + 1], e[o + 2], e[o + 3]]);
+    Some(Window {
+        sdus: u(2),
+        bytes: u(6),
+    })
+}
+
+fn push_credit_ext(v: &mut Vec<u8>, w: &Window) {
+    v.extend_from_slice(CREDIT_EXT);
+    v.extend_from_slice(&w.sdus.to_le_bytes());
+    v.extend_from_slice(&w.bytes.to_le_bytes());
 }
 
 /// The channel id of `buf` and its payload.
@@ -123,7 +171,7 @@ impl Control {
         match p[0] {
             CMD_ALLOCATE_REQ => {
                 let mut parts = rest.splitn(3, |&b| b == 0);
-                let (Some(src), Some(dst), Some(_)) = (parts.next(), parts.next(), parts.next())
+                let (Some(src), Some(dst), Some(ext)) = (parts.next(), parts.next(), parts.next())
                 else {
                     return Err(VmpiError::BadName("names are not NUL-terminated".into()));
                 };
@@ -131,6 +179,7 @@ impl Control {
                     channel: ch,
                     src: name(src)?,
                     dst: name(dst)?,
+                    credit: credit_ext(ext),
                 })
             }
             CMD_ALLOCATE_RESP => {
@@ -143,14 +192,35 @@ impl Control {
                     1 => false,
                     other => return Err(VmpiError::BadResponse(other)),
                 };
+                let (reason, credit) = match reason.iter().position(|&b| b == 0) {
+                    Some(k) => (&reason[..k], credit_ext(&reason[k + 1..])),
+                    None => (reason, None),
+                };
                 Ok(Control::AllocateResp {
                     channel: ch,
                     ok,
                     reason: String::from_utf8_lossy(&reason[..reason.len().min(MAX_REASON)])
                         .into_owned(),
+                    credit: credit.filter(|_| ok),
                 })
             }
             CMD_DEALLOCATE => Ok(Control::Deallocate { channel: ch }),
+            CMD_CREDIT => {
+                let b = rest.get(..CREDIT_LEN).ok_or(VmpiError::Truncated {
+                    what: "a credit message",
+                    len: p.len(),
+                })?;
+                let u = |o: usize| {
+                    let mut w = [0u8; 8];
+                    w.copy_from_slice(&b[o..o + 8]);
+                    u64::from_le_bytes(w)
+                };
+                Ok(Control::Credit {
+                    channel: ch,
+                    sdus: u(0),
+                    bytes: u(8),
+                })
+            }
             other => Err(VmpiError::UnknownCommand(other)),
         }
     }
@@ -159,28 +229,53 @@ impl Control {
     pub fn to_buffer(&self) -> Vec<u8> {
         let mut v = header(CONTROL_CHANNEL).to_vec();
         match self {
-            Control::AllocateReq { channel, src, dst } => {
+            Control::AllocateReq {
+                channel,
+                src,
+                dst,
+                credit,
+            } => {
                 v.push(CMD_ALLOCATE_REQ);
                 v.extend_from_slice(&channel.to_le_bytes());
                 v.extend_from_slice(src.to_string().as_bytes());
                 v.push(0);
                 v.extend_from_slice(dst.to_string().as_bytes());
                 v.push(0);
+                if let Some(w) = credit {
+                    push_credit_ext(&mut v, w);
+                }
             }
             Control::AllocateResp {
                 channel,
                 ok,
                 reason,
+                credit,
             } => {
                 v.push(CMD_ALLOCATE_RESP);
                 v.extend_from_slice(&channel.to_le_bytes());
                 v.push(if *ok { 0 } else { 1 });
                 let r = rina_wire::codec::truncate_utf8(reason, MAX_REASON);
+                // A reason ends at its first NUL (where the extension starts).
+                let r = r.split('\0').next().unwrap_or_default();
                 v.extend_from_slice(r.as_bytes());
+                if let Some(w) = credit.filter(|_| *ok) {
+                    v.push(0);
+                    push_credit_ext(&mut v, &w);
+                }
             }
             Control::Deallocate { channel } => {
                 v.push(CMD_DEALLOCATE);
                 v.extend_from_slice(&channel.to_le_bytes());
+            }
+            Control::Credit {
+                channel,
+                sdus,
+                bytes,
+            } => {
+                v.push(CMD_CREDIT);
+                v.extend_from_slice(&channel.to_le_bytes());
+                v.extend_from_slice(&sdus.to_le_bytes());
+                v.extend_from_slice(&bytes.to_le_bytes());
             }
         }
         v
@@ -198,6 +293,7 @@ mod tests {
             channel: 3,
             src: "a/1".parse().unwrap(),
             dst: "b".parse().unwrap(),
+            credit: None,
         };
         let b = req.to_buffer();
         assert_eq!(b, [0, 0, 0, 0, 0, 3, 0, 0, 0, b'a', b'/', b'1', 0, b'b', 0]);
@@ -208,6 +304,7 @@ mod tests {
             channel: 63,
             ok: false,
             reason: "busy".into(),
+            credit: None,
         };
         assert_eq!(Control::parse(&resp.to_buffer()[4..]).unwrap(), resp);
         // IRATI's response has no reason.
@@ -216,11 +313,77 @@ mod tests {
             Control::AllocateResp {
                 channel: 5,
                 ok: true,
-                reason: String::new()
+                reason: String::new(),
+                credit: None,
             }
         );
         let d = Control::Deallocate { channel: 9 };
         assert_eq!(Control::parse(&d.to_buffer()[4..]).unwrap(), d);
+    }
+
+    #[test]
+    fn credit_extension_and_message_round_trip_and_old_parsers_skip_them() {
+        let w = Window {
+            sdus: 256,
+            bytes: 1 << 20,
+        };
+        let req = Control::AllocateReq {
+            channel: 3,
+            src: "a".parse().unwrap(),
+            dst: "b".parse().unwrap(),
+            credit: Some(w),
+        };
+        let b = req.to_buffer();
+        assert_eq!(&b[9..15], &[b'a', 0, b'b', 0, b'F', b'C']);
+        assert_eq!(Control::parse(&b[4..]).unwrap(), req);
+        let resp = Control::AllocateResp {
+            channel: 3,
+            ok: true,
+            reason: String::new(),
+            credit: Some(Window { sdus: 0, bytes: 0 }),
+        };
+        let b = resp.to_buffer();
+        // Response byte 0, an empty reason, NUL, the extension.
+        assert_eq!(&b[9..13], &[0, 0, b'F', b'C']);
+        assert_eq!(Control::parse(&b[4..]).unwrap(), resp);
+        // A refusal carries no extension; a reason with NULs is cut there.
+        let no = Control::AllocateResp {
+            channel: 3,
+            ok: false,
+            reason: "no\0FC".into(),
+            credit: Some(w),
+        };
+        assert_eq!(
+            Control::parse(&no.to_buffer()[4..]).unwrap(),
+            Control::AllocateResp {
+                channel: 3,
+                ok: false,
+                reason: "no".into(),
+                credit: None
+            }
+        );
+        // Garbage after the names is no extension.
+        assert!(matches!(
+            Control::parse(&[0, 1, 0, 0, 0, b'a', 0, b'b', 0, b'x', b'y']),
+            Ok(Control::AllocateReq { credit: None, .. })
+        ));
+        let c = Control::Credit {
+            channel: 63,
+            sdus: u64::MAX,
+            bytes: 7,
+        };
+        let b = c.to_buffer();
+        assert_eq!(b.len(), 4 + 21);
+        assert_eq!(Control::parse(&b[4..]).unwrap(), c);
+        for k in 5..21 {
+            assert!(
+                matches!(
+                    Control::parse(&b[4..4 + k]),
+                    Err(VmpiError::Truncated { .. })
+                ),
+                "{k} bytes"
+            );
+        }
     }
 
     #[test]

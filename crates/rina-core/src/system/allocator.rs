@@ -246,7 +246,7 @@ impl System {
             cube,
             ..Default::default()
         };
-        match self.members[lower].allocate(now, port, (me, remote), qos, None) {
+        match self.members[lower].allocate(now, port, (me, remote), qos, (None, false)) {
             Ok(()) => {
                 self.n1_pending.insert(port, (j, k));
                 if up.is_none() {
@@ -410,7 +410,10 @@ impl System {
             return;
         };
         let port = self.free_port();
-        if self.members[lower].accept(now, handle, port, None).is_err() {
+        if self.members[lower]
+            .accept(now, handle, port, (None, false))
+            .is_err()
+        {
             return;
         }
         let cube = self.n1_cube(lower, port).map(|c| c.id);

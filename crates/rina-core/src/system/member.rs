@@ -156,6 +156,7 @@ impl From<ShimHvError> for FlowError {
             ShimHvError::UnknownFlow(p) => FlowError::UnknownFlow(p.into()),
             ShimHvError::UnknownRequest(h) => FlowError::UnknownRequest(h),
             ShimHvError::PortInUse(_) => FlowError::Internal(m),
+            ShimHvError::NoCredit(_) => FlowError::NoResources(m),
         }
     }
 }
@@ -399,36 +400,39 @@ impl Member {
     }
 
     /// Starts allocating flow `port`; `direct` offers a direct flow where
-    /// the machine has them (shim-udp: the driver's socket's port).
+    /// the machine has them (shim-udp: the driver's socket's port); `app`
+    /// says whether an application (not a normal IPCP) is its user (shim-hv
+    /// limits only application flows by credit).
     pub fn allocate(
         &mut self,
         now: Instant,
         port: PortId,
         (local, remote): (AppName, AppName),
         qos: QosSpec,
-        direct: Option<u16>,
+        (direct, app): (Option<u16>, bool),
     ) -> Result<(), FlowError> {
         match &mut self.machine {
             Machine::ShimUdp(s) => Ok(s.allocate_direct(now, port, local, remote, qos, direct)?),
             Machine::ShimEth(e) => Ok(e.allocate(now, port, local, remote, qos)?),
-            Machine::ShimHv(h) => Ok(h.allocate(now, port, local, remote, qos)?),
+            Machine::ShimHv(h) => Ok(h.allocate_with(now, port, (local, remote), qos, app)?),
             Machine::Normal(n) => Ok(n.allocate(now, port, local, remote, qos)?),
         }
     }
 
     /// Accepts request `handle` as flow `port`; returns its largest SDU.
-    /// `direct` answers an offer of a direct flow (shim-udp).
+    /// `direct` answers an offer of a direct flow (shim-udp); `app` as in
+    /// [`Member::allocate`].
     pub fn accept(
         &mut self,
         now: Instant,
         handle: u64,
         port: PortId,
-        direct: Option<u16>,
+        (direct, app): (Option<u16>, bool),
     ) -> Result<u32, FlowError> {
         match &mut self.machine {
             Machine::ShimUdp(s) => Ok(s.accept_direct(handle, port, direct)?),
             Machine::ShimEth(e) => Ok(e.accept(handle, port)?),
-            Machine::ShimHv(h) => Ok(h.accept(handle, port)?),
+            Machine::ShimHv(h) => Ok(h.accept_with(handle, port, app)?),
             Machine::Normal(n) => Ok(n.accept(now, handle, port)?),
         }
     }

@@ -611,7 +611,7 @@ impl System {
             return Err(FlowError::NoIpcp(format!("member {i}")));
         }
         let port = self.free_port();
-        self.members[i].allocate(now, port, (local, remote), qos, direct)?;
+        self.members[i].allocate(now, port, (local, remote), qos, (direct, true))?;
         self.app_pending.insert(port, i);
         self.pump(now);
         Ok(port)
@@ -647,7 +647,7 @@ impl System {
             .remove(&handle)
             .ok_or(FlowError::UnknownRequest(handle))?;
         let port = self.free_port();
-        let max = self.members[i].accept(now, h, port, direct)?;
+        let max = self.members[i].accept(now, h, port, (direct, true))?;
         self.app_flows.insert(port, i);
         self.app_flow_opened(port, i);
         self.pump(now);
@@ -1035,6 +1035,39 @@ impl System {
                 }
             }
         });
+    }
+
+    /// Whether the receive ring of shim-hv medium `medium` may be read at
+    /// `now`, `congested_elsewhere` saying whether the backlog of stacked
+    /// IPCPs' frames of another shim-hv medium is congested: hop-by-hop
+    /// back-pressure for relays (see [`shim_hv::link::RelayGate`]; N-1
+    /// flows over the medium are what makes it a relay's input).
+    pub fn hv_may_read(
+        &mut self,
+        now: Instant,
+        medium: MediumId,
+        congested_elsewhere: bool,
+    ) -> shim_hv::link::RelayRead {
+        self.tick(now);
+        let carries_n1 = self.n1.values().any(|&(_, lower)| lower == medium);
+        match self.members.get_mut(medium).map(|m| &mut m.machine) {
+            Some(Machine::ShimHv(h)) => h.relay_gate().check(now, carries_n1, congested_elsewhere),
+            _ => shim_hv::link::RelayRead::Now,
+        }
+    }
+
+    /// The congestion that paused shim-hv media ended: the media whose
+    /// receive rings were paused, to be read now.
+    pub fn hv_relay_released(&mut self) -> Vec<MediumId> {
+        let mut out = Vec::new();
+        for (i, m) in self.members.iter_mut().enumerate() {
+            if let Machine::ShimHv(h) = &mut m.machine {
+                if h.relay_gate().release() {
+                    out.push(i);
+                }
+            }
+        }
+        out
     }
 
     /// The driver of medium `medium` cannot take more frames: the N-1

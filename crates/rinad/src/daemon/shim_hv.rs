@@ -14,12 +14,14 @@
 //! side that finds its receive ring empty (or its send ring full) says so
 //! in the ring header and sleeps; the other side rings its eventfd after
 //! publishing a record (or freeing slots) only if it asked, so a busy ring
-//! costs no system call (see `rina_core::shim_hv::ring`). With doorbells
-//! the daemon only ticks every [`BELL_TICK`] for heartbeats. Without them
-//! (an `ivshmem-plain` device in a VM has no interrupts; no `.bell`
-//! socket) it falls back to polling: every [`TICK`] it bumps its
-//! heartbeat, checks the peer's and drains the receive ring, draining
-//! without sleeping while data comes. With `busy_poll = true` the daemon
+//! costs no system call (see `rina_core::shim_hv::ring`). When to tick is
+//! the core's decision (`rina_core::shim_hv::link::Ticker`; when the peer
+//! is lost, `Link::tick`'s): the daemon sleeps until the deadline it gives
+//! and does the IO. With doorbells it only ticks every `BEAT_EVERY`
+//! (50 ms) for heartbeats. Without them (an `ivshmem-plain` device in a VM
+//! has no interrupts; no `.bell` socket) it falls back to polling: every
+//! `POLL_EVERY` (1 ms) it bumps its heartbeat, checks the peer's and
+//! drains the receive ring, draining without sleeping while data comes. With `busy_poll = true` the daemon
 //! never sleeps (lowest latency, one core busy); it still rings a peer
 //! that sleeps.
 //!
@@ -31,13 +33,22 @@
 //!
 //! Back-pressure, end to end and lossless for applications: when the send
 //! ring is full, the SDU waits and the IPCP's flows stop being read until
-//! the peer frees slots (its doorbell) or a later tick finds room. At the
-//! receiving end, SDUs for an application whose socket is full are held
-//! (up to [`RX_QUEUE_MAX`] per flow); when a flow holds that many, the
-//! receive ring is not read until the application catches up, so the
-//! sender's ring fills and its application's writes block. (The price: one
-//! stalled application pauses the other flows of the same device; a normal
-//! IPCP's frames are never held.) Frames of a normal IPCP stacked on top
+//! the peer frees slots (its doorbell) or a later tick finds room. Per
+//! flow, the machine's credit decides (`rina_core::shim_hv::credit`): a
+//! flow whose credit is used up (`ShimHv::may_send`) is not read — only
+//! that flow, its application's writes block — until a grant comes in
+//! from the peer; at the receiving end, SDUs for an application whose
+//! socket (or ring) is full are held, at most the window the machine
+//! granted (it drops what goes beyond), and every SDU that reaches the
+//! application is told to the machine (`ShimHv::delivered`), which sends
+//! the peer more credit. So one stalled application stalls nothing else,
+//! and the receive ring is always read. With a peer that does not
+//! announce credit, SDUs for an application whose socket is full are held
+//! up to [`RX_QUEUE_MAX`] per flow, and then the receive ring is not read
+//! until the application catches up (the sender's ring fills and its
+//! application's writes block; one stalled application then pauses the
+//! other flows of the device, as before credit). A normal IPCP's frames are
+//! never held and its flows have no credit. Frames of a normal IPCP stacked on top
 //! wait in a bounded backlog ([`N1_BACKLOG_BUFFERS`], [`N1_BACKLOG_BYTES`])
 //! while the ring is full and are sent, in order, when the peer frees
 //! slots; only what overflows the backlog is lost (counted as
@@ -45,7 +56,9 @@
 
 use super::*;
 use rina_core::buf::PduBuf;
-use rina_core::shim_hv::link::{region_size, Backlog, BacklogOutcome, Link, LinkConfig, LinkEvent};
+use rina_core::shim_hv::link::{
+    region_size, Backlog, BacklogOutcome, Link, LinkConfig, LinkEvent, RelayRead, Ticker,
+};
 use rina_core::shim_hv::ring::{Geometry, Region, RingError, Segments};
 use rina_core::shim_hv::vmpi::{CHANNEL_HEADER, CONTROL_CHANNEL};
 use rina_core::shim_hv::{self as core_hv, ShimHv, Side};
@@ -60,11 +73,6 @@ pub const GEOMETRY: Geometry = Geometry {
     slot_size: 4096,
     slots: 1024,
 };
-/// Interval between two polls of the rings when not busy-polling and
-/// without doorbells.
-pub const TICK: Duration = Duration::from_millis(1);
-/// Interval between two heartbeats when doorbells wake the daemon.
-pub const BELL_TICK: Duration = Duration::from_millis(50);
 /// Interval between two attempts of the guest side to reach the host's
 /// doorbell socket.
 const BELL_RETRY: Duration = Duration::from_millis(200);
@@ -72,15 +80,15 @@ const BELL_RETRY: Duration = Duration::from_millis(200);
 const BELL_HELLO: &[u8; 8] = b"RINAHVB1";
 /// Control buffers held while the send ring is full.
 const BACKLOG_MAX: usize = 256;
-/// Longest a relay leaves a receive ring unread for a congested backlog.
-const RELAY_PAUSE_MAX: Duration = Duration::from_millis(20);
 /// Frames of stacked normal IPCPs held while the send ring is full (as
 /// many as a second ring of small frames)...
 pub const N1_BACKLOG_BUFFERS: usize = 4096;
 /// ... and at most this many bytes of them (a second ring's worth).
 pub const N1_BACKLOG_BYTES: usize = 4 << 20;
-/// SDUs held for one application whose socket is full; when a flow holds
-/// this many, the receive ring is not read until the application catches up.
+/// SDUs held for one application whose socket is full on a flow without
+/// credit (a peer that does not announce it); when such a flow holds this
+/// many, the receive ring is not read until the application catches up.
+/// (A flow with credit holds at most its window.)
 const RX_QUEUE_MAX: usize = 64;
 
 /// A shared mapping of a file, unmapped on drop.
@@ -137,7 +145,8 @@ pub(super) struct HvIo {
     pub busy_poll: bool,
     att: Option<Attached>,
     session: u32,
-    pub next_tick: Instant,
+    /// When ticks are due (the core decides; see `Ticker`).
+    ticker: Ticker,
     /// Control buffers waiting for room in the send ring.
     backlog: Backlog,
     /// Frames of stacked normal IPCPs waiting for room in the send ring.
@@ -146,15 +155,18 @@ pub(super) struct HvIo {
     bell: Bell,
     /// The send ring was full and this side asked to be rung when it has room.
     tx_armed: bool,
-    /// Since when the receive ring is not read because frames relayed
-    /// from it would find another shim-hv backlog congested.
-    relay_paused: Option<Instant>,
-    /// Times that happened.
-    relay_pauses: u64,
+    /// Until when the receive ring is left unread because frames relayed
+    /// from it would find another shim-hv backlog congested (the core's
+    /// `RelayGate` decides; the ring is read again then at the latest).
+    relay_wake: Option<Instant>,
     /// An application SDU (with its channel header) waiting for room.
     stalled: Option<(PortId, Vec<u8>)>,
     /// Flows whose reading waits for the stall to end.
     parked: Vec<PortId>,
+    /// Flows whose reading waits for the peer's credit.
+    credit_parked: Vec<PortId>,
+    /// Times a flow waited for credit.
+    credit_waits: u64,
     /// Times `n1_backlog` became a quarter full and blocked the N-1 ports of
     /// the normal IPCPs over this one.
     upper_blocks: u64,
@@ -171,8 +183,6 @@ pub(super) struct HvIo {
     tx_ring_errors: u64,
     /// Failed attempts to map or attach.
     attach_errors: u64,
-    /// Ticks run (heartbeats; ring polls without doorbells).
-    ticks: u64,
 }
 
 /// The doorbells of one device: our eventfd, the peer's, and the Unix
@@ -324,15 +334,16 @@ pub(super) fn new_ipcp(
         busy_poll: ic.busy_poll.unwrap_or(false),
         att,
         session,
-        next_tick: Instant::from_nanos(0),
+        ticker: Ticker::default(),
         backlog: Backlog::new(BACKLOG_MAX, BACKLOG_MAX * 2048),
         n1_backlog: Backlog::new(N1_BACKLOG_BUFFERS, N1_BACKLOG_BYTES),
         bell,
         tx_armed: false,
-        relay_paused: None,
-        relay_pauses: 0,
+        relay_wake: None,
         stalled: None,
         parked: Vec::new(),
+        credit_parked: Vec::new(),
+        credit_waits: 0,
         upper_blocks: 0,
         rx_ring_waits: 0,
         rx_queued: false,
@@ -341,7 +352,6 @@ pub(super) fn new_ipcp(
         rx_ring_errors: 0,
         tx_ring_errors: 0,
         attach_errors: 0,
-        ticks: 0,
     }));
     Ok((hc, io))
 }
@@ -588,6 +598,25 @@ fn connect_seqpacket(path: &Path) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// Takes the peeked buffer of `n` bytes out of the receive ring into `q`,
+/// without its channel header; `None` if it could not be read (it is
+/// gone from the ring either way).
+fn hold_copy<'q>(
+    link: &mut Link,
+    n: usize,
+    q: &'q mut VecDeque<Vec<u8>>,
+) -> Option<&'q VecDeque<Vec<u8>>> {
+    let mut v = vec![0u8; n];
+    let ok = link.read_peeked(n, &mut v);
+    link.consume(n);
+    if !ok {
+        return None;
+    }
+    v.drain(..CHANNEL_HEADER);
+    q.push_back(v);
+    Some(q)
+}
+
 /// The iovecs of `seg` (at most two).
 fn iovecs(seg: &Segments) -> ([libc::iovec; 2], usize) {
     let mut v = [libc::iovec {
@@ -803,6 +832,14 @@ impl HvIo {
         !a.link.arm_tx(len)
     }
 
+    /// Flow `port` has no credit: it is not read until a grant comes.
+    fn park_for_credit(&mut self, port: PortId) {
+        if !self.credit_parked.contains(&port) {
+            self.credit_parked.push(port);
+            self.credit_waits += 1;
+        }
+    }
+
     /// Whether application SDUs or control buffers wait for room.
     pub fn stalled(&self) -> bool {
         self.stalled.is_some() || !self.backlog.is_empty()
@@ -838,9 +875,10 @@ impl HvIo {
         c.insert("tx_ring_full".into(), self.n1_backlog.overflow());
         c.insert("tx_backlog_queued".into(), self.n1_backlog.queued());
         c.insert("tx_backlog_len".into(), self.n1_backlog.len() as u64);
-        c.insert("relay_pauses".into(), self.relay_pauses);
+        c.insert("relay_pauses".into(), m.relay_pauses());
         c.insert("upper_blocks".into(), self.upper_blocks);
         c.insert("rx_ring_waits".into(), self.rx_ring_waits);
+        c.insert("credit_waits".into(), self.credit_waits);
         c.insert("control_dropped".into(), self.backlog.overflow());
         c.insert("attach_errors".into(), self.attach_errors);
         c.insert("peer_up".into(), u64::from(m.is_peer_up()));
@@ -848,7 +886,7 @@ impl HvIo {
         c.insert("bell_rung".into(), self.bell.rung);
         c.insert("bell_wakeups".into(), self.bell.wakeups);
         c.insert("bell_errors".into(), self.bell.errors);
-        c.insert("ticks".into(), self.ticks);
+        c.insert("ticks".into(), self.ticker.ticks());
         c
     }
 
@@ -898,8 +936,10 @@ impl Daemon {
         self.ipcps
             .iter()
             .filter_map(|ip| match &ip.io {
-                Io::Hv(h) if h.busy_poll => Some(Instant::from_nanos(0)),
-                Io::Hv(h) => Some(h.next_tick),
+                Io::Hv(h) => {
+                    let tick = h.ticker.poll_timeout(h.busy_poll);
+                    Some(h.relay_wake.map_or(tick, |t| t.min(tick)))
+                }
                 _ => None,
             })
             .min()
@@ -908,6 +948,19 @@ impl Daemon {
     /// Runs the due ticks of shim-hv IPCPs: attach, doorbell exchange,
     /// heartbeats, sends held back, and a poll of the receive ring.
     pub(super) fn hv_ticks(&mut self, now: Instant) {
+        // Relay pauses that are over: read a batch.
+        let mut over = Vec::new();
+        for (i, ip) in self.ipcps.iter_mut().enumerate() {
+            if let Io::Hv(h) = &mut ip.io {
+                if h.relay_wake.is_some_and(|t| t <= now) {
+                    h.relay_wake = None;
+                    over.push(i);
+                }
+            }
+        }
+        for i in over {
+            self.mark_medium_ready(i);
+        }
         for i in 0..self.ipcps.len() {
             let Some(side) = (match self.machine(i) {
                 Some(Machine::ShimHv(m)) => Some(m.config().side),
@@ -920,10 +973,9 @@ impl Daemon {
             let Io::Hv(h) = &mut ipcp.io else {
                 continue;
             };
-            if !h.busy_poll && h.next_tick > now {
+            if !h.ticker.due(now, h.busy_poll) {
                 continue;
             }
-            h.ticks += 1;
             if h.att.is_none() && side == Side::Guest {
                 match open_region(&h.path, Side::Guest, h.session) {
                     Ok(a) => {
@@ -948,7 +1000,7 @@ impl Daemon {
                 }
             }
             h.bell.step(side, h.att.is_some(), now);
-            h.next_tick = now + if h.sleeps_on_bell() { BELL_TICK } else { TICK };
+            h.ticker.ran(now, h.sleeps_on_bell());
             let Some(a) = &mut h.att else {
                 continue;
             };
@@ -962,6 +1014,7 @@ impl Daemon {
                     h.backlog.clear();
                     h.n1_backlog.clear();
                     h.stalled = None;
+                    h.credit_parked.clear();
                     self.sys.hv_peer(now, i, false);
                     self.sys.medium_writable(now, i);
                 }
@@ -998,12 +1051,11 @@ impl Daemon {
         }
         if was_congested && !self.hv_congested_besides(usize::MAX) {
             // Rings whose reading paused for this backlog are read again.
-            for k in 0..self.ipcps.len() {
-                if let Io::Hv(h) = &mut self.ipcps[k].io {
-                    if h.relay_paused.take().is_some() {
-                        self.mark_medium_ready(k);
-                    }
+            for k in self.sys.hv_relay_released() {
+                if let Some(Io::Hv(h)) = self.ipcps.get_mut(k).map(|ip| &mut ip.io) {
+                    h.relay_wake = None;
                 }
+                self.mark_medium_ready(k);
             }
         }
     }
@@ -1017,36 +1069,20 @@ impl Daemon {
         })
     }
 
-    /// Hop-by-hop back-pressure for relays: the receive ring of shim-hv
-    /// IPCP `i` is not read while it carries N-1 flows of a normal IPCP
-    /// and the backlog of another shim-hv IPCP is congested, so that a
-    /// relaying host holds frames in the incoming ring (and the previous
-    /// hop's backlog) instead of losing them in the outgoing one. A pause
-    /// lasts at most [`RELAY_PAUSE_MAX`] before a batch is read anyway, so
-    /// that relays waiting on each other in a loop cannot stop for good.
+    /// Hop-by-hop back-pressure for relays: whether the receive ring of
+    /// shim-hv IPCP `i` is left unread now, as the core decides
+    /// (`System::hv_may_read`) from whether another shim-hv backlog is
+    /// congested; a paused ring is read again at the time the core gives.
     fn hv_relay_blocked(&mut self, i: usize, now: Instant) -> bool {
-        let carries_n1 = self.sys.n1_flows().any(|(_, _, lower)| lower == i);
-        if !carries_n1 || !self.hv_congested_besides(i) {
-            if let Io::Hv(h) = &mut self.ipcps[i].io {
-                h.relay_paused = None;
-            }
-            return false;
-        }
-        let Io::Hv(h) = &mut self.ipcps[i].io else {
-            return false;
+        let congested = self.hv_congested_besides(i);
+        let wake = match self.sys.hv_may_read(now, i, congested) {
+            RelayRead::Now => None,
+            RelayRead::PausedUntil(t) => Some(t),
         };
-        match h.relay_paused {
-            None => {
-                h.relay_paused = Some(now);
-                h.relay_pauses += 1;
-                true
-            }
-            Some(since) if now.saturating_since(since) >= RELAY_PAUSE_MAX => {
-                h.relay_paused = Some(now);
-                false
-            }
-            Some(_) => true,
+        if let Io::Hv(h) = &mut self.ipcps[i].io {
+            h.relay_wake = wake;
         }
+        wake.is_some()
     }
 
     /// Serves shim-hv IPCP `i` (its tick, its doorbell, or more to read):
@@ -1111,7 +1147,42 @@ impl Daemon {
                 }
             }
         }
+        self.hv_credit_moved(i, now);
         more
+    }
+
+    /// Tells the machine of shim-hv IPCP `i` that an SDU of `len` bytes of
+    /// flow `port` reached its application, and sends what follows.
+    fn hv_delivered(&mut self, now: Instant, i: usize, port: PortId, len: u64) {
+        self.sys.with_machine(now, i, |m| {
+            if let Machine::ShimHv(h) = m {
+                h.delivered(port, 1, len);
+            }
+        });
+    }
+
+    /// After buffers came in or SDUs went to applications on shim-hv IPCP
+    /// `i`: flows that waited for credit and got some are read again, and
+    /// the grants the machine made for what applications took are sent.
+    fn hv_credit_moved(&mut self, i: usize, now: Instant) {
+        let Some((h, m)) = parts(&mut self.ipcps, &mut self.sys, i) else {
+            return;
+        };
+        let mut go = Vec::new();
+        h.credit_parked.retain(|&p| {
+            let can = m.may_send(p);
+            if can {
+                go.push(p);
+            }
+            !can
+        });
+        let grants = m.has_actions();
+        for p in go {
+            self.mark_flow_ready(p);
+        }
+        if grants {
+            self.sys.settle(now);
+        }
     }
 
     /// Takes one buffer from the receive ring of shim-hv IPCP `i`: `None`
@@ -1167,7 +1238,9 @@ impl Daemon {
                     buf: &self.buf[..n],
                 };
                 if let Some((port, sdu)) = self.sys.receive(now, i, rx) {
+                    let len = sdu.len() as u64;
                     super::shim::straight_to_app(&mut self.flows, &mut self.sys, i, port, sdu);
+                    self.hv_delivered(now, i, port, len);
                 }
             }
             return Some(true);
@@ -1183,6 +1256,10 @@ impl Daemon {
         }
         let sdu = seg.skip(CHANNEL_HEADER);
         let mut ready = None;
+        // With credit, what the application cannot take yet is held here
+        // (at most the window the machine granted): the ring is never left
+        // unread for one flow.
+        let credit = m.rx_flow_controlled(port);
         let taken = if let Some(r) = self.flows.get_mut(&port).and_then(|fs| fs.rings.as_mut()) {
             // Ring to ring, unless SDUs are held before it.
             let held = h.rx_pending.get(&port).is_some_and(|q| !q.is_empty());
@@ -1194,8 +1271,11 @@ impl Daemon {
                     if ok {
                         r.wake();
                     }
+                    m.delivered(port, 1, sdu_len as u64);
                     return Some(true);
                 }
+            }
+            if !held && !credit {
                 // The application's ring is full: the SDU stays in the VMPI
                 // ring (no copy) and the ring is not read until the
                 // application kicks, which fills the peer's ring and holds
@@ -1210,16 +1290,11 @@ impl Daemon {
                 h.rx_ring_waits += 1;
                 return Some(false);
             }
-            let mut v = vec![0u8; n];
-            let ok = a.link.read_peeked(n, &mut v);
-            a.link.consume(n);
-            if !ok {
+            let Some(q) = hold_copy(&mut a.link, n, h.rx_pending.entry(port).or_default()) else {
+                m.delivered(port, 1, sdu_len as u64);
                 return Some(true);
-            }
-            v.drain(..CHANNEL_HEADER);
-            let q = h.rx_pending.entry(port).or_default();
-            q.push_back(v);
-            let full = q.len() >= RX_QUEUE_MAX;
+            };
+            let full = !credit && q.len() >= RX_QUEUE_MAX;
             // The application kicks once it made room (or room is there now).
             if q.front().is_some_and(|f| !r.to_app.arm(f.len())) {
                 ready = Some(port);
@@ -1240,19 +1315,18 @@ impl Daemon {
             match sent {
                 Ok(Sent::Done) => {
                     a.link.consume(n);
+                    m.delivered(port, 1, sdu_len as u64);
                     Some(true)
                 }
                 Ok(Sent::WouldBlock) => {
-                    let mut v = vec![0u8; n];
-                    let ok = a.link.read_peeked(n, &mut v);
-                    a.link.consume(n);
-                    if !ok {
+                    let Some(q) = hold_copy(&mut a.link, n, h.rx_pending.entry(port).or_default())
+                    else {
+                        m.delivered(port, 1, sdu_len as u64);
                         return Some(true);
-                    }
-                    v.drain(..CHANNEL_HEADER);
-                    let q = h.rx_pending.entry(port).or_default();
-                    q.push_back(v);
-                    let full = q.len() >= RX_QUEUE_MAX;
+                    };
+                    // Held within the window with credit; without, the
+                    // ring pauses at RX_QUEUE_MAX.
+                    let full = !credit && q.len() >= RX_QUEUE_MAX;
                     let _ = self.poll.registry().reregister(
                         &mut SourceFd(&fd),
                         token(T_FLOW, port as usize),
@@ -1268,6 +1342,7 @@ impl Daemon {
                     if let Some(c) = m.flow_counters_mut(port) {
                         c.drops_in += 1;
                     }
+                    m.delivered(port, 1, sdu_len as u64);
                     Some(true)
                 }
             }
@@ -1289,23 +1364,31 @@ impl Daemon {
             return;
         }
         let (fd, i) = (slot.fd.as_raw_fd(), slot.ipcp);
-        let Io::Hv(h) = &mut self.ipcps[i].io else {
+        let now = self.now();
+        let Some((h, m)) = parts(&mut self.ipcps, &mut self.sys, i) else {
             return;
         };
         let Some(q) = h.rx_pending.get_mut(&port) else {
             return;
         };
+        let (mut sdus, mut bytes) = (0u64, 0u64);
         while let Some(sdu) = q.front() {
             match sys::send(fd, sdu, None) {
-                Ok(Sent::Done) => {
-                    q.pop_front();
-                }
+                Ok(Sent::Done) => {}
                 Ok(Sent::WouldBlock) => break,
                 _ => {
+                    // Gone with the flow: their credit too.
+                    sdus += q.len() as u64;
+                    bytes += q.iter().map(|v| v.len() as u64).sum::<u64>();
                     q.clear();
+                    break;
                 }
             }
+            sdus += 1;
+            bytes += sdu.len() as u64;
+            q.pop_front();
         }
+        m.delivered(port, sdus, bytes);
         let (len, empty) = (q.len(), q.is_empty());
         if empty {
             h.rx_pending.remove(&port);
@@ -1319,6 +1402,7 @@ impl Daemon {
             h.rx_paused_on = None;
             self.mark_medium_ready(i);
         }
+        self.hv_credit_moved(i, now);
     }
 
     /// Sends a buffer the system asked for on shim-hv IPCP `i`: control
@@ -1406,6 +1490,13 @@ impl Daemon {
             let Some(a) = &mut h.att else {
                 break;
             };
+            if !m.may_send(port) {
+                // Out of credit: this flow only waits (its application's
+                // writes block), read again when the peer grants more.
+                h.park_for_credit(port);
+                result = FlowService::Drained;
+                break;
+            }
             if let Ok(seg) = a.link.reserve(reserve) {
                 let n = match sdu_len(recv_into(fd, &seg.skip(CHANNEL_HEADER)), port) {
                     Ok(n) => n,
@@ -1523,7 +1614,11 @@ impl Daemon {
             resume_rx = true;
         }
         if let Some(q) = h.rx_pending.get_mut(&port) {
-            again = r.deliver_held(q).1;
+            let bytes = |q: &VecDeque<Vec<u8>>| q.iter().map(|v| v.len() as u64).sum::<u64>();
+            let before = bytes(q);
+            let (sent, more) = r.deliver_held(q);
+            again = more;
+            m.delivered(port, sent as u64, before - bytes(q));
             if q.is_empty() {
                 h.rx_pending.remove(&port);
             }
@@ -1538,6 +1633,8 @@ impl Daemon {
             if resume_rx {
                 self.mark_medium_ready(i);
             }
+            let now = self.now();
+            self.hv_credit_moved(i, now);
             return if again {
                 FlowService::More
             } else {
@@ -1551,6 +1648,11 @@ impl Daemon {
                 result = FlowService::Drained;
                 break;
             };
+            if !m.may_send(port) {
+                h.park_for_credit(port);
+                result = FlowService::Drained;
+                break;
+            }
             let seg = match r.next_from_app() {
                 Ok(Some(seg)) => seg,
                 Ok(None) => {
@@ -1629,6 +1731,8 @@ impl Daemon {
         for c in copies {
             self.sys.tap_moved(i, true, c);
         }
+        let now = self.now();
+        self.hv_credit_moved(i, now);
         result
     }
 }
