@@ -81,7 +81,9 @@ pub struct Config {
     pub max_sdu: u32,
     /// Time after which an unanswered allocation request fails.
     pub alloc_timeout: Duration,
-    /// Time an application has to accept or refuse an incoming flow.
+    /// Time an application has to accept or refuse an incoming flow
+    /// (default 1.5 s: less than the default `alloc_timeout`, so that the
+    /// requester hears "not answered in time" rather than timing out).
     pub accept_timeout: Duration,
     /// The window this end grants the sender of each application flow;
     /// `None` turns credit off (this end then behaves as a peer that never
@@ -98,7 +100,7 @@ impl Config {
             vmpi_id: 0,
             max_sdu: DEFAULT_MAX_SDU,
             alloc_timeout: Duration::from_secs(2),
-            accept_timeout: Duration::from_secs(5),
+            accept_timeout: Duration::from_millis(1500),
             credit: Some(credit::DEFAULT_WINDOW),
         }
     }
