@@ -229,6 +229,9 @@ pub struct Counters {
     pub peer_losses: u64,
     /// Credit messages sent.
     pub credits_sent: u64,
+    /// Grants sent again because the peer stayed silent after them (one
+    /// may have been lost).
+    pub credits_resent: u64,
     /// Credit messages taken.
     pub credits_received: u64,
     /// Credit messages dropped: too much credit, credit taken back, or
@@ -253,6 +256,7 @@ impl Counters {
             ("channel_collisions", self.channel_collisions),
             ("peer_losses", self.peer_losses),
             ("credits_sent", self.credits_sent),
+            ("credits_resent", self.credits_resent),
             ("credits_received", self.credits_received),
             ("rx_bad_credit", self.rx_bad_credit),
             ("rx_over_credit", self.rx_over_credit),
@@ -313,7 +317,26 @@ struct FlowCredit {
     tx: Option<TxCredit>,
     /// This end's limit on what the peer sends.
     rx: Option<RxCredit>,
+    /// When to check whether the last grant got through.
+    regrant: Option<Regrant>,
 }
+
+/// A grant may be lost (the control backlog overflows while the ring is
+/// full; the peer was away): if the sender, allowed more, sends nothing
+/// for a while, the grant is sent again, then again after twice as long,
+/// up to [`REGRANT_MAX`], until data comes or no grant is outstanding.
+#[derive(Debug, Clone, Copy)]
+struct Regrant {
+    at: Instant,
+    wait: Duration,
+    /// SDUs received when the check was set.
+    seen: u64,
+}
+
+/// First wait before a grant is sent again for lack of data.
+pub const REGRANT_FIRST: Duration = Duration::from_millis(250);
+/// Longest wait between two repetitions of a grant.
+pub const REGRANT_MAX: Duration = Duration::from_secs(8);
 
 impl FlowCredit {
     /// Both ends announced: each limits the other as it said.
@@ -322,6 +345,7 @@ impl FlowCredit {
             announced: Some(announced),
             tx: peer.limited().map(TxCredit::new),
             rx: announced.limited().map(RxCredit::new),
+            regrant: None,
         }
     }
 }
@@ -362,6 +386,9 @@ pub struct ShimHv {
     actions: VecDeque<Action>,
     counters: Counters,
     relay: link::RelayGate,
+    /// The latest time the machine was told (for timers started by calls
+    /// that do not take one).
+    clock: Instant,
 }
 
 impl ShimHv {
@@ -383,6 +410,7 @@ impl ShimHv {
             actions: VecDeque::new(),
             counters: Counters::default(),
             relay: link::RelayGate::default(),
+            clock: Instant::ZERO,
         }
     }
 
@@ -696,10 +724,12 @@ impl ShimHv {
     }
 
     /// `sdus` SDUs of `bytes` bytes received on flow `port` reached its
-    /// application (or were dropped after all): when a quarter of the
-    /// window was taken, the peer is granted more (an
-    /// [`Action::Transmit`]). Nothing for a flow without credit.
-    pub fn delivered(&mut self, port: PortId, sdus: u64, bytes: u64) {
+    /// application (or were dropped after all) at `now`: when a quarter of
+    /// the window was taken, the peer is granted more (an
+    /// [`Action::Transmit`]), and the grant is sent again if the peer then
+    /// stays silent ([`REGRANT_FIRST`]). Nothing for a flow without credit.
+    pub fn delivered(&mut self, now: Instant, port: PortId, sdus: u64, bytes: u64) {
+        self.clock = self.clock.max(now);
         let Some(f) = self.flows.get_mut(&port) else {
             return;
         };
@@ -712,12 +742,64 @@ impl ShimHv {
         else {
             return;
         };
+        let seen = f.credit.rx.as_ref().map_or(0, RxCredit::received);
+        f.credit.regrant = Some(Regrant {
+            at: self.clock + REGRANT_FIRST,
+            wait: REGRANT_FIRST,
+            seen,
+        });
         if self.peer_up {
             self.counters.credits_sent += 1;
             self.transmit(Control::Credit {
                 channel,
                 sdus: grant.0,
                 bytes: grant.1,
+            });
+        }
+    }
+
+    /// Sends grants again whose sender stayed silent though allowed more
+    /// (see [`Regrant`]).
+    fn regrant(&mut self, now: Instant) {
+        let mut again = Vec::new();
+        for f in self.flows.values_mut() {
+            let (Some(r), Some(rx)) = (f.credit.regrant, f.credit.rx.as_ref()) else {
+                continue;
+            };
+            if now < r.at {
+                continue;
+            }
+            if !rx.has_room() {
+                // The sender used all it was granted: the next grant comes
+                // when the application takes some.
+                f.credit.regrant = None;
+                continue;
+            }
+            let quiet = rx.received() == r.seen;
+            if quiet {
+                again.push((f.channel, rx.granted()));
+            }
+            let wait = if quiet {
+                (r.wait * 2).min(REGRANT_MAX)
+            } else {
+                r.wait
+            };
+            f.credit.regrant = Some(Regrant {
+                at: now + wait,
+                wait,
+                seen: rx.received(),
+            });
+        }
+        if !self.peer_up {
+            return;
+        }
+        for (channel, (sdus, bytes)) in again {
+            self.counters.credits_sent += 1;
+            self.counters.credits_resent += 1;
+            self.transmit(Control::Credit {
+                channel,
+                sdus,
+                bytes,
             });
         }
     }
@@ -772,6 +854,7 @@ impl ShimHv {
 
     /// Processes one buffer taken from the receive ring.
     pub fn on_buffer<'a>(&mut self, now: Instant, buf: &'a [u8]) -> Received<'a> {
+        self.clock = self.clock.max(now);
         self.counters.rx_buffers += 1;
         let (ch, payload) = match vmpi::split(buf) {
             Ok(x) => x,
@@ -906,7 +989,7 @@ impl ShimHv {
         if let Some(why) = bad {
             f.counters.drops_in += 1;
             // Its credit goes back: it is not held.
-            self.delivered(port, 1, len as u64);
+            self.delivered(self.clock, port, 1, len as u64);
             return Err(why);
         }
         f.counters.sdus_in += 1;
@@ -1035,11 +1118,20 @@ impl ShimHv {
             Chan::Allocating { deadline, .. } => Some(*deadline),
             _ => None,
         });
-        a.chain(self.pending.values().map(|p| p.deadline)).min()
+        let r = self
+            .flows
+            .values()
+            .filter_map(|f| f.credit.regrant.map(|r| r.at));
+        a.chain(self.pending.values().map(|p| p.deadline))
+            .chain(r)
+            .min()
     }
 
-    /// Expires allocations and requests that waited too long.
+    /// Expires allocations and requests that waited too long, and sends
+    /// again grants that may have been lost.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.clock = self.clock.max(now);
+        self.regrant(now);
         let late: Vec<(u32, PortId)> = self
             .chans
             .iter()

@@ -237,9 +237,11 @@ fn a_deallocation_reaches_the_peer() {
 
 #[test]
 fn a_request_nobody_answers_is_withdrawn_after_the_accept_timeout() {
-    // The requester waits longer than the responder's accept timeout (5 s).
+    // The requester waits longer than the responder's accept timeout, here
+    // 5 s (the default is 2 s).
     let mut c = Chain::new(9, 2, ideal(), |a| {
         let mut x = cfg(a);
+        x.accept_timeout = Duration::from_secs(5);
         x.alloc_timeout = Duration::from_secs(10);
         x
     });

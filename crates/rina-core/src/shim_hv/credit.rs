@@ -211,6 +211,21 @@ impl RxCredit {
         self.delivered_bytes = self.delivered_bytes.min(self.received_bytes);
     }
 
+    /// SDUs received so far.
+    pub fn received(&self) -> u64 {
+        self.received_sdus
+    }
+
+    /// Whether the sender may send more than it did, by the last grant.
+    pub fn has_room(&self) -> bool {
+        self.received_sdus < self.granted_sdus && self.received_bytes < self.granted_bytes
+    }
+
+    /// The limits granted last, to send again.
+    pub fn granted(&self) -> (u64, u64) {
+        (self.granted_sdus, self.granted_bytes)
+    }
+
     /// SDUs received and not delivered yet.
     pub fn held(&self) -> u64 {
         self.received_sdus - self.delivered_sdus

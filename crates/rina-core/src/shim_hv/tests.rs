@@ -579,7 +579,9 @@ fn a_flow_without_credit_waits_while_another_channel_flows() {
         total += p.send_while_credit(Side::Guest, 2, 1000, 1000, t(11 + round));
         let got = p.take_delivered(Side::Host, 20);
         let bytes = got.iter().map(|d| d.len() as u64).sum();
-        p.host.0.delivered(20, got.len() as u64, bytes);
+        p.host
+            .0
+            .delivered(t(11 + round), 20, got.len() as u64, bytes);
         p.run(t(11 + round));
     }
     assert!(total >= 20 * 24, "flow 20 kept flowing: {total} SDUs");
@@ -587,16 +589,50 @@ fn a_flow_without_credit_waits_while_another_channel_flows() {
     assert!(!p.guest.0.may_send(1), "flow 1 still waits");
 
     // The stalled application reads: a quarter of the window brings credit.
-    p.host.0.delivered(10, 7, 700);
+    p.host.0.delivered(t(40), 10, 7, 700);
     p.run(t(40));
     assert!(!p.guest.0.may_send(1), "less than a quarter taken");
-    p.host.0.delivered(10, 1, 100);
+    p.host.0.delivered(t(41), 10, 1, 100);
     p.run(t(41));
     assert_eq!(p.guest.0.flow(1).unwrap().credit_left(), Some(8));
     assert_eq!(p.send_while_credit(Side::Guest, 1, 100, 1000, t(42)), 8);
     assert_eq!(p.host.0.counters().rx_over_credit, 0);
     assert_eq!(p.guest.0.counters().rx_bad_credit, 0);
     assert!(p.host.0.counters().credits_sent > 20);
+}
+
+#[test]
+fn a_lost_grant_is_sent_again_so_the_flow_does_not_stop_for_good() {
+    let mut p = Pair::with_credit(Some(SMALL), Some(SMALL));
+    p.host.0.register(n("x")).unwrap();
+    p.open(1, "x", 10);
+    assert_eq!(p.send_while_credit(Side::Guest, 1, 100, 1000, t(10)), 32);
+    assert_eq!(p.take_delivered(Side::Host, 10).len(), 32);
+    // The application takes a quarter: the grant is lost on the way.
+    p.host.0.delivered(t(20), 10, 8, 800);
+    let lost: Vec<_> = std::iter::from_fn(|| p.host.0.poll_action()).collect();
+    assert!(
+        matches!(lost.as_slice(), [Action::Transmit { .. }]),
+        "{lost:?}"
+    );
+    p.run(t(20));
+    assert!(!p.guest.0.may_send(1), "the guest never heard of the grant");
+    // Nothing comes though the guest may send more: the grant goes again.
+    let again = t(20) + REGRANT_FIRST;
+    assert_eq!(p.host.0.poll_timeout(), Some(again));
+    p.host.0.handle_timeout(again);
+    p.run(again);
+    assert_eq!(p.guest.0.flow(1).unwrap().credit_left(), Some(8));
+    assert_eq!(p.host.0.counters().credits_resent, 1);
+    // Data flows again: no more repeats while it does; once the sender
+    // has used what it was granted, none is due.
+    assert_eq!(p.send_while_credit(Side::Guest, 1, 100, 1000, again), 8);
+    let later = p.host.0.poll_timeout().expect("a check is due");
+    p.host.0.handle_timeout(later);
+    p.run(later);
+    assert_eq!(p.host.0.counters().credits_resent, 1);
+    assert_eq!(p.host.0.poll_timeout(), None);
+    assert_eq!(p.guest.0.counters().rx_bad_credit, 0);
 }
 
 #[test]
@@ -612,7 +648,7 @@ fn the_byte_window_limits_large_sdus() {
     // past it (one SDU of overshoot), then no more.
     let sent = p.send_while_credit(Side::Guest, 1, 65_536, 100, t(10));
     assert_eq!(sent, 4);
-    p.host.0.delivered(10, 4, 4 * 65_536);
+    p.host.0.delivered(t(11), 10, 4, 4 * 65_536);
     p.run(t(11));
     assert_eq!(p.send_while_credit(Side::Guest, 1, 65_536, 100, t(12)), 4);
 }
@@ -631,7 +667,7 @@ fn a_peer_without_credit_support_still_works_unlimited() {
         assert_eq!(p.send_while_credit(Side::Host, 10, 10, 500, t(11)), 500);
         assert_eq!(p.take_delivered(Side::Host, 10).len(), 500);
         assert_eq!(p.take_delivered(Side::Guest, 1).len(), 500);
-        p.host.0.delivered(10, 500, 5000);
+        p.host.0.delivered(t(12), 10, 500, 5000);
         p.run(t(12));
         for m in [&p.host.0, &p.guest.0] {
             let c = m.counters();

@@ -1156,7 +1156,7 @@ impl Daemon {
     fn hv_delivered(&mut self, now: Instant, i: usize, port: PortId, len: u64) {
         self.sys.with_machine(now, i, |m| {
             if let Machine::ShimHv(h) = m {
-                h.delivered(port, 1, len);
+                h.delivered(now, port, 1, len);
             }
         });
     }
@@ -1271,7 +1271,7 @@ impl Daemon {
                     if ok {
                         r.wake();
                     }
-                    m.delivered(port, 1, sdu_len as u64);
+                    m.delivered(now, port, 1, sdu_len as u64);
                     return Some(true);
                 }
             }
@@ -1291,7 +1291,7 @@ impl Daemon {
                 return Some(false);
             }
             let Some(q) = hold_copy(&mut a.link, n, h.rx_pending.entry(port).or_default()) else {
-                m.delivered(port, 1, sdu_len as u64);
+                m.delivered(now, port, 1, sdu_len as u64);
                 return Some(true);
             };
             let full = !credit && q.len() >= RX_QUEUE_MAX;
@@ -1315,13 +1315,13 @@ impl Daemon {
             match sent {
                 Ok(Sent::Done) => {
                     a.link.consume(n);
-                    m.delivered(port, 1, sdu_len as u64);
+                    m.delivered(now, port, 1, sdu_len as u64);
                     Some(true)
                 }
                 Ok(Sent::WouldBlock) => {
                     let Some(q) = hold_copy(&mut a.link, n, h.rx_pending.entry(port).or_default())
                     else {
-                        m.delivered(port, 1, sdu_len as u64);
+                        m.delivered(now, port, 1, sdu_len as u64);
                         return Some(true);
                     };
                     // Held within the window with credit; without, the
@@ -1342,7 +1342,7 @@ impl Daemon {
                     if let Some(c) = m.flow_counters_mut(port) {
                         c.drops_in += 1;
                     }
-                    m.delivered(port, 1, sdu_len as u64);
+                    m.delivered(now, port, 1, sdu_len as u64);
                     Some(true)
                 }
             }
@@ -1388,7 +1388,7 @@ impl Daemon {
             bytes += sdu.len() as u64;
             q.pop_front();
         }
-        m.delivered(port, sdus, bytes);
+        m.delivered(now, port, sdus, bytes);
         let (len, empty) = (q.len(), q.is_empty());
         if empty {
             h.rx_pending.remove(&port);
@@ -1591,6 +1591,7 @@ impl Daemon {
     /// `4 * BUDGET` SDUs from its ring into the VMPI send ring, copying
     /// ring to ring.
     fn service_hv_rings(&mut self, port: PortId) -> FlowService {
+        let now = self.now();
         let Some(slot) = self.flows.get_mut(&port) else {
             return FlowService::Drained;
         };
@@ -1618,7 +1619,7 @@ impl Daemon {
             let before = bytes(q);
             let (sent, more) = r.deliver_held(q);
             again = more;
-            m.delivered(port, sent as u64, before - bytes(q));
+            m.delivered(now, port, sent as u64, before - bytes(q));
             if q.is_empty() {
                 h.rx_pending.remove(&port);
             }
