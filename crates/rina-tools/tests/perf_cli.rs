@@ -7,7 +7,7 @@ mod common;
 
 use common::{bin_dir, free_port, spawn_rinad, wait_until, Procs};
 use rina_tools::perf::PerfReport;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -24,6 +24,27 @@ bind = "127.0.0.1:{port}"
 "perf" = "127.0.0.1:{peer_port}"
 "#
     )
+}
+
+/// Two daemons, alpha and beta, over shim-udp on loopback, in a fresh
+/// directory named after `what`: their processes and control sockets.
+fn two_daemons(what: &str) -> (Procs, PathBuf, PathBuf) {
+    let bins = bin_dir();
+    let dir = std::env::temp_dir().join(format!("{what}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut procs = Procs(Vec::new(), dir.clone());
+    let (pa, pb) = (free_port(), free_port());
+    for (me, port, pport) in [("alpha", pa, pb), ("beta", pb, pa)] {
+        let conf = dir.join(format!("{me}.toml"));
+        std::fs::write(&conf, config(me, port, pport)).unwrap();
+        let child = spawn_rinad(&bins, &conf, &dir.join(format!("{me}.sock")));
+        procs.0.push(child);
+    }
+    let (a, b) = (dir.join("alpha.sock"), dir.join("beta.sock"));
+    wait_until("the daemons' sockets", Duration::from_secs(20), || {
+        a.exists() && b.exists()
+    });
+    (procs, a, b)
 }
 
 fn perf(bin: &Path, sock: &Path, args: &[&str]) -> Output {
@@ -50,20 +71,7 @@ fn report(out: &Output) -> PerfReport {
 #[test]
 fn request_response_and_parallel_flows_between_two_daemons() {
     let bins = bin_dir();
-    let dir = std::env::temp_dir().join(format!("rina-perf-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut procs = Procs(Vec::new(), dir.clone());
-    let (pa, pb) = (free_port(), free_port());
-    for (me, port, pport) in [("alpha", pa, pb), ("beta", pb, pa)] {
-        let conf = dir.join(format!("{me}.toml"));
-        std::fs::write(&conf, config(me, port, pport)).unwrap();
-        let child = spawn_rinad(&bins, &conf, &dir.join(format!("{me}.sock")));
-        procs.0.push(child);
-    }
-    let (a, b) = (dir.join("alpha.sock"), dir.join("beta.sock"));
-    wait_until("the daemons' sockets", Duration::from_secs(20), || {
-        a.exists() && b.exists()
-    });
+    let (mut procs, a, b) = two_daemons("rina-perf-cli");
     let bin = bins.join("rina-perf");
     let server = Command::new(&bin)
         .arg("server")
@@ -164,20 +172,7 @@ fn request_response_and_parallel_flows_between_two_daemons() {
 #[test]
 fn a_report_that_never_comes_is_a_failed_row_not_an_empty_one() {
     let bins = bin_dir();
-    let dir = std::env::temp_dir().join(format!("rina-perf-silent-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut procs = Procs(Vec::new(), dir.clone());
-    let (pa, pb) = (free_port(), free_port());
-    for (me, port, pport) in [("alpha", pa, pb), ("beta", pb, pa)] {
-        let conf = dir.join(format!("{me}.toml"));
-        std::fs::write(&conf, config(me, port, pport)).unwrap();
-        let child = spawn_rinad(&bins, &conf, &dir.join(format!("{me}.sock")));
-        procs.0.push(child);
-    }
-    let (a, b) = (dir.join("alpha.sock"), dir.join("beta.sock"));
-    wait_until("the daemons' sockets", Duration::from_secs(20), || {
-        a.exists() && b.exists()
-    });
+    let (_procs, a, b) = two_daemons("rina-perf-silent");
     let mut silent = rina::Client::connect_to(&b).expect("connect to beta");
     silent.register(&"perf".parse().unwrap(), None).unwrap();
     let server = std::thread::spawn(move || {

@@ -1487,26 +1487,8 @@ fn flow_records(world: &World<LabNode>, ids: &Ids, exp: &Experiment, t0: u64, ou
                 res.offer(&f.class, x);
             }
             let stats = stats_ms(&mut delays);
-            let hops = served.and_then(|s| flow_hops(exp, f, s));
             let active = f.stop.saturating_sub(f.start).as_secs_f64().max(1e-9);
             out.flows.push(FlowRecord {
-                flow: name,
-                kind: match f.kind {
-                    TrafficKind::Tgen => "tgen",
-                    TrafficKind::Echo => "echo",
-                    TrafficKind::Perf => "perf",
-                }
-                .into(),
-                class: f.class.clone(),
-                dif: flow_dif(exp, f),
-                cube: flow_cube(exp, f),
-                src: exp.nodes[f.from].clone(),
-                dst: match f.to {
-                    Dest::Node(n) => exp.nodes[n].clone(),
-                    Dest::App(a) => exp.apps[a].name.clone(),
-                },
-                served_by: served.map(|s| exp.nodes[s].clone()),
-                hops,
                 sdu_bytes: if c.sent == 0 {
                     0.0
                 } else {
@@ -1526,37 +1508,37 @@ fn flow_records(world: &World<LabNode>, ids: &Ids, exp: &Experiment, t0: u64, ou
                 rtt_avg_ms: (f.kind == TrafficKind::Echo && !c.rtts.is_empty())
                     .then(|| c.rtts.iter().sum::<f64>() / c.rtts.len() as f64),
                 goodput_bps: bytes as f64 * 8.0 / active,
-                allocation_ms: c
-                    .allocated_at
-                    .map(|a| a.saturating_sub(c.requested_at) as f64 / 1e6),
                 error: if c.allocated_at.is_none() {
                     c.error.clone().or(carried_err.take())
                 } else {
                     None
                 },
+                ..record_head(exp, i, name, served, c)
             });
         }
     }
     out.samples = res.into_samples();
 }
 
-/// The record of a perf client's allocation, from its tests' results as
-/// `rina-perf` computes them, aggregated as the real backends aggregate
-/// the tool's report.
-fn perf_flow_record(
+/// What every record of flow `i`'s allocation `name` says whatever its
+/// traffic: the flow, its ends, who served it, and how long the
+/// allocation took; the rest is left at its default.
+fn record_head(
     exp: &Experiment,
     i: usize,
     name: String,
     served: Option<usize>,
     c: &Client,
-    p: &perf::PerfClient,
-    goodput: &mut Vec<crate::results::GoodputPoint>,
 ) -> FlowRecord {
     let f = &exp.flows[i];
-    let results: Vec<_> = p.tests.iter().filter_map(|t| t.result()).collect();
-    let mut rec = FlowRecord {
+    FlowRecord {
         flow: name,
-        kind: "perf".into(),
+        kind: match f.kind {
+            TrafficKind::Tgen => "tgen",
+            TrafficKind::Echo => "echo",
+            TrafficKind::Perf => "perf",
+        }
+        .into(),
         class: f.class.clone(),
         dif: flow_dif(exp, f),
         cube: flow_cube(exp, f),
@@ -1571,7 +1553,23 @@ fn perf_flow_record(
             .allocated_at
             .map(|a| a.saturating_sub(c.requested_at) as f64 / 1e6),
         ..FlowRecord::default()
-    };
+    }
+}
+
+/// The record of a perf client's allocation, from its tests' results as
+/// `rina-perf` computes them, aggregated as the real backends aggregate
+/// the tool's report.
+fn perf_flow_record(
+    exp: &Experiment,
+    i: usize,
+    name: String,
+    served: Option<usize>,
+    c: &Client,
+    p: &perf::PerfClient,
+    goodput: &mut Vec<crate::results::GoodputPoint>,
+) -> FlowRecord {
+    let results: Vec<_> = p.tests.iter().filter_map(|t| t.result()).collect();
+    let mut rec = record_head(exp, i, name, served, c);
     crate::backend::real::perf_record(&results, &mut rec, goodput);
     rec.error = if c.allocated_at.is_none() {
         c.error.clone()
