@@ -233,8 +233,10 @@ impl Link {
     /// serializing. `None` when there is room (or `from` is no end).
     pub fn full_until(&self, now: Instant, from: SocketAddr) -> Option<Instant> {
         let pipe = &self.pipes[self.pipe_of(from)?];
-        let held: Vec<Instant> = pipe.held.iter().copied().filter(|&d| d > now).collect();
-        (held.len() >= self.cfg.queue_packets.max(1)).then(|| held[0])
+        // `held` is in order (each datagram starts when the one before
+        // it is done), so those still serializing are a tail of it.
+        let done = pipe.held.partition_point(|&d| d <= now);
+        (pipe.held.len() - done >= self.cfg.queue_packets.max(1)).then(|| pipe.held[done])
     }
 
     /// Offers a datagram of `len` bytes sent by `from` at `now`. Returns
