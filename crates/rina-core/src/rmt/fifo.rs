@@ -110,6 +110,10 @@ impl Scheduler for Fifo {
         self.queues.get(&port).is_some_and(|q| q.len() > 0)
     }
 
+    fn queued(&self, port: PortId) -> usize {
+        self.queues.get(&port).map_or(0, |q| q.len())
+    }
+
     fn stats(&self, port: PortId) -> Vec<QueueStats> {
         self.queues
             .get(&port)

@@ -103,6 +103,11 @@ pub trait Scheduler: std::fmt::Debug + Send {
     fn has_queued(&self, port: PortId) -> bool;
     /// Counters of the queues of `port`.
     fn stats(&self, port: PortId) -> Vec<QueueStats>;
+    /// PDUs queued on `port`: the sum of its queues' `queued`, which a
+    /// policy may count without building their counters.
+    fn queued(&self, port: PortId) -> usize {
+        self.stats(port).iter().map(|q| q.queued).sum()
+    }
     /// Data PDUs waiting on `port` in the queue a data PDU of `qos_id`
     /// would join (for ECN marking); policies whose queues share a buffer
     /// report the port's data backlog.
@@ -654,6 +659,11 @@ impl Rmt {
     /// Queue counters of a port.
     pub fn queue_stats(&self, port: PortId) -> Vec<QueueStats> {
         self.sched.stats(port)
+    }
+
+    /// PDUs queued on every port.
+    pub fn queued(&self) -> usize {
+        self.ports.keys().map(|&p| self.sched.queued(p)).sum()
     }
 }
 

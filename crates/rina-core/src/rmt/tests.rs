@@ -66,9 +66,11 @@ fn fifo_is_bounded_and_counts() {
     assert_eq!(r.counters().queue_drops, 3);
     let s = &r.queue_stats(1)[0];
     assert_eq!((s.queued, s.dropped, s.max_occupancy), (3, 3, 3));
+    assert_eq!(r.queued(), 3, "the FIFO's own count agrees with its stats");
     let out: Vec<_> = std::iter::from_fn(|| r.poll_output(T0, 1)).collect();
     assert_eq!(out, vec![vec![0], vec![1], vec![2]], "first in, first out");
     assert_eq!(r.queue_stats(1)[0].sent, 3);
+    assert_eq!(r.queued(), 0);
 }
 
 #[test]

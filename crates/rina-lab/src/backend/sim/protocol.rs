@@ -22,6 +22,7 @@ use crate::results::{stats_ms, FlowRecord, LinkRecord, Reservoir, RunOutput, Tim
 use crate::LabError;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use rina_core::ids::IdMap;
 use rina_core::normal::MembershipConfig;
 use rina_core::rmt::Address;
 use rina_core::shim_udp;
@@ -31,7 +32,7 @@ use rina_sim::world::Ctx;
 use rina_sim::{LinkConfig, Node, World};
 use rina_tools::tgen::gen::{Generator, Packet as GenPacket};
 use rina_wire::{AppName, QosSpec};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
@@ -174,7 +175,7 @@ struct LabNode {
     sys: System,
     /// Per medium (a shim member): this end's address and the link.
     media: BTreeMap<MediumId, (SocketAddr, usize)>,
-    by_addr: HashMap<SocketAddr, MediumId>,
+    by_addr: IdMap<SocketAddr, MediumId>,
     /// Media whose link is down.
     down: std::collections::BTreeSet<MediumId>,
     /// Frames a full link pushed back, per medium, in order, and when to
@@ -198,6 +199,11 @@ struct LabNode {
     /// The wall-clock instant that stands for virtual time 0 for the perf
     /// receivers (they only take differences).
     origin: std::time::Instant,
+    /// A perf writer stopped at its share of one wake-up with room left
+    /// (a flow over a link shim, whose frames go straight to the link):
+    /// it writes on at the same time, once the world has taken what it
+    /// wrote to the link (which pushes back when its queue is full).
+    perf_more: Option<Instant>,
     /// Names registered here, with their DIF (registered again when the
     /// node starts again).
     regs: Vec<(String, AppName)>,
@@ -229,7 +235,7 @@ impl LabNode {
         LabNode {
             sys,
             media: BTreeMap::new(),
-            by_addr: HashMap::new(),
+            by_addr: IdMap::default(),
             down: Default::default(),
             backlog: BTreeMap::new(),
             names: BTreeMap::new(),
@@ -241,6 +247,7 @@ impl LabNode {
             specs: BTreeMap::new(),
             perf_rx: BTreeMap::new(),
             origin: std::time::Instant::now(),
+            perf_more: None,
             regs: Vec::new(),
             pending_regs: Vec::new(),
             stopped: false,
@@ -367,6 +374,7 @@ impl LabNode {
     /// while the flow takes it and the system's queues have room.
     fn run_perf(&mut self, now: u64) {
         let t = Instant::from_nanos(now);
+        self.perf_more = None;
         let ports: Vec<PortId> = self
             .clients
             .iter()
@@ -382,9 +390,7 @@ impl LabNode {
                 // its test still runs (START lost: the first DATA starts it).
                 let _ = self.sys.write(t, port, &sdu);
             }
-            let backlog: usize = self.backlog.values().map(|(q, _)| q.len()).sum();
-            let room = perf::BUFFER_PDUS.saturating_sub(queued_pdus(&self.sys) + backlog);
-            for _ in 0..room.min(perf::BURST_SDUS) {
+            for _ in 0..self.perf_room().min(perf::BURST_SDUS) {
                 let Some(p) = self.clients.get_mut(&port).and_then(|c| c.perf.as_mut()) else {
                     break;
                 };
@@ -401,10 +407,21 @@ impl LabNode {
                     Err(_) => break,
                 }
             }
+            let room = self.perf_room();
             if let Some(c) = self.clients.get_mut(&port) {
                 c.next_at = c.perf.as_ref().and_then(|p| p.next_at());
+                if room > 0 && c.perf.as_ref().is_some_and(|p| !p.blocked && p.sending()) {
+                    self.perf_more = Some(t);
+                }
             }
         }
+    }
+
+    /// SDUs a perf writer may write now: what its own system may still
+    /// hold in its RMT queues and in the frames a full link pushed back.
+    fn perf_room(&self) -> usize {
+        let backlog: usize = self.backlog.values().map(|(q, _)| q.len()).sum();
+        perf::BUFFER_PDUS.saturating_sub(queued_pdus(&self.sys) + backlog)
     }
 
     /// Writes what the clients have due.
@@ -659,9 +676,8 @@ impl Node for LabNode {
         }
         self.register_pending();
         self.retry_backlogs(ctx);
-        if self.sys.poll_timeout().is_some_and(|t| t <= now) {
-            self.sys.handle_timeout(now);
-        }
+        // The system runs only its members whose timers are due.
+        self.sys.handle_timeout(now);
         let due: Vec<usize> = self
             .latest
             .iter()
@@ -689,7 +705,7 @@ impl Node for LabNode {
             .filter(|c| c.state == ClientState::Open)
             .filter_map(|c| c.next_at);
         let retries = self.latest.values().filter_map(|(_, r)| *r);
-        let backlogs = self.backlog.values().map(|(_, t)| *t);
+        let backlogs = self.backlog.values().map(|(_, t)| *t).chain(self.perf_more);
         // Registrations wait for the member's enrollment: looked at again
         // with the system's own timers, and every RETRY at least.
         let regs = (!self.pending_regs.is_empty())
@@ -831,13 +847,7 @@ fn queued_pdus(sys: &System) -> usize {
     sys.members()
         .iter()
         .filter_map(|m| m.normal())
-        .map(|n| {
-            let rmt = n.rmt();
-            rmt.ports()
-                .flat_map(|p| rmt.queue_stats(p))
-                .map(|q| q.queued)
-                .sum::<usize>()
-        })
+        .map(|n| n.rmt().queued())
         .sum()
 }
 

@@ -160,6 +160,11 @@ impl PerfClient {
         Some(buf)
     }
 
+    /// Whether a test is sending DATA (not yet stopped).
+    pub fn sending(&self) -> bool {
+        self.cur.is_some_and(|k| self.tests[k].next_stop.is_none())
+    }
+
     /// The DATA SDU [`PerfClient::data`] gave was written.
     pub fn wrote(&mut self, len: usize) {
         if let Some(t) = self.cur.map(|k| &mut self.tests[k]) {
