@@ -377,14 +377,22 @@ fn the_engine_is_chosen_by_what_the_experiment_needs() {
     // With a rate on its links, the protocol engine runs it.
     let paced = perf.replace("delay = \"1ms\"", "delay = \"1ms\"\nrate = \"5Mbps\"");
     assert_eq!(engine(&run(&paced, None)), "protocol");
-    // Heavy traffic: the queueing approximation, which says why.
-    let heavy = CONGESTED.replace("rate = \"9Mbps\"", "rate = \"90Mbps\"");
-    let out = run(&heavy, Some("qta"));
-    assert_eq!(engine(&out), "queueing");
-    assert!(out
-        .timeline
-        .iter()
-        .any(|t| t.what.contains("Mb/s of tgen and perf traffic")));
+    // Ten times the rate (90 Mb/s) still runs on the stack: the bound is
+    // on the work, the bits offered over the run.
+    let busy = CONGESTED.replace("rate = \"9Mbps\"", "rate = \"90Mbps\"");
+    assert_eq!(engine(&run(&busy, Some("qta"))), "protocol");
+    // More than 200 Gbit offered (60 Gb/s for 4 s): the queueing
+    // approximation, which says why; asked for by name, the protocol engine.
+    let heavy = CONGESTED.replace("rate = \"9Mbps\"", "rate = \"60Gbps\"");
+    let exp = load(&heavy, Some("qta")).unwrap();
+    let (chosen, why) = Engine::choose(&exp, None).unwrap();
+    assert_eq!(chosen, Engine::Queueing);
+    assert!(
+        why.contains("Gbit of tgen and perf traffic offered over the run"),
+        "{why}"
+    );
+    let (chosen, _) = Engine::choose(&exp, Some(Engine::Protocol)).unwrap();
+    assert_eq!(chosen, Engine::Protocol);
 }
 
 #[test]

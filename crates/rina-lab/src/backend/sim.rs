@@ -54,16 +54,18 @@
 //!   receive rate is the goodput point, aggregated as the real backends
 //!   aggregate the tool's report. Link figures are `rina-sim`'s
 //!   link counters over the traffic period. Picked by itself up to
-//!   [`PROTOCOL_AUTO_CAP_BPS`] of tgen traffic plus, per perf flow, the
-//!   fastest link rate at its source (at most at its destination) — every
-//!   PDU of every layer is simulated; `--engine protocol` asks for it
-//!   beyond. Perf from a node with a link without a rate is not run (the
+//!   [`PROTOCOL_AUTO_CAP_BITS`] of traffic offered over the run (each tgen
+//!   source's mean rate, and per perf flow the fastest link rate at its
+//!   source, at most at its destination, times the time it runs): every
+//!   PDU of every layer is simulated, so the work grows with the bits;
+//!   `--engine protocol` asks for it beyond. Every shipped example runs in
+//!   it by itself. Perf from a node with a link without a rate is not run (the
 //!   writer would fill it in no time).
 //!
 //! - **Queueing (PDU-level) engine** (`queueing`), a fast approximation
 //!   for what the protocol engine cannot run (perf over links without a
-//!   rate) and for heavy traffic, or when asked
-//!   with `--engine queueing`; a test compares it with the protocol engine
+//!   rate) and for runs that offer more traffic than that bound, or when
+//!   asked with `--engine queueing`; a test compares it with the protocol engine
 //!   on the same congested-link scenario. Each flow's SDUs are cut into PDUs of its DIF
 //!   (its largest PDU as every backend configures it,
 //!   [`super::stack::max_pdu`], minus a [`PCI_BYTES`] header), routed on a shortest path (fewest hops; ties to the adjacency
@@ -161,9 +163,14 @@ pub enum Engine {
     Queueing,
 }
 
-/// Tgen traffic (bit/s) above which the protocol engine is only used when
-/// asked for: it simulates every PDU of every layer.
-pub const PROTOCOL_AUTO_CAP_BPS: f64 = 50e6;
+/// Traffic offered over a run (bits: each source's rate times the time it
+/// runs) above which the protocol engine is only used when asked for: it
+/// simulates every PDU of every layer, at about a second of wall time per
+/// Gbit on one core (`goodput-sdu`, 36 Gbit over the shim and one and two
+/// DIFs, 34 s; each variant of seed 003's `metro-37`, 17 Gbit over 37
+/// nodes, 18-27 s), so this bound is a few minutes: seed 003 at the
+/// paper's 600 s (170 Gbit) runs on the stack by itself.
+pub const PROTOCOL_AUTO_CAP_BITS: f64 = 200e9;
 
 impl Engine {
     /// The engine called `name` (`protocol` or `queueing`).
@@ -194,16 +201,18 @@ impl Engine {
                     reason: format!("the protocol engine cannot run {why}"),
                 }),
             },
-            None => Ok(match protocol::eligible(exp, Some(PROTOCOL_AUTO_CAP_BPS)) {
-                Ok(()) => (Engine::Protocol, PROTOCOL.into()),
-                Err(why) => (
-                    Engine::Queueing,
-                    format!(
-                        "engine: queueing (PDU-level approximation, rina-core schedulers, \
+            None => Ok(
+                match protocol::eligible(exp, Some(PROTOCOL_AUTO_CAP_BITS)) {
+                    Ok(()) => (Engine::Protocol, PROTOCOL.into()),
+                    Err(why) => (
+                        Engine::Queueing,
+                        format!(
+                            "engine: queueing (PDU-level approximation, rina-core schedulers, \
                          instant routing); not the protocol engine because of {why}"
+                        ),
                     ),
-                ),
-            }),
+                },
+            ),
         }
     }
 }

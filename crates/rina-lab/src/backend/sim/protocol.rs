@@ -48,13 +48,30 @@ const DRAIN: Duration = Duration::from_secs(2);
 /// Step of the driving loop (progress, stop flag).
 const STEP: Duration = Duration::from_millis(50);
 
-/// Whether the protocol engine can run `exp`, or why not. `offered_cap`
-/// bounds the tgen traffic offered (bit/s) when the engine was not asked
-/// for by name.
-pub(super) fn eligible(exp: &Experiment, offered_cap: Option<f64>) -> Result<(), String> {
+/// Whether the protocol engine can run `exp`, or why not. `work_cap`
+/// bounds the traffic offered over the run (bits, see [`offered_bits`])
+/// when the engine was not asked for by name.
+pub(super) fn eligible(exp: &Experiment, work_cap: Option<f64>) -> Result<(), String> {
     if exp.links.len() > 60_000 || exp.flows.len() > 60_000 {
         return Err("more than 60 000 links or flows".into());
     }
+    let offered = offered_bits(exp)?;
+    if let Some(cap) = work_cap.filter(|&c| offered > c) {
+        return Err(format!(
+            "{:.0} Gbit of tgen and perf traffic offered over the run (more than {:.0} Gbit, \
+             minutes of simulation: ask for it with --engine protocol)",
+            offered / 1e9,
+            cap / 1e9
+        ));
+    }
+    Ok(())
+}
+
+/// The bits the experiment's traffic offers over its run: each tgen source
+/// its mean rate, and each perf sender the fastest link at its node (at
+/// most at its destination's), over the time it runs. What the protocol
+/// engine's work grows with: it simulates every PDU of every layer.
+pub(super) fn offered_bits(exp: &Experiment) -> Result<f64, String> {
     // A perf sender fills what its node's links carry, at most what the
     // destination's take.
     let fastest = |n: usize| {
@@ -64,29 +81,26 @@ pub(super) fn eligible(exp: &Experiment, offered_cap: Option<f64>) -> Result<(),
             .map(|l| l.rate_bps)
             .fold(0.0, f64::max)
     };
-    let mut perf = 0.0;
-    for f in exp.flows.iter().filter(|f| f.kind == TrafficKind::Perf) {
-        let from = fastest(f.from);
-        if from >= crate::resolve::UNLIMITED_BPS {
-            return Err("perf traffic from a node with a link without a rate".into());
-        }
-        perf += from.min(fastest(exp.dest_node(f.to)));
+    let mut bits = 0.0;
+    for f in &exp.flows {
+        let secs = f
+            .stop
+            .min(exp.duration)
+            .saturating_sub(f.start)
+            .as_secs_f64();
+        let rate = match f.kind {
+            TrafficKind::Perf => {
+                let from = fastest(f.from);
+                if from >= crate::resolve::UNLIMITED_BPS {
+                    return Err("perf traffic from a node with a link without a rate".into());
+                }
+                from.min(fastest(exp.dest_node(f.to)))
+            }
+            _ => f.profile.as_ref().map_or(0.0, |p| p.mean_rate_bps()),
+        };
+        bits += rate * secs;
     }
-    let offered: f64 = perf
-        + exp
-            .flows
-            .iter()
-            .filter_map(|f| f.profile.as_ref())
-            .map(|p| p.mean_rate_bps())
-            .sum::<f64>();
-    if let Some(cap) = offered_cap.filter(|&c| offered > c) {
-        return Err(format!(
-            "{:.0} Mb/s of tgen and perf traffic (more than {:.0} Mb/s: ask for it with --engine protocol)",
-            offered / 1e6,
-            cap / 1e6
-        ));
-    }
-    Ok(())
+    Ok(bits)
 }
 
 fn end_addr(link: usize, side: u8) -> SocketAddr {
