@@ -571,6 +571,32 @@ fn perf_ceiling(size: usize) -> f64 {
     10e6 * stack::PACE_SHARE * size as f64 / (size + per_frame) as f64
 }
 
+/// The queueing model times a size's goodput as `rina-perf`'s receiver
+/// does, so it stays below what the link carries (it counted the size's
+/// SDUs still queued when the next size began: 10.4 Mb/s of 500-byte SDUs
+/// over 10 Mb/s) and near the stack's, which paces at PACE_SHARE.
+#[test]
+fn the_queueing_model_times_perf_goodput_as_the_tool_does() {
+    let text = PERF.replace("CUBE", "best-effort");
+    let model = run_on(&text, None, false, Some(Engine::Queueing)).unwrap();
+    let stack = run(&text, None);
+    assert_eq!(model.goodput.len(), 2, "{:?}", model.goodput);
+    for (m, s) in model.goodput.iter().zip(&stack.goodput) {
+        let top = perf_ceiling(m.sdu_bytes) / rina_lab::backend::stack::PACE_SHARE;
+        println!(
+            "{} B: model {:.3} Mb/s, stack {:.3}, link at most {:.3}",
+            m.sdu_bytes,
+            m.goodput_bps / 1e6,
+            s.goodput_bps / 1e6,
+            top / 1e6
+        );
+        assert!(m.goodput_bps <= top * 1.005, "{m:?}: > {top}");
+        assert!(m.goodput_bps > top * 0.9, "{m:?}: < 90 % of {top}");
+        let r = m.goodput_bps / s.goodput_bps;
+        assert!((0.95..1.08).contains(&r), "model / stack {r}");
+    }
+}
+
 #[test]
 fn perf_goodput_on_a_paced_link_is_the_link_rate_less_the_overheads() {
     for cube in ["reliable", "best-effort"] {

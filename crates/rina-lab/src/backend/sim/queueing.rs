@@ -154,6 +154,39 @@ struct FlowState {
     sync_drop: bool,
 }
 
+/// What a perf receiver timed of one size: its rate is what arrived after
+/// the first SDU over the time from the first arrival to the last, as
+/// `rina-perf`'s receiver times it (SDUs still queued from the size
+/// before arrive first and are not counted; the queue's drain after the
+/// size's period is).
+#[derive(Debug, Default, Clone, Copy)]
+struct Received {
+    first_ns: Option<u64>,
+    last_ns: u64,
+    /// Bits of the SDUs after the first.
+    timed_bits: u64,
+}
+
+impl Received {
+    fn arrived(&mut self, now: u64, bits: u64) {
+        match self.first_ns {
+            None => self.first_ns = Some(now),
+            Some(_) => self.timed_bits += bits,
+        }
+        self.last_ns = now;
+    }
+
+    fn rate_bps(&self) -> f64 {
+        let span = self
+            .last_ns
+            .saturating_sub(self.first_ns.unwrap_or(self.last_ns));
+        if span == 0 {
+            return 0.0;
+        }
+        self.timed_bits as f64 * 1e9 / span as f64
+    }
+}
+
 struct Multi {
     remaining: u32,
     dead: bool,
@@ -182,7 +215,7 @@ pub(super) struct Engine<'a> {
     flows: Vec<FlowState>,
     segs: Vec<Seg>,
     reservoir: Reservoir,
-    goodput: BTreeMap<(usize, usize), u64>,
+    goodput: BTreeMap<(usize, usize), Received>,
     timeline: Vec<TimelineEntry>,
     /// Events processed.
     pub(super) steps: u64,
@@ -825,9 +858,11 @@ impl<'a> Engine<'a> {
                 s.delays.push(delay_ms);
                 self.reservoir.offer(&fl.class, delay_ms);
                 if fl.kind == TrafficKind::Perf {
-                    if self.now <= self.flows[f].period_end || size_idx + 1 == fl.sdu_sizes.len() {
-                        *self.goodput.entry((f, size_idx)).or_default() += bytes as u64 * 8;
-                    }
+                    let now = self.now;
+                    self.goodput
+                        .entry((f, size_idx))
+                        .or_default()
+                        .arrived(now, bytes as u64 * 8);
                     self.perf_done(f);
                 }
             }
@@ -1221,13 +1256,12 @@ impl<'a> Engine<'a> {
             });
         }
         out.samples = self.reservoir.into_samples();
-        for ((f, k), bits) in self.goodput {
+        for ((f, k), rx) in self.goodput {
             let fl = &exp.flows[f];
-            let per = fl.per_size.as_secs_f64().max(1e-9);
             out.goodput.push(GoodputPoint {
                 series: fl.class.clone(),
                 sdu_bytes: fl.sdu_sizes[k],
-                goodput_bps: bits as f64 / per,
+                goodput_bps: rx.rate_bps(),
             });
         }
         for (l, link) in exp.links.iter().enumerate() {
