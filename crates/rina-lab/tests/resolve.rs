@@ -1,5 +1,8 @@
 //! The experiment file: what it derives, and errors that name the line.
 
+#[path = "real_common/mod.rs"]
+mod common;
+
 use rina_lab::resolve::{load, Dest, Lower, Over};
 
 fn example(name: &str) -> String {
@@ -110,31 +113,11 @@ fn stacked_dif_maps_cubes_and_derives_adjacency_over_the_lower_dif() {
 
 #[test]
 fn every_shipped_scenario_resolves_in_every_variant() {
-    let dir = format!("{}/../../examples/lab", env!("CARGO_MANIFEST_DIR"));
-    let mut n = 0;
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let p = entry.unwrap().path();
-        if p.extension().and_then(|e| e.to_str()) != Some("toml") {
-            continue;
-        }
-        let text = std::fs::read_to_string(&p).unwrap();
-        let file =
-            rina_lab::resolve::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-        let mut variants: Vec<Option<String>> = rina_lab::resolve::variant_names(&file)
-            .into_iter()
-            .map(Some)
-            .collect();
-        if variants.is_empty() {
-            variants.push(None);
-        }
-        for v in variants {
-            let e = load(&text, v.as_deref())
-                .unwrap_or_else(|e| panic!("{} [{v:?}]: {e}", p.display()));
-            assert!(!e.flows.is_empty(), "{}: no traffic", p.display());
-        }
-        n += 1;
+    let all = common::every_example();
+    assert!(all.len() >= 15, "{}", all.len());
+    for (p, v, e) in all {
+        assert!(!e.flows.is_empty(), "{} [{v:?}]: no traffic", p.display());
     }
-    assert!(n >= 1);
 }
 
 #[test]

@@ -6,34 +6,18 @@
 
 use rina_lab::backend::real::config::{node_config, ShimApps, ShimKind};
 use rina_lab::backend::stack;
-use rina_lab::resolve::{self, Experiment};
+use rina_lab::resolve::Experiment;
 use rinad::config::{Config, IpcpKind};
 use std::path::Path;
 
+#[path = "real_common/mod.rs"]
+mod common;
+
 fn examples() -> Vec<Experiment> {
-    let dir = format!("{}/../../examples/lab", env!("CARGO_MANIFEST_DIR"));
-    let mut paths: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
-        .collect();
-    paths.sort();
-    let mut out = Vec::new();
-    for p in paths {
-        let text = std::fs::read_to_string(&p).unwrap();
-        let file = resolve::parse(&text).unwrap();
-        let mut variants: Vec<Option<String>> = resolve::variant_names(&file)
-            .into_iter()
-            .map(Some)
-            .collect();
-        if variants.is_empty() {
-            variants.push(None);
-        }
-        for v in variants {
-            out.push(resolve::load(&text, v.as_deref()).unwrap_or_else(|e| panic!("{p:?}: {e}")));
-        }
-    }
-    out
+    common::every_example()
+        .into_iter()
+        .map(|(_, _, e)| e)
+        .collect()
 }
 
 #[test]

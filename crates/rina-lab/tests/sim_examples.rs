@@ -63,29 +63,11 @@ fn flow<'a>(out: &'a RunOutput, id: &str) -> &'a rina_lab::results::FlowRecord {
 /// saying why.
 #[test]
 fn every_example_runs_in_the_protocol_engine_by_itself() {
-    let dir = format!("{}/../../examples/lab", env!("CARGO_MANIFEST_DIR"));
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
-        .collect();
-    files.sort();
-    assert!(files.len() >= 15, "{files:?}");
-    for f in files {
-        let text = std::fs::read_to_string(&f).unwrap();
-        let file = rina_lab::resolve::parse(&text).unwrap();
-        let mut variants: Vec<Option<String>> = rina_lab::resolve::variant_names(&file)
-            .into_iter()
-            .map(Some)
-            .collect();
-        if variants.is_empty() {
-            variants.push(None);
-        }
-        for v in variants {
-            let exp = load(&text, v.as_deref()).unwrap();
-            let (engine, why) = Engine::choose(&exp, None).unwrap();
-            assert_eq!(engine, Engine::Protocol, "{f:?} {v:?}: {why}");
-        }
+    let all = common::every_example();
+    assert!(all.len() >= 15, "{}", all.len());
+    for (f, v, exp) in all {
+        let (engine, why) = Engine::choose(&exp, None).unwrap();
+        assert_eq!(engine, Engine::Protocol, "{f:?} {v:?}: {why}");
     }
     let metro = load(&example("metro-37.toml"), Some("spn-mr-90")).unwrap();
     let (engine, why) = Engine::choose(&metro.clone().scaled(20.0), None).unwrap();

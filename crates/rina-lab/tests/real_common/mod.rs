@@ -16,6 +16,37 @@ pub fn example(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// Every shipped example and variant (the base experiment of a file
+/// without variants), resolved: (file, variant, experiment), in file
+/// order.
+pub fn every_example() -> Vec<(PathBuf, Option<String>, Experiment)> {
+    let mut paths: Vec<_> = std::fs::read_dir(example(""))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    paths.sort();
+    let mut out = Vec::new();
+    for p in paths {
+        let text = std::fs::read_to_string(&p).unwrap();
+        let file =
+            rina_lab::resolve::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        let mut variants: Vec<Option<String>> = rina_lab::resolve::variant_names(&file)
+            .into_iter()
+            .map(Some)
+            .collect();
+        if variants.is_empty() {
+            variants.push(None);
+        }
+        for v in variants {
+            let e = rina_lab::load(&text, v.as_deref())
+                .unwrap_or_else(|e| panic!("{} [{v:?}]: {e}", p.display()));
+            out.push((p.clone(), v, e));
+        }
+    }
+    out
+}
+
 /// The target folder of this test binary (`target/<profile>`).
 fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
