@@ -93,6 +93,8 @@ struct Packet {
     size_idx: usize,
     /// Node the packet is going to.
     dst: usize,
+    /// Times it was sent again (reliable flows).
+    resends: u8,
     buf: Vec<u8>,
 }
 
@@ -121,7 +123,15 @@ enum Ev {
     Echo(usize),
     PerfSize(usize, usize),
     Topo(usize),
+    /// A reliable flow's PDU (packet index) goes again from its source.
+    Resend(usize),
 }
+
+/// Most times a reliable flow's PDU is sent again before it is given up,
+/// as EFCP's default gives up after ten retransmissions.
+const MAX_RESENDS: u8 = 10;
+/// The least time before a lost PDU goes again (EFCP's least RTO).
+const MIN_RTO_NS: u64 = 1_000_000;
 
 /// One record: a flow, or a flow allocated again after its destination moved.
 struct Seg {
@@ -213,6 +223,10 @@ pub(super) struct Engine<'a> {
     multi: HashMap<u64, Multi>,
     next_sdu: u64,
     flows: Vec<FlowState>,
+    /// Per flow: its cube retransmits (a reliable cube, not over a shim).
+    reliable: Vec<bool>,
+    /// PDUs sent again.
+    pub(super) resent: u64,
     segs: Vec<Seg>,
     reservoir: Reservoir,
     goodput: BTreeMap<(usize, usize), Received>,
@@ -349,6 +363,18 @@ impl<'a> Engine<'a> {
             multi: HashMap::new(),
             next_sdu: 0,
             flows: Vec::new(),
+            reliable: exp
+                .flows
+                .iter()
+                .map(|f| {
+                    f.shim.is_none()
+                        && exp.difs[f.dif]
+                            .cubes
+                            .iter()
+                            .any(|c| c.id == f.cube && c.reliable)
+                })
+                .collect(),
+            resent: 0,
             segs: Vec::new(),
             reservoir: Reservoir::new(RESERVOIR_CAP, exp.seed),
             goodput: BTreeMap::new(),
@@ -629,6 +655,7 @@ impl<'a> Engine<'a> {
                 sdu_bytes: bytes,
                 size_idx,
                 dst: to,
+                resends: 0,
                 buf: Vec::new(),
             });
             self.enqueue(idx);
@@ -870,6 +897,9 @@ impl<'a> Engine<'a> {
     }
 
     fn lost(&mut self, idx: usize) {
+        if self.resend_later(idx) {
+            return;
+        }
         let Some(p) = self.packets[idx].take() else {
             return;
         };
@@ -886,6 +916,40 @@ impl<'a> Engine<'a> {
             self.multi.remove(&p.sdu);
         }
         self.sdu_lost(p.flow, p.kind);
+    }
+
+    /// A PDU of a flow in a reliable cube that was lost goes again from
+    /// its source, as EFCP would send it again: after twice the path's
+    /// propagation delay (at least [`MIN_RTO_NS`]), doubling each time,
+    /// at most [`MAX_RESENDS`] times. True if it will.
+    fn resend_later(&mut self, idx: usize) -> bool {
+        let Some(p) = self.packets[idx].as_mut() else {
+            return false;
+        };
+        if !self.reliable[p.flow] || p.resends >= MAX_RESENDS {
+            return false;
+        }
+        let prop: u64 = p
+            .path
+            .hops
+            .iter()
+            .map(|h| ns(self.exp.links[self.ports[h.port].link].delay))
+            .sum();
+        let rto = (2 * prop).max(MIN_RTO_NS) << p.resends;
+        p.resends += 1;
+        self.resent += 1;
+        self.ev
+            .push(Instant::from_nanos(self.now + rto), Ev::Resend(idx));
+        true
+    }
+
+    /// Sends reliable PDU `idx` again from its first hop.
+    fn resend(&mut self, idx: usize) {
+        let Some(p) = self.packets[idx].as_mut() else {
+            return;
+        };
+        p.hop = 0;
+        self.enqueue(idx);
     }
 
     fn sdu_lost(&mut self, f: usize, kind: Kind) {
@@ -1173,6 +1237,7 @@ impl<'a> Engine<'a> {
             }
             match ev {
                 Ev::Emit(f) => self.emit(f),
+                Ev::Resend(i) => self.resend(i),
                 Ev::TxDone(p) => self.tx_done(p),
                 Ev::Arrive(i) => self.arrive(i),
                 Ev::Wake(p) => {
@@ -1275,6 +1340,15 @@ impl<'a> Engine<'a> {
             });
         }
         out.timeline.extend(self.timeline);
+        if self.resent > 0 {
+            out.timeline.push(TimelineEntry {
+                t_s: dur,
+                what: format!(
+                    "queueing model: {} PDUs of flows in reliable cubes sent again",
+                    self.resent
+                ),
+            });
+        }
     }
 }
 
