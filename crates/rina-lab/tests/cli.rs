@@ -51,6 +51,8 @@ fn check_prints_the_derived_bootstrap_and_enrollment_order() {
     assert!(rows.contains(&vec!["echo", "echo", "2"]), "{out}");
     assert!(rows.contains(&vec!["cbr-2M", "tgen", "1"]), "{out}");
     assert!(out.contains("over 1 normal DIF"), "{out}");
+    // The simulator would run it on the stack.
+    assert!(out.contains("on --backend sim, engine: protocol"), "{out}");
 }
 
 #[test]

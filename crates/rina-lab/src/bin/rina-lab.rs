@@ -364,6 +364,10 @@ fn describe(e: &Experiment) -> String {
             dur(l.duration)
         );
     }
+    // What `--backend sim` would run it on, and why.
+    if let Ok((_, why)) = rina_lab::backend::sim::Engine::choose(e, None) {
+        let _ = writeln!(s, "on --backend sim, {why}");
+    }
     s
 }
 

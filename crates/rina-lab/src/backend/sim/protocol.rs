@@ -71,7 +71,7 @@ pub(super) fn eligible(exp: &Experiment, work_cap: Option<f64>) -> Result<(), St
 /// its mean rate, and each perf sender the fastest link at its node (at
 /// most at its destination's), over the time it runs. What the protocol
 /// engine's work grows with: it simulates every PDU of every layer.
-pub(super) fn offered_bits(exp: &Experiment) -> Result<f64, String> {
+fn offered_bits(exp: &Experiment) -> Result<f64, String> {
     // A perf sender fills what its node's links carry, at most what the
     // destination's take.
     let fastest = |n: usize| {
