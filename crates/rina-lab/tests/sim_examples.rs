@@ -69,6 +69,15 @@ fn every_example_runs_in_the_protocol_engine_by_itself() {
         let (engine, why) = Engine::choose(&exp, None).unwrap();
         assert_eq!(engine, Engine::Protocol, "{f:?} {v:?}: {why}");
     }
+    // Seed 003 at the paper's ten minutes too, every variant.
+    for (_, v, exp) in common::every_example()
+        .into_iter()
+        .filter(|(f, _, _)| f.ends_with("metro-37.toml"))
+    {
+        let exp = exp.shortened(Duration::from_secs(600));
+        let (engine, why) = Engine::choose(&exp, None).unwrap();
+        assert_eq!(engine, Engine::Protocol, "metro-37 {v:?} for 600 s: {why}");
+    }
     let metro = load(&example("metro-37.toml"), Some("spn-mr-90")).unwrap();
     let (engine, why) = Engine::choose(&metro.clone().scaled(20.0), None).unwrap();
     assert_eq!(engine, Engine::Queueing);
