@@ -1662,6 +1662,11 @@ impl NormalIpcp {
         ports.extend(self.rmt.ports());
         self.rmt_more = false;
         for &port in &ports {
+            // Most ports have nothing queued on most turns: a policy asked
+            // for the next PDU of an empty port has nothing to give.
+            if !self.rmt.has_output(port) {
+                continue;
+            }
             let mut used = self.tx_used.get(&port).copied().unwrap_or(0);
             while used < TX_BURST {
                 let Some(frame) = self.rmt.poll_output(now, port) else {
