@@ -638,14 +638,14 @@ impl Rmt {
     /// should be polled again (`now` tells a pacer that is ready from one
     /// that is not).
     pub fn poll_timeout(&self, now: Instant) -> Option<Instant> {
+        // Only a port with PDUs queued has anything to wait for (every
+        // policy's `next_wakeup` is `None` on an empty port), and most
+        // ports are empty on most turns.
         self.ports
             .iter()
+            .filter(|(&p, _)| self.sched.has_queued(p))
             .filter_map(|(&p, gate)| {
-                let paced = if self.sched.has_queued(p) {
-                    gate.opens_at(now)
-                } else {
-                    None
-                };
+                let paced = gate.opens_at(now);
                 let policy = if gate.open(now) {
                     self.sched.next_wakeup(p)
                 } else {
