@@ -179,11 +179,12 @@ pub enum Engine {
 
 /// Traffic offered over a run (bits: each source's rate times the time it
 /// runs) above which the protocol engine is only used when asked for: it
-/// simulates every PDU of every layer, at about a second of wall time per
-/// Gbit on one core (`goodput-sdu`, 36 Gbit over the shim and one and two
-/// DIFs, 34 s; each variant of seed 003's `metro-37`, 17 Gbit over 37
-/// nodes, 18-27 s), so this bound is a few minutes: seed 003 at the
-/// paper's 600 s (170 Gbit) runs on the stack by itself.
+/// simulates every PDU of every layer, at half a second to a second of
+/// wall time per Gbit on one core (`goodput-sdu`, 36 Gbit over the shim
+/// and one and two DIFs, 19-34 s; each variant of seed 003's `metro-37`,
+/// 17 Gbit over 37 nodes, 11-27 s; the host's speed drifts), so this
+/// bound is a few minutes: seed 003 at the paper's 600 s (172 Gbit) runs
+/// on the stack by itself.
 pub const PROTOCOL_AUTO_CAP_BITS: f64 = 200e9;
 
 impl Engine {
