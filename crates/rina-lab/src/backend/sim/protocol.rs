@@ -435,7 +435,14 @@ impl LabNode {
     /// hold in its RMT queues and in the frames a full link pushed back.
     fn perf_room(&self) -> usize {
         let backlog: usize = self.backlog.values().map(|(q, _)| q.len()).sum();
-        perf::BUFFER_PDUS.saturating_sub(queued_pdus(&self.sys) + backlog)
+        let queued: usize = self
+            .sys
+            .members()
+            .iter()
+            .filter_map(|m| m.normal())
+            .map(|n| n.rmt().queued())
+            .sum();
+        perf::BUFFER_PDUS.saturating_sub(queued + backlog)
     }
 
     /// Writes what the clients have due.
@@ -854,15 +861,6 @@ impl LabNode {
             }
         }
     }
-}
-
-/// PDUs waiting in the RMT queues of every normal IPCP of `sys`.
-fn queued_pdus(sys: &System) -> usize {
-    sys.members()
-        .iter()
-        .filter_map(|m| m.normal())
-        .map(|n| n.rmt().queued())
-        .sum()
 }
 
 /// The name of node `m`'s IPCP in DIF `d` (also its name in the N-1 DIFs).
