@@ -736,6 +736,52 @@ fn flows_directly_over_a_link_shim_run_on_the_protocol_engine() {
     assert!(l.avg_bps_ab > 2e6 && l.avg_bps_ab < 2.5e6, "{l:?}");
 }
 
+/// A perf sweep straight over a 10 Mb/s link's shim, eight sizes of 1 s:
+/// longer than the 6 s a test waits for its REPORT, while the writer
+/// keeps the link's queue full.
+const SWEEP_OVER_SHIM: &str = r#"
+nodes = ["a", "b"]
+
+[experiment]
+name = "sweep-over-shim"
+duration = "10s"
+
+[[link]]
+between = ["a", "b"]
+rate = "10Mbps"
+delay = "100us"
+
+[[dif]]
+name = "net"
+members = ["a", "b"]
+over = ["links"]
+
+[[traffic]]
+kind = "perf"
+dif = "links"
+from = ["a"]
+to = "b"
+class = "sweep"
+sdu_sizes = [100, 200, 300, 400, 500, 600, 700, 800]
+per_size = "1s"
+"#;
+
+/// Every size of the sweep gets its REPORT: a test's STOPs no longer queue
+/// behind the next size's DATA at a full link (the first size's were lost
+/// there, every one for 6 s, and its result with them).
+#[test]
+fn a_perf_sweep_over_a_full_link_gets_every_report() {
+    let out = run(SWEEP_OVER_SHIM, None);
+    assert_eq!(engine(&out), "protocol");
+    let f = &out.flows[0];
+    assert!(f.error.is_none(), "{:?}", f.error);
+    let sizes: Vec<usize> = out.goodput.iter().map(|g| g.sdu_bytes).collect();
+    assert_eq!(sizes, [100, 200, 300, 400, 500, 600, 700, 800]);
+    for g in &out.goodput {
+        assert!(g.goodput_bps > 5e6, "{g:?}");
+    }
+}
+
 /// 10 Mb/s links a-b-d (the short way) and a-c-e-d (the long way), one
 /// DIF: echo probes from a and from b to a server at d. Node b stops at
 /// 2 s and starts at 5 s.

@@ -399,10 +399,17 @@ impl LabNode {
             let Some(p) = self.clients.get_mut(&port).and_then(|c| c.perf.as_mut()) else {
                 continue;
             };
-            for sdu in p.control(now) {
-                // A control SDU a full flow refuses is sent again (STOP) or
-                // its test still runs (START lost: the first DATA starts it).
-                let _ = self.sys.write(t, port, &sdu);
+            // Control SDUs first and in order; one a full flow refuses
+            // waits until the flow is writable, as `rina-perf` blocks.
+            p.control(now);
+            while let Some(sdu) = p.next_control() {
+                match self.sys.write(t, port, sdu) {
+                    Err(rina_core::system::FlowError::WouldBlock) => {
+                        p.blocked = true;
+                        break;
+                    }
+                    _ => p.control_taken(),
+                }
             }
             for _ in 0..self.perf_room().min(perf::BURST_SDUS) {
                 let Some(p) = self.clients.get_mut(&port).and_then(|c| c.perf.as_mut()) else {
