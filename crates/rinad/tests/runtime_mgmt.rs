@@ -398,6 +398,27 @@ fn a_bad_reload_changes_nothing_and_names_the_key_and_line() {
     let out = ctl(&d, &["reload"]);
     assert!(out.contains("IPCP gamma.udp2 destroyed"), "{out}");
     assert!(ipcp(&ipcps(&d), "gamma.udp2").is_none());
+    // A relative FILE is the caller's: rinactl run in a directory of its
+    // own (the daemon's is elsewhere) reloads the file found there.
+    let here = d.dir.join("elsewhere");
+    std::fs::create_dir_all(&here).unwrap();
+    std::fs::write(
+        here.join("other.toml"),
+        format!("{good}\n[[ipcp]]\nname = \"gamma.udp3\"\ntype = \"shim-udp\"\ndif = \"udp3\"\nbind = \"127.0.0.1:0\"\n"),
+    )
+    .unwrap();
+    let o = command(&d, "rinactl", &["reload", "other.toml"])
+        .current_dir(&here)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run rinactl");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(out.contains("IPCP gamma.udp3 created"), "{out}");
 }
 
 /// A file of system `sys`: a shim-udp DIF `udp`, normal DIF `net` over it

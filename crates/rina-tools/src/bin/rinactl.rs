@@ -116,7 +116,8 @@ enum What {
     /// the key and the line. SIGHUP to rinad does the same (the outcome is
     /// in its log). Administrators only.
     Reload {
-        /// The file (default: the one rinad was started with).
+        /// The file (default: the one rinad was started with); a relative
+        /// path is taken from the current directory.
         file: Option<String>,
     },
     /// Neighbours of a normal IPC process: keep an N-1 flow up to one, or
@@ -261,6 +262,7 @@ Quick reference (IRATI IPCM console | rlite-ctl -> rinactl):
   (restart the IPCM)          | (rerun the script)         rinactl reload [FILE], or kill -HUP rinad";
 
 fn main() {
+    rina_tools::opts::quiet_on_closed_stdout();
     rina_docgen::handle::<Cli>();
     let cli = Cli::parse();
     if let Err(e) = run(&cli) {
@@ -384,7 +386,15 @@ fn change(cli: &Cli, c: &mut rina::Client) -> rina::Result<()> {
                 keys_to_json(set).unwrap_or_else(|e| opts::die("rinactl", "bad arguments", &e, 2));
             changed(j, "efcp", &c.set_efcp(ipcp, cube, v)?);
         }
-        What::Reload { file } => changed(j, "reload", &c.reload(file.as_deref())?),
+        What::Reload { file } => {
+            // rinad reads the file: a relative path is the caller's, as
+            // for `ipcp create --file` and `capture`.
+            let file = file.as_deref().map(|f| match std::path::absolute(f) {
+                Ok(p) => p.to_string_lossy().into_owned(),
+                Err(e) => opts::die("rinactl", &format!("bad path {f}"), &e, 2),
+            });
+            changed(j, "reload", &c.reload(file.as_deref())?)
+        }
         What::Dealloc { port } => {
             c.deallocate_port(*port)?;
             done(
