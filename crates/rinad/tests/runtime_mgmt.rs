@@ -296,7 +296,10 @@ fn change_policies_under_traffic(alpha: &Daemon, client: &mut Killed) {
             "min_rto_ms=20",
         ],
     );
-    assert!(out.contains("max_retries: 5"), "{out}");
+    assert!(
+        out.contains("max_retries=5") && out.contains("min_rto_ms=20"),
+        "{out}"
+    );
     let e = ctl_fails(alpha, &["efcp", "alpha.net", "reliable", "window=0"]);
     assert!(e.contains("`window` must be between 1 and"), "{e}");
     let e = ctl_fails(alpha, &["efcp", "alpha.net", "reliable", "windw=8"]);

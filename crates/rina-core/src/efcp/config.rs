@@ -371,6 +371,42 @@ pub struct EfcpTuning {
     pub rate_frame_ms: Option<u64>,
 }
 
+/// `key=value` for every key set, in the order of the struct, as
+/// `rinactl efcp IPCP CUBE key=value...` takes them.
+impl std::fmt::Display for EfcpTuning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let cc = self.congestion_control.map(|c| match c {
+            CcName::Dctcp => "dctcp",
+            CcName::Aimd => "aimd",
+            CcName::None => "none",
+        });
+        let keys: [(&str, Option<String>); 16] = [
+            ("a_timer_ms", self.a_timer_ms.map(|v| v.to_string())),
+            ("max_sdu_gap", self.max_sdu_gap.map(|v| v.to_string())),
+            ("window", self.window.map(|v| v.to_string())),
+            ("initial_credit", self.initial_credit.map(|v| v.to_string())),
+            ("initial_rto_ms", self.initial_rto_ms.map(|v| v.to_string())),
+            ("min_rto_ms", self.min_rto_ms.map(|v| v.to_string())),
+            ("max_rto_ms", self.max_rto_ms.map(|v| v.to_string())),
+            ("max_retries", self.max_retries.map(|v| v.to_string())),
+            ("ack_every", self.ack_every.map(|v| v.to_string())),
+            ("congestion_control", cc.map(str::to_string)),
+            ("initial_window", self.initial_window.map(|v| v.to_string())),
+            ("min_window", self.min_window.map(|v| v.to_string())),
+            ("max_window", self.max_window.map(|v| v.to_string())),
+            ("gain_shift", self.gain_shift.map(|v| v.to_string())),
+            ("rate_pdus", self.rate_pdus.map(|v| v.to_string())),
+            ("rate_frame_ms", self.rate_frame_ms.map(|v| v.to_string())),
+        ];
+        let set = keys.iter().filter_map(|(k, v)| Some((k, v.as_ref()?)));
+        for (i, (key, v)) in set.enumerate() {
+            let sep = if i == 0 { "" } else { " " };
+            write!(f, "{sep}{key}={v}")?;
+        }
+        Ok(())
+    }
+}
+
 /// Largest window, credit or congestion window an EFCP tuning may ask
 /// for, in PDUs (each PDU may be held in memory).
 pub const MAX_WINDOW_PDUS: u64 = 1 << 20;
@@ -444,6 +480,38 @@ impl EfcpTuning {
             self.apply_rate(d);
         }
         cfg.validate()
+    }
+
+    /// Every key `cfg` has a value for, as this tuning writes it: what a
+    /// cube's EFCP is, in the words that change it.
+    pub fn of(cfg: &EfcpConfig) -> EfcpTuning {
+        let ms = |d: Duration| Some(d.as_millis().min(u128::from(u64::MAX)) as u64);
+        let d = cfg.dtcp.as_ref();
+        let w = d.and_then(|d| d.window.as_ref());
+        let r = d.and_then(|d| d.rtx.as_ref());
+        let c = d.and_then(|d| d.cc.as_ref());
+        EfcpTuning {
+            a_timer_ms: ms(cfg.a_timer),
+            max_sdu_gap: cfg.max_sdu_gap,
+            window: w.map(|w| w.receiver_buffer),
+            initial_credit: w.map(|w| w.initial_credit),
+            initial_rto_ms: r.and_then(|r| ms(r.initial_rto)),
+            min_rto_ms: r.and_then(|r| ms(r.min_rto)),
+            max_rto_ms: r.and_then(|r| ms(r.max_rto)),
+            max_retries: r.map(|r| r.max_retries),
+            ack_every: r.map(|r| r.ack_every),
+            congestion_control: d.map(|d| match d.cc.map(|c| c.policy) {
+                Some(super::CcPolicy::Dctcp) => CcName::Dctcp,
+                Some(super::CcPolicy::Aimd) => CcName::Aimd,
+                None => CcName::None,
+            }),
+            initial_window: c.map(|c| c.initial_window),
+            min_window: c.map(|c| c.min_window),
+            max_window: c.map(|c| c.max_window),
+            gain_shift: c.map(|c| c.gain_shift),
+            rate_pdus: d.map(|d| d.rate.map_or(0, |r| r.pdus_per_frame)),
+            rate_frame_ms: d.and_then(|d| d.rate).and_then(|r| ms(r.frame)),
+        }
     }
 
     /// The keys set here that `cfg` has no use for (it has no window flow

@@ -1497,3 +1497,38 @@ fn an_unreliable_flow_drops_a_far_jump_but_resynchronises_after_two_delta() {
     let got: Vec<u64> = std::iter::from_fn(|| b.poll_deliver().map(|d| d.seq)).collect();
     assert_eq!(got, vec![1, 2, 3, 4, 5, 6, far + 1]);
 }
+
+/// A cube's EFCP told as tuning keys gives the same EFCP when applied to
+/// the cube's kind, and reads as `key=value`s `rinactl efcp` takes.
+#[test]
+fn efcp_told_as_tuning_keys_applies_back_to_itself() {
+    for base in [
+        EfcpConfig::unreliable(),
+        EfcpConfig::reliable(),
+        EfcpConfig::flow_controlled(),
+    ] {
+        let mut changed = base.clone();
+        EfcpTuning {
+            a_timer_ms: Some(7),
+            max_retries: base.rtx().map(|_| 5),
+            window: base.window().map(|_| 40),
+            rate_pdus: base.dtcp.as_ref().map(|_| 100),
+            ..EfcpTuning::default()
+        }
+        .apply(&mut changed)
+        .unwrap();
+        let told = EfcpTuning::of(&changed);
+        let mut again = base.clone();
+        told.apply(&mut again).unwrap();
+        assert_eq!(again, changed, "{told}");
+        let line = told.to_string();
+        assert!(line.contains("a_timer_ms=7"), "{line}");
+        assert_eq!(
+            line.contains("max_retries=5"),
+            base.rtx().is_some(),
+            "{line}"
+        );
+    }
+    let line = EfcpTuning::of(&EfcpConfig::reliable()).to_string();
+    assert!(line.contains("congestion_control="), "{line}");
+}

@@ -381,9 +381,10 @@ impl Daemon {
         let c = n
             .set_cube_efcp(cube, &tuning)
             .map_err(|e| invalid(e.to_string()))?;
+        let now = rina_core::efcp::EfcpTuning::of(&c.efcp);
         let line = format!(
-            "QoS cube {} ({}) of {ipcp}: EFCP policies now {:?} (flows allocated from now on)",
-            c.name, c.id, c.efcp
+            "QoS cube {} ({}) of {ipcp}: EFCP now {now} (flows allocated from now on)",
+            c.name, c.id
         );
         info!(ipcp, cube = %c.name, "EFCP policies of a QoS cube changed");
         Ok(vec![line])
