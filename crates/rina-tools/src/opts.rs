@@ -4,6 +4,17 @@ use clap::Args;
 use rina::{AppName, Client, QosSpec};
 use std::path::PathBuf;
 
+/// Makes a closed standard output end the tool quietly, as it ends `cat`
+/// or `ping` (`rina-echo client ... | head -3`): Rust ignores `SIGPIPE`,
+/// so the next `println!` would panic with "Broken pipe" instead. Flows
+/// are not affected: the library sends on them with `MSG_NOSIGNAL`, so a
+/// closed flow is still an error, never a signal. Called first in `main`.
+pub fn quiet_on_closed_stdout() {
+    // SAFETY: `signal` with `SIG_DFL` installs no handler; nothing else
+    // runs yet when `main` calls it.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+}
+
 /// Where the daemon is and which DIF to use.
 #[derive(Debug, Clone, Default, Args)]
 pub struct CommonArgs {

@@ -112,6 +112,44 @@ fn bad_arguments_are_usage_errors() {
     );
     let out = run(CTL, &["nothing"]);
     assert_eq!(out.status.code(), Some(2));
+    // Probes smaller than their header, or none at all, are refused
+    // before any flow is asked for.
+    for (args, says) in [
+        (&["client", "--size", "0"][..], "at least 16 bytes"),
+        (&["client", "--count", "0"], "--count"),
+    ] {
+        let out = run(ECHO, args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
+
+/// A reader that goes away (`| head`) ends a tool quietly: no panic about
+/// a broken pipe.
+#[test]
+fn a_closed_stdout_ends_a_tool_without_a_panic() {
+    let mut fds = [0; 2];
+    // SAFETY: `pipe` fills the two descriptors it is given.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: both descriptors are fresh and owned here alone.
+    let (read, write) = unsafe {
+        use std::os::fd::FromRawFd;
+        (
+            std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+        )
+    };
+    // The reader is gone before the tool writes a line.
+    drop(read);
+    let out = Command::new(env!("CARGO_BIN_EXE_rina-tgen"))
+        .arg("profiles")
+        .stdout(std::process::Stdio::from(write))
+        .output()
+        .expect("run rina-tgen");
+    let err = text(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!out.status.success(), "it wrote into nothing and said ok");
 }
 
 fn missing_socket() -> String {

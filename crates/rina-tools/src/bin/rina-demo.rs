@@ -268,6 +268,7 @@ struct Summary {
 }
 
 fn main() {
+    rina_tools::opts::quiet_on_closed_stdout();
     rina_docgen::handle::<Cli>();
     let cli = Cli::parse();
     let undo = Undo::default();

@@ -61,14 +61,15 @@ struct ClientArgs {
     /// This client's application name.
     #[arg(long, default_value = "echo-client", value_parser = opts::parse_name)]
     name: AppName,
-    /// Number of probes.
-    #[arg(long, default_value_t = 10)]
+    /// Number of probes (at least 1).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     count: u64,
     /// Time between probes, in milliseconds.
     #[arg(long, default_value_t = 200)]
     interval_ms: u64,
-    /// Probe size in bytes (at least 16).
-    #[arg(long, default_value_t = 64)]
+    /// Probe size in bytes (at least 16: a probe's sequence number and
+    /// time).
+    #[arg(long, default_value_t = 64, value_parser = probe_size)]
     size: usize,
     /// How long a reply may take, in milliseconds; a reply after that is
     /// late and the probe counts as lost. Probes keep leaving every
@@ -92,6 +93,7 @@ struct ClientArgs {
 }
 
 fn main() {
+    rina_tools::opts::quiet_on_closed_stdout();
     rina_docgen::handle::<Cli>();
     match Cli::parse().mode {
         Mode::Server(a) => server(a),
@@ -171,13 +173,25 @@ fn echo_flow(flow: Flow) {
     flush();
 }
 
+/// A `--size`: at least a probe's header.
+fn probe_size(v: &str) -> Result<usize, String> {
+    let n: usize = v.parse().map_err(|e| format!("{e}"))?;
+    if n < echo::PROBE_HEADER {
+        return Err(format!(
+            "a probe is at least {} bytes (its sequence number and time)",
+            echo::PROBE_HEADER
+        ));
+    }
+    Ok(n)
+}
+
 /// Runs the client: sends the probes, prints what came back; returns the exit code.
 fn client(a: ClientArgs) -> i32 {
     let mut c: Client = match a.common.connect() {
         Ok(c) => c,
         Err(e) => opts::die(TOOL, "cannot connect", &e, 2),
     };
-    let size = a.size.max(echo::PROBE_HEADER);
+    let size = a.size;
     c.set_direct(a.direct);
     let flow = open_flow(&a, &mut c, size);
     flow.set_busy_poll((a.busy_poll_us > 0).then(|| Duration::from_micros(a.busy_poll_us)));

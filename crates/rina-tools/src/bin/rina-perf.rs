@@ -126,6 +126,7 @@ struct ClientArgs {
 }
 
 fn main() {
+    rina_tools::opts::quiet_on_closed_stdout();
     rina_docgen::handle::<Cli>();
     match Cli::parse().mode {
         Mode::Server(a) => server(a),

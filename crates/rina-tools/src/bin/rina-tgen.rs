@@ -155,6 +155,7 @@ impl From<DirArg> for Direction {
 }
 
 fn main() {
+    rina_tools::opts::quiet_on_closed_stdout();
     rina_docgen::handle::<Cli>();
     match Cli::parse().mode {
         Mode::Server(a) => server(a),
