@@ -34,7 +34,32 @@ pub enum ReportError {
         /// What is wrong.
         msg: String,
     },
+    /// No paper's figures come with rina-lab for this experiment.
+    #[error(
+        "no reference for experiment `{experiment}`: rina-lab has the papers' figures of {known} \
+         (examples/lab/reference/); give one with --reference FILE"
+    )]
+    NoReference {
+        /// The experiment's name.
+        experiment: String,
+        /// The experiments that have one.
+        known: String,
+    },
 }
+
+/// The papers' figures that come with rina-lab, by experiment name: the
+/// files of `examples/lab/reference/`, built in so that `rina-lab report`
+/// finds them wherever the binary is.
+pub const BUILT_IN: &[(&str, &str)] = &[
+    (
+        "home-isp",
+        include_str!("../../../examples/lab/reference/home-isp.toml"),
+    ),
+    (
+        "metro-37",
+        include_str!("../../../examples/lab/reference/metro-37.toml"),
+    ),
+];
 
 /// The papers' figures for one experiment.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -97,6 +122,24 @@ pub enum Dimension {
 }
 
 impl Reference {
+    /// The built-in reference of experiment `name` ([`BUILT_IN`]).
+    pub fn built_in(name: &str) -> Result<Reference, ReportError> {
+        let Some((_, text)) = BUILT_IN.iter().find(|(n, _)| *n == name) else {
+            return Err(ReportError::NoReference {
+                experiment: name.to_string(),
+                known: BUILT_IN
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect::<Vec<_>>()
+                    .join(" and "),
+            });
+        };
+        Self::parse(text).map_err(|msg| ReportError::Parse {
+            path: format!("examples/lab/reference/{name}.toml"),
+            msg,
+        })
+    }
+
     /// Reads and checks a reference file.
     pub fn read(path: &std::path::Path) -> Result<Reference, ReportError> {
         let p = path.display().to_string();
@@ -314,4 +357,22 @@ pub fn delay_series(runs: &[RunOutput], reference: &Reference) -> (Vec<String>, 
         }
     }
     (classes, series)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_built_in_references_parse() {
+        for (name, _) in BUILT_IN {
+            let r = Reference::built_in(name).unwrap();
+            assert!(!r.source.is_empty(), "{name}");
+            assert!(!r.class.is_empty() || !r.limit.is_empty(), "{name}");
+        }
+        assert!(matches!(
+            Reference::built_in("line-3"),
+            Err(ReportError::NoReference { .. })
+        ));
+    }
 }

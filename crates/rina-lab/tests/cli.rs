@@ -206,6 +206,17 @@ fn plot_and_show_work_from_run_json() {
 
     let o = bin().arg("show").arg(d.join("nothing")).output().unwrap();
     assert_eq!(o.status.code(), Some(1));
+
+    // No paper's figures for this experiment: said so, with the ones there are.
+    let o = bin().arg("report").arg(d.join("spn")).output().unwrap();
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("no reference for experiment `synthetic`")
+            && err.contains("metro-37")
+            && err.contains("--reference"),
+        "{err}"
+    );
 }
 
 /// Needs the `sim` backend.

@@ -102,8 +102,9 @@ enum Cmd {
         /// its variants).
         #[arg(required = true, value_name = "RUN_DIR")]
         dirs: Vec<PathBuf>,
-        /// The reference file (default: examples/lab/reference/<experiment>.toml
-        /// of the source tree rina-lab was built from).
+        /// The reference file (default: the papers' figures built into
+        /// rina-lab, examples/lab/reference/<experiment>.toml: metro-37 and
+        /// home-isp).
         #[arg(long, value_name = "FILE")]
         reference: Option<PathBuf>,
         /// Where report.md and the plot go.
@@ -1066,13 +1067,18 @@ fn cmd_report(
     let runs: Vec<RunOutput> = read_runs(dirs)?.into_iter().map(|(_, r)| r).collect();
     let dilated = runs.iter().filter_map(|r| r.dilation).next();
     let runs: Vec<RunOutput> = runs.into_iter().map(|r| r.in_original_time()).collect();
-    let path = reference.unwrap_or_else(|| {
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../examples/lab/reference")
-            .join(format!("{}.toml", runs[0].experiment))
-    });
-    let mut r =
-        rina_lab::report::Reference::read(&path).map_err(|e| Fail::failed(e.to_string()))?;
+    let name = &runs[0].experiment;
+    let (r, source) = match &reference {
+        Some(path) => (
+            rina_lab::report::Reference::read(path),
+            path.display().to_string(),
+        ),
+        None => (
+            rina_lab::report::Reference::built_in(name),
+            format!("examples/lab/reference/{name}.toml (built in)"),
+        ),
+    };
+    let mut r = r.map_err(|e| Fail::failed(e.to_string()))?;
     for l in &mut r.limit {
         l.bps *= scale;
     }
@@ -1085,7 +1091,7 @@ fn cmd_report(
             .map(|d| format!("`{}`", d.display()))
             .collect::<Vec<_>>()
             .join(", "),
-        path.display(),
+        source,
         match dilated {
             Some(f) => format!(
                 " Run in time dilated {:.0}x (`--dilate {f}`): delays and rates are \
