@@ -49,20 +49,38 @@ struct Cli {
     check: bool,
 }
 
+/// The log filter `--log-level` gives. A bare word must be a level: tracing
+/// would take `--log-level bogus` as a target named `bogus` and log
+/// nothing else.
+fn log_filter(spec: &str) -> Result<tracing_subscriber::EnvFilter, String> {
+    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+    for d in spec.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        if !d.contains('=') && !LEVELS.contains(&d.to_ascii_lowercase().as_str()) {
+            return Err(format!(
+                "`{d}` is not a level ({}); a target's level is TARGET=LEVEL, e.g. rinad=debug",
+                LEVELS.join(", ")
+            ));
+        }
+    }
+    tracing_subscriber::EnvFilter::try_new(spec).map_err(|e| e.to_string())
+}
+
 fn main() -> ExitCode {
     // `rinad --generate-docs DIR`: its man page and completions (hidden).
     rina_docgen::handle::<Cli>();
     let cli = Cli::parse();
-    let filter = match tracing_subscriber::EnvFilter::try_new(&cli.log_level) {
+    let filter = match log_filter(&cli.log_level) {
         Ok(f) => f,
         Err(e) => {
             eprintln!("rinad: bad --log-level {:?}: {e}", cli.log_level);
             return ExitCode::from(2);
         }
     };
+    // Colours only for a terminal: a log file gets plain text.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cfg = match config::Config::load(&cli.config) {
         Ok(c) => c,
@@ -86,5 +104,25 @@ fn main() -> ExitCode {
             eprintln!("rinad: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_filter;
+
+    #[test]
+    fn a_log_level_is_a_level_or_target_equals_level() {
+        for ok in [
+            "warn",
+            "DEBUG",
+            "rinad=debug,info",
+            "rina_core::normal=trace",
+        ] {
+            assert!(log_filter(ok).is_ok(), "{ok}");
+        }
+        let e = log_filter("bogus").unwrap_err();
+        assert!(e.contains("`bogus` is not a level"), "{e}");
+        assert!(log_filter("info,verbose").is_err());
     }
 }
