@@ -204,7 +204,7 @@ pub struct ProfileDecl {
     /// QoS cube asked for (by name, in the traffic's DIF).
     #[serde(default)]
     pub cube: Option<Spanned<String>>,
-    /// A `rina-tgen` profile name (`rina-tgen --list-profiles`).
+    /// A `rina-tgen` profile name (`rina-tgen profiles` lists them).
     pub profile: String,
     /// Rate override (CBR, Poisson, ON-OFF during ON, varying maximum).
     #[serde(default)]
