@@ -40,13 +40,26 @@ impl AppRings {
         let geo = flow_rings::GEOMETRY;
         let (to_off, from_off, len) = flow_rings::layout(geo);
         // SAFETY: a NUL-terminated name; a negative return is an error.
-        let raw = unsafe { libc::memfd_create(c"rina-flow".as_ptr(), libc::MFD_CLOEXEC) };
+        let raw = unsafe {
+            libc::memfd_create(
+                c"rina-flow".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
         if raw < 0 {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: a fresh descriptor nobody else owns.
         let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(raw) });
         file.set_len(len as u64)?;
+        // The application gets the file writable: sealed, it can no longer
+        // cut it short under the daemon's mapping (a fault there, SIGBUS,
+        // would kill the daemon with every flow it serves), nor grow it.
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: fcntl on a descriptor we own; a negative return is an error.
+        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
         let map = Mapping::new(&file, len)?;
         let region = map.region();
         let ring = |off| {
