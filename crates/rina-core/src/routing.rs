@@ -68,7 +68,7 @@ pub use wire::{
 use crate::flood::{FloodDb, Flooded, Limits, Verdict};
 use crate::rmt::{Address, ForwardingTable, PortId};
 use crate::time::Instant;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 use thiserror::Error;
 
@@ -512,9 +512,16 @@ impl LinkState {
                 let ours = self.own_seq.get(&fso.neighbor).copied().unwrap_or(0);
                 if fso.seq > ours {
                     self.counters.rx_own_newer += 1;
-                    self.own_seq.insert(fso.neighbor, fso.seq);
                     let known = self.db.contains(&fso.key())
                         || self.neighbors.values().any(|n| n.address == fso.neighbor);
+                    // The address comes from the message: a new one takes
+                    // room among the kept sequence numbers.
+                    let new_key = !self.own_seq.contains_key(&fso.neighbor);
+                    if new_key && !self.own_seq_room() {
+                        self.counters.rx_db_full += 1;
+                        continue;
+                    }
+                    self.own_seq.insert(fso.neighbor, fso.seq);
                     if !known && !self.db.has_room() {
                         self.counters.rx_db_full += 1;
                         continue;
@@ -589,6 +596,25 @@ impl LinkState {
             .filter(|e| e.obj.up)
             .map(|e| e.rx_at + self.cfg.refresh_interval)
             .min();
+    }
+
+    /// Whether `own_seq` has room for one more address. It keeps the
+    /// sequence numbers of links gone from the database too, so FSOs
+    /// claiming to be ours about ever new addresses would grow it without
+    /// end: past twice the database's bound, it forgets the addresses that
+    /// are neither in the database nor live neighbours (at most the
+    /// database's bound plus the neighbours stay, so this happens at most
+    /// once per that many new addresses).
+    fn own_seq_room(&mut self) -> bool {
+        let cap = self.cfg.max_fsos.saturating_mul(2);
+        if self.own_seq.len() < cap {
+            return true;
+        }
+        let live: BTreeSet<Address> = self.neighbors.values().map(|n| n.address).collect();
+        let (db, me) = (&self.db, self.address);
+        self.own_seq
+            .retain(|n, _| live.contains(n) || db.contains(&(me, *n)));
+        self.own_seq.len() < cap
     }
 
     fn own_entries(&self) -> impl Iterator<Item = &Entry> + '_ {

@@ -705,6 +705,38 @@ fn database_is_bounded() {
     assert_eq!(m.fso(ms(0), 10, 1).map(|f| f.seq), Some(2));
 }
 
+/// FSOs that claim to be this IPCP's own, about neighbours it never had
+/// (a forged or hostile management message can carry thousands), each with
+/// a new address: the sequence numbers kept for its own FSOs stay bounded,
+/// however many come and however long (the database expires what they
+/// made this IPCP announce, and more come).
+#[test]
+fn forged_own_fsos_keep_memory_bounded() {
+    let cfg = Config {
+        max_fsos: 3,
+        max_age: Duration::from_secs(4),
+        refresh_interval: Duration::from_secs(2),
+        ..Config::default()
+    };
+    let mut m = LinkState::new(1, cfg).unwrap();
+    m.neighbor_up(ms(0), 2, 2, 1).unwrap();
+    for round in 0..20u64 {
+        let now = ms(round * 5_000);
+        let base = 100 + round * 1_000;
+        m.on_fsos(now, 2, (base..base + 1_000).map(|n| fso(1, n, 1, true)));
+        m.handle_timeout(now);
+        drain(&mut m);
+        assert!(
+            m.own_seq.len() <= 2 * 3 + 1,
+            "round {round}: {} own sequence numbers kept",
+            m.own_seq.len()
+        );
+    }
+    // The live neighbour's own FSO is still there and refreshed.
+    m.handle_timeout(ms(100_000));
+    assert!(m.fso(ms(100_000), 1, 2).is_some_and(|f| f.up));
+}
+
 #[test]
 fn counters_map_names_every_counter() {
     let m = LinkState::new(1, Config::default()).unwrap();
