@@ -611,6 +611,12 @@ impl Directory {
         }
         if e.seq > ours {
             self.counters.rx_own_newer += 1;
+            // The name comes from the message: a new one takes room among
+            // the kept sequence numbers.
+            if !self.own_seq.contains_key(&e.name) && !self.own_seq_room() {
+                self.counters.rx_db_full += 1;
+                return;
+            }
             self.own_seq.insert(e.name.clone(), e.seq);
             let alive = self.local.contains(&e.name);
             if !alive && !self.db.contains(&e.key()) && !self.db.has_room() {
@@ -628,6 +634,24 @@ impl Directory {
         } else {
             self.counters.rx_stale += 1;
         }
+    }
+
+    /// Whether `own_seq` has room for one more name. It keeps the sequence
+    /// numbers of entries gone from the database too, so copies claiming
+    /// to be ours for ever new names would grow it without end: past twice
+    /// the database's bound, it forgets the names that are neither in the
+    /// database nor registered here (at most the database's bound plus the
+    /// registrations stay, so this happens at most once per that many new
+    /// names).
+    fn own_seq_room(&mut self) -> bool {
+        let cap = self.cfg.max_entries.saturating_mul(2);
+        if self.own_seq.len() < cap {
+            return true;
+        }
+        let (db, local, me) = (&self.db, &self.local, self.address);
+        self.own_seq
+            .retain(|n, _| local.contains(n) || db.contains(&(n.clone(), me)));
+        self.own_seq.len() < cap
     }
 
     /// Originates our entry for `name` with the next sequence number.

@@ -493,6 +493,42 @@ fn db_is_bounded() {
     assert_eq!(d.db_len(), 4);
 }
 
+/// Entries that claim to be this IPCP's own, for names it never
+/// registered (a forged or hostile management message can carry
+/// thousands), each with a new name: the sequence numbers kept for its own
+/// names stay bounded, however many come and however long (the database
+/// expires what they made this IPCP withdraw, and more come).
+#[test]
+fn forged_own_entries_keep_memory_bounded() {
+    let cfg = Config {
+        max_entries: 3,
+        max_age: Duration::from_secs(4),
+        refresh_interval: Duration::from_secs(2),
+        ..Config::default()
+    };
+    let mut d = Directory::new(A, cfg).unwrap();
+    d.neighbor_up(ms(0), 1).unwrap();
+    d.register(ms(0), app("mine")).unwrap();
+    for round in 0..20u64 {
+        let now = ms(round * 5_000);
+        d.on_entries(
+            now,
+            1,
+            (0..1_000).map(|i| entry(&format!("f{round}-{i}"), A, 1, 1, true)),
+        );
+        d.handle_timeout(now);
+        drain(&mut d);
+        assert!(
+            d.own_seq.len() <= 2 * 3 + 1,
+            "round {round}: {} own sequence numbers kept",
+            d.own_seq.len()
+        );
+    }
+    // The registered name is still announced.
+    d.handle_timeout(ms(100_000));
+    assert!(d.db.get(&(app("mine"), A)).is_some_and(|s| s.obj.alive));
+}
+
 #[test]
 fn wire_round_trip_and_irati_form() {
     let es = vec![
