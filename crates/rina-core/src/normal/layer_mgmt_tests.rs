@@ -418,3 +418,54 @@ fn a_port_removed_releases_its_session_at_the_neighbour() {
         None
     );
 }
+
+/// A neighbour answering a read of its RIB with an object at position
+/// `i64::MAX` (the CDAP version field it chose): the answer is judged,
+/// not overflowed into a panic; the read ends by its retries or deadline
+/// like one with a lost part.
+#[test]
+fn a_remote_read_answer_at_the_last_position_is_judged_without_overflow() {
+    let mut p = open_member();
+    let dif = AppName {
+        process_name: "net".into(),
+        ..AppName::default()
+    };
+    p.on_frame(at(1), PORT, &cdap_frame(&p, 2, &hello_of("m2.net", 2)));
+    let connect = CdapMessage::connect(
+        rina_wire::cdap::AuthPolicy::none(),
+        &"m2.net".parse().unwrap(),
+        &dif,
+    )
+    .with_invoke_id(1);
+    p.on_frame(at(2), PORT, &cdap_frame(&p, 2, &connect));
+    sent(&mut p);
+    let handle = p.read_remote_rib(at(3), "m2.net", "/", None).unwrap();
+    let read = sent(&mut p)
+        .into_iter()
+        .find(|m| m.op_code() == OpCode::Read)
+        .expect("the read went out");
+    let mut answer = CdapMessage::response_to(&read, 0, "")
+        .unwrap()
+        .with_version(i64::MAX);
+    answer.obj_name = Some("/x".into());
+    p.on_frame(at(4), PORT, &cdap_frame(&p, 2, &answer));
+    // Not complete: positions 0 .. i64::MAX - 1 never came.
+    let mut done = None;
+    while let Some(a) = p.poll_action() {
+        if let Action::RibRead { handle: h, result } = a {
+            done = Some((h, result));
+        }
+    }
+    assert!(done.is_none(), "{done:?}");
+    // The deadline ends it with a reason.
+    p.handle_timeout(at(600_000));
+    let mut ended = false;
+    while let Some(a) = p.poll_action() {
+        if let Action::RibRead { handle: h, result } = a {
+            assert_eq!(h, handle);
+            assert!(result.is_err(), "{result:?}");
+            ended = true;
+        }
+    }
+    assert!(ended, "the read ended");
+}

@@ -248,8 +248,9 @@ impl NormalIpcp {
         }
         // The last part came; complete only if none before it was lost
         // (else the read is asked again when its retry is due).
+        // `pos` is the peer's: at i64::MAX, `pos + 1` overflows.
         let whole = !msg.is_incomplete()
-            && r.objects.len() as i64 == pos + 1
+            && i64::try_from(r.objects.len()).ok() == pos.checked_add(1)
             && r.objects.keys().next_back() == Some(&pos);
         if whole {
             if let Some(r) = self.rib_reads.reads.remove(&handle) {
