@@ -21,6 +21,11 @@ use rina_wire::cdap::{CdapMessage, DifConfiguration, QosCubeInfo};
 use rina_wire::pci::FieldWidth;
 use rina_wire::AppName;
 
+/// Holder of the addresses a member learnt are in use (from its
+/// neighbours, routing and the directory), as opposed to those it gave to
+/// enrollees.
+const LEARNT: &str = "member";
+
 /// What an enroller gave this IPCP, checked against its own wire profile:
 /// for the IPCP to take ([`MsOut::Adopt`]).
 #[derive(Debug)]
@@ -146,9 +151,23 @@ impl MembershipMachine {
         let Some(members) = self.members.as_mut() else {
             return;
         };
+        // What was learnt is reserved only while it is known: routing and
+        // the directory forget what expires, and addresses learnt from
+        // them (chosen by whoever sent the FSOs and entries) would
+        // otherwise pile up for ever. Addresses given to enrollees stay.
+        let known: std::collections::BTreeSet<Address> = known.into_iter().collect();
+        let gone: Vec<Address> = members
+            .in_use()
+            .iter()
+            .copied()
+            .filter(|a| !known.contains(a) && members.holder(*a) == Some(LEARNT))
+            .collect();
+        for a in gone {
+            members.release(a);
+        }
         for a in known {
             if members.holder(a).is_none() {
-                members.reserve(a, "member");
+                members.reserve(a, LEARNT);
             }
         }
         members.content = DifContent {

@@ -239,3 +239,54 @@ fn a_wrong_password_is_refused_with_the_reason_and_retried_only_after_a_hold() {
         s[0].outs
     );
 }
+
+/// Addresses a member learns are in use from routing (every FSO's two
+/// ends) are reserved against new enrollees only while routing knows
+/// them: FSOs about ever new addresses (a neighbour's, or forged into an
+/// unprotected DIF), each round expired and followed by new ones, with an
+/// enrollment message now and then, do not grow the reserved set without
+/// end.
+#[test]
+fn addresses_learnt_from_routing_are_reserved_only_while_known() {
+    use crate::routing::{Config as RoutingConfig, Fso, LinkState};
+    let mut s = Side::new("m1.net", 1, None);
+    let rc = RoutingConfig {
+        max_fsos: 16,
+        max_age: Duration::from_secs(4),
+        refresh_interval: Duration::from_secs(2),
+        ..RoutingConfig::default()
+    };
+    let mut ls = LinkState::new(1, rc).unwrap();
+    let msg = CdapMessage::read("", "/");
+    for round in 0..20u64 {
+        let now = Instant::ZERO + Duration::from_secs(round * 5);
+        ls.handle_timeout(now);
+        let base = 1_000 + round * 100;
+        ls.on_fsos(
+            now,
+            PORT,
+            (0..16).map(|k| Fso {
+                origin: base + k,
+                neighbor: base + 50 + k,
+                cost: 1,
+                seq: 1,
+                up: true,
+                age: 0,
+            }),
+        );
+        let cx = Ctx {
+            cfg: &s.cfg,
+            neighbors: &s.neighbors,
+            rmt: &s.rmt,
+            routing: Some(&ls),
+            dft: None,
+        };
+        s.ms.on_enroll_cdap(&cx, now, PORT, &msg);
+        let in_use = s.ms.members.as_ref().map_or(0, |m| m.in_use().len());
+        // Its own address and both ends of every FSO routing holds.
+        assert!(
+            in_use <= 1 + 2 * 16,
+            "round {round}: {in_use} addresses reserved"
+        );
+    }
+}
