@@ -998,6 +998,13 @@ impl Conn {
     fn backlogged(&self) -> bool {
         self.replies >= CONN_REPLIES_MAX || self.reply_bytes >= CONN_REPLY_BYTES
     }
+
+    /// No more events are queued for the client ([`CONN_EVENTS_MAX`]): it
+    /// has not read those it has, nor may it be disconnected for that.
+    pub(super) fn events_full(&self) -> bool {
+        self.out.len().saturating_sub(self.replies) >= CONN_EVENTS_MAX
+            || self.out_bytes.saturating_sub(self.reply_bytes) >= CONN_QUEUE_BYTES / 2
+    }
 }
 
 /// Refuses a QoS spec whose figures are out of their range.

@@ -93,6 +93,14 @@ pub const CONN_REPLY_BYTES: usize = 256 << 10;
 pub const CONN_QUEUE_MAX: usize = 1024;
 /// Bytes queued for a control client before it is disconnected.
 pub const CONN_QUEUE_BYTES: usize = 16 << 20;
+/// Events (flow requests, their withdrawals) queued for a control client
+/// above which no more are queued for it: flow requests are refused to the
+/// requester, withdrawals left out (accepting a withdrawn request is
+/// refused with the reason). Requests come from the network, as many as
+/// anybody sends; a client that does not read them for a while keeps its
+/// connection (and its registrations) instead of reaching
+/// [`CONN_QUEUE_MAX`].
+pub const CONN_EVENTS_MAX: usize = CONN_QUEUE_MAX / 2;
 /// Control connections served at once; more are closed on arrival.
 pub const MAX_CONNS: usize = 1024;
 /// Names one control connection may hold registered.
@@ -697,6 +705,16 @@ impl Daemon {
                         .refuse(now, handle, "no application holds the name");
                     return;
                 };
+                if self.conns.get(&conn).is_some_and(Conn::events_full) {
+                    debug!(ipcp = %self.ipcps[i].name, %local, %remote, handle,
+                        "flow request refused: its application does not read its requests");
+                    let _ = self.sys.refuse(
+                        now,
+                        handle,
+                        "the application does not read its flow requests",
+                    );
+                    return;
+                }
                 self.incoming.insert(
                     handle,
                     Incoming {
@@ -720,9 +738,12 @@ impl Daemon {
             AppEvent::RequestWithdrawn { handle } => {
                 // Its application hears of it, so that it does not accept
                 // a request that is gone.
+                // One that does not read them learns when it accepts.
                 if let Some(inc) = self.incoming.remove(&handle) {
-                    let msg = Message::RequestWithdrawn { handle };
-                    self.send_msg(inc.conn, &msg, Vec::new());
+                    if !self.conns.get(&inc.conn).is_some_and(Conn::events_full) {
+                        let msg = Message::RequestWithdrawn { handle };
+                        self.send_msg(inc.conn, &msg, Vec::new());
+                    }
                 }
             }
             AppEvent::Allocated { port, max_sdu } => self.allocated(port, max_sdu),
