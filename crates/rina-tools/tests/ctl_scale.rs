@@ -79,7 +79,7 @@ fn rinactl_lists_ten_thousand_flows() {
 
     // A sink that accepts every flow and keeps it.
     // Sockets: with rings each flow would hold three descriptors in this
-    // process (the socket, the memory file and the room eventfd), and ten
+    // process (the socket, the memory file and the room pipe), and ten
     // thousand flows would pass the hard limit of 20,000.
     let mut srv = Client::connect_to(&sock).unwrap();
     srv.set_rings(false);

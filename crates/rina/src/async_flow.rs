@@ -18,7 +18,7 @@ use tokio::io::unix::AsyncFd;
 /// Like [`Flow`], one SDU per [`AsyncFlow::write`] and per
 /// [`AsyncFlow::read`], and the methods take `&self`. A flow with rings
 /// stays one: the runtime waits on its socket for the daemon's doorbells,
-/// and on the room eventfd while its send ring is full.
+/// and on the room doorbell (a pipe) while its send ring is full.
 #[derive(Debug)]
 pub struct AsyncFlow {
     inner: Inner,

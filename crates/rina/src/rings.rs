@@ -11,7 +11,7 @@
 //! reader that finds the ring empty reads the doorbells already there
 //! before it asks for the next, so a doorbell rung while nobody waited
 //! does not leave the socket readable. A writer that finds the send ring
-//! full waits on the room eventfd. One thread may read while another
+//! full waits on the room doorbell (a pipe). One thread may read while another
 //! writes: each ring has its own lock and its own doorbell.
 
 use crate::sock;
@@ -123,7 +123,7 @@ impl Rings {
                 "rings announced without their two descriptors".into()
             }));
         };
-        // Resetting the eventfd must never block, whatever flags the daemon
+        // Resetting the doorbell must never block, whatever flags the daemon
         // gave it.
         set_nonblocking(room.as_fd())?;
         let (to_app, from_app, len) = flow_rings::layout(geo);
@@ -432,13 +432,20 @@ fn set_nonblocking(fd: BorrowedFd<'_>) -> Result<(), RingsError> {
     Ok(())
 }
 
-/// Clears eventfd `efd` (the daemon made it non-blocking): a doorbell rung
-/// while nobody waited is forgotten before the next one is asked for.
+/// Clears the room doorbell `efd` (made non-blocking in `setup`): a
+/// doorbell rung while nobody waited is forgotten before the next one is
+/// asked for. It is the read end of a pipe (one byte a ring) or, from an
+/// older daemon, an eventfd (8 bytes, cleared by one read).
 fn reset(efd: BorrowedFd<'_>) {
-    let mut v = [0u8; 8];
-    // SAFETY: reads 8 bytes into a local buffer from an eventfd; EAGAIN when
-    // it is clear.
-    let _ = unsafe { libc::read(efd.as_raw_fd(), v.as_mut_ptr().cast(), 8) };
+    let mut v = [0u8; 64];
+    loop {
+        // SAFETY: reads at most 64 bytes into a local buffer; EAGAIN when
+        // it is clear.
+        let n = unsafe { libc::read(efd.as_raw_fd(), v.as_mut_ptr().cast(), v.len()) };
+        if n < v.len() as isize {
+            return;
+        }
+    }
 }
 
 /// Tells the daemon to look at the rings (it sleeps).
@@ -451,7 +458,7 @@ fn kick(sock: BorrowedFd<'_>) -> Result<(), RingsError> {
     }
 }
 
-/// Sleeps until the daemon rings: eventfd `room` if given (a writer, which
+/// Sleeps until the daemon rings: the room doorbell if given (a writer, which
 /// resets it), else the flow socket (a reader, which drains it on its next
 /// look); or until the socket hangs up (the flow is closed), [`RECHECK`]
 /// passes, or `deadline`. False only at the deadline, with nothing rung.
@@ -480,7 +487,7 @@ fn wait(
             Err(e) => Err(RingsError::Sys(e)),
         };
     };
-    // A writer: the room eventfd, or the hang-up (the socket's doorbells
+    // A writer: the room doorbell, or the hang-up (the socket's doorbells
     // are the reader's). By libc's poll, whose `revents` can be read
     // whatever they hold: nix's gives none when they hold POLLRDHUP, which
     // it cannot name, and the hang-up went unseen (the writer polled on

@@ -11,6 +11,9 @@ use std::time::Duration;
 
 const T: Duration = Duration::from_secs(10);
 
+/// The tests look for the flow's descriptors in this process: one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// The descriptors of this process whose target starts with `prefix`.
 fn fds_named(prefix: &str) -> Vec<i32> {
     std::fs::read_dir("/proc/self/fd")
@@ -33,6 +36,7 @@ fn fds_named(prefix: &str) -> Vec<i32> {
 /// the flow keeps working.
 #[test]
 fn an_application_cutting_its_ring_file_short_does_not_kill_the_daemon() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let (alpha, beta) = pair(&["sink"]);
     let mut srv = beta.client();
     // The reading end without rings: only the attacker's file is cut.
@@ -78,4 +82,87 @@ fn an_application_cutting_its_ring_file_short_does_not_kill_the_daemon() {
     flow.write(b"after").unwrap();
     let got = reader.join().unwrap();
     assert_eq!(got, vec![b"before".to_vec(), b"after".to_vec()]);
+}
+
+/// An application that makes the descriptor the daemon rings when it
+/// frees room in the application's send ring (it receives it with the
+/// rings) blocking, fills its counter, and asks for that doorbell: the
+/// daemon's next ring must not block its event loop (every flow and
+/// client it serves would stop for good).
+#[test]
+fn an_application_cannot_make_the_daemon_block_on_its_room_doorbell() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (alpha, beta) = pair(&["sink"]);
+    let mut srv = beta.client();
+    srv.set_rings(false);
+    srv.register(&name("sink"), None).unwrap();
+    let reader = std::thread::spawn(move || {
+        let req = srv.next_request_timeout(T).unwrap().expect("a request");
+        let flow = srv.accept(&req).unwrap();
+        let mut buf = vec![0u8; 2048];
+        let mut got = 0;
+        while let Ok(Some(_)) = flow.read_timeout(&mut buf, Duration::from_secs(3)) {
+            got += 1;
+        }
+        got
+    });
+    let mut c = alpha.client();
+    c.set_rings(true);
+    let flow = c
+        .allocate(&name("blocker"), &name("sink"), None, &QosSpec::default())
+        .unwrap();
+    assert!(flow.has_rings(), "the flow got rings");
+    flow.write(b"first").unwrap();
+
+    let files = fds_named("/memfd:rina-flow");
+    assert_eq!(files.len(), 1, "one ring file in this process");
+    let rooms: Vec<i32> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let fd: i32 = e.file_name().to_str()?.parse().ok()?;
+            let target = std::fs::read_link(e.path()).ok()?;
+            let t = target.to_str()?;
+            (t.starts_with("anon_inode:[eventfd]") || t.starts_with("pipe:")).then_some(fd)
+        })
+        .collect();
+    assert!(!rooms.is_empty(), "the room doorbell is in this process");
+    for &room in &rooms {
+        // SAFETY: descriptors of this process; an 8-byte buffer for each
+        // read and write.
+        unsafe {
+            let mut v = [0u8; 8];
+            libc::read(room, v.as_mut_ptr().cast(), 8);
+            let max: u64 = 0xffff_ffff_ffff_fffe;
+            libc::write(room, (&max as *const u64).cast(), 8);
+            let fl = libc::fcntl(room, libc::F_GETFL);
+            libc::fcntl(room, libc::F_SETFL, fl & !libc::O_NONBLOCK);
+        }
+    }
+    // "I wait for room": the producer's waiting word of the send ring,
+    // which follows the receive ring in the file.
+    let (_, from_app, _) =
+        rina_core::shim_hv::flow_rings::layout(rina_core::shim_hv::flow_rings::GEOMETRY);
+    let one = 1u32.to_le_bytes();
+    // SAFETY: a write of 4 bytes into the ring file at its offset.
+    let n = unsafe { libc::pwrite(files[0], one.as_ptr().cast(), 4, (from_app + 8) as i64) };
+    assert_eq!(n, 4);
+    // An SDU: the daemon takes it and, asked to, rings the room doorbell.
+    flow.write(b"second").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+
+    // The daemon still answers.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = alpha.path().to_owned();
+    std::thread::spawn(move || {
+        let r = rina::Client::connect_to(&path).and_then(|mut c| c.list_ipcps());
+        let _ = tx.send(r.map(|v| v.len()));
+    });
+    let answered = rx.recv_timeout(T);
+    assert!(
+        matches!(answered, Ok(Ok(1))),
+        "the daemon hangs on the doorbell: {answered:?}"
+    );
+    flow.write(b"third").unwrap();
+    assert_eq!(reader.join().unwrap(), 3, "the flow kept working");
 }

@@ -3,26 +3,30 @@
 //!
 //! An application asks for them when it allocates or accepts a flow; if
 //! the IPCP serving the flow offers them, the daemon creates a memory file
-//! and an eventfd and sends them, with a [`Setup`] message, as the first
-//! packet of the flow's socket. The file holds two rings of
-//! [`super::ring`] one after the other: first the daemon-to-application
-//! ring, then the application-to-daemon ring, both of the geometry the
-//! setup message gives. The same validation as between VMs applies: an
-//! application writing garbage into the file only breaks its own flow.
+//! (sealed against shrinking) and a pipe and sends them (of the pipe, the
+//! read end), with a [`Setup`] message, as the first packet of the flow's
+//! socket. The file holds two rings of [`super::ring`] one after the
+//! other: first the daemon-to-application ring, then the
+//! application-to-daemon ring, both of the geometry the setup message
+//! gives. The same validation as between VMs applies: an application
+//! writing garbage into the file only breaks its own flow.
 //!
 //! Notification: when the daemon published SDUs the application waits
 //! for, it writes a one-byte packet on the flow socket (so the socket
 //! turns readable, as a flow without rings does, and poll/epoll/tokio wait
 //! on it unchanged); when it freed room the application waits for, it
-//! rings the eventfd. The application tells the daemon by writing a
-//! one-byte packet on the flow socket too. Each side only drains the
-//! packets it receives, and rings only when the ring header says the
-//! other sleeps.
+//! writes a byte into the pipe. (It was an eventfd: its one open file,
+//! shared, could be made blocking by the application, and the daemon then
+//! blocked on it; the application's end of a pipe is its own. The
+//! application reads either until it is empty.) The application tells the
+//! daemon by writing a one-byte packet on the flow socket too. Each side
+//! only drains the packets it receives, and rings only when the ring
+//! header says the other sleeps.
 
 use super::ring::Geometry;
 
 /// What a setup message starts with when rings follow (with two
-/// descriptors: the memory file and the room eventfd). Version 1 also
+/// descriptors: the memory file and the room pipe). Version 1 also
 /// carried a data eventfd, where version 2 rings the flow socket.
 pub const MAGIC_RINGS: &[u8; 8] = b"RINARNG2";
 /// What a setup message is when the IPCP offers no rings: the flow is a

@@ -1,11 +1,11 @@
 //! Shared-memory rings between `rinad` and the application of one flow
 //! (`Client::set_rings`; layout and setup message in
 //! `rina_core::shim_hv::flow_rings`): the daemon makes the memory file and
-//! an eventfd (for room) and sends them as the first packet of the flow
+//! a pipe (for room) and sends them as the first packet of the flow
 //! socket; afterwards SDUs go through the rings, and the socket only
 //! carries one-byte doorbells each way (and its end of file).
 
-use super::shim_hv::{eventfd, ring_eventfd, Mapping};
+use super::shim_hv::Mapping;
 use rina_core::sdu::Sdu;
 use rina_core::shim_hv::flow_rings::{self, Setup};
 use rina_core::shim_hv::ring::{Consumer, Producer, RingError, Segments};
@@ -24,8 +24,13 @@ pub(super) struct AppRings {
     /// tells the application that SDUs wait (it sleeps on them). Owned by
     /// the flow's slot, which drops it with these rings.
     sock: RawFd,
-    /// Rung when room appeared for the application (it sleeps on a full ring).
-    pub room: OwnedFd,
+    /// Rung when room appeared for the application (it sleeps on a full
+    /// ring): the write end of a pipe whose read end the application has.
+    /// Not an eventfd, whose one open file the application would share: it
+    /// could make it blocking and fill its counter, and the daemon's next
+    /// ring would block its event loop for good. Its end of a pipe is its
+    /// own, and only ours is written.
+    room: OwnedFd,
     _map: Mapping,
 }
 
@@ -73,11 +78,11 @@ impl AppRings {
         let from_app = Consumer::new(ring(from_off)?, geo).map_err(to_io)?;
         // Nothing to read yet: the application's first SDU must kick us.
         from_app.arm();
-        let room = eventfd()?;
+        let (room_rx, room) = room_pipe()?;
         send_with_fds(
             fd,
             &Setup::Rings(geo).encode(),
-            &[file.as_raw_fd(), room.as_raw_fd()],
+            &[file.as_raw_fd(), room_rx.as_raw_fd()],
         )?;
         Ok(Some(AppRings {
             to_app,
@@ -87,6 +92,18 @@ impl AppRings {
             _map: map,
         }))
     }
+}
+
+/// A pipe for the room doorbell, both ends non-blocking: (read end for
+/// the application, write end for the daemon).
+fn room_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: a two-descriptor array; a negative return is an error.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh descriptors nobody else owns.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
 /// Sends one packet with descriptors on a fresh flow socket.
@@ -194,7 +211,9 @@ impl AppRings {
     /// waits for room.
     pub(super) fn took(&self) {
         if self.from_app.take_wakeup() {
-            ring_eventfd(&self.room);
+            // A full pipe is already readable: that doorbell is not lost.
+            // SAFETY: writes one byte from a live buffer.
+            let _ = unsafe { libc::write(self.room.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
         }
     }
 }
