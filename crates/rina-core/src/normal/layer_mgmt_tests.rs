@@ -469,3 +469,34 @@ fn a_remote_read_answer_at_the_last_position_is_judged_without_overflow() {
     }
     assert!(ended, "the read ended");
 }
+
+/// Requests for flow objects from ever new source addresses (end to end:
+/// each its own session, which needs no opening) must not evict the
+/// session a neighbour opened with `M_CONNECT`: its next requests would be
+/// refused until it connects again.
+#[test]
+fn sessions_with_far_members_do_not_evict_a_neighbours_session() {
+    let mut net = [ipcp(1, 1), ipcp(2, 2)];
+    run(&mut net, 0, 3_000, &mut |_, _| false);
+    assert_joined(&net, "at first");
+    let p = &mut net[0];
+    for k in 0..(mgmt_rib::MAX_SESSIONS as u64 + 10) {
+        let create = CdapMessage::create(
+            "Flow",
+            &format!("{}/key={}-1", rina_wire::fa::FLOWS_PATH, 100 + k),
+            vec![0u8],
+        )
+        .with_invoke_id(1);
+        p.on_frame(at(3_001), PORT, &cdap_frame(p, 100 + k, &create));
+        sent(p);
+    }
+    assert!(
+        p.rib_daemon().sessions().count() > 1_000,
+        "the requests made sessions"
+    );
+    assert_eq!(
+        session(p),
+        SessionState::Open,
+        "the neighbour's session is still open"
+    );
+}

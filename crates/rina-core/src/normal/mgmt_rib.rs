@@ -60,7 +60,8 @@ use rina_wire::cdap::{CdapMessage, InvokeId, OpCode};
 use std::collections::{BTreeMap, VecDeque};
 
 /// Most sessions kept; the least recently used one without outstanding
-/// requests makes room for a new one.
+/// requests makes room for a new one (a neighbour's only for another
+/// neighbour's, see `MgmtRib::evict`).
 pub const MAX_SESSIONS: usize = 4096;
 
 /// Most requests of one session waiting for an answer; the oldest is
@@ -378,7 +379,7 @@ impl MgmtRib {
 
     fn session_mut(&mut self, now: Instant, peer: Peer) -> &mut Session {
         if !self.sessions.contains_key(&peer) && self.sessions.len() >= MAX_SESSIONS {
-            self.evict();
+            self.evict(peer);
         }
         let s = self
             .sessions
@@ -389,12 +390,18 @@ impl MgmtRib {
     }
 
     /// Drops the least recently used session, preferring one with nothing
-    /// outstanding.
-    fn evict(&mut self) {
+    /// outstanding, to make room for `new`'s. A session with a member at an
+    /// address (whatever address a message names; they need no opening)
+    /// only ever replaces another such: a neighbour's, opened with
+    /// `M_CONNECT` and one per N-1 port, is never lost to them (its next
+    /// requests would be refused until it connected again).
+    fn evict(&mut self, new: Peer) {
+        let far = |p: &Peer| matches!(p, Peer::Remote(_));
         let victim = self
             .sessions
             .iter()
-            .min_by_key(|(p, s)| (!s.outstanding.is_empty(), s.last_used, **p))
+            .filter(|(p, _)| far(p) || !far(&new))
+            .min_by_key(|(p, s)| (!far(p), !s.outstanding.is_empty(), s.last_used, **p))
             .map(|(p, _)| *p);
         if let Some(p) = victim {
             self.close(p);
