@@ -576,3 +576,35 @@ fn sdus_written_just_before_a_close_reach_the_reader() {
         }
     }
 }
+
+/// A daemon that cannot start (its UDP port is taken) says why and leaves
+/// no control socket behind for clients to find.
+#[test]
+fn a_daemon_that_cannot_start_leaves_no_socket_behind() {
+    let taken = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap();
+    let dir = common::temp_dir("nobind");
+    let conf = dir.join("rinad.toml");
+    std::fs::write(
+        &conf,
+        format!("[system]\nname = \"x\"\n\n[[ipcp]]\nname = \"x.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"{port}\"\n"),
+    )
+    .unwrap();
+    let socket = dir.join("rinad.sock");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rinad"))
+        .arg("--config")
+        .arg(&conf)
+        .arg("--socket")
+        .arg(&socket)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains(&port.to_string()), "{err}");
+    assert!(
+        !socket.exists(),
+        "the socket of a daemon that did not start"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -313,6 +313,26 @@ impl Daemon {
             "cannot listen on {}",
             socket_path.display()
         )))?;
+        let path = socket_path.clone();
+        let built = Self::listening(cfg, config_path, socket_path, poll, access, listener);
+        if built.is_err() {
+            // Nobody will answer on it: a client would find a socket file
+            // that refuses it, and the next start would have to remove it.
+            let _ = std::fs::remove_file(&path);
+        }
+        built
+    }
+
+    /// The rest of [`Daemon::new`] once it listens on `socket_path`: the
+    /// socket's access, signals, the system with its media.
+    fn listening(
+        cfg: &Config,
+        config_path: PathBuf,
+        socket_path: PathBuf,
+        poll: Poll,
+        access: access::Access,
+        listener: OwnedFd,
+    ) -> Result<Daemon, DaemonError> {
         sys::set_socket_access(
             &socket_path,
             cfg.system.socket_mode(),
