@@ -1248,10 +1248,25 @@ fn check_addresses(ip: &IpcpConfig) -> Result<(), (std::ops::Range<usize>, Strin
             at(n.over.span(), format!("neighbor[{k}].address"), a)?;
         }
     }
+    // Where every neighbour's address is written, a next hop must be one
+    // of them (a route through anything else reaches nobody).
+    let known: Option<Vec<u64>> = ip.neighbors.iter().map(|n| n.address).collect();
     for (dst, &hop) in &ip.routes {
         let k = format!("routes.{dst:?}");
         at(ip.name.span(), k.clone(), dst.parse().unwrap_or(0))?;
-        at(ip.name.span(), k, hop)?;
+        at(ip.name.span(), k.clone(), hop)?;
+        if let Some(known) = known.as_ref().filter(|k| !k.contains(&hop)) {
+            let list: Vec<String> = known.iter().map(u64::to_string).collect();
+            let m = format!(
+                "next hop {hop} is not a neighbour's address (the neighbours': {})",
+                if list.is_empty() {
+                    "none".into()
+                } else {
+                    list.join(", ")
+                }
+            );
+            return Err((ip.name.span(), k, m));
+        }
     }
     for (app, &a) in &ip.names {
         at(ip.name.span(), format!("names.\"{app}\""), a)?;
@@ -1935,6 +1950,24 @@ address = 2
             .unwrap_err()
             .to_string();
         assert!(e.contains("shim-udp"), "{e}");
+    }
+
+    #[test]
+    fn a_static_route_goes_through_a_neighbour() {
+        let e = parse(&TWO.replace("\"3\" = 2", "\"3\" = 9"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("routes.\"3\"")
+                && e.contains("next hop 9 is not a neighbour's address (the neighbours': 2)"),
+            "{e}"
+        );
+        // A neighbour whose address is learnt at run time: nothing to check.
+        parse(
+            &TWO.replace("\"3\" = 2", "\"3\" = 9")
+                .replace("over = \"udp\"\naddress = 2\n", "over = \"udp\"\n"),
+        )
+        .unwrap();
     }
 
     #[test]
