@@ -89,6 +89,29 @@ fn bidirectional_run_between_two_daemons_writes_csv_and_json() {
     // The server exits after its two flows closed; its files hold `fwd`.
     let server = procs.0.pop().unwrap();
     check_server(server, &dir, &cli);
+    check_unknown_destination(&tgen, &a);
+}
+
+/// A flow to a name nobody registered: its error once, and no empty table.
+fn check_unknown_destination(tgen: &Path, a: &Path) {
+    let out = Command::new(tgen)
+        .arg("client")
+        .arg("--socket")
+        .arg(a)
+        .args(["--dst", "nobody", "--duration-s", "1"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stdout}{err}");
+    let said: Vec<&str> = err.lines().filter(|l| l.contains("nobody")).collect();
+    assert_eq!(said.len(), 1, "{err}");
+    assert!(
+        said[0].contains("cannot allocate a flow to nobody"),
+        "{err}"
+    );
+    assert!(!stdout.contains("FLOW"), "an empty table: {stdout}");
 }
 
 /// Writes alpha's and beta's configurations into `dir` and starts their

@@ -714,12 +714,10 @@ impl ClientRun<'_> {
             Ok(f) => f,
             Err(e) if e.is_closed() => opts::die(TOOL, "lost the daemon", &e, 2),
             Err(e) => {
-                eprintln!(
-                    "{TOOL}: flow {}: cannot allocate a flow to {dst}: {e}",
-                    p.flow
-                );
+                let e = format!("cannot allocate a flow to {dst}: {e}");
+                eprintln!("{TOOL}: flow {}: {e}", p.flow);
                 let dif = p.dif.clone().unwrap_or_default();
-                self.failed.push(failed_entry(p, e.to_string(), dif));
+                self.failed.push(failed_entry(p, e, dif));
                 return;
             }
         };
@@ -975,10 +973,14 @@ fn print_final(r: &RunReport, json: bool) {
                 ms(d.map(|d| d.jitter_us)),
             ]);
         }
-        if let Some(e) = &f.error {
+        // A flow that never ran (its allocation failed) was said at once.
+        let ran = !f.reports.is_empty() || f.sent.is_some();
+        if let Some(e) = f.error.as_ref().filter(|_| ran) {
             eprintln!("{TOOL}: flow {}: {e}", f.flow);
         }
     }
-    print!("{}", t.render());
+    if !t.is_empty() {
+        print!("{}", t.render());
+    }
     flush();
 }
