@@ -38,7 +38,7 @@ pub enum LabError {
         msg: String,
     },
     /// `--variant` names a variant the file does not have.
-    #[error("no variant `{name}` in the file (it has: {})", known.join(", "))]
+    #[error("no variant `{name}` in the file ({})", variants_it_has(known))]
     NoVariant {
         /// The name asked for.
         name: String,
@@ -72,6 +72,15 @@ pub enum LabError {
     /// The run was interrupted (Ctrl-C).
     #[error("interrupted")]
     Interrupted,
+}
+
+/// What [`LabError::NoVariant`] says the file has.
+fn variants_it_has(known: &[String]) -> String {
+    if known.is_empty() {
+        "it has none: run it without --variant".into()
+    } else {
+        format!("it has: {}", known.join(", "))
+    }
 }
 
 impl LabError {

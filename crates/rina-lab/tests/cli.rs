@@ -125,6 +125,15 @@ fn unknown_backend_and_variant_fail_before_anything_starts() {
         "{err}"
     );
     assert!(!out.exists());
+    // A file without variants says so.
+    let o = bin()
+        .args(["check", "--variant", "nope"])
+        .arg(example("line-3.toml"))
+        .output()
+        .unwrap();
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("it has none"), "{err}");
 
     let o = bin()
         .args(["run", "--duration", "soon"])
