@@ -4,12 +4,12 @@
 # crates/rina-docgen), into DIR (default target/dist): DIR/man/man1/*.1,
 # DIR/completions/{*.bash,_*,*.fish}.
 #
-# Uses the release binaries in target/release (BIN_DIR to override),
-# building them if missing.
+# Uses the release binaries in $CARGO_TARGET_DIR/release (target/release
+# by default; BIN_DIR to override), building them if missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-target/dist}
-bins=${BIN_DIR:-target/release}
+bins=${BIN_DIR:-${CARGO_TARGET_DIR:-target}/release}
 tools="rinactl rina-echo rina-perf rina-tgen rina-ip rina-demo rina-lab rinad"
 for t in $tools; do
     if [ ! -x "$bins/$t" ]; then
