@@ -67,6 +67,9 @@ pub struct EchoReport {
     /// Every round-trip time of a reply in time, in microseconds, in probe
     /// order.
     pub rtt_us: Vec<f64>,
+    /// Time from the allocation request to the flow, in milliseconds.
+    #[serde(default)]
+    pub allocation_ms: Option<f64>,
 }
 
 /// Echoes every SDU of `flow` back until it is closed or fails for good;

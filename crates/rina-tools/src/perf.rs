@@ -733,6 +733,10 @@ pub struct PerfReport {
     /// Every flow's own results, in the order they were allocated.
     #[serde(default)]
     pub flows: Vec<FlowReport>,
+    /// Time from the first flow's allocation request to the flow, in
+    /// milliseconds.
+    #[serde(default)]
+    pub allocation_ms: Option<f64>,
 }
 
 /// The results of one flow of a `rina-perf client` run.
@@ -746,6 +750,10 @@ pub struct FlowReport {
     pub rr: Vec<rr::RrResult>,
     /// Why a test on this flow failed, if one did.
     pub error: Option<String>,
+    /// Time from this flow's allocation request to the flow, in
+    /// milliseconds.
+    #[serde(default)]
+    pub allocation_ms: Option<f64>,
 }
 
 #[cfg(test)]

@@ -121,6 +121,11 @@ pub fn check_line_3_links(out: &RunOutput, dir: &Path, emulated: bool) {
     for g in &out.goodput {
         println!("goodput {} B: {:.2} Mb/s", g.sdu_bytes, g.goodput_bps / 1e6);
     }
+    // Every client said how long its flow's allocation took.
+    for f in &out.flows {
+        let ms = f.allocation_ms.unwrap_or_else(|| panic!("{f:?}"));
+        assert!(ms > 0.0 && ms < 10_000.0, "{f:?}");
+    }
     // Echo from a (two 1 ms links to c) and from b (one link).
     let echo = |src: &str| {
         out.flows

@@ -11,7 +11,7 @@ use rina_tools::stats::Summary;
 use std::io::Write;
 use std::sync::Arc;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const TOOL: &str = "rina-echo";
 
@@ -193,10 +193,11 @@ fn client(a: ClientArgs) -> i32 {
     };
     let size = a.size;
     c.set_direct(a.direct);
-    let flow = open_flow(&a, &mut c, size);
+    let (flow, allocation_ms) = open_flow(&a, &mut c, size);
     flow.set_busy_poll((a.busy_poll_us > 0).then(|| Duration::from_micros(a.busy_poll_us)));
     let tally = send_probes(&a, &flow, size);
-    let report = echo_report(&a, &flow, size, tally);
+    let mut report = echo_report(&a, &flow, size, tally);
+    report.allocation_ms = Some(allocation_ms);
     print_report(&a, &report);
     if report.received == 0 {
         1
@@ -206,12 +207,15 @@ fn client(a: ClientArgs) -> i32 {
 }
 
 /// Allocates the flow to the server, checks it takes `size`-byte probes and
-/// says so (unless `--json`).
-fn open_flow(a: &ClientArgs, c: &mut Client, size: usize) -> Arc<Flow> {
+/// says so (unless `--json`); the flow, and how long its allocation took
+/// in milliseconds.
+fn open_flow(a: &ClientArgs, c: &mut Client, size: usize) -> (Arc<Flow>, f64) {
+    let asked = Instant::now();
     let flow = match c.allocate(&a.name, &a.dst, a.common.dif(), &a.qos.spec()) {
         Ok(f) => Arc::new(f),
         Err(e) => opts::die(TOOL, &format!("cannot allocate a flow to {}", a.dst), &e, 2),
     };
+    let allocation_ms = asked.elapsed().as_secs_f64() * 1e3;
     if size > flow.max_sdu() {
         opts::die(
             TOOL,
@@ -232,7 +236,7 @@ fn open_flow(a: &ClientArgs, c: &mut Client, size: usize) -> Arc<Flow> {
             if flow.is_direct() { ", direct" } else { "" }
         );
     }
-    flow
+    (flow, allocation_ms)
 }
 
 /// What the probes brought back.
@@ -370,6 +374,7 @@ fn echo_report(a: &ClientArgs, flow: &Flow, size: usize, tally: Tally) -> EchoRe
         loss_pct: echo::loss_pct(sent, received),
         rtt_ms: Summary::of(&rtts_us).map(|s| s.scaled(1e-3)),
         rtt_us: rtts_us,
+        allocation_ms: None,
     }
 }
 

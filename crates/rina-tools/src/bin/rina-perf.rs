@@ -251,12 +251,15 @@ fn client(a: ClientArgs) -> i32 {
         .unwrap_or_else(|e| opts::die(TOOL, "cannot connect", &e, 2));
     c.set_direct(a.direct);
     let mut flows = Vec::new();
+    let mut allocation_ms = Vec::new();
     for _ in 0..a.parallel {
+        let asked = Instant::now();
         let flow = c
             .allocate(&a.name, &a.dst, a.common.dif(), &a.qos.spec())
             .unwrap_or_else(|e| {
                 opts::die(TOOL, &format!("cannot allocate a flow to {}", a.dst), &e, 2)
             });
+        allocation_ms.push(asked.elapsed().as_secs_f64() * 1e3);
         if let Some(s) = sizes.iter().find(|&&s| s > flow.max_sdu()) {
             opts::die(
                 TOOL,
@@ -306,7 +309,11 @@ fn client(a: ClientArgs) -> i32 {
             })
             .collect()
     });
-    let report = report(&a, &flows[0], &sizes, runs);
+    let mut report = report(&a, &flows[0], &sizes, runs);
+    report.allocation_ms = allocation_ms.first().copied();
+    for (f, &ms) in report.flows.iter_mut().zip(&allocation_ms) {
+        f.allocation_ms = Some(ms);
+    }
     print_report(&a, &sizes, &report)
 }
 
@@ -402,6 +409,7 @@ fn report(a: &ClientArgs, first: &Flow, sizes: &[usize], runs: Vec<FlowRun>) -> 
         port: first.info().port,
         tests,
         rr,
+        allocation_ms: None,
         flows: runs
             .into_iter()
             .map(|r| FlowReport {
@@ -409,6 +417,7 @@ fn report(a: &ClientArgs, first: &Flow, sizes: &[usize], runs: Vec<FlowRun>) -> 
                 tests: r.tests.into_iter().flatten().collect(),
                 rr: r.rr.into_iter().flatten().collect(),
                 error: r.error,
+                allocation_ms: None,
             })
             .collect(),
     }

@@ -410,6 +410,7 @@ fn server_report(started_ns: u64, flows: &[Arc<ServerFlow>], with_samples: bool)
                     .map(|m| m.report("fwd", true, with_samples))
                     .collect(),
                 sent: None,
+                allocation_ms: None,
             }
         })
         .collect();
@@ -710,7 +711,7 @@ impl ClientRun<'_> {
             p.duration_s = (p.duration_s - late).max(0.05);
         }
         let p = &p;
-        let flow = match allocated {
+        let (flow, allocation_ms) = match allocated {
             Ok(f) => f,
             Err(e) if e.is_closed() => opts::die(TOOL, "lost the daemon", &e, 2),
             Err(e) => {
@@ -752,24 +753,34 @@ impl ClientRun<'_> {
         let (p, live, samples) = (p.clone(), self.live.clone(), self.a.out.samples);
         let (probe, report_wait) = (self.probe, self.report_wait);
         self.workers.push(thread::spawn(move || {
-            run_client_flow(flow, &p, probe, report_wait, &live, samples)
+            let mut entry = run_client_flow(flow, &p, probe, report_wait, &live, samples);
+            entry.allocation_ms = Some(allocation_ms);
+            entry
         }));
     }
 
     /// Allocates `p`'s flow to `dst`, retrying a failure every [`RETRY`]
-    /// for `--alloc-retry-s` (at most the flow's duration) from `begin`.
-    fn allocate(&mut self, p: &FlowPlan, dst: &AppName, begin: Instant) -> rina::Result<Flow> {
+    /// for `--alloc-retry-s` (at most the flow's duration) from `begin`;
+    /// the flow and how long the request that got it took, in ms.
+    fn allocate(
+        &mut self,
+        p: &FlowPlan,
+        dst: &AppName,
+        begin: Instant,
+    ) -> rina::Result<(Flow, f64)> {
         let retry_until =
             begin + Duration::from_secs_f64(self.a.alloc_retry_s.clamp(0.0, p.duration_s));
         loop {
+            let asked = Instant::now();
             match self
                 .c
                 .allocate(&self.a.name, dst, p.dif.as_deref(), &p.qos.spec())
             {
+                Ok(f) => break Ok((f, asked.elapsed().as_secs_f64() * 1e3)),
                 Err(e) if !e.is_closed() && Instant::now() + RETRY < retry_until => {
                     thread::sleep(RETRY);
                 }
-                r => break r,
+                Err(e) => break Err(e),
             }
         }
     }
@@ -788,6 +799,7 @@ fn failed_entry(p: &FlowPlan, error: String, dif: String) -> FlowEntry {
         error: Some(error),
         reports: Vec::new(),
         sent: None,
+        allocation_ms: None,
     }
 }
 
@@ -895,6 +907,7 @@ fn run_client_flow(
             .direction
             .client_sends()
             .then_some(SentCount { sdus: sent, bytes }),
+        allocation_ms: None,
     }
 }
 

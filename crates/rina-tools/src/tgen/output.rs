@@ -54,6 +54,10 @@ pub struct FlowEntry {
     /// when the server's REPORT, and so the `fwd` report, never came).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sent: Option<SentCount>,
+    /// A client's time from the allocation request that succeeded to the
+    /// flow, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocation_ms: Option<f64>,
 }
 
 /// What one end of a flow wrote.

@@ -894,6 +894,7 @@ fn parse_echo(
         rec.rtt_avg_ms = Some(mean * 2.0);
     }
     rec.goodput_bps = r.received as f64 * r.size as f64 * 8.0 / active_s;
+    rec.allocation_ms = r.allocation_ms;
     Ok(())
 }
 
@@ -912,6 +913,7 @@ fn parse_tgen(
         None => r.flows.first(),
     }
     .ok_or("rina-tgen reported no flow")?;
+    rec.allocation_ms = f.allocation_ms;
     let fwd = f.reports.iter().find(|x| x.direction == "fwd");
     if let Some(fwd) = fwd {
         rec.sent = fwd.sent_sdus;
@@ -962,6 +964,7 @@ fn parse_perf(
         return Err("rina-perf ran no test".into());
     }
     perf_record(&r.tests, rec, goodput);
+    rec.allocation_ms = r.allocation_ms;
     Ok(())
 }
 
@@ -1020,6 +1023,7 @@ mod tests {
                 error: Some("no REPORT from the server".into()),
                 reports: Vec::new(),
                 sent,
+                allocation_ms: Some(1.5),
             }],
         };
         serde_json::to_string(&r).unwrap()
@@ -1037,6 +1041,7 @@ mod tests {
         assert_eq!(r, Err("no REPORT from the server".into()));
         assert_eq!(rec.sent, 120, "the client's count, not 0");
         assert_eq!(rec.received, 0);
+        assert_eq!(rec.allocation_ms, Some(1.5));
 
         // A report from before the field existed still reads.
         let mut rec = FlowRecord::default();
