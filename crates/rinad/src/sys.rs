@@ -200,16 +200,22 @@ pub fn close_quietly(fd: &OwnedFd) {
     drain(fd.as_raw_fd());
 }
 
-/// Packets [`drain`] reads per call.
+/// Packets [`drain`] reads per `recvmmsg`.
 const DRAIN_BATCH: usize = 8;
+/// `recvmmsg` calls [`drain`] makes at most.
+const DRAIN_MAX_BATCHES: usize = 16;
 
-/// Reads and drops every packet waiting on `fd` (doorbells, kicks) without
+/// Reads and drops the packets waiting on `fd` (doorbells, kicks) without
 /// blocking; false if the peer closed. One `recvmmsg` takes up to
 /// [`DRAIN_BATCH`] of them, and a call that finds fewer has emptied the
-/// queue: no further read to learn that nothing is left.
+/// queue: no further read to learn that nothing is left. At most
+/// [`DRAIN_MAX_BATCHES`] reads a call: a peer that sends as fast as they
+/// are read does not hold the daemon here (what is left only says again
+/// what was said; its next packet is a new readiness), and whether it hung
+/// up is then asked directly.
 pub fn drain(fd: RawFd) -> bool {
     let mut bufs = [[0u8; 16]; DRAIN_BATCH];
-    loop {
+    for _ in 0..DRAIN_MAX_BATCHES {
         let mut iovs = bufs.each_mut().map(|b| libc::iovec {
             iov_base: b.as_mut_ptr() as *mut libc::c_void,
             iov_len: b.len(),
@@ -247,6 +253,7 @@ pub fn drain(fd: RawFd) -> bool {
             return true;
         }
     }
+    !peer_hung_up(fd)
 }
 
 /// Outcome of a non-blocking send.
@@ -485,5 +492,30 @@ mod tests {
         send(a.as_raw_fd(), b"\x01", None).unwrap();
         drop(a);
         assert!(!drain(b.as_raw_fd()));
+    }
+
+    /// A call reads a bounded number of kicks (a peer sending as fast could
+    /// hold it for ever), and still finds a hang-up behind the rest.
+    #[test]
+    fn drain_reads_a_bounded_number_of_kicks_a_call() {
+        let (a, b) = pair();
+        let max = DRAIN_BATCH * DRAIN_MAX_BATCHES;
+        let mut sent = 0;
+        while sent < max + 10 && send(a.as_raw_fd(), b"\x01", None).unwrap() == Sent::Done {
+            sent += 1;
+        }
+        assert_eq!(sent, max + 10, "the socket buffer took them all");
+        assert!(drain(b.as_raw_fd()));
+        let mut buf = [0u8; 16];
+        let mut left = 0;
+        while let Recv::Packet(_) = recv(b.as_raw_fd(), &mut buf).unwrap() {
+            left += 1;
+        }
+        assert_eq!(left, 10, "a call read {max}");
+        for _ in 0..max + 10 {
+            send(a.as_raw_fd(), b"\x01", None).unwrap();
+        }
+        drop(a);
+        assert!(!drain(b.as_raw_fd()), "the hang-up behind the kicks");
     }
 }
