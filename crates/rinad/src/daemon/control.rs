@@ -23,7 +23,7 @@ impl Daemon {
     // ---- control connections ---------------------------------------------
 
     pub(super) fn accept_conns(&mut self) {
-        loop {
+        for _ in 0..ACCEPTS_PER_TURN {
             match sys::accept(&self.listener) {
                 Ok(Some(fd)) => {
                     let Ok(cred) = sys::peer_cred(&fd) else {
@@ -105,6 +105,9 @@ impl Daemon {
                 }
             }
         }
+        // More may wait (readiness is edge-triggered): the next turn goes
+        // on, after the flows and clients already connected had theirs.
+        self.accept_retry = Some(self.now());
     }
 
     pub(super) fn read_conn(&mut self, id: usize) {

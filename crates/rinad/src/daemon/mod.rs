@@ -107,6 +107,10 @@ pub const MAX_CONNS: usize = 1024;
 pub const MAX_NAMES_PER_CONN: usize = 256;
 /// Wait before accepting again after the daemon ran out of descriptors.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+/// Control connections accepted in one turn of the loop at most: a flood
+/// of connections does not hold the loop in `accept` (the rest wait for
+/// the next turn).
+const ACCEPTS_PER_TURN: usize = 64;
 /// Bytes kept free in front of every SDU so lower layers can prepend headers.
 const HEADROOM: usize = 64;
 /// Send buffer asked for on each flow socket.
