@@ -31,7 +31,7 @@ use std::process::ExitCode;
 #[command(
     version,
     about,
-    after_long_help = "Files and environment:\n  /etc/rina/rinad.toml  the default configuration file\n  RINA_SOCKET           the control socket when neither --socket nor the file's [system] socket says; \n                        otherwise $XDG_RUNTIME_DIR/rinad.sock, /run/rinad.sock for root\n\nSee also: rinactl(1), rina-echo(1), rina-perf(1), rina-tgen(1), rina-ip(1), rina-lab(1)."
+    after_long_help = "Files and environment:\n  /etc/rina/rinad.toml  the default configuration file\n  RINA_SOCKET           the control socket when neither --socket nor the file's [system] socket says; \n                        otherwise $XDG_RUNTIME_DIR/rinad.sock, /run/rinad.sock for root,\n                        else /tmp/rinad-$UID/rinad.sock\n\nSee also: rinactl(1), rina-echo(1), rina-perf(1), rina-tgen(1), rina-ip(1), rina-lab(1)."
 )]
 struct Cli {
     /// Configuration file.

@@ -159,7 +159,8 @@ fn members_enroll_with_nothing_but_a_name_and_a_password() {
 
 /// A restarted daemon knows nothing of the N-1 flow its neighbour still
 /// holds: the neighbour notices the silence, sets the flow up again, and
-/// the newcomer enrolls anew — whichever side restarts.
+/// the newcomer enrolls anew. Here the enrollee restarts, twice (the
+/// bootstrap member restarting is `rina-ip`'s test's).
 #[test]
 fn a_restarted_neighbour_is_taken_back() {
     let (pa, pb) = (free_port(), free_port());

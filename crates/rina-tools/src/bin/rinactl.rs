@@ -24,7 +24,8 @@ struct Cli {
     /// Daemon socket (default: $RINA_SOCKET, else the per-user default path).
     #[arg(long, value_name = "PATH", global = true)]
     socket: Option<PathBuf>,
-    /// Print the list as a JSON array instead of a table.
+    /// Print JSON instead of text: a list as an array, the outcome of a
+    /// change as an object.
     #[arg(long, global = true)]
     json: bool,
     #[command(subcommand)]
