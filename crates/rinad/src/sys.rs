@@ -139,7 +139,9 @@ pub fn flow_pair(sndbuf: usize) -> io::Result<(OwnedFd, OwnedFd)> {
     Ok((a, b))
 }
 
-/// Puts a descriptor in non-blocking mode.
+/// Puts a descriptor in non-blocking mode (tests: the daemon never relies
+/// on a flag a peer holding the same open file could clear).
+#[cfg(test)]
 pub fn set_nonblocking(fd: RawFd) -> io::Result<()> {
     use nix::fcntl::{fcntl, FcntlArg, OFlag};
     let flags = fcntl(fd, FcntlArg::F_GETFL).map_err(io_err)?;

@@ -770,8 +770,8 @@ fn flow_control_vm_to_vm(rings: bool) {
     assert_eq!(drops, 0, "vm2 dropped SDUs for a full application socket");
 }
 
-/// Both daemons exchange eventfds over `PATH.bell`; a side whose receive
-/// ring is empty sleeps on its eventfd (it only ticks every 50 ms for
+/// Both daemons connect over `PATH.bell`; a side whose receive
+/// ring is empty sleeps on that connection (it only ticks every 50 ms for
 /// heartbeats) and is woken by the other side's doorbell.
 #[test]
 fn doorbells_wake_the_waiting_side_without_polling() {
@@ -1052,4 +1052,122 @@ fn stalled_flow_does_not_stall_the_device(rings: bool) {
         assert_eq!(d.counter("rx_over_credit"), 0);
         assert_eq!(d.counter("rx_bad_credit"), 0);
     }
+}
+
+/// A same-user process that speaks the doorbell protocol of `PATH.bell`
+/// and makes blocking every descriptor it shares with the daemon (an
+/// eventfd it sends, one it receives: one open file each, whose
+/// O_NONBLOCK both hold), with the counter of the one it sent nearly
+/// full: the daemon must go on serving. Then it speaks the current
+/// exchange and floods the connection without ever reading it.
+#[test]
+fn a_doorbell_peer_cannot_block_the_daemon() {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let dir = temp_dir("hvbell");
+    let _dir = Dir(dir.clone());
+    let shm = dir.join("vmpi0");
+    let host = Daemon::start_with("host", &hv_config("host", &shm, "host"));
+    let bell = dir.join("vmpi0.bell");
+    wait_for("the doorbell socket", T, || bell.exists());
+    let connect = || {
+        use nix::sys::socket::{self as s, AddressFamily, SockFlag, SockType, UnixAddr};
+        let fd = s::socket(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .unwrap();
+        s::connect(fd.as_raw_fd(), &UnixAddr::new(&bell).unwrap()).unwrap();
+        fd
+    };
+    let make_blocking = |fd: i32| {
+        // SAFETY: fcntl on a descriptor of this process.
+        unsafe {
+            let fl = libc::fcntl(fd, libc::F_GETFL);
+            libc::fcntl(fd, libc::F_SETFL, fl & !libc::O_NONBLOCK);
+        }
+    };
+    let answers = |what: &str| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = host.path().to_owned();
+        std::thread::spawn(move || {
+            let r = rina::Client::connect_to(&path).and_then(|mut c| c.list_ipcps());
+            let _ = tx.send(r.map(|v| v.len()));
+        });
+        let answered = rx.recv_timeout(T);
+        assert!(
+            matches!(answered, Ok(Ok(1))),
+            "{what}: the daemon hangs on its doorbell: {answered:?}"
+        );
+    };
+
+    // The exchange of eventfds (SCM_RIGHTS), as daemons spoke it.
+    let conn = connect();
+    // SAFETY: eventfd has no preconditions; a fresh descriptor.
+    let mine = unsafe { OwnedFd::from_raw_fd(libc::eventfd(0, libc::EFD_CLOEXEC)) };
+    let iov = [std::io::IoSlice::new(b"RINAHVB1")];
+    let fds = [mine.as_raw_fd()];
+    let cmsg = [nix::sys::socket::ControlMessage::ScmRights(&fds)];
+    nix::sys::socket::sendmsg::<()>(
+        conn.as_raw_fd(),
+        &iov,
+        &cmsg,
+        nix::sys::socket::MsgFlags::empty(),
+        None,
+    )
+    .unwrap();
+    make_blocking(mine.as_raw_fd());
+    let max: u64 = 0xffff_ffff_ffff_fffe;
+    // SAFETY: writes 8 bytes from a live u64.
+    unsafe { libc::write(mine.as_raw_fd(), (&max as *const u64).cast(), 8) };
+    // Whatever comes back (an answer, or the daemon closing): its
+    // descriptors are made blocking too.
+    let mut buf = [0u8; 16];
+    let mut space = nix::cmsg_space!([i32; 4]);
+    let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+    let mut theirs = Vec::new();
+    if let Ok(msg) = nix::sys::socket::recvmsg::<()>(
+        conn.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        nix::sys::socket::MsgFlags::MSG_CMSG_CLOEXEC,
+    ) {
+        for c in msg.cmsgs().unwrap() {
+            if let nix::sys::socket::ControlMessageOwned::ScmRights(v) = c {
+                for f in v {
+                    make_blocking(f);
+                    // SAFETY: the kernel installed it for us.
+                    theirs.push(unsafe { OwnedFd::from_raw_fd(f) });
+                }
+            }
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    answers("eventfds made blocking");
+
+    // The current exchange: a hello each way, then one-byte doorbells on
+    // the connection; this peer floods it and never reads.
+    let conn2 = connect();
+    nix::sys::socket::send(
+        conn2.as_raw_fd(),
+        b"RINAHVB2",
+        nix::sys::socket::MsgFlags::empty(),
+    )
+    .unwrap();
+    make_blocking(conn2.as_raw_fd());
+    for _ in 0..10_000 {
+        if nix::sys::socket::send(
+            conn2.as_raw_fd(),
+            b"x",
+            nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+        )
+        .is_err()
+        {
+            break;
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    answers("a flooded doorbell connection");
+    drop((conn, conn2, theirs));
 }

@@ -14,8 +14,8 @@
 //! ```
 //!
 //! Notification (event suppression, as virtio's): the two *waiting* words
-//! say whether a side sleeping on a doorbell (an eventfd, see the daemon)
-//! wants to be rung. A consumer about to sleep sets its word and looks at
+//! say whether a side sleeping on a doorbell (a packet on a socket, see
+//! the daemon) wants to be rung. A consumer about to sleep sets its word and looks at
 //! the head once more ([`Consumer::arm`]); a producer, after publishing,
 //! rings only if the word is set, clearing it ([`Producer::take_wakeup`]).
 //! The same holds the other way for a full ring ([`Producer::arm`],

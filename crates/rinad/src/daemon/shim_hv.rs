@@ -7,12 +7,17 @@
 //! BAR 2 `resource2` file of an ivshmem PCI device in a VM) and attaches,
 //! retrying every tick until the host has laid it out.
 //!
-//! Notification: eventfd doorbells when both daemons run on one machine.
-//! The host side listens on a Unix socket next to the file (`PATH.bell`);
-//! the guest side connects and sends its eventfd, the host answers with
-//! its own (`SCM_RIGHTS`). Each daemon's eventfd is in its `mio` loop. A
+//! Notification: doorbells when both daemons run on one machine. The host
+//! side listens on a Unix socket next to the file (`PATH.bell`); the guest
+//! side connects, and once each has sent the other a hello, a doorbell is
+//! a one-byte packet on that connection, each daemon's end in its `mio`
+//! loop. (No descriptor crosses: an eventfd or pipe end one daemon sent
+//! the other is one open file both hold, whose O_NONBLOCK either can
+//! clear; a peer that did, and filled it, would block the other's next
+//! ring or drain for good. Each end of the connection is its own daemon's,
+//! and is only written and read with `MSG_DONTWAIT`.) A
 //! side that finds its receive ring empty (or its send ring full) says so
-//! in the ring header and sleeps; the other side rings its eventfd after
+//! in the ring header and sleeps; the other side rings its doorbell after
 //! publishing a record (or freeing slots) only if it asked, so a busy ring
 //! costs no system call (see `rina_core::shim_hv::ring`). When to tick is
 //! the core's decision (`rina_core::shim_hv::link::Ticker`; when the peer
@@ -76,8 +81,12 @@ pub const GEOMETRY: Geometry = Geometry {
 /// Interval between two attempts of the guest side to reach the host's
 /// doorbell socket.
 const BELL_RETRY: Duration = Duration::from_millis(200);
-/// What the doorbell exchange messages start with.
-const BELL_HELLO: &[u8; 8] = b"RINAHVB1";
+/// The hello each side of the doorbell connection sends first. (Version 1
+/// carried an eventfd; a daemon of that version and this one poll.)
+const BELL_HELLO: &[u8; 8] = b"RINAHVB2";
+/// Most doorbells read from the connection at once (a peer that keeps
+/// sending them cannot hold the daemon there).
+const BELL_DRAIN_MAX: usize = 64;
 /// Control buffers held while the send ring is full.
 const BACKLOG_MAX: usize = 256;
 /// Frames of stacked normal IPCPs held while the send ring is full (as
@@ -185,28 +194,26 @@ pub(super) struct HvIo {
     attach_errors: u64,
 }
 
-/// The doorbells of one device: our eventfd, the peer's, and the Unix
-/// socket they were exchanged over.
+/// The doorbells of one device: a Unix connection between both daemons,
+/// each end its own daemon's; a doorbell is a one-byte packet on it.
 struct Bell {
     /// Where the host side listens (`PATH.bell`).
     sock_path: PathBuf,
-    /// Our eventfd: the peer writes it to wake us. In the poller once
-    /// `registered`.
-    mine: Option<OwnedFd>,
+    /// Whether `conn` is in the poller (its readiness is the IPCP's).
     registered: bool,
     /// The host's listening socket.
     listener: Option<OwnedFd>,
-    /// The connection of the exchange; kept open, its hang-up says the peer left.
+    /// The connection; its hang-up says the peer left.
     conn: Option<OwnedFd>,
-    /// Whether our eventfd went out on `conn`.
+    /// Whether our hello went out on `conn`.
     sent: bool,
-    /// The peer's eventfd, once received: doorbells are on.
-    peer: Option<OwnedFd>,
+    /// Whether the peer's hello came: doorbells are on.
+    peer: bool,
     /// When the guest side next tries to connect.
     retry_at: Instant,
     /// Times we rang the peer.
     rung: u64,
-    /// Times our eventfd woke us.
+    /// Times our doorbell woke us.
     wakeups: u64,
     /// Exchanges that failed (bad message, no descriptor).
     errors: u64,
@@ -367,36 +374,23 @@ impl Drop for HvIo {
     }
 }
 
-/// A fresh non-blocking eventfd.
-pub(super) fn eventfd() -> io::Result<OwnedFd> {
-    // SAFETY: no pointers; a negative return is an error.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
+/// Reads the doorbells waiting on `conn` (at most [`BELL_DRAIN_MAX`]),
+/// never blocking whatever its flags: how many there were.
+fn drain_bell(conn: &OwnedFd) -> usize {
+    let mut buf = [0u8; 16];
+    let mut n = 0;
+    while n < BELL_DRAIN_MAX {
+        match nix::sys::socket::recv(
+            conn.as_raw_fd(),
+            &mut buf,
+            nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+        ) {
+            // 0: a closed connection (or an empty packet); step notices.
+            Ok(len) if len > 0 => n += 1,
+            _ => break,
+        }
     }
-    // SAFETY: a fresh descriptor nobody else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// Adds one to an eventfd (wakes whoever waits on it); false if it failed
-/// (a counter at its maximum is already readable, so nothing is lost).
-pub(super) fn ring_eventfd(fd: &OwnedFd) -> bool {
-    let one: u64 = 1;
-    // SAFETY: writes 8 bytes from a live u64.
-    let n = unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
-    n == 8
-}
-
-/// Reads (and so resets) an eventfd's counter; 0 if it was zero.
-fn drain_eventfd(fd: &OwnedFd) -> u64 {
-    let mut v: u64 = 0;
-    // SAFETY: reads at most 8 bytes into a live u64.
-    let n = unsafe { libc::read(fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
-    if n == 8 {
-        v
-    } else {
-        0
-    }
+    n
 }
 
 /// Whether the peer of a connected socket has hung up.
@@ -411,10 +405,11 @@ fn hung_up(fd: &OwnedFd) -> bool {
     n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
 }
 
-/// Receives a doorbell message and the descriptor it carries, without
-/// blocking: `Ok(None)` if nothing came yet; an error for a message that
-/// is not one (or carries no descriptor), or a closed connection.
-fn recv_bell(conn: &OwnedFd) -> io::Result<Option<OwnedFd>> {
+/// Receives the peer's hello, without blocking: `Ok(false)` if nothing
+/// came yet; an error for a message that is not one (descriptors it
+/// carries are closed: none is taken from the peer), or a closed
+/// connection.
+fn recv_bell(conn: &OwnedFd) -> io::Result<bool> {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
     let mut buf = [0u8; 16];
     let mut iov = [std::io::IoSliceMut::new(&mut buf)];
@@ -426,30 +421,32 @@ fn recv_bell(conn: &OwnedFd) -> io::Result<Option<OwnedFd>> {
         MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC,
     ) {
         Ok(m) => m,
-        Err(nix::Error::EAGAIN) => return Ok(None),
+        Err(nix::Error::EAGAIN) => return Ok(false),
         Err(e) => return Err(io::Error::from_raw_os_error(e as i32)),
     };
-    let mut fds = Vec::new();
+    let mut fds = 0;
     for c in msg
         .cmsgs()
         .map_err(|e| io::Error::from_raw_os_error(e as i32))?
     {
         if let ControlMessageOwned::ScmRights(v) = c {
-            // SAFETY: the kernel installed these descriptors for us.
-            fds.extend(v.into_iter().map(|f| unsafe { OwnedFd::from_raw_fd(f) }));
+            for f in v {
+                // SAFETY: the kernel installed it for us; closed at once.
+                drop(unsafe { OwnedFd::from_raw_fd(f) });
+                fds += 1;
+            }
         }
     }
     let n = msg.bytes;
     if n == 0 {
         return Err(io::Error::other("the doorbell connection closed"));
     }
-    if n != BELL_HELLO.len() || buf[..n] != BELL_HELLO[..] || fds.len() != 1 {
-        return Err(io::Error::other("not a doorbell message"));
+    if n != BELL_HELLO.len() || buf[..n] != BELL_HELLO[..] || fds != 0 {
+        return Err(io::Error::other(
+            "not a doorbell hello (an older daemon's sends an eventfd)",
+        ));
     }
-    let fd = fds.pop().ok_or_else(|| io::Error::other("no descriptor"))?;
-    // Our writes to it must never block, whatever the peer sent.
-    sys::set_nonblocking(fd.as_raw_fd())?;
-    Ok(Some(fd))
+    Ok(true)
 }
 
 impl Bell {
@@ -457,14 +454,7 @@ impl Bell {
         let mut sock_path = path.as_os_str().to_owned();
         sock_path.push(".bell");
         let sock_path = PathBuf::from(sock_path);
-        let mine = match eventfd() {
-            Ok(fd) => Some(fd),
-            Err(e) => {
-                warn!(ipcp, error = %e, "no eventfd: shim-hv polls its rings");
-                None
-            }
-        };
-        let listener = if side == Side::Host && mine.is_some() {
+        let listener = if side == Side::Host {
             let _ = std::fs::remove_file(&sock_path);
             match sys::seqpacket_listener(&sock_path) {
                 Ok(l) => Some(l),
@@ -478,12 +468,11 @@ impl Bell {
         };
         Bell {
             sock_path,
-            mine,
             registered: false,
             listener,
             conn: None,
             sent: false,
-            peer: None,
+            peer: false,
             retry_at: Instant::from_nanos(0),
             rung: 0,
             wakeups: 0,
@@ -491,32 +480,43 @@ impl Bell {
         }
     }
 
-    /// Whether both ends have each other's eventfd.
+    /// Whether both ends said hello.
     fn on(&self) -> bool {
-        self.peer.is_some()
+        self.peer && self.conn.is_some()
     }
 
-    /// Rings the peer (if doorbells are on).
+    /// Rings the peer (if doorbells are on): one packet, never blocking
+    /// (a full connection already holds doorbells the peer has yet to read).
     fn ring(&mut self) {
-        if let Some(p) = &self.peer {
-            if ring_eventfd(p) {
+        if !self.peer {
+            return;
+        }
+        if let Some(c) = &self.conn {
+            if let Ok(Sent::Done) = sys::send(c.as_raw_fd(), b"!", None) {
                 self.rung += 1;
             }
         }
     }
 
+    /// Reads the doorbells that woke us: how many.
+    fn drain(&mut self) -> usize {
+        match &self.conn {
+            Some(c) if self.peer => drain_bell(c),
+            _ => 0,
+        }
+    }
+
     fn drop_conn(&mut self) {
+        // Closing it takes it out of the poller.
         self.conn = None;
-        self.peer = None;
+        self.registered = false;
+        self.peer = false;
         self.sent = false;
     }
 
-    /// Moves the exchange on: accepts or connects, sends our eventfd,
+    /// Moves the exchange on: accepts or connects, sends our hello,
     /// takes the peer's, notices a peer that left. Runs at every tick.
     fn step(&mut self, side: Side, attached: bool, now: Instant) {
-        let Some(mine) = self.mine.as_ref().map(|f| f.as_raw_fd()) else {
-            return;
-        };
         if let Some(c) = &self.conn {
             if hung_up(c) {
                 debug!(path = %self.sock_path.display(), "doorbell peer left");
@@ -545,7 +545,7 @@ impl Bell {
         };
         // The guest speaks first; the host answers once it has the guest's.
         if side == Side::Guest && !self.sent {
-            match sys::send(c.as_raw_fd(), BELL_HELLO, Some(mine)) {
+            match sys::send(c.as_raw_fd(), BELL_HELLO, None) {
                 Ok(Sent::Done) => self.sent = true,
                 Ok(Sent::WouldBlock) => return,
                 _ => {
@@ -555,11 +555,11 @@ impl Bell {
                 }
             }
         }
-        if self.peer.is_none() {
+        if !self.peer {
             match recv_bell(c) {
-                Ok(Some(fd)) => {
+                Ok(true) => {
                     if side == Side::Host {
-                        match sys::send(c.as_raw_fd(), BELL_HELLO, Some(mine)) {
+                        match sys::send(c.as_raw_fd(), BELL_HELLO, None) {
                             Ok(Sent::Done) => self.sent = true,
                             _ => {
                                 self.errors += 1;
@@ -568,10 +568,10 @@ impl Bell {
                             }
                         }
                     }
-                    self.peer = Some(fd);
+                    self.peer = true;
                     info!(path = %self.sock_path.display(), "shim-hv doorbells on");
                 }
-                Ok(None) => {}
+                Ok(false) => {}
                 Err(e) => {
                     debug!(path = %self.sock_path.display(), error = %e, "doorbell exchange failed");
                     self.errors += 1;
@@ -985,8 +985,9 @@ impl Daemon {
                     Err(_) => h.attach_errors += 1,
                 }
             }
+            h.bell.step(side, h.att.is_some(), now);
             if !h.bell.registered {
-                if let Some(fd) = &h.bell.mine {
+                if let Some(fd) = &h.bell.conn {
                     // Its readiness is served as the IPCP's (see service_hv).
                     h.bell.registered = self
                         .poll
@@ -999,7 +1000,6 @@ impl Daemon {
                         .is_ok();
                 }
             }
-            h.bell.step(side, h.att.is_some(), now);
             h.ticker.ran(now, h.sleeps_on_bell());
             let Some(a) = &mut h.att else {
                 continue;
@@ -1091,10 +1091,8 @@ impl Daemon {
     pub(super) fn service_hv(&mut self, i: usize) -> bool {
         let now = self.now();
         if let Io::Hv(h) = &mut self.ipcps[i].io {
-            if let Some(fd) = &h.bell.mine {
-                if drain_eventfd(fd) > 0 {
-                    h.bell.wakeups += 1;
-                }
+            if h.bell.drain() > 0 {
+                h.bell.wakeups += 1;
             }
         }
         self.hv_flush_tx(i);
