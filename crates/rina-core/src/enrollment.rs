@@ -439,7 +439,16 @@ pub struct EnrolleeConfig {
     /// Most objects accepted in one attempt; more is a protocol error (a
     /// member cannot make us hold unbounded state).
     pub max_objects: usize,
+    /// Most bytes of objects (their encoded M_CREATEs) accepted in one
+    /// attempt; more is a protocol error ([`MAX_ENROLLMENT_BYTES`] by default).
+    pub max_bytes: usize,
 }
+
+/// Most bytes of objects an enrollee accepts in one attempt (by default):
+/// the count alone ([`EnrolleeConfig::max_objects`]) still let a member
+/// make it hold 65,536 objects of up to 4 MiB each; a DIF's configuration,
+/// neighbours, directory and flow-state objects fit many times over.
+pub const MAX_ENROLLMENT_BYTES: usize = 64 << 20;
 
 impl EnrolleeConfig {
     /// Defaults: no address, 10 s per step, back-off 1 s doubling up to
@@ -455,6 +464,7 @@ impl EnrolleeConfig {
             max_backoff: Duration::from_secs(60),
             max_attempts: 4,
             max_objects: 65_536,
+            max_bytes: MAX_ENROLLMENT_BYTES,
         }
     }
 }
@@ -504,6 +514,9 @@ pub struct EnrolleeCounters {
     pub protocol_errors: u64,
     /// Objects received.
     pub objects: u64,
+    /// Attempts ended because the member sent more than
+    /// [`EnrolleeConfig::max_bytes`] of objects (also protocol errors).
+    pub too_many_bytes: u64,
     /// Requests of the member that were not expected (answered with −1).
     pub unexpected_requests: u64,
     /// Received bytes that were not a valid CDAP message.
@@ -514,6 +527,8 @@ pub struct EnrolleeCounters {
 #[derive(Debug, Default)]
 struct Received {
     count: usize,
+    /// Bytes of the M_CREATEs accepted so far.
+    bytes: usize,
     config: Option<DifConfigBlob>,
     neighbors: BTreeMap<String, Neighbor>,
     directory: BTreeMap<u64, Vec<u8>>,
@@ -923,9 +938,23 @@ impl Enrollee {
                 self.respond(&req, RESULT_REFUSED, &detail);
                 self.protocol(now, detail);
             }
+            OpCode::Create
+                if in_config
+                    && self
+                        .rx
+                        .bytes
+                        .saturating_add(prost::Message::encoded_len(&req))
+                        > self.cfg.max_bytes =>
+            {
+                let detail = format!("more than {} bytes of objects", self.cfg.max_bytes);
+                self.counters.too_many_bytes += 1;
+                self.respond(&req, RESULT_REFUSED, &detail);
+                self.protocol(now, detail);
+            }
             OpCode::Create if in_config => match self.store(&req) {
                 Ok(()) => {
                     self.rx.count += 1;
+                    self.rx.bytes += prost::Message::encoded_len(&req);
                     self.counters.objects += 1;
                     self.respond(&req, 0, "");
                 }

@@ -910,6 +910,33 @@ fn too_many_objects_is_a_protocol_error() {
     assert_eq!(m.in_use().len(), 1, "the member freed the address");
 }
 
+/// Fewer objects than the count allows, but more bytes than an enrollee
+/// holds (each object may be up to 4 MiB): the attempt ends as a protocol
+/// error saying so, counted, and the member frees the address.
+#[test]
+fn too_many_bytes_of_objects_is_a_protocol_error() {
+    let mut m = membership(Box::new(AuthNone), 1, 100);
+    // 65 MiB of directory entries in 65 objects.
+    m.content.directory = vec![vec![0x5a; 1 << 20]; 65];
+    let mut cfg = EnrolleeConfig::new(name("joiner"), name("member"));
+    cfg.max_attempts = 1;
+    let mut l = Link::new(Enrollee::new(cfg, Box::new(AuthNone)));
+    l.ee.start(Instant::ZERO);
+    run(&mut [&mut l], &mut m, Instant::ZERO, secs(1000));
+    match l.failed() {
+        Some(EnrollmentError::Protocol { step, detail }) => {
+            assert_eq!(*step, Step::Configuration);
+            assert_eq!(
+                detail,
+                &format!("more than {MAX_ENROLLMENT_BYTES} bytes of objects")
+            );
+        }
+        other => panic!("the enrollee took 65 MiB of objects: {other:?}"),
+    }
+    assert_eq!(l.ee.counters().too_many_bytes, 1);
+    assert_eq!(m.in_use().len(), 1, "the member freed the address");
+}
+
 // Challenge-response and key authentication (issue 18).
 
 #[test]
