@@ -519,8 +519,9 @@ pub struct IpcpConfig {
     /// shim-eth: no 802.1Q tag (a plain segment).
     pub untagged: Option<bool>,
     /// shim-eth: link emulation, one-way delay added to every frame sent,
-    /// microseconds (frames wait in a sender thread; order is kept).
-    pub tx_delay_us: Option<u64>,
+    /// microseconds, at most [`MAX_TX_DELAY_US`] (frames wait in a sender
+    /// thread; order is kept).
+    pub tx_delay_us: Option<Spanned<u64>>,
     /// shim-eth: link emulation, probability of dropping a frame sent (0..1).
     pub tx_loss: Option<f64>,
     /// shim-eth: seed of the `tx_loss` draws (default 1).
@@ -1296,6 +1297,10 @@ fn check_identity(ip: &IpcpConfig) -> Result<(), (String, String)> {
     Ok(())
 }
 
+/// The longest `tx_delay_us` (1 s): every frame sent waits out the delay
+/// in memory.
+pub const MAX_TX_DELAY_US: u64 = 1_000_000;
+
 /// Checks the keys of a shim-eth IPCP; on error, where, which key and why.
 fn check_shim_eth(ip: &IpcpConfig) -> Result<(), (std::ops::Range<usize>, &'static str, String)> {
     let name = ip.name.span();
@@ -1304,6 +1309,20 @@ fn check_shim_eth(ip: &IpcpConfig) -> Result<(), (std::ops::Range<usize>, &'stat
             name,
             "interface",
             "a shim-eth IPCP needs `interface = \"eth0\"`".into(),
+        ));
+    }
+    if let Some(d) = ip
+        .tx_delay_us
+        .as_ref()
+        .filter(|d| *d.get_ref() > MAX_TX_DELAY_US)
+    {
+        return Err((
+            d.span(),
+            "tx_delay_us",
+            format!(
+                "must be at most {MAX_TX_DELAY_US} (1 s; frames wait out the delay in memory), not {}",
+                d.get_ref()
+            ),
         ));
     }
     if ip.tx_loss.is_some_and(|l| !(0.0..1.0).contains(&l)) {
@@ -2181,6 +2200,25 @@ vlan = 20
         assert_eq!(c.ipcps[1].shim_eth_vlan(), Some(20));
         let u = parse(&ETH.replace("vlan = 20", "untagged = true")).unwrap();
         assert_eq!(u.ipcps[1].shim_eth_vlan(), None);
+    }
+
+    /// Frames wait out `tx_delay_us` in memory: a delay of hours would
+    /// hold every frame sent meanwhile. At most a second, refused where
+    /// it is written.
+    #[test]
+    fn a_tx_delay_above_one_second_is_refused_with_key_and_line() {
+        let ok = parse(&ETH.replace("vlan = 20", "vlan = 20\ntx_delay_us = 1000000")).unwrap();
+        assert_eq!(
+            ok.ipcps[1].tx_delay_us.as_ref().map(|d| *d.get_ref()),
+            Some(1_000_000)
+        );
+        let e = parse(&ETH.replace("vlan = 20", "vlan = 20\ntx_delay_us = 86400000000"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("line 17") && e.contains("ipcp[1].tx_delay_us") && e.contains("at most"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -119,6 +119,9 @@ impl Daemon {
                 c.insert("tx_buffer_full".into(), e.send_full);
                 // Batching: `sendmmsg` calls against frames (tx_frames).
                 c.insert("tx_syscalls".into(), e.tx_syscalls);
+                if let Some(i) = &e.impair {
+                    c.insert("tx_delay_queue_full".into(), i.delay_queue_full);
+                }
                 c.insert("arp_cache_entries".into(), m.arp_cache().count() as u64);
                 c
             }

@@ -58,16 +58,25 @@ pub(super) struct EthIo {
 /// Link emulation in the transmit path: every frame sent is dropped with
 /// probability `loss` (a xorshift64* stream from the configured seed), and
 /// the others leave `delay` later from a sender thread (order kept: the
-/// delay is the same for every frame). Frames the kernel refuses then are
-/// lost as on a congested link.
+/// delay is the same for every frame). At most [`DELAY_QUEUE_MAX`] frames
+/// wait for the thread; those beyond, and frames the kernel refuses then,
+/// are lost as on a congested link.
 pub(super) struct Impair {
     loss: f64,
     rng: u64,
     /// Frames dropped by the emulated loss.
     pub dropped: u64,
+    /// Frames dropped because [`DELAY_QUEUE_MAX`] already waited.
+    pub delay_queue_full: u64,
     delay: std::time::Duration,
-    line: Option<std::sync::mpsc::Sender<(std::time::Instant, Vec<u8>)>>,
+    line: Option<std::sync::mpsc::SyncSender<(std::time::Instant, Vec<u8>)>>,
 }
+
+/// Most frames waiting out `tx_delay_us` in the sender thread (ten times
+/// netem's default queue; at most 90 MB of jumbo frames): a delay longer
+/// than the link drains in that many frames drops the rest, counted
+/// (`tx_delay_queue_full`), rather than holding every frame sent.
+pub(super) const DELAY_QUEUE_MAX: usize = 10_000;
 
 impl Impair {
     fn new(fd: RawFd, delay_us: u64, loss: f64, seed: u64) -> io::Result<Impair> {
@@ -82,7 +91,8 @@ impl Impair {
             }
             // SAFETY: `dup` is a fresh descriptor nobody else owns.
             let own = unsafe { OwnedFd::from_raw_fd(dup) };
-            let (tx, rx) = std::sync::mpsc::channel::<(std::time::Instant, Vec<u8>)>();
+            let (tx, rx) =
+                std::sync::mpsc::sync_channel::<(std::time::Instant, Vec<u8>)>(DELAY_QUEUE_MAX);
             std::thread::Builder::new()
                 .name("shim-eth-delay".into())
                 .spawn(move || {
@@ -100,6 +110,7 @@ impl Impair {
             loss,
             rng: seed.max(1),
             dropped: 0,
+            delay_queue_full: 0,
             delay,
             line,
         })
@@ -121,7 +132,10 @@ impl Impair {
         match &self.line {
             None => send_frame(fd, parts),
             Some(tx) => {
-                let _ = tx.send((std::time::Instant::now() + self.delay, parts.concat()));
+                let frame = (std::time::Instant::now() + self.delay, parts.concat());
+                if let Err(std::sync::mpsc::TrySendError::Full(_)) = tx.try_send(frame) {
+                    self.delay_queue_full += 1;
+                }
                 TxResult::Sent
             }
         }
@@ -525,7 +539,10 @@ pub(super) fn new_ipcp(
             Interest::READABLE,
         )
         .map_err(io_ctx("poll register"))?;
-    let impair = match (ic.tx_delay_us.unwrap_or(0), ic.tx_loss.unwrap_or(0.0)) {
+    let impair = match (
+        ic.tx_delay_us.as_ref().map_or(0, |d| *d.get_ref()),
+        ic.tx_loss.unwrap_or(0.0),
+    ) {
         (0, l) if l <= 0.0 => None,
         (d, l) => Some(
             Impair::new(sock.as_raw_fd(), d, l, ic.tx_seed.unwrap_or(1))
@@ -806,5 +823,30 @@ impl Daemon {
         let now = self.now();
         self.sys.medium_writable(now, i);
         self.drain_outputs();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Frames sent faster than a long `tx_delay_us` lets them go wait in
+    /// a bounded queue: beyond [`DELAY_QUEUE_MAX`] they are dropped and
+    /// counted, not held in memory without end.
+    #[test]
+    fn the_delay_line_holds_a_bounded_number_of_frames() {
+        let (a, _b) = std::os::unix::net::UnixDatagram::pair().unwrap();
+        let mut imp = Impair::new(a.as_raw_fd(), 1_000_000, 0.0, 1).unwrap();
+        let frame = [0u8; 64];
+        let extra = 100;
+        for _ in 0..DELAY_QUEUE_MAX + extra {
+            imp.send(a.as_raw_fd(), &[&frame]);
+        }
+        // The thread may have taken one frame out to wait on it.
+        assert!(
+            (extra as u64 - 1..=extra as u64).contains(&imp.delay_queue_full),
+            "{} frames dropped",
+            imp.delay_queue_full
+        );
     }
 }
