@@ -1209,6 +1209,12 @@ impl Enroller {
         }
     }
 
+    /// The address given in the enrollment in progress (or the last one);
+    /// 0 before any.
+    pub fn address(&self) -> Address {
+        self.address
+    }
+
     /// Where the enrollment in progress (or the last one) is.
     pub fn status(&self) -> EnrollmentStatus {
         EnrollmentStatus {

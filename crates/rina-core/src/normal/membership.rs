@@ -301,6 +301,9 @@ pub struct MembershipCounters {
     /// Times this member gave its address up to another one that had it
     /// too, and took a new one.
     pub renumbered: u64,
+    /// Addresses given to enrollees released after nothing knew them for
+    /// routing's max age (members that left).
+    pub addresses_released: u64,
 }
 
 impl MembershipCounters {
@@ -319,6 +322,7 @@ impl MembershipCounters {
             ("ports_authenticated", self.ports_authenticated),
             ("port_auth_failed", self.port_auth_failed),
             ("renumbered", self.renumbered),
+            ("addresses_released", self.addresses_released),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -423,6 +427,10 @@ pub(super) struct MembershipMachine {
     next_hello: Option<Instant>,
     /// Flows without a route, since when.
     unreachable_since: BTreeMap<FlowId, Instant>,
+    /// Addresses given to enrollees that nothing knows (routing, the
+    /// directory, the neighbours, an enrollment still running), since
+    /// when; released after routing's max age (see `refresh_content`).
+    unknown_since: BTreeMap<Address, Instant>,
     counters: MembershipCounters,
     /// Where every enrollment machine's nonces come from.
     nonces: NonceGen,
@@ -449,6 +457,7 @@ impl MembershipMachine {
             hello_from: BTreeMap::new(),
             next_hello: enrolled.then_some(Instant::ZERO),
             unreachable_since: BTreeMap::new(),
+            unknown_since: BTreeMap::new(),
             counters: MembershipCounters::default(),
             nonces: NonceGen::new(cfg.entropy),
             admitted: BTreeSet::new(),

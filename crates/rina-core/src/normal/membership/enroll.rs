@@ -10,7 +10,7 @@ use crate::cdap_session::State as SessionState;
 use crate::efcp::EfcpConfig;
 use crate::enrollment::{
     DifConfigBlob, DifContent, Enrollee, EnrolleeConfig, Enroller, EnrollerConfig, EnrollerEvent,
-    EnrollmentError, EnrollmentEvent, Membership, NextFree, Step,
+    EnrollmentError, EnrollmentEvent, Membership, NextFree, Phase, Step,
 };
 use crate::normal::{N1Port, NormalConfig, QosCube};
 use crate::rmt::Address;
@@ -25,6 +25,8 @@ use rina_wire::AppName;
 /// neighbours, routing and the directory), as opposed to those it gave to
 /// enrollees.
 const LEARNT: &str = "member";
+/// Holder of the member's own address.
+const SELF: &str = "self";
 
 /// What an enroller gave this IPCP, checked against its own wire profile:
 /// for the IPCP to take ([`MsOut::Adopt`]).
@@ -164,6 +166,48 @@ impl MembershipMachine {
             .collect();
         for a in gone {
             members.release(a);
+        }
+        // Addresses given to enrollees are released once nothing has known
+        // them for routing's max age: not routing (a live member refreshes
+        // its flow-state objects within it), nor the directory (where
+        // every member registers its management entity), nor the
+        // neighbours, nor an enrollment still running. Else members that
+        // leave, or anyone enrolling under ever new names where no password
+        // is asked, use the address range up for good. Other enrollers of
+        // the DIF already give any address they do not know; a member that
+        // comes back may get a new address; one given twice all the same
+        // is found and renumbered (see `renumber`). Without link-state
+        // routing nothing tells a far member is alive: kept, as before.
+        if let Some(r) = cx.routing {
+            let grace = r.config().max_age;
+            let own = cx.address();
+            let running: std::collections::BTreeSet<Address> = self
+                .enrollers
+                .values()
+                .filter(|e| matches!(e.status().phase, Phase::Running | Phase::Enrolled))
+                .map(|e| e.address())
+                .collect();
+            let given: Vec<Address> = members
+                .in_use()
+                .iter()
+                .copied()
+                .filter(|a| {
+                    *a != own && !matches!(members.holder(*a), None | Some(LEARNT) | Some(SELF))
+                })
+                .collect();
+            self.unknown_since.retain(|a, _| given.contains(a));
+            for a in given {
+                if known.contains(&a) || running.contains(&a) {
+                    self.unknown_since.remove(&a);
+                    continue;
+                }
+                let since = *self.unknown_since.entry(a).or_insert(now);
+                if now - since >= grace {
+                    members.release(a);
+                    self.unknown_since.remove(&a);
+                    self.counters.addresses_released += 1;
+                }
+            }
         }
         for a in known {
             if members.holder(a).is_none() {
@@ -360,7 +404,7 @@ impl MembershipMachine {
             Box::new(NextFree::new(first, last)),
             DifContent::default(),
         );
-        members.reserve(cx.address(), "self");
+        members.reserve(cx.address(), SELF);
         members
     }
 

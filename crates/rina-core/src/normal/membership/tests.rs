@@ -290,3 +290,77 @@ fn addresses_learnt_from_routing_are_reserved_only_while_known() {
         );
     }
 }
+
+/// An address given to an enrollee is kept while anything knows it, and
+/// released once nothing has (routing, the directory, the neighbours)
+/// for routing's max age: members that leave, or newcomers enrolling
+/// under ever new names where no password is asked, do not use the
+/// address range up for good.
+#[test]
+fn an_address_given_to_an_enrollee_that_left_is_released_after_max_age() {
+    use crate::routing::{Config as RoutingConfig, LinkState};
+    let mut s = [
+        Side::new("member.net", 1, None),
+        Side::new("new.net", 0, None),
+    ];
+    let t = Instant::ZERO;
+    s[0].call(|m, cx| m.port_added(cx, t, PORT));
+    s[1].call(|m, cx| m.port_added(cx, t, PORT));
+    exchange(&mut s, t);
+    let mut now = t;
+    for _ in 0..50 {
+        if s[1].cfg.address != 0 {
+            break;
+        }
+        now = now + Duration::from_millis(100);
+        for side in &mut s {
+            side.call(|m, cx| {
+                if m.poll_timeout().is_some_and(|w| w <= now) {
+                    m.handle_timeout(cx, now);
+                }
+            });
+        }
+        exchange(&mut s, now);
+    }
+    let addr = s[1].cfg.address;
+    assert!(addr != 0 && addr != 1, "enrolled: {addr}");
+    let held = |s: &Side| {
+        s.ms.members
+            .as_ref()
+            .and_then(|m| m.holder(addr).map(str::to_string))
+    };
+    assert_eq!(held(&s[0]).as_deref(), Some("new.net"));
+
+    let rc = RoutingConfig {
+        max_age: Duration::from_secs(4),
+        refresh_interval: Duration::from_secs(2),
+        ..RoutingConfig::default()
+    };
+    let ls = LinkState::new(1, rc).unwrap();
+    let msg = CdapMessage::read("", "/");
+    let poke = |s: &mut Side, at: Instant| {
+        let cx = Ctx {
+            cfg: &s.cfg,
+            neighbors: &s.neighbors,
+            rmt: &s.rmt,
+            routing: Some(&ls),
+            dft: None,
+        };
+        s.ms.on_enroll_cdap(&cx, at, PORT + 1, &msg);
+    };
+    // While it is a neighbour, however long: kept.
+    let t1 = now + Duration::from_secs(60);
+    poke(&mut s[0], t1);
+    assert_eq!(held(&s[0]).as_deref(), Some("new.net"));
+    // It leaves; nothing knows it any more.
+    s[0].ms.port_removed(t1, PORT);
+    s[0].neighbors.remove(&PORT);
+    poke(&mut s[0], t1 + Duration::from_secs(1));
+    poke(&mut s[0], t1 + Duration::from_secs(4));
+    assert_eq!(held(&s[0]).as_deref(), Some("new.net"), "within max age");
+    poke(&mut s[0], t1 + Duration::from_secs(6));
+    assert_eq!(held(&s[0]), None, "released after max age");
+    assert_eq!(s[0].ms.counters().addresses_released, 1);
+    let in_use = s[0].ms.members.as_ref().unwrap().in_use().clone();
+    assert!(in_use.contains(&1), "its own address stays: {in_use:?}");
+}
