@@ -32,6 +32,28 @@ fn line_3_runs_on_netns_with_emulated_link_delays() {
     assert!(left.is_empty(), "namespaces left behind: {left:?}");
 }
 
+/// A link delay longer than shim-eth's delay line takes (1 s) is refused
+/// before anything starts, naming the link.
+#[test]
+fn a_link_delay_above_one_second_is_refused_on_netns() {
+    if Netns::default().check().is_err() {
+        println!("skipped: needs root");
+        return;
+    }
+    common::ensure_binaries();
+    let exp = rina_lab::load(&common::echo_experiment(2000, 0.0), None).unwrap();
+    let dir = common::run_dir("netns-delay-2s");
+    let ctx_stop = std::sync::atomic::AtomicBool::new(false);
+    let progress = |_: f64, _: &str| {};
+    let ctx = rina_lab::backend::RunCtx {
+        dir: &dir,
+        progress: &progress,
+        stop: &ctx_stop,
+    };
+    let e = Netns::default().run_once(&exp, &ctx).unwrap_err();
+    assert!(e.to_string().contains("at most 1 s"), "{e}");
+}
+
 #[test]
 fn netns_link_delay_adds_to_the_rtt() {
     if Netns::default().check().is_err() {

@@ -248,6 +248,22 @@ impl Fabric for Namespaces {
                 reason: "more than 4000 links (one VLAN each)".into(),
             });
         }
+        // shim-eth delays its frames in the sender for at most 1 s
+        // (rinad's `tx_delay_us`, bounded by its MAX_TX_DELAY_US).
+        if let Some(l) = exp
+            .links
+            .iter()
+            .find(|l| l.delay > std::time::Duration::from_secs(1))
+        {
+            return Err(LabError::Unsupported {
+                backend: "netns",
+                reason: format!(
+                    "link {} has a delay of {:?}; shim-eth delays frames by at most 1 s \
+                     (the local and sim backends take longer delays)",
+                    l.name, l.delay
+                ),
+            });
+        }
         for (i, l) in exp.links.iter().enumerate() {
             let a = format!("rl{}a{i}", self.pid);
             let b = format!("rl{}b{i}", self.pid);
