@@ -145,6 +145,19 @@ impl Daemon {
     pub fn path(&self) -> &Path {
         &self.socket
     }
+
+    /// How many IPCPs the daemon lists to a new client, asked from another
+    /// thread and waited for at most `t`: a daemon whose event loop is
+    /// blocked gives no answer (`None`).
+    pub fn answers_within(&self, t: Duration) -> Option<rina::Result<usize>> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = self.socket.clone();
+        std::thread::spawn(move || {
+            let r = Client::connect_to(&path).and_then(|mut c| c.list_ipcps());
+            let _ = tx.send(r.map(|v| v.len()));
+        });
+        rx.recv_timeout(t).ok()
+    }
 }
 
 impl Drop for Daemon {

@@ -154,6 +154,31 @@ fn hellos_make_neighbours_and_silence_takes_them_down() {
     assert_eq!(s[0].ms.counters().neighbor_timeouts, 1);
 }
 
+/// Runs the exchanges from `t` until `s[1]` enrolled through `s[0]` (the
+/// steps wait on nothing but each other; timers every 100 ms, at most 5
+/// s): when it ended, and what each side put out.
+fn enroll(s: &mut [Side; 2], t: Instant) -> (Instant, [Vec<MsOut>; 2]) {
+    let mut rest = exchange(s, t);
+    let mut now = t;
+    for _ in 0..50 {
+        if s[1].cfg.address != 0 {
+            break;
+        }
+        now = now + Duration::from_millis(100);
+        for side in s.iter_mut() {
+            side.call(|m, cx| {
+                if m.poll_timeout().is_some_and(|w| w <= now) {
+                    m.handle_timeout(cx, now);
+                }
+            });
+        }
+        let [r0, r1] = exchange(s, now);
+        rest[0].extend(r0);
+        rest[1].extend(r1);
+    }
+    (now, rest)
+}
+
 #[test]
 fn a_newcomer_enrolls_through_a_member_with_the_password_and_both_admit_the_port() {
     let pw = Some("pw");
@@ -161,25 +186,7 @@ fn a_newcomer_enrolls_through_a_member_with_the_password_and_both_admit_the_port
     let t = Instant::ZERO;
     s[0].call(|m, cx| m.port_added(cx, t, PORT));
     s[1].call(|m, cx| m.port_added(cx, t, PORT));
-    let mut rest = exchange(&mut s, t);
-    // The enrollment's steps wait on nothing but each other here.
-    let mut now = t;
-    for _ in 0..50 {
-        if s[1].cfg.address != 0 {
-            break;
-        }
-        now = now + Duration::from_millis(100);
-        for side in &mut s {
-            side.call(|m, cx| {
-                if m.poll_timeout().is_some_and(|w| w <= now) {
-                    m.handle_timeout(cx, now);
-                }
-            });
-        }
-        let [r0, r1] = exchange(&mut s, now);
-        rest[0].extend(r0);
-        rest[1].extend(r1);
-    }
+    let (_, rest) = enroll(&mut s, t);
     let addr = s[1].cfg.address;
     assert!(addr != 0 && addr != 1, "an address of its own: {addr}");
     assert!(
@@ -306,22 +313,7 @@ fn an_address_given_to_an_enrollee_that_left_is_released_after_max_age() {
     let t = Instant::ZERO;
     s[0].call(|m, cx| m.port_added(cx, t, PORT));
     s[1].call(|m, cx| m.port_added(cx, t, PORT));
-    exchange(&mut s, t);
-    let mut now = t;
-    for _ in 0..50 {
-        if s[1].cfg.address != 0 {
-            break;
-        }
-        now = now + Duration::from_millis(100);
-        for side in &mut s {
-            side.call(|m, cx| {
-                if m.poll_timeout().is_some_and(|w| w <= now) {
-                    m.handle_timeout(cx, now);
-                }
-            });
-        }
-        exchange(&mut s, now);
-    }
+    let (now, _) = enroll(&mut s, t);
     let addr = s[1].cfg.address;
     assert!(addr != 0 && addr != 1, "enrolled: {addr}");
     let held = |s: &Side| {
