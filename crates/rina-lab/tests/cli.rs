@@ -216,6 +216,22 @@ fn plot_and_show_work_from_run_json() {
     let o = bin().arg("show").arg(d.join("nothing")).output().unwrap();
     assert_eq!(o.status.code(), Some(1));
 
+    // A folder holding runs of two experiments is not one run's variants:
+    // refused, and nothing in it redrawn.
+    let mixed = tmp("mixed");
+    synthetic("spn", 1.0).write(&mixed.join("one")).unwrap();
+    let mut other = synthetic("spn", 1.0);
+    other.experiment = "another".into();
+    other.write(&mixed.join("two")).unwrap();
+    let o = bin().arg("plot").arg(&mixed).output().unwrap();
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("runs of 2 experiments (another, synthetic)"),
+        "{err}"
+    );
+    assert!(!mixed.join("one/plots").exists(), "a run was redrawn");
+
     // No paper's figures for this experiment: said so, with the ones there are.
     let o = bin().arg("report").arg(d.join("spn")).output().unwrap();
     let (_, err) = text(&o);

@@ -968,13 +968,13 @@ impl<'a> Session<'a> {
 
 // ---------------------------------------------------------------- plot, show
 
-/// The run folders below `dirs`: a folder with `run.json`, or the folders
-/// in it that have one (one per variant).
-fn expand(dirs: &[PathBuf]) -> Result<Vec<PathBuf>, Fail> {
+/// The run folders below `dirs`, one group per folder given: a folder
+/// with `run.json`, or the folders in it that have one (one per variant).
+fn expand(dirs: &[PathBuf]) -> Result<Vec<Vec<PathBuf>>, Fail> {
     let mut out = Vec::new();
     for d in dirs {
         if d.join("run.json").is_file() {
-            out.push(d.clone());
+            out.push(vec![d.clone()]);
             continue;
         }
         let mut subs: Vec<PathBuf> = std::fs::read_dir(d)
@@ -989,16 +989,37 @@ fn expand(dirs: &[PathBuf]) -> Result<Vec<PathBuf>, Fail> {
             )));
         }
         subs.sort();
-        out.extend(subs);
+        out.push(subs);
     }
     Ok(out)
 }
 
+/// The runs of `dirs` ([`expand`]). A folder given that is not a run
+/// stands for the variants of one run: one holding runs of several
+/// experiments (a results folder, /tmp) is refused rather than taken
+/// whole (`plot` would redraw every run in it).
 fn read_runs(dirs: &[PathBuf]) -> Result<Vec<(PathBuf, RunOutput)>, Fail> {
-    expand(dirs)?
-        .into_iter()
-        .map(|d| RunOutput::read(&d).map(|r| (d, r)).map_err(Fail::from))
-        .collect()
+    let mut out = Vec::new();
+    for (given, group) in dirs.iter().zip(expand(dirs)?) {
+        let runs: Vec<(PathBuf, RunOutput)> = group
+            .into_iter()
+            .map(|d| RunOutput::read(&d).map(|r| (d, r)).map_err(Fail::from))
+            .collect::<Result<_, _>>()?;
+        let mut names: Vec<&str> = runs.iter().map(|(_, r)| r.experiment.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        if names.len() > 1 {
+            return Err(Fail::failed(format!(
+                "{}: holds runs of {} experiments ({}), not the variants of one run; \
+                 give the run folders themselves",
+                given.display(),
+                names.len(),
+                names.join(", ")
+            )));
+        }
+        out.extend(runs);
+    }
+    Ok(out)
 }
 
 /// The deepest folder holding every one of `dirs`.
