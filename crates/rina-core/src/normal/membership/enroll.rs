@@ -10,14 +10,14 @@ use crate::cdap_session::State as SessionState;
 use crate::efcp::EfcpConfig;
 use crate::enrollment::{
     DifConfigBlob, DifContent, Enrollee, EnrolleeConfig, Enroller, EnrollerConfig, EnrollerEvent,
-    EnrollmentError, EnrollmentEvent, Membership, NextFree, Phase, Step,
+    EnrollmentError, EnrollmentEvent, Membership, NextFree, Phase, Step, OBJ_ENROLLMENT,
 };
 use crate::normal::{N1Port, NormalConfig, QosCube};
 use crate::rmt::Address;
 use crate::routing::encode_fsos;
 use crate::time::Instant;
 use prost::Message;
-use rina_wire::cdap::{CdapMessage, DifConfiguration, QosCubeInfo};
+use rina_wire::cdap::{CdapMessage, DifConfiguration, OpCode, QosCubeInfo};
 use rina_wire::pci::FieldWidth;
 use rina_wire::AppName;
 
@@ -113,7 +113,14 @@ impl MembershipMachine {
         if self.members.is_none() {
             self.members = Some(self.new_membership(cx));
         }
-        self.refresh_content(cx, now);
+        // Only the enrollment's M_START gives an address and the content
+        // (configuration, neighbours, directory, flow-state objects): the
+        // content is built for it alone, not again for every answer the
+        // enrollee sends to each object (one per neighbour) — each build
+        // walks and encodes routing's and the directory's whole state.
+        if msg.op_code() == OpCode::Start && msg.obj_name.as_deref() == Some(OBJ_ENROLLMENT) {
+            self.refresh_content(cx, now);
+        }
         let Some(members) = self.members.as_mut() else {
             return;
         };

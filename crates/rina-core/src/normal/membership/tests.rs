@@ -329,7 +329,9 @@ fn an_address_given_to_an_enrollee_that_left_is_released_after_max_age() {
         ..RoutingConfig::default()
     };
     let ls = LinkState::new(1, rc).unwrap();
-    let msg = CdapMessage::read("", "/");
+    // The next enrollment's M_START, when addresses are given and checked
+    // (an unconnected port: the enroller refuses it, after the check).
+    let msg = CdapMessage::start("", crate::enrollment::OBJ_ENROLLMENT);
     let poke = |s: &mut Side, at: Instant| {
         let cx = Ctx {
             cfg: &s.cfg,
