@@ -74,6 +74,7 @@
 //! println!("{} of 100 SDUs delivered", flow_b.delivered.len());
 //! ```
 
+pub mod backlog;
 pub mod chain;
 pub mod events;
 pub mod link;

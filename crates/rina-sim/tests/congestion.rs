@@ -24,10 +24,11 @@ use rina_core::sdup::SdupConfig;
 use rina_core::shim_udp;
 use rina_core::system::{AppEvent, MediumId, NeighborSpec, Output, PortId, System};
 use rina_core::Instant;
+use rina_sim::backlog::LinkBacklogs;
 use rina_sim::world::Ctx;
 use rina_sim::{LinkConfig, LinkId, Node, World};
 use rina_wire::{AppName, QosSpec};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -70,15 +71,12 @@ struct Tx {
     stop_at: Instant,
 }
 
-/// Frames a full link pushed back, and when to try again.
-type Backlog = (VecDeque<(SocketAddr, Vec<u8>)>, Instant);
-
 /// A system, its media, its applications.
 struct Host {
     sys: System,
     by_addr: BTreeMap<SocketAddr, MediumId>,
     media: BTreeMap<MediumId, SocketAddr>,
-    backlog: BTreeMap<MediumId, Backlog>,
+    backlog: LinkBacklogs,
     tx: Vec<Tx>,
     rx: BTreeMap<u8, Rx>,
     window: (Instant, Instant),
@@ -91,7 +89,7 @@ impl Host {
             sys,
             by_addr: BTreeMap::new(),
             media: BTreeMap::new(),
-            backlog: BTreeMap::new(),
+            backlog: LinkBacklogs::default(),
             tx: Vec::new(),
             rx: BTreeMap::new(),
             window: (Instant::ZERO, Instant::ZERO),
@@ -126,10 +124,9 @@ impl Host {
                     peer: Some(peer),
                     frame,
                 } => {
-                    if let Some((q, _)) = self.backlog.get_mut(&medium) {
-                        q.push_back((peer, frame.into_vec()));
-                    } else if let Some(&local) = self.media.get(&medium) {
-                        ctx.transmit(local, peer, frame.into_vec());
+                    let frame = self.backlog.queue_behind(medium, peer, frame.into_vec());
+                    if let (Some(frame), Some(&local)) = (frame, self.media.get(&medium)) {
+                        ctx.transmit(local, peer, frame);
                     }
                 }
                 Output::ToApp { sdu, .. } => self.on_sdu(now, &sdu.into_buf()),
@@ -168,33 +165,6 @@ impl Host {
         }
         r.last_at = Some(now);
     }
-
-    fn retry_backlogs(&mut self, ctx: &mut Ctx<'_, ()>) {
-        let now = ctx.now();
-        let due: Vec<MediumId> = self
-            .backlog
-            .iter()
-            .filter(|(_, (_, t))| *t <= now)
-            .map(|(m, _)| *m)
-            .collect();
-        for m in due {
-            let Some((q, _)) = self.backlog.remove(&m) else {
-                continue;
-            };
-            if q.is_empty() {
-                self.sys.medium_writable(now, m);
-                continue;
-            }
-            let Some(&local) = self.media.get(&m) else {
-                continue;
-            };
-            self.backlog
-                .insert(m, (VecDeque::new(), now + Duration::from_nanos(1)));
-            for (peer, frame) in q {
-                ctx.transmit(local, peer, frame);
-            }
-        }
-    }
 }
 
 /// Scripted: allocate the sending flows.
@@ -220,7 +190,9 @@ impl Node for Host {
 
     fn on_timeout(&mut self, ctx: &mut Ctx<'_, ()>) {
         let now = ctx.now();
-        self.retry_backlogs(ctx);
+        let media = &self.media;
+        self.backlog
+            .retry(ctx, &mut self.sys, |m| media.get(&m).copied());
         if self.sys.poll_timeout().is_some_and(|t| t <= now) {
             self.sys.handle_timeout(now);
         }
@@ -246,7 +218,7 @@ impl Node for Host {
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
-        let backlogs = self.backlog.values().map(|(_, t)| *t);
+        let backlogs = self.backlog.poll_timeout();
         self.sys.poll_timeout().into_iter().chain(backlogs).min()
     }
 
@@ -261,16 +233,8 @@ impl Node for Host {
         let Some(&m) = self.by_addr.get(&from) else {
             return Some(payload);
         };
-        let fresh = !self.backlog.contains_key(&m);
-        let e = self
-            .backlog
-            .entry(m)
-            .or_insert_with(|| (VecDeque::new(), room_at));
-        e.0.push_back((to, payload));
-        e.1 = room_at;
-        if fresh {
-            self.sys.medium_blocked(now, m);
-        }
+        self.backlog
+            .hold(&mut self.sys, now, m, to, payload, room_at);
         None
     }
 }

@@ -28,6 +28,7 @@ use rina_core::rmt::Address;
 use rina_core::shim_udp;
 use rina_core::system::{AppEvent, MediumId, NeighborSpec, Output, PortId, System};
 use rina_core::Instant;
+use rina_sim::backlog::LinkBacklogs;
 use rina_sim::world::Ctx;
 use rina_sim::{LinkConfig, Node, World};
 use rina_tools::tgen::gen::{Generator, Packet as GenPacket};
@@ -180,9 +181,6 @@ enum Cmd {
     NodeStart(Box<LabNode>),
 }
 
-/// Frames pushed back by a full link: (peer, frame), oldest first.
-type Backlog = VecDeque<(SocketAddr, Vec<u8>)>;
-
 /// A simulated system: its [`System`] and the in-sim applications.
 #[derive(Debug)]
 struct LabNode {
@@ -192,10 +190,8 @@ struct LabNode {
     by_addr: IdMap<SocketAddr, MediumId>,
     /// Media whose link is down.
     down: std::collections::BTreeSet<MediumId>,
-    /// Frames a full link pushed back, per medium, in order, and when to
-    /// try again (the link has room, or a look whether the backlog
-    /// cleared).
-    backlog: BTreeMap<MediumId, (Backlog, Instant)>,
+    /// Frames a full link pushed back, per medium, in order.
+    backlog: LinkBacklogs,
     names: BTreeMap<AppName, bool>,
     /// Accepted flows: name they were accepted for, echo.
     accepted: BTreeMap<PortId, (AppName, bool)>,
@@ -251,7 +247,7 @@ impl LabNode {
             media: BTreeMap::new(),
             by_addr: IdMap::default(),
             down: Default::default(),
-            backlog: BTreeMap::new(),
+            backlog: LinkBacklogs::default(),
             names: BTreeMap::new(),
             accepted: BTreeMap::new(),
             clients: BTreeMap::new(),
@@ -441,7 +437,7 @@ impl LabNode {
     /// SDUs a perf writer may write now: what its own system may still
     /// hold in its RMT queues and in the frames a full link pushed back.
     fn perf_room(&self) -> usize {
-        let backlog: usize = self.backlog.values().map(|(q, _)| q.len()).sum();
+        let backlog = self.backlog.frames();
         let queued: usize = self
             .sys
             .members()
@@ -532,12 +528,12 @@ impl LabNode {
                 peer: Some(peer),
                 frame,
             } => {
-                if let Some((q, _)) = self.backlog.get_mut(&medium) {
-                    // Behind frames the link pushed back: in order.
-                    q.push_back((peer, frame.into_vec()));
-                } else if let Some(&(local, _)) = self.media.get(&medium) {
+                // Behind frames the link pushed back, if any: in order.
+                let frame = self.backlog.queue_behind(medium, peer, frame.into_vec());
+                let local = self.media.get(&medium).map(|&(local, _)| local);
+                if let (Some(frame), Some(local)) = (frame, local) {
                     if !self.down.contains(&medium) {
-                        ctx.transmit(local, peer, frame.into_vec());
+                        ctx.transmit(local, peer, frame);
                     }
                 }
             }
@@ -703,7 +699,10 @@ impl Node for LabNode {
             return;
         }
         self.register_pending();
-        self.retry_backlogs(ctx);
+        let media = &self.media;
+        self.backlog.retry(ctx, &mut self.sys, |m| {
+            media.get(&m).map(|&(local, _)| local)
+        });
         // The system runs only its members whose timers are due.
         self.sys.handle_timeout(now);
         let due: Vec<usize> = self
@@ -733,7 +732,11 @@ impl Node for LabNode {
             .filter(|c| c.state == ClientState::Open)
             .filter_map(|c| c.next_at);
         let retries = self.latest.values().filter_map(|(_, r)| *r);
-        let backlogs = self.backlog.values().map(|(_, t)| *t).chain(self.perf_more);
+        let backlogs = self
+            .backlog
+            .poll_timeout()
+            .into_iter()
+            .chain(self.perf_more);
         // Registrations wait for the member's enrollment: looked at again
         // with the system's own timers, and every RETRY at least.
         let regs = (!self.pending_regs.is_empty())
@@ -761,16 +764,8 @@ impl Node for LabNode {
         let Some(&m) = self.by_addr.get(&from) else {
             return Some(payload);
         };
-        let fresh = !self.backlog.contains_key(&m);
-        let e = self
-            .backlog
-            .entry(m)
-            .or_insert_with(|| (VecDeque::new(), room_at));
-        e.0.push_back((to, payload));
-        e.1 = room_at;
-        if fresh {
-            self.sys.medium_blocked(now, m);
-        }
+        self.backlog
+            .hold(&mut self.sys, now, m, to, payload, room_at);
         None
     }
 }
@@ -834,39 +829,6 @@ impl LabNode {
         let sys = &mut self.sys;
         self.pending_regs
             .retain(|(dif, name)| sys.register(dif, name.clone()).is_err());
-    }
-
-    /// Sends again what full links pushed back, once they have room; a
-    /// medium whose backlog went out is writable again.
-    fn retry_backlogs(&mut self, ctx: &mut Ctx<'_, ()>) {
-        let now = ctx.now();
-        let due: Vec<MediumId> = self
-            .backlog
-            .iter()
-            .filter(|(_, (_, t))| *t <= now)
-            .map(|(m, _)| *m)
-            .collect();
-        for m in due {
-            let Some((q, _)) = self.backlog.remove(&m) else {
-                continue;
-            };
-            if q.is_empty() {
-                // Nothing came back since the last try: the link takes
-                // frames again.
-                self.sys.medium_writable(now, m);
-                continue;
-            }
-            let Some(&(local, _)) = self.media.get(&m) else {
-                continue;
-            };
-            // Whatever the link refuses comes back through on_link_full,
-            // in order; look again right after.
-            self.backlog
-                .insert(m, (VecDeque::new(), now + Duration::from_nanos(1)));
-            for (peer, frame) in q {
-                ctx.transmit(local, peer, frame);
-            }
-        }
     }
 }
 
