@@ -11,34 +11,9 @@ use std::time::{Duration, Instant};
 /// Flows in the daemon: both ends of 5,000 flows to itself.
 const FLOWS: usize = 10_000;
 
-/// Raises this process's descriptor limit (children inherit it).
-fn raise_nofile(n: u64) -> u64 {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: valid pointers to rlimits.
-    unsafe {
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
-        let want = libc::rlimit {
-            rlim_cur: n.max(r.rlim_cur),
-            rlim_max: n.max(r.rlim_max),
-        };
-        if libc::setrlimit(libc::RLIMIT_NOFILE, &want) != 0 {
-            let soft = libc::rlimit {
-                rlim_cur: r.rlim_max,
-                rlim_max: r.rlim_max,
-            };
-            libc::setrlimit(libc::RLIMIT_NOFILE, &soft);
-        }
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
-    }
-    r.rlim_cur
-}
-
 #[test]
 fn rinactl_lists_ten_thousand_flows() {
-    let limit = raise_nofile(3 * FLOWS as u64);
+    let limit = rina::raise_fd_limit(3 * FLOWS as u64);
     // This process holds the applications' ends of all of them, the daemon its own.
     if limit < FLOWS as u64 + 1000 {
         eprintln!("skipped: the descriptor limit is {limit}, too low for {FLOWS} flows");

@@ -799,7 +799,7 @@ impl Client {
                 result: Err(ctl::CtlError::new(
                     ErrorKind::NoResources,
                     format!(
-                        "the descriptor of flow {} could not be received: this process is at its limit of open descriptors (RLIMIT_NOFILE); close some or raise the limit",
+                        "the descriptor of flow {} could not be received: this process is at its limit of open descriptors (RLIMIT_NOFILE); close some or raise the limit (rina::raise_fd_limit)",
                         info.port
                     ),
                 )),

@@ -38,6 +38,7 @@
 mod async_flow;
 pub mod client;
 pub mod error;
+mod fd_limit;
 pub mod flow;
 pub mod ports;
 mod rings;
@@ -47,6 +48,7 @@ mod sock;
 pub use async_flow::{AsyncFlow, IntoAsyncError};
 pub use client::{Client, DEFAULT_TIMEOUT};
 pub use error::{Error, ErrorKind, Result};
+pub use fd_limit::raise_fd_limit;
 pub use flow::{Flow, Segments};
 
 pub use rina_wire::ctl::{

@@ -137,31 +137,6 @@ fn args() -> Args {
     a
 }
 
-/// Raises this process's descriptor limit to `n` (as root, the hard one too).
-fn raise_nofile(n: u64) -> u64 {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: valid pointers to rlimits.
-    unsafe {
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
-        let want = libc::rlimit {
-            rlim_cur: n.max(r.rlim_cur),
-            rlim_max: n.max(r.rlim_max),
-        };
-        if libc::setrlimit(libc::RLIMIT_NOFILE, &want) != 0 {
-            let soft = libc::rlimit {
-                rlim_cur: r.rlim_max,
-                rlim_max: r.rlim_max,
-            };
-            libc::setrlimit(libc::RLIMIT_NOFILE, &soft);
-        }
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
-    }
-    r.rlim_cur
-}
-
 fn config(a: &Args, port: u16) -> String {
     let max = a
         .max_flows
@@ -331,7 +306,7 @@ fn main() {
     let asked = a.flows;
     // Both ends of every flow are descriptors here and in the daemon,
     // which inherits this limit (and raises it further only if allowed).
-    let limit = raise_nofile(a.flows as u64 + 1000);
+    let limit = rina::raise_fd_limit(a.flows as u64 + 1000);
     let fit = (limit.saturating_sub(200) as usize) & !1;
     if a.flows > fit {
         a.flows = fit;

@@ -67,45 +67,16 @@ const CTL_SNDBUF: usize = rina_wire::ctl::MAX_CTL_MSG;
 /// `fs.nr_open`): room for 100,000 flows and more.
 const WANTED_FDS: u64 = 1 << 20;
 
-/// Raises the soft limit of open descriptors to the hard limit: every flow
-/// costs the daemon one descriptor. A daemon allowed to (`CAP_SYS_RESOURCE`)
-/// first raises the hard limit to [`WANTED_FDS`]. Returns the limit now in
-/// force.
+/// Raises the limit of open descriptors as far as this daemon may: every
+/// flow costs it one. A daemon allowed to (`CAP_SYS_RESOURCE`) raises the
+/// hard limit to [`WANTED_FDS`] (or the kernel's `fs.nr_open`); any other
+/// raises its soft limit to its hard one. Returns the limit now in force.
 pub fn raise_fd_limit() -> u64 {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: valid pointer to an rlimit.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
-        return 0;
-    }
     let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok())
         .unwrap_or(WANTED_FDS);
-    let wanted = WANTED_FDS.min(nr_open);
-    if r.rlim_max != libc::RLIM_INFINITY && r.rlim_max < wanted {
-        let more = libc::rlimit {
-            rlim_cur: wanted,
-            rlim_max: wanted,
-        };
-        // SAFETY: valid pointer to an rlimit; refused without the privilege.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &more) } == 0 {
-            return wanted;
-        }
-    }
-    if r.rlim_cur < r.rlim_max {
-        let want = libc::rlimit {
-            rlim_cur: r.rlim_max,
-            rlim_max: r.rlim_max,
-        };
-        // SAFETY: valid pointer to an rlimit.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &want) } == 0 {
-            return want.rlim_cur;
-        }
-    }
-    r.rlim_cur
+    rina::raise_fd_limit(WANTED_FDS.min(nr_open))
 }
 
 /// Hands the heap's free pages back to the system (glibc's allocator keeps

@@ -6,7 +6,7 @@ mod common;
 
 use common::free_port;
 
-use common::users::{as_user, raise_nofile, test_user};
+use common::users::{as_user, test_user};
 use common::{name, wait_for, Daemon};
 use rina::{Client, ErrorKind, QosSpec};
 use rina_wire::ctl::{self, Message};
@@ -105,7 +105,7 @@ fn one_users_idle_connections_leave_others_working() {
     let (Some(a), Some(b)) = (test_user("rinatest-a"), test_user("rinatest-b")) else {
         return;
     };
-    raise_nofile(8192);
+    rina::raise_fd_limit(8192);
     let d = Daemon::start("flood", &[]);
     let path = d.socket.clone();
     // b opens 2,000 connections and says nothing on them.
@@ -140,7 +140,7 @@ fn administrators_keep_a_share_when_users_fill_the_daemon() {
     let Some(b) = test_user("rinatest-b") else {
         return;
     };
-    raise_nofile(8192);
+    rina::raise_fd_limit(8192);
     let d = Daemon::start_with(
         "full",
         "[system]\nname = \"full\"\nmax_conns_per_user = 5000\n",

@@ -14,23 +14,6 @@ use std::time::Duration;
 /// Allocations; each makes two flows in the daemon.
 const PAIRS: usize = 5_000;
 
-/// Raises this process's soft descriptor limit to its hard one (children
-/// inherit it); returns the soft limit.
-fn raise_nofile() -> u64 {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: valid pointers to rlimits.
-    unsafe {
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
-        r.rlim_cur = r.rlim_max;
-        libc::setrlimit(libc::RLIMIT_NOFILE, &r);
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
-    }
-    r.rlim_cur
-}
-
 /// Fills daemon `d` with `PAIRS` flows from `src` to `sink` and closes them.
 fn fill(d: &Daemon) {
     // Sockets: with rings each flow would hold three descriptors in this
@@ -69,7 +52,7 @@ fn fill(d: &Daemon) {
 
 #[test]
 fn ten_thousand_flows_in_one_ipcp_without_configuring_a_limit() {
-    let limit = raise_nofile();
+    let limit = rina::raise_fd_limit(2 * PAIRS as u64 + 1000);
     if limit < 2 * PAIRS as u64 + 1000 {
         eprintln!(
             "skipped: the descriptor limit is {limit}, too low for {} flows",

@@ -80,29 +80,3 @@ pub fn as_user<T: Send + 'static>(user: User, f: impl FnOnce() -> T + Send + 'st
     .join()
     .expect("the impersonating thread panicked")
 }
-
-/// Raises this process's descriptor limit to `n` (or as far as allowed);
-/// children started later inherit it.
-pub fn raise_nofile(n: u64) -> u64 {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: valid pointers to rlimits.
-    unsafe {
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
-        let want = libc::rlimit {
-            rlim_cur: n.max(r.rlim_cur),
-            rlim_max: n.max(r.rlim_max),
-        };
-        if libc::setrlimit(libc::RLIMIT_NOFILE, &want) != 0 {
-            let soft = libc::rlimit {
-                rlim_cur: r.rlim_max,
-                rlim_max: r.rlim_max,
-            };
-            libc::setrlimit(libc::RLIMIT_NOFILE, &soft);
-        }
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
-    }
-    r.rlim_cur
-}
