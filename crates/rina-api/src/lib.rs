@@ -28,6 +28,7 @@ pub mod sys;
 use error::{ApiError, Result};
 use libc::{c_char, c_int, c_uint};
 use rina_wire::ctl::{ErrorKind, Op, Reply};
+use rina_wire::name::MAX_NAME_LEN;
 use rina_wire::{AppName, QosSpec};
 use spec::RinaFlowSpec;
 use std::ffi::CStr;
@@ -79,13 +80,22 @@ unsafe fn app_name(p: *const c_char, what: &str) -> Result<AppName> {
     name::parse(&s).map_err(ApiError::Invalid)
 }
 
-/// A DIF name argument: NULL or empty means "any DIF".
+/// A DIF name argument: NULL or empty means "any DIF". One longer than
+/// any DIF's name may be is refused here: sent, it would make the daemon's
+/// answer (which quotes it) too large to read.
 ///
 /// # Safety
 /// As for [`opt_str`].
 unsafe fn dif_name(p: *const c_char) -> Result<Option<String>> {
     // SAFETY: forwarded.
-    Ok(unsafe { opt_str(p, "dif_name")? }.filter(|d| !d.is_empty()))
+    let dif = unsafe { opt_str(p, "dif_name")? }.filter(|d| !d.is_empty());
+    if let Some(d) = dif.as_ref().filter(|d| d.len() > MAX_NAME_LEN) {
+        return Err(ApiError::Invalid(format!(
+            "dif_name is {} bytes long; a DIF name has at most {MAX_NAME_LEN}",
+            d.len()
+        )));
+    }
+    Ok(dif)
 }
 
 /// Takes ownership of a descriptor the library handed out as a wait handle.

@@ -22,7 +22,11 @@ fn c_programs_register_allocate_accept_and_echo() {
     let client = compile("client", &out, Link::Static);
     let (alpha, beta) = pair(&["capi-echo/1", "capi-refuse"]);
 
+    // Without cargo's LD_LIBRARY_PATH, which names target/debug before the
+    // rpath's deps/: a library an earlier `cargo build` left there would be
+    // loaded instead of the one under test.
     let mut srv = Command::new(&server)
+        .env_remove("LD_LIBRARY_PATH")
         .env("RINA_SOCKET", &beta.socket)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -30,11 +34,13 @@ fn c_programs_register_allocate_accept_and_echo() {
         .expect("start the C server");
     let lines = Lines::new(srv.stdout.take().expect("stdout"));
     let mut srv = Killer(srv);
-    assert_eq!(
-        lines.next(T).as_deref(),
-        Some("ready"),
-        "server did not register"
-    );
+    let first = lines.next(T);
+    if first.as_deref() != Some("ready") {
+        panic!(
+            "server did not register ({first:?})\n{}",
+            srv.0.wait_with_output_checked()
+        );
+    }
 
     let c = Command::new(&client)
         .env("RINA_SOCKET", &alpha.socket)

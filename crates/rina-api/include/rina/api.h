@@ -10,10 +10,11 @@
  *
  * Application names are written "name|instance|entity|instance"; trailing
  * separators may be left out ("aa|bb", "aa"). A name without '|' is read in
- * rinad's own syntax, "name/instance/entity/instance".
+ * rinad's own syntax, "name/instance/entity/instance". Application and
+ * DIF names have at most 255 bytes; longer ones fail with EINVAL.
  *
  * The daemon's socket is $RINA_SOCKET, else $XDG_RUNTIME_DIR/rinad.sock,
- * else /run/rinad.sock for root, else /tmp/rinad-<uid>.sock.
+ * else /run/rinad.sock for root, else /tmp/rinad-<uid>/rinad.sock.
  *
  * Each descriptor from rina_open() has a thread of the library behind it,
  * which passes the daemon's flow requests to it. A child made with fork()
@@ -33,7 +34,8 @@ extern "C" {
 /*
  * QoS asked of a flow. Fill it with rina_flow_spec_unreliable() first, then
  * change fields. max_sdu_gap == 0 asks for a reliable (and in-order) flow;
- * (uint64_t)-1 and the other fields' zero values mean "no bound".
+ * "no bound" is (uint64_t)-1 in max_sdu_gap, RINA_FLOW_SPEC_LOSS_MAX in
+ * max_loss and 0 in max_delay, avg_bandwidth and max_jitter.
  */
 struct rina_flow_spec {
     uint32_t version; /* RINA_FLOW_SPEC_VERSION */

@@ -61,6 +61,12 @@ static void errors(void)
     rina_flow_spec_unreliable(&spec);
     spec.max_loss = RINA_FLOW_SPEC_LOSS_MAX + 1;
     CHECK_FAILS(rina_flow_alloc(NULL, "me", "capi-echo|1", &spec, 0), EINVAL);
+    /* A DIF name longer than any DIF's is refused before it is sent (the
+     * daemon's answer, quoting it, would be too large to read). */
+    static char long_dif[70000];
+    memset(long_dif, 'd', sizeof(long_dif) - 1);
+    CHECK_FAILS(rina_flow_alloc(long_dif, "me", "capi-echo|1", NULL, 0), EINVAL);
+    CHECK(strstr(rina_api_last_error(), "dif_name") != NULL);
     CHECK_FAILS(rina_flow_alloc_wait(-1), EBADF);
     CHECK(rina_flow_mss_get(0) == 0 && errno == EBADF);
     CHECK(rina_flow_mss_get(-1) == 0 && errno == EBADF);

@@ -45,6 +45,11 @@ static void registrations(int cfd)
     CHECK_FAILS(rina_register(cfd, NULL, "capi-echo|1", 0), EBUSY);
     CHECK_FAILS(rina_register(cfd, "no-such-dif", "x", 0), ENXIO);
     CHECK_FAILS(rina_register(cfd, NULL, "a|b|c|d|e", 0), EINVAL);
+    {
+        static char long_dif[70000];
+        memset(long_dif, 'd', sizeof(long_dif) - 1);
+        CHECK_FAILS(rina_register(cfd, long_dif, "x", 0), EINVAL);
+    }
     CHECK_FAILS(rina_register(cfd, NULL, NULL, 0), EINVAL);
     CHECK_FAILS(rina_register(0, NULL, "x", 0), EBADF);
     CHECK_FAILS(rina_unregister(cfd, NULL, "never-registered", 0), EINVAL);
