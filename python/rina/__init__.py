@@ -32,6 +32,7 @@ import errno
 import os
 import select
 import socket
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -84,6 +85,14 @@ def _name(s, what):
 
 def _dif(d):
     return None if d is None else _name(d, "dif")
+
+
+def _spec(spec):
+    if spec is None:
+        return None
+    if not isinstance(spec, FlowSpec):
+        raise TypeError(f"spec must be a rina.FlowSpec or None, not {type(spec).__name__}")
+    return spec._to_c()
 
 
 @dataclass
@@ -157,8 +166,14 @@ class Flow:
         #: The QoS the peer asked for (accepted flows).
         self.spec = spec
 
+    def _live(self, what):
+        """The flow's socket; :class:`RinaError` (EBADF) if it is closed."""
+        if self._sock is None:
+            raise RinaError(errno.EBADF, f"{what}: the flow is closed")
+        return self._sock
+
     def fileno(self):
-        return self._sock.fileno()
+        return self._live("fileno").fileno()
 
     def _bufsize(self):
         # One byte more than the largest SDU (64 KiB if unknown).
@@ -172,26 +187,29 @@ class Flow:
 
     def write(self, sdu):
         """Sends one SDU (blocks while the flow is full)."""
+        sock = self._live("write to the flow")
         self._check_sdu(sdu)
         try:
-            self._sock.send(sdu)
+            sock.send(sdu)
         except OSError as e:
             raise RinaError(e.errno, f"write to the flow: {e.strerror}") from None
 
     def read(self, timeout=None):
         """Receives one SDU; ``b""`` once the flow is closed. Raises
         :class:`TimeoutError` if nothing came within ``timeout`` seconds."""
+        sock = self._live("read from the flow")
         if timeout is not None:
-            r, _, _ = select.select([self._sock], [], [], timeout)
+            r, _, _ = select.select([sock], [], [], timeout)
             if not r:
                 raise TimeoutError(f"no SDU within {timeout} s")
         try:
-            return self._sock.recv(self._bufsize())
+            return sock.recv(self._bufsize())
         except OSError as e:
             raise RinaError(e.errno, f"read from the flow: {e.strerror}") from None
 
     def into_async(self):
         """This flow as an :class:`AsyncFlow` (this object is then unusable)."""
+        self._live("into_async")
         f = AsyncFlow.__new__(AsyncFlow)
         f._sock, f.mss, f.remote, f.spec = self._sock, self.mss, self.remote, self.spec
         f._sock.setblocking(False)
@@ -218,33 +236,55 @@ class AsyncFlow(Flow):
         self._sock.setblocking(False)
 
     async def write(self, sdu):
+        sock = self._live("write to the flow")
         self._check_sdu(sdu)
         try:
-            await asyncio.get_running_loop().sock_sendall(self._sock, sdu)
+            await asyncio.get_running_loop().sock_sendall(sock, sdu)
         except OSError as e:
             raise RinaError(e.errno, f"write to the flow: {e.strerror}") from None
 
     async def read(self):
+        sock = self._live("read from the flow")
         try:
-            return await asyncio.get_running_loop().sock_recv(self._sock, self._bufsize())
+            return await asyncio.get_running_loop().sock_recv(sock, self._bufsize())
         except OSError as e:
             raise RinaError(e.errno, f"read from the flow: {e.strerror}") from None
 
 
+# The futures waiting for a descriptor to turn readable, by (loop,
+# descriptor): a loop has one reader per descriptor, which wakes them all.
+_waiting = {}
+
+
+def _wake(waiters):
+    for f in waiters:
+        if not f.done():
+            f.set_result(None)
+
+
 async def _readable(fd):
     loop = asyncio.get_running_loop()
+    key = (loop, fd)
+    waiters = _waiting.get(key)
+    if waiters is None:
+        waiters = []
+        loop.add_reader(fd, _wake, waiters)
+        _waiting[key] = waiters
     fut = loop.create_future()
-    loop.add_reader(fd, lambda: fut.done() or fut.set_result(None))
+    waiters.append(fut)
     try:
         await fut
     finally:
-        loop.remove_reader(fd)
+        waiters.remove(fut)
+        if not waiters:
+            del _waiting[key]
+            loop.remove_reader(fd)
 
 
 def allocate(remote, local="python", dif=None, spec=None):
     """Allocates a flow from ``local`` to ``remote`` (in ``dif`` if given)
     with ``spec`` (a :class:`FlowSpec`; best effort if None)."""
-    c = spec._to_c() if spec is not None else None
+    c = _spec(spec)
     fd = lib.rina_flow_alloc(
         _dif(dif),
         _name(local, "local"),
@@ -258,7 +298,7 @@ def allocate(remote, local="python", dif=None, spec=None):
 async def allocate_async(remote, local="python", dif=None, spec=None):
     """Like :func:`allocate`, without blocking the event loop; returns an
     :class:`AsyncFlow`."""
-    c = spec._to_c() if spec is not None else None
+    c = _spec(spec)
     wfd = lib.rina_flow_alloc(
         _dif(dif),
         _name(local, "local"),
@@ -288,13 +328,26 @@ class FlowRequest:
         self.spec = spec
 
     def accept(self):
-        """Accepts the request; returns the flow."""
-        fd = lib.rina_flow_respond(self._ctl.fileno(), self._handle, 0)
-        return Flow(_check(fd, f"accept the flow from {self.remote}"), self.remote, self.spec)
+        """Accepts the request; returns the flow. Raises :class:`RinaError`
+        with EINVAL if the request was withdrawn meanwhile (its requester
+        gave up, or the DIF's accept timeout passed)."""
+        what = f"accept the flow from {self.remote}"
+        fd = lib.rina_flow_respond(self._ctl._live(what), self._handle, 0)
+        return Flow(_check(fd, what), self.remote, self.spec)
+
+    def _accept_unless_gone(self):
+        """:meth:`accept`, or None if the request was withdrawn meanwhile."""
+        try:
+            return self.accept()
+        except RinaError as e:
+            if e.errno == errno.EINVAL:
+                return None
+            raise
 
     def refuse(self):
         """Refuses the request; the requester's allocation fails."""
-        _check(lib.rina_flow_respond(self._ctl.fileno(), self._handle, 1), "refuse the flow")
+        fd = self._ctl._live("refuse the flow")
+        _check(lib.rina_flow_respond(fd, self._handle, 1), "refuse the flow")
 
 
 class Control:
@@ -304,35 +357,45 @@ class Control:
     def __init__(self):
         self._fd = _check(lib.rina_open(), "connect to rinad")
 
-    def fileno(self):
+    def _live(self, what):
+        """The control descriptor; :class:`RinaError` (EBADF) if closed."""
+        if self._fd < 0:
+            raise RinaError(errno.EBADF, f"{what}: the control descriptor is closed")
         return self._fd
+
+    def fileno(self):
+        return self._live("fileno")
 
     def register(self, name, dif=None):
         """Registers ``name`` in ``dif`` (every DIF if None)."""
-        _check(lib.rina_register(self._fd, _dif(dif), _name(name, "name"), 0), f"register {name}")
+        what = f"register {name}"
+        _check(lib.rina_register(self._live(what), _dif(dif), _name(name, "name"), 0), what)
 
     def unregister(self, name, dif=None):
         """Withdraws a registration made here."""
-        _check(lib.rina_unregister(self._fd, _dif(dif), _name(name, "name"), 0), f"unregister {name}")
+        what = f"unregister {name}"
+        _check(lib.rina_unregister(self._live(what), _dif(dif), _name(name, "name"), 0), what)
 
     async def register_async(self, name, dif=None):
         """Like :meth:`register`, without blocking the event loop."""
+        what = f"register {name}"
         wfd = _check(
-            lib.rina_register(self._fd, _dif(dif), _name(name, "name"), RINA_F_NOWAIT),
-            f"register {name}",
+            lib.rina_register(self._live(what), _dif(dif), _name(name, "name"), RINA_F_NOWAIT),
+            what,
         )
         try:
             await _readable(wfd)
         except BaseException:
             os.close(wfd)
             raise
-        _check(lib.rina_register_wait(self._fd, wfd), f"register {name}")
+        _check(lib.rina_register_wait(self._live(what), wfd), what)
 
     def next_request(self, timeout=None):
         """Waits for the next flow request (at most ``timeout`` seconds:
         then returns None); answer it with its accept() or refuse()."""
+        fd = self._live("take a flow request")
         if timeout is not None:
-            r, _, _ = select.select([self._fd], [], [], timeout)
+            r, _, _ = select.select([fd], [], [], timeout)
             if not r:
                 return None
         return self._take()
@@ -340,7 +403,8 @@ class Control:
     def _take(self):
         remote = ctypes.c_void_p()
         spec = FlowSpecC()
-        h = lib.rina_flow_accept(self._fd, ctypes.byref(remote), ctypes.byref(spec), RINA_F_NORESP)
+        fd = self._live("take a flow request")
+        h = lib.rina_flow_accept(fd, ctypes.byref(remote), ctypes.byref(spec), RINA_F_NORESP)
         _check(h, "take a flow request")
         try:
             name = ctypes.string_at(remote.value).decode("utf-8", "replace")
@@ -349,21 +413,40 @@ class Control:
         return FlowRequest(self, h, name, FlowSpec._from_c(spec))
 
     def accept(self, timeout=None):
-        """Accepts the next flow request; returns the flow (None on timeout)."""
-        req = self.next_request(timeout)
-        return None if req is None else req.accept()
+        """Accepts the next flow request; returns the flow (None on timeout).
+        A request withdrawn before it could be accepted (its requester gave
+        up, or the DIF's accept timeout passed) is passed over, as
+        rina_flow_accept() does in C."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if end is None else max(0.0, end - time.monotonic())
+            req = self.next_request(left)
+            if req is None:
+                return None
+            flow = req._accept_unless_gone()
+            if flow is not None:
+                return flow
 
     async def next_request_async(self):
-        """Waits for the next flow request without blocking the event loop."""
-        await _readable(self._fd)
-        return self._take()
+        """Waits for the next flow request without blocking the event loop.
+        Several tasks may wait on one Control: each request goes to one."""
+        while True:
+            fd = self._live("take a flow request")
+            await _readable(fd)
+            # Another task woken with this one may have taken the request.
+            if self._fd == fd and select.select([fd], [], [], 0)[0]:
+                return self._take()
 
     async def accept_async(self):
-        """Accepts the next flow request; returns an :class:`AsyncFlow`."""
-        req = await self.next_request_async()
-        # The answer is a round trip to the local daemon: done off the loop.
-        flow = await asyncio.get_running_loop().run_in_executor(None, req.accept)
-        return flow.into_async()
+        """Accepts the next flow request; returns an :class:`AsyncFlow`.
+        Withdrawn requests are passed over, as by :meth:`accept`."""
+        loop = asyncio.get_running_loop()
+        while True:
+            req = await self.next_request_async()
+            # The answer is a round trip to the local daemon: done off the loop.
+            flow = await loop.run_in_executor(None, req._accept_unless_gone)
+            if flow is not None:
+                return flow.into_async()
 
     def close(self):
         if self._fd >= 0:

@@ -3,8 +3,10 @@
 import asyncio
 import errno
 import os
+import queue
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -74,6 +76,8 @@ def test_bad_arguments_raise(daemons):
         rina.allocate("py\0echo")
     with pytest.raises(ValueError):
         rina.allocate("py-echo", spec=rina.FlowSpec(max_loss=150))
+    with pytest.raises(TypeError):
+        rina.allocate("py-echo", spec={"max_loss": 1})
 
 
 def test_registration_blocking_and_async(daemons):
@@ -128,3 +132,95 @@ def test_example_client(server, daemons, mode):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("\n") == (3 if mode else 2), out.stdout
+
+
+def control_at(sock):
+    """A Control on the daemon at ``sock`` (rina_open reads RINA_SOCKET)."""
+    old = os.environ["RINA_SOCKET"]
+    os.environ["RINA_SOCKET"] = sock
+    try:
+        return rina.Control()
+    finally:
+        os.environ["RINA_SOCKET"] = old
+
+
+def allocate_in_thread(remote, local):
+    """Starts an allocation in a thread; returns a queue that gets its flow,
+    or the exception it raised."""
+    out = queue.Queue()
+
+    def run():
+        try:
+            out.put(rina.allocate(remote, local=local))
+        except Exception as e:  # handed to the test
+            out.put(e)
+
+    threading.Thread(target=run, daemon=True).start()
+    return out
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_accept_passes_over_a_withdrawn_request(daemons, use_async):
+    # A name of its own: the other case's is withdrawn asynchronously.
+    name = "py-slow-async" if use_async else "py-slow"
+    with control_at(daemons.beta) as ctl:
+        ctl.register(name)
+        # Nobody answers within beta's accept timeout: the daemon refuses
+        # on the server's behalf; the request it passed on is stale.
+        with pytest.raises(rina.RinaError) as e:
+            rina.allocate(name, local="py-impatient")
+        assert e.value.errno == errno.ECONNREFUSED
+        client = allocate_in_thread(name, "py-patient")
+        if use_async:
+            flow = asyncio.run(asyncio.wait_for(ctl.accept_async(), 10))
+        else:
+            flow = ctl.accept(timeout=10)
+        peer = client.get(timeout=10)
+        assert isinstance(peer, rina.Flow), peer
+        with flow, peer:
+            assert flow.remote == "py-patient"
+
+
+def test_several_tasks_accept_on_one_control(daemons):
+    with control_at(daemons.beta) as ctl:
+        ctl.register("py-many")
+
+        async def main():
+            accepting = [asyncio.create_task(ctl.accept_async()) for _ in range(3)]
+            clients = await asyncio.gather(
+                *(rina.allocate_async("py-many", local=f"py-many|{n}") for n in range(3))
+            )
+            accepted = await asyncio.wait_for(asyncio.gather(*accepting), 10)
+            for f in clients + accepted:
+                f.close()
+            return sorted(f.remote for f in accepted)
+
+        assert asyncio.run(main()) == [f"py-many|{n}" for n in range(3)]
+
+
+def test_closed_flows_and_controls_raise_ebadf(server):
+    server("echo_server.py", "py-echo")
+    flow = rina.allocate("py-echo")
+    flow.close()
+    aflow = asyncio.run(rina.allocate_async("py-echo"))
+    aflow.close()
+    ctl = rina.Control()
+    ctl.close()
+    calls = [
+        flow.read,
+        lambda: flow.write(b"x"),
+        flow.fileno,
+        flow.into_async,
+        lambda: asyncio.run(aflow.read()),
+        lambda: asyncio.run(aflow.write(b"x")),
+        lambda: ctl.register("py-closed"),
+        lambda: ctl.next_request(timeout=0.01),
+        ctl.accept,
+        lambda: asyncio.run(ctl.accept_async()),
+        ctl.fileno,
+    ]
+    for call in calls:
+        with pytest.raises(rina.RinaError) as e:
+            call()
+        assert e.value.errno == errno.EBADF
+        assert "closed" in str(e.value)
