@@ -100,6 +100,11 @@ pub fn open() -> Result<RawFd> {
     Ok(fd)
 }
 
+/// Whether the socket `key` is a control descriptor's (of any process).
+pub fn is_control(key: Key) -> bool {
+    lock(&CONNS).contains_key(&key)
+}
+
 /// The state of control descriptor `fd`.
 pub fn lookup(fd: RawFd) -> Result<Arc<Conn>> {
     let key =

@@ -104,7 +104,15 @@ fn own(fd: c_int, what: &str) -> Result<OwnedFd> {
         return Err(ApiError::BadFd(format!("{what} {fd} is not a descriptor")));
     }
     // The descriptor must be open; fstat tells without touching it.
-    sys::key(fd).map_err(|_| ApiError::BadFd(format!("{what} {fd} is not open")))?;
+    let key = sys::key(fd).map_err(|_| ApiError::BadFd(format!("{what} {fd} is not open")))?;
+    // A control descriptor given by mistake would lose a flow request to
+    // the wait and then be closed, withdrawing its names.
+    if control::is_control(key) {
+        return Err(ApiError::BadFd(format!(
+            "{what} {fd} is a control descriptor from rina_open(), not one a \
+             RINA_F_NOWAIT call returned"
+        )));
+    }
     // SAFETY: the caller hands the descriptor over, as the API says.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }

@@ -386,3 +386,31 @@ fn accept_passes_over_a_request_the_daemon_withdrew() {
         }
     }
 }
+
+/// A control descriptor passed where a wait descriptor belongs fails with
+/// EBADF at once and stays usable: the wait does not eat a flow request
+/// meant for it, nor close it (which would withdraw its names).
+#[test]
+fn a_control_descriptor_is_not_taken_for_a_wait_descriptor() {
+    let _env = ENV.lock().unwrap_or_else(|p| p.into_inner());
+    let d = common::Daemon::start("waits", &[]);
+    std::env::set_var("RINA_SOCKET", &d.socket);
+    let fd = rina_api::rina_open();
+    assert!(fd >= 0);
+    let errno = || std::io::Error::last_os_error().raw_os_error();
+    let t = std::time::Instant::now();
+    assert_eq!(
+        (rina_api::rina_flow_alloc_wait(fd), errno()),
+        (-1, Some(libc::EBADF))
+    );
+    assert_eq!(
+        (rina_api::rina_register_wait(fd, fd), errno()),
+        (-1, Some(libc::EBADF))
+    );
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    // SAFETY: NUL-terminated literal.
+    let r = unsafe { rina_api::rina_register(fd, std::ptr::null(), c"waits-app".as_ptr(), 0) };
+    assert_eq!(r, 0, "the control descriptor no longer works");
+    // SAFETY: fd is ours.
+    assert_eq!(unsafe { libc::close(fd) }, 0);
+}
