@@ -4,6 +4,7 @@ thread per flow. Prints "ready" once registered and a line per request.
 
 usage: echo_server.py NAME [DIF]
 """
+import errno
 import sys
 import threading
 
@@ -31,7 +32,15 @@ def main():
                 req.refuse()
                 print(f"refused {req.remote}", flush=True)
                 continue
-            flow = req.accept()
+            try:
+                flow = req.accept()
+            except rina.RinaError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                # Withdrawn meanwhile: the requester gave up, or the DIF's
+                # accept timeout passed. (Control.accept() passes these over.)
+                print(f"withdrawn {req.remote}", flush=True)
+                continue
             s = req.spec
             print(
                 f"accepted {req.remote} bw={s.avg_bandwidth} loss={s.max_loss} "

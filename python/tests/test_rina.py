@@ -4,6 +4,7 @@ import asyncio
 import errno
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -224,3 +225,20 @@ def test_closed_flows_and_controls_raise_ebadf(server):
             call()
         assert e.value.errno == errno.EBADF
         assert "closed" in str(e.value)
+
+
+def test_example_server_survives_a_withdrawn_request(server):
+    srv = server("echo_server.py", "py-echo")
+    # Stopped, the server answers nothing: the daemon refuses the flow on
+    # its behalf, and the server finds the request stale when it resumes.
+    srv.proc.send_signal(signal.SIGSTOP)
+    try:
+        with pytest.raises(rina.RinaError) as e:
+            rina.allocate("py-echo", local="py-given-up")
+        assert e.value.errno == errno.ECONNREFUSED
+    finally:
+        srv.proc.send_signal(signal.SIGCONT)
+    with rina.allocate("py-echo", local="py-later") as flow:
+        flow.write(b"still there")
+        assert flow.read(timeout=5) == b"still there"
+    assert srv.line() == "withdrawn py-given-up"
