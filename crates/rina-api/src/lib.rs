@@ -98,7 +98,19 @@ unsafe fn dif_name(p: *const c_char) -> Result<Option<String>> {
     Ok(dif)
 }
 
-/// Takes ownership of a descriptor the library handed out as a wait handle.
+/// Refuses `flags` holding anything but `allowed`, as rlite does.
+fn check_flags(flags: c_uint, allowed: c_uint) -> Result<()> {
+    if flags & !allowed != 0 {
+        return Err(ApiError::Invalid(format!(
+            "flags {flags:#x} hold bits this call does not know (it takes {allowed:#x})"
+        )));
+    }
+    Ok(())
+}
+
+/// Takes ownership of a descriptor the library handed out as a wait
+/// handle, unless it is non-blocking and its answer has not come: then
+/// EAGAIN, and it stays open for the next try (as in rlite).
 fn own(fd: c_int, what: &str) -> Result<OwnedFd> {
     if fd < 0 {
         return Err(ApiError::BadFd(format!("{what} {fd} is not a descriptor")));
@@ -112,6 +124,12 @@ fn own(fd: c_int, what: &str) -> Result<OwnedFd> {
             "{what} {fd} is a control descriptor from rina_open(), not one a \
              RINA_F_NOWAIT call returned"
         )));
+    }
+    if sys::would_block(fd) {
+        return Err(ApiError::sys(
+            nix::errno::Errno::EAGAIN,
+            format!("{what} {fd} is non-blocking and the daemon has not answered yet"),
+        ));
     }
     // SAFETY: the caller hands the descriptor over, as the API says.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
@@ -159,6 +177,7 @@ pub unsafe extern "C" fn rina_register(
     flags: c_int,
 ) -> c_int {
     ffi(|| {
+        check_flags(flags as c_uint, RINA_F_NOWAIT)?;
         // SAFETY: the caller's promise, forwarded.
         let (dif, name) = unsafe {
             (
@@ -183,6 +202,7 @@ pub unsafe extern "C" fn rina_unregister(
     flags: c_int,
 ) -> c_int {
     ffi(|| {
+        check_flags(flags as c_uint, RINA_F_NOWAIT)?;
         // SAFETY: the caller's promise, forwarded.
         let (dif, name) = unsafe {
             (
@@ -225,6 +245,13 @@ pub unsafe extern "C" fn rina_flow_accept(
     flags: c_uint,
 ) -> c_int {
     ffi(|| {
+        if !remote_appl.is_null() {
+            // As in rlite: NULL unless a name is given, so that a caller
+            // may free() it whatever happened.
+            // SAFETY: the caller gives a pointer valid for writing.
+            unsafe { *remote_appl = std::ptr::null_mut() };
+        }
+        check_flags(flags, RINA_F_NORESP)?;
         let conn = control::lookup(fd)?;
         // A request the daemon withdrew meanwhile (its timeout passed, or
         // the requester gave up) is passed over: the next one is taken, as
@@ -308,6 +335,7 @@ pub unsafe extern "C" fn rina_flow_alloc(
     flags: c_uint,
 ) -> c_int {
     ffi(|| {
+        check_flags(flags, RINA_F_NOWAIT)?;
         // SAFETY: the caller's promises, forwarded.
         let (dif, local, remote, spec) = unsafe {
             (

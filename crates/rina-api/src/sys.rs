@@ -30,6 +30,22 @@ pub fn key(fd: RawFd) -> Result<Key> {
     Ok((st.st_dev, st.st_ino))
 }
 
+/// Whether `fd` is non-blocking and not readable now (a read would block).
+pub fn would_block(fd: RawFd) -> bool {
+    // SAFETY: F_GETFL takes any integer; a bad one fails with EBADF.
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if fl < 0 || fl & libc::O_NONBLOCK == 0 {
+        return false;
+    }
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, not kept past the call.
+    unsafe { libc::poll(&mut p, 1, 0) == 0 }
+}
+
 /// Connects to the daemon's control socket (`$RINA_SOCKET` or the default).
 pub fn connect_daemon() -> Result<OwnedFd> {
     let path = ctl::default_socket_path();

@@ -414,3 +414,60 @@ fn a_control_descriptor_is_not_taken_for_a_wait_descriptor() {
     // SAFETY: fd is ours.
     assert_eq!(unsafe { libc::close(fd) }, 0);
 }
+
+/// A wait descriptor the program made non-blocking fails with EAGAIN while
+/// the answer has not come, and stays open for the next try (as in rlite,
+/// whose event-driven programs call the wait speculatively).
+#[test]
+fn a_non_blocking_wait_descriptor_is_eagain_until_the_answer_comes() {
+    let _env = ENV.lock().unwrap_or_else(|p| p.into_inner());
+    let (alpha, beta) = pair(&["capi-later"]);
+    std::env::set_var("RINA_SOCKET", &beta.socket);
+    let server = rina_api::rina_open();
+    // SAFETY: NUL-terminated literal.
+    let r = unsafe { rina_api::rina_register(server, std::ptr::null(), c"capi-later".as_ptr(), 0) };
+    assert_eq!(r, 0);
+    std::env::set_var("RINA_SOCKET", &alpha.socket);
+    // SAFETY: NUL-terminated literals; a NULL spec is the default one.
+    let wfd = unsafe {
+        rina_api::rina_flow_alloc(
+            std::ptr::null(),
+            c"capi-early".as_ptr(),
+            c"capi-later".as_ptr(),
+            std::ptr::null(),
+            rina_api::RINA_F_NOWAIT,
+        )
+    };
+    assert!(wfd >= 0);
+    // SAFETY: fcntl on a descriptor we own.
+    unsafe { libc::fcntl(wfd, libc::F_SETFL, libc::O_NONBLOCK) };
+    // The server has not accepted: nothing to finish yet.
+    let errno = || std::io::Error::last_os_error().raw_os_error();
+    assert_eq!(
+        (rina_api::rina_flow_alloc_wait(wfd), errno()),
+        (-1, Some(libc::EAGAIN))
+    );
+    // SAFETY: fcntl on a descriptor we own.
+    assert!(
+        unsafe { libc::fcntl(wfd, libc::F_GETFD) } >= 0,
+        "wfd was closed"
+    );
+    // SAFETY: NULL out-pointers are allowed.
+    let accepted = unsafe {
+        rina_api::rina_flow_accept(server, std::ptr::null_mut(), std::ptr::null_mut(), 0)
+    };
+    assert!(accepted >= 0);
+    let mut p = libc::pollfd {
+        fd: wfd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    assert_eq!(unsafe { libc::poll(&mut p, 1, 10_000) }, 1, "no answer");
+    let flow = rina_api::rina_flow_alloc_wait(wfd);
+    assert!(flow >= 0, "{:?}", std::io::Error::last_os_error());
+    for fd in [flow, accepted, server] {
+        // SAFETY: descriptors we own.
+        unsafe { libc::close(fd) };
+    }
+}

@@ -6,7 +6,8 @@
  *
  * Every function returns 0 or a positive value on success and -1 with errno
  * set on failure (rina_flow_mss_get returns 0 on failure);
- * rina_api_last_error() has a sentence saying what went wrong.
+ * rina_api_last_error() has a sentence saying what went wrong. Flags a call
+ * does not take fail with EINVAL, as in rlite.
  *
  * Application names are written "name|instance|entity|instance"; trailing
  * separators may be left out ("aa|bb", "aa"). A name without '|' is read in
@@ -75,14 +76,18 @@ int rina_register(int fd, const char *dif_name, const char *local_appl,
 int rina_unregister(int fd, const char *dif_name, const char *local_appl,
                     int flags);
 
-/* Finish a RINA_F_NOWAIT (un)registration; closes @wfd; returns 0. */
+/*
+ * Finish a RINA_F_NOWAIT (un)registration; closes @wfd; returns 0. If @wfd
+ * was made O_NONBLOCK and the answer has not come, fails with EAGAIN and
+ * leaves @wfd open.
+ */
 int rina_register_wait(int fd, int wfd);
 
 /*
  * Take the next flow request that arrived on @fd (blocks unless @fd is
  * O_NONBLOCK, then fails with EAGAIN). *@remote_appl (if not NULL) gets the
- * requester's name, to be freed with free(); *@spec (if not NULL) the QoS it
- * asked for. Without RINA_F_NORESP the flow is accepted and its descriptor
+ * requester's name, to be freed with free(), or NULL if the call fails;
+ * *@spec (if not NULL) the QoS it asked for. Without RINA_F_NORESP the flow is accepted and its descriptor
  * returned; with it, a handle for rina_flow_respond() is returned.
  */
 int rina_flow_accept(int fd, char **remote_appl, struct rina_flow_spec *spec,
@@ -105,7 +110,11 @@ int rina_flow_alloc(const char *dif_name, const char *local_appl,
                     const char *remote_appl,
                     const struct rina_flow_spec *flowspec, unsigned int flags);
 
-/* Finish a RINA_F_NOWAIT allocation; closes @wfd; returns the flow. */
+/*
+ * Finish a RINA_F_NOWAIT allocation; closes @wfd; returns the flow. If @wfd
+ * was made O_NONBLOCK and the answer has not come, fails with EAGAIN and
+ * leaves @wfd open (as in rlite).
+ */
 int rina_flow_alloc_wait(int wfd);
 
 /* Fill @spec with the best-effort QoS (unreliable, no bounds). */

@@ -78,6 +78,15 @@ static int nodaemon(void)
     CHECK(strlen(rina_api_last_error()) > 0);
     CHECK_FAILS(rina_flow_alloc(NULL, "me", "you", NULL, 0), ECONNREFUSED);
     CHECK_FAILS(rina_flow_alloc(NULL, "me", "you", NULL, RINA_F_NOWAIT), ECONNREFUSED);
+    /* As in rlite: flags a call does not take are refused before anything
+     * else, and *remote_appl is NULL after a failed accept. */
+    CHECK_FAILS(rina_flow_alloc(NULL, "me", "you", NULL, RINA_F_NORESP), EINVAL);
+    CHECK_FAILS(rina_register(-1, NULL, "me", 1 << 5), EINVAL);
+    CHECK_FAILS(rina_unregister(-1, NULL, "me", RINA_F_NORESP), EINVAL);
+    CHECK_FAILS(rina_flow_accept(-1, NULL, NULL, RINA_F_NOWAIT), EINVAL);
+    char *remote = (char *)&remote;
+    CHECK_FAILS(rina_flow_accept(-1, &remote, NULL, 0), EBADF);
+    CHECK(remote == NULL);
     printf("nodaemon ok\n");
     return 0;
 }
