@@ -24,11 +24,13 @@ def rinad_path():
     env = os.environ.get("RINAD")
     if env:
         return env
+    # Where cargo builds it, as setup.py looks for the library.
+    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(REPO, "target"))
     for profile in ("debug", "release"):
-        p = os.path.join(REPO, "target", profile, "rinad")
+        p = os.path.join(target, profile, "rinad")
         if os.path.exists(p):
             return p
-    pytest.fail("rinad not found: build it (cargo build -p rinad) or set RINAD")
+    pytest.fail(f"rinad not found in {target}: build it (cargo build -p rinad) or set RINAD")
 
 
 def free_port():
