@@ -29,6 +29,7 @@ API set and its message).
 import asyncio
 import ctypes
 import errno
+import math
 import os
 import select
 import socket
@@ -85,6 +86,20 @@ def _name(s, what):
 
 def _dif(d):
     return None if d is None else _name(d, "dif")
+
+
+def _wait_readable(fd, timeout):
+    """Whether ``fd`` turns readable within ``timeout`` seconds (poll(2),
+    not select(2), which fails on descriptors above 1023)."""
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    end = time.monotonic() + timeout
+    while True:
+        ms = max(0, math.ceil((end - time.monotonic()) * 1000))
+        if p.poll(ms):
+            return True
+        if time.monotonic() >= end:
+            return False
 
 
 def _spec(spec):
@@ -199,8 +214,7 @@ class Flow:
         :class:`TimeoutError` if nothing came within ``timeout`` seconds."""
         sock = self._live("read from the flow")
         if timeout is not None:
-            r, _, _ = select.select([sock], [], [], timeout)
-            if not r:
+            if not _wait_readable(sock.fileno(), timeout):
                 raise TimeoutError(f"no SDU within {timeout} s")
         try:
             return sock.recv(self._bufsize())
@@ -395,8 +409,7 @@ class Control:
         then returns None); answer it with its accept() or refuse()."""
         fd = self._live("take a flow request")
         if timeout is not None:
-            r, _, _ = select.select([fd], [], [], timeout)
-            if not r:
+            if not _wait_readable(fd, timeout):
                 return None
         return self._take()
 
@@ -434,7 +447,7 @@ class Control:
             fd = self._live("take a flow request")
             await _readable(fd)
             # Another task woken with this one may have taken the request.
-            if self._fd == fd and select.select([fd], [], [], 0)[0]:
+            if self._fd == fd and _wait_readable(fd, 0):
                 return self._take()
 
     async def accept_async(self):

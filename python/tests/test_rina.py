@@ -242,3 +242,14 @@ def test_example_server_survives_a_withdrawn_request(server):
         flow.write(b"still there")
         assert flow.read(timeout=5) == b"still there"
     assert srv.line() == "withdrawn py-given-up"
+
+
+def test_timeouts_work_on_descriptors_above_1023(server):
+    server("echo_server.py", "py-echo")
+    with rina.allocate("py-echo") as flow:
+        high = os.dup2(flow.fileno(), 1500)
+        with rina.Flow(high) as same:
+            with pytest.raises(TimeoutError):
+                same.read(timeout=0.05)
+            same.write(b"up high")
+            assert same.read(timeout=5) == b"up high"
