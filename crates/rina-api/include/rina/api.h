@@ -87,8 +87,11 @@ int rina_register_wait(int fd, int wfd);
  * Take the next flow request that arrived on @fd (blocks unless @fd is
  * O_NONBLOCK, then fails with EAGAIN). *@remote_appl (if not NULL) gets the
  * requester's name, to be freed with free(), or NULL if the call fails;
- * *@spec (if not NULL) the QoS it asked for. Without RINA_F_NORESP the flow is accepted and its descriptor
- * returned; with it, a handle for rina_flow_respond() is returned.
+ * *@spec (if not NULL) the QoS it asked for. Without RINA_F_NORESP the
+ * flow is accepted and its descriptor returned (a request the daemon
+ * withdrew meanwhile, because its requester gave up or the DIF's accept
+ * timeout passed, is passed over); with it, a handle for
+ * rina_flow_respond() is returned.
  */
 int rina_flow_accept(int fd, char **remote_appl, struct rina_flow_spec *spec,
                      unsigned int flags);
@@ -96,6 +99,9 @@ int rina_flow_accept(int fd, char **remote_appl, struct rina_flow_spec *spec,
 /*
  * Answer a request taken with RINA_F_NORESP: @response 0 accepts it and
  * returns the flow's descriptor; any other value refuses it and returns 0.
+ * Fails with EINVAL if the handle was answered already or the daemon
+ * withdrew the request meanwhile (its requester gave up, or the DIF's
+ * accept timeout passed).
  */
 int rina_flow_respond(int fd, int handle, int response);
 
