@@ -81,9 +81,14 @@ pub fn open() -> Result<RawFd> {
         pid: std::process::id(),
     });
     lock(&CONNS).insert(key, conn.clone());
-    let spawned = std::thread::Builder::new()
-        .name("rina-api relay".into())
-        .spawn(move || relay(conn, relay_end, key));
+    // The relay takes none of the program's signals: one that blocks a
+    // signal in its threads to take it with sigwait or signalfd would
+    // otherwise be killed by it, delivered to the relay.
+    let spawned = sys::with_signals_blocked(|| {
+        std::thread::Builder::new()
+            .name("rina-api relay".into())
+            .spawn(move || relay(conn, relay_end, key))
+    });
     if let Err(e) = spawned {
         lock(&CONNS).remove(&key);
         let errno = e.raw_os_error().map_or(Errno::EAGAIN, Errno::from_raw);
@@ -241,13 +246,14 @@ pub fn wait_reply(w: &OwnedFd, cloexec: bool) -> Result<(Reply, Option<OwnedFd>)
 }
 
 /// Reads the next flow request from the program's control descriptor `fd`
-/// (blocking unless the program made it non-blocking).
+/// (blocking unless the program made it non-blocking; a signal handler
+/// without `SA_RESTART` interrupts the wait with `EINTR`).
 pub fn next_request(fd: RawFd) -> Result<IncomingFlow> {
     let mut buf = vec![0u8; MAX_ANSWER];
     // SAFETY: the caller checked that fd is an open control descriptor; it
     // is only borrowed for this call.
     let bfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-    let p = sys::recv(bfd, &mut buf, true)
+    let p = sys::recv_interruptible(bfd, &mut buf, true)
         .map_err(|e| ApiError::sys(e, "cannot read a flow request"))?;
     if p.len == 0 {
         return Err(daemon_gone());

@@ -30,6 +30,26 @@ pub fn key(fd: RawFd) -> Result<Key> {
     Ok((st.st_dev, st.st_ino))
 }
 
+/// Runs `f` (which starts a thread of the library) with every signal
+/// blocked in the calling thread, so the thread it starts inherits that
+/// mask and takes none of the program's signals: they go to the
+/// program's own threads, as they would without the library.
+pub fn with_signals_blocked<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: sigset_t is plain data, filled in by sigfillset.
+    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; pthread_sigmask writes the old mask into it.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: valid sigset_t pointers, used only during the calls.
+    unsafe {
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+    }
+    let r = f();
+    // SAFETY: restores the mask saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    r
+}
+
 /// Whether `fd` is non-blocking and not readable now (a read would block).
 pub fn would_block(fd: RawFd) -> bool {
     // SAFETY: F_GETFL takes any integer; a bad one fails with EBADF.
@@ -122,37 +142,47 @@ pub struct Packet {
     pub fds: Vec<OwnedFd>,
 }
 
-/// Receives one packet and its descriptors (close-on-exec with `cloexec`).
+/// Receives one packet and its descriptors (close-on-exec with `cloexec`),
+/// retried on `EINTR`.
 pub fn recv(fd: BorrowedFd<'_>, buf: &mut [u8], cloexec: bool) -> nix::Result<Packet> {
+    loop {
+        match recv_interruptible(fd, buf, cloexec) {
+            Err(Errno::EINTR) => continue,
+            r => return r,
+        }
+    }
+}
+
+/// [`recv`] that fails with `EINTR` when a signal handler installed
+/// without `SA_RESTART` interrupts it, as a blocking read(2) does.
+pub fn recv_interruptible(
+    fd: BorrowedFd<'_>,
+    buf: &mut [u8],
+    cloexec: bool,
+) -> nix::Result<Packet> {
     let mut cmsg = nix::cmsg_space!([RawFd; MAX_FDS]);
     let flags = if cloexec {
         MsgFlags::MSG_CMSG_CLOEXEC
     } else {
         MsgFlags::empty()
     };
-    loop {
-        let mut iov = [IoSliceMut::new(buf)];
-        let msg = match socket::recvmsg::<()>(fd.as_raw_fd(), &mut iov, Some(&mut cmsg), flags) {
-            Err(Errno::EINTR) => continue,
-            Err(e) => return Err(e),
-            Ok(m) => m,
-        };
-        let mut fds = Vec::new();
-        if let Ok(cmsgs) = msg.cmsgs() {
-            for c in cmsgs {
-                if let ControlMessageOwned::ScmRights(raw) = c {
-                    // SAFETY: the kernel just installed these descriptors for
-                    // us; nothing else owns them.
-                    fds.extend(raw.into_iter().map(|r| unsafe { OwnedFd::from_raw_fd(r) }));
-                }
+    let mut iov = [IoSliceMut::new(buf)];
+    let msg = socket::recvmsg::<()>(fd.as_raw_fd(), &mut iov, Some(&mut cmsg), flags)?;
+    let mut fds = Vec::new();
+    if let Ok(cmsgs) = msg.cmsgs() {
+        for c in cmsgs {
+            if let ControlMessageOwned::ScmRights(raw) = c {
+                // SAFETY: the kernel just installed these descriptors for
+                // us; nothing else owns them.
+                fds.extend(raw.into_iter().map(|r| unsafe { OwnedFd::from_raw_fd(r) }));
             }
         }
-        return Ok(Packet {
-            len: msg.bytes,
-            truncated: msg.flags.contains(MsgFlags::MSG_TRUNC),
-            fds,
-        });
     }
+    Ok(Packet {
+        len: msg.bytes,
+        truncated: msg.flags.contains(MsgFlags::MSG_TRUNC),
+        fds,
+    })
 }
 
 /// Waits until `fd` is readable or hung up, at most until `deadline`;

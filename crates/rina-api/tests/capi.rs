@@ -123,6 +123,30 @@ fn a_forked_child_is_told_to_open_its_own_control_descriptor() {
     let _ = std::fs::remove_dir_all(out);
 }
 
+/// A program that blocks a signal to take it with sigtimedwait gets it: it
+/// is not delivered to the library's relay thread (which does not block
+/// it, and whose default action would kill the program).
+#[test]
+fn a_signal_the_program_blocks_is_not_taken_by_the_relay() {
+    let out = temp_dir("signals");
+    let client = compile("client", &out, Link::Static);
+    let d = common::Daemon::start("signals", &[]);
+    let c = Command::new(&client)
+        .arg("signals")
+        .env("RINA_SOCKET", &d.socket)
+        .output()
+        .expect("run the C client");
+    assert!(
+        c.status.success(),
+        "{:?}\n{}{}",
+        c.status,
+        String::from_utf8_lossy(&c.stdout),
+        String::from_utf8_lossy(&c.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&c.stdout).trim(), "signals ok");
+    let _ = std::fs::remove_dir_all(out);
+}
+
 trait WaitChecked {
     /// Waits for the child (bounded) and returns its exit status and stderr.
     fn wait_with_output_checked(&mut self) -> String;
@@ -470,4 +494,52 @@ fn a_non_blocking_wait_descriptor_is_eagain_until_the_answer_comes() {
         // SAFETY: descriptors we own.
         unsafe { libc::close(fd) };
     }
+}
+
+/// A blocking `rina_flow_accept` is interrupted by a signal whose handler
+/// was installed without `SA_RESTART` (EINTR, as a read(2) would be), so a
+/// server waiting for requests can stop on Ctrl-C.
+#[test]
+fn a_signal_interrupts_a_blocking_accept() {
+    let _env = ENV.lock().unwrap_or_else(|p| p.into_inner());
+    let d = common::Daemon::start("sig", &[]);
+    std::env::set_var("RINA_SOCKET", &d.socket);
+    let fd = rina_api::rina_open();
+    assert!(fd >= 0);
+    // SAFETY: NUL-terminated literal.
+    let r = unsafe { rina_api::rina_register(fd, std::ptr::null(), c"sig-app".as_ptr(), 0) };
+    assert_eq!(r, 0);
+    extern "C" fn nothing(_: libc::c_int) {}
+    // SAFETY: installs a handler that does nothing, without SA_RESTART.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = nothing as extern "C" fn(libc::c_int) as usize;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let accepting = std::thread::spawn(move || {
+        // SAFETY: pthread_self has no preconditions.
+        tx.send(unsafe { libc::pthread_self() }).expect("send");
+        // SAFETY: NULL out-pointers are allowed.
+        let r = unsafe {
+            rina_api::rina_flow_accept(fd, std::ptr::null_mut(), std::ptr::null_mut(), 0)
+        };
+        (r, std::io::Error::last_os_error().raw_os_error())
+    });
+    let thread = rx.recv().expect("thread id");
+    // A signal may come before the call blocks: signal until it returns.
+    let end = std::time::Instant::now() + T;
+    while !accepting.is_finished() {
+        assert!(
+            std::time::Instant::now() < end,
+            "the accept was never interrupted"
+        );
+        // SAFETY: the thread is not joined yet, so its id is valid.
+        unsafe { libc::pthread_kill(thread, libc::SIGUSR1) };
+        std::thread::park_timeout(Duration::from_millis(10));
+    }
+    assert_eq!(accepting.join().expect("join"), (-1, Some(libc::EINTR)));
+    // SAFETY: fd is ours.
+    assert_eq!(unsafe { libc::close(fd) }, 0);
 }

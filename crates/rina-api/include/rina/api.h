@@ -18,7 +18,8 @@
  * else /run/rinad.sock for root, else /tmp/rinad-<uid>/rinad.sock.
  *
  * Each descriptor from rina_open() has a thread of the library behind it,
- * which passes the daemon's flow requests to it. A child made with fork()
+ * which passes the daemon's flow requests to it (and blocks every signal,
+ * so the program's signals reach its own threads). A child made with fork()
  * cannot use its parent's control descriptors (flow descriptors are fine).
  * The functions may be called from several threads at once.
  */
@@ -85,12 +86,13 @@ int rina_register_wait(int fd, int wfd);
 
 /*
  * Take the next flow request that arrived on @fd (blocks unless @fd is
- * O_NONBLOCK, then fails with EAGAIN). *@remote_appl (if not NULL) gets the
- * requester's name, to be freed with free(), or NULL if the call fails;
- * *@spec (if not NULL) the QoS it asked for. Without RINA_F_NORESP the
- * flow is accepted and its descriptor returned (a request the daemon
- * withdrew meanwhile, because its requester gave up or the DIF's accept
- * timeout passed, is passed over); with it, a handle for
+ * O_NONBLOCK, then fails with EAGAIN; a signal whose handler was installed
+ * without SA_RESTART interrupts the wait with EINTR). *@remote_appl (if not
+ * NULL) gets the requester's name, to be freed with free(), or NULL if the
+ * call fails; *@spec (if not NULL) the QoS it asked for. Without
+ * RINA_F_NORESP the flow is accepted and its descriptor returned (a request
+ * the daemon withdrew meanwhile, because its requester gave up or the DIF's
+ * accept timeout passed, is passed over); with it, a handle for
  * rina_flow_respond() is returned.
  */
 int rina_flow_accept(int fd, char **remote_appl, struct rina_flow_spec *spec,

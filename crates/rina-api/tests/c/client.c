@@ -6,12 +6,16 @@
  * usage: client            the full run against server.c
  *        client nodaemon   only checks that rina_open() and rina_flow_alloc()
  *                          fail cleanly when no daemon listens
+ *        client signals    checks that a signal the program blocks (to take
+ *                          it with sigtimedwait) is not delivered to the
+ *                          library's relay thread, which it would kill
  *        client fork       checks that a child of fork() using its parent's
  *                          control descriptor fails at once with EBADF (the
  *                          relay thread stayed in the parent) and that a
  *                          descriptor of its own works
  */
 #include <poll.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -91,6 +95,22 @@ static int nodaemon(void)
     return 0;
 }
 
+static int signals(void)
+{
+    int cfd = rina_open();
+    CHECK(cfd >= 0);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGUSR1);
+    CHECK(sigprocmask(SIG_BLOCK, &set, NULL) == 0);
+    CHECK(kill(getpid(), SIGUSR1) == 0);
+    struct timespec t = {.tv_sec = 10};
+    CHECK(sigtimedwait(&set, NULL, &t) == SIGUSR1);
+    CHECK(close(cfd) == 0);
+    printf("signals ok\n");
+    return 0;
+}
+
 static double now_s(void)
 {
     struct timespec t;
@@ -133,6 +153,9 @@ int main(int argc, char **argv)
 
     if (argc > 1 && strcmp(argv[1], "nodaemon") == 0) {
         return nodaemon();
+    }
+    if (argc > 1 && strcmp(argv[1], "signals") == 0) {
+        return signals();
     }
     if (argc > 1 && strcmp(argv[1], "fork") == 0) {
         return forked();
