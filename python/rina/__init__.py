@@ -417,7 +417,12 @@ class Control:
         remote = ctypes.c_void_p()
         spec = FlowSpecC()
         fd = self._live("take a flow request")
-        h = lib.rina_flow_accept(fd, ctypes.byref(remote), ctypes.byref(spec), RINA_F_NORESP)
+        while True:
+            h = lib.rina_flow_accept(fd, ctypes.byref(remote), ctypes.byref(spec), RINA_F_NORESP)
+            # Interrupted by a signal: its Python handler runs here (and may
+            # raise, KeyboardInterrupt on Ctrl-C) before the retry (PEP 475).
+            if h >= 0 or ctypes.get_errno() != errno.EINTR:
+                break
         _check(h, "take a flow request")
         try:
             name = ctypes.string_at(remote.value).decode("utf-8", "replace")

@@ -17,7 +17,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(REPO, "python", "examples")
-SERVER_NAMES = ["py-echo", "py-echo-async", "py-nobody", "py-slow", "py-slow-async", "py-many"]
+SERVER_NAMES = ["py-echo", "py-echo-async", "py-nobody", "py-slow", "py-slow-async", "py-many", "py-sig"]
 
 
 def rinad_path():

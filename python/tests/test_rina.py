@@ -12,7 +12,7 @@ import threading
 import pytest
 
 import rina
-from conftest import EXAMPLES
+from conftest import EXAMPLES, wait_for
 
 
 def test_blocking_flow_echoes_and_carries_the_qos_spec(server):
@@ -253,3 +253,58 @@ def test_timeouts_work_on_descriptors_above_1023(server):
                 same.read(timeout=0.05)
             same.write(b"up high")
             assert same.read(timeout=5) == b"up high"
+
+
+def sleeping_in_a_call(pid):
+    """Whether the main thread of process ``pid`` sleeps in a system call."""
+    with open(f"/proc/{pid}/task/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "S"
+
+
+def test_ctrl_c_stops_a_server_waiting_for_requests(server):
+    srv = server("echo_server.py", "py-echo")
+    # After "ready" the server's one sleep is the wait for a request: the
+    # signal must come then, not before the wait begins.
+    wait_for("the server to wait for a request", lambda: sleeping_in_a_call(srv.proc.pid))
+    srv.proc.send_signal(signal.SIGINT)
+    try:
+        srv.proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the server did not stop on SIGINT")
+    assert "KeyboardInterrupt" in srv.proc.stderr.read()
+
+
+def test_a_signal_handler_does_not_break_the_wait_for_a_request(daemons):
+    with control_at(daemons.beta) as ctl:
+        ctl.register("py-sig")
+        enough = threading.Event()
+        ticks = []
+
+        def tick(*_):
+            ticks.append(None)
+            if len(ticks) >= 3:
+                enough.set()
+
+        out = queue.Queue()
+
+        def client():
+            # Once signals have come while the server waits.
+            enough.wait(10)
+            try:
+                out.put(rina.allocate("py-sig", local="py-sig-client"))
+            except Exception as e:  # handed to the test
+                out.put(e)
+
+        old = signal.signal(signal.SIGALRM, tick)
+        threading.Thread(target=client, daemon=True).start()
+        signal.setitimer(signal.ITIMER_REAL, 0.02, 0.02)
+        try:
+            req = ctl.next_request()
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+        assert req.remote == "py-sig-client"
+        with req.accept():
+            peer = out.get(timeout=10)
+            assert isinstance(peer, rina.Flow), peer
+            peer.close()
