@@ -185,6 +185,11 @@ impl Conn {
         }
     }
 
+    /// How many `RINA_F_NORESP` handles wait for a response.
+    pub fn pending_handles(&self) -> usize {
+        lock(&self.handles).map.len()
+    }
+
     /// The daemon's handle for the program's `h`, forgotten from now on.
     pub fn take_handle(&self, h: i32) -> Result<u64> {
         lock(&self.handles).map.remove(&h).ok_or_else(|| {
@@ -385,6 +390,9 @@ fn from_daemon(conn: &Conn, app: &OwnedFd, held: &mut VecDeque<Vec<u8>>, buf: &m
         Ok(Message::Unregistered { .. }) => {}
         Ok(Message::RequestWithdrawn { handle }) => {
             held.retain(|b| ctl::decode::<IncomingFlow>(b).map_or(true, |r| r.handle != handle));
+            // A RINA_F_NORESP handle the program never answers is not kept
+            // for ever: respond() would fail on it all the same (EINVAL).
+            lock(&conn.handles).map.retain(|_, h| *h != handle);
         }
         Ok(Message::Reply { id, .. }) => {
             let route = lock(&conn.routes).remove(&id);

@@ -543,3 +543,57 @@ fn a_signal_interrupts_a_blocking_accept() {
     // SAFETY: fd is ours.
     assert_eq!(unsafe { libc::close(fd) }, 0);
 }
+
+/// A request taken with `RINA_F_NORESP` and never answered is forgotten
+/// once the daemon withdraws it: a server that drops such handles does not
+/// grow without bound. Responding to it then fails with EINVAL, as before.
+#[test]
+fn an_unanswered_noresp_handle_is_forgotten_when_withdrawn() {
+    let _env = ENV.lock().unwrap_or_else(|p| p.into_inner());
+    let (alpha, beta) = pair(&["capi-noresp"]);
+    std::env::set_var("RINA_SOCKET", &beta.socket);
+    let server = rina_api::rina_open();
+    // SAFETY: NUL-terminated literal.
+    let r =
+        unsafe { rina_api::rina_register(server, std::ptr::null(), c"capi-noresp".as_ptr(), 0) };
+    assert_eq!(r, 0);
+    std::env::set_var("RINA_SOCKET", &alpha.socket);
+    // SAFETY: NUL-terminated literals; a NULL spec is the default one.
+    let wfd = unsafe {
+        rina_api::rina_flow_alloc(
+            std::ptr::null(),
+            c"capi-unanswered".as_ptr(),
+            c"capi-noresp".as_ptr(),
+            std::ptr::null(),
+            rina_api::RINA_F_NOWAIT,
+        )
+    };
+    assert!(wfd >= 0);
+    // SAFETY: NULL out-pointers are allowed.
+    let h = unsafe {
+        rina_api::rina_flow_accept(
+            server,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            rina_api::RINA_F_NORESP,
+        )
+    };
+    assert!(h > 0);
+    let conn = rina_api::control::lookup(server).expect("control descriptor");
+    assert_eq!(conn.pending_handles(), 1);
+    // The accept timeout passes: the daemon refuses on the server's behalf.
+    let errno = || std::io::Error::last_os_error().raw_os_error();
+    assert_eq!(
+        (rina_api::rina_flow_alloc_wait(wfd), errno()),
+        (-1, Some(libc::ECONNREFUSED))
+    );
+    common::wait_for("the handle to be forgotten", T, || {
+        conn.pending_handles() == 0
+    });
+    assert_eq!(
+        (rina_api::rina_flow_respond(server, h, 0), errno()),
+        (-1, Some(libc::EINVAL))
+    );
+    // SAFETY: fd is ours.
+    unsafe { libc::close(server) };
+}
