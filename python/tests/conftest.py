@@ -58,11 +58,17 @@ def answers(path):
 
 class Daemons:
     def __init__(self):
+        self.rinad = rinad_path()
         self.dir = tempfile.mkdtemp(prefix="rina-py-")
         self.procs = []
         pa, pb = free_port(), free_port()
-        self.beta = self._start("beta", pb, {})
-        self.alpha = self._start("alpha", pa, {n: pb for n in SERVER_NAMES})
+        try:
+            self.beta = self._start("beta", pb, {})
+            self.alpha = self._start("alpha", pa, {n: pb for n in SERVER_NAMES})
+        except BaseException:
+            # The fixture never hands this object out to be stopped.
+            self.stop()
+            raise
 
     def _start(self, name, port, directory):
         conf = os.path.join(self.dir, f"{name}.toml")
@@ -78,7 +84,7 @@ class Daemons:
         log = open(os.path.join(self.dir, f"{name}.log"), "w")
         self.procs.append(
             subprocess.Popen(
-                [rinad_path(), "--config", conf, "--socket", sock],
+                [self.rinad, "--config", conf, "--socket", sock],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=log,
