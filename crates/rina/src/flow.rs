@@ -82,6 +82,8 @@ impl Flow {
         self.info.direct
     }
 
+    /// The flow's rings, for its async form.
+    #[cfg(feature = "tokio")]
     pub(crate) fn rings(&self) -> Option<&Rings> {
         self.rings.as_ref()
     }
