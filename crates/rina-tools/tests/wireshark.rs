@@ -1008,3 +1008,195 @@ fn check_shim_eth(pcap: &Path, summary: &serde_json::Value) {
         "{dump}"
     );
 }
+
+/// An untagged shim-eth data frame holding `sdu`.
+fn eth_data_frame(sdu: &[u8]) -> Vec<u8> {
+    let mut f = FrameHeader {
+        dst: MacAddr([2, 0, 0, 0, 0, 0xb]),
+        src: MacAddr([2, 0, 0, 0, 0, 0xa]),
+        vlan: None,
+        ethertype: ETH_P_RINA,
+    }
+    .to_vec();
+    f.extend(sdu);
+    f
+}
+
+/// The dissector's preferences for the widths of `c`.
+fn width_prefs(c: &DtConstants) -> Vec<String> {
+    [
+        ("addr", c.addr),
+        ("cep", c.cep),
+        ("qos", c.qos),
+        ("length", c.length),
+        ("seq", c.seq),
+        ("ctrl_seq", c.ctrl_seq),
+        ("rate", c.rate),
+        ("frame", c.frame),
+    ]
+    .iter()
+    .flat_map(|(n, w)| ["-o".to_string(), format!("rina_efcp.{n}:{}", w.bytes())])
+    .collect()
+}
+
+#[test]
+fn tshark_decodes_every_control_pdu_field_by_field_at_other_widths() {
+    if let Some(why) = cannot_run(false) {
+        println!("{why}");
+        return;
+    }
+    use pci::ControlBody as B;
+    let dir = std::env::temp_dir().join(format!("rina-wireshark-ctl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // Every width differs from its default, and every value needs its width.
+    let c = DtConstants {
+        addr: FieldWidth::W4,
+        cep: FieldWidth::W1,
+        qos: FieldWidth::W1,
+        length: FieldWidth::W4,
+        seq: FieldWidth::W8,
+        ctrl_seq: FieldWidth::W2,
+        rate: FieldWidth::W8,
+        frame: FieldWidth::W2,
+        ..DtConstants::default()
+    };
+    let (sn, lcsr, lwe, rwe, mlwe, mrwe, rate, frame) = (
+        1u64 << 40,
+        60_001,
+        (1 << 41) + 1,
+        (1 << 41) + 2,
+        (1 << 41) + 3,
+        (1 << 41) + 4,
+        1 << 35,
+        60_002,
+    );
+    let window = (lcsr, lwe, rwe, mlwe, mrwe, rate, frame);
+    let bodies = [
+        B::Ack { ack_sn: sn },
+        B::Nack { nack_sn: sn },
+        B::Fc {
+            new_rwe: rwe,
+            my_lwe: mlwe,
+            my_rwe: mrwe,
+            rate,
+            frame,
+        },
+        B::AckFc {
+            ack_sn: sn,
+            last_ctrl_seq_rcvd: lcsr,
+            new_lwe: lwe,
+            new_rwe: rwe,
+            my_lwe: mlwe,
+            my_rwe: mrwe,
+            rate,
+            frame,
+        },
+        B::NackFc {
+            nack_sn: sn,
+            last_ctrl_seq_rcvd: lcsr,
+            new_lwe: lwe,
+            new_rwe: rwe,
+            my_lwe: mlwe,
+            my_rwe: mrwe,
+            rate,
+            frame,
+        },
+        B::Cack {
+            last_ctrl_seq_rcvd: window.0,
+            new_lwe: window.1,
+            new_rwe: window.2,
+            my_lwe: window.3,
+            my_rwe: window.4,
+            rate: window.5,
+            frame: window.6,
+        },
+        B::Rendezvous {
+            last_ctrl_seq_rcvd: window.0,
+            new_lwe: window.1,
+            new_rwe: window.2,
+            my_lwe: window.3,
+            my_rwe: window.4,
+            rate: window.5,
+            frame: window.6,
+        },
+    ];
+    let frames: Vec<Vec<u8>> = bodies
+        .iter()
+        .map(|b| {
+            let mut p = Pci::new(b.pdu_type());
+            (p.dst_addr, p.src_addr, p.qos_id) = (70_000, 70_001, 200);
+            (p.dst_cep, p.src_cep, p.seq) = (201, 202, 60_000);
+            let mut sdu = vec![64u8];
+            pci::encode_control(&c, &p, b, &mut sdu).unwrap();
+            eth_data_frame(&sdu)
+        })
+        .collect();
+    let pcap = dir.join("ctl.pcap");
+    write_pcap(&pcap, &frames);
+    let fields = [
+        "rina.efcp.pdu_type",
+        "rina.efcp.dst_addr",
+        "rina.efcp.src_addr",
+        "rina.efcp.qos_id",
+        "rina.efcp.dst_cep",
+        "rina.efcp.src_cep",
+        "rina.efcp.ctrl_seq",
+        "rina.efcp.ack_sn",
+        "rina.efcp.nack_sn",
+        "rina.efcp.last_ctrl_seq_rcvd",
+        "rina.efcp.new_lwe",
+        "rina.efcp.new_rwe",
+        "rina.efcp.my_lwe",
+        "rina.efcp.my_rwe",
+        "rina.efcp.rate",
+        "rina.efcp.frame",
+        "rina.efcp.padding",
+    ];
+    let prefs = width_prefs(&c);
+    let prefs: Vec<&str> = prefs.iter().map(String::as_str).collect();
+    let rows = tshark(&pcap, &prefs, &fields);
+    assert_eq!(rows.len(), bodies.len(), "{rows:?}");
+    let s = |v: u64| v.to_string();
+    let hdr = [s(70_000), s(70_001), s(200), s(201), s(202), s(60_000)];
+    let (sn, lcsr, lwe, rwe, mlwe, mrwe, rate, frame) = (
+        s(sn),
+        s(lcsr),
+        s(lwe),
+        s(rwe),
+        s(mlwe),
+        s(mrwe),
+        s(rate),
+        s(frame),
+    );
+    let e = String::new;
+    let win = [
+        lcsr,
+        lwe,
+        rwe.clone(),
+        mlwe.clone(),
+        mrwe.clone(),
+        rate.clone(),
+        frame.clone(),
+    ];
+    let want: Vec<Vec<String>> = vec![
+        vec![sn.clone(), e(), e(), e(), e(), e(), e(), e(), e()],
+        vec![e(), sn.clone(), e(), e(), e(), e(), e(), e(), e()],
+        vec![e(), e(), e(), e(), rwe, mlwe, mrwe, rate, frame],
+        [vec![sn.clone(), e()], win.to_vec()].concat(),
+        [vec![e(), sn.clone()], win.to_vec()].concat(),
+        [vec![e(), e()], win.to_vec()].concat(),
+        [vec![e(), e()], win.to_vec()].concat(),
+    ];
+    for (i, (row, want)) in rows.iter().zip(want).enumerate() {
+        let code = format!("0x{:02x}", bodies[i].pdu_type().code());
+        assert_eq!(row[0], code, "{rows:?}");
+        assert_eq!(row[1..7], hdr, "{code}: {rows:?}");
+        assert_eq!(row[7..16], want[..], "{code}: {rows:?}");
+        assert_eq!(
+            row.get(17).map_or("", |v| v.as_str()),
+            "",
+            "{code}: {rows:?}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
