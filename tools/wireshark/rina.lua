@@ -304,9 +304,9 @@ BODIES[0xC6] = { { "nack_sn", "seq" }, table.unpack(WINDOW) }
 -- ------------------------------------------------------------------- CDAP
 
 -- Reads a protobuf varint at `off`; returns its value (a Lua number, exact
--- up to 2^53) and the next offset, or nil.
+-- up to 2^53), the next offset and the value as an exact UInt64, or nil.
 local function varint(tvb, off)
-    local v, mul = 0, 1
+    local v, mul, u = 0, 1, UInt64(0)
     for i = 0, 9 do
         if off + i >= tvb:len() then
             return nil
@@ -314,19 +314,19 @@ local function varint(tvb, off)
         local b = tvb(off + i, 1):uint()
         v = v + (b % 128) * mul
         mul = mul * 128
+        u = u:bor(UInt64(b % 128):lshift(7 * i))
         if b < 128 then
-            return v, off + i + 1
+            return v, off + i + 1, u
         end
     end
     return nil
 end
 
--- Protobuf int32/int64 are two's complement in 64 bits.
-local function signed(v)
-    if v >= 2 ^ 63 then
-        return v - 2 ^ 64
-    end
-    return v
+-- Protobuf int32/int64 are two's complement in 64 bits: the Int64 whose
+-- bits are those of the UInt64 `u` (exact; Lua numbers lose the low
+-- bits of negative values).
+local function signed(u)
+    return Int64(u:lower(), u:higher())
 end
 
 -- The object value (ObjVal, crates/rina-wire/src/cdap.rs): one of int32
@@ -341,7 +341,7 @@ local function add_objval(t, tvb)
         end
         local num, wt = math.floor(key / 8), key % 8
         if wt == 0 then
-            local v, nxt = varint(tvb, after)
+            local v, nxt, u = varint(tvb, after)
             if not v then
                 return
             end
@@ -349,11 +349,11 @@ local function add_objval(t, tvb)
             if num == 9 then
                 t:add(fc.boolval, r, v ~= 0)
             elseif num == 2 or num == 4 then
-                -- zigzag
-                local z = (v % 2 == 0) and v / 2 or -(v + 1) / 2
-                t:add(fc.intval, r, Int64(z))
+                -- zigzag: 2n for n >= 0, -2n - 1 for n < 0
+                local half = signed(u:rshift(1))
+                t:add(fc.intval, r, u:band(1):tonumber() == 0 and half or -half - 1)
             else
-                t:add(fc.intval, r, Int64(signed(v)))
+                t:add(fc.intval, r, signed(u))
             end
             off = nxt
         elseif wt == 2 then
@@ -403,16 +403,17 @@ local function dissect_cdap(tvb, pinfo, tree)
         local num, wt = math.floor(key / 8), key % 8
         local spec = CDAP_FIELDS[num]
         if wt == 0 then
-            local v, nxt = varint(tvb, after)
+            local v, nxt, u = varint(tvb, after)
             if not v then
                 t:add_proto_expert_info(e_cdap, "bad varint")
                 return nil
             end
             local r = tvb(off, nxt - off)
             if spec and spec[2] == "int64" then
-                t:add(spec[1], r, Int64(signed(v)))
+                t:add(spec[1], r, signed(u))
             elseif spec and spec[2] == "int" then
-                t:add(spec[1], r, signed(v))
+                -- int32 on the wire is sign-extended to 64 bits.
+                t:add(spec[1], r, signed(u):tonumber())
             elseif spec and spec[2] == "uint" then
                 t:add(spec[1], r, v)
             else

@@ -1200,3 +1200,76 @@ fn tshark_decodes_every_control_pdu_field_by_field_at_other_widths() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn tshark_decodes_cdap_of_every_opcode_with_negative_integers() {
+    if let Some(why) = cannot_run(false) {
+        println!("{why}");
+        return;
+    }
+    use rina_wire::cdap::{CdapMessage, ObjVal, OpCode, Value};
+    let dir = std::env::temp_dir().join(format!("rina-wireshark-cdap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let c = DtConstants::default();
+    // Responses refused as the RIB daemon refuses (negative results), a
+    // negative object instance and version, negative object values.
+    let values = [
+        Value::Int(-3),
+        Value::SInt64(-(1 << 40) - 1),
+        Value::Int64(-5),
+        Value::SInt(7),
+    ];
+    let msgs: Vec<CdapMessage> = OpCode::ALL
+        .iter()
+        .enumerate()
+        .map(|(i, &op)| {
+            let mut m = CdapMessage::new(op);
+            m.invoke_id = Some(i as i32 + 1);
+            m.obj_name = Some(format!("/obj{i}"));
+            m.result = (i % 2 == 1).then_some(-7);
+            m.obj_inst = Some(-(i as i64) - 1);
+            m.version = Some(-(1 << 40) - 1);
+            m.obj_value = Some(ObjVal::from(values[i % values.len()].clone()));
+            m
+        })
+        .collect();
+    let frames: Vec<Vec<u8>> = msgs
+        .iter()
+        .map(|m| {
+            let mut payload = vec![0xC0];
+            payload.extend(m.encode());
+            let mut p = Pci::new(PduType::Mgmt);
+            (p.dst_addr, p.src_addr) = (1, 2);
+            let mut sdu = vec![64u8];
+            pci::encode_data(&c, &p, &payload, &mut sdu).unwrap();
+            eth_data_frame(&sdu)
+        })
+        .collect();
+    let pcap = dir.join("cdap.pcap");
+    write_pcap(&pcap, &frames);
+    let fields = [
+        "rina.cdap.opcode",
+        "rina.cdap.invoke_id",
+        "rina.cdap.obj_name",
+        "rina.cdap.result",
+        "rina.cdap.obj_inst",
+        "rina.cdap.version",
+        "rina.cdap.value.int",
+    ];
+    let rows = tshark(&pcap, &[], &fields);
+    assert_eq!(rows.len(), msgs.len(), "{rows:?}");
+    let ints = ["-3", "-1099511627777", "-5", "7"];
+    for (i, row) in rows.iter().enumerate() {
+        let want = [
+            i.to_string(),
+            (i + 1).to_string(),
+            format!("/obj{i}"),
+            if i % 2 == 1 { "-7" } else { "" }.to_string(),
+            (-(i as i64) - 1).to_string(),
+            "-1099511627777".to_string(),
+            ints[i % ints.len()].to_string(),
+        ];
+        assert_eq!(row[..], want[..], "{:?}: {rows:?}", OpCode::ALL[i]);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
