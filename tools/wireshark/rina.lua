@@ -444,12 +444,14 @@ local function dissect_cdap(tvb, pinfo, tree)
                 t:add(fc.unknown, r)
             end
             off = start + n
-        elseif wt == 5 and off + 4 <= tvb:len() then
-            t:add(fc.unknown, tvb(off, after - off + 4))
-            off = after + 4
-        elseif wt == 1 and off + 8 <= tvb:len() then
-            t:add(fc.unknown, tvb(off, after - off + 8))
-            off = after + 8
+        elseif wt == 5 or wt == 1 then
+            local w = wt == 5 and 4 or 8
+            if after + w > tvb:len() then
+                t:add_proto_expert_info(e_cdap, "field cut short")
+                return nil
+            end
+            t:add(fc.unknown, tvb(off, after - off + w))
+            off = after + w
         else
             t:add_proto_expert_info(e_cdap, "bad wire type " .. wt)
             return nil
@@ -553,6 +555,9 @@ end
 
 -- Dissects a normal-DIF PDU (as carried in an N-1 SDU).
 function p_efcp.dissector(tvb, pinfo, tree)
+    if tvb:len() == 0 then
+        return 0
+    end
     local w = widths()
     local t = tree:add(p_efcp, tvb())
     local off = 0
@@ -748,7 +753,10 @@ local p_arp = Proto("rina_shim_eth_arp", "RINA shim-eth ARP")
 function p_arp.dissector(tvb, pinfo, tree)
     if tvb:len() < 8 or tvb(2, 2):uint() ~= 0xD1F0 then
         if arp_original then
-            return arp_original:call(tvb, pinfo, tree)
+            -- Wireshark's ARP dissector marks a malformed packet itself,
+            -- then its exception comes back here as a Lua error: not ours.
+            local ok, n = pcall(Dissector.call, arp_original, tvb, pinfo, tree)
+            return ok and n or tvb:len()
         end
         return 0
     end
@@ -763,6 +771,7 @@ function p_arp.dissector(tvb, pinfo, tree)
     t:add(fa.plen, tvb(5, 1))
     t:add(fa.op, tvb(6, 2))
     if tvb:len() < need or tvb(4, 1):uint() ~= 6 then
+        pinfo.cols.info = "RINA ARP (malformed: truncated, or not Ethernet addresses)"
         return tvb:len()
     end
     local op = tvb(6, 2):uint()

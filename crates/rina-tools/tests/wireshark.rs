@@ -1273,3 +1273,49 @@ fn tshark_decodes_cdap_of_every_opcode_with_negative_integers() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Malformed frames a capture may hold: the dissector marks them or leaves
+/// them undecoded, and never raises a Lua error.
+#[test]
+fn tshark_shows_malformed_frames_without_lua_errors() {
+    if let Some(why) = cannot_run(false) {
+        println!("{why}");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("rina-wireshark-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let hdr = |ethertype| FrameHeader {
+        dst: MacAddr::BROADCAST,
+        src: MacAddr([2, 0, 0, 0, 0, 0xa]),
+        vlan: None,
+        ethertype,
+    };
+    // An IPv4 ARP cut after 7 bytes (Wireshark's ARP dissector throws).
+    let mut arp = hdr(ETH_P_ARP).to_vec();
+    arp.extend([0, 1, 8, 0, 6, 4, 0]);
+    // A management PDU whose CDAP message ends inside a fixed32 field.
+    let mut p = Pci::new(PduType::Mgmt);
+    p.dst_addr = 1;
+    let mut cut = vec![64u8];
+    let cdap = [0xC0, 0x10, 0x04, 0x7d, 0xaa, 0xbb, 0xcc];
+    pci::encode_data(&DtConstants::default(), &p, &cdap, &mut cut).unwrap();
+    // An empty SDU, decoded as a PDU when told to ("always").
+    let frames = [arp, eth_data_frame(&cut), eth_data_frame(&[])];
+    let pcap = dir.join("bad.pcap");
+    write_pcap(&pcap, &frames);
+    let out = Command::new("tshark")
+        .arg("-r")
+        .arg(&pcap)
+        .arg("-X")
+        .arg(format!("lua_script:{}", dissector().display()))
+        .args(["-o", "rina_shim_udp.efcp:always", "-V"])
+        .output()
+        .expect("run tshark");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(!text.contains("Lua Error"), "{text}");
+    // Still decoded as far as the bytes go.
+    assert!(text.contains("[field cut short]"), "{text}");
+    assert_eq!(text.matches("\nFrame ").count(), 2, "{text}");
+    let _ = std::fs::remove_dir_all(dir);
+}
