@@ -15,6 +15,10 @@
 --                  byte, the PCI (crates/rina-wire/src/pci.rs; field widths are
 --                  preferences, defaulting to the DIF defaults 2/2/2/2/4/4/4/4),
 --                  the control body or the payload, and the CRC-32 if enabled.
+--                  On a DIF that encrypts its N-1 flows, all that behind a
+--                  marker byte: 0x00 in clear, or 0xAE, key id u32 and
+--                  sequence u64, then the sealed bytes and a 16-byte tag
+--                  (crates/rina-core/src/sdup/aead.rs; the key is not known here).
 --                  Every field is in network byte order.
 --   rina.mgmt      the payload of a management PDU: a one-byte discriminator
 --                  (0xC0 CDAP, which carries every management message: enrollment, hellos,
@@ -113,6 +117,13 @@ p_efcp.prefs.rate = Pref.uint("Rate width", 4, "Bytes of the rate in flow-contro
 p_efcp.prefs.frame = Pref.uint("Time frame width", 4, "Bytes of the rate's time frame")
 p_efcp.prefs.ttl = Pref.bool("TTL byte before the PCI", true, "SDU protection hop limit (ttl = 0 in rinad turns it off)")
 p_efcp.prefs.crc = Pref.bool("CRC-32 after the PDU", false, "SDU protection error check (crc = true in rinad)")
+p_efcp.prefs.aead = Pref.enum("N-1 flow encryption marker", 1,
+    "Frames of a DIF that encrypts its N-1 flows start with 0x00 (clear) or 0xAE (sealed): " ..
+    "auto (recognised when the frame is not a plain PDU), always, never", {
+    { 1, "auto", 1 },
+    { 2, "always", 2 },
+    { 3, "never", 3 },
+}, false)
 
 local fe = {
     ttl = ProtoField.uint8("rina.efcp.ttl", "TTL"),
@@ -142,6 +153,12 @@ local fe = {
     user_data = ProtoField.bytes("rina.efcp.user_data", "User data"),
     padding = ProtoField.bytes("rina.efcp.padding", "Padding"),
     crc = ProtoField.uint32("rina.efcp.crc", "CRC-32", base.HEX),
+    aead = ProtoField.uint8("rina.efcp.aead.marker", "N-1 flow encryption", base.HEX,
+        { [0x00] = "clear", [0xAE] = "sealed" }),
+    aead_key = ProtoField.uint32("rina.efcp.aead.key_id", "Key id", base.HEX),
+    aead_seq = ProtoField.uint64("rina.efcp.aead.seq", "Sequence number"),
+    aead_sealed = ProtoField.bytes("rina.efcp.aead.sealed", "Sealed frame (AES-256-GCM)"),
+    aead_tag = ProtoField.bytes("rina.efcp.aead.tag", "Authentication tag"),
 }
 p_efcp.fields = fe
 
@@ -553,13 +570,58 @@ local function efcp_bounds(tvb)
     return off, off + len
 end
 
--- Dissects a normal-DIF PDU (as carried in an N-1 SDU).
+-- Bytes of a sealed frame's header (marker, key id u32, sequence u64) and
+-- of its tag (crates/rina-core/src/sdup/aead.rs).
+local SEALED_HEADER, TAG_LEN = 13, 16
+
+-- "clear" or "sealed" if `tvb` starts with the marker of N-1 flow
+-- encryption, which goes in front of TTL, PDU and CRC; nil otherwise.
+local function aead_kind(tvb)
+    local mode, n = p_efcp.prefs.aead, tvb:len()
+    if mode == 3 or n < 2 or (mode == 1 and efcp_bounds(tvb)) then
+        return nil
+    end
+    local m = tvb(0, 1):uint()
+    if m == 0x00 and (mode == 2 or efcp_bounds(tvb(1):tvb())) then
+        return "clear"
+    elseif m == 0xAE and n >= SEALED_HEADER + TAG_LEN then
+        return "sealed"
+    end
+    return nil
+end
+
+-- A sealed frame: its header and tag; the PDU inside needs the key.
+local function dissect_sealed(tvb, pinfo, t)
+    t:add(fe.aead, tvb(0, 1))
+    t:add(fe.aead_key, tvb(1, 4))
+    t:add(fe.aead_seq, tvb(5, 8))
+    local body = tvb:len() - SEALED_HEADER - TAG_LEN
+    if body > 0 then
+        t:add(fe.aead_sealed, tvb(SEALED_HEADER, body))
+    end
+    t:add(fe.aead_tag, tvb(tvb:len() - TAG_LEN, TAG_LEN))
+    local info = string.format("EFCP sealed frame, key 0x%08x, seq %s", tvb(1, 4):uint(),
+        tostring(tvb(5, 8):uint64()))
+    t:append_text(", " .. info)
+    pinfo.cols.protocol = "RINA"
+    pinfo.cols.info = info
+end
+
+-- Dissects a normal-DIF PDU (as carried in an N-1 SDU), behind the
+-- marker of N-1 flow encryption if there is one.
 function p_efcp.dissector(tvb, pinfo, tree)
     if tvb:len() == 0 then
         return 0
     end
     local w = widths()
     local t = tree:add(p_efcp, tvb())
+    local kind = aead_kind(tvb)
+    if kind == "sealed" then
+        return dissect_sealed(tvb, pinfo, t)
+    elseif kind == "clear" then
+        t:add(fe.aead, tvb(0, 1))
+        tvb = tvb(1):tvb()
+    end
     local off = 0
     if p_efcp.prefs.ttl then
         t:add(fe.ttl, tvb(0, 1))
@@ -630,7 +692,7 @@ end
 -- length field) says so, else opaque bytes.
 local function dissect_sdu(tvb, pinfo, tree, field)
     local mode = p_udp.prefs.efcp
-    if mode == 2 or (mode == 1 and efcp_bounds(tvb)) then
+    if mode == 2 or (mode == 1 and (efcp_bounds(tvb) or aead_kind(tvb))) then
         p_efcp.dissector(tvb, pinfo, tree)
         return true
     end

@@ -1319,3 +1319,76 @@ fn tshark_shows_malformed_frames_without_lua_errors() {
     assert_eq!(text.matches("\nFrame ").count(), 2, "{text}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Frames of a DIF that encrypts its N-1 flows, as rina-core wraps them:
+/// a handshake in clear decodes as the PDU behind the marker, a sealed
+/// frame shows its header and tag, whether they come from a shim-eth
+/// capture or from `rinactl capture` of the normal IPCP.
+#[test]
+fn tshark_decodes_the_encryption_wrapper_of_n1_frames() {
+    if let Some(why) = cannot_run(false) {
+        println!("{why}");
+        return;
+    }
+    use rina_core::sdup::aead::{PortCrypto, SessionKeys};
+    use rina_wire::pcap;
+    let dir = std::env::temp_dir().join(format!("rina-wireshark-aead-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut p = Pci::new(PduType::Mgmt);
+    (p.dst_addr, p.src_addr, p.seq) = (5, 6, 3);
+    let mut pdu = vec![64u8];
+    let cdap = rina_wire::cdap::CdapMessage::new(rina_wire::cdap::OpCode::Write).encode();
+    pci::encode_data(
+        &DtConstants::default(),
+        &p,
+        &[&[0xC0][..], &cdap].concat(),
+        &mut pdu,
+    )
+    .unwrap();
+    let mut crypto = PortCrypto::new();
+    let keys = SessionKeys {
+        id: 0xdead_beef,
+        tx: [7; 32],
+        rx: [8; 32],
+    };
+    crypto.install(rina_core::Instant::ZERO, &keys);
+    let clear = crypto.clear(&pdu);
+    crypto.seal(&pdu).unwrap();
+    let sealed = crypto.seal(&pdu).unwrap();
+    let fields = [
+        "rina.efcp.aead.marker",
+        "rina.efcp.aead.key_id",
+        "rina.efcp.aead.seq",
+        "rina.efcp.aead.tag",
+        "rina.efcp.ttl",
+        "rina.efcp.version",
+        "rina.efcp.dst_addr",
+        "rina.cdap.opcode",
+    ];
+    let eth = dir.join("eth.pcap");
+    write_pcap(&eth, &[eth_data_frame(&clear), eth_data_frame(&sealed)]);
+    // The same frames as `rinactl capture` writes them (link type USER0).
+    let n1 = dir.join("n1.pcap");
+    let mut file = pcap::file_header(pcap::LINKTYPE_RINA_N1, pcap::MAX_SNAPLEN).to_vec();
+    for f in [&clear, &sealed] {
+        let hdr = pcap::n1_header(true, 3);
+        file.extend(pcap::record(Duration::ZERO, &[&hdr, f], pcap::MAX_SNAPLEN));
+    }
+    std::fs::write(&n1, file).unwrap();
+    let tag: String = sealed[sealed.len() - 16..]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    for pcap in [&eth, &n1] {
+        let rows = tshark(pcap, &[], &fields);
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        assert_eq!(
+            rows[0],
+            ["0x00", "", "", "", "64", "1", "5", "12"],
+            "{rows:?}"
+        );
+        assert_eq!(rows[1][..4], ["0xae", "0xdeadbeef", "1", &tag], "{rows:?}");
+        assert!(rows[1][4..].iter().all(String::is_empty), "{rows:?}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
