@@ -161,6 +161,9 @@ local fe = {
     aead_tag = ProtoField.bytes("rina.efcp.aead.tag", "Authentication tag"),
 }
 p_efcp.fields = fe
+local e_efcp = ProtoExpert.new("rina.efcp.misfit", "Not a PDU as the preferences describe it",
+    expert.group.MALFORMED, expert.severity.WARN)
+p_efcp.experts = { e_efcp }
 
 -- ------------------------------------------------------------- management
 local p_mgmt = Proto("rina_mgmt", "RINA layer management")
@@ -621,6 +624,10 @@ function p_efcp.dissector(tvb, pinfo, tree)
     elseif kind == "clear" then
         t:add(fe.aead, tvb(0, 1))
         tvb = tvb(1):tvb()
+    end
+    if not efcp_bounds(tvb) then
+        t:add_proto_expert_info(e_efcp, "version, type or length field does not fit the frame: " ..
+            "the fields below are likely wrong (check the width, TTL and CRC preferences)")
     end
     local off = 0
     if p_efcp.prefs.ttl then

@@ -1392,3 +1392,41 @@ fn tshark_decodes_the_encryption_wrapper_of_n1_frames() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `rinactl capture` of a normal IPCP is always decoded as EFCP: a PDU of
+/// a DIF whose widths are not the preferences' is flagged, not shown as if
+/// its fields were right.
+#[test]
+fn tshark_flags_a_pdu_that_does_not_fit_the_width_preferences() {
+    if let Some(why) = cannot_run(false) {
+        println!("{why}");
+        return;
+    }
+    use rina_wire::pcap;
+    let dir = std::env::temp_dir().join(format!("rina-wireshark-fit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let c = DtConstants {
+        addr: FieldWidth::W4,
+        ..DtConstants::default()
+    };
+    let mut p = Pci::new(PduType::Dt);
+    (p.dst_addr, p.src_addr) = (70_000, 3);
+    let mut frame = vec![64u8];
+    pci::encode_data(&c, &p, &[0x07, b'h', b'i'], &mut frame).unwrap();
+    let mut file = pcap::file_header(pcap::LINKTYPE_RINA_N1, pcap::MAX_SNAPLEN).to_vec();
+    let hdr = pcap::n1_header(false, 1);
+    file.extend(pcap::record(
+        Duration::ZERO,
+        &[&hdr, &frame],
+        pcap::MAX_SNAPLEN,
+    ));
+    let path = dir.join("n1.pcap");
+    std::fs::write(&path, file).unwrap();
+    let fields = ["rina.efcp.misfit", "rina.efcp.dst_addr"];
+    let rows = tshark(&path, &[], &fields);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert!(!rows[0][0].is_empty(), "not flagged: {rows:?}");
+    let rows = tshark(&path, &["-o", "rina_efcp.addr:4"], &fields);
+    assert_eq!(rows[0], ["", "70000"], "{rows:?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
