@@ -363,3 +363,82 @@ fn run_on_ssh_needs_an_inventory_that_places_every_node() {
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("node `c` is on no host"), "{err}");
 }
+
+/// Runs scripts/rina-lab-inventory.py for line-3 with `hosts` (`--eth`);
+/// `None` if this machine has no python3 with tomllib (3.11+).
+fn inventory_script(name: &str, hosts: &str) -> Option<Output> {
+    let has_tomllib = Command::new("python3")
+        .args(["-c", "import tomllib"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_tomllib {
+        println!("skipped: no python3 with tomllib");
+        return None;
+    }
+    let dir = tmp(name);
+    let list = dir.join("hosts.txt");
+    std::fs::write(&list, hosts).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/rina-lab-inventory.py");
+    Some(
+        Command::new("python3")
+            .arg(script)
+            .arg(example("line-3.toml"))
+            .arg(&list)
+            .arg("--eth")
+            .output()
+            .unwrap(),
+    )
+}
+
+#[test]
+fn inventory_script_places_links_on_the_interfaces_given() {
+    let hosts = "a h1 ip=10.0.0.1 a--b=eth1\nb h2 port=2222 a--b=eth1 b--c=eth2\nc h3 b--c=eth1\n";
+    let Some(o) = inventory_script("inv-ok", hosts) else {
+        return;
+    };
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("port = 2222\n"), "{out}");
+    assert!(
+        out.contains("[link.\"a--b\"]\neth = { \"a\" = \"eth1\", \"b\" = \"eth1\" }"),
+        "{out}"
+    );
+    assert!(
+        out.contains("[link.\"b--c\"]\neth = { \"b\" = \"eth2\", \"c\" = \"eth1\" }"),
+        "{out}"
+    );
+}
+
+/// A typo in a host line would leave a link on shim-udp over the control
+/// network without a word (no link load, so no calibration): refused.
+#[test]
+fn inventory_script_refuses_what_would_silently_leave_a_link_on_shim_udp() {
+    for (hosts, want) in [
+        // The link is b--c, not c--b.
+        (
+            "a h1\nb h2 b--c=eth2\nc h3 c--b=eth1\n",
+            "hosts.txt:3: `c--b` is neither ip, port, user nor a link",
+        ),
+        (
+            "a h1\nb h2 b--c=eth2\nc h3\n",
+            "link b--c: an interface for b but none for c",
+        ),
+        (
+            "a h1 b--c=eth1\nb h2\nc h3\n",
+            "link `b--c` is between b and c, not a",
+        ),
+        ("a h1 port=22x\nb h2\nc h3\n", "port `22x` is not a number"),
+        ("a h1 eth1\nb h2\nc h3\n", "`eth1` is not KEY=VALUE"),
+    ] {
+        let Some(o) = inventory_script("inv-bad", hosts) else {
+            return;
+        };
+        let (out, err) = text(&o);
+        assert!(!o.status.success(), "{hosts:?} accepted: {out}");
+        assert!(
+            err.contains(want.trim_start_matches("h3.txt")),
+            "{hosts:?}: {err}"
+        );
+        assert!(!err.contains("Traceback"), "{hosts:?}: {err}");
+    }
+}
