@@ -935,12 +935,8 @@ impl Fabric for Hosts {
                     .arg("--json")
                     .arg(what)
                     .stdin(Stdio::null())
-                    .stderr(Stdio::null())
                     .output();
-                if let Ok(o) = out {
-                    let p = dir.join(format!("{}-{what}.json", self.node_names[n]));
-                    let _ = std::fs::write(p, o.stdout);
-                }
+                save_counters(&dir, &format!("{}-{what}", self.node_names[n]), out);
             }
         }
     }
@@ -954,9 +950,54 @@ impl Fabric for Hosts {
     }
 }
 
+/// Saves the output of one `rinactl --json` in `dir` as `<stem>.json`, or,
+/// if it failed (the host or its `rinad` gone), says why in `<stem>.error`
+/// rather than leaving an empty or partial `.json` behind.
+fn save_counters(dir: &Path, stem: &str, out: std::io::Result<std::process::Output>) {
+    let (name, text) = match out {
+        Ok(o) if o.status.success() => (format!("{stem}.json"), o.stdout),
+        Ok(o) => {
+            let mut t = format!("rinactl over ssh failed ({}): ", o.status).into_bytes();
+            t.extend(o.stderr);
+            (format!("{stem}.error"), t)
+        }
+        Err(e) => (
+            format!("{stem}.error"),
+            format!("cannot run ssh: {e}\n").into_bytes(),
+        ),
+    };
+    let _ = std::fs::write(dir.join(name), text);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counters_of_a_host_that_is_gone_are_an_error_file_not_empty_json() {
+        use std::os::unix::process::ExitStatusExt;
+        let dir = std::env::temp_dir().join(format!("rl-counters-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = |code: i32, stdout: &str, stderr: &str| {
+            Ok(std::process::Output {
+                status: std::process::ExitStatus::from_raw(code << 8),
+                stdout: stdout.into(),
+                stderr: stderr.into(),
+            })
+        };
+        save_counters(&dir, "a-flows", out(0, "[]\n", ""));
+        let lost = "ssh: connect to host 10.0.0.2 port 22: No route to host\n";
+        save_counters(&dir, "b-flows", out(255, "", lost));
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
+        assert_eq!(read("a-flows.json").as_deref(), Some("[]\n"));
+        assert_eq!(read("b-flows.json"), None);
+        let err = read("b-flows.error").unwrap();
+        assert!(
+            err.contains("255") && err.contains("No route to host"),
+            "{err}"
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
 
     const EXP: &str = r#"
 nodes = ["a", "b", "c"]
