@@ -683,12 +683,15 @@ function p_efcp.dissector(tvb, pinfo, tree)
             end
         end
     end
-    local tail = p_efcp.prefs.crc and 4 or 0
-    if pdu_end + tail < tvb:len() then
-        t:add(fe.padding, tvb(pdu_end, tvb:len() - pdu_end - tail))
+    -- The CRC follows the PDU; link padding (of a short Ethernet frame)
+    -- comes after it.
+    local after = pdu_end
+    if p_efcp.prefs.crc and after + 4 <= tvb:len() then
+        t:add(fe.crc, tvb(after, 4))
+        after = after + 4
     end
-    if tail > 0 and tvb:len() >= 4 then
-        t:add(fe.crc, tvb(tvb:len() - 4, 4))
+    if after < tvb:len() then
+        t:add(fe.padding, tvb(after, tvb:len() - after))
     end
     t:append_text(", " .. info)
     pinfo.cols.protocol = "RINA"
