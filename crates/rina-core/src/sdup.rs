@@ -315,6 +315,14 @@ impl Sdup {
         Ok(ttl)
     }
 
+    /// Where the PDU of a frame with its CRC stands in clear after the TTL
+    /// (a CRC and no cipher), the offset of the PDU: link padding after
+    /// the CRC can then be found from the PDU's own length. `None` where
+    /// there is no CRC to find, or the PDU is not in clear.
+    pub fn clear_pdu_before_crc(&self) -> Option<usize> {
+        (self.cfg.crc && self.identity).then_some(usize::from(self.cfg.ttl.is_some()))
+    }
+
     /// The frame without its CRC, if the CRC is right.
     fn check_crc<'a>(&self, frame: &'a [u8]) -> Result<&'a [u8], SdupError> {
         let split = frame

@@ -178,6 +178,13 @@ impl DtConstants {
             + self.length.bytes()
     }
 
+    /// The `length` field of the PDU `pdu` starts with (the whole PDU's
+    /// length, which link padding after it does not change), if `pdu` is
+    /// long enough to hold it. Nothing else is checked.
+    pub fn pdu_length(&self, pdu: &[u8]) -> Option<u64> {
+        uint_at(pdu, self.base_len() - self.length.bytes(), self.length)
+    }
+
     /// Whether DT and MGMT headers have the default widths
     /// ([`DtConstants::default`]: 2-byte addresses, QoS-id, CEP-ids and
     /// length, a 4-byte sequence number), which are read and written at

@@ -1294,6 +1294,26 @@ impl NormalIpcp {
         self.on_frame_buf(now, port, frame, congested);
     }
 
+    /// How much of `frame` (opened, still SDU-protected) is the protected
+    /// PDU: a link pads a short frame (Ethernet to 60 bytes), and the
+    /// padding would stand where SDU protection looks for the CRC, at the
+    /// end. Where the PDU is in clear before the CRC, its length field
+    /// says where it ends; otherwise (no CRC, or a cipher) the whole frame.
+    pub(super) fn unpadded_len(&self, frame: &[u8]) -> usize {
+        let whole = frame.len();
+        let Some(at) = self.sdup.clear_pdu_before_crc() else {
+            return whole;
+        };
+        let pdu = frame.get(at..).unwrap_or_default();
+        match self.cfg.dt.pdu_length(pdu) {
+            Some(len) => usize::try_from(len)
+                .ok()
+                .and_then(|l| l.checked_add(at + crate::sdup::CRC_LEN))
+                .map_or(whole, |end| end.min(whole)),
+            None => whole,
+        }
+    }
+
     /// [`NormalIpcp::on_frame_marked`] for a frame in a buffer of its own
     /// (an SDU the DIF below delivered): it is opened, unprotected and
     /// parsed in place, and a data PDU's payload goes on to EFCP, or the
@@ -1309,6 +1329,7 @@ impl NormalIpcp {
             self.counters.rx_bad_protection += 1;
             return;
         }
+        frame.truncate(self.unpadded_len(&frame));
         let ttl = match self.sdup.unprotect_buf(&mut frame) {
             Ok(t) => t,
             Err(SdupError::TtlExpired) => {

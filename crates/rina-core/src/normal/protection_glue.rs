@@ -108,7 +108,7 @@ impl NormalIpcp {
     /// which starts enrollment, and management fragments). A received one
     /// (`rx`) must be for this IPCP.
     fn is_handshake_frame(&self, port: N1Port, frame: &[u8], rx: bool, before_keys: bool) -> bool {
-        let Ok(un) = self.sdup.unprotect(frame) else {
+        let Ok(un) = self.sdup.unprotect(&frame[..self.unpadded_len(frame)]) else {
             return false;
         };
         let Ok(pdu) = pci::Pdu::parse(&self.cfg.dt, &un.pdu) else {

@@ -70,6 +70,16 @@ fn carry_lossy(
     net: &mut [NormalIpcp],
     mut drop: impl FnMut(u64) -> bool,
 ) -> Vec<(usize, Action)> {
+    carry_with(now, net, |k, frame| (!drop(k)).then_some(frame))
+}
+
+/// [`carry_lossy`] through a link that hands frame `k` over as `link(k,
+/// frame)` says (changed, or lost with `None`).
+fn carry_with(
+    now: Instant,
+    net: &mut [NormalIpcp],
+    mut link: impl FnMut(u64, Vec<u8>) -> Option<Vec<u8>>,
+) -> Vec<(usize, Action)> {
     let mut out = Vec::new();
     let mut k = 0;
     loop {
@@ -80,9 +90,9 @@ fn carry_lossy(
                     Action::Transmit { port, frame } => {
                         moved = true;
                         k += 1;
-                        if drop(k) {
+                        let Some(frame) = link(k, frame.to_vec()) else {
                             continue;
-                        }
+                        };
                         let (j, in_port) = if port == RIGHT {
                             (i + 1, LEFT)
                         } else {
@@ -342,6 +352,45 @@ fn reliable_flow_uses_the_reliable_cube_at_both_ends() {
         panic!("the flow's object is text");
     };
     assert!(!v.contains("DTCP"), "{v}");
+}
+
+/// An Ethernet link pads a frame to 46 bytes of payload: with a CRC (the
+/// chain's IPCPs append one), the padding stands where the CRC was. The
+/// PDU's length tells where it ends: short data PDUs of a reliable flow
+/// go through, are acked and none is counted as badly protected.
+#[test]
+fn frames_padded_by_the_link_keep_their_crc() {
+    let mut net = chain(2);
+    let qos = QosSpec {
+        reliable: true,
+        ..Default::default()
+    };
+    allocate(&mut net, qos);
+    let mut padded = 0;
+    let mut pad = |_, mut frame: Vec<u8>| {
+        if frame.len() < 46 {
+            frame.resize(46, 0);
+            padded += 1;
+        }
+        Some(frame)
+    };
+    let mut got = Vec::new();
+    for (i, sdu) in [&b"a"[..], b"bc", b"def"].into_iter().enumerate() {
+        let t = ms(10 + i as u64);
+        net[0].write(t, 1, sdu).unwrap();
+        got.extend(deliveries(&carry_with(t, &mut net, &mut pad)));
+    }
+    let want: Vec<_> = [&b"a"[..], b"bc", b"def"]
+        .iter()
+        .map(|s| (1, 7, s.to_vec()))
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(padded, 3, "the three data PDUs were short");
+    assert!(net[0].flow_stats(1).unwrap().acks_received >= 1);
+    assert_eq!(net[0].flow_stats(1).unwrap().pdus_retransmitted, 0);
+    for p in &net {
+        assert_eq!(p.counters().rx_bad_protection, 0);
+    }
 }
 
 /// The sender of a two-IPCP chain with an unreliable flow (port 1) to 7.
