@@ -108,3 +108,29 @@ fn a_bad_access_pattern_is_refused_at_start_with_its_key() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("access") && err.contains("a*b"), "{err}");
 }
+
+#[test]
+fn a_name_refused_by_one_dif_is_registered_in_none() {
+    // Without a DIF a name goes to every DIF: shim `udp` would take
+    // `rogue`, `net`'s rules do not. The refusal must leave nothing behind
+    // (before, `rogue` stayed registered in `udp` under an error reply).
+    let a = Daemon::start_with("a", &system("a", free_port(), "b", free_port(), RULES));
+    let mut c = a.client();
+    let err = c
+        .register(&common::name("rogue"), None)
+        .expect_err("net's rules refuse rogue");
+    assert!(err.to_string().contains("access rules"), "{err}");
+    let names: Vec<String> = c
+        .list_names()
+        .unwrap()
+        .iter()
+        .map(|n| format!("{} in {}", n.name, n.dif))
+        .collect();
+    assert!(!names.iter().any(|n| n.starts_with("rogue")), "{names:?}");
+    // The same connection may still register it where it is allowed.
+    c.register(&common::name("rogue"), Some("udp"))
+        .expect("udp has no rules");
+    // And a name every DIF takes goes to both.
+    let difs = c.register(&common::name("echo"), None).unwrap();
+    assert_eq!(difs.len(), 2, "{difs:?}");
+}

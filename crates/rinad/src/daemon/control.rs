@@ -479,11 +479,18 @@ impl Daemon {
                 format!("{name} is already registered in DIF {}", self.ipcps[i].dif),
             ));
         }
+        // All or nothing: a DIF that refuses the name (its access rules,
+        // an IPCP's name) takes back the registrations made before it.
+        for (k, &i) in targets.iter().enumerate() {
+            if let Err(e) = self.sys.register_at(i, name.clone()) {
+                for &j in &targets[..k] {
+                    self.sys.unregister_at(j, &name);
+                }
+                return Err(ipcp::flow_error(e));
+            }
+        }
         let mut difs = Vec::new();
         for i in targets {
-            self.sys
-                .register_at(i, name.clone())
-                .map_err(ipcp::flow_error)?;
             self.owners.insert((i, name.clone()), conn);
             if let Some(c) = self.conns.get_mut(&conn) {
                 c.names.push((i, name.clone()));
