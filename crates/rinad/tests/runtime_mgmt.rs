@@ -566,3 +566,51 @@ fn an_address_wider_than_the_difs_address_field_is_refused_at_run_time() {
         );
     }
 }
+
+/// System `me` at address `addr` with neighbour `peer` (address
+/// `peer_addr`) over shim-udp: static addresses, no enrollment.
+fn member(me: &str, port: u16, addr: u64, peer: (&str, u16, u64)) -> String {
+    let (p, pp, pa) = peer;
+    format!(
+        "[system]\nname = \"{me}\"\n\n[[ipcp]]\nname = \"{me}.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:{port}\"\n\n[ipcp.directory]\n\"{p}.net\" = \"127.0.0.1:{pp}\"\n\n[[ipcp]]\nname = \"{me}.net\"\ntype = \"normal\"\ndif = \"net\"\naddress = {addr}\n\n[[ipcp.neighbor]]\nname = \"{p}.net\"\nover = \"udp\"\naddress = {pa}\n"
+    )
+}
+
+#[test]
+fn destroying_an_ipcp_answers_the_reads_of_a_neighbours_rib_it_had_under_way() {
+    let (pa, pb) = (common::free_port(), common::free_port());
+    let a = Daemon::start_with("rra", &member("rra", pa, 1, ("rrb", pb, 2)));
+    let b = Daemon::start_with("rrb", &member("rrb", pb, 2, ("rra", pa, 1)));
+    wait_for("A to read B's RIB", Duration::from_secs(20), || {
+        a.client()
+            .read_remote_rib("rra.net", "2", Some("/dt"), None)
+            .is_ok()
+    });
+    // B stops answering: A's next read stays under way...
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(b.child.id() as i32, libc::SIGSTOP) };
+    let path = a.socket.clone();
+    let reader = std::thread::spawn(move || {
+        let mut c = rina::Client::connect_to(path).unwrap();
+        c.set_timeout(Some(Duration::from_secs(20)));
+        let r = c.read_remote_rib("rra.net", "2", Some("/"), None);
+        (r, Instant::now())
+    });
+    wait_for("the read to be under way", Duration::from_secs(10), || {
+        ctl(&a, &["rib", "rra.net", "/difm/cdap/sessions"]).contains("outstanding 1")
+    });
+    // ...until its IPCP is destroyed: the reader hears so at once, not
+    // after its own timeout (the machine that would answer is gone).
+    ctl(&a, &["ipcp", "destroy", "rra.net"]);
+    let destroyed = Instant::now();
+    let (r, answered) = reader.join().unwrap();
+    let e = r.expect_err("the read cannot complete");
+    assert!(
+        answered.saturating_duration_since(destroyed) < Duration::from_secs(2),
+        "answered {:?} after the destroy: {e}",
+        answered.saturating_duration_since(destroyed)
+    );
+    assert!(e.to_string().contains("IPCP rra.net was destroyed"), "{e}");
+    // SAFETY: as above.
+    unsafe { libc::kill(b.child.id() as i32, libc::SIGCONT) };
+}

@@ -184,6 +184,18 @@ impl Daemon {
             e.steps.push(format!("IPCP {name} was destroyed"));
             self.answer_enroll(e, Err(ErrorKind::Refused));
         }
+        // Reads of a neighbour's RIB under way: the machine that would
+        // have answered them is gone.
+        let reads: Vec<(usize, u64)> = self
+            .rib_reads
+            .keys()
+            .filter(|(m, _)| *m == i)
+            .copied()
+            .collect();
+        for (m, handle) in reads {
+            let why = format!("IPCP {name} was destroyed while it read a neighbour's RIB");
+            self.rib_read_done(m, handle, Err(why));
+        }
         let ports: Vec<PortId> = self
             .flows
             .iter()
