@@ -614,3 +614,49 @@ fn destroying_an_ipcp_answers_the_reads_of_a_neighbours_rib_it_had_under_way() {
     // SAFETY: as above.
     unsafe { libc::kill(b.child.id() as i32, libc::SIGCONT) };
 }
+
+#[test]
+fn a_destroyed_ipcp_is_no_longer_found_by_any_command() {
+    let d = empty("eta");
+    ctl(
+        &d,
+        &[
+            "ipcp",
+            "create",
+            "name=h.net",
+            "type=normal",
+            "dif=net",
+            "address=1",
+        ],
+    );
+    ctl(
+        &d,
+        &[
+            "ipcp",
+            "create",
+            "name=h.udp",
+            "type=shim-udp",
+            "dif=udp",
+            "bind=127.0.0.1:0",
+        ],
+    );
+    ctl(&d, &["ipcp", "destroy", "h.net"]);
+    // The destroyed IPCP's slot has no name: neither "" nor its old name
+    // may reach it, and listings of names do not show an empty one.
+    for name in ["", "h.net"] {
+        for args in [
+            &["rib", name][..],
+            &["rib", name, "--remote", "2"][..],
+            &["sched", name][..],
+            &["neighbor", "add", name, "x.net", "--over", "udp"][..],
+            &["register-ipcp", name, "udp"][..],
+            &["capture", name, "/dev/null", "-c", "1"][..],
+        ] {
+            let e = ctl_fails(&d, args);
+            assert!(
+                e.contains(&format!("no IPCP named {name:?}; this system has h.udp\n")),
+                "{args:?}: {e}"
+            );
+        }
+    }
+}

@@ -77,16 +77,7 @@ impl Daemon {
         ipcp: &str,
         snaplen: Option<u32>,
     ) -> Result<(Reply, OwnedFd), CtlError> {
-        let Some(i) = self.ipcps.iter().position(|ip| ip.name == ipcp) else {
-            let known: Vec<&str> = self.ipcps.iter().map(|ip| ip.name.as_str()).collect();
-            return Err(CtlError::new(
-                ErrorKind::InvalidRequest,
-                format!(
-                    "no IPCP named {ipcp:?}; this system has {}",
-                    known.join(", ")
-                ),
-            ));
-        };
+        let i = self.live_named(ipcp)?;
         let snaplen = snaplen
             .unwrap_or(pcap::MAX_SNAPLEN)
             .clamp(1, pcap::MAX_SNAPLEN);

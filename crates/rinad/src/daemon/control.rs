@@ -745,16 +745,7 @@ impl Daemon {
     ) -> Result<Reply, CtlError> {
         use rina_core::rmt::SchedulerConfig;
         use rina_wire::ctl::{PortQueues, QueueCounters, SchedulerInfo};
-        let known: Vec<String> = self.ipcps.iter().map(|ip| ip.name.clone()).collect();
-        let Some(j) = self.ipcps.iter().position(|ip| ip.name == ipcp) else {
-            return Err(CtlError::new(
-                ErrorKind::InvalidRequest,
-                format!(
-                    "no IPCP named {ipcp:?}; this system has {}",
-                    known.join(", ")
-                ),
-            ));
-        };
+        let j = self.live_named(ipcp)?;
         let kind = self.kind(j);
         let not_normal = || {
             CtlError::new(
@@ -833,11 +824,7 @@ impl Daemon {
     ) -> Result<(usize, u64), CtlError> {
         let now = self.now();
         let bad = |m: String| CtlError::new(ErrorKind::InvalidRequest, m);
-        let i = self
-            .ipcps
-            .iter()
-            .position(|ip| ip.name == ipcp)
-            .ok_or_else(|| bad(format!("no IPCP named {ipcp:?}")))?;
+        let i = self.live_named(ipcp)?;
         let not_normal = || bad(format!("{ipcp} is not a normal IPCP: it has no DIF peers"));
         let started = self.sys.with_machine(now, i, |m| match m {
             Machine::Normal(n) => Some(
@@ -856,16 +843,7 @@ impl Daemon {
         path: Option<&str>,
         depth: Option<u32>,
     ) -> Result<Reply, CtlError> {
-        let Some(i) = self.ipcps.iter().position(|ip| ip.name == ipcp) else {
-            let known: Vec<&str> = self.ipcps.iter().map(|ip| ip.name.as_str()).collect();
-            return Err(CtlError::new(
-                ErrorKind::InvalidRequest,
-                format!(
-                    "no IPCP named {ipcp:?}; this system has {}",
-                    known.join(", ")
-                ),
-            ));
-        };
+        let i = self.live_named(ipcp)?;
         let rib = self.ipcp_rib(i);
         let depth = depth.map_or(rina_core::rib::ALL_LEVELS, |d| d as usize);
         let entries = rib

@@ -46,17 +46,7 @@ impl Daemon {
 
     /// The normal IPCP named `ipcp`, by index.
     fn normal_named(&self, ipcp: &str) -> Result<usize, CtlError> {
-        let names: Vec<&str> = self.ipcps.iter().map(|ip| ip.name.as_str()).collect();
-        let j = self
-            .ipcps
-            .iter()
-            .position(|ip| ip.name == ipcp)
-            .ok_or_else(|| {
-                invalid(format!(
-                    "no IPCP named {ipcp:?}; this system has {}",
-                    names.join(", ")
-                ))
-            })?;
+        let j = self.live_named(ipcp)?;
         if !matches!(self.ipcps[j].io, Io::Normal(_)) {
             let kind = self.kind(j);
             return Err(invalid(format!(
