@@ -220,7 +220,7 @@ pub struct Config {
 }
 
 /// The `[system]` table.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct System {
     /// Name of the system (used in logs and listings).

@@ -259,3 +259,71 @@ fn socket_mode_and_group_follow_the_config() {
     let e = as_user(b, move || Client::connect_to(s).map(drop)).unwrap_err();
     assert!(e.message.contains("ermission denied"), "{e}");
 }
+
+#[test]
+fn a_reload_applies_the_system_tables_access_keys_and_says_so() {
+    let Some((a, _)) = users() else { return };
+    let shim = "\n[[ipcp]]\nname = \"rl.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:0\"\n";
+    let with_group = format!("[system]\nname = \"rl\"\nadmin_group = \"rinatest-a\"\n{shim}");
+    let d = Daemon::start_with("rl", &with_group);
+    let mut before = client_as(a, &d);
+    assert!(before.read_rib("rl.udp", None, None).is_ok());
+    let file = d.dir.join("rinad.toml");
+    let reload = || {
+        let mut c = d.client();
+        c.set_timeout(Some(T));
+        c.reload(None)
+    };
+    // A group that does not exist: refused, nothing changed (the new
+    // shim of the same file is not created, the group still rules).
+    let shim2 = shim
+        .replace("rl.udp", "rl.udp2")
+        .replace("\"udp\"", "\"udp2\"");
+    std::fs::write(
+        &file,
+        format!("[system]\nname = \"rl\"\nadmin_group = \"no-such-group-rl\"\n{shim}{shim2}"),
+    )
+    .unwrap();
+    let e = reload().expect_err("an unknown admin_group");
+    assert!(
+        e.message.contains("nothing changed") && e.message.contains("no-such-group-rl"),
+        "{e}"
+    );
+    assert_eq!(d.client().list_ipcps().unwrap().len(), 1);
+    assert!(client_as(a, &d).read_rib("rl.udp", None, None).is_ok());
+    // The group taken out of the file: the reload says so, and its member
+    // is no administrator any more, on a new connection or an open one.
+    std::fs::write(
+        &file,
+        format!("[system]\nname = \"rl\"\nmax_conns_per_user = 8\n{shim}"),
+    )
+    .unwrap();
+    let changes = reload().expect("a good file");
+    let all = changes.join("\n");
+    assert!(
+        all.contains("[system] admin_group: rinatest-a -> (none)")
+            && all.contains("[system] max_conns_per_user: 128 -> 8"),
+        "{all}"
+    );
+    denied(
+        "a new connection",
+        client_as(a, &d).read_rib("rl.udp", None, None),
+    );
+    denied("an open connection", before.read_rib("rl.udp", None, None));
+    // Nothing changed: nothing reported but that.
+    assert_eq!(reload().unwrap(), ["nothing changed"]);
+    // The socket's mode, and a name that waits for the next start.
+    std::fs::write(
+        &file,
+        format!("[system]\nname = \"rl2\"\nmax_conns_per_user = 8\nsocket_mode = \"0600\"\n{shim}"),
+    )
+    .unwrap();
+    let all = reload().unwrap().join("\n");
+    assert!(
+        all.contains("[system] socket_mode: 0o666 -> 0o600")
+            && all.contains("[system] name: rl -> rl2 (when rinad starts again)"),
+        "{all}"
+    );
+    let mode = std::fs::metadata(&d.socket).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+}

@@ -111,9 +111,11 @@ enum What {
         set: Vec<String>,
     },
     /// Read the configuration file again (or FILE) and apply the
-    /// difference with the running system: IPCPs added, removed or
-    /// changed, neighbours, static directories, scheduling and EFCP
-    /// policies. A file with a mistake changes nothing; the error names
+    /// difference with the running system: the [system] table's
+    /// administrators, limits and socket permissions (name and socket at
+    /// the next start), IPCPs added, removed or changed, neighbours,
+    /// static directories, scheduling and EFCP policies; prints one line
+    /// per change. A file with a mistake changes nothing; the error names
     /// the key and the line. SIGHUP to rinad does the same (the outcome is
     /// in its log). Administrators only.
     Reload {

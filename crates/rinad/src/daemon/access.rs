@@ -173,6 +173,17 @@ impl Access {
         })
     }
 
+    /// Puts the policy `fresh` (made by [`Access::new`] from `sys`, a
+    /// reloaded `[system]` table) in force: the descriptor limit, the flows
+    /// users hold and the warnings' throttle carry over.
+    pub(super) fn replace(&mut self, mut fresh: Access, sys: &crate::config::System) {
+        fresh.fd_limit = self.fd_limit;
+        fresh.flows_per_user = sys.flows_per_user(u64::try_from(self.fd_limit).unwrap_or(u64::MAX));
+        fresh.held = std::mem::take(&mut self.held);
+        fresh.no_fd = std::mem::take(&mut self.no_fd);
+        *self = fresh;
+    }
+
     /// The daemon's descriptor limit is `fd_limit`: the default number of
     /// flows per user follows from it.
     pub(super) fn set_fd_limit(&mut self, sys: &crate::config::System, fd_limit: u64) {

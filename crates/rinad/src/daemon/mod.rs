@@ -283,6 +283,8 @@ pub struct Daemon {
     enrolls: Vec<runtime::PendingEnroll>,
     /// The configuration file, read again by `rinactl reload` and SIGHUP.
     config_path: PathBuf,
+    /// The `[system]` table in force (`name` and `socket` as started).
+    system_cfg: crate::config::System,
     /// A self-pipe written by the SIGHUP handler.
     hup_rx: UnixStream,
     buf: Vec<u8>,
@@ -416,6 +418,7 @@ impl Daemon {
             captures: capture::Captures::default(),
             enrolls: Vec::new(),
             config_path,
+            system_cfg: cfg.system.clone(),
             hup_rx,
             buf: vec![0; HEADROOM + 65_536 + 1],
             udp: shim::UdpShared::default(),

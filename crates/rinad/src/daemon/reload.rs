@@ -2,6 +2,12 @@
 //! difference with the running system applied. The whole file is parsed
 //! and checked before anything changes, so a bad file changes nothing.
 //!
+//! The `[system]` table is applied first: administrators (`admin_group`,
+//! looked up again, and the connections open are judged again), the limits
+//! per user, the idle timeout, the socket's mode and group and busy
+//! polling; a `name` or `socket` that changed is reported as taking effect
+//! at the next start.
+//!
 //! An IPCP is matched by name. One the file no longer has is destroyed; a
 //! new one is created; one whose keys changed other than its neighbours,
 //! static directory (`names`), scheduling policy and the EFCP policies of
@@ -9,7 +15,7 @@
 //! change.
 
 use super::*;
-use crate::config::{Config, IpcpConfig, IpcpKind};
+use crate::config::{Config, IpcpConfig, IpcpKind, System};
 use rina_core::system::NeighborSpec;
 
 fn invalid(m: String) -> CtlError {
@@ -35,6 +41,43 @@ fn identity(t: &toml::Table) -> toml::Table {
     }
     t
 }
+
+/// The keys of a `[system]` table with the values the daemon takes from
+/// them, to tell what a reload changes.
+fn system_keys(s: &System) -> [(&'static str, String); 9] {
+    let or = |v: Option<String>, d: &str| v.unwrap_or_else(|| d.to_string());
+    [
+        ("name", s.name.clone()),
+        (
+            "socket",
+            or(
+                s.socket.as_ref().map(|p| p.display().to_string()),
+                "(default)",
+            ),
+        ),
+        ("admin_group", or(s.admin_group.clone(), "(none)")),
+        ("socket_mode", format!("0o{:o}", s.socket_mode())),
+        ("socket_group", or(s.socket_group.clone(), "(none)")),
+        ("max_conns_per_user", s.conns_per_user().to_string()),
+        (
+            "max_flows_per_user",
+            or(
+                s.max_flows_per_user
+                    .as_ref()
+                    .map(|m| m.get_ref().to_string()),
+                "(default)",
+            ),
+        ),
+        ("idle_timeout_ms", s.idle_timeout().as_millis().to_string()),
+        (
+            "busy_poll_us",
+            s.busy_poll().map_or(0, |d| d.as_micros()).to_string(),
+        ),
+    ]
+}
+
+/// Keys of `[system]` that only a new start of the daemon changes.
+const AT_RESTART: [&str; 2] = ["name", "socket"];
 
 impl Daemon {
     /// Reads the configuration file (`path`, default the daemon's) and
@@ -82,6 +125,7 @@ impl Daemon {
     /// Brings the running system to configuration `cfg` (checked), one
     /// line per change in `out`; on an error, `out` holds what had changed.
     fn apply(&mut self, cfg: &Config, out: &mut Vec<String>) -> Result<(), CtlError> {
+        self.apply_system(&cfg.system, out)?;
         // Gone, or changed beyond what changes in place (created again).
         let mut destroy: Vec<(usize, bool)> = Vec::new();
         for i in self.live_ipcps() {
@@ -125,6 +169,69 @@ impl Daemon {
             }
             self.ipcps[i].cfg = ic.clone();
         }
+        Ok(())
+    }
+
+    /// Puts `[system]` table `new` in force, one line per changed key in
+    /// `out`. Fails, having changed nothing, if its `admin_group` names no
+    /// group or the socket's mode or group cannot be set.
+    fn apply_system(&mut self, new: &System, out: &mut Vec<String>) -> Result<(), CtlError> {
+        let fresh =
+            access::Access::new(new).map_err(|e| invalid(format!("[system] admin_group: {e}")))?;
+        let old = system_keys(&self.system_cfg);
+        let changed: Vec<usize> = system_keys(new)
+            .iter()
+            .zip(&old)
+            .enumerate()
+            .filter(|(_, (n, o))| n.1 != o.1)
+            .map(|(k, _)| k)
+            .collect();
+        let socket_keys = ["socket_mode", "socket_group"];
+        if changed.iter().any(|&k| socket_keys.contains(&old[k].0)) {
+            // No socket_group: the daemon's own group again.
+            let own_group = || {
+                let gid = nix::unistd::getegid().as_raw();
+                std::os::unix::fs::chown(&self.socket_path, None, Some(gid))
+            };
+            sys::set_socket_access(
+                &self.socket_path,
+                new.socket_mode(),
+                new.socket_group.as_deref(),
+            )
+            .and_then(|()| match new.socket_group {
+                Some(_) => Ok(()),
+                None => own_group(),
+            })
+            .map_err(|e| {
+                invalid(format!(
+                    "[system] socket_mode, socket_group: cannot set them on {}: {e}",
+                    self.socket_path.display()
+                ))
+            })?;
+        }
+        // Administrators are judged again, the connections open included:
+        // a reload is how one takes the right away.
+        self.access.replace(fresh, new);
+        for c in self.conns.values_mut() {
+            c.admin = self.access.is_admin(&c.cred);
+        }
+        self.busy = busy_poll::BusyPoll::new(new.busy_poll());
+        let new_keys = system_keys(new);
+        for k in changed {
+            let ((key, was), (_, now)) = (&old[k], &new_keys[k]);
+            let when = if AT_RESTART.contains(key) {
+                " (when rinad starts again)"
+            } else {
+                ""
+            };
+            out.push(format!("[system] {key}: {was} -> {now}{when}"));
+        }
+        let (name, socket) = (self.system_cfg.name.clone(), self.system_cfg.socket.clone());
+        self.system_cfg = System {
+            name,
+            socket,
+            ..new.clone()
+        };
         Ok(())
     }
 
