@@ -112,6 +112,38 @@ fn bad_arguments_are_usage_errors() {
     );
     let out = run(CTL, &["nothing"]);
     assert_eq!(out.status.code(), Some(2));
+    // Seconds that are no time are usage errors, before the daemon is
+    // asked (`nan` made `ipcp enroll` panic, and `capture` took `-1` and
+    // `nan` for no limit).
+    let sock = missing_socket();
+    for args in [
+        &[
+            "ipcp",
+            "enroll",
+            "a.net",
+            "b.net",
+            "--over",
+            "udp",
+            "--timeout-s",
+            "nan",
+        ][..],
+        &[
+            "ipcp",
+            "enroll",
+            "a.net",
+            "b.net",
+            "--over",
+            "udp",
+            "--timeout-s=-1",
+        ],
+        &["capture", "a.net", "-", "--duration-s", "nan"],
+        &["capture", "a.net", "-", "--duration-s=-1"],
+    ] {
+        let out = run(CTL, &[&["--socket", &sock][..], args].concat());
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("not a number of seconds"), "{args:?}: {err}");
+    }
     // Probes smaller than their header, or none at all, are refused
     // before any flow is asked for.
     for (args, says) in [

@@ -164,7 +164,7 @@ enum What {
         #[arg(long, short = 'c')]
         count: Option<u64>,
         /// Stop after this many seconds.
-        #[arg(long, value_name = "S")]
+        #[arg(long, value_name = "S", value_parser = seconds)]
         duration_s: Option<f64>,
         /// Keep at most this many bytes of each packet (default 65535).
         #[arg(long, short = 's', value_name = "BYTES")]
@@ -210,8 +210,9 @@ enum IpcpCmd {
         /// The neighbour's address, if known.
         #[arg(long)]
         address: Option<u64>,
-        /// Give up waiting after this many seconds (default 10).
-        #[arg(long, value_name = "S", default_value_t = 10.0)]
+        /// Give up waiting after this many seconds (default 10; at most
+        /// 120).
+        #[arg(long, value_name = "S", default_value_t = 10.0, value_parser = seconds)]
         timeout_s: f64,
     },
 }
@@ -238,6 +239,16 @@ enum NeighborCmd {
         /// The neighbour IPC process's name.
         name: String,
     },
+}
+
+/// A number of seconds: finite and not negative (`nan` or `-1` would wait
+/// for ever or panic).
+fn seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        Ok(_) => Err(format!("{s} is not a number of seconds (0 or more)")),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// IRATI's console and rlite-ctl commands, and what does the same here.
@@ -532,9 +543,10 @@ fn capture(
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         let _ = signal_hook::flag::register(sig, Arc::clone(&stop));
     }
+    // The daemon first: a refused capture leaves FILE as it was.
+    let (linktype, snaplen, sock) = c.capture(ipcp, snaplen)?;
     let until = duration_s
-        .filter(|d| d.is_finite() && *d >= 0.0)
-        .map(|d| std::time::Instant::now() + std::time::Duration::from_secs_f64(d));
+        .map(|d| std::time::Instant::now() + std::time::Duration::from_secs_f64(d.min(1e9)));
     let to_stdout = file.as_os_str() == "-";
     let mut out: Box<dyn std::io::Write> = if to_stdout {
         Box::new(std::io::stdout().lock())
@@ -549,7 +561,6 @@ fn capture(
         });
         Box::new(std::io::BufWriter::new(f))
     };
-    let (linktype, snaplen, sock) = c.capture(ipcp, snaplen)?;
     let limits = Limits { count, until };
     let stats = copy_records(&sock, &mut out, linktype, snaplen, limits, &stop)
         .unwrap_or_else(|e| opts::die("rinactl", "capture", &e, 1));
