@@ -1219,6 +1219,12 @@ fn check_normal(
             .rules()
             .map_err(|e| (a.span(), key("access"), e.to_string()))?;
     }
+    for (k, p) in ip.rib_readable.iter().flatten().enumerate() {
+        rina_core::rib::validate_name(p, &rina_core::rib::Config::default()).map_err(|e| {
+            let m = format!("{e} (a subtree of the RIB, such as \"/ra\"; [] for none)");
+            (ip.name.span(), key(&format!("rib_readable[{k}]")), m)
+        })?;
+    }
     check_identity(ip).map_err(|(k, m)| (ip.name.span(), key(&k), m))?;
     check_qos(ip).map_err(|(span, k, m)| (span, key(&k), m))?;
     check_lower_cubes(ip, all).map_err(|(span, k, m)| (span, key(&k), m))?;
@@ -1987,6 +1993,23 @@ address = 2
                 .replace("over = \"udp\"\naddress = 2\n", "over = \"udp\"\n"),
         )
         .unwrap();
+    }
+
+    #[test]
+    fn rib_readable_takes_rib_subtrees_only() {
+        let with =
+            |v: &str| TWO.replace("crc = true\n", &format!("crc = true\nrib_readable = {v}\n"));
+        for ok in ["[]", "[\"/\"]", "[\"/ra\", \"/difm/enr\"]"] {
+            parse(&with(ok)).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        // An empty string read as "everything" in the DIF's policy.
+        for bad in ["[\"\"]", "[\"/ra\", \"ra\"]", "[\"/ra/\"]"] {
+            let e = parse(&with(bad)).unwrap_err().to_string();
+            assert!(
+                e.contains("line 15:") && e.contains("`ipcp[1].rib_readable["),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -154,7 +154,8 @@ pub struct NormalConfig {
     /// Access policy of the RIB for the DIF's members: the subtrees a
     /// neighbour that is a member may read with CDAP `M_READ` (see
     /// [`NormalIpcp::read_remote_rib`]). Default `["/"]`: all of it; empty:
-    /// nothing.
+    /// nothing. Only `/` is the whole RIB: an entry that is not an object
+    /// name (`""`, `ra`) covers nothing.
     pub rib_readable: Vec<String>,
     /// ECN marking by this IPCP's RMT (on by default with
     /// [`crate::rmt::DEFAULT_ECN_THRESHOLD`]; `None`: never mark). Flows

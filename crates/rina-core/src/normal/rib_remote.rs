@@ -290,8 +290,34 @@ impl NormalIpcp {
     }
 }
 
-/// Whether object `name` is `prefix` or under it.
+/// Whether object `name` is `prefix` or under it. Only `/` is the whole
+/// RIB: a prefix that is not an object name (`""`, `ra`) has nothing under
+/// it, so a slip in the policy closes rather than opens.
 fn under(name: &str, prefix: &str) -> bool {
     let p = prefix.trim_end_matches('/');
-    p.is_empty() || name == p || name.strip_prefix(p).is_some_and(|r| r.starts_with('/'))
+    if p.is_empty() {
+        return prefix.starts_with('/');
+    }
+    p.starts_with('/') && (name == p || name.strip_prefix(p).is_some_and(|r| r.starts_with('/')))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::under;
+
+    #[test]
+    fn a_readable_prefix_covers_its_subtree_and_only_slash_covers_all() {
+        assert!(under("/ra", "/ra"));
+        assert!(under("/ra/pduft", "/ra"));
+        assert!(under("/ra/pduft", "/ra/"));
+        assert!(!under("/rax", "/ra"));
+        assert!(!under("/", "/ra"));
+        assert!(under("/difm/enr", "/"));
+        // Not object names: nothing is under them (an empty string in the
+        // policy opened the whole RIB).
+        for bad in ["", "ra", "ra/pduft"] {
+            assert!(!under("/ra/pduft", bad), "{bad:?}");
+            assert!(!under("/", bad), "{bad:?}");
+        }
+    }
 }
