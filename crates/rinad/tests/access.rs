@@ -327,3 +327,31 @@ fn a_reload_applies_the_system_tables_access_keys_and_says_so() {
     let mode = std::fs::metadata(&d.socket).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600);
 }
+
+#[test]
+fn only_an_administrator_may_use_the_name_of_the_systems_ipcps() {
+    let Some((a, _)) = users() else { return };
+    let cfg = "[system]\nname = \"ipn\"\n\n[[ipcp]]\nname = \"ipn.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:0\"\n\n[[ipcp]]\nname = \"ipn.net\"\ntype = \"normal\"\ndif = \"net\"\naddress = 1\n";
+    let d = Daemon::start_with("ipn", cfg);
+    let mut c = client_as(a, &d);
+    // Registered in a DIF below, the name would take the N-1 flows peers
+    // allocate to the IPCP; flows from it would reach peers as the IPCP's.
+    let m = denied(
+        "registering an IPCP's name",
+        c.register(&name("ipn.net"), Some("udp")),
+    );
+    assert!(m.contains("ipn.net is the name of an IPC process"), "{m}");
+    let m = denied(
+        "allocating from an IPCP's name",
+        c.allocate(
+            &name("ipn.net"),
+            &name("peer.net"),
+            Some("udp"),
+            &QosSpec::default(),
+        ),
+    );
+    assert!(m.contains("ipn.net is the name of an IPC process"), "{m}");
+    // Other names are the user's to take, and root may take this one.
+    c.register(&name("mine"), Some("udp")).unwrap();
+    d.client().register(&name("ipn.net"), Some("udp")).unwrap();
+}

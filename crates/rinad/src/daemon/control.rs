@@ -463,6 +463,7 @@ impl Daemon {
         dif: Option<String>,
     ) -> Result<Reply, CtlError> {
         let targets = self.ipcps_in(dif.as_deref())?;
+        self.check_ipcp_name(conn, &name, "register")?;
         let held = self.conns.get(&conn).map_or(0, |c| c.names.len());
         if held + targets.len() > MAX_NAMES_PER_CONN {
             return Err(CtlError::new(
@@ -527,6 +528,7 @@ impl Daemon {
     /// registered on this system (it would pose as that application);
     /// administrators may.
     fn check_local_name(&self, conn: usize, local: &AppName) -> Result<(), CtlError> {
+        self.check_ipcp_name(conn, local, "allocate flows from")?;
         for i in 0..self.ipcps.len() {
             let Some(&holder) = self.owners.get(&(i, local.clone())) else {
                 continue;
@@ -538,6 +540,26 @@ impl Daemon {
                     format!("{local} is registered by another user (uid {uid}): only that user or an administrator may allocate flows from it"),
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// Refuses to let `conn` `what` (register, allocate flows from) the
+    /// name of one of this system's IPCPs unless it is an administrator's:
+    /// the name is the system's, and peers in the DIFs below take what
+    /// comes in it for that IPCP (N-1 flows, enrollment).
+    fn check_ipcp_name(&self, conn: usize, name: &AppName, what: &str) -> Result<(), CtlError> {
+        let taken = self
+            .live_ipcps()
+            .any(|i| self.ipcps[i].name == name.process_name);
+        if taken && !self.conn_admin(conn) {
+            return Err(CtlError::new(
+                ErrorKind::PermissionDenied,
+                format!(
+                    "{} is the name of an IPC process of this system: only an administrator may {what} it",
+                    name.process_name
+                ),
+            ));
         }
         Ok(())
     }
