@@ -38,8 +38,9 @@ fn the_difs_access_rules_refuse_registrations_and_flows_and_say_why() {
         .register(&common::name("rogue"), Some("net"))
         .expect_err("rogue may not register in net");
     let msg = err.to_string();
+    // A's own decision: not worded as a peer's refusal.
     assert!(
-        msg.contains("access rules") && msg.contains("rogue"),
+        msg.contains("access rules") && msg.contains("rogue") && !msg.contains("by the peer"),
         "{msg}"
     );
 

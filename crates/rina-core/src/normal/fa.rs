@@ -328,7 +328,7 @@ impl FlowAllocator {
         cx.cfg
             .access
             .check_register(&cx.cfg.dif, &name)
-            .map_err(NormalError::Refused)?;
+            .map_err(NormalError::AccessDenied)?;
         self.names.insert(name);
         Ok(())
     }
@@ -454,7 +454,7 @@ impl FlowAllocator {
         cx.cfg
             .access
             .check_allocate(&cx.cfg.dif, local, remote)
-            .map_err(NormalError::Refused)
+            .map_err(NormalError::AccessDenied)
     }
 
     /// The application accepts incoming request `handle` as `flow`: the

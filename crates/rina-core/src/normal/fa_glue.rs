@@ -156,7 +156,7 @@ impl NormalIpcp {
     }
 
     /// Registers an application name so that flows can be allocated to it;
-    /// [`NormalError::Refused`] if the DIF's access rules do not let it.
+    /// [`NormalError::AccessDenied`] if the DIF's access rules do not let it.
     pub fn register(&mut self, name: AppName) -> Result<(), NormalError> {
         let (fa, cx) = self.fa_parts();
         fa.register(&cx, name.clone())?;

@@ -303,6 +303,10 @@ pub enum NormalError {
     /// The destination application (or its IPCP) refused the flow.
     #[error("flow refused by the peer: {0}")]
     Refused(String),
+    /// This member's copy of the DIF's access rules does not let the name
+    /// register, or allocate a flow to that destination (nothing was sent).
+    #[error("{0}")]
+    AccessDenied(String),
     /// The destination IPCP has no application registered under the name.
     #[error("{0} is not registered at its IPCP")]
     NotRegistered(Box<AppName>),

@@ -1172,8 +1172,12 @@ fn access_rules_refuse_registration_and_flows_with_their_reason() {
     let mut net = chain(2);
     net[1].set_access(rules.clone());
     // Registration: refused for a name the rules do not list.
+    // Decided here, not by a peer: the message does not say it was.
     match net[1].register(name("rogue")) {
-        Err(NormalError::Refused(r)) => assert!(r.contains("rogue"), "{r}"),
+        Err(e @ NormalError::AccessDenied(_)) => {
+            let r = e.to_string();
+            assert!(r.contains("rogue") && !r.contains("by the peer"), "{r}")
+        }
         other => panic!("{other:?}"),
     }
     net[1].register(name("client-b")).unwrap();
@@ -1215,7 +1219,7 @@ fn access_rules_refuse_registration_and_flows_with_their_reason() {
         name("client-b"),
         QosSpec::default(),
     ) {
-        Err(NormalError::Refused(r)) => assert!(r.contains("client-b"), "{r}"),
+        Err(NormalError::AccessDenied(r)) => assert!(r.contains("client-b"), "{r}"),
         other => panic!("{other:?}"),
     }
     assert!(carry(ms(2), &mut net).is_empty());

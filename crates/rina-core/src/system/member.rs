@@ -85,7 +85,7 @@ impl From<NormalError> for FlowError {
             NormalError::NameNotFound(_) => FlowError::NameNotFound(m),
             NormalError::NameInUse(_) => FlowError::NameInUse(m),
             NormalError::NotRegistered(_) => FlowError::NotRegistered(m),
-            NormalError::Refused(_) => FlowError::Refused(m),
+            NormalError::Refused(_) | NormalError::AccessDenied(_) => FlowError::Refused(m),
             NormalError::Timeout { .. } => FlowError::Timeout(m),
             NormalError::NoResources(_) => FlowError::NoResources(m),
             NormalError::BadSduSize { .. } => FlowError::SduTooLarge(m),

@@ -3,7 +3,10 @@
 //! Exit codes: 0 on success, 1 if the daemon could not be reached or
 //! answered with an error (refused: the message says what and why; with
 //! `--json` it is also printed as `{"error": {"kind": .., "message": ..}}`),
-//! 2 if a `--set` policy is not JSON or TOML.
+//! 2 if the arguments are wrong before the daemon is asked (a usage error,
+//! a bad name, KEY=VALUE or number of seconds, a `--set` policy that is not
+//! JSON or TOML, a file that cannot be read): then the message is on
+//! standard error only, with `--json` too.
 
 use clap::{Parser, Subcommand};
 use rina_tools::{opts, table};
