@@ -660,3 +660,18 @@ fn a_destroyed_ipcp_is_no_longer_found_by_any_command() {
         }
     }
 }
+
+#[test]
+fn a_reload_names_the_keys_that_make_an_ipcp_be_created_again() {
+    let file = |max_sdu: u32| {
+        format!("[system]\nname = \"kappa\"\n\n[[ipcp]]\nname = \"k.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:0\"\nmax_sdu = {max_sdu}\n")
+    };
+    let d = Daemon::start_with("kappa", &file(1400));
+    std::fs::write(d.dir.join("rinad.toml"), file(1300)).unwrap();
+    let out = ctl(&d, &["reload"]);
+    assert!(
+        out.contains("IPCP k.udp changed (max_sdu): created again"),
+        "{out}"
+    );
+    assert_eq!(ctl(&d, &["reload"]).trim(), "nothing changed");
+}

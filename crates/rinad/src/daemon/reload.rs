@@ -42,6 +42,21 @@ fn identity(t: &toml::Table) -> toml::Table {
     t
 }
 
+/// The keys whose values differ between `[[ipcp]]` tables `a` and `b`,
+/// beyond those that change in place; empty when the IPCP is kept.
+fn changed_keys(a: &toml::Table, b: &toml::Table) -> Vec<String> {
+    let (a, b) = (identity(a), identity(b));
+    let mut keys: Vec<String> = a
+        .keys()
+        .chain(b.keys())
+        .filter(|k| a.get(*k) != b.get(*k))
+        .cloned()
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
 /// The keys of a `[system]` table with the values the daemon takes from
 /// them, to tell what a reload changes.
 fn system_keys(s: &System) -> [(&'static str, String); 9] {
@@ -127,15 +142,18 @@ impl Daemon {
     fn apply(&mut self, cfg: &Config, out: &mut Vec<String>) -> Result<(), CtlError> {
         self.apply_system(&cfg.system, out)?;
         // Gone, or changed beyond what changes in place (created again).
-        let mut destroy: Vec<(usize, bool)> = Vec::new();
+        // (the IPCP, the keys that changed if it is created again)
+        let mut destroy: Vec<(usize, Option<Vec<String>>)> = Vec::new();
         for i in self.live_ipcps() {
             let name = &self.ipcps[i].name;
             match cfg.ipcps.iter().find(|ic| ic.name.get_ref() == name) {
-                None => destroy.push((i, false)),
-                Some(ic) if identity(&ic.raw) != identity(&self.ipcps[i].cfg.raw) => {
-                    destroy.push((i, true))
+                None => destroy.push((i, None)),
+                Some(ic) => {
+                    let keys = changed_keys(&self.ipcps[i].cfg.raw, &ic.raw);
+                    if !keys.is_empty() {
+                        destroy.push((i, Some(keys)));
+                    }
                 }
-                Some(_) => {}
             }
         }
         // What to create, in the file's creation order (shims, then normal
@@ -151,10 +169,11 @@ impl Daemon {
             })
             .collect();
         for (i, again) in destroy {
-            if again {
+            if let Some(keys) = again {
                 out.push(format!(
-                    "IPCP {} changed: created again",
-                    self.ipcps[i].name
+                    "IPCP {} changed ({}): created again",
+                    self.ipcps[i].name,
+                    keys.join(", ")
                 ));
             }
             out.extend(self.destroy_ipcp(i)?);
