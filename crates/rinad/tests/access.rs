@@ -355,3 +355,45 @@ fn only_an_administrator_may_use_the_name_of_the_systems_ipcps() {
     c.register(&name("mine"), Some("udp")).unwrap();
     d.client().register(&name("ipn.net"), Some("udp")).unwrap();
 }
+
+#[test]
+fn a_file_an_administrator_reloaded_is_not_read_again_with_the_daemons_rights() {
+    let Some((a, _)) = users() else { return };
+    let start = "[system]\nname = \"rf\"\nadmin_group = \"rinatest-a\"\n";
+    let d = Daemon::start_with("rf", start);
+    // A file only root may read, and a directory of rinatest-a's.
+    let secret = d.dir.join("secret");
+    std::fs::write(&secret, "TOPSECRET root-only line\n").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mine = d.dir.join("mine");
+    std::fs::create_dir(&mine).unwrap();
+    std::os::unix::fs::chown(&mine, Some(a.uid), Some(a.gid)).unwrap();
+    let file = mine.join("x.toml");
+    let path = d.socket.clone();
+    let (f, s) = (file.clone(), secret.clone());
+    let outcome = as_user(a, move || {
+        let mut c = Client::connect_to(path).unwrap();
+        std::fs::write(
+            &f,
+            "[system]\nname = \"rf\"\nadmin_group = \"rinatest-a\"\n",
+        )
+        .unwrap();
+        c.reload(Some(f.to_str().unwrap()))
+            .expect("a file of its own");
+        let direct = c.reload(Some(s.to_str().unwrap()));
+        // The same name, now a link to the root-only file, read by a
+        // reload that names no file.
+        std::fs::remove_file(&f).unwrap();
+        std::os::unix::fs::symlink(&s, &f).unwrap();
+        (direct, c.reload(None))
+    });
+    let e = outcome.0.expect_err("the secret itself is refused");
+    assert!(e.message.contains("may not read it"), "{e}");
+    // The plain reload reads the file rinad started with, not the link.
+    let text = match &outcome.1 {
+        Ok(v) => v.join("\n"),
+        Err(e) => e.message.clone(),
+    };
+    assert!(!text.contains("TOPSECRET"), "{text}");
+    assert_eq!(outcome.1.unwrap(), ["nothing changed"]);
+}

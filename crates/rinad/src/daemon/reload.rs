@@ -95,7 +95,8 @@ fn system_keys(s: &System) -> [(&'static str, String); 9] {
 const AT_RESTART: [&str; 2] = ["name", "socket"];
 
 impl Daemon {
-    /// Reads the configuration file (`path`, default the daemon's) and
+    /// Reads the configuration file (`path`, default the one the daemon
+    /// started with, whatever was reloaded since) and
     /// applies the difference; what changed, one line each. A file named
     /// by the client of `conn` is read only if that client's user may read
     /// it: the daemon reads with its own rights, and its messages quote
@@ -129,7 +130,9 @@ impl Daemon {
             tracing::warn!(changes = out.len(), error = %e.message, "reload failed");
             return Err(CtlError::new(e.kind, message));
         }
-        self.config_path = path;
+        // `config_path` stays the file rinad started with: a FILE a client
+        // named was checked against that client's rights only now, and
+        // must not become what later reloads read with the daemon's.
         if out.is_empty() {
             out.push("nothing changed".into());
         }
