@@ -226,6 +226,8 @@ struct Bell {
 /// existing one is taken only on these terms, so that a file another
 /// user made, or left writable, is never adopted). A group the file's
 /// owner gave write access is trusted (a QEMU running as another user).
+/// Nor is a file taken that holds something else than a region (or
+/// zeros): it would be resized and overwritten.
 fn host_file_is_ours(file: &std::fs::File, path: &Path) -> io::Result<()> {
     use std::os::unix::fs::MetadataExt;
     let m = file.metadata()?;
@@ -252,6 +254,19 @@ fn host_file_is_ours(file: &std::fs::File, path: &Path) -> io::Result<()> {
         return refuse(format!(
             "is writable by every user (mode {:o}), any of whom could cut it short under the daemon",
             m.mode() & 0o7777
+        ));
+    }
+    // The daemon resizes and lays out the file: one that holds something
+    // else (a typo'd path, /etc/passwd asked for by an administrator who
+    // is not root) is not overwritten.
+    let mut head = [0u8; 8];
+    let got = std::os::unix::fs::FileExt::read_at(file, &mut head, 0)?;
+    let fresh = head[..got].iter().all(|&b| b == 0);
+    if !fresh && head[..got] != rina_core::shim_hv::link::MAGIC[..got] {
+        return refuse(format!(
+            "holds {} bytes that are not a shim-hv region (no {:?} magic), which the daemon would overwrite",
+            m.len(),
+            String::from_utf8_lossy(&rina_core::shim_hv::link::MAGIC)
         ));
     }
     Ok(())
@@ -1775,6 +1790,22 @@ mod tests {
         let e = refusal(&open);
         assert!(e.contains("writable by every user (mode 666)"), "{e}");
         assert_eq!(std::fs::metadata(&open).unwrap().len(), 0);
+
+        // A file of the daemon's user that holds something else: refused,
+        // left as it was (it would have been resized and overwritten).
+        let other = d.join("other");
+        std::fs::write(&other, b"root:x:0:0:root:/root:/bin/bash\n").unwrap();
+        let e = refusal(&other);
+        assert!(e.contains("not a shim-hv region"), "{e}");
+        assert_eq!(
+            std::fs::read(&other).unwrap(),
+            b"root:x:0:0:root:/root:/bin/bash\n"
+        );
+        // An empty (or zeroed) one is laid out.
+        let empty = d.join("empty");
+        std::fs::write(&empty, b"").unwrap();
+        std::fs::set_permissions(&empty, std::fs::Permissions::from_mode(0o600)).unwrap();
+        open_region(&empty, Side::Host, 1).expect("an empty file");
 
         // A symbolic link is not followed; a directory is not a file.
         let link = d.join("link");
