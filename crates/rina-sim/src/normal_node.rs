@@ -7,7 +7,9 @@
 
 use crate::shim_node::{App, Policy};
 use crate::world::{Ctx, Node};
-use rina_core::normal::{Action, FlowId, MembershipEvent, N1Port, NormalError, NormalIpcp};
+use rina_core::normal::{
+    Action, FlowId, MembershipEvent, N1Port, NormalError, NormalIpcp, RibReadError,
+};
 use rina_core::rmt::Address;
 use rina_core::Instant;
 use rina_wire::{AppName, QosSpec};
@@ -65,7 +67,7 @@ pub enum NormalCommand {
     Resume(N1Port),
     /// Read the RIB of neighbour `neighbor` (IPCP name or address) under
     /// `path`, `depth` levels deep ([`NormalIpcp::read_remote_rib`]); the
-    /// outcome is [`NormalEvent::RibRead`].
+    /// outcome is [`NormalEvent::RibRead`] (or [`NormalEvent::ReadRibFailed`]).
     ReadRib {
         neighbor: String,
         path: String,
@@ -102,11 +104,13 @@ pub enum NormalEvent {
     RegisterFailed(NormalError),
     /// Membership news of the IPCP (neighbours, enrollment).
     Membership(MembershipEvent),
-    /// A read of a neighbour's RIB ended (handle 0: it could not start).
+    /// A read of a neighbour's RIB ended.
     RibRead {
         handle: u64,
-        result: Result<Vec<rina_wire::ctl::RibObjectInfo>, String>,
+        result: Result<Vec<rina_wire::ctl::RibObjectInfo>, RibReadError>,
     },
+    /// A read of a neighbour's RIB could not start.
+    ReadRibFailed(NormalError),
 }
 
 /// One SDU handed to an in-sim application.
@@ -514,10 +518,7 @@ impl Node for NormalNode {
                 depth,
             } => {
                 if let Err(e) = self.ipcp.read_remote_rib(now, &neighbor, &path, depth) {
-                    ctx.record(NormalEvent::RibRead {
-                        handle: 0,
-                        result: Err(e.to_string()),
-                    });
+                    ctx.record(NormalEvent::ReadRibFailed(e));
                 }
             }
             NormalCommand::Silence(port) => {

@@ -70,7 +70,7 @@ mod tap;
 pub use cubes::QosCube;
 pub use membership::{MembershipConfig, MembershipEvent, PortProtection};
 pub use mgmt_cdap::CDAP_DISCRIMINATOR;
-pub use rib_remote::{MAX_REMOTE_READS, REMOTE_OWNER};
+pub use rib_remote::{RibReadError, MAX_REMOTE_READS, REMOTE_OWNER};
 pub use tap::Tapped;
 
 use crate::buf::{self, PduBuf, SduSource};
@@ -386,7 +386,7 @@ pub enum Action {
     /// neighbour's objects, or why there are none.
     RibRead {
         handle: u64,
-        result: Result<Vec<rina_wire::ctl::RibObjectInfo>, String>,
+        result: Result<Vec<rina_wire::ctl::RibObjectInfo>, RibReadError>,
     },
 }
 

@@ -32,6 +32,24 @@ use rina_wire::cdap::{CdapMessage, Flags, Value};
 use rina_wire::ctl::RibObjectInfo;
 use std::collections::BTreeMap;
 
+/// Why a read of a neighbour's RIB ([`NormalIpcp::read_remote_rib`]) gave
+/// no objects.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RibReadError {
+    /// The neighbour refused it; its reason.
+    #[error("{0}")]
+    Refused(String),
+    /// No complete answer came from the neighbour before the deadline
+    /// (asked again meanwhile).
+    #[error("no complete answer from address {address} within {within:?}")]
+    Timeout {
+        /// The neighbour's address.
+        address: Address,
+        /// How long the read had.
+        within: std::time::Duration,
+    },
+}
+
 /// Owner shown for objects read from a peer (CDAP does not carry owners).
 pub const REMOTE_OWNER: &str = "remote";
 
@@ -221,7 +239,7 @@ impl NormalIpcp {
             let reason = msg.result_reason.clone().unwrap_or_default();
             self.actions.push_back(Action::RibRead {
                 handle,
-                result: Err(reason),
+                result: Err(RibReadError::Refused(reason)),
             });
             return;
         }
@@ -280,10 +298,10 @@ impl NormalIpcp {
                 self.mgmt.settle(Peer::Neighbor(r.port), r.invoke);
                 self.actions.push_back(Action::RibRead {
                     handle,
-                    result: Err(format!(
-                        "no complete answer from address {} within {:?}",
-                        r.dst, self.cfg.alloc_timeout
-                    )),
+                    result: Err(RibReadError::Timeout {
+                        address: r.dst,
+                        within: self.cfg.alloc_timeout,
+                    }),
                 });
             }
         }

@@ -202,7 +202,7 @@ pub enum IpcpEvent {
     /// ([`NormalIpcp::read_remote_rib`]).
     RibRead {
         handle: u64,
-        result: Result<Vec<rina_wire::ctl::RibObjectInfo>, String>,
+        result: Result<Vec<rina_wire::ctl::RibObjectInfo>, normal::RibReadError>,
     },
 }
 

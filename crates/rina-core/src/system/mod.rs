@@ -83,7 +83,7 @@ pub enum Output {
     RibRead {
         member: usize,
         handle: u64,
-        result: Result<Vec<rina_wire::ctl::RibObjectInfo>, String>,
+        result: Result<Vec<rina_wire::ctl::RibObjectInfo>, crate::normal::RibReadError>,
     },
     /// A problem of configuration the operator must see: the N-1 flows of
     /// normal IPCP `member` to `neighbor` are not set up, and why.

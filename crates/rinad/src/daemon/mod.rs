@@ -57,6 +57,7 @@ use ipcp::{Io, Ipcp};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use rina_core::ids::IdMap;
+use rina_core::normal::RibReadError;
 use rina_core::sdu::Sdu;
 use rina_core::system::{AppEvent, Machine, Output, PortId, System};
 use rina_core::Instant;
@@ -697,7 +698,16 @@ impl Daemon {
                 member,
                 handle,
                 result,
-            } => self.rib_read_done(member, handle, result),
+            } => {
+                let result = result.map_err(|e| {
+                    let kind = match &e {
+                        RibReadError::Timeout { .. } => ErrorKind::Timeout,
+                        RibReadError::Refused(_) => ErrorKind::Refused,
+                    };
+                    CtlError::new(kind, e.to_string())
+                });
+                self.rib_read_done(member, handle, result)
+            }
             Output::Alarm {
                 member,
                 neighbor,
@@ -797,19 +807,12 @@ impl Daemon {
         &mut self,
         member: usize,
         handle: u64,
-        result: Result<Vec<RibObjectInfo>, String>,
+        result: Result<Vec<RibObjectInfo>, CtlError>,
     ) {
         let Some((conn, id)) = self.rib_reads.remove(&(member, handle)) else {
             return;
         };
-        let reply = result.map(|objects| Reply::Rib { objects }).map_err(|e| {
-            let kind = if e.starts_with("no complete answer") {
-                ErrorKind::Timeout
-            } else {
-                ErrorKind::Refused
-            };
-            CtlError::new(kind, e)
-        });
+        let reply = result.map(|objects| Reply::Rib { objects });
         if self.conns.contains_key(&conn) {
             self.reply(conn, id, reply, None);
         }

@@ -194,7 +194,7 @@ impl Daemon {
             .collect();
         for (m, handle) in reads {
             let why = format!("IPCP {name} was destroyed while it read a neighbour's RIB");
-            self.rib_read_done(m, handle, Err(why));
+            self.rib_read_done(m, handle, Err(CtlError::new(ErrorKind::Refused, why)));
         }
         let ports: Vec<PortId> = self
             .flows
