@@ -660,3 +660,53 @@ fn tool_dir() -> PathBuf {
     }
     dir
 }
+
+/// A link that goes down is seen at once, not after the neighbour's dead
+/// interval (3.5 s): the end set down by its socket's error, the far end
+/// by its carrier, read every second. The N-1 flow over it is torn down
+/// (the neighbour is down, routing goes around it) and set up again when
+/// the link comes back.
+#[test]
+fn a_link_set_down_takes_its_neighbour_down_at_once_and_back_when_up() {
+    if let Some(why) = unavailable() {
+        println!("skipped: {why}");
+        return;
+    }
+    let (na, nb) = (Netns::new("a"), Netns::new("b"));
+    let (ea, eb) = veth(&na, &nb);
+    let cfg = |me: &str, addr: u64, peer: &str, peer_addr: u64, ifname: &str| {
+        format!("[system]\nname = \"{me}\"\n")
+            + &shim_eth(&format!("{me}.10"), "10", ifname)
+            + &format!(
+                "\n[[ipcp]]\nname = \"{me}.net\"\ntype = \"normal\"\ndif = \"net\"\naddress = {addr}\nmax_pdu = 1400\n\
+                 \n[[ipcp.neighbor]]\nname = \"{peer}.net\"\nover = \"10\"\naddress = {peer_addr}\n"
+            )
+    };
+    let b = daemon_in(&nb, "link-b", &cfg("b", 2, "a", 1, &eb));
+    let a = daemon_in(&na, "link-a", &cfg("a", 1, "b", 2, &ea));
+    let up = |d: &Daemon, ipcp: &str| counter(d, ipcp, "neighbors_up");
+    wait_for("the neighbours to come up", T, || {
+        up(&a, "a.net") == 1 && up(&b, "b.net") == 1
+    });
+
+    let t0 = std::time::Instant::now();
+    na.exec(&["ip", "link", "set", &ea, "down"]);
+    // The dead interval would take at least 2.5 s (3.5 s after the last
+    // hello, sent every second).
+    wait_for(
+        "a's neighbour to go down with its link",
+        Duration::from_millis(1500),
+        || up(&a, "a.net") == 0,
+    );
+    wait_for(
+        "b's neighbour to go down with its carrier",
+        Duration::from_millis(2200),
+        || up(&b, "b.net") == 0,
+    );
+    eprintln!("both neighbours down {:?} after the link", t0.elapsed());
+
+    na.exec(&["ip", "link", "set", &ea, "up"]);
+    wait_for("the neighbours to come back with the link", T, || {
+        up(&a, "a.net") == 1 && up(&b, "b.net") == 1
+    });
+}

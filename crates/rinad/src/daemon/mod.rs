@@ -450,6 +450,7 @@ impl Daemon {
                     .chain(self.accept_retry)
                     .chain(Some(self.idle_sweep))
                     .chain(self.hv_timeout())
+                    .chain(self.eth_timeout())
                     .chain(self.enrolls.iter().map(|e| e.deadline()).min())
                     .chain(self.trim_at)
                     .min()
@@ -535,6 +536,7 @@ impl Daemon {
                 self.sys.handle_timeout(now);
             }
             self.hv_ticks(now);
+            self.eth_link_checks(now);
             if !self.enrolls.is_empty() {
                 self.enroll_deadlines(now);
             }

@@ -53,6 +53,37 @@ pub(super) struct EthIo {
     pub rx_queued: bool,
     /// Link emulation on transmit (`tx_delay_us`, `tx_loss`), if configured.
     pub impair: Option<Impair>,
+    /// Whether the interface is up with a carrier, as last seen.
+    pub link_up: bool,
+    /// When to look at the interface's state next ([`LINK_CHECK`]).
+    pub link_check: Instant,
+}
+
+/// How often the state of a shim-eth IPCP's interface is read: a carrier
+/// lost (a cable pulled, the peer's end of a veth down) or found again is
+/// seen within it. An interface set down here is seen at once, by the
+/// error its packet socket reports.
+const LINK_CHECK: Duration = Duration::from_secs(1);
+
+/// Whether interface `name` is up and has a carrier (`IFF_UP` and
+/// `IFF_RUNNING`), asked on socket `fd`; `None` if the kernel does not say.
+fn link_running(fd: RawFd, name: &str) -> Option<bool> {
+    if name.len() >= libc::IFNAMSIZ {
+        return None;
+    }
+    // SAFETY: ifreq is plain data; all zeroes is a valid value.
+    let mut req: libc::ifreq = unsafe { zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(name.bytes()) {
+        *d = s as libc::c_char;
+    }
+    // SAFETY: fd is a socket, req a valid ifreq naming the interface.
+    if unsafe { libc::ioctl(fd, libc::SIOCGIFFLAGS as _, &mut req) } != 0 {
+        return None;
+    }
+    // SAFETY: SIOCGIFFLAGS filled ifru_flags.
+    let flags = i32::from(unsafe { req.ifr_ifru.ifru_flags });
+    let want = libc::IFF_UP | libc::IFF_RUNNING;
+    Some(flags & want == want)
 }
 
 /// Link emulation in the transmit path: every frame sent is dropped with
@@ -566,6 +597,8 @@ pub(super) fn new_ipcp(
         parked: Vec::new(),
         rx_queued: false,
         impair,
+        link_up: true,
+        link_check: Instant::ZERO,
     }));
     Ok((cfg, io))
 }
@@ -685,6 +718,55 @@ impl EthIo {
 }
 
 impl Daemon {
+    /// When the state of a shim-eth IPCP's interface is to be read next.
+    pub(super) fn eth_timeout(&self) -> Option<Instant> {
+        self.ipcps
+            .iter()
+            .filter_map(|ip| match &ip.io {
+                Io::Eth(e) => Some(e.link_check),
+                _ => None,
+            })
+            .min()
+    }
+
+    /// Reads the state of the interfaces whose look is due: a link that
+    /// went down or came back is told to the system.
+    pub(super) fn eth_link_checks(&mut self, now: Instant) {
+        for i in 0..self.ipcps.len() {
+            let Io::Eth(e) = &mut self.ipcps[i].io else {
+                continue;
+            };
+            if e.link_check > now {
+                continue;
+            }
+            e.link_check = now + LINK_CHECK;
+            if let Some(up) = link_running(e.sock.as_raw_fd(), &e.interface) {
+                self.eth_link(i, up);
+            }
+        }
+    }
+
+    /// The link of shim-eth IPCP `i` is `up` (or not): a change tears the
+    /// N-1 flows over it down at once, so routing goes around it, or sets
+    /// them up again ([`System::medium_down`], [`System::medium_up`]).
+    fn eth_link(&mut self, i: usize, up: bool) {
+        let ip = &mut self.ipcps[i];
+        let Io::Eth(e) = &mut ip.io else {
+            return;
+        };
+        if e.link_up == up {
+            return;
+        }
+        e.link_up = up;
+        info!(ipcp = %ip.name, interface = %e.interface, up, "link state");
+        let now = self.now();
+        if up {
+            self.sys.medium_up(now, i);
+        } else {
+            self.sys.medium_down(now, i);
+        }
+    }
+
     /// Receives up to [`BUDGET`] frames of shim-eth IPCP `i`, a batch at a
     /// time; true if there may be more.
     pub(super) fn service_eth(&mut self, i: usize) -> bool {
@@ -701,7 +783,12 @@ impl Daemon {
                 return false;
             };
             if let Err(e) = recv_batch(ip.sock.as_raw_fd(), &mut self.buf, slot, &mut batch) {
-                debug!(ipcp = %self.ipcps[i].name, error = %e, "packet receive error");
+                if e.raw_os_error() == Some(libc::ENETDOWN) {
+                    // The interface was set down: its socket says so once.
+                    self.eth_link(i, false);
+                } else {
+                    debug!(ipcp = %self.ipcps[i].name, error = %e, "packet receive error");
+                }
                 return true;
             }
             if batch.is_empty() {
