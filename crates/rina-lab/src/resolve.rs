@@ -467,6 +467,7 @@ pub fn load(text: &str, variant: Option<&str>) -> Result<Experiment, LabError> {
 /// Resolves a parsed file (`text` is its source, for line numbers).
 pub fn resolve(text: &str, file: &File, variant: Option<&str>) -> Result<Experiment, LabError> {
     let ctx = nodes::resolve_nodes(Source::new(text), file)?;
+    check_variant_names(&ctx.src, file)?;
     let var = find_variant(file, variant)?;
     let links = links::resolve_links(&ctx, file, var)?;
     let difs = difs::resolve_difs(&ctx, file, &links, var)?;
@@ -507,6 +508,28 @@ struct Net<'a> {
     links: &'a [Link],
     difs: &'a [Dif],
     apps: &'a [App],
+}
+
+/// Checks that every variant's name can be its run's folder: not empty,
+/// not a path, not `plots` (the comparison plots' folder beside them),
+/// and not repeated (the later run would overwrite the earlier).
+fn check_variant_names(src: &Source, file: &File) -> Result<(), LabError> {
+    let mut seen = std::collections::BTreeSet::new();
+    for v in &file.variants {
+        let name = &v.get_ref().name;
+        let n = name.get_ref();
+        let why = if n.is_empty() || n.starts_with('.') || n.contains(['/', '\\']) {
+            format!("variant name `{n}` cannot name a folder (no `/`, `\\` or leading `.`)")
+        } else if n == "plots" {
+            "variant name `plots` is taken by the comparison plots' folder".to_string()
+        } else if !seen.insert(n.as_str()) {
+            format!("variant `{n}` is declared twice")
+        } else {
+            continue;
+        };
+        return Err(src.err(name.span(), why));
+    }
+    Ok(())
 }
 
 /// Resolves the variant called `variant` to its declaration.

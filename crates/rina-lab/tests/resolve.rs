@@ -91,6 +91,29 @@ fn disconnected_dif_and_bad_cube_mapping_are_reported() {
 }
 
 #[test]
+fn variant_names_that_cannot_be_their_own_run_folder_are_refused() {
+    // Each variant runs into `<run>/<name>/`, the comparison plots into
+    // `<run>/plots/`: a repeated name would overwrite a variant's results.
+    let base = format!("{HEAD}[[link]]\nbetween = [\"a\", \"b\"]\n");
+    let e = err_of(&format!(
+        "{base}[[variant]]\nname = \"v\"\n[[variant]]\nname = \"v\"\n"
+    ));
+    assert!(
+        e.starts_with("line 10,") && e.contains("variant `v` is declared twice"),
+        "{e}"
+    );
+    for bad in ["plots", "../up", "a/b", ""] {
+        let e = err_of(&format!("{base}[[variant]]\nname = \"{bad}\"\n"));
+        assert!(
+            e.starts_with("line 8,") && e.contains("variant name"),
+            "{bad}: {e}"
+        );
+    }
+    let ok = format!("{base}[[variant]]\nname = \"v-1\"\n[[variant]]\nname = \"v-2\"\n");
+    assert!(load(&ok, Some("v-2")).is_ok());
+}
+
+#[test]
 fn stacked_dif_maps_cubes_and_derives_adjacency_over_the_lower_dif() {
     let t = format!(
         "{HEAD}[[link]]\nbetween = [\"a\", \"b\"]\n[[dif]]\nname = \"up\"\nmembers = [\"*\"]\nover = [\"low\"]\n\
