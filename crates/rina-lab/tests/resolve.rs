@@ -114,6 +114,25 @@ fn variant_names_that_cannot_be_their_own_run_folder_are_refused() {
 }
 
 #[test]
+fn a_max_pdu_no_member_accepts_is_refused_at_its_dif() {
+    // Before, `max_pdu = 20` passed `check` and failed only when the run
+    // started the IPCPs, with no line.
+    let dif = |m: u32| {
+        format!(
+            "{HEAD}[[link]]\nbetween = [\"a\", \"b\"]\n[[dif]]\nname = \"n\"\nmembers = [\"*\"]\n\
+             over = [\"links\"]\nmax_pdu = {m}\n"
+        )
+    };
+    let e = err_of(&dif(20));
+    assert!(
+        e.starts_with("line 8,") && e.contains("`max_pdu`") && e.contains("20"),
+        "{e}"
+    );
+    assert!(err_of(&dif(1 << 30)).contains("`max_pdu`"));
+    assert_eq!(load(&dif(1000), None).unwrap().difs[0].max_pdu, Some(1000));
+}
+
+#[test]
 fn stacked_dif_maps_cubes_and_derives_adjacency_over_the_lower_dif() {
     let t = format!(
         "{HEAD}[[link]]\nbetween = [\"a\", \"b\"]\n[[dif]]\nname = \"up\"\nmembers = [\"*\"]\nover = [\"low\"]\n\

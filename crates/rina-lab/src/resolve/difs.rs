@@ -152,6 +152,7 @@ impl Scope<'_, '_> {
                 return Err(src.err(d.name.span(), "`adjacency` is empty"));
             }
         }
+        check_max_pdu(src, d)?;
         let enrollment = self.enrollment(d, &members, &adjacencies)?;
         let cubes = self.cubes(d, &over, difs)?;
         let scheduler = self.scheduler(d, &cubes)?;
@@ -437,6 +438,20 @@ impl Scope<'_, '_> {
         }
         Ok(scheduler)
     }
+}
+
+/// Checks that a DIF's `max_pdu`, if given, is a size its members accept
+/// (above the largest PCI, within the length field), as `rinad` and the
+/// simulator would only find out when they start the IPCP.
+fn check_max_pdu(src: &Source, d: &model::DifDecl) -> Result<(), LabError> {
+    let Some(m) = d.max_pdu else {
+        return Ok(());
+    };
+    let name = d.name.get_ref();
+    let mut dt = rina_core::normal::NormalConfig::standard(name.clone(), 0).dt;
+    dt.max_pdu_size = m;
+    dt.validate()
+        .map_err(|e| src.err(d.name.span(), format!("DIF `{name}`: `max_pdu`: {e}")))
 }
 
 /// Whether `a` and `b` are already adjacent.
