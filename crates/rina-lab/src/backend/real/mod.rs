@@ -574,7 +574,9 @@ fn results(
         let active = (j.stop.saturating_sub(j.start)).as_secs_f64().max(1e-3);
         let parsed = match f.kind {
             TrafficKind::Echo => parse_echo(&text, &mut rec, &mut res, active),
-            TrafficKind::Tgen => parse_tgen(&text, j.group.map(|g| g.1), &mut rec, &mut res),
+            TrafficKind::Tgen => {
+                parse_tgen(&text, j.group.map(|g| g.1), &mut rec, &mut res, active)
+            }
             TrafficKind::Perf => parse_perf(&text, &mut rec, &mut out.goodput),
         };
         if let Err(e) = parsed {
@@ -899,12 +901,16 @@ fn parse_echo(
 }
 
 /// A tgen flow's figures from `rina-tgen`'s report: its one flow, or flow
-/// number `n` of a matrix.
+/// number `n` of a matrix. Its goodput is what arrived over the flow's
+/// `active_s` seconds, as for echo and on the simulator (the tool's own
+/// figure spans first to last arrival only, which leaves out the silences
+/// of an ON-OFF profile).
 fn parse_tgen(
     text: &str,
     n: Option<u32>,
     rec: &mut FlowRecord,
     res: &mut Reservoir,
+    active_s: f64,
 ) -> Result<(), String> {
     let r: rina_tools::tgen::output::RunReport =
         serde_json::from_str(text.trim()).map_err(|_| "no report from rina-tgen".to_string())?;
@@ -919,7 +925,7 @@ fn parse_tgen(
         rec.sent = fwd.sent_sdus;
         rec.received = fwd.recv_sdus;
         rec.loss_pct = fwd.loss_pct;
-        rec.goodput_bps = fwd.goodput_bps;
+        rec.goodput_bps = fwd.recv_bytes as f64 * 8.0 / active_s;
         if fwd.recv_sdus > 0 {
             rec.sdu_bytes = fwd.recv_bytes as f64 / fwd.recv_sdus as f64;
         }
@@ -1037,7 +1043,7 @@ mod tests {
             sdus: 120,
             bytes: 120 * 200,
         }));
-        let r = parse_tgen(&text, None, &mut rec, &mut res);
+        let r = parse_tgen(&text, None, &mut rec, &mut res, 1.0);
         assert_eq!(r, Err("no REPORT from the server".into()));
         assert_eq!(rec.sent, 120, "the client's count, not 0");
         assert_eq!(rec.received, 0);
@@ -1047,7 +1053,34 @@ mod tests {
         let mut rec = FlowRecord::default();
         let old = client_report(None);
         assert!(!old.contains("\"sent\""));
-        assert!(parse_tgen(&old, None, &mut rec, &mut res).is_err());
+        assert!(parse_tgen(&old, None, &mut rec, &mut res, 1.0).is_err());
         assert_eq!(rec.sent, 0);
+    }
+
+    #[test]
+    fn a_tgen_flows_goodput_is_over_its_active_time_as_on_the_simulator() {
+        // An ON-OFF flow (voip) that sent 28 SDUs of 160 B in 0.56 s of a
+        // 4 s flow: rina-tgen's figure (first to last arrival) is 64 kb/s,
+        // the simulator's (bytes over the flow's time) 8.96 kb/s.
+        let mut r: RunReport = serde_json::from_str(&client_report(None)).unwrap();
+        let fwd = serde_json::json!({
+            "flow": 1, "direction": "fwd", "sent_sdus": 28, "sent_bytes": 4480,
+            "recv_sdus": 28, "recv_bytes": 4480, "lost_sdus": 0, "loss_pct": 0.0,
+            "duplicates": 0, "reordered": 0, "fin_received": true,
+            "first_recv_ns": 0, "last_recv_ns": 560_000_000u64,
+            "goodput_bps": 64000.0, "delay": null
+        });
+        r.flows[0].error = None;
+        r.flows[0].reports = vec![serde_json::from_value(fwd).unwrap()];
+        let text = serde_json::to_string(&r).unwrap();
+        let mut rec = FlowRecord::default();
+        let mut res = Reservoir::new(10, 1);
+        parse_tgen(&text, None, &mut rec, &mut res, 4.0).unwrap();
+        assert_eq!((rec.sent, rec.received), (28, 28));
+        assert!(
+            (rec.goodput_bps - 8960.0).abs() < 1e-6,
+            "{}",
+            rec.goodput_bps
+        );
     }
 }
