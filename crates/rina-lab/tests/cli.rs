@@ -200,6 +200,22 @@ fn plot_and_show_work_from_run_json() {
     assert!(cmp.contains("spn+mr") && cmp.contains("Gold"));
     assert!(d.join("plots/compare_delay_cdf.png").is_file());
 
+    // `<run>/*`, as the docs write it, also names what `run` writes beside
+    // the variants (the file's copy, the comparison plots): left out.
+    std::fs::write(d.join("synthetic.toml"), "nodes = []\n").unwrap();
+    let mut glob: Vec<_> = std::fs::read_dir(&d)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    glob.sort();
+    assert_eq!(glob.len(), 4, "{glob:?}");
+    let o = bin().arg("plot").args(&glob).output().unwrap();
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    assert!(out.contains("comparison plots"), "{out}");
+    let o = bin().arg("show").args(&glob).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o).1);
+
     let o = bin().arg("show").arg(d.join("spn")).output().unwrap();
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");

@@ -999,8 +999,13 @@ fn expand(dirs: &[PathBuf]) -> Result<Vec<Vec<PathBuf>>, Fail> {
 /// experiments (a results folder, /tmp) is refused rather than taken
 /// whole (`plot` would redraw every run in it).
 fn read_runs(dirs: &[PathBuf]) -> Result<Vec<(PathBuf, RunOutput)>, Fail> {
+    let dirs: Vec<PathBuf> = dirs
+        .iter()
+        .filter(|d| !beside_variants(d))
+        .cloned()
+        .collect();
     let mut out = Vec::new();
-    for (given, group) in dirs.iter().zip(expand(dirs)?) {
+    for (given, group) in dirs.iter().zip(expand(&dirs)?) {
         let runs: Vec<(PathBuf, RunOutput)> = group
             .into_iter()
             .map(|d| RunOutput::read(&d).map(|r| (d, r)).map_err(Fail::from))
@@ -1020,6 +1025,21 @@ fn read_runs(dirs: &[PathBuf]) -> Result<Vec<(PathBuf, RunOutput)>, Fail> {
         out.extend(runs);
     }
     Ok(out)
+}
+
+/// Whether `p` is what `run` writes beside the variants of a run (the
+/// experiment file's copy, the comparison plots), which `<run>/*` expands
+/// to: not a run itself, so left out.
+fn beside_variants(p: &Path) -> bool {
+    let written = p.is_file()
+        || p.file_name()
+            .is_some_and(|n| n == "plots" || n == "compare-plots");
+    let variants = || {
+        p.parent()
+            .and_then(|up| std::fs::read_dir(up).ok())
+            .is_some_and(|mut e| e.any(|x| x.is_ok_and(|x| x.path().join("run.json").is_file())))
+    };
+    written && !p.join("run.json").is_file() && variants()
 }
 
 /// The deepest folder holding every one of `dirs`.
