@@ -133,6 +133,41 @@ fn a_max_pdu_no_member_accepts_is_refused_at_its_dif() {
 }
 
 #[test]
+fn an_adjacency_no_lower_dif_joins_is_refused_not_left_out() {
+    // Three nodes in a line; `net` over the links. Before, an `adjacency`
+    // over links was dropped unread (even with an unknown node), and a
+    // pair no lower DIF has both of was left out without a word.
+    let line = "nodes = [\"a\", \"b\", \"c\"]\n[experiment]\nname = \"x\"\nduration = \"1s\"\n\
+                [[link]]\nbetween = [\"a\", \"b\"]\n[[link]]\nbetween = [\"b\", \"c\"]\n\
+                [[dif]]\nname = \"net\"\nmembers = [\"*\"]\nover = [\"links\"]\n";
+    let e = err_of(&format!("{line}adjacency = [[\"a\", \"c\"]]\n"));
+    assert!(
+        e.starts_with("line 13,")
+            && e.contains("adjacency `a`-`c`")
+            && e.contains("over lower DIFs"),
+        "{e}"
+    );
+    let e = err_of(&format!("{line}adjacency = [[\"a\", \"zz\"]]\n"));
+    assert!(e.contains("unknown node `zz`"), "{e}");
+    // `up` over `low` (a and b only): a pair with c is joined by nothing.
+    let stack = format!(
+        "{line}[[dif]]\nname = \"low\"\nmembers = [\"a\", \"b\"]\nover = [\"links\"]\n\
+         [[dif]]\nname = \"up\"\nmembers = [\"a\", \"b\", \"c\"]\nover = [\"low\", \"net\"]\n"
+    );
+    let ok = load(
+        &format!("{stack}adjacency = [[\"a\", \"b\"], [\"b\", \"c\"]]\n"),
+        None,
+    )
+    .unwrap();
+    assert_eq!(ok.difs.last().unwrap().adjacencies.len(), 2);
+    let e = err_of(&stack.replace("over = [\"low\", \"net\"]", "over = [\"low\"]").replace(
+        "members = [\"a\", \"b\", \"c\"]\nover = [\"low\"]",
+        "members = [\"a\", \"b\", \"c\"]\nover = [\"low\", \"links\"]\nadjacency = [[\"a\", \"b\"], [\"b\", \"c\"]]",
+    ));
+    assert!(e.contains("adjacency `b`-`c`"), "{e}");
+}
+
+#[test]
 fn stacked_dif_maps_cubes_and_derives_adjacency_over_the_lower_dif() {
     let t = format!(
         "{HEAD}[[link]]\nbetween = [\"a\", \"b\"]\n[[dif]]\nname = \"up\"\nmembers = [\"*\"]\nover = [\"low\"]\n\

@@ -192,7 +192,47 @@ impl Scope<'_, '_> {
                 self.dif_adjacencies(d, members, lower, lm, &mut adjacencies)?;
             }
         }
+        self.check_adjacency(d, members, &over, difs)?;
         Ok((over, adjacencies))
+    }
+
+    /// Checks that every pair written in `adjacency` names two members
+    /// that a lower DIF of this one has both (over links the links are
+    /// the adjacencies): a pair no lower DIF joins would be left out.
+    fn check_adjacency(
+        &self,
+        d: &model::DifDecl,
+        members: &[usize],
+        over: &[Lower],
+        difs: &[Dif],
+    ) -> Result<(), LabError> {
+        let name = d.name.get_ref();
+        for p in d.adjacency.iter().flatten() {
+            let (a, b) = (self.ctx.node(&p[0])?, self.ctx.node(&p[1])?);
+            for (s, n) in [(&p[0], a), (&p[1], b)] {
+                if !members.contains(&n) {
+                    return Err(self.ctx.src.err(
+                        s.span(),
+                        format!("`{}` is not a member of DIF `{name}`", s.get_ref()),
+                    ));
+                }
+            }
+            let joined = over.iter().any(|l| {
+                matches!(l, Lower::Dif(x) if difs[*x].members.contains(&a) && difs[*x].members.contains(&b))
+            });
+            if !joined {
+                return Err(self.ctx.src.err(
+                    p[0].span(),
+                    format!(
+                        "adjacency `{}`-`{}`: no DIF that `{name}` runs over has both \
+                         (`adjacency` pairs are over lower DIFs; over links, the links are the adjacencies)",
+                        p[0].get_ref(),
+                        p[1].get_ref()
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Resolves the adjacencies over links: members that share a link.
