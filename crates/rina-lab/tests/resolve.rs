@@ -168,6 +168,21 @@ fn an_adjacency_no_lower_dif_joins_is_refused_not_left_out() {
 }
 
 #[test]
+fn an_event_key_its_action_does_not_take_is_refused() {
+    // `node` on a link-down was ignored without a word.
+    let t = format!(
+        "{HEAD}[[link]]\nbetween = [\"a\", \"b\"]\n[[event]]\nat = \"0.5s\"\naction = \"link-down\"\n\
+         link = \"a--b\"\nnode = \"b\"\n"
+    );
+    let e = err_of(&t);
+    assert!(
+        e.starts_with("line 11,") && e.contains("`node` does not belong") && e.contains("`link`"),
+        "{e}"
+    );
+    assert!(load(&t.replace("node = \"b\"\n", ""), None).is_ok());
+}
+
+#[test]
 fn stacked_dif_maps_cubes_and_derives_adjacency_over_the_lower_dif() {
     let t = format!(
         "{HEAD}[[link]]\nbetween = [\"a\", \"b\"]\n[[dif]]\nname = \"up\"\nmembers = [\"*\"]\nover = [\"low\"]\n\

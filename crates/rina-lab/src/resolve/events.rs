@@ -42,6 +42,28 @@ fn event_kind(net: &Net, e: &Spanned<EventDecl>) -> Result<EventKind, LabError> 
             .position(|l| &l.name == s.get_ref())
             .ok_or_else(|| src.err(s.span(), format!("unknown link `{}`", s.get_ref())))
     };
+    let uses: &[&str] = match d.action {
+        EventAction::LinkDown | EventAction::LinkUp => &["link"],
+        EventAction::NodeStop | EventAction::NodeStart => &["node"],
+        EventAction::AppMove => &["app", "to"],
+    };
+    let fields = [
+        ("link", &d.link),
+        ("node", &d.node),
+        ("app", &d.app),
+        ("to", &d.to),
+    ];
+    for (key, v) in fields {
+        if let (Some(v), false) = (v, uses.contains(&key)) {
+            return Err(src.err(
+                v.span(),
+                format!(
+                    "`{key}` does not belong to this event (it takes `{}`)",
+                    uses.join("`, `")
+                ),
+            ));
+        }
+    }
     Ok(match d.action {
         EventAction::LinkDown => EventKind::LinkDown(link(&need(src, e, &d.link, "link")?)?),
         EventAction::LinkUp => EventKind::LinkUp(link(&need(src, e, &d.link, "link")?)?),
