@@ -183,6 +183,20 @@ fn an_event_key_its_action_does_not_take_is_refused() {
 }
 
 #[test]
+fn traffic_from_a_node_to_itself_says_so() {
+    // It said "give `pairs`, or `from` with `to` or `app`", which it had.
+    let t = format!(
+        "{HEAD}[[link]]\nbetween = [\"a\", \"b\"]\n[[dif]]\nname = \"n\"\nmembers = [\"*\"]\n\
+         over = [\"links\"]\n[[traffic]]\nkind = \"echo\"\ndif = \"n\"\nfrom = [\"a\"]\nto = \"a\"\n"
+    );
+    let e = err_of(&t);
+    assert!(
+        e.starts_with("line 11,") && e.contains("every `from` node is where it would go"),
+        "{e}"
+    );
+}
+
+#[test]
 fn stacked_dif_maps_cubes_and_derives_adjacency_over_the_lower_dif() {
     let t = format!(
         "{HEAD}[[link]]\nbetween = [\"a\", \"b\"]\n[[dif]]\nname = \"up\"\nmembers = [\"*\"]\nover = [\"low\"]\n\

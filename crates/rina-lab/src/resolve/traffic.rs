@@ -224,10 +224,12 @@ impl<'a> Entry<'a> {
             }
         }
         if ends.is_empty() {
-            return Err(ctx.src.err(
-                self.t.span(),
-                "traffic has no endpoints: give `pairs`, or `from` with `to` or `app`",
-            ));
+            let why = if d.from.is_empty() {
+                "traffic has no endpoints: give `pairs`, or `from` with `to` or `app`"
+            } else {
+                "traffic has no endpoints: every `from` node is where it would go"
+            };
+            return Err(ctx.src.err(self.t.span(), why));
         }
         Ok(ends)
     }
