@@ -61,7 +61,7 @@ pub struct ExperimentSection {
     #[serde(default)]
     pub description: String,
     /// How long traffic runs.
-    pub duration: Dur,
+    pub duration: Spanned<Dur>,
     /// Seed of every random draw (traffic, loss).
     #[serde(default)]
     pub seed: u64,

@@ -473,7 +473,7 @@ pub fn resolve(text: &str, file: &File, variant: Option<&str>) -> Result<Experim
     let difs = difs::resolve_difs(&ctx, file, &links, var)?;
     let apps = apps::resolve_apps(&ctx, file, &difs)?;
     let profiles = traffic::resolve_profiles(&ctx.src, file)?;
-    let duration = experiment_duration(file)?;
+    let duration = experiment_duration(&ctx.src, file)?;
     let net = Net {
         ctx: &ctx,
         links: &links,
@@ -551,14 +551,11 @@ fn find_variant<'f>(
 }
 
 /// Resolves the experiment's duration, which must be above zero.
-fn experiment_duration(file: &File) -> Result<Duration, LabError> {
-    let duration = file.experiment.duration.get();
+fn experiment_duration(src: &Source, file: &File) -> Result<Duration, LabError> {
+    let d = &file.experiment.duration;
+    let duration = d.get_ref().get();
     if duration.is_zero() {
-        return Err(LabError::At {
-            line: 1,
-            col: 1,
-            msg: "`experiment.duration` must be above zero".into(),
-        });
+        return Err(src.err(d.span(), "`experiment.duration` must be above zero"));
     }
     Ok(duration)
 }

@@ -197,6 +197,16 @@ fn traffic_from_a_node_to_itself_says_so() {
 }
 
 #[test]
+fn a_zero_duration_names_its_line() {
+    // It said "line 1, column 1" whatever the line.
+    let e = err_of(&HEAD.replace("duration = \"1s\"", "duration = \"0s\""));
+    assert!(
+        e.starts_with("line 4, column 12:") && e.contains("must be above zero"),
+        "{e}"
+    );
+}
+
+#[test]
 fn stacked_dif_maps_cubes_and_derives_adjacency_over_the_lower_dif() {
     let t = format!(
         "{HEAD}[[link]]\nbetween = [\"a\", \"b\"]\n[[dif]]\nname = \"up\"\nmembers = [\"*\"]\nover = [\"low\"]\n\
