@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{wait_for, Daemon};
+use common::{name, wait_for, Daemon};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -673,5 +673,36 @@ fn a_reload_names_the_keys_that_make_an_ipcp_be_created_again() {
         out.contains("IPCP k.udp changed (max_sdu): created again"),
         "{out}"
     );
+    assert_eq!(ctl(&d, &["reload"]).trim(), "nothing changed");
+}
+
+/// A reload that changes a DIF's access rules or the RIB its members may
+/// read changes them in place: the IPCP is not created again (the names
+/// registered stay), and new registrations are judged by the new rules.
+#[test]
+fn a_reload_changes_access_rules_and_the_readable_rib_in_place() {
+    let file = |extra: &str| {
+        format!("[system]\nname = \"lambda\"\n\n[[ipcp]]\nname = \"l.net\"\ntype = \"normal\"\ndif = \"net\"\naddress = 1\n{extra}")
+    };
+    let d = Daemon::start_with("lambda", &file(""));
+    let mut early = d.client();
+    early.register(&name("early"), Some("net")).unwrap();
+    let rules = "rib_readable = [\"/ra\"]\n\n[ipcp.access]\nregister = [\"echo*\"]\n";
+    std::fs::write(d.dir.join("rinad.toml"), file(rules)).unwrap();
+    let out = ctl(&d, &["reload"]);
+    assert!(out.contains("l.net: access rules changed"), "{out}");
+    assert!(
+        out.contains("l.net: RIB readable by members now /ra"),
+        "{out}"
+    );
+    assert!(!out.contains("created again"), "{out}");
+    let names = d.client().list_names().unwrap();
+    assert!(names.iter().any(|n| n.name == name("early")), "{names:?}");
+    let err = d
+        .client()
+        .register(&name("late"), Some("net"))
+        .expect_err("the new rules let only echo* register");
+    assert!(err.to_string().contains("access rules"), "{err}");
+    d.client().register(&name("echo1"), Some("net")).unwrap();
     assert_eq!(ctl(&d, &["reload"]).trim(), "nothing changed");
 }

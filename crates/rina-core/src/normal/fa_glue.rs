@@ -155,6 +155,18 @@ impl NormalIpcp {
         &self.cfg.access
     }
 
+    /// Replaces the subtrees of the RIB members may read
+    /// ([`NormalConfig::rib_readable`](super::NormalConfig::rib_readable));
+    /// reads under way keep their answers.
+    pub fn set_rib_readable(&mut self, readable: Vec<String>) {
+        self.cfg.rib_readable = readable;
+    }
+
+    /// The subtrees of the RIB members may read.
+    pub fn rib_readable(&self) -> &[String] {
+        &self.cfg.rib_readable
+    }
+
     /// Registers an application name so that flows can be allocated to it;
     /// [`NormalError::AccessDenied`] if the DIF's access rules do not let it.
     pub fn register(&mut self, name: AppName) -> Result<(), NormalError> {

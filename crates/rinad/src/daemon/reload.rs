@@ -10,9 +10,11 @@
 //!
 //! An IPCP is matched by name. One the file no longer has is destroyed; a
 //! new one is created; one whose keys changed other than its neighbours,
-//! static directory (`names`), scheduling policy and the EFCP policies of
-//! its cubes is destroyed and created again; for the rest only those
-//! change.
+//! static directory (`names`), scheduling policy, the EFCP policies of its
+//! cubes, its DIF's access rules (`access`) and the RIB subtrees members
+//! may read (`rib_readable`) is destroyed and created again; for the rest
+//! only those change. New access rules judge new registrations and flows;
+//! the names registered and the flows up stay.
 
 use super::*;
 use crate::config::{Config, IpcpConfig, IpcpKind, System};
@@ -23,7 +25,7 @@ fn invalid(m: String) -> CtlError {
 }
 
 /// The keys of an `[[ipcp]]` table that change in place.
-const IN_PLACE: [&str; 3] = ["neighbor", "names", "scheduler"];
+const IN_PLACE: [&str; 5] = ["neighbor", "names", "scheduler", "access", "rib_readable"];
 
 /// Table `t` without the keys that change in place, and without the
 /// `efcp` tables of its cubes: what must be equal to keep the IPCP.
@@ -313,8 +315,35 @@ impl Daemon {
             out.push(format!("{name}: scheduling policy now {}", sched.name()));
         }
         out.extend(self.update_cubes(i, ic)?);
+        out.extend(self.update_policies(i, ic));
         self.drain_outputs();
         Ok(())
+    }
+
+    /// The access rules and the readable RIB subtrees of normal IPCP `i`
+    /// as `ic` says.
+    fn update_policies(&mut self, i: usize, ic: &IpcpConfig) -> Vec<String> {
+        let name = ic.name.get_ref().clone();
+        let mut out = Vec::new();
+        let want = ic.normal_config();
+        let Some(n) = self.sys.member_mut(i).and_then(|m| m.normal_mut()) else {
+            return out;
+        };
+        if n.access() != &want.access {
+            n.set_access(want.access);
+            out.push(format!(
+                "{name}: access rules changed (for new registrations and flows; those in place stay)"
+            ));
+        }
+        if n.rib_readable() != want.rib_readable.as_slice() {
+            let now = match want.rib_readable.as_slice() {
+                [] => "nothing".to_string(),
+                r => r.join(", "),
+            };
+            out.push(format!("{name}: RIB readable by members now {now}"));
+            n.set_rib_readable(want.rib_readable);
+        }
+        out
     }
 
     /// The static directory of normal IPCP `i` as `ic` says.
