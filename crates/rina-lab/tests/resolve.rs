@@ -197,6 +197,25 @@ fn traffic_from_a_node_to_itself_says_so() {
 }
 
 #[test]
+fn an_echo_size_below_a_probe_header_is_refused() {
+    // Accepted before: rina-echo refused it on real backends at run time,
+    // the simulator sent 16 bytes all the same.
+    let t = |size: u32| {
+        format!(
+            "{HEAD}[[link]]\nbetween = [\"a\", \"b\"]\n[[dif]]\nname = \"n\"\nmembers = [\"*\"]\n\
+             over = [\"links\"]\n[[traffic]]\nkind = \"echo\"\ndif = \"n\"\nfrom = [\"a\"]\nto = \"b\"\n\
+             size = {size}\n"
+        )
+    };
+    let e = err_of(&t(15));
+    assert!(
+        e.starts_with("line 11,") && e.contains("at least 16 bytes"),
+        "{e}"
+    );
+    assert!(load(&t(16), None).is_ok());
+}
+
+#[test]
 fn a_zero_duration_names_its_line() {
     // It said "line 1, column 1" whatever the line.
     let e = err_of(&HEAD.replace("duration = \"1s\"", "duration = \"0s\""));

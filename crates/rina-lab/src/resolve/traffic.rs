@@ -401,6 +401,16 @@ impl<'a> Entry<'a> {
                 "`sdu_sizes` must be between 1 byte and 1 MiB",
             ));
         }
+        if d.kind == TrafficKind::Echo && d.size.is_some_and(|s| s < rina_tools::echo::PROBE_HEADER)
+        {
+            return Err(src.err(
+                self.t.span(),
+                format!(
+                    "echo `size` must be at least {} bytes (a probe's sequence number and time)",
+                    rina_tools::echo::PROBE_HEADER
+                ),
+            ));
+        }
         let interval = d
             .interval
             .map(|x| x.get())
