@@ -1,5 +1,5 @@
 //! Frames that full links pushed back to a node running a
-//! [`System`](rina_core::system::System), held per medium the way a full
+//! [`System`], held per medium the way a full
 //! socket buffer holds them: in order, the medium blocked in the system
 //! until the link has room, then sent again and the medium made writable.
 //! The driver half of [`Node::on_link_full`](crate::Node::on_link_full)

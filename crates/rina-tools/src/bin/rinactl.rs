@@ -114,7 +114,7 @@ enum What {
         set: Vec<String>,
     },
     /// Read the configuration file again (or FILE) and apply the
-    /// difference with the running system: the [system] table's
+    /// difference with the running system: the `[system]` table's
     /// administrators, limits and socket permissions (name and socket at
     /// the next start), IPCPs added, removed or changed, neighbours,
     /// static directories, scheduling and EFCP policies; prints one line
