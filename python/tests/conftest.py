@@ -6,6 +6,7 @@ talking to beta."""
 import os
 import queue
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -126,6 +127,10 @@ class Server:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            # Ctrl-C as at a terminal: a shell that started these tests in
+            # the background (`cmd &`, as CI may) left SIGINT ignored, and
+            # the example would inherit that.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         self.lines = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
