@@ -68,14 +68,7 @@ const LINK_CHECK: Duration = Duration::from_secs(1);
 /// Whether interface `name` is up and has a carrier (`IFF_UP` and
 /// `IFF_RUNNING`), asked on socket `fd`; `None` if the kernel does not say.
 fn link_running(fd: RawFd, name: &str) -> Option<bool> {
-    if name.len() >= libc::IFNAMSIZ {
-        return None;
-    }
-    // SAFETY: ifreq is plain data; all zeroes is a valid value.
-    let mut req: libc::ifreq = unsafe { zeroed() };
-    for (d, s) in req.ifr_name.iter_mut().zip(name.bytes()) {
-        *d = s as libc::c_char;
-    }
+    let mut req = ifreq_for(name)?;
     // SAFETY: fd is a socket, req a valid ifreq naming the interface.
     if unsafe { libc::ioctl(fd, libc::SIOCGIFFLAGS as _, &mut req) } != 0 {
         return None;
@@ -188,18 +181,11 @@ fn last_err() -> io::Error {
 /// Index, MAC and MTU of interface `name`.
 fn interface_info(fd: RawFd, name: &str) -> io::Result<(i32, MacAddr, u32)> {
     let c = CString::new(name).map_err(|_| io::Error::other("interface name holds a NUL"))?;
-    if name.len() >= libc::IFNAMSIZ {
-        return Err(io::Error::other("interface name is too long"));
-    }
+    let mut req = ifreq_for(name).ok_or_else(|| io::Error::other("interface name is too long"))?;
     // SAFETY: a valid NUL-terminated string.
     let index = unsafe { libc::if_nametoindex(c.as_ptr()) };
     if index == 0 {
         return Err(last_err());
-    }
-    // SAFETY: ifreq is plain data; all zeroes is a valid value.
-    let mut req: libc::ifreq = unsafe { zeroed() };
-    for (d, s) in req.ifr_name.iter_mut().zip(name.bytes()) {
-        *d = s as libc::c_char;
     }
     // SAFETY: fd is a socket, req a valid ifreq naming the interface.
     if unsafe { libc::ioctl(fd, libc::SIOCGIFHWADDR as _, &mut req) } != 0 {
@@ -218,6 +204,19 @@ fn interface_info(fd: RawFd, name: &str) -> io::Result<(i32, MacAddr, u32)> {
     // SAFETY: SIOCGIFMTU filled ifru_mtu.
     let mtu = unsafe { req.ifr_ifru.ifru_mtu };
     Ok((index as i32, MacAddr(mac), mtu.max(0) as u32))
+}
+
+/// An `ifreq` naming interface `name` (NUL-terminated), if the name fits.
+fn ifreq_for(name: &str) -> Option<libc::ifreq> {
+    if name.len() >= libc::IFNAMSIZ {
+        return None;
+    }
+    // SAFETY: ifreq is plain data; all zeroes is a valid value.
+    let mut req: libc::ifreq = unsafe { zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(name.bytes()) {
+        *d = s as libc::c_char;
+    }
+    Some(req)
 }
 
 fn set_int(fd: RawFd, level: i32, opt: i32, v: i32) -> io::Result<()> {
