@@ -331,11 +331,14 @@ async def allocate_async(remote, local="python", dif=None, spec=None):
 
 
 class FlowRequest:
-    """A flow request taken from a :class:`Control`, not answered yet."""
+    """A flow request taken from a :class:`Control`, not answered yet.
+    One dropped without an answer is refused, so that its requester
+    learns at once rather than after the DIF's accept timeout."""
 
     def __init__(self, ctl, handle, remote, spec):
         self._ctl = ctl
         self._handle = handle
+        self._answered = False
         #: The requester's name.
         self.remote = remote
         #: The QoS it asked for.
@@ -346,7 +349,9 @@ class FlowRequest:
         with EINVAL if the request was withdrawn meanwhile (its requester
         gave up, or the DIF's accept timeout passed)."""
         what = f"accept the flow from {self.remote}"
-        fd = lib.rina_flow_respond(self._ctl._live(what), self._handle, 0)
+        ctl = self._ctl._live(what)
+        self._answered = True
+        fd = lib.rina_flow_respond(ctl, self._handle, 0)
         return Flow(_check(fd, what), self.remote, self.spec)
 
     def _accept_unless_gone(self):
@@ -361,7 +366,16 @@ class FlowRequest:
     def refuse(self):
         """Refuses the request; the requester's allocation fails."""
         fd = self._ctl._live("refuse the flow")
+        self._answered = True
         _check(lib.rina_flow_respond(fd, self._handle, 1), "refuse the flow")
+
+    def __del__(self):
+        # Dropped unanswered: refuse it (errors ignored: the request may be
+        # withdrawn already, the Control closed or the daemon gone).
+        if getattr(self, "_answered", True) or self._ctl._fd < 0:
+            return
+        self._answered = True
+        lib.rina_flow_respond(self._ctl._fd, self._handle, 1)
 
 
 class Control:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -180,6 +181,21 @@ def test_accept_passes_over_a_withdrawn_request(daemons, use_async):
         assert isinstance(peer, rina.Flow), peer
         with flow, peer:
             assert flow.remote == "py-patient"
+
+
+def test_a_request_dropped_unanswered_is_refused_at_once(daemons):
+    with control_at(daemons.beta) as ctl:
+        ctl.register("py-dropped")
+        client = allocate_in_thread("py-dropped", "py-dropper")
+        req = ctl.next_request(timeout=10)
+        assert req is not None and req.remote == "py-dropper"
+        start = time.monotonic()
+        del req
+        res = client.get(timeout=10)
+        took = time.monotonic() - start
+        assert isinstance(res, rina.RinaError) and res.errno == errno.ECONNREFUSED, res
+        # Not left to beta's accept timeout (1.5 s) to refuse it.
+        assert took < 1.0, took
 
 
 def test_several_tasks_accept_on_one_control(daemons):
