@@ -41,6 +41,7 @@ mod capture;
 mod control;
 mod direct;
 mod ipcp;
+mod link_watch;
 mod manage;
 mod memory;
 mod normal;
@@ -123,6 +124,7 @@ const MAX_RX_PENDING: usize = 1024;
 const LISTENER: Token = Token(0);
 const SIGNAL: Token = Token(1);
 const HUP: Token = Token(2);
+const LINKS: Token = Token(3);
 const SHIFT: u32 = 40;
 const T_UDP: usize = 1;
 const T_CONN: usize = 2;
@@ -297,6 +299,9 @@ pub struct Daemon {
     trim_at: Option<Instant>,
     /// Polling on without sleeping after events (`busy_poll_us`).
     busy: busy_poll::BusyPoll,
+    /// The kernel's link announcements, if the socket could be opened
+    /// ([`link_watch`]).
+    links: Option<link_watch::LinkWatch>,
 }
 
 impl Daemon {
@@ -383,6 +388,7 @@ impl Daemon {
             .register(&mut SourceFd(&hup_rx.as_raw_fd()), HUP, Interest::READABLE)
             .map_err(io_ctx("poll register"))?;
 
+        let links = link_watch::open_registered(&poll, LINKS);
         let (mut sys, ipcps) = build::system(cfg, &poll)?;
         // A reader that does not read stops its sender (flow control)
         // instead of losing SDUs in the daemon.
@@ -427,6 +433,7 @@ impl Daemon {
             flows_peak: 0,
             trim_at: None,
             busy: busy_poll::BusyPoll::new(cfg.system.busy_poll()),
+            links,
         };
         d.drain_outputs();
         Ok(d)
@@ -483,6 +490,7 @@ impl Daemon {
                     LISTENER => self.accept_conns(),
                     SIGNAL => stop = true,
                     HUP => self.on_hup(),
+                    LINKS => self.on_link_news(),
                     t => match untoken(t) {
                         (T_UDP, i) => {
                             if ev.is_writable() {

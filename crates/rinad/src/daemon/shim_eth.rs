@@ -59,10 +59,11 @@ pub(super) struct EthIo {
     pub link_check: Instant,
 }
 
-/// How often the state of a shim-eth IPCP's interface is read: a carrier
-/// lost (a cable pulled, the peer's end of a veth down) or found again is
-/// seen within it. An interface set down here is seen at once, by the
-/// error its packet socket reports.
+/// How often the state of a shim-eth IPCP's interface is read at least: a
+/// carrier lost (a cable pulled, the peer's end of a veth down) or found
+/// again is seen at once from the kernel's announcement
+/// ([`super::link_watch`]), or within this if that is missed. An interface
+/// set down here is also seen by the error its packet socket reports.
 const LINK_CHECK: Duration = Duration::from_secs(1);
 
 /// Whether interface `name` is up and has a carrier (`IFF_UP` and
@@ -726,6 +727,21 @@ impl Daemon {
                 _ => None,
             })
             .min()
+    }
+
+    /// The kernel announced link changes ([`super::link_watch`]): every
+    /// interface's state is read now.
+    pub(super) fn on_link_news(&mut self) {
+        if !self.links.as_ref().is_some_and(|w| w.drain()) {
+            return;
+        }
+        let now = self.now();
+        for ip in &mut self.ipcps {
+            if let Io::Eth(e) = &mut ip.io {
+                e.link_check = now;
+            }
+        }
+        self.eth_link_checks(now);
     }
 
     /// Reads the state of the interfaces whose look is due: a link that
