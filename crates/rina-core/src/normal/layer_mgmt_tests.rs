@@ -245,6 +245,67 @@ fn open_member() -> NormalIpcp {
     p
 }
 
+/// The `M_CONNECT` with which member `name` of DIF "net" opens a session.
+fn connect_of(name: &str) -> CdapMessage {
+    let dif = AppName {
+        process_name: "net".into(),
+        ..AppName::default()
+    };
+    CdapMessage::connect(
+        rina_wire::cdap::AuthPolicy::none(),
+        &name.parse().unwrap(),
+        &dif,
+    )
+    .with_invoke_id(1)
+}
+
+#[test]
+fn a_neighbour_reading_the_rib_over_and_over_is_refused_beyond_its_rate() {
+    let mut p = open_member();
+    p.on_frame(at(1), PORT, &cdap_frame(&p, 2, &hello_of("m2.net", 2)));
+    p.on_frame(at(1), PORT, &cdap_frame(&p, 2, &connect_of("m2.net")));
+    assert_eq!(session(&p), SessionState::Open);
+    sent(&mut p);
+    let read_all = |p: &mut NormalIpcp, t: Instant, id: i32| {
+        let read = CdapMessage::read("", "/").with_invoke_id(id);
+        p.on_frame(t, PORT, &cdap_frame(p, 2, &read));
+        // A new turn of the driver: the port may send again.
+        p.handle_timeout(t);
+        // The answers (not hellos, due now and then).
+        let mut out = sent(p);
+        out.retain(|m| m.op_code() == OpCode::ReadR);
+        out
+    };
+    let per_read = read_all(&mut p, at(2), 1).len() as u64;
+    assert!(per_read > 1, "the RIB read whole");
+    // Reads of the whole RIB, all at one instant, until one is refused.
+    let mut id = 1;
+    while p.counters().rib_reads_limited == 0 && id < 100_000 {
+        id += 1;
+        read_all(&mut p, at(2), id);
+    }
+    let c = p.counters();
+    assert_eq!(c.rib_reads_limited, 1, "reads are limited");
+    // A second's worth was answered, and one read more at most.
+    let objects = (c.rib_reads_answered - 1) * per_read;
+    let per_s = RIB_READ_OBJECTS_PER_S;
+    assert!(
+        objects >= per_s && objects <= 2 * per_s + per_read,
+        "{objects} objects answered"
+    );
+    // The refusal says why; so do those that follow at that instant.
+    let refused = read_all(&mut p, at(2), id + 1);
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0].op_code(), OpCode::ReadR);
+    let reason = refused[0].result_reason.clone().unwrap_or_default();
+    assert!(reason.contains("too many RIB objects read"), "{reason}");
+    assert_eq!(p.counters().rib_reads_limited, 2);
+    // Two seconds later, it is answered again.
+    let again = read_all(&mut p, at(2002), id + 2);
+    assert_eq!(again.len() as u64, per_read, "{again:?}");
+    assert!(again.iter().all(|m| m.result == Some(0)), "{again:?}");
+}
+
 #[test]
 fn a_request_without_an_open_session_is_refused_and_counted_until_m_connect() {
     let mut p = open_member();
@@ -277,17 +338,7 @@ fn a_request_without_an_open_session_is_refused_and_counted_until_m_connect() {
     assert_eq!(p.counters().rx_mgmt_malformed, 0, "never reached routing");
     assert_eq!(p.counters().rx_mgmt_unhandled, 0, "never reached routing");
     // The neighbour opens the session: the same read is answered.
-    let dif = AppName {
-        process_name: "net".into(),
-        ..AppName::default()
-    };
-    let connect = CdapMessage::connect(
-        rina_wire::cdap::AuthPolicy::none(),
-        &"m2.net".parse().unwrap(),
-        &dif,
-    )
-    .with_invoke_id(1);
-    p.on_frame(at(3), PORT, &cdap_frame(&p, 2, &connect));
+    p.on_frame(at(3), PORT, &cdap_frame(&p, 2, &connect_of("m2.net")));
     let answers = sent(&mut p);
     assert!(
         answers

@@ -70,7 +70,7 @@ mod tap;
 pub use cubes::QosCube;
 pub use membership::{MembershipConfig, MembershipEvent, PortProtection};
 pub use mgmt_cdap::CDAP_DISCRIMINATOR;
-pub use rib_remote::{RibReadError, MAX_REMOTE_READS, REMOTE_OWNER};
+pub use rib_remote::{RibReadError, MAX_REMOTE_READS, REMOTE_OWNER, RIB_READ_OBJECTS_PER_S};
 pub use tap::Tapped;
 
 use crate::buf::{self, PduBuf, SduSource};
@@ -438,6 +438,9 @@ pub struct Counters {
     pub rx_mgmt_malformed: u64,
     /// Neighbours' RIB reads answered (with objects or a refusal).
     pub rib_reads_answered: u64,
+    /// Of those, refused because the neighbour read more RIB objects than
+    /// it may a second ([`RIB_READ_OBJECTS_PER_S`]).
+    pub rib_reads_limited: u64,
     /// Management messages for a machine that does not run here (routing
     /// or the directory off, or not started before enrollment); dropped.
     pub rx_mgmt_unhandled: u64,
@@ -473,6 +476,7 @@ impl Counters {
             ("loopback", self.loopback),
             ("rx_mgmt_malformed", self.rx_mgmt_malformed),
             ("rib_reads_answered", self.rib_reads_answered),
+            ("rib_reads_limited", self.rib_reads_limited),
             ("rx_mgmt_unhandled", self.rx_mgmt_unhandled),
             ("rx_mgmt_unknown", self.rx_mgmt_unknown),
         ]

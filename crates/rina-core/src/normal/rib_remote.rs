@@ -15,7 +15,13 @@
 //! Access policy of the DIF: only a neighbour that is a member (its hellos
 //! heard, or announced by the driver) may read, and only under the prefixes
 //! of [`NormalConfig::rib_readable`](super::NormalConfig::rib_readable)
-//! (default `/`: everything; empty: nothing).
+//! (default `/`: everything; empty: nothing). Each neighbour is answered
+//! at most [`RIB_READ_OBJECTS_PER_S`] objects a second on average (one
+//! read may take up to a second's worth more): a short `M_READ` of `/` is
+//! answered with one message per object, and a member asking for it over
+//! and over would otherwise have this IPCP send as fast as it can ask.
+//! Reads beyond are refused with a reason and counted
+//! (`rib_reads_limited`).
 //!
 //! Management PDUs are unreliable: a read not complete after
 //! `alloc_retry * 4` is asked again with a new invoke id (answers to the old
@@ -56,6 +62,17 @@ pub const REMOTE_OWNER: &str = "remote";
 /// Most remote reads under way at once.
 pub const MAX_REMOTE_READS: usize = 64;
 
+/// RIB objects a neighbour's reads are answered with per second, on
+/// average.
+pub const RIB_READ_OBJECTS_PER_S: u64 = 20_000;
+
+/// How far ahead of time a neighbour's reads may have been answered (a
+/// burst of [`RIB_READ_OBJECTS_PER_S`] objects).
+const RIB_READ_BURST: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Result code of a read refused because its reader asked for too much.
+const RESULT_READ_LIMITED: i32 = 3;
+
 /// A read of a neighbour's RIB under way.
 #[derive(Debug)]
 pub(super) struct RemoteRead {
@@ -70,11 +87,36 @@ pub(super) struct RemoteRead {
     deadline: Instant,
 }
 
-/// The reads this IPCP asked for, by handle.
+/// The reads this IPCP asked for, by handle, and how much it answered
+/// each neighbour.
 #[derive(Debug, Default)]
 pub(super) struct RemoteReads {
     reads: BTreeMap<u64, RemoteRead>,
     next_handle: u64,
+    /// Per reading neighbour, the time at which what it was answered is
+    /// paid for at [`RIB_READ_OBJECTS_PER_S`] (a generic cell rate
+    /// algorithm's theoretical arrival time). Entries in the past are as
+    /// good as absent and are dropped.
+    answered_until: BTreeMap<Address, Instant>,
+}
+
+impl RemoteReads {
+    /// Whether neighbour `reader` may be answered now; if so, charges it
+    /// `objects`.
+    fn admit(&mut self, now: Instant, reader: Address, objects: usize) -> bool {
+        if self.answered_until.len() > MAX_REMOTE_READS {
+            self.answered_until.retain(|_, t| *t > now);
+        }
+        let until = self.answered_until.get(&reader).copied().unwrap_or(now);
+        if until > now + RIB_READ_BURST {
+            return false;
+        }
+        let cost = std::time::Duration::from_nanos(
+            (objects as u64).saturating_mul(1_000_000_000 / RIB_READ_OBJECTS_PER_S),
+        );
+        self.answered_until.insert(reader, until.max(now) + cost);
+        true
+    }
 }
 
 impl RemoteReads {
@@ -180,7 +222,7 @@ impl NormalIpcp {
             _ => ALL_LEVELS,
         };
         let readable = self.cfg.rib_readable.iter().any(|p| under(&path, p));
-        let entries = if readable {
+        let mut entries = if readable {
             self.rib()
                 .snapshot(&path, depth)
                 .map_err(|e| (1, e.to_string()))
@@ -190,6 +232,19 @@ impl NormalIpcp {
                 format!("{path} is not readable by members of {}", self.cfg.dif),
             ))
         };
+        if let Ok(e) = &entries {
+            if !self.rib_reads.admit(now, dst, e.len().max(1)) {
+                self.counters.rib_reads_limited += 1;
+                entries = Err((
+                    RESULT_READ_LIMITED,
+                    format!(
+                        "too many RIB objects read: members of {} are answered at most \
+                         {RIB_READ_OBJECTS_PER_S} a second each; ask again later",
+                        self.cfg.dif
+                    ),
+                ));
+            }
+        }
         let out: Vec<CdapMessage> = match entries {
             Err((code, reason)) => {
                 let Ok(r) = CdapMessage::response_to(req, code, &reason) else {
