@@ -23,7 +23,7 @@
 --   rina.mgmt      the payload of a management PDU: a one-byte discriminator
 --                  (0xC0 CDAP, which carries every management message: enrollment, hellos,
 --                  port authentication, the flow allocator, routing, the directory; 0xF6 a
---                  fragment of a larger one; and, from older versions, 0xE0 enrollment, 0xE1
+--                  fragment of a larger one, reassembled in the frame that completes it; and, from older versions, 0xE0 enrollment, 0xE1
 --                  hello, 0xFA the flow allocator before it spoke CDAP) and what follows.
 --   rina.cdap      CDAP messages (protobuf; crates/rina-wire/src/cdap.rs field numbers).
 --   rina.shim_eth  shim DIF over Ethernet: EtherType 0xD1F0 frames, and ARP
@@ -184,8 +184,70 @@ local fm = {
     frag_count = ProtoField.uint16("rina.mgmt.frag.count", "Fragment count"),
     frag_total = ProtoField.uint32("rina.mgmt.frag.total_len", "Message length"),
     frag_data = ProtoField.bytes("rina.mgmt.frag.data", "Fragment data"),
+    frag_reassembled = ProtoField.framenum("rina.mgmt.frag.reassembled_in",
+        "Reassembled in frame"),
 }
 p_mgmt.fields = fm
+
+-- Management fragments put back together. In the first pass over a
+-- capture, the pieces seen so far, by sender and receiver (the frame's
+-- addresses and ports) and message id; the whole message by the number of
+-- the frame that completed it, for that pass and any later one (the
+-- frames of the message point to it).
+local frag_pending = {}
+local frag_whole = {}
+local frag_done_in = {}
+-- Pieces kept at most (a capture of broken senders must not grow this
+-- without end): beyond, the oldest messages are forgotten.
+local FRAG_MAX_PENDING = 256
+local frag_order = {}
+
+function p_mgmt.init()
+    frag_pending, frag_whole, frag_done_in, frag_order = {}, {}, {}, {}
+end
+
+-- Takes the fragment in `tvb` (discriminator, header, piece); returns the
+-- whole message as a ByteArray if this frame completed it.
+local function reassemble(tvb, pinfo)
+    local n = pinfo.number
+    local id = tvb(1, 4):uint()
+    local key = tostring(pinfo.src) .. ":" .. tostring(pinfo.src_port) .. ">" ..
+        tostring(pinfo.dst) .. ":" .. tostring(pinfo.dst_port) .. "#" .. id
+    if pinfo.visited then
+        return frag_whole[n], frag_done_in[key .. "@" .. n]
+    end
+    local index, count, total = tvb(5, 2):uint(), tvb(7, 2):uint(), tvb(9, 4):uint()
+    local m = frag_pending[key]
+    if m == nil or m.count ~= count or m.total ~= total then
+        m = { count = count, total = total, parts = {}, have = 0 }
+        frag_pending[key] = m
+        table.insert(frag_order, key)
+        if #frag_order > FRAG_MAX_PENDING then
+            frag_pending[table.remove(frag_order, 1)] = nil
+        end
+    end
+    if index < count and m.parts[index] == nil then
+        m.parts[index] = tvb(13):bytes()
+        m.have = m.have + 1
+        m.frames = (m.frames or "") .. n .. ","
+    end
+    if m.have < count then
+        return nil
+    end
+    frag_pending[key] = nil
+    local whole = ByteArray.new()
+    for i = 0, count - 1 do
+        whole:append(m.parts[i])
+    end
+    if whole:len() ~= total then
+        return nil
+    end
+    frag_whole[n] = whole
+    for f in string.gmatch(m.frames, "(%d+),") do
+        frag_done_in[key .. "@" .. f] = n
+    end
+    return whole, n
+end
 
 -- ------------------------------------------------------------------- CDAP
 local p_cdap = Proto("rina_cdap", "RINA CDAP")
@@ -520,7 +582,8 @@ local function dissect_fa(tvb, t)
 end
 
 -- A management payload: discriminator and contents; returns a summary.
-local function dissect_mgmt(tvb, pinfo, tree)
+local dissect_mgmt
+function dissect_mgmt(tvb, pinfo, tree)
     if tvb:len() == 0 then
         return "empty"
     end
@@ -539,7 +602,16 @@ local function dissect_mgmt(tvb, pinfo, tree)
         if tvb:len() > 13 then
             t:add(fm.frag_data, tvb(13))
         end
-        return "fragment " .. tvb(5, 2):uint() .. "/" .. tvb(7, 2):uint()
+        local summary = "fragment " .. tvb(5, 2):uint() .. "/" .. tvb(7, 2):uint()
+        local whole, done_in = reassemble(tvb, pinfo)
+        if done_in then
+            t:add(fm.frag_reassembled, done_in)
+        end
+        if whole then
+            local rt = whole:tvb("Reassembled management message")
+            return summary .. ", reassembled: " .. dissect_mgmt(rt, pinfo, tree)
+        end
+        return summary
     elseif (kind == 0xC0 or kind == 0xE0 or kind == 0xE1) and tvb:len() > 1 then
         return dissect_cdap(tvb(1):tvb(), pinfo, t)
     end

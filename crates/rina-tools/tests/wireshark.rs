@@ -1482,3 +1482,64 @@ fn crc32_ieee(data: &[u8]) -> u32 {
     }
     !crc
 }
+
+#[test]
+fn tshark_reassembles_a_management_message_cut_into_fragments() {
+    if let Some(why) = cannot_run(false) {
+        println!("{why}");
+        return;
+    }
+    use rina_core::mgmt_frag::Fragmenter;
+    use rina_core::normal::{CDAP_DISCRIMINATOR, FRAGMENT_DISCRIMINATOR};
+    use rina_wire::cdap::CdapMessage;
+    let dir = std::env::temp_dir().join(format!("rina-wireshark-frag-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (mac_a, mac_b) = (MacAddr([2, 0, 0, 0, 0, 0xa]), MacAddr([2, 0, 0, 0, 0, 0xb]));
+    // A flooded database too large for one PDU, as enrollment sends it.
+    let msg = CdapMessage::write("FlowStateObjects", "/ra/fsos", vec![7u8; 3000]);
+    let mut whole = vec![CDAP_DISCRIMINATOR];
+    whole.extend(msg.encode());
+    let frags = Fragmenter::split(41, &whole, 1200).unwrap();
+    assert_eq!(frags.len(), 3);
+    let frame = |payload: &[u8]| {
+        let mut p = Pci::new(PduType::Mgmt);
+        (p.src_addr, p.dst_addr) = (1, 2);
+        let mut sdu = vec![64u8];
+        pci::encode_data(&DtConstants::default(), &p, payload, &mut sdu).unwrap();
+        let mut f = FrameHeader {
+            dst: mac_b,
+            src: mac_a,
+            vlan: Some(10),
+            ethertype: ETH_P_RINA,
+        }
+        .to_vec();
+        f.extend(&sdu);
+        f
+    };
+    // The pieces out of order, as a lower DIF may deliver them.
+    let frames: Vec<Vec<u8>> = [&frags[1], &frags[0], &frags[2]]
+        .iter()
+        .map(|f| frame(&[&[FRAGMENT_DISCRIMINATOR][..], f].concat()))
+        .collect();
+    let pcap = dir.join("frag.pcap");
+    write_pcap(&pcap, &frames);
+    let fields = [
+        "rina.mgmt.frag.index",
+        "rina.mgmt.frag.reassembled_in",
+        "rina.cdap.opcode",
+        "rina.cdap.obj_name",
+    ];
+    // Two passes: every piece points to the frame that completed it.
+    let rows = tshark(&pcap, &["-2"], &fields);
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    assert_eq!(rows[0][..2], ["1", "3"], "{rows:?}");
+    assert_eq!(rows[1][..2], ["0", "3"], "{rows:?}");
+    assert!(rows[0].get(3).is_none_or(|v| v.is_empty()), "{rows:?}");
+    assert_eq!(rows[2][0], "2", "{rows:?}");
+    assert_eq!(rows[2][1], "3", "{rows:?}");
+    assert_eq!(
+        rows[2][3], "/ra/fsos",
+        "the message decoded whole: {rows:?}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
