@@ -149,3 +149,99 @@ fn an_application_cannot_make_the_daemon_block_on_its_room_doorbell() {
     flow.write(b"third").unwrap();
     assert_eq!(reader.join().unwrap().len(), 3, "the flow kept working");
 }
+
+/// CPU time (user and system) process `pid` has used so far.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (in parentheses, which may hold spaces).
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<u64> = rest
+        .split(' ')
+        .skip(11)
+        .take(2)
+        .map(|v| v.parse().unwrap())
+        .collect();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    Duration::from_millis((f[0] + f[1]) * 1000 / hz)
+}
+
+/// A normal IPCP `me.net` at `addr` over a shim-udp DIF, with one
+/// neighbour; `echo` lives at address 2.
+fn normal_system(me: &str, addr: u64, port: u16, peer: &str, peer_port: u16) -> String {
+    let peer_addr = 3 - addr;
+    format!(
+        "[system]\nname = \"{me}\"\n\n[[ipcp]]\nname = \"{me}.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:{port}\"\n\n[ipcp.directory]\n\"{peer}.net\" = \"127.0.0.1:{peer_port}\"\n\n[[ipcp]]\nname = \"{me}.net\"\ntype = \"normal\"\ndif = \"net\"\naddress = {addr}\n\n[[ipcp.neighbor]]\nname = \"{peer}.net\"\nover = \"udp\"\naddress = {peer_addr}\n\n[ipcp.names]\n\"echo\" = 2\n"
+    )
+}
+
+/// An application that writes a tail no reader could have (further from
+/// the head than the ring is long) into its receive ring, the one the
+/// daemon fills, on a flow of a normal DIF: SDUs for it find no room and
+/// are held, and the daemon must wait for the application to kick, as for
+/// a full ring, not try again at once in a loop (its one thread would spin
+/// at full speed for as long as the application likes, with every flow it
+/// serves).
+#[test]
+fn an_application_scribbling_its_ring_tail_does_not_make_the_daemon_spin() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (pa, pb) = (common::free_port(), common::free_port());
+    let alpha = Daemon::start_with("alpha", &normal_system("alpha", 1, pa, "beta", pb));
+    let beta = Daemon::start_with("beta", &normal_system("beta", 2, pb, "alpha", pa));
+    let mut srv = beta.client();
+    srv.set_rings(false);
+    srv.register(&name("echo"), Some("net")).unwrap();
+    let server = std::thread::spawn(move || {
+        let req = srv.next_request_timeout(T).unwrap().expect("a request");
+        let flow = srv.accept(&req).unwrap();
+        // A first SDU, then the word that the tail is garbage; then a few
+        // SDUs.
+        let mut go = [0u8; 8];
+        for _ in 0..2 {
+            flow.read_timeout(&mut go, T).unwrap().expect("an SDU");
+        }
+        for k in 0..8u8 {
+            flow.write(&[k; 100]).unwrap();
+        }
+        std::thread::sleep(Duration::from_secs(4));
+    });
+    let mut c = alpha.client();
+    c.set_rings(true);
+    let mut flow = None;
+    common::wait_for("a flow over the normal DIF", T, || {
+        flow = c
+            .allocate(
+                &name("scribbler"),
+                &name("echo"),
+                Some("net"),
+                &QosSpec::default(),
+            )
+            .ok();
+        flow.is_some()
+    });
+    let flow = flow.unwrap();
+    assert!(flow.has_rings(), "the flow got rings");
+    flow.write(b"hello").unwrap();
+    let files = fds_named("/memfd:rina-flow");
+    assert_eq!(files.len(), 1, "one ring file in this process");
+    let (to_app, _, _) =
+        rina_core::shim_hv::flow_rings::layout(rina_core::shim_hv::flow_rings::GEOMETRY);
+    let garbage = (u32::MAX / 2).to_le_bytes();
+    // SAFETY: a write of 4 bytes into the ring file at its offset (the
+    // receive ring's published tail).
+    let n = unsafe { libc::pwrite(files[0], garbage.as_ptr().cast(), 4, (to_app + 64) as i64) };
+    assert_eq!(n, 4);
+    flow.write(b"go").unwrap();
+    // The SDUs arrive at alpha, which cannot put them in the ring.
+    std::thread::sleep(Duration::from_millis(500));
+    let before = cpu_time(alpha.child.id());
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu_time(alpha.child.id()) - before;
+    assert!(
+        used < Duration::from_millis(500),
+        "the daemon spun: {used:?} of CPU in 2 s"
+    );
+    assert!(matches!(alpha.answers_within(T), Some(Ok(2))));
+    drop(flow);
+    server.join().unwrap();
+}

@@ -1165,3 +1165,76 @@ fn a_doorbell_peer_cannot_block_the_daemon() {
     answers("a flooded doorbell connection");
     drop((conn, conn2, theirs));
 }
+
+/// CPU time (user and system) process `pid` has used so far.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (in parentheses, which may hold spaces).
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<u64> = rest
+        .split(' ')
+        .skip(11)
+        .take(2)
+        .map(|v| v.parse().unwrap())
+        .collect();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    Duration::from_millis((f[0] + f[1]) * 1000 / hz)
+}
+
+/// A guest that publishes a tail no reader could have in the ring the host
+/// fills (further from the head than the ring is long), and keeps its
+/// heartbeat and its doorbell connection: the host's SDUs find no room,
+/// and the host must wait for a doorbell or its next tick, as on a full
+/// ring, not try again at once in a loop (its one thread would spin at
+/// full speed for as long as the guest likes).
+#[test]
+fn a_guest_publishing_a_garbage_tail_does_not_make_the_host_spin() {
+    let p = pair();
+    let _srv = echo_server(&p.guest, "echo");
+    let mut c = p.host.client();
+    let f = allocate(&mut c, "host-app", "echo").unwrap();
+    assert_eq!(roundtrip(&f, b"hello"), b"hello");
+    // The guest stops reading (stopped), but its heartbeat goes on.
+    // SAFETY: a signal to a child process of this test.
+    unsafe { libc::kill(p.guest.child.id() as i32, libc::SIGSTOP) };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&p.shm)
+        .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let beat = {
+        let (file, stop) = (file.try_clone().unwrap(), stop.clone());
+        std::thread::spawn(move || {
+            let mut b = [0u8; 8];
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                file.read_exact_at(&mut b, 136).unwrap();
+                let next = u64::from_le_bytes(b).wrapping_add(1);
+                file.write_all_at(&next.to_le_bytes(), 136).unwrap();
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    // The host -> guest ring's published tail.
+    let tail = (HEADER + 64) as u64;
+    file.write_all_at(&(u32::MAX / 2).to_le_bytes(), tail)
+        .unwrap();
+    for k in 0..4u8 {
+        f.write(&[k; 200]).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let before = cpu_time(p.host.child.id());
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu_time(p.host.child.id()) - before;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    beat.join().unwrap();
+    // SAFETY: as above.
+    unsafe { libc::kill(p.guest.child.id() as i32, libc::SIGCONT) };
+    assert!(
+        used < Duration::from_millis(500),
+        "the host spun: {used:?} of CPU in 2 s"
+    );
+    assert!(p.host.counter("tx_ring_errors") > 0, "the garbage was seen");
+    assert!(p.host.client().list_ipcps().is_ok());
+}

@@ -775,11 +775,15 @@ impl Producer {
     /// The ring is full and this producer is about to sleep until the
     /// consumer rings: asks for that doorbell, then looks once more.
     /// Returns true if the ring still has no room for `len` bytes (sleep),
-    /// false if room appeared meanwhile (try again now).
+    /// false if room appeared meanwhile (try again now). A tail the
+    /// consumer published that no honest one could is no room either: the
+    /// caller sleeps until the consumer rings or its next tick, instead of
+    /// trying again at once, over and over, for as long as the garbage
+    /// stays.
     pub fn arm(&mut self, len: usize) -> bool {
         self.mem.producer_waiting().store(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);
-        matches!(self.make_room(len), Err(RingError::Full))
+        self.make_room(len).is_err()
     }
 
     /// Publishes one record made of `parts` laid end to end.
@@ -1391,6 +1395,29 @@ mod tests {
         assert!(!c.take_wakeup());
         assert!(!p.arm(big.len()), "room now: no sleep");
         p.push(&[&big]).unwrap();
+    }
+
+    /// A consumer that publishes a tail no honest one could (further from
+    /// the head than the ring is long) leaves the producer no room until
+    /// it publishes a sane one: a producer arming for room must sleep, not
+    /// be told to try again at once, which it would do in a loop (a hostile
+    /// application or guest would keep its daemon spinning).
+    #[test]
+    fn a_garbage_tail_gives_no_room_and_a_producer_arming_on_it_sleeps() {
+        let mem = HeapRegion::new(GEO.ring_bytes());
+        let (mut p, _c) = pair(&mem);
+        p.push(&[b"a"]).unwrap();
+        mem.region()
+            .u32_at(64)
+            .unwrap()
+            .store(u32::MAX / 2, Ordering::Release);
+        assert!(matches!(p.push(&[b"b"]), Err(RingError::BadIndex { .. })));
+        assert!(p.arm(1), "no room with a garbage tail: sleep");
+        // The consumer publishes a sane tail again (past the first
+        // record): room, and no sleep.
+        mem.region().u32_at(64).unwrap().store(1, Ordering::Release);
+        assert!(!p.arm(1), "room again: try now");
+        p.push(&[b"c"]).unwrap();
     }
 
     #[test]
