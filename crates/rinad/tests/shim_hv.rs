@@ -1238,3 +1238,97 @@ fn a_guest_publishing_a_garbage_tail_does_not_make_the_host_spin() {
     assert!(p.host.counter("tx_ring_errors") > 0, "the garbage was seen");
     assert!(p.host.client().list_ipcps().is_ok());
 }
+
+/// A tmpfs of `size` mounted at `dir`, unmounted on drop.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// Mounts it, or says why it cannot be done here.
+    fn mount(dir: &Path, size: &str) -> Result<Tmpfs, String> {
+        // SAFETY: no arguments, no side effects.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("needs root (mounts a tmpfs)".into());
+        }
+        std::fs::create_dir_all(dir).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            Ok(Tmpfs(dir.to_path_buf()))
+        } else {
+            Err("cannot mount a tmpfs".into())
+        }
+    }
+
+    /// Fills what is left of it with a file.
+    fn fill(&self) {
+        use std::io::Write;
+        let mut f = std::fs::File::create(self.0.join("filler")).unwrap();
+        let chunk = vec![7u8; 4096];
+        while f.write_all(&chunk).is_ok() {}
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// The shared file on a file system that another user fills up (as
+/// anyone may fill `/dev/shm`) after the host created it: a page of the
+/// rings first touched then has no memory behind it, and touching it kills
+/// the daemon (SIGBUS) with every flow it serves. The host must have the
+/// rings' memory from the start (or refuse to start, saying why), so that
+/// traffic that goes all around the rings finds every page there.
+#[test]
+fn a_full_file_system_under_the_shared_file_does_not_kill_the_daemons() {
+    let dir = temp_dir("hvfull");
+    let _dir = Dir(dir.clone());
+    let fs = match Tmpfs::mount(&dir.join("shm"), "24m") {
+        Ok(fs) => fs,
+        Err(why) => {
+            println!("skipped: {why}");
+            return;
+        }
+    };
+    let shm = fs.0.join("vmpi0");
+    let host = Daemon::start_with("host", &hv_config("host", &shm, "host"));
+    fs.fill();
+    let guest = Daemon::start_with("guest", &hv_config("guest", &shm, "guest"));
+    wait_until_up(&host);
+    wait_until_up(&guest);
+    let _srv = echo_server(&guest, "echo");
+    let mut c = host.client();
+    let f = allocate(&mut c, "host-app", "echo").unwrap();
+    // 64 KiB SDUs take 17 slots each: 80 of them go around both rings.
+    let mut buf = vec![0u8; 65_536];
+    let mut echoed = 0;
+    for k in 0..80u8 {
+        let sdu = vec![k; 65_536];
+        let back = f.write(&sdu).and_then(|()| f.read_timeout(&mut buf, T));
+        match back {
+            Ok(Some(n)) if buf[..n] == sdu[..] => echoed += 1,
+            _ => break,
+        }
+    }
+    let (mut host, mut guest) = (host, guest);
+    let host_exit = host.child.try_wait().unwrap();
+    let guest_exit = guest.child.try_wait().unwrap();
+    assert!(
+        host_exit.is_none() && guest_exit.is_none(),
+        "after {echoed} round trips: host {host_exit:?}, guest {guest_exit:?}"
+    );
+    assert_eq!(echoed, 80);
+}

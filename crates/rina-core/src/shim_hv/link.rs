@@ -71,7 +71,13 @@ impl Side {
 /// Bytes a region with rings of geometry `geo` needs, rounded up to a power
 /// of two (as an `ivshmem` device requires).
 pub fn region_size(geo: Geometry) -> usize {
-    (HEADER + 2 * geo.ring_bytes().next_multiple_of(4096)).next_power_of_two()
+    region_used(geo).next_power_of_two()
+}
+
+/// Bytes of such a region that are ever read or written: the header and
+/// both rings (the rest pads it to [`region_size`]).
+pub fn region_used(geo: Geometry) -> usize {
+    HEADER + 2 * geo.ring_bytes().next_multiple_of(4096)
 }
 
 fn ring_region(region: Region, geo: Geometry, k: usize) -> Result<Region, RingError> {

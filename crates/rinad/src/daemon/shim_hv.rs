@@ -62,7 +62,8 @@
 use super::*;
 use rina_core::buf::PduBuf;
 use rina_core::shim_hv::link::{
-    region_size, Backlog, BacklogOutcome, Link, LinkConfig, LinkEvent, RelayRead, Ticker,
+    region_size, region_used, Backlog, BacklogOutcome, Link, LinkConfig, LinkEvent, RelayRead,
+    Ticker,
 };
 use rina_core::shim_hv::ring::{Geometry, Region, RingError, Segments};
 use rina_core::shim_hv::vmpi::{CHANNEL_HEADER, CONTROL_CHANNEL};
@@ -272,6 +273,29 @@ fn host_file_is_ours(file: &std::fs::File, path: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// Gives the first `len` bytes of the host's file (the header and the
+/// rings) their memory now. Pages of a sparse file get theirs when first
+/// touched, and on a file system that filled up meanwhile (any user may
+/// fill `/dev/shm`) there is none: the process that touches such a page
+/// through its mapping is killed (SIGBUS), this daemon or the guest's.
+/// A file system without room for them is refused now, with the reason.
+/// (One that cannot allocate ahead at all is taken as it is.)
+fn allocate_rings(file: &std::fs::File, len: usize) -> io::Result<()> {
+    // SAFETY: fallocate on a descriptor we own; a negative return is an
+    // error. Mode 0 keeps the bytes there are and allocates the holes.
+    if unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len as libc::off_t) } == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+        return Ok(());
+    }
+    Err(io::Error::new(
+        e.kind(),
+        format!("cannot allocate the {len} bytes of its rings ahead: {e}"),
+    ))
+}
+
 /// Opens and maps the region: the host creates and lays it out, the guest
 /// attaches to what is there.
 fn open_region(path: &Path, side: Side, session: u32) -> io::Result<Attached> {
@@ -289,6 +313,7 @@ fn open_region(path: &Path, side: Side, session: u32) -> io::Result<Attached> {
                 .open(path)?;
             host_file_is_ours(&file, path)?;
             file.set_len(size as u64)?;
+            allocate_rings(&file, region_used(GEOMETRY))?;
             let map = Mapping::new(&file, size)?;
             let link = Link::create(map.region(), GEOMETRY, session, LinkConfig::default())
                 .map_err(to_io)?;
