@@ -1332,3 +1332,40 @@ fn a_full_file_system_under_the_shared_file_does_not_kill_the_daemons() {
     );
     assert_eq!(echoed, 80);
 }
+
+/// Someone who may write the file at the host's path (here: every user)
+/// made it before the host did, laid out as a host would: the guest side,
+/// which waits for a layout to appear there, must not take it, for its
+/// maker could cut it short under the guest's mapping, and the guest's
+/// next heartbeat would kill it (SIGBUS). It says why and waits.
+#[test]
+fn a_guest_does_not_take_a_file_another_user_could_cut_short() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = temp_dir("hvsquat");
+    let _dir = Dir(dir.clone());
+    let shm = dir.join("vmpi0");
+    let file = std::fs::File::create(&shm).unwrap();
+    let mut hdr = Vec::new();
+    hdr.extend_from_slice(b"RINA-HV1");
+    for word in [1u32, GEO.slot_size, GEO.slots] {
+        hdr.extend_from_slice(&word.to_le_bytes());
+    }
+    file.set_len(rina_core::shim_hv::link::region_size(GEO) as u64)
+        .unwrap();
+    file.write_all_at(&hdr, 0).unwrap();
+    std::fs::set_permissions(&shm, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let mut guest = Daemon::start_with("guest", &hv_config("guest", &shm, "guest"));
+    // A few ticks: it took the file or refused it.
+    wait_for("the guest's ticks", T, || guest.counter("ticks") >= 3);
+    // Its maker cuts it short.
+    file.set_len(0).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let exit = guest.child.try_wait().unwrap();
+    assert!(exit.is_none(), "the guest died: {exit:?}");
+    assert!(guest.client().list_ipcps().is_ok());
+    let log = guest.log();
+    assert!(
+        log.contains("writable by every user (mode 666)"),
+        "the guest says why: {log}"
+    );
+}

@@ -193,6 +193,9 @@ pub(super) struct HvIo {
     tx_ring_errors: u64,
     /// Failed attempts to map or attach.
     attach_errors: u64,
+    /// The last refusal of the file logged (the guest side retries at
+    /// every tick; each new reason is logged once).
+    attach_refused: Option<String>,
 }
 
 /// The doorbells of one device: a Unix connection between both daemons,
@@ -273,6 +276,37 @@ fn host_file_is_ours(file: &std::fs::File, path: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// Refuses a file for the guest side that someone other than the
+/// daemon's user or root could cut short under its mapping (the first
+/// touch of a page past the new end kills the daemon with SIGBUS): one
+/// that belongs to another user, or that every user may write. (Anyone
+/// may make the file at a host's path before the host does: the host
+/// then refuses it, but a guest waiting for the layout took it.) The
+/// host's own file qualifies, and so does a device's BAR in sysfs, which
+/// belongs to root.
+fn guest_file_is_safe(file: &std::fs::File, path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let m = file.metadata()?;
+    let euid = sys::euid();
+    let why = if m.uid() != euid && m.uid() != 0 {
+        format!(
+            "belongs to uid {}, neither the daemon's user (uid {euid}) nor root",
+            m.uid()
+        )
+    } else if m.mode() & 0o002 != 0 {
+        format!("is writable by every user (mode {:o})", m.mode() & 0o7777)
+    } else {
+        return Ok(());
+    };
+    Err(io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        format!(
+            "{} {why}, who could cut it short under the daemon; not attached",
+            path.display()
+        ),
+    ))
+}
+
 /// Gives the first `len` bytes of the host's file (the header and the
 /// rings) their memory now. Pages of a sparse file get theirs when first
 /// touched, and on a file system that filled up meanwhile (any user may
@@ -324,6 +358,7 @@ fn open_region(path: &Path, side: Side, session: u32) -> io::Result<Attached> {
                 .read(true)
                 .write(true)
                 .open(path)?;
+            guest_file_is_safe(&file, path)?;
             let len = file.metadata()?.len() as usize;
             if len < rina_core::shim_hv::link::HEADER {
                 return Err(io::Error::other("the file is not laid out yet"));
@@ -399,6 +434,7 @@ pub(super) fn new_ipcp(
         rx_ring_errors: 0,
         tx_ring_errors: 0,
         attach_errors: 0,
+        attach_refused: None,
     }));
     Ok((hc, io))
 }
@@ -1022,7 +1058,16 @@ impl Daemon {
                         info!(ipcp = %name, "shim-hv guest attached");
                         h.att = Some(a);
                     }
-                    Err(_) => h.attach_errors += 1,
+                    Err(e) => {
+                        h.attach_errors += 1;
+                        let why = e.to_string();
+                        if e.kind() == io::ErrorKind::PermissionDenied
+                            && h.attach_refused.as_ref() != Some(&why)
+                        {
+                            warn!(ipcp = %name, error = %why, "shim-hv guest: file refused");
+                            h.attach_refused = Some(why);
+                        }
+                    }
                 }
             }
             h.bell.step(side, h.att.is_some(), now);
