@@ -1305,6 +1305,9 @@ fn a_full_file_system_under_the_shared_file_does_not_kill_the_daemons() {
     };
     let shm = fs.0.join("vmpi0");
     let host = Daemon::start_with("host", &hv_config("host", &shm, "host"));
+    // It answers requests: its IPCPs are built (the control socket may
+    // take a connection before).
+    wait_for("the host's ticks", T, || host.counter("ticks") > 0);
     fs.fill();
     let guest = Daemon::start_with("guest", &hv_config("guest", &shm, "guest"));
     wait_until_up(&host);
@@ -1368,4 +1371,57 @@ fn a_guest_does_not_take_a_file_another_user_could_cut_short() {
         log.contains("writable by every user (mode 666)"),
         "the guest says why: {log}"
     );
+}
+
+/// A peer that publishes a well-formed buffer larger than any the DIF
+/// carries (100 KB; SDUs are at most 64 KiB): it is dropped and counted
+/// as garbage, not dropped unseen.
+#[test]
+fn a_buffer_larger_than_any_sdu_is_counted() {
+    use rina_core::shim_hv::ring::{Producer, Region};
+    let dir = temp_dir("hvbig");
+    let _dir = Dir(dir.clone());
+    let shm = dir.join("vmpi0");
+    let host = Daemon::start_with("host", &hv_config("host", &shm, "host"));
+    // It answers requests: its IPCPs are built (the control socket may
+    // take a connection before).
+    wait_for("the host's ticks", T, || host.counter("ticks") > 0);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&shm)
+        .unwrap();
+    let len = file.metadata().unwrap().len() as usize;
+    // SAFETY: a shared mapping of the whole file, unmapped below; only
+    // the ring code touches it, through the region.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    // SAFETY: the mapping is page-aligned and lives until the munmap.
+    let region = unsafe { Region::new(std::ptr::NonNull::new(p.cast()).unwrap(), len) }.unwrap();
+    // The guest -> host ring, written as the guest would.
+    let ring = region
+        .sub(
+            HEADER + GEO.ring_bytes().next_multiple_of(4096),
+            GEO.ring_bytes(),
+        )
+        .unwrap();
+    let mut tx = Producer::new(ring, GEO).unwrap();
+    // On the control channel (its first 4 bytes, 0).
+    tx.push(&[&[0u8; 100_000]]).unwrap();
+    let tail = ring.u32_at(64).unwrap();
+    wait_for("the host to take the buffer", T, || {
+        tail.load(std::sync::atomic::Ordering::Acquire) == tx.head()
+    });
+    assert_eq!(host.counter("rx_ring_errors"), 1, "dropped unseen");
+    // SAFETY: unmaps what was mapped above; the region is not used after.
+    unsafe { libc::munmap(p, len) };
 }

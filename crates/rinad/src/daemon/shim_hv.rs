@@ -1316,15 +1316,19 @@ impl Daemon {
             // system from a copy.
             let copied = n <= self.buf.len() && a.link.read_peeked(n, &mut self.buf[..n]);
             a.link.consume(n);
-            if copied {
-                let rx = rina_core::system::Rx::Hv {
-                    buf: &self.buf[..n],
-                };
-                if let Some((port, sdu)) = self.sys.receive(now, i, rx) {
-                    let len = sdu.len() as u64;
-                    super::shim::straight_to_app(&mut self.flows, &mut self.sys, i, port, sdu);
-                    self.hv_delivered(now, i, port, len);
-                }
+            if !copied {
+                // Larger than any buffer the DIF carries: garbage, counted.
+                h.rx_ring_errors += 1;
+                debug!(ipcp = %name, len = n, "VMPI buffer larger than any the DIF carries; dropped");
+                return Some(true);
+            }
+            let rx = rina_core::system::Rx::Hv {
+                buf: &self.buf[..n],
+            };
+            if let Some((port, sdu)) = self.sys.receive(now, i, rx) {
+                let len = sdu.len() as u64;
+                super::shim::straight_to_app(&mut self.flows, &mut self.sys, i, port, sdu);
+                self.hv_delivered(now, i, port, len);
             }
             return Some(true);
         };
