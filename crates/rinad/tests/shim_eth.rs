@@ -718,3 +718,31 @@ fn a_link_set_down_takes_its_neighbour_down_at_once_and_back_when_up() {
         });
     }
 }
+
+/// The interface's MTU raised after the IPCP started (its receive buffers
+/// are cut for the MTU it started with): a frame larger than those is cut
+/// short by the kernel and dropped, and it is counted (`rx_too_large`),
+/// not lost unseen.
+#[test]
+fn frames_larger_than_the_mtu_the_ipcp_started_with_are_counted() {
+    if let Some(why) = unavailable() {
+        println!("skipped: {why}");
+        return;
+    }
+    let (na, nb) = (Netns::new("biga"), Netns::new("bigb"));
+    let (ea, eb) = veth(&na, &nb);
+    let cfg = String::from("[system]\nname = \"b\"\n") + &shim_eth("b.10", "10", &eb);
+    let b = daemon_in(&nb, "eth-big", &cfg);
+    na.exec(&["ip", "link", "set", "dev", &ea, "mtu", "9000"]);
+    nb.exec(&["ip", "link", "set", "dev", &eb, "mtu", "9000"]);
+    let mut frame = nb.mac(&eb).to_vec();
+    frame.extend_from_slice(&na.mac(&ea));
+    frame.extend_from_slice(&[0x81, 0x00, 0x00, 10, 0xd1, 0xf0]);
+    frame.extend_from_slice(&[7u8; 4000]);
+    inject(&na, &ea, vec![frame]);
+    wait_for("the frame to be counted", T, || {
+        counter(&b, "b.10", "rx_too_large") == 1
+    });
+    let mut b = b;
+    assert!(b.child.try_wait().unwrap().is_none(), "rinad b died");
+}

@@ -117,6 +117,7 @@ impl Daemon {
                 let mut c = m.counters().to_map();
                 c.insert("tx_errors".into(), e.send_errors);
                 c.insert("tx_buffer_full".into(), e.send_full);
+                c.insert("rx_too_large".into(), e.rx_too_large);
                 // Batching: `sendmmsg` calls against frames (tx_frames).
                 c.insert("tx_syscalls".into(), e.tx_syscalls);
                 if let Some(i) = &e.impair {

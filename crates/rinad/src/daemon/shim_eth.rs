@@ -40,6 +40,10 @@ pub(super) struct EthIo {
     pub send_errors: u64,
     /// Frames lost because too many waited for a full send buffer.
     pub send_full: u64,
+    /// Frames received that were larger than the interface's MTU when
+    /// the IPCP started (its MTU was raised since): cut short by the
+    /// kernel, so dropped.
+    pub rx_too_large: u64,
     /// Frames of this turn of the loop, sent together at its end
     /// ([`Daemon::flush_eth`]).
     pub out: Vec<PduBuf>,
@@ -377,12 +381,13 @@ unsafe fn aux_vlan(msg: &libc::msghdr) -> Option<u16> {
 /// slots of `slot` bytes. For each received message, in order: its length
 /// and out-of-band VLAN, or `None` for one to skip (our own transmission,
 /// or larger than a slot). An empty result means nothing was waiting.
+/// Returns how many were larger than a slot (cut short by the kernel).
 fn recv_batch(
     fd: RawFd,
     buf: &mut [u8],
     slot: usize,
     out: &mut Vec<Option<(usize, Option<u16>)>>,
-) -> io::Result<()> {
+) -> io::Result<u64> {
     out.clear();
     let n = (buf.len() / slot.max(1)).clamp(1, RX_BATCH);
     let slot = slot.min(buf.len());
@@ -422,22 +427,26 @@ fn recv_batch(
     if got < 0 {
         let e = last_err();
         return match e.kind() {
-            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(()),
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(0),
             _ => Err(e),
         };
     }
+    let mut too_large = 0;
     for (k, m) in msgs.iter().enumerate().take(got as usize) {
         let len = m.msg_len as usize;
-        if from[k].sll_pkttype == libc::PACKET_OUTGOING
-            || m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0
-        {
+        if from[k].sll_pkttype == libc::PACKET_OUTGOING {
+            out.push(None);
+            continue;
+        }
+        if m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
+            too_large += 1;
             out.push(None);
             continue;
         }
         // SAFETY: the kernel just filled this header.
         out.push(Some((len, unsafe { aux_vlan(&m.msg_hdr) })));
     }
-    Ok(())
+    Ok(too_large)
 }
 
 /// Outcome of a send.
@@ -591,6 +600,7 @@ pub(super) fn new_ipcp(
         interface,
         send_errors: 0,
         send_full: 0,
+        rx_too_large: 0,
         out: Vec::new(),
         tx_syscalls: 0,
         stalled: VecDeque::new(),
@@ -797,14 +807,17 @@ impl Daemon {
             let Io::Eth(ip) = &mut self.ipcps[i].io else {
                 return false;
             };
-            if let Err(e) = recv_batch(ip.sock.as_raw_fd(), &mut self.buf, slot, &mut batch) {
-                if e.raw_os_error() == Some(libc::ENETDOWN) {
-                    // The interface was set down: its socket says so once.
-                    self.eth_link(i, false);
-                } else {
-                    debug!(ipcp = %self.ipcps[i].name, error = %e, "packet receive error");
+            match recv_batch(ip.sock.as_raw_fd(), &mut self.buf, slot, &mut batch) {
+                Ok(too_large) => ip.rx_too_large += too_large,
+                Err(e) => {
+                    if e.raw_os_error() == Some(libc::ENETDOWN) {
+                        // The interface was set down: its socket says so once.
+                        self.eth_link(i, false);
+                    } else {
+                        debug!(ipcp = %self.ipcps[i].name, error = %e, "packet receive error");
+                    }
+                    return true;
                 }
-                return true;
             }
             if batch.is_empty() {
                 return false;
