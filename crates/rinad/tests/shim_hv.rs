@@ -1425,3 +1425,26 @@ fn a_buffer_larger_than_any_sdu_is_counted() {
     // SAFETY: unmaps what was mapped above; the region is not used after.
     unsafe { libc::munmap(p, len) };
 }
+
+/// The host's doorbell socket is for those who may use the shared file,
+/// whatever the daemon's umask: with umask 0 it was left writable, so any
+/// local user could connect, take the guest's place as the doorbell peer
+/// (a newer connection replaces the older) and leave the two daemons
+/// polling every 50 ms instead of ringing each other.
+#[test]
+fn the_doorbell_socket_is_no_more_open_than_the_shared_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = temp_dir("hvbellmode");
+    let _dir = Dir(dir.clone());
+    let shm = dir.join("vmpi0");
+    let host = Daemon::start_with_umask("host", &hv_config("host", &shm, "host"), Some(0));
+    wait_for("the host's ticks", T, || host.counter("ticks") > 0);
+    let file = std::fs::metadata(&shm).unwrap().permissions().mode() & 0o777;
+    let bell = std::fs::metadata(dir.join("vmpi0.bell"))
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(file, 0o600);
+    assert_eq!(bell, 0o600, "the doorbell socket has mode {bell:o}");
+}

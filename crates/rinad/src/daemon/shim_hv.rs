@@ -532,7 +532,10 @@ impl Bell {
         let sock_path = PathBuf::from(sock_path);
         let listener = if side == Side::Host {
             let _ = std::fs::remove_file(&sock_path);
-            match sys::seqpacket_listener(&sock_path) {
+            match sys::seqpacket_listener(&sock_path).and_then(|l| {
+                restrict_bell(path, &sock_path)?;
+                Ok(l)
+            }) {
                 Ok(l) => Some(l),
                 Err(e) => {
                     info!(ipcp, path = %sock_path.display(), error = %e, "no doorbell socket: shim-hv polls its rings");
@@ -656,6 +659,17 @@ impl Bell {
             }
         }
     }
+}
+
+/// Gives the host's doorbell socket `bell` the access the shared file at
+/// `path` gives, read and write for its owner (and its group, if it may
+/// write the file), whatever the daemon's umask: anyone who may connect
+/// can take the guest's place as the doorbell peer.
+fn restrict_bell(path: &Path, bell: &Path) -> io::Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let group = std::fs::metadata(path).is_ok_and(|m| m.mode() & 0o020 != 0);
+    let mode = if group { 0o660 } else { 0o600 };
+    std::fs::set_permissions(bell, std::fs::Permissions::from_mode(mode))
 }
 
 /// A non-blocking `SOCK_SEQPACKET` connection to `path`.

@@ -86,12 +86,29 @@ impl Daemon {
 
     /// Starts a daemon with the given configuration text.
     pub fn start_with(name: &str, cfg: &str) -> Daemon {
+        Self::start_with_umask(name, cfg, None)
+    }
+
+    /// [`Daemon::start_with`], the daemon started with file mode creation
+    /// mask `umask` if given (else this process's).
+    pub fn start_with_umask(name: &str, cfg: &str, umask: Option<u32>) -> Daemon {
         let dir = temp_dir(name);
         let conf = dir.join("rinad.toml");
         std::fs::write(&conf, cfg).unwrap();
         let socket = dir.join("rinad.sock");
         let log = std::fs::File::create(dir.join("rinad.log")).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_rinad"))
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_rinad"));
+        if let Some(mask) = umask {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: umask is async-signal-safe and touches nothing else.
+            unsafe {
+                cmd.pre_exec(move || {
+                    libc::umask(mask as libc::mode_t);
+                    Ok(())
+                });
+            }
+        }
+        let child = cmd
             .arg("--config")
             .arg(&conf)
             .arg("--socket")
