@@ -150,22 +150,6 @@ fn an_application_cannot_make_the_daemon_block_on_its_room_doorbell() {
     assert_eq!(reader.join().unwrap().len(), 3, "the flow kept working");
 }
 
-/// CPU time (user and system) process `pid` has used so far.
-fn cpu_time(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // Fields after the command name (in parentheses, which may hold spaces).
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    let f: Vec<u64> = rest
-        .split(' ')
-        .skip(11)
-        .take(2)
-        .map(|v| v.parse().unwrap())
-        .collect();
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
-    Duration::from_millis((f[0] + f[1]) * 1000 / hz)
-}
-
 /// A normal IPCP `me.net` at `addr` over a shim-udp DIF, with one
 /// neighbour; `echo` lives at address 2.
 fn normal_system(me: &str, addr: u64, port: u16, peer: &str, peer_port: u16) -> String {
@@ -234,9 +218,9 @@ fn an_application_scribbling_its_ring_tail_does_not_make_the_daemon_spin() {
     flow.write(b"go").unwrap();
     // The SDUs arrive at alpha, which cannot put them in the ring.
     std::thread::sleep(Duration::from_millis(500));
-    let before = cpu_time(alpha.child.id());
+    let before = common::cpu_time(alpha.child.id());
     std::thread::sleep(Duration::from_secs(2));
-    let used = cpu_time(alpha.child.id()) - before;
+    let used = common::cpu_time(alpha.child.id()) - before;
     assert!(
         used < Duration::from_millis(500),
         "the daemon spun: {used:?} of CPU in 2 s"

@@ -1166,22 +1166,6 @@ fn a_doorbell_peer_cannot_block_the_daemon() {
     drop((conn, conn2, theirs));
 }
 
-/// CPU time (user and system) process `pid` has used so far.
-fn cpu_time(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // Fields after the command name (in parentheses, which may hold spaces).
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    let f: Vec<u64> = rest
-        .split(' ')
-        .skip(11)
-        .take(2)
-        .map(|v| v.parse().unwrap())
-        .collect();
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
-    Duration::from_millis((f[0] + f[1]) * 1000 / hz)
-}
-
 /// A guest that publishes a tail no reader could have in the ring the host
 /// fills (further from the head than the ring is long), and keeps its
 /// heartbeat and its doorbell connection: the host's SDUs find no room,
@@ -1224,9 +1208,9 @@ fn a_guest_publishing_a_garbage_tail_does_not_make_the_host_spin() {
         f.write(&[k; 200]).unwrap();
     }
     std::thread::sleep(Duration::from_millis(500));
-    let before = cpu_time(p.host.child.id());
+    let before = common::cpu_time(p.host.child.id());
     std::thread::sleep(Duration::from_secs(2));
-    let used = cpu_time(p.host.child.id()) - before;
+    let used = common::cpu_time(p.host.child.id()) - before;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     beat.join().unwrap();
     // SAFETY: as above.

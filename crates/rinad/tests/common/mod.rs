@@ -234,3 +234,19 @@ pub fn counter(d: &Daemon, ipcp: &str, key: &str) -> u64 {
         .and_then(|i| i.counters.get(key).copied())
         .unwrap_or(0)
 }
+
+/// CPU time (user and system) process `pid` has used so far.
+pub fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (in parentheses, which may hold spaces).
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<u64> = rest
+        .split(' ')
+        .skip(11)
+        .take(2)
+        .map(|v| v.parse().unwrap())
+        .collect();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    Duration::from_millis((f[0] + f[1]) * 1000 / hz)
+}
