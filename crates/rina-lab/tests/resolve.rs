@@ -216,6 +216,26 @@ fn an_echo_size_below_a_probe_header_is_refused() {
 }
 
 #[test]
+fn on_and_off_of_a_profile_without_periods_are_refused() {
+    // `on` and `off` of a CBR, Poisson or varying-rate class were dropped:
+    // the flows ran as plain CBR, and nothing said so.
+    let t = |profile: &str| {
+        format!(
+            "{HEAD}[[profile]]\nname = \"p\"\nprofile = \"{profile}\"\non = \"2s\"\noff = \"1s\"\n"
+        )
+    };
+    let e = err_of(&t("cbr"));
+    assert!(
+        e.starts_with("line 5,")
+            && e.contains("profile `p`: profile cbr has no ON and OFF periods, so on and off"),
+        "{e}"
+    );
+    assert!(err_of(&t("p2p")).contains("profile p2p has no ON and OFF periods"));
+    assert!(load(&t("on-off"), None).is_ok());
+    assert!(load(&t("voice"), None).is_ok());
+}
+
+#[test]
 fn a_zero_duration_names_its_line() {
     // It said "line 1, column 1" whatever the line.
     let e = err_of(&HEAD.replace("duration = \"1s\"", "duration = \"0s\""));

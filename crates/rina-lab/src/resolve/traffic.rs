@@ -41,7 +41,7 @@ pub(super) fn resolve_profiles<'f>(src: &Source, file: &'f File) -> Result<Profi
         let d = p.get_ref();
         let prof = d
             .source()
-            .profile()
+            .profile_keyed(["on", "off"])
             .map_err(|e| src.err(p.span(), format!("profile `{}`: {e}", d.name.get_ref())))?;
         if profiles
             .insert(d.name.get_ref().clone(), (d, prof))

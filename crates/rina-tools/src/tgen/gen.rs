@@ -103,9 +103,38 @@ pub struct SourceSpec {
 }
 
 impl SourceSpec {
-    /// The profile this spec names, with its overrides applied.
+    /// The profile this spec names, with its overrides applied. An override
+    /// the profile has no use for (ON and OFF periods of a source without
+    /// them) is an error that names it as a matrix does (`on_s`, `off_s`).
     pub fn profile(&self) -> Result<Profile, String> {
+        self.profile_keyed(["on_s", "off_s"])
+    }
+
+    /// As [`SourceSpec::profile`], naming the ON and OFF overrides as they
+    /// were written where the spec came from (`--on-s` and `--off-s` on the
+    /// command line, `on` and `off` in a rina-lab experiment file).
+    pub fn profile_keyed(&self, keys: [&str; 2]) -> Result<Profile, String> {
         let mut p = Profile::named(&self.profile)?;
+        if !p.has_on_off() {
+            let given: Vec<&str> = [(self.on_s, keys[0]), (self.off_s, keys[1])]
+                .iter()
+                .filter_map(|&(v, k)| v.map(|_| k))
+                .collect();
+            if !given.is_empty() {
+                let with: Vec<&str> = PROFILE_NAMES
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .filter(|n| Profile::named(n).is_ok_and(|p| p.has_on_off()))
+                    .collect();
+                return Err(format!(
+                    "profile {} has no ON and OFF periods, so {} would change nothing \
+                     (the profiles with them: {})",
+                    self.profile,
+                    given.join(" and "),
+                    with.join(", ")
+                ));
+            }
+        }
         match &mut p {
             Profile::Cbr { rate_bps, size } | Profile::Poisson { rate_bps, size } => {
                 set(rate_bps, self.rate_bps);
@@ -233,6 +262,12 @@ impl Profile {
                 ));
             }
         })
+    }
+
+    /// Whether the source has ON and OFF (talk and silence) periods, the
+    /// ones `on_s` and `off_s` override.
+    pub fn has_on_off(&self) -> bool {
+        matches!(self, Profile::OnOff { .. } | Profile::Voice { .. })
     }
 
     /// Checks that rates, periods and sizes make sense.
@@ -624,6 +659,51 @@ mod tests {
         };
         assert!(bad.profile().is_err());
         assert!(Profile::named("nope").is_err());
+        // ON and OFF periods apply to the sources that have them...
+        for name in ["on-off", "voip", "voice"] {
+            let s = SourceSpec {
+                profile: name.into(),
+                on_s: Some(2.0),
+                off_s: Some(0.5),
+                ..SourceSpec::default()
+            };
+            assert!(s.profile().is_ok(), "{name}");
+        }
+        // ...and to no other: named with the profile, not dropped.
+        for (name, on, off, says) in [
+            (
+                "cbr",
+                Some(2.0),
+                None,
+                "profile cbr has no ON and OFF periods, so on_s would",
+            ),
+            (
+                "video-hd",
+                None,
+                Some(1.0),
+                "profile video-hd has no ON and OFF periods, so off_s",
+            ),
+            (
+                "poisson",
+                Some(1.0),
+                Some(1.0),
+                "so on_s and off_s would change nothing",
+            ),
+        ] {
+            let s = SourceSpec {
+                profile: name.into(),
+                on_s: on,
+                off_s: off,
+                ..SourceSpec::default()
+            };
+            let e = s.profile().unwrap_err();
+            assert!(
+                e.contains(says) && e.contains("online-gaming, voip, file-sharing, voice, on-off"),
+                "{e}"
+            );
+            let e = s.profile_keyed(["--on-s", "--off-s"]).unwrap_err();
+            assert!(e.contains("--o"), "{e}");
+        }
     }
 
     #[test]
