@@ -58,8 +58,8 @@ pub fn connect(socket: Option<&std::path::Path>) -> rina::Result<Client> {
 /// QoS requirements of a flow, as command-line options.
 #[derive(Debug, Clone, Default, Args)]
 pub struct QosArgs {
-    /// Largest acceptable one-way delay, in milliseconds.
-    #[arg(long, value_name = "MS")]
+    /// Largest acceptable one-way delay, in milliseconds (0 or more).
+    #[arg(long, value_name = "MS", value_parser = parse_non_negative)]
     pub max_delay_ms: Option<f64>,
     /// Largest acceptable loss, in parts per million of SDUs.
     #[arg(long, value_name = "PPM")]
@@ -100,6 +100,51 @@ impl QosArgs {
             max_sdu_size: self.max_sdu,
             cube: self.qos_cube,
         }
+    }
+}
+
+/// The longest time an option takes, in seconds (about 31 years): beyond
+/// it a deadline would no longer fit a clock's `Instant`.
+pub const MAX_SECONDS: f64 = 1e9;
+
+/// A number of seconds for clap: finite, 0 or more, at most
+/// [`MAX_SECONDS`] (`nan` or `-1` would wait for ever or panic).
+pub fn parse_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.0..=MAX_SECONDS).contains(&v) => Ok(v),
+        Ok(_) => Err(format!(
+            "{s} is not a number of seconds (0 or more, at most {MAX_SECONDS:e})"
+        )),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A length of time in seconds for clap: as [`parse_seconds`], and more
+/// than 0.
+pub fn parse_positive_seconds(s: &str) -> Result<f64, String> {
+    match parse_seconds(s) {
+        Ok(v) if v > 0.0 => Ok(v),
+        _ => Err(format!(
+            "{s} is not a length of time (more than 0 seconds, at most {MAX_SECONDS:e})"
+        )),
+    }
+}
+
+/// A positive, finite number for clap (a rate, an interval).
+pub fn parse_positive(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        Ok(_) => Err(format!("{s} is not a number above 0")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A finite number, 0 or more, for clap (a delay bound).
+pub fn parse_non_negative(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        Ok(_) => Err(format!("{s} is not a number, 0 or more")),
+        Err(e) => Err(e.to_string()),
     }
 }
 
@@ -163,6 +208,24 @@ mod tests {
         assert_eq!(q.max_sdu_gap, None);
         assert_eq!(q.max_sdu_size, Some(1400));
         assert_eq!(T::parse_from(["t"]).q.spec(), QosSpec::default());
+    }
+
+    #[test]
+    fn numbers_out_of_range_are_refused() {
+        for bad in ["nan", "inf", "-1", "1e300", "x"] {
+            assert!(parse_seconds(bad).is_err(), "{bad}");
+            assert!(parse_positive_seconds(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_seconds("0"), Ok(0.0));
+        assert!(parse_positive_seconds("0").is_err());
+        assert_eq!(parse_positive_seconds("2.5"), Ok(2.5));
+        for bad in ["nan", "inf", "-1", "0"] {
+            assert!(parse_positive(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_positive("1e9"), Ok(1e9));
+        assert!(parse_non_negative("-0.5").is_err());
+        assert!(parse_non_negative("nan").is_err());
+        assert_eq!(parse_non_negative("0"), Ok(0.0));
     }
 
     #[test]

@@ -19,6 +19,7 @@ const CTL: &str = env!("CARGO_BIN_EXE_rinactl");
 const ECHO: &str = env!("CARGO_BIN_EXE_rina-echo");
 const PERF: &str = env!("CARGO_BIN_EXE_rina-perf");
 const DEMO: &str = env!("CARGO_BIN_EXE_rina-demo");
+const TGEN: &str = env!("CARGO_BIN_EXE_rina-tgen");
 
 #[test]
 fn help_lists_the_options() {
@@ -154,6 +155,176 @@ fn bad_arguments_are_usage_errors() {
         let err = text(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
+
+/// Runs `exe` with `args` against a socket nobody listens on and checks
+/// that it refused the options (exit code 2, `says` in the message) before
+/// it looked for the daemon.
+fn refused_before_the_daemon(exe: &str, args: &[&str], says: &str) {
+    let sock = missing_socket();
+    let out = run(
+        exe,
+        &[&args[..1], &["--socket", &sock], &args[1..]].concat(),
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{exe} {args:?}: {err}");
+    assert!(!err.contains("panicked"), "{exe} {args:?}: {err}");
+    assert!(!err.contains("no RINA daemon"), "{exe} {args:?}: {err}");
+    assert!(err.contains(says), "{exe} {args:?}: {err}");
+}
+
+/// rina-tgen's ON and OFF periods apply to the profiles that have them;
+/// on any other (CBR, Poisson, the varying-rate sources) they were dropped
+/// without a word and the flow ran as if they had not been given.
+#[test]
+fn tgen_refuses_overrides_its_profile_does_not_use() {
+    for (args, says) in [
+        (
+            &["client", "--profile", "cbr", "--on-s", "2"][..],
+            "profile cbr has no ON and OFF periods, so --on-s would change nothing",
+        ),
+        (
+            &["client", "--profile", "video-hd", "--off-s", "1"],
+            "profile video-hd has no ON and OFF periods, so --off-s",
+        ),
+    ] {
+        refused_before_the_daemon(TGEN, args, says);
+    }
+    // A profile with periods still takes them (and then wants the daemon).
+    let sock = missing_socket();
+    let out = run(
+        TGEN,
+        &[
+            "client",
+            "--socket",
+            &sock,
+            "--profile",
+            "voip",
+            "--on-s",
+            "2",
+        ],
+    );
+    assert!(
+        text(&out.stderr).contains("no RINA daemon"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// Values out of range were taken: rina-tgen panicked on `nan` seconds and
+/// flooded probes at `--probe-interval-ms 0`; rina-perf ran unpaced at
+/// `--rate-mbps 0` or `-1`, sent nothing at `--count 0` and answered
+/// `--response-size 5` with 17 bytes; a negative delay bound became 0 ms.
+#[test]
+fn option_values_out_of_range_are_refused() {
+    for (exe, args, says) in [
+        (
+            TGEN,
+            &["client", "--report-wait-s", "nan"][..],
+            "not a number of seconds",
+        ),
+        (
+            TGEN,
+            &["client", "--alloc-retry-s=-1"],
+            "not a number of seconds",
+        ),
+        (
+            TGEN,
+            &["client", "--interval-s=-1"],
+            "not a number of seconds",
+        ),
+        (
+            TGEN,
+            &["client", "--probe-interval-ms", "nan"],
+            "not a number above 0",
+        ),
+        (
+            TGEN,
+            &["client", "--probe-interval-ms", "0"],
+            "not a number above 0",
+        ),
+        (
+            TGEN,
+            &["client", "--duration-s", "1e300"],
+            "not a length of time",
+        ),
+        (
+            PERF,
+            &["client", "--rate-mbps", "0"],
+            "not a number above 0",
+        ),
+        (PERF, &["client", "--rate-mbps=-1"], "not a number above 0"),
+        (PERF, &["client", "--count", "0"], "--count"),
+        (
+            PERF,
+            &["client", "--duration-s", "inf"],
+            "not a length of time",
+        ),
+        (
+            PERF,
+            &["client", "--test", "rr", "--response-size", "5"],
+            "--response-size",
+        ),
+        (
+            PERF,
+            &["client", "--test", "rr", "--timeout-ms", "0"],
+            "--timeout-ms",
+        ),
+        (
+            ECHO,
+            &["client", "--max-delay-ms=-5"],
+            "not a number, 0 or more",
+        ),
+        (
+            PERF,
+            &["client", "--max-delay-ms", "nan"],
+            "not a number, 0 or more",
+        ),
+    ] {
+        refused_before_the_daemon(exe, args, says);
+    }
+}
+
+/// Options a run does not use were dropped without a word: rina-perf's
+/// request/response options on a perf test (and its pacing on an rr test),
+/// rina-tgen's one-flow options beside a traffic matrix.
+#[test]
+fn options_the_run_does_not_use_are_refused() {
+    for (exe, args, says) in [
+        (
+            PERF,
+            &["client", "--outstanding", "4"][..],
+            "bad --outstanding: it is for request/response tests",
+        ),
+        (
+            PERF,
+            &["client", "--response-size", "100"],
+            "bad --response-size",
+        ),
+        (PERF, &["client", "--timeout-ms", "50"], "bad --timeout-ms"),
+        (
+            PERF,
+            &["client", "--test", "rr", "--rate-mbps", "10"],
+            "bad --rate-mbps: it paces perf tests",
+        ),
+        (
+            TGEN,
+            &["client", "--matrix", "m.toml", "--profile", "voip"],
+            "cannot be used with",
+        ),
+        (
+            TGEN,
+            &["client", "--matrix", "m.toml", "--reliable"],
+            "cannot be used with",
+        ),
+        (
+            TGEN,
+            &["client", "--matrix", "m.toml", "--duration-s", "5"],
+            "cannot be used with",
+        ),
+    ] {
+        refused_before_the_daemon(exe, args, says);
     }
 }
 

@@ -83,28 +83,40 @@ struct ClientArgs {
     /// in bytes [default: 1400 for perf, 64 for rr].
     #[arg(long)]
     size: Option<usize>,
-    /// rr: size of each response, in bytes [default: the request size].
-    #[arg(long, value_name = "BYTES")]
+    /// rr: size of each response, in bytes (at least 17; cut to the
+    /// server's max SDU) [default: the request size].
+    #[arg(
+        long,
+        value_name = "BYTES",
+        value_parser = clap::value_parser!(u32).range(perf::RESPONSE_HEADER as i64..)
+    )]
     response_size: Option<u32>,
-    /// rr: requests kept unanswered at once (1: one transaction at a time).
-    #[arg(long, default_value_t = 1, value_name = "N")]
-    outstanding: usize,
-    /// rr: a request unanswered this long is counted lost, in milliseconds.
-    #[arg(long, default_value_t = 1000, value_name = "MS")]
-    timeout_ms: u64,
+    /// rr: requests kept unanswered at once (1: one transaction at a time)
+    /// [default: 1].
+    #[arg(long, value_name = "N")]
+    outstanding: Option<usize>,
+    /// rr: a request unanswered this long is counted lost, in milliseconds
+    /// [default: 1000].
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+    timeout_ms: Option<u64>,
     /// Run the tests on N flows at once (rinaperf's -p): per-flow results
     /// and their total.
     #[arg(short = 'p', long, default_value_t = 1, value_name = "N")]
     parallel: usize,
     /// Length of each test, in seconds.
-    #[arg(long, default_value_t = 5.0, conflicts_with = "count")]
+    #[arg(
+        long,
+        default_value_t = 5.0,
+        conflicts_with = "count",
+        value_parser = opts::parse_positive_seconds
+    )]
     duration_s: f64,
     /// Send this many DATA SDUs (perf) or requests (rr) per test instead of
-    /// running for a duration.
-    #[arg(long, value_name = "N")]
+    /// running for a duration (at least 1).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     count: Option<u64>,
-    /// perf: pace the sender to this rate, in Mb/s (10^6 bit/s).
-    #[arg(long, value_name = "R")]
+    /// perf: pace the sender to this rate, in Mb/s (10^6 bit/s; more than 0).
+    #[arg(long, value_name = "R", value_parser = opts::parse_positive)]
     rate_mbps: Option<f64>,
     /// Run one test per size, on the same flow (e.g. 64,256,1024,1400).
     #[arg(long, value_delimiter = ',', value_name = "SIZES")]
@@ -216,15 +228,31 @@ fn sizes(a: &ClientArgs) -> Vec<usize> {
             2,
         );
     }
-    if !(a.duration_s.is_finite() && a.duration_s > 0.0) && a.count.is_none() {
-        opts::die(
+    let rr_only = [
+        ("--response-size", a.response_size.is_some()),
+        ("--outstanding", a.outstanding.is_some()),
+        ("--timeout-ms", a.timeout_ms.is_some()),
+    ];
+    match a.kind {
+        TestKind::Perf => {
+            if let Some((o, _)) = rr_only.iter().find(|(_, given)| *given) {
+                opts::die(
+                    TOOL,
+                    &format!("bad {o}"),
+                    &"it is for request/response tests (--test rr); a perf test does not use it",
+                    2,
+                );
+            }
+        }
+        TestKind::Rr if a.rate_mbps.is_some() => opts::die(
             TOOL,
-            "bad --duration-s",
-            &"must be a positive number of seconds",
+            "bad --rate-mbps",
+            &"it paces perf tests; a request/response test (--test rr) is paced by --outstanding",
             2,
-        );
+        ),
+        TestKind::Rr => {}
     }
-    if a.parallel == 0 || a.outstanding == 0 {
+    if a.parallel == 0 || a.outstanding == Some(0) {
         opts::die(
             TOOL,
             "bad --parallel or --outstanding",
@@ -358,10 +386,10 @@ fn run_flow(flow: &Flow, a: &ClientArgs, sizes: &[usize], base: u32, human: bool
                     response_size: a
                         .response_size
                         .unwrap_or(u32::try_from(size).unwrap_or(u32::MAX)),
-                    outstanding: a.outstanding,
+                    outstanding: a.outstanding.unwrap_or(1),
                     count: a.count,
                     duration: duration(a),
-                    timeout: Duration::from_millis(a.timeout_ms.max(1)),
+                    timeout: Duration::from_millis(a.timeout_ms.unwrap_or(1000)),
                 };
                 match perf::rr::run(flow, &cfg) {
                     Ok(r) => {

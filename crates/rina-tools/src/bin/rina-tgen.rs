@@ -58,7 +58,7 @@ struct OutArgs {
     #[arg(long, value_name = "N", default_value_t = 0)]
     samples: usize,
     /// Seconds between interval reports on stderr (0: none).
-    #[arg(long, value_name = "S", default_value_t = 1.0)]
+    #[arg(long, value_name = "S", default_value_t = 1.0, value_parser = opts::parse_seconds)]
     interval_s: f64,
     /// Print the final report as one JSON object instead of a table.
     #[arg(long)]
@@ -100,38 +100,51 @@ struct ClientArgs {
     /// SDU size in bytes, header included (at least 28).
     #[arg(long, value_name = "BYTES")]
     size: Option<usize>,
-    /// Mean ON (talk) period, s.
+    /// Mean ON (talk) period, s (ON-OFF profiles and voice only).
     #[arg(long, value_name = "S")]
     on_s: Option<f64>,
-    /// Mean OFF (silence) period, s.
+    /// Mean OFF (silence) period, s (ON-OFF profiles and voice only).
     #[arg(long, value_name = "S")]
     off_s: Option<f64>,
     /// Length of the flow, s.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 10.0, value_parser = opts::parse_positive_seconds)]
     duration_s: f64,
     /// forward, reverse or bidirectional.
     #[arg(long, value_enum, default_value = "bidirectional")]
     direction: DirArg,
-    /// Seed of the generators: the same seed repeats the same schedules.
+    /// Seed of the generators: the same seed repeats the same schedules
+    /// (with --matrix: unless the file has a seed).
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Run the flows of this TOML traffic matrix instead of one flow.
-    #[arg(long, value_name = "FILE")]
+    /// Run the flows of this TOML traffic matrix instead of one flow: the
+    /// file says each flow's server, profile, overrides, length, direction
+    /// and QoS, so the options for those are refused with it.
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with_all = [
+            "dst", "profile", "rate_bps", "size", "on_s", "off_s", "duration_s", "direction",
+            "max_delay_ms", "max_loss_ppm", "bandwidth_bps", "in_order", "reliable",
+            "max_sdu_gap", "max_sdu", "qos_cube",
+        ]
+    )]
     matrix: Option<PathBuf>,
     /// Retry an allocation that fails (the destination not yet known, no
     /// route yet) every 200 ms for up to this many seconds of the flow's
     /// time; the flow then runs for what is left of its duration.
-    #[arg(long, value_name = "S", default_value_t = 0.0)]
+    #[arg(long, value_name = "S", default_value_t = 0.0, value_parser = opts::parse_seconds)]
     alloc_retry_s: f64,
     /// How long a flow that ended waits for the server's REPORT (its FIN
-    /// is repeated meanwhile): longer than the flow's worst delay.
-    #[arg(long, value_name = "S", default_value_t = 2.0)]
+    /// is repeated meanwhile): longer than the flow's worst delay (0.1 to
+    /// 3600 s; shorter or longer waits are taken as those).
+    #[arg(long, value_name = "S", default_value_t = 2.0, value_parser = opts::parse_seconds)]
     report_wait_s: f64,
     /// Also send RTT probes on every flow (delay = RTT / 2, no clock offset).
     #[arg(long)]
     rtt: bool,
-    /// Interval between RTT probes, ms.
-    #[arg(long, default_value_t = 100.0)]
+    /// Interval between RTT probes, ms (more than 0; taken as 0.1 to
+    /// 3600000).
+    #[arg(long, default_value_t = 100.0, value_parser = opts::parse_positive)]
     probe_interval_ms: f64,
     #[command(flatten)]
     out: OutArgs,
@@ -624,16 +637,8 @@ fn client_plans(a: &ClientArgs) -> Vec<FlowPlan> {
                 on_s: a.on_s,
                 off_s: a.off_s,
             };
-            if let Err(e) = source.profile() {
+            if let Err(e) = source.profile_keyed(["--on-s", "--off-s"]) {
                 opts::die(TOOL, "bad profile", &e, 2);
-            }
-            if !(a.duration_s.is_finite() && a.duration_s > 0.0) {
-                opts::die(
-                    TOOL,
-                    "bad --duration-s",
-                    &"must be a positive number of seconds",
-                    2,
-                );
             }
             vec![FlowPlan {
                 flow: 1,
@@ -739,7 +744,7 @@ impl ClientRun<'_> {
         }
         if self.human {
             println!(
-                "flow {}: {} to {} via {} (port {}), {} s, {:?}",
+                "flow {}: {} to {} via {} (port {}), {} s, {}",
                 p.flow,
                 p.source.profile,
                 dst,

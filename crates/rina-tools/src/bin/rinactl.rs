@@ -167,7 +167,7 @@ enum What {
         #[arg(long, short = 'c')]
         count: Option<u64>,
         /// Stop after this many seconds.
-        #[arg(long, value_name = "S", value_parser = seconds)]
+        #[arg(long, value_name = "S", value_parser = opts::parse_seconds)]
         duration_s: Option<f64>,
         /// Keep at most this many bytes of each packet (default 65535).
         #[arg(long, short = 's', value_name = "BYTES")]
@@ -215,7 +215,7 @@ enum IpcpCmd {
         address: Option<u64>,
         /// Give up waiting after this many seconds (default 10; at most
         /// 120).
-        #[arg(long, value_name = "S", default_value_t = 10.0, value_parser = seconds)]
+        #[arg(long, value_name = "S", default_value_t = 10.0, value_parser = opts::parse_seconds)]
         timeout_s: f64,
     },
 }
@@ -242,16 +242,6 @@ enum NeighborCmd {
         /// The neighbour IPC process's name.
         name: String,
     },
-}
-
-/// A number of seconds: finite and not negative (`nan` or `-1` would wait
-/// for ever or panic).
-fn seconds(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
-        Ok(_) => Err(format!("{s} is not a number of seconds (0 or more)")),
-        Err(e) => Err(e.to_string()),
-    }
 }
 
 /// IRATI's console and rlite-ctl commands, and what does the same here.

@@ -195,6 +195,13 @@ impl Matrix {
                     f.duration_s
                 ));
             }
+            if let Some(d) = f.max_delay_ms.filter(|d| !(d.is_finite() && *d >= 0.0)) {
+                return Err(format!(
+                    "flow entry {} (peer {}): max_delay_ms = {d} is not a delay: it must be 0 or more milliseconds",
+                    i + 1,
+                    f.peer
+                ));
+            }
             for _ in 0..f.count {
                 let flow = out.len() as u32 + 1;
                 out.push(FlowPlan {
@@ -307,5 +314,17 @@ seed = "17388166129998380965"
         assert!(e.contains("flow entry 1 (peer tgen): start_s = -1"), "{e}");
         let e = m("duration_s = 0.0");
         assert!(e.contains("duration_s = 0 is not a length of time"), "{e}");
+        // A negative delay bound was taken as 0 ms.
+        let e = m("max_delay_ms = -5.0");
+        assert!(e.contains("max_delay_ms = -5 is not a delay"), "{e}");
+        // ON and OFF periods of a source without them were dropped.
+        let e = Matrix::parse("[[flow]]\npeer = \"tgen\"\nprofile = \"cbr\"\non_s = 2.0")
+            .unwrap()
+            .plans(1, None)
+            .unwrap_err();
+        assert!(
+            e.contains("flow entry 1: profile cbr has no ON and OFF periods, so on_s"),
+            "{e}"
+        );
     }
 }

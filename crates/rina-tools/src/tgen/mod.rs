@@ -34,6 +34,18 @@ pub enum Direction {
     Bidirectional,
 }
 
+impl std::fmt::Display for Direction {
+    /// As the option and the matrix write it: `forward`, `reverse`,
+    /// `bidirectional`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Direction::Forward => "forward",
+            Direction::Reverse => "reverse",
+            Direction::Bidirectional => "bidirectional",
+        })
+    }
+}
+
 impl Direction {
     /// Whether the client sends.
     pub fn client_sends(self) -> bool {
