@@ -103,6 +103,22 @@ impl QosArgs {
     }
 }
 
+impl QosArgs {
+    /// Checks that `--max-sdu`, when given, holds the largest SDU the run
+    /// writes (`largest` bytes, of the kind `what` names: "probes"): the
+    /// DIF is told the flow's SDUs are at most that large, so a smaller
+    /// figure is a mistake (it was taken, and larger SDUs written anyway).
+    pub fn check_max_sdu(&self, largest: usize, what: &str) -> Result<(), String> {
+        match self.max_sdu {
+            Some(m) if (m as usize) < largest => Err(format!(
+                "{m} bytes is less than the {what} of {largest} bytes this run writes \
+                 (--max-sdu is the largest SDU the application writes)"
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// The longest time an option takes, in seconds (about 31 years): beyond
 /// it a deadline would no longer fit a clock's `Instant`.
 pub const MAX_SECONDS: f64 = 1e9;

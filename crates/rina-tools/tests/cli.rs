@@ -281,6 +281,26 @@ fn option_values_out_of_range_are_refused() {
             &["client", "--max-delay-ms", "nan"],
             "not a number, 0 or more",
         ),
+        (ECHO, &["server", "--max-flows", "0"], "--max-flows"),
+        (PERF, &["server", "--max-flows", "0"], "--max-flows"),
+        (TGEN, &["server", "--max-flows", "0"], "--max-flows"),
+        // --max-sdu below what the run writes: the DIF was told one size
+        // and given another.
+        (
+            ECHO,
+            &["client", "--max-sdu", "10"],
+            "bad --max-sdu: 10 bytes is less than the probes of 64 bytes",
+        ),
+        (
+            PERF,
+            &["client", "--sweep", "100,1000", "--max-sdu", "500"],
+            "the DATA SDUs of 1000 bytes",
+        ),
+        (
+            TGEN,
+            &["client", "--max-sdu", "1000"],
+            "the SDUs of 1400 bytes",
+        ),
     ] {
         refused_before_the_daemon(exe, args, says);
     }

@@ -40,8 +40,9 @@ struct ServerArgs {
     /// Application name to register.
     #[arg(long, default_value = "echo", value_parser = opts::parse_name)]
     name: AppName,
-    /// Accept this many flows, then exit once they are all closed.
-    #[arg(long, value_name = "N")]
+    /// Accept this many flows (at least 1), then exit once they are all
+    /// closed.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     max_flows: Option<u64>,
     /// Take flows whose client asks for a direct path (shim-udp) on a UDP
     /// socket of this server's own, without the daemons on the data path.
@@ -187,6 +188,9 @@ fn probe_size(v: &str) -> Result<usize, String> {
 
 /// Runs the client: sends the probes, prints what came back; returns the exit code.
 fn client(a: ClientArgs) -> i32 {
+    if let Err(e) = a.qos.check_max_sdu(a.size, "probes") {
+        opts::die(TOOL, "bad --max-sdu", &e, 2);
+    }
     let mut c: Client = match a.common.connect() {
         Ok(c) => c,
         Err(e) => opts::die(TOOL, "cannot connect", &e, 2),

@@ -44,8 +44,9 @@ struct ServerArgs {
     /// Application name to register.
     #[arg(long, default_value = "perf", value_parser = opts::parse_name)]
     name: AppName,
-    /// Accept this many flows, then exit once they are all closed.
-    #[arg(long, value_name = "N")]
+    /// Accept this many flows (at least 1), then exit once they are all
+    /// closed.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     max_flows: Option<u64>,
     /// Take flows whose client asks for a direct path (shim-udp) on a UDP
     /// socket of this server's own, without the daemons on the data path.
@@ -251,6 +252,16 @@ fn sizes(a: &ClientArgs) -> Vec<usize> {
             2,
         ),
         TestKind::Rr => {}
+    }
+    let what = match a.kind {
+        TestKind::Perf => "DATA SDUs",
+        TestKind::Rr => "requests",
+    };
+    if let Err(e) = a
+        .qos
+        .check_max_sdu(sizes.iter().copied().max().unwrap_or(0), what)
+    {
+        opts::die(TOOL, "bad --max-sdu", &e, 2);
     }
     if a.parallel == 0 || a.outstanding == Some(0) {
         opts::die(

@@ -72,8 +72,9 @@ struct ServerArgs {
     /// Application name to register.
     #[arg(long, default_value = "tgen", value_parser = opts::parse_name)]
     name: AppName,
-    /// Accept this many flows, then exit once they are all closed.
-    #[arg(long, value_name = "N")]
+    /// Accept this many flows (at least 1), then exit once they are all
+    /// closed.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     max_flows: Option<u64>,
     #[command(flatten)]
     out: OutArgs,
@@ -637,8 +638,13 @@ fn client_plans(a: &ClientArgs) -> Vec<FlowPlan> {
                 on_s: a.on_s,
                 off_s: a.off_s,
             };
-            if let Err(e) = source.profile_keyed(["--on-s", "--off-s"]) {
-                opts::die(TOOL, "bad profile", &e, 2);
+            match source.profile_keyed(["--on-s", "--off-s"]) {
+                Err(e) => opts::die(TOOL, "bad profile", &e, 2),
+                Ok(p) => {
+                    if let Err(e) = a.qos.check_max_sdu(p.max_size(), "SDUs") {
+                        opts::die(TOOL, "bad --max-sdu", &e, 2);
+                    }
+                }
             }
             vec![FlowPlan {
                 flow: 1,

@@ -176,9 +176,17 @@ impl Matrix {
                 on_s: f.on_s,
                 off_s: f.off_s,
             };
-            source
+            let profile = source
                 .profile()
                 .map_err(|e| format!("flow entry {}: {e}", i + 1))?;
+            if let Some(m) = f.max_sdu.filter(|&m| (m as usize) < profile.max_size()) {
+                return Err(format!(
+                    "flow entry {} (peer {}): max_sdu = {m} is less than the SDUs of {} bytes its profile writes",
+                    i + 1,
+                    f.peer,
+                    profile.max_size()
+                ));
+            }
             if !(f.start_s.is_finite() && f.start_s >= 0.0) {
                 return Err(format!(
                     "flow entry {} (peer {}): start_s = {} is not a time: it must be 0 or more seconds after the start",
@@ -314,6 +322,13 @@ seed = "17388166129998380965"
         assert!(e.contains("flow entry 1 (peer tgen): start_s = -1"), "{e}");
         let e = m("duration_s = 0.0");
         assert!(e.contains("duration_s = 0 is not a length of time"), "{e}");
+        // A max_sdu below the profile's SDUs was asked of the DIF, and
+        // larger SDUs written all the same.
+        let e = m("max_sdu = 100");
+        assert!(
+            e.contains("max_sdu = 100 is less than the SDUs of 160 bytes"),
+            "{e}"
+        );
         // A negative delay bound was taken as 0 ms.
         let e = m("max_delay_ms = -5.0");
         assert!(e.contains("max_delay_ms = -5 is not a delay"), "{e}");
