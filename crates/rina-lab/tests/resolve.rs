@@ -236,6 +236,37 @@ fn on_and_off_of_a_profile_without_periods_are_refused() {
 }
 
 #[test]
+fn traffic_past_the_end_of_the_experiment_says_so() {
+    // A `stop` after the end was cut to it without a word (an event there
+    // is refused), and a `start` at or after the end said only "traffic
+    // starts after it stops".
+    let t = |times: &str| {
+        format!(
+            "{HEAD}[[link]]\nbetween = [\"a\", \"b\"]\n[[dif]]\nname = \"n\"\nmembers = [\"*\"]\n\
+             over = [\"links\"]\n[[traffic]]\nkind = \"echo\"\ndif = \"n\"\nfrom = [\"a\"]\nto = \"b\"\n\
+             {times}\n"
+        )
+    };
+    let e = err_of(&t("stop = \"40s\""));
+    assert!(
+        e.starts_with("line 11,")
+            && e.contains("traffic stops at 40s, after the end of the experiment (1s)"),
+        "{e}"
+    );
+    let e = err_of(&t("start = \"2s\""));
+    assert!(
+        e.contains("traffic starts at 2s, not before it stops at 1s (the end of the experiment)"),
+        "{e}"
+    );
+    let e = err_of(&t("start = \"500ms\"\nstop = \"200ms\""));
+    assert!(
+        e.contains("starts at 500ms, not before it stops at 200ms (its `stop`)"),
+        "{e}"
+    );
+    assert!(load(&t("stop = \"1s\""), None).is_ok());
+}
+
+#[test]
 fn a_zero_duration_names_its_line() {
     // It said "line 1, column 1" whatever the line.
     let e = err_of(&HEAD.replace("duration = \"1s\"", "duration = \"0s\""));

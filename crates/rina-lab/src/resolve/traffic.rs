@@ -130,9 +130,28 @@ impl<'a> Entry<'a> {
             return Err(src.err(t.span(), "`count` must be between 1 and 10000"));
         }
         let start = d.start.map(|x| x.get()).unwrap_or_default();
-        let stop = d.stop.map(|x| x.get()).unwrap_or(duration).min(duration);
+        if let Some(s) = d.stop.filter(|s| s.get() > duration) {
+            return Err(src.err(
+                t.span(),
+                format!(
+                    "traffic stops at {:?}, after the end of the experiment ({:?}): \
+                     `stop` is at most the `duration`",
+                    s.get(),
+                    duration
+                ),
+            ));
+        }
+        let stop = d.stop.map(|x| x.get()).unwrap_or(duration);
         if start >= stop {
-            return Err(src.err(t.span(), "traffic starts after it stops"));
+            let why = if d.stop.is_some() {
+                "its `stop`"
+            } else {
+                "the end of the experiment"
+            };
+            return Err(src.err(
+                t.span(),
+                format!("traffic starts at {start:?}, not before it stops at {stop:?} ({why})"),
+            ));
         }
         Ok(Entry {
             net,
