@@ -76,8 +76,14 @@ pub const PROFILE_NAMES: &[(&str, &str)] = &[
     ),
     ("p2p", "seed 004: MTU SDUs, 0..5 Mb/s per 1 s (mean 2.5)"),
     ("cbr", "CBR, --rate-bps and --size (default 1 Mb/s, 1400 B)"),
-    ("poisson", "Poisson, --rate-bps and --size"),
-    ("on-off", "ON-OFF, --on-s, --off-s, --rate-bps, --size"),
+    (
+        "poisson",
+        "Poisson, --rate-bps and --size (default 1 Mb/s, 1400 B)",
+    ),
+    (
+        "on-off",
+        "ON-OFF, --on-s, --off-s, --rate-bps, --size (default 1 s / 1 s, 1 Mb/s, 1400 B)",
+    ),
 ];
 
 /// What a flow's source is, as written in a matrix or on the command line:
