@@ -204,3 +204,68 @@ fn a_report_that_never_comes_is_a_failed_row_not_an_empty_one() {
     assert!(row.contains("failed"), "{row}");
     server.join().unwrap();
 }
+
+/// A client pointed at an echo server (a wrong `--dst`) got its own
+/// messages back: rina-perf said only "no REPORT from the server ... after
+/// N STOPs" after 6 s, and rina-tgen counted its own echoed DATA as a
+/// reverse flow without loss. Both now say the peer echoes.
+#[test]
+fn a_client_pointed_at_an_echo_server_says_so() {
+    let bins = bin_dir();
+    let (mut procs, a, b) = two_daemons("rina-perf-echoed");
+    let echo = Command::new(bins.join("rina-echo"))
+        .arg("server")
+        .arg("--socket")
+        .arg(&b)
+        .args(["--name", "perf"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    procs.0.push(echo);
+    let says = "echoes what it is sent (a rina-echo server?)";
+    // The server registers asynchronously: retry until the flow is made.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let err = loop {
+        let out = perf(&bins.join("rina-perf"), &a, &["--count", "10"]);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        if !err.contains("cannot allocate") || Instant::now() > deadline {
+            assert_eq!(out.status.code(), Some(1), "{err}");
+            break err;
+        }
+        std::thread::park_timeout(Duration::from_millis(100));
+    };
+    assert!(
+        err.contains(says) && err.contains("rina-perf server"),
+        "{err}"
+    );
+    let out = Command::new(bins.join("rina-tgen"))
+        .arg("client")
+        .arg("--socket")
+        .arg(&a)
+        .args([
+            "--dst",
+            "perf",
+            "--duration-s",
+            "0.3",
+            "--interval-s",
+            "0",
+            "--json",
+        ])
+        .args(["--report-wait-s", "0.5"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run rina-tgen");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let json = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        json.contains(says) && json.contains("rina-tgen server"),
+        "{json}"
+    );
+    assert!(
+        !json.contains("\"rev\""),
+        "its own echoed DATA is no reverse flow: {json}"
+    );
+}

@@ -656,6 +656,7 @@ fn stop(flow: &Flow, test: u32, sent_sdus: u64, sent_bytes: u64) -> Result<Repor
     let begin = Instant::now();
     let (mut idle, mut stops) = (0u32, 0u32);
     let mut last_backlog = usize::MAX;
+    let mut echoed = false;
     while idle < STOP_PATIENCE {
         let backlog = flow.unsent_bytes().unwrap_or(0);
         if backlog > 0 && backlog < last_backlog {
@@ -668,8 +669,21 @@ fn stop(flow: &Flow, test: u32, sent_sdus: u64, sent_bytes: u64) -> Result<Repor
             flow.write(&msg).map_err(|e| e.to_string())?;
             stops += 1;
         }
-        if let Some(r) = wait_report(flow, test, &mut buf, Duration::from_millis(100))? {
+        if let Some(r) = wait_report(
+            flow,
+            test,
+            &mut buf,
+            Duration::from_millis(100),
+            &mut echoed,
+        )? {
             return Ok(r);
+        }
+        if echoed {
+            return Err(format!(
+                "no REPORT from the server for test {test:08x}: it sent this client's own STOP \
+                 back, so it echoes what it is sent (a rina-echo server?) instead of answering \
+                 as `rina-perf server` does (--dst names the server)"
+            ));
         }
     }
     Err(format!(
@@ -679,24 +693,24 @@ fn stop(flow: &Flow, test: u32, sent_sdus: u64, sent_bytes: u64) -> Result<Repor
     ))
 }
 
-/// Reads for at most `wait` until the REPORT of `test` comes.
+/// Reads for at most `wait` until the REPORT of `test` comes; sets
+/// `echoed` if the test's own STOP comes back (only clients send STOPs).
 fn wait_report(
     flow: &Flow,
     test: u32,
     buf: &mut [u8],
     wait: Duration,
+    echoed: &mut bool,
 ) -> Result<Option<Report>, String> {
     let deadline = Instant::now() + wait;
     while let Some(left) = deadline.checked_duration_since(Instant::now()) {
         match flow.read_timeout(buf, left) {
             Ok(None) => break,
-            Ok(Some(n)) => {
-                if let Some(Msg::Report(r)) = Msg::decode(&buf[..n]) {
-                    if r.test == test {
-                        return Ok(Some(r));
-                    }
-                }
-            }
+            Ok(Some(n)) => match Msg::decode(&buf[..n]) {
+                Some(Msg::Report(r)) if r.test == test => return Ok(Some(r)),
+                Some(Msg::Stop { test: t, .. }) if t == test => *echoed = true,
+                _ => {}
+            },
             Err(e) if e.is_closed() => return Err(e.to_string()),
             Err(_) => {}
         }

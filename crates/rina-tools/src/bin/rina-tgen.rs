@@ -557,6 +557,9 @@ struct ClientFlow {
     rtt: Mutex<FlowMetrics>,
     fwd: Mutex<Option<FlowReport>>,
     rev_fin: AtomicBool,
+    /// The client's own HELLO came back: the peer echoes what it is sent
+    /// (a `rina-echo server`), it is no tgen server.
+    echoed: AtomicBool,
 }
 
 /// Runs the client: starts every planned flow in time, waits for them and
@@ -829,6 +832,7 @@ fn run_client_flow(
         rtt: Mutex::new(FlowMetrics::new(p.flow, samples)),
         fwd: Mutex::new(None),
         rev_fin: AtomicBool::new(false),
+        echoed: AtomicBool::new(false),
     });
     let stop_rx = Arc::new(AtomicBool::new(false));
     let rx = {
@@ -887,6 +891,16 @@ fn run_client_flow(
     live.active.fetch_sub(1, Ordering::Relaxed);
     let with_samples = samples > 0;
     let mut reports = Vec::new();
+    let echoed = cf.echoed.load(Ordering::Relaxed);
+    if echoed {
+        // What came back is this client's own traffic, not a reverse flow.
+        error = Some(format!(
+            "no REPORT from the server: {} sent this client's own HELLO back, so it echoes \
+             what it is sent (a rina-echo server?) instead of answering as `rina-tgen server` \
+             does (--dst names the server)",
+            p.peer
+        ));
+    }
     if p.direction.client_sends() {
         match cf.fwd.lock().unwrap().clone() {
             Some(mut r) => {
@@ -898,7 +912,7 @@ fn run_client_flow(
             }
         }
     }
-    if p.direction.server_sends() {
+    if p.direction.server_sends() && !echoed {
         reports.push(cf.rev.lock().unwrap().report("rev", true, with_samples));
     }
     if probe.is_some() {
@@ -956,7 +970,9 @@ fn client_receiver(flow: &Flow, cf: &ClientFlow, stop: &AtomicBool, live: &Live)
                     *cf.fwd.lock().unwrap() = Some(r);
                 }
             }
-            Kind::Probe | Kind::Hello => {}
+            // Only clients send HELLOs: this one is ours, sent back.
+            Kind::Hello => cf.echoed.store(true, Ordering::Relaxed),
+            Kind::Probe => {}
         }
     }
 }
