@@ -169,6 +169,21 @@ pub fn parse_name(s: &str) -> Result<AppName, String> {
     s.parse().map_err(|e: rina::NameError| e.to_string())
 }
 
+/// Says on stderr that a flow asked for with `--direct` is an ordinary
+/// one (the daemons grant a direct flow only over shim-udp, and only when
+/// the server asks for one too), so that a run is not taken for a
+/// measurement of direct flows when it was not.
+pub fn note_if_not_direct(tool: &str, asked: bool, flow: &rina::Flow) {
+    if asked && !flow.is_direct() {
+        eprintln!(
+            "{tool}: --direct: flow {} in {} goes through the daemons (a direct flow needs a \
+             shim-udp DIF and a server that asks for one too, with --direct)",
+            flow.info().port,
+            flow.info().dif
+        );
+    }
+}
+
 /// Prints `tool: context: error (kind)` to stderr and exits with `code`.
 pub fn die(tool: &str, context: &str, err: &dyn std::fmt::Display, code: i32) -> ! {
     eprintln!("{tool}: {context}: {err}");

@@ -269,3 +269,36 @@ fn a_client_pointed_at_an_echo_server_says_so() {
         "its own echoed DATA is no reverse flow: {json}"
     );
 }
+
+/// `--direct` asked of a server that did not ask too gave an ordinary flow
+/// and nothing said so: the run looked like one of direct flows.
+#[test]
+fn direct_asked_but_not_granted_is_said() {
+    let bins = bin_dir();
+    let (mut procs, a, b) = two_daemons("rina-perf-direct");
+    let bin = bins.join("rina-perf");
+    let server = Command::new(&bin)
+        .arg("server")
+        .arg("--socket")
+        .arg(&b)
+        .args(["--name", "perf"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    procs.0.push(server);
+    let args = ["--count", "10", "--direct"];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut out = perf(&bin, &a, &args);
+    while !out.status.success() && Instant::now() < deadline {
+        std::thread::park_timeout(Duration::from_millis(100));
+        out = perf(&bin, &a, &args);
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("--direct: flow") && err.contains("goes through the daemons"),
+        "{err}"
+    );
+}

@@ -198,6 +198,7 @@ fn client(a: ClientArgs) -> i32 {
     let size = a.size;
     c.set_direct(a.direct);
     let (flow, allocation_ms) = open_flow(&a, &mut c, size);
+    opts::note_if_not_direct(TOOL, a.direct, &flow);
     flow.set_busy_poll((a.busy_poll_us > 0).then(|| Duration::from_micros(a.busy_poll_us)));
     let tally = send_probes(&a, &flow, size);
     let mut report = echo_report(&a, &flow, size, tally);

@@ -310,6 +310,7 @@ fn client(a: ClientArgs) -> i32 {
                 2,
             );
         }
+        opts::note_if_not_direct(TOOL, a.direct, &flow);
         flows.push(flow);
     }
     let human = !a.json && !a.csv;
