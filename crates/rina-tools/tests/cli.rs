@@ -343,6 +343,12 @@ fn options_the_run_does_not_use_are_refused() {
             &["client", "--matrix", "m.toml", "--duration-s", "5"],
             "cannot be used with",
         ),
+        // --size beside --sweep was dropped for the sweep's sizes.
+        (
+            PERF,
+            &["client", "--size", "100", "--sweep", "200,300"],
+            "cannot be used with",
+        ),
     ] {
         refused_before_the_daemon(exe, args, says);
     }

@@ -81,8 +81,8 @@ struct ClientArgs {
     #[arg(short = 't', long = "test", value_enum, default_value = "perf")]
     kind: TestKind,
     /// DATA SDU size (perf, at least 17) or request size (rr, at least 21),
-    /// in bytes [default: 1400 for perf, 64 for rr].
-    #[arg(long)]
+    /// in bytes [default: 1400 for perf, 64 for rr]; --sweep gives several.
+    #[arg(long, conflicts_with = "sweep")]
     size: Option<usize>,
     /// rr: size of each response, in bytes (at least 17; cut to the
     /// server's max SDU) [default: the request size].
