@@ -282,6 +282,8 @@ fn option_values_out_of_range_are_refused() {
             "not a number, 0 or more",
         ),
         (ECHO, &["server", "--max-flows", "0"], "--max-flows"),
+        // Every reply was late: 100 % loss.
+        (ECHO, &["client", "--timeout-ms", "0"], "--timeout-ms"),
         (PERF, &["server", "--max-flows", "0"], "--max-flows"),
         (TGEN, &["server", "--max-flows", "0"], "--max-flows"),
         // --max-sdu below what the run writes: the DIF was told one size

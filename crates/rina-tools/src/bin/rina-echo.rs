@@ -74,8 +74,8 @@ struct ClientArgs {
     size: usize,
     /// How long a reply may take, in milliseconds; a reply after that is
     /// late and the probe counts as lost. Probes keep leaving every
-    /// --interval-ms meanwhile.
-    #[arg(long, default_value_t = 1000)]
+    /// --interval-ms meanwhile (at least 1).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     timeout_ms: u64,
     /// Print one JSON object (summary and every RTT in µs) instead of text.
     #[arg(long)]
