@@ -95,7 +95,8 @@ struct ClientArgs {
     /// Traffic profile (see `rina-tgen profiles`).
     #[arg(long, default_value = "cbr")]
     profile: String,
-    /// Rate, bit/s (CBR, Poisson, ON-OFF during ON, max of varying sources).
+    /// Rate, bit/s (CBR, Poisson, ON-OFF during ON, max of varying sources,
+    /// voice's mean).
     #[arg(long, value_name = "BPS")]
     rate_bps: Option<f64>,
     /// SDU size in bytes, header included (at least 28).
