@@ -300,10 +300,10 @@ pub fn markdown(runs: &[RunOutput], reference: &Reference) -> String {
     for run in runs {
         let _ = writeln!(
             out,
-            "## {}\n\n{:.1} s of traffic, {:.1} s wall time.\n",
+            "## {}\n\n{:.1} s of traffic, {} wall time.\n",
             label(run),
             run.duration_s,
-            run.wall_time_s
+            crate::results::wall_time(run.wall_time_s)
         );
         class_table(&mut out, run, reference);
         if !reference.limit.is_empty() {

@@ -162,6 +162,17 @@ pub struct ClassSummary {
     pub goodput_bps: f64,
 }
 
+/// A run's wall time as the summaries print it: seconds to a tenth, or
+/// milliseconds below a tenth of a second (a short simulation, which
+/// printed "0.0 s wall time" as if nothing had run).
+pub fn wall_time(s: f64) -> String {
+    if s < 0.1 {
+        format!("{:.0} ms", s * 1e3)
+    } else {
+        format!("{s:.1} s")
+    }
+}
+
 impl RunOutput {
     /// The run's figures brought back to the original experiment's time (a
     /// run made with `--dilate F`): delays times `F`, rates over `F`, the
@@ -318,8 +329,9 @@ impl RunOutput {
         };
         let _ = writeln!(
             s,
-            "{title}: {:.1} s of traffic in {:.1} s wall time",
-            self.duration_s, self.wall_time_s
+            "{title}: {:.1} s of traffic in {} wall time",
+            self.duration_s,
+            wall_time(self.wall_time_s)
         );
         let _ = writeln!(
             s,
@@ -535,6 +547,23 @@ mod tests {
             goodput_bps: sent as f64 * 1e4,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_short_wall_time_is_in_milliseconds_not_zero_seconds() {
+        let out = RunOutput {
+            experiment: "x".into(),
+            backend: "sim".into(),
+            duration_s: 2.0,
+            wall_time_s: 0.036,
+            ..Default::default()
+        };
+        let t = out.summary_table();
+        assert!(
+            t.starts_with("x on sim: 2.0 s of traffic in 36 ms wall time"),
+            "{t}"
+        );
+        assert_eq!(wall_time(10.14), "10.1 s");
     }
 
     #[test]
