@@ -495,7 +495,9 @@ fn a_reload_that_fails_part_way_says_what_it_changed_before() {
     assert!(
         e.contains("configuration applied only in part")
             && e.contains("IPCP f.udp not created")
-            && e.contains(&format!("cannot bind UDP 127.0.0.1:{port}"))
+            && e.contains(&format!(
+                "cannot bind UDP 127.0.0.1:{port}, which another program holds"
+            ))
             && e.contains("changed before the failure:\n  IPCP e.udp destroyed"),
         "{e}"
     );

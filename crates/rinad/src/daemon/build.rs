@@ -83,10 +83,20 @@ fn udp_ipcp(ic: &IpcpConfig, poll: &Poll, i: usize) -> Result<(shim_udp::Config,
         .bind
         .as_ref()
         .map_or_else(|| ([127, 0, 0, 1], 0).into(), |b| *b.get_ref());
-    let mut sock = UdpSocket::bind(bind).map_err(io_ctx(format!(
-        "IPCP {}: cannot bind UDP {bind}",
-        ic.name.get_ref()
-    )))?;
+    let mut sock = UdpSocket::bind(bind).map_err(|e| {
+        // The usual cause: another rinad (or this one's configuration
+        // started twice) holds the port.
+        let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
+            ", which another program holds (another rinad with this configuration? \
+             `ss -ulpn` names it; or give this IPCP another `bind`)"
+        } else {
+            ""
+        };
+        io_ctx(format!(
+            "IPCP {}: cannot bind UDP {bind}{hint}",
+            ic.name.get_ref()
+        ))(e)
+    })?;
     let _ = nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::RcvBuf, &UDP_RCVBUF);
     poll.registry()
         .register(&mut sock, token(T_UDP, i), Interest::READABLE)
