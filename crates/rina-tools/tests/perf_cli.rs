@@ -302,3 +302,46 @@ fn direct_asked_but_not_granted_is_said() {
         "{err}"
     );
 }
+
+/// rina-echo pointed at a rina-perf server (a wrong `--dst`) gets no
+/// echo back, and says that the server may not be an echo server rather
+/// than leaving a newcomer with 100 % loss and nothing else.
+#[test]
+fn an_echo_client_pointed_at_a_perf_server_says_so() {
+    let bins = bin_dir();
+    let (mut procs, a, b) = two_daemons("rina-echo-at-perf");
+    let server = Command::new(bins.join("rina-perf"))
+        .arg("server")
+        .arg("--socket")
+        .arg(&b)
+        .args(["--name", "perf"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    procs.0.push(server);
+    // The server registers asynchronously: retry until the flow is made.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let err = loop {
+        let out = Command::new(bins.join("rina-echo"))
+            .arg("client")
+            .arg("--socket")
+            .arg(&a)
+            .args(["--dst", "perf", "--count", "3", "--interval-ms", "10"])
+            .args(["--timeout-ms", "200"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run rina-echo");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        if !err.contains("cannot allocate") || Instant::now() > deadline {
+            assert_eq!(out.status.code(), Some(1), "{err}");
+            break err;
+        }
+        std::thread::park_timeout(Duration::from_millis(100));
+    };
+    assert!(
+        err.contains("rina-echo server") && err.contains("--dst names the server"),
+        "{err}"
+    );
+}

@@ -253,6 +253,8 @@ struct Tally {
     rtts_us: Vec<(u64, f64)>,
     /// Replies that came after the timeout.
     late: u64,
+    /// SDUs received that were no echo of a probe.
+    foreign: u64,
 }
 
 /// Sends `a.count` probes on schedule and matches the replies as they come,
@@ -309,6 +311,7 @@ fn send_probes(a: &ClientArgs, flow: &Flow, size: usize) -> Tally {
         };
         let now = echo::mono_ns();
         let Some((seq, _)) = echo::decode_probe(&buf[..n]) else {
+            tally.foreign += 1;
             continue;
         };
         note_reply(a, &mut probes, &mut tally, seq, n, now);
@@ -363,7 +366,22 @@ fn echo_report(a: &ClientArgs, flow: &Flow, size: usize, tally: Tally) -> EchoRe
         sent,
         mut rtts_us,
         late,
+        foreign,
     } = tally;
+    if foreign > 0 {
+        eprintln!(
+            "{TOOL}: {foreign} SDUs from {} were no echo of a probe: is it a rina-echo server? \
+             (--dst names the server)",
+            a.dst
+        );
+    } else if rtts_us.is_empty() && late == 0 && sent > 0 {
+        eprintln!(
+            "{TOOL}: no reply came from {}: either the path lost every probe, or it is no \
+             rina-echo server (a rina-perf or rina-tgen server takes probes without answering; \
+             --dst names the server)",
+            a.dst
+        );
+    }
     rtts_us.sort_by_key(|&(seq, _)| seq);
     let rtts_us: Vec<f64> = rtts_us.into_iter().map(|(_, r)| r).collect();
     let received = rtts_us.len() as u64;
