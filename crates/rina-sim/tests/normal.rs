@@ -255,3 +255,53 @@ fn losing_the_first_pdu_of_a_reliable_flow_costs_one_retransmission_not_the_run(
         "only the lost PDU was sent again: {tx:?}"
     );
 }
+
+/// A reliable cube whose sequence numbers in flight fit one byte's half
+/// (window 48 plus a reordering queue of 32).
+fn one_byte_reliable() -> EfcpConfig {
+    let mut e = EfcpConfig::reliable();
+    e.max_reorder = 32;
+    if let Some(d) = e.dtcp.as_mut() {
+        d.window = Some(WindowFc {
+            initial_credit: 16,
+            max_closed_queue: 16,
+            receiver_buffer: 48,
+        });
+    }
+    e
+}
+
+#[test]
+fn one_byte_sequence_numbers_wrap_many_times_on_a_lossy_reliable_flow() {
+    // Data and control sequence numbers one byte wide: 5,000 SDUs wrap the
+    // data numbers about 20 times and the control numbers as often. Every
+    // SDU arrives once and in order, and the control PDUs stay fresh after
+    // the wrap (nacks and duplicate acks keep working), rather than all
+    // being taken as stale once the control number wrapped.
+    let narrow = |addr| {
+        let mut c = cfg(addr);
+        c.dt.seq = rina_wire::pci::FieldWidth::W1;
+        c.dt.ctrl_seq = rina_wire::pci::FieldWidth::W1;
+        c.cubes[1].efcp = one_byte_reliable();
+        c.cubes[0].efcp.max_reorder = 32;
+        c
+    };
+    let mut c = Chain::new(21, 2, link().loss(0.05), narrow);
+    c.open_flow(0, 1, 1, one_byte_reliable());
+    c.stream(Instant::ZERO, 0, 1, 5000, 200, Duration::ZERO);
+    c.world.run_until(secs(120)).unwrap();
+    assert_eq!(tags(&c, 1, 1), (0..5000).collect::<Vec<_>>());
+    let tx = c.node(0).ipcp().flow_stats(1).unwrap();
+    let rx = c.node(1).ipcp().flow_stats(1).unwrap();
+    assert_eq!(tx.failures, 0);
+    assert!(
+        tx.ctrl_stale < tx.acks_received / 10,
+        "control PDUs taken as stale after the wrap: {tx:?}"
+    );
+    assert!(
+        tx.nacks_received * 2 > rx.nacks_sent,
+        "nacks ignored after the wrap: sent {}, taken {}",
+        rx.nacks_sent,
+        tx.nacks_received
+    );
+}

@@ -629,6 +629,72 @@ impl Connection {
         self.rcv.base().unwrap_or(0)
     }
 
+    /// A PDU as read from a wire whose sequence-number fields are
+    /// `seq_bits` wide and whose control sequence number is `ctrl_bits`
+    /// wide (1..=64 each), its numbers widened to the values this end
+    /// works with ([`widen_seq`]): a data PDU's sequence number and a
+    /// rendezvous' next one against [`Connection::receive_reference`];
+    /// acked, nacked and echoed numbers and window edges against
+    /// [`Connection::next_seq`]; the control sequence number against the
+    /// last one taken from the peer, so that it keeps counting up after
+    /// its field wraps.
+    pub fn widen(
+        &self,
+        pdu: Pdu,
+        mut meta: PduMeta,
+        seq_bits: u32,
+        ctrl_bits: u32,
+    ) -> (Pdu, PduMeta) {
+        let rx = self.receive_reference();
+        let tx = |v| widen_seq(self.snd.next_seq(), v, seq_bits);
+        let c = |v| widen_seq(self.last_ctrl_in, v, ctrl_bits);
+        meta.echo = meta.echo.map(tx);
+        let pdu = match pdu {
+            Pdu::Data { seq, drf, payload } => Pdu::Data {
+                seq: widen_seq(rx, seq, seq_bits),
+                drf,
+                payload,
+            },
+            Pdu::Ack { ctrl_seq, ack_sn } => Pdu::Ack {
+                ctrl_seq: c(ctrl_seq),
+                ack_sn: tx(ack_sn),
+            },
+            Pdu::Fc {
+                ctrl_seq,
+                new_rwe,
+                rate,
+                frame_ms,
+            } => Pdu::Fc {
+                ctrl_seq: c(ctrl_seq),
+                new_rwe: tx(new_rwe),
+                rate,
+                frame_ms,
+            },
+            Pdu::AckFc {
+                ctrl_seq,
+                ack_sn,
+                new_rwe,
+                rate,
+                frame_ms,
+            } => Pdu::AckFc {
+                ctrl_seq: c(ctrl_seq),
+                ack_sn: tx(ack_sn),
+                new_rwe: tx(new_rwe),
+                rate,
+                frame_ms,
+            },
+            Pdu::Nack { ctrl_seq, nack_sn } => Pdu::Nack {
+                ctrl_seq: c(ctrl_seq),
+                nack_sn: tx(nack_sn),
+            },
+            Pdu::Rendezvous { ctrl_seq, next_seq } => Pdu::Rendezvous {
+                ctrl_seq: c(ctrl_seq),
+                next_seq: widen_seq(rx, next_seq, seq_bits),
+            },
+        };
+        (pdu, meta)
+    }
+
     /// The highest sequence number the peer may have sent by the window
     /// rules, above [`Connection::receive_reference`]:
     ///

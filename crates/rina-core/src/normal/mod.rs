@@ -1536,21 +1536,18 @@ impl NormalIpcp {
             return;
         };
         let bits = (self.cfg.dt.seq.bytes() * 8) as u32;
+        let ctrl_bits = (self.cfg.dt.ctrl_seq.bytes() * 8) as u32;
         let Some(f) = self.flows.get_mut(&id) else {
             return;
         };
-        let reference = f.efcp.next_seq();
-        let w = |v: u64| efcp::widen_seq(reference, v, bits);
         let ctrl_seq = pci.seq;
         let mut meta = efcp::PduMeta {
             ecn: pci.flags & pci::flags::ECN != 0,
             echo: None,
         };
+        // The numbers as the wire carries them, widened below.
         let pdu = match body {
-            ControlBody::Ack { ack_sn } => efcp::Pdu::Ack {
-                ctrl_seq,
-                ack_sn: w(ack_sn),
-            },
+            ControlBody::Ack { ack_sn } => efcp::Pdu::Ack { ctrl_seq, ack_sn },
             ControlBody::Fc {
                 new_rwe,
                 rate,
@@ -1558,7 +1555,7 @@ impl NormalIpcp {
                 ..
             } => efcp::Pdu::Fc {
                 ctrl_seq,
-                new_rwe: w(new_rwe),
+                new_rwe,
                 rate,
                 frame_ms: frame,
             },
@@ -1570,22 +1567,19 @@ impl NormalIpcp {
                 my_lwe,
                 ..
             } => {
-                meta.echo = (my_lwe != 0).then(|| w(my_lwe));
+                meta.echo = (my_lwe != 0).then_some(my_lwe);
                 efcp::Pdu::AckFc {
                     ctrl_seq,
-                    ack_sn: w(ack_sn),
-                    new_rwe: w(new_rwe),
+                    ack_sn,
+                    new_rwe,
                     rate,
                     frame_ms: frame,
                 }
             }
-            ControlBody::Nack { nack_sn } => efcp::Pdu::Nack {
-                ctrl_seq,
-                nack_sn: w(nack_sn),
-            },
+            ControlBody::Nack { nack_sn } => efcp::Pdu::Nack { ctrl_seq, nack_sn },
             ControlBody::Rendezvous { my_lwe, .. } => efcp::Pdu::Rendezvous {
                 ctrl_seq,
-                next_seq: efcp::widen_seq(f.efcp.receive_reference(), my_lwe, bits),
+                next_seq: my_lwe,
             },
             // Not produced by this EFCP; counted as malformed.
             ControlBody::NackFc { .. } | ControlBody::Cack { .. } => {
@@ -1593,6 +1587,7 @@ impl NormalIpcp {
                 return;
             }
         };
+        let (pdu, meta) = f.efcp.widen(pdu, meta, bits, ctrl_bits);
         f.efcp.on_pdu_meta(now, pdu, meta);
         mark_dirty(&mut self.dirty, id);
     }
