@@ -167,13 +167,24 @@ impl Receiver {
     ///
     /// Every seq in `(lwe, rwe]` not yet received needs at most one buffer
     /// slot, so `rwe = lwe + buffer - buffered + received_above_lwe` keeps
-    /// the buffer from overflowing. It never decreases: taking a PDU into
-    /// the buffer either fills a counted slot or moves the LWE by one.
+    /// the buffer from overflowing. With retransmission it is also never
+    /// beyond what the reordering queue takes (`max_reorder + 1` past the
+    /// LWE): a PDU further ahead would be dropped, so a window wider than
+    /// the queue would make one loss cost every PDU sent beyond it too, and
+    /// recovery would crawl at one PDU per round trip. It never decreases:
+    /// taking a PDU into the buffer either fills a counted slot or moves
+    /// the LWE by one, and the queue's edge moves with the LWE.
     pub(super) fn rwe(&self, buffer: usize) -> Option<u64> {
         self.lwe.map(|l| {
-            l.saturating_add(buffer as u64)
+            let room = l
+                .saturating_add(buffer as u64)
                 .saturating_add(self.above as u64)
-                .saturating_sub(self.buffered() as u64)
+                .saturating_sub(self.buffered() as u64);
+            if self.rtx {
+                room.min(l.saturating_add(self.max_reorder as u64 + 1))
+            } else {
+                room
+            }
         })
     }
 
@@ -572,10 +583,16 @@ impl Receiver {
         }
         self.last_rx = now;
         if self.lwe.is_none() {
-            if self.rtx {
+            // Without retransmission, everything before `next_seq` was
+            // lost: start the run after it. With it, only if this end took
+            // everything the sender sent: its run ended here while its
+            // window stayed closed longer than 2Δ (a reader that paused),
+            // and unanswered it would wait for a window forever. (Had it
+            // sent more, it would be retransmitting, and its retransmitted
+            // DRF PDU starts the run.)
+            if self.rtx && self.floor != Some(sent) {
                 return false;
             }
-            // Everything before `next_seq` was lost: start the run after it.
             self.start_run(now, next_seq, stats);
             return true;
         }

@@ -1100,3 +1100,6 @@ mod tests;
 
 #[cfg(test)]
 mod direct_tests;
+
+#[cfg(test)]
+mod stress_tests;
