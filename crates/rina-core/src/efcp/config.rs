@@ -144,6 +144,19 @@ pub enum ConfigError {
     /// (1 <= min <= initial <= max) or a gain shift above 10.
     #[error("congestion control needs retransmission, 1 <= min_window <= initial_window <= max_window and gain_shift <= 10")]
     BadCc,
+    /// The sequence-number fields of the wire are too narrow for the
+    /// windows: a number received is widened to the nearest one with its
+    /// low bits, so everything live at once must span less than half
+    /// their range.
+    #[error("{bits}-bit sequence numbers cannot carry {span} PDUs past the receiver's LWE (window plus reordering queue); at most {max}")]
+    SeqFieldTooNarrow {
+        /// The width of the fields, in bits.
+        bits: u32,
+        /// Sequence numbers that may be live past the LWE.
+        span: u64,
+        /// The most the width carries.
+        max: u64,
+    },
     /// A parameter is outside the range it may take.
     #[error("`{key}` must be between {min} and {max}, not {value}")]
     OutOfRange {
@@ -259,6 +272,38 @@ impl EfcpConfig {
         self.max_pdu_lifetime
             .saturating_add(self.max_rtx_time())
             .saturating_add(self.a_timer)
+    }
+
+    /// How many sequence numbers past the receiver's LWE may be live at
+    /// once (sent, or arriving as retransmissions or duplicates): the
+    /// window granted (at most the receiver buffer or the initial credit)
+    /// and the reordering queue. `None` for a flow without window or
+    /// retransmission, whose sender is bound by nothing.
+    pub fn seq_span(&self) -> Option<u64> {
+        let queue = self.max_reorder as u64 + 1;
+        match (self.window(), self.rtx()) {
+            (Some(w), _) => Some((w.receiver_buffer as u64).max(w.initial_credit) + queue),
+            (None, Some(_)) => Some(queue),
+            (None, None) => None,
+        }
+    }
+
+    /// Checks that sequence-number fields of `bits` bits (the DIF's data
+    /// transfer constants) can carry the flow: its [`EfcpConfig::seq_span`]
+    /// must be below half their range, or numbers widened on arrival would
+    /// be taken for others.
+    pub fn check_seq_width(&self, bits: u32) -> Result<(), ConfigError> {
+        let Some(span) = self.seq_span() else {
+            return Ok(());
+        };
+        if bits >= 64 {
+            return Ok(());
+        }
+        let max = (1u64 << bits.saturating_sub(1)).saturating_sub(1);
+        if span > max {
+            return Err(ConfigError::SeqFieldTooNarrow { bits, span, max });
+        }
+        Ok(())
     }
 
     /// Checks that the policies can work together.

@@ -641,6 +641,9 @@ impl NormalIpcp {
                 )));
             }
             c.efcp.validate().map_err(|e| bad(e.to_string()))?;
+            c.efcp
+                .check_seq_width(seq_bits(&cfg.dt))
+                .map_err(|e| bad(e.to_string()))?;
         }
         let data_header = pci::header_len(&cfg.dt, PduType::Dt);
         let frag_budget = cfg.dt.max_pdu_size as usize - data_header;
@@ -773,10 +776,13 @@ impl NormalIpcp {
                 ),
             });
         }
-        tuning.apply(&mut efcp).map_err(|e| NormalError::BadCube {
-            id: self.cfg.cubes[k].id,
-            reason: e.to_string(),
-        })?;
+        tuning
+            .apply(&mut efcp)
+            .and_then(|()| efcp.check_seq_width(seq_bits(&self.cfg.dt)))
+            .map_err(|e| NormalError::BadCube {
+                id: self.cfg.cubes[k].id,
+                reason: e.to_string(),
+            })?;
         self.cfg.cubes[k].efcp = efcp;
         Ok(&self.cfg.cubes[k])
     }
@@ -790,7 +796,9 @@ impl NormalIpcp {
         efcp: crate::efcp::EfcpConfig,
     ) -> Result<(), NormalError> {
         let bad = |reason: String| NormalError::BadCube { id, reason };
-        efcp.validate().map_err(|e| bad(e.to_string()))?;
+        efcp.validate()
+            .and_then(|()| efcp.check_seq_width(seq_bits(&self.cfg.dt)))
+            .map_err(|e| bad(e.to_string()))?;
         let c = self
             .cfg
             .cubes
@@ -920,6 +928,9 @@ impl NormalIpcp {
                 cep: ep.local_cep,
             });
         }
+        policy
+            .check_seq_width(seq_bits(&self.cfg.dt))
+            .map_err(|e| NormalError::Policy(e.into()))?;
         let efcp = Connection::new(policy, now).map_err(NormalError::Policy)?;
         let hash = mix(&[
             self.cfg.address,
@@ -1862,6 +1873,11 @@ fn encode_data_in_place(
     payload.prepend(hl);
     pci.write_header(dt, &mut payload)?;
     Ok(payload)
+}
+
+/// The width of the sequence-number fields of `dt`, in bits.
+fn seq_bits(dt: &DtConstants) -> u32 {
+    (dt.seq.bytes() * 8) as u32
 }
 
 /// The wire body of an EFCP control PDU, with its control sequence number.

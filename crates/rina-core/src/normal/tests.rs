@@ -1249,3 +1249,28 @@ fn standard_config_and_largest_pdu_within_a_shim_sdu() {
         );
     }
 }
+
+#[test]
+fn cubes_whose_windows_do_not_fit_the_sequence_number_field_are_refused() {
+    // One-byte sequence numbers: the reliable cube's window of 256 and
+    // queue of 256 cannot be told apart from numbers a wrap earlier.
+    let mut c = NormalConfig::new("narrow", 1);
+    c.dt.seq = rina_wire::pci::FieldWidth::W1;
+    let e = NormalIpcp::new(c.clone(), Box::new(Fifo::new(10))).unwrap_err();
+    assert!(e.to_string().contains("8-bit sequence numbers"), "{e}");
+    // Windows that fit: accepted, and a tuning that widens them refused.
+    let reliable = &mut c.cubes[1].efcp;
+    reliable.max_reorder = 32;
+    if let Some(w) = reliable.dtcp.as_mut().and_then(|d| d.window.as_mut()) {
+        *w = crate::efcp::WindowFc {
+            initial_credit: 16,
+            max_closed_queue: 16,
+            receiver_buffer: 48,
+        };
+    }
+    let mut p = NormalIpcp::new(c, Box::new(Fifo::new(10))).unwrap();
+    let wide: crate::efcp::EfcpTuning =
+        serde_json::from_value(serde_json::json!({"window": 200})).unwrap();
+    let e = p.set_cube_efcp("reliable", &wide).unwrap_err();
+    assert!(e.to_string().contains("at most 127"), "{e}");
+}
