@@ -1297,6 +1297,20 @@ impl Daemon {
         took
     }
 
+    /// A VMPI buffer of no application flow (control, a frame of a normal
+    /// IPCP above, or garbage), copied to the first `n` bytes of the
+    /// daemon's buffer: to the system, and what it delivers to its flow.
+    fn hv_copy_to_system(&mut self, i: usize, now: Instant, n: usize) {
+        let rx = rina_core::system::Rx::Hv {
+            buf: &self.buf[..n],
+        };
+        if let Some((port, sdu)) = self.sys.receive(now, i, rx) {
+            let len = sdu.len() as u64;
+            super::shim::straight_to_app(&mut self.flows, &mut self.sys, i, port, sdu);
+            self.hv_delivered(now, i, port, len);
+        }
+    }
+
     /// [`Daemon::hv_take_one`]; a buffer of an application flow that left
     /// the ring is copied into `tapped` if it is `Some` (a capture).
     fn hv_take_one_inner(
@@ -1336,14 +1350,7 @@ impl Daemon {
                 debug!(ipcp = %name, len = n, "VMPI buffer larger than any the DIF carries; dropped");
                 return Some(true);
             }
-            let rx = rina_core::system::Rx::Hv {
-                buf: &self.buf[..n],
-            };
-            if let Some((port, sdu)) = self.sys.receive(now, i, rx) {
-                let len = sdu.len() as u64;
-                super::shim::straight_to_app(&mut self.flows, &mut self.sys, i, port, sdu);
-                self.hv_delivered(now, i, port, len);
-            }
+            self.hv_copy_to_system(i, now, n);
             return Some(true);
         };
         let sdu_len = n - CHANNEL_HEADER;
