@@ -203,6 +203,65 @@ pub enum Pdu {
     },
 }
 
+impl Pdu {
+    /// This PDU with every sequence number passed through a map: `own`
+    /// for those in its sender's own sequence space (a data PDU's number,
+    /// a rendezvous' next one), `peer` for those naming PDUs of the other
+    /// end (acked and nacked numbers, window edges), `ctrl` for the
+    /// control sequence number. Cutting numbers to their fields and
+    /// widening them back ([`Connection::widen`]) are such maps.
+    pub fn map_numbers(
+        self,
+        own: impl Fn(u64) -> u64,
+        peer: impl Fn(u64) -> u64,
+        ctrl: impl Fn(u64) -> u64,
+    ) -> Pdu {
+        match self {
+            Pdu::Data { seq, drf, payload } => Pdu::Data {
+                seq: own(seq),
+                drf,
+                payload,
+            },
+            Pdu::Ack { ctrl_seq, ack_sn } => Pdu::Ack {
+                ctrl_seq: ctrl(ctrl_seq),
+                ack_sn: peer(ack_sn),
+            },
+            Pdu::Fc {
+                ctrl_seq,
+                new_rwe,
+                rate,
+                frame_ms,
+            } => Pdu::Fc {
+                ctrl_seq: ctrl(ctrl_seq),
+                new_rwe: peer(new_rwe),
+                rate,
+                frame_ms,
+            },
+            Pdu::AckFc {
+                ctrl_seq,
+                ack_sn,
+                new_rwe,
+                rate,
+                frame_ms,
+            } => Pdu::AckFc {
+                ctrl_seq: ctrl(ctrl_seq),
+                ack_sn: peer(ack_sn),
+                new_rwe: peer(new_rwe),
+                rate,
+                frame_ms,
+            },
+            Pdu::Nack { ctrl_seq, nack_sn } => Pdu::Nack {
+                ctrl_seq: ctrl(ctrl_seq),
+                nack_sn: peer(nack_sn),
+            },
+            Pdu::Rendezvous { ctrl_seq, next_seq } => Pdu::Rendezvous {
+                ctrl_seq: ctrl(ctrl_seq),
+                next_seq: own(next_seq),
+            },
+        }
+    }
+}
+
 /// What a PDU carries besides its [`Pdu`] fields, in the PCI flags and
 /// the otherwise unused fields of acks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -649,49 +708,7 @@ impl Connection {
         let tx = |v| widen_seq(self.snd.next_seq(), v, seq_bits);
         let c = |v| widen_seq(self.last_ctrl_in, v, ctrl_bits);
         meta.echo = meta.echo.map(tx);
-        let pdu = match pdu {
-            Pdu::Data { seq, drf, payload } => Pdu::Data {
-                seq: widen_seq(rx, seq, seq_bits),
-                drf,
-                payload,
-            },
-            Pdu::Ack { ctrl_seq, ack_sn } => Pdu::Ack {
-                ctrl_seq: c(ctrl_seq),
-                ack_sn: tx(ack_sn),
-            },
-            Pdu::Fc {
-                ctrl_seq,
-                new_rwe,
-                rate,
-                frame_ms,
-            } => Pdu::Fc {
-                ctrl_seq: c(ctrl_seq),
-                new_rwe: tx(new_rwe),
-                rate,
-                frame_ms,
-            },
-            Pdu::AckFc {
-                ctrl_seq,
-                ack_sn,
-                new_rwe,
-                rate,
-                frame_ms,
-            } => Pdu::AckFc {
-                ctrl_seq: c(ctrl_seq),
-                ack_sn: tx(ack_sn),
-                new_rwe: tx(new_rwe),
-                rate,
-                frame_ms,
-            },
-            Pdu::Nack { ctrl_seq, nack_sn } => Pdu::Nack {
-                ctrl_seq: c(ctrl_seq),
-                nack_sn: tx(nack_sn),
-            },
-            Pdu::Rendezvous { ctrl_seq, next_seq } => Pdu::Rendezvous {
-                ctrl_seq: c(ctrl_seq),
-                next_seq: widen_seq(rx, next_seq, seq_bits),
-            },
-        };
+        let pdu = pdu.map_numbers(|v| widen_seq(rx, v, seq_bits), tx, c);
         (pdu, meta)
     }
 

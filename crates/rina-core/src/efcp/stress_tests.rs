@@ -104,50 +104,7 @@ fn to_wire(p: Pdu, mut meta: PduMeta, w: Widths) -> (Pdu, PduMeta) {
     let s = |v| mask(v, w.seq);
     let c = |v| mask(v, w.ctrl);
     meta.echo = meta.echo.map(s).filter(|&e| e != 0);
-    let p = match p {
-        Pdu::Data { seq, drf, payload } => Pdu::Data {
-            seq: s(seq),
-            drf,
-            payload,
-        },
-        Pdu::Ack { ctrl_seq, ack_sn } => Pdu::Ack {
-            ctrl_seq: c(ctrl_seq),
-            ack_sn: s(ack_sn),
-        },
-        Pdu::Fc {
-            ctrl_seq,
-            new_rwe,
-            rate,
-            frame_ms,
-        } => Pdu::Fc {
-            ctrl_seq: c(ctrl_seq),
-            new_rwe: s(new_rwe),
-            rate,
-            frame_ms,
-        },
-        Pdu::AckFc {
-            ctrl_seq,
-            ack_sn,
-            new_rwe,
-            rate,
-            frame_ms,
-        } => Pdu::AckFc {
-            ctrl_seq: c(ctrl_seq),
-            ack_sn: s(ack_sn),
-            new_rwe: s(new_rwe),
-            rate,
-            frame_ms,
-        },
-        Pdu::Nack { ctrl_seq, nack_sn } => Pdu::Nack {
-            ctrl_seq: c(ctrl_seq),
-            nack_sn: s(nack_sn),
-        },
-        Pdu::Rendezvous { ctrl_seq, next_seq } => Pdu::Rendezvous {
-            ctrl_seq: c(ctrl_seq),
-            next_seq: s(next_seq),
-        },
-    };
-    (p, meta)
+    (p.map_numbers(s, s, c), meta)
 }
 
 /// Hands a PDU from the wire to `c`, widened as the normal IPCP widens it.
