@@ -47,6 +47,22 @@ fn two_daemons(what: &str) -> (Procs, PathBuf, PathBuf) {
     (procs, a, b)
 }
 
+/// Starts `bin`'s server (rina-perf, rina-echo) under the name `perf` on
+/// the daemon at `sock`.
+fn serve(procs: &mut Procs, bin: &Path, sock: &Path) {
+    let server = Command::new(bin)
+        .arg("server")
+        .arg("--socket")
+        .arg(sock)
+        .args(["--name", "perf"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    procs.0.push(server);
+}
+
 fn perf(bin: &Path, sock: &Path, args: &[&str]) -> Output {
     Command::new(bin)
         .arg("client")
@@ -73,17 +89,7 @@ fn request_response_and_parallel_flows_between_two_daemons() {
     let bins = bin_dir();
     let (mut procs, a, b) = two_daemons("rina-perf-cli");
     let bin = bins.join("rina-perf");
-    let server = Command::new(&bin)
-        .arg("server")
-        .arg("--socket")
-        .arg(&b)
-        .args(["--name", "perf"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    procs.0.push(server);
+    serve(&mut procs, &bin, &b);
 
     // Request/response, 4 outstanding, small requests and large responses.
     // The server registers asynchronously: retry until it answers.
@@ -213,17 +219,7 @@ fn a_report_that_never_comes_is_a_failed_row_not_an_empty_one() {
 fn a_client_pointed_at_an_echo_server_says_so() {
     let bins = bin_dir();
     let (mut procs, a, b) = two_daemons("rina-perf-echoed");
-    let echo = Command::new(bins.join("rina-echo"))
-        .arg("server")
-        .arg("--socket")
-        .arg(&b)
-        .args(["--name", "perf"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    procs.0.push(echo);
+    serve(&mut procs, &bins.join("rina-echo"), &b);
     let says = "echoes what it is sent (a rina-echo server?)";
     // The server registers asynchronously: retry until the flow is made.
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -277,17 +273,7 @@ fn direct_asked_but_not_granted_is_said() {
     let bins = bin_dir();
     let (mut procs, a, b) = two_daemons("rina-perf-direct");
     let bin = bins.join("rina-perf");
-    let server = Command::new(&bin)
-        .arg("server")
-        .arg("--socket")
-        .arg(&b)
-        .args(["--name", "perf"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    procs.0.push(server);
+    serve(&mut procs, &bin, &b);
     let args = ["--count", "10", "--direct"];
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut out = perf(&bin, &a, &args);
@@ -310,17 +296,7 @@ fn direct_asked_but_not_granted_is_said() {
 fn an_echo_client_pointed_at_a_perf_server_says_so() {
     let bins = bin_dir();
     let (mut procs, a, b) = two_daemons("rina-echo-at-perf");
-    let server = Command::new(bins.join("rina-perf"))
-        .arg("server")
-        .arg("--socket")
-        .arg(&b)
-        .args(["--name", "perf"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    procs.0.push(server);
+    serve(&mut procs, &bins.join("rina-perf"), &b);
     // The server registers asynchronously: retry until the flow is made.
     let deadline = Instant::now() + Duration::from_secs(20);
     let err = loop {
