@@ -5,12 +5,12 @@
 //! socket; afterwards SDUs go through the rings, and the socket only
 //! carries one-byte doorbells each way (and its end of file).
 
+use super::held::HeldQueue;
 use super::shim_hv::Mapping;
 use rina_core::sdu::Sdu;
 use rina_core::shim_hv::flow_rings::{self, Setup};
 use rina_core::shim_hv::ring::{Consumer, Producer, RingError, Segments};
 use smallvec::SmallVec;
-use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
@@ -191,7 +191,7 @@ impl AppRings {
     /// Hands SDUs held for the application to its ring, in order; how many
     /// went, and whether room for the next appeared meanwhile (else the
     /// application is asked to kick once it read).
-    pub(super) fn deliver_held<H: Held>(&mut self, q: &mut VecDeque<H>) -> (usize, bool) {
+    pub(super) fn deliver_held<H: Held>(&mut self, q: &mut HeldQueue<H>) -> (usize, bool) {
         let mut sent = 0;
         while let Some(sdu) = q.front() {
             if !sdu.push_to(self) {

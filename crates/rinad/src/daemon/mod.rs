@@ -40,6 +40,7 @@ mod busy_poll;
 mod capture;
 mod control;
 mod direct;
+mod held;
 mod ipcp;
 mod link_watch;
 mod manage;
@@ -54,6 +55,7 @@ mod to_sockets;
 
 use crate::config::Config;
 use crate::sys::{self, Recv, Sent};
+use held::HeldQueue;
 use ipcp::{Io, Ipcp};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
@@ -120,6 +122,9 @@ const FLOW_SNDBUF: usize = 1 << 20;
 /// SDUs held for an application that does not read, per flow, on flows
 /// whose window does not bound them (see [`Daemon::deliver`]).
 const MAX_RX_PENDING: usize = 1024;
+/// Bytes held so, per flow: with large SDUs this bound comes first (64
+/// SDUs of 64 KiB, where [`MAX_RX_PENDING`] alone would hold 64 MiB).
+const MAX_RX_PENDING_BYTES: usize = 4 << 20;
 
 const LISTENER: Token = Token(0);
 const SIGNAL: Token = Token(1);
@@ -158,7 +163,7 @@ struct FlowSlot {
     rings: Option<Box<app_rings::AppRings>>,
     /// SDUs delivered but not yet taken by the application (its socket or
     /// its ring), each still in the buffers it arrived in.
-    rx_pending: VecDeque<Sdu>,
+    rx_pending: HeldQueue<Sdu>,
     /// An SDU read from the application that the flow could not take yet:
     /// reading waits for [`AppEvent::Writable`].
     tx_stash: Option<Vec<u8>>,
@@ -927,13 +932,14 @@ impl Daemon {
     /// once the application took it, so on a flow with window flow control
     /// the window bounds what is held and every SDU is kept (a reliable
     /// flow loses none, whatever its window); on any other flow, beyond
-    /// [`MAX_RX_PENDING`] held SDUs it is dropped and counted.
+    /// [`MAX_RX_PENDING`] held SDUs or [`MAX_RX_PENDING_BYTES`] held bytes
+    /// it is dropped and counted.
     fn deliver(&mut self, port: PortId, sdu: Sdu) {
         let Some(slot) = self.flows.get_mut(&port) else {
             return;
         };
         let sys = &self.sys;
-        let full = |held: usize| held >= MAX_RX_PENDING && !sys.paced_by_reader(port);
+        let full = |held: &HeldQueue<Sdu>| held_full(held) && !sys.paced_by_reader(port);
         let taken = self.taken.entry(port).or_default();
         if let Some(r) = slot.rings.as_mut() {
             // A reassembled SDU is gathered from its fragments' buffers
@@ -946,7 +952,7 @@ impl Daemon {
                 }
                 return;
             }
-            if full(slot.rx_pending.len()) {
+            if full(&slot.rx_pending) {
                 slot.drops_in += 1;
                 *taken += 1;
                 return;
@@ -961,7 +967,7 @@ impl Daemon {
             }
             return;
         }
-        if full(slot.rx_pending.len()) {
+        if full(&slot.rx_pending) {
             slot.drops_in += 1;
             *taken += 1;
             return;
@@ -1106,7 +1112,7 @@ impl Daemon {
                 uid,
                 queued: false,
                 rings: rings.map(Box::new),
-                rx_pending: VecDeque::new(),
+                rx_pending: HeldQueue::default(),
                 wants_writable: false,
                 tx_stash: None,
                 drops_in: 0,
@@ -1148,6 +1154,12 @@ impl Daemon {
 }
 
 /// The socket pair of a new flow; out of descriptors, an error that says so.
+/// A flow holds as much as it may for an application that does not read
+/// ([`MAX_RX_PENDING`] SDUs or [`MAX_RX_PENDING_BYTES`] bytes).
+fn held_full(held: &HeldQueue<Sdu>) -> bool {
+    held.len() >= MAX_RX_PENDING || held.bytes() >= MAX_RX_PENDING_BYTES
+}
+
 fn new_flow_pair(system: &str) -> Result<(OwnedFd, OwnedFd), CtlError> {
     sys::flow_pair(FLOW_SNDBUF).map_err(|e| {
         let why =

@@ -221,12 +221,12 @@ impl Daemon {
     /// Hands SDU `sdu` of shim flow `port` of IPCP `i`, in the buffer it
     /// was read into, to its application: into its ring (woken once for
     /// the batch), or held for its socket to go out with the batch. A flow
-    /// holding [`MAX_RX_PENDING`] SDUs loses it (counted in the shim's
-    /// flow), as a link would.
+    /// holding [`MAX_RX_PENDING`] SDUs or [`MAX_RX_PENDING_BYTES`] bytes
+    /// loses it (counted in the shim's flow), as a link would.
     fn shim_to_app(&mut self, i: usize, port: PortId, sdu: PduBuf) {
         match self.flows.get(&port) {
             Some(slot) if slot.rings.is_none() => {
-                if slot.rx_pending.len() >= MAX_RX_PENDING {
+                if held_full(&slot.rx_pending) {
                     count_drop(&mut self.sys, i, port, true);
                 } else {
                     self.hold_for_socket(port, sdu.into());

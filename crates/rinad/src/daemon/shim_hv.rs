@@ -59,6 +59,7 @@
 //! slots; only what overflows the backlog is lost (counted as
 //! `tx_ring_full`). Control messages wait in a backlog of their own.
 
+use super::held::HeldQueue;
 use super::*;
 use rina_core::buf::PduBuf;
 use rina_core::shim_hv::link::{
@@ -184,7 +185,7 @@ pub(super) struct HvIo {
     rx_ring_waits: u64,
     pub rx_queued: bool,
     /// SDUs waiting for applications' sockets, by flow.
-    rx_pending: IdMap<PortId, VecDeque<Vec<u8>>>,
+    rx_pending: IdMap<PortId, HeldQueue<Vec<u8>>>,
     /// The flow whose full queue pauses the receive ring.
     rx_paused_on: Option<PortId>,
     /// Garbage found in the receive ring (each time, what was published is dropped).
@@ -694,8 +695,8 @@ fn connect_seqpacket(path: &Path) -> io::Result<OwnedFd> {
 fn hold_copy<'q>(
     link: &mut Link,
     n: usize,
-    q: &'q mut VecDeque<Vec<u8>>,
-) -> Option<&'q VecDeque<Vec<u8>>> {
+    q: &'q mut HeldQueue<Vec<u8>>,
+) -> Option<&'q HeldQueue<Vec<u8>>> {
     let mut v = vec![0u8; n];
     let ok = link.read_peeked(n, &mut v);
     link.consume(n);
@@ -1723,15 +1724,14 @@ impl Daemon {
             resume_rx = true;
         }
         if let Some(q) = h.rx_pending.get_mut(&port) {
-            let bytes = |q: &VecDeque<Vec<u8>>| q.iter().map(|v| v.len() as u64).sum::<u64>();
-            let before = bytes(q);
+            let before = q.bytes();
             let (sent, more) = r.deliver_held(q);
             again = more;
-            m.delivered(now, port, sent as u64, before - bytes(q));
+            m.delivered(now, port, sent as u64, (before - q.bytes()) as u64);
             if q.is_empty() {
                 h.rx_pending.remove(&port);
             }
-            let len = h.rx_pending.get(&port).map_or(0, VecDeque::len);
+            let len = h.rx_pending.get(&port).map_or(0, HeldQueue::len);
             if h.rx_paused_on == Some(port) && len < RX_QUEUE_MAX / 2 {
                 h.rx_paused_on = None;
                 resume_rx = true;

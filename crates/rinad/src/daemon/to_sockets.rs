@@ -9,9 +9,9 @@
 //! (the kernel lets the woken application run between the packets of a
 //! `sendmmsg` as it did between calls).
 
+use super::held::HeldQueue;
 use crate::sys::{self, Sent};
 use rina_core::sdu::Sdu;
-use std::collections::VecDeque;
 use std::io;
 use std::os::fd::RawFd;
 
@@ -41,7 +41,7 @@ impl SendBatch {
     /// Sends the SDUs of `queue` to socket `fd` in order, without blocking,
     /// [`BATCH`] per system call, until the queue is empty or the socket
     /// full.
-    pub(super) fn send(&mut self, fd: RawFd, queue: &mut VecDeque<Sdu>) -> Outcome {
+    pub(super) fn send(&mut self, fd: RawFd, queue: &mut HeldQueue<Sdu>) -> Outcome {
         let mut out = Outcome::default();
         while let Some(front) = queue.front() {
             let step = if front.parts().len() > sys::MAX_IOV {
@@ -57,7 +57,7 @@ impl SendBatch {
             };
             match step {
                 Step::Took(n) => {
-                    queue.drain(..n);
+                    queue.drop_front(n);
                     out.taken += n;
                 }
                 Step::Retry => {}
@@ -81,7 +81,7 @@ impl SendBatch {
     }
 
     /// One `sendmmsg` of the SDUs at the front of `queue`.
-    fn send_batch(&mut self, fd: RawFd, queue: &VecDeque<Sdu>) -> Step {
+    fn send_batch(&mut self, fd: RawFd, queue: &HeldQueue<Sdu>) -> Step {
         let n = self.lay_out(queue);
         // SAFETY: the `n` headers point at iovecs in `self.iovs` over
         // buffers of the SDUs in `queue`, untouched until this returns.
@@ -110,7 +110,7 @@ impl SendBatch {
     /// Lays out headers and iovecs for the SDUs at the front of `queue`
     /// (at most [`BATCH`], each of at most [`sys::MAX_IOV`] pieces):
     /// how many.
-    fn lay_out(&mut self, queue: &VecDeque<Sdu>) -> usize {
+    fn lay_out(&mut self, queue: &HeldQueue<Sdu>) -> usize {
         self.iovs.clear();
         self.msgs.clear();
         let mut counts = [0usize; BATCH];
@@ -194,13 +194,13 @@ mod tests {
             70 => (2_000, 2_000),
             _ => (100 + k * 7, 1 + k % 5),
         };
-        let mut q: VecDeque<Sdu> = (0..151)
+        let mut q: HeldQueue<Sdu> = (0..151)
             .map(|k| {
                 let (len, parts) = shape(k);
                 sdu(k as u8, len, parts)
             })
             .collect();
-        assert!(q[70].parts().len() > sys::MAX_IOV);
+        assert!(q.iter().nth(70).unwrap().parts().len() > sys::MAX_IOV);
         let out = SendBatch::default().send(ours.as_raw_fd(), &mut q);
         assert_eq!(
             out,
@@ -222,7 +222,7 @@ mod tests {
     fn a_full_socket_keeps_the_rest_in_order_for_later() {
         let (ours, theirs) = sys::flow_pair(16 << 10).unwrap();
         sys::set_nonblocking(theirs.as_raw_fd()).unwrap();
-        let mut q: VecDeque<Sdu> = (0..200u8).map(|k| sdu(k, 1400, 2)).collect();
+        let mut q: HeldQueue<Sdu> = (0..200u8).map(|k| sdu(k, 1400, 2)).collect();
         let mut batch = SendBatch::default();
         let first = batch.send(ours.as_raw_fd(), &mut q);
         assert!(first.blocked, "a 16 KiB socket cannot take 280 KB");
@@ -246,7 +246,7 @@ mod tests {
         let (ours, theirs) = sys::flow_pair(8 << 10).unwrap();
         sys::set_nonblocking(theirs.as_raw_fd()).unwrap();
         // Larger than the send buffer can ever hold: EMSGSIZE.
-        let mut q: VecDeque<Sdu> = [sdu(1, 100, 1), sdu(2, 1 << 20, 3), sdu(3, 100, 1)]
+        let mut q: HeldQueue<Sdu> = [sdu(1, 100, 1), sdu(2, 1 << 20, 3), sdu(3, 100, 1)]
             .into_iter()
             .collect();
         let out = SendBatch::default().send(ours.as_raw_fd(), &mut q);
@@ -260,7 +260,7 @@ mod tests {
         );
         assert_eq!(read_all(&theirs), vec![vec![1u8; 100], vec![3u8; 100]]);
         drop(theirs);
-        let mut q: VecDeque<Sdu> = (0..5u8).map(|k| sdu(k, 100, 1)).collect();
+        let mut q: HeldQueue<Sdu> = (0..5u8).map(|k| sdu(k, 100, 1)).collect();
         let out = SendBatch::default().send(ours.as_raw_fd(), &mut q);
         assert_eq!(
             out,
