@@ -135,7 +135,7 @@ pub enum Recv {
 }
 
 /// Whether the peer of a connected socket has hung up.
-fn peer_hung_up(fd: RawFd) -> bool {
+pub fn peer_hung_up(fd: RawFd) -> bool {
     let mut p = libc::pollfd {
         fd,
         events: libc::POLLRDHUP,
