@@ -25,6 +25,9 @@ const UB: &str = "172.29.7.2";
 const DSCP: &str = "dscp = { \"46\" = \"reliable\" }\n";
 /// The TUN's name in both namespaces.
 const TUN: &str = "rtun0";
+/// The largest SDU of the normal DIF's flows: below the 64 KiB of an IP
+/// packet, so that a packet can be too big for the flow.
+const NET_MAX_SDU: u32 = 3000;
 
 /// Two namespaces and the processes started in them; all removed on drop.
 struct Lab {
@@ -205,6 +208,7 @@ name = "{me}.net"
 type = "normal"
 dif = "net"
 address = {addr}
+max_sdu = {NET_MAX_SDU}
 [[ipcp.neighbor]]
 name = "{peer}.net"
 over = "udp"
@@ -277,6 +281,7 @@ fn ip_traffic_crosses_the_tunnel_and_the_tunnel_recovers() {
     // A offloads checksums and B does not: B completes the checksums A
     // leaves partial, and B's kernel then checks every one of them.
     check_ping_and_mtu(&lab);
+    check_too_big(&lab);
     check_tcp(&mut lab);
     check_offload_counters(&lab, false);
     check_garbage(&lab);
@@ -451,6 +456,60 @@ fn check_ping_and_mtu(lab: &Lab) {
         assert_eq!(after.len(), 2);
         assert!(after[1] >= before[1] + 3, "{before:?} -> {after:?}");
     }
+}
+
+/// A's TUN MTU, as the kernel has it.
+fn tun_mtu(lab: &Lab, side: usize) -> u64 {
+    let out = lab.run(side, "cat", &[&format!("/sys/class/net/{TUN}/mtu")]);
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+/// With A's TUN MTU raised by hand past the flows' SDU, a packet too big
+/// for its flow is answered with an ICMP "too big" error carrying the
+/// tunnel's MTU (IPv4 with DF, and IPv6), and counted; the sender's
+/// path-MTU discovery then gets packets of that size through.
+fn check_too_big(lab: &Lab) {
+    let mtu = tun_mtu(lab, 0);
+    assert!(mtu < 5000, "MTU {mtu}: no packet can be too big");
+    let set_mtu = |m: u64| {
+        assert_ok(
+            "ip link set mtu",
+            &lab.run(0, "ip", &["link", "set", TUN, "mtu", &m.to_string()]),
+        )
+    };
+    set_mtu(9000);
+    let counters = |lab: &Lab| peer(&lab.status(0), "ip-b")["counters"].clone();
+    let before = counters(lab);
+    for dst in [B4, B6] {
+        let out = lab.run(
+            0,
+            "ping",
+            &["-M", "do", "-s", "5000", "-c", "1", "-W", "2", dst],
+        );
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        println!("ping -M do -s 5000 {dst} with the TUN MTU at 9000: {text}");
+        assert!(!out.status.success(), "{text}");
+        let said = [format!("mtu = {mtu}"), format!("mtu={mtu}")];
+        assert!(said.iter().any(|s| text.contains(s)), "{text}");
+    }
+    let after = counters(lab);
+    let grew = |k: &str| after[k].as_u64().unwrap() - before[k].as_u64().unwrap();
+    assert!(grew("drops_too_big") >= 2, "{before} -> {after}");
+    assert!(grew("too_big_icmp") >= 2, "{before} -> {after}");
+    // Path-MTU discovery took the size: large pings now get through.
+    assert_ok(
+        "ping -s 5000 after the ICMP error",
+        &lab.run(
+            0,
+            "ping",
+            &["-M", "want", "-s", "5000", "-c", "2", "-W", "2", B4],
+        ),
+    );
+    set_mtu(mtu);
 }
 
 /// iperf3 TCP from A to B, then curl from A against a web server in B.

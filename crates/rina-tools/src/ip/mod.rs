@@ -10,6 +10,7 @@
 //! * [`config`] — TOML file and flags, checked.
 //! * [`route`] — prefixes and the longest-prefix-match table.
 //! * [`packet`] — checked IP packet views and the keepalive frame.
+//! * [`icmp`] — the "too big" errors for packets larger than a flow's SDU.
 //! * [`tun`] — the TUN interface.
 //! * [`backoff`] — bounded exponential back-off.
 //! * [`status`] — state and counters, their socket and their text form.
@@ -17,6 +18,7 @@
 
 pub mod backoff;
 pub mod config;
+pub mod icmp;
 pub mod packet;
 pub mod route;
 pub mod status;

@@ -160,6 +160,13 @@ fn claimed_len(head: &[u8], len: usize) -> Result<usize, PacketError> {
     }
 }
 
+/// Whether the IP packet whose first bytes are `head` (at least its fixed
+/// header) is longer than the `n` bytes read of it: a read into room too
+/// small for it, which the TUN cuts to the room, keeping the rest.
+pub fn cut(head: &[u8], n: usize) -> bool {
+    claimed_len(head, usize::MAX).is_ok_and(|total| total > n)
+}
+
 impl<'a> IpPacket<'a> {
     /// Checks `b` as an IP packet. Bytes after the length the header claims
     /// are cut off.

@@ -62,6 +62,10 @@ pub struct PeerCounters {
     pub drops_no_flow: u64,
     /// Packets for the peer dropped because they exceed the flow's max SDU.
     pub drops_too_big: u64,
+    /// ICMP "too big" errors written to the TUN for those (one per packet
+    /// that may not be fragmented; see [`crate::ip::icmp`]).
+    #[serde(default)]
+    pub too_big_icmp: u64,
     /// Packets for the peer dropped because its flow stayed full.
     pub drops_full: u64,
     /// SDUs from the peer that were neither IP nor a control frame.

@@ -58,6 +58,7 @@ struct Counters {
     bytes_out: AtomicU64,
     drops_no_flow: AtomicU64,
     drops_too_big: AtomicU64,
+    too_big_icmp: AtomicU64,
     drops_full: AtomicU64,
     drops_invalid: AtomicU64,
     drops_tun: AtomicU64,
@@ -78,6 +79,7 @@ impl Counters {
             bytes_out: g(&self.bytes_out),
             drops_no_flow: g(&self.drops_no_flow),
             drops_too_big: g(&self.drops_too_big),
+            too_big_icmp: g(&self.too_big_icmp),
             drops_full: g(&self.drops_full),
             drops_invalid: g(&self.drops_invalid),
             drops_tun: g(&self.drops_tun),
@@ -395,17 +397,10 @@ impl Shared {
             .flat_map(|p| &p.slots)
             .filter_map(|s| lock(&s.state).live.as_ref().map(|l| l.flow.max_sdu()))
             .min();
-        let Some(mut sdu) = smallest else {
+        let Some(sdu) = smallest else {
             return;
         };
-        if self.tun.csum_offload() {
-            // Room for the partial-checksum frame's header.
-            sdu = sdu.saturating_sub(PARTIAL_HEADER);
-        }
-        let mut mtu = (sdu.min(MAX_PACKET) as u32).max(MIN_MTU);
-        if let Some(cap) = self.cfg.tun.mtu_cap {
-            mtu = mtu.min(cap);
-        }
+        let mtu = self.mtu_for(sdu).max(MIN_MTU);
         if self.mtu.swap(mtu, Relaxed) != mtu {
             match self.tun.set_mtu(mtu) {
                 Ok(()) => log!("{} MTU set to {mtu}", self.tun.name()),
@@ -415,6 +410,18 @@ impl Shared {
                 log!("MTU {mtu} is below IPv6's minimum of 1280: IPv6 will not work on the tunnel");
             }
         }
+    }
+
+    /// The largest IP packet a flow whose largest SDU is `sdu` carries
+    /// whatever its checksum (less the partial-checksum frame's header
+    /// where the TUN offloads), capped by the configured MTU.
+    fn mtu_for(&self, mut sdu: usize) -> u32 {
+        if self.tun.csum_offload() {
+            // Room for the partial-checksum frame's header.
+            sdu = sdu.saturating_sub(PARTIAL_HEADER);
+        }
+        let mtu = sdu.min(MAX_PACKET) as u32;
+        self.cfg.tun.mtu_cap.map_or(mtu, |cap| mtu.min(cap))
     }
 
     /// Keepalives out; flows silent for too long closed.

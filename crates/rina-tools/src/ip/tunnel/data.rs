@@ -12,6 +12,7 @@
 //! offload, whose checksum is completed in a copy.
 
 use super::{bump, Counters, Live, Shared, MAX_PACKET, TICK, TX_WAIT};
+use crate::ip::icmp;
 use crate::ip::packet::{self, Frame, IpPacket, PartialCsum, Shape, HEAD, PARTIAL_HEADER};
 use crate::ip::tun::VnetHdr;
 use rina::Segments;
@@ -177,7 +178,7 @@ impl Shared {
         }
         let mut got = InPlace::NotRead;
         let sent = live.flow.write_in_place(max, |room| {
-            let (what, len) = self.fill((pi, dscp, partial), hdr, buf, room);
+            let (what, len) = self.fill((pi, dscp, partial), hdr, buf, room, max);
             got = what;
             len
         });
@@ -198,16 +199,18 @@ impl Shared {
         }
     }
 
-    /// Fills `room` of the flow for `dscp` to peer `pi` with the next
-    /// packet of the TUN, behind room for the frame header if `partial`:
-    /// what became of it, and the SDU's length if it is to be sent from
-    /// there.
+    /// Fills `room` of the flow for `dscp` to peer `pi` (whose largest SDU
+    /// is `max_sdu`) with the next packet of the TUN, behind room for the
+    /// frame header if `partial`: what became of it, and the SDU's length
+    /// if it is to be sent from there. A packet the room cannot hold is
+    /// too big for the flow (see [`Shared::too_big`]).
     fn fill(
         &self,
         (pi, dscp, partial): (usize, u8, bool),
         hdr: &mut VnetHdr,
         buf: &mut [u8],
         room: &Segments,
+        max_sdu: usize,
     ) -> (InPlace, usize) {
         let pkt = room.skip(if partial { PARTIAL_HEADER } else { 0 });
         let n = match self.tun.read_segments(hdr, &pkt) {
@@ -222,6 +225,9 @@ impl Shared {
         let mut head = [0u8; HEAD];
         let h = n.min(HEAD);
         if pkt.read_at(0, &mut head[..h]) {
+            if n == pkt.len() && packet::cut(&head[..h], n) {
+                return (self.cut_in_place(&head[..h], &pkt, n, buf, max_sdu), 0);
+            }
             if let Some((dst, d, len, csum)) = classify(hdr, &head[..h], n) {
                 let here = self.routes.lookup(dst) == Some(pi)
                     && self.channel(pi, d) == self.channel(pi, dscp);
@@ -242,6 +248,45 @@ impl Shared {
         (InPlace::Copied(n), 0)
     }
 
+    /// A packet read into a ring's room of `n` bytes (`pkt`, first bytes
+    /// `head`) that the room cut: too big for the flow, whose largest SDU
+    /// is `max_sdu`. Its first bytes go to `buf` for the ICMP error.
+    fn cut_in_place(
+        &self,
+        head: &[u8],
+        pkt: &Segments,
+        n: usize,
+        buf: &mut [u8],
+        max_sdu: usize,
+    ) -> InPlace {
+        let dst = IpPacket::parse_head(head, usize::MAX).map(|(p, _)| p.dst());
+        let Some(pi) = dst.ok().and_then(|d| self.routes.lookup(d)) else {
+            bump(&self.drops_no_route);
+            return InPlace::Dropped;
+        };
+        let quote = &mut buf[..n.min(icmp::MAX_QUOTE)];
+        let quoted = pkt.read_at(0, quote);
+        self.too_big(pi, if quoted { quote } else { head }, max_sdu);
+        InPlace::Dropped
+    }
+
+    /// Drops a packet for peer `pi` that its flow, whose largest SDU is
+    /// `max_sdu`, cannot carry, and tells its sender (its first bytes are
+    /// `head`) with an ICMP "too big" error through the TUN where one is
+    /// due, so that path-MTU discovery sends smaller packets: the TUN's
+    /// MTU was raised past the flows' (by hand), or packets queued before
+    /// a flow with a smaller SDU came up.
+    fn too_big(&self, pi: usize, head: &[u8], max_sdu: usize) {
+        let c = &self.peers[pi].counters;
+        bump(&c.drops_too_big);
+        let head = &head[..head.len().min(icmp::MAX_QUOTE)];
+        if let Some(e) = icmp::too_big(head, self.mtu_for(max_sdu)) {
+            if self.tun.write(VnetHdr::default(), &e).is_ok() {
+                bump(&c.too_big_icmp);
+            }
+        }
+    }
+
     /// Writes `sdu` to peer `pi` on the flow for `dscp`, counting it.
     fn send(&self, pi: usize, dscp: u8, sdu: &[u8], partial: bool) {
         let c = &self.peers[pi].counters;
@@ -249,14 +294,16 @@ impl Shared {
             bump(&c.drops_no_flow);
             return;
         };
+        let ip = if partial { &sdu[PARTIAL_HEADER..] } else { sdu };
         if sdu.len() > live.flow.max_sdu() {
-            bump(&c.drops_too_big);
-            return;
+            return self.too_big(pi, ip, live.flow.max_sdu());
         }
         match live.flow.write_timeout(sdu, TX_WAIT) {
             Ok(true) => self.count_out(pi, ci, sdu.len(), partial),
             Ok(false) => bump(&c.drops_full),
-            Err(e) if e.kind == rina::ErrorKind::SduTooLarge => bump(&c.drops_too_big),
+            Err(e) if e.kind == rina::ErrorKind::SduTooLarge => {
+                self.too_big(pi, ip, live.flow.max_sdu())
+            }
             Err(e) => {
                 bump(&c.drops_no_flow);
                 self.fail(pi, ci, live.gen, &format!("write failed: {e}"));
