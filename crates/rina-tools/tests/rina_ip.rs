@@ -286,6 +286,7 @@ fn ip_traffic_crosses_the_tunnel_and_the_tunnel_recovers() {
     check_offload_counters(&lab, false);
     check_garbage(&lab);
     check_recovery(&mut lab);
+    check_tun_down_up(&lab);
     // B restarts with offload: partial checksums now cross as such.
     restart_rina_ip(&mut lab, 1, true);
     check_curl(&lab);
@@ -296,6 +297,57 @@ fn ip_traffic_crosses_the_tunnel_and_the_tunnel_recovers() {
         .output()
         .unwrap();
     println!("{}", String::from_utf8_lossy(&text.stdout));
+    check_tun_deleted(&mut lab);
+}
+
+/// A's TUN set down and up again (which takes its IPv6 address away):
+/// the tunnel carries IPv4 and IPv6 again, with no restart.
+fn check_tun_down_up(lab: &Lab) {
+    for state in ["down", "up"] {
+        assert_ok(
+            &format!("ip link set {TUN} {state}"),
+            &lab.run(0, "ip", &["link", "set", TUN, state]),
+        );
+    }
+    let t = Instant::now();
+    for dst in [B4, B6] {
+        wait_until(
+            &format!("a ping to {dst} after the TUN went down and up"),
+            Duration::from_secs(10),
+            || {
+                lab.run(0, "ping", &["-c", "1", "-W", "1", dst])
+                    .status
+                    .success()
+            },
+        );
+    }
+    println!(
+        "tunnel back {:.2} s after its TUN went down and up",
+        t.elapsed().as_secs_f64()
+    );
+}
+
+/// B's TUN deleted under it: B's rina-ip says so and exits with status 2
+/// (a supervisor can restart it), rather than idling for ever.
+fn check_tun_deleted(lab: &mut Lab) {
+    assert_ok("ip link del", &lab.run(1, "ip", &["link", "del", TUN]));
+    let i = lab
+        .procs
+        .iter()
+        .position(|(w, _)| w == "rina-ip-b")
+        .unwrap();
+    let mut status = None;
+    wait_until("rina-ip-b to exit", Duration::from_secs(10), || {
+        status = lab.procs[i].1.try_wait().unwrap();
+        status.is_some()
+    });
+    assert_eq!(status.unwrap().code(), Some(2));
+    let log = std::fs::read_to_string(lab.dir.join("rina-ip-b.log")).unwrap();
+    assert!(log.contains("the TUN interface failed"), "{log}");
+    assert!(
+        !lab.dir.join("status-b.sock").exists(),
+        "status socket left behind"
+    );
 }
 
 /// B's tunnel file: it also accepts a third peer, "ip-junk", which only

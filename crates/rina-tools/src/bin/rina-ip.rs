@@ -3,7 +3,7 @@
 //!
 //! Exit codes: 0 on a clean stop (SIGINT/SIGTERM) or success of `--status`
 //! and `--check`; 2 on any error (bad configuration, no TUN, no status
-//! answer).
+//! answer, the TUN failing while running, e.g. deleted).
 
 use clap::Parser;
 use rina_tools::ip::config::{default_status_socket, DEFAULT_TUN};
@@ -89,8 +89,19 @@ fn main() {
         signal_hook::consts::SIGTERM,
     ])
     .unwrap_or_else(|e| opts::die(TOOL, "cannot catch signals", &e, 2));
-    let _ = signals.forever().next();
+    let on_signal = tunnel.clone();
+    std::thread::spawn(move || {
+        if signals.forever().next().is_some() {
+            on_signal.stop();
+        }
+    });
+    // A signal stops the tunnel; a TUN that fails (deleted) ends it too,
+    // and the process with it, rather than leaving it idle.
+    let ended = tunnel.wait();
     tunnel.stop();
+    if let Err(e) = ended {
+        opts::die(TOOL, "stopped", &e, 2);
+    }
 }
 
 fn show_status(cli: &Cli, over: &Overrides) -> i32 {

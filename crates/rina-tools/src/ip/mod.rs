@@ -31,7 +31,7 @@ pub use tunnel::Tunnel;
 
 use thiserror::Error;
 
-/// Why the tunnel could not start.
+/// Why the tunnel could not start, or ended.
 #[derive(Debug, Error)]
 pub enum IpError {
     /// The configuration is wrong.
@@ -46,4 +46,8 @@ pub enum IpError {
     /// A thread could not be started.
     #[error("cannot start a thread: {0}")]
     Thread(std::io::Error),
+    /// The TUN interface failed while the tunnel ran (it was deleted, or
+    /// cannot be read any more).
+    #[error("the TUN interface failed: {0}")]
+    TunLost(String),
 }

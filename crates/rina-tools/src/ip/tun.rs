@@ -217,6 +217,15 @@ impl Tun {
         self.sock_ioctl("set the MTU", libc::SIOCSIFMTU, &mut req)
     }
 
+    /// Whether the interface is up (`IFF_UP`).
+    pub fn is_up(&self) -> Result<bool, TunError> {
+        let mut req = ifreq(&self.name);
+        self.sock_ioctl("read the flags", libc::SIOCGIFFLAGS, &mut req)?;
+        // SAFETY: SIOCGIFFLAGS just filled the flags member of the union.
+        let flags = unsafe { req.ifr_ifru.ifru_flags };
+        Ok(flags & libc::IFF_UP as libc::c_short != 0)
+    }
+
     /// Brings the interface up.
     pub fn up(&self) -> Result<(), TunError> {
         let mut req = ifreq(&self.name);
@@ -397,6 +406,119 @@ impl Tun {
     }
 }
 
+/// The kernel's announcements of one interface's changes (a netlink
+/// route socket in the link group, non-blocking), so that the interface
+/// set down is seen even when it is set up again at once, before anyone
+/// looked at its flags.
+#[derive(Debug)]
+pub struct LinkWatch {
+    fd: OwnedFd,
+    ifindex: i32,
+}
+
+impl LinkWatch {
+    /// Watches the interface `ifname`.
+    pub fn open(ifname: &str) -> io::Result<LinkWatch> {
+        let name = std::ffi::CString::new(ifname)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        // SAFETY: a NUL-terminated name; the result is checked.
+        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+        if ifindex == 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: plain socket(2) call; the result is checked.
+        let raw = unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                libc::NETLINK_ROUTE,
+            )
+        };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: raw is a descriptor we own from here on.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: sockaddr_nl is plain data; all-zero is a valid value.
+        let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        sa.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+        sa.nl_groups = libc::RTMGRP_LINK as u32;
+        // SAFETY: sa is a valid sockaddr_nl of the length given.
+        let r = unsafe {
+            libc::bind(
+                raw,
+                (&sa as *const libc::sockaddr_nl).cast(),
+                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(LinkWatch {
+            fd,
+            ifindex: ifindex as i32,
+        })
+    }
+
+    /// Reads every announcement waiting: whether one said the interface
+    /// was down (or some were lost to a full socket buffer, so it may
+    /// have been).
+    pub fn went_down(&self) -> bool {
+        let mut buf = [0u8; 8192];
+        let mut down = false;
+        loop {
+            // SAFETY: buf is writable for its length.
+            let n = unsafe {
+                libc::recv(
+                    self.fd.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n > 0 {
+                down |= link_down_in(&buf[..n as usize], self.ifindex);
+                continue;
+            }
+            if n == 0 {
+                return down;
+            }
+            match io::Error::last_os_error().raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::ENOBUFS) => down = true,
+                _ => return down,
+            }
+        }
+    }
+}
+
+/// Whether the netlink messages in `b` say that interface `ifindex` is
+/// down (`RTM_NEWLINK` without `IFF_UP`, or `RTM_DELLINK`).
+fn link_down_in(mut b: &[u8], ifindex: i32) -> bool {
+    // nlmsghdr: length u32, type u16, flags u16, seq u32, pid u32; then
+    // ifinfomsg: family u8, pad u8, type u16, index i32, flags u32, change u32.
+    const NLMSG_HDR: usize = 16;
+    let mut down = false;
+    while b.len() >= NLMSG_HDR {
+        let len = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize;
+        if len < NLMSG_HDR || len > b.len() {
+            break;
+        }
+        let kind = u16::from_ne_bytes([b[4], b[5]]);
+        let body = &b[NLMSG_HDR..len];
+        if (kind == libc::RTM_NEWLINK || kind == libc::RTM_DELLINK) && body.len() >= 12 {
+            let index = i32::from_ne_bytes([body[4], body[5], body[6], body[7]]);
+            let flags = u32::from_ne_bytes([body[8], body[9], body[10], body[11]]);
+            if index == ifindex && (kind == libc::RTM_DELLINK || flags & libc::IFF_UP as u32 == 0) {
+                down = true;
+            }
+        }
+        // Messages are 4-byte aligned.
+        b = &b[((len + 3) & !3).min(b.len())..];
+    }
+    down
+}
+
 /// The iovecs of ring memory `seg` (at most two), and how many there are.
 fn iovecs(seg: &Segments) -> ([libc::iovec; 2], usize) {
     let mut iov = [NO_IOVEC; 2];
@@ -433,4 +555,43 @@ fn ip_command(args: &[&str]) -> Result<(), TunError> {
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A netlink message of `kind` about interface `index` with `flags`.
+    fn link_msg(kind: u16, index: i32, flags: u32) -> Vec<u8> {
+        let mut m = Vec::new();
+        m.extend_from_slice(&32u32.to_ne_bytes());
+        m.extend_from_slice(&kind.to_ne_bytes());
+        m.extend_from_slice(&[0; 10]);
+        m.extend_from_slice(&[0, 0, 0, 0]);
+        m.extend_from_slice(&index.to_ne_bytes());
+        m.extend_from_slice(&flags.to_ne_bytes());
+        m.extend_from_slice(&[0; 4]);
+        m
+    }
+
+    #[test]
+    fn link_announcements_are_read_for_one_interface() {
+        let up = libc::IFF_UP as u32;
+        assert!(link_down_in(&link_msg(libc::RTM_NEWLINK, 7, 0), 7));
+        assert!(!link_down_in(&link_msg(libc::RTM_NEWLINK, 7, up), 7));
+        assert!(!link_down_in(&link_msg(libc::RTM_NEWLINK, 8, 0), 7));
+        assert!(link_down_in(&link_msg(libc::RTM_DELLINK, 7, up), 7));
+        // Down then up in one read: the down is not lost.
+        let mut two = link_msg(libc::RTM_NEWLINK, 7, 0);
+        two.extend(link_msg(libc::RTM_NEWLINK, 7, up));
+        assert!(link_down_in(&two, 7));
+        // Truncated or lying lengths end the walk without a panic.
+        let m = link_msg(libc::RTM_NEWLINK, 7, 0);
+        for cut in 0..m.len() {
+            assert!(!link_down_in(&m[..cut], 7));
+        }
+        let mut bad = m.clone();
+        bad[..4].copy_from_slice(&4u32.to_ne_bytes());
+        assert!(!link_down_in(&bad, 7));
+    }
 }

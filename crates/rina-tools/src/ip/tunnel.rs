@@ -21,7 +21,7 @@ use super::config::{Config, PeerConfig};
 use super::packet::{KEEPALIVE, PARTIAL_HEADER};
 use super::route::RouteTable;
 use super::status::{ChannelStatus, PeerCounters, PeerStatus, Status};
-use super::tun::Tun;
+use super::tun::{LinkWatch, Tun, TunError};
 use super::IpError;
 use rina::{Client, Flow, IncomingFlow};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
@@ -150,6 +150,9 @@ struct Shared {
     start: Instant,
     mtu: AtomicU32,
     stop: AtomicBool,
+    /// Why the tunnel ended, once it has; [`Tunnel::wait`] waits on `ended`.
+    end: Mutex<Option<End>>,
+    ended: Condvar,
     registered: AtomicBool,
     daemon_error: Mutex<Option<String>>,
     drops_no_route: AtomicU64,
@@ -160,6 +163,15 @@ struct Shared {
     partial_out: AtomicU64,
     /// Partial-checksum packets received (and, without offload, completed).
     partial_in: AtomicU64,
+}
+
+/// How a tunnel ended.
+#[derive(Debug, Clone)]
+enum End {
+    /// [`Tunnel::stop`] stopped it.
+    Stopped,
+    /// Its TUN interface failed (deleted, or no longer readable).
+    TunFailed(String),
 }
 
 /// Locks `m`, carrying on with the data if a thread panicked holding it.
@@ -181,17 +193,7 @@ impl Tunnel {
         let mtu = cfg.tun.mtu_cap.unwrap_or(1500);
         tun.set_mtu(mtu)?;
         tun.up()?;
-        for a in &cfg.tun.addresses {
-            tun.add_address(a)?;
-        }
-        if cfg.tun.routes {
-            let on_link: Vec<_> = cfg.tun.addresses.iter().map(|a| a.network()).collect();
-            for p in cfg.peers.iter().flat_map(|p| &p.prefixes) {
-                if !on_link.iter().any(|l| l.covers(p)) {
-                    tun.add_route(p)?;
-                }
-            }
-        }
+        address(&tun, &cfg)?;
         let routes = RouteTable::new(
             cfg.peers
                 .iter()
@@ -234,6 +236,8 @@ impl Tunnel {
             start: Instant::now(),
             mtu: AtomicU32::new(mtu),
             stop: AtomicBool::new(false),
+            end: Mutex::new(None),
+            ended: Condvar::new(),
             registered: AtomicBool::new(false),
             daemon_error: Mutex::new(None),
             drops_no_route: AtomicU64::new(0),
@@ -273,14 +277,47 @@ impl Tunnel {
     /// Stops the threads (they notice within a quarter of a second) and
     /// removes the status socket. The TUN interface goes with the process.
     pub fn stop(&self) {
-        self.shared.stop.store(true, Relaxed);
-        for p in &self.shared.peers {
-            for s in &p.slots {
-                s.cv.notify_all();
-            }
-        }
+        self.shared.end(End::Stopped);
         let _ = std::fs::remove_file(&self.shared.cfg.status_socket);
     }
+
+    /// Waits until the tunnel ends: `Ok` once [`Tunnel::stop`] stopped it,
+    /// [`IpError::TunLost`] if its TUN interface failed first (the threads
+    /// are then stopping; call [`Tunnel::stop`] to remove the status
+    /// socket).
+    pub fn wait(&self) -> Result<(), IpError> {
+        let mut end = lock(&self.shared.end);
+        loop {
+            match &*end {
+                Some(End::Stopped) => return Ok(()),
+                Some(End::TunFailed(why)) => return Err(IpError::TunLost(why.clone())),
+                None => {
+                    end = self
+                        .shared
+                        .ended
+                        .wait(end)
+                        .unwrap_or_else(|p| p.into_inner())
+                }
+            }
+        }
+    }
+}
+
+/// Gives the TUN its addresses and the routes to the peers' prefixes
+/// (those not on a link of its addresses), as configured; idempotent.
+fn address(tun: &Tun, cfg: &Config) -> Result<(), TunError> {
+    for a in &cfg.tun.addresses {
+        tun.add_address(a)?;
+    }
+    if cfg.tun.routes {
+        let on_link: Vec<_> = cfg.tun.addresses.iter().map(|a| a.network()).collect();
+        for p in cfg.peers.iter().flat_map(|p| &p.prefixes) {
+            if !on_link.iter().any(|l| l.covers(p)) {
+                tun.add_route(p)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<(), IpError> {
@@ -298,6 +335,19 @@ impl Shared {
 
     fn stopped(&self) -> bool {
         self.stop.load(Relaxed)
+    }
+
+    /// Ends the tunnel (the first reason given stays): every thread stops
+    /// and [`Tunnel::wait`] returns.
+    fn end(&self, why: End) {
+        lock(&self.end).get_or_insert(why);
+        self.stop.store(true, Relaxed);
+        for p in &self.peers {
+            for s in &p.slots {
+                s.cv.notify_all();
+            }
+        }
+        self.ended.notify_all();
     }
 
     /// Puts `flow` in service as flow `ci` of peer `pi`, replacing (and
@@ -424,11 +474,54 @@ impl Shared {
         self.cfg.tun.mtu_cap.map_or(mtu, |cap| mtu.min(cap))
     }
 
-    /// Keepalives out; flows silent for too long closed.
+    /// Notices the TUN set down and up again (`tun_up` is what it was last
+    /// time; `watch` has the kernel's word for a down too short for a
+    /// look at the flags to see): setting a link down takes its IPv6
+    /// addresses and the routes through it away, and up does not bring
+    /// them back, so they are given again (with the MTU).
+    fn watch_tun(&self, watch: Option<&LinkWatch>, tun_up: &mut bool) {
+        if watch.is_some_and(|w| w.went_down()) && *tun_up {
+            log!("{} went down", self.tun.name());
+            *tun_up = false;
+        }
+        let up = match self.tun.is_up() {
+            Ok(up) => up,
+            Err(e) => return log!("{e}"),
+        };
+        match (*tun_up, up) {
+            (true, false) => log!("{} is down", self.tun.name()),
+            (false, true) => {
+                log!(
+                    "{} is up again: its addresses and routes are set again",
+                    self.tun.name()
+                );
+                let mtu = self.mtu.load(Relaxed);
+                if let Err(e) = self
+                    .tun
+                    .set_mtu(mtu)
+                    .and_then(|()| address(&self.tun, &self.cfg))
+                {
+                    log!("{e}");
+                    // Tried again on the next round.
+                    return;
+                }
+            }
+            _ => {}
+        }
+        *tun_up = up;
+    }
+
+    /// Keepalives out; flows silent for too long closed; the TUN watched
+    /// ([`Shared::watch_tun`]).
     fn keepalive_loop(self: Arc<Self>) {
         let t = self.cfg.timers;
         let dead_ms = t.dead_after.as_millis() as u64;
+        let mut tun_up = true;
+        let watch = LinkWatch::open(self.tun.name())
+            .map_err(|e| log!("no link announcements for {}: {e}", self.tun.name()))
+            .ok();
         while !self.stopped() {
+            self.watch_tun(watch.as_ref(), &mut tun_up);
             let now = self.now_ms();
             for (pi, p) in self.peers.iter().enumerate() {
                 for (ci, s) in p.slots.iter().enumerate() {

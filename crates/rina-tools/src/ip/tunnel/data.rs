@@ -11,7 +11,7 @@
 //! rings. So is a received partial-checksum packet on a TUN without
 //! offload, whose checksum is completed in a copy.
 
-use super::{bump, Counters, Live, Shared, MAX_PACKET, TICK, TX_WAIT};
+use super::{bump, Counters, End, Live, Shared, MAX_PACKET, TICK, TX_WAIT};
 use crate::ip::icmp;
 use crate::ip::packet::{self, Frame, IpPacket, PartialCsum, Shape, HEAD, PARTIAL_HEADER};
 use crate::ip::tun::VnetHdr;
@@ -130,7 +130,10 @@ impl Shared {
 
     fn tun_failed(&self, e: &io::Error) {
         log!("cannot read the TUN: {e}; stopping");
-        self.stop.store(true, Relaxed);
+        self.end(End::TunFailed(format!(
+            "cannot read {}: {e}",
+            self.tun.name()
+        )));
     }
 
     /// Sends the packet of `n` bytes at `buf[PARTIAL_HEADER..]` (read with
