@@ -5,6 +5,7 @@
 use crate::table::Table;
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
+use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -21,6 +22,10 @@ pub enum StatusError {
         "another rina-ip already answers on {0} (a second tunnel needs its own --status-socket)"
     )]
     InUse(PathBuf),
+    /// Something other than a socket is at the status socket's path (it
+    /// is left alone).
+    #[error("{0} exists and is not a socket: give the status socket another path (--status-socket or status_socket)")]
+    NotASocket(PathBuf),
     /// The socket could not be created.
     #[error("cannot listen on {path}: {source}")]
     Listen {
@@ -256,12 +261,21 @@ impl Status {
 }
 
 /// Binds the status socket at `path`, replacing a stale socket file but
-/// refusing one another process still answers on.
+/// refusing one another process still answers on, and anything that is
+/// not a socket (a file named there by mistake is not removed).
 pub fn bind(path: &Path) -> Result<UnixListener, StatusError> {
     if UnixStream::connect(path).is_ok() {
         return Err(StatusError::InUse(path.to_owned()));
     }
-    let _ = std::fs::remove_file(path);
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !m.file_type().is_socket() => {
+            return Err(StatusError::NotASocket(path.to_owned()))
+        }
+        Ok(_) => {
+            let _ = std::fs::remove_file(path);
+        }
+        Err(_) => {}
+    }
     UnixListener::bind(path).map_err(|source| StatusError::Listen {
         path: path.to_owned(),
         source,
@@ -344,6 +358,24 @@ mod tests {
                 },
             }],
         }
+    }
+
+    #[test]
+    fn a_file_at_the_status_path_is_refused_and_left_alone() {
+        let dir = std::env::temp_dir().join(format!("rina-ip-notsock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("precious.txt");
+        std::fs::write(&file, "keep me").unwrap();
+        let e = bind(&file).unwrap_err();
+        assert!(matches!(e, StatusError::NotASocket(_)), "{e}");
+        assert!(e.to_string().contains("precious.txt"), "{e}");
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
+        assert!(matches!(bind(&dir), Err(StatusError::NotASocket(_))));
+        // A stale socket (nobody answers) is replaced.
+        let sock = dir.join("stale.sock");
+        drop(UnixListener::bind(&sock).unwrap());
+        assert!(bind(&sock).is_ok());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
