@@ -282,6 +282,7 @@ fn ip_traffic_crosses_the_tunnel_and_the_tunnel_recovers() {
     // leaves partial, and B's kernel then checks every one of them.
     check_ping_and_mtu(&lab);
     check_too_big(&lab);
+    check_no_route(&lab);
     check_tcp(&mut lab);
     check_offload_counters(&lab, false);
     check_garbage(&lab);
@@ -562,6 +563,34 @@ fn check_too_big(lab: &Lab) {
         ),
     );
     set_mtu(mtu);
+}
+
+/// A ping to an address of the tunnel's subnet that no peer's prefix
+/// covers is answered at once with an ICMP "no route" error (IPv4 and
+/// IPv6), not left to time out; both are counted.
+fn check_no_route(lab: &Lab) {
+    let before = lab.status(0)["no_route_icmp"].as_u64().unwrap();
+    for (dst, said) in [
+        ("10.203.0.77", "Destination Net Unreachable"),
+        ("fd23::77", "No route"),
+    ] {
+        let t = Instant::now();
+        let out = lab.run(0, "ping", &["-c", "1", "-W", "5", dst]);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.status.success(), "{text}");
+        assert!(text.contains(said), "{text}");
+        assert!(
+            t.elapsed() < Duration::from_secs(4),
+            "{:?}: {text}",
+            t.elapsed()
+        );
+    }
+    let after = lab.status(0)["no_route_icmp"].as_u64().unwrap();
+    assert!(after >= before + 2, "{before} -> {after}");
 }
 
 /// iperf3 TCP from A to B, then curl from A against a web server in B.

@@ -1,14 +1,20 @@
-//! The ICMP "too big" errors the tunnel writes to its TUN for a packet it
-//! cannot send because it is larger than the flow's largest SDU: IPv4's
-//! "fragmentation needed and DF set" (type 3, code 4, RFC 1191) and
-//! ICMPv6's "packet too big" (type 2, RFC 4443), each carrying the MTU the
-//! packet must fit and the start of the packet, so that the sender's
-//! path-MTU discovery learns the size and sends smaller packets instead of
-//! losing every large one without a word.
+//! The ICMP errors the tunnel writes to its TUN, as a router would:
 //!
-//! The error comes from the packet's destination address: the tunnel has
-//! no address of its own on the path, and one of the host's own addresses
-//! as source would be dropped by the kernel as a martian.
+//! * "too big", for a packet it cannot send because it is larger than the
+//!   flow's largest SDU: IPv4's "fragmentation needed and DF set" (type 3,
+//!   code 4, RFC 1191) and ICMPv6's "packet too big" (type 2, RFC 4443),
+//!   carrying the MTU the packet must fit, so that the sender's path-MTU
+//!   discovery sends smaller packets instead of losing every large one
+//!   without a word;
+//! * "no route", for a packet to an address no peer's prefix covers (one
+//!   of the TUN's own subnet, say): IPv4's "net unreachable" (type 3, code
+//!   0) and ICMPv6's "no route to destination" (type 1, code 0), so that
+//!   the sender fails at once instead of waiting out its timeouts.
+//!
+//! Each carries the start of the packet. The error comes from the packet's
+//! destination address: the tunnel has no address of its own on the path,
+//! and one of the host's own addresses as source would be dropped by the
+//! kernel as a martian.
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
@@ -16,32 +22,55 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 /// all, RFC 4443 2.4 c).
 pub const V6_QUOTE: usize = 1280 - 40 - 8;
 
-/// How many of a packet's first bytes [`too_big`] quotes at most (give it
+/// How many of a packet's first bytes the errors quote at most (give them
 /// that many when there are).
 pub const MAX_QUOTE: usize = V6_QUOTE;
 
 /// The ICMP error telling the sender of the packet whose first bytes are
 /// `head` that it must fit `mtu` bytes, ready to write to the TUN; `None`
-/// where none is due: an IPv4 packet that may be fragmented (DF clear), a
-/// later fragment, an ICMP error (never answered with another), a sender
-/// or destination that cannot be one end of the error (unspecified,
-/// multicast, broadcast), or bytes that are not an IP header.
+/// where none is due: an IPv4 packet that may be fragmented (DF clear), or
+/// as for [`no_route`].
 pub fn too_big(head: &[u8], mtu: u32) -> Option<Vec<u8>> {
     match head.first()? >> 4 {
-        4 => too_big_v4(head, mtu),
-        6 => too_big_v6(head, mtu),
+        4 => {
+            // DF clear: a router would fragment it, not answer.
+            if head.len() < 20 || head[6] & 0x40 == 0 {
+                return None;
+            }
+            let next_hop_mtu = u16::try_from(mtu).unwrap_or(u16::MAX).to_be_bytes();
+            error_v4(head, 3, 4, [0, 0, next_hop_mtu[0], next_hop_mtu[1]])
+        }
+        6 => error_v6(head, 2, 0, mtu.to_be_bytes()),
         _ => None,
     }
 }
 
-fn too_big_v4(head: &[u8], mtu: u32) -> Option<Vec<u8>> {
+/// The ICMP error telling the sender of the packet whose first bytes are
+/// `head` that there is no route to its destination; `None` where none
+/// is due: a later fragment, an ICMP error (never answered with another),
+/// a sender or destination that cannot be one end of the error
+/// (unspecified, multicast, broadcast), or bytes that are not an IP
+/// header.
+pub fn no_route(head: &[u8]) -> Option<Vec<u8>> {
+    match head.first()? >> 4 {
+        4 => error_v4(head, 3, 0, [0; 4]),
+        6 => error_v6(head, 1, 0, [0; 4]),
+        _ => None,
+    }
+}
+
+/// An ICMP error of `kind` and `code` (the second word `word`) about the
+/// IPv4 packet whose first bytes are `head`, if one is due.
+fn error_v4(head: &[u8], kind: u8, code: u8, word: [u8; 4]) -> Option<Vec<u8>> {
+    if head.len() < 20 {
+        return None;
+    }
     let ihl = usize::from(head[0] & 0x0f) * 4;
     if ihl < 20 || head.len() < ihl {
         return None;
     }
-    let dont_fragment = head[6] & 0x40 != 0;
     let frag_offset = u16::from_be_bytes([head[6] & 0x1f, head[7]]);
-    if !dont_fragment || frag_offset != 0 {
+    if frag_offset != 0 {
         return None;
     }
     let src = Ipv4Addr::new(head[12], head[13], head[14], head[15]);
@@ -67,16 +96,17 @@ fn too_big_v4(head: &[u8], mtu: u32) -> Option<Vec<u8>> {
     p.extend_from_slice(&src.octets());
     let c = checksum(&[&p[..20]]);
     p[10..12].copy_from_slice(&c.to_be_bytes());
-    let next_hop_mtu = u16::try_from(mtu).unwrap_or(u16::MAX);
-    p.extend_from_slice(&[3, 4, 0, 0, 0, 0]);
-    p.extend_from_slice(&next_hop_mtu.to_be_bytes());
+    p.extend_from_slice(&[kind, code, 0, 0]);
+    p.extend_from_slice(&word);
     p.extend_from_slice(quote);
     let c = checksum(&[&p[20..]]);
     p[22..24].copy_from_slice(&c.to_be_bytes());
     Some(p)
 }
 
-fn too_big_v6(head: &[u8], mtu: u32) -> Option<Vec<u8>> {
+/// An ICMPv6 error of `kind` and `code` (the second word `word`) about the
+/// IPv6 packet whose first bytes are `head`, if one is due.
+fn error_v6(head: &[u8], kind: u8, code: u8, word: [u8; 4]) -> Option<Vec<u8>> {
     if head.len() < 40 {
         return None;
     }
@@ -102,8 +132,8 @@ fn too_big_v6(head: &[u8], mtu: u32) -> Option<Vec<u8>> {
     p.extend_from_slice(&[58, 64]);
     p.extend_from_slice(&dst.octets());
     p.extend_from_slice(&src.octets());
-    p.extend_from_slice(&[2, 0, 0, 0]);
-    p.extend_from_slice(&mtu.to_be_bytes());
+    p.extend_from_slice(&[kind, code, 0, 0]);
+    p.extend_from_slice(&word);
     p.extend_from_slice(quote);
     let pseudo_len = (plen as u32).to_be_bytes();
     let c = checksum(&[&p[8..40], &pseudo_len, &[0, 0, 0, 58], &p[40..]]);
@@ -183,6 +213,24 @@ mod tests {
         assert_eq!(too_big(&[0x45; 10], 1400), None);
         assert_eq!(too_big(&[0x60; 30], 1400), None);
         assert_eq!(too_big(&[0x10; 60], 1400), None);
+    }
+
+    #[test]
+    fn a_packet_with_no_route_gets_unreachable_df_or_not() {
+        let orig = v4([10, 0, 0, 1], [10, 0, 0, 9], 0, &[5u8; 40]);
+        let e = no_route(&orig).expect("an ICMP error");
+        assert_eq!((e[20], e[21]), (3, 0), "type 3 code 0");
+        assert_eq!(checksum(&[&e[..20]]), 0);
+        assert_eq!(checksum(&[&e[20..]]), 0);
+        assert_eq!(&e[16..20], &[10, 0, 0, 1]);
+        assert_eq!(&e[28..], &orig[..28]);
+        let (s, d): (Ipv6Addr, Ipv6Addr) = ("fd00::1".parse().unwrap(), "fd00::9".parse().unwrap());
+        let e = no_route(&v6(s, d, 0, &[1; 20])).expect("an ICMPv6 error");
+        assert_eq!((e[40], e[41]), (1, 0), "type 1 code 0");
+        let plen = ((e.len() - 40) as u32).to_be_bytes();
+        assert_eq!(checksum(&[&e[8..40], &plen, &[0, 0, 0, 58], &e[40..]]), 0);
+        // Not to an ICMP error.
+        assert_eq!(no_route(&v4_df(1, &[11, 0, 0, 0, 0, 0, 0, 0])), None);
     }
 
     #[test]

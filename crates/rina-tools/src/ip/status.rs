@@ -144,6 +144,10 @@ pub struct Status {
     pub daemon_error: Option<String>,
     /// Packets from the TUN that no prefix matched.
     pub drops_no_route: u64,
+    /// ICMP "no route" errors sent back for those (see
+    /// [`crate::ip::icmp`]).
+    #[serde(default)]
+    pub no_route_icmp: u64,
     /// Packets from the TUN that were not valid IP.
     pub drops_tun_invalid: u64,
     /// Flow requests refused (unknown peer or QoS).
@@ -330,6 +334,7 @@ mod tests {
             registered: true,
             daemon_error: None,
             drops_no_route: 2,
+            no_route_icmp: 2,
             drops_tun_invalid: 0,
             checksum_offload: true,
             partial_out: 7,

@@ -146,16 +146,16 @@ impl Shared {
             bump(&self.drops_tun_invalid);
             return None;
         };
+        let Some(pi) = self.routes.lookup(dst) else {
+            self.no_route(&pkt[..len]);
+            return None;
+        };
         let sdu = match partial {
             Some(csum) => {
                 buf[..PARTIAL_HEADER].copy_from_slice(&csum.header());
                 &buf[..PARTIAL_HEADER + len]
             }
             None => &buf[PARTIAL_HEADER..][..len],
-        };
-        let Some(pi) = self.routes.lookup(dst) else {
-            bump(&self.drops_no_route);
-            return None;
         };
         self.send(pi, dscp, sdu, partial.is_some());
         Some((pi, dscp, partial.is_some()))
@@ -262,15 +262,27 @@ impl Shared {
         buf: &mut [u8],
         max_sdu: usize,
     ) -> InPlace {
-        let dst = IpPacket::parse_head(head, usize::MAX).map(|(p, _)| p.dst());
-        let Some(pi) = dst.ok().and_then(|d| self.routes.lookup(d)) else {
-            bump(&self.drops_no_route);
-            return InPlace::Dropped;
-        };
         let quote = &mut buf[..n.min(icmp::MAX_QUOTE)];
-        let quoted = pkt.read_at(0, quote);
-        self.too_big(pi, if quoted { quote } else { head }, max_sdu);
+        let head = if pkt.read_at(0, quote) { quote } else { head };
+        let dst = IpPacket::parse_head(head, usize::MAX).map(|(p, _)| p.dst());
+        match dst.ok().and_then(|d| self.routes.lookup(d)) {
+            Some(pi) => self.too_big(pi, head, max_sdu),
+            None => self.no_route(head),
+        }
         InPlace::Dropped
+    }
+
+    /// Drops a packet (its first bytes `head`) whose destination no peer's
+    /// prefix covers, and tells its sender with an ICMP "no route" error
+    /// through the TUN where one is due.
+    fn no_route(&self, head: &[u8]) {
+        bump(&self.drops_no_route);
+        let head = &head[..head.len().min(icmp::MAX_QUOTE)];
+        if let Some(e) = icmp::no_route(head) {
+            if self.tun.write(VnetHdr::default(), &e).is_ok() {
+                bump(&self.no_route_icmp);
+            }
+        }
     }
 
     /// Drops a packet for peer `pi` that its flow, whose largest SDU is
