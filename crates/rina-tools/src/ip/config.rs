@@ -134,6 +134,18 @@ pub enum ConfigError {
     /// The MTU cap is out of range.
     #[error("tun.mtu {0}: must be between 68 and 65535")]
     BadMtu(u32),
+    /// A field of a `[qos.NAME]` profile is out of range.
+    #[error("qos.{profile}.{field} = {value}: {why}")]
+    BadQos {
+        /// The profile.
+        profile: String,
+        /// The field.
+        field: &'static str,
+        /// Its value, as written.
+        value: String,
+        /// What it must be.
+        why: &'static str,
+    },
 }
 
 /// Who allocates the flow to a peer.
@@ -205,11 +217,36 @@ struct RawQos {
 }
 
 impl RawQos {
-    fn spec(&self) -> QosSpec {
-        QosSpec {
+    /// The spec of profile `name`; fields out of range are refused (a
+    /// negative or NaN delay would otherwise ask for a delay of 0).
+    fn spec(&self, name: &str) -> Result<QosSpec, ConfigError> {
+        let bad = |field, value: String, why| ConfigError::BadQos {
+            profile: name.to_owned(),
+            field,
+            value,
+            why,
+        };
+        if let Some(ms) = self
+            .max_delay_ms
+            .filter(|ms| !(ms.is_finite() && *ms > 0.0))
+        {
+            return Err(bad(
+                "max_delay_ms",
+                ms.to_string(),
+                "must be a number of milliseconds above 0 (leave it out for no bound)",
+            ));
+        }
+        if let Some(ppm) = self.max_loss_ppm.filter(|&p| p > 1_000_000) {
+            return Err(bad(
+                "max_loss_ppm",
+                ppm.to_string(),
+                "must be at most 1000000 (parts per million)",
+            ));
+        }
+        Ok(QosSpec {
             max_delay_us: self
                 .max_delay_ms
-                .map(|ms| (ms.max(0.0) * 1000.0).round() as u64),
+                .map(|ms| (ms * 1000.0).round().max(1.0) as u64),
             max_loss_ppm: self.max_loss_ppm,
             avg_bandwidth_bps: self.bandwidth_bps,
             in_order: self.in_order,
@@ -217,7 +254,7 @@ impl RawQos {
             max_sdu_gap: self.max_sdu_gap,
             max_sdu_size: None,
             cube: self.qos_cube,
-        }
+        })
     }
 }
 
@@ -442,7 +479,7 @@ fn build(mut raw: RawConfig, over: &Overrides) -> Result<Config, ConfigError> {
     let addresses = tun_addresses(&raw.tun.addresses, &over.addresses)?;
     let mtu_cap = check_mtu(over.mtu.or(raw.tun.mtu))?;
     let timers = build_timers(&raw.timers)?;
-    let profiles = qos_profiles(&raw.qos);
+    let profiles = qos_profiles(&raw.qos)?;
     let peers = build_peers(std::mem::take(&mut raw.peer), &over.peers, &me, &profiles)?;
     let status_socket = over
         .status_socket
@@ -524,7 +561,7 @@ fn build_timers(raw: &RawTimers) -> Result<Timers, ConfigError> {
 }
 
 /// The QoS profiles by name: the built-in ones, then those of `[qos]`.
-fn qos_profiles(raw: &BTreeMap<String, RawQos>) -> BTreeMap<String, QosSpec> {
+fn qos_profiles(raw: &BTreeMap<String, RawQos>) -> Result<BTreeMap<String, QosSpec>, ConfigError> {
     let mut profiles: BTreeMap<String, QosSpec> = BTreeMap::new();
     profiles.insert("unreliable".into(), QosSpec::default());
     profiles.insert(
@@ -536,9 +573,9 @@ fn qos_profiles(raw: &BTreeMap<String, RawQos>) -> BTreeMap<String, QosSpec> {
         },
     );
     for (n, q) in raw {
-        profiles.insert(n.clone(), q.spec());
+        profiles.insert(n.clone(), q.spec(n)?);
     }
-    profiles
+    Ok(profiles)
 }
 
 /// The checked peers: the file's, then those of the `--peer` flags.
@@ -758,6 +795,21 @@ qos = "reliable"
         assert!(e.contains("interface name"), "{e}");
         let e = err("name = \"a\"\n[timers]\nkeepalive_ms = 1000\ndead_after_ms = 1500\n[[peer]]\nname = \"b\"\nprefixes = [\"10.0.0.0/8\"]\n");
         assert!(e.contains("twice"), "{e}");
+        let peer = "[[peer]]\nname = \"b\"\nprefixes = [\"10.0.0.0/8\"]\n";
+        for (q, said) in [
+            ("max_delay_ms = -5.0", "qos.fast.max_delay_ms = -5"),
+            ("max_delay_ms = nan", "qos.fast.max_delay_ms = NaN"),
+            ("max_delay_ms = 0.0", "qos.fast.max_delay_ms = 0"),
+            ("max_loss_ppm = 2000000", "qos.fast.max_loss_ppm = 2000000"),
+        ] {
+            let e = err(&format!("name = \"a\"\n[qos.fast]\n{q}\n{peer}"));
+            assert!(e.contains(said), "{q}: {e}");
+        }
+        let c = parse(&format!(
+            "name = \"a\"\n[qos.fast]\nmax_delay_ms = 0.0001\n{peer}qos = \"fast\"\n"
+        ))
+        .unwrap();
+        assert_eq!(c.peers[0].channels[0].spec.max_delay_us, Some(1));
         let e = Config::parse(
             "t",
             "name = \"a\"",
