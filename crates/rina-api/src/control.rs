@@ -145,6 +145,7 @@ impl Conn {
         if self.gone.load(Ordering::SeqCst) {
             return Err(daemon_gone());
         }
+        self.forget_abandoned();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (mine, theirs) = sys::seqpacket_pair()?;
         lock(&self.routes).insert(id, theirs);
@@ -170,6 +171,14 @@ impl Conn {
             lock(&self.routes).remove(&id);
         }
         r
+    }
+
+    /// Forgets the reply routes of calls that gave up (the program closed
+    /// a `RINA_F_NOWAIT` descriptor without waiting, or a wait timed
+    /// out): no one will read a reply there, and each route holds a
+    /// descriptor until the daemon answers, if it ever does.
+    pub fn forget_abandoned(&self) {
+        lock(&self.routes).retain(|_, w| !sys::peer_closed(w.as_fd()));
     }
 
     /// A handle for the program standing for the daemon's handle `h`.

@@ -155,11 +155,11 @@ fn registration(
     } else {
         Op::Unregister { name, dif }
     };
-    let w = conn.request(op)?;
     if flags & RINA_F_NOWAIT != 0 {
-        return Ok(w.into_raw_fd());
+        return Ok(conn.request(op)?.into_raw_fd());
     }
-    control::wait_reply(&w, true).map(|_| 0)
+    // As a call: its reply route is forgotten if the wait times out.
+    conn.call(op).map(|_| 0)
 }
 
 /// Registers `local_appl` (in `dif_name`, or in every DIF if NULL); flow
@@ -219,9 +219,15 @@ pub unsafe extern "C" fn rina_unregister(
 #[no_mangle]
 pub extern "C" fn rina_register_wait(fd: c_int, wfd: c_int) -> c_int {
     ffi(|| {
-        control::lookup(fd)?;
+        let conn = control::lookup(fd)?;
         let w = own(wfd, "wfd")?;
-        match control::wait_reply(&w, true)? {
+        let reply = control::wait_reply(&w, true);
+        drop(w);
+        if matches!(reply, Err(ApiError::Timeout(_))) {
+            // The route of the reply that did not come holds a descriptor.
+            conn.forget_abandoned();
+        }
+        match reply? {
             (Reply::Registered { .. } | Reply::Done, _) => Ok(0),
             _ => Err(ApiError::BadFd(format!(
                 "wfd {wfd} did not come from rina_register() or rina_unregister()"

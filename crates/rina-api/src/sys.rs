@@ -185,6 +185,15 @@ pub fn recv_interruptible(
     })
 }
 
+/// Whether the other end of the connected socket `fd` is closed.
+pub fn peer_closed(fd: BorrowedFd<'_>) -> bool {
+    let mut fds = [PollFd::new(fd, PollFlags::empty())];
+    matches!(nix::poll::poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+        && fds[0]
+            .revents()
+            .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR))
+}
+
 /// Waits until `fd` is readable or hung up, at most until `deadline`;
 /// false if the deadline came first.
 pub fn wait_readable(fd: BorrowedFd<'_>, deadline: Instant) -> nix::Result<bool> {
