@@ -72,6 +72,14 @@ pub fn finish_alloc(w: OwnedFd) -> Result<RawFd> {
     take_flow(wait_reply(&w, false)?)
 }
 
+/// Whether the socket `key` is a flow this library handed out.
+pub fn is_flow(key: Key) -> bool {
+    FLOWS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains_key(&key)
+}
+
 /// The largest SDU of flow descriptor `fd`.
 pub fn mss(fd: RawFd) -> Result<u32> {
     let k = sys::key(fd)?;

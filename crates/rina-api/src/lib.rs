@@ -125,6 +125,13 @@ fn own(fd: c_int, what: &str) -> Result<OwnedFd> {
              RINA_F_NOWAIT call returned"
         )));
     }
+    // Nor a flow's: the wait would eat an SDU, or wait 30 s for one, then
+    // close the flow.
+    if flow::is_flow(key) {
+        return Err(ApiError::BadFd(format!(
+            "{what} {fd} is a flow descriptor, not one a RINA_F_NOWAIT call returned"
+        )));
+    }
     if sys::would_block(fd) {
         return Err(ApiError::sys(
             nix::errno::Errno::EAGAIN,

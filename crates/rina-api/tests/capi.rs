@@ -439,6 +439,70 @@ fn a_control_descriptor_is_not_taken_for_a_wait_descriptor() {
     assert_eq!(unsafe { libc::close(fd) }, 0);
 }
 
+/// A flow descriptor passed where a wait descriptor belongs fails with
+/// EBADF at once, and the flow is neither read nor closed: it still
+/// carries an SDU.
+#[test]
+fn a_flow_descriptor_is_not_taken_for_a_wait_descriptor() {
+    let _env = ENV.lock().unwrap_or_else(|p| p.into_inner());
+    let (alpha, beta) = pair(&["capi-flowwait"]);
+    std::env::set_var("RINA_SOCKET", &beta.socket);
+    let server = rina_api::rina_open();
+    // SAFETY: NUL-terminated literal.
+    let r =
+        unsafe { rina_api::rina_register(server, std::ptr::null(), c"capi-flowwait".as_ptr(), 0) };
+    assert_eq!(r, 0);
+    std::env::set_var("RINA_SOCKET", &alpha.socket);
+    // SAFETY: NUL-terminated literals; a NULL spec is the default one.
+    let wfd = unsafe {
+        rina_api::rina_flow_alloc(
+            std::ptr::null(),
+            c"capi-flowwaiter".as_ptr(),
+            c"capi-flowwait".as_ptr(),
+            std::ptr::null(),
+            rina_api::RINA_F_NOWAIT,
+        )
+    };
+    assert!(wfd >= 0);
+    // SAFETY: NULL out-pointers are allowed.
+    let accepted = unsafe {
+        rina_api::rina_flow_accept(server, std::ptr::null_mut(), std::ptr::null_mut(), 0)
+    };
+    assert!(accepted >= 0);
+    let flow = rina_api::rina_flow_alloc_wait(wfd);
+    assert!(flow >= 0, "{:?}", std::io::Error::last_os_error());
+    // SAFETY: a valid buffer of the length given.
+    assert_eq!(
+        unsafe { libc::write(accepted, b"hi".as_ptr().cast(), 2) },
+        2
+    );
+    let errno = || std::io::Error::last_os_error().raw_os_error();
+    let t = std::time::Instant::now();
+    assert_eq!(
+        (rina_api::rina_flow_alloc_wait(flow), errno()),
+        (-1, Some(libc::EBADF))
+    );
+    assert_eq!(
+        (rina_api::rina_register_wait(server, flow), errno()),
+        (-1, Some(libc::EBADF))
+    );
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    let mut buf = [0u8; 16];
+    // SAFETY: a valid buffer of the length given; flow is open.
+    let n = unsafe { libc::read(flow, buf.as_mut_ptr().cast(), buf.len()) };
+    assert_eq!(
+        n,
+        2,
+        "the flow lost its SDU: {:?}",
+        std::io::Error::last_os_error()
+    );
+    assert_eq!(&buf[..2], b"hi");
+    for fd in [flow, accepted, server] {
+        // SAFETY: descriptors we own.
+        assert_eq!(unsafe { libc::close(fd) }, 0);
+    }
+}
+
 /// A wait descriptor the program made non-blocking fails with EAGAIN while
 /// the answer has not come, and stays open for the next try (as in rlite,
 /// whose event-driven programs call the wait speculatively).

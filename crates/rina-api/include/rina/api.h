@@ -121,7 +121,8 @@ int rina_flow_alloc(const char *dif_name, const char *local_appl,
 /*
  * Finish a RINA_F_NOWAIT allocation; closes @wfd; returns the flow. If @wfd
  * was made O_NONBLOCK and the answer has not come, fails with EAGAIN and
- * leaves @wfd open (as in rlite).
+ * leaves @wfd open (as in rlite). A control or flow descriptor given as
+ * @wfd (here or to rina_register_wait()) fails with EBADF, untouched.
  */
 int rina_flow_alloc_wait(int wfd);
 
