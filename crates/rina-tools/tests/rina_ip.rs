@@ -25,6 +25,12 @@ const UB: &str = "172.29.7.2";
 const DSCP: &str = "dscp = { \"46\" = \"reliable\" }\n";
 /// The TUN's name in both namespaces.
 const TUN: &str = "rtun0";
+/// A peer of A's that no one is: its flow is re-allocated with back-off
+/// for ever, and its prefix (off A's subnet) gets a route on A's TUN.
+const GHOST: &str =
+    "[[peer]]\nname = \"ip-ghost\"\nprefixes = [\"10.203.1.0/24\"]\ninitiate = \"always\"\n";
+/// An address behind the ghost peer.
+const GHOST4: &str = "10.203.1.5";
 /// The largest SDU of the normal DIF's flows: below the 64 KiB of an IP
 /// packet, so that a packet can be too big for the flow.
 const NET_MAX_SDU: u32 = 3000;
@@ -283,6 +289,7 @@ fn ip_traffic_crosses_the_tunnel_and_the_tunnel_recovers() {
     check_ping_and_mtu(&lab);
     check_too_big(&lab);
     check_no_route(&lab);
+    check_backoff(&lab);
     check_tcp(&mut lab);
     check_offload_counters(&lab, false);
     check_garbage(&lab);
@@ -326,6 +333,48 @@ fn check_tun_down_up(lab: &Lab) {
         "tunnel back {:.2} s after its TUN went down and up",
         t.elapsed().as_secs_f64()
     );
+    // The route to the ghost's prefix (which down took away) is back.
+    let out = lab.run(0, "ip", &["route", "get", GHOST4]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains(TUN), "{text}");
+}
+
+/// A peer that never answers: its flow stays in back-off, retried with
+/// growing delays bounded by `backoff_max_ms` (2 s here), each failure
+/// counted with its reason; packets for it are dropped as "no flow".
+fn check_backoff(lab: &Lab) {
+    wait_until(
+        "failed allocations to ip-ghost",
+        Duration::from_secs(30),
+        || {
+            peer(&lab.status(0), "ip-ghost")["counters"]["alloc_failures"]
+                .as_u64()
+                .unwrap()
+                >= 3
+        },
+    );
+    let st = lab.status(0);
+    let g = peer(&st, "ip-ghost");
+    assert_eq!(g["state"], "down", "{st}");
+    let ch = &g["channels"][0];
+    assert!(
+        ch["last_error"].as_str().is_some_and(|e| !e.is_empty()),
+        "{st}"
+    );
+    if ch["state"] == "backoff" {
+        assert!(ch["retry_in_ms"].as_u64().unwrap() <= 2000, "{st}");
+    }
+    let drops = |lab: &Lab| {
+        peer(&lab.status(0), "ip-ghost")["counters"]["drops_no_flow"]
+            .as_u64()
+            .unwrap()
+    };
+    let before = drops(lab);
+    assert!(!lab
+        .run(0, "ping", &["-c", "1", "-W", "1", GHOST4])
+        .status
+        .success());
+    assert!(drops(lab) > before);
 }
 
 /// B's TUN deleted under it: B's rina-ip says so and exits with status 2
@@ -405,7 +454,12 @@ fn setup() -> Lab {
     .unwrap();
     std::fs::write(
         dir.join("ip-a.toml"),
-        ip_conf(&dir, ("ip-a", A4, A6), ("ip-b", B4, B6), DSCP),
+        ip_conf(
+            &dir,
+            ("ip-a", A4, A6),
+            ("ip-b", B4, B6),
+            &format!("{DSCP}{GHOST}"),
+        ),
     )
     .unwrap();
     lab.start_rinad(0);
@@ -658,7 +712,8 @@ fn check_offload_counters(lab: &Lab, b_offloads: bool) {
     }
 }
 
-/// Garbage from a configured peer is counted and dropped.
+/// Garbage from a configured peer is counted and dropped; a flow from a
+/// name that is no peer is refused.
 fn check_garbage(lab: &Lab) {
     let mut c = rina::Client::connect_to(lab.dir.join("rinad-a.sock")).unwrap();
     let me: rina::AppName = "ip-junk".parse().unwrap();
@@ -686,6 +741,19 @@ fn check_garbage(lab: &Lab) {
     });
     drop(f);
     assert_ok("ping after garbage", &lab.ping(1, A4, 2));
+
+    // A flow from a name that is no peer is refused, with the reason.
+    let refused_before = lab.status(1)["refused"].as_u64().unwrap();
+    let stranger: rina::AppName = "ip-stranger".parse().unwrap();
+    let e = c
+        .allocate(&stranger, &to, Some("net"), &rina::QosSpec::default())
+        .expect_err("a flow from a stranger");
+    assert_eq!(e.kind(), rina::ErrorKind::Refused, "{e}");
+    assert!(e.to_string().contains("not a configured peer"), "{e}");
+    assert_eq!(
+        lab.status(1)["refused"].as_u64().unwrap(),
+        refused_before + 1
+    );
 }
 
 /// Kill and restart system A's daemon: the tunnel comes back by itself.
