@@ -195,7 +195,7 @@ impl Tunnel {
         let mtu = cfg.tun.mtu_cap.unwrap_or(1500);
         tun.set_mtu(mtu)?;
         tun.up()?;
-        address(&tun, &cfg)?;
+        address(&tun, &cfg, Err)?;
         let routes = RouteTable::new(
             cfg.peers
                 .iter()
@@ -308,15 +308,21 @@ impl Tunnel {
 
 /// Gives the TUN its addresses and the routes to the peers' prefixes
 /// (those not on a link of its addresses), as configured; idempotent.
-fn address(tun: &Tun, cfg: &Config) -> Result<(), TunError> {
+/// A step that fails goes to `failed`, whose error ends the work and whose
+/// `Ok` carries on with the next step.
+fn address(
+    tun: &Tun,
+    cfg: &Config,
+    mut failed: impl FnMut(TunError) -> Result<(), TunError>,
+) -> Result<(), TunError> {
     for a in &cfg.tun.addresses {
-        tun.add_address(a)?;
+        tun.add_address(a).or_else(&mut failed)?;
     }
     if cfg.tun.routes {
         let on_link: Vec<_> = cfg.tun.addresses.iter().map(|a| a.network()).collect();
         for p in cfg.peers.iter().flat_map(|p| &p.prefixes) {
             if !on_link.iter().any(|l| l.covers(p)) {
-                tun.add_route(p)?;
+                tun.add_route(p).or_else(&mut failed)?;
             }
         }
     }
@@ -498,16 +504,16 @@ impl Shared {
                     "{} is up again: its addresses and routes are set again",
                     self.tun.name()
                 );
-                let mtu = self.mtu.load(Relaxed);
-                if let Err(e) = self
-                    .tun
-                    .set_mtu(mtu)
-                    .and_then(|()| address(&self.tun, &self.cfg))
-                {
+                if let Err(e) = self.tun.set_mtu(self.mtu.load(Relaxed)) {
                     log!("{e}");
-                    // Tried again on the next round.
-                    return;
                 }
+                // Each step that fails is logged and the others are done;
+                // none is tried again: what fails now (an IPv6 address on
+                // a TUN whose MTU is below IPv6's minimum) fails each time.
+                let _ = address(&self.tun, &self.cfg, |e| {
+                    log!("{e}");
+                    Ok(())
+                });
             }
             _ => {}
         }
