@@ -171,6 +171,30 @@ mod tests {
         p
     }
 
+    proptest::proptest! {
+        #[test]
+        fn any_bytes_get_a_well_formed_error_or_none(
+            b in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..1400),
+            mtu in proptest::prelude::any::<u32>(),
+        ) {
+            for e in [too_big(&b, mtu), no_route(&b)].into_iter().flatten() {
+                let ip = IpPacket::parse(&e).expect("the error is an IP packet");
+                proptest::prop_assert_eq!(ip.bytes().len(), e.len());
+                if e[0] >> 4 == 4 {
+                    proptest::prop_assert_eq!(checksum(&[&e[..20]]), 0);
+                    proptest::prop_assert_eq!(checksum(&[&e[20..]]), 0);
+                } else {
+                    let plen = ((e.len() - 40) as u32).to_be_bytes();
+                    proptest::prop_assert_eq!(
+                        checksum(&[&e[8..40], &plen, &[0, 0, 0, 58], &e[40..]]),
+                        0
+                    );
+                    proptest::prop_assert!(e.len() <= 1280);
+                }
+            }
+        }
+    }
+
     #[test]
     fn an_ipv4_packet_with_df_gets_fragmentation_needed() {
         let orig = v4_df(17, &[7u8; 100]);
