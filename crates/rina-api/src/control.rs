@@ -178,7 +178,14 @@ impl Conn {
     /// out): no one will read a reply there, and each route holds a
     /// descriptor until the daemon answers, if it ever does.
     pub fn forget_abandoned(&self) {
-        lock(&self.routes).retain(|_, w| !sys::peer_closed(w.as_fd()));
+        let mut routes = lock(&self.routes);
+        let ids: Vec<u64> = routes.keys().copied().collect();
+        let closed = sys::peers_closed(ids.iter().map(|id| routes[id].as_fd()));
+        for (id, gone) in ids.iter().zip(closed) {
+            if gone {
+                routes.remove(id);
+            }
+        }
     }
 
     /// A handle for the program standing for the daemon's handle `h`.

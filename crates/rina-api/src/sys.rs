@@ -185,13 +185,24 @@ pub fn recv_interruptible(
     })
 }
 
-/// Whether the other end of the connected socket `fd` is closed.
-pub fn peer_closed(fd: BorrowedFd<'_>) -> bool {
-    let mut fds = [PollFd::new(fd, PollFlags::empty())];
-    matches!(nix::poll::poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
-        && fds[0]
-            .revents()
-            .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR))
+/// For each of the connected sockets `fds`, whether its other end is
+/// closed (one `poll` for them all; none if it fails).
+pub fn peers_closed<'a>(fds: impl Iterator<Item = BorrowedFd<'a>>) -> Vec<bool> {
+    let mut polled: Vec<PollFd<'a>> = fds.map(|f| PollFd::new(f, PollFlags::empty())).collect();
+    if polled.is_empty() {
+        return Vec::new();
+    }
+    let n = polled.len();
+    match nix::poll::poll(&mut polled, PollTimeout::ZERO) {
+        Ok(k) if k > 0 => polled
+            .iter()
+            .map(|p| {
+                p.revents()
+                    .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR))
+            })
+            .collect(),
+        _ => vec![false; n],
+    }
 }
 
 /// Waits until `fd` is readable or hung up, at most until `deadline`;
