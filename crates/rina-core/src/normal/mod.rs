@@ -1137,50 +1137,39 @@ impl NormalIpcp {
         if !f.efcp.can_write() || f.efcp.write_capacity() < n {
             return Err(NormalError::WouldBlock(flow));
         }
-        let bad_size = |_| NormalError::BadSduSize { size: len, max };
-        let pieces = match sdu {
-            // Most SDUs are one fragment: written as they are, in the
-            // buffer they came in when it is their own.
-            Outgoing::Owned(mut b) if n == 1 => {
-                let Some((delim, _)) = delimiting::fragments(&b, max, budget)
-                    .map_err(bad_size)?
-                    .next()
-                else {
-                    return Err(NormalError::BadSduSize { size: len, max });
-                };
-                b.push_front(&[delim.to_byte()]);
-                Pieces::One(b)
+        let pieces = if n == 1 {
+            // Most SDUs are one fragment, the whole SDU: written as they
+            // are, in the buffer they came in when it is their own.
+            if budget <= delimiting::DELIMITER_LEN {
+                return Err(NormalError::BadSduSize { size: len, max });
             }
-            sdu if n == 1 => {
-                let src = sdu.source();
-                let Some((delim, at, n)) = delimiting::spans(len, max, budget)
-                    .map_err(bad_size)?
-                    .next()
-                else {
-                    return Err(NormalError::BadSduSize { size: len, max });
-                };
+            let mut b = match sdu {
+                Outgoing::Owned(b) => b,
+                sdu => {
+                    let src = sdu.source();
+                    let Some(b) = PduBuf::with_room_from(buf::HEADROOM, src, 0, len, tail) else {
+                        return Err(NormalError::UnreadableSdu(len));
+                    };
+                    b
+                }
+            };
+            b.push_front(&[delimiting::Delimiter::Complete.to_byte()]);
+            Pieces::One(b)
+        } else {
+            // The one copy of the SDU's bytes on the way down: each
+            // fragment into a buffer with room for every header below,
+            // all of them read before any is written.
+            let src = sdu.source();
+            let bad_size = |_| NormalError::BadSduSize { size: len, max };
+            let mut pieces: Vec<PduBuf> = Vec::with_capacity(n);
+            for (delim, at, n) in delimiting::spans(len, max, budget).map_err(bad_size)? {
                 let Some(mut b) = PduBuf::with_room_from(buf::HEADROOM, src, at, n, tail) else {
                     return Err(NormalError::UnreadableSdu(len));
                 };
                 b.push_front(&[delim.to_byte()]);
-                Pieces::One(b)
+                pieces.push(b);
             }
-            sdu => {
-                // The one copy of the SDU's bytes on the way down: each
-                // fragment into a buffer with room for every header below,
-                // all of them read before any is written.
-                let src = sdu.source();
-                let mut pieces: Vec<PduBuf> = Vec::with_capacity(n);
-                for (delim, at, n) in delimiting::spans(len, max, budget).map_err(bad_size)? {
-                    let Some(mut b) = PduBuf::with_room_from(buf::HEADROOM, src, at, n, tail)
-                    else {
-                        return Err(NormalError::UnreadableSdu(len));
-                    };
-                    b.push_front(&[delim.to_byte()]);
-                    pieces.push(b);
-                }
-                Pieces::Many(pieces)
-            }
+            Pieces::Many(pieces)
         };
         // Without DTCP and with nothing queued, each piece goes to the RMT
         // now; once one is queued (the flow has DTCP policies), so are the
@@ -1858,7 +1847,11 @@ impl Outgoing<'_> {
     }
 
     fn len(&self) -> usize {
-        self.source().len()
+        match self {
+            Outgoing::Borrowed(b) => b.len(),
+            Outgoing::Owned(b) => b.len(),
+            Outgoing::Source(s) => s.len(),
+        }
     }
 }
 
