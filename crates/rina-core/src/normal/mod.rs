@@ -587,6 +587,9 @@ pub struct NormalIpcp {
     /// received asks for the flush, which the next [`NormalIpcp::poll_action`]
     /// runs, once for all of them.
     batched_flush: bool,
+    /// How many flows have `ecn_seen` set: while none has, a driver's
+    /// [`NormalIpcp::take_congested`] after every delivery looks up no flow.
+    ecn_flows: usize,
     /// A flush was asked for and has not run yet.
     flush_due: bool,
     /// Every flow with a timer running, by when it is due: the next one is
@@ -707,6 +710,7 @@ impl NormalIpcp {
             dirty_scratch: Vec::new(),
             closing: BTreeMap::new(),
             batched_flush: false,
+            ecn_flows: 0,
             flush_due: false,
             timers: BTreeSet::new(),
             actions: VecDeque::new(),
@@ -992,6 +996,7 @@ impl NormalIpcp {
             .flows
             .remove(&flow)
             .ok_or(NormalError::UnknownFlow(flow))?;
+        self.ecn_flows -= usize::from(f.ecn_seen);
         self.by_cep.remove(&f.ep.local_cep);
         self.closing.remove(&flow);
         // Left in `dirty` if it is there: flushing a flow that is gone does nothing.
@@ -1289,9 +1294,15 @@ impl NormalIpcp {
     /// on it passes that on ([`NormalIpcp::on_frame_buf`]), so that
     /// congestion in this DIF reaches the flows of the DIF above.
     pub fn take_congested(&mut self, flow: FlowId) -> bool {
-        self.flows
+        if self.ecn_flows == 0 {
+            return false;
+        }
+        let seen = self
+            .flows
             .get_mut(&flow)
-            .is_some_and(|f| std::mem::take(&mut f.ecn_seen))
+            .is_some_and(|f| std::mem::take(&mut f.ecn_seen));
+        self.ecn_flows -= usize::from(seen);
+        seen
     }
 
     /// [`NormalIpcp::on_frame`] for a frame that crossed congestion in the
@@ -1507,7 +1518,10 @@ impl NormalIpcp {
             ecn: pci.flags & pci::flags::ECN != 0,
             echo: None,
         };
-        f.ecn_seen |= meta.ecn;
+        if meta.ecn && !f.ecn_seen {
+            f.ecn_seen = true;
+            self.ecn_flows += 1;
+        }
         if f.efcp.take_in_order(now, seq, meta.ecn) {
             // A flow without DTCP, the next PDU in order: delivered now
             // rather than queued in EFCP until the flush. Its deadlines
