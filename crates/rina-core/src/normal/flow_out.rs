@@ -111,7 +111,7 @@ impl Out<'_> {
     /// Writes the PCI of PDU `p` of flow `f` (in place for data), protects
     /// it and hands it to the RMT; one the policy passes straight through
     /// waits in `through`, to be transmitted after the flow's turn.
-    fn send(&mut self, now: Instant, f: &Flow, p: efcp::Pdu, meta: efcp::PduMeta) {
+    fn send(&mut self, now: Instant, f: &mut Flow, p: efcp::Pdu, meta: efcp::PduMeta) {
         let dt = &self.cfg.dt;
         let seq_mask = dt.seq.max_value();
         let mut pci = Pci::new(PduType::Dt);
@@ -159,9 +159,10 @@ impl Out<'_> {
         // retransmission (where the policy has it) recovers.
         let used = &*self.tx_used;
         let admit = |p| used.get(&p).is_none_or(|&n| n < TX_BURST);
+        let (dst, hash) = (f.ep.remote_addr, f.hash);
         match self
             .rmt
-            .send_through(now, f.ep.remote_addr, f.hash, q, admit)
+            .send_through_memo(now, dst, hash, &mut f.route, q, admit)
         {
             Ok(rmt::Through::Queued(_)) => {}
             Ok(rmt::Through::Now(port, frame)) => {

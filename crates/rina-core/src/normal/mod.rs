@@ -521,6 +521,8 @@ struct Flow {
     auto_consume: bool,
     failure_reported: bool,
     hash: u64,
+    /// The port its PDUs last took, while the forwarding table stays the same.
+    route: rmt::RouteMemo,
     /// A data PDU with the ECN flag arrived since the driver last asked
     /// ([`NormalIpcp::take_congested`]).
     ecn_seen: bool,
@@ -954,6 +956,7 @@ impl NormalIpcp {
                 fragments: 0,
                 auto_consume: true,
                 failure_reported: false,
+                route: rmt::RouteMemo::default(),
                 ecn_seen: false,
                 hash,
                 armed: None,

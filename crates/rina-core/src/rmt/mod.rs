@@ -124,6 +124,16 @@ pub trait Scheduler: std::fmt::Debug + Send {
     }
 }
 
+/// A flow's route as it last looked it up, kept by the flow for
+/// [`Rmt::send_through_memo`]: while the forwarding table is the same, the
+/// flow's PDUs (one destination, one QoS-id, one flow hash) take that port
+/// without a lookup.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RouteMemo {
+    /// (the table's version, the port then).
+    at: Option<(u64, PortId)>,
+}
+
 /// Where [`Rmt::send_through`] put a PDU.
 #[derive(Debug)]
 pub enum Through {
@@ -323,6 +333,9 @@ pub struct Lane {
 #[derive(Debug)]
 pub struct Rmt {
     table: ForwardingTable,
+    /// Counts the changes of `table` (every mutable borrow of it): a
+    /// [`RouteMemo`] of another version is looked up again.
+    table_version: u64,
     sched: Box<dyn Scheduler>,
     ports: BTreeMap<PortId, PortGate>,
     counters: RmtCounters,
@@ -341,6 +354,7 @@ impl Rmt {
     pub fn new(sched: Box<dyn Scheduler>) -> Self {
         Rmt {
             table: ForwardingTable::default(),
+            table_version: 0,
             sched,
             ports: BTreeMap::new(),
             counters: RmtCounters::default(),
@@ -368,6 +382,7 @@ impl Rmt {
 
     /// The forwarding table, to change routes.
     pub fn table_mut(&mut self) -> &mut ForwardingTable {
+        self.table_version += 1;
         &mut self.table
     }
 
@@ -405,7 +420,7 @@ impl Rmt {
     pub fn remove_port(&mut self, port: PortId) {
         if self.ports.remove(&port).is_some() {
             self.counters.queue_drops += self.sched.destroy_queues(port) as u64;
-            self.table.remove_port(port);
+            self.table_mut().remove_port(port);
         }
         self.lower.remove(&port);
         self.lanes.remove(&port);
@@ -445,7 +460,7 @@ impl Rmt {
             return Err(RmtError::UnknownPort(primary));
         }
         self.add_port(lane);
-        self.table.remove_port(lane);
+        self.table_mut().remove_port(lane);
         self.lanes.insert(lane, Lane { primary, carries });
         self.rebuild_steering();
         Ok(())
@@ -534,7 +549,30 @@ impl Rmt {
         pdu: QueuedPdu,
         admit: impl FnOnce(PortId) -> bool,
     ) -> Result<Through, RmtError> {
-        let port = self.route(dst, pdu.qos_id, flow_hash)?;
+        let mut memo = RouteMemo::default();
+        self.send_through_memo(now, dst, flow_hash, &mut memo, pdu, admit)
+    }
+
+    /// [`Rmt::send_through`] for a flow that keeps its route in `memo`
+    /// (the same `dst`, `flow_hash` and QoS-id on every call): looked up
+    /// only when the forwarding table changed since.
+    pub fn send_through_memo(
+        &mut self,
+        now: Instant,
+        dst: Address,
+        flow_hash: u64,
+        memo: &mut RouteMemo,
+        pdu: QueuedPdu,
+        admit: impl FnOnce(PortId) -> bool,
+    ) -> Result<Through, RmtError> {
+        let port = match memo.at {
+            Some((v, port)) if v == self.table_version => port,
+            _ => {
+                let port = self.route(dst, pdu.qos_id, flow_hash)?;
+                memo.at = Some((self.table_version, port));
+                port
+            }
+        };
         let out = self.steered(port, &pdu);
         // A data PDU leaving an empty queue is marked only at threshold 0.
         let unmarked = match &self.ecn {
