@@ -276,14 +276,16 @@ impl System {
     /// Records flow `port` of member `lower` as an N-1 flow of `upper`.
     pub(super) fn n1_insert(&mut self, port: PortId, upper: usize, lower: usize) {
         self.n1.insert(port, (upper, lower));
+        self.n1_stacked.retain(|&(p, ..)| p != port);
         if matches!(self.members[lower].machine, Machine::Normal(_)) {
-            self.n1_stacked.insert(port);
+            let at = self.n1_stacked.partition_point(|&(p, ..)| p < port);
+            self.n1_stacked.insert(at, (port, upper, lower));
         }
     }
 
     /// Forgets N-1 flow `port`: its (upper, lower) members, if it was one.
     pub(super) fn n1_remove(&mut self, port: PortId) -> Option<(usize, usize)> {
-        self.n1_stacked.remove(&port);
+        self.n1_stacked.retain(|&(p, ..)| p != port);
         self.n1.remove(&port)
     }
 
@@ -517,8 +519,7 @@ impl System {
         let changed: Vec<(PortId, usize, bool)> = self
             .n1_stacked
             .iter()
-            .filter_map(|port| self.n1.get(port).map(|&(u, l)| (*port, u, l)))
-            .filter_map(|(port, upper, lower)| {
+            .filter_map(|&(port, upper, lower)| {
                 let frame = self.normal_of(upper)?.max_frame();
                 let room = self
                     .normal_of(lower)

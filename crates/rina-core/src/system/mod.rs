@@ -207,8 +207,10 @@ pub struct System {
     n1: BTreeMap<PortId, (usize, usize)>,
     /// The N-1 flows of `n1` over a normal IPCP (a stacked DIF's), whose
     /// gates follow their lower flow's room: what the system checks on
-    /// every turn, empty when no DIF is stacked.
-    n1_stacked: BTreeSet<PortId>,
+    /// every turn, empty when no DIF is stacked. (port, upper, lower), in
+    /// the order of their ports, held apart from `n1` so that the check
+    /// looks nothing up.
+    n1_stacked: Vec<(PortId, usize, usize)>,
     /// N-1 flows being allocated: port -> (upper member, neighbour index).
     n1_pending: BTreeMap<PortId, (usize, usize)>,
     /// N-1 ports blocked because their lower flow has no room.
@@ -255,7 +257,7 @@ impl System {
             plans: Vec::new(),
             out: VecDeque::new(),
             n1: BTreeMap::new(),
-            n1_stacked: BTreeSet::new(),
+            n1_stacked: Vec::new(),
             n1_pending: BTreeMap::new(),
             gated: BTreeSet::new(),
             claims: BTreeMap::new(),
