@@ -34,8 +34,19 @@
 //!   while true. The last sequence number per neighbour is kept after the FSO
 //!   expires, so a link that comes back is always announced as newer. If a
 //!   copy of one of our own FSOs arrives with a higher sequence number (we
-//!   restarted and the DIF remembers us), we jump past it and re-originate
-//!   the truth — up if the neighbour is live, down otherwise.
+//!   restarted and the DIF remembers us), or with our sequence number but
+//!   saying something else (we restarted and reused it), we jump past it
+//!   and re-originate the truth — up if the neighbour is live, down
+//!   otherwise.
+//! * **Restarted neighbours.** A neighbour that restarts without its
+//!   neighbours noticing (its N-1 flows stayed) announces its own FSOs
+//!   from sequence number 1 again, which the others would drop as stale
+//!   until the old copies aged out, and gets no database sync. A copy of a
+//!   neighbour's own FSO, received from that neighbour, that is older than
+//!   the stored one (or as old but different) says it restarted: it gets
+//!   the whole database, finds its old sequence numbers in it and jumps
+//!   past them, and [`RoutingAction::NeighborRestarted`] tells the caller
+//!   (which sends it the directory again).
 //! * **Flooding.** A received FSO with a higher sequence number than the
 //!   database's copy (or with no copy) is stored and re-flooded to every
 //!   neighbour except the one it came from; equal (duplicate) and lower
@@ -241,6 +252,14 @@ pub enum RoutingAction {
     /// The next hops changed: refill the forwarding table with
     /// [`LinkState::fill`].
     TableChanged,
+    /// The neighbour on `port` restarted and lost its state (it sent its
+    /// own FSOs older than the database's): it was sent the whole
+    /// database; the caller should send it its other databases (the
+    /// directory) too.
+    NeighborRestarted {
+        /// The neighbour's management flow.
+        port: PortId,
+    },
 }
 
 /// Counters of the routing machine.
@@ -274,6 +293,9 @@ pub struct Counters {
     pub tx_messages: u64,
     /// Database syncs to a new neighbour.
     pub db_syncs: u64,
+    /// Neighbours found to have restarted (they sent their own FSOs older
+    /// than the database's) and sent the database again.
+    pub neighbor_restarts: u64,
     /// Shortest-path computations.
     pub computations: u64,
     /// Computations that changed the next hops.
@@ -298,6 +320,7 @@ impl Counters {
             ("tx_fsos", self.tx_fsos),
             ("tx_messages", self.tx_messages),
             ("db_syncs", self.db_syncs),
+            ("neighbor_restarts", self.neighbor_restarts),
             ("computations", self.computations),
             ("table_changes", self.table_changes),
         ]
@@ -491,6 +514,12 @@ impl LinkState {
     }
 
     /// FSOs arrived from the neighbour on `from_port`.
+    ///
+    /// A copy of the neighbour's own FSO that is older than the stored one
+    /// (or as old, but saying something else) can only come from a
+    /// neighbour that restarted and lost its state: it gets the whole
+    /// database, in which it finds its old sequence numbers to jump past,
+    /// and [`RoutingAction::NeighborRestarted`] tells the caller.
     pub fn on_fsos(
         &mut self,
         now: Instant,
@@ -498,6 +527,7 @@ impl LinkState {
         fsos: impl IntoIterator<Item = Fso>,
     ) {
         let avoid = self.neighbors.get(&from_port).map(|n| n.address);
+        let mut restarted = false;
         for fso in fsos {
             self.counters.rx_fsos += 1;
             if fso.origin == fso.neighbor {
@@ -509,32 +539,20 @@ impl LinkState {
                 continue;
             }
             if fso.origin == self.address {
-                let ours = self.own_seq.get(&fso.neighbor).copied().unwrap_or(0);
-                if fso.seq > ours {
-                    self.counters.rx_own_newer += 1;
-                    let known = self.db.contains(&fso.key())
-                        || self.neighbors.values().any(|n| n.address == fso.neighbor);
-                    // The address comes from the message: a new one takes
-                    // room among the kept sequence numbers.
-                    let new_key = !self.own_seq.contains_key(&fso.neighbor);
-                    if new_key && !self.own_seq_room() {
-                        self.counters.rx_db_full += 1;
-                        continue;
-                    }
-                    self.own_seq.insert(fso.neighbor, fso.seq);
-                    if !known && !self.db.has_room() {
-                        self.counters.rx_db_full += 1;
-                        continue;
-                    }
-                    self.originate(now, fso.neighbor, true);
-                } else if fso.seq == ours {
-                    self.counters.rx_duplicate += 1;
-                } else {
-                    self.counters.rx_stale += 1;
-                }
+                self.on_own_copy(now, fso);
                 continue;
             }
-            match self.db.judge(&fso) {
+            let verdict = self.db.judge(&fso);
+            let outdated = match verdict {
+                Verdict::Stale => true,
+                Verdict::Duplicate => self
+                    .db
+                    .get(&fso.key())
+                    .is_some_and(|s| differs(&s.obj, &fso)),
+                Verdict::Accept | Verdict::Full => false,
+            };
+            restarted |= outdated && avoid == Some(fso.origin);
+            match verdict {
                 Verdict::Duplicate => self.counters.rx_duplicate += 1,
                 Verdict::Stale => self.counters.rx_stale += 1,
                 Verdict::Full => self.counters.rx_db_full += 1,
@@ -543,6 +561,47 @@ impl LinkState {
                     self.store(now, fso, avoid);
                 }
             }
+        }
+        if let Some(address) = avoid.filter(|_| restarted) {
+            self.counters.neighbor_restarts += 1;
+            self.db_sync(now, from_port, address);
+            self.actions
+                .push_back(RoutingAction::NeighborRestarted { port: from_port });
+        }
+    }
+
+    /// A copy of one of our own FSOs came back. One with a higher sequence
+    /// number than ours (we restarted and the DIF remembers us), or with
+    /// ours but saying something else (we restarted and reused it), makes
+    /// us jump past it and re-originate the truth.
+    fn on_own_copy(&mut self, now: Instant, fso: Fso) {
+        let ours = self.own_seq.get(&fso.neighbor).copied().unwrap_or(0);
+        let reused = fso.seq == ours
+            && self
+                .db
+                .get(&fso.key())
+                .is_some_and(|s| differs(&s.obj, &fso));
+        if fso.seq > ours || reused {
+            self.counters.rx_own_newer += 1;
+            let known = self.db.contains(&fso.key())
+                || self.neighbors.values().any(|n| n.address == fso.neighbor);
+            // The address comes from the message: a new one takes
+            // room among the kept sequence numbers.
+            let new_key = !self.own_seq.contains_key(&fso.neighbor);
+            if new_key && !self.own_seq_room() {
+                self.counters.rx_db_full += 1;
+                return;
+            }
+            self.own_seq.insert(fso.neighbor, fso.seq);
+            if !known && !self.db.has_room() {
+                self.counters.rx_db_full += 1;
+                return;
+            }
+            self.originate(now, fso.neighbor, true);
+        } else if fso.seq == ours {
+            self.counters.rx_duplicate += 1;
+        } else {
+            self.counters.rx_stale += 1;
         }
     }
 
@@ -766,6 +825,13 @@ impl LinkState {
             self.actions.push_back(RoutingAction::TableChanged);
         }
     }
+}
+
+/// Whether two copies of one FSO say different things (up or down, cost):
+/// with the same sequence number, only an origin that restarted and
+/// reused it makes them.
+fn differs(a: &Fso, b: &Fso) -> bool {
+    (a.up, a.cost) != (b.up, b.cost)
 }
 
 #[cfg(test)]

@@ -289,6 +289,69 @@ impl Mesh {
         }
     }
 
+    /// Schedules the link between nodes `a` and `b`, cut with
+    /// [`Mesh::cut`], to come back at `at`: both ends get their port again
+    /// ([`NormalCommand::PortUp`]) and, with `announce`, are told their
+    /// neighbour (cost 1), as [`Mesh::new`] does at time zero; without it
+    /// the neighbours find each other by hellos.
+    pub fn reconnect(&mut self, at: Instant, a: usize, b: usize, announce: bool) {
+        for (x, y) in [(a, b), (b, a)] {
+            let id = self.nodes[x];
+            let port = Self::port(y);
+            let (local, peer) = (mesh_end(x, y), mesh_end(y, x));
+            self.world
+                .schedule(at, id, NormalCommand::PortUp { port, local, peer });
+            if announce {
+                let neighbor = self.node(y).ipcp().config().address;
+                self.world.schedule(
+                    at,
+                    id,
+                    NormalCommand::NeighborUp {
+                        port,
+                        neighbor,
+                        cost: 1,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Node `i` restarts now: its IPCP and applications are replaced by a
+    /// fresh IPCP configured by `cfg` (all state lost), on the same link
+    /// ends. Its neighbours are not told. With `announce`, the new IPCP is
+    /// told its neighbours (cost 1, their current addresses) at once, as
+    /// [`Mesh::new`] does at time zero; without it, it finds them by
+    /// hellos (and enrolls again, if `cfg` says so).
+    pub fn restart(&mut self, i: usize, cfg: NormalConfig, announce: bool) {
+        let id = self.nodes[i];
+        let ends = self.world.node(id).link_ends();
+        let ipcp = NormalIpcp::new(cfg, Box::new(Fifo::new(1000)))
+            .expect("valid normal IPCP configuration");
+        let mut node = NormalNode::new(ipcp);
+        for &(port, local, peer) in &ends {
+            node.attach(port, local, peer);
+        }
+        *self.world.node_mut(id) = node;
+        self.world.rearm(id);
+        if !announce {
+            return;
+        }
+        let now = self.world.now();
+        for (port, _, _) in ends {
+            let j = port as usize - 1;
+            let neighbor = self.node(j).ipcp().config().address;
+            self.world.schedule(
+                now,
+                id,
+                NormalCommand::NeighborUp {
+                    port,
+                    neighbor,
+                    cost: 1,
+                },
+            );
+        }
+    }
+
     /// Whether every node has a next hop to every node its live links
     /// reach (a breadth-first search over the ports still up at both ends).
     pub fn converged(&self) -> bool {

@@ -65,6 +65,16 @@ pub enum NormalCommand {
     /// A link end silenced by [`NormalCommand::Silence`] carries frames
     /// again.
     Resume(N1Port),
+    /// N-1 port `port` is (again) the link end `local`, whose far end is
+    /// `peer` (a link taken down with [`NormalCommand::PortDown`] comes
+    /// back): the IPCP gets the port ([`NormalIpcp::add_port`]); its
+    /// neighbour is announced apart ([`NormalCommand::NeighborUp`]) or found
+    /// by hellos.
+    PortUp {
+        port: N1Port,
+        local: SocketAddr,
+        peer: SocketAddr,
+    },
     /// Read the RIB of neighbour `neighbor` (IPCP name or address) under
     /// `path`, `depth` levels deep ([`NormalIpcp::read_remote_rib`]); the
     /// outcome is [`NormalEvent::RibRead`] (or [`NormalEvent::ReadRibFailed`]).
@@ -204,6 +214,12 @@ impl NormalNode {
         self.ports.insert(port, (local, peer));
         self.by_addr.insert(local, port);
         self.ipcp.add_port(port);
+    }
+
+    /// The link ends attached now (not down, not silenced):
+    /// (port, local end, far end), in port order.
+    pub fn link_ends(&self) -> Vec<(N1Port, SocketAddr, SocketAddr)> {
+        self.ports.iter().map(|(p, (l, r))| (*p, *l, *r)).collect()
     }
 
     /// The IPCP.
@@ -531,6 +547,10 @@ impl Node for NormalNode {
                 if let Some((local, peer)) = self.silenced.remove(&port) {
                     self.attach(port, local, peer);
                 }
+            }
+            NormalCommand::PortUp { port, local, peer } => {
+                self.silenced.remove(&port);
+                self.attach(port, local, peer);
             }
             NormalCommand::PortDown(port) => {
                 self.ipcp.neighbor_down(now, port);

@@ -62,6 +62,7 @@ impl RouterNode {
                     ctx.record(Ev::TableChanged(self.ls.next_hops().clone()));
                     continue;
                 }
+                RoutingAction::NeighborRestarted { .. } => continue,
             };
             let bytes = encode_fsos(&fsos);
             for p in ports {

@@ -222,6 +222,7 @@ impl NormalIpcp {
     /// neighbours, table refills.
     fn run_routing(&mut self, now: Instant) {
         let mut out = Vec::new();
+        let mut restarted = Vec::new();
         let Some(r) = self.routing.as_mut() else {
             return;
         };
@@ -232,9 +233,14 @@ impl NormalIpcp {
                 }
                 RoutingAction::Send { port, fsos } => out.push((vec![port], fsos_payload(&fsos))),
                 RoutingAction::TableChanged => r.fill(self.rmt.table_mut()),
+                RoutingAction::NeighborRestarted { port } => restarted.push(port),
             }
         }
         self.send_to_neighbors(now, out);
+        // A neighbour that lost its state lost its directory too.
+        for port in restarted {
+            self.dft_resync(now, port);
+        }
     }
 }
 

@@ -101,6 +101,7 @@ impl Net {
                         self.changed.insert(a, now);
                         continue;
                     }
+                    RoutingAction::NeighborRestarted { .. } => continue,
                 };
                 let bytes = encode_fsos(&fsos);
                 for p in ports {
@@ -738,9 +739,59 @@ fn forged_own_fsos_keep_memory_bounded() {
 }
 
 #[test]
+fn a_neighbour_sending_its_own_fsos_older_than_ours_restarted_and_gets_the_database() {
+    let mut m = LinkState::new(1, Config::default()).unwrap();
+    m.neighbor_up(ms(0), 2, 2, 1).unwrap();
+    m.on_fsos(ms(0), 2, [fso(2, 1, 5, true), fso(3, 2, 4, true)]);
+    drain(&mut m);
+    // A copy of 3's FSO relayed by 2 that is older: an ordinary late copy.
+    m.on_fsos(ms(10), 2, [fso(3, 2, 3, true)]);
+    assert!(drain(&mut m).is_empty());
+    // 2's own FSO, from 2, older than ours: 2 restarted.
+    m.on_fsos(ms(20), 2, [fso(2, 1, 1, true)]);
+    let acts = drain(&mut m);
+    assert!(
+        acts.contains(&RoutingAction::NeighborRestarted { port: 2 }),
+        "{acts:?}"
+    );
+    let sent: Vec<Fso> = acts
+        .iter()
+        .filter_map(|a| match a {
+            RoutingAction::Send { port: 2, fsos } => Some(fsos.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert!(sent.iter().any(|f| f.key() == (2, 1) && f.seq == 5));
+    assert!(sent.iter().any(|f| f.key() == (3, 2) && f.seq == 4));
+    assert_eq!(m.counters().neighbor_restarts, 1);
+    // The same sequence number saying something else: restarted too; the
+    // same one saying the same: a plain duplicate.
+    m.on_fsos(ms(30), 2, [fso(2, 1, 5, true)]);
+    assert!(drain(&mut m).is_empty());
+    m.on_fsos(ms(40), 2, [fso(2, 1, 5, false)]);
+    assert!(drain(&mut m).contains(&RoutingAction::NeighborRestarted { port: 2 }));
+}
+
+#[test]
+fn a_copy_of_our_own_fso_with_our_number_but_another_state_makes_us_jump() {
+    let mut m = LinkState::new(1, Config::default()).unwrap();
+    m.neighbor_up(ms(0), 2, 2, 1).unwrap();
+    assert_eq!(m.fso(ms(0), 1, 2).map(|f| (f.seq, f.up)), Some((1, true)));
+    // Our previous life said the link was down with sequence number 1.
+    m.on_fsos(ms(10), 2, [fso(1, 2, 1, false)]);
+    assert_eq!(m.fso(ms(10), 1, 2).map(|f| (f.seq, f.up)), Some((2, true)));
+    assert_eq!(m.counters().rx_own_newer, 1);
+    // The same copy as ours is a duplicate.
+    m.on_fsos(ms(20), 2, [fso(1, 2, 2, true)]);
+    assert_eq!(m.fso(ms(20), 1, 2).map(|f| f.seq), Some(2));
+    assert_eq!(m.counters().rx_own_newer, 1);
+}
+
+#[test]
 fn counters_map_names_every_counter() {
     let m = LinkState::new(1, Config::default()).unwrap();
-    assert_eq!(m.counters().to_map().len(), 16);
+    assert_eq!(m.counters().to_map().len(), 17);
 }
 
 /// Floyd–Warshall on the full graph: the reference the machines must match.
