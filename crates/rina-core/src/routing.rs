@@ -46,7 +46,12 @@
 //!   the stored one (or as old but different) says it restarted: it gets
 //!   the whole database, finds its old sequence numbers in it and jumps
 //!   past them, and [`RoutingAction::NeighborRestarted`] tells the caller
-//!   (which sends it the directory again).
+//!   (which sends it the directory again). A neighbour that restarted
+//!   before it changed anything sends exactly what we hold: its own FSO
+//!   about its link to us, as we hold it, received from it in a message
+//!   without any of our own FSOs (it knows nothing of us) gets it our
+//!   database too, once until something new comes from it (so two
+//!   neighbours never answer each other's answers).
 //! * **Flooding.** A received FSO with a higher sequence number than the
 //!   database's copy (or with no copy) is stored and re-flooded to every
 //!   neighbour except the one it came from; equal (duplicate) and lower
@@ -253,9 +258,9 @@ pub enum RoutingAction {
     /// [`LinkState::fill`].
     TableChanged,
     /// The neighbour on `port` restarted and lost its state (it sent its
-    /// own FSOs older than the database's): it was sent the whole
-    /// database; the caller should send it its other databases (the
-    /// directory) too.
+    /// own FSOs older than the database's, or the ones we hold without
+    /// any of ours): it was sent the whole database; the caller should
+    /// send it its other databases (the directory) too.
     NeighborRestarted {
         /// The neighbour's management flow.
         port: PortId,
@@ -351,6 +356,10 @@ pub struct LinkState {
     db: FloodDb<Fso, Address>,
     /// Last sequence number used per neighbour, kept after expiry.
     own_seq: BTreeMap<Address, u32>,
+    /// Ports whose neighbour was sent the database because it seemed to
+    /// have restarted, and nothing new came from since: it is not sent
+    /// again, so two neighbours never answer each other's answers.
+    answered: BTreeSet<PortId>,
     compute_due: Option<Instant>,
     last_compute: Option<Instant>,
     /// When the first of this IPCP's own FSOs that are up is due for a
@@ -379,6 +388,7 @@ impl LinkState {
             neighbors: BTreeMap::new(),
             db: FloodDb::new(limits),
             own_seq: BTreeMap::new(),
+            answered: BTreeSet::new(),
             compute_due: None,
             last_compute: None,
             refresh_due: None,
@@ -475,6 +485,7 @@ impl LinkState {
         self.originate(now, address, false);
         self.mark_dirty(now);
         if fresh {
+            self.answered.remove(&port);
             self.db_sync(now, port, address);
         }
         Ok(())
@@ -500,6 +511,7 @@ impl LinkState {
             .neighbors
             .remove(&port)
             .ok_or(RoutingError::UnknownPort(port))?;
+        self.answered.remove(&port);
         self.originate(now, n.address, false);
         self.mark_dirty(now);
         // Floods went to one port per address: if another port to the
@@ -519,7 +531,13 @@ impl LinkState {
     /// (or as old, but saying something else) can only come from a
     /// neighbour that restarted and lost its state: it gets the whole
     /// database, in which it finds its old sequence numbers to jump past,
-    /// and [`RoutingAction::NeighborRestarted`] tells the caller.
+    /// and [`RoutingAction::NeighborRestarted`] tells the caller. So does
+    /// the neighbour's own FSO about its link to us, as we hold it, in a
+    /// message without any of our own FSOs: the neighbour knows nothing
+    /// of us, it restarted before changing anything and reused its
+    /// sequence numbers. That is answered once until something new comes
+    /// from the neighbour, so two neighbours never answer each other's
+    /// answers.
     pub fn on_fsos(
         &mut self,
         now: Instant,
@@ -527,7 +545,11 @@ impl LinkState {
         fsos: impl IntoIterator<Item = Fso>,
     ) {
         let avoid = self.neighbors.get(&from_port).map(|n| n.address);
-        let mut restarted = false;
+        let fsos: Vec<Fso> = fsos.into_iter().collect();
+        // A neighbour that knows about us sends our FSOs along with its
+        // own: then it is not one that just restarted.
+        let knows_us = fsos.iter().any(|f| f.origin == self.address);
+        let (mut restarted, mut synced) = (false, false);
         for fso in fsos {
             self.counters.rx_fsos += 1;
             if fso.origin == fso.neighbor {
@@ -543,26 +565,33 @@ impl LinkState {
                 continue;
             }
             let verdict = self.db.judge(&fso);
-            let outdated = match verdict {
-                Verdict::Stale => true,
-                Verdict::Duplicate => self
-                    .db
-                    .get(&fso.key())
-                    .is_some_and(|s| differs(&s.obj, &fso)),
-                Verdict::Accept | Verdict::Full => false,
-            };
-            restarted |= outdated && avoid == Some(fso.origin);
+            let from_origin = avoid == Some(fso.origin);
+            let same = self.db.get(&fso.key()).map(|s| !differs(&s.obj, &fso));
+            match verdict {
+                Verdict::Stale => restarted |= from_origin,
+                Verdict::Duplicate if same == Some(false) => restarted |= from_origin,
+                // Its own word on our link, which we hold already, from a
+                // neighbour that knows nothing of us: a restart that
+                // reused its numbers.
+                Verdict::Duplicate => {
+                    synced |= from_origin && fso.neighbor == self.address && !knows_us;
+                }
+                Verdict::Accept | Verdict::Full => {}
+            }
             match verdict {
                 Verdict::Duplicate => self.counters.rx_duplicate += 1,
                 Verdict::Stale => self.counters.rx_stale += 1,
                 Verdict::Full => self.counters.rx_db_full += 1,
                 Verdict::Accept => {
                     self.counters.rx_accepted += 1;
+                    self.answered.remove(&from_port);
                     self.store(now, fso, avoid);
                 }
             }
         }
-        if let Some(address) = avoid.filter(|_| restarted) {
+        let answer = restarted || (synced && !self.answered.contains(&from_port));
+        if let Some(address) = avoid.filter(|_| answer) {
+            self.answered.insert(from_port);
             self.counters.neighbor_restarts += 1;
             self.db_sync(now, from_port, address);
             self.actions

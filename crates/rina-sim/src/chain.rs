@@ -466,10 +466,13 @@ impl Net {
     /// effect at once.
     pub fn register_dynamic(&mut self, node: usize, name: &str, app: App) {
         let name: AppName = name.parse().expect("valid application name");
+        let id = self.nodes[node];
         self.world
-            .node_mut(self.nodes[node])
+            .node_mut(id)
             .register(name, app)
             .expect("name not registered yet");
+        // The registration floods: the node's timer may be due earlier.
+        self.world.rearm(id);
     }
 
     /// Schedules node `node` to unregister `name` at `at`

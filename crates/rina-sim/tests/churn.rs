@@ -4,7 +4,7 @@
 //! rina-core normal IPCPs with link-state routing and the disseminated
 //! directory; deterministic (fixed seeds, virtual time, no sleeps).
 
-use rina_core::normal::{MembershipConfig, NormalConfig};
+use rina_core::normal::{MembershipConfig, NormalConfig, NormalError};
 use rina_core::sdup::SdupConfig;
 use rina_core::{directory, routing, Instant};
 use rina_sim::chain::Mesh;
@@ -235,4 +235,268 @@ fn members_restarting_and_enrolling_again_are_reached() {
     let t = m.world.now();
     let b = restart_and_check(&mut m, 0, 3, t + SEC * 30, 2);
     assert!(a < SEC * 15 && b < SEC * 15, "{a:?} {b:?}");
+}
+
+/// Every node's next hops.
+fn all_next_hops(m: &Mesh) -> Vec<BTreeMap<u64, Vec<u32>>> {
+    (0..m.nodes.len())
+        .map(|i| m.node(i).ipcp().routing().unwrap().next_hops().clone())
+        .collect()
+}
+
+/// A link that flaps (cut at both ends and back, 25 times, 5 to 60 ms
+/// apart) and then stays up: routing converges within a second of the last
+/// flap, to exactly the next hops of a ring that never flapped, with one
+/// FSO per link end everywhere, no flooding left over, and data crosses the
+/// link again.
+#[test]
+fn a_flapping_link_leaves_the_same_routes_as_no_flapping() {
+    let edges = ring(6);
+    let mut calm = Mesh::new(5, 6, &edges, ideal(), cfg);
+    calm.run_until_converged(MS, Instant::ZERO + SEC * 5)
+        .expect("converges");
+    let mut m = Mesh::new(5, 6, &edges, ideal(), cfg);
+    let t0 = m
+        .run_until_converged(MS, Instant::ZERO + SEC * 5)
+        .expect("converges");
+    let mut t = t0 + MS * 100;
+    let mut step = 5u32;
+    for _ in 0..25 {
+        m.cut(t, 0, 1);
+        t = t + MS * step;
+        m.reconnect(t, 0, 1, true);
+        t = t + MS * (65 - step);
+        step = (step * 7) % 60 + 1;
+    }
+    let last = t;
+    m.world.run_until(last).unwrap();
+    let done = run_until(&mut m, last + SEC * 5, |m| m.converged() && fsos_agree(m))
+        .expect("converges after the flapping");
+    println!("flapping: converged {:?} after the last flap", done - last);
+    assert!(done - last < SEC, "{:?}", done - last);
+    assert_eq!(all_next_hops(&m), all_next_hops(&calm));
+    for i in 0..6 {
+        assert_eq!(m.node(i).ipcp().routing().unwrap().db_len(), 12, "node {i}");
+        assert_eq!(m.node(i).ipcp().rmt().table().len(), 5, "node {i}");
+    }
+    // Quiet once converged: nothing but what refreshes would send.
+    let sent = |m: &Mesh| -> u64 {
+        (0..6)
+            .map(|i| m.node(i).ipcp().routing_counters().unwrap().tx_messages)
+            .sum()
+    };
+    // (the last relays leave within a propagation delay).
+    m.world.run_until(done + MS * 500).unwrap();
+    let before = sent(&m);
+    m.world.run_until(done + SEC * 5).unwrap();
+    assert_eq!(sent(&m), before, "flooding goes on after convergence");
+    // Data crosses the flapped link: 0 -> 1.
+    let t = m.world.now();
+    m.register_dynamic(1, "sink", App::sink());
+    m.world.run_until(t + SEC).unwrap();
+    m.allocate(t + SEC, 0, 1, "src", "sink", QosSpec::default());
+    m.stream(t + SEC + MS * 100, 0, 1, 50, 100, MS);
+    m.world.run_until(t + SEC * 2).unwrap();
+    let got = m
+        .node(1)
+        .app(rina_sim::normal_node::FIRST_ACCEPTED_FLOW)
+        .map_or(0, |a| a.delivered.len());
+    assert_eq!(got, 50);
+}
+
+/// An application registers, unregisters, registers again and moves, at
+/// several members, faster than the directory floods; another comes and
+/// goes for good. Once the churn stops every member resolves the first
+/// where it ended up and the second nowhere, and after the maximum age
+/// only the live registrations are left in the databases.
+#[test]
+fn directory_churn_converges_and_withdrawals_age_out() {
+    let mut m = Mesh::new(9, 5, &ring(5), ideal(), cfg);
+    let t0 = m
+        .run_until_converged(MS, Instant::ZERO + SEC * 5)
+        .expect("converges");
+    let at = |ms: u32| t0 + MS * ms;
+    // "x": 1, then 3, then 1 again and 4 for a moment; ends at 1.
+    m.register_at(at(0), 1, "x", App::echo());
+    m.unregister_at(at(30), 1, "x");
+    m.register_at(at(35), 3, "x", App::echo());
+    m.unregister_at(at(70), 3, "x");
+    m.register_at(at(90), 1, "x", App::echo());
+    m.register_at(at(95), 4, "x", App::echo());
+    m.unregister_at(at(150), 4, "x");
+    m.unregister_at(at(400), 1, "x");
+    m.register_at(at(420), 1, "x", App::echo());
+    // "y": comes and goes at three members, ends nowhere.
+    for (k, node) in [2usize, 0, 3].into_iter().enumerate() {
+        let k = k as u32;
+        m.register_at(at(10 + 60 * k), node, "y", App::echo());
+        m.unregister_at(at(40 + 60 * k), node, "y");
+    }
+    let last = at(420);
+    m.world.run_until(last).unwrap();
+    let ok = |m: &Mesh| {
+        (0..5).all(|i| {
+            let p = m.node(i).ipcp();
+            p.resolve(&name("x")) == Some(2) && p.resolve(&name("y")).is_none()
+        })
+    };
+    let done = run_until(&mut m, last + SEC * 5, ok).expect("the directory converges");
+    println!(
+        "directory churn: converged {:?} after the last change",
+        done - last
+    );
+    assert!(done - last < SEC, "{:?}", done - last);
+    m.allocate(done, 2, 1, "c", "x", QosSpec::default());
+    m.stream(done + MS * 100, 2, 1, 10, 100, MS);
+    m.world.run_until(done + SEC).unwrap();
+    assert_eq!(m.node(2).app(1).unwrap().delivered.len(), 10);
+    // After the maximum age only x at node 1 is left, everywhere.
+    m.world.run_until(done + SEC * 70).unwrap();
+    for i in 0..5 {
+        let d = m.node(i).ipcp().dynamic_directory().unwrap();
+        assert_eq!(d.db_len(), 1, "node {i}");
+        assert!(ok(&m));
+    }
+}
+
+/// A line 0 - 1 - 2 - 3 with `app` at node 3 (accepting).
+fn line_with_app(seed: u64) -> (Mesh, Instant) {
+    let mut m = Mesh::new(seed, 4, &[(0, 1), (1, 2), (2, 3)], ideal(), cfg);
+    m.register_dynamic(3, "app", App::echo());
+    let t = m
+        .run_until_converged(MS, Instant::ZERO + SEC * 5)
+        .expect("converges");
+    m.world.run_until(t + SEC).unwrap();
+    (m, t + SEC)
+}
+
+/// Flow requests racing with failures are answered and leave nothing
+/// behind: the request in flight when the last link to the destination is
+/// cut times out (3 s) at the requester; a flow accepted by a member that
+/// restarts while the answer is on its way is allocated, its data finds no
+/// one, and its reliable connection fails; a request that reaches the
+/// restarted member before its application registered again is refused at
+/// once. Nobody keeps a pending request.
+#[test]
+fn flow_requests_racing_with_failures_are_answered() {
+    // The link 2-3 is cut 1 ms after the request leaves (it is on link 0-1).
+    let (mut m, t) = line_with_app(21);
+    m.allocate(t, 0, 1, "c", "app", QosSpec::default());
+    m.cut(t + MS, 2, 3);
+    m.world.run_until(t + SEC * 4).unwrap();
+    let a = m.node(0).app(1).unwrap();
+    println!("cut under the request: {:?}", a.alloc_failed);
+    assert!(matches!(
+        a.alloc_failed,
+        Some((at, NormalError::Timeout { .. })) if at == t + SEC * 3
+    ));
+    assert!(!m.node(0).ipcp().is_allocating(1));
+    for i in 0..4 {
+        assert_eq!(m.node(i).ipcp().pending_requests(), 0, "node {i}");
+    }
+
+    // Node 3 restarts 4 ms after the request left: it accepted (3 hops, at
+    // 3 ms), the answer is on its way; data then reaches a member that
+    // knows nothing of the flow.
+    let (mut m, t) = line_with_app(22);
+    let reliable = QosSpec {
+        reliable: true,
+        ..QosSpec::default()
+    };
+    m.allocate(t, 0, 1, "c", "app", reliable);
+    m.stream(t + MS * 100, 0, 1, 1_000_000, 100, MS * 10);
+    m.world.run_until(t + MS * 4).unwrap();
+    assert_eq!(m.node(3).accepted_flows().len(), 1);
+    // Its new CEP-ids start elsewhere (rinad draws the first at random),
+    // so old PDUs cannot land in a new flow.
+    let mut fresh = cfg(4);
+    fresh.first_cep = 1000;
+    m.restart(3, fresh, true);
+    // A second request reaches the restarted member before its
+    // application registers again (at 500 ms).
+    m.allocate(t + MS * 100, 0, 2, "c", "app", QosSpec::default());
+    m.register_at(t + MS * 500, 3, "app", App::echo());
+    let limit = t + SEC * 900;
+    while m.world.now() < limit && !m.node(0).app(1).unwrap().failed {
+        let next = m.world.now() + SEC;
+        m.world.run_until(next).unwrap();
+    }
+    let a = m.node(0).app(1).unwrap();
+    println!(
+        "restart after accepting: allocated at {:?}, failed {} after {:?}; second request {:?}",
+        a.allocated_at.map(|x| x - t),
+        a.failed,
+        m.world.now() - t,
+        m.node(0).app(2).unwrap().alloc_failed
+    );
+    assert!(a.allocated_at.is_some());
+    assert!(
+        a.failed,
+        "the reliable flow to the restarted member never failed"
+    );
+    let second = &m.node(0).app(2).unwrap().alloc_failed;
+    assert!(
+        matches!(second, Some((at, _)) if *at < t + SEC),
+        "{second:?}"
+    );
+    for i in 0..4 {
+        assert_eq!(m.node(i).ipcp().pending_requests(), 0, "node {i}");
+    }
+}
+
+/// A ring of six split in two halves ({1, 2, 3} and {4, 5, 0}) for
+/// `apart`, during which an application moves from one half to the other
+/// and a link inside a half goes down; after the heal both halves agree on
+/// every flow-state object and name within two seconds, the routes are
+/// those of the healed ring, and a flow crosses the old border.
+fn partition_and_heal(apart: Duration) {
+    let edges = ring(6);
+    let mut m = Mesh::new(13, 6, &edges, ideal(), cfg);
+    m.register_dynamic(2, "p", App::echo());
+    let t0 = m
+        .run_until_converged(MS, Instant::ZERO + SEC * 5)
+        .expect("converges");
+    m.world.run_until(t0 + SEC).unwrap();
+    let split = t0 + SEC;
+    m.cut(split, 0, 1);
+    m.cut(split, 3, 4);
+    // "p" moves from node 2 to node 5, across the partition.
+    m.unregister_at(split + SEC, 2, "p");
+    m.register_at(split + SEC * 2, 5, "p", App::echo());
+    // Inside the {4, 5, 0} half, link 4-5 goes down for good.
+    m.cut(split + SEC * 3, 4, 5);
+    let heal = split + apart;
+    m.reconnect(heal, 0, 1, true);
+    m.reconnect(heal, 3, 4, true);
+    m.world.run_until(heal).unwrap();
+    let ok = |m: &Mesh| {
+        m.converged()
+            && fsos_agree(m)
+            && (0..6).all(|i| m.node(i).ipcp().resolve(&name("p")) == Some(6))
+    };
+    let done = run_until(&mut m, heal + SEC * 5, ok);
+    println!(
+        "partition of {apart:?}: healed at {heal:?}, converged {:?} later",
+        done.map(|d| d - heal)
+    );
+    let done = done.expect("both halves converge after the heal");
+    assert!(done - heal < SEC * 2);
+    // The line 4 - 3 - 2 - 1 - 0 - 5: node 4 reaches node 5 the long way.
+    assert_eq!(via(&m, 4, 5), Some(3));
+    assert_eq!(via(&m, 5, 4), Some(0));
+    m.allocate(done, 3, 1, "c", "p", QosSpec::default());
+    m.stream(done + MS * 100, 3, 1, 10, 100, MS);
+    m.world.run_until(done + SEC).unwrap();
+    assert_eq!(m.node(3).app(1).unwrap().delivered.len(), 10);
+}
+
+#[test]
+fn a_short_partition_heals() {
+    partition_and_heal(SEC * 5);
+}
+
+/// Apart longer than the maximum age: each half forgot the other.
+#[test]
+fn a_partition_longer_than_the_maximum_age_heals() {
+    partition_and_heal(SEC * 90);
 }

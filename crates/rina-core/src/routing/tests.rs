@@ -773,6 +773,71 @@ fn a_neighbour_sending_its_own_fsos_older_than_ours_restarted_and_gets_the_datab
     assert!(drain(&mut m).contains(&RoutingAction::NeighborRestarted { port: 2 }));
 }
 
+/// Carries the messages between `a` (address 1, port 2) and `b` (address
+/// 2, port 1), running timers in steps of 10 ms for a second; returns the
+/// number of messages carried.
+fn exchange(a: &mut LinkState, b: &mut LinkState, from: Instant) -> usize {
+    let mut carried = 0;
+    for step in 0..100u64 {
+        let now = from + Duration::from_millis(10 * step);
+        for m in [&mut *a, &mut *b] {
+            if m.poll_timeout().is_some_and(|t| t <= now) {
+                m.handle_timeout(now);
+            }
+        }
+        loop {
+            let (ab, ba) = (drain(a), drain(b));
+            if ab.is_empty() && ba.is_empty() {
+                break;
+            }
+            for (acts, to, port) in [(ab, &mut *b, 1), (ba, &mut *a, 2)] {
+                for act in acts {
+                    if let RoutingAction::Flood { fsos, .. } | RoutingAction::Send { fsos, .. } =
+                        act
+                    {
+                        carried += 1;
+                        to.on_fsos(now, port, fsos);
+                    }
+                }
+            }
+        }
+    }
+    carried
+}
+
+#[test]
+fn a_neighbour_restarting_before_any_change_gets_the_database_and_resyncs_stay_finite() {
+    let cfg = Config::default();
+    let mut a = LinkState::new(1, cfg.clone()).unwrap();
+    let mut b = LinkState::new(2, cfg.clone()).unwrap();
+    a.neighbor_up(ms(0), 2, 2, 1).unwrap();
+    b.neighbor_up(ms(0), 1, 1, 1).unwrap();
+    exchange(&mut a, &mut b, ms(0));
+    assert_eq!(a.next_hops().get(&2), Some(&vec![2]));
+    // A resync (b knows a) is not taken for a restart.
+    a.resync(ms(2_000), 2).unwrap();
+    let carried = exchange(&mut a, &mut b, ms(2_000));
+    assert_eq!(carried, 1, "{carried} messages for one resync");
+    // b restarts before anything changed: its FSO (2, 1) is the very one
+    // a holds. a sends it the database all the same.
+    let mut b = LinkState::new(2, cfg).unwrap();
+    b.neighbor_up(ms(4_000), 1, 1, 1).unwrap();
+    exchange(&mut a, &mut b, ms(4_000));
+    assert_eq!(b.db_len(), 2);
+    assert_eq!(b.next_hops().get(&1), Some(&vec![1]));
+    assert_eq!(a.counters().neighbor_restarts, 1);
+    // Its own FSO again, still knowing nothing of us, with nothing new
+    // from it since the answer: not answered again (this is what keeps
+    // two neighbours from answering each other's answers).
+    let mut c = LinkState::new(2, Config::default()).unwrap();
+    c.neighbor_up(ms(6_000), 1, 1, 1).unwrap();
+    let own: Vec<Fso> = c.fsos(ms(6_000)).collect();
+    a.on_fsos(ms(6_000), 2, own.clone());
+    a.on_fsos(ms(6_010), 2, own);
+    assert_eq!(a.counters().neighbor_restarts, 1);
+    assert!(drain(&mut a).is_empty());
+}
+
 #[test]
 fn a_copy_of_our_own_fso_with_our_number_but_another_state_makes_us_jump() {
     let mut m = LinkState::new(1, Config::default()).unwrap();
