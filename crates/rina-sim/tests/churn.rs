@@ -500,3 +500,13 @@ fn a_short_partition_heals() {
 fn a_partition_longer_than_the_maximum_age_heals() {
     partition_and_heal(SEC * 90);
 }
+
+/// The bootstrap member restarts 2 s after the DIF converged, before any
+/// refresh: what it announces again is exactly what the DIF holds (the
+/// same sequence numbers), and it must still get the databases.
+#[test]
+fn the_bootstrap_member_restarting_before_any_refresh_is_reached() {
+    let (mut m, t) = enrolled_ring(4);
+    let took = restart_and_check(&mut m, 0, 3, t + SEC * 2, 1);
+    assert!(took < SEC * 5, "{took:?}");
+}
