@@ -419,41 +419,20 @@ pub struct LinkWatch {
 impl LinkWatch {
     /// Watches the interface `ifname`.
     pub fn open(ifname: &str) -> io::Result<LinkWatch> {
-        let name = std::ffi::CString::new(ifname)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        // SAFETY: a NUL-terminated name; the result is checked.
-        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
-        if ifindex == 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: plain socket(2) call; the result is checked.
-        let raw = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                libc::NETLINK_ROUTE,
-            )
+        use nix::sys::socket::{
+            self, AddressFamily, NetlinkAddr, SockFlag, SockProtocol, SockType,
         };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: raw is a descriptor we own from here on.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: sockaddr_nl is plain data; all-zero is a valid value.
-        let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        sa.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-        sa.nl_groups = libc::RTMGRP_LINK as u32;
-        // SAFETY: sa is a valid sockaddr_nl of the length given.
-        let r = unsafe {
-            libc::bind(
-                raw,
-                (&sa as *const libc::sockaddr_nl).cast(),
-                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-            )
-        };
-        if r != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let ifindex = nix::net::if_::if_nametoindex(ifname)?;
+        let fd = socket::socket(
+            AddressFamily::Netlink,
+            SockType::Raw,
+            SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+            SockProtocol::NetlinkRoute,
+        )?;
+        socket::bind(
+            fd.as_raw_fd(),
+            &NetlinkAddr::new(0, libc::RTMGRP_LINK as u32),
+        )?;
         Ok(LinkWatch {
             fd,
             ifindex: ifindex as i32,

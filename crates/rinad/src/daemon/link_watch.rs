@@ -7,7 +7,7 @@
 //! periodic one.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 /// A netlink route socket bound to the link group, non-blocking.
 pub(super) struct LinkWatch {
@@ -17,34 +17,19 @@ pub(super) struct LinkWatch {
 impl LinkWatch {
     /// Opens the socket in the daemon's network namespace.
     pub fn open() -> io::Result<LinkWatch> {
-        // SAFETY: plain socket(2) call; the result is checked.
-        let raw = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                libc::NETLINK_ROUTE,
-            )
+        use nix::sys::socket::{
+            self, AddressFamily, NetlinkAddr, SockFlag, SockProtocol, SockType,
         };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: raw is a descriptor we own from here on.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: sockaddr_nl is plain data; all-zero is a valid value.
-        let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        sa.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-        sa.nl_groups = libc::RTMGRP_LINK as u32;
-        // SAFETY: sa is a valid sockaddr_nl of the length given.
-        let r = unsafe {
-            libc::bind(
-                raw,
-                (&sa as *const libc::sockaddr_nl).cast(),
-                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-            )
-        };
-        if r != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let fd = socket::socket(
+            AddressFamily::Netlink,
+            SockType::Raw,
+            SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+            SockProtocol::NetlinkRoute,
+        )?;
+        socket::bind(
+            fd.as_raw_fd(),
+            &NetlinkAddr::new(0, libc::RTMGRP_LINK as u32),
+        )?;
         Ok(LinkWatch { fd })
     }
 
