@@ -163,6 +163,7 @@ pub(super) struct FaCounters {
     pub(super) rx_fa_malformed: u64,
     pub(super) rx_fa_stale: u64,
     pub(super) alloc_cancelled: u64,
+    pub(super) connections_gone: u64,
 }
 
 impl FaCounters {
@@ -177,6 +178,7 @@ impl FaCounters {
         c.rx_fa_malformed = self.rx_fa_malformed;
         c.rx_fa_stale = self.rx_fa_stale;
         c.alloc_cancelled = self.alloc_cancelled;
+        c.connections_gone = self.connections_gone;
     }
 }
 
@@ -237,6 +239,9 @@ pub(super) struct FlowAllocator {
     /// DEALLOCs waiting for their acknowledgement, by the peer's (address,
     /// CEP-id), repeated until acknowledged.
     releasing: Retransmit<(Address, CepId)>,
+    /// Peers' connections told they have no end here, by (address,
+    /// CEP-id), with when: each is told once per `alloc_retry`.
+    told_gone: BTreeMap<(Address, CepId), Instant>,
     next_handle: u64,
     next_cep: CepId,
     out: VecDeque<FaOut>,
@@ -255,6 +260,7 @@ impl FlowAllocator {
             accepted: BTreeMap::new(),
             refused: BTreeMap::new(),
             releasing: Retransmit::new(),
+            told_gone: BTreeMap::new(),
             next_handle: 1,
             next_cep: first_cep,
             out: VecDeque::new(),
@@ -579,6 +585,47 @@ impl FlowAllocator {
         self.send_request(to, message);
     }
 
+    /// A data or control PDU came from connection `src_cep` of the member
+    /// at `from` for CEP-id `dst_cep`, which no flow here has (the IPCP
+    /// checked that it was not closed lately): the peer's end outlived
+    /// ours, as when this IPCP restarted. Its flow object is deleted (a
+    /// DEALLOC naming our CEP-id as its peer, sent once), so its
+    /// application learns at once that the flow is gone instead of when
+    /// its retransmissions give up. Not for a CEP-id of an allocation in
+    /// progress (the acceptor's data may overtake its answer), nor for a
+    /// connection this IPCP is deallocating; each connection is told at
+    /// most once per `alloc_retry`, and at most `max_pending` at a time.
+    pub(super) fn connection_gone(
+        &mut self,
+        cx: &Ctx,
+        now: Instant,
+        (from, src_cep): (Address, CepId),
+        dst_cep: CepId,
+    ) {
+        if self.allocating_by_cep.contains_key(&dst_cep)
+            || self.releasing.message(&(from, src_cep)).is_some()
+        {
+            return;
+        }
+        let retry = cx.cfg.alloc_retry;
+        self.told_gone.retain(|_, at| *at + retry > now);
+        if self.told_gone.contains_key(&(from, src_cep))
+            || self.told_gone.len() >= cx.cfg.max_pending.max(1)
+        {
+            return;
+        }
+        self.told_gone.insert((from, src_cep), now);
+        self.counters.connections_gone += 1;
+        let message = FaMessage::Dealloc {
+            dst_addr: from,
+            dst_cep: src_cep,
+            src_cep: dst_cep,
+            last_seq: None,
+        }
+        .to_vec();
+        self.send_request(from, message);
+    }
+
     /// Deletes the flow object `(to, dst_cep)` at the peer (from ours,
     /// `src_cep`, whose last data PDU was `last_seq`), repeating the
     /// DEALLOC until it is acknowledged or `alloc_timeout` passes.
@@ -682,5 +729,45 @@ impl FlowAllocator {
             *r = truncate_utf8(reason, room).to_string();
         }
         self.send(to, &msg);
+    }
+}
+
+/// Local CEP-ids of flows closed lately (the last [`ClosedCeps::KEPT`]):
+/// PDUs that were on their way to them are dropped, not answered as for
+/// a connection this IPCP never had (a closing peer waiting for its last
+/// PDUs is not cut short).
+#[derive(Debug, Default)]
+pub(super) struct ClosedCeps {
+    order: VecDeque<CepId>,
+    set: BTreeSet<CepId>,
+}
+
+impl ClosedCeps {
+    /// CEP-ids kept.
+    pub(super) const KEPT: usize = 4096;
+
+    /// Remembers that the flow of `cep` closed.
+    pub(super) fn closed(&mut self, cep: CepId) {
+        if !self.set.insert(cep) {
+            return;
+        }
+        self.order.push_back(cep);
+        if self.order.len() > Self::KEPT {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+    }
+
+    /// Whether the flow of `cep` closed lately.
+    pub(super) fn contains(&self, cep: CepId) -> bool {
+        self.set.contains(&cep)
+    }
+
+    /// `cep` is a flow's again.
+    pub(super) fn reused(&mut self, cep: CepId) {
+        if self.set.remove(&cep) {
+            self.order.retain(|&c| c != cep);
+        }
     }
 }

@@ -293,6 +293,18 @@ impl NormalIpcp {
         self.run_fa(now);
     }
 
+    /// A PDU from the member at the PCI's source for a CEP-id of ours no
+    /// flow has: unless its flow closed lately (or it is our own), the
+    /// peer's connection is told it has no end here.
+    pub(super) fn on_unknown_cep(&mut self, now: Instant, pci: &rina_wire::pci::Pci) {
+        if pci.src_addr == self.cfg.address || self.closed_ceps.contains(pci.dst_cep) {
+            return;
+        }
+        let (fa, cx) = self.fa_parts();
+        fa.connection_gone(&cx, now, (pci.src_addr, pci.src_cep), pci.dst_cep);
+        self.run_fa(now);
+    }
+
     /// The flow allocator's timers.
     pub(super) fn fa_timeout(&mut self, now: Instant) {
         let (fa, cx) = self.fa_parts();

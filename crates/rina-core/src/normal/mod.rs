@@ -427,6 +427,9 @@ pub struct Counters {
     /// Requests withdrawn (or flows just accepted closed) because their
     /// requester gave up before the answer reached it.
     pub alloc_cancelled: u64,
+    /// Peers' connections told they have no end here (a PDU came for a
+    /// CEP-id no flow has, nor had lately): their flows are deallocated.
+    pub connections_gone: u64,
     /// DEALLOCs repeated for lack of an acknowledgement.
     pub dealloc_retries: u64,
     /// DEALLOCs never acknowledged within `alloc_timeout` (given up).
@@ -471,6 +474,7 @@ impl Counters {
             ("alloc_retries", self.alloc_retries),
             ("alloc_timeouts", self.alloc_timeouts),
             ("alloc_cancelled", self.alloc_cancelled),
+            ("connections_gone", self.connections_gone),
             ("dealloc_retries", self.dealloc_retries),
             ("dealloc_unacked", self.dealloc_unacked),
             ("loopback", self.loopback),
@@ -574,6 +578,8 @@ pub struct NormalIpcp {
     /// Boxed: the table's spare room costs a pointer per slot, not a flow.
     flows: IdMap<FlowId, Box<Flow>>,
     by_cep: IdMap<CepId, FlowId>,
+    /// CEP-ids of flows closed lately (their late PDUs are not answered).
+    closed_ceps: fa::ClosedCeps,
     /// Flows whose EFCP may have PDUs to send, in no order and maybe more
     /// than once (a flow written to again at once is not pushed again);
     /// [`NormalIpcp::flush`] takes them in order of id, each once. A `Vec`
@@ -708,6 +714,7 @@ impl NormalIpcp {
             },
             flows: IdMap::default(),
             by_cep: IdMap::default(),
+            closed_ceps: fa::ClosedCeps::default(),
             dirty: Vec::new(),
             dirty_scratch: Vec::new(),
             closing: BTreeMap::new(),
@@ -945,6 +952,7 @@ impl NormalIpcp {
             ep.remote_cep,
         ]);
         self.by_cep.insert(ep.local_cep, flow);
+        self.closed_ceps.reused(ep.local_cep);
         self.flows.insert(
             flow,
             Box::new(Flow {
@@ -1001,6 +1009,7 @@ impl NormalIpcp {
             .ok_or(NormalError::UnknownFlow(flow))?;
         self.ecn_flows -= usize::from(f.ecn_seen);
         self.by_cep.remove(&f.ep.local_cep);
+        self.closed_ceps.closed(f.ep.local_cep);
         self.closing.remove(&flow);
         // Left in `dirty` if it is there: flushing a flow that is gone does nothing.
         if let Some(t) = f.armed {
@@ -1509,7 +1518,7 @@ impl NormalIpcp {
 
     fn on_data(&mut self, now: Instant, pci: &Pci, payload: PduBuf) {
         let Some(id) = self.flow_by_cep(pci) else {
-            return;
+            return self.on_unknown_cep(now, pci);
         };
         let bits = (self.cfg.dt.seq.bytes() * 8) as u32;
         let Some(f) = self.flows.get_mut(&id) else {
@@ -1550,7 +1559,7 @@ impl NormalIpcp {
 
     fn on_control(&mut self, now: Instant, pci: &Pci, body: ControlBody) {
         let Some(id) = self.flow_by_cep(pci) else {
-            return;
+            return self.on_unknown_cep(now, pci);
         };
         let bits = (self.cfg.dt.seq.bytes() * 8) as u32;
         let ctrl_bits = (self.cfg.dt.ctrl_seq.bytes() * 8) as u32;
