@@ -414,6 +414,7 @@ impl NormalNode {
                 self.apps.entry(flow).or_default().allocated_at = Some(now);
             }
             Action::AllocateFailed { flow, error } => {
+                let error = *error;
                 ctx.record(NormalEvent::AllocateFailed {
                     flow,
                     error: error.clone(),

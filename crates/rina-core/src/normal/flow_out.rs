@@ -76,7 +76,7 @@ impl NormalIpcp {
                 f.failure_reported = true;
                 out.actions.push_back(Action::FlowFailed {
                     flow: id,
-                    error: e.clone(),
+                    error: Box::new(e.clone()),
                 });
             }
         }

@@ -372,7 +372,7 @@ impl NormalIpcp {
                 f.failure_reported = true;
                 self.actions.push_back(Action::FlowFailed {
                     flow: id,
-                    error: error.clone(),
+                    error: Box::new(error.clone()),
                 });
             }
         }

@@ -363,7 +363,7 @@ pub enum Action {
     /// Membership news: neighbours, enrollment, admissions.
     Membership(Box<MembershipEvent>),
     /// A flow's connection failed; the flow should be deallocated.
-    FlowFailed { flow: FlowId, error: EfcpError },
+    FlowFailed { flow: FlowId, error: Box<EfcpError> },
     /// Ask the application that registered `local` whether it accepts a flow
     /// from `remote`; answer with [`NormalIpcp::accept`] or
     /// [`NormalIpcp::refuse`].
@@ -379,7 +379,10 @@ pub enum Action {
     /// A flow asked for with [`NormalIpcp::allocate`] now exists on both ends.
     Allocated { flow: FlowId, max_sdu: u32 },
     /// A flow asked for with [`NormalIpcp::allocate`] could not be set up.
-    AllocateFailed { flow: FlowId, error: NormalError },
+    AllocateFailed {
+        flow: FlowId,
+        error: Box<NormalError>,
+    },
     /// The peer deallocated the flow; it is closed here too.
     Deallocated { flow: FlowId },
     /// The outcome of [`NormalIpcp::read_remote_rib`] `handle`: the

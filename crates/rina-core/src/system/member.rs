@@ -626,7 +626,7 @@ pub(super) fn normal_event(a: normal::Action) -> IpcpEvent {
         },
         normal::Action::AllocateFailed { flow, error } => IpcpEvent::AllocateFailed {
             port: flow,
-            error: error.into(),
+            error: (*error).into(),
         },
         normal::Action::Deallocated { flow } => IpcpEvent::Deallocated { port: flow },
         normal::Action::Membership(ev) => IpcpEvent::Membership(ev),

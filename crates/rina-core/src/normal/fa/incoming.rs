@@ -373,7 +373,7 @@ impl FlowAllocator {
         self.out
             .push_back(FaOut::Report(Box::new(Action::AllocateFailed {
                 flow,
-                error,
+                error: Box::new(error),
             })));
     }
 
