@@ -31,7 +31,6 @@ pub(super) struct Out<'a> {
     data_header: usize,
     sdup: &'a Sdup,
     rmt: &'a mut Rmt,
-    tx_used: &'a mut IdMap<N1Port, usize>,
     through: &'a mut Vec<(N1Port, PduBuf)>,
     loopback: &'a mut VecDeque<Vec<u8>>,
     actions: &'a mut VecDeque<Action>,
@@ -48,7 +47,6 @@ impl NormalIpcp {
                 data_header: self.data_header,
                 sdup: &self.sdup,
                 rmt: &mut self.rmt,
-                tx_used: &mut self.tx_used,
                 through: &mut self.through,
                 loopback: &mut self.loopback,
                 actions: &mut self.actions,
@@ -157,16 +155,13 @@ impl Out<'_> {
         };
         // A PDU without a route or queue room is lost like on a link;
         // retransmission (where the policy has it) recovers.
-        let used = &*self.tx_used;
-        let admit = |p| used.get(&p).is_none_or(|&n| n < TX_BURST);
         let (dst, hash) = (f.ep.remote_addr, f.hash);
         match self
             .rmt
-            .send_through_memo(now, dst, hash, &mut f.route, q, admit)
+            .send_through_memo(now, dst, hash, &mut f.route, q, TX_BURST)
         {
             Ok(rmt::Through::Queued(_)) => {}
             Ok(rmt::Through::Now(port, frame)) => {
-                *self.tx_used.entry(port).or_insert(0) += 1;
                 self.through.push((port, frame));
             }
             Err(_) => self.counters.tx_dropped += 1,

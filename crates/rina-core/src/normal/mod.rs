@@ -566,9 +566,6 @@ pub struct NormalIpcp {
     cfg: NormalConfig,
     sdup: Sdup,
     rmt: Rmt,
-    /// PDUs each port handed down since the driver last ran the timers
-    /// (its turn): at most [`TX_BURST`].
-    tx_used: IdMap<N1Port, usize>,
     /// Some port reached [`TX_BURST`] with more to send: more is due at
     /// once, after the driver had its turn.
     rmt_more: bool,
@@ -694,7 +691,6 @@ impl NormalIpcp {
                 .clone()
                 .map(|m| Box::new(membership::MembershipMachine::new(m, cfg.address != 0))),
             mgmt_frag: crate::mgmt_frag::Fragmenter::new(),
-            tx_used: IdMap::default(),
             rmt_more: false,
             ports_scratch: Vec::new(),
             through: Vec::new(),
@@ -1721,7 +1717,8 @@ impl NormalIpcp {
             if !self.rmt.has_output(port) {
                 continue;
             }
-            let mut used = self.tx_used.get(&port).copied().unwrap_or(0);
+            let before = self.rmt.burst_used(port);
+            let mut used = before;
             while used < TX_BURST {
                 let Some(frame) = self.rmt.poll_output(now, port) else {
                     break;
@@ -1729,8 +1726,8 @@ impl NormalIpcp {
                 used += 1;
                 self.transmit(now, port, frame);
             }
-            if used > 0 {
-                self.tx_used.insert(port, used);
+            if used > before {
+                self.rmt.add_burst(port, used - before);
             }
             self.rmt_more |= used >= TX_BURST && self.rmt.has_output(port);
         }
@@ -1814,7 +1811,7 @@ impl NormalIpcp {
     pub fn handle_timeout(&mut self, now: Instant) {
         self.tick(now);
         // A new turn of the driver: every port may hand down a burst again.
-        self.tx_used.clear();
+        self.rmt.new_turn();
         self.fa_timeout(now);
         self.rib_read_timeout(now);
         self.routing_timeout(now);

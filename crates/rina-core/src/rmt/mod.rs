@@ -428,6 +428,27 @@ impl Rmt {
         self.rebuild_steering();
     }
 
+    /// PDUs `port` handed down since the driver's turn began
+    /// ([`Rmt::new_turn`]): passed through or polled and counted with
+    /// [`Rmt::add_burst`].
+    pub fn burst_used(&self, port: PortId) -> usize {
+        self.ports.get(&port).map_or(0, PortGate::burst)
+    }
+
+    /// Counts `n` more PDUs polled from `port` in this turn.
+    pub fn add_burst(&mut self, port: PortId, n: usize) {
+        if let Some(g) = self.ports.get_mut(&port) {
+            g.add_burst(n);
+        }
+    }
+
+    /// A new turn of the driver: every port may hand down a burst again.
+    pub fn new_turn(&mut self) {
+        for g in self.ports.values_mut() {
+            g.new_burst();
+        }
+    }
+
     /// The N-1 ports (lanes included).
     pub fn ports(&self) -> impl Iterator<Item = PortId> + '_ {
         self.ports.keys().copied()
@@ -538,19 +559,20 @@ impl Rmt {
     /// [`Rmt::send`], or the PDU back to be written at once where a queue
     /// and a poll would have handed it out in the same turn: the port
     /// (after steering) has nothing queued, its gate is open, no ECN mark
-    /// could fall on it, `admit(port)` (the caller's burst) allows it and
-    /// the policy passes it ([`Scheduler::pass`]). The port's counters and
-    /// pacer see it as sent.
+    /// could fall on it, it handed down fewer than `burst` PDUs in this
+    /// turn ([`Rmt::burst_used`]) and the policy passes it
+    /// ([`Scheduler::pass`]). The port's counters, burst and pacer see it
+    /// as sent.
     pub fn send_through(
         &mut self,
         now: Instant,
         dst: Address,
         flow_hash: u64,
         pdu: QueuedPdu,
-        admit: impl FnOnce(PortId) -> bool,
+        burst: usize,
     ) -> Result<Through, RmtError> {
         let mut memo = RouteMemo::default();
-        self.send_through_memo(now, dst, flow_hash, &mut memo, pdu, admit)
+        self.send_through_memo(now, dst, flow_hash, &mut memo, pdu, burst)
     }
 
     /// [`Rmt::send_through`] for a flow that keeps its route in `memo`
@@ -563,7 +585,7 @@ impl Rmt {
         flow_hash: u64,
         memo: &mut RouteMemo,
         pdu: QueuedPdu,
-        admit: impl FnOnce(PortId) -> bool,
+        burst: usize,
     ) -> Result<Through, RmtError> {
         let port = match memo.at {
             Some((v, port)) if v == self.table_version => port,
@@ -581,8 +603,9 @@ impl Rmt {
         };
         if unmarked {
             if let Some(gate) = self.ports.get_mut(&out) {
-                if gate.open(now) && admit(out) && self.sched.pass(now, out, &pdu) {
+                if gate.open(now) && gate.burst() < burst && self.sched.pass(now, out, &pdu) {
                     gate.sent(now, pdu.bytes.len());
+                    gate.add_burst(1);
                     self.counters.queued += 1;
                     return Ok(Through::Now(out, pdu.bytes));
                 }

@@ -110,6 +110,8 @@ impl Pacer {
 pub struct PortGate {
     pacer: Option<Pacer>,
     blocked: bool,
+    /// PDUs handed down since the driver's last turn began.
+    burst: usize,
 }
 
 impl PortGate {
@@ -131,6 +133,21 @@ impl PortGate {
     /// Whether the layer below said it cannot take more.
     pub fn is_blocked(&self) -> bool {
         self.blocked
+    }
+
+    /// PDUs handed down since the driver's last turn began.
+    pub fn burst(&self) -> usize {
+        self.burst
+    }
+
+    /// Counts `n` more PDUs handed down in this turn.
+    pub fn add_burst(&mut self, n: usize) {
+        self.burst += n;
+    }
+
+    /// A new turn of the driver: nothing handed down in it yet.
+    pub fn new_burst(&mut self) {
+        self.burst = 0;
     }
 
     /// Whether a frame may go at `now`.

@@ -221,7 +221,8 @@ fn an_unpaced_port_marks_from_the_fast_threshold_a_paced_one_from_its_rate() {
 
 /// What `send_through` returns, as (port, passed at once).
 fn through(r: &mut Rmt, tag: u8, admit: bool) -> (PortId, bool) {
-    match r.send_through(T0, 7, 0, pdu(0, tag), |_| admit).unwrap() {
+    let burst = if admit { usize::MAX } else { 0 };
+    match r.send_through(T0, 7, 0, pdu(0, tag), burst).unwrap() {
         Through::Queued(p) => (p, false),
         Through::Now(p, b) => {
             assert_eq!(&b[..], &[tag], "the PDU itself comes back");
