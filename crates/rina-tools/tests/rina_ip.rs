@@ -341,7 +341,9 @@ fn check_tun_down_up(lab: &Lab) {
 
 /// A peer that never answers: its flow stays in back-off, retried with
 /// growing delays bounded by `backoff_max_ms` (2 s here), each failure
-/// counted with its reason; packets for it are dropped as "no flow".
+/// counted with its reason; packets for it are dropped as "no flow", and
+/// their sender is told at once with an ICMP "host unreachable" (counted),
+/// rather than left to time out.
 fn check_backoff(lab: &Lab) {
     wait_until(
         "failed allocations to ip-ghost",
@@ -364,17 +366,47 @@ fn check_backoff(lab: &Lab) {
     if ch["state"] == "backoff" {
         assert!(ch["retry_in_ms"].as_u64().unwrap() <= 2000, "{st}");
     }
-    let drops = |lab: &Lab| {
-        peer(&lab.status(0), "ip-ghost")["counters"]["drops_no_flow"]
-            .as_u64()
-            .unwrap()
-    };
-    let before = drops(lab);
-    assert!(!lab
-        .run(0, "ping", &["-c", "1", "-W", "1", GHOST4])
-        .status
-        .success());
-    assert!(drops(lab) > before);
+    let counter = |lab: &Lab, k: &str| peer(&lab.status(0), "ip-ghost")["counters"][k].as_u64();
+    let before = counter(lab, "drops_no_flow").unwrap();
+    let icmp_before = counter(lab, "unreachable_icmp");
+    let t = Instant::now();
+    let out = lab.run(0, "ping", &["-c", "1", "-W", "5", GHOST4]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("Destination Host Unreachable"), "{text}");
+    assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+    assert!(counter(lab, "drops_no_flow").unwrap() > before);
+    assert!(counter(lab, "unreachable_icmp").unwrap() > icmp_before.unwrap());
+    // A flood gets no more errors than the rate limit allows: a burst of
+    // 50, then 1000 a second.
+    let limited = |lab: &Lab| lab.status(0)["icmp_rate_limited"].as_u64().unwrap();
+    let (icmp_before, limited_before) = (counter(lab, "unreachable_icmp").unwrap(), limited(lab));
+    let t = Instant::now();
+    let flood = format!(
+        "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+         for i in range(5000):\n    s.sendto(b'x', ('{GHOST4}', 9))\n"
+    );
+    assert_ok("a UDP flood", &lab.run(0, "python3", &["-c", &flood]));
+    std::thread::sleep(Duration::from_millis(200));
+    let answered = counter(lab, "unreachable_icmp").unwrap() - icmp_before;
+    let allowed = 50 + (1000.0 * t.elapsed().as_secs_f64()) as u64 + 1;
+    assert!(
+        answered <= allowed,
+        "{answered} errors in {:?}",
+        t.elapsed()
+    );
+    assert!(
+        limited(lab) > limited_before,
+        "{answered} answered, none limited"
+    );
+    println!(
+        "a flood of 5000 packets to a peer without a flow: {answered} answered in {:?}",
+        t.elapsed()
+    );
 }
 
 /// B's TUN deleted under it: B's rina-ip says so and exits with status 2

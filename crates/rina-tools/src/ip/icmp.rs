@@ -9,7 +9,11 @@
 //! * "no route", for a packet to an address no peer's prefix covers (one
 //!   of the TUN's own subnet, say): IPv4's "net unreachable" (type 3, code
 //!   0) and ICMPv6's "no route to destination" (type 1, code 0), so that
-//!   the sender fails at once instead of waiting out its timeouts.
+//!   the sender fails at once instead of waiting out its timeouts;
+//! * "unreachable", for a packet to an address a peer's prefix covers
+//!   while no flow to that peer is up (it is being allocated again):
+//!   IPv4's "host unreachable" (type 3, code 1) and ICMPv6's "address
+//!   unreachable" (type 1, code 3), for the same reason.
 //!
 //! Each carries the start of the packet. The error comes from the packet's
 //! destination address: the tunnel has no address of its own on the path,
@@ -55,6 +59,18 @@ pub fn no_route(head: &[u8]) -> Option<Vec<u8>> {
     match head.first()? >> 4 {
         4 => error_v4(head, 3, 0, [0; 4]),
         6 => error_v6(head, 1, 0, [0; 4]),
+        _ => None,
+    }
+}
+
+/// The ICMP error telling the sender of the packet whose first bytes are
+/// `head` that its destination cannot be reached now (the peer that
+/// covers it has no flow up); `None` where none is due, as for
+/// [`no_route`].
+pub fn unreachable(head: &[u8]) -> Option<Vec<u8>> {
+    match head.first()? >> 4 {
+        4 => error_v4(head, 3, 1, [0; 4]),
+        6 => error_v6(head, 1, 3, [0; 4]),
         _ => None,
     }
 }
@@ -177,7 +193,7 @@ mod tests {
             b in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..1400),
             mtu in proptest::prelude::any::<u32>(),
         ) {
-            for e in [too_big(&b, mtu), no_route(&b)].into_iter().flatten() {
+            for e in [too_big(&b, mtu), no_route(&b), unreachable(&b)].into_iter().flatten() {
                 let ip = IpPacket::parse(&e).expect("the error is an IP packet");
                 proptest::prop_assert_eq!(ip.bytes().len(), e.len());
                 if e[0] >> 4 == 4 {
@@ -255,6 +271,30 @@ mod tests {
         assert_eq!(checksum(&[&e[8..40], &plen, &[0, 0, 0, 58], &e[40..]]), 0);
         // Not to an ICMP error.
         assert_eq!(no_route(&v4_df(1, &[11, 0, 0, 0, 0, 0, 0, 0])), None);
+    }
+
+    #[test]
+    fn a_packet_for_a_peer_without_a_flow_gets_host_unreachable() {
+        let orig = v4([10, 0, 0, 1], [10, 0, 0, 9], 0, &[5u8; 40]);
+        let e = unreachable(&orig).expect("an ICMP error");
+        assert_eq!((e[20], e[21]), (3, 1), "type 3 code 1");
+        assert_eq!(checksum(&[&e[..20]]), 0);
+        assert_eq!(checksum(&[&e[20..]]), 0);
+        assert_eq!(
+            (&e[12..16], &e[16..20]),
+            (&[10, 0, 0, 9][..], &[10, 0, 0, 1][..])
+        );
+        assert_eq!(&e[28..], &orig[..28]);
+        let (s, d): (Ipv6Addr, Ipv6Addr) = ("fd00::1".parse().unwrap(), "fd00::9".parse().unwrap());
+        let e = unreachable(&v6(s, d, 0, &[1; 20])).expect("an ICMPv6 error");
+        assert_eq!((e[40], e[41]), (1, 3), "type 1 code 3");
+        let plen = ((e.len() - 40) as u32).to_be_bytes();
+        assert_eq!(checksum(&[&e[8..40], &plen, &[0, 0, 0, 58], &e[40..]]), 0);
+        // Never about an ICMP error, nor a later fragment.
+        assert_eq!(unreachable(&v4_df(1, &[3, 1, 0, 0, 0, 0, 0, 0])), None);
+        let mut p = v4_df(17, &[0; 50]);
+        p[7] = 3;
+        assert_eq!(unreachable(&p), None);
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //! * [`config`] — TOML file and flags, checked.
 //! * [`route`] — prefixes and the longest-prefix-match table.
 //! * [`packet`] — checked IP packet views and the keepalive frame.
-//! * [`icmp`] — the "too big" errors for packets larger than a flow's SDU.
+//! * [`icmp`] — the ICMP errors for packets the tunnel cannot deliver.
+//! * [`ratelimit`] — the token bucket that bounds those errors.
 //! * [`tun`] — the TUN interface.
 //! * [`backoff`] — bounded exponential back-off.
 //! * [`status`] — state and counters, their socket and their text form.
@@ -20,6 +21,7 @@ pub mod backoff;
 pub mod config;
 pub mod icmp;
 pub mod packet;
+pub mod ratelimit;
 pub mod route;
 pub mod status;
 pub mod tun;

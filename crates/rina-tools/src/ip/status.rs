@@ -71,6 +71,10 @@ pub struct PeerCounters {
     /// that may not be fragmented; see [`crate::ip::icmp`]).
     #[serde(default)]
     pub too_big_icmp: u64,
+    /// ICMP "host unreachable" (ICMPv6 "address unreachable") errors
+    /// written to the TUN for packets counted in `drops_no_flow`.
+    #[serde(default)]
+    pub unreachable_icmp: u64,
     /// Packets for the peer dropped because its flow stayed full.
     pub drops_full: u64,
     /// SDUs from the peer that were neither IP nor a control frame.
@@ -148,6 +152,10 @@ pub struct Status {
     /// [`crate::ip::icmp`]).
     #[serde(default)]
     pub no_route_icmp: u64,
+    /// ICMP errors that were due but not sent: more than the rate limit
+    /// allows (see [`crate::ip::ratelimit`]).
+    #[serde(default)]
+    pub icmp_rate_limited: u64,
     /// Packets from the TUN that were not valid IP.
     pub drops_tun_invalid: u64,
     /// Flow requests refused (unknown peer or QoS).
@@ -184,8 +192,8 @@ impl Status {
             self.uptime_s
         );
         out.push_str(&format!(
-            "no-route drops {}, invalid TUN packets {}, refused flow requests {}\n",
-            self.drops_no_route, self.drops_tun_invalid, self.refused
+            "no-route drops {}, invalid TUN packets {}, refused flow requests {}, ICMP errors rate-limited {}\n",
+            self.drops_no_route, self.drops_tun_invalid, self.refused, self.icmp_rate_limited
         ));
         out.push_str(&if self.checksum_offload {
             format!(
@@ -335,6 +343,7 @@ mod tests {
             daemon_error: None,
             drops_no_route: 2,
             no_route_icmp: 2,
+            icmp_rate_limited: 0,
             drops_tun_invalid: 0,
             checksum_offload: true,
             partial_out: 7,

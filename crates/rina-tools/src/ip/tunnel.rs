@@ -19,6 +19,7 @@
 use super::backoff::Backoff;
 use super::config::{Config, PeerConfig};
 use super::packet::{KEEPALIVE, PARTIAL_HEADER};
+use super::ratelimit::TokenBucket;
 use super::route::RouteTable;
 use super::status::{ChannelStatus, PeerCounters, PeerStatus, Status};
 use super::tun::{LinkWatch, Tun, TunError};
@@ -59,6 +60,7 @@ struct Counters {
     drops_no_flow: AtomicU64,
     drops_too_big: AtomicU64,
     too_big_icmp: AtomicU64,
+    unreachable_icmp: AtomicU64,
     drops_full: AtomicU64,
     drops_invalid: AtomicU64,
     drops_tun: AtomicU64,
@@ -80,6 +82,7 @@ impl Counters {
             drops_no_flow: g(&self.drops_no_flow),
             drops_too_big: g(&self.drops_too_big),
             too_big_icmp: g(&self.too_big_icmp),
+            unreachable_icmp: g(&self.unreachable_icmp),
             drops_full: g(&self.drops_full),
             drops_invalid: g(&self.drops_invalid),
             drops_tun: g(&self.drops_tun),
@@ -158,6 +161,11 @@ struct Shared {
     drops_no_route: AtomicU64,
     /// ICMP "no route" errors written to the TUN.
     no_route_icmp: AtomicU64,
+    /// Bounds the ICMP errors written to the TUN.
+    icmp_bucket: Mutex<TokenBucket>,
+    /// ICMP errors that were due but not written ([`Shared::icmp_bucket`]
+    /// was empty).
+    icmp_rate_limited: AtomicU64,
     drops_tun_invalid: AtomicU64,
     refused: AtomicU64,
     next_gen: AtomicU64,
@@ -244,6 +252,8 @@ impl Tunnel {
             daemon_error: Mutex::new(None),
             drops_no_route: AtomicU64::new(0),
             no_route_icmp: AtomicU64::new(0),
+            icmp_bucket: Mutex::new(TokenBucket::icmp()),
+            icmp_rate_limited: AtomicU64::new(0),
             drops_tun_invalid: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             next_gen: AtomicU64::new(1),
@@ -786,6 +796,7 @@ impl Shared {
             daemon_error: lock(&self.daemon_error).clone(),
             drops_no_route: self.drops_no_route.load(Relaxed),
             no_route_icmp: self.no_route_icmp.load(Relaxed),
+            icmp_rate_limited: self.icmp_rate_limited.load(Relaxed),
             drops_tun_invalid: self.drops_tun_invalid.load(Relaxed),
             refused: self.refused.load(Relaxed),
             checksum_offload: self.tun.csum_offload(),

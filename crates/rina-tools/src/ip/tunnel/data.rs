@@ -11,7 +11,7 @@
 //! rings. So is a received partial-checksum packet on a TUN without
 //! offload, whose checksum is completed in a copy.
 
-use super::{bump, Counters, End, Live, Shared, MAX_PACKET, TICK, TX_WAIT};
+use super::{bump, lock, Counters, End, Live, Shared, MAX_PACKET, TICK, TX_WAIT};
 use crate::ip::icmp;
 use crate::ip::packet::{self, Frame, IpPacket, PartialCsum, Shape, HEAD, PARTIAL_HEADER};
 use crate::ip::tun::VnetHdr;
@@ -20,6 +20,7 @@ use std::io;
 use std::net::IpAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// What became of a packet read from the TUN into a flow's send ring.
 enum InPlace {
@@ -278,11 +279,37 @@ impl Shared {
     fn no_route(&self, head: &[u8]) {
         bump(&self.drops_no_route);
         let head = &head[..head.len().min(icmp::MAX_QUOTE)];
-        if let Some(e) = icmp::no_route(head) {
-            if self.tun.write(VnetHdr::default(), &e).is_ok() {
-                bump(&self.no_route_icmp);
-            }
+        if self.write_icmp(icmp::no_route(head)) {
+            bump(&self.no_route_icmp);
         }
+    }
+
+    /// Drops a packet for peer `pi` (its first bytes `head`) because no
+    /// flow to the peer is up (it is being allocated again, or in
+    /// back-off), and tells its sender with an ICMP "host unreachable"
+    /// ("address unreachable" in ICMPv6) where one is due, so that it
+    /// fails at once rather than waiting out its timeouts.
+    fn no_flow(&self, pi: usize, head: &[u8]) {
+        let c = &self.peers[pi].counters;
+        bump(&c.drops_no_flow);
+        let head = &head[..head.len().min(icmp::MAX_QUOTE)];
+        if self.write_icmp(icmp::unreachable(head)) {
+            bump(&c.unreachable_icmp);
+        }
+    }
+
+    /// Writes ICMP error `e` (if one is due) to the TUN, unless more
+    /// errors than [`crate::ip::ratelimit`] allows were written lately
+    /// (then counted in `icmp_rate_limited`); whether it was written.
+    fn write_icmp(&self, e: Option<Vec<u8>>) -> bool {
+        let Some(e) = e else {
+            return false;
+        };
+        if !lock(&self.icmp_bucket).take(Instant::now()) {
+            bump(&self.icmp_rate_limited);
+            return false;
+        }
+        self.tun.write(VnetHdr::default(), &e).is_ok()
     }
 
     /// Drops a packet for peer `pi` that its flow, whose largest SDU is
@@ -295,21 +322,18 @@ impl Shared {
         let c = &self.peers[pi].counters;
         bump(&c.drops_too_big);
         let head = &head[..head.len().min(icmp::MAX_QUOTE)];
-        if let Some(e) = icmp::too_big(head, self.mtu_for(max_sdu)) {
-            if self.tun.write(VnetHdr::default(), &e).is_ok() {
-                bump(&c.too_big_icmp);
-            }
+        if self.write_icmp(icmp::too_big(head, self.mtu_for(max_sdu))) {
+            bump(&c.too_big_icmp);
         }
     }
 
     /// Writes `sdu` to peer `pi` on the flow for `dscp`, counting it.
     fn send(&self, pi: usize, dscp: u8, sdu: &[u8], partial: bool) {
         let c = &self.peers[pi].counters;
-        let Some((ci, live)) = self.pick(pi, dscp) else {
-            bump(&c.drops_no_flow);
-            return;
-        };
         let ip = if partial { &sdu[PARTIAL_HEADER..] } else { sdu };
+        let Some((ci, live)) = self.pick(pi, dscp) else {
+            return self.no_flow(pi, ip);
+        };
         if sdu.len() > live.flow.max_sdu() {
             return self.too_big(pi, ip, live.flow.max_sdu());
         }
@@ -320,8 +344,8 @@ impl Shared {
                 self.too_big(pi, ip, live.flow.max_sdu())
             }
             Err(e) => {
-                bump(&c.drops_no_flow);
                 self.fail(pi, ci, live.gen, &format!("write failed: {e}"));
+                self.no_flow(pi, ip);
             }
         }
     }
