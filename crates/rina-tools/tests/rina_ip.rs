@@ -603,10 +603,11 @@ fn tun_mtu(lab: &Lab, side: usize) -> u64 {
     String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
 }
 
-/// With A's TUN MTU raised by hand past the flows' SDU, a packet too big
-/// for its flow is answered with an ICMP "too big" error carrying the
-/// tunnel's MTU (IPv4 with DF, and IPv6), and counted; the sender's
-/// path-MTU discovery then gets packets of that size through.
+/// With A's TUN MTU raised by hand past the flows' SDU, an IPv4 packet too
+/// big for its flow without DF crosses in fragments; one with DF, or an
+/// IPv6 one, is answered with an ICMP "too big" error carrying the
+/// tunnel's MTU, and counted; the sender's path-MTU discovery then gets
+/// packets of that size through.
 fn check_too_big(lab: &Lab) {
     let mtu = tun_mtu(lab, 0);
     assert!(mtu < 5000, "MTU {mtu}: no packet can be too big");
@@ -618,6 +619,24 @@ fn check_too_big(lab: &Lab) {
     };
     set_mtu(9000);
     let counters = |lab: &Lab| peer(&lab.status(0), "ip-b")["counters"].clone();
+    // DF clear: the tunnel cuts the packet into fragments that fit the
+    // flow, and B's kernel puts them together (before any "too big" has
+    // taught A's kernel the path's MTU, so that A's kernel sends them whole).
+    let before = counters(lab);
+    assert_ok(
+        "ping -M dont -s 5000 through a 3000-byte flow",
+        &lab.run(
+            0,
+            "ping",
+            &[
+                "-M", "dont", "-s", "5000", "-c", "2", "-i", "0.2", "-W", "2", B4,
+            ],
+        ),
+    );
+    let after = counters(lab);
+    let grew = |k: &str| after[k].as_u64().unwrap() - before[k].as_u64().unwrap();
+    assert!(grew("fragmented") >= 2, "{before} -> {after}");
+    assert_eq!(grew("drops_too_big"), 0, "{before} -> {after}");
     let before = counters(lab);
     for dst in [B4, B6] {
         let out = lab.run(

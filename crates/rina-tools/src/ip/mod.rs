@@ -11,6 +11,7 @@
 //! * [`route`] — prefixes and the longest-prefix-match table.
 //! * [`packet`] — checked IP packet views and the keepalive frame.
 //! * [`icmp`] — the ICMP errors for packets the tunnel cannot deliver.
+//! * [`frag`] — IPv4 fragmentation, for packets larger than a flow.
 //! * [`ratelimit`] — the token bucket that bounds those errors.
 //! * [`tun`] — the TUN interface.
 //! * [`backoff`] — bounded exponential back-off.
@@ -19,6 +20,7 @@
 
 pub mod backoff;
 pub mod config;
+pub mod frag;
 pub mod icmp;
 pub mod packet;
 pub mod ratelimit;

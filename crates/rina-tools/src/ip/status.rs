@@ -75,6 +75,10 @@ pub struct PeerCounters {
     /// written to the TUN for packets counted in `drops_no_flow`.
     #[serde(default)]
     pub unreachable_icmp: u64,
+    /// IPv4 packets larger than the flow's max SDU, DF clear, sent in
+    /// fragments (each fragment is counted in `packets_out`).
+    #[serde(default)]
+    pub fragmented: u64,
     /// Packets for the peer dropped because its flow stayed full.
     pub drops_full: u64,
     /// SDUs from the peer that were neither IP nor a control frame.

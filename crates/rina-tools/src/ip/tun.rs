@@ -301,18 +301,32 @@ impl Tun {
     }
 
     /// [`Tun::read`] straight into ring memory (a flow's send ring), with no
-    /// copy of the packet.
-    pub fn read_segments(&self, hdr: &mut VnetHdr, room: &Segments) -> io::Result<Option<usize>> {
+    /// copy of the packet; the bytes past the room's end go to `spill`, so
+    /// the length read may exceed the room's (a packet too big for the
+    /// flow is read whole all the same).
+    pub fn read_segments(
+        &self,
+        hdr: &mut VnetHdr,
+        room: &Segments,
+        spill: &mut [u8],
+    ) -> io::Result<Option<usize>> {
         let (parts, k) = iovecs(room);
+        let mut all = [NO_IOVEC; 3];
+        all[..k].copy_from_slice(&parts[..k]);
+        all[k] = libc::iovec {
+            iov_base: spill.as_mut_ptr().cast(),
+            iov_len: spill.len(),
+        };
         // SAFETY: a ring's segments are memory of its mapping, valid for
-        // writes while the ring is reserved (see `Segments`).
-        unsafe { self.readv(hdr, &parts[..k]) }
+        // writes while the ring is reserved (see `Segments`); `spill` is
+        // borrowed mutably for the call.
+        unsafe { self.readv(hdr, &all[..=k]) }
     }
 
-    /// The iovecs of a packet of `parts` (the first two), behind the
+    /// The iovecs of a packet of `parts` (the first three), behind the
     /// virtio header at `hdr` if the TUN has one; how many there are.
-    fn behind_header(&self, hdr: *mut u8, parts: &[libc::iovec]) -> ([libc::iovec; 3], usize) {
-        let mut iov = [NO_IOVEC; 3];
+    fn behind_header(&self, hdr: *mut u8, parts: &[libc::iovec]) -> ([libc::iovec; 4], usize) {
+        let mut iov = [NO_IOVEC; 4];
         let mut k = 0;
         if self.vnet {
             iov[0] = libc::iovec {
@@ -321,7 +335,7 @@ impl Tun {
             };
             k = 1;
         }
-        for p in parts.iter().take(2) {
+        for p in parts.iter().take(3) {
             iov[k] = *p;
             k += 1;
         }

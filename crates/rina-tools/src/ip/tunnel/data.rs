@@ -12,9 +12,9 @@
 //! offload, whose checksum is completed in a copy.
 
 use super::{bump, lock, Counters, End, Live, Shared, MAX_PACKET, TICK, TX_WAIT};
-use crate::ip::icmp;
 use crate::ip::packet::{self, Frame, IpPacket, PartialCsum, Shape, HEAD, PARTIAL_HEADER};
 use crate::ip::tun::VnetHdr;
+use crate::ip::{frag, icmp};
 use rina::Segments;
 use std::io;
 use std::net::IpAddr;
@@ -217,7 +217,11 @@ impl Shared {
         max_sdu: usize,
     ) -> (InPlace, usize) {
         let pkt = room.skip(if partial { PARTIAL_HEADER } else { 0 });
-        let n = match self.tun.read_segments(hdr, &pkt) {
+        // What the room cannot hold goes to `buf`, behind where the room's
+        // part will be copied: a packet too large for the flow is read
+        // whole, to be cut into fragments (or quoted in an ICMP error).
+        let spill_at = (PARTIAL_HEADER + pkt.len()).min(buf.len());
+        let n = match self.tun.read_segments(hdr, &pkt, &mut buf[spill_at..]) {
             Ok(Some(n)) => n,
             Ok(None) => return (InPlace::Empty, 0),
             Err(e) if e.kind() == io::ErrorKind::InvalidData => {
@@ -226,6 +230,13 @@ impl Shared {
             }
             Err(e) => return (InPlace::Failed(e), 0),
         };
+        if n > pkt.len() {
+            if !pkt.read_at(0, &mut buf[PARTIAL_HEADER..spill_at]) {
+                bump(&self.drops_tun_invalid);
+                return (InPlace::Dropped, 0);
+            }
+            return (InPlace::Copied(n), 0);
+        }
         let mut head = [0u8; HEAD];
         let h = n.min(HEAD);
         if pkt.read_at(0, &mut head[..h]) {
@@ -335,7 +346,7 @@ impl Shared {
             return self.no_flow(pi, ip);
         };
         if sdu.len() > live.flow.max_sdu() {
-            return self.too_big(pi, ip, live.flow.max_sdu());
+            return self.oversize(pi, ci, &live, sdu, partial);
         }
         match live.flow.write_timeout(sdu, TX_WAIT) {
             Ok(true) => self.count_out(pi, ci, sdu.len(), partial),
@@ -347,6 +358,56 @@ impl Shared {
                 self.fail(pi, ci, live.gen, &format!("write failed: {e}"));
                 self.no_flow(pi, ip);
             }
+        }
+    }
+
+    /// Sends the SDU `sdu` (a partial-checksum frame if `partial`), too
+    /// large for flow `ci` of peer `pi`, in IPv4 fragments that fit it if
+    /// its packet may be fragmented (its checksum completed first: a
+    /// partial one cannot be split); any other is dropped with an ICMP
+    /// "too big" error ([`Shared::too_big`]). The far end's kernel puts the
+    /// fragments back together.
+    fn oversize(&self, pi: usize, ci: usize, live: &Live, sdu: &[u8], partial: bool) {
+        let max = live.flow.max_sdu();
+        let ip = if partial { &sdu[PARTIAL_HEADER..] } else { sdu };
+        if !frag::may_fragment(ip) {
+            return self.too_big(pi, ip, max);
+        }
+        let completed;
+        let pkt = if partial {
+            let mut whole = ip.to_vec();
+            let csum = PartialCsum {
+                start: u16::from_be_bytes([sdu[2], sdu[3]]),
+                offset: u16::from_be_bytes([sdu[4], sdu[5]]),
+            };
+            packet::complete_checksum(&mut whole, csum);
+            completed = whole;
+            &completed[..]
+        } else {
+            ip
+        };
+        let c = &self.peers[pi].counters;
+        let written = frag::fragment_v4(pkt, max.min(MAX_PACKET), |f| {
+            match live.flow.write_timeout(f, TX_WAIT) {
+                Ok(true) => {
+                    self.count_out(pi, ci, f.len(), false);
+                    true
+                }
+                Ok(false) => {
+                    bump(&c.drops_full);
+                    false
+                }
+                Err(e) => {
+                    bump(&c.drops_no_flow);
+                    self.fail(pi, ci, live.gen, &format!("write failed: {e}"));
+                    false
+                }
+            }
+        });
+        match written {
+            Ok(_) => bump(&c.fragmented),
+            // Malformed options, or a flow too small for 8 bytes of data.
+            Err(_) => self.too_big(pi, ip, max),
         }
     }
 
