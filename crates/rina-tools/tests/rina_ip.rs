@@ -295,6 +295,7 @@ fn ip_traffic_crosses_the_tunnel_and_the_tunnel_recovers() {
     check_garbage(&lab);
     check_recovery(&mut lab);
     check_tun_down_up(&lab);
+    check_mtu_dip(&lab);
     // B restarts with offload: partial checksums now cross as such.
     restart_rina_ip(&mut lab, 1, true);
     check_curl(&lab);
@@ -337,6 +338,35 @@ fn check_tun_down_up(lab: &Lab) {
     let out = lab.run(0, "ip", &["route", "get", GHOST4]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && text.contains(TUN), "{text}");
+}
+
+/// A's TUN MTU set by hand below IPv6's minimum (the kernel takes the
+/// TUN's IPv6 addresses away) and back: IPv6 pings get through again with
+/// no restart, and IPv4 ones all along.
+fn check_mtu_dip(lab: &Lab) {
+    let mtu = tun_mtu(lab, 0).to_string();
+    for m in ["1200", &mtu] {
+        assert_ok(
+            &format!("ip link set {TUN} mtu {m}"),
+            &lab.run(0, "ip", &["link", "set", TUN, "mtu", m]),
+        );
+    }
+    let t = Instant::now();
+    for dst in [B6, B4] {
+        wait_until(
+            &format!("a ping to {dst} after the MTU went to 1200 and back"),
+            Duration::from_secs(10),
+            || {
+                lab.run(0, "ping", &["-c", "1", "-W", "1", dst])
+                    .status
+                    .success()
+            },
+        );
+    }
+    println!(
+        "IPv6 back {:.2} s after the MTU went below 1280 and back",
+        t.elapsed().as_secs_f64()
+    );
 }
 
 /// A peer that never answers: its flow stays in back-off, retried with

@@ -13,6 +13,7 @@
 //! name = "rina0"
 //! addresses = ["10.99.0.1/24", "fd99::1/64"]
 //! mtu = 9000                        # optional cap; else the flows' max SDU
+//!                                   # (at least 1280 with an IPv6 address)
 //! routes = true                     # route every peer prefix to the TUN
 //! checksum_offload = true           # TCP/UDP checksums left partial across
 //!                                   # the tunnel (default); false: summed by
@@ -46,6 +47,10 @@ use thiserror::Error;
 
 /// Longest interface name Linux takes (IFNAMSIZ less the NUL).
 pub const MAX_IFNAME: usize = 15;
+
+/// IPv6's minimum link MTU (RFC 8200 §5): the kernel takes IPv6, and the
+/// interface's IPv6 addresses, off a link whose MTU is set below it.
+pub const IPV6_MIN_MTU: u32 = 1280;
 
 /// Why a configuration could not be used.
 #[derive(Debug, Error)]
@@ -134,6 +139,15 @@ pub enum ConfigError {
     /// The MTU cap is out of range.
     #[error("tun.mtu {0}: must be between 68 and 65535")]
     BadMtu(u32),
+    /// The MTU cap is below IPv6's minimum while the TUN has an IPv6
+    /// address: the kernel would take IPv6 off the interface.
+    #[error("tun.mtu {mtu}: below IPv6's minimum MTU of 1280, and tun.addresses has the IPv6 address {address}; the kernel turns IPv6 off on a link under 1280 (raise tun.mtu or drop the IPv6 addresses)")]
+    MtuBelowIpv6 {
+        /// The MTU cap.
+        mtu: u32,
+        /// The first IPv6 address of the TUN.
+        address: Prefix,
+    },
     /// A field of a `[qos.NAME]` profile is out of range.
     #[error("qos.{profile}.{field} = {value}: {why}")]
     BadQos {
@@ -477,7 +491,7 @@ fn build(mut raw: RawConfig, over: &Overrides) -> Result<Config, ConfigError> {
     let me = name("name", &name_s)?;
     let tun_name = check_tun_name(over.tun.clone().or(raw.tun.name.take()))?;
     let addresses = tun_addresses(&raw.tun.addresses, &over.addresses)?;
-    let mtu_cap = check_mtu(over.mtu.or(raw.tun.mtu))?;
+    let mtu_cap = check_mtu(over.mtu.or(raw.tun.mtu), &addresses)?;
     let timers = build_timers(&raw.timers)?;
     let profiles = qos_profiles(&raw.qos)?;
     let peers = build_peers(std::mem::take(&mut raw.peer), &over.peers, &me, &profiles)?;
@@ -527,11 +541,20 @@ fn tun_addresses(file: &[String], flags: &[String]) -> Result<Vec<Prefix>, Confi
     Ok(addresses)
 }
 
-/// The MTU cap, if any, checked to be in range.
-fn check_mtu(mtu_cap: Option<u32>) -> Result<Option<u32>, ConfigError> {
+/// The MTU cap, if any, checked to be in range, and to be IPv6's minimum
+/// at least if the TUN has an IPv6 address among `addresses`.
+fn check_mtu(mtu_cap: Option<u32>, addresses: &[Prefix]) -> Result<Option<u32>, ConfigError> {
     if let Some(m) = mtu_cap {
         if !(68..=65535).contains(&m) {
             return Err(ConfigError::BadMtu(m));
+        }
+        if let Some(a) = addresses.iter().find(|a| a.addr.is_ipv6()) {
+            if m < IPV6_MIN_MTU {
+                return Err(ConfigError::MtuBelowIpv6 {
+                    mtu: m,
+                    address: *a,
+                });
+            }
         }
     }
     Ok(mtu_cap)
@@ -821,5 +844,30 @@ qos = "reliable"
         .unwrap_err()
         .to_string();
         assert!(e.contains("NAME=PREFIX"), "{e}");
+    }
+
+    #[test]
+    fn an_mtu_below_1280_is_refused_with_an_ipv6_address_only() {
+        let e = parse(&FULL.replace("mtu = 9000", "mtu = 1200"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("tun.mtu 1200") && e.contains("fd99::1/64") && e.contains("1280"),
+            "{e}"
+        );
+        let over = Overrides {
+            mtu: Some(1279),
+            ..Overrides::default()
+        };
+        assert!(matches!(
+            Config::parse("t.toml", FULL, &over),
+            Err(ConfigError::MtuBelowIpv6 { mtu: 1279, .. })
+        ));
+        // 1280 is enough; without an IPv6 address any MTU IPv4 takes is.
+        assert!(parse(&FULL.replace("mtu = 9000", "mtu = 1280")).is_ok());
+        let v4_only = FULL
+            .replace("mtu = 9000", "mtu = 576")
+            .replace(", \"fd99::1/64\"", "");
+        assert_eq!(parse(&v4_only).unwrap().tun.mtu_cap, Some(576));
     }
 }

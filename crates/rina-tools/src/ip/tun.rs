@@ -217,6 +217,15 @@ impl Tun {
         self.sock_ioctl("set the MTU", libc::SIOCSIFMTU, &mut req)
     }
 
+    /// The MTU the kernel has for the interface.
+    pub fn mtu(&self) -> Result<u32, TunError> {
+        let mut req = ifreq(&self.name);
+        self.sock_ioctl("read the MTU", libc::SIOCGIFMTU, &mut req)?;
+        // SAFETY: SIOCGIFMTU just filled the MTU member of the union.
+        let mtu = unsafe { req.ifr_ifru.ifru_mtu };
+        Ok(mtu.max(0) as u32)
+    }
+
     /// Whether the interface is up (`IFF_UP`).
     pub fn is_up(&self) -> Result<bool, TunError> {
         let mut req = ifreq(&self.name);
@@ -453,12 +462,12 @@ impl LinkWatch {
         })
     }
 
-    /// Reads every announcement waiting: whether one said the interface
-    /// was down (or some were lost to a full socket buffer, so it may
-    /// have been).
-    pub fn went_down(&self) -> bool {
+    /// Reads every announcement waiting: what they said of the interface
+    /// (some lost to a full socket buffer count as a down and an MTU of 0,
+    /// as they may have been).
+    pub fn news(&self) -> LinkNews {
         let mut buf = [0u8; 8192];
-        let mut down = false;
+        let mut news = LinkNews::default();
         loop {
             // SAFETY: buf is writable for its length.
             let n = unsafe {
@@ -470,28 +479,53 @@ impl LinkWatch {
                 )
             };
             if n > 0 {
-                down |= link_down_in(&buf[..n as usize], self.ifindex);
+                news.add(link_news_in(&buf[..n as usize], self.ifindex));
                 continue;
             }
             if n == 0 {
-                return down;
+                return news;
             }
             match io::Error::last_os_error().raw_os_error() {
                 Some(libc::EINTR) => continue,
-                Some(libc::ENOBUFS) => down = true,
-                _ => return down,
+                Some(libc::ENOBUFS) => news.add(LinkNews {
+                    down: true,
+                    smallest_mtu: Some(0),
+                }),
+                _ => return news,
             }
         }
     }
 }
 
-/// Whether the netlink messages in `b` say that interface `ifindex` is
-/// down (`RTM_NEWLINK` without `IFF_UP`, or `RTM_DELLINK`).
-fn link_down_in(mut b: &[u8], ifindex: i32) -> bool {
+/// What the kernel announced about an interface since the last look.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LinkNews {
+    /// It was down (or deleted) at some point.
+    pub down: bool,
+    /// The smallest MTU it was announced with, if any was.
+    pub smallest_mtu: Option<u32>,
+}
+
+impl LinkNews {
+    fn add(&mut self, other: LinkNews) {
+        self.down |= other.down;
+        self.smallest_mtu = match (self.smallest_mtu, other.smallest_mtu) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+}
+
+/// What the netlink messages in `b` say of interface `ifindex`: down
+/// (`RTM_NEWLINK` without `IFF_UP`, or `RTM_DELLINK`), and the MTUs
+/// (`IFLA_MTU`) of its `RTM_NEWLINK`s.
+fn link_news_in(mut b: &[u8], ifindex: i32) -> LinkNews {
     // nlmsghdr: length u32, type u16, flags u16, seq u32, pid u32; then
-    // ifinfomsg: family u8, pad u8, type u16, index i32, flags u32, change u32.
+    // ifinfomsg: family u8, pad u8, type u16, index i32, flags u32, change u32;
+    // then attributes.
     const NLMSG_HDR: usize = 16;
-    let mut down = false;
+    const IFINFO: usize = 16;
+    let mut news = LinkNews::default();
     while b.len() >= NLMSG_HDR {
         let len = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize;
         if len < NLMSG_HDR || len > b.len() {
@@ -502,14 +536,41 @@ fn link_down_in(mut b: &[u8], ifindex: i32) -> bool {
         if (kind == libc::RTM_NEWLINK || kind == libc::RTM_DELLINK) && body.len() >= 12 {
             let index = i32::from_ne_bytes([body[4], body[5], body[6], body[7]]);
             let flags = u32::from_ne_bytes([body[8], body[9], body[10], body[11]]);
-            if index == ifindex && (kind == libc::RTM_DELLINK || flags & libc::IFF_UP as u32 == 0) {
-                down = true;
+            if index == ifindex {
+                news.down |= kind == libc::RTM_DELLINK || flags & libc::IFF_UP as u32 == 0;
+                if kind == libc::RTM_NEWLINK {
+                    let mtu = body.get(IFINFO..).and_then(mtu_attribute);
+                    news.add(LinkNews {
+                        down: false,
+                        smallest_mtu: mtu,
+                    });
+                }
             }
         }
         // Messages are 4-byte aligned.
         b = &b[((len + 3) & !3).min(b.len())..];
     }
-    down
+    news
+}
+
+/// The route attribute that holds an interface's MTU (`uapi/linux/if_link.h`).
+const IFLA_MTU: u16 = 4;
+
+/// The `IFLA_MTU` among the route attributes `attrs`, if there is one.
+fn mtu_attribute(mut attrs: &[u8]) -> Option<u32> {
+    // rtattr: length u16 (header included), type u16, value.
+    while attrs.len() >= 4 {
+        let len = usize::from(u16::from_ne_bytes([attrs[0], attrs[1]]));
+        let kind = u16::from_ne_bytes([attrs[2], attrs[3]]) & 0x3fff;
+        if len < 4 || len > attrs.len() {
+            return None;
+        }
+        if kind == IFLA_MTU && len >= 8 {
+            return Some(u32::from_ne_bytes([attrs[4], attrs[5], attrs[6], attrs[7]]));
+        }
+        attrs = &attrs[((len + 3) & !3).min(attrs.len())..];
+    }
+    None
 }
 
 /// The iovecs of ring memory `seg` (at most two), and how many there are.
@@ -554,8 +615,9 @@ fn ip_command(args: &[&str]) -> Result<(), TunError> {
 mod tests {
     use super::*;
 
-    /// A netlink message of `kind` about interface `index` with `flags`.
-    fn link_msg(kind: u16, index: i32, flags: u32) -> Vec<u8> {
+    /// A netlink message of `kind` about interface `index` with `flags`,
+    /// and an `IFLA_MTU` of `mtu` if given (after another attribute).
+    fn link_msg_mtu(kind: u16, index: i32, flags: u32, mtu: Option<u32>) -> Vec<u8> {
         let mut m = Vec::new();
         m.extend_from_slice(&32u32.to_ne_bytes());
         m.extend_from_slice(&kind.to_ne_bytes());
@@ -564,7 +626,56 @@ mod tests {
         m.extend_from_slice(&index.to_ne_bytes());
         m.extend_from_slice(&flags.to_ne_bytes());
         m.extend_from_slice(&[0; 4]);
+        if let Some(mtu) = mtu {
+            // IFLA_IFNAME "rt0\0", then IFLA_MTU.
+            m.extend_from_slice(&8u16.to_ne_bytes());
+            m.extend_from_slice(&3u16.to_ne_bytes());
+            m.extend_from_slice(b"rt0\0");
+            m.extend_from_slice(&8u16.to_ne_bytes());
+            m.extend_from_slice(&IFLA_MTU.to_ne_bytes());
+            m.extend_from_slice(&mtu.to_ne_bytes());
+            let len = m.len() as u32;
+            m[..4].copy_from_slice(&len.to_ne_bytes());
+        }
         m
+    }
+
+    fn link_msg(kind: u16, index: i32, flags: u32) -> Vec<u8> {
+        link_msg_mtu(kind, index, flags, None)
+    }
+
+    fn link_down_in(b: &[u8], ifindex: i32) -> bool {
+        link_news_in(b, ifindex).down
+    }
+
+    #[test]
+    fn link_announcements_carry_the_smallest_mtu() {
+        let up = libc::IFF_UP as u32;
+        let mut m = link_msg_mtu(libc::RTM_NEWLINK, 7, up, Some(1200));
+        m.extend(link_msg_mtu(libc::RTM_NEWLINK, 7, up, Some(1500)));
+        m.extend(link_msg_mtu(libc::RTM_NEWLINK, 8, up, Some(100)));
+        let news = link_news_in(&m, 7);
+        assert_eq!(
+            news,
+            LinkNews {
+                down: false,
+                smallest_mtu: Some(1200)
+            }
+        );
+        assert_eq!(
+            link_news_in(&link_msg(libc::RTM_NEWLINK, 7, up), 7).smallest_mtu,
+            None
+        );
+        // A cut attribute is no MTU, and no panic.
+        let m = link_msg_mtu(libc::RTM_NEWLINK, 7, up, Some(1200));
+        for cut in 0..m.len() {
+            let mut c = m[..cut].to_vec();
+            if c.len() >= 4 {
+                let len = c.len() as u32;
+                c[..4].copy_from_slice(&len.to_ne_bytes());
+            }
+            assert_ne!(link_news_in(&c, 7).smallest_mtu, Some(0));
+        }
     }
 
     #[test]

@@ -17,7 +17,7 @@
 //!   close our end of the flow).
 
 use super::backoff::Backoff;
-use super::config::{Config, PeerConfig};
+use super::config::{Config, PeerConfig, IPV6_MIN_MTU};
 use super::packet::{KEEPALIVE, PARTIAL_HEADER};
 use super::ratelimit::TokenBucket;
 use super::route::RouteTable;
@@ -159,6 +159,9 @@ struct Shared {
     end: Mutex<Option<End>>,
     ended: Condvar,
     registered: AtomicBool,
+    /// The TUN's MTU went below IPv6's minimum since its addresses were
+    /// last given, which took its IPv6 addresses away.
+    v6_lost: AtomicBool,
     daemon_error: Mutex<Option<String>>,
     drops_no_route: AtomicU64,
     /// ICMP "no route" errors written to the TUN.
@@ -251,6 +254,7 @@ impl Tunnel {
             end: Mutex::new(None),
             ended: Condvar::new(),
             registered: AtomicBool::new(false),
+            v6_lost: AtomicBool::new(false),
             daemon_error: Mutex::new(None),
             drops_no_route: AtomicU64::new(0),
             no_route_icmp: AtomicU64::new(0),
@@ -477,10 +481,38 @@ impl Shared {
                 Ok(()) => log!("{} MTU set to {mtu}", self.tun.name()),
                 Err(e) => log!("{e}"),
             }
-            if mtu < 1280 && self.cfg.tun.addresses.iter().any(|a| a.addr.is_ipv6()) {
-                log!("MTU {mtu} is below IPv6's minimum of 1280: IPv6 will not work on the tunnel");
-            }
+            self.mtu_changed(mtu);
         }
+    }
+
+    /// Notes that the TUN's MTU is now `mtu`: below IPv6's minimum the
+    /// kernel takes the TUN's IPv6 addresses away (and does not give them
+    /// back when the MTU rises), so once it is at least that again they
+    /// are given again, with the routes.
+    fn mtu_changed(&self, mtu: u32) {
+        if !self.cfg.tun.addresses.iter().any(|a| a.addr.is_ipv6()) {
+            return;
+        }
+        if mtu < IPV6_MIN_MTU {
+            if !self.v6_lost.swap(true, Relaxed) {
+                log!("MTU {mtu} is below IPv6's minimum of {IPV6_MIN_MTU}: IPv6 will not work on the tunnel until it rises");
+            }
+        } else if self.v6_lost.swap(false, Relaxed) {
+            log!(
+                "{} MTU {mtu} is IPv6's minimum or more again: its addresses and routes are set again",
+                self.tun.name()
+            );
+            self.readdress();
+        }
+    }
+
+    /// Gives the TUN its addresses and routes again; each step that fails
+    /// is logged and the others are done.
+    fn readdress(&self) {
+        let _ = address(&self.tun, &self.cfg, |e| {
+            log!("{e}");
+            Ok(())
+        });
     }
 
     /// The largest IP packet a flow whose largest SDU is `sdu` carries
@@ -499,11 +531,22 @@ impl Shared {
     /// time; `watch` has the kernel's word for a down too short for a
     /// look at the flags to see): setting a link down takes its IPv6
     /// addresses and the routes through it away, and up does not bring
-    /// them back, so they are given again (with the MTU).
+    /// them back, so they are given again (with the MTU). Likewise when
+    /// its MTU, set by hand, went below IPv6's minimum and rose again
+    /// ([`Shared::mtu_changed`]).
     fn watch_tun(&self, watch: Option<&LinkWatch>, tun_up: &mut bool) {
-        if watch.is_some_and(|w| w.went_down()) && *tun_up {
+        let news = watch.map(LinkWatch::news).unwrap_or_default();
+        if news.down && *tun_up {
             log!("{} went down", self.tun.name());
             *tun_up = false;
+        }
+        // The MTU set by hand, perhaps below IPv6's minimum and back.
+        if let Some(m) = news.smallest_mtu {
+            self.mtu_changed(m);
+        }
+        match self.tun.mtu() {
+            Ok(m) => self.mtu_changed(m),
+            Err(e) => log!("{e}"),
         }
         let up = match self.tun.is_up() {
             Ok(up) => up,
@@ -519,13 +562,10 @@ impl Shared {
                 if let Err(e) = self.tun.set_mtu(self.mtu.load(Relaxed)) {
                     log!("{e}");
                 }
-                // Each step that fails is logged and the others are done;
-                // none is tried again: what fails now (an IPv6 address on
-                // a TUN whose MTU is below IPv6's minimum) fails each time.
-                let _ = address(&self.tun, &self.cfg, |e| {
-                    log!("{e}");
-                    Ok(())
-                });
+                // None is tried again here: what fails now (an IPv6
+                // address on a TUN whose MTU is below IPv6's minimum) is
+                // given again once the MTU rises (`mtu_changed`).
+                self.readdress();
             }
             _ => {}
         }
