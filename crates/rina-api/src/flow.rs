@@ -4,7 +4,7 @@
 use crate::control::wait_reply;
 use crate::error::{ApiError, Result};
 use crate::sys::{self, Key};
-use rina_wire::ctl::{self, Op, Reply, Request};
+use rina_wire::ctl::{self, ErrorKind, FlowInfo, Op, Reply, Request};
 use rina_wire::{AppName, QosSpec};
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd, RawFd};
@@ -57,11 +57,7 @@ pub fn take_flow((reply, fd): (Reply, Option<OwnedFd>)) -> Result<RawFd> {
         )));
     };
     if let Ok(k) = sys::key(fd.as_raw_fd()) {
-        let mut flows = FLOWS.lock().unwrap_or_else(|p| p.into_inner());
-        flows.insert(k, info.max_sdu);
-        while flows.len() > MAX_REMEMBERED {
-            flows.pop_first();
-        }
+        remember(k, info.max_sdu);
     }
     Ok(fd.into_raw_fd())
 }
@@ -80,13 +76,54 @@ pub fn is_flow(key: Key) -> bool {
         .contains_key(&key)
 }
 
-/// The largest SDU of flow descriptor `fd`.
+/// The largest SDU of flow descriptor `fd`: remembered if this library
+/// handed it out (or was asked before), else asked of the daemon, which
+/// knows every flow by its socket: a descriptor inherited across `exec`,
+/// or passed by another process.
 pub fn mss(fd: RawFd) -> Result<u32> {
     let k = sys::key(fd)?;
-    FLOWS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&k)
-        .copied()
-        .ok_or_else(|| ApiError::BadFd(format!("descriptor {fd} is not a RINA flow")))
+    if let Some(&m) = FLOWS.lock().unwrap_or_else(|p| p.into_inner()).get(&k) {
+        return Ok(m);
+    }
+    let not_a_flow = || ApiError::BadFd(format!("descriptor {fd} is not a RINA flow"));
+    // Only a socket can be a flow (a direct flow's is a UDP socket); a
+    // control descriptor of this library is none.
+    if !sys::is_socket(fd) || crate::control::is_control(k) {
+        return Err(not_a_flow());
+    }
+    let info = ask_daemon(k).map_err(|e| match e {
+        ApiError::Daemon(c) if c.kind == ErrorKind::UnknownFlow => {
+            ApiError::BadFd(format!("descriptor {fd} is not a RINA flow: {}", c.message))
+        }
+        other => other,
+    })?;
+    remember(k, info.max_sdu);
+    Ok(info.max_sdu)
+}
+
+/// Remembers that socket `k` is a flow whose largest SDU is `max_sdu`.
+fn remember(k: Key, max_sdu: u32) {
+    let mut flows = FLOWS.lock().unwrap_or_else(|p| p.into_inner());
+    flows.insert(k, max_sdu);
+    while flows.len() > MAX_REMEMBERED {
+        flows.pop_first();
+    }
+}
+
+/// Asks the daemon, on a connection of its own, which flow has socket
+/// `(dev, ino)` as its application end ([`Op::FlowBySocket`]).
+fn ask_daemon((dev, ino): Key) -> Result<FlowInfo> {
+    let c = sys::connect_daemon()?;
+    let req = Request {
+        id: 1,
+        op: Op::FlowBySocket { dev, ino },
+    };
+    sys::send(c.as_fd(), &ctl::encode(&req), &[], false)
+        .map_err(|e| ApiError::sys(e, "cannot ask the daemon about the descriptor"))?;
+    match wait_reply(&c, true)? {
+        (Reply::Flow(info), _) => Ok(info),
+        _ => Err(ApiError::Protocol(
+            "the daemon answered a question about a flow without one".into(),
+        )),
+    }
 }

@@ -400,7 +400,10 @@ pub unsafe extern "C" fn rina_flow_spec_default(spec: *mut RinaFlowSpec) {
 }
 
 /// The largest SDU one `write` may carry on flow descriptor `fd`; 0 with
-/// `errno` set if `fd` is not a flow from this library.
+/// `errno` set if `fd` is not a flow (`EBADF`) or the daemon cannot be
+/// asked. A flow this library did not hand out (inherited across `exec`,
+/// or passed by another process) is looked up in the daemon by its
+/// socket, once.
 #[no_mangle]
 pub extern "C" fn rina_flow_mss_get(fd: c_int) -> c_uint {
     let r = ffi(|| flow::mss(fd).map(|m| c_int::try_from(m).unwrap_or(c_int::MAX)));

@@ -30,6 +30,14 @@ pub fn key(fd: RawFd) -> Result<Key> {
     Ok((st.st_dev, st.st_ino))
 }
 
+/// Whether `fd` is an open socket.
+pub fn is_socket(fd: RawFd) -> bool {
+    // SAFETY: fstat writes only into the buffer we pass.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: any integer is a valid argument; a bad one fails with EBADF.
+    unsafe { libc::fstat(fd, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFSOCK }
+}
+
 /// Runs `f` (which starts a thread of the library) with every signal
 /// blocked in the calling thread, so the thread it starts inherits that
 /// mask and takes none of the program's signals: they go to the

@@ -123,6 +123,47 @@ fn a_forked_child_is_told_to_open_its_own_control_descriptor() {
     let _ = std::fs::remove_dir_all(out);
 }
 
+/// A flow descriptor inherited across exec(2) gets its MSS in the new
+/// program, whose library never saw it (it asks the daemon), and still
+/// carries SDUs; a socket that is no flow gets EBADF.
+#[test]
+fn a_flow_descriptor_inherited_across_exec_gets_its_mss() {
+    let out = temp_dir("exec");
+    let server = compile("server", &out, Link::Shared);
+    let client = compile("client", &out, Link::Static);
+    let (alpha, beta) = pair(&["capi-echo/1", "capi-refuse"]);
+    let mut srv = Command::new(&server)
+        .env_remove("LD_LIBRARY_PATH")
+        .env("RINA_SOCKET", &beta.socket)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the C server");
+    let lines = Lines::new(srv.stdout.take().expect("stdout"));
+    let mut srv = Killer(srv);
+    let first = lines.next(T);
+    if first.as_deref() != Some("ready") {
+        panic!(
+            "server did not register ({first:?})\n{}",
+            srv.0.wait_with_output_checked()
+        );
+    }
+    let c = Command::new(&client)
+        .arg("exec")
+        .env("RINA_SOCKET", &alpha.socket)
+        .output()
+        .expect("run the C client");
+    assert!(
+        c.status.success(),
+        "{:?}\n{}{}",
+        c.status,
+        String::from_utf8_lossy(&c.stdout),
+        String::from_utf8_lossy(&c.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&c.stdout).trim(), "inherited ok");
+    let _ = std::fs::remove_dir_all(out);
+}
+
 /// A program that blocks a signal to take it with sigtimedwait gets it: it
 /// is not delivered to the library's relay thread (which does not block
 /// it, and whose default action would kill the program).

@@ -214,6 +214,14 @@ pub enum Op {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         after: Option<u32>,
     },
+    /// The flow whose application end is the socket `dev`/`ino` (its
+    /// device and inode, as `fstat` gives them, the same in every process
+    /// that holds it): for a flow descriptor a program inherited (across
+    /// `exec`) or was passed, of which its library knows nothing. The
+    /// reply is [`Reply::Flow`]; [`ErrorKind::UnknownFlow`] if no flow has
+    /// that socket, or a client that is not an administrator asks about
+    /// another user's flow.
+    FlowBySocket { dev: u64, ino: u64 },
     /// Read the RIB of IPCP `ipcp` under `path` (default `/`), `depth`
     /// levels deep (default: all); with `remote`, the RIB of that
     /// neighbour of `ipcp` in its DIF (IPCP name or address), read over the
@@ -752,6 +760,16 @@ mod tests {
         assert_eq!(ok.op, Op::ListFlows { after: None });
         let ok: Request = decode(br#"{"id":2,"op":"list_flows","after":9}"#).unwrap();
         assert_eq!(ok.op, Op::ListFlows { after: Some(9) });
+        let by_socket = Request {
+            id: 3,
+            op: Op::FlowBySocket {
+                dev: u64::MAX,
+                ino: 12345,
+            },
+        };
+        let text = String::from_utf8(encode(&by_socket)).unwrap();
+        assert!(text.contains(r#""op":"flow_by_socket""#), "{text}");
+        assert_eq!(decode::<Request>(text.as_bytes()).unwrap(), by_socket);
     }
 
     #[test]

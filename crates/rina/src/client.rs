@@ -455,6 +455,29 @@ impl Client {
         }
     }
 
+    /// What the daemon knows of the flow whose descriptor is `fd` (its
+    /// port-id, names, QoS and largest SDU), found by the socket itself:
+    /// for a flow descriptor this process did not get from a [`Client`]
+    /// (inherited across `exec`, or passed over a Unix socket). A socket
+    /// that is no flow, or another user's flow (for a client that is not
+    /// an administrator), is [`ErrorKind::UnknownFlow`].
+    pub fn flow_info_of(&mut self, fd: impl AsFd) -> Result<ctl::FlowInfo> {
+        let st = nix::sys::stat::fstat(fd.as_fd().as_raw_fd()).map_err(|e| {
+            Error::new(
+                ErrorKind::InvalidRequest,
+                format!("not an open descriptor: {e}"),
+            )
+        })?;
+        let op = Op::FlowBySocket {
+            dev: st.st_dev as u64,
+            ino: st.st_ino as u64,
+        };
+        match self.call("flow_by_socket", op)? {
+            (Reply::Flow(info), _) => Ok(info),
+            (other, _) => Err(unexpected("flow_by_socket", &other)),
+        }
+    }
+
     /// Deallocates the flow with port-id `port`, which this client need
     /// not hold: a flow of this user's (or any, for an administrator of
     /// the daemon). Refused with [`ErrorKind::PermissionDenied`] otherwise.

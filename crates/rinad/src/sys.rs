@@ -89,6 +89,14 @@ pub fn trim_heap() {
     }
 }
 
+/// The identity of the socket (or any open file) `fd`: its device and
+/// inode, the same in every process that holds it, whatever the
+/// descriptor's number.
+pub fn socket_key(fd: &OwnedFd) -> Option<(u64, u64)> {
+    let st = nix::sys::stat::fstat(fd.as_raw_fd()).ok()?;
+    Some((st.st_dev as u64, st.st_ino as u64))
+}
+
 /// A connected pair of `SOCK_SEQPACKET` sockets: one for the daemon, one for
 /// the application. Both ends get send buffers of `sndbuf` bytes where the
 /// system allows.

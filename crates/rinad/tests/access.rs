@@ -133,6 +133,13 @@ fn a_user_cannot_touch_another_users_names_and_flows() {
         .map(|n| n.name.to_string())
         .collect();
     assert_eq!(names, ["echo-b"]);
+    // A flow's descriptor tells whose flow it is to its user and to an
+    // administrator only.
+    assert_eq!(ca.flow_info_of(&fa).unwrap().port, port_a);
+    assert_eq!(alpha.client().flow_info_of(&fa).unwrap().port, port_a);
+    let e = cb.flow_info_of(&fa).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::UnknownFlow, "{e}");
+    assert_eq!(cb.flow_info_of(&fb).unwrap().port, fb.info().port);
     // a sees only its own flow; root, an administrator, sees both.
     let theirs = ca.list_flows().unwrap();
     assert_eq!(theirs.len(), 1);

@@ -136,7 +136,9 @@ void rina_flow_spec_default(struct rina_flow_spec *spec);
  * write() still returns its length (the descriptor is a socket, and the
  * daemon reads the SDU after the call returned) but the SDU is dropped,
  * and counted in the flow's drops_out (rinactl flows): check the size
- * against this before writing. */
+ * against this before writing. Works on any flow descriptor: one this
+ * process did not open (inherited across exec(), or passed over a Unix
+ * socket) is looked up in the daemon, once. */
 unsigned int rina_flow_mss_get(int fd);
 
 /*

@@ -13,9 +13,14 @@
  *                          control descriptor fails at once with EBADF (the
  *                          relay thread stayed in the parent) and that a
  *                          descriptor of its own works
+ *        client exec       allocates a flow to server.c and exec()s itself
+ *                          ("inherited FD MSS"), whose fresh library gets
+ *                          the flow's MSS from the daemon
  */
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -146,6 +151,46 @@ static int forked(void)
     return 0;
 }
 
+/* Allocates a flow and hands it to a fresh image of this program. */
+static int exec_flow(const char *self)
+{
+    int fd = rina_flow_alloc("udp", "capi-client|exec", "capi-echo|1", NULL, 0);
+    CHECK(fd >= 0);
+    unsigned mss = rina_flow_mss_get(fd);
+    CHECK(mss > 0);
+    int flags = fcntl(fd, F_GETFD);
+    CHECK(flags >= 0 && fcntl(fd, F_SETFD, flags & ~FD_CLOEXEC) == 0);
+    char fds[16], msss[16];
+    snprintf(fds, sizeof(fds), "%d", fd);
+    snprintf(msss, sizeof(msss), "%u", mss);
+    execl(self, self, "inherited", fds, msss, (char *)NULL);
+    CHECK(!"execl");
+    return 1;
+}
+
+/* The flow descriptor @fds came across exec(): this library never saw it. */
+static int inherited(const char *fds, const char *msss)
+{
+    int fd = atoi(fds);
+    unsigned want = (unsigned)strtoul(msss, NULL, 10);
+    CHECK(rina_flow_mss_get(fd) == want);
+    /* A duplicate is the same socket. */
+    int d = dup(fd);
+    CHECK(d >= 0 && rina_flow_mss_get(d) == want);
+    CHECK(close(d) == 0);
+    /* A socket that is no flow: the daemon says so. */
+    int sv[2];
+    CHECK(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) == 0);
+    errno = 0;
+    CHECK(rina_flow_mss_get(sv[0]) == 0 && errno == EBADF);
+    CHECK(close(sv[0]) == 0 && close(sv[1]) == 0);
+    /* And the flow still carries SDUs. */
+    exchange(fd, 3);
+    CHECK(close(fd) == 0);
+    printf("inherited ok\n");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     struct rina_flow_spec spec;
@@ -159,6 +204,12 @@ int main(int argc, char **argv)
     }
     if (argc > 1 && strcmp(argv[1], "fork") == 0) {
         return forked();
+    }
+    if (argc > 1 && strcmp(argv[1], "exec") == 0) {
+        return exec_flow(argv[0]);
+    }
+    if (argc > 3 && strcmp(argv[1], "inherited") == 0) {
+        return inherited(argv[2], argv[3]);
     }
     errors();
 

@@ -383,6 +383,7 @@ impl Daemon {
             }),
             Op::ListNames { skip } => Ok(self.list_names(conn, skip.unwrap_or(0))),
             Op::ListFlows { after } => Ok(self.list_flows(conn, after.unwrap_or(0))),
+            Op::FlowBySocket { dev, ino } => self.flow_by_socket(conn, (dev, ino)),
             Op::ReadRib {
                 ipcp,
                 path,
@@ -968,6 +969,30 @@ impl Daemon {
 
     /// One page of the flows `conn` may see (its user's; all for an
     /// administrator), those with port-ids above `after`, in port order.
+    /// The flow whose application end is socket `key` (device, inode), if
+    /// it is one of the client's user's (any, for an administrator): the
+    /// answer to [`Op::FlowBySocket`]. A direct flow is found by its UDP
+    /// socket, which the application reads and writes. A linear search:
+    /// the question is asked once per descriptor a program inherited.
+    fn flow_by_socket(&self, conn: usize, key: (u64, u64)) -> Result<Reply, CtlError> {
+        let admin = self.conn_admin(conn);
+        let uid = self.conn_uid(conn);
+        self.flows
+            .values()
+            .find(|slot| {
+                (admin || slot.uid == uid)
+                    && (slot.app_end == Some(key)
+                        || slot.direct.as_ref().and_then(sys::socket_key) == Some(key))
+            })
+            .map(|slot| Reply::Flow(slot.info.clone()))
+            .ok_or_else(|| {
+                CtlError::new(
+                    ErrorKind::UnknownFlow,
+                    "no flow of this user has that socket (is the descriptor a flow of this daemon?)",
+                )
+            })
+    }
+
     pub(super) fn list_flows(&self, conn: usize, after: u32) -> Reply {
         let admin = self.conn_admin(conn);
         let uid = self.conn_uid(conn);

@@ -176,6 +176,11 @@ struct FlowSlot {
     /// A direct flow's UDP socket (the application holds it too; `fd` is
     /// then the flow's lifeline).
     direct: Option<OwnedFd>,
+    /// The identity of the application's end of the flow socket
+    /// ([`sys::socket_key`]), by which [`Op::FlowBySocket`] finds the flow.
+    ///
+    /// [`Op::FlowBySocket`]: rina_wire::ctl::Op::FlowBySocket
+    app_end: Option<(u64, u64)>,
 }
 
 /// A control connection.
@@ -1102,6 +1107,7 @@ impl Daemon {
         };
         let uid = self.conn_uid(owner);
         self.access.charge(uid);
+        let app_end = sys::socket_key(&theirs);
         self.flows.insert(
             port,
             Box::new(FlowSlot {
@@ -1118,6 +1124,7 @@ impl Daemon {
                 drops_in: 0,
                 drops_out: 0,
                 direct: None,
+                app_end,
             }),
         );
         if let Some(c) = self.conns.get_mut(&owner) {
