@@ -967,8 +967,6 @@ impl Daemon {
         Reply::Names { names, next }
     }
 
-    /// One page of the flows `conn` may see (its user's; all for an
-    /// administrator), those with port-ids above `after`, in port order.
     /// The flow whose application end is socket `key` (device, inode), if
     /// it is one of the client's user's (any, for an administrator): the
     /// answer to [`Op::FlowBySocket`]. A direct flow is found by its UDP
@@ -993,6 +991,8 @@ impl Daemon {
             })
     }
 
+    /// One page of the flows `conn` may see (its user's; all for an
+    /// administrator), those with port-ids above `after`, in port order.
     pub(super) fn list_flows(&self, conn: usize, after: u32) -> Reply {
         let admin = self.conn_admin(conn);
         let uid = self.conn_uid(conn);
