@@ -32,6 +32,10 @@ pub(super) struct Out<'a> {
     sdup: &'a Sdup,
     rmt: &'a mut Rmt,
     through: &'a mut Vec<(N1Port, PduBuf)>,
+    /// No SDU protection by the port (encryption) and no capture: a frame
+    /// passed through is transmitted at once, as `NormalIpcp::transmit`
+    /// would, without waiting in `through`.
+    plain_tx: bool,
     loopback: &'a mut VecDeque<Vec<u8>>,
     actions: &'a mut VecDeque<Action>,
     counters: &'a mut Counters,
@@ -48,6 +52,8 @@ impl NormalIpcp {
                 sdup: &self.sdup,
                 rmt: &mut self.rmt,
                 through: &mut self.through,
+                plain_tx: self.tap.is_none()
+                    && !self.mship.as_ref().is_some_and(|m| m.encrypting()),
                 loopback: &mut self.loopback,
                 actions: &mut self.actions,
                 counters: &mut self.counters,
@@ -108,7 +114,9 @@ impl Out<'_> {
 
     /// Writes the PCI of PDU `p` of flow `f` (in place for data), protects
     /// it and hands it to the RMT; one the policy passes straight through
-    /// waits in `through`, to be transmitted after the flow's turn.
+    /// is transmitted at once, or, if the port protects frames or a
+    /// capture runs, waits in `through` to be transmitted after the
+    /// flow's turn.
     fn send(&mut self, now: Instant, f: &mut Flow, p: efcp::Pdu, meta: efcp::PduMeta) {
         let dt = &self.cfg.dt;
         let seq_mask = dt.seq.max_value();
@@ -161,6 +169,10 @@ impl Out<'_> {
             .send_through_memo(now, dst, hash, &mut f.route, q, TX_BURST)
         {
             Ok(rmt::Through::Queued(_)) => {}
+            Ok(rmt::Through::Now(port, frame)) if self.plain_tx => {
+                self.counters.tx_frames += 1;
+                self.actions.push_back(Action::Transmit { port, frame });
+            }
             Ok(rmt::Through::Now(port, frame)) => {
                 self.through.push((port, frame));
             }
