@@ -14,9 +14,10 @@
 
 use super::{
     control_body, encode_data_in_place, Action, Counters, Flow, FlowId, N1Port, NormalError,
-    NormalIpcp, TX_BURST,
+    NormalIpcp, Outgoing, Pieces, TX_BURST,
 };
 use crate::buf::{self, PduBuf};
+use crate::delimiting;
 use crate::efcp;
 use crate::ids::IdMap;
 use crate::rmt::{self, QueuedPdu, Rmt};
@@ -29,6 +30,8 @@ use std::collections::VecDeque;
 pub(super) struct Out<'a> {
     cfg: &'a super::NormalConfig,
     data_header: usize,
+    /// Room for an SDU's bytes in a PDU (`NormalIpcp::frag_budget`).
+    frag_budget: usize,
     sdup: &'a Sdup,
     rmt: &'a mut Rmt,
     through: &'a mut Vec<(N1Port, PduBuf)>,
@@ -49,6 +52,7 @@ impl NormalIpcp {
             Out {
                 cfg: &self.cfg,
                 data_header: self.data_header,
+                frag_budget: self.frag_budget,
                 sdup: &self.sdup,
                 rmt: &mut self.rmt,
                 through: &mut self.through,
@@ -88,6 +92,84 @@ impl NormalIpcp {
 }
 
 impl Out<'_> {
+    /// The work of [`NormalIpcp::write`] on flow `f` (`id`), looked up by
+    /// the caller: the SDU checked, cut into fragments if it needs more
+    /// than one PDU, and each sent or queued ([`Out::send_or_queue`]).
+    /// True if something was queued in EFCP (the flow needs a flush).
+    #[inline(always)]
+    pub(super) fn write_sdu(
+        &mut self,
+        now: Instant,
+        flow: FlowId,
+        f: &mut Flow,
+        sdu: Outgoing<'_>,
+    ) -> Result<bool, NormalError> {
+        let max = self.cfg.max_sdu;
+        let len = sdu.len();
+        if len == 0 || len > max {
+            return Err(NormalError::BadSduSize { size: len, max });
+        }
+        let budget = self.frag_budget;
+        let tail = self.sdup.trailer_len() + buf::TAILROOM;
+        if let Some(e) = f.efcp.failure() {
+            return Err(NormalError::Failed(flow, e.clone()));
+        }
+        let n = delimiting::fragment_count(len, budget);
+        if !f.efcp.can_write() || f.efcp.write_capacity() < n {
+            return Err(NormalError::WouldBlock(flow));
+        }
+        let pieces = if n == 1 {
+            // Most SDUs are one fragment, the whole SDU: written as they
+            // are, in the buffer they came in when it is their own.
+            if budget <= delimiting::DELIMITER_LEN {
+                return Err(NormalError::BadSduSize { size: len, max });
+            }
+            let mut b = match sdu {
+                Outgoing::Owned(b) => b,
+                sdu => {
+                    let src = sdu.source();
+                    let Some(b) = PduBuf::with_room_from(buf::HEADROOM, src, 0, len, tail) else {
+                        return Err(NormalError::UnreadableSdu(len));
+                    };
+                    b
+                }
+            };
+            b.push_front(&[delimiting::Delimiter::Complete.to_byte()]);
+            Pieces::One(b)
+        } else {
+            // The one copy of the SDU's bytes on the way down: each
+            // fragment into a buffer with room for every header below,
+            // all of them read before any is written.
+            let src = sdu.source();
+            let bad_size = |_| NormalError::BadSduSize { size: len, max };
+            let mut pieces: Vec<PduBuf> = Vec::with_capacity(n);
+            for (delim, at, n) in delimiting::spans(len, max, budget).map_err(bad_size)? {
+                let Some(mut b) = PduBuf::with_room_from(buf::HEADROOM, src, at, n, tail) else {
+                    return Err(NormalError::UnreadableSdu(len));
+                };
+                b.push_front(&[delim.to_byte()]);
+                pieces.push(b);
+            }
+            Pieces::Many(pieces)
+        };
+        // Without DTCP and with nothing queued, each piece goes to the RMT
+        // now; once one is queued (the flow has DTCP policies), so are the
+        // rest.
+        let mut queued = false;
+        match pieces {
+            Pieces::One(b) => queued |= self.send_or_queue(now, flow, f, b)?,
+            Pieces::Many(v) => {
+                for b in v {
+                    queued |= self.send_or_queue(now, flow, f, b)?;
+                }
+            }
+        }
+        f.counters.sdus_out += 1;
+        f.counters.bytes_out += len as u64;
+        f.counters.sdus_out += 1;
+        f.counters.bytes_out += len as u64;
+        Ok(queued)
+    }
     /// A fragment of an SDU written to flow `f` (`payload`, delimiter
     /// first): without DTCP and with nothing queued, numbered as EFCP's
     /// queue would have numbered it and sent now (false); else written to

@@ -1133,79 +1133,44 @@ impl NormalIpcp {
         sdu: Outgoing<'_>,
     ) -> Result<(), NormalError> {
         self.tick(now);
-        let max = self.cfg.max_sdu;
-        let len = sdu.len();
-        if len == 0 || len > max {
-            return Err(NormalError::BadSduSize { size: len, max });
-        }
-        let budget = self.frag_budget;
-        let tail = self.sdup.trailer_len() + buf::TAILROOM;
         let (flows, mut out) = self.split_out();
         // (`let else` rather than `ok_or`: an error built for nothing is
         // dropped for nothing, on every PDU.)
         let Some(f) = flows.get_mut(&flow) else {
             return Err(NormalError::UnknownFlow(flow));
         };
-        if let Some(e) = f.efcp.failure() {
-            return Err(NormalError::Failed(flow, e.clone()));
-        }
-        let n = delimiting::fragment_count(len, budget);
-        if !f.efcp.can_write() || f.efcp.write_capacity() < n {
-            return Err(NormalError::WouldBlock(flow));
-        }
-        let pieces = if n == 1 {
-            // Most SDUs are one fragment, the whole SDU: written as they
-            // are, in the buffer they came in when it is their own.
-            if budget <= delimiting::DELIMITER_LEN {
-                return Err(NormalError::BadSduSize { size: len, max });
-            }
-            let mut b = match sdu {
-                Outgoing::Owned(b) => b,
-                sdu => {
-                    let src = sdu.source();
-                    let Some(b) = PduBuf::with_room_from(buf::HEADROOM, src, 0, len, tail) else {
-                        return Err(NormalError::UnreadableSdu(len));
-                    };
-                    b
-                }
-            };
-            b.push_front(&[delimiting::Delimiter::Complete.to_byte()]);
-            Pieces::One(b)
-        } else {
-            // The one copy of the SDU's bytes on the way down: each
-            // fragment into a buffer with room for every header below,
-            // all of them read before any is written.
-            let src = sdu.source();
-            let bad_size = |_| NormalError::BadSduSize { size: len, max };
-            let mut pieces: Vec<PduBuf> = Vec::with_capacity(n);
-            for (delim, at, n) in delimiting::spans(len, max, budget).map_err(bad_size)? {
-                let Some(mut b) = PduBuf::with_room_from(buf::HEADROOM, src, at, n, tail) else {
-                    return Err(NormalError::UnreadableSdu(len));
-                };
-                b.push_front(&[delim.to_byte()]);
-                pieces.push(b);
-            }
-            Pieces::Many(pieces)
-        };
-        // Without DTCP and with nothing queued, each piece goes to the RMT
-        // now; once one is queued (the flow has DTCP policies), so are the
-        // rest.
-        let mut queued = false;
-        match pieces {
-            Pieces::One(b) => queued |= out.send_or_queue(now, flow, f, b)?,
-            Pieces::Many(v) => {
-                for b in v {
-                    queued |= out.send_or_queue(now, flow, f, b)?;
-                }
-            }
-        }
-        f.counters.sdus_out += 1;
-        f.counters.bytes_out += len as u64;
-        if queued {
+        if out.write_sdu(now, flow, f, sdu)? {
             mark_dirty(&mut self.dirty, flow);
         }
         self.flush_or_defer(now);
         Ok(())
+    }
+
+    /// [`NormalIpcp::write_buf`] of each of `frames` in turn, all on
+    /// `flow`, which is looked up once: the frames a DIF above sends in a
+    /// row on one N-1 flow cross together. Returns how many were refused,
+    /// each as [`NormalIpcp::write_buf`] would have refused it (all of
+    /// them if there is no such flow); `frames` is left empty.
+    pub fn write_bufs(&mut self, now: Instant, flow: FlowId, frames: &mut Vec<PduBuf>) -> usize {
+        self.tick(now);
+        let (flows, mut out) = self.split_out();
+        let Some(f) = flows.get_mut(&flow) else {
+            let refused = frames.len();
+            frames.clear();
+            return refused;
+        };
+        let (mut refused, mut queued) = (0, false);
+        for b in frames.drain(..) {
+            match out.write_sdu(now, flow, f, Outgoing::Owned(b)) {
+                Ok(q) => queued |= q,
+                Err(_) => refused += 1,
+            }
+        }
+        if queued {
+            mark_dirty(&mut self.dirty, flow);
+        }
+        self.flush_or_defer(now);
+        refused
     }
 
     /// Remembers the latest time seen, for the calls that take none.
@@ -1776,6 +1741,21 @@ impl NormalIpcp {
     /// Copies lost because the capture's queue was full.
     pub fn tap_dropped(&self) -> u64 {
         self.tap.as_ref().map_or(0, |t| t.dropped())
+    }
+
+    /// The frame of the next action, if that action is a
+    /// [`Action::Transmit`] on `port` (taken), else `None` (nothing
+    /// taken): the frames that follow one on the same port, for
+    /// [`NormalIpcp::write_bufs`] below.
+    pub fn poll_transmit_on(&mut self, port: N1Port) -> Option<PduBuf> {
+        match self.actions.front() {
+            Some(Action::Transmit { port: p, .. }) if *p == port => {}
+            _ => return None,
+        }
+        match self.actions.pop_front() {
+            Some(Action::Transmit { frame, .. }) => Some(frame),
+            _ => None,
+        }
     }
 
     /// The next thing the driver must do, if any.

@@ -1261,3 +1261,33 @@ fn cubes_whose_windows_do_not_fit_the_sequence_number_field_are_refused() {
     let e = p.set_cube_efcp("reliable", &wide).unwrap_err();
     assert!(e.to_string().contains("at most 127"), "{e}");
 }
+
+#[test]
+fn frames_written_together_arrive_in_order_and_bad_ones_are_counted_alone() {
+    let mut net = chain(2);
+    allocate(&mut net, QosSpec::default());
+    let room = |b: &[u8]| PduBuf::with_room(buf::HEADROOM, b, buf::TAILROOM);
+    // An empty SDU and one over max_sdu are refused; the others go, in
+    // the order given.
+    let mut frames = vec![
+        room(b"one"),
+        room(b""),
+        room(b"two"),
+        room(&vec![7; 65_537]),
+        room(b"three"),
+    ];
+    assert_eq!(net[0].write_bufs(ms(2), 1, &mut frames), 2);
+    assert!(frames.is_empty(), "every frame is taken or dropped");
+    assert_eq!(
+        deliveries(&carry(ms(2), &mut net)),
+        vec![
+            (1, 7, b"one".to_vec()),
+            (1, 7, b"two".to_vec()),
+            (1, 7, b"three".to_vec())
+        ]
+    );
+    // On a flow that does not exist, every frame is refused.
+    let mut frames = vec![room(b"a"), room(b"b")];
+    assert_eq!(net[0].write_bufs(ms(3), 99, &mut frames), 2);
+    assert!(frames.is_empty());
+}

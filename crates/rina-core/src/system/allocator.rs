@@ -483,15 +483,64 @@ impl System {
         }
     }
 
+    /// [`System::n1_transmit`] of a frame that normal member `upper`
+    /// sends: over a lower normal IPCP, the frames `upper` sends next on
+    /// the same port go down with it, in one call.
+    pub(super) fn n1_transmit_from(
+        &mut self,
+        now: Instant,
+        upper: usize,
+        port: PortId,
+        mut frame: PduBuf,
+    ) {
+        let Some(&(_, lower)) = self.n1.get(&port) else {
+            return;
+        };
+        if self.members[lower].normal_mut().is_some() {
+            return self.n1_transmit_stacked(now, upper, lower, port, frame);
+        }
+        match self.members[lower].send_header(port, frame.len()) {
+            Ok(send) => {
+                frame.push_front(send.header());
+                self.send_on_medium(lower, send.peer, frame);
+            }
+            Err(_) => self.counters.n1_tx_dropped += 1,
+        }
+    }
+
+    /// [`System::n1_transmit_from`] over lower normal IPCP `lower`.
+    fn n1_transmit_stacked(
+        &mut self,
+        now: Instant,
+        upper: usize,
+        lower: usize,
+        port: PortId,
+        frame: PduBuf,
+    ) {
+        let mut frames = std::mem::take(&mut self.tx_frames);
+        frames.push(frame);
+        if let Some(n) = self.members[upper].normal_mut() {
+            while let Some(f) = n.poll_transmit_on(port) {
+                frames.push(f);
+            }
+        }
+        if let Some(n) = self.members[lower].normal_mut() {
+            // The frames are SDUs of the lower DIF's flow, which takes
+            // their buffers themselves. The port's gate follows the lower
+            // flow's room, so they are taken unless the lower flow failed.
+            self.counters.n1_tx_dropped += n.write_bufs(now, port, &mut frames) as u64;
+        }
+        frames.clear();
+        self.tx_frames = frames;
+    }
+
     /// Writes a frame of normal IPCP `upper` on its N-1 flow `port`.
     pub(super) fn n1_transmit(&mut self, now: Instant, port: PortId, mut frame: PduBuf) {
         let Some(&(_, lower)) = self.n1.get(&port) else {
             return;
         };
         if let Some(n) = self.members[lower].normal_mut() {
-            // Stacked: the frame is an SDU of the lower DIF's flow, which
-            // takes the buffer itself. The port's gate follows the lower
-            // flow's room, so this is taken unless the lower flow failed.
+            // Stacked: see `n1_transmit_stacked`.
             if n.write_buf(now, port, frame).is_err() {
                 self.counters.n1_tx_dropped += 1;
             }

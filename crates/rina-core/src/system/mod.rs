@@ -238,6 +238,9 @@ pub struct System {
     /// Members removed at run time ([`System::remove_ipcp`]): their index
     /// stays taken, so the others keep theirs, but nothing reaches them.
     removed: BTreeSet<usize>,
+    /// The frames a normal member sends in a row on one N-1 port, on
+    /// their way down together (kept for its allocation).
+    tx_frames: Vec<PduBuf>,
     next_handle: u64,
     next_port: PortId,
     now: Instant,
@@ -271,6 +274,7 @@ impl System {
             down_media: BTreeSet::new(),
             taps: BTreeMap::new(),
             removed: BTreeSet::new(),
+            tx_frames: Vec::new(),
             next_handle: 1,
             next_port: 1,
             now: Instant::ZERO,
@@ -1220,7 +1224,7 @@ impl System {
                     Machine::Normal(n) => match n.poll_action() {
                         Some(crate::normal::Action::Transmit { port, frame }) => {
                             any = true;
-                            self.n1_transmit(now, port, frame);
+                            self.n1_transmit_from(now, i, port, frame);
                             continue;
                         }
                         Some(crate::normal::Action::Deliver { flow, sdu }) => {
