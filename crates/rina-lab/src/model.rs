@@ -164,6 +164,10 @@ pub struct CubeDecl {
     /// Declared loss bound (probability).
     #[serde(default)]
     pub loss: Option<f64>,
+    /// Keepalive of the cube's flows (`keepalive = "5s"`; 10 ms to 1 h;
+    /// default off): see `rina_core::normal::keepalive`.
+    #[serde(default)]
+    pub keepalive: Option<Spanned<Dur>>,
     /// EFCP policies and parameters (`efcp = { congestion_control =
     /// "aimd", window = 128 }`; see `rina_core::efcp::EfcpTuning`).
     #[serde(default)]

@@ -129,6 +129,8 @@ pub struct Cube {
     pub bandwidth_bps: Option<f64>,
     /// Declared delay bound.
     pub delay: Option<Duration>,
+    /// Keepalive interval of its flows.
+    pub keepalive: Option<Duration>,
     /// Declared loss bound.
     pub loss: Option<f64>,
     /// EFCP policies over the cube's defaults.
@@ -344,6 +346,9 @@ impl Experiment {
             dif.scheduler = dif.scheduler.scaled(f);
             for c in &mut dif.cubes {
                 c.delay = c.delay.map(d);
+                c.keepalive = c
+                    .keepalive
+                    .map(|k| d(k).max(rina_core::normal::keepalive::MIN_KEEPALIVE));
                 ms(&mut c.efcp.a_timer_ms);
                 ms(&mut c.efcp.initial_rto_ms);
                 ms(&mut c.efcp.min_rto_ms);

@@ -311,6 +311,13 @@ pub enum EfcpError {
         /// How long it was unreachable.
         secs: u64,
     },
+    /// Nothing came from the peer for `ms` milliseconds, keepalive
+    /// probes included (the flow's keepalive gave up on it).
+    #[error("nothing heard from the peer for {ms} ms (keepalive)")]
+    PeerSilent {
+        /// How long the peer was silent, at least.
+        ms: u64,
+    },
     /// The configuration is unusable.
     #[error("bad EFCP configuration: {0}")]
     Config(#[from] ConfigError),

@@ -44,6 +44,14 @@ pub struct QosCube {
     /// on its default cube. Local configuration: not part of the DIF's
     /// profile given at enrollment.
     pub lower: BTreeMap<String, String>,
+    /// Keepalive of the cube's flows (see [`super::keepalive`]): a flow on
+    /// which nothing arrived for this long sends a probe, which the peer
+    /// answers, and one that hears nothing for
+    /// [`super::keepalive::KEEPALIVE_MISSES`] of these is failed. `None`
+    /// (the default): off. Local configuration, like [`QosCube::lower`]:
+    /// not part of the profile given at enrollment (a flow end without
+    /// keepalive still answers the probes of one with it).
+    pub keepalive: Option<std::time::Duration>,
 }
 
 impl QosCube {
@@ -61,7 +69,14 @@ impl QosCube {
             urgency: 0,
             cherish: 0,
             lower: BTreeMap::new(),
+            keepalive: None,
         }
+    }
+
+    /// The cube with keepalive on its flows every `interval`.
+    pub fn with_keepalive(mut self, interval: std::time::Duration) -> Self {
+        self.keepalive = Some(interval);
+        self
     }
 
     /// The cube carried on cube `lower_cube` (name or id) of N-1 DIF `dif`.

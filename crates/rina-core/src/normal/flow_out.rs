@@ -194,6 +194,17 @@ impl Out<'_> {
             .map_err(|e| NormalError::Failed(id, e))
     }
 
+    /// The IPCP's counters.
+    pub(super) fn counters(&mut self) -> &mut Counters {
+        self.counters
+    }
+
+    /// Reports flow `id` failed with `error`.
+    pub(super) fn fail(&mut self, id: FlowId, error: efcp::EfcpError) {
+        self.actions
+            .push_back(Action::FlowFailed { flow: id, error });
+    }
+
     /// Writes the PCI of PDU `p` of flow `f` (in place for data), protects
     /// it and hands it to the RMT; one the policy passes straight through
     /// is transmitted at once, or, if the port protects frames or a
@@ -202,12 +213,7 @@ impl Out<'_> {
     fn send(&mut self, now: Instant, f: &mut Flow, p: efcp::Pdu, meta: efcp::PduMeta) {
         let dt = &self.cfg.dt;
         let seq_mask = dt.seq.max_value();
-        let mut pci = Pci::new(PduType::Dt);
-        pci.src_addr = self.cfg.address;
-        pci.dst_addr = f.ep.remote_addr;
-        pci.qos_id = f.ep.qos_id;
-        pci.src_cep = f.ep.local_cep;
-        pci.dst_cep = f.ep.remote_cep;
+        let mut pci = flow_pci(self.cfg.address, f);
         let frame = match p {
             efcp::Pdu::Data { seq, drf, payload } => {
                 pci.seq = seq & seq_mask;
@@ -221,17 +227,35 @@ impl Out<'_> {
                 if meta.ecn {
                     pci.flags |= pci::flags::ECN;
                 }
-                pci.pdu_type = body.pdu_type();
-                pci.seq = ctrl_seq & dt.ctrl_seq.max_value();
-                let mut frame = PduBuf::empty(buf::HEADROOM, 64);
-                let (v, _) = frame.parts_mut();
-                pci::encode_control(dt, &pci, &body, v).map(|()| frame)
+                encode_control(dt, pci, ctrl_seq, &body)
             }
         };
-        let Ok(mut frame) = frame else {
+        let Ok(frame) = frame else {
             self.counters.tx_dropped += 1;
             return;
         };
+        self.route(now, f, frame);
+    }
+
+    /// Sends a control PDU of flow `f` that EFCP does not make (the
+    /// keepalive's), with control sequence number `ctrl_seq`.
+    pub(super) fn send_control(
+        &mut self,
+        now: Instant,
+        f: &mut Flow,
+        ctrl_seq: u64,
+        body: pci::ControlBody,
+    ) {
+        let pci = flow_pci(self.cfg.address, f);
+        match encode_control(&self.cfg.dt, pci, ctrl_seq, &body) {
+            Ok(frame) => self.route(now, f, frame),
+            Err(_) => self.counters.tx_dropped += 1,
+        }
+    }
+
+    /// Protects PDU `frame` of flow `f` and hands it to the RMT (or to the
+    /// loopback, for a flow to this IPCP).
+    fn route(&mut self, now: Instant, f: &mut Flow, mut frame: PduBuf) {
         if f.ep.remote_addr == self.cfg.address {
             self.loopback.push_back(frame.into_vec());
             return;
@@ -261,6 +285,33 @@ impl Out<'_> {
             Err(_) => self.counters.tx_dropped += 1,
         }
     }
+}
+
+/// The PCI of a DT PDU of flow `f` from `address` (the type and sequence
+/// number set by the caller).
+fn flow_pci(address: rmt::Address, f: &Flow) -> Pci {
+    let mut pci = Pci::new(PduType::Dt);
+    pci.src_addr = address;
+    pci.dst_addr = f.ep.remote_addr;
+    pci.qos_id = f.ep.qos_id;
+    pci.src_cep = f.ep.local_cep;
+    pci.dst_cep = f.ep.remote_cep;
+    pci
+}
+
+/// A control PDU with `pci` (its type and sequence number set from
+/// `body` and `ctrl_seq`), encoded.
+fn encode_control(
+    dt: &pci::DtConstants,
+    mut pci: Pci,
+    ctrl_seq: u64,
+    body: &pci::ControlBody,
+) -> Result<PduBuf, rina_wire::WireError> {
+    pci.pdu_type = body.pdu_type();
+    pci.seq = ctrl_seq & dt.ctrl_seq.max_value();
+    let mut frame = PduBuf::empty(buf::HEADROOM, 64);
+    let (v, _) = frame.parts_mut();
+    pci::encode_control(dt, &pci, body, v).map(|()| frame)
 }
 
 impl Flow {

@@ -57,6 +57,7 @@ pub mod directory_glue;
 pub mod fa;
 mod fa_glue;
 mod flow_out;
+pub mod keepalive;
 pub mod membership;
 mod membership_glue;
 pub mod mgmt_cdap;
@@ -433,6 +434,14 @@ pub struct Counters {
     /// Peers' connections told they have no end here (a PDU came for a
     /// CEP-id no flow has, nor had lately): their flows are deallocated.
     pub connections_gone: u64,
+    /// Keepalive probes sent (flows of a cube with keepalive that heard
+    /// nothing for an interval).
+    pub keepalives_sent: u64,
+    /// Keepalive probes from peers answered.
+    pub keepalives_answered: u64,
+    /// Flows failed because nothing came from the peer for
+    /// [`keepalive::KEEPALIVE_MISSES`] keepalive intervals.
+    pub keepalive_expired: u64,
     /// DEALLOCs repeated for lack of an acknowledgement.
     pub dealloc_retries: u64,
     /// DEALLOCs never acknowledged within `alloc_timeout` (given up).
@@ -478,6 +487,9 @@ impl Counters {
             ("alloc_timeouts", self.alloc_timeouts),
             ("alloc_cancelled", self.alloc_cancelled),
             ("connections_gone", self.connections_gone),
+            ("keepalives_sent", self.keepalives_sent),
+            ("keepalives_answered", self.keepalives_answered),
+            ("keepalive_expired", self.keepalive_expired),
             ("dealloc_retries", self.dealloc_retries),
             ("dealloc_unacked", self.dealloc_unacked),
             ("loopback", self.loopback),
@@ -536,6 +548,10 @@ struct Flow {
     /// When this flow's timers next need to run, as filed in
     /// [`NormalIpcp`]'s `timers` (kept equal by `rearm`).
     armed: Option<Instant>,
+    /// A PDU of this flow arrived since its keepalive last looked.
+    heard: bool,
+    /// Its keepalive, when its cube has one.
+    ka: Option<keepalive::Keepalive>,
 }
 
 /// The fragments of an SDU on their way into EFCP: most SDUs are one, kept
@@ -655,6 +671,9 @@ impl NormalIpcp {
             c.efcp
                 .check_seq_width(seq_bits(&cfg.dt))
                 .map_err(|e| bad(e.to_string()))?;
+            if let Some(k) = c.keepalive {
+                keepalive::check_interval(k).map_err(bad)?;
+            }
         }
         let data_header = pci::header_len(&cfg.dt, PduType::Dt);
         let frag_budget = cfg.dt.max_pdu_size as usize - data_header;
@@ -944,6 +963,13 @@ impl NormalIpcp {
             .check_seq_width(seq_bits(&self.cfg.dt))
             .map_err(|e| NormalError::Policy(e.into()))?;
         let efcp = Connection::new(policy, now).map_err(NormalError::Policy)?;
+        let ka = self
+            .cfg
+            .cubes
+            .iter()
+            .find(|c| c.id == ep.qos_id)
+            .and_then(|c| c.keepalive)
+            .map(|i| keepalive::Keepalive::new(now, i));
         let hash = mix(&[
             self.cfg.address,
             ep.local_cep,
@@ -967,6 +993,8 @@ impl NormalIpcp {
                 ecn_seen: false,
                 hash,
                 armed: None,
+                heard: false,
+                ka,
             }),
         );
         self.rearm(flow);
@@ -980,10 +1008,14 @@ impl NormalIpcp {
         let Some(f) = self.flows.get_mut(&id) else {
             return;
         };
-        let due = match (f.efcp.poll_timeout(), f.reasm.poll_timeout()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let due = [
+            f.efcp.poll_timeout(),
+            f.reasm.poll_timeout(),
+            f.ka.as_ref().map(|k| k.due()),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         // A timer armed no later than the flow's next deadline stays: when
         // it fires early, `handle_timeout` finds nothing due and the flow is
         // armed again. Busy flows push their inactivity deadline on with
@@ -1488,6 +1520,7 @@ impl NormalIpcp {
         let Some(f) = self.flows.get_mut(&id) else {
             return;
         };
+        f.heard = true;
         let reference = f.efcp.receive_reference();
         let seq = efcp::widen_seq(reference, pci.seq, bits);
         let meta = efcp::PduMeta {
@@ -1571,12 +1604,19 @@ impl NormalIpcp {
                 ctrl_seq,
                 next_seq: my_lwe,
             },
+            // The keepalive's probes and answers.
+            ControlBody::Cack { .. } => {
+                self.on_keepalive(now, id, ctrl_seq, &body);
+                mark_dirty(&mut self.dirty, id);
+                return;
+            }
             // Not produced by this EFCP; counted as malformed.
-            ControlBody::NackFc { .. } | ControlBody::Cack { .. } => {
+            ControlBody::NackFc { .. } => {
                 self.counters.rx_malformed += 1;
                 return;
             }
         };
+        f.heard = true;
         let (pdu, meta) = f.efcp.widen(pdu, meta, bits, ctrl_bits);
         f.efcp.on_pdu_meta(now, pdu, meta);
         mark_dirty(&mut self.dirty, id);
@@ -1821,6 +1861,9 @@ impl NormalIpcp {
                 // The partial SDU is gone: release the credit its fragments held.
                 let n = std::mem::take(&mut f.fragments);
                 f.efcp.consumed(now, n);
+            }
+            if f.ka.as_ref().is_some_and(|k| k.due() <= now) {
+                self.keepalive_timeout(now, id);
             }
             mark_dirty(&mut self.dirty, id);
         }

@@ -92,6 +92,7 @@ pub fn cube(exp: &Experiment, node: usize, d: usize, c: &Cube) -> QosCube {
     q.avg_bandwidth_bps = c.bandwidth_bps.map(|b| b as u64);
     q.delay_us = c.delay.map(|d| d.as_micros() as u64);
     q.loss_ppm = c.loss.map(|l| (l * 1e6) as u32);
+    q.keepalive = c.keepalive;
     for (&l, &id) in &c.maps_to {
         let over_it = dif
             .adjacencies

@@ -386,6 +386,14 @@ impl Scope<'_, '_> {
                 ));
             }
             let maps_to = self.maps_to(d, c, over, difs)?;
+            let keepalive = c.keepalive.as_ref().map(|k| k.get_ref().get());
+            if let (Some(k), Some(s)) = (keepalive, &c.keepalive) {
+                rina_core::normal::keepalive::check_interval(k).map_err(|m| {
+                    self.ctx
+                        .src
+                        .err(s.span(), format!("DIF `{name}`: cube `{cname}`: {m}"))
+                })?;
+            }
             cubes.push(Cube {
                 name: cname,
                 id,
@@ -395,6 +403,7 @@ impl Scope<'_, '_> {
                 maps_to,
                 bandwidth_bps: c.bandwidth.map(|r| r.bps()),
                 delay: c.delay.map(|x| x.get()),
+                keepalive,
                 loss: c.loss,
                 efcp: c.efcp.clone(),
             });
@@ -584,6 +593,7 @@ fn default_cubes() -> Vec<model::CubeDecl> {
         bandwidth: None,
         delay: None,
         loss: None,
+        keepalive: None,
         efcp: Default::default(),
     };
     vec![c("best-effort", false), c("reliable", true)]

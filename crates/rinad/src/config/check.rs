@@ -489,6 +489,11 @@ pub(super) fn check_qos(ip: &IpcpConfig) -> Result<(), (std::ops::Range<usize>, 
         if c.jitter_us.is_some() && c.delay_us.is_none() {
             return Err((span, key("jitter_us"), "needs `delay_us`".into()));
         }
+        if let Some(ms) = c.keepalive_ms {
+            let d = std::time::Duration::from_millis(ms);
+            rina_core::normal::keepalive::check_interval(d)
+                .map_err(|m| (span.clone(), key("keepalive_ms"), m))?;
+        }
     }
     if let Some(s) = &ip.scheduler {
         if let Ok(v) = serde_json::to_value(s.get_ref()) {

@@ -118,6 +118,9 @@
 //!                                 # carries this one (by name or id; default: that
 //!                                 # DIF's default cube); one N-1 flow per neighbour
 //!                                 # and distinct lower cube
+//! # keepalive_ms = 5000           # flows that heard nothing for this long probe
+//!                                 # the peer; nothing for 3 of them: deallocated
+//!                                 # (10..=3600000; default off; local setting)
 //! # efcp = { congestion_control = "dctcp", window = 256, min_rto_ms = 10 }
 //!                                 # EFCP policies: a_timer_ms, max_sdu_gap, window,
 //!                                 # initial_credit, initial/min/max_rto_ms,
@@ -657,6 +660,11 @@ pub struct QosCubeConfig {
     /// A DIF not listed carries it on its default cube.
     #[serde(default)]
     pub lower: BTreeMap<String, LowerCubeRef>,
+    /// Keepalive of the cube's flows, milliseconds (10 to 3,600,000;
+    /// absent: off): a flow that heard nothing for this long probes its
+    /// peer, and one that hears nothing for three of them is deallocated
+    /// ([`QosCube::keepalive`]).
+    pub keepalive_ms: Option<u64>,
     /// EFCP policies and parameters (window, RTO bounds, A-timer, max gap,
     /// congestion control and its parameters) over the cube's defaults.
     #[serde(default)]
@@ -717,6 +725,7 @@ impl QosCubeConfig {
         c.delay_us = self.delay_us;
         c.jitter_us = self.jitter_us;
         c.loss_ppm = self.loss_ppm;
+        c.keepalive = self.keepalive_ms.map(std::time::Duration::from_millis);
         c.lower = self
             .lower
             .iter()

@@ -489,6 +489,34 @@ address = 2
     }
 
     #[test]
+    fn a_cube_keepalive_is_read_and_range_checked() {
+        let cube = |ka: &str| format!("{TWO}\n[[ipcp.qos_cube]]\nid = 1\nname = \"x\"\n{ka}");
+        let c = parse(&cube("keepalive_ms = 2500\n")).unwrap();
+        assert_eq!(
+            c.ipcps[1].cubes()[0].keepalive,
+            Some(std::time::Duration::from_millis(2500))
+        );
+        assert_eq!(
+            parse(&cube("")).unwrap().ipcps[1].cubes()[0].keepalive,
+            None
+        );
+        for bad in ["0", "9", "3600001"] {
+            let e = parse(&cube(&format!("keepalive_ms = {bad}\n")))
+                .unwrap_err()
+                .to_string();
+            // The cube's table, like the other cube checks.
+            assert!(
+                e.contains("line 32")
+                    && e.contains("qos_cube[0].keepalive_ms")
+                    && e.contains("10 ms to 3600 s"),
+                "{bad}: {e}"
+            );
+        }
+        let e = parse(&cube("keepalive_ms = -1\n")).unwrap_err().to_string();
+        assert!(e.contains("keepalive_ms"), "{e}");
+    }
+
+    #[test]
     fn scheduler_mistakes_name_key_and_line() {
         // Line 32 is the `[ipcp.scheduler]` header.
         let sched = |body: &str| format!("{TWO}\n[ipcp.scheduler]\n{body}");

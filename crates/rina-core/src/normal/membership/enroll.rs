@@ -459,11 +459,12 @@ fn adoption(
         return Err(format!("address {address} does not fit the DIF"));
     }
     let mut cubes = cubes_of(&theirs);
-    // The mapping onto the DIFs below is local: keep what this IPCP's own
-    // configuration says for a cube of the same name.
+    // The mapping onto the DIFs below and the keepalive are local: keep
+    // what this IPCP's own configuration says for a cube of the same name.
     for c in &mut cubes {
         if let Some(mine) = cx.cfg.cubes.iter().find(|m| m.name == c.name) {
             c.lower = mine.lower.clone();
+            c.keepalive = mine.keepalive;
         }
     }
     if cubes.iter().any(|c| c.id > cx.cfg.dt.qos.max_value()) {

@@ -238,6 +238,10 @@ fn cube_table(exp: &Experiment, node: usize, d: usize, c: &Cube) -> Value {
     if let Some(ls) = k.loss_ppm {
         q.insert("loss_ppm".into(), i64::from(ls).into());
     }
+    if let Some(ka) = k.keepalive {
+        let ms = i64::try_from(ka.as_millis()).unwrap_or(i64::MAX);
+        q.insert("keepalive_ms".into(), ms.into());
+    }
     // The cube of each lower DIF this cube rides on (seed 003's mapping):
     // one N-1 flow per lower cube in use.
     let lower: Table = k
