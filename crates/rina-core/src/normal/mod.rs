@@ -1374,7 +1374,13 @@ impl NormalIpcp {
         };
         self.membership_heard(now, port);
         let mgmt = pci.pdu_type == PduType::Mgmt;
-        let local = pci.dst_addr == self.cfg.address || (mgmt && pci.dst_addr == 0);
+        // A management PDU for address 0 is for whoever gets it; so is
+        // every one that reaches an IPCP without an address (it relays
+        // nothing): a neighbour that knew it under the address it had
+        // before it restarted still says hello there, and must be heard
+        // at once for the enrollment to start.
+        let local = pci.dst_addr == self.cfg.address
+            || (mgmt && (pci.dst_addr == 0 || self.cfg.address == 0));
         if !self.admit_frame(port, &pci, local) {
             return;
         }
