@@ -155,6 +155,8 @@ pub struct Mesh {
     pub edges: Vec<(usize, usize)>,
     /// `links[k]` carries `edges[k]`.
     pub links: Vec<LinkId>,
+    /// Restarts so far, of any node ([`Mesh::restart`]).
+    restarts: u64,
 }
 
 impl Mesh {
@@ -244,6 +246,7 @@ impl Mesh {
             net: Net { world, nodes },
             edges: edges.to_vec(),
             links,
+            restarts: 0,
         }
     }
 
@@ -322,7 +325,24 @@ impl Mesh {
     /// told its neighbours (cost 1, their current addresses) at once, as
     /// [`Mesh::new`] does at time zero; without it, it finds them by
     /// hellos (and enrolls again, if `cfg` says so).
-    pub fn restart(&mut self, i: usize, cfg: NormalConfig, announce: bool) {
+    ///
+    /// Like `rinad`, which draws them at random, the new IPCP numbers its
+    /// CEP-ids from elsewhere and takes other nonces than the one it
+    /// replaces: unless `cfg` sets them, its `first_cep` and membership
+    /// `entropy` are drawn from the world's seed, the node and how many
+    /// restarts came before ([`restart_draw`]), so that PDUs of its
+    /// peers' flows from before never land in a flow of the new one.
+    pub fn restart(&mut self, i: usize, mut cfg: NormalConfig, announce: bool) {
+        self.restarts += 1;
+        let draw = restart_draw(self.world.seed(), i, self.restarts);
+        if cfg.first_cep == 0 {
+            cfg.first_cep = draw & 0xffff_ffff;
+        }
+        if let Some(m) = cfg.membership.as_mut().filter(|m| m.entropy == [0; 32]) {
+            for (k, b) in m.entropy.iter_mut().enumerate() {
+                *b = (restart_draw(draw, k, 0) & 0xff) as u8;
+            }
+        }
         let id = self.nodes[i];
         let ends = self.world.node(id).link_ends();
         let ipcp = NormalIpcp::new(cfg, Box::new(Fifo::new(1000)))
@@ -405,6 +425,19 @@ impl Mesh {
             self.world.run_until(next).expect("within the step limit");
         }
     }
+}
+
+/// A number drawn for the `restart`-th restart of node `node` in a world
+/// seeded with `seed` (SplitMix64 of the three): the same for the same
+/// run, different for each restart.
+pub fn restart_draw(seed: u64, node: usize, restart: u64) -> u64 {
+    let mut z = seed
+        ^ (node as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ restart.wrapping_mul(0xd1b5_4a32_d192_ed03);
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// Nodes running normal IPCPs in a simulated world, with the scripted
