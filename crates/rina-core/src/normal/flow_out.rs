@@ -201,8 +201,10 @@ impl Out<'_> {
 
     /// Reports flow `id` failed with `error`.
     pub(super) fn fail(&mut self, id: FlowId, error: efcp::EfcpError) {
-        self.actions
-            .push_back(Action::FlowFailed { flow: id, error });
+        self.actions.push_back(Action::FlowFailed {
+            flow: id,
+            error: Box::new(error),
+        });
     }
 
     /// Writes the PCI of PDU `p` of flow `f` (in place for data), protects
