@@ -502,6 +502,28 @@ impl Reassembler {
         }
     }
 
+    /// [`Reassembler::push_buf`] of the common fragment: a whole SDU in
+    /// one PDU while no SDU is being put together. It comes back in
+    /// `payload`'s buffer, past its delimiter, counted as `push_buf` would
+    /// count it; with nothing partial there is no timeout to run and no
+    /// gap that could spoil anything. Any other fragment is handed back
+    /// untouched (`Err`), for [`Reassembler::push_buf`].
+    #[inline]
+    pub fn push_whole(&mut self, seq: u64, mut payload: PduBuf) -> Result<Sdu, PduBuf> {
+        let whole = self.partial.is_none()
+            && payload.len() > DELIMITER_LEN
+            && payload.len() - DELIMITER_LEN <= self.max_sdu
+            && payload[0] == COMPLETE;
+        if !whole {
+            return Err(payload);
+        }
+        self.counters.fragments_in += 1;
+        self.counters.sdus_complete += 1;
+        self.last_seq = Some(seq);
+        payload.advance(DELIMITER_LEN);
+        Ok(Sdu::from(payload))
+    }
+
     /// Like [`Reassembler::push`], but a complete (unfragmented) SDU is
     /// returned as a slice of `payload` instead of a copy.
     pub fn push_ref<'a>(

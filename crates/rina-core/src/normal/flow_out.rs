@@ -21,6 +21,7 @@ use crate::delimiting;
 use crate::efcp;
 use crate::ids::IdMap;
 use crate::rmt::{self, QueuedPdu, Rmt};
+use crate::sdu::Sdu;
 use crate::sdup::Sdup;
 use crate::time::Instant;
 use rina_wire::pci::{self, Pci, PduType};
@@ -329,6 +330,10 @@ impl Flow {
         counters: &mut Counters,
     ) {
         self.fragments += 1;
+        let payload = match self.reasm.push_whole(seq, payload) {
+            Ok(sdu) => return self.hand_over(now, id, sdu, actions),
+            Err(payload) => payload,
+        };
         let before = self.reasm.discarded();
         let res = self.reasm.push_buf(now, seq, payload);
         if self.reasm.discarded() > before || res.is_err() {
@@ -343,15 +348,21 @@ impl Flow {
             }
         }
         if let Ok(Some(sdu)) = res {
-            self.counters.sdus_in += 1;
-            self.counters.bytes_in += sdu.len() as u64;
-            let n = std::mem::take(&mut self.fragments);
-            if self.auto_consume {
-                self.efcp.consumed(now, n);
-            } else {
-                self.unconsumed.push_back(n);
-            }
-            actions.push_back(Action::Deliver { flow: id, sdu });
+            self.hand_over(now, id, sdu, actions);
         }
+    }
+
+    /// Hands the whole SDU `sdu` of flow `id` to the driver, its fragments
+    /// consumed now (auto-consume) or when the application says so.
+    fn hand_over(&mut self, now: Instant, id: FlowId, sdu: Sdu, actions: &mut VecDeque<Action>) {
+        self.counters.sdus_in += 1;
+        self.counters.bytes_in += sdu.len() as u64;
+        let n = std::mem::take(&mut self.fragments);
+        if self.auto_consume {
+            self.efcp.consumed(now, n);
+        } else {
+            self.unconsumed.push_back(n);
+        }
+        actions.push_back(Action::Deliver { flow: id, sdu });
     }
 }
