@@ -868,31 +868,42 @@ pub fn encode_control(
     r
 }
 
-impl<'a> Pdu<'a> {
-    /// Parses one PDU from `buf`. Never panics, whatever the constants and bytes.
-    ///
-    /// The version must be 1; the type one of [`PduType`]; the length field
-    /// at least the header length ([`WireError::BadValue`]), at most
-    /// `max_pdu_size` ([`WireError::PduTooLong`]) and at most `buf.len()`
-    /// ([`WireError::Truncated`]). Bytes after `length` are padding and are
-    /// ignored. A control PDU must be exactly as long as its type says
-    /// ([`WireError::Trailing`] otherwise).
-    pub fn parse(c: &DtConstants, buf: &'a [u8]) -> Result<Self, WireError> {
-        if let Some(p) = Pdu::parse_data(c, buf) {
-            return Ok(p);
+/// The reading of well-formed DT and MGMT PDUs of one DIF, the way it
+/// takes decided once from its constants (fixed offsets for the default
+/// widths, [`DtConstants::default`]; else field by field) rather than per
+/// PDU: what a receiver keeps for the PDUs of every SDU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataParser {
+    c: DtConstants,
+    std: bool,
+}
+
+impl DataParser {
+    /// The reader of the PDUs of a DIF with constants `c`.
+    pub fn new(c: &DtConstants) -> Self {
+        DataParser {
+            c: *c,
+            std: c.std_data_layout(),
         }
-        Pdu::parse_any(c, buf)
     }
 
-    /// [`Pdu::parse`] of a well-formed DT or MGMT PDU, the one every SDU
-    /// takes: one length check, then the fields at their offsets, with no
-    /// error built per field. `None` for anything else (a control PDU, or
-    /// one that is malformed), which [`Pdu::parse_any`] then parses or
-    /// names the error of; where this gives a PDU, that gives the same.
-    fn parse_data(c: &DtConstants, buf: &'a [u8]) -> Option<Self> {
-        if c.std_data_layout() {
-            return Pdu::parse_std_data(c, buf);
+    /// The PCI of the well-formed DT or MGMT PDU in `buf`, and where its
+    /// payload is (`pci.length` ends it): what [`Pdu::parse`] gives for
+    /// it. `None` for anything else (a control PDU, or one that is
+    /// malformed), which [`Pdu::parse`] then parses or names the error of.
+    #[inline]
+    pub fn parse(&self, buf: &[u8]) -> Option<(Pci, std::ops::Range<usize>)> {
+        let (pci, hl) = self.parse_pci(buf)?;
+        Some((pci, hl..pci.length as usize))
+    }
+
+    /// [`DataParser::parse`], with the header length for the range.
+    #[inline]
+    fn parse_pci(&self, buf: &[u8]) -> Option<(Pci, usize)> {
+        if self.std {
+            return Self::parse_std(&self.c, buf);
         }
+        let c = &self.c;
         let base = c.base_len();
         let hl = base + c.seq.bytes();
         if buf.len() < hl || buf[0] != PCI_VERSION {
@@ -932,13 +943,13 @@ impl<'a> Pdu<'a> {
             length,
             seq,
         };
-        let body = Body::Data(buf.get(hl..length as usize)?);
-        Some(Pdu { pci, body })
+        Some((pci, hl))
     }
 
-    /// [`Pdu::parse_data`] with the default widths: one length check, then
-    /// every field at a fixed offset of the header.
-    fn parse_std_data(c: &DtConstants, buf: &'a [u8]) -> Option<Self> {
+    /// [`DataParser::parse_pci`] with the default widths: one length
+    /// check, then every field at a fixed offset of the header.
+    #[inline]
+    fn parse_std(c: &DtConstants, buf: &[u8]) -> Option<(Pci, usize)> {
         let h: &[u8; STD_HEADER_LEN] = buf.first_chunk()?;
         if h[0] != PCI_VERSION {
             return None;
@@ -968,7 +979,34 @@ impl<'a> Pdu<'a> {
             length,
             seq: u32::from_be_bytes([h[15], h[16], h[17], h[18]]) as u64,
         };
-        let body = Body::Data(buf.get(STD_HEADER_LEN..length as usize)?);
+        Some((pci, STD_HEADER_LEN))
+    }
+}
+
+impl<'a> Pdu<'a> {
+    /// Parses one PDU from `buf`. Never panics, whatever the constants and bytes.
+    ///
+    /// The version must be 1; the type one of [`PduType`]; the length field
+    /// at least the header length ([`WireError::BadValue`]), at most
+    /// `max_pdu_size` ([`WireError::PduTooLong`]) and at most `buf.len()`
+    /// ([`WireError::Truncated`]). Bytes after `length` are padding and are
+    /// ignored. A control PDU must be exactly as long as its type says
+    /// ([`WireError::Trailing`] otherwise).
+    pub fn parse(c: &DtConstants, buf: &'a [u8]) -> Result<Self, WireError> {
+        if let Some(p) = Pdu::parse_data(c, buf) {
+            return Ok(p);
+        }
+        Pdu::parse_any(c, buf)
+    }
+
+    /// [`Pdu::parse`] of a well-formed DT or MGMT PDU, the one every SDU
+    /// takes: one length check, then the fields at their offsets, with no
+    /// error built per field. `None` for anything else (a control PDU, or
+    /// one that is malformed), which [`Pdu::parse_any`] then parses or
+    /// names the error of; where this gives a PDU, that gives the same.
+    fn parse_data(c: &DtConstants, buf: &'a [u8]) -> Option<Self> {
+        let (pci, hl) = DataParser::new(c).parse_pci(buf)?;
+        let body = Body::Data(buf.get(hl..pci.length as usize)?);
         Some(Pdu { pci, body })
     }
 

@@ -625,6 +625,9 @@ pub struct NormalIpcp {
     frag_budget: usize,
     /// Bytes of a DT or MGMT PCI with this DIF's widths.
     data_header: usize,
+    /// Reads the PCI of the DT and MGMT PDUs received, its way decided
+    /// once from this DIF's widths.
+    data_parser: pci::DataParser,
     /// The flow allocator.
     fa: fa::FlowAllocator,
     /// PDUs (PCI and payload, unprotected) this IPCP sent to itself.
@@ -744,6 +747,7 @@ impl NormalIpcp {
             counters: Counters::default(),
             frag_budget,
             data_header,
+            data_parser: pci::DataParser::new(&cfg.dt),
             fa: fa::FlowAllocator::new(cfg.first_cep % cfg.dt.cep.max_value()),
             loopback: VecDeque::new(),
             now: Instant::ZERO,
@@ -1399,6 +1403,10 @@ impl NormalIpcp {
     /// The PCI of the PDU in `frame` and where its body is; a malformed
     /// one is counted.
     fn parse_pdu(&mut self, frame: &[u8]) -> Option<(Pci, ParsedBody)> {
+        // Most PDUs are well-formed DT PDUs, read in one go.
+        if let Some((pci, at)) = self.data_parser.parse(frame) {
+            return Some((pci, ParsedBody::Data(at)));
+        }
         match pci::Pdu::parse(&self.cfg.dt, frame) {
             // The payload is the rest of the PDU, which ends at its length.
             Ok(pci::Pdu {
