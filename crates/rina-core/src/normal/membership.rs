@@ -422,6 +422,11 @@ pub(super) struct MembershipMachine {
     report: Option<EnrollmentReport>,
     /// When each port last carried a valid frame.
     last_heard: BTreeMap<N1Port, Instant>,
+    /// The port and time [`MembershipMachine::heard`] last wrote into
+    /// `last_heard`, while that entry still holds it: the frames of a
+    /// turn are heard on one port at one time, and all but the first
+    /// then change nothing. Cleared wherever `last_heard` is written else.
+    heard_memo: Option<(N1Port, Instant)>,
     /// Who said hello on each port.
     hello_from: BTreeMap<N1Port, (AppName, Address)>,
     next_hello: Option<Instant>,
@@ -454,6 +459,7 @@ impl MembershipMachine {
             enroll_hold: None,
             report: None,
             last_heard: BTreeMap::new(),
+            heard_memo: None,
             hello_from: BTreeMap::new(),
             next_hello: enrolled.then_some(Instant::ZERO),
             unreachable_since: BTreeMap::new(),
@@ -531,6 +537,7 @@ impl MembershipMachine {
     /// A new port: a hello (and port authentication) at once.
     pub(super) fn port_added(&mut self, cx: &Ctx, now: Instant, port: N1Port) {
         self.last_heard.insert(port, now);
+        self.heard_memo = None;
         if cx.address() != 0 {
             self.send_hello(cx, now, port);
             self.start_port_auth(cx, now, port);
@@ -540,6 +547,7 @@ impl MembershipMachine {
     /// A port went away.
     pub(super) fn port_removed(&mut self, now: Instant, port: N1Port) {
         self.last_heard.remove(&port);
+        self.heard_memo = None;
         self.hello_from.remove(&port);
         self.enrollers.remove(&port);
         self.forget_port_admission(port);
@@ -552,8 +560,12 @@ impl MembershipMachine {
 
     /// A valid frame arrived on `port`: the neighbour is alive.
     pub(super) fn heard(&mut self, now: Instant, port: N1Port) {
+        if self.heard_memo == Some((port, now)) {
+            return;
+        }
         if let Some(t) = self.last_heard.get_mut(&port) {
             *t = now;
+            self.heard_memo = Some((port, now));
         }
     }
 
@@ -657,6 +669,7 @@ impl MembershipMachine {
         for p in silent {
             // Checked again after the next interval.
             self.last_heard.insert(p, now);
+            self.heard_memo = None;
             self.hello_from.remove(&p);
             // Opened again with the next hello.
             self.out.push_back(MsOut::SessionClosed { port: p });
