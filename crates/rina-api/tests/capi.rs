@@ -15,19 +15,15 @@ const T: Duration = Duration::from_secs(20);
 /// `RINA_SOCKET` at their own daemon.
 static ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-#[test]
-fn c_programs_register_allocate_accept_and_echo() {
-    let out = temp_dir("capi");
-    let server = compile("server", &out, Link::Shared);
-    let client = compile("client", &out, Link::Static);
-    let (alpha, beta) = pair(&["capi-echo/1", "capi-refuse"]);
-
+/// Starts the C server `server` on the daemon at `socket` and waits for
+/// its "ready" (its names registered); its output lines follow.
+fn start_server(server: &std::path::Path, socket: &std::path::Path) -> (Killer, Lines) {
     // Without cargo's LD_LIBRARY_PATH, which names target/debug before the
     // rpath's deps/: a library an earlier `cargo build` left there would be
     // loaded instead of the one under test.
-    let mut srv = Command::new(&server)
+    let mut srv = Command::new(server)
         .env_remove("LD_LIBRARY_PATH")
-        .env("RINA_SOCKET", &beta.socket)
+        .env("RINA_SOCKET", socket)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -41,6 +37,17 @@ fn c_programs_register_allocate_accept_and_echo() {
             srv.0.wait_with_output_checked()
         );
     }
+    (srv, lines)
+}
+
+#[test]
+fn c_programs_register_allocate_accept_and_echo() {
+    let out = temp_dir("capi");
+    let server = compile("server", &out, Link::Shared);
+    let client = compile("client", &out, Link::Static);
+    let (alpha, beta) = pair(&["capi-echo/1", "capi-refuse"]);
+
+    let (mut srv, lines) = start_server(&server, &beta.socket);
 
     let c = Command::new(&client)
         .env("RINA_SOCKET", &alpha.socket)
@@ -132,22 +139,7 @@ fn a_flow_descriptor_inherited_across_exec_gets_its_mss() {
     let server = compile("server", &out, Link::Shared);
     let client = compile("client", &out, Link::Static);
     let (alpha, beta) = pair(&["capi-echo/1", "capi-refuse"]);
-    let mut srv = Command::new(&server)
-        .env_remove("LD_LIBRARY_PATH")
-        .env("RINA_SOCKET", &beta.socket)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the C server");
-    let lines = Lines::new(srv.stdout.take().expect("stdout"));
-    let mut srv = Killer(srv);
-    let first = lines.next(T);
-    if first.as_deref() != Some("ready") {
-        panic!(
-            "server did not register ({first:?})\n{}",
-            srv.0.wait_with_output_checked()
-        );
-    }
+    let (_srv, _lines) = start_server(&server, &beta.socket);
     let c = Command::new(&client)
         .arg("exec")
         .env("RINA_SOCKET", &alpha.socket)

@@ -318,22 +318,8 @@ fn check_tun_down_up(lab: &Lab) {
             &lab.run(0, "ip", &["link", "set", TUN, state]),
         );
     }
-    let t = Instant::now();
-    for dst in [B4, B6] {
-        wait_until(
-            &format!("a ping to {dst} after the TUN went down and up"),
-            Duration::from_secs(10),
-            || {
-                lab.run(0, "ping", &["-c", "1", "-W", "1", dst])
-                    .status
-                    .success()
-            },
-        );
-    }
-    println!(
-        "tunnel back {:.2} s after its TUN went down and up",
-        t.elapsed().as_secs_f64()
-    );
+    let back = pings_come_back(lab, &[B4, B6], "the TUN went down and up");
+    println!("tunnel back {back:.2} s after its TUN went down and up");
     // The route to the ghost's prefix (which down took away) is back.
     let out = lab.run(0, "ip", &["route", "get", GHOST4]);
     let text = String::from_utf8_lossy(&out.stdout);
@@ -351,10 +337,17 @@ fn check_mtu_dip(lab: &Lab) {
             &lab.run(0, "ip", &["link", "set", TUN, "mtu", m]),
         );
     }
+    let back = pings_come_back(lab, &[B6, B4], "the MTU went to 1200 and back");
+    println!("IPv6 back {back:.2} s after the MTU went below 1280 and back");
+}
+
+/// Waits (10 s at most for each) until a ping from A to each of `dsts`
+/// is answered after `what`; the seconds that took.
+fn pings_come_back(lab: &Lab, dsts: &[&str], what: &str) -> f64 {
     let t = Instant::now();
-    for dst in [B6, B4] {
+    for dst in dsts {
         wait_until(
-            &format!("a ping to {dst} after the MTU went to 1200 and back"),
+            &format!("a ping to {dst} after {what}"),
             Duration::from_secs(10),
             || {
                 lab.run(0, "ping", &["-c", "1", "-W", "1", dst])
@@ -363,10 +356,7 @@ fn check_mtu_dip(lab: &Lab) {
             },
         );
     }
-    println!(
-        "IPv6 back {:.2} s after the MTU went below 1280 and back",
-        t.elapsed().as_secs_f64()
-    );
+    t.elapsed().as_secs_f64()
 }
 
 /// A peer that never answers: its flow stays in back-off, retried with
