@@ -17,7 +17,10 @@
 //! `rinad` pays for is not counted);
 //! with `--held-writes` as well, the sender writes the turn's N SDUs with
 //! `System::write_held` and settles once, as `rinad` does with the SDUs it
-//! takes from an application flow in a turn.
+//! takes from an application flow in a turn. `--max-pdu B` sets the
+//! largest PDU of `net` (9000 unless given), so that `--size 65000
+//! --max-pdu 1450` fragments each SDU as `rina-ip`'s packets are over a
+//! 1500-byte link.
 //!
 //!   cargo run --release -p rina-core --example data_path_core -- --stack [--batch 16 [--held-writes]]
 
@@ -57,7 +60,7 @@ fn normal(dif: &str, me: &str, addr: u64) -> NormalConfig {
 }
 
 /// System `i` of two.
-fn system(i: usize, stack: bool) -> System {
+fn system(i: usize, stack: bool, max_pdu: u32) -> System {
     let peer = 1 - i;
     let fifo = SchedulerConfig::Fifo(FifoConfig { queue_len: 1000 });
     let mut s = System::new(format!("s{i}"));
@@ -71,9 +74,11 @@ fn system(i: usize, stack: bool) -> System {
         address: None,
     };
     let me = format!("s{i}.net");
+    let mut net = normal("net", &me, i as u64 + 1);
+    net.dt.max_pdu_size = max_pdu;
     s.add_normal(
         name(&me),
-        normal("net", &me, i as u64 + 1),
+        net,
         &fifo,
         vec![nb("net", "udp")],
         BTreeMap::new(),
@@ -137,7 +142,7 @@ fn run(sys: &mut [System; 2], t: &mut Instant, ms: u64) -> Vec<(usize, AppEvent)
 
 fn main() {
     let (mut stack, mut sdus, mut size) = (false, 200_000usize, 1400usize);
-    let (mut batch, mut held_writes) = (1usize, false);
+    let (mut batch, mut held_writes, mut max_pdu) = (1usize, false, 9000u32);
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
         match k.as_str() {
@@ -146,11 +151,12 @@ fn main() {
             "--size" => size = it.next().and_then(|v| v.parse().ok()).expect("--size B"),
             "--batch" => batch = it.next().and_then(|v| v.parse().ok()).expect("--batch N"),
             "--held-writes" => held_writes = true,
+            "--max-pdu" => max_pdu = it.next().and_then(|v| v.parse().ok()).expect("--max-pdu B"),
             _ => panic!("unknown argument {k}"),
         }
     }
     let top = if stack { "up" } else { "net" };
-    let mut sys = [system(0, stack), system(1, stack)];
+    let mut sys = [system(0, stack, max_pdu), system(1, stack, max_pdu)];
     let mut t = Instant::ZERO;
     run(&mut sys, &mut t, 8000);
     sys[1].register(top, name("sink")).expect("register");
