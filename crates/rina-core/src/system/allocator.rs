@@ -273,9 +273,26 @@ impl System {
             .min()
     }
 
+    /// The (upper, lower) members of N-1 flow `port`, for the data path:
+    /// [`System::n1_recent`] first, then the tree.
+    pub(super) fn n1_of(&mut self, port: PortId) -> Option<(usize, usize)> {
+        let [a, b] = self.n1_recent;
+        if a.0 == port && port != 0 {
+            return Some((a.1, a.2));
+        }
+        if b.0 == port && port != 0 {
+            self.n1_recent = [b, a];
+            return Some((b.1, b.2));
+        }
+        let &(upper, lower) = self.n1.get(&port)?;
+        self.n1_recent = [(port, upper, lower), a];
+        Some((upper, lower))
+    }
+
     /// Records flow `port` of member `lower` as an N-1 flow of `upper`.
     pub(super) fn n1_insert(&mut self, port: PortId, upper: usize, lower: usize) {
         self.n1.insert(port, (upper, lower));
+        self.n1_recent = [(0, 0, 0); 2];
         self.n1_stacked.retain(|&(p, ..)| p != port);
         if matches!(self.members[lower].machine, Machine::Normal(_)) {
             let at = self.n1_stacked.partition_point(|&(p, ..)| p < port);
@@ -286,6 +303,7 @@ impl System {
     /// Forgets N-1 flow `port`: its (upper, lower) members, if it was one.
     pub(super) fn n1_remove(&mut self, port: PortId) -> Option<(usize, usize)> {
         self.n1_stacked.retain(|&(p, ..)| p != port);
+        self.n1_recent = [(0, 0, 0); 2];
         self.n1.remove(&port)
     }
 
@@ -493,7 +511,7 @@ impl System {
         port: PortId,
         mut frame: PduBuf,
     ) {
-        let Some(&(_, lower)) = self.n1.get(&port) else {
+        let Some((_, lower)) = self.n1_of(port) else {
             return;
         };
         if self.members[lower].normal_mut().is_some() {

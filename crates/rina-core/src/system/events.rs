@@ -124,7 +124,7 @@ impl System {
     /// Delivers an SDU that crossed congestion (`congested`: a PDU of its
     /// flow carried the ECN flag) to an upper IPCP or an application.
     pub(super) fn deliver_marked(&mut self, now: Instant, port: PortId, sdu: Sdu, congested: bool) {
-        if let Some(&(upper, _)) = self.n1.get(&port) {
+        if let Some((upper, _)) = self.n1_of(port) {
             if let Machine::Normal(n) = &mut self.members[upper].machine {
                 n.on_frame_buf(now, port, sdu.into_buf(), congested);
             }

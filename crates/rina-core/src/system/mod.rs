@@ -205,6 +205,12 @@ pub struct System {
     out: VecDeque<Output>,
     /// N-1 flows: port -> (upper member, lower member).
     n1: BTreeMap<PortId, (usize, usize)>,
+    /// The last two ports found in `n1` on the data path, the most recent
+    /// first (port 0, which no flow has, where none): a stacked DIF's
+    /// frames alternate between the upper's N-1 port and the lower's, so
+    /// two spare a tree search per frame each way. Emptied whenever `n1`
+    /// changes.
+    n1_recent: [(PortId, usize, usize); 2],
     /// The N-1 flows of `n1` over a normal IPCP (a stacked DIF's), whose
     /// gates follow their lower flow's room: what the system checks on
     /// every turn, empty when no DIF is stacked. (port, upper, lower), in
@@ -260,6 +266,7 @@ impl System {
             plans: Vec::new(),
             out: VecDeque::new(),
             n1: BTreeMap::new(),
+            n1_recent: [(0, 0, 0); 2],
             n1_stacked: Vec::new(),
             n1_pending: BTreeMap::new(),
             gated: BTreeSet::new(),
@@ -934,8 +941,8 @@ impl System {
         let mut app = None;
         match got {
             Ok(Some((port, sdu))) if self.app_flows.contains_key(&port) => app = Some((port, sdu)),
-            Ok(Some((port, sdu))) => match self.n1.get(&port) {
-                Some(&(upper, _)) => {
+            Ok(Some((port, sdu))) => match self.n1_of(port) {
+                Some((upper, _)) => {
                     if let Some(n) = self.members[upper].normal_mut() {
                         n.on_frame(now, port, sdu);
                     }
@@ -988,8 +995,8 @@ impl System {
         if self.app_flows.contains_key(&port) {
             return Some((port, frame));
         }
-        match self.n1.get(&port) {
-            Some(&(upper, _)) => {
+        match self.n1_of(port) {
+            Some((upper, _)) => {
                 if let Some(n) = self.members[upper].normal_mut() {
                     n.on_frame_buf(now, port, frame, false);
                 }
