@@ -142,7 +142,7 @@ sleep 0.3
 iperf3 -s -p 5298 >/dev/null 2>&1 & PIDS+=($!)
 sleep 0.3
 # Where the cores go flat out (the profile behind the daemon's one thread,
-# see the README's "A second core"): each daemon's CPU ticks and the
+# see "A second core" in docs/performance.md): each daemon's CPU ticks and the
 # machine's busy and total ticks (/proc/stat) around each run.
 each() { for p in "${DAEMONS[@]}"; do awk '{print $14 + $15}' "/proc/$p/stat"; done | tr '\n' ' '; }
 machine() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
