@@ -6,7 +6,7 @@ mod common;
 
 use common::{compile, pair, temp_dir, Killer, Lines, Link};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(20);
@@ -40,6 +40,39 @@ fn start_server(server: &std::path::Path, socket: &std::path::Path) -> (Killer, 
     (srv, lines)
 }
 
+/// Runs the C client `client` (tests/c/client.c) with `arg` (none: the
+/// echo run) against the daemon at `socket`. Without cargo's
+/// LD_LIBRARY_PATH, as in [`start_server`]: a shared-linked client loads
+/// the library its rpath names.
+fn run_client(client: &Path, arg: Option<&str>, socket: &Path) -> Output {
+    let mut cmd = Command::new(client);
+    cmd.args(arg)
+        .env_remove("LD_LIBRARY_PATH")
+        .env("RINA_SOCKET", socket);
+    cmd.output().expect("run the C client")
+}
+
+/// Checks that a client run succeeded and printed `expect` (trimmed);
+/// otherwise panics with its exit status, stdout and stderr, then
+/// `context`.
+fn assert_client_said(c: &Output, expect: &str, context: &str) {
+    let (out, err) = (
+        String::from_utf8_lossy(&c.stdout),
+        String::from_utf8_lossy(&c.stderr),
+    );
+    assert!(
+        c.status.success(),
+        "client failed: {:?}\n{out}{err}{context}",
+        c.status
+    );
+    assert_eq!(out.trim(), expect, "client stderr: {err}{context}");
+}
+
+/// [`run_client`] with `arg`, then [`assert_client_said`] `expect`.
+fn client_says(client: &Path, arg: &str, socket: &Path, expect: &str) {
+    assert_client_said(&run_client(client, Some(arg), socket), expect, "");
+}
+
 #[test]
 fn c_programs_register_allocate_accept_and_echo() {
     let out = temp_dir("capi");
@@ -49,10 +82,7 @@ fn c_programs_register_allocate_accept_and_echo() {
 
     let (mut srv, lines) = start_server(&server, &beta.socket);
 
-    let c = Command::new(&client)
-        .env("RINA_SOCKET", &alpha.socket)
-        .output()
-        .expect("run the C client");
+    let c = run_client(&client, None, &alpha.socket);
     let mut got = Vec::new();
     while got.len() < 6 {
         match lines.next(T) {
@@ -61,13 +91,11 @@ fn c_programs_register_allocate_accept_and_echo() {
         }
     }
     let srv_out = srv.0.wait_with_output_checked();
-    assert!(
-        c.status.success(),
-        "client failed:\n{}{}\nserver said {got:?}\n{srv_out}",
-        String::from_utf8_lossy(&c.stdout),
-        String::from_utf8_lossy(&c.stderr)
+    assert_client_said(
+        &c,
+        "client ok",
+        &format!("\nserver said {got:?}\n{srv_out}"),
     );
-    assert_eq!(String::from_utf8_lossy(&c.stdout).trim(), "client ok");
     // The server saw the names in rlite's syntax and the QoS asked for.
     assert_eq!(
         got[0], "accepted capi-client|1 mss 1400 gap -1 bw 0 loss 10000 in_order 0",
@@ -92,18 +120,7 @@ fn c_programs_register_allocate_accept_and_echo() {
 fn c_program_without_a_daemon_gets_errno() {
     let out = temp_dir("nodaemon");
     let client = compile("client", &out, Link::Static);
-    let c = Command::new(&client)
-        .arg("nodaemon")
-        .env("RINA_SOCKET", out.join("nobody.sock"))
-        .output()
-        .expect("run the C client");
-    assert!(
-        c.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&c.stdout),
-        String::from_utf8_lossy(&c.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&c.stdout).trim(), "nodaemon ok");
+    client_says(&client, "nodaemon", &out.join("nobody.sock"), "nodaemon ok");
     let _ = std::fs::remove_dir_all(out);
 }
 
@@ -115,18 +132,7 @@ fn a_forked_child_is_told_to_open_its_own_control_descriptor() {
     let out = temp_dir("fork");
     let client = compile("client", &out, Link::Static);
     let (alpha, _beta) = pair(&[]);
-    let c = Command::new(&client)
-        .arg("fork")
-        .env("RINA_SOCKET", &alpha.socket)
-        .output()
-        .expect("run the C client");
-    assert!(
-        c.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&c.stdout),
-        String::from_utf8_lossy(&c.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&c.stdout).trim(), "fork ok");
+    client_says(&client, "fork", &alpha.socket, "fork ok");
     let _ = std::fs::remove_dir_all(out);
 }
 
@@ -140,19 +146,7 @@ fn a_flow_descriptor_inherited_across_exec_gets_its_mss() {
     let client = compile("client", &out, Link::Static);
     let (alpha, beta) = pair(&["capi-echo/1", "capi-refuse"]);
     let (_srv, _lines) = start_server(&server, &beta.socket);
-    let c = Command::new(&client)
-        .arg("exec")
-        .env("RINA_SOCKET", &alpha.socket)
-        .output()
-        .expect("run the C client");
-    assert!(
-        c.status.success(),
-        "{:?}\n{}{}",
-        c.status,
-        String::from_utf8_lossy(&c.stdout),
-        String::from_utf8_lossy(&c.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&c.stdout).trim(), "inherited ok");
+    client_says(&client, "exec", &alpha.socket, "inherited ok");
     let _ = std::fs::remove_dir_all(out);
 }
 
@@ -164,19 +158,7 @@ fn a_signal_the_program_blocks_is_not_taken_by_the_relay() {
     let out = temp_dir("signals");
     let client = compile("client", &out, Link::Static);
     let d = common::Daemon::start("signals", &[]);
-    let c = Command::new(&client)
-        .arg("signals")
-        .env("RINA_SOCKET", &d.socket)
-        .output()
-        .expect("run the C client");
-    assert!(
-        c.status.success(),
-        "{:?}\n{}{}",
-        c.status,
-        String::from_utf8_lossy(&c.stdout),
-        String::from_utf8_lossy(&c.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&c.stdout).trim(), "signals ok");
+    client_says(&client, "signals", &d.socket, "signals ok");
     let _ = std::fs::remove_dir_all(out);
 }
 
@@ -273,13 +255,7 @@ fn installed_library_builds_programs_with_pkg_config() {
         ldd.contains(&*prefix.join("lib/librina_api.so").to_string_lossy()),
         "{ldd}"
     );
-    let run = Command::new(&exe)
-        .arg("nodaemon")
-        .env_remove("LD_LIBRARY_PATH")
-        .env("RINA_SOCKET", out.join("nobody.sock"))
-        .output()
-        .expect("run the program");
-    assert_eq!(String::from_utf8_lossy(&run.stdout).trim(), "nodaemon ok");
+    client_says(&exe, "nodaemon", &out.join("nobody.sock"), "nodaemon ok");
     let _ = std::fs::remove_dir_all(out);
 }
 
