@@ -4,37 +4,16 @@
 //! rina-core normal IPCPs with link-state routing and the disseminated
 //! directory; deterministic (fixed seeds, virtual time, no sleeps).
 
+mod common;
+
+use common::{converged_mesh, dynamic_cfg as cfg, ideal, mesh_with_echo, name, MS, SEC};
 use rina_core::normal::{MembershipConfig, NormalConfig, NormalError};
-use rina_core::sdup::SdupConfig;
-use rina_core::{directory, routing, Instant};
+use rina_core::Instant;
 use rina_sim::chain::Mesh;
-use rina_sim::{App, LinkConfig};
-use rina_wire::{AppName, QosSpec};
+use rina_sim::App;
+use rina_wire::QosSpec;
 use std::collections::BTreeMap;
 use std::time::Duration;
-
-const MS: Duration = Duration::from_millis(1);
-const SEC: Duration = Duration::from_secs(1);
-
-fn cfg(addr: u64) -> NormalConfig {
-    let mut c = NormalConfig::new("net", addr);
-    c.dt.max_pdu_size = 1400;
-    c.sdup = SdupConfig {
-        ttl: Some(64),
-        crc: true,
-    };
-    c.routing = Some(routing::Config::default());
-    c.dynamic_directory = Some(directory::Config::default());
-    c
-}
-
-fn ideal() -> LinkConfig {
-    LinkConfig::ideal(MS).queue(10_000)
-}
-
-fn name(s: &str) -> AppName {
-    s.parse().unwrap()
-}
 
 /// A ring of `n`: node `i` joined to node `i + 1`, the last to node 0.
 fn ring(n: usize) -> Vec<(usize, usize)> {
@@ -252,13 +231,8 @@ fn all_next_hops(m: &Mesh) -> Vec<BTreeMap<u64, Vec<u32>>> {
 #[test]
 fn a_flapping_link_leaves_the_same_routes_as_no_flapping() {
     let edges = ring(6);
-    let mut calm = Mesh::new(5, 6, &edges, ideal(), cfg);
-    calm.run_until_converged(MS, Instant::ZERO + SEC * 5)
-        .expect("converges");
-    let mut m = Mesh::new(5, 6, &edges, ideal(), cfg);
-    let t0 = m
-        .run_until_converged(MS, Instant::ZERO + SEC * 5)
-        .expect("converges");
+    let (calm, _) = converged_mesh(5, 6, &edges, ideal(), cfg);
+    let (mut m, t0) = converged_mesh(5, 6, &edges, ideal(), cfg);
     let mut t = t0 + MS * 100;
     let mut step = 5u32;
     for _ in 0..25 {
@@ -311,10 +285,7 @@ fn a_flapping_link_leaves_the_same_routes_as_no_flapping() {
 /// only the live registrations are left in the databases.
 #[test]
 fn directory_churn_converges_and_withdrawals_age_out() {
-    let mut m = Mesh::new(9, 5, &ring(5), ideal(), cfg);
-    let t0 = m
-        .run_until_converged(MS, Instant::ZERO + SEC * 5)
-        .expect("converges");
+    let (mut m, t0) = converged_mesh(9, 5, &ring(5), ideal(), cfg);
     let at = |ms: u32| t0 + MS * ms;
     // "x": 1, then 3, then 1 again and 4 for a moment; ends at 1.
     m.register_at(at(0), 1, "x", App::echo());
@@ -361,13 +332,7 @@ fn directory_churn_converges_and_withdrawals_age_out() {
 
 /// A line 0 - 1 - 2 - 3 with `app` at node 3 (accepting).
 fn line_with_app(seed: u64) -> (Mesh, Instant) {
-    let mut m = Mesh::new(seed, 4, &[(0, 1), (1, 2), (2, 3)], ideal(), cfg);
-    m.register_dynamic(3, "app", App::echo());
-    let t = m
-        .run_until_converged(MS, Instant::ZERO + SEC * 5)
-        .expect("converges");
-    m.world.run_until(t + SEC).unwrap();
-    (m, t + SEC)
+    mesh_with_echo(seed, 4, &[(0, 1), (1, 2), (2, 3)], ideal(), cfg, 3, "app")
 }
 
 /// Flow requests racing with failures are answered and leave nothing
@@ -461,13 +426,7 @@ fn flow_requests_racing_with_failures_are_answered() {
 /// those of the healed ring, and a flow crosses the old border.
 fn partition_and_heal(apart: Duration) {
     let edges = ring(6);
-    let mut m = Mesh::new(13, 6, &edges, ideal(), cfg);
-    m.register_dynamic(2, "p", App::echo());
-    let t0 = m
-        .run_until_converged(MS, Instant::ZERO + SEC * 5)
-        .expect("converges");
-    m.world.run_until(t0 + SEC).unwrap();
-    let split = t0 + SEC;
+    let (mut m, split) = mesh_with_echo(13, 6, &edges, ideal(), cfg, 2, "p");
     m.cut(split, 0, 1);
     m.cut(split, 3, 4);
     // "p" moves from node 2 to node 5, across the partition.

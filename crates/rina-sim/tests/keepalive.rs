@@ -5,28 +5,20 @@
 //! the misses. Unchanged rina-core normal IPCPs with link-state routing;
 //! deterministic (fixed seeds, virtual time, no sleeps).
 
+mod common;
+
+use common::{dynamic_cfg, ideal, mesh_with_echo, MS, SEC};
 use rina_core::normal::keepalive::KEEPALIVE_MISSES;
 use rina_core::normal::{NormalConfig, QosCube};
-use rina_core::sdup::SdupConfig;
-use rina_core::{directory, routing, Instant};
+use rina_core::Instant;
 use rina_sim::chain::Mesh;
-use rina_sim::{App, LinkConfig};
+use rina_sim::App;
 use rina_wire::QosSpec;
 use std::time::Duration;
 
-const MS: Duration = Duration::from_millis(1);
-const SEC: Duration = Duration::from_secs(1);
-
 /// A member of DIF `net` at `addr` whose cubes have keepalive `ka`.
 fn cfg(addr: u64, ka: Option<Duration>) -> NormalConfig {
-    let mut c = NormalConfig::new("net", addr);
-    c.dt.max_pdu_size = 1400;
-    c.sdup = SdupConfig {
-        ttl: Some(64),
-        crc: true,
-    };
-    c.routing = Some(routing::Config::default());
-    c.dynamic_directory = Some(directory::Config::default());
+    let mut c = dynamic_cfg(addr);
     c.cubes = QosCube::defaults()
         .into_iter()
         .map(|q| QosCube { keepalive: ka, ..q })
@@ -42,16 +34,8 @@ fn pair(seed: u64, ka: Option<Duration>) -> (Mesh, Instant) {
 
 /// [`pair`] with keepalive `ka0` at node 0 and `ka1` at node 1.
 fn pair_with(seed: u64, ka0: Option<Duration>, ka1: Option<Duration>) -> (Mesh, Instant) {
-    let link = LinkConfig::ideal(MS).queue(10_000);
-    let mut m = Mesh::new(seed, 2, &[(0, 1)], link, |a| {
-        cfg(a, if a == 1 { ka0 } else { ka1 })
-    });
-    m.register_dynamic(1, "app", App::echo());
-    let t = m
-        .run_until_converged(MS, Instant::ZERO + SEC * 5)
-        .expect("converges");
-    m.world.run_until(t + SEC).unwrap();
-    (m, t + SEC)
+    let cfg = |a| cfg(a, if a == 1 { ka0 } else { ka1 });
+    mesh_with_echo(seed, 2, &[(0, 1)], ideal(), cfg, 1, "app")
 }
 
 /// Whether flow 1 of node 0 ended (failed or deallocated).

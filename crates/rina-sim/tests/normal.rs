@@ -2,40 +2,17 @@
 //! normal IPCPs (delimiting, EFCP, PCI, SDU protection, RMT) in chains of
 //! emulated links, with static routes. Deterministic: fixed seeds, virtual time.
 
+mod common;
+
+use common::{base_cfg as cfg, link, tags, MS};
 use rina_core::efcp::{DtcpConfig, EfcpConfig, WindowFc};
-use rina_core::normal::NormalConfig;
-use rina_core::sdup::SdupConfig;
 use rina_core::Instant;
 use rina_sim::chain::Chain;
 use rina_sim::{LinkConfig, NormalCommand};
 use std::time::Duration;
 
-const MS: Duration = Duration::from_millis(1);
-
-fn cfg(addr: u64) -> NormalConfig {
-    let mut c = NormalConfig::new("net", addr);
-    c.dt.max_pdu_size = 1400;
-    c.sdup = SdupConfig {
-        ttl: Some(64),
-        crc: true,
-    };
-    c
-}
-
-fn link() -> LinkConfig {
-    LinkConfig::new(100_000_000, MS).queue(10_000)
-}
-
 fn secs(n: u64) -> Instant {
     Instant::ZERO + Duration::from_secs(n)
-}
-
-/// Tags delivered on `flow` at chain node `i`.
-fn tags(c: &Chain, i: usize, flow: u32) -> Vec<u64> {
-    c.node(i)
-        .app(flow)
-        .map(|a| a.delivered.iter().map(|d| d.tag).collect())
-        .unwrap_or_default()
 }
 
 #[test]

@@ -4,39 +4,18 @@
 //! static route and no static directory entry anywhere. Deterministic:
 //! fixed seeds, virtual time.
 
-use rina_core::directory;
-use rina_core::normal::NormalConfig;
+mod common;
+
+use common::{at_ms, dynamic_cfg as cfg, ideal, name, routed_cfg, MS};
 use rina_core::rib::ObjValue;
-use rina_core::routing;
-use rina_core::sdup::SdupConfig;
-use rina_core::Instant;
 use rina_sim::chain::Mesh;
 use rina_sim::normal_node::FIRST_ACCEPTED_FLOW;
-use rina_sim::{App, LinkConfig};
-use rina_wire::{AppName, QosSpec};
-use std::time::Duration;
-
-const MS: Duration = Duration::from_millis(1);
-
-fn cfg(addr: u64) -> NormalConfig {
-    let mut c = NormalConfig::new("net", addr);
-    c.dt.max_pdu_size = 1400;
-    c.sdup = SdupConfig {
-        ttl: Some(64),
-        crc: true,
-    };
-    c.routing = Some(routing::Config::default());
-    c.dynamic_directory = Some(directory::Config::default());
-    c
-}
-
-fn at_ms(n: u64) -> Instant {
-    Instant::ZERO + MS * n as u32
-}
+use rina_sim::App;
+use rina_wire::QosSpec;
 
 fn line() -> Mesh {
     let edges = [(0, 1), (1, 2), (2, 3)];
-    Mesh::new(7, 4, &edges, LinkConfig::ideal(MS).queue(10_000), cfg)
+    Mesh::new(7, 4, &edges, ideal(), cfg)
 }
 
 fn echoed(m: &Mesh, node: usize, flow: u32) -> Vec<u64> {
@@ -44,10 +23,6 @@ fn echoed(m: &Mesh, node: usize, flow: u32) -> Vec<u64> {
         .app(flow)
         .map(|a| a.delivered.iter().map(|d| d.tag).collect())
         .unwrap_or_default()
-}
-
-fn name(s: &str) -> AppName {
-    s.parse().unwrap()
 }
 
 #[test]
@@ -126,17 +101,7 @@ fn an_application_that_moves_is_found_at_its_new_place() {
 
 #[test]
 fn without_the_option_nothing_is_flooded_and_names_need_the_static_directory() {
-    let mut m = Mesh::new(
-        7,
-        4,
-        &[(0, 1), (1, 2), (2, 3)],
-        LinkConfig::ideal(MS).queue(10_000),
-        |a| {
-            let mut c = cfg(a);
-            c.dynamic_directory = None;
-            c
-        },
-    );
+    let mut m = Mesh::new(7, 4, &[(0, 1), (1, 2), (2, 3)], ideal(), routed_cfg);
     m.register_dynamic(3, "echo", App::echo());
     m.world.run_until(at_ms(1000)).unwrap();
     assert_eq!(m.node(0).ipcp().resolve(&name("echo")), None);

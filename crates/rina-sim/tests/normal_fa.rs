@@ -4,63 +4,22 @@
 //! PDUs relayed by the RMT, and the loss of each kind of CDAP message.
 //! Deterministic: fixed seeds, virtual time.
 
-use rina_core::normal::{NormalConfig, NormalError, CDAP_DISCRIMINATOR};
-use rina_core::sdup::{Sdup, SdupConfig};
+mod common;
+
+use common::{at_ms, base_cfg as cfg, ideal, link, name, reliable, tags, MS};
+use rina_core::normal::{NormalError, CDAP_DISCRIMINATOR};
+use rina_core::sdup::Sdup;
 use rina_core::Instant;
 use rina_sim::chain::Chain;
 use rina_sim::normal_node::FIRST_ACCEPTED_FLOW;
-use rina_sim::{App, LinkConfig, NormalEvent};
+use rina_sim::{App, NormalEvent};
 use rina_wire::cdap::{CdapMessage, OpCode};
 use rina_wire::fa::FLOW_CLASS;
 use rina_wire::pci;
-use rina_wire::{AppName, QosSpec};
+use rina_wire::QosSpec;
 use std::cell::Cell;
 use std::rc::Rc;
 use std::time::Duration;
-
-const MS: Duration = Duration::from_millis(1);
-
-fn cfg(addr: u64) -> NormalConfig {
-    let mut c = NormalConfig::new("net", addr);
-    c.dt.max_pdu_size = 1400;
-    c.sdup = SdupConfig {
-        ttl: Some(64),
-        crc: true,
-    };
-    c
-}
-
-fn link() -> LinkConfig {
-    LinkConfig::new(100_000_000, MS).queue(10_000)
-}
-
-/// A link without serialization delay, so that times are round figures.
-fn ideal() -> LinkConfig {
-    LinkConfig::ideal(MS).queue(10_000)
-}
-
-fn at_ms(n: u64) -> Instant {
-    Instant::ZERO + MS * n as u32
-}
-
-fn name(s: &str) -> AppName {
-    s.parse().unwrap()
-}
-
-fn reliable() -> QosSpec {
-    QosSpec {
-        reliable: true,
-        ..Default::default()
-    }
-}
-
-/// Tags delivered on `flow` at chain node `i`.
-fn tags(c: &Chain, i: usize, flow: u32) -> Vec<u64> {
-    c.node(i)
-        .app(flow)
-        .map(|a| a.delivered.iter().map(|d| d.tag).collect())
-        .unwrap_or_default()
-}
 
 #[test]
 fn a_flow_allocated_by_name_across_three_nodes_carries_data_both_ways() {

@@ -4,9 +4,10 @@
 //! flows run. Deterministic: fixed seeds, virtual time. Figures are printed
 //! (`cargo test -- --nocapture`).
 
-use rina_core::normal::{NormalConfig, NormalError};
-use rina_core::routing;
-use rina_core::sdup::SdupConfig;
+mod common;
+
+use common::{at_ms, converged_mesh, ideal, reliable, routed_cfg as cfg, MS};
+use rina_core::normal::NormalError;
 use rina_core::Instant;
 use rina_sim::chain::{Chain, Mesh, RIGHT};
 use rina_sim::normal_node::FIRST_ACCEPTED_FLOW;
@@ -14,36 +15,8 @@ use rina_sim::{App, LinkConfig, NormalEvent};
 use rina_wire::QosSpec;
 use std::time::Duration;
 
-const MS: Duration = Duration::from_millis(1);
-
-fn cfg(addr: u64) -> NormalConfig {
-    let mut c = NormalConfig::new("net", addr);
-    c.dt.max_pdu_size = 1400;
-    c.sdup = SdupConfig {
-        ttl: Some(64),
-        crc: true,
-    };
-    c.routing = Some(routing::Config::default());
-    c
-}
-
-fn ideal() -> LinkConfig {
-    LinkConfig::ideal(MS).queue(10_000)
-}
-
-fn at_ms(n: u64) -> Instant {
-    Instant::ZERO + MS * n as u32
-}
-
 fn ms_of(t: Instant) -> f64 {
     t.as_nanos() as f64 / 1e6
-}
-
-fn reliable() -> QosSpec {
-    QosSpec {
-        reliable: true,
-        ..Default::default()
-    }
 }
 
 /// Tags delivered on the first flow node `i` accepted.
@@ -141,8 +114,7 @@ fn a_chain_with_routing_configured_needs_no_static_routes() {
 /// to node 2 moved to node 3).
 fn square_with_cut(seed: u64, link: LinkConfig, count: u64) -> (Mesh, Instant, Instant) {
     let edges = [(0, 1), (1, 2), (2, 3), (3, 0)];
-    let mut m = Mesh::new(seed, 4, &edges, link, cfg);
-    let t0 = m.run_until_converged(MS, at_ms(5_000)).expect("converges");
+    let (mut m, t0) = converged_mesh(seed, 4, &edges, link, cfg);
     let via = |m: &Mesh| {
         m.node(0)
             .ipcp()
@@ -204,8 +176,7 @@ fn cutting_a_link_on_the_path_reroutes_and_a_reliable_flow_loses_nothing() {
 fn a_node_cut_off_becomes_unreachable_and_flows_to_it_fail() {
     // Line 0-1-2; node 2's only link is cut while a reliable flow runs.
     let edges = [(0, 1), (1, 2)];
-    let mut m = Mesh::new(5, 3, &edges, ideal(), cfg);
-    let t0 = m.run_until_converged(MS, at_ms(5_000)).expect("converges");
+    let (mut m, t0) = converged_mesh(5, 3, &edges, ideal(), cfg);
     m.register(2, "sink", App::sink());
     m.allocate(t0, 0, 1, "src", "sink", reliable());
     m.stream(t0 + MS * 100, 0, 1, 100_000, 100, MS * 10);
