@@ -8,6 +8,7 @@
 mod common;
 
 use common::{name, wait_for, Daemon};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -270,10 +271,26 @@ fn echo_across(alpha: &Daemon, what: &str) {
     echo_works(alpha);
 }
 
+/// Waits (at most 10 s) for the echo `client`'s first reply: its flow is
+/// up and traffic flows. A thread reads its output on (and drops it).
+fn wait_for_first_reply(client: &mut Killed) {
+    let out = client.0.stdout.take().expect("the echo client's stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if line.contains(" bytes from ") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("a first reply to the echo client within 10 s");
+}
+
 /// Changes alpha.net's scheduling and EFCP policies (bad ones refused)
 /// while the echo `client` runs, which must keep running.
 fn change_policies_under_traffic(alpha: &Daemon, client: &mut Killed) {
-    std::thread::sleep(Duration::from_millis(300));
+    wait_for_first_reply(client);
     ctl(
         alpha,
         &[

@@ -1207,7 +1207,11 @@ fn a_guest_publishing_a_garbage_tail_does_not_make_the_host_spin() {
     for k in 0..4u8 {
         f.write(&[k; 200]).unwrap();
     }
-    std::thread::sleep(Duration::from_millis(500));
+    // Once the host found the garbage (no room for its SDUs), it must
+    // wait, not spin.
+    wait_for("the host to find the garbage tail", T, || {
+        p.host.counter("tx_ring_errors") > 0
+    });
     let before = common::cpu_time(p.host.child.id());
     std::thread::sleep(Duration::from_secs(2));
     let used = common::cpu_time(p.host.child.id()) - before;
