@@ -6,8 +6,10 @@
 
 mod common;
 
-use common::{converged_mesh, dynamic_cfg as cfg, ideal, mesh_with_echo, name, MS, SEC};
-use rina_core::normal::{MembershipConfig, NormalConfig, NormalError};
+use common::{
+    converged_mesh, dynamic_cfg as cfg, ideal, member_cfg, mesh_with_echo, name, MS, SEC,
+};
+use rina_core::normal::{NormalConfig, NormalError};
 use rina_core::Instant;
 use rina_sim::chain::Mesh;
 use rina_sim::App;
@@ -120,15 +122,7 @@ fn a_member_restarting_with_the_same_address_is_believed_at_once() {
 /// Node 0 bootstraps the DIF (address 1, the DIF's policies); every other
 /// node has only its name and the DIF's password and enrolls.
 fn member(i: usize) -> NormalConfig {
-    let mut c = cfg(if i == 0 { 1 } else { 0 });
-    if i != 0 {
-        c.routing = None;
-        c.dynamic_directory = None;
-    }
-    let mut ms = MembershipConfig::new(format!("ipcp-{i}").parse().unwrap());
-    ms.password = Some("s3cret".into());
-    c.membership = Some(ms);
-    c
+    member_cfg(i, "s3cret")
 }
 
 fn enrolled(m: &Mesh) -> bool {

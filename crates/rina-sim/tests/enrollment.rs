@@ -6,24 +6,21 @@
 //! resolve names through the disseminated directory and allocate flows by
 //! name. Deterministic: fixed seeds, virtual time.
 
+mod common;
+
+use common::{at_ms, ideal, member_cfg, MS};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use rina_core::normal::{MembershipConfig, MembershipEvent, NormalConfig};
-use rina_core::sdup::SdupConfig;
-use rina_core::{directory, routing, Instant};
+use rina_core::normal::{MembershipEvent, NormalConfig};
+use rina_core::Instant;
 use rina_sim::chain::Mesh;
 use rina_sim::normal_node::{NormalEvent, FIRST_ACCEPTED_FLOW};
-use rina_sim::{App, LinkConfig};
+use rina_sim::App;
 use rina_wire::{AppName, QosSpec};
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-const MS: Duration = Duration::from_millis(1);
 const N: usize = 20;
-
-fn at_ms(n: u64) -> Instant {
-    Instant::ZERO + MS * n as u32
-}
 
 fn secs(t: Instant) -> f64 {
     t.as_nanos() as f64 / 1e9
@@ -48,27 +45,12 @@ fn topology(seed: u64, n: usize, extra: usize) -> Vec<(usize, usize)> {
 /// Node 0 is the bootstrap member (address 1, the DIF's policies); every
 /// other node has only its name and the password (`bad` ones a wrong one).
 fn config(i: usize, bad: &[usize]) -> NormalConfig {
-    let mut c = NormalConfig::new("net", if i == 0 { 1 } else { 0 });
-    c.dt.max_pdu_size = 1400;
-    c.sdup = SdupConfig {
-        ttl: Some(64),
-        crc: true,
-    };
-    if i == 0 {
-        c.routing = Some(routing::Config::default());
-        c.dynamic_directory = Some(directory::Config::default());
-    }
-    let mut m = MembershipConfig::new(format!("ipcp-{i}").parse().unwrap());
-    m.password = Some(if bad.contains(&i) { "guess" } else { "s3cret" }.to_string());
-    c.membership = Some(m);
-    c
+    member_cfg(i, if bad.contains(&i) { "guess" } else { "s3cret" })
 }
 
 fn dif(seed: u64, edges: &[(usize, usize)], bad: &[usize]) -> Mesh {
     let n = edges.iter().map(|&(a, b)| a.max(b)).max().unwrap() + 1;
-    let mut m = Mesh::enrolling(seed, n, edges, LinkConfig::ideal(MS).queue(10_000), |i| {
-        config(i, bad)
-    });
+    let mut m = Mesh::enrolling(seed, n, edges, ideal(), |i| config(i, bad));
     for i in 1..n {
         let c = m.node(i).ipcp().config();
         assert_eq!(c.address, 0);
@@ -370,7 +352,7 @@ fn fifty_members_enroll_although_the_database_outgrows_a_pdu() {
     // (IRATI drops such messages and enrollment stalls).
     let n = 50;
     let edges = topology(31, n, 25);
-    let mut m = Mesh::enrolling(31, n, &edges, LinkConfig::ideal(MS).queue(10_000), |i| {
+    let mut m = Mesh::enrolling(31, n, &edges, ideal(), |i| {
         let mut c = config(i, &[]);
         c.dt.max_pdu_size = 600;
         c
@@ -441,7 +423,7 @@ fn fifty_members_enroll_although_the_database_outgrows_a_pdu() {
 #[test]
 fn a_member_with_another_wire_profile_is_told_which_fields_differ() {
     let edges = [(0, 1)];
-    let mut m = Mesh::enrolling(9, 2, &edges, LinkConfig::ideal(MS).queue(10_000), |i| {
+    let mut m = Mesh::enrolling(9, 2, &edges, ideal(), |i| {
         let mut c = config(i, &[]);
         if i == 1 {
             // (A different CRC or TTL setting makes the frames themselves

@@ -4,10 +4,11 @@
 //! same instant through several enrollers get distinct addresses.
 //! Deterministic: fixed seeds, virtual time.
 
-use rina_core::normal::{
-    MembershipConfig, NormalConfig, RibReadError, CDAP_DISCRIMINATOR, REMOTE_OWNER,
-};
-use rina_core::sdup::{Sdup, SdupConfig};
+mod common;
+
+use common::{at_ms, ideal, member_cfg, MS};
+use rina_core::normal::{NormalConfig, RibReadError, CDAP_DISCRIMINATOR, REMOTE_OWNER};
+use rina_core::sdup::Sdup;
 use rina_core::{directory, routing, Instant};
 use rina_sim::chain::Mesh;
 use rina_sim::normal_node::{NormalCommand, NormalEvent};
@@ -19,28 +20,9 @@ use std::cell::Cell;
 use std::rc::Rc;
 use std::time::Duration;
 
-const MS: Duration = Duration::from_millis(1);
-
-fn at_ms(n: u64) -> Instant {
-    Instant::ZERO + MS * n as u32
-}
-
 /// Node 0 bootstraps the DIF (address 1); the others enroll.
 fn config(i: usize) -> NormalConfig {
-    let mut c = NormalConfig::new("net", if i == 0 { 1 } else { 0 });
-    c.dt.max_pdu_size = 1400;
-    c.sdup = SdupConfig {
-        ttl: Some(64),
-        crc: true,
-    };
-    if i == 0 {
-        c.routing = Some(routing::Config::default());
-        c.dynamic_directory = Some(directory::Config::default());
-    }
-    let mut m = MembershipConfig::new(format!("ipcp-{i}").parse().unwrap());
-    m.password = Some("s3cret".into());
-    c.membership = Some(m);
-    c
+    member_cfg(i, "s3cret")
 }
 
 /// The CDAP operation of a frame's management payload, if it has one.
@@ -60,17 +42,11 @@ fn cdap_op(frame: &[u8]) -> Option<OpCode> {
 /// Three members in a line, 0 – 1 – 2, enrolled by 3 s; `cfg` may change
 /// each one's configuration.
 fn line(seed: u64, cfg: impl Fn(usize, &mut NormalConfig)) -> Mesh {
-    let mut m = Mesh::enrolling(
-        seed,
-        3,
-        &[(0, 1), (1, 2)],
-        LinkConfig::ideal(MS).queue(10_000),
-        |i| {
-            let mut c = config(i);
-            cfg(i, &mut c);
-            c
-        },
-    );
+    let mut m = Mesh::enrolling(seed, 3, &[(0, 1), (1, 2)], ideal(), |i| {
+        let mut c = config(i);
+        cfg(i, &mut c);
+        c
+    });
     m.world.run_until(at_ms(3000)).unwrap();
     for i in 0..3 {
         assert!(m.node(i).ipcp().is_enrolled(), "node {i} enrolled");

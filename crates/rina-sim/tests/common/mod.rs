@@ -5,7 +5,7 @@
 
 #![allow(dead_code)]
 
-use rina_core::normal::NormalConfig;
+use rina_core::normal::{MembershipConfig, NormalConfig};
 use rina_core::sdup::SdupConfig;
 use rina_core::{directory, routing, Instant};
 use rina_sim::chain::{Chain, Mesh};
@@ -74,6 +74,18 @@ pub fn routed_cfg(addr: u64) -> NormalConfig {
 pub fn dynamic_cfg(addr: u64) -> NormalConfig {
     let mut c = routed_cfg(addr);
     c.dynamic_directory = Some(directory::Config::default());
+    c
+}
+
+/// Member `i` of a DIF that assembles itself ([`Mesh::enrolling`]): node
+/// 0 bootstraps it ([`dynamic_cfg`] at address 1, the DIF's policies);
+/// every other node ([`base_cfg`] at address 0) has only its name,
+/// `ipcp-i`, and `password`, and enrolls.
+pub fn member_cfg(i: usize, password: &str) -> NormalConfig {
+    let mut c = if i == 0 { dynamic_cfg(1) } else { base_cfg(0) };
+    let mut m = MembershipConfig::new(format!("ipcp-{i}").parse().unwrap());
+    m.password = Some(password.into());
+    c.membership = Some(m);
     c
 }
 
