@@ -44,6 +44,7 @@ fn start_server(server: &std::path::Path, socket: &std::path::Path) -> (Killer, 
 /// echo run) against the daemon at `socket`. Without cargo's
 /// LD_LIBRARY_PATH, as in [`start_server`]: a shared-linked client loads
 /// the library its rpath names.
+#[track_caller]
 fn run_client(client: &Path, arg: Option<&str>, socket: &Path) -> Output {
     let mut cmd = Command::new(client);
     cmd.args(arg)
@@ -55,6 +56,7 @@ fn run_client(client: &Path, arg: Option<&str>, socket: &Path) -> Output {
 /// Checks that a client run succeeded and printed `expect` (trimmed);
 /// otherwise panics with its exit status, stdout and stderr, then
 /// `context`.
+#[track_caller]
 fn assert_client_said(c: &Output, expect: &str, context: &str) {
     let (out, err) = (
         String::from_utf8_lossy(&c.stdout),
@@ -69,6 +71,7 @@ fn assert_client_said(c: &Output, expect: &str, context: &str) {
 }
 
 /// [`run_client`] with `arg`, then [`assert_client_said`] `expect`.
+#[track_caller]
 fn client_says(client: &Path, arg: &str, socket: &Path, expect: &str) {
     assert_client_said(&run_client(client, Some(arg), socket), expect, "");
 }
