@@ -1,0 +1,206 @@
+//! Flow keepalive (`rina_core::normal::keepalive`) in real `rinad`
+//! processes: two daemons with a normal DIF over shim-udp on loopback,
+//! their one QoS cube with `keepalive_ms`, an application flow left idle.
+//! Between live daemons the flow stays up on probes and answers; with the
+//! peer daemon killed it ends after the misses, the application told.
+
+mod common;
+
+use common::{counter, free_port, name, wait_for, Daemon};
+use rina::QosSpec;
+use std::time::{Duration, Instant};
+
+/// Deadline for set-up steps (daemons, N-1 flows, allocation).
+const T: Duration = Duration::from_secs(15);
+
+/// The configuration of system `me` (normal IPCP `me.net` at `addr` over
+/// shim-udp on `port`), neighbour of `peer`; its one QoS cube, `idle`
+/// (unreliable, what `QosSpec::default()` gets), has keepalive `ka_ms`.
+fn system(me: &str, addr: u64, port: u16, peer: (&str, u64, u16), ka_ms: u64) -> String {
+    let (peer, peer_addr, peer_port) = peer;
+    format!(
+        r#"[system]
+name = "{me}"
+
+[[ipcp]]
+name = "{me}.udp"
+type = "shim-udp"
+dif = "udp"
+bind = "127.0.0.1:{port}"
+
+[ipcp.directory]
+"{peer}.net" = "127.0.0.1:{peer_port}"
+
+[[ipcp]]
+name = "{me}.net"
+type = "normal"
+dif = "net"
+address = {addr}
+crc = true
+
+[[ipcp.neighbor]]
+name = "{peer}.net"
+over = "udp"
+address = {peer_addr}
+
+[ipcp.names]
+"echo" = 2
+
+[[ipcp.qos_cube]]
+id = 1
+name = "idle"
+keepalive_ms = {ka_ms}
+"#
+    )
+}
+
+/// Alpha (address 1) and beta (address 2, where `echo` runs), their normal
+/// IPCPs neighbours, both cubes with keepalive `ka_ms`; alpha's ports, to
+/// write its configuration again.
+fn pair(ka_ms: u64) -> (Daemon, Daemon, (u16, u16)) {
+    let (pa, pb) = (free_port(), free_port());
+    let alpha = Daemon::start_with("alpha", &system("alpha", 1, pa, ("beta", 2, pb), ka_ms));
+    let beta = Daemon::start_with("beta", &system("beta", 2, pb, ("alpha", 1, pa), ka_ms));
+    wait_for("the N-1 flow between the normal IPCPs", T, || {
+        counter(&alpha, "alpha.net", "neighbors_up") == 1
+            && counter(&beta, "beta.net", "neighbors_up") == 1
+    });
+    (alpha, beta, (pa, pb))
+}
+
+/// Registers `echo` at `d` and echoes every SDU of the flows it accepts.
+fn echo_server(d: &Daemon) -> std::thread::JoinHandle<()> {
+    let mut c = d.client();
+    assert_eq!(c.register(&name("echo"), Some("net")).unwrap(), vec!["net"]);
+    std::thread::spawn(move || {
+        while let Ok(Some(req)) = c.next_request_timeout(Duration::from_secs(30)) {
+            let Ok(flow) = c.accept(&req) else { continue };
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 2000];
+                while let Ok(n) = flow.read(&mut buf) {
+                    if flow.write(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    })
+}
+
+/// A flow from alpha to `echo`, checked with one echo.
+fn echo_flow(client: &mut rina::Client) -> rina::Flow {
+    let flow = client
+        .allocate(
+            &name("idler"),
+            &name("echo"),
+            Some("net"),
+            &QosSpec::default(),
+        )
+        .unwrap();
+    assert_echoes(&flow, b"hello");
+    flow
+}
+
+fn assert_echoes(flow: &rina::Flow, sdu: &[u8]) {
+    let mut buf = vec![0u8; 2000];
+    flow.write(sdu).unwrap();
+    let n = flow.read_timeout(&mut buf, T).unwrap().expect("the echo");
+    assert_eq!(&buf[..n], sdu);
+}
+
+/// Keepalive counters of `ipcp` at `d`: (sent, answered, expired).
+fn ka(d: &Daemon, ipcp: &str) -> (u64, u64, u64) {
+    (
+        counter(d, ipcp, "keepalives_sent"),
+        counter(d, ipcp, "keepalives_answered"),
+        counter(d, ipcp, "keepalive_expired"),
+    )
+}
+
+/// The ports of the application flows `d` has up.
+fn flows_up(d: &Daemon) -> Vec<u32> {
+    let mut c = d.client();
+    c.list_flows()
+        .unwrap()
+        .into_iter()
+        .map(|f| f.info.port)
+        .collect()
+}
+
+/// (a) An idle flow between two live daemons, keepalive every 200 ms: after
+/// many intervals it is still up at both ends and still carries SDUs, the
+/// daemons having sent probes and answered them, and none expired.
+/// (b) The peer daemon killed (SIGKILL: it tells nothing), the survivor's
+/// flow ends after the misses (3 to 4 intervals of silence), counted as
+/// expired, and the application reading it is told.
+#[test]
+fn an_idle_flow_lives_on_probes_and_ends_when_its_peer_is_killed() {
+    let interval = Duration::from_millis(200);
+    let (alpha, mut beta, _) = pair(interval.as_millis() as u64);
+    let _srv = echo_server(&beta);
+    let mut c = alpha.client();
+    let flow = echo_flow(&mut c);
+    let port = flow.info().port;
+
+    // (a) Idle for 8 intervals, probes sent and answered: a flow whose
+    // probes went unanswered would have ended after 3.
+    let t0 = Instant::now();
+    wait_for("8 intervals with 5 probes sent and answered", T, || {
+        let (a, b) = (ka(&alpha, "alpha.net"), ka(&beta, "beta.net"));
+        t0.elapsed() >= interval * 8 && a.0 + b.0 >= 5 && a.1 + b.1 >= 5
+    });
+    let idle = t0.elapsed();
+    let (a, b) = (ka(&alpha, "alpha.net"), ka(&beta, "beta.net"));
+    eprintln!(
+        "idle {idle:?}: probes sent {} + {}, answered {} + {}",
+        a.0, b.0, a.1, b.1
+    );
+    // At most one per end per interval (counted from the allocation).
+    let most = 2 * (t0.elapsed().as_millis() / interval.as_millis()) as u64 + 4;
+    assert!(a.0 + b.0 <= most, "{} probes in {idle:?}", a.0 + b.0);
+    assert_eq!(
+        (a.2, b.2),
+        (0, 0),
+        "a keepalive expired between live daemons"
+    );
+    assert!(
+        flows_up(&alpha).contains(&port),
+        "the flow is gone at alpha"
+    );
+    assert_eq!(flows_up(&beta).len(), 1, "the flow is gone at beta");
+    assert_echoes(&flow, b"still here");
+
+    // (b) The peer killed: nothing more is heard, the flow ends after the
+    // misses (the application's read fails), and alpha counts it.
+    let probes_before = ka(&alpha, "alpha.net").0;
+    beta.kill();
+    let killed = Instant::now();
+    let limit = interval * 4 + Duration::from_millis(1500);
+    let mut buf = vec![0u8; 2000];
+    let end = loop {
+        let left = limit.saturating_sub(killed.elapsed());
+        assert!(
+            !left.is_zero(),
+            "the flow still up {limit:?} after the kill"
+        );
+        match flow.read_timeout(&mut buf, left) {
+            Ok(Some(n)) => panic!("an SDU of {n} bytes from a killed peer"),
+            Ok(None) => continue,
+            Err(e) => break e,
+        }
+    };
+    let took = killed.elapsed();
+    eprintln!("the flow ended {took:?} after the kill: {end}");
+    // Not before two probes went unanswered.
+    assert!(took >= interval * 2, "ended {took:?} after the kill");
+    let (sent, _, expired) = ka(&alpha, "alpha.net");
+    assert_eq!(expired, 1, "keepalive_expired at alpha");
+    assert!(
+        sent >= probes_before + 2,
+        "{probes_before} -> {sent} probes"
+    );
+    wait_for("the flow gone from alpha's list", T, || {
+        !flows_up(&alpha).contains(&port)
+    });
+    assert!(flow.write(b"anyone?").is_err(), "writing to an ended flow");
+}
