@@ -442,17 +442,33 @@ impl<'a> Source<'a> {
     }
 }
 
-/// Parses an experiment file (TOML) without resolving it.
+/// Parses an experiment file (TOML) without resolving it. A value
+/// refused is named by its key (`` `keepalive`: `abc` is not a
+/// duration ``) as well as its line.
 pub fn parse(text: &str) -> Result<File, LabError> {
     toml::from_str::<File>(text).map_err(|e| {
         let src = Source::new(text);
         let (line, col) = e.span().map(|s| src.line_col(s.start)).unwrap_or((0, 0));
-        LabError::At {
-            line,
-            col,
-            msg: e.message().to_string(),
-        }
+        let msg = e.message();
+        let msg = match e.span().and_then(|s| key_before(text, s.start)) {
+            Some(k) if !msg.contains(&format!("`{k}`")) => format!("`{k}`: {msg}"),
+            _ => msg.to_string(),
+        };
+        LabError::At { line, col, msg }
     })
+}
+
+/// The key written just before the value at byte `at` of `text` (`key =`
+/// on the same line, in a table or an inline table), if there is one.
+fn key_before(text: &str, at: usize) -> Option<&str> {
+    let head = text.get(..at)?;
+    let line = &head[head.rfind('\n').map_or(0, |i| i + 1)..];
+    let key = line.trim_end().strip_suffix('=')?.trim_end();
+    let key = key
+        .rsplit(|c: char| c.is_whitespace() || c == '{' || c == ',')
+        .next()?;
+    let bare = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+    (!key.is_empty() && key.chars().all(bare)).then_some(key)
 }
 
 /// The names of the file's variants, in the order written.

@@ -426,3 +426,30 @@ fn dilation_slows_every_time_of_the_traffic_and_keeps_what_it_sends() {
         "Online Gaming and File Sharing are ON-OFF ({on_off})"
     );
 }
+
+#[test]
+fn a_bad_cube_keepalive_names_the_key_and_its_line() {
+    let cube = |v: &str| {
+        format!(
+            "{HEAD}[[link]]\nbetween = [\"a\", \"b\"]\n[[dif]]\nname = \"n\"\nmembers = [\"*\"]\n\
+             over = [\"links\"]\n[[dif.cube]]\nname = \"c\"\nkeepalive = \"{v}\"\n"
+        )
+    };
+    for (bad, why) in [
+        ("0s", "not 0 ms"),
+        ("5ms", "not 5 ms"),
+        ("2h", "not 7200000 ms"),
+        ("abc", "`abc` is not a duration"),
+    ] {
+        let e = err_of(&cube(bad));
+        assert!(
+            e.starts_with("line 13,") && e.contains("`keepalive`") && e.contains(why),
+            "{bad}: {e}"
+        );
+    }
+    let ok = load(&cube("250ms"), None).unwrap();
+    assert_eq!(
+        ok.difs[0].cubes[0].keepalive,
+        Some(std::time::Duration::from_millis(250))
+    );
+}

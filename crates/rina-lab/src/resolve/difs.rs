@@ -389,9 +389,10 @@ impl Scope<'_, '_> {
             let keepalive = c.keepalive.as_ref().map(|k| k.get_ref().get());
             if let (Some(k), Some(s)) = (keepalive, &c.keepalive) {
                 rina_core::normal::keepalive::check_interval(k).map_err(|m| {
-                    self.ctx
-                        .src
-                        .err(s.span(), format!("DIF `{name}`: cube `{cname}`: {m}"))
+                    self.ctx.src.err(
+                        s.span(),
+                        format!("DIF `{name}`: cube `{cname}`: `keepalive`: {m}"),
+                    )
                 })?;
             }
             cubes.push(Cube {
