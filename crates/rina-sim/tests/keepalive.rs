@@ -192,3 +192,77 @@ fn a_silent_peer_ends_the_flow_after_the_misses() {
     m.cut_silently(t + SEC * 10, 0, 1);
     assert!(run_until_ended(&mut m, t + SEC * 120).is_none());
 }
+
+/// Sets the keepalive of cube 1 (unreliable, which `QosSpec::default()`
+/// gets) at node `i` to `ka`, as a reload would; returns how many flows
+/// up switched.
+fn set_keepalive(m: &mut Mesh, i: usize, ka: Option<Duration>) -> usize {
+    let now = m.world.now();
+    let id = m.nodes[i];
+    let n = m
+        .node_mut(i)
+        .ipcp_mut()
+        .set_cube_keepalive(now, 1, ka)
+        .expect("a valid interval");
+    m.world.rearm(id);
+    n
+}
+
+/// A cube's keepalive changed on a running IPCP (a configuration read
+/// again) applies to its flows up at once: an idle flow probing every
+/// second at both ends probes every 100 ms at node 0 after node 0's
+/// change, stays up, and, its peer gone silent, ends 3 to 4 of the new
+/// intervals later. Turned off at both ends, nothing is probed. A bad
+/// interval or an unknown cube is refused and changes nothing.
+#[test]
+fn a_new_keepalive_interval_applies_to_the_flows_up() {
+    let (mut m, t) = pair(4, Some(SEC));
+    m.allocate(t, 0, 1, "c", "app", QosSpec::default());
+    m.world.run_until(t + SEC * 10).unwrap();
+    let sent = |m: &Mesh, i: usize| m.node(i).ipcp().counters().keepalives_sent;
+    let before = sent(&m, 0) + sent(&m, 1);
+    assert!((5..=12).contains(&before), "{before} probes at 1 s");
+
+    // Node 0 every 100 ms: about 100 probes in 10 s, all from node 0.
+    assert_eq!(set_keepalive(&mut m, 0, Some(MS * 100)), 1);
+    let (s0, s1) = (sent(&m, 0), sent(&m, 1));
+    let t1 = m.world.now();
+    m.world.run_until(t1 + SEC * 10).unwrap();
+    let (d0, d1) = (sent(&m, 0) - s0, sent(&m, 1) - s1);
+    println!("after the change to 100 ms: node 0 sent {d0} probes in 10 s, node 1 {d1}");
+    assert!((90..=101).contains(&d0) && d1 <= 1, "{d0} and {d1}");
+    assert!(!ended(&m));
+
+    // Refused: nothing changes.
+    let now = m.world.now();
+    let ipcp = m.node_mut(0).ipcp_mut();
+    assert!(ipcp.set_cube_keepalive(now, 1, Some(MS * 5)).is_err());
+    assert!(ipcp.set_cube_keepalive(now, 9, Some(SEC)).is_err());
+    assert_eq!(ipcp.cube(1).unwrap().keepalive, Some(MS * 100));
+
+    // Off at both ends: no probe any more, the flow stays up.
+    set_keepalive(&mut m, 0, None);
+    set_keepalive(&mut m, 1, None);
+    let (s0, s1) = (sent(&m, 0), sent(&m, 1));
+    let t2 = m.world.now();
+    m.world.run_until(t2 + SEC * 10).unwrap();
+    assert_eq!((sent(&m, 0), sent(&m, 1)), (s0, s1));
+    assert!(!ended(&m));
+
+    // On again at node 0 only, then the peer goes silent: the flow ends
+    // after the misses of the new interval.
+    let interval = MS * 200;
+    set_keepalive(&mut m, 0, Some(interval));
+    let cut = m.world.now() + SEC * 2;
+    m.cut_silently(cut, 0, 1);
+    m.world.run_until(cut).unwrap();
+    assert!(!ended(&m));
+    let took = run_until_ended(&mut m, cut + SEC * 10).expect("the flow ended") - cut;
+    println!("switched to {interval:?}, silent peer: ended {took:?} after the cut");
+    let misses = KEEPALIVE_MISSES;
+    assert!(
+        took >= interval * (misses - 1) && took <= interval * (misses + 1) + MS * 20,
+        "{took:?}"
+    );
+    assert_eq!(m.node(0).ipcp().counters().keepalive_expired, 1);
+}

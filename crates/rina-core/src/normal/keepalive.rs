@@ -38,6 +38,20 @@
 //! other fields are 0. A flow end answers probes whether or not its own
 //! cube has keepalive (the keepalive is local configuration, not part of
 //! the DIF's profile), and never answers an answer.
+//!
+//! # A new setting
+//!
+//! [`NormalIpcp::set_cube_keepalive`] changes a cube's interval (or turns
+//! it on or off) on a running IPCP, e.g. when its configuration file is
+//! read again: the flows allocated afterwards take it, and so do the flows
+//! of the cube that are up. Such a flow starts a fresh interval there and
+//! then (its misses forgotten, its probe numbering kept), so a peer gone
+//! silent before the change is failed 3 to 4 new intervals after it; a
+//! flow turned off stops probing but still answers. Switching the flows
+//! up is what an operator changing the setting means (shorter intervals
+//! to find dead peers sooner, or off because probes cost too much), it
+//! is local (the peer is not asked, as with the setting itself), and it
+//! only touches each flow's own timer.
 
 use super::{Flow, FlowId, NormalIpcp};
 use crate::efcp::EfcpError;
@@ -98,6 +112,15 @@ impl Keepalive {
     pub(super) fn due(&self) -> Instant {
         self.next
     }
+
+    /// Keepalive every `interval` from `now` on: a fresh interval, the
+    /// misses and answers so far forgotten, the probe numbering kept.
+    fn restart(&mut self, now: Instant, interval: Duration) {
+        self.interval = interval;
+        self.next = now + interval;
+        self.missed = 0;
+        self.answered = false;
+    }
 }
 
 /// What a flow's look back asks for.
@@ -148,6 +171,47 @@ impl Flow {
 }
 
 impl NormalIpcp {
+    /// Sets the keepalive of QoS cube `id` to `interval` (`None`: off) at
+    /// `now`, checked first: the flows of the cube allocated from now on
+    /// take it, and those up switch to it at once (see the [module
+    /// documentation](self)), but for one already failed. Returns how many
+    /// flows up switched.
+    pub fn set_cube_keepalive(
+        &mut self,
+        now: Instant,
+        id: u64,
+        interval: Option<Duration>,
+    ) -> Result<usize, super::NormalError> {
+        let bad = |reason: String| super::NormalError::BadCube { id, reason };
+        if let Some(i) = interval {
+            check_interval(i).map_err(bad)?;
+        }
+        let c = self
+            .cfg
+            .cubes
+            .iter_mut()
+            .find(|c| c.id == id)
+            .ok_or_else(|| bad("no such cube".into()))?;
+        c.keepalive = interval;
+        let switched: Vec<FlowId> = self
+            .flows
+            .iter_mut()
+            .filter(|(_, f)| f.ep.qos_id == id && !f.failure_reported)
+            .map(|(&fid, f)| {
+                match (interval, f.ka.as_mut()) {
+                    (None, _) => f.ka = None,
+                    (Some(i), Some(k)) => k.restart(now, i),
+                    (Some(i), None) => f.ka = Some(Keepalive::new(now, i)),
+                }
+                fid
+            })
+            .collect();
+        for &fid in &switched {
+            self.rearm(fid);
+        }
+        Ok(switched.len())
+    }
+
     /// Runs the keepalive of flow `id` at `now`: sends a probe, or fails
     /// the flow, if its interval ended without a word from the peer.
     pub(super) fn keepalive_timeout(&mut self, now: Instant, id: FlowId) {
