@@ -2,7 +2,9 @@
 //! processes: two daemons with a normal DIF over shim-udp on loopback,
 //! their one QoS cube with `keepalive_ms`, an application flow left idle.
 //! Between live daemons the flow stays up on probes and answers; with the
-//! peer daemon killed it ends after the misses, the application told.
+//! peer daemon killed it ends after the misses, the application told. A
+//! reload that changes only `keepalive_ms` keeps the IPCP and its flows and
+//! switches them to the new interval.
 
 mod common;
 
@@ -203,4 +205,70 @@ fn an_idle_flow_lives_on_probes_and_ends_when_its_peer_is_killed() {
         !flows_up(&alpha).contains(&port)
     });
     assert!(flow.write(b"anyone?").is_err(), "writing to an ended flow");
+}
+
+/// A reload that changes only a cube's `keepalive_ms` keeps the IPCP (not
+/// created again: its N-1 flow and the application flow stay up and carry
+/// SDUs) and puts the new interval in force on the flow up: from 2 s to
+/// 50 ms at alpha, alpha alone probes at about 20 a second, where at 2 s
+/// a second saw at most one probe per end. Back to 2 s, the rate drops.
+#[test]
+fn a_reload_changing_only_keepalive_keeps_the_ipcp_and_its_flows() {
+    let (alpha, beta, (pa, pb)) = pair(2000);
+    let _srv = echo_server(&beta);
+    let mut c = alpha.client();
+    let flow = echo_flow(&mut c);
+    let port = flow.info().port;
+    let ups = counter(&alpha, "alpha.net", "neighbors_up");
+
+    let write = |ka_ms: u64| {
+        std::fs::write(
+            alpha.dir.join("rinad.toml"),
+            system("alpha", 1, pa, ("beta", 2, pb), ka_ms),
+        )
+        .unwrap();
+    };
+    write(50);
+    let before = ka(&alpha, "alpha.net").0;
+    let changes = c.reload(None).unwrap();
+    let reloaded = Instant::now();
+    eprintln!("reload to 50 ms: {changes:?}");
+    assert_eq!(
+        changes,
+        ["alpha.net: keepalive of QoS cube idle 2000 ms -> 50 ms (1 flow(s) up switched)"]
+    );
+    // 10 probes at 50 ms take ~0.5 s; at 2 s they would take 10 s.
+    wait_for(
+        "10 probes at the new interval",
+        Duration::from_secs(4),
+        || ka(&alpha, "alpha.net").0 >= before + 10,
+    );
+    let took = reloaded.elapsed();
+    eprintln!("10 probes {took:?} after the reload");
+    assert!(took < Duration::from_secs(4));
+    // The same IPCP, the same flows.
+    assert!(
+        flows_up(&alpha).contains(&port),
+        "the flow is gone at alpha"
+    );
+    assert_eq!(flows_up(&beta).len(), 1, "the flow is gone at beta");
+    assert_eq!(counter(&alpha, "alpha.net", "neighbors_up"), ups);
+    assert_echoes(&flow, b"after the reload");
+    let (_, answered, expired) = ka(&beta, "beta.net");
+    assert!(answered >= 10, "beta answered {answered}");
+    assert_eq!(expired + ka(&alpha, "alpha.net").2, 0);
+
+    // Back to 2 s: a second brings at most one probe more.
+    write(2000);
+    let changes = c.reload(None).unwrap();
+    assert_eq!(
+        changes,
+        ["alpha.net: keepalive of QoS cube idle 50 ms -> 2000 ms (1 flow(s) up switched)"]
+    );
+    let after = ka(&alpha, "alpha.net").0;
+    std::thread::sleep(Duration::from_secs(1));
+    let more = ka(&alpha, "alpha.net").0 - after;
+    assert!(more <= 1, "{more} probes in a second at 2 s");
+    assert_echoes(&flow, b"and after the second");
+    assert_eq!(c.reload(None).unwrap(), ["nothing changed"]);
 }

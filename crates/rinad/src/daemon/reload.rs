@@ -10,11 +10,14 @@
 //!
 //! An IPCP is matched by name. One the file no longer has is destroyed; a
 //! new one is created; one whose keys changed other than its neighbours,
-//! static directory (`names`), scheduling policy, the EFCP policies of its
-//! cubes, its DIF's access rules (`access`) and the RIB subtrees members
-//! may read (`rib_readable`) is destroyed and created again; for the rest
-//! only those change. New access rules judge new registrations and flows;
-//! the names registered and the flows up stay.
+//! static directory (`names`), scheduling policy, the EFCP policies and
+//! keepalive (`keepalive_ms`) of its cubes, its DIF's access rules
+//! (`access`) and the RIB subtrees members may read (`rib_readable`) is
+//! destroyed and created again; for the rest only those change. New access
+//! rules judge new registrations and flows; the names registered and the
+//! flows up stay. New EFCP policies are for new flows; a new keepalive is
+//! for the cube's flows up as well
+//! (`rina_core::normal::NormalIpcp::set_cube_keepalive` decides how).
 
 use super::*;
 use crate::config::{Config, IpcpConfig, IpcpKind, System};
@@ -27,8 +30,11 @@ fn invalid(m: String) -> CtlError {
 /// The keys of an `[[ipcp]]` table that change in place.
 const IN_PLACE: [&str; 5] = ["neighbor", "names", "scheduler", "access", "rib_readable"];
 
-/// Table `t` without the keys that change in place, and without the
-/// `efcp` tables of its cubes: what must be equal to keep the IPCP.
+/// The keys of a `[[ipcp.qos_cube]]` table that change in place.
+const CUBE_IN_PLACE: [&str; 2] = ["efcp", "keepalive_ms"];
+
+/// Table `t` without the keys that change in place, and without those of
+/// its cubes: what must be equal to keep the IPCP.
 fn identity(t: &toml::Table) -> toml::Table {
     let mut t = t.clone();
     for k in IN_PLACE {
@@ -37,7 +43,9 @@ fn identity(t: &toml::Table) -> toml::Table {
     if let Some(toml::Value::Array(cubes)) = t.get_mut("qos_cube") {
         for c in cubes.iter_mut() {
             if let toml::Value::Table(c) = c {
-                c.remove("efcp");
+                for k in CUBE_IN_PLACE {
+                    c.remove(k);
+                }
             }
         }
     }
@@ -260,8 +268,8 @@ impl Daemon {
     }
 
     /// Brings the neighbours, static directory, scheduling policy and
-    /// cubes' EFCP policies of normal IPCP `i` to what `ic` says, one
-    /// line per change in `out`.
+    /// cubes' EFCP policies and keepalive of normal IPCP `i` to what `ic`
+    /// says, one line per change in `out`.
     fn update_in_place(
         &mut self,
         i: usize,
@@ -368,20 +376,42 @@ impl Daemon {
         out
     }
 
-    /// The EFCP policies of the cubes of normal IPCP `i` as `ic` says.
+    /// The EFCP policies and keepalive of the cubes of normal IPCP `i` as
+    /// `ic` says.
     fn update_cubes(&mut self, i: usize, ic: &IpcpConfig) -> Result<Vec<String>, CtlError> {
         let name = ic.name.get_ref().clone();
+        let now = self.now();
         let mut out = Vec::new();
         let Some(n) = self.sys.member_mut(i).and_then(|m| m.normal_mut()) else {
             return Ok(out);
         };
         for c in ic.cubes() {
-            if n.cube(c.id).is_some_and(|now| now.efcp != c.efcp) {
+            if n.cube(c.id).is_some_and(|have| have.efcp != c.efcp) {
                 n.replace_cube_efcp(c.id, c.efcp)
                     .map_err(|e| invalid(format!("{name}: {e}")))?;
                 out.push(format!(
                     "{name}: EFCP policies of QoS cube {} changed",
                     c.name
+                ));
+            }
+            // By name, as enrollment keeps a member's own keepalive for the
+            // DIF's cube of the same name.
+            let running = n.config().cubes.iter().find(|r| r.name == c.name);
+            let Some((id, was)) = running.map(|r| (r.id, r.keepalive)) else {
+                continue;
+            };
+            if was != c.keepalive {
+                let flows = n
+                    .set_cube_keepalive(now, id, c.keepalive)
+                    .map_err(|e| invalid(format!("{name}: {e}")))?;
+                let ms = |k: Option<std::time::Duration>| {
+                    k.map_or("off".to_string(), |d| format!("{} ms", d.as_millis()))
+                };
+                out.push(format!(
+                    "{name}: keepalive of QoS cube {} {} -> {} ({flows} flow(s) up switched)",
+                    c.name,
+                    ms(was),
+                    ms(c.keepalive)
                 ));
             }
         }
