@@ -45,8 +45,16 @@ if [ "$(id -u)" != 0 ]; then
     echo "bench: needs root (network namespaces, TUN)" >&2
     exit 1
 fi
-for c in ip iperf3; do
-    command -v $c >/dev/null 2>&1 || { echo "bench: $c is missing" >&2; exit 1; }
+# The tools, installed with apt where missing (ping tells when the tunnel
+# is up; a fresh machine may have iproute2 without it).
+for c in ip:iproute2 iperf3:iperf3 ping:iputils-ping; do
+    command -v "${c%%:*}" >/dev/null 2>&1 && continue
+    if command -v apt-get >/dev/null 2>&1; then
+        apt-get install -y "${c#*:}" >/dev/null 2>&1 ||
+            { apt-get update >/dev/null && apt-get install -y "${c#*:}" >/dev/null; }
+    fi
+    command -v "${c%%:*}" >/dev/null 2>&1 ||
+        { echo "bench: ${c%%:*} is missing (apt-get install ${c#*:})" >&2; exit 1; }
 done
 [ -n "${NO_BUILD:-}" ] || cargo build --release -q -p rinad -p rina-tools
 cargo build --release -q -p rina-tools --example udp_tunnel
