@@ -394,7 +394,14 @@ impl Receiver {
         let mut started = false;
         match self.lwe {
             None if drf || !self.rtx => {
-                self.start_run(now, seq, stats);
+                // (A PDU past the window that resynchronises the
+                // receiver starts the run at itself.)
+                let first = if drf || seq > ceiling {
+                    seq
+                } else {
+                    self.resume_from(seq)
+                };
+                self.start_run(now, first, stats);
                 started = true;
             }
             None => {
@@ -429,6 +436,21 @@ impl Receiver {
             self.last_accept = now;
         }
         outcome
+    }
+
+    /// Where a run that PDU `seq` starts without a DRF PDU begins (a flow
+    /// without retransmission). A DRF PDU says where; without one (lost,
+    /// or overtaken by this PDU on the way), the run begins right after
+    /// the highest number known not to be new, at most `max_reorder`
+    /// below `seq`: a PDU sent before `seq` that arrives after it is then
+    /// taken as a reordered one, not as a duplicate, and what never comes
+    /// is given up as any hole is.
+    fn resume_from(&self, seq: u64) -> u64 {
+        let lowest = seq.saturating_sub(self.max_reorder as u64).max(1);
+        match self.floor {
+            Some(f) if f < seq => (f + 1).max(lowest),
+            _ => seq,
+        }
     }
 
     /// Feeds the PDUs held before the run started into the run.

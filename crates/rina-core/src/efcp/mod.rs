@@ -62,7 +62,10 @@
 //! always LWE+1 and one further ahead is taken as an ordinary PDU. Without
 //! a run, a PDU without DRF starts one if the flow does not retransmit (a
 //! lost DRF must not block delivery) and is held (bounded) if it does (the
-//! DRF PDU will be retransmitted).
+//! DRF PDU will be retransmitted). Such a run begins right after the
+//! highest number known not to be new (at most `max_reorder` back), so the
+//! PDUs it overtook on the way, the DRF PDU among them, are still taken
+//! when they come, and those that never come are given up as any hole is.
 //!
 //! # Forged and replayed PDUs
 //!
