@@ -8,7 +8,7 @@ mod common;
 use common::free_port;
 
 use common::relay::Relay;
-use common::{name, wait_for, Daemon};
+use common::{counter, name, normal_over_udp, wait_for, Daemon};
 use rina::QosSpec;
 use rina_wire::pci::{self, Body, DtConstants, Pci, PduType};
 use rina_wire::shim_udp::Datagram;
@@ -19,45 +19,13 @@ const T: Duration = Duration::from_secs(15);
 
 /// A system whose shim reaches `peer.net` at `peer_udp` (the relay).
 fn system(me: &str, addr: u64, port: u16, peer: &str, peer_addr: u64, peer_udp: u16) -> String {
-    format!(
-        r#"[system]
-name = "{me}"
-
-[[ipcp]]
-name = "{me}.udp"
-type = "shim-udp"
-dif = "udp"
-bind = "127.0.0.1:{port}"
-
-[ipcp.directory]
-"{peer}.net" = "127.0.0.1:{peer_udp}"
-
-[[ipcp]]
-name = "{me}.net"
-type = "normal"
-dif = "net"
-address = {addr}
-crc = true
-
-[[ipcp.neighbor]]
-name = "{peer}.net"
-over = "udp"
-address = {peer_addr}
-
-[ipcp.names]
-"echo" = 2
-"#
+    normal_over_udp(
+        me,
+        (addr, port),
+        (peer, peer_addr, peer_udp),
+        "\"echo\" = 2",
+        "",
     )
-}
-
-fn counter(d: &Daemon, ipcp: &str, key: &str) -> u64 {
-    d.client()
-        .list_ipcps()
-        .unwrap()
-        .into_iter()
-        .find(|i| i.name == ipcp)
-        .map(|i| i.counters.get(key).copied().unwrap_or(0))
-        .unwrap_or(0)
 }
 
 /// alpha and beta through a relay, echo registered at beta.

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{counter, free_port, name, wait_for, Daemon};
+use common::{counter, free_port, name, normal_over_udp, wait_for, Daemon};
 use rina::QosSpec;
 use std::time::{Duration, Instant};
 
@@ -19,41 +19,8 @@ const T: Duration = Duration::from_secs(15);
 /// shim-udp on `port`), neighbour of `peer`; its one QoS cube, `idle`
 /// (unreliable, what `QosSpec::default()` gets), has keepalive `ka_ms`.
 fn system(me: &str, addr: u64, port: u16, peer: (&str, u64, u16), ka_ms: u64) -> String {
-    let (peer, peer_addr, peer_port) = peer;
-    format!(
-        r#"[system]
-name = "{me}"
-
-[[ipcp]]
-name = "{me}.udp"
-type = "shim-udp"
-dif = "udp"
-bind = "127.0.0.1:{port}"
-
-[ipcp.directory]
-"{peer}.net" = "127.0.0.1:{peer_port}"
-
-[[ipcp]]
-name = "{me}.net"
-type = "normal"
-dif = "net"
-address = {addr}
-crc = true
-
-[[ipcp.neighbor]]
-name = "{peer}.net"
-over = "udp"
-address = {peer_addr}
-
-[ipcp.names]
-"echo" = 2
-
-[[ipcp.qos_cube]]
-id = 1
-name = "idle"
-keepalive_ms = {ka_ms}
-"#
-    )
+    let cube = format!("\n[[ipcp.qos_cube]]\nid = 1\nname = \"idle\"\nkeepalive_ms = {ka_ms}\n");
+    normal_over_udp(me, (addr, port), peer, "\"echo\" = 2", &cube)
 }
 
 /// Alpha (address 1) and beta (address 2, where `echo` runs), their normal

@@ -7,7 +7,7 @@ mod common;
 
 use common::free_port;
 
-use common::{name, wait_for, Daemon};
+use common::{counter, name, normal_over_udp, wait_for, Daemon};
 use rina::QosSpec;
 use rina_wire::pci::{self, ControlBody, DtConstants, Pci, PduType};
 use rina_wire::shim_udp::{AllocResult, Datagram};
@@ -16,7 +16,8 @@ use std::time::Duration;
 
 const T: Duration = Duration::from_secs(15);
 
-/// A free UDP port on loopback (bound, read, released).
+/// System `me` at `addr` (shim on `port`), neighbour of `peer` at
+/// `peer_addr` (shim on `peer_port`), with `names` in its normal IPCP.
 fn system(
     me: &str,
     addr: u64,
@@ -26,45 +27,7 @@ fn system(
     peer_port: u16,
     names: &str,
 ) -> String {
-    format!(
-        r#"[system]
-name = "{me}"
-
-[[ipcp]]
-name = "{me}.udp"
-type = "shim-udp"
-dif = "udp"
-bind = "127.0.0.1:{port}"
-
-[ipcp.directory]
-"{peer}.net" = "127.0.0.1:{peer_port}"
-
-[[ipcp]]
-name = "{me}.net"
-type = "normal"
-dif = "net"
-address = {addr}
-crc = true
-
-[[ipcp.neighbor]]
-name = "{peer}.net"
-over = "udp"
-address = {peer_addr}
-
-[ipcp.names]
-{names}
-"#
-    )
-}
-
-fn counter(d: &Daemon, ipcp: &str, key: &str) -> u64 {
-    d.client()
-        .list_ipcps()
-        .unwrap()
-        .into_iter()
-        .find(|i| i.name == ipcp)
-        .map(|i| i.counters.get(key).copied().unwrap_or(0))
-        .unwrap_or(0)
+    normal_over_udp(me, (addr, port), (peer, peer_addr, peer_port), names, "")
 }
 
 /// A system's configuration with PDUs of at most 1450 bytes in its normal

@@ -224,6 +224,49 @@ pub fn free_port() -> u16 {
     rina::ports::unused_loopback_udp_port().expect("a free UDP port on loopback")
 }
 
+/// The configuration of system `me`: shim-udp `me.udp` on `port`, whose
+/// directory puts `peer.net` at `peer_udp`, and normal IPCP `me.net` at
+/// `addr` (with CRC) over it, neighbour of `peer.net` at `peer_addr`;
+/// `names` are the lines of its `[ipcp.names]` table, and `extra` is
+/// appended after it (QoS cubes of `me.net`, say).
+pub fn normal_over_udp(
+    me: &str,
+    (addr, port): (u64, u16),
+    (peer, peer_addr, peer_udp): (&str, u64, u16),
+    names: &str,
+    extra: &str,
+) -> String {
+    format!(
+        r#"[system]
+name = "{me}"
+
+[[ipcp]]
+name = "{me}.udp"
+type = "shim-udp"
+dif = "udp"
+bind = "127.0.0.1:{port}"
+
+[ipcp.directory]
+"{peer}.net" = "127.0.0.1:{peer_udp}"
+
+[[ipcp]]
+name = "{me}.net"
+type = "normal"
+dif = "net"
+address = {addr}
+crc = true
+
+[[ipcp.neighbor]]
+name = "{peer}.net"
+over = "udp"
+address = {peer_addr}
+
+[ipcp.names]
+{names}
+{extra}"#
+    )
+}
+
 /// Counter `key` of IPCP `ipcp` at `d` (0 when absent).
 pub fn counter(d: &Daemon, ipcp: &str, key: &str) -> u64 {
     d.client()
