@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{counter, free_port, name, normal_over_udp, wait_for, Daemon};
+use common::{counter, echo_server_all, free_port, name, normal_over_udp, wait_for, Daemon};
 use rina::QosSpec;
 use std::time::{Duration, Instant};
 
@@ -35,25 +35,6 @@ fn pair(ka_ms: u64) -> (Daemon, Daemon, (u16, u16)) {
             && counter(&beta, "beta.net", "neighbors_up") == 1
     });
     (alpha, beta, (pa, pb))
-}
-
-/// Registers `echo` at `d` and echoes every SDU of the flows it accepts.
-fn echo_server(d: &Daemon) -> std::thread::JoinHandle<()> {
-    let mut c = d.client();
-    assert_eq!(c.register(&name("echo"), Some("net")).unwrap(), vec!["net"]);
-    std::thread::spawn(move || {
-        while let Ok(Some(req)) = c.next_request_timeout(Duration::from_secs(30)) {
-            let Ok(flow) = c.accept(&req) else { continue };
-            std::thread::spawn(move || {
-                let mut buf = vec![0u8; 2000];
-                while let Ok(n) = flow.read(&mut buf) {
-                    if flow.write(&buf[..n]).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    })
 }
 
 /// A flow from alpha to `echo`, checked with one echo.
@@ -106,7 +87,7 @@ fn flows_up(d: &Daemon) -> Vec<u32> {
 fn an_idle_flow_lives_on_probes_and_ends_when_its_peer_is_killed() {
     let interval = Duration::from_millis(200);
     let (alpha, mut beta, _) = pair(interval.as_millis() as u64);
-    let _srv = echo_server(&beta);
+    let _srv = echo_server_all(&beta, "net");
     let mut c = alpha.client();
     let flow = echo_flow(&mut c);
     let port = flow.info().port;
@@ -182,7 +163,7 @@ fn an_idle_flow_lives_on_probes_and_ends_when_its_peer_is_killed() {
 #[test]
 fn a_reload_changing_only_keepalive_keeps_the_ipcp_and_its_flows() {
     let (alpha, beta, (pa, pb)) = pair(2000);
-    let _srv = echo_server(&beta);
+    let _srv = echo_server_all(&beta, "net");
     let mut c = alpha.client();
     let flow = echo_flow(&mut c);
     let port = flow.info().port;

@@ -7,7 +7,7 @@ mod common;
 
 use common::free_port;
 
-use common::{counter, name, normal_over_udp, wait_for, Daemon};
+use common::{counter, echo_server_all, name, normal_over_udp, wait_for, Daemon};
 use rina::QosSpec;
 use rina_wire::pci::{self, ControlBody, DtConstants, Pci, PduType};
 use rina_wire::shim_udp::{AllocResult, Datagram};
@@ -54,28 +54,10 @@ fn pair_with(names: &str, edit: impl Fn(String) -> String) -> (Daemon, Daemon) {
     (alpha, beta)
 }
 
-fn echo_server(d: &Daemon) -> std::thread::JoinHandle<()> {
-    let mut c = d.client();
-    assert_eq!(c.register(&name("echo"), Some("net")).unwrap(), vec!["net"]);
-    std::thread::spawn(move || {
-        while let Ok(Some(req)) = c.next_request_timeout(Duration::from_secs(30)) {
-            let Ok(flow) = c.accept(&req) else { continue };
-            std::thread::spawn(move || {
-                let mut buf = vec![0u8; 70_000];
-                while let Ok(n) = flow.read(&mut buf) {
-                    if flow.write(&buf[..n]).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    })
-}
-
 #[test]
 fn a_normal_dif_over_shim_udp_carries_flows_by_name() {
     let (alpha, beta) = pair();
-    let _srv = echo_server(&beta);
+    let _srv = echo_server_all(&beta, "net");
     let mut c = alpha.client();
 
     // Unreliable cube.

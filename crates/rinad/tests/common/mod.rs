@@ -219,6 +219,27 @@ pub fn echo_server(d: &Daemon, dif: &str) -> std::thread::JoinHandle<()> {
     })
 }
 
+/// Registers `echo` in DIF `dif` at `d` and echoes every SDU of every flow
+/// it accepts (each in a thread of its own) until no request has come for
+/// 30 s or the daemon goes away.
+pub fn echo_server_all(d: &Daemon, dif: &str) -> std::thread::JoinHandle<()> {
+    let mut c = d.client();
+    assert_eq!(c.register(&name("echo"), Some(dif)).unwrap(), vec![dif]);
+    std::thread::spawn(move || {
+        while let Ok(Some(req)) = c.next_request_timeout(Duration::from_secs(30)) {
+            let Ok(flow) = c.accept(&req) else { continue };
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 70_000];
+                while let Ok(n) = flow.read(&mut buf) {
+                    if flow.write(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    })
+}
+
 /// A UDP port on loopback that was free a moment ago.
 pub fn free_port() -> u16 {
     rina::ports::unused_loopback_udp_port().expect("a free UDP port on loopback")
