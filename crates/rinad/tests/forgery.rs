@@ -8,7 +8,7 @@ mod common;
 use common::free_port;
 
 use common::relay::Relay;
-use common::{counter, name, normal_over_udp, wait_for, Daemon};
+use common::{counter, echo_server_all, name, normal_over_udp, wait_for, Daemon};
 use rina::QosSpec;
 use rina_wire::pci::{self, Body, DtConstants, Pci, PduType};
 use rina_wire::shim_udp::Datagram;
@@ -47,21 +47,7 @@ fn setup() -> (Daemon, Daemon, Relay) {
         counter(&alpha, "alpha.net", "neighbors_up") == 1
             && counter(&beta, "beta.net", "neighbors_up") == 1
     });
-    let mut c = beta.client();
-    assert_eq!(c.register(&name("echo"), Some("net")).unwrap(), vec!["net"]);
-    std::thread::spawn(move || {
-        while let Ok(Some(req)) = c.next_request_timeout(Duration::from_secs(60)) {
-            let Ok(flow) = c.accept(&req) else { continue };
-            std::thread::spawn(move || {
-                let mut buf = vec![0u8; 70_000];
-                while let Ok(n) = flow.read(&mut buf) {
-                    if flow.write(&buf[..n]).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
+    echo_server_all(&beta, "net");
     (alpha, beta, relay)
 }
 
