@@ -361,8 +361,10 @@ fn options_the_run_does_not_use_are_refused() {
 #[test]
 fn a_closed_stdout_ends_a_tool_without_a_panic() {
     let mut fds = [0; 2];
-    // SAFETY: `pipe` fills the two descriptors it is given.
-    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // Close-on-exec: a process another test thread spawns meanwhile must
+    // not inherit the read end and keep the pipe open.
+    // SAFETY: `pipe2` fills the two descriptors it is given.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
     // SAFETY: both descriptors are fresh and owned here alone.
     let (read, write) = unsafe {
         use std::os::fd::FromRawFd;
