@@ -4,9 +4,12 @@
 # it prints the flows reached, the resident memory per idle flow, the
 # allocations per second one at a time and with 64 requests outstanding,
 # the daemon's CPU while the flows are idle, and the memory left after
-# they all close. Each flow has both ends in the daemon: FLOWS=100000 is
-# 50,000 allocations, 100,000 ports and descriptors in the daemon and as
-# many in the benchmark's process. Where the hard descriptor limit is
+# they all close. One at a time is measured twice, alternated: flows the
+# application accepts (a request to it, its answer) and flows the daemon
+# accepts for it (a registration with `accept`, no round trip to it).
+# Each flow has both ends in the daemon: FLOWS=100000 is 50,000
+# allocations, 100,000 ports and descriptors in the daemon and as many in
+# the benchmark's process. Where the hard descriptor limit is
 # lower (and cannot be raised: no CAP_SYS_RESOURCE), the run is cut to
 # what it allows and says so; the sans-IO core is then measured with all
 # FLOWS as well (heap bytes per flow, counted exactly, no descriptors).
@@ -58,6 +61,7 @@ for dif in ("udp", "normal"):
     r[f"{dif}_flows_reached"] = figure(f"{dif}.txt", r"^flows reached: (\d+)")
     r[f"{dif}_bytes_per_idle_flow"] = figure(f"{dif}.txt", r"^bytes per idle flow: (\d+)")
     r[f"{dif}_allocs_per_s_one"] = figure(f"{dif}.txt", r"^allocations/s one at a time: (\d+)")
+    r[f"{dif}_allocs_per_s_one_auto"] = figure(f"{dif}.txt", r"^allocations/s one at a time, accepted by the daemon: (\d+)")
     r[f"{dif}_allocs_per_s_pipelined"] = figure(f"{dif}.txt", r"^allocations/s with \d+ outstanding: (\d+)")
     r[f"{dif}_mib_left_after_close"] = figure(f"{dif}.txt", r"\(([\d.]+) MiB more than before")
     r[f"{dif}_core_flows_reached"] = figure(f"{dif}-core.txt", r"^flows reached: (\d+)")
@@ -65,8 +69,10 @@ for dif in ("udp", "normal"):
 worst = lambda keys, f: f(v for v in (r[k] for k in keys) if v is not None)
 r["bytes_per_idle_flow"] = worst(["udp_bytes_per_idle_flow", "normal_bytes_per_idle_flow"], max)
 r["allocs_per_s"] = worst(["udp_allocs_per_s_one", "normal_allocs_per_s_one"], min)
+r["allocs_per_s_auto"] = worst(["udp_allocs_per_s_one_auto", "normal_allocs_per_s_one_auto"], min)
 print(f"aims: <= 4096 B per idle flow (worst: {r['bytes_per_idle_flow']:.0f}), "
-      f">= 5000 allocations/s (worst, one at a time: {r['allocs_per_s']:.0f})")
+      f">= 5000 allocations/s (worst, one at a time: {r['allocs_per_s']:.0f} when the "
+      f"application accepts, {r['allocs_per_s_auto']:.0f} when the daemon accepts for it)")
 if os.environ.get("RESULTS"):
     json.dump(r, open(os.environ["RESULTS"], "w"))
 PY

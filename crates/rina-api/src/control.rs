@@ -250,7 +250,7 @@ pub fn wait_reply(w: &OwnedFd, cloexec: bool) -> Result<(Reply, Option<OwnedFd>)
     }
     match ctl::decode::<Message>(&buf[..p.len]) {
         Ok(Message::Reply { result, .. }) => Ok((result?, p.fds.into_iter().next())),
-        Ok(Message::FlowRequest(_)) => Err(ApiError::Protocol(
+        Ok(Message::FlowRequest(_) | Message::FlowAccepted(_)) => Err(ApiError::Protocol(
             "a flow request arrived where an answer was expected".into(),
         )),
         Ok(
@@ -404,6 +404,10 @@ fn from_daemon(conn: &Conn, app: &OwnedFd, held: &mut VecDeque<Vec<u8>>, buf: &m
         // rlite has no such news: the program keeps waiting, as it would
         // there after `rlite-ctl` withdrew its name.
         Ok(Message::Unregistered { .. }) => {}
+        // This API never registers with `accept`, so no flow arrives
+        // accepted; one that did is dropped, and closing its descriptors
+        // deallocates it.
+        Ok(Message::FlowAccepted(_)) => {}
         Ok(Message::RequestWithdrawn { handle }) => {
             held.retain(|b| ctl::decode::<IncomingFlow>(b).map_or(true, |r| r.handle != handle));
             // A RINA_F_NORESP handle the program never answers is not kept

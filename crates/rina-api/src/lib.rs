@@ -158,7 +158,11 @@ fn registration(
 ) -> Result<c_int> {
     let conn = control::lookup(fd)?;
     let op = if register {
-        Op::Register { name, dif }
+        Op::Register {
+            name,
+            dif,
+            accept: None,
+        }
     } else {
         Op::Unregister { name, dif }
     };

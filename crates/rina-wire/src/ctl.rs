@@ -159,7 +159,17 @@ impl<'de> Deserialize<'de> for Request {
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Op {
     /// Register `name` in `dif`, or, without a DIF, in every DIF of the daemon.
-    Register { name: AppName, dif: Option<String> },
+    Register {
+        name: AppName,
+        dif: Option<String>,
+        /// Have the daemon accept every flow request for `name` at once,
+        /// with this data path, and hand each flow over as a
+        /// [`Message::FlowAccepted`] (a listening socket's backlog),
+        /// instead of asking with a [`Message::FlowRequest`] first: an
+        /// allocation then waits for no round trip to this application.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        accept: Option<AutoAccept>,
+    },
     /// Withdraw a registration (from `dif`, or from every DIF).
     Unregister { name: AppName, dif: Option<String> },
     /// Allocate a flow from `local` to `remote`.
@@ -338,6 +348,33 @@ pub enum Message {
     /// withdrew the registration of `name` in `dif` that this connection
     /// made: no more flow requests for it come here.
     Unregistered { name: AppName, dif: String },
+    /// A flow to a name this connection registered with
+    /// [`Op::Register::accept`], accepted by the daemon; its descriptors
+    /// are attached as to a [`Reply::Flow`].
+    FlowAccepted(FlowInfo),
+}
+
+impl Message {
+    /// Whether this message is news the daemon sends on its own (a
+    /// request, an accepted flow, a withdrawal), not a step of or the
+    /// answer to a request of the client's.
+    pub fn is_news(&self) -> bool {
+        !matches!(self, Message::Reply { .. } | Message::Progress { .. })
+    }
+}
+
+/// How the daemon accepts the flow requests of a registration that asked
+/// it to ([`Op::Register::accept`]): the data path each flow gets, as
+/// [`Op::Accept`] would ask for it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AutoAccept {
+    /// Shared-memory rings, where the IPCP offers them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rings: bool,
+    /// A direct data path, where the IPCP and the requester agree.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub direct: bool,
 }
 
 /// A successful answer.
@@ -666,6 +703,47 @@ mod tests {
     }
 
     #[test]
+    fn a_registration_accepts_for_its_application_only_when_asked() {
+        // Without `accept` (every client before it): the daemon asks.
+        let old: Request = decode(br#"{"id":1,"op":"register","name":"a","dif":null}"#).unwrap();
+        assert!(matches!(old.op, Op::Register { accept: None, .. }));
+        let plain = Op::Register {
+            name: "a".parse().unwrap(),
+            dif: None,
+            accept: None,
+        };
+        let text = String::from_utf8(encode(&plain)).unwrap();
+        assert!(!text.contains("accept"), "{text}");
+        let new: Request =
+            decode(br#"{"id":1,"op":"register","name":"a","dif":null,"accept":{"rings":true}}"#)
+                .unwrap();
+        assert!(matches!(
+            new.op,
+            Op::Register {
+                accept: Some(AutoAccept {
+                    rings: true,
+                    direct: false
+                }),
+                ..
+            }
+        ));
+        let bad = decode::<Request>(
+            br#"{"id":1,"op":"register","name":"a","dif":null,"accept":{"ring":true}}"#,
+        );
+        assert!(bad.is_err(), "a misspelt data path is refused, not ignored");
+    }
+
+    #[test]
+    fn only_replies_and_progress_are_not_news() {
+        let progress = Message::Progress {
+            id: 1,
+            line: "x".into(),
+        };
+        assert!(!progress.is_news());
+        assert!(Message::RequestWithdrawn { handle: 1 }.is_news());
+    }
+
+    #[test]
     fn messages_round_trip() {
         let msgs = [
             Message::Reply {
@@ -696,6 +774,15 @@ mod tests {
                 name: "a".parse().unwrap(),
                 dif: "d".into(),
             },
+            Message::FlowAccepted(FlowInfo {
+                port: 5,
+                dif: "d".into(),
+                local: "a".parse().unwrap(),
+                remote: "b".parse().unwrap(),
+                qos: QosSpec::default(),
+                max_sdu: 1400,
+                direct: false,
+            }),
         ];
         for m in msgs {
             assert_eq!(decode::<Message>(&encode(&m)).unwrap(), m);

@@ -6,11 +6,11 @@ use crate::sock;
 use nix::errno::Errno;
 use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, UnixAddr};
 use rina_wire::ctl::{
-    self, DifInfo, FlowStats, IncomingFlow, IpcpInfo, Message, NameInfo, Op, Reply, Request,
-    RibObjectInfo, SchedulerInfo, MAX_CTL_MSG,
+    self, AutoAccept, DifInfo, FlowInfo, FlowStats, IncomingFlow, IpcpInfo, Message, NameInfo, Op,
+    Reply, Request, RibObjectInfo, SchedulerInfo, MAX_CTL_MSG,
 };
 use rina_wire::{AppName, QosSpec};
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -45,6 +45,12 @@ pub struct Client {
     path: PathBuf,
     next_id: u64,
     pending: VecDeque<IncomingFlow>,
+    /// Flows the daemon accepted for a registration that asked it to,
+    /// not yet handed out ([`Client::next_flow`]), with their descriptors.
+    arrived: VecDeque<(FlowInfo, Vec<OwnedFd>)>,
+    /// The registrations that have the daemon accept for them, as (name,
+    /// DIF), with whether their flows have rings.
+    accepting: BTreeMap<(AppName, String), bool>,
     /// The registrations this connection made, as (name, DIF).
     registered: BTreeSet<(AppName, String)>,
     /// Why no registration is left, when another connection (an
@@ -171,6 +177,8 @@ impl Client {
             path: PathBuf::new(),
             next_id: 1,
             pending: VecDeque::new(),
+            arrived: VecDeque::new(),
+            accepting: BTreeMap::new(),
             registered: BTreeSet::new(),
             orphaned: None,
             buf: Vec::new(),
@@ -237,9 +245,40 @@ impl Client {
     /// it was registered in. Flow requests for it arrive on this connection;
     /// registrations end when it closes.
     pub fn register(&mut self, name: &AppName, dif: Option<&str>) -> Result<Vec<String>> {
+        self.register_with(name, dif, None)
+    }
+
+    /// Registers `name` as [`Client::register`] does, but has the daemon
+    /// accept every flow request for it at once, with the data path this
+    /// client asks for ([`Client::set_rings`], [`Client::set_direct`]), as
+    /// a listening TCP socket's backlog does: an allocation to `name` then
+    /// waits for no round trip to this application, and
+    /// [`Client::next_flow`] hands the flows over. The daemon keeps at
+    /// most a bounded number of flows and news unread on a connection;
+    /// past that it refuses further requests, saying that the application
+    /// does not read them.
+    pub fn register_accepting(&mut self, name: &AppName, dif: Option<&str>) -> Result<Vec<String>> {
+        let accept = AutoAccept {
+            rings: self.rings,
+            direct: self.direct,
+        };
+        let difs = self.register_with(name, dif, Some(accept))?;
+        for d in &difs {
+            self.accepting.insert((name.clone(), d.clone()), self.rings);
+        }
+        Ok(difs)
+    }
+
+    fn register_with(
+        &mut self,
+        name: &AppName,
+        dif: Option<&str>,
+        accept: Option<AutoAccept>,
+    ) -> Result<Vec<String>> {
         let op = Op::Register {
             name: name.clone(),
             dif: dif.map(str::to_owned),
+            accept,
         };
         let difs = match self.call("register", op)? {
             (Reply::Registered { difs }, _) => difs,
@@ -260,8 +299,9 @@ impl Client {
             dif: dif.map(str::to_owned),
         };
         self.call("unregister", op)?;
-        self.registered
-            .retain(|(n, d)| !(n == name && dif.is_none_or(|x| x == d)));
+        let gone = |(n, d): &(AppName, String)| n == name && dif.is_none_or(|x| x == d);
+        self.registered.retain(|k| !gone(k));
+        self.accepting.retain(|k, _| !gone(k));
         Ok(())
     }
 
@@ -324,6 +364,63 @@ impl Client {
         }
     }
 
+    /// Waits for the next flow the daemon accepted for a name this
+    /// connection registered with [`Client::register_accepting`].
+    ///
+    /// Like [`Client::next_request`], this waits for a peer and has no
+    /// timeout; [`Client::next_flow_timeout`] gives up after a while. It
+    /// fails with [`ErrorKind::NotRegistered`] once another connection has
+    /// withdrawn every name this connection registered.
+    pub fn next_flow(&mut self) -> Result<Flow> {
+        loop {
+            if let Some(f) = self.next_arrived()? {
+                return f;
+            }
+            self.check_orphaned()?;
+            if let Some(m) = self.recv(None)? {
+                self.news(m);
+            }
+        }
+    }
+
+    /// Like [`Client::next_flow`], but gives up after `timeout` with `None`.
+    pub fn next_flow_timeout(&mut self, timeout: Duration) -> Result<Option<Flow>> {
+        let deadline = Instant::now().checked_add(timeout);
+        loop {
+            if let Some(f) = self.next_arrived()? {
+                return f.map(Some);
+            }
+            self.check_orphaned()?;
+            match self.recv(deadline)? {
+                None => return Ok(None),
+                Some(m) => self.news(m),
+            }
+        }
+    }
+
+    /// The flows the daemon accepted that are received but not yet handed
+    /// out.
+    pub fn accepted_flows(&self) -> usize {
+        self.arrived.len()
+    }
+
+    /// The first accepted flow queued, made ready (its rings set up), once
+    /// everything the daemon has already sent is read.
+    fn next_arrived(&mut self) -> Result<Option<Result<Flow>>> {
+        while let Some(m) = self.recv(Some(Instant::now()))? {
+            self.news(m);
+        }
+        let Some((info, fds)) = self.arrived.pop_front() else {
+            return Ok(None);
+        };
+        let rings = self
+            .accepting
+            .get(&(info.local.clone(), info.dif.clone()))
+            .copied()
+            .unwrap_or(false);
+        Ok(Some(flow_from("accept", (Reply::Flow(info), fds), rings)))
+    }
+
     /// The first request queued, once everything the daemon has already
     /// sent is read (so that a withdrawal that came with its request is
     /// seen before the request is handed out).
@@ -338,9 +435,10 @@ impl Client {
     /// queued, withdrawn ones dropped from the queue; a reply nobody
     /// waits for (its caller gave up) is dropped, with any descriptor it
     /// carried.
-    fn news(&mut self, (msg, _fds): (Message, Vec<OwnedFd>)) {
+    fn news(&mut self, (msg, fds): (Message, Vec<OwnedFd>)) {
         match msg {
             Message::FlowRequest(r) => self.pending.push_back(r),
+            Message::FlowAccepted(info) => self.arrived.push_back((info, fds)),
             Message::RequestWithdrawn { handle } => self.withdrawn(handle),
             Message::Unregistered { name, dif } => {
                 self.registered.remove(&(name.clone(), dif.clone()));
@@ -751,6 +849,7 @@ impl Client {
                 None => return Err(self.timed_out(what, "answer")),
                 Some((
                     m @ (Message::FlowRequest(_)
+                    | Message::FlowAccepted(_)
                     | Message::RequestWithdrawn { .. }
                     | Message::Unregistered { .. }),
                     fds,
@@ -840,6 +939,7 @@ impl Client {
             match self.recv(Some(Instant::now())) {
                 Ok(Some((
                     m @ (Message::FlowRequest(_)
+                    | Message::FlowAccepted(_)
                     | Message::RequestWithdrawn { .. }
                     | Message::Unregistered { .. }),
                     fds,

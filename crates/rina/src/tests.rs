@@ -1009,3 +1009,77 @@ fn a_withdrawn_request_is_never_handed_out() {
     drop(client);
     daemon.join().unwrap();
 }
+
+#[test]
+fn flows_the_daemon_accepted_are_queued_across_calls_and_handed_out_in_order() {
+    let (mut client, daemon) = fake_daemon(|ctl| {
+        let req = recv_req(&ctl).expect("register");
+        assert_eq!(
+            req.op,
+            Op::Register {
+                name: name("srv"),
+                dif: None,
+                accept: Some(ctl::AutoAccept {
+                    rings: false,
+                    direct: false,
+                }),
+            }
+        );
+        // A flow arrives before the registration's reply, another while
+        // the client waits for a listing: neither is lost.
+        let (mine1, theirs1) = pair();
+        let mut first = info(1000);
+        first.local = name("srv");
+        send_msg(&ctl, &Message::FlowAccepted(first.clone()), Some(&theirs1));
+        send_msg(
+            &ctl,
+            &Message::Reply {
+                id: req.id,
+                result: Ok(Reply::Registered {
+                    difs: vec!["udp.net".into()],
+                }),
+            },
+            None,
+        );
+        let req = recv_req(&ctl).expect("list");
+        let (mine2, theirs2) = pair();
+        let mut second = first;
+        second.port = 6;
+        send_msg(&ctl, &Message::FlowAccepted(second), Some(&theirs2));
+        send_msg(
+            &ctl,
+            &Message::Reply {
+                id: req.id,
+                result: Ok(Reply::Ipcps { ipcps: Vec::new() }),
+            },
+            None,
+        );
+        drop((theirs1, theirs2));
+        thread::spawn(move || echo(mine1));
+        thread::spawn(move || echo(mine2));
+        // The connection stays up until the client closes it.
+        assert!(recv_req(&ctl).is_none());
+    });
+    client.set_rings(false);
+    assert_eq!(
+        client.register_accepting(&name("srv"), None).unwrap(),
+        vec!["udp.net".to_string()]
+    );
+    assert!(client.list_ipcps().unwrap().is_empty());
+    assert_eq!(client.accepted_flows(), 2);
+    assert_eq!(client.pending_requests(), 0);
+    for port in [5, 6] {
+        let flow = client.next_flow().unwrap();
+        assert_eq!(flow.info().port, port);
+        flow.write(b"abc").unwrap();
+        let mut buf = [0u8; 8];
+        let n = flow.read_timeout(&mut buf, Duration::from_secs(5)).unwrap();
+        assert_eq!(n, Some(3));
+    }
+    assert!(client
+        .next_flow_timeout(Duration::from_millis(50))
+        .unwrap()
+        .is_none());
+    drop(client);
+    daemon.join().unwrap();
+}

@@ -4,9 +4,11 @@
 //!
 //! One daemon with one IPCP (a shim-udp IPCP whose directory points at
 //! itself, or a normal IPCP with no neighbour whose flows loop back inside
-//! it). A sink registers `sink` and accepts every request; a source
-//! allocates flows to it over the raw control protocol, first one at a
-//! time, then with `--outstanding` requests in flight. Every flow has both
+//! it). A sink registers `sink` and accepts every request, and registers
+//! `sink-auto` for the daemon to accept for it (`Op::Register::accept`);
+//! a source allocates flows over the raw control protocol, first one at
+//! a time, alternately to each name in four rounds, then to `sink` with
+//! `--outstanding` requests in flight. Every flow has both
 //! of its ends in the daemon: `--flows N` makes N/2 allocations and N flows
 //! (ports) in the daemon, with N descriptors here and N there.
 //!
@@ -143,14 +145,14 @@ fn config(a: &Args, port: u16) -> String {
         .map_or(String::new(), |m| format!("max_flows = {m}\n"));
     match a.dif.as_str() {
         "udp" => format!(
-            "[system]\nname = \"s\"\n\n[[ipcp]]\nname = \"s.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:{port}\"\n{max}\n[ipcp.directory]\n\"sink\" = \"127.0.0.1:{port}\"\n"
+            "[system]\nname = \"s\"\n\n[[ipcp]]\nname = \"s.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:{port}\"\n{max}\n[ipcp.directory]\n\"sink\" = \"127.0.0.1:{port}\"\n\"sink-auto\" = \"127.0.0.1:{port}\"\n"
         ),
         "normal" => {
             let cep = a
                 .cep_width
                 .map_or(String::new(), |w| format!("cep_id_bytes = {w}\n"));
             format!(
-                "[system]\nname = \"s\"\n\n[[ipcp]]\nname = \"s.net\"\ntype = \"normal\"\ndif = \"net\"\naddress = 1\n{max}{cep}\n[ipcp.names]\n\"sink\" = 1\n"
+                "[system]\nname = \"s\"\n\n[[ipcp]]\nname = \"s.net\"\ntype = \"normal\"\ndif = \"net\"\naddress = 1\n{max}{cep}\n[ipcp.names]\n\"sink\" = 1\n\"sink-auto\" = 1\n"
             )
         }
         d => panic!("--dif udp or normal, not {d}"),
@@ -256,7 +258,8 @@ fn run_sink(mut sink: Raw, n: usize) -> Vec<OwnedFd> {
                     direct: false,
                 });
             }
-            (Message::Reply { result: Ok(_), .. }, Some(fd)) => kept.push(fd),
+            (Message::Reply { result: Ok(_), .. }, Some(fd))
+            | (Message::FlowAccepted(_), Some(fd)) => kept.push(fd),
             (Message::Reply { result: Err(e), .. }, _) => {
                 eprintln!("accept failed: {e}");
                 failed += 1;
@@ -269,10 +272,16 @@ fn run_sink(mut sink: Raw, n: usize) -> Vec<OwnedFd> {
 
 /// Allocates `n` flows with at most `window` requests in flight; returns
 /// the flows and the failures.
-fn allocate(src: &mut Raw, n: usize, window: usize, flows: &mut Vec<OwnedFd>) -> usize {
+fn allocate(
+    src: &mut Raw,
+    remote: &str,
+    n: usize,
+    window: usize,
+    flows: &mut Vec<OwnedFd>,
+) -> usize {
     let op = || Op::Allocate {
         local: "src".parse().unwrap(),
-        remote: "sink".parse().unwrap(),
+        remote: remote.parse().unwrap(),
         dif: None,
         qos: QosSpec::default(),
         rings: false,
@@ -318,6 +327,12 @@ fn main() {
     sink.call(Op::Register {
         name: "sink".parse().unwrap(),
         dif: None,
+        accept: None,
+    });
+    sink.call(Op::Register {
+        name: "sink-auto".parse().unwrap(),
+        dif: None,
+        accept: Some(ctl::AutoAccept::default()),
     });
     let sink = std::thread::spawn(move || run_sink(sink, pairs));
     let mut src = Raw::connect(&sock);
@@ -326,13 +341,22 @@ fn main() {
     let mut flows = Vec::with_capacity(pairs);
 
     // At most half one at a time, so that both rates are measured.
-    let one = a.one_at_a_time.min(pairs / 2);
-    let t = Instant::now();
-    let mut failed = allocate(&mut src, one, 1, &mut flows);
-    let one_rate = one as f64 / t.elapsed().as_secs_f64();
+    // Half to each name, alternated in rounds so that both see the same
+    // host.
+    let one = a.one_at_a_time.min(pairs / 2) / 8 * 8;
+    let mut failed = 0;
+    let mut took = [Duration::ZERO; 2];
+    for round in 0..8 {
+        let t = Instant::now();
+        let remote = ["sink", "sink-auto"][round % 2];
+        failed += allocate(&mut src, remote, one / 8, 1, &mut flows);
+        took[round % 2] += t.elapsed();
+    }
+    let one_rate = (one / 2) as f64 / took[0].as_secs_f64();
+    let auto_rate = (one / 2) as f64 / took[1].as_secs_f64();
     let rest = pairs - one;
     let t = Instant::now();
-    failed += allocate(&mut src, rest, a.outstanding, &mut flows);
+    failed += allocate(&mut src, "sink", rest, a.outstanding, &mut flows);
     let many_rate = rest as f64 / t.elapsed().as_secs_f64();
     let accepted = sink.join().expect("sink");
     let reached = flows.len() + accepted.len();
@@ -371,7 +395,14 @@ fn main() {
     println!("rss before: {:.1} MiB", rss0 as f64 / 1048576.0);
     println!("rss with flows: {:.1} MiB", rss1 as f64 / 1048576.0);
     println!("bytes per idle flow: {:.0}", per(rss1));
-    println!("allocations/s one at a time: {one_rate:.0} ({one} allocations)");
+    println!(
+        "allocations/s one at a time: {one_rate:.0} ({} allocations)",
+        one / 2
+    );
+    println!(
+        "allocations/s one at a time, accepted by the daemon: {auto_rate:.0} ({} allocations)",
+        one / 2
+    );
     println!(
         "allocations/s with {} outstanding: {many_rate:.0} ({rest} allocations)",
         a.outstanding

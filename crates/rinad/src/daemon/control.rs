@@ -222,12 +222,7 @@ impl Daemon {
             return;
         };
         let mut bytes = ctl::encode(msg);
-        let answer = !matches!(
-            msg,
-            Message::FlowRequest(_)
-                | Message::RequestWithdrawn { .. }
-                | Message::Unregistered { .. }
-        );
+        let answer = !msg.is_news();
         if conn.out.is_empty() {
             let raw: Vec<std::os::fd::RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
             match sys::send_fds(conn.fd.as_raw_fd(), &bytes, &raw) {
@@ -319,7 +314,7 @@ impl Daemon {
     pub(super) fn on_request(&mut self, conn: usize, req: Request) {
         let id = req.id;
         let result = match req.op {
-            Op::Register { name, dif } => self.register(conn, name, dif),
+            Op::Register { name, dif, accept } => self.register(conn, name, dif, accept),
             Op::Unregister { name, dif } => self.unregister(conn, &name, dif),
             Op::Allocate {
                 local,
@@ -462,6 +457,7 @@ impl Daemon {
         conn: usize,
         name: AppName,
         dif: Option<String>,
+        accept: Option<AutoAccept>,
     ) -> Result<Reply, CtlError> {
         let targets = self.ipcps_in(dif.as_deref())?;
         self.check_ipcp_name(conn, &name, "register")?;
@@ -493,11 +489,12 @@ impl Daemon {
         }
         let mut difs = Vec::new();
         for i in targets {
-            self.owners.insert((i, name.clone()), conn);
+            self.owners
+                .insert((i, name.clone()), Owner { conn, accept });
             if let Some(c) = self.conns.get_mut(&conn) {
                 c.names.push((i, name.clone()));
             }
-            info!(%name, ipcp = %self.ipcps[i].name, "registered");
+            info!(%name, ipcp = %self.ipcps[i].name, accepting = accept.is_some(), "registered");
             difs.push(self.ipcps[i].dif.clone());
         }
         Ok(Reply::Registered { difs })
@@ -531,7 +528,7 @@ impl Daemon {
     fn check_local_name(&self, conn: usize, local: &AppName) -> Result<(), CtlError> {
         self.check_ipcp_name(conn, local, "allocate flows from")?;
         for i in 0..self.ipcps.len() {
-            let Some(&holder) = self.owners.get(&(i, local.clone())) else {
+            let Some(&Owner { conn: holder, .. }) = self.owners.get(&(i, local.clone())) else {
                 continue;
             };
             let uid = self.conn_uid(holder);
@@ -578,7 +575,7 @@ impl Daemon {
         let mut denied = None;
         for i in targets {
             let key = (i, name.clone());
-            let Some(&holder) = self.owners.get(&key) else {
+            let Some(&Owner { conn: holder, .. }) = self.owners.get(&key) else {
                 continue;
             };
             let holder_uid = self.conn_uid(holder);
@@ -731,6 +728,19 @@ impl Daemon {
             Err(e) => {
                 self.sys.close(now, port);
                 Err(e)
+            }
+        }
+    }
+
+    /// Accepts request `handle` for `conn`, whose registration asked the
+    /// daemon to, and hands the flow over as news; a refusal (the user's
+    /// share, no descriptors) is sent to the requester by
+    /// [`Daemon::accept_incoming`], and logged here.
+    pub(super) fn accept_for(&mut self, conn: usize, handle: u64, a: AutoAccept) {
+        match self.accept_incoming(conn, handle, a.rings, a.direct) {
+            Ok((info, fds)) => self.send_msg(conn, &Message::FlowAccepted(info), fds),
+            Err(e) => {
+                info!(handle, error = %e, "flow request refused for its accepting application")
             }
         }
     }
@@ -917,7 +927,7 @@ impl Daemon {
             return true;
         }
         match self.owners.get(&(i, n.clone())) {
-            Some(&holder) => self.conn_uid(holder) == self.conn_uid(conn),
+            Some(o) => self.conn_uid(o.conn) == self.conn_uid(conn),
             None => false,
         }
     }
@@ -1061,6 +1071,7 @@ fn too_big(msg: &Message, len: usize) -> Vec<u8> {
     let id = match msg {
         Message::Reply { id, .. } | Message::Progress { id, .. } => *id,
         Message::FlowRequest(_)
+        | Message::FlowAccepted(_)
         | Message::RequestWithdrawn { .. }
         | Message::Unregistered { .. } => 0,
     };

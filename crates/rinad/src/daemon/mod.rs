@@ -65,8 +65,8 @@ use rina_core::sdu::Sdu;
 use rina_core::system::{AppEvent, Machine, Output, PortId, System};
 use rina_core::Instant;
 use rina_wire::ctl::{
-    self, CtlError, DifInfo, ErrorKind, FlowInfo, FlowStats, IncomingFlow, IpcpInfo, Message,
-    NameInfo, Op, Reply, Request, RibObjectInfo,
+    self, AutoAccept, CtlError, DifInfo, ErrorKind, FlowInfo, FlowStats, IncomingFlow, IpcpInfo,
+    Message, NameInfo, Op, Reply, Request, RibObjectInfo,
 };
 use rina_wire::AppName;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -225,6 +225,14 @@ struct PendingAlloc {
     direct_sock: Option<std::net::UdpSocket>,
 }
 
+/// The holder of a registered name: its control connection, and how the
+/// daemon accepts flows for it if the registration asked it to.
+#[derive(Clone, Copy)]
+struct Owner {
+    conn: usize,
+    accept: Option<AutoAccept>,
+}
+
 /// An incoming flow request waiting for an application's answer (keyed by
 /// the system's handle).
 struct Incoming {
@@ -269,7 +277,8 @@ pub struct Daemon {
     flows: IdMap<PortId, Box<FlowSlot>>,
     conns: HashMap<usize, Conn>,
     next_conn: usize,
-    owners: HashMap<(usize, AppName), usize>,
+    /// Who holds each registered name, per IPCP.
+    owners: HashMap<(usize, AppName), Owner>,
     allocs: HashMap<PortId, PendingAlloc>,
     /// Reads of neighbours' RIBs under way: (IPCP, handle) -> (control
     /// connection, request id) to answer.
@@ -755,8 +764,8 @@ impl Daemon {
                     .iter()
                     .enumerate()
                     .filter(|(_, ip)| ip.dif == dif)
-                    .find_map(|(i, _)| self.owners.get(&(i, local.clone())).map(|&c| (i, c)));
-                let Some((i, conn)) = owner else {
+                    .find_map(|(i, _)| self.owners.get(&(i, local.clone())).map(|&o| (i, o)));
+                let Some((i, Owner { conn, accept })) = owner else {
                     let _ = self
                         .sys
                         .refuse(now, handle, "no application holds the name");
@@ -783,6 +792,10 @@ impl Daemon {
                     },
                 );
                 debug!(ipcp = %self.ipcps[i].name, %local, %remote, handle, "incoming flow request");
+                if let Some(a) = accept {
+                    self.accept_for(conn, handle, a);
+                    return;
+                }
                 let msg = Message::FlowRequest(IncomingFlow {
                     handle,
                     dif,
