@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ._lib import (
+    RINA_F_ACCEPT,
     RINA_F_NORESP,
     RINA_F_NOWAIT,
     RINA_FLOW_SPEC_LOSS_MAX,
@@ -394,21 +395,28 @@ class Control:
     def fileno(self):
         return self._live("fileno")
 
-    def register(self, name, dif=None):
-        """Registers ``name`` in ``dif`` (every DIF if None)."""
+    def register(self, name, dif=None, accept=False):
+        """Registers ``name`` in ``dif`` (every DIF if None). With
+        ``accept``, the daemon accepts every flow request for it at once
+        (as a listening TCP socket's backlog does), so that an allocation
+        waits for no round trip to this program: :meth:`accept` and
+        :meth:`next_request` then hand over flows already accepted, and
+        refusing one closes it."""
         what = f"register {name}"
-        _check(lib.rina_register(self._live(what), _dif(dif), _name(name, "name"), 0), what)
+        flags = RINA_F_ACCEPT if accept else 0
+        _check(lib.rina_register(self._live(what), _dif(dif), _name(name, "name"), flags), what)
 
     def unregister(self, name, dif=None):
         """Withdraws a registration made here."""
         what = f"unregister {name}"
         _check(lib.rina_unregister(self._live(what), _dif(dif), _name(name, "name"), 0), what)
 
-    async def register_async(self, name, dif=None):
+    async def register_async(self, name, dif=None, accept=False):
         """Like :meth:`register`, without blocking the event loop."""
         what = f"register {name}"
+        flags = RINA_F_NOWAIT | (RINA_F_ACCEPT if accept else 0)
         wfd = _check(
-            lib.rina_register(self._live(what), _dif(dif), _name(name, "name"), RINA_F_NOWAIT),
+            lib.rina_register(self._live(what), _dif(dif), _name(name, "name"), flags),
             what,
         )
         try:

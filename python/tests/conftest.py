@@ -18,7 +18,17 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(REPO, "python", "examples")
-SERVER_NAMES = ["py-echo", "py-echo-async", "py-nobody", "py-slow", "py-slow-async", "py-many", "py-sig", "py-dropped"]
+SERVER_NAMES = [
+    "py-echo",
+    "py-echo-async",
+    "py-nobody",
+    "py-slow",
+    "py-slow-async",
+    "py-many",
+    "py-sig",
+    "py-dropped",
+    "py-backlog",
+]
 
 
 def rinad_path():

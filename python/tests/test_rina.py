@@ -324,3 +324,28 @@ def test_a_signal_handler_does_not_break_the_wait_for_a_request(daemons):
             peer = out.get(timeout=10)
             assert isinstance(peer, rina.Flow), peer
             peer.close()
+
+
+def test_a_registration_with_accept_gets_flows_the_daemon_accepted(daemons):
+    with control_at(daemons.beta) as ctl:
+        ctl.register("py-backlog", accept=True)
+        # The allocation completes while the server reads nothing: the
+        # daemon accepted it.
+        spec = rina.FlowSpec(max_loss=2.0)
+        with rina.allocate("py-backlog", local="py-eager|1", spec=spec) as client:
+            flow = ctl.accept(timeout=10)
+            assert flow is not None
+            with flow:
+                assert flow.remote == "py-eager|1"
+                assert flow.spec.max_loss == 2.0
+                client.write(b"ping")
+                assert flow.read(timeout=5) == b"ping"
+                flow.write(b"pong")
+                assert client.read(timeout=5) == b"pong"
+        # One taken as a request and refused is closed: its client reads
+        # the end of the flow.
+        with rina.allocate("py-backlog", local="py-eager|2") as client:
+            req = ctl.next_request(timeout=10)
+            assert req is not None and req.remote == "py-eager|2"
+            req.refuse()
+            assert client.read(timeout=5) == b""

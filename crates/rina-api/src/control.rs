@@ -6,8 +6,9 @@
 //! expects it to turn readable exactly when a flow request waits, whatever
 //! other calls it makes meanwhile. So that descriptor is not the daemon
 //! connection itself but one end of a socket pair; a relay thread per
-//! control descriptor reads the daemon connection, passes flow requests to
-//! the program's end and routes each reply (with any descriptor it carries)
+//! control descriptor reads the daemon connection, passes flow requests
+//! (and the flows the daemon accepted for names registered with
+//! `RINA_F_ACCEPT`, with their descriptors) to the program's end and routes each reply (with any descriptor it carries)
 //! to the private socket pair of the call waiting for it. Requests are
 //! written to the daemon connection directly by the calling thread.
 //!
@@ -20,7 +21,7 @@ use crate::sys::{self, Key};
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::socket;
-use rina_wire::ctl::{self, IncomingFlow, Message, Op, Reply, Request, MAX_CTL_MSG};
+use rina_wire::ctl::{self, FlowInfo, IncomingFlow, Message, Op, Reply, Request, MAX_CTL_MSG};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -34,9 +35,31 @@ pub const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
 /// for (registration, flows) are a few hundred bytes.
 const MAX_ANSWER: usize = 64 * 1024;
 
-/// Flow requests the relay holds for a program that does not read them;
-/// beyond this they are dropped (the daemon times them out).
+/// Flow requests (and flows accepted for it) the relay holds for a
+/// program that does not read them; beyond this they are dropped (the
+/// daemon times a request out; a flow's descriptor closes, which
+/// deallocates it).
 const MAX_HELD_REQUESTS: usize = 1024;
+
+/// What the program's control descriptor carries, one per packet.
+#[derive(Debug)]
+pub enum Arrival {
+    /// A flow request, for the program to accept or refuse.
+    Request(IncomingFlow),
+    /// A flow the daemon accepted for a name registered with
+    /// `RINA_F_ACCEPT`, and its descriptor.
+    Accepted(FlowInfo, OwnedFd),
+}
+
+/// A message the relay holds until the program's descriptor has room.
+struct Held {
+    /// The encoded [`Message::FlowRequest`] or [`Message::FlowAccepted`].
+    bytes: Vec<u8>,
+    /// The flow's descriptor, for an accepted flow.
+    fd: Option<OwnedFd>,
+    /// The request's handle, for a request (which the daemon may withdraw).
+    handle: Option<u64>,
+}
 
 /// One control descriptor's state.
 pub struct Conn {
@@ -56,7 +79,17 @@ pub struct Conn {
 #[derive(Default)]
 struct Handles {
     next: i32,
-    map: HashMap<i32, u64>,
+    map: HashMap<i32, Pending>,
+}
+
+/// What a `RINA_F_NORESP` handle stands for.
+#[derive(Debug)]
+pub enum Pending {
+    /// A flow request, by the daemon's handle: it waits for the answer.
+    Request(u64),
+    /// A flow the daemon already accepted (a name registered with
+    /// `RINA_F_ACCEPT`): accepting hands it over, refusing closes it.
+    Accepted(OwnedFd),
 }
 
 static CONNS: Mutex<BTreeMap<Key, Arc<Conn>>> = Mutex::new(BTreeMap::new());
@@ -188,8 +221,8 @@ impl Conn {
         }
     }
 
-    /// A handle for the program standing for the daemon's handle `h`.
-    pub fn new_handle(&self, h: u64) -> i32 {
+    /// A handle for the program standing for `h` (a request or a flow).
+    pub fn new_handle(&self, h: Pending) -> i32 {
         let mut hs = lock(&self.handles);
         loop {
             hs.next = hs.next.checked_add(1).unwrap_or(1);
@@ -206,8 +239,8 @@ impl Conn {
         lock(&self.handles).map.len()
     }
 
-    /// The daemon's handle for the program's `h`, forgotten from now on.
-    pub fn take_handle(&self, h: i32) -> Result<u64> {
+    /// What the program's `h` stands for, forgotten from now on.
+    pub fn take_handle(&self, h: i32) -> Result<Pending> {
         lock(&self.handles).map.remove(&h).ok_or_else(|| {
             ApiError::Invalid(format!(
                 "no flow request with handle {h} waits for a response on this descriptor"
@@ -266,15 +299,17 @@ pub fn wait_reply(w: &OwnedFd, cloexec: bool) -> Result<(Reply, Option<OwnedFd>)
     }
 }
 
-/// Reads the next flow request from the program's control descriptor `fd`
-/// (blocking unless the program made it non-blocking; a signal handler
-/// without `SA_RESTART` interrupts the wait with `EINTR`).
-pub fn next_request(fd: RawFd) -> Result<IncomingFlow> {
+/// Reads the next flow request, or flow accepted by the daemon, from the
+/// program's control descriptor `fd` (blocking unless the program made it
+/// non-blocking; a signal handler without `SA_RESTART` interrupts the wait
+/// with `EINTR`). An accepted flow's descriptor is not close-on-exec, as
+/// one `rina_flow_accept` gets from an answer.
+pub fn next_request(fd: RawFd) -> Result<Arrival> {
     let mut buf = vec![0u8; MAX_ANSWER];
     // SAFETY: the caller checked that fd is an open control descriptor; it
     // is only borrowed for this call.
     let bfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-    let p = sys::recv_interruptible(bfd, &mut buf, true)
+    let p = sys::recv_interruptible(bfd, &mut buf, false)
         .map_err(|e| ApiError::sys(e, "cannot read a flow request"))?;
     if p.len == 0 {
         return Err(daemon_gone());
@@ -282,8 +317,19 @@ pub fn next_request(fd: RawFd) -> Result<IncomingFlow> {
     if p.truncated {
         return Err(ApiError::Protocol("a flow request is too large".into()));
     }
-    ctl::decode::<IncomingFlow>(&buf[..p.len])
-        .map_err(|e| ApiError::Protocol(format!("malformed flow request: {e}")))
+    let msg = ctl::decode::<Message>(&buf[..p.len])
+        .map_err(|e| ApiError::Protocol(format!("malformed flow request: {e}")))?;
+    match (msg, p.fds.into_iter().next()) {
+        (Message::FlowRequest(req), _) => Ok(Arrival::Request(req)),
+        (Message::FlowAccepted(info), Some(flow)) => Ok(Arrival::Accepted(info, flow)),
+        (Message::FlowAccepted(info), None) => Err(ApiError::Protocol(format!(
+            "the daemon announced flow {} without its descriptor",
+            info.port
+        ))),
+        _ => Err(ApiError::Protocol(
+            "the control relay passed on something other than a flow request".into(),
+        )),
+    }
 }
 
 /// Why a relay stopped relaying.
@@ -315,7 +361,7 @@ fn relay(conn: Arc<Conn>, app: OwnedFd, key: Key) {
 
 /// Relays until the program or the daemon closes its end.
 fn relay_loop(conn: &Conn, app: &OwnedFd, buf: &mut [u8]) -> Ended {
-    let mut held: VecDeque<Vec<u8>> = VecDeque::new();
+    let mut held: VecDeque<Held> = VecDeque::new();
     loop {
         let app_events = if held.is_empty() {
             PollFlags::POLLIN
@@ -339,7 +385,8 @@ fn relay_loop(conn: &Conn, app: &OwnedFd, buf: &mut [u8]) -> Ended {
             return Ended::ProgramClosed;
         }
         while let Some(front) = held.front() {
-            match sys::send(app.as_fd(), front, &[], true) {
+            let fds: Vec<RawFd> = front.fd.iter().map(|f| f.as_raw_fd()).collect();
+            match sys::send(app.as_fd(), &front.bytes, &fds, true) {
                 Ok(()) => {
                     held.pop_front();
                 }
@@ -379,22 +426,39 @@ fn program_closed(app: &OwnedFd, buf: &mut [u8]) -> bool {
     }
 }
 
+/// Sends `h` to the program's descriptor, or holds it behind those held
+/// already; past [`MAX_HELD_REQUESTS`] it is dropped.
+fn pass_on(app: &OwnedFd, held: &mut VecDeque<Held>, h: Held) {
+    if held.is_empty() {
+        let fds: Vec<RawFd> = h.fd.iter().map(|f| f.as_raw_fd()).collect();
+        if sys::send(app.as_fd(), &h.bytes, &fds, true).is_ok() {
+            return;
+        }
+    }
+    if held.len() < MAX_HELD_REQUESTS {
+        held.push_back(h);
+    }
+}
+
 /// Handles one message from the daemon; false once the daemon is gone.
-fn from_daemon(conn: &Conn, app: &OwnedFd, held: &mut VecDeque<Vec<u8>>, buf: &mut [u8]) -> bool {
+fn from_daemon(conn: &Conn, app: &OwnedFd, held: &mut VecDeque<Held>, buf: &mut [u8]) -> bool {
     let p = match sys::recv(conn.daemon.as_fd(), buf, true) {
         Ok(p) if p.len > 0 && !p.truncated => p,
         Err(Errno::EAGAIN) => return true,
         _ => return false,
     };
     match ctl::decode::<Message>(&buf[..p.len]) {
-        Ok(Message::FlowRequest(req)) => {
-            let bytes = ctl::encode(&req);
-            let queued = !held.is_empty();
-            if (queued || sys::send(app.as_fd(), &bytes, &[], true).is_err())
-                && held.len() < MAX_HELD_REQUESTS
-            {
-                held.push_back(bytes);
-            }
+        Ok(m @ (Message::FlowRequest(_) | Message::FlowAccepted(_))) => {
+            let handle = match &m {
+                Message::FlowRequest(req) => Some(req.handle),
+                _ => None,
+            };
+            let h = Held {
+                bytes: ctl::encode(&m),
+                fd: p.fds.into_iter().next().filter(|_| handle.is_none()),
+                handle,
+            };
+            pass_on(app, held, h);
         }
         // Only management operations this API does not ask for send it.
         Ok(Message::Progress { .. }) => {}
@@ -404,15 +468,13 @@ fn from_daemon(conn: &Conn, app: &OwnedFd, held: &mut VecDeque<Vec<u8>>, buf: &m
         // rlite has no such news: the program keeps waiting, as it would
         // there after `rlite-ctl` withdrew its name.
         Ok(Message::Unregistered { .. }) => {}
-        // This API never registers with `accept`, so no flow arrives
-        // accepted; one that did is dropped, and closing its descriptors
-        // deallocates it.
-        Ok(Message::FlowAccepted(_)) => {}
         Ok(Message::RequestWithdrawn { handle }) => {
-            held.retain(|b| ctl::decode::<IncomingFlow>(b).map_or(true, |r| r.handle != handle));
+            held.retain(|h| h.handle != Some(handle));
             // A RINA_F_NORESP handle the program never answers is not kept
             // for ever: respond() would fail on it all the same (EINVAL).
-            lock(&conn.handles).map.retain(|_, h| *h != handle);
+            lock(&conn.handles)
+                .map
+                .retain(|_, h| !matches!(h, Pending::Request(r) if *r == handle));
         }
         Ok(Message::Reply { id, .. }) => {
             let route = lock(&conn.routes).remove(&id);

@@ -102,7 +102,7 @@ pub fn mss(fd: RawFd) -> Result<u32> {
 }
 
 /// Remembers that socket `k` is a flow whose largest SDU is `max_sdu`.
-fn remember(k: Key, max_sdu: u32) {
+pub(crate) fn remember(k: Key, max_sdu: u32) {
     let mut flows = FLOWS.lock().unwrap_or_else(|p| p.into_inner());
     flows.insert(k, max_sdu);
     while flows.len() > MAX_REMEMBERED {

@@ -27,17 +27,22 @@ pub mod sys;
 
 use error::{ApiError, Result};
 use libc::{c_char, c_int, c_uint};
-use rina_wire::ctl::{ErrorKind, Op, Reply};
+use rina_wire::ctl::{AutoAccept, ErrorKind, Op, Reply};
 use rina_wire::name::MAX_NAME_LEN;
 use rina_wire::{AppName, QosSpec};
 use spec::RinaFlowSpec;
 use std::ffi::CStr;
-use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 
 /// `RINA_F_NOWAIT`: start the operation, return a descriptor to wait on.
 pub const RINA_F_NOWAIT: c_uint = 1 << 0;
 /// `RINA_F_NORESP`: accept a request without answering it yet.
 pub const RINA_F_NORESP: c_uint = 1 << 1;
+/// `RINA_F_ACCEPT` (this library's, not rlite's): a registration whose
+/// flow requests the daemon accepts itself, so that an allocation waits
+/// for no round trip to the program; `rina_flow_accept` hands the flows
+/// over.
+pub const RINA_F_ACCEPT: c_uint = 1 << 2;
 
 /// Runs `f`, turning its error (or a panic) into -1 and `errno`.
 fn ffi(f: impl FnOnce() -> Result<c_int>) -> c_int {
@@ -161,7 +166,7 @@ fn registration(
         Op::Register {
             name,
             dif,
-            accept: None,
+            accept: (flags & RINA_F_ACCEPT != 0).then(AutoAccept::default),
         }
     } else {
         Op::Unregister { name, dif }
@@ -176,7 +181,8 @@ fn registration(
 /// Registers `local_appl` (in `dif_name`, or in every DIF if NULL); flow
 /// requests for it then arrive on `fd`. With `RINA_F_NOWAIT`, returns a
 /// descriptor that turns readable when done: finish with
-/// [`rina_register_wait`].
+/// [`rina_register_wait`]. With [`RINA_F_ACCEPT`], the daemon accepts
+/// every request for it at once and `fd` carries the flows instead.
 ///
 /// # Safety
 /// The strings are NULL or NUL-terminated.
@@ -188,7 +194,7 @@ pub unsafe extern "C" fn rina_register(
     flags: c_int,
 ) -> c_int {
     ffi(|| {
-        check_flags(flags as c_uint, RINA_F_NOWAIT)?;
+        check_flags(flags as c_uint, RINA_F_NOWAIT | RINA_F_ACCEPT)?;
         // SAFETY: the caller's promise, forwarded.
         let (dif, name) = unsafe {
             (
@@ -251,6 +257,9 @@ pub extern "C" fn rina_register_wait(fd: c_int, wfd: c_int) -> c_int {
 /// is non-blocking); fills `*remote_appl` (malloc'd, for the caller to free)
 /// and `*spec` if not NULL. Accepts it and returns the flow's descriptor,
 /// or with `RINA_F_NORESP` returns a handle for [`rina_flow_respond`].
+/// A flow the daemon accepted (a name registered with [`RINA_F_ACCEPT`])
+/// is taken the same way: its descriptor, or with `RINA_F_NORESP` a
+/// handle whose refusal closes the flow.
 ///
 /// # Safety
 /// `remote_appl` and `spec` are NULL or valid for writing.
@@ -273,14 +282,24 @@ pub unsafe extern "C" fn rina_flow_accept(
         // A request the daemon withdrew meanwhile (its timeout passed, or
         // the requester gave up) is passed over: the next one is taken, as
         // an rlite program that exits when accepting fails expects.
-        let (req, h) = loop {
-            let req = control::next_request(fd)?;
-            let handle = conn.new_handle(req.handle);
+        let ((remote_name, qos), h) = loop {
+            let (who, pending) = match control::next_request(fd)? {
+                control::Arrival::Request(req) => {
+                    ((req.remote, req.qos), control::Pending::Request(req.handle))
+                }
+                control::Arrival::Accepted(info, flow) => {
+                    if let Ok(k) = sys::key(flow.as_raw_fd()) {
+                        flow::remember(k, info.max_sdu);
+                    }
+                    ((info.remote, info.qos), control::Pending::Accepted(flow))
+                }
+            };
+            let handle = conn.new_handle(pending);
             if flags & RINA_F_NORESP != 0 {
-                break (req, handle);
+                break (who, handle);
             }
             match respond(fd, handle, 0) {
-                Ok(flow) => break (req, flow),
+                Ok(flow) => break (who, flow),
                 Err(ApiError::Daemon(e)) if e.kind == ErrorKind::RequestGone => continue,
                 Err(e) => return Err(e),
             }
@@ -288,7 +307,7 @@ pub unsafe extern "C" fn rina_flow_accept(
         let remote = if remote_appl.is_null() {
             std::ptr::null_mut()
         } else {
-            let s = std::ffi::CString::new(name::format(&req.remote))
+            let s = std::ffi::CString::new(name::format(&remote_name))
                 .map_err(|_| ApiError::Protocol("the remote name holds a NUL".into()))?;
             // SAFETY: strdup copies a valid C string into malloc'd memory.
             let p = unsafe { libc::strdup(s.as_ptr()) };
@@ -307,7 +326,7 @@ pub unsafe extern "C" fn rina_flow_accept(
                 *remote_appl = remote;
             }
             if !spec.is_null() {
-                *spec = RinaFlowSpec::from_qos(&req.qos);
+                *spec = RinaFlowSpec::from_qos(&qos);
             }
         }
         Ok(h)
@@ -316,16 +335,21 @@ pub unsafe extern "C" fn rina_flow_accept(
 
 fn respond(fd: c_int, handle: c_int, response: c_int) -> Result<c_int> {
     let conn = control::lookup(fd)?;
-    let h = conn.take_handle(handle)?;
-    if response == 0 {
-        flow::take_flow(conn.call(Op::Accept {
-            handle: h,
-            rings: false,
-            direct: false,
-        })?)
-    } else {
-        let reason = format!("the application refused the flow (response {response})");
-        conn.call(Op::Refuse { handle: h, reason }).map(|_| 0)
+    match conn.take_handle(handle)? {
+        control::Pending::Request(h) if response == 0 => {
+            flow::take_flow(conn.call(Op::Accept {
+                handle: h,
+                rings: false,
+                direct: false,
+            })?)
+        }
+        control::Pending::Request(h) => {
+            let reason = format!("the application refused the flow (response {response})");
+            conn.call(Op::Refuse { handle: h, reason }).map(|_| 0)
+        }
+        control::Pending::Accepted(flow) if response == 0 => Ok(flow.into_raw_fd()),
+        // Closing it deallocates the flow the daemon accepted.
+        control::Pending::Accepted(_) => Ok(0),
     }
 }
 

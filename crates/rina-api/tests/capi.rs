@@ -673,3 +673,86 @@ fn an_unanswered_noresp_handle_is_forgotten_when_withdrawn() {
     // SAFETY: fd is ours.
     unsafe { libc::close(server) };
 }
+
+/// A name registered with `RINA_F_ACCEPT`: the daemon accepts its
+/// requests itself, so an allocation completes while the program reads
+/// nothing; `rina_flow_accept` then hands the flow over, and with
+/// `RINA_F_NORESP` a handle whose refusal closes the flow.
+#[test]
+fn a_name_registered_with_accept_gets_flows_the_daemon_accepted() {
+    let _env = ENV.lock().unwrap_or_else(|p| p.into_inner());
+    let (alpha, beta) = pair(&["capi-backlog"]);
+    std::env::set_var("RINA_SOCKET", &beta.socket);
+    let server = rina_api::rina_open();
+    // SAFETY: NUL-terminated literal.
+    let r = unsafe {
+        rina_api::rina_register(
+            server,
+            std::ptr::null(),
+            c"capi-backlog".as_ptr(),
+            rina_api::RINA_F_ACCEPT as libc::c_int,
+        )
+    };
+    assert_eq!(r, 0);
+    std::env::set_var("RINA_SOCKET", &alpha.socket);
+    // SAFETY: NUL-terminated literals; a NULL spec is the default one.
+    let alloc = |local: &std::ffi::CStr| unsafe {
+        rina_api::rina_flow_alloc(
+            std::ptr::null(),
+            local.as_ptr(),
+            c"capi-backlog".as_ptr(),
+            std::ptr::null(),
+            0,
+        )
+    };
+    let errno = || std::io::Error::last_os_error();
+    // Blocking allocations that complete with nobody answering on beta.
+    let first = alloc(c"capi-early|1");
+    assert!(first >= 0, "allocation failed: {}", errno());
+    let second = alloc(c"capi-early|2");
+    assert!(second >= 0, "allocation failed: {}", errno());
+    let mut remote: *mut std::ffi::c_char = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; a NULL spec is allowed.
+    let flow = unsafe { rina_api::rina_flow_accept(server, &mut remote, std::ptr::null_mut(), 0) };
+    assert!(flow >= 0, "accept failed: {}", errno());
+    // SAFETY: remote came from strdup.
+    let who = unsafe { std::ffi::CStr::from_ptr(remote) }
+        .to_string_lossy()
+        .into_owned();
+    // SAFETY: remote came from strdup.
+    unsafe { libc::free(remote.cast()) };
+    assert!(who.starts_with("capi-early|1"), "{who}");
+    // SAFETY: descriptors we own, buffers of the given length.
+    unsafe {
+        assert_eq!(libc::write(first, b"ping".as_ptr().cast(), 4), 4);
+        let mut buf = [0u8; 16];
+        assert_eq!(libc::read(flow, buf.as_mut_ptr().cast(), buf.len()), 4);
+        assert_eq!(&buf[..4], b"ping");
+    }
+    // SAFETY: NULL out-pointers are allowed.
+    let h = unsafe {
+        rina_api::rina_flow_accept(
+            server,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            rina_api::RINA_F_NORESP,
+        )
+    };
+    assert!(h > 0, "accept failed: {}", errno());
+    assert_eq!(rina_api::rina_flow_respond(server, h, 1), 0);
+    // The refused flow is closed: its other end reads the end of the flow.
+    let mut pfd = libc::pollfd {
+        fd: second,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd; then a buffer of the given length.
+    unsafe {
+        assert_eq!(libc::poll(&mut pfd, 1, T.as_millis() as libc::c_int), 1);
+        let mut buf = [0u8; 16];
+        assert_eq!(libc::read(second, buf.as_mut_ptr().cast(), buf.len()), 0);
+        for fd in [flow, first, second, server] {
+            libc::close(fd);
+        }
+    }
+}

@@ -56,6 +56,13 @@ struct rina_flow_spec {
 #define RINA_F_NOWAIT (1 << 0)
 /* rina_flow_accept(): take the request, answer later with rina_flow_respond(). */
 #define RINA_F_NORESP (1 << 1)
+/*
+ * rina_register() (rinad's, not rlite's): the daemon accepts every flow
+ * request for the name at once, as a listening TCP socket's backlog does,
+ * so that an allocation waits for no round trip to the program;
+ * rina_flow_accept() then hands the flows over.
+ */
+#define RINA_F_ACCEPT (1 << 2)
 
 /*
  * A control descriptor for registering names and receiving flow requests.
@@ -69,6 +76,7 @@ int rina_open(void);
  * Register @local_appl in @dif_name (NULL: every DIF of the system). Blocks
  * and returns 0, or with RINA_F_NOWAIT returns a descriptor that turns
  * readable when the registration is done; finish with rina_register_wait().
+ * With RINA_F_ACCEPT the daemon accepts the name's flows itself.
  */
 int rina_register(int fd, const char *dif_name, const char *local_appl,
                   int flags);
@@ -93,7 +101,9 @@ int rina_register_wait(int fd, int wfd);
  * RINA_F_NORESP the flow is accepted and its descriptor returned (a request
  * the daemon withdrew meanwhile, because its requester gave up or the DIF's
  * accept timeout passed, is passed over); with it, a handle for
- * rina_flow_respond() is returned.
+ * rina_flow_respond() is returned. A flow the daemon accepted (a name
+ * registered with RINA_F_ACCEPT) comes the same way: its descriptor, or a
+ * handle whose refusal closes (deallocates) the flow.
  */
 int rina_flow_accept(int fd, char **remote_appl, struct rina_flow_spec *spec,
                      unsigned int flags);
