@@ -15,6 +15,42 @@ const T: Duration = Duration::from_secs(20);
 /// `RINA_SOCKET` at their own daemon.
 static ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// Opens a control descriptor at the daemon at `server` and registers
+/// `name` on it (in every DIF) with `flags`; then points `RINA_SOCKET` at
+/// `client`, where the calls after it go.
+fn register_at(
+    server: &Path,
+    name: &std::ffi::CStr,
+    flags: libc::c_uint,
+    client: &Path,
+) -> libc::c_int {
+    std::env::set_var("RINA_SOCKET", server);
+    let fd = rina_api::rina_open();
+    assert!(fd >= 0, "rina_open: {}", std::io::Error::last_os_error());
+    // SAFETY: a NUL-terminated name; a NULL DIF is every DIF.
+    let r = unsafe {
+        rina_api::rina_register(fd, std::ptr::null(), name.as_ptr(), flags as libc::c_int)
+    };
+    assert_eq!(r, 0, "rina_register: {}", std::io::Error::last_os_error());
+    std::env::set_var("RINA_SOCKET", client);
+    fd
+}
+
+/// `rina_flow_alloc` from `local` to `remote`, in a DIF the daemon
+/// chooses, with the default spec.
+fn alloc(local: &std::ffi::CStr, remote: &std::ffi::CStr, flags: libc::c_uint) -> libc::c_int {
+    // SAFETY: NUL-terminated names; a NULL DIF and spec are the defaults.
+    unsafe {
+        rina_api::rina_flow_alloc(
+            std::ptr::null(),
+            local.as_ptr(),
+            remote.as_ptr(),
+            std::ptr::null(),
+            flags,
+        )
+    }
+}
+
 /// Starts the C server `server` on the daemon at `socket` and waits for
 /// its "ready" (its names registered); its output lines follow.
 fn start_server(server: &std::path::Path, socket: &std::path::Path) -> (Killer, Lines) {
@@ -332,27 +368,12 @@ fn a_dead_daemon_is_econnreset_on_the_control_descriptor() {
 fn flow_descriptors_survive_exec_whichever_end() {
     let _env = ENV.lock().unwrap_or_else(|p| p.into_inner());
     let (alpha, beta) = pair(&["capi-exec"]);
-    std::env::set_var("RINA_SOCKET", &beta.socket);
-    let server = rina_api::rina_open();
-    assert!(server >= 0);
-    // SAFETY: NUL-terminated literal.
-    let r = unsafe { rina_api::rina_register(server, std::ptr::null(), c"capi-exec".as_ptr(), 0) };
-    assert_eq!(r, 0);
+    let server = register_at(&beta.socket, c"capi-exec", 0, &alpha.socket);
     let acceptor = std::thread::spawn(move || {
         // SAFETY: NULL out-pointers are allowed.
         unsafe { rina_api::rina_flow_accept(server, std::ptr::null_mut(), std::ptr::null_mut(), 0) }
     });
-    std::env::set_var("RINA_SOCKET", &alpha.socket);
-    // SAFETY: NUL-terminated literals; a NULL spec is the default one.
-    let allocated = unsafe {
-        rina_api::rina_flow_alloc(
-            std::ptr::null(),
-            c"capi-exec-client".as_ptr(),
-            c"capi-exec".as_ptr(),
-            std::ptr::null(),
-            0,
-        )
-    };
+    let allocated = alloc(c"capi-exec-client", c"capi-exec", 0);
     let accepted = acceptor.join().unwrap();
     assert!(allocated >= 0 && accepted >= 0, "{allocated} {accepted}");
     // SAFETY: fcntl on descriptors we own.
@@ -373,22 +394,8 @@ fn flow_descriptors_survive_exec_whichever_end() {
 fn accept_passes_over_a_request_the_daemon_withdrew() {
     let _env = ENV.lock().unwrap_or_else(|p| p.into_inner());
     let (alpha, beta) = pair(&["capi-slow"]);
-    std::env::set_var("RINA_SOCKET", &beta.socket);
-    let server = rina_api::rina_open();
-    // SAFETY: NUL-terminated literal.
-    let r = unsafe { rina_api::rina_register(server, std::ptr::null(), c"capi-slow".as_ptr(), 0) };
-    assert_eq!(r, 0);
-    std::env::set_var("RINA_SOCKET", &alpha.socket);
-    // SAFETY: NUL-terminated literals; a NULL spec is the default one.
-    let alloc = |local: &std::ffi::CStr| unsafe {
-        rina_api::rina_flow_alloc(
-            std::ptr::null(),
-            local.as_ptr(),
-            c"capi-slow".as_ptr(),
-            std::ptr::null(),
-            rina_api::RINA_F_NOWAIT,
-        )
-    };
+    let server = register_at(&beta.socket, c"capi-slow", 0, &alpha.socket);
+    let alloc = |local: &std::ffi::CStr| alloc(local, c"capi-slow", rina_api::RINA_F_NOWAIT);
     let first = alloc(c"capi-given-up");
     assert!(first >= 0);
     let refused = || {
@@ -458,23 +465,12 @@ fn a_control_descriptor_is_not_taken_for_a_wait_descriptor() {
 fn a_flow_descriptor_is_not_taken_for_a_wait_descriptor() {
     let _env = ENV.lock().unwrap_or_else(|p| p.into_inner());
     let (alpha, beta) = pair(&["capi-flowwait"]);
-    std::env::set_var("RINA_SOCKET", &beta.socket);
-    let server = rina_api::rina_open();
-    // SAFETY: NUL-terminated literal.
-    let r =
-        unsafe { rina_api::rina_register(server, std::ptr::null(), c"capi-flowwait".as_ptr(), 0) };
-    assert_eq!(r, 0);
-    std::env::set_var("RINA_SOCKET", &alpha.socket);
-    // SAFETY: NUL-terminated literals; a NULL spec is the default one.
-    let wfd = unsafe {
-        rina_api::rina_flow_alloc(
-            std::ptr::null(),
-            c"capi-flowwaiter".as_ptr(),
-            c"capi-flowwait".as_ptr(),
-            std::ptr::null(),
-            rina_api::RINA_F_NOWAIT,
-        )
-    };
+    let server = register_at(&beta.socket, c"capi-flowwait", 0, &alpha.socket);
+    let wfd = alloc(
+        c"capi-flowwaiter",
+        c"capi-flowwait",
+        rina_api::RINA_F_NOWAIT,
+    );
     assert!(wfd >= 0);
     // SAFETY: NULL out-pointers are allowed.
     let accepted = unsafe {
@@ -522,22 +518,8 @@ fn a_flow_descriptor_is_not_taken_for_a_wait_descriptor() {
 fn a_non_blocking_wait_descriptor_is_eagain_until_the_answer_comes() {
     let _env = ENV.lock().unwrap_or_else(|p| p.into_inner());
     let (alpha, beta) = pair(&["capi-later"]);
-    std::env::set_var("RINA_SOCKET", &beta.socket);
-    let server = rina_api::rina_open();
-    // SAFETY: NUL-terminated literal.
-    let r = unsafe { rina_api::rina_register(server, std::ptr::null(), c"capi-later".as_ptr(), 0) };
-    assert_eq!(r, 0);
-    std::env::set_var("RINA_SOCKET", &alpha.socket);
-    // SAFETY: NUL-terminated literals; a NULL spec is the default one.
-    let wfd = unsafe {
-        rina_api::rina_flow_alloc(
-            std::ptr::null(),
-            c"capi-early".as_ptr(),
-            c"capi-later".as_ptr(),
-            std::ptr::null(),
-            rina_api::RINA_F_NOWAIT,
-        )
-    };
+    let server = register_at(&beta.socket, c"capi-later", 0, &alpha.socket);
+    let wfd = alloc(c"capi-early", c"capi-later", rina_api::RINA_F_NOWAIT);
     assert!(wfd >= 0);
     // SAFETY: fcntl on a descriptor we own.
     unsafe { libc::fcntl(wfd, libc::F_SETFL, libc::O_NONBLOCK) };
@@ -627,23 +609,8 @@ fn a_signal_interrupts_a_blocking_accept() {
 fn an_unanswered_noresp_handle_is_forgotten_when_withdrawn() {
     let _env = ENV.lock().unwrap_or_else(|p| p.into_inner());
     let (alpha, beta) = pair(&["capi-noresp"]);
-    std::env::set_var("RINA_SOCKET", &beta.socket);
-    let server = rina_api::rina_open();
-    // SAFETY: NUL-terminated literal.
-    let r =
-        unsafe { rina_api::rina_register(server, std::ptr::null(), c"capi-noresp".as_ptr(), 0) };
-    assert_eq!(r, 0);
-    std::env::set_var("RINA_SOCKET", &alpha.socket);
-    // SAFETY: NUL-terminated literals; a NULL spec is the default one.
-    let wfd = unsafe {
-        rina_api::rina_flow_alloc(
-            std::ptr::null(),
-            c"capi-unanswered".as_ptr(),
-            c"capi-noresp".as_ptr(),
-            std::ptr::null(),
-            rina_api::RINA_F_NOWAIT,
-        )
-    };
+    let server = register_at(&beta.socket, c"capi-noresp", 0, &alpha.socket);
+    let wfd = alloc(c"capi-unanswered", c"capi-noresp", rina_api::RINA_F_NOWAIT);
     assert!(wfd >= 0);
     // SAFETY: NULL out-pointers are allowed.
     let h = unsafe {
@@ -682,29 +649,13 @@ fn an_unanswered_noresp_handle_is_forgotten_when_withdrawn() {
 fn a_name_registered_with_accept_gets_flows_the_daemon_accepted() {
     let _env = ENV.lock().unwrap_or_else(|p| p.into_inner());
     let (alpha, beta) = pair(&["capi-backlog"]);
-    std::env::set_var("RINA_SOCKET", &beta.socket);
-    let server = rina_api::rina_open();
-    // SAFETY: NUL-terminated literal.
-    let r = unsafe {
-        rina_api::rina_register(
-            server,
-            std::ptr::null(),
-            c"capi-backlog".as_ptr(),
-            rina_api::RINA_F_ACCEPT as libc::c_int,
-        )
-    };
-    assert_eq!(r, 0);
-    std::env::set_var("RINA_SOCKET", &alpha.socket);
-    // SAFETY: NUL-terminated literals; a NULL spec is the default one.
-    let alloc = |local: &std::ffi::CStr| unsafe {
-        rina_api::rina_flow_alloc(
-            std::ptr::null(),
-            local.as_ptr(),
-            c"capi-backlog".as_ptr(),
-            std::ptr::null(),
-            0,
-        )
-    };
+    let server = register_at(
+        &beta.socket,
+        c"capi-backlog",
+        rina_api::RINA_F_ACCEPT,
+        &alpha.socket,
+    );
+    let alloc = |local: &std::ffi::CStr| alloc(local, c"capi-backlog", 0);
     let errno = || std::io::Error::last_os_error();
     // Blocking allocations that complete with nobody answering on beta.
     let first = alloc(c"capi-early|1");

@@ -6,22 +6,11 @@
 
 mod common;
 
-use common::{name, pair, wait_for, Daemon};
+use common::{name, pair, roundtrip, wait_for, Daemon};
 use rina::{Client, ErrorKind, Flow, QosSpec};
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(10);
-
-fn roundtrip(flow: &Flow, sdu: &[u8]) -> Vec<u8> {
-    flow.write(sdu).unwrap();
-    let mut buf = vec![0u8; 65536];
-    let n = flow
-        .read_timeout(&mut buf, T)
-        .unwrap()
-        .expect("an answer within the deadline");
-    buf.truncate(n);
-    buf
-}
 
 /// Echoes one SDU of `flow` back, upper-cased, so that an answer cannot be
 /// the question come back some other way.

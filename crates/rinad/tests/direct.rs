@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{name, pair, wait_for, Daemon};
+use common::{name, pair, roundtrip, wait_for, Daemon};
 use rina::{Client, Flow, QosSpec};
 use std::time::Duration;
 
@@ -37,17 +37,6 @@ fn allocate(d: &Daemon, direct: bool) -> (Client, Flow) {
         .allocate(&name("tester"), &name("echo"), None, &QosSpec::default())
         .unwrap();
     (c, flow)
-}
-
-fn roundtrip(flow: &Flow, sdu: &[u8]) -> Vec<u8> {
-    flow.write(sdu).unwrap();
-    let mut buf = vec![0u8; 2048];
-    let n = flow
-        .read_timeout(&mut buf, T)
-        .unwrap()
-        .expect("a reply in time");
-    buf.truncate(n);
-    buf
 }
 
 #[test]

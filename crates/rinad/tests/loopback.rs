@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{name, pair, pair_bound, wait_for, Daemon};
+use common::{name, pair, pair_bound, roundtrip, wait_for, Daemon};
 use rina::{Client, ErrorKind, Flow, QosSpec};
 use std::process::{Command, Stdio};
 use std::thread::JoinHandle;
@@ -32,17 +32,6 @@ fn echo(flow: Flow) {
             return;
         }
     }
-}
-
-fn roundtrip(flow: &Flow, sdu: &[u8]) -> Vec<u8> {
-    flow.write(sdu).unwrap();
-    let mut buf = vec![0u8; 65536];
-    let n = flow
-        .read_timeout(&mut buf, T)
-        .unwrap()
-        .expect("echo reply within the deadline");
-    buf.truncate(n);
-    buf
 }
 
 #[test]

@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{name, temp_dir, wait_for, Daemon};
+use common::{name, roundtrip, temp_dir, wait_for, Daemon};
 use rina::{Client, ErrorKind, Flow, QosSpec};
 use rina_core::shim_hv::link::HEADER;
 use rina_core::shim_hv::ring::{Geometry, RING_HEADER};
@@ -97,17 +97,6 @@ fn echo_server_rings(d: &Daemon, n: &str, rings: bool) -> JoinHandle<()> {
             });
         }
     })
-}
-
-fn roundtrip(flow: &Flow, sdu: &[u8]) -> Vec<u8> {
-    flow.write(sdu).unwrap();
-    let mut buf = vec![0u8; 65_536];
-    let n = flow
-        .read_timeout(&mut buf, T)
-        .unwrap()
-        .expect("echo reply within the deadline");
-    buf.truncate(n);
-    buf
 }
 
 fn allocate(c: &mut Client, from: &str, to: &str) -> rina::Result<Flow> {

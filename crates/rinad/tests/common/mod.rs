@@ -240,6 +240,18 @@ pub fn echo_server_all(d: &Daemon, dif: &str) -> std::thread::JoinHandle<()> {
     })
 }
 
+/// Writes `sdu` on `flow` and returns the SDU that comes back within 10 s.
+pub fn roundtrip(flow: &rina::Flow, sdu: &[u8]) -> Vec<u8> {
+    flow.write(sdu).unwrap();
+    let mut buf = vec![0u8; 65_536];
+    let n = flow
+        .read_timeout(&mut buf, Duration::from_secs(10))
+        .unwrap()
+        .expect("a reply within the deadline");
+    buf.truncate(n);
+    buf
+}
+
 /// A UDP port on loopback that was free a moment ago.
 pub fn free_port() -> u16 {
     rina::ports::unused_loopback_udp_port().expect("a free UDP port on loopback")
