@@ -745,6 +745,15 @@ mod tests {
 
     #[test]
     fn messages_round_trip() {
+        let flow = FlowInfo {
+            port: 4,
+            dif: "d".into(),
+            local: "a".parse().unwrap(),
+            remote: "b".parse().unwrap(),
+            qos: QosSpec::default(),
+            max_sdu: 1400,
+            direct: false,
+        };
         let msgs = [
             Message::Reply {
                 id: 1,
@@ -752,15 +761,7 @@ mod tests {
             },
             Message::Reply {
                 id: 2,
-                result: Ok(Reply::Flow(FlowInfo {
-                    port: 4,
-                    dif: "d".into(),
-                    local: "a".parse().unwrap(),
-                    remote: "b".parse().unwrap(),
-                    qos: QosSpec::default(),
-                    max_sdu: 1400,
-                    direct: false,
-                })),
+                result: Ok(Reply::Flow(flow.clone())),
             },
             Message::FlowRequest(IncomingFlow {
                 handle: 9,
@@ -776,12 +777,8 @@ mod tests {
             },
             Message::FlowAccepted(FlowInfo {
                 port: 5,
-                dif: "d".into(),
-                local: "a".parse().unwrap(),
-                remote: "b".parse().unwrap(),
-                qos: QosSpec::default(),
-                max_sdu: 1400,
-                direct: false,
+                direct: true,
+                ..flow.clone()
             }),
         ];
         for m in msgs {
