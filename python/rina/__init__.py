@@ -365,7 +365,9 @@ class FlowRequest:
             raise
 
     def refuse(self):
-        """Refuses the request; the requester's allocation fails."""
+        """Refuses the request; the requester's allocation fails (a flow
+        the daemon accepted, registered with ``accept``, is closed: its
+        requester sees it end)."""
         fd = self._ctl._live("refuse the flow")
         self._answered = True
         _check(lib.rina_flow_respond(fd, self._handle, 1), "refuse the flow")
@@ -428,7 +430,9 @@ class Control:
 
     def next_request(self, timeout=None):
         """Waits for the next flow request (at most ``timeout`` seconds:
-        then returns None); answer it with its accept() or refuse()."""
+        then returns None); answer it with its accept() or refuse(). For a
+        name registered with ``accept``, the request is a flow the daemon
+        accepted already: accept() hands it over, refuse() closes it."""
         fd = self._live("take a flow request")
         if timeout is not None:
             if not _wait_readable(fd, timeout):

@@ -283,7 +283,7 @@ pub fn wait_reply(w: &OwnedFd, cloexec: bool) -> Result<(Reply, Option<OwnedFd>)
     }
     match ctl::decode::<Message>(&buf[..p.len]) {
         Ok(Message::Reply { result, .. }) => Ok((result?, p.fds.into_iter().next())),
-        Ok(Message::FlowRequest(_) | Message::FlowAccepted(_)) => Err(ApiError::Protocol(
+        Ok(Message::FlowRequest(_) | Message::FlowAccepted { .. }) => Err(ApiError::Protocol(
             "a flow request arrived where an answer was expected".into(),
         )),
         Ok(
@@ -302,14 +302,14 @@ pub fn wait_reply(w: &OwnedFd, cloexec: bool) -> Result<(Reply, Option<OwnedFd>)
 /// Reads the next flow request, or flow accepted by the daemon, from the
 /// program's control descriptor `fd` (blocking unless the program made it
 /// non-blocking; a signal handler without `SA_RESTART` interrupts the wait
-/// with `EINTR`). An accepted flow's descriptor is not close-on-exec, as
-/// one `rina_flow_accept` gets from an answer.
+/// with `EINTR`). An accepted flow's descriptor is close-on-exec until it
+/// is handed to the program ([`Conn::take_handle`] callers clear it).
 pub fn next_request(fd: RawFd) -> Result<Arrival> {
     let mut buf = vec![0u8; MAX_ANSWER];
     // SAFETY: the caller checked that fd is an open control descriptor; it
     // is only borrowed for this call.
     let bfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-    let p = sys::recv_interruptible(bfd, &mut buf, false)
+    let p = sys::recv_interruptible(bfd, &mut buf, true)
         .map_err(|e| ApiError::sys(e, "cannot read a flow request"))?;
     if p.len == 0 {
         return Err(daemon_gone());
@@ -321,11 +321,18 @@ pub fn next_request(fd: RawFd) -> Result<Arrival> {
         .map_err(|e| ApiError::Protocol(format!("malformed flow request: {e}")))?;
     match (msg, p.fds.into_iter().next()) {
         (Message::FlowRequest(req), _) => Ok(Arrival::Request(req)),
-        (Message::FlowAccepted(info), Some(flow)) => Ok(Arrival::Accepted(info, flow)),
-        (Message::FlowAccepted(info), None) => Err(ApiError::Protocol(format!(
-            "the daemon announced flow {} without its descriptor",
-            info.port
-        ))),
+        (Message::FlowAccepted { flow: info, .. }, Some(flow)) => {
+            Ok(Arrival::Accepted(info, flow))
+        }
+        // The relay passes on only flows with their descriptor: this one
+        // was dropped by the kernel on the way in (the flow is closed).
+        (Message::FlowAccepted { flow: info, .. }, None) => Err(ApiError::sys(
+            Errno::EMFILE,
+            format!(
+                "the descriptor of flow {} from {}, accepted by the daemon, could not be received (RLIMIT_NOFILE)",
+                info.port, info.remote
+            ),
+        )),
         _ => Err(ApiError::Protocol(
             "the control relay passed on something other than a flow request".into(),
         )),
@@ -448,7 +455,10 @@ fn from_daemon(conn: &Conn, app: &OwnedFd, held: &mut VecDeque<Held>, buf: &mut 
         _ => return false,
     };
     match ctl::decode::<Message>(&buf[..p.len]) {
-        Ok(m @ (Message::FlowRequest(_) | Message::FlowAccepted(_))) => {
+        // Without its descriptor (this process is at its limit of open
+        // descriptors) an accepted flow is already closed: nothing to pass.
+        Ok(Message::FlowAccepted { .. }) if p.fds.is_empty() => {}
+        Ok(m @ (Message::FlowRequest(_) | Message::FlowAccepted { .. })) => {
             let handle = match &m {
                 Message::FlowRequest(req) => Some(req.handle),
                 _ => None,

@@ -9,7 +9,8 @@
 //!
 //! * A control descriptor ([`rina_open`]) is one end of a socket pair; a
 //!   relay thread per descriptor passes it the flow requests of the names
-//!   it registered, so it polls readable exactly when one waits
+//!   it registered (and the flows the daemon accepted for names registered
+//!   with [`RINA_F_ACCEPT`]), so it polls readable exactly when one waits
 //!   (see [`control`]).
 //! * [`rina_flow_alloc`] uses a daemon connection of its own; with
 //!   `RINA_F_NOWAIT` that connection is the descriptor returned.
@@ -347,14 +348,21 @@ fn respond(fd: c_int, handle: c_int, response: c_int) -> Result<c_int> {
             let reason = format!("the application refused the flow (response {response})");
             conn.call(Op::Refuse { handle: h, reason }).map(|_| 0)
         }
-        control::Pending::Accepted(flow) if response == 0 => Ok(flow.into_raw_fd()),
+        control::Pending::Accepted(flow) if response == 0 => {
+            // Not close-on-exec once handed over, as a flow an answer
+            // brings.
+            // SAFETY: fcntl on a descriptor we own.
+            unsafe { libc::fcntl(flow.as_raw_fd(), libc::F_SETFD, 0) };
+            Ok(flow.into_raw_fd())
+        }
         // Closing it deallocates the flow the daemon accepted.
         control::Pending::Accepted(_) => Ok(0),
     }
 }
 
 /// Answers a flow request taken with `RINA_F_NORESP`: 0 accepts (returns
-/// the flow's descriptor), anything else refuses (returns 0).
+/// the flow's descriptor), anything else refuses (returns 0). For a flow
+/// the daemon accepted ([`RINA_F_ACCEPT`]), refusing closes the flow.
 #[no_mangle]
 pub extern "C" fn rina_flow_respond(fd: c_int, handle: c_int, response: c_int) -> c_int {
     ffi(|| respond(fd, handle, response))

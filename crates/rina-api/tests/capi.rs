@@ -673,6 +673,13 @@ fn a_name_registered_with_accept_gets_flows_the_daemon_accepted() {
     // SAFETY: remote came from strdup.
     unsafe { libc::free(remote.cast()) };
     assert!(who.starts_with("capi-early|1"), "{who}");
+    // SAFETY: fcntl on a descriptor we own.
+    let flags = unsafe { libc::fcntl(flow, libc::F_GETFD) };
+    assert_eq!(
+        flags & libc::FD_CLOEXEC,
+        0,
+        "the accepted flow is close-on-exec"
+    );
     // SAFETY: descriptors we own, buffers of the given length.
     unsafe {
         assert_eq!(libc::write(first, b"ping".as_ptr().cast(), 4), 4);

@@ -346,12 +346,20 @@ pub enum Message {
     RequestWithdrawn { handle: u64 },
     /// Another connection (an administrator's `rinactl unregister`)
     /// withdrew the registration of `name` in `dif` that this connection
-    /// made: no more flow requests for it come here.
+    /// made: no more flow requests for it come here (flows the daemon
+    /// accepted for it before still do).
     Unregistered { name: AppName, dif: String },
     /// A flow to a name this connection registered with
     /// [`Op::Register::accept`], accepted by the daemon; its descriptors
     /// are attached as to a [`Reply::Flow`].
-    FlowAccepted(FlowInfo),
+    FlowAccepted {
+        flow: FlowInfo,
+        /// The registration asked for rings ([`AutoAccept::rings`]): the
+        /// flow socket's first packet says whether it got them, as after
+        /// an [`Op::Accept`] with `rings`.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        rings: bool,
+    },
 }
 
 impl Message {
@@ -775,11 +783,14 @@ mod tests {
                 name: "a".parse().unwrap(),
                 dif: "d".into(),
             },
-            Message::FlowAccepted(FlowInfo {
-                port: 5,
-                direct: true,
-                ..flow.clone()
-            }),
+            Message::FlowAccepted {
+                flow: FlowInfo {
+                    port: 5,
+                    direct: true,
+                    ..flow.clone()
+                },
+                rings: true,
+            },
         ];
         for m in msgs {
             assert_eq!(decode::<Message>(&encode(&m)).unwrap(), m);

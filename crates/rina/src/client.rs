@@ -10,7 +10,7 @@ use rina_wire::ctl::{
     Reply, Request, RibObjectInfo, SchedulerInfo, MAX_CTL_MSG,
 };
 use rina_wire::{AppName, QosSpec};
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -46,11 +46,9 @@ pub struct Client {
     next_id: u64,
     pending: VecDeque<IncomingFlow>,
     /// Flows the daemon accepted for a registration that asked it to,
-    /// not yet handed out ([`Client::next_flow`]), with their descriptors.
-    arrived: VecDeque<(FlowInfo, Vec<OwnedFd>)>,
-    /// The registrations that have the daemon accept for them, as (name,
-    /// DIF), with whether their flows have rings.
-    accepting: BTreeMap<(AppName, String), bool>,
+    /// not yet handed out ([`Client::next_flow`]), with their descriptors
+    /// and whether a rings set-up comes first on them.
+    arrived: VecDeque<(FlowInfo, Vec<OwnedFd>, bool)>,
     /// The registrations this connection made, as (name, DIF).
     registered: BTreeSet<(AppName, String)>,
     /// Why no registration is left, when another connection (an
@@ -178,7 +176,6 @@ impl Client {
             next_id: 1,
             pending: VecDeque::new(),
             arrived: VecDeque::new(),
-            accepting: BTreeMap::new(),
             registered: BTreeSet::new(),
             orphaned: None,
             buf: Vec::new(),
@@ -256,17 +253,14 @@ impl Client {
     /// [`Client::next_flow`] hands the flows over. The daemon keeps at
     /// most a bounded number of flows and news unread on a connection;
     /// past that it refuses further requests, saying that the application
-    /// does not read them.
+    /// does not read them. Flows accepted before an unregistration are
+    /// still handed over, with the data path asked for when they came.
     pub fn register_accepting(&mut self, name: &AppName, dif: Option<&str>) -> Result<Vec<String>> {
         let accept = AutoAccept {
             rings: self.rings,
             direct: self.direct,
         };
-        let difs = self.register_with(name, dif, Some(accept))?;
-        for d in &difs {
-            self.accepting.insert((name.clone(), d.clone()), self.rings);
-        }
-        Ok(difs)
+        self.register_with(name, dif, Some(accept))
     }
 
     fn register_with(
@@ -299,9 +293,8 @@ impl Client {
             dif: dif.map(str::to_owned),
         };
         self.call("unregister", op)?;
-        let gone = |(n, d): &(AppName, String)| n == name && dif.is_none_or(|x| x == d);
-        self.registered.retain(|k| !gone(k));
-        self.accepting.retain(|k, _| !gone(k));
+        self.registered
+            .retain(|(n, d)| !(n == name && dif.is_none_or(|x| x == d)));
         Ok(())
     }
 
@@ -404,20 +397,34 @@ impl Client {
         self.arrived.len()
     }
 
-    /// The first accepted flow queued, made ready (its rings set up), once
-    /// everything the daemon has already sent is read.
+    /// The first accepted flow queued, made ready (its rings set up). The
+    /// socket is read only when none is queued (nothing withdraws an
+    /// accepted flow), so that flows this process has not taken stay in
+    /// the daemon's bounded queue, not in this one.
     fn next_arrived(&mut self) -> Result<Option<Result<Flow>>> {
-        while let Some(m) = self.recv(Some(Instant::now()))? {
-            self.news(m);
+        if self.arrived.is_empty() {
+            while let Some(m) = self.recv(Some(Instant::now()))? {
+                let flow = matches!(m.0, Message::FlowAccepted { .. });
+                self.news(m);
+                if flow {
+                    break;
+                }
+            }
         }
-        let Some((info, fds)) = self.arrived.pop_front() else {
+        let Some((info, fds, rings)) = self.arrived.pop_front() else {
             return Ok(None);
         };
-        let rings = self
-            .accepting
-            .get(&(info.local.clone(), info.dif.clone()))
-            .copied()
-            .unwrap_or(false);
+        if fds.len() < 1 + usize::from(info.direct) {
+            // The kernel dropped its descriptor on the way in: the daemon
+            // sees the flow closed.
+            return Ok(Some(Err(Error::new(
+                ErrorKind::NoResources,
+                format!(
+                    "flow {} from {}, accepted by the daemon, could not be received: this process is at its limit of open descriptors (RLIMIT_NOFILE); close some or raise the limit (rina::raise_fd_limit)",
+                    info.port, info.remote
+                ),
+            ))));
+        }
         Ok(Some(flow_from("accept", (Reply::Flow(info), fds), rings)))
     }
 
@@ -438,7 +445,7 @@ impl Client {
     fn news(&mut self, (msg, fds): (Message, Vec<OwnedFd>)) {
         match msg {
             Message::FlowRequest(r) => self.pending.push_back(r),
-            Message::FlowAccepted(info) => self.arrived.push_back((info, fds)),
+            Message::FlowAccepted { flow, rings } => self.arrived.push_back((flow, fds, rings)),
             Message::RequestWithdrawn { handle } => self.withdrawn(handle),
             Message::Unregistered { name, dif } => {
                 self.registered.remove(&(name.clone(), dif.clone()));
@@ -849,7 +856,7 @@ impl Client {
                 None => return Err(self.timed_out(what, "answer")),
                 Some((
                     m @ (Message::FlowRequest(_)
-                    | Message::FlowAccepted(_)
+                    | Message::FlowAccepted { .. }
                     | Message::RequestWithdrawn { .. }
                     | Message::Unregistered { .. }),
                     fds,
@@ -939,7 +946,7 @@ impl Client {
             match self.recv(Some(Instant::now())) {
                 Ok(Some((
                     m @ (Message::FlowRequest(_)
-                    | Message::FlowAccepted(_)
+                    | Message::FlowAccepted { .. }
                     | Message::RequestWithdrawn { .. }
                     | Message::Unregistered { .. }),
                     fds,

@@ -1030,7 +1030,11 @@ fn flows_the_daemon_accepted_are_queued_across_calls_and_handed_out_in_order() {
         let (mine1, theirs1) = pair();
         let mut first = info(1000);
         first.local = name("srv");
-        send_msg(&ctl, &Message::FlowAccepted(first.clone()), Some(&theirs1));
+        let news = Message::FlowAccepted {
+            flow: first.clone(),
+            rings: false,
+        };
+        send_msg(&ctl, &news, Some(&theirs1));
         send_msg(
             &ctl,
             &Message::Reply {
@@ -1045,7 +1049,11 @@ fn flows_the_daemon_accepted_are_queued_across_calls_and_handed_out_in_order() {
         let (mine2, theirs2) = pair();
         let mut second = first;
         second.port = 6;
-        send_msg(&ctl, &Message::FlowAccepted(second), Some(&theirs2));
+        let news = Message::FlowAccepted {
+            flow: second,
+            rings: false,
+        };
+        send_msg(&ctl, &news, Some(&theirs2));
         send_msg(
             &ctl,
             &Message::Reply {

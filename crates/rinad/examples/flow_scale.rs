@@ -259,7 +259,7 @@ fn run_sink(mut sink: Raw, n: usize) -> Vec<OwnedFd> {
                 });
             }
             (Message::Reply { result: Ok(_), .. }, Some(fd))
-            | (Message::FlowAccepted(_), Some(fd)) => kept.push(fd),
+            | (Message::FlowAccepted { .. }, Some(fd)) => kept.push(fd),
             (Message::Reply { result: Err(e), .. }, _) => {
                 eprintln!("accept failed: {e}");
                 failed += 1;

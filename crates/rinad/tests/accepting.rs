@@ -78,8 +78,13 @@ fn a_normal_dif_accepts_for_its_application_with_rings_and_with_sockets() {
         let flow = c
             .allocate(&name("src"), &name(to), Some("net"), &QosSpec::default())
             .unwrap();
+        // Taken after its name is gone, and after the client's setting
+        // changed: the flow keeps the data path it was accepted with.
+        srv.unregister(&name(to), None).unwrap();
+        srv.set_rings(to == "socks");
         let got = srv.next_flow().unwrap();
         assert_eq!(got.info().local, name(to));
+        assert_eq!(got.has_rings(), to == "rings", "the flow to {to}");
         let sdu = vec![b'x'; 1000];
         let srv_thread = std::thread::spawn(move || {
             answer_one(&got);

@@ -60,13 +60,16 @@ struct rina_flow_spec {
  * rina_register() (rinad's, not rlite's): the daemon accepts every flow
  * request for the name at once, as a listening TCP socket's backlog does,
  * so that an allocation waits for no round trip to the program;
- * rina_flow_accept() then hands the flows over.
+ * rina_flow_accept() then hands the flows over. The library holds at
+ * most 1024 flows the program has not taken; past that it closes (and so
+ * deallocates) the flows that come, which their requesters see end.
  */
 #define RINA_F_ACCEPT (1 << 2)
 
 /*
  * A control descriptor for registering names and receiving flow requests.
- * It turns readable when a flow request for one of its names waits.
+ * It turns readable when a flow request for one of its names waits, or a
+ * flow the daemon accepted for one (RINA_F_ACCEPT).
  * close() it to withdraw its registrations. If rinad goes away, it reads
  * end-of-file and the calls on it fail with ECONNRESET.
  */
@@ -113,7 +116,9 @@ int rina_flow_accept(int fd, char **remote_appl, struct rina_flow_spec *spec,
  * returns the flow's descriptor; any other value refuses it and returns 0.
  * Fails with EINVAL if the handle was answered already or the daemon
  * withdrew the request meanwhile (its requester gave up, or the DIF's
- * accept timeout passed).
+ * accept timeout passed). A handle of a flow the daemon accepted
+ * (RINA_F_ACCEPT) holds that flow until it is answered or @fd closed;
+ * refusing it closes the flow, whose requester then sees it end.
  */
 int rina_flow_respond(int fd, int handle, int response);
 

@@ -738,7 +738,13 @@ impl Daemon {
     /// [`Daemon::accept_incoming`], and logged here.
     pub(super) fn accept_for(&mut self, conn: usize, handle: u64, a: AutoAccept) {
         match self.accept_incoming(conn, handle, a.rings, a.direct) {
-            Ok((info, fds)) => self.send_msg(conn, &Message::FlowAccepted(info), fds),
+            Ok((flow, fds)) => {
+                let msg = Message::FlowAccepted {
+                    flow,
+                    rings: a.rings,
+                };
+                self.send_msg(conn, &msg, fds)
+            }
             Err(e) => {
                 info!(handle, error = %e, "flow request refused for its accepting application")
             }
@@ -1071,7 +1077,7 @@ fn too_big(msg: &Message, len: usize) -> Vec<u8> {
     let id = match msg {
         Message::Reply { id, .. } | Message::Progress { id, .. } => *id,
         Message::FlowRequest(_)
-        | Message::FlowAccepted(_)
+        | Message::FlowAccepted { .. }
         | Message::RequestWithdrawn { .. }
         | Message::Unregistered { .. } => 0,
     };

@@ -97,9 +97,10 @@ pub const CONN_REPLY_BYTES: usize = 256 << 10;
 pub const CONN_QUEUE_MAX: usize = 1024;
 /// Bytes queued for a control client before it is disconnected.
 pub const CONN_QUEUE_BYTES: usize = 16 << 20;
-/// Events (flow requests, their withdrawals) queued for a control client
-/// above which no more are queued for it: flow requests are refused to the
-/// requester, withdrawals left out (accepting a withdrawn request is
+/// Events (flow requests, flows accepted for the client, withdrawals)
+/// queued for a control client above which no more are queued for it: flow
+/// requests are refused to the requester (also those the daemon would
+/// accept for it), withdrawals left out (accepting a withdrawn request is
 /// refused with the reason). Requests come from the network, as many as
 /// anybody sends; a client that does not read them for a while keeps its
 /// connection (and its registrations) instead of reaching
