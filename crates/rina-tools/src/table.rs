@@ -115,11 +115,18 @@ pub fn difs(list: &[DifInfo]) -> Table {
     t
 }
 
-/// The registered-name table: name, DIF, IPCP.
+/// The registered-name table: name, DIF, IPCP, and whether the daemon
+/// accepts the name's flow requests itself (a registration with `accept`).
 pub fn names(list: &[NameInfo]) -> Table {
-    let mut t = Table::new(&["NAME", "DIF", "IPCP"]);
+    let mut t = Table::new(&["NAME", "DIF", "IPCP", "DAEMON_ACCEPTS"]);
     for n in list {
-        t.row(vec![n.name.to_string(), n.dif.clone(), n.ipcp.clone()]);
+        let accepts = if n.accepts { "yes" } else { "no" };
+        t.row(vec![
+            n.name.to_string(),
+            n.dif.clone(),
+            n.ipcp.clone(),
+            accepts.into(),
+        ]);
     }
     t
 }
@@ -252,5 +259,20 @@ mod tests {
         let s = ipcps(&[i]).render();
         assert!(s.contains("rx=3 tx=4"), "{s}");
         assert!(s.contains("echo"), "{s}");
+    }
+
+    #[test]
+    fn name_table_says_whether_the_daemon_accepts() {
+        let n = |name: &str, accepts| NameInfo {
+            name: name.parse().expect("name"),
+            dif: "net".into(),
+            ipcp: "a.net".into(),
+            accepts,
+        };
+        let s = names(&[n("srv", true), n("echo", false)]).render();
+        let rows: Vec<Vec<&str>> = s.lines().map(|l| l.split_whitespace().collect()).collect();
+        assert_eq!(rows[0], ["NAME", "DIF", "IPCP", "DAEMON_ACCEPTS"], "{s}");
+        assert_eq!(rows[1], ["srv", "net", "a.net", "yes"], "{s}");
+        assert_eq!(rows[2], ["echo", "net", "a.net", "no"], "{s}");
     }
 }

@@ -589,6 +589,10 @@ pub struct NameInfo {
     pub dif: String,
     /// IPCP that holds the registration.
     pub ipcp: String,
+    /// The daemon accepts the flow requests for it itself
+    /// ([`Op::Register::accept`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub accepts: bool,
 }
 
 /// Why a request failed.

@@ -31,6 +31,12 @@ fn the_daemon_accepts_for_a_registration_that_asks_and_hands_the_flows_over() {
         srv.register_accepting(&name("srv"), None).unwrap(),
         vec!["udp".to_string()]
     );
+    let listed = beta.client().list_names().unwrap();
+    assert_eq!(listed.len(), 1);
+    assert!(
+        listed[0].accepts,
+        "beta lists srv as accepted by the daemon"
+    );
     let mut c = alpha.client();
     // Allocations complete while the server reads nothing: the daemon
     // accepted them, not the application.

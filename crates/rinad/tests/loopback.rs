@@ -60,6 +60,7 @@ fn register_allocate_accept_read_write_deallocate() {
     let names = beta.client().list_names().unwrap();
     assert_eq!(names.len(), 1);
     assert_eq!(names[0].name, name("echo"));
+    assert!(!names[0].accepts, "the application accepts its flows");
     wait_for("beta to list the flow", T, || {
         beta.client().list_flows().unwrap().len() == 1
     });

@@ -963,7 +963,11 @@ impl Daemon {
                 .names(i)
                 .into_iter()
                 .filter(move |n| self.may_see_name(conn, i, n))
-                .map(|name| NameInfo {
+                .map(move |name| NameInfo {
+                    accepts: self
+                        .owners
+                        .get(&(i, name.clone()))
+                        .is_some_and(|o| o.accept.is_some()),
                     name,
                     dif: ip.dif.clone(),
                     ipcp: ip.name.clone(),
