@@ -6,6 +6,7 @@
 //! * [`echo`] — `rina-echo`'s probe format and JSON report.
 //! * [`ip`] — `rina-ip`: IP over RINA flows through a TUN interface.
 //! * [`perf`] — `rina-perf`'s in-band protocol, receiver and JSON report.
+//! * [`serving`] — how the servers of `rina-echo` and `rina-perf` take flows.
 //! * [`table`] — aligned text tables.
 //! * [`tgen`] — `rina-tgen`'s generators, per-flow metrics, traffic matrix and files.
 
@@ -14,6 +15,7 @@ pub mod echo;
 pub mod ip;
 pub mod opts;
 pub mod perf;
+pub mod serving;
 pub mod stats;
 pub mod table;
 pub mod tgen;

@@ -321,3 +321,63 @@ fn an_echo_client_pointed_at_a_perf_server_says_so() {
         "{err}"
     );
 }
+
+/// `--daemon-accepts`: the servers of rina-perf and rina-echo register so
+/// that the daemon accepts their flows; the clients' runs are the same,
+/// and the server says who accepted (no flow request reaches it).
+#[test]
+fn servers_whose_daemon_accepts_serve_as_before() {
+    let bins = bin_dir();
+    let (mut procs, a, b) = two_daemons("rina-daemon-accepts");
+    for (tool, client_args) in [
+        ("rina-perf", &["--count", "20", "--json"][..]),
+        ("rina-echo", &["--count", "3", "--interval-ms", "10"][..]),
+    ] {
+        let out_path = procs.1.join(format!("{tool}-server.out"));
+        let server = Command::new(bins.join(tool))
+            .arg("server")
+            .arg("--socket")
+            .arg(&b)
+            .args(["--name", "perf", "--daemon-accepts", "--max-flows", "1"])
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out_path).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        procs.0.push(server);
+        // The server registers asynchronously: retry until the flow is made.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let run = || {
+            Command::new(bins.join(tool))
+                .arg("client")
+                .arg("--socket")
+                .arg(&a)
+                .args(["--dst", "perf"])
+                .args(client_args)
+                .stdin(Stdio::null())
+                .output()
+                .expect("run the client")
+        };
+        let mut out = run();
+        while !out.status.success() && Instant::now() < deadline {
+            std::thread::park_timeout(Duration::from_millis(100));
+            out = run();
+        }
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{tool} client: {err}");
+        // With its one flow served and closed, the server exits.
+        let server = procs.0.last_mut().unwrap();
+        wait_until(
+            &format!("the {tool} server to exit"),
+            Duration::from_secs(20),
+            || matches!(server.try_wait(), Ok(Some(_))),
+        );
+        let said = std::fs::read_to_string(&out_path).unwrap();
+        assert!(
+            said.contains("(the daemon accepts its flows)"),
+            "{tool}: {said}"
+        );
+        assert!(said.contains("accepted flow"), "{tool}: {said}");
+        assert!(!said.contains("flow request from"), "{tool}: {said}");
+    }
+}

@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use rina::{AppName, Client, Flow};
 use rina_tools::echo::{self, EchoReport};
 use rina_tools::opts::{self, CommonArgs, QosArgs};
+use rina_tools::serving;
 use rina_tools::stats::Summary;
 use std::io::Write;
 use std::sync::Arc;
@@ -48,6 +49,12 @@ struct ServerArgs {
     /// socket of this server's own, without the daemons on the data path.
     #[arg(long)]
     direct: bool,
+    /// Have the daemon accept every flow request for the name itself, so
+    /// that an allocation waits for no round trip to this server (compare
+    /// the client's allocation time with and without). Flows accepted but
+    /// not taken when the server exits are closed.
+    #[arg(long)]
+    daemon_accepts: bool,
 }
 
 #[derive(Debug, Args)]
@@ -110,32 +117,14 @@ fn server(a: ServerArgs) {
         .common
         .connect()
         .unwrap_or_else(|e| opts::die(TOOL, "cannot connect", &e, 2));
-    let difs = c
-        .register(&a.name, a.common.dif())
-        .unwrap_or_else(|e| opts::die(TOOL, &format!("cannot register {}", a.name), &e, 2));
-    println!("registered {} in {}", a.name, difs.join(", "));
     c.set_direct(a.direct);
+    serving::register(TOOL, &mut c, &a.name, a.common.dif(), a.daemon_accepts);
     flush();
     let mut workers = Vec::new();
     let mut accepted = 0u64;
     while !matches!(a.max_flows, Some(m) if accepted >= m) {
-        let req = match c.next_request() {
-            Ok(r) => r,
-            Err(e) => opts::die(TOOL, "lost the daemon", &e, 2),
-        };
-        println!(
-            "flow request from {} to {} in {} (handle {})",
-            req.remote, req.local, req.dif, req.handle
-        );
-        let flow = match c.accept(&req) {
-            Ok(f) => f,
-            Err(e) => {
-                eprintln!("{TOOL}: cannot accept flow from {}: {e}", req.remote);
-                if e.is_closed() {
-                    std::process::exit(2);
-                }
-                continue;
-            }
+        let Some(flow) = serving::next_flow(TOOL, &mut c, a.daemon_accepts) else {
+            continue;
         };
         accepted += 1;
         println!(

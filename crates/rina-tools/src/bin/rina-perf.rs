@@ -12,6 +12,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use rina::{AppName, Flow};
 use rina_tools::opts::{self, CommonArgs, QosArgs};
 use rina_tools::perf::{self, FlowReport, Msg, Pacer, PerfReport, Report, TestResult};
+use rina_tools::serving;
 use rina_tools::table::Table;
 use std::io::Write;
 use std::thread;
@@ -52,6 +53,12 @@ struct ServerArgs {
     /// socket of this server's own, without the daemons on the data path.
     #[arg(long)]
     direct: bool,
+    /// Have the daemon accept every flow request for the name itself, so
+    /// that an allocation waits for no round trip to this server (compare
+    /// the client's allocation time with and without). Flows accepted but
+    /// not taken when the server exits are closed.
+    #[arg(long)]
+    daemon_accepts: bool,
 }
 
 /// What a client test measures.
@@ -153,30 +160,20 @@ fn server(a: ServerArgs) {
         .connect()
         .unwrap_or_else(|e| opts::die(TOOL, "cannot connect", &e, 2));
     c.set_direct(a.direct);
-    let difs = c
-        .register(&a.name, a.common.dif())
-        .unwrap_or_else(|e| opts::die(TOOL, &format!("cannot register {}", a.name), &e, 2));
-    println!("registered {} in {}", a.name, difs.join(", "));
+    serving::register(TOOL, &mut c, &a.name, a.common.dif(), a.daemon_accepts);
     flush();
     let mut workers = Vec::new();
     let mut accepted = 0u64;
     while !matches!(a.max_flows, Some(m) if accepted >= m) {
-        let req = c
-            .next_request()
-            .unwrap_or_else(|e| opts::die(TOOL, "lost the daemon", &e, 2));
-        println!(
-            "flow request from {} to {} in {}",
-            req.remote, req.local, req.dif
-        );
-        match c.accept(&req) {
-            Ok(flow) => {
-                accepted += 1;
-                println!("accepted flow {} from {}", flow.info().port, req.remote);
-                workers.push(thread::spawn(move || serve_flow(flow)));
-                workers.retain(|w| !w.is_finished());
-            }
-            Err(e) if e.is_closed() => opts::die(TOOL, "lost the daemon", &e, 2),
-            Err(e) => eprintln!("{TOOL}: cannot accept flow from {}: {e}", req.remote),
+        if let Some(flow) = serving::next_flow(TOOL, &mut c, a.daemon_accepts) {
+            accepted += 1;
+            println!(
+                "accepted flow {} from {}",
+                flow.info().port,
+                flow.info().remote
+            );
+            workers.push(thread::spawn(move || serve_flow(flow)));
+            workers.retain(|w| !w.is_finished());
         }
         flush();
     }
