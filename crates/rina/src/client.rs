@@ -331,12 +331,8 @@ impl Client {
     /// [`ErrorKind::NotRegistered`] saying so, since no request will come.
     pub fn next_request(&mut self) -> Result<IncomingFlow> {
         loop {
-            if let Some(r) = self.next_pending()? {
+            if let Some(r) = self.wait_news(None, Self::next_pending)? {
                 return Ok(r);
-            }
-            self.check_orphaned()?;
-            if let Some(m) = self.recv(None)? {
-                self.news(m);
             }
         }
     }
@@ -345,9 +341,20 @@ impl Client {
     pub fn next_request_timeout(&mut self, timeout: Duration) -> Result<Option<IncomingFlow>> {
         // A timeout too large to add is no timeout.
         let deadline = Instant::now().checked_add(timeout);
+        self.wait_news(deadline, Self::next_pending)
+    }
+
+    /// Reads what the daemon sends until `take` finds what is waited for
+    /// in it, or `deadline` (none: no limit) passes (`None`); fails once
+    /// every name this connection registered is withdrawn.
+    fn wait_news<T>(
+        &mut self,
+        deadline: Option<Instant>,
+        take: impl Fn(&mut Self) -> Result<Option<T>>,
+    ) -> Result<Option<T>> {
         loop {
-            if let Some(r) = self.next_pending()? {
-                return Ok(Some(r));
+            if let Some(t) = take(self)? {
+                return Ok(Some(t));
             }
             self.check_orphaned()?;
             match self.recv(deadline)? {
@@ -366,12 +373,8 @@ impl Client {
     /// withdrawn every name this connection registered.
     pub fn next_flow(&mut self) -> Result<Flow> {
         loop {
-            if let Some(f) = self.next_arrived()? {
+            if let Some(f) = self.wait_news(None, Self::next_arrived)? {
                 return f;
-            }
-            self.check_orphaned()?;
-            if let Some(m) = self.recv(None)? {
-                self.news(m);
             }
         }
     }
@@ -379,16 +382,7 @@ impl Client {
     /// Like [`Client::next_flow`], but gives up after `timeout` with `None`.
     pub fn next_flow_timeout(&mut self, timeout: Duration) -> Result<Option<Flow>> {
         let deadline = Instant::now().checked_add(timeout);
-        loop {
-            if let Some(f) = self.next_arrived()? {
-                return f.map(Some);
-            }
-            self.check_orphaned()?;
-            match self.recv(deadline)? {
-                None => return Ok(None),
-                Some(m) => self.news(m),
-            }
-        }
+        self.wait_news(deadline, Self::next_arrived)?.transpose()
     }
 
     /// The flows the daemon accepted that are received but not yet handed
