@@ -8,9 +8,10 @@
 //! connection itself but one end of a socket pair; a relay thread per
 //! control descriptor reads the daemon connection, passes flow requests
 //! (and the flows the daemon accepted for names registered with
-//! `RINA_F_ACCEPT`, with their descriptors) to the program's end and routes each reply (with any descriptor it carries)
-//! to the private socket pair of the call waiting for it. Requests are
-//! written to the daemon connection directly by the calling thread.
+//! `RINA_F_ACCEPT`, with their descriptors) to the program's end, and
+//! routes each reply (with any descriptor it carries) to the private
+//! socket pair of the call waiting for it. Requests are written to the
+//! daemon connection directly by the calling thread.
 //!
 //! The relay ends when the program closes its descriptor (the daemon then
 //! withdraws the registrations) or when the daemon goes away (the program's
