@@ -66,6 +66,12 @@ pub struct Client {
 /// [`Client::set_timeout`] says otherwise.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Flows the daemon accepted that a client holds without the application
+/// having taken them ([`Client::next_flow`]); past this, one that comes
+/// while another call reads its answer is closed (deallocated), as the C
+/// library's relay does past the same number.
+pub const MAX_ARRIVED: usize = 1024;
+
 impl Client {
     /// Connects to the daemon at [`ctl::default_socket_path`] (which honours
     /// the `RINA_SOCKET` environment variable).
@@ -253,7 +259,9 @@ impl Client {
     /// [`Client::next_flow`] hands the flows over. The daemon keeps at
     /// most a bounded number of flows and news unread on a connection;
     /// past that it refuses further requests, saying that the application
-    /// does not read them. Flows accepted before an unregistration are
+    /// does not read them. Other calls read the flows sent before their
+    /// answers; this client holds [`MAX_ARRIVED`] of them at most and
+    /// closes those past it. Flows accepted before an unregistration are
     /// still handed over, with the data path asked for when they came.
     pub fn register_accepting(&mut self, name: &AppName, dif: Option<&str>) -> Result<Vec<String>> {
         let accept = AutoAccept {
@@ -439,7 +447,12 @@ impl Client {
     fn news(&mut self, (msg, fds): (Message, Vec<OwnedFd>)) {
         match msg {
             Message::FlowRequest(r) => self.pending.push_back(r),
-            Message::FlowAccepted { flow, rings } => self.arrived.push_back((flow, fds, rings)),
+            Message::FlowAccepted { flow, rings } if self.arrived.len() < MAX_ARRIVED => {
+                self.arrived.push_back((flow, fds, rings))
+            }
+            // Dropping its descriptors closes the flow: its requester sees
+            // it end.
+            Message::FlowAccepted { .. } => {}
             Message::RequestWithdrawn { handle } => self.withdrawn(handle),
             Message::Unregistered { name, dif } => {
                 self.registered.remove(&(name.clone(), dif.clone()));

@@ -46,7 +46,7 @@ mod sock;
 
 #[cfg(feature = "tokio")]
 pub use async_flow::{AsyncFlow, IntoAsyncError};
-pub use client::{Client, DEFAULT_TIMEOUT};
+pub use client::{Client, DEFAULT_TIMEOUT, MAX_ARRIVED};
 pub use error::{Error, ErrorKind, Result};
 pub use fd_limit::raise_fd_limit;
 pub use flow::{Flow, Segments};

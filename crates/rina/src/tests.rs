@@ -1091,3 +1091,53 @@ fn flows_the_daemon_accepted_are_queued_across_calls_and_handed_out_in_order() {
     drop(client);
     daemon.join().unwrap();
 }
+
+#[test]
+fn flows_accepted_past_the_bound_while_a_call_waits_are_closed() {
+    // Both ends of every flow are descriptors of this process.
+    crate::raise_fd_limit(8_000);
+    let (mut client, daemon) = fake_daemon(|ctl| {
+        let req = recv_req(&ctl).expect("list");
+        // More accepted flows than the client holds, then the answer.
+        let mut ours = Vec::new();
+        for port in 0..crate::MAX_ARRIVED as u32 + 3 {
+            let (mine, theirs) = pair();
+            let mut i = info(1000);
+            i.port = port;
+            send_msg(
+                &ctl,
+                &Message::FlowAccepted {
+                    flow: i,
+                    rings: false,
+                },
+                Some(&theirs),
+            );
+            ours.push(mine);
+        }
+        send_msg(
+            &ctl,
+            &Message::Reply {
+                id: req.id,
+                result: Ok(Reply::Ipcps { ipcps: Vec::new() }),
+            },
+            None,
+        );
+        // The last three were closed by the client: their other ends read
+        // the end of the flow; the first is still open.
+        let mut buf = [0u8; 8];
+        for fd in &ours[crate::MAX_ARRIVED..] {
+            assert!(readable_within(fd.as_fd(), 5000));
+            assert_eq!(sock::recv(fd.as_fd(), &mut buf).expect("recv").len, 0);
+        }
+        assert!(!readable_within(ours[0].as_fd(), 50));
+        assert!(recv_req(&ctl).is_none());
+    });
+    assert!(client.list_ipcps().unwrap().is_empty());
+    assert_eq!(client.accepted_flows(), crate::MAX_ARRIVED);
+    // Held until the fake daemon has looked: it is open.
+    let first = client.next_flow().unwrap();
+    assert_eq!(first.info().port, 0);
+    drop(client);
+    daemon.join().unwrap();
+    drop(first);
+}
