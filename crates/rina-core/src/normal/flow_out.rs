@@ -167,8 +167,6 @@ impl Out<'_> {
         }
         f.counters.sdus_out += 1;
         f.counters.bytes_out += len as u64;
-        f.counters.sdus_out += 1;
-        f.counters.bytes_out += len as u64;
         Ok(queued)
     }
     /// A fragment of an SDU written to flow `f` (`payload`, delimiter

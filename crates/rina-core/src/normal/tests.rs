@@ -186,6 +186,23 @@ fn allocate_by_name_over_three_nodes_and_data_both_ways() {
 }
 
 #[test]
+fn flow_counters_count_each_sdu_once_whole_or_in_fragments() {
+    let mut net = chain(2);
+    allocate(&mut net, QosSpec::default());
+    // One SDU in one PDU and one cut into four (the DIF's PDUs are 1,400
+    // bytes), each counted once on both sides.
+    let big = vec![7u8; 5_000];
+    net[0].write(ms(2), 1, b"hello").unwrap();
+    net[0].write(ms(2), 1, &big).unwrap();
+    let got = deliveries(&carry(ms(2), &mut net));
+    assert_eq!(got.len(), 2, "both SDUs arrive whole");
+    let out = net[0].flow_counters(1).unwrap();
+    assert_eq!((out.sdus_out, out.bytes_out), (2, 5_005));
+    let inn = net[1].flow_counters(7).unwrap();
+    assert_eq!((inn.sdus_in, inn.bytes_in), (2, 5_005));
+}
+
+#[test]
 fn refusal_carries_the_reason() {
     let mut net = chain(2);
     net[0]
