@@ -21,7 +21,11 @@
 //! ([`CLASSES`]) and, when dropped, kept in a small per-thread free list
 //! (at most [`POOL_MAX`] of each class) that the next buffer of the class is taken
 //! from. [`release_pool`] hands them back to the allocator (the daemon
-//! calls it when it gives memory back after many flows closed).
+//! calls it when it gives memory back after many flows closed). A kept
+//! buffer keeps its first [`HEADROOM`] bytes as they were, so the room of
+//! the next buffer made from it is not zeroed again: room is only ever
+//! written (by [`PduBuf::prepend`]) before it is part of the PDU, so its
+//! old bytes are never read.
 
 use std::cell::{Cell, RefCell};
 use std::fmt;
@@ -61,17 +65,26 @@ fn class_of(cap: usize) -> Option<usize> {
     CLASSES.iter().position(|&c| cap <= c)
 }
 
-/// An empty `Vec` with room for at least `cap` bytes: a recycled one of
-/// its class if there is one.
-fn alloc(cap: usize) -> Vec<u8> {
+/// A `Vec` of `room` bytes (the room in front of a PDU, whose values do
+/// not matter) with capacity for at least `cap`: a recycled one of its
+/// class if there is one, whose kept bytes are not written again.
+fn alloc(cap: usize, room: usize) -> Vec<u8> {
     let Some(k) = class_of(cap) else {
-        return Vec::with_capacity(cap);
+        let mut v = Vec::with_capacity(cap);
+        v.resize(room, 0);
+        return v;
     };
     let reused = POOL
         .try_with(|p| p.try_borrow_mut().ok().and_then(|mut p| p[k].pop()))
         .ok()
         .flatten();
-    reused.unwrap_or_else(|| Vec::with_capacity(CLASSES[k]))
+    let mut v = reused.unwrap_or_else(|| Vec::with_capacity(CLASSES[k]));
+    if v.len() >= room {
+        v.truncate(room);
+    } else {
+        v.resize(room, 0);
+    }
+    v
 }
 
 /// Keeps `v` for reuse if it has exactly a class's capacity and the
@@ -80,7 +93,8 @@ fn recycle(mut v: Vec<u8>) {
     let Some(k) = CLASSES.iter().position(|&c| c == v.capacity()) else {
         return;
     };
-    v.clear();
+    // The room's bytes stay for the next buffer (see the module's docs).
+    v.truncate(HEADROOM);
     let _ = POOL.try_with(|p| {
         if let Ok(mut p) = p.try_borrow_mut() {
             if p[k].len() < POOL_MAX[k] {
@@ -200,8 +214,7 @@ impl PduBuf {
     /// A copy of `bytes` with `headroom` bytes free in front of it (and the
     /// room for `tailroom` more after it without moving).
     pub fn with_room(headroom: usize, bytes: &[u8], tailroom: usize) -> PduBuf {
-        let mut buf = alloc(headroom + bytes.len() + tailroom);
-        buf.resize(headroom, 0);
+        let mut buf = alloc(headroom + bytes.len() + tailroom, headroom);
         buf.extend_from_slice(bytes);
         count(1, 1, 0);
         PduBuf {
@@ -220,8 +233,7 @@ impl PduBuf {
         n: usize,
         tailroom: usize,
     ) -> Option<PduBuf> {
-        let mut buf = alloc(headroom + n + tailroom);
-        buf.resize(headroom, 0);
+        let mut buf = alloc(headroom + n + tailroom, headroom);
         if !src.append_to(at, n, &mut buf) || buf.len() != headroom + n {
             recycle(buf);
             return None;
@@ -242,8 +254,7 @@ impl PduBuf {
     /// An empty buffer with `headroom` free in front, for a PDU that is
     /// written rather than copied (a control PDU).
     pub fn empty(headroom: usize, capacity: usize) -> PduBuf {
-        let mut buf = alloc(headroom + capacity);
-        buf.resize(headroom, 0);
+        let buf = alloc(headroom + capacity, headroom);
         PduBuf {
             buf,
             head: headroom,
@@ -279,8 +290,7 @@ impl PduBuf {
     #[inline(never)]
     fn grow_front(&mut self, n: usize) {
         let extra = n - self.head + HEADROOM;
-        let mut buf = alloc(extra + self.buf.len());
-        buf.resize(extra, 0);
+        let mut buf = alloc(extra + self.buf.len(), extra);
         buf.extend_from_slice(&self.buf);
         recycle(std::mem::replace(&mut self.buf, buf));
         self.head += extra;
@@ -334,8 +344,7 @@ impl Drop for PduBuf {
 impl Clone for PduBuf {
     /// A copy with the same room in front.
     fn clone(&self) -> PduBuf {
-        let mut buf = alloc(self.buf.capacity());
-        buf.resize(self.head, 0);
+        let mut buf = alloc(self.buf.capacity(), self.head);
         buf.extend_from_slice(&self.buf[self.head..]);
         count(1, 1, 0);
         PduBuf {
