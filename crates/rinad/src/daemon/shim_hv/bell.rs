@@ -16,6 +16,9 @@ const BELL_HELLO: &[u8; 8] = b"RINAHVB2";
 /// sending them cannot hold the daemon there).
 const BELL_DRAIN_MAX: usize = 64;
 
+/// Most descriptors one Unix message carries (Linux's `SCM_MAX_FD`).
+const SCM_MAX_FD: usize = 253;
+
 /// The doorbells of one device: a Unix connection between both daemons,
 /// each end its own daemon's; a doorbell is a one-byte packet on it.
 pub(super) struct Bell {
@@ -68,7 +71,11 @@ pub(super) fn recv_bell(conn: &OwnedFd) -> io::Result<bool> {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
     let mut buf = [0u8; 16];
     let mut iov = [std::io::IoSliceMut::new(&mut buf)];
-    let mut space = nix::cmsg_space!([RawFd; 2]);
+    // Room for as many descriptors as one message can carry (the kernel's
+    // SCM_MAX_FD), so that none is installed here without being seen and
+    // closed: with less room, the kernel installs what fits and the
+    // message comes back truncated, which `cmsgs` refuses to walk.
+    let mut space = nix::cmsg_space!([RawFd; SCM_MAX_FD]);
     let msg = match recvmsg::<()>(
         conn.as_raw_fd(),
         &mut iov,
@@ -265,4 +272,51 @@ pub(super) fn connect_seqpacket(path: &Path) -> io::Result<OwnedFd> {
     let addr = UnixAddr::new(path).map_err(e)?;
     s::connect(fd.as_raw_fd(), &addr).map_err(e)?;
     Ok(fd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::socket::{sendmsg, socketpair, ControlMessage, MsgFlags, SockFlag, SockType};
+    use std::io::{IoSlice, Read};
+
+    /// A hello that carries descriptors is refused, and every descriptor
+    /// it carried is closed, however many (a peer that could leave some
+    /// in the daemon would exhaust its descriptors by reconnecting).
+    #[test]
+    fn descriptors_sent_with_a_hello_are_all_closed() {
+        for count in [1usize, 3, 40] {
+            let (ours, theirs) = socketpair(
+                nix::sys::socket::AddressFamily::Unix,
+                SockType::SeqPacket,
+                None,
+                SockFlag::SOCK_CLOEXEC,
+            )
+            .unwrap();
+            let (rd, wr) =
+                nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
+                    .unwrap();
+            let fds = vec![wr.as_raw_fd(); count];
+            let cmsg = [ControlMessage::ScmRights(&fds)];
+            sendmsg::<()>(
+                theirs.as_raw_fd(),
+                &[IoSlice::new(BELL_HELLO)],
+                &cmsg,
+                MsgFlags::empty(),
+                None,
+            )
+            .unwrap();
+            drop(wr);
+            assert!(recv_bell(&ours).is_err(), "{count} descriptors: refused");
+            // Every write end is closed: the pipe reads as ended at once
+            // (a write end left open would read as "would block").
+            let mut rd = std::fs::File::from(rd);
+            let mut b = [0u8; 1];
+            assert_eq!(
+                rd.read(&mut b).unwrap(),
+                0,
+                "{count} descriptors: all closed"
+            );
+        }
+    }
 }

@@ -355,6 +355,16 @@ impl HvIo {
         !a.link.arm_tx(len)
     }
 
+    /// Flow `port` waits for the VMPI ring to take data again: read once
+    /// it does. Each flow is kept once, however often it is served (an
+    /// application that keeps kicking a flow while the ring is stalled
+    /// must not grow the list).
+    fn park(&mut self, port: PortId) {
+        if !self.parked.contains(&port) {
+            self.parked.push(port);
+        }
+    }
+
     /// Flow `port` has no credit: it is not read until a grant comes.
     fn park_for_credit(&mut self, port: PortId) {
         if !self.credit_parked.contains(&port) {

@@ -582,7 +582,7 @@ impl Daemon {
             return FlowService::Drained;
         };
         if h.stalled() {
-            h.parked.push(port);
+            h.park(port);
             return FlowService::Drained;
         }
         let cap = self.buf.len() - HEADROOM;
@@ -669,7 +669,7 @@ impl Daemon {
                     let mut b = hdr.to_vec();
                     b.extend_from_slice(sdu);
                     h.stalled = Some((port, b));
-                    h.parked.push(port);
+                    h.park(port);
                     result = FlowService::Drained;
                     break;
                 }
@@ -735,7 +735,7 @@ impl Daemon {
             }
         }
         if h.stalled() {
-            h.parked.push(port);
+            h.park(port);
             if resume_rx {
                 self.mark_medium_ready(i);
             }
@@ -823,7 +823,7 @@ impl Daemon {
         }
         if let Some(need) = full {
             // The VMPI ring is full: read on when the peer frees slots.
-            h.parked.push(port);
+            h.park(port);
             if h.arm_tx_for(need) {
                 result = FlowService::More;
             }
