@@ -111,18 +111,35 @@ pub fn enrollment_payloads(data: &[u8]) {
 /// Invariants: deliveries are in order and never repeat; the receive LWE
 /// never moves back.
 pub fn efcp_pdus(data: &[u8]) {
-    let mut c = Connection::new(EfcpConfig::reliable(), Instant::ZERO).expect("valid config");
+    // An odd first byte makes the flow unreliable, whose in-order PDUs the
+    // normal IPCP offers to `take_in_order` first.
+    let unreliable = data.first().is_some_and(|b| b & 1 == 1);
+    let cfg = if unreliable {
+        EfcpConfig::unreliable()
+    } else {
+        EfcpConfig::reliable()
+    };
+    let mut c = Connection::new(cfg, Instant::ZERO).expect("valid config");
     let mut now = Instant::ZERO;
     let mut last = 0u64;
     let mut lwe = 0u64;
     for (dt, rec) in records(data) {
         now = now + dt;
+        // Numbers of three bytes, counted down from u64::MAX when the
+        // record's kind byte has its top bit set (8-byte sequence numbers
+        // carry any value).
+        let top = rec.first().is_some_and(|k| k & 0x80 != 0);
         let num = |i: usize| {
             let mut b = [0u8; 8];
             for (k, x) in rec.iter().skip(1 + i * 3).take(3).enumerate() {
                 b[5 + k] = *x;
             }
-            u64::from_be_bytes(b)
+            let v = u64::from_be_bytes(b);
+            if top {
+                u64::MAX - v
+            } else {
+                v
+            }
         };
         let pdu = match rec.first().map(|k| k % 5) {
             Some(0) => Pdu::Data {
@@ -154,6 +171,13 @@ pub fn efcp_pdus(data: &[u8]) {
             None => continue,
         };
         let _ = c.write(now, rec.to_vec());
+        if let Pdu::Data { seq, .. } = &pdu {
+            if c.take_in_order(now, *seq, false) {
+                assert!(*seq > last, "taken {seq} after {last}");
+                last = *seq;
+                continue;
+            }
+        }
         c.on_pdu(now, pdu);
         if c.poll_timeout().is_some_and(|t| t <= now) {
             c.handle_timeout(now);

@@ -372,8 +372,11 @@ impl Receiver {
     ) -> RxOutcome {
         self.check_inactivity(now, stats);
         stats.pdus_received += 1;
-        if seq == 0 {
-            // Sequence numbers start at 1; 0 can only be garbage.
+        if seq == 0 || seq == u64::MAX {
+            // Sequence numbers start at 1; 0 can only be garbage. No sender
+            // reaches u64::MAX either (2^64 PDUs), and a run based there
+            // could take nothing after it: garbage too (a forged PDU with
+            // 8-byte sequence numbers).
             stats.duplicates += 1;
             return RxOutcome::Duplicate;
         }
@@ -472,7 +475,7 @@ impl Receiver {
     /// False, and nothing changed, for any other PDU, which goes the
     /// general way.
     pub(super) fn take_next(&mut self, now: Instant, seq: u64, stats: &mut Stats) -> bool {
-        let next = self.lwe.is_some_and(|lwe| seq == lwe + 1);
+        let next = self.lwe.is_some_and(|lwe| lwe.checked_add(1) == Some(seq));
         if !next
             || self.edge >= seq
             || !self.ring.is_empty()

@@ -865,7 +865,7 @@ impl Connection {
         if !had_run && self.rcv.lwe().is_some() && self.last_adv_rwe == 0 {
             // The sender starts with the initial credit.
             if let (Some(w), Some(lwe)) = (self.cfg.window(), self.rcv.lwe()) {
-                self.last_adv_rwe = lwe.min(seq - 1) + w.initial_credit;
+                self.last_adv_rwe = lwe.min(seq - 1).saturating_add(w.initial_credit);
             }
         }
         if self.cfg.rtx().is_some() {

@@ -1079,6 +1079,45 @@ fn lost_drf_does_not_block_an_unreliable_flow() {
 }
 
 #[test]
+fn the_largest_sequence_number_is_garbage_and_cannot_end_a_flow() {
+    // With 8-byte sequence numbers on the wire, a forged PDU may carry
+    // u64::MAX; after an idle spell, when any number may start a run, it
+    // must not become the run's base (nothing after it would be taken,
+    // and the in-order test's `lwe + 1` would overflow).
+    let mut b = Connection::new(EfcpConfig::unreliable(), t(0)).unwrap();
+    let idle = t(3_600_000);
+    b.on_pdu(
+        idle,
+        Pdu::Data {
+            seq: u64::MAX,
+            drf: true,
+            payload: sdu(1).into(),
+        },
+    );
+    assert_eq!(b.poll_deliver(), None, "not delivered");
+    assert_eq!(b.stats().duplicates, 1, "counted as garbage");
+    // The sender's real PDUs, each offered the in-order way first as the
+    // normal IPCP does, are all taken.
+    let mut got = Vec::new();
+    for seq in [5, 6, 7] {
+        if b.take_in_order(idle, seq, false) {
+            got.push(seq);
+            continue;
+        }
+        b.on_pdu(
+            idle,
+            Pdu::Data {
+                seq,
+                drf: seq == 5,
+                payload: sdu(seq).into(),
+            },
+        );
+        got.extend(std::iter::from_fn(|| b.poll_deliver().map(|d| d.seq)));
+    }
+    assert_eq!(got, vec![5, 6, 7]);
+}
+
+#[test]
 fn reorder_queue_is_bounded() {
     let mut cfg = rtx_only(3);
     cfg.max_reorder = 4;
