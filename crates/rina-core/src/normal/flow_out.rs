@@ -48,6 +48,11 @@ pub(super) struct Out<'a> {
 impl NormalIpcp {
     /// The flows, and apart from them what sending their PDUs touches.
     pub(super) fn split_out(&mut self) -> (&mut IdMap<FlowId, Box<Flow>>, Out<'_>) {
+        // Frames still waiting in `through` (taken while a capture ran or
+        // frames were sealed) go first: none overtakes them.
+        let plain_tx = self.tap.is_none()
+            && !self.mship.as_ref().is_some_and(|m| m.encrypting())
+            && self.through.is_empty();
         (
             &mut self.flows,
             Out {
@@ -57,8 +62,7 @@ impl NormalIpcp {
                 sdup: &self.sdup,
                 rmt: &mut self.rmt,
                 through: &mut self.through,
-                plain_tx: self.tap.is_none()
-                    && !self.mship.as_ref().is_some_and(|m| m.encrypting()),
+                plain_tx,
                 loopback: &mut self.loopback,
                 actions: &mut self.actions,
                 counters: &mut self.counters,

@@ -1191,8 +1191,11 @@ impl NormalIpcp {
     /// [`NormalIpcp::write_buf`] of each of `frames` in turn, all on
     /// `flow`, which is looked up once: the frames a DIF above sends in a
     /// row on one N-1 flow cross together. Returns how many were refused,
-    /// each as [`NormalIpcp::write_buf`] would have refused it (all of
-    /// them if there is no such flow); `frames` is left empty.
+    /// each as [`NormalIpcp::write_buf`] would have refused it with
+    /// batched flushes (all of them if there is no such flow; without
+    /// batched flushes, the queue is flushed once at the end rather than
+    /// after each frame, so a flow with DTCP may refuse frames that one at
+    /// a time would have fitted); `frames` is left empty.
     pub fn write_bufs(&mut self, now: Instant, flow: FlowId, frames: &mut Vec<PduBuf>) -> usize {
         self.tick(now);
         let (flows, mut out) = self.split_out();

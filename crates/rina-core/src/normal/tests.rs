@@ -203,6 +203,32 @@ fn flow_counters_count_each_sdu_once_whole_or_in_fragments() {
 }
 
 #[test]
+fn stopping_a_capture_does_not_reorder_a_flows_frames() {
+    let mut net = chain(2);
+    allocate(&mut net, QosSpec::default());
+    net[0].set_batched_flush(true);
+    net[0].set_tap(Some(8));
+    net[0].write(ms(2), 1, b"first-sdu").unwrap();
+    net[0].set_tap(None);
+    net[0].write(ms(2), 1, b"second-sdu").unwrap();
+    let mut order = Vec::new();
+    while let Some(a) = net[0].poll_action() {
+        if let Action::Transmit { frame, .. } = a {
+            if frame.windows(9).any(|w| w == b"first-sdu") {
+                order.push("first");
+            } else if frame.windows(10).any(|w| w == b"second-sdu") {
+                order.push("second");
+            }
+        }
+    }
+    assert_eq!(
+        order,
+        vec!["first", "second"],
+        "frames of one flow leave in the order written"
+    );
+}
+
+#[test]
 fn refusal_carries_the_reason() {
     let mut net = chain(2);
     net[0]
