@@ -6,7 +6,7 @@
 use super::mgmt_rib::{Peer, SessionState, RESULT_NO_SESSION};
 use super::*;
 use crate::rmt::Fifo;
-use rina_wire::cdap::{CdapMessage, OpCode};
+use rina_wire::cdap::{CdapMessage, Flags, OpCode};
 use std::collections::BTreeSet;
 
 const PORT: N1Port = 1;
@@ -470,55 +470,58 @@ fn a_port_removed_releases_its_session_at_the_neighbour() {
     );
 }
 
-/// A neighbour answering a read of its RIB with an object at position
-/// `i64::MAX` (the CDAP version field it chose): the answer is judged,
-/// not overflowed into a panic; the read ends by its retries or deadline
-/// like one with a lost part.
+/// A neighbour answering a read of its RIB with an object at a position
+/// no read takes (`i64::MAX`, which would overflow the completeness
+/// check, or below 0): the read ends at once with the reason, rather than
+/// keeping whatever the neighbour numbers until the deadline.
 #[test]
-fn a_remote_read_answer_at_the_last_position_is_judged_without_overflow() {
-    let mut p = open_member();
-    let dif = AppName {
-        process_name: "net".into(),
-        ..AppName::default()
-    };
-    p.on_frame(at(1), PORT, &cdap_frame(&p, 2, &hello_of("m2.net", 2)));
-    let connect = CdapMessage::connect(
-        rina_wire::cdap::AuthPolicy::none(),
-        &"m2.net".parse().unwrap(),
-        &dif,
-    )
-    .with_invoke_id(1);
-    p.on_frame(at(2), PORT, &cdap_frame(&p, 2, &connect));
-    sent(&mut p);
-    let handle = p.read_remote_rib(at(3), "m2.net", "/", None).unwrap();
-    let read = sent(&mut p)
-        .into_iter()
-        .find(|m| m.op_code() == OpCode::Read)
-        .expect("the read went out");
-    let mut answer = CdapMessage::response_to(&read, 0, "")
-        .unwrap()
-        .with_version(i64::MAX);
-    answer.obj_name = Some("/x".into());
-    p.on_frame(at(4), PORT, &cdap_frame(&p, 2, &answer));
-    // Not complete: positions 0 .. i64::MAX - 1 never came.
-    let mut done = None;
-    while let Some(a) = p.poll_action() {
-        if let Action::RibRead { handle: h, result } = a {
-            done = Some((h, result));
+fn a_remote_read_answer_past_the_positions_a_read_takes_ends_it() {
+    for pos in [i64::MAX, MAX_READ_OBJECTS as i64, -1] {
+        let mut p = open_member();
+        let dif = AppName {
+            process_name: "net".into(),
+            ..AppName::default()
+        };
+        p.on_frame(at(1), PORT, &cdap_frame(&p, 2, &hello_of("m2.net", 2)));
+        let connect = CdapMessage::connect(
+            rina_wire::cdap::AuthPolicy::none(),
+            &"m2.net".parse().unwrap(),
+            &dif,
+        )
+        .with_invoke_id(1);
+        p.on_frame(at(2), PORT, &cdap_frame(&p, 2, &connect));
+        sent(&mut p);
+        let handle = p.read_remote_rib(at(3), "m2.net", "/", None).unwrap();
+        let read = sent(&mut p)
+            .into_iter()
+            .find(|m| m.op_code() == OpCode::Read)
+            .expect("the read went out");
+        // A first part at a good position is kept, the bad one ends it.
+        let part = |v: i64| {
+            let mut m = CdapMessage::response_to(&read, 0, "")
+                .unwrap()
+                .with_version(v)
+                .with_flags(Flags::RdIncomplete);
+            m.obj_name = Some("/x".into());
+            m
+        };
+        p.on_frame(at(4), PORT, &cdap_frame(&p, 2, &part(0)));
+        p.on_frame(at(4), PORT, &cdap_frame(&p, 2, &part(pos)));
+        let mut done = None;
+        while let Some(a) = p.poll_action() {
+            if let Action::RibRead { handle: h, result } = a {
+                done = Some((h, result));
+            }
         }
+        let Some((h, Err(RibReadError::TooLarge { address: 2 }))) = done else {
+            panic!("position {pos}: {done:?}");
+        };
+        assert_eq!(h, handle);
+        // Nothing is left of it: a later part is no answer to anything.
+        let before = p.counters().rx_mgmt_malformed;
+        p.on_frame(at(5), PORT, &cdap_frame(&p, 2, &part(1)));
+        assert_eq!(p.counters().rx_mgmt_malformed, before + 1);
     }
-    assert!(done.is_none(), "{done:?}");
-    // The deadline ends it with a reason.
-    p.handle_timeout(at(600_000));
-    let mut ended = false;
-    while let Some(a) = p.poll_action() {
-        if let Action::RibRead { handle: h, result } = a {
-            assert_eq!(h, handle);
-            assert!(result.is_err(), "{result:?}");
-            ended = true;
-        }
-    }
-    assert!(ended, "the read ended");
 }
 
 /// Requests for flow objects from ever new source addresses (end to end:

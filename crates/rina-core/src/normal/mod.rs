@@ -71,7 +71,10 @@ mod tap;
 pub use cubes::QosCube;
 pub use membership::{MembershipConfig, MembershipEvent, PortProtection};
 pub use mgmt_cdap::CDAP_DISCRIMINATOR;
-pub use rib_remote::{RibReadError, MAX_REMOTE_READS, REMOTE_OWNER, RIB_READ_OBJECTS_PER_S};
+pub use rib_remote::{
+    RibReadError, MAX_READ_BYTES, MAX_READ_OBJECTS, MAX_REMOTE_READS, REMOTE_OWNER,
+    RIB_READ_OBJECTS_PER_S,
+};
 pub use tap::Tapped;
 
 use crate::buf::{self, PduBuf, SduSource};

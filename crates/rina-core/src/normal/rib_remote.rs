@@ -54,6 +54,13 @@ pub enum RibReadError {
         /// How long the read had.
         within: std::time::Duration,
     },
+    /// The neighbour's answer numbered an object past [`MAX_READ_OBJECTS`]
+    /// or its objects went past [`MAX_READ_BYTES`]: the read ends there.
+    #[error("the answer from address {address} is larger than a read takes ({MAX_READ_OBJECTS} objects, {MAX_READ_BYTES} bytes)")]
+    TooLarge {
+        /// The neighbour's address.
+        address: Address,
+    },
 }
 
 /// Owner shown for objects read from a peer (CDAP does not carry owners).
@@ -61,6 +68,14 @@ pub const REMOTE_OWNER: &str = "remote";
 
 /// Most remote reads under way at once.
 pub const MAX_REMOTE_READS: usize = 64;
+
+/// Most objects one read of a neighbour's RIB takes (positions in its
+/// answer from 0 to this, less one).
+pub const MAX_READ_OBJECTS: usize = 100_000;
+
+/// Most bytes of names, classes and values one read of a neighbour's RIB
+/// takes (as much as an enrollee takes in one attempt).
+pub const MAX_READ_BYTES: usize = 64 << 20;
 
 /// RIB objects a neighbour's reads are answered with per second, on
 /// average.
@@ -83,6 +98,8 @@ pub(super) struct RemoteRead {
     invoke: i32,
     /// Objects received, by position in the answer.
     objects: BTreeMap<i64, RibObjectInfo>,
+    /// Bytes of their names, classes and values.
+    bytes: usize,
     next_retry: Instant,
     deadline: Instant,
 }
@@ -158,6 +175,7 @@ impl NormalIpcp {
             depth,
             invoke: 0,
             objects: BTreeMap::new(),
+            bytes: 0,
             next_retry: now,
             deadline: now + self.cfg.alloc_timeout,
         };
@@ -308,16 +326,34 @@ impl NormalIpcp {
         };
         let pos = msg.version.unwrap_or(0);
         if let Some(name) = &msg.obj_name {
-            r.objects.insert(
+            let class = msg.obj_class.clone().unwrap_or_default();
+            // The peer numbers the parts and may send any number of them
+            // before the deadline: positions and bytes are bounded.
+            r.bytes += name.len() + class.len() + value.len();
+            let in_range = usize::try_from(pos).is_ok_and(|p| p < MAX_READ_OBJECTS);
+            if !in_range || r.bytes > MAX_READ_BYTES {
+                let address = r.dst;
+                self.rib_reads.reads.remove(&handle);
+                self.counters.rx_mgmt_malformed += 1;
+                self.actions.push_back(Action::RibRead {
+                    handle,
+                    result: Err(RibReadError::TooLarge { address }),
+                });
+                return;
+            }
+            let old = r.objects.insert(
                 pos,
                 RibObjectInfo {
                     name: name.clone(),
-                    class: msg.obj_class.clone().unwrap_or_default(),
+                    class,
                     instance: msg.obj_inst.map_or(0, |i| i as u64),
                     value,
                     owner: REMOTE_OWNER.into(),
                 },
             );
+            if let Some(o) = old {
+                r.bytes -= o.name.len() + o.class.len() + o.value.len();
+            }
         }
         // The last part came; complete only if none before it was lost
         // (else the read is asked again when its retry is due).

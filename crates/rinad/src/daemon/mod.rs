@@ -733,6 +733,7 @@ impl Daemon {
                     let kind = match &e {
                         RibReadError::Timeout { .. } => ErrorKind::Timeout,
                         RibReadError::Refused(_) => ErrorKind::Refused,
+                        RibReadError::TooLarge { .. } => ErrorKind::NoResources,
                     };
                     CtlError::new(kind, e.to_string())
                 });
