@@ -606,10 +606,11 @@ impl Directory {
 
     fn on_own_copy(&mut self, now: Instant, e: DirEntry) {
         let ours = self.own_seq.get(&e.name).copied().unwrap_or(0);
-        if e.seq > ours && e.alive && !self.local.contains(&e.name) && self.foreign.len() < 64 {
+        let newer = crate::flood::seq_newer(e.seq, ours, DirEntry::SEQ_BITS);
+        if newer && e.alive && !self.local.contains(&e.name) && self.foreign.len() < 64 {
             self.foreign.push((e.name.clone(), e.seq));
         }
-        if e.seq > ours {
+        if newer {
             self.counters.rx_own_newer += 1;
             // The name comes from the message: a new one takes room among
             // the kept sequence numbers.
@@ -657,7 +658,7 @@ impl Directory {
     /// Originates our entry for `name` with the next sequence number.
     fn originate(&mut self, now: Instant, name: AppName, alive: bool, version: u64) {
         let seq = self.own_seq.entry(name.clone()).or_insert(0);
-        *seq = seq.saturating_add(1);
+        *seq = crate::flood::seq_next(*seq, DirEntry::SEQ_BITS);
         let entry = DirEntry {
             name,
             address: self.address,

@@ -13,7 +13,10 @@
 //! * **Judging** a received copy against the stored one
 //!   ([`FloodDb::too_old`], [`FloodDb::judge`]): a higher sequence number is
 //!   newer, an equal one a duplicate, a lower one stale; a new key is refused
-//!   when the database is full.
+//!   when the database is full. "Higher" is serial-number arithmetic (RFC
+//!   1982, [`seq_newer`]): the numbers wrap, so that no number, however
+//!   large (one forged at the top of the space), leaves an origin unable
+//!   to originate a newer one ([`seq_next`]).
 //! * **Storing** ([`FloodDb::store`]) with an exact expiry instant (the
 //!   object's age is subtracted from the maximum age), and scheduling its
 //!   flooding at most every propagation delay.
@@ -44,12 +47,38 @@ pub trait Flooded: Clone {
     type Key: Ord + Clone;
     /// The object's key.
     fn key(&self) -> Self::Key;
-    /// The origin's sequence number: a higher one replaces a lower one.
+    /// The origin's sequence number: a newer one ([`seq_newer`]) replaces
+    /// an older one.
     fn seq(&self) -> u64;
+    /// Bits of the sequence number on the wire (at most 64): where it wraps.
+    const SEQ_BITS: u32 = 64;
     /// Age in whole seconds when the object was sent (or stored).
     fn age(&self) -> u32;
     /// The same object with another age.
     fn with_age(&self, age: u32) -> Self;
+}
+
+/// The values of a `bits`-bit sequence number (`bits` from 2 to 64).
+fn seq_mask(bits: u32) -> u64 {
+    u64::MAX >> (64 - bits.clamp(2, 64))
+}
+
+/// Whether sequence number `a` is newer than `b`, both of `bits` bits, in
+/// serial-number arithmetic (RFC 1982): `a` is less than half the number
+/// space ahead of `b`. Exactly half apart, neither is newer.
+pub fn seq_newer(a: u64, b: u64, bits: u32) -> bool {
+    let mask = seq_mask(bits);
+    let ahead = a.wrapping_sub(b) & mask;
+    ahead != 0 && ahead < mask / 2 + 1
+}
+
+/// The sequence number an origin gives its next copy after `seq` (`bits`
+/// bits): one more, wrapping to 1 after the largest (0 means "none yet").
+pub fn seq_next(seq: u64, bits: u32) -> u64 {
+    match seq.wrapping_add(1) & seq_mask(bits) {
+        0 => 1,
+        n => n,
+    }
 }
 
 /// Parameters of a flooded database.
@@ -180,8 +209,9 @@ impl<O: Flooded, P: Ord + Copy> FloodDb<O, P> {
     pub fn judge(&self, obj: &O) -> Verdict {
         match self.db.get(&obj.key()) {
             Some(s) if obj.seq() == s.obj.seq() => Verdict::Duplicate,
-            Some(s) if obj.seq() < s.obj.seq() => Verdict::Stale,
-            Some(_) => Verdict::Accept,
+            Some(s) if seq_newer(obj.seq(), s.obj.seq(), O::SEQ_BITS) => Verdict::Accept,
+            // Older, or exactly half the number space away (neither newer).
+            Some(_) => Verdict::Stale,
             None if self.db.len() >= self.limits.max_objects => Verdict::Full,
             None => Verdict::Accept,
         }

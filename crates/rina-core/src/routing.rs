@@ -122,6 +122,7 @@ impl Flooded for Fso {
     fn seq(&self) -> u64 {
         u64::from(self.seq)
     }
+    const SEQ_BITS: u32 = 32;
     fn age(&self) -> u32 {
         self.age
     }
@@ -610,7 +611,8 @@ impl LinkState {
                 .db
                 .get(&fso.key())
                 .is_some_and(|s| differs(&s.obj, &fso));
-        if fso.seq > ours || reused {
+        let newer = crate::flood::seq_newer(fso.seq.into(), ours.into(), Fso::SEQ_BITS);
+        if newer || reused {
             self.counters.rx_own_newer += 1;
             let known = self.db.contains(&fso.key())
                 || self.neighbors.values().any(|n| n.address == fso.neighbor);
@@ -732,7 +734,8 @@ impl LinkState {
             return;
         }
         let seq = self.own_seq.entry(neighbor).or_insert(0);
-        *seq = seq.saturating_add(1);
+        // u32 by SEQ_BITS: the next number fits.
+        *seq = crate::flood::seq_next(u64::from(*seq), Fso::SEQ_BITS) as u32;
         let fso = Fso {
             origin: self.address,
             neighbor,

@@ -161,3 +161,19 @@ fn what_came_from_a_peer_that_left_goes_to_every_peer() {
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].to_ports, vec![10, 20, 30]);
 }
+
+#[test]
+fn sequence_numbers_compare_and_wrap_in_serial_arithmetic() {
+    assert!(seq_newer(6, 5, 64) && !seq_newer(5, 6, 64) && !seq_newer(5, 5, 64));
+    // After the top comes 1, and it is newer.
+    assert_eq!(seq_next(u64::MAX, 64), 1);
+    assert!(seq_newer(1, u64::MAX, 64));
+    assert_eq!(seq_next(u64::from(u32::MAX), 32), 1);
+    assert!(seq_newer(1, u64::from(u32::MAX), 32));
+    assert_eq!(seq_next(7, 32), 8);
+    // Up to just under half the space ahead is newer; half is neither.
+    assert!(seq_newer((1 << 31) - 1, 0, 32));
+    assert!(!seq_newer(1 << 31, 0, 32) && !seq_newer(0, 1 << 31, 32));
+    assert!(seq_newer(1 << 63, 1, 64));
+    assert!(!seq_newer(1 << 63, 0, 64) && !seq_newer(0, 1 << 63, 64));
+}

@@ -673,6 +673,46 @@ fn own_fso_newer_after_restart_is_superseded() {
     assert_eq!(m.fso(ms(5), 1, 2), Some(fso(1, 2, 42, false)));
 }
 
+/// Forged copies of our own FSO that take our numbers to the top of
+/// their space: we take the next number after each, which at the top
+/// wraps to 1 and is newer in serial arithmetic, here and at a member
+/// that stored the forged copy; later changes go on from there. (With
+/// numbers that stopped at the top, every later change was a duplicate of
+/// the forged copy for good.) A forged number behind ours is stale.
+#[test]
+fn own_fsos_forged_up_to_the_top_of_the_numbers_are_superseded_and_numbers_go_on() {
+    let mut m = LinkState::new(1, Config::default()).unwrap();
+    m.neighbor_up(ms(0), 2, 2, 1).unwrap();
+    let mut other = LinkState::new(3, Config::default()).unwrap();
+    // Just under half the space ahead of our 1, then of our 2^31 + 1.
+    for (i, forged) in [1u32 << 31, u32::MAX].into_iter().enumerate() {
+        let forged = fso(1, 2, forged, false);
+        other.on_fsos(ms(0), 9, [forged]);
+        m.on_fsos(ms(0), 2, [forged]);
+        assert_eq!(m.counters().rx_own_newer, i as u64 + 1);
+    }
+    let truth = m.fso(ms(0), 1, 2).unwrap();
+    assert_eq!(truth, fso(1, 2, 1, true), "the number after the top is 1");
+    other.on_fsos(ms(1), 9, [truth]);
+    assert_eq!(
+        other.fso(ms(1), 1, 2),
+        Some(fso(1, 2, 1, true)),
+        "and newer"
+    );
+    m.neighbor_down(ms(5), 2).unwrap();
+    let down = m.fso(ms(5), 1, 2).unwrap();
+    assert_eq!(down, fso(1, 2, 2, false));
+    other.on_fsos(ms(6), 9, [down]);
+    assert_eq!(other.fso(ms(6), 1, 2), Some(fso(1, 2, 2, false)));
+    // Behind ours (the top is just behind 2 now): stale, nothing changes.
+    m.on_fsos(ms(7), 2, [fso(1, 2, u32::MAX, true)]);
+    assert_eq!(m.counters().rx_own_newer, 2);
+    assert_eq!(m.fso(ms(7), 1, 2), Some(fso(1, 2, 2, false)));
+    // Exactly half the number space away, neither copy is newer: stale.
+    other.on_fsos(ms(8), 9, [fso(1, 2, 2 + (1 << 31), true)]);
+    assert_eq!(other.fso(ms(8), 1, 2), Some(fso(1, 2, 2, false)));
+}
+
 #[test]
 fn sequence_survives_expiry_of_own_down_fso() {
     let cfg = Config {
