@@ -475,7 +475,8 @@ impl Receiver {
     /// False, and nothing changed, for any other PDU, which goes the
     /// general way.
     pub(super) fn take_next(&mut self, now: Instant, seq: u64, stats: &mut Stats) -> bool {
-        let next = self.lwe.is_some_and(|lwe| lwe.checked_add(1) == Some(seq));
+        // u64::MAX is garbage here too, as in `on_data`.
+        let next = seq < u64::MAX && self.lwe.is_some_and(|lwe| lwe + 1 == seq);
         if !next
             || self.edge >= seq
             || !self.ring.is_empty()

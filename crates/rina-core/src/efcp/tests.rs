@@ -1118,6 +1118,47 @@ fn the_largest_sequence_number_is_garbage_and_cannot_end_a_flow() {
 }
 
 #[test]
+fn take_in_order_refuses_the_largest_sequence_number() {
+    // The ordinary way counts a data PDU numbered u64::MAX as garbage
+    // (361a7ed); the short way in must not take it either.
+    let forged_at = |direct: bool| {
+        let mut b = Connection::new(EfcpConfig::unreliable(), t(0)).unwrap();
+        let idle = t(3_600_000);
+        b.on_pdu(
+            idle,
+            Pdu::Data {
+                seq: u64::MAX - 1,
+                drf: true,
+                payload: sdu(1).into(),
+            },
+        );
+        while b.poll_deliver().is_some() {}
+        let taken = direct && b.take_in_order(idle, u64::MAX, false);
+        if !taken {
+            b.on_pdu(
+                idle,
+                Pdu::Data {
+                    seq: u64::MAX,
+                    drf: false,
+                    payload: sdu(2).into(),
+                },
+            );
+            while b.poll_deliver().is_some() {}
+        }
+        (
+            taken,
+            b.receive_lwe(),
+            b.stats().delivered,
+            b.stats().duplicates,
+        )
+    };
+    let slow = forged_at(false);
+    let fast = forged_at(true);
+    assert!(!fast.0, "take_in_order took seq u64::MAX");
+    assert_eq!(fast, slow, "short way and ordinary way disagree");
+}
+
+#[test]
 fn reorder_queue_is_bounded() {
     let mut cfg = rtx_only(3);
     cfg.max_reorder = 4;

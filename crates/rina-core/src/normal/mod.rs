@@ -1747,6 +1747,9 @@ impl NormalIpcp {
     /// driver whose medium fills up says so before the next burst, so PDUs
     /// wait in the RMT (under its policy) rather than in a driver's buffer.
     fn drain_rmt(&mut self, now: Instant) {
+        // Frames passed through the RMT earlier (waiting for a capture or
+        // the sealing) go before any it releases now: none is overtaken.
+        self.transmit_through(now);
         let mut ports = std::mem::take(&mut self.ports_scratch);
         ports.clear();
         ports.extend(self.rmt.ports());

@@ -229,6 +229,37 @@ fn stopping_a_capture_does_not_reorder_a_flows_frames() {
 }
 
 #[test]
+fn a_frame_waiting_in_through_is_not_overtaken_by_a_drain() {
+    // With a capture running, a frame the FIFO passes straight through
+    // waits in `through` until the (batched) flush; a drain of the RMT
+    // before that flush (here the port unblocked) must not send a later
+    // frame of the same flow ahead of it.
+    let mut net = chain(2);
+    allocate(&mut net, QosSpec::default());
+    net[0].set_batched_flush(true);
+    net[0].set_tap(Some(8));
+    net[0].write(ms(2), 1, b"first-sdu").unwrap();
+    net[0].set_port_blocked(ms(2), RIGHT, true);
+    net[0].write(ms(2), 1, b"second-sdu").unwrap();
+    net[0].set_port_blocked(ms(2), RIGHT, false);
+    let mut order = Vec::new();
+    while let Some(a) = net[0].poll_action() {
+        if let Action::Transmit { frame, .. } = a {
+            if frame.windows(9).any(|w| w == b"first-sdu") {
+                order.push("first");
+            } else if frame.windows(10).any(|w| w == b"second-sdu") {
+                order.push("second");
+            }
+        }
+    }
+    assert_eq!(
+        order,
+        vec!["first", "second"],
+        "frames of one flow leave in the order written"
+    );
+}
+
+#[test]
 fn refusal_carries_the_reason() {
     let mut net = chain(2);
     net[0]
