@@ -18,7 +18,7 @@
 //! descriptor then reads end-of-file).
 
 use crate::error::{ApiError, Result};
-use crate::sys::{self, Key};
+use crate::sys::{self, Deadline, Key};
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::socket;
@@ -27,10 +27,35 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::os::fd::{AsFd, AsRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// How long a call waits for the daemon's answer.
+/// How long a call waits for the daemon: to take its connection, to take
+/// its request, and to answer it.
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// [`REPLY_TIMEOUT`] as replaced by [`set_timeout_for_tests`], in
+/// microseconds (0: not replaced).
+static TIMEOUT_OVERRIDE_US: AtomicU64 = AtomicU64::new(0);
+
+/// How long a call waits for the daemon: [`REPLY_TIMEOUT`], unless a test
+/// shortened it.
+pub fn timeout() -> Duration {
+    match TIMEOUT_OVERRIDE_US.load(Ordering::Relaxed) {
+        0 => REPLY_TIMEOUT,
+        us => Duration::from_micros(us),
+    }
+}
+
+/// Replaces [`REPLY_TIMEOUT`] in this process (`None` restores it), so that
+/// tests of a stuck daemon need not wait 30 s for each call. For tests
+/// only: no C program can reach it.
+#[doc(hidden)]
+pub fn set_timeout_for_tests(t: Option<Duration>) {
+    let us = t.map_or(0, |t| {
+        u64::try_from(t.as_micros()).unwrap_or(u64::MAX).max(1)
+    });
+    TIMEOUT_OVERRIDE_US.store(us, Ordering::Relaxed);
+}
 
 /// Largest answer or flow request a call reads: the ones this library asks
 /// for (registration, flows) are a few hundred bytes.
@@ -103,7 +128,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// `rina_open`: connects to the daemon and starts the relay; returns the
 /// program's descriptor.
 pub fn open() -> Result<RawFd> {
-    let daemon = sys::connect_daemon()?;
+    let daemon = sys::connect_daemon(&Deadline::after(timeout()))?;
     let (app, relay_end) = sys::seqpacket_pair()?;
     let key = sys::key(app.as_raw_fd())?;
     let conn = Arc::new(Conn {
@@ -184,14 +209,18 @@ impl Conn {
         let (mine, theirs) = sys::seqpacket_pair()?;
         lock(&self.routes).insert(id, theirs);
         let pkt = ctl::encode(&Request { id, op });
-        if let Err(e) = sys::send(self.daemon.as_fd(), &pkt, &[], false) {
-            lock(&self.routes).remove(&id);
-            return Err(match e {
-                Errno::EPIPE | Errno::ECONNRESET => daemon_gone(),
-                e => ApiError::sys(e, "cannot send a request to the daemon"),
-            });
-        }
-        Ok((id, mine))
+        let deadline = Deadline::after(timeout());
+        let e = match sys::send_until(self.daemon.as_fd(), &pkt, &[], &deadline) {
+            Ok(true) => return Ok((id, mine)),
+            Ok(false) => ApiError::Timeout(format!(
+                "the daemon did not take the request within {deadline} \
+                 (it is alive but does not read its control connection)"
+            )),
+            Err(Errno::EPIPE | Errno::ECONNRESET) => daemon_gone(),
+            Err(e) => ApiError::sys(e, "cannot send a request to the daemon"),
+        };
+        lock(&self.routes).remove(&id);
+        Err(e)
     }
 
     /// Sends `op` and waits for its reply. A flow descriptor that comes
@@ -259,16 +288,16 @@ fn daemon_gone() -> ApiError {
 }
 
 /// Receives the reply waiting (or coming) on `w`, bounded by
-/// [`REPLY_TIMEOUT`]; the daemon's error becomes [`ApiError::Daemon`].
-/// Descriptors arrive close-on-exec only with `cloexec`.
+/// [`timeout`] ([`REPLY_TIMEOUT`]); the daemon's error becomes
+/// [`ApiError::Daemon`]. Descriptors arrive close-on-exec only with
+/// `cloexec`.
 pub fn wait_reply(w: &OwnedFd, cloexec: bool) -> Result<(Reply, Option<OwnedFd>)> {
-    let deadline = Instant::now() + REPLY_TIMEOUT;
-    let ready = sys::wait_readable(w.as_fd(), deadline)
+    let deadline = Deadline::after(timeout());
+    let ready = sys::wait_readable(w.as_fd(), deadline.at())
         .map_err(|e| ApiError::sys(e, "poll while waiting for the daemon"))?;
     if !ready {
         return Err(ApiError::Timeout(format!(
-            "the daemon did not answer within {} s",
-            REPLY_TIMEOUT.as_secs()
+            "the daemon did not answer within {deadline}"
         )));
     }
     let mut buf = vec![0u8; MAX_ANSWER];

@@ -3,7 +3,7 @@
 
 use crate::control::wait_reply;
 use crate::error::{ApiError, Result};
-use crate::sys::{self, Key};
+use crate::sys::{self, Deadline, Key};
 use rina_wire::ctl::{self, ErrorKind, FlowInfo, Op, Reply, Request};
 use rina_wire::{AppName, QosSpec};
 use std::collections::BTreeMap;
@@ -25,7 +25,8 @@ pub fn start_alloc(
     remote: AppName,
     qos: QosSpec,
 ) -> Result<OwnedFd> {
-    let c = sys::connect_daemon()?;
+    let deadline = Deadline::after(crate::control::timeout());
+    let c = sys::connect_daemon(&deadline)?;
     let req = Request {
         id: 1,
         op: Op::Allocate {
@@ -37,8 +38,7 @@ pub fn start_alloc(
             direct: false,
         },
     };
-    sys::send(c.as_fd(), &ctl::encode(&req), &[], false)
-        .map_err(|e| ApiError::sys(e, "cannot send the allocation request"))?;
+    send_request(&c, &req, &deadline, "the allocation request")?;
     Ok(c)
 }
 
@@ -113,17 +113,33 @@ pub(crate) fn remember(k: Key, max_sdu: u32) {
 /// Asks the daemon, on a connection of its own, which flow has socket
 /// `(dev, ino)` as its application end ([`Op::FlowBySocket`]).
 fn ask_daemon((dev, ino): Key) -> Result<FlowInfo> {
-    let c = sys::connect_daemon()?;
+    let deadline = Deadline::after(crate::control::timeout());
+    let c = sys::connect_daemon(&deadline)?;
     let req = Request {
         id: 1,
         op: Op::FlowBySocket { dev, ino },
     };
-    sys::send(c.as_fd(), &ctl::encode(&req), &[], false)
-        .map_err(|e| ApiError::sys(e, "cannot ask the daemon about the descriptor"))?;
+    send_request(&c, &req, &deadline, "the question about the descriptor")?;
     match wait_reply(&c, true)? {
         (Reply::Flow(info), _) => Ok(info),
         _ => Err(ApiError::Protocol(
             "the daemon answered a question about a flow without one".into(),
+        )),
+    }
+}
+
+/// Sends `req` (`what`, for the message) on the daemon connection `c` of
+/// one call, bounded by `deadline`.
+fn send_request(c: &OwnedFd, req: &Request, deadline: &Deadline, what: &str) -> Result<()> {
+    match sys::send_until(c.as_fd(), &ctl::encode(req), &[], deadline) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(ApiError::Timeout(format!(
+            "the daemon did not take {what} within {deadline} \
+             (it is alive but does not read its control connection)"
+        ))),
+        Err(e) => Err(ApiError::sys(
+            e,
+            format!("cannot send {what} to the daemon"),
         )),
     }
 }

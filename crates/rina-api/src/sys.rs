@@ -7,10 +7,12 @@ use nix::sys::socket::{
     self, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType,
     UnixAddr,
 };
+use nix::sys::time::TimeVal;
 use rina_wire::ctl::{self, CtlError, ErrorKind};
+use std::fmt;
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Most descriptors taken from one packet; the protocol sends at most one.
 const MAX_FDS: usize = 4;
@@ -74,8 +76,67 @@ pub fn would_block(fd: RawFd) -> bool {
     unsafe { libc::poll(&mut p, 1, 0) == 0 }
 }
 
-/// Connects to the daemon's control socket (`$RINA_SOCKET` or the default).
-pub fn connect_daemon() -> Result<OwnedFd> {
+/// A point in time a call gives up waiting for the daemon at, and the
+/// limit it was set from (for the message).
+#[derive(Debug, Clone, Copy)]
+pub struct Deadline {
+    at: Instant,
+    limit: Duration,
+}
+
+impl Deadline {
+    /// `limit` from now.
+    pub fn after(limit: Duration) -> Deadline {
+        Deadline {
+            at: Instant::now() + limit,
+            limit,
+        }
+    }
+
+    /// The instant it passes.
+    pub fn at(&self) -> Instant {
+        self.at
+    }
+
+    /// The time left, none once it passed.
+    pub fn left(&self) -> Option<Duration> {
+        self.at
+            .checked_duration_since(Instant::now())
+            .filter(|l| !l.is_zero())
+    }
+}
+
+impl fmt::Display for Deadline {
+    /// The limit: "30 s", or "250 ms" when it is not whole seconds.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.limit.subsec_nanos() == 0 {
+            write!(f, "{} s", self.limit.as_secs())
+        } else {
+            write!(f, "{} ms", self.limit.as_millis())
+        }
+    }
+}
+
+/// Sets `SO_SNDTIMEO` (zero: no timeout), which also bounds a blocking
+/// `connect` to a Unix socket whose listener's backlog is full.
+fn set_send_timeout(fd: BorrowedFd<'_>, t: Duration) -> nix::Result<()> {
+    // Round up to whole microseconds so a tiny rest is not "no timeout".
+    let us = t.as_nanos().div_ceil(1000);
+    let secs = libc::time_t::try_from(us / 1_000_000).unwrap_or(libc::time_t::MAX);
+    let tv = TimeVal::new(secs, (us % 1_000_000) as libc::suseconds_t);
+    socket::setsockopt(&fd, socket::sockopt::SendTimeout, &tv)
+}
+
+/// Connects to the daemon's control socket (`$RINA_SOCKET` or the
+/// default), waiting at most until `deadline` for the daemon to take the
+/// connection ([`ApiError::Timeout`] past it).
+///
+/// A blocking connect to a Unix socket waits only while the listener's
+/// backlog is full: the daemon is alive but does not accept. The kernel
+/// bounds that wait by the socket's send timeout (a non-blocking connect
+/// would fail with `EAGAIN` at once, and cannot be polled for), which is
+/// reset once connected.
+pub fn connect_daemon(deadline: &Deadline) -> Result<OwnedFd> {
     let path = ctl::default_socket_path();
     let addr = UnixAddr::new(&path).map_err(|e| {
         ApiError::Invalid(format!("bad socket path {}: {}", path.display(), e.desc()))
@@ -87,10 +148,21 @@ pub fn connect_daemon() -> Result<OwnedFd> {
         None,
     )
     .map_err(|e| ApiError::sys(e, "cannot create a control socket"))?;
+    let timed_out = || {
+        ApiError::Timeout(format!(
+            "the daemon at {} did not accept the connection within {deadline} \
+             (its backlog is full: it is alive but not responding)",
+            path.display()
+        ))
+    };
     loop {
+        let left = deadline.left().ok_or_else(timed_out)?;
+        set_send_timeout(fd.as_fd(), left)
+            .map_err(|e| ApiError::sys(e, "cannot set the control socket's send timeout"))?;
         match socket::connect(fd.as_raw_fd(), &addr) {
-            Ok(()) => return Ok(fd),
+            Ok(()) => break,
             Err(Errno::EINTR) => continue,
+            Err(Errno::EAGAIN) => return Err(timed_out()),
             Err(Errno::ENOENT | Errno::ECONNREFUSED | Errno::ENOTDIR) => {
                 return Err(ApiError::Daemon(CtlError::new(
                     ErrorKind::DaemonNotRunning,
@@ -109,6 +181,11 @@ pub fn connect_daemon() -> Result<OwnedFd> {
             }
         }
     }
+    // Sends are bounded by poll ([`send_until`]); a descriptor handed to
+    // the program (a RINA_F_NOWAIT allocation's) is left as it was made.
+    set_send_timeout(fd.as_fd(), Duration::ZERO)
+        .map_err(|e| ApiError::sys(e, "cannot reset the control socket's send timeout"))?;
+    Ok(fd)
 }
 
 /// A connected pair of `SOCK_SEQPACKET` sockets, close-on-exec.
@@ -136,6 +213,28 @@ pub fn send(fd: BorrowedFd<'_>, buf: &[u8], fds: &[RawFd], nonblock: bool) -> ni
             Err(Errno::EINTR) => continue,
             Err(e) => return Err(e),
             Ok(_) => return Ok(()),
+        }
+    }
+}
+
+/// Sends one packet with `fds` attached, waiting for room in the socket
+/// at most until `deadline`: false if it passed first (nothing was sent).
+/// A daemon that stops reading its connection cannot block the call for
+/// ever.
+pub fn send_until(
+    fd: BorrowedFd<'_>,
+    buf: &[u8],
+    fds: &[RawFd],
+    deadline: &Deadline,
+) -> nix::Result<bool> {
+    loop {
+        match send(fd, buf, fds, true) {
+            Err(Errno::EAGAIN) => {
+                if deadline.left().is_none() || !wait_for(fd, PollFlags::POLLOUT, deadline.at())? {
+                    return Ok(false);
+                }
+            }
+            r => return r.map(|()| true),
         }
     }
 }
@@ -216,11 +315,17 @@ pub fn peers_closed<'a>(fds: impl Iterator<Item = BorrowedFd<'a>>) -> Vec<bool> 
 /// Waits until `fd` is readable or hung up, at most until `deadline`;
 /// false if the deadline came first.
 pub fn wait_readable(fd: BorrowedFd<'_>, deadline: Instant) -> nix::Result<bool> {
+    wait_for(fd, PollFlags::POLLIN, deadline)
+}
+
+/// Waits until `fd` has one of `events` (or is hung up), at most until
+/// `deadline`; false if the deadline came first.
+fn wait_for(fd: BorrowedFd<'_>, events: PollFlags, deadline: Instant) -> nix::Result<bool> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
         let t = PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX);
-        let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+        let mut fds = [PollFd::new(fd.as_fd(), events)];
         match nix::poll::poll(&mut fds, t) {
             Err(Errno::EINTR) => continue,
             Err(e) => return Err(e),

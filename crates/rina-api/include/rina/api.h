@@ -22,6 +22,10 @@
  * so the program's signals reach its own threads). A child made with fork()
  * cannot use its parent's control descriptors (flow descriptors are fine).
  * The functions may be called from several threads at once.
+ *
+ * A call that waits for the daemon (to take its connection or its request,
+ * or to answer) gives up after 30 s with ETIMEDOUT, so a daemon that is
+ * alive but stuck does not block the program for ever.
  */
 
 #ifndef __RINA_API_H__
