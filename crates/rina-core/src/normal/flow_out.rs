@@ -320,6 +320,14 @@ fn encode_control(
 }
 
 impl Flow {
+    /// Whether EFCP still holds SDUs written to the flow: queued for the
+    /// window, or sent and not yet acknowledged (a failed flow holds
+    /// nothing it will send).
+    pub(super) fn still_sending(&self) -> bool {
+        self.efcp.failure().is_none()
+            && (self.efcp.send_queue_len() > 0 || self.efcp.in_flight() > 0)
+    }
+
     /// Hands a fragment EFCP delivered (`seq`, delimiter first) to the
     /// reassembler, and a whole SDU to the driver.
     pub(super) fn deliver(

@@ -579,6 +579,11 @@ pub const MAX_MGMT_MESSAGE: usize = 4 << 20;
 /// PDUs one port hands down per drain of the RMT.
 pub const TX_BURST: usize = 256;
 
+/// Longest a flow closed by its application waits for what was written to
+/// it to be sent and acknowledged before it is deallocated anyway
+/// ([`NormalIpcp::close_when_sent`]).
+pub const LINGER_MAX: Duration = Duration::from_secs(30);
+
 /// The data-transfer machine of a normal IPCP.
 #[derive(Debug)]
 pub struct NormalIpcp {
@@ -614,6 +619,9 @@ pub struct NormalIpcp {
     /// Flows the peer deallocated before their last data PDU (the
     /// sequence number here) came, closed when it has or at the deadline.
     closing: BTreeMap<FlowId, (u64, Instant)>,
+    /// Flows their application closed with data still to send or to be
+    /// acknowledged: deallocated when it is, or at the deadline.
+    lingering: BTreeMap<FlowId, Instant>,
     /// With [`NormalIpcp::set_batched_flush`]: an SDU written or a frame
     /// received asks for the flush, which the next [`NormalIpcp::poll_action`]
     /// runs, once for all of them.
@@ -747,6 +755,7 @@ impl NormalIpcp {
             dirty: Vec::new(),
             dirty_scratch: Vec::new(),
             closing: BTreeMap::new(),
+            lingering: BTreeMap::new(),
             batched_flush: false,
             ecn_flows: 0,
             flush_due: false,
@@ -1055,6 +1064,7 @@ impl NormalIpcp {
         self.last_cep = None;
         self.closed_ceps.closed(f.ep.local_cep);
         self.closing.remove(&flow);
+        self.lingering.remove(&flow);
         // Left in `dirty` if it is there: flushing a flow that is gone does nothing.
         if let Some(t) = f.armed {
             self.timers.remove(&(t, flow));
@@ -1714,7 +1724,47 @@ impl NormalIpcp {
         if !self.closing.is_empty() {
             self.close_finished(now);
         }
+        if !self.lingering.is_empty() {
+            self.close_sent(now);
+        }
         self.drain_rmt(now);
+    }
+
+    /// Deallocates `flow` once what was written to it has been sent and,
+    /// where EFCP retransmits, acknowledged (at most [`LINGER_MAX`] later,
+    /// or when the flow fails), as closing a TCP socket does: an
+    /// application that writes and closes at once loses none of what it
+    /// wrote. A flow with nothing left to send (or not yet allocated) is
+    /// deallocated at once, as by [`NormalIpcp::deallocate`]; so is one
+    /// closed a second time. What arrives meanwhile is delivered as usual
+    /// (the driver has no application left to give it to).
+    pub fn close_when_sent(&mut self, now: Instant, flow: FlowId) -> Result<(), NormalError> {
+        self.tick(now);
+        let sending = self.flows.get(&flow).is_some_and(|f| f.still_sending());
+        if !sending || self.lingering.contains_key(&flow) {
+            return self.deallocate(now, flow);
+        }
+        self.lingering.insert(flow, now + LINGER_MAX);
+        Ok(())
+    }
+
+    /// Deallocates the flows closed by their application whose data has
+    /// all gone (or whose wait is over).
+    fn close_sent(&mut self, now: Instant) {
+        let done: Vec<FlowId> = self
+            .lingering
+            .iter()
+            .filter(|(id, &deadline)| {
+                now >= deadline || !self.flows.get(id).is_some_and(|f| f.still_sending())
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        for flow in &done {
+            self.lingering.remove(flow);
+        }
+        for flow in done {
+            let _ = self.deallocate(now, flow);
+        }
     }
 
     /// Closes the flows the peer deallocated whose last data PDU has come
@@ -1862,6 +1912,7 @@ impl NormalIpcp {
             .chain(self.mgmt_reasm.poll_timeout())
             .chain(self.rib_reads.poll_timeout())
             .chain(self.closing.values().map(|&(_, deadline)| deadline).min())
+            .chain(self.lingering.values().copied().min())
             .min()
     }
 
@@ -1880,6 +1931,9 @@ impl NormalIpcp {
         }
         if !self.closing.is_empty() {
             self.close_finished(now);
+        }
+        if !self.lingering.is_empty() {
+            self.close_sent(now);
         }
         // Only the flows whose timers are due; flush files them again.
         while let Some(&(t, id)) = self.timers.first() {

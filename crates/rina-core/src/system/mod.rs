@@ -832,7 +832,9 @@ impl System {
         }
     }
 
-    /// Closes application flow `port` (and tells the peer).
+    /// Closes application flow `port` (and tells the peer). Over a normal
+    /// DIF, what the application wrote is sent (and acknowledged, where
+    /// EFCP retransmits) first ([`NormalIpcp::close_when_sent`]).
     pub fn close(&mut self, now: Instant, port: PortId) {
         self.tick(now);
         self.want_writable.remove(&port);
@@ -841,7 +843,12 @@ impl System {
             .remove(&port)
             .or(self.app_pending.remove(&port));
         if let Some(i) = i {
-            self.members[i].deallocate(now, port);
+            match self.members[i].normal_mut() {
+                Some(n) => {
+                    let _ = n.close_when_sent(now, port);
+                }
+                None => self.members[i].deallocate(now, port),
+            }
         }
         self.pump(now);
     }
