@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{compile, pair, temp_dir, Killer, Lines, Link};
+use common::{alloc, compile, pair, temp_dir, Killer, Lines, Link};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -34,21 +34,6 @@ fn register_at(
     assert_eq!(r, 0, "rina_register: {}", std::io::Error::last_os_error());
     std::env::set_var("RINA_SOCKET", client);
     fd
-}
-
-/// `rina_flow_alloc` from `local` to `remote`, in a DIF the daemon
-/// chooses, with the default spec.
-fn alloc(local: &std::ffi::CStr, remote: &std::ffi::CStr, flags: libc::c_uint) -> libc::c_int {
-    // SAFETY: NUL-terminated names; a NULL DIF and spec are the defaults.
-    unsafe {
-        rina_api::rina_flow_alloc(
-            std::ptr::null(),
-            local.as_ptr(),
-            remote.as_ptr(),
-            std::ptr::null(),
-            flags,
-        )
-    }
 }
 
 /// Starts the C server `server` on the daemon at `socket` and waits for

@@ -7,6 +7,8 @@
 //! too, after the timeout these tests shorten. The tests point
 //! `RINA_SOCKET` at their own daemon, one at a time ([`ENV`]).
 
+mod common;
+
 use nix::errno::Errno;
 use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, UnixAddr};
 use std::ffi::{CStr, CString};
@@ -241,19 +243,7 @@ fn connecting_to_a_daemon_that_does_not_accept_times_out() {
     // An allocation connects on its own, blocking or not.
     for flags in [0, rina_api::RINA_F_NOWAIT] {
         let o = bounded("rina_flow_alloc", move || {
-            let (local, remote) = (c"backlog-a", c"backlog-b");
-            // SAFETY: NUL-terminated names; a NULL DIF and spec are the
-            // defaults.
-            let r = unsafe {
-                rina_api::rina_flow_alloc(
-                    std::ptr::null(),
-                    local.as_ptr(),
-                    remote.as_ptr(),
-                    std::ptr::null(),
-                    flags,
-                )
-            };
-            r.into()
+            common::alloc(c"backlog-a", c"backlog-b", flags).into()
         });
         assert_timed_out(
             "rina_flow_alloc",

@@ -241,3 +241,18 @@ impl Drop for Killer {
         let _ = self.0.wait();
     }
 }
+
+/// `rina_flow_alloc` from `local` to `remote`, in a DIF the daemon
+/// chooses, with the default spec.
+pub fn alloc(local: &std::ffi::CStr, remote: &std::ffi::CStr, flags: libc::c_uint) -> libc::c_int {
+    // SAFETY: NUL-terminated names; a NULL DIF and spec are the defaults.
+    unsafe {
+        rina_api::rina_flow_alloc(
+            std::ptr::null(),
+            local.as_ptr(),
+            remote.as_ptr(),
+            std::ptr::null(),
+            flags,
+        )
+    }
+}
