@@ -24,6 +24,13 @@ mod traffic;
 pub const UNLIMITED_BPS: f64 = 10e9;
 /// Default transmit queue of a link, frames.
 pub const DEFAULT_LINK_QUEUE: usize = 1000;
+/// The smallest time dilation `run --dilate` takes: a hundred times
+/// slower. A year (the longest duration a file takes) dilated by it stays
+/// far within the simulator's clock (584 years of nanoseconds).
+pub const MIN_DILATION: f64 = 0.01;
+/// The range of `run --scale`: a link at the slowest rate a file takes
+/// (1 kbit/s) still sends a frame within hours, rates stay finite.
+pub const SCALE_RANGE: std::ops::RangeInclusive<f64> = 1e-3..=1e3;
 
 /// A checked experiment, ready for a backend.
 #[derive(Debug, Clone, Serialize)]
@@ -329,10 +336,12 @@ impl Experiment {
     /// urgent ratio falls from 25x to 6x at 1/20). For engines that cannot
     /// carry the original rates (37 daemons on two cores); the run's
     /// delays divided by `1/f` are the original's. `warmup` is left alone:
-    /// it is for routing to settle, before any traffic.
+    /// it is for routing to settle, before any traffic. `run --dilate`
+    /// takes `f` from [`MIN_DILATION`] to 1; a time that `f` would carry
+    /// past `Duration`'s range saturates there.
     pub fn dilated(self, f: f64) -> Experiment {
         let mut e = self;
-        let d = |x: Duration| Duration::from_secs_f64(x.as_secs_f64() / f);
+        let d = |x: Duration| saturating_secs(x.as_secs_f64() / f);
         let ms = |x: &mut Option<u64>| {
             if let Some(v) = x {
                 *v = ((*v as f64) / f).round().max(1.0) as u64;
@@ -391,10 +400,13 @@ impl Experiment {
     /// full-length run of a file that CI runs shortened): traffic start
     /// and stop times, per-size perf time and event times are scaled by the
     /// same factor; rates and sizes are unchanged; the load calibration
-    /// runs for its own duration, at most `duration`.
+    /// runs for its own duration, at most `duration`. A time scaled past
+    /// [`MAX_DURATION`](crate::units::MAX_DURATION) (a per-size perf time
+    /// longer than the experiment, lengthened a lot) is cut to it.
     pub fn resized(mut self, duration: Duration) -> Experiment {
         let f = duration.as_secs_f64() / self.duration.as_secs_f64().max(1e-9);
-        let scale = |d: Duration| Duration::from_secs_f64(d.as_secs_f64() * f);
+        let scale =
+            |d: Duration| saturating_secs(d.as_secs_f64() * f).min(crate::units::MAX_DURATION);
         for fl in &mut self.flows {
             fl.start = scale(fl.start);
             fl.stop = scale(fl.stop);
@@ -409,6 +421,15 @@ impl Experiment {
         self.duration = duration;
         self
     }
+}
+
+/// `secs` seconds as a duration: zero below 0 (and for NaN), the largest
+/// duration above it (where `Duration::from_secs_f64` panics).
+fn saturating_secs(secs: f64) -> Duration {
+    if secs.is_nan() || secs <= 0.0 {
+        return Duration::ZERO;
+    }
+    Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX)
 }
 
 /// Where in the file: turns byte offsets into 1-based line and column.

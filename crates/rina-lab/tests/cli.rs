@@ -458,3 +458,35 @@ fn inventory_script_refuses_what_would_silently_leave_a_link_on_shim_udp() {
         assert!(!err.contains("Traceback"), "{hosts:?}: {err}");
     }
 }
+
+#[test]
+fn a_dilation_or_scale_out_of_range_is_refused_before_anything_starts() {
+    // `--dilate 1e-30` panicked converting the dilated times.
+    let d = tmp("dilate");
+    let out = d.join("run");
+    for (args, why) in [
+        (["--dilate", "1e-30"], "--dilate 1e-30 is not between 0.01"),
+        (["--dilate", "0.001"], "--dilate 0.001 is not between 0.01"),
+        (["--dilate", "2"], "--dilate 2 is not between 0.01"),
+        (
+            ["--scale", "1e-300"],
+            "--scale 1e-300 is not between 0.001 and 1000",
+        ),
+        (
+            ["--scale", "1e6"],
+            "--scale 1e6 is not between 0.001 and 1000",
+        ),
+    ] {
+        let o = bin()
+            .args(["run", "--backend", "sim", "--out"])
+            .arg(&out)
+            .args(args)
+            .arg(example("line-3.toml"))
+            .output()
+            .unwrap();
+        let (_, err) = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(why), "{args:?}: {err}");
+        assert!(!out.exists());
+    }
+}

@@ -453,3 +453,239 @@ fn a_bad_cube_keepalive_names_the_key_and_its_line() {
         Some(std::time::Duration::from_millis(250))
     );
 }
+
+// Input from a file panics no tool: the audit of 7 December found these.
+
+/// Two nodes, a link, a DIF `n` over it, then `rest`.
+fn net(rest: &str) -> String {
+    format!(
+        "{HEAD}[[link]]\nbetween = [\"a\", \"b\"]\n[[dif]]\nname = \"n\"\nmembers = [\"*\"]\n\
+         over = [\"links\"]\n{rest}"
+    )
+}
+
+#[test]
+fn a_duration_past_a_year_is_refused_naming_key_and_line() {
+    // `duration = 1e20` panicked in Duration::from_secs_f64.
+    for v in ["1e20", "\"1e20s\"", "31536001"] {
+        let e = err_of(&HEAD.replace("\"1s\"", v));
+        assert!(
+            e.starts_with("line 4,")
+                && e.contains("`duration`")
+                && e.contains("is longer than a year"),
+            "{v}: {e}"
+        );
+    }
+    let e = err_of(&format!(
+        "{HEAD}[[link]]\nbetween = [\"a\", \"b\"]\ndelay = \"1e18s\"\n"
+    ));
+    assert!(
+        e.starts_with("line 7,") && e.contains("`delay`: `1e18s` is longer than a year"),
+        "{e}"
+    );
+}
+
+#[test]
+fn dilating_or_lengthening_the_longest_times_does_not_panic() {
+    use rina_lab::resolve::MIN_DILATION;
+    use std::time::Duration;
+    let year = Duration::from_secs(365 * 24 * 3600);
+    let t = format!("{HEAD}[[link]]\nbetween = [\"a\", \"b\"]\ndelay = \"8760h\"\n");
+    let e = load(&t, None).unwrap();
+    assert_eq!(e.links[0].delay, year);
+    // The slowest dilation `run --dilate` takes: a hundred years.
+    assert_eq!(e.clone().dilated(MIN_DILATION).links[0].delay, year * 100);
+    // Below it (the command line refuses it), a time saturates: it panicked.
+    assert_eq!(e.clone().dilated(1e-30).links[0].delay, Duration::MAX);
+    assert_eq!(e.dilated(0.0).links[0].delay, Duration::MAX);
+    // A 1 ns experiment lengthened to a year: its 1-year perf steps
+    // would be 3e16 years (it panicked); they are cut to a year.
+    let t = net(
+        "[[traffic]]\nkind = \"perf\"\ndif = \"n\"\npairs = [[\"a\", \"b\"]]\n\
+         sdu_sizes = [100]\nper_size = \"8760h\"\n",
+    )
+    .replace("duration = \"1s\"", "duration = \"1ns\"");
+    let long = load(&t, None).unwrap().resized(year);
+    assert_eq!(long.flows[0].per_size, year);
+    assert_eq!(long.flows[0].stop, year);
+}
+
+#[test]
+fn a_link_or_variant_rate_outside_what_rinad_takes_is_refused() {
+    // Rate 0 in a variant, or 1e-300 bit/s anywhere, panicked the local
+    // backend's link emulator (a frame's time on the wire was infinite).
+    for (rate, shown) in [
+        ("0bps", "not 0bps"),
+        ("1e-300bps", "not 1e-300bps"),
+        ("999bps", "not 999bps"),
+        ("2000Gbps", "not 2000Gbps"),
+    ] {
+        let e = err_of(&format!(
+            "{HEAD}[[link]]\nbetween = [\"a\", \"b\"]\nrate = \"{rate}\"\n"
+        ));
+        assert!(
+            e.starts_with("line 5,")
+                && e.contains("link `a--b`: `rate` must be between 1kbps and 1000Gbps")
+                && e.contains(shown),
+            "{rate}: {e}"
+        );
+    }
+    let v = |rate: &str| {
+        net(&format!(
+            "[[variant]]\nname = \"slow\"\nrate = {{ \"a--b\" = \"{rate}\" }}\n"
+        ))
+    };
+    let e = load(&v("0bps"), Some("slow")).unwrap_err().to_string();
+    assert!(
+        e.starts_with("line 12,")
+            && e.contains(
+                "variant `slow`: link `a--b`: `rate` must be between 1kbps and 1000Gbps, not 0bps"
+            ),
+        "{e}"
+    );
+    assert_eq!(
+        load(&v("1kbps"), Some("slow")).unwrap().links[0].rate_bps,
+        1e3
+    );
+    let l = format!("{HEAD}[[link]]\nbetween = [\"a\", \"b\"]\nrate = \"1000Gbps\"\n");
+    assert_eq!(load(&l, None).unwrap().links[0].rate_bps, 1e12);
+}
+
+#[test]
+fn an_echo_or_profile_size_above_1_mib_is_refused() {
+    // The simulator allocated the probe: 1e18 bytes aborted it.
+    let echo = |size: &str| {
+        net(&format!(
+            "[[traffic]]\nkind = \"echo\"\ndif = \"n\"\npairs = [[\"a\", \"b\"]]\nsize = {size}\n"
+        ))
+    };
+    for size in ["1000000000000000000", "1048577"] {
+        let e = err_of(&echo(size));
+        assert!(
+            e.starts_with("line 11,")
+                && e.contains("echo `size` must be at most 1 MiB (1048576 bytes)"),
+            "{size}: {e}"
+        );
+    }
+    assert_eq!(load(&echo("1048576"), None).unwrap().flows[0].size, 1 << 20);
+    let prof =
+        |size: &str| format!("{HEAD}[[profile]]\nname = \"p\"\nprofile = \"cbr\"\nsize = {size}\n");
+    let e = err_of(&prof("1048577"));
+    assert!(
+        e.starts_with("line 5,")
+            && e.contains("profile `p`: `size` 1048577 is more than 1 MiB (1048576 bytes)"),
+        "{e}"
+    );
+    assert!(load(&prof("1048576"), None).is_ok());
+}
+
+#[test]
+fn traffic_that_expands_to_too_many_flows_is_refused_naming_its_entry() {
+    // 100 times the same profile and pair with count 10000: 1e8 flows,
+    // memory until the allocator gave up.
+    let profiles = |names: &[&str]| {
+        names
+            .iter()
+            .map(|n| format!("[[profile]]\nname = \"{n}\"\nprofile = \"cbr\"\n"))
+            .collect::<String>()
+    };
+    let tgen = |ps: &str, pairs: &str, count: u32| {
+        format!(
+            "[[traffic]]\nkind = \"tgen\"\ndif = \"n\"\nprofiles = [{ps}]\npairs = [{pairs}]\n\
+             count = {count}\n"
+        )
+    };
+    let ab = "[\"a\", \"b\"]";
+    let p100 = vec!["\"p\""; 100].join(", ");
+    let e = err_of(&net(&(profiles(&["p"]) + &tgen(&p100, ab, 10_000))));
+    assert!(
+        e.starts_with("line 17,")
+            && e.contains("profile `p` is listed twice in this traffic's `profiles`"),
+        "{e}"
+    );
+    let pairs100 = vec![ab; 100].join(", ");
+    let e = err_of(&net(&(profiles(&["p"]) + &tgen("\"p\"", &pairs100, 10_000))));
+    assert!(
+        e.starts_with("line 18,")
+            && e.contains("pair [\"a\", \"b\"] is listed twice in this traffic's `pairs`"),
+        "{e}"
+    );
+    // Distinct, but 11 profiles x 1 pair x 10000: above the cap.
+    let names: Vec<String> = (0..11).map(|i| format!("p{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let quoted: Vec<String> = names.iter().map(|n| format!("\"{n}\"")).collect();
+    let e = err_of(&net(
+        &(profiles(&names) + &tgen(&quoted.join(", "), ab, 10_000))
+    ));
+    assert!(
+        e.starts_with("line 44,")
+            && e.contains("this [[traffic]] (flows `t0.…`) expands to 110000 flows")
+            && e.contains("at most 100000 flows"),
+        "{e}"
+    );
+    // The cap is on the experiment: 6 x 10000 twice is 120000.
+    let six = quoted[..6].join(", ");
+    let t = net(&(profiles(&names) + &tgen(&six, ab, 10_000) + &tgen(&six, ab, 10_000)));
+    let e = err_of(&t);
+    assert!(
+        e.starts_with("line 50,")
+            && e.contains("(flows `t1.…`) expands to 60000 flows")
+            && e.contains("with 60000 before it"),
+        "{e}"
+    );
+    let t = net(&(profiles(&names) + &tgen(&six, ab, 10_000)));
+    assert_eq!(load(&t, None).unwrap().flows.len(), 60_000);
+}
+
+/// `n` DIFs, `d{i}` over `d{i-1}` and `d0` over the links, declared last
+/// first.
+fn dif_chain(n: usize) -> String {
+    let mut t = format!("{HEAD}[[link]]\nbetween = [\"a\", \"b\"]\n");
+    for i in (0..n).rev() {
+        let over = if i == 0 {
+            "links".to_string()
+        } else {
+            format!("d{}", i - 1)
+        };
+        t += &format!("[[dif]]\nname = \"d{i}\"\nmembers = [\"*\"]\nover = [\"{over}\"]\n");
+    }
+    t
+}
+
+#[test]
+fn a_long_chain_of_stacked_difs_resolves_lowest_first() {
+    // The dependency order recursed once per DIF: 100,000 DIFs each over
+    // the next overflowed the stack (far fewer on a test's thread).
+    let n = 50_000;
+    let e = load(&dif_chain(n), None).unwrap();
+    assert_eq!(e.difs.len(), n);
+    assert!(e
+        .difs
+        .iter()
+        .enumerate()
+        .all(|(i, d)| d.name == format!("d{i}")));
+}
+
+#[test]
+fn a_dif_over_itself_is_refused_at_the_dif_the_loop_comes_back_to() {
+    let t = format!(
+        "{HEAD}[[link]]\nbetween = [\"a\", \"b\"]\n\
+         [[dif]]\nname = \"x\"\nmembers = [\"*\"]\nover = [\"y\"]\n\
+         [[dif]]\nname = \"y\"\nmembers = [\"*\"]\nover = [\"links\", \"x\"]\n"
+    );
+    let e = err_of(&t);
+    assert!(
+        e.starts_with("line 8,") && e.contains("DIF `x` is (indirectly) over itself"),
+        "{e}"
+    );
+    let e = err_of(&t.replace("[\"links\", \"x\"]", "[\"links\", \"y\"]"));
+    assert!(
+        e.starts_with("line 12,") && e.contains("DIF `y` is (indirectly) over itself"),
+        "{e}"
+    );
+    let e = err_of(&t.replace("[\"links\", \"x\"]", "[\"links\", \"z\"]"));
+    assert!(
+        e.starts_with("line 14,") && e.contains("unknown lower DIF `z`"),
+        "{e}"
+    );
+}

@@ -148,7 +148,8 @@ struct RunArgs {
     #[arg(long, value_name = "D", value_parser = parse_duration)]
     duration: Option<Duration>,
     /// Multiply every link rate and every tgen source's rate by F (e.g.
-    /// 0.05: seed 003 at 1/20 of the paper's rates, the same load).
+    /// 0.05: seed 003 at 1/20 of the paper's rates, the same load);
+    /// F from 0.001 to 1000.
     #[arg(long, value_name = "F")]
     scale: Option<f64>,
     /// Dilate time by 1/F (e.g. 0.05: twenty times slower): rates times F
@@ -156,7 +157,7 @@ struct RunArgs {
     /// delays, flow and event times, the run's length after --duration)
     /// divided by F, so queueing delays are the original's over F and their
     /// ratios are kept. Results show the run's own times; `report` divides
-    /// them back.
+    /// them back. F from 0.01 (a hundred times slower) to 1.
     #[arg(long, value_name = "F", conflicts_with = "scale")]
     dilate: Option<f64>,
     /// Results folder (default: results/<experiment>/<UTC time>-<backend>).
@@ -636,20 +637,38 @@ fn run_experiments(a: &RunArgs, text: &str) -> Result<Vec<Experiment>, Fail> {
         exps = exps.into_iter().map(|e| e.resized(d)).collect();
     }
     if let Some(f) = a.scale {
-        if !(f > 0.0 && f.is_finite()) {
-            return Err(Fail::usage(format!("--scale {f} is not above 0")));
+        let r = rina_lab::resolve::SCALE_RANGE;
+        if !r.contains(&f) {
+            return Err(Fail::usage(format!(
+                "--scale {} is not between {} and {}",
+                short_num(f),
+                r.start(),
+                r.end()
+            )));
         }
         exps = exps.into_iter().map(|e| e.scaled(f)).collect();
     }
     if let Some(f) = a.dilate {
-        if !(f > 0.0 && f <= 1.0) {
+        let min = rina_lab::resolve::MIN_DILATION;
+        if !(min..=1.0).contains(&f) {
             return Err(Fail::usage(format!(
-                "--dilate {f} is not in (0, 1] (0.05 runs twenty times slower)"
+                "--dilate {} is not between {min} (a hundred times slower) and 1 \
+                 (0.05 runs twenty times slower)",
+                short_num(f)
             )));
         }
         exps = exps.into_iter().map(|e| e.dilated(f)).collect();
     }
     Ok(exps)
+}
+
+/// `f` as written on a command line: `1e-30`, not 30 zeros.
+fn short_num(f: f64) -> String {
+    if f != 0.0 && f.is_finite() && !(1e-4..1e6).contains(&f.abs()) {
+        format!("{f:e}")
+    } else {
+        f.to_string()
+    }
 }
 
 /// The backend `run` is asked for (`--backend`, `--inventory`, `--engine`).

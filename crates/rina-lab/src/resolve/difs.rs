@@ -96,27 +96,33 @@ fn dependency_order(
     Ok(order)
 }
 
-/// Orders DIF `i` after the DIFs it is (indirectly) over, depth first.
+/// Orders DIF `root` after the DIFs it is (indirectly) over, depth first
+/// (post-order, each DIF's `over` in the order written). Iterative, with
+/// an explicit stack: a chain of DIFs each over the next is as long as the
+/// file makes it.
 fn visit(
-    i: usize,
+    root: usize,
     decls: &[&Spanned<model::DifDecl>],
     names: &BTreeMap<&str, usize>,
     state: &mut [u8],
     order: &mut Vec<usize>,
     src: &Source<'_>,
 ) -> Result<(), LabError> {
-    if state[i] == 2 {
+    if state[root] == 2 {
         return Ok(());
     }
-    if state[i] == 1 {
-        let d = decls[i].get_ref();
-        return Err(src.err(
-            d.name.span(),
-            format!("DIF `{}` is (indirectly) over itself", d.name.get_ref()),
-        ));
-    }
-    state[i] = 1;
-    for o in &decls[i].get_ref().over {
+    state[root] = 1;
+    // Each DIF being visited, and the next of its `over` to look at.
+    let mut stack: Vec<(usize, usize)> = vec![(root, 0)];
+    while let Some((i, k)) = stack.last_mut() {
+        let i = *i;
+        let Some(o) = decls[i].get_ref().over.get(*k) else {
+            state[i] = 2;
+            order.push(i);
+            stack.pop();
+            continue;
+        };
+        *k += 1;
         let n = o.get_ref().as_str();
         if n == "links" {
             continue;
@@ -127,10 +133,21 @@ fn visit(
                 format!("unknown lower DIF `{n}` (write \"links\" or a declared DIF)"),
             )
         })?;
-        visit(j, decls, names, state, order, src)?;
+        match state[j] {
+            2 => {}
+            1 => {
+                let d = decls[j].get_ref();
+                return Err(src.err(
+                    d.name.span(),
+                    format!("DIF `{}` is (indirectly) over itself", d.name.get_ref()),
+                ));
+            }
+            _ => {
+                state[j] = 1;
+                stack.push((j, 0));
+            }
+        }
     }
-    state[i] = 2;
-    order.push(i);
     Ok(())
 }
 

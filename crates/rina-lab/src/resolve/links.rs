@@ -3,6 +3,7 @@
 use super::nodes::Ctx;
 use super::{Link, Source, DEFAULT_LINK_QUEUE, UNLIMITED_BPS};
 use crate::model::{File, LinkDecl, VariantDecl};
+use crate::units::Rate;
 use crate::LabError;
 use toml::Spanned;
 
@@ -47,8 +48,8 @@ fn resolve_link(ctx: &Ctx, l: &Spanned<LinkDecl>, links: &[Link]) -> Result<Link
         ));
     }
     let rate_bps = d.rate.map(|r| r.bps()).unwrap_or(UNLIMITED_BPS);
-    if rate_bps <= 0.0 {
-        return Err(src.err(l.span(), format!("link `{name}`: rate must be above 0")));
+    if let Some(r) = d.rate {
+        check_rate(r).map_err(|e| src.err(l.span(), format!("link `{name}`: {e}")))?;
     }
     let queue = d.queue.unwrap_or(DEFAULT_LINK_QUEUE);
     if queue == 0 {
@@ -79,11 +80,38 @@ fn variant_rates(src: &Source, v: &VariantDecl, links: &mut [Link]) -> Result<()
                 format!("variant: no link or link group `{sel}`"),
             ));
         }
+        check_rate(*rate).map_err(|e| {
+            src.err(
+                v.name.span(),
+                format!("variant `{}`: link `{sel}`: {e}", v.name.get_ref()),
+            )
+        })?;
         for i in hit {
             links[i].rate_bps = rate.bps();
         }
     }
     Ok(())
+}
+
+/// The range of link rates, bit/s: what `rinad` takes for a shim's `rate`.
+pub const RATE_RANGE: std::ops::RangeInclusive<f64> = 1e3..=1e12;
+
+/// Checks a link rate against [`RATE_RANGE`] (a rate of 0, or of a
+/// fraction of a bit a second, would never send a frame).
+fn check_rate(r: Rate) -> Result<(), String> {
+    let b = r.bps();
+    if RATE_RANGE.contains(&b) {
+        return Ok(());
+    }
+    // 1e-300 bit/s written out in full would be 300 zeros.
+    let shown = if b == 0.0 || (1.0..1e15).contains(&b) {
+        r.to_string()
+    } else {
+        format!("{b:e}bps")
+    };
+    Err(format!(
+        "`rate` must be between 1kbps and 1000Gbps, not {shown}"
+    ))
 }
 
 /// Links selected by name, or by `@group` / group name.

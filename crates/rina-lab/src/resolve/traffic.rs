@@ -10,6 +10,15 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 use toml::Spanned;
 
+/// The largest SDU a file asks for, bytes (perf `sdu_sizes`, echo `size`,
+/// a profile's `size`): 1 MiB.
+pub const MAX_SDU: usize = 1 << 20;
+
+/// The most flows an experiment expands to, every `[[traffic]]` entry
+/// together: 400 times the largest shipped example (metro-37's `video-90`,
+/// 228 flows).
+pub const MAX_FLOWS: usize = 100_000;
+
 /// Traffic profiles by name, each with its declaration.
 pub(super) type Profiles<'f> = BTreeMap<String, (&'f model::ProfileDecl, Profile)>;
 
@@ -39,6 +48,15 @@ pub(super) fn resolve_profiles<'f>(src: &Source, file: &'f File) -> Result<Profi
     let mut profiles: Profiles = BTreeMap::new();
     for p in &file.profiles {
         let d = p.get_ref();
+        if let Some(size) = d.size.filter(|&s| s > MAX_SDU) {
+            return Err(src.err(
+                p.span(),
+                format!(
+                    "profile `{}`: `size` {size} is more than 1 MiB ({MAX_SDU} bytes)",
+                    d.name.get_ref()
+                ),
+            ));
+        }
         let prof = d
             .source()
             .profile_keyed(["on", "off"])
@@ -71,6 +89,7 @@ pub(super) fn resolve_traffic(
         }
         let e = Entry::new(net, ti, t, duration)?;
         let ends = e.ends()?;
+        e.check_flow_count(&ends, flows.len())?;
         match e.d.kind {
             TrafficKind::Tgen => e.tgen_flows(&ends, profiles, &mut flows)?,
             TrafficKind::Echo | TrafficKind::Perf => e.probe_flows(&ends, &mut flows)?,
@@ -333,6 +352,58 @@ impl<'a> Entry<'a> {
         }
     }
 
+    /// Checks that the entry's flows (profiles × endpoint pairs ×
+    /// directions × `count`), with the `before` of the entries before it,
+    /// stay within [`MAX_FLOWS`], and that it lists no profile or pair
+    /// twice (each would only multiply the flows).
+    fn check_flow_count(&self, ends: &Ends, before: usize) -> Result<(), LabError> {
+        let (src, d) = (&self.net.ctx.src, self.d);
+        if let Some(p) = first_repeat(d.profiles.iter().map(|p| p.get_ref())) {
+            return Err(src.err(
+                d.profiles[p].span(),
+                format!(
+                    "profile `{}` is listed twice in this traffic's `profiles`",
+                    d.profiles[p].get_ref()
+                ),
+            ));
+        }
+        if let Some(p) = first_repeat(d.pairs.iter().map(|[a, b]| (a.get_ref(), b.get_ref()))) {
+            let [a, b] = &d.pairs[p];
+            return Err(src.err(
+                a.span(),
+                format!(
+                    "pair [\"{}\", \"{}\"] is listed twice in this traffic's `pairs`",
+                    a.get_ref(),
+                    b.get_ref()
+                ),
+            ));
+        }
+        let per_end = match d.kind {
+            TrafficKind::Tgen => d.profiles.len().max(1) * (1 + usize::from(d.bidirectional)),
+            TrafficKind::Echo | TrafficKind::Perf => 1,
+        };
+        let n = per_end
+            .saturating_mul(ends.ends.len())
+            .saturating_mul(self.count);
+        if n > MAX_FLOWS.saturating_sub(before) {
+            return Err(src.err(
+                self.t.span(),
+                format!(
+                    "this [[traffic]] (flows `t{}.…`) expands to {n} flows \
+                     ({}endpoint pairs × `count`), with {before} before it: an \
+                     experiment runs at most {MAX_FLOWS} flows",
+                    self.ti,
+                    if d.kind == TrafficKind::Tgen {
+                        "`profiles` × directions × "
+                    } else {
+                        ""
+                    },
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Resolves a tgen entry: flows per profile, endpoint pair, direction
     /// and count.
     fn tgen_flows(
@@ -414,7 +485,7 @@ impl<'a> Entry<'a> {
         if d.kind == TrafficKind::Perf && d.sdu_sizes.is_empty() {
             return Err(src.err(self.t.span(), "perf traffic needs `sdu_sizes`"));
         }
-        if d.sdu_sizes.iter().any(|&s| s == 0 || s > 1 << 20) {
+        if d.sdu_sizes.iter().any(|&s| s == 0 || s > MAX_SDU) {
             return Err(src.err(
                 self.t.span(),
                 "`sdu_sizes` must be between 1 byte and 1 MiB",
@@ -428,6 +499,12 @@ impl<'a> Entry<'a> {
                     "echo `size` must be at least {} bytes (a probe's sequence number and time)",
                     rina_tools::echo::PROBE_HEADER
                 ),
+            ));
+        }
+        if d.kind == TrafficKind::Echo && d.size.is_some_and(|s| s > MAX_SDU) {
+            return Err(src.err(
+                self.t.span(),
+                format!("echo `size` must be at most 1 MiB ({MAX_SDU} bytes)"),
             ));
         }
         let interval = d
@@ -482,6 +559,17 @@ impl Ends {
             .position(|e| *e == (a, b))
             .and_then(|i| self.shims[i])
     }
+}
+
+/// The position of the first item of `items` equal to one before it.
+fn first_repeat<T: Ord>(items: impl Iterator<Item = T>) -> Option<usize> {
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, x) in items.enumerate() {
+        if !seen.insert(x) {
+            return Some(i);
+        }
+    }
+    None
 }
 
 /// A flow id, with `.k` appended when the entry runs `count` > 1 flows.
