@@ -64,11 +64,7 @@ fn no_relay_left() {
             .filter(|c| c.trim_end() == "rina-api relay")
             .count()
     };
-    let t = Instant::now();
-    while relays() > 0 {
-        assert!(t.elapsed() < WATCHDOG, "a control relay did not end");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    common::wait_for("the control relays to end", WATCHDOG, || relays() == 0);
 }
 
 /// A fresh directory for test `name`'s socket, and the socket's path.
