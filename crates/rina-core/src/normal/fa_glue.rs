@@ -49,8 +49,12 @@ impl NormalIpcp {
                     let _ = self.close_flow(flow);
                 }
                 fa::FaOut::CloseAfter { flow, last_seq } => {
+                    // A repeated DEALLOC (its answer was lost) keeps the
+                    // first one's deadline: the peer's retries cannot hold
+                    // the flow open.
                     self.closing
-                        .insert(flow, (last_seq, now + fa::DEALLOC_GRACE));
+                        .entry(flow)
+                        .or_insert((last_seq, now + fa::DEALLOC_GRACE));
                 }
                 fa::FaOut::Report(action) => self.actions.push_back(*action),
             }

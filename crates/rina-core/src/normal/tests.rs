@@ -759,6 +759,13 @@ fn a_deallocation_that_overtakes_its_flows_data_waits_for_it() {
     assert_eq!(second_takes(&mut net, ms(11), &mgmt), vec![]);
     let end = ms(11) + fa::DEALLOC_GRACE;
     assert_eq!(net[1].poll_timeout(), Some(end));
+    // The DEALLOC again (its answer was lost): the end stays where it was.
+    assert_eq!(second_takes(&mut net, ms(500), &mgmt), vec![]);
+    assert_eq!(
+        net[1].poll_timeout(),
+        Some(end),
+        "a repeat does not push it back"
+    );
     net[1].handle_timeout(ms(10) + fa::DEALLOC_GRACE);
     assert_eq!(second_takes(&mut net, end, &[]), vec![]);
     net[1].handle_timeout(end);
