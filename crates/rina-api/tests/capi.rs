@@ -597,15 +597,7 @@ fn an_unanswered_noresp_handle_is_forgotten_when_withdrawn() {
     let server = register_at(&beta.socket, c"capi-noresp", 0, &alpha.socket);
     let wfd = alloc(c"capi-unanswered", c"capi-noresp", rina_api::RINA_F_NOWAIT);
     assert!(wfd >= 0);
-    // SAFETY: NULL out-pointers are allowed.
-    let h = unsafe {
-        rina_api::rina_flow_accept(
-            server,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            rina_api::RINA_F_NORESP,
-        )
-    };
+    let h = accept_noresp(server);
     assert!(h > 0);
     let conn = rina_api::control::lookup(server).expect("control descriptor");
     assert_eq!(conn.pending_handles(), 1);
@@ -672,15 +664,7 @@ fn a_name_registered_with_accept_gets_flows_the_daemon_accepted() {
         assert_eq!(libc::read(flow, buf.as_mut_ptr().cast(), buf.len()), 4);
         assert_eq!(&buf[..4], b"ping");
     }
-    // SAFETY: NULL out-pointers are allowed.
-    let h = unsafe {
-        rina_api::rina_flow_accept(
-            server,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            rina_api::RINA_F_NORESP,
-        )
-    };
+    let h = accept_noresp(server);
     assert!(h > 0, "accept failed: {}", errno());
     assert_eq!(rina_api::rina_flow_respond(server, h, 1), 0);
     // The refused flow is closed: its other end reads the end of the flow.
@@ -697,5 +681,19 @@ fn a_name_registered_with_accept_gets_flows_the_daemon_accepted() {
         for fd in [flow, first, second, server] {
             libc::close(fd);
         }
+    }
+}
+
+/// `rina_flow_accept` of the next request on `server` with
+/// `RINA_F_NORESP`, names and spec not asked for: the request's handle.
+fn accept_noresp(server: libc::c_int) -> libc::c_int {
+    // SAFETY: NULL out-pointers are allowed.
+    unsafe {
+        rina_api::rina_flow_accept(
+            server,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            rina_api::RINA_F_NORESP,
+        )
     }
 }

@@ -38,6 +38,13 @@ fn send_msg(fd: &OwnedFd, m: &Message, attach: Option<&OwnedFd>) {
     sock::send(fd.as_fd(), &ctl::encode(m), &fds).expect("daemon send");
 }
 
+/// The fake daemon's answer to request `id`: an empty list of IPCPs (a
+/// call that takes no part in what the test looks at).
+fn reply_no_ipcps(fd: &OwnedFd, id: u64) {
+    let result = Ok(Reply::Ipcps { ipcps: Vec::new() });
+    send_msg(fd, &Message::Reply { id, result }, None);
+}
+
 fn name(s: &str) -> AppName {
     s.parse().expect("valid name")
 }
@@ -1054,14 +1061,7 @@ fn flows_the_daemon_accepted_are_queued_across_calls_and_handed_out_in_order() {
             rings: false,
         };
         send_msg(&ctl, &news, Some(&theirs2));
-        send_msg(
-            &ctl,
-            &Message::Reply {
-                id: req.id,
-                result: Ok(Reply::Ipcps { ipcps: Vec::new() }),
-            },
-            None,
-        );
+        reply_no_ipcps(&ctl, req.id);
         drop((theirs1, theirs2));
         thread::spawn(move || echo(mine1));
         thread::spawn(move || echo(mine2));
@@ -1114,14 +1114,7 @@ fn flows_accepted_past_the_bound_while_a_call_waits_are_closed() {
             );
             ours.push(mine);
         }
-        send_msg(
-            &ctl,
-            &Message::Reply {
-                id: req.id,
-                result: Ok(Reply::Ipcps { ipcps: Vec::new() }),
-            },
-            None,
-        );
+        reply_no_ipcps(&ctl, req.id);
         // The last three were closed by the client: their other ends read
         // the end of the flow; the first is still open.
         let mut buf = [0u8; 8];
