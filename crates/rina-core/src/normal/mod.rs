@@ -1578,11 +1578,13 @@ impl NormalIpcp {
         }
         if f.efcp.take_in_order(now, seq, meta.ecn) {
             // A flow without DTCP, the next PDU in order: delivered now
-            // rather than queued in EFCP until the flush. Its deadlines
-            // only moved later, so a timer armed stays good; none armed,
-            // the flush files one.
+            // rather than queued in EFCP until the flush. EFCP's deadlines
+            // only moved later, so a timer armed stays good unless the
+            // fragment started an SDU due to be given up before it; then,
+            // or with none armed, the flush files one.
             f.deliver(now, id, seq, payload, &mut self.actions, &mut self.counters);
-            if f.armed.is_none() {
+            let reasm_due = f.reasm.poll_timeout();
+            if f.armed.is_none_or(|a| reasm_due.is_some_and(|d| d < a)) {
                 mark_dirty(&mut self.dirty, id);
             }
             return;

@@ -1403,3 +1403,27 @@ fn frames_written_together_arrive_in_order_and_bad_ones_are_counted_alone() {
     assert_eq!(net[0].write_bufs(ms(3), 99, &mut frames), 2);
     assert!(frames.is_empty());
 }
+
+#[test]
+fn a_partial_sdu_on_the_in_order_path_is_discarded_at_its_reassembly_deadline() {
+    let mut net = chain(2);
+    allocate(&mut net, QosSpec::default());
+    // A keepalive longer than the reassembly timeout keeps a timer armed
+    // past the partial SDU's deadline.
+    let cube = net[1].flows().next().unwrap().1.qos_id;
+    net[1]
+        .set_cube_keepalive(ms(1), cube, Some(Duration::from_secs(10)))
+        .unwrap();
+    assert!(net[1].poll_timeout().unwrap() > ms(2) + Duration::from_secs(2));
+    // After a first SDU, an SDU cut into four PDUs whose last is lost:
+    // the first three wait in the receiver's reassembler.
+    net[0].write(ms(2), 1, b"hello").unwrap();
+    net[0].write(ms(2), 1, &vec![7u8; 5_000]).unwrap();
+    let got = deliveries(&carry_lossy(ms(2), &mut net, |k| k == 5));
+    assert_eq!(got.len(), 1);
+    let deadline = ms(2) + Duration::from_secs(2);
+    let due = net[1].poll_timeout().expect("a timer is armed");
+    assert!(due <= deadline, "the reassembly deadline is filed");
+    net[1].handle_timeout(deadline);
+    assert_eq!(net[1].reassembly_counters(7).unwrap().discarded_timeout, 1);
+}
