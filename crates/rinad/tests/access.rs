@@ -338,7 +338,7 @@ fn a_reload_applies_the_system_tables_access_keys_and_says_so() {
 #[test]
 fn only_an_administrator_may_use_the_name_of_the_systems_ipcps() {
     let Some((a, _)) = users() else { return };
-    let cfg = "[system]\nname = \"ipn\"\n\n[[ipcp]]\nname = \"ipn.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:0\"\n\n[[ipcp]]\nname = \"ipn.net\"\ntype = \"normal\"\ndif = \"net\"\naddress = 1\n";
+    let cfg = "[system]\nname = \"ipn\"\n\n[[ipcp]]\nname = \"ipn.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:0\"\n\n[[ipcp]]\nname = \"ipn.net\"\ntype = \"normal\"\ndif = \"net\"\naddress = 1\n\n[[ipcp]]\nname = \"ipn.two/1\"\ntype = \"normal\"\ndif = \"two\"\naddress = 1\n";
     let d = Daemon::start_with("ipn", cfg);
     let mut c = client_as(a, &d);
     // Registered in a DIF below, the name would take the N-1 flows peers
@@ -358,6 +358,18 @@ fn only_an_administrator_may_use_the_name_of_the_systems_ipcps() {
         ),
     );
     assert!(m.contains("ipn.net is the name of an IPC process"), "{m}");
+    // An IPCP named with an instance holds its process name, with any
+    // instance or none.
+    for n in ["ipn.two/1", "ipn.two", "ipn.two/2"] {
+        let m = denied(
+            "registering an IPCP's name",
+            c.register(&name(n), Some("udp")),
+        );
+        assert!(
+            m.contains("ipn.two is the name of an IPC process"),
+            "{n}: {m}"
+        );
+    }
     // Other names are the user's to take, and root may take this one.
     c.register(&name("mine"), Some("udp")).unwrap();
     d.client().register(&name("ipn.net"), Some("udp")).unwrap();

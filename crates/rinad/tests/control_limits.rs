@@ -181,6 +181,31 @@ fn idle_connections_that_hold_nothing_are_closed() {
     assert_eq!(holder.list_names().unwrap().len(), 1);
 }
 
+#[test]
+fn a_client_waiting_for_an_enrollment_is_not_idle() {
+    // x.net is nobody: the enrollment runs until its own timeout, far
+    // beyond the idle timeout.
+    let d = Daemon::start_with(
+        "enr",
+        "[system]\nname = \"enr\"\nidle_timeout_ms = 300\n\n[[ipcp]]\nname = \"enr.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:0\"\n\n[ipcp.directory]\n\"x.net\" = \"127.0.0.1:9\"\n\n[[ipcp]]\nname = \"enr.net\"\ntype = \"normal\"\ndif = \"net\"\n\n[[ipcp.neighbor]]\nname = \"x.net\"\nover = \"udp\"\n",
+    );
+    let mut c = d.client();
+    let wait = Duration::from_secs(2);
+    let t0 = std::time::Instant::now();
+    let e = c
+        .enroll(
+            "enr.net",
+            &name("x.net"),
+            "udp",
+            None,
+            Some(wait),
+            &mut |_| {},
+        )
+        .expect_err("nobody to enroll with");
+    assert_eq!(e.kind, ErrorKind::Timeout, "{e}");
+    assert!(t0.elapsed() >= wait, "answered after {:?}", t0.elapsed());
+}
+
 /// A normal IPCP `me.net` at `addr` over a shim-udp DIF, with one
 /// neighbour and at most `max_flows` flows.
 fn normal_system(

@@ -322,6 +322,10 @@ impl Daemon {
         let idle = self.access.idle;
         let mut busy: HashSet<usize> = self.allocs.values().map(|a| a.conn).collect();
         busy.extend(self.incoming.values().map(|i| i.conn));
+        // A client waiting for an enrollment or a remote RIB read waits
+        // for the daemon, not the other way round.
+        busy.extend(self.enrolls.iter().map(|e| e.conn()));
+        busy.extend(self.rib_reads.values().map(|&(conn, _)| conn));
         for (&id, c) in &self.conns {
             let silent = now.saturating_since(c.last_seen) >= idle;
             let holds = c.flows > 0 || !c.names.is_empty() || !c.out.is_empty();

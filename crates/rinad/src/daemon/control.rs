@@ -545,11 +545,16 @@ impl Daemon {
     /// Refuses to let `conn` `what` (register, allocate flows from) the
     /// name of one of this system's IPCPs unless it is an administrator's:
     /// the name is the system's, and peers in the DIFs below take what
-    /// comes in it for that IPCP (N-1 flows, enrollment).
+    /// comes in it for that IPCP (N-1 flows, enrollment). An IPCP named
+    /// with an instance (`a.net/1`) holds its whole process name.
     fn check_ipcp_name(&self, conn: usize, name: &AppName, what: &str) -> Result<(), CtlError> {
-        let taken = self
-            .live_ipcps()
-            .any(|i| self.ipcps[i].name == name.process_name);
+        let taken = self.live_ipcps().any(|i| {
+            let ipcp = &self.ipcps[i].name;
+            ipcp.parse::<AppName>()
+                .map_or(*ipcp == name.process_name, |n| {
+                    n.process_name == name.process_name
+                })
+        });
         if taken && !self.conn_admin(conn) {
             return Err(CtlError::new(
                 ErrorKind::PermissionDenied,

@@ -34,6 +34,11 @@ pub(super) struct PendingEnroll {
 }
 
 impl PendingEnroll {
+    /// The control connection waiting for it.
+    pub(super) fn conn(&self) -> usize {
+        self.conn
+    }
+
     /// When the client is answered with a timeout.
     pub(super) fn deadline(&self) -> Instant {
         self.deadline
