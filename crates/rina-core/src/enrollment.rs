@@ -90,8 +90,8 @@ pub const RESULT_REFUSED: i32 = -1;
 
 pub mod auth;
 pub use auth::{
-    AuthFailure, AuthKeys, AuthNone, AuthPassword, AuthPolicy, Nonce, NonceGen, AUTH_KEYS,
-    AUTH_PASSWORD,
+    AuthFailure, AuthKeys, AuthNone, AuthPassword, AuthPolicy, Handshake, Nonce, NonceGen,
+    AUTH_KEYS, AUTH_PASSWORD,
 };
 
 /// RIB object: the enrollment (`Enrollment`).
@@ -818,7 +818,10 @@ impl Enrollee {
         match ev {
             SessionEvent::Connected(msg) if self.step == Step::Connect => {
                 let answer = msg.auth_policy.and_then(|a| a.options).unwrap_or_default();
-                let proof = match self.auth.respond(&self.nonce, &answer) {
+                let proof = match self
+                    .auth
+                    .respond(Handshake::Enrollment, &self.nonce, &answer)
+                {
                     Ok(p) => p,
                     Err(f) => {
                         // An empty proof tells the member why we stop.
@@ -1338,7 +1341,10 @@ impl Enroller {
         }
         let hello = wire.options.unwrap_or_default();
         let nonce = self.nonces.next_nonce();
-        let (answer, ctx) = match members.auth.challenge(&hello, &nonce) {
+        let (answer, ctx) = match members
+            .auth
+            .challenge(Handshake::Enrollment, &hello, &nonce)
+        {
             Ok(a) => a,
             Err(f) => return self.refuse_credentials(&req, members, f),
         };
@@ -1426,7 +1432,7 @@ impl Enroller {
         // same way; the next M_CONNECT or a failure replaces it.
         let ctx = self.auth_ctx.clone().unwrap_or_default();
         let checked = match auth::unhex(&info.token) {
-            Some(proof) => members.auth.verify(&ctx, &proof),
+            Some(proof) => members.auth.verify(Handshake::Enrollment, &ctx, &proof),
             None => Err(AuthFailure::Malformed("token is not hex")),
         }
         .map_err(|f| {

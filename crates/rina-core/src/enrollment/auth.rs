@@ -13,8 +13,10 @@
 //! The member checks message 3 with [`AuthPolicy::verify`] before it gives
 //! an address; the enrollee checks message 2 before it sends message 3, so
 //! both sides prove themselves, each over a nonce the other chose. Proofs
-//! carry distinct labels for each direction, so a member's proof can never
-//! stand for an enrollee's.
+//! carry distinct labels for each direction and each [`Handshake`]
+//! (enrollment, or port authentication between members), so a member's
+//! proof can never stand for an enrollee's, nor a proof of one handshake
+//! for one of the other.
 //!
 //! * [`AuthPassword`] (`password` in `rinad`): HMAC-SHA256 keyed by the
 //!   pre-shared password. The password never crosses the wire; a passive
@@ -41,8 +43,37 @@ pub const AUTH_PASSWORD: &str = "rina-auth-hmac-sha256";
 /// Name of the ed25519 key policy.
 pub const AUTH_KEYS: &str = "rina-auth-ed25519";
 
-const LABEL_MEMBER: &[u8] = b"rina enrollment: member proof";
-const LABEL_ENROLLEE: &[u8] = b"rina enrollment: enrollee proof";
+/// Which handshake a proof belongs to. Each has its own labels, one for
+/// each direction, so a proof made in one can never be taken in the other
+/// (a member's answer to an enrollment hello is no answer to a port
+/// authentication, and an initiator's port proof no enrollment token).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handshake {
+    /// Enrollment: the enrollee says hello, the member answers.
+    Enrollment,
+    /// Port authentication between two members
+    /// ([`crate::normal::membership`]): the initiator says hello, the
+    /// answerer answers.
+    Port,
+}
+
+impl Handshake {
+    /// The label of the answering side's proof (member, answerer).
+    fn answer_label(self) -> &'static [u8] {
+        match self {
+            Handshake::Enrollment => b"rina enrollment: member proof",
+            Handshake::Port => b"rina port authentication: answerer proof",
+        }
+    }
+
+    /// The label of the side that said hello (enrollee, initiator).
+    fn hello_label(self) -> &'static [u8] {
+        match self {
+            Handshake::Enrollment => b"rina enrollment: enrollee proof",
+            Handshake::Port => b"rina port authentication: initiator proof",
+        }
+    }
+}
 const LABEL_NONCE: &[u8] = b"rina nonce";
 const LABEL_CHILD: &[u8] = b"rina nonce child";
 
@@ -73,16 +104,21 @@ pub trait AuthPolicy: Send {
     fn name(&self) -> &str;
     /// Enrollee, message 1: the M_CONNECT auth options, given its nonce.
     fn hello(&self, nonce: &Nonce) -> Vec<u8>;
-    /// Member, message 2: checks the hello and returns the M_CONNECT_R auth
-    /// options (with its proof) and the context [`AuthPolicy::verify`]
-    /// needs later.
-    fn challenge(&self, hello: &[u8], nonce: &Nonce) -> Result<(Vec<u8>, Vec<u8>), AuthFailure>;
-    /// Enrollee: checks the member's answer to `nonce` (its own) and
-    /// returns its proof, message 3.
-    fn respond(&self, nonce: &Nonce, answer: &[u8]) -> Result<Vec<u8>, AuthFailure>;
-    /// Member: checks the enrollee's proof against the context of
-    /// [`AuthPolicy::challenge`].
-    fn verify(&self, context: &[u8], proof: &[u8]) -> Result<(), AuthFailure>;
+    /// Member, message 2 of handshake `hs`: checks the hello and returns
+    /// the M_CONNECT_R auth options (with its proof) and the context
+    /// [`AuthPolicy::verify`] needs later.
+    fn challenge(
+        &self,
+        hs: Handshake,
+        hello: &[u8],
+        nonce: &Nonce,
+    ) -> Result<(Vec<u8>, Vec<u8>), AuthFailure>;
+    /// Enrollee: checks the member's answer to `nonce` (its own) in
+    /// handshake `hs` and returns its proof, message 3.
+    fn respond(&self, hs: Handshake, nonce: &Nonce, answer: &[u8]) -> Result<Vec<u8>, AuthFailure>;
+    /// Member: checks the enrollee's proof in handshake `hs` against the
+    /// context of [`AuthPolicy::challenge`].
+    fn verify(&self, hs: Handshake, context: &[u8], proof: &[u8]) -> Result<(), AuthFailure>;
 }
 
 /// No authentication: nothing is sent or checked.
@@ -96,13 +132,23 @@ impl AuthPolicy for AuthNone {
     fn hello(&self, _nonce: &Nonce) -> Vec<u8> {
         Vec::new()
     }
-    fn challenge(&self, _hello: &[u8], _nonce: &Nonce) -> Result<(Vec<u8>, Vec<u8>), AuthFailure> {
+    fn challenge(
+        &self,
+        _hs: Handshake,
+        _hello: &[u8],
+        _nonce: &Nonce,
+    ) -> Result<(Vec<u8>, Vec<u8>), AuthFailure> {
         Ok((Vec::new(), Vec::new()))
     }
-    fn respond(&self, _nonce: &Nonce, _answer: &[u8]) -> Result<Vec<u8>, AuthFailure> {
+    fn respond(
+        &self,
+        _hs: Handshake,
+        _nonce: &Nonce,
+        _answer: &[u8],
+    ) -> Result<Vec<u8>, AuthFailure> {
         Ok(Vec::new())
     }
-    fn verify(&self, _context: &[u8], _proof: &[u8]) -> Result<(), AuthFailure> {
+    fn verify(&self, _hs: Handshake, _context: &[u8], _proof: &[u8]) -> Result<(), AuthFailure> {
         Ok(())
     }
 }
@@ -150,31 +196,36 @@ impl AuthPolicy for AuthPassword {
     fn hello(&self, nonce: &Nonce) -> Vec<u8> {
         nonce.to_vec()
     }
-    fn challenge(&self, hello: &[u8], nonce: &Nonce) -> Result<(Vec<u8>, Vec<u8>), AuthFailure> {
+    fn challenge(
+        &self,
+        hs: Handshake,
+        hello: &[u8],
+        nonce: &Nonce,
+    ) -> Result<(Vec<u8>, Vec<u8>), AuthFailure> {
         let (ne, rest) = split32(hello, "hello is not a 32-byte nonce")?;
         if !rest.is_empty() {
             return Err(AuthFailure::Malformed("hello is not a 32-byte nonce"));
         }
         let mut answer = nonce.to_vec();
-        answer.extend_from_slice(&self.mac(LABEL_MEMBER, &ne, nonce));
+        answer.extend_from_slice(&self.mac(hs.answer_label(), &ne, nonce));
         let mut ctx = ne.to_vec();
         ctx.extend_from_slice(nonce);
         Ok((answer, ctx))
     }
-    fn respond(&self, nonce: &Nonce, answer: &[u8]) -> Result<Vec<u8>, AuthFailure> {
+    fn respond(&self, hs: Handshake, nonce: &Nonce, answer: &[u8]) -> Result<Vec<u8>, AuthFailure> {
         let (nm, mac) = split32(answer, "answer is not a nonce and a MAC")?;
         if mac.len() != 32 {
             return Err(AuthFailure::Malformed("answer is not a nonce and a MAC"));
         }
-        if !super::constant_time_eq(&self.mac(LABEL_MEMBER, nonce, &nm), mac) {
+        if !super::constant_time_eq(&self.mac(hs.answer_label(), nonce, &nm), mac) {
             return Err(AuthFailure::BadProof);
         }
-        Ok(self.mac(LABEL_ENROLLEE, nonce, &nm).to_vec())
+        Ok(self.mac(hs.hello_label(), nonce, &nm).to_vec())
     }
-    fn verify(&self, context: &[u8], proof: &[u8]) -> Result<(), AuthFailure> {
+    fn verify(&self, hs: Handshake, context: &[u8], proof: &[u8]) -> Result<(), AuthFailure> {
         let (ne, nm) = split32(context, "context")?;
         let (nm, _) = split32(nm, "context")?;
-        if super::constant_time_eq(&self.mac(LABEL_ENROLLEE, &ne, &nm), proof) {
+        if super::constant_time_eq(&self.mac(hs.hello_label(), &ne, &nm), proof) {
             Ok(())
         } else {
             Err(AuthFailure::BadProof)
@@ -251,7 +302,12 @@ impl AuthPolicy for AuthKeys {
     fn hello(&self, nonce: &Nonce) -> Vec<u8> {
         [&nonce[..], &self.public_key()].concat()
     }
-    fn challenge(&self, hello: &[u8], nonce: &Nonce) -> Result<(Vec<u8>, Vec<u8>), AuthFailure> {
+    fn challenge(
+        &self,
+        hs: Handshake,
+        hello: &[u8],
+        nonce: &Nonce,
+    ) -> Result<(Vec<u8>, Vec<u8>), AuthFailure> {
         let (ne, pk) = split32(hello, "hello is not a nonce and a public key")?;
         let pk: [u8; 32] = pk
             .try_into()
@@ -259,12 +315,12 @@ impl AuthPolicy for AuthKeys {
         if !self.trusted.contains(&pk) {
             return Err(AuthFailure::UntrustedKey(hex(&pk)));
         }
-        let sig = self.sign(LABEL_MEMBER, &ne, nonce, &pk);
+        let sig = self.sign(hs.answer_label(), &ne, nonce, &pk);
         let answer = [&nonce[..], &self.public_key(), &sig].concat();
         let ctx = [&ne[..], nonce, &pk].concat();
         Ok((answer, ctx))
     }
-    fn respond(&self, nonce: &Nonce, answer: &[u8]) -> Result<Vec<u8>, AuthFailure> {
+    fn respond(&self, hs: Handshake, nonce: &Nonce, answer: &[u8]) -> Result<Vec<u8>, AuthFailure> {
         if answer.len() != 32 + 32 + 64 {
             return Err(AuthFailure::Malformed(
                 "answer is not a nonce, a public key and a signature",
@@ -272,16 +328,17 @@ impl AuthPolicy for AuthKeys {
         }
         let (nm, rest) = split32(answer, "answer")?;
         let (pk, sig) = rest.split_at(32);
-        let member = self.check(pk, sig, LABEL_MEMBER, nonce, &nm)?;
-        Ok(self.sign(LABEL_ENROLLEE, nonce, &nm, &member).to_vec())
+        let member = self.check(pk, sig, hs.answer_label(), nonce, &nm)?;
+        Ok(self.sign(hs.hello_label(), nonce, &nm, &member).to_vec())
     }
-    fn verify(&self, context: &[u8], proof: &[u8]) -> Result<(), AuthFailure> {
+    fn verify(&self, hs: Handshake, context: &[u8], proof: &[u8]) -> Result<(), AuthFailure> {
         if context.len() != 96 {
             return Err(AuthFailure::Malformed("context"));
         }
         let (ne, rest) = split32(context, "context")?;
         let (nm, pk) = split32(rest, "context")?;
-        self.check(pk, proof, LABEL_ENROLLEE, &ne, &nm).map(|_| ())
+        self.check(pk, proof, hs.hello_label(), &ne, &nm)
+            .map(|_| ())
     }
 }
 

@@ -696,16 +696,95 @@ fn password_comparison() {
     assert!(constant_time_eq(b"", b""));
     let p = AuthPassword("pw".into());
     let (ne, nm) = ([1u8; 32], [2u8; 32]);
-    let (answer, ctx) = p.challenge(&p.hello(&ne), &nm).unwrap();
-    let proof = p.respond(&ne, &answer).unwrap();
-    assert_eq!(p.verify(&ctx, &proof), Ok(()));
+    let e = Handshake::Enrollment;
+    let (answer, ctx) = p.challenge(e, &p.hello(&ne), &nm).unwrap();
+    let proof = p.respond(e, &ne, &answer).unwrap();
+    assert_eq!(p.verify(e, &ctx, &proof), Ok(()));
     let q = AuthPassword("pW".into());
-    assert_eq!(q.respond(&ne, &answer), Err(AuthFailure::BadProof));
-    assert_eq!(q.verify(&ctx, &proof), Err(AuthFailure::BadProof));
+    assert_eq!(q.respond(e, &ne, &answer), Err(AuthFailure::BadProof));
+    assert_eq!(q.verify(e, &ctx, &proof), Err(AuthFailure::BadProof));
     // The member's proof never stands for the enrollee's.
-    assert_eq!(p.verify(&ctx, &answer[32..]), Err(AuthFailure::BadProof));
+    assert_eq!(p.verify(e, &ctx, &answer[32..]), Err(AuthFailure::BadProof));
     assert_eq!(format!("{p:?}"), "AuthPassword(<hidden>)");
-    assert_eq!(AuthNone.verify(b"", b"anything"), Ok(()));
+    assert_eq!(AuthNone.verify(e, b"", b"anything"), Ok(()));
+}
+
+/// Each policy's proofs of one handshake, checked in the other: refused,
+/// both ways and in both directions (a member's answer to an enrollment
+/// hello carrying a port-authentication nonce would otherwise make the
+/// port's initiator compute an enrollment token for whoever relays it).
+#[test]
+fn proofs_of_one_handshake_never_serve_in_the_other() {
+    use Handshake::{Enrollment, Port};
+    let keys = AuthKeys::new([3; 32], Vec::new());
+    let keys = AuthKeys::new([3; 32], vec![keys.public_key()]);
+    let policies: [Box<dyn AuthPolicy>; 2] = [Box::new(AuthPassword("pw".into())), Box::new(keys)];
+    let (ne, nm) = ([1u8; 32], [2u8; 32]);
+    for p in &policies {
+        for (made, taken) in [(Enrollment, Port), (Port, Enrollment)] {
+            let (answer, ctx) = p.challenge(made, &p.hello(&ne), &nm).unwrap();
+            let proof = p.respond(made, &ne, &answer).unwrap();
+            assert_eq!(p.verify(made, &ctx, &proof), Ok(()), "{}", p.name());
+            assert_eq!(
+                p.respond(taken, &ne, &answer),
+                Err(AuthFailure::BadProof),
+                "{}: an answer made in {made:?} taken in {taken:?}",
+                p.name()
+            );
+            assert_eq!(
+                p.verify(taken, &ctx, &proof),
+                Err(AuthFailure::BadProof),
+                "{}: a proof made in {made:?} taken in {taken:?}",
+                p.name()
+            );
+        }
+    }
+}
+
+/// The attack the labels stop, end to end: a port's hello nonce sent to an
+/// enroller as an enrollment hello; the enroller's answer, shown to the
+/// port's initiator, gets no proof out of it.
+#[test]
+fn an_enrollers_answer_to_a_ports_nonce_gets_no_port_proof() {
+    let pw = AuthPassword("pw".into());
+    let mut m = Membership::new(
+        Box::new(pw.clone()),
+        Box::new(NextFree::new(1, 10)),
+        DifContent {
+            config: DifConfigBlob(vec![1]),
+            ..Default::default()
+        },
+    );
+    let mut er = Enroller::new(EnrollerConfig::default()).with_nonces(NonceGen::new([7; 32]));
+    let n1: Nonce = [9; 32];
+    let connect = CdapMessage::connect(
+        WireAuth::new(AUTH_PASSWORD, n1.to_vec()),
+        &name("evil"),
+        &name("member"),
+    )
+    .with_invoke_id(1);
+    er.on_message(secs(0), &connect.encode(), &mut m);
+    let r = CdapMessage::decode(&er.poll_transmit().unwrap()).unwrap();
+    assert_eq!(r.result(), 0);
+    let answer = r.auth_policy.unwrap().options.unwrap();
+    // What the port's initiator runs on an answer to its hello n1.
+    assert_eq!(
+        pw.respond(Handshake::Port, &n1, &answer),
+        Err(AuthFailure::BadProof)
+    );
+    // And an initiator's port proof for n1 is no enrollment token.
+    let (port_answer, _) = pw.challenge(Handshake::Port, &n1, &[5; 32]).unwrap();
+    let port_proof = pw.respond(Handshake::Port, &n1, &port_answer).unwrap();
+    let info = EnrollmentInformation {
+        token: auth::hex(&port_proof),
+        ..Default::default()
+    };
+    let start = CdapMessage::start(CLASS_ENROLLMENT, OBJ_ENROLLMENT)
+        .with_object(&info)
+        .with_invoke_id(2);
+    er.on_message(secs(0), &start.encode(), &mut m);
+    let r = CdapMessage::decode(&er.poll_transmit().unwrap()).unwrap();
+    assert_ne!(r.result(), 0, "enrolled with a port proof");
 }
 
 #[test]

@@ -298,6 +298,9 @@ pub struct MembershipCounters {
     pub ports_authenticated: u64,
     /// Port authentications that failed (wrong password, untrusted key).
     pub port_auth_failed: u64,
+    /// Port-authentication messages dropped because they carried back a
+    /// nonce of this member's own (its messages reflected to it).
+    pub port_auth_reflected: u64,
     /// Times this member gave its address up to another one that had it
     /// too, and took a new one.
     pub renumbered: u64,
@@ -321,6 +324,7 @@ impl MembershipCounters {
             ("unadmitted_dropped", self.unadmitted_dropped),
             ("ports_authenticated", self.ports_authenticated),
             ("port_auth_failed", self.port_auth_failed),
+            ("port_auth_reflected", self.port_auth_reflected),
             ("renumbered", self.renumbered),
             ("addresses_released", self.addresses_released),
         ]

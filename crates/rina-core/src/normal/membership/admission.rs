@@ -27,7 +27,7 @@
 //! answered in a tight loop.
 
 use super::{Ctx, MembershipEvent, MembershipMachine, MsOut, N1Port};
-use crate::enrollment::{AuthFailure, Nonce};
+use crate::enrollment::{AuthFailure, Handshake, Nonce};
 #[cfg(doc)]
 use crate::normal::mgmt_rib::PRE_ADMISSION;
 use crate::rmt::Address;
@@ -215,9 +215,25 @@ impl MembershipMachine {
         }
     }
 
+    /// Whether `nonce` is one of ours: the nonce of a hello we sent and
+    /// wait to have answered, or of an answer we gave, on any port. A
+    /// message that shows one back reflects our own (with them a peer
+    /// would prove itself with our proofs): it is counted and dropped, and
+    /// the handshakes under way go on.
+    fn is_own_nonce(&self, nonce: &Nonce) -> bool {
+        self.port_auth.values().any(|st| {
+            st.secret.is_some_and(|(_, public)| public == *nonce)
+                || st.answered.iter().any(|r| r.own_nonce == *nonce)
+        })
+    }
+
     /// The peer's hello: answer it (the same answer to the same hello).
     fn on_port_auth_hello(&mut self, now: Instant, port: N1Port, body: &[u8]) {
         let initiator_nonce = lead_nonce(body).unwrap_or_default();
+        if self.is_own_nonce(&initiator_nonce) {
+            self.counters.port_auth_reflected += 1;
+            return;
+        }
         let st = self.port_auth.entry(port).or_default();
         if let Some(r) = st
             .answered
@@ -230,7 +246,7 @@ impl MembershipMachine {
         }
         let secret = self.nonces.next_nonce();
         let own_nonce = ephemeral_public(&secret);
-        match self.cfg.auth().challenge(body, &own_nonce) {
+        match self.cfg.auth().challenge(Handshake::Port, body, &own_nonce) {
             Ok((answer, ctx)) => {
                 let st = self.port_auth.entry(port).or_default();
                 if st.answered.len() >= MAX_ANSWERED {
@@ -256,12 +272,20 @@ impl MembershipMachine {
             // Late, or already admitted.
             return;
         };
-        let keys = self.cfg.auth().respond(&own_nonce, body).and_then(|proof| {
-            let peer = lead_nonce(body).unwrap_or_default();
-            let keys = SessionKeys::derive(&secret, &own_nonce, &peer, true)
-                .map_err(|_| AuthFailure::Malformed("low-order ephemeral key"))?;
-            Ok((proof, keys))
-        });
+        if lead_nonce(body).is_some_and(|n| self.is_own_nonce(&n)) {
+            self.counters.port_auth_reflected += 1;
+            return;
+        }
+        let keys = self
+            .cfg
+            .auth()
+            .respond(Handshake::Port, &own_nonce, body)
+            .and_then(|proof| {
+                let peer = lead_nonce(body).unwrap_or_default();
+                let keys = SessionKeys::derive(&secret, &own_nonce, &peer, true)
+                    .map_err(|_| AuthFailure::Malformed("low-order ephemeral key"))?;
+                Ok((proof, keys))
+            });
         match keys {
             Ok((proof, keys)) => {
                 self.send_port_auth(port, KIND_PROOF, proof);
@@ -283,7 +307,7 @@ impl MembershipMachine {
         let mut result = Err(AuthFailure::BadProof);
         for i in 0..st.answered.len() {
             let r = &st.answered[i];
-            result = auth.verify(&r.ctx, body).and_then(|()| {
+            result = auth.verify(Handshake::Port, &r.ctx, body).and_then(|()| {
                 SessionKeys::derive(&r.secret, &r.initiator_nonce, &r.own_nonce, false)
                     .map_err(|_| AuthFailure::Malformed("low-order ephemeral key"))
             });
@@ -446,5 +470,29 @@ mod tests {
                 "{ev:?}"
             );
         }
+    }
+
+    /// A neighbour without the password that sends every frame straight
+    /// back is not admitted: the hello it reflects carries our own nonce.
+    #[test]
+    fn a_neighbour_reflecting_our_frames_is_not_admitted() {
+        let mut victim = member(1, Some("pw"));
+        let mut now = Instant::ZERO;
+        for _ in 0..10 {
+            let mut frames = Vec::new();
+            while let Some(a) = victim.poll_action() {
+                if let Action::Transmit { frame, .. } = a {
+                    frames.push(frame);
+                }
+            }
+            for f in frames {
+                victim.on_frame(now, PORT, &f);
+            }
+            now = now + Duration::from_millis(100);
+        }
+        let c = counters(&victim);
+        assert!(!victim.port_admitted(PORT), "{c:?}");
+        assert_eq!(c.ports_authenticated, 0, "{c:?}");
+        assert!(c.port_auth_reflected >= 1, "{c:?}");
     }
 }
