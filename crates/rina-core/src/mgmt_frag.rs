@@ -232,7 +232,9 @@ struct Pending {
     total_len: u32,
     /// Payload length of the non-last fragments, once known.
     frag_len: Option<usize>,
-    parts: Vec<Option<Vec<u8>>>,
+    /// The fragments received, by index: only those (a fragment claiming
+    /// 65,535 parts reserves nothing for the others).
+    parts: BTreeMap<u16, Vec<u8>>,
     received: u16,
     bytes: usize,
     started: Instant,
@@ -259,7 +261,7 @@ impl Pending {
                 // (n - 1) * L < total <= n * L
                 None => {
                     let l = payload.len();
-                    let fits_last = match self.parts.last().and_then(|x| x.as_ref()) {
+                    let fits_last = match self.parts.get(&(self.count - 1)) {
                         Some(last) => (n - 1) * l + last.len() == total,
                         None => true,
                     };
@@ -345,8 +347,7 @@ impl Reassembler {
             return Err(FragError::TooLarge(h.total_len));
         }
         // Every fragment carries at least one byte (but an empty message's
-        // one), so a count above the length is a lie; refusing it here keeps
-        // a 12-byte fragment from reserving room for 65 535 parts.
+        // one), so a count above the length is a lie.
         if usize::from(h.count) > (h.total_len as usize).max(1) {
             self.counters.inconsistent += 1;
             return Err(FragError::Inconsistent(h.msg_id));
@@ -375,7 +376,7 @@ impl Reassembler {
                     count: h.count,
                     total_len: h.total_len,
                     frag_len: None,
-                    parts: vec![None; usize::from(h.count)],
+                    parts: BTreeMap::new(),
                     received: 0,
                     bytes: 0,
                     started: now,
@@ -386,8 +387,7 @@ impl Reassembler {
         let Some(p) = self.pending.get_mut(&key) else {
             return Ok(None);
         };
-        let idx = usize::from(h.index);
-        if let Some(held) = p.parts.get(idx).and_then(|x| x.as_ref()) {
+        if let Some(held) = p.parts.get(&h.index) {
             if h.count == p.count && h.total_len == p.total_len && held.as_slice() == payload {
                 self.counters.rx_duplicate += 1;
                 return Ok(None);
@@ -413,7 +413,7 @@ impl Reassembler {
         let Some(p) = self.pending.get_mut(&key) else {
             return Ok(None);
         };
-        p.parts[idx] = Some(payload.to_vec());
+        p.parts.insert(h.index, payload.to_vec());
         p.received += 1;
         p.bytes += payload.len();
         self.bytes += payload.len();
@@ -429,7 +429,7 @@ impl Reassembler {
             return Err(FragError::Inconsistent(h.msg_id));
         }
         let mut msg = Vec::with_capacity(p.bytes);
-        for part in p.parts.into_iter().flatten() {
+        for part in p.parts.into_values() {
             msg.extend_from_slice(&part);
         }
         self.counters.delivered += 1;

@@ -354,3 +354,25 @@ proptest! {
         prop_assert_eq!(r.pending_bytes(), 0);
     }
 }
+
+/// First fragments of messages that claim 65,535 parts hold only what
+/// arrived: 64 of them, 13 bytes each, used to reserve 100 MB of part
+/// tables that the byte limit never counted.
+#[test]
+fn a_fragment_claiming_many_parts_holds_only_itself() {
+    let mut r = Reassembler::new(4 << 20, Duration::from_secs(5), 64);
+    for id in 0..64u32 {
+        let mut f = Vec::new();
+        FragHeader {
+            msg_id: id,
+            index: 0,
+            count: 65_535,
+            total_len: 65_535,
+        }
+        .write(&mut f);
+        f.push(0xAA);
+        assert_eq!(r.push(Instant::ZERO, 1, &f), Ok(None));
+    }
+    assert_eq!((r.pending_len(), r.pending_bytes()), (64, 64));
+    assert!(r.pending.values().all(|p| p.parts.len() == 1));
+}
