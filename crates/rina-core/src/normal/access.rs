@@ -37,7 +37,7 @@ impl NamePattern {
         if s.is_empty() {
             return Err(PatternError::Empty);
         }
-        if s[..s.len() - 1].contains('*') {
+        if s.strip_suffix('*').unwrap_or(s).contains('*') {
             return Err(PatternError::InnerWildcard(s.to_string()));
         }
         Ok(NamePattern(s.to_string()))
@@ -140,6 +140,13 @@ mod tests {
         assert_eq!(NamePattern::new(""), Err(PatternError::Empty));
         assert!(matches!(
             NamePattern::new("a*b"),
+            Err(PatternError::InnerWildcard(_))
+        ));
+        // Names end in characters of more than one byte too.
+        assert!(p("café").matches(&n("café")));
+        assert!(p("caf\u{e9}*").matches(&n("café-2")));
+        assert!(matches!(
+            NamePattern::new("*é"),
             Err(PatternError::InnerWildcard(_))
         ));
     }
