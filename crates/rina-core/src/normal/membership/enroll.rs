@@ -117,8 +117,17 @@ impl MembershipMachine {
         // (configuration, neighbours, directory, flow-state objects): the
         // content is built for it alone, not again for every answer the
         // enrollee sends to each object (one per neighbour) — each build
-        // walks and encodes routing's and the directory's whole state.
-        if msg.op_code() == OpCode::Start && msg.obj_name.as_deref() == Some(OBJ_ENROLLMENT) {
+        // walks and encodes routing's and the directory's whole state. And
+        // only for an M_START the enroller waits for (after an M_CONNECT it
+        // accepted): any other is refused without the build.
+        let awaited = self.enrollers.get(&port).is_some_and(|e| {
+            let st = e.status();
+            st.phase == Phase::Running && st.step == Step::StartEnrollment
+        });
+        if awaited
+            && msg.op_code() == OpCode::Start
+            && msg.obj_name.as_deref() == Some(OBJ_ENROLLMENT)
+        {
             self.refresh_content(cx, now);
         }
         let Some(members) = self.members.as_mut() else {
@@ -457,6 +466,15 @@ fn adoption(
     }
     if address == 0 || address > cx.cfg.dt.addr.max_value() {
         return Err(format!("address {address} does not fit the DIF"));
+    }
+    // The largest SDU bounds what each flow's reassembly holds: no more
+    // than an IPCP may be configured with.
+    if theirs.max_sdu == 0 || theirs.max_sdu > crate::normal::DEFAULT_MAX_SDU as u64 {
+        return Err(format!(
+            "the DIF's largest SDU, {} bytes, is not between 1 and {}",
+            theirs.max_sdu,
+            crate::normal::DEFAULT_MAX_SDU
+        ));
     }
     let mut cubes = cubes_of(&theirs);
     // The mapping onto the DIFs below and the keepalive are local: keep

@@ -330,9 +330,16 @@ fn an_address_given_to_an_enrollee_that_left_is_released_after_max_age() {
     };
     let ls = LinkState::new(1, rc).unwrap();
     // The next enrollment's M_START, when addresses are given and checked
-    // (an unconnected port: the enroller refuses it, after the check).
-    let msg = CdapMessage::start("", crate::enrollment::OBJ_ENROLLMENT);
-    let poke = |s: &mut Side, at: Instant| {
+    // (each on a port of its own, after its M_CONNECT).
+    let connect = CdapMessage::connect(
+        rina_wire::cdap::AuthPolicy::new(rina_wire::cdap::AUTH_NONE, Vec::new()),
+        &"later.net".parse().unwrap(),
+        &"member.net".parse().unwrap(),
+    )
+    .with_invoke_id(1);
+    let start = CdapMessage::start("", crate::enrollment::OBJ_ENROLLMENT).with_invoke_id(2);
+    let mut next_port = PORT;
+    let mut poke = |s: &mut Side, at: Instant| {
         let cx = Ctx {
             cfg: &s.cfg,
             neighbors: &s.neighbors,
@@ -340,7 +347,9 @@ fn an_address_given_to_an_enrollee_that_left_is_released_after_max_age() {
             routing: Some(&ls),
             dft: None,
         };
-        s.ms.on_enroll_cdap(&cx, at, PORT + 1, &msg);
+        next_port += 1;
+        s.ms.on_enroll_cdap(&cx, at, next_port, &connect);
+        s.ms.on_enroll_cdap(&cx, at, next_port, &start);
     };
     // While it is a neighbour, however long: kept.
     let t1 = now + Duration::from_secs(60);
@@ -357,4 +366,29 @@ fn an_address_given_to_an_enrollee_that_left_is_released_after_max_age() {
     assert_eq!(s[0].ms.counters().addresses_released, 1);
     let in_use = s[0].ms.members.as_ref().unwrap().in_use().clone();
     assert!(in_use.contains(&1), "its own address stays: {in_use:?}");
+}
+
+/// An enroller whose DIF says SDUs may be larger than any IPCP may be
+/// configured for (the bound of every flow's reassembly) is not followed:
+/// the newcomer stays out and says why.
+#[test]
+fn a_dif_whose_largest_sdu_is_out_of_range_is_not_adopted() {
+    let mut s = [
+        Side::new("member.net", 1, None),
+        Side::new("new.net", 0, None),
+    ];
+    s[0].cfg.max_sdu = usize::MAX;
+    let t = Instant::ZERO;
+    s[0].call(|m, cx| m.port_added(cx, t, PORT));
+    s[1].call(|m, cx| m.port_added(cx, t, PORT));
+    let (_, rest) = enroll(&mut s, t);
+    assert_eq!(s[1].cfg.address, 0, "not enrolled");
+    assert!(
+        events(&rest[1]).iter().any(|e| matches!(
+            e,
+            MembershipEvent::EnrollFailed { error, .. } if error.contains("largest SDU")
+        )),
+        "{:?}",
+        events(&rest[1])
+    );
 }
