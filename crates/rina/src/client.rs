@@ -925,8 +925,9 @@ impl Client {
         let mut fds = p.fds;
         fds.truncate(2);
         let msg = match msg {
-            // The flow's descriptor was dropped by the kernel on the way in:
-            // the daemon sees the flow closed; say why here.
+            // The flow's descriptor (or a direct flow's lifeline) was
+            // dropped by the kernel on the way in: the daemon sees the flow
+            // closed; say why here. What did come in is closed with `fds`.
             Message::Reply {
                 id,
                 result: Ok(Reply::Flow(info)),

@@ -6,13 +6,21 @@
 
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
-use nix::sys::socket::{self, ControlMessage, ControlMessageOwned, MsgFlags};
-use std::io::{IoSlice, IoSliceMut};
+use nix::sys::socket::{self, ControlMessage, MsgFlags};
+use std::io::IoSlice;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
-/// Most descriptors accepted on one control packet; the protocol sends one.
-const MAX_FDS: usize = 4;
+/// Most descriptors accepted on one received packet: the protocol attaches
+/// two at most (a direct flow's socket and lifeline), so a packet that
+/// loses some of those lost them to the descriptor limit, not to this
+/// room. The kernel closes those past it.
+pub(crate) const MAX_FDS: usize = 8;
+
+/// Bytes of control buffer for [`MAX_FDS`] descriptors.
+// SAFETY: CMSG_SPACE is plain arithmetic.
+const CMSG_BYTES: usize =
+    unsafe { libc::CMSG_SPACE((MAX_FDS * size_of::<RawFd>()) as u32) } as usize;
 
 /// One received packet.
 pub(crate) struct Packet {
@@ -23,7 +31,9 @@ pub(crate) struct Packet {
     /// Descriptors attached to it (already close-on-exec).
     pub fds: Vec<OwnedFd>,
     /// Descriptors were attached but could not all be received
-    /// (`MSG_CTRUNC`: typically this process is at its descriptor limit).
+    /// (`MSG_CTRUNC`: typically this process is at its descriptor limit, or
+    /// the packet carried more than [`MAX_FDS`]); those that were are in
+    /// `fds`, in the order they were sent.
     pub fds_lost: bool,
 }
 
@@ -108,40 +118,80 @@ pub(crate) fn recv_sdu(
     }
 }
 
-/// Receives one packet and the descriptors attached to it.
+/// Receives one packet and the descriptors attached to it: every one the
+/// kernel installed here is owned by the [`Packet`], even when some could
+/// not be (nix's `cmsgs` refuses to walk a truncated control buffer, and
+/// the descriptors in it were left open for good).
 pub(crate) fn recv(fd: BorrowedFd<'_>, buf: &mut [u8]) -> Result<Packet, Errno> {
-    let mut cmsg = nix::cmsg_space!([RawFd; MAX_FDS]);
+    // Aligned for `cmsghdr`.
+    let mut control = [0u64; CMSG_BYTES.div_ceil(8)];
     loop {
-        let mut iov = [IoSliceMut::new(buf)];
-        let msg = match socket::recvmsg::<()>(
-            fd.as_raw_fd(),
-            &mut iov,
-            Some(&mut cmsg),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        ) {
-            Err(Errno::EINTR) => continue,
-            Err(e) => return Err(e),
-            Ok(m) => m,
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
         };
-        let mut fds = Vec::new();
-        if let Ok(cmsgs) = msg.cmsgs() {
-            for c in cmsgs {
-                if let ControlMessageOwned::ScmRights(raw) = c {
-                    for r in raw {
-                        // SAFETY: the kernel just installed this descriptor in
-                        // our table for us; nothing else owns it.
-                        fds.push(unsafe { OwnedFd::from_raw_fd(r) });
-                    }
-                }
+        // SAFETY: msghdr is plain data; all-zero is a valid empty one.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&control) as _;
+        // SAFETY: the header points at one iovec over `buf` and at the
+        // control buffer, both of the lengths it declares.
+        let n = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n < 0 {
+            match Errno::last() {
+                Errno::EINTR => continue,
+                e => return Err(e),
             }
         }
+        // Taken before anything can fail, so that none is left unowned.
+        let fds = take_fds(&msg);
         return Ok(Packet {
-            len: msg.bytes,
-            truncated: msg.flags.contains(MsgFlags::MSG_TRUNC),
+            len: n as usize,
+            truncated: msg.msg_flags & libc::MSG_TRUNC != 0,
             fds,
-            fds_lost: msg.flags.contains(MsgFlags::MSG_CTRUNC),
+            fds_lost: msg.msg_flags & libc::MSG_CTRUNC != 0,
         });
     }
+}
+
+/// The descriptors of the `SCM_RIGHTS` messages in the control buffer of
+/// `msg`, as `recvmsg` filled it in (`msg_controllen` the bytes it wrote,
+/// truncated or not).
+fn take_fds(msg: &libc::msghdr) -> Vec<OwnedFd> {
+    let mut fds = Vec::new();
+    // `msg_controllen` is a `size_t` with glibc, a `socklen_t` with musl.
+    #[allow(clippy::unnecessary_cast)]
+    let end = msg.msg_control as usize + msg.msg_controllen as usize;
+    // SAFETY: `msg` is the header recvmsg just filled in: its control
+    // buffer holds `msg_controllen` bytes, and CMSG_FIRSTHDR/CMSG_NXTHDR
+    // only return headers that lie whole within them.
+    let mut c = unsafe { libc::CMSG_FIRSTHDR(msg) };
+    while !c.is_null() {
+        // SAFETY: a header within the buffer (above), aligned by the kernel.
+        let h = unsafe { &*c };
+        if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_RIGHTS {
+            // SAFETY: the data follows the header, within the message.
+            let data = unsafe { libc::CMSG_DATA(c) };
+            // SAFETY: plain arithmetic.
+            let head = unsafe { libc::CMSG_LEN(0) } as usize;
+            // The data the header declares, cut at the end of the buffer.
+            let len = (h.cmsg_len as usize)
+                .saturating_sub(head)
+                .min(end.saturating_sub(data as usize));
+            for i in 0..len / size_of::<RawFd>() {
+                // SAFETY: within the data (above); may be unaligned.
+                let raw = unsafe { data.cast::<RawFd>().add(i).read_unaligned() };
+                // SAFETY: the kernel just installed this descriptor in our
+                // table for us; nothing else owns it.
+                fds.push(unsafe { OwnedFd::from_raw_fd(raw) });
+            }
+        }
+        // SAFETY: as for CMSG_FIRSTHDR.
+        c = unsafe { libc::CMSG_NXTHDR(msg, c) };
+    }
+    fds
 }
 
 /// Waits until `fd` is readable (or hung up). `None` waits forever. Returns

@@ -1134,3 +1134,138 @@ fn flows_accepted_past_the_bound_while_a_call_waits_are_closed() {
     daemon.join().unwrap();
     drop(first);
 }
+
+/// Descriptors of this process that point at `path`.
+fn fds_to(path: &std::path::Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|l| l == path)
+        .count()
+}
+
+/// Descriptors of this process whose link in /proc/self/fd names `what`
+/// (a memfd's name, say).
+fn fds_naming(what: &str) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|l| l.to_string_lossy().contains(what))
+        .count()
+}
+
+#[test]
+fn a_packet_with_more_descriptors_than_fit_hands_over_those_received_and_leaks_none() {
+    let (app, daemon) = pair();
+    let path = std::env::temp_dir().join(format!("rina-fds-{}", std::process::id()));
+    let f = std::fs::File::create(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let path = std::path::PathBuf::from(format!("{} (deleted)", path.display()));
+    sock::send(daemon.as_fd(), b"x", &[f.as_raw_fd(); sock::MAX_FDS + 2]).unwrap();
+    drop(f);
+    assert_eq!(fds_to(&path), 0, "only in flight");
+    let mut buf = [0u8; 16];
+    let p = sock::recv(app.as_fd(), &mut buf).unwrap();
+    assert_eq!(p.len, 1);
+    assert!(p.fds_lost, "two did not fit");
+    assert_eq!(p.fds.len(), sock::MAX_FDS, "those that fit are handed over");
+    assert_eq!(fds_to(&path), sock::MAX_FDS);
+    drop(p);
+    assert_eq!(fds_to(&path), 0, "none left open");
+}
+
+/// Set in a child process of this test binary running one test alone.
+const ALONE_ENV: &str = "RINA_TEST_ALONE";
+
+/// Runs test `name` (the caller) alone in a child process of this test
+/// binary, for a test that changes what the whole process shares (its
+/// descriptor limit) while other tests run in threads beside it. True in
+/// the child, where the test does its work; in the parent, false once the
+/// child passed.
+#[track_caller]
+fn in_a_process_of_its_own(name: &str) -> bool {
+    if std::env::var_os(ALONE_ENV).is_some() {
+        return true;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([&format!("tests::{name}"), "--exact", "--test-threads=1"])
+        .env(ALONE_ENV, name)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "{name} failed in its process:\n{text}"
+    );
+    assert!(text.contains("1 passed"), "{name} did not run:\n{text}");
+    false
+}
+
+/// The lowest descriptor number free in this process.
+fn lowest_free_fd() -> i32 {
+    std::fs::File::open("/dev/null").unwrap().as_raw_fd()
+}
+
+#[test]
+fn rings_offered_at_the_descriptor_limit_fail_and_leave_no_memory_file_open() {
+    use rina_core::shim_hv::flow_rings::{self, Setup};
+    use std::os::fd::FromRawFd;
+    if !in_a_process_of_its_own(
+        "rings_offered_at_the_descriptor_limit_fail_and_leave_no_memory_file_open",
+    ) {
+        return;
+    }
+    let (app, daemon) = pair();
+    let geo = flow_rings::GEOMETRY;
+    let (_, _, len) = flow_rings::layout(geo);
+    // SAFETY: a NUL-terminated name; the descriptor is checked and owned.
+    let file = std::fs::File::from(unsafe {
+        let raw = libc::memfd_create(c"rina-at-limit".as_ptr(), libc::MFD_CLOEXEC);
+        assert!(raw >= 0, "memfd_create");
+        OwnedFd::from_raw_fd(raw)
+    });
+    file.set_len(len as u64).unwrap();
+    let (room_rx, room_tx) = nix::unistd::pipe().unwrap();
+    sock::send(
+        daemon.as_fd(),
+        &Setup::Rings(geo).encode(),
+        &[file.as_raw_fd(), room_rx.as_raw_fd()],
+    )
+    .unwrap();
+    // Only in flight now.
+    drop((file, room_rx, room_tx));
+    assert_eq!(fds_naming("memfd:rina-at-limit"), 0);
+    // Room for one more descriptor: the memory file comes in, the room
+    // pipe does not.
+    let low = lowest_free_fd();
+    let mut old = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid pointer to an rlimit.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut old) }, 0);
+    let tight = libc::rlimit {
+        rlim_cur: low as u64 + 1,
+        rlim_max: old.rlim_max,
+    };
+    // SAFETY: a valid pointer to an rlimit (this process runs this test
+    // alone).
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &tight) }, 0);
+    let r = crate::rings::Rings::setup(app.as_fd(), Duration::from_secs(5));
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &old) }, 0);
+    match r {
+        Err(crate::rings::RingsError::BadSetup(why)) => assert!(why.contains("lost"), "{why}"),
+        other => panic!("rings set up without their doorbell: {other:?}"),
+    }
+    assert_eq!(
+        fds_naming("memfd:rina-at-limit"),
+        0,
+        "the memory file that came in was closed"
+    );
+    assert_eq!(lowest_free_fd(), low);
+}
