@@ -77,7 +77,8 @@ impl Drop for Map {
 pub(crate) struct Rings {
     tx: Mutex<Producer>,
     rx: Mutex<Consumer>,
-    /// The daemon rings it when it freed room we wait for.
+    /// The daemon rings it when it freed room we wait for: the read end of
+    /// a pipe (checked in `setup`).
     room: OwnedFd,
     _map: Map,
     /// The memory file (kept open: a debugger or a test can find it in
@@ -123,6 +124,14 @@ impl Rings {
                 "rings announced without their two descriptors".into()
             }));
         };
+        // A pipe, which reading empties: anything else (/dev/zero, a
+        // regular file) could stay readable for ever, and a writer waiting
+        // for room would never sleep.
+        if !is_fifo(room.as_fd())? {
+            return Err(RingsError::BadSetup(
+                "the rings' room doorbell is not a pipe".into(),
+            ));
+        }
         // Resetting the doorbell must never block, whatever flags the daemon
         // gave it.
         set_nonblocking(room.as_fd())?;
@@ -184,13 +193,16 @@ impl Rings {
 
     /// Puts one SDU in the send ring, waiting until `deadline` (forever
     /// without one) while it is full; false if the deadline passed first
-    /// (nothing was written).
+    /// (nothing was written). The ring is looked at once more after the
+    /// deadline, not again however often the doorbell rings.
     pub(crate) fn write_until(
         &self,
         sock: BorrowedFd<'_>,
         sdu: &[u8],
         deadline: Option<Instant>,
     ) -> Result<bool, RingsError> {
+        // The last look, after the deadline, was taken.
+        let mut past = false;
         loop {
             let mut tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
             match tx.push(&[sdu]) {
@@ -202,6 +214,7 @@ impl Rings {
                     }
                     return Ok(true);
                 }
+                Err(RingError::Full) if past => return Ok(false),
                 Err(RingError::Full) => {
                     reset(self.room.as_fd());
                     if tx.arm(sdu.len()) {
@@ -210,6 +223,7 @@ impl Rings {
                             return Ok(false);
                         }
                     }
+                    past = deadline.is_some_and(|d| Instant::now() >= d);
                 }
                 Err(e) => return Err(RingsError::Ring(e)),
             }
@@ -432,16 +446,33 @@ fn set_nonblocking(fd: BorrowedFd<'_>) -> Result<(), RingsError> {
     Ok(())
 }
 
-/// Clears the room doorbell `efd` (made non-blocking in `setup`): a
-/// doorbell rung while nobody waited is forgotten before the next one is
-/// asked for. It is the read end of a pipe (one byte a ring) or, from an
-/// older daemon, an eventfd (8 bytes, cleared by one read).
-fn reset(efd: BorrowedFd<'_>) {
+/// Whether `fd` is a pipe (or a named one).
+fn is_fifo(fd: BorrowedFd<'_>) -> Result<bool, RingsError> {
+    // SAFETY: stat is plain data; all-zero is a valid one.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor and a stat buffer of the right type.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(RingsError::Sys(Errno::last()));
+    }
+    Ok(st.st_mode & libc::S_IFMT == libc::S_IFIFO)
+}
+
+/// Reads [`reset`] makes at most: a default pipe's capacity (64 KiB) in
+/// 64-byte reads, far more than the bytes an honest daemon's doorbells
+/// leave there.
+const RESET_READS: usize = 1024;
+
+/// Clears the room doorbell `room`, the read end of a pipe (one byte a
+/// ring; made non-blocking in `setup`): a doorbell rung while nobody
+/// waited is forgotten before the next one is asked for. At most
+/// [`RESET_READS`] reads, so that a daemon that keeps the pipe full
+/// cannot hold a writer here.
+pub(crate) fn reset(room: BorrowedFd<'_>) {
     let mut v = [0u8; 64];
-    loop {
+    for _ in 0..RESET_READS {
         // SAFETY: reads at most 64 bytes into a local buffer; EAGAIN when
         // it is clear.
-        let n = unsafe { libc::read(efd.as_raw_fd(), v.as_mut_ptr().cast(), v.len()) };
+        let n = unsafe { libc::read(room.as_raw_fd(), v.as_mut_ptr().cast(), v.len()) };
         if n < v.len() as isize {
             return;
         }
@@ -522,6 +553,17 @@ fn wait(
     }
     if fds[0].revents & libc::POLLIN != 0 {
         reset(room);
+    } else if fds[0].revents != 0 {
+        // The doorbell hung up (the daemon closed its end) and will never
+        // ring: wait for the socket's hang-up alone, as for a lost doorbell,
+        // instead of waking at once for ever.
+        let mut fds = [fds[1]];
+        // SAFETY: as above, one pollfd.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 1, i32::from(timeout)) };
+        if n > 0 && fds[0].revents != 0 {
+            return Err(RingsError::Closed);
+        }
+        return Ok(!last);
     }
     Ok(true)
 }

@@ -561,8 +561,8 @@ struct FakeRings {
     from_app: rina_core::shim_hv::ring::Consumer,
     to_app: rina_core::shim_hv::ring::Producer,
     _file: std::fs::File,
-    /// The room eventfd.
-    fds: Vec<OwnedFd>,
+    /// The write end of the room pipe.
+    room: OwnedFd,
 }
 
 impl FakeRings {
@@ -583,19 +583,53 @@ impl FakeRings {
         assert!(self.from_app.read(n, &mut v));
         self.from_app.consume(n);
         if self.from_app.take_wakeup() {
-            ring(&self.fds[0]);
+            ring(&self.room);
         }
         v
     }
 }
 
-fn ring(efd: &OwnedFd) {
-    let one = 1u64.to_ne_bytes();
-    // SAFETY: writes 8 bytes from a local buffer to an eventfd.
-    assert_eq!(
-        unsafe { libc::write(efd.as_raw_fd(), one.as_ptr().cast(), 8) },
-        8
-    );
+/// Rings the room doorbell (write end `room`), as rinad does: one byte.
+fn ring(room: &OwnedFd) {
+    assert_eq!(nix::unistd::write(room, &[1]), Ok(1));
+}
+
+/// A memory file as long as the rings of `flow_rings::GEOMETRY` need.
+fn ring_file() -> std::fs::File {
+    use rina_core::shim_hv::flow_rings;
+    use std::os::fd::FromRawFd;
+    let (_, _, len) = flow_rings::layout(flow_rings::GEOMETRY);
+    // SAFETY: a NUL-terminated name; the descriptor is checked and owned.
+    let file = std::fs::File::from(unsafe {
+        let raw = libc::memfd_create(c"rina-test".as_ptr(), libc::MFD_CLOEXEC);
+        assert!(raw >= 0, "memfd_create");
+        OwnedFd::from_raw_fd(raw)
+    });
+    file.set_len(len as u64).unwrap();
+    file
+}
+
+/// A flow offered rings in `file` with room doorbell `room`: (the
+/// application's end, the fake daemon's end, what the application made of
+/// the offer).
+type Offered = (
+    OwnedFd,
+    OwnedFd,
+    Result<Option<crate::rings::Rings>, crate::rings::RingsError>,
+);
+
+/// Offers rings in `file` with room doorbell `room` on a fresh flow socket.
+fn offer_rings_in(file: &std::fs::File, room: std::os::fd::BorrowedFd<'_>) -> Offered {
+    use rina_core::shim_hv::flow_rings::{Setup, GEOMETRY};
+    let (app, daemon) = pair();
+    sock::send(
+        daemon.as_fd(),
+        &Setup::Rings(GEOMETRY).encode(),
+        &[file.as_raw_fd(), room.as_raw_fd()],
+    )
+    .unwrap();
+    let r = crate::rings::Rings::setup(app.as_fd(), Duration::from_secs(5));
+    (app, daemon, r)
 }
 
 /// Whether `fd` is readable within `ms` milliseconds.
@@ -610,17 +644,10 @@ fn readable_within(fd: std::os::fd::BorrowedFd<'_>, ms: u16) -> bool {
 fn offer_rings(daemon_end: &OwnedFd) -> FakeRings {
     use rina_core::shim_hv::flow_rings::{self, Setup};
     use rina_core::shim_hv::ring::{Consumer, Producer, Region};
-    use std::os::fd::FromRawFd;
     let geo = flow_rings::GEOMETRY;
     let (to_off, from_off, len) = flow_rings::layout(geo);
     assert_eq!(to_off, 0);
-    // SAFETY: a NUL-terminated name; the descriptor is checked and owned.
-    let file = std::fs::File::from(unsafe {
-        let raw = libc::memfd_create(c"rina-test".as_ptr(), libc::MFD_CLOEXEC);
-        assert!(raw >= 0, "memfd_create");
-        OwnedFd::from_raw_fd(raw)
-    });
-    file.set_len(len as u64).unwrap();
+    let file = ring_file();
     // SAFETY: a shared mapping of the whole file, never unmapped (the test
     // process ends soon).
     let p = unsafe {
@@ -638,20 +665,18 @@ fn offer_rings(daemon_end: &OwnedFd) -> FakeRings {
     let region = unsafe { Region::new(std::ptr::NonNull::new(p.cast()).unwrap(), len) }.unwrap();
     let from_app = Consumer::new(region.sub(from_off, geo.ring_bytes()).unwrap(), geo).unwrap();
     let to_app = Producer::new(region.sub(0, geo.ring_bytes()).unwrap(), geo).unwrap();
-    // SAFETY: eventfd has no preconditions; the descriptors are owned.
-    let efd = || unsafe { OwnedFd::from_raw_fd(libc::eventfd(0, libc::EFD_CLOEXEC)) };
-    let fds = vec![efd()];
+    let (room_rx, room) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
     sock::send(
         daemon_end.as_fd(),
         &Setup::Rings(geo).encode(),
-        &[file.as_raw_fd(), fds[0].as_raw_fd()],
+        &[file.as_raw_fd(), room_rx.as_raw_fd()],
     )
     .unwrap();
     FakeRings {
         from_app,
         to_app,
         _file: file,
-        fds,
+        room,
     }
 }
 
@@ -1268,4 +1293,134 @@ fn rings_offered_at_the_descriptor_limit_fail_and_leave_no_memory_file_open() {
         "the memory file that came in was closed"
     );
     assert_eq!(lowest_free_fd(), low);
+}
+
+#[test]
+fn rings_whose_room_doorbell_is_not_a_pipe_are_refused() {
+    let file = ring_file();
+    // Always readable: a writer waiting for room would never sleep.
+    let zero = std::fs::File::open("/dev/zero").unwrap();
+    match offer_rings_in(&file, zero.as_fd()).2 {
+        Err(crate::rings::RingsError::BadSetup(why)) => {
+            assert!(why.contains("not a pipe"), "{why}")
+        }
+        other => panic!("rings with /dev/zero for a doorbell: {other:?}"),
+    }
+    let (rx, _tx) = nix::unistd::pipe().unwrap();
+    assert!(matches!(offer_rings_in(&file, rx.as_fd()).2, Ok(Some(_))));
+}
+
+#[test]
+fn clearing_a_room_doorbell_that_never_empties_ends() {
+    let zero = std::fs::File::open("/dev/zero").unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        crate::rings::reset(zero.as_fd());
+        let _ = tx.send(());
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_secs(5)).is_ok(),
+        "still reading /dev/zero"
+    );
+}
+
+#[test]
+fn a_write_on_a_full_ring_returns_at_its_deadline_though_the_daemon_keeps_ringing() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let file = ring_file();
+    let (room_rx, room) = nix::unistd::pipe2(nix::fcntl::OFlag::O_NONBLOCK).unwrap();
+    let (app, daemon, rings) = offer_rings_in(&file, room_rx.as_fd());
+    let flow = crate::Flow::with_rings(app, info(1000), Some(rings.unwrap().expect("rings")));
+    fill(&flow);
+    // The daemon filled the doorbell (1 MiB, the default most a pipe may
+    // be made): a write with a zero timeout looks at the ring once more,
+    // it does not read until the doorbell is clear.
+    // SAFETY: fcntl on a descriptor we own.
+    let cap = unsafe { libc::fcntl(room.as_raw_fd(), libc::F_SETPIPE_SZ, 1 << 20) };
+    assert_eq!(cap, 1 << 20, "a pipe of 1 MiB");
+    let bytes = vec![1u8; 1 << 16];
+    while nix::unistd::write(&room, &bytes).is_ok() {}
+    assert!(!flow.write_timeout(&[7u8; 1000], Duration::ZERO).unwrap());
+    let mut left: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int.
+    assert_eq!(
+        unsafe { libc::ioctl(room_rx.as_raw_fd(), libc::FIONREAD, &mut left) },
+        0
+    );
+    assert!(
+        left >= cap / 2,
+        "the doorbell was read down to {left} bytes"
+    );
+    // And it rings without pause, faster than the writer can read: the
+    // doorbell is never clear.
+    let stop = Arc::new(AtomicBool::new(false));
+    let ringer = {
+        let stop = stop.clone();
+        thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let _ = nix::unistd::write(&room, &bytes);
+            }
+        })
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        let t = std::time::Instant::now();
+        let r = flow.write_timeout(&[7u8; 1000], Duration::from_millis(20));
+        let _ = tx.send((r.map_err(|e| e.to_string()), t.elapsed()));
+        drop(flow);
+    });
+    let got = rx.recv_timeout(Duration::from_secs(5));
+    stop.store(true, Ordering::Relaxed);
+    ringer.join().unwrap();
+    let (r, took) = got.expect("the write returned");
+    assert_eq!(r, Ok(false), "nothing written");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    drop(daemon);
+}
+
+/// CPU time this thread has used.
+fn thread_cpu_time() -> Duration {
+    // SAFETY: rusage is plain data; all-zero is a valid one.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pointer to an rusage.
+    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) }, 0);
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+#[test]
+fn a_write_on_a_full_ring_whose_room_doorbell_hung_up_sleeps_until_its_deadline() {
+    let file = ring_file();
+    let (room_rx, room) = nix::unistd::pipe().unwrap();
+    let (app, daemon, rings) = offer_rings_in(&file, room_rx.as_fd());
+    let flow = crate::Flow::with_rings(app, info(1000), Some(rings.unwrap().expect("rings")));
+    fill(&flow);
+    // The daemon closes its end of the doorbell, not the flow: the read
+    // end is readable (hung up) for good.
+    drop(room);
+    let (tx, rx) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        let now = flow.write_timeout(&[7u8; 1000], Duration::ZERO);
+        let (t, cpu) = (std::time::Instant::now(), thread_cpu_time());
+        let later = flow.write_timeout(&[7u8; 1000], Duration::from_millis(300));
+        let took = (t.elapsed(), thread_cpu_time() - cpu);
+        let _ = tx.send((
+            now.map_err(|e| e.to_string()),
+            later.map_err(|e| e.to_string()),
+            took,
+        ));
+        drop(flow);
+    });
+    let (now, later, (took, cpu)) = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the writes returned");
+    assert_eq!(now, Ok(false));
+    assert_eq!(later, Ok(false));
+    assert!(took >= Duration::from_millis(300), "{took:?}");
+    assert!(
+        cpu < Duration::from_millis(150),
+        "it spun: {cpu:?} of CPU in {took:?}"
+    );
+    drop(daemon);
 }
