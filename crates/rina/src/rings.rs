@@ -136,6 +136,17 @@ impl Rings {
         // gave it.
         set_nonblocking(room.as_fd())?;
         let (to_app, from_app, len) = flow_rings::layout(geo);
+        // Sealed against shrinking, so that the size checked next stays:
+        // a file cut short under the mapping would kill this process
+        // (SIGBUS) at its next access to the rings.
+        // SAFETY: fcntl on a descriptor we own; -1 (EINVAL) for a file that
+        // cannot be sealed.
+        let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+            return Err(RingsError::BadSetup(
+                "the ring file is not sealed against shrinking".into(),
+            ));
+        }
         // SAFETY: fstat on a descriptor we own.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: a valid descriptor and a stat buffer of the right type.
@@ -147,7 +158,7 @@ impl Rings {
             )));
         }
         // SAFETY: a fresh shared mapping of `len` bytes of a file at least
-        // that long; the kernel picks the address.
+        // that long, which cannot shrink; the kernel picks the address.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),

@@ -594,14 +594,30 @@ fn ring(room: &OwnedFd) {
     assert_eq!(nix::unistd::write(room, &[1]), Ok(1));
 }
 
-/// A memory file as long as the rings of `flow_rings::GEOMETRY` need.
+/// A memory file as long as the rings of `flow_rings::GEOMETRY` need,
+/// sealed as rinad seals it.
 fn ring_file() -> std::fs::File {
+    let file = unsealed_ring_file();
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    // SAFETY: fcntl on a descriptor we own.
+    assert_eq!(
+        unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) },
+        0
+    );
+    file
+}
+
+/// [`ring_file`] before it is sealed.
+fn unsealed_ring_file() -> std::fs::File {
     use rina_core::shim_hv::flow_rings;
     use std::os::fd::FromRawFd;
     let (_, _, len) = flow_rings::layout(flow_rings::GEOMETRY);
     // SAFETY: a NUL-terminated name; the descriptor is checked and owned.
     let file = std::fs::File::from(unsafe {
-        let raw = libc::memfd_create(c"rina-test".as_ptr(), libc::MFD_CLOEXEC);
+        let raw = libc::memfd_create(
+            c"rina-test".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        );
         assert!(raw >= 0, "memfd_create");
         OwnedFd::from_raw_fd(raw)
     });
@@ -1423,4 +1439,50 @@ fn a_write_on_a_full_ring_whose_room_doorbell_hung_up_sleeps_until_its_deadline(
         "it spun: {cpu:?} of CPU in {took:?}"
     );
     drop(daemon);
+}
+
+#[test]
+fn a_ring_file_that_could_shrink_under_the_mapping_is_refused() {
+    let (rx, _tx) = nix::unistd::pipe().unwrap();
+    let refused = |file: &std::fs::File| match offer_rings_in(file, rx.as_fd()).2 {
+        Err(crate::rings::RingsError::BadSetup(why)) => {
+            assert!(why.contains("sealed"), "{why}");
+        }
+        other => panic!("rings in a file that can shrink: {other:?}"),
+    };
+    // Neither a memfd without seals...
+    let file = unsealed_ring_file();
+    refused(&file);
+    // ...nor one sealed only against growing...
+    // SAFETY: fcntl on a descriptor we own.
+    assert_eq!(
+        unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_GROW) },
+        0
+    );
+    refused(&file);
+    // ...nor a file that cannot be sealed.
+    let (_, _, len) =
+        rina_core::shim_hv::flow_rings::layout(rina_core::shim_hv::flow_rings::GEOMETRY);
+    let plain = tempfile_of(len);
+    refused(&plain);
+    // Sealed against shrinking, as rinad seals it: taken.
+    assert!(matches!(
+        offer_rings_in(&ring_file(), rx.as_fd()).2,
+        Ok(Some(_))
+    ));
+}
+
+/// An unnamed regular file of `len` bytes (no seals possible).
+fn tempfile_of(len: usize) -> std::fs::File {
+    let path = std::env::temp_dir().join(format!("rina-plain-{}", std::process::id()));
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    let _ = std::fs::remove_file(&path);
+    f.set_len(len as u64).unwrap();
+    f
 }
