@@ -430,3 +430,46 @@ fn a_client_that_does_not_read_its_answers_is_not_read_either() {
         }
     }
 }
+
+/// The descriptors process `pid` holds.
+fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
+const ONE_SHIM: &str = "[system]\nname = \"cap\"\n\n[[ipcp]]\nname = \"cap.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:0\"\n";
+
+#[test]
+fn a_capture_of_an_idle_ipcp_ends_when_its_reader_closes() {
+    let d = Daemon::start_with("cap", ONE_SHIM);
+    let pid = d.child.id();
+    let mut c = d.client();
+    c.list_ipcps().unwrap(); // the daemon holds the connection
+    let before = fd_count(pid);
+    // Nothing crosses the shim: only the readers' hang-up ends them.
+    for round in 0..20 {
+        let readers: Vec<OwnedFd> = (0..10)
+            .map(|_| c.capture("cap.udp", None).unwrap().2)
+            .collect();
+        assert!(fd_count(pid) >= before + 10, "round {round}");
+        drop(readers);
+        wait_for("the daemon to close the captures' sockets", T, || {
+            fd_count(pid) <= before
+        });
+    }
+}
+
+#[test]
+fn captures_beyond_the_limit_are_refused_until_one_ends() {
+    let d = Daemon::start_with("cap", ONE_SHIM);
+    let mut c = d.client();
+    let mut readers: Vec<OwnedFd> = (0..16)
+        .map(|_| c.capture("cap.udp", None).unwrap().2)
+        .collect();
+    let e = c.capture("cap.udp", None).expect_err("a 17th capture");
+    assert_eq!(e.kind, ErrorKind::NoResources, "{e}");
+    assert!(e.message.contains("16 captures are running"), "{e}");
+    drop(readers.pop());
+    wait_for("a capture to end", T, || c.capture("cap.udp", None).is_ok());
+}

@@ -725,3 +725,27 @@ fn a_reload_changes_access_rules_and_the_readable_rib_in_place() {
     d.client().register(&name("echo1"), Some("net")).unwrap();
     assert_eq!(ctl(&d, &["reload"]).trim(), "nothing changed");
 }
+
+#[test]
+fn destroying_an_ipcp_ends_its_captures() {
+    let cfg = "[system]\nname = \"cad\"\n\n[[ipcp]]\nname = \"cad.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:0\"\n\n[[ipcp]]\nname = \"cad2.udp\"\ntype = \"shim-udp\"\ndif = \"udp2\"\nbind = \"127.0.0.1:0\"\n";
+    let d = Daemon::start_with("cad", cfg);
+    let mut c = d.client();
+    let (_, _, gone) = c.capture("cad.udp", None).unwrap();
+    let (_, _, kept) = c.capture("cad2.udp", None).unwrap();
+    c.destroy_ipcp("cad.udp").unwrap();
+    // The reader of the destroyed IPCP's capture reads end of file; the
+    // other capture goes on.
+    let hung_up = |fd: &std::os::fd::OwnedFd, ms: i32| {
+        let mut p = libc::pollfd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(fd),
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut p, 1, ms) };
+        n == 1 && p.revents & (libc::POLLHUP | libc::POLLRDHUP) != 0
+    };
+    assert!(hung_up(&gone, 3000), "the capture of cad.udp goes on");
+    assert!(!hung_up(&kept, 200), "the capture of cad2.udp ended");
+}

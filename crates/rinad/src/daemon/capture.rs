@@ -9,12 +9,16 @@
 //! on the kind of IPCP) on every capture socket of that IPCP. The sockets
 //! are non-blocking: a reader that falls behind loses records (their number
 //! is logged when the capture ends), the data path never waits. A capture
-//! ends when its reader closes the socket; the copies stop when the last
-//! capture of an IPCP ends.
+//! ends when its reader closes the socket (the daemon watches each socket
+//! for the hang-up, so a capture of an idle IPCP ends too) or when its IPCP
+//! is destroyed (the reader then reads end of file); the copies stop when
+//! the last capture of an IPCP ends. At most [`MAX_CAPTURES`] run at once.
 
 use super::ipcp::Io;
-use super::Daemon;
+use super::{token, Daemon, T_CAPTURE};
 use crate::sys::{self, Sent};
+use mio::unix::SourceFd;
+use mio::Interest;
 use rina_core::system::Machine;
 use rina_core::time::Instant;
 use rina_wire::ctl::{CtlError, ErrorKind, Reply};
@@ -28,6 +32,9 @@ use tracing::info;
 const TAP_LIMIT: usize = 8192;
 /// Send buffer of a capture socket.
 const CAPTURE_SNDBUF: usize = 4 << 20;
+/// Captures running at once, over all IPCPs (each may hold its socket's
+/// send buffer, [`CAPTURE_SNDBUF`], of records).
+pub(super) const MAX_CAPTURES: usize = 16;
 
 /// What a capture of an IPCP copies, by its kind.
 #[derive(Debug, Clone, Copy)]
@@ -55,6 +62,8 @@ impl Source {
 
 /// One capture: the IPCP, the daemon's end of the records' socket.
 pub(super) struct Sink {
+    /// Its number, in its socket's poll token.
+    id: usize,
     ipcp: usize,
     source: Source,
     fd: OwnedFd,
@@ -67,6 +76,8 @@ pub(super) struct Sink {
 #[derive(Default)]
 pub(super) struct Captures {
     sinks: Vec<Sink>,
+    /// The number of the next capture.
+    next: usize,
 }
 
 impl Daemon {
@@ -78,6 +89,15 @@ impl Daemon {
         snaplen: Option<u32>,
     ) -> Result<(Reply, OwnedFd), CtlError> {
         let i = self.live_named(ipcp)?;
+        if self.captures.sinks.len() >= MAX_CAPTURES {
+            return Err(CtlError::new(
+                ErrorKind::NoResources,
+                format!(
+                    "{MAX_CAPTURES} captures are running, the most this daemon keeps; \
+                     end one (close its reader) first"
+                ),
+            ));
+        }
         let snaplen = snaplen
             .unwrap_or(pcap::MAX_SNAPLEN)
             .clamp(1, pcap::MAX_SNAPLEN);
@@ -93,10 +113,22 @@ impl Daemon {
                 format!("cannot open the capture's socket: {e}"),
             )
         })?;
+        // Watched for the reader's hang-up ([`Daemon::capture_news`]).
+        let id = self.captures.next;
+        self.poll
+            .registry()
+            .register(
+                &mut SourceFd(&mine.as_raw_fd()),
+                token(T_CAPTURE, id),
+                Interest::READABLE,
+            )
+            .map_err(|e| CtlError::new(ErrorKind::Internal, e.to_string()))?;
+        self.captures.next = (id + 1) % (1 << super::SHIFT);
         if !self.captures.sinks.iter().any(|s| s.ipcp == i) {
             self.set_tap(i, source, Some(TAP_LIMIT));
         }
         self.captures.sinks.push(Sink {
+            id,
             ipcp: i,
             source,
             fd: mine,
@@ -225,14 +257,44 @@ impl Daemon {
         }
     }
 
-    /// Forgets the captures whose reader left (marked with snaplen 0) and
-    /// stops the copies of IPCPs no capture watches any more.
+    /// Capture `id`'s socket is readable or hung up: the capture ends if
+    /// its reader left (what a reader writes is never read).
+    pub(super) fn capture_news(&mut self, id: usize) {
+        let Some(s) = self.captures.sinks.iter_mut().find(|s| s.id == id) else {
+            return;
+        };
+        if sys::peer_hung_up(s.fd.as_raw_fd()) {
+            s.snaplen = 0;
+            self.end_captures();
+        }
+    }
+
+    /// Ends the captures of IPCP `i`, which is being destroyed: what it
+    /// copied goes out first, then the readers read end of file.
+    pub(super) fn end_captures_of(&mut self, i: usize) {
+        if !self.captures.sinks.iter().any(|s| s.ipcp == i) {
+            return;
+        }
+        self.drain_captures();
+        for s in self.captures.sinks.iter_mut().filter(|s| s.ipcp == i) {
+            s.snaplen = 0;
+        }
+        self.end_captures();
+    }
+
+    /// Forgets the captures whose reader left (marked with snaplen 0),
+    /// closing their sockets, and stops the copies of IPCPs no capture
+    /// watches any more.
     fn end_captures(&mut self) {
         let (ended, kept): (Vec<Sink>, Vec<Sink>) = std::mem::take(&mut self.captures.sinks)
             .into_iter()
             .partition(|s| s.snaplen == 0);
         self.captures.sinks = kept;
         for s in ended {
+            let _ = self
+                .poll
+                .registry()
+                .deregister(&mut SourceFd(&s.fd.as_raw_fd()));
             let name = self.ipcps[s.ipcp].name.clone();
             let lost = self.tap_dropped(s.ipcp, s.source);
             info!(ipcp = %name, dropped = s.dropped, not_copied = lost, "capture ended");

@@ -136,6 +136,8 @@ const T_UDP: usize = 1;
 const T_CONN: usize = 2;
 const T_FLOW: usize = 3;
 const T_ETH: usize = 4;
+/// A `rinactl capture`'s socket ([`capture`]), by the capture's number.
+const T_CAPTURE: usize = 5;
 
 fn token(kind: usize, id: usize) -> Token {
     Token((kind << SHIFT) | id)
@@ -544,6 +546,7 @@ impl Daemon {
                                 self.mark_flow_ready(port as PortId);
                             }
                         }
+                        (T_CAPTURE, id) => self.capture_news(id),
                         _ => {}
                     },
                 }

@@ -176,6 +176,8 @@ impl Daemon {
             .map_err(|e| invalid(e.to_string()))?;
         // The flows' descriptors close as the core's news is carried out.
         self.drain_outputs();
+        // Its captures end: their readers read end of file.
+        self.end_captures_of(i);
         self.owners.retain(|(m, _), _| *m != i);
         for c in self.conns.values_mut() {
             c.names.retain(|(m, _)| *m != i);
