@@ -749,3 +749,29 @@ fn destroying_an_ipcp_ends_its_captures() {
     assert!(hung_up(&gone, 3000), "the capture of cad.udp goes on");
     assert!(!hung_up(&kept, 200), "the capture of cad2.udp ended");
 }
+
+#[test]
+fn a_reload_with_a_bad_efcp_table_is_refused_before_anything_changes() {
+    let base = "[system]\nname = \"rld\"\n\n[[ipcp]]\nname = \"rld.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:0\"\n\n[ipcp.directory]\n\"x.net\" = \"127.0.0.1:9\"\n\n[[ipcp]]\nname = \"rld.net\"\ntype = \"normal\"\ndif = \"net\"\naddress = 1\n\n[ipcp.names]\n\"echo\" = 7\n\n[[ipcp.qos_cube]]\nid = 1\nname = \"unreliable\"\n\n[[ipcp.qos_cube]]\nid = 2\nname = \"reliable\"\nreliable = true\n";
+    let d = Daemon::start_with("rld", base);
+    let file = d.dir.join("rinad.toml");
+    // A directory entry gone, and a reliable cube whose min_rto_ms (2000)
+    // exceeds its initial RTO (1000 ms): each key in range, not together.
+    let bad = base.replace("\n[ipcp.names]\n\"echo\" = 7\n", "") + "efcp = { min_rto_ms = 2000 }\n";
+    std::fs::write(&file, &bad).unwrap();
+    let line = bad.lines().position(|l| l.starts_with("efcp")).unwrap() + 1;
+    let e = ctl_fails(&d, &["reload"]);
+    assert!(
+        e.contains("nothing changed")
+            && e.contains(&format!("line {line}"))
+            && e.contains("ipcp[1].qos_cube[1].efcp")
+            && e.contains("min_rto <= initial_rto"),
+        "{e}"
+    );
+    // The directory entry and the cube are as they were: the first file
+    // again is no change, and the cube keeps its RTO bounds.
+    std::fs::write(&file, base).unwrap();
+    assert_eq!(ctl(&d, &["reload"]).trim(), "nothing changed");
+    let out = ctl(&d, &["efcp", "rld.net", "reliable", "ack_every=2"]);
+    assert!(out.contains("initial_rto_ms=1000 min_rto_ms=10 "), "{out}");
+}

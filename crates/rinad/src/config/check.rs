@@ -474,6 +474,7 @@ pub(super) fn check_shim_eth(
 /// which key and why.
 pub(super) fn check_qos(ip: &IpcpConfig) -> Result<(), (std::ops::Range<usize>, String, String)> {
     let mut ids = HashSet::new();
+    let seq_bits = (ip.normal_config().dt.seq.bytes() * 8) as u32;
     for (k, c) in ip.qos_cubes.iter().enumerate() {
         let key = |f: &str| format!("qos_cube[{k}].{f}");
         let (span, c) = (c.span(), c.get_ref());
@@ -493,6 +494,10 @@ pub(super) fn check_qos(ip: &IpcpConfig) -> Result<(), (std::ops::Range<usize>, 
             let d = std::time::Duration::from_millis(ms);
             rina_core::normal::keepalive::check_interval(d)
                 .map_err(|m| (span.clone(), key("keepalive_ms"), m))?;
+        }
+        if let Err((k, m)) = c.efcp_config(seq_bits) {
+            let span = c.efcp.as_ref().map_or(span, |e| e.span());
+            return Err((span, key(&k), m));
         }
     }
     if let Some(s) = &ip.scheduler {

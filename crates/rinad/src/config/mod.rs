@@ -140,6 +140,7 @@ mod check;
 mod tests;
 
 use check::*;
+use rina_core::efcp::{ConfigError as EfcpError, EfcpConfig};
 use rina_core::normal::access::{AccessRules, FlowRule, NamePattern, PatternError};
 use rina_core::normal::QosCube;
 use rina_core::rmt::{SchedConfigError, SchedulerConfig};
@@ -666,9 +667,11 @@ pub struct QosCubeConfig {
     /// ([`QosCube::keepalive`]).
     pub keepalive_ms: Option<u64>,
     /// EFCP policies and parameters (window, RTO bounds, A-timer, max gap,
-    /// congestion control and its parameters) over the cube's defaults.
+    /// congestion control and its parameters) over the cube's defaults;
+    /// checked with the file as a change of a running cube is
+    /// ([`QosCubeConfig::efcp_config`]).
     #[serde(default)]
-    pub efcp: rina_core::efcp::EfcpTuning,
+    pub efcp: Option<Spanned<rina_core::efcp::EfcpTuning>>,
 }
 
 /// A QoS cube of an N-1 DIF, by name or by QoS-id.
@@ -706,18 +709,62 @@ impl std::fmt::Display for LowerCubeRef {
 }
 
 impl QosCubeConfig {
-    /// The cube this table describes.
-    pub fn cube(&self) -> QosCube {
-        let mut efcp = if self.reliable {
-            rina_core::efcp::EfcpConfig::reliable()
+    /// The cube's EFCP policies before its `efcp` table: the built-in
+    /// reliable, flow-controlled or unreliable ones.
+    fn base_efcp(&self) -> EfcpConfig {
+        if self.reliable {
+            EfcpConfig::reliable()
         } else if self.flow_control {
-            rina_core::efcp::EfcpConfig::flow_controlled()
+            EfcpConfig::flow_controlled()
         } else {
-            rina_core::efcp::EfcpConfig::unreliable()
+            EfcpConfig::unreliable()
+        }
+    }
+
+    /// The cube's EFCP policies: its base with its `efcp` table over them,
+    /// checked as the core checks a change of a running cube
+    /// (`NormalIpcp::set_cube_efcp`): every key tunes something the cube
+    /// has, each is in range, the policies work together and sequence
+    /// numbers of `seq_bits` bits carry the window. On error, the key (a
+    /// key of the table when one is to blame) and why.
+    pub fn efcp_config(&self, seq_bits: u32) -> Result<EfcpConfig, (String, String)> {
+        let mut efcp = self.base_efcp();
+        let Some(tuning) = &self.efcp else {
+            return Ok(efcp);
         };
-        // A bad combination is refused when the IPCP is built (the cube's
-        // EFCP configuration is validated there).
-        let _ = self.efcp.apply(&mut efcp);
+        let tuning = tuning.get_ref();
+        let unused = tuning.inapplicable(&efcp);
+        if !unused.is_empty() {
+            let has = if efcp.dtcp.is_none() {
+                "DTCP (retransmission, flow or congestion control): it is neither `reliable` nor `flow_control`"
+            } else {
+                "retransmission (it is not `reliable`)"
+            };
+            let m = format!(
+                "QoS cube {} has no {has}; {} would tune nothing",
+                self.name,
+                unused.join(", ")
+            );
+            return Err((format!("efcp.{}", unused[0]), m));
+        }
+        let key = |e: &EfcpError| match e {
+            EfcpError::OutOfRange { key, .. } => format!("efcp.{key}"),
+            _ => "efcp".to_string(),
+        };
+        tuning
+            .apply(&mut efcp)
+            .and_then(|()| efcp.check_seq_width(seq_bits))
+            .map_err(|e| (key(&e), e.to_string()))?;
+        Ok(efcp)
+    }
+
+    /// The cube this table describes (checked with the file: a bad `efcp`
+    /// table, were one not refused, would leave the base policies, not
+    /// part of it).
+    pub fn cube(&self) -> QosCube {
+        let efcp = self
+            .efcp_config(u32::MAX)
+            .unwrap_or_else(|_| self.base_efcp());
         let mut c =
             QosCube::new(self.id, self.name.clone(), efcp).with_cell(self.urgency, self.cherish);
         c.avg_bandwidth_bps = self.avg_bandwidth_bps;

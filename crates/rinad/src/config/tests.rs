@@ -517,6 +517,77 @@ address = 2
     }
 
     #[test]
+    fn a_cubes_efcp_table_is_checked_with_the_file_naming_key_and_line() {
+        // Line 32 is the cube's header, line 36 its `efcp` table.
+        let cube = |kind: &str, efcp: &str| {
+            format!("{TWO}\n[[ipcp.qos_cube]]\nid = 1\nname = \"x\"\n{kind}\nefcp = {{ {efcp} }}\n")
+        };
+        for (kind, efcp, key, why) in [
+            // Out of range: refused before anything is applied.
+            (
+                "reliable = true",
+                "window = 100000000, min_rto_ms = 5",
+                "qos_cube[0].efcp.window",
+                "between 1 and 1048576",
+            ),
+            // In range, but not together: the RTO bounds.
+            (
+                "reliable = true",
+                "min_rto_ms = 2000",
+                "qos_cube[0].efcp`",
+                "min_rto <= initial_rto",
+            ),
+            (
+                "reliable = true",
+                "congestion_control = \"aimd\", min_window = 8, max_window = 4",
+                "qos_cube[0].efcp`",
+                "min_window <= initial_window <= max_window",
+            ),
+            // Keys for what the cube does not have.
+            (
+                "flow_control = true",
+                "min_rto_ms = 50",
+                "qos_cube[0].efcp.min_rto_ms",
+                "has no retransmission",
+            ),
+            (
+                "urgency = 0",
+                "window = 64",
+                "qos_cube[0].efcp.window",
+                "has no DTCP",
+            ),
+        ] {
+            let e = parse(&cube(kind, efcp)).unwrap_err().to_string();
+            assert!(
+                e.contains("line 36") && e.contains(key) && e.contains(why),
+                "{efcp}: {e}"
+            );
+        }
+        // A good table is applied whole.
+        let c = parse(&cube("reliable = true", "window = 4096, min_rto_ms = 5")).unwrap();
+        let efcp = &c.ipcps[1].cubes()[0].efcp;
+        assert_eq!(efcp.window().unwrap().receiver_buffer, 4096);
+        assert_eq!(
+            efcp.rtx().unwrap().min_rto,
+            std::time::Duration::from_millis(5)
+        );
+        // The same checks for an IPCP created at run time.
+        let running = parse(TWO).unwrap().ipcps;
+        let e = Config::parse_ipcp(
+            "ipcp create",
+            "name = \"c.net\"\ntype = \"normal\"\ndif = \"net2\"\naddress = 1\n\
+             [[qos_cube]]\nid = 1\nname = \"r\"\nreliable = true\nefcp = { min_rto_ms = 2000 }\n",
+            &running,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("qos_cube[0].efcp") && e.contains("min_rto"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn scheduler_mistakes_name_key_and_line() {
         // Line 32 is the `[ipcp.scheduler]` header.
         let sched = |body: &str| format!("{TWO}\n[ipcp.scheduler]\n{body}");
