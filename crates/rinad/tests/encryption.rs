@@ -2,7 +2,7 @@
 //! shim-udp DIF and a normal DIF `net` with a password and `encryption`,
 //! joined through an on-path relay that records every datagram. B enrolls
 //! through A; an echo flow carries SDUs with a known marker while keys
-//! rotate (a small `rekey_bytes`). Neither the password nor the marker is
+//! rotate (the smallest `rekey_bytes`, 1 MiB). Neither the password nor the marker is
 //! in the capture; captured frames played again, and frames with a byte
 //! changed, are counted and dropped and the flow goes on.
 
@@ -19,10 +19,12 @@ use std::time::Duration;
 const T: Duration = Duration::from_secs(20);
 const PASSWORD: &str = "a long pre-shared s3cret";
 const MARKER: &[u8] = b"KNOWN-PAYLOAD-MARKER-7f3a";
+/// The echo's SDUs: 200 of them carry the keys past `rekey_bytes` six times.
+const SDU: usize = 32 << 10;
 
 fn system(me: &str, port: u16, peer: &str, peer_port: u16, extra: &str) -> String {
     format!(
-        "[system]\nname = \"{me}\"\n\n[[ipcp]]\nname = \"{me}.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:{port}\"\n\n[ipcp.directory]\n\"{peer}.net\" = \"127.0.0.1:{peer_port}\"\n\n[[ipcp]]\nname = \"{me}.net\"\ntype = \"normal\"\ndif = \"net\"\npassword = \"{PASSWORD}\"\nencryption = true\nrekey_bytes = 20000\nrouting = \"link-state\"\n{extra}\n[[ipcp.neighbor]]\nname = \"{peer}.net\"\nover = \"udp\"\n"
+        "[system]\nname = \"{me}\"\n\n[[ipcp]]\nname = \"{me}.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:{port}\"\n\n[ipcp.directory]\n\"{peer}.net\" = \"127.0.0.1:{peer_port}\"\n\n[[ipcp]]\nname = \"{me}.net\"\ntype = \"normal\"\ndif = \"net\"\npassword = \"{PASSWORD}\"\nencryption = true\nrekey_bytes = 1048576\nrouting = \"link-state\"\n{extra}\n[[ipcp.neighbor]]\nname = \"{peer}.net\"\nover = \"udp\"\n"
     )
 }
 
@@ -90,11 +92,11 @@ fn encrypted_flows_hide_password_and_payload_rotate_keys_and_refuse_replays_and_
                 cs(&b, "b.net")
             )
         });
-    let mut buf = [0u8; 2048];
+    let mut buf = vec![0u8; 64 << 10];
     let mut echo = |i: u32| {
         let mut sdu = i.to_be_bytes().to_vec();
         sdu.extend_from_slice(MARKER);
-        sdu.resize(400, b'.');
+        sdu.resize(SDU, b'.');
         flow.write(&sdu).unwrap();
         let n = flow.read_timeout(&mut buf, T).unwrap().expect("an echo");
         assert_eq!(&buf[..n], &sdu[..], "echo {i}");
@@ -102,7 +104,8 @@ fn encrypted_flows_hide_password_and_payload_rotate_keys_and_refuse_replays_and_
     for i in 0..200 {
         echo(i);
     }
-    // 200 round trips of ~450-byte frames: keys rotated every 20 000 bytes.
+    // 200 round trips of 32 KiB SDUs, 6.4 MiB each way: keys rotated
+    // every MiB.
     let rotations = counter(&b, "b.net", "encryption_keys_installed");
     assert!(rotations >= 4, "keys rotated during traffic: {rotations}");
 

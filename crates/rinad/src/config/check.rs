@@ -115,6 +115,7 @@ pub(super) fn check_ipcp(
         ));
     }
     check_bind(i, ip, all, runtime)?;
+    check_counts(ip).map_err(|(span, k, m)| (span, key(k), m))?;
     let hv_keys =
         ip.path.is_some() || ip.side.is_some() || ip.vmpi_id.is_some() || ip.busy_poll.is_some();
     if ip.kind == IpcpKind::ShimHv {
@@ -259,6 +260,40 @@ pub(super) fn check_bind(
         )),
         None => Ok(()),
     }
+}
+
+/// Checks the counts that 0 (or a small number) would make useless: a
+/// `max_flows` of 0 refuses every flow, a `rekey_bytes` below
+/// [`MIN_REKEY_BYTES`] or a `rekey_seconds` of 0 agree new keys every few
+/// PDUs. On error, where, which key and why.
+pub(super) fn check_counts(
+    ip: &IpcpConfig,
+) -> Result<(), (std::ops::Range<usize>, &'static str, String)> {
+    if let Some(m) = ip.max_flows.as_ref().filter(|m| *m.get_ref() == 0) {
+        let why =
+            "must be at least 1 (0 would refuse every flow); leave it out for the default".into();
+        return Err((m.span(), "max_flows", why));
+    }
+    if let Some(b) = ip
+        .rekey_bytes
+        .as_ref()
+        .filter(|b| *b.get_ref() < MIN_REKEY_BYTES)
+    {
+        let why = format!(
+            "must be at least {MIN_REKEY_BYTES} (1 MiB), not {}: each new key costs a handshake",
+            b.get_ref()
+        );
+        return Err((b.span(), "rekey_bytes", why));
+    }
+    if let Some(s) = ip
+        .rekey_seconds
+        .as_ref()
+        .filter(|s| *s.get_ref() < MIN_REKEY_SECONDS)
+    {
+        let why = format!("must be at least {MIN_REKEY_SECONDS}, not {}", s.get_ref());
+        return Err((s.span(), "rekey_seconds", why));
+    }
+    Ok(())
 }
 
 /// The checks of a normal IPCP's own keys (see [`check_ipcp`]).

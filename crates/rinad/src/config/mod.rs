@@ -66,14 +66,16 @@
 //! # trusted_keys = ["<64 hex>"]   # ...and the public keys the DIF trusts
 //! # encryption = true             # AES-256-GCM on every N-1 flow, keys agreed
 //!                                 # by X25519 at port authentication (needs the above)
-//! # rekey_bytes = 1073741824      # new keys after this many bytes per key...
-//! # rekey_seconds = 600           # ...or after this long
+//! # rekey_bytes = 1073741824      # new keys after this many bytes per key
+//!                                 # (at least 1048576)...
+//! # rekey_seconds = 600           # ...or after this many seconds (at least 1)
 //! # max_pdu = 9000                # largest PDU (default rina_core::normal::DEFAULT_MAX_PDU,
 //!                                 # 9000); larger SDUs are fragmented
 //! # max_sdu = 65536
 //! # crc = false                   # CRC-32 on every PDU
 //! # ttl = 64                      # hop limit
-//! # max_flows = 262144            # most flows at once (also for shim-udp and shim-eth)
+//! # max_flows = 262144            # most flows at once, at least 1 (also for
+//!                                 # shim-udp and shim-eth)
 //! # cep_id_bytes = 4              # CEP-id field width: 1, 2 (default; 65,535
 //!                                 # flows per IPCP), 4 or 8; the same in every member
 //! # ecn_threshold = 20            # RMT marks data PDUs leaving this many behind, on every
@@ -155,6 +157,12 @@ use toml::Spanned;
 /// The longest `tx_delay_us` (1 s): every frame sent waits out the delay
 /// in memory.
 pub const MAX_TX_DELAY_US: u64 = 1_000_000;
+
+/// Smallest `rekey_bytes`: a key seals at least this much (1 MiB), so a
+/// flow does not agree new keys every few PDUs.
+pub const MIN_REKEY_BYTES: u64 = 1 << 20;
+/// Smallest `rekey_seconds`.
+pub const MIN_REKEY_SECONDS: u64 = 1;
 
 /// Default path of the configuration file.
 pub const DEFAULT_CONFIG: &str = "/etc/rina/rinad.toml";
@@ -570,10 +578,12 @@ pub struct IpcpConfig {
     pub trusted_keys: Vec<String>,
     /// normal: encrypt every N-1 flow (needs `password` or `key`).
     pub encryption: Option<bool>,
-    /// normal: rotate a flow's keys after this many bytes (default 1 GiB).
-    pub rekey_bytes: Option<u64>,
-    /// normal: rotate a flow's keys after this many seconds (default 600).
-    pub rekey_seconds: Option<u64>,
+    /// normal: rotate a flow's keys after this many bytes (default 1 GiB;
+    /// at least [`MIN_REKEY_BYTES`]).
+    pub rekey_bytes: Option<Spanned<u64>>,
+    /// normal: rotate a flow's keys after this many seconds (default 600;
+    /// at least [`MIN_REKEY_SECONDS`]).
+    pub rekey_seconds: Option<Spanned<u64>>,
     /// normal: largest PDU, in bytes.
     pub max_pdu: Option<Spanned<u32>>,
     /// normal: CRC-32 on every PDU.
@@ -609,8 +619,8 @@ pub struct IpcpConfig {
     pub scheduler: Option<Spanned<SchedulerConfig>>,
     /// normal and shim-udp: most flows (allocated and being allocated) at
     /// once; beyond it allocations are answered `no_resources` (default
-    /// [`rina_core::DEFAULT_MAX_FLOWS`], 262,144).
-    pub max_flows: Option<usize>,
+    /// [`rina_core::DEFAULT_MAX_FLOWS`], 262,144; at least 1).
+    pub max_flows: Option<Spanned<usize>>,
     /// normal: width in bytes of the CEP-id fields of the DIF's PCI: 1, 2
     /// (the default: 65,535 connections per IPCP), 4 or 8. Every member of
     /// the DIF must use the same.
@@ -1025,8 +1035,8 @@ impl IpcpConfig {
             None => nc.sdup.ttl,
         };
         nc.cubes = self.cubes();
-        if let Some(m) = self.max_flows {
-            nc.max_flows = m;
+        if let Some(m) = &self.max_flows {
+            nc.max_flows = *m.get_ref();
         }
         match self.ecn_threshold {
             Some(0) => nc.ecn = None,

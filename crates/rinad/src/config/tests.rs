@@ -588,6 +588,61 @@ address = 2
     }
 
     #[test]
+    fn counts_that_would_make_an_ipcp_useless_are_refused_naming_key_and_line() {
+        // Into the normal IPCP's own table, after `crc`; the error is on
+        // the line of the last key given.
+        let normal = |line: &str| TWO.replacen("crc = true\n", &format!("crc = true\n{line}\n"), 1);
+        let enc = "password = \"x\"\nencryption = true";
+        for (bad, key, why) in [
+            ("max_flows = 0", "ipcp[1].max_flows", "at least 1"),
+            (
+                &format!("{enc}\nrekey_bytes = 0"),
+                "ipcp[1].rekey_bytes",
+                "at least 1048576",
+            ),
+            (
+                &format!("{enc}\nrekey_bytes = 1048575"),
+                "ipcp[1].rekey_bytes",
+                "not 1048575",
+            ),
+            (
+                &format!("{enc}\nrekey_seconds = 0"),
+                "ipcp[1].rekey_seconds",
+                "at least 1",
+            ),
+        ] {
+            let e = parse(&normal(bad)).unwrap_err().to_string();
+            let line = normal(bad)
+                .lines()
+                .position(|l| l == bad.lines().last().unwrap())
+                .unwrap()
+                + 1;
+            assert!(
+                e.contains(&format!("line {line}:")) && e.contains(key) && e.contains(why),
+                "{bad}: {e}"
+            );
+        }
+        // A shim's `max_flows` too.
+        let e = parse(&TWO.replacen(
+            "bind = \"127.0.0.1:7001\"\n",
+            "bind = \"127.0.0.1:7001\"\nmax_flows = 0\n",
+            1,
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("line 10:") && e.contains("ipcp[0].max_flows"),
+            "{e}"
+        );
+        // The floors themselves are taken.
+        let c = parse(&normal(&format!(
+            "{enc}\nrekey_bytes = 1048576\nrekey_seconds = 1\nmax_flows = 1"
+        )))
+        .unwrap();
+        assert_eq!(c.ipcps[1].normal_config().max_flows, 1);
+    }
+
+    #[test]
     fn scheduler_mistakes_name_key_and_line() {
         // Line 32 is the `[ipcp.scheduler]` header.
         let sched = |body: &str| format!("{TWO}\n[ipcp.scheduler]\n{body}");

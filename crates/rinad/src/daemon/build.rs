@@ -107,8 +107,8 @@ fn udp_ipcp(ic: &IpcpConfig, poll: &Poll, i: usize) -> Result<(shim_udp::Config,
         sc.max_sdu = *m.get_ref();
     }
     sc.directory = ic.directory.clone().into_iter().collect();
-    if let Some(m) = ic.max_flows {
-        sc.max_flows = m;
+    if let Some(m) = &ic.max_flows {
+        sc.max_flows = *m.get_ref();
     }
     sc.peers_only = ic.peers_only.unwrap_or(false);
     info!(ipcp = %ic.name.get_ref(), dif = %ic.dif, %bound, max_sdu = sc.max_sdu,
@@ -205,10 +205,12 @@ fn normal_config(ic: &IpcpConfig) -> Result<(AppName, NormalConfig), DaemonError
     if ic.encryption == Some(true) {
         let d = rina_core::sdup::aead::Rekey::default();
         membership.encryption = Some(rina_core::sdup::aead::Rekey {
-            bytes: ic.rekey_bytes.unwrap_or(d.bytes).max(1),
+            // Both at least their floor: checked with the file.
+            bytes: ic.rekey_bytes.as_ref().map_or(d.bytes, |b| *b.get_ref()),
             after: ic
                 .rekey_seconds
-                .map_or(d.after, |s| std::time::Duration::from_secs(s.max(1))),
+                .as_ref()
+                .map_or(d.after, |s| std::time::Duration::from_secs(*s.get_ref())),
         });
     }
     let seed = crate::sys::random_seed().map_err(|source| DaemonError::Io {

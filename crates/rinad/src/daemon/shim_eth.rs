@@ -590,8 +590,8 @@ pub(super) fn new_ipcp(
         ),
     };
     let mut cfg = core_eth::Config::new(ic.dif.clone(), vlan, mac, mtu);
-    if let Some(m) = ic.max_flows {
-        cfg.max_flows = m;
+    if let Some(m) = &ic.max_flows {
+        cfg.max_flows = *m.get_ref();
     }
     info!(ipcp = %name, dif = %ic.dif, %interface, %mac, vlan = vlan.unwrap_or(0), mtu,
         max_sdu = cfg.max_sdu(), "shim-eth IPCP up");
