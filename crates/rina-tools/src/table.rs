@@ -80,7 +80,8 @@ impl Table {
     }
 }
 
-/// The IPCP table: name, kind, DIF, address, flows, names, counters.
+/// The IPCP table: name, kind, DIF, address, flows, names (those the
+/// daemon listed, and how many more `rinactl names` shows), counters.
 pub fn ipcps(list: &[IpcpInfo]) -> Table {
     let mut t = Table::new(&[
         "NAME", "KIND", "DIF", "ADDRESS", "FLOWS", "NAMES", "COUNTERS",
@@ -88,6 +89,12 @@ pub fn ipcps(list: &[IpcpInfo]) -> Table {
     .numeric(&[4]);
     for i in list {
         let names: Vec<String> = i.names.iter().map(|n| n.to_string()).collect();
+        let mut names = names.join(",");
+        match i.names_more {
+            0 => {}
+            more if names.is_empty() => names = format!("{more} names; see rinactl names"),
+            more => names += &format!(" and {more} more; see rinactl names"),
+        }
         let counters: Vec<String> = i.counters.iter().map(|(k, v)| format!("{k}={v}")).collect();
         t.row(vec![
             i.name.clone(),
@@ -95,7 +102,7 @@ pub fn ipcps(list: &[IpcpInfo]) -> Table {
             i.dif.clone(),
             i.address.clone(),
             i.flows.to_string(),
-            dash(names.join(",")),
+            dash(names),
             dash(counters.join(" ")),
         ]);
     }
@@ -254,11 +261,20 @@ mod tests {
             address: "127.0.0.1:7001".into(),
             flows: 2,
             names: vec!["echo".parse().expect("name")],
+            names_more: 0,
             counters: [("rx".to_string(), 3u64), ("tx".to_string(), 4)].into(),
         };
-        let s = ipcps(&[i]).render();
+        let s = ipcps(std::slice::from_ref(&i)).render();
         assert!(s.contains("rx=3 tx=4"), "{s}");
         assert!(s.contains("echo"), "{s}");
+        assert!(!s.contains("more"), "{s}");
+        // Names the listing leaves out are counted, not hidden.
+        let s = ipcps(&[IpcpInfo {
+            names_more: 1234,
+            ..i
+        }])
+        .render();
+        assert!(s.contains("echo and 1234 more; see rinactl names"), "{s}");
     }
 
     #[test]

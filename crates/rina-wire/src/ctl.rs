@@ -563,11 +563,26 @@ pub struct IpcpInfo {
     pub address: String,
     /// Allocated flows.
     pub flows: usize,
-    /// Registered application names.
+    /// Application names registered in it that the client may see (an
+    /// administrator all, anyone else their user's): at most
+    /// [`IPCP_NAMES_LISTED`] of them, and no more than
+    /// [`IPCP_NAME_BYTES`] of their encoding, so that a listing of IPCPs
+    /// fits a control message however many names users register.
     pub names: Vec<AppName>,
+    /// How many more names it has that the client may see, not in
+    /// `names` ([`Op::ListNames`] pages through all of them; absent, as
+    /// from a daemon that listed every name: 0).
+    #[serde(default)]
+    pub names_more: u64,
     /// IPCP-wide counters (datagrams, malformed input, ...).
     pub counters: BTreeMap<String, u64>,
 }
+
+/// Most names an [`IpcpInfo`] lists.
+pub const IPCP_NAMES_LISTED: usize = 16;
+/// Most bytes of encoded names an [`IpcpInfo`] lists (a name is at most
+/// 255 bytes, but its JSON escapes may make it six times as long).
+pub const IPCP_NAME_BYTES: usize = 1 << 10;
 
 /// A DIF known to the daemon.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -511,7 +511,9 @@ impl Client {
         .map(|_| ())
     }
 
-    /// Lists the daemon's IPC processes.
+    /// Lists the daemon's IPC processes. Each lists a few of its names
+    /// ([`IpcpInfo::names`]) and counts the others
+    /// ([`IpcpInfo::names_more`]); [`Client::list_names`] gives them all.
     pub fn list_ipcps(&mut self) -> Result<Vec<IpcpInfo>> {
         match self.call("list_ipcps", Op::ListIpcps)? {
             (Reply::Ipcps { ipcps }, _) => Ok(ipcps),

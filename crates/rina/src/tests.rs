@@ -225,6 +225,7 @@ fn accept_refuse_and_lists() {
                         address: "127.0.0.1:1".into(),
                         flows: 1,
                         names: vec![],
+                        names_more: 0,
                         counters: Default::default(),
                     }],
                 }),

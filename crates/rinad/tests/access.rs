@@ -416,3 +416,44 @@ fn a_file_an_administrator_reloaded_is_not_read_again_with_the_daemons_rights() 
     assert!(!text.contains("TOPSECRET"), "{text}");
     assert_eq!(outcome.1.unwrap(), ["nothing changed"]);
 }
+
+#[test]
+fn one_users_many_names_leave_the_listing_of_ipcps_whole() {
+    let Some((a, b)) = users() else { return };
+    let cfg = "[system]\nname = \"lst\"\n\n[[ipcp]]\nname = \"lst.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:0\"\n";
+    let d = Daemon::start_with("lst", cfg);
+    let path = d.socket.clone();
+    // 24 connections of one unprivileged user, 256 long names each: 1.5
+    // MB of names, were they all listed (more than a control message).
+    let (held, mine) = as_user(a, move || {
+        let held: Vec<Client> = (0..24)
+            .map(|k| {
+                let mut c = Client::connect_to(&path).unwrap();
+                for n in 0..256 {
+                    let s = format!("u{k}-{n}-{}", "x".repeat(240));
+                    c.register(&name(&s), Some("udp")).unwrap();
+                }
+                c
+            })
+            .collect();
+        let mut c = Client::connect_to(&path).unwrap();
+        (
+            held,
+            c.list_ipcps().map(|v| (v[0].names.len(), v[0].names_more)),
+        )
+    });
+    let total = 24 * 256;
+    // The administrator's listing: a few names and the count of the rest.
+    let ipcps = d.client().list_ipcps().expect("the listing fits");
+    let (listed, more) = (ipcps[0].names.len(), ipcps[0].names_more);
+    assert!((1..=16).contains(&listed), "{listed} names listed");
+    assert_eq!(listed as u64 + more, total);
+    // Their owner's likewise; the other user's counts none of them.
+    let (listed, more) = mine.expect("the owner's listing fits");
+    assert_eq!(listed as u64 + more, total);
+    let other = client_as(b, &d).list_ipcps().unwrap();
+    assert!(other[0].names.is_empty() && other[0].names_more == 0);
+    // The paged listing of names still gives every one.
+    assert_eq!(d.client().list_names().unwrap().len() as u64, total);
+    drop(held);
+}

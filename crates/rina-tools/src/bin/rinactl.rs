@@ -37,7 +37,8 @@ struct Cli {
 
 #[derive(Debug, Clone, Subcommand)]
 enum What {
-    /// IPC processes: name, kind, DIF, address, flows, names, counters.
+    /// IPC processes: name, kind, DIF, address, flows, names (up to 16
+    /// each, and how many more: `rinactl names` lists them all), counters.
     Ipcps,
     /// DIFs and their local IPC processes.
     Difs,

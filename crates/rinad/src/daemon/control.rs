@@ -914,21 +914,46 @@ impl Daemon {
             .iter()
             .enumerate()
             .filter(|(_, ip)| !matches!(ip.io, Io::Removed))
-            .map(|(i, ip)| IpcpInfo {
-                name: ip.name.clone(),
-                kind: self.kind(i).into(),
-                dif: ip.dif.clone(),
-                address: self.address(i),
-                flows: self.flow_count(i),
-                names: self
-                    .sys
-                    .names(i)
-                    .into_iter()
-                    .filter(|n| self.may_see_name(conn, i, n))
-                    .collect(),
-                counters: self.counters(i),
+            .map(|(i, ip)| {
+                let (names, names_more) = self.ipcp_names(conn, i);
+                IpcpInfo {
+                    name: ip.name.clone(),
+                    kind: self.kind(i).into(),
+                    dif: ip.dif.clone(),
+                    address: self.address(i),
+                    flows: self.flow_count(i),
+                    names,
+                    names_more,
+                    counters: self.counters(i),
+                }
             })
             .collect()
+    }
+
+    /// The names of IPCP `i` that `conn` may see, as many as an
+    /// [`IpcpInfo`] lists ([`ctl::IPCP_NAMES_LISTED`], within
+    /// [`ctl::IPCP_NAME_BYTES`]), and how many more there are.
+    fn ipcp_names(&self, conn: usize, i: usize) -> (Vec<AppName>, u64) {
+        let mut listed = Vec::new();
+        let mut bytes = 0;
+        let mut more = 0u64;
+        for n in self.sys.names(i) {
+            if !self.may_see_name(conn, i, &n) {
+                continue;
+            }
+            // Quoted, and a comma.
+            let len = ctl::encode(&n).len() + 1;
+            if more == 0
+                && listed.len() < ctl::IPCP_NAMES_LISTED
+                && bytes + len <= ctl::IPCP_NAME_BYTES
+            {
+                bytes += len;
+                listed.push(n);
+            } else {
+                more += 1;
+            }
+        }
+        (listed, more)
     }
 
     /// Whether `conn` may see name `n` registered in IPCP `i`: an
