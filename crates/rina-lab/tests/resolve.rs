@@ -454,6 +454,31 @@ fn a_bad_cube_keepalive_names_the_key_and_its_line() {
     );
 }
 
+#[test]
+fn a_bad_cube_efcp_table_is_refused_naming_the_cube() {
+    let cube = |reliable: bool, efcp: &str| {
+        format!(
+            "{HEAD}[[link]]\nbetween = [\"a\", \"b\"]\n[[dif]]\nname = \"n\"\nmembers = [\"*\"]\n\
+             over = [\"links\"]\n[[dif.cube]]\nname = \"c\"\nreliable = {reliable}\nefcp = {efcp}\n"
+        )
+    };
+    // Out of range, inconsistent, or tuning what the cube does not have:
+    // each was dropped silently, leaving the defaults.
+    for (reliable, bad, why) in [
+        (true, "{ window = 100000000 }", "window"),
+        (true, "{ min_rto_ms = 2000 }", "RTO"),
+        (false, "{ min_rto_ms = 5 }", "min_rto_ms would tune nothing"),
+    ] {
+        let e = err_of(&cube(reliable, bad));
+        assert!(
+            e.contains("cube `c`") && e.contains("`efcp`") && e.contains(why),
+            "{bad}: {e}"
+        );
+    }
+    let ok = load(&cube(true, "{ window = 128 }"), None).unwrap();
+    assert_eq!(ok.difs[0].cubes[0].efcp.window, Some(128));
+}
+
 // Input from a file panics no tool: the audit of 7 December found these.
 
 /// Two nodes, a link, a DIF `n` over it, then `rest`.

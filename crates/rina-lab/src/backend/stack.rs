@@ -86,7 +86,7 @@ pub fn cube(exp: &Experiment, node: usize, d: usize, c: &Cube) -> QosCube {
     } else {
         EfcpConfig::unreliable()
     };
-    // Invalid combinations are refused when the IPCP is built.
+    // Checked when the experiment was resolved.
     let _ = c.efcp.apply(&mut efcp);
     let mut q = QosCube::new(c.id, c.name.clone(), efcp).with_cell(c.urgency, c.cherish);
     q.avg_bandwidth_bps = c.bandwidth_bps.map(|b| b as u64);

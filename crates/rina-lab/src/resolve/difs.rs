@@ -412,6 +412,23 @@ impl Scope<'_, '_> {
                     )
                 })?;
             }
+            let mut efcp = if c.reliable {
+                rina_core::efcp::EfcpConfig::reliable()
+            } else {
+                rina_core::efcp::EfcpConfig::unreliable()
+            };
+            let unused = c.efcp.inapplicable(&efcp);
+            let checked = if unused.is_empty() {
+                c.efcp.apply(&mut efcp).map_err(|e| e.to_string())
+            } else {
+                Err(format!("{} would tune nothing here", unused.join(", ")))
+            };
+            if let Err(m) = checked {
+                return Err(self.ctx.src.err(
+                    c.name.span(),
+                    format!("DIF `{name}`: cube `{cname}`: `efcp`: {m}"),
+                ));
+            }
             cubes.push(Cube {
                 name: cname,
                 id,
