@@ -24,7 +24,8 @@
 //!
 //! The driver owns the `AF_PACKET` socket. It feeds every received frame to
 //! [`ShimEth::on_frame`] (with the VLAN id the kernel reported out of band,
-//! if it stripped the tag), writes what [`ShimEth::poll_action`] returns,
+//! if it stripped the tag: the outer one, so a frame that still carries a
+//! tag is double-tagged and dropped, never taken for its inner VLAN), writes what [`ShimEth::poll_action`] returns,
 //! calls [`ShimEth::handle_timeout`] when [`ShimEth::poll_timeout`] says so,
 //! and for each SDU an application writes asks [`ShimEth::send_header`] for
 //! the header to put in front of it. Received SDUs are returned as slices
@@ -183,6 +184,10 @@ pub enum DropReason {
     Truncated(WireError),
     /// Tagged with another VLAN (or tagged in untagged mode, or the reverse).
     OtherVlan(Option<u16>),
+    /// Tagged twice: the kernel reported the outer VLAN id out of band and
+    /// the frame still carries an inner tag (counted as another VLAN: an
+    /// inner tag is no proof of the VLAN the frame travelled in).
+    DoubleTagged { outer: u16, inner: u16 },
     /// Neither 0xD1F0 nor ARP.
     OtherEtherType(u16),
     /// An ARP packet that is not one of ours or does not parse, or a name that is not valid.
@@ -215,7 +220,8 @@ pub struct Counters {
     pub rx_frames: u64,
     /// Frames sent (data and ARP).
     pub tx_frames: u64,
-    /// Dropped: another VLAN.
+    /// Dropped: another VLAN, or tagged twice (an outer tag out of band
+    /// and an inner one in the frame).
     pub rx_other_vlan: u64,
     /// Dropped: another EtherType.
     pub rx_other_ethertype: u64,
@@ -626,7 +632,9 @@ impl ShimEth {
     }
 
     /// Processes one received frame. `aux_vlan` is the VLAN id the kernel
-    /// reported out of band when it stripped the tag (`PACKET_AUXDATA`).
+    /// reported out of band when it stripped the tag (`PACKET_AUXDATA`); it
+    /// is the outer tag, so a frame that has it and a tag of its own too is
+    /// double-tagged and dropped ([`DropReason::DoubleTagged`]).
     pub fn on_frame<'a>(
         &mut self,
         now: Instant,
@@ -643,8 +651,18 @@ impl ShimEth {
             }
         };
         let h = frame.header;
-        // VLAN 0 is a priority tag: no VLAN.
-        let vlan = h.vlan.or(aux_vlan).filter(|&v| v != 0);
+        let vlan = match (aux_vlan, h.vlan) {
+            // The kernel moved the outer tag out of band and left another in
+            // the frame: the frame travelled in VLAN `outer` (whatever the
+            // inner tag says), and one shim DIF writes one tag.
+            (Some(outer), Some(inner)) => {
+                self.counters.rx_other_vlan += 1;
+                return Received::Dropped(DropReason::DoubleTagged { outer, inner });
+            }
+            // VLAN 0 is a priority tag: no VLAN.
+            (Some(v), None) | (None, Some(v)) => Some(v).filter(|&v| v != 0),
+            (None, None) => None,
+        };
         if vlan != self.cfg.vlan {
             self.counters.rx_other_vlan += 1;
             return Received::Dropped(DropReason::OtherVlan(vlan));

@@ -476,3 +476,89 @@ fn concurrent_allocations_share_one_resolution() {
         }
     )));
 }
+
+#[test]
+fn a_double_tagged_frame_is_dropped_not_taken_for_its_inner_vlan() {
+    // b serves VLAN 10 with a flow to MA. A frame sent in VLAN 99 with an
+    // inner tag 10: the kernel strips the outer tag (reported out of band
+    // as 99) and leaves the inner one in the frame.
+    let (mut a, mut b) = pair();
+    let pb = allocate(&mut a, &mut b);
+    let inner10 = data(&mut a, 1, b"hop");
+    assert_eq!(
+        b.on_frame(ms(5), &inner10, Some(99)),
+        Received::Dropped(DropReason::DoubleTagged {
+            outer: 99,
+            inner: 10
+        })
+    );
+    // Tagged twice with our own VLAN is no frame of ours either.
+    assert_eq!(
+        b.on_frame(ms(5), &inner10, Some(10)),
+        Received::Dropped(DropReason::DoubleTagged {
+            outer: 10,
+            inner: 10
+        })
+    );
+    assert_eq!(b.counters().rx_other_vlan, 2);
+    assert_eq!(
+        b.flow(pb).unwrap().counters.sdus_in,
+        1,
+        "only the first SDU"
+    );
+    // The tag in the frame alone (the kernel left it), or out of band alone
+    // (the kernel stripped it): the flow's frames still arrive.
+    assert_eq!(
+        b.on_frame(ms(6), &inner10, None),
+        Received::Deliver {
+            port: pb,
+            sdu: b"hop"
+        }
+    );
+    let mut stripped = inner10[..12].to_vec();
+    stripped.extend_from_slice(&inner10[16..]);
+    assert_eq!(
+        b.on_frame(ms(6), &stripped, Some(10)),
+        Received::Deliver {
+            port: pb,
+            sdu: b"hop"
+        }
+    );
+    assert_eq!(b.counters().rx_other_vlan, 2);
+}
+
+#[test]
+fn a_priority_tag_inside_another_vlan_does_not_reach_an_untagged_shim() {
+    let mut b = shim(MB, None);
+    b.register(name("srv")).unwrap();
+    let prio = Frame {
+        header: FrameHeader {
+            dst: MB,
+            src: MA,
+            vlan: Some(0),
+            ethertype: ETH_P_RINA,
+        },
+        payload: b"x",
+    }
+    .to_vec();
+    // In VLAN 99, with an inner priority tag (VID 0): not untagged.
+    assert_eq!(
+        b.on_frame(ms(1), &prio, Some(99)),
+        Received::Dropped(DropReason::DoubleTagged {
+            outer: 99,
+            inner: 0
+        })
+    );
+    assert_eq!(b.counters().flow_requests_in, 0);
+    assert_eq!(b.counters().rx_other_vlan, 1);
+    assert!(b.poll_action().is_none());
+    // A priority tag alone, in the frame or stripped by the kernel, is no
+    // VLAN: the frame is offered as untagged.
+    assert_eq!(b.on_frame(ms(2), &prio, None), Received::Consumed);
+    assert!(matches!(b.poll_action(), Some(Action::FlowRequest { .. })));
+    let mut stripped = prio[..12].to_vec();
+    stripped.extend_from_slice(&prio[16..]);
+    assert_eq!(b.on_frame(ms(2), &stripped, Some(0)), Received::Consumed);
+    assert_eq!(b.counters().flow_requests_in, 1, "held for the request");
+    assert_eq!(b.counters().rx_other_vlan, 1);
+}
