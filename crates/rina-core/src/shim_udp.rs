@@ -8,8 +8,10 @@
 //! both ends agree the flow exists and a request for a name nobody registered
 //! is refused rather than silently dropped. A requester that restarts
 //! numbers its flows from the start again: a request from the address and
-//! port-id of a flow it has sent data on is not a retransmission but a new
-//! flow, which replaces the old one.
+//! port-id of a flow it has sent data on, for the same two applications, is
+//! not a retransmission but a new flow, which replaces the old one. A
+//! request from them for other applications is refused and changes nothing
+//! (a source address proves nothing: it may be anyone's).
 //!
 //! The driver (the daemon or the simulator) owns the socket. It feeds every
 //! received datagram to [`ShimUdp::on_datagram`], calls the API methods for
@@ -200,12 +202,14 @@ pub struct Counters {
     pub rx_wrong_peer: u64,
     /// Allocation requests received.
     pub alloc_requests_in: u64,
-    /// Allocation requests this IPCP refused (unregistered name, QoS, app said no).
+    /// Allocation requests this IPCP refused (unregistered name, QoS, app
+    /// said no, a port-id that names a live flow of other applications).
     pub alloc_refused: u64,
     /// Allocations this IPCP asked for that timed out.
     pub alloc_timeouts: u64,
-    /// Flows dropped because their requester asked for them again after
-    /// sending on them: it started again (see [`ShimUdp::on_datagram`]).
+    /// Flows dropped because their requester asked for them again (the
+    /// same applications) after sending on them: it started again (see
+    /// [`ShimUdp::on_datagram`]).
     pub flows_restarted: u64,
 }
 
@@ -619,7 +623,9 @@ impl ShimUdp {
     /// address and port-id of a flow accepted here is answered again (a
     /// retransmission), unless the requester has sent data on that flow:
     /// then it is a restarted requester asking anew, and the old flow is
-    /// dropped ([`Action::Deallocated`]) before the request is taken.
+    /// dropped ([`Action::Deallocated`]) before the request is taken. Either
+    /// only if the request names the flow's two applications: one naming
+    /// others is refused and the flow stays.
     pub fn on_datagram<'a>(
         &mut self,
         now: Instant,
@@ -734,17 +740,9 @@ impl ShimUdp {
         }
         // A retransmission: answer again if we accepted, ignore if still pending.
         if let Some(&port) = self.accepted.get(&(from, src_port)) {
-            if !self.requester_restarted(port) {
-                let direct = self.flows.get(&port).and_then(|f| f.direct_port);
-                self.respond(from, src_port, port, AllocResult::Accepted, "", direct);
+            if self.answer_again(port, from, src_port, &src, &dst) {
                 return;
             }
-            // The old flow is dead at the requester's end: gone here too,
-            // and the request is a new one.
-            self.counters.flows_restarted += 1;
-            self.accepted.remove(&(from, src_port));
-            self.flows.remove(&port);
-            self.actions.push_back(Action::Deallocated { port });
         }
         if self
             .pending
@@ -794,15 +792,51 @@ impl ShimUdp {
         });
     }
 
-    /// Whether a request naming the requester's address and port-id of
-    /// accepted flow `port` comes from a requester that started again
-    /// (a restarted process numbers its flows from the start again): it
-    /// sent data on the flow, so it had the answer, and a requester stops
-    /// asking once answered. Otherwise it is a retransmission.
-    fn requester_restarted(&self, port: PortId) -> bool {
-        self.flows
-            .get(&port)
-            .is_some_and(|f| f.counters.sdus_in > 0)
+    /// Deals with a request from `from` for `src` -> `dst` naming port-id
+    /// `src_port`, which names flow `port` accepted here; false if the
+    /// request is to be taken as a new one.
+    ///
+    /// * Another pair of names: not a retransmission, and no proof that the
+    ///   requester restarted (anyone can write its address on a datagram):
+    ///   the flow stays and the request is refused.
+    /// * The same names, no data received on the flow yet: a
+    ///   retransmission, answered again.
+    /// * The same names and the requester sent data on the flow, so it had
+    ///   the answer (and a requester stops asking once answered): it started
+    ///   again and numbers its flows from the start again. The old flow is
+    ///   dead at its end, so it goes here too ([`Action::Deallocated`]), and
+    ///   the request is a new one.
+    fn answer_again(
+        &mut self,
+        port: PortId,
+        from: SocketAddr,
+        src_port: PortId,
+        src: &AppName,
+        dst: &AppName,
+    ) -> bool {
+        let Some(f) = self.flows.get(&port) else {
+            self.accepted.remove(&(from, src_port));
+            return false;
+        };
+        if (&f.remote, &f.local) != (src, dst) {
+            let reason = format!(
+                "port-id {src_port} of {from} names a live flow from {} to {} here",
+                f.remote, f.local
+            );
+            self.counters.alloc_refused += 1;
+            self.respond(from, src_port, 0, AllocResult::Refused, &reason, None);
+            return true;
+        }
+        if f.counters.sdus_in == 0 {
+            let direct = f.direct_port;
+            self.respond(from, src_port, port, AllocResult::Accepted, "", direct);
+            return true;
+        }
+        self.counters.flows_restarted += 1;
+        self.accepted.remove(&(from, src_port));
+        self.flows.remove(&port);
+        self.actions.push_back(Action::Deallocated { port });
+        false
     }
 
     fn on_alloc_resp(&mut self, from: SocketAddr, resp: Response<'_>) {

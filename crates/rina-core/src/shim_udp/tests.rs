@@ -677,3 +677,71 @@ fn a_retransmitted_direct_request_gets_the_same_socket_again() {
     ));
     assert_eq!(b.flows().count(), 1);
 }
+
+#[test]
+fn a_request_for_other_applications_on_a_live_flows_port_id_changes_nothing() {
+    let (mut a, mut b) = pair();
+    allocate(&mut a, &mut b);
+    let data = |a: &mut ShimUdp| {
+        let (_, hdr) = a.send_header(1, 1).unwrap();
+        let mut d = hdr.to_vec();
+        d.push(b'x');
+        d
+    };
+    // Off the path, with A's address on it, guessing port-id 1: before any
+    // data (it is no retransmission) and after (it is no restart).
+    let spoof = Datagram::AllocReq {
+        src_port: 1,
+        qos: QosSpec::default(),
+        src: name("z"),
+        dst: name("echo"),
+        direct: None,
+    }
+    .to_vec();
+    for at in [2, 4] {
+        b.on_datagram(ms(at), addr(A), &spoof);
+        let mut refusal = Vec::new();
+        while let Some(x) = b.poll_action() {
+            match x {
+                Action::Transmit { to, payload } if to == addr(A) => refusal.push(payload),
+                other => panic!("the request changed something: {other:?}"),
+            }
+        }
+        let [resp] = refusal.as_slice() else {
+            panic!("{refusal:?}")
+        };
+        let Ok(Datagram::AllocResp { result, reason, .. }) = Datagram::parse(resp) else {
+            panic!("not a response")
+        };
+        assert_eq!(result, AllocResult::Refused);
+        assert!(
+            reason.contains("names a live flow from perf to echo"),
+            "{reason}"
+        );
+        // The refusal reaching A changes nothing there either.
+        let _ = a.on_datagram(ms(at), addr(B), resp);
+        assert!(a.poll_action().is_none());
+        assert!(matches!(
+            b.on_datagram(ms(at + 1), addr(A), &data(&mut a)),
+            Received::Deliver { port: 7, .. }
+        ));
+    }
+    assert_eq!(b.flow(7).unwrap().counters.sdus_in, 2);
+    assert_eq!(b.counters().flows_restarted, 0);
+    assert_eq!(b.counters().alloc_refused, 2);
+    // A requester that restarted and asks for the same applications again
+    // still gets a new flow in place of the old one.
+    let (mut a, _) = pair();
+    a.allocate(ms(5000), 1, name("perf"), name("echo"), QosSpec::default())
+        .unwrap();
+    carry(ms(5000), &mut a, A, &mut b);
+    let acts = drop_transmits(&mut b);
+    assert!(
+        matches!(
+            acts.as_slice(),
+            [Action::Deallocated { port: 7 }, Action::FlowRequest { .. }]
+        ),
+        "{acts:?}"
+    );
+    assert_eq!(b.counters().flows_restarted, 1);
+}
