@@ -20,7 +20,13 @@
 //!
 //! Resolved names are kept in an ARP cache for [`Config::arp_ttl`]; an
 //! entry whose MAC still has a flow is refreshed with a new request instead
-//! of being dropped, which also teaches the peer our name again.
+//! of being dropped, which also teaches the peer our name again. The cache
+//! learns a name from a reply to a request of ours (one for a name being
+//! resolved), from a request for the registered application (the peer that
+//! sets up a flow) and, for a name it has, from any ARP packet that names
+//! it (RFC 826); a reply nobody asked for teaches nothing. When it is full
+//! ([`Config::max_arp_entries`]) the entry without a flow that expires
+//! first makes room.
 //!
 //! The driver owns the `AF_PACKET` socket. It feeds every received frame to
 //! [`ShimEth::on_frame`] (with the VLAN id the kernel reported out of band,
@@ -31,8 +37,11 @@
 //! the header to put in front of it. Received SDUs are returned as slices
 //! of the receive buffer.
 
+mod arp_cache;
+
 use crate::ids::IdMap;
 use crate::time::Instant;
+use arp_cache::ArpCache;
 use rina_wire::ctl::FlowCounters;
 use rina_wire::shim_eth::{
     Arp, ArpOp, Frame, FrameHeader, MacAddr, ETH_P_ARP, ETH_P_RINA, VLAN_TAG_LEN,
@@ -333,7 +342,7 @@ pub struct ShimEth {
     by_mac: HashMap<MacAddr, PortId>,
     // Ordered maps where iteration order reaches the wire, so that a seeded
     // simulation replays exactly.
-    arp: BTreeMap<AppName, ArpEntry>,
+    arp: ArpCache,
     resolving: BTreeMap<AppName, Resolution>,
     pending: BTreeMap<u64, Pending>,
     refused: BTreeMap<MacAddr, Instant>,
@@ -351,7 +360,7 @@ impl ShimEth {
             registered: None,
             flows: IdMap::default(),
             by_mac: HashMap::new(),
-            arp: BTreeMap::new(),
+            arp: ArpCache::default(),
             resolving: BTreeMap::new(),
             pending: BTreeMap::new(),
             refused: BTreeMap::new(),
@@ -785,13 +794,18 @@ impl ShimEth {
             return Received::Dropped(DropReason::NotForUs);
         }
         self.counters.arp_in += 1;
-        // RFC 826: update an entry we have; add one if we are the target.
+        // RFC 826: update an entry we have; add one if we are the target of
+        // a request (a peer setting up its flow to us). A reply is learnt
+        // only if it answers a name we are resolving: one nobody asked for
+        // would let anyone fill the cache and push out what we learnt.
         let for_us = self.registered.as_ref() == Some(&tpa);
-        let answers = arp.op == ArpOp::Reply && arp.tha == self.cfg.mac;
-        if self.arp.contains_key(&spa) || for_us || answers {
+        let answers =
+            arp.op == ArpOp::Reply && arp.tha == self.cfg.mac && self.resolving.contains_key(&spa);
+        let asks_us = for_us && arp.op == ArpOp::Request;
+        if self.arp.contains(&spa) || asks_us || answers {
             self.learn(now, spa.clone(), arp.sha);
         }
-        if for_us && arp.op == ArpOp::Request {
+        if asks_us {
             self.counters.arp_replies_out += 1;
             let reply = Arp {
                 op: ArpOp::Reply,
@@ -827,17 +841,15 @@ impl ShimEth {
         Received::Consumed
     }
 
-    /// Puts `name` -> `mac` in the cache, evicting an entry without a flow
-    /// if it is full (or giving up when every entry has one).
+    /// Puts `name` -> `mac` in the cache, evicting the entry without a flow
+    /// that expires first if it is full (or giving up when every entry has
+    /// one).
     fn learn(&mut self, now: Instant, name: AppName, mac: MacAddr) {
         // A name moved to another MAC: the old entry is replaced.
-        if !self.arp.contains_key(&name) && self.arp.len() >= self.cfg.max_arp_entries {
+        if !self.arp.contains(&name) && self.arp.len() >= self.cfg.max_arp_entries {
             let victim = self
                 .arp
-                .iter()
-                .filter(|(_, e)| !self.by_mac.contains_key(&e.mac))
-                .min_by_key(|(_, e)| e.expires)
-                .map(|(n, _)| n.clone());
+                .first_to_evict(|e| self.by_mac.contains_key(&e.mac));
             match victim {
                 Some(v) => {
                     self.arp.remove(&v);
@@ -862,7 +874,7 @@ impl ShimEth {
             .values()
             .map(|r| r.next_retry.min(r.deadline));
         let p = self.pending.values().map(|p| p.deadline);
-        let a = self.arp.values().map(|e| e.expires);
+        let a = self.arp.next_expiry();
         let f = self.refused.values().copied();
         r.chain(p).chain(a).chain(f).min()
     }
@@ -901,21 +913,15 @@ impl ShimEth {
                 });
             }
         }
-        let expired: Vec<AppName> = self
-            .arp
-            .iter()
-            .filter(|(_, e)| now >= e.expires)
-            .map(|(n, _)| n.clone())
-            .collect();
-        for name in expired {
-            let Some(e) = self.arp.get_mut(&name) else {
+        for name in self.arp.expired(now) {
+            let Some(mac) = self.arp.get(&name).map(|e| e.mac) else {
                 continue;
             };
-            if self.by_mac.contains_key(&e.mac) {
+            if self.by_mac.contains_key(&mac) {
                 // In use: keep it, and ask again (unicast) so that both
                 // caches stay fresh; a reply moves it if the peer moved.
-                e.expires = now + self.cfg.arp_ttl;
-                let (mac, asker) = (e.mac, self.registered.clone());
+                self.arp.set_expires(&name, now + self.cfg.arp_ttl);
+                let asker = self.registered.clone();
                 let asker = asker.or_else(|| {
                     let port = self.by_mac.get(&mac)?;
                     Some(self.flows.get(port)?.local.clone())

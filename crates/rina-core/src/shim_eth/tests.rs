@@ -562,3 +562,118 @@ fn a_priority_tag_inside_another_vlan_does_not_reach_an_untagged_shim() {
     assert_eq!(b.counters().flow_requests_in, 1, "held for the request");
     assert_eq!(b.counters().rx_other_vlan, 1);
 }
+
+/// An ARP packet in VLAN 10 from `sha` to `dst`.
+fn arp_frame(op: ArpOp, sha: MacAddr, spa: &str, tha: MacAddr, tpa: &str, dst: MacAddr) -> Vec<u8> {
+    Arp {
+        op,
+        sha,
+        spa: spa.as_bytes(),
+        tha,
+        tpa: tpa.as_bytes(),
+    }
+    .to_frame(FrameHeader {
+        dst,
+        src: sha,
+        vlan: Some(10),
+        ethertype: 0,
+    })
+    .unwrap()
+}
+
+fn mac(i: u32) -> MacAddr {
+    let [_, x, y, z] = i.to_be_bytes();
+    MacAddr([2, 9, x, y, z, 1])
+}
+
+fn cached(s: &ShimEth) -> Vec<String> {
+    s.arp_cache().map(|(n, _)| n.to_string()).collect()
+}
+
+#[test]
+fn a_reply_nobody_asked_for_teaches_nothing_and_evicts_nothing() {
+    let mut cfg = Config::new("10", Some(10), MA, 1500);
+    cfg.max_arp_entries = 2;
+    let mut a = ShimEth::new(cfg);
+    a.register(name("cli")).unwrap();
+    let mut b = shim(MB, Some(10));
+    b.register(name("srv")).unwrap();
+    // a resolved srv and no longer has a flow to it: an entry that a full
+    // cache would give up first.
+    a.allocate(ms(0), 1, name("cli"), name("srv"), QosSpec::default())
+        .unwrap();
+    carry(ms(0), &mut a, &mut [&mut b]);
+    carry(ms(0), &mut b, &mut [&mut a]);
+    assert!(matches!(a.poll_action(), Some(Action::Allocated { .. })));
+    a.deallocate(1).unwrap();
+    assert_eq!(cached(&a), ["srv"]);
+    let arp_in = a.counters().arp_in;
+    // Replies to a's MAC for names a never asked for, some naming a's own
+    // application as their target.
+    for i in 0..100 {
+        let tpa = if i % 2 == 0 { "cli" } else { "x" };
+        let f = arp_frame(ArpOp::Reply, mac(i), &format!("n{i}"), MA, tpa, MA);
+        assert_eq!(a.on_frame(ms(1), &f, None), Received::Consumed);
+    }
+    assert_eq!(a.counters().arp_in, arp_in + 100);
+    assert_eq!(cached(&a), ["srv"]);
+    assert_eq!(a.resolved(&name("srv")), Some(MB));
+    assert!(a.poll_action().is_none());
+    // A reply to a request of a's is learnt, as before.
+    a.allocate(ms(2), 2, name("cli"), name("third"), QosSpec::default())
+        .unwrap();
+    transmits(&mut a);
+    let f = arp_frame(ArpOp::Reply, MC, "third", MA, "cli", MA);
+    assert_eq!(a.on_frame(ms(3), &f, None), Received::Consumed);
+    assert!(matches!(
+        a.poll_action(),
+        Some(Action::Allocated { port: 2, .. })
+    ));
+    assert_eq!(cached(&a), ["srv", "third"]);
+}
+
+#[test]
+fn a_full_cache_gives_up_the_entry_without_a_flow_that_expires_first() {
+    let mut cfg = Config::new("10", Some(10), MB, 1500);
+    cfg.max_arp_entries = 3;
+    let mut b = ShimEth::new(cfg);
+    b.register(name("srv")).unwrap();
+    let mut a = shim(MA, Some(10));
+    // cli (at MA) has a flow to b: learnt first, so it expires first.
+    allocate(&mut a, &mut b);
+    transmits(&mut b);
+    let ask = |b: &mut ShimEth, at: u64, who: u32| {
+        let f = arp_frame(
+            ArpOp::Request,
+            mac(who),
+            &format!("c{who}"),
+            MacAddr::ZERO,
+            "srv",
+            MacAddr::BROADCAST,
+        );
+        assert_eq!(b.on_frame(ms(at), &f, None), Received::Consumed);
+    };
+    ask(&mut b, 10, 1);
+    ask(&mut b, 20, 2);
+    assert_eq!(cached(&b), ["c1", "c2", "cli"]);
+    // Full: c1 goes, not cli, whose MAC has a flow.
+    ask(&mut b, 30, 3);
+    assert_eq!(cached(&b), ["c2", "c3", "cli"]);
+    // c2 asks again: it now expires after c3, which goes next.
+    ask(&mut b, 40, 2);
+    ask(&mut b, 50, 4);
+    assert_eq!(cached(&b), ["c2", "c4", "cli"]);
+    // Once the requests of c1..c4 are withdrawn and their hold is over,
+    // cli's entry is the next to expire; refreshed, it gives way to c2's.
+    b.handle_timeout(ms(10_000));
+    b.handle_timeout(ms(20_000));
+    while b.poll_action().is_some() {}
+    let ttl = b.config().arp_ttl;
+    assert_eq!(b.poll_timeout(), Some(ms(0) + ttl));
+    b.handle_timeout(ms(0) + ttl);
+    let refresh = transmits(&mut b);
+    assert_eq!(refresh.len(), 1);
+    assert_eq!(Frame::parse(&refresh[0]).unwrap().header.dst, MA);
+    assert_eq!(b.poll_timeout(), Some(ms(40) + ttl));
+    assert_eq!(cached(&b), ["c2", "c4", "cli"]);
+}
