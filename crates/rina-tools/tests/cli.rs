@@ -215,7 +215,8 @@ fn tgen_refuses_overrides_its_profile_does_not_use() {
 /// Values out of range were taken: rina-tgen panicked on `nan` seconds and
 /// flooded probes at `--probe-interval-ms 0`; rina-perf ran unpaced at
 /// `--rate-mbps 0` or `-1`, sent nothing at `--count 0` and answered
-/// `--response-size 5` with 17 bytes; a negative delay bound became 0 ms.
+/// `--response-size 5` with 17 bytes; a negative delay bound became 0 ms
+/// (and, 7 December tools audit, sizes, rates and periods out of range).
 #[test]
 fn option_values_out_of_range_are_refused() {
     for (exe, args, says) in [
@@ -280,6 +281,24 @@ fn option_values_out_of_range_are_refused() {
             PERF,
             &["client", "--max-delay-ms", "nan"],
             "not a number, 0 or more",
+        ),
+        // Sources the generator's loops never got out of, or allocated.
+        (TGEN, &["client", "--rate-bps", "1e300"], "--rate-bps"),
+        (
+            TGEN,
+            &["client", "--profile", "on-off", "--on-s", "1e-300"],
+            "--on-s",
+        ),
+        (
+            TGEN,
+            &["client", "--profile", "voice", "--off-s", "0"],
+            "--off-s",
+        ),
+        (TGEN, &["client", "--size", "1099511627776"], "--size"),
+        (
+            TGEN,
+            &["client", "--profile", "voice", "--rate-bps", "1e12"],
+            "SDU interval (voice's rate sets it)",
         ),
         (ECHO, &["server", "--max-flows", "0"], "--max-flows"),
         // Every reply was late: 100 % loss.

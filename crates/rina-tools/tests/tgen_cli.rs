@@ -1,15 +1,19 @@
 //! `rina-tgen` between two real `rinad` on loopback (shim DIF over UDP): a
 //! bidirectional run of a two-flow traffic matrix with RTT probes writes the
-//! CSV and JSON files of docs/rina-tgen.md on both sides, and they parse.
+//! CSV and JSON files of docs/rina-tgen.md on both sides, and they parse; a
+//! server refuses what its flow cannot carry, and ends its reverse traffic
+//! when the flow closes; a client faster than its flow stops at its end.
 
 mod common;
 
 use common::{bin_dir, free_port, spawn_rinad, wait_until, Procs};
+use rina::{Client, Flow, QosSpec};
+use rina_tools::tgen::header::{Header, Kind, HEADER_LEN};
 use rina_tools::tgen::metrics::FlowReport;
 use rina_tools::tgen::output::{FlowEntry, RunReport};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 fn config(me: &str, port: u16, peer_port: u16) -> String {
     format!(
@@ -297,4 +301,160 @@ fn check_server(mut server: Child, dir: &Path, cli: &RunReport) {
         assert_eq!(s.sent_sdus, cf.sent_sdus);
     }
     check_csv(&dir.join("srv.csv"), FlowReport::CSV_HEADER, 2);
+}
+
+/// Sends a HELLO asking for reverse traffic of `source` (JSON) for
+/// `duration_s` on a new flow from alpha to the server; the flow.
+fn hello(c: &mut Client, flow: u32, source: &str, duration_s: f64) -> Flow {
+    let f = c
+        .allocate(
+            &"evil".parse().unwrap(),
+            &"tgen".parse().unwrap(),
+            None,
+            &QosSpec::default(),
+        )
+        .expect("allocate");
+    let body = format!(
+        r#"{{"flow":{flow},"source":{source},"seed":1,"duration_s":{duration_s},"direction":"reverse"}}"#
+    );
+    let h = Header {
+        kind: Kind::Hello,
+        flow,
+        seq: 0,
+        send_ns: 0,
+    };
+    f.write(&h.encode_with(body.as_bytes()))
+        .expect("write HELLO");
+    f
+}
+
+/// The header of the next SDU on `f`, within 10 s.
+fn next_header(f: &Flow) -> Header {
+    let mut buf = vec![0u8; f.max_sdu().max(HEADER_LEN)];
+    let n = f
+        .read_timeout(&mut buf, Duration::from_secs(10))
+        .expect("read")
+        .expect("an SDU within 10 s");
+    Header::decode(&buf[..n]).expect("a tgen SDU")
+}
+
+#[test]
+fn a_server_refuses_what_its_flow_cannot_carry_and_stops_when_flows_close() {
+    let bins = bin_dir();
+    let dir = std::env::temp_dir().join(format!("rina-tgen-limits-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut procs = Procs(Vec::new(), dir.clone());
+    start_daemons(&mut procs, &bins, &dir);
+    let (a, b) = (dir.join("alpha.sock"), dir.join("beta.sock"));
+    wait_until("the daemons' sockets", Duration::from_secs(20), || {
+        a.exists() && b.exists()
+    });
+    let tgen = bins.join("rina-tgen");
+    let server = Command::new(&tgen)
+        .arg("server")
+        .arg("--socket")
+        .arg(&b)
+        .args(["--max-flows", "4", "--interval-s", "0", "--json"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    procs.0.push(server);
+    wait_until("the server's registration", Duration::from_secs(20), || {
+        Client::connect_to(&b)
+            .and_then(|mut c| c.list_names())
+            .is_ok_and(|v| v.iter().any(|n| n.name.process_name == "tgen"))
+    });
+    check_fast_client_stops_at_its_end(&tgen, &a);
+    let mut c = Client::connect_to(&a).expect("connect to alpha");
+    // SDUs of 1 TiB: the server allocated its send buffer for them, and
+    // the allocation failing aborted it. Now refused: a FIN of nothing sent.
+    let huge = hello(&mut c, 7, r#"{"profile":"cbr","size":1099511627776}"#, 5.0);
+    let fin = next_header(&huge);
+    assert_eq!(
+        (fin.kind, fin.flow, fin.seq, fin.send_ns),
+        (Kind::Fin, 7, 0, 0)
+    );
+    // Larger than the flow carries, though a valid profile.
+    let max_sdu = huge.max_sdu();
+    let big = format!(r#"{{"profile":"cbr","size":{}}}"#, max_sdu + 1);
+    let too_big = hello(&mut c, 8, &big, 5.0);
+    assert_eq!(next_header(&too_big).kind, Kind::Fin);
+    // One SDU now, the next in 130 days: the reverse thread slept until
+    // then, so the server never saw its flows closed nor exited.
+    let slow = hello(&mut c, 9, r#"{"profile":"cbr","rate_bps":0.001}"#, 1e9);
+    assert_eq!(next_header(&slow).kind, Kind::Data);
+    drop((huge, too_big, slow));
+    let mut server = procs.0.pop().unwrap();
+    let t0 = Instant::now();
+    while server.try_wait().unwrap().is_none() && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let exited = server.try_wait().unwrap().is_some();
+    if !exited {
+        let _ = server.kill();
+    }
+    let out = server.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        exited,
+        "the server did not exit once its flows closed: {err}"
+    );
+    assert!(out.status.success(), "{err}");
+    let huge_said = "its HELLO's source is refused: SDU size 1099511627776 is more than \
+                     1048576 bytes (1 MiB): no reverse traffic";
+    let big_said = format!(
+        "its HELLO asks for SDUs of {} bytes, more than the flow's maximum SDU of {} bytes: \
+         no reverse traffic",
+        max_sdu + 1,
+        max_sdu
+    );
+    let logged = |flow: u32, what: &str| {
+        err.lines()
+            .any(|l| l.starts_with(&format!("rina-tgen: flow {flow} from ")) && l.ends_with(what))
+    };
+    assert!(logged(7, huge_said) && logged(8, &big_said), "{err}");
+    let json = &out.stdout[out.stdout.iter().position(|&c| c == b'{').unwrap()..];
+    let srv: RunReport = serde_json::from_slice(json).expect("JSON on stdout");
+    let error = |flow: u32| {
+        srv.flows
+            .iter()
+            .find(|f| f.flow == flow)
+            .and_then(|f| f.error.clone())
+    };
+    assert_eq!(error(7).as_deref(), Some(huge_said));
+    assert_eq!(error(8), Some(big_said));
+    assert_eq!(error(9), None);
+}
+
+/// A client at 10^12 bit/s for 1 s, far faster than its flow: it sent what
+/// its schedule held before the end (4.5 billion SDUs), for hours; now it
+/// stops when the clock reaches the end.
+fn check_fast_client_stops_at_its_end(tgen: &Path, a: &Path) {
+    let mut client = Command::new(tgen)
+        .arg("client")
+        .arg("--socket")
+        .arg(a)
+        .args(["--rate-bps", "1e12", "--size", "28", "--duration-s", "1"])
+        .args(["--direction", "forward", "--interval-s", "0", "--json"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while client.try_wait().unwrap().is_none() && t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let done = client.try_wait().unwrap().is_some();
+    if !done {
+        let _ = client.kill();
+    }
+    let out = client.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(done, "a 1 s client still ran after 30 s: {err}");
+    let r: RunReport = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    let sent = r.flows[0].sent.as_ref().expect("forward: what was sent");
+    assert!(sent.sdus > 0, "{r:?}");
 }

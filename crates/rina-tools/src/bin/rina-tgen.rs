@@ -15,11 +15,12 @@ use rina::{AppName, Flow};
 use rina_tools::opts::{self, CommonArgs, QosArgs};
 use rina_tools::perf::{Clock, SleepClock};
 use rina_tools::table::Table;
-use rina_tools::tgen::gen::{Generator, SourceSpec, PROFILE_NAMES};
+use rina_tools::tgen::gen::{self, Generator, SourceSpec, PROFILE_NAMES};
 use rina_tools::tgen::header::{Header, Kind, HEADER_LEN};
 use rina_tools::tgen::matrix::{FlowPlan, Matrix};
 use rina_tools::tgen::metrics::{FlowMetrics, FlowReport};
 use rina_tools::tgen::output::{FlowEntry, RunReport, SentCount, SCHEMA_VERSION};
+use rina_tools::tgen::sender::{self, Step};
 use rina_tools::tgen::{realtime_ns, Direction, Hello};
 use std::io::Write;
 use std::path::PathBuf;
@@ -96,17 +97,19 @@ struct ClientArgs {
     #[arg(long, default_value = "cbr")]
     profile: String,
     /// Rate, bit/s (CBR, Poisson, ON-OFF during ON, max of varying sources,
-    /// voice's mean).
-    #[arg(long, value_name = "BPS")]
+    /// voice's mean): above 0, at most 1e12.
+    #[arg(long, value_name = "BPS", value_parser = gen::parse_rate)]
     rate_bps: Option<f64>,
-    /// SDU size in bytes, header included (at least 28).
-    #[arg(long, value_name = "BYTES")]
+    /// SDU size in bytes, header included (28 to 1048576).
+    #[arg(long, value_name = "BYTES", value_parser = gen::parse_size)]
     size: Option<usize>,
-    /// Mean ON (talk) period, s (ON-OFF profiles and voice only).
-    #[arg(long, value_name = "S")]
+    /// Mean ON (talk) period, s (ON-OFF profiles and voice only; 1e-6 to
+    /// 1e9).
+    #[arg(long, value_name = "S", value_parser = gen::parse_period)]
     on_s: Option<f64>,
-    /// Mean OFF (silence) period, s (ON-OFF profiles and voice only).
-    #[arg(long, value_name = "S")]
+    /// Mean OFF (silence) period, s (ON-OFF profiles and voice only; 1e-6
+    /// to 1e9).
+    #[arg(long, value_name = "S", value_parser = gen::parse_period)]
     off_s: Option<f64>,
     /// Length of the flow, s.
     #[arg(long, default_value_t = 10.0, value_parser = opts::parse_positive_seconds)]
@@ -237,15 +240,14 @@ fn reporter(live: Arc<Live>, interval_s: f64, stop: Arc<AtomicBool>) {
     });
 }
 
-/// Sends the schedule of `source` drawn from `seed` on `flow` for
-/// `duration`, with RTT probes every `probe` if set. Returns (SDUs, bytes)
-/// of DATA written, or the error that ended it.
-#[allow(clippy::too_many_arguments)]
+/// Sends the schedule of `gen` (none: probes only) on `flow` for
+/// `duration`, with RTT probes every `probe` if set, until the end or
+/// `stop` (looked at every [`sender::SLICE`] at least). Returns (SDUs,
+/// bytes) of DATA written, or the error that ended it.
 fn send_schedule(
     flow: &Flow,
     flow_id: u32,
-    source: Option<&SourceSpec>,
-    seed: u64,
+    gen: Option<Generator>,
     duration: Duration,
     probe: Option<Duration>,
     live: &Live,
@@ -254,59 +256,45 @@ fn send_schedule(
     let clock = SleepClock;
     let start = clock.now();
     let end = start + duration;
-    let mut gen = source
-        .and_then(|s| s.profile().ok())
-        .map(|p| Generator::new(p, seed))
-        .map(|g| g.peekable());
-    let mut buf = vec![
-        0u8;
-        source
-            .and_then(|s| s.profile().ok())
-            .map_or(HEADER_LEN, |p| p.max_size())
-    ];
+    // At most MAX_SIZE (Profile::validate); a server also refuses a source
+    // larger than its flow's maximum SDU.
+    let mut buf = vec![0u8; gen.as_ref().map_or(HEADER_LEN, |g| g.profile().max_size())];
+    let mut gen = gen.map(Iterator::peekable);
     let (mut sent, mut bytes, mut probes) = (0u64, 0u64, 0u64);
     let mut next_probe = probe.map(|_| start);
-    loop {
-        if stop.load(Ordering::Relaxed) {
-            break;
-        }
-        let next_data = gen
-            .as_mut()
-            .and_then(|g| g.peek().copied())
-            .map(|p| (start + Duration::from_nanos(p.at_ns), p.size));
-        let data_due = next_data.map(|(t, _)| t).filter(|&t| t < end);
-        let probe_due = next_probe.filter(|&t| t < end);
-        let (due, is_probe) = match (data_due, probe_due) {
-            (Some(d), Some(p)) if p < d => (p, true),
-            (Some(d), _) => (d, false),
-            (None, Some(p)) => (p, true),
-            (None, None) => break,
-        };
-        clock.sleep_until(due);
-        if is_probe {
-            let h = Header {
-                kind: Kind::Probe,
-                flow: flow_id,
-                seq: probes,
-                send_ns: realtime_ns(),
-            };
-            flow.write(&h.encode_with(&[]))?;
-            probes += 1;
-            next_probe = next_probe.zip(probe).map(|(t, p)| t + p);
-        } else if let Some((_, size)) = next_data {
-            if let Some(g) = gen.as_mut() {
-                g.next();
+    while !stop.load(Ordering::Relaxed) {
+        let next_data = gen.as_mut().and_then(|g| g.peek().copied());
+        let data_at = next_data.and_then(|p| start.checked_add(Duration::from_nanos(p.at_ns)));
+        match sender::next_step(clock.now(), end, data_at, next_probe) {
+            Step::Done => break,
+            Step::Sleep(t) => clock.sleep_until(t),
+            Step::Probe => {
+                let h = Header {
+                    kind: Kind::Probe,
+                    flow: flow_id,
+                    seq: probes,
+                    send_ns: realtime_ns(),
+                };
+                flow.write(&h.encode_with(&[]))?;
+                probes += 1;
+                next_probe = next_probe.zip(probe).and_then(|(t, p)| t.checked_add(p));
             }
-            Header::data(flow_id, sent, realtime_ns()).write(&mut buf);
-            match flow.write(&buf[..size]) {
-                Ok(()) => {}
-                Err(e) if opts::is_transient(&e) => continue,
-                Err(e) => return Err(e),
+            Step::Data => {
+                let size = next_data.map_or(HEADER_LEN, |p| p.size);
+                if let Some(g) = gen.as_mut() {
+                    g.next();
+                }
+                Header::data(flow_id, sent, realtime_ns()).write(&mut buf);
+                match flow.write(&buf[..size]) {
+                    Ok(()) => {}
+                    Err(e) if opts::is_transient(&e) => continue,
+                    Err(e) => return Err(e),
+                }
+                sent += 1;
+                bytes += size as u64;
+                live.tx_sdus.fetch_add(1, Ordering::Relaxed);
+                live.tx_bytes.fetch_add(size as u64, Ordering::Relaxed);
             }
-            sent += 1;
-            bytes += size as u64;
-            live.tx_sdus.fetch_add(1, Ordering::Relaxed);
-            live.tx_bytes.fetch_add(size as u64, Ordering::Relaxed);
         }
     }
     Ok((sent, bytes))
@@ -487,33 +475,7 @@ fn serve_flow(flow: Arc<Flow>, sf: &Arc<ServerFlow>, live: &Arc<Live>, samples: 
                     .unwrap()
                     .get_or_insert_with(|| FlowMetrics::new(hello.flow, samples));
                 if hello.direction.server_sends() {
-                    let (flow, live, stop, sf) =
-                        (flow.clone(), live.clone(), stop.clone(), sf.clone());
-                    rev = Some(thread::spawn(move || {
-                        let d = Duration::from_secs_f64(hello.duration_s.clamp(0.0, 1e9));
-                        let r = send_schedule(
-                            &flow,
-                            hello.flow,
-                            Some(&hello.source),
-                            hello.seed,
-                            d,
-                            None,
-                            &live,
-                            &stop,
-                        );
-                        match r {
-                            Ok((s, b)) => {
-                                *sf.sent.lock().unwrap() = Some((s, b));
-                                for _ in 0..3 {
-                                    if flow.write(&fin(hello.flow, s, b)).is_err() {
-                                        break;
-                                    }
-                                    thread::sleep(Duration::from_millis(20));
-                                }
-                            }
-                            Err(e) => *sf.error.lock().unwrap() = Some(e.to_string()),
-                        }
-                    }));
+                    rev = start_reverse(&flow, sf, hello, live, &stop);
                 }
             }
             Kind::Fin => {
@@ -546,6 +508,57 @@ fn serve_flow(flow: Arc<Flow>, sf: &Arc<ServerFlow>, live: &Arc<Live>, samples: 
         let _ = r.join();
     }
     live.active.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// Starts the thread that sends `hello`'s reverse traffic on `flow` until
+/// its end or `stop`; `None`, said on stderr, kept as the flow's error and
+/// told the peer with a FIN of nothing sent, if the source is refused (a
+/// bad one, or SDUs larger than the flow carries).
+fn start_reverse(
+    flow: &Arc<Flow>,
+    sf: &Arc<ServerFlow>,
+    hello: Hello,
+    live: &Arc<Live>,
+    stop: &Arc<AtomicBool>,
+) -> Option<thread::JoinHandle<()>> {
+    let refused = match hello.source.profile() {
+        Err(e) => Err(format!("its HELLO's source is refused: {e}")),
+        Ok(p) if p.max_size() > flow.max_sdu() => Err(format!(
+            "its HELLO asks for SDUs of {} bytes, more than the flow's maximum SDU of {} bytes",
+            p.max_size(),
+            flow.max_sdu()
+        )),
+        Ok(p) => Ok(p),
+    };
+    let profile = match refused {
+        Ok(p) => p,
+        Err(e) => {
+            let e = format!("{e}: no reverse traffic");
+            eprintln!("{TOOL}: flow {} from {}: {e}", hello.flow, sf.peer);
+            *sf.error.lock().unwrap() = Some(e);
+            *sf.sent.lock().unwrap() = Some((0, 0));
+            let _ = flow.write(&fin(hello.flow, 0, 0));
+            return None;
+        }
+    };
+    let (flow, live, stop, sf) = (flow.clone(), live.clone(), stop.clone(), sf.clone());
+    Some(thread::spawn(move || {
+        let secs = hello.duration_s.clamp(0.0, opts::MAX_SECONDS);
+        let d = Duration::from_secs_f64(if secs.is_nan() { 0.0 } else { secs });
+        let gen = Generator::new(profile, hello.seed);
+        match send_schedule(&flow, hello.flow, Some(gen), d, None, &live, &stop) {
+            Ok((s, b)) => {
+                *sf.sent.lock().unwrap() = Some((s, b));
+                for _ in 0..3 {
+                    if flow.write(&fin(hello.flow, s, b)).is_err() {
+                        break;
+                    }
+                    thread::sleep(Duration::from_millis(20));
+                }
+            }
+            Err(e) => *sf.error.lock().unwrap() = Some(e.to_string()),
+        }
+    }))
 }
 
 // ---------------------------------------------------------------- client
@@ -862,15 +875,20 @@ fn run_client_flow(
     }
     let never = AtomicBool::new(false);
     let duration = Duration::from_secs_f64(p.duration_s.clamp(0.0, 1e9));
-    let source = p.direction.client_sends().then_some(&p.source);
-    let (sent, bytes) =
-        match send_schedule(&flow, p.flow, source, p.seed, duration, probe, live, &never) {
-            Ok(x) => x,
-            Err(e) => {
-                error = Some(e.to_string());
-                (0, 0)
-            }
-        };
+    // The plan's source was checked (client_plans, start_flow).
+    let gen = p
+        .direction
+        .client_sends()
+        .then(|| p.source.profile().ok())
+        .flatten()
+        .map(|prof| Generator::new(prof, p.seed));
+    let (sent, bytes) = match send_schedule(&flow, p.flow, gen, duration, probe, live, &never) {
+        Ok(x) => x,
+        Err(e) => {
+            error = Some(e.to_string());
+            (0, 0)
+        }
+    };
     // FIN until the REPORT (and the reverse FIN) came, for at most
     // `report_wait` (twenty FINs, at least 100 ms apart), looking every 100 ms.
     let msg = fin(p.flow, sent, bytes);

@@ -12,6 +12,26 @@ use super::header::HEADER_LEN;
 /// Default SDU size of MTU-sized sources, in bytes.
 pub const MTU_SIZE: usize = 1400;
 
+/// Largest SDU a profile may write, bytes (1 MiB, as rina-lab allows; no
+/// DIF carries more than 65,536, and a server refuses a source larger than
+/// its flow's maximum SDU).
+pub const MAX_SIZE: usize = 1 << 20;
+
+/// Highest rate a profile may ask for, bit/s (1 Tb/s, rinad's fastest
+/// link): a faster source's gaps fall below the schedule's resolution.
+pub const MAX_RATE_BPS: f64 = 1e12;
+
+/// Shortest period or interval of a profile (ON and OFF, talk and
+/// silence, voice's SDU interval, a varying rate's segment), s: 1 µs.
+pub const MIN_PERIOD_S: f64 = 1e-6;
+
+/// Longest period or interval of a profile, s: [`crate::opts::MAX_SECONDS`].
+pub const MAX_PERIOD_S: f64 = crate::opts::MAX_SECONDS;
+
+/// Most ON/OFF (talk/silence) periods a voice schedule draws for one SDU:
+/// beyond it, the SDU's period is drawn afresh (see [`Generator`]).
+const MAX_PERIODS_PER_SDU: u32 = 10_000;
+
 /// A traffic source.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
@@ -181,8 +201,12 @@ impl SourceSpec {
             }
         }
         if let (Some(r), Profile::Voice { .. }) = (self.rate_bps, &p) {
-            if !(r > 0.0 && r.is_finite()) {
-                return Err(format!("voice rate {r} bit/s is not above 0"));
+            if !(r > 0.0 && r <= MAX_RATE_BPS) {
+                return Err(format!(
+                    "voice rate {} bit/s is not a rate: it must be above 0 and at most \
+                     {MAX_RATE_BPS:e} bit/s",
+                    num(r)
+                ));
             }
             let mean = p.mean_rate_bps();
             if let Profile::Voice { interval_s, .. } = &mut p {
@@ -191,6 +215,76 @@ impl SourceSpec {
         }
         p.validate()?;
         Ok(p)
+    }
+}
+
+/// Checks a rate in bit/s, named `what` in the error.
+fn check_rate(x: f64, what: &str) -> Result<(), String> {
+    if x.is_finite() && x > 0.0 && x <= MAX_RATE_BPS {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} {} bit/s is not a rate: it must be above 0 and at most {MAX_RATE_BPS:e} bit/s",
+            num(x)
+        ))
+    }
+}
+
+/// Checks a period in s, named `what` in the error.
+fn check_period(x: f64, what: &str) -> Result<(), String> {
+    if x.is_finite() && (MIN_PERIOD_S..=MAX_PERIOD_S).contains(&x) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} {} s is not a period: it must be from {MIN_PERIOD_S:e} s (1 µs) to \
+             {MAX_PERIOD_S:e} s",
+            num(x)
+        ))
+    }
+}
+
+/// Checks an SDU size in bytes.
+fn check_size(s: usize) -> Result<(), String> {
+    if s < HEADER_LEN {
+        Err(format!(
+            "SDU size {s} is less than the {HEADER_LEN}-byte header"
+        ))
+    } else if s > MAX_SIZE {
+        Err(format!(
+            "SDU size {s} is more than {MAX_SIZE} bytes (1 MiB)"
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+/// A rate override for clap (`--rate-bps`): above 0, at most
+/// [`MAX_RATE_BPS`].
+pub fn parse_rate(s: &str) -> Result<f64, String> {
+    let x: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    check_rate(x, "rate").map(|()| x)
+}
+
+/// A period override for clap (`--on-s`, `--off-s`): [`MIN_PERIOD_S`] to
+/// [`MAX_PERIOD_S`].
+pub fn parse_period(s: &str) -> Result<f64, String> {
+    let x: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    check_period(x, "period").map(|()| x)
+}
+
+/// A size override for clap (`--size`): [`HEADER_LEN`] to [`MAX_SIZE`].
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let x: usize = s.parse().map_err(|e| format!("{e}"))?;
+    check_size(x).map(|()| x)
+}
+
+/// `x` as written in an error: in exponent notation when very large or
+/// small (`1e300`, not three hundred digits).
+fn num(x: f64) -> String {
+    if x != 0.0 && x.is_finite() && !(1e-4..1e15).contains(&x.abs()) {
+        format!("{x:e}")
+    } else {
+        format!("{x}")
     }
 }
 
@@ -276,27 +370,15 @@ impl Profile {
         matches!(self, Profile::OnOff { .. } | Profile::Voice { .. })
     }
 
-    /// Checks that rates, periods and sizes make sense.
+    /// Checks that rates, periods and sizes make sense: rates above 0 and
+    /// at most [`MAX_RATE_BPS`], periods and intervals from
+    /// [`MIN_PERIOD_S`] to [`MAX_PERIOD_S`], sizes from the header's
+    /// [`HEADER_LEN`] bytes to [`MAX_SIZE`].
     pub fn validate(&self) -> Result<(), String> {
-        let pos = |x: f64, what: &str| {
-            if x.is_finite() && x > 0.0 {
-                Ok(())
-            } else {
-                Err(format!("{what} must be a positive number, not {x}"))
-            }
-        };
-        let size = |s: usize| {
-            if s >= HEADER_LEN {
-                Ok(())
-            } else {
-                Err(format!(
-                    "SDU size {s} is less than the {HEADER_LEN}-byte header"
-                ))
-            }
-        };
+        let (rate, period, size) = (check_rate, check_period, check_size);
         match *self {
             Profile::Cbr { rate_bps, size: s } | Profile::Poisson { rate_bps, size: s } => {
-                pos(rate_bps, "rate")?;
+                rate(rate_bps, "rate")?;
                 size(s)
             }
             Profile::OnOff {
@@ -305,9 +387,9 @@ impl Profile {
                 rate_bps,
                 size: s,
             } => {
-                pos(on_s, "ON mean")?;
-                pos(off_s, "OFF mean")?;
-                pos(rate_bps, "rate")?;
+                period(on_s, "ON mean")?;
+                period(off_s, "OFF mean")?;
+                rate(rate_bps, "rate")?;
                 size(s)
             }
             Profile::Voice {
@@ -317,9 +399,9 @@ impl Profile {
                 talk_s,
                 silence_s,
             } => {
-                pos(interval_s, "interval")?;
-                pos(talk_s, "talk mean")?;
-                pos(silence_s, "silence mean")?;
+                period(interval_s, "SDU interval (voice's rate sets it)")?;
+                period(talk_s, "talk mean")?;
+                period(silence_s, "silence mean")?;
                 size(talk_size)?;
                 size(silence_size)
             }
@@ -329,8 +411,8 @@ impl Profile {
                 segment_s,
                 size: s,
             } => {
-                pos(max_bps, "maximum rate")?;
-                pos(segment_s, "segment")?;
+                rate(max_bps, "maximum rate")?;
+                period(segment_s, "segment")?;
                 if !(min_bps >= 0.0 && min_bps <= max_bps) {
                     return Err(format!("bad rate range {min_bps}..{max_bps}"));
                 }
@@ -534,7 +616,7 @@ impl Generator {
         } = self.profile
         {
             let rate = min_bps + (max_bps - min_bps) * self.rng.gen::<f64>();
-            self.period_end = at + segment_s;
+            self.period_end = after(at, segment_s);
             self.stats.on_periods += 1;
             self.stats.on_total_s += segment_s;
             if rate <= 0.0 {
@@ -542,6 +624,37 @@ impl Generator {
             } else {
                 self.gap_s = size as f64 * 8.0 / rate;
             }
+        }
+    }
+
+    /// Draws talk and silence periods until the one that holds the next
+    /// SDU (at `t`): at most [`MAX_PERIODS_PER_SDU`] of them. An SDU further
+    /// away than that (an SDU interval many times the periods) falls in a
+    /// period drawn afresh at `t`: talk with probability
+    /// `talk_s / (talk_s + silence_s)` and of an exponential length of that
+    /// period's mean, which is where the alternation stands by then (the
+    /// periods are exponential, so without memory).
+    fn voice_period(&mut self, talk_s: f64, silence_s: f64) {
+        let mut drawn = 0;
+        while self.t >= self.period_end {
+            if drawn == MAX_PERIODS_PER_SDU {
+                self.talking = self.rng.gen::<f64>() < talk_s / (talk_s + silence_s);
+                let d = if self.talking {
+                    self.on(talk_s)
+                } else {
+                    self.off(silence_s)
+                };
+                self.period_end = after(self.t, d);
+                return;
+            }
+            self.talking = !self.talking;
+            let d = if self.talking {
+                self.on(talk_s)
+            } else {
+                self.off(silence_s)
+            };
+            self.period_end = after(self.period_end, d);
+            drawn += 1;
         }
     }
 
@@ -564,10 +677,12 @@ impl Generator {
                 size,
             } => {
                 // The ON period holds SDUs at t, t + gap, ... while t < end.
+                // It ends after it begins, however short the draw: one
+                // round of the loop.
                 while self.t >= self.period_end {
                     let off_end = self.period_end + self.off(off_s);
                     self.t = off_end;
-                    self.period_end = off_end + self.on(on_s);
+                    self.period_end = after(off_end, self.on(on_s));
                 }
                 let at = self.t;
                 self.t += size as f64 * 8.0 / rate_bps;
@@ -580,15 +695,7 @@ impl Generator {
                 talk_s,
                 silence_s,
             } => {
-                while self.t >= self.period_end {
-                    self.talking = !self.talking;
-                    let d = if self.talking {
-                        self.on(talk_s)
-                    } else {
-                        self.off(silence_s)
-                    };
-                    self.period_end += d;
-                }
+                self.voice_period(talk_s, silence_s);
                 let at = self.t;
                 self.t += interval_s;
                 (
@@ -615,6 +722,18 @@ impl Generator {
             at_ns: (at * 1e9).round() as u64,
             size,
         }
+    }
+}
+
+/// `x + d` for a period of `d` s from `x` (0 or more), or the next number
+/// above `x` if `d` is too short to move it (below half its resolution): a
+/// period that ends where it began would hold a schedule's loop for ever.
+fn after(x: f64, d: f64) -> f64 {
+    let y = x + d;
+    if y > x || !x.is_finite() || x < 0.0 {
+        y
+    } else {
+        f64::from_bits(x.to_bits() + 1)
     }
 }
 
@@ -710,6 +829,131 @@ mod tests {
             let e = s.profile_keyed(["--on-s", "--off-s"]).unwrap_err();
             assert!(e.contains("--o"), "{e}");
         }
+    }
+
+    #[test]
+    fn overrides_out_of_range_are_refused_as_options() {
+        assert_eq!(parse_rate("1e12"), Ok(1e12));
+        for bad in ["0", "-1", "nan", "inf", "1e300", "x"] {
+            assert!(parse_rate(bad).is_err(), "{bad}");
+        }
+        assert!(parse_rate("1e300")
+            .unwrap_err()
+            .contains("rate 1e300 bit/s is not a rate"));
+        assert_eq!(parse_period("1e-6"), Ok(1e-6));
+        for bad in ["0", "1e-300", "2e9", "nan", "x"] {
+            assert!(parse_period(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_size("28"), Ok(28));
+        assert_eq!(parse_size("1048576"), Ok(1 << 20));
+        for bad in ["27", "1048577", "1099511627776", "-1"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn sizes_rates_and_periods_out_of_range_are_refused() {
+        let spec = |json: &str| serde_json::from_str::<SourceSpec>(json).unwrap().profile();
+        // A peer's HELLO asked a server for 1 TiB SDUs, and it allocated them.
+        let e = spec(r#"{"profile":"cbr","size":1099511627776}"#).unwrap_err();
+        assert!(
+            e.contains("SDU size 1099511627776 is more than 1048576 bytes"),
+            "{e}"
+        );
+        assert!(spec(&format!(r#"{{"profile":"cbr","size":{MAX_SIZE}}}"#)).is_ok());
+        assert!(spec(&format!(r#"{{"profile":"voice","size":{}}}"#, MAX_SIZE + 1)).is_err());
+        // A rate whose gaps fall below the schedule's resolution.
+        let e = spec(r#"{"profile":"cbr","rate_bps":1e300}"#).unwrap_err();
+        assert!(e.contains("rate 1e300 bit/s is not a rate"), "{e}");
+        assert!(spec(r#"{"profile":"poisson","rate_bps":1e12}"#).is_ok());
+        assert!(spec(r#"{"profile":"p2p","rate_bps":2e12}"#).is_err());
+        // Periods below a microsecond held the schedule's loops for ever.
+        let e = spec(r#"{"profile":"on-off","on_s":1e-300}"#).unwrap_err();
+        assert!(e.contains("ON mean 1e-300 s is not a period"), "{e}");
+        let e = spec(r#"{"profile":"voice","on_s":1e-300,"off_s":1e-300}"#).unwrap_err();
+        assert!(e.contains("talk mean 1e-300 s"), "{e}");
+        assert!(spec(r#"{"profile":"voip","off_s":2e9}"#).is_err());
+        assert!(spec(r#"{"profile":"voip","on_s":1e-6,"off_s":1e9}"#).is_ok());
+        // Voice's rate sets its SDU interval: too fast, too short.
+        let e = spec(r#"{"profile":"voice","rate_bps":1e12}"#).unwrap_err();
+        assert!(e.contains("SDU interval (voice's rate sets it)"), "{e}");
+        let e = spec(r#"{"profile":"voice","rate_bps":2e12}"#).unwrap_err();
+        assert!(
+            e.contains("voice rate 2000000000000 bit/s is not a rate"),
+            "{e}"
+        );
+    }
+
+    /// What `f` returns, or `None` if it took more than 10 s (a loop that
+    /// no longer moved on).
+    fn within<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(10)).ok()
+    }
+
+    /// The first `n` packets of `p`'s schedule, if they come within 10 s.
+    fn first(p: Profile, n: usize) -> Option<Vec<Packet>> {
+        within(move || Generator::new(p, 1).take(n).collect())
+    }
+
+    #[test]
+    fn periods_below_the_clocks_resolution_do_not_hold_the_schedule() {
+        // Not what validate lets through, but what a Generator may be given:
+        // its loops move on however short the periods.
+        let on_off = Profile::OnOff {
+            on_s: 1e-300,
+            off_s: 1.0,
+            rate_bps: 1e6,
+            size: 100,
+        };
+        let v = first(on_off, 50).expect("ON-OFF schedule hangs");
+        assert!(v.windows(2).all(|w| w[0].at_ns <= w[1].at_ns));
+        assert!(v[49].at_ns > 10_000_000_000, "{:?}", v[49]);
+        let voice = Profile::Voice {
+            interval_s: 0.02,
+            talk_size: 200,
+            silence_size: 40,
+            talk_s: 1e-300,
+            silence_s: 1e-300,
+        };
+        let v = first(voice, 50).expect("voice schedule hangs");
+        assert_eq!(v[49].at_ns, 980_000_000);
+        let varying = Profile::Varying {
+            min_bps: 1e6,
+            max_bps: 2e6,
+            segment_s: 1e-300,
+            size: 100,
+        };
+        assert!(first(varying, 50).is_some(), "varying schedule hangs");
+    }
+
+    #[test]
+    fn a_voice_interval_far_beyond_its_periods_draws_a_bounded_number() {
+        // Valid, and 10^12 talk and silence periods between two SDUs.
+        let p = Profile::Voice {
+            interval_s: 1e6,
+            talk_size: 200,
+            silence_size: 40,
+            talk_s: 1e-6,
+            silence_s: 1e-6,
+        };
+        p.validate().unwrap();
+        let (v, st) = within(move || {
+            let mut g = Generator::new(p, 3);
+            let v: Vec<Packet> = g.by_ref().take(200).collect();
+            (v, g.period_stats())
+        })
+        .expect("voice schedule hangs");
+        assert_eq!(v[199].at_ns, 199 * 1_000_000_000_000_000);
+        let periods = st.on_periods + st.off_periods;
+        let most = 200 * (u64::from(MAX_PERIODS_PER_SDU) + 1);
+        assert!(periods <= most, "{periods}");
+        // Drawn afresh, an SDU talks about half the time (equal means).
+        let talking = v.iter().filter(|p| p.size == 200).count();
+        assert!((60..=140).contains(&talking), "{talking}");
     }
 
     #[test]

@@ -9,6 +9,8 @@
 //!   (loss, duplicates, reordering, one-way delay, RFC 3550 jitter, goodput,
 //!   histogram) and its [`metrics::FlowReport`].
 //! * [`matrix`] — the TOML traffic matrix: many flows per process.
+//! * [`sender`] — [`sender::next_step`]: what a sender does next (write,
+//!   sleep a bounded slice, stop at the flow's end).
 //! * [`output`] — the CSV and JSON files (schema in `docs/rina-tgen.md`).
 //!
 //! The binary only does IO: it feeds these with the wall clock.
@@ -18,6 +20,7 @@ pub mod header;
 pub mod matrix;
 pub mod metrics;
 pub mod output;
+pub mod sender;
 
 use serde::{Deserialize, Serialize};
 
