@@ -8,9 +8,10 @@
 //! [[flow]]
 //! peer = "tgen"             # application name of the rina-tgen server
 //! profile = "voip"          # a profile name (rina-tgen profiles)
-//! count = 5                 # optional: this many identical flows (default 1)
-//! start_s = 0.0             # optional: start, s after the process starts
-//! duration_s = 600          # optional (default 10)
+//! count = 5                 # optional: this many identical flows (default 1;
+//!                           #   at most MAX_FLOWS in the whole file)
+//! start_s = 0.0             # optional: start, s after the process starts (at most 1e9)
+//! duration_s = 600          # optional (default 10; at most 1e9)
 //! direction = "bidirectional"   # or "forward", "reverse"
 //! # optional overrides: rate_bps, size, on_s, off_s
 //! # optional QoS cube: max_delay_ms, max_loss_ppm, bandwidth_bps,
@@ -19,8 +20,12 @@
 
 use super::gen::SourceSpec;
 use super::Direction;
-use crate::opts::QosArgs;
+use crate::opts::{QosArgs, MAX_SECONDS};
 use serde::Deserialize;
+
+/// The most flows a matrix expands to, every entry's `count` together (as
+/// many as a rina-lab experiment may hold).
+pub const MAX_FLOWS: usize = 100_000;
 
 /// A parsed matrix file.
 #[derive(Debug, Clone, Deserialize)]
@@ -187,17 +192,17 @@ impl Matrix {
                     profile.max_size()
                 ));
             }
-            if !(f.start_s.is_finite() && f.start_s >= 0.0) {
+            if !(f.start_s.is_finite() && (0.0..=MAX_SECONDS).contains(&f.start_s)) {
                 return Err(format!(
-                    "flow entry {} (peer {}): start_s = {} is not a time: it must be 0 or more seconds after the start",
+                    "flow entry {} (peer {}): start_s = {} is not a time: it must be 0 or more seconds after the start, at most {MAX_SECONDS:e}",
                     i + 1,
                     f.peer,
                     f.start_s
                 ));
             }
-            if !(f.duration_s.is_finite() && f.duration_s > 0.0) {
+            if !(f.duration_s.is_finite() && f.duration_s > 0.0 && f.duration_s <= MAX_SECONDS) {
                 return Err(format!(
-                    "flow entry {} (peer {}): duration_s = {} is not a length of time: it must be more than 0 seconds",
+                    "flow entry {} (peer {}): duration_s = {} is not a length of time: it must be more than 0 seconds, at most {MAX_SECONDS:e}",
                     i + 1,
                     f.peer,
                     f.duration_s
@@ -210,6 +215,16 @@ impl Matrix {
                     f.peer
                 ));
             }
+            let total = out.len() as u64 + u64::from(f.count);
+            if total > MAX_FLOWS as u64 {
+                return Err(format!(
+                    "flow entry {} (peer {}): count = {} makes {total} flows, more than the {MAX_FLOWS} a matrix may hold",
+                    i + 1,
+                    f.peer,
+                    f.count
+                ));
+            }
+            out.reserve(f.count as usize);
             for _ in 0..f.count {
                 let flow = out.len() as u32 + 1;
                 out.push(FlowPlan {
@@ -309,6 +324,30 @@ seed = "17388166129998380965"
     }
 
     #[test]
+    fn a_matrix_of_too_many_flows_is_refused_naming_the_entry() {
+        let m = |counts: &[u64]| {
+            let mut t = String::new();
+            for c in counts {
+                t += &format!("[[flow]]\npeer = \"tgen\"\nprofile = \"voip\"\ncount = {c}\n");
+            }
+            Matrix::parse(&t).unwrap().plans(1, None)
+        };
+        // Four billion flows were expanded until memory ran out.
+        let e = m(&[4_000_000_000]).unwrap_err();
+        assert!(
+            e.contains("flow entry 1 (peer tgen): count = 4000000000 makes 4000000000 flows, more than the 100000"),
+            "{e}"
+        );
+        let e = m(&[60_000, 40_001]).unwrap_err();
+        assert!(
+            e.contains("flow entry 2 (peer tgen): count = 40001 makes 100001"),
+            "{e}"
+        );
+        let p = m(&[60_000, 40_000]).unwrap();
+        assert_eq!((p.len(), p[99_999].flow), (100_000, 100_000));
+    }
+
+    #[test]
     fn a_bad_start_or_duration_is_named_with_its_value() {
         let m = |extra: &str| {
             Matrix::parse(&format!(
@@ -322,6 +361,24 @@ seed = "17388166129998380965"
         assert!(e.contains("flow entry 1 (peer tgen): start_s = -1"), "{e}");
         let e = m("duration_s = 0.0");
         assert!(e.contains("duration_s = 0 is not a length of time"), "{e}");
+        // Beyond MAX_SECONDS: the client's clock arithmetic panicked.
+        let e = m("start_s = 1e20");
+        assert!(
+            e.contains("start_s = 100000000000000000000 is not a time") && e.contains("1e9"),
+            "{e}"
+        );
+        let e = m("duration_s = 1e19");
+        assert!(
+            e.contains("duration_s = 10000000000000000000 is not"),
+            "{e}"
+        );
+        let p = Matrix::parse(
+            "[[flow]]\npeer = \"t\"\nprofile = \"voip\"\nstart_s = 1e9\nduration_s = 1e9",
+        )
+        .unwrap()
+        .plans(1, None)
+        .unwrap();
+        assert_eq!((p[0].start_s, p[0].duration_s), (1e9, 1e9));
         // A max_sdu below the profile's SDUs was asked of the DIF, and
         // larger SDUs written all the same.
         let e = m("max_sdu = 100");
