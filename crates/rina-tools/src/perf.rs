@@ -652,7 +652,8 @@ impl TestResult {
 
     /// The sum of the same test run on several flows at once: counts and
     /// rates add up, the durations are the longest, loss is of the sums.
-    /// `None` if `parts` is empty.
+    /// The receivers' counts are the servers' word: their sums saturate at
+    /// `u64::MAX` rather than wrap. `None` if `parts` is empty.
     pub fn total(parts: &[&TestResult]) -> Option<TestResult> {
         let first = parts.first()?;
         let mut t = TestResult {
@@ -671,26 +672,30 @@ impl TestResult {
             ..(*first).clone()
         };
         for p in parts {
-            t.sent_sdus += p.sent_sdus;
-            t.sent_bytes += p.sent_bytes;
+            t.sent_sdus = t.sent_sdus.saturating_add(p.sent_sdus);
+            t.sent_bytes = t.sent_bytes.saturating_add(p.sent_bytes);
             t.send_duration_s = t.send_duration_s.max(p.send_duration_s);
             t.tx_mbps += p.tx_mbps;
             t.tx_sdus_per_s += p.tx_sdus_per_s;
             t.rx_mbps += p.rx_mbps;
             t.rx_sdus_per_s += p.rx_sdus_per_s;
             let (r, q) = (&mut t.report, &p.report);
-            r.recv_sdus += q.recv_sdus;
-            r.recv_bytes += q.recv_bytes;
+            for (sum, x) in [
+                (&mut r.recv_sdus, q.recv_sdus),
+                (&mut r.recv_bytes, q.recv_bytes),
+                (&mut r.duplicates, q.duplicates),
+                (&mut r.out_of_order, q.out_of_order),
+                (&mut r.timed_sdus, q.timed_sdus),
+                (&mut r.timed_bytes, q.timed_bytes),
+            ] {
+                *sum = sum.saturating_add(x);
+            }
             r.duration_ns = r.duration_ns.max(q.duration_ns);
-            r.duplicates += q.duplicates;
-            r.out_of_order += q.out_of_order;
-            r.timed_sdus += q.timed_sdus;
-            r.timed_bytes += q.timed_bytes;
         }
-        let received: u64 = parts
+        let received = parts
             .iter()
             .map(|p| p.report.recv_sdus.min(p.sent_sdus))
-            .sum();
+            .fold(0u64, u64::saturating_add);
         t.loss_pct = crate::echo::loss_pct(t.sent_sdus, received);
         Some(t)
     }
@@ -957,6 +962,35 @@ mod tests {
         assert_eq!(t.csv_row(), "1000,1000,901,9.900,8.000,7.200,900.0");
         let z = TestResult::new(64, 0, 0, Duration::ZERO, Report::default());
         assert_eq!((z.tx_mbps, z.rx_mbps, z.loss_pct), (0.0, 0.0, 0.0));
+    }
+
+    #[test]
+    fn totals_of_a_servers_extreme_counts_saturate() {
+        // A server's REPORT says what it likes: two flows of u64::MAX
+        // overflowed the sums (a panic in a debug build).
+        let r = Report {
+            test: 1,
+            recv_sdus: u64::MAX,
+            recv_bytes: u64::MAX,
+            duplicates: u64::MAX,
+            out_of_order: u64::MAX,
+            timed_sdus: u64::MAX,
+            timed_bytes: u64::MAX,
+            duration_ns: 7,
+        };
+        let a = TestResult::new(100, u64::MAX, u64::MAX, Duration::from_secs(1), r);
+        let t = TestResult::total(&[&a, &a]).unwrap();
+        assert_eq!((t.sent_sdus, t.sent_bytes), (u64::MAX, u64::MAX));
+        let q = t.report;
+        assert_eq!(
+            [q.recv_sdus, q.recv_bytes, q.duplicates, q.out_of_order],
+            [u64::MAX; 4]
+        );
+        assert_eq!(
+            (q.timed_sdus, q.timed_bytes, q.duration_ns),
+            (u64::MAX, u64::MAX, 7)
+        );
+        assert_eq!(t.loss_pct, 0.0);
     }
 
     #[test]

@@ -50,6 +50,16 @@ fn bin_width_us(i: usize) -> u64 {
     }
 }
 
+/// The one-way delay of an SDU sent at `send_ns` and received at
+/// `recv_ns`, negative if the sender's clock is ahead; the times are the
+/// peer's word, so the difference is taken without overflow (a send time
+/// of 2^63 ns made it wrap, or panic in a debug build) and saturates at
+/// ±2^63 ns (292 years).
+fn delay_ns(recv_ns: u64, send_ns: u64) -> i64 {
+    let d = i128::from(recv_ns) - i128::from(send_ns);
+    i64::try_from(d).unwrap_or(if d < 0 { i64::MIN } else { i64::MAX })
+}
+
 /// Sequence numbers tracked for duplicate detection.
 const MAX_TRACKED_SEQ: u64 = 1 << 26;
 
@@ -150,14 +160,14 @@ impl FlowMetrics {
             Some(_) => self.bytes_after_first += len as u64,
         }
         self.last_recv_ns = self.last_recv_ns.max(recv_ns);
-        let d = recv_ns as i64 - h.send_ns as i64;
+        let d = delay_ns(recv_ns, h.send_ns);
         self.delay_min = self.delay_min.min(d);
         self.delay_max = self.delay_max.max(d);
         self.delay_sum += d as i128;
         self.delays += 1;
         // RFC 3550 §6.4.1: D = (Rj - Sj) - (Ri - Si); J += (|D| - J) / 16.
         if let Some(prev) = self.last_transit {
-            let dd = (d - prev).unsigned_abs() as f64;
+            let dd = (i128::from(d) - i128::from(prev)).unsigned_abs() as f64;
             self.jitter += (dd - self.jitter) / 16.0;
         }
         self.last_transit = Some(d);
@@ -181,7 +191,7 @@ impl FlowMetrics {
     pub fn sent_sdus(&self) -> u64 {
         match self.sent {
             Some((n, _)) => n,
-            None => self.max_seq.map_or(0, |m| m + 1),
+            None => self.max_seq.map_or(0, |m| m.saturating_add(1)),
         }
     }
 
@@ -435,6 +445,30 @@ mod tests {
         assert_eq!(bin_of(10_000), 1);
         assert_eq!(bin_lower_us(bin_of(150_000_000)), 150_000);
         assert_eq!(bin_of(100_000_000_000), BINS - 1);
+    }
+
+    #[test]
+    fn a_peers_extreme_times_and_sequence_numbers_do_not_overflow() {
+        let mut m = FlowMetrics::new(1, 10);
+        let now = 1_700_000_000_000_000_000;
+        // A send time in 2262: a delay of -238 years, not a wrapped one;
+        // beyond ±292 years, saturated.
+        assert!(m.on_sdu(now, &h(0, 1 << 63), 100));
+        assert!(m.on_sdu(now, &h(1, u64::MAX), 100));
+        assert!(m.on_sdu(u64::MAX, &h(2, 0), 100));
+        assert!(m.on_sdu(now, &h(u64::MAX, now - 5_000), 100));
+        let r = m.report("fwd", true, true);
+        let d = r.delay.unwrap();
+        assert_eq!(d.min_us, i64::MIN as f64 / 1e3);
+        assert_eq!(d.max_us, i64::MAX as f64 / 1e3);
+        assert!(d.jitter_us > 0.0 && d.jitter_us.is_finite(), "{d:?}");
+        // seq = u64::MAX: highest + 1 saturates.
+        assert_eq!(r.sent_sdus, u64::MAX);
+        assert_eq!(r.recv_sdus, 4);
+        assert_eq!(delay_ns(now, 1 << 63), -7_523_372_036_854_775_808);
+        assert_eq!(delay_ns(0, u64::MAX), i64::MIN);
+        assert_eq!(delay_ns(u64::MAX, 0), i64::MAX);
+        assert_eq!(delay_ns(10, 3), 7);
     }
 
     #[test]
