@@ -50,6 +50,11 @@ use std::time::{Duration, Instant};
 pub const MAGIC: [u8; 4] = *b"RPRF";
 /// Bytes of a DATA header; the smallest DATA size.
 pub const DATA_HEADER: usize = 4 + 1 + 4 + 8;
+
+/// Largest DATA SDU or request a test writes, bytes: 1 MiB, as rina-lab
+/// allows (no DIF carries more than 65,536; the buffer is allocated
+/// before the flow says so).
+pub const MAX_SIZE: usize = 1 << 20;
 /// Bytes of a REQUEST header; the smallest request size.
 pub const REQUEST_HEADER: usize = DATA_HEADER + 4;
 /// Bytes of a RESPONSE header; the smallest response size.
@@ -545,13 +550,14 @@ impl Clock for SleepClock {
     }
 }
 
-/// Paces a sender to a bit rate: each SDU may leave once its deadline has
+/// Paces a sender to a bit rate: each SDU may leave once its turn has
 /// come; a sender that falls behind may catch up by at most `MAX_BURST`.
 #[derive(Debug)]
 pub struct Pacer<C: Clock = SystemClock> {
     clock: C,
     ns_per_byte: f64,
-    next: Instant,
+    /// The next SDU's turn; `None` once it is beyond the clock's range.
+    next: Option<Instant>,
     /// Fraction of a nanosecond owed by the SDUs so far (kept so rates that
     /// are not a whole number of ns per SDU do not drift).
     frac_ns: f64,
@@ -559,6 +565,28 @@ pub struct Pacer<C: Clock = SystemClock> {
 
 /// Largest catch-up burst of a [`Pacer`].
 pub const MAX_BURST: Duration = Duration::from_millis(10);
+
+/// Slowest rate `rina-perf` paces to, Mb/s: 1 bit/s (a 1400-byte SDU
+/// every 3 hours).
+pub const MIN_RATE_MBPS: f64 = 1e-6;
+
+/// Fastest rate `rina-perf` paces to, Mb/s: 1 Tb/s, rinad's fastest link.
+pub const MAX_RATE_MBPS: f64 = 1e6;
+
+/// A pacing rate for clap (`--rate-mbps`): from [`MIN_RATE_MBPS`] to
+/// [`MAX_RATE_MBPS`] (a rate of 10^-9 Mb/s held a test for days between
+/// two SDUs).
+pub fn parse_rate_mbps(s: &str) -> Result<f64, String> {
+    let x = crate::opts::parse_positive(s)?;
+    if (MIN_RATE_MBPS..=MAX_RATE_MBPS).contains(&x) {
+        Ok(x)
+    } else {
+        Err(format!(
+            "{s} Mb/s is not a pace: it must be from {MIN_RATE_MBPS:e} (1 bit/s) to \
+             {MAX_RATE_MBPS:e} (1 Tb/s)"
+        ))
+    }
+}
 
 impl Pacer {
     /// A pacer for `mbps` megabits per second (10⁶ bit/s) on the real clock;
@@ -575,7 +603,7 @@ impl<C: Clock> Pacer<C> {
         if mbps.is_nan() || mbps <= 0.0 {
             return None;
         }
-        let next = clock.now();
+        let next = Some(clock.now());
         Some(Pacer {
             clock,
             ns_per_byte: 8.0 * 1e3 / mbps,
@@ -584,20 +612,42 @@ impl<C: Clock> Pacer<C> {
         })
     }
 
-    /// Waits until an SDU of `bytes` may be sent.
-    pub fn wait(&mut self, bytes: usize) {
+    /// Waits until an SDU of `bytes` may be sent, but never past `deadline`
+    /// (the end of the test): true when it may go, false if its turn comes
+    /// only after the deadline (returned at the deadline) or beyond the
+    /// clock's range (returned at once without a deadline), when the sender
+    /// should stop.
+    pub fn wait(&mut self, bytes: usize, deadline: Option<Instant>) -> bool {
         let now = self.clock.now();
-        if now > self.next + MAX_BURST {
-            self.next = now - MAX_BURST;
+        let Some(mut next) = self.next else {
+            if let Some(d) = deadline.filter(|&d| d > now) {
+                self.clock.sleep_until(d);
+            }
+            return false;
+        };
+        if now
+            .checked_duration_since(next)
+            .is_some_and(|late| late > MAX_BURST)
+        {
+            next = now - MAX_BURST;
         }
-        if now < self.next {
-            self.clock.sleep_until(self.next);
+        if now < next {
+            if let Some(d) = deadline.filter(|&d| d < next) {
+                if now < d {
+                    self.clock.sleep_until(d);
+                }
+                self.next = Some(next);
+                return false;
+            }
+            self.clock.sleep_until(next);
         }
         let cost = bytes as f64 * self.ns_per_byte + self.frac_ns;
         let whole = cost.floor();
         self.frac_ns = cost - whole;
-        // A cost beyond u64 ns (584 years) saturates.
-        self.next += Duration::from_nanos(whole as u64);
+        // A cost beyond u64 ns (584 years) saturates; a turn beyond the
+        // clock's range is never.
+        self.next = next.checked_add(Duration::from_nanos(whole as u64));
+        true
     }
 }
 
@@ -965,6 +1015,39 @@ mod tests {
     }
 
     #[test]
+    fn a_pacer_never_sleeps_past_the_deadline() {
+        let t0 = Instant::now();
+        let clock = FakeClock {
+            now: std::cell::Cell::new(t0),
+            sleeps: std::cell::RefCell::new(Vec::new()),
+        };
+        let deadline = t0 + Duration::from_secs(1);
+        // 10^-9 Mb/s: 1400 bytes take 130 days, and the sender slept them
+        // through whatever --duration-s said.
+        let mut p = Pacer::with_clock(1e-9, &clock).expect("pacer");
+        assert!(p.wait(1400, Some(deadline)));
+        assert_eq!(clock.now.get(), t0);
+        assert!(!p.wait(1400, Some(deadline)));
+        assert_eq!(clock.now.get(), deadline);
+        assert_eq!(*clock.sleeps.borrow(), vec![deadline]);
+        // Past the deadline: no sleep at all.
+        assert!(!p.wait(1400, Some(deadline)));
+        assert_eq!(clock.sleeps.borrow().len(), 1);
+        // An SDU due before the deadline still goes.
+        let mut p = Pacer::with_clock(80.0, &clock).expect("pacer");
+        assert!(p.wait(10_000, Some(deadline + Duration::from_millis(2))));
+        assert!(p.wait(10_000, Some(deadline + Duration::from_millis(2))));
+        assert_eq!(clock.now.get(), deadline + Duration::from_millis(1));
+        assert!(parse_rate_mbps("1e-9").unwrap_err().contains("not a pace"));
+        assert!(parse_rate_mbps("2e6").is_err());
+        assert!(parse_rate_mbps("0")
+            .unwrap_err()
+            .contains("not a number above 0"));
+        assert_eq!(parse_rate_mbps("1e-6"), Ok(1e-6));
+        assert_eq!(parse_rate_mbps("1e6"), Ok(1e6));
+    }
+
+    #[test]
     fn totals_of_a_servers_extreme_counts_saturate() {
         // A server's REPORT says what it likes: two flows of u64::MAX
         // overflowed the sums (a panic in a debug build).
@@ -1122,7 +1205,7 @@ mod tests {
         let mut p = Pacer::with_clock(80.0, &clock).expect("pacer");
         let mut departures = Vec::new();
         for _ in 0..20 {
-            p.wait(10_000);
+            assert!(p.wait(10_000, None));
             departures.push(clock.now.get());
         }
         let want: Vec<Instant> = (0..20).map(|i| at(i * 1000)).collect();
@@ -1134,7 +1217,7 @@ mod tests {
         clock.now.set(at(70_000));
         let mut departures = Vec::new();
         for _ in 0..12 {
-            p.wait(10_000);
+            assert!(p.wait(10_000, Some(at(100_000))));
             departures.push(clock.now.get());
         }
         // The one due now and 10 ms of credit leave at once, then 1 per ms.
@@ -1150,7 +1233,7 @@ mod tests {
         };
         let mut p = Pacer::with_clock(3.0, &clock).expect("pacer");
         for _ in 0..=3000 {
-            p.wait(1);
+            p.wait(1, None);
         }
         let took = clock.now.get() - t0;
         assert!(

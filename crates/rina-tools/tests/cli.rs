@@ -282,6 +282,16 @@ fn option_values_out_of_range_are_refused() {
             &["client", "--max-delay-ms", "nan"],
             "not a number, 0 or more",
         ),
+        // A pace of 10^-9 Mb/s slept 130 days between two SDUs.
+        (PERF, &["client", "--rate-mbps", "1e-9"], "--rate-mbps"),
+        (PERF, &["client", "--rate-mbps", "1e-9"], "is not a pace"),
+        // A buffer of the size was allocated before the flow was asked.
+        (
+            PERF,
+            &["client", "--size", "1099511627776"],
+            "more than 1048576",
+        ),
+        (PERF, &["client", "--sweep", "64,2000000"], "bad size"),
         // Sources the generator's loops never got out of, or allocated.
         (TGEN, &["client", "--rate-bps", "1e300"], "--rate-bps"),
         (

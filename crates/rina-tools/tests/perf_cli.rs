@@ -172,6 +172,46 @@ fn request_response_and_parallel_flows_between_two_daemons() {
     }
 }
 
+/// A test paced slower than one SDU per --duration-s: the sender slept
+/// until its next SDU's turn (3 hours at 10^-6 Mb/s, 130 days at 10^-9),
+/// whatever the duration; now the test ends on time with the one SDU due.
+#[test]
+fn a_paced_test_ends_at_its_duration_however_slow_the_pace() {
+    let (mut procs, a, b) = two_daemons("rina-perf-slow-pace");
+    let bin = bin_dir().join("rina-perf");
+    serve(&mut procs, &bin, &b);
+    wait_until("the server's registration", Duration::from_secs(20), || {
+        rina::Client::connect_to(&b)
+            .and_then(|mut c| c.list_names())
+            .is_ok_and(|v| v.iter().any(|n| n.name.process_name == "perf"))
+    });
+    let mut client = Command::new(&bin)
+        .arg("client")
+        .arg("--socket")
+        .arg(&a)
+        .args(["--dst", "perf", "--json", "--rate-mbps", "1e-6"])
+        .args(["--duration-s", "1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run rina-perf");
+    let t0 = Instant::now();
+    while client.try_wait().unwrap().is_none() && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let done = client.try_wait().unwrap().is_some();
+    if !done {
+        let _ = client.kill();
+    }
+    let out = client.wait_with_output().unwrap();
+    assert!(done, "a 1 s test still ran after 20 s");
+    let r = report(&out);
+    assert_eq!(r.tests[0].sent_sdus, 1, "{r:?}");
+    let took = r.tests[0].send_duration_s;
+    assert!((0.9..5.0).contains(&took), "{took}");
+}
+
 /// A server that takes the flow and reads it, but never answers a STOP:
 /// the client reports the size as failed, not as a test in which nothing
 /// arrived, and exits 1.

@@ -88,7 +88,8 @@ struct ClientArgs {
     #[arg(short = 't', long = "test", value_enum, default_value = "perf")]
     kind: TestKind,
     /// DATA SDU size (perf, at least 17) or request size (rr, at least 21),
-    /// in bytes [default: 1400 for perf, 64 for rr]; --sweep gives several.
+    /// at most 1048576, in bytes [default: 1400 for perf, 64 for rr];
+    /// --sweep gives several.
     #[arg(long, conflicts_with = "sweep")]
     size: Option<usize>,
     /// rr: size of each response, in bytes (at least 17; cut to the
@@ -123,8 +124,10 @@ struct ClientArgs {
     /// running for a duration (at least 1).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     count: Option<u64>,
-    /// perf: pace the sender to this rate, in Mb/s (10^6 bit/s; more than 0).
-    #[arg(long, value_name = "R", value_parser = opts::parse_positive)]
+    /// perf: pace the sender to this rate, in Mb/s (10^6 bit/s; 1e-6, one
+    /// bit/s, to 1e6); a test ends at its --duration-s even when its next
+    /// SDU's turn has not come.
+    #[arg(long, value_name = "R", value_parser = perf::parse_rate_mbps)]
     rate_mbps: Option<f64>,
     /// Run one test per size, on the same flow (e.g. 64,256,1024,1400).
     #[arg(long, value_delimiter = ',', value_name = "SIZES")]
@@ -223,6 +226,14 @@ fn sizes(a: &ClientArgs) -> Vec<usize> {
             TOOL,
             "bad size",
             &format!("{s} bytes is less than the {min}-byte header"),
+            2,
+        );
+    }
+    if let Some(s) = sizes.iter().find(|&&s| s > perf::MAX_SIZE) {
+        opts::die(
+            TOOL,
+            "bad size",
+            &format!("{s} bytes is more than {} (1 MiB)", perf::MAX_SIZE),
             2,
         );
     }
@@ -606,6 +617,8 @@ fn run_test(flow: &Flow, a: &ClientArgs, test: u32, size: usize) -> Result<TestR
     let mut pacer = a.rate_mbps.and_then(Pacer::new);
     let duration = duration(a);
     let start = Instant::now();
+    // With --count, the test lasts as long as its SDUs take.
+    let deadline = a.count.is_none().then(|| start + duration);
     let (mut sent, mut bytes) = (0u64, 0u64);
     loop {
         match a.count {
@@ -613,8 +626,8 @@ fn run_test(flow: &Flow, a: &ClientArgs, test: u32, size: usize) -> Result<TestR
             None if start.elapsed() >= duration => break,
             _ => {}
         }
-        if let Some(p) = pacer.as_mut() {
-            p.wait(size);
+        if pacer.as_mut().is_some_and(|p| !p.wait(size, deadline)) {
+            break;
         }
         perf::write_data_header(&mut buf, test, sent);
         flow.write(&buf).map_err(err)?;
