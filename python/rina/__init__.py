@@ -30,6 +30,7 @@ import asyncio
 import ctypes
 import errno
 import math
+import numbers
 import os
 import select
 import socket
@@ -89,17 +90,47 @@ def _dif(d):
     return None if d is None else _name(d, "dif")
 
 
+# The longest wait poll(2) takes, in milliseconds (a C int: 24.8 days);
+# a longer timeout is waited out in several.
+_POLL_MAX_MS = 2**31 - 1
+
+
+def _timeout(timeout):
+    """``timeout`` checked: None to wait for ever (as ``math.inf``), else a
+    number of seconds, 0 or more, as a float. Anything else raises, naming
+    it: TypeError if it is not a number, ValueError if NaN or negative."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(
+            f"timeout must be a number of seconds or None, not {type(timeout).__name__}"
+        )
+    try:
+        t = float(timeout)
+    except OverflowError:
+        # An integer beyond a float's range: for ever if positive.
+        t = math.inf if timeout > 0 else -math.inf
+    if math.isnan(t) or t < 0:
+        raise ValueError(f"timeout must be 0 or more seconds (or None), not {timeout!r}")
+    return None if math.isinf(t) else t
+
+
 def _wait_readable(fd, timeout):
-    """Whether ``fd`` turns readable within ``timeout`` seconds (poll(2),
-    not select(2), which fails on descriptors above 1023)."""
+    """Whether ``fd`` turns readable within ``timeout`` seconds (a checked
+    :func:`_timeout`; None: for ever) (poll(2), not select(2), which fails
+    on descriptors above 1023)."""
     p = select.poll()
     p.register(fd, select.POLLIN)
-    end = time.monotonic() + timeout
+    end = None if timeout is None else time.monotonic() + timeout
     while True:
-        ms = max(0, math.ceil((end - time.monotonic()) * 1000))
+        if end is None:
+            ms = _POLL_MAX_MS
+        else:
+            left_ms = (end - time.monotonic()) * 1000
+            ms = max(0, math.ceil(min(left_ms, _POLL_MAX_MS)))
         if p.poll(ms):
             return True
-        if time.monotonic() >= end:
+        if end is not None and time.monotonic() >= end:
             return False
 
 
@@ -212,7 +243,10 @@ class Flow:
 
     def read(self, timeout=None):
         """Receives one SDU; ``b""`` once the flow is closed. Raises
-        :class:`TimeoutError` if nothing came within ``timeout`` seconds."""
+        :class:`TimeoutError` if nothing came within ``timeout`` seconds
+        (None or ``math.inf``: waits for ever; a negative or NaN timeout
+        raises ValueError)."""
+        timeout = _timeout(timeout)
         sock = self._live("read from the flow")
         if timeout is not None:
             if not _wait_readable(sock.fileno(), timeout):
@@ -432,7 +466,9 @@ class Control:
         """Waits for the next flow request (at most ``timeout`` seconds:
         then returns None); answer it with its accept() or refuse(). For a
         name registered with ``accept``, the request is a flow the daemon
-        accepted already: accept() hands it over, refuse() closes it."""
+        accepted already: accept() hands it over, refuse() closes it.
+        ``timeout`` is as :meth:`Flow.read`'s."""
+        timeout = _timeout(timeout)
         fd = self._live("take a flow request")
         if timeout is not None:
             if not _wait_readable(fd, timeout):
@@ -460,7 +496,8 @@ class Control:
         """Accepts the next flow request; returns the flow (None on timeout).
         A request withdrawn before it could be accepted (its requester gave
         up, or the DIF's accept timeout passed) is passed over, as
-        rina_flow_accept() does in C."""
+        rina_flow_accept() does in C. ``timeout`` is as :meth:`Flow.read`'s."""
+        timeout = _timeout(timeout)
         end = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if end is None else max(0.0, end - time.monotonic())

@@ -2,8 +2,10 @@
 
 import asyncio
 import errno
+import math
 import os
 import queue
+import select
 import signal
 import subprocess
 import sys
@@ -109,6 +111,46 @@ def test_flow_limits(server):
         assert e.value.errno == errno.EMSGSIZE
         with pytest.raises(TimeoutError):
             flow.read(timeout=0.05)
+
+
+def test_bad_timeouts_raise_naming_the_timeout(server):
+    server("echo_server.py", "py-echo")
+    with rina.allocate("py-echo") as flow, rina.Control() as ctl:
+        for bad in (math.nan, -1, -math.inf):
+            for call in (flow.read, ctl.next_request, ctl.accept):
+                with pytest.raises(ValueError, match="timeout must be 0 or more seconds"):
+                    call(timeout=bad)
+        for call in (flow.read, ctl.next_request, ctl.accept):
+            with pytest.raises(TypeError, match="timeout must be a number"):
+                call(timeout="1")
+        # Past what poll(2) takes (2**31 - 1 ms), or for ever: OverflowError
+        # ("cannot convert float infinity to integer") before.
+        for long in (math.inf, 1e300, 2**40, 2**2000):
+            flow.write(b"ping")
+            assert flow.read(timeout=long) == b"ping"
+
+
+class _Poll:
+    """A poll(2) that records its waits and answers the third."""
+
+    def __init__(self):
+        self.waits = []
+
+    def register(self, fd, events):
+        pass
+
+    def poll(self, ms):
+        assert isinstance(ms, int) and 0 <= ms <= 2**31 - 1, ms
+        self.waits.append(ms)
+        return [(0, select.POLLIN)] if len(self.waits) == 3 else []
+
+
+@pytest.mark.parametrize("timeout", [2**40, 1e300, None])
+def test_long_waits_are_cut_to_what_poll_takes(monkeypatch, timeout):
+    p = _Poll()
+    monkeypatch.setattr(rina.select, "poll", lambda: p)
+    assert rina._wait_readable(0, timeout)
+    assert p.waits == [2**31 - 1] * 3
 
 
 def test_no_daemon_raises(daemons, tmp_path):
