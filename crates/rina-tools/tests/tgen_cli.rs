@@ -26,6 +26,7 @@ dif = "udp"
 bind = "127.0.0.1:{port}"
 [ipcp.directory]
 "tgen" = "127.0.0.1:{peer_port}"
+"closer" = "127.0.0.1:{peer_port}"
 "#
     )
 }
@@ -457,4 +458,64 @@ fn check_fast_client_stops_at_its_end(tgen: &Path, a: &Path) {
     let r: RunReport = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
     let sent = r.flows[0].sent.as_ref().expect("forward: what was sent");
     assert!(sent.sdus > 0, "{r:?}");
+}
+
+#[test]
+fn a_client_stops_when_its_flow_closes() {
+    let bins = bin_dir();
+    let dir = std::env::temp_dir().join(format!("rina-tgen-closed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut procs = Procs(Vec::new(), dir.clone());
+    start_daemons(&mut procs, &bins, &dir);
+    let (a, b) = (dir.join("alpha.sock"), dir.join("beta.sock"));
+    wait_until("the daemons' sockets", Duration::from_secs(20), || {
+        a.exists() && b.exists()
+    });
+    // A peer that takes the flow, reads its HELLO and closes it.
+    let mut srv = Client::connect_to(&b).expect("connect to beta");
+    srv.register(&"closer".parse().unwrap(), None)
+        .expect("register");
+    let mut client = Command::new(bins.join("rina-tgen"))
+        .arg("client")
+        .arg("--socket")
+        .arg(&a)
+        .args([
+            "--dst",
+            "closer",
+            "--rate-bps",
+            "0.001",
+            "--duration-s",
+            "1e9",
+        ])
+        .args(["--direction", "forward", "--interval-s", "0", "--json"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let req = srv
+        .next_request_timeout(Duration::from_secs(20))
+        .expect("a request")
+        .expect("a request within 20 s");
+    let flow = srv.accept(&req).expect("accept");
+    assert_eq!(next_header(&flow).kind, Kind::Hello);
+    drop(flow);
+    // Its next SDU was 130 days away, and it slept until then.
+    let t0 = Instant::now();
+    while client.try_wait().unwrap().is_none() && t0.elapsed() < Duration::from_secs(15) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let done = client.try_wait().unwrap().is_some();
+    if !done {
+        let _ = client.kill();
+    }
+    let out = client.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        done,
+        "the client still ran 15 s after its flow closed: {err}"
+    );
+    let r: RunReport = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    let e = r.flows[0].error.as_deref().unwrap_or_default();
+    assert!(e.contains("closed before its end"), "{r:?}");
 }

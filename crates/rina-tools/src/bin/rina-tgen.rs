@@ -574,6 +574,9 @@ struct ClientFlow {
     /// The client's own HELLO came back: the peer echoes what it is sent
     /// (a `rina-echo server`), it is no tgen server.
     echoed: AtomicBool,
+    /// The flow failed under the receiver (closed): the sender stops too,
+    /// rather than sleep until its next SDU.
+    closed: AtomicBool,
 }
 
 /// Runs the client: starts every planned flow in time, waits for them and
@@ -847,6 +850,7 @@ fn run_client_flow(
         fwd: Mutex::new(None),
         rev_fin: AtomicBool::new(false),
         echoed: AtomicBool::new(false),
+        closed: AtomicBool::new(false),
     });
     let stop_rx = Arc::new(AtomicBool::new(false));
     let rx = {
@@ -873,7 +877,6 @@ fn run_client_flow(
             error = Some(e.to_string());
         }
     }
-    let never = AtomicBool::new(false);
     let duration = Duration::from_secs_f64(p.duration_s.clamp(0.0, 1e9));
     // The plan's source was checked (client_plans, start_flow).
     let gen = p
@@ -882,13 +885,16 @@ fn run_client_flow(
         .then(|| p.source.profile().ok())
         .flatten()
         .map(|prof| Generator::new(prof, p.seed));
-    let (sent, bytes) = match send_schedule(&flow, p.flow, gen, duration, probe, live, &never) {
+    let (sent, bytes) = match send_schedule(&flow, p.flow, gen, duration, probe, live, &cf.closed) {
         Ok(x) => x,
         Err(e) => {
             error = Some(e.to_string());
             (0, 0)
         }
     };
+    if cf.closed.load(Ordering::Relaxed) {
+        error.get_or_insert_with(|| "the flow failed or closed before its end".into());
+    }
     // FIN until the REPORT (and the reverse FIN) came, for at most
     // `report_wait` (twenty FINs, at least 100 ms apart), looking every 100 ms.
     let msg = fin(p.flow, sent, bytes);
@@ -962,7 +968,10 @@ fn client_receiver(flow: &Flow, cf: &ClientFlow, stop: &AtomicBool, live: &Live)
             Ok(Some(n)) => n,
             Ok(None) => continue,
             Err(e) if opts::is_transient(&e) => continue,
-            Err(_) => break,
+            Err(_) => {
+                cf.closed.store(true, Ordering::Relaxed);
+                break;
+            }
         };
         let now = realtime_ns();
         let Some(h) = Header::decode(&buf[..n]) else {
