@@ -307,6 +307,42 @@ fn a_neighbour_reading_the_rib_over_and_over_is_refused_beyond_its_rate() {
 }
 
 #[test]
+fn a_refused_rib_read_is_refused_before_the_rib_is_built_and_missing_paths_are_charged() {
+    let mut p = open_member();
+    p.on_frame(at(1), PORT, &cdap_frame(&p, 2, &hello_of("m2.net", 2)));
+    p.on_frame(at(1), PORT, &cdap_frame(&p, 2, &connect_of("m2.net")));
+    assert_eq!(session(&p), SessionState::Open);
+    sent(&mut p);
+    let read = |p: &mut NormalIpcp, path: &str, id: i32| {
+        let read = CdapMessage::read("", path).with_invoke_id(id);
+        p.on_frame(at(2), PORT, &cdap_frame(p, 2, &read));
+        p.handle_timeout(at(2));
+        sent(p);
+    };
+    // Reads of a subtree that does not exist build the view too: they are
+    // paid for, and run out like reads of everything.
+    let mut id = 0;
+    while p.counters().rib_reads_limited == 0 && id < 100_000 {
+        id += 1;
+        read(&mut p, "/no/such/object", id);
+    }
+    assert_eq!(
+        p.counters().rib_reads_limited,
+        1,
+        "missing paths are charged"
+    );
+    let built = p.rib_reads.built;
+    assert_eq!(built, id as u64 - 1, "one view per read answered");
+    // Refused reads, of everything or of nothing, build nothing.
+    for k in 0..10 {
+        let path = if k % 2 == 0 { "/" } else { "/no/such/object" };
+        read(&mut p, path, id + 1 + k);
+    }
+    assert_eq!(p.counters().rib_reads_limited, 11);
+    assert_eq!(p.rib_reads.built, built, "refused reads built no view");
+}
+
+#[test]
 fn a_request_without_an_open_session_is_refused_and_counted_until_m_connect() {
     let mut p = open_member();
     let ours = sent(&mut p);

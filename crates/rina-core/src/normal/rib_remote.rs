@@ -20,8 +20,10 @@
 //! read may take up to a second's worth more): a short `M_READ` of `/` is
 //! answered with one message per object, and a member asking for it over
 //! and over would otherwise have this IPCP send as fast as it can ask.
-//! Reads beyond are refused with a reason and counted
-//! (`rib_reads_limited`).
+//! A read is charged every object of the view of the RIB built to answer
+//! it (built whole, whatever the path), so reads of small or missing
+//! subtrees are paid for too. Reads beyond are refused with a reason and
+//! counted (`rib_reads_limited`), before anything is built.
 //!
 //! Management PDUs are unreliable: a read not complete after
 //! `alloc_retry * 4` is asked again with a new invoke id (answers to the old
@@ -115,24 +117,29 @@ pub(super) struct RemoteReads {
     /// algorithm's theoretical arrival time). Entries in the past are as
     /// good as absent and are dropped.
     answered_until: BTreeMap<Address, Instant>,
+    /// RIB views built to answer neighbours' reads.
+    #[cfg(test)]
+    pub(super) built: u64,
 }
 
 impl RemoteReads {
-    /// Whether neighbour `reader` may be answered now; if so, charges it
-    /// `objects`.
-    fn admit(&mut self, now: Instant, reader: Address, objects: usize) -> bool {
+    /// Whether neighbour `reader` may be answered now (what it was
+    /// answered before is paid for but for a burst).
+    fn may_answer(&mut self, now: Instant, reader: Address) -> bool {
         if self.answered_until.len() > MAX_REMOTE_READS {
             self.answered_until.retain(|_, t| *t > now);
         }
         let until = self.answered_until.get(&reader).copied().unwrap_or(now);
-        if until > now + RIB_READ_BURST {
-            return false;
-        }
+        until <= now + RIB_READ_BURST
+    }
+
+    /// Charges neighbour `reader` `objects` (those built to answer it).
+    fn charge(&mut self, now: Instant, reader: Address, objects: usize) {
+        let until = self.answered_until.get(&reader).copied().unwrap_or(now);
         let cost = std::time::Duration::from_nanos(
             (objects as u64).saturating_mul(1_000_000_000 / RIB_READ_OBJECTS_PER_S),
         );
         self.answered_until.insert(reader, until.max(now) + cost);
-        true
     }
 }
 
@@ -240,29 +247,34 @@ impl NormalIpcp {
             _ => ALL_LEVELS,
         };
         let readable = self.cfg.rib_readable.iter().any(|p| under(&path, p));
-        let mut entries = if readable {
-            self.rib()
-                .snapshot(&path, depth)
-                .map_err(|e| (1, e.to_string()))
-        } else {
+        let entries = if !readable {
             Err((
                 2,
                 format!("{path} is not readable by members of {}", self.cfg.dif),
             ))
-        };
-        if let Ok(e) = &entries {
-            if !self.rib_reads.admit(now, dst, e.len().max(1)) {
-                self.counters.rib_reads_limited += 1;
-                entries = Err((
-                    RESULT_READ_LIMITED,
-                    format!(
-                        "too many RIB objects read: members of {} are answered at most \
-                         {RIB_READ_OBJECTS_PER_S} a second each; ask again later",
-                        self.cfg.dif
-                    ),
-                ));
+        } else if !self.rib_reads.may_answer(now, dst) {
+            // Refused before anything is built: a refusal costs nothing
+            // in proportion to the RIB.
+            self.counters.rib_reads_limited += 1;
+            Err((
+                RESULT_READ_LIMITED,
+                format!(
+                    "too many RIB objects read: members of {} are answered at most \
+                     {RIB_READ_OBJECTS_PER_S} a second each; ask again later",
+                    self.cfg.dif
+                ),
+            ))
+        } else {
+            // The view is built whole whatever the path: the reader pays
+            // for every object built, at least one.
+            let rib = self.rib();
+            #[cfg(test)]
+            {
+                self.rib_reads.built += 1;
             }
-        }
+            self.rib_reads.charge(now, dst, rib.len().max(1));
+            rib.snapshot(&path, depth).map_err(|e| (1, e.to_string()))
+        };
         let out: Vec<CdapMessage> = match entries {
             Err((code, reason)) => {
                 let Ok(r) = CdapMessage::response_to(req, code, &reason) else {
