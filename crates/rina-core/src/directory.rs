@@ -220,6 +220,10 @@ pub enum DirectoryError {
     /// The application name has an empty process name.
     #[error("application name with an empty process name")]
     EmptyName,
+    /// The application name is not one its text form gives back (too long,
+    /// bad characters, `/` in a part); the reason.
+    #[error("invalid application name: {0}")]
+    InvalidName(String),
     /// The port is already a live neighbour.
     #[error("port {0} is already up")]
     PortUp(PortId),
@@ -263,7 +267,7 @@ pub struct Counters {
     pub rx_stale: u64,
     /// Received entries already at the maximum age.
     pub rx_too_old: u64,
-    /// Received entries with an empty process name.
+    /// Received entries whose name is not valid ([`check_name`]).
     pub rx_invalid: u64,
     /// New entries dropped because the database was full.
     pub rx_db_full: u64,
@@ -427,9 +431,7 @@ impl Directory {
 
     /// Registers `name` at this IPC process and floods the entry.
     pub fn register(&mut self, now: Instant, name: AppName) -> Result<(), DirectoryError> {
-        if name.process_name.is_empty() {
-            return Err(DirectoryError::EmptyName);
-        }
+        check_name(&name)?;
         if self.local.contains(&name) {
             return Err(DirectoryError::AlreadyRegistered(name));
         }
@@ -499,7 +501,7 @@ impl Directory {
         let avoid = Some(from_port);
         for e in entries {
             self.counters.rx_entries += 1;
-            if e.name.process_name.is_empty() {
+            if check_name(&e.name).is_err() {
                 self.counters.rx_invalid += 1;
                 continue;
             }
@@ -746,12 +748,28 @@ pub fn dfte_to_wire(e: &DirEntry) -> DirectoryForwardingTableEntry {
     }
 }
 
-/// An entry from IRATI's form alone: alive, version 0, age 0.
-pub fn dfte_from_wire(w: &DirectoryForwardingTableEntry) -> Result<DirEntry, DirectoryError> {
-    let name = AppName::from(&w.application_name);
+/// Whether `name` is a valid application name, as the flow allocator
+/// takes names from the wire: its text form parses (at most
+/// [`MAX_NAME_LEN`](rina_wire::name::MAX_NAME_LEN) bytes, no control
+/// characters or white space) back to the same name.
+pub fn check_name(name: &AppName) -> Result<(), DirectoryError> {
     if name.process_name.is_empty() {
         return Err(DirectoryError::EmptyName);
     }
+    match name.to_string().parse::<AppName>() {
+        Ok(back) if back == *name => Ok(()),
+        Ok(back) => Err(DirectoryError::InvalidName(format!(
+            "its text form reads as another name, {back}"
+        ))),
+        Err(e) => Err(DirectoryError::InvalidName(e.to_string())),
+    }
+}
+
+/// An entry from IRATI's form alone: alive, version 0, age 0. Fails on a
+/// name that is not valid ([`check_name`]).
+pub fn dfte_from_wire(w: &DirectoryForwardingTableEntry) -> Result<DirEntry, DirectoryError> {
+    let name = AppName::from(&w.application_name);
+    check_name(&name)?;
     Ok(DirEntry {
         name,
         address: w.ipc_process_synonym,

@@ -692,3 +692,65 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn entries_with_names_the_text_form_refuses_are_dropped_counted_and_never_flooded() {
+    let long = AppName {
+        process_name: "x".repeat(100_000),
+        ..Default::default()
+    };
+    let slash = AppName {
+        process_name: "a/b".into(),
+        ..Default::default()
+    };
+    let spaced = AppName {
+        process_name: "a b".into(),
+        ..Default::default()
+    };
+    // From the wire: the message is malformed.
+    let bytes = encode_entries(&[DirEntry {
+        name: long.clone(),
+        ..entry("ok", 9, 1, 1, true)
+    }]);
+    assert!(matches!(
+        decode_entries(&bytes),
+        Err(DirectoryError::InvalidName(_))
+    ));
+    // Handed over anyway: each is counted and dropped, the good one kept.
+    let mut d = Directory::new(A, Config::default()).unwrap();
+    d.neighbor_up(ms(0), 2).unwrap();
+    d.neighbor_up(ms(0), 3).unwrap();
+    drain(&mut d);
+    let bad = [long.clone(), slash.clone(), spaced.clone()].map(|name| DirEntry {
+        name,
+        ..entry("ok", 9, 1, 1, true)
+    });
+    d.on_entries(
+        ms(0),
+        2,
+        bad.into_iter().chain([entry("ok", 9, 1, 1, true)]),
+    );
+    assert_eq!(d.counters().rx_invalid, 3);
+    assert_eq!(d.lookup(&long), None);
+    assert_eq!(d.db_len(), 1);
+    d.handle_timeout(ms(1000));
+    let flooded: Vec<AppName> = drain(&mut d)
+        .into_iter()
+        .flat_map(|a| match a {
+            DirectoryAction::Flood { entries, .. } | DirectoryAction::Send { entries, .. } => {
+                entries
+            }
+        })
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(flooded, vec![app("ok")]);
+    // Nor may such a name be registered here.
+    assert!(matches!(
+        d.register(ms(0), slash),
+        Err(DirectoryError::InvalidName(_))
+    ));
+    assert!(matches!(
+        d.register(ms(0), long),
+        Err(DirectoryError::InvalidName(_))
+    ));
+}
