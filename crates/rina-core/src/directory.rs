@@ -51,6 +51,14 @@
 //!   members agree once flooding is done. (Two registrations made before
 //!   either heard of the other may take the same version; then the lower
 //!   address wins everywhere.)
+//! * **Versions climb one step at a time.** A received entry whose version
+//!   is more than [`MAX_VERSION_STEP`] above the highest this member holds
+//!   for the name (0 if none) is dropped and counted (`rx_version_jump`).
+//!   Versions grow by one per registration, so no true entry jumps that
+//!   far; without the bound, one entry with version `u64::MAX` would take
+//!   the name for good (the owner's next registration could not go above
+//!   it, and would lose the tie on address). So a registration here can
+//!   always outbid what this member holds.
 //! * **Withdrawals.** Unregistering floods a tombstone (`alive: false`, next
 //!   sequence number, same version). It replaces the alive entry everywhere,
 //!   is never refreshed, and expires like any entry after
@@ -90,6 +98,10 @@ pub const DFT_OBJ_NAME: &str = "/dif/mgmt/nsm/dft";
 pub const DFT_OBJ_CLASS: &str = "DirectoryForwardingTableEntries";
 /// RIB class of one entry.
 pub const DFTE_OBJ_CLASS: &str = "DirectoryForwardingTableEntry";
+
+/// Most a received entry's version may be above the highest this member
+/// holds for its name (see the module docs): 2^32 registrations.
+pub const MAX_VERSION_STEP: u64 = 1 << 32;
 
 /// One directory entry: where `name` is (or was) registered.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -273,6 +285,9 @@ pub struct Counters {
     pub rx_db_full: u64,
     /// Copies of our own entries newer than ours (we re-originated past them).
     pub rx_own_newer: u64,
+    /// Received entries whose version is more than [`MAX_VERSION_STEP`]
+    /// above the highest held for their name.
+    pub rx_version_jump: u64,
     /// Local registrations.
     pub registrations: u64,
     /// Local withdrawals.
@@ -303,6 +318,7 @@ impl Counters {
             ("rx_invalid", self.rx_invalid),
             ("rx_db_full", self.rx_db_full),
             ("rx_own_newer", self.rx_own_newer),
+            ("rx_version_jump", self.rx_version_jump),
             ("registrations", self.registrations),
             ("unregistrations", self.unregistrations),
             ("originated", self.originated),
@@ -435,12 +451,7 @@ impl Directory {
         if self.local.contains(&name) {
             return Err(DirectoryError::AlreadyRegistered(name));
         }
-        let version = self
-            .name_entries(&name)
-            .map(|e| e.version)
-            .max()
-            .unwrap_or(0)
-            .saturating_add(1);
+        let version = self.highest_version(&name).saturating_add(1);
         self.local.insert(name.clone());
         self.counters.registrations += 1;
         self.originate(now, name, true, version);
@@ -507,6 +518,14 @@ impl Directory {
             }
             if self.db.too_old(&e) {
                 self.counters.rx_too_old += 1;
+                continue;
+            }
+            if e.version
+                > self
+                    .highest_version(&e.name)
+                    .saturating_add(MAX_VERSION_STEP)
+            {
+                self.counters.rx_version_jump += 1;
                 continue;
             }
             if e.address == self.address {
@@ -587,13 +606,17 @@ impl Directory {
     fn own_version(&self, name: &AppName) -> u64 {
         match self.db.get(&(name.clone(), self.address)) {
             Some(s) => s.obj.version,
-            None => self
-                .name_entries(name)
-                .map(|e| e.version)
-                .max()
-                .unwrap_or(0)
-                .saturating_add(1),
+            None => self.highest_version(name).saturating_add(1),
         }
+    }
+
+    /// The highest version held for `name` (alive or withdrawn, from any
+    /// origin), 0 if none.
+    fn highest_version(&self, name: &AppName) -> u64 {
+        self.name_entries(name)
+            .map(|e| e.version)
+            .max()
+            .unwrap_or(0)
     }
 
     /// A copy of one of our own entries came back.

@@ -754,3 +754,51 @@ fn entries_with_names_the_text_form_refuses_are_dropped_counted_and_never_floode
         Err(DirectoryError::InvalidName(_))
     ));
 }
+
+#[test]
+fn a_version_far_above_the_highest_held_is_dropped_and_the_owner_can_always_outbid() {
+    let srv = app("srv");
+    let mut d = Directory::new(5, Config::default()).unwrap();
+    d.neighbor_up(ms(0), 1).unwrap();
+    d.register(ms(0), srv.clone()).unwrap();
+    let ours = d.entry(ms(0), &srv, 5).unwrap().version;
+    // A member claiming the name with the highest version there is: dropped.
+    let forged = |version, seq| DirEntry {
+        version,
+        ..entry("srv", 3, seq, 0, true)
+    };
+    d.on_entries(ms(1), 1, [forged(u64::MAX, 1)]);
+    assert_eq!(d.counters().rx_version_jump, 1);
+    assert_eq!(d.lookup(&srv), Some(5));
+    assert_eq!(d.db_len(), 1);
+    // So is one for a name held nowhere here, and a copy of our own.
+    d.on_entries(
+        ms(1),
+        1,
+        [DirEntry {
+            version: MAX_VERSION_STEP + 1,
+            ..entry("new", 3, 1, 0, true)
+        }],
+    );
+    d.on_entries(
+        ms(1),
+        1,
+        [DirEntry {
+            version: u64::MAX,
+            ..entry("srv", 5, 9, 0, true)
+        }],
+    );
+    assert_eq!(d.counters().rx_version_jump, 3);
+    assert_eq!(d.entry(ms(1), &srv, 5).unwrap().version, ours);
+    // One step up is taken (the highest version wins)...
+    d.on_entries(ms(2), 1, [forged(ours + MAX_VERSION_STEP, 2)]);
+    assert_eq!(d.lookup(&srv), Some(3));
+    // ...and the owner's next registration outbids it.
+    d.unregister(ms(3), &srv).unwrap();
+    d.register(ms(4), srv.clone()).unwrap();
+    assert_eq!(d.lookup(&srv), Some(5));
+    assert_eq!(
+        d.entry(ms(4), &srv, 5).unwrap().version,
+        ours + MAX_VERSION_STEP + 1
+    );
+}
