@@ -358,9 +358,11 @@ pub struct LinkState {
     /// Last sequence number used per neighbour, kept after expiry.
     own_seq: BTreeMap<Address, u32>,
     /// Ports whose neighbour was sent the database because it seemed to
-    /// have restarted, and nothing new came from since: it is not sent
-    /// again, so two neighbours never answer each other's answers.
-    answered: BTreeSet<PortId>,
+    /// have restarted, and nothing new came from since, with when: it is
+    /// not sent again before a refresh interval has passed (in case the
+    /// answer was lost), so stale copies cost one answer each interval
+    /// and two neighbours never answer each other's answers.
+    answered: BTreeMap<PortId, Instant>,
     compute_due: Option<Instant>,
     last_compute: Option<Instant>,
     /// When the first of this IPCP's own FSOs that are up is due for a
@@ -389,7 +391,7 @@ impl LinkState {
             neighbors: BTreeMap::new(),
             db: FloodDb::new(limits),
             own_seq: BTreeMap::new(),
-            answered: BTreeSet::new(),
+            answered: BTreeMap::new(),
             compute_due: None,
             last_compute: None,
             refresh_due: None,
@@ -536,9 +538,10 @@ impl LinkState {
     /// the neighbour's own FSO about its link to us, as we hold it, in a
     /// message without any of our own FSOs: the neighbour knows nothing
     /// of us, it restarted before changing anything and reused its
-    /// sequence numbers. That is answered once until something new comes
-    /// from the neighbour, so two neighbours never answer each other's
-    /// answers.
+    /// sequence numbers. Either is answered once until something new comes
+    /// from the neighbour (or a refresh interval passed, in case the answer
+    /// was lost), so that stale copies sent over and over cost one answer,
+    /// and two neighbours never answer each other's answers.
     pub fn on_fsos(
         &mut self,
         now: Instant,
@@ -590,9 +593,13 @@ impl LinkState {
                 }
             }
         }
-        let answer = restarted || (synced && !self.answered.contains(&from_port));
+        let quiet = match self.answered.get(&from_port) {
+            Some(t) => now >= *t + self.cfg.refresh_interval,
+            None => true,
+        };
+        let answer = (restarted || synced) && quiet;
         if let Some(address) = avoid.filter(|_| answer) {
-            self.answered.insert(from_port);
+            self.answered.insert(from_port, now);
             self.counters.neighbor_restarts += 1;
             self.db_sync(now, from_port, address);
             self.actions

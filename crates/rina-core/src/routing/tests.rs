@@ -805,12 +805,61 @@ fn a_neighbour_sending_its_own_fsos_older_than_ours_restarted_and_gets_the_datab
     assert!(sent.iter().any(|f| f.key() == (2, 1) && f.seq == 5));
     assert!(sent.iter().any(|f| f.key() == (3, 2) && f.seq == 4));
     assert_eq!(m.counters().neighbor_restarts, 1);
-    // The same sequence number saying something else: restarted too; the
-    // same one saying the same: a plain duplicate.
+    // The same sequence number saying something else: restarted too (once
+    // a refresh interval passed since the last answer, as nothing new came
+    // from 2); the same one saying the same: a plain duplicate.
     m.on_fsos(ms(30), 2, [fso(2, 1, 5, true)]);
     assert!(drain(&mut m).is_empty());
-    m.on_fsos(ms(40), 2, [fso(2, 1, 5, false)]);
+    let interval = Config::default().refresh_interval.as_millis() as u64;
+    m.on_fsos(ms(20 + interval), 2, [fso(2, 1, 5, false)]);
     assert!(drain(&mut m).contains(&RoutingAction::NeighborRestarted { port: 2 }));
+}
+
+#[test]
+fn stale_copies_of_a_neighbours_own_fso_are_answered_once_until_it_sends_something_new() {
+    let cfg = Config::default();
+    let mut m = LinkState::new(1, cfg.clone()).unwrap();
+    m.neighbor_up(ms(0), 2, 2, 1).unwrap();
+    let far: Vec<Fso> = (0..300).map(|i| fso(1000 + i, 5000 + i, 1, true)).collect();
+    m.on_fsos(ms(0), 2, far);
+    m.on_fsos(ms(0), 2, [fso(2, 1, 10, true)]);
+    m.handle_timeout(ms(1000));
+    drain(&mut m);
+    let answer = |m: &mut LinkState, t: Instant, fsos: Vec<Fso>| {
+        m.on_fsos(t, 2, fsos);
+        let acts = drain(m);
+        let sent: usize = acts
+            .iter()
+            .map(|a| match a {
+                RoutingAction::Send { fsos, .. } => fsos.len(),
+                _ => 0,
+            })
+            .sum();
+        let restarted = acts.contains(&RoutingAction::NeighborRestarted { port: 2 });
+        (sent, restarted)
+    };
+    // The first stale copy: 2 restarted, it gets the database.
+    let (sent, restarted) = answer(&mut m, ms(2000), vec![fso(2, 1, 9, true)]);
+    assert!(sent > 300 && restarted, "{sent}");
+    // The same, over and over: not answered again.
+    for k in 1..10 {
+        let again = answer(&mut m, ms(2000 + k), vec![fso(2, 1, 9, true)]);
+        assert_eq!(again, (0, false), "copy {k}");
+    }
+    assert_eq!(m.counters().neighbor_restarts, 1);
+    // Something new from 2 (it jumped past its old numbers): a later
+    // stale copy is a new restart.
+    answer(&mut m, ms(3000), vec![fso(2, 1, 11, true)]);
+    let (sent, restarted) = answer(&mut m, ms(3001), vec![fso(2, 1, 9, true)]);
+    assert!(sent > 300 && restarted, "{sent}");
+    // Nothing new, but a refresh interval later (the answer may have been
+    // lost): answered again, once.
+    let interval = cfg.refresh_interval.as_millis() as u64;
+    let (early, later) = (ms(3000 + interval), ms(3001 + interval));
+    assert!(!answer(&mut m, early, vec![fso(2, 1, 9, true)]).1);
+    assert!(answer(&mut m, later, vec![fso(2, 1, 9, true)]).1);
+    assert!(!answer(&mut m, later, vec![fso(2, 1, 9, true)]).1);
+    assert_eq!(m.counters().neighbor_restarts, 3);
 }
 
 /// Carries the messages between `a` (address 1, port 2) and `b` (address
