@@ -48,8 +48,12 @@
 //! it sends ACCEPTED again; if the application has not answered yet, it
 //! ignores it; if the application refused it (or did not answer in time)
 //! within the last `alloc_timeout`, it sends the refusal again. An ACCEPTED for an allocation the requester gave up on (or
-//! deallocated before it completed) is answered with DEALLOC, so the
-//! responder does not keep a half-open flow.
+//! deallocated before it completed) within the last `alloc_timeout` is
+//! answered with DEALLOC, so the responder does not keep a half-open flow;
+//! the requester remembers the (responder's address, own CEP-id) of each,
+//! at most `max_flows`. Any other ACCEPTED for no flow here is counted
+//! (`rx_fa_stale`) and dropped: answering it would have one forged answer
+//! send DEALLOCs to any address until `alloc_timeout`.
 //!
 //! DEALLOC (`M_DELETE` of the peer's flow object) is acknowledged
 //! (`M_DELETE_R`) and repeated every `alloc_retry` until it is, for at most
@@ -242,6 +246,10 @@ pub(super) struct FlowAllocator {
     /// Peers' connections told they have no end here, by (address,
     /// CEP-id), with when: each is told once per `alloc_retry`.
     told_gone: BTreeMap<(Address, CepId), Instant>,
+    /// Allocations given up lately, by (responder's address, our CEP-id),
+    /// with until when a late ACCEPTED is answered with a DEALLOC; at
+    /// most `max_flows`, each kept `alloc_timeout`.
+    given_up: BTreeMap<(Address, CepId), Instant>,
     next_handle: u64,
     next_cep: CepId,
     out: VecDeque<FaOut>,
@@ -261,6 +269,7 @@ impl FlowAllocator {
             refused: BTreeMap::new(),
             releasing: Retransmit::new(),
             told_gone: BTreeMap::new(),
+            given_up: BTreeMap::new(),
             next_handle: 1,
             next_cep: first_cep,
             out: VecDeque::new(),
@@ -558,7 +567,7 @@ impl FlowAllocator {
             if let Some((to, message)) = self.requests.stop(&flow) {
                 self.out.push_back(FaOut::Settle { to, message });
             }
-            self.cancel(a.dst, a.local_cep);
+            self.cancel(cx, now, a.dst, a.local_cep);
             return Ok(None);
         }
         let f = cx.flows.get(&flow).ok_or(NormalError::UnknownFlow(flow))?;
@@ -572,9 +581,11 @@ impl FlowAllocator {
     /// ([`NO_CEP`]), which withdraws the request if its application has
     /// not answered yet. Sent once: if it is lost, the responder's
     /// `accept_timeout` and the DEALLOC that answers a late ACCEPTED do
-    /// the same, later. A peer that does not know it acknowledges it as a
-    /// DEALLOC of a flow it does not have.
-    pub(super) fn cancel(&mut self, to: Address, src_cep: CepId) {
+    /// the same, later (the allocation is remembered for that, see
+    /// `gave_up`). A peer that does not know it
+    /// acknowledges it as a DEALLOC of a flow it does not have.
+    pub(super) fn cancel(&mut self, cx: &Ctx, now: Instant, to: Address, src_cep: CepId) {
+        self.remember_given_up(cx, now, (to, src_cep));
         let message = FaMessage::Dealloc {
             dst_addr: to,
             dst_cep: NO_CEP,
@@ -651,6 +662,34 @@ impl FlowAllocator {
         let (retry, timeout) = (cx.cfg.alloc_retry, cx.cfg.alloc_timeout);
         self.releasing
             .start(now, (to, dst_cep), to, message, retry, timeout);
+    }
+
+    /// Remembers for `alloc_timeout` that the allocation from our CEP-id
+    /// to the responder at the address was given up (at most `max_flows`;
+    /// the oldest are forgotten first).
+    fn remember_given_up(&mut self, cx: &Ctx, now: Instant, key: (Address, CepId)) {
+        let given_up = &mut self.given_up;
+        given_up.retain(|_, until| *until > now);
+        while given_up.len() >= cx.cfg.max_flows.max(1) {
+            let oldest = given_up
+                .iter()
+                .min_by_key(|(k, u)| (**u, **k))
+                .map(|(k, _)| *k);
+            match oldest {
+                Some(k) => given_up.remove(&k),
+                None => break,
+            };
+        }
+        given_up.insert(key, now + cx.cfg.alloc_timeout);
+    }
+
+    /// Whether the allocation from our CEP-id `cep` to the responder at
+    /// `from` was given up within the last `alloc_timeout`; forgets it
+    /// (one DEALLOC, repeated until acknowledged, undoes it).
+    fn gave_up(&mut self, now: Instant, from: Address, cep: CepId) -> bool {
+        self.given_up
+            .remove(&(from, cep))
+            .is_some_and(|until| until > now)
     }
 
     fn remember_refusal(

@@ -301,13 +301,18 @@ impl FlowAllocator {
             .filter(|f| self.allocating.get(f).is_some_and(|a| a.dst == r.from));
         let Some(flow) = waiting else {
             // Not waiting for this: a repeated answer to a flow that exists
-            // (ignored), or an acceptance of an allocation given up (undone).
+            // (ignored), an acceptance of an allocation given up lately
+            // (undone), or anything else (ignored: answering it would have
+            // a forged answer send DEALLOCs anywhere).
             let known = cx
                 .at_cep(r.dst_cep)
                 .is_some_and(|id| Self::is_flow_to(cx, id, r.from, r.src_cep));
             if !known {
                 self.counters.rx_fa_stale += 1;
-                if r.result == FaResult::Accepted && r.src_cep != 0 {
+                if r.result == FaResult::Accepted
+                    && r.src_cep != 0
+                    && self.gave_up(now, r.from, r.dst_cep)
+                {
                     self.send_dealloc(cx, now, (r.from, r.src_cep, r.dst_cep), None);
                 }
             }
@@ -406,7 +411,7 @@ impl FlowAllocator {
             self.out.push_back(FaOut::Settle { to, message });
             if let Some(a) = self.allocating.remove(&flow) {
                 self.allocating_by_cep.remove(&a.local_cep);
-                self.cancel(to, a.local_cep);
+                self.cancel(cx, now, to, a.local_cep);
                 self.counters.alloc_timeouts += 1;
                 let error = NormalError::Timeout {
                     dst: a.dst,

@@ -281,3 +281,60 @@ fn an_acceptance_of_an_allocation_given_up_is_answered_with_a_dealloc_until_ackn
     assert_eq!(a.fa.releasing(), 0);
     assert_eq!(a.fa.poll_timeout(), None);
 }
+
+#[test]
+fn an_acceptance_of_no_allocation_given_up_here_is_counted_and_not_answered() {
+    let mut a = Side::new(1);
+    let t = Instant::ZERO;
+    let accepted = |dst_cep, src_cep| FaMessage::Response {
+        dst_addr: 1,
+        dst_cep,
+        src_cep,
+        result: FaResult::Accepted,
+        max_sdu: 1000,
+        reason: String::new(),
+    };
+    // A forged answer naming any address as its source: no DEALLOC to it,
+    // now or later, and nothing kept.
+    let (_, out) = a.call(|fa, cx| fa.on_cdap(cx, t, 3, &cdap(&accepted(4242, 99))));
+    assert!(sent(&out).is_empty(), "{out:?}");
+    assert_eq!(a.fa.counters().rx_fa_stale, 1);
+    assert_eq!(a.fa.releasing(), 0);
+    assert_eq!(a.fa.poll_timeout(), None, "nothing to repeat");
+
+    // An allocation given up: its CEP-id, answered from another address,
+    // or after alloc_timeout, is not answered either.
+    let request = ask(&mut a, t);
+    let FaMessage::Request { src_cep: cep, .. } = request else {
+        unreachable!()
+    };
+    a.call(|fa, cx| fa.deallocate(cx, t, 7)).0.unwrap();
+    let (_, out) = a.call(|fa, cx| fa.on_cdap(cx, t, 3, &cdap(&accepted(cep, 99))));
+    assert!(sent(&out).is_empty(), "{out:?}");
+    let late = t + a.cfg.alloc_timeout;
+    let (_, out) = a.call(|fa, cx| fa.on_cdap(cx, late, 2, &cdap(&accepted(cep, 99))));
+    assert!(sent(&out).is_empty(), "{out:?}");
+    assert_eq!(a.fa.counters().rx_fa_stale, 3);
+    assert_eq!(a.fa.releasing(), 0);
+
+    // Within alloc_timeout, from the responder: undone, once.
+    let request = ask(&mut a, late);
+    let FaMessage::Request { src_cep: cep, .. } = request else {
+        unreachable!()
+    };
+    let expiry = late + a.cfg.alloc_timeout;
+    let (_, out) = a.call(|fa, cx| fa.handle_timeout(cx, expiry));
+    assert!(matches!(
+        reports(out).as_slice(),
+        [Action::AllocateFailed { flow: 7, .. }]
+    ));
+    let t2 = expiry + Duration::from_millis(1);
+    let (_, out) = a.call(|fa, cx| fa.on_cdap(cx, t2, 2, &cdap(&accepted(cep, 99))));
+    assert!(matches!(
+        &sent(&out)[..],
+        [(2, FaMessage::Dealloc { dst_cep: 99, .. }, true)]
+    ));
+    let (_, out) = a.call(|fa, cx| fa.on_cdap(cx, t2, 2, &cdap(&accepted(cep, 99))));
+    assert!(sent(&out).is_empty(), "the DEALLOC repeats itself: {out:?}");
+    assert_eq!(a.fa.releasing(), 1);
+}
