@@ -146,7 +146,9 @@ pub struct FloodDb<O: Flooded, P> {
     pending: BTreeMap<O::Key, Option<P>>,
     flush_due: Option<Instant>,
     last_flush: Option<Instant>,
-    next_expiry: Option<Instant>,
+    /// Every stored object's expiry, in time order, kept in step with
+    /// `db`: expiring takes what is due, not a scan of the database.
+    expiries: BTreeSet<(Instant, O::Key)>,
 }
 
 impl<O: Flooded, P: Ord + Copy> FloodDb<O, P> {
@@ -158,7 +160,7 @@ impl<O: Flooded, P: Ord + Copy> FloodDb<O, P> {
             pending: BTreeMap::new(),
             flush_due: None,
             last_flush: None,
-            next_expiry: None,
+            expiries: BTreeSet::new(),
         }
     }
 
@@ -236,7 +238,10 @@ impl<O: Flooded, P: Ord + Copy> FloodDb<O, P> {
                 expires_at,
             },
         );
-        self.next_expiry = Some(self.next_expiry.map_or(expires_at, |t| t.min(expires_at)));
+        if let Some(o) = &old {
+            self.expiries.remove(&(o.expires_at, key.clone()));
+        }
+        self.expiries.insert((expires_at, key.clone()));
         self.pending.insert(key, from);
         if self.flush_due.is_none() {
             let earliest = self
@@ -250,15 +255,13 @@ impl<O: Flooded, P: Ord + Copy> FloodDb<O, P> {
     /// Removes the objects that reached the maximum age by `now` and
     /// returns them (as stored), in key order.
     pub fn expire(&mut self, now: Instant) -> Vec<O> {
-        if self.next_expiry.is_none_or(|t| now < t) {
-            return Vec::new();
+        let mut old = Vec::new();
+        while self.expiries.first().is_some_and(|(t, _)| *t <= now) {
+            if let Some((_, k)) = self.expiries.pop_first() {
+                old.push(k);
+            }
         }
-        let old: Vec<O::Key> = self
-            .db
-            .iter()
-            .filter(|(_, s)| now >= s.expires_at)
-            .map(|(k, _)| k.clone())
-            .collect();
+        old.sort();
         let mut gone = Vec::with_capacity(old.len());
         for k in old {
             self.pending.remove(&k);
@@ -266,13 +269,12 @@ impl<O: Flooded, P: Ord + Copy> FloodDb<O, P> {
                 gone.push(s.obj);
             }
         }
-        self.next_expiry = self.db.values().map(|s| s.expires_at).min();
         gone
     }
 
     /// When the next flood or expiry is due, if any.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        [self.flush_due, self.next_expiry]
+        [self.flush_due, self.expiries.first().map(|(t, _)| *t)]
             .into_iter()
             .flatten()
             .min()

@@ -177,3 +177,33 @@ fn sequence_numbers_compare_and_wrap_in_serial_arithmetic() {
     assert!(seq_newer(1 << 63, 1, 64));
     assert!(!seq_newer(1 << 63, 0, 64) && !seq_newer(0, 1 << 63, 64));
 }
+
+#[test]
+fn expiries_follow_updates_and_each_expiry_takes_only_what_is_due() {
+    let mut d = db(100);
+    d.store(secs(0), obj(1, 1, 0), None);
+    d.flush(secs(0), &peers());
+    assert_eq!(d.poll_timeout(), Some(secs(60)));
+    // A newer copy lives a full life from now: the timer moves with it
+    // (no wake-up at the old copy's expiry).
+    d.store(secs(30), obj(1, 2, 0), None);
+    d.flush(secs(30), &peers());
+    assert_eq!(d.poll_timeout(), Some(secs(90)));
+    // Objects stored a second apart, keys in reverse order: each expiry
+    // takes those due, in key order, and the timer goes to the next.
+    for i in 0..10u32 {
+        d.store(secs(31 + u64::from(i)), obj(100 - i, 1, 0), None);
+    }
+    d.flush(secs(41), &peers());
+    assert_eq!(d.poll_timeout(), Some(secs(90)));
+    assert_eq!(d.expire(secs(90)), vec![obj(1, 2, 0)]);
+    assert_eq!(d.poll_timeout(), Some(secs(91)));
+    let keys = |v: Vec<Obj>| v.into_iter().map(|o| o.key).collect::<Vec<_>>();
+    assert_eq!(keys(d.expire(secs(91))), vec![100]);
+    assert_eq!(keys(d.expire(secs(94))), vec![97, 98, 99]);
+    assert_eq!(d.poll_timeout(), Some(secs(95)));
+    assert_eq!(d.len(), 6);
+    assert_eq!(keys(d.expire(secs(1000))), vec![91, 92, 93, 94, 95, 96]);
+    assert!(d.is_empty());
+    assert_eq!(d.poll_timeout(), None);
+}
