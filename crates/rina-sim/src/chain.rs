@@ -55,7 +55,9 @@ impl Chain {
         let mut ups = Vec::new();
         for i in 0..n {
             let addr = i as u64 + 1;
-            let ipcp = NormalIpcp::new(cfg(addr), Box::new(Fifo::new(1000)))
+            let mut c = cfg(addr);
+            draw_entropy(&mut c, restart_draw(seed, i, 0));
+            let ipcp = NormalIpcp::new(c, Box::new(Fifo::new(1000)))
                 .expect("valid normal IPCP configuration");
             let dynamic = ipcp.config().routing.is_some();
             let mut node = NormalNode::new(ipcp);
@@ -215,6 +217,7 @@ impl Mesh {
             if announce && c.routing.is_none() {
                 c.routing = Some(routing::Config::default());
             }
+            draw_entropy(&mut c, restart_draw(seed, i, 0));
             let ipcp = NormalIpcp::new(c, Box::new(Fifo::new(1000)))
                 .expect("valid normal IPCP configuration");
             let mut node = NormalNode::new(ipcp);
@@ -331,18 +334,15 @@ impl Mesh {
     /// replaces: unless `cfg` sets them, its `first_cep` and membership
     /// `entropy` are drawn from the world's seed, the node and how many
     /// restarts came before ([`restart_draw`]), so that PDUs of its
-    /// peers' flows from before never land in a flow of the new one.
+    /// peers' flows from before never land in a flow of the new one (every
+    /// node's first entropy is drawn the same way, for restart 0).
     pub fn restart(&mut self, i: usize, mut cfg: NormalConfig, announce: bool) {
         self.restarts += 1;
         let draw = restart_draw(self.world.seed(), i, self.restarts);
         if cfg.first_cep == 0 {
             cfg.first_cep = draw & 0xffff_ffff;
         }
-        if let Some(m) = cfg.membership.as_mut().filter(|m| m.entropy == [0; 32]) {
-            for (k, b) in m.entropy.iter_mut().enumerate() {
-                *b = (restart_draw(draw, k, 0) & 0xff) as u8;
-            }
-        }
+        draw_entropy(&mut cfg, draw);
         let id = self.nodes[i];
         let ends = self.world.node(id).link_ends();
         let ipcp = NormalIpcp::new(cfg, Box::new(Fifo::new(1000)))
@@ -423,6 +423,18 @@ impl Mesh {
             }
             let next = (self.world.now() + step).min(limit);
             self.world.run_until(next).expect("within the step limit");
+        }
+    }
+}
+
+/// Gives a member whose configuration sets no nonce entropy its own,
+/// from `draw`, as `rinad` draws it at random: members that shared one
+/// would take the same nonces, and each would take the other's hello for
+/// its own reflected.
+fn draw_entropy(cfg: &mut NormalConfig, draw: u64) {
+    if let Some(m) = cfg.membership.as_mut().filter(|m| m.entropy == [0; 32]) {
+        for (k, b) in m.entropy.iter_mut().enumerate() {
+            *b = (restart_draw(draw, k, 0) & 0xff) as u8;
         }
     }
 }

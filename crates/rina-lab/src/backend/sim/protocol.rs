@@ -897,18 +897,20 @@ fn node_system(exp: &Experiment, m: usize, generation: u64) -> Result<LabNode, L
         let mut c = stack::member_config(exp, m, d, &|_| LINK_MTU);
         let mut mc = MembershipConfig::new(name.clone());
         mc.password = dif.password.clone();
+        // Nonces of its own (rinad draws them at random): members that
+        // shared them would take each other's hellos for their own
+        // reflected. Started again: new ones, and CEP-ids from elsewhere,
+        // so that its peers' flows from before are not mistaken for new
+        // ones.
+        let r = mix(
+            exp.seed,
+            0x4000 + ((m as u64) << 20) + (generation << 8) + d as u64,
+        );
         if generation > 0 {
-            // Started again: new nonces, and CEP-ids from elsewhere, so
-            // that its peers' flows from before are not mistaken for new
-            // ones (rinad draws both at random).
-            let r = mix(
-                exp.seed,
-                0x4000 + ((m as u64) << 20) + (generation << 8) + d as u64,
-            );
             c.first_cep = r & 0xffff_ffff;
-            for (i, b) in mc.entropy.iter_mut().enumerate() {
-                *b = (mix(r, i as u64) & 0xff) as u8;
-            }
+        }
+        for (i, b) in mc.entropy.iter_mut().enumerate() {
+            *b = (mix(r, i as u64) & 0xff) as u8;
         }
         c.membership = Some(mc);
         // Neighbours, the one this member enrolls through first.
