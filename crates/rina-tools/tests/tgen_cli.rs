@@ -68,14 +68,7 @@ fn check_csv(path: &PathBuf, header: &str, rows: usize) -> Vec<Vec<String>> {
 #[test]
 fn bidirectional_run_between_two_daemons_writes_csv_and_json() {
     let bins = bin_dir();
-    let dir = std::env::temp_dir().join(format!("rina-tgen-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut procs = Procs(Vec::new(), dir.clone());
-    start_daemons(&mut procs, &bins, &dir);
-    let (a, b) = (dir.join("alpha.sock"), dir.join("beta.sock"));
-    wait_until("the daemons' sockets", Duration::from_secs(20), || {
-        a.exists() && b.exists()
-    });
+    let (mut procs, dir, a, b) = two_daemons(&bins, "rina-tgen-cli");
     let tgen = bins.join("rina-tgen");
     procs.0.push(spawn_server(&tgen, &b, &dir));
     std::fs::write(dir.join("matrix.toml"), MATRIX).unwrap();
@@ -121,6 +114,20 @@ fn check_unknown_destination(tgen: &Path, a: &Path) {
 
 /// Writes alpha's and beta's configurations into `dir` and starts their
 /// `rinad` on two free loopback ports.
+/// Alpha and beta up in a fresh directory named after `tag`: their
+/// processes, the directory, and alpha's and beta's sockets.
+fn two_daemons(bins: &Path, tag: &str) -> (Procs, PathBuf, PathBuf, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut procs = Procs(Vec::new(), dir.clone());
+    start_daemons(&mut procs, bins, &dir);
+    let (a, b) = (dir.join("alpha.sock"), dir.join("beta.sock"));
+    wait_until("the daemons' sockets", Duration::from_secs(20), || {
+        a.exists() && b.exists()
+    });
+    (procs, dir, a, b)
+}
+
 fn start_daemons(procs: &mut Procs, bins: &Path, dir: &Path) {
     let (pa, pb) = (free_port(), free_port());
     for (me, port, pport) in [("alpha", pa, pb), ("beta", pb, pa)] {
@@ -306,6 +313,20 @@ fn check_server(mut server: Child, dir: &Path, cli: &RunReport) {
 
 /// Sends a HELLO asking for reverse traffic of `source` (JSON) for
 /// `duration_s` on a new flow from alpha to the server; the flow.
+/// Waits up to `limit` for `child` to exit (killing it after that):
+/// whether it exited on its own, and its output.
+fn exit_within(mut child: Child, limit: Duration) -> (bool, Output) {
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() && t0.elapsed() < limit {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let exited = child.try_wait().unwrap().is_some();
+    if !exited {
+        let _ = child.kill();
+    }
+    (exited, child.wait_with_output().unwrap())
+}
+
 fn hello(c: &mut Client, flow: u32, source: &str, duration_s: f64) -> Flow {
     let f = c
         .allocate(
@@ -342,14 +363,7 @@ fn next_header(f: &Flow) -> Header {
 #[test]
 fn a_server_refuses_what_its_flow_cannot_carry_and_stops_when_flows_close() {
     let bins = bin_dir();
-    let dir = std::env::temp_dir().join(format!("rina-tgen-limits-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut procs = Procs(Vec::new(), dir.clone());
-    start_daemons(&mut procs, &bins, &dir);
-    let (a, b) = (dir.join("alpha.sock"), dir.join("beta.sock"));
-    wait_until("the daemons' sockets", Duration::from_secs(20), || {
-        a.exists() && b.exists()
-    });
+    let (mut procs, _dir, a, b) = two_daemons(&bins, "rina-tgen-limits");
     let tgen = bins.join("rina-tgen");
     let server = Command::new(&tgen)
         .arg("server")
@@ -387,16 +401,8 @@ fn a_server_refuses_what_its_flow_cannot_carry_and_stops_when_flows_close() {
     let slow = hello(&mut c, 9, r#"{"profile":"cbr","rate_bps":0.001}"#, 1e9);
     assert_eq!(next_header(&slow).kind, Kind::Data);
     drop((huge, too_big, slow));
-    let mut server = procs.0.pop().unwrap();
-    let t0 = Instant::now();
-    while server.try_wait().unwrap().is_none() && t0.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let exited = server.try_wait().unwrap().is_some();
-    if !exited {
-        let _ = server.kill();
-    }
-    let out = server.wait_with_output().unwrap();
+    let server = procs.0.pop().unwrap();
+    let (exited, out) = exit_within(server, Duration::from_secs(10));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         exited,
@@ -433,7 +439,7 @@ fn a_server_refuses_what_its_flow_cannot_carry_and_stops_when_flows_close() {
 /// its schedule held before the end (4.5 billion SDUs), for hours; now it
 /// stops when the clock reaches the end.
 fn check_fast_client_stops_at_its_end(tgen: &Path, a: &Path) {
-    let mut client = Command::new(tgen)
+    let client = Command::new(tgen)
         .arg("client")
         .arg("--socket")
         .arg(a)
@@ -444,15 +450,7 @@ fn check_fast_client_stops_at_its_end(tgen: &Path, a: &Path) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let t0 = Instant::now();
-    while client.try_wait().unwrap().is_none() && t0.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let done = client.try_wait().unwrap().is_some();
-    if !done {
-        let _ = client.kill();
-    }
-    let out = client.wait_with_output().unwrap();
+    let (done, out) = exit_within(client, Duration::from_secs(30));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(done, "a 1 s client still ran after 30 s: {err}");
     let r: RunReport = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
@@ -463,19 +461,12 @@ fn check_fast_client_stops_at_its_end(tgen: &Path, a: &Path) {
 #[test]
 fn a_client_stops_when_its_flow_closes() {
     let bins = bin_dir();
-    let dir = std::env::temp_dir().join(format!("rina-tgen-closed-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut procs = Procs(Vec::new(), dir.clone());
-    start_daemons(&mut procs, &bins, &dir);
-    let (a, b) = (dir.join("alpha.sock"), dir.join("beta.sock"));
-    wait_until("the daemons' sockets", Duration::from_secs(20), || {
-        a.exists() && b.exists()
-    });
+    let (_procs, _dir, a, b) = two_daemons(&bins, "rina-tgen-closed");
     // A peer that takes the flow, reads its HELLO and closes it.
     let mut srv = Client::connect_to(&b).expect("connect to beta");
     srv.register(&"closer".parse().unwrap(), None)
         .expect("register");
-    let mut client = Command::new(bins.join("rina-tgen"))
+    let client = Command::new(bins.join("rina-tgen"))
         .arg("client")
         .arg("--socket")
         .arg(&a)
@@ -501,15 +492,7 @@ fn a_client_stops_when_its_flow_closes() {
     assert_eq!(next_header(&flow).kind, Kind::Hello);
     drop(flow);
     // Its next SDU was 130 days away, and it slept until then.
-    let t0 = Instant::now();
-    while client.try_wait().unwrap().is_none() && t0.elapsed() < Duration::from_secs(15) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let done = client.try_wait().unwrap().is_some();
-    if !done {
-        let _ = client.kill();
-    }
-    let out = client.wait_with_output().unwrap();
+    let (done, out) = exit_within(client, Duration::from_secs(15));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         done,

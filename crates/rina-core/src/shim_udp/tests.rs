@@ -79,6 +79,25 @@ fn allocate(a: &mut ShimUdp, b: &mut ShimUdp) {
     );
 }
 
+/// A requester at `A` that restarted (a new process numbering its first
+/// flow 1 again) asks `b` for `echo` once more: `b`'s flow 7 from it goes
+/// and a new request goes to the application.
+fn restarted_requester_replaces_flow_7(b: &mut ShimUdp) {
+    let (mut a, _) = pair();
+    a.allocate(ms(5000), 1, name("perf"), name("echo"), QosSpec::default())
+        .unwrap();
+    carry(ms(5000), &mut a, A, b);
+    let acts = drop_transmits(b);
+    assert!(
+        matches!(
+            acts.as_slice(),
+            [Action::Deallocated { port: 7 }, Action::FlowRequest { .. }]
+        ),
+        "{acts:?}"
+    );
+    assert_eq!(b.counters().flows_restarted, 1);
+}
+
 #[test]
 fn allocate_accept_and_data_both_ways() {
     let (mut a, mut b) = pair();
@@ -266,19 +285,7 @@ fn a_restarted_requester_asking_with_an_old_port_id_gets_a_new_flow() {
     // `a` restarts: a new process at the same address, which numbers its
     // first flow 1 again. Its request is not a retransmission: flow 7 is
     // gone at `b` and a new request goes to the application.
-    let (mut a, _) = pair();
-    a.allocate(ms(5000), 1, name("perf"), name("echo"), QosSpec::default())
-        .unwrap();
-    carry(ms(5000), &mut a, A, &mut b);
-    let acts = drop_transmits(&mut b);
-    assert!(
-        matches!(
-            acts.as_slice(),
-            [Action::Deallocated { port: 7 }, Action::FlowRequest { .. }]
-        ),
-        "{acts:?}"
-    );
-    assert_eq!(b.counters().flows_restarted, 1);
+    restarted_requester_replaces_flow_7(&mut b);
     assert_eq!(b.flows().count(), 0);
 }
 
@@ -731,17 +738,5 @@ fn a_request_for_other_applications_on_a_live_flows_port_id_changes_nothing() {
     assert_eq!(b.counters().alloc_refused, 2);
     // A requester that restarted and asks for the same applications again
     // still gets a new flow in place of the old one.
-    let (mut a, _) = pair();
-    a.allocate(ms(5000), 1, name("perf"), name("echo"), QosSpec::default())
-        .unwrap();
-    carry(ms(5000), &mut a, A, &mut b);
-    let acts = drop_transmits(&mut b);
-    assert!(
-        matches!(
-            acts.as_slice(),
-            [Action::Deallocated { port: 7 }, Action::FlowRequest { .. }]
-        ),
-        "{acts:?}"
-    );
-    assert_eq!(b.counters().flows_restarted, 1);
+    restarted_requester_replaces_flow_7(&mut b);
 }
