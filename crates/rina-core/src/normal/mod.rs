@@ -410,6 +410,10 @@ pub struct Counters {
     pub rx_ttl_expired: u64,
     /// PDUs for this address but no known connection endpoint.
     pub rx_unknown_cep: u64,
+    /// PDUs for a known connection endpoint whose source (address,
+    /// CEP-id, QoS cube) is not that connection's peer: a late PDU of a
+    /// closed connection whose CEP-id was reused, or a forged one.
+    pub rx_wrong_connection: u64,
     /// PDUs relayed to another address.
     pub relayed: u64,
     /// PDUs that could not be routed or queued (see the RMT counters).
@@ -478,6 +482,7 @@ impl Counters {
             ("rx_malformed", self.rx_malformed),
             ("rx_ttl_expired", self.rx_ttl_expired),
             ("rx_unknown_cep", self.rx_unknown_cep),
+            ("rx_wrong_connection", self.rx_wrong_connection),
             ("relayed", self.relayed),
             ("tx_dropped", self.tx_dropped),
             ("tx_frames", self.tx_frames),
@@ -555,6 +560,17 @@ struct Flow {
     heard: bool,
     /// Its keepalive, when its cube has one.
     ka: Option<keepalive::Keepalive>,
+}
+
+impl Flow {
+    /// Whether a PDU addressed to this flow's CEP-id comes from its peer:
+    /// a connection is named by both ends and the QoS cube, not by the
+    /// destination CEP-id alone.
+    fn is_peer(&self, pci: &Pci) -> bool {
+        pci.src_addr == self.ep.remote_addr
+            && pci.src_cep == self.ep.remote_cep
+            && pci.qos_id == self.ep.qos_id
+    }
 }
 
 /// The fragments of an SDU on their way into EFCP: most SDUs are one, kept
@@ -1565,6 +1581,10 @@ impl NormalIpcp {
         let Some(f) = self.flows.get_mut(&id) else {
             return;
         };
+        if !f.is_peer(pci) {
+            self.counters.rx_wrong_connection += 1;
+            return;
+        }
         f.heard = true;
         let reference = f.efcp.receive_reference();
         let seq = efcp::widen_seq(reference, pci.seq, bits);
@@ -1610,6 +1630,10 @@ impl NormalIpcp {
         let Some(f) = self.flows.get_mut(&id) else {
             return;
         };
+        if !f.is_peer(pci) {
+            self.counters.rx_wrong_connection += 1;
+            return;
+        }
         let ctrl_seq = pci.seq;
         let mut meta = efcp::PduMeta {
             ecn: pci.flags & pci::flags::ECN != 0,

@@ -1427,3 +1427,86 @@ fn a_partial_sdu_on_the_in_order_path_is_discarded_at_its_reassembly_deadline() 
     net[1].handle_timeout(deadline);
     assert_eq!(net[1].reassembly_counters(7).unwrap().discarded_timeout, 1);
 }
+
+/// `frame` (a protected PDU of a DIF configured as `c`) with its PCI
+/// changed by `edit` when `pick` takes its type, protected again.
+fn reforged(
+    c: &NormalConfig,
+    frame: Vec<u8>,
+    pick: impl Fn(PduType) -> bool,
+    edit: impl Fn(&mut Pci),
+) -> Vec<u8> {
+    let sdup = Sdup::without_cipher(c.sdup);
+    let open = sdup.unprotect(&frame).unwrap();
+    let mut pdu = pci::Pdu::parse(&c.dt, &open.pdu).unwrap();
+    if !pick(pdu.pci.pdu_type) {
+        return frame;
+    }
+    edit(&mut pdu.pci);
+    let mut raw = Vec::new();
+    pdu.encode(&c.dt, &mut raw).unwrap();
+    let mut out = Vec::new();
+    sdup.protect(&raw, open.ttl.unwrap_or(0), &mut out);
+    out
+}
+
+#[test]
+fn pdus_for_a_known_cep_from_another_connection_are_counted_and_dropped() {
+    let mut net = chain(2);
+    allocate(&mut net, QosSpec::default());
+    let a = net[0].flows().next().unwrap().1;
+    let cfg = net[0].config().clone();
+    // The destination CEP-id is the flow's, the source is not its peer: a
+    // late PDU of a closed connection whose CEP-id was reused, or a forged
+    // one. None may reach the application.
+    let edits: [&dyn Fn(&mut Pci); 3] = [
+        &|p| p.src_cep = a.local_cep + 1,
+        &|p| p.src_addr = 9,
+        &|p| p.qos_id = a.qos_id + 1,
+    ];
+    let data = |t| t == PduType::Dt;
+    for (i, edit) in edits.iter().enumerate() {
+        net[0].write(ms(1), 1, b"forged").unwrap();
+        let got = carry_with(ms(1), &mut net, |_, f| Some(reforged(&cfg, f, data, edit)));
+        assert!(deliveries(&got).is_empty(), "edit {i}: {got:?}");
+        assert_eq!(net[1].counters().rx_wrong_connection, i as u64 + 1);
+    }
+    assert_eq!(net[1].counters().rx_unknown_cep, 0);
+    // The flow itself still works.
+    net[0].write(ms(2), 1, b"real").unwrap();
+    let got = deliveries(&carry(ms(2), &mut net));
+    assert_eq!(got, vec![(1, 7, b"real".to_vec())]);
+    assert_eq!(net[1].counters_map()["rx_wrong_connection"], 3);
+}
+
+#[test]
+fn control_pdus_from_another_connection_do_not_move_a_reliable_flow() {
+    let mut net = chain(2);
+    let reliable = QosSpec {
+        reliable: true,
+        ..Default::default()
+    };
+    allocate(&mut net, reliable);
+    let a = net[0].flows().next().unwrap().1;
+    let cfg = net[0].config().clone();
+    // Every control PDU (the acknowledgements) arrives from a CEP-id that
+    // is not the peer's: the sender never hears that its SDU arrived.
+    let control = |t| t != PduType::Dt && t != PduType::Mgmt;
+    net[0].write(ms(1), 1, b"once").unwrap();
+    let got = carry_with(ms(1), &mut net, |_, f| {
+        Some(reforged(&cfg, f, control, |p| p.src_cep = a.remote_cep + 1))
+    });
+    assert_eq!(deliveries(&got), vec![(1, 7, b"once".to_vec())]);
+    assert!(net[0].counters().rx_wrong_connection >= 1);
+    let in_flight = |n: &NormalIpcp| n.flows.get(&1).unwrap().efcp.in_flight();
+    assert_eq!(in_flight(&net[0]), 1, "the forged ack was not taken");
+    // Its retransmission timer sends the SDU again; the peer's answer, now
+    // untouched, is taken.
+    for k in 1..40 {
+        let now = ms(1 + k * 50);
+        net[0].handle_timeout(now);
+        net[1].handle_timeout(now);
+        carry(now, &mut net);
+    }
+    assert_eq!(in_flight(&net[0]), 0);
+}
