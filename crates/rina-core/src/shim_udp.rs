@@ -267,6 +267,21 @@ struct Allocating {
     deadline: Instant,
 }
 
+/// A DEALLOC sent for a flow of this end, to be sent again (it is one
+/// datagram, and a lost one left the peer's flow open for good).
+#[derive(Debug)]
+struct Farewell {
+    peer: SocketAddr,
+    peer_port: PortId,
+    due: Instant,
+    /// How many more times it goes.
+    left: u8,
+}
+
+/// How many times a DEALLOC is sent again after the first: at
+/// `alloc_retry` and then at three times that after the first.
+const FAREWELL_REPEATS: u8 = 2;
+
 /// An incoming request waiting for the application's answer.
 #[derive(Debug)]
 struct Pending {
@@ -310,6 +325,8 @@ pub struct ShimUdp {
     /// Boxed: the table's spare room costs a pointer per slot, not a flow.
     flows: IdMap<PortId, Box<Flow>>,
     allocating: BTreeMap<PortId, Allocating>,
+    /// Flows deallocated here whose DEALLOC goes again, by their port-id.
+    farewells: BTreeMap<PortId, Farewell>,
     pending: BTreeMap<u64, Pending>,
     /// Flows accepted here, by the requester's address and port-id, so that a
     /// retransmitted request is answered again instead of creating a twin.
@@ -327,6 +344,7 @@ impl ShimUdp {
             names: BTreeSet::new(),
             flows: IdMap::default(),
             allocating: BTreeMap::new(),
+            farewells: BTreeMap::new(),
             pending: BTreeMap::new(),
             accepted: HashMap::new(),
             next_handle: 1,
@@ -569,8 +587,11 @@ impl ShimUdp {
         Ok(())
     }
 
-    /// Deallocates a flow and tells the peer.
-    pub fn deallocate(&mut self, port: PortId) -> Result<(), ShimError> {
+    /// Deallocates a flow and tells the peer, at `now` and twice more
+    /// (after `alloc_retry` and three times that) unless port-id `port`
+    /// names a new flow by then: a peer that heard already ignores the
+    /// repeats.
+    pub fn deallocate(&mut self, now: Instant, port: PortId) -> Result<(), ShimError> {
         let flow = self
             .flows
             .remove(&port)
@@ -578,13 +599,52 @@ impl ShimUdp {
         self.allocating.remove(&port);
         if let Some(peer_port) = flow.peer_port {
             self.accepted.remove(&(flow.peer, peer_port));
-            let msg = Datagram::Dealloc {
-                dst_port: peer_port,
-                src_port: port,
+            self.send_dealloc(flow.peer, peer_port, port);
+            let farewell = Farewell {
+                peer: flow.peer,
+                peer_port,
+                due: now + self.cfg.alloc_retry,
+                left: FAREWELL_REPEATS,
             };
-            self.transmit(flow.peer, msg.to_vec());
+            self.farewells.insert(port, farewell);
         }
         Ok(())
+    }
+
+    fn send_dealloc(&mut self, to: SocketAddr, peer_port: PortId, port: PortId) {
+        let msg = Datagram::Dealloc {
+            dst_port: peer_port,
+            src_port: port,
+        };
+        self.transmit(to, msg.to_vec());
+    }
+
+    /// Sends the DEALLOCs due again; one whose port-id names a new flow
+    /// here is dropped (the new flow's peer could have the old one's
+    /// port-id).
+    fn send_farewells(&mut self, now: Instant) {
+        let due: Vec<PortId> = self
+            .farewells
+            .iter()
+            .filter(|(_, f)| now >= f.due)
+            .map(|(p, _)| *p)
+            .collect();
+        for port in due {
+            let Some(f) = self.farewells.get_mut(&port) else {
+                continue;
+            };
+            let (peer, peer_port) = (f.peer, f.peer_port);
+            f.left -= 1;
+            f.due = now + self.cfg.alloc_retry * 2;
+            if f.left == 0 {
+                self.farewells.remove(&port);
+            }
+            if self.flows.contains_key(&port) {
+                self.farewells.remove(&port);
+                continue;
+            }
+            self.send_dealloc(peer, peer_port, port);
+        }
     }
 
     /// Accounts an SDU of `len` bytes written on flow `port` and returns where
@@ -926,11 +986,14 @@ impl ShimUdp {
             .values()
             .map(|a| a.next_retry.min(a.deadline));
         let p = self.pending.values().map(|p| p.deadline);
-        a.chain(p).min()
+        let f = self.farewells.values().map(|f| f.due);
+        a.chain(p).chain(f).min()
     }
 
-    /// Retransmits allocation requests and expires what waited too long.
+    /// Retransmits allocation requests and DEALLOCs and expires what
+    /// waited too long.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.send_farewells(now);
         let mut expired = Vec::new();
         let mut resend = Vec::new();
         for (port, a) in self.allocating.iter_mut() {

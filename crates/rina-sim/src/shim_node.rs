@@ -364,7 +364,7 @@ impl Node for ShimNode {
             }
             Command::WriteBytes { port, sdu } => self.write(ctx, port, &sdu),
             Command::Deallocate { port } => {
-                if self.shim.deallocate(port).is_ok() {
+                if self.shim.deallocate(ctx.now(), port).is_ok() {
                     self.flows.entry(port).or_default().deallocated_at = Some(ctx.now());
                     self.echo_ports.remove(&port);
                 }

@@ -381,14 +381,14 @@ fn allocate_small(a: &mut ShimUdp, b: &mut ShimUdp) {
 fn deallocation_reaches_the_peer() {
     let (mut a, mut b) = pair();
     allocate(&mut a, &mut b);
-    a.deallocate(1).unwrap();
+    a.deallocate(ms(1), 1).unwrap();
     assert!(carry(ms(9), &mut a, A, &mut b).is_empty());
     assert_eq!(
         drop_transmits(&mut b),
         vec![Action::Deallocated { port: 7 }]
     );
     assert!(b.flow(7).is_none());
-    assert_eq!(a.deallocate(1), Err(ShimError::UnknownFlow(1)));
+    assert_eq!(a.deallocate(ms(1), 1), Err(ShimError::UnknownFlow(1)));
 }
 
 #[test]
@@ -454,7 +454,7 @@ fn late_acceptance_of_an_abandoned_flow_is_torn_down() {
     let Action::FlowRequest { handle, .. } = req[0] else {
         panic!()
     };
-    a.deallocate(1).unwrap(); // the requester gives up
+    a.deallocate(ms(1), 1).unwrap(); // the requester gives up
     b.accept(handle, 7).unwrap();
     carry(ms(1), &mut b, B, &mut a);
     assert!(carry(ms(1), &mut a, A, &mut b).is_empty());
@@ -739,4 +739,64 @@ fn a_request_for_other_applications_on_a_live_flows_port_id_changes_nothing() {
     // A requester that restarted and asks for the same applications again
     // still gets a new flow in place of the old one.
     restarted_requester_replaces_flow_7(&mut b);
+}
+
+#[test]
+fn a_lost_deallocation_goes_again_until_the_peer_heard() {
+    let (mut a, mut b) = pair();
+    allocate(&mut a, &mut b);
+    a.deallocate(ms(10), 1).unwrap();
+    // The DEALLOC is lost: the peer's flow stays.
+    assert!(drop_transmits(&mut a).is_empty());
+    assert!(b.flow(7).is_some());
+    let again = ms(10) + a.config().alloc_retry;
+    assert_eq!(a.poll_timeout(), Some(again));
+    a.handle_timeout(again);
+    assert!(carry(again, &mut a, A, &mut b).is_empty());
+    assert_eq!(
+        drop_transmits(&mut b),
+        vec![Action::Deallocated { port: 7 }]
+    );
+    assert!(b.flow(7).is_none());
+    // Once more; the peer that heard ignores it, and then it stops.
+    let last = a.poll_timeout().unwrap();
+    assert_eq!(last, again + a.config().alloc_retry * 2);
+    a.handle_timeout(last);
+    assert!(carry(last, &mut a, A, &mut b).is_empty());
+    assert!(drop_transmits(&mut b).is_empty());
+    assert_eq!(a.poll_timeout(), None);
+}
+
+#[test]
+fn a_deallocation_is_not_repeated_once_its_port_id_names_a_new_flow() {
+    let (mut a, mut b) = pair();
+    allocate(&mut a, &mut b);
+    a.deallocate(ms(10), 1).unwrap();
+    assert!(carry(ms(10), &mut a, A, &mut b).is_empty());
+    assert_eq!(
+        drop_transmits(&mut b),
+        vec![Action::Deallocated { port: 7 }]
+    );
+    // Port-id 1 again, and the peer takes port-id 7 again too.
+    a.allocate(ms(20), 1, name("perf"), name("echo"), QosSpec::default())
+        .unwrap();
+    carry(ms(20), &mut a, A, &mut b);
+    let req = carry(ms(20), &mut b, B, &mut a);
+    let Action::FlowRequest { handle, .. } = req[0] else {
+        panic!("{req:?}")
+    };
+    b.accept(handle, 7).unwrap();
+    carry(ms(20), &mut b, B, &mut a);
+    assert!(matches!(
+        drop_transmits(&mut a).as_slice(),
+        [Action::Allocated { port: 1, .. }]
+    ));
+    // The old DEALLOC (port-id 1 to 7) would name the new flow: not sent.
+    let t = ms(10) + a.config().alloc_retry;
+    a.handle_timeout(t);
+    assert!(carry(t, &mut a, A, &mut b).is_empty());
+    assert!(b.flow(7).is_some(), "the new flow stays");
+    assert!(a
+        .poll_timeout()
+        .is_none_or(|d| d > t + a.config().alloc_retry * 10));
 }

@@ -451,7 +451,7 @@ impl Member {
     pub fn deallocate(&mut self, now: Instant, port: PortId) {
         match &mut self.machine {
             Machine::ShimUdp(s) => {
-                let _ = s.deallocate(port);
+                let _ = s.deallocate(now, port);
             }
             Machine::ShimEth(e) => {
                 let _ = e.deallocate(port);
