@@ -92,12 +92,20 @@ thread_local! {
 /// Records `e` as the calling thread's last error and sets `errno`.
 pub fn set_last(e: &ApiError) {
     let text = CString::new(e.to_string().replace('\0', " ")).unwrap_or_default();
-    LAST.with(|l| *l.borrow_mut() = text);
+    // In an atexit handler or a pthread key's destructor, the thread's own
+    // storage may be gone already (`with` would panic, and a panic in a C
+    // call aborts the program): errno still says what failed.
+    let _ = LAST.try_with(|l| *l.borrow_mut() = text);
     Errno::set_raw(e.errno());
 }
+
+/// Said by [`last_ptr`] once the calling thread's storage is gone.
+static GONE: &std::ffi::CStr =
+    c"(no error text: the calling thread's storage is already destroyed; errno says what failed)";
 
 /// The calling thread's last error message (empty if none); valid until the
 /// thread's next failing call.
 pub fn last_ptr() -> *const libc::c_char {
-    LAST.with(|l| l.borrow().as_ptr())
+    LAST.try_with(|l| l.borrow().as_ptr())
+        .unwrap_or(GONE.as_ptr())
 }

@@ -25,6 +25,7 @@ pub mod flow;
 pub mod name;
 pub mod spec;
 pub mod sys;
+pub mod wait;
 
 use error::{ApiError, Result};
 use libc::{c_char, c_int, c_uint};
@@ -45,19 +46,21 @@ pub const RINA_F_NORESP: c_uint = 1 << 1;
 /// over.
 pub const RINA_F_ACCEPT: c_uint = 1 << 2;
 
-/// Runs `f`, turning its error (or a panic) into -1 and `errno`.
+/// Runs `f`, turning its error (or a panic) into -1 and `errno`; nothing
+/// it does, recording the error included, unwinds into C.
 fn ffi(f: impl FnOnce() -> Result<c_int>) -> c_int {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(Ok(v)) => v,
-        Ok(Err(e)) => {
+    let run = || match f() {
+        Ok(v) => v,
+        Err(e) => {
             error::set_last(&e);
             -1
         }
-        Err(_) => {
-            error::set_last(&ApiError::Protocol("internal error in librina_api".into()));
-            -1
-        }
-    }
+    };
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).unwrap_or_else(|_| {
+        let internal = ApiError::Protocol("internal error in librina_api".into());
+        let _ = std::panic::catch_unwind(|| error::set_last(&internal));
+        -1
+    })
 }
 
 /// A C string argument; `None` for NULL.
@@ -138,12 +141,21 @@ fn own(fd: c_int, what: &str) -> Result<OwnedFd> {
             "{what} {fd} is a flow descriptor, not one a RINA_F_NOWAIT call returned"
         )));
     }
+    // Nor any other (a file, a pipe, a socket of the program's): the wait
+    // would read from it and then close it.
+    if !wait::is_handle(key) {
+        return Err(ApiError::BadFd(format!(
+            "{what} {fd} is not a descriptor a RINA_F_NOWAIT call returned \
+             (or it was waited on already)"
+        )));
+    }
     if sys::would_block(fd) {
         return Err(ApiError::sys(
             nix::errno::Errno::EAGAIN,
             format!("{what} {fd} is non-blocking and the daemon has not answered yet"),
         ));
     }
+    wait::taken(key);
     // SAFETY: the caller hands the descriptor over, as the API says.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
@@ -173,7 +185,7 @@ fn registration(
         Op::Unregister { name, dif }
     };
     if flags & RINA_F_NOWAIT != 0 {
-        return Ok(conn.request(op)?.into_raw_fd());
+        return wait::hand_out(conn.request(op)?);
     }
     // As a call: its reply route is forgotten if the wait times out.
     conn.call(op).map(|_| 0)
@@ -400,7 +412,7 @@ pub unsafe extern "C" fn rina_flow_alloc(
         };
         let w = flow::start_alloc(dif, local, remote, qos)?;
         if flags & RINA_F_NOWAIT != 0 {
-            return Ok(w.into_raw_fd());
+            return wait::hand_out(w);
         }
         flow::finish_alloc(w)
     })
@@ -450,5 +462,5 @@ pub extern "C" fn rina_flow_mss_get(fd: c_int) -> c_uint {
 /// not in rlite). Never NULL; valid until this thread's next failing call.
 #[no_mangle]
 pub extern "C" fn rina_api_last_error() -> *const c_char {
-    error::last_ptr()
+    std::panic::catch_unwind(error::last_ptr).unwrap_or(c"".as_ptr())
 }

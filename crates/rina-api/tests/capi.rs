@@ -697,3 +697,46 @@ fn accept_noresp(server: libc::c_int) -> libc::c_int {
         )
     }
 }
+
+/// A descriptor that no `RINA_F_NOWAIT` call returned (a file, a socket of
+/// the program's) fails with EBADF at once, and is neither read from nor
+/// closed.
+#[test]
+fn a_descriptor_of_the_program_is_not_taken_for_a_wait_descriptor() {
+    let file = std::fs::File::open("/proc/self/status").unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+    let errno = || std::io::Error::last_os_error().raw_os_error();
+    assert_eq!(
+        (rina_api::rina_flow_alloc_wait(fd), errno()),
+        (-1, Some(libc::EBADF))
+    );
+    let (a, b) = std::os::unix::net::UnixDatagram::pair().unwrap();
+    b.send(b"app-data").unwrap();
+    let sfd = std::os::fd::AsRawFd::as_raw_fd(&a);
+    assert_eq!(
+        (rina_api::rina_flow_alloc_wait(sfd), errno()),
+        (-1, Some(libc::EBADF))
+    );
+    let mut buf = [0u8; 16];
+    assert_eq!(a.recv(&mut buf).unwrap(), 8, "the datagram is still there");
+    // SAFETY: fcntl on a descriptor we own.
+    assert!(
+        unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0,
+        "the file is open"
+    );
+}
+
+/// A call that fails in an `atexit` handler or a thread key's destructor,
+/// after the thread's own storage is gone, returns -1 with errno (it
+/// aborted the program: the library's error text lived there).
+#[test]
+fn c_program_failing_in_exit_handlers_gets_errno() {
+    let out = temp_dir("exithandlers");
+    let client = compile("client", &out, Link::Shared);
+    let c = run_client(&client, Some("exit"), &out.join("nobody.sock"));
+    let said = String::from_utf8_lossy(&c.stdout);
+    assert!(c.status.success(), "{:?}\n{said}", c.status);
+    assert!(said.contains("key destructor ok"), "{said}");
+    assert!(said.contains("atexit ok"), "{said}");
+    let _ = std::fs::remove_dir_all(out);
+}

@@ -9,6 +9,8 @@
  *        client signals    checks that a signal the program blocks (to take
  *                          it with sigtimedwait) is not delivered to the
  *                          library's relay thread, which it would kill
+ *        client exit       checks that calls failing in an atexit handler
+ *                          and a thread key's destructor set errno
  *        client fork       checks that a child of fork() using its parent's
  *                          control descriptor fails at once with EBADF (the
  *                          relay thread stayed in the parent) and that a
@@ -19,6 +21,7 @@
  */
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -116,6 +119,48 @@ static int signals(void)
     return 0;
 }
 
+/* Failing calls after the thread's storage is gone (glibc destroys it
+ * before atexit handlers and pthread key destructors run). */
+static pthread_key_t exit_key;
+
+static void on_thread_exit(void *p)
+{
+    (void)p;
+    errno = 0;
+    if (rina_flow_mss_get(-1) == 0 && errno == EBADF) {
+        printf("key destructor ok\n");
+    }
+}
+
+static void *exit_worker(void *p)
+{
+    (void)p;
+    CHECK(pthread_setspecific(exit_key, (void *)1) == 0);
+    CHECK(rina_flow_mss_get(-1) == 0 && errno == EBADF);
+    return NULL;
+}
+
+static void at_exit(void)
+{
+    CHECK_FAILS(rina_flow_alloc_wait(-1), EBADF);
+    CHECK(rina_api_last_error() != NULL);
+    printf("atexit ok\n");
+    fflush(stdout);
+}
+
+static int exit_handlers(void)
+{
+    pthread_t t;
+    CHECK(pthread_key_create(&exit_key, on_thread_exit) == 0);
+    CHECK(pthread_create(&t, NULL, exit_worker, NULL) == 0);
+    CHECK(pthread_join(t, NULL) == 0);
+    CHECK(atexit(at_exit) == 0);
+    /* A failure first, so that this thread's error text exists. */
+    CHECK_FAILS(rina_flow_alloc_wait(-1), EBADF);
+    fflush(stdout);
+    return 0;
+}
+
 static double now_s(void)
 {
     struct timespec t;
@@ -201,6 +246,9 @@ int main(int argc, char **argv)
     }
     if (argc > 1 && strcmp(argv[1], "signals") == 0) {
         return signals();
+    }
+    if (argc > 1 && strcmp(argv[1], "exit") == 0) {
+        return exit_handlers();
     }
     if (argc > 1 && strcmp(argv[1], "fork") == 0) {
         return forked();
