@@ -58,6 +58,11 @@ pub(super) struct Sender {
     rate: Option<RateFc>,
     max_send_queue: usize,
     inflight_limit: usize,
+    /// Most PDUs kept for retransmission with window flow control: twice
+    /// what a receiver of the same cube can have open
+    /// ([`EfcpConfig::seq_span`]), the slack [`Sender::valid_rwe`] allows.
+    /// A peer granting credit ahead of its acks holds no more than this.
+    max_unacked: usize,
     delta: Duration,
     a_timer: Duration,
     next_seq: u64,
@@ -104,6 +109,9 @@ impl Sender {
             rate: cfg.rate().copied(),
             max_send_queue: cfg.max_send_queue,
             inflight_limit: cfg.max_reorder.saturating_add(1),
+            max_unacked: cfg.seq_span().map_or(usize::MAX, |s| {
+                usize::try_from(s.saturating_mul(2)).unwrap_or(usize::MAX)
+            }),
             delta: cfg.delta_t(),
             a_timer: cfg.a_timer,
             next_seq: initial_seq,
@@ -306,6 +314,10 @@ impl Sender {
             }
             return None;
         }
+        if self.rtx_cfg.is_some() && self.unacked.len() >= self.max_unacked {
+            // The acks bring this down; the RTO timer is armed.
+            return None;
+        }
         if !self.cwnd_open() {
             self.cwnd_limited = true;
             return None;
@@ -411,8 +423,8 @@ impl Sender {
                 None => false,
                 // rate/frame < ours/our_frame
                 Some(r) => {
-                    (rate as u128) * r.frame.as_nanos()
-                        < (r.pdus_per_frame as u128) * frame.as_nanos()
+                    (rate as u128).saturating_mul(r.frame.as_nanos())
+                        < (r.pdus_per_frame as u128).saturating_mul(frame.as_nanos())
                 }
             };
             if tighter {
@@ -653,6 +665,10 @@ impl Sender {
         if self.failure.is_some() {
             return;
         }
+        // A frame that ended frees the rate, whatever else blocks: its end,
+        // left in the past while the window stays shut, was a deadline due
+        // for ever (the driver spun).
+        self.roll_frame(now);
         if self.rtx_deadline.is_some_and(|d| now >= d) {
             self.on_rto(now, stats);
         }

@@ -1130,3 +1130,6 @@ mod direct_tests;
 
 #[cfg(test)]
 mod stress_tests;
+
+#[cfg(test)]
+mod peer_tests;

@@ -348,9 +348,15 @@ impl Flow {
         let res = self.reasm.push_buf(now, seq, payload);
         if self.reasm.discarded() > before || res.is_err() {
             // Fragments the reassembler threw away hold no buffer any
-            // more: give their credit back. The newest fragment is kept
-            // if it started a new SDU.
-            let kept = usize::from(res.is_ok() && self.reasm.partial_len() > 0);
+            // more: give their credit back. The newest fragment keeps its
+            // own if it started a new SDU, or is a whole SDU handed over
+            // now (else a peer alternating first and complete fragments
+            // had SDUs delivered that held no credit, without bound).
+            let kept = match &res {
+                Ok(Some(_)) => 1,
+                Ok(None) => usize::from(self.reasm.partial_len() > 0),
+                Err(_) => 0,
+            };
             self.efcp.consumed(now, self.fragments - kept);
             self.fragments = kept;
             if res.is_err() {
