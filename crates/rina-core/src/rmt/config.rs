@@ -483,6 +483,14 @@ fn nonzero(policy: &'static str, param: &str, v: usize) -> Result<(), SchedConfi
 }
 
 /// Every cube's level must exist in a dimension with `n` levels.
+/// Most levels a scheduler's dimension can have: a cube's level is a
+/// byte, so any past these could never be used (and the 2-D limiter
+/// makes a queue per pair of levels, up front).
+pub const MAX_LEVELS: usize = 256;
+
+/// Most cubes a `qta-mux` policy may list settings for.
+pub const MAX_QTA_CUBES: usize = 4096;
+
 fn check_levels(
     policy: &'static str,
     param: &str,
@@ -490,6 +498,13 @@ fn check_levels(
     cu: &CuMap,
     level: impl Fn(CuCell) -> u8,
 ) -> Result<(), SchedConfigError> {
+    if n > MAX_LEVELS {
+        return Err(bad(
+            policy,
+            param,
+            format!("{n} levels; a cube's level is 0 to 255, so at most {MAX_LEVELS}"),
+        ));
+    }
     let cells = cu.iter().map(|(q, c)| (q.to_string(), c));
     let default = std::iter::once(("(default)".to_string(), cu.default_cell()));
     for (q, c) in cells.chain(default) {
@@ -534,6 +549,13 @@ fn check_qta(c: &QtaMuxConfig, cu: &CuMap) -> Result<(), SchedConfigError> {
         ));
     }
     nonzero(P, "mgmt_queue_len", c.mgmt_queue_len)?;
+    if c.cubes.len() > MAX_QTA_CUBES {
+        return Err(bad(
+            P,
+            "cubes",
+            format!("{} cubes listed; at most {MAX_QTA_CUBES}", c.cubes.len()),
+        ));
+    }
     let mut seen = std::collections::BTreeSet::new();
     for (i, cube) in c.cubes.iter().enumerate() {
         if !seen.insert(cube.qos_id) {

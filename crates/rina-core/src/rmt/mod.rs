@@ -32,7 +32,7 @@ mod token_bucket;
 pub use config::{
     BucketParams, CuCell, CuMap, DiffServConfig, DsClass, Excess, FifoConfig, LevelLimit,
     Occupancy, QtaCubeConfig, QtaMuxConfig, RateLimitConfig, SchedConfigError, SchedulerConfig,
-    TokenBucketConfig, DEFAULT_QUEUE_LEN,
+    TokenBucketConfig, DEFAULT_QUEUE_LEN, MAX_LEVELS, MAX_QTA_CUBES,
 };
 pub use diffserv::DiffServ;
 pub use fifo::Fifo;

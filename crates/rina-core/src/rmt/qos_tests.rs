@@ -846,3 +846,37 @@ fn scaled_policies_scale_their_rates_and_nothing_else() {
     let fifo = SchedulerConfig::default();
     assert_eq!(fifo.scaled(0.1), fifo);
 }
+
+/// A dimension with more levels than a cube's level (a byte) can name is
+/// refused before anything is built: the 2-D limiter made a queue per pair
+/// of levels up front, and 30,000 of each in a 2 MB file asked for 28.8 GB
+/// (at `--check`, start or reload, which it aborted).
+#[test]
+fn more_levels_than_a_byte_names_are_refused() {
+    let lvl = LevelLimit {
+        rate_bps: 1,
+        max_backlog_bytes: 1,
+    };
+    let rlim = |n: usize| {
+        SchedulerConfig::RateLimit2d(RateLimitConfig {
+            urgency: vec![lvl; n],
+            cherish: vec![lvl; n],
+            queue_len: 10,
+            cherish_thresholds: vec![],
+            mgmt_queue_len: 10,
+        })
+    };
+    let cu = CuMap::new().with(1, 0, 0);
+    assert!(rlim(MAX_LEVELS).build(&cu).is_ok());
+    let e = rlim(30_000).build(&cu).unwrap_err().to_string();
+    assert!(e.contains("30000 levels") && e.contains("urgency"), "{e}");
+    let qta = SchedulerConfig::QtaMux(QtaMuxConfig::new(vec![1; MAX_LEVELS + 1]));
+    let e = qta.build(&cu).unwrap_err().to_string();
+    assert!(e.contains("cherish_thresholds"), "{e}");
+    let ds = SchedulerConfig::Diffserv(DiffServConfig {
+        classes: vec![DsClass { limit: None }; MAX_LEVELS + 1],
+        queue_len: 10,
+        mgmt_queue_len: 3,
+    });
+    assert!(ds.build(&cu).unwrap_err().to_string().contains("classes"));
+}

@@ -23,13 +23,13 @@
 //! share one cube, `qos-other`, in the map's default cell, so PDUs with
 //! made-up QoS-ids cannot make the policy's state grow.
 
-use super::config::{CuCell, CuMap, Excess, Occupancy, QtaMuxConfig};
+use super::config::{CuCell, CuMap, Excess, Occupancy, QtaCubeConfig, QtaMuxConfig};
 use super::tally::{cell_name, urgency_name, MgmtQueue, SplitMix64, Tally};
 use super::token_bucket::TokenBucket;
 use super::{PortId, QosId, QueueStats, QueuedPdu, Scheduler};
 use crate::ids::IdMap;
 use crate::time::Instant;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 #[derive(Debug, Clone)]
 struct Cube {
@@ -87,15 +87,20 @@ impl QtaMux {
     /// [`super::SchedulerConfig::build`], which checks the parameters first
     /// (this assumes they are checked).
     pub(crate) fn new(cfg: QtaMuxConfig, cu: CuMap) -> Self {
+        // Settings by QoS-id, looked up in a map: a list scanned per cube
+        // made building quadratic in the cubes a file lists.
+        let settings: BTreeMap<QosId, &QtaCubeConfig> =
+            cfg.cubes.iter().rev().map(|c| (c.qos_id, c)).collect();
         let mut ids: Vec<QosId> = cu.iter().map(|(q, _)| q).collect();
+        let mut listed: BTreeSet<QosId> = ids.iter().copied().collect();
         for c in &cfg.cubes {
-            if !ids.contains(&c.qos_id) {
+            if listed.insert(c.qos_id) {
                 ids.push(c.qos_id);
             }
         }
         let make = |qos_id: Option<QosId>| {
             let cell = qos_id.map_or(cu.default_cell(), |q| cu.cell(q));
-            let over = qos_id.and_then(|q| cfg.cubes.iter().find(|c| c.qos_id == q));
+            let over = qos_id.and_then(|q| settings.get(&q).copied());
             let level_th = cfg
                 .cherish_thresholds
                 .get(usize::from(cell.cherish))
@@ -308,5 +313,39 @@ impl Scheduler for QtaMux {
         );
         v.extend(p.cubes.iter().map(|c| c.tally.stats(c.name())));
         v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::config::{QtaCubeConfig, SchedulerConfig, MAX_QTA_CUBES};
+    use super::*;
+
+    /// A `qta-mux` policy lists at most [`super::super::config::MAX_QTA_CUBES`] cubes (230,000 took
+    /// 36 s to check, the daemon's loop blocked meanwhile on a reload), and
+    /// the settings of each are its own, the first listed for a QoS-id.
+    #[test]
+    fn qta_mux_cubes_are_bounded_and_each_gets_its_settings() {
+        let cfg = |n: u64| {
+            let mut c = QtaMuxConfig::new(vec![100]);
+            c.cubes = (0..n)
+                .map(|q| {
+                    let mut cube = QtaCubeConfig::new(q);
+                    cube.threshold = Some(q as usize + 1);
+                    cube
+                })
+                .collect();
+            c
+        };
+        let cu = CuMap::new();
+        let e = SchedulerConfig::QtaMux(cfg(MAX_QTA_CUBES as u64 + 1))
+            .build(&cu)
+            .unwrap_err();
+        assert!(e.to_string().contains("4097 cubes"), "{e}");
+        let q = QtaMux::new(cfg(MAX_QTA_CUBES as u64), cu);
+        for id in [0, 1, 2_000, MAX_QTA_CUBES as u64 - 1] {
+            let c = &q.template.cubes[q.cube_of(id)];
+            assert_eq!((c.qos_id, c.threshold), (Some(id), id as usize + 1));
+        }
     }
 }
