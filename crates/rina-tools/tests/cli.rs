@@ -94,6 +94,8 @@ fn bad_arguments_are_usage_errors() {
     for args in [
         &["client", "--test", "rr", "--size", "20"][..],
         &["client", "--parallel", "0"],
+        // A thread and a flow each: at most 1024.
+        &["client", "--parallel", "1025"],
         &["client", "--test", "nope"],
     ] {
         let out = run(PERF, args);

@@ -20,6 +20,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const TOOL: &str = "rina-perf";
 
+/// Most flows `--parallel` runs at once (each has a thread).
+const MAX_PARALLEL: i64 = 1024;
+
 /// Goodput and loss, or transactions and latency, of RINA flows.
 #[derive(Debug, Parser)]
 #[command(name = "rina-perf", version)]
@@ -108,10 +111,16 @@ struct ClientArgs {
     /// [default: 1000].
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
     timeout_ms: Option<u64>,
-    /// Run the tests on N flows at once (rinaperf's -p): per-flow results
-    /// and their total.
-    #[arg(short = 'p', long, default_value_t = 1, value_name = "N")]
-    parallel: usize,
+    /// Run the tests on N flows at once (rinaperf's -p), 1 to 1024, each
+    /// with a thread of its own: per-flow results and their total.
+    #[arg(
+        short = 'p',
+        long,
+        default_value_t = 1,
+        value_name = "N",
+        value_parser = clap::value_parser!(u16).range(1..=MAX_PARALLEL)
+    )]
+    parallel: u16,
     /// Length of each test, in seconds.
     #[arg(
         long,
@@ -271,13 +280,8 @@ fn sizes(a: &ClientArgs) -> Vec<usize> {
     {
         opts::die(TOOL, "bad --max-sdu", &e, 2);
     }
-    if a.parallel == 0 || a.outstanding == Some(0) {
-        opts::die(
-            TOOL,
-            "bad --parallel or --outstanding",
-            &"must be at least 1",
-            2,
-        );
+    if a.outstanding == Some(0) {
+        opts::die(TOOL, "bad --outstanding", &"must be at least 1", 2);
     }
     sizes
 }
