@@ -1039,39 +1039,46 @@ fn width_prefs(c: &DtConstants) -> Vec<String> {
     .collect()
 }
 
-#[test]
-fn tshark_decodes_every_control_pdu_field_by_field_at_other_widths() {
-    if let Some(why) = cannot_run(false) {
-        println!("{why}");
-        return;
-    }
+/// The values of every control PDU field in
+/// [`tshark_decodes_every_control_pdu_field_by_field_at_other_widths`],
+/// each needing the width that test gives its field.
+#[derive(Clone, Copy)]
+struct CtlValues {
+    sn: u64,
+    lcsr: u64,
+    lwe: u64,
+    rwe: u64,
+    mlwe: u64,
+    mrwe: u64,
+    rate: u64,
+    frame: u64,
+}
+
+const CTL_VALUES: CtlValues = CtlValues {
+    sn: 1 << 40,
+    lcsr: 60_001,
+    lwe: (1 << 41) + 1,
+    rwe: (1 << 41) + 2,
+    mlwe: (1 << 41) + 3,
+    mrwe: (1 << 41) + 4,
+    rate: 1 << 35,
+    frame: 60_002,
+};
+
+/// One control PDU body of every type, with the values `v`.
+fn every_control_body(v: CtlValues) -> Vec<pci::ControlBody> {
     use pci::ControlBody as B;
-    let dir = std::env::temp_dir().join(format!("rina-wireshark-ctl-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    // Every width differs from its default, and every value needs its width.
-    let c = DtConstants {
-        addr: FieldWidth::W4,
-        cep: FieldWidth::W1,
-        qos: FieldWidth::W1,
-        length: FieldWidth::W4,
-        seq: FieldWidth::W8,
-        ctrl_seq: FieldWidth::W2,
-        rate: FieldWidth::W8,
-        frame: FieldWidth::W2,
-        ..DtConstants::default()
-    };
-    let (sn, lcsr, lwe, rwe, mlwe, mrwe, rate, frame) = (
-        1u64 << 40,
-        60_001,
-        (1 << 41) + 1,
-        (1 << 41) + 2,
-        (1 << 41) + 3,
-        (1 << 41) + 4,
-        1 << 35,
-        60_002,
-    );
-    let window = (lcsr, lwe, rwe, mlwe, mrwe, rate, frame);
-    let bodies = [
+    let CtlValues {
+        sn,
+        lcsr,
+        lwe,
+        rwe,
+        mlwe,
+        mrwe,
+        rate,
+        frame,
+    } = v;
+    vec![
         B::Ack { ack_sn: sn },
         B::Nack { nack_sn: sn },
         B::Fc {
@@ -1102,24 +1109,66 @@ fn tshark_decodes_every_control_pdu_field_by_field_at_other_widths() {
             frame,
         },
         B::Cack {
-            last_ctrl_seq_rcvd: window.0,
-            new_lwe: window.1,
-            new_rwe: window.2,
-            my_lwe: window.3,
-            my_rwe: window.4,
-            rate: window.5,
-            frame: window.6,
+            last_ctrl_seq_rcvd: lcsr,
+            new_lwe: lwe,
+            new_rwe: rwe,
+            my_lwe: mlwe,
+            my_rwe: mrwe,
+            rate,
+            frame,
         },
         B::Rendezvous {
-            last_ctrl_seq_rcvd: window.0,
-            new_lwe: window.1,
-            new_rwe: window.2,
-            my_lwe: window.3,
-            my_rwe: window.4,
-            rate: window.5,
-            frame: window.6,
+            last_ctrl_seq_rcvd: lcsr,
+            new_lwe: lwe,
+            new_rwe: rwe,
+            my_lwe: mlwe,
+            my_rwe: mrwe,
+            rate,
+            frame,
         },
-    ];
+    ]
+}
+
+/// What tshark must show of [`every_control_body`]'s bodies, in order:
+/// ack_sn, nack_sn, last_ctrl_seq_rcvd, new_lwe, new_rwe, my_lwe, my_rwe,
+/// rate, frame (empty where the type has no such field).
+fn control_fields_wanted(v: CtlValues) -> Vec<Vec<String>> {
+    let s = |v: u64| v.to_string();
+    let e = String::new;
+    let win = [v.lcsr, v.lwe, v.rwe, v.mlwe, v.mrwe, v.rate, v.frame].map(s);
+    let sn = s(v.sn);
+    vec![
+        vec![sn.clone(), e(), e(), e(), e(), e(), e(), e(), e()],
+        vec![e(), sn.clone(), e(), e(), e(), e(), e(), e(), e()],
+        [vec![e(), e(), e(), e()], win[2..].to_vec()].concat(),
+        [vec![sn.clone(), e()], win.to_vec()].concat(),
+        [vec![e(), sn], win.to_vec()].concat(),
+        [vec![e(), e()], win.to_vec()].concat(),
+        [vec![e(), e()], win.to_vec()].concat(),
+    ]
+}
+
+#[test]
+fn tshark_decodes_every_control_pdu_field_by_field_at_other_widths() {
+    if let Some(why) = cannot_run(false) {
+        println!("{why}");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("rina-wireshark-ctl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // Every width differs from its default, and every value needs its width.
+    let c = DtConstants {
+        addr: FieldWidth::W4,
+        cep: FieldWidth::W1,
+        qos: FieldWidth::W1,
+        length: FieldWidth::W4,
+        seq: FieldWidth::W8,
+        ctrl_seq: FieldWidth::W2,
+        rate: FieldWidth::W8,
+        frame: FieldWidth::W2,
+        ..DtConstants::default()
+    };
+    let bodies = every_control_body(CTL_VALUES);
     let frames: Vec<Vec<u8>> = bodies
         .iter()
         .map(|b| {
@@ -1156,37 +1205,8 @@ fn tshark_decodes_every_control_pdu_field_by_field_at_other_widths() {
     let prefs: Vec<&str> = prefs.iter().map(String::as_str).collect();
     let rows = tshark(&pcap, &prefs, &fields);
     assert_eq!(rows.len(), bodies.len(), "{rows:?}");
-    let s = |v: u64| v.to_string();
-    let hdr = [s(70_000), s(70_001), s(200), s(201), s(202), s(60_000)];
-    let (sn, lcsr, lwe, rwe, mlwe, mrwe, rate, frame) = (
-        s(sn),
-        s(lcsr),
-        s(lwe),
-        s(rwe),
-        s(mlwe),
-        s(mrwe),
-        s(rate),
-        s(frame),
-    );
-    let e = String::new;
-    let win = [
-        lcsr,
-        lwe,
-        rwe.clone(),
-        mlwe.clone(),
-        mrwe.clone(),
-        rate.clone(),
-        frame.clone(),
-    ];
-    let want: Vec<Vec<String>> = vec![
-        vec![sn.clone(), e(), e(), e(), e(), e(), e(), e(), e()],
-        vec![e(), sn.clone(), e(), e(), e(), e(), e(), e(), e()],
-        vec![e(), e(), e(), e(), rwe, mlwe, mrwe, rate, frame],
-        [vec![sn.clone(), e()], win.to_vec()].concat(),
-        [vec![e(), sn.clone()], win.to_vec()].concat(),
-        [vec![e(), e()], win.to_vec()].concat(),
-        [vec![e(), e()], win.to_vec()].concat(),
-    ];
+    let hdr = [70_000, 70_001, 200, 201, 202, 60_000].map(|v: u64| v.to_string());
+    let want = control_fields_wanted(CTL_VALUES);
     for (i, (row, want)) in rows.iter().zip(want).enumerate() {
         let code = format!("0x{:02x}", bodies[i].pdu_type().code());
         assert_eq!(row[0], code, "{rows:?}");
