@@ -758,6 +758,7 @@ impl System {
             self.n1_pending.remove(&p);
             self.members[lower].deallocate(now, p);
         }
+        self.claims_neighbor_removed(now, j, k);
         self.plans[j].neighbors.remove(k);
         self.pump(now);
         true

@@ -135,6 +135,25 @@ impl System {
         changed
     }
 
+    /// Neighbour `k` of `j` is being removed: its claims are torn down and
+    /// the claims on the neighbours after it follow their new index.
+    pub(super) fn claims_neighbor_removed(&mut self, now: Instant, j: usize, k: usize) {
+        let gone: Vec<PortId> = self
+            .claims
+            .iter()
+            .filter(|(_, c)| c.j == j && c.k == k)
+            .map(|(&p, _)| p)
+            .collect();
+        for p in gone {
+            self.drop_claim(now, p);
+        }
+        for c in self.claims.values_mut() {
+            if c.j == j && c.k > k {
+                c.k -= 1;
+            }
+        }
+    }
+
     /// When the next claim runs out of time.
     pub(super) fn claims_timeout(&self) -> Option<Instant> {
         self.claims.values().map(|c| c.deadline).min()

@@ -54,6 +54,12 @@ impl System {
             }
             IpcpEvent::Deallocated { port } | IpcpEvent::FlowFailed { port } => {
                 if self.n1.contains_key(&port) {
+                    // A failed flow is still open in member `i`: the driver
+                    // deallocates it (an N-1 flow of a stacked DIF that
+                    // failed stayed open below, one more per outage).
+                    if matches!(ev, IpcpEvent::FlowFailed { .. }) {
+                        self.members[i].deallocate(now, port);
+                    }
                     self.unbind_n1(now, port);
                 } else if self.app_flows.remove(&port).is_some() {
                     self.want_writable.remove(&port);

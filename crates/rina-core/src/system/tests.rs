@@ -1111,4 +1111,5 @@ fn a_flow_with_no_dif_named_goes_to_a_normal_dif_that_knows_the_name_before_a_sh
     assert_eq!(s.member_for(&name("other")), Some(0));
 }
 
+mod n1_failures;
 mod neighbors;
