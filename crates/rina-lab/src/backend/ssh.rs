@@ -36,6 +36,7 @@ use super::real::{self, Fabric, ShimKind};
 use super::{Backend, RunCtx};
 use crate::results::RunOutput;
 use crate::{Experiment, LabError};
+use rina_wire::shim_eth::MAX_VLAN;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
@@ -108,14 +109,26 @@ pub enum InventoryError {
     /// A `[link.NAME]` table names a link the experiment does not have.
     #[error("the inventory has link `{0}`, which the experiment does not have")]
     UnknownLink(String),
-    /// A link table does not give exactly its two ends, or gives both
-    /// `udp` and `eth`.
+    /// A link table does not give exactly its two ends, gives both `udp`
+    /// and `eth`, or a shim-eth link's VLAN (given, or 10 + the link's
+    /// index) is not 1..=4094.
     #[error("link `{link}`: {what}")]
     BadLink {
         /// The link.
         link: String,
         /// What is wrong.
         what: String,
+    },
+    /// A shim-udp end without a port of its own takes `udp_port` + 2 × its
+    /// link's index (+ 1 for end B), which must not pass 65535.
+    #[error("link `{link}`: its default UDP port, udp_port {udp_port} + 2 × its index {index} (+ 1 for end B), exceeds 65535: lower udp_port or give the links ports in [link.NAME]")]
+    UdpPortRange {
+        /// The link.
+        link: String,
+        /// Its index among the experiment's links.
+        index: usize,
+        /// The inventory's `udp_port`.
+        udp_port: u16,
     },
     /// A shim-udp link by default needs the host's address to be an IP
     /// address (or the host's `ip` key).
@@ -197,7 +210,7 @@ pub struct LinkMap {
     /// shim-eth: each end's interface.
     #[serde(default)]
     pub eth: BTreeMap<String, String>,
-    /// shim-eth: the VLAN (default 10 + the link's index).
+    /// shim-eth: the VLAN, 1..=4094 (default 10 + the link's index).
     #[serde(default)]
     pub vlan: Option<u16>,
 }
@@ -325,13 +338,27 @@ impl Plan {
                     .or_else(|| host.address.parse().ok())
                     .ok_or_else(|| InventoryError::NoIp(host.name.clone()))
             };
-            let port = |side: u16| inv.udp_port.saturating_add(2 * i as u16 + side);
+            // Ports and VLAN by default, checked where they are used (a
+            // link given its ports or VLAN needs none).
+            let port = |side: u32| -> Result<u16, InventoryError> {
+                u32::try_from(i)
+                    .ok()
+                    .and_then(|i| i.checked_mul(2))
+                    .and_then(|o| o.checked_add(side))
+                    .and_then(|o| o.checked_add(u32::from(inv.udp_port)))
+                    .and_then(|p| u16::try_from(p).ok())
+                    .ok_or_else(|| InventoryError::UdpPortRange {
+                        link: l.name.clone(),
+                        index: i,
+                        udp_port: inv.udp_port,
+                    })
+            };
             let p = match inv.links.get(&l.name) {
                 None => LinkPlan::Udp([
-                    SocketAddr::new(host_ip(l.a)?, port(0)),
-                    SocketAddr::new(host_ip(l.b)?, port(1)),
+                    SocketAddr::new(host_ip(l.a)?, port(0)?),
+                    SocketAddr::new(host_ip(l.b)?, port(1)?),
                 ]),
-                Some(m) => link_plan(&l.name, m, ends, [port(0), port(1)], 10 + i as u16)?,
+                Some(m) => link_plan(&l.name, m, ends, &port, i)?,
             };
             plan.links.push(p);
         }
@@ -382,8 +409,8 @@ fn link_plan(
     name: &str,
     m: &LinkMap,
     ends: [&String; 2],
-    ports: [u16; 2],
-    vlan: u16,
+    port: &dyn Fn(u32) -> Result<u16, InventoryError>,
+    index: usize,
 ) -> Result<LinkPlan, InventoryError> {
     let bad = |what: String| InventoryError::BadLink {
         link: name.into(),
@@ -403,18 +430,35 @@ fn link_plan(
     match (m.udp.is_empty(), m.eth.is_empty()) {
         (false, true) => {
             let [a, b] = pick(&m.udp)?;
-            let addr = |s: &str, port: u16| -> Result<SocketAddr, InventoryError> {
-                s.parse::<SocketAddr>()
-                    .or_else(|_| s.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, port)))
-                    .map_err(|_| bad(format!("`{s}` is not an IP address")))
+            let addr = |s: &str, side: u32| -> Result<SocketAddr, InventoryError> {
+                if let Ok(a) = s.parse::<SocketAddr>() {
+                    return Ok(a);
+                }
+                let ip = s
+                    .parse::<IpAddr>()
+                    .map_err(|_| bad(format!("`{s}` is not an IP address")))?;
+                Ok(SocketAddr::new(ip, port(side)?))
             };
-            Ok(LinkPlan::Udp([addr(&a, ports[0])?, addr(&b, ports[1])?]))
+            Ok(LinkPlan::Udp([addr(&a, 0)?, addr(&b, 1)?]))
         }
         (true, false) => {
             let [a, b] = pick(&m.eth)?;
             safe(&a)?;
             safe(&b)?;
-            Ok(LinkPlan::Eth([a, b], m.vlan.unwrap_or(vlan)))
+            let vlan = match m.vlan {
+                Some(v) if (1..=MAX_VLAN).contains(&v) => v,
+                Some(v) => return Err(bad(format!("vlan {v} is not a VLAN id (1..={MAX_VLAN})"))),
+                None => index
+                    .checked_add(10)
+                    .and_then(|v| u16::try_from(v).ok())
+                    .filter(|v| *v <= MAX_VLAN)
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "its default VLAN, 10 + its index {index}, exceeds {MAX_VLAN}: give it `vlan`"
+                        ))
+                    })?,
+            };
+            Ok(LinkPlan::Eth([a, b], vlan))
         }
         _ => Err(bad("give either `udp` or `eth`".into())),
     }
@@ -1080,6 +1124,130 @@ udp = { b = "192.168.1.2", c = "192.168.1.3:5000" }
                 "192.168.1.3:5000".parse().unwrap()
             ])
         );
+    }
+
+    /// Nodes `a` and `b` with `n` links `l0`, `l1`, ... between them.
+    fn exp_with_links(n: usize) -> Experiment {
+        use std::fmt::Write as _;
+        let mut t = String::from(
+            "nodes = [\"a\", \"b\"]\n[experiment]\nname = \"many\"\nduration = \"1s\"\n",
+        );
+        for i in 0..n {
+            let _ = write!(t, "[[link]]\nname = \"l{i}\"\nbetween = [\"a\", \"b\"]\n");
+        }
+        crate::load(&t, None).expect("experiment")
+    }
+
+    const ONE_HOST: &str =
+        "[[host]]\nname = \"h\"\naddress = \"10.0.0.1\"\nnodes = [\"a\", \"b\"]\n";
+
+    /// The error of a plan that must be refused (without printing the
+    /// plan, thousands of links, if it was not).
+    fn refused(r: Result<Plan, InventoryError>, what: &str) -> InventoryError {
+        match r {
+            Err(e) => e,
+            Ok(_) => panic!("{what}, yet it was planned"),
+        }
+    }
+
+    #[test]
+    fn default_udp_ports_are_distinct_or_refused_naming_udp_port() {
+        let inv = Inventory::parse(&format!("udp_port = 65000\n{ONE_HOST}")).unwrap();
+        // Links 0..=267 take 65000..=65535: all there is.
+        let plan = Plan::new(&inv, &exp_with_links(268)).unwrap();
+        let mut ends = std::collections::HashSet::new();
+        for l in &plan.links {
+            let LinkPlan::Udp(a) = l else {
+                panic!("{l:?} is not shim-udp")
+            };
+            assert!(ends.insert(a[0]) && ends.insert(a[1]), "{a:?} taken twice");
+        }
+        assert_eq!(ends.len(), 2 * 268);
+        assert!(ends.contains(&"10.0.0.1:65535".parse().unwrap()));
+        // One more link has no port left (its ends both got 65535).
+        let e = refused(
+            Plan::new(&inv, &exp_with_links(300)),
+            "link 268 has no ports left",
+        );
+        assert!(
+            matches!(&e, InventoryError::UdpPortRange { link, index: 268, udp_port: 65000 } if link == "l268"),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("udp_port 65000"), "{e}");
+        // Unless the links past the range are given their ports.
+        let mut text = format!("udp_port = 65000\n{ONE_HOST}");
+        for i in 268..300 {
+            text += &format!(
+                "[link.l{i}]\nudp = {{ a = \"10.0.0.1:{}\", b = \"10.0.0.1:{}\" }}\n",
+                2 * i,
+                2 * i + 1
+            );
+        }
+        let plan = Plan::new(&Inventory::parse(&text).unwrap(), &exp_with_links(300)).unwrap();
+        assert_eq!(
+            plan.links[299],
+            LinkPlan::Udp([
+                "10.0.0.1:598".parse().unwrap(),
+                "10.0.0.1:599".parse().unwrap()
+            ])
+        );
+    }
+
+    #[test]
+    fn more_links_than_u16_ports_are_refused_not_a_panic() {
+        // 2 × 32,768 overflowed u16: a panic, or link 0's ports again.
+        let inv = Inventory::parse(ONE_HOST).unwrap();
+        let e = refused(
+            Plan::new(&inv, &exp_with_links(32_769)),
+            "links past port 65535",
+        );
+        assert!(
+            matches!(
+                &e,
+                InventoryError::UdpPortRange {
+                    index: 9268,
+                    udp_port: 47000,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn shim_eth_vlans_past_4094_are_refused() {
+        let exp = exp_with_links(4086);
+        let eth = |i: usize, vlan: &str| {
+            format!("[link.l{i}]\neth = {{ a = \"eth1\", b = \"eth2\" }}\n{vlan}")
+        };
+        let plan = |text: String| Plan::new(&Inventory::parse(&text).unwrap(), &exp);
+        // 10 + 4084 is the last VLAN id.
+        let p = plan(format!("{ONE_HOST}{}", eth(4084, ""))).unwrap();
+        assert_eq!(
+            p.links[4084],
+            LinkPlan::Eth(["eth1".into(), "eth2".into()], 4094)
+        );
+        // 10 + 4085 is not a VLAN id (it was given as 4095).
+        let e = refused(plan(format!("{ONE_HOST}{}", eth(4085, ""))), "VLAN 4095");
+        assert!(
+            matches!(&e, InventoryError::BadLink { link, what } if link == "l4085" && what.contains("VLAN")),
+            "{e:?}"
+        );
+        let p = plan(format!("{ONE_HOST}{}", eth(4085, "vlan = 7\n"))).unwrap();
+        assert_eq!(
+            p.links[4085],
+            LinkPlan::Eth(["eth1".into(), "eth2".into()], 7)
+        );
+        for bad in ["0", "4095", "65535"] {
+            let e = refused(
+                plan(format!("{ONE_HOST}{}", eth(3, &format!("vlan = {bad}\n")))),
+                "a bad VLAN",
+            );
+            assert!(
+                matches!(&e, InventoryError::BadLink { link, what } if link == "l3" && what.contains(bad)),
+                "vlan {bad}: {e:?}"
+            );
+        }
     }
 
     #[test]
