@@ -6,6 +6,8 @@
 //! Everything is drawn in pure Rust (plotters' bitmap and SVG backends,
 //! glyphs by `ab_glyph` from the bundled DejaVu Sans, `assets/`): no system
 //! font library is needed. A plot without data is skipped, not drawn empty.
+//! Delays (samples, means, RTTs) that are negative, not finite or beyond
+//! 1e12 ms are left out (means: negative ones are drawn).
 
 use crate::results::{RunOutput, Sample};
 use plotters::coord::Shift;
@@ -183,10 +185,10 @@ pub fn plot_reference(
     if classes.is_empty() || series.is_empty() {
         return Ok(Vec::new());
     }
-    let bars = CompareBars {
-        classes: classes.to_vec(),
-        runs: series.iter().map(|(l, _)| l.clone()).collect(),
-        means: (0..classes.len())
+    let bars = CompareBars::new(
+        classes.to_vec(),
+        series.iter().map(|(l, _)| l.clone()).collect(),
+        (0..classes.len())
             .map(|i| {
                 series
                     .iter()
@@ -194,7 +196,7 @@ pub fn plot_reference(
                     .collect()
             })
             .collect(),
-    };
+    );
     mkdir(dir)?;
     render(&bars, dir, "report_delay")
 }
@@ -239,7 +241,7 @@ fn classes_of(run: &RunOutput) -> Vec<(String, Vec<f64>)> {
         }
     }
     for Sample { class, delay_ms } in &run.samples {
-        if delay_ms.is_finite() && *delay_ms >= 0.0 {
+        if drawn(*delay_ms) {
             by.entry(class).or_default().push(*delay_ms);
             if !order.contains(&class.as_str()) {
                 order.push(class);
@@ -261,6 +263,25 @@ const LOG_BARS_RATIO: f64 = 30.0;
 
 /// Smallest delay drawn on a log axis, ms (zero delays are drawn here).
 const MIN_LOG_MS: f64 = 1e-3;
+
+/// Largest delay drawn, ms (about 31 years): a larger one is no
+/// measurement, and an axis made to hold it could end past the largest
+/// f64 (plotters then draws no end of ticks, or an overflow panics).
+const MAX_DELAY_MS: f64 = 1e12;
+
+/// Most labels asked of an axis.
+const MAX_LABELS: usize = 40;
+
+/// Whether a delay sample or RTT, ms, is drawn.
+fn drawn(d: f64) -> bool {
+    (0.0..=MAX_DELAY_MS).contains(&d)
+}
+
+/// A mean delay, ms, if it is drawn (negative means, of one-way delays
+/// between unsynchronised clocks, are kept as before).
+fn drawn_mean(m: Option<f64>) -> Option<f64> {
+    m.filter(|m| m.abs() <= MAX_DELAY_MS)
+}
 
 /// Points of the empirical CDF of sorted `v` (a step function, or
 /// quantiles if there are many samples).
@@ -293,8 +314,8 @@ fn log_range<'a>(lines: impl Iterator<Item = &'a [f64]>) -> Option<(f64, f64)> {
     let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
     for v in lines {
         if let (Some(a), Some(b)) = (v.first(), v.last()) {
-            lo = lo.min(a.max(MIN_LOG_MS));
-            hi = hi.max(b.max(MIN_LOG_MS));
+            lo = lo.min(a.clamp(MIN_LOG_MS, MAX_DELAY_MS));
+            hi = hi.max(b.clamp(MIN_LOG_MS, MAX_DELAY_MS));
         }
     }
     if lo.is_finite() && hi.is_finite() {
@@ -487,7 +508,7 @@ impl RttHops {
             .iter()
             .filter(|f| f.kind == "echo")
             .filter_map(|f| Some((f.hops?, f.rtt_avg_ms?)))
-            .filter(|p| p.1.is_finite() && p.1 >= 0.0)
+            .filter(|p| drawn(p.1))
             .collect();
         if points.is_empty() {
             return None;
@@ -533,7 +554,7 @@ impl Figure for RttHops {
             .axis_desc_style(("sans-serif", 16))
             .x_desc("hops")
             .y_desc("RTT, ms")
-            .x_labels(hmax as usize + 2)
+            .x_labels((hmax as usize).saturating_add(2).min(MAX_LABELS))
             .x_label_formatter(&|v| {
                 if (v - v.round()).abs() < 1e-6 && *v >= 0.0 {
                     format!("{}", v.round() as i64)
@@ -595,7 +616,7 @@ impl CompareBars {
         let sums: Vec<_> = runs.iter().map(|r| r.summary()).collect();
         let mut classes: Vec<String> = Vec::new();
         for s in sums.iter().flatten() {
-            if s.avg_ms.is_some() && !classes.contains(&s.class) {
+            if drawn_mean(s.avg_ms).is_some() && !classes.contains(&s.class) {
                 classes.push(s.class.clone());
             }
         }
@@ -610,11 +631,21 @@ impl CompareBars {
                     .collect()
             })
             .collect();
-        Some(CompareBars {
+        Some(CompareBars::new(classes, labels.to_vec(), means))
+    }
+
+    /// The bars of `means` ([class][run]): a mean that is not finite or is
+    /// beyond [`MAX_DELAY_MS`] has none.
+    fn new(classes: Vec<String>, runs: Vec<String>, means: Vec<Vec<Option<f64>>>) -> CompareBars {
+        let means = means
+            .into_iter()
+            .map(|m| m.into_iter().map(drawn_mean).collect())
+            .collect();
+        CompareBars {
             classes,
-            runs: labels.to_vec(),
+            runs,
             means,
-        })
+        }
     }
 }
 
@@ -669,7 +700,11 @@ impl Figure for CompareBars {
             } else {
                 "mean delay, ms"
             })
-            .y_labels(if log { (top - floor) as usize + 2 } else { 10 })
+            .y_labels(if log {
+                ((top - floor) as usize).saturating_add(2).min(MAX_LABELS)
+            } else {
+                10
+            })
             .y_label_formatter(&|v| {
                 if !log {
                     num(*v)

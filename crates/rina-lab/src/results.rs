@@ -214,7 +214,7 @@ impl RunOutput {
     pub fn summary(&self) -> Vec<ClassSummary> {
         let mut order: Vec<String> = Vec::new();
         let mut by: BTreeMap<String, ClassSummary> = BTreeMap::new();
-        let mut wsum: BTreeMap<String, (f64, u64)> = BTreeMap::new();
+        let mut avgs: BTreeMap<String, Vec<(f64, u64)>> = BTreeMap::new();
         for f in &self.flows {
             if !by.contains_key(&f.class) {
                 order.push(f.class.clone());
@@ -234,19 +234,17 @@ impl RunOutput {
                 c.max_ms = Some(c.max_ms.map_or(m, |x| x.max(m)));
             }
             if let Some(a) = f.delay_avg_ms {
-                let w = wsum.entry(f.class.clone()).or_default();
-                w.0 += a * f.received as f64;
-                w.1 += f.received;
+                avgs.entry(f.class.clone())
+                    .or_default()
+                    .push((a, f.received));
             }
         }
         order
             .into_iter()
             .map(|k| {
                 let mut c = by.remove(&k).expect("class");
-                if let Some(&(s, n)) = wsum.get(&k) {
-                    if n > 0 {
-                        c.avg_ms = Some(s / n as f64);
-                    }
+                if let Some(a) = avgs.get(&k) {
+                    c.avg_ms = weighted_mean(a);
                 }
                 c.loss_pct = if c.sent == 0 {
                     0.0
@@ -308,13 +306,11 @@ impl RunOutput {
             let maxs = probes.iter().filter_map(|p| p.delay_max_ms);
             r.min_ms = mins.reduce(f64::min);
             r.max_ms = maxs.reduce(f64::max);
-            let (sum, n) = probes
+            let avgs: Vec<(f64, u64)> = probes
                 .iter()
-                .fold((0.0, 0u64), |(s, n), p| match p.delay_avg_ms {
-                    Some(a) => (s + a * p.received as f64, n + p.received),
-                    None => (s, n),
-                });
-            r.avg_ms = (n > 0).then(|| sum / n as f64);
+                .filter_map(|p| Some((p.delay_avg_ms?, p.received)))
+                .collect();
+            r.avg_ms = weighted_mean(&avgs);
         }
         rows
     }
@@ -466,6 +462,27 @@ fn truncate(s: &str, n: usize) -> String {
     }
 }
 
+/// Mean of delays `a` weighted by counts `r`, `(a, r)`; `None` if the
+/// counts add up to 0. Σ a·r / Σ r, or Σ a·(r / Σ r) where Σ a·r overflows:
+/// the mean of huge finite delays is finite, not infinite.
+fn weighted_mean(v: &[(f64, u64)]) -> Option<f64> {
+    let n: f64 = v.iter().map(|&(_, r)| r as f64).sum();
+    if n <= 0.0 {
+        return None;
+    }
+    let s: f64 = v.iter().map(|&(a, r)| a * r as f64).sum();
+    if s.is_finite() || !v.iter().all(|(a, _)| a.is_finite()) {
+        return Some(s / n);
+    }
+    let m: f64 = v.iter().map(|&(a, r)| a * (r as f64 / n)).sum();
+    // The weights' rounding must not take it past the largest delay.
+    let weighted = v.iter().filter(|&&(_, r)| r > 0).map(|&(a, _)| a);
+    let (lo, hi) = weighted.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), a| {
+        (lo.min(a), hi.max(a))
+    });
+    Some(m.clamp(lo, hi))
+}
+
 /// Delay statistics of a set of samples, ms: (min, mean, p99, max).
 pub fn stats_ms(samples: &mut [f64]) -> Option<(f64, f64, f64, f64)> {
     if samples.is_empty() {
@@ -473,7 +490,14 @@ pub fn stats_ms(samples: &mut [f64]) -> Option<(f64, f64, f64, f64)> {
     }
     samples.sort_by(|a, b| a.total_cmp(b));
     let n = samples.len();
-    let mean = samples.iter().sum::<f64>() / n as f64;
+    let sum = samples.iter().sum::<f64>();
+    let mean = if sum.is_finite() || !samples.iter().all(|s| s.is_finite()) {
+        sum / n as f64
+    } else {
+        // Finite samples whose sum overflows: Σ s/n, within their range.
+        let m = samples.iter().map(|s| s / n as f64).sum::<f64>();
+        m.clamp(samples[0], samples[n - 1])
+    };
     let p99 = samples[((n as f64 * 0.99).ceil() as usize).clamp(1, n) - 1];
     Some((samples[0], mean, p99, samples[n - 1]))
 }
@@ -590,6 +614,29 @@ mod tests {
         assert!(head.trim_end().ends_with("Mb/s"), "{table}");
         let row_a = table.lines().nth(2).expect("row a");
         assert!(row_a.trim_end().ends_with(" 2.000"), "{table}");
+    }
+
+    #[test]
+    fn means_of_huge_finite_delays_are_finite() {
+        // Σ a·r overflowed: the mean of two flows of 1e308 ms was inf.
+        let mut out = RunOutput {
+            flows: vec![rec("a", 2, 2, 1e308), rec("a", 3, 3, 1.5e308)],
+            ..Default::default()
+        };
+        let avg = out.summary()[0].avg_ms.unwrap();
+        assert!((avg / 1.3e308 - 1.0).abs() < 1e-9, "{avg}");
+        let probe = |avg: f64| FlowRecord {
+            kind: "echo".into(),
+            class: "p".into(),
+            ..rec("p", 2, 2, avg)
+        };
+        out.flows = vec![rec("a", 2, 2, 1.0), probe(1e308), probe(1.7e308)];
+        let avg = out.summary_probed()[0].avg_ms.unwrap();
+        assert!((avg / 1.35e308 - 1.0).abs() < 1e-9, "{avg}");
+        let mut samples = [1.7e308, f64::MAX, 1.0];
+        let (min, mean, _, max) = stats_ms(&mut samples).unwrap();
+        assert_eq!((min, max), (1.0, f64::MAX));
+        assert!(mean.is_finite() && mean > 1e308, "{mean}");
     }
 
     #[test]

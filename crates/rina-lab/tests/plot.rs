@@ -141,3 +141,106 @@ fn comparison_names_every_run_and_class() {
         }
     }
 }
+
+/// A run of class `c` with a delay of 1 ms and one of `delay_ms`, in its
+/// samples, its mean and an echo flow's RTT.
+fn with_delay(variant: &str, delay_ms: f64) -> RunOutput {
+    RunOutput {
+        backend: "sim".into(),
+        experiment: "x".into(),
+        variant: Some(variant.into()),
+        duration_s: 1.0,
+        flows: vec![
+            FlowRecord {
+                flow: "f".into(),
+                kind: "tgen".into(),
+                class: "c".into(),
+                sent: 2,
+                received: 2,
+                delay_avg_ms: Some(delay_ms),
+                ..Default::default()
+            },
+            flow("probe", "echo", Some(1), Some(1.0)),
+            flow("probe", "echo", Some(2), Some(delay_ms)),
+        ],
+        samples: vec![
+            Sample {
+                class: "c".into(),
+                delay_ms: 1.0,
+            },
+            Sample {
+                class: "c".into(),
+                delay_ms,
+            },
+        ],
+        ..Default::default()
+    }
+}
+
+/// The texts of an SVG file.
+fn texts(svg: &str) -> Vec<String> {
+    svg.split("<text")
+        .skip(1)
+        .filter_map(|t| {
+            let t = &t[t.find('>')? + 1..];
+            Some(t[..t.find("</text>")?].trim().to_string())
+        })
+        .collect()
+}
+
+/// Runs `f` on a thread of its own and gives it `secs` to return, so that
+/// a plot that never ends fails the test instead of hanging it.
+fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(secs)) {
+        Ok(v) => v,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("still drawing after {secs} s"),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("plotting panicked"),
+    }
+}
+
+#[test]
+fn a_huge_finite_delay_is_left_out_of_the_run_plots_which_are_drawn() {
+    // Its axis ended at 1.7e308 × 1.25 = inf: plotting hung for ever.
+    let dir = tmp("huge");
+    let d = dir.clone();
+    let files = within(60, move || plot_run(&with_delay("a", 1.7e308), &d)).unwrap();
+    assert_eq!(files.len(), 4, "{files:?}");
+    for f in files.iter().filter(|f| f.extension().unwrap() == "png") {
+        assert_png(f);
+    }
+    let cdf = svg(&dir.join("delay_cdf.svg"));
+    assert!(cdf.contains("c (n=1)"), "the huge sample is drawn");
+    // The RTT plot's axis holds the 1 ms probe, not the huge one.
+    let rtt = texts(&svg(&dir.join("rtt_hops.svg")));
+    let mut numbers = rtt.iter().filter_map(|t| t.parse::<f64>().ok());
+    assert!(numbers.all(|v| v.abs() <= 1e12), "{rtt:?}");
+}
+
+#[test]
+fn a_huge_finite_mean_delay_is_left_out_of_the_comparison_which_is_drawn() {
+    // Its log axis ended at log10(2e308) = inf: drawing panicked.
+    let dir = tmp("huge-compare");
+    let d = dir.clone();
+    let runs = [with_delay("huge", 1e308), with_delay("small", 1.0)];
+    let files = within(60, move || plot_compare(&runs, &d)).unwrap();
+    assert_eq!(files.len(), 4, "{files:?}");
+    assert_png(&dir.join("compare_delay.png"));
+    let bars = texts(&svg(&dir.join("compare_delay.svg")));
+    for name in ["huge", "small", "c"] {
+        assert!(bars.iter().any(|t| t == name), "no {name} in {bars:?}");
+    }
+    // The mean of run "small" in class c is drawn (1 ms), that of run
+    // "huge" is not: no label holds a number beyond any axis.
+    assert!(bars.iter().any(|t| t == "1"), "{bars:?}");
+    let mut numbers = bars.iter().filter_map(|t| t.parse::<f64>().ok());
+    assert!(numbers.all(|v| v.abs() <= 1e12), "{bars:?}");
+    let cdf = svg(&dir.join("compare_delay_cdf.svg"));
+    assert!(
+        cdf.contains("huge (n=1)") && cdf.contains("small (n=2)"),
+        "{cdf}"
+    );
+}
