@@ -627,10 +627,22 @@ fn a_flow_claiming_an_authenticated_neighbour_waits_until_the_claimant_authentic
 fn stacked_system(
     i: usize,
     peers: &[(usize, &str)],
-    (low_name, low_addr): (&str, u64),
-    (up_name, up_addr): (&str, u64),
+    low: (&str, u64),
+    up: (&str, u64),
     up_peer: &str,
     password: &str,
+) -> System {
+    stacked_system_tuned(i, peers, low, up, (up_peer, password), |_| {})
+}
+
+/// [`stacked_system`] with the upper IPCP's membership changed by `tune`.
+fn stacked_system_tuned(
+    i: usize,
+    peers: &[(usize, &str)],
+    (low_name, low_addr): (&str, u64),
+    (up_name, up_addr): (&str, u64),
+    (up_peer, password): (&str, &str),
+    tune: impl FnOnce(&mut MembershipConfig),
 ) -> System {
     let mut s = System::new(format!("s{i}"));
     let mut sc = shim_udp::Config::new("udp");
@@ -659,6 +671,7 @@ fn stacked_system(
     let mut m = MembershipConfig::new(name(up_name));
     m.password = Some(password.into());
     m.entropy = [i as u8 + 7; 32];
+    tune(&mut m);
     up.membership = Some(m);
     up.routing = Some(crate::routing::Config::default());
     up.cubes = cubes();

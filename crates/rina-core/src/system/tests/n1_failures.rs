@@ -64,53 +64,14 @@ fn a_failed_stacked_n1_flow_is_deallocated_in_the_dif_below() {
 fn stacked_slow_up(
     i: usize,
     peers: &[(usize, &str)],
-    (low_name, low_addr): (&str, u64),
-    (up_name, up_addr): (&str, u64),
+    low: (&str, u64),
+    up: (&str, u64),
     up_peer: &str,
     password: &str,
 ) -> System {
-    let mut s = System::new(format!("s{i}"));
-    let mut sc = shim_udp::Config::new("udp");
-    for &(p, n) in peers {
-        sc.directory.insert(name(n), udp(p));
-    }
-    s.add_shim_udp("udp", sc, None).unwrap();
-    let mut low = NormalConfig::new("low", low_addr);
-    low.membership = Some(MembershipConfig::new(name(low_name)));
-    low.routing = Some(crate::routing::Config::default());
-    low.cubes = cubes();
-    low.directory.insert(name("s0.up"), 1);
-    low.directory.insert(name("s1.up"), 2);
-    let nbs = peers
-        .iter()
-        .map(|&(_, n)| NeighborSpec {
-            name: name(n),
-            over: "udp".into(),
-            address: None,
-        })
-        .collect();
-    s.add_normal(name(low_name), low, &fifo(), nbs, BTreeMap::new())
-        .unwrap();
-    let mut up = NormalConfig::new("up", up_addr);
-    up.directory.insert(name("app1"), 2);
-    let mut m = MembershipConfig::new(name(up_name));
-    m.password = Some(password.into());
-    m.entropy = [i as u8 + 7; 32];
-    m.dead_interval = Duration::from_secs(60);
-    up.membership = Some(m);
-    up.routing = Some(crate::routing::Config::default());
-    up.cubes = cubes();
-    for (c, lower) in up.cubes.iter_mut().zip(["urgent", "best-effort"]) {
-        c.lower.insert("low".into(), lower.into());
-    }
-    let nb = NeighborSpec {
-        name: name(up_peer),
-        over: "low".into(),
-        address: None,
-    };
-    s.add_normal(name(up_name), up, &fifo(), vec![nb], BTreeMap::new())
-        .unwrap();
-    s
+    stacked_system_tuned(i, peers, low, up, (up_peer, password), |m| {
+        m.dead_interval = Duration::from_secs(60)
+    })
 }
 
 #[test]
