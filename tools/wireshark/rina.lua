@@ -188,6 +188,9 @@ local fm = {
         "Reassembled in frame"),
 }
 p_mgmt.fields = fm
+local e_mgmt = ProtoExpert.new("rina.mgmt.malformed", "Malformed management message",
+    expert.group.MALFORMED, expert.severity.ERROR)
+p_mgmt.experts = { e_mgmt }
 
 -- Management fragments put back together. In the first pass over a
 -- capture, the pieces seen so far, by sender and receiver (the frame's
@@ -217,9 +220,12 @@ local function reassemble(tvb, pinfo)
         return frag_whole[n], frag_done_in[key .. "@" .. n]
     end
     local index, count, total = tvb(5, 2):uint(), tvb(7, 2):uint(), tvb(9, 4):uint()
+    if count == 0 then
+        return nil
+    end
     local m = frag_pending[key]
     if m == nil or m.count ~= count or m.total ~= total then
-        m = { count = count, total = total, parts = {}, have = 0 }
+        m = { count = count, total = total, parts = {}, have = 0, frames = {} }
         frag_pending[key] = m
         table.insert(frag_order, key)
         if #frag_order > FRAG_MAX_PENDING then
@@ -229,7 +235,7 @@ local function reassemble(tvb, pinfo)
     if index < count and m.parts[index] == nil then
         m.parts[index] = tvb(13):bytes()
         m.have = m.have + 1
-        m.frames = (m.frames or "") .. n .. ","
+        m.frames[#m.frames + 1] = n
     end
     if m.have < count then
         return nil
@@ -243,7 +249,7 @@ local function reassemble(tvb, pinfo)
         return nil
     end
     frag_whole[n] = whole
-    for f in string.gmatch(m.frames, "(%d+),") do
+    for _, f in ipairs(m.frames) do
         frag_done_in[key .. "@" .. f] = n
     end
     return whole, n
@@ -583,7 +589,7 @@ end
 
 -- A management payload: discriminator and contents; returns a summary.
 local dissect_mgmt
-function dissect_mgmt(tvb, pinfo, tree)
+function dissect_mgmt(tvb, pinfo, tree, reassembled)
     if tvb:len() == 0 then
         return "empty"
     end
@@ -594,6 +600,10 @@ function dissect_mgmt(tvb, pinfo, tree)
     end
     if kind == 0xFA and tvb:len() >= 2 then
         return dissect_fa(tvb, t)
+    elseif kind == 0xF6 and reassembled then
+        -- As the daemon: a reassembled message is never itself a fragment.
+        t:add_proto_expert_info(e_mgmt, "fragment inside a reassembled message")
+        return "fragment inside a reassembled message (malformed)"
     elseif kind == 0xF6 and tvb:len() >= 13 then
         t:add(fm.frag_msg_id, tvb(1, 4))
         t:add(fm.frag_index, tvb(5, 2))
@@ -609,7 +619,7 @@ function dissect_mgmt(tvb, pinfo, tree)
         end
         if whole then
             local rt = whole:tvb("Reassembled management message")
-            return summary .. ", reassembled: " .. dissect_mgmt(rt, pinfo, tree)
+            return summary .. ", reassembled: " .. (dissect_mgmt(rt, pinfo, tree, true) or "malformed")
         end
         return summary
     elseif (kind == 0xC0 or kind == 0xE0 or kind == 0xE1) and tvb:len() > 1 then

@@ -1503,6 +1503,82 @@ fn crc32_ieee(data: &[u8]) -> u32 {
     !crc
 }
 
+/// A management PDU from address 1 to 2 carrying `payload`, in a tagged
+/// shim-eth frame between two fixed MAC addresses.
+fn mgmt_eth_frame(payload: &[u8]) -> Vec<u8> {
+    let (mac_a, mac_b) = (MacAddr([2, 0, 0, 0, 0, 0xa]), MacAddr([2, 0, 0, 0, 0, 0xb]));
+    let mut p = Pci::new(PduType::Mgmt);
+    (p.src_addr, p.dst_addr) = (1, 2);
+    let mut sdu = vec![64u8];
+    pci::encode_data(&DtConstants::default(), &p, payload, &mut sdu).unwrap();
+    let mut f = FrameHeader {
+        dst: mac_b,
+        src: mac_a,
+        vlan: Some(10),
+        ethertype: ETH_P_RINA,
+    }
+    .to_vec();
+    f.extend(&sdu);
+    f
+}
+
+/// A management fragment header (`0xF6`, message id, index, count, total
+/// length) and `data`.
+fn mgmt_fragment(msg_id: u32, index: u16, count: u16, total: u32, data: &[u8]) -> Vec<u8> {
+    let mut v = vec![0xF6];
+    v.extend(msg_id.to_be_bytes());
+    v.extend(index.to_be_bytes());
+    v.extend(count.to_be_bytes());
+    v.extend(total.to_be_bytes());
+    v.extend(data);
+    v
+}
+
+/// Hostile fragments: one whose reassembled message is itself a fragment
+/// (the daemon drops such a message; the dissector recursed once per 13
+/// bytes of nesting in the first pass, 545 MB for one 65 KB frame, and
+/// without end in a second pass, until Lua's stack overflowed), one that
+/// says it has no pieces, and a reassembled message that is not CDAP.
+/// Each is marked malformed, with no Lua error, in one pass and in two.
+#[test]
+fn tshark_marks_hostile_management_fragments_without_lua_errors() {
+    if let Some(why) = cannot_run(false) {
+        println!("{why}");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("rina-wireshark-hostile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let never_completes = mgmt_fragment(2, 0, 2, 100, &[0x10, 0x08]);
+    let mut nested = vec![0xC0, 0x10, 0x08];
+    // As deep as one PDU takes (each level costs the dissector a copy).
+    for i in 0..60 {
+        nested = mgmt_fragment(i + 10, 0, 1, nested.len() as u32, &nested);
+    }
+    let payloads = [
+        mgmt_fragment(1, 0, 1, never_completes.len() as u32, &never_completes),
+        nested,
+        mgmt_fragment(3, 0, 0, 0, &[]),
+        mgmt_fragment(4, 0, 1, 2, &[0xC0, 0x08]),
+    ];
+    let frames: Vec<Vec<u8>> = payloads.iter().map(|p| mgmt_eth_frame(p)).collect();
+    let pcap = dir.join("hostile.pcap");
+    write_pcap(&pcap, &frames);
+    for passes in [&[][..], &["-2"]] {
+        let rows = tshark(&pcap, passes, &["_ws.expert.message"]);
+        assert_eq!(rows.len(), 4, "{rows:?}");
+        let all = rows.concat().join(" ");
+        assert!(!all.contains("Lua Error"), "{passes:?}: {rows:?}");
+        for r in &rows[..2] {
+            assert!(
+                r.join(" ")
+                    .contains("fragment inside a reassembled message"),
+                "{passes:?}: {rows:?}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn tshark_reassembles_a_management_message_cut_into_fragments() {
     if let Some(why) = cannot_run(false) {
@@ -1514,32 +1590,16 @@ fn tshark_reassembles_a_management_message_cut_into_fragments() {
     use rina_wire::cdap::CdapMessage;
     let dir = std::env::temp_dir().join(format!("rina-wireshark-frag-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let (mac_a, mac_b) = (MacAddr([2, 0, 0, 0, 0, 0xa]), MacAddr([2, 0, 0, 0, 0, 0xb]));
     // A flooded database too large for one PDU, as enrollment sends it.
     let msg = CdapMessage::write("FlowStateObjects", "/ra/fsos", vec![7u8; 3000]);
     let mut whole = vec![CDAP_DISCRIMINATOR];
     whole.extend(msg.encode());
     let frags = Fragmenter::split(41, &whole, 1200).unwrap();
     assert_eq!(frags.len(), 3);
-    let frame = |payload: &[u8]| {
-        let mut p = Pci::new(PduType::Mgmt);
-        (p.src_addr, p.dst_addr) = (1, 2);
-        let mut sdu = vec![64u8];
-        pci::encode_data(&DtConstants::default(), &p, payload, &mut sdu).unwrap();
-        let mut f = FrameHeader {
-            dst: mac_b,
-            src: mac_a,
-            vlan: Some(10),
-            ethertype: ETH_P_RINA,
-        }
-        .to_vec();
-        f.extend(&sdu);
-        f
-    };
     // The pieces out of order, as a lower DIF may deliver them.
     let frames: Vec<Vec<u8>> = [&frags[1], &frags[0], &frags[2]]
         .iter()
-        .map(|f| frame(&[&[FRAGMENT_DISCRIMINATOR][..], f].concat()))
+        .map(|f| mgmt_eth_frame(&[&[FRAGMENT_DISCRIMINATOR][..], f].concat()))
         .collect();
     let pcap = dir.join("frag.pcap");
     write_pcap(&pcap, &frames);
