@@ -293,6 +293,8 @@ fn ip_traffic_crosses_the_tunnel_and_the_tunnel_recovers() {
     check_tcp(&mut lab);
     check_offload_counters(&lab, false);
     check_garbage(&lab);
+    // B without offload: the packets are checked on the copying path.
+    check_forged_sources(&lab);
     check_recovery(&mut lab);
     check_tun_down_up(&lab);
     check_mtu_dip(&lab);
@@ -300,6 +302,8 @@ fn ip_traffic_crosses_the_tunnel_and_the_tunnel_recovers() {
     restart_rina_ip(&mut lab, 1, true);
     check_curl(&lab);
     check_offload_counters(&lab, true);
+    // B with offload: they are checked where they lie in the ring.
+    check_forged_sources(&lab);
     let text = Command::new(bin_dir().join("rina-ip"))
         .args(["--status", "--status-socket"])
         .arg(lab.dir.join("status-b.sock"))
@@ -452,8 +456,8 @@ fn check_tun_deleted(lab: &mut Lab) {
     );
 }
 
-/// B's tunnel file: it also accepts a third peer, "ip-junk", which only
-/// sends garbage; with `offload` false its TUN takes whole checksums only.
+/// B's tunnel file: it also accepts a third peer, "ip-junk", which sends
+/// garbage and packets with forged sources; with `offload` false its TUN takes whole checksums only.
 fn ip_b_conf(dir: &Path, offload: bool) -> String {
     let junk = "dscp = { \"46\" = \"reliable\" }\n[[peer]]\nname = \"ip-junk\"\nprefixes = [\"10.203.0.99/32\"]\ninitiate = \"never\"\n";
     ip_conf(dir, ("ip-b", B4, B6), ("ip-a", A4, A6), junk)
@@ -825,6 +829,181 @@ fn check_garbage(lab: &Lab) {
         lab.status(1)["refused"].as_u64().unwrap(),
         refused_before + 1
     );
+}
+
+/// The one's-complement sum of `b` as big-endian 16-bit words, not folded.
+fn sum16(b: &[u8]) -> u32 {
+    b.chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], c.get(1).copied().unwrap_or(0)])))
+        .sum()
+}
+
+fn fold(mut s: u32) -> u16 {
+    while s >> 16 != 0 {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    s as u16
+}
+
+/// An SDU carrying a UDP datagram from `src` to `dst` port `port` with
+/// `payload`, its IPv4 header checksum and UDP checksum right; with
+/// `partial`, in a partial-checksum frame (the UDP checksum field holding
+/// the pseudo-header's sum, as the kernel hands it to an offloading TUN).
+fn udp_sdu(src: &str, dst: &str, port: u16, payload: &[u8], partial: bool) -> Vec<u8> {
+    let (src, dst): (std::net::IpAddr, std::net::IpAddr) =
+        (src.parse().unwrap(), dst.parse().unwrap());
+    let ulen = (8 + payload.len()) as u16;
+    let mut udp = Vec::new();
+    udp.extend_from_slice(&40000u16.to_be_bytes());
+    udp.extend_from_slice(&port.to_be_bytes());
+    udp.extend_from_slice(&ulen.to_be_bytes());
+    udp.extend_from_slice(&[0, 0]);
+    udp.extend_from_slice(payload);
+    let (mut ip, addrs) = match (src, dst) {
+        (std::net::IpAddr::V4(s), std::net::IpAddr::V4(d)) => {
+            let mut h = vec![0x45, 0];
+            h.extend_from_slice(&(20 + ulen).to_be_bytes());
+            h.extend_from_slice(&[0, 0, 0x40, 0, 64, 17, 0, 0]);
+            h.extend_from_slice(&s.octets());
+            h.extend_from_slice(&d.octets());
+            let c = !fold(sum16(&h));
+            h[10..12].copy_from_slice(&c.to_be_bytes());
+            (h, [&s.octets()[..], &d.octets()[..]].concat())
+        }
+        (std::net::IpAddr::V6(s), std::net::IpAddr::V6(d)) => {
+            let mut h = vec![0x60, 0, 0, 0];
+            h.extend_from_slice(&ulen.to_be_bytes());
+            h.extend_from_slice(&[17, 64]);
+            h.extend_from_slice(&s.octets());
+            h.extend_from_slice(&d.octets());
+            (h, [&s.octets()[..], &d.octets()[..]].concat())
+        }
+        _ => panic!("mixed families"),
+    };
+    let pseudo = sum16(&addrs) + 17 + u32::from(ulen);
+    let field = if partial {
+        fold(pseudo)
+    } else {
+        match !fold(pseudo + sum16(&udp)) {
+            0 => 0xffff,
+            c => c,
+        }
+    };
+    udp[6..8].copy_from_slice(&field.to_be_bytes());
+    let at = ip.len() as u16;
+    ip.extend_from_slice(&udp);
+    if partial {
+        let [s0, s1] = at.to_be_bytes();
+        let mut f = vec![0, 2, s0, s1, 0, 6];
+        f.extend_from_slice(&ip);
+        f
+    } else {
+        ip
+    }
+}
+
+/// B's peer `ip-junk` (prefix 10.203.0.99/32) sends UDP datagrams on its
+/// flow to a socket listening on B: those from 10.203.0.99 reach it, and
+/// those from any other source (B's own address, its peer A's, one no
+/// peer has; IPv4 and IPv6; whole and in partial-checksum frames) are
+/// dropped before the TUN and counted in `drops_source`.
+fn check_forged_sources(lab: &Lab) {
+    const PORT: u16 = 9977;
+    const JUNK4: &str = "10.203.0.99";
+    let listener = lab
+        .cmd(1, "python3")
+        .args([
+            "-c",
+            "import socket\n\
+             s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)\n\
+             s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)\n\
+             s.bind(('::', 9977))\n\
+             s.settimeout(30)\n\
+             while True:\n\
+             \x20   try:\n\
+             \x20       d, a = s.recvfrom(2000)\n\
+             \x20   except socket.timeout:\n\
+             \x20       break\n\
+             \x20   print(d.decode(), a[0], flush=True)\n\
+             \x20   if d == b'end':\n\
+             \x20       break\n",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    wait_until("the UDP listener", Duration::from_secs(10), || {
+        String::from_utf8_lossy(&lab.run(1, "ss", &["-lunH"]).stdout).contains(&format!(":{PORT} "))
+    });
+    let counters = |side: usize, name: &str| peer(&lab.status(side), name)["counters"].clone();
+    let n =
+        |c: &serde_json::Value, k: &str| c[k].as_u64().unwrap_or_else(|| panic!("no {k} in {c}"));
+    let before = counters(1, "ip-junk");
+    // The forged ones first, so that all have come (one flow keeps the
+    // order) when "end", a good one, tells the listener to stop.
+    let mut good = Vec::new();
+    let mut forged = Vec::new();
+    for partial in [false, true] {
+        good.push((format!("good-{partial}"), JUNK4, B4, partial));
+        for (src, dst) in [
+            (B4, B4),
+            (A4, B4),
+            ("10.203.0.50", B4),
+            (B6, B6),
+            (A6, B6),
+            ("fd23::99", B6),
+        ] {
+            forged.push((format!("forged-{src}-{partial}"), src, dst, partial));
+        }
+    }
+    good.push(("end".to_owned(), JUNK4, B4, false));
+    let mut c = rina::Client::connect_to(lab.dir.join("rinad-a.sock")).unwrap();
+    let me: rina::AppName = "ip-junk".parse().unwrap();
+    let to: rina::AppName = "ip-b".parse().unwrap();
+    let f = c
+        .allocate(&me, &to, Some("net"), &rina::QosSpec::default())
+        .expect("a flow from ip-junk to ip-b");
+    for (token, src, dst, partial) in forged.iter().chain(&good) {
+        f.write(&udp_sdu(src, dst, PORT, token.as_bytes(), *partial))
+            .unwrap();
+    }
+    wait_until("forged sources counted", Duration::from_secs(10), || {
+        let c = counters(1, "ip-junk");
+        n(&c, "drops_source") >= n(&before, "drops_source") + forged.len() as u64
+            && n(&c, "packets_in") >= n(&before, "packets_in") + good.len() as u64
+    });
+    drop(f);
+    let out = listener.wait_with_output().unwrap();
+    let after = counters(1, "ip-junk");
+    assert_eq!(
+        n(&after, "drops_source") - n(&before, "drops_source"),
+        forged.len() as u64,
+        "{after}"
+    );
+    assert_eq!(
+        n(&after, "packets_in") - n(&before, "packets_in"),
+        good.len() as u64,
+        "{after}"
+    );
+    assert_eq!(
+        n(&after, "drops_invalid"),
+        n(&before, "drops_invalid"),
+        "{after}"
+    );
+    let mut got: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    got.sort();
+    let mut want: Vec<String> = good
+        .iter()
+        .map(|(t, src, _, _)| format!("{t} ::ffff:{src}"))
+        .collect();
+    want.sort();
+    assert_eq!(got, want, "what B's UDP socket received");
+    // The tunnel's own traffic passes the filter.
+    assert_eq!(n(&counters(1, "ip-a"), "drops_source"), 0);
+    assert_eq!(n(&counters(0, "ip-b"), "drops_source"), 0);
 }
 
 /// Kill and restart system A's daemon: the tunnel comes back by itself.

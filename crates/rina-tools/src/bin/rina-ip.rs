@@ -46,6 +46,10 @@ struct Cli {
     /// and rinad.
     #[arg(long)]
     no_rings: bool,
+    /// Write packets from a peer to the TUN whatever their source address
+    /// (by default only those whose source routes back to that peer).
+    #[arg(long)]
+    no_source_filter: bool,
     /// Unix socket the status is served on / asked from.
     #[arg(long, value_name = "PATH")]
     status_socket: Option<PathBuf>,
@@ -69,6 +73,7 @@ fn main() {
         socket: cli.socket.clone(),
         status_socket: cli.status_socket.clone(),
         no_rings: cli.no_rings,
+        no_source_filter: cli.no_source_filter,
         tun: cli.tun.clone(),
         mtu: cli.mtu,
         addresses: cli.addresses.clone(),
@@ -153,6 +158,14 @@ fn print_config(c: &Config) {
             "shared-memory rings where the DIF offers them"
         } else {
             "sockets"
+        }
+    );
+    println!(
+        "source addresses from a peer: {}",
+        if c.source_filter {
+            "only those routed back to it"
+        } else {
+            "any (not filtered)"
         }
     );
     for p in &c.peers {

@@ -8,6 +8,9 @@
 //! status_socket = "/run/rina-ip-rina0.sock"
 //! rings = true                      # shared-memory rings to rinad where the DIF
 //!                                   # offers them (default); false: sockets
+//! source_filter = true              # a packet from a peer reaches the TUN only
+//!                                   # if its source routes back to that peer
+//!                                   # (default); false: any source
 //!
 //! [tun]
 //! name = "rina0"
@@ -184,6 +187,7 @@ struct RawConfig {
     socket: Option<PathBuf>,
     status_socket: Option<PathBuf>,
     rings: Option<bool>,
+    source_filter: Option<bool>,
     #[serde(default)]
     tun: RawTun,
     #[serde(default)]
@@ -299,6 +303,9 @@ pub struct Overrides {
     pub status_socket: Option<PathBuf>,
     /// `--no-rings`: the flows use their sockets.
     pub no_rings: bool,
+    /// `--no-source-filter`: packets from a peer reach the TUN whatever
+    /// their source address.
+    pub no_source_filter: bool,
     /// `--tun`.
     pub tun: Option<String>,
     /// `--mtu`.
@@ -389,6 +396,10 @@ pub struct Config {
     /// Whether the flows ask rinad for shared-memory rings (the DIF may
     /// not offer them; the flow then uses its socket).
     pub rings: bool,
+    /// Whether an IP packet from a peer is written to the TUN only if the
+    /// longest prefix holding its source address is one of that peer's
+    /// (WireGuard's "allowed IPs"); the others are dropped and counted.
+    pub source_filter: bool,
     /// The TUN interface.
     pub tun: TunConfig,
     /// Timers.
@@ -506,6 +517,7 @@ fn build(mut raw: RawConfig, over: &Overrides) -> Result<Config, ConfigError> {
         socket: over.socket.clone().or(raw.socket),
         status_socket,
         rings: !over.no_rings && raw.rings.unwrap_or(true),
+        source_filter: !over.no_source_filter && raw.source_filter.unwrap_or(true),
         tun: TunConfig {
             name: tun_name,
             addresses,
@@ -754,6 +766,7 @@ qos = "reliable"
         assert_eq!(c.tun.mtu_cap, Some(9000));
         assert!(c.tun.routes);
         assert!(c.tun.checksum_offload, "on unless turned off");
+        assert!(c.source_filter, "on unless turned off");
         let off =
             parse(&FULL.replace("mtu = 9000", "mtu = 9000\nchecksum_offload = false")).unwrap();
         assert!(!off.tun.checksum_offload);
@@ -769,6 +782,28 @@ qos = "reliable"
         assert_eq!((b.dscp[46], b.dscp[10], b.dscp[0]), (1, 0, 0));
         assert_eq!(c.peers[1].channels[0].qos_name, "reliable");
         assert_eq!(c.status_socket, default_status_socket("rtest0"));
+    }
+
+    #[test]
+    fn source_filtering_is_on_unless_the_file_or_a_flag_turns_it_off() {
+        assert!(parse(FULL).unwrap().source_filter);
+        let on = FULL.replace(
+            "name = \"ip-a\"\n",
+            "name = \"ip-a\"\nsource_filter = true\n",
+        );
+        assert!(parse(&on).unwrap().source_filter);
+        let off = on.replace("source_filter = true", "source_filter = false");
+        assert!(!parse(&off).unwrap().source_filter);
+        let flag = Overrides {
+            no_source_filter: true,
+            ..Overrides::default()
+        };
+        assert!(!Config::parse("t.toml", FULL, &flag).unwrap().source_filter);
+        assert!(!Config::parse("t.toml", &on, &flag).unwrap().source_filter);
+        let e = parse(&on.replace("source_filter = true", "source_filter = 1"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("source_filter"), "{e}");
     }
 
     #[test]

@@ -167,6 +167,31 @@ pub fn cut(head: &[u8], n: usize) -> bool {
     claimed_len(head, usize::MAX).is_ok_and(|total| total > n)
 }
 
+/// The source address of the IP packet an SDU from a flow carries, read
+/// from the SDU's first bytes `head` (at least [`HEAD`] of them, or all):
+/// IPv4 bytes 12..16 or IPv6 bytes 8..24 of the packet, which follows the
+/// [`PARTIAL_HEADER`] of a partial-checksum frame. `None` for a keepalive,
+/// anything not IP, or a head too short to hold the address. Only the
+/// version nibble is looked at: the caller checks the packet
+/// ([`Shape::parse`]). Cannot panic.
+pub fn source(head: &[u8]) -> Option<IpAddr> {
+    let ip = match head {
+        [0, KIND_PARTIAL_CSUM, ..] => head.get(PARTIAL_HEADER..)?,
+        _ => head,
+    };
+    match ip.first()? >> 4 {
+        4 => {
+            let a: [u8; 4] = ip.get(12..16)?.try_into().ok()?;
+            Some(IpAddr::V4(Ipv4Addr::from(a)))
+        }
+        6 => {
+            let a: [u8; 16] = ip.get(8..24)?.try_into().ok()?;
+            Some(IpAddr::V6(Ipv6Addr::from(a)))
+        }
+        _ => None,
+    }
+}
+
 impl<'a> IpPacket<'a> {
     /// Checks `b` as an IP packet. Bytes after the length the header claims
     /// are cut off.
@@ -450,6 +475,42 @@ pub(crate) mod tests {
         ));
     }
 
+    #[test]
+    fn the_source_is_read_from_the_head_of_any_frame() {
+        let v4p = v4([10, 203, 0, 7], [10, 203, 0, 2], 0, b"hi");
+        let s6: Ipv6Addr = "fd23::7".parse().unwrap();
+        let v6p = v6(s6, "fd23::2".parse().unwrap(), 0, b"hi");
+        let ip4 = IpAddr::V4(Ipv4Addr::new(10, 203, 0, 7));
+        assert_eq!(source(&v4p), Some(ip4));
+        assert_eq!(source(&v6p), Some(IpAddr::V6(s6)));
+        // Behind a partial-checksum frame's header.
+        let csum = PartialCsum {
+            start: 20,
+            offset: 6,
+        }
+        .header();
+        assert_eq!(source(&[&csum[..], &v4p].concat()), Some(ip4));
+        assert_eq!(source(&[&csum[..], &v6p].concat()), Some(IpAddr::V6(s6)));
+        // From a head of HEAD bytes of a longer packet.
+        let long = v6(s6, s6, 0, &[7; 200]);
+        assert_eq!(source(&long[..HEAD]), Some(IpAddr::V6(s6)));
+        // Keepalives, anything not IP, and heads too short: none.
+        for short in [
+            &[][..],
+            &KEEPALIVE,
+            &[0, KIND_PARTIAL_CSUM, 0, 20, 0, 6],
+            &[0, KIND_PARTIAL_CSUM, 0],
+            &v4p[..15],
+            &v6p[..23],
+            &[&csum[..], &v4p[..15]].concat(),
+            b"\x80 not ip at all, though long enough to hold one",
+            b"\x00\x09 unknown control kind, long enough too",
+        ] {
+            assert_eq!(source(short), None, "{short:?}");
+        }
+        assert_eq!(source(&v4p[..16]), Some(ip4), "16 bytes hold it");
+    }
+
     /// The one's-complement sum of `b` as 16-bit big-endian words, folded.
     fn sum16(b: &[u8]) -> u32 {
         let mut s: u32 = b
@@ -586,14 +647,18 @@ pub(crate) mod tests {
     proptest! {
         #[test]
         fn any_bytes_parse_without_panicking(b in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let src = source(&b);
             if let Ok(Frame::Ip(ip)) = Frame::parse(&b) {
                 prop_assert!(ip.bytes().len() <= b.len());
                 let _ = (ip.src(), ip.dst(), ip.dscp());
+                prop_assert_eq!(src, Some(ip.src()));
             }
             let mut partial = PartialCsum { start: 20, offset: 6 }.header().to_vec();
             partial.extend_from_slice(&b);
+            let src = source(&partial);
             if let Ok(Frame::Partial(ip, c)) = Frame::parse(&partial) {
                 prop_assert!(c.fits(ip.version(), ip.bytes().len()));
+                prop_assert_eq!(src, Some(ip.src()));
             }
         }
 
@@ -637,6 +702,11 @@ pub(crate) mod tests {
             });
             let head = Shape::parse(&frame[..frame.len().min(HEAD)], frame.len());
             prop_assert_eq!(whole, head);
+            if let Ok(Shape::Ip { .. } | Shape::Partial { .. }) = head {
+                let src = source(&frame[..frame.len().min(HEAD)]);
+                prop_assert!(src.is_some());
+                prop_assert_eq!(src, source(&frame));
+            }
         }
 
         #[test]

@@ -167,6 +167,14 @@ impl RouteTable {
             .find(|(p, _)| p.contains(dst))
             .map(|&(_, i)| i)
     }
+
+    /// Whether a packet from `src` may come from peer `peer`: the longest
+    /// prefix holding `src` is one of that peer's, so a reply to it would
+    /// go back to that peer (WireGuard's "allowed IPs"). A source no
+    /// prefix holds, or one a longer prefix of another peer holds, may not.
+    pub fn source_ok(&self, src: IpAddr, peer: usize) -> bool {
+        self.lookup(src) == Some(peer)
+    }
 }
 
 #[cfg(test)]
@@ -216,6 +224,28 @@ mod tests {
         assert_eq!(t.lookup(ip("11.0.0.1")), None);
         assert_eq!(t.lookup(ip("fd00::7")), Some(4));
         assert_eq!(t.lookup(ip("2001:db8::1")), Some(3));
+    }
+
+    #[test]
+    fn a_source_is_allowed_only_from_the_peer_it_routes_back_to() {
+        // Peer 0 has 10.0.0.0/8 and fd00::/16; peer 1 the /24 inside it.
+        let t = RouteTable::new([
+            (Prefix::parse("10.0.0.0/8").unwrap(), 0),
+            (Prefix::parse("fd00::/16").unwrap(), 0),
+            (Prefix::parse("10.1.2.0/24").unwrap(), 1),
+        ]);
+        // In its own prefix.
+        assert!(t.source_ok(ip("10.9.9.9"), 0));
+        assert!(t.source_ok(ip("fd00::9"), 0));
+        assert!(t.source_ok(ip("10.1.2.3"), 1));
+        // In its own prefix, but another peer's longer prefix holds it.
+        assert!(!t.source_ok(ip("10.1.2.3"), 0));
+        // Outside the peer's prefixes (another's, or no one's).
+        assert!(!t.source_ok(ip("10.9.9.9"), 1));
+        assert!(!t.source_ok(ip("fd00::9"), 1));
+        assert!(!t.source_ok(ip("192.168.1.1"), 0));
+        assert!(!t.source_ok(ip("2001:db8::1"), 0));
+        assert!(!t.source_ok(ip("10.1.2.3"), 7), "no such peer");
     }
 
     #[test]

@@ -83,6 +83,11 @@ pub struct PeerCounters {
     pub drops_full: u64,
     /// SDUs from the peer that were neither IP nor a control frame.
     pub drops_invalid: u64,
+    /// IP packets from the peer whose source address does not route back
+    /// to it (its longest-prefix match is another peer's prefix, or none):
+    /// not written to the TUN (`source_filter`).
+    #[serde(default)]
+    pub drops_source: u64,
     /// Packets from the peer the TUN did not take.
     pub drops_tun: u64,
     /// Keepalives received.
@@ -225,8 +230,12 @@ impl Status {
         .numeric(&[3, 4, 5, 6, 7, 8, 9]);
         for p in &self.peers {
             let c = &p.counters;
-            let drops =
-                c.drops_no_flow + c.drops_too_big + c.drops_full + c.drops_invalid + c.drops_tun;
+            let drops = c.drops_no_flow
+                + c.drops_too_big
+                + c.drops_full
+                + c.drops_invalid
+                + c.drops_source
+                + c.drops_tun;
             t.row(vec![
                 p.name.clone(),
                 p.state.clone(),
@@ -372,6 +381,7 @@ mod tests {
                     packets_in: 5,
                     drops_full: 1,
                     drops_invalid: 2,
+                    drops_source: 4,
                     ..PeerCounters::default()
                 },
             }],
@@ -411,10 +421,10 @@ mod tests {
             text.contains("ip-b") && text.contains("allocates"),
             "{text}"
         );
-        // drops add up: 1 full + 2 invalid.
+        // drops add up: 1 full + 2 invalid + 4 with a source not theirs.
         assert!(
             text.lines()
-                .any(|l| l.starts_with("ip-b") && l.contains(" 3 ")),
+                .any(|l| l.starts_with("ip-b") && l.contains(" 7 ")),
             "{text}"
         );
         // The flow row: port 7, max SDU 1400, 4 packets out, one cell each.

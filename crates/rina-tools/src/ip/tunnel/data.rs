@@ -436,11 +436,11 @@ impl Shared {
         while !self.stopped() {
             let got = if in_place {
                 live.flow
-                    .read_in_place(TICK, |sdu| self.deliver_in_place(c, sdu))
+                    .read_in_place(TICK, |sdu| self.deliver_in_place(pi, sdu))
             } else {
                 live.flow
                     .read_timeout(&mut buf, TICK)
-                    .map(|n| n.map(|n| self.deliver(c, &mut buf[..n])))
+                    .map(|n| n.map(|n| self.deliver(pi, &mut buf[..n])))
             };
             match got {
                 Ok(Some(())) => live.last_rx_ms.store(self.now_ms(), Relaxed),
@@ -451,10 +451,25 @@ impl Shared {
         }
     }
 
-    /// Writes the IP packet of SDU `b` to the TUN (completing its checksum
-    /// first if the TUN takes none partial); a keepalive is counted.
-    fn deliver(&self, c: &Counters, b: &mut [u8]) {
+    /// Whether the IP packet of the SDU from peer `pi` whose first bytes
+    /// are `head` (checked by [`Shape::parse`]) may be written to the TUN:
+    /// with `source_filter`, only if its source address routes back to
+    /// `pi`, so that no peer speaks for addresses that are not behind it.
+    fn source_ok(&self, pi: usize, head: &[u8]) -> bool {
+        !self.cfg.source_filter
+            || packet::source(head).is_some_and(|src| self.routes.source_ok(src, pi))
+    }
+
+    /// Writes the IP packet of SDU `b` from peer `pi` to the TUN
+    /// (completing its checksum first if the TUN takes none partial),
+    /// unless its source is not the peer's ([`Shared::source_ok`]); a
+    /// keepalive is counted.
+    fn deliver(&self, pi: usize, b: &mut [u8]) {
+        let c = &self.peers[pi].counters;
         let (hdr, at, len) = match Frame::parse(b) {
+            Ok(Frame::Keepalive) => return bump(&c.keepalives_in),
+            Err(_) => return bump(&c.drops_invalid),
+            Ok(_) if !self.source_ok(pi, b) => return bump(&c.drops_source),
             Ok(Frame::Ip(p)) => (VnetHdr::default(), 0, p.bytes().len()),
             Ok(Frame::Partial(p, csum)) => {
                 bump(&self.partial_in);
@@ -467,28 +482,28 @@ impl Shared {
                     (VnetHdr::default(), PARTIAL_HEADER, len)
                 }
             }
-            Ok(Frame::Keepalive) => return bump(&c.keepalives_in),
-            Err(_) => return bump(&c.drops_invalid),
         };
         self.count_in(c, len, self.tun.write(hdr, &b[at..at + len]));
     }
 
     /// [`Shared::deliver`] of an SDU where it lies in the receive ring,
     /// on a TUN that takes partial checksums.
-    fn deliver_in_place(&self, c: &Counters, sdu: &Segments) {
+    fn deliver_in_place(&self, pi: usize, sdu: &Segments) {
+        let c = &self.peers[pi].counters;
         let mut head = [0u8; HEAD];
         let h = sdu.len().min(HEAD);
         if !sdu.read_at(0, &mut head[..h]) {
             return bump(&c.drops_invalid);
         }
         let (hdr, at, len) = match Shape::parse(&head[..h], sdu.len()) {
+            Ok(Shape::Keepalive) => return bump(&c.keepalives_in),
+            Err(_) => return bump(&c.drops_invalid),
+            Ok(_) if !self.source_ok(pi, &head[..h]) => return bump(&c.drops_source),
             Ok(Shape::Ip { len }) => (VnetHdr::default(), 0, len),
             Ok(Shape::Partial { len, csum }) => {
                 bump(&self.partial_in);
                 (partial_hdr(csum), PARTIAL_HEADER, len)
             }
-            Ok(Shape::Keepalive) => return bump(&c.keepalives_in),
-            Err(_) => return bump(&c.drops_invalid),
         };
         let pkt = sdu.skip(at).prefix(len);
         self.count_in(c, len, self.tun.write_segments(hdr, &pkt));
