@@ -787,15 +787,22 @@ fn check_offload_counters(lab: &Lab, b_offloads: bool) {
     }
 }
 
-/// Garbage from a configured peer is counted and dropped; a flow from a
-/// name that is no peer is refused.
-fn check_garbage(lab: &Lab) {
+/// A flow from `ip-junk` (a configured peer of B that no tunnel runs) to
+/// B's tunnel, through A's daemon, with the client that holds it.
+fn junk_flow(lab: &Lab) -> (rina::Client, rina::Flow) {
     let mut c = rina::Client::connect_to(lab.dir.join("rinad-a.sock")).unwrap();
     let me: rina::AppName = "ip-junk".parse().unwrap();
     let to: rina::AppName = "ip-b".parse().unwrap();
     let f = c
         .allocate(&me, &to, Some("net"), &rina::QosSpec::default())
         .expect("a flow from ip-junk to ip-b");
+    (c, f)
+}
+
+/// Garbage from a configured peer is counted and dropped; a flow from a
+/// name that is no peer is refused.
+fn check_garbage(lab: &Lab) {
+    let (mut c, f) = junk_flow(lab);
     // A partial-checksum frame whose field lies inside the IP header.
     let mut bad_partial = vec![0u8, 2, 0, 4, 0, 0];
     bad_partial.extend_from_slice(&[0x45, 0, 0, 20]);
@@ -820,6 +827,7 @@ fn check_garbage(lab: &Lab) {
     // A flow from a name that is no peer is refused, with the reason.
     let refused_before = lab.status(1)["refused"].as_u64().unwrap();
     let stranger: rina::AppName = "ip-stranger".parse().unwrap();
+    let to: rina::AppName = "ip-b".parse().unwrap();
     let e = c
         .allocate(&stranger, &to, Some("net"), &rina::QosSpec::default())
         .expect_err("a flow from a stranger");
@@ -957,12 +965,7 @@ fn check_forged_sources(lab: &Lab) {
         }
     }
     good.push(("end".to_owned(), JUNK4, B4, false));
-    let mut c = rina::Client::connect_to(lab.dir.join("rinad-a.sock")).unwrap();
-    let me: rina::AppName = "ip-junk".parse().unwrap();
-    let to: rina::AppName = "ip-b".parse().unwrap();
-    let f = c
-        .allocate(&me, &to, Some("net"), &rina::QosSpec::default())
-        .expect("a flow from ip-junk to ip-b");
+    let (_c, f) = junk_flow(lab);
     for (token, src, dst, partial) in forged.iter().chain(&good) {
         f.write(&udp_sdu(src, dst, PORT, token.as_bytes(), *partial))
             .unwrap();
