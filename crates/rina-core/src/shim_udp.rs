@@ -29,7 +29,7 @@ use rina_wire::ctl::FlowCounters;
 use rina_wire::shim_udp::{data_header, AllocResult, Datagram, DATA_HEADER_LEN};
 use rina_wire::{AppName, QosSpec, WireError};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 use thiserror::Error;
 
@@ -67,6 +67,11 @@ pub struct Config {
     pub max_flows: usize,
     /// Most incoming requests waiting for an application's answer.
     pub max_pending: usize,
+    /// Most of them from one host (IP address, whatever the port), so that
+    /// one requester asking faster than the applications answer cannot
+    /// take the room of all the others (default 64, a quarter of
+    /// `max_pending`).
+    pub max_pending_per_host: usize,
     /// Take allocation requests only from the addresses in `directory`,
     /// and one naming a source that is in it only from that source's
     /// address (no one else can claim to be a configured neighbour);
@@ -87,6 +92,7 @@ impl Config {
             accept_timeout: Duration::from_millis(1500),
             max_flows: crate::DEFAULT_MAX_FLOWS,
             max_pending: 256,
+            max_pending_per_host: 64,
             peers_only: false,
         }
     }
@@ -777,6 +783,11 @@ impl ShimUdp {
         }
     }
 
+    /// Requests from host `ip` waiting for an application's answer.
+    fn pending_from(&self, ip: IpAddr) -> usize {
+        self.pending.values().filter(|p| p.from.ip() == ip).count()
+    }
+
     fn on_alloc_req(&mut self, now: Instant, req: Request) {
         let Request {
             from,
@@ -820,6 +831,11 @@ impl ShimUdp {
             || self.flows.len() >= self.cfg.max_flows
         {
             Some((AllocResult::NoResources, "too many flows".to_string()))
+        } else if self.pending_from(from.ip()) >= self.cfg.max_pending_per_host.max(1) {
+            Some((
+                AllocResult::NoResources,
+                format!("too many requests from {} waiting for an answer", from.ip()),
+            ))
         } else if let Err(e) = self.check_qos(&qos) {
             Some((AllocResult::QosNotSatisfiable, e.to_string()))
         } else {

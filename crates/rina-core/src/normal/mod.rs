@@ -139,6 +139,10 @@ pub struct NormalConfig {
     pub max_flows: usize,
     /// Most incoming requests waiting for an application's answer.
     pub max_pending: usize,
+    /// Most of them from one source address, so that one member asking
+    /// for flows faster than the applications answer cannot take the
+    /// room of all the others (default 64, a quarter of `max_pending`).
+    pub max_pending_per_source: usize,
     /// Dynamic routing: `None` (the default) leaves the forwarding table to
     /// the driver (static routes through [`NormalIpcp::rmt_mut`]); `Some`
     /// runs a link-state machine that owns the whole forwarding table
@@ -199,6 +203,7 @@ impl NormalConfig {
             first_cep: 0,
             max_flows: crate::DEFAULT_MAX_FLOWS,
             max_pending: 256,
+            max_pending_per_source: 64,
             routing: None,
             dynamic_directory: None,
             membership: None,

@@ -1000,6 +1000,46 @@ fn pending_requests_are_bounded() {
     assert_eq!(net[1].pending_requests(), 2);
 }
 
+/// A member asking for flows faster than the application answers takes
+/// at most `max_pending_per_source` of the pending requests: it hears why
+/// the others are refused, and another member is still served.
+#[test]
+fn one_member_cannot_take_every_pending_request() {
+    let mut net = chain(3);
+    net[2].config_mut_for_tests().max_pending_per_source = 2;
+    for flow in 1..=3 {
+        net[0]
+            .allocate(ms(0), flow, name("perf"), name("echo"), QosSpec::default())
+            .unwrap();
+    }
+    let acts = carry(ms(0), &mut net);
+    let asked = acts
+        .iter()
+        .filter(|(_, a)| matches!(a, Action::FlowRequest { .. }))
+        .count();
+    assert_eq!(asked, 2);
+    assert!(
+        acts.iter().any(|(i, a)| *i == 0
+            && matches!(
+                a,
+                Action::AllocateFailed { flow: 3, error }
+                    if matches!(&**error, NormalError::NoResources(why)
+                        if why.contains("too many requests from address 1"))
+            )),
+        "{acts:?}"
+    );
+    net[1]
+        .allocate(ms(1), 9, name("other"), name("echo"), QosSpec::default())
+        .unwrap();
+    let acts = carry(ms(1), &mut net);
+    assert!(
+        acts.iter()
+            .any(|(i, a)| *i == 2 && matches!(a, Action::FlowRequest { .. })),
+        "the other member's request reached the application: {acts:?}"
+    );
+    assert_eq!(net[2].pending_requests(), 3);
+}
+
 /// A MGMT PDU from address `src` to `dst` carrying `payload`, as a frame.
 fn mgmt_frame(p: &NormalIpcp, src: u64, dst: u64, payload: &[u8]) -> Vec<u8> {
     let mut pci = Pci::new(PduType::Mgmt);

@@ -800,3 +800,50 @@ fn a_deallocation_is_not_repeated_once_its_port_id_names_a_new_flow() {
         .poll_timeout()
         .is_none_or(|d| d > t + a.config().alloc_retry * 10));
 }
+
+/// One host asking for flows faster than the application answers, from
+/// any number of ports, takes at most `max_pending_per_host` of the
+/// pending requests: a request from another host still reaches the
+/// application, and the flooder hears why it was refused.
+#[test]
+fn one_host_cannot_take_every_pending_request() {
+    let (_, mut b) = pair();
+    let req = |src_port: PortId| {
+        Datagram::AllocReq {
+            src_port,
+            qos: QosSpec::default(),
+            src: name("flooder"),
+            dst: name("echo"),
+            direct: None,
+        }
+        .to_vec()
+    };
+    for k in 0..300u16 {
+        let from = SocketAddr::new("10.0.0.66".parse().unwrap(), 1000 + k);
+        let _ = b.on_datagram(ms(0), from, &req(1));
+    }
+    let acts: Vec<Action> = std::iter::from_fn(|| b.poll_action()).collect();
+    let asked = acts
+        .iter()
+        .filter(|a| matches!(a, Action::FlowRequest { .. }))
+        .count();
+    assert_eq!(asked, 64, "the flooder's requests raised");
+    let refused = acts
+        .iter()
+        .filter_map(|a| match a {
+            Action::Transmit { payload, .. } => Datagram::parse(payload).ok(),
+            _ => None,
+        })
+        .filter(|d| {
+            matches!(d, Datagram::AllocResp { result: AllocResult::NoResources, reason, .. }
+                if reason.contains("too many requests from 10.0.0.66"))
+        })
+        .count();
+    assert_eq!(refused, 300 - 64);
+    // Another host is served.
+    let _ = b.on_datagram(ms(1), addr("10.0.0.7:9000"), &req(1));
+    assert!(
+        matches!(b.poll_action(), Some(Action::FlowRequest { .. })),
+        "the other host's request reached the application"
+    );
+}

@@ -203,6 +203,11 @@ impl FlowAllocator {
         );
     }
 
+    /// Requests from address `src` waiting for an application's answer.
+    fn pending_from(&self, src: Address) -> usize {
+        self.pending.values().filter(|p| p.src_addr == src).count()
+    }
+
     /// Why this IPCP cannot serve request `r` at all, if it cannot.
     fn refusal_of(&self, cx: &Ctx, r: &Request) -> Option<(FaResult, String)> {
         let cfg = cx.cfg;
@@ -217,6 +222,14 @@ impl FlowAllocator {
             || cx.open_flows() + self.allocating.len() >= cfg.max_flows
         {
             Some((FaResult::NoResources, "too many flows".to_string()))
+        } else if self.pending_from(r.src_addr) >= cfg.max_pending_per_source.max(1) {
+            Some((
+                FaResult::NoResources,
+                format!(
+                    "too many requests from address {} waiting for an answer",
+                    r.src_addr
+                ),
+            ))
         } else if !cfg.cubes.iter().any(|c| c.id == r.qos_id) {
             Some((
                 FaResult::QosNotSatisfiable,
