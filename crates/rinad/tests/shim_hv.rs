@@ -1043,6 +1043,114 @@ fn stalled_flow_does_not_stall_the_device(rings: bool) {
     }
 }
 
+/// A guest that announces no credit (`credit = false`, as IRATI's
+/// shim-hv) writes on eight flows whose applications at the host do not
+/// read: the host holds their SDUs up to 64 per flow and 8 MiB over all
+/// flows, and then stops reading the ring (the guest's writers block).
+/// It held 63 SDUs a flow before, whatever their size: 30 MB here, and
+/// 254 MiB with 63 flows of 64 KiB SDUs. Once the applications read,
+/// every SDU arrives, in order (the pause ends). (A paused ring takes no
+/// control message either: no allocation while the applications stall.)
+#[test]
+fn without_credit_what_the_host_holds_is_bounded_in_bytes() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    const FLOWS: usize = 8;
+    const LEN: usize = 60_000;
+    const CAP: u64 = 8 << 20;
+    let dir = temp_dir("hvnocredit");
+    let shm = dir.join("vmpi0");
+    let host = Daemon::start_with("host", &hv_config("host", &shm, "host"));
+    let guest = Daemon::start_with(
+        "guest",
+        &format!("{}credit = false\n", hv_config("guest", &shm, "guest")),
+    );
+    let _dir = Dir(dir);
+    wait_until_up(&host);
+    wait_until_up(&guest);
+    let mut srv = host.client();
+    // On sockets: with rings, an SDU the application has no room for
+    // waits in the VMPI ring itself, and nothing is held.
+    srv.set_rings(false);
+    srv.register(&name("sink"), Some("hv")).unwrap();
+    let accepting = std::thread::spawn(move || {
+        let flows: Vec<Flow> = (0..FLOWS)
+            .map(|_| {
+                let req = srv.next_request().unwrap();
+                srv.accept(&req).unwrap()
+            })
+            .collect();
+        (flows, srv)
+    });
+    let mut c = guest.client();
+    // All allocated first: a paused ring takes no allocation either.
+    let flows: Vec<Flow> = (0..FLOWS)
+        .map(|k| allocate(&mut c, &format!("vm{k}"), "sink").unwrap())
+        .collect();
+    let writers: Vec<(Arc<AtomicU32>, JoinHandle<Flow>)> = flows
+        .into_iter()
+        .enumerate()
+        .map(|(k, f)| {
+            let written = Arc::new(AtomicU32::new(0));
+            let w = written.clone();
+            let h = std::thread::spawn(move || {
+                let mut sdu = vec![k as u8; LEN];
+                loop {
+                    let n = w.load(Ordering::Relaxed);
+                    sdu[..4].copy_from_slice(&n.to_le_bytes());
+                    // Blocked for 2 s: held back for good.
+                    if !f.write_timeout(&sdu, Duration::from_secs(2)).unwrap() {
+                        return f;
+                    }
+                    w.store(n + 1, Ordering::Relaxed);
+                }
+            });
+            (written, h)
+        })
+        .collect();
+    let (sinks, _srv) = accepting.join().unwrap();
+    let (written, flows): (Vec<u32>, Vec<Flow>) = writers
+        .into_iter()
+        .map(|(w, h)| {
+            let f = h.join().unwrap();
+            (w.load(Ordering::Relaxed), f)
+        })
+        .unzip();
+    let peak = host.counter("rx_held_peak");
+    eprintln!(
+        "held at most {peak} bytes; {} bytes held now",
+        host.counter("rx_held_bytes")
+    );
+    assert!(
+        peak >= CAP,
+        "the bound was never reached: the test proves nothing"
+    );
+    assert!(
+        peak < CAP + LEN as u64,
+        "{peak} bytes held, beyond {CAP} and one SDU"
+    );
+    // The applications read: everything arrives, in order.
+    let readers: Vec<JoinHandle<u32>> = sinks
+        .into_iter()
+        .map(|sink| {
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 65_536];
+                let mut got = 0u32;
+                while let Ok(Some(n)) = sink.read_timeout(&mut buf, Duration::from_secs(3)) {
+                    assert_eq!(n, LEN);
+                    assert_eq!(u32::from_le_bytes(buf[..4].try_into().unwrap()), got);
+                    got += 1;
+                }
+                got
+            })
+        })
+        .collect();
+    let got: Vec<u32> = readers.into_iter().map(|r| r.join().unwrap()).collect();
+    drop(flows);
+    assert_eq!(got, written, "every SDU arrived, on every flow");
+    assert_eq!(host.counter("rx_held_bytes"), 0);
+}
+
 /// A same-user process that speaks the doorbell protocol of `PATH.bell`
 /// and makes blocking every descriptor it shares with the daemon (an
 /// eventfd it sends, one it receives: one open file each, whose

@@ -116,8 +116,11 @@ pub(super) fn check_ipcp(
     }
     check_bind(i, ip, all, runtime)?;
     check_counts(ip).map_err(|(span, k, m)| (span, key(k), m))?;
-    let hv_keys =
-        ip.path.is_some() || ip.side.is_some() || ip.vmpi_id.is_some() || ip.busy_poll.is_some();
+    let hv_keys = ip.path.is_some()
+        || ip.side.is_some()
+        || ip.vmpi_id.is_some()
+        || ip.busy_poll.is_some()
+        || ip.credit.is_some();
     if ip.kind == IpcpKind::ShimHv {
         if ip.path.is_none() || ip.side.is_none() {
             return Err((
@@ -136,8 +139,8 @@ pub(super) fn check_ipcp(
     } else if hv_keys {
         return Err((
             ip.name.span(),
-            key("path/side/vmpi_id/busy_poll"),
-            "`path`, `side`, `vmpi_id` and `busy_poll` are for shim-hv IPCPs".into(),
+            key("path/side/vmpi_id/busy_poll/credit"),
+            "`path`, `side`, `vmpi_id`, `busy_poll` and `credit` are for shim-hv IPCPs".into(),
         ));
     }
     let eth_keys = ip.interface.is_some()

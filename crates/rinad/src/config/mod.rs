@@ -53,6 +53,8 @@
 //! side = "host"                   # maps it (or an ivshmem BAR: .../resource2)
 //! # vmpi_id = 0                   # the device's id in this OS: its address
 //! # busy_poll = false             # true: spin on the rings (lowest latency, one core)
+//! # credit = true                 # false: announce no per-flow credit, as IRATI's
+//!                                 # shim-hv (a full application pauses the device)
 //!
 //! [[ipcp]]
 //! name = "alpha.net"              # also its application name in the N-1 DIFs
@@ -567,6 +569,9 @@ pub struct IpcpConfig {
     pub vmpi_id: Option<u32>,
     /// shim-hv: poll the rings continuously (one core busy) instead of every millisecond.
     pub busy_poll: Option<bool>,
+    /// shim-hv: announce per-flow credit to the peer (default true); false
+    /// speaks as IRATI's shim-hv, which has none.
+    pub credit: Option<bool>,
     /// normal: the DIF's pre-shared enrollment password (proven by
     /// challenge-response in both directions, never sent).
     pub password: Option<String>,

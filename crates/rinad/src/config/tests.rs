@@ -841,6 +841,9 @@ vmpi_id = 4
         assert_eq!(c.ipcps[0].kind, IpcpKind::ShimHv);
         assert_eq!(c.ipcps[0].side, Some(HvSide::Guest));
         assert_eq!(c.ipcps[0].vmpi_id, Some(4));
+        assert_eq!(c.ipcps[0].credit, None);
+        let c = parse(&format!("{HV}credit = false\n")).unwrap();
+        assert_eq!(c.ipcps[0].credit, Some(false));
         let e = parse(&HV.replacen("side = \"guest\"\n", "", 1))
             .unwrap_err()
             .to_string();

@@ -49,7 +49,8 @@
 //! the peer more credit. So one stalled application stalls nothing else,
 //! and the receive ring is always read. With a peer that does not
 //! announce credit, SDUs for an application whose socket is full are held
-//! up to [`RX_QUEUE_MAX`] per flow, and then the receive ring is not read
+//! up to [`RX_QUEUE_MAX`] per flow and [`RX_HELD_BYTES_MAX`] over all the
+//! IPCP's flows, and then the receive ring is not read
 //! until the application catches up (the sender's ring fills and its
 //! application's writes block; one stalled application then pauses the
 //! other flows of the device, as before credit). A normal IPCP's frames are
@@ -106,6 +107,44 @@ pub const N1_BACKLOG_BYTES: usize = 4 << 20;
 /// (A flow with credit holds at most its window.)
 const RX_QUEUE_MAX: usize = 64;
 
+/// Bytes held for applications over all the flows of one shim-hv IPCP:
+/// when a flow without credit takes the held bytes to this, the receive
+/// ring is not read until they are down to half of it (and the flow it
+/// paused for holds under half of [`RX_QUEUE_MAX`]). Twice a ring: 64
+/// SDUs of 64 KiB on each of 63 flows were 254 MiB before.
+const RX_HELD_BYTES_MAX: usize = 8 << 20;
+
+/// Why the receive ring of a shim-hv IPCP is not read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RxPause {
+    /// The next SDU, for flow `0` (with rings), waits in the VMPI ring
+    /// itself until its application makes room in its ring and kicks.
+    InRing(PortId),
+    /// SDUs held for applications reached a bound: flow `0` holds
+    /// [`RX_QUEUE_MAX`], or all hold [`RX_HELD_BYTES_MAX`] bytes (see
+    /// [`rx_may_resume`]).
+    Held(PortId),
+}
+
+/// Bytes held in `pending`, over all flows.
+fn held_bytes(pending: &IdMap<PortId, HeldQueue<Vec<u8>>>) -> usize {
+    pending.values().map(HeldQueue::bytes).sum()
+}
+
+/// A flow without credit that holds `len` SDUs, with `held` bytes held
+/// over all flows, pauses the receive ring.
+fn rx_full(len: usize, held: usize) -> bool {
+    len >= RX_QUEUE_MAX || held >= RX_HELD_BYTES_MAX
+}
+
+/// The receive ring, paused for flow `paused`, may be read again: that
+/// flow holds under half of [`RX_QUEUE_MAX`] and all hold under half of
+/// [`RX_HELD_BYTES_MAX`].
+fn rx_may_resume(paused: PortId, pending: &IdMap<PortId, HeldQueue<Vec<u8>>>) -> bool {
+    pending.get(&paused).map_or(0, HeldQueue::len) < RX_QUEUE_MAX / 2
+        && held_bytes(pending) < RX_HELD_BYTES_MAX / 2
+}
+
 /// A shim-hv IPCP's shared memory.
 pub(super) struct HvIo {
     pub path: PathBuf,
@@ -142,8 +181,10 @@ pub(super) struct HvIo {
     pub rx_queued: bool,
     /// SDUs waiting for applications' sockets, by flow.
     rx_pending: IdMap<PortId, HeldQueue<Vec<u8>>>,
-    /// The flow whose full queue pauses the receive ring.
-    rx_paused_on: Option<PortId>,
+    /// Why the receive ring is not read, if it is not.
+    rx_paused: Option<RxPause>,
+    /// The most bytes `rx_pending` held at once.
+    rx_held_peak: usize,
     /// Garbage found in the receive ring (each time, what was published is dropped).
     rx_ring_errors: u64,
     /// Inconsistent indices found in the send ring.
@@ -193,6 +234,9 @@ pub(super) fn new_ipcp(
     if let Some(m) = &ic.max_sdu {
         hc.max_sdu = *m.get_ref();
     }
+    if ic.credit == Some(false) {
+        hc.credit = None;
+    }
     info!(ipcp = %name, dif = %ic.dif, path = %path.display(), ?side, vmpi_id = hc.vmpi_id,
         max_sdu = hc.max_sdu, busy_poll = ic.busy_poll.unwrap_or(false),
         doorbell = %bell.sock_path.display(), "shim-hv IPCP up");
@@ -215,7 +259,8 @@ pub(super) fn new_ipcp(
         rx_ring_waits: 0,
         rx_queued: false,
         rx_pending: IdMap::default(),
-        rx_paused_on: None,
+        rx_paused: None,
+        rx_held_peak: 0,
         rx_ring_errors: 0,
         tx_ring_errors: 0,
         attach_errors: 0,
@@ -236,6 +281,15 @@ impl Drop for HvIo {
 }
 
 impl HvIo {
+    /// A flow now holds `len` SDUs: notes the bytes held over all flows,
+    /// and says whether that pauses the receive ring for a flow without
+    /// credit ([`rx_full`]).
+    fn note_held(&mut self, len: usize) -> bool {
+        let held = held_bytes(&self.rx_pending);
+        self.rx_held_peak = self.rx_held_peak.max(held);
+        rx_full(len, held)
+    }
+
     /// Whether this side sleeps on its doorbell between ticks.
     fn sleeps_on_bell(&self) -> bool {
         self.bell.on() && !self.busy_poll
@@ -411,6 +465,8 @@ impl HvIo {
         c.insert("relay_pauses".into(), m.relay_pauses());
         c.insert("upper_blocks".into(), self.upper_blocks);
         c.insert("rx_ring_waits".into(), self.rx_ring_waits);
+        c.insert("rx_held_bytes".into(), held_bytes(&self.rx_pending) as u64);
+        c.insert("rx_held_peak".into(), self.rx_held_peak as u64);
         c.insert("credit_waits".into(), self.credit_waits);
         c.insert("control_dropped".into(), self.backlog.overflow());
         c.insert("attach_errors".into(), self.attach_errors);

@@ -199,15 +199,16 @@ impl Daemon {
         if let Io::Hv(h) = &mut self.ipcps[i].io {
             // Queues of flows closed meanwhile are dropped, and do not pause.
             h.rx_pending.retain(|p, _| self.flows.contains_key(p));
-            if let Some(p) = h.rx_paused_on {
-                // A flow with rings pauses the ring with nothing held (its
-                // SDU waits in the ring itself) until its application kicks.
-                let waits_in_ring = self.flows.get(&p).is_some_and(|f| f.rings.is_some());
-                if !waits_in_ring && !h.rx_pending.contains_key(&p) {
-                    h.rx_paused_on = None;
-                }
+            let resume = match h.rx_paused {
+                // Its application kicks once it read, unless it closed.
+                Some(RxPause::InRing(p)) => !self.flows.contains_key(&p),
+                Some(RxPause::Held(p)) => rx_may_resume(p, &h.rx_pending),
+                None => false,
+            };
+            if resume {
+                h.rx_paused = None;
             }
-            if h.rx_paused_on.is_some() {
+            if h.rx_paused.is_some() {
                 return false;
             }
         }
@@ -392,7 +393,7 @@ impl Daemon {
                 if r.want_room(sdu_len) {
                     return Some(true);
                 }
-                h.rx_paused_on = Some(port);
+                h.rx_paused = Some(RxPause::InRing(port));
                 h.rx_ring_waits += 1;
                 return Some(false);
             }
@@ -400,13 +401,14 @@ impl Daemon {
                 m.delivered(now, port, 1, sdu_len as u64);
                 return Some(true);
             };
-            let full = !credit && q.len() >= RX_QUEUE_MAX;
             // The application kicks once it made room (or room is there now).
             if q.front().is_some_and(|f| !r.to_app.arm(f.len())) {
                 ready = Some(port);
             }
+            let len = q.len();
+            let full = h.note_held(len) && !credit;
             if full {
-                h.rx_paused_on = Some(port);
+                h.rx_paused = Some(RxPause::Held(port));
             }
             Some(!full)
         } else {
@@ -432,14 +434,15 @@ impl Daemon {
                     };
                     // Held within the window with credit; without, the
                     // ring pauses at RX_QUEUE_MAX.
-                    let full = !credit && q.len() >= RX_QUEUE_MAX;
+                    let len = q.len();
+                    let full = h.note_held(len) && !credit;
                     let _ = self.poll.registry().reregister(
                         &mut SourceFd(&fd),
                         token(T_FLOW, port as usize),
                         Interest::READABLE | Interest::WRITABLE,
                     );
                     if full {
-                        h.rx_paused_on = Some(port);
+                        h.rx_paused = Some(RxPause::Held(port));
                     }
                     Some(!full)
                 }
@@ -495,8 +498,7 @@ impl Daemon {
             q.pop_front();
         }
         m.delivered(now, port, sdus, bytes);
-        let (len, empty) = (q.len(), q.is_empty());
-        if empty {
+        if q.is_empty() {
             h.rx_pending.remove(&port);
             let _ = self.poll.registry().reregister(
                 &mut SourceFd(&fd),
@@ -504,9 +506,13 @@ impl Daemon {
                 Interest::READABLE,
             );
         }
-        if h.rx_paused_on == Some(port) && len < RX_QUEUE_MAX / 2 {
-            h.rx_paused_on = None;
-            self.mark_medium_ready(i);
+        // Paused for this flow or another: what this one gave up may be
+        // what the pause waited for.
+        if let Some(RxPause::Held(p)) = h.rx_paused {
+            if rx_may_resume(p, &h.rx_pending) {
+                h.rx_paused = None;
+                self.mark_medium_ready(i);
+            }
         }
         self.hv_credit_moved(i, now);
     }
@@ -715,9 +721,9 @@ impl Daemon {
         };
         // Held SDUs first, in order.
         let (mut resume_rx, mut again) = (false, false);
-        if h.rx_paused_on == Some(port) && !h.rx_pending.contains_key(&port) {
+        if h.rx_paused == Some(RxPause::InRing(port)) {
             // Paused with the SDU left in the VMPI ring: the application read.
-            h.rx_paused_on = None;
+            h.rx_paused = None;
             resume_rx = true;
         }
         if let Some(q) = h.rx_pending.get_mut(&port) {
@@ -728,10 +734,12 @@ impl Daemon {
             if q.is_empty() {
                 h.rx_pending.remove(&port);
             }
-            let len = h.rx_pending.get(&port).map_or(0, HeldQueue::len);
-            if h.rx_paused_on == Some(port) && len < RX_QUEUE_MAX / 2 {
-                h.rx_paused_on = None;
-                resume_rx = true;
+            // Paused for this flow or another (see `hv_flush_rx`).
+            if let Some(RxPause::Held(p)) = h.rx_paused {
+                if rx_may_resume(p, &h.rx_pending) {
+                    h.rx_paused = None;
+                    resume_rx = true;
+                }
             }
         }
         if h.stalled() {
