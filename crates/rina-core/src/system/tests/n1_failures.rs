@@ -105,3 +105,42 @@ fn a_claim_survives_the_removal_of_another_neighbour() {
     assert!(net.sys[1].claims.is_empty());
     assert_eq!(net.sys[1].n1_flows().count(), 1);
 }
+
+/// Removing the lower normal IPCP under a stacked DIF tells the peer: the
+/// upper DIF's N-1 flows over it are deallocated there, at once, while the
+/// lower IPCP's own N-1 flows below still carry the news.
+#[test]
+fn removing_the_ipcp_under_a_stacked_dif_deallocates_its_upper_flows_at_the_peer() {
+    const PW: &str = "pw";
+    let mut net = Net::new(vec![
+        stacked_system(
+            0,
+            &[(1, "s1.low")],
+            ("s0.low", 1),
+            ("s0.up", 1),
+            "s1.up",
+            PW,
+        ),
+        stacked_system(
+            1,
+            &[(0, "s0.low")],
+            ("s1.low", 2),
+            ("s1.up", 2),
+            "s0.up",
+            PW,
+        ),
+    ]);
+    net.run_until(ms(6000));
+    let before = member_flows(&net, 1, 1);
+    assert!(!before.is_empty(), "the upper DIF's N-1 flows are up");
+    let t = net.now;
+    let r = net.sys[0].remove_ipcp(t, 1).unwrap();
+    assert!(!r.n1_above.is_empty(), "{r:?}");
+    net.run_until(t + Duration::from_millis(200));
+    assert_eq!(
+        member_flows(&net, 1, 1),
+        Vec::<PortId>::new(),
+        "flows of s1.low left open 200 ms after its peer went"
+    );
+    assert_eq!(net.sys[1].n1_flows().filter(|f| f.2 == 1).count(), 0);
+}
