@@ -976,21 +976,30 @@ fn flow_ids_and_cep_ids() {
     ));
 }
 
-#[test]
-fn pending_requests_are_bounded() {
-    let mut net = chain(2);
-    net[1].config_mut_for_tests().max_pending = 2;
+/// The first node of `net` asks for flows 1 to 3 to `echo`: the other
+/// actions, by node.
+fn three_requests_from_the_first(net: &mut [NormalIpcp]) -> Vec<(usize, Action)> {
     for flow in 1..=3 {
         net[0]
             .allocate(ms(0), flow, name("perf"), name("echo"), QosSpec::default())
             .unwrap();
     }
-    let acts = carry(ms(0), &mut net);
-    let asked = acts
-        .iter()
+    carry(ms(0), net)
+}
+
+/// Flow requests raised among `acts`.
+fn flow_requests(acts: &[(usize, Action)]) -> usize {
+    acts.iter()
         .filter(|(_, a)| matches!(a, Action::FlowRequest { .. }))
-        .count();
-    assert_eq!(asked, 2);
+        .count()
+}
+
+#[test]
+fn pending_requests_are_bounded() {
+    let mut net = chain(2);
+    net[1].config_mut_for_tests().max_pending = 2;
+    let acts = three_requests_from_the_first(&mut net);
+    assert_eq!(flow_requests(&acts), 2);
     assert!(acts.iter().any(|(i, a)| *i == 0
         && matches!(
             a,
@@ -1007,17 +1016,8 @@ fn pending_requests_are_bounded() {
 fn one_member_cannot_take_every_pending_request() {
     let mut net = chain(3);
     net[2].config_mut_for_tests().max_pending_per_source = 2;
-    for flow in 1..=3 {
-        net[0]
-            .allocate(ms(0), flow, name("perf"), name("echo"), QosSpec::default())
-            .unwrap();
-    }
-    let acts = carry(ms(0), &mut net);
-    let asked = acts
-        .iter()
-        .filter(|(_, a)| matches!(a, Action::FlowRequest { .. }))
-        .count();
-    assert_eq!(asked, 2);
+    let acts = three_requests_from_the_first(&mut net);
+    assert_eq!(flow_requests(&acts), 2);
     assert!(
         acts.iter().any(|(i, a)| *i == 0
             && matches!(

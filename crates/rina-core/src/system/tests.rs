@@ -879,9 +879,8 @@ fn an_sdu_from_a_source_is_copied_once_from_it_into_each_pdu() {
     assert_eq!(sent, 0);
 }
 
-/// Two systems with DIF `up` stacked on DIF `low`, enrolled, and an
-/// application flow across `up`: its port at system 0 and at system 1.
-fn flow_across_stacked() -> (Net, PortId, PortId) {
+/// Two systems with DIF `up` stacked on DIF `low`, enrolled (at 6 s).
+fn stacked_pair() -> Net {
     const PW: &str = "pw";
     let mut net = Net::new(vec![
         stacked_system(
@@ -902,6 +901,13 @@ fn flow_across_stacked() -> (Net, PortId, PortId) {
         ),
     ]);
     net.run_until(ms(6000));
+    net
+}
+
+/// [`stacked_pair`] with an application flow across `up`: its port at
+/// system 0 and at system 1.
+fn flow_across_stacked() -> (Net, PortId, PortId) {
+    let mut net = stacked_pair();
     net.sys[1].register("up", name("app1")).unwrap();
     let (port, theirs) = open_app_flow_in(&mut net, "up");
     (net, port, theirs)

@@ -111,26 +111,7 @@ fn a_claim_survives_the_removal_of_another_neighbour() {
 /// lower IPCP's own N-1 flows below still carry the news.
 #[test]
 fn removing_the_ipcp_under_a_stacked_dif_deallocates_its_upper_flows_at_the_peer() {
-    const PW: &str = "pw";
-    let mut net = Net::new(vec![
-        stacked_system(
-            0,
-            &[(1, "s1.low")],
-            ("s0.low", 1),
-            ("s0.up", 1),
-            "s1.up",
-            PW,
-        ),
-        stacked_system(
-            1,
-            &[(0, "s0.low")],
-            ("s1.low", 2),
-            ("s1.up", 2),
-            "s0.up",
-            PW,
-        ),
-    ]);
-    net.run_until(ms(6000));
+    let mut net = stacked_pair();
     let before = member_flows(&net, 1, 1);
     assert!(!before.is_empty(), "the upper DIF's N-1 flows are up");
     let t = net.now;
