@@ -365,7 +365,7 @@ fn a_server_refuses_what_its_flow_cannot_carry_and_stops_when_flows_close() {
     let bins = bin_dir();
     let (mut procs, _dir, a, b) = two_daemons(&bins, "rina-tgen-limits");
     let tgen = bins.join("rina-tgen");
-    start_server(&mut procs, &tgen, &b, 3);
+    start_server(&mut procs, &tgen, &b, 3, &[]);
     let mut c = Client::connect_to(&a).expect("connect to alpha");
     // SDUs of 1 TiB: the server allocated its send buffer for them, and
     // the allocation failing aborted it. Now refused: a FIN of nothing sent.
@@ -419,17 +419,79 @@ fn a_server_refuses_what_its_flow_cannot_carry_and_stops_when_flows_close() {
     assert_eq!(error(9), None);
 }
 
+/// What a peer did to a long-running server: one SDU numbered 2^26 - 1
+/// per flow, then close. The server kept every flow's whole measurement
+/// for ever (8 MiB of duplicate bitmap each: 40 such flows grew it by
+/// 322 MiB); now it lists the last `--keep-flows` that ended, in its
+/// report and files, and totals every one.
+#[test]
+fn a_server_lists_its_last_flows_and_totals_all_of_them() {
+    let bins = bin_dir();
+    let (mut procs, dir, a, b) = two_daemons(&bins, "rina-tgen-keep");
+    let tgen = bins.join("rina-tgen");
+    let out = dir.join("srv");
+    let out_arg = out.to_str().unwrap();
+    start_server(
+        &mut procs,
+        &tgen,
+        &b,
+        4,
+        &["--keep-flows", "2", "--out", out_arg],
+    );
+    let mut c = Client::connect_to(&a).expect("connect to alpha");
+    for flow in 1..=4 {
+        let f = c
+            .allocate(
+                &"evil".parse().unwrap(),
+                &"tgen".parse().unwrap(),
+                None,
+                &QosSpec::default(),
+            )
+            .expect("allocate");
+        let mut data = [0u8; HEADER_LEN];
+        Header::data(flow, (1 << 26) - 1, 0).write(&mut data);
+        f.write(&data).expect("write DATA");
+        // The FIN says one SDU of 28 bytes was sent; the REPORT comes
+        // once the server measured it.
+        let fin = Header {
+            kind: Kind::Fin,
+            flow,
+            seq: 1,
+            send_ns: HEADER_LEN as u64,
+        };
+        f.write(&fin.encode_with(&[])).expect("write FIN");
+        assert_eq!(next_header(&f).kind, Kind::Report);
+    }
+    let server = procs.0.pop().unwrap();
+    let (exited, so) = exit_within(server, Duration::from_secs(10));
+    assert!(exited && so.status.success(), "{so:?}");
+    let json = &so.stdout[so.stdout.iter().position(|&c| c == b'{').unwrap()..];
+    let srv: RunReport = serde_json::from_slice(json).expect("JSON on stdout");
+    let file: RunReport =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("srv.json")).unwrap()).unwrap();
+    for r in [&srv, &file] {
+        let kept: Vec<u32> = r.flows.iter().map(|f| f.flow).collect();
+        assert_eq!(kept, vec![3, 4]);
+        let t = r.totals.as_ref().expect("a server's totals");
+        assert_eq!((t.flows, t.flows_dropped, t.errors), (4, 2, 0));
+        assert_eq!((t.sent_sdus, t.recv_sdus, t.lost_sdus), (4, 4, 0));
+        assert_eq!(t.recv_bytes, 4 * HEADER_LEN as u64);
+    }
+    check_csv(&dir.join("srv.csv"), FlowReport::CSV_HEADER, 2);
+}
+
 /// A client at 10^12 bit/s for 1 s, far faster than its flow: it sent what
 /// its schedule held before the end (4.5 billion SDUs), for hours; now it
 /// stops when the clock reaches the end.
-/// Starts `rina-tgen server` at beta (socket `b`) for `max_flows` flows,
-/// its output piped, and waits for its registration.
-fn start_server(procs: &mut Procs, tgen: &Path, b: &Path, max_flows: u32) {
+/// Starts `rina-tgen server` at beta (socket `b`) for `max_flows` flows
+/// with `extra` options, its output piped, and waits for its registration.
+fn start_server(procs: &mut Procs, tgen: &Path, b: &Path, max_flows: u32, extra: &[&str]) {
     let server = Command::new(tgen)
         .arg("server")
         .arg("--socket")
         .arg(b)
         .args(["--max-flows", &max_flows.to_string()])
+        .args(extra)
         .args(["--interval-s", "0", "--json"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -452,7 +514,7 @@ fn a_client_behind_its_schedule_stops_at_its_end() {
     let bins = bin_dir();
     let (mut procs, _dir, a, b) = two_daemons(&bins, "rina-tgen-fast");
     let tgen = bins.join("rina-tgen");
-    start_server(&mut procs, &tgen, &b, 1);
+    start_server(&mut procs, &tgen, &b, 1, &[]);
     check_fast_client_stops_at_its_end(&tgen, &a);
 }
 

@@ -19,7 +19,7 @@ use rina_tools::tgen::gen::{self, Generator, SourceSpec, PROFILE_NAMES};
 use rina_tools::tgen::header::{Header, Kind, HEADER_LEN};
 use rina_tools::tgen::matrix::{FlowPlan, Matrix};
 use rina_tools::tgen::metrics::{FlowMetrics, FlowReport};
-use rina_tools::tgen::output::{FlowEntry, RunReport, SentCount, SCHEMA_VERSION};
+use rina_tools::tgen::output::{FlowEntry, FlowLog, RunReport, SentCount, SCHEMA_VERSION};
 use rina_tools::tgen::sender::{self, Step};
 use rina_tools::tgen::{realtime_ns, Direction, Hello};
 use std::io::Write;
@@ -77,9 +77,17 @@ struct ServerArgs {
     /// closed.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     max_flows: Option<u64>,
+    /// List at most the last N flows that ended in the report and files
+    /// (default: 1000, or --max-flows if more); the report's totals count
+    /// every flow.
+    #[arg(long, value_name = "N")]
+    keep_flows: Option<usize>,
     #[command(flatten)]
     out: OutArgs,
 }
+
+/// Flows that ended whose entries a server keeps without `--keep-flows`.
+const KEEP_FLOWS: usize = 1000;
 
 #[derive(Debug, Args)]
 struct ClientArgs {
@@ -317,9 +325,86 @@ struct ServerFlow {
     dif: String,
     qos: rina::QosSpec,
     hello: Mutex<Option<Hello>>,
+    /// The measurement while the flow is open; `None` once it ended and
+    /// its entry is in the [`ServerFlows`] log.
     fwd: Mutex<Option<FlowMetrics>>,
     sent: Mutex<Option<(u64, u64)>>,
     error: Mutex<Option<String>>,
+}
+
+impl ServerFlow {
+    /// The flow's entry in the report, as measured so far.
+    fn entry(&self, with_samples: bool) -> FlowEntry {
+        let hello = self.hello.lock().unwrap().clone();
+        let fwd = self.fwd.lock().unwrap();
+        FlowEntry {
+            flow: hello
+                .as_ref()
+                .map(|h| h.flow)
+                .or(fwd.as_ref().map(|m| m.flow()))
+                .unwrap_or(0),
+            peer: self.peer.clone(),
+            dif: self.dif.clone(),
+            profile: hello
+                .as_ref()
+                .map_or_else(String::new, |h| h.source.profile.clone()),
+            direction: hello.as_ref().map_or(Direction::Forward, |h| h.direction),
+            seed: hello.as_ref().map_or(0, |h| h.seed),
+            qos: self.qos,
+            error: self.error.lock().unwrap().clone(),
+            reports: fwd
+                .iter()
+                .map(|m| m.report("fwd", true, with_samples))
+                .collect(),
+            sent: None,
+            allocation_ms: None,
+        }
+    }
+
+    /// The entry of a flow that ended, built once; its measurement (the
+    /// histogram, the duplicate window, the samples) is dropped.
+    fn finish(&self, with_samples: bool) -> FlowEntry {
+        let e = self.entry(with_samples);
+        *self.fwd.lock().unwrap() = None;
+        e
+    }
+}
+
+/// A server's flows: those still open, and the log of those that ended.
+struct ServerFlows {
+    open: Vec<Arc<ServerFlow>>,
+    done: FlowLog,
+}
+
+impl ServerFlows {
+    fn new(keep: usize) -> ServerFlows {
+        ServerFlows {
+            open: Vec::new(),
+            done: FlowLog::new(keep),
+        }
+    }
+
+    /// Moves `sf`, which ended, from the open flows to the log.
+    fn end(&mut self, sf: &Arc<ServerFlow>, with_samples: bool) {
+        self.open.retain(|o| !Arc::ptr_eq(o, sf));
+        self.done.push(sf.finish(with_samples));
+    }
+
+    /// The report: the flows kept in the log, then the open ones, and the
+    /// totals of all that ended.
+    fn report(&self, started_ns: u64, with_samples: bool) -> RunReport {
+        let mut flows: Vec<FlowEntry> = self.done.entries().cloned().collect();
+        flows.extend(self.open.iter().map(|sf| sf.entry(with_samples)));
+        RunReport {
+            tool: TOOL.into(),
+            schema: SCHEMA_VERSION,
+            role: "server".into(),
+            started_ns,
+            ended_ns: realtime_ns(),
+            flows,
+            totals: Some(self.done.totals().clone()),
+        }
+    }
 }
 
 fn server(a: ServerArgs) {
@@ -336,15 +421,23 @@ fn server(a: ServerArgs) {
     let live = Arc::new(Live::default());
     let stop = Arc::new(AtomicBool::new(false));
     reporter(live.clone(), a.out.interval_s, stop.clone());
-    let flows: Arc<Mutex<Vec<Arc<ServerFlow>>>> = Arc::default();
+    let keep = a.keep_flows.unwrap_or_else(|| {
+        let max = a
+            .max_flows
+            .map_or(0, |m| usize::try_from(m).unwrap_or(usize::MAX));
+        KEEP_FLOWS.max(max)
+    });
+    let flows = Arc::new(Mutex::new(ServerFlows::new(keep)));
     let write_lock = Arc::new(Mutex::new(()));
     let samples = a.out.samples;
-    let mut workers = Vec::new();
+    let mut workers: Vec<thread::JoinHandle<()>> = Vec::new();
     let mut accepted = 0u64;
     while !matches!(a.max_flows, Some(m) if accepted >= m) {
         let req = c
             .next_request()
             .unwrap_or_else(|e| opts::die(TOOL, "lost the daemon", &e, 2));
+        // A finished thread's handle would keep its stack until joined.
+        workers.retain(|w| !w.is_finished());
         match c.accept(&req) {
             Ok(flow) => {
                 accepted += 1;
@@ -357,7 +450,7 @@ fn server(a: ServerArgs) {
                     sent: Mutex::new(None),
                     error: Mutex::new(None),
                 });
-                flows.lock().unwrap().push(sf.clone());
+                flows.lock().unwrap().open.push(sf.clone());
                 let (live, flows, out, wl) = (
                     live.clone(),
                     flows.clone(),
@@ -366,9 +459,10 @@ fn server(a: ServerArgs) {
                 );
                 workers.push(thread::spawn(move || {
                     serve_flow(Arc::new(flow), &sf, &live, samples);
+                    flows.lock().unwrap().end(&sf, samples > 0);
                     if let Some(prefix) = out {
                         let _g = wl.lock().unwrap();
-                        let r = server_report(started_ns, &flows.lock().unwrap(), samples > 0);
+                        let r = flows.lock().unwrap().report(started_ns, samples > 0);
                         if let Err(e) = r.write_files(&prefix) {
                             eprintln!("{TOOL}: cannot write {}: {e}", prefix.display());
                         }
@@ -383,48 +477,8 @@ fn server(a: ServerArgs) {
         let _ = w.join();
     }
     stop.store(true, Ordering::Relaxed);
-    let r = server_report(started_ns, &flows.lock().unwrap(), samples > 0);
+    let r = flows.lock().unwrap().report(started_ns, samples > 0);
     print_final(&r, a.out.json);
-}
-
-fn server_report(started_ns: u64, flows: &[Arc<ServerFlow>], with_samples: bool) -> RunReport {
-    let entries = flows
-        .iter()
-        .map(|sf| {
-            let hello = sf.hello.lock().unwrap().clone();
-            let fwd = sf.fwd.lock().unwrap();
-            FlowEntry {
-                flow: hello
-                    .as_ref()
-                    .map(|h| h.flow)
-                    .or(fwd.as_ref().map(|m| m.flow()))
-                    .unwrap_or(0),
-                peer: sf.peer.clone(),
-                dif: sf.dif.clone(),
-                profile: hello
-                    .as_ref()
-                    .map_or_else(String::new, |h| h.source.profile.clone()),
-                direction: hello.as_ref().map_or(Direction::Forward, |h| h.direction),
-                seed: hello.as_ref().map_or(0, |h| h.seed),
-                qos: sf.qos,
-                error: sf.error.lock().unwrap().clone(),
-                reports: fwd
-                    .iter()
-                    .map(|m| m.report("fwd", true, with_samples))
-                    .collect(),
-                sent: None,
-                allocation_ms: None,
-            }
-        })
-        .collect();
-    RunReport {
-        tool: TOOL.into(),
-        schema: SCHEMA_VERSION,
-        role: "server".into(),
-        started_ns,
-        ended_ns: realtime_ns(),
-        flows: entries,
-    }
 }
 
 fn serve_flow(flow: Arc<Flow>, sf: &Arc<ServerFlow>, live: &Arc<Live>, samples: usize) {
@@ -627,6 +681,7 @@ fn client(a: ClientArgs) -> i32 {
         started_ns,
         ended_ns: realtime_ns(),
         flows: entries,
+        totals: None,
     };
     if let Some(prefix) = &a.out.out {
         if let Err(e) = r.write_files(prefix) {
@@ -1050,5 +1105,68 @@ fn print_final(r: &RunReport, json: bool) {
     if !t.is_empty() {
         print!("{}", t.render());
     }
+    if let Some(t) = r.totals.as_ref().filter(|t| t.flows_dropped > 0) {
+        println!(
+            "the last {} of {} flows that ended are listed (--keep-flows); all {}: \
+             sent {} SDUs, received {} ({} bytes), lost {}, {} duplicates, {} reordered",
+            t.flows - t.flows_dropped,
+            t.flows,
+            t.flows,
+            t.sent_sdus,
+            t.recv_sdus,
+            t.recv_bytes,
+            t.lost_sdus,
+            t.duplicates,
+            t.reordered
+        );
+    }
     flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server_flow() -> Arc<ServerFlow> {
+        Arc::new(ServerFlow {
+            peer: "evil".into(),
+            dif: "udp".into(),
+            qos: rina::QosSpec::default(),
+            hello: Mutex::new(None),
+            fwd: Mutex::new(None),
+            sent: Mutex::new(None),
+            error: Mutex::new(None),
+        })
+    }
+
+    /// What the audit's peer did: one SDU numbered 2^26 - 1 per flow, then
+    /// close. Before, the server kept each flow's whole measurement (8 MiB
+    /// of duplicate bitmap with this number, a 160 KB histogram, samples)
+    /// for ever; now it keeps the entry of the last few.
+    #[test]
+    fn an_ended_flow_leaves_only_its_entry_and_few_of_those() {
+        let mut flows = ServerFlows::new(2);
+        for i in 0..5u32 {
+            let sf = server_flow();
+            let mut m = FlowMetrics::new(i, 100);
+            m.on_sdu(10, &Header::data(i, (1 << 26) - 1, 0), HEADER_LEN);
+            *sf.fwd.lock().unwrap() = Some(m);
+            flows.open.push(sf.clone());
+            assert_eq!(flows.report(0, true).flows.len(), (i as usize).min(2) + 1);
+            flows.end(&sf, true);
+            assert!(sf.fwd.lock().unwrap().is_none());
+        }
+        assert!(flows.open.is_empty());
+        let r = flows.report(0, true);
+        let kept: Vec<u32> = r.flows.iter().map(|f| f.flow).collect();
+        assert_eq!(kept, vec![3, 4]);
+        for f in &r.flows {
+            let json = serde_json::to_vec(f).unwrap();
+            assert!(json.len() < 2048, "{}", String::from_utf8_lossy(&json));
+            assert_eq!(f.reports[0].sent_sdus, 1 << 26);
+        }
+        let t = r.totals.unwrap();
+        assert_eq!((t.flows, t.flows_dropped, t.recv_sdus), (5, 3, 5));
+        assert_eq!(t.lost_sdus, 5 * ((1 << 26) - 1));
+    }
 }

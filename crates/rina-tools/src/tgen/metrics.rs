@@ -60,8 +60,93 @@ fn delay_ns(recv_ns: u64, send_ns: u64) -> i64 {
     i64::try_from(d).unwrap_or(if d < 0 { i64::MIN } else { i64::MAX })
 }
 
-/// Sequence numbers tracked for duplicate detection.
-const MAX_TRACKED_SEQ: u64 = 1 << 26;
+/// How many sequence numbers, up to the highest seen, duplicate detection
+/// remembers (8 KiB of bits per flow and direction, whatever the numbers).
+/// An SDU further behind the highest than this is counted as received and
+/// reordered, and in `late_unchecked`: whether it is a duplicate is not
+/// known.
+pub const DUP_WINDOW: u64 = 1 << 16;
+
+const WINDOW_WORDS: usize = (DUP_WINDOW / 64) as usize;
+
+/// What [`SeqWindow::check`] found of a sequence number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    /// Not seen before: the highest yet, or a gap in the window filled.
+    New,
+    /// Seen before, within the window.
+    Duplicate,
+    /// Older than the window: not known.
+    TooOld,
+}
+
+/// The sequence numbers seen among the [`DUP_WINDOW`] up to the highest,
+/// as a ring of bits (bit `seq % DUP_WINDOW`), allocated at the first SDU.
+/// Its size does not depend on the numbers, which are the peer's word.
+#[derive(Debug, Clone, Default)]
+struct SeqWindow {
+    bits: Vec<u64>,
+    highest: Option<u64>,
+}
+
+impl SeqWindow {
+    /// Records `seq`, moving the window up if it is the highest yet.
+    fn check(&mut self, seq: u64) -> Seen {
+        if self.bits.is_empty() {
+            self.bits = vec![0; WINDOW_WORDS];
+        }
+        match self.highest {
+            Some(h) if seq <= h => {
+                if h - seq >= DUP_WINDOW {
+                    return Seen::TooOld;
+                }
+                let (w, bit) = Self::slot(seq);
+                if self.bits[w] & bit != 0 {
+                    return Seen::Duplicate;
+                }
+                self.bits[w] |= bit;
+            }
+            prev => {
+                if let Some(h) = prev {
+                    self.forget_after(h, seq);
+                }
+                self.highest = Some(seq);
+                let (w, bit) = Self::slot(seq);
+                self.bits[w] |= bit;
+            }
+        }
+        Seen::New
+    }
+
+    /// Clears the bits of `h + 1 ..= seq` (`h < seq`), which now stand for
+    /// those numbers instead of ones that left the window; a word at a time.
+    fn forget_after(&mut self, h: u64, seq: u64) {
+        let mut left = seq - h;
+        if left >= DUP_WINDOW {
+            self.bits.fill(0);
+            return;
+        }
+        let mut s = h + 1;
+        while left > 0 {
+            let pos = s % DUP_WINDOW;
+            let (w, first) = ((pos / 64) as usize, pos % 64);
+            let take = (64 - first).min(left);
+            let mask = if take == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << take) - 1) << first
+            };
+            self.bits[w] &= !mask;
+            left -= take;
+            s = s.wrapping_add(take);
+        }
+    }
+
+    fn slot(seq: u64) -> (usize, u64) {
+        let pos = seq % DUP_WINDOW;
+        ((pos / 64) as usize, 1u64 << (pos % 64))
+    }
+}
 
 /// The accumulator of one direction of one flow.
 #[derive(Debug, Clone)]
@@ -71,8 +156,9 @@ pub struct FlowMetrics {
     recv_bytes: u64,
     duplicates: u64,
     reordered: u64,
+    late_unchecked: u64,
     max_seq: Option<u64>,
-    seen: Vec<u64>,
+    seen: SeqWindow,
     sent: Option<(u64, u64)>,
     first_recv_ns: Option<u64>,
     last_recv_ns: u64,
@@ -100,8 +186,9 @@ impl FlowMetrics {
             recv_bytes: 0,
             duplicates: 0,
             reordered: 0,
+            late_unchecked: 0,
             max_seq: None,
-            seen: Vec::new(),
+            seen: SeqWindow::default(),
             sent: None,
             first_recv_ns: None,
             last_recv_ns: 0,
@@ -138,16 +225,13 @@ impl FlowMetrics {
     /// Returns false if it was a duplicate (counted, not measured).
     pub fn on_sdu(&mut self, recv_ns: u64, h: &Header, len: usize) -> bool {
         let seq = h.seq;
-        if seq < MAX_TRACKED_SEQ {
-            let (w, bit) = ((seq / 64) as usize, 1u64 << (seq % 64));
-            if self.seen.len() <= w {
-                self.seen.resize(w + 1, 0);
-            }
-            if self.seen[w] & bit != 0 {
+        match self.seen.check(seq) {
+            Seen::New => {}
+            Seen::Duplicate => {
                 self.duplicates += 1;
                 return false;
             }
-            self.seen[w] |= bit;
+            Seen::TooOld => self.late_unchecked += 1,
         }
         match self.max_seq {
             Some(m) if seq < m => self.reordered += 1,
@@ -180,6 +264,14 @@ impl FlowMetrics {
             }
         }
         true
+    }
+
+    /// Bytes this accumulator holds on the heap: the histogram, the
+    /// duplicate window and the raw samples. Bounded by the sample cap,
+    /// whatever the peer's sequence numbers.
+    pub fn heap_bytes(&self) -> usize {
+        let words = self.hist.capacity() + self.seen.bits.capacity();
+        words * 8 + self.samples.as_ref().map_or(0, |s| s.capacity() * 8)
     }
 
     /// The sender's totals (from its FIN).
@@ -238,6 +330,7 @@ impl FlowMetrics {
             loss_pct,
             duplicates: self.duplicates,
             reordered: self.reordered,
+            late_unchecked: self.late_unchecked,
             fin_received: self.sent.is_some(),
             first_recv_ns: self.first_recv_ns,
             last_recv_ns: self.first_recv_ns.map(|_| self.last_recv_ns),
@@ -331,6 +424,11 @@ pub struct FlowReport {
     pub duplicates: u64,
     /// SDUs that arrived after one with a higher sequence number.
     pub reordered: u64,
+    /// Of those, SDUs that arrived more than [`DUP_WINDOW`] sequence
+    /// numbers behind the highest: counted as received, but not checked
+    /// for duplication.
+    #[serde(default)]
+    pub late_unchecked: u64,
     /// Whether the sender's FIN arrived (else `sent_sdus` is an estimate).
     pub fin_received: bool,
     /// First receive time, ns.
@@ -469,6 +567,72 @@ mod tests {
         assert_eq!(delay_ns(0, u64::MAX), i64::MIN);
         assert_eq!(delay_ns(u64::MAX, 0), i64::MAX);
         assert_eq!(delay_ns(10, 3), 7);
+    }
+
+    #[test]
+    fn duplicate_detection_memory_does_not_follow_the_peers_sequence_numbers() {
+        let mut small = FlowMetrics::new(1, 0);
+        small.on_sdu(10, &h(0, 0), 28);
+        let bound = small.heap_bytes();
+        // Before, the bitmap grew to seq / 8 bytes: 8 MiB for 2^26 - 1.
+        let mut m = FlowMetrics::new(1, 0);
+        for seq in [(1 << 26) - 1, 1 << 40, u64::MAX - 1] {
+            assert!(m.on_sdu(10, &h(seq, 0), 28));
+            assert_eq!(m.heap_bytes(), bound, "after seq {seq}");
+        }
+        assert!(bound < 200 * 1024, "{bound}");
+    }
+
+    #[test]
+    fn duplicates_are_found_near_any_sequence_number() {
+        let mut m = FlowMetrics::new(1, 0);
+        let base = 1u64 << 40;
+        // Before, numbers from 2^26 up were never checked: all 4 counted.
+        for seq in [base, base + 1, base, base + 1] {
+            m.on_sdu(10, &h(seq, 0), 28);
+        }
+        // A gap filled late is new once, then a duplicate; at the top of
+        // the numbers too.
+        for seq in [
+            base + 5,
+            base + 3,
+            base + 3,
+            u64::MAX,
+            u64::MAX - 2,
+            u64::MAX,
+        ] {
+            m.on_sdu(10, &h(seq, 0), 28);
+        }
+        let r = m.report("fwd", false, false);
+        assert_eq!((r.recv_sdus, r.duplicates), (6, 4));
+        assert_eq!((r.reordered, r.late_unchecked), (2, 0));
+    }
+
+    #[test]
+    fn the_window_slides_and_older_sdus_are_counted_unchecked() {
+        let mut m = FlowMetrics::new(1, 0);
+        for seq in 0..3 * DUP_WINDOW {
+            assert!(m.on_sdu(10, &h(seq, 0), 28));
+        }
+        let top = 3 * DUP_WINDOW - 1;
+        // Inside the window: still known as duplicates.
+        assert!(!m.on_sdu(10, &h(top, 0), 28));
+        assert!(!m.on_sdu(10, &h(top + 1 - DUP_WINDOW, 0), 28));
+        // Just outside: received (late), not known to be a duplicate.
+        assert!(m.on_sdu(10, &h(top - DUP_WINDOW, 0), 28));
+        assert!(m.on_sdu(10, &h(0, 0), 28));
+        // A jump of less than the window forgets exactly what it passes:
+        // the numbers it skipped are new, the ones it kept are not.
+        let jump = top + DUP_WINDOW / 2 + 3;
+        assert!(m.on_sdu(10, &h(jump, 0), 28));
+        assert!(m.on_sdu(10, &h(jump - 1, 0), 28));
+        assert!(!m.on_sdu(10, &h(top, 0), 28));
+        assert!(!m.on_sdu(10, &h(jump + 1 - DUP_WINDOW, 0), 28));
+        let r = m.report("fwd", false, false);
+        assert_eq!(r.late_unchecked, 2);
+        assert_eq!(r.duplicates, 4);
+        assert_eq!(r.recv_sdus, 3 * DUP_WINDOW + 4);
+        assert_eq!(r.reordered, 3);
     }
 
     #[test]

@@ -1031,6 +1031,7 @@ mod tests {
                 sent,
                 allocation_ms: Some(1.5),
             }],
+            totals: None,
         };
         serde_json::to_string(&r).unwrap()
     }
