@@ -1,11 +1,12 @@
 //! The main job end to end: `rina-demo` with real `rinad` processes, and the
 //! promise that it stops everything it started, also on Ctrl-C, SIGTERM and
-//! SIGHUP, and that even SIGKILL of the demo takes its children down.
+//! SIGHUP and when its output closes, and that even SIGKILL of the demo
+//! takes its children down.
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
@@ -215,6 +216,50 @@ fn sigterm_stops_every_process_the_demo_started() {
 #[test]
 fn sighup_stops_every_process_the_demo_started() {
     stops_everything_on(Signal::SIGHUP, 129);
+}
+
+/// `rina-demo | head -1`: the demo's output closes after its first line.
+/// It was killed by SIGPIPE at its next line, before its cleanup, and left
+/// its directory behind; now it cleans up and exits with 141, quietly.
+#[test]
+fn a_closed_output_stops_the_demo_and_it_cleans_up() {
+    let mut child = Command::new(DEMO)
+        .arg("--bin-dir")
+        .arg(bin_dir())
+        .args(["--perf-duration-s", "30"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start rina-demo");
+    let pid = child.id();
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut first = String::new();
+    stdout.read_line(&mut first).expect("read a line");
+    assert!(first.starts_with("* starting rinad"), "{first:?}");
+    drop(stdout);
+    let end = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait for rina-demo") {
+            break st;
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            panic!("rina-demo ran on with its output closed");
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut err)
+        .expect("read stderr");
+    assert_eq!(status.code(), Some(141), "{status}: {err}");
+    assert_eq!(err, "");
+    assert_eq!(leftovers(pid), Vec::new());
+    assert_eq!(temp_dirs(pid), Vec::<PathBuf>::new());
 }
 
 /// SIGKILL leaves the demo no chance to clean up: the kernel stops its

@@ -13,7 +13,9 @@
 //!
 //! Exit codes: 0 if every step worked; 1 otherwise, with what failed and the
 //! end of the relevant log; 128 + the signal's number when stopped by a
-//! signal: 130 on Ctrl-C (SIGINT), 143 on SIGTERM, 129 on SIGHUP.
+//! signal: 130 on Ctrl-C (SIGINT), 143 on SIGTERM, 129 on SIGHUP; 141 (as
+//! for SIGPIPE) when its standard output closed (`rina-demo | head -3`),
+//! quietly and also after cleaning up.
 
 use clap::Parser;
 use nix::sys::signal::{kill, Signal};
@@ -23,7 +25,9 @@ use rina_tools::echo::EchoReport;
 use rina_tools::perf::{PerfReport, TestResult};
 use rina_tools::table::{self, Table};
 use serde::Serialize;
+use std::fmt::Write as _;
 use std::fs::{self, File};
+use std::io::Write as _;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -267,8 +271,30 @@ struct Summary {
     ipcps_beta: Vec<IpcpInfo>,
 }
 
+/// The exit status when standard output closed: 128 + SIGPIPE, what a
+/// shell shows for a program that SIGPIPE killed.
+const STDOUT_CLOSED: i32 = 128 + libc::SIGPIPE;
+
+/// Writes `text` on standard output. If it closed (the reader of
+/// `rina-demo | head -1` is gone: EPIPE, SIGPIPE being ignored, as Rust
+/// sets it) or fails otherwise, the demo stops: it cleans up (stops its
+/// children, removes its directory) and exits with [`STDOUT_CLOSED`],
+/// quietly for a closed pipe. (Killed by SIGPIPE instead, as before, it
+/// left its directory behind.)
+fn emit(undo: &Undo, text: &str) {
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        drop(out);
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            eprintln!("rina-demo: cannot write to standard output: {e}");
+        }
+        undo.exit(STDOUT_CLOSED);
+    }
+}
+
 fn main() {
-    rina_tools::opts::quiet_on_closed_stdout();
+    // No `quiet_on_closed_stdout`: SIGPIPE would kill the demo before its
+    // cleanup. `emit` sees the closed output and stops instead.
     rina_docgen::handle::<Cli>();
     let cli = Cli::parse();
     let undo = Undo::default();
@@ -338,11 +364,11 @@ fn run(cli: &Cli, undo: &Undo) -> Result<(), Failure> {
     };
     if cli.json {
         match serde_json::to_string_pretty(&summary) {
-            Ok(s) => println!("{s}"),
+            Ok(s) => emit(undo, &format!("{s}\n")),
             Err(e) => return fail(format!("cannot encode the summary: {e}"), &[]),
         }
     } else {
-        print_summary(cli, &summary);
+        emit(undo, &summary_text(cli, &summary).unwrap_or_default());
     }
     Ok(())
 }
@@ -381,7 +407,10 @@ impl<'a> Demo<'a> {
         if !cli.keep {
             undo.lock().remove_dir = Some(dir.clone());
         } else if !cli.json {
-            println!("working directory (kept): {}", dir.display());
+            emit(
+                undo,
+                &format!("working directory (kept): {}\n", dir.display()),
+            );
         }
 
         // Two free UDP ports from below the kernel's ephemeral range (see
@@ -432,15 +461,12 @@ impl<'a> Demo<'a> {
 
     /// Starts `rinad` alpha and beta and waits until both answer.
     fn start_daemons(&self) -> Result<(), Failure> {
-        say(
-            self.cli,
-            &format!(
-                "starting rinad alpha ({}) and beta ({}) in {}",
-                self.alpha_addr,
-                self.beta_addr,
-                self.dir.display()
-            ),
-        );
+        self.say(&format!(
+            "starting rinad alpha ({}) and beta ({}) in {}",
+            self.alpha_addr,
+            self.beta_addr,
+            self.dir.display()
+        ));
         for (name, sock, log) in [
             ("alpha", &self.alpha_sock, &self.alpha_log),
             ("beta", &self.beta_sock, &self.beta_log),
@@ -461,10 +487,7 @@ impl<'a> Demo<'a> {
     /// Starts the echo and perf servers on beta and waits until both are
     /// registered.
     fn start_servers(&self) -> Result<(), Failure> {
-        say(
-            self.cli,
-            "starting rina-echo server and rina-perf server on beta",
-        );
+        self.say("starting rina-echo server and rina-perf server on beta");
         let beta_s = s(&self.beta_sock);
         self.undo.spawn(
             "echo-server",
@@ -489,6 +512,13 @@ impl<'a> Demo<'a> {
             ],
             &self.beta_log,
         )
+    }
+
+    /// Says what the demo does next (not with `--json`).
+    fn say(&self, msg: &str) {
+        if !self.cli.json {
+            emit(self.undo, &format!("* {msg}\n"));
+        }
     }
 
     /// Runs `name` (a tool of [`Bins`]) to completion; returns its output.
@@ -532,13 +562,10 @@ impl<'a> Demo<'a> {
 
     /// Echo over the shim DIF; fails if no reply came back.
     fn echo_shim(&self) -> Result<EchoReport, Failure> {
-        say(
-            self.cli,
-            &format!(
-                "alpha: rina-echo client, {} probes 50 ms apart",
-                self.cli.echo_count
-            ),
-        );
+        self.say(&format!(
+            "alpha: rina-echo client, {} probes 50 ms apart",
+            self.cli.echo_count
+        ));
         let echo = self.echo_client(None)?;
         if echo.received == 0 {
             return fail(
@@ -553,10 +580,9 @@ impl<'a> Demo<'a> {
     /// tables of alpha and beta seen while it ran.
     fn perf_shim(&self) -> Result<(PerfReport, Vec<FlowStats>, Vec<FlowStats>), Failure> {
         let secs = format!("{}", self.cli.perf_duration_s);
-        say(
-            self.cli,
-            &format!("alpha: rina-perf client, 1400-byte SDUs for {secs} s"),
-        );
+        self.say(&format!(
+            "alpha: rina-perf client, 1400-byte SDUs for {secs} s"
+        ));
         // The flows are gone once the clients exit: show their counters as the
         // daemons saw them during the goodput test.
         let mut during_alpha: Vec<FlowStats> = Vec::new();
@@ -584,18 +610,14 @@ impl<'a> Demo<'a> {
     /// Echo and reliable goodput over the normal DIF, once it has a route.
     fn over_net(&self) -> Result<(EchoReport, PerfReport), Failure> {
         wait_net(self.undo, "alpha", &self.alpha_sock, &self.alpha_log)?;
-        say(
-            self.cli,
-            &format!("alpha: rina-echo client over the normal DIF {NET} (stacked on {DIF})"),
-        );
+        self.say(&format!(
+            "alpha: rina-echo client over the normal DIF {NET} (stacked on {DIF})"
+        ));
         let echo_net = self.echo_client(Some(NET))?;
         let secs_net = format!("{}", self.cli.perf_duration_s);
-        say(
-            self.cli,
-            &format!(
-                "alpha: rina-perf client --reliable over {NET}, 1400-byte SDUs for {secs_net} s"
-            ),
-        );
+        self.say(&format!(
+            "alpha: rina-perf client --reliable over {NET}, 1400-byte SDUs for {secs_net} s"
+        ));
         let perf_net = self.perf_client(
             "perf-client-net",
             &[
@@ -616,10 +638,9 @@ impl<'a> Demo<'a> {
     /// Goodput over the shim DIF for each size of [`SWEEP`].
     fn sweep(&self) -> Result<PerfReport, Failure> {
         let secs = format!("{}", self.cli.sweep_duration_s);
-        say(
-            self.cli,
-            &format!("alpha: rina-perf client --sweep {SWEEP}, {secs} s each"),
-        );
+        self.say(&format!(
+            "alpha: rina-perf client --sweep {SWEEP}, {secs} s each"
+        ));
         self.perf_client(
             "perf-sweep",
             &["--sweep", SWEEP, "--duration-s", &secs],
@@ -706,96 +727,119 @@ impl<'a> Demo<'a> {
     }
 }
 
-fn print_summary(cli: &Cli, s: &Summary) {
-    println!();
-    println!(
+/// The text summary (without `--json`).
+fn summary_text(cli: &Cli, s: &Summary) -> Result<String, std::fmt::Error> {
+    let mut o = String::new();
+    writeln!(o)?;
+    writeln!(
+        o,
         "=== RINA demo: alpha ({}) <-> beta ({}): shim-udp DIF {} and a normal DIF on top ===",
         s.alpha, s.beta, s.dif
-    );
+    )?;
     let e = &s.echo;
-    println!();
-    println!("echo: {} probes of {} bytes, 50 ms apart", e.sent, e.size);
-    println!(
+    writeln!(o)?;
+    writeln!(
+        o,
+        "echo: {} probes of {} bytes, 50 ms apart",
+        e.sent, e.size
+    )?;
+    writeln!(
+        o,
         "  received {}/{}, loss {:.1}%",
         e.received, e.sent, e.loss_pct
-    );
+    )?;
     if let Some(r) = e.rtt_ms {
-        println!(
+        writeln!(
+            o,
             "  rtt min/avg/p99/max = {:.3}/{:.3}/{:.3}/{:.3} ms (p50 {:.3}, mdev {:.3})",
             r.min, r.avg, r.p99, r.max, r.p50, r.mdev
-        );
+        )?;
     }
-    println!();
-    println!("goodput: 1400-byte SDUs for {} s", cli.perf_duration_s);
+    writeln!(o)?;
+    writeln!(o, "goodput: 1400-byte SDUs for {} s", cli.perf_duration_s)?;
     for t in &s.perf.tests {
-        println!(
+        writeln!(
+            o,
             "  sender   {:>9.2} Mb/s  {:>9.0} SDU/s  ({} SDUs)",
             t.tx_mbps, t.tx_sdus_per_s, t.sent_sdus
-        );
-        println!(
+        )?;
+        writeln!(
+            o,
             "  receiver {:>9.2} Mb/s  {:>9.0} SDU/s  ({} SDUs, loss {:.2}%)",
             t.rx_mbps, t.rx_sdus_per_s, t.report.recv_sdus, t.loss_pct
-        );
+        )?;
     }
     let e = &s.echo_net;
-    println!();
-    println!(
+    writeln!(o)?;
+    writeln!(
+        o,
         "over the normal DIF {NET} (EFCP, RMT, stacked on {}): echo {} probes",
         s.dif, e.sent
-    );
-    println!(
+    )?;
+    writeln!(
+        o,
         "  received {}/{}, loss {:.1}%",
         e.received, e.sent, e.loss_pct
-    );
+    )?;
     if let Some(r) = e.rtt_ms {
-        println!(
+        writeln!(
+            o,
             "  rtt min/avg/p99/max = {:.3}/{:.3}/{:.3}/{:.3} ms (p50 {:.3}, mdev {:.3})",
             r.min, r.avg, r.p99, r.max, r.p50, r.mdev
-        );
+        )?;
     }
     for t in &s.perf_net.tests {
-        println!(
+        writeln!(
+            o,
             "  reliable goodput {:>9.2} Mb/s, {} of {} SDUs delivered in order",
             t.rx_mbps, t.report.recv_sdus, t.sent_sdus
-        );
+        )?;
     }
-    println!();
-    println!(
+    writeln!(o)?;
+    writeln!(
+        o,
         "size sweep over {} ({} s per size):",
         s.dif, cli.sweep_duration_s
-    );
-    print!("{}", indent(&sweep_table(&s.sweep.tests).render()));
+    )?;
+    write!(o, "{}", indent(&sweep_table(&s.sweep.tests).render()))?;
     for (name, flows) in [
         ("alpha", &s.flows_during_perf_alpha),
         ("beta", &s.flows_during_perf_beta),
     ] {
-        println!();
-        println!("flows on {name} during the goodput test (last `rinactl flows` snapshot):");
+        writeln!(o)?;
+        writeln!(
+            o,
+            "flows on {name} during the goodput test (last `rinactl flows` snapshot):"
+        )?;
         if flows.is_empty() {
-            println!("  (no snapshot taken)");
+            writeln!(o, "  (no snapshot taken)")?;
         } else {
-            print!("{}", indent(&table::flows(flows).render()));
+            write!(o, "{}", indent(&table::flows(flows).render()))?;
         }
     }
     for (name, flows) in [("alpha", &s.flows_alpha), ("beta", &s.flows_beta)] {
-        println!();
-        println!("flows on {name} at the end (rinactl flows):");
+        writeln!(o)?;
+        writeln!(o, "flows on {name} at the end (rinactl flows):")?;
         if flows.is_empty() {
-            println!("  (none: the clients closed theirs)");
+            writeln!(o, "  (none: the clients closed theirs)")?;
         } else {
-            print!("{}", indent(&table::flows(flows).render()));
+            write!(o, "{}", indent(&table::flows(flows).render()))?;
         }
     }
     for (name, ipcps) in [("alpha", &s.ipcps_alpha), ("beta", &s.ipcps_beta)] {
-        println!();
-        println!("IPC processes on {name} (rinactl ipcps):");
-        print!("{}", indent(&table::ipcps(ipcps).render()));
+        writeln!(o)?;
+        writeln!(o, "IPC processes on {name} (rinactl ipcps):")?;
+        write!(o, "{}", indent(&table::ipcps(ipcps).render()))?;
     }
-    println!();
+    writeln!(o)?;
     match &s.dir {
-        Some(d) => println!("configs, sockets and logs kept in {}", d.display()),
-        None => println!("all processes stopped; run with --keep to keep configs and logs"),
+        Some(d) => writeln!(o, "configs, sockets and logs kept in {}", d.display())?,
+        None => writeln!(
+            o,
+            "all processes stopped; run with --keep to keep configs and logs"
+        )?,
     }
+    Ok(o)
 }
 
 fn sweep_table(tests: &[TestResult]) -> Table {
@@ -819,12 +863,6 @@ fn sweep_table(tests: &[TestResult]) -> Table {
 
 fn indent(s: &str) -> String {
     s.lines().map(|l| format!("  {l}\n")).collect()
-}
-
-fn say(cli: &Cli, msg: &str) {
-    if !cli.json {
-        println!("* {msg}");
-    }
 }
 
 /// The programs the demo runs.
