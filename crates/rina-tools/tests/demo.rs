@@ -218,6 +218,45 @@ fn sighup_stops_every_process_the_demo_started() {
     stops_everything_on(Signal::SIGHUP, 129);
 }
 
+/// Options out of range are refused before anything starts: exit 2 with
+/// the option named. Before, `--echo-count 0` and `--perf-duration-s 0`
+/// started both daemons and servers and failed later in a client, and
+/// `nan` was taken.
+#[test]
+fn options_out_of_range_are_refused_before_anything_starts() {
+    for (opt, value) in [
+        ("--echo-count", "0"),
+        ("--echo-count", "100001"),
+        ("--perf-duration-s", "nan"),
+        ("--perf-duration-s", "0"),
+        ("--perf-duration-s", "3601"),
+        ("--sweep-duration-s", "-1"),
+        ("--sweep-duration-s", "inf"),
+    ] {
+        let t0 = Instant::now();
+        let child = Command::new(DEMO)
+            .arg("--bin-dir")
+            .arg(bin_dir())
+            .arg(format!("{opt}={value}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start rina-demo");
+        let pid = child.id();
+        let out = child.wait_with_output().expect("run rina-demo");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{opt} {value}: {err}");
+        assert!(
+            err.contains(&format!("invalid value '{value}' for '{opt} ")),
+            "{opt} {value}: {err}"
+        );
+        assert!(out.stdout.is_empty(), "{opt} {value}: started");
+        assert!(t0.elapsed() < Duration::from_secs(5), "{opt} {value}");
+        assert_eq!(temp_dirs(pid), Vec::<PathBuf>::new());
+    }
+}
+
 /// `rina-demo | head -1`: the demo's output closes after its first line.
 /// It was killed by SIGPIPE at its next line, before its cleanup, and left
 /// its directory behind; now it cleans up and exits with 141, quietly.

@@ -11,6 +11,10 @@
 //! `rina-demo` itself (the same cargo target directory) unless `--bin-dir`
 //! says otherwise.
 //!
+//! Its options are checked before anything starts (`--echo-count` 1 to
+//! 100000, test lengths above 0 and at most 3600 s), and each tool it runs
+//! may take what its options ask for plus 60 s before the demo gives up.
+//!
 //! Exit codes: 0 if every step worked; 1 otherwise, with what failed and the
 //! end of the relevant log; 128 + the signal's number when stopped by a
 //! signal: 130 on Ctrl-C (SIGINT), 143 on SIGTERM, 129 on SIGHUP; 141 (as
@@ -50,22 +54,60 @@ struct Cli {
     /// (default: the directory of this program).
     #[arg(long, value_name = "DIR")]
     bin_dir: Option<PathBuf>,
-    /// Number of echo probes.
-    #[arg(long, default_value_t = 20)]
+    /// Number of echo probes, 50 ms apart (1 to 100000).
+    #[arg(
+        long,
+        default_value_t = 20,
+        value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_ECHO_COUNT))
+    )]
     echo_count: u32,
-    /// Length of the 1400-byte goodput test, in seconds.
-    #[arg(long, default_value_t = 3.0)]
+    /// Length of the 1400-byte goodput test, in seconds (more than 0, at
+    /// most 3600).
+    #[arg(long, default_value_t = 3.0, value_parser = parse_test_seconds)]
     perf_duration_s: f64,
-    /// Length of each test of the size sweep, in seconds.
-    #[arg(long, default_value_t = 1.0)]
+    /// Length of each test of the size sweep, in seconds (more than 0, at
+    /// most 3600).
+    #[arg(long, default_value_t = 1.0, value_parser = parse_test_seconds)]
     sweep_duration_s: f64,
+}
+
+/// Most echo probes (`--echo-count`): 83 minutes of them.
+const MAX_ECHO_COUNT: u32 = 100_000;
+/// Longest goodput test (`--perf-duration-s`, `--sweep-duration-s`), s.
+const MAX_TEST_S: f64 = 3600.0;
+
+/// A test's length for clap: a number of seconds above 0 and at most
+/// [`MAX_TEST_S`] (not `nan`, negative or infinite), checked before
+/// anything starts.
+fn parse_test_seconds(s: &str) -> Result<f64, String> {
+    match rina_tools::opts::parse_positive_seconds(s) {
+        Ok(v) if v <= MAX_TEST_S => Ok(v),
+        _ => Err(format!(
+            "{s} is not a test length (more than 0 seconds, at most {MAX_TEST_S})"
+        )),
+    }
 }
 
 const DIF: &str = "udp.net";
 /// The normal DIF the demo stacks on the shim DIF.
 const NET: &str = "net";
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
-const TOOL_TIMEOUT: Duration = Duration::from_secs(90);
+/// How much longer than it should take a tool may run before the demo
+/// gives up on it.
+const TOOL_MARGIN: Duration = Duration::from_secs(60);
+/// Time between echo probes, and how long a reply may take.
+const ECHO_INTERVAL: Duration = Duration::from_millis(50);
+const ECHO_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long the echo client should take for `count` probes.
+fn echo_time(count: u32) -> Duration {
+    ECHO_INTERVAL * count + ECHO_TIMEOUT
+}
+
+/// How long the demo lets a tool run that should take `expected`.
+fn tool_limit(expected: Duration) -> Duration {
+    expected + TOOL_MARGIN
+}
 const SWEEP: &str = "64,512,1400";
 
 /// A step that failed: what, and the logs that may say why.
@@ -521,21 +563,66 @@ impl<'a> Demo<'a> {
         }
     }
 
-    /// Runs `name` (a tool of [`Bins`]) to completion; returns its output.
+    /// Runs `name` (a tool of [`Bins`]) to completion, calling `during`
+    /// every 250 ms; returns its standard output. Fails if it runs
+    /// [`TOOL_MARGIN`] longer than `expected`.
     fn tool(
         &self,
         name: &str,
         exe: &Path,
         args: &[&str],
         logs: &[&Path],
+        expected: Duration,
         during: &mut dyn FnMut(),
     ) -> Result<String, Failure> {
-        run_tool(self.undo, &self.dir, name, exe, args, logs, during)
+        let out = self.dir.join(format!("{name}.out"));
+        let err = self.dir.join(format!("{name}.log"));
+        self.undo.spawn(name, exe, args, Some(&out), &err)?;
+        let limit = tool_limit(expected);
+        let deadline = Instant::now() + limit;
+        let mut all_logs: Vec<&Path> = vec![&err];
+        all_logs.extend_from_slice(logs);
+        let mut next_call = Instant::now() + Duration::from_millis(250);
+        let status = loop {
+            if let Some(st) = self.undo.exited(name) {
+                break st;
+            }
+            if Instant::now() >= next_call {
+                during();
+                next_call = Instant::now() + Duration::from_millis(250);
+            }
+            if Instant::now() > deadline {
+                return fail(
+                    format!(
+                        "{name} did not finish within {:.1} s ({:.1} s expected, plus {} s)",
+                        limit.as_secs_f64(),
+                        expected.as_secs_f64(),
+                        TOOL_MARGIN.as_secs()
+                    ),
+                    &all_logs,
+                );
+            }
+            thread::sleep(Duration::from_millis(20));
+        };
+        let text = fs::read_to_string(&out).unwrap_or_default();
+        if !status.success() {
+            return fail(
+                format!(
+                    "{name} failed ({status}): {} {}",
+                    exe.display(),
+                    args.join(" ")
+                ),
+                &all_logs,
+            );
+        }
+        Ok(text)
     }
 
     /// rina-echo from alpha, through the DIF the daemon chooses or `dif`.
     fn echo_client(&self, dif: Option<&str>) -> Result<EchoReport, Failure> {
         let count = self.cli.echo_count.to_string();
+        let interval = ECHO_INTERVAL.as_millis().to_string();
+        let timeout = ECHO_TIMEOUT.as_millis().to_string();
         let mut args = vec!["client", "--socket", s(&self.alpha_sock)];
         if let Some(d) = dif {
             args.extend(["--dif", d]);
@@ -546,7 +633,9 @@ impl<'a> Demo<'a> {
             "--count",
             &count,
             "--interval-ms",
-            "50",
+            &interval,
+            "--timeout-ms",
+            &timeout,
             "--json",
         ]);
         let name = dif.map_or("echo-client".to_string(), |d| format!("echo-client-{d}"));
@@ -555,6 +644,7 @@ impl<'a> Demo<'a> {
             &self.bins.echo,
             &args,
             &[&self.alpha_log, &self.beta_log, &self.echo_log],
+            echo_time(self.cli.echo_count),
             &mut || {},
         )?;
         parse(&out, "rina-echo client")
@@ -591,6 +681,7 @@ impl<'a> Demo<'a> {
             "perf-client",
             &["--size", "1400", "--duration-s", &secs],
             "rina-perf client",
+            Duration::from_secs_f64(self.cli.perf_duration_s),
             &mut || {
                 for (sock, keep) in [
                     (&self.alpha_sock, &mut during_alpha),
@@ -630,6 +721,7 @@ impl<'a> Demo<'a> {
                 "--reliable",
             ],
             "rina-perf client --dif net",
+            Duration::from_secs_f64(self.cli.perf_duration_s),
             &mut || {},
         )?;
         Ok((echo_net, perf_net))
@@ -645,18 +737,20 @@ impl<'a> Demo<'a> {
             "perf-sweep",
             &["--sweep", SWEEP, "--duration-s", &secs],
             "rina-perf client --sweep",
+            Duration::from_secs_f64(self.cli.sweep_duration_s) * SWEEP.split(',').count() as u32,
             &mut || {},
         )
     }
 
     /// Runs `rina-perf client` from alpha against beta's `perf` server with
-    /// `extra` arguments, calling `during` while it runs; parses its JSON
-    /// report (`what` names it in errors).
+    /// `extra` arguments, for `expected`, calling `during` while it runs;
+    /// parses its JSON report (`what` names it in errors).
     fn perf_client(
         &self,
         name: &str,
         extra: &[&str],
         what: &str,
+        expected: Duration,
         during: &mut dyn FnMut(),
     ) -> Result<PerfReport, Failure> {
         let mut args = vec!["client", "--socket", s(&self.alpha_sock), "--dst", "perf"];
@@ -667,6 +761,7 @@ impl<'a> Demo<'a> {
             &self.bins.perf,
             &args,
             &[&self.alpha_log, &self.beta_log, &self.perf_log],
+            expected,
             during,
         )?;
         parse(&out, what)
@@ -679,6 +774,7 @@ impl<'a> Demo<'a> {
             &self.bins.ctl,
             &["--socket", s(sock), "--json", what],
             &[log],
+            Duration::ZERO,
             &mut || {},
         )
     }
@@ -1058,53 +1154,6 @@ fn wait_registered(
     )
 }
 
-/// Runs a tool to completion; returns its standard output.
-fn run_tool(
-    undo: &Undo,
-    dir: &Path,
-    name: &str,
-    exe: &Path,
-    args: &[&str],
-    logs: &[&Path],
-    during: &mut dyn FnMut(),
-) -> Result<String, Failure> {
-    let out = dir.join(format!("{name}.out"));
-    let err = dir.join(format!("{name}.log"));
-    undo.spawn(name, exe, args, Some(&out), &err)?;
-    let deadline = Instant::now() + TOOL_TIMEOUT;
-    let mut all_logs: Vec<&Path> = vec![&err];
-    all_logs.extend_from_slice(logs);
-    let mut next_call = Instant::now() + Duration::from_millis(250);
-    let status = loop {
-        if let Some(st) = undo.exited(name) {
-            break st;
-        }
-        if Instant::now() >= next_call {
-            during();
-            next_call = Instant::now() + Duration::from_millis(250);
-        }
-        if Instant::now() > deadline {
-            return fail(
-                format!("{name} did not finish within {} s", TOOL_TIMEOUT.as_secs()),
-                &all_logs,
-            );
-        }
-        thread::sleep(Duration::from_millis(20));
-    };
-    let text = fs::read_to_string(&out).unwrap_or_default();
-    if !status.success() {
-        return fail(
-            format!(
-                "{name} failed ({status}): {} {}",
-                exe.display(),
-                args.join(" ")
-            ),
-            &all_logs,
-        );
-    }
-    Ok(text)
-}
-
 fn parse<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> Result<T, Failure> {
     serde_json::from_str(text).or_else(|e| {
         fail(
@@ -1135,5 +1184,31 @@ fn tail(path: &Path, n: usize) -> String {
             }
         }
         Err(e) => format!("(cannot read: {e})\n"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The limits follow the options: 1900 probes take 95 s, which the
+    /// fixed 90 s limit cut short after the daemons had run for it.
+    #[test]
+    fn a_tools_limit_follows_what_it_was_asked_to_do() {
+        assert_eq!(echo_time(1900), Duration::from_secs(96));
+        assert!(tool_limit(echo_time(MAX_ECHO_COUNT)) > Duration::from_secs(5000));
+        let hour = Duration::from_secs_f64(MAX_TEST_S);
+        assert_eq!(tool_limit(hour), hour + TOOL_MARGIN);
+        assert_eq!(tool_limit(Duration::ZERO), TOOL_MARGIN);
+    }
+
+    #[test]
+    fn test_lengths_are_positive_finite_and_bounded() {
+        assert_eq!(parse_test_seconds("0.25"), Ok(0.25));
+        assert_eq!(parse_test_seconds("3600"), Ok(3600.0));
+        for bad in ["0", "-1", "nan", "inf", "3600.5", "x"] {
+            let e = parse_test_seconds(bad).unwrap_err();
+            assert!(e.starts_with(&format!("{bad} is not a test length")), "{e}");
+        }
     }
 }
