@@ -8,11 +8,14 @@ use std::io::{Read, Write};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use thiserror::Error;
 
 /// Largest status document read back, in bytes.
-const MAX_STATUS: u64 = 4 << 20;
+const MAX_STATUS: usize = 4 << 20;
+
+/// Longest a status query waits for the whole document.
+const QUERY_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Why the status could not be served or fetched.
 #[derive(Debug, Error)]
@@ -307,13 +310,16 @@ pub fn bind(path: &Path) -> Result<UnixListener, StatusError> {
     })
 }
 
-/// Answers every connection on `listener` with the JSON of `status()`, until
-/// the listener fails. A client that does not read within a second is
-/// dropped.
+/// Answers every connection on `listener` with the JSON of `status()`. A
+/// client that does not read within a second is dropped.
 pub fn serve(listener: UnixListener, mut status: impl FnMut() -> Status) {
     for conn in listener.incoming() {
-        let Ok(mut conn) = conn else {
-            continue;
+        let mut conn = match conn {
+            Ok(c) => c,
+            Err(e) => {
+                std::thread::sleep(accept_backoff(&e));
+                continue;
+            }
         };
         let _ = conn.set_write_timeout(Some(Duration::from_secs(1)));
         if let Ok(mut doc) = serde_json::to_vec(&status()) {
@@ -323,7 +329,20 @@ pub fn serve(listener: UnixListener, mut status: impl FnMut() -> Status) {
     }
 }
 
-/// Asks the tunnel answering on `path` for its status.
+/// How long to wait after `accept` failed with `e`: not at all for a
+/// connection that went before it was taken or a signal; a tenth of a
+/// second otherwise (out of descriptors or memory, the connection stays
+/// queued and `accept` fails again at once: without a pause the thread
+/// spun).
+fn accept_backoff(e: &std::io::Error) -> Duration {
+    match e.raw_os_error() {
+        Some(libc::ECONNABORTED | libc::EINTR) => Duration::ZERO,
+        _ => Duration::from_millis(100),
+    }
+}
+
+/// Asks the tunnel answering on `path` for its status: the whole document
+/// within [`QUERY_TIMEOUT`] (a server that trickles it is given up on).
 pub fn query(path: &Path) -> Result<Status, StatusError> {
     let s = UnixStream::connect(path).map_err(|source| StatusError::Connect {
         path: path.to_owned(),
@@ -333,12 +352,28 @@ pub fn query(path: &Path) -> Result<Status, StatusError> {
         path: path.to_owned(),
         detail,
     };
-    s.set_read_timeout(Some(Duration::from_secs(3)))
-        .map_err(|e| bad(e.to_string()))?;
-    let mut doc = Vec::new();
-    s.take(MAX_STATUS)
-        .read_to_end(&mut doc)
-        .map_err(|e| bad(e.to_string()))?;
+    let deadline = Instant::now() + QUERY_TIMEOUT;
+    let (mut doc, mut buf) = (Vec::new(), vec![0u8; 64 << 10]);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(bad(format!(
+                "no whole answer within {} s",
+                QUERY_TIMEOUT.as_secs()
+            )));
+        }
+        s.set_read_timeout(Some(left))
+            .map_err(|e| bad(e.to_string()))?;
+        match (&s).read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) if doc.len() + n > MAX_STATUS => {
+                return Err(bad(format!("an answer of more than {MAX_STATUS} bytes")))
+            }
+            Ok(n) => doc.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(bad(e.to_string())),
+        }
+    }
     serde_json::from_slice(&doc).map_err(|e| bad(e.to_string()))
 }
 
@@ -444,5 +479,43 @@ mod tests {
             query(&dir.join("none.sock")),
             Err(StatusError::Connect { .. })
         ));
+    }
+
+    /// A server that sends its answer a byte every 200 ms (or never ends
+    /// it): the query gives up after its 3 s, not after 4 MiB of bytes
+    /// (nine days).
+    #[test]
+    fn a_trickled_answer_is_given_up_on_after_the_query_timeout() {
+        let dir = std::env::temp_dir().join(format!("rina-ip-trickle-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("s.sock");
+        let l = UnixListener::bind(&path).unwrap();
+        std::thread::spawn(move || {
+            let (mut c, _) = l.accept().unwrap();
+            while c.write_all(b" ").is_ok() {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        });
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = path.clone();
+        std::thread::spawn(move || tx.send(query(&p)).unwrap());
+        let got = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the query still waits after 10 s");
+        let _ = std::fs::remove_dir_all(&dir);
+        match got {
+            Err(StatusError::Bad { detail, .. }) => {
+                assert!(detail.contains("within 3 s"), "{detail}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn accept_fails_for_want_of_descriptors_wait_before_trying_again() {
+        let e = |n| std::io::Error::from_raw_os_error(n);
+        assert!(accept_backoff(&e(libc::EMFILE)) >= Duration::from_millis(100));
+        assert!(accept_backoff(&e(libc::ENFILE)) >= Duration::from_millis(100));
+        assert_eq!(accept_backoff(&e(libc::ECONNABORTED)), Duration::ZERO);
     }
 }
