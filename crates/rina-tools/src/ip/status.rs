@@ -342,7 +342,7 @@ fn accept_backoff(e: &std::io::Error) -> Duration {
 }
 
 /// Asks the tunnel answering on `path` for its status: the whole document
-/// within [`QUERY_TIMEOUT`] (a server that trickles it is given up on).
+/// within 3 s (a server that trickles it is given up on).
 pub fn query(path: &Path) -> Result<Status, StatusError> {
     let s = UnixStream::connect(path).map_err(|source| StatusError::Connect {
         path: path.to_owned(),
