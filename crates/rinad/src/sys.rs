@@ -175,10 +175,12 @@ pub fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<Recv> {
 /// `ECONNRESET` to the application's next read, ahead of the SDUs still
 /// queued for it, when the end closed had packets left unread. Writes
 /// are shut off first, so that none comes between the drain and the
-/// close.
+/// close (the application's sends fail from then on), and every packet
+/// left is read: the queue is bounded by the socket's buffer and cannot
+/// grow, so unlike [`drain`] there is no cap, and none may be left.
 pub fn close_quietly(fd: &OwnedFd) {
     let _ = socket::shutdown(fd.as_raw_fd(), socket::Shutdown::Read);
-    drain(fd.as_raw_fd());
+    drain_up_to(fd.as_raw_fd(), usize::MAX);
 }
 
 /// Packets [`drain`] reads per `recvmmsg`.
@@ -195,8 +197,13 @@ const DRAIN_MAX_BATCHES: usize = 16;
 /// what was said; its next packet is a new readiness), and whether it hung
 /// up is then asked directly.
 pub fn drain(fd: RawFd) -> bool {
+    drain_up_to(fd, DRAIN_MAX_BATCHES)
+}
+
+/// [`drain`] with at most `batches` reads.
+fn drain_up_to(fd: RawFd, batches: usize) -> bool {
     let mut bufs = [[0u8; 16]; DRAIN_BATCH];
-    for _ in 0..DRAIN_MAX_BATCHES {
+    for _ in 0..batches {
         let mut iovs = bufs.each_mut().map(|b| libc::iovec {
             iov_base: b.as_mut_ptr() as *mut libc::c_void,
             iov_len: b.len(),
@@ -451,6 +458,39 @@ mod tests {
         // Root reads anything.
         assert!(who(0, 0, vec![]).may_read(&m(0o000)));
         std::fs::remove_file(&f).unwrap();
+    }
+
+    /// The daemon closes its end of a flow with `unread` packets of the
+    /// application's left in it, just after handing the application a last
+    /// SDU: what the application reads next.
+    fn read_after_close_quietly(unread: usize) -> Result<Vec<u8>, nix::Error> {
+        let (daemon, app) = flow_pair(1 << 20).unwrap();
+        set_nonblocking(app.as_raw_fd()).unwrap();
+        for _ in 0..unread {
+            assert_eq!(send(app.as_raw_fd(), b"x", None).unwrap(), Sent::Done);
+        }
+        assert_eq!(send(daemon.as_raw_fd(), b"last", None).unwrap(), Sent::Done);
+        close_quietly(&daemon);
+        drop(daemon);
+        let mut buf = [0u8; 16];
+        let n = socket::recv(app.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT)?;
+        Ok(buf[..n].to_vec())
+    }
+
+    /// However many packets the application left unread in the daemon's
+    /// end, the SDU the daemon handed it last comes before the end of the
+    /// flow. Before, `close_quietly` read 128 of them at most (the cap of
+    /// [`drain`]): with 200 left, the application's next read was
+    /// `ECONNRESET`, ahead of the SDU.
+    #[test]
+    fn close_quietly_leaves_no_reset_however_much_is_unread() {
+        for unread in [0, 100, 200, 1_000] {
+            assert_eq!(
+                read_after_close_quietly(unread),
+                Ok(b"last".to_vec()),
+                "{unread} packets unread"
+            );
+        }
     }
 
     #[test]
