@@ -9,10 +9,11 @@ use common::free_port;
 
 use common::{counter, echo_server_all, name, normal_over_udp, wait_for, Daemon};
 use rina::QosSpec;
+use rina_core::normal::LINGER_MAX;
 use rina_wire::pci::{self, ControlBody, DtConstants, Pci, PduType};
 use rina_wire::shim_udp::{AllocResult, Datagram};
 use std::net::UdpSocket;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(15);
 
@@ -666,6 +667,141 @@ fn sdus_written_just_before_a_close_reach_the_reader() {
             assert_eq!(got, want, "{what}, flow {round}");
         }
     }
+}
+
+/// Writes SDUs of 1,000 bytes on `flow` until one has waited 500 ms: the
+/// sender's daemon holds an SDU the shut window refused and reads no more.
+fn write_until_blocked(flow: &rina::Flow) {
+    let sdu = [7u8; 1_000];
+    let start = Instant::now();
+    while flow
+        .write_timeout(&sdu, Duration::from_millis(500))
+        .unwrap()
+    {
+        assert!(start.elapsed() < T * 4, "the writer never blocked");
+    }
+}
+
+/// Whether daemon `d` lists flow `port`.
+fn listed(d: &Daemon, port: u32) -> bool {
+    let flows = d.client().list_flows().unwrap();
+    flows.iter().any(|f| f.info.port == port)
+}
+
+/// An application closes its reliable flow while the sender's daemon holds
+/// an SDU the window refused, and the window never opens again (the
+/// reader's application accepted the flow and never reads). The flow
+/// stays for the SDUs left in case the window opens, but no longer than
+/// the system gives a closed flow ([`LINGER_MAX`]); then it is closed and
+/// counted (`app_close_expired`). Before, the daemon did not look at the
+/// application's socket while it held the SDU, so it missed the close
+/// (its one event), and a ring flow stayed open while an SDU was held: both
+/// flows were still listed, with their descriptors, slots and the user's
+/// quota, 40 s after the close, and would have been for good.
+#[test]
+fn a_flow_closed_while_its_window_stays_shut_is_closed_after_linger_max() {
+    let (alpha, beta) = pair_with("\"late\" = 2", |cfg| cfg);
+    let reliable = reliable_in_order();
+    let mut flows = Vec::new();
+    let mut readers = Vec::new();
+    for rings in [false, true] {
+        let (flow, late) = early_to_late(&alpha, &beta, rings, &reliable);
+        assert_eq!(flow.has_rings(), rings);
+        write_until_blocked(&flow);
+        flows.push(flow);
+        readers.push(late);
+    }
+    let ports: Vec<u32> = flows.iter().map(|f| f.info().port).collect();
+    drop(flows);
+    let closed = Instant::now();
+    // Kept a while, for the SDUs left should the window open.
+    std::thread::sleep(Duration::from_secs(2));
+    for &port in &ports {
+        assert!(listed(&alpha, port), "flow {port} closed at once");
+    }
+    wait_for(
+        "the flows to be closed after LINGER_MAX",
+        LINGER_MAX + Duration::from_secs(10),
+        || {
+            std::thread::sleep(Duration::from_millis(250));
+            ports.iter().all(|&port| !listed(&alpha, port))
+        },
+    );
+    assert!(
+        closed.elapsed() >= LINGER_MAX - Duration::from_secs(1),
+        "closed after {:?}, before LINGER_MAX",
+        closed.elapsed()
+    );
+    assert_eq!(counter(&alpha, "alpha.net", "app_close_expired"), 2);
+    drop(readers);
+}
+
+/// A writer that closes its reliable flow right after its last write,
+/// while the sender's daemon holds an SDU the narrow window refused and
+/// more wait in the socket (or ring), loses none of them to a reader that
+/// starts late: the daemon sees the close, but the flow stays, drains as
+/// the window opens, and closes once all has gone (well within
+/// [`LINGER_MAX`]).
+#[test]
+fn a_writer_that_closes_ahead_of_a_late_reader_loses_nothing() {
+    // More than two rings (the writer's and the reader's) hold.
+    const SDUS: u32 = 12_000;
+    const LEN: usize = 1_000;
+    let narrow = |cfg: String| wide_reliable_cube(cfg).replace("window = 8192", "window = 16");
+    let (alpha, beta) = pair_with("\"late\" = 2", narrow);
+    let reliable = reliable_in_order();
+    for rings in [false, true] {
+        let (flow, late) = early_to_late(&alpha, &beta, rings, &reliable);
+        let sender_port = flow.info().port;
+        let writer = write_numbered(flow, SDUS, LEN);
+        // The writer closes its flow as soon as its last write is taken.
+        let closer = std::thread::spawn(move || drop(writer.join().unwrap()));
+        let port = late.info().port;
+        let held = wait_until_delivery_stops(&beta, port, SDUS);
+        assert!(
+            held.sdus_in < u64::from(SDUS),
+            "rings {rings}: the whole burst was delivered before the reader started"
+        );
+        let what = if rings { "rings" } else { "socket" };
+        assert_eq!(read_numbered(&late, SDUS, LEN, what), SDUS, "{what}");
+        closer.join().unwrap();
+        wait_for("the sender's flow to close", T, || {
+            std::thread::sleep(Duration::from_millis(50));
+            !listed(&alpha, sender_port)
+        });
+    }
+    assert_eq!(counter(&alpha, "alpha.net", "app_close_expired"), 0);
+}
+
+/// The peer writes a last SDU and closes while the local application has
+/// more than 128 SDUs written that its daemon has not read (the window is
+/// shut: the peer reads nothing). The daemon hands the last SDU to the
+/// application's socket and closes its end: the application reads the SDU
+/// and then the end of the flow. Before, the daemon read at most 128 of
+/// the packets left before it closed its end, and the application's next
+/// read was "Connection reset by peer", ahead of the SDU.
+#[test]
+fn the_peers_last_sdu_comes_before_the_end_however_much_the_reader_left_unsent() {
+    let (alpha, beta) = pair_with("\"late\" = 2", |cfg| cfg);
+    let (flow, late) = early_to_late(&alpha, &beta, false, &reliable_in_order());
+    write_until_blocked(&flow);
+    late.write(b"bye").unwrap();
+    drop(late);
+    let mut buf = vec![0u8; 2_000];
+    // Once the end has reached the daemon.
+    let port = flow.info().port;
+    wait_for("the flow to end at alpha", T, || {
+        std::thread::sleep(Duration::from_millis(50));
+        !listed(&alpha, port)
+    });
+    assert_eq!(flow.read_timeout(&mut buf, T).unwrap(), Some(3));
+    assert_eq!(&buf[..3], b"bye");
+    let end = flow.read_timeout(&mut buf, T).unwrap_err();
+    assert_eq!(end.kind(), rina::ErrorKind::DaemonGone, "{end}");
+    assert!(
+        end.to_string().contains("is closed"),
+        "not a plain end: {end}"
+    );
 }
 
 #[test]

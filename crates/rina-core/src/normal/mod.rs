@@ -1770,12 +1770,25 @@ impl NormalIpcp {
     /// closed a second time. What arrives meanwhile is delivered as usual
     /// (the driver has no application left to give it to).
     pub fn close_when_sent(&mut self, now: Instant, flow: FlowId) -> Result<(), NormalError> {
+        self.close_when_sent_by(now, flow, now + LINGER_MAX)
+    }
+
+    /// [`NormalIpcp::close_when_sent`] with the wait over at `deadline`
+    /// (or [`LINGER_MAX`] from now, whichever comes first): for a flow whose
+    /// application closed it earlier, the time it already waited counts. A
+    /// flow whose deadline has passed is deallocated at once.
+    pub fn close_when_sent_by(
+        &mut self,
+        now: Instant,
+        flow: FlowId,
+        deadline: Instant,
+    ) -> Result<(), NormalError> {
         self.tick(now);
         let sending = self.flows.get(&flow).is_some_and(|f| f.still_sending());
-        if !sending || self.lingering.contains_key(&flow) {
+        if !sending || now >= deadline || self.lingering.contains_key(&flow) {
             return self.deallocate(now, flow);
         }
-        self.lingering.insert(flow, now + LINGER_MAX);
+        self.lingering.insert(flow, deadline.min(now + LINGER_MAX));
         Ok(())
     }
 

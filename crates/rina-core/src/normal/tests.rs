@@ -290,6 +290,36 @@ fn a_flow_closed_right_after_its_writes_delivers_them_all_first() {
     assert!(net[0].flow_counters(1).is_none(), "gone here too");
 }
 
+/// A flow closed with a deadline ([`NormalIpcp::close_when_sent_by`]: its
+/// application closed it earlier) waits for what it has left to send
+/// until then only; one whose deadline has passed goes at once.
+#[test]
+fn a_flow_closed_with_a_deadline_lingers_until_it_and_no_longer() {
+    let reliable = QosSpec {
+        reliable: true,
+        ..Default::default()
+    };
+    for (deadline, kept_until) in [(ms(300), Some(ms(290))), (ms(2), None)] {
+        let mut net = chain(2);
+        allocate(&mut net, reliable);
+        // Nothing is carried: all of it stays unacknowledged.
+        while net[0].write(ms(2), 1, b"unacknowledged").is_ok() {}
+        net[0].close_when_sent_by(ms(2), 1, deadline).unwrap();
+        if let Some(kept) = kept_until {
+            net[0].handle_timeout(kept);
+            assert!(
+                net[0].flow_counters(1).is_some(),
+                "gone before its deadline"
+            );
+        }
+        net[0].handle_timeout(deadline);
+        assert!(
+            net[0].flow_counters(1).is_none(),
+            "kept past its deadline {deadline:?}"
+        );
+    }
+}
+
 #[test]
 fn refusal_carries_the_reason() {
     let mut net = chain(2);

@@ -63,6 +63,7 @@ impl System {
                     self.unbind_n1(now, port);
                 } else if self.app_flows.remove(&port).is_some() {
                     self.want_writable.remove(&port);
+                    self.app_closing.remove(&port);
                     self.members[i].deallocate(now, port);
                     self.out
                         .push_back(Output::App(AppEvent::Deallocated { port }));

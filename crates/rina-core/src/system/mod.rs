@@ -47,7 +47,7 @@ pub use member::{FlowError, IpcpEvent, LowerPeer, Machine, Member, PortId, ShimS
 pub use removal::Removal;
 pub use tap::{MediumTapped, TAP_MAX_BYTES};
 
-use crate::normal::{MembershipEvent, NormalConfig, NormalIpcp};
+use crate::normal::{MembershipEvent, NormalConfig, NormalIpcp, LINGER_MAX};
 use crate::rmt::{PortRate, SchedulerConfig};
 use crate::sdu::Sdu;
 use crate::shim_udp::{self, ShimUdp};
@@ -116,7 +116,9 @@ pub enum AppEvent {
     Allocated { port: PortId, max_sdu: u32 },
     /// Flow `port` could not be set up.
     AllocateFailed { port: PortId, error: FlowError },
-    /// The peer deallocated flow `port`, or its connection failed.
+    /// The peer deallocated flow `port`, or its connection failed, or its
+    /// application closed it and what the driver held for it did not go in
+    /// time ([`System::app_closed`]).
     Deallocated { port: PortId },
     /// Flow `port` can take the SDU that was refused with
     /// [`FlowError::WouldBlock`].
@@ -175,6 +177,10 @@ pub struct Counters {
     /// New lanes to an authenticated neighbour refused because they came
     /// from another peer than its primary (`claims`).
     pub n1_lanes_refused: u64,
+    /// Flows closed by their application whose SDUs held by the driver had
+    /// not all gone [`LINGER_MAX`] later: closed with what was left
+    /// ([`System::app_closed`]).
+    pub app_close_expired: u64,
 }
 
 /// A frame as a medium's driver received it.
@@ -235,6 +241,10 @@ pub struct System {
     incoming: BTreeMap<u64, (usize, u64)>,
     /// Flows whose writer waits for room: port -> SDU length.
     want_writable: BTreeMap<PortId, usize>,
+    /// Flows whose application closed them while the driver still held
+    /// SDUs it wrote ([`System::app_closed`]): port -> when the system
+    /// closes them whatever is left.
+    app_closing: BTreeMap<PortId, Instant>,
     /// Media the driver reported full.
     blocked_media: BTreeSet<MediumId>,
     /// Media whose link is down.
@@ -277,6 +287,7 @@ impl System {
             app_pending: BTreeMap::new(),
             incoming: BTreeMap::new(),
             want_writable: BTreeMap::new(),
+            app_closing: BTreeMap::new(),
             blocked_media: BTreeSet::new(),
             down_media: BTreeSet::new(),
             taps: BTreeMap::new(),
@@ -834,10 +845,13 @@ impl System {
 
     /// Closes application flow `port` (and tells the peer). Over a normal
     /// DIF, what the application wrote is sent (and acknowledged, where
-    /// EFCP retransmits) first ([`NormalIpcp::close_when_sent`]).
+    /// EFCP retransmits) first ([`NormalIpcp::close_when_sent`]), for what
+    /// is left of [`LINGER_MAX`] after [`System::app_closed`] if that came
+    /// first.
     pub fn close(&mut self, now: Instant, port: PortId) {
         self.tick(now);
         self.want_writable.remove(&port);
+        let deadline = self.app_closing.remove(&port).unwrap_or(now + LINGER_MAX);
         let i = self
             .app_flows
             .remove(&port)
@@ -845,12 +859,49 @@ impl System {
         if let Some(i) = i {
             match self.members[i].normal_mut() {
                 Some(n) => {
-                    let _ = n.close_when_sent(now, port);
+                    let _ = n.close_when_sent_by(now, port, deadline);
                 }
                 None => self.members[i].deallocate(now, port),
             }
         }
         self.pump(now);
+    }
+
+    /// The application closed flow `port` while the driver still holds SDUs
+    /// it wrote that the flow could not take yet (its window is closed):
+    /// the flow stays open so that they may still go, but for
+    /// [`LINGER_MAX`] at most, as long as a flow closed with
+    /// [`System::close`] waits for what its IPCP holds. If the driver has
+    /// not closed it by then, the system does, with what is left (in the
+    /// driver and in the IPCP), counts it
+    /// ([`Counters::app_close_expired`]) and reports
+    /// [`AppEvent::Deallocated`]. Only the first call for a flow counts;
+    /// none for a flow that is not open.
+    pub fn app_closed(&mut self, now: Instant, port: PortId) {
+        self.tick(now);
+        if self.app_flows.contains_key(&port) {
+            self.app_closing.entry(port).or_insert(now + LINGER_MAX);
+        }
+    }
+
+    /// Closes the flows of [`System::app_closed`] whose time is over.
+    fn expire_app_closing(&mut self, now: Instant) {
+        let due: Vec<PortId> = self
+            .app_closing
+            .iter()
+            .filter(|(_, &t)| t <= now)
+            .map(|(&p, _)| p)
+            .collect();
+        for port in due {
+            self.app_closing.remove(&port);
+            self.want_writable.remove(&port);
+            if let Some(i) = self.app_flows.remove(&port) {
+                self.members[i].deallocate(now, port);
+                self.counters.app_close_expired += 1;
+                self.out
+                    .push_back(Output::App(AppEvent::Deallocated { port }));
+            }
+        }
     }
 
     /// Whether application flow `port` can take an SDU of `len` bytes now.
@@ -1182,6 +1233,7 @@ impl System {
             .filter_map(|(_, m)| m.poll_timeout())
             .chain(self.neighbor_timeout(self.now))
             .chain(self.claims_timeout())
+            .chain(self.app_closing.values().copied().min())
             .min()
     }
 
@@ -1195,6 +1247,9 @@ impl System {
             if m.poll_timeout().is_some_and(|t| t <= now) {
                 m.handle_timeout(now);
             }
+        }
+        if !self.app_closing.is_empty() {
+            self.expire_app_closing(now);
         }
         self.pump(now);
     }

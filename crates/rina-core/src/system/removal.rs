@@ -73,6 +73,7 @@ impl System {
         for port in flows {
             self.app_flows.remove(&port);
             self.want_writable.remove(&port);
+            self.app_closing.remove(&port);
             self.members[i].deallocate(now, port);
             self.out
                 .push_back(Output::App(AppEvent::Deallocated { port }));

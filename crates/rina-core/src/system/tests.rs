@@ -1130,5 +1130,53 @@ fn a_flow_with_no_dif_named_goes_to_a_normal_dif_that_knows_the_name_before_a_sh
     assert_eq!(s.member_for(&name("other")), Some(0));
 }
 
+/// A flow whose application closed it while the driver held SDUs the
+/// flow could not take ([`System::app_closed`]) stays open for them, and
+/// writable, until [`LINGER_MAX`] has passed; then the system closes it
+/// itself, at both ends, counts it and tells the driver. Before, nothing
+/// in the system knew of such a close: a driver that waited for the
+/// window kept the flow for as long as the window stayed shut.
+#[test]
+fn a_flow_closed_by_its_application_with_sdus_held_goes_after_linger_max() {
+    let (mut net, port, theirs) = flow_across();
+    let t = net.now;
+    net.sys[0].app_closed(t, port);
+    net.run_until(t + (LINGER_MAX - Duration::from_secs(1)));
+    assert!(!deallocated(&net.logs[0], port), "closed early");
+    let now = net.now;
+    assert_eq!(net.sys[0].write(now, port, b"still going"), Ok(()));
+    // A second call does not put the end off.
+    net.sys[0].app_closed(now, port);
+    net.run_until(t + LINGER_MAX + Duration::from_secs(1));
+    assert!(deallocated(&net.logs[0], port), "still open");
+    assert!(deallocated(&net.logs[1], theirs), "the peer was not told");
+    assert_eq!(net.sys[0].counters().app_close_expired, 1);
+    let now = net.now;
+    assert_eq!(
+        net.sys[0].write(now, port, b"late"),
+        Err(FlowError::UnknownFlow(port.into()))
+    );
+}
+
+/// A flow the driver closes ([`System::close`]) after
+/// [`System::app_closed`] is no longer the system's to close: no second
+/// deallocation reaches the driver, nothing is counted.
+#[test]
+fn a_flow_closed_after_app_closed_is_not_closed_again() {
+    let (mut net, port, theirs) = flow_across();
+    let t = net.now;
+    net.sys[0].app_closed(t, port);
+    net.run_until(t + Duration::from_secs(1));
+    let now = net.now;
+    net.sys[0].close(now, port);
+    net.run_until(t + LINGER_MAX + Duration::from_secs(1));
+    assert!(deallocated(&net.logs[1], theirs), "the peer was not told");
+    assert!(
+        !deallocated(&net.logs[0], port),
+        "the system reported a flow the driver closed"
+    );
+    assert_eq!(net.sys[0].counters().app_close_expired, 0);
+}
+
 mod n1_failures;
 mod neighbors;

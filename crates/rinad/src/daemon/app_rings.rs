@@ -255,7 +255,8 @@ pub(super) fn drain_kicks(fd: RawFd) -> bool {
 /// What a turn that served flow `slot`'s send ring comes to, given
 /// whether its application still holds the flow (`open`): once it has
 /// closed it, the flow closes when its ring is empty and nothing waits to
-/// go (an SDU held for the window keeps it, as a socket's unread SDUs do).
+/// go (an SDU held for the window keeps it, as a socket's unread SDUs do,
+/// for the time the system gives it: [`rina_core::system::System::app_closed`]).
 pub(super) fn closed_once_empty(
     open: bool,
     served: super::FlowService,

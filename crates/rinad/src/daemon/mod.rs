@@ -168,7 +168,10 @@ struct FlowSlot {
     /// its ring), each still in the buffers it arrived in.
     rx_pending: HeldQueue<Sdu>,
     /// An SDU read from the application that the flow could not take yet:
-    /// reading waits for [`AppEvent::Writable`].
+    /// reading waits for [`AppEvent::Writable`]. An application that
+    /// closes the flow meanwhile is told to the system, which closes the
+    /// flow itself if that event does not come in time
+    /// ([`rina_core::system::System::app_closed`]).
     tx_stash: Option<Vec<u8>>,
     /// SDUs dropped because the application did not read.
     drops_in: u64,
@@ -832,7 +835,8 @@ impl Daemon {
             AppEvent::Deallocated { port } => {
                 info!(
                     port,
-                    "flow deallocated by the peer (or its connection failed)"
+                    "flow deallocated by the peer (or its connection failed, or what its \
+                     application left unsent did not go in time after it closed it)"
                 );
                 self.close_flow(port, false);
             }

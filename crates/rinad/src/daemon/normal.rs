@@ -2,7 +2,9 @@
 //! socket (or ring) go to the system whole; an SDU the flow cannot take
 //! yet (its window is closed, or the RMT below is full) waits in the
 //! daemon, and the application's writes block, until the system says the
-//! flow is writable. The N-1 flows, the resource allocator and the cube
+//! flow is writable (or, once the application has closed the flow, until
+//! the system gives up on it: [`rina_core::system::System::app_closed`]).
+//! The N-1 flows, the resource allocator and the cube
 //! lanes live in the core ([`rina_core::system`]).
 
 use super::*;
@@ -55,6 +57,13 @@ impl Daemon {
         let served = if slot.rings.is_some() {
             self.service_normal_rings(now, port)
         } else if slot.tx_stash.is_some() {
+            // Reading waits for the flow to be writable, but a close must
+            // be seen now: its event comes once, and the window may never
+            // open. The SDUs still in the socket may go in the time the
+            // system gives them.
+            if sys::peer_hung_up(slot.fd.as_raw_fd()) {
+                self.sys.app_closed(now, port);
+            }
             return FlowService::Drained;
         } else {
             self.service_normal_socket(now, port)
@@ -186,6 +195,12 @@ impl Daemon {
                 r.took();
             }
         }
-        super::app_rings::closed_once_empty(open, served, self.flows.get(&port).map(|s| &**s))
+        let slot = self.flows.get(&port).map(|s| &**s);
+        if !open && slot.is_some_and(|s| s.tx_stash.is_some()) {
+            // What waits for the window may go in the time the system
+            // gives a closed flow, no longer.
+            self.sys.app_closed(now, port);
+        }
+        super::app_rings::closed_once_empty(open, served, slot)
     }
 }
