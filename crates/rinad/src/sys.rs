@@ -159,8 +159,20 @@ pub fn peer_hung_up(fd: RawFd) -> bool {
 /// `SOCK_SEQPACKET` socket a read of zero bytes is either an empty packet
 /// or the end of the stream; the two are told apart by asking whether the
 /// peer hung up.
+///
+/// A peer that closed with packets of ours left unread makes the kernel
+/// report `ECONNRESET` once, ahead of the packets it sent before: that
+/// report is passed over (the next read gives them, then the end), so an
+/// application that writes its last SDUs and closes without reading loses
+/// none of them.
 pub fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<Recv> {
-    match socket::recv(fd, buf, MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_TRUNC) {
+    let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_TRUNC;
+    let got = match socket::recv(fd, buf, flags) {
+        // The error is reported (and cleared) once.
+        Err(nix::Error::ECONNRESET) => socket::recv(fd, buf, flags),
+        got => got,
+    };
+    match got {
         Ok(0) if peer_hung_up(fd) => Ok(Recv::Closed),
         Ok(0) => Ok(Recv::Empty),
         Ok(n) => Ok(Recv::Packet(n)),
@@ -491,6 +503,28 @@ mod tests {
                 "{unread} packets unread"
             );
         }
+    }
+
+    /// An application writes a last SDU and closes its end without
+    /// reading what the daemon sent it: the daemon reads the SDU, then the
+    /// end. Before, the kernel's one `ECONNRESET` (the application closed
+    /// with packets unread) was taken for the end, ahead of the SDU, which
+    /// was lost.
+    #[test]
+    fn recv_gives_the_last_packet_of_a_peer_that_closed_without_reading() {
+        let (daemon, app) = pair();
+        assert_eq!(
+            send(daemon.as_raw_fd(), b"unread", None).unwrap(),
+            Sent::Done
+        );
+        assert_eq!(send(app.as_raw_fd(), b"bye", None).unwrap(), Sent::Done);
+        drop(app);
+        let mut buf = [0u8; 16];
+        let got = recv(daemon.as_raw_fd(), &mut buf).unwrap();
+        assert!(matches!(got, Recv::Packet(3)), "not the last SDU");
+        assert_eq!(&buf[..3], b"bye");
+        let end = recv(daemon.as_raw_fd(), &mut buf).unwrap();
+        assert!(matches!(end, Recv::Closed), "not the end");
     }
 
     #[test]
