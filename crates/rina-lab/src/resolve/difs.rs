@@ -196,21 +196,32 @@ impl Scope<'_, '_> {
         difs: &[Dif],
     ) -> Result<(Vec<Lower>, Vec<Adjacency>), LabError> {
         let mut over = Vec::new();
-        let mut adjacencies: Vec<Adjacency> = Vec::new();
+        let mut adjacencies = Adjacencies::default();
+        let is_member = self.membership(members);
         for o in &d.over {
             if o.get_ref() == "links" {
-                self.link_adjacencies(members, &mut adjacencies);
+                self.link_adjacencies(&is_member, &mut adjacencies);
                 // Several links between one pair: the first carries the DIF.
                 over.push(Lower::Links);
             } else {
                 let lower = self.pos_of[&self.names[o.get_ref().as_str()]];
                 over.push(Lower::Dif(lower));
-                let lm = &difs[lower].members;
-                self.dif_adjacencies(d, members, lower, lm, &mut adjacencies)?;
+                let in_lower = self.membership(&difs[lower].members);
+                let m = (members, &is_member[..], &in_lower[..]);
+                self.dif_adjacencies(d, m, lower, &mut adjacencies)?;
             }
         }
-        self.check_adjacency(d, members, &over, difs)?;
-        Ok((over, adjacencies))
+        self.check_adjacency(d, &is_member, &over, difs)?;
+        Ok((over, adjacencies.list))
+    }
+
+    /// Whether each node (by index) is in `members`.
+    fn membership(&self, members: &[usize]) -> Vec<bool> {
+        let mut is = vec![false; self.ctx.nodes.len()];
+        for &m in members {
+            is[m] = true;
+        }
+        is
     }
 
     /// Checks that every pair written in `adjacency` names two members
@@ -219,24 +230,29 @@ impl Scope<'_, '_> {
     fn check_adjacency(
         &self,
         d: &model::DifDecl,
-        members: &[usize],
+        is_member: &[bool],
         over: &[Lower],
         difs: &[Dif],
     ) -> Result<(), LabError> {
         let name = d.name.get_ref();
+        let lowers: Vec<(usize, Vec<bool>)> = over
+            .iter()
+            .filter_map(|l| match l {
+                Lower::Dif(x) => Some((*x, self.membership(&difs[*x].members))),
+                Lower::Links => None,
+            })
+            .collect();
         for p in d.adjacency.iter().flatten() {
             let (a, b) = (self.ctx.node(&p[0])?, self.ctx.node(&p[1])?);
             for (s, n) in [(&p[0], a), (&p[1], b)] {
-                if !members.contains(&n) {
+                if !is_member[n] {
                     return Err(self.ctx.src.err(
                         s.span(),
                         format!("`{}` is not a member of DIF `{name}`", s.get_ref()),
                     ));
                 }
             }
-            let joined = over.iter().any(|l| {
-                matches!(l, Lower::Dif(x) if difs[*x].members.contains(&a) && difs[*x].members.contains(&b))
-            });
+            let joined = lowers.iter().any(|(_, m)| m[a] && m[b]);
             if !joined {
                 return Err(self.ctx.src.err(
                     p[0].span(),
@@ -253,29 +269,25 @@ impl Scope<'_, '_> {
     }
 
     /// Resolves the adjacencies over links: members that share a link.
-    fn link_adjacencies(&self, members: &[usize], adjacencies: &mut Vec<Adjacency>) {
+    fn link_adjacencies(&self, is_member: &[bool], adjacencies: &mut Adjacencies) {
         for (li, l) in self.links.iter().enumerate() {
-            if members.contains(&l.a) && members.contains(&l.b) && !adjacent(adjacencies, l.a, l.b)
-            {
-                adjacencies.push(Adjacency {
-                    a: l.a,
-                    b: l.b,
-                    over: Over::Link(li),
-                });
+            if is_member[l.a] && is_member[l.b] {
+                adjacencies.add(l.a, l.b, Over::Link(li));
             }
         }
     }
 
-    /// Resolves the adjacencies over lower DIF `lower` (members `lm`): the
-    /// pairs written in `adjacency`, or else every pair of members.
+    /// Resolves the adjacencies over lower DIF `lower`: the pairs written
+    /// in `adjacency`, or else every pair of members. `m`: this DIF's
+    /// members, and whether each node is a member of it and of the lower.
     fn dif_adjacencies(
         &self,
         d: &model::DifDecl,
-        members: &[usize],
+        m: (&[usize], &[bool], &[bool]),
         lower: usize,
-        lm: &[usize],
-        adjacencies: &mut Vec<Adjacency>,
+        adjacencies: &mut Adjacencies,
     ) -> Result<(), LabError> {
+        let (members, is_member, in_lower) = m;
         let name = d.name.get_ref();
         match &d.adjacency {
             Some(pairs) => {
@@ -283,31 +295,26 @@ impl Scope<'_, '_> {
                     let a = self.ctx.node(&p[0])?;
                     let b = self.ctx.node(&p[1])?;
                     for (s, n) in [(&p[0], a), (&p[1], b)] {
-                        if !members.contains(&n) {
+                        if !is_member[n] {
                             return Err(self.ctx.src.err(
                                 s.span(),
                                 format!("`{}` is not a member of DIF `{name}`", s.get_ref()),
                             ));
                         }
                     }
-                    if lm.contains(&a) && lm.contains(&b) && !adjacent(adjacencies, a, b) {
-                        adjacencies.push(Adjacency {
-                            a,
-                            b,
-                            over: Over::Dif(lower),
-                        });
+                    if in_lower[a] && in_lower[b] {
+                        adjacencies.add(a, b, Over::Dif(lower));
                     }
                 }
             }
             None => {
                 for (x, &a) in members.iter().enumerate() {
+                    if !in_lower[a] {
+                        continue;
+                    }
                     for &b in &members[x + 1..] {
-                        if lm.contains(&a) && lm.contains(&b) && !adjacent(adjacencies, a, b) {
-                            adjacencies.push(Adjacency {
-                                a,
-                                b,
-                                over: Over::Dif(lower),
-                            });
+                        if in_lower[b] {
+                            adjacencies.add(a, b, Over::Dif(lower));
                         }
                     }
                 }
@@ -324,7 +331,20 @@ impl Scope<'_, '_> {
         members: &[usize],
         adjacencies: &[Adjacency],
     ) -> Result<Enrollment, LabError> {
-        let degree = |n: usize| adjacencies.iter().filter(|x| x.a == n || x.b == n).count();
+        // Each node's neighbours, in the order of `members`.
+        let mut position = vec![usize::MAX; self.ctx.nodes.len()];
+        for (i, &m) in members.iter().enumerate() {
+            position[m] = i;
+        }
+        let mut neighbours: Vec<Vec<usize>> = vec![Vec::new(); self.ctx.nodes.len()];
+        for x in adjacencies {
+            neighbours[x.a].push(x.b);
+            neighbours[x.b].push(x.a);
+        }
+        for n in &mut neighbours {
+            n.sort_by_key(|&m| position[m]);
+        }
+        let degree = |n: usize| neighbours[n].len();
         let bootstrap = *members
             .iter()
             .max_by(|&&x, &&y| degree(x).cmp(&degree(y)).then(y.cmp(&x)))
@@ -334,20 +354,7 @@ impl Scope<'_, '_> {
         let mut queue = VecDeque::from([bootstrap]);
         let mut seen = BTreeSet::from([bootstrap]);
         while let Some(n) = queue.pop_front() {
-            let mut next: Vec<usize> = adjacencies
-                .iter()
-                .filter_map(|x| {
-                    if x.a == n {
-                        Some(x.b)
-                    } else if x.b == n {
-                        Some(x.a)
-                    } else {
-                        None
-                    }
-                })
-                .collect();
-            next.sort_by_key(|m| members.iter().position(|x| x == m));
-            for m in next {
+            for &m in &neighbours[n] {
                 if seen.insert(m) {
                     enrolls_via.insert(m, n);
                     enrollment_order.push(m);
@@ -538,10 +545,29 @@ fn check_max_pdu(src: &Source, d: &model::DifDecl) -> Result<(), LabError> {
         .map_err(|e| src.err(d.name.span(), format!("DIF `{name}`: `max_pdu`: {e}")))
 }
 
-/// Whether `a` and `b` are already adjacent.
-fn adjacent(adj: &[Adjacency], a: usize, b: usize) -> bool {
-    adj.iter()
-        .any(|x| (x.a == a && x.b == b) || (x.a == b && x.b == a))
+/// A DIF's adjacencies as they are found, in that order, with the set of
+/// pairs already joined: whether a pair is already adjacent is a look-up,
+/// not a scan of the list (which made a DIF over another with every pair
+/// of N members adjacent take time in N⁴).
+#[derive(Debug, Default)]
+struct Adjacencies {
+    /// The adjacencies, in the order found.
+    list: Vec<Adjacency>,
+    /// Each adjacent pair, smaller node index first.
+    pairs: BTreeSet<(usize, usize)>,
+}
+
+impl Adjacencies {
+    /// Adds `a`-`b` over `over` unless the two (either way round) are
+    /// already adjacent (the first lower that joins them carries the
+    /// adjacency); whether it was added.
+    fn add(&mut self, a: usize, b: usize, over: Over) -> bool {
+        if !self.pairs.insert((a.min(b), a.max(b))) {
+            return false;
+        }
+        self.list.push(Adjacency { a, b, over });
+        true
+    }
 }
 
 /// Resolves a variant's cube mappings and the DIFs its schedulers name.
@@ -632,4 +658,31 @@ fn default_cubes() -> Vec<model::CubeDecl> {
         efcp: Default::default(),
     };
     vec![c("best-effort", false), c("reliable", true)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pair_is_adjacent_once_either_way_round_over_the_first_lower() {
+        let mut adj = Adjacencies::default();
+        assert!(adj.add(3, 1, Over::Link(0)));
+        assert!(adj.add(1, 2, Over::Dif(0)));
+        // The same pair either way round, over a later lower: not added.
+        assert!(!adj.add(1, 3, Over::Dif(0)));
+        assert!(!adj.add(3, 1, Over::Dif(1)));
+        assert!(!adj.add(2, 1, Over::Link(4)));
+        assert!(adj.add(2, 3, Over::Dif(1)));
+        let got: Vec<(usize, usize, Over)> = adj.list.iter().map(|x| (x.a, x.b, x.over)).collect();
+        assert_eq!(
+            got,
+            [
+                (3, 1, Over::Link(0)),
+                (1, 2, Over::Dif(0)),
+                (2, 3, Over::Dif(1))
+            ]
+        );
+        assert_eq!(adj.pairs, BTreeSet::from([(1, 3), (1, 2), (2, 3)]));
+    }
 }
