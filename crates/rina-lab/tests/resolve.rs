@@ -4,6 +4,7 @@
 mod common;
 
 use rina_lab::resolve::{load, Dest, Lower, Over};
+use std::time::Duration;
 
 fn example(name: &str) -> String {
     let p = format!("{}/../../examples/lab/{name}", env!("CARGO_MANIFEST_DIR"));
@@ -747,4 +748,36 @@ fn a_dif_over_another_on_a_long_chain_gets_every_pair_in_order() {
     assert_eq!(up.bootstrap, 0);
     assert_eq!(up.enrollment_order, (0..n).collect::<Vec<_>>());
     assert!((1..n).all(|m| up.enrolls_via[&m] == 0));
+}
+
+#[test]
+fn an_echo_interval_rina_echo_cannot_send_at_is_refused_naming_the_flow() {
+    // Accepted before: "1ns" made the simulator run for days (and not
+    // stop when asked), "1500us" ran every 1.5 ms there and every 1 ms on
+    // the real backends, which send every whole `--interval-ms`.
+    let t = |iv: &str| {
+        format!(
+            "{HEAD}[[link]]\nbetween = [\"a\", \"b\"]\n[[dif]]\nname = \"n\"\nmembers = [\"*\"]\n\
+             over = [\"links\"]\n[[traffic]]\nkind = \"echo\"\ndif = \"n\"\nfrom = [\"a\"]\nto = \"b\"\n\
+             interval = \"{iv}\"\n"
+        )
+    };
+    for (iv, shown) in [
+        ("1ns", "1ns"),
+        ("1500us", "1.5ms"),
+        ("999us", "999µs"),
+        ("0s", "0ns"),
+    ] {
+        let e = err_of(&t(iv));
+        assert!(
+            e.starts_with("line 11,")
+                && e.contains(&format!("echo traffic `t0.echo`: `interval` {shown} is not a whole number of milliseconds from 1 ms up"))
+                && e.contains("\"1ms\""),
+            "{iv}: {e}"
+        );
+    }
+    for (iv, ms) in [("1ms", 1), ("1000us", 1), ("2.5s", 2500)] {
+        let e = load(&t(iv), None).unwrap();
+        assert_eq!(e.flows[0].interval, Duration::from_millis(ms), "{iv}");
+    }
 }

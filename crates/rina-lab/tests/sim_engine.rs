@@ -388,7 +388,7 @@ fn the_engine_is_chosen_by_what_the_experiment_needs() {
     let (chosen, why) = Engine::choose(&exp, None).unwrap();
     assert_eq!(chosen, Engine::Queueing);
     assert!(
-        why.contains("Gbit of tgen and perf traffic offered over the run"),
+        why.contains("Gbit of tgen, echo and perf traffic offered over the run"),
         "{why}"
     );
     let (chosen, _) = Engine::choose(&exp, Some(Engine::Protocol)).unwrap();

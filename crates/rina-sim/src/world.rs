@@ -401,11 +401,29 @@ impl<N: Node> World<N> {
         }
     }
 
+    /// Processes at most `max` of the events due at or before `until`;
+    /// once none due by then is left, sets the clock to `until`. Returns
+    /// the number processed and whether the clock has reached `until`. For
+    /// a caller that must answer between events (a stop asked for) however
+    /// dense they are: it calls again until the clock is there.
+    pub fn run_until_at_most(&mut self, until: Instant, max: u64) -> Result<(u64, bool), SimError> {
+        self.run_some(Some(until), max)
+    }
+
     fn run(&mut self, until: Option<Instant>) -> Result<u64, SimError> {
+        self.run_some(until, u64::MAX).map(|(done, _)| done)
+    }
+
+    /// Processes at most `max` events due by `until` (`None`: any);
+    /// whether none due is left.
+    fn run_some(&mut self, until: Option<Instant>, max: u64) -> Result<(u64, bool), SimError> {
         let mut done = 0;
         while let Some(t) = self.next_time() {
             if until.is_some_and(|u| t > u) {
                 break;
+            }
+            if done == max {
+                return Ok((done, false));
             }
             if done >= self.step_limit {
                 return Err(SimError::StepLimit {
@@ -419,7 +437,7 @@ impl<N: Node> World<N> {
         if let Some(u) = until {
             self.now = self.now.max(u);
         }
-        Ok(done)
+        Ok((done, true))
     }
 
     /// Processes the next event, if any. Returns whether there was one.
@@ -551,5 +569,61 @@ impl<N: Node> World<N> {
                 None => self.net(NetEvent::NoRoute, from, to, len),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A node that wants a timeout every microsecond, and counts them.
+    struct Ticker {
+        next: Instant,
+        ticks: u64,
+    }
+
+    impl Node for Ticker {
+        type Command = ();
+        type Event = ();
+        fn addrs(&self) -> Vec<SocketAddr> {
+            Vec::new()
+        }
+        fn on_datagram(&mut self, _: &mut Ctx<'_, ()>, _: SocketAddr, _: SocketAddr, _: &[u8]) {}
+        fn on_timeout(&mut self, ctx: &mut Ctx<'_, ()>) {
+            self.ticks += 1;
+            self.next = ctx.now() + Duration::from_micros(1);
+        }
+        fn on_command(&mut self, _: &mut Ctx<'_, ()>, _: ()) {}
+        fn poll_timeout(&self) -> Option<Instant> {
+            Some(self.next)
+        }
+    }
+
+    #[test]
+    fn run_until_at_most_stops_after_max_events_and_resumes_where_it_stopped() {
+        let mut w = World::new(1);
+        let id = w.add_node(Ticker {
+            next: Instant::from_nanos(1_000),
+            ticks: 0,
+        });
+        w.rearm(id);
+        let until = Instant::from_nanos(10_000_000); // 10 000 ticks due
+        let (done, reached) = w.run_until_at_most(until, 4_000).unwrap();
+        assert_eq!((done, reached, w.node(id).ticks), (4_000, false, 4_000));
+        // The clock is at the last event run, not at `until`.
+        assert_eq!(w.now(), Instant::from_nanos(4_000_000));
+        assert_eq!(w.run_until_at_most(until, 4_000).unwrap(), (4_000, false));
+        assert_eq!(w.run_until_at_most(until, 4_000).unwrap(), (2_000, true));
+        assert_eq!((w.now(), w.node(id).ticks), (until, 10_000));
+        // The same as one run_until.
+        let mut one = World::new(1);
+        let id = one.add_node(Ticker {
+            next: Instant::from_nanos(1_000),
+            ticks: 0,
+        });
+        one.rearm(id);
+        assert_eq!(one.run_until(until).unwrap(), 10_000);
+        assert_eq!(one.node(id).ticks, 10_000);
     }
 }

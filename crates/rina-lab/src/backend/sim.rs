@@ -55,8 +55,9 @@
 //!   aggregate the tool's report. Link figures are `rina-sim`'s
 //!   link counters over the traffic period. Picked by itself up to
 //!   [`PROTOCOL_AUTO_CAP_BITS`] of traffic offered over the run (each tgen
-//!   source's mean rate, and per perf flow the fastest link rate at its
-//!   source, at most at its destination, times the time it runs): every
+//!   source's mean rate, each echo client's probes and replies, and per
+//!   perf flow the fastest link rate at its source, at most at its
+//!   destination, times the time it runs): every
 //!   PDU of every layer is simulated, so the work grows with the bits;
 //!   `--engine protocol` asks for it beyond. Every shipped example runs in
 //!   it by itself. Perf from a node with a link without a rate is not run (the

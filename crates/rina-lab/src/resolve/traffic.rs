@@ -511,6 +511,20 @@ impl<'a> Entry<'a> {
             .interval
             .map(|x| x.get())
             .unwrap_or(Duration::from_millis(100));
+        let whole_ms = !interval.is_zero() && interval.subsec_nanos() % 1_000_000 == 0;
+        if d.kind == TrafficKind::Echo && !whole_ms {
+            // rina-echo sends every `--interval-ms`: every backend runs the
+            // interval written only if it is whole milliseconds.
+            return Err(src.err(
+                self.t.span(),
+                format!(
+                    "echo traffic `t{}.{class}`: `interval` {interval:?} is not a whole \
+                     number of milliseconds from 1 ms up (rina-echo sends every \
+                     `--interval-ms`; write e.g. \"1ms\", \"20ms\", \"1s\")",
+                    self.ti
+                ),
+            ));
+        }
         if interval.is_zero() {
             return Err(src.err(self.t.span(), "`interval` must be above zero"));
         }

@@ -46,8 +46,13 @@ const WARMUP_LIMIT: Duration = Duration::from_secs(120);
 const RETRY: Duration = Duration::from_millis(250);
 /// Virtual time after the traffic during which SDUs still arrive.
 const DRAIN: Duration = Duration::from_secs(2);
-/// Step of the driving loop (progress, stop flag).
+/// Step of the driving loop (progress).
 const STEP: Duration = Duration::from_millis(50);
+/// Most events run between two looks at the stop flag: however dense the
+/// events, a stop asked for is seen within a fraction of a second (at
+/// 50 ms of virtual time, a run with events every few ns ignored it for
+/// hours).
+const STOP_EVERY: u64 = 20_000;
 
 /// Whether the protocol engine can run `exp`, or why not. `work_cap`
 /// bounds the traffic offered over the run (bits, see [`offered_bits`])
@@ -59,7 +64,7 @@ pub(super) fn eligible(exp: &Experiment, work_cap: Option<f64>) -> Result<(), St
     let offered = offered_bits(exp)?;
     if let Some(cap) = work_cap.filter(|&c| offered > c) {
         return Err(format!(
-            "{:.0} Gbit of tgen and perf traffic offered over the run (more than {:.0} Gbit, \
+            "{:.0} Gbit of tgen, echo and perf traffic offered over the run (more than {:.0} Gbit, \
              minutes of simulation: ask for it with --engine protocol)",
             offered / 1e9,
             cap / 1e9
@@ -69,8 +74,9 @@ pub(super) fn eligible(exp: &Experiment, work_cap: Option<f64>) -> Result<(), St
 }
 
 /// The bits the experiment's traffic offers over its run: each tgen source
-/// its mean rate, and each perf sender the fastest link at its node (at
-/// most at its destination's), over the time it runs. What the protocol
+/// its mean rate, each echo client its probes and their replies, and each
+/// perf sender the fastest link at its node (at most at its destination's),
+/// over the time it runs. What the protocol
 /// engine's work grows with: it simulates every PDU of every layer.
 fn offered_bits(exp: &Experiment) -> Result<f64, String> {
     // A perf sender fills what its node's links carry, at most what the
@@ -97,6 +103,8 @@ fn offered_bits(exp: &Experiment) -> Result<f64, String> {
                 }
                 from.min(fastest(exp.dest_node(f.to)))
             }
+            // A probe and its reply every interval.
+            TrafficKind::Echo => 2.0 * f.size as f64 * 8.0 / f.interval.as_secs_f64().max(1e-9),
             _ => f.profile.as_ref().map_or(0.0, |p| p.mean_rate_bps()),
         };
         bits += rate * secs;
@@ -1094,13 +1102,28 @@ fn remote_of(exp: &Experiment, f: &crate::resolve::Flow) -> Result<AppName, LabE
 
 /// Runs the world 100 ms further (or stops if asked).
 fn step(w: &mut World<LabNode>, ctx: &RunCtx<'_>) -> Result<(), LabError> {
-    if ctx.stopped() {
-        return Err(LabError::Interrupted);
-    }
     let t = w.now() + Duration::from_millis(100);
-    w.run_until(t)
-        .map(|_| ())
-        .map_err(|e| lab_err(e.to_string()))
+    run_to(w, t, &|| ctx.stopped())
+}
+
+/// Runs the world until `until`, looking at `stopped` before every
+/// [`STOP_EVERY`] events: [`LabError::Interrupted`] once it is true.
+fn run_to<N: Node>(
+    w: &mut World<N>,
+    until: Instant,
+    stopped: &dyn Fn() -> bool,
+) -> Result<(), LabError> {
+    loop {
+        if stopped() {
+            return Err(LabError::Interrupted);
+        }
+        let (_, reached) = w
+            .run_until_at_most(until, STOP_EVERY)
+            .map_err(|e| lab_err(e.to_string()))?;
+        if reached {
+            return Ok(());
+        }
+    }
 }
 
 /// Runs until every member of every DIF is enrolled; returns when.
@@ -1372,27 +1395,19 @@ pub(super) fn run(
     });
     schedule_clients(&mut world, &ids, exp, t0)?;
     schedule_events(&mut world, &ids, exp, t0, out)?;
-    world
-        .run_until(Instant::from_nanos(t0))
-        .map_err(|e| lab_err(e.to_string()))?;
+    let stopped = || ctx.stopped();
+    run_to(&mut world, Instant::from_nanos(t0), &stopped)?;
     let c0 = link_counters(&world, &wlinks);
     let t_end = t0 + ns(exp.duration);
     let mut c1 = None;
     let last = t_end + ns(DRAIN);
     while world.now().as_nanos() < last {
-        if ctx.stopped() {
-            return Err(LabError::Interrupted);
-        }
         let next = (world.now() + STEP).as_nanos().min(last);
         if world.now().as_nanos() < t_end && next >= t_end {
-            world
-                .run_until(Instant::from_nanos(t_end))
-                .map_err(|e| lab_err(e.to_string()))?;
+            run_to(&mut world, Instant::from_nanos(t_end), &stopped)?;
             c1 = Some(link_counters(&world, &wlinks));
         }
-        world
-            .run_until(Instant::from_nanos(next))
-            .map_err(|e| lab_err(e.to_string()))?;
+        run_to(&mut world, Instant::from_nanos(next), &stopped)?;
         let frac =
             (world.now().as_nanos().saturating_sub(t0)) as f64 / ns(exp.duration).max(1) as f64;
         (ctx.progress)(frac.min(1.0), "simulating (protocol engine)");
@@ -1634,4 +1649,76 @@ fn dif_hops(exp: &Experiment, dif: usize, from: usize, to: usize) -> Option<u32>
         }
     }
     (dist[to] != u32::MAX).then_some(dist[to])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    #[test]
+    fn echo_probes_and_replies_count_in_the_offered_bits() {
+        // Counted as 0 bits before: echo every 1 ms or 1 ns looked free.
+        let t = "nodes = [\"a\", \"b\"]\n[experiment]\nname = \"x\"\nduration = \"10s\"\n\
+                 [[link]]\nbetween = [\"a\", \"b\"]\n[[dif]]\nname = \"n\"\nmembers = [\"*\"]\n\
+                 over = [\"links\"]\n[[traffic]]\nkind = \"echo\"\ndif = \"n\"\nfrom = [\"a\"]\n\
+                 to = \"b\"\nsize = 1000\ninterval = \"1ms\"\n";
+        let exp = crate::resolve::load(t, None).unwrap();
+        let f = &exp.flows[0];
+        let secs = f
+            .stop
+            .min(exp.duration)
+            .saturating_sub(f.start)
+            .as_secs_f64();
+        assert!(secs > 1.0, "{secs}");
+        // 1000 bytes each way every ms: 16 Mbit/s.
+        let want = 16e6 * secs;
+        let got = offered_bits(&exp).unwrap();
+        assert!((got - want).abs() < 1.0, "{got} != {want}");
+        // Past the cap, the engine is not picked by itself.
+        assert!(eligible(&exp, Some(want / 2.0))
+            .unwrap_err()
+            .contains("echo"));
+    }
+
+    /// A node that wants a timeout every nanosecond.
+    struct Busy(Instant);
+
+    impl Node for Busy {
+        type Command = ();
+        type Event = ();
+        fn addrs(&self) -> Vec<SocketAddr> {
+            Vec::new()
+        }
+        fn on_datagram(&mut self, _: &mut Ctx<'_, ()>, _: SocketAddr, _: SocketAddr, _: &[u8]) {}
+        fn on_timeout(&mut self, ctx: &mut Ctx<'_, ()>) {
+            self.0 = ctx.now() + Duration::from_nanos(1);
+        }
+        fn on_command(&mut self, _: &mut Ctx<'_, ()>, _: ()) {}
+        fn poll_timeout(&self) -> Option<Instant> {
+            Some(self.0)
+        }
+    }
+
+    #[test]
+    fn a_stop_is_seen_within_stop_every_events_however_dense() {
+        // 50 ms of events every ns is 50 million events: the stop flag was
+        // looked at only once per 50 ms of virtual time.
+        let mut w = World::new(1);
+        let id = w.add_node(Busy(Instant::from_nanos(1)));
+        w.rearm(id);
+        let looks = Cell::new(0);
+        let stopped = || {
+            looks.set(looks.get() + 1);
+            looks.get() > 1
+        };
+        let r = run_to(&mut w, Instant::from_nanos(ns(STEP)), &stopped);
+        assert!(matches!(r, Err(LabError::Interrupted)), "{r:?}");
+        assert_eq!((w.steps(), looks.get()), (STOP_EVERY, 2));
+        // Not stopped: it runs to the end.
+        let until = Instant::from_nanos(3 * STOP_EVERY + 5);
+        run_to(&mut w, until, &|| false).unwrap();
+        assert_eq!(w.now(), until);
+        assert_eq!(w.steps(), 3 * STOP_EVERY + 5);
+    }
 }
