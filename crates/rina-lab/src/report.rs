@@ -61,6 +61,10 @@ pub const BUILT_IN: &[(&str, &str)] = &[
     ),
 ];
 
+/// The highest urgency or cherish level a reference may name: levels are
+/// bytes in the C/U matrix.
+pub const MAX_LEVEL: usize = u8::MAX as usize;
+
 /// The papers' figures for one experiment.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -70,7 +74,8 @@ pub struct Reference {
     /// Per-class figures (delay in ms, loss in percent).
     #[serde(default)]
     pub class: Vec<RefClass>,
-    /// The C/U cell of each cube name: `[urgency, cherish]`.
+    /// The C/U cell of each cube name: `[urgency, cherish]`, each at most
+    /// [`MAX_LEVEL`].
     #[serde(default)]
     pub cells: BTreeMap<String, [usize; 2]>,
     /// Rate limits, cumulative from the highest level.
@@ -105,7 +110,8 @@ pub struct RefClass {
 pub struct RefLimit {
     /// `urgency` or `cherish`.
     pub dimension: Dimension,
-    /// Highest level index covered (0 is the most urgent / cherished).
+    /// Highest level index covered (0 is the most urgent / cherished), at
+    /// most [`MAX_LEVEL`].
     pub level: usize,
     /// The limit on the aggregate of levels `0..=level`, bit/s.
     pub bps: f64,
@@ -150,9 +156,39 @@ impl Reference {
         Self::parse(&text).map_err(|msg| ReportError::Parse { path: p, msg })
     }
 
-    /// Parses reference text.
+    /// Parses reference text, and checks its levels.
     pub fn parse(text: &str) -> Result<Reference, String> {
-        toml::from_str(text).map_err(|e| e.message().to_string())
+        let r: Reference = toml::from_str(text).map_err(|e| e.message().to_string())?;
+        r.check_levels()?;
+        Ok(r)
+    }
+
+    /// Checks that every level (a cube's cell, a limit's `level`) is at
+    /// most [`MAX_LEVEL`]: the report makes a table as long as the
+    /// highest, and 4 000 000 000 took 32 GB (the run aborted).
+    fn check_levels(&self) -> Result<(), String> {
+        for (cube, cell) in &self.cells {
+            for (dim, level) in ["urgency", "cherish"].iter().zip(cell) {
+                if *level > MAX_LEVEL {
+                    return Err(format!(
+                        "`cells`: cube `{cube}`: {dim} level {level} is outside 0..={MAX_LEVEL} \
+                         (urgency and cherish levels are bytes)"
+                    ));
+                }
+            }
+        }
+        for (i, l) in self.limit.iter().enumerate() {
+            if l.level > MAX_LEVEL {
+                return Err(format!(
+                    "`limit` {} ({:?}): `level` {} is outside 0..={MAX_LEVEL} \
+                     (urgency and cherish levels are bytes)",
+                    i + 1,
+                    l.dimension,
+                    l.level
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The paper's row for `class` in `variant`.
@@ -374,5 +410,52 @@ mod tests {
             Reference::built_in("line-3"),
             Err(ReportError::NoReference { .. })
         ));
+    }
+
+    #[test]
+    fn a_level_past_a_byte_is_refused_naming_the_cube_or_limit() {
+        // Read as given before: the report then made a table as long as the
+        // level (4e9: "memory allocation of 32000000008 bytes failed",
+        // aborted; 2^63 - 1: "capacity overflow", a panic).
+        let cells = |u: u64, c: u64| {
+            format!("source = \"x\"\ncells = {{ best-effort = [0, 0], urgent = [{u}, {c}] }}\n")
+        };
+        let e = Reference::parse(&cells(4_000_000_000, 0)).unwrap_err();
+        assert_eq!(
+            e,
+            "`cells`: cube `urgent`: urgency level 4000000000 is outside 0..=255 \
+             (urgency and cherish levels are bytes)"
+        );
+        let e = Reference::parse(&cells(1, 256)).unwrap_err();
+        assert!(
+            e.starts_with("`cells`: cube `urgent`: cherish level 256 is outside 0..=255"),
+            "{e}"
+        );
+        let ok = Reference::parse(&cells(255, 255)).unwrap();
+        assert_eq!(ok.cells["urgent"], [255, 255]);
+        let limit = |level: u64| {
+            format!(
+                "{}[[limit]]\ndimension = \"urgency\"\nlevel = 0\nbps = 1e6\n\
+                 [[limit]]\ndimension = \"cherish\"\nlevel = {level}\nbps = 1e6\n",
+                cells(0, 0)
+            )
+        };
+        let e = Reference::parse(&limit(9_223_372_036_854_775_807)).unwrap_err();
+        assert!(
+            e.starts_with("`limit` 2 (Cherish): `level` 9223372036854775807 is outside 0..=255"),
+            "{e}"
+        );
+        assert_eq!(Reference::parse(&limit(255)).unwrap().limit[1].level, 255);
+        // Through read, the error names the file.
+        let dir = std::env::temp_dir().join(format!("rina-lab-ref-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ref.toml");
+        std::fs::write(&path, cells(4_000_000_000, 0)).unwrap();
+        let e = Reference::read(&path).unwrap_err().to_string();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(
+            e.starts_with(&format!("{}: `cells`: cube `urgent`", path.display())),
+            "{e}"
+        );
     }
 }
