@@ -781,3 +781,45 @@ fn an_echo_interval_rina_echo_cannot_send_at_is_refused_naming_the_flow() {
         assert_eq!(e.flows[0].interval, Duration::from_millis(ms), "{iv}");
     }
 }
+
+#[test]
+fn a_cube_loss_or_bandwidth_out_of_range_is_refused_naming_dif_cube_and_value() {
+    // All passed before: -0.5 and nan became a bound of 0 ppm (no loss,
+    // which meets any flow's bound), 7.0 7 000 000 ppm, inf u32::MAX ppm,
+    // 1e300G u64::MAX bit/s.
+    let cube = |kv: &str| net(&format!("[[dif.cube]]\nname = \"c\"\n{kv}\n"));
+    for (kv, said) in [
+        ("loss = -0.5", "`loss` -0.5 is not a probability in [0, 1]"),
+        ("loss = nan", "`loss` NaN is not a probability in [0, 1]"),
+        ("loss = 7.0", "`loss` 7 is not a probability in [0, 1]"),
+        ("loss = inf", "`loss` inf is not a probability in [0, 1]"),
+        (
+            "bandwidth = \"1e300G\"",
+            "`bandwidth` must be between 1kbps and 1000Gbps, not a rate past any number (inf)",
+        ),
+        (
+            "bandwidth = \"1e5G\"",
+            "`bandwidth` must be between 1kbps and 1000Gbps, not 100000Gbps",
+        ),
+        (
+            "bandwidth = \"10bps\"",
+            "`bandwidth` must be between 1kbps and 1000Gbps, not 10bps",
+        ),
+    ] {
+        let e = err_of(&cube(kv));
+        assert!(
+            e.starts_with("line 12,") && e.contains(&format!("DIF `n`: cube `c`: {said}")),
+            "{kv}: {e}"
+        );
+    }
+    for (kv, loss, bw) in [
+        ("loss = 0.0", Some(0.0), None),
+        ("loss = 1.0", Some(1.0), None),
+        ("loss = 0.01\nbandwidth = \"1000G\"", Some(0.01), Some(1e12)),
+        ("bandwidth = \"1kbps\"", None, Some(1e3)),
+    ] {
+        let e = load(&cube(kv), None).unwrap();
+        let c = &e.difs[0].cubes[0];
+        assert_eq!((c.loss, c.bandwidth_bps), (loss, bw), "{kv}");
+    }
+}

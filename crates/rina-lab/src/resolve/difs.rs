@@ -436,6 +436,7 @@ impl Scope<'_, '_> {
                     format!("DIF `{name}`: cube `{cname}`: `efcp`: {m}"),
                 ));
             }
+            self.check_bounds(name, c)?;
             cubes.push(Cube {
                 name: cname,
                 id,
@@ -451,6 +452,26 @@ impl Scope<'_, '_> {
             });
         }
         Ok(cubes)
+    }
+
+    /// Checks a cube's declared `loss` (a probability: finite, in [0, 1])
+    /// and `bandwidth` (1 kbit/s to 1000 Gbit/s, as a link's rate). Unchecked, -0.5 and NaN became a bound of no loss at
+    /// all, which meets any flow's, 7.0 a loss of 7 000 000 ppm and
+    /// 1e300G the largest bandwidth there is.
+    fn check_bounds(&self, dif: &str, c: &model::CubeDecl) -> Result<(), LabError> {
+        let cname = c.name.get_ref();
+        let err = |m: String| {
+            self.ctx
+                .src
+                .err(c.name.span(), format!("DIF `{dif}`: cube `{cname}`: {m}"))
+        };
+        if let Some(l) = c.loss.filter(|l| !(0.0..=1.0).contains(l)) {
+            return Err(err(format!("`loss` {l} is not a probability in [0, 1]")));
+        }
+        if let Some(b) = c.bandwidth {
+            super::links::check_rate(b, "bandwidth").map_err(err)?;
+        }
+        Ok(())
     }
 
     /// Resolves the cube of each lower DIF that cube `c` rides on: the one

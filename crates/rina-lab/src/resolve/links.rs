@@ -49,7 +49,7 @@ fn resolve_link(ctx: &Ctx, l: &Spanned<LinkDecl>, links: &[Link]) -> Result<Link
     }
     let rate_bps = d.rate.map(|r| r.bps()).unwrap_or(UNLIMITED_BPS);
     if let Some(r) = d.rate {
-        check_rate(r).map_err(|e| src.err(l.span(), format!("link `{name}`: {e}")))?;
+        check_rate(r, "rate").map_err(|e| src.err(l.span(), format!("link `{name}`: {e}")))?;
     }
     let queue = d.queue.unwrap_or(DEFAULT_LINK_QUEUE);
     if queue == 0 {
@@ -80,7 +80,7 @@ fn variant_rates(src: &Source, v: &VariantDecl, links: &mut [Link]) -> Result<()
                 format!("variant: no link or link group `{sel}`"),
             ));
         }
-        check_rate(*rate).map_err(|e| {
+        check_rate(*rate, "rate").map_err(|e| {
             src.err(
                 v.name.span(),
                 format!("variant `{}`: link `{sel}`: {e}", v.name.get_ref()),
@@ -96,9 +96,10 @@ fn variant_rates(src: &Source, v: &VariantDecl, links: &mut [Link]) -> Result<()
 /// The range of link rates, bit/s: what `rinad` takes for a shim's `rate`.
 pub const RATE_RANGE: std::ops::RangeInclusive<f64> = 1e3..=1e12;
 
-/// Checks a link rate against [`RATE_RANGE`] (a rate of 0, or of a
-/// fraction of a bit a second, would never send a frame).
-fn check_rate(r: Rate) -> Result<(), String> {
+/// Checks a rate (a link's, a variant's, a cube's `bandwidth`: `key`)
+/// against [`RATE_RANGE`] (a rate of 0, or of a fraction of a bit a
+/// second, would never send a frame).
+pub(super) fn check_rate(r: Rate, key: &str) -> Result<(), String> {
     let b = r.bps();
     if RATE_RANGE.contains(&b) {
         return Ok(());
@@ -106,11 +107,14 @@ fn check_rate(r: Rate) -> Result<(), String> {
     // 1e-300 bit/s written out in full would be 300 zeros.
     let shown = if b == 0.0 || (1.0..1e15).contains(&b) {
         r.to_string()
+    } else if b.is_infinite() {
+        // "1e300G": a number, times 1e9 past f64's range.
+        "a rate past any number (inf)".to_string()
     } else {
         format!("{b:e}bps")
     };
     Err(format!(
-        "`rate` must be between 1kbps and 1000Gbps, not {shown}"
+        "`{key}` must be between 1kbps and 1000Gbps, not {shown}"
     ))
 }
 
