@@ -258,7 +258,7 @@ impl SourceState {
                 if !self.rng.gen_bool(p_on.clamp(0.0, 1.0)) {
                     t = exp_ns(&mut self.rng, mean_off);
                 }
-                self.on_until = t + exp_ns(&mut self.rng, mean_on);
+                self.on_until = t + exp_ns(&mut self.rng, mean_on).max(1);
                 t + self.rng.gen_range(0..gap.max(1))
             }
         }
@@ -285,9 +285,11 @@ impl SourceState {
                 mean_on, mean_off, ..
             } => {
                 let mut n = t + gap;
+                // Every ON period lasts at least 1 ns, so this ends (a
+                // zero mean ON period is refused by `run`).
                 while n >= self.on_until {
                     let start = self.on_until + exp_ns(&mut self.rng, mean_off);
-                    self.on_until = start + exp_ns(&mut self.rng, mean_on);
+                    self.on_until = start + exp_ns(&mut self.rng, mean_on).max(1);
                     n = start;
                 }
                 n
@@ -319,6 +321,64 @@ pub struct QosExperiment {
 /// Largest number of events one run may take.
 pub const MAX_EVENTS: u64 = 50_000_000;
 
+/// Why a QoS experiment cannot run, or gave up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QosError {
+    /// The experiment has no port.
+    NoPort,
+    /// A source counts its PDUs in a class the experiment does not name.
+    UnknownClass {
+        /// The source (index, in the order added).
+        source: usize,
+        /// Its class index.
+        class: usize,
+        /// How many classes the experiment names.
+        classes: usize,
+    },
+    /// An ON-OFF source's mean ON period is zero: it would never be ON
+    /// (its next ON period was looked for forever; with a zero OFF period
+    /// too, its chance of starting ON was 0/0 and the draw panicked).
+    ZeroMeanOn {
+        /// The source (index, in the order added).
+        source: usize,
+    },
+    /// The run took [`MAX_EVENTS`] events without finishing.
+    RunAway {
+        /// Events processed.
+        events: u64,
+        /// Virtual time reached.
+        at: Duration,
+    },
+}
+
+impl std::fmt::Display for QosError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QosError::NoPort => write!(f, "an experiment needs a port"),
+            QosError::UnknownClass {
+                source,
+                class,
+                classes,
+            } => write!(
+                f,
+                "source {source}: class {class} is not named (the experiment names {classes}: \
+                 0..{classes})"
+            ),
+            QosError::ZeroMeanOn { source } => write!(
+                f,
+                "source {source}: an ON-OFF source's `mean_on` must be above zero (it would \
+                 never be ON)"
+            ),
+            QosError::RunAway { events, at } => write!(
+                f,
+                "the experiment runs away: {events} events by {at:?} of virtual time"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for QosError {}
+
 impl QosExperiment {
     /// An experiment with the named classes and draws seeded by `seed`.
     pub fn new(seed: u64, classes: &[&str]) -> Self {
@@ -330,9 +390,8 @@ impl QosExperiment {
         }
     }
 
-    /// Adds a source.
+    /// Adds a source (checked when the experiment runs).
     pub fn source(mut self, s: Source) -> Self {
-        assert!(s.class < self.classes.len(), "class {} not named", s.class);
         self.sources.push(s);
         self
     }
@@ -348,15 +407,40 @@ impl QosExperiment {
         self.sources.iter().map(|s| s.pattern.mean_rate_bps()).sum()
     }
 
-    /// Runs: sources emit during `duration`, then the ports drain.
-    pub fn run(self, duration: Duration) -> Report {
+    /// Checks that the experiment can run: a port, and sources of named
+    /// classes whose ON periods (if any) are not all empty.
+    fn check(&self) -> Result<(), QosError> {
+        if self.stages.is_empty() {
+            return Err(QosError::NoPort);
+        }
+        for (source, s) in self.sources.iter().enumerate() {
+            if s.class >= self.classes.len() {
+                return Err(QosError::UnknownClass {
+                    source,
+                    class: s.class,
+                    classes: self.classes.len(),
+                });
+            }
+            if let Pattern::OnOff { mean_on, .. } = s.pattern {
+                if mean_on.is_zero() {
+                    return Err(QosError::ZeroMeanOn { source });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs: sources emit during `duration`, then the ports drain. Fails
+    /// if the experiment cannot run ([`QosError`]) or takes more than
+    /// [`MAX_EVENTS`] events.
+    pub fn run(self, duration: Duration) -> Result<Report, QosError> {
+        self.check()?;
         let QosExperiment {
             classes,
             sources,
             stages,
             seed,
         } = self;
-        assert!(!stages.is_empty(), "an experiment needs a port");
         let end = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
         let mut ev: EventQueue<Ev> = EventQueue::new();
         let mut srcs: Vec<SourceState> = sources
@@ -403,7 +487,12 @@ impl QosExperiment {
         let mut steps = 0u64;
         while let Some((now, e)) = ev.pop() {
             steps += 1;
-            assert!(steps < MAX_EVENTS, "experiment runs away");
+            if steps >= MAX_EVENTS {
+                return Err(QosError::RunAway {
+                    events: steps,
+                    at: Duration::from_nanos(now.as_nanos()),
+                });
+            }
             let t = now.as_nanos();
             match e {
                 Ev::Emit(i) => {
@@ -467,7 +556,7 @@ impl QosExperiment {
             c.max = Duration::from_nanos(d[d.len() - 1]);
         }
         report.stats = st.iter().map(|s| s.stage.sched.stats(PORT)).collect();
-        report
+        Ok(report)
     }
 }
 
@@ -505,5 +594,70 @@ fn try_send(st: &mut [StageState], k: usize, now: Instant, ev: &mut EventQueue<E
             }
         }
         None => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rina_core::rmt::Fifo;
+
+    fn on_off(mean_on: Duration, mean_off: Duration) -> Source {
+        let pattern = Pattern::OnOff {
+            rate_bps: 1_000_000,
+            mean_on,
+            mean_off,
+        };
+        Source::new(0, 1, pattern, 100)
+    }
+
+    fn run(sources: &[Source]) -> Result<Report, QosError> {
+        let mut e = QosExperiment::new(1, &["a"]);
+        for s in sources {
+            e = e.source(s.clone());
+        }
+        e.stage(Stage::new(Box::new(Fifo::new(10)), 1_000_000))
+            .run(Duration::from_millis(10))
+    }
+
+    #[test]
+    fn an_on_off_source_never_on_is_refused_not_a_panic_or_a_hang() {
+        // mean_on = mean_off = 0: the chance of starting ON was 0/0 and
+        // gen_bool panicked; mean_on = 0, mean_off = 1 ms: the next ON
+        // period was looked for forever.
+        let ms = Duration::from_millis(1);
+        let cbr = Source::new(0, 1, Pattern::Cbr { rate_bps: 1000 }, 100);
+        for off in [Duration::ZERO, ms] {
+            let e = run(&[cbr.clone(), on_off(Duration::ZERO, off)]).unwrap_err();
+            assert_eq!(e, QosError::ZeroMeanOn { source: 1 });
+            assert!(
+                e.to_string().contains("`mean_on` must be above zero"),
+                "{e}"
+            );
+        }
+        // The shortest ON periods (each lasts at least 1 ns, so the next
+        // is found): a PDU at the start of each, about one per OFF period.
+        let r = run(&[on_off(Duration::from_nanos(1), ms)]).unwrap();
+        let offered = r.class("a").offered;
+        assert!((4..=20).contains(&offered), "{offered}");
+        // ON and OFF of 1 ms, 1 Mbit/s of 100-byte PDUs while ON: 800 µs
+        // apart, about 6 in 10 ms.
+        let offered = run(&[on_off(ms, ms)]).unwrap().class("a").offered;
+        assert!((2..=12).contains(&offered), "{offered}");
+    }
+
+    #[test]
+    fn no_port_or_an_unnamed_class_is_an_error() {
+        let e = QosExperiment::new(1, &["a"]).run(Duration::from_millis(1));
+        assert_eq!(e.unwrap_err(), QosError::NoPort);
+        let s = Source::new(2, 1, Pattern::Cbr { rate_bps: 1000 }, 100);
+        assert_eq!(
+            run(&[s]).unwrap_err(),
+            QosError::UnknownClass {
+                source: 0,
+                class: 2,
+                classes: 1
+            }
+        );
     }
 }

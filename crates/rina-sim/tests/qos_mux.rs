@@ -216,7 +216,8 @@ fn congested_port_fifo_treats_all_classes_alike() {
     let (e, cap) = experiment(3);
     let r = e
         .stage(Stage::new(fifo(2500).build(&spn_map()).unwrap(), cap))
-        .run(Duration::from_secs(SECS));
+        .run(Duration::from_secs(SECS))
+        .unwrap();
     show("fifo", &r);
     assert_undifferentiated(&r);
 }
@@ -226,7 +227,8 @@ fn congested_port_qta_mux_differentiates_urgency_and_cherish() {
     let (e, cap) = experiment(3);
     let r = e
         .stage(Stage::new(spn_qta().build(&spn_map()).unwrap(), cap))
-        .run(Duration::from_secs(SECS));
+        .run(Duration::from_secs(SECS))
+        .unwrap();
     show("qta-mux", &r);
     assert_differentiated(&r);
     // The counters of the port agree with what left it.
@@ -250,7 +252,10 @@ fn stack(lower: SchedulerConfig, lower_map: &CuMap) -> Report {
         .map(SBE, A2)
         .map(BRONZE, B1)
         .map(BE, B2);
-    e.stage(upper).stage(lower).run(Duration::from_secs(SECS))
+    e.stage(upper)
+        .stage(lower)
+        .run(Duration::from_secs(SECS))
+        .unwrap()
 }
 
 #[test]

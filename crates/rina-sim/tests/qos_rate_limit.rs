@@ -107,6 +107,7 @@ fn run(policy: &SchedulerConfig, offered: [f64; 7], secs: u64) -> Report {
     }
     e.stage(Stage::new(policy.build(&cu()).unwrap(), LINK))
         .run(Duration::from_secs(secs))
+        .unwrap()
 }
 
 fn mbps(r: &Report, qs: &[QosId], secs: u64) -> f64 {
