@@ -327,15 +327,19 @@ fn exit_within(mut child: Child, limit: Duration) -> (bool, Output) {
     (exited, child.wait_with_output().unwrap())
 }
 
+/// A flow from `evil` to the `tgen` server.
+fn to_tgen(c: &mut Client) -> Flow {
+    c.allocate(
+        &"evil".parse().unwrap(),
+        &"tgen".parse().unwrap(),
+        None,
+        &QosSpec::default(),
+    )
+    .expect("allocate")
+}
+
 fn hello(c: &mut Client, flow: u32, source: &str, duration_s: f64) -> Flow {
-    let f = c
-        .allocate(
-            &"evil".parse().unwrap(),
-            &"tgen".parse().unwrap(),
-            None,
-            &QosSpec::default(),
-        )
-        .expect("allocate");
+    let f = to_tgen(c);
     let body = format!(
         r#"{{"flow":{flow},"source":{source},"seed":1,"duration_s":{duration_s},"direction":"reverse"}}"#
     );
@@ -440,14 +444,7 @@ fn a_server_lists_its_last_flows_and_totals_all_of_them() {
     );
     let mut c = Client::connect_to(&a).expect("connect to alpha");
     for flow in 1..=4 {
-        let f = c
-            .allocate(
-                &"evil".parse().unwrap(),
-                &"tgen".parse().unwrap(),
-                None,
-                &QosSpec::default(),
-            )
-            .expect("allocate");
+        let f = to_tgen(&mut c);
         let mut data = [0u8; HEADER_LEN];
         Header::data(flow, (1 << 26) - 1, 0).write(&mut data);
         f.write(&data).expect("write DATA");
