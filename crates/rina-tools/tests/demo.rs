@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -55,18 +55,24 @@ struct Demo {
     exit: mpsc::Receiver<ExitStatus>,
 }
 
+/// Starts `rina-demo` with the tools of this build and `args`, its
+/// standard output piped and its standard error to `stderr`.
+fn spawn_demo(args: &[&str], stderr: Stdio) -> Child {
+    Command::new(DEMO)
+        .arg("--bin-dir")
+        .arg(bin_dir())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .expect("start rina-demo")
+}
+
 impl Demo {
     /// Starts the demo with a long goodput test, so it can be stopped in it.
     fn start() -> Demo {
-        let mut child = Command::new(DEMO)
-            .arg("--bin-dir")
-            .arg(bin_dir())
-            .args(["--perf-duration-s", "30"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start rina-demo");
+        let mut child = spawn_demo(&["--perf-duration-s", "30"], Stdio::null());
         let pid = child.id();
         let stdout = child.stdout.take().expect("stdout");
         let (line_tx, lines) = mpsc::channel();
@@ -123,16 +129,18 @@ impl Demo {
 
 #[test]
 fn the_demo_measures_and_cleans_up() {
-    let child = Command::new(DEMO)
-        .arg("--bin-dir")
-        .arg(bin_dir())
-        .args(["--json", "--echo-count", "5", "--perf-duration-s", "0.5"])
-        .args(["--sweep-duration-s", "0.2"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start rina-demo");
+    let child = spawn_demo(
+        &[
+            "--json",
+            "--echo-count",
+            "5",
+            "--perf-duration-s",
+            "0.5",
+            "--sweep-duration-s",
+            "0.2",
+        ],
+        Stdio::piped(),
+    );
     let pid = child.id();
     let out = child.wait_with_output().expect("run rina-demo");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -234,15 +242,7 @@ fn options_out_of_range_are_refused_before_anything_starts() {
         ("--sweep-duration-s", "inf"),
     ] {
         let t0 = Instant::now();
-        let child = Command::new(DEMO)
-            .arg("--bin-dir")
-            .arg(bin_dir())
-            .arg(format!("{opt}={value}"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start rina-demo");
+        let child = spawn_demo(&[&format!("{opt}={value}")], Stdio::piped());
         let pid = child.id();
         let out = child.wait_with_output().expect("run rina-demo");
         let err = String::from_utf8_lossy(&out.stderr);
@@ -262,15 +262,7 @@ fn options_out_of_range_are_refused_before_anything_starts() {
 /// its directory behind; now it cleans up and exits with 141, quietly.
 #[test]
 fn a_closed_output_stops_the_demo_and_it_cleans_up() {
-    let mut child = Command::new(DEMO)
-        .arg("--bin-dir")
-        .arg(bin_dir())
-        .args(["--perf-duration-s", "30"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start rina-demo");
+    let mut child = spawn_demo(&["--perf-duration-s", "30"], Stdio::piped());
     let pid = child.id();
     let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
     let mut first = String::new();
