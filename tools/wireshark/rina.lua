@@ -9,7 +9,8 @@
 --                  src and dst names (u16 length + UTF-8), optional direct
 --                  UDP port u16; ALLOC_RESP dst_port, src_port, result u8,
 --                  max_sdu u32, reason, optional direct UDP port u16;
---                  DEALLOC dst_port, src_port.
+--                  DEALLOC dst_port, src_port; KEEPALIVE one or more
+--                  (dst_port, src_port) pairs.
 --                  Found by a heuristic on any UDP port, or by "Decode As".
 --   rina.efcp      a normal DIF's PDU inside a shim SDU: the SDU-protection TTL
 --                  byte, the PCI (crates/rina-wire/src/pci.rs; field widths are
@@ -820,6 +821,8 @@ local function looks_like_shim_udp(tvb)
         return tvb(9, 1):uint() <= 4 and (e == n or e + 2 == n)
     elseif t == 4 then
         return n == 9
+    elseif t == 5 then
+        return (n - 1) % 8 == 0
     end
     return false
 end
@@ -868,6 +871,14 @@ function p_udp.dissector(tvb, pinfo, tree)
     elseif ty == 4 and tvb:len() >= 9 then
         t:add(fu.dst_port, tvb(1, 4))
         t:add(fu.src_port, tvb(5, 4))
+        info = info .. " port " .. tvb(1, 4):uint()
+    elseif ty == 5 and tvb:len() >= 9 then
+        local pairs = math.floor((tvb:len() - 1) / 8)
+        for k = 0, pairs - 1 do
+            t:add(fu.dst_port, tvb(1 + 8 * k, 4))
+            t:add(fu.src_port, tvb(5 + 8 * k, 4))
+        end
+        info = info .. ", " .. pairs .. " flow(s)"
     end
     pinfo.cols.info = info
     return tvb:len()

@@ -13,6 +13,12 @@
 //! request from them for other applications is refused and changes nothing
 //! (a source address proves nothing: it may be anyone's).
 //!
+//! UDP says nothing when a peer's host or daemon vanishes, so each end
+//! checks its flows every [`Config::keepalive`]: one it sent nothing on
+//! since the last check is named in a [`Datagram::Keepalive`] (one for
+//! all the flows with a peer), and one nothing came on for
+//! [`KEEPALIVE_MISSES`] checks is deallocated.
+//!
 //! The driver (the daemon or the simulator) owns the socket. It feeds every
 //! received datagram to [`ShimUdp::on_datagram`], calls the API methods for
 //! what applications ask, calls [`ShimUdp::handle_timeout`] when
@@ -26,7 +32,9 @@ use crate::ids::IdMap;
 use crate::time::Instant;
 use rina_wire::codec::truncate_utf8;
 use rina_wire::ctl::FlowCounters;
-use rina_wire::shim_udp::{data_header, AllocResult, Datagram, DATA_HEADER_LEN};
+use rina_wire::shim_udp::{
+    data_header, keepalive, AllocResult, Datagram, DATA_HEADER_LEN, MAX_KEEPALIVE_PAIRS,
+};
 use rina_wire::{AppName, QosSpec, WireError};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
@@ -78,6 +86,15 @@ pub struct Config {
     /// others are dropped without an answer and counted in
     /// `rx_wrong_peer`.
     pub peers_only: bool,
+    /// How often allocated flows are checked for a live peer (default
+    /// 10 s): a flow on which this end sent nothing since the last check
+    /// gets a KEEPALIVE, and one on which nothing came for
+    /// [`KEEPALIVE_MISSES`] checks in a row is deallocated, as if the peer
+    /// had said so ([`Action::Deallocated`], counted in `keepalive_expired`).
+    /// UDP says nothing when a peer's host or daemon vanishes; without the
+    /// check its flows stayed here for ever, each with the application
+    /// serving it. `None`: no check.
+    pub keepalive: Option<Duration>,
 }
 
 impl Config {
@@ -94,6 +111,7 @@ impl Config {
             max_pending: 256,
             max_pending_per_host: 64,
             peers_only: false,
+            keepalive: Some(Duration::from_secs(10)),
         }
     }
 }
@@ -217,6 +235,15 @@ pub struct Counters {
     /// same applications) after sending on them: it started again (see
     /// [`ShimUdp::on_datagram`]).
     pub flows_restarted: u64,
+    /// KEEPALIVEs sent: one per peer and check, for the flows with
+    /// nothing else sent on them.
+    pub keepalives_sent: u64,
+    /// KEEPALIVEs received (a pair in one naming no flow of its sender
+    /// here counts in `rx_unknown_flow`).
+    pub keepalives_received: u64,
+    /// Flows deallocated because nothing came from their peer for
+    /// [`KEEPALIVE_MISSES`] checks ([`Config::keepalive`]).
+    pub keepalive_expired: u64,
 }
 
 impl Counters {
@@ -232,6 +259,9 @@ impl Counters {
             ("alloc_refused", self.alloc_refused),
             ("alloc_timeouts", self.alloc_timeouts),
             ("flows_restarted", self.flows_restarted),
+            ("keepalives_sent", self.keepalives_sent),
+            ("keepalives_received", self.keepalives_received),
+            ("keepalive_expired", self.keepalive_expired),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -263,7 +293,27 @@ pub struct Flow {
     /// direct flow: SDUs then go between the two applications' sockets,
     /// not through the shims (and are not counted here).
     pub direct_peer: Option<SocketAddr>,
+    /// What the liveness check knows of the flow.
+    live: Liveness,
 }
+
+/// What the liveness check ([`Config::keepalive`]) knows of a flow.
+#[derive(Debug, Clone, Copy, Default)]
+struct Liveness {
+    /// SDUs sent on the flow when the last check looked.
+    seen_out: u64,
+    /// SDUs received on it when the last check looked.
+    seen_in: u64,
+    /// A KEEPALIVE came from the peer since the last check.
+    heard: bool,
+    /// Checks in a row that found nothing received.
+    silent: u8,
+}
+
+/// Checks in a row ([`Config::keepalive`] apart) that find nothing received
+/// on a flow before it is deallocated: with the default interval, a flow
+/// whose peer vanished goes after 20 to 30 s.
+pub const KEEPALIVE_MISSES: u8 = 3;
 
 /// Retransmission state of an allocation in progress.
 #[derive(Debug)]
@@ -337,6 +387,9 @@ pub struct ShimUdp {
     /// Flows accepted here, by the requester's address and port-id, so that a
     /// retransmitted request is answered again instead of creating a twin.
     accepted: HashMap<(SocketAddr, PortId), PortId>,
+    /// When the liveness check next runs; `None` while there is nothing
+    /// to check.
+    next_check: Option<Instant>,
     next_handle: u64,
     actions: VecDeque<Action>,
     counters: Counters,
@@ -353,6 +406,7 @@ impl ShimUdp {
             farewells: BTreeMap::new(),
             pending: BTreeMap::new(),
             accepted: HashMap::new(),
+            next_check: None,
             next_handle: 1,
             actions: VecDeque::new(),
             counters: Counters::default(),
@@ -495,6 +549,7 @@ impl ShimUdp {
         }
         .to_vec();
         self.transmit(peer, request.clone());
+        self.arm_check(now);
         self.allocating.insert(
             port,
             Allocating {
@@ -515,6 +570,7 @@ impl ShimUdp {
                 counters: FlowCounters::default(),
                 direct_port: direct,
                 direct_peer: None,
+                live: Liveness::default(),
             }),
         );
         Ok(())
@@ -569,6 +625,7 @@ impl ShimUdp {
                 counters: FlowCounters::default(),
                 direct_port,
                 direct_peer,
+                live: Liveness::default(),
             }),
         );
         self.respond(
@@ -745,6 +802,18 @@ impl ShimUdp {
                 self.on_alloc_resp(from, resp);
                 Received::Control
             }
+            Datagram::Keepalive { flows } => {
+                self.counters.keepalives_received += 1;
+                for (dst_port, src_port) in flows.iter() {
+                    match self.flows.get_mut(&dst_port) {
+                        Some(f) if f.peer == from && f.peer_port == Some(src_port) => {
+                            f.live.heard = true;
+                        }
+                        _ => self.counters.rx_unknown_flow += 1,
+                    }
+                }
+                Received::Control
+            }
             Datagram::Dealloc { dst_port, src_port } => {
                 let ours = self
                     .flows
@@ -798,6 +867,7 @@ impl ShimUdp {
             direct,
         } = req;
         self.counters.alloc_requests_in += 1;
+        self.arm_check(now);
         if self.cfg.peers_only {
             let claimed = self.cfg.directory.get(&src);
             let known = claimed.map_or_else(
@@ -1003,13 +1073,88 @@ impl ShimUdp {
             .map(|a| a.next_retry.min(a.deadline));
         let p = self.pending.values().map(|p| p.deadline);
         let f = self.farewells.values().map(|f| f.due);
-        a.chain(p).chain(f).min()
+        // The liveness check, while it has something to check.
+        let idle = self.flows.is_empty() && self.pending.is_empty();
+        let c = self.next_check.filter(|_| !idle);
+        a.chain(p).chain(f).chain(c).min()
+    }
+
+    /// Starts the liveness check, if it is on and not running: a flow is
+    /// coming (asked for here, or a request came). A check left from
+    /// flows that are all gone starts again from now.
+    fn arm_check(&mut self, now: Instant) {
+        let stale = self.flows.is_empty() && self.pending.is_empty();
+        if let Some(every) = self.cfg.keepalive {
+            if self.next_check.is_none() || stale {
+                self.next_check = Some(now + every);
+            }
+        }
+    }
+
+    /// The liveness check ([`Config::keepalive`]): a KEEPALIVE on every
+    /// allocated flow this end sent nothing on since the last check, and
+    /// deallocation of those nothing came on for [`KEEPALIVE_MISSES`]
+    /// checks. It stops when no flow or request is left.
+    fn check_liveness(&mut self, now: Instant) {
+        let (Some(every), Some(due)) = (self.cfg.keepalive, self.next_check) else {
+            return;
+        };
+        if now < due {
+            return;
+        }
+        let mut probe = Vec::new();
+        let mut dead = Vec::new();
+        for (&port, f) in self.flows.iter_mut() {
+            let Some(peer_port) = f.peer_port else {
+                continue;
+            };
+            let l = &mut f.live;
+            if l.heard || f.counters.sdus_in != l.seen_in {
+                l.silent = 0;
+            } else {
+                l.silent = l.silent.saturating_add(1);
+            }
+            l.heard = false;
+            l.seen_in = f.counters.sdus_in;
+            if l.silent >= KEEPALIVE_MISSES {
+                dead.push(port);
+                continue;
+            }
+            if f.counters.sdus_out == l.seen_out {
+                probe.push((port, f.peer, peer_port));
+            }
+            l.seen_out = f.counters.sdus_out;
+        }
+        // One KEEPALIVE per peer for all its flows (as many as fit), in
+        // order, so that a seeded simulation replays exactly.
+        probe.sort_unstable_by_key(|&(port, to, _)| (to, port));
+        dead.sort_unstable();
+        let mut pairs = Vec::new();
+        for (i, &(port, to, peer_port)) in probe.iter().enumerate() {
+            pairs.push((peer_port, port));
+            let last = probe.get(i + 1).is_none_or(|next| next.1 != to);
+            if last || pairs.len() == MAX_KEEPALIVE_PAIRS {
+                self.counters.keepalives_sent += 1;
+                self.transmit(to, keepalive(&pairs));
+                pairs.clear();
+            }
+        }
+        for port in dead {
+            // The peer may hear still: it is told, as for any deallocation.
+            if self.deallocate(now, port).is_ok() {
+                self.counters.keepalive_expired += 1;
+                self.actions.push_back(Action::Deallocated { port });
+            }
+        }
+        let idle = self.flows.is_empty() && self.pending.is_empty();
+        self.next_check = if idle { None } else { Some(now + every) };
     }
 
     /// Retransmits allocation requests and DEALLOCs and expires what
     /// waited too long.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.send_farewells(now);
+        self.check_liveness(now);
         let mut expired = Vec::new();
         let mut resend = Vec::new();
         for (port, a) in self.allocating.iter_mut() {

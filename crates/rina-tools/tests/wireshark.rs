@@ -444,7 +444,7 @@ fn udp_frame(payload: &[u8]) -> Vec<u8> {
 }
 
 #[test]
-fn tshark_decodes_the_direct_port_of_shim_udp_allocations() {
+fn tshark_decodes_the_direct_port_of_shim_udp_allocations_and_keepalives() {
     if let Some(why) = cannot_run(false) {
         println!("{why}");
         return;
@@ -467,10 +467,14 @@ fn tshark_decodes_the_direct_port_of_shim_udp_allocations() {
         reason: "",
         direct: Some(40_002),
     };
-    let frames: Vec<Vec<u8>> = [req(Some(40_001)), resp, req(None)]
+    let mut frames: Vec<Vec<u8>> = [req(Some(40_001)), resp, req(None)]
         .iter()
         .map(|d| udp_frame(&d.to_vec()))
         .collect();
+    frames.push(udp_frame(&rina_wire::shim_udp::keepalive(&[
+        (8, 3),
+        (9, 4),
+    ])));
     let pcap = dir.join("direct.pcap");
     write_pcap(&pcap, &frames);
     let rows = tshark(
@@ -480,14 +484,18 @@ fn tshark_decodes_the_direct_port_of_shim_udp_allocations() {
             "rina.shim_udp.type",
             "rina.shim_udp.dst_name",
             "rina.shim_udp.direct_port",
+            "rina.shim_udp.dst_port",
+            "rina.shim_udp.src_port",
         ],
     );
-    assert_eq!(rows.len(), 3, "{rows:?}");
-    assert_eq!(rows[0], ["0x02", "echo", "40001"], "{rows:?}");
+    assert_eq!(rows.len(), 4, "{rows:?}");
+    assert_eq!(rows[0][..3], ["0x02", "echo", "40001"], "{rows:?}");
     assert_eq!(rows[1][0], "0x03", "{rows:?}");
     assert_eq!(rows[1][2], "40002", "{rows:?}");
     assert_eq!(rows[2][..2], ["0x02", "echo"], "{rows:?}");
     assert!(rows[2].get(2).is_none_or(|v| v.is_empty()), "{rows:?}");
+    assert_eq!(rows[3][0], "0x05", "{rows:?}");
+    assert_eq!(rows[3][3..], ["8", "3"], "the first pair: {rows:?}");
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -8,6 +8,7 @@
 //! | `0x02` | ALLOC_REQ | src port-id u32, QoS spec (29 B), src name, dst name (each u16 length + UTF-8), optional direct UDP port u16 |
 //! | `0x03` | ALLOC_RESP | dst port-id u32, src port-id u32, result u8, max SDU u32, reason (u16 length + UTF-8), optional direct UDP port u16 |
 //! | `0x04` | DEALLOC | dst port-id u32, src port-id u32 |
+//! | `0x05` | KEEPALIVE | one or more (dst port-id u32, src port-id u32) pairs: the sender's flows to the receiver it sent nothing else on for a while |
 //!
 //! Port-ids are local to each end; each side learns the other's from the
 //! allocation handshake, so a DATA header is only 5 bytes.
@@ -30,6 +31,7 @@ const T_DATA: u8 = 0x01;
 const T_ALLOC_REQ: u8 = 0x02;
 const T_ALLOC_RESP: u8 = 0x03;
 const T_DEALLOC: u8 = 0x04;
+const T_KEEPALIVE: u8 = 0x05;
 
 /// Outcome of an allocation request, as carried in ALLOC_RESP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,7 +80,8 @@ pub enum Datagram<'a> {
         qos: QosSpec,
         src: AppName,
         dst: AppName,
-        /// The UDP port of the requester's own socket for a direct flow.
+        /// The UDP port of the requester's own socket for a direct flow
+        /// (port 0 is no port: `Some(0)` goes as `None`).
         direct: Option<u16>,
     },
     /// Answers an ALLOC_REQ; `src_port` is the responder's port-id.
@@ -88,11 +91,70 @@ pub enum Datagram<'a> {
         result: AllocResult,
         max_sdu: u32,
         reason: &'a str,
-        /// The UDP port of the responder's own socket for a direct flow.
+        /// The UDP port of the responder's own socket for a direct flow
+        /// (port 0 is no port: `Some(0)` goes as `None`).
         direct: Option<u16>,
     },
     /// Tears a flow down.
     Dealloc { dst_port: u32, src_port: u32 },
+    /// Says that the sender still holds these flows with the receiver,
+    /// on which it sent nothing else for a while.
+    Keepalive { flows: PortPairs<'a> },
+}
+
+/// Most port-id pairs in one KEEPALIVE: 64,001 bytes, within a UDP
+/// datagram over IPv4.
+pub const MAX_KEEPALIVE_PAIRS: usize = 8_000;
+
+/// The flows of a KEEPALIVE: (receiver's port-id, sender's port-id)
+/// pairs, 8 bytes each, read in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortPairs<'a>(&'a [u8]);
+
+impl<'a> PortPairs<'a> {
+    /// The pairs in `bytes`: at least one, whole pairs only.
+    pub fn new(bytes: &'a [u8]) -> Result<Self, WireError> {
+        if bytes.is_empty() || !bytes.len().is_multiple_of(8) {
+            return Err(WireError::BadValue {
+                field: "keepalive.length",
+                value: bytes.len() as u64,
+            });
+        }
+        Ok(PortPairs(bytes))
+    }
+
+    /// How many pairs.
+    pub fn len(&self) -> usize {
+        self.0.len() / 8
+    }
+
+    /// Never: a KEEPALIVE names at least one flow.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The (receiver's port-id, sender's port-id) pairs, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, u32)> + 'a {
+        self.0.chunks_exact(8).map(|c| {
+            let (d, s) = c.split_at(4);
+            let word = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+            (word(d), word(s))
+        })
+    }
+}
+
+/// A KEEPALIVE for the flows `pairs` (receiver's port-id, sender's
+/// port-id), at most [`MAX_KEEPALIVE_PAIRS`] of them (the rest are left
+/// out: the caller splits longer lists).
+pub fn keepalive(pairs: &[(u32, u32)]) -> Vec<u8> {
+    let pairs = &pairs[..pairs.len().min(MAX_KEEPALIVE_PAIRS)];
+    let mut out = Vec::with_capacity(1 + 8 * pairs.len());
+    out.push(T_KEEPALIVE);
+    for (d, s) in pairs {
+        out.put_u32_be(*d);
+        out.put_u32_be(*s);
+    }
+    out
 }
 
 impl<'a> Datagram<'a> {
@@ -123,6 +185,9 @@ impl<'a> Datagram<'a> {
                 dst_port: r.u32()?,
                 src_port: r.u32()?,
             },
+            T_KEEPALIVE => Datagram::Keepalive {
+                flows: PortPairs::new(r.rest())?,
+            },
             t => return Err(WireError::UnknownType(t)),
         };
         r.finish()?;
@@ -148,7 +213,7 @@ impl<'a> Datagram<'a> {
                 qos.encode(out);
                 out.put_str16(&src.to_string());
                 out.put_str16(&dst.to_string());
-                if let Some(p) = direct {
+                if let Some(p) = direct.filter(|&p| p != 0) {
                     out.extend_from_slice(&p.to_be_bytes());
                 }
             }
@@ -166,7 +231,7 @@ impl<'a> Datagram<'a> {
                 out.push(*result as u8);
                 out.put_u32_be(*max_sdu);
                 out.put_str16(reason);
-                if let Some(p) = direct {
+                if let Some(p) = direct.filter(|&p| p != 0) {
                     out.extend_from_slice(&p.to_be_bytes());
                 }
             }
@@ -174,6 +239,10 @@ impl<'a> Datagram<'a> {
                 out.push(T_DEALLOC);
                 out.put_u32_be(*dst_port);
                 out.put_u32_be(*src_port);
+            }
+            Datagram::Keepalive { flows } => {
+                out.push(T_KEEPALIVE);
+                out.extend_from_slice(flows.0);
             }
         }
     }
@@ -256,6 +325,9 @@ mod tests {
                 dst_port: 9,
                 src_port: 1,
             },
+            Datagram::Keepalive {
+                flows: PortPairs::new(&[0, 0, 0, 7, 0, 0, 0, 3, 0, 1, 0, 0, 0, 0, 0, 9]).unwrap(),
+            },
         ];
         for m in msgs {
             let v = m.to_vec();
@@ -278,6 +350,65 @@ mod tests {
             Datagram::parse(&[T_ALLOC_RESP, 0, 0, 0, 1, 0, 0, 0, 2, 42, 0, 0, 0, 0, 0, 0]),
             Err(WireError::BadValue { .. })
         ));
+    }
+
+    /// Port 0 is no port: a direct port of 0 goes as none, so what is
+    /// read back is what the receiver acts on.
+    #[test]
+    fn a_direct_port_of_zero_goes_as_none() {
+        let resp = |direct| Datagram::AllocResp {
+            dst_port: 1,
+            src_port: 2,
+            result: AllocResult::Accepted,
+            max_sdu: 1400,
+            reason: "",
+            direct,
+        };
+        assert_eq!(resp(Some(0)).to_vec(), resp(None).to_vec());
+        let req = |direct| Datagram::AllocReq {
+            src_port: 1,
+            qos: QosSpec::default(),
+            src: name("a"),
+            dst: name("b"),
+            direct,
+        };
+        assert_eq!(req(Some(0)).to_vec(), req(None).to_vec());
+        assert_eq!(Datagram::parse(&req(Some(0)).to_vec()).unwrap(), req(None));
+    }
+
+    #[test]
+    fn a_keepalive_names_whole_pairs_and_at_least_one() {
+        let v = keepalive(&[(7, 3), (65_536, 9)]);
+        let Ok(Datagram::Keepalive { flows }) = Datagram::parse(&v) else {
+            panic!("{v:?}");
+        };
+        assert_eq!(flows.len(), 2);
+        assert_eq!(flows.iter().collect::<Vec<_>>(), [(7, 3), (65_536, 9)]);
+        for bad in [
+            &[T_KEEPALIVE][..],
+            &v[..v.len() - 1],
+            &[T_KEEPALIVE, 0, 0, 0, 7],
+        ] {
+            assert!(
+                matches!(
+                    Datagram::parse(bad),
+                    Err(WireError::BadValue {
+                        field: "keepalive.length",
+                        ..
+                    })
+                ),
+                "{bad:?}"
+            );
+        }
+        let many: Vec<(u32, u32)> = (0..MAX_KEEPALIVE_PAIRS as u32 + 5)
+            .map(|p| (p, p))
+            .collect();
+        let v = keepalive(&many);
+        assert!(v.len() <= 65_507, "one datagram: {} bytes", v.len());
+        let Ok(Datagram::Keepalive { flows }) = Datagram::parse(&v) else {
+            panic!("a full KEEPALIVE parses");
+        };
+        assert_eq!(flows.len(), MAX_KEEPALIVE_PAIRS);
     }
 
     proptest! {

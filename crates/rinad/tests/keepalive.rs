@@ -220,3 +220,81 @@ fn a_reload_changing_only_keepalive_keeps_the_ipcp_and_its_flows() {
     assert_echoes(&flow, b"and after the second");
     assert_eq!(c.reload(None).unwrap(), ["nothing changed"]);
 }
+
+/// shim-udp's own liveness check (`keepalive_ms` of a shim-udp IPCP, here
+/// 200 ms): a flow left idle between live daemons stays, on KEEPALIVEs
+/// alone; with the requesting daemon killed (SIGKILL: it tells nothing),
+/// the flow ends at the survivor after three silent checks, its
+/// application told. Without the check it stayed for ever, with the
+/// server's thread serving it.
+#[test]
+fn a_shim_udp_flow_whose_peer_daemon_is_killed_ends_at_the_survivor() {
+    let interval = Duration::from_millis(200);
+    let (pa, pb) = (free_port(), free_port());
+    let conf = |me: &str, port: u16, dir: &str| {
+        format!(
+            "[system]\nname = \"{me}\"\n[[ipcp]]\nname = \"{me}.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:{port}\"\nkeepalive_ms = {}\n[ipcp.directory]\n{dir}",
+            interval.as_millis()
+        )
+    };
+    let beta = Daemon::start_with("beta", &conf("beta", pb, ""));
+    let echo_at_beta = format!("\"echo\" = \"127.0.0.1:{pb}\"\n");
+    let mut alpha = Daemon::start_with("alpha", &conf("alpha", pa, &echo_at_beta));
+    let mut srv = beta.client();
+    srv.register(&name("echo"), Some("udp")).unwrap();
+    // The server reads until its flow ends, and says when.
+    let server = std::thread::spawn(move || {
+        let req = srv.next_request().unwrap();
+        let flow = srv.accept(&req).unwrap();
+        let mut buf = vec![0u8; 2000];
+        let mut sdus = 0;
+        loop {
+            match flow.read(&mut buf) {
+                Ok(n) if n > 0 => sdus += 1,
+                _ => return (Instant::now(), sdus),
+            }
+        }
+    });
+    let mut c = alpha.client();
+    let flow = c
+        .allocate(
+            &name("idler"),
+            &name("echo"),
+            Some("udp"),
+            &QosSpec::default(),
+        )
+        .unwrap();
+    flow.write(b"hello").unwrap();
+    // Idle, both ends up: each hears the other's KEEPALIVEs, and nothing
+    // expires (without them, the flow would go after three checks).
+    let t0 = Instant::now();
+    wait_for("8 intervals, 5 KEEPALIVEs heard at each end", T, || {
+        t0.elapsed() >= interval * 8
+            && alpha.counter("keepalives_received") >= 5
+            && beta.counter("keepalives_received") >= 5
+    });
+    assert_eq!(alpha.counter("keepalive_expired"), 0);
+    assert_eq!(beta.counter("keepalive_expired"), 0);
+    assert_eq!(flows_up(&beta).len(), 1, "the flow is gone at beta");
+    assert!(
+        !server.is_finished(),
+        "the server's flow ended between live daemons"
+    );
+
+    alpha.kill();
+    let killed = Instant::now();
+    let (ended, sdus) = server.join().unwrap();
+    let took = ended.saturating_duration_since(killed);
+    eprintln!("beta's flow ended {took:?} after alpha was killed");
+    assert_eq!(sdus, 1, "the one SDU came");
+    // Two to three silent checks, with room for a loaded machine.
+    assert!(took >= interval * 2, "ended {took:?} after the kill");
+    assert!(
+        took <= interval * 3 + Duration::from_millis(1500),
+        "ended {took:?} after the kill"
+    );
+    assert_eq!(beta.counter("keepalive_expired"), 1);
+    wait_for("the flow gone from beta's list", T, || {
+        flows_up(&beta).is_empty()
+    });
+}

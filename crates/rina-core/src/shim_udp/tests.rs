@@ -2,6 +2,8 @@
 
 use super::*;
 
+mod liveness;
+
 const A: &str = "127.0.0.1:5001";
 const B: &str = "127.0.0.1:5002";
 
@@ -128,7 +130,11 @@ fn allocate_accept_and_data_both_ways() {
     assert_eq!(a.flow(1).unwrap().counters.sdus_out, 1);
     assert_eq!(a.flow(1).unwrap().counters.bytes_in, 3);
     assert_eq!(b.flow(7).unwrap().counters.bytes_in, 5);
-    assert_eq!(a.poll_timeout(), None, "nothing left to time");
+    assert_eq!(
+        a.poll_timeout(),
+        Some(ms(10_000)),
+        "nothing left to time but the liveness check"
+    );
 }
 
 #[test]

@@ -115,6 +115,19 @@ pub(super) fn check_ipcp(
         ));
     }
     check_bind(i, ip, all, runtime)?;
+    if let Some(k) = &ip.keepalive_ms {
+        let ms = *k.get_ref();
+        if ip.kind != IpcpKind::ShimUdp {
+            let e = "`keepalive_ms` is for shim-udp IPCPs".to_string();
+            return Err((k.span(), key("keepalive_ms"), e));
+        }
+        if ms != 0 && !(MIN_KEEPALIVE_MS..=MAX_KEEPALIVE_MS).contains(&ms) {
+            let e = format!(
+                "must be 0 (off) or {MIN_KEEPALIVE_MS} to {MAX_KEEPALIVE_MS} (an hour), not {ms}"
+            );
+            return Err((k.span(), key("keepalive_ms"), e));
+        }
+    }
     check_counts(ip).map_err(|(span, k, m)| (span, key(k), m))?;
     let hv_keys = ip.path.is_some()
         || ip.side.is_some()

@@ -27,6 +27,8 @@
 //! # max_sdu = 1400
 //! # peers_only = false            # true: allocation requests only from the addresses
 //!                                 # below, none claiming a name below from elsewhere
+//! # keepalive_ms = 10000          # check flows this often; one that heard nothing for
+//!                                 # three checks (a vanished peer) is deallocated; 0: off
 //!
 //! [ipcp.directory]               # application name -> UDP address of its shim
 //! "echo" = "127.0.0.1:7002"
@@ -165,6 +167,12 @@ pub const MAX_TX_DELAY_US: u64 = 1_000_000;
 pub const MIN_REKEY_BYTES: u64 = 1 << 20;
 /// Smallest `rekey_seconds`.
 pub const MIN_REKEY_SECONDS: u64 = 1;
+
+/// Shortest `keepalive_ms` of a shim-udp IPCP other than 0 (off).
+pub const MIN_KEEPALIVE_MS: u64 = 100;
+
+/// Longest `keepalive_ms` of a shim-udp IPCP: an hour.
+pub const MAX_KEEPALIVE_MS: u64 = 3_600_000;
 
 /// Default path of the configuration file.
 pub const DEFAULT_CONFIG: &str = "/etc/rina/rinad.toml";
@@ -561,6 +569,10 @@ pub struct IpcpConfig {
     /// shim-udp: take allocation requests only from the addresses in its
     /// directory, and none claiming a name there from another address.
     pub peers_only: Option<bool>,
+    /// shim-udp: how often flows are checked for a live peer, in
+    /// milliseconds (default 10,000; 0 turns the check off): a flow with
+    /// nothing received for three checks is deallocated.
+    pub keepalive_ms: Option<Spanned<u64>>,
     /// shim-hv: the shared-memory file (e.g. under /dev/shm, or an ivshmem BAR).
     pub path: Option<PathBuf>,
     /// shim-hv: which end of the VMPI device this is.

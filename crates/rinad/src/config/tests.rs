@@ -730,6 +730,39 @@ address = 2
     const GOOD_SHIM_WITH_SCHED: &str = "[system]\nname = \"a\"\n[[ipcp]]\nname = \"u\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:1\"\nX\n";
 }
 
+mod shim_udp_keepalive {
+    use super::*;
+
+    const UDP: &str = "[system]\nname = \"a\"\n[[ipcp]]\nname = \"u\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:1\"\nX\n";
+
+    fn parse(s: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("t.toml"), s)
+    }
+
+    /// `keepalive_ms` of a shim-udp: 0 turns the check off; otherwise
+    /// 100 ms to an hour, refused where it is written; only for shim-udp.
+    #[test]
+    fn keepalive_is_off_or_within_range_and_only_for_shim_udp() {
+        for ok in [0, 100, 10_000, 3_600_000] {
+            let c = parse(&UDP.replace('X', &format!("keepalive_ms = {ok}"))).unwrap();
+            let got = c.ipcps[0].keepalive_ms.as_ref().map(|k| *k.get_ref());
+            assert_eq!(got, Some(ok));
+        }
+        for bad in [1, 99, 3_600_001] {
+            let e = parse(&UDP.replace('X', &format!("keepalive_ms = {bad}")))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("line 8") && e.contains("ipcp[0].keepalive_ms") && e.contains("0 (off)"),
+                "{e}"
+            );
+        }
+        let hv = "[system]\nname = \"a\"\n[[ipcp]]\nname = \"h\"\ntype = \"shim-hv\"\ndif = \"hv\"\npath = \"/dev/shm/x\"\nside = \"host\"\nkeepalive_ms = 1000\n";
+        let e = parse(hv).unwrap_err().to_string();
+        assert!(e.contains("is for shim-udp"), "{e}");
+    }
+}
+
 mod shim_eth_ipcp {
     use super::*;
 

@@ -1,0 +1,256 @@
+//! The liveness check of shim-udp flows ([`Config::keepalive`]): time runs
+//! explicitly, and the wire between the two shims is carried by hand (or
+//! not, for a peer that vanished).
+
+use super::*;
+
+/// Which ends of the flow are still there.
+#[derive(Clone, Copy, PartialEq)]
+enum Up {
+    Both,
+    /// `b` vanished (its host went down): nothing it would send arrives,
+    /// and it never runs again.
+    OnlyA,
+}
+
+/// Runs both shims from `from` to `to` in 100 ms steps, `a` sending an
+/// SDU on port 1 every `a_sends` (if any); returns what each shim did
+/// besides transmitting.
+fn run(
+    a: &mut ShimUdp,
+    b: &mut ShimUdp,
+    from: u64,
+    to: u64,
+    up: Up,
+    a_sends: Option<u64>,
+) -> (Vec<Action>, Vec<Action>) {
+    let (mut acts_a, mut acts_b) = (Vec::new(), Vec::new());
+    let mut t = from;
+    while t <= to {
+        let now = ms(t);
+        if let Some(every) = a_sends {
+            if t.is_multiple_of(every) && a.flow(1).is_some() {
+                let (_, hdr) = a.send_header(1, 3).unwrap();
+                let mut d = hdr.to_vec();
+                d.extend_from_slice(b"abc");
+                if up == Up::Both {
+                    let _ = b.on_datagram(now, addr(A), &d);
+                }
+            }
+        }
+        if a.poll_timeout().is_some_and(|w| w <= now) {
+            a.handle_timeout(now);
+        }
+        if up == Up::Both {
+            if b.poll_timeout().is_some_and(|w| w <= now) {
+                b.handle_timeout(now);
+            }
+            acts_a.extend(carry(now, a, A, b));
+            acts_b.extend(carry(now, b, B, a));
+        } else {
+            acts_a.extend(drop_transmits(a));
+        }
+        t += 100;
+    }
+    (acts_a, acts_b)
+}
+
+#[test]
+fn a_flow_whose_peer_vanished_is_deallocated_after_three_silent_checks() {
+    let (mut a, mut b) = pair();
+    allocate(&mut a, &mut b);
+    // The first check (10 s) finds the flow silent, as do the second and
+    // the third: it goes at the third, 30 s after the flow began.
+    let (acts, _) = run(&mut a, &mut b, 100, 29_900, Up::OnlyA, None);
+    assert!(acts.is_empty(), "{acts:?}");
+    assert!(a.flow(1).is_some(), "still there before the third check");
+    assert_eq!(
+        a.counters().keepalives_sent,
+        2,
+        "one per check that kept it"
+    );
+    a.handle_timeout(ms(30_000));
+    let mut dealloc = 0;
+    let mut other = Vec::new();
+    while let Some(act) = a.poll_action() {
+        match act {
+            Action::Transmit { to, payload } => {
+                assert_eq!(to, addr(B));
+                let d = Datagram::parse(&payload).unwrap();
+                assert_eq!(
+                    d,
+                    Datagram::Dealloc {
+                        dst_port: 7,
+                        src_port: 1
+                    }
+                );
+                dealloc += 1;
+            }
+            act => other.push(act),
+        }
+    }
+    assert_eq!(dealloc, 1, "the peer is told, in case it still hears");
+    assert_eq!(other, vec![Action::Deallocated { port: 1 }]);
+    assert!(a.flow(1).is_none());
+    assert_eq!(a.counters().keepalive_expired, 1);
+    // Once the DEALLOC's repeats are out, nothing is left to time.
+    let (acts, _) = run(&mut a, &mut b, 30_100, 45_000, Up::OnlyA, None);
+    assert!(acts.is_empty(), "{acts:?}");
+    assert_eq!(a.poll_timeout(), None, "the check stops with the last flow");
+}
+
+#[test]
+fn an_idle_flow_between_live_peers_stays_for_an_hour_on_keepalives_alone() {
+    let (mut a, mut b) = pair();
+    allocate(&mut a, &mut b);
+    let (acts_a, acts_b) = run(&mut a, &mut b, 100, 3_600_000, Up::Both, None);
+    assert!(
+        acts_a.is_empty() && acts_b.is_empty(),
+        "{acts_a:?} {acts_b:?}"
+    );
+    assert!(a.flow(1).is_some() && b.flow(7).is_some());
+    // One KEEPALIVE per check on each side, and each one heard.
+    for s in [&a, &b] {
+        let c = s.counters();
+        assert_eq!((c.keepalives_sent, c.keepalives_received), (360, 360));
+        assert_eq!(c.keepalive_expired, 0);
+    }
+}
+
+#[test]
+fn data_keeps_a_flow_alive_and_its_sender_sends_no_keepalive() {
+    let (mut a, mut b) = pair();
+    allocate(&mut a, &mut b);
+    // `a` sends one SDU every 5 s; `b` sends nothing but KEEPALIVEs.
+    let (acts_a, acts_b) = run(&mut a, &mut b, 100, 600_000, Up::Both, Some(5_000));
+    assert!(
+        acts_a.is_empty() && acts_b.is_empty(),
+        "{acts_a:?} {acts_b:?}"
+    );
+    assert!(a.flow(1).is_some() && b.flow(7).is_some());
+    assert_eq!(a.counters().keepalives_sent, 0);
+    assert_eq!(b.counters().keepalives_sent, 60);
+    assert_eq!(b.flow(7).unwrap().counters.sdus_in, 120);
+}
+
+#[test]
+fn a_keepalive_from_another_address_keeps_nothing_alive() {
+    let (mut a, mut b) = pair();
+    allocate(&mut a, &mut b);
+    let forged = rina_wire::shim_udp::keepalive(&[(1, 7)]);
+    let mut t = 100;
+    while a.flow(1).is_some() {
+        assert!(t <= 30_000, "still there at {t} ms");
+        // Every second, the right ports from the wrong address.
+        if t % 1_000 == 0 {
+            let r = a.on_datagram(ms(t), addr("127.0.0.1:6000"), &forged);
+            assert_eq!(r, Received::Control);
+        }
+        if a.poll_timeout().is_some_and(|w| w <= ms(t)) {
+            a.handle_timeout(ms(t));
+        }
+        drop_transmits(&mut a);
+        t += 100;
+    }
+    assert_eq!(t, 30_100, "it went at the third check, as if nothing came");
+    assert_eq!(
+        a.counters().keepalives_received,
+        30,
+        "counted, as datagrams"
+    );
+    assert!(a.counters().rx_unknown_flow >= 29);
+}
+
+#[test]
+fn with_the_check_off_a_vanished_peer_s_flow_stays_and_nothing_is_timed() {
+    let mut ca = Config::new("udp");
+    ca.directory.insert(name("echo"), addr(B));
+    ca.keepalive = None;
+    let mut a = ShimUdp::new(ca);
+    let (_, mut b) = pair();
+    allocate(&mut a, &mut b);
+    assert_eq!(a.poll_timeout(), None);
+    let (acts, _) = run(&mut a, &mut b, 100, 120_000, Up::OnlyA, None);
+    assert!(acts.is_empty(), "{acts:?}");
+    assert!(a.flow(1).is_some());
+    assert_eq!(a.counters().keepalives_sent, 0);
+}
+
+#[test]
+fn an_accepted_flow_whose_requester_never_heard_the_answer_goes() {
+    // The requester gave up (its answer was lost, and it timed out): the
+    // flow accepted at `b` has no one at the other end.
+    let (mut a, mut b) = pair();
+    a.allocate(ms(0), 1, name("perf"), name("echo"), QosSpec::default())
+        .unwrap();
+    carry(ms(0), &mut a, A, &mut b);
+    let req = drop_transmits(&mut b);
+    let [Action::FlowRequest { handle, .. }] = req.as_slice() else {
+        panic!("{req:?}");
+    };
+    b.accept(*handle, 7).unwrap();
+    drop_transmits(&mut b);
+    let mut t = 100;
+    while b.flow(7).is_some() {
+        assert!(t <= 40_000, "still there at {t} ms");
+        if b.poll_timeout().is_some_and(|w| w <= ms(t)) {
+            b.handle_timeout(ms(t));
+        }
+        let acts = drop_transmits(&mut b);
+        if b.flow(7).is_none() {
+            assert_eq!(acts, vec![Action::Deallocated { port: 7 }]);
+        }
+        t += 100;
+    }
+    assert!(
+        (20_000..=30_000).contains(&(t - 100)),
+        "went at {} ms",
+        t - 100
+    );
+    assert_eq!(b.counters().keepalive_expired, 1);
+}
+
+#[test]
+fn one_keepalive_names_all_the_idle_flows_with_a_peer_as_many_as_fit() {
+    let (mut a, _) = pair();
+    let n = 20_000;
+    let mut cb = Config::new("udp");
+    (cb.max_pending, cb.max_pending_per_host) = (n as usize, n as usize);
+    let mut b = ShimUdp::new(cb);
+    b.register(name("echo")).unwrap();
+    for port in 1..=n {
+        a.allocate(ms(0), port, name("perf"), name("echo"), QosSpec::default())
+            .unwrap();
+    }
+    carry(ms(0), &mut a, A, &mut b);
+    for act in drop_transmits(&mut b) {
+        let Action::FlowRequest { handle, .. } = act else {
+            panic!("{act:?}");
+        };
+        b.accept(handle, 100_000 + handle as u32).unwrap();
+    }
+    carry(ms(1), &mut b, B, &mut a);
+    assert_eq!(
+        a.flows().filter(|(_, f)| f.peer_port.is_some()).count(),
+        n as usize
+    );
+    a.handle_timeout(ms(10_000));
+    let mut sizes = Vec::new();
+    while let Some(act) = a.poll_action() {
+        if let Action::Transmit { to, payload } = act {
+            assert_eq!(to, addr(B));
+            let _ = b.on_datagram(ms(10_000), addr(A), &payload);
+            sizes.push(payload.len());
+        }
+    }
+    // 8,000 + 8,000 + 4,000 pairs, each within a datagram.
+    assert_eq!(sizes, [64_001, 64_001, 32_001]);
+    assert_eq!(
+        b.counters().rx_unknown_flow,
+        0,
+        "every pair names a flow of b"
+    );
+    // `b` heard of all of them: none of its flows is silent at its checks,
+    // where `a`, hearing nothing back, counts one silent check per flow.
+    assert!(b.flows.values().all(|f| f.live.heard));
+}
