@@ -33,13 +33,44 @@ T=$(mktemp -d /tmp/rina-bench-cc.XXXXXX)
 NS_A=rbcc-a-$$
 NS_B=rbcc-b-$$
 LAB_PID=
+CLEANED=
+# cleanup runs once, on any exit (Ctrl-C and SIGTERM exit 130 and 143
+# through it). The backgrounded rina-lab (step 4) runs in a session of its
+# own, so that a Ctrl-C to the terminal's process group does not reach it:
+# it gets exactly one SIGINT, from here, which makes it tear down its
+# namespaces and exit (a second one would make it exit at once, leaving
+# them behind).
 cleanup() {
-    [ -n "$LAB_PID" ] && kill "$LAB_PID" 2>/dev/null && wait "$LAB_PID" 2>/dev/null
+    [ -n "$CLEANED" ] && return
+    CLEANED=1
+    trap '' INT TERM
+    if [ -n "$LAB_PID" ] && kill -0 "$LAB_PID" 2>/dev/null; then
+        kill -INT "$LAB_PID" 2>/dev/null || true
+        for _ in $(seq 300); do
+            kill -0 "$LAB_PID" 2>/dev/null || break
+            sleep 0.1
+        done
+        if kill -0 "$LAB_PID" 2>/dev/null; then
+            echo "bench: rina-lab ($LAB_PID) still running 30 s after SIGINT: killing it and its namespaces" >&2
+            kill -KILL "$LAB_PID" 2>/dev/null || true
+            wait "$LAB_PID" 2>/dev/null || true
+            for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^rlab$LAB_PID-" || true); do
+                ip netns pids "$ns" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
+                ip netns del "$ns" 2>/dev/null || true
+            done
+        fi
+        wait "$LAB_PID" 2>/dev/null || true
+    fi
+    for f in "$T"/*.pid; do
+        [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null || true
+    done
     ip netns del "$NS_A" 2>/dev/null || true
     ip netns del "$NS_B" 2>/dev/null || true
     rm -rf "$T"
 }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 # 1. iperf3 TCP over a tbf-shaped veth between two namespaces.
 ip netns add "$NS_A"
@@ -55,22 +86,27 @@ for ns in "$NS_A:va$$" "$NS_B:vb$$"; do
     ip -n "$n" link set "$d" up
     ip netns exec "$n" tc qdisc add dev "$d" root tbf rate 1gbit burst 125000b limit 1600000b
 done
-ip netns exec "$NS_B" iperf3 -s -1 -D -p 5299 --logfile "$T/iperf3-server.log"
+ip netns exec "$NS_B" iperf3 -s -1 -D -p 5299 --logfile "$T/iperf3-server.log" -I "$T/iperf3-server.pid"
 sleep 0.5
 ip netns exec "$NS_A" iperf3 -c 10.99.0.2 -p 5299 -t "$DUR" -J >"$T/iperf3.json"
 TCP_BPS=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["end"]["sum_received"]["bits_per_second"])' "$T/iperf3.json")
 ip netns del "$NS_A"
 ip netns del "$NS_B"
 
-# 2. and 3. rina-lab on netns.
+# 2. and 3. rina-lab on netns. A failed run leaves its row empty; an
+# interrupted one (Ctrl-C reaches it too: status 130) ends the benchmark.
 for e in cc-1g cc-1 cc-share cc-10 cc-stack; do
-    "$BIN/rina-lab" run "examples/lab/$e.toml" --backend netns --out "$T/$e" --no-plots >/dev/null || true
+    rc=0
+    "$BIN/rina-lab" run "examples/lab/$e.toml" --backend netns --out "$T/$e" --no-plots >/dev/null || rc=$?
+    [ "$rc" != 130 ] || exit 130
 done
 
 # 4. A reliable flow against iperf3 TCP on one 10 Mb/s tbf veth: rina-lab
 # makes the namespaces rlab<pid>-<node> and the veth ends rl<pid>a0 and
 # rl<pid>b0; iperf3 runs over the same pair, with addresses of its own.
-"$BIN/rina-lab" run examples/lab/cc-tcp.toml --backend netns --out "$T/cc-tcp" --no-plots >/dev/null &
+# setsid: see cleanup (bash starts it without job control, so setsid execs
+# it in the same process: $! is rina-lab's pid, the one in the names).
+setsid "$BIN/rina-lab" run examples/lab/cc-tcp.toml --backend netns --out "$T/cc-tcp" --no-plots >/dev/null &
 LAB_PID=$!
 for _ in $(seq 200); do
     ip -n "rlab$LAB_PID-1" link show "rl${LAB_PID}b0" >/dev/null 2>&1 && break
@@ -78,11 +114,13 @@ for _ in $(seq 200); do
 done
 ip -n "rlab$LAB_PID-0" addr add 10.98.0.1/24 dev "rl${LAB_PID}a0"
 ip -n "rlab$LAB_PID-1" addr add 10.98.0.2/24 dev "rl${LAB_PID}b0"
-ip netns exec "rlab$LAB_PID-1" iperf3 -s -1 -D -p 5298 --logfile "$T/iperf3-share-server.log"
+ip netns exec "rlab$LAB_PID-1" iperf3 -s -1 -D -p 5298 --logfile "$T/iperf3-share-server.log" -I "$T/iperf3-share-server.pid"
 sleep 0.5
 ip netns exec "rlab$LAB_PID-0" iperf3 -c 10.98.0.2 -p 5298 -t 10 -J >"$T/iperf3-share.json" || true
-wait "$LAB_PID" || true
+rc=0
+wait "$LAB_PID" || rc=$?
 LAB_PID=
+[ "$rc" != 130 ] || exit 130
 
 python3 - "$TCP_BPS" "$T" <<'PY'
 import json, sys
