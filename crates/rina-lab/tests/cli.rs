@@ -381,14 +381,22 @@ fn run_on_ssh_needs_an_inventory_that_places_every_node() {
 }
 
 /// Runs scripts/rina-lab-inventory.py for line-3 with `hosts` (`--eth`);
-/// `None` if this machine has no python3 with tomllib (3.11+).
+/// `None` if this machine has no python3 with tomllib (3.11+) or tomli.
 fn inventory_script(name: &str, hosts: &str) -> Option<Output> {
-    let has_tomllib = Command::new("python3")
-        .args(["-c", "import tomllib"])
+    inventory_script_for(name, &example("line-3.toml"), hosts)
+}
+
+/// As `inventory_script`, for the experiment file `experiment`.
+fn inventory_script_for(name: &str, experiment: &Path, hosts: &str) -> Option<Output> {
+    let has_toml = Command::new("python3")
+        .args([
+            "-c",
+            "try:\n import tomllib\nexcept ImportError:\n import tomli",
+        ])
         .output()
         .is_ok_and(|o| o.status.success());
-    if !has_tomllib {
-        println!("skipped: no python3 with tomllib");
+    if !has_toml {
+        println!("skipped: no python3 with tomllib or tomli");
         return None;
     }
     let dir = tmp(name);
@@ -398,7 +406,7 @@ fn inventory_script(name: &str, hosts: &str) -> Option<Output> {
     Some(
         Command::new("python3")
             .arg(script)
-            .arg(example("line-3.toml"))
+            .arg(experiment)
             .arg(&list)
             .arg("--eth")
             .output()
@@ -445,6 +453,20 @@ fn inventory_script_refuses_what_would_silently_leave_a_link_on_shim_udp() {
         ),
         ("a h1 port=22x\nb h2\nc h3\n", "port `22x` is not a number"),
         ("a h1 eth1\nb h2\nc h3\n", "`eth1` is not KEY=VALUE"),
+        // The second line for a node was taken, the first dropped.
+        (
+            "a h1\nb h2\nc h3\na h4\n",
+            "hosts.txt:4: node `a` already given on line 1",
+        ),
+        (
+            "a h1 port=99999\nb h2\nc h3\n",
+            "hosts.txt:1: port 99999 is not between 1 and 65535",
+        ),
+        (
+            "a h1 port=0\nb h2\nc h3\n",
+            "hosts.txt:1: port 0 is not between 1 and 65535",
+        ),
+        ("a h1 port=22 port=23\nb h2\nc h3\n", "`port` given twice"),
     ] {
         let Some(o) = inventory_script("inv-bad", hosts) else {
             return;
@@ -457,6 +479,52 @@ fn inventory_script_refuses_what_would_silently_leave_a_link_on_shim_udp() {
         );
         assert!(!err.contains("Traceback"), "{hosts:?}: {err}");
     }
+}
+
+/// A broken experiment file, or a missing one, is one line naming the
+/// file (and the link), not a Python traceback.
+#[test]
+fn inventory_script_names_what_is_wrong_with_the_experiment_file() {
+    let d = tmp("inv-exp");
+    let hosts = "a h1\nb h2\n";
+    for (i, (toml, want)) in [
+        ("nodes = [\"a\", \"b\"\n", "not valid TOML"),
+        (
+            "nodes = [\"a\", \"b\"]\n[[link]]\nrate = \"1Mbps\"\n",
+            "[[link]] #1: no `between`",
+        ),
+        (
+            "nodes = [\"a\", \"b\"]\n[[link]]\nbetween = [\"a\"]\n",
+            "[[link]] #1: `between` must name two nodes",
+        ),
+        (
+            "nodes = [\"a\", \"b\"]\n[[link]]\nbetween = [\"a\", \"b\", \"a\"]\n",
+            "[[link]] #1: `between` must name two nodes",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let exp = d.join(format!("exp{i}.toml"));
+        std::fs::write(&exp, toml).unwrap();
+        let Some(o) = inventory_script_for("inv-exp-hosts", &exp, hosts) else {
+            return;
+        };
+        let (out, err) = text(&o);
+        assert!(!o.status.success(), "{toml:?} accepted: {out}");
+        assert!(
+            err.contains(&format!("exp{i}.toml: {want}")),
+            "{toml:?}: {err}"
+        );
+        assert!(!err.contains("Traceback"), "{toml:?}: {err}");
+    }
+    let Some(o) = inventory_script_for("inv-exp-hosts", &d.join("none.toml"), hosts) else {
+        return;
+    };
+    let (_, err) = text(&o);
+    assert!(!o.status.success());
+    assert!(err.contains("none.toml: No such file"), "{err}");
+    assert!(!err.contains("Traceback"), "{err}");
 }
 
 #[test]
