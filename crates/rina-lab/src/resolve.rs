@@ -338,7 +338,9 @@ impl Experiment {
     /// delays divided by `1/f` are the original's. `warmup` is left alone:
     /// it is for routing to settle, before any traffic. `run --dilate`
     /// takes `f` from [`MIN_DILATION`] to 1; a time that `f` would carry
-    /// past `Duration`'s range saturates there.
+    /// past `Duration`'s range saturates there. Echo intervals and EFCP
+    /// timers are rounded to whole milliseconds (at least 1), which is
+    /// what `rina-echo` and the daemons take.
     pub fn dilated(self, f: f64) -> Experiment {
         let mut e = self;
         let d = |x: Duration| saturating_secs(x.as_secs_f64() / f);
@@ -369,7 +371,13 @@ impl Experiment {
             if let Some(p) = &mut fl.profile {
                 *p = p.dilated(f);
             }
-            fl.interval = d(fl.interval);
+            // An echo interval stays whole milliseconds (at least one), as
+            // rina-echo sends it, so that every backend runs the same one
+            // (other flows have none).
+            if !fl.interval.is_zero() {
+                let iv_ms = (d(fl.interval).as_secs_f64() * 1e3).round().max(1.0);
+                fl.interval = Duration::from_millis(iv_ms as u64);
+            }
             fl.per_size = d(fl.per_size);
             fl.start = d(fl.start);
             fl.stop = d(fl.stop);

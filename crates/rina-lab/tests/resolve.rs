@@ -428,6 +428,34 @@ fn dilation_slows_every_time_of_the_traffic_and_keeps_what_it_sends() {
     );
 }
 
+/// `rina-echo` sends every whole millisecond: an echo interval that
+/// dilation would make fractional (3 ms at 0.4 is 7.5 ms) is rounded, so
+/// the simulator does not run 7.5 ms where the real backends run 7.
+#[test]
+fn dilation_keeps_echo_intervals_whole_milliseconds() {
+    let file = format!(
+        "{HEAD}[[link]]\nbetween = [\"a\", \"b\"]\n[[dif]]\nname = \"n\"\nmembers = [\"*\"]\n\
+         over = [\"links\"]\n[[traffic]]\nkind = \"echo\"\ndif = \"n\"\nfrom = [\"a\"]\nto = \"b\"\n\
+         interval = \"3ms\"\n"
+    );
+    let e = load(&file, None).unwrap();
+    let ms =
+        |e: &rina_lab::resolve::Experiment| e.flows.iter().map(|f| f.interval).collect::<Vec<_>>();
+    assert_eq!(ms(&e), [std::time::Duration::from_millis(3)]);
+    assert_eq!(
+        ms(&e.clone().dilated(0.4)),
+        [std::time::Duration::from_millis(8)]
+    );
+    assert_eq!(
+        ms(&e.clone().dilated(0.7)),
+        [std::time::Duration::from_millis(4)]
+    );
+    assert_eq!(
+        ms(&e.dilated(0.01)),
+        [std::time::Duration::from_millis(300)]
+    );
+}
+
 #[test]
 fn a_bad_cube_keepalive_names_the_key_and_its_line() {
     let cube = |v: &str| {
