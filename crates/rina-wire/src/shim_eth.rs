@@ -78,7 +78,8 @@ impl fmt::Debug for MacAddr {
 impl FromStr for MacAddr {
     type Err = WireError;
 
-    /// Parses `aa:bb:cc:dd:ee:ff` (or with `-`).
+    /// Parses `aa:bb:cc:dd:ee:ff` (or with `-`): six parts of exactly two
+    /// hex digits each (no sign, no white space).
     fn from_str(s: &str) -> Result<Self, WireError> {
         let bad = || WireError::BadValue {
             field: "mac",
@@ -88,7 +89,7 @@ impl FromStr for MacAddr {
         let mut parts = s.split([':', '-']);
         for b in &mut m {
             let p = parts.next().ok_or_else(bad)?;
-            if p.len() != 2 {
+            if p.len() != 2 || !p.bytes().all(|c| c.is_ascii_hexdigit()) {
                 return Err(bad());
             }
             *b = u8::from_str_radix(p, 16).map_err(|_| bad())?;
@@ -475,6 +476,17 @@ mod tests {
         assert!("02:00:0a:ff:00:01:02".parse::<MacAddr>().is_err());
         assert!("zz:00:0a:ff:00:01".parse::<MacAddr>().is_err());
         assert!(MacAddr::BROADCAST.is_group() && !A.is_group());
+    }
+
+    #[test]
+    fn mac_parts_are_two_hex_digits() {
+        // u8::from_str_radix alone would take a sign.
+        assert!("+1:+2:+3:+4:+5:+6".parse::<MacAddr>().is_err());
+        assert!("02:00:0a:ff:00:+1".parse::<MacAddr>().is_err());
+        assert!("02-00-0a-ff-00-+f".parse::<MacAddr>().is_err());
+        assert!(" 2:00:0a:ff:00:01".parse::<MacAddr>().is_err());
+        let m: MacAddr = "0A-0b-Cc-dD-00-FF".parse().unwrap();
+        assert_eq!(m.0, [0x0a, 0x0b, 0xcc, 0xdd, 0x00, 0xff]);
     }
 
     proptest! {
