@@ -150,7 +150,10 @@ pub trait Writer {
     fn put_u32_be(&mut self, v: u32);
     /// Appends a u64 in network byte order.
     fn put_u64_be(&mut self, v: u64);
-    /// Appends a string prefixed by its u16 length (truncated to 65535 bytes).
+    /// Appends a string prefixed by its u16 length. Text longer than 65,535
+    /// bytes is cut to the last whole character that fits
+    /// ([`truncate_utf8`]), so [`Reader::str16`] always reads it back;
+    /// callers that must not lose text bound it first.
     fn put_str16(&mut self, s: &str);
 }
 
@@ -165,10 +168,10 @@ impl Writer for Vec<u8> {
         self.extend_from_slice(&v.to_be_bytes());
     }
     fn put_str16(&mut self, s: &str) {
-        let b = s.as_bytes();
-        let n = b.len().min(u16::MAX as usize);
-        self.put_u16_be(n as u16);
-        self.extend_from_slice(&b[..n]);
+        let s = truncate_utf8(s, u16::MAX as usize);
+        // At most u16::MAX bytes now, so the length fits.
+        self.put_u16_be(s.len() as u16);
+        self.extend_from_slice(s.as_bytes());
     }
 }
 
@@ -195,6 +198,22 @@ mod tests {
         assert_eq!(truncate_utf8("héllo", 2), "h");
         assert_eq!(truncate_utf8("héllo", 3), "hé");
         assert_eq!(truncate_utf8("abc", 10), "abc");
+    }
+
+    #[test]
+    fn str16_cut_keeps_whole_characters() {
+        // 65,536 bytes; cutting at 65,535 would split the 'é'.
+        let s = "a".repeat(65_534) + "é";
+        let mut v = Vec::new();
+        v.put_str16(&s);
+        let mut r = Reader::new(&v);
+        assert_eq!(r.str16("x"), Ok(&s[..65_534]));
+        assert_eq!(r.finish(), Ok(()));
+        // What fits is written whole.
+        let s = "a".repeat(65_533) + "é";
+        let mut v = Vec::new();
+        v.put_str16(&s);
+        assert_eq!(Reader::new(&v).str16("x"), Ok(s.as_str()));
     }
 
     #[test]
