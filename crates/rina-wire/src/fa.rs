@@ -454,16 +454,19 @@ impl FaMessage {
     }
 }
 
-/// A valid application name from naming information.
+/// A valid application name from naming information: the parts exactly
+/// as sent, refused ([`WireError::BadName`]) unless they are a valid name
+/// whose text form reads back as the same parts ([`AppName::check`]).
 fn name_of(n: Option<&ApplicationProcessNamingInfo>) -> Result<AppName, WireError> {
     let n = AppName::from(n.ok_or(bad("fa.name"))?);
-    // Round-trip through the text form, which validates every part.
-    Ok(n.to_string().parse()?)
+    n.check()?;
+    Ok(n)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::name::NameError;
     use proptest::prelude::*;
 
     fn name(s: &str) -> AppName {
@@ -583,6 +586,58 @@ mod tests {
         f.source_naming_info = Some(ApplicationProcessNamingInfo::default());
         m.obj_value = Some(ObjVal::object(&f));
         assert!(FaMessage::from_cdap(&m).is_err());
+    }
+
+    /// A request whose naming information for `which` (1: source, 2:
+    /// destination) is replaced by `parts`.
+    fn request_naming(which: u8, parts: [&str; 4]) -> CdapMessage {
+        let mut m = every_type()[0].to_cdap();
+        let mut f: Flow = m.obj_value.as_ref().unwrap().to_object().unwrap();
+        let n = ApplicationProcessNamingInfo {
+            process_name: parts[0].into(),
+            process_instance: parts[1].into(),
+            entity_name: parts[2].into(),
+            entity_instance: parts[3].into(),
+        };
+        match which {
+            1 => f.source_naming_info = Some(n),
+            _ => f.destination_naming_info = Some(n),
+        }
+        m.obj_value = Some(ObjVal::object(&f));
+        m
+    }
+
+    #[test]
+    fn names_whose_parts_hold_a_slash_are_refused() {
+        // Read as text, "admin/1" would become process "admin", instance "1".
+        let m = request_naming(1, ["admin/1", "", "", ""]);
+        assert_eq!(
+            FaMessage::from_cdap(&m),
+            Err(WireError::BadName(NameError::ReadsAsAnother(
+                "admin/1".into()
+            )))
+        );
+        let m = request_naming(2, ["perf", "", "data/7", ""]);
+        assert!(matches!(
+            FaMessage::from_cdap(&m),
+            Err(WireError::BadName(NameError::ReadsAsAnother(_)))
+        ));
+        let m = request_naming(1, ["a", "b", "c", "d/e"]);
+        assert!(matches!(
+            FaMessage::from_cdap(&m),
+            Err(WireError::BadName(_))
+        ));
+        // A valid name is taken part by part.
+        let m = request_naming(1, ["perf", "1", "data", "7"]);
+        let Ok(FaMessage::Request { src, .. }) = FaMessage::from_cdap(&m) else {
+            panic!("a valid name is refused");
+        };
+        assert_eq!(src, name("perf/1/data/7"));
+        let m = request_naming(2, ["echo", "", "srv", ""]);
+        let Ok(FaMessage::Request { dst, .. }) = FaMessage::from_cdap(&m) else {
+            panic!("a valid name is refused");
+        };
+        assert_eq!(dst, name("echo//srv"));
     }
 
     proptest! {

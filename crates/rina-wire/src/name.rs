@@ -29,6 +29,10 @@ pub enum NameError {
     /// The name holds a control character or white space.
     #[error("name contains the character {0:?}, which is not allowed")]
     BadChar(char),
+    /// A name given part by part reads as another name in its text form: a
+    /// part holds `/`, which separates the parts.
+    #[error("its text form {0:?} reads as another name (a part may not hold '/', which separates the parts)")]
+    ReadsAsAnother(String),
 }
 
 /// A four-part RINA application name.
@@ -48,6 +52,26 @@ impl AppName {
     /// A name with only a process name.
     pub fn new(process_name: &str) -> Result<Self, NameError> {
         process_name.parse()
+    }
+
+    /// Whether a name given part by part (as protocol messages carry it)
+    /// is valid: its text form parses ([`FromStr`]) back to the same four
+    /// parts. A part holding `/` is [`NameError::ReadsAsAnother`].
+    pub fn check(&self) -> Result<(), NameError> {
+        let text = self.to_string();
+        let parts = [
+            &self.process_name,
+            &self.process_instance,
+            &self.entity_name,
+            &self.entity_instance,
+        ];
+        if parts.iter().any(|p| p.contains('/')) {
+            return Err(NameError::ReadsAsAnother(text));
+        }
+        match text.parse::<AppName>()? {
+            back if back == *self => Ok(()),
+            _ => Err(NameError::ReadsAsAnother(text)),
+        }
     }
 }
 
@@ -145,6 +169,28 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn check_refuses_parts_that_read_as_others() {
+        let n = |a: &str, b: &str, c: &str, d: &str| AppName {
+            process_name: a.into(),
+            process_instance: b.into(),
+            entity_name: c.into(),
+            entity_instance: d.into(),
+        };
+        assert_eq!(n("perf", "1", "data", "7").check(), Ok(()));
+        assert_eq!(n("echo", "", "data", "").check(), Ok(()));
+        assert_eq!(
+            n("admin/1", "", "", "").check(),
+            Err(NameError::ReadsAsAnother("admin/1".into()))
+        );
+        assert_eq!(
+            n("perf", "", "data/7", "").check(),
+            Err(NameError::ReadsAsAnother("perf//data/7".into()))
+        );
+        assert_eq!(n("", "1", "", "").check(), Err(NameError::EmptyProcessName));
+        assert_eq!(n("a b", "", "", "").check(), Err(NameError::BadChar(' ')));
+    }
+
     proptest! {
         #[test]
         fn display_parse_round_trip(
@@ -153,6 +199,16 @@ mod tests {
         ) {
             let n = AppName { process_name: a, process_instance: b, entity_name: c, entity_instance: d };
             prop_assert_eq!(n.to_string().parse::<AppName>().unwrap(), n);
+        }
+
+        #[test]
+        fn check_never_panics(
+            a in "\\PC{0,12}", b in "[a/]{0,3}", c in "\\PC{0,4}", d in "[/ x]{0,3}",
+        ) {
+            let n = AppName { process_name: a, process_instance: b, entity_name: c, entity_instance: d };
+            if n.check().is_ok() {
+                prop_assert_eq!(n.to_string().parse::<AppName>().unwrap(), n);
+            }
         }
 
         #[test]
