@@ -30,6 +30,9 @@ pub const CDAP_MGMT_DISCRIMINATOR: u8 = 0xC0;
 /// Class of flow objects.
 pub const FLOW_CLASS: &str = "Flow";
 
+/// `max_allowable_gap_sdu` meaning any gap (IRATI's -1).
+const ANY_GAP: i32 = -1;
+
 /// Where flow objects live in the RIB.
 pub const FLOWS_PATH: &str = "/fa/flows";
 
@@ -116,13 +119,18 @@ pub struct QosSpecification {
 }
 
 impl From<&QosSpec> for QosSpecification {
+    /// The spec as sent. A `max_sdu_gap` above
+    /// [`MAX_SDU_GAP`](crate::qos::MAX_SDU_GAP), which the
+    /// flow allocator refuses before it builds a request, has no number
+    /// in IRATI's signed field: it is sent as -1, IRATI's "any gap", and
+    /// read back as no bound (`None`).
     fn from(q: &QosSpec) -> Self {
         QosSpecification {
             qosid: None,
             average_bandwidth: q.avg_bandwidth_bps,
             partial_delivery: Some(!q.reliable),
             order: Some(q.in_order),
-            max_allowable_gap_sdu: q.max_sdu_gap.map(|g| g.min(i32::MAX as u32) as i32),
+            max_allowable_gap_sdu: q.max_sdu_gap.map(|g| i32::try_from(g).unwrap_or(ANY_GAP)),
             delay_us: q.max_delay_us,
             max_loss_ppm: q.max_loss_ppm,
             reliable: Some(q.reliable),
@@ -132,6 +140,8 @@ impl From<&QosSpec> for QosSpecification {
 }
 
 impl From<&QosSpecification> for QosSpec {
+    /// The spec a request carries; a negative gap (IRATI's "any gap") is
+    /// no bound.
     fn from(q: &QosSpecification) -> Self {
         QosSpec {
             max_delay_us: q.delay_us,
@@ -640,7 +650,115 @@ mod tests {
         assert_eq!(dst, name("echo//srv"));
     }
 
+    fn request(qos: QosSpec) -> FaMessage {
+        FaMessage::Request {
+            src_addr: 3,
+            src_cep: 5,
+            qos_id: 1,
+            qos,
+            src: name("perf"),
+            dst: name("echo"),
+        }
+    }
+
+    /// The QoS parameters a request carries on the wire.
+    fn sent_qos(m: &FaMessage) -> QosSpecification {
+        let f: Flow = m.to_cdap().obj_value.unwrap().to_object().unwrap();
+        f.qos_parameters.unwrap()
+    }
+
+    #[test]
+    fn qos_round_trips() {
+        let full = QosSpec {
+            max_delay_us: Some(u64::MAX),
+            max_loss_ppm: Some(1_000_000),
+            avg_bandwidth_bps: Some(u64::MAX),
+            in_order: true,
+            reliable: false,
+            max_sdu_gap: Some(crate::qos::MAX_SDU_GAP),
+            max_sdu_size: Some(u32::MAX),
+            cube: None,
+        };
+        let gap = |g| QosSpec {
+            max_sdu_gap: g,
+            ..QosSpec::default()
+        };
+        for q in [
+            QosSpec::default(),
+            full,
+            gap(Some(0)),
+            gap(Some(7)),
+            gap(None),
+        ] {
+            let m = request(q);
+            assert_eq!(FaMessage::parse(&m.to_vec()).unwrap(), m, "{q:?}");
+        }
+        assert_eq!(
+            sent_qos(&request(full)).max_allowable_gap_sdu,
+            Some(i32::MAX)
+        );
+    }
+
+    #[test]
+    fn a_gap_the_request_cannot_carry_is_sent_as_any_gap() {
+        // Not 2147483647, a bound the application did not ask for: IRATI's
+        // "any gap", which reads back as no bound.
+        let asked = QosSpec {
+            max_sdu_gap: Some(u32::MAX),
+            ..QosSpec::default()
+        };
+        let m = request(asked);
+        assert_eq!(sent_qos(&m).max_allowable_gap_sdu, Some(-1));
+        let FaMessage::Request { qos, .. } = FaMessage::parse(&m.to_vec()).unwrap() else {
+            panic!("not a request");
+        };
+        assert_eq!(qos.max_sdu_gap, None);
+    }
+
+    fn any_qos() -> impl Strategy<Value = QosSpec> {
+        use proptest::option::of;
+        (
+            (of(any::<u64>()), of(any::<u32>()), of(any::<u64>())),
+            (any::<bool>(), any::<bool>()),
+            (of(0..=crate::qos::MAX_SDU_GAP), of(any::<u32>())),
+        )
+            .prop_map(|((d, l, b), (io, rel), (g, s))| QosSpec {
+                max_delay_us: d,
+                max_loss_ppm: l,
+                avg_bandwidth_bps: b,
+                in_order: io,
+                reliable: rel,
+                max_sdu_gap: g,
+                max_sdu_size: s,
+                cube: None,
+            })
+    }
+
+    fn any_name() -> impl Strategy<Value = AppName> {
+        (
+            "[a-z0-9.]{1,20}",
+            "[a-z0-9]{0,5}",
+            "[a-z0-9]{0,5}",
+            "[a-z0-9]{0,5}",
+        )
+            .prop_map(|(a, b, c, d)| AppName {
+                process_name: a,
+                process_instance: b,
+                entity_name: c,
+                entity_instance: d,
+            })
+    }
+
     proptest! {
+        #[test]
+        fn request_round_trip(
+            a in any::<u64>(), c in any::<u64>(), q in any::<u64>(), qos in any_qos(),
+            src in any_name(), dst in any_name(),
+        ) {
+            let msg = FaMessage::Request { src_addr: a, src_cep: c, qos_id: q, qos, src, dst };
+            prop_assert_eq!(FaMessage::parse(&msg.to_vec()).unwrap(), msg);
+        }
+
         #[test]
         fn parse_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = FaMessage::parse(&bytes);

@@ -20,7 +20,8 @@ pub struct QosSpec {
     pub in_order: bool,
     /// Every SDU must be delivered (retransmission); implies `max_sdu_gap = 0`.
     pub reliable: bool,
-    /// Largest number of consecutive SDUs that may be lost (for partial delivery).
+    /// Largest number of consecutive SDUs that may be lost (for partial
+    /// delivery); at most [`MAX_SDU_GAP`] for a flow of a normal DIF.
     pub max_sdu_gap: Option<u32>,
     /// Largest SDU the application will write, in bytes.
     pub max_sdu_size: Option<u32>,
@@ -32,6 +33,11 @@ pub struct QosSpec {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cube: Option<u64>,
 }
+
+/// Largest [`QosSpec::max_sdu_gap`] a flow of a normal DIF can ask for:
+/// its flow request carries the gap as a signed 32-bit number (IRATI's
+/// `maxAllowableGapSdu`, where a negative gap means any gap).
+pub const MAX_SDU_GAP: u32 = i32::MAX as u32;
 
 /// Encoded size of a [`QosSpec`]: flags byte, then four fixed fields.
 pub const QOS_WIRE_LEN: usize = 1 + 8 + 4 + 8 + 4 + 4;
