@@ -1,5 +1,6 @@
 //! `struct rina_flow_spec` and its mapping to the daemon's [`QosSpec`].
 
+use rina_wire::qos::MAX_SDU_GAP;
 use rina_wire::QosSpec;
 
 /// The version of `struct rina_flow_spec` this library understands.
@@ -16,7 +17,7 @@ pub struct RinaFlowSpec {
     /// Largest delay, in microseconds (0: no bound).
     pub max_delay: u32,
     /// Largest run of lost SDUs (0: none may be lost, a reliable flow;
-    /// `u64::MAX`: no bound).
+    /// `u64::MAX`: no bound; otherwise at most [`MAX_SDU_GAP`]).
     pub max_sdu_gap: u64,
     /// Average bandwidth, in bits per second (0: no bound).
     pub avg_bandwidth: u64,
@@ -59,6 +60,17 @@ impl RinaFlowSpec {
                 self.max_loss
             ));
         }
+        let gap = (self.max_sdu_gap != u64::MAX).then_some(self.max_sdu_gap);
+        let max_sdu_gap = match gap.map(u32::try_from) {
+            None => None,
+            Some(Ok(g)) if g <= MAX_SDU_GAP => Some(g),
+            Some(_) => {
+                return Err(format!(
+                    "max_sdu_gap {} is above {MAX_SDU_GAP}, the largest gap a flow can ask for (UINT64_MAX: any gap)",
+                    self.max_sdu_gap
+                ))
+            }
+        };
         let reliable = self.max_sdu_gap == 0;
         Ok(QosSpec {
             max_delay_us: (self.max_delay > 0).then_some(u64::from(self.max_delay)),
@@ -68,8 +80,7 @@ impl RinaFlowSpec {
             // A reliable flow is delivered in order too.
             in_order: self.in_order_delivery != 0 || reliable,
             reliable,
-            max_sdu_gap: (self.max_sdu_gap != u64::MAX)
-                .then(|| u32::try_from(self.max_sdu_gap).unwrap_or(u32::MAX)),
+            max_sdu_gap,
             max_sdu_size: None,
             cube: None,
         })
@@ -149,5 +160,17 @@ mod tests {
         let mut s = RinaFlowSpec::unreliable();
         s.max_loss = 10001;
         assert!(s.to_qos().is_err());
+    }
+
+    #[test]
+    fn a_gap_a_flow_cannot_carry_is_refused_not_cut() {
+        let mut s = RinaFlowSpec::unreliable();
+        s.max_sdu_gap = u64::from(MAX_SDU_GAP);
+        assert_eq!(s.to_qos().unwrap().max_sdu_gap, Some(MAX_SDU_GAP));
+        for g in [u64::from(MAX_SDU_GAP) + 1, u64::from(u32::MAX), 1 << 40] {
+            s.max_sdu_gap = g;
+            let e = s.to_qos().unwrap_err();
+            assert!(e.contains(&format!("max_sdu_gap {g} is above")), "{e}");
+        }
     }
 }

@@ -88,6 +88,16 @@ fn numeric_ops_and_out_of_range_parameters_are_refused() {
     ));
     assert_eq!(k, ErrorKind::InvalidRequest);
     assert!(m.contains("max_loss_ppm"), "{m}");
+    // A gap a flow request cannot carry is refused, not sent as another.
+    let (k, m) = refused(ask(
+        &c,
+        r#"{"id":7,"op":"allocate","local":"a","remote":"b","dif":null,"qos":{"max_sdu_gap":4294967295}}"#,
+    ));
+    assert_eq!(k, ErrorKind::InvalidRequest);
+    assert!(
+        m.contains("qos.max_sdu_gap = 4294967295 is out of range"),
+        "{m}"
+    );
     // The policy in force is unchanged, and the connection still serves.
     let info = d.client().scheduler("v.net").unwrap();
     assert_eq!(info.config["queue_len"], serde_json::json!(1000));

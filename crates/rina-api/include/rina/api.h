@@ -47,7 +47,7 @@ struct rina_flow_spec {
     uint32_t version; /* RINA_FLOW_SPEC_VERSION */
 #define RINA_FLOW_SPEC_VERSION 2
     uint32_t max_delay;     /* in microseconds */
-    uint64_t max_sdu_gap;   /* in SDUs */
+    uint64_t max_sdu_gap;   /* in SDUs, at most 2^31 - 1 (or "no bound") */
     uint64_t avg_bandwidth; /* in bits per second */
 #define RINA_FLOW_SPEC_LOSS_MAX 10000
     uint16_t max_loss;         /* from 0 (0%) to 10000 (100%) */

@@ -10,6 +10,7 @@
 use super::{NormalConfig, NormalError};
 use crate::efcp::EfcpConfig;
 use crate::rmt::{CuCell, CuMap};
+use rina_wire::qos::MAX_SDU_GAP;
 use rina_wire::QosSpec;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -295,7 +296,16 @@ fn efcp_fits(c: &QosCube, qos: &QosSpec) -> Result<(), &'static str> {
     Ok(())
 }
 
-fn check_sdu(cfg: &NormalConfig, qos: &QosSpec) -> Result<(), NormalError> {
+/// Refuses what no cube of the DIF can serve: SDUs above the DIF's
+/// maximum, or a gap above [`MAX_SDU_GAP`], which a flow request cannot
+/// carry (it would reach the destination as another QoS).
+fn check_limits(cfg: &NormalConfig, qos: &QosSpec) -> Result<(), NormalError> {
+    if let Some(g) = qos.max_sdu_gap.filter(|&g| g > MAX_SDU_GAP) {
+        return Err(NormalError::QosNotSatisfiable(format!(
+            "max_sdu_gap = {g} is above {MAX_SDU_GAP}, the largest gap a flow request of DIF {} carries",
+            cfg.dif
+        )));
+    }
     if let Some(s) = qos.max_sdu_size {
         if s as usize > cfg.max_sdu {
             return Err(NormalError::QosNotSatisfiable(format!(
@@ -318,7 +328,8 @@ fn check_sdu(cfg: &NormalConfig, qos: &QosSpec) -> Result<(), NormalError> {
 /// * Only cubes whose declared figures meet the spec's delay, loss and
 ///   bandwidth are considered (see [`QosCube`]; a figure no cube of the DIF
 ///   declares is not matched). The refusal says what each cube lacks.
-/// * `max_sdu_size` above the DIF's maximum SDU cannot be served.
+/// * `max_sdu_size` above the DIF's maximum SDU cannot be served, nor
+///   `max_sdu_gap` above [`MAX_SDU_GAP`].
 pub(crate) fn choose<'a>(
     cfg: &NormalConfig,
     cubes: &'a [QosCube],
@@ -327,7 +338,7 @@ pub(crate) fn choose<'a>(
     if let Some(id) = qos.cube {
         return choose_named(cfg, cubes, &id.to_string(), qos);
     }
-    check_sdu(cfg, qos)?;
+    check_limits(cfg, qos)?;
     let names = || {
         cubes
             .iter()
@@ -396,7 +407,7 @@ pub fn choose_named<'a>(
     name: &str,
     qos: &QosSpec,
 ) -> Result<&'a QosCube, NormalError> {
-    check_sdu(cfg, qos)?;
+    check_limits(cfg, qos)?;
     let c = cubes
         .iter()
         .find(|c| c.name == name || c.id.to_string() == name)
@@ -487,6 +498,22 @@ mod figure_tests {
             ..Default::default()
         };
         assert_eq!(pick(q), Ok(6));
+    }
+
+    #[test]
+    fn a_gap_a_flow_request_cannot_carry_is_refused() {
+        let gap = |g| QosSpec {
+            max_sdu_gap: Some(g),
+            ..Default::default()
+        };
+        assert_eq!(pick(gap(MAX_SDU_GAP)), Ok(1));
+        let why = pick(gap(u32::MAX)).unwrap_err();
+        assert!(
+            why.contains("max_sdu_gap = 4294967295 is above 2147483647"),
+            "{why}"
+        );
+        let (cfg, cubes) = spn();
+        assert!(choose_named(&cfg, &cubes, "be", &gap(MAX_SDU_GAP + 1)).is_err());
     }
 
     #[test]

@@ -105,7 +105,8 @@ impl NormalIpcp {
     /// `max_sdu_gap = 0`, or `in_order`) gets a cube whose EFCP retransmits
     /// and delivers in order (and, unless only `in_order` was asked, never
     /// gives up a hole); anything else gets the first cube without
-    /// retransmission. `max_sdu_size` above the DIF's maximum SDU is
+    /// retransmission. `max_sdu_size` above the DIF's maximum SDU, or
+    /// `max_sdu_gap` above [`MAX_SDU_GAP`](rina_wire::qos::MAX_SDU_GAP), is
     /// [`NormalError::QosNotSatisfiable`], with the reason.
     pub fn choose_cube(&self, qos: &QosSpec) -> Result<&QosCube, NormalError> {
         cubes::choose(&self.cfg, &self.cfg.cubes, qos)

@@ -1100,6 +1100,12 @@ fn check_qos(q: &rina_wire::QosSpec) -> Result<(), CtlError> {
             "qos.max_loss_ppm = {p} is out of range: a loss is 0 to 1000000 parts per million"
         ));
     }
+    if let Some(g) = q.max_sdu_gap.filter(|&g| g > rina_wire::qos::MAX_SDU_GAP) {
+        return bad(format!(
+            "qos.max_sdu_gap = {g} is out of range: a gap is 0 to {} SDUs (leave it out for any gap)",
+            rina_wire::qos::MAX_SDU_GAP
+        ));
+    }
     if q.max_sdu_size == Some(0) {
         return bad("qos.max_sdu_size = 0 is out of range: SDUs have at least 1 byte".into());
     }
