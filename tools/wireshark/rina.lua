@@ -9,8 +9,8 @@
 --                  src and dst names (u16 length + UTF-8), optional direct
 --                  UDP port u16; ALLOC_RESP dst_port, src_port, result u8,
 --                  max_sdu u32, reason, optional direct UDP port u16;
---                  DEALLOC dst_port, src_port; KEEPALIVE one or more
---                  (dst_port, src_port) pairs.
+--                  DEALLOC dst_port, src_port; KEEPALIVE flags u8 (1: a
+--                  probe, to be answered), then (dst_port, src_port) pairs.
 --                  Found by a heuristic on any UDP port, or by "Decode As".
 --   rina.efcp      a normal DIF's PDU inside a shim SDU: the SDU-protection TTL
 --                  byte, the PCI (crates/rina-wire/src/pci.rs; field widths are
@@ -46,7 +46,7 @@
 --                  type RAW) and of a shim-eth Ethernet frames: the dissectors
 --                  above decode them.
 
-local NAME_TYPES = { [1] = "DATA", [2] = "ALLOC_REQ", [3] = "ALLOC_RESP", [4] = "DEALLOC" }
+local NAME_TYPES = { [1] = "DATA", [2] = "ALLOC_REQ", [3] = "ALLOC_RESP", [4] = "DEALLOC", [5] = "KEEPALIVE" }
 local ALLOC_RESULTS = {
     [0] = "accepted", [1] = "not registered", [2] = "refused",
     [3] = "QoS not satisfiable", [4] = "no resources",
@@ -77,6 +77,7 @@ local fu = {
     type = ProtoField.uint8("rina.shim_udp.type", "Type", base.HEX, NAME_TYPES),
     dst_port = ProtoField.uint32("rina.shim_udp.dst_port", "Destination port-id"),
     src_port = ProtoField.uint32("rina.shim_udp.src_port", "Source port-id"),
+    probe = ProtoField.uint8("rina.shim_udp.probe", "Probe (answer wanted)", base.DEC, { [0] = "no: an answer", [1] = "yes" }),
     qos = ProtoField.bytes("rina.shim_udp.qos", "QoS spec"),
     qos_flags = ProtoField.uint8("rina.qos.flags", "Flags", base.HEX),
     qos_in_order = ProtoField.bool("rina.qos.in_order", "In order", 8, nil, 0x01),
@@ -822,7 +823,7 @@ local function looks_like_shim_udp(tvb)
     elseif t == 4 then
         return n == 9
     elseif t == 5 then
-        return (n - 1) % 8 == 0
+        return n >= 10 and (n - 2) % 8 == 0 and tvb(1, 1):uint() <= 1
     end
     return false
 end
@@ -872,13 +873,15 @@ function p_udp.dissector(tvb, pinfo, tree)
         t:add(fu.dst_port, tvb(1, 4))
         t:add(fu.src_port, tvb(5, 4))
         info = info .. " port " .. tvb(1, 4):uint()
-    elseif ty == 5 and tvb:len() >= 9 then
-        local pairs = math.floor((tvb:len() - 1) / 8)
-        for k = 0, pairs - 1 do
-            t:add(fu.dst_port, tvb(1 + 8 * k, 4))
-            t:add(fu.src_port, tvb(5 + 8 * k, 4))
+    elseif ty == 5 and tvb:len() >= 10 then
+        local probe = tvb(1, 1):uint() == 1
+        t:add(fu.probe, tvb(1, 1))
+        local n = math.floor((tvb:len() - 2) / 8)
+        for k = 0, n - 1 do
+            t:add(fu.dst_port, tvb(2 + 8 * k, 4))
+            t:add(fu.src_port, tvb(6 + 8 * k, 4))
         end
-        info = info .. ", " .. pairs .. " flow(s)"
+        info = info .. (probe and " probe, " or " answer, ") .. n .. " flow(s)"
     end
     pinfo.cols.info = info
     return tvb:len()

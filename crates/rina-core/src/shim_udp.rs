@@ -14,10 +14,12 @@
 //! (a source address proves nothing: it may be anyone's).
 //!
 //! UDP says nothing when a peer's host or daemon vanishes, so each end
-//! checks its flows every [`Config::keepalive`]: one it sent nothing on
-//! since the last check is named in a [`Datagram::Keepalive`] (one for
-//! all the flows with a peer), and one nothing came on for
-//! [`KEEPALIVE_MISSES`] checks is deallocated.
+//! checks its flows every [`Config::keepalive`]: those it heard nothing on
+//! since the last check are named in a probe ([`Datagram::Keepalive`], one
+//! for all the silent flows with a peer), which the peer answers at once
+//! for those it still holds, whatever its own interval (and with its own
+//! check off); a flow nothing came on for [`KEEPALIVE_MISSES`] checks is
+//! deallocated.
 //!
 //! The driver (the daemon or the simulator) owns the socket. It feeds every
 //! received datagram to [`ShimUdp::on_datagram`], calls the API methods for
@@ -33,7 +35,8 @@ use crate::time::Instant;
 use rina_wire::codec::truncate_utf8;
 use rina_wire::ctl::FlowCounters;
 use rina_wire::shim_udp::{
-    data_header, keepalive, AllocResult, Datagram, DATA_HEADER_LEN, MAX_KEEPALIVE_PAIRS,
+    data_header, keepalive, AllocResult, Datagram, PortPairs, DATA_HEADER_LEN,
+    KEEPALIVE_HEADER_LEN, MAX_KEEPALIVE_PAIRS,
 };
 use rina_wire::{AppName, QosSpec, WireError};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -87,13 +90,14 @@ pub struct Config {
     /// `rx_wrong_peer`.
     pub peers_only: bool,
     /// How often allocated flows are checked for a live peer (default
-    /// 10 s): a flow on which this end sent nothing since the last check
-    /// gets a KEEPALIVE, and one on which nothing came for
-    /// [`KEEPALIVE_MISSES`] checks in a row is deallocated, as if the peer
-    /// had said so ([`Action::Deallocated`], counted in `keepalive_expired`).
-    /// UDP says nothing when a peer's host or daemon vanishes; without the
-    /// check its flows stayed here for ever, each with the application
-    /// serving it. `None`: no check.
+    /// 10 s): the peer is probed for the flows nothing came on since the
+    /// last check, and a flow on which nothing came for
+    /// [`KEEPALIVE_MISSES`] checks in a row (2 to 4 intervals after the
+    /// peer went) is deallocated, as if the peer had said so
+    /// ([`Action::Deallocated`], counted in `keepalive_expired`). UDP says
+    /// nothing when a peer's host or daemon vanishes; without the check
+    /// its flows stayed here for ever, each with the application serving
+    /// it. `None`: no check and no timer (probes are still answered).
     pub keepalive: Option<Duration>,
 }
 
@@ -235,8 +239,8 @@ pub struct Counters {
     /// same applications) after sending on them: it started again (see
     /// [`ShimUdp::on_datagram`]).
     pub flows_restarted: u64,
-    /// KEEPALIVEs sent: one per peer and check, for the flows with
-    /// nothing else sent on them.
+    /// KEEPALIVEs sent: probes (one per peer and check, for its silent
+    /// flows, as many datagrams as they need) and answers to the peers'.
     pub keepalives_sent: u64,
     /// KEEPALIVEs received (a pair in one naming no flow of its sender
     /// here counts in `rx_unknown_flow`).
@@ -300,11 +304,10 @@ pub struct Flow {
 /// What the liveness check ([`Config::keepalive`]) knows of a flow.
 #[derive(Debug, Clone, Copy, Default)]
 struct Liveness {
-    /// SDUs sent on the flow when the last check looked.
-    seen_out: u64,
     /// SDUs received on it when the last check looked.
     seen_in: u64,
-    /// A KEEPALIVE came from the peer since the last check.
+    /// A KEEPALIVE naming the flow (or its request again) came from the
+    /// peer since the last check.
     heard: bool,
     /// Checks in a row that found nothing received.
     silent: u8,
@@ -312,7 +315,8 @@ struct Liveness {
 
 /// Checks in a row ([`Config::keepalive`] apart) that find nothing received
 /// on a flow before it is deallocated: with the default interval, a flow
-/// whose peer vanished goes after 20 to 30 s.
+/// whose peer vanished goes 20 to 40 s later (the first check after may
+/// still count what came just before).
 pub const KEEPALIVE_MISSES: u8 = 3;
 
 /// Retransmission state of an allocation in progress.
@@ -802,16 +806,8 @@ impl ShimUdp {
                 self.on_alloc_resp(from, resp);
                 Received::Control
             }
-            Datagram::Keepalive { flows } => {
-                self.counters.keepalives_received += 1;
-                for (dst_port, src_port) in flows.iter() {
-                    match self.flows.get_mut(&dst_port) {
-                        Some(f) if f.peer == from && f.peer_port == Some(src_port) => {
-                            f.live.heard = true;
-                        }
-                        _ => self.counters.rx_unknown_flow += 1,
-                    }
-                }
+            Datagram::Keepalive { probe, flows } => {
+                self.on_keepalive(from, probe, flows);
                 Received::Control
             }
             Datagram::Dealloc { dst_port, src_port } => {
@@ -828,6 +824,37 @@ impl ShimUdp {
                 Received::Control
             }
         }
+    }
+
+    /// A KEEPALIVE from `from`: the flows it names that are its flows here
+    /// were heard from; a probe is answered at once, naming those (and no
+    /// others: an answer is never larger than its probe).
+    fn on_keepalive(&mut self, from: SocketAddr, probe: bool, flows: PortPairs<'_>) {
+        self.counters.keepalives_received += 1;
+        let mut answer = Vec::new();
+        for (dst_port, src_port) in flows.iter() {
+            match self.flows.get_mut(&dst_port) {
+                Some(f) if f.peer == from && f.peer_port == Some(src_port) => {
+                    f.live.heard = true;
+                    if probe {
+                        answer.push((src_port, dst_port));
+                    }
+                }
+                _ => self.counters.rx_unknown_flow += 1,
+            }
+        }
+        for chunk in answer.chunks(self.keepalive_pairs()) {
+            self.counters.keepalives_sent += 1;
+            self.transmit(from, keepalive(false, chunk));
+        }
+    }
+
+    /// Most pairs in a KEEPALIVE of this IPCP: as many as fit a datagram
+    /// of its largest DATA (`max_sdu` and the header), so that an
+    /// operator who set `max_sdu` to avoid IP fragments gets none.
+    fn keepalive_pairs(&self) -> usize {
+        let datagram = self.cfg.max_sdu as usize + DATA_HEADER_LEN;
+        (datagram.saturating_sub(KEEPALIVE_HEADER_LEN) / 8).clamp(1, MAX_KEEPALIVE_PAIRS)
     }
 
     fn on_data<'a>(&mut self, from: SocketAddr, port: PortId, sdu: &'a [u8]) -> Received<'a> {
@@ -974,7 +1001,11 @@ impl ShimUdp {
             return true;
         }
         if f.counters.sdus_in == 0 {
-            let direct = f.direct_port;
+            // The requester is there, still asking: the flow is alive.
+            if let Some(f) = self.flows.get_mut(&port) {
+                f.live.heard = true;
+            }
+            let direct = self.flows.get(&port).and_then(|f| f.direct_port);
             self.respond(from, src_port, port, AllocResult::Accepted, "", direct);
             return true;
         }
@@ -1091,8 +1122,8 @@ impl ShimUdp {
         }
     }
 
-    /// The liveness check ([`Config::keepalive`]): a KEEPALIVE on every
-    /// allocated flow this end sent nothing on since the last check, and
+    /// The liveness check ([`Config::keepalive`]): a probe for every
+    /// allocated flow nothing came on since the last check, and
     /// deallocation of those nothing came on for [`KEEPALIVE_MISSES`]
     /// checks. It stops when no flow or request is left.
     fn check_liveness(&mut self, now: Instant) {
@@ -1118,24 +1149,22 @@ impl ShimUdp {
             l.seen_in = f.counters.sdus_in;
             if l.silent >= KEEPALIVE_MISSES {
                 dead.push(port);
-                continue;
-            }
-            if f.counters.sdus_out == l.seen_out {
+            } else if l.silent > 0 {
                 probe.push((port, f.peer, peer_port));
             }
-            l.seen_out = f.counters.sdus_out;
         }
-        // One KEEPALIVE per peer for all its flows (as many as fit), in
-        // order, so that a seeded simulation replays exactly.
+        // One probe per peer for all its silent flows (as many as fit),
+        // in order, so that a seeded simulation replays exactly.
         probe.sort_unstable_by_key(|&(port, to, _)| (to, port));
         dead.sort_unstable();
+        let most = self.keepalive_pairs();
         let mut pairs = Vec::new();
         for (i, &(port, to, peer_port)) in probe.iter().enumerate() {
             pairs.push((peer_port, port));
             let last = probe.get(i + 1).is_none_or(|next| next.1 != to);
-            if last || pairs.len() == MAX_KEEPALIVE_PAIRS {
+            if last || pairs.len() == most {
                 self.counters.keepalives_sent += 1;
-                self.transmit(to, keepalive(&pairs));
+                self.transmit(to, keepalive(true, &pairs));
                 pairs.clear();
             }
         }

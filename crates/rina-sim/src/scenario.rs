@@ -100,6 +100,9 @@ impl Pair {
     }
 
     /// Like [`Pair::new`], with `tweak` applied to both shims' configurations.
+    /// The shims' liveness check (`keepalive`) is off unless `tweak` turns
+    /// it on: a pair's world runs until idle, which a periodic check would
+    /// never let it be while a flow is up.
     pub fn with_config(
         seed: u64,
         link: LinkConfig,
@@ -108,11 +111,13 @@ impl Pair {
     ) -> Pair {
         let mut world = World::new(seed);
         let mut ca = Config::new("udp");
+        ca.keepalive = None;
         for n in at_b {
             ca.directory.insert(name(n), addr(2));
         }
         tweak(&mut ca);
         let mut cb = Config::new("udp");
+        cb.keepalive = None;
         tweak(&mut cb);
         let a = world.add_node(ShimNode::new(addr(1), ca));
         let b = world.add_node(ShimNode::new(addr(2), cb));

@@ -73,14 +73,19 @@ impl Node for Tap {
 fn run(link: LinkConfig, profile: Profile, seed: u64, secs: f64) -> FlowReport {
     let mut w: World<Tap> = World::new(seed);
     w.set_tracing(false);
+    // No liveness check: the world runs until idle, which a periodic
+    // check would never let it be while the flow is up.
     let mut ca = Config::new("udp");
     ca.directory.insert(name("tgen"), addr(2));
+    ca.keepalive = None;
+    let mut cb = Config::new("udp");
+    cb.keepalive = None;
     let a = w.add_node(Tap {
         inner: ShimNode::new(addr(1), ca),
         got: Vec::new(),
     });
     let b = w.add_node(Tap {
-        inner: ShimNode::new(addr(2), Config::new("udp")),
+        inner: ShimNode::new(addr(2), cb),
         got: Vec::new(),
     });
     w.connect(addr(1), addr(2), link);

@@ -471,10 +471,10 @@ fn tshark_decodes_the_direct_port_of_shim_udp_allocations_and_keepalives() {
         .iter()
         .map(|d| udp_frame(&d.to_vec()))
         .collect();
-    frames.push(udp_frame(&rina_wire::shim_udp::keepalive(&[
-        (8, 3),
-        (9, 4),
-    ])));
+    frames.push(udp_frame(&rina_wire::shim_udp::keepalive(
+        true,
+        &[(8, 3), (9, 4)],
+    )));
     let pcap = dir.join("direct.pcap");
     write_pcap(&pcap, &frames);
     let rows = tshark(
@@ -486,6 +486,7 @@ fn tshark_decodes_the_direct_port_of_shim_udp_allocations_and_keepalives() {
             "rina.shim_udp.direct_port",
             "rina.shim_udp.dst_port",
             "rina.shim_udp.src_port",
+            "rina.shim_udp.probe",
         ],
     );
     assert_eq!(rows.len(), 4, "{rows:?}");
@@ -495,7 +496,14 @@ fn tshark_decodes_the_direct_port_of_shim_udp_allocations_and_keepalives() {
     assert_eq!(rows[2][..2], ["0x02", "echo"], "{rows:?}");
     assert!(rows[2].get(2).is_none_or(|v| v.is_empty()), "{rows:?}");
     assert_eq!(rows[3][0], "0x05", "{rows:?}");
-    assert_eq!(rows[3][3..], ["8", "3"], "the first pair: {rows:?}");
+    assert_eq!(
+        rows[3][3..],
+        ["8", "3", "1"],
+        "the first pair, a probe: {rows:?}"
+    );
+    // The type is named, in the tree and the summary.
+    let info = tshark(&pcap, &[], &["_ws.col.Info"]);
+    assert_eq!(info[3], ["shim-udp KEEPALIVE probe, 2 flow(s)"], "{info:?}");
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -8,7 +8,7 @@
 //! | `0x02` | ALLOC_REQ | src port-id u32, QoS spec (29 B), src name, dst name (each u16 length + UTF-8), optional direct UDP port u16 |
 //! | `0x03` | ALLOC_RESP | dst port-id u32, src port-id u32, result u8, max SDU u32, reason (u16 length + UTF-8), optional direct UDP port u16 |
 //! | `0x04` | DEALLOC | dst port-id u32, src port-id u32 |
-//! | `0x05` | KEEPALIVE | one or more (dst port-id u32, src port-id u32) pairs: the sender's flows to the receiver it sent nothing else on for a while |
+//! | `0x05` | KEEPALIVE | flags u8 (bit 0: a probe, to be answered), then one or more (dst port-id u32, src port-id u32) pairs: flows the sender holds with the receiver |
 //!
 //! Port-ids are local to each end; each side learns the other's from the
 //! allocation handshake, so a DATA header is only 5 bytes.
@@ -97,14 +97,21 @@ pub enum Datagram<'a> {
     },
     /// Tears a flow down.
     Dealloc { dst_port: u32, src_port: u32 },
-    /// Says that the sender still holds these flows with the receiver,
-    /// on which it sent nothing else for a while.
-    Keepalive { flows: PortPairs<'a> },
+    /// Says that the sender still holds these flows with the receiver; a
+    /// probe (it heard nothing on them for a while) asks the receiver to
+    /// answer at once with a KEEPALIVE naming those it still holds.
+    Keepalive { probe: bool, flows: PortPairs<'a> },
 }
 
-/// Most port-id pairs in one KEEPALIVE: 64,001 bytes, within a UDP
+/// Most port-id pairs in one KEEPALIVE: 64,002 bytes, within a UDP
 /// datagram over IPv4.
 pub const MAX_KEEPALIVE_PAIRS: usize = 8_000;
+
+/// Bytes of a KEEPALIVE before its pairs: the type and the flags.
+pub const KEEPALIVE_HEADER_LEN: usize = 2;
+
+/// The flag of a KEEPALIVE that asks for an answer.
+const KEEPALIVE_PROBE: u8 = 0x01;
 
 /// The flows of a KEEPALIVE: (receiver's port-id, sender's port-id)
 /// pairs, 8 bytes each, read in place.
@@ -143,13 +150,14 @@ impl<'a> PortPairs<'a> {
     }
 }
 
-/// A KEEPALIVE for the flows `pairs` (receiver's port-id, sender's
-/// port-id), at most [`MAX_KEEPALIVE_PAIRS`] of them (the rest are left
-/// out: the caller splits longer lists).
-pub fn keepalive(pairs: &[(u32, u32)]) -> Vec<u8> {
+/// A KEEPALIVE (a probe if `probe`) for the flows `pairs` (receiver's
+/// port-id, sender's port-id), at most [`MAX_KEEPALIVE_PAIRS`] of them
+/// (the rest are left out: the caller splits longer lists).
+pub fn keepalive(probe: bool, pairs: &[(u32, u32)]) -> Vec<u8> {
     let pairs = &pairs[..pairs.len().min(MAX_KEEPALIVE_PAIRS)];
-    let mut out = Vec::with_capacity(1 + 8 * pairs.len());
+    let mut out = Vec::with_capacity(KEEPALIVE_HEADER_LEN + 8 * pairs.len());
     out.push(T_KEEPALIVE);
+    out.push(if probe { KEEPALIVE_PROBE } else { 0 });
     for (d, s) in pairs {
         out.put_u32_be(*d);
         out.put_u32_be(*s);
@@ -185,9 +193,19 @@ impl<'a> Datagram<'a> {
                 dst_port: r.u32()?,
                 src_port: r.u32()?,
             },
-            T_KEEPALIVE => Datagram::Keepalive {
-                flows: PortPairs::new(r.rest())?,
-            },
+            T_KEEPALIVE => {
+                let flags = r.u8()?;
+                if flags & !KEEPALIVE_PROBE != 0 {
+                    return Err(WireError::BadValue {
+                        field: "keepalive.flags",
+                        value: flags as u64,
+                    });
+                }
+                Datagram::Keepalive {
+                    probe: flags == KEEPALIVE_PROBE,
+                    flows: PortPairs::new(r.rest())?,
+                }
+            }
             t => return Err(WireError::UnknownType(t)),
         };
         r.finish()?;
@@ -240,8 +258,9 @@ impl<'a> Datagram<'a> {
                 out.put_u32_be(*dst_port);
                 out.put_u32_be(*src_port);
             }
-            Datagram::Keepalive { flows } => {
+            Datagram::Keepalive { probe, flows } => {
                 out.push(T_KEEPALIVE);
+                out.push(if *probe { KEEPALIVE_PROBE } else { 0 });
                 out.extend_from_slice(flows.0);
             }
         }
@@ -326,7 +345,12 @@ mod tests {
                 src_port: 1,
             },
             Datagram::Keepalive {
+                probe: true,
                 flows: PortPairs::new(&[0, 0, 0, 7, 0, 0, 0, 3, 0, 1, 0, 0, 0, 0, 0, 9]).unwrap(),
+            },
+            Datagram::Keepalive {
+                probe: false,
+                flows: PortPairs::new(&[0, 0, 0, 7, 0, 0, 0, 3]).unwrap(),
             },
         ];
         for m in msgs {
@@ -378,16 +402,17 @@ mod tests {
 
     #[test]
     fn a_keepalive_names_whole_pairs_and_at_least_one() {
-        let v = keepalive(&[(7, 3), (65_536, 9)]);
-        let Ok(Datagram::Keepalive { flows }) = Datagram::parse(&v) else {
+        let v = keepalive(true, &[(7, 3), (65_536, 9)]);
+        let Ok(Datagram::Keepalive { probe, flows }) = Datagram::parse(&v) else {
             panic!("{v:?}");
         };
+        assert!(probe);
         assert_eq!(flows.len(), 2);
         assert_eq!(flows.iter().collect::<Vec<_>>(), [(7, 3), (65_536, 9)]);
         for bad in [
-            &[T_KEEPALIVE][..],
+            &[T_KEEPALIVE, 0][..],
             &v[..v.len() - 1],
-            &[T_KEEPALIVE, 0, 0, 0, 7],
+            &[T_KEEPALIVE, 1, 0, 0, 0, 7],
         ] {
             assert!(
                 matches!(
@@ -400,12 +425,25 @@ mod tests {
                 "{bad:?}"
             );
         }
+        let mut flagged = keepalive(false, &[(7, 3)]);
+        flagged[1] = 0x02;
+        assert!(matches!(
+            Datagram::parse(&flagged),
+            Err(WireError::BadValue {
+                field: "keepalive.flags",
+                value: 2
+            })
+        ));
         let many: Vec<(u32, u32)> = (0..MAX_KEEPALIVE_PAIRS as u32 + 5)
             .map(|p| (p, p))
             .collect();
-        let v = keepalive(&many);
+        let v = keepalive(false, &many);
         assert!(v.len() <= 65_507, "one datagram: {} bytes", v.len());
-        let Ok(Datagram::Keepalive { flows }) = Datagram::parse(&v) else {
+        let Ok(Datagram::Keepalive {
+            probe: false,
+            flows,
+        }) = Datagram::parse(&v)
+        else {
             panic!("a full KEEPALIVE parses");
         };
         assert_eq!(flows.len(), MAX_KEEPALIVE_PAIRS);

@@ -109,7 +109,8 @@ fn an_idle_flow_between_live_peers_stays_for_an_hour_on_keepalives_alone() {
         "{acts_a:?} {acts_b:?}"
     );
     assert!(a.flow(1).is_some() && b.flow(7).is_some());
-    // One KEEPALIVE per check on each side, and each one heard.
+    // Each end probes at every other check (the answer to a probe is heard
+    // by the next), and answers the other's: 180 + 180 of 360 checks.
     for s in [&a, &b] {
         let c = s.counters();
         assert_eq!((c.keepalives_sent, c.keepalives_received), (360, 360));
@@ -118,18 +119,21 @@ fn an_idle_flow_between_live_peers_stays_for_an_hour_on_keepalives_alone() {
 }
 
 #[test]
-fn data_keeps_a_flow_alive_and_its_sender_sends_no_keepalive() {
+fn data_keeps_a_flow_alive_and_its_receiver_probes_nothing() {
     let (mut a, mut b) = pair();
     allocate(&mut a, &mut b);
-    // `a` sends one SDU every 5 s; `b` sends nothing but KEEPALIVEs.
+    // `a` sends one SDU every 5 s; `b` sends nothing but answers.
     let (acts_a, acts_b) = run(&mut a, &mut b, 100, 600_000, Up::Both, Some(5_000));
     assert!(
         acts_a.is_empty() && acts_b.is_empty(),
         "{acts_a:?} {acts_b:?}"
     );
     assert!(a.flow(1).is_some() && b.flow(7).is_some());
-    assert_eq!(a.counters().keepalives_sent, 0);
-    assert_eq!(b.counters().keepalives_sent, 60);
+    // `b` hears data at every check and never probes; `a`, hearing nothing
+    // else, probes at every other check, and `b` answers each.
+    assert_eq!(b.counters().keepalives_sent, 30);
+    assert_eq!(a.counters().keepalives_sent, 30);
+    assert_eq!(b.counters().keepalives_received, 30);
     assert_eq!(b.flow(7).unwrap().counters.sdus_in, 120);
 }
 
@@ -137,7 +141,7 @@ fn data_keeps_a_flow_alive_and_its_sender_sends_no_keepalive() {
 fn a_keepalive_from_another_address_keeps_nothing_alive() {
     let (mut a, mut b) = pair();
     allocate(&mut a, &mut b);
-    let forged = rina_wire::shim_udp::keepalive(&[(1, 7)]);
+    let forged = rina_wire::shim_udp::keepalive(true, &[(1, 7)]);
     let mut t = 100;
     while a.flow(1).is_some() {
         assert!(t <= 30_000, "still there at {t} ms");
@@ -149,7 +153,11 @@ fn a_keepalive_from_another_address_keeps_nothing_alive() {
         if a.poll_timeout().is_some_and(|w| w <= ms(t)) {
             a.handle_timeout(ms(t));
         }
-        drop_transmits(&mut a);
+        while let Some(act) = a.poll_action() {
+            if let Action::Transmit { to, .. } = act {
+                assert_eq!(to, addr(B), "a forged probe is not answered");
+            }
+        }
         t += 100;
     }
     assert_eq!(t, 30_100, "it went at the third check, as if nothing came");
@@ -244,13 +252,145 @@ fn one_keepalive_names_all_the_idle_flows_with_a_peer_as_many_as_fit() {
         }
     }
     // 8,000 + 8,000 + 4,000 pairs, each within a datagram.
-    assert_eq!(sizes, [64_001, 64_001, 32_001]);
+    assert_eq!(sizes, [64_002, 64_002, 32_002]);
     assert_eq!(
         b.counters().rx_unknown_flow,
         0,
         "every pair names a flow of b"
     );
-    // `b` heard of all of them: none of its flows is silent at its checks,
-    // where `a`, hearing nothing back, counts one silent check per flow.
     assert!(b.flows.values().all(|f| f.live.heard));
+    // `b` answers each probe at once, naming all of them back.
+    let mut answered = 0;
+    while let Some(act) = b.poll_action() {
+        if let Action::Transmit { to, payload } = act {
+            assert_eq!(to, addr(A));
+            let Ok(Datagram::Keepalive {
+                probe: false,
+                flows,
+            }) = Datagram::parse(&payload)
+            else {
+                panic!("an answer");
+            };
+            answered += flows.len();
+            let _ = a.on_datagram(ms(10_001), addr(B), &payload);
+        }
+    }
+    assert_eq!(answered, n as usize);
+    assert!(a.flows.values().all(|f| f.live.heard));
+}
+
+#[test]
+fn keepalives_fit_a_datagram_of_the_largest_data() {
+    // An operator who set `max_sdu` to keep datagrams within the path's
+    // MTU gets KEEPALIVEs that fit too: 1,405-byte DATA, so 175 pairs.
+    let mut ca = Config::new("udp");
+    ca.directory.insert(name("echo"), addr(B));
+    ca.max_sdu = 1400;
+    let mut a = ShimUdp::new(ca);
+    let mut cb = Config::new("udp");
+    (cb.max_pending, cb.max_pending_per_host) = (200, 200);
+    let mut b = ShimUdp::new(cb);
+    b.register(name("echo")).unwrap();
+    for port in 1..=200 {
+        a.allocate(ms(0), port, name("perf"), name("echo"), QosSpec::default())
+            .unwrap();
+    }
+    carry(ms(0), &mut a, A, &mut b);
+    for act in drop_transmits(&mut b) {
+        let Action::FlowRequest { handle, .. } = act else {
+            panic!("{act:?}");
+        };
+        b.accept(handle, 1_000 + handle as u32).unwrap();
+    }
+    carry(ms(1), &mut b, B, &mut a);
+    a.handle_timeout(ms(10_000));
+    let mut sizes = Vec::new();
+    while let Some(act) = a.poll_action() {
+        if let Action::Transmit { payload, .. } = act {
+            sizes.push(payload.len());
+        }
+    }
+    assert_eq!(sizes, [2 + 175 * 8, 2 + 25 * 8]);
+}
+
+/// Two ends whose keepalive is `ka` and `kb`, `a` knowing `echo` at `b`.
+fn pair_with(ka: Option<Duration>, kb: Option<Duration>) -> (ShimUdp, ShimUdp) {
+    let mut ca = Config::new("udp");
+    ca.directory.insert(name("echo"), addr(B));
+    ca.keepalive = ka;
+    let mut cb = Config::new("udp");
+    cb.keepalive = kb;
+    let mut b = ShimUdp::new(cb);
+    b.register(name("echo")).unwrap();
+    (ShimUdp::new(ca), b)
+}
+
+#[test]
+fn ends_with_different_intervals_keep_an_idle_flow() {
+    // `a` checks every minute, `b` every 10 s: `b` probes when it heard
+    // nothing, and `a` answers at once, whatever its own interval.
+    let (mut a, mut b) = pair_with(Some(Duration::from_secs(60)), Some(Duration::from_secs(10)));
+    allocate(&mut a, &mut b);
+    let (acts_a, acts_b) = run(&mut a, &mut b, 100, 600_000, Up::Both, None);
+    assert!(
+        acts_a.is_empty() && acts_b.is_empty(),
+        "{acts_a:?} {acts_b:?}"
+    );
+    assert!(a.flow(1).is_some() && b.flow(7).is_some());
+    assert_eq!(
+        a.counters().keepalive_expired + b.counters().keepalive_expired,
+        0
+    );
+}
+
+#[test]
+fn a_peer_with_the_check_off_still_answers_so_idle_flows_live() {
+    let (mut a, mut b) = pair_with(None, Some(Duration::from_secs(10)));
+    allocate(&mut a, &mut b);
+    assert_eq!(a.poll_timeout(), None, "a times nothing");
+    let (acts_a, acts_b) = run(&mut a, &mut b, 100, 600_000, Up::Both, None);
+    assert!(
+        acts_a.is_empty() && acts_b.is_empty(),
+        "{acts_a:?} {acts_b:?}"
+    );
+    assert!(b.flow(7).is_some(), "b's flow expired though a answers");
+    assert_eq!(b.counters().keepalive_expired, 0);
+    // Every probe of `b` is answered.
+    assert_eq!(a.counters().keepalives_sent, b.counters().keepalives_sent);
+    assert!(a.counters().keepalives_sent >= 30);
+}
+
+#[test]
+fn a_requester_still_asking_keeps_the_accepted_flow_alive() {
+    // A check shorter than the allocation's own timeout: while the
+    // requester asks again (its answers lost), the accepted flow is alive.
+    let (mut a, mut b) = pair_with(
+        Some(Duration::from_secs(10)),
+        Some(Duration::from_millis(100)),
+    );
+    a.allocate(ms(0), 1, name("perf"), name("echo"), QosSpec::default())
+        .unwrap();
+    carry(ms(0), &mut a, A, &mut b);
+    let req = drop_transmits(&mut b);
+    let [Action::FlowRequest { handle, .. }] = req.as_slice() else {
+        panic!("{req:?}");
+    };
+    b.accept(*handle, 7).unwrap();
+    let mut t = 0;
+    while t < 1_900 {
+        t += 50;
+        for s in [&mut a, &mut b] {
+            if s.poll_timeout().is_some_and(|w| w <= ms(t)) {
+                s.handle_timeout(ms(t));
+            }
+        }
+        // Every answer of b is lost; a's requests arrive.
+        carry(ms(t), &mut a, A, &mut b);
+        drop_transmits(&mut b);
+        assert!(
+            b.flow(7).is_some(),
+            "gone at {t} ms while the requester asks"
+        );
+    }
+    assert_eq!(b.counters().keepalive_expired, 0);
 }
