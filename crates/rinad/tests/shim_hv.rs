@@ -1053,8 +1053,6 @@ fn stalled_flow_does_not_stall_the_device(rings: bool) {
 /// control message either: no allocation while the applications stall.)
 #[test]
 fn without_credit_what_the_host_holds_is_bounded_in_bytes() {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    use std::sync::Arc;
     const FLOWS: usize = 8;
     const LEN: usize = 60_000;
     const CAP: u64 = 8 << 20;
@@ -1087,35 +1085,27 @@ fn without_credit_what_the_host_holds_is_bounded_in_bytes() {
     let flows: Vec<Flow> = (0..FLOWS)
         .map(|k| allocate(&mut c, &format!("vm{k}"), "sink").unwrap())
         .collect();
-    let writers: Vec<(Arc<AtomicU32>, JoinHandle<Flow>)> = flows
-        .into_iter()
-        .enumerate()
-        .map(|(k, f)| {
-            let written = Arc::new(AtomicU32::new(0));
-            let w = written.clone();
-            let h = std::thread::spawn(move || {
-                let mut sdu = vec![k as u8; LEN];
-                loop {
-                    let n = w.load(Ordering::Relaxed);
-                    sdu[..4].copy_from_slice(&n.to_le_bytes());
-                    // Blocked for 2 s: held back for good.
-                    if !f.write_timeout(&sdu, Duration::from_secs(2)).unwrap() {
-                        return f;
-                    }
-                    w.store(n + 1, Ordering::Relaxed);
+    // One writer, round-robin over the flows, so that they fill alike: a
+    // flow that ran ahead would reach its 64 held SDUs (its next SDU then
+    // waits in the ring, which pauses it) before the IPCP's 8 MiB were.
+    let writer = std::thread::spawn(move || {
+        let mut written = vec![0u32; FLOWS];
+        let mut sdu = vec![0u8; LEN];
+        'all: loop {
+            for (k, f) in flows.iter().enumerate() {
+                sdu[4..].fill(k as u8);
+                sdu[..4].copy_from_slice(&written[k].to_le_bytes());
+                // Blocked for 3 s: held back for good.
+                if !f.write_timeout(&sdu, Duration::from_secs(3)).unwrap() {
+                    break 'all;
                 }
-            });
-            (written, h)
-        })
-        .collect();
+                written[k] += 1;
+            }
+        }
+        (written, flows)
+    });
     let (sinks, _srv) = accepting.join().unwrap();
-    let (written, flows): (Vec<u32>, Vec<Flow>) = writers
-        .into_iter()
-        .map(|(w, h)| {
-            let f = h.join().unwrap();
-            (w.load(Ordering::Relaxed), f)
-        })
-        .unzip();
+    let (written, flows) = writer.join().unwrap();
     let peak = host.counter("rx_held_peak");
     eprintln!(
         "held at most {peak} bytes; {} bytes held now",

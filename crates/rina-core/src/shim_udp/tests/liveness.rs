@@ -184,19 +184,25 @@ fn with_the_check_off_a_vanished_peer_s_flow_stays_and_nothing_is_timed() {
     assert_eq!(a.counters().keepalives_sent, 0);
 }
 
+/// `a` asks `b` for `echo` on port 1, and `b` accepts it as port 7; the
+/// answer is still in `b`'s actions.
+fn accept_unanswered(a: &mut ShimUdp, b: &mut ShimUdp) {
+    a.allocate(ms(0), 1, name("perf"), name("echo"), QosSpec::default())
+        .unwrap();
+    carry(ms(0), a, A, b);
+    let req = drop_transmits(b);
+    let [Action::FlowRequest { handle, .. }] = req.as_slice() else {
+        panic!("{req:?}");
+    };
+    b.accept(*handle, 7).unwrap();
+}
+
 #[test]
 fn an_accepted_flow_whose_requester_never_heard_the_answer_goes() {
     // The requester gave up (its answer was lost, and it timed out): the
     // flow accepted at `b` has no one at the other end.
     let (mut a, mut b) = pair();
-    a.allocate(ms(0), 1, name("perf"), name("echo"), QosSpec::default())
-        .unwrap();
-    carry(ms(0), &mut a, A, &mut b);
-    let req = drop_transmits(&mut b);
-    let [Action::FlowRequest { handle, .. }] = req.as_slice() else {
-        panic!("{req:?}");
-    };
-    b.accept(*handle, 7).unwrap();
+    accept_unanswered(&mut a, &mut b);
     drop_transmits(&mut b);
     let mut t = 100;
     while b.flow(7).is_some() {
@@ -218,10 +224,11 @@ fn an_accepted_flow_whose_requester_never_heard_the_answer_goes() {
     assert_eq!(b.counters().keepalive_expired, 1);
 }
 
-#[test]
-fn one_keepalive_names_all_the_idle_flows_with_a_peer_as_many_as_fit() {
-    let (mut a, _) = pair();
-    let n = 20_000;
+/// `n` flows from `a` (its configuration `ca`, knowing `echo` at `b`) to
+/// `echo` at `b`, all allocated at both ends.
+fn many_flows(mut ca: Config, n: u32) -> (ShimUdp, ShimUdp) {
+    ca.directory.insert(name("echo"), addr(B));
+    let mut a = ShimUdp::new(ca);
     let mut cb = Config::new("udp");
     (cb.max_pending, cb.max_pending_per_host) = (n as usize, n as usize);
     let mut b = ShimUdp::new(cb);
@@ -242,6 +249,13 @@ fn one_keepalive_names_all_the_idle_flows_with_a_peer_as_many_as_fit() {
         a.flows().filter(|(_, f)| f.peer_port.is_some()).count(),
         n as usize
     );
+    (a, b)
+}
+
+#[test]
+fn one_keepalive_names_all_the_idle_flows_with_a_peer_as_many_as_fit() {
+    let n = 20_000;
+    let (mut a, mut b) = many_flows(Config::new("udp"), n);
     a.handle_timeout(ms(10_000));
     let mut sizes = Vec::new();
     while let Some(act) = a.poll_action() {
@@ -284,25 +298,8 @@ fn keepalives_fit_a_datagram_of_the_largest_data() {
     // An operator who set `max_sdu` to keep datagrams within the path's
     // MTU gets KEEPALIVEs that fit too: 1,405-byte DATA, so 175 pairs.
     let mut ca = Config::new("udp");
-    ca.directory.insert(name("echo"), addr(B));
     ca.max_sdu = 1400;
-    let mut a = ShimUdp::new(ca);
-    let mut cb = Config::new("udp");
-    (cb.max_pending, cb.max_pending_per_host) = (200, 200);
-    let mut b = ShimUdp::new(cb);
-    b.register(name("echo")).unwrap();
-    for port in 1..=200 {
-        a.allocate(ms(0), port, name("perf"), name("echo"), QosSpec::default())
-            .unwrap();
-    }
-    carry(ms(0), &mut a, A, &mut b);
-    for act in drop_transmits(&mut b) {
-        let Action::FlowRequest { handle, .. } = act else {
-            panic!("{act:?}");
-        };
-        b.accept(handle, 1_000 + handle as u32).unwrap();
-    }
-    carry(ms(1), &mut b, B, &mut a);
+    let (mut a, _) = many_flows(ca, 200);
     a.handle_timeout(ms(10_000));
     let mut sizes = Vec::new();
     while let Some(act) = a.poll_action() {
@@ -368,14 +365,7 @@ fn a_requester_still_asking_keeps_the_accepted_flow_alive() {
         Some(Duration::from_secs(10)),
         Some(Duration::from_millis(100)),
     );
-    a.allocate(ms(0), 1, name("perf"), name("echo"), QosSpec::default())
-        .unwrap();
-    carry(ms(0), &mut a, A, &mut b);
-    let req = drop_transmits(&mut b);
-    let [Action::FlowRequest { handle, .. }] = req.as_slice() else {
-        panic!("{req:?}");
-    };
-    b.accept(*handle, 7).unwrap();
+    accept_unanswered(&mut a, &mut b);
     let mut t = 0;
     while t < 1_900 {
         t += 50;
