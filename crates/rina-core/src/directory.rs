@@ -772,20 +772,15 @@ pub fn dfte_to_wire(e: &DirEntry) -> DirectoryForwardingTableEntry {
 }
 
 /// Whether `name` is a valid application name, as the flow allocator
-/// takes names from the wire: its text form parses (at most
-/// [`MAX_NAME_LEN`](rina_wire::name::MAX_NAME_LEN) bytes, no control
-/// characters or white space) back to the same name.
+/// takes names from the wire ([`AppName::check`]): its text form parses
+/// (at most [`MAX_NAME_LEN`](rina_wire::name::MAX_NAME_LEN) bytes, no
+/// control characters or white space) back to the same name.
 pub fn check_name(name: &AppName) -> Result<(), DirectoryError> {
     if name.process_name.is_empty() {
         return Err(DirectoryError::EmptyName);
     }
-    match name.to_string().parse::<AppName>() {
-        Ok(back) if back == *name => Ok(()),
-        Ok(back) => Err(DirectoryError::InvalidName(format!(
-            "its text form reads as another name, {back}"
-        ))),
-        Err(e) => Err(DirectoryError::InvalidName(e.to_string())),
-    }
+    name.check()
+        .map_err(|e| DirectoryError::InvalidName(e.to_string()))
 }
 
 /// An entry from IRATI's form alone: alive, version 0, age 0. Fails on a

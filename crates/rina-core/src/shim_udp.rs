@@ -987,7 +987,7 @@ impl ShimUdp {
         src: &AppName,
         dst: &AppName,
     ) -> bool {
-        let Some(f) = self.flows.get(&port) else {
+        let Some(f) = self.flows.get_mut(&port) else {
             self.accepted.remove(&(from, src_port));
             return false;
         };
@@ -1002,10 +1002,8 @@ impl ShimUdp {
         }
         if f.counters.sdus_in == 0 {
             // The requester is there, still asking: the flow is alive.
-            if let Some(f) = self.flows.get_mut(&port) {
-                f.live.heard = true;
-            }
-            let direct = self.flows.get(&port).and_then(|f| f.direct_port);
+            f.live.heard = true;
+            let direct = f.direct_port;
             self.respond(from, src_port, port, AllocResult::Accepted, "", direct);
             return true;
         }
@@ -1105,18 +1103,21 @@ impl ShimUdp {
         let p = self.pending.values().map(|p| p.deadline);
         let f = self.farewells.values().map(|f| f.due);
         // The liveness check, while it has something to check.
-        let idle = self.flows.is_empty() && self.pending.is_empty();
-        let c = self.next_check.filter(|_| !idle);
+        let c = self.next_check.filter(|_| !self.nothing_to_check());
         a.chain(p).chain(f).chain(c).min()
+    }
+
+    /// No flow and no request: nothing for the liveness check.
+    fn nothing_to_check(&self) -> bool {
+        self.flows.is_empty() && self.pending.is_empty()
     }
 
     /// Starts the liveness check, if it is on and not running: a flow is
     /// coming (asked for here, or a request came). A check left from
     /// flows that are all gone starts again from now.
     fn arm_check(&mut self, now: Instant) {
-        let stale = self.flows.is_empty() && self.pending.is_empty();
         if let Some(every) = self.cfg.keepalive {
-            if self.next_check.is_none() || stale {
+            if self.next_check.is_none() || self.nothing_to_check() {
                 self.next_check = Some(now + every);
             }
         }
@@ -1175,8 +1176,7 @@ impl ShimUdp {
                 self.actions.push_back(Action::Deallocated { port });
             }
         }
-        let idle = self.flows.is_empty() && self.pending.is_empty();
-        self.next_check = if idle { None } else { Some(now + every) };
+        self.next_check = (!self.nothing_to_check()).then(|| now + every);
     }
 
     /// Retransmits allocation requests and DEALLOCs and expires what
