@@ -53,6 +53,9 @@ pub const MAX_UDP_PAYLOAD: u32 = 65_507;
 /// Default largest SDU: the largest UDP payload less the DATA header.
 pub const DEFAULT_MAX_SDU: u32 = MAX_UDP_PAYLOAD - DATA_HEADER_LEN as u32;
 
+/// The liveness check's default interval ([`Config::keepalive`]).
+pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(10);
+
 /// Longest refusal reason sent to a peer, in bytes; longer ones are cut at a
 /// character boundary so the response always fits one datagram.
 pub const MAX_REASON_LEN: usize = 512;
@@ -115,7 +118,7 @@ impl Config {
             max_pending: 256,
             max_pending_per_host: 64,
             peers_only: false,
-            keepalive: Some(Duration::from_secs(10)),
+            keepalive: Some(DEFAULT_KEEPALIVE),
         }
     }
 }
@@ -420,6 +423,37 @@ impl ShimUdp {
     /// The configuration.
     pub fn config(&self) -> &Config {
         &self.cfg
+    }
+
+    /// Replaces the directory: new allocations resolve with it, and with
+    /// [`Config::peers_only`] new requests are judged by it. The flows up
+    /// keep the peer address they have.
+    pub fn set_directory(&mut self, directory: HashMap<AppName, SocketAddr>) {
+        self.cfg.directory = directory;
+    }
+
+    /// Takes allocation requests from anyone (`false`) or only from the
+    /// directory's addresses (`true`, [`Config::peers_only`]), from now
+    /// on; the flows up and the requests waiting for an answer stay.
+    pub fn set_peers_only(&mut self, on: bool) {
+        self.cfg.peers_only = on;
+    }
+
+    /// Sets the liveness check's interval ([`Config::keepalive`]; `None`
+    /// turns it off) at time `now`. The check starts afresh: every flow
+    /// counts as just heard from, and the next check is one new interval
+    /// from now, so that no flow is ended by silences counted under
+    /// another interval, or while the check was off.
+    pub fn set_keepalive(&mut self, now: Instant, every: Option<Duration>) {
+        self.cfg.keepalive = every;
+        for (_, f) in self.flows.iter_mut() {
+            f.live = Liveness {
+                seen_in: f.counters.sdus_in,
+                heard: false,
+                silent: 0,
+            };
+        }
+        self.next_check = every.filter(|_| !self.nothing_to_check()).map(|e| now + e);
     }
 
     /// Whether the directory of this shim DIF knows `name`.

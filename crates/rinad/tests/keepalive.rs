@@ -300,3 +300,90 @@ fn a_shim_udp_flow_whose_peer_daemon_is_killed_ends_at_the_survivor() {
         flows_up(&beta).is_empty()
     });
 }
+
+/// A reload that changes a shim-udp IPCP's `keepalive_ms` and `directory`
+/// keeps the IPCP and its flow (before, it was created again, its flows
+/// lost) and puts both in force: with the check off, the flow outlives its
+/// peer's daemon; on again, it ends a few intervals later.
+#[test]
+fn a_reload_changes_a_shim_udp_check_and_directory_in_place() {
+    let ms = 200;
+    let interval = Duration::from_millis(ms);
+    let (pa, pb) = (free_port(), free_port());
+    let conf = |me: &str, port: u16, ka: u64, dir: &str| {
+        format!(
+            "[system]\nname = \"{me}\"\n[[ipcp]]\nname = \"{me}.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:{port}\"\nkeepalive_ms = {ka}\n[ipcp.directory]\n{dir}"
+        )
+    };
+    let mut beta = Daemon::start_with("beta", &conf("beta", pb, ms, ""));
+    let echo_at_beta = format!("\"echo\" = \"127.0.0.1:{pb}\"\n");
+    let alpha = Daemon::start_with("alpha", &conf("alpha", pa, ms, &echo_at_beta));
+    let mut srv = beta.client();
+    srv.register(&name("echo"), Some("udp")).unwrap();
+    let server = std::thread::spawn(move || {
+        let req = srv.next_request().unwrap();
+        let flow = srv.accept(&req).unwrap();
+        let mut buf = vec![0u8; 2000];
+        let mut sdus = 0;
+        while sdus < 2 && flow.read(&mut buf).is_ok_and(|n| n > 0) {
+            sdus += 1;
+        }
+        // The flow, kept open: closing it would tell alpha.
+        (sdus, flow)
+    });
+    let mut c = alpha.client();
+    let flow = c
+        .allocate(
+            &name("idler"),
+            &name("echo"),
+            Some("udp"),
+            &QosSpec::default(),
+        )
+        .unwrap();
+    flow.write(b"hello").unwrap();
+    let port = flow.info().port;
+
+    let write = |ka: u64, dir: &str| {
+        std::fs::write(alpha.dir.join("rinad.toml"), conf("alpha", pa, ka, dir)).unwrap();
+    };
+    write(0, &format!("{echo_at_beta}\"other\" = \"127.0.0.1:9\"\n"));
+    let changes = c.reload(None).unwrap();
+    assert_eq!(
+        changes,
+        [
+            "alpha.udp: other is at 127.0.0.1:9",
+            "alpha.udp: keepalive 200 ms -> off (1 flow(s) up checked afresh)"
+        ]
+    );
+    // The same IPCP and flow: it still carries SDUs.
+    flow.write(b"after the reload").unwrap();
+    let (sdus, _beta_flow) = server.join().unwrap();
+    assert_eq!(sdus, 2, "both SDUs came");
+    assert!(flows_up(&alpha).contains(&port));
+
+    // Off: the flow outlives its peer's daemon by many intervals.
+    beta.kill();
+    std::thread::sleep(interval * 8);
+    assert!(flows_up(&alpha).contains(&port), "ended with the check off");
+    assert_eq!(alpha.counter("keepalive_expired"), 0);
+
+    // On again: three silent checks from the reload end it.
+    write(ms, &echo_at_beta);
+    let changes = c.reload(None).unwrap();
+    assert_eq!(
+        changes,
+        [
+            "alpha.udp: directory entry other removed",
+            "alpha.udp: keepalive off -> 200 ms (1 flow(s) up checked afresh)"
+        ]
+    );
+    let reloaded = Instant::now();
+    wait_for("the flow ended by the check", T, || {
+        !flows_up(&alpha).contains(&port)
+    });
+    let took = reloaded.elapsed();
+    eprintln!("the flow ended {took:?} after the check was on again");
+    assert!(took >= interval * 2, "ended {took:?} after the reload");
+    assert_eq!(alpha.counter("keepalive_expired"), 1);
+    assert_eq!(c.reload(None).unwrap(), ["nothing changed"]);
+}

@@ -589,6 +589,45 @@ fn peers_only_takes_requests_from_configured_peers_and_no_one_else_claiming_them
     assert_eq!(flow_requests(&mut b), 1);
 }
 
+#[test]
+fn a_directory_and_peers_only_set_at_run_time_judge_what_comes_next() {
+    let (mut a, mut b) = pair();
+    allocate(&mut a, &mut b);
+    // `echo` leaves a's directory, `relay` joins it: the flow up stays,
+    // an allocation to `echo` is refused at once, one to `relay` goes out.
+    a.set_directory([(name("relay"), addr(B))].into_iter().collect());
+    assert!(a.flow(1).is_some());
+    assert!(!a.knows(&name("echo")) && a.knows(&name("relay")));
+    let e = a.allocate(ms(10), 2, name("perf"), name("echo"), QosSpec::default());
+    assert_eq!(e, Err(ShimError::NameNotFound(Box::new(name("echo")))));
+    a.allocate(ms(10), 3, name("perf"), name("relay"), QosSpec::default())
+        .unwrap();
+    let sent: Vec<SocketAddr> = std::iter::from_fn(|| a.poll_action())
+        .filter_map(|act| match act {
+            Action::Transmit { to, .. } => Some(to),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sent, vec![addr(B)]);
+    // b turns peers_only on, knowing no one: a's next request is dropped
+    // and counted, its flow up stays; knowing a again, b takes it.
+    b.set_peers_only(true);
+    a.set_directory([(name("echo"), addr(B))].into_iter().collect());
+    a.allocate(ms(20), 5, name("perf"), name("echo"), QosSpec::default())
+        .unwrap();
+    assert!(carry(ms(20), &mut a, A, &mut b).is_empty());
+    assert_eq!(b.counters().rx_wrong_peer, 1);
+    assert!(drop_transmits(&mut b).is_empty(), "no answer, no request");
+    assert!(b.flow(7).is_some());
+    b.set_directory([(name("perf"), addr(A))].into_iter().collect());
+    a.handle_timeout(ms(220));
+    assert!(carry(ms(220), &mut a, A, &mut b).is_empty());
+    assert!(matches!(
+        drop_transmits(&mut b).as_slice(),
+        [Action::FlowRequest { .. }]
+    ));
+}
+
 /// Allocates port 1 on `a` to `echo` on `b` as port 7, `a` offering a
 /// direct socket on `a_offer` and `b` answering with `b_offer`; returns
 /// what `b` saw offered.

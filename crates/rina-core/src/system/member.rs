@@ -323,6 +323,15 @@ impl Member {
         }
     }
 
+    /// The shim-udp IPCP, if it is one (to change its directory or
+    /// liveness check at run time).
+    pub fn shim_udp_mut(&mut self) -> Option<&mut ShimUdp> {
+        match &mut self.machine {
+            Machine::ShimUdp(s) => Some(s),
+            _ => None,
+        }
+    }
+
     /// Largest SDU its flows carry.
     pub fn max_sdu(&self) -> usize {
         match &self.machine {

@@ -992,6 +992,15 @@ impl Config {
 }
 
 impl IpcpConfig {
+    /// A shim-udp IPCP's liveness check: every `keepalive_ms`, none for 0,
+    /// by default every [`rina_core::shim_udp::DEFAULT_KEEPALIVE`].
+    pub fn udp_keepalive(&self) -> Option<std::time::Duration> {
+        match &self.keepalive_ms {
+            Some(k) => (*k.get_ref() > 0).then(|| std::time::Duration::from_millis(*k.get_ref())),
+            None => Some(rina_core::shim_udp::DEFAULT_KEEPALIVE),
+        }
+    }
+
     /// normal: the QoS cubes of the DIF (the configured ones, else the defaults).
     pub fn cubes(&self) -> Vec<QosCube> {
         if self.qos_cubes.is_empty() {

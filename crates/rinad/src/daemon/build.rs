@@ -111,10 +111,7 @@ fn udp_ipcp(ic: &IpcpConfig, poll: &Poll, i: usize) -> Result<(shim_udp::Config,
         sc.max_flows = *m.get_ref();
     }
     sc.peers_only = ic.peers_only.unwrap_or(false);
-    if let Some(k) = &ic.keepalive_ms {
-        let ms = *k.get_ref();
-        sc.keepalive = (ms > 0).then(|| Duration::from_millis(ms));
-    }
+    sc.keepalive = ic.udp_keepalive();
     info!(ipcp = %ic.name.get_ref(), dif = %ic.dif, %bound, max_sdu = sc.max_sdu,
         directory = sc.directory.len(), "shim-udp IPCP up");
     Ok((sc, Io::Udp(Box::new(UdpIo::new(sock, bound)))))

@@ -12,8 +12,11 @@
 //! new one is created; one whose keys changed other than its neighbours,
 //! static directory (`names`), scheduling policy, the EFCP policies and
 //! keepalive (`keepalive_ms`) of its cubes, its DIF's access rules
-//! (`access`) and the RIB subtrees members may read (`rib_readable`) is
-//! destroyed and created again; for the rest only those change. New access
+//! (`access`) and the RIB subtrees members may read (`rib_readable`) of a
+//! normal IPCP, or the `directory`, `peers_only` and `keepalive_ms` of a
+//! shim-udp IPCP, is destroyed and created again; for the rest only those
+//! change. A shim-udp IPCP's flows up keep their peer whatever its new
+//! directory says, and its liveness check starts afresh. New access
 //! rules judge new registrations and flows; the names registered and the
 //! flows up stay. New EFCP policies are for new flows; a new keepalive is
 //! for the cube's flows up as well
@@ -27,8 +30,18 @@ fn invalid(m: String) -> CtlError {
     CtlError::new(ErrorKind::InvalidRequest, m)
 }
 
-/// The keys of an `[[ipcp]]` table that change in place.
-const IN_PLACE: [&str; 5] = ["neighbor", "names", "scheduler", "access", "rib_readable"];
+/// The keys of an `[[ipcp]]` table that change in place: a normal IPCP's
+/// first five, a shim-udp IPCP's last three.
+const IN_PLACE: [&str; 8] = [
+    "neighbor",
+    "names",
+    "scheduler",
+    "access",
+    "rib_readable",
+    "directory",
+    "peers_only",
+    "keepalive_ms",
+];
 
 /// The keys of a `[[ipcp.qos_cube]]` table that change in place.
 const CUBE_IN_PLACE: [&str; 2] = ["efcp", "keepalive_ms"];
@@ -196,8 +209,10 @@ impl Daemon {
         }
         for ic in &cfg.ipcps {
             let i = self.live_named(ic.name.get_ref())?;
-            if ic.kind == IpcpKind::Normal {
-                self.update_in_place(i, ic, out)?;
+            match ic.kind {
+                IpcpKind::Normal => self.update_in_place(i, ic, out)?,
+                IpcpKind::ShimUdp => out.extend(self.update_udp_in_place(i, ic)),
+                _ => {}
             }
             self.ipcps[i].cfg = ic.clone();
         }
@@ -326,6 +341,56 @@ impl Daemon {
         out.extend(self.update_policies(i, ic));
         self.drain_outputs();
         Ok(())
+    }
+
+    /// The directory, `peers_only` and liveness check of shim-udp IPCP
+    /// `i` as `ic` says; the flows up stay.
+    fn update_udp_in_place(&mut self, i: usize, ic: &IpcpConfig) -> Vec<String> {
+        let name = ic.name.get_ref().clone();
+        let now = self.now();
+        let old = &self.ipcps[i].cfg;
+        let mut out = Vec::new();
+        for (app, addr) in &old.directory {
+            match ic.directory.get(app) {
+                None => out.push(format!("{name}: directory entry {app} removed")),
+                Some(a) if a != addr => out.push(format!("{name}: {app} is at {a}")),
+                Some(_) => {}
+            }
+        }
+        for (app, a) in &ic.directory {
+            if !old.directory.contains_key(app) {
+                out.push(format!("{name}: {app} is at {a}"));
+            }
+        }
+        let peers_only = ic.peers_only.unwrap_or(false);
+        let (was, will) = (old.udp_keepalive(), ic.udp_keepalive());
+        let Some(s) = self.sys.member_mut(i).and_then(|m| m.shim_udp_mut()) else {
+            return Vec::new();
+        };
+        if !out.is_empty() {
+            s.set_directory(ic.directory.clone().into_iter().collect());
+        }
+        if s.config().peers_only != peers_only {
+            s.set_peers_only(peers_only);
+            let whom = if peers_only {
+                "only from the directory's addresses"
+            } else {
+                "from anyone"
+            };
+            out.push(format!("{name}: flow requests now taken {whom}"));
+        }
+        if was != will {
+            s.set_keepalive(now, will);
+            let ms =
+                |k: Option<Duration>| k.map_or("off".into(), |d| format!("{} ms", d.as_millis()));
+            out.push(format!(
+                "{name}: keepalive {} -> {} ({} flow(s) up checked afresh)",
+                ms(was),
+                ms(will),
+                s.flows().count()
+            ));
+        }
+        out
     }
 
     /// The access rules and the readable RIB subtrees of normal IPCP `i`

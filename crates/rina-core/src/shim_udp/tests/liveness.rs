@@ -384,3 +384,56 @@ fn a_requester_still_asking_keeps_the_accepted_flow_alive() {
     }
     assert_eq!(b.counters().keepalive_expired, 0);
 }
+
+#[test]
+fn a_shorter_interval_set_at_run_time_applies_at_once_and_starts_afresh() {
+    let (mut a, mut b) = pair();
+    allocate(&mut a, &mut b);
+    // The peer vanishes; the check at 10 s finds the flow silent once.
+    run(&mut a, &mut b, 100, 19_900, Up::OnlyA, None);
+    assert_eq!(a.counters().keepalives_sent, 1);
+    a.set_keepalive(ms(20_000), Some(Duration::from_secs(1)));
+    assert_eq!(a.poll_timeout(), Some(ms(21_000)), "one new interval on");
+    // The silence counted under 10 s does not count: the checks at 21 s
+    // and 22 s probe, the one at 23 s ends the flow.
+    let (acts, _) = run(&mut a, &mut b, 20_000, 22_900, Up::OnlyA, None);
+    assert!(acts.is_empty(), "{acts:?}");
+    assert!(a.flow(1).is_some());
+    assert_eq!(a.counters().keepalives_sent, 3);
+    let (acts, _) = run(&mut a, &mut b, 23_000, 23_000, Up::OnlyA, None);
+    assert_eq!(acts, vec![Action::Deallocated { port: 1 }]);
+    assert_eq!(a.counters().keepalive_expired, 1);
+}
+
+#[test]
+fn a_check_turned_off_keeps_a_silent_flow_and_on_again_starts_afresh() {
+    let (mut a, mut b) = pair();
+    allocate(&mut a, &mut b);
+    run(&mut a, &mut b, 100, 29_900, Up::OnlyA, None);
+    assert_eq!(a.counters().keepalives_sent, 2, "two silent checks");
+    a.set_keepalive(ms(29_950), None);
+    assert_eq!(a.poll_timeout(), None, "no timer while the check is off");
+    let (acts, _) = run(&mut a, &mut b, 30_000, 100_000, Up::OnlyA, None);
+    assert!(acts.is_empty(), "{acts:?}");
+    assert!(a.flow(1).is_some(), "kept while off");
+    assert_eq!(a.counters().keepalives_sent, 2, "no probe while off");
+    // On again: three new silent checks, not one, end it.
+    a.set_keepalive(ms(100_000), Some(Duration::from_secs(10)));
+    let (acts, _) = run(&mut a, &mut b, 100_100, 129_900, Up::OnlyA, None);
+    assert!(acts.is_empty(), "{acts:?}");
+    assert!(a.flow(1).is_some());
+    let (acts, _) = run(&mut a, &mut b, 130_000, 130_000, Up::OnlyA, None);
+    assert_eq!(acts, vec![Action::Deallocated { port: 1 }]);
+}
+
+#[test]
+fn a_check_set_while_no_flow_is_up_waits_for_one() {
+    let (mut a, mut b) = pair();
+    a.set_keepalive(ms(0), Some(Duration::from_secs(1)));
+    assert_eq!(a.poll_timeout(), None, "nothing to check");
+    allocate(&mut a, &mut b);
+    // The allocation at 0 started the check: the first one is due at 1 s.
+    run(&mut a, &mut b, 100, 3_900, Up::Both, None);
+    assert!(a.flow(1).is_some(), "live peers keep the flow");
+    assert!(a.counters().keepalives_sent >= 1, "checked every second");
+}
