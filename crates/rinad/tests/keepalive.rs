@@ -221,6 +221,42 @@ fn a_reload_changing_only_keepalive_keeps_the_ipcp_and_its_flows() {
     assert_eq!(c.reload(None).unwrap(), ["nothing changed"]);
 }
 
+/// A system `me` with one shim-udp IPCP, `me.udp` in DIF `udp`, on UDP
+/// `port`, checking its flows every `ka_ms`, its directory `dir`.
+fn udp_system(me: &str, port: u16, ka_ms: u64, dir: &str) -> String {
+    format!(
+        "[system]\nname = \"{me}\"\n[[ipcp]]\nname = \"{me}.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:{port}\"\nkeepalive_ms = {ka_ms}\n[ipcp.directory]\n{dir}"
+    )
+}
+
+/// Alpha and beta, each with a shim-udp IPCP checking every `ka_ms`,
+/// alpha's knowing `echo` at beta's; alpha's UDP port and directory entry
+/// (to write its configuration again), and a client of beta's with `echo`
+/// registered.
+fn udp_pair(ka_ms: u64) -> (Daemon, Daemon, (u16, String), rina::Client) {
+    let (pa, pb) = (free_port(), free_port());
+    let beta = Daemon::start_with("beta", &udp_system("beta", pb, ka_ms, ""));
+    let echo_at_beta = format!("\"echo\" = \"127.0.0.1:{pb}\"\n");
+    let alpha = Daemon::start_with("alpha", &udp_system("alpha", pa, ka_ms, &echo_at_beta));
+    let mut srv = beta.client();
+    srv.register(&name("echo"), Some("udp")).unwrap();
+    (alpha, beta, (pa, echo_at_beta), srv)
+}
+
+/// A flow to `echo` over DIF `udp`, with one SDU written.
+fn udp_flow(client: &mut rina::Client) -> rina::Flow {
+    let flow = client
+        .allocate(
+            &name("idler"),
+            &name("echo"),
+            Some("udp"),
+            &QosSpec::default(),
+        )
+        .unwrap();
+    flow.write(b"hello").unwrap();
+    flow
+}
+
 /// shim-udp's own liveness check (`keepalive_ms` of a shim-udp IPCP, here
 /// 200 ms): a flow left idle between live daemons stays, on probes and
 /// answers alone; with the requesting daemon killed (SIGKILL: it tells
@@ -230,18 +266,7 @@ fn a_reload_changing_only_keepalive_keeps_the_ipcp_and_its_flows() {
 #[test]
 fn a_shim_udp_flow_whose_peer_daemon_is_killed_ends_at_the_survivor() {
     let interval = Duration::from_millis(200);
-    let (pa, pb) = (free_port(), free_port());
-    let conf = |me: &str, port: u16, dir: &str| {
-        format!(
-            "[system]\nname = \"{me}\"\n[[ipcp]]\nname = \"{me}.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:{port}\"\nkeepalive_ms = {}\n[ipcp.directory]\n{dir}",
-            interval.as_millis()
-        )
-    };
-    let beta = Daemon::start_with("beta", &conf("beta", pb, ""));
-    let echo_at_beta = format!("\"echo\" = \"127.0.0.1:{pb}\"\n");
-    let mut alpha = Daemon::start_with("alpha", &conf("alpha", pa, &echo_at_beta));
-    let mut srv = beta.client();
-    srv.register(&name("echo"), Some("udp")).unwrap();
+    let (mut alpha, beta, _, mut srv) = udp_pair(interval.as_millis() as u64);
     // The server reads until its flow ends, and says when.
     let server = std::thread::spawn(move || {
         let req = srv.next_request().unwrap();
@@ -256,15 +281,7 @@ fn a_shim_udp_flow_whose_peer_daemon_is_killed_ends_at_the_survivor() {
         }
     });
     let mut c = alpha.client();
-    let flow = c
-        .allocate(
-            &name("idler"),
-            &name("echo"),
-            Some("udp"),
-            &QosSpec::default(),
-        )
-        .unwrap();
-    flow.write(b"hello").unwrap();
+    let _flow = udp_flow(&mut c);
     // Idle, both ends up: each hears the other's KEEPALIVEs, and nothing
     // expires (without them, the flow would go after three checks).
     let t0 = Instant::now();
@@ -309,17 +326,7 @@ fn a_shim_udp_flow_whose_peer_daemon_is_killed_ends_at_the_survivor() {
 fn a_reload_changes_a_shim_udp_check_and_directory_in_place() {
     let ms = 200;
     let interval = Duration::from_millis(ms);
-    let (pa, pb) = (free_port(), free_port());
-    let conf = |me: &str, port: u16, ka: u64, dir: &str| {
-        format!(
-            "[system]\nname = \"{me}\"\n[[ipcp]]\nname = \"{me}.udp\"\ntype = \"shim-udp\"\ndif = \"udp\"\nbind = \"127.0.0.1:{port}\"\nkeepalive_ms = {ka}\n[ipcp.directory]\n{dir}"
-        )
-    };
-    let mut beta = Daemon::start_with("beta", &conf("beta", pb, ms, ""));
-    let echo_at_beta = format!("\"echo\" = \"127.0.0.1:{pb}\"\n");
-    let alpha = Daemon::start_with("alpha", &conf("alpha", pa, ms, &echo_at_beta));
-    let mut srv = beta.client();
-    srv.register(&name("echo"), Some("udp")).unwrap();
+    let (alpha, mut beta, (pa, echo_at_beta), mut srv) = udp_pair(ms);
     let server = std::thread::spawn(move || {
         let req = srv.next_request().unwrap();
         let flow = srv.accept(&req).unwrap();
@@ -332,19 +339,15 @@ fn a_reload_changes_a_shim_udp_check_and_directory_in_place() {
         (sdus, flow)
     });
     let mut c = alpha.client();
-    let flow = c
-        .allocate(
-            &name("idler"),
-            &name("echo"),
-            Some("udp"),
-            &QosSpec::default(),
-        )
-        .unwrap();
-    flow.write(b"hello").unwrap();
+    let flow = udp_flow(&mut c);
     let port = flow.info().port;
 
     let write = |ka: u64, dir: &str| {
-        std::fs::write(alpha.dir.join("rinad.toml"), conf("alpha", pa, ka, dir)).unwrap();
+        std::fs::write(
+            alpha.dir.join("rinad.toml"),
+            udp_system("alpha", pa, ka, dir),
+        )
+        .unwrap();
     };
     write(0, &format!("{echo_at_beta}\"other\" = \"127.0.0.1:9\"\n"));
     let changes = c.reload(None).unwrap();
