@@ -4,6 +4,7 @@
 //! * [`opts`] — options every tool takes (`--socket`, `--dif`, QoS).
 //! * [`stats`] — min/avg/max/mdev and percentiles.
 //! * [`echo`] — `rina-echo`'s probe format and JSON report.
+//! * [`gw`] — `rina-gw`: TCP connections carried over RINA flows.
 //! * [`ip`] — `rina-ip`: IP over RINA flows through a TUN interface.
 //! * [`perf`] — `rina-perf`'s in-band protocol, receiver and JSON report.
 //! * [`serving`] — how the servers of `rina-echo` and `rina-perf` take flows.
@@ -12,6 +13,7 @@
 
 pub mod capture;
 pub mod echo;
+pub mod gw;
 pub mod ip;
 pub mod opts;
 pub mod perf;

@@ -471,6 +471,7 @@ fn every_tool_generates_its_man_pages_and_completions() {
         (DEMO, "rina-demo"),
         (env!("CARGO_BIN_EXE_rina-tgen"), "rina-tgen"),
         (env!("CARGO_BIN_EXE_rina-ip"), "rina-ip"),
+        (env!("CARGO_BIN_EXE_rina-gw"), "rina-gw"),
     ];
     for (exe, name) in tools {
         let out = run(exe, &["--generate-docs", dir.to_str().expect("utf-8")]);
@@ -494,4 +495,46 @@ fn every_tool_generates_its_man_pages_and_completions() {
     let help = text(&run(PERF, &["--help"]).stdout);
     assert!(!help.contains("generate-docs"), "{help}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// rina-gw says what is wrong with a mapping, and that it has none.
+#[test]
+fn rina_gw_refuses_bad_or_missing_mappings() {
+    let gw = env!("CARGO_BIN_EXE_rina-gw");
+    let out = run(gw, &["--socket", "/nonexistent/rinad.sock"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("give at least one --tcp-to-rina"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(gw, &["--tcp-to-rina", "127.0.0.1:80"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("has no `=` between its two sides"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(gw, &["--rina-to-tcp", "web=nowhere"]);
+    assert!(
+        text(&out.stderr).contains("`nowhere` is not a TCP address"),
+        "{}",
+        text(&out.stderr)
+    );
+    // No daemon: the registration fails at once, naming the name.
+    let out = run(
+        gw,
+        &[
+            "--socket",
+            "/nonexistent/rinad.sock",
+            "--rina-to-tcp",
+            "web=127.0.0.1:80",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("rina-gw: cannot register web"),
+        "{}",
+        text(&out.stderr)
+    );
 }

@@ -3,37 +3,10 @@
 
 mod common;
 
-use common::{bin_dir, free_port, spawn_rinad, Procs};
+use common::{bin_dir, normal_pair};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-fn config(me: &str, addr: u64, port: u16, peer: &str, peer_addr: u64, peer_port: u16) -> String {
-    format!(
-        r#"[system]
-name = "{me}"
-[[ipcp]]
-name = "{me}.udp"
-type = "shim-udp"
-dif = "udp"
-bind = "127.0.0.1:{port}"
-[ipcp.directory]
-"{peer}.net" = "127.0.0.1:{peer_port}"
-[[ipcp]]
-name = "{me}.net"
-type = "normal"
-dif = "net"
-address = {addr}
-[[ipcp.neighbor]]
-name = "{peer}.net"
-over = "udp"
-address = {peer_addr}
-[ipcp.names]
-"echo" = 2
-"perf" = 2
-"#
-    )
-}
 
 fn run(bin: &Path, args: &[&str]) -> Output {
     Command::new(bin)
@@ -55,42 +28,9 @@ fn json(out: &Output) -> serde_json::Value {
 #[test]
 fn rina_echo_and_rina_perf_run_over_a_normal_dif() {
     let bins = bin_dir();
-    let dir = std::env::temp_dir().join(format!("rina-tools-normal-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut procs = Procs(Vec::new(), dir.clone());
-    let (pa, pb) = (free_port(), free_port());
-    for (me, addr, port, peer, paddr, pport) in [
-        ("alpha", 1, pa, "beta", 2, pb),
-        ("beta", 2, pb, "alpha", 1, pa),
-    ] {
-        let conf = dir.join(format!("{me}.toml"));
-        std::fs::write(&conf, config(me, addr, port, peer, paddr, pport)).unwrap();
-        let child = spawn_rinad(&bins, &conf, &dir.join(format!("{me}.sock")));
-        procs.0.push(child);
-    }
-    let a = dir.join("alpha.sock");
-    let b = dir.join("beta.sock");
+    let (mut procs, a, b) = normal_pair("normal", |_| "\"echo\" = 2\n\"perf\" = 2".into());
     let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
-    let ctl = bins.join("rinactl");
     let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let out = run(&ctl, &["--socket", a, "--json", "ipcps"]);
-        let up = out.status.success()
-            && serde_json::from_slice::<serde_json::Value>(&out.stdout)
-                .ok()
-                .and_then(|v| {
-                    v.as_array()?
-                        .iter()
-                        .find(|i| i["name"] == "alpha.net")
-                        .map(|i| i["counters"]["neighbors_up"] == 1)
-                })
-                .unwrap_or(false);
-        if up {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the normal DIF did not come up");
-        std::thread::park_timeout(Duration::from_millis(50));
-    }
     for (tool, name) in [("rina-echo", "echo"), ("rina-perf", "perf")] {
         let child = Command::new(bins.join(tool))
             .args(["server", "--socket", b, "--dif", "net", "--name", name])

@@ -6,42 +6,24 @@
 
 mod common;
 
-use common::{bin_dir, free_port, spawn_rinad, wait_until, Procs};
+use common::{bin_dir, normal_pair, wait_until, Procs};
 use serde_json::Value;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-/// Cube 1 (what an unreliable flow gets) is at urgency B, cherish 1; cube 2
-/// (reliable) at urgency A, cherish 0. Beta starts with QTA-Mux from its
-/// file; alpha with the default FIFO.
-fn config(me: &str, addr: u64, port: u16, peer: &str, peer_addr: u64, peer_port: u16) -> String {
+/// The tail of each normal IPCP's configuration: cube 1 (what an
+/// unreliable flow gets) is at urgency B, cherish 1; cube 2 (reliable) at
+/// urgency A, cherish 0. Beta starts with QTA-Mux from its file; alpha
+/// with the default FIFO.
+fn tail(me: &str) -> String {
     let sched = if me == "beta" {
         "[ipcp.scheduler]\npolicy = \"qta-mux\"\ncherish_thresholds = [200, 100]\n"
     } else {
         ""
     };
     format!(
-        r#"[system]
-name = "{me}"
-[[ipcp]]
-name = "{me}.udp"
-type = "shim-udp"
-dif = "udp"
-bind = "127.0.0.1:{port}"
-[ipcp.directory]
-"{peer}.net" = "127.0.0.1:{peer_port}"
-[[ipcp]]
-name = "{me}.net"
-type = "normal"
-dif = "net"
-address = {addr}
-[[ipcp.neighbor]]
-name = "{peer}.net"
-over = "udp"
-address = {peer_addr}
-[ipcp.names]
-"perf" = 2
+        r#""perf" = 2
 [[ipcp.qos_cube]]
 id = 1
 name = "unreliable"
@@ -120,11 +102,8 @@ fn wait_sent(ctl: &Path, sock: &str, name: &str, from: u64, more: u64) -> Value 
 #[test]
 fn rinactl_switches_a_running_port_from_fifo_to_qta_mux_and_back() {
     let bins = bin_dir();
-    let dir = std::env::temp_dir().join(format!("rina-tools-qos-switch-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut procs = Procs(Vec::new(), dir.clone());
-    start_daemons(&mut procs, &bins, &dir);
-    let (a, b) = (dir.join("alpha.sock"), dir.join("beta.sock"));
+    let (mut procs, a, b) = normal_pair("qos-switch", tail);
+    let dir = procs.1.clone();
     let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
     let ctl = bins.join("rinactl");
 
@@ -135,21 +114,6 @@ fn rinactl_switches_a_running_port_from_fifo_to_qta_mux_and_back() {
     check_bad_policies_are_refused(&ctl, a);
     check_back_to_fifo_from_a_file(&ctl, a, &dir);
     check_table(&ctl, a);
-}
-
-/// Writes alpha's and beta's configurations into `dir` and starts their
-/// `rinad` on two free loopback ports.
-fn start_daemons(procs: &mut Procs, bins: &Path, dir: &Path) {
-    let (pa, pb) = (free_port(), free_port());
-    for (me, addr, port, peer, paddr, pport) in [
-        ("alpha", 1, pa, "beta", 2, pb),
-        ("beta", 2, pb, "alpha", 1, pa),
-    ] {
-        let conf = dir.join(format!("{me}.toml"));
-        std::fs::write(&conf, config(me, addr, port, peer, paddr, pport)).unwrap();
-        let child = spawn_rinad(bins, &conf, &dir.join(format!("{me}.sock")));
-        procs.0.push(child);
-    }
 }
 
 /// Waits for alpha's port to beta (FIFO) and checks beta took QTA-Mux from

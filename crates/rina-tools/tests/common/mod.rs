@@ -72,3 +72,85 @@ pub fn spawn_rinad(bins: &Path, conf: &Path, socket: &Path) -> Child {
         .spawn()
         .unwrap()
 }
+
+/// The configuration of system `me` (address `addr`, shim-udp on UDP
+/// `port`) for [`normal_pair`]: a normal DIF `net` over shim-udp DIF `udp`,
+/// neighbour of `peer`; `tail` is the lines of the normal IPCP's
+/// `[ipcp.names]` table (its static directory) and any tables of it after
+/// (`[[ipcp.qos_cube]]`, `[ipcp.scheduler]`).
+pub fn normal_over_udp(
+    me: &str,
+    (addr, port): (u64, u16),
+    (peer, peer_addr, peer_port): (&str, u64, u16),
+    tail: &str,
+) -> String {
+    format!(
+        r#"[system]
+name = "{me}"
+[[ipcp]]
+name = "{me}.udp"
+type = "shim-udp"
+dif = "udp"
+bind = "127.0.0.1:{port}"
+[ipcp.directory]
+"{peer}.net" = "127.0.0.1:{peer_port}"
+[[ipcp]]
+name = "{me}.net"
+type = "normal"
+dif = "net"
+address = {addr}
+[[ipcp.neighbor]]
+name = "{peer}.net"
+over = "udp"
+address = {peer_addr}
+[ipcp.names]
+{tail}
+"#
+    )
+}
+
+/// Two `rinad`, alpha (address 1) and beta (address 2), in a directory
+/// named after `tag`, their normal IPCPs neighbours in DIF `net` over
+/// shim-udp on loopback, each with the [`normal_over_udp`] `tail` that
+/// `tail` gives for its name; returns once the DIF is up: the processes
+/// and the two control sockets.
+pub fn normal_pair(tag: &str, tail: impl Fn(&str) -> String) -> (Procs, PathBuf, PathBuf) {
+    let bins = bin_dir();
+    let dir = std::env::temp_dir().join(format!("rina-tools-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut procs = Procs(Vec::new(), dir.clone());
+    let (pa, pb) = (free_port(), free_port());
+    for (me, addr, port, peer, paddr, pport) in [
+        ("alpha", 1, pa, "beta", 2, pb),
+        ("beta", 2, pb, "alpha", 1, pa),
+    ] {
+        let conf = dir.join(format!("{me}.toml"));
+        let text = normal_over_udp(me, (addr, port), (peer, paddr, pport), &tail(me));
+        std::fs::write(&conf, text).unwrap();
+        procs
+            .0
+            .push(spawn_rinad(&bins, &conf, &dir.join(format!("{me}.sock"))));
+    }
+    let (a, b) = (dir.join("alpha.sock"), dir.join("beta.sock"));
+    let ctl = bins.join("rinactl");
+    wait_until("the normal DIF up", Duration::from_secs(20), || {
+        let out = Command::new(&ctl)
+            .arg("--socket")
+            .arg(&a)
+            .args(["--json", "ipcps"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run rinactl");
+        out.status.success()
+            && serde_json::from_slice::<serde_json::Value>(&out.stdout)
+                .ok()
+                .and_then(|v| {
+                    v.as_array()?
+                        .iter()
+                        .find(|i| i["name"] == "alpha.net")
+                        .map(|i| i["counters"]["neighbors_up"] == 1)
+                })
+                .unwrap_or(false)
+    });
+    (procs, a, b)
+}

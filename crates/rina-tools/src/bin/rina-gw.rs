@@ -1,0 +1,131 @@
+//! `rina-gw`: TCP connections over RINA flows (rlite's `rina-gw`), see
+//! [`rina_tools::gw`].
+//!
+//! Exit codes: 2 when it cannot start (no daemon, a port taken, a name
+//! refused), 1 when the daemon went away while it ran.
+
+use clap::Parser;
+use rina::{AppName, QosSpec};
+use rina_tools::gw::mapping::{RinaToTcp, TcpToRina};
+use rina_tools::gw::run::{self, Sessions, Settings};
+use rina_tools::opts::{self, CommonArgs};
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::Duration;
+
+const TOOL: &str = "rina-gw";
+
+/// TCP connections carried over RINA flows. A gateway at each end: one
+/// turns the TCP connections it accepts into flows to an application name
+/// (--tcp-to-rina), the other registers that name and turns each flow into
+/// a TCP connection to a server (--rina-to-tcp). Runs until stopped.
+///
+/// Example: ssh across a RINA network (the DIF "net"):
+///   server side: rina-gw --dif net --rina-to-tcp ssh-b=127.0.0.1:22
+///   client side: rina-gw --dif net --tcp-to-rina 127.0.0.1:2222=ssh-b
+///                ssh -p 2222 user@127.0.0.1
+#[derive(Debug, Parser)]
+#[command(name = "rina-gw", version, verbatim_doc_comment)]
+struct Cli {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// LISTEN=APP: listen for TCP connections on LISTEN (HOST:PORT) and
+    /// carry each over a new flow to application APP. Repeatable.
+    #[arg(long, value_name = "LISTEN=APP")]
+    tcp_to_rina: Vec<TcpToRina>,
+    /// APP=ADDR: register APP and carry each flow allocated to it over a
+    /// new TCP connection to ADDR (HOST:PORT); a request whose connection
+    /// fails is refused with the reason. Repeatable.
+    #[arg(long, value_name = "APP=ADDR")]
+    rina_to_tcp: Vec<RinaToTcp>,
+    /// This gateway's application name: the source of the flows it
+    /// allocates.
+    #[arg(long, default_value = "rina-gw", value_parser = opts::parse_name)]
+    name: AppName,
+    /// Ask for flows that may lose and reorder SDUs (a shim DIF offers no
+    /// other). The default, reliable in-order flows, is what a TCP stream
+    /// needs: over a lossy flow its bytes would be lost or reordered.
+    #[arg(long)]
+    unreliable: bool,
+    /// Ask for this QoS cube of the DIF by its QoS-id (normal DIFs only).
+    #[arg(long, value_name = "ID")]
+    qos_cube: Option<u64>,
+    /// Most sessions (connection and flow) at once; a connection beyond
+    /// it is closed, a flow request refused.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    max_sessions: u64,
+    /// How long a TCP connection for a flow request may take, in
+    /// milliseconds, before the request is refused.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    connect_timeout_ms: u64,
+}
+
+fn main() {
+    opts::quiet_on_closed_stdout();
+    rina_docgen::handle::<Cli>();
+    let cli = Cli::parse();
+    if cli.tcp_to_rina.is_empty() && cli.rina_to_tcp.is_empty() {
+        opts::die(
+            TOOL,
+            "nothing to do",
+            &"give at least one --tcp-to-rina LISTEN=APP or --rina-to-tcp APP=ADDR",
+            2,
+        );
+    }
+    let settings = Arc::new(Settings {
+        socket: cli.common.socket.clone(),
+        dif: cli.common.dif.clone(),
+        name: cli.name.clone(),
+        qos: QosSpec {
+            reliable: !cli.unreliable,
+            in_order: !cli.unreliable,
+            cube: cli.qos_cube,
+            ..QosSpec::default()
+        },
+        rings: !cli.common.no_rings,
+        max_sessions: cli.max_sessions as usize,
+        connect_timeout: Duration::from_millis(cli.connect_timeout_ms),
+    });
+    let sessions = Arc::new(Sessions::default());
+    // Everything is bound and registered before anything is served, so
+    // that a port taken or a name refused stops the gateway at once.
+    let mut listeners = Vec::new();
+    for m in &cli.tcp_to_rina {
+        let l = TcpListener::bind(m.listen)
+            .unwrap_or_else(|e| opts::die(TOOL, &format!("cannot listen on {}", m.listen), &e, 2));
+        let at = l.local_addr().map_or(m.listen, |a| a);
+        println!("rina-gw: TCP {at} -> RINA {}", m.app);
+        listeners.push((m.clone(), l));
+    }
+    let mut clients = Vec::new();
+    for m in &cli.rina_to_tcp {
+        let c = run::register(&settings, m)
+            .unwrap_or_else(|e| opts::die(TOOL, &format!("cannot register {}", m.app), &e, 2));
+        println!("rina-gw: RINA {} -> TCP {}", m.app, m.connect);
+        clients.push((m.clone(), c));
+    }
+    for (m, l) in listeners {
+        let (s, n) = (Arc::clone(&settings), Arc::clone(&sessions));
+        std::thread::spawn(move || run::tcp_to_rina(s, n, m, l));
+    }
+    let servers: Vec<_> = clients
+        .into_iter()
+        .map(|(m, c)| {
+            let (s, n) = (Arc::clone(&settings), Arc::clone(&sessions));
+            std::thread::spawn(move || (m.app.clone(), run::rina_to_tcp(s, n, m, c)))
+        })
+        .collect();
+    if servers.is_empty() {
+        // Listeners only: they run until the process is stopped.
+        loop {
+            std::thread::park();
+        }
+    }
+    // A registration ends only when the daemon goes (or refuses it):
+    // the gateway cannot serve it any more.
+    for s in servers {
+        if let Ok((app, e)) = s.join() {
+            opts::die(TOOL, &format!("{app}: no more flow requests"), &e, 1);
+        }
+    }
+}

@@ -1,0 +1,190 @@
+//! `rina-gw` between two real `rinad` (a normal DIF over shim-udp on
+//! loopback): TCP connections accepted by the gateway at alpha cross the
+//! DIF on reliable flows to the gateway at beta, which connects each to a
+//! TCP server; bytes come back unchanged, each session's end is reported
+//! with what it carried, a connection closed at once after its last write
+//! still delivers every byte, and a request whose server is down is
+//! refused with the reason, which the connecting side reports.
+
+mod common;
+
+use common::{bin_dir, normal_pair, Procs};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(20);
+
+/// Starts `rina-gw` with `args`, its standard error into file `log`;
+/// returns once it said that its `mappings` are ready.
+fn gateway(procs: &mut Procs, args: &[&str], log: &Path, mappings: usize) {
+    let mut child = Command::new(bin_dir().join("rina-gw"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .expect("start rina-gw");
+    let out = child.stdout.take().unwrap();
+    procs.0.push(child);
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    for _ in 0..mappings {
+        let line = rx.recv_timeout(T).unwrap_or_else(|_| {
+            panic!("rina-gw {args:?} not ready: {}", read(log));
+        });
+        assert!(line.starts_with("rina-gw: "), "{line}");
+    }
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_default()
+}
+
+/// A TCP port free on loopback now.
+fn free_tcp_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A TCP echo server on loopback: its port.
+fn echo_server() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { continue };
+            std::thread::spawn(move || {
+                let mut w = c.try_clone().unwrap();
+                let _ = std::io::copy(&mut c, &mut w);
+            });
+        }
+    });
+    port
+}
+
+/// A TCP server on loopback that reads each connection to its end and
+/// sends the number of bytes on `tx`: its port.
+fn sink_server(tx: mpsc::Sender<usize>) -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { continue };
+            let mut all = Vec::new();
+            let _ = c.read_to_end(&mut all);
+            let _ = tx.send(all.len());
+        }
+    });
+    port
+}
+
+/// Through `port`: writes `n` bytes of a pattern of its own (`seed`) and
+/// reads them back, checking each.
+fn round_trip(port: u16, seed: u8, n: usize) {
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.set_read_timeout(Some(T)).unwrap();
+    let data: Vec<u8> = (0..n).map(|i| (i % 241) as u8 ^ seed).collect();
+    let mut w = c.try_clone().unwrap();
+    let sent = data.clone();
+    let writer = std::thread::spawn(move || w.write_all(&sent).unwrap());
+    let mut got = vec![0u8; n];
+    c.read_exact(&mut got).expect("the echo of every byte");
+    assert!(got == data, "client {seed}: the bytes came back changed");
+    writer.join().unwrap();
+    c.shutdown(Shutdown::Both).unwrap();
+}
+
+/// Waits until file `log` holds `n` lines containing `what`.
+fn wait_for_lines(log: &Path, what: &str, n: usize) -> String {
+    common::wait_until(&format!("{n} lines with `{what}`"), T, || {
+        read(log).lines().filter(|l| l.contains(what)).count() >= n
+    });
+    read(log)
+}
+
+#[test]
+fn tcp_connections_cross_a_normal_dif_through_two_gateways() {
+    let (mut procs, a, b) = normal_pair("gw", |_| "\"web\" = 2\n\"sink\" = 2\n\"down\" = 2".into());
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let dir = procs.1.clone();
+    let (log_a, log_b) = (dir.join("gw-a.log"), dir.join("gw-b.log"));
+    let (sunk_tx, sunk) = mpsc::channel();
+    let echo_port = echo_server();
+    let (echo, sink, down) = (
+        format!("web=127.0.0.1:{echo_port}"),
+        format!("sink=127.0.0.1:{}", sink_server(sunk_tx)),
+        format!("down=127.0.0.1:{}", free_tcp_port()),
+    );
+    let mut args: Vec<&str> = vec!["--socket", b, "--dif", "net"];
+    for m in [&echo, &sink, &down] {
+        args.extend(["--rina-to-tcp", m.as_str()]);
+    }
+    gateway(&mut procs, &args, &log_b, 3);
+    let ports = [(); 4].map(|()| free_tcp_port());
+    let maps: Vec<String> = ports
+        .iter()
+        .zip(["web", "sink", "down", "nobody"])
+        .map(|(p, app)| format!("127.0.0.1:{p}={app}"))
+        .collect();
+    let mut args: Vec<&str> = vec!["--socket", a, "--dif", "net"];
+    for m in &maps {
+        args.extend(["--tcp-to-rina", m.as_str()]);
+    }
+    gateway(&mut procs, &args, &log_a, 4);
+    let [web_port, sink_port, down_port, nobody_port] = ports;
+
+    // Three connections at once, 300 KB each way each.
+    let n = 300_000;
+    let clients: Vec<_> = (0..3u8)
+        .map(|seed| std::thread::spawn(move || round_trip(web_port, seed, n)))
+        .collect();
+    for c in clients {
+        c.join().expect("a client failed");
+    }
+    let carried = format!("closed: {n} B to RINA, {n} B from RINA");
+    wait_for_lines(&log_a, &carried, 3);
+    let log = wait_for_lines(&log_b, &carried, 3);
+    // Beta's sessions name who asked, the name and the server.
+    let to_server = format!("rina-gw -> web -> 127.0.0.1:{echo_port}");
+    assert_eq!(log.matches(&to_server).count(), 3, "{log}");
+
+    // 2 MB written and the connection closed at once: all of it reaches
+    // the server behind beta before its connection ends.
+    let mut c = TcpStream::connect(("127.0.0.1", sink_port)).unwrap();
+    c.write_all(&vec![5u8; 2_000_000]).unwrap();
+    drop(c);
+    assert_eq!(sunk.recv_timeout(T), Ok(2_000_000), "bytes lost at the end");
+
+    // The server behind `down` does not answer: beta's gateway refuses the
+    // flow with the reason, alpha's closes the connection and says why;
+    // `nobody` is no one's name.
+    for port in [down_port, nobody_port] {
+        let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        c.set_read_timeout(Some(T)).unwrap();
+        let mut buf = [0u8; 16];
+        assert!(
+            matches!(c.read(&mut buf), Ok(0) | Err(_)),
+            "a connection with no flow stays open"
+        );
+    }
+    let log = wait_for_lines(&log_a, "cannot allocate a flow", 2);
+    let why = format!("cannot connect to {}", &down[down.find('=').unwrap() + 1..]);
+    assert!(
+        log.contains(&why),
+        "the refusal's reason is not reported: {log}"
+    );
+    assert!(log.contains("-> nobody: cannot allocate a flow"), "{log}");
+    assert_eq!(log.matches(" up: ").count(), 4, "{log}");
+    eprintln!("alpha's gateway:\n{log}beta's gateway:\n{}", read(&log_b));
+}
