@@ -9,6 +9,7 @@ use rina::{AppName, QosSpec};
 use rina_tools::gw::mapping::{RinaToTcp, TcpToRina};
 use rina_tools::gw::run::{self, Sessions, Settings};
 use rina_tools::opts::{self, CommonArgs};
+use std::io::Write;
 use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,8 +61,17 @@ struct Cli {
     connect_timeout_ms: u64,
 }
 
+/// Says on standard output that a mapping is ready; a closed output is
+/// not the gateway's end.
+fn ready(what: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "rina-gw: {what}").and_then(|()| out.flush());
+}
+
 fn main() {
-    opts::quiet_on_closed_stdout();
+    // SIGPIPE stays ignored (Rust's default), unlike the other tools: a
+    // gateway outlives its terminal, and its sockets and flows say a
+    // closed peer with an error, never a signal.
     rina_docgen::handle::<Cli>();
     let cli = Cli::parse();
     if cli.tcp_to_rina.is_empty() && cli.rina_to_tcp.is_empty() {
@@ -94,14 +104,14 @@ fn main() {
         let l = TcpListener::bind(m.listen)
             .unwrap_or_else(|e| opts::die(TOOL, &format!("cannot listen on {}", m.listen), &e, 2));
         let at = l.local_addr().map_or(m.listen, |a| a);
-        println!("rina-gw: TCP {at} -> RINA {}", m.app);
+        ready(&format!("TCP {at} -> RINA {}", m.app));
         listeners.push((m.clone(), l));
     }
     let mut clients = Vec::new();
     for m in &cli.rina_to_tcp {
         let c = run::register(&settings, m)
             .unwrap_or_else(|e| opts::die(TOOL, &format!("cannot register {}", m.app), &e, 2));
-        println!("rina-gw: RINA {} -> TCP {}", m.app, m.connect);
+        ready(&format!("RINA {} -> TCP {}", m.app, m.connect));
         clients.push((m.clone(), c));
     }
     for (m, l) in listeners {
