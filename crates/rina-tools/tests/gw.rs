@@ -19,8 +19,8 @@ use std::time::Duration;
 const T: Duration = Duration::from_secs(20);
 
 /// Starts `rina-gw` with `args`, its standard error into file `log`;
-/// returns once it said that its `mappings` are ready.
-fn gateway(procs: &mut Procs, args: &[&str], log: &Path, mappings: usize) {
+/// returns once it said that its `mappings` are ready: those lines.
+fn gateway(procs: &mut Procs, args: &[&str], log: &Path, mappings: usize) -> Vec<String> {
     let mut child = Command::new(bin_dir().join("rina-gw"))
         .args(args)
         .stdin(Stdio::null())
@@ -36,12 +36,23 @@ fn gateway(procs: &mut Procs, args: &[&str], log: &Path, mappings: usize) {
             let _ = tx.send(line);
         }
     });
-    for _ in 0..mappings {
-        let line = rx.recv_timeout(T).unwrap_or_else(|_| {
-            panic!("rina-gw {args:?} not ready: {}", read(log));
-        });
-        assert!(line.starts_with("rina-gw: "), "{line}");
-    }
+    (0..mappings)
+        .map(|_| {
+            let line = rx.recv_timeout(T).unwrap_or_else(|_| {
+                panic!("rina-gw {args:?} not ready: {}", read(log));
+            });
+            assert!(line.starts_with("rina-gw: "), "{line}");
+            line
+        })
+        .collect()
+}
+
+/// The port of a ready line `rina-gw: TCP 127.0.0.1:PORT -> RINA APP`.
+fn listening_port(line: &str) -> u16 {
+    let addr = line.split(' ').nth(2).expect("an address");
+    addr.parse::<std::net::SocketAddr>()
+        .unwrap_or_else(|e| panic!("{line}: {e}"))
+        .port()
 }
 
 fn read(p: &Path) -> String {
@@ -131,18 +142,15 @@ fn tcp_connections_cross_a_normal_dif_through_two_gateways() {
         args.extend(["--rina-to-tcp", m.as_str()]);
     }
     gateway(&mut procs, &args, &log_b, 3);
-    let ports = [(); 4].map(|()| free_tcp_port());
-    let maps: Vec<String> = ports
-        .iter()
-        .zip(["web", "sink", "down", "nobody"])
-        .map(|(p, app)| format!("127.0.0.1:{p}={app}"))
-        .collect();
+    // Alpha's gateway listens on ports the system picks, and says which.
+    let maps = ["web", "sink", "down", "nobody"].map(|app| format!("127.0.0.1:0={app}"));
     let mut args: Vec<&str> = vec!["--socket", a, "--dif", "net"];
     for m in &maps {
         args.extend(["--tcp-to-rina", m.as_str()]);
     }
-    gateway(&mut procs, &args, &log_a, 4);
-    let [web_port, sink_port, down_port, nobody_port] = ports;
+    let ready = gateway(&mut procs, &args, &log_a, 4);
+    let [web_port, sink_port, down_port, nobody_port] =
+        [0, 1, 2, 3].map(|i| listening_port(&ready[i]));
 
     // Three connections at once, 300 KB each way each.
     let n = 300_000;
