@@ -245,12 +245,16 @@ pub unsafe extern "C" fn rina_unregister(
 }
 
 /// Completes a `RINA_F_NOWAIT` (un)registration: waits for its answer on
-/// `wfd`, closes `wfd`, returns 0.
+/// `wfd`, closes `wfd`, returns 0. `wfd` is closed even if `fd` is no
+/// longer a control descriptor (the program closed it meanwhile, which
+/// withdrew its names): only a descriptor that is no wait descriptor, or
+/// one non-blocking whose answer has not come, is left open.
 #[no_mangle]
 pub extern "C" fn rina_register_wait(fd: c_int, wfd: c_int) -> c_int {
     ffi(|| {
-        let conn = control::lookup(fd)?;
+        // Owned first, so that a failing lookup closes it too.
         let w = own(wfd, "wfd")?;
+        let conn = control::lookup(fd)?;
         let reply = control::wait_reply(&w, true);
         drop(w);
         if matches!(reply, Err(ApiError::Timeout(_))) {

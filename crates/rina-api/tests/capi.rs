@@ -443,6 +443,49 @@ fn a_control_descriptor_is_not_taken_for_a_wait_descriptor() {
     assert_eq!(unsafe { libc::close(fd) }, 0);
 }
 
+/// The inode of the socket open as `fd`, if it is open.
+fn inode(fd: libc::c_int) -> Option<libc::ino_t> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: a buffer of the size fstat fills.
+    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: fstat succeeded, filling it.
+    Some(unsafe { st.assume_init() }.st_ino)
+}
+
+/// `rina_register_wait` after the program closed its control descriptor
+/// fails with EBADF (the names went with it) and still closes the wait
+/// descriptor, as api.h says.
+#[test]
+fn a_wait_descriptor_is_closed_when_its_control_descriptor_is_gone() {
+    let _env = ENV.lock().unwrap_or_else(|p| p.into_inner());
+    let d = common::Daemon::start("regwait", &[]);
+    std::env::set_var("RINA_SOCKET", &d.socket);
+    let fd = rina_api::rina_open();
+    assert!(fd >= 0);
+    // SAFETY: NUL-terminated literal.
+    let wfd = unsafe {
+        rina_api::rina_register(
+            fd,
+            std::ptr::null(),
+            c"regwait-app".as_ptr(),
+            rina_api::RINA_F_NOWAIT as libc::c_int,
+        )
+    };
+    assert!(wfd >= 0, "{:?}", std::io::Error::last_os_error());
+    let ino = inode(wfd).expect("wfd is open");
+    // SAFETY: fd is ours.
+    assert_eq!(unsafe { libc::close(fd) }, 0);
+    let errno = || std::io::Error::last_os_error().raw_os_error();
+    assert_eq!(
+        (rina_api::rina_register_wait(fd, wfd), errno()),
+        (-1, Some(libc::EBADF))
+    );
+    // Closed (the number may have been given to another descriptor since).
+    assert_ne!(inode(wfd), Some(ino), "wfd was left open");
+}
+
 /// A flow descriptor passed where a wait descriptor belongs fails with
 /// EBADF at once, and the flow is neither read nor closed: it still
 /// carries an SDU.

@@ -93,9 +93,10 @@ int rina_unregister(int fd, const char *dif_name, const char *local_appl,
                     int flags);
 
 /*
- * Finish a RINA_F_NOWAIT (un)registration; closes @wfd; returns 0. If @wfd
- * was made O_NONBLOCK and the answer has not come, fails with EAGAIN and
- * leaves @wfd open.
+ * Finish a RINA_F_NOWAIT (un)registration; closes @wfd (also when it fails
+ * because @fd is no control descriptor, e.g. closed meanwhile); returns 0.
+ * If @wfd was made O_NONBLOCK and the answer has not come, fails with
+ * EAGAIN and leaves @wfd open.
  */
 int rina_register_wait(int fd, int wfd);
 
