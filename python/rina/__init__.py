@@ -22,8 +22,16 @@ Asyncio: :func:`allocate_async`, :meth:`Control.accept_async`,
 :meth:`Control.register_async` and :class:`AsyncFlow`.
 
 Names are ``name|instance|entity|instance`` (or ``name/instance/...``).
-Every failure raises :class:`RinaError` (an ``OSError`` with the errno the C
-API set and its message).
+
+Errors: what the C API or the daemon refuses, and calls on a closed flow or
+Control, raise :class:`RinaError` (an ``OSError`` with the errno the C API
+set and its message; an invalid name, an empty or oversized SDU are
+RinaError too, EINVAL or EMSGSIZE). Arguments this module checks itself
+raise ``TypeError`` (a wrong type: a name that is not a ``str``, a spec not
+a :class:`FlowSpec`, a timeout not a number) or ``ValueError`` (a NUL in a
+name, a negative or NaN timeout, a :class:`FlowSpec` field out of range).
+:meth:`Flow.read` with a timeout raises ``TimeoutError`` when no SDU came
+(:meth:`Control.next_request` and :meth:`Control.accept` return None).
 """
 
 import asyncio
@@ -34,6 +42,7 @@ import numbers
 import os
 import select
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -317,6 +326,11 @@ async def _readable(fd):
     waiters = _waiting.get(key)
     if waiters is None:
         waiters = []
+        # A reader the loop may still hold for an earlier descriptor of
+        # this number, closed from another thread (see _drop_waiters) and
+        # not yet removed there, would be kept, so the new descriptor never
+        # reached the loop's selector: it goes first.
+        loop.remove_reader(fd)
         loop.add_reader(fd, _wake, waiters)
         _waiting[key] = waiters
     fut = loop.create_future()
@@ -325,9 +339,46 @@ async def _readable(fd):
         await fut
     finally:
         waiters.remove(fut)
-        if not waiters:
-            del _waiting[key]
+        # Unless the descriptor was closed meanwhile (_drop_waiters took
+        # the entry; another may be there now, for a new descriptor).
+        if not waiters and _waiting.get(key) is waiters:
+            _waiting.pop(key, None)
             loop.remove_reader(fd)
+
+
+def _dropped(loop, key, waiters):
+    """On ``loop``: the reader of the closed descriptor goes (unless a new
+    descriptor of that number has one already), its waiters wake."""
+    if key not in _waiting:
+        loop.remove_reader(key[1])
+    _wake(waiters)
+
+
+def _drop_waiters(fd):
+    """Before ``fd`` is closed: the tasks waiting for it to turn readable
+    (:func:`_readable`) wake to find it closed, and the loops forget it (a
+    loop polling a closed descriptor never sees it ready again, nor a new
+    one given its number). On another thread's loop that is done there,
+    soon."""
+    try:
+        here = asyncio.get_running_loop()
+    except RuntimeError:
+        here = None
+    # A copy: other threads' loops may change it meanwhile.
+    for key in list(_waiting):
+        if key[1] != fd:
+            continue
+        waiters = _waiting.pop(key, None)
+        if waiters is None:
+            continue
+        loop = key[0]
+        if loop is here:
+            _dropped(loop, key, waiters)
+        else:
+            try:
+                loop.call_soon_threadsafe(_dropped, loop, key, waiters)
+            except RuntimeError:
+                pass  # the loop is closed: nothing waits there any more
 
 
 def allocate(remote, local="python", dif=None, spec=None):
@@ -415,11 +466,53 @@ class FlowRequest:
         lib.rina_flow_respond(self._ctl._fd, self._handle, 1)
 
 
+async def _answer_off_loop(loop, req):
+    """``req._accept_unless_gone()`` in ``loop``'s default executor (the
+    answer is a round trip to the local daemon). The job runs on if the
+    caller is cancelled: then a request it has not answered yet is refused,
+    and a flow it accepted is closed, by the job or here, whichever comes
+    last, rather than dropped for the garbage collector."""
+    lock = threading.Lock()
+    state = {"abandoned": False, "flow": None}
+
+    def answer():
+        with lock:
+            abandoned = state["abandoned"]
+        if abandoned:
+            try:
+                req.refuse()
+            except RinaError:
+                pass  # withdrawn, or the Control closed
+            return None
+        flow = req._accept_unless_gone()
+        with lock:
+            abandoned = state["abandoned"]
+            if not abandoned:
+                state["flow"] = flow
+        if abandoned and flow is not None:
+            flow.close()
+            return None
+        return flow
+
+    try:
+        return await loop.run_in_executor(None, answer)
+    except BaseException:
+        with lock:
+            state["abandoned"] = True
+            flow, state["flow"] = state["flow"], None
+        if flow is not None:
+            flow.close()
+        raise
+
+
 class Control:
     """A control descriptor (rina_open): registers names and receives the
     flow requests for them. Closing it withdraws the registrations."""
 
     def __init__(self):
+        # Wait descriptors of cancelled register_async calls, by loop (see
+        # _undo_registration).
+        self._undoing = {}
         self._fd = _check(lib.rina_open(), "connect to rinad")
 
     def _live(self, what):
@@ -448,19 +541,54 @@ class Control:
         _check(lib.rina_unregister(self._live(what), _dif(dif), _name(name, "name"), 0), what)
 
     async def register_async(self, name, dif=None, accept=False):
-        """Like :meth:`register`, without blocking the event loop."""
+        """Like :meth:`register`, without blocking the event loop.
+
+        The request goes to the daemon at once. Cancelled while the answer
+        has not come, the registration is undone in the background: when
+        the answer comes, the name is withdrawn if it was registered. That
+        is done by a reader on the event loop, so the loop must go on
+        running for it; if it stops first, the name stays registered until
+        the Control is closed. If the Control is closed meanwhile, raises
+        :class:`RinaError` (EBADF)."""
         what = f"register {name}"
         flags = RINA_F_NOWAIT | (RINA_F_ACCEPT if accept else 0)
-        wfd = _check(
-            lib.rina_register(self._live(what), _dif(dif), _name(name, "name"), flags),
-            what,
-        )
+        dif_c, name_c = _dif(dif), _name(name, "name")
+        loop = asyncio.get_running_loop()
+        wfd = _check(lib.rina_register(self._live(what), dif_c, name_c, flags), what)
         try:
             await _readable(wfd)
         except BaseException:
-            os.close(wfd)
+            self._undo_registration(loop, wfd, dif_c, name_c)
             raise
-        _check(lib.rina_register_wait(self._live(what), wfd), what)
+        if self._fd < 0:
+            # Closed meanwhile (its names went with it).
+            os.close(wfd)
+            self._live(what)
+        _check(lib.rina_register_wait(self._fd, wfd), what)
+
+    def _undo_registration(self, loop, wfd, dif, name):
+        """A registration asked with ``wfd`` was abandoned: when its answer
+        comes, withdraws the name if it was registered. The answer is taken
+        by a reader on ``loop`` (it blocks nothing); the withdrawal is sent
+        without waiting for its answer (the library drops an answer nobody
+        waits for)."""
+
+        def answered():
+            loop.remove_reader(wfd)
+            self._undoing.pop(wfd, None)
+            fd = self._fd
+            if fd < 0:
+                # The Control was closed: its names went with it.
+                os.close(wfd)
+                return
+            # Readable: this does not block. Closes wfd, whatever it says.
+            if lib.rina_register_wait(fd, wfd) == 0:
+                w = lib.rina_unregister(fd, dif, name, RINA_F_NOWAIT)
+                if w >= 0:
+                    os.close(w)
+
+        self._undoing[wfd] = loop
+        loop.add_reader(wfd, answered)
 
     def next_request(self, timeout=None):
         """Waits for the next flow request (at most ``timeout`` seconds:
@@ -510,7 +638,9 @@ class Control:
 
     async def next_request_async(self):
         """Waits for the next flow request without blocking the event loop.
-        Several tasks may wait on one Control: each request goes to one."""
+        Several tasks may wait on one Control: each request goes to one.
+        Closing the Control wakes them: they raise :class:`RinaError`
+        (EBADF)."""
         while True:
             fd = self._live("take a flow request")
             await _readable(fd)
@@ -520,19 +650,34 @@ class Control:
 
     async def accept_async(self):
         """Accepts the next flow request; returns an :class:`AsyncFlow`.
-        Withdrawn requests are passed over, as by :meth:`accept`."""
+        Withdrawn requests are passed over, as by :meth:`accept`.
+
+        The answer is given in the loop's default executor. Cancelled while
+        it is under way, the call does not give up the request silently: a
+        request not answered yet is refused, and a flow accepted meanwhile
+        is closed (its requester sees it end). Closing the Control while it
+        waits raises :class:`RinaError` (EBADF)."""
         loop = asyncio.get_running_loop()
         while True:
             req = await self.next_request_async()
-            # The answer is a round trip to the local daemon: done off the loop.
-            flow = await loop.run_in_executor(None, req._accept_unless_gone)
+            flow = await _answer_off_loop(loop, req)
             if flow is not None:
                 return flow.into_async()
 
     def close(self):
-        if self._fd >= 0:
-            os.close(self._fd)
+        fd = self._fd
+        if fd >= 0:
             self._fd = -1
+            # Tasks waiting on it wake (and raise EBADF) rather than wait
+            # for ever on a descriptor their loop no longer polls.
+            _drop_waiters(fd)
+            os.close(fd)
+        # Cancelled registrations whose loop stopped before their answer
+        # came: their readers will not run, the names went with fd.
+        for wfd, loop in list(self._undoing.items()):
+            if loop.is_closed():
+                del self._undoing[wfd]
+                os.close(wfd)
 
     def __del__(self):
         # A Control dropped without close() still withdraws its names.

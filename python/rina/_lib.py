@@ -32,11 +32,12 @@ def _candidates():
         yield env
     here = os.path.dirname(os.path.abspath(__file__))
     yield os.path.join(here, "librina_api.so")
-    # Used from the repository's source tree: the library cargo built.
-    for profile in ("debug", "release"):
-        p = os.path.join(here, "..", "..", "target", profile, "librina_api.so")
-        if os.path.exists(p):
-            yield p
+    # Used from the repository's source tree: the library cargo built, in
+    # $CARGO_TARGET_DIR or the repository's target/, the newer profile
+    # first (as setup.py takes it).
+    target = os.environ.get("CARGO_TARGET_DIR") or os.path.join(here, "..", "..", "target")
+    built = [os.path.join(target, profile, "librina_api.so") for profile in ("release", "debug")]
+    yield from sorted(filter(os.path.isfile, built), key=os.path.getmtime, reverse=True)
     found = ctypes.util.find_library("rina_api")
     if found:
         yield found

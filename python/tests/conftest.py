@@ -28,6 +28,7 @@ SERVER_NAMES = [
     "py-sig",
     "py-dropped",
     "py-backlog",
+    "py-cancel-accept",
 ]
 
 
@@ -35,12 +36,13 @@ def rinad_path():
     env = os.environ.get("RINAD")
     if env:
         return env
-    # Where cargo builds it, as setup.py looks for the library.
+    # Where cargo builds it, the newer profile first, as setup.py looks for
+    # the library.
     target = os.environ.get("CARGO_TARGET_DIR", os.path.join(REPO, "target"))
-    for profile in ("debug", "release"):
-        p = os.path.join(target, profile, "rinad")
-        if os.path.exists(p):
-            return p
+    built = [os.path.join(target, profile, "rinad") for profile in ("release", "debug")]
+    built = [p for p in built if os.path.isfile(p)]
+    if built:
+        return max(built, key=os.path.getmtime)
     pytest.fail(f"rinad not found in {target}: build it (cargo build -p rinad) or set RINAD")
 
 

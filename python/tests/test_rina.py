@@ -1,12 +1,15 @@
 """The Python package against real daemons (see conftest.py)."""
 
 import asyncio
+import concurrent.futures
 import errno
 import math
 import os
 import queue
+import resource
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -302,10 +305,24 @@ def test_example_server_survives_a_withdrawn_request(server):
     assert srv.line() == "withdrawn py-given-up"
 
 
-def test_timeouts_work_on_descriptors_above_1023(server):
+@pytest.fixture
+def fd_1500():
+    """Descriptor 1500 may be opened: the soft RLIMIT_NOFILE is raised
+    (within the hard one) for the test if it is lower, and restored after."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = 1501
+    if soft != resource.RLIM_INFINITY and soft < need:
+        if hard != resource.RLIM_INFINITY and hard < need:
+            pytest.skip(f"descriptor 1500 needs RLIMIT_NOFILE above 1500; the hard limit is {hard}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+    yield 1500
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_timeouts_work_on_descriptors_above_1023(server, fd_1500):
     server("echo_server.py", "py-echo")
     with rina.allocate("py-echo") as flow:
-        high = os.dup2(flow.fileno(), 1500)
+        high = os.dup2(flow.fileno(), fd_1500)
         with rina.Flow(high) as same:
             with pytest.raises(TimeoutError):
                 same.read(timeout=0.05)
@@ -391,3 +408,213 @@ def test_a_registration_with_accept_gets_flows_the_daemon_accepted(daemons):
             assert req is not None and req.remote == "py-eager|2"
             req.refuse()
             assert client.read(timeout=5) == b""
+
+
+class _Spy:
+    """rina's C library, recording each wait descriptor rina_register()
+    hands out with its socket's inode (to tell it from a later descriptor
+    given the same number)."""
+
+    def __init__(self, lib):
+        self._lib = lib
+        self.wait_fds = []
+
+    def __getattr__(self, name):
+        return getattr(self._lib, name)
+
+    def rina_register(self, fd, dif, name, flags):
+        wfd = self._lib.rina_register(fd, dif, name, flags)
+        if wfd >= 0 and flags & rina.RINA_F_NOWAIT:
+            self.wait_fds.append((wfd, os.fstat(wfd).st_ino))
+        return wfd
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    s = _Spy(rina.lib)
+    monkeypatch.setattr(rina, "lib", s)
+    return s
+
+
+def still_open(fd, ino):
+    """Whether descriptor ``fd`` is still the socket with inode ``ino``."""
+    try:
+        return os.fstat(fd).st_ino == ino
+    except OSError:
+        return False
+
+
+def test_register_async_closes_its_wait_descriptor_when_the_control_closes(daemons, spy):
+    async def main():
+        ctl = rina.Control()
+        task = asyncio.create_task(ctl.register_async("py-closed-meanwhile"))
+        await asyncio.sleep(0)  # the task waits for the daemon's answer
+        ctl.close()
+        with pytest.raises(rina.RinaError) as e:
+            await asyncio.wait_for(task, 10)
+        assert e.value.errno == errno.EBADF
+
+    asyncio.run(main())
+    [(wfd, ino)] = spy.wait_fds
+    assert not still_open(wfd, ino), "the wait descriptor leaked"
+
+
+@pytest.mark.parametrize("answered", [True, False])
+def test_a_cancelled_register_async_withdraws_the_name(daemons, spy, answered):
+    name = "py-cancelled-reg"
+
+    async def main():
+        with rina.Control() as ctl, rina.Control() as other:
+            task = asyncio.create_task(ctl.register_async(name))
+            await asyncio.sleep(0)  # the task waits for the daemon's answer
+            [(wfd, ino)] = spy.wait_fds
+            if answered:
+                # The answer comes while the loop is blocked: the name is
+                # registered, the task has not seen it.
+                assert rina._wait_readable(wfd, 10)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            # Withdrawn in the background, while the loop runs.
+            end = time.monotonic() + 10
+            while True:
+                try:
+                    other.register(name)
+                    break
+                except rina.RinaError as e:
+                    assert e.errno == errno.EBUSY
+                    if time.monotonic() > end:
+                        pytest.fail("the cancelled registration was not withdrawn")
+                    await asyncio.sleep(0.01)
+            other.unregister(name)
+            assert not still_open(wfd, ino), "the wait descriptor leaked"
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("where", ["loop", "thread"])
+@pytest.mark.parametrize("call", ["accept_async", "next_request_async"])
+def test_closing_a_control_wakes_the_tasks_waiting_on_it(daemons, where, call):
+    async def main():
+        loop = asyncio.get_running_loop()
+        ctl = rina.Control()
+        fd = ctl.fileno()
+        tasks = [asyncio.create_task(getattr(ctl, call)()) for _ in range(2)]
+        await asyncio.sleep(0)  # both wait for the descriptor
+        assert (loop, fd) in rina._waiting
+        if where == "loop":
+            ctl.close()
+        else:
+            await loop.run_in_executor(None, ctl.close)
+        for t in tasks:
+            with pytest.raises(rina.RinaError) as e:
+                await asyncio.wait_for(t, 10)
+            assert e.value.errno == errno.EBADF
+        assert not [k for k in rina._waiting if k[1] == fd]
+        # A descriptor given the number next is waited on afresh.
+        a, b = socket.socketpair()
+        with a, b:
+            if b.fileno() == fd:
+                a, b = b, a
+            moved = a.fileno() != fd
+            if moved:
+                os.dup2(a.fileno(), fd)
+            try:
+                b.send(b"x")
+                await asyncio.wait_for(rina._readable(fd), 10)
+            finally:
+                if moved:
+                    os.close(fd)
+
+    asyncio.run(main())
+
+
+class _GatedExecutor(concurrent.futures.ThreadPoolExecutor):
+    """An event loop's executor whose one job stops at a gate, ``before``
+    it runs or ``after``; ``reached`` is set when it gets there."""
+
+    def __init__(self, loop, where):
+        super().__init__(max_workers=1)
+        self.loop, self.where = loop, where
+        self.reached = asyncio.Event()
+        self.go = threading.Event()
+
+    def hold(self):
+        self.loop.call_soon_threadsafe(self.reached.set)
+        assert self.go.wait(10)
+
+    def submit(self, fn, *args):
+        def job():
+            if self.where == "before":
+                self.hold()
+            r = fn(*args)
+            if self.where == "after":
+                self.hold()
+            return r
+
+        return super().submit(job)
+
+
+@pytest.mark.parametrize("when", ["before", "during", "after"])
+def test_a_cancelled_accept_async_does_not_leave_a_flow_to_the_gc(daemons, monkeypatch, when):
+    """accept_async cancelled while its answer is under way in the executor:
+    before the answer the request is refused; after it, the flow is closed
+    (its requester reads its end)."""
+    accepted = []
+    executor = []
+    accept = rina.FlowRequest._accept_unless_gone
+
+    def recording(req):
+        flow = accept(req)
+        accepted.append(flow)
+        if when == "during":
+            executor[0].hold()
+        return flow
+
+    monkeypatch.setattr(rina.FlowRequest, "_accept_unless_gone", recording)
+    with control_at(daemons.beta) as ctl:
+        ctl.register("py-cancel-accept")
+        client = allocate_in_thread("py-cancel-accept", f"py-cancelled|{when}")
+
+        async def main():
+            loop = asyncio.get_running_loop()
+            ex = _GatedExecutor(loop, None if when == "during" else when)
+            executor.append(ex)
+            loop.set_default_executor(ex)
+            task = asyncio.create_task(ctl.accept_async())
+            try:
+                await asyncio.wait_for(ex.reached.wait(), 10)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                if when == "after":
+                    [flow] = accepted
+                    assert flow._sock is None, "the accepted flow was left open"
+            finally:
+                ex.go.set()
+
+        asyncio.run(main())  # waits for the executor's job
+        res = client.get(timeout=10)
+        if when == "before":
+            assert accepted == []
+            assert isinstance(res, rina.RinaError) and res.errno == errno.ECONNREFUSED, res
+        else:
+            [flow] = accepted
+            assert flow._sock is None, "the accepted flow was left open"
+            assert isinstance(res, rina.Flow), res
+            with res:
+                assert res.read(timeout=5) == b""
+
+
+@pytest.mark.parametrize("newer", ["release", "debug"])
+def test_the_library_is_looked_for_in_cargo_target_dir_newest_first(monkeypatch, tmp_path, newer):
+    older = "debug" if newer == "release" else "release"
+    for age, profile in enumerate((older, newer)):
+        (tmp_path / profile).mkdir()
+        lib = tmp_path / profile / "librina_api.so"
+        lib.write_bytes(b"")
+        os.utime(lib, (1_000_000 + age, 1_000_000 + age))
+    monkeypatch.delenv("RINA_API_LIB", raising=False)
+    monkeypatch.setenv("CARGO_TARGET_DIR", str(tmp_path))
+    found = [p for p in rina._lib._candidates() if p.startswith(str(tmp_path))]
+    assert found == [str(tmp_path / p / "librina_api.so") for p in (newer, older)]
