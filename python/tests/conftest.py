@@ -28,7 +28,9 @@ SERVER_NAMES = [
     "py-sig",
     "py-dropped",
     "py-backlog",
-    "py-cancel-accept",
+    "py-cancel-accept-before",
+    "py-cancel-accept-during",
+    "py-cancel-accept-after",
 ]
 
 

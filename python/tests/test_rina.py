@@ -573,8 +573,11 @@ def test_a_cancelled_accept_async_does_not_leave_a_flow_to_the_gc(daemons, monke
 
     monkeypatch.setattr(rina.FlowRequest, "_accept_unless_gone", recording)
     with control_at(daemons.beta) as ctl:
-        ctl.register("py-cancel-accept")
-        client = allocate_in_thread("py-cancel-accept", f"py-cancelled|{when}")
+        # A name per case: the last case's Control is closed, but the
+        # daemon may not have withdrawn its name yet.
+        name = f"py-cancel-accept-{when}"
+        ctl.register(name)
+        client = allocate_in_thread(name, f"py-cancelled|{when}")
 
         async def main():
             loop = asyncio.get_running_loop()
