@@ -7,7 +7,15 @@
 //!   `LISTEN` becomes a flow to application `APP`;
 //! * *RINA to TCP* (`APP=ADDR`): `APP` is registered, and each flow
 //!   allocated to it becomes a TCP connection to `ADDR`; a request whose
-//!   connection fails is refused with the reason.
+//!   connection fails is refused with the reason. Each request's
+//!   connection is tried on a thread of its own (at most
+//!   `--connect-timeout-ms`, below the daemon's wait for an answer), so a
+//!   server that does not answer holds up no other request.
+//!
+//! A name withdrawn (`rinactl unregister`) ends its mapping; a daemon that
+//! goes away is waited for, and the names registered again when it is
+//! back. The log goes to standard error, a line per session; one that
+//! went away silences it, nothing more.
 //!
 //! The gateways at the two ends of a flow carry the bytes as they come:
 //! each TCP read is one SDU (at most the flow's largest), each SDU one TCP

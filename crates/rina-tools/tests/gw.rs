@@ -196,3 +196,150 @@ fn tcp_connections_cross_a_normal_dif_through_two_gateways() {
     assert_eq!(log.matches(" up: ").count(), 4, "{log}");
     eprintln!("alpha's gateway:\n{log}beta's gateway:\n{}", read(&log_b));
 }
+
+/// A TCP server that takes no connection: a listening socket with a
+/// backlog of 0 whose one queued connection is never accepted, so that
+/// the kernel drops further SYNs and their connections time out. Its port,
+/// and what must live as long as it should.
+fn deaf_server() -> (u16, (TcpListener, TcpStream)) {
+    use nix::sys::socket::{
+        bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, SockaddrIn,
+    };
+    let fd = socket(
+        AddressFamily::Inet,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .unwrap();
+    bind(
+        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        &SockaddrIn::new(127, 0, 0, 1, 0),
+    )
+    .unwrap();
+    listen(&fd, Backlog::new(0).unwrap()).unwrap();
+    let l = TcpListener::from(fd);
+    let port = l.local_addr().unwrap().port();
+    let queued = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    (port, (l, queued))
+}
+
+/// Flow requests to a server that does not answer are tried at once, not
+/// one after the other: four at the same time each get the connection's
+/// own refusal (timed out after 1 s) back, where one at a time the last
+/// would have waited past the daemon's 2 s and heard only that no one
+/// answered.
+#[test]
+fn requests_to_a_server_that_does_not_answer_are_refused_at_once_with_the_reason() {
+    let (mut procs, a, b) = normal_pair("gw-deaf", |_| "\"deaf\" = 2".into());
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let dir = procs.1.clone();
+    let (deaf_port, _deaf) = deaf_server();
+    let to = format!("deaf=127.0.0.1:{deaf_port}");
+    let args = [
+        "--socket",
+        b,
+        "--dif",
+        "net",
+        "--connect-timeout-ms",
+        "1000",
+        "--rina-to-tcp",
+        &to,
+    ];
+    gateway(&mut procs, &args, &dir.join("gw-b.log"), 1);
+    let log_a = dir.join("gw-a.log");
+    let args = [
+        "--socket",
+        a,
+        "--dif",
+        "net",
+        "--tcp-to-rina",
+        "127.0.0.1:0=deaf",
+    ];
+    let port = listening_port(&gateway(&mut procs, &args, &log_a, 1)[0]);
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+                c.set_read_timeout(Some(T)).unwrap();
+                matches!(c.read(&mut [0u8; 16]), Ok(0) | Err(_))
+            })
+        })
+        .collect();
+    for c in clients {
+        assert!(c.join().unwrap(), "a connection with no flow stays open");
+    }
+    let log = wait_for_lines(&log_a, "cannot allocate a flow", 4);
+    let why = format!("cannot connect to 127.0.0.1:{deaf_port}");
+    assert_eq!(log.matches(&why).count(), 4, "{log}");
+}
+
+/// A daemon that restarts is waited for: the gateway registers its name
+/// again, and connections are carried again once the DIF is back. A name
+/// withdrawn by an administrator ends its mapping, and with it a gateway
+/// that has no other (exit code 1, saying why).
+#[test]
+fn a_restarted_daemon_gets_the_name_again_and_a_withdrawn_name_ends_the_gateway() {
+    let (mut procs, a, b) = normal_pair("gw-restart", |_| "\"web\" = 2".into());
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let dir = procs.1.clone();
+    let log_b = dir.join("gw-b.log");
+    let echo = format!("web=127.0.0.1:{}", echo_server());
+    gateway(
+        &mut procs,
+        &["--socket", b, "--dif", "net", "--rina-to-tcp", &echo],
+        &log_b,
+        1,
+    );
+    let ready = gateway(
+        &mut procs,
+        &[
+            "--socket",
+            a,
+            "--dif",
+            "net",
+            "--tcp-to-rina",
+            "127.0.0.1:0=web",
+        ],
+        &dir.join("gw-a.log"),
+        1,
+    );
+    let port = listening_port(&ready[0]);
+    round_trip(port, 1, 10_000);
+
+    // Beta's daemon killed and started again on the same socket.
+    let bins = bin_dir();
+    let _ = procs.0[1].kill();
+    let _ = procs.0[1].wait();
+    procs.0[1] = common::spawn_rinad(&bins, &dir.join("beta.toml"), Path::new(b));
+    wait_for_lines(&log_b, "web registered again", 1);
+    // Once alpha's DIF has beta again, a connection goes through.
+    common::wait_until("a connection through the DIF again", T, || {
+        let Ok(mut c) = TcpStream::connect(("127.0.0.1", port)) else {
+            return false;
+        };
+        c.set_read_timeout(Some(T)).unwrap();
+        let mut got = [0u8; 5];
+        c.write_all(b"again").is_ok() && c.read_exact(&mut got).is_ok() && &got == b"again"
+    });
+
+    // The name withdrawn: beta's gateway, which has no other mapping, ends.
+    let out = Command::new(bins.join("rinactl"))
+        .args(["--socket", b, "unregister", "web"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let gw_b = &mut procs.0[2];
+    let mut code = None;
+    common::wait_until("beta's gateway to exit", T, || {
+        code = gw_b.try_wait().unwrap().map(|s| s.code());
+        code.is_some()
+    });
+    assert_eq!(code, Some(Some(1)));
+    let log = read(&log_b);
+    assert!(log.contains("web: no more flow requests"), "{log}");
+}

@@ -1,17 +1,22 @@
 //! `rina-gw`: TCP connections over RINA flows (rlite's `rina-gw`), see
 //! [`rina_tools::gw`].
 //!
-//! Exit codes: 2 when it cannot start (no daemon, a port taken, a name
-//! refused), 1 when the daemon went away while it ran.
+//! Runs until stopped. Exit codes: 2 when it cannot start (a port taken,
+//! a mapping or a name refused, no daemon to register a name with); 1
+//! when every mapping ended (each name of a gateway with no listener
+//! withdrawn, `rinactl unregister`). A daemon that goes away is waited
+//! for: the names are registered again when it is back, and connections
+//! meanwhile are closed with the reason.
 
 use clap::Parser;
 use rina::{AppName, QosSpec};
 use rina_tools::gw::mapping::{RinaToTcp, TcpToRina};
 use rina_tools::gw::run::{self, Sessions, Settings};
 use rina_tools::opts::{self, CommonArgs};
+use rina_tools::say;
 use std::io::Write;
 use std::net::TcpListener;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 const TOOL: &str = "rina-gw";
@@ -56,8 +61,10 @@ struct Cli {
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     max_sessions: u64,
     /// How long a TCP connection for a flow request may take, in
-    /// milliseconds, before the request is refused.
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    /// milliseconds, before the request is refused: at most 1400, as the
+    /// daemon withdraws a request not answered in 1.5 s (shim-udp; 2 s in
+    /// a normal DIF), and the requester would then hear no reason.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=1400))]
     connect_timeout_ms: u64,
 }
 
@@ -114,28 +121,35 @@ fn main() {
         ready(&format!("RINA {} -> TCP {}", m.app, m.connect));
         clients.push((m.clone(), c));
     }
+    let listening = !listeners.is_empty();
     for (m, l) in listeners {
         let (s, n) = (Arc::clone(&settings), Arc::clone(&sessions));
         std::thread::spawn(move || run::tcp_to_rina(s, n, m, l));
     }
-    let servers: Vec<_> = clients
-        .into_iter()
-        .map(|(m, c)| {
-            let (s, n) = (Arc::clone(&settings), Arc::clone(&sessions));
-            std::thread::spawn(move || (m.app.clone(), run::rina_to_tcp(s, n, m, c)))
-        })
-        .collect();
-    if servers.is_empty() {
-        // Listeners only: they run until the process is stopped.
-        loop {
-            std::thread::park();
+    // A registration ends only when its name is withdrawn; the others
+    // serve on. With no listener, the last one's end is the gateway's.
+    let (ended_tx, ended) = mpsc::channel();
+    let registrations = clients.len();
+    for (m, c) in clients {
+        let (s, n, tx) = (
+            Arc::clone(&settings),
+            Arc::clone(&sessions),
+            ended_tx.clone(),
+        );
+        std::thread::spawn(move || {
+            let app = m.app.clone();
+            let _ = tx.send((app, run::rina_to_tcp(s, n, m, c)));
+        });
+    }
+    drop(ended_tx);
+    for (k, (app, e)) in ended.iter().enumerate() {
+        say!("{app}: no more flow requests: {e}");
+        if k + 1 == registrations && !listening {
+            opts::die(TOOL, "every mapping ended", &"no name left to serve", 1);
         }
     }
-    // A registration ends only when the daemon goes (or refuses it):
-    // the gateway cannot serve it any more.
-    for s in servers {
-        if let Ok((app, e)) = s.join() {
-            opts::die(TOOL, &format!("{app}: no more flow requests"), &e, 1);
-        }
+    // Listeners only (or left): they run until the process is stopped.
+    loop {
+        std::thread::park();
     }
 }

@@ -1,16 +1,36 @@
 //! The running gateway: a thread per mapping (a TCP listener, or a
 //! registration taking flow requests), a thread pair per session, and a
 //! limit on sessions at once. What happens is said on standard error, a
-//! line per session; the mappings that are ready, on standard output.
+//! line per session (a standard error that went away silences it, nothing
+//! more); the mappings that are ready, on standard output.
 
 use super::mapping::{RinaToTcp, TcpToRina};
 use super::session::{self, Carried};
-use rina::{AppName, Client, Flow, IncomingFlow, QosSpec};
-use std::net::{TcpListener, TcpStream};
+use crate::ip::backoff::Backoff;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use rina::{AppName, Client, ErrorKind, Flow, IncomingFlow, QosSpec};
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
+
+/// Writes a line to standard error, `rina-gw: ` first; an error (a closed
+/// pipe) is ignored: the gateway serves on without its log.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::gw::run::say_line(format_args!($($arg)*))
+    };
+}
+
+/// The body of [`say!`].
+pub fn say_line(what: std::fmt::Arguments<'_>) {
+    let _ = writeln!(io::stderr().lock(), "rina-gw: {what}");
+}
 
 /// What every mapping of one gateway shares.
 #[derive(Debug, Clone)]
@@ -39,17 +59,31 @@ pub struct Sessions {
     next: AtomicU64,
 }
 
+/// A session's place among the [`Sessions`], given back when dropped
+/// (whatever ends the session, a panic included).
+#[derive(Debug)]
+pub struct Place {
+    sessions: Arc<Sessions>,
+    /// The session's number.
+    pub id: u64,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.sessions.up.fetch_sub(1, Relaxed);
+    }
+}
+
 impl Sessions {
-    /// Takes a place if fewer than `most` are up: the session's number.
-    fn open(&self, most: usize) -> Option<u64> {
+    /// Takes a place if fewer than `most` are up.
+    pub fn open(self: &Arc<Self>, most: usize) -> Option<Place> {
         self.up
             .fetch_update(Relaxed, Relaxed, |n| (n < most).then_some(n + 1))
             .ok()?;
-        Some(self.next.fetch_add(1, Relaxed) + 1)
-    }
-
-    fn close(&self) {
-        self.up.fetch_sub(1, Relaxed);
+        Some(Place {
+            sessions: Arc::clone(self),
+            id: self.next.fetch_add(1, Relaxed) + 1,
+        })
     }
 
     /// Sessions up now.
@@ -64,15 +98,12 @@ fn connect(s: &Settings) -> rina::Result<Client> {
     Ok(c)
 }
 
-/// Carries session `id` (described by `what`) on a thread of its own,
-/// and gives its place back when it ends.
-fn spawn_session(sessions: &Arc<Sessions>, id: u64, what: String, tcp: TcpStream, flow: Flow) {
-    let mine = Arc::clone(sessions);
+/// Carries the session of `place` (described by `what`) on a thread of
+/// its own; the place is given back when it ends.
+fn spawn_session(place: Place, what: String, tcp: TcpStream, flow: Flow) {
+    let id = place.id;
     let run = move || {
-        eprintln!(
-            "rina-gw: session {id} up: {what} (flow {})",
-            flow.info().port
-        );
+        say!("session {id} up: {what} (flow {})", flow.info().port);
         match session::carry(tcp, flow) {
             Ok(Carried {
                 to_rina,
@@ -80,19 +111,19 @@ fn spawn_session(sessions: &Arc<Sessions>, id: u64, what: String, tcp: TcpStream
                 error,
             }) => {
                 let why = error.map_or(String::new(), |e| format!(" ({e})"));
-                eprintln!("rina-gw: session {id} closed: {to_rina} B to RINA, {from_rina} B from RINA{why}");
+                say!("session {id} closed: {to_rina} B to RINA, {from_rina} B from RINA{why}");
             }
-            Err(e) => eprintln!("rina-gw: session {id} failed: {e}"),
+            Err(e) => say!("session {id} failed: {e}"),
         }
-        mine.close();
+        drop(place);
     };
     let started = std::thread::Builder::new()
         .name(format!("rina-gw-{id}"))
         .spawn(run);
     if let Err(e) = started {
-        // The closure (with the connection and the flow) is gone with it.
-        eprintln!("rina-gw: session {id}: cannot start a thread: {e}");
-        sessions.close();
+        // The closure, with the place, the connection and the flow, is
+        // gone with it.
+        say!("session {id}: cannot start a thread: {e}");
     }
 }
 
@@ -106,7 +137,7 @@ pub fn tcp_to_rina(s: Arc<Settings>, sessions: Arc<Sessions>, m: TcpToRina, list
             Ok(t) => t,
             Err(e) => {
                 // Out of descriptors, say: the next may work.
-                eprintln!("rina-gw: accepting on {}: {e}", m.listen);
+                say!("accepting on {}: {e}", m.listen);
                 std::thread::sleep(Duration::from_millis(100));
                 continue;
             }
@@ -114,83 +145,24 @@ pub fn tcp_to_rina(s: Arc<Settings>, sessions: Arc<Sessions>, m: TcpToRina, list
         let from = tcp
             .peer_addr()
             .map_or_else(|_| "?".into(), |a| a.to_string());
-        let Some(id) = sessions.open(s.max_sessions) else {
-            eprintln!(
-                "rina-gw: {from} -> {}: closed, {} sessions are up (--max-sessions)",
-                m.app, s.max_sessions
+        let Some(place) = sessions.open(s.max_sessions) else {
+            say!(
+                "{from} -> {}: closed, {} sessions are up (--max-sessions)",
+                m.app,
+                s.max_sessions
             );
             continue;
         };
-        let (s2, sessions2, app) = (Arc::clone(&s), Arc::clone(&sessions), m.app.clone());
-        let allocate = move || match connect(&s2)
-            .and_then(|mut c| c.allocate(&s2.name, &app, s2.dif.as_deref(), &s2.qos))
+        let (s, app) = (Arc::clone(&s), m.app.clone());
+        let id = place.id;
+        let allocate = move || match connect(&s)
+            .and_then(|mut c| c.allocate(&s.name, &app, s.dif.as_deref(), &s.qos))
         {
-            Ok(flow) => spawn_session(&sessions2, id, format!("{from} -> {app}"), tcp, flow),
-            Err(e) => {
-                eprintln!("rina-gw: session {id}: {from} -> {app}: cannot allocate a flow: {e}");
-                sessions2.close();
-            }
+            Ok(flow) => spawn_session(place, format!("{from} -> {app}"), tcp, flow),
+            Err(e) => say!("session {id}: {from} -> {app}: cannot allocate a flow: {e}"),
         };
         if let Err(e) = std::thread::Builder::new().spawn(allocate) {
-            eprintln!("rina-gw: session {id}: cannot start a thread: {e}");
-            sessions.close();
-        }
-    }
-}
-
-/// Registers `m.app` (through `client`, already done) and serves its flow
-/// requests until the daemon goes: each is accepted once its TCP
-/// connection to `m.connect` is up, or refused with the reason. Returns
-/// the error that ended it.
-pub fn rina_to_tcp(
-    s: Arc<Settings>,
-    sessions: Arc<Sessions>,
-    m: RinaToTcp,
-    mut client: Client,
-) -> rina::Error {
-    loop {
-        let req = match client.next_request() {
-            Ok(r) => r,
-            Err(e) => return e,
-        };
-        if let Err(e) = answer(&s, &sessions, &m, &mut client, &req) {
-            eprintln!("rina-gw: {} -> {}: {e}", req.remote, m.app);
-        }
-    }
-}
-
-/// Accepts request `req` for `m.app` with a TCP connection to `m.connect`,
-/// or refuses it with the reason.
-fn answer(
-    s: &Settings,
-    sessions: &Arc<Sessions>,
-    m: &RinaToTcp,
-    client: &mut Client,
-    req: &IncomingFlow,
-) -> rina::Result<()> {
-    let Some(id) = sessions.open(s.max_sessions) else {
-        let why = format!("rina-gw: {} sessions are up", s.max_sessions);
-        eprintln!("rina-gw: {} -> {}: refused: {why}", req.remote, m.app);
-        return client.refuse(req, &why);
-    };
-    let tcp = match TcpStream::connect_timeout(&m.connect, s.connect_timeout) {
-        Ok(t) => t,
-        Err(e) => {
-            sessions.close();
-            let why = format!("rina-gw: cannot connect to {}: {e}", m.connect);
-            eprintln!("rina-gw: {} -> {}: refused: {why}", req.remote, m.app);
-            return client.refuse(req, &why);
-        }
-    };
-    match client.accept(req) {
-        Ok(flow) => {
-            let what = format!("{} -> {} -> {}", req.remote, m.app, m.connect);
-            spawn_session(sessions, id, what, tcp, flow);
-            Ok(())
-        }
-        Err(e) => {
-            sessions.close();
-            Err(e)
+            say!("session {id}: cannot start a thread: {e}");
         }
     }
 }
@@ -203,18 +175,175 @@ pub fn register(s: &Settings, m: &RinaToTcp) -> rina::Result<Client> {
     Ok(c)
 }
 
+/// Serves the flow requests for `m.app` (registered through `client`)
+/// until its name is withdrawn: returns that error. A daemon that goes
+/// away is waited for, and the name registered again when it is back
+/// (after 1 s, then twice as long each time, at most 30 s apart).
+pub fn rina_to_tcp(
+    s: Arc<Settings>,
+    sessions: Arc<Sessions>,
+    m: RinaToTcp,
+    mut client: Client,
+) -> rina::Error {
+    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+    loop {
+        let e = serve(&s, &sessions, &m, &mut client);
+        if e.kind() == ErrorKind::NotRegistered {
+            return e;
+        }
+        say!("{}: {e}; registering it again", m.app);
+        client = loop {
+            std::thread::sleep(backoff.next_base());
+            match register(&s, &m) {
+                Ok(c) => break c,
+                Err(e) if e.kind() == ErrorKind::NotRegistered => return e,
+                Err(_) => {}
+            }
+        };
+        backoff.reset();
+        say!("{} registered again", m.app);
+    }
+}
+
+/// A flow request whose TCP connection was tried: the request, its place
+/// and the connection (or why there is none).
+type Tried = (IncomingFlow, Place, io::Result<TcpStream>);
+
+/// Takes the flow requests for `m.app` until the client fails: each is
+/// given a place and a TCP connection to `m.connect`, tried on a thread of
+/// its own so that a slow server holds up no other request, then accepted,
+/// or refused with the reason. Returns the client's error.
+fn serve(
+    s: &Settings,
+    sessions: &Arc<Sessions>,
+    m: &RinaToTcp,
+    client: &mut Client,
+) -> rina::Error {
+    let (tx, rx) = mpsc::channel::<Tried>();
+    let (mut bell, ring) = match UnixStream::pair().and_then(|(r, w)| {
+        r.set_nonblocking(true)?;
+        Ok((r, w))
+    }) {
+        Ok(p) => p,
+        Err(e) => return rina::Error::new(ErrorKind::Internal, format!("a socket pair: {e}")),
+    };
+    loop {
+        // The bell first, then what it rang for: a connection tried after
+        // this rings again, so the wait below cannot miss it.
+        let mut b = [0u8; 64];
+        while bell.read(&mut b).is_ok_and(|n| n > 0) {}
+        loop {
+            match client.next_request_timeout(Duration::ZERO) {
+                Ok(Some(req)) => try_connect(s, sessions, m, client, req, &tx, &ring),
+                Ok(None) => break,
+                Err(e) => return e,
+            }
+        }
+        while let Ok(tried) = rx.try_recv() {
+            answer(m, client, tried);
+        }
+        let mut fds = [
+            PollFd::new(client.as_fd(), PollFlags::POLLIN),
+            PollFd::new(bell.as_fd(), PollFlags::POLLIN),
+        ];
+        if let Err(e) = poll(&mut fds, PollTimeout::NONE) {
+            if e != nix::errno::Errno::EINTR {
+                return rina::Error::new(ErrorKind::Internal, format!("poll: {e}"));
+            }
+        }
+    }
+}
+
+/// Gives request `req` a place and starts its TCP connection on a thread
+/// that sends the outcome on `tx` and rings `ring`; refuses it at once if
+/// no place is free or no thread starts.
+fn try_connect(
+    s: &Settings,
+    sessions: &Arc<Sessions>,
+    m: &RinaToTcp,
+    client: &mut Client,
+    req: IncomingFlow,
+    tx: &mpsc::Sender<Tried>,
+    ring: &UnixStream,
+) {
+    let Some(place) = sessions.open(s.max_sessions) else {
+        refuse(
+            m,
+            client,
+            &req,
+            format!("{} sessions are up", s.max_sessions),
+        );
+        return;
+    };
+    let (to, timeout, tx) = (m.connect, s.connect_timeout, tx.clone());
+    let ring = match ring.try_clone() {
+        Ok(r) => r,
+        Err(e) => return refuse(m, client, &req, format!("cannot start a connection: {e}")),
+    };
+    let (req2, started) = (req.clone(), std::thread::Builder::new());
+    let started = started.spawn(move || {
+        let tcp = TcpStream::connect_timeout(&to, timeout);
+        if tx.send((req2, place, tcp)).is_ok() {
+            let _ = (&ring).write(&[1]);
+        }
+    });
+    if let Err(e) = started {
+        refuse(m, client, &req, format!("cannot start a connection: {e}"));
+    }
+}
+
+/// Accepts the request of `tried` if its connection is up (the session
+/// starts), or refuses it with the reason.
+fn answer(m: &RinaToTcp, client: &mut Client, (req, place, tcp): Tried) {
+    let tcp = match tcp {
+        Ok(t) => t,
+        Err(e) => return refuse(m, client, &req, describe(m.connect, &e)),
+    };
+    match client.accept(&req) {
+        Ok(flow) => {
+            let what = format!("{} -> {} -> {}", req.remote, m.app, m.connect);
+            spawn_session(place, what, tcp, flow);
+        }
+        // Withdrawn meanwhile (its requester gave up), say.
+        Err(e) => say!("{} -> {}: cannot accept: {e}", req.remote, m.app),
+    }
+}
+
+fn describe(to: SocketAddr, e: &io::Error) -> String {
+    format!("cannot connect to {to}: {e}")
+}
+
+/// Refuses `req`, saying why (to the requester, and here).
+fn refuse(m: &RinaToTcp, client: &mut Client, req: &IncomingFlow, why: String) {
+    let why = format!("rina-gw: {why}");
+    say!("{} -> {}: refused: {why}", req.remote, m.app);
+    if let Err(e) = client.refuse(req, &why) {
+        say!("{} -> {}: cannot refuse: {e}", req.remote, m.app);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn sessions_beyond_the_limit_get_no_place_until_one_closes() {
-        let s = Sessions::default();
-        assert_eq!((s.open(2), s.open(2)), (Some(1), Some(2)));
-        assert_eq!(s.open(2), None, "a third of two");
+    fn sessions_beyond_the_limit_get_no_place_until_one_is_given_back() {
+        let s = Arc::new(Sessions::default());
+        let (a, b) = (s.open(2).unwrap(), s.open(2).unwrap());
+        assert_eq!((a.id, b.id), (1, 2));
+        assert!(s.open(2).is_none(), "a third of two");
         assert_eq!(s.up(), 2);
-        s.close();
-        assert_eq!(s.open(2), Some(3), "numbers are not reused");
-        assert_eq!(s.up(), 2);
+        drop(a);
+        assert_eq!(s.open(2).map(|p| p.id), Some(3), "numbers are not reused");
+        // The third place was dropped at once: one is up.
+        assert_eq!(s.up(), 1);
+        // A place is given back by a thread that panics too.
+        let p = s.open(2).unwrap();
+        let _ = std::thread::spawn(move || {
+            let _p = p;
+            panic!("a session that panics");
+        })
+        .join();
+        assert_eq!(s.up(), 1);
     }
 }
