@@ -68,6 +68,13 @@ struct Cli {
     connect_timeout_ms: u64,
 }
 
+/// Ends the gateway with exit code `code`, saying why on standard error
+/// (if it is still there).
+fn die(tool: &str, context: &str, err: &dyn std::fmt::Display, code: i32) -> ! {
+    let _ = writeln!(std::io::stderr().lock(), "{tool}: {context}: {err}");
+    std::process::exit(code)
+}
+
 /// Says on standard output that a mapping is ready; a closed output is
 /// not the gateway's end.
 fn ready(what: &str) {
@@ -82,7 +89,7 @@ fn main() {
     rina_docgen::handle::<Cli>();
     let cli = Cli::parse();
     if cli.tcp_to_rina.is_empty() && cli.rina_to_tcp.is_empty() {
-        opts::die(
+        die(
             TOOL,
             "nothing to do",
             &"give at least one --tcp-to-rina LISTEN=APP or --rina-to-tcp APP=ADDR",
@@ -109,7 +116,7 @@ fn main() {
     let mut listeners = Vec::new();
     for m in &cli.tcp_to_rina {
         let l = TcpListener::bind(m.listen)
-            .unwrap_or_else(|e| opts::die(TOOL, &format!("cannot listen on {}", m.listen), &e, 2));
+            .unwrap_or_else(|e| die(TOOL, &format!("cannot listen on {}", m.listen), &e, 2));
         let at = l.local_addr().map_or(m.listen, |a| a);
         ready(&format!("TCP {at} -> RINA {}", m.app));
         listeners.push((m.clone(), l));
@@ -117,7 +124,7 @@ fn main() {
     let mut clients = Vec::new();
     for m in &cli.rina_to_tcp {
         let c = run::register(&settings, m)
-            .unwrap_or_else(|e| opts::die(TOOL, &format!("cannot register {}", m.app), &e, 2));
+            .unwrap_or_else(|e| die(TOOL, &format!("cannot register {}", m.app), &e, 2));
         ready(&format!("RINA {} -> TCP {}", m.app, m.connect));
         clients.push((m.clone(), c));
     }
@@ -145,7 +152,7 @@ fn main() {
     for (k, (app, e)) in ended.iter().enumerate() {
         say!("{app}: no more flow requests: {e}");
         if k + 1 == registrations && !listening {
-            opts::die(TOOL, "every mapping ended", &"no name left to serve", 1);
+            die(TOOL, "every mapping ended", &"no name left to serve", 1);
         }
     }
     // Listeners only (or left): they run until the process is stopped.

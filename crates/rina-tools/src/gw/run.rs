@@ -192,6 +192,9 @@ pub fn rina_to_tcp(
             return e;
         }
         say!("{}: {e}; registering it again", m.app);
+        // The old connection goes first: where the daemon is still there,
+        // it holds the name, which a new registration would find taken.
+        drop(client);
         client = loop {
             std::thread::sleep(backoff.next_base());
             match register(&s, &m) {
@@ -232,15 +235,19 @@ fn serve(
         // this rings again, so the wait below cannot miss it.
         let mut b = [0u8; 64];
         while bell.read(&mut b).is_ok_and(|n| n > 0) {}
+        // Answers before requests: an answer is a call to the daemon, and
+        // what the daemon sends meanwhile (a request, a withdrawal) waits
+        // in the client, where the wait below would not see it; the loop
+        // below takes it, and nothing talks to the daemon after it.
+        while let Ok(tried) = rx.try_recv() {
+            answer(m, client, tried);
+        }
         loop {
             match client.next_request_timeout(Duration::ZERO) {
                 Ok(Some(req)) => try_connect(s, sessions, m, client, req, &tx, &ring),
                 Ok(None) => break,
                 Err(e) => return e,
             }
-        }
-        while let Ok(tried) = rx.try_recv() {
-            answer(m, client, tried);
         }
         let mut fds = [
             PollFd::new(client.as_fd(), PollFlags::POLLIN),
@@ -325,6 +332,103 @@ fn refuse(m: &RinaToTcp, client: &mut Client, req: &IncomingFlow, why: String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nix::sys::socket::{recv, send, socketpair, AddressFamily, MsgFlags, SockFlag, SockType};
+    use rina_wire::ctl::{self, CtlError, Message, Op, Request};
+    use std::os::fd::{AsRawFd, OwnedFd};
+
+    /// What a fake daemon's end of a control connection receives next,
+    /// within `ms` milliseconds.
+    fn next_request(fd: &OwnedFd, ms: u16) -> Option<Request> {
+        let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+        if poll(&mut fds, PollTimeout::from(ms)).ok()? == 0 {
+            return None;
+        }
+        let mut buf = vec![0u8; ctl::MAX_CTL_MSG];
+        let n = recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty()).ok()?;
+        ctl::decode(&buf[..n]).ok()
+    }
+
+    fn tell(fd: &OwnedFd, m: &Message) {
+        send(fd.as_raw_fd(), &ctl::encode(m), MsgFlags::empty()).unwrap();
+    }
+
+    fn request(handle: u64) -> Message {
+        Message::FlowRequest(IncomingFlow {
+            handle,
+            dif: "net".into(),
+            local: "web".parse().unwrap(),
+            remote: "peer".parse().unwrap(),
+            qos: QosSpec::default(),
+        })
+    }
+
+    /// The fake daemon answers accepting request `handle` with "gone".
+    fn gone(fd: &OwnedFd, handle: u64, send_first: Option<&Message>) {
+        let r = next_request(fd, 5000).expect("an answer to the request");
+        assert!(
+            matches!(r.op, Op::Accept { handle: h, .. } if h == handle),
+            "{r:?}"
+        );
+        // What the daemon sends while the gateway waits for its reply.
+        if let Some(m) = send_first {
+            tell(fd, m);
+        }
+        let err = CtlError::new(ErrorKind::RequestGone, "withdrawn");
+        tell(
+            fd,
+            &Message::Reply {
+                id: r.id,
+                result: Err(err),
+            },
+        );
+    }
+
+    /// A request, or a withdrawal of the name, that comes while the
+    /// gateway waits for the daemon's reply to an answer is not left in
+    /// the client while the gateway waits on the connection: the request
+    /// is answered, and the withdrawal ends the mapping.
+    #[test]
+    fn what_comes_during_an_answer_is_not_left_waiting() {
+        let (ours, daemon) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap();
+        let server = TcpListener::bind("127.0.0.1:0").unwrap();
+        let s = Arc::new(Settings {
+            socket: None,
+            dif: None,
+            name: "gw".parse().unwrap(),
+            qos: QosSpec::default(),
+            rings: false,
+            max_sessions: 8,
+            connect_timeout: Duration::from_secs(1),
+        });
+        let m = RinaToTcp {
+            app: "web".parse().unwrap(),
+            connect: server.local_addr().unwrap(),
+        };
+        let client = Client::from_fd(ours);
+        let (done_tx, done) = mpsc::channel();
+        std::thread::spawn(move || {
+            let e = rina_to_tcp(s, Arc::new(Sessions::default()), m, client);
+            let _ = done_tx.send(e.kind());
+        });
+        tell(&daemon, &request(1));
+        gone(&daemon, 1, Some(&request(2)));
+        let unregistered = Message::Unregistered {
+            name: "web".parse().unwrap(),
+            dif: "net".into(),
+        };
+        gone(&daemon, 2, Some(&unregistered));
+        assert_eq!(
+            done.recv_timeout(Duration::from_secs(5)),
+            Ok(ErrorKind::NotRegistered),
+            "the withdrawal did not end the mapping"
+        );
+    }
 
     #[test]
     fn sessions_beyond_the_limit_get_no_place_until_one_is_given_back() {
