@@ -12,6 +12,10 @@
 //!   `--connect-timeout-ms`, below the daemon's wait for an answer), so a
 //!   server that does not answer holds up no other request.
 //!
+//! The mappings come from the command line (their DIF `--dif`) or from a
+//! file written for rlite's `rina-gw` (`--config`, each line with its
+//! DIF; [`mapping::parse_rlite`]).
+//!
 //! A name withdrawn (`rinactl unregister`) ends its mapping; a daemon that
 //! goes away is waited for, and the names registered again when it is
 //! back. The log goes to standard error, a line per session; one that

@@ -521,6 +521,17 @@ fn rina_gw_refuses_bad_or_missing_mappings() {
         "{}",
         text(&out.stderr)
     );
+    // A configuration file's bad line is named, with the file.
+    let conf = std::env::temp_dir().join(format!("rina-gw-test-{}.conf", std::process::id()));
+    std::fs::write(&conf, "# mappings\nI2R net web 127.0.0.1\n").unwrap();
+    let out = run(gw, &["--config", conf.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&conf);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(".conf: line 2: `I2R` takes four words, DIF APP IP PORT, not 3"),
+        "{err}"
+    );
     // No daemon: the registration fails at once, naming the name.
     let out = run(
         gw,

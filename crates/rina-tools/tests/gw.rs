@@ -132,15 +132,14 @@ fn tcp_connections_cross_a_normal_dif_through_two_gateways() {
     let (log_a, log_b) = (dir.join("gw-a.log"), dir.join("gw-b.log"));
     let (sunk_tx, sunk) = mpsc::channel();
     let echo_port = echo_server();
-    let (echo, sink, down) = (
-        format!("web=127.0.0.1:{echo_port}"),
-        format!("sink=127.0.0.1:{}", sink_server(sunk_tx)),
-        format!("down=127.0.0.1:{}", free_tcp_port()),
+    let (sink_at, down_at) = (sink_server(sunk_tx), free_tcp_port());
+    // Beta's gateway takes its mappings from a file written for rlite's.
+    let conf = dir.join("gw-b.conf");
+    let lines = format!(
+        "# beta's gateway\nR2I net web 127.0.0.1 {echo_port}\n\nR2I net sink 127.0.0.1 {sink_at}\nR2I net down 127.0.0.1 {down_at}\n"
     );
-    let mut args: Vec<&str> = vec!["--socket", b, "--dif", "net"];
-    for m in [&echo, &sink, &down] {
-        args.extend(["--rina-to-tcp", m.as_str()]);
-    }
+    std::fs::write(&conf, lines).unwrap();
+    let args = ["--socket", b, "--config", conf.to_str().unwrap()];
     gateway(&mut procs, &args, &log_b, 3);
     // Alpha's gateway listens on ports the system picks, and says which.
     let maps = ["web", "sink", "down", "nobody"].map(|app| format!("127.0.0.1:0={app}"));
@@ -187,7 +186,7 @@ fn tcp_connections_cross_a_normal_dif_through_two_gateways() {
         );
     }
     let log = wait_for_lines(&log_a, "cannot allocate a flow", 2);
-    let why = format!("cannot connect to {}", &down[down.find('=').unwrap() + 1..]);
+    let why = format!("cannot connect to 127.0.0.1:{down_at}");
     assert!(
         log.contains(&why),
         "the refusal's reason is not reported: {log}"

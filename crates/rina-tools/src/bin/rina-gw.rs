@@ -10,7 +10,7 @@
 
 use clap::Parser;
 use rina::{AppName, QosSpec};
-use rina_tools::gw::mapping::{RinaToTcp, TcpToRina};
+use rina_tools::gw::mapping::{parse_rlite, RinaToTcp, TcpToRina};
 use rina_tools::gw::run::{self, Sessions, Settings};
 use rina_tools::opts::{self, CommonArgs};
 use rina_tools::say;
@@ -44,6 +44,12 @@ struct Cli {
     /// fails is refused with the reason. Repeatable.
     #[arg(long, value_name = "APP=ADDR")]
     rina_to_tcp: Vec<RinaToTcp>,
+    /// Also the mappings of FILE, written as for rlite's rina-gw: a line
+    /// each, `I2R DIF APP IP PORT` (TCP connections to IP:PORT become flows
+    /// to APP in DIF) or `R2I DIF APP IP PORT` (APP registered in DIF, its
+    /// flows become TCP connections to IP:PORT); `#` starts a comment line.
+    #[arg(long, value_name = "FILE")]
+    config: Option<std::path::PathBuf>,
     /// This gateway's application name: the source of the flows it
     /// allocates.
     #[arg(long, default_value = "rina-gw", value_parser = opts::parse_name)]
@@ -87,18 +93,32 @@ fn main() {
     // gateway outlives its terminal, and its sockets and flows say a
     // closed peer with an error, never a signal.
     rina_docgen::handle::<Cli>();
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    // The command line's mappings use --dif; a file's name their own.
+    for m in &mut cli.tcp_to_rina {
+        m.dif.clone_from(&cli.common.dif);
+    }
+    for m in &mut cli.rina_to_tcp {
+        m.dif.clone_from(&cli.common.dif);
+    }
+    if let Some(path) = &cli.config {
+        let at = path.display();
+        let text = std::fs::read_to_string(path)
+            .unwrap_or_else(|e| die(TOOL, &format!("cannot read {at}"), &e, 2));
+        let (i2r, r2i) = parse_rlite(&text).unwrap_or_else(|e| die(TOOL, &at.to_string(), &e, 2));
+        cli.tcp_to_rina.extend(i2r);
+        cli.rina_to_tcp.extend(r2i);
+    }
     if cli.tcp_to_rina.is_empty() && cli.rina_to_tcp.is_empty() {
         die(
             TOOL,
             "nothing to do",
-            &"give at least one --tcp-to-rina LISTEN=APP or --rina-to-tcp APP=ADDR",
+            &"give at least one --tcp-to-rina LISTEN=APP or --rina-to-tcp APP=ADDR, or a --config FILE with one",
             2,
         );
     }
     let settings = Arc::new(Settings {
         socket: cli.common.socket.clone(),
-        dif: cli.common.dif.clone(),
         name: cli.name.clone(),
         qos: QosSpec {
             reliable: !cli.unreliable,

@@ -37,9 +37,6 @@ pub fn say_line(what: std::fmt::Arguments<'_>) {
 pub struct Settings {
     /// The daemon's socket (`None`: the default).
     pub socket: Option<PathBuf>,
-    /// The DIF to register in and allocate through (`None`: the daemon's
-    /// choice).
-    pub dif: Option<String>,
     /// This gateway's name, the source of the flows it allocates.
     pub name: AppName,
     /// What the flows it allocates ask for.
@@ -153,10 +150,10 @@ pub fn tcp_to_rina(s: Arc<Settings>, sessions: Arc<Sessions>, m: TcpToRina, list
             );
             continue;
         };
-        let (s, app) = (Arc::clone(&s), m.app.clone());
+        let (s, app, dif) = (Arc::clone(&s), m.app.clone(), m.dif.clone());
         let id = place.id;
         let allocate = move || match connect(&s)
-            .and_then(|mut c| c.allocate(&s.name, &app, s.dif.as_deref(), &s.qos))
+            .and_then(|mut c| c.allocate(&s.name, &app, dif.as_deref(), &s.qos))
         {
             Ok(flow) => spawn_session(place, format!("{from} -> {app}"), tcp, flow),
             Err(e) => say!("session {id}: {from} -> {app}: cannot allocate a flow: {e}"),
@@ -171,7 +168,7 @@ pub fn tcp_to_rina(s: Arc<Settings>, sessions: Arc<Sessions>, m: TcpToRina, list
 /// mapping: the client that takes its requests.
 pub fn register(s: &Settings, m: &RinaToTcp) -> rina::Result<Client> {
     let mut c = connect(s)?;
-    c.register(&m.app, s.dif.as_deref())?;
+    c.register(&m.app, m.dif.as_deref())?;
     Ok(c)
 }
 
@@ -399,7 +396,6 @@ mod tests {
         let server = TcpListener::bind("127.0.0.1:0").unwrap();
         let s = Arc::new(Settings {
             socket: None,
-            dif: None,
             name: "gw".parse().unwrap(),
             qos: QosSpec::default(),
             rings: false,
@@ -409,6 +405,7 @@ mod tests {
         let m = RinaToTcp {
             app: "web".parse().unwrap(),
             connect: server.local_addr().unwrap(),
+            dif: None,
         };
         let client = Client::from_fd(ours);
         let (done_tx, done) = mpsc::channel();
