@@ -25,8 +25,9 @@ pub struct Carried {
 
 /// Carries bytes between `tcp` and `flow` until either ends, then ends the
 /// other: the connection's end (or error) closes the flow, whose daemon
-/// still takes and delivers what was written on it before (it reads a
-/// closed flow to its end, and lingers until its EFCP delivered); the
+/// still takes and sends what was written on it before (it reads a closed
+/// flow to its end, and lingers until its EFCP delivered; the far daemon
+/// drops what its application has not taken when the flow ends); the
 /// flow's end closes the connection once what came on the flow was
 /// written to it.
 pub fn carry(tcp: TcpStream, flow: Flow) -> io::Result<Carried> {
