@@ -27,9 +27,9 @@
 //! a normal DIF gives; a flow that may lose or reorder bytes breaks the
 //! TCP stream it carries, so `--unreliable` is for shims on a reliable
 //! medium only. A connection or flow that ends ends the other (a flow has
-//! no half-close). What was written before is put on the flow first, but
-//! the far daemon drops what its application has not taken yet when the
-//! flow ends, so the last bytes before a close may be lost under load.
+//! no half-close). What was written before is put on the flow first, and
+//! the far daemon keeps the flow's end open until its gateway has taken
+//! it ([`rina_core::system::System::hold_ended`]), so it all arrives.
 //!
 //! * [`mapping`] — the mappings as the command line writes them.
 //! * [`session`] — one connection and its flow, the bytes between them.

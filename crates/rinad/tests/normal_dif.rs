@@ -10,6 +10,7 @@ use common::free_port;
 use common::{counter, echo_server_all, name, normal_over_udp, wait_for, Daemon};
 use rina::QosSpec;
 use rina_core::normal::LINGER_MAX;
+use rina_core::system::ENDED_HOLD_MAX;
 use rina_wire::pci::{self, ControlBody, DtConstants, Pci, PduType};
 use rina_wire::shim_udp::{AllocResult, Datagram};
 use std::net::UdpSocket;
@@ -771,6 +772,80 @@ fn a_writer_that_closes_ahead_of_a_late_reader_loses_nothing() {
         });
     }
     assert_eq!(counter(&alpha, "alpha.net", "app_close_expired"), 0);
+}
+
+/// The peer writes a burst on a wide reliable flow and closes it while the
+/// reader has read nothing. The peer closes once the burst is acknowledged,
+/// so its close comes while the reader's daemon holds most of it (beyond
+/// the socket or ring): the flow's end stays open until the reader has
+/// taken every SDU, and then closes. Before, the daemon handed the reader
+/// what fitted and dropped the rest with the flow: `rina-gw` lost 145 KB
+/// of 2 MB so once.
+#[test]
+fn a_reader_late_for_a_flow_its_peer_closed_still_gets_all_that_was_delivered() {
+    const SDUS: u32 = 6_000;
+    const LEN: usize = 1_400;
+    let (alpha, beta) = pair_with("\"late\" = 2", wide_reliable_cube);
+    for rings in [false, true] {
+        let what = if rings { "rings" } else { "socket" };
+        let (flow, late) = early_to_late(&alpha, &beta, rings, &reliable_in_order());
+        let sender_port = flow.info().port;
+        drop(write_numbered(flow, SDUS, LEN).join().unwrap());
+        wait_for("the peer's flow to close", T, || {
+            std::thread::sleep(Duration::from_millis(50));
+            !listed(&alpha, sender_port)
+        });
+        // The close has reached the reader's daemon.
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(read_numbered(&late, SDUS, LEN, what), SDUS, "{what}");
+        let mut buf = vec![0u8; LEN];
+        let end = late.read_timeout(&mut buf, T).unwrap_err();
+        assert_eq!(end.kind(), rina::ErrorKind::DaemonGone, "{what}: {end}");
+    }
+    assert_eq!(counter(&beta, "beta.net", "ended_hold_expired"), 0);
+}
+
+/// A reader that never reads a flow its peer closed with SDUs held for it
+/// does not keep the flow for good: its end closes [`ENDED_HOLD_MAX`]
+/// after the close, counted (`ended_hold_expired`), with what was held;
+/// the reader finds what fitted in its socket, and then the end.
+#[test]
+fn a_flow_its_peer_closed_is_not_kept_past_ended_hold_max_for_a_reader_that_never_reads() {
+    const SDUS: u32 = 6_000;
+    const LEN: usize = 1_400;
+    let (alpha, beta) = pair_with("\"late\" = 2", wide_reliable_cube);
+    let (flow, late) = early_to_late(&alpha, &beta, false, &reliable_in_order());
+    let sender_port = flow.info().port;
+    drop(write_numbered(flow, SDUS, LEN).join().unwrap());
+    wait_for("the peer's flow to close", T, || {
+        std::thread::sleep(Duration::from_millis(50));
+        !listed(&alpha, sender_port)
+    });
+    let closed = Instant::now();
+    wait_for(
+        "the end to close after ENDED_HOLD_MAX",
+        ENDED_HOLD_MAX + Duration::from_secs(10),
+        || {
+            std::thread::sleep(Duration::from_millis(250));
+            counter(&beta, "beta.net", "ended_hold_expired") == 1
+        },
+    );
+    assert!(
+        closed.elapsed() >= ENDED_HOLD_MAX - Duration::from_secs(1),
+        "closed after {:?}, before ENDED_HOLD_MAX",
+        closed.elapsed()
+    );
+    let mut buf = vec![0u8; LEN];
+    let mut read = 0;
+    let end = loop {
+        match late.read_timeout(&mut buf, T) {
+            Ok(Some(_)) => read += 1,
+            Ok(None) => panic!("neither an SDU nor the end after {read} SDUs"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(end.kind(), rina::ErrorKind::DaemonGone, "{end}");
+    assert!(read > 0 && read < SDUS, "read {read} of {SDUS}");
 }
 
 /// The peer writes a last SDU and closes while the local application has

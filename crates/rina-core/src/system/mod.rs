@@ -35,6 +35,7 @@
 
 pub mod allocator;
 pub mod claims;
+mod ended;
 mod events;
 pub mod member;
 mod removal;
@@ -43,6 +44,7 @@ mod tap;
 
 pub use crate::buf::{PduBuf, SduSource};
 pub use allocator::{Neighbor, NeighborSpec, Plan, NEIGHBOR_RETRY};
+pub use ended::ENDED_HOLD_MAX;
 pub use member::{FlowError, IpcpEvent, LowerPeer, Machine, Member, PortId, ShimSend};
 pub use removal::Removal;
 pub use tap::{MediumTapped, TAP_MAX_BYTES};
@@ -118,11 +120,17 @@ pub enum AppEvent {
     AllocateFailed { port: PortId, error: FlowError },
     /// The peer deallocated flow `port`, or its connection failed, or its
     /// application closed it and what the driver held for it did not go in
-    /// time ([`System::app_closed`]).
+    /// time ([`System::app_closed`]). A driver that still holds SDUs
+    /// delivered on it keeps its end open to the application for them
+    /// with [`System::hold_ended`].
     Deallocated { port: PortId },
     /// Flow `port` can take the SDU that was refused with
     /// [`FlowError::WouldBlock`].
     Writable { port: PortId },
+    /// Flow `port`, ended by its peer and kept for its application
+    /// ([`System::hold_ended`]), was not released in time: what the driver
+    /// still holds for it is lost.
+    HoldExpired { port: PortId },
 }
 
 /// Why a system could not be built.
@@ -181,6 +189,9 @@ pub struct Counters {
     /// not all gone [`LINGER_MAX`] later: closed with what was left
     /// ([`System::app_closed`]).
     pub app_close_expired: u64,
+    /// Flows ended by their peer whose application had not taken what the
+    /// driver held for it [`ENDED_HOLD_MAX`] later ([`System::hold_ended`]).
+    pub ended_hold_expired: u64,
 }
 
 /// A frame as a medium's driver received it.
@@ -245,6 +256,10 @@ pub struct System {
     /// SDUs it wrote ([`System::app_closed`]): port -> when the system
     /// closes them whatever is left.
     app_closing: BTreeMap<PortId, Instant>,
+    /// Flows ended by their peer whose driver still holds SDUs for their
+    /// application ([`System::hold_ended`]): port -> when the system
+    /// reports them.
+    ended_held: BTreeMap<PortId, Instant>,
     /// Media the driver reported full.
     blocked_media: BTreeSet<MediumId>,
     /// Media whose link is down.
@@ -288,6 +303,7 @@ impl System {
             incoming: BTreeMap::new(),
             want_writable: BTreeMap::new(),
             app_closing: BTreeMap::new(),
+            ended_held: BTreeMap::new(),
             blocked_media: BTreeSet::new(),
             down_media: BTreeSet::new(),
             taps: BTreeMap::new(),
@@ -505,15 +521,19 @@ impl System {
         loop {
             let p = self.next_port;
             self.next_port = self.next_port.checked_add(1).unwrap_or(1);
-            if !self.app_flows.contains_key(&p)
-                && !self.app_pending.contains_key(&p)
-                && !self.n1.contains_key(&p)
-                && !self.n1_pending.contains_key(&p)
-                && self.members.iter().all(|m| !m.has_flow(p))
-            {
+            if !self.port_in_use(p) && !self.ended_held.contains_key(&p) {
                 return p;
             }
         }
+    }
+
+    /// Whether port `p` is a flow of the system or of a member.
+    fn port_in_use(&self, p: PortId) -> bool {
+        self.app_flows.contains_key(&p)
+            || self.app_pending.contains_key(&p)
+            || self.n1.contains_key(&p)
+            || self.n1_pending.contains_key(&p)
+            || self.members.iter().any(|m| m.has_flow(p))
     }
 
     fn tick(&mut self, now: Instant) {
@@ -1234,6 +1254,7 @@ impl System {
             .chain(self.neighbor_timeout(self.now))
             .chain(self.claims_timeout())
             .chain(self.app_closing.values().copied().min())
+            .chain(self.ended_timeout())
             .min()
     }
 
@@ -1250,6 +1271,9 @@ impl System {
         }
         if !self.app_closing.is_empty() {
             self.expire_app_closing(now);
+        }
+        if !self.ended_held.is_empty() {
+            self.expire_ended(now);
         }
         self.pump(now);
     }

@@ -1180,3 +1180,77 @@ fn a_flow_closed_after_app_closed_is_not_closed_again() {
 
 mod n1_failures;
 mod neighbors;
+
+// ---- flows ended by their peer, kept for their application -------------
+
+fn holds_expired(log: &AppLog, port: PortId) -> usize {
+    log.events
+        .iter()
+        .filter(|e| **e == AppEvent::HoldExpired { port })
+        .count()
+}
+
+/// A flow its peer ended, kept for its application, keeps its port
+/// (a new flow gets another even when the counter comes round to it),
+/// and is reported once, [`ENDED_HOLD_MAX`] later, and counted.
+#[test]
+fn an_ended_flow_kept_for_its_application_keeps_its_port_until_its_time_is_over() {
+    let (mut net, port, theirs) = flow_across();
+    let t = net.now;
+    net.sys[1].close(t, theirs);
+    net.run_until(t + Duration::from_millis(200));
+    assert!(deallocated(&net.logs[0], port), "the peer's close came");
+    let now = net.now;
+    assert!(net.sys[0].hold_ended(now, port));
+    assert!(!net.sys[0].hold_ended(now, port), "kept twice");
+    assert!(net.sys[0].is_held_ended(port));
+    assert!(net.sys[0]
+        .poll_timeout()
+        .is_some_and(|d| d <= now + ENDED_HOLD_MAX));
+
+    // The port counter comes round to the kept port: it is passed over.
+    net.sys[0].next_port = port;
+    let other = net.sys[0]
+        .allocate(
+            now,
+            Some("net"),
+            name("app0"),
+            name("app1"),
+            QosSpec::default(),
+        )
+        .unwrap();
+    assert_ne!(other, port);
+
+    net.run_until(now + (ENDED_HOLD_MAX - Duration::from_secs(1)));
+    assert_eq!(holds_expired(&net.logs[0], port), 0, "reported early");
+    net.run_until(now + ENDED_HOLD_MAX + Duration::from_secs(1));
+    assert_eq!(holds_expired(&net.logs[0], port), 1);
+    assert_eq!(net.sys[0].counters().ended_hold_expired, 1);
+    assert!(!net.sys[0].is_held_ended(port));
+    net.run_until(now + ENDED_HOLD_MAX * 2);
+    assert_eq!(holds_expired(&net.logs[0], port), 1, "reported twice");
+}
+
+/// Released before its time, a kept flow is not reported, nor
+/// counted; an open flow cannot be kept as ended.
+#[test]
+fn an_ended_flow_released_in_time_is_not_reported_and_an_open_one_is_not_kept() {
+    let (mut net, port, theirs) = flow_across();
+    let now = net.now;
+    assert!(!net.sys[0].hold_ended(now, port), "an open flow was kept");
+    assert_eq!(net.sys[0].write(now, port, b"still open"), Ok(()));
+    net.sys[1].close(now, theirs);
+    net.run_until(now + Duration::from_millis(200));
+    let t = net.now;
+    assert!(net.sys[0].hold_ended(t, port));
+    assert_eq!(
+        net.sys[0].write(t, port, b"late"),
+        Err(FlowError::UnknownFlow(port.into())),
+        "a kept flow carries nothing"
+    );
+    net.run_until(t + Duration::from_secs(1));
+    net.sys[0].release_ended(port);
+    net.run_until(t + ENDED_HOLD_MAX * 2);
+    assert_eq!(holds_expired(&net.logs[0], port), 0);
+    assert_eq!(net.sys[0].counters().ended_hold_expired, 0);
+}

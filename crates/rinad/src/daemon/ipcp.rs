@@ -143,6 +143,7 @@ impl Daemon {
                     ("n1_claims_refused", sc.n1_claims_refused),
                     ("n1_lanes_refused", sc.n1_lanes_refused),
                     ("app_close_expired", sc.app_close_expired),
+                    ("ended_hold_expired", sc.ended_hold_expired),
                 ] {
                     c.insert(k.into(), v);
                 }

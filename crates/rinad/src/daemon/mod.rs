@@ -177,6 +177,9 @@ struct FlowSlot {
     drops_in: u64,
     /// Registered for writability: its socket was full with SDUs held.
     wants_writable: bool,
+    /// Ended by the peer, and kept open to the application until it has
+    /// taken the SDUs held for it ([`Daemon::peer_ended`]).
+    ended: bool,
     /// SDUs the application wrote that could not be sent.
     drops_out: u64,
     /// A direct flow's UDP socket (the application holds it too; `fd` is
@@ -651,6 +654,7 @@ impl Daemon {
                 FlowService::More => self.mark_flow_ready(port),
                 FlowService::Closed => self.close_flow(port, true),
             }
+            self.close_if_taken(port);
         }
     }
 
@@ -838,9 +842,10 @@ impl Daemon {
                     "flow deallocated by the peer (or its connection failed, or what its \
                      application left unsent did not go in time after it closed it)"
                 );
-                self.close_flow(port, false);
+                self.peer_ended(port);
             }
             AppEvent::Writable { port } => self.on_writable(port),
+            AppEvent::HoldExpired { port } => self.hold_expired(port),
         }
     }
 
@@ -1029,6 +1034,65 @@ impl Daemon {
         }
         self.send_held(port);
         self.drain_outputs();
+        self.close_if_taken(port);
+    }
+
+    /// The peer ended flow `port` (or its connection failed): the SDUs held
+    /// for its application go where it reads, as many as fit. If some are
+    /// left, the flow's end stays open to the application until it has
+    /// taken them, and the system keeps the port meanwhile, for
+    /// [`rina_core::system::ENDED_HOLD_MAX`] at most
+    /// ([`rina_core::system::System::hold_ended`]); else it closes now.
+    /// What the application writes meanwhile is dropped and counted.
+    fn peer_ended(&mut self, port: PortId) {
+        self.hand_over_held(port);
+        let Some(slot) = self.flows.get(&port) else {
+            return;
+        };
+        let held = slot.rx_pending.len();
+        if held == 0 || matches!(self.ipcps[slot.ipcp].io, Io::Hv(_)) {
+            return self.close_flow(port, false);
+        }
+        let now = self.now();
+        if !self.sys.hold_ended(now, port) {
+            return self.close_flow(port, false);
+        }
+        if let Some(slot) = self.flows.get_mut(&port) {
+            slot.ended = true;
+        }
+        info!(
+            port,
+            held, "the flow's end stays open until its application has taken what is held for it"
+        );
+    }
+
+    /// Flow `port`, ended by its peer, closes once its application has
+    /// taken every SDU held for it.
+    fn close_if_taken(&mut self, port: PortId) {
+        if self
+            .flows
+            .get(&port)
+            .is_some_and(|s| s.ended && s.rx_pending.is_empty())
+        {
+            self.close_flow(port, false);
+        }
+    }
+
+    /// The application of flow `port`, ended by its peer, did not take what
+    /// was held for it in time: the flow closes with it.
+    fn hold_expired(&mut self, port: PortId) {
+        self.hand_over_held(port);
+        let Some(slot) = self.flows.get_mut(&port) else {
+            return;
+        };
+        let lost = slot.rx_pending.len();
+        slot.drops_in += lost as u64;
+        warn!(
+            port,
+            lost,
+            "the application did not take what was held for its flow, ended by the peer, in time"
+        );
+        self.close_flow(port, false);
     }
 
     /// Before flow `port` closes, the SDUs held for its application go
@@ -1142,6 +1206,7 @@ impl Daemon {
                 rings: rings.map(Box::new),
                 rx_pending: HeldQueue::default(),
                 wants_writable: false,
+                ended: false,
                 tx_stash: None,
                 drops_in: 0,
                 drops_out: 0,
@@ -1161,6 +1226,11 @@ impl Daemon {
         let Some(slot) = self.flows.remove(&port) else {
             return;
         };
+        if slot.ended {
+            // The system forgot the flow when its peer ended it; only the
+            // port was kept.
+            self.sys.release_ended(port);
+        }
         self.access.discharge(slot.uid);
         if let Some(d) = &slot.direct {
             direct::shut_direct(d);
@@ -1174,7 +1244,7 @@ impl Daemon {
             .deregister(&mut SourceFd(&slot.fd.as_raw_fd()));
         self.taken.remove(&port);
         sys::close_quietly(&slot.fd);
-        if tell_peer {
+        if tell_peer && !slot.ended {
             info!(port, "flow closed by the application");
             let now = self.now();
             self.sys.close(now, port);

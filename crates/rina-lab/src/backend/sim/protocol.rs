@@ -572,7 +572,9 @@ impl LabNode {
                     p.blocked = false;
                 }
             }
-            Output::App(AppEvent::RequestWithdrawn { .. }) => {}
+            // The simulated applications read every SDU as it comes: none
+            // is held when a flow ends, so no flow is kept for them.
+            Output::App(AppEvent::RequestWithdrawn { .. } | AppEvent::HoldExpired { .. }) => {}
         }
     }
 
