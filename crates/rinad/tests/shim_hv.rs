@@ -1141,6 +1141,65 @@ fn without_credit_what_the_host_holds_is_bounded_in_bytes() {
     assert_eq!(host.counter("rx_held_bytes"), 0);
 }
 
+/// A guest without credit writes SDUs to a host application that does
+/// not read, more than the application's socket takes (the host holds the
+/// rest), and closes its flow. The host keeps the flow's end open until
+/// the application has read them all, and then it ends. Before, the host
+/// handed the socket what fitted and dropped the held SDUs with the flow.
+#[test]
+fn sdus_the_host_holds_when_the_guest_closes_still_reach_the_application() {
+    const SDUS: u32 = 40;
+    const LEN: usize = 60_000;
+    let dir = temp_dir("hvended");
+    let shm = dir.join("vmpi0");
+    let host = Daemon::start_with("host", &hv_config("host", &shm, "host"));
+    let guest = Daemon::start_with(
+        "guest",
+        &format!("{}credit = false\n", hv_config("guest", &shm, "guest")),
+    );
+    let _dir = Dir(dir);
+    wait_until_up(&host);
+    wait_until_up(&guest);
+    let mut srv = host.client();
+    srv.set_rings(false);
+    srv.register(&name("sink"), Some("hv")).unwrap();
+    let accepting = std::thread::spawn(move || {
+        let req = srv.next_request().unwrap();
+        (srv.accept(&req).unwrap(), srv)
+    });
+    let mut c = guest.client();
+    let flow = allocate(&mut c, "vm", "sink").unwrap();
+    let (sink, _srv) = accepting.join().unwrap();
+    let mut sdu = vec![0u8; LEN];
+    for i in 0..SDUS {
+        sdu[..4].copy_from_slice(&i.to_le_bytes());
+        flow.write(&sdu).unwrap();
+    }
+    wait_for("the host to hold SDUs", T, || {
+        host.counter("rx_held_bytes") > 0
+    });
+    drop(flow);
+    // The end reaches the host while it holds SDUs for the application.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(host.counter("rx_held_bytes") > 0, "nothing held at the end");
+    let mut buf = vec![0u8; 65_536];
+    let mut got = 0u32;
+    let end = loop {
+        match sink.read_timeout(&mut buf, T) {
+            Ok(Some(n)) => {
+                assert_eq!(n, LEN);
+                assert_eq!(u32::from_le_bytes(buf[..4].try_into().unwrap()), got);
+                got += 1;
+            }
+            Ok(None) => panic!("neither an SDU nor the end after {got} SDUs"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(got, SDUS, "SDUs read before the end ({end})");
+    assert_eq!(end.kind(), ErrorKind::DaemonGone, "{end}");
+    assert_eq!(host.counter("rx_held_bytes"), 0);
+}
+
 /// A same-user process that speaks the doorbell protocol of `PATH.bell`
 /// and makes blocking every descriptor it shares with the daemon (an
 /// eventfd it sends, one it receives: one open file each, whose

@@ -1030,10 +1030,11 @@ impl Daemon {
             return;
         };
         if matches!(self.ipcps[slot.ipcp].io, Io::Hv(_)) {
-            return self.hv_flush_rx(port);
+            self.hv_flush_rx(port);
+        } else {
+            self.send_held(port);
+            self.drain_outputs();
         }
-        self.send_held(port);
-        self.drain_outputs();
         self.close_if_taken(port);
     }
 
@@ -1046,11 +1047,8 @@ impl Daemon {
     /// What the application writes meanwhile is dropped and counted.
     fn peer_ended(&mut self, port: PortId) {
         self.hand_over_held(port);
-        let Some(slot) = self.flows.get(&port) else {
-            return;
-        };
-        let held = slot.rx_pending.len();
-        if held == 0 || matches!(self.ipcps[slot.ipcp].io, Io::Hv(_)) {
+        let held = self.held_for_app(port);
+        if held == 0 {
             return self.close_flow(port, false);
         }
         let now = self.now();
@@ -1069,12 +1067,20 @@ impl Daemon {
     /// Flow `port`, ended by its peer, closes once its application has
     /// taken every SDU held for it.
     fn close_if_taken(&mut self, port: PortId) {
-        if self
-            .flows
-            .get(&port)
-            .is_some_and(|s| s.ended && s.rx_pending.is_empty())
-        {
+        if self.flows.get(&port).is_some_and(|s| s.ended) && self.held_for_app(port) == 0 {
             self.close_flow(port, false);
+        }
+    }
+
+    /// How many SDUs are held for the application of flow `port` (by the
+    /// flow, or by its shim-hv IPCP).
+    fn held_for_app(&self, port: PortId) -> usize {
+        let Some(slot) = self.flows.get(&port) else {
+            return 0;
+        };
+        match &self.ipcps[slot.ipcp].io {
+            Io::Hv(h) => h.held_for(port),
+            _ => slot.rx_pending.len(),
         }
     }
 
@@ -1082,11 +1088,10 @@ impl Daemon {
     /// was held for it in time: the flow closes with it.
     fn hold_expired(&mut self, port: PortId) {
         self.hand_over_held(port);
-        let Some(slot) = self.flows.get_mut(&port) else {
+        if !self.flows.contains_key(&port) {
             return;
-        };
-        let lost = slot.rx_pending.len();
-        slot.drops_in += lost as u64;
+        }
+        let lost = self.held_for_app(port);
         warn!(
             port,
             lost,
@@ -1099,13 +1104,16 @@ impl Daemon {
     /// where it reads, as many as fit (its rings, or its socket), so that
     /// what the peer sent before it closed is not lost with the flow; the
     /// application reads them before it learns that the flow closed.
-    /// (Shim-hv flows, whose held SDUs are read from the device's ring,
-    /// keep them until their own service.)
+    /// (A shim-hv IPCP holds them for the flow; those of a flow with rings
+    /// go when its application kicks.)
     fn hand_over_held(&mut self, port: PortId) {
         let Some(slot) = self.flows.get_mut(&port) else {
             return;
         };
-        if slot.rx_pending.is_empty() || matches!(self.ipcps[slot.ipcp].io, Io::Hv(_)) {
+        if matches!(self.ipcps[slot.ipcp].io, Io::Hv(_)) {
+            return self.hv_flush_rx(port);
+        }
+        if slot.rx_pending.is_empty() {
             return;
         }
         match slot.rings.as_mut() {

@@ -196,6 +196,13 @@ pub(super) struct HvIo {
     attach_refused: Option<String>,
 }
 
+impl HvIo {
+    /// How many SDUs are held for the application of flow `port`.
+    pub(in crate::daemon) fn held_for(&self, port: PortId) -> usize {
+        self.rx_pending.get(&port).map_or(0, |q| q.len())
+    }
+}
+
 /// The machine configuration and shared memory of the shim-hv IPCP of
 /// entry `c` of configuration `cfg`.
 pub(super) fn new_ipcp(
