@@ -139,7 +139,9 @@ pub fn names(list: &[NameInfo]) -> Table {
 }
 
 /// The flow table: port, DIF, IPCP, names, max SDU and counters (`-` for
-/// a direct flow, whose SDUs the daemon does not see).
+/// a direct flow, whose SDUs the daemon does not see, and for a flow its
+/// peer ended, whose counters went with it; the remote name of such a
+/// flow says how many SDUs its application has still to read).
 pub fn flows(list: &[FlowStats]) -> Table {
     let mut t = Table::new(&[
         "PORT",
@@ -163,7 +165,10 @@ pub fn flows(list: &[FlowStats]) -> Table {
             f.info.dif.clone(),
             f.ipcp.clone(),
             f.info.local.to_string(),
-            f.info.remote.to_string(),
+            match f.held_after_end {
+                Some(n) => format!("{} (ended, {n} SDUs to read)", f.info.remote),
+                None => f.info.remote.to_string(),
+            },
             f.info.max_sdu.to_string(),
         ];
         let counts = [
@@ -174,7 +179,8 @@ pub fn flows(list: &[FlowStats]) -> Table {
             c.drops_in,
             c.drops_out,
         ];
-        row.extend(counts.iter().map(|n| match f.info.direct {
+        let unseen = f.info.direct || f.held_after_end.is_some();
+        row.extend(counts.iter().map(|n| match unseen {
             true => "-".to_string(),
             false => n.to_string(),
         }));
@@ -290,5 +296,33 @@ mod tests {
         assert_eq!(rows[0], ["NAME", "DIF", "IPCP", "DAEMON_ACCEPTS"], "{s}");
         assert_eq!(rows[1], ["srv", "net", "a.net", "yes"], "{s}");
         assert_eq!(rows[2], ["echo", "net", "a.net", "no"], "{s}");
+    }
+
+    #[test]
+    fn flow_table_shows_a_flow_its_peer_ended_with_what_is_left_to_read() {
+        let f = |port, held_after_end| FlowStats {
+            info: rina::FlowInfo {
+                port,
+                dif: "net".into(),
+                local: "a".parse().expect("name"),
+                remote: "b".parse().expect("name"),
+                qos: Default::default(),
+                max_sdu: 1400,
+                direct: false,
+            },
+            ipcp: "a.net".into(),
+            counters: rina::FlowCounters {
+                sdus_in: 7,
+                ..Default::default()
+            },
+            held_after_end,
+        };
+        let s = flows(&[f(1, None), f(2, Some(42))]).render();
+        let rows: Vec<&str> = s.lines().collect();
+        let open: Vec<&str> = rows[1].split_whitespace().collect();
+        assert_eq!(open[4..7], ["b", "1400", "7"], "{s}");
+        assert!(rows[2].contains("b (ended, 42 SDUs to read)"), "{s}");
+        assert!(!rows[2].contains(" 7 "), "counters of an ended flow: {s}");
+        assert!(rows[2].trim_end().ends_with('-'), "{s}");
     }
 }

@@ -546,8 +546,15 @@ pub struct FlowStats {
     pub info: FlowInfo,
     /// IPCP that serves it.
     pub ipcp: String,
-    /// Counters since allocation.
+    /// Counters since allocation. Those of a flow its peer ended
+    /// (`held_after_end`) are gone with it in the IPCP; only what the
+    /// daemon counts itself (drops) is left.
     pub counters: FlowCounters,
+    /// The peer ended the flow while the daemon held SDUs for the
+    /// application that it had not taken: how many are left. The flow's
+    /// end stays open until the application has taken them (30 s at most).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_after_end: Option<u64>,
 }
 
 /// One IPC process of the daemon.

@@ -795,12 +795,27 @@ fn a_reader_late_for_a_flow_its_peer_closed_still_gets_all_that_was_delivered() 
             std::thread::sleep(Duration::from_millis(50));
             !listed(&alpha, sender_port)
         });
-        // The close has reached the reader's daemon.
-        std::thread::sleep(Duration::from_millis(300));
+        // The close has reached the reader's daemon, which lists the flow
+        // with what its application has to read.
+        let port = late.info().port;
+        let mut held = None;
+        wait_for("the reader's daemon to list the flow as ended", T, || {
+            std::thread::sleep(Duration::from_millis(50));
+            let flows = beta.client().list_flows().unwrap();
+            held = flows
+                .iter()
+                .find(|f| f.info.port == port)
+                .unwrap()
+                .held_after_end;
+            held.is_some()
+        });
+        let held = held.unwrap();
+        assert!(held > 0 && held <= u64::from(SDUS), "{what}: {held} held");
         assert_eq!(read_numbered(&late, SDUS, LEN, what), SDUS, "{what}");
         let mut buf = vec![0u8; LEN];
         let end = late.read_timeout(&mut buf, T).unwrap_err();
         assert_eq!(end.kind(), rina::ErrorKind::DaemonGone, "{what}: {end}");
+        assert!(!listed(&beta, port), "{what}: still listed after the end");
     }
     assert_eq!(counter(&beta, "beta.net", "ended_hold_expired"), 0);
 }

@@ -1058,13 +1058,21 @@ impl Daemon {
         let mut next = None;
         for port in ports {
             let slot = &self.flows[&port];
-            let Some(counters) = self.flow_counters(slot.ipcp, port) else {
-                continue;
+            let counters = match self.flow_counters(slot.ipcp, port) {
+                Some(c) => c,
+                // Gone in the IPCP with the peer's end.
+                None if slot.ended => rina_wire::ctl::FlowCounters {
+                    drops_in: slot.drops_in,
+                    drops_out: slot.drops_out,
+                    ..Default::default()
+                },
+                None => continue,
             };
             let f = FlowStats {
                 info: slot.info.clone(),
                 ipcp: self.ipcps[slot.ipcp].name.clone(),
                 counters,
+                held_after_end: slot.ended.then(|| self.held_for_app(port) as u64),
             };
             bytes += ctl::encode(&f).len() + 1;
             if bytes > PAGE_BYTES && !flows.is_empty() {

@@ -1074,7 +1074,7 @@ impl Daemon {
 
     /// How many SDUs are held for the application of flow `port` (by the
     /// flow, or by its shim-hv IPCP).
-    fn held_for_app(&self, port: PortId) -> usize {
+    pub(super) fn held_for_app(&self, port: PortId) -> usize {
         let Some(slot) = self.flows.get(&port) else {
             return 0;
         };
