@@ -381,12 +381,10 @@ impl Daemon {
         }
         if was != will {
             s.set_keepalive(now, will);
-            let ms =
-                |k: Option<Duration>| k.map_or("off".into(), |d| format!("{} ms", d.as_millis()));
             out.push(format!(
                 "{name}: keepalive {} -> {} ({} flow(s) up checked afresh)",
-                ms(was),
-                ms(will),
+                keepalive_text(was),
+                keepalive_text(will),
                 s.flows().count()
             ));
         }
@@ -469,17 +467,19 @@ impl Daemon {
                 let flows = n
                     .set_cube_keepalive(now, id, c.keepalive)
                     .map_err(|e| invalid(format!("{name}: {e}")))?;
-                let ms = |k: Option<std::time::Duration>| {
-                    k.map_or("off".to_string(), |d| format!("{} ms", d.as_millis()))
-                };
                 out.push(format!(
                     "{name}: keepalive of QoS cube {} {} -> {} ({flows} flow(s) up switched)",
                     c.name,
-                    ms(was),
-                    ms(c.keepalive)
+                    keepalive_text(was),
+                    keepalive_text(c.keepalive)
                 ));
             }
         }
         Ok(out)
     }
+}
+
+/// A keepalive period as a reload's report says it: `off` or `N ms`.
+fn keepalive_text(k: Option<std::time::Duration>) -> String {
+    k.map_or("off".into(), |d| format!("{} ms", d.as_millis()))
 }
