@@ -27,7 +27,7 @@ pub struct Carried {
 /// other: the connection's end (or error) closes the flow, whose daemon
 /// still takes and sends what was written on it before (it reads a closed
 /// flow to its end, and lingers until its EFCP delivered; the far daemon
-/// drops what its application has not taken when the flow ends); the
+/// keeps the flow's end open until its application has taken it); the
 /// flow's end closes the connection once what came on the flow was
 /// written to it.
 pub fn carry(tcp: TcpStream, flow: Flow) -> io::Result<Carried> {
