@@ -699,9 +699,15 @@ fn listed(d: &Daemon, port: u32) -> bool {
 /// (its one event), and a ring flow stayed open while an SDU was held: both
 /// flows were still listed, with their descriptors, slots and the user's
 /// quota, 40 s after the close, and would have been for good.
+///
+/// The other way, the reader's application wrote more than the closing
+/// application's socket or ring takes: when the system ends the flow, the
+/// daemon still holds some for an application that has gone, so the flow
+/// closes at once. (For a while, the daemon kept such a flow open another
+/// [`ENDED_HOLD_MAX`] for an application that would never read.)
 #[test]
 fn a_flow_closed_while_its_window_stays_shut_is_closed_after_linger_max() {
-    let (alpha, beta) = pair_with("\"late\" = 2", |cfg| cfg);
+    let (alpha, beta) = pair_with("\"late\" = 2", wide_reliable_cube);
     let reliable = reliable_in_order();
     let mut flows = Vec::new();
     let mut readers = Vec::new();
@@ -709,6 +715,15 @@ fn a_flow_closed_while_its_window_stays_shut_is_closed_after_linger_max() {
         let (flow, late) = early_to_late(&alpha, &beta, rings, &reliable);
         assert_eq!(flow.has_rings(), rings);
         write_until_blocked(&flow);
+        let sdu = [3u8; 1_400];
+        for _ in 0..4_000 {
+            if !late
+                .write_timeout(&sdu, Duration::from_millis(500))
+                .unwrap()
+            {
+                break;
+            }
+        }
         flows.push(flow);
         readers.push(late);
     }
@@ -734,7 +749,67 @@ fn a_flow_closed_while_its_window_stays_shut_is_closed_after_linger_max() {
         closed.elapsed()
     );
     assert_eq!(counter(&alpha, "alpha.net", "app_close_expired"), 2);
+    assert_eq!(counter(&alpha, "alpha.net", "ended_hold_expired"), 0);
     drop(readers);
+}
+
+/// The local application writes until the shut window blocks it (the
+/// peer's application never reads), and the peer writes more than the
+/// local socket or ring takes and closes. The local writer is not left
+/// blocked on an SDU the ended flow will never take: its writes are
+/// dropped, and it still reads every SDU the peer sent, then the end.
+/// Before, the daemon kept the SDU that waited for the window and read
+/// the application no more: its writer stayed blocked (30 s, until the
+/// flow's end closed), and with rings its close went unseen as long.
+#[test]
+fn a_writer_blocked_when_the_peer_ends_the_flow_is_released_and_reads_all_it_sent() {
+    const LEN: usize = 1_400;
+    let narrow = |cfg: String| wide_reliable_cube(cfg).replace("window = 8192", "window = 64");
+    let (alpha, beta) = pair_with("\"late\" = 2", narrow);
+    for rings in [false, true] {
+        let what = if rings { "rings" } else { "socket" };
+        // A little more than the socket (about 910 of these) or the ring
+        // (about 2,730) takes, less than that and a window: all of it
+        // reaches the reader's daemon, which holds the rest.
+        let sdus: u32 = if rings { 2_780 } else { 940 };
+        let (early, late) = early_to_late(&alpha, &beta, rings, &reliable_in_order());
+        let (early_port, port) = (early.info().port, late.info().port);
+        write_until_blocked(&late);
+        drop(write_numbered(early, sdus, LEN).join().unwrap());
+        wait_for("the peer's flow to close", T, || {
+            std::thread::sleep(Duration::from_millis(50));
+            !listed(&alpha, early_port)
+        });
+        let mut held = None;
+        wait_for("the reader's daemon to list the flow as ended", T, || {
+            std::thread::sleep(Duration::from_millis(50));
+            let flows = beta.client().list_flows().unwrap();
+            held = flows
+                .iter()
+                .find(|f| f.info.port == port)
+                .unwrap()
+                .held_after_end;
+            held.is_some()
+        });
+        assert!(
+            held.unwrap() > 0,
+            "{what}: nothing held, the test proves nothing"
+        );
+        // The blocked writer is released: its writes go (and are dropped).
+        let start = Instant::now();
+        let sdu = [7u8; 1_000];
+        let wrote = late.write_timeout(&sdu, Duration::from_secs(3));
+        assert!(
+            !matches!(wrote, Ok(false)),
+            "{what}: the writer is still blocked after {:?}",
+            start.elapsed()
+        );
+        assert_eq!(read_numbered(&late, sdus, LEN, what), sdus, "{what}");
+        let mut buf = vec![0u8; LEN];
+        let end = late.read_timeout(&mut buf, T).unwrap_err();
+        assert_eq!(end.kind(), rina::ErrorKind::DaemonGone, "{what}: {end}");
+    }
+    assert_eq!(counter(&beta, "beta.net", "ended_hold_expired"), 0);
 }
 
 /// A writer that closes its reliable flow right after its last write,

@@ -1043,12 +1043,27 @@ impl Daemon {
     /// left, the flow's end stays open to the application until it has
     /// taken them, and the system keeps the port meanwhile, for
     /// [`rina_core::system::ENDED_HOLD_MAX`] at most
-    /// ([`rina_core::system::System::hold_ended`]); else it closes now.
-    /// What the application writes meanwhile is dropped and counted.
+    /// ([`rina_core::system::System::hold_ended`]); else, or if the
+    /// application has closed its end (it reads no more), it closes now.
+    /// What the application writes meanwhile is dropped and counted, and
+    /// so is an SDU it wrote that waited for the window: reading its socket
+    /// or ring waited for the flow to be writable, which it will never be,
+    /// so it is read again (its close seen, its writes dropped).
     fn peer_ended(&mut self, port: PortId) {
+        let Some(slot) = self.flows.get_mut(&port) else {
+            return;
+        };
+        if slot.tx_stash.take().is_some() {
+            slot.drops_out += 1;
+            self.mark_flow_ready(port);
+        }
         self.hand_over_held(port);
         let held = self.held_for_app(port);
-        if held == 0 {
+        let gone = self
+            .flows
+            .get(&port)
+            .is_some_and(|s| sys::peer_hung_up(s.fd.as_raw_fd()));
+        if held == 0 || gone {
             return self.close_flow(port, false);
         }
         let now = self.now();
@@ -1087,10 +1102,10 @@ impl Daemon {
     /// The application of flow `port`, ended by its peer, did not take what
     /// was held for it in time: the flow closes with it.
     fn hold_expired(&mut self, port: PortId) {
-        self.hand_over_held(port);
-        if !self.flows.contains_key(&port) {
+        if !self.flows.get(&port).is_some_and(|s| s.ended) {
             return;
         }
+        self.hand_over_held(port);
         let lost = self.held_for_app(port);
         warn!(
             port,
