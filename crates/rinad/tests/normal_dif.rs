@@ -683,6 +683,28 @@ fn write_until_blocked(flow: &rina::Flow) {
     }
 }
 
+/// Waits until daemon `d` no longer lists flow `port` (`what` says which).
+fn wait_unlisted(d: &Daemon, port: u32, what: &str) {
+    wait_for(what, T, || {
+        std::thread::sleep(Duration::from_millis(50));
+        !listed(d, port)
+    });
+}
+
+/// Waits until daemon `d` lists flow `port` as ended by its peer: how many
+/// SDUs it holds for the application.
+fn held_after_end(d: &Daemon, port: u32) -> u64 {
+    let mut held = None;
+    wait_for("the daemon to list the flow as ended", T, || {
+        std::thread::sleep(Duration::from_millis(50));
+        let flows = d.client().list_flows().unwrap();
+        let f = flows.iter().find(|f| f.info.port == port);
+        held = f.expect("the flow is listed").held_after_end;
+        held.is_some()
+    });
+    held.unwrap_or(0)
+}
+
 /// Whether daemon `d` lists flow `port`.
 fn listed(d: &Daemon, port: u32) -> bool {
     let flows = d.client().list_flows().unwrap();
@@ -776,25 +798,9 @@ fn a_writer_blocked_when_the_peer_ends_the_flow_is_released_and_reads_all_it_sen
         let (early_port, port) = (early.info().port, late.info().port);
         write_until_blocked(&late);
         drop(write_numbered(early, sdus, LEN).join().unwrap());
-        wait_for("the peer's flow to close", T, || {
-            std::thread::sleep(Duration::from_millis(50));
-            !listed(&alpha, early_port)
-        });
-        let mut held = None;
-        wait_for("the reader's daemon to list the flow as ended", T, || {
-            std::thread::sleep(Duration::from_millis(50));
-            let flows = beta.client().list_flows().unwrap();
-            held = flows
-                .iter()
-                .find(|f| f.info.port == port)
-                .unwrap()
-                .held_after_end;
-            held.is_some()
-        });
-        assert!(
-            held.unwrap() > 0,
-            "{what}: nothing held, the test proves nothing"
-        );
+        wait_unlisted(&alpha, early_port, "the peer's flow to close");
+        let held = held_after_end(&beta, port);
+        assert!(held > 0, "{what}: nothing held, the test proves nothing");
         // The blocked writer is released: its writes go (and are dropped).
         let start = Instant::now();
         let sdu = [7u8; 1_000];
@@ -866,25 +872,11 @@ fn a_reader_late_for_a_flow_its_peer_closed_still_gets_all_that_was_delivered() 
         let (flow, late) = early_to_late(&alpha, &beta, rings, &reliable_in_order());
         let sender_port = flow.info().port;
         drop(write_numbered(flow, SDUS, LEN).join().unwrap());
-        wait_for("the peer's flow to close", T, || {
-            std::thread::sleep(Duration::from_millis(50));
-            !listed(&alpha, sender_port)
-        });
+        wait_unlisted(&alpha, sender_port, "the peer's flow to close");
         // The close has reached the reader's daemon, which lists the flow
         // with what its application has to read.
         let port = late.info().port;
-        let mut held = None;
-        wait_for("the reader's daemon to list the flow as ended", T, || {
-            std::thread::sleep(Duration::from_millis(50));
-            let flows = beta.client().list_flows().unwrap();
-            held = flows
-                .iter()
-                .find(|f| f.info.port == port)
-                .unwrap()
-                .held_after_end;
-            held.is_some()
-        });
-        let held = held.unwrap();
+        let held = held_after_end(&beta, port);
         assert!(held > 0 && held <= u64::from(SDUS), "{what}: {held} held");
         assert_eq!(read_numbered(&late, SDUS, LEN, what), SDUS, "{what}");
         let mut buf = vec![0u8; LEN];
@@ -907,10 +899,7 @@ fn a_flow_its_peer_closed_is_not_kept_past_ended_hold_max_for_a_reader_that_neve
     let (flow, late) = early_to_late(&alpha, &beta, false, &reliable_in_order());
     let sender_port = flow.info().port;
     drop(write_numbered(flow, SDUS, LEN).join().unwrap());
-    wait_for("the peer's flow to close", T, || {
-        std::thread::sleep(Duration::from_millis(50));
-        !listed(&alpha, sender_port)
-    });
+    wait_unlisted(&alpha, sender_port, "the peer's flow to close");
     let closed = Instant::now();
     wait_for(
         "the end to close after ENDED_HOLD_MAX",

@@ -53,6 +53,22 @@ impl Drop for Dir {
     }
 }
 
+/// A host and a guest that announces no credit (as IRATI's shim-hv), both
+/// seeing the peer up; the directory goes with the last of the three.
+fn no_credit_pair(tag: &str) -> (Daemon, Daemon, Dir) {
+    let dir = temp_dir(tag);
+    let shm = dir.join("vmpi0");
+    let host = Daemon::start_with("host", &hv_config("host", &shm, "host"));
+    let guest = Daemon::start_with(
+        "guest",
+        &format!("{}credit = false\n", hv_config("guest", &shm, "guest")),
+    );
+    let dir = Dir(dir);
+    wait_until_up(&host);
+    wait_until_up(&guest);
+    (host, guest, dir)
+}
+
 fn pair() -> Pair {
     let dir = temp_dir("hvshm");
     let shm = dir.join("vmpi0");
@@ -1056,16 +1072,7 @@ fn without_credit_what_the_host_holds_is_bounded_in_bytes() {
     const FLOWS: usize = 8;
     const LEN: usize = 60_000;
     const CAP: u64 = 8 << 20;
-    let dir = temp_dir("hvnocredit");
-    let shm = dir.join("vmpi0");
-    let host = Daemon::start_with("host", &hv_config("host", &shm, "host"));
-    let guest = Daemon::start_with(
-        "guest",
-        &format!("{}credit = false\n", hv_config("guest", &shm, "guest")),
-    );
-    let _dir = Dir(dir);
-    wait_until_up(&host);
-    wait_until_up(&guest);
+    let (host, guest, _dir) = no_credit_pair("hvnocredit");
     let mut srv = host.client();
     // On sockets: with rings, an SDU the application has no room for
     // waits in the VMPI ring itself, and nothing is held.
@@ -1150,16 +1157,7 @@ fn without_credit_what_the_host_holds_is_bounded_in_bytes() {
 fn sdus_the_host_holds_when_the_guest_closes_still_reach_the_application() {
     const SDUS: u32 = 40;
     const LEN: usize = 60_000;
-    let dir = temp_dir("hvended");
-    let shm = dir.join("vmpi0");
-    let host = Daemon::start_with("host", &hv_config("host", &shm, "host"));
-    let guest = Daemon::start_with(
-        "guest",
-        &format!("{}credit = false\n", hv_config("guest", &shm, "guest")),
-    );
-    let _dir = Dir(dir);
-    wait_until_up(&host);
-    wait_until_up(&guest);
+    let (host, guest, _dir) = no_credit_pair("hvended");
     let mut srv = host.client();
     srv.set_rings(false);
     srv.register(&name("sink"), Some("hv")).unwrap();
