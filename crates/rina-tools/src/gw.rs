@@ -29,7 +29,7 @@
 //! medium only. A connection or flow that ends ends the other (a flow has
 //! no half-close). What was written before is put on the flow first, and
 //! the far daemon keeps the flow's end open until its gateway has taken
-//! it ([`rina_core::system::System::hold_ended`]), so it all arrives.
+//! it (`System::hold_ended` in `rina-core`), so it all arrives.
 //!
 //! * [`mapping`] — the mappings as the command line writes them.
 //! * [`session`] — one connection and its flow, the bytes between them.
