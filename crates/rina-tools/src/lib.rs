@@ -5,6 +5,7 @@
 //! * [`stats`] — min/avg/max/mdev and percentiles.
 //! * [`echo`] — `rina-echo`'s probe format and JSON report.
 //! * [`gw`] — `rina-gw`: TCP connections carried over RINA flows.
+//! * [`cat`] — `rina-cat`: standard input and output over a RINA flow.
 //! * [`ip`] — `rina-ip`: IP over RINA flows through a TUN interface.
 //! * [`perf`] — `rina-perf`'s in-band protocol, receiver and JSON report.
 //! * [`serving`] — how the servers of `rina-echo` and `rina-perf` take flows.
@@ -12,6 +13,7 @@
 //! * [`tgen`] — `rina-tgen`'s generators, per-flow metrics, traffic matrix and files.
 
 pub mod capture;
+pub mod cat;
 pub mod echo;
 pub mod gw;
 pub mod ip;

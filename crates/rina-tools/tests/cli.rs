@@ -20,6 +20,7 @@ const ECHO: &str = env!("CARGO_BIN_EXE_rina-echo");
 const PERF: &str = env!("CARGO_BIN_EXE_rina-perf");
 const DEMO: &str = env!("CARGO_BIN_EXE_rina-demo");
 const TGEN: &str = env!("CARGO_BIN_EXE_rina-tgen");
+const CAT: &str = env!("CARGO_BIN_EXE_rina-cat");
 
 #[test]
 fn help_lists_the_options() {
@@ -69,6 +70,20 @@ fn help_lists_the_options() {
             ],
         ),
         (DEMO, &["--help"], &["--keep", "--json"]),
+        (
+            CAT,
+            &["--help"],
+            &[
+                "--listen",
+                "--keep-listening",
+                "--no-stdin",
+                "--wait-ms",
+                "--unreliable",
+                "--qos-cube",
+                "--verbose",
+                "--socket",
+            ],
+        ),
     ];
     for (exe, args, want) in cases {
         let out = run(exe, args);
@@ -472,6 +487,7 @@ fn every_tool_generates_its_man_pages_and_completions() {
         (env!("CARGO_BIN_EXE_rina-tgen"), "rina-tgen"),
         (env!("CARGO_BIN_EXE_rina-ip"), "rina-ip"),
         (env!("CARGO_BIN_EXE_rina-gw"), "rina-gw"),
+        (CAT, "rina-cat"),
     ];
     for (exe, name) in tools {
         let out = run(exe, &["--generate-docs", dir.to_str().expect("utf-8")]);
@@ -548,4 +564,35 @@ fn rina_gw_refuses_bad_or_missing_mappings() {
         "{}",
         text(&out.stderr)
     );
+}
+
+/// rina-cat refuses options its role does not use, and says what it
+/// could not start: exit code 2 either way.
+#[test]
+fn rina_cat_refuses_options_its_role_does_not_use_and_needs_a_daemon() {
+    let sock = missing_socket();
+    for (args, says) in [
+        (&["-k", "app"][..], "--listen"),
+        (&["-l", "--wait-ms", "100", "app"], "cannot be used with"),
+        (&["-l", "--unreliable", "app"], "cannot be used with"),
+        (&["-l", "--name", "me", "app"], "cannot be used with"),
+        (&["--wait-ms=-1", "app"], "--wait-ms"),
+        (&["a b"], "not allowed"),
+        (&[], "<NAME>"),
+    ] {
+        let out = run(CAT, &[&["--socket", &sock][..], args].concat());
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!err.contains("no RINA daemon"), "{args:?}: {err}");
+    }
+    for args in [&["app"][..], &["-l", "app"]] {
+        let out = run(CAT, &[&["--socket", &sock][..], args].concat());
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains("rina-cat: cannot connect to the daemon") && err.contains(&sock),
+            "{args:?}: {err}"
+        );
+    }
 }
