@@ -20,7 +20,7 @@ if [ -n "${BIN_DIR:-}" ]; then
 fi
 cd "$(dirname "$0")/.."
 out=${out:-target/dist}
-tools="rinactl rina-echo rina-perf rina-tgen rina-ip rina-gw rina-demo rina-lab rinad"
+tools="rinactl rina-echo rina-perf rina-tgen rina-ip rina-gw rina-cat rina-demo rina-lab rinad"
 if [ -n "$bins" ]; then
     missing=""
     for t in $tools; do

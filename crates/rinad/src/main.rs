@@ -19,9 +19,10 @@ use std::process::ExitCode;
 /// rinad reads one TOML file that declares the system's IPC processes
 /// (shim-udp, shim-eth, shim-hv and normal IPCPs, their DIFs, neighbours,
 /// QoS cubes and policies), creates them, and serves applications and the
-/// management tools (rinactl, rina-echo, rina-perf, rina-tgen, rina-ip, rina-gw) on
-/// a Unix control socket. Unknown keys and bad values in the file are
-/// errors that name the key and the line; `--check` only checks the file.
+/// management tools (rinactl, rina-echo, rina-perf, rina-tgen, rina-ip,
+/// rina-gw, rina-cat) on a Unix control socket. Unknown keys and bad
+/// values in the file are errors that name the key and the line;
+/// `--check` only checks the file.
 /// The file may hold only `[system]`: `rinactl ipcp create` and the other
 /// management commands build and change the system at run time. SIGHUP
 /// (or `rinactl reload`) reads the file again and applies the difference;
@@ -31,7 +32,7 @@ use std::process::ExitCode;
 #[command(
     version,
     about,
-    after_long_help = "Files and environment:\n  /etc/rina/rinad.toml  the default configuration file\n  RINA_SOCKET           the control socket when neither --socket nor the file's [system] socket says; \n                        otherwise $XDG_RUNTIME_DIR/rinad.sock, /run/rinad.sock for root,\n                        else /tmp/rinad-$UID/rinad.sock\n\nSee also: rinactl(1), rina-echo(1), rina-perf(1), rina-tgen(1), rina-ip(1), rina-gw(1), rina-lab(1)."
+    after_long_help = "Files and environment:\n  /etc/rina/rinad.toml  the default configuration file\n  RINA_SOCKET           the control socket when neither --socket nor the file's [system] socket says; \n                        otherwise $XDG_RUNTIME_DIR/rinad.sock, /run/rinad.sock for root,\n                        else /tmp/rinad-$UID/rinad.sock\n\nSee also: rinactl(1), rina-echo(1), rina-perf(1), rina-tgen(1), rina-ip(1), rina-gw(1), rina-cat(1), rina-lab(1)."
 )]
 struct Cli {
     /// Configuration file.
