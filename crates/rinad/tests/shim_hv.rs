@@ -1177,9 +1177,18 @@ fn sdus_the_host_holds_when_the_guest_closes_still_reach_the_application() {
         host.counter("rx_held_bytes") > 0
     });
     drop(flow);
-    // The end reaches the host while it holds SDUs for the application.
-    std::thread::sleep(Duration::from_millis(500));
-    assert!(host.counter("rx_held_bytes") > 0, "nothing held at the end");
+    // The end reaches the host while it holds SDUs for the application:
+    // the host lists the flow as ended, with what it holds.
+    let port = sink.info().port;
+    let mut held = None;
+    wait_for("the host to list the flow as ended", T, || {
+        std::thread::sleep(Duration::from_millis(50));
+        let flows = host.client().list_flows().unwrap();
+        let f = flows.iter().find(|f| f.info.port == port);
+        held = f.expect("the flow is listed").held_after_end;
+        held.is_some()
+    });
+    assert!(held > Some(0), "nothing held at the end");
     let mut buf = vec![0u8; 65_536];
     let mut got = 0u32;
     let end = loop {
