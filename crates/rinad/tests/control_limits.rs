@@ -455,14 +455,26 @@ fn a_capture_of_an_idle_ipcp_ends_when_its_reader_closes() {
     let d = Daemon::start_with("cap", ONE_SHIM);
     let pid = d.child.id();
     let mut c = d.client();
-    c.list_ipcps().unwrap(); // the daemon holds the connection
-    let before = fd_count(pid);
+    // The daemon holds the connection. It may still hold the one its start
+    // was probed with (closed when it reads its end): the count must
+    // settle first.
+    c.list_ipcps().unwrap();
+    let mut before = fd_count(pid);
+    wait_for("the daemon's descriptors to settle", T, || {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = fd_count(pid);
+        std::mem::replace(&mut before, now) == now
+    });
     // Nothing crosses the shim: only the readers' hang-up ends them.
     for round in 0..20 {
         let readers: Vec<OwnedFd> = (0..10)
             .map(|_| c.capture("cap.udp", None).unwrap().2)
             .collect();
-        assert!(fd_count(pid) >= before + 10, "round {round}");
+        let now = fd_count(pid);
+        assert!(
+            now >= before + 10,
+            "round {round}: {now} descriptors, {before} before"
+        );
         drop(readers);
         wait_for("the daemon to close the captures' sockets", T, || {
             fd_count(pid) <= before
