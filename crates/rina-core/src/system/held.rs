@@ -1,13 +1,21 @@
-//! Flows their peer ended while the driver still held SDUs delivered on
-//! them that their application had not taken yet.
+//! SDUs a driver holds for applications that have not taken them yet
+//! (their socket or ring is full): how many it may hold, and flows their
+//! peer ended while it held some.
+//!
+//! A driver holds delivered SDUs while an application does not read. On a
+//! flow whose own window bounds them ([`System::paced_by_reader`]) it holds
+//! every one: dropping one would lose an SDU of a reliable flow. On any
+//! other flow it holds at most [`MAX_HELD_SDUS`] SDUs and
+//! [`MAX_HELD_BYTES`] bytes, and drops beyond, as a link would
+//! ([`System::may_hold`]).
 //!
 //! When a flow ends at the far side ([`AppEvent::Deallocated`]), what was
 //! delivered before is the application's: on a reliable flow the peer
-//! counted it as received. A driver that holds some of it (the
-//! application's socket or ring was full) keeps the flow's end open to the
-//! application until it has taken them, for [`ENDED_HOLD_MAX`] at most.
-//! The system keeps the port meanwhile, so that no new flow takes it, and
-//! says when the time is over ([`AppEvent::HoldExpired`]).
+//! counted it as received. A driver that holds some of it keeps the flow's
+//! end open to the application until it has taken them, for
+//! [`ENDED_HOLD_MAX`] at most. The system keeps the port meanwhile, so that
+//! no new flow takes it, and says when the time is over
+//! ([`AppEvent::HoldExpired`]).
 
 use super::member::PortId;
 use super::{AppEvent, Output, System};
@@ -20,7 +28,25 @@ use std::time::Duration;
 /// ([`crate::normal::LINGER_MAX`]).
 pub const ENDED_HOLD_MAX: Duration = Duration::from_secs(30);
 
+/// SDUs a driver may hold for one flow's application on a flow its window
+/// does not bound ([`System::may_hold`]).
+pub const MAX_HELD_SDUS: usize = 1024;
+
+/// Bytes a driver may hold so for one flow's application: with large SDUs
+/// this bound comes first (64 SDUs of 64 KiB, where [`MAX_HELD_SDUS`]
+/// alone would let it hold 64 MiB).
+pub const MAX_HELD_BYTES: usize = 4 << 20;
+
 impl System {
+    /// Whether a driver that holds `sdus` SDUs of `bytes` bytes for the
+    /// application of flow `port` may hold one more: always on a flow its
+    /// own window bounds ([`System::paced_by_reader`]), else below
+    /// [`MAX_HELD_SDUS`] and [`MAX_HELD_BYTES`]. An SDU it may not hold is
+    /// dropped and counted, as a link would lose it.
+    pub fn may_hold(&self, port: PortId, sdus: usize, bytes: usize) -> bool {
+        (sdus < MAX_HELD_SDUS && bytes < MAX_HELD_BYTES) || self.paced_by_reader(port)
+    }
+
     /// The driver still holds SDUs delivered on flow `port`, which the
     /// system just reported [`AppEvent::Deallocated`], that its application
     /// has not taken: the port stays taken until the driver calls

@@ -148,11 +148,11 @@ impl Pair {
         })
     }
 
-    fn allocated(&self, i: usize) -> Option<PortId> {
-        self.events[i].iter().find_map(|e| match e {
-            AppEvent::Allocated { port, .. } => Some(*port),
-            _ => None,
-        })
+    /// Whether system `i` reported flow `port` allocated.
+    fn allocated(&self, i: usize, port: PortId) -> bool {
+        self.events[i]
+            .iter()
+            .any(|e| matches!(e, AppEvent::Allocated { port: p, .. } if *p == port))
     }
 
     /// Allocates a flow from `app0` at s0 to `app1` at s1 in `dif`.
@@ -164,7 +164,7 @@ impl Pair {
         let handle = self.request(1).expect("the request reached app1");
         let (theirs, _) = self.sys[1].accept(self.now, handle).unwrap();
         self.run_until(self.now + Duration::from_millis(200));
-        assert_eq!(self.allocated(0), Some(port));
+        assert!(self.allocated(0, port), "flow {port} not allocated");
         (port, theirs)
     }
 
@@ -349,6 +349,44 @@ fn with_credit_on_read_a_reader_that_does_not_read_stops_its_writer() {
         p.events[0]
     );
     p.sys[0].write(p.now, mine, &[8; 500]).unwrap();
+}
+
+/// A driver may hold every SDU of a reliable flow whose credit goes back on
+/// read (its window bounds them), and at most [`MAX_HELD_SDUS`] SDUs and
+/// [`MAX_HELD_BYTES`] bytes of an unreliable one, or of any flow when
+/// credit goes back on delivery.
+#[test]
+fn a_driver_may_hold_all_of_a_flow_its_window_bounds_and_a_bounded_share_of_others() {
+    for credit_on_read in [true, false] {
+        let mut p = Pair::new(Kind::Hv, |i, s| {
+            s.set_credit_on_read(credit_on_read);
+            normal_over(i, s, true);
+        });
+        p.sys[1].register("net", name("app1")).unwrap();
+        p.run_until(ms(1000));
+        let cube = |c| QosSpec {
+            cube: Some(c),
+            ..Default::default()
+        };
+        let (unreliable, _) = p.flow("net", cube(1));
+        let (reliable, _) = p.flow("net", cube(2));
+        let s = &p.sys[0];
+        for port in [unreliable, reliable] {
+            assert!(s.may_hold(port, MAX_HELD_SDUS - 1, MAX_HELD_BYTES - 1));
+        }
+        let beyond = [(MAX_HELD_SDUS, 0), (0, MAX_HELD_BYTES), (1 << 20, 1 << 30)];
+        for (sdus, bytes) in beyond {
+            assert!(
+                !s.may_hold(unreliable, sdus, bytes),
+                "{sdus} SDUs, {bytes} B"
+            );
+            assert_eq!(
+                s.may_hold(reliable, sdus, bytes),
+                credit_on_read,
+                "reliable, credit on read {credit_on_read}: {sdus} SDUs, {bytes} B"
+            );
+        }
+    }
 }
 
 #[test]

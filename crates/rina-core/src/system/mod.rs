@@ -35,8 +35,8 @@
 
 pub mod allocator;
 pub mod claims;
-mod ended;
 mod events;
+mod held;
 pub mod member;
 mod removal;
 mod rib_view;
@@ -44,7 +44,7 @@ mod tap;
 
 pub use crate::buf::{PduBuf, SduSource};
 pub use allocator::{Neighbor, NeighborSpec, Plan, NEIGHBOR_RETRY};
-pub use ended::ENDED_HOLD_MAX;
+pub use held::{ENDED_HOLD_MAX, MAX_HELD_BYTES, MAX_HELD_SDUS};
 pub use member::{FlowError, IpcpEvent, LowerPeer, Machine, Member, PortId, ShimSend};
 pub use removal::Removal;
 pub use tap::{MediumTapped, TAP_MAX_BYTES};

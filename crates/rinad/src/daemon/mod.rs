@@ -120,12 +120,6 @@ const ACCEPTS_PER_TURN: usize = 64;
 const HEADROOM: usize = 64;
 /// Send buffer asked for on each flow socket.
 const FLOW_SNDBUF: usize = 1 << 20;
-/// SDUs held for an application that does not read, per flow, on flows
-/// whose window does not bound them (see [`Daemon::deliver`]).
-const MAX_RX_PENDING: usize = 1024;
-/// Bytes held so, per flow: with large SDUs this bound comes first (64
-/// SDUs of 64 KiB, where [`MAX_RX_PENDING`] alone would hold 64 MiB).
-const MAX_RX_PENDING_BYTES: usize = 4 << 20;
 
 const LISTENER: Token = Token(0);
 const SIGNAL: Token = Token(1);
@@ -960,18 +954,17 @@ impl Daemon {
     }
 
     /// Hands an SDU of flow `port` to its application (socket or ring), or
-    /// holds it while the application does not read. Its credit goes back
-    /// once the application took it, so on a flow with window flow control
-    /// the window bounds what is held and every SDU is kept (a reliable
-    /// flow loses none, whatever its window); on any other flow, beyond
-    /// [`MAX_RX_PENDING`] held SDUs or [`MAX_RX_PENDING_BYTES`] held bytes
-    /// it is dropped and counted.
+    /// holds it while the application does not read, as far as the system
+    /// says it may ([`rina_core::system::System::may_hold`]: on a flow with
+    /// window flow control, whose credit goes back once the application
+    /// took an SDU, every one; on any other, up to a bound), else drops
+    /// and counts it.
     fn deliver(&mut self, port: PortId, sdu: Sdu) {
         let Some(slot) = self.flows.get_mut(&port) else {
             return;
         };
         let sys = &self.sys;
-        let full = |held: &HeldQueue<Sdu>| held_full(held) && !sys.paced_by_reader(port);
+        let full = |held: &HeldQueue<Sdu>| !sys.may_hold(port, held.len(), held.bytes());
         let taken = self.taken.entry(port).or_default();
         if let Some(r) = slot.rings.as_mut() {
             // A reassembled SDU is gathered from its fragments' buffers
@@ -1276,12 +1269,6 @@ impl Daemon {
 }
 
 /// The socket pair of a new flow; out of descriptors, an error that says so.
-/// A flow holds as much as it may for an application that does not read
-/// ([`MAX_RX_PENDING`] SDUs or [`MAX_RX_PENDING_BYTES`] bytes).
-fn held_full(held: &HeldQueue<Sdu>) -> bool {
-    held.len() >= MAX_RX_PENDING || held.bytes() >= MAX_RX_PENDING_BYTES
-}
-
 fn new_flow_pair(system: &str) -> Result<(OwnedFd, OwnedFd), CtlError> {
     sys::flow_pair(FLOW_SNDBUF).map_err(|e| {
         let why =

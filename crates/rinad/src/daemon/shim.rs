@@ -221,12 +221,14 @@ impl Daemon {
     /// Hands SDU `sdu` of shim flow `port` of IPCP `i`, in the buffer it
     /// was read into, to its application: into its ring (woken once for
     /// the batch), or held for its socket to go out with the batch. A flow
-    /// holding [`MAX_RX_PENDING`] SDUs or [`MAX_RX_PENDING_BYTES`] bytes
-    /// loses it (counted in the shim's flow), as a link would.
+    /// holding as much as the system lets it
+    /// ([`rina_core::system::System::may_hold`]) loses it (counted in the
+    /// shim's flow), as a link would.
     fn shim_to_app(&mut self, i: usize, port: PortId, sdu: PduBuf) {
         match self.flows.get(&port) {
             Some(slot) if slot.rings.is_none() => {
-                if held_full(&slot.rx_pending) {
+                let held = &slot.rx_pending;
+                if !self.sys.may_hold(port, held.len(), held.bytes()) {
                     count_drop(&mut self.sys, i, port, true);
                 } else {
                     self.hold_for_socket(port, sdu.into());
