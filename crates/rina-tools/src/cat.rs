@@ -6,8 +6,11 @@
 //!
 //! The input is read by one thread for the whole process ([`Input`]),
 //! which writes it on each session's flow in turn: a listener that takes
-//! flows one after another (`--keep-listening`) has one standard input,
-//! and a read made for a flow that ended meanwhile goes on the next one.
+//! flows one after another (`--keep-listening`) has one standard input.
+//! A read that the flow did not take before it ended goes on the next
+//! one; what a flow took while its peer was ending it is lost with it (the
+//! daemon drops what is written on a flow that has ended), and an input
+//! that fails between sessions fails the next one.
 //!
 //! How a session ends:
 //! * the flow's end (the peer closed it, or this side did) ends the
@@ -133,7 +136,7 @@ enum Fed {
 /// comes, until the input ends or fails.
 fn feed<R: Read>(mut input: R, end: InputEnd, sessions: mpsc::Receiver<Session>) {
     let mut held = Vec::new();
-    for s in sessions {
+    while let Ok(s) = sessions.recv() {
         match feed_session(&mut input, &mut held, &s) {
             Fed::FlowEnded => {}
             Fed::InputEnded => {
@@ -142,8 +145,19 @@ fn feed<R: Read>(mut input: R, end: InputEnd, sessions: mpsc::Receiver<Session>)
                 }
                 return;
             }
-            Fed::InputFailed(e) => return fail(&s, e),
-            Fed::WriteFailed(e) => fail(&s, e),
+            Fed::InputFailed(e) => {
+                // Read for a session that ended meanwhile: the next one
+                // says so.
+                if !fail(&s, e.clone()) {
+                    if let Ok(next) = sessions.recv() {
+                        fail(&next, e);
+                    }
+                }
+                return;
+            }
+            Fed::WriteFailed(e) => {
+                fail(&s, e);
+            }
         }
     }
 }
@@ -194,10 +208,17 @@ fn close_after(s: &Session, wait: Duration) {
     s.flow.shutdown();
 }
 
-/// Ends session `s` for `why`: its reader then reports it.
-fn fail(s: &Session, why: String) {
-    s.shared.lock().error.get_or_insert(why);
+/// Ends session `s` for `why`: its reader then reports it. False if the
+/// session was already over (nobody would report it).
+fn fail(s: &Session, why: String) -> bool {
+    let mut state = s.shared.lock();
+    if state.over {
+        return false;
+    }
+    state.error.get_or_insert(why);
+    drop(state);
     s.flow.shutdown();
+    true
 }
 
 /// Carries one session on `flow`: the [`Input`]'s thread writes on it,
@@ -390,6 +411,40 @@ mod tests {
         let c = carry(flow, &input, Vec::new());
         let End::Failed(why) = c.end else {
             panic!("{c:?}")
+        };
+        assert!(why.contains("standard input: the disk is gone"), "{why}");
+    }
+
+    /// The input fails while its thread reads for a session that ended
+    /// meanwhile: the next session fails, saying why. Before, the error
+    /// went to the session that was over, and every later session got no
+    /// input and ended as if all was well.
+    #[test]
+    fn an_input_that_fails_between_sessions_fails_the_next() {
+        struct FailsWhenTold(mpsc::Receiver<()>);
+        impl Read for FailsWhenTold {
+            fn read(&mut self, _: &mut [u8]) -> io::Result<usize> {
+                let _ = self.0.recv();
+                Err(io::Error::other("the disk is gone"))
+            }
+        }
+        let (tell, told) = mpsc::channel();
+        let input = Input::start(FailsWhenTold(told), InputEnd::KeepOpen).unwrap();
+        let (flow, peer) = flows(1000, 1000);
+        drop(peer);
+        let first = carry(flow, &input, Vec::new());
+        assert_eq!(first.end, End::Closed);
+        tell.send(()).unwrap();
+        let (flow, peer) = flows(1000, 1000);
+        // Should the error not come, the peer ends the session later.
+        let ender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(5));
+            drop(peer);
+        });
+        let next = carry(flow, &input, Vec::new());
+        drop(ender);
+        let End::Failed(why) = next.end else {
+            panic!("{next:?}")
         };
         assert!(why.contains("standard input: the disk is gone"), "{why}");
     }

@@ -3,7 +3,7 @@
 //! output unchanged, and both end with 0; a request to `rina-echo` gets its
 //! answer within `--wait-ms`; a name nobody registered is refused with
 //! exit code 2, naming it; `--keep-listening` serves callers one after the
-//! other.
+//! other; a listener whose daemon dies says so and exits with 1.
 
 mod common;
 
@@ -196,4 +196,34 @@ fn keep_listening_serves_callers_one_after_the_other() {
         listener.child.try_wait().unwrap().is_none(),
         "it stopped: {said}"
     );
+}
+
+/// The listener's daemon dies during a session: it ends the flow as a peer
+/// would, but the listener tells them apart, says it lost the daemon and
+/// exits with 1 (its output may be cut short). Before, it exited with 0,
+/// as after a whole transfer.
+#[test]
+fn a_listener_whose_daemon_dies_says_so_and_exits_with_1() {
+    let (mut procs, a, b) = normal_pair("cat-crash", |_| "\"crash\" = 2".into());
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let dir = procs.1.clone();
+    let listen = ["--socket", b, "--dif", "net", "-l", "-v", "crash"];
+    let mut listener = Run::start("rina-cat", &listen, Stdio::null(), &dir, "listener");
+    listener.wait_for("crash registered in net", 1);
+    let args = ["--socket", a, "--dif", "net", "crash"];
+    let mut caller = Run::start("rina-cat", &args, Stdio::piped(), &dir, "caller");
+    let mut stdin = caller.child.stdin.take().unwrap();
+    stdin.write_all(b"first\n").unwrap();
+    common::wait_until("the line at the listener", T, || {
+        listener.stdout() == b"first\n"
+    });
+    // Beta's daemon (the second process) dies.
+    let beta = &mut procs.0[1];
+    beta.kill().unwrap();
+    beta.wait().unwrap();
+    let code = listener.code();
+    let said = listener.stderr();
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("lost the daemon"), "{said}");
+    drop(stdin);
 }

@@ -47,9 +47,11 @@ struct Cli {
     #[arg(short = 'l', long)]
     listen: bool,
     /// With --listen: take flows one after another, each served to its
-    /// end before the next is taken, until stopped (or a session fails).
-    /// A request that comes meanwhile waits (the daemon withdraws one not
-    /// answered in about 2 s). Standard input goes to the flows in turn.
+    /// end before the next is taken, until stopped or a session fails
+    /// (standard output closed included). A request that comes meanwhile
+    /// waits (the daemon withdraws one not answered in about 2 s).
+    /// Standard input goes to the flows in turn; what a flow took while its
+    /// peer was ending it is lost.
     #[arg(short = 'k', long, requires = "listen")]
     keep_listening: bool,
     /// Never read standard input: only what comes on the flow is written
@@ -126,8 +128,9 @@ fn connect(cli: &Cli) -> Client {
 }
 
 /// Carries one session on `flow` (described by `what`: `flow 7 to NAME`)
-/// and says how it ended: its exit code.
-fn session(cli: &Cli, what: &str, flow: rina::Flow, input: &Input) -> i32 {
+/// of `client` and says how it ended: its exit code. A daemon that died
+/// ends a flow as its peer would: the control connection tells them apart.
+fn session(cli: &Cli, client: &mut Client, what: &str, flow: rina::Flow, input: &Input) -> i32 {
     let Carried {
         sent,
         received,
@@ -135,6 +138,10 @@ fn session(cli: &Cli, what: &str, flow: rina::Flow, input: &Input) -> i32 {
     } = cat::carry(flow, input, io::stdout().lock());
     let carried = format!("{sent} B sent, {received} B received");
     match end {
+        End::Closed if daemon_gone(client) => {
+            say(format_args!("{what}: lost the daemon ({carried})"));
+            1
+        }
         End::Closed => {
             if cli.verbose {
                 say(format_args!("{what} closed: {carried}"));
@@ -154,6 +161,11 @@ fn session(cli: &Cli, what: &str, flow: rina::Flow, input: &Input) -> i32 {
     }
 }
 
+/// Whether `client`'s daemon has gone (its control connection closed).
+fn daemon_gone(client: &mut Client) -> bool {
+    matches!(client.list_difs(), Err(e) if e.is_closed())
+}
+
 /// The caller: allocates a flow to the target and carries it.
 fn call(cli: &Cli) -> i32 {
     let mut client = connect(cli);
@@ -168,7 +180,7 @@ fn call(cli: &Cli) -> i32 {
         .unwrap_or_else(|e| die(&format!("cannot allocate a flow to {}", cli.target), &e, 2));
     let what = format!("flow {} to {}", flow.info().port, cli.target);
     let input = start_input(cli);
-    session(cli, &what, flow, &input)
+    session(cli, &mut client, &what, flow, &input)
 }
 
 /// The listener: registers the target and carries the flows allocated to
@@ -204,7 +216,7 @@ fn listen(cli: &Cli) -> i32 {
             let _ = client.unregister(name, dif);
         }
         let what = format!("flow {} from {}", flow.info().port, req.remote);
-        let code = session(cli, &what, flow, &input);
+        let code = session(cli, &mut client, &what, flow, &input);
         if code != 0 || !cli.keep_listening {
             return code;
         }
