@@ -7,7 +7,7 @@ mod common;
 
 use common::free_port;
 
-use common::{counter, echo_server_all, name, normal_over_udp, wait_for, Daemon};
+use common::{counter, echo_server_all, held_after_end, name, normal_over_udp, wait_for, Daemon};
 use rina::QosSpec;
 use rina_core::normal::LINGER_MAX;
 use rina_core::system::ENDED_HOLD_MAX;
@@ -689,20 +689,6 @@ fn wait_unlisted(d: &Daemon, port: u32, what: &str) {
         std::thread::sleep(Duration::from_millis(50));
         !listed(d, port)
     });
-}
-
-/// Waits until daemon `d` lists flow `port` as ended by its peer: how many
-/// SDUs it holds for the application.
-fn held_after_end(d: &Daemon, port: u32) -> u64 {
-    let mut held = None;
-    wait_for("the daemon to list the flow as ended", T, || {
-        std::thread::sleep(Duration::from_millis(50));
-        let flows = d.client().list_flows().unwrap();
-        let f = flows.iter().find(|f| f.info.port == port);
-        held = f.expect("the flow is listed").held_after_end;
-        held.is_some()
-    });
-    held.unwrap_or(0)
 }
 
 /// Whether daemon `d` lists flow `port`.

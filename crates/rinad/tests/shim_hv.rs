@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{name, roundtrip, temp_dir, wait_for, Daemon};
+use common::{held_after_end, name, roundtrip, temp_dir, wait_for, Daemon};
 use rina::{Client, ErrorKind, Flow, QosSpec};
 use rina_core::shim_hv::link::HEADER;
 use rina_core::shim_hv::ring::{Geometry, RING_HEADER};
@@ -1179,16 +1179,8 @@ fn sdus_the_host_holds_when_the_guest_closes_still_reach_the_application() {
     drop(flow);
     // The end reaches the host while it holds SDUs for the application:
     // the host lists the flow as ended, with what it holds.
-    let port = sink.info().port;
-    let mut held = None;
-    wait_for("the host to list the flow as ended", T, || {
-        std::thread::sleep(Duration::from_millis(50));
-        let flows = host.client().list_flows().unwrap();
-        let f = flows.iter().find(|f| f.info.port == port);
-        held = f.expect("the flow is listed").held_after_end;
-        held.is_some()
-    });
-    assert!(held > Some(0), "nothing held at the end");
+    let held = held_after_end(&host, sink.info().port);
+    assert!(held > 0, "nothing held at the end");
     let mut buf = vec![0u8; 65_536];
     let mut got = 0u32;
     let end = loop {

@@ -300,6 +300,24 @@ address = {peer_addr}
     )
 }
 
+/// Waits until daemon `d` lists flow `port` as ended by its peer
+/// (`held_after_end`): how many SDUs it holds for the application.
+pub fn held_after_end(d: &Daemon, port: u32) -> u64 {
+    let mut held = None;
+    wait_for(
+        "the daemon to list the flow as ended",
+        Duration::from_secs(10),
+        || {
+            std::thread::sleep(Duration::from_millis(50));
+            let flows = d.client().list_flows().unwrap();
+            let f = flows.iter().find(|f| f.info.port == port);
+            held = f.expect("the flow is listed").held_after_end;
+            held.is_some()
+        },
+    );
+    held.unwrap_or(0)
+}
+
 /// Counter `key` of IPCP `ipcp` at `d` (0 when absent).
 pub fn counter(d: &Daemon, ipcp: &str, key: &str) -> u64 {
     d.client()
