@@ -36,6 +36,7 @@ pub fn start_alloc(
             qos,
             rings: false,
             direct: false,
+            bundle: None,
         },
     };
     send_request(&c, &req, &deadline, "the allocation request")?;

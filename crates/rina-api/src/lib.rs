@@ -358,6 +358,7 @@ fn respond(fd: c_int, handle: c_int, response: c_int) -> Result<c_int> {
                 handle: h,
                 rings: false,
                 direct: false,
+                bundle: None,
             })?)
         }
         control::Pending::Request(h) => {

@@ -74,6 +74,7 @@ pub(crate) mod testing {
             qos: QosSpec::default(),
             max_sdu,
             direct: false,
+            bundle: None,
         }
     }
 }

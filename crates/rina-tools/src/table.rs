@@ -309,6 +309,7 @@ mod tests {
                 qos: Default::default(),
                 max_sdu: 1400,
                 direct: false,
+                bundle: None,
             },
             ipcp: "a.net".into(),
             counters: rina::FlowCounters {

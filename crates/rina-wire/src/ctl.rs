@@ -190,16 +190,30 @@ pub enum Op {
         /// deallocates the flow ([`FlowInfo::direct`] says which it got).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         direct: bool,
+        /// Carry the flow in bundle `bundle` ([`Op::OpenBundle`]) of this
+        /// connection instead of a descriptor of its own: the reply then
+        /// carries none, and [`FlowInfo::bundle`] says so (`rings` and
+        /// `direct` do not apply).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        bundle: Option<u32>,
     },
     /// Accept the incoming flow request `handle`; the reply carries the
-    /// flow (`rings` and `direct` as for `Allocate`).
+    /// flow (`rings`, `direct` and `bundle` as for `Allocate`).
     Accept {
         handle: u64,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         rings: bool,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         direct: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        bundle: Option<u32>,
     },
+    /// Open a flow bundle: one socket that carries many flows of this
+    /// application ([`crate::bundle`]). The reply is [`Reply::Bundle`]
+    /// with the application's end attached. The bundle stays open after
+    /// this connection closes, but only this connection may put flows in
+    /// it; closing the bundle closes them all.
+    OpenBundle,
     /// Refuse the incoming flow request `handle`.
     Refuse { handle: u64, reason: String },
     /// Deallocate a flow (closing its descriptor does the same).
@@ -383,6 +397,10 @@ pub struct AutoAccept {
     /// A direct data path, where the IPCP and the requester agree.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub direct: bool,
+    /// Into this bundle of the connection ([`Op::OpenBundle`]), with no
+    /// descriptor of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bundle: Option<u32>,
 }
 
 /// A successful answer.
@@ -396,8 +414,12 @@ pub enum Reply {
     Done,
     /// The name was registered in these DIFs.
     Registered { difs: Vec<String> },
-    /// A flow; its descriptor is attached to this packet.
+    /// A flow; its descriptor is attached to this packet (none for a flow
+    /// in a bundle).
     Flow(FlowInfo),
+    /// Answer to [`Op::OpenBundle`]: its number, which
+    /// [`Op::Allocate::bundle`] names; its socket is attached.
+    Bundle { id: u32 },
     /// Answer to [`Op::ListIpcps`].
     Ipcps { ipcps: Vec<IpcpInfo> },
     /// Answer to [`Op::ListDifs`].
@@ -519,6 +541,10 @@ pub struct FlowInfo {
     /// by both ends of a shim-udp flow); the daemon counts none of them.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub direct: bool,
+    /// The bundle that carries the flow's SDUs ([`Op::OpenBundle`]), in
+    /// frames that name its port, when it has no descriptor of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bundle: Option<u32>,
 }
 
 /// Counters of one flow, as seen by the daemon.
@@ -713,6 +739,7 @@ mod tests {
                 qos: QosSpec::default(),
                 rings: false,
                 direct: false,
+                bundle: None,
             },
         };
         let v = encode(&r);
@@ -730,8 +757,18 @@ mod tests {
                 handle: 4,
                 rings: false,
                 direct: false,
+                bundle: None,
             }
         );
+        let bundled: Request = decode(br#"{"id":1,"op":"accept","handle":4,"bundle":2}"#).unwrap();
+        assert!(matches!(
+            bundled.op,
+            Op::Accept {
+                bundle: Some(2),
+                ..
+            }
+        ));
+        assert!(!s.contains("bundle"), "{s}");
         let new: Request = decode(br#"{"id":1,"op":"accept","handle":4,"direct":true}"#).unwrap();
         assert!(matches!(new.op, Op::Accept { direct: true, .. }));
     }
@@ -756,7 +793,8 @@ mod tests {
             Op::Register {
                 accept: Some(AutoAccept {
                     rings: true,
-                    direct: false
+                    direct: false,
+                    bundle: None,
                 }),
                 ..
             }
@@ -787,6 +825,7 @@ mod tests {
             qos: QosSpec::default(),
             max_sdu: 1400,
             direct: false,
+            bundle: Some(3),
         };
         let msgs = [
             Message::Reply {
@@ -796,6 +835,10 @@ mod tests {
             Message::Reply {
                 id: 2,
                 result: Ok(Reply::Flow(flow.clone())),
+            },
+            Message::Reply {
+                id: 3,
+                result: Ok(Reply::Bundle { id: 7 }),
             },
             Message::FlowRequest(IncomingFlow {
                 handle: 9,

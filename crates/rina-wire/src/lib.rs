@@ -11,10 +11,12 @@
 //! * [`shim_eth`] — 802.1Q frames and ARP packets of the shim DIF over Ethernet.
 //! * [`cdap`] — CDAP messages (IRATI's CDAP.proto as prost structs) and object-value payloads.
 //! * [`fa`] — flow-allocator messages of a normal DIF (carried in MGMT PDUs).
+//! * [`bundle`] — frames of a flow bundle (many flows over one descriptor).
 //! * [`ctl`] — messages between applications/tools and `rinad` on its Unix socket.
 //! * [`units`] — quantities as people write them (bit rates with units).
 //! * [`codec`] — the bounds-checked byte reader/writer every decoder is built on.
 
+pub mod bundle;
 pub mod cdap;
 pub mod codec;
 pub mod ctl;

@@ -1,5 +1,6 @@
 //! The control connection to `rinad`.
 
+use crate::bundle::Bundle;
 use crate::error::{Error, ErrorKind, Result};
 use crate::flow::Flow;
 use crate::sock;
@@ -49,6 +50,9 @@ pub struct Client {
     /// not yet handed out ([`Client::next_flow`]), with their descriptors
     /// and whether a rings set-up comes first on them.
     arrived: VecDeque<(FlowInfo, Vec<OwnedFd>, bool)>,
+    /// Flows the daemon accepted into a bundle, not yet handed out
+    /// ([`Client::next_bundled_flow`]).
+    arrived_bundled: VecDeque<FlowInfo>,
     /// The registrations this connection made, as (name, DIF).
     registered: BTreeSet<(AppName, String)>,
     /// Why no registration is left, when another connection (an
@@ -182,6 +186,7 @@ impl Client {
             next_id: 1,
             pending: VecDeque::new(),
             arrived: VecDeque::new(),
+            arrived_bundled: VecDeque::new(),
             registered: BTreeSet::new(),
             orphaned: None,
             buf: Vec::new(),
@@ -267,6 +272,7 @@ impl Client {
         let accept = AutoAccept {
             rings: self.rings,
             direct: self.direct,
+            bundle: None,
         };
         self.register_with(name, dif, Some(accept))
     }
@@ -323,6 +329,7 @@ impl Client {
             qos: *qos,
             rings: self.rings,
             direct: self.direct,
+            bundle: None,
         };
         let r = self.call("allocate", op)?;
         flow_from("allocate", r, self.rings)
@@ -447,6 +454,10 @@ impl Client {
     fn news(&mut self, (msg, fds): (Message, Vec<OwnedFd>)) {
         match msg {
             Message::FlowRequest(r) => self.pending.push_back(r),
+            // No descriptor to hold: the flow's SDUs wait in its bundle.
+            Message::FlowAccepted { flow, .. } if flow.bundle.is_some() => {
+                self.arrived_bundled.push_back(flow)
+            }
             Message::FlowAccepted { flow, rings } if self.arrived.len() < MAX_ARRIVED => {
                 self.arrived.push_back((flow, fds, rings))
             }
@@ -494,6 +505,7 @@ impl Client {
             handle: req.handle,
             rings: self.rings,
             direct: self.direct,
+            bundle: None,
         };
         let r = self.call("accept", op)?;
         flow_from("accept", r, self.rings)
@@ -509,6 +521,93 @@ impl Client {
             },
         )
         .map(|_| ())
+    }
+
+    /// Opens a flow bundle: one socket to the daemon that carries any
+    /// number of this application's flows ([`crate::bundle`]). Flows go
+    /// into it with [`Client::allocate_bundled`],
+    /// [`Client::accept_bundled`] and
+    /// [`Client::register_accepting_bundled`], from this connection only.
+    pub fn open_bundle(&mut self) -> Result<Bundle> {
+        match self.call("open_bundle", Op::OpenBundle)? {
+            (Reply::Bundle { id }, fds) => match fds.into_iter().next() {
+                Some(fd) => Ok(Bundle::new(fd, id)),
+                None => Err(Error::new(
+                    ErrorKind::NoResources,
+                    format!(
+                        "bundle {id} could not be received: this process is at its limit of \
+                         open descriptors (RLIMIT_NOFILE)"
+                    ),
+                )),
+            },
+            (other, _) => Err(unexpected("open_bundle", &other)),
+        }
+    }
+
+    /// Allocates a flow as [`Client::allocate`] does, carried in `bundle`
+    /// instead of a descriptor of its own; its SDUs go with
+    /// [`Bundle::write`] to the returned [`FlowInfo::port`].
+    pub fn allocate_bundled(
+        &mut self,
+        bundle: &Bundle,
+        local: &AppName,
+        remote: &AppName,
+        dif: Option<&str>,
+        qos: &QosSpec,
+    ) -> Result<FlowInfo> {
+        let op = Op::Allocate {
+            local: local.clone(),
+            remote: remote.clone(),
+            dif: dif.map(str::to_owned),
+            qos: *qos,
+            rings: false,
+            direct: false,
+            bundle: Some(bundle.id()),
+        };
+        bundled_from("allocate", self.call("allocate", op)?)
+    }
+
+    /// Accepts a flow request as [`Client::accept`] does, into `bundle`.
+    pub fn accept_bundled(&mut self, req: &IncomingFlow, bundle: &Bundle) -> Result<FlowInfo> {
+        let op = Op::Accept {
+            handle: req.handle,
+            rings: false,
+            direct: false,
+            bundle: Some(bundle.id()),
+        };
+        bundled_from("accept", self.call("accept", op)?)
+    }
+
+    /// Registers `name` as [`Client::register_accepting`] does, the daemon
+    /// putting every flow it accepts into `bundle`;
+    /// [`Client::next_bundled_flow`] says which they are.
+    pub fn register_accepting_bundled(
+        &mut self,
+        name: &AppName,
+        dif: Option<&str>,
+        bundle: &Bundle,
+    ) -> Result<Vec<String>> {
+        let accept = AutoAccept {
+            rings: false,
+            direct: false,
+            bundle: Some(bundle.id()),
+        };
+        self.register_with(name, dif, Some(accept))
+    }
+
+    /// The next flow the daemon accepted into a bundle for a registration
+    /// of [`Client::register_accepting_bundled`], waiting at most
+    /// `timeout`; `None` if none came. Its SDUs may be in the bundle
+    /// before it is handed out here.
+    pub fn next_bundled_flow(&mut self, timeout: Duration) -> Result<Option<FlowInfo>> {
+        let deadline = Instant::now().checked_add(timeout);
+        self.wait_news(deadline, |c| Ok(c.arrived_bundled.pop_front()))
+    }
+
+    /// The flows the daemon accepted into bundles that are received but
+    /// not yet handed out.
+    pub fn bundled_flows(&self) -> usize {
+        self.arrived_bundled.len()
     }
 
     /// Lists the daemon's IPC processes. Each lists a few of its names
@@ -1079,11 +1178,27 @@ fn flow_from(what: &str, (reply, fds): (Reply, Vec<OwnedFd>), rings: bool) -> Re
     }
 }
 
+/// The flow of a reply to a bundled allocation or accept.
+fn bundled_from(what: &str, (reply, _): (Reply, Vec<OwnedFd>)) -> Result<FlowInfo> {
+    match reply {
+        Reply::Flow(info) if info.bundle.is_some() => Ok(info),
+        Reply::Flow(info) => Err(Error::new(
+            ErrorKind::Internal,
+            format!(
+                "the daemon answered a bundled {what} with flow {} outside the bundle",
+                info.port
+            ),
+        )),
+        other => Err(unexpected(what, &other)),
+    }
+}
+
 fn unexpected(what: &str, reply: &Reply) -> Error {
     let kind = match reply {
         Reply::Done => "done",
         Reply::Registered { .. } => "registered",
         Reply::Flow(_) => "flow",
+        Reply::Bundle { .. } => "bundle",
         Reply::Ipcps { .. } => "ipcps",
         Reply::Difs { .. } => "difs",
         Reply::Names { .. } => "names",

@@ -32,10 +32,13 @@
 //!
 //! * [`client`] — the control connection.
 //! * [`flow`] — blocking flows.
+//! * [`bundle`] — many flows over one descriptor, for tens of thousands of
+//!   flows in one process.
 //! * [`error`] — the error type.
 
 #[cfg(feature = "tokio")]
 mod async_flow;
+pub mod bundle;
 pub mod client;
 pub mod error;
 mod fd_limit;
@@ -46,6 +49,7 @@ mod sock;
 
 #[cfg(feature = "tokio")]
 pub use async_flow::{AsyncFlow, IntoAsyncError};
+pub use bundle::{Bundle, BundleEvent, MAX_BUNDLE_SDU};
 pub use client::{Client, DEFAULT_TIMEOUT, MAX_ARRIVED};
 pub use error::{Error, ErrorKind, Result};
 pub use fd_limit::raise_fd_limit;

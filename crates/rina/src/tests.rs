@@ -58,6 +58,7 @@ fn info(max_sdu: u32) -> FlowInfo {
         qos: QosSpec::default(),
         max_sdu,
         direct: false,
+        bundle: None,
     }
 }
 
@@ -189,6 +190,7 @@ fn accept_refuse_and_lists() {
                 handle: 1,
                 rings: false,
                 direct: false,
+                bundle: None,
             }
         );
         let (mine, theirs) = pair();
@@ -1071,6 +1073,7 @@ fn flows_the_daemon_accepted_are_queued_across_calls_and_handed_out_in_order() {
                 accept: Some(ctl::AutoAccept {
                     rings: false,
                     direct: false,
+                    bundle: None,
                 }),
             }
         );

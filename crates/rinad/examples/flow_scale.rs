@@ -15,6 +15,11 @@
 //!   cargo build --release -p rinad --bin rinad --example flow_scale
 //!   target/release/examples/flow_scale --rinad target/release/rinad --dif udp --flows 100000
 //!
+//! With `--bundle 1`, every flow goes into one of two flow bundles (the
+//! source's and the sink's, `Op::OpenBundle`) instead of a descriptor of
+//! its own: the flows reached are then not bounded by the descriptor
+//! limit.
+//!
 //! Prints one `key: value` line per figure. The figures are noisy on a
 //! shared machine.
 
@@ -110,6 +115,51 @@ struct Args {
     outstanding: usize,
     max_flows: Option<usize>,
     cep_width: Option<u8>,
+    bundle: bool,
+}
+
+/// The flows one side holds: descriptors, or flows in its bundle.
+#[derive(Default)]
+struct Held {
+    fds: Vec<OwnedFd>,
+    bundled: usize,
+    /// The bundle, if the flows are bundled.
+    bundle: Option<(u32, OwnedFd)>,
+}
+
+impl Held {
+    fn len(&self) -> usize {
+        self.fds.len() + self.bundled
+    }
+
+    fn bundle(&self) -> Option<u32> {
+        self.bundle.as_ref().map(|(id, _)| *id)
+    }
+
+    /// Takes the flow of a reply (or news), with the descriptor it carried.
+    fn take(&mut self, info: &ctl::FlowInfo, fd: Option<OwnedFd>) -> bool {
+        match (info.bundle, fd) {
+            (Some(_), _) => self.bundled += 1,
+            (None, Some(fd)) => self.fds.push(fd),
+            (None, None) => return false,
+        }
+        true
+    }
+}
+
+/// Opens a bundle on `raw`, for the flows of `held`.
+fn open_bundle(raw: &mut Raw) -> (u32, OwnedFd) {
+    let id = raw.send(Op::OpenBundle);
+    loop {
+        if let (Message::Reply { id: r, result }, fd) = raw.recv() {
+            if r == id {
+                let Ok(Reply::Bundle { id: b }) = result else {
+                    panic!("the daemon refused a bundle: {result:?}");
+                };
+                return (b, fd.expect("the bundle's socket"));
+            }
+        }
+    }
 }
 
 fn args() -> Args {
@@ -121,6 +171,7 @@ fn args() -> Args {
         outstanding: 64,
         max_flows: None,
         cep_width: None,
+        bundle: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -133,6 +184,7 @@ fn args() -> Args {
             "--outstanding" => a.outstanding = v.parse().expect("--outstanding N"),
             "--max-flows" => a.max_flows = Some(v.parse().expect("--max-flows N")),
             "--cep-width" => a.cep_width = Some(v.parse().expect("--cep-width 2|4|8")),
+            "--bundle" => a.bundle = v == "1" || v == "true",
             _ => panic!("unknown argument {k}"),
         }
     }
@@ -237,8 +289,8 @@ fn socket_alive(sock: &Path) -> Option<()> {
 
 /// Accepts every request on `sink`, pipelined, until `n` flows are held
 /// or nothing came for 10 s.
-fn run_sink(mut sink: Raw, n: usize) -> Vec<OwnedFd> {
-    let mut kept = Vec::with_capacity(n);
+fn run_sink(mut sink: Raw, n: usize, mut kept: Held) -> Held {
+    kept.fds.reserve(if kept.bundle.is_some() { 0 } else { n });
     let mut failed = 0;
     while kept.len() + failed < n {
         let mut pfd = libc::pollfd {
@@ -256,10 +308,19 @@ fn run_sink(mut sink: Raw, n: usize) -> Vec<OwnedFd> {
                     handle: req.handle,
                     rings: false,
                     direct: false,
+                    bundle: kept.bundle(),
                 });
             }
-            (Message::Reply { result: Ok(_), .. }, Some(fd))
-            | (Message::FlowAccepted { .. }, Some(fd)) => kept.push(fd),
+            (
+                Message::Reply {
+                    result: Ok(Reply::Flow(info)),
+                    ..
+                },
+                fd,
+            )
+            | (Message::FlowAccepted { flow: info, .. }, fd) => {
+                kept.take(&info, fd);
+            }
             (Message::Reply { result: Err(e), .. }, _) => {
                 eprintln!("accept failed: {e}");
                 failed += 1;
@@ -272,13 +333,8 @@ fn run_sink(mut sink: Raw, n: usize) -> Vec<OwnedFd> {
 
 /// Allocates `n` flows with at most `window` requests in flight; returns
 /// the flows and the failures.
-fn allocate(
-    src: &mut Raw,
-    remote: &str,
-    n: usize,
-    window: usize,
-    flows: &mut Vec<OwnedFd>,
-) -> usize {
+fn allocate(src: &mut Raw, remote: &str, n: usize, window: usize, flows: &mut Held) -> usize {
+    let bundle = flows.bundle();
     let op = || Op::Allocate {
         local: "src".parse().unwrap(),
         remote: remote.parse().unwrap(),
@@ -286,6 +342,7 @@ fn allocate(
         qos: QosSpec::default(),
         rings: false,
         direct: false,
+        bundle,
     };
     let (mut sent, mut done, mut failed) = (0, 0, 0);
     let mut first_error = None;
@@ -295,7 +352,18 @@ fn allocate(
             sent += 1;
         }
         match src.recv() {
-            (Message::Reply { result: Ok(_), .. }, Some(fd)) => flows.push(fd),
+            (
+                Message::Reply {
+                    result: Ok(Reply::Flow(info)),
+                    ..
+                },
+                fd,
+            ) => {
+                if !flows.take(&info, fd) {
+                    failed += 1;
+                    first_error.get_or_insert("a flow without its descriptor".into());
+                }
+            }
             (Message::Reply { result: Err(e), .. }, _) => {
                 failed += 1;
                 first_error.get_or_insert(e.to_string());
@@ -317,13 +385,22 @@ fn main() {
     // which inherits this limit (and raises it further only if allowed).
     let limit = rina::raise_fd_limit(a.flows as u64 + 1000);
     let fit = (limit.saturating_sub(200) as usize) & !1;
-    if a.flows > fit {
+    if a.flows > fit && !a.bundle {
         a.flows = fit;
     }
     let (d, sock) = start(&a);
     let pid = d.0.id();
     let pairs = a.flows / 2;
     let mut sink = Raw::connect(&sock);
+    let mut kept = Held::default();
+    let mut flows = Held::default();
+    let mut src = Raw::connect(&sock);
+    if a.bundle {
+        kept.bundle = Some(open_bundle(&mut sink));
+        flows.bundle = Some(open_bundle(&mut src));
+    } else {
+        flows.fds.reserve(pairs);
+    }
     sink.call(Op::Register {
         name: "sink".parse().unwrap(),
         dif: None,
@@ -332,13 +409,14 @@ fn main() {
     sink.call(Op::Register {
         name: "sink-auto".parse().unwrap(),
         dif: None,
-        accept: Some(ctl::AutoAccept::default()),
+        accept: Some(ctl::AutoAccept {
+            bundle: kept.bundle(),
+            ..Default::default()
+        }),
     });
-    let sink = std::thread::spawn(move || run_sink(sink, pairs));
-    let mut src = Raw::connect(&sock);
+    let sink = std::thread::spawn(move || run_sink(sink, pairs, kept));
     std::thread::sleep(Duration::from_millis(300));
     let rss0 = rss(pid);
-    let mut flows = Vec::with_capacity(pairs);
 
     // At most half one at a time, so that both rates are measured.
     // Half to each name, alternated in rounds so that both see the same
@@ -370,12 +448,23 @@ fn main() {
     let idle_cpu = (cpu_ticks(pid) - c0) as f64 / clk / t0.elapsed().as_secs_f64() * 100.0;
 
     let fds_before = open_fds(pid);
+    let fds_of_flows = flows.fds.len() + accepted.fds.len();
     let t = Instant::now();
     drop(flows);
     drop(accepted);
     let end = Instant::now() + Duration::from_secs(120);
-    while open_fds(pid) + reached > fds_before + 16 && Instant::now() < end {
+    while open_fds(pid) + fds_of_flows > fds_before + 16 && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(50));
+    }
+    // Bundled flows hold no descriptor: the daemon lists none once closed.
+    if a.bundle {
+        let mut ctl = Raw::connect(&sock);
+        while Instant::now() < end {
+            match ctl.call(Op::ListFlows { after: None }) {
+                Reply::Flows { flows, .. } if flows.is_empty() => break,
+                _ => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
     }
     let close_secs = t.elapsed().as_secs_f64();
     std::thread::sleep(Duration::from_secs(2));
@@ -384,6 +473,10 @@ fn main() {
 
     println!("dif: {}", a.dif);
     println!("descriptor limit: {limit}");
+    if a.bundle {
+        println!("flows in bundles: yes (two descriptors in the daemon for all of them)");
+    }
+    println!("descriptors in the daemon with the flows: {fds_before}");
     if asked > a.flows {
         println!(
             "flows asked: {asked}, cut to {} by the descriptor limit",

@@ -282,6 +282,11 @@ pub fn send_fds(fd: RawFd, buf: &[u8], pass: &[RawFd]) -> io::Result<Sent> {
     send_iov(fd, &[IoSlice::new(buf)], pass)
 }
 
+/// Sends one packet gathered from `parts`, without blocking.
+pub fn send_parts(fd: RawFd, parts: &[IoSlice<'_>]) -> io::Result<Sent> {
+    send_iov(fd, parts, &[])
+}
+
 /// The most buffers one `sendmsg` gathers (Linux's `UIO_MAXIOV`).
 pub const MAX_IOV: usize = 1024;
 

@@ -323,6 +323,7 @@ impl Daemon {
                 qos,
                 rings,
                 direct,
+                bundle,
             } => {
                 let pa = PendingAlloc {
                     ipcp: 0,
@@ -333,8 +334,9 @@ impl Daemon {
                     remote,
                     qos,
                     rings,
-                    direct,
+                    direct: direct && bundle.is_none(),
                     direct_sock: None,
+                    bundle,
                 };
                 match self.allocate(pa, dif) {
                     Ok(()) => return,
@@ -345,8 +347,9 @@ impl Daemon {
                 handle,
                 rings,
                 direct,
+                bundle,
             } => {
-                match self.accept_incoming(conn, handle, rings, direct) {
+                match self.accept_incoming(conn, handle, rings, direct, bundle) {
                     Ok((info, fds)) => {
                         let msg = Message::Reply {
                             id,
@@ -363,6 +366,13 @@ impl Daemon {
                     .require_admin(conn, "capturing an IPCP's traffic")
                     .and_then(|()| self.start_capture(&ipcp, snaplen));
                 match started {
+                    Ok((reply, fd)) => self.reply(conn, id, Ok(reply), Some(fd)),
+                    Err(e) => self.reply(conn, id, Err(e), None),
+                }
+                return;
+            }
+            Op::OpenBundle => {
+                match self.open_bundle(conn) {
                     Ok((reply, fd)) => self.reply(conn, id, Ok(reply), Some(fd)),
                     Err(e) => self.reply(conn, id, Err(e), None),
                 }
@@ -673,30 +683,38 @@ impl Daemon {
         handle: u64,
         rings: bool,
         direct: bool,
+        bundle: Option<u32>,
     ) -> Result<(FlowInfo, Vec<OwnedFd>), CtlError> {
         // Where the requester's socket is, if it offered a direct flow.
         let offered = self.sys.offered_direct(handle);
         let inc = self.take_incoming(conn, handle)?;
+        let refuse = |d: &mut Self, e: CtlError| {
+            let now = d.now();
+            let _ = d.sys.refuse(now, handle, &e.message);
+            e
+        };
         // The user's share first: over it the flow is refused, with the reason.
         if let Err(r) = self.may_open_flow(conn) {
-            let e = r.error();
-            let now = self.now();
-            let _ = self.sys.refuse(now, handle, &e.message);
-            return Err(e);
+            return Err(refuse(self, r.error()));
         }
-        // The descriptors next: without them the flow is refused, with the
-        // reason, instead of accepted and then closed at once.
-        let pair = match new_flow_pair(&self.system) {
-            Ok(p) => p,
-            Err(e) => {
-                self.warn_no_descriptor("refusing a flow", &e);
-                let now = self.now();
-                let _ = self.sys.refuse(now, handle, &e.message);
-                return Err(e);
-            }
+        // The descriptors (or the bundle) next: without them the flow is
+        // refused, with the reason, instead of accepted and then closed at
+        // once.
+        let pair = match bundle {
+            Some(b) => match self.check_bundle(conn, b, inc.ipcp) {
+                Ok(()) => None,
+                Err(e) => return Err(refuse(self, e)),
+            },
+            None => match new_flow_pair(&self.system) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    self.warn_no_descriptor("refusing a flow", &e);
+                    return Err(refuse(self, e));
+                }
+            },
         };
         let sock = match offered {
-            Some(peer) if direct => self
+            Some(peer) if direct && pair.is_some() => self
                 .direct_socket(inc.ipcp)
                 .and_then(|s| Self::connect_direct(s, peer)),
             _ => None,
@@ -718,10 +736,15 @@ impl Daemon {
             qos: inc.qos,
             max_sdu,
             direct: false,
+            bundle: None,
         };
-        let opened = match sock.filter(|_| self.sys.direct_peer(port).is_some()) {
-            Some(s) => self.open_direct_flow(inc.ipcp, conn, info, s, pair),
-            None => self
+        let direct = sock.filter(|_| self.sys.direct_peer(port).is_some());
+        let opened = match (pair, direct) {
+            (None, _) => self
+                .open_bundled_flow(inc.ipcp, conn, info, bundle.unwrap_or(0))
+                .map(|info| (info, Vec::new())),
+            (Some(pair), Some(s)) => self.open_direct_flow(inc.ipcp, conn, info, s, pair),
+            (Some(pair), None) => self
                 .open_flow_with(inc.ipcp, conn, info, rings, pair)
                 .map(|(info, fd)| (info, vec![fd])),
         };
@@ -742,7 +765,7 @@ impl Daemon {
     /// share, no descriptors) is sent to the requester by
     /// [`Daemon::accept_incoming`], and logged here.
     pub(super) fn accept_for(&mut self, conn: usize, handle: u64, a: AutoAccept) {
-        match self.accept_incoming(conn, handle, a.rings, a.direct) {
+        match self.accept_incoming(conn, handle, a.rings, a.direct, a.bundle) {
             Ok((flow, fds)) => {
                 let msg = Message::FlowAccepted {
                     flow,

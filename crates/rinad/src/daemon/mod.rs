@@ -36,6 +36,7 @@
 mod access;
 mod app_rings;
 mod build;
+mod bundle;
 mod busy_poll;
 mod capture;
 mod control;
@@ -132,6 +133,8 @@ const T_FLOW: usize = 3;
 const T_ETH: usize = 4;
 /// A `rinactl capture`'s socket ([`capture`]), by the capture's number.
 const T_CAPTURE: usize = 5;
+/// A flow bundle's socket ([`bundle`]), by the bundle's number.
+const T_BUNDLE: usize = 6;
 
 fn token(kind: usize, id: usize) -> Token {
     Token((kind << SHIFT) | id)
@@ -145,7 +148,13 @@ fn untoken(t: Token) -> (usize, usize) {
 struct FlowSlot {
     /// The IPCP (member of the system) that carries it.
     ipcp: usize,
-    fd: OwnedFd,
+    /// The daemon's end of the flow's socket; none for a flow in a bundle.
+    fd: Option<OwnedFd>,
+    /// The bundle that carries the flow instead ([`bundle`]).
+    bundle: Option<u32>,
+    /// A bundled flow its application closed (with an end frame) while an
+    /// SDU it wrote still waited for the window.
+    app_closed: bool,
     /// What the application was told about the flow.
     info: FlowInfo,
     /// The control connection that allocated or accepted it.
@@ -184,6 +193,51 @@ struct FlowSlot {
     ///
     /// [`Op::FlowBySocket`]: rina_wire::ctl::Op::FlowBySocket
     app_end: Option<(u64, u64)>,
+}
+
+impl FlowSlot {
+    fn new(
+        ipcp: usize,
+        fd: Option<OwnedFd>,
+        info: FlowInfo,
+        owner: usize,
+        uid: u32,
+        bundle: Option<u32>,
+    ) -> FlowSlot {
+        FlowSlot {
+            ipcp,
+            fd,
+            bundle,
+            app_closed: false,
+            info,
+            owner,
+            uid,
+            queued: false,
+            rings: None,
+            rx_pending: HeldQueue::default(),
+            wants_writable: false,
+            ended: false,
+            tx_stash: None,
+            drops_in: 0,
+            drops_out: 0,
+            direct: None,
+            app_end: None,
+        }
+    }
+
+    /// The daemon's end of the flow's socket (none for a bundled flow).
+    fn sock(&self) -> Option<std::os::fd::RawFd> {
+        self.fd.as_ref().map(|f| f.as_raw_fd())
+    }
+
+    /// Whether the application has closed its end (its socket hung up, or
+    /// it closed the bundled flow).
+    fn app_gone(&self) -> bool {
+        match &self.fd {
+            Some(fd) => sys::peer_hung_up(fd.as_raw_fd()),
+            None => self.app_closed,
+        }
+    }
 }
 
 /// A control connection.
@@ -226,6 +280,8 @@ struct PendingAlloc {
     /// The application asked for a direct flow: its socket, once made.
     direct: bool,
     direct_sock: Option<std::net::UdpSocket>,
+    /// Into this bundle of the connection ([`bundle`]).
+    bundle: Option<u32>,
 }
 
 /// The holder of a registered name: its control connection, and how the
@@ -302,6 +358,13 @@ pub struct Daemon {
     to_sockets: Vec<PortId>,
     /// The `sendmmsg` buffers for them.
     socket_batch: to_sockets::SendBatch,
+    /// Flow bundles ([`bundle`]), by number.
+    bundles: HashMap<u32, bundle::Bundle>,
+    next_bundle: u32,
+    /// Bundles whose sockets are readable, to serve in turn.
+    ready_bundles: VecDeque<u32>,
+    /// Bundles whose sockets failed in this turn, to close at its end.
+    broken_bundles: Vec<u32>,
     /// `rinactl capture`s running ([`capture`]).
     captures: capture::Captures,
     /// Enrollments clients wait for ([`runtime`]).
@@ -445,6 +508,10 @@ impl Daemon {
             to_sockets: Vec::new(),
             socket_batch: to_sockets::SendBatch::default(),
             captures: capture::Captures::default(),
+            bundles: HashMap::new(),
+            next_bundle: 1,
+            ready_bundles: VecDeque::new(),
+            broken_bundles: Vec::new(),
             enrolls: Vec::new(),
             config_path,
             system_cfg: cfg.system.clone(),
@@ -469,7 +536,10 @@ impl Daemon {
     pub fn run(mut self) -> Result<(), DaemonError> {
         let mut events = Events::with_capacity(256);
         loop {
-            let timeout = if !self.ready_flows.is_empty() || !self.ready_media.is_empty() {
+            let timeout = if !self.ready_flows.is_empty()
+                || !self.ready_media.is_empty()
+                || !self.ready_bundles.is_empty()
+            {
                 Some(Duration::ZERO)
             } else {
                 let now = self.now();
@@ -547,6 +617,14 @@ impl Daemon {
                             }
                         }
                         (T_CAPTURE, id) => self.capture_news(id),
+                        (T_BUNDLE, b) => {
+                            if ev.is_writable() {
+                                self.bundle_writable(b as u32);
+                            }
+                            if ev.is_readable() || ev.is_read_closed() {
+                                self.mark_bundle_ready(b as u32);
+                            }
+                        }
                         _ => {}
                     },
                 }
@@ -572,6 +650,7 @@ impl Daemon {
                 self.enroll_deadlines(now);
             }
             self.drain_outputs();
+            self.close_broken_bundles();
             self.drain_captures();
             for id in std::mem::take(&mut self.closing) {
                 self.close_conn(id);
@@ -650,6 +729,9 @@ impl Daemon {
             }
             self.close_if_taken(port);
         }
+        if !self.ready_bundles.is_empty() {
+            self.service_bundles();
+        }
     }
 
     /// Reads up to [`BUDGET`] SDUs the application wrote on flow `port` and
@@ -658,6 +740,9 @@ impl Daemon {
         let Some(slot) = self.flows.get(&port) else {
             return FlowService::Drained;
         };
+        if slot.bundle.is_some() {
+            return self.service_bundled_flow(port);
+        }
         match self.ipcps[slot.ipcp].io {
             Io::Normal(_) => self.service_normal_flow(port),
             Io::Hv(_) => self.service_hv_flow(port),
@@ -883,7 +968,21 @@ impl Daemon {
             qos: pa.qos,
             max_sdu,
             direct: false,
+            bundle: None,
         };
+        if let Some(b) = pa.bundle {
+            match self.open_bundled_flow(i, pa.conn, info, b) {
+                Ok(info) => {
+                    info!(port, local = %info.local, remote = %info.remote, dif = %info.dif, bundle = b, "flow allocated");
+                    self.reply(pa.conn, pa.id, Ok(Reply::Flow(info)), None);
+                }
+                Err(e) => {
+                    self.sys.close(now, port);
+                    self.reply(pa.conn, pa.id, Err(e), None);
+                }
+            }
+            return;
+        }
         // Direct if the peer agreed; the peer's application then writes to
         // this socket only, so a flow that cannot have it fails.
         if let (Some(sock), Some(peer)) = (pa.direct_sock, self.sys.direct_peer(port)) {
@@ -1046,16 +1145,17 @@ impl Daemon {
         let Some(slot) = self.flows.get_mut(&port) else {
             return;
         };
+        let bundle = slot.bundle;
         if slot.tx_stash.take().is_some() {
             slot.drops_out += 1;
             self.mark_flow_ready(port);
         }
+        if let Some(b) = bundle {
+            self.drop_blocked_frame(b, port);
+        }
         self.hand_over_held(port);
         let held = self.held_for_app(port);
-        let gone = self
-            .flows
-            .get(&port)
-            .is_some_and(|s| sys::peer_hung_up(s.fd.as_raw_fd()));
+        let gone = self.flows.get(&port).is_some_and(|s| s.app_gone());
         if held == 0 || gone {
             return self.close_flow(port, false);
         }
@@ -1139,7 +1239,9 @@ impl Daemon {
         let Some(slot) = self.flows.get_mut(&port) else {
             return;
         };
-        let fd = slot.fd.as_raw_fd();
+        let Some(fd) = slot.fd.as_ref().map(|f| f.as_raw_fd()) else {
+            return self.send_bundled(port);
+        };
         let out = self.socket_batch.send(fd, &mut slot.rx_pending);
         slot.drops_in += out.dropped as u64;
         let interest = if out.blocked {
@@ -1209,27 +1311,10 @@ impl Daemon {
         };
         let uid = self.conn_uid(owner);
         self.access.charge(uid);
-        let app_end = sys::socket_key(&theirs);
-        self.flows.insert(
-            port,
-            Box::new(FlowSlot {
-                ipcp: i,
-                fd: ours,
-                info: info.clone(),
-                owner,
-                uid,
-                queued: false,
-                rings: rings.map(Box::new),
-                rx_pending: HeldQueue::default(),
-                wants_writable: false,
-                ended: false,
-                tx_stash: None,
-                drops_in: 0,
-                drops_out: 0,
-                direct: None,
-                app_end,
-            }),
-        );
+        let mut slot = FlowSlot::new(i, Some(ours), info.clone(), owner, uid, None);
+        slot.rings = rings.map(Box::new);
+        slot.app_end = sys::socket_key(&theirs);
+        self.flows.insert(port, Box::new(slot));
         if let Some(c) = self.conns.get_mut(&owner) {
             c.flows += 1;
         }
@@ -1254,12 +1339,17 @@ impl Daemon {
         if let Some(c) = self.conns.get_mut(&slot.owner) {
             c.flows = c.flows.saturating_sub(1);
         }
-        let _ = self
-            .poll
-            .registry()
-            .deregister(&mut SourceFd(&slot.fd.as_raw_fd()));
+        if let Some(fd) = &slot.fd {
+            let _ = self
+                .poll
+                .registry()
+                .deregister(&mut SourceFd(&fd.as_raw_fd()));
+            sys::close_quietly(fd);
+        }
+        if let Some(b) = slot.bundle {
+            self.bundled_flow_gone(b, port, !slot.app_closed);
+        }
         self.taken.remove(&port);
-        sys::close_quietly(&slot.fd);
         if tell_peer && !slot.ended {
             info!(port, "flow closed by the application");
             let now = self.now();

@@ -61,7 +61,7 @@ impl Daemon {
             // be seen now: its event comes once, and the window may never
             // open. The SDUs still in the socket may go in the time the
             // system gives them.
-            if sys::peer_hung_up(slot.fd.as_raw_fd()) {
+            if slot.app_gone() {
                 self.sys.app_closed(now, port);
             }
             return FlowService::Drained;
@@ -78,7 +78,9 @@ impl Daemon {
         let Some(slot) = self.flows.get(&port) else {
             return FlowService::Drained;
         };
-        let fd = slot.fd.as_raw_fd();
+        let Some(fd) = slot.sock() else {
+            return FlowService::Drained;
+        };
         let mut bytes = 0;
         for _ in 0..BUDGET {
             if bytes >= BUDGET_BYTES {
@@ -128,7 +130,7 @@ impl Daemon {
         // An application that closed its flow may have written SDUs into
         // the ring just before: they go first, and the flow closes once the
         // ring is empty.
-        let open = super::app_rings::drain_kicks(slot.fd.as_raw_fd());
+        let open = slot.sock().is_some_and(super::app_rings::drain_kicks);
         let more = if self.rings_flush_rx(port) {
             FlowService::More
         } else {

@@ -141,7 +141,9 @@ fn queue_to_app(
 ) {
     let taken = match flows.get_mut(&port).map(|s| &mut **s) {
         Some(FlowSlot { rings: Some(r), .. }) => r.push(sdu),
-        Some(slot) => matches!(sys::send(slot.fd.as_raw_fd(), sdu, None), Ok(Sent::Done)),
+        Some(slot) => slot
+            .sock()
+            .is_some_and(|fd| matches!(sys::send(fd, sdu, None), Ok(Sent::Done))),
         None => false,
     };
     if !taken {
@@ -366,7 +368,9 @@ impl Daemon {
         let Some(slot) = self.flows.get(&port) else {
             return FlowService::Drained;
         };
-        let fd = slot.fd.as_raw_fd();
+        let Some(fd) = slot.sock() else {
+            return FlowService::Drained;
+        };
         self.serve_shim_batch(port, |_, room| match sys::recv(fd, room) {
             Ok(Recv::Packet(n)) if n > room.len() => Got::Drop,
             Ok(Recv::Packet(n)) => Got::Sdu(n),
@@ -390,7 +394,7 @@ impl Daemon {
         };
         let i = slot.ipcp;
         // SDUs written just before the application closed go first.
-        let open = super::app_rings::drain_kicks(slot.fd.as_raw_fd());
+        let open = slot.sock().is_some_and(super::app_rings::drain_kicks);
         let mut took = false;
         let served = self.serve_shim_batch(port, |d, room| {
             let Some(r) = d.flows.get_mut(&port).and_then(|s| s.rings.as_mut()) else {

@@ -412,7 +412,7 @@ impl Daemon {
             }
             Some(!full)
         } else {
-            let fd = self.flows.get(&port).map(|fs| fs.fd.as_raw_fd())?;
+            let fd = self.flows.get(&port).and_then(|fs| fs.sock())?;
             let held = h.rx_pending.get(&port).is_some_and(|q| !q.is_empty());
             // Straight from the ring to the application's socket.
             let sent = if held {
@@ -472,7 +472,9 @@ impl Daemon {
             // Held SDUs go to the ring when the application kicks.
             return;
         }
-        let (fd, i) = (slot.fd.as_raw_fd(), slot.ipcp);
+        let (Some(fd), i) = (slot.sock(), slot.ipcp) else {
+            return;
+        };
         let now = self.now();
         let Some((h, m)) = parts(&mut self.ipcps, &mut self.sys, i) else {
             return;
@@ -580,7 +582,9 @@ impl Daemon {
         if slot.rings.is_some() {
             return self.service_hv_rings(port);
         }
-        let (i, fd) = (slot.ipcp, slot.fd.as_raw_fd());
+        let (i, Some(fd)) = (slot.ipcp, slot.sock()) else {
+            return FlowService::Drained;
+        };
         // Copies of what is sent, for a capture of the medium.
         let tap = self.sys.medium_tapped(i);
         let mut copies: Vec<Vec<u8>> = Vec::new();
@@ -707,7 +711,9 @@ impl Daemon {
         let Some(slot) = self.flows.get_mut(&port) else {
             return FlowService::Drained;
         };
-        let (i, fd) = (slot.ipcp, slot.fd.as_raw_fd());
+        let (i, Some(fd)) = (slot.ipcp, slot.sock()) else {
+            return FlowService::Drained;
+        };
         if !super::app_rings::drain_kicks(fd) {
             return FlowService::Closed;
         }
