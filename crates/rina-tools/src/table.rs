@@ -141,7 +141,8 @@ pub fn names(list: &[NameInfo]) -> Table {
 /// The flow table: port, DIF, IPCP, names, max SDU and counters (`-` for
 /// a direct flow, whose SDUs the daemon does not see, and for a flow its
 /// peer ended, whose counters went with it; the remote name of such a
-/// flow says how many SDUs its application has still to read).
+/// flow says how many SDUs its application has still to read, and the
+/// local name of a flow in a bundle, which).
 pub fn flows(list: &[FlowStats]) -> Table {
     let mut t = Table::new(&[
         "PORT",
@@ -164,7 +165,10 @@ pub fn flows(list: &[FlowStats]) -> Table {
             f.info.port.to_string(),
             f.info.dif.clone(),
             f.ipcp.clone(),
-            f.info.local.to_string(),
+            match f.info.bundle {
+                Some(b) => format!("{} (bundle {b})", f.info.local),
+                None => f.info.local.to_string(),
+            },
             match f.held_after_end {
                 Some(n) => format!("{} (ended, {n} SDUs to read)", f.info.remote),
                 None => f.info.remote.to_string(),
@@ -309,7 +313,7 @@ mod tests {
                 qos: Default::default(),
                 max_sdu: 1400,
                 direct: false,
-                bundle: None,
+                bundle: (port == 3).then_some(9),
             },
             ipcp: "a.net".into(),
             counters: rina::FlowCounters {
@@ -318,12 +322,14 @@ mod tests {
             },
             held_after_end,
         };
-        let s = flows(&[f(1, None), f(2, Some(42))]).render();
+        let s = flows(&[f(1, None), f(2, Some(42)), f(3, None)]).render();
         let rows: Vec<&str> = s.lines().collect();
         let open: Vec<&str> = rows[1].split_whitespace().collect();
         assert_eq!(open[4..7], ["b", "1400", "7"], "{s}");
         assert!(rows[2].contains("b (ended, 42 SDUs to read)"), "{s}");
         assert!(!rows[2].contains(" 7 "), "counters of an ended flow: {s}");
         assert!(rows[2].trim_end().ends_with('-'), "{s}");
+        assert!(rows[3].contains("a (bundle 9)"), "{s}");
+        assert!(!rows[1].contains("bundle"), "{s}");
     }
 }

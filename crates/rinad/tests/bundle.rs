@@ -224,6 +224,11 @@ fn what_is_not_a_frame_of_its_own_flows_is_counted_and_dropped() {
         .allocate_bundled(&foreign, &name("me"), &name("echo"), Some("udp"), &qos)
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+    // A connection holds a bounded number of bundles (each a descriptor).
+    let more: Vec<Bundle> = (1..16).map(|_| c.open_bundle().unwrap()).collect();
+    let e = c.open_bundle().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NoResources, "{e}");
+    drop(more);
     let fd = bundle.as_raw_fd();
     let send = |pkt: &[u8]| {
         // SAFETY: a valid socket and buffer.

@@ -38,6 +38,8 @@ pub const MAX_ENDS_WAITING: usize = 65_536;
 /// Send buffer asked for on a bundle's socket (the kernel caps it at
 /// `net.core.wmem_max`).
 const BUNDLE_SNDBUF: usize = 4 << 20;
+/// Pieces of an SDU (with the frame's header) gathered on the stack.
+const IOV_INLINE: usize = 8;
 
 /// A bundle of an application.
 pub(super) struct Bundle {
@@ -381,7 +383,16 @@ impl Daemon {
         let h = frame::header(Kind::Sdu, port);
         while let Some(sdu) = slot.rx_pending.front() {
             let parts = sdu.parts();
-            let sent = if parts.len() < sys::MAX_IOV {
+            let sent = if parts.len() < IOV_INLINE {
+                // Gathered from the buffers the SDU arrived in, behind the
+                // header: no copy, no allocation.
+                let mut iov = [IoSlice::new(&[]); IOV_INLINE];
+                iov[0] = IoSlice::new(&h);
+                for (slot, p) in iov[1..].iter_mut().zip(parts) {
+                    *slot = IoSlice::new(p);
+                }
+                sys::send_parts(fd, &iov[..=parts.len()])
+            } else if parts.len() < sys::MAX_IOV {
                 let iov: Vec<IoSlice> = std::iter::once(&h[..])
                     .chain(parts.iter().map(|p| &p[..]))
                     .map(IoSlice::new)
