@@ -261,11 +261,10 @@ fn what_is_not_a_frame_of_its_own_flows_is_counted_and_dropped() {
     );
     assert_eq!(common::roundtrip(&theirs, b"still open"), b"still open");
     // Counted: the daemon says how many when the bundle closes.
+    let closed = format!("bundle closed bundle={} ", bundle.id());
     drop(bundle);
-    wait_for("the bundle to close", T, || {
-        alpha.log().contains("bundle closed")
-    });
+    wait_for("the bundle to close", T, || alpha.log().contains(&closed));
     let log = alpha.log();
-    let line = log.lines().find(|l| l.contains("bundle closed")).unwrap();
+    let line = log.lines().find(|l| l.contains(&closed)).unwrap();
     assert!(line.contains("bad_frames=4"), "{line}");
 }
