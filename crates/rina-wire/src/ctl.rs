@@ -210,9 +210,10 @@ pub enum Op {
     },
     /// Open a flow bundle: one socket that carries many flows of this
     /// application ([`crate::bundle`]). The reply is [`Reply::Bundle`]
-    /// with the application's end attached. The bundle stays open after
-    /// this connection closes, but only this connection may put flows in
-    /// it; closing the bundle closes them all.
+    /// with the application's end attached. Only this connection may put
+    /// flows in it (at most 16 bundles a connection); closing the bundle
+    /// closes them all. When this connection closes, the bundle closes
+    /// too if it holds no flow, else with its last flow.
     OpenBundle,
     /// Refuse the incoming flow request `handle`.
     Refuse { handle: u64, reason: String },

@@ -26,7 +26,11 @@
 //! The flows of a bundle share its socket both ways: an application that
 //! does not read holds up all of them, and a flow whose window is closed
 //! holds up the SDUs written after it for the others until it opens. Use
-//! flows of their own where that matters.
+//! flows of their own where that matters. In particular, a thread that
+//! writes into a bundle and blocks must not be the one that would read
+//! what opens the window (an application whose flows loop back into its
+//! own bundle): read and write from different threads, or use
+//! [`Bundle::try_write`].
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::sock;
@@ -38,8 +42,8 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 /// Largest SDU a bundle carries, in bytes (a flow's own maximum may be
-/// lower).
-pub const MAX_BUNDLE_SDU: usize = 65_535;
+/// lower): the largest a normal DIF carries.
+pub const MAX_BUNDLE_SDU: usize = 65_536;
 
 /// Many flows of this application over one socket to the daemon
 /// ([`crate::Client::open_bundle`]). Dropping it closes every flow in it.
@@ -65,7 +69,8 @@ impl Bundle {
         Bundle {
             fd,
             id,
-            buf: vec![0; HEADER + MAX_BUNDLE_SDU],
+            // One byte more than any frame: a longer one is seen as such.
+            buf: vec![0; HEADER + MAX_BUNDLE_SDU + 1],
         }
     }
 
@@ -168,7 +173,16 @@ impl Bundle {
                 format!("bundle {} is closed (the daemon closed it)", self.id),
             ));
         }
-        let f = frame::parse(&self.buf[..n.min(self.buf.len())]).map_err(|e| {
+        if n >= self.buf.len() {
+            return Err(Error::new(
+                ErrorKind::SduTooLarge,
+                format!(
+                    "bundle {}: the daemon sent a frame of {n} bytes, more than any SDU (its tail was lost)",
+                    self.id
+                ),
+            ));
+        }
+        let f = frame::parse(&self.buf[..n]).map_err(|e| {
             Error::new(
                 ErrorKind::Internal,
                 format!("bundle {}: the daemon sent {e}", self.id),

@@ -268,3 +268,177 @@ fn what_is_not_a_frame_of_its_own_flows_is_counted_and_dropped() {
     let line = log.lines().find(|l| l.contains(&closed)).unwrap();
     assert!(line.contains("bad_frames=4"), "{line}");
 }
+
+/// Stops (`true`) or resumes daemon `d`.
+fn freeze(d: &Daemon, stop: bool) {
+    let sig = if stop { libc::SIGSTOP } else { libc::SIGCONT };
+    // SAFETY: a signal to our own child process.
+    assert_eq!(unsafe { libc::kill(d.child.id() as i32, sig) }, 0);
+}
+
+/// Opens a bundle at `d` whose flows the daemon accepts for `sink` in `net`.
+fn bundled_sink(d: &Daemon) -> (rina::Client, Bundle) {
+    let mut c = d.client();
+    let b = c.open_bundle().unwrap();
+    c.register_accepting_bundled(&name("sink"), Some("net"), &b)
+        .unwrap();
+    (c, b)
+}
+
+/// Reads `bundle` until `flows` of its flows have ended: how many SDUs
+/// each brought (numbered in their first 4 bytes, checked to come in
+/// order), ends only after them.
+fn read_until_ended(bundle: &mut Bundle, flows: usize) -> HashMap<u32, u32> {
+    let mut next: HashMap<u32, u32> = HashMap::new();
+    let mut ended = 0;
+    while ended < flows {
+        match bundle.read_timeout(T).unwrap().expect("more in time") {
+            BundleEvent::Sdu { port, data } => {
+                let k = u32::from_be_bytes(data[..4].try_into().unwrap());
+                let n = next.entry(port).or_default();
+                assert_eq!(k, *n, "flow {port}: SDU {k} came where {n} was due");
+                *n += 1;
+            }
+            BundleEvent::Ended { .. } => ended += 1,
+        }
+    }
+    next
+}
+
+/// `n` reliable flows from `src` to `sink` in `bundle`.
+fn reliable_flows(c: &mut rina::Client, bundle: &Bundle, n: usize) -> Vec<u32> {
+    (0..n)
+        .map(|_| {
+            c.allocate_bundled(
+                bundle,
+                &name("src"),
+                &name("sink"),
+                Some("net"),
+                &reliable(),
+            )
+            .unwrap()
+            .port
+        })
+        .collect()
+}
+
+/// Writes SDUs numbered `0..sdus` of `len` bytes on each of `ports`.
+fn write_numbered(bundle: &Bundle, ports: &[u32], sdus: u32, len: usize) {
+    let mut sdu = vec![7u8; len];
+    for k in 0..sdus {
+        for &p in ports {
+            sdu[..4].copy_from_slice(&k.to_be_bytes());
+            bundle.write(p, &sdu).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_burst_larger_than_a_turns_budget_is_read_to_its_end() {
+    // 60 SDUs of 5,000 bytes (300 KB, more than the 256 KiB one turn
+    // reads) wait in the bundle when the daemon looks; nothing more comes.
+    let (alpha, beta) = normal_pair();
+    let (_sink, mut inbox) = bundled_sink(&beta);
+    let mut c = alpha.client();
+    let out = c.open_bundle().unwrap();
+    let ports = reliable_flows(&mut c, &out, 30);
+    freeze(&alpha, true);
+    write_numbered(&out, &ports, 2, 5_000);
+    freeze(&alpha, false);
+    let mut got = 0;
+    while got < 60 {
+        match inbox
+            .read_timeout(T)
+            .unwrap()
+            .expect("every SDU of the burst")
+        {
+            BundleEvent::Sdu { .. } => got += 1,
+            BundleEvent::Ended { port } => panic!("flow {port} ended"),
+        }
+    }
+    // The largest SDU a normal DIF carries goes through bundles whole.
+    let max = vec![9u8; rina::MAX_BUNDLE_SDU];
+    out.write(ports[0], &max).unwrap();
+    match inbox.read_timeout(T).unwrap().expect("the largest SDU") {
+        BundleEvent::Sdu { data, .. } => assert_eq!(data.len(), 65_536),
+        e => panic!("{e:?}"),
+    }
+}
+
+#[test]
+fn a_bundle_closed_while_its_windows_are_shut_still_delivers_all_it_was_written() {
+    const SDUS: u32 = 3_000;
+    let (alpha, beta) = normal_pair();
+    // The sink, on flows of its own (sockets of 1 MiB), reads nothing yet:
+    // flow A's window closes, and alpha holds the rest of what was
+    // written behind it, and B's SDU behind A's.
+    let mut sink = beta.client();
+    sink.set_rings(false);
+    sink.register_accepting(&name("sink"), Some("net")).unwrap();
+    let mut c = alpha.client();
+    let out = c.open_bundle().unwrap();
+    let ports = reliable_flows(&mut c, &out, 2);
+    write_numbered(&out, &ports[..1], SDUS, 1_000);
+    write_numbered(&out, &ports[1..], 1, 1_000);
+    std::thread::sleep(Duration::from_millis(300));
+    let closed = format!("bundle closed bundle={} ", out.id());
+    drop(out);
+    // The daemon sees the close though it waits for a window.
+    wait_for("alpha to see the bundle closed", T, || {
+        alpha.log().contains(&closed)
+    });
+    let mut counts = Vec::new();
+    for _ in 0..2 {
+        let flow = sink.next_flow_timeout(T).unwrap().expect("the flow");
+        let mut buf = vec![0u8; 2_000];
+        let mut next = 0u32;
+        // Every SDU, in order, then the end of the flow.
+        while let Ok(n) = flow.read(&mut buf) {
+            assert_eq!(n, 1_000);
+            let k = u32::from_be_bytes(buf[..4].try_into().unwrap());
+            assert_eq!(k, next, "SDU {k} came where {next} was due");
+            next += 1;
+        }
+        counts.push(next);
+    }
+    counts.sort_unstable();
+    assert_eq!(
+        counts,
+        [1, SDUS],
+        "every SDU of both flows, before their ends"
+    );
+    wait_for("alpha to forget both flows", T, || {
+        c.list_flows().unwrap().is_empty()
+    });
+}
+
+#[test]
+fn what_an_application_wrote_before_it_closed_its_bundle_goes_though_it_read_nothing() {
+    const SDUS: u32 = 500;
+    let (alpha, beta) = normal_pair();
+    let (mut sink, mut inbox) = bundled_sink(&beta);
+    let mut c = alpha.client();
+    let out = c.open_bundle().unwrap();
+    let ports = reliable_flows(&mut c, &out, 1);
+    let at_beta = sink.next_bundled_flow(T).unwrap().expect("the flow").port;
+    // Beta's application floods the flow back to alpha's, which reads
+    // nothing: alpha holds what it can for its bundle, whose socket fills,
+    // and a send to it fails once the application has closed it.
+    let flood = vec![0xffu8; 1_400];
+    for _ in 0..6_000 {
+        if !inbox.try_write(at_beta, &flood).unwrap() {
+            break;
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    freeze(&alpha, true);
+    write_numbered(&out, &ports, SDUS, 1_000);
+    drop(out);
+    freeze(&alpha, false);
+    let got = read_until_ended(&mut inbox, 1);
+    assert_eq!(
+        got.get(&at_beta),
+        Some(&SDUS),
+        "every SDU written before the close"
+    );
+}

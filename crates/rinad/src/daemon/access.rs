@@ -260,11 +260,13 @@ impl Daemon {
                 configured: a.flows_configured,
             });
         }
-        // Two descriptors while a flow is made, one while it is open.
+        // Two descriptors while a flow is made, one while it is open (none
+        // for a flow in a bundle, one for the bundle).
         let in_use = FD_BASE
             + self.ipcps.len()
             + self.conns.len()
-            + self.flows.len()
+            + (self.flows.len() - self.bundled)
+            + self.bundles.len()
             + self.allocs.len()
             + 2;
         let left = a.fd_limit.saturating_sub(in_use);
@@ -326,6 +328,8 @@ impl Daemon {
         // for the daemon, not the other way round.
         busy.extend(self.enrolls.iter().map(|e| e.conn()));
         busy.extend(self.rib_reads.values().map(|&(conn, _)| conn));
+        // Its bundles close with it if they hold no flow.
+        busy.extend(self.bundles.values().map(|b| b.owner));
         for (&id, c) in &self.conns {
             let silent = now.saturating_since(c.last_seen) >= idle;
             let holds = c.flows > 0 || !c.names.is_empty() || !c.out.is_empty();

@@ -4,13 +4,23 @@
 //! A bundle is a `SOCK_SEQPACKET` pair like a flow's; each packet is a
 //! frame naming the flow's port. Reading: the frames of a turn go to the
 //! system like a socket flow's SDUs; a frame for a flow whose window is
-//! closed waits in [`Bundle::blocked`], and the bundle is not read until
-//! that flow is writable (its SDUs keep their order, the other flows
-//! wait behind it). Writing: a bundled flow's SDUs are held in its slot as
-//! a socket flow's are; when the bundle's socket is full the flow queues
-//! in [`Bundle::waiting`] and goes on when it is writable. Ends of flows
-//! the application did not close itself go to it as end frames, after
-//! the flow's SDUs.
+//! closed waits in the flow's slot (`held_back`, behind its `tx_stash`),
+//! and while the application is there the bundle is not read until that
+//! flow is writable (its SDUs keep their order, the other flows wait
+//! behind it: [`Bundle::blocked_on`]). Writing: a bundled flow's SDUs are
+//! held in its slot as a socket flow's are; when the bundle's socket is
+//! full the flow queues in [`Bundle::waiting`] and goes on when it is
+//! writable. Ends of flows the application did not close itself go to it
+//! as end frames, after the flow's SDUs.
+//!
+//! Once the application has closed its end (or a send to it failed), the
+//! bundle is read to its end whatever waits: what it wrote before goes
+//! as it would on flows of their own (frames behind a closed window wait
+//! in their flows), and then its flows close, those with SDUs still to
+//! send after they went or the linger ran out
+//! ([`rina_core::system::System::app_closed`]). A bundle with no flows
+//! closes with the control connection that opened it, and one whose
+//! connection is gone closes with its last flow.
 //!
 //! Bundled flows are offered on shim-udp and normal IPCPs (whose SDUs
 //! reach applications through the flows' held queues); shim-eth and
@@ -56,13 +66,15 @@ pub(super) struct Bundle {
     waiting: VecDeque<PortId>,
     /// Ends of flows to tell the application, waiting for room.
     ends: VecDeque<PortId>,
-    /// A frame read for a flow that could not take it: the bundle is read
-    /// again once that flow took it.
-    blocked: Option<(PortId, Vec<u8>)>,
+    /// The flow a frame read waits for (its window closed): while the
+    /// application is there, the bundle is read again once that flow took
+    /// what waits in it.
+    pub(super) blocked_on: Option<PortId>,
     /// Packets that were not frames, or named no flow of this bundle.
     bad_frames: u64,
-    /// Its socket failed or its ends overflowed: closed at the end of the turn.
-    broken: bool,
+    /// The application's end is closed, or a send to it failed: nothing
+    /// more goes to it, and the bundle is read to its end.
+    gone: bool,
 }
 
 impl Daemon {
@@ -87,8 +99,11 @@ impl Daemon {
                 ),
             )
         })?;
-        let id = self.next_bundle;
-        self.next_bundle = self.next_bundle.wrapping_add(1).max(1);
+        let mut id = self.next_bundle;
+        while self.bundles.contains_key(&id) {
+            id = id.wrapping_add(1).max(1);
+        }
+        self.next_bundle = id.wrapping_add(1).max(1);
         self.poll
             .registry()
             .register(
@@ -107,26 +122,29 @@ impl Daemon {
                 wants_writable: false,
                 waiting: VecDeque::new(),
                 ends: VecDeque::new(),
-                blocked: None,
+                blocked_on: None,
                 bad_frames: 0,
-                broken: false,
+                gone: false,
             },
         );
         info!(bundle = id, conn, "bundle opened");
         Ok((Reply::Bundle { id }, theirs))
     }
 
+    /// Whether connection `conn` may put flows in bundle `b`.
+    pub(super) fn check_bundle_owner(&self, conn: usize, b: u32) -> Result<(), CtlError> {
+        match self.bundles.get(&b) {
+            Some(bundle) if bundle.owner == conn && !bundle.gone => Ok(()),
+            _ => Err(CtlError::new(
+                ErrorKind::InvalidRequest,
+                format!("no bundle {b} of this connection (open one with open_bundle)"),
+            )),
+        }
+    }
+
     /// Whether connection `conn` may put a flow of IPCP `i` in bundle `b`.
     pub(super) fn check_bundle(&self, conn: usize, b: u32, i: usize) -> Result<(), CtlError> {
-        match self.bundles.get(&b) {
-            Some(bundle) if bundle.owner == conn && !bundle.broken => {}
-            _ => {
-                return Err(CtlError::new(
-                    ErrorKind::InvalidRequest,
-                    format!("no bundle {b} of this connection (open one with open_bundle)"),
-                ))
-            }
-        }
+        self.check_bundle_owner(conn, b)?;
         match self.ipcps[i].io {
             Io::Udp(_) | Io::Normal(_) => Ok(()),
             _ => Err(CtlError::new(
@@ -160,6 +178,7 @@ impl Daemon {
         if let Some(bundle) = self.bundles.get_mut(&b) {
             bundle.flows += 1;
         }
+        self.bundled += 1;
         if let Some(c) = self.conns.get_mut(&owner) {
             c.flows += 1;
         }
@@ -168,7 +187,7 @@ impl Daemon {
 
     pub(super) fn mark_bundle_ready(&mut self, b: u32) {
         if let Some(bundle) = self.bundles.get_mut(&b) {
-            if !bundle.queued && bundle.blocked.is_none() {
+            if !bundle.queued {
                 bundle.queued = true;
                 self.ready_bundles.push_back(b);
             }
@@ -202,11 +221,20 @@ impl Daemon {
         let mut bytes = 0;
         let mut served = FlowService::More;
         for _ in 0..BUDGET {
-            let Some(bundle) = self.bundles.get(&b) else {
+            let Some(bundle) = self.bundles.get_mut(&b) else {
                 return FlowService::Drained;
             };
-            if bundle.blocked.is_some() || bytes >= BUDGET_BYTES {
-                served = FlowService::Drained;
+            if bundle.blocked_on.is_some() && !bundle.gone {
+                // Waiting for a flow's window; but an application that
+                // closed the bundle meanwhile is seen now, and what it
+                // wrote is read to the end.
+                if !sys::peer_hung_up(bundle.fd.as_raw_fd()) {
+                    served = FlowService::Drained;
+                    break;
+                }
+                bundle.gone = true;
+            }
+            if bytes >= BUDGET_BYTES {
                 break;
             }
             let n = match sys::recv(bundle.fd.as_raw_fd(), &mut self.buf) {
@@ -263,10 +291,10 @@ impl Daemon {
             slot.drops_out += 1;
             return;
         }
-        if slot.tx_stash.is_some() {
-            let sdu = self.buf[HEADER..n].to_vec();
+        if slot.tx_stash.is_some() || !slot.held_back.is_empty() {
+            slot.held_back.push_back(self.buf[HEADER..n].to_vec());
             if let Some(bundle) = self.bundles.get_mut(&b) {
-                bundle.blocked = Some((port, sdu));
+                bundle.blocked_on = Some(port);
             }
             return;
         }
@@ -295,7 +323,7 @@ impl Daemon {
             return;
         };
         slot.app_closed = true;
-        if slot.tx_stash.is_some() {
+        if slot.tx_stash.is_some() || !slot.held_back.is_empty() {
             let now = self.now();
             self.sys.app_closed(now, port);
             return;
@@ -303,61 +331,53 @@ impl Daemon {
         self.close_flow(port, true);
     }
 
-    /// Flow `port` of bundle `b` will never take the frame that waits for
+    /// Flow `port` of bundle `b` will never take the frames that wait for
     /// it (its peer ended it): dropped, counted, and the bundle read again.
-    pub(super) fn drop_blocked_frame(&mut self, b: u32, port: PortId) {
-        let Some(bundle) = self.bundles.get_mut(&b) else {
-            return;
-        };
-        if bundle.blocked.as_ref().is_some_and(|(p, _)| *p == port) {
-            bundle.blocked = None;
-            if let Some(s) = self.flows.get_mut(&port) {
-                s.drops_out += 1;
+    pub(super) fn drop_held_back(&mut self, b: u32, port: PortId) {
+        if let Some(s) = self.flows.get_mut(&port) {
+            s.drops_out += s.held_back.len() as u64;
+            s.held_back = VecDeque::new();
+        }
+        self.unblock(b, port);
+    }
+
+    /// Bundle `b` no longer waits for flow `port`: it is read again.
+    fn unblock(&mut self, b: u32, port: PortId) {
+        if let Some(bundle) = self.bundles.get_mut(&b) {
+            if bundle.blocked_on == Some(port) {
+                bundle.blocked_on = None;
+                self.mark_bundle_ready(b);
             }
-            self.mark_bundle_ready(b);
         }
     }
 
     /// Bundled flow `port` is ready (writable again, or closed by its
-    /// application): a frame that waited for it goes, and the bundle is
-    /// read again.
+    /// application): the frames that waited for it go, and the bundle is
+    /// read again once none waits.
     pub(super) fn service_bundled_flow(&mut self, port: PortId) -> FlowService {
-        let Some(slot) = self.flows.get(&port) else {
+        let now = self.now();
+        let Some(slot) = self.flows.get_mut(&port) else {
             return FlowService::Drained;
         };
+        while slot.tx_stash.is_none() {
+            let Some(sdu) = slot.held_back.pop_front() else {
+                break;
+            };
+            match self.sys.write(now, port, &sdu) {
+                Ok(()) => {}
+                Err(FlowError::WouldBlock) => slot.tx_stash = Some(sdu),
+                Err(_) => slot.drops_out += 1,
+            }
+        }
         if slot.tx_stash.is_some() {
             return FlowService::Drained;
         }
         if slot.app_closed {
             return FlowService::Closed;
         }
-        let Some(b) = slot.bundle else {
-            return FlowService::Drained;
-        };
-        let waited = match self.bundles.get_mut(&b) {
-            Some(bundle) if bundle.blocked.as_ref().is_some_and(|(p, _)| *p == port) => {
-                bundle.blocked.take()
-            }
-            _ => None,
-        };
-        let Some((_, sdu)) = waited else {
-            return FlowService::Drained;
-        };
-        let now = self.now();
-        match self.sys.write(now, port, &sdu) {
-            Ok(()) => {}
-            Err(FlowError::WouldBlock) => {
-                if let Some(s) = self.flows.get_mut(&port) {
-                    s.tx_stash = Some(sdu);
-                }
-            }
-            Err(_) => {
-                if let Some(s) = self.flows.get_mut(&port) {
-                    s.drops_out += 1;
-                }
-            }
+        if let Some(b) = slot.bundle {
+            self.unblock(b, port);
         }
-        self.mark_bundle_ready(b);
         FlowService::Drained
     }
 
@@ -371,7 +391,16 @@ impl Daemon {
         let Some(bundle) = slot.bundle.and_then(|b| self.bundles.get_mut(&b)) else {
             return;
         };
-        if bundle.wants_writable || bundle.broken {
+        if bundle.gone {
+            // Nobody reads: what is held goes (counted), as on a socket
+            // whose reader is gone.
+            let n = slot.rx_pending.len();
+            slot.rx_pending.clear();
+            slot.drops_in += n as u64;
+            *self.taken.entry(port).or_default() += n;
+            return;
+        }
+        if bundle.wants_writable {
             if !slot.wants_writable && !slot.rx_pending.is_empty() {
                 slot.wants_writable = true;
                 bundle.waiting.push_back(port);
@@ -418,24 +447,24 @@ impl Daemon {
                     break;
                 }
                 Ok(Sent::Closed) | Err(_) => {
-                    // The application is gone: the bundle closes with its
-                    // flows at the end of the turn.
-                    bundle.broken = true;
+                    // The application is gone: nothing more goes to it,
+                    // and what it wrote is read to the end.
+                    bundle.gone = true;
                     break;
                 }
             }
             slot.rx_pending.pop_front();
         }
-        if bundle.broken {
+        let gone = bundle.gone.then_some(slot.bundle).flatten();
+        if gone.is_some() {
             dropped += slot.rx_pending.len();
             slot.rx_pending.clear();
-            let b = slot.bundle.unwrap_or(0);
-            if !self.broken_bundles.contains(&b) {
-                self.broken_bundles.push(b);
-            }
         }
         slot.drops_in += dropped as u64;
         *self.taken.entry(port).or_default() += taken + dropped;
+        if let Some(b) = gone {
+            self.bundle_gone(b);
+        }
     }
 
     /// Bundle `b`'s socket has room: the ends waiting, then the flows.
@@ -502,30 +531,36 @@ impl Daemon {
                 );
                 false
             }
-            Ok(_) => true,
-            Err(_) => {
-                bundle.broken = true;
-                if !self.broken_bundles.contains(&b) {
-                    self.broken_bundles.push(b);
-                }
+            Ok(Sent::Done) | Ok(Sent::TooBig) => true,
+            Ok(Sent::Closed) | Err(_) => {
+                bundle.gone = true;
+                self.bundle_gone(b);
                 true
             }
+        }
+    }
+
+    /// The application of bundle `b` is gone (a send to it failed):
+    /// nothing more is sent to it, and the bundle is read to its end.
+    fn bundle_gone(&mut self, b: u32) {
+        if let Some(bundle) = self.bundles.get_mut(&b) {
+            bundle.gone = true;
+            bundle.ends.clear();
+            bundle.waiting.clear();
+            self.mark_bundle_ready(b);
         }
     }
 
     /// Bundled flow `port` of bundle `b` closed; `tell_app` sends its end
     /// to the application (which did not close it itself).
     pub(super) fn bundled_flow_gone(&mut self, b: u32, port: PortId, tell_app: bool) {
+        self.bundled = self.bundled.saturating_sub(1);
         let Some(bundle) = self.bundles.get_mut(&b) else {
             return;
         };
         bundle.flows = bundle.flows.saturating_sub(1);
         bundle.waiting.retain(|&p| p != port);
-        let unblocked = bundle.blocked.as_ref().is_some_and(|(p, _)| *p == port);
-        if unblocked {
-            bundle.blocked = None;
-        }
-        if tell_app && !bundle.broken {
+        if tell_app && !bundle.gone {
             if bundle.ends.is_empty() && !bundle.wants_writable {
                 if !self.send_end(b, port) {
                     if let Some(x) = self.bundles.get_mut(&b) {
@@ -539,22 +574,30 @@ impl Daemon {
                     bundle = b,
                     "the application does not read its bundle; closing it"
                 );
-                bundle.broken = true;
                 self.broken_bundles.push(b);
             }
         }
-        if unblocked {
-            self.mark_bundle_ready(b);
+        self.unblock(b, port);
+        // Nobody may put flows in it any more: it goes with its last one.
+        if let Some(bundle) = self.bundles.get(&b) {
+            if bundle.flows == 0 && !self.conns.contains_key(&bundle.owner) {
+                self.broken_bundles.push(b);
+            }
         }
     }
 
-    /// Closes bundle `b` and every flow in it (its application closed it,
-    /// or it broke).
+    /// Closes bundle `b`: its application closed it, it overflowed, or it
+    /// has no flows and nobody may put any in it. Its flows close with it,
+    /// those with SDUs the window holds back once they went (or the linger
+    /// ran out): they are the application's last writes.
     pub(super) fn close_bundle(&mut self, b: u32) {
-        let Some(bundle) = self.bundles.get_mut(&b) else {
+        let Some(bundle) = self.bundles.remove(&b) else {
             return;
         };
-        bundle.broken = true;
+        let _ = self
+            .poll
+            .registry()
+            .deregister(&mut SourceFd(&bundle.fd.as_raw_fd()));
         let ports: Vec<PortId> = self
             .flows
             .iter()
@@ -562,29 +605,46 @@ impl Daemon {
             .map(|(&p, _)| p)
             .collect();
         let n = ports.len();
+        let now = self.now();
         for port in ports {
-            if let Some(s) = self.flows.get_mut(&port) {
-                s.app_closed = true;
+            let Some(s) = self.flows.get_mut(&port) else {
+                continue;
+            };
+            s.app_closed = true;
+            if s.tx_stash.is_some() || !s.held_back.is_empty() {
+                self.sys.app_closed(now, port);
+            } else {
+                self.close_flow(port, true);
             }
-            self.close_flow(port, true);
         }
-        if let Some(bundle) = self.bundles.remove(&b) {
-            let _ = self
-                .poll
-                .registry()
-                .deregister(&mut SourceFd(&bundle.fd.as_raw_fd()));
-            info!(
-                bundle = b,
-                flows = n,
-                bad_frames = bundle.bad_frames,
-                "bundle closed"
-            );
+        info!(
+            bundle = b,
+            flows = n,
+            bad_frames = bundle.bad_frames,
+            "bundle closed"
+        );
+    }
+
+    /// Closes the bundles of control connection `conn`, which closed, that
+    /// hold no flow (nobody else may put flows in them).
+    pub(super) fn close_empty_bundles_of(&mut self, conn: usize) {
+        let empty: Vec<u32> = self
+            .bundles
+            .iter()
+            .filter(|(_, x)| x.owner == conn && x.flows == 0)
+            .map(|(&b, _)| b)
+            .collect();
+        for b in empty {
+            self.close_bundle(b);
         }
     }
 
-    /// Closes the bundles that broke in this turn.
+    /// Closes the bundles found broken in this turn.
     pub(super) fn close_broken_bundles(&mut self) {
-        for b in std::mem::take(&mut self.broken_bundles) {
+        let mut broken = std::mem::take(&mut self.broken_bundles);
+        broken.sort_unstable();
+        broken.dedup();
+        for b in broken {
             self.close_bundle(b);
         }
     }

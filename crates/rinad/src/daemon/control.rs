@@ -200,6 +200,7 @@ impl Daemon {
                 let _ = self.sys.refuse(now, h, "the application went away");
             }
         }
+        self.close_empty_bundles_of(id);
         debug!(conn = id, "client disconnected");
     }
 
@@ -471,6 +472,9 @@ impl Daemon {
     ) -> Result<Reply, CtlError> {
         let targets = self.ipcps_in(dif.as_deref())?;
         self.check_ipcp_name(conn, &name, "register")?;
+        if let Some(b) = accept.and_then(|a| a.bundle) {
+            self.check_bundle_owner(conn, b)?;
+        }
         let held = self.conns.get(&conn).map_or(0, |c| c.names.len());
         if held + targets.len() > MAX_NAMES_PER_CONN {
             return Err(CtlError::new(
@@ -655,6 +659,9 @@ impl Daemon {
                 },
             )
         })?;
+        if let Some(b) = pa.bundle {
+            self.check_bundle(pa.conn, b, i)?;
+        }
         let now = self.now();
         let sock = if pa.direct {
             self.direct_socket(i)
@@ -769,7 +776,7 @@ impl Daemon {
             Ok((flow, fds)) => {
                 let msg = Message::FlowAccepted {
                     flow,
-                    rings: a.rings,
+                    rings: a.rings && a.bundle.is_none(),
                 };
                 self.send_msg(conn, &msg, fds)
             }

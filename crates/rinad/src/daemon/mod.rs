@@ -152,9 +152,12 @@ struct FlowSlot {
     fd: Option<OwnedFd>,
     /// The bundle that carries the flow instead ([`bundle`]).
     bundle: Option<u32>,
-    /// A bundled flow its application closed (with an end frame) while an
-    /// SDU it wrote still waited for the window.
+    /// A bundled flow its application closed (with an end frame, or by
+    /// closing the bundle) while SDUs it wrote still waited for the window.
     app_closed: bool,
+    /// Of a bundled flow: frames read from the bundle behind `tx_stash`,
+    /// in order ([`bundle`]).
+    held_back: VecDeque<Vec<u8>>,
     /// What the application was told about the flow.
     info: FlowInfo,
     /// The control connection that allocated or accepted it.
@@ -209,6 +212,7 @@ impl FlowSlot {
             fd,
             bundle,
             app_closed: false,
+            held_back: VecDeque::new(),
             info,
             owner,
             uid,
@@ -360,6 +364,8 @@ pub struct Daemon {
     socket_batch: to_sockets::SendBatch,
     /// Flow bundles ([`bundle`]), by number.
     bundles: HashMap<u32, bundle::Bundle>,
+    /// Flows in bundles (of `flows`: those without a descriptor).
+    bundled: usize,
     next_bundle: u32,
     /// Bundles whose sockets are readable, to serve in turn.
     ready_bundles: VecDeque<u32>,
@@ -509,6 +515,7 @@ impl Daemon {
             socket_batch: to_sockets::SendBatch::default(),
             captures: capture::Captures::default(),
             bundles: HashMap::new(),
+            bundled: 0,
             next_bundle: 1,
             ready_bundles: VecDeque::new(),
             broken_bundles: Vec::new(),
@@ -1106,6 +1113,13 @@ impl Daemon {
         let Some(slot) = self.flows.get_mut(&port) else {
             return;
         };
+        if slot.app_closed {
+            // A bundled flow its application closed, lingering for what it
+            // wrote: nobody reads.
+            slot.drops_in += 1;
+            *self.taken.entry(port).or_default() += 1;
+            return;
+        }
         if slot.rx_pending.is_empty() && !slot.wants_writable {
             self.to_sockets.push(port);
         }
@@ -1151,7 +1165,7 @@ impl Daemon {
             self.mark_flow_ready(port);
         }
         if let Some(b) = bundle {
-            self.drop_blocked_frame(b, port);
+            self.drop_held_back(b, port);
         }
         self.hand_over_held(port);
         let held = self.held_for_app(port);
