@@ -20,12 +20,16 @@
 //!   came in this bundle), and the port is no longer the application's.
 //!
 //! The frames of one flow keep their order; the flows of a bundle share
-//! its socket, so one whose window is closed holds up the writes of the
-//! others behind it until it opens (as the streams of one TCP connection
+//! its socket, so an application that does not read holds up all of
+//! them, and the daemon holds what is written on flows whose windows are
+//! closed only up to a bound (`rinad`'s `HELD_BACK_MAX`), past which the
+//! others' writes wait behind them (as the streams of one TCP connection
 //! do).
 
 /// Bytes of the header in front of every frame.
 pub const HEADER: usize = 8;
+/// Largest SDU a frame carries: the largest a normal DIF carries.
+pub const MAX_SDU: usize = 65_536;
 
 /// What a frame says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -24,9 +24,10 @@
 //! ```
 //!
 //! The flows of a bundle share its socket both ways: an application that
-//! does not read holds up all of them, and a flow whose window is closed
-//! holds up the SDUs written after it for the others until it opens. Use
-//! flows of their own where that matters. In particular, a thread that
+//! does not read holds up all of them, and what is written on flows whose
+//! windows are closed waits in the daemon, in order, while the others go
+//! on, up to 1 MiB a bundle; past that the others wait for a window too.
+//! Use flows of their own where that matters. In particular, a thread that
 //! writes into a bundle and blocks must not be the one that would read
 //! what opens the window (an application whose flows loop back into its
 //! own bundle): read and write from different threads, or use
@@ -43,7 +44,7 @@ use std::time::Duration;
 
 /// Largest SDU a bundle carries, in bytes (a flow's own maximum may be
 /// lower): the largest a normal DIF carries.
-pub const MAX_BUNDLE_SDU: usize = 65_536;
+pub const MAX_BUNDLE_SDU: usize = frame::MAX_SDU;
 
 /// Many flows of this application over one socket to the daemon
 /// ([`crate::Client::open_bundle`]). Dropping it closes every flow in it.

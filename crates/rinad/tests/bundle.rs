@@ -442,3 +442,39 @@ fn what_an_application_wrote_before_it_closed_its_bundle_goes_though_it_read_not
         "every SDU written before the close"
     );
 }
+
+#[test]
+fn flows_close_while_another_flow_of_the_bundle_waits_for_its_window() {
+    const SDUS: u32 = 2_200;
+    let (alpha, beta) = normal_pair();
+    let mut sink = beta.client();
+    sink.set_rings(false);
+    sink.register_accepting(&name("sink"), Some("net")).unwrap();
+    let mut c = alpha.client();
+    let out = c.open_bundle().unwrap();
+    let ports = reliable_flows(&mut c, &out, 2);
+    // A's window shuts (the sink reads nothing) with SDUs behind it.
+    write_numbered(&out, &ports[..1], SDUS, 1_000);
+    std::thread::sleep(Duration::from_millis(300));
+    // B closes at once all the same, and A lingers with what it holds.
+    out.close_flow(ports[1]).unwrap();
+    wait_for("alpha to close B", T, || c.list_flows().unwrap().len() == 1);
+    out.close_flow(ports[0]).unwrap();
+    let mut counts = Vec::new();
+    for _ in 0..2 {
+        let flow = sink.next_flow_timeout(T).unwrap().expect("the flow");
+        let mut buf = vec![0u8; 2_000];
+        let mut next = 0u32;
+        while let Ok(n) = flow.read(&mut buf) {
+            assert_eq!(n, 1_000);
+            assert_eq!(u32::from_be_bytes(buf[..4].try_into().unwrap()), next);
+            next += 1;
+        }
+        counts.push(next);
+    }
+    counts.sort_unstable();
+    assert_eq!(counts, [0, SDUS], "all of A, then its end; B's end");
+    wait_for("alpha to forget A", T, || {
+        c.list_flows().unwrap().is_empty()
+    });
+}

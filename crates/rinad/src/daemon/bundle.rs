@@ -4,10 +4,11 @@
 //! A bundle is a `SOCK_SEQPACKET` pair like a flow's; each packet is a
 //! frame naming the flow's port. Reading: the frames of a turn go to the
 //! system like a socket flow's SDUs; a frame for a flow whose window is
-//! closed waits in the flow's slot (`held_back`, behind its `tx_stash`),
-//! and while the application is there the bundle is not read until that
-//! flow is writable (its SDUs keep their order, the other flows wait
-//! behind it: [`Bundle::blocked_on`]). Writing: a bundled flow's SDUs are
+//! closed waits in the flow's slot (`held_back`, behind its `tx_stash`,
+//! in order), and the other flows' frames and every end go on. Only
+//! when [`HELD_BACK_MAX`] bytes wait so in a bundle is it no longer read
+//! until a window opens ([`Bundle::held_bytes`]): the flows behind then
+//! wait too, as the streams of one TCP connection do. Writing: a bundled flow's SDUs are
 //! held in its slot as a socket flow's are; when the bundle's socket is
 //! full the flow queues in [`Bundle::waiting`] and goes on when it is
 //! writable. Ends of flows the application did not close itself go to it
@@ -50,6 +51,11 @@ pub const MAX_ENDS_WAITING: usize = 65_536;
 const BUNDLE_SNDBUF: usize = 4 << 20;
 /// Pieces of an SDU (with the frame's header) gathered on the stack.
 const IOV_INLINE: usize = 8;
+/// Bytes of frames read from a bundle that wait behind closed windows,
+/// past which the bundle is not read until one opens (while its
+/// application is there; once it has left, the bundle is read to its
+/// end, which its socket's buffer bounds).
+pub const HELD_BACK_MAX: usize = 1 << 20;
 
 /// A bundle of an application.
 pub(super) struct Bundle {
@@ -66,10 +72,9 @@ pub(super) struct Bundle {
     waiting: VecDeque<PortId>,
     /// Ends of flows to tell the application, waiting for room.
     ends: VecDeque<PortId>,
-    /// The flow a frame read waits for (its window closed): while the
-    /// application is there, the bundle is read again once that flow took
-    /// what waits in it.
-    pub(super) blocked_on: Option<PortId>,
+    /// Bytes of its flows' `held_back` frames (read, waiting behind closed
+    /// windows).
+    held_bytes: usize,
     /// Packets that were not frames, or named no flow of this bundle.
     bad_frames: u64,
     /// The application's end is closed, or a send to it failed: nothing
@@ -122,7 +127,7 @@ impl Daemon {
                 wants_writable: false,
                 waiting: VecDeque::new(),
                 ends: VecDeque::new(),
-                blocked_on: None,
+                held_bytes: 0,
                 bad_frames: 0,
                 gone: false,
             },
@@ -224,10 +229,10 @@ impl Daemon {
             let Some(bundle) = self.bundles.get_mut(&b) else {
                 return FlowService::Drained;
             };
-            if bundle.blocked_on.is_some() && !bundle.gone {
-                // Waiting for a flow's window; but an application that
-                // closed the bundle meanwhile is seen now, and what it
-                // wrote is read to the end.
+            if bundle.held_bytes >= HELD_BACK_MAX && !bundle.gone {
+                // Waiting for a window; but an application that closed
+                // the bundle meanwhile is seen now, and what it wrote is
+                // read to the end.
                 if !sys::peer_hung_up(bundle.fd.as_raw_fd()) {
                     served = FlowService::Drained;
                     break;
@@ -238,7 +243,7 @@ impl Daemon {
                 break;
             }
             let n = match sys::recv(bundle.fd.as_raw_fd(), &mut self.buf) {
-                Ok(Recv::Packet(n)) if n <= self.buf.len() => n,
+                Ok(Recv::Packet(n)) if n <= HEADER + frame::MAX_SDU => n,
                 Ok(Recv::Packet(_)) | Ok(Recv::Empty) => {
                     self.bad_frame(b, "a packet longer than any SDU, or empty");
                     continue;
@@ -294,7 +299,7 @@ impl Daemon {
         if slot.tx_stash.is_some() || !slot.held_back.is_empty() {
             slot.held_back.push_back(self.buf[HEADER..n].to_vec());
             if let Some(bundle) = self.bundles.get_mut(&b) {
-                bundle.blocked_on = Some(port);
+                bundle.held_bytes += n - HEADER;
             }
             return;
         }
@@ -322,30 +327,53 @@ impl Daemon {
         let Some(slot) = self.flows.get_mut(&port) else {
             return;
         };
-        slot.app_closed = true;
         if slot.tx_stash.is_some() || !slot.held_back.is_empty() {
-            let now = self.now();
-            self.sys.app_closed(now, port);
+            self.linger_bundled(port);
             return;
         }
+        slot.app_closed = true;
         self.close_flow(port, true);
+    }
+
+    /// Bundled flow `port`, closed by its application with SDUs still
+    /// waiting for the window, stays until they went or the linger ran
+    /// out ([`rina_core::system::System::app_closed`]); nobody reads it
+    /// any more, so what is held for the application goes (counted).
+    fn linger_bundled(&mut self, port: PortId) {
+        let now = self.now();
+        let Some(slot) = self.flows.get_mut(&port) else {
+            return;
+        };
+        slot.app_closed = true;
+        let n = slot.rx_pending.len();
+        slot.rx_pending.clear();
+        slot.drops_in += n as u64;
+        *self.taken.entry(port).or_default() += n;
+        self.sys.app_closed(now, port);
     }
 
     /// Flow `port` of bundle `b` will never take the frames that wait for
     /// it (its peer ended it): dropped, counted, and the bundle read again.
     pub(super) fn drop_held_back(&mut self, b: u32, port: PortId) {
-        if let Some(s) = self.flows.get_mut(&port) {
-            s.drops_out += s.held_back.len() as u64;
-            s.held_back = VecDeque::new();
-        }
-        self.unblock(b, port);
+        let Some(s) = self.flows.get_mut(&port) else {
+            return;
+        };
+        s.drops_out += s.held_back.len() as u64;
+        let freed = s.held_back.iter().map(Vec::len).sum();
+        s.held_back = VecDeque::new();
+        self.release_held(b, freed);
     }
 
-    /// Bundle `b` no longer waits for flow `port`: it is read again.
-    fn unblock(&mut self, b: u32, port: PortId) {
+    /// `freed` bytes that waited behind a window in bundle `b` went (or
+    /// were dropped): it is read again if it had stopped for them.
+    pub(super) fn release_held(&mut self, b: u32, freed: usize) {
+        if freed == 0 {
+            return;
+        }
         if let Some(bundle) = self.bundles.get_mut(&b) {
-            if bundle.blocked_on == Some(port) {
-                bundle.blocked_on = None;
+            let was_full = bundle.held_bytes >= HELD_BACK_MAX;
+            bundle.held_bytes = bundle.held_bytes.saturating_sub(freed);
+            if was_full && bundle.held_bytes < HELD_BACK_MAX {
                 self.mark_bundle_ready(b);
             }
         }
@@ -359,24 +387,25 @@ impl Daemon {
         let Some(slot) = self.flows.get_mut(&port) else {
             return FlowService::Drained;
         };
+        let mut freed = 0;
         while slot.tx_stash.is_none() {
             let Some(sdu) = slot.held_back.pop_front() else {
                 break;
             };
+            freed += sdu.len();
             match self.sys.write(now, port, &sdu) {
                 Ok(()) => {}
                 Err(FlowError::WouldBlock) => slot.tx_stash = Some(sdu),
                 Err(_) => slot.drops_out += 1,
             }
         }
-        if slot.tx_stash.is_some() {
-            return FlowService::Drained;
-        }
-        if slot.app_closed {
-            return FlowService::Closed;
-        }
+        let done = slot.tx_stash.is_none();
+        let closed = done && slot.app_closed;
         if let Some(b) = slot.bundle {
-            self.unblock(b, port);
+            self.release_held(b, freed);
+        }
+        if closed {
+            return FlowService::Closed;
         }
         FlowService::Drained
     }
@@ -446,11 +475,15 @@ impl Daemon {
                     );
                     break;
                 }
-                Ok(Sent::Closed) | Err(_) => {
+                Ok(Sent::Closed) => {
                     // The application is gone: nothing more goes to it,
                     // and what it wrote is read to the end.
                     bundle.gone = true;
                     break;
+                }
+                Err(e) => {
+                    debug!(port, error = %e, "SDU to a bundle not sent");
+                    dropped += 1;
                 }
             }
             slot.rx_pending.pop_front();
@@ -532,9 +565,12 @@ impl Daemon {
                 false
             }
             Ok(Sent::Done) | Ok(Sent::TooBig) => true,
-            Ok(Sent::Closed) | Err(_) => {
-                bundle.gone = true;
+            Ok(Sent::Closed) => {
                 self.bundle_gone(b);
+                true
+            }
+            Err(e) => {
+                debug!(bundle = b, port, error = %e, "end of a flow not sent to its bundle");
                 true
             }
         }
@@ -553,8 +589,9 @@ impl Daemon {
 
     /// Bundled flow `port` of bundle `b` closed; `tell_app` sends its end
     /// to the application (which did not close it itself).
-    pub(super) fn bundled_flow_gone(&mut self, b: u32, port: PortId, tell_app: bool) {
+    pub(super) fn bundled_flow_gone(&mut self, b: u32, port: PortId, tell_app: bool, freed: usize) {
         self.bundled = self.bundled.saturating_sub(1);
+        self.release_held(b, freed);
         let Some(bundle) = self.bundles.get_mut(&b) else {
             return;
         };
@@ -577,7 +614,6 @@ impl Daemon {
                 self.broken_bundles.push(b);
             }
         }
-        self.unblock(b, port);
         // Nobody may put flows in it any more: it goes with its last one.
         if let Some(bundle) = self.bundles.get(&b) {
             if bundle.flows == 0 && !self.conns.contains_key(&bundle.owner) {
@@ -598,6 +634,8 @@ impl Daemon {
             .poll
             .registry()
             .deregister(&mut SourceFd(&bundle.fd.as_raw_fd()));
+        // What the application reads ends plainly, after what was sent.
+        sys::close_quietly(&bundle.fd);
         let ports: Vec<PortId> = self
             .flows
             .iter()
@@ -605,15 +643,14 @@ impl Daemon {
             .map(|(&p, _)| p)
             .collect();
         let n = ports.len();
-        let now = self.now();
         for port in ports {
             let Some(s) = self.flows.get_mut(&port) else {
                 continue;
             };
-            s.app_closed = true;
             if s.tx_stash.is_some() || !s.held_back.is_empty() {
-                self.sys.app_closed(now, port);
+                self.linger_bundled(port);
             } else {
+                s.app_closed = true;
                 self.close_flow(port, true);
             }
         }

@@ -1361,7 +1361,8 @@ impl Daemon {
             sys::close_quietly(fd);
         }
         if let Some(b) = slot.bundle {
-            self.bundled_flow_gone(b, port, !slot.app_closed);
+            let freed = slot.held_back.iter().map(Vec::len).sum();
+            self.bundled_flow_gone(b, port, !slot.app_closed, freed);
         }
         self.taken.remove(&port);
         if tell_peer && !slot.ended {
