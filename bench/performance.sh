@@ -82,6 +82,7 @@ if sc:
         "bytes_per_idle_flow": ("memory per idle flow", "<= 4096 B", lambda v: v <= 4096, "{:.0f} B"),
         "allocs_per_s": ("flow allocations per second", ">= 5000", lambda v: v >= 5000, "{:.0f}"),
         "allocs_per_s_auto": ("  the daemon accepting for the app", ">= 5000", lambda v: v >= 5000, "{:.0f}"),
+        "allocs_per_s_bundle": ("  flows in bundles", ">= 5000", lambda v: v >= 5000, "{:.0f}"),
     }.items():
         if sc.get(k) is not None:
             row(what, sc[k], aim, ok, fmt)

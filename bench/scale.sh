@@ -86,6 +86,7 @@ r["bytes_per_idle_flow"] = worst(["udp_bytes_per_idle_flow", "normal_bytes_per_i
 r["flows_reached"] = min(max(v for v in (r[f"{d}_flows_reached"], r[f"{d}_bundle_flows_reached"]) if v is not None)
                          for d in ("udp", "normal"))
 r["flows_reached_fds"] = worst(["udp_flows_reached", "normal_flows_reached"], min)
+r["allocs_per_s_bundle"] = worst(["udp_bundle_allocs_per_s_one", "normal_bundle_allocs_per_s_one"], min)
 r["allocs_per_s"] = worst(["udp_allocs_per_s_one", "normal_allocs_per_s_one"], min)
 r["allocs_per_s_auto"] = worst(["udp_allocs_per_s_one_auto", "normal_allocs_per_s_one_auto"], min)
 print(f"aims: >= 100000 idle flows in one daemon (reached: {r['flows_reached']:.0f}; "
