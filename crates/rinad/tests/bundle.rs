@@ -333,6 +333,35 @@ fn write_numbered(bundle: &Bundle, ports: &[u32], sdus: u32, len: usize) {
     }
 }
 
+/// A sink at `d` whose flows the daemon accepts for `sink` in `net`, each
+/// on a socket of its own (1 MiB: few SDUs fit, so windows shut soon).
+fn socket_sink(d: &Daemon) -> rina::Client {
+    let mut sink = d.client();
+    sink.set_rings(false);
+    sink.register_accepting(&name("sink"), Some("net")).unwrap();
+    sink
+}
+
+/// Reads `flows` flows of `sink` to their ends, each SDU of 1,000 bytes
+/// numbered in order: how many each brought, sorted.
+fn read_socket_flows(sink: &mut rina::Client, flows: usize) -> Vec<u32> {
+    let mut counts = Vec::new();
+    for _ in 0..flows {
+        let flow = sink.next_flow_timeout(T).unwrap().expect("the flow");
+        let mut buf = vec![0u8; 2_000];
+        let mut next = 0u32;
+        while let Ok(n) = flow.read(&mut buf) {
+            assert_eq!(n, 1_000);
+            let k = u32::from_be_bytes(buf[..4].try_into().unwrap());
+            assert_eq!(k, next, "SDU {k} came where {next} was due");
+            next += 1;
+        }
+        counts.push(next);
+    }
+    counts.sort_unstable();
+    counts
+}
+
 #[test]
 fn a_burst_larger_than_a_turns_budget_is_read_to_its_end() {
     // 60 SDUs of 5,000 bytes (300 KB, more than the 256 KiB one turn
@@ -369,12 +398,9 @@ fn a_burst_larger_than_a_turns_budget_is_read_to_its_end() {
 fn a_bundle_closed_while_its_windows_are_shut_still_delivers_all_it_was_written() {
     const SDUS: u32 = 3_000;
     let (alpha, beta) = normal_pair();
-    // The sink, on flows of its own (sockets of 1 MiB), reads nothing yet:
-    // flow A's window closes, and alpha holds the rest of what was
-    // written behind it, and B's SDU behind A's.
-    let mut sink = beta.client();
-    sink.set_rings(false);
-    sink.register_accepting(&name("sink"), Some("net")).unwrap();
+    // The sink, on flows of its own, reads nothing yet: flow A's window
+    // closes, and alpha holds the rest of what was written behind it.
+    let mut sink = socket_sink(&beta);
     let mut c = alpha.client();
     let out = c.open_bundle().unwrap();
     let ports = reliable_flows(&mut c, &out, 2);
@@ -387,21 +413,7 @@ fn a_bundle_closed_while_its_windows_are_shut_still_delivers_all_it_was_written(
     wait_for("alpha to see the bundle closed", T, || {
         alpha.log().contains(&closed)
     });
-    let mut counts = Vec::new();
-    for _ in 0..2 {
-        let flow = sink.next_flow_timeout(T).unwrap().expect("the flow");
-        let mut buf = vec![0u8; 2_000];
-        let mut next = 0u32;
-        // Every SDU, in order, then the end of the flow.
-        while let Ok(n) = flow.read(&mut buf) {
-            assert_eq!(n, 1_000);
-            let k = u32::from_be_bytes(buf[..4].try_into().unwrap());
-            assert_eq!(k, next, "SDU {k} came where {next} was due");
-            next += 1;
-        }
-        counts.push(next);
-    }
-    counts.sort_unstable();
+    let counts = read_socket_flows(&mut sink, 2);
     assert_eq!(
         counts,
         [1, SDUS],
@@ -447,9 +459,7 @@ fn what_an_application_wrote_before_it_closed_its_bundle_goes_though_it_read_not
 fn flows_close_while_another_flow_of_the_bundle_waits_for_its_window() {
     const SDUS: u32 = 2_200;
     let (alpha, beta) = normal_pair();
-    let mut sink = beta.client();
-    sink.set_rings(false);
-    sink.register_accepting(&name("sink"), Some("net")).unwrap();
+    let mut sink = socket_sink(&beta);
     let mut c = alpha.client();
     let out = c.open_bundle().unwrap();
     let ports = reliable_flows(&mut c, &out, 2);
@@ -460,19 +470,7 @@ fn flows_close_while_another_flow_of_the_bundle_waits_for_its_window() {
     out.close_flow(ports[1]).unwrap();
     wait_for("alpha to close B", T, || c.list_flows().unwrap().len() == 1);
     out.close_flow(ports[0]).unwrap();
-    let mut counts = Vec::new();
-    for _ in 0..2 {
-        let flow = sink.next_flow_timeout(T).unwrap().expect("the flow");
-        let mut buf = vec![0u8; 2_000];
-        let mut next = 0u32;
-        while let Ok(n) = flow.read(&mut buf) {
-            assert_eq!(n, 1_000);
-            assert_eq!(u32::from_be_bytes(buf[..4].try_into().unwrap()), next);
-            next += 1;
-        }
-        counts.push(next);
-    }
-    counts.sort_unstable();
+    let counts = read_socket_flows(&mut sink, 2);
     assert_eq!(counts, [0, SDUS], "all of A, then its end; B's end");
     wait_for("alpha to forget A", T, || {
         c.list_flows().unwrap().is_empty()
