@@ -4,7 +4,10 @@
 
 mod common;
 
-use common::{counter, echo_server_all, free_port, name, normal_over_udp, pair, wait_for, Daemon};
+use common::{
+    counter, echo_server_all, free_port, name, normal_over_udp, pair, reliable_in_order, wait_for,
+    Daemon,
+};
 use rina::{Bundle, BundleEvent, ErrorKind, QosSpec};
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
@@ -136,14 +139,6 @@ fn normal_pair() -> (Daemon, Daemon) {
     (alpha, beta)
 }
 
-fn reliable() -> QosSpec {
-    QosSpec {
-        reliable: true,
-        in_order: true,
-        ..QosSpec::default()
-    }
-}
-
 #[test]
 fn a_late_reader_of_a_bundle_gets_every_sdu_of_its_reliable_flows_then_their_ends() {
     const SDUS: u32 = 6_000;
@@ -157,9 +152,15 @@ fn a_late_reader_of_a_bundle_gets_every_sdu_of_its_reliable_flows_then_their_end
     let out = c.open_bundle().unwrap();
     let ports: Vec<u32> = (0..2)
         .map(|_| {
-            c.allocate_bundled(&out, &name("src"), &name("sink"), Some("net"), &reliable())
-                .unwrap()
-                .port
+            c.allocate_bundled(
+                &out,
+                &name("src"),
+                &name("sink"),
+                Some("net"),
+                &reliable_in_order(),
+            )
+            .unwrap()
+            .port
         })
         .collect();
     // 12 MB, far more than the windows, the daemons' holds and the bundle
@@ -314,7 +315,7 @@ fn reliable_flows(c: &mut rina::Client, bundle: &Bundle, n: usize) -> Vec<u32> {
                 &name("src"),
                 &name("sink"),
                 Some("net"),
-                &reliable(),
+                &reliable_in_order(),
             )
             .unwrap()
             .port

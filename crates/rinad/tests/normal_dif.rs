@@ -7,7 +7,10 @@ mod common;
 
 use common::free_port;
 
-use common::{counter, echo_server_all, held_after_end, name, normal_over_udp, wait_for, Daemon};
+use common::{
+    counter, echo_server_all, held_after_end, name, normal_over_udp, reliable_in_order, wait_for,
+    Daemon,
+};
 use rina::QosSpec;
 use rina_core::normal::LINGER_MAX;
 use rina_core::system::ENDED_HOLD_MAX;
@@ -627,15 +630,6 @@ fn read_numbered(flow: &rina::Flow, sdus: u32, len: usize, what: &str) -> u32 {
         next += 1;
     }
     next
-}
-
-/// What the reliable cube serves: reliable, in-order delivery.
-fn reliable_in_order() -> QosSpec {
-    QosSpec {
-        reliable: true,
-        in_order: true,
-        ..Default::default()
-    }
 }
 
 /// SDUs an application writes just before it closes its flow reach the

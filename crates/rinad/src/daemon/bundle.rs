@@ -150,17 +150,19 @@ impl Daemon {
     /// Whether connection `conn` may put a flow of IPCP `i` in bundle `b`.
     pub(super) fn check_bundle(&self, conn: usize, b: u32, i: usize) -> Result<(), CtlError> {
         self.check_bundle_owner(conn, b)?;
-        match self.ipcps[i].io {
-            Io::Udp(_) | Io::Normal(_) => Ok(()),
-            _ => Err(CtlError::new(
-                ErrorKind::InvalidRequest,
-                format!(
-                    "IPCP {} is a {} shim, whose flows cannot be bundled (shim-udp and normal IPCPs' can)",
-                    self.ipcps[i].name,
-                    if matches!(self.ipcps[i].io, Io::Eth(_)) { "shim-eth" } else { "shim-hv" }
-                ),
-            )),
-        }
+        let kind = match self.ipcps[i].io {
+            Io::Udp(_) | Io::Normal(_) => return Ok(()),
+            Io::Eth(_) => "a shim-eth IPCP",
+            Io::Hv(_) => "a shim-hv IPCP",
+            Io::Removed => "an IPCP destroyed",
+        };
+        Err(CtlError::new(
+            ErrorKind::InvalidRequest,
+            format!(
+                "IPCP {} is {kind}, whose flows cannot be bundled (shim-udp and normal IPCPs' can)",
+                self.ipcps[i].name
+            ),
+        ))
     }
 
     /// Puts allocated flow `info` of IPCP `i`, of connection `owner`, in
@@ -190,6 +192,7 @@ impl Daemon {
         Ok(info)
     }
 
+    /// Queues bundle `b` to be read in this turn of the loop.
     pub(super) fn mark_bundle_ready(&mut self, b: u32) {
         if let Some(bundle) = self.bundles.get_mut(&b) {
             if !bundle.queued {

@@ -318,6 +318,15 @@ pub fn held_after_end(d: &Daemon, port: u32) -> u64 {
     held.unwrap_or(0)
 }
 
+/// What the reliable cube serves: reliable, in-order delivery.
+pub fn reliable_in_order() -> rina::QosSpec {
+    rina::QosSpec {
+        reliable: true,
+        in_order: true,
+        ..Default::default()
+    }
+}
+
 /// Counter `key` of IPCP `ipcp` at `d` (0 when absent).
 pub fn counter(d: &Daemon, ipcp: &str, key: &str) -> u64 {
     d.client()
