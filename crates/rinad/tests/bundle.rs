@@ -4,10 +4,7 @@
 
 mod common;
 
-use common::{
-    counter, echo_server_all, free_port, name, normal_over_udp, pair, reliable_in_order, wait_for,
-    Daemon,
-};
+use common::{echo_server_all, name, pair, reliable_in_order, wait_for, Daemon};
 use rina::{Bundle, BundleEvent, ErrorKind, QosSpec};
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
@@ -123,20 +120,7 @@ fn hundreds_of_flows_share_one_descriptor_each_way_and_end_with_their_bundle() {
 /// Two systems whose normal IPCPs are neighbours over the shim DIF, alpha
 /// knowing `sink` at beta.
 fn normal_pair() -> (Daemon, Daemon) {
-    let (pa, pb) = (free_port(), free_port());
-    let alpha = Daemon::start_with(
-        "alpha",
-        &normal_over_udp("alpha", (1, pa), ("beta", 2, pb), "\"sink\" = 2", ""),
-    );
-    let beta = Daemon::start_with(
-        "beta",
-        &normal_over_udp("beta", (2, pb), ("alpha", 1, pa), "", ""),
-    );
-    wait_for("the N-1 flow between the normal IPCPs", T, || {
-        counter(&alpha, "alpha.net", "neighbors_up") == 1
-            && counter(&beta, "beta.net", "neighbors_up") == 1
-    });
-    (alpha, beta)
+    common::normal_pair_with("\"sink\" = 2", |cfg| cfg)
 }
 
 #[test]

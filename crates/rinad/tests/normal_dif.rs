@@ -46,18 +46,9 @@ fn pair() -> (Daemon, Daemon) {
     pair_with("\"echo\" = 2", |cfg| cfg)
 }
 
-/// [`pair`] with `names` in alpha's directory and each configuration
-/// passed through `edit`.
-fn pair_with(names: &str, edit: impl Fn(String) -> String) -> (Daemon, Daemon) {
-    let (pa, pb) = (free_port(), free_port());
-    let alpha = Daemon::start_with("alpha", &edit(system("alpha", 1, pa, "beta", 2, pb, names)));
-    let beta = Daemon::start_with("beta", &edit(system("beta", 2, pb, "alpha", 1, pa, "")));
-    wait_for("the N-1 flow between the normal IPCPs", T, || {
-        counter(&alpha, "alpha.net", "neighbors_up") == 1
-            && counter(&beta, "beta.net", "neighbors_up") == 1
-    });
-    (alpha, beta)
-}
+// [`pair`] with `names` in alpha's directory and each configuration
+// passed through `edit`.
+use common::normal_pair_with as pair_with;
 
 #[test]
 fn a_normal_dif_over_shim_udp_carries_flows_by_name() {

@@ -300,6 +300,37 @@ address = {peer_addr}
     )
 }
 
+/// Two systems, `alpha` at address 1 and `beta` at 2, whose normal IPCPs
+/// (DIF `net`) are neighbours over a shim DIF over UDP, once their N-1
+/// flow is up: `names` are the lines of alpha's `[ipcp.names]`, and each
+/// configuration is passed through `edit` first.
+pub fn normal_pair_with(names: &str, edit: impl Fn(String) -> String) -> (Daemon, Daemon) {
+    let (pa, pb) = (free_port(), free_port());
+    let alpha = Daemon::start_with(
+        "alpha",
+        &edit(normal_over_udp(
+            "alpha",
+            (1, pa),
+            ("beta", 2, pb),
+            names,
+            "",
+        )),
+    );
+    let beta = Daemon::start_with(
+        "beta",
+        &edit(normal_over_udp("beta", (2, pb), ("alpha", 1, pa), "", "")),
+    );
+    wait_for(
+        "the N-1 flow between the normal IPCPs",
+        Duration::from_secs(15),
+        || {
+            counter(&alpha, "alpha.net", "neighbors_up") == 1
+                && counter(&beta, "beta.net", "neighbors_up") == 1
+        },
+    );
+    (alpha, beta)
+}
+
 /// Waits until daemon `d` lists flow `port` as ended by its peer
 /// (`held_after_end`): how many SDUs it holds for the application.
 pub fn held_after_end(d: &Daemon, port: u32) -> u64 {
